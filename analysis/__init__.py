@@ -1,0 +1,1 @@
+"""Reconstruction, metrics, policy inference, plots."""

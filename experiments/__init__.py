@@ -1,0 +1,1 @@
+"""The experiment catalog as code."""

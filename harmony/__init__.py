@@ -1,0 +1,10 @@
+"""Harmony: extract the actual CPU load-balancing policy of a running Linux scheduler by experiment."""
+
+__version__ = "0.1.0"
+
+
+def load(run_dir):
+    """Load a run directory; see :func:`harmony.store.load`."""
+    from harmony.store import load as _load
+
+    return _load(run_dir)

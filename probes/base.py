@@ -1,0 +1,98 @@
+"""The one interface every capture backend implements.
+
+A probe records the sched tracepoints of the whole host into files under its ``out_dir`` while an
+experiment runs, then decodes those files into a :class:`Capture`. Callers never branch on the
+backend: they pick one by name with :func:`harmony.probes.get_probe` and use this interface.
+
+Life cycle::
+
+    probe = get_probe("tracefs")(out_dir, cpus=[0, 1], duration_s=5.0)
+    probe.start()            # recording is live when this returns
+    probe.mark("harmony t0") # a marker on the trace clock
+    ...
+    probe.stop()             # idempotent; always removes every piece of kernel state it created
+    capture = probe.decode() # also works later, from the files alone: Probe.decode_dir(out_dir)
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+
+
+class ProbeError(RuntimeError):
+    """A probe could not start, record or decode; the message is one line for the user."""
+
+
+class TraceCorrupt(ProbeError):
+    """A stored trace cannot be decoded; the message names the file."""
+
+
+@dataclasses.dataclass
+class Capture:
+    """What a probe saw.
+
+    events:  canonical events table (see :mod:`harmony.probes.schema`)
+    markers: markers table (ts, cpu, pid, text)
+    meta:    facts about the recording, all JSON-serialisable. Keys every probe fills:
+             ``probe`` (name), ``clock`` (trace clock name, e.g. "mono"), ``events_enabled`` (list),
+             ``lost_events`` (int, total events the kernel or tool reported lost; -1 if unknown),
+             ``lost_by_cpu`` ({cpu: n}), ``bytes`` (raw bytes recorded), ``n_events`` (decoded rows),
+             ``notes`` (list of str: anything the probe could not see or had to repair).
+    """
+
+    events: pd.DataFrame
+    markers: pd.DataFrame
+    meta: dict
+
+
+class Probe(abc.ABC):
+    """A capture backend. Subclasses set ``name`` and implement the abstract methods."""
+
+    name: str = ""
+
+    def __init__(self, out_dir: Path, cpus: list[int], duration_s: float):
+        self.out_dir = Path(out_dir)
+        self.cpus = list(cpus)
+        self.duration_s = float(duration_s)
+
+    @classmethod
+    @abc.abstractmethod
+    def available(cls) -> tuple[bool, str]:
+        """(True, "") if this probe can record on this host now, else (False, one-line reason)."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Begin recording; return once events are being captured."""
+
+    @abc.abstractmethod
+    def mark(self, text: str) -> int:
+        """Write ``text`` as a marker into the trace; return its time on the trace clock (ns)."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Stop recording, flush everything to ``out_dir`` and remove all kernel state. Idempotent."""
+
+    @classmethod
+    @abc.abstractmethod
+    def decode_dir(cls, out_dir: Path) -> Capture:
+        """Decode a recording stored in ``out_dir``; raise TraceCorrupt naming the bad file."""
+
+    def decode(self) -> Capture:
+        return self.decode_dir(self.out_dir)
+
+    @classmethod
+    def reclaim_stale(cls) -> list[str]:
+        """Remove kernel state left by Harmony processes that no longer exist; return what was removed."""
+        return []
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False

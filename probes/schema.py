@@ -1,0 +1,100 @@
+"""The canonical events table: what every probe returns and every analysis reads.
+
+One row per kernel tracepoint hit, in time order. Columns (integers use -1 for "not applicable"):
+
+=============  ========  ==========================================================================
+column         dtype     meaning
+=============  ========  ==========================================================================
+ts             int64     event time in ns on the probe's trace clock (see ``Capture.clock``)
+cpu            int16     CPU whose buffer recorded the event (where the tracepoint fired)
+event          category  tracepoint name without the ``sched:`` system, e.g. ``sched_switch``
+common_pid     int32     task that was current when the event fired
+pid            int32     the task the event is about: switch -> next_pid, migrate/wakeup*/waking/exit
+                         -> pid, fork -> child_pid
+comm           category  command name of ``pid`` (switch -> next_comm, fork -> child_comm)
+prio           int32     kernel prio of ``pid`` (switch -> next_prio); -1 where the event has none
+prev_pid       int32     switch -> prev_pid; fork -> parent_pid
+prev_comm      category  switch -> prev_comm; fork -> parent_comm; "" elsewhere
+prev_prio      int32     switch -> prev_prio
+prev_state     int64     switch -> the state prev_pid left in, with the kernel's "preempted" flag
+                         removed: 0 = still runnable ("R" or "R+"), else TASK_* bits (1 = S, 2 = D)
+orig_cpu       int16     migrate -> orig_cpu
+target_cpu     int16     migrate -> dest_cpu; wakeup/wakeup_new/waking -> target_cpu
+=============  ========  ==========================================================================
+
+Markers written to ``trace_marker`` (ftrace ``print`` events) are kept apart in a markers table:
+``ts`` (int64 ns), ``cpu`` (int16), ``pid`` (int32), ``text`` (str, trailing newline stripped).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+SCHED_EVENTS = (
+    "sched_switch",
+    "sched_migrate_task",
+    "sched_wakeup",
+    "sched_wakeup_new",
+    "sched_waking",
+    "sched_process_fork",
+    "sched_process_exit",
+)
+
+INT_COLUMNS = {
+    "ts": np.int64,
+    "cpu": np.int16,
+    "common_pid": np.int32,
+    "pid": np.int32,
+    "prio": np.int32,
+    "prev_pid": np.int32,
+    "prev_prio": np.int32,
+    "prev_state": np.int64,
+    "orig_cpu": np.int16,
+    "target_cpu": np.int16,
+}
+CATEGORY_COLUMNS = ("event", "comm", "prev_comm")
+COLUMNS = ("ts", "cpu", "event", "common_pid", "pid", "comm", "prio", "prev_pid", "prev_comm",
+           "prev_prio", "prev_state", "orig_cpu", "target_cpu")
+MARKER_COLUMNS = ("ts", "cpu", "pid", "text")
+
+
+def make_events(columns: dict) -> pd.DataFrame:
+    """Build a canonical events table from a dict of column arrays.
+
+    Missing integer columns are filled with -1 and missing string columns with "". Rows are
+    sorted by ``ts`` (stable, so same-timestamp events keep the order they were given in).
+    """
+    n = len(next(iter(columns.values()))) if columns else 0
+    out = {}
+    for name in COLUMNS:
+        if name in INT_COLUMNS:
+            values = columns.get(name)
+            out[name] = (np.full(n, -1, INT_COLUMNS[name]) if values is None
+                         else np.asarray(values).astype(INT_COLUMNS[name], copy=False))
+        else:
+            values = columns.get(name)
+            out[name] = pd.Categorical([""] * n if values is None else values)
+    df = pd.DataFrame(out, columns=list(COLUMNS))
+    if n and not df["ts"].is_monotonic_increasing:
+        df = df.sort_values("ts", kind="stable", ignore_index=True)
+    return df
+
+
+def make_markers(ts=(), cpu=(), pid=(), text=()) -> pd.DataFrame:
+    """Build a markers table (see the module docstring)."""
+    return pd.DataFrame({
+        "ts": np.asarray(ts, dtype=np.int64),
+        "cpu": np.asarray(cpu, dtype=np.int16),
+        "pid": np.asarray(pid, dtype=np.int32),
+        "text": pd.Series(list(text), dtype=object),
+    }, columns=list(MARKER_COLUMNS))
+
+
+def check_events(df: pd.DataFrame) -> None:
+    """Raise ValueError if ``df`` is not a canonical events table."""
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"events table lacks columns {missing}")
+    if len(df) and not df["ts"].is_monotonic_increasing:
+        raise ValueError("events table is not sorted by ts")
