@@ -1,0 +1,70 @@
+"""Task specs: what one synthetic worker does. Shared by the workload controller and the simulator."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pandas as pd
+
+ROLES = ("cpu", "heavy", "light", "high", "low", "target")
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+    """One experiment task.
+
+    name:         unique label, also the worker's comm (``hmy-<name>``, at most 15 bytes)
+    role:         what the experiment calls it (cpu, heavy, light, high, low, target)
+    duty:         CPU demand in percent, 100 = always runnable; below 100 the task runs and sleeps
+                  in randomised periods whose mean run fraction is ``duty``
+    period_ms:    mean length of one run+sleep period for duty < 100
+    nice:         nice value (-20..19)
+    initial_cpu:  CPU the task is pinned to until t0 (it is released to the whole CPU set at t0)
+    stop_after_s: the task exits this many seconds after t0 (None = runs until the end)
+    cut_duty_at_s / cut_duty: at that time after t0 the task's duty changes to ``cut_duty``
+                  (0 = it blocks for the rest of the run); None = never
+    """
+
+    name: str
+    role: str = "cpu"
+    duty: float = 100.0
+    period_ms: float = 10.0
+    nice: int = 0
+    initial_cpu: int = 0
+    stop_after_s: float | None = None
+    cut_duty_at_s: float | None = None
+    cut_duty: float = 0.0
+
+    def __post_init__(self):
+        if not 0 < self.duty <= 100:
+            raise ValueError(f"task {self.name}: duty must be in (0, 100], got {self.duty}")
+        if not 0 <= self.cut_duty <= 100:
+            raise ValueError(f"task {self.name}: cut duty must be in [0, 100], got {self.cut_duty}")
+        if not -20 <= self.nice <= 19:
+            raise ValueError(f"task {self.name}: nice must be in -20..19, got {self.nice}")
+        if self.period_ms <= 0:
+            raise ValueError(f"task {self.name}: period must be positive, got {self.period_ms} ms")
+
+    @property
+    def comm(self) -> str:
+        return ("hmy-" + self.name)[:15]
+
+
+def layout_tasks(layout: list[int], cpus: list[int], **spec) -> list[TaskSpec]:
+    """Tasks for a layout such as [8, 0]: layout[i] tasks start on cpus[i]. Names are w00, w01, ..."""
+    if len(layout) > len(cpus):
+        raise ValueError(f"layout has {len(layout)} entries but the CPU set has only {len(cpus)} CPUs")
+    out, k = [], 0
+    for cpu, count in zip(cpus, layout):
+        for _ in range(count):
+            out.append(TaskSpec(name=f"w{k:02d}", initial_cpu=cpu, **spec))
+            k += 1
+    return out
+
+
+def tasks_frame(specs: list[TaskSpec], pids: list[int] | None = None) -> pd.DataFrame:
+    """The ``tasks`` table of a run: one row per task, spec fields plus ``pid`` (-1 if not started)."""
+    rows = [dataclasses.asdict(s) | {"comm": s.comm} for s in specs]
+    df = pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(TaskSpec)] + ["comm"])
+    df.insert(0, "pid", pd.array(pids if pids is not None else [-1] * len(specs), dtype="int32"))
+    return df
