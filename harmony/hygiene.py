@@ -1,0 +1,107 @@
+"""Host hygiene: one run at a time, and nothing of ours left behind.
+
+The host lock is an ``flock`` on a file under /run: the kernel releases it when its holder dies,
+even by SIGKILL, so a crashed run never blocks the next one. On every start the next run reclaims
+what a killed run could not clean: tracefs instances and perf recorders whose owner is gone, and
+worker processes (comm ``hmy-*``) orphaned to init.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+from pathlib import Path
+
+LOCK_DIRS = (Path("/run/harmony"), Path("/tmp/harmony"))
+WORKER_PREFIX = "hmy-"
+
+
+class HostBusy(RuntimeError):
+    """Another Harmony run holds this host."""
+
+
+class HostLock:
+    """Exclusive, crash-safe lock on this host for the duration of one run."""
+
+    def __init__(self):
+        self.fd: int | None = None
+        self.path: Path | None = None
+
+    def acquire(self) -> "HostLock":
+        for d in LOCK_DIRS:
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                self.path = d / "run.lock"
+                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                break
+            except OSError:
+                continue
+        else:
+            raise HostBusy("cannot create a lock file under /run or /tmp")
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self.fd, 64, 0).decode(errors="replace").strip() or "?"
+            os.close(self.fd)
+            self.fd = None
+            raise HostBusy(f"another Harmony run (pid {holder}) is using this host; "
+                           "wait for it to finish or stop it") from None
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)  # closing drops the flock
+            self.fd = None
+
+    def __enter__(self):
+        return self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+        return False
+
+
+def orphan_workers() -> list[int]:
+    """Pids of Harmony workers whose controller is gone (reparented to init or a subreaper)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_bytes()
+        except OSError:
+            continue
+        comm = stat[stat.index(b"(") + 1:stat.rindex(b")")].decode(errors="replace")
+        if not comm.startswith(WORKER_PREFIX):
+            continue
+        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        try:
+            parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes()
+        except OSError:
+            parent = b""
+        if ppid == 1 or not (b"harmony" in parent or b"python" in parent):
+            out.append(int(entry.name))
+    return out
+
+
+def reclaim_stale() -> list[str]:
+    """Remove what dead Harmony runs left; return a line per thing removed. Call with the lock held."""
+    from harmony.probes import PROBES, get_probe
+
+    removed = []
+    for pid in orphan_workers():
+        try:
+            os.kill(pid, signal.SIGKILL)
+            removed.append(f"orphan worker process {pid}")
+        except ProcessLookupError:
+            pass
+    for name in PROBES:
+        try:
+            removed += get_probe(name).reclaim_stale()
+        except ImportError:
+            continue
+    return removed

@@ -1,0 +1,170 @@
+"""The run directory: atomic writes, the manifest, and :func:`load`.
+
+Layout of a run directory::
+
+    manifest.json        every parameter, host facts, scheduler, probe, t0, release spread, lost
+                         events, versions, and ``status``: running | complete | incomplete
+    summary.json         the experiment's metrics
+    tasks.parquet        one row per experiment task (see harmony.tasks.tasks_frame)
+    events.parquet       every decoded event (canonical table, harmony.probes.schema)
+    markers.parquet      trace markers (t0, released, end)
+    migrations.parquet   runs.parquet  runqueue.parquet  allocation.parquet  shares.parquet
+    kernel_samples.parquet  the kernel's own view of the tasks, sampled from /proc during the run
+    figures/*.png        report.md
+    raw/<probe>/         what the probe recorded, decodable again with ``harmony.probes``
+
+A file is written to a temporary name and renamed into place, so a reader never sees half a file.
+A run whose manifest does not say ``complete`` is never analysed as complete: :func:`load` refuses
+it unless asked explicitly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pandas as pd
+
+TABLES = ("tasks", "migrations", "runs", "runqueue", "allocation", "shares", "kernel_samples",
+          "markers", "events")
+
+
+class RunError(RuntimeError):
+    """A run directory is missing, corrupt or incomplete; the message names the path."""
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _json_default(obj):
+    if hasattr(obj, "item"):  # numpy scalars
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write(path, json.dumps(obj, indent=1, default=_json_default, allow_nan=True) + "\n")
+
+
+def write_table(run_dir: Path, name: str, df: pd.DataFrame) -> None:
+    """Store ``df`` as ``name.parquet`` atomically (docstring-documented columns travel in attrs)."""
+    path = Path(run_dir) / f"{name}.parquet"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.close(fd)
+    try:
+        df = df.copy()
+        df.attrs = {k: v for k, v in df.attrs.items() if isinstance(v, (int, float, str, bool, list, dict))}
+        df.to_parquet(tmp, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise RunError(f"{path}: not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RunError(f"{path}: corrupt JSON ({exc})") from None
+
+
+def read_table(path: Path) -> pd.DataFrame:
+    try:
+        return pd.read_parquet(path)
+    except FileNotFoundError:
+        raise RunError(f"{path}: not found") from None
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise RunError(f"{path}: unreadable Parquet ({type(exc).__name__}: {exc})") from None
+
+
+class Run:
+    """A stored run, as returned by :func:`harmony.load`.
+
+    Attributes (DataFrames are read lazily, on first use):
+
+    manifest     dict: the run's manifest.json
+    summary      dict: the experiment's metrics (summary.json)
+    tasks        pid, name, role, duty, period_ms, nice, initial_cpu, stop_after_s, cut_duty_at_s,
+                 cut_duty, comm — one row per experiment task
+    migrations   ts, t, pid, name, role, src_cpu, dst_cpu, kind — every migration of a task
+                 (``kind`` "wakeup": CPU chosen when it woke; "balance": moved while runnable)
+    runs         pid, name, role, cpu, start, end, duration, truncated — every run interval (ns)
+    runqueue     ts, t, cpu, nr — per-CPU count of runnable experiment tasks, a step function:
+                 ``nr`` holds from ``ts`` until the next row of the same CPU
+    allocation   pid, name, role, t, cpu_time, share — CPU time per task per time window
+    shares       per task over the run: cpu_time, share, fair_share, ratio
+    kernel_samples  ts, pid, cpu, state — the kernel's own view (/proc) sampled during the run
+    markers      ts, cpu, pid, text — trace markers
+    events       the canonical decoded events (harmony.probes.schema)
+
+    ``t`` columns are seconds since t0; ``ts``, ``start``, ``end`` are ns on the trace clock.
+    """
+
+    def __init__(self, path: Path, manifest: dict):
+        self.path = Path(path)
+        self.manifest = manifest
+        self._cache: dict[str, pd.DataFrame] = {}
+
+    @property
+    def summary(self) -> dict:
+        return read_json(self.path / "summary.json")
+
+    @property
+    def complete(self) -> bool:
+        return self.manifest.get("status") == "complete"
+
+    def table(self, name: str) -> pd.DataFrame:
+        if name not in self._cache:
+            self._cache[name] = read_table(self.path / f"{name}.parquet")
+        return self._cache[name]
+
+    def __getattr__(self, name):
+        if name in TABLES:
+            return self.table(name)
+        raise AttributeError(name)
+
+    def __repr__(self):
+        m = self.manifest
+        return f"<Run {self.path} {m.get('experiment')} {m.get('status')}>"
+
+
+def load(run_dir, allow_incomplete: bool = False) -> Run:
+    """Open a run directory written by ``harmony run``.
+
+    Raises RunError (naming the path) if it is not a run, or if the run is not complete and
+    ``allow_incomplete`` is false: an interrupted run is never analysed as if it were whole.
+    """
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise RunError(f"{path}: no such run directory")
+    manifest = read_json(path / "manifest.json")
+    status = manifest.get("status")
+    if status != "complete" and not allow_incomplete:
+        why = manifest.get("incomplete_reason", "the run did not finish")
+        raise RunError(f"{path}: run is {status or 'of unknown status'} ({why})")
+    return Run(path, manifest)

@@ -1,0 +1,271 @@
+"""Probe ``tracefs``: the kernel's own ring buffer, in a tracefs instance of our own.
+
+Never touches the top-level buffer (someone else may be using it). The instance is named
+``harmony-<owner pid>`` so that a later run can tell a stale instance (owner gone) from a live one.
+One thread per CPU drains ``per_cpu/cpuN/trace_pipe_raw`` into ``cpuN.raw`` during the run, so the
+buffer never fills; overwrite is off, so if it does fill the kernel counts what it dropped and we
+record it. Stored layout (see :mod:`harmony.probes.ringbuf`)::
+
+    meta.json  formats/header_page  formats/header_event  formats/<system>/<event>/format  cpuN.raw
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+from harmony.probes.base import Capture, Probe, ProbeError
+from harmony.probes.schema import SCHED_EVENTS
+
+TRACEFS = Path("/sys/kernel/tracing")
+PREFIX = "harmony-"
+PREFERRED_CLOCKS = ("mono", "local")  # mono: comparable with CLOCK_MONOTONIC and the perf probe
+DRAIN_IDLE_S = 0.05  # how long a drain thread sleeps when its buffer is empty
+
+
+def tracefs_root() -> Path:
+    """The mounted tracefs, mounting it if it is not (root only)."""
+    if not (TRACEFS / "instances").is_dir():
+        os.system(f"mount -t tracefs nodev {TRACEFS} >/dev/null 2>&1")
+    if not (TRACEFS / "instances").is_dir():
+        raise ProbeError(f"tracefs is not mounted at {TRACEFS} and could not be mounted")
+    return TRACEFS
+
+
+def _write(path: Path, value: str) -> None:
+    with open(path, "w") as f:
+        f.write(value)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def remove_instance(path: Path) -> None:
+    """Switch an instance off and remove it; retries while a reader still holds a file open."""
+    for name, value in (("tracing_on", "0"), ("events/enable", "0")):
+        try:
+            _write(path / name, value)
+        except OSError:
+            pass
+    for attempt in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == 49:
+                raise ProbeError(f"cannot remove tracefs instance {path}: {exc.strerror}") from None
+            time.sleep(0.02)
+
+
+class _Drain(threading.Thread):
+    """Copies one CPU's raw ring-buffer pages to a file until told to stop, then empties it."""
+
+    def __init__(self, src: Path, dst: Path, page_size: int):
+        super().__init__(name=f"drain-{src.parent.name}", daemon=True)
+        self.src, self.dst, self.page_size = src, dst, page_size
+        self.stopping = threading.Event()
+        self.bytes = 0
+        self.error: BaseException | None = None
+
+    def run(self):
+        try:
+            fd = os.open(self.src, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                with open(self.dst, "wb") as out:
+                    while True:
+                        final = self.stopping.is_set()  # read once more after the stop request
+                        while True:
+                            try:
+                                page = os.read(fd, self.page_size)
+                            except BlockingIOError:
+                                break
+                            if not page:
+                                break
+                            if len(page) < self.page_size:  # keep pages aligned; commit says the length
+                                page += bytes(self.page_size - len(page))
+                            out.write(page)
+                            self.bytes += len(page)
+                        if final:
+                            return
+                        self.stopping.wait(DRAIN_IDLE_S)
+            finally:
+                os.close(fd)
+        except BaseException as exc:  # reported by stop(), never lost
+            self.error = exc
+
+
+class TracefsProbe(Probe):
+    name = "tracefs"
+
+    def __init__(self, out_dir: Path, cpus: list[int], duration_s: float,
+                 buffer_kb: int | None = None, events: tuple[str, ...] = SCHED_EVENTS):
+        super().__init__(out_dir, cpus, duration_s)
+        self.buffer_kb = buffer_kb or 8192
+        self.events = events
+        self.instance: Path | None = None
+        self._drains: list[_Drain] = []
+        self._marker_fd: int | None = None
+        self.meta: dict = {}
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        if os.geteuid() != 0:
+            return False, "the tracefs probe needs root"
+        try:
+            root = tracefs_root()
+        except ProbeError as exc:
+            return False, str(exc)
+        missing = [e for e in ("sched_switch", "sched_migrate_task", "sched_wakeup")
+                   if not (root / "events/sched" / e).is_dir()]
+        if missing:
+            return False, f"tracepoints missing: {', '.join(missing)}"
+        return True, ""
+
+    @classmethod
+    def reclaim_stale(cls) -> list[str]:
+        removed = []
+        inst_dir = TRACEFS / "instances"
+        if not inst_dir.is_dir():
+            return removed
+        for path in inst_dir.iterdir():
+            owner = path.name[len(PREFIX):]
+            if path.name.startswith(PREFIX) and owner.isdigit() and not _pid_alive(int(owner)):
+                remove_instance(path)
+                removed.append(f"tracefs instance {path.name}")
+        return removed
+
+    def start(self) -> None:
+        ok, why = self.available()
+        if not ok:
+            raise ProbeError(why)
+        root = tracefs_root()
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        self.instance = root / "instances" / f"{PREFIX}{os.getpid()}"
+        try:
+            self.instance.mkdir()
+        except FileExistsError:
+            raise ProbeError(f"tracefs instance {self.instance.name} already exists (another run of this process?)")
+        try:
+            self._configure(root)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _configure(self, root: Path) -> None:
+        inst = self.instance
+        _write(inst / "tracing_on", "0")
+        clocks = (inst / "trace_clock").read_text().replace("[", "").replace("]", "").split()
+        clock = next((c for c in PREFERRED_CLOCKS if c in clocks), clocks[0])
+        _write(inst / "trace_clock", clock)
+        _write(inst / "buffer_size_kb", str(self.buffer_kb))
+        _write(inst / "options/overwrite", "0")  # a full buffer drops new events and counts them
+        enabled, missing = [], []
+        for ev in self.events:
+            if (inst / "events/sched" / ev / "enable").exists():
+                _write(inst / "events/sched" / ev / "enable", "1")
+                enabled.append(f"sched/{ev}")
+            else:
+                missing.append(ev)
+        enabled.append("ftrace/print")  # trace_marker writes; always recorded
+        self._save_formats(root, enabled)
+        page_size = os.sysconf("SC_PAGE_SIZE")
+        sub_kb = inst / "buffer_subbuf_size_kb"
+        if sub_kb.exists():
+            page_size = int(sub_kb.read_text()) * 1024
+        ncpu = len(list((inst / "per_cpu").glob("cpu*")))
+        self.meta = {
+            "probe": self.name, "instance": inst.name, "clock": clock, "page_size": page_size,
+            "cpus": list(range(ncpu)), "events_enabled": enabled, "events_missing": missing,
+            "buffer_kb_per_cpu": self.buffer_kb, "kernel": os.uname().release,
+        }
+        self._marker_fd = os.open(inst / "trace_marker", os.O_WRONLY)
+        for cpu in range(ncpu):
+            d = _Drain(inst / "per_cpu" / f"cpu{cpu}" / "trace_pipe_raw", self.out_dir / f"cpu{cpu}.raw", page_size)
+            d.start()
+            self._drains.append(d)
+        _write(inst / "tracing_on", "1")
+        self.meta["started_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+    def _save_formats(self, root: Path, enabled: list[str]) -> None:
+        fmt_dir = self.out_dir / "formats"
+        fmt_dir.mkdir(exist_ok=True)
+        for name in ("header_page", "header_event"):
+            shutil.copyfile(root / "events" / name, fmt_dir / name)
+        for ev in enabled:
+            (fmt_dir / ev).mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(root / "events" / ev / "format", fmt_dir / ev / "format")
+
+    def mark(self, text: str) -> int:
+        if self._marker_fd is None:
+            raise ProbeError("the tracefs probe is not recording")
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        os.write(self._marker_fd, text.encode())
+        return now
+
+    def stop(self) -> None:
+        if self.instance is None:
+            return
+        inst, self.instance = self.instance, None
+        errors = []
+        try:
+            _write(inst / "tracing_on", "0")
+            self.meta["stopped_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        except OSError as exc:
+            errors.append(f"tracing_on: {exc}")
+        for d in self._drains:
+            d.stopping.set()
+        for d in self._drains:
+            d.join()
+            if d.error is not None:
+                errors.append(f"{d.name}: {d.error}")
+        self.meta["stats"] = {}
+        for cpu in range(len(self._drains)):
+            try:
+                self.meta["stats"][str(cpu)] = _read_stats(inst / "per_cpu" / f"cpu{cpu}" / "stats")
+            except OSError as exc:
+                errors.append(f"stats cpu{cpu}: {exc}")
+        self.meta["bytes"] = sum(d.bytes for d in self._drains)
+        self.meta["errors"] = errors
+        if self._marker_fd is not None:
+            os.close(self._marker_fd)
+            self._marker_fd = None
+        self._drains = []
+        try:
+            remove_instance(inst)
+        finally:
+            if self.out_dir.is_dir():
+                (self.out_dir / "meta.json").write_text(json.dumps(self.meta, indent=1))
+        if errors:
+            raise ProbeError("tracefs probe: " + "; ".join(errors))
+
+    @classmethod
+    def decode_dir(cls, out_dir: Path) -> Capture:
+        from harmony.probes.ringbuf import decode_dir
+
+        return decode_dir(Path(out_dir))
+
+
+def _read_stats(path: Path) -> dict:
+    """per_cpu/cpuN/stats as numbers: entries, overrun, commit overrun, dropped events, read events..."""
+    out = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.partition(":")
+        try:
+            out[key.strip()] = float(value) if "." in value else int(value)
+        except ValueError:
+            out[key.strip()] = value.strip()
+    return out
