@@ -172,7 +172,7 @@ def online_cpus(sysfs: str | Path = SYSFS) -> list[int]:
 
 
 def _cpus_text(cpus: list[int]) -> str:
-    return format_cpulist(cpus) if cpus else "-"
+    return format_cpulist(cpus) if cpus else "none"
 
 
 def _llc_of(cache_dir: Path) -> tuple[dict | None, str | None]:
@@ -684,8 +684,13 @@ def _check_instances(tracefs: str | None) -> dict:
     if not tracefs:
         return _check(MISSING, "tracefs not mounted", creatable=False, reclaimed=[])
     instances = Path(tracefs) / "instances"
-    if not instances.is_dir():
+    try:
+        os.listdir(instances)
+    except FileNotFoundError:
         return _check(MISSING, f"no {instances} (kernel too old?)", creatable=False, reclaimed=[])
+    except OSError as e:
+        hint = " (need root)" if not is_root() else ""
+        return _check(WARN, f"{instances}: {e.strerror or e}{hint}", creatable=False, reclaimed=[])
     reclaimed = _reclaim_doctor_instances(instances)
     inst = instances / f"{DOCTOR_INSTANCE_PREFIX}{os.getpid()}"
     created = False
@@ -726,6 +731,8 @@ def _check_instances(tracefs: str | None) -> dict:
 def _check_clocks(tracefs: str | None) -> dict:
     text = _read(Path(tracefs) / "trace_clock") if tracefs else None
     if text is None:
+        if tracefs and not is_root():
+            return _check(WARN, "trace_clock not readable (need root)", available=[], current=None)
         return _check(MISSING, "trace_clock not readable", available=[], current=None)
     available = [c.strip("[]") for c in text.split()]
     current = next((c.strip("[]") for c in text.split() if c.startswith("[")), None)
@@ -820,6 +827,8 @@ def _check_perf(tracepoints: dict) -> dict:
     base.update(present=True, version=m.group(1))
     events = [t for t in REQUIRED_TRACEPOINTS if t in tracepoints.get("present", [])] or ["sched_switch"]
     ok, error, elapsed = _perf_record_test(perf, events)
+    if not ok and not is_root():
+        error += " (need root?)"
     base.update(can_record_sched=ok, events_tested=events, test_s=round(elapsed, 3), error=error or None)
     if ok:
         return _check(OK, f"{m.group(1)}; record -e sched:* permitted (paranoid {paranoid})", **base)
