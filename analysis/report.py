@@ -1,0 +1,77 @@
+"""The report of one run: what was measured, how much to trust it, and the figures.
+
+``summary_text(run)`` is what ``harmony report`` prints; ``write_report(run)`` writes report.md.
+Both start from the same lines so the terminal and the file never disagree.
+"""
+
+from __future__ import annotations
+
+
+def _ms(ns) -> str:
+    return "n/a" if ns is None else f"{ns / 1e6:.3f} ms"
+
+
+def trust_lines(m: dict) -> list[str]:
+    """What the run could and could not see, one fact per line."""
+    host = m.get("host", {})
+    cap = m.get("capture", {})
+    rel = m.get("release", {})
+    ka = m.get("kernel_agreement")
+    lost = m.get("lost_events", -1)
+    lines = [
+        f"status                       {m.get('status')}",
+        f"kernel / scheduler           {host.get('kernel', '?')} / {host.get('scheduler', '?')}",
+        f"CPU set                      {','.join(map(str, m.get('cpus', [])))} "
+        f"(host has {host.get('ncpus', '?')} online)",
+        f"probe / clock                {m.get('probe')} / {cap.get('clock', '?')}",
+        f"events decoded               {cap.get('n_events', '?')} ({cap.get('bytes', '?')} raw bytes)",
+        f"lost events                  {'unknown' if lost is None or lost < 0 else lost}",
+        f"release spread               {_ms(rel.get('release_spread_ns'))} "
+        f"(wake-ups {_ms(rel.get('wake_spread_ns'))}; {rel.get('woken', '?')} tasks woken)",
+        f"measured window              {m.get('measured_s', 0):.3f} s after t0",
+    ]
+    if ka and ka.get("agreement") is not None:
+        lines.append(f"kernel agreement (/proc)     {ka['agreeing']}/{ka['sweeps']} sweeps "
+                     f"({ka['agreement']:.1%}; sweep {ka['sweep_us_median']:.0f} us)")
+    else:
+        lines.append("kernel agreement (/proc)     not sampled")
+    lines.append(f"reconstruction anomalies     {m.get('reconstruction_anomalies', '?')}")
+    return lines
+
+
+def params_line(m: dict) -> str:
+    return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+                     for k, v in m.get("params", {}).items())
+
+
+def summary_text(run) -> str:
+    from harmony.experiments import get_experiment
+
+    m = run.manifest
+    exp = get_experiment(m["experiment"])
+    out = [f"{exp.name}: {exp.question}", f"run {run.path}", f"parameters: {params_line(m)}", ""]
+    out += exp.describe(run.summary) if run.complete else ["(run is not complete: no metrics)"]
+    out += ["", "measurement"] + ["  " + line for line in trust_lines(m)]
+    notes = m.get("notes", [])
+    out += ["", "notes"] + ([f"  - {n}" for n in notes] if notes else ["  - none: nothing was lost or repaired"])
+    out += ["", "figures"] + [f"  {run.path / f}" for f in m.get("figures", [])]
+    return "\n".join(out)
+
+
+def write_report(run) -> None:
+    """Write report.md beside the figures."""
+    from harmony.experiments import get_experiment
+    from harmony.store import atomic_write
+
+    m = run.manifest
+    exp = get_experiment(m["experiment"])
+    md = [f"# {exp.name}: {exp.question}", "",
+          f"Thesis: {exp.thesis}. Run started {m.get('started_at')}, Harmony {m.get('harmony_version')}.", "",
+          f"Parameters: `{params_line(m)}`", "", "## Results", "", "```"]
+    md += exp.describe(run.summary) + ["```", "", "## Measurement", "", "```"] + trust_lines(m) + ["```", ""]
+    notes = m.get("notes", [])
+    md += ["## Notes", ""] + ([f"- {n}" for n in notes] if notes else ["- nothing was lost or repaired"])
+    md += ["", "## Figures", ""]
+    for f in m.get("figures", []):
+        md += [f"![{f}]({f})", ""]
+    atomic_write(run.path / "report.md", "\n".join(md) + "\n")

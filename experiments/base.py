@@ -1,0 +1,121 @@
+"""What an experiment is: parameters with documented defaults, the tasks it runs, what it measures.
+
+An experiment never touches the kernel itself: it describes tasks (:class:`harmony.tasks.TaskSpec`)
+for the controller and turns the reconstructed tables of a run into metrics and figures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any, Callable
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One parameter. ``default`` may be a function of the CPU count P (``lambda P: [2 * P]``)."""
+
+    name: str
+    default: Any
+    kind: str  # "int" | "float" | "str" | "list" (comma-separated ints) | "flist" (comma-separated floats)
+    help: str
+    check: Callable[[Any], str | None] | None = None  # returns an error message, or None if fine
+
+    def default_for(self, ncpus: int):
+        return self.default(ncpus) if callable(self.default) else self.default
+
+    def parse(self, text: str):
+        try:
+            if self.kind == "int":
+                return int(text)
+            if self.kind == "float":
+                return float(text)
+            if self.kind == "list":
+                return [int(x) for x in str(text).split(",") if x.strip() != ""]
+            if self.kind == "flist":
+                return [float(x) for x in str(text).split(",") if x.strip() != ""]
+            return str(text)
+        except ValueError:
+            raise ValueError(f"parameter {self.name}: {text!r} is not a valid {self.kind}") from None
+
+
+def positive(v) -> str | None:
+    return None if v > 0 else "must be positive"
+
+
+def non_negative(v) -> str | None:
+    return None if v >= 0 else "must not be negative"
+
+
+def percent(v) -> str | None:
+    return None if 0 < v <= 100 else "must be in (0, 100]"
+
+
+def nice_value(v) -> str | None:
+    return None if -20 <= v <= 19 else "must be a nice value in -20..19"
+
+
+COMMON = (
+    Param("duration", 10.0, "float", "seconds measured after t0", positive),
+    Param("bin_s", 0.1, "float", "width of the migrations-over-time bins (s)", positive),
+    Param("window_s", 0.5, "float", "width of the CPU-allocation windows (s)", positive),
+    Param("sample_hz", 10.0, "float",
+          "rate of sampling the kernel's own view from /proc during the run (0 = off)", non_negative),
+)
+
+
+class Experiment:
+    """Base class of the catalog. Subclasses set the class attributes and implement the methods."""
+
+    name: str = ""
+    question: str = ""
+    thesis: str = ""  # where the thesis describes it
+    params: tuple[Param, ...] = ()
+
+    def all_params(self) -> tuple[Param, ...]:
+        own = {p.name for p in self.params}
+        return tuple(p for p in COMMON if p.name not in own) + self.params
+
+    def resolve(self, overrides: dict[str, Any], cpus: list[int]) -> dict:
+        """Defaults for this CPU set, with ``overrides`` (strings or values) applied and checked.
+
+        Raises ValueError with a one-line message for an unknown or bad parameter.
+        """
+        known = {p.name: p for p in self.all_params()}
+        unknown = sorted(set(overrides) - set(known))
+        if unknown:
+            raise ValueError(f"{self.name} has no parameter {', '.join(unknown)} "
+                             f"(it has: {', '.join(sorted(known))})")
+        values = {}
+        for name, p in known.items():
+            v = overrides.get(name, p.default_for(len(cpus)))
+            if isinstance(v, str) and p.kind != "str":
+                v = p.parse(v)
+            if p.check is not None:
+                items = v if isinstance(v, list) else [v]
+                for item in items:
+                    err = p.check(item)
+                    if err:
+                        raise ValueError(f"parameter {name}={item}: {err}")
+            values[name] = v
+        self.validate(values, cpus)
+        return values
+
+    def validate(self, p: dict, cpus: list[int]) -> None:
+        """Cross-parameter checks (ValueError, one line)."""
+
+    def tasks(self, p: dict, cpus: list[int]) -> list:
+        """The TaskSpecs of one run."""
+        raise NotImplementedError
+
+    def analyse(self, run) -> dict:
+        """Metrics of one run (JSON-serialisable) from its tables (a :class:`harmony.store.Run`)."""
+        raise NotImplementedError
+
+    def plot(self, run, fig_dir: Path) -> list[Path]:
+        """Write this experiment's figures; return their paths."""
+        return []
+
+    def describe(self, summary: dict) -> list[str]:
+        """Readable lines for the terminal and report.md, from ``analyse``'s output."""
+        return [f"{k}: {v}" for k, v in summary.items()]

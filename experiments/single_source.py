@@ -1,0 +1,93 @@
+"""E1 single-source (thesis 6.2, figures 6.3-6.5): does it balance, and does it keep affinity?
+
+Default layout: 2P CPU-bound tasks on the first CPU of the set, the others idle (<4,0> on 2 CPUs,
+<8,0,0,0> on 4). Measures migrations over time, the time until every run queue is within 15% of
+N/P (and stays there), migrations after that (affinity), and each task's share against its fair
+share (Jain index).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harmony.analysis import metrics
+from harmony.analysis.plots import plot_migrations, plot_runqueue, plot_shares
+from harmony.experiments.base import Experiment, Param, nice_value, non_negative, percent, positive
+from harmony.tasks import layout_tasks
+
+
+class SingleSource(Experiment):
+    name = "single-source"
+    question = "Does it balance, and does it keep affinity?"
+    thesis = "6.2, figures 6.3-6.5 (E1)"
+    params = (
+        Param("layout", lambda P: [2 * P] + [0] * (P - 1), "list",
+              "tasks per CPU of the set at t0 (default 2P on the first CPU, others idle)", non_negative),
+        Param("duty", 100.0, "float", "CPU demand of every task in percent", percent),
+        Param("nice", 0, "int", "nice value of every task", nice_value),
+        Param("tolerance", 0.15, "float", "balanced when every run queue is within this fraction of N/P",
+              positive),
+    )
+
+    def validate(self, p, cpus):
+        if len(p["layout"]) > len(cpus):
+            raise ValueError(f"layout {','.join(map(str, p['layout']))} has {len(p['layout'])} entries "
+                             f"but the CPU set has {len(cpus)} CPUs")
+        if sum(p["layout"]) == 0:
+            raise ValueError("layout places no task")
+
+    def tasks(self, p, cpus):
+        return layout_tasks(p["layout"], cpus, duty=p["duty"], nice=p["nice"])
+
+    def analyse(self, run) -> dict:
+        m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]
+        t0, t_end = m["t0_ns"], m["end_ns"]
+        balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
+        after = metrics.migrations_after_balance(run.migrations, balance["t_balanced_ns"], t_end)
+        shares = run.shares
+        ratio = shares["ratio"].to_numpy()
+        return {
+            "ntasks": int(len(run.tasks)),
+            "ncpus": len(cpus),
+            "migrations": int(len(run.migrations)),
+            "balance_migrations": int((run.migrations["kind"] == "balance").sum()),
+            "time_to_balance_s": balance["t_balanced_s"],
+            "first_balanced_s": balance["t_first_s"],
+            "balanced_at_end": balance["balanced_at_end"],
+            "migrations_after_balance": after["count"],
+            "migrations_after_balance_per_s": after["per_s"],
+            "share_min": float(shares["share"].min()),
+            "share_max": float(shares["share"].max()),
+            "fair_share": float(shares["fair_share"].median()),
+            "share_ratio_min": float(ratio.min()),
+            "share_ratio_max": float(ratio.max()),
+            "jain_index": metrics.jain_index(ratio),
+        }
+
+    def plot(self, run, fig_dir: Path) -> list[Path]:
+        m, p, s = run.manifest, run.manifest["params"], run.summary
+        dur = m["measured_s"]
+        return [
+            plot_migrations(run.migrations, dur, p["bin_s"], fig_dir / "migrations.png"),
+            plot_runqueue(run.runqueue, m["cpus"], len(run.tasks), dur, fig_dir / "runqueue.png",
+                          t_balanced=s["time_to_balance_s"], tolerance=p["tolerance"]),
+            plot_shares(run.shares, fig_dir / "shares.png"),
+        ]
+
+    def describe(self, s: dict) -> list[str]:
+        bal = ("never (within the run)" if s["time_to_balance_s"] is None
+               else f"{s['time_to_balance_s'] * 1000:.1f} ms after t0")
+        return [
+            f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']}",
+            f"migrations                   {s['migrations']} ({s['balance_migrations']} while runnable)",
+            f"balanced within tolerance    {bal}; balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
+            f"migrations after balance     {s['migrations_after_balance']} "
+            f"({_fmt(s['migrations_after_balance_per_s'])}/s)",
+            f"share per task               {s['share_min']:.3f} .. {s['share_max']:.3f} "
+            f"(fair {s['fair_share']:.3f}; ratio {s['share_ratio_min']:.2f} .. {s['share_ratio_max']:.2f})",
+            f"Jain fairness index          {s['jain_index']:.4f}",
+        ]
+
+
+def _fmt(v):
+    return "n/a" if v is None else f"{v:.2f}"

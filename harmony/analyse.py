@@ -1,0 +1,113 @@
+"""Turn a stored capture into tables, metrics and figures (the second half of a run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from harmony import store
+from harmony.probes import get_probe
+from harmony.probes.base import ProbeError
+
+T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
+
+
+def _marker(markers: pd.DataFrame, text: str) -> int | None:
+    hit = markers.loc[markers["text"] == text, "ts"]
+    return int(hit.iloc[0]) if len(hit) else None
+
+
+def analyse(run_dir: Path, quiet: bool = True) -> store.Run:
+    """Decode ``run_dir``'s raw capture and write every table, summary.json, figures and report.md.
+
+    Refuses (RunError) a run whose capture did not finish: it stays marked incomplete.
+    """
+    from harmony.analysis import reconstruct
+    from harmony.analysis.crosscheck import kernel_agreement
+    from harmony.analysis.release import release_spread
+    from harmony.analysis.report import write_report
+    from harmony.experiments import get_experiment
+
+    run_dir = Path(run_dir)
+    manifest = store.read_json(run_dir / "manifest.json")
+    if manifest.get("status") not in ("captured", "complete"):
+        raise store.RunError(f"{run_dir}: capture is {manifest.get('status')} "
+                             f"({manifest.get('incomplete_reason', 'unknown reason')}); not analysed")
+    experiment = get_experiment(manifest["experiment"])
+    probe_name = manifest["probe"]
+    try:
+        cap = get_probe(probe_name).decode_dir(run_dir / "raw" / probe_name)
+    except ProbeError as exc:
+        manifest["status"] = "incomplete"
+        manifest["incomplete_reason"] = f"trace could not be decoded: {exc}"
+        store.write_json(run_dir / "manifest.json", manifest)
+        raise store.RunError(str(exc)) from None
+    events, markers = cap.events, cap.markers
+    t0, released, t_end = (_marker(markers, m) for m in (T0, RELEASED, END))
+    missing = [name for name, v in (("t0", t0), ("end", t_end)) if v is None]
+    if missing:
+        manifest["status"] = "incomplete"
+        manifest["incomplete_reason"] = f"markers missing from the trace: {', '.join(missing)}"
+        store.write_json(run_dir / "manifest.json", manifest)
+        raise store.RunError(f"{run_dir}: {manifest['incomplete_reason']}")
+    tasks = store.read_table(run_dir / "tasks.parquet")
+    cpus = manifest["cpus"]
+    params = manifest["params"]
+
+    migrations = reconstruct.df_migrations(events, tasks, t0)
+    runs = reconstruct.df_runs(events, tasks, t0, t_end)
+    runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
+    allocation = reconstruct.df_allocation(runs, tasks, t0, t_end, int(params["window_s"] * 1e9))
+    shares = reconstruct.df_task_share(runs, tasks, cpus, t0, t_end)
+    tables = {"events": events, "markers": markers, "migrations": migrations, "runs": runs,
+              "runqueue": runqueue, "allocation": allocation, "shares": shares}
+    for name, df in tables.items():
+        store.write_table(run_dir, name, df)
+
+    samples_path = run_dir / "kernel_samples.parquet"
+    samples = store.read_table(samples_path) if samples_path.exists() else None
+    meta = cap.meta
+    manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes",)}
+    manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, released, t_end
+    manifest["measured_s"] = (t_end - t0) / 1e9
+    manifest["release"] = release_spread(events, tasks, t0, released)
+    manifest["lost_events"] = meta.get("lost_events", -1)
+    manifest["reconstruction_anomalies"] = int(runqueue.attrs.get("anomalies", 0))
+    manifest["kernel_agreement"] = (kernel_agreement(runqueue, samples, cpus, t0, t_end)
+                                    if samples is not None else None)
+    manifest["notes"] = _notes(manifest, meta)
+    manifest["status"] = "complete"
+    run = store.Run(run_dir, manifest)
+    summary = experiment.analyse(run)
+    store.write_json(run_dir / "summary.json", summary)
+    fig_dir = run_dir / "figures"
+    fig_dir.mkdir(exist_ok=True)
+    manifest["figures"] = [str(p.relative_to(run_dir)) for p in experiment.plot(run, fig_dir)]
+    store.write_json(run_dir / "manifest.json", manifest)
+    write_report(run)
+    return store.load(run_dir)
+
+
+def _notes(manifest: dict, meta: dict) -> list[str]:
+    """Everything the run could not see or had to work around, for the report."""
+    notes = list(meta.get("notes", []))
+    notes += manifest.get("controller_notes", [])
+    lost = meta.get("lost_events", -1)
+    if lost > 0:
+        notes.append(f"{lost} events were lost by the probe: tables may miss migrations or switches")
+    elif lost < 0:
+        notes.append("the probe could not tell whether events were lost")
+    rel = manifest["release"]
+    if rel["not_woken"]:
+        notes.append(f"{len(rel['not_woken'])} tasks were never seen waking after t0")
+    if manifest["reconstruction_anomalies"]:
+        notes.append(f"{manifest['reconstruction_anomalies']} reconstruction anomalies were repaired "
+                     "(a task seen running where the state machine did not expect it)")
+    if manifest.get("workers_alive_at_end", 0) < len(manifest.get("work_done", [])):
+        notes.append("some workers were not alive at the end of the run")
+    ka = manifest.get("kernel_agreement")
+    if ka and ka["agreement"] is not None and ka["agreement"] < 0.99:
+        notes.append(f"rebuilt run queues agree with the kernel's /proc view on only "
+                     f"{ka['agreement']:.1%} of {ka['sweeps']} sweeps")
+    return notes

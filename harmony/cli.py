@@ -1,0 +1,197 @@
+"""The ``harmony`` command: a thin layer over the library. Each command does one job.
+
+Exit codes: 0 success; 1 the job failed (host cannot run, trace corrupt, run incomplete);
+2 bad arguments (nothing was started); 130 interrupted by Ctrl-C; 143 by SIGTERM.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from harmony import __version__
+
+
+def _fail(msg: str, code: int = 1):
+    click.echo(f"harmony: error: {msg}", err=True)
+    sys.exit(code)
+
+
+def _parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not key=value", param_hint="--param")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def resolve_cpus(text: str | None) -> list[int]:
+    """The experiment CPU set: ``text`` (a CPU list) checked against the online CPUs."""
+    from harmony.host import online_cpus, parse_cpulist
+
+    online = online_cpus()
+    if text is None:
+        return online
+    try:
+        cpus = parse_cpulist(text)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--cpus") from None
+    offline = sorted(set(cpus) - set(online))
+    if offline:
+        raise click.BadParameter(f"CPU {','.join(map(str, offline))} is not online "
+                                 f"(online: {','.join(map(str, online))})", param_hint="--cpus")
+    return cpus
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="harmony")
+def main():
+    """Harmony: extract the actual CPU load-balancing policy of the running Linux scheduler by experiment."""
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="print the facts as JSON")
+def doctor(as_json):
+    """What this host can do: probes, tracepoints, topology, scheduler. Exit 0 if an experiment can run."""
+    from harmony.host import doctor as host_doctor, format_doctor
+
+    facts = host_doctor()
+    click.echo(json.dumps(facts, indent=1, default=str) if as_json else format_doctor(facts))
+    sys.exit(0 if facts["verdict"]["can_run"] else 1)
+
+
+@main.command("list")
+def list_experiments():
+    """The experiment catalog: name, question, thesis section."""
+    from harmony.experiments import CATALOG, get_experiment
+
+    for name in CATALOG:
+        exp = get_experiment(name)
+        click.echo(f"{name:22} {exp.question}  [thesis {exp.thesis}]")
+
+
+@main.command()
+@click.argument("experiment")
+@click.option("--cpus", help="experiment CPU set, e.g. 0-3 (default: all online CPUs)")
+@click.option("--layout", help="tasks per CPU of the set at t0, e.g. 8,0")
+@click.option("--duration", type=float, help="seconds measured after t0")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
+@click.option("--probe", default="tracefs", show_default=True, help="capture backend: tracefs or perf")
+@click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/<experiment>-<time>)")
+@click.option("--seed", type=int, default=0, show_default=True, help="seed of the workload's randomness")
+@click.option("--quiet", "-q", is_flag=True, help="no progress display")
+def run(experiment, cpus, layout, duration, params, probe, out, seed, quiet):
+    """Run one experiment and analyse it; prints the summary."""
+    from harmony.experiments import get_experiment
+    from harmony.probes import PROBES
+
+    # Everything is checked before anything starts.
+    try:
+        exp = get_experiment(experiment)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="EXPERIMENT") from None
+    cpu_set = resolve_cpus(cpus)
+    overrides = _parse_params(params)
+    if layout is not None:
+        overrides["layout"] = layout
+    if duration is not None:
+        overrides["duration"] = str(duration)
+    try:
+        values = exp.resolve(overrides, cpu_set)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if probe not in PROBES:
+        raise click.BadParameter(f"unknown probe {probe!r} (choose {', '.join(PROBES)})", param_hint="--probe")
+    if out is None:
+        out = Path("runs") / f"{experiment}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    if (out / "manifest.json").exists():
+        raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+    facts = _host_facts_or_exit(probe)
+    _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet)
+
+
+def _host_facts_or_exit(probe: str) -> dict:
+    from harmony.host import doctor as host_doctor
+    from harmony.probes import get_probe
+
+    ok, why = get_probe(probe).available()
+    if not ok:
+        _fail(f"probe {probe} cannot record here: {why} (see `harmony doctor`)")
+    facts = host_doctor(mount=True)
+    return {
+        "kernel": facts["kernel"].get("release"),
+        "scheduler": facts["scheduler"].get("name"),
+        "ncpus": len(facts.get("online_cpus", [])),
+        "hz": facts["hz"].get("hz"),
+        "preemption": facts["preemption"].get("model"),
+        "topology": facts["topology"].get("counts"),
+        "sched_ext": facts["sched_ext"].get("state"),
+        "doctor": facts,
+    }
+
+
+def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet):
+    from harmony.analysis.report import summary_text
+    from harmony.hygiene import HostBusy
+    from harmony.run import Interrupted, execute
+    from harmony.store import RunError
+    from harmony.probes import ProbeError
+    from harmony.controller import ControllerError
+
+    try:
+        result = execute(exp, values, cpu_set, out, probe, seed, facts, quiet)
+    except KeyboardInterrupt:
+        _fail(f"interrupted; {out} is marked incomplete", 130)
+    except Interrupted as exc:
+        _fail(f"{exc}; {out} is marked incomplete", 143)
+    except (HostBusy, ProbeError, RunError, ControllerError) as exc:
+        _fail(str(exc))
+    click.echo(summary_text(result))
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print manifest facts and metrics as JSON")
+def report(run_dir, as_json):
+    """Print a run's summary and write report.md beside its figures."""
+    from harmony.analysis.report import summary_text, write_report
+    from harmony.store import RunError, load
+
+    try:
+        run = load(run_dir, allow_incomplete=True)
+        if not run.complete:
+            m = run.manifest
+            _fail(f"{run_dir}: run is {m.get('status')} ({m.get('incomplete_reason', 'did not finish')}); "
+                  "no report for an incomplete run")
+        write_report(run)
+        if as_json:
+            click.echo(json.dumps({"manifest": {k: v for k, v in run.manifest.items() if k != "host"},
+                                   "summary": run.summary}, indent=1, default=str))
+        else:
+            click.echo(summary_text(run))
+            click.echo(f"\nreport: {run.path / 'report.md'}")
+    except RunError as exc:
+        _fail(str(exc))
+
+
+@main.command()
+def clean():
+    """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers)."""
+    from harmony.hygiene import HostBusy, HostLock, reclaim_stale
+
+    try:
+        with HostLock():
+            removed = reclaim_stale()
+    except HostBusy as exc:
+        _fail(str(exc))
+    click.echo("\n".join(f"removed {r}" for r in removed) if removed else "nothing to clean")
+
+
+if __name__ == "__main__":
+    main()

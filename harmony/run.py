@@ -1,0 +1,188 @@
+"""One experiment run, end to end: capture (workload + probe) then analysis, into a run directory.
+
+``execute`` is what ``harmony run`` does. Capture and analysis are separate steps (``capture`` and
+``analyse``) so a stored capture can be analysed again, e.g. by a newer Harmony.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+
+import harmony
+from harmony import store
+from harmony.controller import Workload
+from harmony.hygiene import HostLock, reclaim_stale
+from harmony.probes import ProbeError, get_probe
+from harmony.tasks import tasks_frame
+
+T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGHUP arrived during a run."""
+
+
+def _raise_interrupted(signum, frame):
+    raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+
+
+class KernelSampler(threading.Thread):
+    """Samples the kernel's own view of the workers from /proc: which CPU, which state.
+
+    Each sample row: ts (ns, CLOCK_MONOTONIC, midpoint of the sweep over all workers), sweep_ns
+    (how long the sweep took), pid, cpu (task_cpu: the run queue it is on), state (R, S, ...).
+    """
+
+    def __init__(self, pids: list[int], hz: float):
+        super().__init__(name="kernel-sampler", daemon=True)
+        self.pids, self.period = pids, 1.0 / hz
+        self.rows: list[tuple] = []
+        self.stopping = threading.Event()
+
+    def run(self):
+        while not self.stopping.wait(self.period):
+            before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            sweep = []
+            for pid in self.pids:
+                try:
+                    with open(f"/proc/{pid}/stat", "rb") as f:
+                        fields = f.read().rsplit(b")", 1)[1].split()
+                    sweep.append((pid, int(fields[36]), fields[0].decode()))
+                except (OSError, IndexError, ValueError):
+                    continue
+            after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            mid = (before + after) // 2
+            self.rows += [(mid, after - before, pid, cpu, state) for pid, cpu, state in sweep]
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows, columns=["ts", "sweep_ns", "pid", "cpu", "state"]).astype(
+            {"ts": "int64", "sweep_ns": "int64", "pid": "int32", "cpu": "int16"})
+
+
+def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stderr) -> None:
+    """Sleep ``seconds`` showing progress on a terminal; returns early if ``stop`` is set."""
+    start = time.monotonic()
+    tty = stream.isatty()
+    while True:
+        left = seconds - (time.monotonic() - start)
+        if left <= 0 or stop.is_set():
+            break
+        if tty:
+            done = seconds - left
+            bar = "#" * int(30 * done / seconds)
+            stream.write(f"\r{label} [{bar:<30}] {done:5.1f}/{seconds:.1f} s")
+            stream.flush()
+        stop.wait(min(0.2, left))
+    if tty:
+        stream.write("\r" + " " * (len(label) + 50) + "\r")
+        stream.flush()
+
+
+def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: int, facts: dict) -> dict:
+    import numpy
+    return {
+        "harmony_version": harmony.__version__,
+        "experiment": experiment.name,
+        "question": experiment.question,
+        "params": params,
+        "cpus": cpus,
+        "probe": probe,
+        "seed": seed,
+        "status": "running",
+        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "controller_pid": os.getpid(),
+        "host": facts,
+        "versions": {"python": platform.python_version(), "pandas": pd.__version__,
+                     "numpy": numpy.__version__},
+    }
+
+
+def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
+            seed: int = 0, facts: dict | None = None, quiet: bool = False) -> dict:
+    """Run the workload under the probe and store the raw capture in ``out``. Returns the manifest.
+
+    The manifest is written first with status "running"; it becomes "captured" only when the
+    workload ran its full duration and the probe stopped cleanly, and "incomplete" (with the
+    reason) on any error, Ctrl-C or SIGTERM. Every worker and every piece of kernel state is
+    removed before this returns or raises.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = new_manifest(experiment, params, cpus, probe_name, seed, facts or {})
+    store.write_json(out / "manifest.json", manifest)
+    specs = experiment.tasks(params, cpus)
+    old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
+    lock = HostLock()
+    workload = sampler = probe = None
+    try:
+        lock.acquire()
+        manifest["reclaimed"] = reclaim_stale()
+        workload = Workload(specs, cpus, seed=seed)
+        workload.spawn()  # before the probe's threads exist: fork with no threads running
+        store.write_table(out, "tasks", tasks_frame(specs, workload.pids))
+        probe = get_probe(probe_name)(out / "raw" / probe_name, cpus, params["duration"])
+        probe.start()
+        if params.get("sample_hz", 0) > 0:
+            sampler = KernelSampler(workload.pids, params["sample_hz"])
+        workload.release(probe.mark)
+        if sampler:
+            sampler.start()
+        _progress(f"{experiment.name}", params["duration"], threading.Event(),
+                  stream=open(os.devnull, "w") if quiet else sys.stderr)
+        probe.mark(END)
+        manifest["work_done"] = workload.work_done().tolist()
+        manifest["workers_alive_at_end"] = len(workload.alive())
+        manifest["controller_notes"] = workload.notes
+        if sampler:
+            sampler.stopping.set()
+            sampler.join()
+        workload.stop()
+        probe.stop()
+        manifest["probe_meta"] = probe.meta
+        if sampler:
+            store.write_table(out, "kernel_samples", sampler.frame())
+        manifest["status"] = "captured"
+    except BaseException as exc:
+        manifest["status"] = "incomplete"
+        manifest["incomplete_reason"] = _reason(exc)
+        raise
+    finally:
+        if sampler:
+            sampler.stopping.set()
+        if workload:
+            workload.stop()
+        if probe:
+            try:
+                probe.stop()
+            except ProbeError as exc:
+                manifest.setdefault("cleanup_errors", []).append(str(exc))
+        lock.release()
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+        manifest["ended_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        store.write_json(out / "manifest.json", manifest)
+    return manifest
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def execute(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
+            seed: int = 0, facts: dict | None = None, quiet: bool = False) -> store.Run:
+    """Capture then analyse one run; returns the loaded, complete run."""
+    from harmony.analyse import analyse
+
+    capture(experiment, params, cpus, out, probe_name, seed, facts, quiet)
+    return analyse(out)
