@@ -1,0 +1,653 @@
+"""Decode raw ftrace ring-buffer pages (``per_cpu/cpuN/trace_pipe_raw``) into the canonical tables.
+
+Ring-buffer page (sub-buffer) layout, as events/header_page describes it (64-bit kernel)::
+
+    u64      timestamp      absolute time of the page's first event (trace clock)
+    local_t  commit         low 27 bits: bytes of event data; bit 31 RB_MISSED_EVENTS (events were
+                            lost before this page), bit 30 RB_MISSED_STORED (their count is stored as
+                            an unsigned long right after the data)
+    char     data[]         events, 4-byte aligned
+
+Event header (u32): ``type_len`` = low 5 bits, ``time_delta`` = high 27 bits.
+
+==========  ========================================================================================
+type_len    meaning
+==========  ========================================================================================
+1..28       data event, ``type_len*4`` bytes of data at +4
+0           data event, ``array[0]`` = data length + 4, data at +8
+29          padding: ``time_delta == 0`` -> the rest of the page is empty; else a discarded event of
+            ``array[0] + 4`` bytes whose ``time_delta`` still counts (the kernel's own check_buffer
+            and libtraceevent's kbuffer both add it)
+30          time extend (8 bytes): delta = ``array[0] << 27 | time_delta``
+31          absolute time stamp (8 bytes): ts = ``array[0] << 27 | time_delta`` (+ the 5 MSBs of the
+            running time)
+==========  ========================================================================================
+
+The decoder never loops over events in Python. All pages of all CPUs are walked in lockstep: step k
+looks at the k-th record of every page that still has records, with numpy; the data records found
+are then put back into (page, position) order with one O(n) scatter, merged across CPUs with one
+stable sort on the timestamps, and every field is gathered with one fancy-indexing pass per
+(event type, field), using offsets read from the format files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harmony.probes.base import Capture, TraceCorrupt
+from harmony.probes.formats import (EventFormat, Field, HeaderPage, load_formats_dir,
+                                    load_header_event, load_header_page, sched_switch_preempt_flag)
+from harmony.probes.schema import COLUMNS, INT_COLUMNS, make_events, make_markers
+
+COMMIT_MASK = (1 << 27) - 1
+RB_MISSED_EVENTS = 1 << 31
+RB_MISSED_STORED = 1 << 30
+TS_MSB = -(1 << 59)                  # 0xf8 << 56 as an int64 mask
+TYPE_PADDING, TYPE_TIME_EXTEND, TYPE_TIME_STAMP = 29, 30, 31
+MAX_STRING = 1024                    # dynamic strings longer than this are truncated
+
+# Canonical column <- candidate source fields, per sched event (first field present wins).
+# Anything not listed falls back to same-named fields (pid, comm, prio, ...), see _column_map().
+_SCHED_MAP = {
+    "sched_switch": {"pid": ("next_pid",), "comm": ("next_comm",), "prio": ("next_prio",),
+                     "prev_pid": ("prev_pid",), "prev_comm": ("prev_comm",),
+                     "prev_prio": ("prev_prio",), "prev_state": ("prev_state",)},
+    "sched_migrate_task": {"pid": ("pid",), "comm": ("comm",), "prio": ("prio",),
+                           "orig_cpu": ("orig_cpu",), "target_cpu": ("dest_cpu",)},
+    "sched_process_fork": {"pid": ("child_pid",), "comm": ("child_comm",),
+                           "prev_pid": ("parent_pid",), "prev_comm": ("parent_comm",)},
+}
+_GENERIC_MAP = {"pid": ("pid",), "comm": ("comm",), "prio": ("prio",), "target_cpu": ("target_cpu",),
+                "orig_cpu": ("orig_cpu",)}
+STRING_COLUMNS = ("comm", "prev_comm")
+
+
+def event_label(fmt: EventFormat) -> str:
+    """Name in the events table: bare for the sched system, ``system:name`` otherwise."""
+    return fmt.name if fmt.system == "sched" else f"{fmt.system}:{fmt.name}"
+
+
+def _column_map(fmt: EventFormat) -> dict[str, Field]:
+    spec = _SCHED_MAP.get(fmt.name) if fmt.system == "sched" else None
+    out = {}
+    for col, names in (spec or _GENERIC_MAP).items():
+        f = fmt.first_field(*names)
+        if f is not None:
+            if col in STRING_COLUMNS and not f.is_string:
+                continue
+            if col not in STRING_COLUMNS and (f.is_array or f.size not in (1, 2, 4, 8)):
+                continue
+            out[col] = f
+    return out
+
+
+@dataclasses.dataclass
+class Records:
+    """Data records found in the pages, in (cpu, time) order before the cross-CPU merge."""
+
+    pos: np.ndarray       # int64 byte offset of each record's data in the flat buffer
+    length: np.ndarray    # int64 data length (4-byte rounded)
+    ts: np.ndarray        # int64
+    page: np.ndarray      # int64 page index
+    lost: np.ndarray      # per page: events the kernel reported lost before it (-1 = unknown count)
+    missed: np.ndarray    # per page: RB_MISSED_EVENTS flag
+
+
+class PageSource:
+    """Flat buffer of whole pages + which file/CPU each page came from (for messages)."""
+
+    def __init__(self, buf: np.ndarray, page_size: int, page_cpu: np.ndarray,
+                 page_file: np.ndarray, files: list[str], page_in_file: np.ndarray):
+        self.buf = buf
+        self.page_size = page_size
+        self.page_cpu = page_cpu
+        self.page_file = page_file
+        self.files = files
+        self.page_in_file = page_in_file
+        self._views: dict[str, np.ndarray] = {}
+
+    @property
+    def n_pages(self) -> int:
+        return len(self.buf) // self.page_size
+
+    def view(self, dtype: str) -> np.ndarray:
+        v = self._views.get(dtype)
+        if v is None:
+            v = self.buf.view(dtype)
+            self._views[dtype] = v
+        return v
+
+    def where(self, page: int, byte_in_page: int | None = None) -> str:
+        f = self.files[int(self.page_file[page])]
+        off = int(self.page_in_file[page]) * self.page_size
+        if byte_in_page is not None:
+            off += int(byte_in_page)
+        return f"{f}: page {int(self.page_in_file[page])} (file offset {off})"
+
+    @classmethod
+    def from_buffers(cls, pages_by_cpu: dict[int, bytes | np.ndarray], page_size: int,
+                     names: dict[int, str] | None = None) -> "PageSource":
+        names = names or {}
+        cpus = sorted(pages_by_cpu)
+        sizes = [len(pages_by_cpu[c]) for c in cpus]
+        buf = np.empty(sum(sizes), np.uint8)
+        o = 0
+        for c, s in zip(cpus, sizes):
+            buf[o:o + s] = np.frombuffer(memoryview(pages_by_cpu[c]).cast("B"), np.uint8)
+            o += s
+        files = [names.get(c, f"cpu{c}") for c in cpus]
+        for c, s, f in zip(cpus, sizes, files):
+            if s % page_size:
+                raise TraceCorrupt(f"{f}: truncated: {s} bytes is not a whole number of "
+                                   f"{page_size}-byte pages")
+        counts = [s // page_size for s in sizes]
+        return cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
+                   np.repeat(np.arange(len(cpus)), counts), files,
+                   np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+
+    @classmethod
+    def from_files(cls, files_by_cpu: dict[int, Path], page_size: int) -> "PageSource":
+        cpus = sorted(files_by_cpu)
+        sizes = []
+        for c in cpus:
+            p = Path(files_by_cpu[c])
+            try:
+                s = p.stat().st_size
+            except OSError as e:
+                raise TraceCorrupt(f"{p}: cannot read ({e.strerror or e})") from None
+            if s % page_size:
+                raise TraceCorrupt(f"{p}: truncated: {s} bytes is not a whole number of "
+                                   f"{page_size}-byte pages")
+            sizes.append(s)
+        buf = np.empty(sum(sizes), np.uint8)
+        o = 0
+        for c, s in zip(cpus, sizes):
+            p = Path(files_by_cpu[c])
+            try:
+                with open(p, "rb", buffering=0) as fh:
+                    got = fh.readinto(memoryview(buf[o:o + s]))
+                    while got < s:
+                        k = fh.readinto(memoryview(buf[o + got:o + s]))
+                        if not k:
+                            break
+                        got += k
+            except OSError as e:
+                raise TraceCorrupt(f"{p}: cannot read ({e.strerror or e})") from None
+            if got != s:
+                raise TraceCorrupt(f"{p}: truncated while reading ({got} of {s} bytes)")
+            o += s
+        counts = [s // page_size for s in sizes]
+        return cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
+                   np.repeat(np.arange(len(cpus)), counts), [str(files_by_cpu[c]) for c in cpus],
+                   np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+
+
+# --- the lockstep page walk --------------------------------------------------------------------
+
+def _read_uint(src: PageSource, byte_pos: np.ndarray, size: int) -> np.ndarray:
+    """Unsigned little-endian integers of ``size`` bytes at arbitrary byte positions (int64 result)."""
+    if size == 8 and not (byte_pos % 8).any():
+        return src.view("<i8")[byte_pos >> 3]
+    if size == 4 and not (byte_pos % 4).any():
+        return src.view("<u4")[byte_pos >> 2].astype(np.int64)
+    out = np.zeros(len(byte_pos), np.int64)
+    for j in range(size):
+        out |= src.buf[byte_pos + j].astype(np.int64) << (8 * j)
+    return out
+
+
+def walk_pages(src: PageSource, hp: HeaderPage) -> Records:
+    """Find every data record of every page; raise TraceCorrupt on an inconsistent page."""
+    ps = src.page_size
+    n_pages = src.n_pages
+    if ps % 8 or hp.data_offset % 4 or hp.data_offset >= ps:
+        raise TraceCorrupt(f"{src.files[0] if src.files else 'trace'}: unsupported page layout "
+                           f"(page size {ps}, data offset {hp.data_offset})")
+    base = np.arange(n_pages, dtype=np.int64) * ps
+    page_ts = _read_uint(src, base + hp.timestamp_offset, 8)
+    commit = _read_uint(src, base + hp.commit_offset, hp.commit_size)
+    size = commit & COMMIT_MASK
+    missed = (commit & RB_MISSED_EVENTS) != 0
+    stored = missed & ((commit & RB_MISSED_STORED) != 0)
+    cap = ps - hp.data_offset
+    bad = np.flatnonzero(size > cap)
+    if bad.size:
+        p = int(bad[0])
+        raise TraceCorrupt(f"{src.where(p)}: commit size {int(size[p])} exceeds the page "
+                           f"({cap} data bytes)")
+    lost = np.where(missed, -1, 0).astype(np.int64)
+    if stored.any():
+        sp = np.flatnonzero(stored)
+        ok = size[sp] + hp.commit_size <= cap
+        if not ok.all():
+            p = int(sp[~ok][0])
+            raise TraceCorrupt(f"{src.where(p)}: missed-events count does not fit after the data")
+        lost[sp] = _read_uint(src, base[sp] + hp.data_offset + size[sp], hp.commit_size)
+
+    words = src.view("<u4")
+    nwords = len(words)
+    act = np.flatnonzero(size > 0)
+    pos = base[act] + hp.data_offset
+    end = pos + size[act]
+    ts = page_ts[act]
+    cnt = np.zeros(n_pages, np.int64)          # data records found so far per page
+    steps: list[tuple[np.ndarray, ...]] = []
+    while act.size:
+        wi = pos >> 2
+        w = words[wi]
+        tl = (w & 31).astype(np.int64)
+        td = (w >> 5).astype(np.int64)
+        arr0 = words[np.minimum(wi + 1, nwords - 1)].astype(np.int64)
+        is_big = tl == 0
+        is_small = (tl > 0) & (tl <= 28)
+        is_data = is_big | is_small
+        is_pad = tl == TYPE_PADDING
+        is_abs = tl == TYPE_TIME_STAMP
+        ext = (tl == TYPE_TIME_EXTEND) | is_abs
+        delta = np.where(ext, (arr0 << 27) | td, td)
+        ts = np.where(is_abs, (ts & TS_MSB) | delta, ts + delta)
+        total = np.where(is_small, 4 + tl * 4,
+                         np.where(is_big, 4 + ((arr0 + 3) & ~3),
+                                  np.where(is_pad, 4 + arr0, 8)))
+        stop = is_pad & (td == 0)
+        bad = (is_big & (arr0 < 4)) | (is_pad & ~stop & ((arr0 & 3) != 0))
+        newpos = pos + total
+        bad |= ~stop & (newpos > end)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            p = int(act[k])
+            raise TraceCorrupt(f"{src.where(p, int(pos[k] - base[p]))}: bad ring-buffer record "
+                               f"(type_len {int(tl[k])}, length word {int(arr0[k])}) running past "
+                               f"the page's commit size {int(size[p])}")
+        if is_data.any():
+            m = np.flatnonzero(is_data)
+            pg = act[m]
+            dpos = pos[m] + np.where(is_big[m], 8, 4)
+            dlen = np.where(is_big[m], (arr0[m] - 4 + 3) & ~3, tl[m] * 4)
+            rank = cnt[pg]
+            cnt[pg] = rank + 1
+            steps.append((dpos, dlen, ts[m], pg, rank))
+        keep = np.flatnonzero(~stop & (newpos < end))
+        if keep.size != act.size:
+            act, pos, end, ts = act[keep], newpos[keep], end[keep], ts[keep]
+        else:
+            pos = newpos
+
+    n = int(cnt.sum())
+    starts = np.zeros(n_pages, np.int64)
+    if n_pages:
+        np.cumsum(cnt[:-1], out=starts[1:])
+    out_pos = np.empty(n, np.int64)
+    out_len = np.empty(n, np.int64)
+    out_ts = np.empty(n, np.int64)
+    out_page = np.empty(n, np.int64)
+    for dpos, dlen, t, pg, rank in steps:
+        i = starts[pg] + rank
+        out_pos[i] = dpos
+        out_len[i] = dlen
+        out_ts[i] = t
+        out_page[i] = pg
+    return Records(out_pos, out_len, out_ts, out_page, lost, missed)
+
+
+# --- field gathering ---------------------------------------------------------------------------
+
+def read_field(src: PageSource, pos: np.ndarray, f: Field) -> np.ndarray:
+    """The integer field ``f`` of the records whose data start at ``pos`` (4-byte aligned)."""
+    o, s = f.offset, f.size
+    bp = pos + o
+    if s == 1:
+        return src.view("i1" if f.signed else "u1")[bp]
+    if s in (2, 4) and o % s == 0:
+        return src.view(("<i" if f.signed else "<u") + str(s))[bp // s]
+    if s == 8 and o % 4 == 0:
+        u = src.view("<u4")
+        wi = bp >> 2
+        return (u[wi + 1].astype(np.int64) << 32) | u[wi].astype(np.int64)
+    v = _read_uint(src, bp, s)
+    if f.signed and s < 8:
+        v = np.where(v >= (1 << (8 * s - 1)), v - (1 << (8 * s)), v)
+    return v
+
+
+def _factorize_rows(mat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, first_index) of the distinct rows of a 2-D uint8 matrix (width multiple of 8)."""
+    keys = np.ascontiguousarray(mat).view("<u8")
+    codes, uniq = pd.factorize(keys[:, 0])
+    for j in range(1, keys.shape[1]):
+        cj, uj = pd.factorize(keys[:, j])
+        if len(uj) > 1:
+            codes, uniq = pd.factorize(codes.astype(np.int64) * len(uj) + cj)
+    codes = codes.astype(np.int64)
+    # pandas numbers codes by first appearance: a new code is where the running max grows
+    if len(codes):
+        first = np.flatnonzero(np.diff(np.maximum.accumulate(codes), prepend=-1) > 0)
+    else:
+        first = np.zeros(0, np.int64)
+    return codes, first
+
+
+def _decode_cstr(row: bytes) -> str:
+    return row.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def gather_strings(src: PageSource, pos: np.ndarray, length: np.ndarray, f: Field,
+                   where) -> tuple[np.ndarray, list[str]]:
+    """(codes, strings) of a string field for records at ``pos`` (data lengths ``length``)."""
+    m = len(pos)
+    if f.data_loc or f.rel_loc:
+        loc = read_field(src, pos, dataclasses.replace(f, size=4, signed=False))
+        off = loc & 0xFFFF
+        ln = loc >> 16
+        start = pos + off + (f.offset + 4 if f.rel_loc else 0)
+        bad = (start + ln > pos + length) | (off < 0)
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise TraceCorrupt(f"{where(k)}: {f.name} string (offset {int(off[k])}, length "
+                               f"{int(ln[k])}) runs past its record")
+        width = int(min(ln.max(initial=0), MAX_STRING))
+    elif f.is_array and f.array_len:
+        start = pos + f.offset
+        width = f.size
+        ln = None
+    else:
+        raise TraceCorrupt(f"{where(0)}: field {f.name} is not a supported string")
+    width = max(8, (width + 7) & ~7)
+    mat = np.zeros((m, width), np.uint8)
+    if ln is None and f.offset % 4 == 0 and f.size % 4 == 0:
+        u = src.view("<u4")
+        wi = start >> 2
+        m32 = mat.view("<u4")
+        for j in range(f.size // 4):
+            m32[:, j] = u[wi + j]
+    else:
+        b = src.buf
+        top = len(b) - 1
+        lim = ln if ln is not None else np.full(m, f.size, np.int64)
+        for j in range(min(width, int(lim.max(initial=0)))):
+            col = b[np.minimum(start + j, top)]
+            mat[:, j] = np.where(j < lim, col, 0)
+    codes, first = _factorize_rows(mat)
+    strings = [_decode_cstr(mat[i].tobytes()) for i in first]
+    return codes, strings
+
+
+# --- the full decode ---------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Decoded:
+    events: pd.DataFrame
+    markers: pd.DataFrame
+    lost_by_cpu: dict[int, int]          # from page flags; -1 = flagged but count not stored
+    missed_pages_by_cpu: dict[int, int]
+    unknown: dict[int, int]              # event type id -> count (no format)
+    notes: list[str]
+    n_records: int
+
+
+def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPage) -> Decoded:
+    """Decode every page of ``src`` with the given formats (keyed by event ID)."""
+    notes: list[str] = []
+    rec = walk_pages(src, hp)
+    n = len(rec.pos)
+
+    # cross-CPU merge: stable, so equal timestamps keep (cpu, page, position) order
+    cpu = src.page_cpu[rec.page].astype(np.int16) if n else np.zeros(0, np.int16)
+    if n and not (np.diff(rec.ts) >= 0).all():
+        order = np.argsort(rec.ts, kind="stable")
+        pos, length, ts, page, cpu = (rec.pos[order], rec.length[order], rec.ts[order],
+                                      rec.page[order], cpu[order])
+    else:
+        pos, length, ts, page = rec.pos, rec.length, rec.ts, rec.page
+
+    # event type of each record
+    ctype = None
+    for f in formats.values():
+        ctype = f.field("common_type")
+        break
+    if ctype is None:
+        ctype = Field("common_type", "unsigned short", 0, 2, False)
+    short = np.flatnonzero(length < ctype.offset + ctype.size)
+    if short.size:
+        k = int(short[0])
+        raise TraceCorrupt(f"{src.where(int(page[k]), int(pos[k] % src.page_size))}: record of "
+                           f"{int(length[k])} bytes is too short for an event header")
+    etype = read_field(src, pos, ctype).astype(np.int64) if n else np.zeros(0, np.int64)
+
+    ids = sorted(formats)
+    lut = np.full(1 << (8 * ctype.size), -1, np.int32)
+    for i, ev_id in enumerate(ids):
+        if 0 <= ev_id < len(lut):
+            lut[ev_id] = i
+    code = lut[etype] if n else np.zeros(0, np.int32)
+
+    unknown: dict[int, int] = {}
+    unk = code < 0
+    if unk.any():
+        u, c = np.unique(etype[unk], return_counts=True)
+        unknown = {int(a): int(b) for a, b in zip(u, c)}
+        notes.append(f"{int(unk.sum())} records of event types with no format in formats/ were not "
+                     f"decoded (type id: count {unknown})")
+
+    # markers: ftrace print
+    print_codes = [i for i, ev_id in enumerate(ids)
+                   if formats[ev_id].system == "ftrace" and formats[ev_id].name == "print"]
+    is_marker = np.isin(code, print_codes) if print_codes else np.zeros(n, bool)
+    midx = np.flatnonzero(is_marker)
+    markers = _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats)
+
+    # events: everything else with a known format (except other ftrace-internal events)
+    ev_codes = [i for i, ev_id in enumerate(ids) if formats[ev_id].system != "ftrace"]
+    other_ftrace = ~is_marker & ~unk & ~np.isin(code, ev_codes)
+    if other_ftrace.any():
+        notes.append(f"{int(other_ftrace.sum())} ftrace-internal records (not print) were skipped")
+    eidx = np.flatnonzero(np.isin(code, ev_codes))
+    events, ev_notes = _decode_events(src, pos[eidx], length[eidx], ts[eidx], cpu[eidx],
+                                      code[eidx], ids, formats,
+                                      lambda k: src.where(int(page[eidx[k]]),
+                                                          int(pos[eidx[k]] % src.page_size)))
+    notes.extend(ev_notes)
+
+    lost_by_cpu: dict[int, int] = {}
+    missed_pages: dict[int, int] = {}
+    for c in np.unique(src.page_cpu):
+        sel = src.page_cpu == c
+        lp = rec.lost[sel]
+        missed_pages[int(c)] = int(rec.missed[sel].sum())
+        lost_by_cpu[int(c)] = -1 if (lp < 0).any() else int(lp.sum())
+    return Decoded(events, markers, lost_by_cpu, missed_pages, unknown, notes, n)
+
+
+def _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats) -> pd.DataFrame:
+    if not midx.size:
+        return make_markers()
+    texts = []
+    pids = np.full(midx.size, -1, np.int32)
+    by_code: dict[int, list[int]] = {}
+    for j, k in enumerate(midx):
+        by_code.setdefault(int(code[k]), []).append(j)
+    for c, js in by_code.items():
+        fmt = formats[ids[c]]
+        js = np.asarray(js)
+        cp = fmt.field("common_pid")
+        if cp is not None:
+            pids[js] = read_field(src, pos[midx[js]], cp)
+    buf_field = {c: formats[ids[c]].field("buf") for c in by_code}
+    raw = src.buf
+    for j, k in enumerate(midx):
+        f = buf_field[int(code[k])]
+        if f is None:
+            texts.append("")
+            continue
+        a = int(pos[k]) + f.offset
+        b = int(pos[k]) + int(length[k])
+        s = raw[a:b].tobytes().split(b"\0", 1)[0].decode("utf-8", "replace")
+        texts.append(s[:-1] if s.endswith("\n") else s)
+    return make_markers(ts=ts[midx], cpu=cpu[midx], pid=pids, text=texts)
+
+
+def _decode_events(src, pos, length, ts, cpu, code, ids, formats, where):
+    notes: list[str] = []
+    n = len(pos)
+    cols: dict[str, np.ndarray] = {"ts": ts, "cpu": cpu}
+    for name, dt in INT_COLUMNS.items():
+        if name not in cols:
+            cols[name] = np.full(n, -1, dt)
+    str_codes = {c: np.zeros(n, np.int32) for c in STRING_COLUMNS}   # 0 = ""
+    str_cats = {c: {"": 0} for c in STRING_COLUMNS}
+    labels: list[str] = []
+    label_of_code: dict[int, int] = {}
+    for c in np.unique(code) if n else []:
+        fmt = formats[ids[int(c)]]
+        lab = event_label(fmt)
+        if lab not in labels:
+            labels.append(lab)
+        label_of_code[int(c)] = labels.index(lab)
+    event_codes = np.zeros(n, np.int32)
+    for c, li in label_of_code.items():
+        idx = np.flatnonzero(code == c)
+        event_codes[idx] = li
+        fmt = formats[ids[c]]
+        p = pos[idx]
+        ln = length[idx]
+        need = max((f.offset + (4 if (f.data_loc or f.rel_loc) else f.size)
+                    for f in fmt.fields.values() if not (f.is_array and not f.array_len
+                                                         and not (f.data_loc or f.rel_loc))),
+                   default=0)
+        short = np.flatnonzero(ln < need)
+        if short.size:
+            raise TraceCorrupt(f"{where(int(idx[short[0]]))}: {fmt.full_name} record of "
+                               f"{int(ln[short[0]])} bytes is shorter than its format ({need})")
+        cpf = fmt.field("common_pid")
+        if cpf is not None:
+            cols["common_pid"][idx] = read_field(src, p, cpf)
+        cmap = _column_map(fmt)
+        for col, f in cmap.items():
+            if col in STRING_COLUMNS:
+                codes, strings = gather_strings(src, p, ln, f, lambda k, idx=idx: where(int(idx[k])))
+                cat = str_cats[col]
+                remap = np.empty(len(strings), np.int32)
+                for i, s in enumerate(strings):
+                    remap[i] = cat.setdefault(s, len(cat))
+                str_codes[col][idx] = remap[codes]
+                continue
+            v = read_field(src, p, f)
+            if col == "prev_state":
+                flag, note = sched_switch_preempt_flag(fmt)
+                if note and note not in notes:
+                    notes.append(note)
+                v = v & ~np.int64(flag)
+            cols[col][idx] = v
+    for col in STRING_COLUMNS:
+        cats = list(str_cats[col])
+        cols[col] = pd.Categorical.from_codes(str_codes[col], categories=cats)
+    cols["event"] = pd.Categorical.from_codes(event_codes, categories=labels) if labels else \
+        pd.Categorical([])
+    return make_events({k: cols[k] for k in COLUMNS}), notes
+
+
+# --- directory level ---------------------------------------------------------------------------
+
+def _load_meta(d: Path) -> dict:
+    p = d / "meta.json"
+    try:
+        meta = json.loads(p.read_text())
+    except OSError as e:
+        raise TraceCorrupt(f"{p}: cannot read ({e.strerror or e})") from None
+    except ValueError as e:
+        raise TraceCorrupt(f"{p}: not valid JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise TraceCorrupt(f"{p}: not a JSON object")
+    return meta
+
+
+def raw_files(d: Path, meta: dict) -> dict[int, Path]:
+    """cpu -> cpu<N>.raw for the CPUs the recording lists (or finds)."""
+    d = Path(d)
+    cpus = meta.get("cpus")
+    if cpus is None:
+        cpus = sorted(int(p.stem[3:]) for p in d.glob("cpu*.raw") if p.stem[3:].isdigit())
+    try:
+        cpus = [int(c) for c in cpus]
+    except (TypeError, ValueError):
+        raise TraceCorrupt(f"{d / 'meta.json'}: bad cpus list {cpus!r}") from None
+    return {c: d / f"cpu{c}.raw" for c in cpus}
+
+
+def _stat_int(stats: dict, key: str) -> int:
+    try:
+        return int(str(stats.get(key, 0)).split()[0])
+    except (ValueError, IndexError):
+        return 0
+
+
+def decode_dir(out_dir: Path) -> Capture:
+    """Decode a tracefs recording directory (meta.json, formats/, cpu<N>.raw) into a Capture."""
+    d = Path(out_dir)
+    meta = _load_meta(d)
+    try:
+        page_size = int(meta.get("page_size", 4096))
+    except (TypeError, ValueError):
+        raise TraceCorrupt(f"{d / 'meta.json'}: bad page_size {meta.get('page_size')!r}") from None
+    if page_size <= 0 or page_size % 8:
+        raise TraceCorrupt(f"{d / 'meta.json'}: bad page_size {page_size}")
+    fdir = d / "formats"
+    hp = load_header_page(fdir / "header_page")
+    load_header_event(fdir / "header_event")
+    formats = load_formats_dir(fdir)
+    files = raw_files(d, meta)
+    for c, p in files.items():
+        if not p.exists():
+            raise TraceCorrupt(f"{p}: missing (meta.json lists CPU {c})")
+    src = PageSource.from_files(files, page_size)
+    dec = decode_source(src, formats, hp)
+
+    notes = list(meta.get("notes", [])) if isinstance(meta.get("notes"), list) else []
+    notes.extend(dec.notes)
+    enabled = list(meta.get("events_enabled", []))
+    have = {f"{f.system}/{f.name}" for f in formats.values()}
+    missing = [e for e in enabled if e not in have]
+    if missing:
+        notes.append(f"no format stored for enabled events {missing}; their records cannot be decoded")
+
+    stats = meta.get("stats") or {}
+    lost_by_cpu: dict[int, int] = {}
+    for c in files:
+        page_lost = dec.lost_by_cpu.get(c, 0)
+        st = stats.get(str(c), stats.get(c)) if isinstance(stats, dict) else None
+        if isinstance(st, dict):
+            overrun = _stat_int(st, "overrun")
+            other = _stat_int(st, "commit overrun") + _stat_int(st, "dropped events")
+            lost_by_cpu[c] = max(page_lost, overrun) + other
+        else:
+            lost_by_cpu[c] = page_lost
+        if dec.missed_pages_by_cpu.get(c):
+            notes.append(f"CPU {c}: {dec.missed_pages_by_cpu[c]} pages follow lost events "
+                         f"({'count not stored' if page_lost < 0 else f'{page_lost} events'})")
+    lost = -1 if any(v < 0 for v in lost_by_cpu.values()) else sum(lost_by_cpu.values())
+    clock = meta.get("clock", "local")
+    if clock in ("counter", "x86-tsc"):
+        notes.append(f"trace clock {clock!r} counts cycles, not ns")
+    out_meta = {
+        "probe": "tracefs",
+        "clock": clock,
+        "events_enabled": enabled,
+        "lost_events": lost,
+        "lost_by_cpu": lost_by_cpu,
+        "bytes": int(len(src.buf)),
+        "n_events": int(len(dec.events)),
+        "n_markers": int(len(dec.markers)),
+        "n_records": dec.n_records,
+        "unknown_event_types": {str(k): v for k, v in dec.unknown.items()},
+        "page_size": page_size,
+        "notes": notes,
+    }
+    for k in ("kernel", "cpus"):
+        if k in meta:
+            out_meta[k] = meta[k]
+    return Capture(events=dec.events, markers=dec.markers, meta=out_meta)

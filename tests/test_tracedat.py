@@ -1,0 +1,157 @@
+"""Tests of the trace.dat writer: trace-cmd report must read back exactly what the decoder sees."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harmony.probes.base import TraceCorrupt
+
+from test_ringbuf import (FORMATS_NEW, FORMATS_OLD, known_capture, record_raw_dir, small_load,
+                          write_dir)
+
+TRACE_CMD = shutil.which("trace-cmd")
+needs_trace_cmd = pytest.mark.skipif(TRACE_CMD is None, reason="trace-cmd is not installed")
+
+LINE = re.compile(r"^\s*(?P<task>.*?)-(?P<pid>-?\d+)\s+\[(?P<cpu>\d+)\]\s+(?P<sec>\d+)\.(?P<frac>\d+):"
+                  r"\s+(?P<event>[\w:]+):\s+(?P<rest>.*)$")
+IGNORED = re.compile(r"^(cpus=\d+|CPU:\s*\d+ \[.*EVENTS? DROPPED\]|\s*)$")
+
+
+def report(dat: Path, formats_dir: Path) -> list[dict]:
+    """Parse ``trace-cmd report -R -t``: raw field values, full ns timestamps."""
+    from harmony.probes.formats import load_formats_dir
+    out = subprocess.run([TRACE_CMD, "report", "-R", "-t", "-i", str(dat)], capture_output=True,
+                         text=True, errors="replace", timeout=60)
+    assert out.returncode == 0, out.stderr
+    fmts = {f.name: f for f in load_formats_dir(formats_dir).values()}
+    recs = []
+    for line in out.stdout.splitlines():
+        m = LINE.match(line)
+        if not m:
+            assert IGNORED.match(line), f"unparsed report line: {line!r}"
+            continue
+        ev = m.group("event")
+        names = [n for n in fmts[ev].fields if not n.startswith("common_")]
+        fm = re.match("^" + " ".join(f"{n}=(?P<{n}>.*?)" for n in names) + "$", m.group("rest"))
+        assert fm, f"cannot split fields of {line!r}"
+        frac = m.group("frac")
+        assert len(frac) == 9, line
+        recs.append({"ts": int(m.group("sec")) * 10**9 + int(frac), "cpu": int(m.group("cpu")),
+                     "event": ev, "task": m.group("task").strip(), "common_pid": int(m.group("pid")),
+                     **fm.groupdict()})
+    return recs
+
+
+def expected_event(row) -> tuple:
+    return (int(row.ts), int(row.cpu), str(row.event), int(row.common_pid), int(row.pid),
+            int(row.prev_pid), int(row.prev_state), int(row.orig_cpu), int(row.target_cpu),
+            str(row.comm), str(row.prev_comm))
+
+
+def reported_event(r: dict, preempt_flag: int) -> tuple:
+    ev = r["event"]
+    pid = prev_pid = prev_state = orig = target = -1
+    comm = prev_comm = ""
+    if ev == "sched_switch":
+        pid, prev_pid = int(r["next_pid"]), int(r["prev_pid"])
+        prev_state = int(r["prev_state"]) & ~preempt_flag
+        comm, prev_comm = r["next_comm"], r["prev_comm"]
+    elif ev == "sched_migrate_task":
+        pid, orig, target, comm = int(r["pid"]), int(r["orig_cpu"]), int(r["dest_cpu"]), r["comm"]
+    elif ev in ("sched_wakeup", "sched_wakeup_new", "sched_waking"):
+        pid, target, comm = int(r["pid"]), int(r["target_cpu"]), r["comm"]
+    elif ev == "sched_process_fork":
+        pid, prev_pid, comm, prev_comm = (int(r["child_pid"]), int(r["parent_pid"]), r["child_comm"],
+                                          r["parent_comm"])
+    elif ev == "sched_process_exit":
+        pid, comm = int(r["pid"]), r["comm"]
+    return (r["ts"], r["cpu"], ev, r["common_pid"], pid, prev_pid, prev_state, orig, target, comm,
+            prev_comm)
+
+
+def compare_with_report(raw_dir: Path, dat: Path) -> tuple[int, int]:
+    """Assert the decoder and trace-cmd report agree record for record; return (events, markers)."""
+    from harmony.probes.formats import load_format, sched_switch_preempt_flag
+    from harmony.probes.ringbuf import decode_dir
+    cap = decode_dir(raw_dir)
+    flag, _ = sched_switch_preempt_flag(load_format(raw_dir / "formats/sched/sched_switch/format"))
+    recs = report(dat, raw_dir / "formats")
+    assert len(recs) == len(cap.events) + len(cap.markers)
+    rep_events = [reported_event(r, flag) for r in recs if r["event"] != "print"]
+    exp_events = [expected_event(row) for row in cap.events.itertuples(index=False)]
+    assert len(rep_events) == len(exp_events)
+    for i, (a, b) in enumerate(zip(exp_events, rep_events)):
+        assert a == b, f"record {i}: decoder {a} != trace-cmd {b}"
+    rep_marks = [(r["ts"], r["cpu"], r["common_pid"], r["buf"]) for r in recs if r["event"] == "print"]
+    exp_marks = [(int(m.ts), int(m.cpu), int(m.pid), m.text) for m in cap.markers.itertuples(index=False)]
+    assert rep_marks == exp_marks
+    # cmdlines: tasks whose comm the events name are shown by name, not "<...>"
+    named = set(cap.events["pid"]) | set(cap.events["prev_pid"])
+    unnamed = [r for r in recs if r["common_pid"] in named and r["task"] == "<...>"]
+    assert not unnamed, unnamed[:3]
+    return len(exp_events), len(exp_marks)
+
+
+def test_header_layout(tmp_path):
+    from harmony.probes.tracedat import write_tracedat
+    pages, _, _ = known_capture()
+    d = write_dir(tmp_path / "raw", pages)
+    dat = write_tracedat(d, tmp_path / "trace.dat")
+    b = dat.read_bytes()
+    assert b[:10] == b"\x17\x08\x44tracing" and b[10:12] == b"6\0"
+    assert b[12] == 0 and b[13] == 8
+    assert struct.unpack_from("<I", b, 14)[0] == 4096
+    assert b[18:30] == b"header_page\0"
+    i = b.index(b"flyrecord\0") + 10
+    offs = [struct.unpack_from("<QQ", b, i + 16 * c) for c in range(2)]
+    raw0 = (d / "cpu0.raw").read_bytes()
+    raw1 = (d / "cpu1.raw").read_bytes()
+    assert offs[0][0] % 4096 == 0 and offs[1][0] % 4096 == 0
+    assert b[offs[0][0]:offs[0][0] + offs[0][1]] == raw0
+    assert b[offs[1][0]:offs[1][0] + offs[1][1]] == raw1
+    assert len(b) == offs[1][0] + offs[1][1]
+
+
+def test_corrupt_dir_raises(tmp_path):
+    from harmony.probes.tracedat import write_tracedat
+    pages, _, _ = known_capture()
+    d = write_dir(tmp_path / "raw", pages)
+    (d / "cpu0.raw").write_bytes((d / "cpu0.raw").read_bytes()[:100])
+    with pytest.raises(TraceCorrupt, match="cpu0.raw"):
+        write_tracedat(d, tmp_path / "trace.dat")
+    assert not (tmp_path / "trace.dat").exists()
+
+
+@needs_trace_cmd
+@pytest.mark.parametrize("table", [FORMATS_NEW, FORMATS_OLD], ids=["new-layout", "old-layout"])
+def test_report_agrees_on_hand_built_pages(tmp_path, table):
+    """Time extends, absolute stamps, type_len 0 records, discarded records: trace-cmd agrees."""
+    from harmony.probes.tracedat import write_tracedat
+    pages, rows, marks = known_capture(table)
+    d = write_dir(tmp_path, pages, table)
+    dat = write_tracedat(d, tmp_path / "trace.dat")
+    assert compare_with_report(d, dat) == (len(rows), len(marks))
+
+
+@needs_trace_cmd
+def test_real_capture_matches_trace_cmd(kernel, tmp_path):
+    from harmony.probes.ringbuf import decode_dir
+    from harmony.probes.tracedat import write_tracedat
+    info = {}
+    raw = tmp_path / "raw"
+    record_raw_dir(raw, lambda m: info.update(small_load(m)), kernel)
+    cap = decode_dir(raw)
+    assert cap.meta["lost_events"] == 0
+    dat = write_tracedat(raw, tmp_path / "trace.dat")
+    n_events, n_marks = compare_with_report(raw, dat)
+    assert n_events > 50 and n_marks == len(info["texts"])
+    # the stats and clock made it into the file
+    out = subprocess.run([TRACE_CMD, "report", "--stat", "-i", str(dat)], capture_output=True,
+                         text=True, timeout=60)
+    assert "overrun: 0" in out.stdout
