@@ -78,7 +78,7 @@ def plot_shares(shares: pd.DataFrame, path: Path, title: str = "CPU share per ta
     hue = "role" if order["role"].nunique() > 1 else None
     sns.barplot(data=order, x="name", y="share", hue=hue, ax=ax, color=None if hue else "#2980b9")
     xs = np.arange(len(order))
-    ax.scatter(xs, order["fair_share"], marker="_", s=600, color="black", zorder=3, label="fair share")
+    ax.scatter(xs, order["fair"], marker="_", s=600, color="black", zorder=3, label="fair share")
     ax.set_ylim(0, max(1.05, float(order["share"].max()) * 1.1))
     ax.set_xlabel("task")
     ax.set_ylabel("share of one CPU")

@@ -43,7 +43,7 @@ class SingleSource(Experiment):
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]
         t0, t_end = m["t0_ns"], m["end_ns"]
         balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
-        after = metrics.migrations_after_balance(run.migrations, balance["t_balanced_ns"], t_end)
+        after = metrics.migrations_after_balance(run.migrations, balance["ts_balance"], t_end)
         shares = run.shares
         ratio = shares["ratio"].to_numpy()
         return {
@@ -51,14 +51,16 @@ class SingleSource(Experiment):
             "ncpus": len(cpus),
             "migrations": int(len(run.migrations)),
             "balance_migrations": int((run.migrations["kind"] == "balance").sum()),
-            "time_to_balance_s": balance["t_balanced_s"],
-            "first_balanced_s": balance["t_first_s"],
+            "time_to_balance_s": balance["t_balance"],
+            "first_balanced_s": balance["t_first"],
+            "balance_entries": balance["n_entries"],
             "balanced_at_end": balance["balanced_at_end"],
-            "migrations_after_balance": after["count"],
-            "migrations_after_balance_per_s": after["per_s"],
+            "migrations_after_balance": after["all"],
+            "migrations_after_balance_per_s": after["all_per_s"],
+            "balance_migrations_after_balance": after["balance"],
             "share_min": float(shares["share"].min()),
             "share_max": float(shares["share"].max()),
-            "fair_share": float(shares["fair_share"].median()),
+            "fair_share": float(shares["fair"].median()),
             "share_ratio_min": float(ratio.min()),
             "share_ratio_max": float(ratio.max()),
             "jain_index": metrics.jain_index(ratio),

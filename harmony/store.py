@@ -117,7 +117,7 @@ class Run:
     runqueue     ts, t, cpu, nr — per-CPU count of runnable experiment tasks, a step function:
                  ``nr`` holds from ``ts`` until the next row of the same CPU
     allocation   pid, name, role, t, cpu_time, share — CPU time per task per time window
-    shares       per task over the run: cpu_time, share, fair_share, ratio
+    shares       per task over the run: cpu_time, share, fair, ratio
     kernel_samples  ts, pid, cpu, state — the kernel's own view (/proc) sampled during the run
     markers      ts, cpu, pid, text — trace markers
     events       the canonical decoded events (harmony.probes.schema)

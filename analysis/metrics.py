@@ -1,0 +1,175 @@
+"""Single-source (E1) metrics over reconstructed tables (see :mod:`harmony.analysis.reconstruct`).
+
+Definitions follow /work/shared/EXPERIMENTS.md, "Metric definitions". Functions return plain dicts
+or tidy DataFrames; times are int64 ns on the trace clock (``ts_*``) and float seconds since t0
+(``t_*``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from harmony.analysis.reconstruct import NS, runqueue_at
+
+
+def migrations_over_time(migrations: pd.DataFrame, bin_s: float, t_start: float = 0.0,
+                         t_stop: float | None = None) -> pd.DataFrame:
+    """Migrations of experiment tasks counted in consecutive bins of ``bin_s`` seconds.
+
+    Needs: a migrations table (:func:`~harmony.analysis.reconstruct.df_migrations`), using its
+    ``t`` and ``kind``. Bins are [t_start + k*bin_s, t_start + (k+1)*bin_s) covering
+    [t_start, t_stop); ``t_stop`` defaults to just past the last migration (pass the window end,
+    (t_end - t0) / 1e9, to get trailing zero bins). Migrations outside [t_start, t_stop) - e.g. the
+    set-up moves before the release with the default t_start = 0 - are not counted.
+
+    Columns: t (float s since t0, bin start), all, balance, wakeup (int64 counts), per_s (float:
+    all / bin_s).
+    """
+    if bin_s <= 0:
+        raise ValueError("bin_s must be positive")
+    t = migrations["t"].to_numpy(dtype=np.float64)
+    kind = migrations["kind"].astype(str).to_numpy()
+    if t_stop is None:
+        after = t[t >= t_start]
+        t_stop = (math.floor((after.max() - t_start) / bin_s) + 1) * bin_s + t_start if len(after) \
+            else t_start + bin_s
+    nb = max(1, math.ceil((t_stop - t_start) / bin_s - 1e-9))
+    inside = (t >= t_start) & (t < t_stop)
+    k = np.minimum(((t[inside] - t_start) // bin_s).astype(np.int64), nb - 1)
+    kd = kind[inside]
+    counts = {c: np.bincount(k[kd == c], minlength=nb)[:nb].astype(np.int64)
+              for c in ("balance", "wakeup")}
+    allc = np.bincount(k, minlength=nb)[:nb].astype(np.int64)
+    return pd.DataFrame({"t": t_start + np.arange(nb) * bin_s, "all": allc,
+                         "balance": counts["balance"], "wakeup": counts["wakeup"],
+                         "per_s": allc / bin_s})
+
+
+def balance_timeline(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
+                     tolerance: float = 0.15, n: int | None = None) -> pd.DataFrame:
+    """Whether the run queues are balanced within ``tolerance``, as a step function on [t0, t_end).
+
+    Needs: a run-queue table (:func:`~harmony.analysis.reconstruct.df_runqueue`). Balanced means
+    max_i |q_i - N/P| <= tolerance * N/P over the CPUs i of ``cpus`` (P = len(cpus)), N =
+    ``n`` or len(tasks).
+
+    Columns: ts (int64 ns, start of the segment; the first is t0), t (float s since t0),
+    end (int64 ns), max_dev (float: max_i |q_i - N/P|), balanced (bool). Consecutive segments
+    always differ in the queue vector (not necessarily in ``balanced``).
+    """
+    cpus = sorted(set(int(c) for c in cpus))
+    n_tasks = len(tasks) if n is None else int(n)
+    target = n_tasks / len(cpus)
+    sub = rq[rq["cpu"].isin(cpus)]
+    ch = sub["ts"].to_numpy()
+    ch = np.unique(ch[(ch > t0) & (ch < t_end)])
+    times = np.concatenate([[np.int64(t0)], ch]).astype(np.int64)
+    q = runqueue_at(sub, times).reindex(columns=cpus, fill_value=-1).to_numpy()
+    if (q < 0).any():
+        raise ValueError("run-queue table does not cover t0 for every CPU")
+    dev = np.abs(q - target).max(axis=1)
+    ok = dev <= tolerance * target + 1e-9
+    end = np.append(times[1:], np.int64(t_end))
+    return pd.DataFrame({"ts": times, "t": (times - t0) / NS, "end": end, "max_dev": dev,
+                         "balanced": ok})
+
+
+def time_to_balance(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
+                    tolerance: float = 0.15, n: int | None = None,
+                    min_excursion_ns: int = 0) -> dict:
+    """E3 time to resolve: when the run queues become balanced within ``tolerance`` and stay so.
+
+    Needs: a run-queue table (:func:`~harmony.analysis.reconstruct.df_runqueue`); N = ``n`` or
+    len(tasks), P = len(cpus); see :func:`balance_timeline`.
+
+    The definition is "within 15% of N/P, *and stays there*": ``ts_balance`` is the start of the
+    balanced stretch that lasts until ``t_end`` (None if the queues are not balanced just before
+    ``t_end``). Flicker - balanced, then unbalanced, then balanced again - therefore moves
+    ``ts_balance`` to the last re-entry; ``ts_first`` is the first entry. Unbalanced excursions
+    shorter than ``min_excursion_ns`` between two balanced stretches are ignored (default 0: every
+    excursion counts, the strict definition).
+
+    Returns a dict: ts_balance, t_balance (s since t0), ts_first, t_first (ns / s, or None),
+    balanced_at_end (bool), n_entries (int: times the queues entered balance, after merging short
+    excursions; being balanced at t0 counts as one), balanced_s (float: total time balanced in
+    [t0, t_end)), target (N/P), tolerance, n_tasks, ncpus.
+    """
+    tl = balance_timeline(rq, tasks, cpus, t0, t_end, tolerance, n)
+    ts = tl["ts"].to_numpy()
+    end = tl["end"].to_numpy()
+    ok = tl["balanced"].to_numpy().copy()
+    # merge consecutive equal flags into stretches
+    brk = np.ones(len(ok), dtype=bool)
+    brk[1:] = ok[1:] != ok[:-1]
+    st = np.flatnonzero(brk)
+    s_ok = ok[st]
+    s_start = ts[st]
+    s_end = np.append(ts[st[1:]], end[-1])
+    if min_excursion_ns > 0 and len(st) > 2:
+        inner = np.arange(1, len(st) - 1)
+        short = inner[(~s_ok[inner]) & ((s_end[inner] - s_start[inner]) < min_excursion_ns)]
+        s_ok[short] = True
+        brk2 = np.ones(len(s_ok), dtype=bool)
+        brk2[1:] = s_ok[1:] != s_ok[:-1]
+        k = np.flatnonzero(brk2)
+        s_end = np.append(s_start[k[1:]], s_end[-1])
+        s_start, s_ok = s_start[k], s_ok[k]
+    entries = s_start[s_ok]
+    at_end = bool(s_ok[-1])
+    ts_first = int(entries[0]) if len(entries) else None
+    ts_bal = int(s_start[-1]) if at_end else None
+    return {
+        "ts_balance": ts_bal,
+        "t_balance": None if ts_bal is None else (ts_bal - t0) / NS,
+        "ts_first": ts_first,
+        "t_first": None if ts_first is None else (ts_first - t0) / NS,
+        "balanced_at_end": at_end,
+        "n_entries": int(len(entries)),
+        "balanced_s": float((tl["end"] - tl["ts"])[tl["balanced"]].sum()) / NS,
+        "target": (len(tasks) if n is None else n) / len(set(cpus)),
+        "tolerance": tolerance,
+        "n_tasks": len(tasks) if n is None else int(n),
+        "ncpus": len(set(cpus)),
+    }
+
+
+def migrations_after_balance(migrations: pd.DataFrame, t_balance: int | None,
+                             t_end: int) -> dict:
+    """Migrations once the queues are balanced: in (t_balance, t_end], both ns.
+
+    Needs: a migrations table (:func:`~harmony.analysis.reconstruct.df_migrations`); ``t_balance``
+    is ``time_to_balance(...)["ts_balance"]``. A migration at exactly t_balance is the one that
+    made the balance and is not counted.
+
+    Returns a dict: window_s (float), all, balance (int counts: every kind / moves of runnable
+    tasks only), all_per_s, balance_per_s (float). If t_balance is None (never balanced) the counts
+    and rates are None and window_s is 0.
+    """
+    if t_balance is None:
+        return {"window_s": 0.0, "all": None, "balance": None, "all_per_s": None,
+                "balance_per_s": None}
+    ts = migrations["ts"].to_numpy()
+    sel = (ts > t_balance) & (ts <= t_end)
+    n_all = int(sel.sum())
+    n_bal = int((sel & (migrations["kind"].astype(str).to_numpy() == "balance")).sum())
+    window = (int(t_end) - int(t_balance)) / NS
+    return {"window_s": window, "all": n_all, "balance": n_bal,
+            "all_per_s": n_all / window if window > 0 else float("nan"),
+            "balance_per_s": n_bal / window if window > 0 else float("nan")}
+
+
+def jain_index(x) -> float:
+    """Jain's fairness index (sum x)^2 / (n * sum x^2); 1 = all equal, k/n when k share all.
+
+    Typically x_i = share_i / fair_i (``df_task_share(...)["ratio"]``). NaN for an empty input or
+    all zeros; NaN entries are ignored.
+    """
+    v = np.asarray(x, dtype=np.float64)
+    v = v[~np.isnan(v)]
+    sq = float((v * v).sum())
+    if len(v) == 0 or sq == 0.0:
+        return float("nan")
+    return float(v.sum() ** 2 / (len(v) * sq))

@@ -1,0 +1,459 @@
+"""Reconstruction of what the experiment tasks did, from the canonical events table.
+
+Inputs shared by every function (see :mod:`harmony.probes.schema` for ``events``):
+
+- ``tasks``: the experiment's tasks, columns pid (int32), name (str), role (str), duty (float,
+  percent 0-100), nice (int), initial_cpu (int). Only these pids are reconstructed; events of other
+  tasks are ignored (except that their sched_switch rows delimit the experiment tasks' runs).
+- ``cpus``: the experiment CPU set. ``t0``: the release instant (ns, trace clock). ``t_end``: end of
+  the measured window (ns).
+
+Times are int64 ns on the trace clock; where it helps plotting a float column ``t`` gives seconds
+relative to ``t0`` (negative before the release). Problems found in the trace are never dropped
+silently: each table carries counts in ``df.attrs`` (documented per function) and
+:func:`df_anomalies` lists them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harmony.analysis import taskstate as ts_
+from harmony.analysis.taskstate import task_records
+
+NS = 1_000_000_000
+
+#: The kernel's sched_prio_to_weight (kernel/sched/core.c), nice -20 .. 19; nice 0 = 1024.
+SCHED_PRIO_TO_WEIGHT = np.array([
+    88761, 71755, 56483, 46273, 36291,
+    29154, 23254, 18705, 14949, 11916,
+    9548, 7620, 6100, 4904, 3906,
+    3121, 2501, 1991, 1586, 1277,
+    1024, 820, 655, 526, 423,
+    335, 272, 215, 172, 137,
+    110, 87, 70, 56, 45,
+    36, 29, 23, 18, 15,
+], dtype=np.int64)
+
+
+def nice_to_weight(nice) -> np.ndarray:
+    """CFS/EEVDF load weight of each nice value (clipped to -20..19), as int64."""
+    n = np.clip(np.asarray(nice, dtype=np.int64), -20, 19)
+    return SCHED_PRIO_TO_WEIGHT[n + 20]
+
+
+# ---------------------------------------------------------------------------------------- helpers
+
+def _pids(tasks: pd.DataFrame) -> np.ndarray:
+    return tasks["pid"].to_numpy().astype(np.int32)
+
+
+def _t(ts: np.ndarray, t0: int) -> np.ndarray:
+    return (np.asarray(ts, dtype=np.int64) - np.int64(t0)) / NS
+
+
+def _task_info(pid: np.ndarray, tasks: pd.DataFrame) -> tuple[pd.Categorical, pd.Categorical]:
+    """name and role of each pid (categoricals; pids must all be in ``tasks``)."""
+    tp = _pids(tasks)
+    order = np.argsort(tp, kind="stable")
+    pos = order[np.searchsorted(tp[order], pid)]
+    out = []
+    for col in ("name", "role"):
+        cat = pd.Categorical(tasks[col].astype(str).to_numpy())
+        out.append(pd.Categorical.from_codes(cat.codes[pos], cat.categories))
+    return out[0], out[1]
+
+
+def _trace_start(events: pd.DataFrame, t0: int) -> int:
+    return int(events["ts"].iloc[0]) if len(events) else int(t0)
+
+
+def _kinds(codes: np.ndarray, names) -> dict[str, int]:
+    u, c = np.unique(codes[codes > 0], return_counts=True)
+    return {names[i]: int(k) for i, k in zip(u, c)}
+
+
+# ------------------------------------------------------------------------------------- migrations
+
+def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.DataFrame:
+    """Every sched_migrate_task of an experiment task, in time order.
+
+    Needs events: sched_migrate_task, plus sched_switch, sched_wakeup, sched_wakeup_new,
+    sched_process_exit (to know whether the task was runnable when it moved).
+
+    Columns:
+
+    - ts (int64 ns), t (float s since t0; negative for set-up moves before the release)
+    - pid (int32), name, role (category)
+    - src_cpu, dst_cpu (int32): the event's orig_cpu and dest_cpu
+    - event_cpu (int32): CPU that recorded the event (the puller for a load_balance pull, the
+      source CPU's stopper for an active balance, the waker's CPU for a wakeup placement)
+    - kind (category): "wakeup" if the task was not runnable at that moment (its CPU was chosen at
+      wakeup or fork, i.e. the event precedes its sched_wakeup[_new]), else "balance" (moved while
+      runnable: queued, or - an anomaly - believed running). Runnability comes from
+      :func:`harmony.analysis.taskstate.task_records`.
+
+    attrs: ``anomalies`` (int) = migrations whose orig_cpu contradicts the reconstructed CPU or
+    that hit a task believed running.
+    """
+    r = task_records(events, _pids(tasks))
+    m = r[r["record"].to_numpy() == ts_.MIGRATE].sort_values("seq", kind="stable")
+    name, role = _task_info(m["pid"].to_numpy(), tasks)
+    kind = pd.Categorical(np.where(m["runnable_before"].to_numpy(), "balance", "wakeup"),
+                          categories=["wakeup", "balance"])
+    out = pd.DataFrame({
+        "ts": m["ts"].to_numpy(),
+        "t": _t(m["ts"].to_numpy(), t0),
+        "pid": m["pid"].to_numpy(),
+        "name": name, "role": role,
+        "src_cpu": m["orig_cpu"].to_numpy(),
+        "dst_cpu": m["dest_cpu"].to_numpy(),
+        "event_cpu": m["cpu"].to_numpy(),
+        "kind": kind,
+    })
+    out.attrs["anomalies"] = int((m["anomaly"].to_numpy() > 0).sum())
+    return out
+
+
+# ------------------------------------------------------------------------------------------- runs
+
+def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> pd.DataFrame:
+    """Every interval during which an experiment task ran on a CPU, sorted by (start, cpu).
+
+    Needs events: sched_switch (all tasks': any task's switch-in ends the previous run on that CPU).
+
+    A run of pid X on CPU c starts at a sched_switch on c with next_pid = X and ends at the next
+    sched_switch on c (whose prev_pid should be X). Rules:
+
+    - a run still open at the end of the trace, or ending after ``t_end``, is closed at ``t_end``
+      and flagged ``truncated``; runs starting at or after ``t_end`` are not returned;
+    - a task already running when the trace began (the first sched_switch on c has prev_pid = X
+      and no switch-in of X precedes it) gets a run from the trace's first event to that switch,
+      flagged ``unseen_start`` (its true start is unknown, so its duration is a lower bound);
+    - runs before ``t0`` are kept (negative ``t``); clip with ``start``/``end`` as needed.
+
+    Columns: pid (int32), name, role (category), cpu (int32), start, end, duration (int64 ns),
+    t (float s since t0 of start), end_state (int64: prev_state at the ending switch, 0 =
+    preempted, else it blocked or died; -1 if truncated), truncated (bool), unseen_start (bool).
+
+    attrs: ``anomalies`` (int) and ``anomaly_kinds`` (dict): ``run_end_mismatch`` = a run of an
+    experiment task ended by a switch whose prev_pid is another task (a switch was lost; the run
+    is still closed there), ``run_start_unseen`` = an experiment task switched out on a CPU where
+    a different task had been switched in (its run's start was lost; no run is emitted).
+    """
+    pids = _pids(tasks)
+    is_sw = ts_._event_mask(events, "sched_switch")
+    rows = np.flatnonzero(is_sw)
+    cpu = events["cpu"].to_numpy()[rows].astype(np.int32)
+    order = np.argsort(cpu, kind="stable")  # events are in time order: stable sort keeps it per CPU
+    rows, cpu = rows[order], cpu[order]
+    ts = events["ts"].to_numpy()[rows]
+    nxt = events["pid"].to_numpy()[rows]
+    prv = events["prev_pid"].to_numpy()[rows]
+    pst = events["prev_state"].to_numpy()[rows]
+    n = len(rows)
+
+    last_on_cpu = np.ones(n, dtype=bool)
+    last_on_cpu[:-1] = cpu[:-1] != cpu[1:]
+    first_on_cpu = np.ones(n, dtype=bool)
+    first_on_cpu[1:] = cpu[1:] != cpu[:-1]
+    nxt_is_exp = np.isin(nxt, pids)
+    prv_is_exp = np.isin(prv, pids)
+
+    # the row that ends the run started at row k is row k+1 on the same CPU
+    has_end = ~last_on_cpu
+    end_idx = np.minimum(np.arange(n) + 1, max(n - 1, 0))
+    end_prev = np.where(has_end, prv[end_idx], -1)
+    mismatch = has_end & (end_prev != nxt)
+    kinds = {
+        "run_end_mismatch": int((mismatch & nxt_is_exp).sum()),
+        "run_start_unseen": int((np.append(False, mismatch[:-1]) & prv_is_exp
+                                 if n else np.zeros(0, bool)).sum()),
+    }
+
+    sel = np.flatnonzero(nxt_is_exp)
+    start = ts[sel]
+    end = np.where(has_end[sel], ts[end_idx[sel]], np.int64(t_end))
+    end_state = np.where(has_end[sel], pst[end_idx[sel]], -1)
+    head = np.flatnonzero(first_on_cpu & prv_is_exp)  # running when the trace began
+    t_start = _trace_start(events, t0)
+
+    pid = np.concatenate([nxt[sel], prv[head]]).astype(np.int32)
+    rcpu = np.concatenate([cpu[sel], cpu[head]])
+    start = np.concatenate([start, np.full(len(head), t_start, np.int64)])
+    end = np.concatenate([end, ts[head]])
+    end_state = np.concatenate([end_state, pst[head]]).astype(np.int64)
+    open_end = np.concatenate([~has_end[sel], np.zeros(len(head), bool)])
+    unseen = np.concatenate([np.zeros(len(sel), bool), np.ones(len(head), bool)])
+
+    keep = start < t_end
+    pid, rcpu, start, end, end_state, open_end, unseen = (
+        a[keep] for a in (pid, rcpu, start, end, end_state, open_end, unseen))
+    truncated = open_end | (end > t_end)
+    end = np.minimum(end, np.int64(t_end))
+    end_state = np.where(truncated, -1, end_state)
+    o = np.lexsort((rcpu, start))
+    pid, rcpu, start, end, end_state, truncated, unseen = (
+        a[o] for a in (pid, rcpu, start, end, end_state, truncated, unseen))
+    name, role = _task_info(pid, tasks)
+    out = pd.DataFrame({
+        "pid": pid, "name": name, "role": role, "cpu": rcpu,
+        "start": start.astype(np.int64), "end": end.astype(np.int64),
+        "duration": (end - start).astype(np.int64), "t": _t(start, t0),
+        "end_state": end_state, "truncated": truncated, "unseen_start": unseen,
+    })
+    out.attrs["anomalies"] = sum(kinds.values())
+    out.attrs["anomaly_kinds"] = {k: v for k, v in kinds.items() if v}
+    return out
+
+
+# --------------------------------------------------------------------------------------- runqueue
+
+def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
+                t_end: int) -> pd.DataFrame:
+    """Exact run-queue length of experiment tasks per CPU, as a step function rebuilt from events.
+
+    Needs events: sched_switch, sched_wakeup, sched_wakeup_new, sched_migrate_task,
+    sched_process_exit. The per-task state machine (rules, repairs and anomaly kinds) is
+    documented in :mod:`harmony.analysis.taskstate`; ``nr`` counts the experiment tasks that are
+    running or waiting on the CPU.
+
+    Columns: ts (int64 ns), t (float s since t0), cpu (int32), nr (int64: value from this event
+    on). The first rows, one per CPU of ``cpus`` at min(first event's ts, t0), hold the state
+    inferred at trace start (the state before any event; see taskstate); after that one row per
+    change (several events at the same ts on one CPU
+    collapse to the last value; events that leave nr unchanged give no row). Rows after ``t_end``
+    are not returned. Sorted by (ts, cpu).
+
+    attrs:
+
+    - ``anomalies`` (int): contradictions repaired in [trace start, t_end] (see taskstate)
+    - ``anomaly_kinds`` (dict name -> count)
+    - ``inferred_runnable_at_start`` (int): experiment tasks found runnable at trace start
+    - ``outside_cpus`` (int): state changes that put a runnable experiment task on a CPU not in
+      ``cpus`` (they are not in the table; nonzero means the task escaped the CPU set)
+    """
+    cpus = np.asarray(sorted(set(int(c) for c in cpus)), dtype=np.int32)
+    r = task_records(events, _pids(tasks))
+    t_first = min(_trace_start(events, t0), int(t0))
+    seq, rts = r["seq"].to_numpy(), r["ts"].to_numpy()
+    rb, ra = r["runnable_before"].to_numpy(), r["runnable_after"].to_numpy()
+    cb, ca = r["cpu_before"].to_numpy(), r["cpu_after"].to_numpy()
+    first = r["first"].to_numpy()
+    inwin = rts <= t_end
+
+    # initial counts
+    init_mask = first & rb
+    init_cpu = cb[init_mask]
+    init = np.zeros(len(cpus), dtype=np.int64)
+    pos = np.searchsorted(cpus, init_cpu)
+    ins = (pos < len(cpus)) & (cpus[np.minimum(pos, len(cpus) - 1)] == init_cpu)
+    np.add.at(init, pos[ins], 1)
+    outside = int((~ins).sum())
+
+    changed = inwin & ((rb != ra) | (cb != ca))
+    m_minus = changed & rb
+    m_plus = changed & ra
+    d_seq = np.concatenate([seq[m_minus], seq[m_plus]])
+    d_ts = np.concatenate([rts[m_minus], rts[m_plus]])
+    d_cpu = np.concatenate([cb[m_minus], ca[m_plus]])
+    d = np.concatenate([np.full(m_minus.sum(), -1, np.int64), np.ones(m_plus.sum(), np.int64)])
+    pos = np.searchsorted(cpus, d_cpu)
+    ins = (pos < len(cpus)) & (cpus[np.minimum(pos, len(cpus) - 1)] == d_cpu)
+    outside += int((~ins & (d > 0)).sum())
+    d_seq, d_ts, d, pos = d_seq[ins], d_ts[ins], d[ins], pos[ins]
+
+    o = np.lexsort((d_seq, pos))
+    d_seq, d_ts, d, pos = d_seq[o], d_ts[o], d[o], pos[o]
+    n = len(d)
+    cum = np.cumsum(d)
+    gfirst = np.ones(n, dtype=bool)
+    gfirst[1:] = pos[1:] != pos[:-1]
+    gidx = np.maximum.accumulate(np.where(gfirst, np.arange(n), 0)) if n else np.zeros(0, int)
+    base = cum[gidx] - d[gidx]
+    nr = init[pos] + cum - base
+    # collapse to the last value per (cpu, ts); drop rows that do not change nr
+    last = np.ones(n, dtype=bool)
+    last[:-1] = (pos[:-1] != pos[1:]) | (d_ts[:-1] != d_ts[1:])
+    pos, d_ts, nr = pos[last], d_ts[last], nr[last]
+    prev_nr = np.empty_like(nr)
+    if len(nr):
+        prev_nr[1:] = nr[:-1]
+        gf = np.ones(len(nr), dtype=bool)
+        gf[1:] = pos[1:] != pos[:-1]
+        prev_nr[gf] = init[pos[gf]]
+    keep = nr != prev_nr
+    pos, d_ts, nr = pos[keep], d_ts[keep], nr[keep]
+
+    all_ts = np.concatenate([np.full(len(cpus), t_first, np.int64), d_ts.astype(np.int64)])
+    all_cpu = np.concatenate([cpus, cpus[pos]]).astype(np.int32)
+    all_nr = np.concatenate([init, nr]).astype(np.int64)
+    o = np.lexsort((all_cpu, all_ts))
+    out = pd.DataFrame({"ts": all_ts[o], "t": _t(all_ts[o], t0), "cpu": all_cpu[o],
+                        "nr": all_nr[o]})
+    an = r["anomaly"].to_numpy()[inwin]
+    out.attrs["anomalies"] = int((an > 0).sum())
+    out.attrs["anomaly_kinds"] = _kinds(an, ts_.ANOMALIES)
+    out.attrs["inferred_runnable_at_start"] = int(init_mask.sum())
+    out.attrs["outside_cpus"] = outside
+    return out
+
+
+def runqueue_at(rq: pd.DataFrame, times) -> pd.DataFrame:
+    """Sample the step function ``rq`` (from :func:`df_runqueue`) at the given ns ``times``.
+
+    Returns a DataFrame indexed by ``ts`` (the times, in the given order) with one int64 column
+    per CPU of ``rq``: the nr in force at that instant (events at exactly that ts included);
+    -1 before the step function begins.
+    """
+    times = np.asarray(times, dtype=np.int64)
+    cols = {}
+    for cpu, g in rq.groupby("cpu", sort=True):
+        ts = g["ts"].to_numpy()
+        nr = g["nr"].to_numpy()
+        i = np.searchsorted(ts, times, side="right") - 1
+        cols[int(cpu)] = np.where(i >= 0, nr[np.maximum(i, 0)], -1).astype(np.int64)
+    out = pd.DataFrame(cols, index=pd.Index(times, name="ts"))
+    out.columns.name = "cpu"
+    return out
+
+
+def df_anomalies(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.DataFrame:
+    """Every contradiction the task state machine repaired (see :mod:`harmony.analysis.taskstate`).
+
+    Needs events: as :func:`df_runqueue`.
+
+    Columns: ts (int64 ns), t (float s since t0), pid (int32), name, role (category), cpu (int32,
+    CPU that recorded the event), record (str: which record, e.g. "switch_in"), anomaly (str),
+    cpu_before (int32: where the task was believed to be), runnable_before, running_before (bool).
+    """
+    r = task_records(events, _pids(tasks))
+    a = r[r["anomaly"].to_numpy() > 0].sort_values("seq", kind="stable")
+    name, role = _task_info(a["pid"].to_numpy(), tasks)
+    return pd.DataFrame({
+        "ts": a["ts"].to_numpy(), "t": _t(a["ts"].to_numpy(), t0), "pid": a["pid"].to_numpy(),
+        "name": name, "role": role, "cpu": a["cpu"].to_numpy(),
+        "record": np.asarray(ts_.RECORDS, dtype=object)[a["record"].to_numpy()],
+        "anomaly": np.asarray(ts_.ANOMALIES, dtype=object)[a["anomaly"].to_numpy()],
+        "cpu_before": a["cpu_before"].to_numpy(),
+        "runnable_before": a["runnable_before"].to_numpy(),
+        "running_before": a["running_before"].to_numpy(),
+    })
+
+
+# ------------------------------------------------------------------------------------- allocation
+
+def _clip_runs(runs: pd.DataFrame, t0: int, t_end: int):
+    s = np.maximum(runs["start"].to_numpy(), np.int64(t0))
+    e = np.minimum(runs["end"].to_numpy(), np.int64(t_end))
+    keep = e > s
+    return runs["pid"].to_numpy()[keep], s[keep], e[keep]
+
+
+def df_allocation(runs: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int,
+                  window_ns: int) -> pd.DataFrame:
+    """CPU time of each experiment task in consecutive windows of [t0, t_end).
+
+    Needs: a runs table (:func:`df_runs`). Windows are [t0 + k*w, t0 + (k+1)*w), the last one cut
+    at t_end. Run intervals are clipped to [t0, t_end] and split exactly at window boundaries.
+    Every (task, window) pair has a row, zero when the task did not run.
+
+    Columns: pid (int32), name, role (category), window (int64 index k), window_start (int64 ns),
+    t (float s since t0 of the window start), window_s (float, window length in s; the last may
+    be shorter), cpu_time (float s), share (cpu_time / window_s: the fraction of one CPU).
+    Sorted by (window, task order in ``tasks``).
+    """
+    w = int(window_ns)
+    if w <= 0:
+        raise ValueError("window_ns must be positive")
+    t0, t_end = int(t0), int(t_end)
+    k_n = max(0, -(-(t_end - t0) // w))
+    tp = _pids(tasks)
+    n_t = len(tp)
+    pid, s, e = _clip_runs(runs, t0, t_end)
+    known = np.isin(pid, tp)
+    pid, s, e = pid[known], s[known], e[known]
+    order = np.argsort(tp, kind="stable")
+    tix = order[np.searchsorted(tp[order], pid)]
+    a = (s - t0) // w
+    b = (e - 1 - t0) // w
+    cnt = (b - a + 1).astype(np.int64)
+    rep = np.repeat(np.arange(len(s)), cnt)
+    off = np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    k = a[rep] + off
+    ps = np.maximum(s[rep], t0 + k * w)
+    pe = np.minimum(e[rep], t0 + (k + 1) * w)
+    ns = np.bincount(k * n_t + tix[rep], weights=(pe - ps).astype(np.float64),
+                     minlength=k_n * n_t)[:k_n * n_t]
+    kk = np.repeat(np.arange(k_n, dtype=np.int64), n_t)
+    ti = np.tile(np.arange(n_t), k_n)
+    wstart = t0 + kk * w
+    wlen = np.minimum(wstart + w, t_end) - wstart
+    name, role = _task_info(tp[ti], tasks)
+    cpu_time = ns / NS
+    return pd.DataFrame({
+        "pid": tp[ti], "name": name, "role": role, "window": kk, "window_start": wstart,
+        "t": _t(wstart, t0), "window_s": wlen / NS, "cpu_time": cpu_time,
+        "share": cpu_time / (wlen / NS),
+    })
+
+
+def fair_shares(weights, demands, ncpus: int) -> np.ndarray:
+    """GPS water-filling fair share of each task, in CPUs (0..1 each).
+
+    Each task gets w_i / sum(w) of ``ncpus`` CPUs, capped at 1 CPU and at its demand (fraction of
+    one CPU it would use alone, 0..1); capacity freed by capped tasks is re-shared among the rest
+    in proportion to their weights, until no task exceeds its cap. Tasks with zero weight get 0.
+    The result sums to min(ncpus, sum of caps).
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    cap = np.minimum(np.asarray(demands, dtype=np.float64), 1.0)
+    cap = np.maximum(cap, 0.0)
+    share = np.zeros(len(w))
+    active = (w > 0) & (cap > 0)
+    left = float(ncpus)
+    while active.any() and left > 1e-15:
+        give = np.where(active, w / w[active].sum() * left, 0.0)
+        over = active & (give >= cap - 1e-12)
+        if not over.any():
+            share[active] = give[active]
+            break
+        share[over] = cap[over]
+        left -= cap[over].sum()
+        active &= ~over
+    return share
+
+
+def df_task_share(runs: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
+                  t_end: int) -> pd.DataFrame:
+    """Each experiment task's CPU time in [t0, t_end] against its fair share.
+
+    Needs: a runs table (:func:`df_runs`) and ``tasks`` (nice, duty). Fair share is
+    :func:`fair_shares` with weights = :func:`nice_to_weight` (kernel table) and demand = duty/100
+    on P = len(cpus) CPUs.
+
+    Columns (one row per task, in ``tasks`` order): pid (int32), name, role (category), nice
+    (int64), weight (int64), demand (float, 0..1), cpu_time (float s), share (float: cpu_time /
+    (t_end - t0), fraction of one CPU), fair (float, fraction of one CPU), ratio (share / fair,
+    NaN when fair is 0).
+    """
+    tp = _pids(tasks)
+    pid, s, e = _clip_runs(runs, t0, t_end)
+    known = np.isin(pid, tp)
+    order = np.argsort(tp, kind="stable")
+    tix = order[np.searchsorted(tp[order], pid[known])]
+    ns = np.bincount(tix, weights=(e[known] - s[known]).astype(np.float64), minlength=len(tp))
+    wall = (int(t_end) - int(t0)) / NS
+    nice = tasks["nice"].to_numpy().astype(np.int64)
+    weight = nice_to_weight(nice)
+    demand = tasks["duty"].to_numpy().astype(np.float64) / 100.0
+    fair = fair_shares(weight, demand, len(set(cpus)))
+    share = ns / NS / wall if wall > 0 else np.full(len(tp), np.nan)
+    name, role = _task_info(tp, tasks)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(fair > 0, share / np.where(fair > 0, fair, 1.0), np.nan)
+    return pd.DataFrame({
+        "pid": tp, "name": name, "role": role, "nice": nice, "weight": weight, "demand": demand,
+        "cpu_time": ns / NS, "share": share, "fair": fair, "ratio": ratio,
+    })

@@ -1,0 +1,238 @@
+"""The per-task scheduling state machine, evaluated without a per-event loop.
+
+Needs events: sched_switch, sched_wakeup, sched_wakeup_new, sched_migrate_task, sched_process_exit
+(sched_waking and sched_process_fork change no state and are ignored).
+
+Each event about an experiment task becomes one *record* (a sched_switch between two experiment
+tasks gives two: the switch-out of prev, then the switch-in of next). A task's state is
+``(runnable, running, cpu)``. Every record sets some of these absolutely, so the state after a
+record is a per-task forward fill, which numpy does in a few passes over sorted arrays:
+
+===================  ========  =======  ==============  ==========================================
+record               runnable  running  cpu             notes
+===================  ========  =======  ==============  ==========================================
+wakeup               1         keep     target_cpu      waking a running task keeps it running
+wakeup_new           1         0        target_cpu
+switch_in            1         1        cpu of event    (sched_switch next_pid)
+switch_out_runnable  1         0        cpu of event    (prev_pid, prev_state == 0: preempted)
+switch_out_sleep     0         0        cpu of event    (prev_pid, prev_state != 0)
+migrate              keep      0        dest_cpu        while asleep only the task's CPU changes
+exit                 keep      keep     keep            the dead switch-out that follows ends it
+===================  ========  =======  ==============  ==========================================
+
+Because each record sets the state it implies, a lost event is *repaired* by the next record that
+contradicts it; the contradiction is counted as an anomaly (``ANOMALIES``), never dropped:
+
+- switch_in_not_runnable: switched in while believed asleep (lost wakeup)
+- switch_in_wrong_cpu: switched in on another CPU than believed (lost migration)
+- switch_in_while_running: switched in while believed running (lost switch-out)
+- switch_out_not_running: switched out while not believed running on that CPU (lost switch-in)
+- wakeup_wrong_cpu: woken while runnable, onto another CPU than the one it is on
+- wakeup_new_runnable: sched_wakeup_new of a task already runnable
+- migrate_wrong_cpu: migrated from another CPU than the one it is believed on
+- migrate_while_running: migrated while believed running (a lost switch-out, or clock skew)
+- runnable_after_exit: switched out with prev_state 0 after its sched_process_exit; treated as dead
+
+State before a task's first record (the trace started while it existed) is *inferred*: runnable
+if the first record that sets runnability is a switch (it was running, or queued, at trace start),
+else asleep; running if the first record that sets it is a switch-out; CPU = the CPU of the first
+record (orig_cpu for a migration, unknown = -1 for a wakeup).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
+RECORDS = ("wakeup", "wakeup_new", "switch_in", "switch_out_runnable", "switch_out_sleep",
+           "migrate", "exit")
+ANOMALIES = ("", "switch_in_not_runnable", "switch_in_wrong_cpu", "switch_in_while_running",
+             "switch_out_not_running", "wakeup_wrong_cpu", "wakeup_new_runnable",
+             "migrate_wrong_cpu", "migrate_while_running", "runnable_after_exit")
+_A = {name: i for i, name in enumerate(ANOMALIES)}
+
+_EVENT_RECORD = {"sched_wakeup": WAKEUP, "sched_wakeup_new": WAKEUP_NEW,
+                 "sched_migrate_task": MIGRATE, "sched_process_exit": EXIT}
+#                          wakeup new  in  outR outS migr exit
+_RUNNABLE_SET = np.array([1,     1,   1,  1,   0,   -1,  -1], dtype=np.int8)
+_RUNNING_SET = np.array([-1,     0,   1,  0,   0,   0,   -1], dtype=np.int8)
+
+
+def _event_mask(events: pd.DataFrame, name: str) -> np.ndarray:
+    col = events["event"]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = col.cat.categories
+        if name not in cats:
+            return np.zeros(len(col), dtype=bool)
+        return col.cat.codes.to_numpy() == cats.get_loc(name)
+    return (col == name).to_numpy()
+
+
+def _grouped_ffill(values: np.ndarray, keep: int, gstart_idx: np.ndarray,
+                   init: np.ndarray) -> np.ndarray:
+    """Forward-fill ``values`` (``keep`` = no value) within groups; ``init`` where none yet.
+
+    ``gstart_idx[i]`` is the index of the first record of i's group; ``init`` is per record.
+    """
+    n = len(values)
+    idx = np.arange(n)
+    last = np.maximum.accumulate(np.where(values != keep, idx, -1)) if n else idx
+    ok = last >= gstart_idx
+    return np.where(ok, values[np.maximum(last, 0)], init)
+
+
+def _first_set_in_group(values: np.ndarray, keep: int, gstart: np.ndarray,
+                        gend: np.ndarray) -> np.ndarray:
+    """Per group (given by start/end index arrays): index of the first value != keep, or -1."""
+    n = len(values)
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    idx = np.arange(n)
+    nxt = np.minimum.accumulate(np.where(values != keep, idx, n)[::-1])[::-1]
+    first = nxt[gstart]
+    return np.where(first < gend, first, -1)
+
+
+def _order_by_task_then_seq(rpid: np.ndarray, seq: np.ndarray, pidset: np.ndarray) -> np.ndarray:
+    """Permutation sorting records by (pid, seq): a merge of the time-ordered parts, then a stable
+    radix sort on the dense task index (much faster than lexsort on tens of millions of rows)."""
+    if len(pidset) > np.iinfo(np.uint16).max:
+        return np.lexsort((seq, rpid))
+    by_seq = np.argsort(seq, kind="stable")  # concatenated sorted runs: near-linear merge
+    dense = np.searchsorted(pidset, rpid[by_seq]).astype(np.uint16)
+    return by_seq[np.argsort(dense, kind="stable")]
+
+
+def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
+    """One row per state-changing event of the tasks ``pids``, with the state around it.
+
+    Needs events: sched_switch, sched_wakeup, sched_wakeup_new, sched_migrate_task,
+    sched_process_exit.
+
+    Returns a DataFrame sorted by (pid, seq) with columns:
+
+    - seq (int64): 2 * row position in ``events`` (+1 for a switch-in), a total order of records
+    - ts (int64 ns), pid (int32), cpu (int32: CPU whose buffer recorded the event)
+    - record (int8): index into ``RECORDS``
+    - orig_cpu, dest_cpu (int32): migrate -> from/to; wakeup* -> dest_cpu = target_cpu; else -1
+    - prev_state (int64): for switch-outs, else -1
+    - runnable_before, runnable_after, running_before, running_after (bool)
+    - cpu_before, cpu_after (int32): the task's CPU (-1 = unknown)
+    - first (bool): the task's first record (its *_before state is inferred, see module doc)
+    - anomaly (int8): index into ``ANOMALIES`` (0 = none)
+    """
+    pidset = np.unique(np.asarray(pids, dtype=np.int32))
+    n_ev = len(events)
+    pid = events["pid"].to_numpy()
+    prev = events["prev_pid"].to_numpy()
+    is_sw = _event_mask(events, "sched_switch")
+    rec_of_event = np.full(n_ev, -1, dtype=np.int8)
+    for name, code in _EVENT_RECORD.items():
+        rec_of_event[_event_mask(events, name)] = code
+
+    rows_out = np.flatnonzero(is_sw & np.isin(prev, pidset))
+    rows_in = np.flatnonzero(is_sw & np.isin(pid, pidset))
+    rows_ot = np.flatnonzero((rec_of_event >= 0) & np.isin(pid, pidset))
+
+    ps_all = events["prev_state"].to_numpy()
+    ps_out = ps_all[rows_out]
+    rec = np.concatenate([
+        np.where(ps_out == 0, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP).astype(np.int8),
+        np.full(len(rows_in), SWITCH_IN, dtype=np.int8),
+        rec_of_event[rows_ot],
+    ])
+    rows = np.concatenate([rows_out, rows_in, rows_ot])
+    seq = 2 * rows.astype(np.int64)
+    seq[len(rows_out):len(rows_out) + len(rows_in)] += 1
+    rpid = np.concatenate([prev[rows_out], pid[rows_in], pid[rows_ot]]).astype(np.int32)
+    prev_state = np.concatenate([ps_out, np.full(len(rows_in) + len(rows_ot), -1, np.int64)])
+
+    order = _order_by_task_then_seq(rpid, seq, pidset)
+    rows, seq, rpid, rec, prev_state = rows[order], seq[order], rpid[order], rec[order], prev_state[order]
+    n = len(rows)
+    ts = events["ts"].to_numpy()[rows]
+    cpu = events["cpu"].to_numpy()[rows].astype(np.int32)
+    orig = np.where(rec == MIGRATE, events["orig_cpu"].to_numpy()[rows], -1).astype(np.int32)
+    dest = np.where(np.isin(rec, (MIGRATE, WAKEUP, WAKEUP_NEW)),
+                    events["target_cpu"].to_numpy()[rows], -1).astype(np.int32)
+
+    # groups (one per pid)
+    first = np.ones(n, dtype=bool)
+    first[1:] = rpid[1:] != rpid[:-1]
+    gstart = np.flatnonzero(first)
+    gend = np.append(gstart[1:], n)
+    gid = np.cumsum(first) - 1
+    gstart_idx = gstart[gid]
+
+    # exit: the first switch-out after the task's sched_process_exit is its last; it leaves the
+    # task not runnable whatever prev_state says (a later reappearance is pid reuse: no effect)
+    idx = np.arange(n)
+    is_out = (rec == SWITCH_OUT_RUNNABLE) | (rec == SWITCH_OUT_SLEEP)
+    last_exit = np.maximum.accumulate(np.where(rec == EXIT, idx, -1)) if n else idx
+    last_out = np.maximum.accumulate(np.where(is_out, idx, -1)) if n else idx
+    prev_out = np.empty_like(last_out)
+    if n:
+        prev_out[0] = -1
+        prev_out[1:] = last_out[:-1]
+    dead_out = is_out & (last_exit >= gstart_idx) & (last_exit > prev_out)
+    dead_runnable_out = dead_out & (rec == SWITCH_OUT_RUNNABLE)
+    del idx, last_exit, last_out, prev_out
+
+    runnable_set = _RUNNABLE_SET[rec]
+    runnable_set[dead_runnable_out] = 0
+    running_set = _RUNNING_SET[rec]
+    cpu_set = np.where(np.isin(rec, (SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP)), cpu,
+                       np.where(rec == EXIT, -1, dest)).astype(np.int32)
+
+    # inferred state before each task's first record
+    is_switch_rec = np.isin(rec, (SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP))
+    f_runnable = _first_set_in_group(runnable_set, -1, gstart, gend)
+    runnable_init = np.zeros(len(gstart), dtype=np.int8)
+    has = f_runnable >= 0
+    runnable_init[has] = is_switch_rec[f_runnable[has]]
+    f_running = _first_set_in_group(running_set, -1, gstart, gend)
+    running_init = np.zeros(len(gstart), dtype=np.int8)
+    has = f_running >= 0
+    running_init[has] = np.isin(rec[f_running[has]], (SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP))
+    r0 = rec[gstart]
+    cpu_init = np.where(is_switch_rec[gstart] | (r0 == EXIT), cpu[gstart],
+                        np.where(r0 == MIGRATE, orig[gstart], -1)).astype(np.int32)
+
+    runnable_after = _grouped_ffill(runnable_set, -1, gstart_idx, runnable_init[gid]).astype(bool)
+    running_after = _grouped_ffill(running_set, -1, gstart_idx, running_init[gid]).astype(bool)
+    cpu_after = _grouped_ffill(cpu_set, -1, gstart_idx, cpu_init[gid]).astype(np.int32)
+
+    def before(after, init):
+        b = np.empty_like(after)
+        if n:
+            b[1:] = after[:-1]
+            b[gstart] = init.astype(after.dtype)
+        return b
+
+    runnable_before = before(runnable_after, runnable_init)
+    running_before = before(running_after, running_init)
+    cpu_before = before(cpu_after, cpu_init)
+
+    # anomalies (later assignments take priority)
+    anomaly = np.zeros(n, dtype=np.int8)
+    known = cpu_before >= 0
+    anomaly[(rec == WAKEUP) & runnable_before & known & (cpu_before != dest)] = _A["wakeup_wrong_cpu"]
+    anomaly[(rec == WAKEUP_NEW) & runnable_before] = _A["wakeup_new_runnable"]
+    anomaly[(rec == MIGRATE) & known & (cpu_before != orig)] = _A["migrate_wrong_cpu"]
+    anomaly[(rec == MIGRATE) & running_before] = _A["migrate_while_running"]
+    anomaly[is_out & ~(running_before & (cpu_before == cpu))] = _A["switch_out_not_running"]
+    anomaly[dead_runnable_out] = _A["runnable_after_exit"]
+    sw_in = rec == SWITCH_IN
+    anomaly[sw_in & runnable_before & (cpu_before != cpu)] = _A["switch_in_wrong_cpu"]
+    anomaly[sw_in & running_before] = _A["switch_in_while_running"]
+    anomaly[sw_in & ~runnable_before] = _A["switch_in_not_runnable"]
+
+    return pd.DataFrame({
+        "seq": seq, "ts": ts, "pid": rpid, "cpu": cpu, "record": rec,
+        "orig_cpu": orig, "dest_cpu": dest, "prev_state": prev_state,
+        "runnable_before": runnable_before, "runnable_after": runnable_after,
+        "running_before": running_before, "running_after": running_after,
+        "cpu_before": cpu_before, "cpu_after": cpu_after,
+        "first": first, "anomaly": anomaly,
+    }, copy=False)
