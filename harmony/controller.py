@@ -7,8 +7,8 @@ Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly acc
    not runnable. The controller waits until every worker is stopped.
 2. ``release(mark)`` writes the t0 marker, wakes the whole group with one ``killpg(SIGCONT)`` (the
    workers become runnable on their initial CPUs, so the layout is exactly what the scheduler sees
-   at t0), then widens each worker's affinity to the experiment CPU set and writes a "released"
-   marker. Waking before unpinning matters: a task unpinned while asleep would be placed by the
+   at t0), then widens each worker's affinity to the experiment CPU set (except ``pinned`` tasks,
+   which stay on their CPU: static-ideal runs) and writes a "released" marker. Waking before unpinning matters: a task unpinned while asleep would be placed by the
    wake-up path and the layout would never exist. The controller runs SCHED_FIFO during the release
    (when allowed) so the workers it wakes cannot preempt it half-way.
 3. ``stop()`` kills the group and reaps every worker. Workers carry PR_SET_PDEATHSIG=SIGKILL, so
@@ -167,8 +167,9 @@ class Workload:
             t0 = mark("harmony t0")
             os.killpg(self.pgid, signal.SIGCONT)
             allowed = set(self.cpus)
-            for pid in self.pids:
-                os.sched_setaffinity(pid, allowed)
+            for pid, spec in zip(self.pids, self.specs):
+                if not spec.pinned:
+                    os.sched_setaffinity(pid, allowed)
             released = mark("harmony released")
         finally:
             if fifo:

@@ -23,6 +23,8 @@ class TaskSpec:
     stop_after_s: the task exits this many seconds after t0 (None = runs until the end)
     cut_duty_at_s / cut_duty: at that time after t0 the task's duty changes to ``cut_duty``
                   (0 = it blocks for the rest of the run); None = never
+    pinned:       stays pinned to ``initial_cpu`` after t0 (static-ideal placements), instead of
+                  being released to the whole CPU set
     """
 
     name: str
@@ -34,6 +36,7 @@ class TaskSpec:
     stop_after_s: float | None = None
     cut_duty_at_s: float | None = None
     cut_duty: float = 0.0
+    pinned: bool = False
 
     def __post_init__(self):
         if not 0 < self.duty <= 100:
