@@ -116,15 +116,18 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     removed before this returns or raises.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    manifest = new_manifest(experiment, params, cpus, probe_name, seed, facts or {})
-    store.write_json(out / "manifest.json", manifest)
     specs = experiment.tasks(params, cpus)
+    lock = HostLock().acquire()  # a refused run (HostBusy) leaves no trace, not even its directory
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        manifest = new_manifest(experiment, params, cpus, probe_name, seed, facts or {})
+        store.write_json(out / "manifest.json", manifest)
+    except BaseException:
+        lock.release()
+        raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    lock = HostLock()
     workload = sampler = probe = None
     try:
-        lock.acquire()
         manifest["reclaimed"] = reclaim_stale()
         workload = Workload(specs, cpus, seed=seed)
         workload.spawn()  # before the probe's threads exist: fork with no threads running

@@ -166,5 +166,18 @@ def load(run_dir, allow_incomplete: bool = False) -> Run:
     status = manifest.get("status")
     if status != "complete" and not allow_incomplete:
         why = manifest.get("incomplete_reason", "the run did not finish")
+        if status == "running" and not _alive(manifest.get("controller_pid")):
+            why = "its controller is gone: killed before it could finish"
         raise RunError(f"{path}: run is {status or 'of unknown status'} ({why})")
     return Run(path, manifest)
+
+
+def _alive(pid) -> bool:
+    """Whether a Harmony controller with this pid still runs (a recycled pid is not ours)."""
+    if not pid:
+        return False
+    try:
+        cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"harmony" in cmdline or b"python" in cmdline
