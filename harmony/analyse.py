@@ -74,6 +74,7 @@ def analyse(run_dir: Path, quiet: bool = True) -> store.Run:
     manifest["release"] = release_spread(events, tasks, t0, released)
     manifest["lost_events"] = meta.get("lost_events", -1)
     manifest["reconstruction_anomalies"] = int(runqueue.attrs.get("anomalies", 0))
+    manifest["reconstruction_anomaly_kinds"] = dict(runqueue.attrs.get("anomaly_kinds", {}))
     manifest["kernel_agreement"] = (kernel_agreement(runqueue, samples, cpus, t0, t_end)
                                     if samples is not None else None)
     manifest["notes"] = _notes(manifest, meta)
@@ -102,8 +103,13 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
     if rel["not_woken"]:
         notes.append(f"{len(rel['not_woken'])} tasks were never seen waking after t0")
     if manifest["reconstruction_anomalies"]:
-        notes.append(f"{manifest['reconstruction_anomalies']} reconstruction anomalies were repaired "
-                     "(a task seen running where the state machine did not expect it)")
+        kinds = ", ".join(f"{k} {v}" for k, v in manifest["reconstruction_anomaly_kinds"].items())
+        why = ("the probe lost no events, so the kernel did not emit them (some kernels omit a "
+               "sched_switch into a task)" if lost == 0 else "events were lost")
+        notes.append(f"{manifest['reconstruction_anomalies']} contradictions in the event stream were "
+                     f"repaired ({kinds}): an event the task state machine needed is missing; {why}. "
+                     "The run queues resynchronise at the next event; a run whose start was not "
+                     "seen is left out of the runs table (listed by analysis.reconstruct.df_anomalies)")
     if manifest.get("workers_alive_at_end", 0) < len(manifest.get("work_done", [])):
         notes.append("some workers were not alive at the end of the run")
     ka = manifest.get("kernel_agreement")
