@@ -1,0 +1,31 @@
+#!/bin/sh
+# Install what Harmony needs on a Debian/Ubuntu host, as root: trace-cmd and perf (Debian
+# packages, only if missing), tracefs and debugfs mounted, and the harmony package itself.
+# Usage: sudo ./install.sh            (idempotent: a second run installs nothing new)
+set -eu
+cd "$(dirname "$0")"
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install.sh: run as root (Harmony records kernel tracepoints)" >&2
+    exit 1
+fi
+
+missing=""
+command -v trace-cmd >/dev/null 2>&1 || missing="$missing trace-cmd"
+command -v perf >/dev/null 2>&1 || missing="$missing linux-perf"
+python3 -m pip --version >/dev/null 2>&1 || missing="$missing python3-pip"
+if [ -n "$missing" ]; then
+    echo "installing Debian packages:$missing"
+    apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing
+fi
+
+# Harmony mounts tracefs itself when it can; mounting here makes `harmony doctor` complete at once.
+mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing || \
+    echo "install.sh: could not mount tracefs; see 'harmony doctor'" >&2
+mountpoint -q /sys/kernel/debug || mount -t debugfs nodev /sys/kernel/debug || \
+    echo "install.sh: could not mount debugfs (optional: per-CPU nr_running cross-check)" >&2
+
+# Editable, so the tests in tests/ run against this checkout; the [test] extra adds pytest.
+python3 -m pip install -q -e '.[test]'
+echo "installed: $(command -v harmony)"
