@@ -36,6 +36,11 @@ def trust_lines(m: dict) -> list[str]:
     else:
         lines.append("kernel agreement (/proc)     not sampled")
     lines.append(f"reconstruction anomalies     {m.get('reconstruction_anomalies', '?')}")
+    if m.get("crosscheck_probe"):
+        from harmony.analysis.probe_agreement import agreement_lines
+
+        lines += agreement_lines(m.get("probe_agreement")) or [
+            f"probe cross-check            {m['crosscheck_probe']} recorded but not compared"]
     return lines
 
 

@@ -78,6 +78,8 @@ def analyse(run_dir: Path, quiet: bool = True) -> store.Run:
     manifest["kernel_agreement"] = (kernel_agreement(runqueue, samples, cpus, t0, t_end)
                                     if samples is not None else None)
     manifest["notes"] = _notes(manifest, meta)
+    if manifest.get("crosscheck_probe"):
+        _crosscheck(run_dir, manifest, cap, tasks, t0, t_end)
     manifest["status"] = "complete"
     run = store.Run(run_dir, manifest)
     summary = experiment.analyse(run)
@@ -88,6 +90,40 @@ def analyse(run_dir: Path, quiet: bool = True) -> store.Run:
     store.write_json(run_dir / "manifest.json", manifest)
     write_report(run)
     return store.load(run_dir)
+
+
+def _crosscheck(run_dir: Path, manifest: dict, cap, tasks: pd.DataFrame, t0: int, t_end: int) -> None:
+    """Compare the cross-check probe's recording with the primary's; write crosscheck.json.
+
+    Sets manifest["probe_agreement"] (the comparison without its examples) and adds a note for any
+    disagreement or for a cross-check that could not be done; never fails the run itself.
+    """
+    from harmony.analysis.probe_agreement import probe_agreement
+
+    name = manifest["crosscheck_probe"]
+    try:
+        other = get_probe(name).decode_dir(run_dir / "raw" / name)
+        result = probe_agreement(cap.events, other.events, tasks, t0, t_end,
+                                 names=(manifest["probe"], name),
+                                 lost=(cap.meta.get("lost_events", -1), other.meta.get("lost_events", -1)),
+                                 markers_a=cap.markers, markers_b=other.markers)
+        result["events"] = {manifest["probe"]: int(len(cap.events)), name: int(len(other.events))}
+        result["notes"] = {name: other.meta.get("notes", [])}
+    except ProbeError as exc:
+        result = {"probes": [manifest["probe"], name], "error": str(exc), "verdict": "not done"}
+    store.write_json(run_dir / "crosscheck.json", result)
+    manifest["probe_agreement"] = {k: ({kk: vv for kk, vv in v.items() if kk != "examples"}
+                                       if isinstance(v, dict) and k in ("migrations", "runs") else v)
+                                   for k, v in result.items() if k not in ("notes",)}
+    if result.get("error"):
+        manifest["notes"].append(f"the {name} cross-check could not be done: {result['error']}")
+    elif result["verdict"] != "agree":
+        mig, runs = result["migrations"], result["runs"]
+        a = manifest["probe"]
+        manifest["notes"].append(
+            f"{a} and {name} disagree ({result['verdict']}): migrations only {a} "
+            f"{mig[f'only_{a}']}, only {name} {mig[f'only_{name}']}; runs only {a} {runs[f'only_{a}']}, "
+            f"only {name} {runs[f'only_{name}']} (examples in crosscheck.json)")
 
 
 def _notes(manifest: dict, meta: dict) -> list[str]:

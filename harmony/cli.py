@@ -83,10 +83,12 @@ def list_experiments():
 @click.option("--duration", type=float, help="seconds measured after t0")
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
 @click.option("--probe", default="tracefs", show_default=True, help="capture backend: tracefs or perf")
+@click.option("--crosscheck", metavar="PROBE",
+              help="also record the run with this second probe (e.g. perf) and compare the two")
 @click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/<experiment>-<time>)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the workload's randomness")
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
-def run(experiment, cpus, layout, duration, params, probe, out, seed, quiet):
+def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet):
     """Run one experiment and analyse it; prints the summary."""
     from harmony.experiments import get_experiment
     from harmony.probes import PROBES
@@ -108,12 +110,20 @@ def run(experiment, cpus, layout, duration, params, probe, out, seed, quiet):
         raise click.UsageError(str(exc)) from None
     if probe not in PROBES:
         raise click.BadParameter(f"unknown probe {probe!r} (choose {', '.join(PROBES)})", param_hint="--probe")
+    if crosscheck is not None and (crosscheck not in PROBES or crosscheck == probe):
+        raise click.BadParameter(f"{crosscheck!r} is not another probe than --probe {probe} "
+                                 f"(choose from {', '.join(PROBES)})", param_hint="--crosscheck")
     if out is None:
         out = Path("runs") / f"{experiment}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
     facts = _host_facts_or_exit(probe)
-    _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet)
+    if crosscheck:
+        from harmony.probes import get_probe
+        ok, why = get_probe(crosscheck).available()
+        if not ok:
+            _fail(f"probe {crosscheck} cannot record here: {why} (see `harmony doctor`)")
+    _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck)
 
 
 def _host_facts_or_exit(probe: str) -> dict:
@@ -136,7 +146,7 @@ def _host_facts_or_exit(probe: str) -> dict:
     }
 
 
-def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet):
+def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=None):
     from harmony.analysis.report import summary_text
     from harmony.hygiene import HostBusy
     from harmony.run import Interrupted, execute
@@ -145,7 +155,7 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet):
     from harmony.controller import ControllerError
 
     try:
-        result = execute(exp, values, cpu_set, out, probe, seed, facts, quiet)
+        result = execute(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=crosscheck)
     except KeyboardInterrupt:
         _fail(f"interrupted; {out} is marked incomplete", 130)
     except Interrupted as exc:

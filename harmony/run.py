@@ -107,8 +107,12 @@ def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: in
 
 
 def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
-            seed: int = 0, facts: dict | None = None, quiet: bool = False) -> dict:
+            seed: int = 0, facts: dict | None = None, quiet: bool = False,
+            crosscheck: str | None = None) -> dict:
     """Run the workload under the probe and store the raw capture in ``out``. Returns the manifest.
+
+    ``crosscheck`` names a second probe that records the same run at the same time into
+    ``out/raw/<name>/`` (every marker goes to both); the analysis compares the two.
 
     The manifest is written first with status "running"; it becomes "captured" only when the
     workload ran its full duration and the probe stopped cleanly, and "incomplete" (with the
@@ -126,22 +130,27 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         lock.release()
         raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    workload = sampler = probe = None
+    workload = sampler = probe = second = None
     try:
         manifest["reclaimed"] = reclaim_stale()
         workload = Workload(specs, cpus, seed=seed)
         workload.spawn()  # before the probe's threads exist: fork with no threads running
         store.write_table(out, "tasks", tasks_frame(specs, workload.pids))
         probe = get_probe(probe_name)(out / "raw" / probe_name, cpus, params["duration"])
+        if crosscheck:
+            manifest["crosscheck_probe"] = crosscheck
+            second = get_probe(crosscheck)(out / "raw" / crosscheck, cpus, params["duration"])
+            second.start()  # first: a perf child is forked before tracefs starts its threads
         probe.start()
+        mark = probe.mark if second is None else _mark_both(probe, second)
         if params.get("sample_hz", 0) > 0:
             sampler = KernelSampler(workload.pids, params["sample_hz"])
-        workload.release(probe.mark)
+        workload.release(mark)
         if sampler:
             sampler.start()
         _progress(f"{experiment.name}", params["duration"], threading.Event(),
                   stream=open(os.devnull, "w") if quiet else sys.stderr)
-        probe.mark(END)
+        mark(END)
         manifest["work_done"] = workload.work_done().tolist()
         manifest["workers_alive_at_end"] = len(workload.alive())
         manifest["controller_notes"] = workload.notes
@@ -151,6 +160,9 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         workload.stop()
         probe.stop()
         manifest["probe_meta"] = probe.meta
+        if second:
+            second.stop()
+            manifest["crosscheck_meta"] = second.meta
         if sampler:
             store.write_table(out, "kernel_samples", sampler.frame())
         manifest["status"] = "captured"
@@ -163,17 +175,27 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             sampler.stopping.set()
         if workload:
             workload.stop()
-        if probe:
-            try:
-                probe.stop()
-            except ProbeError as exc:
-                manifest.setdefault("cleanup_errors", []).append(str(exc))
+        for p in (probe, second):
+            if p:
+                try:
+                    p.stop()
+                except ProbeError as exc:
+                    manifest.setdefault("cleanup_errors", []).append(str(exc))
         lock.release()
         for s, h in old_handlers.items():
             signal.signal(s, h)
         manifest["ended_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         store.write_json(out / "manifest.json", manifest)
     return manifest
+
+
+def _mark_both(primary, second):
+    """A mark function writing each marker to both probes; returns the primary's time."""
+    def mark(text: str) -> int:
+        ts = primary.mark(text)
+        second.mark(text)
+        return ts
+    return mark
 
 
 def _reason(exc: BaseException) -> str:
@@ -183,9 +205,10 @@ def _reason(exc: BaseException) -> str:
 
 
 def execute(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
-            seed: int = 0, facts: dict | None = None, quiet: bool = False) -> store.Run:
+            seed: int = 0, facts: dict | None = None, quiet: bool = False,
+            crosscheck: str | None = None) -> store.Run:
     """Capture then analyse one run; returns the loaded, complete run."""
     from harmony.analyse import analyse
 
-    capture(experiment, params, cpus, out, probe_name, seed, facts, quiet)
+    capture(experiment, params, cpus, out, probe_name, seed, facts, quiet, crosscheck=crosscheck)
     return analyse(out)

@@ -1,0 +1,346 @@
+"""The perf probe and the probe cross-check.
+
+Hermetic tests feed ``perf script`` text and ``perf report --stats`` text to the parsers and
+synthetic tables to the matcher. Kernel tests (root, tracefs and a working perf; skipped with the
+reason otherwise) record real runs of single-source <4,0>: perf alone, tracefs + perf at once
+(``--crosscheck perf``), and tracefs under an independent ``perf record`` the test starts itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harmony.analysis.probe_agreement import (TOL_NS, df_migration_agreement, df_run_agreement,
+                                              match_times)
+from harmony.probes.base import ProbeError, TraceCorrupt
+from harmony.probes.perf import (PerfProbe, PerfScriptParser, _lost_samples, check_perf_data,
+                                 prev_state_value)
+
+# --------------------------------------------------------------------------------- hermetic: parser
+
+SCRIPT = """\
+ 6468 [000]   354.805768520:       sched:sched_switch: prev_comm=perf prev_pid=6468 prev_prio=120 prev_state=S ==> next_comm=Web Content next_pid=42 next_prio=120
+   42 [000]   354.805770000:       sched:sched_switch: prev_comm=Web Content prev_pid=42 prev_prio=120 prev_state=R+ ==> next_comm=swapper/0 next_pid=0 next_prio=120
+    0 [001]   354.805771001: sched:sched_migrate_task: comm=hmy-w00 pid=77 prio=120 orig_cpu=0 dest_cpu=1
+    0 [001]   354.805772002:      sched:sched_waking: comm=hmy-w00 pid=77 prio=120 target_cpu=001
+ 5525 [000]   354.805773000: PERF_RECORD_LOST lost 7
+       perf-exec 20671 [001]  354.805774000: PERF_RECORD_LOST lost 3
+    0 [001]   354.805775000:  sched:sched_process_exit: comm=hmy-w00 pid=77 prio=120 group_dead=1
+this line is not perf script output
+"""
+
+
+def test_parser_decodes_every_event_kind_and_counts_losses_and_bad_lines():
+    p = PerfScriptParser()
+    data = SCRIPT.encode()
+    for i in range(0, len(data), 37):  # chunk boundaries inside lines must not matter
+        p.feed(data[i:i + 37])
+    p.finish()
+    ev = p.events()
+    assert list(ev["event"].astype(str)) == ["sched_switch", "sched_switch", "sched_migrate_task",
+                                             "sched_waking", "sched_process_exit"]
+    assert ev["ts"].iloc[0] == 354_805_768_520
+    first = ev.iloc[0]
+    assert (first["comm"], first["pid"], first["prev_pid"], first["prev_state"]) == ("Web Content", 42, 6468, 1)
+    assert ev.iloc[1]["prev_state"] == 0 and ev.iloc[1]["prev_comm"] == "Web Content"
+    mig = ev.iloc[2]
+    assert (mig["pid"], mig["orig_cpu"], mig["target_cpu"], mig["cpu"]) == (77, 0, 1, 1)
+    assert ev.iloc[3]["target_cpu"] == 1
+    assert p.lost_by_cpu == {0: 7, 1: 3}
+    assert p.bad_lines == 1 and "not perf script output" in p.bad_examples[0]
+
+
+@pytest.mark.parametrize("text,bits", [("R", 0), ("R+", 0), ("S", 1), ("D", 2), ("D|K", 2),
+                                       ("I", 128), ("0x402", 0x402), ("?", -1)])
+def test_prev_state_value(text, bits):
+    assert prev_state_value(text) == bits
+
+
+STATS = """
+Aggregated stats:
+           TOTAL events:      95137
+            LOST events:         46  ( 0.0%)
+    LOST_SAMPLES events:          5  ( 0.0%)
+sched:sched_switch stats:
+          SAMPLE events:      57900
+    LOST_SAMPLES events:        809
+sched:sched_waking stats:
+          SAMPLE events:      30726
+    LOST_SAMPLES events:        531
+dummy:HG stats:
+    LOST_SAMPLES events:         28
+"""
+
+
+def test_lost_samples_are_per_event_and_skip_the_aggregated_record_count():
+    assert _lost_samples(STATS) == {"sched:sched_switch": 809, "sched:sched_waking": 531, "dummy:HG": 28}
+    assert _lost_samples("nothing here") is None
+
+
+@pytest.mark.parametrize("content,why", [(b"", "bad magic"), (b"x" * 500, "bad magic"),
+                                         (b"PERFILE2" + bytes(96), "did not finish")])
+def test_check_perf_data_names_the_file(tmp_path, content, why):
+    path = tmp_path / "perf.data"
+    path.write_bytes(content)
+    with pytest.raises(TraceCorrupt, match=why) as exc:
+        check_perf_data(path)
+    assert str(path) in str(exc.value)
+
+
+def test_decode_of_a_missing_recording_names_the_file(tmp_path):
+    with pytest.raises(TraceCorrupt, match=str(tmp_path / "perf.data")):
+        PerfProbe.decode_dir(tmp_path)
+
+
+# -------------------------------------------------------------------------------- hermetic: matcher
+
+def _migrations(rows):
+    return pd.DataFrame(rows, columns=["ts", "pid", "src_cpu", "dst_cpu", "kind"])
+
+
+def test_match_times_is_one_to_one_and_in_order():
+    key = np.array([1, 1, 1])
+    ia, ib = match_times(key, np.array([100, 200, 300]), key[:2], np.array([205, 290]), 20)
+    assert list(ia) == [-1, 0, 1] and list(ib) == [1, 2]
+
+
+def test_migration_agreement_matches_within_tolerance_and_reports_the_rest():
+    t0, t_end = 1_000_000, 10_000_000
+    a = _migrations([(2_000_000, 7, 0, 1, "balance"), (3_000_000, 7, 1, 0, "balance"),
+                     (4_000_000, 8, 0, 1, "wakeup"), (500_000, 8, 1, 0, "balance")])
+    b = _migrations([(2_000_003, 7, 0, 1, "balance"), (3_000_000 + TOL_NS + 1, 7, 1, 0, "balance"),
+                     (4_000_000, 8, 1, 0, "wakeup")])
+    m = df_migration_agreement(a, b, t0, t_end)
+    assert (m["status"] == "matched").sum() == 1
+    assert m.loc[m["status"] == "matched", "dt"].item() == 3
+    assert (m["status"] == "only_a").sum() == 2  # late twin and wrong direction; ts 500_000 < t0 dropped
+    assert (m["status"] == "only_b").sum() == 2
+
+
+def test_run_agreement_clips_to_the_window_and_needs_both_ends():
+    t0, t_end = 1_000, 100_000
+    cols = ["pid", "cpu", "start", "end"]
+    a = pd.DataFrame([(5, 0, 0, 2_000), (5, 0, 10_000, 20_000), (5, 1, 30_000, 40_000)], columns=cols)
+    b = pd.DataFrame([(5, 0, 500, 2_001), (5, 0, 10_002, 20_000), (5, 1, 30_000, 41_000 + TOL_NS)],
+                     columns=cols)
+    r = df_run_agreement(a, b, t0, t_end)
+    assert r["status"].value_counts().to_dict() == {"matched": 2, "only_a": 1, "only_b": 1}
+    assert sorted(r.loc[r["status"] == "matched", "dstart"]) == [2, 500]  # first run clipped at t0 - tol
+
+
+# ----------------------------------------------------------------------------------- real kernel
+
+def _perf_processes_writing(under: Path) -> list[int]:
+    """Pids of perf processes whose command line names a path under ``under``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and os.path.basename(argv[0]).startswith(b"perf") and str(under).encode() in b" ".join(argv):
+            out.append(int(entry.name))
+    return out
+
+
+def _harmony_instances() -> list[str]:
+    inst = Path("/sys/kernel/tracing/instances")
+    return sorted(p.name for p in inst.iterdir() if p.name.startswith("harmony")) if inst.is_dir() else []
+
+
+@pytest.fixture
+def perf_kernel(kernel):
+    ok, why = PerfProbe.available()
+    if not ok:
+        pytest.skip(why)
+    return kernel
+
+
+def _run(out: Path, probe="tracefs", crosscheck=None):
+    """One short single-source <4,0> run, through the library entry point `harmony run` uses."""
+    from harmony.experiments import get_experiment
+    from harmony.hygiene import HostBusy
+    from harmony.run import execute
+    import time
+
+    exp = get_experiment("single-source")
+    cpus = [0, 1]
+    params = exp.resolve({"layout": "4,0", "duration": "2"}, cpus)
+    for _ in range(60):  # the host lock serialises kernel runs of every helper: wait our turn
+        try:
+            run = execute(exp, params, cpus, out, probe, quiet=True, crosscheck=crosscheck)
+            break
+        except HostBusy:
+            shutil.rmtree(out, ignore_errors=True)
+            time.sleep(2)
+    else:
+        pytest.skip("the host stayed busy with other runs")
+    assert not _perf_processes_writing(out), "a perf process outlived the run"
+    assert not [i for i in _harmony_instances() if i.endswith(f"-{os.getpid()}")], "instance left"
+    return run
+
+
+@pytest.fixture(scope="module")
+def perf_run(tmp_path_factory):
+    from conftest import kernel_skip_reason
+
+    if kernel_skip_reason() or not PerfProbe.available()[0]:
+        pytest.skip(kernel_skip_reason() or PerfProbe.available()[1])
+    return _run(tmp_path_factory.mktemp("perf") / "run", probe="perf")
+
+
+@pytest.fixture(scope="module")
+def crosscheck_run(tmp_path_factory):
+    from conftest import kernel_skip_reason
+
+    if kernel_skip_reason() or not PerfProbe.available()[0]:
+        pytest.skip(kernel_skip_reason() or PerfProbe.available()[1])
+    return _run(tmp_path_factory.mktemp("xc") / "run", crosscheck="perf")
+
+
+@pytest.mark.kernel
+def test_kernel_perf_run_decodes_like_tracefs(perf_kernel, perf_run, crosscheck_run):
+    import harmony
+
+    run = harmony.load(perf_run.path)
+    m = run.manifest
+    assert m["probe"] == "perf" and m["capture"]["clock"] == "mono"
+    assert m["lost_events"] >= 0 and m["capture"]["n_events"] > 0
+    assert {"harmony t0", "harmony released", "harmony end"} <= set(run.markers["text"])
+    assert m["t0_ns"] < m["released_ns"] < m["end_ns"]
+    assert (run.migrations["ts"] >= m["t0_ns"]).sum() >= 1, "no migration after t0 for <4,0>"
+    # the same tables, with the same columns and dtypes, as a tracefs run
+    other = harmony.load(crosscheck_run.path)
+    for name in ("events", "markers", "migrations", "runs", "runqueue", "allocation", "shares"):
+        mine, theirs = run.table(name), other.table(name)
+        assert list(mine.columns) == list(theirs.columns), name
+        assert mine.dtypes.astype(str).to_dict() == theirs.dtypes.astype(str).to_dict(), name
+    raw = perf_run.path / "raw" / "perf"
+    assert {"perf.data", "markers.jsonl", "meta.json", "perf.log"} <= {p.name for p in raw.iterdir()}
+
+
+@pytest.mark.kernel
+def test_kernel_crosscheck_probes_agree(perf_kernel, crosscheck_run):
+    x = json.loads((crosscheck_run.path / "crosscheck.json").read_text())
+    assert x["probes"] == ["tracefs", "perf"]
+    assert x["migrations"]["tracefs"] >= 1 and x["runs"]["tracefs"] >= 1
+    if x["lost_events"]["tracefs"] == 0 and x["lost_events"]["perf"] == 0:
+        for what in ("migrations", "runs"):
+            s = x[what]
+            assert s["only_tracefs"] == 0 and s["only_perf"] == 0, (what, s["examples"])
+            assert s["matched"] == s["tracefs"] == s["perf"]
+        assert x["verdict"] == "agree"
+        # a sched_switch the kernel did not emit is missing from both probes alike
+        assert x["run_anomalies"]["tracefs"] == x["run_anomalies"]["perf"]
+    else:
+        assert x["verdict"] != "agree" or x["unmatched"] == 0
+    assert crosscheck_run.manifest["probe_agreement"]["verdict"] == x["verdict"]
+    report = (crosscheck_run.path / "report.md").read_text()
+    assert "probe cross-check" in report and "tracefs vs perf" in report
+
+
+def _independent_migrations(data: Path) -> tuple[pd.DataFrame, int]:
+    """sched_migrate_task rows of a perf.data, decoded here without Harmony's parser."""
+    text = subprocess.run(["perf", "script", "-f", "-i", str(data), "--ns", "--show-lost-events",
+                           "-F", "time,trace"], capture_output=True, text=True, check=True).stdout
+    rows, lost = [], 0
+    for line in text.splitlines():
+        if "PERF_RECORD_LOST" in line:
+            lost += int(line.split()[-1])
+            continue
+        if "pid=" not in line:
+            continue
+        stamp, _, rest = line.partition(":")
+        fields = dict(f.split("=", 1) for f in rest.split() if "=" in f)
+        sec, nsec = stamp.strip().split(".")
+        rows.append((int(sec) * 10**9 + int(nsec), int(fields["pid"]), int(fields["orig_cpu"]),
+                     int(fields["dest_cpu"])))
+    return pd.DataFrame(rows, columns=["ts", "pid", "src_cpu", "dst_cpu"]), lost
+
+
+@pytest.mark.kernel
+def test_kernel_independent_perf_sees_the_migrations_harmony_reports(perf_kernel, tmp_path):
+    data = tmp_path / "independent.data"
+    ctl, ack = tmp_path / "ctl.fifo", tmp_path / "ack.fifo"
+    os.mkfifo(ctl)
+    os.mkfifo(ack)
+    perf = subprocess.Popen(["perf", "record", "-q", "-a", "-e", "sched:sched_migrate_task",
+                             "-k", "CLOCK_MONOTONIC", "--synth=no", "-D", "-1",
+                             "--control", f"fifo:{ctl},{ack}", "-o", str(data)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        with open(ctl, "w") as c, open(ack) as a:  # perf opens both ends once its events exist
+            c.write("enable\n")
+            c.flush()
+            assert a.readline().strip() == "ack"
+        run = _run(tmp_path / "run")
+    finally:
+        perf.send_signal(signal.SIGINT)
+        err = perf.communicate(timeout=60)[1].decode(errors="replace")
+    assert perf.returncode in (0, -signal.SIGINT), err
+    seen, lost = _independent_migrations(data)
+    m = run.manifest
+    t0, t_end = m["t0_ns"], m["end_ns"]
+    mine = seen[seen["pid"].isin(run.tasks["pid"]) & (seen["ts"] >= t0) & (seen["ts"] <= t_end)]
+    harmony_mig = run.migrations[(run.migrations["ts"] >= t0) & (run.migrations["ts"] <= t_end)]
+    assert len(harmony_mig) >= 1
+    pairs = df_migration_agreement(harmony_mig.assign(kind="?"), mine.assign(kind="?"), t0, t_end)
+    if lost == 0 and m["lost_events"] == 0:
+        assert (pairs["status"] == "matched").all(), pairs[pairs["status"] != "matched"].to_string()
+        assert len(pairs) == len(harmony_mig) == len(mine)
+
+
+@pytest.mark.kernel
+def test_kernel_corrupt_perf_data_is_a_one_line_error_naming_the_file(perf_kernel, perf_run, tmp_path):
+    from harmony.analyse import analyse
+    from harmony.store import RunError
+
+    src = perf_run.path / "raw" / "perf" / "perf.data"
+    size = src.stat().st_size
+    cases = {"truncated": src.read_bytes()[: size // 2], "empty": b"",
+             "garbage": os.urandom(4096),
+             "flipped": src.read_bytes()[: size // 2] + bytes(4096) + src.read_bytes()[size // 2 + 4096:]}
+    for name, content in cases.items():
+        d = tmp_path / name
+        shutil.copytree(perf_run.path / "raw" / "perf", d)
+        (d / "perf.data").write_bytes(content)
+        try:
+            PerfProbe.decode_dir(d)
+        except TraceCorrupt as exc:
+            assert str(d / "perf.data") in str(exc) and "\n" not in str(exc), (name, exc)
+        else:  # zeroed sample bytes can still parse; then every decoded row must be sane
+            assert name == "flipped"
+    # a whole run with a damaged recording: analyse refuses with the file's name, no traceback
+    run_copy = tmp_path / "run"
+    shutil.copytree(perf_run.path, run_copy)
+    (run_copy / "raw" / "perf" / "perf.data").write_bytes(cases["truncated"])
+    with pytest.raises(RunError, match="perf.data"):
+        analyse(run_copy)
+
+
+@pytest.mark.kernel
+def test_kernel_probe_stop_leaves_nothing_and_errors_are_probe_errors(perf_kernel, tmp_path):
+    probe = PerfProbe(tmp_path / "p", [0, 1], 1.0)
+    with pytest.raises(ProbeError):
+        probe.mark("too early")
+    probe.start()
+    try:
+        assert _perf_processes_writing(tmp_path)
+        probe.mark("harmony t0")
+    finally:
+        probe.stop()
+    probe.stop()  # idempotent
+    assert not _perf_processes_writing(tmp_path)
+    cap = PerfProbe.decode_dir(tmp_path / "p")
+    assert list(cap.markers["text"]) == ["harmony t0"] and cap.meta["lost_events"] >= 0
