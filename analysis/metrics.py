@@ -7,8 +7,6 @@ or tidy DataFrames; times are int64 ns on the trace clock (``ts_*``) and float s
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pandas as pd
 
@@ -23,22 +21,27 @@ def migrations_over_time(migrations: pd.DataFrame, bin_s: float, t_start: float 
     ``t`` and ``kind``. Bins are [t_start + k*bin_s, t_start + (k+1)*bin_s) covering
     [t_start, t_stop); ``t_stop`` defaults to just past the last migration (pass the window end,
     (t_end - t0) / 1e9, to get trailing zero bins). Migrations outside [t_start, t_stop) - e.g. the
-    set-up moves before the release with the default t_start = 0 - are not counted.
+    set-up moves before the release with the default t_start = 0 - are not counted. Times and
+    edges are compared in whole ns (``t`` comes from int64 ns), so a migration exactly on an edge
+    counts in the bin that edge starts (float division would put t = 0.3 in [0.2, 0.3)).
 
     Columns: t (float s since t0, bin start), all, balance, wakeup (int64 counts), per_s (float:
     all / bin_s).
     """
     if bin_s <= 0:
         raise ValueError("bin_s must be positive")
-    t = migrations["t"].to_numpy(dtype=np.float64)
+    t = np.rint(migrations["t"].to_numpy(dtype=np.float64) * NS).astype(np.int64)
     kind = migrations["kind"].astype(str).to_numpy()
+    start, width = round(t_start * NS), max(1, round(bin_s * NS))
     if t_stop is None:
-        after = t[t >= t_start]
-        t_stop = (math.floor((after.max() - t_start) / bin_s) + 1) * bin_s + t_start if len(after) \
-            else t_start + bin_s
-    nb = max(1, math.ceil((t_stop - t_start) / bin_s - 1e-9))
-    inside = (t >= t_start) & (t < t_stop)
-    k = np.minimum(((t[inside] - t_start) // bin_s).astype(np.int64), nb - 1)
+        after = t[t >= start]
+        nb = int((after.max() - start) // width) + 1 if len(after) else 1
+        stop = start + nb * width
+    else:
+        stop = round(t_stop * NS)
+        nb = max(1, -(-(stop - start) // width))
+    inside = (t >= start) & (t < stop)
+    k = (t[inside] - start) // width
     kd = kind[inside]
     counts = {c: np.bincount(k[kd == c], minlength=nb)[:nb].astype(np.int64)
               for c in ("balance", "wakeup")}

@@ -119,7 +119,7 @@ def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.Data
 # ------------------------------------------------------------------------------------------- runs
 
 def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> pd.DataFrame:
-    """Every interval during which an experiment task ran on a CPU, sorted by (start, cpu).
+    """Every interval during which an experiment task ran on a CPU, sorted by (start, cpu, end).
 
     Needs events: sched_switch (all tasks': any task's switch-in ends the previous run on that CPU).
 
@@ -135,12 +135,14 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
 
     Columns: pid (int32), name, role (category), cpu (int32), start, end, duration (int64 ns),
     t (float s since t0 of start), end_state (int64: prev_state at the ending switch, 0 =
-    preempted, else it blocked or died; -1 if truncated), truncated (bool), unseen_start (bool).
+    preempted, else it blocked or died; -1 if truncated or if the ending switch is another task's,
+    see run_end_mismatch), truncated (bool), unseen_start (bool).
 
     attrs: ``anomalies`` (int) and ``anomaly_kinds`` (dict): ``run_end_mismatch`` = a run of an
     experiment task ended by a switch whose prev_pid is another task (a switch was lost; the run
-    is still closed there), ``run_start_unseen`` = an experiment task switched out on a CPU where
-    a different task had been switched in (its run's start was lost; no run is emitted).
+    is still closed there, with end_state -1: how it ended is unknown), ``run_start_unseen`` = an
+    experiment task switched out on a CPU where a different task had been switched in (its run's
+    start was lost; no run is emitted).
     """
     pids = _pids(tasks)
     is_sw = ts_._event_mask(events, "sched_switch")
@@ -175,7 +177,7 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     sel = np.flatnonzero(nxt_is_exp)
     start = ts[sel]
     end = np.where(has_end[sel], ts[end_idx[sel]], np.int64(t_end))
-    end_state = np.where(has_end[sel], pst[end_idx[sel]], -1)
+    end_state = np.where(has_end[sel] & ~mismatch[sel], pst[end_idx[sel]], -1)
     head = np.flatnonzero(first_on_cpu & prv_is_exp)  # running when the trace began
     t_start = _trace_start(events, t0)
 
@@ -193,7 +195,7 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     truncated = open_end | (end > t_end)
     end = np.minimum(end, np.int64(t_end))
     end_state = np.where(truncated, -1, end_state)
-    o = np.lexsort((rcpu, start))
+    o = np.lexsort((end, rcpu, start))  # end: a zero-length unseen-start run comes first
     pid, rcpu, start, end, end_state, truncated, unseen = (
         a[o] for a in (pid, rcpu, start, end, end_state, truncated, unseen))
     name, role = _task_info(pid, tasks)
@@ -220,11 +222,11 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     running or waiting on the CPU.
 
     Columns: ts (int64 ns), t (float s since t0), cpu (int32), nr (int64: value from this event
-    on). The first rows, one per CPU of ``cpus`` at min(first event's ts, t0), hold the state
-    inferred at trace start (the state before any event; see taskstate); after that one row per
-    change (several events at the same ts on one CPU
-    collapse to the last value; events that leave nr unchanged give no row). Rows after ``t_end``
-    are not returned. Sorted by (ts, cpu).
+    on). The first rows, one per CPU of ``cpus`` at t_first = min(first event's ts, t0), hold the
+    state inferred at trace start (the state before any event; see taskstate), updated by the
+    events at exactly t_first if any; after that one row per change (several events at the same ts
+    on one CPU collapse to the last value; events that leave nr unchanged give no row), so
+    (ts, cpu) is unique. Rows after ``t_end`` are not returned. Sorted by (ts, cpu).
 
     attrs:
 
@@ -286,9 +288,13 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     keep = nr != prev_nr
     pos, d_ts, nr = pos[keep], d_ts[keep], nr[keep]
 
-    all_ts = np.concatenate([np.full(len(cpus), t_first, np.int64), d_ts.astype(np.int64)])
-    all_cpu = np.concatenate([cpus, cpus[pos]]).astype(np.int32)
-    all_nr = np.concatenate([init, nr]).astype(np.int64)
+    # a change at t_first itself replaces that CPU's initial row: one value per instant
+    init_row = np.ones(len(cpus), dtype=bool)
+    init_row[pos[d_ts == t_first]] = False
+    all_ts = np.concatenate([np.full(int(init_row.sum()), t_first, np.int64),
+                             d_ts.astype(np.int64)])
+    all_cpu = np.concatenate([cpus[init_row], cpus[pos]]).astype(np.int32)
+    all_nr = np.concatenate([init[init_row], nr]).astype(np.int64)
     o = np.lexsort((all_cpu, all_ts))
     out = pd.DataFrame({"ts": all_ts[o], "t": _t(all_ts[o], t0), "cpu": all_cpu[o],
                         "nr": all_nr[o]})

@@ -35,8 +35,9 @@ contradicts it; the contradiction is counted as an anomaly (``ANOMALIES``), neve
 
 State before a task's first record (the trace started while it existed) is *inferred*: runnable
 if the first record that sets runnability is a switch (it was running, or queued, at trace start),
-else asleep; running if the first record that sets it is a switch-out; CPU = the CPU of the first
-record (orig_cpu for a migration, unknown = -1 for a wakeup).
+else asleep; running if it was runnable and the first record that sets running is a switch-out (a
+task first seen waking was asleep, hence not running, even if a switch-out follows); CPU = the CPU
+of the first record (orig_cpu for a migration, unknown = -1 for a wakeup).
 """
 
 from __future__ import annotations
@@ -195,6 +196,7 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     running_init = np.zeros(len(gstart), dtype=np.int8)
     has = f_running >= 0
     running_init[has] = np.isin(rec[f_running[has]], (SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP))
+    running_init &= runnable_init  # asleep at the start means not running
     r0 = rec[gstart]
     cpu_init = np.where(is_switch_rec[gstart] | (r0 == EXIT), cpu[gstart],
                         np.where(r0 == MIGRATE, orig[gstart], -1)).astype(np.int32)
