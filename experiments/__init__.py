@@ -8,6 +8,9 @@ from harmony.experiments.base import Experiment, Param
 
 CATALOG = {
     "single-source": "harmony.experiments.single_source:SingleSource",
+    "intrinsic-imbalance": "harmony.experiments.intrinsic_imbalance:IntrinsicImbalance",
+    "heavy-light": "harmony.experiments.heavy_light:HeavyLight",
+    "priority-classes": "harmony.experiments.priority_classes:PriorityClasses",
 }
 
 

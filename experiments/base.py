@@ -108,6 +108,15 @@ class Experiment:
         """The TaskSpecs of one run."""
         raise NotImplementedError
 
+    def companions(self, p: dict) -> dict[str, dict[str, Any]]:
+        """Paired runs this run is compared with: name -> parameter overrides (default none).
+
+        ``harmony.run.execute`` captures each companion first, into ``<run_dir>/<name>/``, as a run
+        of this same experiment with ``p`` updated by the overrides (e.g. ``{"static": {"static":
+        1}}`` for a static-ideal placement); ``analyse`` reads it with ``run.companion(name)``.
+        """
+        return {}
+
     def analyse(self, run) -> dict:
         """Metrics of one run (JSON-serialisable) from its tables (a :class:`harmony.store.Run`)."""
         raise NotImplementedError

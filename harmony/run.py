@@ -207,8 +207,18 @@ def _reason(exc: BaseException) -> str:
 def execute(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
             seed: int = 0, facts: dict | None = None, quiet: bool = False,
             crosscheck: str | None = None) -> store.Run:
-    """Capture then analyse one run; returns the loaded, complete run."""
+    """Capture then analyse one run; returns the loaded, complete run.
+
+    Companions the experiment declares (``experiment.companions(params)``, e.g. a static-ideal
+    placement) are captured and analysed first, each into ``out/<name>/`` as a complete run of its
+    own (same CPU set, probe and seed; params updated by the overrides), so that the main run's
+    analysis can read them with ``run.companion(name)``.
+    """
     from harmony.analyse import analyse
 
+    for name, overrides in experiment.companions(params).items():
+        companion_params = experiment.resolve({**params, **overrides}, cpus)
+        capture(experiment, companion_params, cpus, Path(out) / name, probe_name, seed, facts, quiet)
+        analyse(Path(out) / name)
     capture(experiment, params, cpus, out, probe_name, seed, facts, quiet, crosscheck=crosscheck)
     return analyse(out)

@@ -143,6 +143,13 @@ class Run:
             self._cache[name] = read_table(self.path / f"{name}.parquet")
         return self._cache[name]
 
+    def companion(self, name: str) -> "Run":
+        """The paired run ``name`` stored in ``<run_dir>/<name>/`` (see Experiment.companions).
+
+        Raises RunError (naming the path) if it is missing or not complete.
+        """
+        return load(self.path / name)
+
     def __getattr__(self, name):
         if name in TABLES:
             return self.table(name)
