@@ -45,3 +45,97 @@ def kernel_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: list[i
             "agreement": float(agree.mean()),
             "sweep_us_median": float(s.groupby("ts")["sweep_ns"].first().median() / 1e3),
             "disagreements": examples}
+
+
+def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: list[int],
+                         t0: int, t_end: int) -> dict:
+    """Compare the rebuilt run queues with the kernel's own ``nr_running`` (sched debug file).
+
+    Needs: a rebuilt run queue (:func:`harmony.analysis.reconstruct.df_runqueue`) and the
+    ``kernel_nr_running`` table of a run (:class:`harmony.probes.sched_debug.NrRunningSampler`).
+
+    ``nr_running`` counts every task on the run queue; the rebuilt one counts experiment tasks. A
+    sample is usable ("clean") only when, on every CPU of the set, the tasks the kernel lists as
+    runnable are experiment tasks or the sampler's own thread (which is running while it reads and
+    is subtracted). The kernel wrote a sample at some instant of its window [lo, hi], so a CPU
+    agrees when its count lies between the smallest and largest rebuilt value in that window; a
+    sample agrees when every CPU does. ``agreement_at_midpoint`` is the stricter comparison at the
+    window's middle only.
+
+    On a busy host few samples are clean on every CPU at once; ``cpu_clean`` / ``cpu_agreement``
+    apply the same test to each (sample, CPU) pair whose own CPU ran only experiment tasks, and
+    ``adjusted_agreement`` uses every sample, with the kernel's count reduced by the other
+    runnable tasks it lists (weaker: it trusts the list as much as the count).
+
+    Returns: samples (in [t0, t_end]), clean, agreeing, agreement (fraction of clean samples, None
+    without any), agreement_at_midpoint, cpu_clean, cpu_agreeing, cpu_agreement,
+    adjusted_agreement (fraction of all samples), window_us_median,
+    busy_comms (up to 5 comms that made samples unclean, with counts), disagreements (up to 10
+    among the clean samples: t, cpu, kernel, rebuilt_min, rebuilt_max).
+    """
+    s = samples[(samples["lo"] >= t0) & (samples["hi"] <= t_end) & samples["cpu"].isin(cpus)]
+    n_samples = int(s["ts"].nunique())
+    out = {"samples": n_samples, "clean": 0, "agreeing": 0, "agreement": None,
+           "agreement_at_midpoint": None, "cpu_clean": 0, "cpu_agreeing": 0, "cpu_agreement": None,
+           "adjusted_agreement": None, "window_us_median": None, "busy_comms": {}, "disagreements": []}
+    if s.empty:
+        return out
+    lo_a, hi_a, _ = _window_range(runqueue, s["cpu"].to_numpy(), s["lo"].to_numpy(),
+                                  s["hi"].to_numpy(), s["ts"].to_numpy())
+    k_a = (s["nr_running"] - s["reader"] - s["others"]).to_numpy()
+    out["adjusted_agreement"] = float(pd.Series((k_a >= lo_a) & (k_a <= hi_a)).groupby(
+        s["ts"].to_numpy()).all().mean())
+    pc = s[s["others"] == 0]
+    if len(pc):
+        lo_v, hi_v, _ = _window_range(runqueue, pc["cpu"].to_numpy(), pc["lo"].to_numpy(),
+                                      pc["hi"].to_numpy(), pc["ts"].to_numpy())
+        k = (pc["nr_running"] - pc["reader"]).to_numpy()
+        ok = (k >= lo_v) & (k <= hi_v)
+        out |= {"cpu_clean": int(len(pc)), "cpu_agreeing": int(ok.sum()), "cpu_agreement": float(ok.mean())}
+    per = s.groupby("ts")
+    complete = per["cpu"].nunique() == len(cpus)
+    dirty = per["others"].sum() > 0
+    clean_ts = complete.index[complete & ~dirty]
+    busy = s.loc[s["others"] > 0, "other_comms"].str.split(",").explode().value_counts()
+    out["busy_comms"] = {str(k): int(v) for k, v in busy.head(5).items()}
+    out["window_us_median"] = float((s["hi"] - s["lo"]).median() / 1e3)
+    c = s[s["ts"].isin(clean_ts)].sort_values(["ts", "cpu"])
+    if c.empty:
+        return out
+    kernel = (c["nr_running"] - c["reader"]).to_numpy()
+    lo_v, hi_v, mid_v = _window_range(runqueue, c["cpu"].to_numpy(), c["lo"].to_numpy(),
+                                      c["hi"].to_numpy(), c["ts"].to_numpy())
+    ok = (kernel >= lo_v) & (kernel <= hi_v)
+    ok_mid = kernel == mid_v
+    ts = c["ts"].to_numpy()
+    agree = pd.Series(ok).groupby(ts).all()
+    agree_mid = pd.Series(ok_mid).groupby(ts).all()
+    examples = []
+    for k in np.flatnonzero(~ok)[:10]:
+        examples.append({"t": (int(ts[k]) - t0) / 1e9, "cpu": int(c["cpu"].iat[k]),
+                         "kernel": int(kernel[k]), "rebuilt_min": int(lo_v[k]), "rebuilt_max": int(hi_v[k])})
+    out |= {"clean": int(len(agree)), "agreeing": int(agree.sum()), "agreement": float(agree.mean()),
+            "agreement_at_midpoint": float(agree_mid.mean()), "disagreements": examples}
+    return out
+
+
+def _window_range(runqueue: pd.DataFrame, cpu: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+                  mid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Smallest, largest and middle value of the rebuilt step function of ``cpu`` in [lo, hi]."""
+    vmin = np.full(len(cpu), -1, np.int64)
+    vmax = np.full(len(cpu), -1, np.int64)
+    vmid = np.full(len(cpu), -1, np.int64)
+    for c, g in runqueue.groupby("cpu", sort=True):
+        sel = np.flatnonzero(cpu == int(c))
+        if not sel.size:
+            continue
+        ts, nr = g["ts"].to_numpy(), g["nr"].to_numpy()
+        i_lo = np.searchsorted(ts, lo[sel], side="right") - 1
+        i_hi = np.searchsorted(ts, hi[sel], side="right") - 1
+        i_mid = np.searchsorted(ts, mid[sel], side="right") - 1
+        for j, a, b, m in zip(sel, i_lo, i_hi, i_mid):
+            if b < 0:
+                continue
+            seg = nr[max(a, 0):b + 1]
+            vmin[j], vmax[j], vmid[j] = seg.min(), seg.max(), nr[m] if m >= 0 else -1
+    return vmin, vmax, vmid

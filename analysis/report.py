@@ -35,6 +35,13 @@ def trust_lines(m: dict) -> list[str]:
                      f"({ka['agreement']:.1%}; sweep {ka['sweep_us_median']:.0f} us)")
     else:
         lines.append("kernel agreement (/proc)     not sampled")
+    nr = m.get("kernel_nr_running_agreement")
+    if nr and nr.get("agreement") is not None:
+        lines.append(f"kernel agreement (nr_running) {nr['agreeing']}/{nr['clean']} clean samples "
+                     f"({nr['agreement']:.1%}; {nr['samples']} taken; window "
+                     f"{nr['window_us_median']:.0f} us)")
+    elif nr:
+        lines.append(f"kernel agreement (nr_running) no clean sample of {nr['samples']}")
     lines.append(f"reconstruction anomalies     {m.get('reconstruction_anomalies', '?')}")
     if m.get("crosscheck_probe"):
         from harmony.analysis.probe_agreement import agreement_lines

@@ -24,7 +24,7 @@ def analyse(run_dir: Path, quiet: bool = True) -> store.Run:
     Refuses (RunError) a run whose capture did not finish: it stays marked incomplete.
     """
     from harmony.analysis import reconstruct
-    from harmony.analysis.crosscheck import kernel_agreement
+    from harmony.analysis.crosscheck import kernel_agreement, nr_running_agreement
     from harmony.analysis.release import release_spread
     from harmony.analysis.report import write_report
     from harmony.experiments import get_experiment
@@ -77,6 +77,10 @@ def analyse(run_dir: Path, quiet: bool = True) -> store.Run:
     manifest["reconstruction_anomaly_kinds"] = dict(runqueue.attrs.get("anomaly_kinds", {}))
     manifest["kernel_agreement"] = (kernel_agreement(runqueue, samples, cpus, t0, t_end)
                                     if samples is not None else None)
+    nr_path = run_dir / "kernel_nr_running.parquet"
+    manifest["kernel_nr_running_agreement"] = (
+        nr_running_agreement(runqueue, store.read_table(nr_path), cpus, t0, t_end)
+        if nr_path.exists() else None)
     manifest["notes"] = _notes(manifest, meta)
     if manifest.get("crosscheck_probe"):
         _crosscheck(run_dir, manifest, cap, tasks, t0, t_end)
@@ -152,4 +156,11 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
     if ka and ka["agreement"] is not None and ka["agreement"] < 0.99:
         notes.append(f"rebuilt run queues agree with the kernel's /proc view on only "
                      f"{ka['agreement']:.1%} of {ka['sweeps']} sweeps")
+    nr = manifest.get("kernel_nr_running_agreement")
+    if nr and nr["agreement"] is not None and nr["agreement"] < 0.99:
+        notes.append(f"rebuilt run queues agree with the kernel's nr_running on only "
+                     f"{nr['agreement']:.1%} of {nr['clean']} clean samples")
+    elif nr and nr["samples"] and not nr["clean"]:
+        notes.append("no sample of the kernel's nr_running was clean (other tasks were always "
+                     "runnable on the CPU set): not compared")
     return notes

@@ -40,16 +40,36 @@ class KernelSampler(threading.Thread):
 
     Each sample row: ts (ns, CLOCK_MONOTONIC, midpoint of the sweep over all workers), sweep_ns
     (how long the sweep took), pid, cpu (task_cpu: the run queue it is on), state (R, S, ...).
+
+    With ``cpus`` and a readable sched debug file it also reads the kernel's own per-CPU
+    ``nr_running`` after each sweep (``self.nr``, see :mod:`harmony.probes.sched_debug`);
+    ``nr_why_not`` says why not otherwise.
     """
 
-    def __init__(self, pids: list[int], hz: float):
+    def __init__(self, pids: list[int], hz: float, cpus: list[int] | None = None):
+        from harmony.probes import sched_debug
+
         super().__init__(name="kernel-sampler", daemon=True)
         self.pids, self.period = pids, 1.0 / hz
         self.rows: list[tuple] = []
         self.stopping = threading.Event()
+        self.nr, self.nr_why_not = None, "no CPU set given"
+        if cpus is not None:
+            ok, self.nr_why_not = sched_debug.available()
+            self.nr = sched_debug.NrRunningSampler(pids, cpus, hz) if ok else None
 
     def run(self):
+        try:
+            self._sweeps()
+        finally:
+            if self.nr:
+                self.nr.close()
+
+    def _sweeps(self):
+        me = threading.get_native_id()
         while not self.stopping.wait(self.period):
+            if self.nr:
+                self.nr.sample(me)
             before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             sweep = []
             for pid in self.pids:
@@ -144,7 +164,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         probe.start()
         mark = probe.mark if second is None else _mark_both(probe, second)
         if params.get("sample_hz", 0) > 0:
-            sampler = KernelSampler(workload.pids, params["sample_hz"])
+            sampler = KernelSampler(workload.pids, params["sample_hz"], cpus)
         workload.release(mark)
         if sampler:
             sampler.start()
@@ -165,6 +185,11 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             manifest["crosscheck_meta"] = second.meta
         if sampler:
             store.write_table(out, "kernel_samples", sampler.frame())
+            manifest["kernel_nr_running"] = {"sampled": sampler.nr is not None,
+                                             "why_not": sampler.nr_why_not or None,
+                                             "errors": sampler.nr.errors if sampler.nr else []}
+            if sampler.nr:
+                store.write_table(out, "kernel_nr_running", sampler.nr.frame())
         manifest["status"] = "captured"
     except BaseException as exc:
         manifest["status"] = "incomplete"

@@ -26,6 +26,35 @@ TRACEFS = Path("/sys/kernel/tracing")
 PREFIX = "harmony-"
 PREFERRED_CLOCKS = ("mono", "local")  # mono: comparable with CLOCK_MONOTONIC and the perf probe
 DRAIN_IDLE_S = 0.05  # how long a drain thread sleeps when its buffer is empty
+MARK_RETRY_S = 0.25  # a marker refused by a full buffer is retried this long while drains run
+
+# Expert options, for testing how a run reports lost events (never needed in normal use):
+#   HARMONY_TRACEFS_BUFFER_KB=N          ring buffer per CPU in KiB (default 8192)
+#   HARMONY_TRACEFS_DRAIN_STALL=A:B      drains stop reading from A s after the start for B s,
+#                                        so a small buffer overflows and the kernel drops events
+ENV_BUFFER_KB = "HARMONY_TRACEFS_BUFFER_KB"
+ENV_DRAIN_STALL = "HARMONY_TRACEFS_DRAIN_STALL"
+
+
+def _expert_options(buffer_kb: int | None, drain_stall: tuple[float, float] | None):
+    """Constructor arguments completed from the environment; ProbeError (one line) if malformed."""
+    if buffer_kb is None and os.environ.get(ENV_BUFFER_KB):
+        try:
+            buffer_kb = int(os.environ[ENV_BUFFER_KB])
+        except ValueError:
+            buffer_kb = 0
+        if buffer_kb <= 0:
+            raise ProbeError(f"{ENV_BUFFER_KB}={os.environ[ENV_BUFFER_KB]!r}: not a positive integer")
+    if drain_stall is None and os.environ.get(ENV_DRAIN_STALL):
+        text = os.environ[ENV_DRAIN_STALL]
+        try:
+            after, length = (float(x) for x in text.split(":"))
+        except ValueError:
+            after = length = -1.0
+        if after < 0 or length <= 0:
+            raise ProbeError(f"{ENV_DRAIN_STALL}={text!r}: expected AFTER:SECONDS, e.g. 0.5:1")
+        drain_stall = (after, length)
+    return buffer_kb, drain_stall
 
 
 def tracefs_root() -> Path:
@@ -74,9 +103,10 @@ def remove_instance(path: Path) -> None:
 class _Drain(threading.Thread):
     """Copies one CPU's raw ring-buffer pages to a file until told to stop, then empties it."""
 
-    def __init__(self, src: Path, dst: Path, page_size: int):
+    def __init__(self, src: Path, dst: Path, page_size: int, stall: tuple[int, int] | None = None):
         super().__init__(name=f"drain-{src.parent.name}", daemon=True)
         self.src, self.dst, self.page_size = src, dst, page_size
+        self.stall = stall  # (from, until) CLOCK_MONOTONIC ns: do not read (expert option)
         self.stopping = threading.Event()
         self.bytes = 0
         self.error: BaseException | None = None
@@ -88,6 +118,10 @@ class _Drain(threading.Thread):
                 with open(self.dst, "wb") as out:
                     while True:
                         final = self.stopping.is_set()  # read once more after the stop request
+                        if self.stall and not final and \
+                                self.stall[0] <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) < self.stall[1]:
+                            self.stopping.wait(0.01)
+                            continue
                         while True:
                             try:
                                 page = os.read(fd, self.page_size)
@@ -112,8 +146,10 @@ class TracefsProbe(Probe):
     name = "tracefs"
 
     def __init__(self, out_dir: Path, cpus: list[int], duration_s: float,
-                 buffer_kb: int | None = None, events: tuple[str, ...] = SCHED_EVENTS):
+                 buffer_kb: int | None = None, events: tuple[str, ...] = SCHED_EVENTS,
+                 drain_stall: tuple[float, float] | None = None):
         super().__init__(out_dir, cpus, duration_s)
+        buffer_kb, self.drain_stall = _expert_options(buffer_kb, drain_stall)
         self.buffer_kb = buffer_kb or 8192
         self.events = events
         self.instance: Path | None = None
@@ -193,8 +229,16 @@ class TracefsProbe(Probe):
             "buffer_kb_per_cpu": self.buffer_kb, "kernel": os.uname().release,
         }
         self._marker_fd = os.open(inst / "trace_marker", os.O_WRONLY)
+        stall = None
+        if self.drain_stall:
+            t = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(self.drain_stall[0] * 1e9)
+            stall = (t, t + int(self.drain_stall[1] * 1e9))
+            self.meta["drain_stall_s"] = list(self.drain_stall)
+            self.meta["notes"] = [f"expert option: the drains stopped reading for {self.drain_stall[1]:g} s "
+                                  f"from {self.drain_stall[0]:g} s after the start ({ENV_DRAIN_STALL})"]
         for cpu in range(ncpu):
-            d = _Drain(inst / "per_cpu" / f"cpu{cpu}" / "trace_pipe_raw", self.out_dir / f"cpu{cpu}.raw", page_size)
+            d = _Drain(inst / "per_cpu" / f"cpu{cpu}" / "trace_pipe_raw", self.out_dir / f"cpu{cpu}.raw",
+                       page_size, stall)
             d.start()
             self._drains.append(d)
         _write(inst / "tracing_on", "1")
@@ -212,9 +256,18 @@ class TracefsProbe(Probe):
     def mark(self, text: str) -> int:
         if self._marker_fd is None:
             raise ProbeError("the tracefs probe is not recording")
-        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        os.write(self._marker_fd, text.encode())
-        return now
+        give_up = time.monotonic() + MARK_RETRY_S
+        while True:
+            now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            try:
+                os.write(self._marker_fd, text.encode())
+                return now
+            except OSError as exc:
+                # EBADF: the kernel refuses a marker while the (non-overwriting) buffer is full
+                if exc.errno != errno.EBADF or time.monotonic() > give_up:
+                    raise ProbeError(f"marker {text!r} could not be written to the trace "
+                                     f"({exc.strerror}): the ring buffer stayed full") from None
+                time.sleep(0.002)
 
     def stop(self) -> None:
         if self.instance is None:
