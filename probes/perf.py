@@ -23,6 +23,21 @@ Timestamps: ``-k CLOCK_MONOTONIC`` makes the kernel stamp every sample with ktim
 the clock tracefs calls "mono" and ``time.clock_gettime_ns(time.CLOCK_MONOTONIC)`` reads, so the
 events, the markers and the tracefs probe's events share one time base. decode() checks that every
 sched event in perf.data really carries clockid 1.
+
+Markers: a ``trace_marker`` write is an ftrace ``print`` event; it goes into tracefs ring buffers
+only, never to perf (perf can open ``ftrace:print`` but receives nothing). So mark() reads
+CLOCK_MONOTONIC in user space (vDSO: the same timekeeper as the kernel's stamps) immediately before
+returning to the caller's action and appends it to markers.jsonl. The marker therefore precedes
+the action it marks (e.g. the SIGCONT that releases the workers) by the few microseconds of one
+JSON write; it is never late. Measured against the tracefs probe in ``--crosscheck perf`` runs
+(where the perf marker is written right after the tracefs one): the user-space stamp trails the
+kernel's trace_marker stamp by 6-16 us. A kernel-stamped alternative (a filtered syscall
+tracepoint) would put the marker into perf.data but needs CONFIG_FTRACE_SYSCALLS and still would not
+carry the text; the user-space stamp is simpler and precise enough for t0 and end.
+
+Tracepoint order: when both probes record, the kernel calls the handlers of one tracepoint hit in
+the order the probes were enabled; ``harmony run --crosscheck perf`` starts perf first, so perf's
+stamp of a hit is ~2 us earlier than tracefs's (see :mod:`harmony.analysis.probe_agreement`).
 """
 
 from __future__ import annotations

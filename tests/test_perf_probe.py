@@ -344,3 +344,16 @@ def test_kernel_probe_stop_leaves_nothing_and_errors_are_probe_errors(perf_kerne
     assert not _perf_processes_writing(tmp_path)
     cap = PerfProbe.decode_dir(tmp_path / "p")
     assert list(cap.markers["text"]) == ["harmony t0"] and cap.meta["lost_events"] >= 0
+
+
+@pytest.mark.parametrize("args", [["--crosscheck", "tracefs"], ["--crosscheck", "dtrace"],
+                                  ["--probe", "perf", "--crosscheck", "perf"]])
+def test_bad_crosscheck_is_refused_before_anything_starts(tmp_path, args):
+    from click.testing import CliRunner
+
+    from harmony.cli import main
+
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["run", "single-source", "--duration", "1", "--out", str(out), *args])
+    assert r.exit_code == 2, r.output
+    assert "--crosscheck" in r.output and not out.exists()
