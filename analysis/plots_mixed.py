@@ -257,3 +257,22 @@ def plot_priority_sweep(sweep: pd.DataFrame, path: Path) -> Path:
     axes[-1].set_xlabel("nice difference (low - high)")
     axes[0].set_title("Priority classes vs nice difference", fontsize=10)
     return _save(fig, path)
+
+
+def sweep_figures(run_dirs, fig_dir: Path) -> list[Path]:
+    """Load the runs of a sweep (heavy-light over light_duty and/or priority-classes over
+    nice_diff) and draw the sweep figures into ``fig_dir``; returns their paths."""
+    from harmony.store import load
+
+    sweep = mixed.df_sweep([load(d) for d in run_dirs])
+    fig_dir = Path(fig_dir)
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    out = []
+    hl = sweep[sweep["experiment"] == "heavy-light"]
+    if len(hl):
+        out += [plot_smape_vs_duty(hl, fig_dir / "smape_vs_duty.png"),
+                plot_slowdown_vs_duty(hl, fig_dir / "slowdown_vs_duty.png")]
+    pc = sweep[sweep["experiment"] == "priority-classes"]
+    if len(pc):
+        out.append(plot_priority_sweep(pc, fig_dir / "priority_sweep.png"))
+    return out

@@ -367,3 +367,34 @@ def test_bad_parameters_are_one_line_errors():
     with pytest.raises(ValueError, match="at least 2 CPUs"):
         hl.resolve({}, [0])
     assert pc.tasks(pc.resolve({"nice_diff": "30", "high_nice": "-15"}, [0, 1]), [0, 1])[-1].nice == 15
+
+
+def test_figures_of_a_run_and_of_a_sweep(tmp_path):
+    """Every figure is drawn from stored runs (per run and for a light_duty sweep)."""
+    from harmony.analysis.plots_mixed import sweep_figures
+
+    cpus = [0, 1]
+    win = {"long_warmup_s": 1.0, "short_warmup_s": 0.5, "short_s": 1.0}
+    dirs = []
+    for duty in ("30", "70"):
+        d = tmp_path / f"hl-{duty}"
+        write_run(d / "static", "heavy-light", *heavy_light_static(2)[:2], cpus, heavy_light_static(2)[2],
+                  win | {"static": "1", "light_duty": duty})
+        run = write_run(d, "heavy-light", *heavy_light_dynamic(2)[:2], cpus, heavy_light_dynamic(2)[2],
+                        win | {"light_duty": duty})
+        dirs.append(d)
+    figs = get_experiment("heavy-light").plot(run, d)  # matplotlib is slow: one run is enough
+    assert {p.name for p in figs} == {"migrations.png", "placement.png", "shares.png", "variance.png",
+                                      "runqueue.png", "allocation.png"}
+    assert all(p.stat().st_size > 1000 for p in figs)
+    sweep = mixed.df_sweep([store.load(d) for d in dirs])
+    assert sweep["light_duty"].tolist() == [30.0, 70.0] and sweep["param_static"].tolist() == [0, 0]
+    out = sweep_figures(dirs, tmp_path / "sweep")
+    assert [p.name for p in out] == ["smape_vs_duty.png", "slowdown_vs_duty.png"]
+    pids = [1000, 1001, 1002]
+    stream = Stream().wakeup(at(0), 0, 1000, 0).wakeup(at(0), 0, 1001, 0).wakeup(at(0), 0, 1002, 0)
+    stream.switch(at(0.1), 0, prev=0, state=TASK_RUNNING, next=1000).migrate(at(0.2), 1, 1001, 0, 1)
+    e6 = write_run(tmp_path / "e6", "intrinsic-imbalance", stream.events(),
+                   tasks_table({"cpu": pids}, {p: 0 for p in pids}), cpus, at(2),
+                   {"warmup_s": "0.5", "layout": "3"})
+    assert len(get_experiment("intrinsic-imbalance").plot(e6, tmp_path / "e6")) == 4
