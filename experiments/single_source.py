@@ -44,13 +44,15 @@ class SingleSource(Experiment):
         t0, t_end = m["t0_ns"], m["end_ns"]
         balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
         after = metrics.migrations_after_balance(run.migrations, balance["ts_balance"], t_end)
+        # only moves inside the measured window: not the set-up placement before t0
+        mig = run.migrations[(run.migrations["ts"] >= t0) & (run.migrations["ts"] <= t_end)]
         shares = run.shares
         ratio = shares["ratio"].to_numpy()
         return {
             "ntasks": int(len(run.tasks)),
             "ncpus": len(cpus),
-            "migrations": int(len(run.migrations)),
-            "balance_migrations": int((run.migrations["kind"] == "balance").sum()),
+            "migrations": int(len(mig)),
+            "balance_migrations": int((mig["kind"] == "balance").sum()),
             "time_to_balance_s": balance["t_balance"],
             "first_balanced_s": balance["t_first"],
             "balance_entries": balance["n_entries"],
