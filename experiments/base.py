@@ -108,6 +108,14 @@ class Experiment:
         """The TaskSpecs of one run."""
         raise NotImplementedError
 
+    def draw(self, p: dict, cpus: list[int], seed: int) -> dict[str, Any]:
+        """Random choices of one run (e.g. a random cut time), drawn from the run's ``seed``.
+
+        ``harmony.run.capture`` merges the returned parameters into ``p`` before :meth:`tasks`, so
+        they are recorded in the manifest and ``--param`` can replay them. Default: none.
+        """
+        return {}
+
     def companions(self, p: dict) -> dict[str, dict[str, Any]]:
         """Paired runs this run is compared with: name -> parameter overrides (default none).
 

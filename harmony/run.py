@@ -140,6 +140,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     removed before this returns or raises.
     """
     out = Path(out)
+    params = {**params, **experiment.draw(params, cpus, seed)}  # recorded in the manifest
     specs = experiment.tasks(params, cpus)
     lock = HostLock().acquire()  # a refused run (HostBusy) leaves no trace, not even its directory
     try:

@@ -30,8 +30,9 @@ CLOCK_MONOTONIC in user space (vDSO: the same timekeeper as the kernel's stamps)
 returning to the caller's action and appends it to markers.jsonl. The marker therefore precedes
 the action it marks (e.g. the SIGCONT that releases the workers) by the few microseconds of one
 JSON write; it is never late. Measured against the tracefs probe in ``--crosscheck perf`` runs
-(where the perf marker is written right after the tracefs one): the user-space stamp trails the
-kernel's trace_marker stamp by 6-16 us. A kernel-stamped alternative (a filtered syscall
+(where the perf marker is written right after the tracefs one), over 10 runs: the user-space
+stamp trails the kernel's trace_marker stamp by 10-22 us at t0, 4-8 us at "released" and 8-46 us
+at the end; this includes the tracefs write itself, so a perf-only marker is closer still. A kernel-stamped alternative (a filtered syscall
 tracepoint) would put the marker into perf.data but needs CONFIG_FTRACE_SYSCALLS and still would not
 carry the text; the user-space stamp is simpler and precise enough for t0 and end.
 
