@@ -12,6 +12,8 @@ Layout of a run directory::
     kernel_samples.parquet  the kernel's own view of the tasks, sampled from /proc during the run
     figures/*.png        report.md
     raw/<probe>/         what the probe recorded, decodable again with ``harmony.probes``
+                         (with ``--crosscheck perf`` also raw/perf/, and crosscheck.json: the
+                         two probes' migrations and run intervals compared)
 
 A file is written to a temporary name and renamed into place, so a reader never sees half a file.
 A run whose manifest does not say ``complete`` is never analysed as complete: :func:`load` refuses
