@@ -42,6 +42,13 @@ def trust_lines(m: dict) -> list[str]:
                      f"{nr['window_us_median']:.0f} us)")
     elif nr:
         lines.append(f"kernel agreement (nr_running) no clean sample of {nr['samples']}")
+    fl = m.get("foreign_load") or {}
+    if fl.get("max_frac") is not None:
+        lines.append(f"foreign load                 {fl['max_frac']:.1%} of CPU {fl['max_cpu']} at most "
+                     f"(other tasks on the CPU set{'; most: ' + fl['top'] if fl.get('top') else ''})")
+        if fl.get("controller_frac_max") is not None:
+            lines.append(f"controller's own threads     {fl['controller_frac_max']:.1%} of a CPU at most "
+                         "(probe drains, sampler)")
     lines.append(f"reconstruction anomalies     {m.get('reconstruction_anomalies', '?')}")
     if m.get("crosscheck_probe"):
         from harmony.analysis.probe_agreement import agreement_lines

@@ -11,6 +11,7 @@ from harmony.probes import get_probe
 from harmony.probes.base import ProbeError
 
 T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
+FOREIGN_LOAD_NOTE = 0.05  # above this share of a CPU used by other tasks, the report warns
 
 
 def _marker(markers: pd.DataFrame, text: str) -> int | None:
@@ -81,6 +82,8 @@ def analyse(run_dir: Path, quiet: bool = True) -> store.Run:
     manifest["kernel_nr_running_agreement"] = (
         nr_running_agreement(runqueue, store.read_table(nr_path), cpus, t0, t_end)
         if nr_path.exists() else None)
+    manifest["foreign_load"] = _foreign_load(events, tasks, cpus, t0, t_end,
+                                             manifest.get("controller_tids", ()))
     manifest["notes"] = _notes(manifest, meta)
     if manifest.get("crosscheck_probe"):
         _crosscheck(run_dir, manifest, cap, tasks, t0, t_end)
@@ -130,6 +133,18 @@ def _crosscheck(run_dir: Path, manifest: dict, cap, tasks: pd.DataFrame, t0: int
             f"only {name} {runs[f'only_{name}']} (examples in crosscheck.json)")
 
 
+def _foreign_load(events, tasks, cpus, t0, t_end, controller_tids) -> dict:
+    from harmony.analysis.foreign import df_foreign_load
+
+    df = df_foreign_load(events, tasks, cpus, t0, t_end, controller_tids)
+    worst = df.loc[df["foreign_frac"].idxmax()] if df["foreign_frac"].notna().any() else None
+    return {"max_frac": None if worst is None else float(worst["foreign_frac"]),
+            "max_cpu": None if worst is None else int(worst["cpu"]),
+            "top": "" if worst is None else worst["top_foreign"],
+            "controller_frac_max": float((df["controller_s"] / df["window_s"]).max()),
+            "per_cpu": df.to_dict(orient="records")}
+
+
 def _notes(manifest: dict, meta: dict) -> list[str]:
     """Everything the run could not see or had to work around, for the report."""
     notes = list(meta.get("notes", []))
@@ -152,6 +167,11 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
                      "seen is left out of the runs table (listed by analysis.reconstruct.df_anomalies)")
     if manifest.get("workers_alive_at_end", 0) < len(manifest.get("work_done", [])):
         notes.append("some workers were not alive at the end of the run")
+    fl = manifest.get("foreign_load") or {}
+    if fl.get("max_frac") is not None and fl["max_frac"] > FOREIGN_LOAD_NOTE:
+        notes.append(f"other tasks used {fl['max_frac']:.1%} of CPU {fl['max_cpu']} during the run "
+                     f"(most: {fl['top'] or '?'}): the host was not quiet, and balance and share "
+                     "metrics assume the CPU set belongs to the experiment")
     ka = manifest.get("kernel_agreement")
     if ka and ka["agreement"] is not None and ka["agreement"] < 0.99:
         notes.append(f"rebuilt run queues agree with the kernel's /proc view on only "

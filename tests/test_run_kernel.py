@@ -107,22 +107,25 @@ def test_run_is_complete_and_balances(e1_run):
     after_t0 = run.migrations[run.migrations["t"] >= 0]
     assert len(after_t0) >= 1, "4 CPU-bound tasks on one of two CPUs must migrate"
     assert s["first_balanced_s"] is not None and s["first_balanced_s"] < 3
+    rel = m["release"]
+    assert rel["woken"] == 4 and not rel["not_woken"]
+    assert 0 <= rel["wake_spread_ns"] <= rel["release_spread_ns"] < 50e6
+    assert "harmony t0" in set(run.markers["text"])
+    # the release put every task on CPU 0: the run queue there starts at 4
+    rq = run.runqueue
+    first = rq[(rq["cpu"] == 0) & (rq["ts"] <= m["released_ns"])]
+    assert first["nr"].max() == 4
+    foreign = m["foreign_load"]["max_frac"]
+    if foreign > 0.05:  # other jobs on the CPUs change what a balanced placement is
+        pytest.skip(f"host was busy ({foreign:.0%} of a CPU used by other tasks): balance not judged")
     # Ends balanced. On a busy host a last-moment balancing move can leave the final few ms
     # unbalanced, so "at end" is read as: balanced for at least 90% of the last second.
     tl = balance_timeline(run.runqueue, run.tasks, m["cpus"], m["t0_ns"], m["end_ns"])
     last = tl[tl["end"] > m["end_ns"] - 1e9]
     dur = (last["end"] - last["ts"].clip(lower=m["end_ns"] - 1e9))
     assert dur[last["balanced"]].sum() >= 0.9 * dur.sum(), tl.tail()
-    # the release put every task on CPU 0: the run queue there starts at 4
-    rq = run.runqueue
-    first = rq[(rq["cpu"] == 0) & (rq["ts"] <= m["released_ns"])]
-    assert first["nr"].max() == 4
-    rel = m["release"]
-    assert rel["woken"] == 4 and not rel["not_woken"]
-    assert 0 <= rel["wake_spread_ns"] <= rel["release_spread_ns"] < 50e6
     # each task got a share near the fair share of 0.5 CPU
     assert run.shares["share"].between(0.3, 0.7).all(), run.shares
-    assert "harmony t0" in set(run.markers["text"])
 
 
 def test_tables_are_documented_columns(e1_run):
