@@ -8,6 +8,10 @@ from harmony.experiments.base import Experiment, Param
 
 CATALOG = {
     "single-source": "harmony.experiments.single_source:SingleSource",
+    "how-many": "harmony.experiments.how_many:HowMany",
+    "time-to-resolve": "harmony.experiments.time_to_resolve:TimeToResolve",
+    "work-conservation": "harmony.experiments.work_conservation:WorkConservation",
+    "detection": "harmony.experiments.detection:Detection",
     "intrinsic-imbalance": "harmony.experiments.intrinsic_imbalance:IntrinsicImbalance",
     "heavy-light": "harmony.experiments.heavy_light:HeavyLight",
     "priority-classes": "harmony.experiments.priority_classes:PriorityClasses",

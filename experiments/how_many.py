@@ -1,0 +1,134 @@
+"""E2 how-many (thesis 6.3, figure 6.6): pairwise balance or poly-balance?
+
+Layout <base+x, ..., base+x, base>: every CPU of the set but the last is a source with x extra
+tasks, the last CPU is the single target (thesis: <10+x, 10+x, 10+x, 10>, x = 20..90; on 2 CPUs
+<base+x, base>). One run takes one x (``--param x=...``); a sweep over x draws figure 6.6.
+
+Measures the tasks moved from the *first source* (the source of the first migration onto the
+target) to the target in the *first balancing round* (a burst of balance migrations onto the
+target, bursts separated by more than ``round_gap_ms``; see :mod:`harmony.analysis.rounds`),
+against the poly-balance prediction q_src - N/P (global information: x/P at t0) and the pairwise
+prediction (q_src - q_target)/2 (x/2). With P = 2 both predict x/2: E2 separates the two policies
+only on 3 CPUs or more.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from harmony.analysis import metrics, rounds
+from harmony.analysis.plots_rounds import plot_first_round, plot_rounds_timeline
+from harmony.experiments.base import Experiment, Param, non_negative, positive
+from harmony.tasks import TaskSpec
+
+
+def source_target_tasks(sources: list[int], target_count: int, cpus: list[int],
+                        pin_target: bool = False, **target_spec) -> list[TaskSpec]:
+    """``sources[i]`` CPU-bound tasks on cpus[i] (names w00..), ``target_count`` on cpus[-1] (t00..).
+
+    The target's own tasks have role "target"; ``pin_target`` keeps them on the target after t0;
+    ``target_spec`` (e.g. stop_after_s) applies to them only.
+    """
+    out, k = [], 0
+    for cpu, count in zip(cpus[:-1], sources):
+        for _ in range(count):
+            out.append(TaskSpec(name=f"w{k:02d}", initial_cpu=cpu))
+            k += 1
+    out += [TaskSpec(name=f"t{j:02d}", role="target", initial_cpu=cpus[-1], pinned=pin_target,
+                     **target_spec) for j in range(target_count)]
+    return out
+
+
+def check_two_cpus(name: str, cpus: list[int]) -> None:
+    if len(cpus) < 2:
+        raise ValueError(f"{name} needs at least 2 CPUs (sources and one target); the set has {len(cpus)}")
+
+
+class HowMany(Experiment):
+    name = "how-many"
+    question = ("Does one balancing move take the global excess (poly-balance) or half the "
+                "pair's gap (pairwise)?")
+    thesis = "6.3, figure 6.6 (E2)"
+    params = (
+        Param("x", 10, "int", "extra tasks on each source CPU: layout <base+x, ..., base+x, base> "
+              "(the thesis sweeps 20..90)", non_negative),
+        Param("base", 10, "int", "tasks on the target CPU, and the base of every source", non_negative),
+        Param("round_gap_ms", 1.0, "float", "a gap longer than this between two migrations onto the "
+              "target starts a new balancing round", positive),
+        Param("tolerance", 0.15, "float", "balanced when every run queue is within this fraction of N/P",
+              positive),
+    )
+
+    def validate(self, p, cpus):
+        check_two_cpus(self.name, cpus)
+        if p["base"] + p["x"] == 0:
+            raise ValueError("base + x is 0: the layout places no task")
+
+    def layout(self, p, cpus) -> list[int]:
+        return [p["base"] + p["x"]] * (len(cpus) - 1) + [p["base"]]
+
+    def tasks(self, p, cpus):
+        return source_target_tasks([p["base"] + p["x"]] * (len(cpus) - 1), p["base"], cpus)
+
+    def analyse(self, run) -> dict:
+        m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]
+        t0, t_end, target = m["t0_ns"], m["end_ns"], cpus[-1]
+        n, ncpus = int(len(run.tasks)), len(cpus)
+        per_mig = rounds.df_target_rounds(run.migrations, target, p["round_gap_ms"])
+        first = rounds.first_round(per_mig, run.runqueue, target, n, ncpus, t0)
+        if first["poly_prediction"] is None:  # no round: predict from the layout at t0
+            first.update(rounds.predictions(p["base"] + p["x"], p["base"], n, ncpus))
+        balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
+        return {
+            "x": p["x"], "ncpus": ncpus, "ntasks": n, "target_cpu": target,
+            "first_round_moved": first["moved"],
+            "first_round_to_target": first["to_target"],
+            "first_round_source": first["source"],
+            "first_round_sources": first["sources"],
+            "poly_prediction": first["poly_prediction"],
+            "pairwise_prediction": first["pairwise_prediction"],
+            "q_src_before": first["q_src"], "q_target_before": first["q_target"],
+            "first_round_start_s": first["t_start"],
+            "first_round_end_s": first["t_end"],
+            "rounds": first["rounds"],
+            "moved_to_target": int(len(per_mig)),
+            "migrations": int(len(run.migrations)),
+            "balance_migrations": int((run.migrations["kind"] == "balance").sum()),
+            "time_to_balance_s": balance["t_balance"],
+            "balanced_at_end": balance["balanced_at_end"],
+        }
+
+    def plot(self, run, fig_dir: Path) -> list[Path]:
+        m, p, s = run.manifest, run.manifest["params"], run.summary
+        per_mig = rounds.df_target_rounds(run.migrations, m["cpus"][-1], p["round_gap_ms"])
+        end = s["first_round_end_s"]
+        t_max = min(m["measured_s"], max(0.25, 4 * end) if end is not None else m["measured_s"])
+        return [
+            plot_rounds_timeline(run.runqueue, per_mig, m["cpus"], m["cpus"][-1], t_max,
+                                 fig_dir / "rounds.png",
+                                 title=f"Balancing rounds onto CPU {m['cpus'][-1]} (x = {p['x']})"),
+            plot_first_round(rounds.df_run_summaries([run]), fig_dir / "first_round.png"),
+        ]
+
+    def describe(self, s: dict) -> list[str]:
+        if s["first_round_moved"] is None:
+            first = "no balancing round onto the target"
+        else:
+            first = (f"{s['first_round_moved']} from CPU {s['first_round_source']} "
+                     f"({s['first_round_to_target']} onto the target from {s['first_round_sources']} "
+                     f"source(s)), ending {s['first_round_end_s'] * 1000:.1f} ms after t0")
+        bal = ("never (within the run)" if s["time_to_balance_s"] is None
+               else f"{s['time_to_balance_s'] * 1000:.1f} ms after t0")
+        lines = [
+            f"x / tasks / CPUs             {s['x']} / {s['ntasks']} / {s['ncpus']} "
+            f"(target CPU {s['target_cpu']})",
+            f"first round moved            {first}",
+            f"predicted                    poly-balance {s['poly_prediction']:g}, "
+            f"pairwise {s['pairwise_prediction']:g}",
+            f"rounds onto the target       {s['rounds']} ({s['moved_to_target']} tasks in all)",
+            f"balanced within tolerance    {bal}; balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
+        ]
+        if s["ncpus"] == 2:
+            lines.append("note                         on 2 CPUs both policies predict x/2: E2 needs 3+ CPUs "
+                         "to tell them apart")
+        return lines
