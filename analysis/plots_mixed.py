@@ -211,7 +211,7 @@ def plot_smape_vs_duty(sweep: pd.DataFrame, path: Path) -> Path:
     long window; one point per run, line = median (thesis figs 7.6, 7.11)."""
     data = _long(sweep, "light_duty", {"smape_short": "short (E9)", "smape_long": "long (E7)"})
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    sns.stripplot(data=data, x="light_duty", y="value", hue="metric", dodge=True, alpha=0.6, ax=ax,
+    sns.stripplot(data=data, x="light_duty", y="value", hue="metric", jitter=False, alpha=0.5, ax=ax,
                   native_scale=True, legend=False)
     sns.lineplot(data=data, x="light_duty", y="value", hue="metric", estimator="median",
                  errorbar=None, marker="o", ax=ax)
