@@ -1,0 +1,137 @@
+"""Helpers shared by the benchmark scripts: tables, JSON output, loads and the root check.
+
+Every script measures the figures it compares side by side in one run, repeats each measurement
+and reports medians, so a figure never depends on a number taken on another day.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def median(values) -> float:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else float("nan")
+
+
+def table(headers: list[str], rows: list[list], stream=sys.stdout) -> None:
+    """Print rows under headers, columns right-aligned except the first."""
+    cells = [[str(h) for h in headers]] + [[_fmt(v) for v in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    for k, r in enumerate(cells):
+        line = "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        print(line, file=stream)
+        if k == 0:
+            print("  ".join("-" * w for w in widths), file=stream)
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if v != v:
+            return "n/a"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) >= 10:
+            return f"{v:.1f}"
+        return f"{v:.3f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return "n/a" if v is None else str(v)
+
+
+def verdict(name: str, ok: bool | None, detail: str) -> str:
+    mark = "n/a " if ok is None else ("PASS" if ok else "MISS")
+    return f"[{mark}] {name}: {detail}"
+
+
+def emit_json(path: str | None, obj: dict) -> None:
+    """Write ``obj`` as JSON to ``path`` ("-" = stdout)."""
+    if not path:
+        return
+    text = json.dumps(obj, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+    if path == "-":
+        print(text)
+    else:
+        Path(path).write_text(text + "\n")
+
+
+def need_root(what: str) -> None:
+    """Exit 2 with one line if this benchmark cannot use the kernel's tracing."""
+    if os.geteuid() != 0:
+        sys.exit(f"{what} needs root (it records the kernel's sched tracepoints)")
+    if not Path("/sys/kernel/tracing/events/sched/sched_switch").is_dir():
+        sys.exit(f"{what} needs tracefs at /sys/kernel/tracing with the sched tracepoints")
+
+
+# --- a context-switch-heavy load ----------------------------------------------------------------
+
+def _pingpong_child(rfd: int, wfd: int, rounds_per_s: float, stop_at: float) -> None:
+    """Echo every byte back; the initiator paces itself, this side only answers."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        while True:
+            b = os.read(rfd, 1)
+            if not b or b == b"q":
+                break
+            os.write(wfd, b)
+    finally:
+        os._exit(0)
+
+
+def pingpong(pairs: int, rounds_per_s: float, seconds: float, comm: str = "hmy-pp") -> list[int]:
+    """Run ``pairs`` ping-pong pairs over pipes for ``seconds``; 0 rounds_per_s = as fast as possible.
+
+    Each round is one wake-up and two context switches on each side. Returns the pids of all the
+    processes (each renames itself ``comm``). Blocks until they have exited.
+    """
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    pids = []
+    for _ in range(pairs):
+        a_r, b_w = os.pipe()
+        b_r, a_w = os.pipe()
+        stop_at = time.monotonic() + seconds
+        for role in ("echo", "init"):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    libc.prctl(15, comm.encode(), 0, 0, 0)
+                    if role == "echo":
+                        _pingpong_child(b_r, b_w, rounds_per_s, stop_at)
+                    _initiator(a_r, a_w, rounds_per_s, stop_at)
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+        for fd in (a_r, b_w, b_r, a_w):
+            os.close(fd)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    return pids
+
+
+def _initiator(rfd: int, wfd: int, rounds_per_s: float, stop_at: float) -> None:
+    period = 1.0 / rounds_per_s if rounds_per_s > 0 else 0.0
+    nxt = time.monotonic()
+    try:
+        while True:
+            now = time.monotonic()
+            if now >= stop_at:
+                break
+            if period:
+                nxt += period
+                if nxt > now:
+                    time.sleep(nxt - now)
+            os.write(wfd, b"x")
+            os.read(rfd, 1)
+        os.write(wfd, b"q")
+    finally:
+        os._exit(0)

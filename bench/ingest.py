@@ -1,0 +1,250 @@
+"""Ingest benchmark: raw tracefs pages -> analysis-ready tables, against ``trace-cmd report``.
+
+What is timed, per capture size, in one run and side by side (repetitions interleaved):
+
+- harmony: ``harmony.probes.ringbuf.decode_dir`` (cpuN.raw pages -> canonical events table) plus
+  the reconstruction tables of ``harmony.analysis.reconstruct`` (migrations, runs, run queue),
+  each repetition in a fresh Python process so its peak memory can be read (``ru_maxrss``);
+  "bytes/event" is that peak minus the process's size before decoding, over the events decoded
+- trace-cmd: ``trace-cmd report -i trace.dat > /dev/null`` on the same capture written as a
+  trace.dat by ``harmony.probes.tracedat.write_tracedat`` (writing it is not timed)
+
+The capture: a real recording of a pipe ping-pong load by the tracefs probe (root), or an existing
+recording directory (``--from``). Larger sizes replicate its pages with shifted page timestamps,
+so the events are real kernel records and only the time axis repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def record_base(out: Path, seconds: float, pairs: int) -> None:
+    """Record ``seconds`` of a ping-pong load with the tracefs probe into out/raw + out/tasks.json."""
+    from harmony.probes.tracefs import TracefsProbe
+
+    common.need_root("recording a capture")
+    raw = out / "raw"
+    probe = TracefsProbe(raw, [0], seconds, buffer_kb=16384)
+    probe.start()
+    try:
+        probe.mark("harmony t0")
+        pids = common.pingpong(pairs, 0, seconds)
+        probe.mark("harmony end")
+    finally:
+        probe.stop()
+    (out / "tasks.json").write_text(json.dumps(pids))
+
+
+def replicate(base: Path, dst: Path, copies: int) -> None:
+    """dst = base's pages repeated ``copies`` times, copy k shifted by k * (span of base + 1 ms)."""
+    from harmony.probes.formats import load_header_page
+    from harmony.probes.ringbuf import _load_meta, raw_files
+
+    meta = _load_meta(base)
+    ps = int(meta.get("page_size", 4096))
+    hp = load_header_page(base / "formats" / "header_page")
+    files = raw_files(base, meta)
+    pages = {c: np.fromfile(p, np.uint8).reshape(-1, ps) for c, p in files.items()}
+    stamps = np.concatenate([p[:, hp.timestamp_offset:hp.timestamp_offset + 8].copy().view("<i8").ravel()
+                             for p in pages.values()])
+    used = stamps[stamps > 0]
+    span = int(used.max() - used.min()) + 1_000_000_000 if used.size else 1_000_000_000
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(base / "formats", dst / "formats")
+    meta = {k: v for k, v in meta.items() if k != "stats"}  # the copies' losses are the pages' own
+    (dst / "meta.json").write_text(json.dumps(meta))
+    for c, p in pages.items():
+        with open(dst / files[c].name, "wb") as out:
+            for k in range(copies):
+                chunk = p.copy()
+                ts = chunk[:, hp.timestamp_offset:hp.timestamp_offset + 8].copy().view("<i8")
+                ts += k * span
+                chunk[:, hp.timestamp_offset:hp.timestamp_offset + 8] = ts.view(np.uint8).reshape(-1, 8)
+                chunk.tofile(out)
+
+
+def _status_bytes(key: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _reset_peak_rss() -> int:
+    """Reset this process's peak RSS (VmHWM) to its current RSS; return that RSS in bytes."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # older kernels: the peak then includes the imports, an overestimate
+    return _status_bytes("VmRSS")
+
+
+def measure_harmony(raw: Path, pids: list[int]) -> dict:
+    """In this process: decode + tables once; returns seconds, events and peak memory growth."""
+    import pandas as pd
+
+    from harmony.analysis import reconstruct
+    from harmony.probes.ringbuf import decode_dir
+
+    tasks = pd.DataFrame({"pid": np.asarray(pids, np.int32), "name": [f"pp{i}" for i in range(len(pids))],
+                          "role": "cpu", "duty": 100.0, "nice": 0, "initial_cpu": 0})
+    rss0 = _reset_peak_rss()
+    t_a = time.perf_counter()
+    cap = decode_dir(raw)
+    t_b = time.perf_counter()
+    ev = cap.events
+    t0, t_end = int(ev["ts"].iloc[0]), int(ev["ts"].iloc[-1])
+    reconstruct.df_migrations(ev, tasks, t0)
+    reconstruct.df_runs(ev, tasks, t0, t_end)
+    reconstruct.df_runqueue(ev, tasks, [0, 1], t0, t_end)
+    t_c = time.perf_counter()
+    rss1 = _status_bytes("VmHWM")
+    return {"events": int(len(ev)), "decode_s": t_b - t_a, "total_s": t_c - t_a,
+            "peak_bytes": rss1 - rss0, "raw_bytes": int(cap.meta["bytes"])}
+
+
+def run_harmony(raw: Path, pids: list[int]) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--_measure", str(raw), "--_pids",
+                          ",".join(map(str, pids))], capture_output=True, text=True)
+    if out.returncode:
+        sys.exit(f"decoding {raw} failed: {out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode}")
+    return json.loads(out.stdout)
+
+
+def run_tracecmd(dat: Path) -> float:
+    t = time.perf_counter()
+    with open(os.devnull, "wb") as null:
+        r = subprocess.run(["trace-cmd", "report", "-i", str(dat)], stdout=null, stderr=subprocess.PIPE)
+    if r.returncode:
+        sys.exit(f"trace-cmd report -i {dat} failed: {r.stderr.decode(errors='replace').strip()[:200]}")
+    return time.perf_counter() - t
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="example: python bench/ingest.py --sizes 1e6,1e7,5e7 --tracecmd-max 2e6")
+    ap.add_argument("--sizes", default="2.5e5,1e6,2e6",
+                    help="approximate events per capture, comma-separated (default %(default)s)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per size (default %(default)s)")
+    ap.add_argument("--tracecmd-max", type=float, default=2e6,
+                    help="largest size also timed with trace-cmd report (default %(default)s)")
+    ap.add_argument("--from", dest="source", type=Path,
+                    help="use this tracefs recording directory (meta.json, formats/, cpuN.raw) instead "
+                         "of recording one (needs --pids for the tables)")
+    ap.add_argument("--pids", default="", help="with --from: the pids the tables reconstruct")
+    ap.add_argument("--record-s", type=float, default=1.0, help="seconds of load recorded (default %(default)s)")
+    ap.add_argument("--pairs", type=int, default=2, help="ping-pong pairs in the recorded load")
+    ap.add_argument("--workdir", type=Path, help="where captures are written (default: a temporary dir)")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
+    ap.add_argument("--_measure", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--_pids", default="", help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+
+    if a._measure:
+        print(json.dumps(measure_harmony(a._measure, [int(p) for p in a._pids.split(",") if p])))
+        return 0
+    try:
+        sizes = [int(float(s)) for s in a.sizes.split(",") if s.strip()]
+    except ValueError:
+        ap.error(f"--sizes: not a list of numbers: {a.sizes!r}")
+    if not sizes or min(sizes) <= 0 or a.reps < 1:
+        ap.error("--sizes must be positive and --reps at least 1")
+    if not shutil.which("trace-cmd"):
+        print("trace-cmd is not installed: only harmony is timed", file=sys.stderr)
+
+    work = Path(a.workdir or tempfile.mkdtemp(prefix="harmony-bench-ingest-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        return _run(a, sizes, work)
+    finally:
+        if not a.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(a, sizes: list[int], work: Path) -> int:
+    from harmony.probes.ringbuf import decode_dir
+    from harmony.probes.tracedat import write_tracedat
+
+    if a.source:
+        base, pids = a.source, [int(p) for p in a.pids.split(",") if p]
+    else:
+        record_base(work / "base", a.record_s, a.pairs)
+        base, pids = work / "base" / "raw", json.loads((work / "base" / "tasks.json").read_text())
+    base_events = len(decode_dir(base).events)
+    if base_events == 0:
+        sys.exit(f"{base}: the capture holds no events")
+    print(f"base capture: {base_events:,} events ({sum(p.stat().st_size for p in base.glob('cpu*.raw')):,} "
+          f"raw bytes); {a.reps} repetitions per size, medians", file=sys.stderr)
+
+    results = []
+    for size in sizes:
+        copies = max(1, round(size / base_events))
+        raw = work / f"x{copies}"
+        replicate(base, raw, copies)
+        dat = None
+        if shutil.which("trace-cmd") and size <= a.tracecmd_max:
+            dat = write_tracedat(raw, work / f"x{copies}.dat")
+        ours, theirs = [], []
+        for _ in range(a.reps):  # interleaved: both tools see the same machine state
+            ours.append(run_harmony(raw, pids))
+            if dat:
+                theirs.append(run_tracecmd(dat))
+        n = ours[0]["events"]
+        dec, tot = common.median([r["decode_s"] for r in ours]), common.median([r["total_s"] for r in ours])
+        tc = common.median(theirs) if theirs else None
+        results.append({
+            "events": n, "copies": copies, "raw_bytes": ours[0]["raw_bytes"],
+            "decode_s": dec, "tables_s": tot - dec, "total_s": tot,
+            "events_per_s": n / tot, "decode_events_per_s": n / dec, "ns_per_event": tot / n * 1e9,
+            "bytes_per_event": common.median([r["peak_bytes"] for r in ours]) / n,
+            "tracecmd_s": tc, "tracecmd_events_per_s": n / tc if tc else None,
+            "speedup": tc / tot if tc else None,
+        })
+        if dat:
+            dat.unlink()
+        shutil.rmtree(raw)
+
+    print()
+    common.table(["events", "decode s", "tables s", "total s", "Mev/s", "ns/event", "bytes/event",
+                  "trace-cmd s", "tc Mev/s", "speedup"],
+                 [[r["events"], r["decode_s"], r["tables_s"], r["total_s"], r["events_per_s"] / 1e6,
+                   r["ns_per_event"], r["bytes_per_event"], r["tracecmd_s"],
+                   r["tracecmd_events_per_s"] / 1e6 if r["tracecmd_events_per_s"] else None,
+                   r["speedup"]] for r in results])
+    print()
+    compared = [r for r in results if r["speedup"]]
+    big = max(results, key=lambda r: r["events"])
+    small = min(results, key=lambda r: r["events"])
+    lin = big["ns_per_event"] / small["ns_per_event"] if big is not small else None
+    print(common.verdict(">= 10x faster than trace-cmd report",
+                         min(r["speedup"] for r in compared) >= 10 if compared else None,
+                         ", ".join(f"{r['speedup']:.1f}x at {r['events']:,}" for r in compared) or "not compared"))
+    print(common.verdict(">= 5 million events/s (decode + tables)", big["events_per_s"] >= 5e6,
+                         f"{big['events_per_s'] / 1e6:.2f} M/s at {big['events']:,} events"))
+    print(common.verdict("cost linear in events", None if lin is None else lin <= 1.3,
+                         "one size only" if lin is None else
+                         f"ns/event {small['ns_per_event']:.0f} at {small['events']:,} -> "
+                         f"{big['ns_per_event']:.0f} at {big['events']:,} (ratio {lin:.2f}, <= 1.3 is linear)"))
+    common.emit_json(a.json, {"benchmark": "ingest", "reps": a.reps, "base_events": base_events,
+                              "results": results, "linearity_ratio": lin})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

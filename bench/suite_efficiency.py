@@ -1,0 +1,112 @@
+"""Suite-efficiency benchmark: wall time of ``harmony suite --quick`` over the time it measures.
+
+Runs ``harmony suite --quick --out DIR`` once per repetition, times it, then reads every run
+directory it wrote (every ``manifest.json`` under DIR, companions included) and adds up their
+configured ``params.duration``: the seconds the suite is asked to measure. Efficiency = wall time /
+that sum; 1.0 would mean no time at all spent spawning, analysing, plotting or waiting. Target
+<= 1.10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+
+def harmony_cmd() -> list[str]:
+    exe = shutil.which("harmony")
+    return [exe] if exe else [sys.executable, "-m", "harmony.cli"]
+
+
+def suite_exists() -> tuple[bool, str]:
+    r = subprocess.run(harmony_cmd() + ["suite", "--help"], capture_output=True, text=True)
+    if r.returncode != 0:
+        return False, (r.stderr.strip().splitlines() or ["no output"])[-1]
+    if "--quick" not in r.stdout:
+        return False, "`harmony suite` has no --quick option"
+    return True, ""
+
+
+def configured_seconds(out: Path) -> tuple[float, list[dict]]:
+    """Sum of params.duration over every run directory under ``out``; and one row per run."""
+    runs = []
+    for m in sorted(out.rglob("manifest.json")):
+        try:
+            man = json.loads(m.read_text())
+        except (OSError, ValueError):
+            continue
+        if "params" not in man:
+            continue
+        runs.append({"run": str(m.parent.relative_to(out)), "experiment": man.get("experiment"),
+                     "duration": float(man["params"].get("duration", 0.0)), "status": man.get("status")})
+    return sum(r["duration"] for r in runs), runs
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--reps", type=int, default=1, help="repetitions (default %(default)s)")
+    ap.add_argument("--keep", type=Path, help="keep the suite's output under this directory")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
+    a = ap.parse_args(argv)
+    if a.reps < 1:
+        ap.error("--reps must be at least 1")
+    ok, why = suite_exists()
+    if not ok:
+        print(f"cannot measure: `harmony suite --quick` is not available yet ({why})", file=sys.stderr)
+        common.emit_json(a.json, {"benchmark": "suite_efficiency", "available": False, "why": why})
+        return 2
+    common.need_root("the suite benchmark")
+
+    results = []
+    base = Path(a.keep or tempfile.mkdtemp(prefix="harmony-bench-suite-"))
+    try:
+        for rep in range(a.reps):
+            out = base / f"suite-{rep}"
+            for _ in range(60):
+                t = time.monotonic()
+                r = subprocess.run(harmony_cmd() + ["suite", "--quick", "--out", str(out)],
+                                   capture_output=True, text=True)
+                wall = time.monotonic() - t
+                if r.returncode == 0 or "another Harmony run" not in r.stderr:
+                    break
+                shutil.rmtree(out, ignore_errors=True)
+                time.sleep(2)  # the host lock is held by another run: wait and start again
+            if r.returncode != 0:
+                last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+                sys.exit(f"harmony suite --quick failed (exit {r.returncode}): {last}")
+            total, runs = configured_seconds(out)
+            if not runs:
+                sys.exit(f"harmony suite --quick wrote no run directory under {out}")
+            results.append({"wall_s": wall, "configured_s": total, "ratio": wall / total, "runs": runs})
+    finally:
+        if not a.keep:
+            shutil.rmtree(base, ignore_errors=True)
+
+    last = results[-1]
+    print(f"runs of the last repetition ({len(last['runs'])}):\n")
+    common.table(["run", "experiment", "duration s", "status"],
+                 [[r["run"], r["experiment"], r["duration"], r["status"]] for r in last["runs"]])
+    print()
+    common.table(["repetition", "wall s", "configured s", "wall / configured"],
+                 [[i + 1, r["wall_s"], r["configured_s"], r["ratio"]] for i, r in enumerate(results)])
+    ratio = common.median([r["ratio"] for r in results])
+    print()
+    print(common.verdict("suite wall time <= 1.10 x its configured durations", ratio <= 1.10,
+                         f"median {ratio:.2f} over {len(results)} repetition(s)"))
+    common.emit_json(a.json, {"benchmark": "suite_efficiency", "available": True, "ratio": ratio,
+                              "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

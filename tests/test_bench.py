@@ -1,0 +1,106 @@
+"""Smoke runs of the benchmark scripts (bench/) at tiny sizes, so that they cannot rot.
+
+No figure is asserted (a timing is never a test); only that each script runs, prints its table and
+verdicts, writes its JSON and refuses bad arguments with exit 2.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from test_ringbuf import FORMATS_NEW, PageBuilder, encode, parsed_formats, write_dir
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency")
+
+
+def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_help_and_bad_arguments(name):
+    r = bench(name, "--help")
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
+    r = bench(name, "--no-such-option")
+    assert r.returncode == 2 and "unrecognized arguments" in r.stderr
+
+
+def _switch_pages(n_pages: int, per_page: int, cpu: int) -> list[bytes]:
+    """Pages of sched_wakeup + sched_switch pairs between pids 11 and 12 (2 * per_page events each)."""
+    f = parsed_formats(FORMATS_NEW)
+    sw, wk = f["sched/sched_switch"], f["sched/sched_wakeup"]
+    pages = []
+    for k in range(n_pages):
+        b = PageBuilder(1_000_000_000 + k * 10_000_000 + cpu)
+        for i in range(per_page):
+            a, z = (11, 12) if i % 2 else (12, 11)
+            b.event(encode(wk, dict(common_pid=a, comm=f"w{z}", pid=z, prio=120, target_cpu=cpu)), 1000)
+            b.event(encode(sw, dict(common_pid=a, prev_comm=f"w{a}", prev_pid=a, prev_prio=120,
+                                    prev_state=1, next_comm=f"w{z}", next_pid=z, next_prio=120)), 1000)
+        pages.append(b.page())
+    return pages
+
+
+def test_ingest_from_a_capture(tmp_path):
+    raw = write_dir(tmp_path / "raw", {0: _switch_pages(3, 30, 0), 1: _switch_pages(2, 30, 1)})
+    out = tmp_path / "ingest.json"
+    r = bench("ingest", "--from", str(raw), "--pids", "11,12", "--sizes", "300,1200", "--reps", "2",
+              "--workdir", str(tmp_path / "work"), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "ns/event" in r.stdout and ">= 10x faster than trace-cmd report" in r.stdout
+    res = json.loads(out.read_text())
+    assert [x["events"] for x in res["results"]] == [300, 1200]   # 300 events in the base, x1 and x4
+    assert all(x["bytes_per_event"] >= 0 for x in res["results"])
+
+
+def test_ingest_refuses_bad_sizes():
+    r = bench("ingest", "--sizes", "lots")
+    assert r.returncode == 2 and "--sizes" in r.stderr
+
+
+def test_suite_configured_seconds(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_suite", BENCH / "suite_efficiency.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for rel, d in (("a/rep-01", 2.0), ("a/rep-01/static", 3.0), ("b/rep-01", 1.5)):
+        (tmp_path / rel).mkdir(parents=True)
+        (tmp_path / rel / "manifest.json").write_text(json.dumps({"experiment": rel[0], "params": {"duration": d}}))
+    (tmp_path / "manifest.json").write_text(json.dumps({"suite": True}))   # the suite's own: no params
+    total, runs = mod.configured_seconds(tmp_path)
+    assert total == 6.5 and len(runs) == 3
+
+
+# --- kernel: the scripts that run real workloads, at the smallest sizes -------------------------
+
+def test_release_smoke(kernel, tmp_path):
+    out = tmp_path / "r.json"
+    r = bench("release", "--tasks", "2,4", "--reps", "1", "--duration", "0.2", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "release spread < 1 ms at 4 tasks" in r.stdout
+    assert [x["tasks"] for x in json.loads(out.read_text())["results"]] == [2, 4]
+
+
+def test_duty_smoke(kernel, tmp_path):
+    out = tmp_path / "d.json"
+    r = bench("duty", "--duties", "50", "--reps", "1", "--duration", "0.6", "--warmup", "0.1", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())["results"][0]
+    assert res["requested"] == 50 and 0 < res["achieved"] <= 100
+
+
+def test_observer_smoke(kernel, tmp_path):
+    out = tmp_path / "o.json"
+    r = bench("observer", "--pairs", "1", "--seconds", "0.3", "--rates", "200", "--pp-pairs", "1",
+              "--pp-seconds", "0.3", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert len(res["work"]["off"]) == 1 and res["work"]["off"][0] > 0
+    assert res["lossless"]["levels"][0]["events"] > 0
