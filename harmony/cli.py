@@ -88,7 +88,9 @@ def list_experiments():
 @click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/<experiment>-<time>)")
 @click.option("--seed", type=int, default=0, show_default=True, help="seed of the workload's randomness")
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
-def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet):
+@click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
+              help="runs of this configuration: OUT/rep-NN/ and OUT/batch.json with median, IQR, 95% CI")
+def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet, repeat):
     """Run one experiment and analyse it; prints the summary."""
     from harmony.experiments import get_experiment
     from harmony.probes import PROBES
@@ -123,7 +125,37 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
         ok, why = get_probe(crosscheck).available()
         if not ok:
             _fail(f"probe {crosscheck} cannot record here: {why} (see `harmony doctor`)")
+    if repeat > 1:
+        if crosscheck:
+            raise click.UsageError("--crosscheck records one run; use it without --repeat")
+        return _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat)
     _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck)
+    _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck)
+
+
+def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat):
+    from harmony.batch import KernelRunner, batch_text, finish_batch, run_batch
+    from harmony.controller import ControllerError
+    from harmony.hygiene import HostBusy
+    from harmony.probes import ProbeError
+    from harmony.run import Interrupted
+    from harmony.store import RunError
+    from harmony.suite import Progress
+
+    progress = Progress(repeat, repeat * values["duration"], quiet=quiet)
+    try:
+        with KernelRunner(probe, facts, overlap=False, cpus=cpu_set) as runner:
+            run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed, progress=progress)
+    except KeyboardInterrupt:
+        _fail(f"interrupted; the current run under {out} is marked incomplete", 130)
+    except Interrupted as exc:
+        _fail(f"{exc}; the current run under {out} is marked incomplete", 143)
+    except (HostBusy, ProbeError, RunError, ControllerError) as exc:
+        _fail(str(exc))
+    finally:
+        progress.close()
+    click.echo(batch_text(finish_batch(out)))
+    click.echo(f"\nbatch: {out / 'batch.json'}")
 
 
 def _host_facts_or_exit(probe: str) -> dict:
@@ -201,6 +233,115 @@ def clean():
     except HostBusy as exc:
         _fail(str(exc))
     click.echo("\n".join(f"removed {r}" for r in removed) if removed else "nothing to clean")
+
+
+@main.command()
+@click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print the card as JSON")
+def infer(dirs, as_json):
+    """The policy card (thesis Table 7.1) from run, batch or suite directories."""
+    from harmony.analysis.policy import infer as infer_card
+    from harmony.store import RunError
+
+    try:
+        card = infer_card(dirs)
+    except RunError as exc:
+        _fail(str(exc), 2)
+    if not card.runs:
+        _fail(f"no complete run under {', '.join(map(str, dirs))}", 2)
+    click.echo(json.dumps(card.to_dict(), indent=1, default=str) if as_json else card.text().rstrip())
+
+
+@main.command()
+@click.option("--policy", "policy_name", required=True,
+              help="reference policy: global-queue, poly-balance or pairwise-random")
+@click.option("--cpus", "ncpus", type=click.IntRange(min=2), default=4, show_default=True,
+              help="number of simulated CPUs")
+@click.option("--experiment", help="one experiment of the catalog (default: the whole suite)")
+@click.option("--suite", "whole", is_flag=True, help="the whole catalog, as `harmony suite` plans it")
+@click.option("--quick", is_flag=True, help="the suite's quick plan (shorter runs, fewer points)")
+@click.option("--repeat", type=click.IntRange(min=1), help="runs per configuration")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="output directory")
+def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed, out):
+    """Run experiments under a reference policy in a simulator (no root, no kernel) and analyse them."""
+    from harmony.analysis.refpolicy import get_policy
+    from harmony.batch import SimRunner, batch_text, finish_batch, run_batch
+    from harmony.experiments import get_experiment
+    from harmony.suite import plan, run_suite
+
+    try:
+        get_policy(policy_name)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--policy") from None
+    if bool(experiment) == bool(whole):
+        raise click.UsageError("give one of --experiment NAME or --suite")
+    if out.exists() and any(out.iterdir()):
+        raise click.BadParameter(f"{out} is not empty; choose another --out", param_hint="--out")
+    cpus = list(range(ncpus))
+    if whole:
+        configs = plan(cpus, quick=quick, repeat=repeat)
+        record = run_suite(configs, cpus, out, SimRunner(policy_name), seed=seed,
+                           facts={"kernel": "simulated", "scheduler": f"reference policy {policy_name}",
+                                  "ncpus": ncpus})
+        click.echo(f"{record['runs']} simulated runs in {record['wall_s']:.0f} s; "
+                   f"report: {out / 'report.md'}")
+        return
+    try:
+        exp = get_experiment(experiment)
+        values = exp.resolve(_parse_params(params), cpus)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    with SimRunner(policy_name) as runner:
+        run_batch(exp, values, cpus, out, repeat or 1, runner, seed=seed)
+    click.echo(batch_text(finish_batch(out)))
+
+
+@main.command()
+@click.option("--quick", is_flag=True, help="short runs, two points per sweep, 2 repetitions")
+@click.option("--cpus", help="experiment CPU set, e.g. 0-3 (default: all online CPUs)")
+@click.option("--out", type=click.Path(path_type=Path), help="suite directory (default runs/suite-<time>)")
+@click.option("--repeat", type=click.IntRange(min=1), help="runs per configuration (default 5, quick 2)")
+@click.option("--experiment", "experiments", multiple=True, help="only these experiments (repeatable)")
+@click.option("--probe", default="tracefs", show_default=True, help="capture backend")
+@click.option("--serial", is_flag=True, help="analyse each run before capturing the next (no overlap)")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--quiet", "-q", is_flag=True, help="no progress display")
+def suite(quick, cpus, out, repeat, experiments, probe, serial, seed, quiet):
+    """Run the whole catalog with repetitions and write one report (policy card first)."""
+    from harmony.batch import KernelRunner
+    from harmony.hygiene import HostBusy
+    from harmony.suite import cpu_limits, plan, run_suite
+
+    cpu_set = resolve_cpus(cpus)
+    try:
+        configs = plan(cpu_set, quick=quick, repeat=repeat, experiments=list(experiments) or None)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    if out is None:
+        out = Path("runs") / f"suite-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    if out.exists() and any(out.iterdir()):
+        raise click.BadParameter(f"{out} is not empty; choose another --out", param_hint="--out")
+    facts = _host_facts_or_exit(probe)
+    limits = cpu_limits(len(cpu_set))
+    for line in limits:
+        click.echo(f"note: {line}", err=True)
+    try:
+        record = run_suite(configs, cpu_set, out, KernelRunner(probe, facts, overlap=not serial, cpus=cpu_set),
+                           seed=seed, quiet=quiet, card_note=" ".join(limits) or None)
+    except KeyboardInterrupt:
+        _fail(f"interrupted; {out} holds the runs finished so far", 130)
+    except HostBusy as exc:
+        _fail(str(exc))
+    from harmony.analysis.policy import infer as infer_card
+
+    click.echo(infer_card([out]).text())
+    click.echo(f"{record['runs']} runs, {record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s "
+               f"configured (efficiency {record['efficiency']:.2f})")
+    click.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
+    if record["failures"]:
+        _fail(f"{len(record['failures'])} configurations failed; see {out / 'suite.json'}")
 
 
 if __name__ == "__main__":

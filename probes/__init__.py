@@ -8,6 +8,7 @@ from harmony.probes.base import Capture, Probe, ProbeError, TraceCorrupt
 PROBES = {
     "tracefs": "harmony.probes.tracefs:TracefsProbe",
     "perf": "harmony.probes.perf:PerfProbe",
+    "synthetic": "harmony.probes.synthetic:SyntheticProbe",  # replays `harmony simulate` runs
 }
 
 

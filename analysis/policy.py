@@ -1,0 +1,558 @@
+"""The policy card: the eight questions of the thesis's Table 7.1, answered from stored runs.
+
+Inference reads only the summary keys of the experiment contract (summary.json) and manifest facts
+(experiment, params, cpus). Each answer carries its label, the numbers behind it, the thresholds
+(:mod:`harmony.analysis.thresholds`) it used and how far the runs agree. The rules:
+
+- every run gets its own label; the answer's label is the one every run with a label gives. If the
+  runs disagree the answer is "undecided" (with the count of each label), never a guess;
+- a run whose metric is None (not measurable in that run) gives no label and is counted apart;
+- a question without evidence names the experiment that would answer it; a question the CPU count
+  cannot answer says why (e.g. on 2 CPUs the poly-balance and pairwise predictions coincide).
+
+``infer(paths)`` returns a :class:`Card`; ``card.text()`` is what ``harmony infer`` prints and
+``card.to_dict()`` its JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from pathlib import Path
+
+from harmony import store
+from harmony.analysis import thresholds as T
+
+UNDECIDED = "undecided"
+
+QUESTIONS = (
+    ("balances", "Does the scheduler perform load balancing across processors?", "6.2"),
+    ("affinity", "Does it contain mechanisms for maintaining affinity?", "6.2"),
+    ("how_many", "How does the scheduler determine how many processes to migrate?", "6.3"),
+    ("time_to_balance", "How long does the scheduler take to get to a stable balance?", "6.4"),
+    ("work_conserving", "How long before an idle CPU detects an imbalance (work conservation)?", "6.4"),
+    ("detection", "How long before a busy CPU detects an imbalance?", "6.4"),
+    ("intrinsic", "When there is an intrinsic imbalance, how does the scheduler react?", "7.1"),
+    ("selection", "With heavy vs light CPU tasks, how are processes chosen for migration?", "7.2"),
+    ("priorities", "With high vs low priorities, how are processes spread?", "7.3"),
+)
+
+
+@dataclasses.dataclass
+class Evidence:
+    """One complete run: where it is, what it ran, what it measured."""
+
+    path: Path
+    experiment: str
+    params: dict
+    ncpus: int
+    summary: dict
+
+
+@dataclasses.dataclass
+class Answer:
+    """One question's answer. ``label`` is None when there is no evidence."""
+
+    qid: str
+    question: str
+    thesis: str
+    label: str | None = None
+    numbers: dict = dataclasses.field(default_factory=dict)
+    thresholds: dict = dataclasses.field(default_factory=dict)
+    agreement: dict = dataclasses.field(default_factory=dict)  # label -> runs; "no_label": runs
+    runs: list = dataclasses.field(default_factory=list)
+    needs: str | None = None  # experiment(s) that would answer it
+    why_not: str | None = None  # why the evidence at hand cannot answer it
+
+    @property
+    def decided(self) -> bool:
+        return self.label is not None and self.label != UNDECIDED
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["runs"] = [str(p) for p in self.runs]
+        d["decided"] = self.decided
+        return d
+
+
+@dataclasses.dataclass
+class Card:
+    answers: list[Answer]
+    runs: int
+    experiments: dict  # name -> number of runs
+    skipped: list  # (path, reason) of runs not used
+    cpus: list  # distinct CPU counts of the runs
+
+    def answer(self, qid: str) -> Answer:
+        return next(a for a in self.answers if a.qid == qid)
+
+    def labels(self) -> dict:
+        return {a.qid: a.label for a in self.answers}
+
+    def to_dict(self) -> dict:
+        return {"runs": self.runs, "experiments": self.experiments, "cpus": self.cpus,
+                "skipped": [{"path": str(p), "reason": r} for p, r in self.skipped],
+                "answers": [a.to_dict() for a in self.answers]}
+
+    def text(self) -> str:
+        exps = ", ".join(f"{k} x{v}" for k, v in self.experiments.items()) or "none"
+        out = [f"Policy card: {self.runs} runs on {'/'.join(map(str, self.cpus)) or '?'} CPUs "
+               f"({exps})", ""]
+        for i, a in enumerate(self.answers, 1):
+            out.append(f"{i}. {a.question} (thesis {a.thesis})")
+            out += ["   " + line for line in answer_lines(a)]
+            out.append("")
+        if self.skipped:
+            out.append("runs not used:")
+            out += [f"  {p}: {r}" for p, r in self.skipped]
+        return "\n".join(out).rstrip() + "\n"
+
+
+def answer_lines(a: Answer) -> list[str]:
+    """The readable lines of one answer (label, agreement, numbers, thresholds, gaps)."""
+    if a.label is None:
+        lines = ["answer: no evidence"]
+    else:
+        lines = [f"answer: {a.label}"]
+    if a.agreement:
+        agree = ", ".join(f"{k}: {v}" for k, v in a.agreement.items())
+        lines.append(f"runs:   {agree}")
+    if a.numbers:
+        lines.append("numbers: " + "; ".join(f"{k} = {_fmt(v)}" for k, v in a.numbers.items()))
+    if a.thresholds:
+        lines.append("thresholds: " + "; ".join(f"{k} = {v}" for k, v in a.thresholds.items()))
+    if a.why_not:
+        lines.append(f"cannot answer: {a.why_not}")
+    if a.needs:
+        lines.append(f"would be answered by: {a.needs}")
+    return lines
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    if isinstance(v, list):
+        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    return str(v)
+
+
+# ------------------------------------------------------------------------------------ collection
+
+def find_runs(paths) -> tuple[list[Path], list[tuple[Path, str]]]:
+    """Run directories under ``paths`` (runs, batch dirs, suite dirs), and those not usable.
+
+    A directory holding manifest.json is a run; its ``static/`` companion is part of it and is
+    not a run of its own. Other directories are searched. Raises RunError for a path that does not
+    exist.
+    """
+    found, skipped = [], []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise store.RunError(f"{p}: no such directory")
+        stack = [p]
+        while stack:
+            d = stack.pop()
+            if (d / "manifest.json").is_file():
+                found.append(d)
+                continue
+            stack += sorted((c for c in d.iterdir() if c.is_dir() and not c.name.startswith(".")),
+                            reverse=True)
+    return found, skipped
+
+
+def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
+    """Evidence from every complete run under ``paths``; incomplete or unreadable runs are listed."""
+    dirs, skipped = find_runs(paths)
+    out = []
+    for d in dirs:
+        try:
+            run = store.load(d)
+            summary = run.summary
+        except store.RunError as exc:
+            skipped.append((d, str(exc).replace(f"{d}: ", "")))
+            continue
+        m = run.manifest
+        out.append(Evidence(d, m["experiment"], m.get("params", {}), len(m.get("cpus", [])), summary))
+    return out, skipped
+
+
+# ------------------------------------------------------------------------------------------ rules
+
+def _vote(per_run: list[tuple[Evidence, str | None]], a: Answer) -> None:
+    """Set ``a.label`` and ``a.agreement`` from each run's label: unanimous or undecided."""
+    counts: dict[str, int] = {}
+    for _, lab in per_run:
+        key = lab if lab is not None else "no_label"
+        counts[key] = counts.get(key, 0) + 1
+    a.agreement = counts
+    a.runs = [e.path for e, _ in per_run]
+    labels = {lab for _, lab in per_run if lab is not None}
+    a.label = None if not labels else labels.pop() if len(labels) == 1 else UNDECIDED
+
+
+def _values(evs: list[Evidence], key: str) -> list:
+    return [e.summary.get(key) for e in evs if e.summary.get(key) is not None]
+
+
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def _per_cpu(e: Evidence, key: str):
+    v = e.summary.get(key)
+    return None if v is None or not e.ncpus else float(v) / e.ncpus
+
+
+def _after_balance_rate(e: Evidence, key: str):
+    """Migration rate per CPU once balanced; for a run that never settled (a global queue keeps
+    every queue in flux) the rate over the whole run, since nothing ever stopped moving."""
+    rate = _per_cpu(e, key)
+    if key != "migrations_after_balance_per_s":
+        return rate
+    dur, settled = e.params.get("duration"), e.summary.get("time_to_balance_s")
+    if settled is not None and dur and settled <= T.SETTLED_BY_FRACTION * dur:
+        return rate
+    if dur and e.ncpus and e.summary.get("migrations") is not None:
+        return e.summary["migrations"] / dur / e.ncpus
+    return rate
+
+
+def _affinity_label(rate_per_cpu: float | None) -> str | None:
+    if rate_per_cpu is None:
+        return None
+    if rate_per_cpu <= T.AFFINITY_STRONG_MAX_PER_CPU_S:
+        return "strong"
+    if rate_per_cpu >= T.AFFINITY_WEAK_MIN_PER_CPU_S:
+        return "weak"
+    return "moderate"
+
+
+def q_balances(ev, prior) -> Answer:
+    a = _new("balances")
+    runs = ev.get("single-source", [])
+    if not runs:
+        a.needs = "single-source (E1)"
+        return a
+    per = []
+    for e in runs:
+        s = e.summary
+        moved = s.get("balance_migrations")
+        per.append((e, None if moved is None else "balances" if moved > 0 else "does not balance"))
+    _vote(per, a)
+    a.numbers = {"balance_migrations (median)": _median(_values(runs, "balance_migrations")),
+                 "balanced_at_end (runs)": sum(bool(e.summary.get("balanced_at_end")) for e in runs)}
+    a.thresholds = {"rule": "a run balances if tasks moved off the source while runnable"}
+    return a
+
+
+#: where each experiment reports its migration rate once nothing needs to move
+AFFINITY_SOURCES = (("single-source", "migrations_after_balance_per_s"),
+                    ("intrinsic-imbalance", "migrations_per_s"),
+                    ("heavy-light", "migrations_per_s"))
+_RANK = {"weak": 0, "moderate": 1, "strong": 2}
+
+
+def q_affinity(ev, prior) -> Answer:
+    """Weakest affinity any experiment shows: an experiment whose runs disagree makes it undecided
+    unless a decided experiment already shows "weak" (nothing weaker exists)."""
+    a = _new("affinity")
+    a.thresholds = {"AFFINITY_STRONG_MAX_PER_CPU_S": T.AFFINITY_STRONG_MAX_PER_CPU_S,
+                    "AFFINITY_WEAK_MIN_PER_CPU_S": T.AFFINITY_WEAK_MIN_PER_CPU_S,
+                    "SETTLED_BY_FRACTION": T.SETTLED_BY_FRACTION}
+    per_exp, all_per = {}, []
+    for exp, key in AFFINITY_SOURCES:
+        runs = ev.get(exp, [])
+        if not runs:
+            continue
+        per = [(e, _affinity_label(_after_balance_rate(e, key))) for e in runs]
+        sub = _new("affinity")
+        _vote(per, sub)
+        if sub.label is not None:
+            per_exp[exp] = sub.label
+        all_per += per
+        rates = [r for r in (_after_balance_rate(e, key) for e in runs) if r is not None]
+        a.numbers[f"{exp} {key} per CPU (median)"] = _median(rates)
+    if not all_per:
+        a.needs = "single-source (E1), intrinsic-imbalance (E6) or heavy-light (E7)"
+        return a
+    a.agreement = {f"{exp}": lab for exp, lab in per_exp.items()}
+    a.runs = [e.path for e, _ in all_per]
+    decided = [lab for lab in per_exp.values() if lab != UNDECIDED]
+    if not per_exp:
+        a.why_not = "no run could measure a migration rate after balance"
+        return a
+    if UNDECIDED in per_exp.values() and "weak" not in decided:
+        a.label = UNDECIDED
+    else:
+        a.label = min(decided, key=_RANK.get)
+    return a
+
+
+def _how_many_label(e: Evidence) -> str | None:
+    s = e.summary
+    moved, poly, pair = s.get("first_round_moved"), s.get("poly_prediction"), s.get("pairwise_prediction")
+    if moved is None or poly is None or pair is None:
+        return None
+    if abs(poly - pair) < T.HOW_MANY_MIN_SEPARATION:
+        return None
+    best, pred = min((("poly-balance", poly), ("pairwise", pair)), key=lambda kv: abs(moved - kv[1]))
+    tol = max(1.0, T.HOW_MANY_MATCH_FRACTION * abs(pred))
+    return best if abs(moved - pred) <= tol else "neither prediction"
+
+
+def q_how_many(ev, prior) -> Answer:
+    a = _new("how_many")
+    a.thresholds = {"HOW_MANY_MATCH_FRACTION": T.HOW_MANY_MATCH_FRACTION,
+                    "HOW_MANY_MIN_SEPARATION": T.HOW_MANY_MIN_SEPARATION,
+                    "global queue when affinity is": "weak"}
+    aff = prior.get("affinity")
+    runs = ev.get("how-many", [])
+    if aff is not None and aff.label == "weak":
+        a.label = "global-queue"
+        a.numbers = {"affinity": "weak: tasks migrate constantly even when balanced"}
+        a.runs = aff.runs
+        a.agreement = dict(aff.agreement)
+        if runs:
+            a.numbers["first_round_moved (median)"] = _median(_values(runs, "first_round_moved"))
+        return a
+    if not runs:
+        a.needs = "how-many (E2)"
+        return a
+    per = [(e, _how_many_label(e)) for e in runs]
+    _vote(per, a)
+    a.numbers = {"x": [e.summary.get("x") for e in runs],
+                 "first_round_moved": [e.summary.get("first_round_moved") for e in runs],
+                 "poly_prediction": [e.summary.get("poly_prediction") for e in runs],
+                 "pairwise_prediction": [e.summary.get("pairwise_prediction") for e in runs]}
+    if a.label is None:
+        same = [e for e in runs if e.summary.get("poly_prediction") is not None
+                and abs(e.summary["poly_prediction"] - e.summary.get("pairwise_prediction", 0))
+                < T.HOW_MANY_MIN_SEPARATION]
+        if same:
+            a.why_not = (f"on {same[0].ncpus} CPUs the poly-balance and pairwise predictions are the "
+                         "same number of tasks (x/2 on 2 CPUs), so the first round cannot tell them "
+                         "apart; needs 3 or more CPUs")
+        else:
+            a.why_not = "no run saw a first balancing round"
+    return a
+
+
+def _global_queue(a: Answer, prior) -> bool:
+    """Table 7.1: under a global queue the question is irrelevant; say so instead of a label."""
+    hm = prior.get("how_many")
+    if hm is None or hm.label != "global-queue":
+        return False
+    a.label = "not applicable (global queue)"
+    a.numbers = {"why": "one queue for all CPUs: every CPU takes the next task whenever it "
+                        "schedules, so there is no per-CPU balance to reach or detect"}
+    return True
+
+
+def q_time_to_balance(ev, prior) -> Answer:
+    a = _new("time_to_balance")
+    a.thresholds = {"FAST_BALANCE_MAX_S": T.FAST_BALANCE_MAX_S}
+    if _global_queue(a, prior):
+        return a
+    runs = ev.get("time-to-resolve", []) + ev.get("single-source", [])
+    if not runs:
+        a.needs = "time-to-resolve (E3) or single-source (E1)"
+        return a
+
+    def label(e):
+        t = e.summary.get("time_to_balance_s")
+        if t is None:
+            return "never (within the run)" if e.summary.get("balanced_at_end") is False else None
+        return "fast" if t <= T.FAST_BALANCE_MAX_S else "slow"
+
+    _vote([(e, label(e)) for e in runs], a)
+    times = _values(runs, "time_to_balance_s")
+    a.numbers = {"time_to_balance_s (median)": _median(times), "max": max(times) if times else None,
+                 "runs never balanced": sum(e.summary.get("time_to_balance_s") is None for e in runs)}
+    if a.label in ("fast", "slow") and times:
+        a.label += f" (~{_median(times) * 1000:.0f} ms)"
+    return a
+
+
+def q_work_conserving(ev, prior) -> Answer:
+    a = _new("work_conserving")
+    a.thresholds = {"WORK_CONSERVING_MAX_S": T.WORK_CONSERVING_MAX_S}
+    runs = ev.get("work-conservation", [])
+    if not runs:
+        a.needs = "work-conservation (E4)"
+        return a
+
+    def label(e):
+        s = e.summary
+        if s.get("target_idle_at_s") is None:
+            return None  # the target never went idle: nothing to steal for
+        lat = s.get("steal_latency_s")
+        return "yes" if lat is not None and lat <= T.WORK_CONSERVING_MAX_S else "no"
+
+    _vote([(e, label(e)) for e in runs], a)
+    lat = _values(runs, "steal_latency_s")
+    a.numbers = {"steal_latency_ms (median)": None if not lat else _median(lat) * 1000,
+                 "max_ms": None if not lat else max(lat) * 1000,
+                 "runs never stolen": sum(not e.summary.get("stolen") for e in runs)}
+    return a
+
+
+def q_detection(ev, prior) -> Answer:
+    """Event-driven when every run's first migration after the cut came within
+    EVENT_DRIVEN_MAX_MS; periodic when the median run's came later. A single early run does not
+    make a periodic check event-driven: a check that happens to fall just after the cut is expected
+    in about EVENT_DRIVEN_MAX_MS / period of the runs; that is why this label is decided over the
+    runs together, not run by run."""
+    a = _new("detection")
+    a.thresholds = {"EVENT_DRIVEN_MAX_MS": T.EVENT_DRIVEN_MAX_MS,
+                    "rule": "event-driven if all runs <= threshold; periodic if the median run > it"}
+    if _global_queue(a, prior):
+        return a
+    runs = ev.get("detection", [])
+    if not runs:
+        a.needs = "detection (E5)"
+        return a
+    i1, i2, i3 = (_values(runs, k) for k in ("interval1_ms", "interval2_ms", "interval3_ms"))
+    a.runs = [e.path for e in runs]
+    a.agreement = {f"interval1 <= {T.EVENT_DRIVEN_MAX_MS:g} ms": sum(v <= T.EVENT_DRIVEN_MAX_MS for v in i1),
+                   f"interval1 > {T.EVENT_DRIVEN_MAX_MS:g} ms": sum(v > T.EVENT_DRIVEN_MAX_MS for v in i1),
+                   "no_label": len(runs) - len(i1)}
+    a.numbers = {"interval1_ms median": _median(i1), "interval1_ms max": max(i1) if i1 else None,
+                 "interval2_ms median": _median(i2), "interval3_ms median": _median(i3)}
+    if not i1:
+        a.why_not = "no run saw a migration after the cut"
+        return a
+    if all(v <= T.EVENT_DRIVEN_MAX_MS for v in i1):
+        a.label = "event-driven"
+    elif _median(i1) > T.EVENT_DRIVEN_MAX_MS:
+        later = [v for v in i2 + i3 if v > T.EVENT_DRIVEN_MAX_MS]
+        a.label = (f"periodic (~{_median(later):.0f} ms between checks)" if later else
+                   f"periodic (first check ~{_median(i1):.0f} ms after the cut, median)")
+    else:
+        a.label = UNDECIDED
+    return a
+
+
+def q_intrinsic(ev, prior) -> Answer:
+    a = _new("intrinsic")
+    a.thresholds = {"FAIR_SHARE_MIN_RATIO": T.FAIR_SHARE_MIN_RATIO,
+                    "AFFINITY_STRONG_MAX_PER_CPU_S": T.AFFINITY_STRONG_MAX_PER_CPU_S}
+    runs = ev.get("intrinsic-imbalance", [])
+    if not runs:
+        a.needs = "intrinsic-imbalance (E6)"
+        return a
+
+    def label(e):
+        lo, rate = e.summary.get("share_ratio_min"), _per_cpu(e, "migrations_per_s")
+        if lo is None:
+            return None
+        if lo >= T.FAIR_SHARE_MIN_RATIO:
+            return "fairness-first"
+        if rate is not None and rate <= T.AFFINITY_STRONG_MAX_PER_CPU_S:
+            return "affinity-first"
+        return "in between"
+
+    _vote([(e, label(e)) for e in runs], a)
+    a.numbers = {"share_ratio_min (median)": _median(_values(runs, "share_ratio_min")),
+                 "share_ratio_max (median)": _median(_values(runs, "share_ratio_max")),
+                 "jain_index (median)": _median(_values(runs, "jain_index")),
+                 "migrations_per_s per CPU (median)":
+                     _median([r for r in (_per_cpu(e, "migrations_per_s") for e in runs) if r is not None])}
+    return a
+
+
+def q_selection(ev, prior) -> Answer:
+    a = _new("selection")
+    a.thresholds = {"SELECTION_SMAPE_GAP": T.SELECTION_SMAPE_GAP,
+                    "SELECTION_ONE_HEAVY_ONE_LIGHT_MIN": T.SELECTION_ONE_HEAVY_ONE_LIGHT_MIN,
+                    "SELECTION_MAX_LIGHT_DUTY": T.SELECTION_MAX_LIGHT_DUTY}
+    if _global_queue(a, prior):
+        return a
+    all_runs = ev.get("heavy-light", [])
+    runs = [e for e in all_runs if (e.summary.get("light_duty") or 0) <= T.SELECTION_MAX_LIGHT_DUTY]
+    if not runs:
+        a.needs = "heavy-light (E7/E9) with light duty <= " + f"{T.SELECTION_MAX_LIGHT_DUTY:g}%"
+        if all_runs:
+            a.why_not = "every heavy-light run had light tasks too heavy to tell heavy from light"
+        return a
+
+    def label(e):
+        s = e.summary
+        short, long_, frac = s.get("smape_short"), s.get("smape_long"), s.get("one_heavy_one_light_fraction")
+        if short is None or long_ is None:
+            return None
+        gap = short - long_
+        if gap > T.SELECTION_SMAPE_GAP or (frac is not None and frac < T.SELECTION_ONE_HEAVY_ONE_LIGHT_MIN):
+            return "blind"
+        if abs(gap) <= T.SELECTION_SMAPE_GAP:
+            return "informed"
+        return None  # short term better than long term: says nothing about the first choice
+
+    _vote([(e, label(e)) for e in runs], a)
+    a.numbers = {"light_duty": [e.summary.get("light_duty") for e in runs],
+                 "smape_short": [e.summary.get("smape_short") for e in runs],
+                 "smape_long": [e.summary.get("smape_long") for e in runs],
+                 "one_heavy_one_light_fraction": [e.summary.get("one_heavy_one_light_fraction") for e in runs],
+                 "heavy_slowdown_long (median)": _median(_values(runs, "heavy_slowdown_long"))}
+    return a
+
+
+def q_priorities(ev, prior) -> Answer:
+    a = _new("priorities")
+    a.thresholds = {"SPREAD_MAX_INDEX": T.SPREAD_MAX_INDEX}
+    runs = ev.get("priority-classes", [])
+    if not runs:
+        a.needs = "priority-classes (E11)"
+        return a
+
+    def label(e):
+        v = e.summary.get("high_spread_index")
+        if v is None:
+            return None
+        return "high spread" if v <= T.SPREAD_MAX_INDEX else "high clustered"
+
+    _vote([(e, label(e)) for e in runs], a)
+    by_diff: dict = {}
+    for e in runs:
+        v = e.summary.get("low_cluster_index")
+        if v is not None:
+            by_diff.setdefault(e.summary.get("nice_diff"), []).append(v)
+    low = {d: ("spread" if _median(v) <= T.SPREAD_MAX_INDEX else "clustered")
+           for d, v in sorted(by_diff.items(), key=lambda kv: (kv[0] is None, kv[0]))}
+    if a.decided and low:
+        kinds = set(low.values())
+        a.label += ("; low " + kinds.pop()) if len(kinds) == 1 else \
+            "; low " + ", ".join(f"{k} at nice diff {d}" for d, k in low.items())
+    a.numbers = {"high_spread_index (median)": _median(_values(runs, "high_spread_index")),
+                 "low_cluster_index by nice diff": {str(d): _median(v) for d, v in by_diff.items()},
+                 "high_allocation_ratio (median)": _median(_values(runs, "high_allocation_ratio"))}
+    return a
+
+
+RULES = {"balances": q_balances, "affinity": q_affinity, "how_many": q_how_many,
+         "time_to_balance": q_time_to_balance, "work_conserving": q_work_conserving,
+         "detection": q_detection, "intrinsic": q_intrinsic, "selection": q_selection,
+         "priorities": q_priorities}
+
+
+def _new(qid: str) -> Answer:
+    _, question, thesis = next(q for q in QUESTIONS if q[0] == qid)
+    return Answer(qid, question, thesis)
+
+
+def infer_evidence(evidence: list[Evidence], skipped=()) -> Card:
+    """The card from already collected evidence."""
+    by_exp: dict[str, list[Evidence]] = {}
+    for e in evidence:
+        by_exp.setdefault(e.experiment, []).append(e)
+    prior: dict[str, Answer] = {}
+    for qid, _, _ in QUESTIONS:
+        prior[qid] = RULES[qid](by_exp, prior)
+    return Card(answers=[prior[q] for q, _, _ in QUESTIONS], runs=len(evidence),
+                experiments={k: len(v) for k, v in by_exp.items()}, skipped=list(skipped),
+                cpus=sorted({e.ncpus for e in evidence}))
+
+
+def infer(paths) -> Card:
+    """The policy card of every complete run under ``paths`` (run, batch or suite directories)."""
+    evidence, skipped = collect(paths)
+    return infer_evidence(evidence, skipped)

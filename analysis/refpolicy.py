@@ -1,0 +1,495 @@
+"""Reference policies: a discrete-time multi-CPU scheduler simulator with known balancing rules.
+
+The simulator runs the catalog's own workloads (the TaskSpecs of
+``get_experiment(name).tasks(params, cpus)``) under one of three policies whose answers to the
+thesis's questions are known by construction, and writes what a real run would have recorded: the
+canonical sched events (:mod:`harmony.probes.schema`) with t0 / released / end markers, as a run
+directory with probe ``synthetic`` (:mod:`harmony.probes.synthetic`). The normal pipeline
+(:func:`harmony.analyse.analyse`) then analyses it, so the policy card can be checked against a
+ground truth at any CPU count without root or a kernel.
+
+Model (one tick = 1 ms):
+
+- a task is sleeping, queued on a CPU, running on a CPU, or dead; a duty < 100 task alternates a
+  CPU burst of duty% of a random period (0.5-1.5 x period_ms) with a sleep of the rest; a task past
+  ``stop_after_s`` exits the next time it runs; after ``cut_duty_at_s`` its duty is ``cut_duty``
+  (0: it blocks for good the next time it runs). Pinned tasks never leave ``initial_cpu``;
+- each CPU runs the runnable task with the least virtual runtime (CPU ms x 1024 / nice weight) for
+  a time slice, then the least again;
+- at t0 every task wakes on its initial CPU, all at once.
+
+Policies (:data:`POLICIES`):
+
+global-queue      one queue for all CPUs: whenever a CPU's slice ends it runs the least-vruntime
+                  task of the whole system, wherever that task last ran (BFS-like). Work
+                  conserving; migrates constantly; fair.
+poly-balance      per-CPU queues. Every 64 ms (and at once when a CPU goes idle) a CPU pulls from
+                  the busiest CPU exactly enough to bring both towards N/P (poly-balance, global
+                  information), choosing the tasks whose demand best evens the load (informed).
+                  Leaves a count imbalance of one alone (strong affinity) (O(1)-like).
+pairwise-random   per-CPU queues. Every 16-48 ms (random) and when idle a CPU pulls half the count
+                  difference from the busiest CPU (ties broken at random; counts include the
+                  CPU's sleeping tasks, as blocked load does), taking the tasks at the
+                  tail of its queue whatever they are (blind). A CPU whose partner in its lowest
+                  domain (cpu ^ 1) is home to one task more takes one over (a remainder task keeps
+                  moving: moderate affinity, fairer than poly-balance) (CFS-like).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+import random
+from pathlib import Path
+
+from harmony.analysis.synthetic import EXIT_DEAD, TASK_INTERRUPTIBLE, TASK_RUNNING, Stream
+from harmony.probes.schema import make_markers
+
+TICK_NS = 1_000_000
+BASE_NS = 1_000_000_000  # trace clock at t0
+PID_BASE = 30_000
+T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """A reference policy. ``expected`` holds the policy card labels it must produce (prefixes)."""
+
+    name: str
+    summary: str
+    global_queue: bool
+    slice_ms: int
+    balance_ms: tuple[int, int] = (64, 64)  # periodic balance interval, drawn uniformly per check
+    amount: str = "poly"  # poly | pairwise
+    selection: str = "informed"  # informed | blind
+    explore_p: float = 0.0  # chance of moving one task on a count difference of one / load gap
+    wake_to_idle: bool = False  # a wakeup goes to an idle CPU when its own CPU is busy
+    expected: dict = dataclasses.field(default_factory=dict)
+
+
+POLICIES = {
+    "global-queue": Policy(
+        "global-queue", "one run queue for all CPUs (BFS-like): constant migration, fair",
+        global_queue=True, slice_ms=6, wake_to_idle=True,
+        expected={"balances": "balances", "affinity": "weak", "how_many": "global-queue",
+                  "work_conserving": "yes", "detection": "not applicable", "intrinsic": "fairness-first",
+                  "selection": "not applicable", "time_to_balance": "not applicable"}),
+    "poly-balance": Policy(
+        "poly-balance", "per-CPU queues, poly-balance, informed selection, strong affinity (O(1)-like)",
+        global_queue=False, slice_ms=10, balance_ms=(64, 64), amount="poly", selection="informed",
+        expected={"balances": "balances", "affinity": "strong", "how_many": "poly-balance",
+                  "time_to_balance": "fast", "work_conserving": "yes", "detection": "periodic",
+                  "intrinsic": "affinity-first", "selection": "informed", "priorities": "high spread"}),
+    "pairwise-random": Policy(
+        "pairwise-random", "per-CPU queues, randomised pairwise balance, blind selection (CFS-like)",
+        global_queue=False, slice_ms=4, balance_ms=(16, 48), amount="pairwise", selection="blind",
+        explore_p=1.0, wake_to_idle=False,
+        expected={"balances": "balances", "affinity": "moderate", "how_many": "pairwise",
+                  "work_conserving": "yes", "detection": "periodic", "intrinsic": "in between",
+                  "selection": "blind"}),
+}
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown reference policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+
+
+class _Task:
+    __slots__ = ("i", "pid", "spec", "cpu", "state", "vr", "weight", "duty", "burst_left",
+                 "exiting", "blocking", "prio", "sleep_ms")
+
+    def __init__(self, i, spec, weight):
+        self.i, self.pid, self.spec = i, PID_BASE + i, spec
+        self.cpu = spec.initial_cpu  # index into the CPU set (mapped by the simulator)
+        self.state = "S"  # S sleeping, Q queued, R running, X dead
+        self.vr = 0.0
+        self.weight = weight
+        self.duty = spec.duty
+        self.burst_left = math.inf
+        self.exiting = self.blocking = False
+        self.prio = 120 + spec.nice
+        self.sleep_ms = 1
+
+    @property
+    def load(self) -> float:
+        return self.weight / 1024 * self.duty / 100
+
+
+class Simulator:
+    """One simulated run. ``run()`` returns (events, markers); see the module docstring."""
+
+    def __init__(self, policy: Policy, specs, cpus: list[int], duration_s: float, seed: int = 0):
+        from harmony.analysis.reconstruct import nice_to_weight
+
+        self.p = policy
+        self.cpus = list(cpus)
+        self.ncpu = len(cpus)
+        index = {c: k for k, c in enumerate(self.cpus)}
+        self.rng = random.Random(seed)
+        self.ticks = int(round(duration_s * 1000))
+        weights = nice_to_weight([s.nice for s in specs])
+        self.tasks = [_Task(i, s, int(w)) for i, (s, w) in enumerate(zip(specs, weights))]
+        for t in self.tasks:
+            t.cpu = index.get(t.spec.initial_cpu, 0)
+        self.curr: list[_Task | None] = [None] * self.ncpu
+        self.queue: list[list[_Task]] = [[] for _ in range(self.ncpu)]
+        self.slice_used = [0] * self.ncpu
+        self.slice_len = [policy.slice_ms] * self.ncpu
+        self.min_vr = [0.0] * self.ncpu
+        self.next_balance = [self._interval() * (k + 1) // self.ncpu for k in range(self.ncpu)]
+        self.sleepers: list[tuple[int, int, _Task]] = []
+        self.timers: list[tuple[int, int, str, _Task]] = []
+        self.stream = Stream({t.pid: t.spec.comm for t in self.tasks})
+        self.k = 0
+        self.sub = 0
+
+    # -- emission -------------------------------------------------------------------------------
+    def _ts(self) -> int:
+        self.sub += 1
+        return BASE_NS + self.k * TICK_NS + self.sub * 1000
+
+    def _switch(self, c, prev: _Task | None, state: int, nxt: _Task | None):
+        self.stream.switch(self._ts(), self.cpus[c], prev.pid if prev else 0, state,
+                           nxt.pid if nxt else 0, prev_prio=prev.prio if prev else 120,
+                           next_prio=nxt.prio if nxt else 120)
+
+    def _migrate(self, t: _Task, dst: int, event_cpu: int):
+        self.stream.migrate(self._ts(), self.cpus[event_cpu], t.pid, self.cpus[t.cpu], self.cpus[dst])
+        if not self.p.global_queue:  # per-CPU clocks: keep the task's lag relative to the new CPU
+            t.vr += self.min_vr[dst] - self.min_vr[t.cpu]
+        t.cpu = dst
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _interval(self) -> int:
+        lo, hi = self.p.balance_ms
+        return self.rng.randint(lo, hi)
+
+    def _nr(self, c) -> int:
+        return len(self.queue[c]) + (self.curr[c] is not None)
+
+    def _count(self, c) -> int:
+        """What balancing compares: runnable tasks (poly-balance), or tasks whose home the CPU is,
+        sleeping ones included (pairwise: like blocked load, a sleeping task still weighs on its
+        CPU, so a CPU idle only while its own tasks sleep does not pull)."""
+        return self._assigned(c) if self.p.amount == "pairwise" else self._nr(c)
+
+    def _assigned(self, c) -> int:
+        """Tasks whose CPU is ``c``, sleeping ones included (what a task's home is)."""
+        return sum(1 for t in self.tasks if t.cpu == c and t.state != "X")
+
+    def _load(self, c) -> float:
+        return sum(t.load for t in self.queue[c]) + (self.curr[c].load if self.curr[c] else 0.0)
+
+    def _idle(self, c) -> bool:
+        return self.curr[c] is None and not self.queue[c]
+
+    def _enqueue(self, t: _Task, c: int):
+        t.state = "Q"
+        self.queue[c].append(t)
+
+    def _new_burst(self, t: _Task):
+        if t.duty >= 100:
+            t.burst_left = math.inf
+            return
+        period = t.spec.period_ms * self.rng.uniform(0.5, 1.5)
+        t.burst_left = max(0.5, t.duty / 100 * period)
+        t.sleep_ms = max(1, int(round(period - t.burst_left)))
+
+    # -- life cycle -------------------------------------------------------------------------------
+    def _wake(self, t: _Task, at_release: bool = False):
+        target = t.cpu
+        if not at_release and t.spec.pinned:
+            target = self.cpus.index(t.spec.initial_cpu) if t.spec.initial_cpu in self.cpus else t.cpu
+        elif not at_release and self.p.wake_to_idle and not self._idle(target):
+            idle = [c for c in range(self.ncpu) if self._idle(c)]
+            if idle:
+                target = idle[0] if target not in idle else target
+        if target != t.cpu:
+            self._migrate(t, target, target)
+        t.vr = max(t.vr, self.min_vr[target] - self.p.slice_ms)
+        self.stream.wakeup(self._ts(), self.cpus[target], t.pid, self.cpus[target])
+        self._enqueue(t, target)
+
+    def _block(self, t: _Task):
+        t.state = "S"
+        if t.duty <= 0:
+            return  # cut to zero: never wakes again
+        self._new_burst(t)
+        heapq.heappush(self.sleepers, (self.k + t.sleep_ms, t.i, t))
+
+    def _movable(self, src: int) -> list[_Task]:
+        return [t for t in self.queue[src] if not t.spec.pinned]
+
+    def _pull(self, dst: int, src: int, n: int) -> int:
+        """Move ``n`` queued tasks from ``src`` to ``dst`` (recorded on ``dst``), chosen by policy."""
+        cand = self._movable(src)
+        n = min(n, len(cand))
+        if n <= 0:
+            return 0
+        if self.p.selection == "blind":  # the tail of the queue, whatever those tasks are
+            chosen = cand[-n:]
+        else:  # informed: the tasks that bring dst's load closest to the average load
+            total = sum(self._load(c) for c in range(self.ncpu))
+            target = total / self.ncpu
+            mean = sum(t.load for t in cand) / len(cand)
+            have, chosen = self._load(dst), []
+            for r in range(n, 0, -1):
+                best = min(cand, key=lambda t: (abs(have + t.load + (r - 1) * mean - target), t.i))
+                cand.remove(best)
+                chosen.append(best)
+                have += best.load
+        for t in chosen:
+            self.queue[src].remove(t)
+            self._migrate(t, dst, dst)
+            self.queue[dst].append(t)
+        return n
+
+    def _busiest(self, dst: int) -> int | None:
+        others = [c for c in range(self.ncpu) if c != dst and self._movable(c)]
+        if not others:
+            return None
+        top = max(self._count(c) for c in others)
+        ties = [c for c in others if self._count(c) == top]
+        if self.p.amount == "pairwise" and len(ties) > 1:
+            return self.rng.choice(ties)
+        return ties[0]
+
+    def _balance(self, dst: int, idle: bool):
+        src = self._busiest(dst)
+        if src is None:
+            return
+        qs, qd = self._count(src), self._count(dst)
+        if self.p.amount == "poly":
+            avg = sum(self._nr(c) for c in range(self.ncpu)) / self.ncpu
+            n = int(math.floor(min(qs - avg, avg - qd) + 1e-9)) if qs - qd >= 2 else 0
+        else:
+            n = (qs - qd) // 2
+            partner = dst ^ 1  # the CPU sharing dst's lowest domain
+            if (n == 0 and not idle and self.p.explore_p > 0 and partner < self.ncpu
+                    and self._movable(partner)
+                    and self._assigned(partner) - self._assigned(dst) == 1
+                    and self.rng.random() < self.p.explore_p):
+                src, n = partner, 1  # keeps trying the other placement of a remainder task
+        if idle and qs >= 2 and self.p.amount == "poly":
+            n = max(n, 1)  # an idle CPU always takes work when there is any to take
+        if n > 0:
+            self._pull(dst, src, n)
+
+    def _pick_global(self, c) -> _Task | None:
+        best = None
+        for q in self.queue:
+            for t in q:
+                if t.spec.pinned and self.cpus[t.cpu] != self.cpus[c] and t.cpu != c:
+                    continue
+                if best is None or (t.vr, t.i) < (best.vr, best.i):
+                    best = t
+        if best is None:
+            return None
+        self.queue[best.cpu].remove(best)
+        if best.cpu != c:
+            self._migrate(best, c, c)
+        return best
+
+    def _pick(self, c) -> _Task | None:
+        if self.p.global_queue:
+            return self._pick_global(c)
+        if not self.queue[c]:
+            self._balance(c, idle=True)
+        if not self.queue[c]:
+            return None
+        best = min(self.queue[c], key=lambda t: (t.vr, t.i))
+        self.queue[c].remove(best)
+        return best
+
+    def _schedule(self, c):
+        cur = self.curr[c]
+        if cur is not None:
+            state = None
+            if cur.exiting:
+                self.stream.exit(self._ts(), self.cpus[c], cur.pid)
+                cur.state, state = "X", EXIT_DEAD
+            elif cur.blocking:
+                cur.blocking = False
+                self._block(cur)
+                state = TASK_INTERRUPTIBLE
+            elif self.slice_used[c] >= self.slice_len[c]:
+                waiting = any(self.queue) if self.p.global_queue else bool(self.queue[c])
+                if waiting:
+                    self._enqueue(cur, c)
+                    state = TASK_RUNNING
+                else:
+                    self.slice_used[c] = 0
+            if state is None:
+                return
+            self.curr[c] = None
+        else:
+            state = TASK_RUNNING
+        prev = cur
+        while True:
+            nxt = self._pick(c)
+            if nxt is None:
+                if prev is not None:
+                    self._switch(c, prev, state, None)
+                return
+            if prev is not nxt or state != TASK_RUNNING:
+                self._switch(c, prev, state, nxt)
+            nxt.state = "R"
+            self.curr[c], self.slice_used[c] = nxt, 0
+            # slices vary a little, as ticks and wakeups do on a real machine: CPUs do not march in step
+            self.slice_len[c] = self.rng.randint(max(1, self.p.slice_ms // 2), self.p.slice_ms * 3 // 2)
+            self.min_vr[c] = max(self.min_vr[c], nxt.vr) if not self.p.global_queue else nxt.vr
+            if nxt.exiting:  # a task due to exit does so as soon as it runs
+                self.stream.exit(self._ts(), self.cpus[c], nxt.pid)
+                nxt.state, prev, state = "X", nxt, EXIT_DEAD
+                self.curr[c] = None
+                continue
+            if nxt.duty <= 0:  # cut to zero while it waited: it blocks when it runs
+                self._block(nxt)
+                prev, state = nxt, TASK_INTERRUPTIBLE
+                self.curr[c] = None
+                continue
+            return
+
+    def run(self):
+        """Simulate; return (events DataFrame, markers DataFrame)."""
+        for t in self.tasks:
+            s = t.spec
+            if s.stop_after_s is not None:
+                # the first tick at or after the time: the workload acts when its time has come
+                self.timers.append((math.ceil(s.stop_after_s * 1000 - 1e-9), t.i, "exit", t))
+            if s.cut_duty_at_s is not None:
+                self.timers.append((math.ceil(s.cut_duty_at_s * 1000 - 1e-9), t.i, "cut", t))
+        self.timers.sort(key=lambda x: (x[0], x[1]))
+        markers = [(BASE_NS, T0)]
+        for t in self.tasks:  # release: everyone wakes on its initial CPU at once
+            self._new_burst(t)
+            self._wake(t, at_release=True)
+        markers.append((self._ts(), RELEASED))
+        ti = 0
+        for self.k in range(self.ticks):
+            if self.k:
+                self.sub = 0
+            while ti < len(self.timers) and self.timers[ti][0] <= self.k:
+                _, _, what, t = self.timers[ti]
+                ti += 1
+                if what == "exit" and t.state != "X":
+                    t.exiting = True
+                    if t.state == "S":  # a sleeping task exits when it next wakes
+                        t.duty = max(t.duty, 1.0)
+                elif what == "cut":
+                    t.duty = t.spec.cut_duty
+                    if t.state == "R":
+                        t.blocking = t.duty <= 0 or t.blocking
+                    if t.duty > 0:
+                        t.burst_left = min(t.burst_left, t.duty / 100 * t.spec.period_ms)
+            while self.sleepers and self.sleepers[0][0] <= self.k:
+                _, _, t = heapq.heappop(self.sleepers)
+                if t.state == "S":
+                    self._new_burst(t)
+                    self._wake(t)
+            if not self.p.global_queue:
+                for c in range(self.ncpu):
+                    if self.next_balance[c] <= self.k:
+                        self.next_balance[c] = self.k + self._interval()
+                        self._balance(c, idle=self._idle(c))
+            for c in range(self.ncpu):
+                self._schedule(c)
+            for c in range(self.ncpu):  # one tick of CPU time
+                t = self.curr[c]
+                if t is None:
+                    continue
+                t.vr += 1024 / t.weight
+                self.slice_used[c] += 1
+                if t.burst_left != math.inf:
+                    t.burst_left -= 1
+                    if t.burst_left <= 0:
+                        t.blocking = True
+        self.k = self.ticks
+        self.sub = 0
+        markers.append((BASE_NS + self.ticks * TICK_NS, END))
+        mk = make_markers(ts=[m[0] for m in markers], cpu=[0] * len(markers),
+                          pid=[0] * len(markers), text=[m[1] for m in markers])
+        return self.stream.events(), mk
+
+
+# ---------------------------------------------------------------------------------- run dirs
+
+def capture(policy: Policy, exp, params: dict, cpus: list[int], out: Path, seed: int = 0) -> dict:
+    """Simulate one run of ``exp`` under ``policy`` and store it as a captured run in ``out``.
+
+    Mirrors :func:`harmony.run.capture`: the experiment's random choices (``exp.draw``) are merged
+    into the parameters first. Writes manifest.json (status "captured", probe "synthetic"),
+    tasks.parquet and raw/synthetic/{events,markers}.parquet + meta.json. Returns the manifest.
+    """
+    import datetime
+
+    import harmony
+    from harmony import store
+    from harmony.tasks import tasks_frame
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    params = {**params, **exp.draw(params, cpus, seed)}
+    specs = exp.tasks(params, cpus)
+    sim = Simulator(policy, specs, cpus, params["duration"], seed)
+    events, markers = sim.run()
+    raw = out / "raw" / "synthetic"
+    raw.mkdir(parents=True, exist_ok=True)
+    store.write_table(raw, "events", events)
+    store.write_table(raw, "markers", markers)
+    meta = {"probe": "synthetic", "clock": "simulated",
+            "events_enabled": sorted(set(events["event"].astype(str))),
+            "lost_events": 0, "lost_by_cpu": {}, "bytes": 0, "n_events": int(len(events)),
+            "notes": [f"simulated by reference policy {policy.name}: {policy.summary}"]}
+    store.write_json(raw / "meta.json", meta)
+    store.write_table(out, "tasks", tasks_frame(specs, [t.pid for t in sim.tasks]))
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    manifest = {
+        "harmony_version": harmony.__version__, "experiment": exp.name, "question": exp.question,
+        "params": params, "cpus": list(cpus), "probe": "synthetic", "seed": seed,
+        "status": "captured", "started_at": now, "ended_at": now,
+        "host": {"kernel": "simulated", "scheduler": f"reference policy {policy.name}",
+                 "ncpus": len(cpus), "hz": 1000},
+        "simulated": {"policy": policy.name, "summary": policy.summary, "tick_ms": TICK_NS / 1e6},
+        "workers_alive_at_end": sum(t.state != "X" for t in sim.tasks),
+        "work_done": [0] * len(specs),
+    }
+    store.write_json(out / "manifest.json", manifest)
+    return manifest
+
+
+def execute(policy: Policy, exp, params: dict, cpus: list[int], out: Path, seed: int = 0):
+    """Simulate then analyse one run, companions first (as :func:`harmony.run.execute` does)."""
+    from harmony.analyse import analyse
+
+    for name, overrides in exp.companions(params).items():
+        companion_params = exp.resolve({**params, **overrides}, cpus)
+        capture(policy, exp, companion_params, cpus, Path(out) / name, seed)
+        analyse(Path(out) / name)
+    capture(policy, exp, params, cpus, out, seed)
+    return analyse(out)
+
+
+def simulate_run(policy: Policy | str, experiment: str, cpus: int | list[int], out: Path,
+                 overrides: dict | None = None, seed: int = 0):
+    """Simulate and analyse one run; returns the loaded :class:`harmony.store.Run`."""
+    from harmony.experiments import get_experiment
+
+    policy = get_policy(policy) if isinstance(policy, str) else policy
+    cpu_list = list(range(cpus)) if isinstance(cpus, int) else list(cpus)
+    exp = get_experiment(experiment)
+    params = exp.resolve(dict(overrides or {}), cpu_list)
+    return execute(policy, exp, params, cpu_list, out, seed)
+
+
+def expected_labels(policy: Policy | str) -> dict:
+    """The card labels (prefixes) ``policy`` must produce; see :data:`POLICIES`."""
+    policy = get_policy(policy) if isinstance(policy, str) else policy
+    return dict(policy.expected)
+
+
+__all__ = ["POLICIES", "Policy", "Simulator", "capture", "expected_labels", "execute", "get_policy", "simulate_run"]

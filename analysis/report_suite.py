@@ -1,0 +1,346 @@
+"""The suite report: the policy card first, then the evidence per question, with figures.
+
+``write(suite_dir)`` writes report.md (figures as files under figures/) and report.html (the same
+content, every figure embedded as base64 PNG, so the file stands alone). Cross-run figures draw
+every run as a point; the experiments' own figures are taken from the first repetition of each
+configuration.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+from harmony import store  # noqa: E402
+from harmony.analysis import policy  # noqa: E402
+
+#: which experiments give the evidence of each question (the card's sources)
+EVIDENCE = {
+    "balances": ["single-source"],
+    "affinity": ["single-source", "intrinsic-imbalance", "heavy-light"],
+    "how_many": ["how-many"],
+    "time_to_balance": ["time-to-resolve", "single-source"],
+    "work_conserving": ["work-conservation"],
+    "detection": ["detection"],
+    "intrinsic": ["intrinsic-imbalance"],
+    "selection": ["heavy-light"],
+    "priorities": ["priority-classes"],
+}
+
+
+def df_suite_runs(evidence: list[policy.Evidence]) -> pd.DataFrame:
+    """One row per complete run: where, what, and every scalar summary key.
+
+    Needs: the evidence of :func:`harmony.analysis.policy.collect`.
+
+    Columns: path (str), experiment (str), config (str: the batch directory name), ncpus (int),
+    then one column per scalar summary key (float/bool/None; missing keys are None).
+    """
+    rows = []
+    for e in evidence:
+        cfg = e.path.parent.name if e.path.name.startswith("rep-") else e.path.name
+        row = {"path": str(e.path), "experiment": e.experiment, "config": cfg, "ncpus": e.ncpus}
+        row |= {k: v for k, v in e.summary.items() if v is None or isinstance(v, (bool, int, float))}
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return Path(path)
+
+
+def _num(df: pd.DataFrame, col: str) -> pd.Series:
+    return pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(np.nan, index=df.index)
+
+
+def plot_how_many(df: pd.DataFrame, path: Path) -> Path | None:
+    """First-round moves vs x (thesis fig 6.6): every run a point, both predictions as lines."""
+    d = df[df["experiment"] == "how-many"]
+    if d.empty or "first_round_moved" not in d:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    x = _num(d, "x")
+    ax.scatter(x, _num(d, "first_round_moved"), color="#2c3e50", zorder=3, label="runs")
+    order = np.argsort(x.to_numpy())
+    for col, style, lab in (("poly_prediction", "--", "poly-balance: q_src - N/P"),
+                            ("pairwise_prediction", ":", "pairwise: (q_src - q_target)/2")):
+        ax.plot(x.to_numpy()[order], _num(d, col).to_numpy()[order], style, label=lab)
+    ax.set_xlabel("x (extra tasks per source CPU)")
+    ax.set_ylabel("tasks moved from the first source")
+    ax.set_title("How many: first balancing round")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_selection(df: pd.DataFrame, path: Path) -> Path | None:
+    """SMAPE of run-queue variance, short vs long term, against light duty (thesis fig 7.6/7.11)."""
+    d = df[df["experiment"] == "heavy-light"]
+    if d.empty or "smape_short" not in d:
+        return None
+    long = pd.DataFrame({"light duty (%)": _num(d, "light_duty"), "SMAPE": _num(d, "smape_long"),
+                         "window": "long term"})
+    short = pd.DataFrame({"light duty (%)": _num(d, "light_duty"), "SMAPE": _num(d, "smape_short"),
+                          "window": "short term"})
+    data = pd.concat([short, long], ignore_index=True).dropna()
+    if data.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sns.stripplot(data=data, x="light duty (%)", y="SMAPE", hue="window", dodge=True, ax=ax, size=6)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("Selection: run-queue variance vs static ideal (0 = match)")
+    return _save(fig, path)
+
+
+def plot_priorities(df: pd.DataFrame, path: Path) -> Path | None:
+    """Spread of high and low priority tasks against the nice difference (thesis fig 7.13-7.15)."""
+    d = df[df["experiment"] == "priority-classes"]
+    if d.empty or "high_spread_index" not in d:
+        return None
+    data = pd.concat([
+        pd.DataFrame({"nice difference": _num(d, "nice_diff"), "index": _num(d, "high_spread_index"),
+                      "tasks": "high priority"}),
+        pd.DataFrame({"nice difference": _num(d, "nice_diff"), "index": _num(d, "low_cluster_index"),
+                      "tasks": "low priority"})], ignore_index=True).dropna()
+    if data.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    sns.stripplot(data=data, x="nice difference", y="index", hue="tasks", dodge=True, ax=ax, size=6)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_ylabel("spread index (0 = even, 1 = all on one CPU)")
+    ax.set_title("Priorities: placement of high and low priority tasks")
+    return _save(fig, path)
+
+
+def plot_points(df: pd.DataFrame, experiment: str, cols: list[str], path: Path, title: str,
+                ylabel: str, scale: float = 1.0) -> Path | None:
+    """Several metrics of one experiment as strip plots, every run a point."""
+    d = df[df["experiment"] == experiment]
+    parts = [pd.DataFrame({"metric": c, "value": _num(d, c) * scale}) for c in cols if c in d]
+    if not parts:
+        return None
+    data = pd.concat(parts, ignore_index=True).dropna()
+    if data.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(cols) + 2), 3.8))
+    sns.stripplot(data=data, x="metric", y="value", ax=ax, size=7, color="#2c3e50")
+    med = data.groupby("metric", sort=False)["value"].median()
+    for i, m in enumerate(med.index):
+        ax.hlines(med[m], i - 0.3, i + 0.3, color="#c0392b", lw=2)
+    ax.set_xlabel("")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title + " (red: median)")
+    return _save(fig, path)
+
+
+def plot_affinity(df: pd.DataFrame, path: Path) -> Path | None:
+    """Migrations per second per CPU once nothing needs to move, per experiment, every run a point."""
+    rows = []
+    for exp, key in policy.AFFINITY_SOURCES:
+        d = df[df["experiment"] == exp]
+        if d.empty or key not in d:
+            continue
+        rows.append(pd.DataFrame({"experiment": exp, "per CPU per s": _num(d, key) / d["ncpus"]}))
+    if not rows:
+        return None
+    data = pd.concat(rows, ignore_index=True).dropna()
+    if data.empty:
+        return None
+    from harmony.analysis import thresholds as T
+
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    sns.stripplot(data=data, x="experiment", y="per CPU per s", ax=ax, size=7, color="#2c3e50")
+    for y, lab in ((T.AFFINITY_STRONG_MAX_PER_CPU_S, "strong below"),
+                   (T.AFFINITY_WEAK_MIN_PER_CPU_S, "weak above")):
+        ax.axhline(y, ls="--", color="0.5", lw=0.8)
+        ax.text(ax.get_xlim()[1], y, f" {lab}", va="center", fontsize=8)
+    top = float(data["per CPU per s"].max())
+    if top > 10 * T.AFFINITY_WEAK_MIN_PER_CPU_S:
+        ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_title("Affinity: migrations per second per CPU after balance")
+    return _save(fig, path)
+
+
+def plot_reps(record: dict, path: Path, max_metrics: int = 12) -> Path | None:
+    """A batch's metrics, one panel each: every repetition a point, median and 95% CI."""
+    aggs = [a for a in record.get("aggregates", []) if a["n"] and a["metric"] not in ("ncpus",)]
+    aggs = [a for a in aggs if not all(isinstance(v, bool) for v in record["values"][a["metric"]]
+                                       if v is not None)][:max_metrics]
+    if not aggs:
+        return None
+    cols = min(4, len(aggs))
+    rows = math.ceil(len(aggs) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.0 * cols, 2.4 * rows), squeeze=False)
+    for ax in axes.flat[len(aggs):]:
+        ax.set_visible(False)
+    for ax, a in zip(axes.flat, aggs):
+        vals = [v for v in record["values"][a["metric"]] if v is not None]
+        ax.scatter(np.zeros(len(vals)) + np.linspace(-0.1, 0.1, len(vals)), vals, color="#2c3e50", zorder=3)
+        ax.hlines(a["median"], -0.3, 0.3, color="#c0392b", lw=2)
+        if a["ci_low"] is not None:
+            ax.vlines(0.35, a["ci_low"], a["ci_high"], color="#c0392b", lw=4, alpha=0.4)
+        ax.set_xlim(-0.5, 0.6)
+        ax.set_xticks([])
+        ax.set_title(a["metric"], fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.suptitle(f"{record['experiment']}: {record.get('complete', len(aggs))} runs "
+                 "(points; red: median and 95% CI)", fontsize=9)
+    return _save(fig, path)
+
+
+def cross_figures(df: pd.DataFrame, fig_dir: Path) -> dict[str, list[Path]]:
+    """The cross-run figures, keyed by the question they support."""
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    figs = {
+        "affinity": [plot_affinity(df, fig_dir / "affinity.png")],
+        "how_many": [plot_how_many(df, fig_dir / "how_many.png")],
+        "time_to_balance": [plot_points(df, "time-to-resolve", ["time_to_balance_s"],
+                                        fig_dir / "time_to_balance.png", "Time to a stable balance",
+                                        "seconds after t0")],
+        "work_conserving": [plot_points(df, "work-conservation", ["steal_latency_s"],
+                                        fig_dir / "steal_latency.png", "Idle target: delay to first pull",
+                                        "ms", scale=1000)],
+        "detection": [plot_points(df, "detection", ["interval1_ms", "interval2_ms", "interval3_ms"],
+                                  fig_dir / "detection.png", "Detection intervals (table 6.1)", "ms")],
+        "intrinsic": [plot_points(df, "intrinsic-imbalance", ["share_ratio_min", "share_ratio_max",
+                                                              "jain_index"],
+                                  fig_dir / "intrinsic.png", "Intrinsic imbalance: share / fair share",
+                                  "ratio")],
+        "selection": [plot_selection(df, fig_dir / "selection.png")],
+        "priorities": [plot_priorities(df, fig_dir / "priorities.png")],
+    }
+    return {k: [p for p in v if p is not None] for k, v in figs.items()}
+
+
+def _experiment_figures(suite: Path, evidence: list[policy.Evidence]) -> dict[str, list[Path]]:
+    """Each experiment's own figures, from the first repetition of its first configuration."""
+    out: dict[str, list[Path]] = {}
+    for e in sorted(evidence, key=lambda e: str(e.path)):
+        if e.experiment in out:
+            continue
+        try:
+            m = store.read_json(e.path / "manifest.json")
+        except store.RunError:
+            continue
+        out[e.experiment] = [e.path / f for f in m.get("figures", []) if (e.path / f).is_file()]
+    return out
+
+
+def _limits(card: policy.Card) -> list[str]:
+    lines = []
+    for a in card.answers:
+        if a.why_not:
+            lines.append(f"- **{a.question}** {a.why_not}.")
+        elif a.label is None and a.needs:
+            lines.append(f"- **{a.question}** no run of {a.needs} in this suite.")
+        elif a.label == policy.UNDECIDED:
+            lines.append(f"- **{a.question}** undecided: the runs disagree ({a.agreement}).")
+    return lines
+
+
+def write(suite: Path, note: str | None = None) -> tuple[Path, Path]:
+    """Write report.md and report.html in ``suite``; returns their paths."""
+    suite = Path(suite)
+    evidence, skipped = policy.collect([suite])
+    card = policy.infer_evidence(evidence, skipped)
+    store.write_json(suite / "card.json", card.to_dict())
+    info = store.read_json(suite / "suite.json") if (suite / "suite.json").exists() else {}
+    df = df_suite_runs(evidence)
+    fig_dir = suite / "figures"
+    cross = cross_figures(df, fig_dir) if len(df) else {}
+    own = _experiment_figures(suite, evidence)
+
+    blocks: list[tuple[str, object]] = []  # ("h1"|"h2"|"p"|"pre"|"img"|"ul", content)
+    host = info.get("host", {})
+    blocks.append(("h1", "Harmony suite: the load-balancing policy of this scheduler"))
+    facts = [f"CPU set: {','.join(map(str, info.get('cpus', []))) or '?'}",
+             f"runner: {info.get('runner', '?')}",
+             f"kernel / scheduler: {host.get('kernel', '?')} / {host.get('scheduler', '?')}",
+             f"runs: {card.runs} complete" + (f", {len(skipped)} not used" if skipped else "")]
+    if info.get("wall_s") is not None:
+        facts.append(f"time: {info['wall_s']:.0f} s wall for {info['configured_s']:.0f} s of configured "
+                     f"runs (suite efficiency {info['efficiency']:.2f}; analysis "
+                     f"{'overlapped with the next capture' if info.get('analysis_overlapped') else 'in line'})")
+    blocks.append(("ul", facts))
+    if note:
+        blocks.append(("p", note))
+    blocks.append(("h2", "Policy card"))
+    blocks.append(("pre", card.text()))
+    limits = _limits(card)
+    if limits:
+        blocks.append(("h2", "What this suite cannot answer, and why"))
+        blocks.append(("ul", [line[2:] for line in limits]))
+    blocks.append(("h2", "Evidence per question"))
+    for i, a in enumerate(card.answers, 1):
+        blocks.append(("h3", f"{i}. {a.question} (thesis {a.thesis})"))
+        blocks.append(("pre", "\n".join(policy.answer_lines(a))))
+        for p in cross.get(a.qid, []):
+            blocks.append(("img", p))
+        for exp in EVIDENCE[a.qid]:
+            for p in own.pop(exp, []):
+                blocks.append(("img", p))
+    if info.get("failures"):
+        blocks.append(("h2", "Failures"))
+        blocks.append(("ul", [f"{f.get('config') or f.get('path')}: {f.get('error')}"
+                              for f in info["failures"]]))
+    if skipped:
+        blocks.append(("h2", "Runs not used"))
+        blocks.append(("ul", [f"{p}: {r}" for p, r in skipped]))
+    md_path, html_path = suite / "report.md", suite / "report.html"
+    store.atomic_write(md_path, _markdown(blocks, suite))
+    store.atomic_write(html_path, _html(blocks))
+    return md_path, html_path
+
+
+def _markdown(blocks, root: Path) -> str:
+    out = []
+    for kind, c in blocks:
+        if kind == "h1":
+            out += [f"# {c}", ""]
+        elif kind == "h2":
+            out += [f"## {c}", ""]
+        elif kind == "h3":
+            out += [f"### {c}", ""]
+        elif kind == "p":
+            out += [c, ""]
+        elif kind == "pre":
+            out += ["```", c.rstrip(), "```", ""]
+        elif kind == "ul":
+            out += [f"- {x}" for x in c] + [""]
+        elif kind == "img":
+            rel = Path(c).relative_to(root)
+            out += [f"![{rel}]({rel})", ""]
+    return "\n".join(out)
+
+
+def _html(blocks) -> str:
+    out = ["<!doctype html><html><head><meta charset='utf-8'><title>Harmony suite report</title>",
+           "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
+           "pre{background:#f4f4f4;padding:.8em;overflow-x:auto;font-size:85%}"
+           "img{max-width:100%;display:block;margin:1em 0}</style></head><body>"]
+    for kind, c in blocks:
+        if kind in ("h1", "h2", "h3"):
+            out.append(f"<{kind}>{html.escape(c)}</{kind}>")
+        elif kind == "p":
+            out.append(f"<p>{html.escape(c)}</p>")
+        elif kind == "pre":
+            out.append(f"<pre>{html.escape(c)}</pre>")
+        elif kind == "ul":
+            out.append("<ul>" + "".join(f"<li>{html.escape(x).replace('**', '')}</li>" for x in c) + "</ul>")
+        elif kind == "img":
+            data = base64.b64encode(Path(c).read_bytes()).decode()
+            out.append(f"<img alt='{html.escape(Path(c).name)}' src='data:image/png;base64,{data}'>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

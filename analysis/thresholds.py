@@ -1,0 +1,61 @@
+"""Every threshold policy inference uses, in one place, each with the reason for its value.
+
+The policy card (:mod:`harmony.analysis.policy`) turns measured numbers into labels only through
+these constants, and prints the ones it used beside each label, so a reader can see exactly which
+line a number crossed. Rates are per CPU of the experiment's CPU set so that one threshold serves
+any P. Values are set from the thesis's own results (chapters 6-7, 4-CPU Xeon, HZ=1000) and leave a
+wide margin on each side of the behaviour they separate.
+"""
+
+#: Work conservation (E4): an idle CPU that pulls a task within this delay steals "at once". The
+#: thesis measured ~1 ms for O(1) and < 1 ms for CFS; a periodic busy balance is >= tens of ms.
+WORK_CONSERVING_MAX_S = 0.005
+
+#: Affinity (E1 after balance, E6, E7): migrations per second per CPU once nothing needs moving.
+#: Up to this rate affinity is "strong" (O(1): 0 after balance; CFS E1: 0 after the first 30).
+AFFINITY_STRONG_MAX_PER_CPU_S = 1.0
+#: From this rate on it is "weak": tasks are moved all the time (BFS: 163/s on 4 CPUs = 41/s/CPU;
+#: CFS with an intrinsic imbalance: 23/s on 4 CPUs = 5.8/s/CPU is "moderate").
+AFFINITY_WEAK_MIN_PER_CPU_S = 20.0
+
+#: Affinity from E1: the rate after balance counts only if the queues settled within this fraction
+#: of the run; a run that settles later (or never: a global queue keeps every queue in flux) has
+#: shown no settled state, and its rate over the whole run is used instead.
+SETTLED_BY_FRACTION = 0.5
+
+#: How many (E2): a first-round move count "matches" a prediction when it is within this fraction
+#: of the prediction (and at least 1 task), and is nearer to it than to the other prediction.
+HOW_MANY_MATCH_FRACTION = 0.25
+#: Below this difference between the poly-balance and pairwise predictions (tasks) a run cannot
+#: tell them apart: on 2 CPUs both are x/2 by construction.
+HOW_MANY_MIN_SEPARATION = 1.0
+
+#: Time to a stable balance (E1, E3): up to this many seconds is "fast" (O(1): 250 ms, "within
+#: seconds"); above, "slow" (CFS: ~9 s mean, 26 s worst).
+FAST_BALANCE_MAX_S = 1.0
+
+#: Detection (E5): a first migration this soon after the target's load is cut means the imbalance
+#: is acted on when it happens ("event-driven"); later means a periodic check found it (the
+#: thesis: medians 210-248 ms, maxima ~10 s).
+EVENT_DRIVEN_MAX_MS = 5.0
+
+#: Intrinsic imbalance (E6): every task within this fraction of its fair share = "fairness-first"
+#: (BFS: all within 1%); the worst task below it while migrating no more than the strong-affinity
+#: rate = "affinity-first" (O(1): 50% vs a fair 80%, ratio 0.63); anything else "in between".
+FAIR_SHARE_MIN_RATIO = 0.90
+
+#: Selection (E7/E9): "blind" when the short-term run-queue SMAPE exceeds the long-term one by more
+#: than this (the first placement was not chosen and had to be repaired: CFS); "informed" when
+#: they differ by at most this and targets mostly hold one heavy + one light (O(1)).
+SELECTION_SMAPE_GAP = 0.10
+#: ... "mostly": time-averaged fraction of CPUs holding exactly one heavy + one light task.
+SELECTION_ONE_HEAVY_ONE_LIGHT_MIN = 0.50
+#: Light duties above this make light tasks nearly heavy: which task moves no longer matters, so
+#: those runs are not used for the selection label (the thesis: O(1) is fine below 60% light).
+SELECTION_MAX_LIGHT_DUTY = 60.0
+
+#: Priorities (E11): a spread index (0 = evenly over the CPUs, 1 = all on one CPU) up to this value
+#: means "spread"; above, "clustered".
+SPREAD_MAX_INDEX = 0.25
+
+ALL = {k: v for k, v in dict(globals()).items() if k.isupper()}

@@ -1,0 +1,248 @@
+"""Repetitions: N runs of one configuration in ``<dir>/rep-NN/``, and ``<dir>/batch.json``.
+
+batch.json holds the configuration, the repetitions and, per numeric summary key, the median, IQR
+and bootstrap 95% CI over the runs (:func:`harmony.analysis.stats.df_aggregate`);
+``figures/reps.png`` shows every run as a point.
+
+Runs are made by a *runner*: :class:`KernelRunner` (real captures) or :class:`SimRunner`
+(reference policies). A runner is a context manager; inside it ``capture`` records one run (its
+companions first) and ``analyse`` analyses it. The kernel runner holds the host lock from enter to
+exit and, optionally, analyses each run in a background process while the next is captured.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from harmony import store
+
+
+def rep_dir(out: Path, k: int) -> Path:
+    return Path(out) / f"rep-{k:02d}"
+
+
+class SimRunner:
+    """Runs under a reference policy (:mod:`harmony.analysis.refpolicy`); analysis in-process."""
+
+    def __init__(self, policy: str):
+        from harmony.analysis.refpolicy import get_policy
+
+        self.policy = get_policy(policy)
+        self.name = f"simulated: {self.policy.name}"
+        self.overlap = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def capture(self, exp, params, cpus, out, seed) -> None:
+        from harmony.analysis import refpolicy
+
+        refpolicy.execute(self.policy, exp, params, cpus, out, seed)
+
+    def drain(self) -> list[dict]:
+        return []
+
+
+class _HeldLock:
+    """Stands in for harmony.run.HostLock while the suite holds the real one: captures neither
+    take nor drop it, so no other Harmony run can slip in between two runs of the suite."""
+
+    def acquire(self):
+        return self
+
+    def release(self):
+        return None
+
+
+class KernelRunner:
+    """Real captures (harmony.run.capture) with the host lock held once for all of them.
+
+    ``overlap``: analyse each run in a background process while the next one is captured. That
+    process runs outside the experiment's CPU set when the host has CPUs outside it, and otherwise
+    under SCHED_IDLE at nice 19, so that it only uses CPU time the experiment leaves idle.
+    """
+
+    def __init__(self, probe: str = "tracefs", facts: dict | None = None, overlap: bool = True,
+                 cpus: list[int] | None = None):
+        self.probe, self.facts, self.overlap = probe, facts or {}, overlap
+        self.cpus = cpus or []
+        self.name = f"kernel ({probe})"
+        self.lock = None
+        self.worker: subprocess.Popen | None = None
+        self.submitted: list[list[str]] = []
+        self._saved_lock_cls = None
+
+    def __enter__(self):
+        import harmony.run as run_mod
+        from harmony.hygiene import HostLock, reclaim_stale
+
+        self.lock = HostLock().acquire()
+        self.reclaimed = reclaim_stale()
+        self._saved_lock_cls = run_mod.HostLock
+        run_mod.HostLock = _HeldLock
+        if self.overlap:
+            self._start_worker()
+        return self
+
+    def __exit__(self, *exc):
+        import harmony.run as run_mod
+
+        try:
+            self.results = self.drain()
+        finally:
+            run_mod.HostLock = self._saved_lock_cls
+            if self.lock:
+                self.lock.release()
+        return False
+
+    def _start_worker(self):
+        import psutil
+
+        outside = sorted(set(range(psutil.cpu_count())) - set(self.cpus))
+        env = dict(os.environ, HARMONY_ANALYSER_CPUS=",".join(map(str, outside)))
+        # a plain child process, started before any capture: no threads in the controller, which
+        # forks the workers
+        self.worker = subprocess.Popen([sys.executable, "-m", "harmony.batch", "--analyser"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                       env=env)
+
+    def capture(self, exp, params, cpus, out, seed) -> None:
+        from harmony.analyse import analyse
+        from harmony.run import capture
+
+        out = Path(out)
+        jobs = []
+        for name, overrides in exp.companions(params).items():
+            cp = exp.resolve({**params, **overrides}, cpus)
+            capture(exp, cp, cpus, out / name, self.probe, seed, self.facts, quiet=True)
+            jobs.append(str(out / name))
+        capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True)
+        jobs.append(str(out))
+        if self.worker is not None:
+            self.worker.stdin.write("\t".join(jobs) + "\n")
+            self.worker.stdin.flush()
+            self.submitted.append(jobs)
+        else:
+            for j in jobs:
+                analyse(Path(j))
+
+    def drain(self) -> list[dict]:
+        """Wait for every background analysis; returns one dict per analysed directory."""
+        if self.worker is None:
+            return []
+        out, _ = self.worker.communicate()
+        self.worker = None
+        results = []
+        for line in out.splitlines():
+            status, _, rest = line.partition("\t")
+            path, _, msg = rest.partition("\t")
+            results.append({"status": status, "path": path, "error": msg or None})
+        return results
+
+
+def _analyser_main() -> int:
+    """Background analyser: reads tab-separated run dirs per line, analyses them in order."""
+    from harmony.analyse import analyse
+
+    cpus = os.environ.get("HARMONY_ANALYSER_CPUS", "")
+    try:
+        if cpus:
+            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+        else:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.nice(19)
+    except (OSError, AttributeError):
+        pass
+    for line in sys.stdin:
+        for d in line.rstrip("\n").split("\t"):
+            if not d:
+                continue
+            try:
+                analyse(Path(d))
+                print(f"ok\t{d}", flush=True)
+            except Exception as exc:  # one bad run must not stop the others; reported per run
+                print(f"error\t{d}\t{type(exc).__name__}: {exc}".replace("\n", " "), flush=True)
+    return 0
+
+
+def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner, seed: int = 0,
+              progress=None) -> list[Path]:
+    """Capture ``repeat`` runs into ``out/rep-NN`` (seed, seed+1, ...). Returns the rep dirs.
+
+    Analysis happens in the runner (maybe in the background): call :func:`finish_batch` once the
+    runner is drained.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    reps = []
+    for k in range(1, repeat + 1):
+        d = rep_dir(out, k)
+        if progress:
+            progress.show(f"{out.name} rep {k}/{repeat}")
+        runner.capture(exp, params, cpus, d, seed + k - 1)
+        if progress:
+            progress.finished(float(params["duration"]) * (1 + len(exp.companions(params))))
+        reps.append(d)
+    store.write_json(out / "batch.json", {"experiment": exp.name, "params": params, "cpus": cpus,
+                                          "repeat": repeat, "reps": [d.name for d in reps],
+                                          "status": "captured"})
+    return reps
+
+
+def finish_batch(out: Path) -> dict:
+    """Aggregate the analysed repetitions of ``out`` into batch.json and figures/reps.png.
+
+    Repetitions that are not complete are listed with their reason, never silently left out.
+    """
+    from harmony.analysis.stats import df_aggregate
+
+    out = Path(out)
+    record = store.read_json(out / "batch.json")
+    summaries, failed = [], []
+    for name in record["reps"]:
+        try:
+            run = store.load(out / name)
+            summaries.append((name, run.summary))
+        except store.RunError as exc:
+            failed.append({"rep": name, "reason": str(exc)})
+    agg = df_aggregate([s for _, s in summaries])
+    record |= {"status": "complete" if not failed else "incomplete", "complete": len(summaries),
+               "failed": failed, "aggregates": agg.to_dict(orient="records"),
+               "values": {k: [s.get(k) for _, s in summaries] for k in agg["metric"]}}
+    figs = []
+    if summaries:
+        from harmony.analysis.report_suite import plot_reps
+
+        (out / "figures").mkdir(exist_ok=True)
+        p = plot_reps(record, out / "figures" / "reps.png")
+        if p:
+            figs.append(str(p.relative_to(out)))
+    record["figures"] = figs
+    store.write_json(out / "batch.json", record)
+    return record
+
+
+def batch_text(record: dict) -> str:
+    """Readable aggregates of a batch: one line per metric, median [IQR] (95% CI)."""
+    lines = [f"{record['experiment']}: {record['complete']}/{record['repeat']} runs complete", "",
+             f"{'metric':34} {'median':>10} {'IQR':>10} {'95% CI of median':>24}  n"]
+    for a in record["aggregates"]:
+        ci = ("" if a["ci_low"] is None else f"{a['ci_low']:.4g} .. {a['ci_high']:.4g}")
+        lines.append(f"{a['metric']:34} {_g(a['median']):>10} {_g(a['iqr']):>10} {ci:>24}  {a['n']}")
+    for f in record["failed"]:
+        lines.append(f"not complete: {f['rep']}: {f['reason']}")
+    return "\n".join(lines)
+
+
+def _g(v) -> str:
+    return "n/a" if v is None else f"{v:.4g}"
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--analyser"]:
+    sys.exit(_analyser_main())

@@ -1,0 +1,217 @@
+"""The suite: the whole catalog, with repetitions, into one directory and one report.
+
+``plan(ncpus, quick)`` lists the configurations: every experiment registered in CATALOG at run
+time, with the sweeps the thesis drew (x for how-many, light duty for heavy-light, nice difference
+for priority-classes) where the experiment has that parameter. ``run_suite`` captures them back to
+back while holding the host lock once (no doctor, lock or stale-state sweep per run), analyses
+each run in a background worker while the next one is captured, then writes
+:mod:`harmony.analysis.report_suite` (policy card first).
+
+Layout of a suite directory::
+
+    suite.json                 the plan, timings (configured vs wall: suite efficiency), host facts
+    <experiment>[-<k>=<v>]/    one batch per configuration (see harmony.batch): rep-NN/ + batch.json
+    report.md  report.html     figures/*.png
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from harmony import store
+
+#: sweeps the thesis drew: experiment -> (parameter, full values, quick values). A value list may
+#: depend on P (how-many: x must be large enough for poly-balance (x/P) and pairwise (x/2) to differ).
+SWEEPS = {
+    "how-many": ("x", lambda P: [20, 30, 40, 50, 60, 70, 80, 90], lambda P: [4 * P]),
+    "heavy-light": ("light_duty", lambda P: [5, 20, 40, 60, 80, 100], lambda P: [20, 50]),
+    "priority-classes": ("nice_diff", lambda P: [2, 6, 10, 18, 30, 38], lambda P: [4, 15]),
+}
+
+#: quick-mode parameter overrides per experiment (shorter runs; applied only if the experiment has
+#: the parameter and accepts the value). Windows shrink with the duration.
+QUICK = {
+    "single-source": {"duration": 2.0},
+    "how-many": {"duration": 2.0},
+    "time-to-resolve": {"duration": 3.0},
+    "work-conservation": {"duration": 2.0, "idle_from_s": 0.5, "idle_to_s": 1.0},
+    "detection": {"duration": 2.0, "cut_from_s": 0.5, "cut_to_s": 1.0},
+    "intrinsic-imbalance": {"duration": 3.0, "warmup_s": 0.5},
+    "heavy-light": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5, "short_s": 0.5},
+    "priority-classes": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5, "short_s": 0.5},
+}
+#: repetitions per configuration (the thesis ran 10-25); detection needs more (a distribution).
+REPEATS = {"full": 5, "quick": 2}
+EXTRA_REPEATS = {"detection": 2, "work-conservation": 1}
+
+
+@dataclasses.dataclass
+class Config:
+    """One configuration of the plan: an experiment, its parameter overrides, how many runs."""
+
+    experiment: str
+    overrides: dict
+    repeat: int
+    label: str  # directory name: experiment[-param=value]
+    params: dict | None = None  # resolved for the CPU set (filled by plan())
+    note: str | None = None  # why an override was dropped, if one was
+
+    @property
+    def configured_s(self) -> float:
+        """Seconds of measured time this configuration asks for (companions included)."""
+        return self.repeat * float(self.params["duration"]) * (1 + self.companions)
+
+    companions: int = 0
+
+
+def _has(exp, name: str) -> bool:
+    return any(p.name == name for p in exp.all_params())
+
+
+def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
+         experiments: list[str] | None = None) -> list[Config]:
+    """The suite's configurations for this CPU set. Raises ValueError for an unknown experiment."""
+    from harmony.experiments import CATALOG, get_experiment
+
+    names = list(CATALOG) if experiments is None else experiments
+    mode = "quick" if quick else "full"
+    out = []
+    for name in names:
+        exp = get_experiment(name)
+        base = {k: v for k, v in QUICK.get(name, {}).items() if _has(exp, k)} if quick else {}
+        sweep = SWEEPS.get(name)
+        points = [{}]
+        if sweep and _has(exp, sweep[0]):
+            values = (sweep[2] if quick else sweep[1])(len(cpus))
+            points = [{sweep[0]: v} for v in values]
+            if name == "priority-classes" and _has(exp, "high_nice"):
+                # nice 0 vs nice d while d fits in -20..19, else shift both down (thesis: 2..38)
+                points = [pt | {"high_nice": min(0, 19 - pt["nice_diff"])} for pt in points]
+        n = repeat if repeat is not None else REPEATS[mode] + EXTRA_REPEATS.get(name, 0)
+        for pt in points:
+            label = name + "".join(f"-{k}={v}" for k, v in pt.items() if k == sweep[0]) if sweep else name
+            cfg = Config(name, {**base, **pt}, n, label)
+            try:
+                cfg.params = exp.resolve(cfg.overrides, cpus)
+            except ValueError as exc:  # a quick shortening the experiment refuses: keep its default
+                cfg.note = f"quick overrides not accepted ({exc}); ran with the defaults"
+                cfg.overrides = dict(pt)
+                cfg.params = exp.resolve(cfg.overrides, cpus)
+            cfg.companions = len(exp.companions(cfg.params))
+            out.append(cfg)
+    return out
+
+
+class Progress:
+    """One status line per run on a terminal (rewritten in place), plain lines otherwise."""
+
+    def __init__(self, total_runs: int, total_s: float, stream=sys.stderr, quiet: bool = False):
+        self.total_runs, self.total_s = total_runs, total_s
+        self.done_runs, self.done_s = 0, 0.0
+        self.stream, self.quiet = stream, quiet
+        self.start = time.monotonic()
+        self.tty = stream.isatty()
+
+    def show(self, what: str):
+        if self.quiet:
+            return
+        el = time.monotonic() - self.start
+        left = max(0.0, self.total_s - self.done_s)
+        line = (f"[{self.done_runs + 1}/{self.total_runs}] {what:<48} elapsed {el:5.0f} s, "
+                f"~{left:4.0f} s of runs left")
+        if self.tty:
+            self.stream.write("\r" + line[:118].ljust(118))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def finished(self, seconds: float):
+        self.done_runs += 1
+        self.done_s += seconds
+
+    def close(self):
+        if self.tty and not self.quiet:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, facts: dict | None = None,
+              seed: int = 0, quiet: bool = False, card_note: str | None = None) -> dict:
+    """Run every configuration with ``runner`` (see :mod:`harmony.batch`) and write the report.
+
+    ``runner.capture(exp, params, cpus, out, seed)`` records one run (real or simulated) and
+    ``runner.analyse(out)`` analyses it. Returns the suite record (also written as suite.json).
+    """
+    from harmony import batch
+    from harmony.analysis import report_suite
+    from harmony.experiments import get_experiment
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    total_runs = sum(c.repeat for c in configs)
+    configured = sum(c.configured_s for c in configs)
+    record = {"cpus": cpus, "quick": None, "configs": [dataclasses.asdict(c) for c in configs],
+              "configured_s": configured, "runner": runner.name, "host": facts or {},
+              "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    store.write_json(out / "suite.json", record)
+    progress = Progress(total_runs, configured, quiet=quiet)
+    t_start = time.monotonic()
+    failures, batches = [], []
+    try:
+        with runner:
+            for cfg in configs:
+                exp = get_experiment(cfg.experiment)
+                try:
+                    batch.run_batch(exp, cfg.params, cpus, out / cfg.label, cfg.repeat, runner,
+                                    seed=seed, progress=progress)
+                except (store.RunError, RuntimeError, ValueError) as exc:
+                    failures.append({"config": cfg.label, "error": str(exc)})
+                batches.append(out / cfg.label)
+    finally:
+        progress.close()
+    t_captured = time.monotonic() - t_start
+    for b in batches:
+        if (b / "batch.json").exists():
+            batch.finish_batch(b)
+    failures += [r for r in getattr(runner, "results", []) if r["status"] != "ok"]
+    progress.close()
+    wall = time.monotonic() - t_start
+    record |= {"status": "complete" if not failures else "incomplete", "failures": failures,
+               "captured_s": t_captured, "wall_s": wall,
+               "efficiency": wall / configured if configured else None, "runs": total_runs,
+               "analysis_overlapped": bool(getattr(runner, "overlap", False))}
+    store.write_json(out / "suite.json", record)
+    report_suite.write(out, note=card_note)
+    record["wall_with_report_s"] = time.monotonic() - t_start
+    store.write_json(out / "suite.json", record)
+    return record
+
+
+def simulate_suite(policy: str, ncpus: int, out: Path, quick: bool = True, repeat: int | None = None,
+                   experiments: list[str] | None = None, seed: int = 0, quiet: bool = True) -> dict:
+    """The suite under a reference policy on ``ncpus`` simulated CPUs (no kernel, no root)."""
+    from harmony.batch import SimRunner
+
+    cpus = list(range(ncpus))
+    configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments)
+    runner = SimRunner(policy)
+    return run_suite(configs, cpus, out, runner, facts={"kernel": "simulated",
+                                                        "scheduler": f"reference policy {policy}",
+                                                        "ncpus": ncpus},
+                     seed=seed, quiet=quiet)
+
+
+def cpu_limits(ncpus: int) -> list[str]:
+    """Plain statements of what a CPU set this small cannot answer, and why."""
+    out = []
+    if ncpus < 3:
+        out.append(f"On {ncpus} CPUs the poly-balance (q_src - N/P) and pairwise ((q_src - q_target)/2) "
+                   "predictions of how-many are the same number, x/2, so the suite cannot tell how the "
+                   "scheduler decides how many tasks to move; that needs 3 or more CPUs.")
+        out.append(f"On {ncpus} CPUs there is no CPU outside the experiment's set: the suite's own "
+                   "analysis of the previous run shares the CPUs with the experiment (at SCHED_IDLE "
+                   "priority) unless --serial is given.")
+    return out

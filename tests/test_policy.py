@@ -1,0 +1,132 @@
+"""Policy inference rules on hand-made evidence: labels, agreement, gaps, thresholds."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harmony.analysis import policy, stats, thresholds as T
+from harmony.analysis.policy import Evidence, infer_evidence
+
+
+def ev(exp, ncpus=4, params=None, **summary):
+    return Evidence(Path(f"/runs/{exp}"), exp, params or {"duration": 10.0}, ncpus, summary)
+
+
+def test_no_evidence_names_the_experiment():
+    card = infer_evidence([])
+    for a in card.answers:
+        assert a.label is None and a.needs, a
+    assert "how-many" in card.answer("how_many").needs
+    assert len(card.answers) == len(policy.QUESTIONS)
+
+
+def test_unanimous_label_and_undecided_on_disagreement():
+    hm = [ev("how-many", x=20, first_round_moved=5, poly_prediction=5, pairwise_prediction=10),
+          ev("how-many", x=30, first_round_moved=8, poly_prediction=7.5, pairwise_prediction=15)]
+    assert infer_evidence(hm).answer("how_many").label == "poly-balance"
+    hm.append(ev("how-many", x=40, first_round_moved=20, poly_prediction=10, pairwise_prediction=20))
+    a = infer_evidence(hm).answer("how_many")
+    assert a.label == policy.UNDECIDED
+    assert a.agreement == {"poly-balance": 2, "pairwise": 1}
+
+
+def test_how_many_on_two_cpus_says_why_not():
+    hm = [ev("how-many", ncpus=2, x=20, first_round_moved=10, poly_prediction=10, pairwise_prediction=10)]
+    a = infer_evidence(hm).answer("how_many")
+    assert a.label is None
+    assert "x/2" in a.why_not and "3 or more CPUs" in a.why_not
+
+
+def test_affinity_thresholds_per_cpu_and_weakest_wins():
+    strong = ev("single-source", migrations_after_balance_per_s=T.AFFINITY_STRONG_MAX_PER_CPU_S * 4,
+                time_to_balance_s=0.2, migrations=10)
+    assert infer_evidence([strong]).answer("affinity").label == "strong"
+    moderate = ev("intrinsic-imbalance", migrations_per_s=(T.AFFINITY_STRONG_MAX_PER_CPU_S + 0.5) * 4,
+                  share_ratio_min=0.8)
+    assert infer_evidence([strong, moderate]).answer("affinity").label == "moderate"
+    weak = ev("heavy-light", migrations_per_s=T.AFFINITY_WEAK_MIN_PER_CPU_S * 4)
+    card = infer_evidence([strong, moderate, weak])
+    assert card.answer("affinity").label == "weak"
+    # a weak affinity everywhere means tasks never settle: a global queue, and the per-CPU
+    # questions are not applicable
+    assert card.answer("how_many").label == "global-queue"
+    assert card.answer("detection").label.startswith("not applicable")
+
+
+def test_never_settled_single_source_uses_whole_run_rate():
+    e = ev("single-source", migrations_after_balance_per_s=None, time_to_balance_s=None,
+           migrations=4000, params={"duration": 10.0})
+    a = infer_evidence([e]).answer("affinity")
+    assert a.label == "weak"  # 4000 / 10 s / 4 CPUs = 100 per s per CPU
+
+
+def test_work_conserving_and_detection():
+    wc = [ev("work-conservation", target_idle_at_s=1.0, steal_latency_s=0.0002, stolen=True),
+          ev("work-conservation", target_idle_at_s=1.2, steal_latency_s=0.0009, stolen=True)]
+    assert infer_evidence(wc).answer("work_conserving").label == "yes"
+    wc.append(ev("work-conservation", target_idle_at_s=1.1, steal_latency_s=None, stolen=False))
+    assert infer_evidence(wc).answer("work_conserving").label == policy.UNDECIDED
+    det = [ev("detection", interval1_ms=v, interval2_ms=64.0, interval3_ms=64.0) for v in (3.0, 120.0, 200.0)]
+    assert infer_evidence(det).answer("detection").label == "periodic (~64 ms between checks)"
+    det = [ev("detection", interval1_ms=v, interval2_ms=1.0, interval3_ms=1.0) for v in (0.2, 0.5)]
+    assert infer_evidence(det).answer("detection").label == "event-driven"
+
+
+def test_intrinsic_selection_priorities():
+    fair = ev("intrinsic-imbalance", share_ratio_min=0.99, migrations_per_s=400)
+    sticky = ev("intrinsic-imbalance", share_ratio_min=0.62, migrations_per_s=0.0)
+    between = ev("intrinsic-imbalance", share_ratio_min=0.8, migrations_per_s=23)
+    assert [infer_evidence([x]).answer("intrinsic").label for x in (fair, sticky, between)] == \
+        ["fairness-first", "affinity-first", "in between"]
+    informed = ev("heavy-light", light_duty=20, smape_short=0.05, smape_long=0.04,
+                  one_heavy_one_light_fraction=0.95, migrations_per_s=0)
+    blind = ev("heavy-light", light_duty=20, smape_short=0.4, smape_long=0.05,
+               one_heavy_one_light_fraction=0.9, migrations_per_s=0)
+    too_heavy = ev("heavy-light", light_duty=90, smape_short=0.4, smape_long=0.05,
+                   one_heavy_one_light_fraction=0.9, migrations_per_s=0)
+    assert infer_evidence([informed, too_heavy]).answer("selection").label == "informed"
+    assert infer_evidence([blind]).answer("selection").label == "blind"
+    pr = [ev("priority-classes", nice_diff=d, high_spread_index=0.0, low_cluster_index=lc)
+          for d, lc in ((4, 0.0), (20, 0.6))]
+    assert infer_evidence(pr).answer("priorities").label == \
+        "high spread; low spread at nice diff 4, clustered at nice diff 20"
+
+
+def test_none_metric_gives_no_label_but_is_counted():
+    runs = [ev("intrinsic-imbalance", share_ratio_min=None, migrations_per_s=None),
+            ev("intrinsic-imbalance", share_ratio_min=0.99, migrations_per_s=100)]
+    a = infer_evidence(runs).answer("intrinsic")
+    assert a.label == "fairness-first" and a.agreement == {"no_label": 1, "fairness-first": 1}
+
+
+def test_collect_lists_incomplete_runs_and_skips_companions(tmp_path):
+    def write(d, status, exp="intrinsic-imbalance", summary=None):
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({"status": status, "experiment": exp,
+                                                     "params": {}, "cpus": [0, 1]}))
+        if summary is not None:
+            (d / "summary.json").write_text(json.dumps(summary))
+
+    write(tmp_path / "b" / "rep-01", "complete", summary={"share_ratio_min": 0.99, "migrations_per_s": 1})
+    write(tmp_path / "b" / "rep-01" / "static", "complete", summary={"share_ratio_min": 0.5})
+    write(tmp_path / "b" / "rep-02", "incomplete")
+    evidence, skipped = policy.collect([tmp_path])
+    assert [e.path.name for e in evidence] == ["rep-01"]
+    assert [p.name for p, _ in skipped] == ["rep-02"]
+    card = policy.infer([tmp_path])
+    assert "rep-02" in card.text()
+    with pytest.raises(policy.store.RunError, match="no such directory"):
+        policy.infer([tmp_path / "missing"])
+
+
+def test_stats_describe_and_bootstrap():
+    d = stats.describe([1, 2, 3, 4, None, float("nan"), 100])
+    assert d["n"] == 5 and d["missing"] == 2
+    assert d["median"] == 3 and d["q1"] == 2 and d["q3"] == 4 and d["iqr"] == 2
+    assert d["ci_low"] <= d["median"] <= d["ci_high"]
+    assert stats.bootstrap_ci([5.0]) == (None, None)
+    assert stats.bootstrap_ci([1, 2, 3, 4, 5]) == stats.bootstrap_ci([1, 2, 3, 4, 5])  # deterministic
+    df = stats.df_aggregate([{"a": 1, "b": True, "c": "text"}, {"a": 3, "b": False, "c": "x"}])
+    assert list(df["metric"]) == ["a", "b"]
+    assert df.set_index("metric").loc["b", "mean"] == 0.5

@@ -1,0 +1,95 @@
+"""Suite plan, batches (repetitions + aggregates), the report, and the CLI around them."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from harmony.cli import main
+from harmony.suite import cpu_limits, plan
+
+
+def test_plan_covers_the_catalog_with_sweeps():
+    from harmony.experiments import CATALOG
+
+    configs = plan([0, 1], quick=True)
+    assert {c.experiment for c in configs} == set(CATALOG)
+    for c in configs:
+        assert c.params is not None and c.repeat >= 2
+    if "how-many" in CATALOG:
+        assert any("x" in c.overrides for c in configs if c.experiment == "how-many")
+    full = plan([0, 1, 2, 3], quick=False)
+    assert sum(c.configured_s for c in full) > sum(c.configured_s for c in configs)
+    with pytest.raises(ValueError, match="unknown experiment"):
+        plan([0, 1], experiments=["no-such"])
+
+
+def test_two_cpus_say_what_they_cannot_answer():
+    lines = cpu_limits(2)
+    assert any("x/2" in line and "3 or more CPUs" in line for line in lines)
+    assert cpu_limits(4) == []
+
+
+@pytest.fixture
+def no_figures(monkeypatch):
+    import harmony.experiments as ex
+
+    real = ex.get_experiment
+
+    def get(name):
+        exp = real(name)
+        exp.plot = lambda run, fig_dir: []
+        return exp
+
+    monkeypatch.setattr(ex, "get_experiment", get)
+
+
+def test_simulated_batch_and_suite_report(tmp_path, no_figures):
+    cli = CliRunner()
+    out = tmp_path / "batch"
+    r = cli.invoke(main, ["simulate", "--policy", "poly-balance", "--cpus", "4", "--experiment",
+                          "single-source", "--repeat", "3", "-p", "duration=0.5", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    b = json.loads((out / "batch.json").read_text())
+    assert b["complete"] == 3 and [d for d in b["reps"]] == ["rep-01", "rep-02", "rep-03"]
+    agg = {a["metric"]: a for a in b["aggregates"]}
+    assert agg["balance_migrations"]["n"] == 3 and agg["balance_migrations"]["median"] == 6
+    assert (out / "figures" / "reps.png").is_file()
+
+    suite = tmp_path / "suite"
+    r = cli.invoke(main, ["simulate", "--policy", "pairwise-random", "--cpus", "4", "--suite",
+                          "--quick", "--repeat", "1", "--out", str(suite)])
+    assert r.exit_code == 0, r.output
+    md = (suite / "report.md").read_text()
+    html = (suite / "report.html").read_text()
+    assert md.index("Policy card") < md.index("Evidence per question")
+    assert "data:image/png;base64," in html and "src='figures" not in html
+    info = json.loads((suite / "suite.json").read_text())
+    assert info["status"] == "complete" and info["efficiency"] > 0
+
+    r = cli.invoke(main, ["infer", str(suite), "--json"])
+    assert r.exit_code == 0, r.output
+    card = json.loads(r.output)
+    assert card["answers"][2]["label"] == "pairwise"
+
+
+def test_bad_arguments_exit_2(tmp_path):
+    cli = CliRunner()
+    assert cli.invoke(main, ["infer", str(tmp_path / "missing")]).exit_code == 2
+    assert cli.invoke(main, ["infer", str(tmp_path)]).exit_code == 2  # no runs in it
+    r = cli.invoke(main, ["simulate", "--policy", "fifo", "--experiment", "single-source",
+                          "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "unknown reference policy" in r.output
+    r = cli.invoke(main, ["suite", "--experiment", "no-such", "--out", str(tmp_path / "s")])
+    assert r.exit_code == 2
+    r = cli.invoke(main, ["run", "single-source", "--repeat", "0"])
+    assert r.exit_code == 2
+
+
+def test_kernel_repeat_batch(kernel, tmp_path):
+    """Two real runs of one configuration: rep dirs, batch.json, the host lock held throughout."""
+    r = CliRunner().invoke(main, ["run", "single-source", "--duration", "1", "--repeat", "2", "-q",
+                                  "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    b = json.loads((tmp_path / "b" / "batch.json").read_text())
+    assert b["complete"] == 2 and not b["failed"]
