@@ -266,6 +266,9 @@ class Simulator:
         if self.p.amount == "poly":
             avg = sum(self._nr(c) for c in range(self.ncpu)) / self.ncpu
             n = int(math.floor(min(qs - avg, avg - qd) + 1e-9)) if qs - qd >= 2 else 0
+            if n == 0 and qs - qd >= 2 and avg - qd >= 1:
+                n = 1  # dst is a whole task below the mean: one task moves even from a source
+                #        only a fraction above it (else a CPU cut late would wait forever)
         else:
             n = (qs - qd) // 2
             partner = dst ^ 1  # the CPU sharing dst's lowest domain

@@ -212,6 +212,7 @@ def finish_batch(out: Path) -> dict:
         except store.RunError as exc:
             failed.append({"rep": name, "reason": str(exc)})
     agg = df_aggregate([s for _, s in summaries])
+    agg = agg.astype(object).where(agg.notna(), None)  # no NaN in JSON: None = no value
     record |= {"status": "complete" if not failed else "incomplete", "complete": len(summaries),
                "failed": failed, "aggregates": agg.to_dict(orient="records"),
                "values": {k: [s.get(k) for _, s in summaries] for k in agg["metric"]}}
