@@ -235,6 +235,88 @@ def clean():
     click.echo("\n".join(f"removed {r}" for r in removed) if removed else "nothing to clean")
 
 
+@main.command("export")
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(["trace.dat"]), default="trace.dat", show_default=True,
+              help="file format (trace-cmd's trace.dat, for KernelShark and `trace-cmd report`)")
+@click.option("--out", type=click.Path(path_type=Path), help="file to write (default RUN_DIR/trace.dat)")
+def export(run_dir, fmt, out):
+    """Write a run's capture as a trace.dat that KernelShark and `trace-cmd report` open."""
+    from harmony.importer import ImportFailed, export_tracedat
+    from harmony.probes import ProbeError
+    from harmony.store import RunError
+
+    if not (run_dir / "manifest.json").is_file():
+        raise click.BadParameter(f"{run_dir} is not a run directory (no manifest.json)", param_hint="RUN_DIR")
+    dest = out or run_dir / "trace.dat"
+    if dest.is_dir():
+        raise click.BadParameter(f"{dest} is a directory", param_hint="--out")
+    try:
+        click.echo(export_tracedat(run_dir, dest))
+    except (ImportFailed, ProbeError, RunError, OSError) as exc:
+        _fail(str(exc))
+
+
+@main.command("import")
+@click.argument("trace_file", metavar="FILE", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True, help="a task of the experiment")
+@click.option("--comm", "comms", multiple=True, metavar="NAME",
+              help="tasks whose comm matches NAME (a glob such as 'hmy-*')")
+@click.option("--cpus", help="experiment CPU set (default: every CPU in the trace)")
+@click.option("--t0", "t0_s", type=float, help="t0 in seconds on the trace clock (as trace-cmd report prints)")
+@click.option("--t0-marker", metavar="TEXT", help="t0 is the first trace marker with this text")
+@click.option("--end", "end_s", type=float, help="end of the measured window, seconds on the trace clock")
+@click.option("--end-marker", metavar="TEXT", help="the measured window ends at this trace marker")
+@click.option("--experiment", default="single-source", show_default=True, help="whose metrics and figures")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
+@click.option("--buffer", help="trace.dat instance buffer to read (default: the only one with data)")
+@click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/import-<time>)")
+def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params, buffer, out):
+    """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*') from another host."""
+    from harmony.analysis.report import summary_text
+    from harmony.experiments import get_experiment
+    from harmony.host import parse_cpulist
+    from harmony.importer import ImportFailed, import_trace
+    from harmony.probes import ProbeError
+    from harmony.store import RunError
+
+    # Everything is checked before the file is read.
+    if not pids and not comms:
+        raise click.UsageError("name the experiment's tasks with --pid and/or --comm")
+    if t0_s is not None and t0_marker is not None:
+        raise click.UsageError("give --t0 or --t0-marker, not both")
+    if end_s is not None and end_marker is not None:
+        raise click.UsageError("give --end or --end-marker, not both")
+    if t0_s is not None and end_s is not None and end_s <= t0_s:
+        raise click.BadParameter(f"{end_s} is not after --t0 {t0_s}", param_hint="--end")
+    try:
+        exp = get_experiment(experiment)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--experiment") from None
+    cpu_set = None
+    if cpus is not None:
+        try:
+            cpu_set = parse_cpulist(cpus)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--cpus") from None
+    overrides = _parse_params(params)
+    known = {p.name for p in exp.all_params()}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise click.BadParameter(f"{exp.name} has no parameter {', '.join(unknown)}", param_hint="--param")
+    if out is None:
+        out = Path("runs") / f"import-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    if (out / "manifest.json").exists():
+        raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+    try:
+        result = import_trace(trace_file, out, pids=pids, comms=comms, cpus=cpu_set, t0_s=t0_s,
+                              t0_marker=t0_marker, end_s=end_s, end_marker=end_marker,
+                              experiment=experiment, params=overrides, buffer=buffer)
+    except (ImportFailed, ProbeError, RunError, ValueError, OSError) as exc:
+        _fail(str(exc))
+    click.echo(summary_text(result))
+
+
 @main.command()
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="print the card as JSON")

@@ -1,0 +1,425 @@
+"""Analyse a trace recorded elsewhere: a trace-cmd ``trace.dat`` or a ``perf.data`` of the sched
+tracepoints becomes a normal run directory (``harmony import``), and a Harmony tracefs capture
+becomes a ``trace.dat`` for KernelShark / ``trace-cmd report`` (``harmony export``).
+
+An imported run has no controller: its tasks are whatever the user names (pids, comms), t0 is the
+first event of those tasks unless a time or a trace marker is given, the end is the last event in
+the file unless given likewise, and what the trace cannot tell (each task's demand) is stated in
+the run's notes. Its manifest says ``"source": {"imported": FILE, ...}``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fnmatch
+import platform
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+import harmony
+from harmony import store
+from harmony.probes.base import Capture, ProbeError, TraceCorrupt
+
+PERF_MAGIC = b"PERFILE2"
+RAW_DIR = "raw/import"
+
+
+class ImportFailed(RuntimeError):
+    """The trace was read but cannot be analysed as asked (no such task, no such marker...)."""
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+def sniff(path: Path) -> str:
+    """"trace.dat" or "perf.data" from the file's magic; TraceCorrupt naming it otherwise."""
+    from harmony.probes.tracedat_read import MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise TraceCorrupt(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if head.startswith(MAGIC):
+        return "trace.dat"
+    if head.startswith(PERF_MAGIC):
+        return "perf.data"
+    if not head:
+        raise TraceCorrupt(f"{path}: empty file, neither a trace.dat nor a perf.data")
+    raise TraceCorrupt(f"{path}: neither a trace.dat nor a perf.data (unknown magic)")
+
+
+def read_perf_data(path: Path) -> Capture:
+    """Decode a ``perf record -e 'sched:*'`` file with the perf probe's parser.
+
+    Unlike the perf probe's own recordings, a foreign perf.data may use any clock and has no
+    markers: the clock is taken from its header and reported, never checked.
+    """
+    import subprocess
+    import tempfile
+
+    from harmony.probes import perf as perfmod
+
+    info = perfmod.check_perf_data(path)
+    binary = perfmod.PerfProbe.perf_binary()
+    if not binary:
+        raise ProbeError(f"perf is not installed (no 'perf' in PATH): cannot decode {path}")
+    header = perfmod._run_perf_report(binary, path, "--header-only")
+    lost_samples = perfmod._lost_samples(perfmod._run_perf_report(binary, path, "--stats"))
+    parser = perfmod.PerfScriptParser()
+    cmd = [binary, "script", "-f", "-i", str(path), "--ns", "--show-lost-events",
+           "-F", "trace:tid,cpu,time,event,trace"]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                env=perfmod._ENV)
+        try:
+            for chunk in iter(lambda: proc.stdout.read(8 << 20), b""):
+                parser.feed(chunk)
+            parser.finish()
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        err.seek(0)
+        errtext = err.read().decode("utf-8", "replace")
+    if rc != 0:
+        raise TraceCorrupt(f"{path}: perf script failed (exit {rc}): "
+                           + perfmod._first_error_line(errtext))
+    events = parser.events()
+    notes = []
+    if parser.bad_lines:
+        notes.append(f"{parser.bad_lines} perf script lines did not parse, e.g. "
+                     f"{parser.bad_examples[:2]!r}")
+    if parser.other_events:
+        notes.append(f"ignored non-sched events: {parser.other_events}")
+    lost_records = sum(parser.lost_by_cpu.values())
+    sched_lost = sum(v for k, v in (lost_samples or {}).items() if k.startswith("sched:"))
+    lost = max(lost_records, sched_lost)
+    clockid = perfmod._check_clockid(header)
+    clock = "mono" if clockid else "perf (sched_clock, perf's default)"
+    uname = next((ln.partition(":")[2].strip() for ln in header.splitlines()
+                  if ln.startswith("# os release")), "")
+    meta = {
+        "probe": "perf.data", "clock": clock, "lost_events": int(lost),
+        "lost_by_cpu": {int(k): int(v) for k, v in sorted(parser.lost_by_cpu.items())},
+        "lost_samples_by_event": lost_samples or {},
+        "events_enabled": sorted(set(map(str, events["event"].cat.categories))),
+        "bytes": info["bytes"], "n_events": int(len(events)), "n_markers": 0,
+        "kernel": uname, "cpus": sorted(int(c) for c in np.unique(events["cpu"])),
+        "notes": notes,
+    }
+    from harmony.probes.schema import make_markers
+    return Capture(events=events, markers=make_markers(), meta=meta)
+
+
+def read_trace(path: Path, buffer: str | None = None) -> tuple[Capture, str]:
+    """(capture, format) of a trace.dat or perf.data; TraceCorrupt naming the file if it is bad."""
+    from harmony.probes.tracedat_read import decode_tracedat
+
+    kind = sniff(path)
+    if kind == "trace.dat":
+        cap, td = decode_tracedat(path, buffer)
+        cap.meta["cmdlines"] = {int(k): v for k, v in td.cmdlines.items()}
+        return cap, kind
+    if buffer is not None:
+        raise ImportFailed(f"{path}: --buffer applies to trace.dat files, this is a perf.data")
+    return read_perf_data(path), kind
+
+
+# --- choosing the tasks, t0 and the end ---------------------------------------------------------
+
+def _pid_comms(events: pd.DataFrame, cmdlines: dict[int, str]) -> dict[int, set[str]]:
+    """Every comm each pid is seen with (events' pid/comm, prev_pid/prev_comm, the file's cmdlines)."""
+    out: dict[int, set[str]] = {}
+    for pid_col, comm_col in (("pid", "comm"), ("prev_pid", "prev_comm")):
+        pairs = events[[pid_col, comm_col]].drop_duplicates()
+        for pid, comm in zip(pairs[pid_col].to_numpy(), pairs[comm_col].astype(str)):
+            if pid > 0 and comm:
+                out.setdefault(int(pid), set()).add(comm)
+    for pid, comm in cmdlines.items():
+        if pid > 0:
+            out.setdefault(int(pid), set()).add(comm)
+    return out
+
+
+def select_pids(events: pd.DataFrame, cmdlines: dict[int, str], pids, comms, path) -> list[int]:
+    """The pids of the experiment: the given pids plus every pid whose comm matches a glob.
+
+    Raises ImportFailed if a given pid never appears or a comm matches nothing.
+    """
+    seen = _pid_comms(events, cmdlines)
+    in_events = set(events["pid"].tolist()) | set(events["prev_pid"].tolist()) | set(
+        events["common_pid"].tolist())
+    chosen = []
+    for pid in pids:
+        if pid not in in_events:
+            raise ImportFailed(f"{path}: pid {pid} has no event in the trace")
+        chosen.append(pid)
+    for pattern in comms:
+        hit = sorted(p for p, names in seen.items() if p in in_events
+                     and any(fnmatch.fnmatchcase(n, pattern) for n in names))
+        if not hit:
+            raise ImportFailed(f"{path}: no task with an event in the trace has a comm matching "
+                               f"{pattern!r}")
+        chosen += hit
+    return sorted(set(chosen))
+
+
+def _task_events(events: pd.DataFrame, pids: list[int]) -> np.ndarray:
+    return (events["pid"].isin(pids) | events["prev_pid"].isin(pids)
+            | events["common_pid"].isin(pids)).to_numpy()
+
+
+def find_marker(markers: pd.DataFrame, text: str, path) -> int:
+    """ts of the first marker whose text equals ``text`` (else the first that contains it)."""
+    exact = markers.loc[markers["text"] == text, "ts"]
+    if len(exact):
+        return int(exact.iloc[0])
+    part = markers.loc[markers["text"].astype(str).str.contains(text, regex=False), "ts"]
+    if len(part):
+        return int(part.iloc[0])
+    raise ImportFailed(f"{path}: no trace marker with the text {text!r} "
+                       f"({len(markers)} markers in the file)")
+
+
+def _where_at(events: pd.DataFrame, pid: int, t0: int) -> int:
+    """CPU ``pid`` was on at t0: last placement before it, else the first one after; -1 if none."""
+    e = events
+    on = np.where((e["event"] == "sched_switch").to_numpy() & (e["pid"].to_numpy() == pid),
+                  e["cpu"].to_numpy(), -1)
+    on = np.where((e["event"] == "sched_switch").to_numpy() & (e["prev_pid"].to_numpy() == pid),
+                  e["cpu"].to_numpy(), on)
+    moved = e["event"].isin(["sched_migrate_task", "sched_wakeup", "sched_wakeup_new"]).to_numpy() \
+        & (e["pid"].to_numpy() == pid)
+    on = np.where(moved, e["target_cpu"].to_numpy(), on).astype(np.int64)
+    ts = e["ts"].to_numpy()
+    known = np.flatnonzero(on >= 0)
+    if not known.size:
+        return -1
+    before = known[ts[known] <= t0]
+    return int(on[before[-1]] if before.size else on[known[0]])
+
+
+def _nice(events: pd.DataFrame, pid: int) -> tuple[int, int | None]:
+    """(nice, kernel prio) from the prio the events show for ``pid`` (most frequent value)."""
+    prios = np.concatenate([events.loc[events["pid"] == pid, "prio"].to_numpy(),
+                            events.loc[events["prev_pid"] == pid, "prev_prio"].to_numpy()])
+    prios = prios[prios >= 0]
+    if not prios.size:
+        return 0, None
+    vals, counts = np.unique(prios, return_counts=True)
+    prio = int(vals[np.argmax(counts)])
+    return (prio - 120 if 100 <= prio <= 139 else 0), prio
+
+
+def tasks_from_trace(events: pd.DataFrame, pids: list[int], seen: dict[int, set[str]],
+                     t0: int) -> tuple[pd.DataFrame, list[str]]:
+    """The tasks table of an imported run (see :mod:`harmony.tasks`), plus notes.
+
+    name: the task's comm (``comm-pid`` if several chosen tasks share it); role "cpu"; duty 100
+    (the trace does not say what a task demands); nice from its kernel prio; initial_cpu: the CPU
+    it was on at t0.
+    """
+    from harmony.tasks import TaskSpec, tasks_frame
+
+    comms = {}
+    for pid in pids:  # the name it last had (a task renames itself by exec or prctl)
+        named = pd.concat([events.loc[events["pid"] == pid, ["ts", "comm"]],
+                           events.loc[events["prev_pid"] == pid, ["ts", "prev_comm"]].rename(
+                               columns={"prev_comm": "comm"})]).astype({"comm": str})
+        named = named[named["comm"] != ""].sort_values("ts", kind="stable")
+        comms[pid] = named["comm"].iloc[-1] if len(named) else sorted(seen.get(pid, {f"pid{pid}"}))[0]
+    counts = pd.Series(list(comms.values())).value_counts()
+    specs, notes, rt = [], [], []
+    for pid in pids:
+        comm = comms[pid]
+        nice, prio = _nice(events, pid)
+        if prio is not None and prio < 100:
+            rt.append(pid)
+        name = comm if counts[comm] == 1 else f"{comm}-{pid}"
+        specs.append(TaskSpec(name=name, nice=nice, initial_cpu=_where_at(events, pid, t0)))
+    df = tasks_frame(specs, pids)
+    df["comm"] = [comms[p] for p in pids]
+    if rt:
+        notes.append(f"tasks {rt} have real-time priorities; their fair share is computed as if "
+                     "they were nice 0")
+    return df, notes
+
+
+# --- the run directory -------------------------------------------------------------------------
+
+def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | None = None,
+                 t0_s: float | None = None, t0_marker: str | None = None,
+                 end_s: float | None = None, end_marker: str | None = None,
+                 experiment: str = "single-source", params: dict | None = None,
+                 buffer: str | None = None) -> store.Run:
+    """Analyse ``path`` into the run directory ``out``; returns the loaded, complete run.
+
+    Raises TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as
+    asked) or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the
+    reason if it was already created.
+    """
+    from harmony.experiments import get_experiment
+
+    path, out = Path(path), Path(out)
+    exp = get_experiment(experiment)
+    cap, kind = read_trace(path, buffer)
+    events, markers, meta = cap.events, cap.markers, cap.meta
+    if not len(events):
+        raise ImportFailed(f"{path}: holds no sched event")
+    seen = _pid_comms(events, meta.get("cmdlines", {}))
+    chosen = select_pids(events, meta.get("cmdlines", {}), pids, comms, path)
+    notes = list(meta.get("notes", []))
+
+    if t0_marker is not None:
+        t0, t0_from = find_marker(markers, t0_marker, path), f"trace marker {t0_marker!r}"
+    elif t0_s is not None:
+        t0, t0_from = int(round(t0_s * 1e9)), f"given time {t0_s} s"
+    else:
+        t0 = int(events["ts"].to_numpy()[_task_events(events, chosen)][0])
+        t0_from = "first event of the chosen tasks"
+        notes.append("t0 is the first event of the chosen tasks (no --t0 or --t0-marker given)")
+    if end_marker is not None:
+        t_end, end_from = find_marker(markers, end_marker, path), f"trace marker {end_marker!r}"
+    elif end_s is not None:
+        t_end, end_from = int(round(end_s * 1e9)), f"given time {end_s} s"
+    else:
+        t_end, end_from = int(events["ts"].iloc[-1]), "last event in the file"
+    stamps = np.concatenate([events["ts"].to_numpy()[[0, -1]], markers["ts"].to_numpy()])
+    first, last = int(stamps.min()), int(stamps.max())      # markers are part of the trace too
+    if not first <= t0 < t_end:
+        raise ImportFailed(f"{path}: t0 ({t0 / 1e9:.6f} s, {t0_from}) must lie in the trace "
+                           f"({first / 1e9:.6f} .. {last / 1e9:.6f} s) and before the end "
+                           f"({t_end / 1e9:.6f} s, {end_from})")
+    file_cpus = sorted(set(int(c) for c in meta.get("cpus", [])) | set(np.unique(events["cpu"]).tolist()))
+    cpu_set = list(cpus) if cpus else file_cpus
+    outside = sorted(set(cpu_set) - set(file_cpus))
+    if outside:
+        notes.append(f"CPUs {outside} of the CPU set recorded no event")
+
+    tasks, task_notes = tasks_from_trace(events, chosen, seen, t0)
+    notes += task_notes
+    notes.append("fair shares assume every task wants a whole CPU (duty 100%): the trace does "
+                 "not say what the tasks demand")
+    overrides = dict(params or {})
+    overrides["duration"] = str((t_end - t0) / 1e9)
+    if "layout" in {p.name for p in exp.all_params()} and "layout" not in overrides:
+        where = tasks["initial_cpu"].to_numpy()
+        overrides["layout"] = ",".join(str(int((where == c).sum())) for c in cpu_set)
+    values = exp.resolve(overrides, cpu_set)
+
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "harmony_version": harmony.__version__,
+        "experiment": exp.name,
+        "question": exp.question,
+        "params": values,
+        "cpus": cpu_set,
+        "probe": f"import:{kind}",
+        "seed": None,
+        "status": "running",
+        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "source": {"imported": str(path.resolve()), "format": kind,
+                   "file_version": meta.get("file_version"), "compression": meta.get("compression"),
+                   "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
+                   "t0_from": t0_from, "end_from": end_from, "stored": f"{RAW_DIR}/{path.name}"},
+        "host": {"kernel": meta.get("kernel") or "?", "scheduler": "? (recorded elsewhere)",
+                 "ncpus": meta.get("n_cpus") or len(file_cpus), "uname": meta.get("uname", "")},
+        "versions": {"python": platform.python_version(), "pandas": pd.__version__,
+                     "numpy": np.__version__},
+    }
+    store.write_json(out / "manifest.json", manifest)
+    try:
+        (out / RAW_DIR).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, out / RAW_DIR / path.name)
+        store.write_table(out, "tasks", tasks)
+        return _analyse(out, manifest, cap, tasks, cpu_set, t0, t_end, notes)
+    except BaseException as exc:
+        manifest["status"] = "incomplete"
+        manifest["incomplete_reason"] = f"{type(exc).__name__}: {exc}"
+        store.write_json(out / "manifest.json", manifest)
+        raise
+
+
+def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus: list[int],
+             t0: int, t_end: int, notes: list[str]) -> store.Run:
+    """The tables, summary, figures and report of an imported run (as harmony.analyse does for
+    a recorded one, with t0 and the end given instead of read from Harmony's markers)."""
+    from harmony.analysis import reconstruct
+    from harmony.analysis.release import release_spread
+    from harmony.analysis.report import write_report
+    from harmony.experiments import get_experiment
+
+    events, markers, meta = cap.events, cap.markers, cap.meta
+    params = manifest["params"]
+    migrations = reconstruct.df_migrations(events, tasks, t0)
+    runs = reconstruct.df_runs(events, tasks, t0, t_end)
+    runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
+    allocation = reconstruct.df_allocation(runs, tasks, t0, t_end, int(params["window_s"] * 1e9))
+    shares = reconstruct.df_task_share(runs, tasks, cpus, t0, t_end)
+    for name, df in {"events": events, "markers": markers, "migrations": migrations, "runs": runs,
+                     "runqueue": runqueue, "allocation": allocation, "shares": shares}.items():
+        store.write_table(out, name, df)
+
+    lost = meta.get("lost_events", -1)
+    if lost > 0:
+        notes.append(f"{lost} events were lost when the trace was recorded (per CPU: "
+                     f"{meta.get('lost_by_cpu')}): tables may miss migrations or switches")
+    elif lost < 0:
+        notes.append("the trace says events were lost but not how many")
+    anomalies = int(runqueue.attrs.get("anomalies", 0))
+    if anomalies:
+        notes.append(f"{anomalies} reconstruction anomalies were repaired (a task seen running "
+                     "where the state machine did not expect it)")
+    manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes", "cmdlines")}
+    manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, None, t_end
+    manifest["measured_s"] = (t_end - t0) / 1e9
+    manifest["release"] = release_spread(events, tasks, t0, None)
+    manifest["lost_events"] = lost
+    manifest["reconstruction_anomalies"] = anomalies
+    manifest["kernel_agreement"] = None
+    manifest["notes"] = notes
+    manifest["status"] = "complete"
+    manifest["ended_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    run = store.Run(out, manifest)
+    experiment = get_experiment(manifest["experiment"])
+    store.write_json(out / "summary.json", experiment.analyse(run))
+    fig_dir = out / "figures"
+    fig_dir.mkdir(exist_ok=True)
+    manifest["figures"] = [str(p.relative_to(out)) for p in experiment.plot(run, fig_dir)]
+    store.write_json(out / "manifest.json", manifest)
+    write_report(run)
+    return store.load(out)
+
+
+# --- export ------------------------------------------------------------------------------------
+
+def export_tracedat(run_dir: Path, dest: Path) -> Path:
+    """Write the run's capture as a trace.dat at ``dest``.
+
+    A tracefs capture is converted (:func:`harmony.probes.tracedat.write_tracedat`); an imported
+    trace.dat is copied as it was. Any other probe: ImportFailed saying why.
+    """
+    from harmony.probes.tracedat import write_tracedat
+
+    run_dir = Path(run_dir)
+    manifest = store.read_json(run_dir / "manifest.json")
+    probe = manifest.get("probe")
+    if probe == "tracefs":
+        raw = run_dir / "raw" / "tracefs"
+        if not raw.is_dir():
+            raise ImportFailed(f"{run_dir}: the tracefs capture {raw} is missing")
+        return write_tracedat(raw, dest)
+    source = manifest.get("source", {})
+    if probe == "import:trace.dat" and source.get("stored"):
+        stored = run_dir / source["stored"]
+        if not stored.is_file():
+            raise ImportFailed(f"{run_dir}: the imported trace {stored} is missing")
+        shutil.copyfile(stored, dest)
+        return dest
+    raise ImportFailed(f"{run_dir}: recorded with probe {probe!r}, which keeps no ftrace ring-buffer "
+                       "pages; only tracefs captures (and imported trace.dat files) export to trace.dat")

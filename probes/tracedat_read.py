@@ -1,0 +1,638 @@
+"""Read a trace-cmd ``trace.dat`` (file versions 6 and 7) into the canonical tables.
+
+Only the container is parsed here; the per-CPU ring-buffer pages it holds are decoded by
+:mod:`harmony.probes.ringbuf`, with the formats stored in the file. Layouts (little endian; see
+trace-cmd.dat.v6(5), trace-cmd.dat.v7(5))::
+
+    v6  magic "6\\0" u8 endian u8 long_size u32 page_size
+        "header_page\\0" u64 n <text>  "header_event\\0" u64 n <text>
+        u32 n {u64 n <ftrace format>}   u32 n_sys {"sys\\0" u32 n {u64 n <format>}}
+        u32 n <kallsyms>  u32 n <printk formats>  u64 n <cmdlines>  u32 n_cpus
+        "options  \\0" {u16 id u32 n <data>} u16 0
+        "flyrecord\\0" {u64 offset u64 size} * n_cpus [u64 n <trace_clock> if TRACECLOCK]
+        BUFFER options (id 3): u64 offset of another "flyrecord\\0" block, "name\\0"
+    v7  magic "7\\0" u8 endian u8 long_size u32 page_size "algo\\0" "version\\0" u64 options_offset
+        sections: u16 id u16 flags(1 = compressed) u32 string id u64 size; compressed content is
+        u32 csize u32 usize <data>. Options sections chain through DONE (u64 next offset); options
+        16..21 give the offsets of the header, ftrace, event-format, kallsyms, printk and cmdlines
+        sections; BUFFER (3): u64 section offset "name\\0" "clock\\0" u32 page_size u32 n_cpus
+        {u32 cpu u64 offset u64 size}; compressed CPU data is u32 n_chunks {u32 csize u32 usize <data>}, its size
+        counting the chunks only.
+
+Everything that is wrong with a file raises :class:`~harmony.probes.base.TraceCorrupt` with a one-line
+message naming it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+import mmap
+import re
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from harmony.probes.base import Capture, TraceCorrupt
+from harmony.probes.formats import (EventFormat, FormatError, parse_format, parse_header_event,
+                                    parse_header_page)
+from harmony.probes.ringbuf import PageSource, decode_source
+
+MAGIC = b"\x17\x08\x44tracing"
+
+OPT_DONE, OPT_CPUSTAT, OPT_BUFFER, OPT_TRACECLOCK, OPT_UNAME = 0, 2, 3, 4, 5
+OPT_CPUCOUNT, OPT_VERSION = 8, 9
+OPT_HEADER_INFO, OPT_FTRACE_EVENTS, OPT_EVENT_FORMATS = 16, 17, 18
+OPT_KALLSYMS, OPT_PRINTK, OPT_CMDLINES, OPT_BUFFER_TEXT = 19, 20, 21, 22
+SECTION_STRINGS = 15
+
+
+@dataclasses.dataclass
+class Buffer:
+    """One trace instance stored in the file ("" = the top-level buffer)."""
+
+    name: str
+    clock: str
+    page_size: int
+    cpus: dict[int, tuple[int, int]]          # cpu -> (file offset, size in the file)
+    compressed: bool = False
+
+
+@dataclasses.dataclass
+class TraceDat:
+    """What a trace.dat says about itself (everything but the decoded events)."""
+
+    path: Path
+    version: int
+    long_size: int
+    page_size: int
+    compression: str                          # "none", "zstd", "zlib"
+    header_page: str
+    header_event: str
+    formats: dict[int, EventFormat]
+    cmdlines: dict[int, str]
+    n_cpus: int
+    buffers: list[Buffer]
+    cpustats: dict[str, dict[int, dict]]      # buffer name -> cpu -> per_cpu/cpuN/stats as numbers
+    uname: str = ""
+    tracer_version: str = ""
+    latency_only: bool = False
+
+    @property
+    def kernel(self) -> str:
+        parts = self.uname.split()
+        return parts[2] if len(parts) >= 3 else ""
+
+
+class _Reader:
+    """Bounds-checked little-endian reads from the mapped file; every overrun names the file."""
+
+    def __init__(self, path: Path, data):
+        self.path, self.data, self.size = path, data, len(data)
+
+    def need(self, at: int, n: int, what: str) -> None:
+        if at < 0 or n < 0 or at + n > self.size:
+            raise TraceCorrupt(f"{self.path}: truncated or corrupt: {what} at offset {at} "
+                               f"({n} bytes) lies past the end of the file ({self.size} bytes)")
+
+    def bytes(self, at: int, n: int, what: str) -> bytes:
+        self.need(at, n, what)
+        return bytes(self.data[at:at + n])
+
+    def u(self, at: int, fmt: str, what: str) -> int:
+        n = struct.calcsize(fmt)
+        self.need(at, n, what)
+        return struct.unpack_from("<" + fmt, self.data, at)[0]
+
+    def cstr(self, at: int, what: str, limit: int = 4096) -> tuple[str, int]:
+        """The NUL-terminated string at ``at`` and the offset after its NUL."""
+        end = self.data.find(b"\0", at, min(self.size, at + limit))
+        if end < 0:
+            raise TraceCorrupt(f"{self.path}: truncated or corrupt: unterminated {what} at offset {at}")
+        return bytes(self.data[at:end]).decode("utf-8", "replace"), end + 1
+
+
+class _Blob(_Reader):
+    """A decompressed section, read with the same checks; messages say which section."""
+
+    def __init__(self, path: Path, data: bytes, section: str):
+        super().__init__(path, data)
+        self.section = section
+
+    def need(self, at, n, what):
+        if at < 0 or n < 0 or at + n > self.size:
+            raise TraceCorrupt(f"{self.path}: corrupt {self.section} section: {what} at {at} "
+                               f"({n} bytes) runs past its {self.size} bytes")
+
+
+# --- decompression -----------------------------------------------------------------------------
+
+_zstd = None
+
+
+def _zstd_lib():
+    """libzstd through ctypes (trace-cmd itself links it), or None."""
+    global _zstd
+    if _zstd is None:
+        name = ctypes.util.find_library("zstd") or "libzstd.so.1"
+        try:
+            lib = ctypes.CDLL(name)
+            lib.ZSTD_decompress.restype = ctypes.c_size_t
+            lib.ZSTD_decompress.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                            ctypes.c_size_t)
+            lib.ZSTD_isError.restype = ctypes.c_uint
+            lib.ZSTD_isError.argtypes = (ctypes.c_size_t,)
+            _zstd = lib
+        except (OSError, AttributeError):
+            _zstd = False
+    return _zstd or None
+
+
+def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str) -> bytes:
+    if algo == "zlib":
+        try:
+            out = zlib.decompress(data)
+        except zlib.error as exc:
+            raise TraceCorrupt(f"{path}: corrupt compressed {what} ({exc})") from None
+    elif algo == "zstd":
+        lib = _zstd_lib()
+        if lib is None:
+            raise TraceCorrupt(f"{path}: compressed with zstd but libzstd is not available here; "
+                               "convert it with `trace-cmd convert --compression none`")
+        dst = ctypes.create_string_buffer(max(usize, 1))
+        n = lib.ZSTD_decompress(dst, usize, data, len(data))
+        if lib.ZSTD_isError(n):
+            raise TraceCorrupt(f"{path}: corrupt compressed {what} (zstd refused it)")
+        out = dst.raw[:n]
+    else:
+        raise TraceCorrupt(f"{path}: compressed with {algo!r}, which Harmony cannot read; convert "
+                           "it with `trace-cmd convert --compression none`")
+    if len(out) != usize:
+        raise TraceCorrupt(f"{path}: corrupt compressed {what} ({len(out)} bytes, header says {usize})")
+    return out
+
+
+# --- shared pieces of v6 and v7 ----------------------------------------------------------------
+
+def _parse_formats(path: Path, r: _Reader, at: int, system: str | None,
+                   into: dict[int, EventFormat]) -> int:
+    """u32 n {u64 size <format>}; returns the offset after it."""
+    n = r.u(at, "I", "format count")
+    at += 4
+    if n > 100000:
+        raise TraceCorrupt(f"{path}: corrupt: {n} event formats at offset {at - 4}")
+    for _ in range(n):
+        size = r.u(at, "Q", "format size")
+        text = r.bytes(at + 8, size, "event format").decode("utf-8", "replace")
+        at += 8 + size
+        try:
+            fmt = parse_format(text, system=system or "ftrace")
+        except FormatError as exc:
+            raise TraceCorrupt(f"{path}: bad event format in the file ({exc})") from None
+        into[fmt.id] = fmt
+    return at
+
+
+def _parse_systems(path: Path, r: _Reader, at: int, into: dict[int, EventFormat]) -> int:
+    n_sys = r.u(at, "I", "system count")
+    at += 4
+    if n_sys > 10000:
+        raise TraceCorrupt(f"{path}: corrupt: {n_sys} event systems at offset {at - 4}")
+    for _ in range(n_sys):
+        system, at = r.cstr(at, "system name")
+        at = _parse_formats(path, r, at, system, into)
+    return at
+
+
+def _parse_headers(path: Path, r: _Reader, at: int) -> tuple[str, str, int]:
+    texts = []
+    for label in (b"header_page\0", b"header_event\0"):
+        if r.bytes(at, len(label), label.decode().strip("\0")) != label:
+            raise TraceCorrupt(f"{path}: corrupt: expected {label[:-1].decode()!r} at offset {at}")
+        at += len(label)
+        size = r.u(at, "Q", "header size")
+        texts.append(r.bytes(at + 8, size, label[:-1].decode()).decode("utf-8", "replace"))
+        at += 8 + size
+    return texts[0], texts[1], at
+
+
+def _parse_cmdlines(text: str) -> dict[int, str]:
+    out = {}
+    for line in text.splitlines():
+        pid, _, comm = line.strip().partition(" ")
+        if pid.lstrip("-").isdigit():
+            out[int(pid)] = comm
+    return out
+
+
+def _parse_stats(text: str) -> tuple[int | None, dict]:
+    """A CPUSTAT option: (cpu, {key: number}); cpu None when it is a "Buffer: name" separator."""
+    stats: dict = {}
+    cpu = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key, value = key.strip(), value.strip()
+        if key == "CPU":
+            cpu = int(value) if value.isdigit() else None
+        elif key:
+            try:
+                stats[key] = float(value) if "." in value else int(value.split()[0])
+            except (ValueError, IndexError):
+                stats[key] = value
+    return cpu, stats
+
+
+def _clock_name(text: str) -> str:
+    m = re.search(r"\[(\S+)\]", text)
+    return m.group(1) if m else text.strip().split()[0] if text.strip() else ""
+
+
+class _Options:
+    """Options shared by both versions, collected while walking them."""
+
+    def __init__(self):
+        self.cpustats: dict[str, dict[int, dict]] = {}
+        self._stat_buffer = ""
+        self.uname = ""
+        self.tracer_version = ""
+        self.trace_clock = ""
+        self.cpu_count = None
+        self.raw: list[tuple[int, bytes]] = []
+
+    def take(self, opt_id: int, data: bytes) -> None:
+        self.raw.append((opt_id, data))
+        text = data.split(b"\0", 1)[0].decode("utf-8", "replace")
+        if opt_id == OPT_CPUSTAT:
+            m = re.match(r"\s*Buffer:\s*(\S*)\s*$", text)
+            if m:
+                self._stat_buffer = m.group(1)
+                return
+            cpu, stats = _parse_stats(text)
+            if cpu is not None:
+                self.cpustats.setdefault(self._stat_buffer, {})[cpu] = stats
+        elif opt_id == OPT_UNAME:
+            self.uname = text
+        elif opt_id == OPT_VERSION:
+            self.tracer_version = text
+        elif opt_id == OPT_TRACECLOCK:
+            self.trace_clock = _clock_name(text)
+        elif opt_id == OPT_CPUCOUNT and len(data) >= 4:
+            self.cpu_count = struct.unpack_from("<I", data)[0]
+
+
+# --- version 6 ---------------------------------------------------------------------------------
+
+def _flyrecord_v6(path: Path, r: _Reader, at: int, n_cpus: int, has_clock: bool,
+                  what: str) -> tuple[dict[int, tuple[int, int]], str, int]:
+    if r.bytes(at, 10, what) != b"flyrecord\0":
+        raise TraceCorrupt(f"{path}: corrupt: expected 'flyrecord' for {what} at offset {at}")
+    at += 10
+    cpus = {}
+    for c in range(n_cpus):
+        off, size = r.u(at, "Q", f"{what} CPU table"), r.u(at + 8, "Q", f"{what} CPU table")
+        at += 16
+        if size:
+            cpus[c] = (off, size)
+    clock = ""
+    if has_clock:
+        size = r.u(at, "Q", "trace clock size")
+        clock = _clock_name(r.bytes(at + 8, size, "trace clock").decode("utf-8", "replace"))
+        at += 8 + size
+    return cpus, clock, at
+
+
+def _read_v6(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat:
+    hp, he, at = _parse_headers(path, r, 18)
+    formats: dict[int, EventFormat] = {}
+    at = _parse_formats(path, r, at, None, formats)
+    at = _parse_systems(path, r, at, formats)
+    at += 4 + r.u(at, "I", "kallsyms size")
+    at += 4 + r.u(at, "I", "printk formats size")
+    size = r.u(at, "Q", "cmdlines size")
+    cmdlines = _parse_cmdlines(r.bytes(at + 8, size, "cmdlines").decode("utf-8", "replace"))
+    at += 8 + size
+    n_cpus = r.u(at, "I", "CPU count")
+    at += 4
+    if n_cpus > 8192:
+        raise TraceCorrupt(f"{path}: corrupt: {n_cpus} CPUs")
+    opts = _Options()
+    kind = r.bytes(at, 10, "section label")
+    instances = []
+    if kind == b"options  \0":
+        at += 10
+        while True:
+            opt_id = r.u(at, "H", "option id")
+            at += 2
+            if opt_id == OPT_DONE:
+                break
+            size = r.u(at, "I", "option size")
+            data = r.bytes(at + 4, size, f"option {opt_id}")
+            at += 4 + size
+            opts.take(opt_id, data)
+            if opt_id == OPT_BUFFER:
+                if size < 9:
+                    raise TraceCorrupt(f"{path}: corrupt BUFFER option ({size} bytes)")
+                name = data[8:].split(b"\0", 1)[0].decode("utf-8", "replace")
+                instances.append((name, struct.unpack_from("<Q", data)[0]))
+        kind = r.bytes(at, 10, "section label")
+    has_clock = any(i == OPT_TRACECLOCK for i, _ in opts.raw)
+    buffers = []
+    latency = False
+    if kind == b"latency  \0":
+        latency = True
+    elif kind == b"flyrecord\0":
+        cpus, clock, at = _flyrecord_v6(path, r, at, n_cpus, has_clock, "top buffer")
+        buffers.append(Buffer("", clock or opts.trace_clock, page_size, cpus))
+    else:
+        raise TraceCorrupt(f"{path}: corrupt: expected 'flyrecord' or 'latency' at offset {at}")
+    for name, off in instances:
+        cpus, clock, _ = _flyrecord_v6(path, r, off, n_cpus, has_clock, f"buffer {name!r}")
+        buffers.append(Buffer(name, clock or opts.trace_clock, page_size, cpus))
+    return TraceDat(path=path, version=6, long_size=long_size, page_size=page_size,
+                    compression="none", header_page=hp, header_event=he, formats=formats,
+                    cmdlines=cmdlines, n_cpus=opts.cpu_count or n_cpus, buffers=buffers,
+                    cpustats=opts.cpustats, uname=opts.uname, tracer_version=opts.tracer_version,
+                    latency_only=latency)
+
+
+# --- version 7 ---------------------------------------------------------------------------------
+
+def _section(path: Path, r: _Reader, at: int, algo: str, what: str) -> tuple[int, _Reader, int]:
+    """(section id, reader over its content, offset after the header) of the section at ``at``."""
+    sid = r.u(at, "H", f"{what} section header")
+    flags = r.u(at + 2, "H", f"{what} section header")
+    size = r.u(at + 8, "Q", f"{what} section header")
+    start = at + 16
+    r.need(start, size, f"{what} section")
+    if flags & 1:
+        csize, usize = r.u(start, "I", what), r.u(start + 4, "I", what)
+        if csize + 8 > size:
+            raise TraceCorrupt(f"{path}: corrupt {what} section (compressed size {csize} > {size})")
+        data = _decompress(path, algo, r.bytes(start + 8, csize, what), usize, f"{what} section")
+        return sid, _Blob(path, data, what), start
+    return sid, _Blob(path, r.bytes(start, size, what), what), start
+
+
+def _check_strings(r: _Reader, at: int) -> None:
+    """trace-cmd appends the strings sections after the last options section and nothing points to
+    them: walk them so that a file cut short there is still reported as truncated."""
+    while at < r.size:
+        sid = r.u(at, "H", "strings section header")
+        if sid != SECTION_STRINGS:
+            return
+        size = r.u(at + 8, "Q", "strings section header")
+        r.need(at + 16, size, "strings section")
+        at += 16 + size
+
+
+def _read_v7(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat:
+    algo, at = r.cstr(18, "compression name")
+    _algo_version, at = r.cstr(at, "compression version")
+    next_opts = r.u(at, "Q", "options offset")
+    last_end = at + 8
+    opts = _Options()
+    sections: dict[int, int] = {}
+    buffers: list[Buffer] = []
+    seen = set()
+    latency = False
+    while next_opts:
+        if next_opts in seen:
+            raise TraceCorrupt(f"{path}: corrupt: options sections loop at offset {next_opts}")
+        seen.add(next_opts)
+        sid, blob, start = _section(path, r, next_opts, algo, "options")
+        last_end = start + r.u(next_opts + 8, "Q", "options section size")
+        if sid != 0:
+            raise TraceCorrupt(f"{path}: corrupt: section at offset {next_opts} is not an options "
+                               f"section (id {sid})")
+        next_opts, o = 0, 0
+        while o < blob.size:
+            opt_id, size = blob.u(o, "H", "option id"), blob.u(o + 2, "I", "option size")
+            data = blob.bytes(o + 6, size, f"option {opt_id}")
+            o += 6 + size
+            if opt_id == OPT_DONE:
+                next_opts = struct.unpack_from("<Q", data)[0] if size >= 8 else 0
+                break
+            opts.take(opt_id, data)
+            if OPT_HEADER_INFO <= opt_id <= OPT_CMDLINES and size >= 8:
+                sections[opt_id] = struct.unpack_from("<Q", data)[0]
+            elif opt_id == OPT_BUFFER_TEXT:
+                latency = True
+            elif opt_id == OPT_BUFFER:
+                buffers.append(_buffer_v7(path, data, algo))
+    _check_strings(r, last_end)
+    if OPT_HEADER_INFO not in sections:
+        raise TraceCorrupt(f"{path}: corrupt: no HEADER_INFO section (ring-buffer layout unknown)")
+    _, blob, _ = _section(path, r, sections[OPT_HEADER_INFO], algo, "header info")
+    hp, he, _ = _parse_headers(path, blob, 0)
+    formats: dict[int, EventFormat] = {}
+    if OPT_FTRACE_EVENTS in sections:
+        _, blob, _ = _section(path, r, sections[OPT_FTRACE_EVENTS], algo, "ftrace formats")
+        _parse_formats(path, blob, 0, None, formats)
+    if OPT_EVENT_FORMATS in sections:
+        _, blob, _ = _section(path, r, sections[OPT_EVENT_FORMATS], algo, "event formats")
+        _parse_systems(path, blob, 0, formats)
+    cmdlines: dict[int, str] = {}
+    if OPT_CMDLINES in sections:
+        _, blob, _ = _section(path, r, sections[OPT_CMDLINES], algo, "cmdlines")
+        size = blob.u(0, "Q", "cmdlines size")
+        cmdlines = _parse_cmdlines(blob.bytes(8, size, "cmdlines").decode("utf-8", "replace"))
+    for b in buffers:
+        if not b.page_size:
+            b.page_size = page_size
+    n_cpus = opts.cpu_count or max((max(b.cpus, default=-1) + 1 for b in buffers), default=0)
+    return TraceDat(path=path, version=7, long_size=long_size, page_size=page_size,
+                    compression=algo, header_page=hp, header_event=he, formats=formats,
+                    cmdlines=cmdlines, n_cpus=n_cpus, buffers=buffers, cpustats=opts.cpustats,
+                    uname=opts.uname, tracer_version=opts.tracer_version,
+                    latency_only=latency and not buffers)
+
+
+def _buffer_v7(path: Path, data: bytes, algo: str) -> Buffer:
+    b = _Blob(path, data, "BUFFER option")
+    name, at = b.cstr(8, "buffer name")
+    clock, at = b.cstr(at, "buffer clock")
+    page_size, n = b.u(at, "I", "page size"), b.u(at + 4, "I", "CPU count")
+    at += 8
+    if n > 8192:
+        raise TraceCorrupt(f"{path}: corrupt BUFFER option ({n} CPUs)")
+    cpus = {}
+    for _ in range(n):
+        cpu, off, size = b.u(at, "I", "cpu"), b.u(at + 4, "Q", "offset"), b.u(at + 12, "Q", "size")
+        at += 20
+        if size:
+            cpus[cpu] = (off, size)
+    return Buffer(name, clock, page_size, cpus, compressed=algo != "none")
+
+
+# --- entry points ------------------------------------------------------------------------------
+
+def _open(path: Path):
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise TraceCorrupt(f"{path}: cannot read ({exc.strerror or exc})") from None
+    with f:
+        size = Path(path).stat().st_size
+        if size == 0:
+            raise TraceCorrupt(f"{path}: empty file, not a trace.dat")
+        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+
+def is_tracedat(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+def read_tracedat(path: Path) -> TraceDat:
+    """Parse the metadata of ``path`` (no event data is decoded)."""
+    path = Path(path)
+    data = _open(path)
+    r = _Reader(path, data)
+    if r.bytes(0, min(10, r.size), "magic") != MAGIC:
+        raise TraceCorrupt(f"{path}: not a trace.dat file (bad magic)")
+    version_text, at = r.cstr(10, "file version", limit=8)
+    if at != 12 or not version_text.isdigit():
+        raise TraceCorrupt(f"{path}: corrupt: bad file version {version_text!r}")
+    version = int(version_text)
+    endian, long_size = r.u(12, "B", "endian flag"), r.u(13, "B", "long size")
+    page_size = r.u(14, "I", "page size")
+    if endian != 0:
+        raise TraceCorrupt(f"{path}: big-endian trace.dat files are not supported")
+    if long_size not in (4, 8) or page_size <= 0 or page_size % 8 or page_size > (1 << 24):
+        raise TraceCorrupt(f"{path}: corrupt header (long size {long_size}, page size {page_size})")
+    if version == 6:
+        return _read_v6(path, r, long_size, page_size)
+    if version == 7:
+        return _read_v7(path, r, long_size, page_size)
+    raise TraceCorrupt(f"{path}: trace.dat version {version} is not supported (6 and 7 are)")
+
+
+def choose_buffer(td: TraceDat, name: str | None) -> Buffer:
+    """The buffer ``name``; by default the only buffer that holds data."""
+    if name is not None:
+        for b in td.buffers:
+            if b.name == name:
+                return b
+        have = ", ".join(repr(b.name) for b in td.buffers) or "none"
+        raise TraceCorrupt(f"{td.path}: has no buffer {name!r} (buffers: {have})")
+    full = [b for b in td.buffers if b.cpus]
+    if td.latency_only or not td.buffers:
+        raise TraceCorrupt(f"{td.path}: holds a latency (text) trace, not flyrecord ring-buffer data")
+    if not full:
+        raise TraceCorrupt(f"{td.path}: holds no event data (every CPU buffer is empty)")
+    if len(full) > 1:
+        names = ", ".join("top" if not b.name else repr(b.name) for b in full)
+        raise TraceCorrupt(f"{td.path}: holds several buffers with data ({names}); pick one with "
+                           "--buffer")
+    return full[0]
+
+
+def buffer_pages(td: TraceDat, buf: Buffer) -> dict[int, bytes]:
+    """cpu -> that CPU's ring-buffer pages, decompressed."""
+    path = td.path
+    data = _open(path)
+    r = _Reader(path, data)
+    out = {}
+    for cpu, (off, size) in sorted(buf.cpus.items()):
+        what = f"CPU {cpu} data"
+        r.need(off, size, what)
+        if not buf.compressed:
+            out[cpu] = data[off:off + size]
+            continue
+        # the size trace-cmd stores counts the chunks, not the chunk count before them
+        n = r.u(off, "I", f"{what} chunk count")
+        at, end, parts = off + 4, off + 4 + size, []
+        r.need(off, 4 + size, what)
+        for k in range(n):
+            csize, usize = r.u(at, "I", what), r.u(at + 4, "I", what)
+            if at + 8 + csize > end:
+                raise TraceCorrupt(f"{path}: corrupt {what}: chunk {k} runs past the CPU's data")
+            parts.append(_decompress(path, td.compression, r.bytes(at + 8, csize, what), usize,
+                                     f"{what} chunk {k}"))
+            at += 8 + csize
+        out[cpu] = b"".join(parts)
+    return out
+
+
+def _stat_int(stats: dict, key: str) -> int:
+    try:
+        return int(str(stats.get(key, 0)).split()[0])
+    except (ValueError, IndexError):
+        return 0
+
+
+def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, TraceDat]:
+    """Decode the events of one buffer of ``path`` into a :class:`Capture` (plus the file facts).
+
+    ``meta`` has the keys every probe fills (see :class:`~harmony.probes.base.Capture`) and
+    ``file_version``, ``compression``, ``buffer``, ``uname``, ``tracer_version``, ``cmdlines``
+    (pid -> comm as the file saved them). Lost events: per CPU, the larger of the count the pages'
+    missed-events flags store and the CPUSTAT ``overrun``, plus ``commit overrun`` and ``dropped
+    events``; -1 when a page says events were lost and neither it nor the statistics say how many.
+    """
+    path = Path(path)
+    td = read_tracedat(path)
+    buf = choose_buffer(td, buffer)
+    try:
+        hp = parse_header_page(td.header_page)
+        parse_header_event(td.header_event)
+    except FormatError as exc:
+        raise TraceCorrupt(f"{path}: bad ring-buffer header description ({exc})") from None
+    pages = buffer_pages(td, buf)
+    names = {c: f"{path} (CPU {c} data)" for c in pages}
+    src = PageSource.from_buffers({c: np.frombuffer(p, np.uint8) for c, p in pages.items()},
+                                  buf.page_size, names)
+    dec = decode_source(src, td.formats, hp)
+
+    notes = list(dec.notes)
+    stats = td.cpustats.get(buf.name, {})
+    lost_by_cpu = {}
+    for c in sorted(set(pages) | set(stats)):
+        page_lost = dec.lost_by_cpu.get(c, 0)
+        st = stats.get(c)
+        if st:
+            overrun = _stat_int(st, "overrun")
+            other = _stat_int(st, "commit overrun") + _stat_int(st, "dropped events")
+            # the kernel's counts give the number a flagged page did not store; with no count at
+            # all the loss stays "unknown" (-1) rather than 0
+            lost = -1 if page_lost < 0 and not (overrun or other) else max(page_lost, overrun) + other
+        else:
+            lost = page_lost
+        lost_by_cpu[c] = lost
+        if dec.missed_pages_by_cpu.get(c):
+            notes.append(f"CPU {c}: {dec.missed_pages_by_cpu[c]} pages follow lost events "
+                         f"({'count not stored' if page_lost < 0 else f'{page_lost} events'})")
+    if not stats:
+        notes.append("the file has no per-CPU statistics (CPUSTAT): lost events are known only "
+                     "from the pages' missed-events flags")
+    total = -1 if any(v < 0 for v in lost_by_cpu.values()) else sum(lost_by_cpu.values())
+    enabled = sorted({f"{f.system}/{f.name}" for f in td.formats.values() if f.system != "ftrace"})
+    meta = {
+        "probe": "trace.dat",
+        "clock": buf.clock or "unknown",
+        "events_enabled": enabled,
+        "lost_events": total,
+        "lost_by_cpu": lost_by_cpu,
+        "bytes": int(len(src.buf)),
+        "n_events": int(len(dec.events)),
+        "n_markers": int(len(dec.markers)),
+        "n_records": dec.n_records,
+        "unknown_event_types": {str(k): v for k, v in dec.unknown.items()},
+        "page_size": buf.page_size,
+        "file_version": td.version,
+        "compression": td.compression,
+        "buffer": buf.name,
+        "uname": td.uname,
+        "kernel": td.kernel,
+        "tracer_version": td.tracer_version,
+        "cpus": sorted(pages),
+        "n_cpus": td.n_cpus,
+        "notes": notes,
+    }
+    return Capture(events=dec.events, markers=dec.markers, meta=meta), td

@@ -1,0 +1,394 @@
+"""``harmony export`` / ``harmony import``: trace.dat (v6, v7 plain and zstd) and perf.data from elsewhere.
+
+Hermetic tests build trace.dat files from hand-made ring-buffer pages with our writer (and with
+``trace-cmd convert`` for version 7); kernel tests record for real: a Harmony run exported and
+re-imported must give the same tables, and a capture taken with ``trace-cmd extract`` from a tracefs
+instance configured here must import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+import harmony
+from harmony.cli import main
+from harmony.probes.base import TraceCorrupt
+
+from test_ringbuf import known_capture, write_dir
+
+TRACE_CMD = shutil.which("trace-cmd")
+PERF = shutil.which("perf")
+needs_trace_cmd = pytest.mark.skipif(TRACE_CMD is None, reason="trace-cmd is not installed")
+HARMONY = [sys.executable, "-m", "harmony.cli"]
+TABLES = ("migrations", "runs", "runqueue", "allocation", "shares")
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+def one_line_error(result, path) -> str:
+    """The CLI failed cleanly: exit 1, one 'harmony: error:' line naming ``path``, no traceback."""
+    err = result.stderr if hasattr(result, "stderr") else result.output
+    assert result.exit_code == 1, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("harmony: error: "), err
+    assert str(path) in lines[0] and "Traceback" not in err
+    return lines[0]
+
+
+@pytest.fixture
+def writer_dat(tmp_path) -> tuple[Path, Path]:
+    """(raw dir, trace.dat v6 written by our writer) of the hand-built capture, with CPU stats."""
+    from harmony.probes.tracedat import write_tracedat
+    pages, _, _ = known_capture()
+    stats = {"0": {"entries": 0, "overrun": 3, "commit overrun": 1, "dropped events": 2},
+             "1": {"entries": 0, "overrun": 5, "commit overrun": 0, "dropped events": 0}}
+    raw = write_dir(tmp_path / "raw", pages, stats=stats)
+    return raw, write_tracedat(raw, tmp_path / "trace.dat")
+
+
+def convert(src: Path, dest: Path, *args) -> Path:
+    p = subprocess.run([TRACE_CMD, "convert", "-i", str(src), "-o", str(dest), *args],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return dest
+
+
+def assert_same_capture(a, b):
+    pd.testing.assert_frame_equal(a.events, b.events, check_categorical=False)
+    pd.testing.assert_frame_equal(a.markers, b.markers)
+
+
+# --- the reader --------------------------------------------------------------------------------
+
+def test_reader_agrees_with_the_page_decoder(writer_dat):
+    from harmony.probes.ringbuf import decode_dir
+    from harmony.probes.tracedat_read import decode_tracedat
+    raw, dat = writer_dat
+    direct = decode_dir(raw)
+    cap, td = decode_tracedat(dat)
+    assert td.version == 6 and td.compression == "none" and td.page_size == 4096
+    assert [b.name for b in td.buffers] == [""] and set(td.buffers[0].cpus) == {0, 1}
+    assert_same_capture(direct, cap)
+    # lost events: the pages' missed counts and the CPUSTAT options, as the tracefs probe counts them
+    assert cap.meta["lost_by_cpu"] == direct.meta["lost_by_cpu"] == {0: 10, 1: 5}
+    assert cap.meta["lost_events"] == 15
+    assert cap.meta["clock"] == "mono" and cap.meta["file_version"] == 6
+    assert td.cmdlines[12] == "cat-dog"
+
+
+@needs_trace_cmd
+@pytest.mark.parametrize("compression", ["zstd", "none"])
+def test_reader_reads_version_7(writer_dat, tmp_path, compression):
+    from harmony.probes.tracedat_read import decode_tracedat
+    _, dat = writer_dat
+    v7 = convert(dat, tmp_path / f"v7-{compression}.dat", "--file-version", "7",
+                 "--compression", compression)
+    assert v7.read_bytes()[10:12] == b"7\0"
+    cap6, _ = decode_tracedat(dat)
+    cap7, td = decode_tracedat(v7)
+    assert td.version == 7 and td.compression == compression
+    assert_same_capture(cap6, cap7)
+    assert cap7.meta["lost_by_cpu"] == cap6.meta["lost_by_cpu"]
+
+
+def test_truncated_or_damaged_files_raise_naming_the_file(writer_dat, tmp_path):
+    from harmony.probes.tracedat_read import decode_tracedat
+    _, dat = writer_dat
+    data = dat.read_bytes()
+    bad = tmp_path / "bad.dat"
+    fly = data.index(b"flyrecord\0")
+    for cut in (0, 7, 12, 16, 40, 600, fly + 20, len(data) - 4096 - 100, len(data) - 1):
+        bad.write_bytes(data[:cut])
+        with pytest.raises(TraceCorrupt, match=re.escape(str(bad))):
+            decode_tracedat(bad)
+    damaged = bytearray(data)
+    damaged[10] = ord("9")                                   # file version 9
+    bad.write_bytes(bytes(damaged))
+    with pytest.raises(TraceCorrupt, match="version 9 is not supported"):
+        decode_tracedat(bad)
+
+
+@needs_trace_cmd
+def test_truncated_version_7_raises(writer_dat, tmp_path):
+    from harmony.probes.tracedat_read import decode_tracedat
+    _, dat = writer_dat
+    data = convert(dat, tmp_path / "v7.dat", "--file-version", "7").read_bytes()
+    bad = tmp_path / "bad7.dat"
+    for cut in (20, len(data) // 3, len(data) // 2, len(data) - 1):
+        bad.write_bytes(data[:cut])
+        with pytest.raises(TraceCorrupt, match=re.escape(str(bad))):
+            decode_tracedat(bad)
+
+
+# --- harmony import / export on hand-built traces ----------------------------------------------
+
+def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
+    _, dat = writer_dat
+    out = tmp_path / "run"
+    r = invoke("import", dat, "--comm", "cat-*", "--pid", 11, "--out", out)
+    assert r.exit_code == 0, r.output
+    run = harmony.load(out)
+    m = run.manifest
+    assert m["status"] == "complete" and m["source"]["imported"] == str(dat.resolve())
+    assert m["source"]["t0_from"] == "first event of the chosen tasks"
+    assert sorted(run.tasks["pid"]) == [11, 12]
+    assert dict(zip(run.tasks["pid"], run.tasks["name"])) == {11: "bee", 12: "cat-dog"}
+    assert m["lost_events"] == 15
+    assert any("15 events were lost" in n for n in m["notes"])
+    assert any("t0 is the first event" in n for n in m["notes"])
+    assert (out / "report.md").exists() and (out / "raw/import/trace.dat").exists()
+    # t0 = the first event of pid 11 or 12 (CPU 0's first switch, to pid 11)
+    assert m["t0_ns"] == 1_000_000_005
+    assert invoke("report", out).exit_code == 0
+    # an imported trace.dat exports as itself
+    back = tmp_path / "back.dat"
+    assert invoke("export", out, "--out", back).exit_code == 0
+    assert back.read_bytes() == dat.read_bytes()
+
+
+def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
+    _, dat = writer_dat
+    one_line_error(invoke("import", dat, "--pid", 4242, "--out", tmp_path / "a"), dat)
+    one_line_error(invoke("import", dat, "--comm", "nope*", "--out", tmp_path / "b"), dat)
+    one_line_error(invoke("import", dat, "--pid", 12, "--t0-marker", "never written",
+                          "--out", tmp_path / "c"), dat)
+    one_line_error(invoke("import", dat, "--pid", 12, "--buffer", "other", "--out", tmp_path / "d"), dat)
+
+
+def test_corrupt_files_exit_1_with_one_line(writer_dat, tmp_path):
+    _, dat = writer_dat
+    cut = tmp_path / "cut.dat"
+    cut.write_bytes(dat.read_bytes()[:-5000])
+    line = one_line_error(invoke("import", cut, "--pid", 12, "--out", tmp_path / "r1"), cut)
+    assert "truncated" in line
+    junk = tmp_path / "junk.bin"
+    junk.write_bytes(b"hello, not a trace\n" * 10)
+    one_line_error(invoke("import", junk, "--pid", 1, "--out", tmp_path / "r2"), junk)
+    perf = tmp_path / "perf.data"                           # perf's magic, then cut short
+    perf.write_bytes(b"PERFILE2" + (104).to_bytes(8, "little") + bytes(40))
+    one_line_error(invoke("import", perf, "--pid", 1, "--out", tmp_path / "r3"), perf)
+
+
+def test_bad_arguments_exit_2_before_anything(writer_dat, tmp_path):
+    _, dat = writer_dat
+    out = tmp_path / "never"
+    cases = [
+        ["import", dat, "--out", out],                                     # no task named
+        ["import", dat, "--pid", 12, "--t0", "1.0", "--t0-marker", "x", "--out", out],
+        ["import", dat, "--pid", 12, "--end", "1.0", "--end-marker", "x", "--out", out],
+        ["import", dat, "--pid", 12, "--t0", "2", "--end", "1", "--out", out],
+        ["import", dat, "--pid", 0, "--out", out],
+        ["import", dat, "--pid", "twelve", "--out", out],
+        ["import", dat, "--pid", 12, "--cpus", "3-1", "--out", out],
+        ["import", dat, "--pid", 12, "--experiment", "no-such", "--out", out],
+        ["import", dat, "--pid", 12, "-p", "bogus=1", "--out", out],
+        ["import", dat, "--pid", 12, "-p", "nokeyvalue", "--out", out],
+        ["import", tmp_path / "missing.dat", "--pid", 12, "--out", out],
+        ["export", tmp_path / "not-a-run"],
+        ["export", tmp_path, "--format", "pcap"],
+    ]
+    for args in cases:
+        r = invoke(*args)
+        assert r.exit_code == 2, (args, r.output)
+        assert "Traceback" not in r.output
+    assert not out.exists()
+    # a directory that already holds a run is refused too
+    (out / "x").mkdir(parents=True)
+    (out / "manifest.json").write_text("{}")
+    assert invoke("import", dat, "--pid", 12, "--out", out).exit_code == 2
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "x"]
+
+
+def test_export_refuses_a_run_of_another_probe(tmp_path):
+    run = tmp_path / "perf-run"
+    (run / "raw/perf").mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"probe": "perf", "status": "complete"}))
+    line = one_line_error(invoke("export", run), run)
+    assert "'perf'" in line and "tracefs" in line
+    assert not (run / "trace.dat").exists()
+
+
+# --- the real kernel ---------------------------------------------------------------------------
+
+def cli(*args, timeout=180) -> subprocess.CompletedProcess:
+    """Run the harmony CLI; wait and retry while another Harmony run holds the host lock."""
+    deadline = time.monotonic() + 240
+    while True:
+        p = subprocess.run(HARMONY + [str(a) for a in args], capture_output=True, text=True,
+                           timeout=timeout)
+        if p.returncode == 1 and "another Harmony run" in p.stderr and time.monotonic() < deadline:
+            time.sleep(2)
+            continue
+        return p
+
+
+REPORT_LINE = re.compile(r"\[(\d+)\]\s+(\d+)\.(\d{9}):\s+([\w:]+):")
+
+
+def report_events(dat: Path, buffer: str | None = None) -> list[tuple[int, int, str]]:
+    """(ts, cpu, event) of every record ``trace-cmd report`` shows, in its order (only those of
+    instance ``buffer`` if given: report prefixes their lines with "<buffer>:")."""
+    p = subprocess.run([TRACE_CMD, "report", "-t", "-i", str(dat)], capture_output=True, text=True,
+                       errors="replace", timeout=120)
+    assert p.returncode == 0, p.stderr
+    out = []
+    for line in p.stdout.splitlines():
+        if buffer is not None and not line.lstrip().startswith(f"{buffer}:"):
+            continue
+        m = REPORT_LINE.search(line)
+        if m:
+            out.append((int(m.group(2)) * 10**9 + int(m.group(3)), int(m.group(1)), m.group(4)))
+    return out
+
+
+def decoded_records(cap) -> list[tuple[int, int, str]]:
+    ev = [(int(t), int(c), str(e)) for t, c, e in zip(cap.events["ts"], cap.events["cpu"],
+                                                         cap.events["event"])]
+    mk = [(int(t), int(c), "print") for t, c in zip(cap.markers["ts"], cap.markers["cpu"])]
+    return sorted(ev + mk)
+
+
+@needs_trace_cmd
+def test_round_trip_of_a_real_run(kernel, tmp_path):
+    """A real <4,0> run, exported to trace.dat and imported by pid, gives the same tables."""
+    orig = tmp_path / "orig"
+    p = cli("run", "single-source", "--layout", "4,0", "--duration", "2", "--out", orig, "-q")
+    assert p.returncode == 0, p.stderr
+    a = harmony.load(orig)
+    dat = tmp_path / "orig.dat"
+    p = cli("export", orig, "--out", dat)
+    assert p.returncode == 0 and p.stdout.strip() == str(dat), p.stderr
+    # trace-cmd reads every record of the export
+    assert sorted(report_events(dat)) == decoded_records(
+        type("C", (), {"events": a.events, "markers": a.markers}))
+    args = ["import", dat, "--t0-marker", "harmony t0", "--end-marker", "harmony end",
+            "--cpus", ",".join(map(str, a.manifest["cpus"])), "--out", tmp_path / "back"]
+    for pid in a.tasks["pid"]:
+        args += ["--pid", int(pid)]
+    p = cli(*args)
+    assert p.returncode == 0, p.stderr
+    b = harmony.load(tmp_path / "back")
+    assert b.manifest["source"]["format"] == "trace.dat" and b.manifest["status"] == "complete"
+    assert (b.manifest["t0_ns"], b.manifest["end_ns"]) == (a.manifest["t0_ns"], a.manifest["end_ns"])
+    assert b.manifest["lost_events"] == a.manifest["lost_events"]
+    assert len(a.runs) > 0          # whether the kernel migrated anything is not this test's business
+    comm_of = dict(zip(a.tasks["pid"], a.tasks["comm"]))
+    for name in TABLES:
+        x, y = a.table(name), b.table(name)
+        assert list(x.columns) == list(y.columns), name
+        cols = [c for c in x.columns if c != "name"]
+        pd.testing.assert_frame_equal(x[cols], y[cols], check_categorical=False, obj=name)
+        if "name" in x.columns:     # imported tasks are named by their comm
+            assert [comm_of[p] for p in x["pid"]] == list(y["name"].astype(str)), name
+    assert a.summary == b.summary
+    assert cli("report", tmp_path / "back").returncode == 0
+
+
+SPIN = ("import ctypes, sys, time\n"
+        "ctypes.CDLL(None).prctl(15, b'hmyimp-spin', 0, 0, 0)\n"
+        "t = time.monotonic()\n"
+        "while time.monotonic() - t < float(sys.argv[1]):\n"
+        "    pass\n")
+
+
+def _write(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def extract_capture(tmp_path: Path, tracefs: Path) -> tuple[Path, list[int]]:
+    """Record sched events in a tracefs instance we configure, while 3 spinners named hmyimp-spin
+    run, then ``trace-cmd extract`` it (trace-cmd's default file version). Returns (file, pids)."""
+    inst = tracefs / "instances" / f"hmy-import-test-{os.getpid()}"
+    events = ("sched_switch", "sched_migrate_task", "sched_wakeup", "sched_wakeup_new",
+              "sched_waking", "sched_process_fork", "sched_process_exit")
+    inst.mkdir()
+    try:
+        _write(inst / "buffer_size_kb", "4096")
+        for e in events:
+            if (inst / "events/sched" / e).is_dir():
+                _write(inst / "events/sched" / e / "enable", "1")
+        _write(inst / "tracing_on", "1")
+        _write(inst / "trace_marker", "import t0")
+        procs = [subprocess.Popen([sys.executable, "-c", SPIN, "0.4"]) for _ in range(3)]
+        for p in procs:
+            p.wait()
+        _write(inst / "trace_marker", "import end")
+        _write(inst / "tracing_on", "0")
+        dat = tmp_path / "extracted.dat"
+        p = subprocess.run([TRACE_CMD, "extract", "-B", inst.name, "-o", str(dat)], cwd=tmp_path,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0 and dat.exists(), p.stderr
+        return dat, [p.pid for p in procs]
+    finally:
+        if inst.exists():
+            for e in events:
+                try:
+                    _write(inst / "events/sched" / e / "enable", "0")
+                except OSError:
+                    pass
+            inst.rmdir()
+
+
+@needs_trace_cmd
+def test_trace_cmd_extract_imports(kernel, tmp_path):
+    from harmony.probes.tracedat_read import decode_tracedat
+    dat, pids = extract_capture(tmp_path, kernel)
+    assert not list((kernel / "instances").glob("hmy-import-test-*"))
+    inst = f"hmy-import-test-{os.getpid()}"
+    # trace-cmd also saves the top-level buffer, which holds data if anyone else used it: --buffer
+    cap, td = decode_tracedat(dat, buffer=inst)
+    assert td.version in (6, 7) and inst in [b.name for b in td.buffers]
+    assert decoded_records(cap) == sorted(report_events(dat, inst))
+    assert {"import t0", "import end"} <= set(cap.markers["text"])
+    # the same capture in the other layouts decodes identically
+    for name, args in (("v7-plain", ("--file-version", "7", "--compression", "none")),
+                       ("v6", ("--file-version", "6"))):
+        other, _ = decode_tracedat(convert(dat, tmp_path / f"{name}.dat", *args), buffer=inst)
+        assert_same_capture(cap, other)
+
+    out = tmp_path / "run"
+    r = invoke("import", dat, "--comm", "hmyimp-*", "--t0-marker", "import t0", "--end-marker",
+               "import end", "--buffer", inst, "--out", out)
+    assert r.exit_code == 0, r.output
+    run = harmony.load(out)
+    m = run.manifest
+    assert sorted(run.tasks["pid"]) == sorted(pids)
+    assert m["source"]["t0_from"] == "trace marker 'import t0'"
+    assert m["capture"]["file_version"] == td.version and m["lost_events"] == 0
+    assert m["host"]["kernel"] == os.uname().release
+    assert len(run.runs) > 0 and set(run.runs["pid"]) == set(pids)
+    # the three spinners each ran ~0.4 s of CPU inside the window
+    cpu_s = run.runs.groupby("pid")["duration"].sum() / 1e9
+    assert (cpu_s > 0.1).all(), cpu_s
+
+
+@pytest.mark.skipif(PERF is None, reason="perf is not installed")
+def test_perf_data_imports(kernel, tmp_path):
+    data = tmp_path / "perf.data"
+    p = subprocess.run([PERF, "record", "-q", "-e", "sched:*", "-a", "-o", str(data), "--",
+                        sys.executable, "-c", SPIN, "0.3"], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        pytest.skip(f"perf record cannot record sched tracepoints here: {p.stderr.strip()[-200:]}")
+    out = tmp_path / "run"
+    r = invoke("import", data, "--comm", "hmyimp-spin", "--out", out)
+    assert r.exit_code == 0, r.output
+    run = harmony.load(out)
+    assert run.manifest["source"]["format"] == "perf.data" and len(run.tasks) == 1
+    assert run.runs["duration"].sum() > 0.1e9
+    cut = tmp_path / "cut.data"
+    cut.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    one_line_error(invoke("import", cut, "--comm", "hmyimp-spin", "--out", tmp_path / "r2"), cut)
