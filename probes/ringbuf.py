@@ -316,8 +316,25 @@ def read_field(src: PageSource, pos: np.ndarray, f: Field) -> np.ndarray:
 
 
 def _factorize_rows(mat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, first_index) of the distinct rows of a 2-D uint8 matrix (width multiple of 8)."""
+    """(codes, first_index) of the distinct rows of a 2-D uint8 matrix (width multiple of 8).
+
+    One factorize of a 64-bit hash of each row, checked against the rows themselves; only if two
+    different rows share a hash (never seen in practice) is the exact column-by-column way taken.
+    """
     keys = np.ascontiguousarray(mat).view("<u8")
+    if keys.shape[1] > 1 and len(keys):
+        h = keys[:, 0].copy()
+        for j in range(1, keys.shape[1]):
+            h *= np.uint64(0x9E3779B97F4A7C15)
+            h ^= keys[:, j]
+        codes = pd.factorize(h)[0].astype(np.int64)
+        first = np.flatnonzero(np.diff(np.maximum.accumulate(codes), prepend=-1) > 0)
+        if (keys[first][codes] == keys).all():
+            return codes, first
+    return _factorize_rows_exact(keys)
+
+
+def _factorize_rows_exact(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     codes, uniq = pd.factorize(keys[:, 0])
     for j in range(1, keys.shape[1]):
         cj, uj = pd.factorize(keys[:, j])
@@ -358,6 +375,14 @@ def gather_strings(src: PageSource, pos: np.ndarray, length: np.ndarray, f: Fiel
     else:
         raise TraceCorrupt(f"{where(0)}: field {f.name} is not a supported string")
     width = max(8, (width + 7) & ~7)
+    if ln is None and f.size == width and m:
+        # one gather of width-byte items from a byte-strided view (start + width <= len(buf):
+        # every record was checked to hold its fixed fields)
+        items = np.ndarray(shape=(len(src.buf) - width + 1,), dtype=f"V{width}", buffer=src.buf,
+                           strides=(1,))
+        mat = items[start].view(np.uint8).reshape(m, width)
+        codes, first = _factorize_rows(mat)
+        return codes, [_decode_cstr(mat[i].tobytes()) for i in first]
     mat = np.zeros((m, width), np.uint8)
     if ln is None and f.offset % 4 == 0 and f.size % 4 == 0:
         u = src.view("<u4")
@@ -437,16 +462,22 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
     # markers: ftrace print
     print_codes = [i for i, ev_id in enumerate(ids)
                    if formats[ev_id].system == "ftrace" and formats[ev_id].name == "print"]
-    is_marker = np.isin(code, print_codes) if print_codes else np.zeros(n, bool)
+    # per-record kinds by table look-up on code + 1 (code -1: no format)
+    lut = np.zeros(len(ids) + 1, bool)
+    lut[np.asarray(print_codes, np.int64) + 1] = True
+    is_marker = lut[code + 1] if n else np.zeros(0, bool)
     midx = np.flatnonzero(is_marker)
     markers = _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats)
 
     # events: everything else with a known format (except other ftrace-internal events)
     ev_codes = [i for i, ev_id in enumerate(ids) if formats[ev_id].system != "ftrace"]
-    other_ftrace = ~is_marker & ~unk & ~np.isin(code, ev_codes)
+    lut = np.zeros(len(ids) + 1, bool)
+    lut[np.asarray(ev_codes, np.int64) + 1] = True
+    is_event = lut[code + 1] if n else np.zeros(0, bool)
+    other_ftrace = ~is_marker & ~unk & ~is_event
     if other_ftrace.any():
         notes.append(f"{int(other_ftrace.sum())} ftrace-internal records (not print) were skipped")
-    eidx = np.flatnonzero(np.isin(code, ev_codes))
+    eidx = np.flatnonzero(is_event)
     events, ev_notes = _decode_events(src, pos[eidx], length[eidx], ts[eidx], cpu[eidx],
                                       code[eidx], ids, formats,
                                       lambda k: src.where(int(page[eidx[k]]),
