@@ -304,6 +304,9 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise click.BadParameter(f"{exp.name} has no parameter {', '.join(unknown)}", param_hint="--param")
+    if "duration" in overrides:
+        raise click.BadParameter("the measured window of an imported trace is set with --end or --end-marker",
+                                 param_hint="--param duration")
     if out is None:
         out = Path("runs") / f"import-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     if (out / "manifest.json").exists():

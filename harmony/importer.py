@@ -182,6 +182,9 @@ def find_marker(markers: pd.DataFrame, text: str, path) -> int:
     part = markers.loc[markers["text"].astype(str).str.contains(text, regex=False), "ts"]
     if len(part):
         return int(part.iloc[0])
+    if not len(markers):
+        raise ImportFailed(f"{path}: holds no trace markers (perf.data never does); give the time "
+                           "instead (--t0 / --end)")
     raise ImportFailed(f"{path}: no trace marker with the text {text!r} "
                        f"({len(markers)} markers in the file)")
 
@@ -387,10 +390,16 @@ def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus:
     manifest["ended_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     run = store.Run(out, manifest)
     experiment = get_experiment(manifest["experiment"])
-    store.write_json(out / "summary.json", experiment.analyse(run))
     fig_dir = out / "figures"
     fig_dir.mkdir(exist_ok=True)
-    manifest["figures"] = [str(p.relative_to(out)) for p in experiment.plot(run, fig_dir)]
+    try:
+        # experiments are written for their own workloads (roles, cut times...): one that cannot
+        # read the imported tasks fails the import with the reason, not a traceback
+        store.write_json(out / "summary.json", experiment.analyse(run))
+        manifest["figures"] = [str(p.relative_to(out)) for p in experiment.plot(run, fig_dir)]
+    except (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError) as exc:
+        raise ImportFailed(f"{out}: experiment {experiment.name} cannot analyse the imported tasks "
+                           f"({type(exc).__name__}: {exc}); try --experiment single-source") from None
     store.write_json(out / "manifest.json", manifest)
     write_report(run)
     return store.load(out)

@@ -166,6 +166,12 @@ def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
     one_line_error(invoke("import", dat, "--pid", 12, "--t0-marker", "never written",
                           "--out", tmp_path / "c"), dat)
     one_line_error(invoke("import", dat, "--pid", 12, "--buffer", "other", "--out", tmp_path / "d"), dat)
+    one_line_error(invoke("import", dat, "--pid", 12, "--t0", "50", "--out", tmp_path / "e"), dat)
+    # an experiment that cannot read imported tasks (no "high"/"low" roles) says so, run incomplete
+    line = one_line_error(invoke("import", dat, "--pid", 12, "--experiment", "priority-classes",
+                                 "-p", "long_warmup_s=0", "--out", tmp_path / "f"), tmp_path / "f")
+    assert "cannot analyse the imported tasks" in line
+    assert json.loads((tmp_path / "f/manifest.json").read_text())["status"] == "incomplete"
 
 
 def test_corrupt_files_exit_1_with_one_line(writer_dat, tmp_path):
@@ -196,6 +202,7 @@ def test_bad_arguments_exit_2_before_anything(writer_dat, tmp_path):
         ["import", dat, "--pid", 12, "--experiment", "no-such", "--out", out],
         ["import", dat, "--pid", 12, "-p", "bogus=1", "--out", out],
         ["import", dat, "--pid", 12, "-p", "nokeyvalue", "--out", out],
+        ["import", dat, "--pid", 12, "-p", "duration=3", "--out", out],    # the window is --end's
         ["import", tmp_path / "missing.dat", "--pid", 12, "--out", out],
         ["export", tmp_path / "not-a-run"],
         ["export", tmp_path, "--format", "pcap"],
@@ -261,6 +268,7 @@ def decoded_records(cap) -> list[tuple[int, int, str]]:
     return sorted(ev + mk)
 
 
+@pytest.mark.kernel
 @needs_trace_cmd
 def test_round_trip_of_a_real_run(kernel, tmp_path):
     """A real <4,0> run, exported to trace.dat and imported by pid, gives the same tables."""
@@ -343,6 +351,7 @@ def extract_capture(tmp_path: Path, tracefs: Path) -> tuple[Path, list[int]]:
             inst.rmdir()
 
 
+@pytest.mark.kernel
 @needs_trace_cmd
 def test_trace_cmd_extract_imports(kernel, tmp_path):
     from harmony.probes.tracedat_read import decode_tracedat
@@ -376,6 +385,7 @@ def test_trace_cmd_extract_imports(kernel, tmp_path):
     assert (cpu_s > 0.1).all(), cpu_s
 
 
+@pytest.mark.kernel
 @pytest.mark.skipif(PERF is None, reason="perf is not installed")
 def test_perf_data_imports(kernel, tmp_path):
     data = tmp_path / "perf.data"
