@@ -37,9 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from harmony.probes.base import Capture, TraceCorrupt
-from harmony.probes.formats import (EventFormat, FormatError, parse_format, parse_header_event,
-                                    parse_header_page)
-from harmony.probes.ringbuf import PageSource, decode_source
+from harmony.probes.formats import (EventFormat, Field, FormatError, parse_format,
+                                    parse_header_event, parse_header_page)
+from harmony.probes.ringbuf import PageSource, decode_source, read_field, walk_pages
 
 MAGIC = b"\x17\x08\x44tracing"
 
@@ -72,7 +72,7 @@ class TraceDat:
     compression: str                          # "none", "zstd", "zlib"
     header_page: str
     header_event: str
-    formats: dict[int, EventFormat]
+    format_texts: dict[int, tuple[str, str]]  # event id -> (system, format file text)
     cmdlines: dict[int, str]
     n_cpus: int
     buffers: list[Buffer]
@@ -80,6 +80,19 @@ class TraceDat:
     uname: str = ""
     tracer_version: str = ""
     latency_only: bool = False
+
+    def formats_for(self, ids) -> dict[int, EventFormat]:
+        """Parsed formats of the event ids ``ids`` (ids the file has no format for are left out)."""
+        out = {}
+        for i in ids:
+            if int(i) not in self.format_texts:
+                continue
+            system, text = self.format_texts[int(i)]
+            try:
+                out[int(i)] = parse_format(text, system=system)
+            except FormatError as exc:
+                raise TraceCorrupt(f"{self.path}: bad format of event id {i} ({exc})") from None
+        return out
 
     @property
     def kernel(self) -> str:
@@ -177,9 +190,15 @@ def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str) -> by
 
 # --- shared pieces of v6 and v7 ----------------------------------------------------------------
 
+_ID_LINE = re.compile(r"^\s*ID:\s*(\d+)\s*$", re.M)
+
+
 def _parse_formats(path: Path, r: _Reader, at: int, system: str | None,
-                   into: dict[int, EventFormat]) -> int:
-    """u32 n {u64 size <format>}; returns the offset after it."""
+                   into: dict[int, tuple[str, str]]) -> int:
+    """u32 n {u64 size <format>} into ``into`` (id -> (system, text)); returns the offset after it.
+
+    Only the ID is read here: trace-cmd stores the format of every event of the kernel (thousands)
+    and only those the data uses are parsed, by :meth:`TraceDat.formats_for`."""
     n = r.u(at, "I", "format count")
     at += 4
     if n > 100000:
@@ -188,15 +207,14 @@ def _parse_formats(path: Path, r: _Reader, at: int, system: str | None,
         size = r.u(at, "Q", "format size")
         text = r.bytes(at + 8, size, "event format").decode("utf-8", "replace")
         at += 8 + size
-        try:
-            fmt = parse_format(text, system=system or "ftrace")
-        except FormatError as exc:
-            raise TraceCorrupt(f"{path}: bad event format in the file ({exc})") from None
-        into[fmt.id] = fmt
+        m = _ID_LINE.search(text)
+        if not m:
+            raise TraceCorrupt(f"{path}: bad event format in the file (no ID line) at offset {at - size}")
+        into[int(m.group(1))] = (system or "ftrace", text)
     return at
 
 
-def _parse_systems(path: Path, r: _Reader, at: int, into: dict[int, EventFormat]) -> int:
+def _parse_systems(path: Path, r: _Reader, at: int, into: dict[int, tuple[str, str]]) -> int:
     n_sys = r.u(at, "I", "system count")
     at += 4
     if n_sys > 10000:
@@ -306,7 +324,7 @@ def _flyrecord_v6(path: Path, r: _Reader, at: int, n_cpus: int, has_clock: bool,
 
 def _read_v6(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat:
     hp, he, at = _parse_headers(path, r, 18)
-    formats: dict[int, EventFormat] = {}
+    formats: dict[int, tuple[str, str]] = {}
     at = _parse_formats(path, r, at, None, formats)
     at = _parse_systems(path, r, at, formats)
     at += 4 + r.u(at, "I", "kallsyms size")
@@ -352,7 +370,7 @@ def _read_v6(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat
         cpus, clock, _ = _flyrecord_v6(path, r, off, n_cpus, has_clock, f"buffer {name!r}")
         buffers.append(Buffer(name, clock or opts.trace_clock, page_size, cpus))
     return TraceDat(path=path, version=6, long_size=long_size, page_size=page_size,
-                    compression="none", header_page=hp, header_event=he, formats=formats,
+                    compression="none", header_page=hp, header_event=he, format_texts=formats,
                     cmdlines=cmdlines, n_cpus=opts.cpu_count or n_cpus, buffers=buffers,
                     cpustats=opts.cpustats, uname=opts.uname, tracer_version=opts.tracer_version,
                     latency_only=latency)
@@ -427,7 +445,7 @@ def _read_v7(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat
         raise TraceCorrupt(f"{path}: corrupt: no HEADER_INFO section (ring-buffer layout unknown)")
     _, blob, _ = _section(path, r, sections[OPT_HEADER_INFO], algo, "header info")
     hp, he, _ = _parse_headers(path, blob, 0)
-    formats: dict[int, EventFormat] = {}
+    formats: dict[int, tuple[str, str]] = {}
     if OPT_FTRACE_EVENTS in sections:
         _, blob, _ = _section(path, r, sections[OPT_FTRACE_EVENTS], algo, "ftrace formats")
         _parse_formats(path, blob, 0, None, formats)
@@ -444,7 +462,7 @@ def _read_v7(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat
             b.page_size = page_size
     n_cpus = opts.cpu_count or max((max(b.cpus, default=-1) + 1 for b in buffers), default=0)
     return TraceDat(path=path, version=7, long_size=long_size, page_size=page_size,
-                    compression=algo, header_page=hp, header_event=he, formats=formats,
+                    compression=algo, header_page=hp, header_event=he, format_texts=formats,
                     cmdlines=cmdlines, n_cpus=n_cpus, buffers=buffers, cpustats=opts.cpustats,
                     uname=opts.uname, tracer_version=opts.tracer_version,
                     latency_only=latency and not buffers)
@@ -570,8 +588,9 @@ def _stat_int(stats: dict, key: str) -> int:
 def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, TraceDat]:
     """Decode the events of one buffer of ``path`` into a :class:`Capture` (plus the file facts).
 
-    ``meta`` has the keys every probe fills (see :class:`~harmony.probes.base.Capture`) and
-    ``file_version``, ``compression``, ``buffer``, ``uname``, ``tracer_version``, ``cmdlines``
+    ``meta`` has the keys every probe fills (see :class:`~harmony.probes.base.Capture`; its
+    ``events_enabled`` lists the events the data holds: trace-cmd stores the format of every event
+    of the kernel, not which were enabled) and ``file_version``, ``compression``, ``buffer``, ``uname``, ``tracer_version``, ``cmdlines``
     (pid -> comm as the file saved them). Lost events: per CPU, the larger of the count the pages'
     missed-events flags store and the CPUSTAT ``overrun``, plus ``commit overrun`` and ``dropped
     events``; -1 when a page says events were lost and neither it nor the statistics say how many.
@@ -588,7 +607,18 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     names = {c: f"{path} (CPU {c} data)" for c in pages}
     src = PageSource.from_buffers({c: np.frombuffer(p, np.uint8) for c, p in pages.items()},
                                   buf.page_size, names)
-    dec = decode_source(src, td.formats, hp)
+    # parse the formats of the event types the pages hold (and the marker's) only; where the type
+    # id lives in a record is read from any one format (parse_format insists it has common_type)
+    sample = td.formats_for(list(td.format_texts)[:1])
+    common_type = (next(iter(sample.values())).field("common_type") if sample
+                   else Field("common_type", "unsigned short", 0, 2, False))
+    rec = walk_pages(src, hp)
+    ok = rec.length >= common_type.offset + common_type.size
+    used = np.unique(read_field(src, rec.pos[ok], common_type)) if ok.any() else []
+    print_ids = [i for i, (sys_, t) in td.format_texts.items()
+                 if sys_ == "ftrace" and re.search(r"^name:\s*print\s*$", t, re.M)]
+    formats = td.formats_for(list(used) + print_ids)
+    dec = decode_source(src, formats, hp)
 
     notes = list(dec.notes)
     stats = td.cpustats.get(buf.name, {})
@@ -612,7 +642,7 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
         notes.append("the file has no per-CPU statistics (CPUSTAT): lost events are known only "
                      "from the pages' missed-events flags")
     total = -1 if any(v < 0 for v in lost_by_cpu.values()) else sum(lost_by_cpu.values())
-    enabled = sorted({f"{f.system}/{f.name}" for f in td.formats.values() if f.system != "ftrace"})
+    enabled = sorted({f"{f.system}/{f.name}" for f in formats.values() if f.system != "ftrace"})
     meta = {
         "probe": "trace.dat",
         "clock": buf.clock or "unknown",
