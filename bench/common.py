@@ -71,6 +71,18 @@ def need_root(what: str) -> None:
         sys.exit(f"{what} needs tracefs at /sys/kernel/tracing with the sched tracepoints")
 
 
+def host_lock(tries: int = 60):
+    """Harmony's host lock, waiting while another run holds it; exits if it never frees."""
+    from harmony.hygiene import HostBusy, HostLock
+
+    for _ in range(tries):
+        try:
+            return HostLock().acquire()
+        except HostBusy:
+            time.sleep(2)
+    sys.exit(f"another Harmony run held the host lock for {2 * tries} s")
+
+
 # --- a context-switch-heavy load ----------------------------------------------------------------
 
 def _pingpong_child(rfd: int, wfd: int, rounds_per_s: float, stop_at: float) -> None:

@@ -94,18 +94,10 @@ def main(argv=None) -> int:
         ap.error("--seconds, --pairs, --pp-pairs, --pp-seconds must be positive, --rates not negative")
     common.need_root("the observer benchmark")
     from harmony.host import online_cpus
-    from harmony.hygiene import HostBusy, HostLock
 
     cpus = online_cpus()
     result: dict = {"benchmark": "observer", "cpus": cpus}
-    for _ in range(60):
-        try:
-            lock = HostLock().acquire()  # no Harmony run may share the CPUs with this measurement
-            break
-        except HostBusy:
-            time.sleep(2)
-    else:
-        sys.exit("another Harmony run held the host lock for two minutes")
+    lock = common.host_lock()  # no Harmony run may share the CPUs with this measurement
     try:
         with tempfile.TemporaryDirectory(prefix="harmony-bench-observer-") as tmp:
             if not a.skip_work:

@@ -58,6 +58,10 @@ def test_ingest_from_a_capture(tmp_path):
     assert "ns/event" in r.stdout and ">= 10x faster than trace-cmd report" in r.stdout
     res = json.loads(out.read_text())
     assert [x["events"] for x in res["results"]] == [300, 1200]   # 300 events in the base, x1 and x4
+    r = bench("ingest", "--from", str(raw), "--pids", "11,12", "--sizes", "100", "--reps", "1",
+              "--workdir", str(tmp_path / "work2"), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(out.read_text())["results"][0]["events"] == 120   # the first page of each CPU
     assert all(x["bytes_per_event"] >= 0 for x in res["results"])
 
 
