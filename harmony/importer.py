@@ -276,7 +276,11 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         raise ImportFailed(f"{path}: holds no sched event")
     seen = _pid_comms(events, meta.get("cmdlines", {}))
     chosen = select_pids(events, meta.get("cmdlines", {}), pids, comms, path)
-    notes = list(meta.get("notes", []))
+    what = kind if kind == "perf.data" else (
+        f"trace.dat v{meta.get('file_version')}, {meta.get('compression')}"
+        + (f", buffer {meta['buffer']!r}" if meta.get("buffer") else ""))
+    notes = [f"imported from {path} ({what}), recorded on {meta.get('uname') or meta.get('kernel') or 'an unknown host'}"]
+    notes += list(meta.get("notes", []))
 
     if t0_marker is not None:
         t0, t0_from = find_marker(markers, t0_marker, path), f"trace marker {t0_marker!r}"
