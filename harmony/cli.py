@@ -130,7 +130,6 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
             raise click.UsageError("--crosscheck records one run; use it without --repeat")
         return _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat)
     _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck)
-    _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck)
 
 
 def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat):
