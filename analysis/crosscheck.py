@@ -57,7 +57,8 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
     ``nr_running`` counts every task on the run queue; the rebuilt one counts experiment tasks. A
     sample is usable ("clean") only when, on every CPU of the set, the tasks the kernel lists as
     runnable are experiment tasks or the sampler's own thread (which is running while it reads and
-    is subtracted). The kernel wrote a sample at some instant of its window [lo, hi], so a CPU
+    is subtracted), and the list agrees with the count (a task on its way to sleep is still counted
+    but no longer listed as runnable, and it may be anyone's). The kernel wrote a sample at some instant of its window [lo, hi], so a CPU
     agrees when its count lies between the smallest and largest rebuilt value in that window; a
     sample agrees when every CPU does. ``agreement_at_midpoint`` is the stricter comparison at the
     window's middle only.
@@ -69,7 +70,8 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
 
     Returns: samples (in [t0, t_end]), clean, agreeing, agreement (fraction of clean samples, None
     without any), agreement_at_midpoint, cpu_clean, cpu_agreeing, cpu_agreement,
-    adjusted_agreement (fraction of all samples), window_us_median,
+    adjusted_agreement (fraction of all samples), count_list_mismatch ((sample, CPU) pairs whose
+    nr_running differs from the number listed runnable), window_us_median,
     busy_comms (up to 5 comms that made samples unclean, with counts), disagreements (up to 10
     among the clean samples: t, cpu, kernel, rebuilt_min, rebuilt_max).
     """
@@ -77,7 +79,8 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
     n_samples = int(s["ts"].nunique())
     out = {"samples": n_samples, "clean": 0, "agreeing": 0, "agreement": None,
            "agreement_at_midpoint": None, "cpu_clean": 0, "cpu_agreeing": 0, "cpu_agreement": None,
-           "adjusted_agreement": None, "window_us_median": None, "busy_comms": {}, "disagreements": []}
+           "adjusted_agreement": None, "count_list_mismatch": 0, "window_us_median": None,
+           "busy_comms": {}, "disagreements": []}
     if s.empty:
         return out
     lo_a, hi_a, _ = _window_range(runqueue, s["cpu"].to_numpy(), s["lo"].to_numpy(),
@@ -85,7 +88,8 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
     k_a = (s["nr_running"] - s["reader"] - s["others"]).to_numpy()
     out["adjusted_agreement"] = float(pd.Series((k_a >= lo_a) & (k_a <= hi_a)).groupby(
         s["ts"].to_numpy()).all().mean())
-    pc = s[s["others"] == 0]
+    steady = (s["others"] == 0) & (s["nr_running"] == s["listed_runnable"])
+    pc = s[steady]
     if len(pc):
         lo_v, hi_v, _ = _window_range(runqueue, pc["cpu"].to_numpy(), pc["lo"].to_numpy(),
                                       pc["hi"].to_numpy(), pc["ts"].to_numpy())
@@ -94,10 +98,11 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
         out |= {"cpu_clean": int(len(pc)), "cpu_agreeing": int(ok.sum()), "cpu_agreement": float(ok.mean())}
     per = s.groupby("ts")
     complete = per["cpu"].nunique() == len(cpus)
-    dirty = per["others"].sum() > 0
+    dirty = (~steady).groupby(s["ts"]).any()
     clean_ts = complete.index[complete & ~dirty]
     busy = s.loc[s["others"] > 0, "other_comms"].str.split(",").explode().value_counts()
     out["busy_comms"] = {str(k): int(v) for k, v in busy.head(5).items()}
+    out["count_list_mismatch"] = int((s["nr_running"] != s["listed_runnable"]).sum())
     out["window_us_median"] = float((s["hi"] - s["lo"]).median() / 1e3)
     c = s[s["ts"].isin(clean_ts)].sort_values(["ts", "cpu"])
     if c.empty:

@@ -74,11 +74,12 @@ def test_parse_rejects_other_text():
 
 
 def _samples(rows):
-    """rows: (t_us, cpu, nr_running, reader, others); window +-5 us around t."""
-    df = pd.DataFrame(rows, columns=["t", "cpu", "nr_running", "reader", "others"])
+    """rows: (t_us, cpu, nr_running, reader, others[, listed]); window +-5 us around t."""
+    rows = [r if len(r) == 6 else (*r, r[2]) for r in rows]
+    df = pd.DataFrame(rows, columns=["t", "cpu", "nr_running", "reader", "others", "listed"])
     ts = 1_000_000 + df["t"] * 1000
     return pd.DataFrame({"ts": ts, "lo": ts - 5000, "hi": ts + 5000, "cpu": df["cpu"].astype("int16"),
-                         "nr_running": df["nr_running"], "listed_runnable": df["nr_running"],
+                         "nr_running": df["nr_running"], "listed_runnable": df["listed"],
                          "experiment": df["nr_running"] - df["reader"] - df["others"],
                          "reader": df["reader"], "others": df["others"],
                          "other_comms": np.where(df["others"] > 0, "bash", "")})
@@ -96,15 +97,17 @@ def test_nr_running_agreement_counts_clean_samples_and_windows():
         (100, 0, 2, 0, 0), (100, 1, 0, 0, 0),    # the change at 100 us lies inside the window
         (150, 0, 1, 0, 0), (150, 1, 2, 0, 1),    # cpu 1 ran a foreign task: not clean
         (200, 0, 5, 0, 0), (200, 1, 1, 0, 0),    # clean but wrong
+        (250, 0, 2, 0, 0, 1), (250, 1, 1, 0, 0),  # cpu 0 counts a task it does not list: not clean
     ])
     out = nr_running_agreement(_runqueue(), s, [0, 1], 1_000_000, 2_000_000)
-    assert out["samples"] == 4 and out["clean"] == 3 and out["agreeing"] == 2
+    assert out["samples"] == 5 and out["clean"] == 3 and out["agreeing"] == 2
     assert out["agreement"] == pytest.approx(2 / 3)
     assert out["agreement_at_midpoint"] == pytest.approx(1 / 3)  # at 100 us exactly it is 1, not 2
     assert out["busy_comms"] == {"bash": 1}
     assert out["disagreements"] == [{"t": 0.0002, "cpu": 0, "kernel": 5, "rebuilt_min": 1, "rebuilt_max": 1}]
-    assert out["cpu_clean"] == 7 and out["cpu_agreeing"] == 6
-    assert out["adjusted_agreement"] == pytest.approx(3 / 4)
+    assert out["cpu_clean"] == 8 and out["cpu_agreeing"] == 7
+    assert out["adjusted_agreement"] == pytest.approx(3 / 5)
+    assert out["count_list_mismatch"] == 1
 
 
 def test_nr_running_agreement_without_clean_samples():
