@@ -79,6 +79,7 @@ def _worker(slot: int, spec: TaskSpec, cpus: list[int], counter: np.ndarray, t0_
     cut_at = t0 + int(spec.cut_duty_at_s * 1e9) if spec.cut_duty_at_s is not None else None
     duty, period_ns = spec.duty, spec.period_ms * 1e6
     run_total = sleep_total = 0
+    cpu_mark = time.thread_time_ns()  # CPU time already counted in run_total
     while True:
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         if stop_at is not None and now >= stop_at:
@@ -86,6 +87,7 @@ def _worker(slot: int, spec: TaskSpec, cpus: list[int], counter: np.ndarray, t0_
         if cut_at is not None and now >= cut_at:
             duty, cut_at = spec.cut_duty, None
             run_total = sleep_total = 0
+            cpu_mark = time.thread_time_ns()
         if duty <= 0:
             # blocked for the rest of the run (or until its exit time)
             time.sleep(max(0.0, (stop_at - now) / 1e9) if stop_at is not None else 3600.0)
@@ -94,13 +96,22 @@ def _worker(slot: int, spec: TaskSpec, cpus: list[int], counter: np.ndarray, t0_
             _spin_for(1_000_000, counter, slot)
             continue
         # Randomised run length; the sleep is fed back from the totals so the long-run duty is
-        # exact even though every sleep overshoots a little.
-        run_total += _spin_for(int(period_ns * duty / 100 * rng.uniform(0.5, 1.5)), counter, slot)
+        # exact even though every sleep overshoots a little. run_total is all the CPU time the
+        # worker used (the loop's own overhead and the sleep calls included, ~0.5 pp at a 10 ms
+        # period otherwise); sleep_total the wall time asleep less the CPU time of the sleep call.
+        _spin_for(int(period_ns * duty / 100 * rng.uniform(0.5, 1.5)), counter, slot)
+        now_cpu = time.thread_time_ns()
+        run_total += now_cpu - cpu_mark
+        cpu_mark = now_cpu
         want = run_total * (100 - duty) / duty - sleep_total
         if want > 0:
             before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             time.sleep(want / 1e9)
-            sleep_total += time.clock_gettime_ns(time.CLOCK_MONOTONIC) - before
+            slept = time.clock_gettime_ns(time.CLOCK_MONOTONIC) - before
+            now_cpu = time.thread_time_ns()
+            sleep_total += slept - (now_cpu - cpu_mark)
+            run_total += now_cpu - cpu_mark
+            cpu_mark = now_cpu
 
 
 class Workload:
