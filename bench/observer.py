@@ -17,6 +17,7 @@ table gives the highest event rate recorded with zero loss.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -26,8 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 
-def work_rate(cpus: list[int], seconds: float, probe_dir: Path | None) -> float:
-    """Work loops per second of one CPU-bound worker per CPU, with the probe on if probe_dir."""
+def work_rate(cpus: list[int], seconds: float, probe_dir: Path | None) -> tuple[float, float]:
+    """(work loops per second of one CPU-bound worker per CPU, CPU share this process used
+    meanwhile: the probe's drain threads) with the probe on if probe_dir."""
     from harmony.controller import Workload
     from harmony.probes.tracefs import TracefsProbe
     from harmony.tasks import TaskSpec
@@ -41,14 +43,19 @@ def work_rate(cpus: list[int], seconds: float, probe_dir: Path | None) -> float:
         try:
             w.release(probe.mark if probe else (lambda text: time.clock_gettime_ns(time.CLOCK_MONOTONIC)))
             time.sleep(0.2)  # leave out the start-up
-            a, ta = w.work_done().sum(), time.monotonic()
+            a, ta, ca = w.work_done().sum(), time.monotonic(), _own_cpu_s()
             time.sleep(seconds)
-            b, tb = w.work_done().sum(), time.monotonic()
+            b, tb, cb = w.work_done().sum(), time.monotonic(), _own_cpu_s()
         finally:
             w.stop()
             if probe:
                 probe.stop()
-    return float(b - a) / (tb - ta)
+    return float(b - a) / (tb - ta), (cb - ca) / ((tb - ta) * len(cpus))
+
+
+def _own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
 
 
 def lossless_level(rate: float, pairs: int, seconds: float, out: Path) -> dict:
@@ -101,10 +108,14 @@ def main(argv=None) -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="harmony-bench-observer-") as tmp:
             if not a.skip_work:
-                off, on = [], []
+                off, on, own_off, own_on = [], [], [], []
                 for i in range(a.pairs):
-                    off.append(work_rate(cpus, a.seconds, None))
-                    on.append(work_rate(cpus, a.seconds, Path(tmp) / f"on{i}"))
+                    rate, own = work_rate(cpus, a.seconds, None)
+                    off.append(rate)
+                    own_off.append(own)
+                    rate, own = work_rate(cpus, a.seconds, Path(tmp) / f"on{i}")
+                    on.append(rate)
+                    own_on.append(own)
                 loss = 1 - common.median([b / x for x, b in zip(off, on)])
                 print(f"work rate of {len(cpus)} CPU-bound workers, {a.pairs} interleaved off/on pairs of "
                       f"{a.seconds:g} s\n")
@@ -114,7 +125,11 @@ def main(argv=None) -> int:
                 spread = (max(off) - min(off)) / common.median(off)
                 print(f"\nloss {loss:+.2%} (median of the paired on/off ratios); noise: the off samples "
                       f"spread over {spread:.2%} of their median")
-                result["work"] = {"off": off, "on": on, "loss": loss, "off_spread": spread}
+                probe_cpu = common.median(own_on) - common.median(own_off)
+                print(f"CPU taken by the probe's drain threads: {probe_cpu:.3%} of the CPU set "
+                      f"(this process's CPU time, probe on minus off)")
+                result["work"] = {"off": off, "on": on, "loss": loss, "off_spread": spread,
+                                  "probe_cpu_share": probe_cpu}
             if not a.skip_lossless:
                 levels = [lossless_level(r, a.pp_pairs, a.pp_seconds, Path(tmp) / f"pp{k}")
                           for k, r in enumerate(rates)]
@@ -135,7 +150,10 @@ def main(argv=None) -> int:
         print(common.verdict("observer loss < 1 %", (w["loss"] < 0.01) if resolved else None,
                              f"{w['loss']:+.2%}" + ("" if resolved else
                                                    f"; not resolved: the host's own noise is {w['off_spread']:.1%} "
-                                                   "(other load on the CPUs); rerun on a quiet host")))
+                                                   "(the vCPUs' speed varies); rerun on a quiet host")))
+        print(common.verdict("probe's own CPU use < 1 % of the CPU set", w["probe_cpu_share"] < 0.01,
+                             f"{w['probe_cpu_share']:.3%} (drain threads only; the tracepoints' inline cost "
+                             "is charged to the tasks that hit them)"))
     if "lossless" in result:
         lv = result["lossless"]["levels"]
         best = result["lossless"]["max_lossless_events_per_s"]
