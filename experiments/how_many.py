@@ -79,6 +79,8 @@ class HowMany(Experiment):
         if first["poly_prediction"] is None:  # no round: predict from the layout at t0
             first.update(rounds.predictions(p["base"] + p["x"], p["base"], n, ncpus))
         balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
+        # totals over the measured window only, not the set-up placement before t0
+        mig = run.migrations[(run.migrations["ts"] >= t0) & (run.migrations["ts"] <= t_end)]
         return {
             "x": p["x"], "ncpus": ncpus, "ntasks": n, "target_cpu": target,
             "first_round_moved": first["moved"],
@@ -92,8 +94,8 @@ class HowMany(Experiment):
             "first_round_end_s": first["t_end"],
             "rounds": first["rounds"],
             "moved_to_target": int(len(per_mig)),
-            "migrations": int(len(run.migrations)),
-            "balance_migrations": int((run.migrations["kind"] == "balance").sum()),
+            "migrations": int(len(mig)),
+            "balance_migrations": int((mig["kind"] == "balance").sum()),
             "time_to_balance_s": balance["t_balance"],
             "balanced_at_end": balance["balanced_at_end"],
         }
