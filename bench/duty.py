@@ -90,9 +90,10 @@ class CpuTimePoller(threading.Thread):
     """Polls the kernel's CPU-time account of our one worker (``/proc/<pid>/schedstat``, ns run)
     every few ms: (CLOCK_MONOTONIC ns, CPU ns) pairs, independent of the trace."""
 
-    def __init__(self, comm: str = "hmy-w00"):
+    def __init__(self, avoid_cpu: int, comm: str = "hmy-w00"):
         super().__init__(daemon=True)
         self.comm, self.samples, self.stopping = comm, [], threading.Event()
+        self.avoid_cpu = avoid_cpu
 
     def _find(self) -> int | None:
         me = str(os.getpid())
@@ -108,10 +109,13 @@ class CpuTimePoller(threading.Thread):
         return None
 
     def run(self):
+        others = set(os.sched_getaffinity(0)) - {self.avoid_cpu}
+        if others:  # this thread only: never take CPU time from the task it measures
+            os.sched_setaffinity(0, others)
         pid = None
         while pid is None and not self.stopping.wait(0.005):
             pid = self._find()
-        while pid is not None and not self.stopping.wait(0.005):
+        while pid is not None and not self.stopping.wait(0.02):
             try:
                 cpu_ns = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
             except (OSError, ValueError, IndexError):
@@ -136,7 +140,7 @@ def one_run(duty: float, cpu: int, out: Path, duration: float, nice: int, warmup
     params = exp.resolve({"layout": [1], "duty": duty, "duration": duration, "sample_hz": 0.0,
                           "nice": nice}, [cpu])
     for _ in range(60):
-        poller = CpuTimePoller()
+        poller = CpuTimePoller(cpu)
         poller.start()
         try:
             run = execute(exp, params, [cpu], out, quiet=True)
