@@ -131,6 +131,14 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     - a task already running when the trace began (the first sched_switch on c has prev_pid = X
       and no switch-in of X precedes it) gets a run from the trace's first event to that switch,
       flagged ``unseen_start`` (its true start is unknown, so its duration is a lower bound);
+    - a run whose switch-in is missing (the task is switched out on c, but the previous switch on
+      c put the idle task or a non-experiment task in: some kernels do not emit every switch,
+      typically the one out of the idle task) is kept, starting at the later of that previous
+      switch and the task's last wake-up before its switch-out, and flagged ``unseen_start``.
+      When the CPU was idle and the task was woken onto it, that is when it ran (an idle CPU takes
+      it at once); otherwise the start is an estimate and the duration an upper bound. If the
+      previous switch put another *experiment* task in, the moment the CPU changed hands is
+      unknown and no run is emitted for the switched-out task (the other's run is closed there);
     - runs before ``t0`` are kept (negative ``t``); clip with ``start``/``end`` as needed.
 
     Columns: pid (int32), name, role (category), cpu (int32), start, end, duration (int64 ns),
@@ -142,7 +150,8 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     experiment task ended by a switch whose prev_pid is another task (a switch was lost; the run
     is still closed there, with end_state -1: how it ended is unknown), ``run_start_unseen`` = an
     experiment task switched out on a CPU where a different task had been switched in (its run's
-    start was lost; no run is emitted).
+    switch-in was not seen; the run is emitted with an inferred start unless the CPU was with
+    another experiment task, see above).
     """
     pids = _pids(tasks)
     is_sw = ts_._event_mask(events, "sched_switch")
@@ -180,14 +189,19 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     end_state = np.where(has_end[sel] & ~mismatch[sel], pst[end_idx[sel]], -1)
     head = np.flatnonzero(first_on_cpu & prv_is_exp)  # running when the trace began
     t_start = _trace_start(events, t0)
+    # switched out without a seen switch-in: start at the later of the CPU's previous switch and
+    # the task's last wake-up before the switch-out
+    lost_in = (np.flatnonzero(np.append(False, mismatch[:-1] & ~nxt_is_exp[:-1]) & prv_is_exp)
+               if n else np.zeros(0, int))
+    lost_start = _lost_switch_in_starts(events, prv[lost_in], ts[lost_in - 1], ts[lost_in])
 
-    pid = np.concatenate([nxt[sel], prv[head]]).astype(np.int32)
-    rcpu = np.concatenate([cpu[sel], cpu[head]])
-    start = np.concatenate([start, np.full(len(head), t_start, np.int64)])
-    end = np.concatenate([end, ts[head]])
-    end_state = np.concatenate([end_state, pst[head]]).astype(np.int64)
-    open_end = np.concatenate([~has_end[sel], np.zeros(len(head), bool)])
-    unseen = np.concatenate([np.zeros(len(sel), bool), np.ones(len(head), bool)])
+    pid = np.concatenate([nxt[sel], prv[head], prv[lost_in]]).astype(np.int32)
+    rcpu = np.concatenate([cpu[sel], cpu[head], cpu[lost_in]])
+    start = np.concatenate([start, np.full(len(head), t_start, np.int64), lost_start])
+    end = np.concatenate([end, ts[head], ts[lost_in]])
+    end_state = np.concatenate([end_state, pst[head], pst[lost_in]]).astype(np.int64)
+    open_end = np.concatenate([~has_end[sel], np.zeros(len(head) + len(lost_in), bool)])
+    unseen = np.concatenate([np.zeros(len(sel), bool), np.ones(len(head) + len(lost_in), bool)])
 
     keep = start < t_end
     pid, rcpu, start, end, end_state, open_end, unseen = (
@@ -208,6 +222,23 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     out.attrs["anomalies"] = sum(kinds.values())
     out.attrs["anomaly_kinds"] = {k: v for k, v in kinds.items() if v}
     return out
+
+
+def _lost_switch_in_starts(events: pd.DataFrame, pid: np.ndarray, lo: np.ndarray,
+                           hi: np.ndarray) -> np.ndarray:
+    """For runs whose switch-in is missing: max(lo, pid's last wake-up in [lo, hi]) per row."""
+    start = np.asarray(lo, dtype=np.int64).copy()
+    if not len(pid):
+        return start
+    wake = events[ts_._event_mask(events, "sched_wakeup") | ts_._event_mask(events, "sched_wakeup_new")]
+    wpid, wts = wake["pid"].to_numpy(), wake["ts"].to_numpy(dtype=np.int64)
+    for p in np.unique(pid):
+        times = np.sort(wts[wpid == p])
+        rows = np.flatnonzero(pid == p)
+        i = np.searchsorted(times, hi[rows], side="right") - 1
+        w = np.where(i >= 0, times[np.maximum(i, 0)] if len(times) else 0, np.iinfo(np.int64).min)
+        start[rows] = np.maximum(start[rows], np.minimum(w, hi[rows]))
+    return start
 
 
 # --------------------------------------------------------------------------------------- runqueue

@@ -332,7 +332,10 @@ def test_lost_idle_to_task_switch_is_repaired_and_counted():
                      "running_before"]) == [
         (9_000, 11, 1, "switch_out_sleep", "switch_out_not_running", 1, True, False)]
     runs = rc.df_runs(lossy, TASKS_A, T_A0, T_AEND)
-    assert 11 not in runs["pid"].tolist()  # its start is lost: no run, but counted
+    # its switch-in is lost: the run starts at the later of the CPU's previous switch (2_000, the
+    # CPU went idle) and 11's last wake-up (1_000), flagged, and the loss is counted
+    assert rows(runs[runs["pid"] == 11], ["cpu", "start", "end", "unseen_start"]) == [
+        (1, 2_000, 9_000, True)]
     assert runs.attrs["anomaly_kinds"] == {"run_start_unseen": 1}
     full_runs = rc.df_runs(full, TASKS_A, T_A0, T_AEND)
     assert rows(full_runs[full_runs["pid"] == 11], ["cpu", "start", "end"]) == [(1, 3_000, 9_000)]
@@ -539,10 +542,17 @@ def replay_runs(events: pd.DataFrame, pids, t_end: int):
     pidset = set(int(p) for p in pids)
     t_start = int(events["ts"].iloc[0])
     cur = {}  # cpu -> (pid switched in, start) of the last switch seen on that CPU
+    woke = {}  # pid -> ts of its last wake-up
     out, kinds = [], {"run_end_mismatch": 0, "run_start_unseen": 0}
-    sw = events[events["event"] == "sched_switch"]
-    for ts, cpu, nxt, prv, pst in sw[["ts", "cpu", "pid", "prev_pid", "prev_state"]].itertuples(
-            index=False, name=None):
+    for ts, cpu, ev, nxt, prv, pst in events[["ts", "cpu", "event", "pid", "prev_pid",
+                                              "prev_state"]].itertuples(index=False, name=None):
+        if ev in ("sched_wakeup", "sched_wakeup_new"):
+            woke[nxt] = ts
+        if ev != "sched_switch":
+            continue
+        if cpu in cur and prv != cur[cpu][0] and prv in pidset and cur[cpu][0] not in pidset:
+            # switch-in lost after idle or a foreign task: start inferred from the wake-up
+            out.append([prv, cpu, max(cur[cpu][1], woke.get(prv, cur[cpu][1])), ts, pst, False, True])
         if cpu not in cur:
             if prv in pidset:  # running when the trace began
                 out.append([prv, cpu, t_start, ts, pst, False, True])
