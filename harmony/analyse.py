@@ -163,8 +163,9 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
                "sched_switch into a task)" if lost == 0 else "events were lost")
         notes.append(f"{manifest['reconstruction_anomalies']} contradictions in the event stream were "
                      f"repaired ({kinds}): an event the task state machine needed is missing; {why}. "
-                     "The run queues resynchronise at the next event; a run whose start was not "
-                     "seen is left out of the runs table (listed by analysis.reconstruct.df_anomalies)")
+                     "The run queues resynchronise at the next event; a run whose switch-in is "
+                     "missing starts at the task's wake-up and is flagged unseen_start "
+                     "(analysis.reconstruct.df_anomalies lists every repair)")
     if manifest.get("workers_alive_at_end", 0) < len(manifest.get("work_done", [])):
         notes.append("some workers were not alive at the end of the run")
     fl = manifest.get("foreign_load") or {}
