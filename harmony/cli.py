@@ -413,6 +413,7 @@ def suite(quick, cpus, out, repeat, experiments, probe, serial, seed, quiet):
         click.echo(f"note: {line}", err=True)
     try:
         record = run_suite(configs, cpu_set, out, KernelRunner(probe, facts, overlap=not serial, cpus=cpu_set),
+                           facts={k: v for k, v in facts.items() if k != "doctor"},
                            seed=seed, quiet=quiet, card_note=" ".join(limits) or None)
     except KeyboardInterrupt:
         _fail(f"interrupted; {out} holds the runs finished so far", 130)
