@@ -389,10 +389,13 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
 @click.option("--repeat", type=click.IntRange(min=1), help="runs per configuration (default 5, quick 2)")
 @click.option("--experiment", "experiments", multiple=True, help="only these experiments (repeatable)")
 @click.option("--probe", default="tracefs", show_default=True, help="capture backend")
-@click.option("--serial", is_flag=True, help="analyse each run before capturing the next (no overlap)")
+@click.option("--overlap", type=click.Choice(["auto", "always", "never"]), default="auto",
+              show_default=True,
+              help="analyse each run while the next is captured; auto: only on CPUs outside the "
+                   "experiment's set (analysis on its CPUs would disturb what is measured)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
-def suite(quick, cpus, out, repeat, experiments, probe, serial, seed, quiet):
+def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
     """Run the whole catalog with repetitions and write one report (policy card first)."""
     from harmony.batch import KernelRunner
     from harmony.hygiene import HostBusy
@@ -409,10 +412,20 @@ def suite(quick, cpus, out, repeat, experiments, probe, serial, seed, quiet):
         raise click.BadParameter(f"{out} is not empty; choose another --out", param_hint="--out")
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
+    from harmony.host import online_cpus
+
+    spare = sorted(set(online_cpus()) - set(cpu_set))
+    overlapped = overlap == "always" or (overlap == "auto" and bool(spare))
+    if overlapped and not spare:
+        limits.append("--overlap always: the analysis of each run shares the experiment's CPUs with "
+                      "the next run (at SCHED_IDLE); every run reports it as foreign load.")
+    elif not overlapped and overlap == "auto":
+        limits.append("No CPU outside the experiment's set: each run is analysed after its capture, "
+                      "not during the next one, so the analysis never disturbs a measurement.")
     for line in limits:
         click.echo(f"note: {line}", err=True)
     try:
-        record = run_suite(configs, cpu_set, out, KernelRunner(probe, facts, overlap=not serial, cpus=cpu_set),
+        record = run_suite(configs, cpu_set, out, KernelRunner(probe, facts, overlap=overlapped, cpus=cpu_set),
                            facts={k: v for k, v in facts.items() if k != "doctor"},
                            seed=seed, quiet=quiet, card_note=" ".join(limits) or None)
     except KeyboardInterrupt:

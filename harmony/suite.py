@@ -211,7 +211,4 @@ def cpu_limits(ncpus: int) -> list[str]:
         out.append(f"On {ncpus} CPUs the poly-balance (q_src - N/P) and pairwise ((q_src - q_target)/2) "
                    "predictions of how-many are the same number, x/2, so the suite cannot tell how the "
                    "scheduler decides how many tasks to move; that needs 3 or more CPUs.")
-        out.append(f"On {ncpus} CPUs there is no CPU outside the experiment's set: the suite's own "
-                   "analysis of the previous run shares the CPUs with the experiment (at SCHED_IDLE "
-                   "priority) unless --serial is given.")
     return out
