@@ -42,6 +42,8 @@ of the first record (orig_cpu for a migration, unknown = -1 for a wakeup).
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pandas as pd
 
@@ -105,8 +107,15 @@ def _order_by_task_then_seq(rpid: np.ndarray, seq: np.ndarray, pidset: np.ndarra
     return by_seq[np.argsort(dense, kind="stable")]
 
 
+#: the last table built, keyed by the events object and the pids: df_migrations, df_runqueue and
+#: df_anomalies all need it, and building it is most of their cost. Analyses never modify an
+#: events table in place, so the identity of the object (held weakly) is a safe key.
+_last: tuple | None = None
+
+
 def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
-    """One row per state-changing event of the tasks ``pids``, with the state around it.
+    """One row per state-changing event of the tasks ``pids``, with the state around it (cached:
+    a second call with the same ``events`` object and pids returns the same table).
 
     Needs events: sched_switch, sched_wakeup, sched_wakeup_new, sched_migrate_task,
     sched_process_exit.
@@ -123,6 +132,16 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     - first (bool): the task's first record (its *_before state is inferred, see module doc)
     - anomaly (int8): index into ``ANOMALIES`` (0 = none)
     """
+    global _last
+    key = np.unique(np.asarray(pids, dtype=np.int32)).tobytes()
+    if _last is not None and _last[0]() is events and _last[1] == key and _last[2] == len(events):
+        return _last[3]
+    table = _build_task_records(events, pids)
+    _last = (weakref.ref(events), key, len(events), table)
+    return table
+
+
+def _build_task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     pidset = np.unique(np.asarray(pids, dtype=np.int32))
     n_ev = len(events)
     pid = events["pid"].to_numpy()
