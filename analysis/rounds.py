@@ -221,8 +221,16 @@ def steal_latency(load: pd.DataFrame, migrations: pd.DataFrame, runs: pd.DataFra
     or after that instant; the *first run* is the first run on the target, starting at or after
     it, of a task that had been on another CPU (role other than "target").
 
+    Its queue being empty is not yet the CPU being idle: a task's exit (freeing its memory) can
+    keep the CPU busy for milliseconds after its sched_process_exit. With ``events``, ``ts_cpu_idle``
+    is the first switch to the idle task (pid 0) on the target at or after ``ts_idle`` and before
+    the pull, and ``idle_latency_s`` = pull - ts_cpu_idle: how long the CPU actually sat idle while
+    work waited elsewhere - the work-conservation figure (0 when the pull came before the CPU ever
+    went idle; None without a pull or without events).
+
     Returns a dict: ts_idle, t_idle (None if the target never went idle), ts_pull, t_pull,
     latency_s (pull - idle), pull_src_cpu, pull_pid, pull_kind (None if nothing was pulled),
+    ts_cpu_idle, idle_latency_s (see above),
     ts_first_run, first_run_latency_s (None if none), stolen (bool; None if never idle), and with
     ``events`` (sched_switch) idle_s / other_s: how much of the latency the target spent running
     its idle task / tasks outside the experiment (:func:`cpu_occupancy`; None without a pull). A
@@ -230,7 +238,7 @@ def steal_latency(load: pd.DataFrame, migrations: pd.DataFrame, runs: pd.DataFra
     """
     out = dict.fromkeys(["ts_idle", "t_idle", "ts_pull", "t_pull", "latency_s", "pull_src_cpu",
                          "pull_pid", "pull_kind", "ts_first_run", "first_run_latency_s",
-                         "stolen", "idle_s", "other_s"])
+                         "stolen", "idle_s", "other_s", "ts_cpu_idle", "idle_latency_s"])
     ts = load["ts"].to_numpy(dtype=np.int64)
     eff = load["effective"].to_numpy()
     i0 = np.searchsorted(ts, ts_from, side="right") - 1
@@ -249,6 +257,14 @@ def steal_latency(load: pd.DataFrame, migrations: pd.DataFrame, runs: pd.DataFra
     if out["ts_pull"] is not None and events is not None:
         occ = cpu_occupancy(events, target, tasks, ts_idle, out["ts_pull"])
         out.update(idle_s=occ["idle_s"], other_s=occ["other_s"])
+        sw = events[(events["event"] == "sched_switch") & (events["cpu"] == int(target))
+                    & (events["pid"] == 0) & (events["ts"] >= ts_idle)
+                    & (events["ts"] <= out["ts_pull"])]
+        if len(sw):
+            out["ts_cpu_idle"] = int(sw["ts"].iloc[0])
+            out["idle_latency_s"] = (out["ts_pull"] - out["ts_cpu_idle"]) / NS
+        else:
+            out["idle_latency_s"] = 0.0  # never sat idle before the pull
     own = set(tasks.loc[tasks["role"].astype(str) == "target", "pid"].tolist())
     r = runs[(runs["cpu"].to_numpy() == int(target)) & (runs["start"].to_numpy() >= ts_idle)
              & ~runs["pid"].isin(own).to_numpy()].sort_values("start", kind="stable")

@@ -85,7 +85,10 @@ class WorkConservation(Experiment):
             "ncpus": len(cpus), "ntasks": int(len(run.tasks)), "target_cpu": target,
             "idle_at_s": p["idle_at_s"],
             "target_idle_at_s": st["t_idle"],
-            "steal_latency_s": st["latency_s"],
+            # the CPU idle (switched to its idle task) -> first pull: work conservation proper
+            "steal_latency_s": st["idle_latency_s"],
+            "queue_empty_to_pull_s": st["latency_s"],
+            "cpu_idle_at_s": None if st["ts_cpu_idle"] is None else (st["ts_cpu_idle"] - t0) / NS,
             "stolen": st["stolen"],
             "first_pull_at_s": st["t_pull"],
             "first_pull_src_cpu": st["pull_src_cpu"],
@@ -120,16 +123,15 @@ class WorkConservation(Experiment):
         idle = ("never went idle (a task had been pulled onto it before its own tasks exited)"
                 if s["target_idle_at_s"] is None else f"{s['target_idle_at_s']:.4f} s after t0")
         pull = ("nothing pulled" if not s["stolen"] else
-                f"{us(s['steal_latency_s'])} after going idle, from CPU {s['first_pull_src_cpu']} "
-                f"({s['first_pull_kind']}); ran there {us(s['first_run_latency_s'])} after idle")
+                f"{us(s.get('queue_empty_to_pull_s'))} after its queue emptied, "
+                f"{us(s['steal_latency_s'])} after the CPU went idle, from CPU "
+                f"{s['first_pull_src_cpu']} ({s['first_pull_kind']})")
         if not s["stolen"]:
             verdict = "not measurable" if s["stolen"] is None else "nothing was pulled: not work-conserving"
         else:
             idle_s = s["idle_before_pull_s"]
-            verdict = (f"target sat idle {us(idle_s)} of that (other tasks ran "
-                       f"{us(s['other_before_pull_s'])}): "
-                       + ("work-conserving (idle < 1 ms)" if idle_s is not None and idle_s < 0.001
-                          else "idle while work waited"))
+            verdict = (f"target sat idle {us(idle_s)} before the pull (other tasks ran "
+                       f"{us(s['other_before_pull_s'])}; exiting tasks held it the rest)")
         return [
             f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']} (target CPU {s['target_cpu']})",
             f"target's tasks exit at       {s['idle_at_s']:.4f} s (drawn); target idle {idle}",

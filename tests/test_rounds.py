@@ -326,7 +326,9 @@ def test_work_conservation_summary_and_random_time(tmp_path):
     assert p["idle_at_s"] == get_experiment("work-conservation").draw(p | {"idle_at_s": -1.0}, [0], 7)[
         "idle_at_s"]
     assert s["target_idle_at_s"] == pytest.approx(p["idle_at_s"] + 3e-3, abs=1e-6)
-    assert s["steal_latency_s"] == pytest.approx(1e-6) and s["stolen"] is True
+    assert s["queue_empty_to_pull_s"] == pytest.approx(1e-6) and s["stolen"] is True
+    # the pull came before the target ever switched to its idle task: it never sat idle
+    assert s["steal_latency_s"] == 0.0 and s["cpu_idle_at_s"] is None
     assert s["pulls_before_idle"] == 0
 
 
