@@ -57,9 +57,6 @@ def read_perf_data(path: Path) -> Capture:
     Unlike the perf probe's own recordings, a foreign perf.data may use any clock and has no
     markers: the clock is taken from its header and reported, never checked.
     """
-    import subprocess
-    import tempfile
-
     from harmony.probes import perf as perfmod
 
     info = perfmod.check_perf_data(path)
@@ -68,27 +65,7 @@ def read_perf_data(path: Path) -> Capture:
         raise ProbeError(f"perf is not installed (no 'perf' in PATH): cannot decode {path}")
     header = perfmod._run_perf_report(binary, path, "--header-only")
     lost_samples = perfmod._lost_samples(perfmod._run_perf_report(binary, path, "--stats"))
-    parser = perfmod.PerfScriptParser()
-    cmd = [binary, "script", "-f", "-i", str(path), "--ns", "--show-lost-events",
-           "-F", "trace:tid,cpu,time,event,trace"]
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                env=perfmod._ENV)
-        try:
-            for chunk in iter(lambda: proc.stdout.read(8 << 20), b""):
-                parser.feed(chunk)
-            parser.finish()
-            rc = proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
-        err.seek(0)
-        errtext = err.read().decode("utf-8", "replace")
-    if rc != 0:
-        raise TraceCorrupt(f"{path}: perf script failed (exit {rc}): "
-                           + perfmod._first_error_line(errtext))
+    parser, _ = perfmod.run_perf_script(binary, path)
     events = parser.events()
     notes = []
     if parser.bad_lines:

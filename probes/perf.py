@@ -682,32 +682,8 @@ class PerfProbe(Probe):
         stats = _run_perf_report(perf, path, "--stats")
         lost_samples = _lost_samples(stats)
 
-        parser = PerfScriptParser()
         t0 = time.perf_counter()
-        err = tempfile.TemporaryFile()
-        cmd = [perf, "script", "-f", "-i", str(path), "--ns", "--show-lost-events",
-               "-F", "trace:tid,cpu,time,event,trace"]
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                env=_ENV, preexec_fn=_die_with_parent(os.getpid()))
-        try:
-            while True:
-                data = proc.stdout.read(8 << 20)
-                if not data:
-                    break
-                parser.feed(data)
-            parser.finish()
-            rc = proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
-        err.seek(0)
-        errtext = err.read().decode("utf-8", "replace")
-        err.close()
-        if rc != 0:
-            raise TraceCorrupt(f"{path}: perf script failed (exit {rc}): "
-                               + _first_error_line(errtext))
+        parser, errtext = run_perf_script(perf, path)
         events = parser.events()
         decode_s = time.perf_counter() - t0
 
@@ -810,6 +786,35 @@ class PerfProbe(Probe):
 
 # --------------------------------------------------------------------------------------------------
 # helpers for decode / cleanup
+
+def run_perf_script(perf: str, path: Path) -> tuple[PerfScriptParser, str]:
+    """Stream ``perf script`` of ``path`` into a :class:`PerfScriptParser`, 8 MiB at a time.
+
+    Returns the finished parser and perf's stderr text; raises TraceCorrupt naming ``path`` if
+    perf script fails.
+    """
+    parser = PerfScriptParser()
+    cmd = [perf, "script", "-f", "-i", str(path), "--ns", "--show-lost-events",
+           "-F", "trace:tid,cpu,time,event,trace"]
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                env=_ENV, preexec_fn=_die_with_parent(os.getpid()))
+        try:
+            for chunk in iter(lambda: proc.stdout.read(8 << 20), b""):
+                parser.feed(chunk)
+            parser.finish()
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+        err.seek(0)
+        errtext = err.read().decode("utf-8", "replace")
+    if rc != 0:
+        raise TraceCorrupt(f"{path}: perf script failed (exit {rc}): " + _first_error_line(errtext))
+    return parser, errtext
+
 
 def _emergency_stop(proc: subprocess.Popen) -> None:
     """weakref/atexit fallback: a started probe that was never stopped stops perf gracefully."""
