@@ -49,17 +49,6 @@ class SimRunner:
         return []
 
 
-class _HeldLock:
-    """Stands in for harmony.run.HostLock while the suite holds the real one: captures neither
-    take nor drop it, so no other Harmony run can slip in between two runs of the suite."""
-
-    def acquire(self):
-        return self
-
-    def release(self):
-        return None
-
-
 class KernelRunner:
     """Real captures (harmony.run.capture) with the host lock held once for all of them.
 
@@ -76,27 +65,21 @@ class KernelRunner:
         self.lock = None
         self.worker: subprocess.Popen | None = None
         self.submitted: list[list[str]] = []
-        self._saved_lock_cls = None
 
     def __enter__(self):
-        import harmony.run as run_mod
         from harmony.hygiene import HostLock, reclaim_stale
 
+        # held once for every run: captures are told so (lock_held) and no other run slips in
         self.lock = HostLock().acquire()
         self.reclaimed = reclaim_stale()
-        self._saved_lock_cls = run_mod.HostLock
-        run_mod.HostLock = _HeldLock
         if self.overlap:
             self._start_worker()
         return self
 
     def __exit__(self, *exc):
-        import harmony.run as run_mod
-
         try:
             self.results = self.drain()
         finally:
-            run_mod.HostLock = self._saved_lock_cls
             if self.lock:
                 self.lock.release()
         return False
@@ -120,9 +103,10 @@ class KernelRunner:
         jobs = []
         for name, overrides in exp.companions(params).items():
             cp = exp.resolve({**params, **overrides}, cpus)
-            capture(exp, cp, cpus, out / name, self.probe, seed, self.facts, quiet=True)
+            capture(exp, cp, cpus, out / name, self.probe, seed, self.facts, quiet=True,
+                    lock_held=True)
             jobs.append(str(out / name))
-        capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True)
+        capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True, lock_held=True)
         jobs.append(str(out))
         if self.worker is not None:
             self.worker.stdin.write("\t".join(jobs) + "\n")

@@ -128,8 +128,11 @@ def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: in
 
 def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
             seed: int = 0, facts: dict | None = None, quiet: bool = False,
-            crosscheck: str | None = None) -> dict:
+            crosscheck: str | None = None, lock_held: bool = False) -> dict:
     """Run the workload under the probe and store the raw capture in ``out``. Returns the manifest.
+
+    The capture takes the host lock for its duration unless ``lock_held`` says the caller holds it
+    already (a suite or batch holds it once across its runs, so no other run slips in between).
 
     ``crosscheck`` names a second probe that records the same run at the same time into
     ``out/raw/<name>/`` (every marker goes to both); the analysis compares the two.
@@ -142,13 +145,15 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     out = Path(out)
     params = {**params, **experiment.draw(params, cpus, seed)}  # recorded in the manifest
     specs = experiment.tasks(params, cpus)
-    lock = HostLock().acquire()  # a refused run (HostBusy) leaves no trace, not even its directory
+    # a refused run (HostBusy) leaves no trace, not even its directory
+    lock = None if lock_held else HostLock().acquire()
     try:
         out.mkdir(parents=True, exist_ok=True)
         manifest = new_manifest(experiment, params, cpus, probe_name, seed, facts or {})
         store.write_json(out / "manifest.json", manifest)
     except BaseException:
-        lock.release()
+        if lock:
+            lock.release()
         raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
     workload = sampler = probe = second = None
@@ -209,7 +214,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
                     p.stop()
                 except ProbeError as exc:
                     manifest.setdefault("cleanup_errors", []).append(str(exc))
-        lock.release()
+        if lock:
+            lock.release()
         for s, h in old_handlers.items():
             signal.signal(s, h)
         manifest["ended_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
