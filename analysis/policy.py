@@ -172,6 +172,12 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
             skipped.append((d, str(exc).replace(f"{d}: ", "")))
             continue
         m = run.manifest
+        fl = m.get("foreign_load") or {}
+        if fl.get("max_frac") is not None and fl["max_frac"] > T.FOREIGN_LOAD_MAX:
+            skipped.append((d, f"host was busy: other tasks used {fl['max_frac']:.1%} of CPU "
+                               f"{fl.get('max_cpu')} (most: {fl.get('top') or '?'}; limit "
+                               f"FOREIGN_LOAD_MAX = {T.FOREIGN_LOAD_MAX:.0%})"))
+            continue
         out.append(Evidence(d, m["experiment"], m.get("params", {}), len(m.get("cpus", [])), summary))
     return out, skipped
 

@@ -250,6 +250,63 @@ def _limits(card: policy.Card) -> list[str]:
     return lines
 
 
+def df_measurement(evidence, root: Path) -> pd.DataFrame:
+    """One row per run used by the card: how far its measurement can be trusted.
+
+    Columns: run (str, path under ``root``), probe, lost (int events lost by the probe; -1 =
+    unknown), release_ms (float: first wake-up to the last task free to move), foreign_pct (float:
+    most of one CPU of the set that other tasks used), anomalies (int: repaired contradictions in
+    the event stream), proc_agree_pct / nr_agree_pct (float: rebuilt run queues vs the kernel's
+    /proc and sched-debug views; NaN when not sampled), notes (int: notes in the run's report).
+    """
+    rows = []
+    for e in evidence:
+        try:
+            m = store.read_json(Path(e.path) / "manifest.json")
+        except store.RunError:
+            continue
+        rel = m.get("release") or {}
+        fl = m.get("foreign_load") or {}
+        ka = m.get("kernel_agreement") or {}
+        nr = m.get("kernel_nr_running_agreement") or {}
+        pct = (lambda v: np.nan if v is None else 100.0 * v)
+        rows.append({
+            "run": str(Path(e.path).relative_to(root)) if Path(e.path).is_relative_to(root) else str(e.path),
+            "probe": m.get("probe", "?"),
+            "lost": int(m.get("lost_events", -1) if m.get("lost_events") is not None else -1),
+            "release_ms": np.nan if rel.get("release_spread_ns") is None else rel["release_spread_ns"] / 1e6,
+            "foreign_pct": pct(fl.get("max_frac")),
+            "anomalies": int(m.get("reconstruction_anomalies") or 0),
+            "proc_agree_pct": pct(ka.get("agreement")),
+            "nr_agree_pct": pct(nr.get("agreement")),
+            "notes": len(m.get("notes", [])),
+        })
+    return pd.DataFrame(rows, columns=["run", "probe", "lost", "release_ms", "foreign_pct",
+                                       "anomalies", "proc_agree_pct", "nr_agree_pct",
+                                       "notes"]).round(2)
+
+
+def measurement_summary(meas: pd.DataFrame) -> list[str]:
+    """A few lines over :func:`df_measurement`: the worst of each trust figure, plainly."""
+    lost = meas["lost"]
+    out = [f"lost events: {int(lost[lost > 0].sum())} in {int((lost > 0).sum())} of {len(meas)} runs"
+           + (f"; unknown in {int((lost < 0).sum())}" if (lost < 0).any() else "")]
+    if meas["release_ms"].notna().any():
+        out.append(f"release spread: median {meas['release_ms'].median():.3f} ms, "
+                   f"worst {meas['release_ms'].max():.3f} ms")
+    if meas["foreign_pct"].notna().any():
+        worst = meas.loc[meas["foreign_pct"].idxmax()]
+        out.append(f"foreign load (other tasks on the CPU set): worst {worst['foreign_pct']:.1f}% of a "
+                   f"CPU in {worst['run']}")
+    out.append(f"repaired contradictions in the event stream: {int(meas['anomalies'].sum())} "
+               "(see each run's report notes)")
+    for col, what in (("proc_agree_pct", "/proc"), ("nr_agree_pct", "sched debug nr_running")):
+        if meas[col].notna().any():
+            out.append(f"rebuilt run queues vs the kernel's {what}: lowest {meas[col].min():.1f}% "
+                       f"of samples agree")
+    return out
+
+
 def write(suite: Path, note: str | None = None) -> tuple[Path, Path]:
     """Write report.md and report.html in ``suite``; returns their paths."""
     suite = Path(suite)
@@ -278,6 +335,11 @@ def write(suite: Path, note: str | None = None) -> tuple[Path, Path]:
         blocks.append(("p", note))
     blocks.append(("h2", "Policy card"))
     blocks.append(("pre", card.text()))
+    meas = df_measurement(evidence, suite)
+    if len(meas):
+        blocks.append(("h2", "Measurement: what the runs could and could not see"))
+        blocks.append(("ul", measurement_summary(meas)))
+        blocks.append(("pre", meas.to_string(index=False, na_rep="-")))
     limits = _limits(card)
     if limits:
         blocks.append(("h2", "What this suite cannot answer, and why"))

@@ -58,4 +58,9 @@ SELECTION_MAX_LIGHT_DUTY = 60.0
 #: means "spread"; above, "clustered".
 SPREAD_MAX_INDEX = 0.25
 
+#: A run is evidence only if other tasks used at most this share of every CPU of its set
+#: (manifest["foreign_load"]): foreign load changes what a balanced placement is. Harmony's own
+#: controller threads (~1-3%) are counted apart and do not count here.
+FOREIGN_LOAD_MAX = 0.05
+
 ALL = {k: v for k, v in dict(globals()).items() if k.isupper()}

@@ -130,3 +130,18 @@ def test_stats_describe_and_bootstrap():
     df = stats.df_aggregate([{"a": 1, "b": True, "c": "text"}, {"a": 3, "b": False, "c": "x"}])
     assert list(df["metric"]) == ["a", "b"]
     assert df.set_index("metric").loc["b", "mean"] == 0.5
+
+
+def test_runs_on_a_busy_host_are_not_evidence(tmp_path):
+    def write(d, frac):
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({
+            "status": "complete", "experiment": "intrinsic-imbalance", "params": {}, "cpus": [0, 1],
+            "foreign_load": {"max_frac": frac, "max_cpu": 1, "top": "stress"}}))
+        (d / "summary.json").write_text(json.dumps({"share_ratio_min": 0.99, "migrations_per_s": 1}))
+
+    write(tmp_path / "quiet", 0.02)
+    write(tmp_path / "busy", 0.20)
+    evidence, skipped = policy.collect([tmp_path])
+    assert [e.path.name for e in evidence] == ["quiet"]
+    assert [(p.name, "20.0%" in why and "stress" in why) for p, why in skipped] == [("busy", True)]
