@@ -465,16 +465,17 @@ def capture(policy: Policy, exp, params: dict, cpus: list[int], out: Path, seed:
     return manifest
 
 
-def execute(policy: Policy, exp, params: dict, cpus: list[int], out: Path, seed: int = 0):
+def execute(policy: Policy, exp, params: dict, cpus: list[int], out: Path, seed: int = 0,
+            figures: bool = True):
     """Simulate then analyse one run, companions first (as :func:`harmony.run.execute` does)."""
     from harmony.analyse import analyse
 
     for name, overrides in exp.companions(params).items():
         companion_params = exp.resolve({**params, **overrides}, cpus)
         capture(policy, exp, companion_params, cpus, Path(out) / name, seed)
-        analyse(Path(out) / name)
+        analyse(Path(out) / name, figures=figures)
     capture(policy, exp, params, cpus, out, seed)
-    return analyse(out)
+    return analyse(out, figures=figures)
 
 
 def simulate_run(policy: Policy | str, experiment: str, cpus: int | list[int], out: Path,

@@ -74,6 +74,8 @@ def summary_text(run) -> str:
     notes = m.get("notes", [])
     out += ["", "notes"] + ([f"  - {n}" for n in notes] if notes else ["  - none: nothing was lost or repaired"])
     out += ["", "figures"] + [f"  {run.path / f}" for f in m.get("figures", [])]
+    if m.get("figures_deferred"):
+        out.append(f"  not drawn yet: `harmony report {run.path}` draws them")
     return "\n".join(out)
 
 

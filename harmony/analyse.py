@@ -19,8 +19,12 @@ def _marker(markers: pd.DataFrame, text: str) -> int | None:
     return int(hit.iloc[0]) if len(hit) else None
 
 
-def analyse(run_dir: Path, quiet: bool = True) -> store.Run:
+def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Run:
     """Decode ``run_dir``'s raw capture and write every table, summary.json, figures and report.md.
+
+    ``figures=False`` leaves the figures to be drawn later, by :func:`draw_figures` (which
+    ``harmony report`` calls): drawing is most of the analysis time, and a batch needs the
+    figures of one repetition, not of all.
 
     Refuses (RunError) a run whose capture did not finish: it stays marked incomplete.
     """
@@ -91,12 +95,28 @@ def analyse(run_dir: Path, quiet: bool = True) -> store.Run:
     run = store.Run(run_dir, manifest)
     summary = experiment.analyse(run)
     store.write_json(run_dir / "summary.json", summary)
-    fig_dir = run_dir / "figures"
-    fig_dir.mkdir(exist_ok=True)
-    manifest["figures"] = [str(p.relative_to(run_dir)) for p in experiment.plot(run, fig_dir)]
-    store.write_json(run_dir / "manifest.json", manifest)
-    write_report(run)
+    manifest["figures"], manifest["figures_deferred"] = [], not figures
+    if figures:
+        draw_figures(run)
+    else:
+        store.write_json(run_dir / "manifest.json", manifest)
+        write_report(run)
     return store.load(run_dir)
+
+
+def draw_figures(run: store.Run) -> list[str]:
+    """Draw a complete run's figures, record them in its manifest and rewrite report.md."""
+    from harmony.analysis.report import write_report
+    from harmony.experiments import get_experiment
+
+    fig_dir = run.path / "figures"
+    fig_dir.mkdir(exist_ok=True)
+    experiment = get_experiment(run.manifest["experiment"])
+    run.manifest["figures"] = [str(p.relative_to(run.path)) for p in experiment.plot(run, fig_dir)]
+    run.manifest["figures_deferred"] = False
+    store.write_json(run.path / "manifest.json", run.manifest)
+    write_report(run)
+    return run.manifest["figures"]
 
 
 def _crosscheck(run_dir: Path, manifest: dict, cap, tasks: pd.DataFrame, t0: int, t_end: int) -> None:

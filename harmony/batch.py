@@ -40,10 +40,10 @@ class SimRunner:
     def __exit__(self, *exc):
         return False
 
-    def capture(self, exp, params, cpus, out, seed) -> None:
+    def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
         from harmony.analysis import refpolicy
 
-        refpolicy.execute(self.policy, exp, params, cpus, out, seed)
+        refpolicy.execute(self.policy, exp, params, cpus, out, seed, figures=figures)
 
     def drain(self) -> list[dict]:
         return []
@@ -95,7 +95,9 @@ class KernelRunner:
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                        env=env)
 
-    def capture(self, exp, params, cpus, out, seed) -> None:
+    def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
+        """Capture (companions first) and analyse; ``figures`` is honoured when analysing in line
+        (the background analyser always draws them)."""
         from harmony.analyse import analyse
         from harmony.run import capture
 
@@ -114,7 +116,7 @@ class KernelRunner:
             self.submitted.append(jobs)
         else:
             for j in jobs:
-                analyse(Path(j))
+                analyse(Path(j), figures=figures)
 
     def drain(self) -> list[dict]:
         """Wait for every background analysis; returns one dict per analysed directory."""
@@ -169,7 +171,8 @@ def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner
         d = rep_dir(out, k)
         if progress:
             progress.show(f"{out.name} rep {k}/{repeat}")
-        runner.capture(exp, params, cpus, d, seed + k - 1)
+        # figures for the first repetition only; `harmony report rep-NN` draws the others
+        runner.capture(exp, params, cpus, d, seed + k - 1, figures=k == 1)
         if progress:
             progress.finished(float(params["duration"]) * (1 + len(exp.companions(params))))
         reps.append(d)

@@ -210,6 +210,10 @@ def report(run_dir, as_json):
             m = run.manifest
             _fail(f"{run_dir}: run is {m.get('status')} ({m.get('incomplete_reason', 'did not finish')}); "
                   "no report for an incomplete run")
+        if run.manifest.get("figures_deferred"):  # a later repetition of a batch: drawn on demand
+            from harmony.analyse import draw_figures
+
+            draw_figures(run)
         write_report(run)
         if as_json:
             click.echo(json.dumps({"manifest": {k: v for k, v in run.manifest.items() if k != "host"},

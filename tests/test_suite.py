@@ -93,3 +93,25 @@ def test_kernel_repeat_batch(kernel, tmp_path):
     assert r.exit_code == 0, r.output
     b = json.loads((tmp_path / "b" / "batch.json").read_text())
     assert b["complete"] == 2 and not b["failed"]
+
+
+def test_later_repetitions_draw_figures_on_demand(tmp_path):
+    """A batch draws the figures of its first repetition; `harmony report` draws the others."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "sim"
+    cmd = [sys.executable, "-m", "harmony.cli"]
+    p = subprocess.run(cmd + ["simulate", "--policy", "poly-balance", "--cpus", "4", "--experiment",
+                              "single-source", "--repeat", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    first, second = (json.loads((out / r / "manifest.json").read_text()) for r in ("rep-01", "rep-02"))
+    assert first["figures"] and not first["figures_deferred"]
+    assert second["figures"] == [] and second["figures_deferred"]
+    p = subprocess.run(cmd + ["report", str(out / "rep-02")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    second = json.loads((out / "rep-02" / "manifest.json").read_text())
+    assert second["figures"] and not second["figures_deferred"]
+    assert all((out / "rep-02" / f).stat().st_size > 10_000 for f in second["figures"])
