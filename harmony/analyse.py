@@ -28,7 +28,6 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
 
     Refuses (RunError) a run whose capture did not finish: it stays marked incomplete.
     """
-    from harmony.analysis import reconstruct
     from harmony.analysis.crosscheck import kernel_agreement, nr_running_agreement
     from harmony.analysis.release import release_spread
     from harmony.analysis.report import write_report
@@ -60,15 +59,7 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
     cpus = manifest["cpus"]
     params = manifest["params"]
 
-    migrations = reconstruct.df_migrations(events, tasks, t0)
-    runs = reconstruct.df_runs(events, tasks, t0, t_end)
-    runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
-    allocation = reconstruct.df_allocation(runs, tasks, t0, t_end, int(params["window_s"] * 1e9))
-    shares = reconstruct.df_task_share(runs, tasks, cpus, t0, t_end)
-    tables = {"events": events, "markers": markers, "migrations": migrations, "runs": runs,
-              "runqueue": runqueue, "allocation": allocation, "shares": shares}
-    for name, df in tables.items():
-        store.write_table(run_dir, name, df)
+    runqueue = write_tables(run_dir, cap, tasks, cpus, t0, t_end, params["window_s"])["runqueue"]
 
     samples_path = run_dir / "kernel_samples.parquet"
     samples = store.read_table(samples_path) if samples_path.exists() else None
@@ -102,6 +93,27 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
         store.write_json(run_dir / "manifest.json", manifest)
         write_report(run)
     return store.load(run_dir)
+
+
+def write_tables(run_dir: Path, cap, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
+                 window_s: float) -> dict[str, pd.DataFrame]:
+    """Rebuild a capture's tables for ``tasks`` in [t0, t_end] and store each as Parquet.
+
+    Shared by recorded runs (:func:`analyse`) and imported traces (:mod:`harmony.importer`).
+    Returns the tables by name: events, markers, migrations, runs, runqueue, allocation, shares.
+    """
+    from harmony.analysis import reconstruct
+
+    events = cap.events
+    runs = reconstruct.df_runs(events, tasks, t0, t_end)
+    tables = {"events": events, "markers": cap.markers,
+              "migrations": reconstruct.df_migrations(events, tasks, t0), "runs": runs,
+              "runqueue": reconstruct.df_runqueue(events, tasks, cpus, t0, t_end),
+              "allocation": reconstruct.df_allocation(runs, tasks, t0, t_end, int(window_s * 1e9)),
+              "shares": reconstruct.df_task_share(runs, tasks, cpus, t0, t_end)}
+    for name, df in tables.items():
+        store.write_table(run_dir, name, df)
+    return tables
 
 
 def draw_figures(run: store.Run) -> list[str]:

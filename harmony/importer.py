@@ -333,21 +333,14 @@ def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus:
              t0: int, t_end: int, notes: list[str]) -> store.Run:
     """The tables, summary, figures and report of an imported run (as harmony.analyse does for
     a recorded one, with t0 and the end given instead of read from Harmony's markers)."""
-    from harmony.analysis import reconstruct
+    from harmony.analyse import write_tables
     from harmony.analysis.release import release_spread
     from harmony.analysis.report import write_report
     from harmony.experiments import get_experiment
 
-    events, markers, meta = cap.events, cap.markers, cap.meta
-    params = manifest["params"]
-    migrations = reconstruct.df_migrations(events, tasks, t0)
-    runs = reconstruct.df_runs(events, tasks, t0, t_end)
-    runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
-    allocation = reconstruct.df_allocation(runs, tasks, t0, t_end, int(params["window_s"] * 1e9))
-    shares = reconstruct.df_task_share(runs, tasks, cpus, t0, t_end)
-    for name, df in {"events": events, "markers": markers, "migrations": migrations, "runs": runs,
-                     "runqueue": runqueue, "allocation": allocation, "shares": shares}.items():
-        store.write_table(out, name, df)
+    events, meta = cap.events, cap.meta
+    runqueue = write_tables(out, cap, tasks, cpus, t0, t_end,
+                            manifest["params"]["window_s"])["runqueue"]
 
     lost = meta.get("lost_events", -1)
     if lost > 0:
