@@ -156,9 +156,10 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     pids = _pids(tasks)
     is_sw = ts_._event_mask(events, "sched_switch")
     rows = np.flatnonzero(is_sw)
-    cpu = events["cpu"].to_numpy()[rows].astype(np.int32)
-    order = np.argsort(cpu, kind="stable")  # events are in time order: stable sort keeps it per CPU
-    rows, cpu = rows[order], cpu[order]
+    cpu = events["cpu"].to_numpy()[rows]
+    # events are in time order: a stable sort keeps it per CPU (a radix sort on int16 cpus)
+    order = np.argsort(cpu, kind="stable")
+    rows, cpu = rows[order], cpu[order].astype(np.int32)
     ts = events["ts"].to_numpy()[rows]
     nxt = events["pid"].to_numpy()[rows]
     prv = events["prev_pid"].to_numpy()[rows]
@@ -169,8 +170,8 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     last_on_cpu[:-1] = cpu[:-1] != cpu[1:]
     first_on_cpu = np.ones(n, dtype=bool)
     first_on_cpu[1:] = cpu[1:] != cpu[:-1]
-    nxt_is_exp = np.isin(nxt, pids)
-    prv_is_exp = np.isin(prv, pids)
+    nxt_is_exp = ts_.in_set(nxt, pids)
+    prv_is_exp = ts_.in_set(prv, pids)
 
     # the row that ends the run started at row k is row k+1 on the same CPU
     has_end = ~last_on_cpu

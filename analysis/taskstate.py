@@ -62,6 +62,22 @@ _RUNNABLE_SET = np.array([1,     1,   1,  1,   0,   -1,  -1], dtype=np.int8)
 _RUNNING_SET = np.array([-1,     0,   1,  0,   0,   0,   -1], dtype=np.int8)
 
 
+def in_set(values: np.ndarray, members) -> np.ndarray:
+    """``np.isin(values, members)`` for integer arrays, as one gather from a boolean table when the
+    members are small non-negative integers (pids, record codes): ~20x faster than isin's sort on
+    millions of events."""
+    members = np.asarray(members, dtype=np.int64)
+    values = np.asarray(values)
+    if not members.size:
+        return np.zeros(values.shape, dtype=bool)
+    top = int(members.max())
+    if members.min() < 0 or top >= 1 << 24:
+        return np.isin(values, members)
+    table = np.zeros(top + 3, dtype=bool)      # value v at v + 1; clipped: 0 (v < 0), top + 2 (v > top)
+    table[members + 1] = True
+    return np.take(table, values.astype(np.int64) + 1, mode="clip")
+
+
 def _event_mask(events: pd.DataFrame, name: str) -> np.ndarray:
     col = events["event"]
     if isinstance(col.dtype, pd.CategoricalDtype):
@@ -151,9 +167,9 @@ def _build_task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     for name, code in _EVENT_RECORD.items():
         rec_of_event[_event_mask(events, name)] = code
 
-    rows_out = np.flatnonzero(is_sw & np.isin(prev, pidset))
-    rows_in = np.flatnonzero(is_sw & np.isin(pid, pidset))
-    rows_ot = np.flatnonzero((rec_of_event >= 0) & np.isin(pid, pidset))
+    rows_out = np.flatnonzero(is_sw & in_set(prev, pidset))
+    rows_in = np.flatnonzero(is_sw & in_set(pid, pidset))
+    rows_ot = np.flatnonzero((rec_of_event >= 0) & in_set(pid, pidset))
 
     ps_all = events["prev_state"].to_numpy()
     ps_out = ps_all[rows_out]
@@ -174,7 +190,7 @@ def _build_task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     ts = events["ts"].to_numpy()[rows]
     cpu = events["cpu"].to_numpy()[rows].astype(np.int32)
     orig = np.where(rec == MIGRATE, events["orig_cpu"].to_numpy()[rows], -1).astype(np.int32)
-    dest = np.where(np.isin(rec, (MIGRATE, WAKEUP, WAKEUP_NEW)),
+    dest = np.where(in_set(rec, (MIGRATE, WAKEUP, WAKEUP_NEW)),
                     events["target_cpu"].to_numpy()[rows], -1).astype(np.int32)
 
     # groups (one per pid)
@@ -202,11 +218,11 @@ def _build_task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     runnable_set = _RUNNABLE_SET[rec]
     runnable_set[dead_runnable_out] = 0
     running_set = _RUNNING_SET[rec]
-    cpu_set = np.where(np.isin(rec, (SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP)), cpu,
+    cpu_set = np.where(in_set(rec, (SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP)), cpu,
                        np.where(rec == EXIT, -1, dest)).astype(np.int32)
 
     # inferred state before each task's first record
-    is_switch_rec = np.isin(rec, (SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP))
+    is_switch_rec = in_set(rec, (SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP))
     f_runnable = _first_set_in_group(runnable_set, -1, gstart, gend)
     runnable_init = np.zeros(len(gstart), dtype=np.int8)
     has = f_runnable >= 0
@@ -214,7 +230,7 @@ def _build_task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     f_running = _first_set_in_group(running_set, -1, gstart, gend)
     running_init = np.zeros(len(gstart), dtype=np.int8)
     has = f_running >= 0
-    running_init[has] = np.isin(rec[f_running[has]], (SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP))
+    running_init[has] = in_set(rec[f_running[has]], (SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP))
     running_init &= runnable_init  # asleep at the start means not running
     r0 = rec[gstart]
     cpu_init = np.where(is_switch_rec[gstart] | (r0 == EXIT), cpu[gstart],

@@ -187,6 +187,14 @@ class PageSource:
                    np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
 
 
+def _compiled():
+    """The compiled kernels (:mod:`ringbuf_jit`), or None when numba is missing or HARMONY_JIT=0.
+    Imported on first decode: importing numba costs ~0.4 s that commands which never decode
+    should not pay."""
+    from harmony.probes import ringbuf_jit
+    return ringbuf_jit if ringbuf_jit.AVAILABLE else None
+
+
 # --- the lockstep page walk --------------------------------------------------------------------
 
 def _read_uint(src: PageSource, byte_pos: np.ndarray, size: int) -> np.ndarray:
@@ -228,6 +236,11 @@ def walk_pages(src: PageSource, hp: HeaderPage) -> Records:
             p = int(sp[~ok][0])
             raise TraceCorrupt(f"{src.where(p)}: missed-events count does not fit after the data")
         lost[sp] = _read_uint(src, base[sp] + hp.data_offset + size[sp], hp.commit_size)
+
+    jit = _compiled()
+    if jit is not None:
+        pos, length, ts, page = _walk_compiled(jit, src, hp, page_ts, size)
+        return Records(pos, length, ts, page, lost, missed)
 
     words = src.view("<u4")
     nwords = len(words)
@@ -293,6 +306,28 @@ def walk_pages(src: PageSource, hp: HeaderPage) -> Records:
         out_ts[i] = t
         out_page[i] = pg
     return Records(out_pos, out_len, out_ts, out_page, lost, missed)
+
+
+def _walk_compiled(jit, src: PageSource, hp: HeaderPage, page_ts: np.ndarray, size: np.ndarray):
+    """walk_pages' record search by the compiled kernel: count per page, then fill."""
+    n_pages = src.n_pages
+    active = size > 0
+    counts = np.zeros(n_pages, np.int64)
+    err = np.zeros(5, np.int64)
+    none = np.zeros(0, np.int64)
+    args = (src.buf, src.page_size, hp.data_offset, page_ts, size, active)
+    if jit.walk(*args, counts, none, none, none, none, counts, err):
+        p = int(err[1])
+        raise TraceCorrupt(f"{src.where(p, int(err[2]))}: bad ring-buffer record (type_len "
+                           f"{int(err[3])}, length word {int(err[4])}) running past the page's "
+                           f"commit size {int(size[p])}")
+    starts = np.zeros(n_pages, np.int64)
+    if n_pages:
+        np.cumsum(counts[:-1], out=starts[1:])
+    n = int(counts.sum())
+    out = [np.empty(n, np.int64) for _ in range(4)]
+    jit.walk(*args, starts, *out, counts, err)
+    return tuple(out)
 
 
 # --- field gathering ---------------------------------------------------------------------------
@@ -420,15 +455,10 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
     notes: list[str] = []
     rec = walk_pages(src, hp)
     n = len(rec.pos)
+    pos, length, page = rec.pos, rec.length, rec.page     # in (cpu, page, position) order
 
-    # cross-CPU merge: stable, so equal timestamps keep (cpu, page, position) order
-    cpu = src.page_cpu[rec.page].astype(np.int16) if n else np.zeros(0, np.int16)
-    if n and not (np.diff(rec.ts) >= 0).all():
-        order = np.argsort(rec.ts, kind="stable")
-        pos, length, ts, page, cpu = (rec.pos[order], rec.length[order], rec.ts[order],
-                                      rec.page[order], cpu[order])
-    else:
-        pos, length, ts, page = rec.pos, rec.length, rec.ts, rec.page
+    def where(r: int) -> str:
+        return src.where(int(page[r]), int(pos[r] % src.page_size))
 
     # event type of each record
     ctype = None
@@ -440,8 +470,8 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
     short = np.flatnonzero(length < ctype.offset + ctype.size)
     if short.size:
         k = int(short[0])
-        raise TraceCorrupt(f"{src.where(int(page[k]), int(pos[k] % src.page_size))}: record of "
-                           f"{int(length[k])} bytes is too short for an event header")
+        raise TraceCorrupt(f"{where(k)}: record of {int(length[k])} bytes is too short for an "
+                           f"event header")
     etype = read_field(src, pos, ctype).astype(np.int64) if n else np.zeros(0, np.int64)
 
     ids = sorted(formats)
@@ -458,16 +488,22 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
         unknown = {int(a): int(b) for a, b in zip(u, c)}
         notes.append(f"{int(unk.sum())} records of event types with no format in formats/ were not "
                      f"decoded (type id: count {unknown})")
+    del etype
 
-    # markers: ftrace print
+    # cross-CPU merge: stable, so equal timestamps keep (cpu, page, position) order
+    order = np.argsort(rec.ts, kind="stable") if n and not (np.diff(rec.ts) >= 0).all() else None
+    cpu = src.page_cpu[page].astype(np.int16) if n else np.zeros(0, np.int16)
+
+    # markers: ftrace print; per-record kinds by table look-up on code + 1 (code -1: no format)
     print_codes = [i for i, ev_id in enumerate(ids)
                    if formats[ev_id].system == "ftrace" and formats[ev_id].name == "print"]
-    # per-record kinds by table look-up on code + 1 (code -1: no format)
     lut = np.zeros(len(ids) + 1, bool)
     lut[np.asarray(print_codes, np.int64) + 1] = True
     is_marker = lut[code + 1] if n else np.zeros(0, bool)
     midx = np.flatnonzero(is_marker)
-    markers = _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats)
+    if order is not None:       # the markers in merged order (a stable sort keeps ties in order)
+        midx = midx[np.argsort(rec.ts[midx], kind="stable")]
+    markers = _decode_markers(src, pos, length, rec.ts, cpu, code, midx, ids, formats)
 
     # events: everything else with a known format (except other ftrace-internal events)
     ev_codes = [i for i, ev_id in enumerate(ids) if formats[ev_id].system != "ftrace"]
@@ -477,11 +513,15 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
     other_ftrace = ~is_marker & ~unk & ~is_event
     if other_ftrace.any():
         notes.append(f"{int(other_ftrace.sum())} ftrace-internal records (not print) were skipped")
-    eidx = np.flatnonzero(is_event)
-    events, ev_notes = _decode_events(src, pos[eidx], length[eidx], ts[eidx], cpu[eidx],
-                                      code[eidx], ids, formats,
-                                      lambda k: src.where(int(page[eidx[k]]),
-                                                          int(pos[eidx[k]] % src.page_size)))
+    jit = _compiled()
+    if jit is not None:
+        events, ev_notes = _decode_events_compiled(jit, src, rec, cpu, np.where(is_event, code, -1),
+                                                   order, ids, formats, where)
+    else:
+        eidx = np.flatnonzero(is_event) if order is None else order[is_event[order]]
+        events, ev_notes = _decode_events(src, pos[eidx], length[eidx], rec.ts[eidx], cpu[eidx],
+                                          code[eidx], ids, formats,
+                                          lambda k: where(int(eidx[k])))
     notes.extend(ev_notes)
 
     lost_by_cpu: dict[int, int] = {}
@@ -522,7 +562,39 @@ def _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats) -> pd.D
     return make_markers(ts=ts[midx], cpu=cpu[midx], pid=pids, text=texts)
 
 
+def _labels(code: np.ndarray, ids: list[int], formats) -> tuple[list[str], dict[int, int]]:
+    """(event labels, format index -> label index) of the formats present in ``code``."""
+    labels: list[str] = []
+    label_of_code: dict[int, int] = {}
+    present = np.flatnonzero(np.bincount(code, minlength=len(ids))) if len(code) else []
+    for c in present:
+        lab = event_label(formats[ids[int(c)]])
+        if lab not in labels:
+            labels.append(lab)
+        label_of_code[int(c)] = labels.index(lab)
+    return labels, label_of_code
+
+
+def _record_need(fmt: EventFormat) -> int:
+    """Bytes a record of ``fmt`` must hold: its fixed fields and its dynamic-string words."""
+    return max((f.offset + (4 if (f.data_loc or f.rel_loc) else f.size)
+                for f in fmt.fields.values() if not (f.is_array and not f.array_len
+                                                     and not (f.data_loc or f.rel_loc))),
+               default=0)
+
+
+def _int_value_mask(col: str, fmt: EventFormat, notes: list[str]) -> int:
+    """Bits cleared from column ``col``'s values: the preempt flag of sched_switch prev_state."""
+    if col != "prev_state":
+        return 0
+    flag, note = sched_switch_preempt_flag(fmt)
+    if note and note not in notes:
+        notes.append(note)
+    return int(flag)
+
+
 def _decode_events(src, pos, length, ts, cpu, code, ids, formats, where):
+    """The events table of the given event records (numpy: one gather per event type and field)."""
     notes: list[str] = []
     n = len(pos)
     cols: dict[str, np.ndarray] = {"ts": ts, "cpu": cpu}
@@ -531,14 +603,7 @@ def _decode_events(src, pos, length, ts, cpu, code, ids, formats, where):
             cols[name] = np.full(n, -1, dt)
     str_codes = {c: np.zeros(n, np.int32) for c in STRING_COLUMNS}   # 0 = ""
     str_cats = {c: {"": 0} for c in STRING_COLUMNS}
-    labels: list[str] = []
-    label_of_code: dict[int, int] = {}
-    for c in np.unique(code) if n else []:
-        fmt = formats[ids[int(c)]]
-        lab = event_label(fmt)
-        if lab not in labels:
-            labels.append(lab)
-        label_of_code[int(c)] = labels.index(lab)
+    labels, label_of_code = _labels(code, ids, formats)
     event_codes = np.zeros(n, np.int32)
     for c, li in label_of_code.items():
         idx = np.flatnonzero(code == c)
@@ -546,10 +611,7 @@ def _decode_events(src, pos, length, ts, cpu, code, ids, formats, where):
         fmt = formats[ids[c]]
         p = pos[idx]
         ln = length[idx]
-        need = max((f.offset + (4 if (f.data_loc or f.rel_loc) else f.size)
-                    for f in fmt.fields.values() if not (f.is_array and not f.array_len
-                                                         and not (f.data_loc or f.rel_loc))),
-                   default=0)
+        need = _record_need(fmt)
         short = np.flatnonzero(ln < need)
         if short.size:
             raise TraceCorrupt(f"{where(int(idx[short[0]]))}: {fmt.full_name} record of "
@@ -568,16 +630,105 @@ def _decode_events(src, pos, length, ts, cpu, code, ids, formats, where):
                 str_codes[col][idx] = remap[codes]
                 continue
             v = read_field(src, p, f)
-            if col == "prev_state":
-                flag, note = sched_switch_preempt_flag(fmt)
-                if note and note not in notes:
-                    notes.append(note)
-                v = v & ~np.int64(flag)
-            cols[col][idx] = v
+            mask = _int_value_mask(col, fmt, notes)
+            cols[col][idx] = v & ~np.int64(mask) if mask else v
     for col in STRING_COLUMNS:
         cats = list(str_cats[col])
         cols[col] = pd.Categorical.from_codes(str_codes[col], categories=cats)
     cols["event"] = pd.Categorical.from_codes(event_codes, categories=labels) if labels else \
+        pd.Categorical([])
+    return make_events({k: cols[k] for k in COLUMNS}), notes
+
+
+_JIT_INT_COLUMNS = tuple(c for c in INT_COLUMNS if c not in ("ts", "cpu"))
+_JIT_MAX_STRING = 64           # fixed char arrays up to this width are interned by the kernel
+
+
+def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, formats, where):
+    """_decode_events in one compiled pass (``jit.gather``) over the records in merged order
+    (``order``, None = as walked); ``fmt_of``: format index of each event record, -1 = not one."""
+    notes: list[str] = []
+    labels, label_of_code = _labels(fmt_of[fmt_of >= 0], ids, formats)
+    n = int((fmt_of >= 0).sum())
+    n_fmt = len(ids)
+    kinds = {np.dtype(np.int16): 0, np.dtype(np.int32): 1, np.dtype(np.int64): 2}
+    col_kind = np.array([kinds[np.dtype(INT_COLUMNS[c])] for c in _JIT_INT_COLUMNS], np.int64)
+    col_row = np.array([int((col_kind[:j] == col_kind[j]).sum()) for j in range(len(col_kind))],
+                       np.int64)
+    outs = [np.full((int((col_kind == k).sum()), n), -1, dt)
+            for k, dt in enumerate((np.int16, np.int32, np.int64))]
+    int_spec = np.full((n_fmt, len(_JIT_INT_COLUMNS), 4), -1, np.int64)
+    str_spec = np.full((n_fmt, len(STRING_COLUMNS), 2), -1, np.int64)
+    need = np.zeros(n_fmt, np.int64)
+    by_hand: list[tuple[int, str, Field]] = []       # strings the kernel does not intern
+    label_lut = np.zeros(n_fmt, np.int32)
+    for c, li in label_of_code.items():
+        label_lut[c] = li
+        fmt = formats[ids[c]]
+        need[c] = _record_need(fmt)
+        fields = dict(_column_map(fmt))
+        cpf = fmt.field("common_pid")
+        if cpf is not None:
+            fields["common_pid"] = cpf
+        for col, f in fields.items():
+            if col in STRING_COLUMNS:
+                if f.is_array and f.array_len and not (f.data_loc or f.rel_loc) \
+                        and f.size <= _JIT_MAX_STRING:
+                    str_spec[c, STRING_COLUMNS.index(col)] = (f.offset, f.size)
+                else:
+                    by_hand.append((c, col, f))
+            else:
+                int_spec[c, _JIT_INT_COLUMNS.index(col)] = (
+                    f.offset, f.size, jit.read_kind(f.offset, f.size, f.signed),
+                    _int_value_mask(col, fmt, notes))
+    kw = max(1, (int(str_spec[:, :, 1].max(initial=0)) + 3) // 4)
+    ts = np.empty(n, np.int64)
+    ev_cpu = np.empty(n, np.int16)
+    ev_label = np.empty(n, np.int32)
+    src_row = np.empty(n if by_hand else 0, np.int64)   # record of each event (strings by hand)
+    str_codes = np.full((len(STRING_COLUMNS), n), -1, np.int32)
+    err = np.zeros(4, np.int64)
+    cap = 1 << 12
+    while True:  # a hash table too small for the distinct strings is retried 8x bigger
+        slots = np.full(cap, -1, np.int64)
+        keys = np.zeros((cap // 2, kw), np.int64)
+        n_keys = np.zeros(1, np.int64)
+        status = jit.gather(
+            src.buf, src.view("<u2"), src.view("<u4"),
+            np.zeros(0, np.int64) if order is None else order, rec.pos, rec.length, rec.ts, cpu,
+            fmt_of.astype(np.int64), need, label_lut, int_spec, col_kind, col_row,
+            ts, ev_cpu, ev_label, src_row, *outs, str_spec, str_codes, slots, keys, n_keys, err)
+        if status != jit.TABLE_FULL:
+            break
+        cap *= 8
+    if status == jit.SHORT_RECORD:
+        r = int(err[1])
+        raise TraceCorrupt(f"{where(r)}: {formats[ids[int(fmt_of[r])]].full_name} record of "
+                           f"{int(err[2])} bytes is shorter than its format ({int(err[3])})")
+    key_text = [_decode_cstr(keys[k].astype("<u4").tobytes()) for k in range(int(n_keys[0]))]
+
+    cols: dict[str, np.ndarray] = {"ts": ts, "cpu": ev_cpu}
+    for j, col in enumerate(_JIT_INT_COLUMNS):
+        cols[col] = outs[col_kind[j]][col_row[j]]
+    for s, col in enumerate(STRING_COLUMNS):
+        sc = str_codes[s]
+        used = np.flatnonzero(np.bincount(sc[sc >= 0], minlength=len(key_text)))
+        cats = {"": 0}
+        remap = np.zeros(len(key_text) + 1, np.int32)      # last slot: -1 (no string) -> ""
+        for k in used:
+            remap[k] = cats.setdefault(key_text[k], len(cats))
+        codes = remap[sc]
+        for c, hcol, f in by_hand:
+            if hcol != col:
+                continue
+            idx = np.flatnonzero(fmt_of[src_row] == c)
+            rows = src_row[idx]
+            hc, strings = gather_strings(src, rec.pos[rows], rec.length[rows], f,
+                                         lambda k, rows=rows: where(int(rows[k])))
+            hremap = np.array([cats.setdefault(t, len(cats)) for t in strings], np.int32)
+            codes[idx] = hremap[hc]
+        cols[col] = pd.Categorical.from_codes(codes, categories=list(cats))
+    cols["event"] = pd.Categorical.from_codes(ev_label, categories=labels) if labels else \
         pd.Categorical([])
     return make_events({k: cols[k] for k in COLUMNS}), notes
 

@@ -666,3 +666,16 @@ def test_random_trace_cut_at_start_infers_the_true_state():
     assert (rc.runqueue_at(rq, times)[cpus].to_numpy() == truth[1:]).all()
     first = rq[rq["ts"] == sim.t0].sort_values("cpu")["nr"].to_numpy()
     assert (first == truth[0]).all()
+
+
+def test_in_set_matches_isin():
+    """taskstate.in_set (a table look-up) agrees with np.isin, at the edges too: negative values,
+    values above the largest member, the largest member itself, huge members (isin fallback)."""
+    from harmony.analysis.taskstate import in_set
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        members = rng.integers(0, 60, rng.integers(0, 6))
+        values = np.concatenate([rng.integers(-5, 80, 200), members, members + 1, members - 1])
+        assert (in_set(values, members) == np.isin(values, members)).all()
+    big = np.array([5, 1 << 30])
+    assert (in_set(np.array([5, 6, 1 << 30, -1]), big) == [True, False, True, False]).all()

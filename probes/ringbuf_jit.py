@@ -1,0 +1,301 @@
+"""Compiled inner loops of the ring-buffer decoder (numba), used by :mod:`ringbuf` when available.
+
+The numpy decoder in ``ringbuf`` walks all pages in lockstep and gathers each field with one
+fancy-indexing pass; each pass allocates arrays as long as the trace, and a 2 M-event trace spends
+as much time faulting in fresh memory as computing. These kernels make one pass over the records
+instead and write straight into the final columns:
+
+- :func:`walk`: per page, the records' data offsets, lengths and timestamps (same rules as
+  ``ringbuf.walk_pages``, which documents the page and record layout)
+- :func:`gather`: per record, every integer column and every fixed-width string (interned in one
+  open-addressing hash table, so each distinct string is decoded once)
+
+Both return a status instead of raising (numba cannot raise rich exceptions cheaply): 0 = done,
+else an error code with details in ``err`` that the caller turns into a TraceCorrupt naming the
+file. ``HARMONY_JIT=0`` disables the kernels (the numpy decoder then runs; the tests run both and
+compare them). Compiled code is cached next to this file, so only the first use compiles (~1 s).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; a platform may lack wheels
+    numba = None
+
+AVAILABLE = numba is not None and os.environ.get("HARMONY_JIT", "1") != "0"
+
+# walk() error kinds (err[0]); err[1] = page, err[2] = byte in page, err[3] = type_len, err[4] = length word
+BAD_RECORD = 1
+# gather() error kinds
+SHORT_RECORD = 1      # err[1] = record index (as walked), err[2] = its length, err[3] = bytes its format needs
+TABLE_FULL = 2        # more distinct strings than the table holds: retry with a bigger one
+
+_TS_MSB = -(1 << 59)
+
+
+def _jit(fn):
+    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn) if numba is not None else fn
+
+
+def _inline(fn):
+    """A helper compiled into its callers (a call per field would cost more than the read)."""
+    return numba.njit(inline="always", boundscheck=False)(fn) if numba is not None else fn
+
+
+@_inline
+def _u32(buf, p):
+    return np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16) | \
+        (np.int64(buf[p + 3]) << 24)
+
+
+@_inline
+def _uint(buf, p, size):
+    v = np.int64(0)
+    for j in range(size):
+        v |= np.int64(buf[p + j]) << (8 * j)
+    return v
+
+
+@_jit
+def walk(buf, page_size, data_offset, page_ts, data_size, active, starts,
+         out_pos, out_len, out_ts, out_page, counts, err):
+    """Walk the records of every page ``p`` with ``active[p]``.
+
+    Count mode (``out_pos`` empty): ``counts[p]`` = data records in page p. Fill mode: record k of
+    page p goes to index ``starts[p] + k`` of the out_* arrays.
+    """
+    fill = out_pos.shape[0] > 0
+    nbuf = buf.shape[0]
+    for p in range(page_ts.shape[0]):
+        if not active[p]:
+            continue
+        base = np.int64(p) * page_size
+        pos = base + data_offset
+        end = pos + data_size[p]
+        ts = page_ts[p]
+        k = 0
+        while True:
+            w = _u32(buf, pos)
+            tl = w & 31
+            td = w >> 5
+            arr0 = _u32(buf, pos + 4) if pos + 8 <= nbuf else np.int64(0)
+            if tl == 30 or tl == 31:
+                delta = (arr0 << 27) | td
+                if tl == 31:
+                    ts = (ts & _TS_MSB) | delta
+                else:
+                    ts += delta
+            else:
+                ts += td
+            stop = False
+            if 1 <= tl <= 28:
+                total = 4 + tl * 4
+            elif tl == 0:
+                total = 4 + ((arr0 + 3) & ~3)
+            elif tl == 29:
+                total = 4 + arr0
+                stop = td == 0
+            else:
+                total = 8
+            newpos = pos + total
+            if (tl == 0 and arr0 < 4) or (tl == 29 and not stop and (arr0 & 3) != 0) or \
+                    (not stop and newpos > end):
+                err[0] = BAD_RECORD
+                err[1] = p
+                err[2] = pos - base
+                err[3] = tl
+                err[4] = arr0
+                return BAD_RECORD
+            if tl <= 28:
+                if fill:
+                    i = starts[p] + k
+                    if tl == 0:
+                        out_pos[i] = pos + 8
+                        out_len[i] = (arr0 - 4 + 3) & ~3
+                    else:
+                        out_pos[i] = pos + 4
+                        out_len[i] = tl * 4
+                    out_ts[i] = ts
+                    out_page[i] = p
+                k += 1
+            if stop or newpos >= end:
+                break
+            pos = newpos
+        counts[p] = k
+    return 0
+
+
+# how gather() reads one integer field (int_spec[..., 2])
+READ_U8, READ_I8, READ_U16, READ_I16, READ_U32, READ_I32, READ_64, READ_BYTES, READ_SBYTES = range(9)
+
+
+def read_kind(offset: int, size: int, signed: bool) -> int:
+    """The cheapest read of a field at ``offset`` (records start 4-byte aligned)."""
+    if size == 1:
+        return READ_I8 if signed else READ_U8
+    if size == 2 and offset % 2 == 0:
+        return READ_I16 if signed else READ_U16
+    if size == 4 and offset % 4 == 0:
+        return READ_I32 if signed else READ_U32
+    if size == 8 and offset % 4 == 0:
+        return READ_64
+    return READ_SBYTES if signed else READ_BYTES
+
+
+@_jit
+def _field_other(buf, w16, p, size, kind):
+    """A field gather() does not read inline (16/8-bit, unaligned): rare, kept out of its loop
+    (inlining these branches made the whole loop 5x slower)."""
+    if kind == READ_U16:
+        return np.int64(w16[p >> 1])
+    if kind == READ_I16:
+        return np.int64(np.int16(w16[p >> 1]))
+    if kind == READ_U8:
+        return np.int64(buf[p])
+    if kind == READ_I8:
+        return np.int64(np.int8(buf[p]))
+    v = _uint(buf, p, size)
+    if kind == READ_SBYTES and size < 8 and v >= (np.int64(1) << (8 * size - 1)):
+        v -= np.int64(1) << (8 * size)
+    return v
+
+
+@_jit
+def _cstr_key_bytes(buf, q, width, key):
+    """key = the C string of ``width`` bytes at ``q`` (cut at the first NUL), as 32-bit words."""
+    for j in range(key.shape[0]):
+        key[j] = 0
+    for b in range(width):
+        ch = buf[q + b]
+        if ch == 0:
+            return
+        key[b >> 2] |= np.int64(ch) << (8 * (b & 3))
+
+
+@_inline
+def _cstr_key(buf, w32, q, width, key):
+    """_cstr_key_bytes, a word at a time when the string is 4-byte aligned and sized; returns the
+    key's hash. A word holds a NUL iff (w - 0x01010101) & ~w & 0x80808080 != 0, and its lowest
+    flagged byte is the first NUL."""
+    if (q & 3) != 0 or (width & 3) != 0:
+        _cstr_key_bytes(buf, q, width, key)
+    else:
+        nw = width >> 2
+        cut = False
+        for j in range(key.shape[0]):
+            if j < nw and not cut:
+                w = np.int64(w32[(q >> 2) + j])
+                z = (w - 0x01010101) & ~w & 0x80808080
+                if z != 0:
+                    w &= ((z & -z) >> 7) - 1
+                    cut = True
+                key[j] = w
+            else:
+                key[j] = 0
+    h = np.int64(-3750763034362895579)           # FNV-1a offset basis, one 32-bit word at a time
+    for j in range(key.shape[0]):
+        h = (h ^ key[j]) * np.int64(1099511628211)
+    return h ^ (h >> 29)
+
+
+@_jit
+def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int_spec, col_kind,
+           col_row, ts_out, cpu_out, label_out, row_out, o16, o32, o64, str_spec, str_codes, slots,
+           keys, n_keys, err):
+    """Fill the event columns: out row j = the j-th event record in merged order.
+
+    buf: the pages as bytes; w16/w32: the same memory as u16/u32 (for aligned reads).
+    order: record indices in merged (time) order, empty = as they are. pos/length/ts/cpu: per
+    record. fmt[r]: record r's format index, -1 = not an event (skipped). need[f]: bytes format f
+    needs; label_lut[f]: its label code (-> label_out). row_out (if not empty): the record of each
+    event. int_spec[f, c] = (offset, size, read_kind(), clear_mask); offset -1 = column absent in
+    format f. Column c goes to row col_row[c] of o16/o32/o64 by col_kind[c] = 0/1/2.
+    str_spec[f, s] = (offset, width); offset -1 = absent (or not fixed-width: done by the caller).
+    The string of event j for string column s becomes str_codes[s, j]: an index into keys (the C
+    string as 32-bit words, zero padded). slots: the hash table (power-of-2 length, -1 = empty).
+    """
+    kw = keys.shape[1]
+    mask = slots.shape[0] - 1
+    key = np.zeros(kw, np.int64)
+    n_int = int_spec.shape[1]
+    n_str = str_spec.shape[1]
+    nk = n_keys[0]
+    use_order = order.shape[0] > 0
+    keep_rows = row_out.shape[0] > 0
+    j = 0
+    for i in range(pos.shape[0]):
+        r = order[i] if use_order else i
+        f = fmt[r]
+        if f < 0:
+            continue
+        p = pos[r]
+        if length[r] < need[f]:
+            err[0] = SHORT_RECORD
+            err[1] = r
+            err[2] = length[r]
+            err[3] = need[f]
+            return SHORT_RECORD
+        ts_out[j] = ts[r]
+        cpu_out[j] = cpu[r]
+        label_out[j] = label_lut[f]
+        if keep_rows:
+            row_out[j] = r
+        for c in range(n_int):
+            off = int_spec[f, c, 0]
+            if off < 0:
+                continue
+            q = p + off
+            kind = int_spec[f, c, 2]
+            if kind == READ_U32:
+                v = np.int64(w32[q >> 2])
+            elif kind == READ_I32:
+                v = np.int64(np.int32(w32[q >> 2]))
+            elif kind == READ_64:
+                v = np.int64(w32[q >> 2]) | (np.int64(w32[(q >> 2) + 1]) << 32)
+            else:
+                v = _field_other(buf, w16, q, int_spec[f, c, 1], kind)
+            if int_spec[f, c, 3]:
+                v &= ~int_spec[f, c, 3]
+            row = col_row[c]
+            kind = col_kind[c]
+            if kind == 0:
+                o16[row, j] = v
+            elif kind == 1:
+                o32[row, j] = v
+            else:
+                o64[row, j] = v
+        for s in range(n_str):
+            off = str_spec[f, s, 0]
+            if off < 0:
+                continue
+            h = _cstr_key(buf, w32, p + off, str_spec[f, s, 1], key) & mask
+            while True:
+                k = slots[h]
+                if k < 0:
+                    if nk * 2 >= slots.shape[0] or nk >= keys.shape[0]:
+                        n_keys[0] = nk
+                        err[0] = TABLE_FULL
+                        return TABLE_FULL
+                    for b in range(kw):
+                        keys[nk, b] = key[b]
+                    slots[h] = nk
+                    k = nk
+                    nk += 1
+                    break
+                same = True
+                for b in range(kw):
+                    if keys[k, b] != key[b]:
+                        same = False
+                        break
+                if same:
+                    break
+                h = (h + 1) & mask
+            str_codes[s, j] = k
+        j += 1
+    n_keys[0] = nk
+    return 0
