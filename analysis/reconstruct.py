@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis import taskstate as ts_
+from harmony.analysis.arrays import in_set
 from harmony.analysis.taskstate import task_records
 
 NS = 1_000_000_000
@@ -98,21 +99,24 @@ def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.Data
     that hit a task believed running.
     """
     r = task_records(events, _pids(tasks))
-    m = r[r["record"].to_numpy() == ts_.MIGRATE].sort_values("seq", kind="stable")
-    name, role = _task_info(m["pid"].to_numpy(), tasks)
-    kind = pd.Categorical(np.where(m["runnable_before"].to_numpy(), "balance", "wakeup"),
+    sel = np.flatnonzero(r["record"].to_numpy() == ts_.MIGRATE)
+    sel = sel[np.argsort(r["seq"].to_numpy()[sel], kind="stable")]
+    m = {c: r[c].to_numpy()[sel] for c in ("ts", "pid", "orig_cpu", "dest_cpu", "cpu",
+                                           "runnable_before", "anomaly")}
+    name, role = _task_info(m["pid"], tasks)
+    kind = pd.Categorical(np.where(m["runnable_before"], "balance", "wakeup"),
                           categories=["wakeup", "balance"])
     out = pd.DataFrame({
-        "ts": m["ts"].to_numpy(),
-        "t": _t(m["ts"].to_numpy(), t0),
-        "pid": m["pid"].to_numpy(),
+        "ts": m["ts"],
+        "t": _t(m["ts"], t0),
+        "pid": m["pid"],
         "name": name, "role": role,
-        "src_cpu": m["orig_cpu"].to_numpy(),
-        "dst_cpu": m["dest_cpu"].to_numpy(),
-        "event_cpu": m["cpu"].to_numpy(),
+        "src_cpu": m["orig_cpu"],
+        "dst_cpu": m["dest_cpu"],
+        "event_cpu": m["cpu"],
         "kind": kind,
-    })
-    out.attrs["anomalies"] = int((m["anomaly"].to_numpy() > 0).sum())
+    }, copy=False)
+    out.attrs["anomalies"] = int((m["anomaly"] > 0).sum())
     return out
 
 
@@ -170,8 +174,8 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     last_on_cpu[:-1] = cpu[:-1] != cpu[1:]
     first_on_cpu = np.ones(n, dtype=bool)
     first_on_cpu[1:] = cpu[1:] != cpu[:-1]
-    nxt_is_exp = ts_.in_set(nxt, pids)
-    prv_is_exp = ts_.in_set(prv, pids)
+    nxt_is_exp = in_set(nxt, pids)
+    prv_is_exp = in_set(prv, pids)
 
     # the row that ends the run started at row k is row k+1 on the same CPU
     has_end = ~last_on_cpu
@@ -219,7 +223,7 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
         "start": start.astype(np.int64), "end": end.astype(np.int64),
         "duration": (end - start).astype(np.int64), "t": _t(start, t0),
         "end_state": end_state, "truncated": truncated, "unseen_start": unseen,
-    })
+    }, copy=False)
     out.attrs["anomalies"] = sum(kinds.values())
     out.attrs["anomaly_kinds"] = {k: v for k, v in kinds.items() if v}
     return out
@@ -329,7 +333,7 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     all_nr = np.concatenate([init[init_row], nr]).astype(np.int64)
     o = np.lexsort((all_cpu, all_ts))
     out = pd.DataFrame({"ts": all_ts[o], "t": _t(all_ts[o], t0), "cpu": all_cpu[o],
-                        "nr": all_nr[o]})
+                        "nr": all_nr[o]}, copy=False)
     an = r["anomaly"].to_numpy()[inwin]
     out.attrs["anomalies"] = int((an > 0).sum())
     out.attrs["anomaly_kinds"] = _kinds(an, ts_.ANOMALIES)

@@ -47,6 +47,8 @@ import weakref
 import numpy as np
 import pandas as pd
 
+from harmony.analysis.arrays import in_set
+
 WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
 RECORDS = ("wakeup", "wakeup_new", "switch_in", "switch_out_runnable", "switch_out_sleep",
            "migrate", "exit")
@@ -60,22 +62,6 @@ _EVENT_RECORD = {"sched_wakeup": WAKEUP, "sched_wakeup_new": WAKEUP_NEW,
 #                          wakeup new  in  outR outS migr exit
 _RUNNABLE_SET = np.array([1,     1,   1,  1,   0,   -1,  -1], dtype=np.int8)
 _RUNNING_SET = np.array([-1,     0,   1,  0,   0,   0,   -1], dtype=np.int8)
-
-
-def in_set(values: np.ndarray, members) -> np.ndarray:
-    """``np.isin(values, members)`` for integer arrays, as one gather from a boolean table when the
-    members are small non-negative integers (pids, record codes): ~20x faster than isin's sort on
-    millions of events."""
-    members = np.asarray(members, dtype=np.int64)
-    values = np.asarray(values)
-    if not members.size:
-        return np.zeros(values.shape, dtype=bool)
-    top = int(members.max())
-    if members.min() < 0 or top >= 1 << 24:
-        return np.isin(values, members)
-    table = np.zeros(top + 3, dtype=bool)      # value v at v + 1; clipped: 0 (v < 0), top + 2 (v > top)
-    table[members + 1] = True
-    return np.take(table, values.astype(np.int64) + 1, mode="clip")
 
 
 def _event_mask(events: pd.DataFrame, name: str) -> np.ndarray:
@@ -157,8 +143,62 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     return table
 
 
+def _compiled():
+    """The compiled state machine (:mod:`taskstate_jit`), or None (numba missing, HARMONY_JIT=0);
+    imported on first use, as numba's import is slow."""
+    from harmony.analysis import taskstate_jit
+    return taskstate_jit if taskstate_jit.AVAILABLE else None
+
+
+def _event_kinds(events: pd.DataFrame, jit) -> np.ndarray:
+    """Per event: jit.SWITCH, its record code (wakeup, wakeup_new, migrate, exit) or -1."""
+    col = events["event"]
+    names = dict(_EVENT_RECORD, sched_switch=jit.SWITCH)
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = col.cat.categories
+        lut = np.full(len(cats) + 1, -1, np.int8)       # code -1 (missing) -> the last slot
+        for name, code in names.items():
+            if name in cats:
+                lut[cats.get_loc(name)] = code
+        return lut[col.cat.codes.to_numpy()]
+    kind = np.full(len(events), -1, np.int8)
+    for name, code in names.items():
+        kind[_event_mask(events, name)] = code
+    return kind
+
+
+def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray) -> pd.DataFrame:
+    """_build_task_records by the compiled state machine (same table)."""
+    table = np.full(int(pidset.max(initial=0)) + 3, -1, np.int32)   # pid v -> dense index at v + 1
+    table[pidset.astype(np.int64) + 1] = np.arange(len(pidset), dtype=np.int32)
+    kind = _event_kinds(events, jit)
+    pid = events["pid"].to_numpy()
+    prev = events["prev_pid"].to_numpy()
+    none = np.zeros(0, np.int64)
+    m = jit.emit(kind, pid, prev, table, none, none.astype(np.int32), none.astype(np.int8), True)
+    rows, task, rec_in = np.empty(m, np.int64), np.empty(m, np.int32), np.empty(m, np.int8)
+    jit.emit(kind, pid, prev, table, rows, task, rec_in, False)
+    # records come in seq order: a stable sort by task gives (task, seq) (radix sort on uint16)
+    order = np.argsort(task.astype(np.uint16) if len(pidset) <= 1 << 16 else task, kind="stable")
+    cols = {"seq": np.empty(m, np.int64), "ts": np.empty(m, np.int64),
+            "pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int32),
+            "record": np.empty(m, np.int8), "orig_cpu": np.empty(m, np.int32),
+            "dest_cpu": np.empty(m, np.int32), "prev_state": np.empty(m, np.int64),
+            "runnable_before": np.empty(m, bool), "runnable_after": np.empty(m, bool),
+            "running_before": np.empty(m, bool), "running_after": np.empty(m, bool),
+            "cpu_before": np.empty(m, np.int32), "cpu_after": np.empty(m, np.int32),
+            "first": np.empty(m, bool), "anomaly": np.empty(m, np.int8)}
+    jit.walk(order, rows, task, rec_in, events["ts"].to_numpy(), events["cpu"].to_numpy(),
+             events["orig_cpu"].to_numpy(), events["target_cpu"].to_numpy(),
+             events["prev_state"].to_numpy(), pidset, *cols.values())
+    return pd.DataFrame(cols, copy=False)
+
+
 def _build_task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     pidset = np.unique(np.asarray(pids, dtype=np.int32))
+    jit = _compiled()
+    if jit is not None and (pidset.min(initial=0) >= 0 and pidset.max(initial=0) < 1 << 24):
+        return _build_task_records_compiled(jit, events, pidset)
     n_ev = len(events)
     pid = events["pid"].to_numpy()
     prev = events["prev_pid"].to_numpy()

@@ -1,0 +1,208 @@
+"""Compiled per-task state machine (numba): :func:`taskstate.task_records` in two passes.
+
+The numpy version in :mod:`taskstate` evaluates the state machine with forward fills over whole
+arrays (~25 passes and as many temporaries of the trace's length); here one pass over the events
+emits the records and one pass per task walks them, with the same rules (documented in
+:mod:`taskstate`). ``HARMONY_JIT=0`` disables it; the tests run both versions and compare them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:
+    import numba
+except ImportError:  # pragma: no cover - numba is a dependency; a platform may lack wheels
+    numba = None
+
+AVAILABLE = numba is not None and os.environ.get("HARMONY_JIT", "1") != "0"
+
+# record codes, as in taskstate (RECORDS)
+WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
+SWITCH = 100                         # event kind of a sched_switch (gives up to two records)
+# anomaly codes, as in taskstate (ANOMALIES)
+(_SWITCH_IN_NOT_RUNNABLE, _SWITCH_IN_WRONG_CPU, _SWITCH_IN_WHILE_RUNNING, _SWITCH_OUT_NOT_RUNNING,
+ _WAKEUP_WRONG_CPU, _WAKEUP_NEW_RUNNABLE, _MIGRATE_WRONG_CPU, _MIGRATE_WHILE_RUNNING,
+ _RUNNABLE_AFTER_EXIT) = range(1, 10)
+
+
+def _jit(fn):
+    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn) if numba is not None else fn
+
+
+@_jit
+def _task(table, v):
+    """Dense task index of pid ``v`` (-1: not an experiment task); table[v + 1], clipped."""
+    i = np.int64(v) + 1
+    if i < 0:
+        i = 0
+    elif i >= table.shape[0]:
+        i = table.shape[0] - 1
+    return table[i]
+
+
+@_jit
+def emit(kind, pid, prev_pid, table, rows, task, rec, count_only):
+    """Records of the experiment tasks in seq order (seq = 2 * row, + 1 for a switch-in).
+
+    kind[e]: SWITCH, a record code (wakeup, wakeup_new, migrate, exit) or -1. Count mode
+    (``count_only``) returns the number of records; else fills rows/task/rec (rec of a switch-out
+    is SWITCH_OUT_RUNNABLE here; the caller's prev_state decides between runnable and sleep).
+    """
+    k = 0
+    for e in range(kind.shape[0]):
+        kd = kind[e]
+        if kd < 0:
+            continue
+        if kd == SWITCH:
+            t = _task(table, prev_pid[e])
+            if t >= 0:
+                if not count_only:
+                    rows[k] = e
+                    task[k] = t
+                    rec[k] = SWITCH_OUT_RUNNABLE
+                k += 1
+            t = _task(table, pid[e])
+            if t >= 0:
+                if not count_only:
+                    rows[k] = e
+                    task[k] = t
+                    rec[k] = SWITCH_IN
+                k += 1
+        else:
+            t = _task(table, pid[e])
+            if t >= 0:
+                if not count_only:
+                    rows[k] = e
+                    task[k] = t
+                    rec[k] = kd
+                k += 1
+    return k
+
+
+@_jit
+def walk(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state, pidset,
+         seq, ts, pid, cpu, rec, orig, dest, prev_state, runnable_before, runnable_after,
+         running_before, running_after, cpu_before, cpu_after, first, anomaly):
+    """Fill the task_records columns (see taskstate.task_records) in (task, seq) order: output
+    row k is record order[k]. Each task's records are walked twice: once to find what its state
+    before the first record must have been, once to apply them."""
+    n = order.shape[0]
+    g0 = 0
+    while g0 < n:
+        g1 = g0 + 1
+        while g1 < n and task[order[g1]] == task[order[g0]]:
+            g1 += 1
+        # gather the group's records, and what the first pass needs
+        f_runnable = -1
+        f_running = -1
+        exit_pending = False
+        for k in range(g0, g1):
+            r = order[k]
+            e = rows[r]
+            rc = rec_in[r]
+            seq[k] = 2 * np.int64(e) + (1 if rc == SWITCH_IN else 0)
+            ts[k] = ev_ts[e]
+            pid[k] = pidset[task[r]]
+            cpu[k] = ev_cpu[e]
+            orig[k] = -1
+            dest[k] = -1
+            prev_state[k] = -1
+            dead = False
+            if rc == SWITCH_OUT_RUNNABLE:
+                prev_state[k] = ev_prev_state[e]
+                if ev_prev_state[e] != 0:
+                    rc = SWITCH_OUT_SLEEP
+                # the first switch-out after the task's exit is its last: not runnable after it
+                dead = exit_pending
+                exit_pending = False
+            elif rc == EXIT:
+                exit_pending = True
+            elif rc == MIGRATE:
+                orig[k] = ev_orig[e]
+                dest[k] = ev_target[e]
+            elif rc == WAKEUP or rc == WAKEUP_NEW:
+                dest[k] = ev_target[e]
+            rec[k] = rc
+            # runnable set by: wakeup, wakeup_new, switch-in, runnable switch-out (1), sleep or
+            # dead switch-out (0); running set by: switch-in (1), switch-outs, wakeup_new, migrate (0)
+            sets_runnable = rc == WAKEUP or rc == WAKEUP_NEW or rc == SWITCH_IN or \
+                rc == SWITCH_OUT_RUNNABLE or rc == SWITCH_OUT_SLEEP
+            sets_running = rc != WAKEUP and rc != EXIT
+            if f_runnable < 0 and sets_runnable:
+                f_runnable = k
+            if f_running < 0 and sets_running:
+                f_running = k
+            first[k] = dead   # first pass: holds "dead switch-out" until the second pass
+        # inferred state before the first record (see taskstate's module doc)
+        is_sw0 = rec[g0] == SWITCH_IN or rec[g0] == SWITCH_OUT_RUNNABLE or rec[g0] == SWITCH_OUT_SLEEP
+        runnable = False
+        if f_runnable >= 0:
+            rf = rec[f_runnable]
+            runnable = rf == SWITCH_IN or rf == SWITCH_OUT_RUNNABLE or rf == SWITCH_OUT_SLEEP
+        running = False
+        if f_running >= 0:
+            rf = rec[f_running]
+            running = rf == SWITCH_OUT_RUNNABLE or rf == SWITCH_OUT_SLEEP
+        running = running and runnable
+        if is_sw0 or rec[g0] == EXIT:
+            where = np.int64(cpu[g0])
+        elif rec[g0] == MIGRATE:
+            where = np.int64(orig[g0])
+        else:
+            where = np.int64(-1)
+        for k in range(g0, g1):
+            rc = rec[k]
+            dead = first[k]
+            first[k] = k == g0
+            runnable_before[k] = runnable
+            running_before[k] = running
+            cpu_before[k] = where
+            is_out = rc == SWITCH_OUT_RUNNABLE or rc == SWITCH_OUT_SLEEP
+            a = 0
+            if rc == WAKEUP and runnable and where >= 0 and where != dest[k]:
+                a = _WAKEUP_WRONG_CPU
+            if rc == WAKEUP_NEW and runnable:
+                a = _WAKEUP_NEW_RUNNABLE
+            if rc == MIGRATE and where >= 0 and where != orig[k]:
+                a = _MIGRATE_WRONG_CPU
+            if rc == MIGRATE and running:
+                a = _MIGRATE_WHILE_RUNNING
+            if is_out and not (running and where == cpu[k]):
+                a = _SWITCH_OUT_NOT_RUNNING
+            if dead and rc == SWITCH_OUT_RUNNABLE:
+                a = _RUNNABLE_AFTER_EXIT
+            if rc == SWITCH_IN and runnable and where != cpu[k]:
+                a = _SWITCH_IN_WRONG_CPU
+            if rc == SWITCH_IN and running:
+                a = _SWITCH_IN_WHILE_RUNNING
+            if rc == SWITCH_IN and not runnable:
+                a = _SWITCH_IN_NOT_RUNNABLE
+            anomaly[k] = a
+            # apply the record
+            if rc == WAKEUP:
+                runnable = True
+            elif rc == WAKEUP_NEW:
+                runnable = True
+                running = False
+            elif rc == SWITCH_IN:
+                runnable = True
+                running = True
+            elif rc == SWITCH_OUT_RUNNABLE:
+                runnable = not dead
+                running = False
+            elif rc == SWITCH_OUT_SLEEP:
+                runnable = False
+                running = False
+            elif rc == MIGRATE:
+                running = False
+            if rc == SWITCH_IN or is_out:
+                where = np.int64(cpu[k])
+            elif rc != EXIT and dest[k] >= 0:
+                where = np.int64(dest[k])
+            runnable_after[k] = runnable
+            running_after[k] = running
+            cpu_after[k] = where
+        g0 = g1
