@@ -102,9 +102,11 @@ def test_duty_smoke(kernel, tmp_path):
 
 def test_observer_smoke(kernel, tmp_path):
     out = tmp_path / "o.json"
-    r = bench("observer", "--pairs", "1", "--seconds", "0.3", "--rates", "200", "--pp-pairs", "1",
+    r = bench("observer", "--pairs", "2", "--seconds", "0.2", "--rates", "200", "--pp-pairs", "1",
               "--pp-seconds", "0.3", "--json", str(out))
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())
-    assert len(res["work"]["off"]) == 1 and res["work"]["off"][0] > 0
+    w = res["work"]
+    assert len(w["off"]) == len(w["on"]) == len(w["ratios"]) == 2 and min(w["off"] + w["on"]) > 0
+    assert w["events"] > 0 and w["loss_ci95"][0] <= w["loss"] <= w["loss_ci95"][1]
     assert res["lossless"]["levels"][0]["events"] > 0
