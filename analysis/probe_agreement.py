@@ -186,15 +186,26 @@ def probe_agreement(events_a: pd.DataFrame, events_b: pd.DataFrame, tasks: pd.Da
     which probe stamps first), ``examples`` of unmatched items), ``markers`` (per marker text: ts of each probe and b - a in ns), and
     ``task_events`` ({name: {event: n}}: events about the tasks in the window, informative: edge
     events can fall on either side of t0/t_end), ``run_anomalies`` ({name: n}: contradictions each
-    reconstruction repaired; a sched_switch the kernel did not emit is missing from both), and
-    ``verdict``: "agree" (nothing unmatched), "disagree" (unmatched items although neither probe
-    lost events) or "disagree (events lost)" (unmatched items, and a probe reported losses).
+    reconstruction repaired; a sched_switch fired in a context both probes are blind in is
+    missing from both),
+    ``blind_contexts`` ({name: [...]}: tasks that probe saw run but recorded no event in the context
+    of, see :func:`harmony.analysis.crosscheck.silent_contexts`), ``unrecorded_migrations``
+    ({name: {n, pids, examples}}: moves of the tasks that the probe's own events prove but no
+    sched_migrate_task of it records), and ``verdict``: "agree" (nothing unmatched), "disagree
+    (events lost)" (unmatched items, and a probe reported losses), "disagree (blind contexts)"
+    (every unmatched item is a migration the other probe missed because it fired in a context that
+    probe is blind in, and no run interval differs) or "disagree". Each unmatched migration says in
+    which context it fired (``ctx_pid``, ``ctx_cpu``: the task current when the probe that holds it
+    recorded it) and whether the other probe is blind there (``blind``).
     """
+    from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
     from harmony.analysis.reconstruct import df_migrations, df_runs
 
     a_name, b_name = names
     mig = df_migration_agreement(df_migrations(events_a, tasks, t0), df_migrations(events_b, tasks, t0),
                                  t0, t_end, tol_ns)
+    blind = {a_name: silent_contexts(events_a), b_name: silent_contexts(events_b)}
+    mig = _with_context(mig, events_a, events_b, blind[a_name], blind[b_name])
     runs_a, runs_b = (df_runs(e, tasks, t0, t_end + tol_ns) for e in (events_a, events_b))
     runs = df_run_agreement(runs_a, runs_b, t0, t_end, tol_ns)
     out = {"probes": [a_name, b_name], "tol_ns": int(tol_ns), "window_ns": [int(t0), int(t_end)],
@@ -205,12 +216,42 @@ def probe_agreement(events_a: pd.DataFrame, events_b: pd.DataFrame, tasks: pd.Da
                              b_name: int(runs_b.attrs.get("anomalies", 0))},
            "migrations": _side(mig, ["dt"], a_name, b_name),
            "runs": _side(runs, ["dstart", "dend"], a_name, b_name),
-           "markers": marker_offsets(markers_a, markers_b)}
+           "markers": marker_offsets(markers_a, markers_b),
+           "blind_contexts": blind,
+           "unrecorded_migrations": {a_name: unrecorded_migrations(events_a, tasks["pid"]),
+                                     b_name: unrecorded_migrations(events_b, tasks["pid"])}}
     unmatched = sum(out[k][f"only_{n}"] for k in ("migrations", "runs") for n in names)
+    explained = int(((mig["status"] != "matched") & mig["blind"]).sum())
+    out["migrations"]["unmatched_in_blind_context"] = explained
     out["unmatched"] = int(unmatched)
     out["verdict"] = ("agree" if unmatched == 0 else
-                      "disagree (events lost)" if any(x > 0 for x in lost) else "disagree")
+                      "disagree (events lost)" if any(x > 0 for x in lost) else
+                      "disagree (blind contexts)" if explained == unmatched else "disagree")
     return out
+
+
+def _with_context(mig: pd.DataFrame, events_a: pd.DataFrame, events_b: pd.DataFrame,
+                  blind_a: list[dict], blind_b: list[dict]) -> pd.DataFrame:
+    """Add ctx_pid, ctx_cpu (the task current when the holding probe recorded an unmatched
+    migration; -1 for matched ones) and blind (the other probe records nothing in that context)."""
+    ctx_pid = np.full(len(mig), -1, np.int64)
+    ctx_cpu = np.full(len(mig), -1, np.int64)
+    is_blind = np.zeros(len(mig), bool)
+    for side, events, other_blind in (("a", events_a, blind_b), ("b", events_b, blind_a)):
+        rows = np.flatnonzero((mig["status"] == f"only_{side}").to_numpy())
+        if not len(rows):
+            continue
+        m = events[events["event"] == "sched_migrate_task"]
+        at = {(int(t), int(p)): (int(c), int(k)) for t, p, c, k in
+              zip(m["ts"], m["pid"], m["common_pid"], m["cpu"])}
+        dark = {(c["pid"], c["cpu"]) for c in other_blind}
+        for i in rows:
+            hit = at.get((int(mig[f"ts_{side}"].iat[i]), int(mig["pid"].iat[i])))
+            if hit is None:
+                continue
+            ctx_pid[i], ctx_cpu[i] = hit
+            is_blind[i] = (hit[0], hit[1] if hit[0] == 0 else -1) in dark
+    return mig.assign(ctx_pid=ctx_pid, ctx_cpu=ctx_cpu, blind=is_blind)
 
 
 def task_event_counts(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> dict:
@@ -252,4 +293,12 @@ def agreement_lines(x: dict | None) -> list[str]:
               f"max {s['abs_dt_ns_max'] / 1e3:.1f} us")
         lines.append(f"{'  ' + what:29}{s['matched']} matched of {s[a]}/{s[b]} ({agr}); only {a} "
                      f"{s[f'only_{a}']}, only {b} {s[f'only_{b}']}{dt}")
+    for name, ctxs in (x.get("blind_contexts") or {}).items():
+        if ctxs:
+            who = ", ".join(f"{c['comm']}" + (f" (CPU {c['cpu']})" if c["pid"] == 0 else f" (pid {c['pid']})")
+                            for c in ctxs[:4])
+            lines.append(f"{'  blind contexts':29}{name} recorded nothing while these ran: {who}")
+    n = x["migrations"].get("unmatched_in_blind_context", 0)
+    if n:
+        lines.append(f"{'':29}{n} unmatched migrations fired in such a context")
     return lines
