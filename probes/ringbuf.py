@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.probes.base import Capture, TraceCorrupt
+from harmony.probes.filemap import map_files
 from harmony.probes.formats import (EventFormat, Field, HeaderPage, load_formats_dir,
                                     load_header_event, load_header_page, sched_switch_preempt_flag)
 from harmony.probes.schema import COLUMNS, INT_COLUMNS, make_events, make_markers
@@ -164,27 +165,35 @@ class PageSource:
                 raise TraceCorrupt(f"{p}: truncated: {s} bytes is not a whole number of "
                                    f"{page_size}-byte pages")
             sizes.append(s)
-        buf = np.empty(sum(sizes), np.uint8)
-        o = 0
-        for c, s in zip(cpus, sizes):
-            p = Path(files_by_cpu[c])
-            try:
-                with open(p, "rb", buffering=0) as fh:
-                    got = fh.readinto(memoryview(buf[o:o + s]))
-                    while got < s:
-                        k = fh.readinto(memoryview(buf[o + got:o + s]))
-                        if not k:
-                            break
-                        got += k
-            except OSError as e:
-                raise TraceCorrupt(f"{p}: cannot read ({e.strerror or e})") from None
-            if got != s:
-                raise TraceCorrupt(f"{p}: truncated while reading ({got} of {s} bytes)")
-            o += s
+        paths = [Path(files_by_cpu[c]) for c in cpus]
+        buf = map_files(paths, sizes)   # no copy, no fresh memory; None: read them
+        if buf is None:
+            buf = _read_files(paths, sizes)
         counts = [s // page_size for s in sizes]
         return cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
-                   np.repeat(np.arange(len(cpus)), counts), [str(files_by_cpu[c]) for c in cpus],
+                   np.repeat(np.arange(len(cpus)), counts), [str(p) for p in paths],
                    np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+
+
+def _read_files(paths: list[Path], sizes: list[int]) -> np.ndarray:
+    """The files' bytes back to back in a new array (where they cannot be mapped)."""
+    buf = np.empty(sum(sizes), np.uint8)
+    o = 0
+    for p, s in zip(paths, sizes):
+        try:
+            with open(p, "rb", buffering=0) as fh:
+                got = fh.readinto(memoryview(buf[o:o + s]))
+                while got < s:
+                    k = fh.readinto(memoryview(buf[o + got:o + s]))
+                    if not k:
+                        break
+                    got += k
+        except OSError as e:
+            raise TraceCorrupt(f"{p}: cannot read ({e.strerror or e})") from None
+        if got != s:
+            raise TraceCorrupt(f"{p}: truncated while reading ({got} of {s} bytes)")
+        o += s
+    return buf
 
 
 def _compiled():

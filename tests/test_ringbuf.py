@@ -612,3 +612,20 @@ def test_decoders_agree_on_real_capture(kernel, tmp_path, monkeypatch, decoder):
     pd.testing.assert_frame_equal(a.markers, b.markers)
     assert a.meta == b.meta
 
+
+
+def test_files_mapped_or_read_give_the_same_buffer(tmp_path, monkeypatch):
+    """PageSource maps the cpuN.raw files back to back (probes/filemap.py) and reads them where
+    mapping fails: same bytes, same decode."""
+    from harmony.probes import filemap, ringbuf
+    pages, rows, _ = known_capture(FORMATS_NEW)
+    d = write_dir(tmp_path, pages, FORMATS_NEW)
+    files = ringbuf.raw_files(d, json.loads((d / "meta.json").read_text()))
+    mapped = ringbuf.PageSource.from_files(files, 4096)
+    assert not mapped.buf.flags.writeable  # it is the mapping, not a copy
+    monkeypatch.setattr(ringbuf, "map_files", lambda paths, sizes: None)
+    read = ringbuf.PageSource.from_files(files, 4096)
+    assert read.buf.flags.writeable and (read.buf == mapped.buf).all()
+    assert bytes(mapped.buf) == b"".join(p.read_bytes() for p in files.values())
+    assert rows_of(ringbuf.decode_dir(d).events) == rows
+    assert filemap.map_files([files[0]], [files[0].stat().st_size + 1]) is None  # not whole pages

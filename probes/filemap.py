@@ -1,0 +1,72 @@
+"""Several files as one read-only byte array, mapped back to back from the page cache.
+
+The ring-buffer decoder wants all CPUs' pages in one flat buffer. Reading the files into a fresh
+array copies every byte and touches as much new memory as the trace is large: on a VM whose memory
+is backed lazily by the host, those page faults cost more than the decoding itself. Mapping the
+files instead costs neither: one anonymous reservation of the total size, then each file mapped
+over its part of it (``MAP_FIXED``; file sizes are whole pages, so the parts are page aligned).
+
+Linux only, through libc's mmap (Python's mmap module cannot place a mapping at an address);
+:func:`map_files` returns None wherever that fails, and the caller reads the files instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+_PROT_NONE = 0
+_MAP_FIXED = 0x10
+_MAP_POPULATE = 0x8000       # fault the pages in with the mapping, not one by one on first use
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _libc():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.munmap.restype = ctypes.c_int
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+def map_files(paths: list[Path], sizes: list[int]) -> np.ndarray | None:
+    """A read-only uint8 array holding the files' bytes back to back (``sizes``: their sizes,
+    each a multiple of the system page size), or None if they cannot be mapped."""
+    total = sum(sizes)
+    libc = _libc() if os.name == "posix" else None
+    if libc is None or total == 0 or any(s % mmap.PAGESIZE for s in sizes):
+        return None
+    base = libc.mmap(None, total, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    if base in (None, _MAP_FAILED):
+        return None
+    off = 0
+    try:
+        for path, size in zip(paths, sizes):
+            if size:
+                fd = os.open(path, os.O_RDONLY)
+                try:
+                    got = libc.mmap(base + off, size, mmap.PROT_READ,
+                                    mmap.MAP_PRIVATE | _MAP_FIXED | _MAP_POPULATE, fd, 0)
+                finally:
+                    os.close(fd)  # the mapping keeps the file
+                if got != base + off:
+                    raise OSError(ctypes.get_errno(), "mmap failed")
+            off += size
+    except OSError:
+        libc.munmap(base, total)
+        return None
+    region = (ctypes.c_uint8 * total).from_address(base)
+    weakref.finalize(region, libc.munmap, base, total)  # unmapped when no array uses it any more
+    arr = np.frombuffer(region, dtype=np.uint8)
+    arr.flags.writeable = False
+    return arr
