@@ -1,0 +1,89 @@
+"""The tracefs probe's session: one instance for consecutive captures, each with its own counters."""
+
+import os
+import time
+
+import pytest
+
+from harmony.hygiene import HostBusy, HostLock
+from harmony.probes.tracefs import PREFIX, TRACEFS, TracefsProbe
+
+
+def _host_lock() -> HostLock:
+    for _ in range(150):
+        try:
+            return HostLock().acquire()
+        except HostBusy:
+            time.sleep(2)  # another run holds the host: wait for it
+    pytest.skip("the host lock stayed busy")
+
+
+def _switches(seconds: float) -> None:
+    """Context switches on this CPU: ~10k sched events per second."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.0001)
+
+
+def _dropped(meta: dict) -> int:
+    return sum(int(s["dropped events"]) + int(s["overrun"]) for s in meta["stats"].values())
+
+
+def _capture(path, seconds: float, **config) -> TracefsProbe:
+    probe = TracefsProbe(path, [0, 1], 1.0, **config)
+    probe.start()
+    probe.mark(path.name)
+    _switches(seconds)
+    probe.stop()
+    return probe
+
+
+def test_a_session_reuses_one_instance_and_each_capture_counts_its_own_losses(kernel, tmp_path):
+    ours = TRACEFS / "instances" / f"{PREFIX}{os.getpid()}"
+    # a 256 KiB buffer (~0.25 s of these switches) whose drains stop reading 0.3 s after the start:
+    # a capture that lasts 1 s overflows it, one of 0.05 s cannot
+    config = dict(buffer_kb=256, drain_stall=(0.3, 1.0))
+    lock = _host_lock()
+    try:
+        with TracefsProbe.session():
+            a = _capture(tmp_path / "a", 0.05, **config)
+            assert ours.is_dir()  # kept for the next capture
+            b = _capture(tmp_path / "b", 0.05, **config)
+            c = _capture(tmp_path / "c", 1.0, **config)
+            d = _capture(tmp_path / "d", 0.05, **config)
+            other = _capture(tmp_path / "other", 0.05)  # another buffer size: another instance
+        assert not ours.exists()  # removed when the session ends
+    finally:
+        lock.release()
+
+    assert not a.meta["instance_reused"] and not other.meta["instance_reused"]
+    assert b.meta["instance_reused"] and c.meta["instance_reused"] and d.meta["instance_reused"]
+    # b follows a lossless capture: the buffer is not reset, its counters are net of a's
+    assert not b.meta["instance_reset"] and "stats_at_start" in b.meta
+    assert _dropped(c.meta) > 0, c.meta["stats"]  # the kernel did drop events in c...
+    assert d.meta["instance_reset"]  # ...so the buffer was reset before d
+    for probe in (a, b, d, other):
+        assert _dropped(probe.meta) == 0, (probe.out_dir.name, probe.meta["stats"])
+    for probe in (a, b, c, d, other):
+        cap = TracefsProbe.decode_dir(probe.out_dir)
+        # nothing of an earlier capture: only this one's marker, events after its start
+        assert list(cap.markers["text"]) == [probe.out_dir.name]
+        assert cap.events["ts"].min() >= probe.meta["started_ns"] - 1_000_000
+        assert cap.meta["lost_events"] == _dropped(probe.meta)
+    assert (tmp_path / "b" / "formats" / "sched" / "sched_switch" / "format").is_file()
+
+
+def test_a_session_removes_its_instance_on_error(kernel, tmp_path):
+    ours = TRACEFS / "instances" / f"{PREFIX}{os.getpid()}"
+    lock = _host_lock()
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            with TracefsProbe.session():
+                p = TracefsProbe(tmp_path / "p", [0, 1], 1.0)
+                p.start()
+                raise RuntimeError("boom")
+        assert p.instance is None  # stopped by the session: its drains no longer hold the instance
+        assert not ours.exists()
+        p.stop()  # the caller's own cleanup, after: nothing left to do
+    finally:
+        lock.release()
