@@ -67,6 +67,7 @@ CHECKS = (
     "sched_debug",
     "perf",
     "trace_cmd",
+    "decoder",
 )
 
 _MAX_CPU = 1 << 16  # well above any NR_CPUS; guards against "0-999999999"
@@ -862,6 +863,16 @@ def _check_trace_cmd() -> dict:
     return _check(OK, detail + " (optional)", **base)
 
 
+def _check_decoder() -> dict:
+    """Which trace decoder runs here: the compiled kernels (numba) or the numpy fallback."""
+    from harmony.probes import ringbuf
+    name, why = ringbuf.decoder_in_use()
+    base = dict(decoder=name, numba=why if name == "compiled" else None)
+    if name == "compiled":
+        return _check(OK, f"compiled (numba {why})", **base)
+    return _check(WARN, f"numpy fallback, 3-5x slower on large traces: {why}", **base)
+
+
 # --------------------------------------------------------------------------------------------
 # doctor
 
@@ -945,6 +956,7 @@ def doctor(mount: bool = True) -> dict:
                                    config, config_source)
     facts["perf"] = _guarded("perf", _check_perf, facts["sched_tracepoints"])
     facts["trace_cmd"] = _guarded("trace_cmd", _check_trace_cmd)
+    facts["decoder"] = _guarded("decoder", _check_decoder)
     facts = {name: facts[name] for name in CHECKS}  # stable order
     facts["online_cpus"] = facts["cpus"].get("online", [])
     facts["verdict"] = _verdict(facts)

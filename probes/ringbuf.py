@@ -196,6 +196,14 @@ def _read_files(paths: list[Path], sizes: list[int]) -> np.ndarray:
     return buf
 
 
+def decoder_in_use() -> tuple[str, str]:
+    """("compiled", numba's version) or ("numpy", why the compiled kernels are not used)."""
+    from harmony.probes import ringbuf_jit
+    if ringbuf_jit.AVAILABLE:
+        return "compiled", ringbuf_jit.numba.__version__
+    return "numpy", ("HARMONY_JIT=0" if ringbuf_jit.numba is not None else "numba is not installed")
+
+
 def _compiled():
     """The compiled kernels (:mod:`ringbuf_jit`), or None when numba is missing or HARMONY_JIT=0.
     Imported on first decode: importing numba costs ~0.4 s that commands which never decode
@@ -836,6 +844,7 @@ def decode_dir(out_dir: Path) -> Capture:
         "n_records": dec.n_records,
         "unknown_event_types": {str(k): v for k, v in dec.unknown.items()},
         "page_size": page_size,
+        "decoder": decoder_in_use()[0],
         "notes": notes,
     }
     for k in ("kernel", "cpus"):

@@ -610,6 +610,7 @@ def test_decoders_agree_on_real_capture(kernel, tmp_path, monkeypatch, decoder):
     for col in a.events.columns:  # categories may be numbered differently: compare the values
         assert (a.events[col].astype(object).to_numpy() == b.events[col].astype(object).to_numpy()).all(), col
     pd.testing.assert_frame_equal(a.markers, b.markers)
+    assert (a.meta.pop("decoder"), b.meta.pop("decoder")) == ("compiled", "numpy")
     assert a.meta == b.meta
 
 
