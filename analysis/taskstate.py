@@ -48,6 +48,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.arrays import in_set
+from harmony.jit import use_compiled
 
 WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
 RECORDS = ("wakeup", "wakeup_new", "switch_in", "switch_out_runnable", "switch_out_sleep",
@@ -143,11 +144,19 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     return table
 
 
-def _compiled():
-    """The compiled state machine (:mod:`taskstate_jit`), or None (numba missing, HARMONY_JIT=0);
-    imported on first use, as numba's import is slow."""
+#: events from which the compiled state machine repays loading numba in a new process
+#: (it saves ~0.1 us per event); once numba is loaded (the decoder loads it for large traces)
+#: it is used whatever the size
+JIT_MIN_EVENTS = 8_000_000
+
+
+def _compiled(n_events: int):
+    """The compiled state machine (:mod:`taskstate_jit`) if :func:`harmony.jit.use_compiled` says
+    so, else None (the numpy version runs)."""
+    if not use_compiled(n_events, JIT_MIN_EVENTS):
+        return None
     from harmony.analysis import taskstate_jit
-    return taskstate_jit if taskstate_jit.AVAILABLE else None
+    return taskstate_jit
 
 
 def _event_kinds(events: pd.DataFrame, jit) -> np.ndarray:
@@ -196,7 +205,7 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray) 
 
 def _build_task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     pidset = np.unique(np.asarray(pids, dtype=np.int32))
-    jit = _compiled()
+    jit = _compiled(len(events))
     if jit is not None and (pidset.min(initial=0) >= 0 and pidset.max(initial=0) < 1 << 24):
         return _build_task_records_compiled(jit, events, pidset)
     n_ev = len(events)

@@ -3,21 +3,15 @@
 The numpy version in :mod:`taskstate` evaluates the state machine with forward fills over whole
 arrays (~25 passes and as many temporaries of the trace's length); here one pass over the events
 emits the records and one pass per task walks them, with the same rules (documented in
-:mod:`taskstate`). ``HARMONY_JIT=0`` disables it; the tests run both versions and compare them.
+:mod:`taskstate`). When it runs rather than the numpy version is :mod:`harmony.jit`'s choice; the
+tests run both and compare them.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba is a dependency; a platform may lack wheels
-    numba = None
-
-AVAILABLE = numba is not None and os.environ.get("HARMONY_JIT", "1") != "0"
+import numba
 
 # record codes, as in taskstate (RECORDS)
 WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
@@ -29,7 +23,7 @@ SWITCH = 100                         # event kind of a sched_switch (gives up to
 
 
 def _jit(fn):
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn) if numba is not None else fn
+    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
 
 
 @_jit

@@ -147,9 +147,11 @@ def measure_harmony(raw: Path, pids: list[int], warm: Path | None) -> dict:
 
 
 def run_harmony(raw: Path, pids: list[int], warm: Path | None) -> dict:
+    # HARMONY_JIT=1: the compiled kernels even for the small warm-up capture, so that their
+    # start-up is paid (and timed) there; auto would pick them for the large captures anyway
     out = subprocess.run([sys.executable, __file__, "--_measure", str(raw), "--_pids",
                           ",".join(map(str, pids))] + (["--_warm", str(warm)] if warm else []),
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, env=dict(os.environ, HARMONY_JIT="1"))
     if out.returncode:
         sys.exit(f"decoding {raw} failed: {out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode}")
     return json.loads(out.stdout)

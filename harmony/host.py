@@ -865,12 +865,9 @@ def _check_trace_cmd() -> dict:
 
 def _check_decoder() -> dict:
     """Which trace decoder runs here: the compiled kernels (numba) or the numpy fallback."""
-    from harmony.probes import ringbuf
-    name, why = ringbuf.decoder_in_use()
-    base = dict(decoder=name, numba=why if name == "compiled" else None)
-    if name == "compiled":
-        return _check(OK, f"compiled (numba {why})", **base)
-    return _check(WARN, f"numpy fallback, 3-5x slower on large traces: {why}", **base)
+    from harmony import jit
+    ok, detail = jit.describe()
+    return _check(OK if ok else WARN, detail, numba=jit.numba_version(), mode=jit.mode())
 
 
 # --------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harmony.jit import use_compiled
 from harmony.probes.base import Capture, TraceCorrupt
 from harmony.probes.filemap import map_files
 from harmony.probes.formats import (EventFormat, Field, HeaderPage, load_formats_dir,
@@ -196,20 +197,18 @@ def _read_files(paths: list[Path], sizes: list[int]) -> np.ndarray:
     return buf
 
 
-def decoder_in_use() -> tuple[str, str]:
-    """("compiled", numba's version) or ("numpy", why the compiled kernels are not used)."""
-    from harmony.probes import ringbuf_jit
-    if ringbuf_jit.AVAILABLE:
-        return "compiled", ringbuf_jit.numba.__version__
-    return "numpy", ("HARMONY_JIT=0" if ringbuf_jit.numba is not None else "numba is not installed")
+#: raw bytes from which the compiled decoder repays numba's start-up (~0.8 s) in a new process:
+#: it saves ~0.6 us per event, and a trace holds ~90 bytes per event
+JIT_MIN_BYTES = 64 << 20
 
 
-def _compiled():
-    """The compiled kernels (:mod:`ringbuf_jit`), or None when numba is missing or HARMONY_JIT=0.
-    Imported on first decode: importing numba costs ~0.4 s that commands which never decode
-    should not pay."""
+def _compiled(nbytes: int):
+    """The compiled kernels (:mod:`ringbuf_jit`) if :func:`harmony.jit.use_compiled` says so for
+    ``nbytes`` of pages, else None (the numpy decoder runs)."""
+    if not use_compiled(nbytes, JIT_MIN_BYTES):
+        return None
     from harmony.probes import ringbuf_jit
-    return ringbuf_jit if ringbuf_jit.AVAILABLE else None
+    return ringbuf_jit
 
 
 # --- the lockstep page walk --------------------------------------------------------------------
@@ -254,7 +253,7 @@ def walk_pages(src: PageSource, hp: HeaderPage) -> Records:
             raise TraceCorrupt(f"{src.where(p)}: missed-events count does not fit after the data")
         lost[sp] = _read_uint(src, base[sp] + hp.data_offset + size[sp], hp.commit_size)
 
-    jit = _compiled()
+    jit = _compiled(len(src.buf))
     if jit is not None:
         pos, length, ts, page = _walk_compiled(jit, src, hp, page_ts, size)
         return Records(pos, length, ts, page, lost, missed)
@@ -465,6 +464,7 @@ class Decoded:
     unknown: dict[int, int]              # event type id -> count (no format)
     notes: list[str]
     n_records: int
+    decoder: str = "numpy"               # "compiled" or "numpy": which one decoded the events
 
 
 def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPage) -> Decoded:
@@ -530,7 +530,7 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
     other_ftrace = ~is_marker & ~unk & ~is_event
     if other_ftrace.any():
         notes.append(f"{int(other_ftrace.sum())} ftrace-internal records (not print) were skipped")
-    jit = _compiled()
+    jit = _compiled(len(src.buf))
     if jit is not None:
         events, ev_notes = _decode_events_compiled(jit, src, rec, cpu, np.where(is_event, code, -1),
                                                    order, ids, formats, where)
@@ -548,7 +548,8 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
         lp = rec.lost[sel]
         missed_pages[int(c)] = int(rec.missed[sel].sum())
         lost_by_cpu[int(c)] = -1 if (lp < 0).any() else int(lp.sum())
-    return Decoded(events, markers, lost_by_cpu, missed_pages, unknown, notes, n)
+    return Decoded(events, markers, lost_by_cpu, missed_pages, unknown, notes, n,
+                   "numpy" if jit is None else "compiled")
 
 
 def _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats) -> pd.DataFrame:
@@ -844,7 +845,7 @@ def decode_dir(out_dir: Path) -> Capture:
         "n_records": dec.n_records,
         "unknown_event_types": {str(k): v for k, v in dec.unknown.items()},
         "page_size": page_size,
-        "decoder": decoder_in_use()[0],
+        "decoder": dec.decoder,
         "notes": notes,
     }
     for k in ("kernel", "cpus"):

@@ -12,22 +12,16 @@ instead and write straight into the final columns:
 
 Both return a status instead of raising (numba cannot raise rich exceptions cheaply): 0 = done,
 else an error code with details in ``err`` that the caller turns into a TraceCorrupt naming the
-file. ``HARMONY_JIT=0`` disables the kernels (the numpy decoder then runs; the tests run both and
-compare them). Compiled code is cached next to this file, so only the first use compiles (~1 s).
+file. When they run rather than the numpy decoder is :mod:`harmony.jit`'s choice (the tests run
+both and compare them). Compiled code is cached next to this file: only the first use ever
+compiles (~5 s); a new process still pays ~0.5-1 s to load numba and the kernels.
 """
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-try:
-    import numba
-except ImportError:  # pragma: no cover - numba is a dependency; a platform may lack wheels
-    numba = None
-
-AVAILABLE = numba is not None and os.environ.get("HARMONY_JIT", "1") != "0"
+import numba
 
 # walk() error kinds (err[0]); err[1] = page, err[2] = byte in page, err[3] = type_len, err[4] = length word
 BAD_RECORD = 1
@@ -39,12 +33,12 @@ _TS_MSB = -(1 << 59)
 
 
 def _jit(fn):
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn) if numba is not None else fn
+    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
 
 
 def _inline(fn):
     """A helper compiled into its callers (a call per field would cost more than the read)."""
-    return numba.njit(inline="always", boundscheck=False)(fn) if numba is not None else fn
+    return numba.njit(inline="always", boundscheck=False)(fn)
 
 
 @_inline

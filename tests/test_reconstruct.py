@@ -21,10 +21,11 @@ from harmony.tasks import layout_tasks, tasks_frame
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
 def state_machine(request, monkeypatch):
     """Every test runs with both task_records implementations: compiled (taskstate_jit), numpy."""
-    from harmony.analysis import taskstate, taskstate_jit
-    if request.param == "compiled" and taskstate_jit.numba is None:
+    from harmony.analysis import taskstate
+    from harmony.jit import numba_version
+    if request.param == "compiled" and numba_version() is None:
         pytest.skip("numba is not installed: only the numpy state machine runs")
-    monkeypatch.setattr(taskstate_jit, "AVAILABLE", request.param == "compiled")
+    monkeypatch.setenv("HARMONY_JIT", "1" if request.param == "compiled" else "0")
     monkeypatch.setattr(taskstate, "_last", None)
     return request.param
 
@@ -696,7 +697,7 @@ def test_in_set_matches_isin():
 def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch, state_machine):
     """The compiled and the numpy task_records give the same table, column for column, on random
     streams with 5% of events lost, a cut beginning, exits and foreign tasks."""
-    from harmony.analysis import taskstate, taskstate_jit
+    from harmony.analysis import taskstate
     if state_machine != "compiled":
         pytest.skip("compares both implementations once")
     sim = simulate(ncpus=ncpus, ntasks=ntasks, n_events=5_000, seed=seed, n_others=3, p_exit=0.002)
@@ -704,8 +705,8 @@ def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch,
     ev = sim.events[(np.arange(len(sim.events)) >= 200) & (rng.random(len(sim.events)) > 0.05)]
     ev = ev.reset_index(drop=True)
     got = {}
-    for name, flag in (("compiled", True), ("numpy", False)):
-        monkeypatch.setattr(taskstate_jit, "AVAILABLE", flag)
+    for name, flag in (("compiled", "1"), ("numpy", "0")):
+        monkeypatch.setenv("HARMONY_JIT", flag)
         got[name] = taskstate._build_task_records(ev, sim.tasks["pid"])
     a, b = got["compiled"], got["numpy"]
     assert (a["anomaly"] > 0).any() and a["first"].sum() == ntasks

@@ -27,10 +27,10 @@ TRACEFS = Path("/sys/kernel/tracing")
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
 def decoder(request, monkeypatch):
     """Every test runs with both decoders: the compiled kernels (ringbuf_jit) and the numpy one."""
-    from harmony.probes import ringbuf_jit
-    if request.param == "compiled" and ringbuf_jit.numba is None:
+    from harmony.jit import numba_version
+    if request.param == "compiled" and numba_version() is None:
         pytest.skip("numba is not installed: only the numpy decoder runs")
-    monkeypatch.setattr(ringbuf_jit, "AVAILABLE", request.param == "compiled")
+    monkeypatch.setenv("HARMONY_JIT", "1" if request.param == "compiled" else "0")
     return request.param
 SCHED = ("sched_switch", "sched_migrate_task", "sched_wakeup", "sched_wakeup_new", "sched_waking",
          "sched_process_fork", "sched_process_exit")
@@ -596,14 +596,13 @@ def test_decoders_agree_on_real_capture(kernel, tmp_path, monkeypatch, decoder):
     (its CPUs' records interleave in time, so the cross-CPU merge is exercised too)."""
     import pandas as pd
 
-    from harmony.probes import ringbuf_jit
     from harmony.probes.ringbuf import decode_dir
     if decoder != "compiled":
         pytest.skip("compares both decoders once")
     record_raw_dir(tmp_path, lambda m: small_load(m), kernel)
     got = {}
-    for name, flag in (("compiled", True), ("numpy", False)):
-        monkeypatch.setattr(ringbuf_jit, "AVAILABLE", flag)
+    for name, flag in (("compiled", "1"), ("numpy", "0")):
+        monkeypatch.setenv("HARMONY_JIT", flag)
         got[name] = decode_dir(tmp_path)
     a, b = got["compiled"], got["numpy"]
     assert len(a.events) > 100
@@ -630,3 +629,22 @@ def test_files_mapped_or_read_give_the_same_buffer(tmp_path, monkeypatch):
     assert bytes(mapped.buf) == b"".join(p.read_bytes() for p in files.values())
     assert rows_of(ringbuf.decode_dir(d).events) == rows
     assert filemap.map_files([files[0]], [files[0].stat().st_size + 1]) is None  # not whole pages
+
+
+def test_auto_mode_uses_the_compiled_decoder_for_large_traces_only(tmp_path, monkeypatch, decoder):
+    """HARMONY_JIT=auto: a small trace is decoded by numpy unless numba is already loaded, a trace
+    over ringbuf.JIT_MIN_BYTES by the compiled kernels; the capture says which."""
+    from harmony.jit import numba_version
+    from harmony.probes import ringbuf
+    if decoder != "compiled":
+        pytest.skip("checks the auto mode once")
+    monkeypatch.setenv("HARMONY_JIT", "auto")
+    pages, rows, _ = known_capture(FORMATS_NEW)
+    d = write_dir(tmp_path, pages, FORMATS_NEW)
+    monkeypatch.setattr("harmony.jit.numba_loaded", lambda: False)  # as in a new process
+    assert ringbuf.decode_dir(d).meta["decoder"] == "numpy"
+    monkeypatch.setattr(ringbuf, "JIT_MIN_BYTES", 4096)
+    cap = ringbuf.decode_dir(d)
+    assert cap.meta["decoder"] == ("compiled" if numba_version() else "numpy")
+    assert rows_of(cap.events) == rows
+
