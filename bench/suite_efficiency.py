@@ -5,6 +5,10 @@ directory it wrote (every ``manifest.json`` under DIR, companions included) and 
 configured ``params.duration``: the seconds the suite is asked to measure. Efficiency = wall time /
 that sum; 1.0 would mean no time at all spent spawning, analysing, plotting or waiting. Target
 <= 1.10.
+
+Then where the wall time went, from what the suite recorded: each run's ``timings_s`` (capture
+steps; analysis steps, which run in parallel processes so their sum is CPU-process time, not
+wall) and suite.json's phase ends (captured_s, analysed_s, wall_with_report_s).
 """
 
 from __future__ import annotations
@@ -51,6 +55,39 @@ def configured_seconds(out: Path) -> tuple[float, list[dict]]:
     return sum(r["duration"] for r in runs), runs
 
 
+CAPTURE_STEPS = ("spawn", "probe_start", "release", "measure", "stop", "write")
+ANALYSIS_STEPS = ("decode", "tables", "checks", "metrics", "figures")
+
+
+def where_the_time_goes(out: Path, wall: float) -> list[list]:
+    """Rows (phase, seconds, seconds per run) of one suite's wall time, from what it recorded."""
+    suite = json.loads((out / "suite.json").read_text())
+    mans = [json.loads(m.read_text()) for m in sorted(out.rglob("manifest.json"))]
+    mans = [m for m in mans if "params" in m]
+    n = len(mans) or 1
+    configured = sum(float(m["params"]["duration"]) for m in mans)
+    cap = {k: sum(m.get("timings_s", {}).get("capture", {}).get(k, 0.0) for m in mans)
+           for k in CAPTURE_STEPS}
+    ana = {k: sum((m.get("timings_s", {}).get("analysis", {}) | {"figures": m.get("timings_s", {})
+                                                                .get("figures", 0.0)}).get(k, 0.0)
+                  for m in mans) for k in ANALYSIS_STEPS}
+    captured, analysed = suite.get("captured_s", 0.0), suite.get("analysed_s", suite.get("captured_s", 0.0))
+    reported = suite.get("wall_with_report_s", analysed)
+    rows = [["configured durations", configured, configured / n],
+            ["capture: measuring beyond the duration", cap["measure"] - configured,
+             (cap["measure"] - configured) / n]]
+    rows += [[f"capture: {k}", cap[k], cap[k] / n] for k in CAPTURE_STEPS if k != "measure"]
+    rows.append(["between captures (batch files, experiment setup)", captured - sum(cap.values()),
+                 (captured - sum(cap.values())) / n])
+    rows.append([f"analysis, wall ({suite.get('analysis', '?')})", analysed - captured,
+                 (analysed - captured) / n])
+    rows += [[f"  analysis: {k} (process-seconds)", ana[k], ana[k] / n] for k in ANALYSIS_STEPS]
+    rows.append(["batch aggregates, policy card, report", reported - analysed, None])
+    rows.append(["start-up and exit (imports, host facts, card print)", wall - reported, None])
+    rows.append(["total wall", wall, wall / n])
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,7 +124,8 @@ def main(argv=None) -> int:
             total, runs = configured_seconds(out)
             if not runs:
                 sys.exit(f"harmony suite --quick wrote no run directory under {out}")
-            results.append({"wall_s": wall, "configured_s": total, "ratio": wall / total, "runs": runs})
+            results.append({"wall_s": wall, "configured_s": total, "ratio": wall / total, "runs": runs,
+                            "breakdown": where_the_time_goes(out, wall)})
     finally:
         if not a.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -99,6 +137,8 @@ def main(argv=None) -> int:
     print()
     common.table(["repetition", "wall s", "configured s", "wall / configured"],
                  [[i + 1, r["wall_s"], r["configured_s"], r["ratio"]] for i, r in enumerate(results)])
+    print("\nwhere the wall time of the last repetition went:\n")
+    common.table(["phase", "s", "s per run"], last["breakdown"])
     ratio = common.median([r["ratio"] for r in results])
     print()
     print(common.verdict("suite wall time <= 1.10 x its configured durations", ratio <= 1.10,

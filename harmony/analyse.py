@@ -9,6 +9,7 @@ import pandas as pd
 from harmony import store
 from harmony.probes import get_probe
 from harmony.probes.base import ProbeError
+from harmony.timing import Laps
 
 T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
 FOREIGN_LOAD_NOTE = 0.05  # above this share of a CPU used by other tasks, the report warns
@@ -40,6 +41,7 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
                              f"({manifest.get('incomplete_reason', 'unknown reason')}); not analysed")
     experiment = get_experiment(manifest["experiment"])
     probe_name = manifest["probe"]
+    laps = Laps()  # manifest["timings_s"]["analysis"]
     try:
         cap = get_probe(probe_name).decode_dir(run_dir / "raw" / probe_name)
     except ProbeError as exc:
@@ -58,8 +60,10 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
     tasks = store.read_table(run_dir / "tasks.parquet")
     cpus = manifest["cpus"]
     params = manifest["params"]
+    laps("decode")
 
     runqueue = write_tables(run_dir, cap, tasks, cpus, t0, t_end, params["window_s"])["runqueue"]
+    laps("tables")
 
     samples_path = run_dir / "kernel_samples.parquet"
     samples = store.read_table(samples_path) if samples_path.exists() else None
@@ -83,9 +87,12 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
     if manifest.get("crosscheck_probe"):
         _crosscheck(run_dir, manifest, cap, tasks, t0, t_end)
     manifest["status"] = "complete"
+    laps("checks")
     run = store.Run(run_dir, manifest)
     summary = experiment.analyse(run)
     store.write_json(run_dir / "summary.json", summary)
+    laps("metrics")
+    manifest.setdefault("timings_s", {})["analysis"] = laps.steps
     manifest["figures"], manifest["figures_deferred"] = [], not figures
     if figures:
         draw_figures(run)
@@ -121,11 +128,14 @@ def draw_figures(run: store.Run) -> list[str]:
     from harmony.analysis.report import write_report
     from harmony.experiments import get_experiment
 
+    laps = Laps()
     fig_dir = run.path / "figures"
     fig_dir.mkdir(exist_ok=True)
     experiment = get_experiment(run.manifest["experiment"])
     run.manifest["figures"] = [str(p.relative_to(run.path)) for p in experiment.plot(run, fig_dir)]
     run.manifest["figures_deferred"] = False
+    laps("figures")
+    run.manifest.setdefault("timings_s", {})["figures"] = laps.steps["figures"]
     store.write_json(run.path / "manifest.json", run.manifest)
     write_report(run)
     return run.manifest["figures"]

@@ -23,6 +23,7 @@ from harmony.controller import Workload
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.probes import ProbeError, get_probe
 from harmony.tasks import tasks_frame
+from harmony.timing import Laps
 
 T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
 
@@ -157,17 +158,21 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
     workload = sampler = probe = second = None
+    laps = Laps()  # manifest["timings_s"]["capture"]: what the run spends besides its duration
     try:
-        manifest["reclaimed"] = reclaim_stale()
+        # a caller holding the lock swept stale state when it took it (KernelRunner): no sweep per run
+        manifest["reclaimed"] = reclaim_stale() if lock else []
         workload = Workload(specs, cpus, seed=seed)
         workload.spawn()  # before the probe's threads exist: fork with no threads running
         store.write_table(out, "tasks", tasks_frame(specs, workload.pids))
+        laps("spawn")
         probe = get_probe(probe_name)(out / "raw" / probe_name, cpus, params["duration"])
         if crosscheck:
             manifest["crosscheck_probe"] = crosscheck
             second = get_probe(crosscheck)(out / "raw" / crosscheck, cpus, params["duration"])
             second.start()  # first: a perf child is forked before tracefs starts its threads
         probe.start()
+        laps("probe_start")
         mark = probe.mark if second is None else _mark_both(probe, second)
         if params.get("sample_hz", 0) > 0:
             sampler = KernelSampler(workload.pids, params["sample_hz"], cpus)
@@ -176,9 +181,11 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             sampler.start()
         # our own threads (probe drains, sampler): their CPU time is reported apart from foreign load
         manifest["controller_tids"] = sorted(int(t) for t in os.listdir("/proc/self/task"))
+        laps("release")
         _progress(f"{experiment.name}", params["duration"], threading.Event(),
                   stream=open(os.devnull, "w") if quiet else sys.stderr)
         mark(END)
+        laps("measure")
         manifest["work_done"] = workload.work_done().tolist()
         manifest["workers_alive_at_end"] = len(workload.alive())
         manifest["controller_notes"] = workload.notes
@@ -191,6 +198,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         if second:
             second.stop()
             manifest["crosscheck_meta"] = second.meta
+        laps("stop")
         if sampler:
             store.write_table(out, "kernel_samples", sampler.frame())
             manifest["kernel_nr_running"] = {"sampled": sampler.nr is not None,
@@ -199,6 +207,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             if sampler.nr:
                 store.write_table(out, "kernel_nr_running", sampler.nr.frame())
         manifest["status"] = "captured"
+        laps("write")
+        manifest["timings_s"] = {"capture": laps.steps}
     except BaseException as exc:
         manifest["status"] = "incomplete"
         manifest["incomplete_reason"] = _reason(exc)

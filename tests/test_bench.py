@@ -82,6 +82,37 @@ def test_suite_configured_seconds(tmp_path):
     assert total == 6.5 and len(runs) == 3
 
 
+def test_suite_breakdown_adds_up_to_the_wall_time(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_suite", BENCH / "suite_efficiency.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    capture = {"spawn": 0.1, "probe_start": 0.05, "release": 0.01, "measure": 2.02, "stop": 0.03,
+               "write": 0.01}
+    for rel, figures in (("a/rep-01", 0.5), ("a/rep-02", None)):
+        (tmp_path / rel).mkdir(parents=True)
+        timings = {"capture": capture, "analysis": {"decode": 0.2, "tables": 0.1, "checks": 0.05,
+                                                    "metrics": 0.1}}
+        if figures:
+            timings["figures"] = figures
+        (tmp_path / rel / "manifest.json").write_text(json.dumps({"params": {"duration": 2.0},
+                                                                   "timings_s": timings}))
+    (tmp_path / "suite.json").write_text(json.dumps({"captured_s": 4.8, "analysed_s": 5.5,
+                                                      "wall_with_report_s": 6.0, "analysis": "x"}))
+    rows = {r[0].strip(): r[1] for r in mod.where_the_time_goes(tmp_path, 7.0)}
+    assert rows["configured durations"] == 4.0
+    assert rows["capture: measuring beyond the duration"] == pytest.approx(0.04)
+    assert rows["capture: spawn"] == pytest.approx(0.2)
+    assert rows["between captures (batch files, experiment setup)"] == pytest.approx(4.8 - 4.44)
+    assert rows["analysis, wall (x)"] == pytest.approx(0.7)
+    assert rows["analysis: decode (process-seconds)"] == pytest.approx(0.4)
+    assert rows["analysis: figures (process-seconds)"] == pytest.approx(0.5)
+    assert rows["batch aggregates, policy card, report"] == pytest.approx(0.5)
+    assert rows["start-up and exit (imports, host facts, card print)"] == pytest.approx(1.0)
+    wall_parts = [v for k, v in rows.items() if not k.startswith("analysis:") and k != "total wall"
+                  and k != "configured durations"]
+    assert sum(wall_parts) + rows["configured durations"] == pytest.approx(7.0)
+
+
 # --- kernel: the scripts that run real workloads, at the smallest sizes -------------------------
 
 def test_release_smoke(kernel, tmp_path):
