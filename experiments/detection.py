@@ -19,7 +19,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import rounds
-from harmony.analysis.plots_rounds import plot_detection, plot_rounds_timeline
 from harmony.experiments.base import Experiment, Param, non_negative, positive
 from harmony.experiments.how_many import check_two_cpus, source_target_tasks
 from harmony.experiments.work_conservation import NS, check_window, draw_uniform_time
@@ -94,6 +93,8 @@ class Detection(Experiment):
         }
 
     def plot(self, run, fig_dir: Path) -> list[Path]:
+        from harmony.analysis.plots_rounds import plot_detection, plot_rounds_timeline
+
         m, p, s = run.manifest, run.manifest["params"], run.summary
         per_mig = self._rounds(run)
         cut = p["cut_at_s"]

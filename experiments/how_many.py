@@ -17,7 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics, rounds
-from harmony.analysis.plots_rounds import plot_first_round, plot_rounds_timeline
 from harmony.experiments.base import Experiment, Param, non_negative, positive
 from harmony.tasks import TaskSpec
 
@@ -101,6 +100,8 @@ class HowMany(Experiment):
         }
 
     def plot(self, run, fig_dir: Path) -> list[Path]:
+        from harmony.analysis.plots_rounds import plot_first_round, plot_rounds_timeline
+
         m, p, s = run.manifest, run.manifest["params"], run.summary
         per_mig = rounds.df_target_rounds(run.migrations, m["cpus"][-1], p["round_gap_ms"])
         end = s["first_round_end_s"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics
-from harmony.analysis.plots import plot_migrations, plot_runqueue, plot_shares
 from harmony.experiments.base import Experiment, Param, nice_value, non_negative, percent, positive
 from harmony.tasks import layout_tasks
 
@@ -69,6 +68,8 @@ class SingleSource(Experiment):
         }
 
     def plot(self, run, fig_dir: Path) -> list[Path]:
+        from harmony.analysis.plots import plot_migrations, plot_runqueue, plot_shares
+
         m, p, s = run.manifest, run.manifest["params"], run.summary
         dur = m["measured_s"]
         return [

@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics, rounds
-from harmony.analysis.plots import plot_migrations, plot_runqueue
-from harmony.analysis.plots_rounds import plot_time_to_resolve
 from harmony.experiments.how_many import HowMany
 
 
@@ -43,6 +41,9 @@ class TimeToResolve(HowMany):
         }
 
     def plot(self, run, fig_dir: Path) -> list[Path]:
+        from harmony.analysis.plots import plot_migrations, plot_runqueue
+        from harmony.analysis.plots_rounds import plot_time_to_resolve
+
         m, p, s = run.manifest, run.manifest["params"], run.summary
         dur = m["measured_s"]
         return [

@@ -17,7 +17,6 @@ import random
 from pathlib import Path
 
 from harmony.analysis import rounds
-from harmony.analysis.plots_rounds import plot_rounds_timeline, plot_steal
 from harmony.experiments.base import Experiment, Param, non_negative, positive
 from harmony.experiments.how_many import check_two_cpus, source_target_tasks
 
@@ -102,6 +101,8 @@ class WorkConservation(Experiment):
         }
 
     def plot(self, run, fig_dir: Path) -> list[Path]:
+        from harmony.analysis.plots_rounds import plot_rounds_timeline, plot_steal
+
         m, s = run.manifest, run.summary
         cpus, target, t0 = m["cpus"], m["cpus"][-1], m["t0_ns"]
         load = rounds.df_target_load(run.runqueue, run.events, run.tasks, target, t0,

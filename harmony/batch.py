@@ -6,12 +6,14 @@ and bootstrap 95% CI over the runs (:func:`harmony.analysis.stats.df_aggregate`)
 
 Runs are made by a *runner*: :class:`KernelRunner` (real captures) or :class:`SimRunner`
 (reference policies). A runner is a context manager; inside it ``capture`` records one run (its
-companions first) and ``analyse`` analyses it. The kernel runner holds the host lock from enter to
-exit and, optionally, analyses each run in a background process while the next is captured.
+companions first) and the runner analyses it. The kernel runner holds the host lock from enter to
+exit and analyses either in a background process while the next run is captured (``overlap``, on
+CPUs outside the experiment's set) or after the last capture, in one process per CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -33,6 +35,7 @@ class SimRunner:
         self.policy = get_policy(policy)
         self.name = f"simulated: {self.policy.name}"
         self.overlap = False
+        self.analysis = "in line"
 
     def __enter__(self):
         return self
@@ -54,7 +57,13 @@ class KernelRunner:
 
     ``overlap``: analyse each run in a background process while the next one is captured. That
     process runs outside the experiment's CPU set when the host has CPUs outside it, and otherwise
-    under SCHED_IDLE at nice 19, so that it only uses CPU time the experiment leaves idle.
+    under SCHED_IDLE at nice 19, so that it only uses CPU time the experiment leaves idle. Without
+    it, the runs are captured back to back and analysed when the runner is drained (on exit), in
+    one process per CPU: nothing else runs while a run is measured, and the analysis uses every
+    CPU once nothing is measured any more.
+
+    A probe that offers ``session()`` (tracefs: one instance for all runs) keeps it open from
+    enter to exit.
     """
 
     def __init__(self, probe: str = "tracefs", facts: dict | None = None, overlap: bool = True,
@@ -62,26 +71,43 @@ class KernelRunner:
         self.probe, self.facts, self.overlap = probe, facts or {}, overlap
         self.cpus = cpus or []
         self.name = f"kernel ({probe})"
+        self.analysis = ("overlapped with the next capture" if overlap
+                         else "after the last capture, one process per CPU")
         self.lock = None
         self.worker: subprocess.Popen | None = None
         self.submitted: list[list[str]] = []
+        self.pending: list[tuple[list[str], bool]] = []  # (run dirs in order, draw figures)
+        self._session = contextlib.ExitStack()  # the probe's session, if it has one
 
     def __enter__(self):
         from harmony.hygiene import HostLock, reclaim_stale
+        from harmony.probes import get_probe
 
         # held once for every run: captures are told so (lock_held) and no other run slips in
         self.lock = HostLock().acquire()
-        self.reclaimed = reclaim_stale()
-        if self.overlap:
-            self._start_worker()
+        try:
+            self.reclaimed = reclaim_stale()
+            if self.overlap:
+                self._start_worker()
+            session = getattr(get_probe(self.probe), "session", None)
+            if session is not None:
+                self._session.enter_context(session())
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc):
+        # the probe's kernel state goes first; then the analysis, still under the lock
         try:
-            self.results = self.drain()
+            self._session.close()
         finally:
-            if self.lock:
-                self.lock.release()
+            try:
+                self.results = self.drain()
+            finally:
+                if self.lock:
+                    self.lock.release()
+                    self.lock = None
         return False
 
     def _start_worker(self):
@@ -96,9 +122,8 @@ class KernelRunner:
                                        env=env)
 
     def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
-        """Capture (companions first) and analyse; ``figures`` is honoured when analysing in line
-        (the background analyser always draws them)."""
-        from harmony.analyse import analyse
+        """Capture (companions first); the analysis, with figures if ``figures``, follows in the
+        background analyser or when the runner is drained."""
         from harmony.run import capture
 
         out = Path(out)
@@ -111,17 +136,17 @@ class KernelRunner:
         capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True, lock_held=True)
         jobs.append(str(out))
         if self.worker is not None:
-            self.worker.stdin.write("\t".join(jobs) + "\n")
+            self.worker.stdin.write("\t".join([str(int(figures))] + jobs) + "\n")
             self.worker.stdin.flush()
             self.submitted.append(jobs)
         else:
-            for j in jobs:
-                analyse(Path(j), figures=figures)
+            self.pending.append((jobs, figures))
 
     def drain(self) -> list[dict]:
-        """Wait for every background analysis; returns one dict per analysed directory."""
+        """Finish every analysis; returns one dict per analysed directory (status, path, error)."""
         if self.worker is None:
-            return []
+            pending, self.pending = self.pending, []
+            return analyse_groups(pending, len(os.sched_getaffinity(0)))
         out, _ = self.worker.communicate()
         self.worker = None
         results = []
@@ -132,10 +157,43 @@ class KernelRunner:
         return results
 
 
-def _analyser_main() -> int:
-    """Background analyser: reads tab-separated run dirs per line, analyses them in order."""
+def _analyse_group(group: tuple[list[str], bool]) -> list[dict]:
+    """Analyse one capture's directories in order (companions before the run that reads them)."""
     from harmony.analyse import analyse
 
+    dirs, figures = group
+    out = []
+    for d in dirs:
+        try:
+            analyse(Path(d), figures=figures)
+            out.append({"status": "ok", "path": d, "error": None})
+        except Exception as exc:  # one bad run must not stop the others; reported per run
+            out.append({"status": "error", "path": d,
+                        "error": f"{type(exc).__name__}: {exc}".replace("\n", " ")})
+    return out
+
+
+def analyse_groups(groups: list[tuple[list[str], bool]], processes: int) -> list[dict]:
+    """Analyse captures (see :func:`_analyse_group`) in up to ``processes`` forked processes.
+
+    Only for when nothing is being measured: the processes use every CPU. Forked, so they start
+    with this process's modules already imported. Results in the order of ``groups``.
+    """
+    if processes <= 1 or len(groups) <= 1:
+        return [r for g in groups for r in _analyse_group(g)]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    import harmony.analyse  # noqa: F401  (imported once, here, rather than in every process)
+
+    with ProcessPoolExecutor(min(processes, len(groups)),
+                             mp_context=multiprocessing.get_context("fork")) as pool:
+        return [r for rs in pool.map(_analyse_group, groups) for r in rs]
+
+
+def _analyser_main() -> int:
+    """Background analyser: each line is a figures flag (0/1) then the tab-separated run dirs of
+    one capture, analysed in order."""
     cpus = os.environ.get("HARMONY_ANALYSER_CPUS", "")
     try:
         if cpus:
@@ -146,23 +204,19 @@ def _analyser_main() -> int:
     except (OSError, AttributeError):
         pass
     for line in sys.stdin:
-        for d in line.rstrip("\n").split("\t"):
-            if not d:
-                continue
-            try:
-                analyse(Path(d))
-                print(f"ok\t{d}", flush=True)
-            except Exception as exc:  # one bad run must not stop the others; reported per run
-                print(f"error\t{d}\t{type(exc).__name__}: {exc}".replace("\n", " "), flush=True)
+        flag, *dirs = line.rstrip("\n").split("\t")
+        for r in _analyse_group(([d for d in dirs if d], flag == "1")):
+            print("\t".join(v for v in (r["status"], r["path"], r["error"]) if v), flush=True)
     return 0
 
 
 def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner, seed: int = 0,
-              progress=None) -> list[Path]:
+              progress=None, draw_first: bool = True) -> list[Path]:
     """Capture ``repeat`` runs into ``out/rep-NN`` (seed, seed+1, ...). Returns the rep dirs.
 
     Analysis happens in the runner (maybe in the background): call :func:`finish_batch` once the
-    runner is drained.
+    runner is drained. The figures of the first repetition are drawn if ``draw_first``; every
+    other run's are left to ``harmony report RUN``.
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -171,8 +225,7 @@ def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner
         d = rep_dir(out, k)
         if progress:
             progress.show(f"{out.name} rep {k}/{repeat}")
-        # figures for the first repetition only; `harmony report rep-NN` draws the others
-        runner.capture(exp, params, cpus, d, seed + k - 1, figures=k == 1)
+        runner.capture(exp, params, cpus, d, seed + k - 1, figures=draw_first and k == 1)
         if progress:
             progress.finished(float(params["duration"]) * (1 + len(exp.companions(params))))
         reps.append(d)
@@ -182,10 +235,12 @@ def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner
     return reps
 
 
-def finish_batch(out: Path) -> dict:
+def finish_batch(out: Path, figures: bool = True) -> dict:
     """Aggregate the analysed repetitions of ``out`` into batch.json and figures/reps.png.
 
     Repetitions that are not complete are listed with their reason, never silently left out.
+    ``figures=False`` leaves figures/reps.png to :func:`draw_batch_figures` (``harmony report
+    BATCH``); batch.json says so (``figures_deferred``).
     """
     from harmony.analysis.stats import df_aggregate
 
@@ -203,15 +258,26 @@ def finish_batch(out: Path) -> dict:
     record |= {"status": "complete" if not failed else "incomplete", "complete": len(summaries),
                "failed": failed, "aggregates": agg.to_dict(orient="records"),
                "values": {k: [s.get(k) for _, s in summaries] for k in agg["metric"]}}
-    figs = []
-    if summaries:
-        from harmony.analysis.report_suite import plot_reps
+    record["figures"], record["figures_deferred"] = [], bool(summaries) and not figures
+    if figures:
+        return draw_batch_figures(out, record)
+    store.write_json(out / "batch.json", record)
+    return record
 
+
+def draw_batch_figures(out: Path, record: dict | None = None) -> dict:
+    """Draw a finished batch's figures/reps.png and record it in batch.json; returns the record."""
+    from harmony.analysis.report_suite import plot_reps
+
+    out = Path(out)
+    record = record if record is not None else store.read_json(out / "batch.json")
+    figs = []
+    if record.get("complete"):
         (out / "figures").mkdir(exist_ok=True)
         p = plot_reps(record, out / "figures" / "reps.png")
         if p:
             figs.append(str(p.relative_to(out)))
-    record["figures"] = figs
+    record["figures"], record["figures_deferred"] = figs, False
     store.write_json(out / "batch.json", record)
     return record
 

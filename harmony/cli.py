@@ -200,10 +200,14 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
 @click.argument("run_dir", type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="print manifest facts and metrics as JSON")
 def report(run_dir, as_json):
-    """Print a run's summary and write report.md beside its figures."""
+    """Print a run's summary and write report.md beside its figures (drawing any not drawn yet).
+
+    Given a batch (a suite configuration, or `run --repeat`): its aggregates and figures/reps.png."""
     from harmony.analysis.report import summary_text, write_report
     from harmony.store import RunError, load
 
+    if (run_dir / "batch.json").is_file():
+        return _batch_report(run_dir, as_json)
     try:
         run = load(run_dir, allow_incomplete=True)
         if not run.complete:
@@ -223,6 +227,21 @@ def report(run_dir, as_json):
             click.echo(f"\nreport: {run.path / 'report.md'}")
     except RunError as exc:
         _fail(str(exc))
+
+
+def _batch_report(out: Path, as_json: bool):
+    from harmony.batch import batch_text, draw_batch_figures
+    from harmony.store import RunError, read_json
+
+    try:
+        if "complete" not in read_json(out / "batch.json"):
+            _fail(f"{out}: the batch was not finished (its runs were not all analysed)")
+        record = draw_batch_figures(out)
+    except RunError as exc:
+        _fail(str(exc))
+    click.echo(json.dumps(record, indent=1, default=str) if as_json else batch_text(record))
+    if not as_json:
+        click.echo("\nfigures: " + ", ".join(str(out / f) for f in record["figures"]))
 
 
 @main.command()

@@ -3,9 +3,12 @@
 ``plan(ncpus, quick)`` lists the configurations: every experiment registered in CATALOG at run
 time, with the sweeps the thesis drew (x for how-many, light duty for heavy-light, nice difference
 for priority-classes) where the experiment has that parameter. ``run_suite`` captures them back to
-back while holding the host lock once (no doctor, lock or stale-state sweep per run), analyses
-each run in a background worker while the next one is captured, then writes
-:mod:`harmony.analysis.report_suite` (policy card first).
+back while holding the host lock once (no doctor, lock or stale-state sweep per run, one probe
+session), has the runner analyse them (see :class:`harmony.batch.KernelRunner`), then writes
+:mod:`harmony.analysis.report_suite` (policy card first). The suite draws the cross-run figures of
+its report only; each run's own figures and each configuration's repetition figure are drawn on
+demand by ``harmony report RUN`` or ``harmony report BATCH`` (drawing them all took longer than
+the analysis itself).
 
 Layout of a suite directory::
 
@@ -128,6 +131,14 @@ class Progress:
             self.stream.write(line + "\n")
         self.stream.flush()
 
+    def phase(self, what: str):
+        """A step after the runs (analysis, report): shown without a run counter."""
+        if self.quiet:
+            return
+        line = f"{what:<60} elapsed {time.monotonic() - self.start:5.0f} s"
+        self.stream.write(("\r" + line[:118].ljust(118)) if self.tty else line + "\n")
+        self.stream.flush()
+
     def finished(self, seconds: float):
         self.done_runs += 1
         self.done_s += seconds
@@ -166,22 +177,26 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
                 exp = get_experiment(cfg.experiment)
                 try:
                     batch.run_batch(exp, cfg.params, cpus, out / cfg.label, cfg.repeat, runner,
-                                    seed=seed, progress=progress)
+                                    seed=seed, progress=progress, draw_first=False)
                 except (store.RunError, RuntimeError, ValueError) as exc:
                     failures.append({"config": cfg.label, "error": str(exc)})
                 batches.append(out / cfg.label)
+            t_captured = time.monotonic() - t_start
+            if runner.analysis != "in line":
+                progress.phase(f"analysing {total_runs} runs ({runner.analysis})")
+        t_analysed = time.monotonic() - t_start
+        progress.phase("policy card and report")
+        for b in batches:
+            if (b / "batch.json").exists():
+                batch.finish_batch(b, figures=False)
+        failures += [r for r in getattr(runner, "results", []) if r["status"] != "ok"]
     finally:
         progress.close()
-    t_captured = time.monotonic() - t_start
-    for b in batches:
-        if (b / "batch.json").exists():
-            batch.finish_batch(b)
-    failures += [r for r in getattr(runner, "results", []) if r["status"] != "ok"]
-    progress.close()
     wall = time.monotonic() - t_start
     record |= {"status": "complete" if not failures else "incomplete", "failures": failures,
-               "captured_s": t_captured, "wall_s": wall,
+               "captured_s": t_captured, "analysed_s": t_analysed, "wall_s": wall,
                "efficiency": wall / configured if configured else None, "runs": total_runs,
+               "analysis": runner.analysis,
                "analysis_overlapped": bool(getattr(runner, "overlap", False))}
     store.write_json(out / "suite.json", record)
     report_suite.write(out, note=card_note)

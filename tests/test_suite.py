@@ -1,6 +1,8 @@
 """Suite plan, batches (repetitions + aggregates), the report, and the CLI around them."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -66,6 +68,23 @@ def test_simulated_batch_and_suite_report(tmp_path, no_figures):
     assert "data:image/png;base64," in html and "src='figures" not in html
     info = json.loads((suite / "suite.json").read_text())
     assert info["status"] == "complete" and info["efficiency"] > 0
+    # the suite draws its cross-run figures only; the report says how to draw the others
+    assert list((suite / "figures").glob("*.png"))
+    runs = [json.loads(m.read_text()) for m in suite.glob("*/rep-*/manifest.json")]
+    assert runs and all(m["figures"] == [] and m["figures_deferred"] for m in runs)
+    batch = json.loads((suite / "single-source" / "batch.json").read_text())
+    assert batch["figures"] == [] and batch["figures_deferred"]
+    assert "Not drawn by the suite" in md
+    assert f"single-source, one run's own figures: `harmony report {suite / 'single-source' / 'rep-01'}`" in md
+    # ... and `harmony report CONFIGURATION` draws a configuration's
+    config = suite / "single-source"
+    assert not (config / "figures" / "reps.png").exists()
+    r = cli.invoke(main, ["report", str(config)])
+    assert r.exit_code == 0, r.output
+    assert "single-source: 1/1 runs complete" in r.output and "reps.png" in r.output
+    assert (config / "figures" / "reps.png").stat().st_size > 10_000
+    batch = json.loads((config / "batch.json").read_text())
+    assert batch["figures"] == ["figures/reps.png"] and not batch["figures_deferred"]
 
     r = cli.invoke(main, ["infer", str(suite), "--json"])
     assert r.exit_code == 0, r.output
@@ -93,6 +112,13 @@ def test_kernel_repeat_batch(kernel, tmp_path):
     assert r.exit_code == 0, r.output
     b = json.loads((tmp_path / "b" / "batch.json").read_text())
     assert b["complete"] == 2 and not b["failed"]
+    assert (tmp_path / "b" / "figures" / "reps.png").is_file()
+    first, second = (json.loads((tmp_path / "b" / r / "manifest.json").read_text())
+                     for r in ("rep-01", "rep-02"))
+    assert first["figures"] and second["figures_deferred"]  # analysed after both captures
+    # one tracefs instance for both runs, removed at the end
+    assert not first["probe_meta"]["instance_reused"] and second["probe_meta"]["instance_reused"]
+    assert not list(Path("/sys/kernel/tracing/instances").glob(f"harmony-{os.getpid()}"))
 
 
 def test_later_repetitions_draw_figures_on_demand(tmp_path):
@@ -115,3 +141,11 @@ def test_later_repetitions_draw_figures_on_demand(tmp_path):
     second = json.loads((out / "rep-02" / "manifest.json").read_text())
     assert second["figures"] and not second["figures_deferred"]
     assert all((out / "rep-02" / f).stat().st_size > 10_000 for f in second["figures"])
+
+
+
+def test_report_refuses_an_unfinished_batch(tmp_path):
+    (tmp_path / "batch.json").write_text(json.dumps({"experiment": "single-source", "reps": ["rep-01"],
+                                                      "status": "captured"}))
+    r = CliRunner().invoke(main, ["report", str(tmp_path)])
+    assert r.exit_code == 1 and "was not finished" in r.output
