@@ -2,8 +2,9 @@
 
 The host lock is an ``flock`` on a file under /run: the kernel releases it when its holder dies,
 even by SIGKILL, so a crashed run never blocks the next one. On every start the next run reclaims
-what a killed run could not clean: tracefs instances and perf recorders whose owner is gone, and
-worker processes (comm ``hmy-*``) orphaned to init.
+what a killed run could not clean: tracefs instances and perf recorders whose owner is gone,
+worker processes (comm ``hmy-*``) orphaned to init, and cpuset cgroups (``harmony-<pid>``) whose
+controller is gone.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ def orphan_workers() -> list[int]:
 
 def reclaim_stale() -> list[str]:
     """Remove what dead Harmony runs left; return a line per thing removed. Call with the lock held."""
+    from harmony import cpuset
     from harmony.probes import PROBES, get_probe
 
     removed = []
@@ -99,6 +101,7 @@ def reclaim_stale() -> list[str]:
             removed.append(f"orphan worker process {pid}")
         except ProcessLookupError:
             pass
+    removed += cpuset.reclaim_stale()
     for name in PROBES:
         try:
             removed += get_probe(name).reclaim_stale()

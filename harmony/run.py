@@ -189,6 +189,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         manifest["work_done"] = workload.work_done().tolist()
         manifest["workers_alive_at_end"] = len(workload.alive())
         manifest["controller_notes"] = workload.notes
+        manifest["release_method"] = workload.release_method  # cpuset or affinity (harmony.controller)
         if sampler:
             sampler.stopping.set()
             sampler.join()

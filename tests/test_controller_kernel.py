@@ -1,0 +1,159 @@
+"""The controller's release on the real kernel: the layout holds until t0, every task is released,
+and the cpuset cgroups are gone after a normal end, an error before t0, and a SIGKILL + reclaim."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harmony import cpuset
+from harmony.controller import ControllerError, Workload
+from harmony.hygiene import HostBusy, HostLock, reclaim_stale
+from harmony.tasks import TaskSpec
+
+CPUS = [0, 1]
+
+
+@pytest.fixture
+def host(kernel):
+    """The host lock (waiting for other runs): our workers must not disturb a measurement."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    for _ in range(300):
+        try:
+            lock = HostLock().acquire()
+            break
+        except HostBusy:
+            time.sleep(1)
+    else:
+        pytest.fail("the host lock stayed busy for 5 minutes")
+    yield
+    lock.release()
+
+
+def _allowed(pid: int) -> set[int]:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return cpuset.parse_cpus(text.split("Cpus_allowed_list:")[1].split()[0])
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def _ours() -> list[Path]:
+    return [p for _, root in cpuset.hierarchies() for p in root.glob(f"{cpuset.PREFIX}{os.getpid()}")]
+
+
+def _until(cond, timeout_s: float = 10.0) -> bool:
+    """Poll ``cond`` (a deadline for a hung kernel, never a timing assertion)."""
+    give_up = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def _specs():
+    free = [TaskSpec(name=f"f{i}", initial_cpu=0) for i in range(5)]
+    return free + [TaskSpec(name="p0", initial_cpu=1, pinned=True)]
+
+
+@pytest.mark.parametrize("placement", ["auto", "affinity"])
+def test_layout_held_until_t0_then_released(host, placement):
+    specs = _specs()
+    with Workload(specs, CPUS, placement=placement) as w:
+        w.spawn()
+        if placement == "affinity" or not cpuset.hierarchies():
+            assert w.release_method == "affinity" and w.cpusets is None
+        else:
+            assert w.release_method == "cpuset"
+            members = w.cpusets.members()
+            assert sorted(members[0]) == sorted(w.pids[:5])  # the pinned task is in no cgroup
+        # held: asleep at the gate, confined to the initial CPU, not one loop of work done
+        for pid, spec in zip(w.pids, specs):
+            assert _state(pid) == "S"
+            assert _allowed(pid) == {spec.initial_cpu}
+        time.sleep(0.1)
+        assert w.work_done().sum() == 0
+
+        marks = []
+        t0, released = w.release(lambda text: marks.append(text) or time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+        assert marks == ["harmony t0", "harmony released"] and t0 <= released
+        for pid, spec in zip(w.pids, specs):
+            assert _allowed(pid) == ({1} if spec.pinned else set(CPUS))
+        assert _until(lambda: (w.work_done() > 0).all()), w.work_done()  # every task runs
+        assert len(w.alive()) == len(specs)
+    assert w.alive() == []
+    assert _ours() == [], "cpuset cgroups left after a normal end"
+
+
+def test_release_restores_the_controller(host):
+    before_mask, before_policy = os.sched_getaffinity(0), os.sched_getscheduler(0)
+    with Workload(_specs(), CPUS) as w:
+        w.spawn()
+        w.release(lambda text: 0)
+        assert os.sched_getaffinity(0) == before_mask
+        assert os.sched_getscheduler(0) == before_policy
+
+
+def test_worker_dying_before_the_gate_is_reported_and_cleaned(host, monkeypatch):
+    if not cpuset.hierarchies():
+        pytest.skip("no cpuset hierarchy")
+    # a worker that cannot join its cgroup exits before the gate
+    monkeypatch.setattr(cpuset.CpusetGroups, "procs_file", lambda self, cpu: "/nonexistent/cgroup.procs")
+    w = Workload(_specs(), CPUS, placement="cpuset")
+    with pytest.raises(ControllerError, match="died before t0"):
+        with w:
+            w.spawn(timeout_s=10)
+    assert w.alive() == []
+    assert _ours() == []
+
+
+def test_no_cpuset_falls_back_to_affinity_and_says_so(host, monkeypatch):
+    monkeypatch.setattr(cpuset, "hierarchies", lambda: [])
+    with Workload(_specs(), CPUS) as w:
+        w.spawn()
+        assert w.release_method == "affinity"
+        assert any("cpusets unavailable" in n for n in w.notes)
+        w.release(lambda text: 0)
+        assert _allowed(w.pids[0]) == set(CPUS)
+    with pytest.raises(ControllerError, match="no cpuset"):
+        with Workload(_specs(), CPUS, placement="cpuset") as w:
+            w.spawn()
+
+
+CHILD = textwrap.dedent("""
+    import time
+    from harmony.controller import Workload
+    from harmony.tasks import TaskSpec
+    w = Workload([TaskSpec(name=f"k{i}", initial_cpu=0) for i in range(4)], [0, 1])
+    w.spawn()
+    print(w.cpusets.parent, *w.pids, flush=True)
+    time.sleep(60)
+""")
+
+
+def test_sigkill_leaves_cgroups_that_the_next_start_reclaims(host):
+    if not cpuset.hierarchies():
+        pytest.skip("no cpuset hierarchy")
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        parent, *pids = child.stdout.readline().split()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    parent = Path(parent)
+    assert parent.name == f"{cpuset.PREFIX}{child.pid}" and len(pids) == 4
+    # the workers die with their controller (PR_SET_PDEATHSIG), even asleep at the gate
+    assert _until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids))
+    assert parent.is_dir()  # nothing could remove it: the controller was killed
+    removed = reclaim_stale()
+    assert any(str(parent) in r for r in removed), removed
+    assert not parent.exists()
+    assert not any(str(parent) in r for r in reclaim_stale())  # and only once
