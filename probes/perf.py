@@ -37,8 +37,8 @@ tracepoint) would put the marker into perf.data but needs CONFIG_FTRACE_SYSCALLS
 carry the text; the user-space stamp is simpler and precise enough for t0 and end.
 
 Blind task contexts (measured on this host, kernel 6.18, perf 6.1): perf records *nothing* that fires
-while certain tasks are current - swapper/1 (CPU 1's idle task) and one or two long-lived threads of
-pid 1 - at any level: their sched_switch, and the hardirq/softirq work done on their stack (an idle
+while certain tasks are current - swapper/1 (CPU 1's idle task) and threads of PID 1 (the VM's init
+agent) - at any level: their sched_switch, and the hardirq/softirq work done on their stack (an idle
 CPU 1's timer wake-ups and its idle balancer's migrations), while the same tracepoints in every
 other task's context, swapper/0's included, are recorded. No LOST or THROTTLE record appears. The
 kernel does count those hits: a tracepoint event opened with perf_event_open() directly (no perf
