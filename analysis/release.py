@@ -1,11 +1,11 @@
 """Release spread: how nearly at once the controller made the experiment's tasks runnable at t0.
 
-Needs: sched_wakeup (and sched_wakeup_new) events, the markers "harmony t0" and "harmony released".
+Needs: sched_wakeup (and sched_wakeup_new) events, the markers "harmony t0" and "harmony released";
+sched_switch and sched_migrate_task for the checks that the layout held.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 
@@ -17,16 +17,27 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
       not_woken        pids of tasks never seen waking after t0
       wake_spread_ns   first to last task's first wake-up after t0
       release_spread_ns  first wake-up to the moment the last task was also free to move (the
-                       "released" marker, written after the last affinity change): the release
-                       window as the scheduler saw it; an upper bound
+                       "released" marker, written after the last task was freed to the CPU set:
+                       the last cpuset write, or the last sched_setaffinity on the fallback): the
+                       release window as the scheduler saw it; an upper bound
       first_wakeup_after_t0_ns  delay from the t0 marker to the first wake-up
+      ran_before_t0    pids switched in before t0 in the trace (should be none: held at the gate)
+      moved_before_released  migrations of tasks between t0 and the "released" marker: the
+                       scheduler acting on tasks freed early in the window (None without marker)
     """
     pids = tasks["pid"].to_numpy()
-    wake = events[events["event"].isin(["sched_wakeup", "sched_wakeup_new"])
-                  & (events["ts"] >= t0) & events["pid"].isin(pids)]
+    ours = events["pid"].isin(pids)
+    wake = events[events["event"].isin(["sched_wakeup", "sched_wakeup_new"]) & (events["ts"] >= t0) & ours]
     first = wake.groupby("pid", observed=True)["ts"].min()
     not_woken = sorted(set(pids.tolist()) - set(first.index.tolist()))
-    out = {"woken": int(len(first)), "not_woken": not_woken}
+    ran = events[(events["event"] == "sched_switch") & (events["ts"] < t0) & ours]
+    out = {"woken": int(len(first)), "not_woken": not_woken,
+           "ran_before_t0": sorted(set(ran["pid"].tolist()))}
+    if released is not None:
+        moved = (events["event"] == "sched_migrate_task") & (events["ts"] >= t0) & (events["ts"] <= released)
+        out["moved_before_released"] = int((moved & ours).sum())
+    else:
+        out["moved_before_released"] = None
     if len(first):
         lo, hi = int(first.min()), int(first.max())
         end = max(hi, released) if released is not None else hi

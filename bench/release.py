@@ -80,7 +80,7 @@ def main(argv=None) -> int:
         ap.error(f"--placement: not a list of auto, cpuset, affinity: {a.placement!r}")
     common.need_root("the release benchmark")
 
-    got: dict[tuple[str, int], list[dict]] = {(pl, n): [] for pl in placements for n in counts}
+    got: dict[tuple[str, int], list[dict]] = {(pl, n): [] for n in counts for pl in placements}
     with tempfile.TemporaryDirectory(prefix="harmony-bench-release-") as tmp:
         for rep in range(a.reps):
             for n in counts:
