@@ -186,9 +186,17 @@ def analyse_groups(groups: list[tuple[list[str], bool]], processes: int) -> list
 
     import harmony.analyse  # noqa: F401  (imported once, here, rather than in every process)
 
+    # largest captures first, so that the last one to finish is a small one and no CPU idles long
+    order = sorted(range(len(groups)), key=lambda i: -_raw_bytes(groups[i][0]))
     with ProcessPoolExecutor(min(processes, len(groups)),
                              mp_context=multiprocessing.get_context("fork")) as pool:
-        return [r for rs in pool.map(_analyse_group, groups) for r in rs]
+        done = dict(zip(order, pool.map(_analyse_group, [groups[i] for i in order])))
+    return [r for i in range(len(groups)) for r in done[i]]
+
+
+def _raw_bytes(dirs: list[str]) -> int:
+    """Size of what the probes recorded for these runs: the analysis takes time in proportion."""
+    return sum(f.stat().st_size for d in dirs for f in (Path(d) / "raw").rglob("*") if f.is_file())
 
 
 def _analyser_main() -> int:
