@@ -246,7 +246,7 @@ def _batch_report(out: Path, as_json: bool):
 
 @main.command()
 def clean():
-    """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers)."""
+    """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers, cpuset cgroups)."""
     from harmony.hygiene import HostBusy, HostLock, reclaim_stale
 
     try:
