@@ -443,8 +443,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
         limits.append("--overlap always: the analysis of each run shares the experiment's CPUs with "
                       "the next run (at SCHED_IDLE); every run reports it as foreign load.")
     elif not overlapped and overlap == "auto":
-        limits.append("No CPU outside the experiment's set: each run is analysed after its capture, "
-                      "not during the next one, so the analysis never disturbs a measurement.")
+        limits.append("No CPU outside the experiment's set: the runs are analysed after the last "
+                      "capture, never during one, so the analysis never disturbs a measurement.")
     for line in limits:
         click.echo(f"note: {line}", err=True)
     try:
