@@ -119,7 +119,7 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
         out = Path("runs") / f"{experiment}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
-    facts = _host_facts_or_exit(probe)
+    facts = _host_facts_or_exit(probe, crosscheck)
     if crosscheck:
         from harmony.probes import get_probe
         ok, why = get_probe(crosscheck).available()
@@ -157,14 +157,15 @@ def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, rep
     click.echo(f"\nbatch: {out / 'batch.json'}")
 
 
-def _host_facts_or_exit(probe: str) -> dict:
+def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:
     from harmony.host import doctor as host_doctor
     from harmony.probes import get_probe
 
     ok, why = get_probe(probe).available()
     if not ok:
         _fail(f"probe {probe} cannot record here: {why} (see `harmony doctor`)")
-    facts = host_doctor(mount=True)
+    # a 10 ms test recording with perf costs ~0.3 s: only when perf will record
+    facts = host_doctor(mount=True, test_perf="perf" in (probe, crosscheck))
     return {
         "kernel": facts["kernel"].get("release"),
         "scheduler": facts["scheduler"].get("name"),

@@ -233,7 +233,9 @@ def test_cgroup_unified_with_cpuset(tmp_path, monkeypatch):
     assert check["cpuset_v2"] and check["status"] == "ok" and check["unified"] is False
     _write(tmp_path / "proc/mounts", "cgroup /x/cpuset cgroup rw,cpuset 0 0")
     check = host._check_cgroup()
-    assert check["status"] == "missing" and check["cpuset_v1"] == "/x/cpuset"
+    assert check["status"] == "ok" and check["cpuset_v1"] == "/x/cpuset"  # the release uses v1
+    _write(tmp_path / "proc/mounts", "proc /proc proc rw 0 0")
+    assert host._check_cgroup()["status"] == "missing"
 
 
 def test_format_doctor_not_runnable_lists_reasons():
