@@ -68,6 +68,7 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
     samples_path = run_dir / "kernel_samples.parquet"
     samples = store.read_table(samples_path) if samples_path.exists() else None
     meta = cap.meta
+    _blind_spots(meta, events, tasks)
     manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes",)}
     manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, released, t_end
     manifest["measured_s"] = (t_end - t0) / 1e9
@@ -187,6 +188,28 @@ def _foreign_load(events, tasks, cpus, t0, t_end, controller_tids) -> dict:
             "per_cpu": df.to_dict(orient="records")}
 
 
+def _blind_spots(meta: dict, events, tasks) -> None:
+    """What the probe's own stream proves it did not record (the perf probe finds its own): the
+    tasks it saw run but recorded nothing in the context of, and the experiment tasks' moves no
+    sched_migrate_task holds (see analysis.crosscheck); into meta and its notes."""
+    from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
+
+    if "silent_contexts" in meta:
+        return
+    meta["silent_contexts"] = silent = silent_contexts(events)
+    meta["unrecorded_migrations"] = moves = unrecorded_migrations(events, tasks["pid"].to_numpy())
+    notes = meta.setdefault("notes", [])
+    if silent:
+        named = ", ".join(f"{c['comm']} ({'CPU %d' % c['cpu'] if c['pid'] == 0 else 'pid %d' % c['pid']}"
+                          f", ran {c['runs']}x)" for c in silent[:5])
+        notes.append(f"the probe recorded no event in the context of {len(silent)} tasks it saw run: "
+                     f"{named}; what fires there (their switch-out, what their interrupts do) is "
+                     "missing and not counted in lost_events")
+    if moves["n"]:
+        notes.append(f"the experiment tasks' own events prove {moves['n']} moves that no "
+                     f"sched_migrate_task records (e.g. {moves['examples'][:2]})")
+
+
 def _notes(manifest: dict, meta: dict) -> list[str]:
     """Everything the run could not see or had to work around, for the report."""
     notes = list(meta.get("notes", []))
@@ -201,8 +224,11 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
         notes.append(f"{len(rel['not_woken'])} tasks were never seen waking after t0")
     if manifest["reconstruction_anomalies"]:
         kinds = ", ".join(f"{k} {v}" for k, v in manifest["reconstruction_anomaly_kinds"].items())
-        why = ("the probe lost no events, so the kernel did not emit them (some kernels omit a "
-               "sched_switch into a task)" if lost == 0 else "events were lost")
+        silent = meta.get("silent_contexts") or []
+        why = (("the probe lost no events, so the kernel recorded none for them"
+                + (f": it records nothing while {', '.join(c['comm'] for c in silent[:3])} run"
+                   if silent else " (some kernels omit a sched_switch into a task)"))
+               if lost == 0 else "events were lost")
         notes.append(f"{manifest['reconstruction_anomalies']} contradictions in the event stream were "
                      f"repaired ({kinds}): an event the task state machine needed is missing; {why}. "
                      "The run queues resynchronise at the next event; a run whose switch-in is "

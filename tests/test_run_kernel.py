@@ -111,6 +111,10 @@ def test_run_is_complete_and_balances(e1_run):
     assert rel["woken"] == 4 and not rel["not_woken"]
     assert 0 <= rel["wake_spread_ns"] <= rel["release_spread_ns"] < 50e6
     assert "harmony t0" in set(run.markers["text"])
+    # the probe's blind spots are looked for in every run, and each one found is in the notes
+    cap = m["capture"]
+    assert isinstance(cap["silent_contexts"], list) and cap["unrecorded_migrations"]["n"] >= 0
+    assert all(any(c["comm"] in n for n in m["notes"]) for c in cap["silent_contexts"][:5])
     # the release put every task on CPU 0: its run queue reaches 4 before the first move. (Not
     # "before the released marker": a remote wake-up may be enqueued by the target CPU after it.)
     rq = run.runqueue

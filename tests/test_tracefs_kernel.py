@@ -40,9 +40,10 @@ def _capture(path, seconds: float, **config) -> TracefsProbe:
 
 def test_a_session_reuses_one_instance_and_each_capture_counts_its_own_losses(kernel, tmp_path):
     ours = TRACEFS / "instances" / f"{PREFIX}{os.getpid()}"
-    # a 256 KiB buffer (~0.25 s of these switches) whose drains stop reading 0.3 s after the start:
-    # a capture that lasts 1 s overflows it, one of 0.05 s cannot
-    config = dict(buffer_kb=256, drain_stall=(0.3, 1.0))
+    # a 64 KiB buffer per CPU whose drains stop reading 0.3 s after the start: a capture that
+    # lasts 1 s overflows it even at a few hundred switches per second (with 256 KiB a slow
+    # moment of the host let one CI run through without a loss), one of 0.05 s is drained in time
+    config = dict(buffer_kb=64, drain_stall=(0.3, 1.0))
     lock = _host_lock()
     try:
         with TracefsProbe.session():
