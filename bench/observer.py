@@ -3,8 +3,8 @@
 Part 1, work rate: ``--per-cpu`` CPU-bound workers per CPU (``harmony.controller.Workload``; two
 by default, so they time-share and the scheduler has switches to record, as in an experiment)
 run for the whole measurement under one tracefs probe. The probe's recording is switched off and
-on between short windows (the instance's ``events/enable`` and ``tracing_on``; each switch is
-followed by a settle pause that is not measured), in pairs ordered off-on, on-off, off-on, ...
+on between short windows (the ``enable`` file of each event the probe records, and the
+instance's ``tracing_on``; each switch is followed by a settle pause that is not measured), in pairs ordered off-on, on-off, off-on, ...
 The rate of a window is the sum of the workers' work counters (``Workload.work_done()``) over its
 length. Loss = 1 - the median over the pairs of on/off, with a bootstrap 95 % interval: pairs of
 adjacent short windows see the same host, so its drift (the vCPUs' speed varies by 10-20 % over
@@ -40,6 +40,7 @@ def work_rate_pairs(cpus: list[int], per_cpu: int, pairs: int, window_s: float, 
 
     specs = [TaskSpec(name=f"ob{i}", initial_cpu=c) for i, c in enumerate(cpus * per_cpu)]
     rates = {False: [], True: []}
+    per_cpu_s = {False: [], True: []}   # loops per CPU-second the workers actually got
     own = {False: [], True: []}
     total_s = pairs * 2 * (window_s + settle_s) + 1
     with Workload(specs, cpus) as w:
@@ -49,24 +50,41 @@ def work_rate_pairs(cpus: list[int], per_cpu: int, pairs: int, window_s: float, 
         try:
             w.release(probe.mark)
             inst = probe.instance
+            # the probe's own events only (the instance's events/enable would switch on every
+            # tracepoint of the kernel), then the buffer
+            switches = [inst / "events" / e / "enable" for e in probe.meta.get("events_enabled", [])
+                        if (inst / "events" / e / "enable").exists()] + [inst / "tracing_on"]
             time.sleep(0.2)  # leave out the start-up
             for i in range(pairs):
                 for on in ((False, True) if i % 2 == 0 else (True, False)):
-                    for name in ("events/enable", "tracing_on"):
-                        (inst / name).write_text("1" if on else "0")
+                    for path in switches:
+                        path.write_text("1" if on else "0")
                     time.sleep(settle_s)  # switching tracepoints patches code: not measured
-                    a, ta, ca = w.work_done().sum(), time.monotonic(), _own_cpu_s()
+                    a, ta, ca, ra = w.work_done().sum(), time.monotonic(), _own_cpu_s(), _ran_ns(w.pids)
                     time.sleep(window_s)
-                    b, tb, cb = w.work_done().sum(), time.monotonic(), _own_cpu_s()
+                    b, tb, cb, rb = w.work_done().sum(), time.monotonic(), _own_cpu_s(), _ran_ns(w.pids)
                     rates[on].append(float(b - a) / (tb - ta))
+                    per_cpu_s[on].append(float(b - a) / ((rb - ra) / 1e9))
                     own[on].append((cb - ca) / ((tb - ta) * len(cpus)))
         finally:
             w.stop()
             probe.stop()
     cap = probe.decode()
     return {"off": rates[False], "on": rates[True], "own_off": own[False], "own_on": own[True],
+            "per_cpu_s_off": per_cpu_s[False], "per_cpu_s_on": per_cpu_s[True],
             "events": int(cap.meta["n_events"]), "lost": int(cap.meta["lost_events"]),
             "events_per_on_s": cap.meta["n_events"] / (pairs * (window_s + settle_s))}
+
+
+def _ran_ns(pids: list[int]) -> int:
+    """CPU time the kernel gave these tasks so far (ns; /proc/<pid>/schedstat, first field)."""
+    total = 0
+    for pid in pids:
+        try:
+            total += int(open(f"/proc/{pid}/schedstat").read().split()[0])
+        except (OSError, ValueError, IndexError):
+            pass
+    return total
 
 
 def _interval(ci) -> str:
@@ -151,13 +169,25 @@ def main(argv=None) -> int:
                       f"median")
                 print(f"recorded: {r['events']:,} events ({r['events_per_on_s']:,.0f}/s while on), "
                       f"{r['lost']} lost")
+                # the same per CPU-second the workers got: if this spreads as much as the rate per
+                # second, the vCPUs' speed varies, not only the share of the host they get (steal)
+                cratios = [b / x for x, b in zip(r["per_cpu_s_off"], r["per_cpu_s_on"])]
+                closs = 1 - common.median(cratios)
+                clo, chi = bootstrap_ci(cratios)
+                closs_ci = (1 - chi, 1 - clo) if clo is not None else None
+                cspread = (max(r["per_cpu_s_off"]) - min(r["per_cpu_s_off"])) / common.median(r["per_cpu_s_off"])
+                print(f"per CPU-second the workers got: loss {closs:+.2%}, 95 % interval "
+                      f"{_interval(closs_ci)}; off windows spread over {cspread:.1%}")
                 probe_cpu = common.median(r["own_on"]) - common.median(r["own_off"])
                 print(f"CPU taken by the probe's drain threads: {probe_cpu:.3%} of the CPU set "
                       f"(this process's CPU time, probe on minus off)")
                 result["work"] = {"off": off, "on": on, "ratios": ratios, "loss": loss,
                                   "loss_ci95": list(loss_ci) if loss_ci else None, "off_spread": spread,
                                   "probe_cpu_share": probe_cpu, "per_cpu": a.per_cpu,
-                                  "window_s": a.seconds, "events": r["events"], "lost": r["lost"]}
+                                  "window_s": a.seconds, "events": r["events"], "lost": r["lost"],
+                                  "per_cpu_s_loss": closs,
+                                  "per_cpu_s_loss_ci95": list(closs_ci) if closs_ci else None,
+                                  "per_cpu_s_off_spread": cspread}
             if not a.skip_lossless:
                 levels = [lossless_level(r, a.pp_pairs, a.pp_seconds, Path(tmp) / f"pp{k}")
                           for k, r in enumerate(rates)]
