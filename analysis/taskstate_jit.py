@@ -46,6 +46,8 @@ def emit(kind, pid, prev_pid, table, rows, task, rec, count_only):
     is SWITCH_OUT_RUNNABLE here; the caller's prev_state decides between runnable and sleep).
     """
     k = 0
+    # the three ways to emit a record are written out: a shared helper, even inlined, made this
+    # loop 6x slower (9 -> 55 ms per 2.5 M events)
     for e in range(kind.shape[0]):
         kd = kind[e]
         if kd < 0:

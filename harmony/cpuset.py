@@ -25,6 +25,8 @@ import signal
 import time
 from pathlib import Path
 
+from harmony.hygiene import pid_alive
+
 PREFIX = "harmony-"
 MARKER = "cpuset-enabled-by-"  # file in the lock directory: this pid enabled +cpuset at the v2 root
 REMOVE_WAIT_S = 2.0  # how long a cgroup whose last tasks are exiting may stay busy
@@ -72,16 +74,6 @@ def _read(path: Path) -> str:
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def _marker_dir() -> Path:
@@ -214,7 +206,7 @@ def reclaim_stale() -> list[str]:
     for _, root in hierarchies():
         for parent in sorted(root.glob(f"{PREFIX}*")):
             owner = parent.name[len(PREFIX):]
-            if not (owner.isdigit() and parent.is_dir()) or _pid_alive(int(owner)):
+            if not (owner.isdigit() and parent.is_dir()) or pid_alive(int(owner)):
                 continue
             killed = 0
             for procs in parent.glob("*/cgroup.procs"):
@@ -229,7 +221,7 @@ def reclaim_stale() -> list[str]:
             removed += [f"{what}: {e}" for e in errors] if errors else [what]
     for marker in _marker_dir().glob(f"{MARKER}*"):
         owner = marker.name[len(MARKER):]
-        if owner.isdigit() and not _pid_alive(int(owner)):
+        if owner.isdigit() and not pid_alive(int(owner)):
             root = Path(_read(marker).strip())
             errors = _disable_root_cpuset(root, int(owner)) if root.is_dir() else []
             marker.unlink(missing_ok=True)

@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from harmony.hygiene import pid_alive
+
 OK, WARN, MISSING = "ok", "warn", "missing"
 
 SYSFS = Path("/sys")
@@ -423,16 +425,6 @@ def _run(argv: list[str], timeout: float = 5.0, cwd=None) -> tuple[int | None, s
     return r.returncode, r.stdout, r.stderr
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 # --------------------------------------------------------------------------------------------
 # the checks
 
@@ -677,7 +669,7 @@ def _reclaim_doctor_instances(instances: Path) -> list[str]:
         return removed
     for d in entries:
         suffix = d.name.removeprefix(DOCTOR_INSTANCE_PREFIX)
-        if d.name.startswith(DOCTOR_INSTANCE_PREFIX) and suffix.isdigit() and not _pid_alive(int(suffix)):
+        if d.name.startswith(DOCTOR_INSTANCE_PREFIX) and suffix.isdigit() and not pid_alive(int(suffix)):
             try:
                 d.rmdir()
                 removed.append(d.name)

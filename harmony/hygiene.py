@@ -18,6 +18,17 @@ LOCK_DIRS = (Path("/run/harmony"), Path("/tmp/harmony"))
 WORKER_PREFIX = "hmy-"
 
 
+def pid_alive(pid: int) -> bool:
+    """A process with this pid exists (it may be another's: EPERM still means alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class HostBusy(RuntimeError):
     """Another Harmony run holds this host."""
 

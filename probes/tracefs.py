@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from harmony.hygiene import pid_alive
 from harmony.probes.base import Capture, Probe, ProbeError
 from harmony.probes.schema import SCHED_EVENTS
 
@@ -70,16 +71,6 @@ def tracefs_root() -> Path:
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
 
 
 def remove_instance(path: Path) -> None:
@@ -204,7 +195,7 @@ class TracefsProbe(Probe):
             return removed
         for path in inst_dir.iterdir():
             owner = path.name[len(PREFIX):]
-            if path.name.startswith(PREFIX) and owner.isdigit() and not _pid_alive(int(owner)):
+            if path.name.startswith(PREFIX) and owner.isdigit() and not pid_alive(int(owner)):
                 remove_instance(path)
                 removed.append(f"tracefs instance {path.name}")
         return removed
