@@ -68,7 +68,7 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
     samples_path = run_dir / "kernel_samples.parquet"
     samples = store.read_table(samples_path) if samples_path.exists() else None
     meta = cap.meta
-    _blind_spots(meta, events, tasks)
+    blind_spots(meta, events, tasks)
     manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes",)}
     manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, released, t_end
     manifest["measured_s"] = (t_end - t0) / 1e9
@@ -82,7 +82,7 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
     manifest["kernel_nr_running_agreement"] = (
         nr_running_agreement(runqueue, store.read_table(nr_path), cpus, t0, t_end)
         if nr_path.exists() else None)
-    manifest["foreign_load"] = _foreign_load(events, tasks, cpus, t0, t_end,
+    manifest["foreign_load"] = foreign_load(events, tasks, cpus, t0, t_end,
                                              manifest.get("controller_tids", ()))
     manifest["notes"] = _notes(manifest, meta)
     if manifest.get("crosscheck_probe"):
@@ -176,7 +176,9 @@ def _crosscheck(run_dir: Path, manifest: dict, cap, tasks: pd.DataFrame, t0: int
             f"only {name} {runs[f'only_{name}']} (examples in crosscheck.json)")
 
 
-def _foreign_load(events, tasks, cpus, t0, t_end, controller_tids) -> dict:
+def foreign_load(events, tasks, cpus, t0, t_end, controller_tids) -> dict:
+    """The manifest's foreign_load: the most any CPU of the set gave to other tasks (share of the
+    window, which CPU, the top task), the controller's own share, and the per-CPU table."""
     from harmony.analysis.foreign import df_foreign_load
 
     df = df_foreign_load(events, tasks, cpus, t0, t_end, controller_tids)
@@ -188,7 +190,7 @@ def _foreign_load(events, tasks, cpus, t0, t_end, controller_tids) -> dict:
             "per_cpu": df.to_dict(orient="records")}
 
 
-def _blind_spots(meta: dict, events, tasks) -> None:
+def blind_spots(meta: dict, events, tasks) -> None:
     """What the probe's own stream proves it did not record (the perf probe finds its own): the
     tasks it saw run but recorded nothing in the context of, and the experiment tasks' moves no
     sched_migrate_task holds (see analysis.crosscheck); into meta and its notes."""

@@ -333,7 +333,7 @@ def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus:
              t0: int, t_end: int, notes: list[str]) -> store.Run:
     """The tables, summary, figures and report of an imported run (as harmony.analyse does for
     a recorded one, with t0 and the end given instead of read from Harmony's markers)."""
-    from harmony.analyse import write_tables
+    from harmony.analyse import FOREIGN_LOAD_NOTE, blind_spots, foreign_load, write_tables
     from harmony.analysis.release import release_spread
     from harmony.analysis.report import write_report
     from harmony.experiments import get_experiment
@@ -341,6 +341,14 @@ def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus:
     events, meta = cap.events, cap.meta
     runqueue = write_tables(out, cap, tasks, cpus, t0, t_end,
                             manifest["params"]["window_s"])["runqueue"]
+    known = len(meta.get("notes", []))
+    blind_spots(meta, events, tasks)   # what the recording's probe did not see, as for a run
+    notes += meta.get("notes", [])[known:]
+    manifest["foreign_load"] = fl = foreign_load(events, tasks, cpus, t0, t_end, ())
+    if fl["max_frac"] is not None and fl["max_frac"] > FOREIGN_LOAD_NOTE:
+        notes.append(f"other tasks used {fl['max_frac']:.1%} of CPU {fl['max_cpu']} in the window "
+                     f"(most: {fl['top'] or '?'}): balance and share metrics assume the CPU set "
+                     "belongs to the chosen tasks")
 
     lost = meta.get("lost_events", -1)
     if lost > 0:
@@ -350,14 +358,17 @@ def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus:
         notes.append("the trace says events were lost but not how many")
     anomalies = int(runqueue.attrs.get("anomalies", 0))
     if anomalies:
-        notes.append(f"{anomalies} reconstruction anomalies were repaired (a task seen running "
-                     "where the state machine did not expect it)")
+        kinds = ", ".join(f"{k} {v}" for k, v in runqueue.attrs.get("anomaly_kinds", {}).items())
+        notes.append(f"{anomalies} contradictions in the event stream were repaired ({kinds}): an "
+                     "event the task state machine needed is missing (lost, or fired where the "
+                     "probe is blind); analysis.reconstruct.df_anomalies lists every repair")
     manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes", "cmdlines")}
     manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, None, t_end
     manifest["measured_s"] = (t_end - t0) / 1e9
     manifest["release"] = release_spread(events, tasks, t0, None)
     manifest["lost_events"] = lost
     manifest["reconstruction_anomalies"] = anomalies
+    manifest["reconstruction_anomaly_kinds"] = dict(runqueue.attrs.get("anomaly_kinds", {}))
     manifest["kernel_agreement"] = None
     manifest["notes"] = notes
     manifest["status"] = "complete"

@@ -149,6 +149,10 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
     assert m["lost_events"] == 15
     assert any("15 events were lost" in n for n in m["notes"])
     assert any("t0 is the first event" in n for n in m["notes"])
+    # as for a recorded run: the probe's blind spots and the other tasks' load are looked for
+    assert isinstance(m["capture"]["silent_contexts"], list)
+    assert m["capture"]["unrecorded_migrations"]["n"] >= 0
+    assert 0 <= m["foreign_load"]["max_frac"] <= 1
     assert (out / "report.md").exists() and (out / "raw/import/trace.dat").exists()
     # t0 = the first event of pid 11 or 12 (CPU 0's first switch, to pid 11)
     assert m["t0_ns"] == 1_000_000_005
