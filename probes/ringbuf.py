@@ -23,11 +23,14 @@ type_len    meaning
             running time)
 ==========  ========================================================================================
 
-The decoder never loops over events in Python. All pages of all CPUs are walked in lockstep: step k
-looks at the k-th record of every page that still has records, with numpy; the data records found
-are then put back into (page, position) order with one O(n) scatter, merged across CPUs with one
-stable sort on the timestamps, and every field is gathered with one fancy-indexing pass per
-(event type, field), using offsets read from the format files.
+The decoder never loops over events in Python, and has two engines giving the same tables (tested
+against each other; :mod:`harmony.jit` picks one). Large traces: compiled kernels
+(:mod:`ringbuf_jit`) walk each page once and write every column of every record in one pass.
+Otherwise numpy: all pages of all CPUs are walked in lockstep (step k looks at the k-th record of
+every page that still has records), the data records found are put back into (page, position)
+order with one O(n) scatter, and every field is gathered with one fancy-indexing pass per (event
+type, field). Both merge the CPUs with one stable sort on the timestamps and take every offset from
+the format files. The cpuN.raw files are mapped, not copied (:mod:`filemap`).
 """
 
 from __future__ import annotations
