@@ -605,7 +605,8 @@ def test_decoders_agree_on_real_capture(kernel, tmp_path, monkeypatch, decoder):
         monkeypatch.setenv("HARMONY_JIT", flag)
         got[name] = decode_dir(tmp_path)
     a, b = got["compiled"], got["numpy"]
-    assert len(a.events) > 100
+    # small_load forks, switches and reaps a few tasks: a few dozen events of several kinds
+    assert len(a.events) >= 20 and a.events["event"].nunique() >= 3, a.events["event"].value_counts()
     for col in a.events.columns:  # categories may be numbered differently: compare the values
         assert (a.events[col].astype(object).to_numpy() == b.events[col].astype(object).to_numpy()).all(), col
     pd.testing.assert_frame_equal(a.markers, b.markers)
