@@ -28,3 +28,18 @@ def kernel():
     if reason:
         pytest.skip(reason)
     return TRACEFS
+
+
+@pytest.fixture
+def no_figures(monkeypatch):
+    """Experiments draw no figures: they are not under test and cost most of the analysis time."""
+    import harmony.experiments as ex
+
+    real = ex.get_experiment
+
+    def get(name):
+        exp = real(name)
+        exp.plot = lambda run, fig_dir: []
+        return exp
+
+    monkeypatch.setattr(ex, "get_experiment", get)

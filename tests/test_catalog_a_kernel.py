@@ -8,9 +8,6 @@ the run's seed and recorded, the target's tasks leaving at that time, figures, n
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +17,9 @@ import harmony
 from harmony.experiments.work_conservation import draw_uniform_time
 from harmony.hygiene import WORKER_PREFIX
 
+from cli_run import cli
+
 pytestmark = pytest.mark.kernel
-HARMONY = [sys.executable, "-m", "harmony.cli"]
 CONTRACT = {
     "how-many": {"x", "ncpus", "ntasks", "first_round_moved", "first_round_to_target", "poly_prediction",
                  "pairwise_prediction", "first_round_end_s", "time_to_balance_s"},
@@ -29,17 +27,6 @@ CONTRACT = {
     "work-conservation": {"target_idle_at_s", "steal_latency_s", "stolen"},
     "detection": {"cut_at_s", "interval1_ms", "interval2_ms", "interval3_ms"},
 }
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    """Run the harmony CLI; wait and retry while another Harmony run holds the host lock."""
-    deadline = time.monotonic() + 300
-    while True:
-        p = subprocess.run(HARMONY + [str(a) for a in args], capture_output=True, text=True, timeout=180)
-        if p.returncode == 1 and "another Harmony run" in p.stderr and time.monotonic() < deadline:
-            time.sleep(2)
-            continue
-        return p
 
 
 def alive_workers(pids) -> list[int]:

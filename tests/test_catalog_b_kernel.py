@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,20 +17,10 @@ import pytest
 import harmony
 from harmony.hygiene import WORKER_PREFIX
 
+from cli_run import HARMONY, cli
+
 pytestmark = pytest.mark.kernel
-HARMONY = [sys.executable, "-m", "harmony.cli"]
 TRACEFS = Path("/sys/kernel/tracing")
-
-
-def cli(*args) -> subprocess.CompletedProcess:
-    """Run the harmony CLI; wait and retry while another Harmony run holds the host lock."""
-    deadline = time.monotonic() + 240
-    while True:
-        p = subprocess.run(HARMONY + [str(a) for a in args], capture_output=True, text=True, timeout=180)
-        if p.returncode == 1 and "another Harmony run" in p.stderr and time.monotonic() < deadline:
-            time.sleep(2)
-            continue
-        return p
 
 
 def host_is_clean():

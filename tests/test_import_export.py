@@ -14,7 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -25,12 +24,13 @@ import harmony
 from harmony.cli import main
 from harmony.probes.base import TraceCorrupt
 
+from cli_run import cli
+
 from test_ringbuf import known_capture, write_dir
 
 TRACE_CMD = shutil.which("trace-cmd")
 PERF = shutil.which("perf")
 needs_trace_cmd = pytest.mark.skipif(TRACE_CMD is None, reason="trace-cmd is not installed")
-HARMONY = [sys.executable, "-m", "harmony.cli"]
 TABLES = ("migrations", "runs", "runqueue", "allocation", "shares")
 
 
@@ -233,18 +233,6 @@ def test_export_refuses_a_run_of_another_probe(tmp_path):
 
 
 # --- the real kernel ---------------------------------------------------------------------------
-
-def cli(*args, timeout=180) -> subprocess.CompletedProcess:
-    """Run the harmony CLI; wait and retry while another Harmony run holds the host lock."""
-    deadline = time.monotonic() + 240
-    while True:
-        p = subprocess.run(HARMONY + [str(a) for a in args], capture_output=True, text=True,
-                           timeout=timeout)
-        if p.returncode == 1 and "another Harmony run" in p.stderr and time.monotonic() < deadline:
-            time.sleep(2)
-            continue
-        return p
-
 
 REPORT_LINE = re.compile(r"\[(\d+)\]\s+(\d+)\.(\d{9}):\s+([\w:]+):")
 

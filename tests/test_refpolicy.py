@@ -26,21 +26,6 @@ def _how_many(P):
     return {"base": 2, "x": 2 * P}
 
 
-@pytest.fixture
-def no_figures(monkeypatch):
-    """Figures are not under test here and cost most of the analysis time."""
-    import harmony.experiments as ex
-
-    real = ex.get_experiment
-
-    def get(name):
-        exp = real(name)
-        exp.plot = lambda run, fig_dir: []
-        return exp
-
-    monkeypatch.setattr(ex, "get_experiment", get)
-
-
 @pytest.mark.parametrize("P", [4, 8, 16])
 @pytest.mark.parametrize("name", list(refpolicy.POLICIES))
 def test_card_recovers_policy(tmp_path, no_figures, name, P):

@@ -32,20 +32,6 @@ def test_two_cpus_say_what_they_cannot_answer():
     assert cpu_limits(4) == []
 
 
-@pytest.fixture
-def no_figures(monkeypatch):
-    import harmony.experiments as ex
-
-    real = ex.get_experiment
-
-    def get(name):
-        exp = real(name)
-        exp.plot = lambda run, fig_dir: []
-        return exp
-
-    monkeypatch.setattr(ex, "get_experiment", get)
-
-
 def test_simulated_batch_and_suite_report(tmp_path, no_figures):
     cli = CliRunner()
     out = tmp_path / "batch"
