@@ -789,6 +789,28 @@ def _stat_int(stats: dict, key: str) -> int:
         return 0
 
 
+def capture_meta(dec: Decoded, src: PageSource, probe: str, clock: str, enabled: list[str],
+                 lost_by_cpu: dict[int, int], page_size: int, notes: list[str]) -> dict:
+    """The meta keys of every capture decoded from ring-buffer pages (a tracefs recording, a
+    trace.dat file); ``lost_events`` is -1 (unknown) if any CPU's count is."""
+    return {
+        "probe": probe,
+        "clock": clock,
+        "events_enabled": enabled,
+        "lost_events": (-1 if any(v < 0 for v in lost_by_cpu.values())
+                        else sum(lost_by_cpu.values())),
+        "lost_by_cpu": lost_by_cpu,
+        "bytes": int(len(src.buf)),
+        "n_events": int(len(dec.events)),
+        "n_markers": int(len(dec.markers)),
+        "n_records": dec.n_records,
+        "unknown_event_types": {str(k): v for k, v in dec.unknown.items()},
+        "page_size": page_size,
+        "decoder": dec.decoder,
+        "notes": notes,
+    }
+
+
 def decode_dir(out_dir: Path) -> Capture:
     """Decode a tracefs recording directory (meta.json, formats/, cpu<N>.raw) into a Capture."""
     d = Path(out_dir)
@@ -832,25 +854,10 @@ def decode_dir(out_dir: Path) -> Capture:
         if dec.missed_pages_by_cpu.get(c):
             notes.append(f"CPU {c}: {dec.missed_pages_by_cpu[c]} pages follow lost events "
                          f"({'count not stored' if page_lost < 0 else f'{page_lost} events'})")
-    lost = -1 if any(v < 0 for v in lost_by_cpu.values()) else sum(lost_by_cpu.values())
     clock = meta.get("clock", "local")
     if clock in ("counter", "x86-tsc"):
         notes.append(f"trace clock {clock!r} counts cycles, not ns")
-    out_meta = {
-        "probe": "tracefs",
-        "clock": clock,
-        "events_enabled": enabled,
-        "lost_events": lost,
-        "lost_by_cpu": lost_by_cpu,
-        "bytes": int(len(src.buf)),
-        "n_events": int(len(dec.events)),
-        "n_markers": int(len(dec.markers)),
-        "n_records": dec.n_records,
-        "unknown_event_types": {str(k): v for k, v in dec.unknown.items()},
-        "page_size": page_size,
-        "decoder": dec.decoder,
-        "notes": notes,
-    }
+    out_meta = capture_meta(dec, src, "tracefs", clock, enabled, lost_by_cpu, page_size, notes)
     for k in ("kernel", "cpus"):
         if k in meta:
             out_meta[k] = meta[k]

@@ -39,7 +39,8 @@ import numpy as np
 from harmony.probes.base import Capture, TraceCorrupt
 from harmony.probes.formats import (EventFormat, Field, FormatError, parse_format,
                                     parse_header_event, parse_header_page)
-from harmony.probes.ringbuf import PageSource, decode_source, read_field, walk_pages
+from harmony.probes.ringbuf import (PageSource, capture_meta, decode_source, read_field,
+                                    walk_pages)
 
 MAGIC = b"\x17\x08\x44tracing"
 
@@ -641,20 +642,10 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     if not stats:
         notes.append("the file has no per-CPU statistics (CPUSTAT): lost events are known only "
                      "from the pages' missed-events flags")
-    total = -1 if any(v < 0 for v in lost_by_cpu.values()) else sum(lost_by_cpu.values())
     enabled = sorted({f"{f.system}/{f.name}" for f in formats.values() if f.system != "ftrace"})
-    meta = {
-        "probe": "trace.dat",
-        "clock": buf.clock or "unknown",
-        "events_enabled": enabled,
-        "lost_events": total,
-        "lost_by_cpu": lost_by_cpu,
-        "bytes": int(len(src.buf)),
-        "n_events": int(len(dec.events)),
-        "n_markers": int(len(dec.markers)),
-        "n_records": dec.n_records,
-        "unknown_event_types": {str(k): v for k, v in dec.unknown.items()},
-        "page_size": buf.page_size,
+    meta = capture_meta(dec, src, "trace.dat", buf.clock or "unknown", enabled, lost_by_cpu,
+                        buf.page_size, notes)
+    meta.update({
         "file_version": td.version,
         "compression": td.compression,
         "buffer": buf.name,
@@ -663,6 +654,5 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
         "tracer_version": td.tracer_version,
         "cpus": sorted(pages),
         "n_cpus": td.n_cpus,
-        "notes": notes,
-    }
+    })
     return Capture(events=dec.events, markers=dec.markers, meta=meta), td
