@@ -48,7 +48,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.arrays import in_set
-from harmony.jit import use_compiled
+from harmony.jit import run_split, split, use_compiled
 
 WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
 RECORDS = ("wakeup", "wakeup_new", "switch_in", "switch_out_runnable", "switch_out_sleep",
@@ -197,10 +197,22 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray) 
             "running_before": np.empty(m, bool), "running_after": np.empty(m, bool),
             "cpu_before": np.empty(m, np.int32), "cpu_after": np.empty(m, np.int32),
             "first": np.empty(m, bool), "anomaly": np.empty(m, np.int8)}
-    jit.walk(order, rows, task, rec_in, events["ts"].to_numpy(), events["cpu"].to_numpy(),
-             events["orig_cpu"].to_numpy(), events["target_cpu"].to_numpy(),
-             events["prev_state"].to_numpy(), pidset, *cols.values())
+    args = (order, rows, task, rec_in, events["ts"].to_numpy(), events["cpu"].to_numpy(),
+            events["orig_cpu"].to_numpy(), events["target_cpu"].to_numpy(),
+            events["prev_state"].to_numpy(), pidset, *cols.values())
+    run_split(lambda lo, hi, _k: jit.walk(*args, lo, hi), _whole_tasks(task, m))
     return pd.DataFrame(cols, copy=False)
+
+
+def _whole_tasks(task: np.ndarray, m: int) -> list[tuple[int, int]]:
+    """harmony.jit.split's ranges of the m records sorted by task, each cut moved to the nearest
+    task boundary (a task's records are walked by one thread); empty ranges dropped."""
+    ranges = split(m)
+    if len(ranges) == 1:
+        return ranges
+    ends = np.cumsum(np.bincount(task, minlength=1))      # end of each task's records
+    cuts = [0] + [int(ends[np.abs(ends - hi).argmin()]) for _, hi in ranges[:-1]] + [m]
+    return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
 def _build_task_records(events: pd.DataFrame, pids) -> pd.DataFrame:

@@ -81,12 +81,13 @@ def emit(kind, pid, prev_pid, table, rows, task, rec, count_only):
 @_jit
 def walk(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state, pidset,
          seq, ts, pid, cpu, rec, orig, dest, prev_state, runnable_before, runnable_after,
-         running_before, running_after, cpu_before, cpu_after, first, anomaly):
+         running_before, running_after, cpu_before, cpu_after, first, anomaly, k_lo, k_hi):
     """Fill the task_records columns (see taskstate.task_records) in (task, seq) order: output
-    row k is record order[k]. Each task's records are walked twice: once to find what its state
+    row k is record order[k], for k in [k_lo, k_hi), a range of whole tasks (threads may walk
+    disjoint ones at once). Each task's records are walked twice: once to find what its state
     before the first record must have been, once to apply them."""
-    n = order.shape[0]
-    g0 = 0
+    n = k_hi
+    g0 = k_lo
     while g0 < n:
         g1 = g0 + 1
         while g1 < n and task[order[g1]] == task[order[g0]]:

@@ -58,3 +58,39 @@ def describe() -> tuple[bool, str]:
     if mode() == "1":
         return True, f"compiled (numba {v}), for every trace (HARMONY_JIT=1)"
     return True, f"compiled (numba {v}) for large traces, numpy below (HARMONY_JIT=auto)"
+
+
+#: below this many items a kernel runs on one thread: starting threads costs ~0.1 ms, and the
+#: tests lower it to run the split path on small inputs
+PARALLEL_MIN_ITEMS = 200_000
+
+
+def threads() -> int:
+    """Threads a compiled kernel may split its input over: the CPUs this process may run on
+    (``HARMONY_THREADS`` overrides; 1 = never split)."""
+    env = os.environ.get("HARMONY_THREADS", "").strip()
+    if env.isdigit() and int(env) > 0:
+        return int(env)
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def split(n: int, per_item: int = 1) -> list[tuple[int, int]]:
+    """[lo, hi) ranges cutting range(n) into about equal parts, one per thread; a single range
+    when the work, ``n * per_item`` (e.g. pages x records per page), is below PARALLEL_MIN_ITEMS."""
+    k = 1 if n * per_item < PARALLEL_MIN_ITEMS else max(1, min(threads(), n))
+    cuts = [n * i // k for i in range(k + 1)]
+    return [(cuts[i], cuts[i + 1]) for i in range(k)]
+
+
+def run_split(fn, ranges: list[tuple[int, int]]) -> list:
+    """[fn(lo, hi, part) for each range], on one thread per range. fn must release the GIL (a
+    ``nogil`` numba kernel) for the threads to run at once."""
+    if len(ranges) == 1:
+        return [fn(*ranges[0], 0)]
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(ranges)) as pool:
+        futures = [pool.submit(fn, lo, hi, k) for k, (lo, hi) in enumerate(ranges)]
+        return [f.result() for f in futures]

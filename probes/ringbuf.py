@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony.jit import use_compiled
+from harmony.jit import run_split, split, use_compiled
 from harmony.probes.base import Capture, TraceCorrupt
 from harmony.probes.filemap import map_files
 from harmony.probes.formats import (EventFormat, Field, HeaderPage, load_formats_dir,
@@ -328,24 +328,33 @@ def walk_pages(src: PageSource, hp: HeaderPage) -> Records:
 
 
 def _walk_compiled(jit, src: PageSource, hp: HeaderPage, page_ts: np.ndarray, size: np.ndarray):
-    """walk_pages' record search by the compiled kernel: count per page, then fill."""
+    """walk_pages' record search by the compiled kernel: count per page, then fill; both passes
+    split the pages over threads (:func:`harmony.jit.split`)."""
     n_pages = src.n_pages
     active = size > 0
     counts = np.zeros(n_pages, np.int64)
-    err = np.zeros(5, np.int64)
     none = np.zeros(0, np.int64)
     args = (src.buf, src.page_size, hp.data_offset, page_ts, size, active)
-    if jit.walk(*args, counts, none, none, none, none, counts, err):
-        p = int(err[1])
-        raise TraceCorrupt(f"{src.where(p, int(err[2]))}: bad ring-buffer record (type_len "
-                           f"{int(err[3])}, length word {int(err[4])}) running past the page's "
+    ranges = split(n_pages, per_item=src.page_size // 100)     # records are ~100 bytes
+
+    def count(lo, hi, _k):
+        err = np.zeros(5, np.int64)
+        return err if jit.walk(*args, counts, none, none, none, none, counts, err, lo, hi) else None
+
+    bad = [e for e in run_split(count, ranges) if e is not None]
+    if bad:
+        e = bad[0]                                        # the first bad page, in page order
+        p = int(e[1])
+        raise TraceCorrupt(f"{src.where(p, int(e[2]))}: bad ring-buffer record (type_len "
+                           f"{int(e[3])}, length word {int(e[4])}) running past the page's "
                            f"commit size {int(size[p])}")
     starts = np.zeros(n_pages, np.int64)
     if n_pages:
         np.cumsum(counts[:-1], out=starts[1:])
     n = int(counts.sum())
     out = [np.empty(n, np.int64) for _ in range(4)]
-    jit.walk(*args, starts, *out, counts, err)
+    run_split(lambda lo, hi, _k: jit.walk(*args, starts, *out, counts, np.zeros(5, np.int64), lo, hi),
+              ranges)
     return tuple(out)
 
 
@@ -676,7 +685,7 @@ def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, for
     col_kind = np.array([kinds[np.dtype(INT_COLUMNS[c])] for c in _JIT_INT_COLUMNS], np.int64)
     col_row = np.array([int((col_kind[:j] == col_kind[j]).sum()) for j in range(len(col_kind))],
                        np.int64)
-    outs = [np.full((int((col_kind == k).sum()), n), -1, dt)
+    outs = [np.empty((int((col_kind == k).sum()), n), dt)     # gather writes every cell
             for k, dt in enumerate((np.int16, np.int32, np.int64))]
     int_spec = np.full((n_fmt, len(_JIT_INT_COLUMNS), 4), -1, np.int64)
     str_spec = np.full((n_fmt, len(STRING_COLUMNS), 2), -1, np.int64)
@@ -707,26 +716,46 @@ def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, for
     ev_cpu = np.empty(n, np.int16)
     ev_label = np.empty(n, np.int32)
     src_row = np.empty(n if by_hand else 0, np.int64)   # record of each event (strings by hand)
-    str_codes = np.full((len(STRING_COLUMNS), n), -1, np.int32)
-    err = np.zeros(4, np.int64)
-    cap = 1 << 12
-    while True:  # a hash table too small for the distinct strings is retried 8x bigger
-        slots = np.full(cap, -1, np.int64)
-        keys = np.zeros((cap // 2, kw), np.int64)
-        n_keys = np.zeros(1, np.int64)
-        status = jit.gather(
-            src.buf, src.view("<u2"), src.view("<u4"),
-            np.zeros(0, np.int64) if order is None else order, rec.pos, rec.length, rec.ts, cpu,
-            fmt_of.astype(np.int64), need, label_lut, int_spec, col_kind, col_row,
-            ts, ev_cpu, ev_label, src_row, *outs, str_spec, str_codes, slots, keys, n_keys, err)
-        if status != jit.TABLE_FULL:
-            break
-        cap *= 8
-    if status == jit.SHORT_RECORD:
-        r = int(err[1])
-        raise TraceCorrupt(f"{where(r)}: {formats[ids[int(fmt_of[r])]].full_name} record of "
-                           f"{int(err[2])} bytes is shorter than its format ({int(err[3])})")
-    key_text = [_decode_cstr(keys[k].astype("<u4").tobytes()) for k in range(int(n_keys[0]))]
+    str_codes = np.empty((len(STRING_COLUMNS), n), np.int32)
+    order_arg = np.zeros(0, np.int64) if order is None else order
+    fmt64 = fmt_of.astype(np.int64)
+    n_rec = len(fmt64)
+    ranges = split(n_rec)
+    j_lo = [0, n]
+    if len(ranges) > 1:  # first event row of each range: the events before it, in merged order
+        is_ev = fmt64 >= 0 if order is None else fmt64[order] >= 0
+        j_lo = np.concatenate([[0], np.cumsum([np.count_nonzero(is_ev[lo:hi]) for lo, hi in ranges])])
+        del is_ev
+
+    def fill(lo, hi, k):
+        """Records [lo, hi) -> rows from j_lo[k]; (status, err, interned keys)."""
+        err = np.zeros(4, np.int64)
+        cap = 1 << 12
+        while True:  # a hash table too small for the distinct strings is retried 8x bigger
+            slots = np.full(cap, -1, np.int64)
+            keys = np.zeros((cap // 2, kw), np.int64)
+            n_keys = np.zeros(1, np.int64)
+            status = jit.gather(
+                src.buf, src.view("<u2"), src.view("<u4"), order_arg, rec.pos, rec.length, rec.ts,
+                cpu, fmt64, need, label_lut, int_spec, col_kind, col_row,
+                ts, ev_cpu, ev_label, src_row, *outs, str_spec, str_codes, slots, keys, n_keys, err,
+                lo, hi, int(j_lo[k]))
+            if status != jit.TABLE_FULL:
+                return status, err, keys[:int(n_keys[0])]
+            cap *= 8
+
+    parts = run_split(fill, ranges)
+    for status, err, _ in parts:     # the first short record in merged order
+        if status == jit.SHORT_RECORD:
+            r = int(err[1])
+            raise TraceCorrupt(f"{where(r)}: {formats[ids[int(fmt_of[r])]].full_name} record of "
+                               f"{int(err[2])} bytes is shorter than its format ({int(err[3])})")
+    key_text = []
+    for k, (_, _, keys) in enumerate(parts):
+        if key_text:     # each range numbered its strings from 0: shift past the earlier ones'
+            sc = str_codes[:, j_lo[k]:j_lo[k + 1]]
+            sc[sc >= 0] += len(key_text)
+        key_text += [_decode_cstr(keys[i].astype("<u4").tobytes()) for i in range(len(keys))]
 
     cols: dict[str, np.ndarray] = {"ts": ts, "cpu": ev_cpu}
     for j, col in enumerate(_JIT_INT_COLUMNS):

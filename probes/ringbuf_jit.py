@@ -57,15 +57,16 @@ def _uint(buf, p, size):
 
 @_jit
 def walk(buf, page_size, data_offset, page_ts, data_size, active, starts,
-         out_pos, out_len, out_ts, out_page, counts, err):
-    """Walk the records of every page ``p`` with ``active[p]``.
+         out_pos, out_len, out_ts, out_page, counts, err, p_lo, p_hi):
+    """Walk the records of every page ``p`` in [p_lo, p_hi) with ``active[p]`` (pages are
+    independent: threads may walk disjoint ranges at once).
 
     Count mode (``out_pos`` empty): ``counts[p]`` = data records in page p. Fill mode: record k of
     page p goes to index ``starts[p] + k`` of the out_* arrays.
     """
     fill = out_pos.shape[0] > 0
     nbuf = buf.shape[0]
-    for p in range(page_ts.shape[0]):
+    for p in range(p_lo, p_hi):
         if not active[p]:
             continue
         base = np.int64(p) * page_size
@@ -200,8 +201,10 @@ def _cstr_key(buf, w32, q, width, key):
 @_jit
 def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int_spec, col_kind,
            col_row, ts_out, cpu_out, label_out, row_out, o16, o32, o64, str_spec, str_codes, slots,
-           keys, n_keys, err):
-    """Fill the event columns: out row j = the j-th event record in merged order.
+           keys, n_keys, err, i_lo, i_hi, j_lo):
+    """Fill the event columns: out row j = the j-th event record in merged order, for the records
+    at merged positions [i_lo, i_hi), whose first event is row j_lo (threads may fill disjoint
+    ranges at once, each with its own string table).
 
     buf: the pages as bytes; w16/w32: the same memory as u16/u32 (for aligned reads).
     order: record indices in merged (time) order, empty = as they are. pos/length/ts/cpu: per
@@ -211,7 +214,8 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
     format f. Column c goes to row col_row[c] of o16/o32/o64 by col_kind[c] = 0/1/2.
     str_spec[f, s] = (offset, width); offset -1 = absent (or not fixed-width: done by the caller).
     The string of event j for string column s becomes str_codes[s, j]: an index into keys (the C
-    string as 32-bit words, zero padded). slots: the hash table (power-of-2 length, -1 = empty).
+    string as 32-bit words, zero padded). Absent fields are written as -1 (the out arrays may be
+    uninitialised). slots: the hash table (power-of-2 length, -1 = empty).
     """
     kw = keys.shape[1]
     mask = slots.shape[0] - 1
@@ -221,8 +225,8 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
     nk = n_keys[0]
     use_order = order.shape[0] > 0
     keep_rows = row_out.shape[0] > 0
-    j = 0
-    for i in range(pos.shape[0]):
+    j = j_lo
+    for i in range(i_lo, i_hi):
         r = order[i] if use_order else i
         f = fmt[r]
         if f < 0:
@@ -241,7 +245,14 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
             row_out[j] = r
         for c in range(n_int):
             off = int_spec[f, c, 0]
-            if off < 0:
+            kind = col_kind[c]
+            if off < 0:                    # the format has no such field
+                if kind == 0:
+                    o16[col_row[c], j] = -1
+                elif kind == 1:
+                    o32[col_row[c], j] = -1
+                else:
+                    o64[col_row[c], j] = -1
                 continue
             q = p + off
             kind = int_spec[f, c, 2]
@@ -266,6 +277,7 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
         for s in range(n_str):
             off = str_spec[f, s, 0]
             if off < 0:
+                str_codes[s, j] = -1
                 continue
             h = _cstr_key(buf, w32, p + off, str_spec[f, s, 1], key) & mask
             while True:

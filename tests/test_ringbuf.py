@@ -24,13 +24,17 @@ from harmony.probes.base import TraceCorrupt
 TRACEFS = Path("/sys/kernel/tracing")
 
 
-@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+@pytest.fixture(autouse=True, params=["compiled", "threads", "numpy"])
 def decoder(request, monkeypatch):
-    """Every test runs with both decoders: the compiled kernels (ringbuf_jit) and the numpy one."""
+    """Every test runs with both decoders: the compiled kernels (ringbuf_jit) and the numpy one;
+    "threads" is the compiled one with its input split over 3 threads however small it is."""
     from harmony.jit import numba_version
-    if request.param == "compiled" and numba_version() is None:
+    if request.param != "numpy" and numba_version() is None:
         pytest.skip("numba is not installed: only the numpy decoder runs")
-    monkeypatch.setenv("HARMONY_JIT", "1" if request.param == "compiled" else "0")
+    monkeypatch.setenv("HARMONY_JIT", "0" if request.param == "numpy" else "1")
+    if request.param == "threads":
+        monkeypatch.setenv("HARMONY_THREADS", "3")
+        monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
     return request.param
 SCHED = ("sched_switch", "sched_migrate_task", "sched_wakeup", "sched_wakeup_new", "sched_waking",
          "sched_process_fork", "sched_process_exit")
@@ -593,12 +597,13 @@ def test_real_capture_decodes(kernel, tmp_path):
 
 def test_decoders_agree_on_real_capture(kernel, tmp_path, monkeypatch, decoder):
     """The compiled and the numpy decoder give the same tables, row for row, on a real capture
-    (its CPUs' records interleave in time, so the cross-CPU merge is exercised too)."""
+    (its CPUs' records interleave in time, so the cross-CPU merge is exercised too), also when
+    the compiled one splits its input over threads."""
     import pandas as pd
 
     from harmony.probes.ringbuf import decode_dir
-    if decoder != "compiled":
-        pytest.skip("compares both decoders once")
+    if decoder == "numpy":
+        pytest.skip("compares the compiled decoder (one thread, and split) with numpy")
     record_raw_dir(tmp_path, lambda m: small_load(m), kernel)
     got = {}
     for name, flag in (("compiled", "1"), ("numpy", "0")):
