@@ -235,10 +235,15 @@ def _lost_switch_in_starts(events: pd.DataFrame, pid: np.ndarray, lo: np.ndarray
     start = np.asarray(lo, dtype=np.int64).copy()
     if not len(pid):
         return start
-    wake = events[ts_._event_mask(events, "sched_wakeup") | ts_._event_mask(events, "sched_wakeup_new")]
-    wpid, wts = wake["pid"].to_numpy(), wake["ts"].to_numpy(dtype=np.int64)
+    wake = np.flatnonzero(ts_._event_mask(events, "sched_wakeup")
+                          | ts_._event_mask(events, "sched_wakeup_new"))
+    wpid, wts = events["pid"].to_numpy()[wake], events["ts"].to_numpy()[wake].astype(np.int64)
+    wanted = in_set(wpid, np.unique(pid))
+    wpid, wts = wpid[wanted], wts[wanted]
+    by = np.lexsort((wts, wpid))              # each task's wake-ups, in time order, one after another
+    wpid, wts = wpid[by], wts[by]
     for p in np.unique(pid):
-        times = np.sort(wts[wpid == p])
+        times = wts[np.searchsorted(wpid, p, "left"):np.searchsorted(wpid, p, "right")]
         rows = np.flatnonzero(pid == p)
         i = np.searchsorted(times, hi[rows], side="right") - 1
         w = np.where(i >= 0, times[np.maximum(i, 0)] if len(times) else 0, np.iinfo(np.int64).min)
@@ -275,21 +280,39 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     cpus = np.asarray(sorted(set(int(c) for c in cpus)), dtype=np.int32)
     r = task_records(events, _pids(tasks))
     t_first = min(_trace_start(events, t0), int(t0))
-    seq, rts = r["seq"].to_numpy(), r["ts"].to_numpy()
-    rb, ra = r["runnable_before"].to_numpy(), r["runnable_after"].to_numpy()
-    cb, ca = r["cpu_before"].to_numpy(), r["cpu_after"].to_numpy()
-    first = r["first"].to_numpy()
-    inwin = rts <= t_end
+    inwin = r["ts"].to_numpy() <= t_end
 
     # initial counts
-    init_mask = first & rb
-    init_cpu = cb[init_mask]
+    init_mask = r["first"].to_numpy() & r["runnable_before"].to_numpy()
+    init_cpu = r["cpu_before"].to_numpy()[init_mask]
     init = np.zeros(len(cpus), dtype=np.int64)
     pos = np.searchsorted(cpus, init_cpu)
     ins = (pos < len(cpus)) & (cpus[np.minimum(pos, len(cpus) - 1)] == init_cpu)
     np.add.at(init, pos[ins], 1)
     outside = int((~ins).sum())
 
+    if ts_._compiled(len(events)) is not None:
+        all_ts, all_cpu, all_nr, out_n = _runqueue_compiled(r, cpus, init, t_first, t_end)
+    else:
+        all_ts, all_cpu, all_nr, out_n = _runqueue_numpy(r, cpus, init, t_first, inwin)
+    outside += out_n
+    out = pd.DataFrame({"ts": all_ts, "t": _t(all_ts, t0), "cpu": all_cpu, "nr": all_nr},
+                       copy=False)
+    an = r["anomaly"].to_numpy()[inwin]
+    out.attrs["anomalies"] = int((an > 0).sum())
+    out.attrs["anomaly_kinds"] = _kinds(an, ts_.ANOMALIES)
+    out.attrs["inferred_runnable_at_start"] = int(init_mask.sum())
+    out.attrs["outside_cpus"] = outside
+    return out
+
+
+def _runqueue_numpy(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_first: int,
+                    inwin: np.ndarray):
+    """df_runqueue's rows (ts, cpu, nr) from the task records, and the changes that put a task
+    outside ``cpus``: every change sorted by (CPU, record), counts by cumulative sums."""
+    seq, rts = r["seq"].to_numpy(), r["ts"].to_numpy()
+    rb, ra = r["runnable_before"].to_numpy(), r["runnable_after"].to_numpy()
+    cb, ca = r["cpu_before"].to_numpy(), r["cpu_after"].to_numpy()
     changed = inwin & ((rb != ra) | (cb != ca))
     m_minus = changed & rb
     m_plus = changed & ra
@@ -299,7 +322,7 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     d = np.concatenate([np.full(m_minus.sum(), -1, np.int64), np.ones(m_plus.sum(), np.int64)])
     pos = np.searchsorted(cpus, d_cpu)
     ins = (pos < len(cpus)) & (cpus[np.minimum(pos, len(cpus) - 1)] == d_cpu)
-    outside += int((~ins & (d > 0)).sum())
+    outside = int((~ins & (d > 0)).sum())
     d_seq, d_ts, d, pos = d_seq[ins], d_ts[ins], d[ins], pos[ins]
 
     o = np.lexsort((d_seq, pos))
@@ -332,14 +355,27 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     all_cpu = np.concatenate([cpus[init_row], cpus[pos]]).astype(np.int32)
     all_nr = np.concatenate([init[init_row], nr]).astype(np.int64)
     o = np.lexsort((all_cpu, all_ts))
-    out = pd.DataFrame({"ts": all_ts[o], "t": _t(all_ts[o], t0), "cpu": all_cpu[o],
-                        "nr": all_nr[o]}, copy=False)
-    an = r["anomaly"].to_numpy()[inwin]
-    out.attrs["anomalies"] = int((an > 0).sum())
-    out.attrs["anomaly_kinds"] = _kinds(an, ts_.ANOMALIES)
-    out.attrs["inferred_runnable_at_start"] = int(init_mask.sum())
-    out.attrs["outside_cpus"] = outside
-    return out
+    return all_ts[o], all_cpu[o], all_nr[o], outside
+
+
+def _runqueue_compiled(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_first: int,
+                       t_end: int):
+    """_runqueue_numpy in one compiled pass over the records in time order
+    (:mod:`reconstruct_jit`)."""
+    from harmony.analysis import reconstruct_jit
+    seq = r["seq"].to_numpy()
+    # records come per task, each task's in seq order: a stable sort merges these runs
+    order = np.argsort(seq, kind="stable")
+    cb, ca = r["cpu_before"].to_numpy(), r["cpu_after"].to_numpy()
+    hi = int(max(cb.max(initial=-1), ca.max(initial=-1), cpus.max(initial=-1)))
+    lut = np.full(hi + 2, -1, np.int64)
+    lut[cpus.astype(np.int64) + 1] = np.arange(len(cpus))
+    room = len(cpus) + 2 * len(seq)         # never touched beyond what is written: no memory cost
+    ts, cpu, nr = np.empty(room, np.int64), np.empty(room, np.int32), np.empty(room, np.int64)
+    k, outside = reconstruct_jit.runqueue(
+        order, r["ts"].to_numpy(), r["runnable_before"].to_numpy(), r["runnable_after"].to_numpy(),
+        cb, ca, np.int64(t_end), lut, cpus, init, np.int64(t_first), ts, cpu, nr)
+    return ts[:k], cpu[:k], nr[:k], int(outside)
 
 
 def runqueue_at(rq: pd.DataFrame, times) -> pd.DataFrame:

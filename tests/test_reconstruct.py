@@ -18,14 +18,19 @@ from harmony.analysis.synthetic import Stream, simulate
 from harmony.tasks import layout_tasks, tasks_frame
 
 
-@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+@pytest.fixture(autouse=True, params=["compiled", "threads", "numpy"])
 def state_machine(request, monkeypatch):
-    """Every test runs with both task_records implementations: compiled (taskstate_jit), numpy."""
+    """Every test runs with both implementations of task_records and the run queue: compiled
+    (taskstate_jit, reconstruct_jit) and numpy; "threads" is the compiled one with its input
+    split over 3 threads however small it is."""
     from harmony.analysis import taskstate
     from harmony.jit import numba_version
-    if request.param == "compiled" and numba_version() is None:
+    if request.param != "numpy" and numba_version() is None:
         pytest.skip("numba is not installed: only the numpy state machine runs")
-    monkeypatch.setenv("HARMONY_JIT", "1" if request.param == "compiled" else "0")
+    monkeypatch.setenv("HARMONY_JIT", "0" if request.param == "numpy" else "1")
+    if request.param == "threads":
+        monkeypatch.setenv("HARMONY_THREADS", "3")
+        monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
     monkeypatch.setattr(taskstate, "_last", None)
     return request.param
 
@@ -698,8 +703,8 @@ def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch,
     """The compiled and the numpy task_records give the same table, column for column, on random
     streams with 5% of events lost, a cut beginning, exits and foreign tasks."""
     from harmony.analysis import taskstate
-    if state_machine != "compiled":
-        pytest.skip("compares both implementations once")
+    if state_machine == "numpy":
+        pytest.skip("compares the compiled implementation (one thread, and split) with numpy")
     sim = simulate(ncpus=ncpus, ntasks=ntasks, n_events=5_000, seed=seed, n_others=3, p_exit=0.002)
     rng = np.random.default_rng(seed)
     ev = sim.events[(np.arange(len(sim.events)) >= 200) & (rng.random(len(sim.events)) > 0.05)]
@@ -711,3 +716,31 @@ def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch,
     a, b = got["compiled"], got["numpy"]
     assert (a["anomaly"] > 0).any() and a["first"].sum() == ntasks
     pd.testing.assert_frame_equal(a, b, check_dtype=True)
+
+
+@pytest.mark.parametrize("ncpus,ntasks,seed", [(2, 5, 1), (4, 9, 2), (8, 20, 3), (16, 40, 4)])
+def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state_machine):
+    """df_runqueue, df_runs and df_migrations are the same tables, attrs included, whether the
+    compiled kernels or numpy build them: on random lossy streams whose window cuts both ends,
+    with a CPU left out of the set (changes outside it are counted, not tabled)."""
+    from harmony.analysis import taskstate
+    if state_machine == "numpy":
+        pytest.skip("compares the compiled implementation (one thread, and split) with numpy")
+    sim = simulate(ncpus=ncpus, ntasks=ntasks, n_events=5_000, seed=seed, n_others=3, p_exit=0.002)
+    rng = np.random.default_rng(seed)
+    ev = sim.events[(np.arange(len(sim.events)) >= 200) & (rng.random(len(sim.events)) > 0.05)]
+    ev = ev.reset_index(drop=True)
+    ts = ev["ts"].to_numpy()
+    t0, t_end = int(ts[len(ts) // 10]), int(ts[-len(ts) // 10])
+    cpus = list(range(ncpus - 1))
+    got = {}
+    for name, flag in (("compiled", "1"), ("numpy", "0")):
+        monkeypatch.setenv("HARMONY_JIT", flag)
+        monkeypatch.setattr(taskstate, "_last", None)
+        got[name] = (rc.df_runqueue(ev, sim.tasks, cpus, t0, t_end),
+                     rc.df_runs(ev, sim.tasks, t0, t_end), rc.df_migrations(ev, sim.tasks, t0))
+    for a, b in zip(got["compiled"], got["numpy"]):
+        pd.testing.assert_frame_equal(a, b, check_dtype=True)
+        assert a.attrs == b.attrs
+    rq = got["compiled"][0]
+    assert rq.attrs["outside_cpus"] > 0 and len(rq) > ncpus
