@@ -157,6 +157,38 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     switch-in was not seen; the run is emitted with an inferred start unless the CPU was with
     another experiment task, see above).
     """
+    t_start = _trace_start(events, t0)
+    if ts_._compiled(len(events)) is not None and _pids(tasks).max(initial=0) < 1 << 24:
+        pid, rcpu, start, end, end_state, open_end, unseen, kinds = _run_rows_compiled(
+            events, tasks, t_start, t_end)
+    else:
+        pid, rcpu, start, end, end_state, open_end, unseen, kinds = _run_rows_numpy(
+            events, tasks, t_start, t_end)
+
+    keep = start < t_end
+    pid, rcpu, start, end, end_state, open_end, unseen = (
+        a[keep] for a in (pid, rcpu, start, end, end_state, open_end, unseen))
+    truncated = open_end | (end > t_end)
+    end = np.minimum(end, np.int64(t_end))
+    end_state = np.where(truncated, -1, end_state)
+    o = np.lexsort((end, rcpu, start))  # end: a zero-length unseen-start run comes first
+    pid, rcpu, start, end, end_state, truncated, unseen = (
+        a[o] for a in (pid, rcpu, start, end, end_state, truncated, unseen))
+    name, role = _task_info(pid, tasks)
+    out = pd.DataFrame({
+        "pid": pid, "name": name, "role": role, "cpu": rcpu,
+        "start": start.astype(np.int64), "end": end.astype(np.int64),
+        "duration": (end - start).astype(np.int64), "t": _t(start, t0),
+        "end_state": end_state, "truncated": truncated, "unseen_start": unseen,
+    }, copy=False)
+    out.attrs["anomalies"] = sum(kinds.values())
+    out.attrs["anomaly_kinds"] = {k: v for k, v in kinds.items() if v}
+    return out
+
+
+def _run_rows_numpy(events: pd.DataFrame, tasks: pd.DataFrame, t_start: int, t_end: int):
+    """df_runs' intervals before the window and the sort (pid, cpu, start, end, end_state,
+    open_end, unseen, anomaly kinds): every switch sorted by CPU, each row ending the previous."""
     pids = _pids(tasks)
     is_sw = ts_._event_mask(events, "sched_switch")
     rows = np.flatnonzero(is_sw)
@@ -193,7 +225,6 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     end = np.where(has_end[sel], ts[end_idx[sel]], np.int64(t_end))
     end_state = np.where(has_end[sel] & ~mismatch[sel], pst[end_idx[sel]], -1)
     head = np.flatnonzero(first_on_cpu & prv_is_exp)  # running when the trace began
-    t_start = _trace_start(events, t0)
     # switched out without a seen switch-in: start at the later of the CPU's previous switch and
     # the task's last wake-up before the switch-out
     lost_in = (np.flatnonzero(np.append(False, mismatch[:-1] & ~nxt_is_exp[:-1]) & prv_is_exp)
@@ -208,25 +239,32 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     open_end = np.concatenate([~has_end[sel], np.zeros(len(head) + len(lost_in), bool)])
     unseen = np.concatenate([np.zeros(len(sel), bool), np.ones(len(head) + len(lost_in), bool)])
 
-    keep = start < t_end
-    pid, rcpu, start, end, end_state, open_end, unseen = (
-        a[keep] for a in (pid, rcpu, start, end, end_state, open_end, unseen))
-    truncated = open_end | (end > t_end)
-    end = np.minimum(end, np.int64(t_end))
-    end_state = np.where(truncated, -1, end_state)
-    o = np.lexsort((end, rcpu, start))  # end: a zero-length unseen-start run comes first
-    pid, rcpu, start, end, end_state, truncated, unseen = (
-        a[o] for a in (pid, rcpu, start, end, end_state, truncated, unseen))
-    name, role = _task_info(pid, tasks)
-    out = pd.DataFrame({
-        "pid": pid, "name": name, "role": role, "cpu": rcpu,
-        "start": start.astype(np.int64), "end": end.astype(np.int64),
-        "duration": (end - start).astype(np.int64), "t": _t(start, t0),
-        "end_state": end_state, "truncated": truncated, "unseen_start": unseen,
-    }, copy=False)
-    out.attrs["anomalies"] = sum(kinds.values())
-    out.attrs["anomaly_kinds"] = {k: v for k, v in kinds.items() if v}
-    return out
+    return pid, rcpu, start, end, end_state, open_end, unseen, kinds
+
+
+def _run_rows_compiled(events: pd.DataFrame, tasks: pd.DataFrame, t_start: int, t_end: int):
+    """_run_rows_numpy by one compiled pass over the events (:func:`reconstruct_jit.runs`)."""
+    from harmony.analysis import reconstruct_jit
+    pids = _pids(tasks)
+    is_exp = np.zeros(int(pids.max(initial=0)) + 3, bool)      # pid v at v + 1, clipped
+    is_exp[pids.astype(np.int64) + 1] = True
+    is_sw = ts_._event_mask(events, "sched_switch")
+    cpu = events["cpu"].to_numpy()
+    room = int(np.count_nonzero(is_sw)) + int(cpu.max(initial=0)) + 1
+    out = (np.empty(3 * room, np.int32), np.empty(3 * room, np.int32), np.empty(3 * room, np.int64),
+           np.empty(3 * room, np.int64), np.empty(3 * room, np.int64), np.empty(3 * room, bool))
+    n_out, kinds = np.zeros(3, np.int64), np.zeros(2, np.int64)
+    reconstruct_jit.runs(is_sw, cpu, events["ts"].to_numpy(), events["pid"].to_numpy(),
+                         events["prev_pid"].to_numpy(), events["prev_state"].to_numpy(), is_exp,
+                         np.int64(t_start), np.int64(t_end),
+                         np.full(int(cpu.max(initial=0)) + 1, -1, np.int64), *out, n_out, kinds)
+    seg = [slice(0, n_out[0]), slice(room, room + n_out[1]), slice(2 * room, 2 * room + n_out[2])]
+    pid, rcpu, start, end, end_state, open_end = (np.concatenate([x[g] for g in seg]) for x in out)
+    lost = slice(n_out[0] + n_out[1], None)
+    start[lost] = _lost_switch_in_starts(events, pid[lost], start[lost], end[lost])
+    unseen = np.arange(len(pid)) >= n_out[0]
+    return pid, rcpu, start, end, end_state, open_end, unseen, {
+        "run_end_mismatch": int(kinds[0]), "run_start_unseen": int(kinds[1])}
 
 
 def _lost_switch_in_starts(events: pd.DataFrame, pid: np.ndarray, lo: np.ndarray,
@@ -238,12 +276,16 @@ def _lost_switch_in_starts(events: pd.DataFrame, pid: np.ndarray, lo: np.ndarray
     wake = np.flatnonzero(ts_._event_mask(events, "sched_wakeup")
                           | ts_._event_mask(events, "sched_wakeup_new"))
     wpid, wts = events["pid"].to_numpy()[wake], events["ts"].to_numpy()[wake].astype(np.int64)
-    wanted = in_set(wpid, np.unique(pid))
+    who = np.unique(pid)
+    wanted = in_set(wpid, who)
     wpid, wts = wpid[wanted], wts[wanted]
-    by = np.lexsort((wts, wpid))              # each task's wake-ups, in time order, one after another
-    wpid, wts = wpid[by], wts[by]
-    for p in np.unique(pid):
-        times = wts[np.searchsorted(wpid, p, "left"):np.searchsorted(wpid, p, "right")]
+    # each task's wake-ups one after another, in time order (rows are): a stable sort by the
+    # task's rank in ``who`` (a radix sort while there are fewer than 65536)
+    rank = np.searchsorted(who, wpid).astype(np.uint16 if len(who) <= 1 << 16 else np.int64)
+    by = np.argsort(rank, kind="stable")
+    rank, wts = rank[by], wts[by]
+    for i, p in enumerate(who):
+        times = wts[np.searchsorted(rank, i, "left"):np.searchsorted(rank, i, "right")]
         rows = np.flatnonzero(pid == p)
         i = np.searchsorted(times, hi[rows], side="right") - 1
         w = np.where(i >= 0, times[np.maximum(i, 0)] if len(times) else 0, np.iinfo(np.int64).min)

@@ -1,11 +1,11 @@
-"""Compiled (numba) inner loops of :mod:`reconstruct`: the run-queue step function.
+"""Compiled (numba) inner loops of :mod:`reconstruct`: the run-queue step function and the runs.
 
-The numpy version of ``df_runqueue`` sorts every +1/-1 change by (CPU, record) and rebuilds the
-counts with cumulative sums and several masks as long as the changes (~0.15 s and ~100 bytes per
-event at 2 M events); here one pass over the task records in time order keeps a count per CPU and
-writes a row where a count changes, with the same rules (documented in ``df_runqueue``). When it
-runs rather than the numpy version is :mod:`harmony.jit`'s choice; the tests run both and compare
-them.
+The numpy versions sort (run queue: every +1/-1 change by CPU and record; runs: every switch by
+CPU) and then evaluate the rules with cumulative sums and masks as long as the trace (~0.15 s each
+at 2 M events). Here one pass in time order keeps a count per CPU (:func:`runqueue`), or each
+CPU's last switch (:func:`runs`), with the same rules (documented in ``df_runqueue`` and
+``df_runs``). When they run rather than the numpy versions is :mod:`harmony.jit`'s choice; the
+tests run both and compare the tables.
 """
 
 from __future__ import annotations
@@ -107,3 +107,76 @@ def runqueue(order, rts, rb, ra, cb, ca, t_end, cpu_lut, cpus, init, t_first, ou
         k = _flush(cur, touched, n_touched, nr, last, t_first, init_row, cpus, out_ts, out_cpu,
                    out_nr, k)
     return k, outside
+
+
+@_jit
+def runs(is_sw, cpu, ts, nxt, prv, pst, is_exp, t_start, t_end, last, out_pid, out_cpu, out_start,
+         out_end, out_state, out_open, n_out, kinds):
+    """df_runs' intervals in one pass over the events in time order, keeping each CPU's last
+    sched_switch (``last[c]``: its row, -1 = none yet; len = highest CPU + 1).
+
+    is_exp[v + 1]: pid v is an experiment task (clipped at both ends). The runs go to three
+    segments of the out_* arrays, in the order the numpy version emits them (so that a stable
+    sort of both gives the same table): [0, n) runs started by a seen switch-in (n_out[0]; the
+    last one per CPU left open, to t_end: out_open), [n, 2n) runs of tasks running when the trace
+    began (n_out[1]), [2n, 3n) runs whose switch-in was lost (n_out[2]; out_start holds the CPU's
+    previous switch, the caller moves it to the task's last wake-up), n = out arrays' length / 3.
+    kinds[0] = run_end_mismatch, kinds[1] = run_start_unseen (see df_runs).
+    """
+    n = out_pid.shape[0] // 3
+    top = is_exp.shape[0] - 1
+    a = 0
+    h = n
+    lo = 2 * n
+    for e in range(is_sw.shape[0]):
+        if not is_sw[e]:
+            continue
+        c = cpu[e]
+        k = last[c]
+        prv_exp = is_exp[min(max(np.int64(prv[e]) + 1, 0), top)]
+        if k < 0:
+            if prv_exp:                      # running when the trace began
+                out_pid[h] = prv[e]
+                out_cpu[h] = c
+                out_start[h] = t_start
+                out_end[h] = ts[e]
+                out_state[h] = pst[e]
+                out_open[h] = False
+                h += 1
+        else:
+            mismatch = prv[e] != nxt[k]
+            nxt_exp = is_exp[min(max(np.int64(nxt[k]) + 1, 0), top)]
+            if nxt_exp:
+                out_pid[a] = nxt[k]
+                out_cpu[a] = c
+                out_start[a] = ts[k]
+                out_end[a] = ts[e]
+                out_state[a] = -1 if mismatch else pst[e]
+                out_open[a] = False
+                a += 1
+                if mismatch:
+                    kinds[0] += 1
+            if mismatch and prv_exp:
+                kinds[1] += 1
+                if not nxt_exp:              # switched out, its switch-in not seen
+                    out_pid[lo] = prv[e]
+                    out_cpu[lo] = c
+                    out_start[lo] = ts[k]
+                    out_end[lo] = ts[e]
+                    out_state[lo] = pst[e]
+                    out_open[lo] = False
+                    lo += 1
+        last[c] = e
+    for c in range(last.shape[0]):            # each CPU's last switch-in: open to t_end
+        k = last[c]
+        if k >= 0 and is_exp[min(max(np.int64(nxt[k]) + 1, 0), top)]:
+            out_pid[a] = nxt[k]
+            out_cpu[a] = c
+            out_start[a] = ts[k]
+            out_end[a] = t_end
+            out_state[a] = -1
+            out_open[a] = True
+            a += 1
+    n_out[0] = a
+    n_out[1] = h - n
+    n_out[2] = lo - 2 * n

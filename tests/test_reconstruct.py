@@ -721,8 +721,9 @@ def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch,
 @pytest.mark.parametrize("ncpus,ntasks,seed", [(2, 5, 1), (4, 9, 2), (8, 20, 3), (16, 40, 4)])
 def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state_machine):
     """df_runqueue, df_runs and df_migrations are the same tables, attrs included, whether the
-    compiled kernels or numpy build them: on random lossy streams whose window cuts both ends,
-    with a CPU left out of the set (changes outside it are counted, not tabled)."""
+    compiled kernels or numpy build them: on random lossy streams, with a window that ends between
+    two events, a trace cut while tasks run, and a CPU left out of the set (changes outside it are
+    counted, not tabled)."""
     from harmony.analysis import taskstate
     if state_machine == "numpy":
         pytest.skip("compares the compiled implementation (one thread, and split) with numpy")
@@ -731,16 +732,24 @@ def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state
     ev = sim.events[(np.arange(len(sim.events)) >= 200) & (rng.random(len(sim.events)) > 0.05)]
     ev = ev.reset_index(drop=True)
     ts = ev["ts"].to_numpy()
-    t0, t_end = int(ts[len(ts) // 10]), int(ts[-len(ts) // 10])
     cpus = list(range(ncpus - 1))
-    got = {}
-    for name, flag in (("compiled", "1"), ("numpy", "0")):
-        monkeypatch.setenv("HARMONY_JIT", flag)
-        monkeypatch.setattr(taskstate, "_last", None)
-        got[name] = (rc.df_runqueue(ev, sim.tasks, cpus, t0, t_end),
-                     rc.df_runs(ev, sim.tasks, t0, t_end), rc.df_migrations(ev, sim.tasks, t0))
-    for a, b in zip(got["compiled"], got["numpy"]):
-        pd.testing.assert_frame_equal(a, b, check_dtype=True)
-        assert a.attrs == b.attrs
-    rq = got["compiled"][0]
-    assert rq.attrs["outside_cpus"] > 0 and len(rq) > ncpus
+    t0 = int(ts[len(ts) // 10])
+    switch_in = np.flatnonzero((ev["event"] == "sched_switch") & ev["pid"].isin(sim.tasks["pid"]))
+    cut = ev.iloc[:switch_in[len(switch_in) * 6 // 10] + 1]    # stops right after a switch-in
+    for ev, t_end in ((ev, int(ts[-len(ts) // 10] + ts[-len(ts) // 10 + 1]) // 2),
+                      (cut, int(cut["ts"].iloc[-1]) + 1)):
+        got = {}
+        for name, flag in (("compiled", "1"), ("numpy", "0")):
+            monkeypatch.setenv("HARMONY_JIT", flag)
+            monkeypatch.setattr(taskstate, "_last", None)
+            got[name] = (rc.df_runqueue(ev, sim.tasks, cpus, t0, t_end),
+                         rc.df_runs(ev, sim.tasks, t0, t_end), rc.df_migrations(ev, sim.tasks, t0))
+        for a, b in zip(got["compiled"], got["numpy"]):
+            pd.testing.assert_frame_equal(a, b, check_dtype=True)
+            assert a.attrs == b.attrs
+        rq, runs = got["compiled"][0], got["compiled"][1]
+        assert rq.attrs["outside_cpus"] > 0 and len(rq) > ncpus
+        # the kinds of run are there: seen, running at trace start, lost switch-in
+        assert runs["unseen_start"].any() and (runs["start"] == ts[0]).any()
+        assert set(runs.attrs["anomaly_kinds"]) == {"run_end_mismatch", "run_start_unseen"}
+    assert runs["truncated"].any()   # left open by the cut trace
