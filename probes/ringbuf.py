@@ -501,7 +501,7 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
         k = int(short[0])
         raise TraceCorrupt(f"{where(k)}: record of {int(length[k])} bytes is too short for an "
                            f"event header")
-    etype = read_field(src, pos, ctype).astype(np.int64) if n else np.zeros(0, np.int64)
+    etype = read_field(src, pos, ctype) if n else np.zeros(0, np.int64)
 
     ids = sorted(formats)
     lut = np.full(1 << (8 * ctype.size), -1, np.int32)
@@ -594,9 +594,14 @@ def _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats) -> pd.D
 
 def _labels(code: np.ndarray, ids: list[int], formats) -> tuple[list[str], dict[int, int]]:
     """(event labels, format index -> label index) of the formats present in ``code``."""
+    present = np.flatnonzero(np.bincount(code, minlength=len(ids))) if len(code) else []
+    return _labels_present(present, ids, formats)
+
+
+def _labels_present(present, ids: list[int], formats) -> tuple[list[str], dict[int, int]]:
+    """_labels, given the format indices present."""
     labels: list[str] = []
     label_of_code: dict[int, int] = {}
-    present = np.flatnonzero(np.bincount(code, minlength=len(ids))) if len(code) else []
     for c in present:
         lab = event_label(formats[ids[int(c)]])
         if lab not in labels:
@@ -678,8 +683,9 @@ def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, for
     """_decode_events in one compiled pass (``jit.gather``) over the records in merged order
     (``order``, None = as walked); ``fmt_of``: format index of each event record, -1 = not one."""
     notes: list[str] = []
-    labels, label_of_code = _labels(fmt_of[fmt_of >= 0], ids, formats)
-    n = int((fmt_of >= 0).sum())
+    counts = np.bincount(fmt_of + 1, minlength=len(ids) + 1)     # slot 0: not an event
+    labels, label_of_code = _labels_present(np.flatnonzero(counts[1:]), ids, formats)
+    n = int(counts[1:].sum())
     n_fmt = len(ids)
     kinds = {np.dtype(np.int16): 0, np.dtype(np.int32): 1, np.dtype(np.int64): 2}
     col_kind = np.array([kinds[np.dtype(INT_COLUMNS[c])] for c in _JIT_INT_COLUMNS], np.int64)
@@ -718,7 +724,7 @@ def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, for
     src_row = np.empty(n if by_hand else 0, np.int64)   # record of each event (strings by hand)
     str_codes = np.empty((len(STRING_COLUMNS), n), np.int32)
     order_arg = np.zeros(0, np.int64) if order is None else order
-    fmt64 = fmt_of.astype(np.int64)
+    fmt64 = fmt_of                                      # int32: gather takes either
     n_rec = len(fmt64)
     ranges = split(n_rec)
     j_lo = [0, n]
