@@ -2,7 +2,10 @@
 
 Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly accrued"):
 
-1. ``spawn()`` forks one worker per :class:`TaskSpec`, all in one process group. Each worker sets
+1. ``spawn()`` starts one worker per :class:`TaskSpec`, all in one process group, forked by the
+   fork server (:mod:`harmony.forkserver`: a small process, so that this big one never forks; the
+   controller forks them itself when ``HARMONY_FORKSERVER=0`` or the server cannot start, and says
+   so in ``notes``). The worker's code is :mod:`harmony.worker`. Each worker sets
    its comm and nice, is confined to its initial CPU, then sleeps on the start gate of that CPU (a
    futex word in shared memory): it exists but is not runnable. The controller waits until every
    worker sleeps at its gate. Confinement is a cpuset cgroup per initial CPU
@@ -16,10 +19,12 @@ Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly acc
    ``sched_setaffinity`` per task on the fallback; then it writes the "released" marker. Waking
    before freeing matters: a task freed while asleep would be placed by the wake-up path and the
    layout would never exist.
-3. ``stop()`` kills the group, reaps every worker and removes the cgroups. Workers carry
-   PR_SET_PDEATHSIG=SIGKILL, so they die with the controller even if it is killed with SIGKILL (a
-   worker still asleep at its gate too); the cgroups of a killed controller are removed by the next
-   start or ``harmony clean`` (:func:`harmony.cpuset.reclaim_stale`).
+3. ``stop()`` kills the group and returns once every worker is reaped (by the server, which
+   reports exit statuses; a worker that dies before t0 is reported by ``spawn()``), then removes
+   the cgroups. Workers carry PR_SET_PDEATHSIG=SIGKILL tied to the process that forked them (the
+   server carries it tied to the controller), so they die with the controller even if it is killed
+   with SIGKILL (a worker still asleep at its gate too); the cgroups of a killed controller are
+   removed by the next start or ``harmony clean`` (:func:`harmony.cpuset.reclaim_stale`).
 
 ``HARMONY_RELEASE_PLACEMENT`` (expert option, for comparisons) = ``cpuset`` | ``affinity`` forces a
 confinement; default ``auto``: cpusets when available. ``release_method`` says which one a
@@ -32,130 +37,30 @@ observer-effect and slowdown measurements.
 from __future__ import annotations
 
 import ctypes
-import errno
+import dataclasses
 import gc
+import itertools
 import mmap
 import os
 import platform
-import random
 import signal
 import time
 
 import numpy as np
 
+from harmony import forkserver, worker
 from harmony.cpuset import CpusetGroups, CpusetUnavailable
+from harmony.forkserver import ForkServerError
 from harmony.tasks import TaskSpec
+from harmony.worker import FUTEX_WAKE, SPIN_UNIT, SYS_FUTEX, WAKE_ALL, futex as _futex  # noqa: F401
 
-_libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_TIMERSLACK = 1, 15, 29
-SPIN_UNIT = 2000  # loop iterations between two work-counter updates (~tens of microseconds)
-SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "riscv64": 98, "ppc64le": 221, "ppc64": 221,
-             "s390x": 238, "i686": 240, "armv7l": 240}.get(platform.machine())
-FUTEX_WAIT, FUTEX_WAKE = 0, 1
-WAKE_ALL = 0x7FFFFFFF
 ENV_PLACEMENT = "HARMONY_RELEASE_PLACEMENT"
 PLACEMENTS = ("auto", "cpuset", "affinity")
+_workload_ids = itertools.count(1)
 
 
 class ControllerError(RuntimeError):
     """The workload could not be created or released; the message is one line for the user."""
-
-
-def _prctl(option: int, arg) -> None:
-    if _libc.prctl(option, arg, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def _futex(addr: int, op: int, val: int) -> int:
-    return _libc.syscall(SYS_FUTEX, ctypes.c_void_p(addr), op, val, None, None, 0)
-
-
-def _wait_at_gate(gate: np.ndarray, addr: int) -> None:
-    """Sleep until the controller opens ``gate`` (a shared int32 futex word, 0 = closed)."""
-    while gate[0] == 0:
-        if _futex(addr, FUTEX_WAIT, 0) != 0:
-            err = ctypes.get_errno()
-            if err not in (errno.EAGAIN, errno.EINTR):  # never spin on a broken gate
-                raise OSError(err, os.strerror(err))
-
-
-def _spin_for(cpu_ns: int, counter: np.ndarray, slot: int) -> int:
-    """Burn ``cpu_ns`` of this thread's CPU time; return the CPU time actually used."""
-    start = time.thread_time_ns()
-    end = start + cpu_ns
-    while True:
-        for _ in range(SPIN_UNIT):
-            pass
-        counter[slot] += 1
-        now = time.thread_time_ns()
-        if now >= end:
-            return now - start
-
-
-def _worker(slot: int, spec: TaskSpec, cpus: list[int], counter: np.ndarray, t0_cell: np.ndarray,
-            parent: int, seed: int, join: str | None, gate: np.ndarray, gate_addr: int,
-            ready: np.ndarray) -> None:
-    """Body of one worker process (never returns). ``join``: the cgroup.procs file of the cpuset
-    that confines it until t0, or None to pin its own affinity instead."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # the controller died before the death signal was armed
-        os._exit(1)
-    _prctl(PR_SET_NAME, spec.comm.encode())
-    _prctl(PR_SET_TIMERSLACK, 1)  # 1 ns: sleeps of a duty cycle end when asked, not 50 us later
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-    os.setpriority(os.PRIO_PROCESS, 0, spec.nice)
-    if join is None:
-        os.sched_setaffinity(0, {spec.initial_cpu})
-    else:
-        # never pin as well: the affinity mask and the cpuset intersect. The run's set, so the
-        # mask the cpuset widens to does not depend on what the controller was started with.
-        os.sched_setaffinity(0, set(cpus))
-        with open(join, "w") as f:
-            f.write(str(os.getpid()))
-    ready[slot] = 1
-    _wait_at_gate(gate, gate_addr)  # held here until t0
-
-    rng = random.Random(seed)
-    t0 = int(t0_cell[0]) or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    stop_at = t0 + int(spec.stop_after_s * 1e9) if spec.stop_after_s is not None else None
-    cut_at = t0 + int(spec.cut_duty_at_s * 1e9) if spec.cut_duty_at_s is not None else None
-    duty, period_ns = spec.duty, spec.period_ms * 1e6
-    run_total = sleep_total = 0
-    cpu_mark = time.thread_time_ns()  # CPU time already counted in run_total
-    while True:
-        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        if stop_at is not None and now >= stop_at:
-            os._exit(0)
-        if cut_at is not None and now >= cut_at:
-            duty, cut_at = spec.cut_duty, None
-            run_total = sleep_total = 0
-            cpu_mark = time.thread_time_ns()
-        if duty <= 0:
-            # blocked for the rest of the run (or until its exit time)
-            time.sleep(max(0.0, (stop_at - now) / 1e9) if stop_at is not None else 3600.0)
-            continue
-        if duty >= 100:
-            _spin_for(1_000_000, counter, slot)
-            continue
-        # Randomised run length; the sleep is fed back from the totals so the long-run duty is
-        # exact even though every sleep overshoots a little. run_total is all the CPU time the
-        # worker used (the loop's own overhead and the sleep calls included, ~0.5 pp at a 10 ms
-        # period otherwise); sleep_total the wall time asleep less the CPU time of the sleep call.
-        _spin_for(int(period_ns * duty / 100 * rng.uniform(0.5, 1.5)), counter, slot)
-        now_cpu = time.thread_time_ns()
-        run_total += now_cpu - cpu_mark
-        cpu_mark = now_cpu
-        want = run_total * (100 - duty) / duty - sleep_total
-        if want > 0:
-            before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            time.sleep(want / 1e9)
-            slept = time.clock_gettime_ns(time.CLOCK_MONOTONIC) - before
-            now_cpu = time.thread_time_ns()
-            sleep_total += slept - (now_cpu - cpu_mark)
-            run_total += now_cpu - cpu_mark
-            cpu_mark = now_cpu
 
 
 def _state(pid: int) -> bytes | None:
@@ -187,21 +92,33 @@ class Workload:
         self.notes: list[str] = []
         self.cpusets: CpusetGroups | None = None
         self.release_method: str | None = None  # "cpuset" or "affinity", known after spawn()
+        self._served: tuple[forkserver.ForkServer, int] | None = None  # (server, workload id)
+        # the shared page (harmony.worker.Shared): t0, a work counter per worker, one start gate
+        # (futex word) per initial CPU, one "at the gate" flag per worker. A memfd, so that the
+        # fork server can map it too.
         n = len(specs)
-        self._shm = mmap.mmap(-1, 8 * (n + 1), flags=mmap.MAP_SHARED)
-        cells = np.frombuffer(self._shm, dtype=np.int64)
-        self._t0 = cells[:1]
-        self._work = cells[1:]
-        # one start gate (futex word) per initial CPU, then one "at the gate" flag per worker
         self._gate_cpus = sorted({s.initial_cpu for s in specs})
-        self._gates_shm = mmap.mmap(-1, 4 * (len(self._gate_cpus) + n), flags=mmap.MAP_SHARED)
-        words = np.frombuffer(self._gates_shm, dtype=np.int32)
+        size = worker.Shared.size(n, len(self._gate_cpus))
+        self._no_memfd: str | None = None
+        try:
+            self._memfd: int | None = os.memfd_create("harmony-workload")  # close-on-exec
+            os.ftruncate(self._memfd, size)
+            self._shm = mmap.mmap(self._memfd, size, flags=mmap.MAP_SHARED)
+        except OSError as exc:
+            self._close_memfd()
+            self._shm = mmap.mmap(-1, size, flags=mmap.MAP_SHARED)
+            self._no_memfd = ("workers forked by the controller: no memfd for the fork server "
+                              f"({exc.strerror})")
+        self._shared = worker.Shared(self._shm, n, len(self._gate_cpus))
+        cells = np.frombuffer(self._shm, dtype=np.int64, count=n + 1)
+        self._t0, self._work = cells[:1], cells[1:]
+        words = np.frombuffer(self._shm, dtype=np.int32, count=len(self._gate_cpus) + n, offset=8 * (n + 1))
         self._gates, self._ready = words[:len(self._gate_cpus)], words[len(self._gate_cpus):]
-        self._gates_addr = ctypes.addressof(ctypes.c_char.from_buffer(self._gates_shm))
 
-    def _gate(self, cpu: int) -> tuple[np.ndarray, int]:
-        i = self._gate_cpus.index(cpu)
-        return self._gates[i:i + 1], self._gates_addr + 4 * i
+    def _close_memfd(self) -> None:
+        if getattr(self, "_memfd", None) is not None:
+            os.close(self._memfd)
+        self._memfd = None
 
     def _confine(self) -> None:
         """Choose how tasks are held on their initial CPU: cpuset cgroups if possible."""
@@ -220,20 +137,65 @@ class Workload:
 
     # -- life cycle ---------------------------------------------------------------------------
     def spawn(self, timeout_s: float = 30.0) -> None:
-        """Fork every worker and wait until all of them are held at their start gate."""
+        """Fork every worker (from the fork server, or from this process if it cannot be used) and
+        wait until all of them are held at their start gate."""
         self._confine()
-        parent = os.getpid()
+        tasks = []
         for slot, spec in enumerate(self.specs):
             join = (self.cpusets.procs_file(spec.initial_cpu)
                     if self.cpusets is not None and not spec.pinned else None)
-            gate, addr = self._gate(spec.initial_cpu)
+            tasks.append({"slot": slot, "spec": dataclasses.asdict(spec) | {"comm": spec.comm},
+                          "gate": self._gate_cpus.index(spec.initial_cpu),
+                          "seed": self.seed * 100_003 + slot, "join": join})
+        try:
+            server, note = forkserver.shared() if self._memfd is not None else (None, self._no_memfd)
+            if note:
+                self.notes.append(note)
+            if server is not None:
+                self._spawn_served(server, tasks)
+            else:
+                self._spawn_forked(tasks)
+        finally:
+            self._close_memfd()  # the server has mapped it, forked workers inherited the mapping
+        self._wait_at_gates(time.monotonic() + timeout_s, timeout_s)
+
+    def _spawn_served(self, server: forkserver.ForkServer, tasks: list[dict]) -> None:
+        wid = next(_workload_ids)
+        try:
+            try:
+                self._open(server, wid)
+            except ForkServerError as exc:
+                if server.alive():
+                    raise
+                # it died since the last workload (nothing of this one is lost): a fresh one
+                server, note = forkserver.shared()
+                self.notes.append(note or str(exc))
+                if server is None:
+                    raise
+                self._open(server, wid)
+            self._served = (server, wid)  # from here on, stop() asks the server to kill and reap
+            for i in range(0, len(tasks), forkserver.CHUNK):
+                reply = server.request({"op": "fork", "wid": wid, "tasks": tasks[i:i + forkserver.CHUNK]})
+                self.pgid = reply["pgid"]
+                self.pids += reply["pids"]
+                self._unreaped.update(reply["pids"])
+        except ForkServerError as exc:
+            raise ControllerError(f"the fork server could not start the workers: {exc}") from None
+
+    def _open(self, server: forkserver.ForkServer, wid: int) -> None:
+        """Hand the workload's shared page to the server."""
+        server.request({"op": "open", "wid": wid, "n": len(self.specs), "ngates": len(self._gate_cpus),
+                        "cpus": self.cpus}, fds=[self._memfd])
+
+    def _spawn_forked(self, tasks: list[dict]) -> None:
+        parent = os.getpid()
+        for t in tasks:
             pid = os.fork()
             if pid == 0:  # child
                 try:
                     os.setpgid(0, self.pgid or 0)
-                    _worker(slot, spec, self.cpus, self._work, self._t0, parent,
-                            seed=self.seed * 100_003 + slot, join=join, gate=gate, gate_addr=addr,
-                            ready=self._ready)
+                    worker.run(t["slot"], t["spec"], self.cpus, self._shared, t["gate"], parent, parent,
+                               t["seed"], t["join"])
                 except BaseException:
                     os._exit(1)
                 os._exit(0)
@@ -245,19 +207,37 @@ class Workload:
                 self.pgid = pid
             self.pids.append(pid)
             self._unreaped.add(pid)
-        self._wait_at_gates(time.monotonic() + timeout_s, timeout_s)
+
+    def _exited(self) -> dict[int, int]:
+        """Workers that have exited so far (reaped now): pid -> wait status."""
+        if self._served is not None:
+            server, wid = self._served
+            try:
+                got = dict(server.request({"op": "poll", "wid": wid})["exited"])
+            except ForkServerError as exc:
+                raise ControllerError(f"the fork server failed: {exc}") from None
+        else:
+            got = {}
+            for pid in self._unreaped:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    got[pid] = status
+        self._unreaped.difference_update(got)
+        return got
 
     def _wait_at_gates(self, deadline: float, timeout_s: float) -> None:
-        """Until every worker has flagged itself at its gate and sleeps there (state S)."""
+        """Until every worker has flagged itself at its gate and sleeps there (state S). A worker
+        that dies first stays a zombie (nothing reaps one unasked): its exit status is reported."""
         waiting = list(enumerate(self.pids))
         while waiting:
             left = []
             for slot, pid in waiting:
-                got, status = os.waitpid(pid, os.WNOHANG)
-                if got:
-                    self._unreaped.discard(pid)
-                    raise ControllerError(f"worker {pid} died before t0 (status {status:#x})")
-                if not (self._ready[slot] and _state(pid) == b"S"):
+                state = _state(pid)
+                if state in (None, b"Z", b"X"):
+                    status = self._exited().get(pid)
+                    raise ControllerError(f"worker {pid} died before t0 (status "
+                                          f"{'unknown' if status is None else f'{status:#x}'})")
+                if not (self._ready[slot] and state == b"S"):
                     left.append((slot, pid))
             if left and time.monotonic() > deadline:
                 raise ControllerError(f"worker {left[0][1]} did not reach the start gate in {timeout_s:.0f} s")
@@ -288,7 +268,7 @@ class Workload:
             t0 = mark("harmony t0")
             for i in range(len(self._gate_cpus)):
                 self._gates[i] = 1
-                if _futex(self._gates_addr + 4 * i, FUTEX_WAKE, WAKE_ALL) < 0:
+                if _futex(self._shared.gate_addr(i), FUTEX_WAKE, WAKE_ALL) < 0:
                     err = ctypes.get_errno()
                     raise ControllerError(f"the start gate could not be opened: {os.strerror(err)}")
             if self.cpusets is not None:
@@ -322,8 +302,35 @@ class Workload:
         return self._work.copy()
 
     def stop(self) -> None:
-        """Kill and reap every worker. Idempotent; safe to call from any error path."""
-        if self.pgid is not None:
+        """Kill every worker and return once all are dead and reaped, then remove the cgroups.
+        Idempotent; safe to call from any error path."""
+        if self._served is not None:
+            server, wid = self._served
+            if self.pgid is not None and self._unreaped and server.alive():
+                # at once from here, not after the server is scheduled; safe: the server reaps
+                # only when asked, so a member of the group (a zombie at least) still holds its id
+                try:
+                    os.killpg(self.pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            try:
+                server.request({"op": "stop", "wid": wid}, timeout_s=60.0)
+                self._unreaped.clear()
+            except ForkServerError as exc:  # the server is dead now, and its workers with it
+                self.notes.append(f"the fork server failed at stop ({exc}); waited for the workers to die")
+                self._await_gone()
+            self._served = None  # not before: a stop() interrupted by Ctrl-C is asked again
+        else:
+            self._kill_and_reap()
+        self.pgid = None
+        self._close_memfd()
+        if self.cpusets is not None:
+            self.notes.extend(self.cpusets.remove())
+            self.cpusets = None
+
+    def _kill_and_reap(self) -> None:
+        """Workers this process forked itself."""
+        if self.pgid is not None and self._unreaped:  # an unreaped member keeps the group id ours
             try:
                 os.killpg(self.pgid, signal.SIGKILL)
             except ProcessLookupError:
@@ -339,10 +346,25 @@ class Workload:
             except ChildProcessError:
                 pass
         self._unreaped.clear()  # never signal a reaped pid again: it may belong to someone else now
-        self.pgid = None
-        if self.cpusets is not None:
-            self.notes.extend(self.cpusets.remove())
-            self.cpusets = None
+
+    def _await_gone(self, timeout_s: float = 30.0) -> None:
+        """Workers of a dead fork server: they die with it (PR_SET_PDEATHSIG) and init reaps them.
+        Wait until their process group and every pid are gone (a pid in the group, zombie or not,
+        keeps the group id from being reused, so the group is a safe thing to watch)."""
+        give_up, group = time.monotonic() + timeout_s, self.pgid
+        while time.monotonic() < give_up:
+            if group is not None:
+                try:
+                    os.killpg(group, signal.SIGKILL)
+                except ProcessLookupError:
+                    group = None  # gone: never signalled again
+            if group is None and not any(_state(pid) is not None for pid in self._unreaped):
+                self._unreaped.clear()
+                return
+            time.sleep(0.005)
+        self.notes.append(f"workers {sorted(self._unreaped)} still exist {timeout_s:.0f} s after "
+                          "their fork server died")
+        self._unreaped.clear()
 
     def __enter__(self):
         return self

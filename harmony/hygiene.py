@@ -3,8 +3,8 @@
 The host lock is an ``flock`` on a file under /run: the kernel releases it when its holder dies,
 even by SIGKILL, so a crashed run never blocks the next one. On every start the next run reclaims
 what a killed run could not clean: tracefs instances and perf recorders whose owner is gone,
-worker processes (comm ``hmy-*``) orphaned to init, and cpuset cgroups (``harmony-<pid>``) whose
-controller is gone.
+worker processes (comm ``hmy-*``) and fork servers orphaned to init, and cpuset cgroups
+(``harmony-<pid>``) whose controller is gone.
 """
 
 from __future__ import annotations
@@ -77,9 +77,9 @@ class HostLock:
         return False
 
 
-def orphan_workers() -> list[int]:
-    """Pids of Harmony workers whose controller is gone (reparented to init or a subreaper)."""
-    out = []
+def _procs() -> dict[int, tuple[str, int]]:
+    """pid -> (comm, parent pid) of every process."""
+    out = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -88,16 +88,37 @@ def orphan_workers() -> list[int]:
         except OSError:
             continue
         comm = stat[stat.index(b"(") + 1:stat.rindex(b")")].decode(errors="replace")
-        if not comm.startswith(WORKER_PREFIX):
-            continue
-        ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
-        try:
-            parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes()
-        except OSError:
-            parent = b""
-        if ppid == 1 or not (b"harmony" in parent or b"python" in parent):
-            out.append(int(entry.name))
+        out[int(entry.name)] = (comm, int(stat[stat.rindex(b")") + 2:].split()[1]))
     return out
+
+
+def _controller_gone(ppid: int) -> bool:
+    try:
+        parent = (Path("/proc") / str(ppid) / "cmdline").read_bytes()
+    except OSError:
+        parent = b""
+    return ppid == 1 or not (b"harmony" in parent or b"python" in parent)
+
+
+def orphans() -> list[tuple[int, str]]:
+    """(pid, what) of Harmony workers and fork servers whose controller is gone (reparented to init
+    or a subreaper). A worker forked by a fork server belongs to the server's controller."""
+    from harmony.forkserver import COMM as SERVER_COMM
+
+    procs, out = _procs(), []
+    for pid, (comm, ppid) in procs.items():
+        if comm == SERVER_COMM and _controller_gone(ppid):
+            out.append((pid, "fork server"))
+        elif comm.startswith(WORKER_PREFIX):
+            parent_comm, grandparent = procs.get(ppid, ("", 1))
+            if _controller_gone(grandparent if parent_comm == SERVER_COMM else ppid):
+                out.append((pid, "worker"))
+    return out
+
+
+def orphan_workers() -> list[int]:
+    """Pids of Harmony workers whose controller is gone."""
+    return [pid for pid, what in orphans() if what == "worker"]
 
 
 def reclaim_stale() -> list[str]:
@@ -106,10 +127,10 @@ def reclaim_stale() -> list[str]:
     from harmony.probes import PROBES, get_probe
 
     removed = []
-    for pid in orphan_workers():
+    for pid, what in orphans():
         try:
             os.kill(pid, signal.SIGKILL)
-            removed.append(f"orphan worker process {pid}")
+            removed.append(f"orphan {what} process {pid}")
         except ProcessLookupError:
             pass
     removed += cpuset.reclaim_stale()

@@ -1,0 +1,156 @@
+"""The body of one worker process, and the shared page it works on.
+
+Imports the standard library only: it runs in the fork server (:mod:`harmony.forkserver`), which
+must stay small, and in the controller when that forks the workers itself.
+
+The shared page of a workload (a memfd mapped MAP_SHARED by the controller, by the server and, by
+inheritance, by every worker) holds, in order: the t0 cell and one work counter per worker
+(int64), one start gate per initial CPU (an int32 futex word, 0 = closed), one "at the gate" flag
+per worker (int32). The gates are *shared* futexes (FUTEX_WAIT/FUTEX_WAKE without
+FUTEX_PRIVATE_FLAG): the kernel keys them by the memfd's page, so a wake from the controller's
+mapping reaches waiters in the workers' mappings.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import random
+import signal
+import time
+import types
+
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_TIMERSLACK = 1, 15, 29
+SPIN_UNIT = 2000  # loop iterations between two work-counter updates (~tens of microseconds)
+SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "riscv64": 98, "ppc64le": 221, "ppc64": 221,
+             "s390x": 238, "i686": 240, "armv7l": 240}.get(platform.machine())
+FUTEX_WAIT, FUTEX_WAKE = 0, 1  # shared futexes: no FUTEX_PRIVATE_FLAG (128)
+WAKE_ALL = 0x7FFFFFFF
+
+
+def prctl(option: int, arg) -> None:
+    if _libc.prctl(option, arg, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def futex(addr: int, op: int, val: int) -> int:
+    return _libc.syscall(SYS_FUTEX, ctypes.c_void_p(addr), op, val, None, None, 0)
+
+
+class Shared:
+    """Views of a workload's shared page (any writable buffer: an mmap)."""
+
+    def __init__(self, buf, n: int, ngates: int):
+        self.n, self.ngates = n, ngates
+        cells = 8 * (n + 1)
+        mv = memoryview(buf)
+        self.cells = mv[:cells].cast("q")  # [0]: t0 (ns, CLOCK_MONOTONIC; 0 until release), [1 + slot]: work
+        self.words = mv[cells:self.size(n, ngates)].cast("i")  # [i]: gate i, [ngates + slot]: ready
+        self._gates_addr = ctypes.addressof(ctypes.c_char.from_buffer(buf)) + cells
+
+    @staticmethod
+    def size(n: int, ngates: int) -> int:
+        return 8 * (n + 1) + 4 * (ngates + n)
+
+    def gate_addr(self, i: int) -> int:
+        return self._gates_addr + 4 * i
+
+
+def wait_at_gate(shared: Shared, gate: int) -> None:
+    """Sleep until the controller opens start gate ``gate``."""
+    addr = shared.gate_addr(gate)
+    while shared.words[gate] == 0:
+        if futex(addr, FUTEX_WAIT, 0) != 0:
+            err = ctypes.get_errno()
+            if err not in (errno.EAGAIN, errno.EINTR):  # never spin on a broken gate
+                raise OSError(err, os.strerror(err))
+
+
+def spin_for(cpu_ns: int, cells, slot: int) -> int:
+    """Burn ``cpu_ns`` of this thread's CPU time; return the CPU time actually used."""
+    start = time.thread_time_ns()
+    end = start + cpu_ns
+    i = 1 + slot
+    while True:
+        for _ in range(SPIN_UNIT):
+            pass
+        cells[i] += 1
+        now = time.thread_time_ns()
+        if now >= end:
+            return now - start
+
+
+def run(slot: int, spec: dict, cpus: list[int], shared: Shared, gate: int, parent: int,
+        controller: int, seed: int, join: str | None) -> None:
+    """Body of one worker process (never returns), forked by ``parent`` (the controller or its fork
+    server) for ``controller``. ``spec``: a TaskSpec's fields and its ``comm``. ``join``: the
+    cgroup.procs file of the cpuset that confines it until t0, or None to pin its own affinity."""
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the process that forked it
+    if os.getppid() != parent:  # that one died before the death signal was armed
+        os._exit(1)
+    if controller != parent:  # the server dies with the controller; this is the belt to those braces
+        try:
+            os.kill(controller, 0)
+        except ProcessLookupError:
+            os._exit(1)
+    spec = types.SimpleNamespace(**spec)
+    prctl(PR_SET_NAME, spec.comm.encode())
+    prctl(PR_SET_TIMERSLACK, 1)  # 1 ns: sleeps of a duty cycle end when asked, not 50 us later
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    os.setpriority(os.PRIO_PROCESS, 0, spec.nice)
+    if join is None:
+        os.sched_setaffinity(0, {spec.initial_cpu})
+    else:
+        # never pin as well: the affinity mask and the cpuset intersect. The run's set, so the
+        # mask the cpuset widens to does not depend on what the controller was started with.
+        os.sched_setaffinity(0, set(cpus))
+        with open(join, "w") as f:
+            f.write(str(os.getpid()))
+    cells = shared.cells
+    shared.words[shared.ngates + slot] = 1
+    wait_at_gate(shared, gate)  # held here until t0
+
+    rng = random.Random(seed)
+    t0 = int(cells[0]) or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    stop_at = t0 + int(spec.stop_after_s * 1e9) if spec.stop_after_s is not None else None
+    cut_at = t0 + int(spec.cut_duty_at_s * 1e9) if spec.cut_duty_at_s is not None else None
+    duty, period_ns = spec.duty, spec.period_ms * 1e6
+    run_total = sleep_total = 0
+    cpu_mark = time.thread_time_ns()  # CPU time already counted in run_total
+    while True:
+        now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        if stop_at is not None and now >= stop_at:
+            os._exit(0)
+        if cut_at is not None and now >= cut_at:
+            duty, cut_at = spec.cut_duty, None
+            run_total = sleep_total = 0
+            cpu_mark = time.thread_time_ns()
+        if duty <= 0:
+            # blocked for the rest of the run (or until its exit time)
+            time.sleep(max(0.0, (stop_at - now) / 1e9) if stop_at is not None else 3600.0)
+            continue
+        if duty >= 100:
+            spin_for(1_000_000, cells, slot)
+            continue
+        # Randomised run length; the sleep is fed back from the totals so the long-run duty is
+        # exact even though every sleep overshoots a little. run_total is all the CPU time the
+        # worker used (the loop's own overhead and the sleep calls included, ~0.5 pp at a 10 ms
+        # period otherwise); sleep_total the wall time asleep less the CPU time of the sleep call.
+        spin_for(int(period_ns * duty / 100 * rng.uniform(0.5, 1.5)), cells, slot)
+        now_cpu = time.thread_time_ns()
+        run_total += now_cpu - cpu_mark
+        cpu_mark = now_cpu
+        want = run_total * (100 - duty) / duty - sleep_total
+        if want > 0:
+            before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            time.sleep(want / 1e9)
+            slept = time.clock_gettime_ns(time.CLOCK_MONOTONIC) - before
+            now_cpu = time.thread_time_ns()
+            sleep_total += slept - (now_cpu - cpu_mark)
+            run_total += now_cpu - cpu_mark
+            cpu_mark = now_cpu
