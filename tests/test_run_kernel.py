@@ -16,6 +16,7 @@ import pytest
 
 import harmony
 from harmony.analysis.metrics import balance_timeline
+from harmony.forkserver import COMM as SERVER_COMM
 from harmony.hygiene import WORKER_PREFIX
 
 TRACEFS = Path("/sys/kernel/tracing")
@@ -35,15 +36,30 @@ def cli(*args, timeout=120, check_busy=True) -> subprocess.CompletedProcess:
         return p
 
 
-def our_workers() -> list[int]:
+def our_workers(prefix=WORKER_PREFIX) -> list[int]:
     out = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if (entry / "comm").read_text().startswith(WORKER_PREFIX):
+                if (entry / "comm").read_text().startswith(prefix):
                     out.append(int(entry.name))
             except OSError:
                 pass
+    return out
+
+
+def our_servers() -> list[str]:
+    """Fork servers (harmony.forkserver), but the one of this test process (other tests' workloads):
+    pid and the parent's command line of each."""
+    out = []
+    for pid in our_workers(SERVER_COMM):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent = Path(f"/proc/{ppid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError):
+            continue
+        if ppid != os.getpid():
+            out.append(f"{pid} (parent {ppid}: {parent})")
     return out
 
 
@@ -172,6 +188,7 @@ def test_report_and_figures(e1_run):
 
 def test_nothing_left_behind_after_a_normal_run(e1_run):
     assert not our_workers()
+    assert not our_servers(), our_servers()
     assert not our_instances()
 
 
@@ -182,8 +199,8 @@ def test_sigkill_of_the_controller(kernel, tmp_path):
     assert workers
     proc.kill()
     proc.wait()
-    # workers die with their controller (PR_SET_PDEATHSIG)
-    assert wait_for(lambda: not our_workers(), timeout=10), our_workers()
+    # workers die with their controller (PR_SET_PDEATHSIG), the fork server too
+    assert wait_for(lambda: not our_workers() and not our_servers(), timeout=10), our_workers()
     # the dead run's tracing instance is reclaimed by the next start (or `harmony clean`)
     assert our_instances()
     p = cli("clean")
@@ -212,7 +229,7 @@ def test_sigterm_and_concurrent_run(kernel, tmp_path):
     assert "incomplete" in err and "Traceback" not in err
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "incomplete" and "SIGTERM" in m["incomplete_reason"]
-    assert not our_workers()
+    assert not our_workers() and not our_servers()
     assert not our_instances()
     with pytest.raises(harmony.store.RunError, match="incomplete"):
         harmony.load(out)
@@ -225,7 +242,7 @@ def test_ctrl_c(kernel, tmp_path):
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert json.loads((out / "manifest.json").read_text())["status"] == "incomplete"
-    assert not our_workers()
+    assert not our_workers() and not our_servers()
     assert not our_instances()
 
 
