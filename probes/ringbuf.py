@@ -884,6 +884,8 @@ def decode_dir(out_dir: Path) -> Capture:
             overrun = _stat_int(st, "overrun")
             other = _stat_int(st, "commit overrun") + _stat_int(st, "dropped events")
             lost_by_cpu[c] = max(page_lost, overrun) + other
+            if page_lost < 0 and overrun + other == 0:
+                lost_by_cpu[c] = -1   # pages say events were lost, no counter says how many
         else:
             lost_by_cpu[c] = page_lost
         if dec.missed_pages_by_cpu.get(c):

@@ -426,6 +426,11 @@ def test_lost_from_stats(tmp_path):
     assert cap.meta["lost_by_cpu"] == {0: 10, 1: 5}
     assert cap.meta["lost_events"] == 15
     assert any("pages follow lost events" in n for n in cap.meta["notes"])
+    # pages flagged with no stored count while the kernel's counters say 0: unknown, as the
+    # trace.dat reader says for the same pages, never 0
+    stats["1"]["overrun"] = 0
+    cap = decode_dir(write_dir(tmp_path / "zero", pages, stats=stats))
+    assert cap.meta["lost_by_cpu"] == {0: 10, 1: -1} and cap.meta["lost_events"] == -1
 
 
 def test_empty_and_zero_pages(tmp_path):
