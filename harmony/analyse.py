@@ -153,6 +153,7 @@ def _crosscheck(run_dir: Path, manifest: dict, cap, tasks: pd.DataFrame, t0: int
     name = manifest["crosscheck_probe"]
     try:
         other = get_probe(name).decode_dir(run_dir / "raw" / name)
+        blind_spots(other.meta, other.events, tasks)     # its notes say what it did not see
         result = probe_agreement(cap.events, other.events, tasks, t0, t_end,
                                  names=(manifest["probe"], name),
                                  lost=(cap.meta.get("lost_events", -1), other.meta.get("lost_events", -1)),
@@ -191,9 +192,10 @@ def foreign_load(events, tasks, cpus, t0, t_end, controller_tids) -> dict:
 
 
 def blind_spots(meta: dict, events, tasks) -> None:
-    """What the probe's own stream proves it did not record (the perf probe finds its own): the
-    tasks it saw run but recorded nothing in the context of, and the experiment tasks' moves no
-    sched_migrate_task holds (see analysis.crosscheck); into meta and its notes."""
+    """What a probe's own stream proves it did not record, without counting it lost: the tasks it
+    saw run but recorded nothing in the context of, and the experiment tasks' moves no
+    sched_migrate_task holds (see analysis.crosscheck); into meta and its notes. (perf, on some
+    kernels, records nothing while swapper/1 or PID 1's threads run: see probes/perf.py.)"""
     from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
 
     if "silent_contexts" in meta:
@@ -201,15 +203,18 @@ def blind_spots(meta: dict, events, tasks) -> None:
     meta["silent_contexts"] = silent = silent_contexts(events)
     meta["unrecorded_migrations"] = moves = unrecorded_migrations(events, tasks["pid"].to_numpy())
     notes = meta.setdefault("notes", [])
+    probe = meta.get("probe") or "the probe"
     if silent:
         named = ", ".join(f"{c['comm']} ({'CPU %d' % c['cpu'] if c['pid'] == 0 else 'pid %d' % c['pid']}"
                           f", ran {c['runs']}x)" for c in silent[:5])
-        notes.append(f"the probe recorded no event in the context of {len(silent)} tasks it saw run: "
-                     f"{named}; what fires there (their switch-out, what their interrupts do) is "
-                     "missing and not counted in lost_events")
+        notes.append(f"{probe} recorded no event in the context of {len(silent)} tasks it saw run: "
+                     f"{named}; every tracepoint hit there (their switch-out, what their "
+                     "interrupts do, e.g. an idle CPU's balancing migrations) is missing and not "
+                     "counted in lost_events")
     if moves["n"]:
-        notes.append(f"the experiment tasks' own events prove {moves['n']} moves that no "
-                     f"sched_migrate_task records (e.g. {moves['examples'][:2]})")
+        notes.append(f"the experiment tasks' own events in the {probe} recording prove {moves['n']} "
+                     f"moves of {len(moves['pids'])} tasks that no sched_migrate_task records "
+                     f"(e.g. {moves['examples'][:2]})")
 
 
 def _notes(manifest: dict, meta: dict) -> list[str]:

@@ -47,9 +47,10 @@ wrote 74 samples, none from swapper/1, and its lost-sample counter stayed 0. So 
 between the event's count and its ring buffer, inside the kernel; why is not known (tracefs also
 records none of these tasks' task-level events, e.g. no switch out of swapper/1, so the kernel
 treats those tasks specially). In a ``<4,0>`` run this drops exactly the first moves, which idle
-CPU 1 pulls. decode() therefore reports, from perf's own stream, the contexts it saw run but
-recorded nothing in (``silent_contexts``) and the moves that the tasks' own events prove but no
-sched_migrate_task records (``unrecorded_migrations``), in meta and notes.
+CPU 1 pulls. Every run's analysis (``harmony.analyse.blind_spots``, for any probe) therefore
+reports, from the probe's own stream, the contexts it saw run but recorded nothing in
+(``silent_contexts``) and the moves that the tasks' own events prove but no sched_migrate_task
+records (``unrecorded_migrations``), in the manifest and notes.
 
 Tracepoint order: when both probes record, the kernel calls the handlers of one tracepoint hit in
 the order the probes were enabled; ``harmony run --crosscheck perf`` starts perf first, so perf's
@@ -77,7 +78,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
 from harmony.probes.base import Capture, Probe, ProbeError, TraceCorrupt
 from harmony.probes.schema import COLUMNS, SCHED_EVENTS, make_events, make_markers
 
@@ -734,19 +734,6 @@ class PerfProbe(Probe):
                          "PERF_RECORD_LOST records")
         notes.append("markers are not in the kernel trace: mark() timestamps CLOCK_MONOTONIC in "
                      "user space (markers.jsonl)")
-        # perf's own stream proves what it missed without counting it lost (see silent_contexts)
-        silent = silent_contexts(events)
-        moves = unrecorded_migrations(events)
-        if silent:
-            named = ", ".join(f"{c['comm']} ({'CPU %d' % c['cpu'] if c['pid'] == 0 else 'pid %d' % c['pid']}"
-                              f", ran {c['runs']}x)" for c in silent[:5])
-            notes.append(f"perf recorded no event in the context of {len(silent)} tasks it saw run: "
-                         f"{named}; every tracepoint hit there (their switch-out, and what their "
-                         "interrupts do, e.g. an idle CPU's balancing migrations) is missing and not "
-                         "counted in lost_events")
-        if moves["n"]:
-            notes.append(f"perf's own events prove {moves['n']} moves of {len(moves['pids'])} tasks "
-                         f"that no sched_migrate_task records (e.g. {moves['examples'][:2]})")
         if not meta.get("perf_clean_exit", True):
             notes.append(f"perf record did not exit cleanly: {meta.get('perf_exit')}")
 
@@ -757,7 +744,6 @@ class PerfProbe(Probe):
             "lost_events": int(lost), "lost_by_cpu": {int(k): int(v) for k, v in
                                                        sorted(parser.lost_by_cpu.items())},
             "lost_samples_by_event": lost_samples or {},
-            "silent_contexts": silent, "unrecorded_migrations": moves,
             "bytes": info["bytes"], "n_events": int(len(events)),
             "decode_s": round(decode_s, 3),
             "notes": list(meta.get("notes", [])) + notes,
