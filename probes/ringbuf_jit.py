@@ -30,6 +30,7 @@ SHORT_RECORD = 1      # err[1] = record index (as walked), err[2] = its length, 
 TABLE_FULL = 2        # more distinct strings than the table holds: retry with a bigger one
 
 _TS_MSB = -(1 << 59)
+_RAW_CACHE = 1024                  # entries of gather()'s raw-string cache (a power of 2)
 
 
 def _jit(fn):
@@ -220,6 +221,11 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
     kw = keys.shape[1]
     mask = slots.shape[0] - 1
     key = np.zeros(kw, np.int64)
+    # raw-bytes cache in front of the table: a string's raw words (NULs and what follows them
+    # included) -> its key index; most strings (comm) repeat, and comparing raw words skips the
+    # NUL search, the hash and the probe. Indexed by a cheap mix of the first two words.
+    raw_code = np.full(_RAW_CACHE, -1, np.int64)
+    raw_words = np.zeros((_RAW_CACHE, kw), np.int64)
     n_int = int_spec.shape[1]
     n_str = str_spec.shape[1]
     nk = n_keys[0]
@@ -279,7 +285,25 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
             if off < 0:
                 str_codes[s, j] = -1
                 continue
-            h = _cstr_key(buf, w32, p + off, str_spec[f, s, 1], key) & mask
+            q = p + off
+            width = str_spec[f, s, 1]
+            slot = -1
+            if (q & 3) == 0 and (width & 3) == 0 and width >= 8:
+                wq = q >> 2
+                nw = width >> 2
+                slot = ((np.int64(w32[wq]) * np.int64(0x9E3779B1)) ^
+                        (np.int64(w32[wq + 1]) * np.int64(0x85EBCA77))) >> 16 & (_RAW_CACHE - 1)
+                k = raw_code[slot]
+                if k >= 0:
+                    hit = True
+                    for b in range(nw):
+                        if raw_words[slot, b] != np.int64(w32[wq + b]):
+                            hit = False
+                            break
+                    if hit:
+                        str_codes[s, j] = k
+                        continue
+            h = _cstr_key(buf, w32, q, width, key) & mask
             while True:
                 k = slots[h]
                 if k < 0:
@@ -302,6 +326,10 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
                     break
                 h = (h + 1) & mask
             str_codes[s, j] = k
+            if slot >= 0:
+                for b in range(nw):
+                    raw_words[slot, b] = np.int64(w32[wq + b])
+                raw_code[slot] = k
         j += 1
     n_keys[0] = nk
     return 0
