@@ -226,19 +226,18 @@ class Workload:
         return got
 
     def _wait_at_gates(self, deadline: float, timeout_s: float) -> None:
-        """Until every worker has flagged itself at its gate and sleeps there (state S). A worker
-        that dies first stays a zombie (nothing reaps one unasked): its exit status is reported."""
-        waiting = list(enumerate(self.pids))
+        """Until every worker has flagged itself at its gate and sleeps there (state S); a worker
+        that dies first is reported with its exit status (asked for every few ms)."""
+        waiting, ask_at = list(enumerate(self.pids)), 0.0
         while waiting:
-            left = []
-            for slot, pid in waiting:
-                state = _state(pid)
-                if state in (None, b"Z", b"X"):
-                    status = self._exited().get(pid)
-                    raise ControllerError(f"worker {pid} died before t0 (status "
-                                          f"{'unknown' if status is None else f'{status:#x}'})")
-                if not (self._ready[slot] and state == b"S"):
-                    left.append((slot, pid))
+            if time.monotonic() >= ask_at:
+                exited = self._exited()
+                if exited:
+                    pid, status = min(exited.items())
+                    raise ControllerError(f"worker {pid} died before t0 (status {status:#x})")
+                ask_at = time.monotonic() + 0.005
+            left = [(slot, pid) for slot, pid in waiting
+                    if not (self._ready[slot] and _state(pid) == b"S")]
             if left and time.monotonic() > deadline:
                 raise ControllerError(f"worker {left[0][1]} did not reach the start gate in {timeout_s:.0f} s")
             waiting = left
