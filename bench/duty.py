@@ -96,15 +96,20 @@ class CpuTimePoller(threading.Thread):
         self.avoid_cpu = avoid_cpu
 
     def _find(self) -> int | None:
+        """Our worker: its parent is this process or this process's fork server."""
         me = str(os.getpid())
         for d in Path("/proc").iterdir():
             if d.name.isdigit():
                 try:
                     stat = (d / "stat").read_text()
+                    comm = stat[stat.index("(") + 1:stat.rindex(")")]
+                    if comm != self.comm:
+                        continue
+                    ppid = stat[stat.rindex(")") + 2:].split()[1]
+                    parent = Path(f"/proc/{ppid}/stat").read_text()
                 except OSError:
                     continue
-                comm = stat[stat.index("(") + 1:stat.rindex(")")]
-                if comm == self.comm and stat[stat.rindex(")") + 2:].split()[1] == me:
+                if me in (ppid, parent[parent.rindex(")") + 2:].split()[1]):
                     return int(d.name)
         return None
 
