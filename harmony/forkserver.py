@@ -4,9 +4,9 @@ Why: a suite's controller is a 150-190 MB Python process (pandas, pyarrow, numba
 costs its page tables (~5-8 ms a fork here), and killing the children costs the teardown of their
 copy-on-write address spaces. This server is a fresh interpreter that imports the standard library
 and :mod:`harmony.worker` only (~15 MB); a fork of it costs under a millisecond. Measured on a
-2-vCPU VM: 256 workers spawn in 0.4-0.55 s instead of 2.3 s and stop in 0.1 s instead of 1.1 s;
-``harmony suite --quick`` (31 runs) spends 1.1 s instead of 2.2 s spawning, 0.4 s instead of 1.2 s
-stopping.
+2-vCPU VM, old and new code back to back: 256 workers spawn in 0.4-0.5 s instead of 1.4-2.3 s and
+stop in 0.1 s instead of 0.5-1.1 s; ``harmony suite --quick`` (31 runs) spends 0.9 s instead of
+2.4 s spawning, 0.35 s instead of 0.95 s stopping.
 
 One server per controller process, started on first use (:func:`shared`) from a thread that lives
 as long as the process, and reused by every workload. The controller talks to it over a
