@@ -62,7 +62,8 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
     params = manifest["params"]
     laps("decode")
 
-    runqueue = write_tables(run_dir, cap, tasks, cpus, t0, t_end, params["window_s"])["runqueue"]
+    tables = write_tables(run_dir, cap, tasks, cpus, t0, t_end, params["window_s"])
+    runqueue = tables["runqueue"]
     laps("tables")
 
     samples_path = run_dir / "kernel_samples.parquet"
@@ -90,6 +91,10 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
     manifest["status"] = "complete"
     laps("checks")
     run = store.Run(run_dir, manifest)
+    # the experiment reads the tables just written: hand it those that are in memory as they
+    # read back from Parquet (markers' text comes back as pandas' string dtype: left to be read)
+    run.preload({"tasks": tasks, **({"kernel_samples": samples} if samples is not None else {}),
+                 **{k: v for k, v in tables.items() if k != "markers"}})
     summary = experiment.analyse(run)
     store.write_json(run_dir / "summary.json", summary)
     laps("metrics")

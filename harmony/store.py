@@ -145,6 +145,11 @@ class Run:
             self._cache[name] = read_table(self.path / f"{name}.parquet")
         return self._cache[name]
 
+    def preload(self, tables: dict[str, pd.DataFrame]) -> None:
+        """Serve these tables from memory instead of reading their Parquet files (the analysis
+        that has just written them); each must be what reading its file back gives."""
+        self._cache.update(tables)
+
     def companion(self, name: str) -> "Run":
         """The paired run ``name`` stored in ``<run_dir>/<name>/`` (see Experiment.companions).
 

@@ -135,3 +135,22 @@ def test_report_refuses_an_unfinished_batch(tmp_path):
                                                       "status": "captured"}))
     r = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert r.exit_code == 1 and "was not finished" in r.output
+
+
+@pytest.mark.parametrize("experiment", ["single-source", "heavy-light", "priority-classes"])
+def test_analysis_serves_written_tables_as_read_back(tmp_path, no_figures, monkeypatch, experiment):
+    """analyse() hands the experiment the tables it has just written instead of reading their
+    Parquet files back: the summaries (companions' included) equal those computed from the files."""
+    from harmony import analyse, store
+    from harmony.analysis.refpolicy import simulate_run
+
+    run = simulate_run("poly-balance", experiment, 4, tmp_path / "run")    # analysed with preload
+    dirs = sorted(p.parent for p in run.path.rglob("manifest.json"))
+    served = {d: store.read_json(d / "summary.json") for d in dirs}
+    preloaded = []
+    monkeypatch.setattr(store.Run, "preload", lambda self, tables: preloaded.append(sorted(tables)))
+    for d in sorted(dirs, key=lambda d: -len(d.parts)):     # companions first, from the files
+        analyse.analyse(d, figures=False)
+        assert store.read_json(d / "summary.json") == served[d], d
+    assert all({"events", "runs", "runqueue", "tasks"} <= set(t) for t in preloaded)
+    assert len(preloaded) == len(dirs)
