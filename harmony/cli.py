@@ -466,5 +466,37 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
         _fail(f"{len(record['failures'])} configurations failed; see {out / 'suite.json'}")
 
 
+def entry() -> None:
+    """The console script: :func:`main`, then a quick exit. Tearing the interpreter down frees a
+    suite's few hundred MB of Python objects one by one (0.3-0.5 s measured); the kernel frees
+    the process's memory at once. What an orderly exit does first still happens: non-daemon
+    threads are joined, atexit handlers run (the fork server's shutdown, temporary files), the
+    output is flushed."""
+    import atexit
+    import os
+    import threading
+
+    try:
+        main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        click.echo(str(code), err=True)
+        code = 1
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass   # a closed pipe (harmony ... | head): nothing more can be said
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    main()
+    entry()
