@@ -76,8 +76,9 @@ def write_table(run_dir: Path, name: str, df: pd.DataFrame) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.close(fd)
     try:
-        df = df.copy()
-        df.attrs = {k: v for k, v in df.attrs.items() if isinstance(v, (int, float, str, bool, list, dict))}
+        kept = {k: v for k, v in df.attrs.items() if isinstance(v, (int, float, str, bool, list, dict))}
+        df = df.copy(deep=False)      # new attrs on a view: the caller's frame keeps its own
+        df.attrs = kept
         df.to_parquet(tmp, index=False)
         os.replace(tmp, path)
     except BaseException:
