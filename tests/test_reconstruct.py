@@ -698,6 +698,15 @@ def test_in_set_matches_isin():
     assert (in_set(np.array([5, 6, 1 << 30, -1]), big) == [True, False, True, False]).all()
 
 
+def lossy_stream(ncpus: int, ntasks: int, seed: int):
+    """A random stream with 5% of events lost, a cut beginning, exits and foreign tasks:
+    (the simulation, its events)."""
+    sim = simulate(ncpus=ncpus, ntasks=ntasks, n_events=5_000, seed=seed, n_others=3, p_exit=0.002)
+    rng = np.random.default_rng(seed)
+    ev = sim.events[(np.arange(len(sim.events)) >= 200) & (rng.random(len(sim.events)) > 0.05)]
+    return sim, ev.reset_index(drop=True)
+
+
 @pytest.mark.parametrize("ncpus,ntasks,seed", [(2, 5, 1), (4, 9, 2), (8, 20, 3), (16, 40, 4)])
 def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch, state_machine):
     """The compiled and the numpy task_records give the same table, column for column, on random
@@ -705,10 +714,7 @@ def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch,
     from harmony.analysis import taskstate
     if state_machine == "numpy":
         pytest.skip("compares the compiled implementation (one thread, and split) with numpy")
-    sim = simulate(ncpus=ncpus, ntasks=ntasks, n_events=5_000, seed=seed, n_others=3, p_exit=0.002)
-    rng = np.random.default_rng(seed)
-    ev = sim.events[(np.arange(len(sim.events)) >= 200) & (rng.random(len(sim.events)) > 0.05)]
-    ev = ev.reset_index(drop=True)
+    sim, ev = lossy_stream(ncpus, ntasks, seed)
     got = {}
     for name, flag in (("compiled", "1"), ("numpy", "0")):
         monkeypatch.setenv("HARMONY_JIT", flag)
@@ -727,10 +733,7 @@ def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state
     from harmony.analysis import taskstate
     if state_machine == "numpy":
         pytest.skip("compares the compiled implementation (one thread, and split) with numpy")
-    sim = simulate(ncpus=ncpus, ntasks=ntasks, n_events=5_000, seed=seed, n_others=3, p_exit=0.002)
-    rng = np.random.default_rng(seed)
-    ev = sim.events[(np.arange(len(sim.events)) >= 200) & (rng.random(len(sim.events)) > 0.05)]
-    ev = ev.reset_index(drop=True)
+    sim, ev = lossy_stream(ncpus, ntasks, seed)
     ts = ev["ts"].to_numpy()
     cpus = list(range(ncpus - 1))
     t0 = int(ts[len(ts) // 10])
