@@ -186,7 +186,8 @@ def probe_agreement(events_a: pd.DataFrame, events_b: pd.DataFrame, tasks: pd.Da
     which probe stamps first), ``examples`` of unmatched items), ``markers`` (per marker text: ts of each probe and b - a in ns), and
     ``task_events`` ({name: {event: n}}: events about the tasks in the window, informative: edge
     events can fall on either side of t0/t_end), ``run_anomalies`` ({name: n}: contradictions each
-    reconstruction repaired; a sched_switch fired in a context both probes are blind in is
+    reconstruction repaired, over the stretch both probes recorded (perf starts and stops tens of
+    ms apart from tracefs); a sched_switch fired in a context both probes are blind in is
     missing from both),
     ``blind_contexts`` ({name: [...]}: tasks that probe saw run but recorded no event in the context
     of, see :func:`harmony.analysis.crosscheck.silent_contexts`), ``unrecorded_migrations``
@@ -212,8 +213,8 @@ def probe_agreement(events_a: pd.DataFrame, events_b: pd.DataFrame, tasks: pd.Da
            "lost_events": {a_name: int(lost[0]), b_name: int(lost[1])},
            "task_events": {a_name: task_event_counts(events_a, tasks, t0, t_end),
                            b_name: task_event_counts(events_b, tasks, t0, t_end)},
-           "run_anomalies": {a_name: int(runs_a.attrs.get("anomalies", 0)),
-                             b_name: int(runs_b.attrs.get("anomalies", 0))},
+           "run_anomalies": _run_anomalies_in_common(events_a, events_b, tasks, t0, t_end + tol_ns,
+                                                     (a_name, b_name)),
            "migrations": _side(mig, ["dt"], a_name, b_name),
            "runs": _side(runs, ["dstart", "dend"], a_name, b_name),
            "markers": marker_offsets(markers_a, markers_b),
@@ -302,3 +303,20 @@ def agreement_lines(x: dict | None) -> list[str]:
     if n:
         lines.append(f"{'':29}{n} unmatched migrations fired in such a context")
     return lines
+
+
+def _run_anomalies_in_common(events_a, events_b, tasks, t0: int, t_end: int, names) -> dict:
+    """{name: contradictions df_runs repaired} in each stream cut to the stretch both recorded
+    (a cut start adds none: a CPU's first switch has nothing to contradict)."""
+    from harmony.analysis.reconstruct import df_runs
+
+    if not len(events_a) or not len(events_b):
+        return {n: 0 for n in names}
+    lo = max(int(events_a["ts"].iloc[0]), int(events_b["ts"].iloc[0]))
+    hi = min(int(events_a["ts"].iloc[-1]), int(events_b["ts"].iloc[-1]))
+    out = {}
+    for name, ev in zip(names, (events_a, events_b)):
+        ts = ev["ts"].to_numpy()
+        cut = ev.iloc[np.searchsorted(ts, lo, "left"):np.searchsorted(ts, hi, "right")]
+        out[name] = int(df_runs(cut.reset_index(drop=True), tasks, t0, t_end).attrs.get("anomalies", 0))
+    return out

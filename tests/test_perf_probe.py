@@ -178,6 +178,21 @@ def test_silent_contexts_and_unrecorded_migrations_from_a_probes_own_stream():
     assert unrecorded_migrations(gap)["n"] == 1 and unrecorded_migrations(gap, pids=[8])["n"] == 0
 
 
+def test_run_anomalies_compared_over_the_stretch_both_probes_recorded():
+    """perf starts and stops tens of ms apart from tracefs: a contradiction in the part only one
+    probe recorded is not counted against the other."""
+    from harmony.analysis.probe_agreement import probe_agreement
+
+    tasks = pd.DataFrame({"pid": [7], "name": ["w"], "role": ["worker"]})
+    both = [(100, 0, "sched_switch", 9, 7, 9, -1, -1), (110, 0, "sched_switch", 7, 9, 7, -1, -1),
+            (120, 0, "sched_switch", 9, 7, 9, -1, -1), (130, 0, "sched_switch", 8, 9, 8, -1, -1)]
+    # the longer recording also holds, after the other one stopped, a switch out of 7 on a CPU
+    # where it was never switched in (a lost switch-in: one anomaly)
+    later = [(200, 1, "sched_switch", 5, 3, 5, -1, -1), (210, 1, "sched_switch", 7, 5, 7, -1, -1)]
+    x = probe_agreement(_events(both), _events(both + later), tasks, 100, 150, names=("tracefs", "perf"))
+    assert x["run_anomalies"] == {"tracefs": 1, "perf": 1}   # the switch at 130 ends 7's run: one each
+
+
 def test_probe_agreement_explains_migrations_missed_in_a_blind_context():
     from harmony.analysis.probe_agreement import agreement_lines, probe_agreement
 
