@@ -284,8 +284,8 @@ def _lost_switch_in_starts(events: pd.DataFrame, pid: np.ndarray, lo: np.ndarray
     rank = np.searchsorted(who, wpid).astype(np.uint16 if len(who) <= 1 << 16 else np.int64)
     by = np.argsort(rank, kind="stable")
     rank, wts = rank[by], wts[by]
-    for i, p in enumerate(who):
-        times = wts[np.searchsorted(rank, i, "left"):np.searchsorted(rank, i, "right")]
+    for k, p in enumerate(who):
+        times = wts[np.searchsorted(rank, k, "left"):np.searchsorted(rank, k, "right")]
         rows = np.flatnonzero(pid == p)
         i = np.searchsorted(times, hi[rows], side="right") - 1
         w = np.where(i >= 0, times[np.maximum(i, 0)] if len(times) else 0, np.iinfo(np.int64).min)
