@@ -77,6 +77,7 @@ class KernelRunner:
         self.worker: subprocess.Popen | None = None
         self.submitted: list[list[str]] = []
         self.pending: list[tuple[list[str], bool]] = []  # (run dirs in order, draw figures)
+        self.while_analysing = None  # called while the drained analysis runs (analyse_groups)
         self._session = contextlib.ExitStack()  # the probe's session, if it has one
 
     def __enter__(self):
@@ -146,7 +147,7 @@ class KernelRunner:
         """Finish every analysis; returns one dict per analysed directory (status, path, error)."""
         if self.worker is None:
             pending, self.pending = self.pending, []
-            return analyse_groups(pending, len(os.sched_getaffinity(0)))
+            return analyse_groups(pending, len(os.sched_getaffinity(0)), self.while_analysing)
         out, _ = self.worker.communicate()
         self.worker = None
         results = []
@@ -173,14 +174,20 @@ def _analyse_group(group: tuple[list[str], bool]) -> list[dict]:
     return out
 
 
-def analyse_groups(groups: list[tuple[list[str], bool]], processes: int) -> list[dict]:
+def analyse_groups(groups: list[tuple[list[str], bool]], processes: int,
+                   while_waiting=None) -> list[dict]:
     """Analyse captures (see :func:`_analyse_group`) in up to ``processes`` forked processes.
 
     Only for when nothing is being measured: the processes use every CPU. Forked, so they start
     with this process's modules already imported. Results in the order of ``groups``.
+    ``while_waiting()``, if given, runs in this process once the others are forked (the last
+    ones to finish leave a CPU idle: a suite imports its report's modules there).
     """
     if processes <= 1 or len(groups) <= 1:
-        return [r for g in groups for r in _analyse_group(g)]
+        out = [r for g in groups for r in _analyse_group(g)]
+        if while_waiting is not None:
+            while_waiting()
+        return out
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -190,7 +197,10 @@ def analyse_groups(groups: list[tuple[list[str], bool]], processes: int) -> list
     order = sorted(range(len(groups)), key=lambda i: -_raw_bytes(groups[i][0]))
     with ProcessPoolExecutor(min(processes, len(groups)),
                              mp_context=multiprocessing.get_context("fork")) as pool:
-        done = dict(zip(order, pool.map(_analyse_group, [groups[i] for i in order])))
+        results = pool.map(_analyse_group, [groups[i] for i in order])  # all forked by now
+        if while_waiting is not None:
+            while_waiting()
+        done = dict(zip(order, results))
     return [r for i in range(len(groups)) for r in done[i]]
 
 
