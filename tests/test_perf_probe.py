@@ -126,6 +126,24 @@ def test_migration_agreement_matches_within_tolerance_and_reports_the_rest():
     assert (m["status"] == "only_b").sum() == 2
 
 
+def test_run_agreement_pairs_one_switch_stamped_far_apart():
+    """The two probes' handlers of one switch ran 1.1 ms apart (a vCPU stall, seen in CI): the
+    run it ends and the run it starts are paired, with the shift in dend/dstart; a switch one
+    probe lacks stays unmatched."""
+    t0, t_end = 0, 100_000_000
+    cols = ["pid", "cpu", "start", "end"]
+    shift = 2 * TOL_NS + 84_155
+    a = pd.DataFrame([(5, 0, 1_000_000, 4_000_000), (6, 0, 4_000_000, 6_000_000)], columns=cols)
+    b = pd.DataFrame([(5, 0, 1_000_002, 4_000_000 - shift), (6, 0, 4_000_000 - shift, 6_000_001)],
+                     columns=cols)
+    r = df_run_agreement(a, b, t0, t_end)
+    assert (r["status"] == "matched").all() and len(r) == 2
+    assert sorted(r["dend"].tolist() + r["dstart"].tolist()) == [-shift, -shift, 1, 2]
+    # b lacks the switch: one long run of 5 where a has 5 then 6: nothing to pair
+    b = pd.DataFrame([(5, 0, 1_000_002, 6_000_001)], columns=cols)
+    assert df_run_agreement(a, b, t0, t_end)["status"].value_counts().to_dict() == {"only_a": 2, "only_b": 1}
+
+
 def test_run_agreement_clips_to_the_window_and_needs_both_ends():
     t0, t_end = 1_000, 100_000
     cols = ["pid", "cpu", "start", "end"]
