@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import harmony
@@ -140,12 +141,15 @@ def test_run_is_complete_and_balances(e1_run):
     foreign = m["foreign_load"]["max_frac"]
     if foreign > 0.05:  # other jobs on the CPUs change what a balanced placement is
         pytest.skip(f"host was busy ({foreign:.0%} of a CPU used by other tasks): balance not judged")
-    # Ends balanced. On a busy host a last-moment balancing move can leave the final few ms
-    # unbalanced, so "at end" is read as: balanced for at least 90% of the last second.
+    # Stays balanced. The kernel does not hold 2-2 still: in one CI run it moved a task to 3-1
+    # twice in the last second and back within 140 and 96 ms (balanced 76 % of that second). So:
+    # balanced for at least two thirds of the last second, and no imbalance there lasts longer
+    # than 250 ms (a few of the balancer's intervals).
     tl = balance_timeline(run.runqueue, run.tasks, m["cpus"], m["t0_ns"], m["end_ns"])
     last = tl[tl["end"] > m["end_ns"] - 1e9]
     dur = (last["end"] - last["ts"].clip(lower=m["end_ns"] - 1e9))
-    assert dur[last["balanced"]].sum() >= 0.9 * dur.sum(), tl.tail()
+    assert dur[last["balanced"]].sum() >= 2 / 3 * dur.sum(), tl.tail()
+    assert np.max(dur[~last["balanced"]].to_numpy(), initial=0) <= 250e6, tl.tail()
     # each task got a share near the fair share of 0.5 CPU
     assert run.shares["share"].between(0.3, 0.7).all(), run.shares
 
