@@ -30,6 +30,24 @@ def kernel():
     return TRACEFS
 
 
+#: the implementations a compiled-or-numpy test runs under (see :func:`use_implementation`)
+IMPLEMENTATIONS = ["compiled", "threads", "numpy"]
+
+
+def use_implementation(name: str, monkeypatch) -> str:
+    """Make Harmony run its compiled kernels ("compiled"), the same split over 3 threads however
+    small the input ("threads"), or its numpy code ("numpy"); skip the compiled ones without
+    numba."""
+    from harmony.jit import numba_version
+    if name != "numpy" and numba_version() is None:
+        pytest.skip("numba is not installed: only the numpy code runs")
+    monkeypatch.setenv("HARMONY_JIT", "0" if name == "numpy" else "1")
+    if name == "threads":
+        monkeypatch.setenv("HARMONY_THREADS", "3")
+        monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
+    return name
+
+
 @pytest.fixture
 def no_figures(monkeypatch):
     """Experiments draw no figures: they are not under test and cost most of the analysis time."""

@@ -17,22 +17,16 @@ from harmony.analysis import reconstruct as rc
 from harmony.analysis.synthetic import Stream, simulate
 from harmony.tasks import layout_tasks, tasks_frame
 
+from conftest import IMPLEMENTATIONS, use_implementation
 
-@pytest.fixture(autouse=True, params=["compiled", "threads", "numpy"])
+
+@pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
 def state_machine(request, monkeypatch):
-    """Every test runs with both implementations of task_records and the run queue: compiled
-    (taskstate_jit, reconstruct_jit) and numpy; "threads" is the compiled one with its input
-    split over 3 threads however small it is."""
+    """Every test runs with both implementations of task_records, the runs and the run queue:
+    compiled (taskstate_jit, reconstruct_jit), also split over threads, and numpy."""
     from harmony.analysis import taskstate
-    from harmony.jit import numba_version
-    if request.param != "numpy" and numba_version() is None:
-        pytest.skip("numba is not installed: only the numpy state machine runs")
-    monkeypatch.setenv("HARMONY_JIT", "0" if request.param == "numpy" else "1")
-    if request.param == "threads":
-        monkeypatch.setenv("HARMONY_THREADS", "3")
-        monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
     monkeypatch.setattr(taskstate, "_last", None)
-    return request.param
+    return use_implementation(request.param, monkeypatch)
 
 S_RUN, S_SLEEP, S_STOPPED, S_DEAD = 0, 1, 4, 16
 CONTROLLER, KWORKER, KWORKER2, STOPPER = 50, 900, 901, 950

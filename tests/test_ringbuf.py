@@ -21,21 +21,18 @@ import pytest
 
 from harmony.probes.base import TraceCorrupt
 
+from conftest import IMPLEMENTATIONS, use_implementation
+
 TRACEFS = Path("/sys/kernel/tracing")
 
 
-@pytest.fixture(autouse=True, params=["compiled", "threads", "numpy"])
+@pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
 def decoder(request, monkeypatch):
-    """Every test runs with both decoders: the compiled kernels (ringbuf_jit) and the numpy one;
-    "threads" is the compiled one with its input split over 3 threads however small it is."""
-    from harmony.jit import numba_version
-    if request.param != "numpy" and numba_version() is None:
-        pytest.skip("numba is not installed: only the numpy decoder runs")
-    monkeypatch.setenv("HARMONY_JIT", "0" if request.param == "numpy" else "1")
-    if request.param == "threads":
-        monkeypatch.setenv("HARMONY_THREADS", "3")
-        monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
-    return request.param
+    """Every test runs with both decoders: the compiled kernels (ringbuf_jit), also split over
+    threads, and the numpy one."""
+    return use_implementation(request.param, monkeypatch)
+
+
 SCHED = ("sched_switch", "sched_migrate_task", "sched_wakeup", "sched_wakeup_new", "sched_waking",
          "sched_process_fork", "sched_process_exit")
 
