@@ -329,21 +329,7 @@ class Workload:
 
     def _kill_and_reap(self) -> None:
         """Workers this process forked itself."""
-        if self.pgid is not None and self._unreaped:  # an unreaped member keeps the group id ours
-            try:
-                os.killpg(self.pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in self._unreaped:  # also workers that left the group (there should be none)
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in sorted(self._unreaped):
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+        worker.kill_and_reap(self.pgid, self._unreaped)
         self._unreaped.clear()  # never signal a reaped pid again: it may belong to someone else now
 
     def _await_gone(self, timeout_s: float = 30.0) -> None:

@@ -329,15 +329,8 @@ class _Server:
         w = self.workloads.pop(wid, None)
         if w is None:
             return []
-        if w.unreaped:  # an unreaped member keeps the group's id from being reused
-            try:
-                os.killpg(w.pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in w.unreaped:  # also any that left the group (there should be none)
-            os.kill(pid, signal.SIGKILL)  # not reaped: the pid is still this child's
-        for pid in sorted(w.unreaped):
-            w.exited.append([pid, os.waitpid(pid, 0)[1]])
+        w.exited += worker.kill_and_reap(w.pgid, w.unreaped)
+        for pid in w.unreaped:
             self.owner.pop(pid, None)
         w.unreaped.clear()
         return w.exited

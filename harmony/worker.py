@@ -60,6 +60,30 @@ class Shared:
         return self._gates_addr + 4 * i
 
 
+def kill_and_reap(pgid: int | None, pids) -> list[list[int]]:
+    """SIGKILL the process group ``pgid`` and every one of ``pids`` (children of this process, not
+    reaped yet: an unreaped member keeps the group's id from being reused, so the group is safe to
+    signal), then reap them; returns [pid, wait status] of each."""
+    pids = sorted(pids)
+    if pgid is not None and pids:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:  # also any that left the group (there should be none)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out = []
+    for pid in pids:
+        try:
+            out.append([pid, os.waitpid(pid, 0)[1]])
+        except ChildProcessError:
+            pass
+    return out
+
+
 def wait_at_gate(shared: Shared, gate: int) -> None:
     """Sleep until the controller opens start gate ``gate``."""
     addr = shared.gate_addr(gate)
