@@ -181,13 +181,11 @@ def analyse_groups(groups: list[tuple[list[str], bool]], processes: int,
     Only for when nothing is being measured: the processes use every CPU. Forked, so they start
     with this process's modules already imported. Results in the order of ``groups``.
     ``while_waiting()``, if given, runs in this process once the others are forked (the last
-    ones to finish leave a CPU idle: a suite imports its report's modules there).
+    ones to finish leave a CPU idle: a suite imports its report's modules there); analysing in
+    this process alone, there is no such time and it is not called.
     """
     if processes <= 1 or len(groups) <= 1:
-        out = [r for g in groups for r in _analyse_group(g)]
-        if while_waiting is not None:
-            while_waiting()
-        return out
+        return [r for g in groups for r in _analyse_group(g)]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
