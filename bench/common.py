@@ -63,6 +63,15 @@ def emit_json(path: str | None, obj: dict) -> None:
         Path(path).write_text(text + "\n")
 
 
+def run_ns(pid: int) -> int | None:
+    """CPU time the kernel has given task ``pid`` so far (ns; /proc/<pid>/schedstat, first
+    field), or None once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def need_root(what: str) -> None:
     """Exit 2 with one line if this benchmark cannot use the kernel's tracing."""
     if os.geteuid() != 0:

@@ -121,9 +121,8 @@ class CpuTimePoller(threading.Thread):
         while pid is None and not self.stopping.wait(0.005):
             pid = self._find()
         while pid is not None and not self.stopping.wait(0.02):
-            try:
-                cpu_ns = int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
-            except (OSError, ValueError, IndexError):
+            cpu_ns = common.run_ns(pid)
+            if cpu_ns is None:
                 break
             self.samples.append((time.clock_gettime_ns(time.CLOCK_MONOTONIC), cpu_ns))
 
