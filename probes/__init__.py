@@ -3,7 +3,10 @@
 Pick one by name; every backend implements :class:`harmony.probes.base.Probe`.
 """
 
+from harmony.memory import small_pages
 from harmony.probes.base import Capture, Probe, ProbeError, TraceCorrupt
+
+small_pages()  # decoders fill and free many large arrays: see harmony.memory
 
 PROBES = {
     "tracefs": "harmony.probes.tracefs:TracefsProbe",
