@@ -3,7 +3,8 @@
 What is timed, per capture size, in one run and side by side (repetitions interleaved):
 
 - harmony: ``harmony.probes.ringbuf.decode_dir`` (cpuN.raw pages -> canonical events table) plus
-  the reconstruction tables of ``harmony.analysis.reconstruct`` (migrations, runs, run queue),
+  the reconstruction tables of ``harmony.analysis.reconstruct`` (migrations, runs, run queue:
+  ``df_core``, as a run's analysis builds them),
   each repetition in a fresh Python process so its peak memory can be read (``VmHWM``);
   "bytes/event" is that peak minus the process's size before decoding, over the events decoded.
   The compiled kernels' one-off start-up in a process (numba initialising and loading them from
@@ -118,9 +119,7 @@ def _ingest(raw: Path, tasks) -> tuple:
     ev = cap.events
     t0, t_end = int(ev["ts"].iloc[0]), int(ev["ts"].iloc[-1])
     cpus = sorted(int(c) for c in np.unique(ev["cpu"]))
-    reconstruct.df_migrations(ev, tasks, t0)
-    reconstruct.df_runs(ev, tasks, t0, t_end)
-    reconstruct.df_runqueue(ev, tasks, cpus, t0, t_end)
+    reconstruct.df_core(ev, tasks, cpus, t0, t_end)
     return cap, t_b
 
 

@@ -118,10 +118,10 @@ def write_tables(run_dir: Path, cap, tasks: pd.DataFrame, cpus, t0: int, t_end: 
     from harmony.analysis import reconstruct
 
     events = cap.events
-    runs = reconstruct.df_runs(events, tasks, t0, t_end)
+    core = reconstruct.df_core(events, tasks, cpus, t0, t_end)
+    runs = core["runs"]
     tables = {"events": events, "markers": cap.markers,
-              "migrations": reconstruct.df_migrations(events, tasks, t0), "runs": runs,
-              "runqueue": reconstruct.df_runqueue(events, tasks, cpus, t0, t_end),
+              "migrations": core["migrations"], "runs": runs, "runqueue": core["runqueue"],
               "allocation": reconstruct.df_allocation(runs, tasks, t0, t_end, int(window_s * 1e9)),
               "shares": reconstruct.df_task_share(runs, tasks, cpus, t0, t_end)}
     for name, df in tables.items():

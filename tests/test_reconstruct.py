@@ -750,3 +750,24 @@ def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state
         assert runs["unseen_start"].any() and (runs["start"] == ts[0]).any()
         assert set(runs.attrs["anomaly_kinds"]) == {"run_end_mismatch", "run_start_unseen"}
     assert runs["truncated"].any()   # left open by the cut trace
+
+
+@pytest.mark.parametrize("side_by_side", [True, False])
+def test_core_tables_are_the_three_tables(side_by_side, monkeypatch, state_machine):
+    """df_core gives df_migrations, df_runs and df_runqueue as called one by one, attrs included,
+    whether it builds the runs on a second thread (forced here, however small the input) or not."""
+    from harmony.analysis import taskstate
+    sim, ev = lossy_stream(4, 9, 5)
+    ts = ev["ts"].to_numpy()
+    cpus, t0, t_end = [0, 1, 2, 3], int(ts[len(ts) // 10]), int(ts[-len(ts) // 10])
+    monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1 if side_by_side else 1 << 40)
+    monkeypatch.setenv("HARMONY_THREADS", "2")
+    got = rc.df_core(ev, sim.tasks, cpus, t0, t_end)
+    monkeypatch.setattr(taskstate, "_last", None)
+    want = {"migrations": rc.df_migrations(ev, sim.tasks, t0), "runs": rc.df_runs(ev, sim.tasks, t0, t_end),
+            "runqueue": rc.df_runqueue(ev, sim.tasks, cpus, t0, t_end)}
+    assert sorted(got) == sorted(want)
+    for name in want:
+        pd.testing.assert_frame_equal(got[name], want[name], check_dtype=True)
+        assert got[name].attrs == want[name].attrs
+    assert len(got["migrations"]) and len(got["runs"]) and len(got["runqueue"]) > 4
