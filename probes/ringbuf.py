@@ -96,11 +96,18 @@ class Records:
     """Data records found in the pages, in (cpu, time) order before the cross-CPU merge."""
 
     pos: np.ndarray       # int64 byte offset of each record's data in the flat buffer
-    length: np.ndarray    # int64 data length (4-byte rounded)
+    length: np.ndarray    # int32 data length (4-byte rounded)
     ts: np.ndarray        # int64
-    page: np.ndarray      # int64 page index
+    cpu: np.ndarray       # int16 CPU whose buffer holds the record
     lost: np.ndarray      # per page: events the kernel reported lost before it (-1 = unknown count)
     missed: np.ndarray    # per page: RB_MISSED_EVENTS flag
+    code: np.ndarray | None = None   # int32 format code, if walk_pages was given the type look-up
+    #                                  (-1 = type id outside it, -2 = record too short for the id)
+    short: int = -1       # with code: the first record too short for its type id (-1 = none)
+
+    def page(self, r: int, page_size: int) -> int:
+        """The page holding record ``r`` (pages are back to back in the flat buffer)."""
+        return int(self.pos[r]) // page_size
 
 
 class PageSource:
@@ -228,8 +235,14 @@ def _read_uint(src: PageSource, byte_pos: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def walk_pages(src: PageSource, hp: HeaderPage) -> Records:
-    """Find every data record of every page; raise TraceCorrupt on an inconsistent page."""
+def walk_pages(src: PageSource, hp: HeaderPage, type_field: Field | None = None,
+               type_lut: np.ndarray | None = None) -> Records:
+    """Find every data record of every page; raise TraceCorrupt on an inconsistent page.
+
+    With ``type_field`` (where a record holds its event type id) and ``type_lut`` (type id ->
+    format code, -1 = none), the compiled walk also gives each record's format code in the same
+    pass (``Records.code``); the numpy walk leaves that to its caller.
+    """
     ps = src.page_size
     n_pages = src.n_pages
     if ps % 8 or hp.data_offset % 4 or hp.data_offset >= ps:
@@ -258,8 +271,9 @@ def walk_pages(src: PageSource, hp: HeaderPage) -> Records:
 
     jit = _compiled(len(src.buf))
     if jit is not None:
-        pos, length, ts, page = _walk_compiled(jit, src, hp, page_ts, size)
-        return Records(pos, length, ts, page, lost, missed)
+        pos, length, ts, cpu, code, short = _walk_compiled(jit, src, hp, page_ts, size, type_field,
+                                                           type_lut)
+        return Records(pos, length, ts, cpu, lost, missed, code, short)
 
     words = src.view("<u4")
     nwords = len(words)
@@ -315,31 +329,41 @@ def walk_pages(src: PageSource, hp: HeaderPage) -> Records:
     if n_pages:
         np.cumsum(cnt[:-1], out=starts[1:])
     out_pos = np.empty(n, np.int64)
-    out_len = np.empty(n, np.int64)
+    out_len = np.empty(n, np.int32)
     out_ts = np.empty(n, np.int64)
-    out_page = np.empty(n, np.int64)
+    out_cpu = np.empty(n, np.int16)
+    page_cpu = src.page_cpu.astype(np.int16)
     for dpos, dlen, t, pg, rank in steps:
         i = starts[pg] + rank
         out_pos[i] = dpos
         out_len[i] = dlen
         out_ts[i] = t
-        out_page[i] = pg
-    return Records(out_pos, out_len, out_ts, out_page, lost, missed)
+        out_cpu[i] = page_cpu[pg]
+    return Records(out_pos, out_len, out_ts, out_cpu, lost, missed)
 
 
-def _walk_compiled(jit, src: PageSource, hp: HeaderPage, page_ts: np.ndarray, size: np.ndarray):
+def _walk_compiled(jit, src: PageSource, hp: HeaderPage, page_ts: np.ndarray, size: np.ndarray,
+                   type_field: Field | None, type_lut: np.ndarray | None):
     """walk_pages' record search by the compiled kernel: count per page, then fill; both passes
-    split the pages over threads (:func:`harmony.jit.split`)."""
+    split the pages over threads (:func:`harmony.jit.split`). Returns (pos, length, ts, cpu, code
+    or None, first short record or -1)."""
     n_pages = src.n_pages
     active = size > 0
     counts = np.zeros(n_pages, np.int64)
     none = np.zeros(0, np.int64)
+    page_cpu = src.page_cpu.astype(np.int16)
+    with_code = type_field is not None and type_lut is not None
+    lut = np.asarray(type_lut, np.int32) if with_code else np.zeros(0, np.int32)
+    t_off, t_size = (type_field.offset, type_field.size) if with_code else (0, 0)
     args = (src.buf, src.page_size, hp.data_offset, page_ts, size, active)
+    types = (page_cpu, t_off, t_size, lut)
     ranges = split(n_pages, per_item=src.page_size // 100)     # records are ~100 bytes
 
     def count(lo, hi, _k):
-        err = np.zeros(5, np.int64)
-        return err if jit.walk(*args, counts, none, none, none, none, counts, err, lo, hi) else None
+        err = np.zeros(6, np.int64)
+        return err if jit.walk(*args, counts, none, none.astype(np.int32), none,
+                               none.astype(np.int16), none.astype(np.int32), *types, counts, err,
+                               lo, hi) else None
 
     bad = [e for e in run_split(count, ranges) if e is not None]
     if bad:
@@ -352,10 +376,16 @@ def _walk_compiled(jit, src: PageSource, hp: HeaderPage, page_ts: np.ndarray, si
     if n_pages:
         np.cumsum(counts[:-1], out=starts[1:])
     n = int(counts.sum())
-    out = [np.empty(n, np.int64) for _ in range(4)]
-    run_split(lambda lo, hi, _k: jit.walk(*args, starts, *out, counts, np.zeros(5, np.int64), lo, hi),
-              ranges)
-    return tuple(out)
+    out = (np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int16),
+           np.empty(n if with_code else 0, np.int32))
+
+    def fill(lo, hi, _k):
+        err = np.full(6, -1, np.int64)
+        jit.walk(*args, starts, *out, *types, counts, err, lo, hi)
+        return int(err[5])
+
+    short = [k for k in run_split(fill, ranges) if k >= 0]
+    return (*out[:4], out[4] if with_code else None, min(short) if short else -1)
 
 
 # --- field gathering ---------------------------------------------------------------------------
@@ -482,71 +512,73 @@ class Decoded:
 def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPage) -> Decoded:
     """Decode every page of ``src`` with the given formats (keyed by event ID)."""
     notes: list[str] = []
-    rec = walk_pages(src, hp)
-    n = len(rec.pos)
-    pos, length, page = rec.pos, rec.length, rec.page     # in (cpu, page, position) order
-
-    def where(r: int) -> str:
-        return src.where(int(page[r]), int(pos[r] % src.page_size))
-
-    # event type of each record
+    # where a record holds its event type id: the same in every format
     ctype = None
     for f in formats.values():
         ctype = f.field("common_type")
         break
     if ctype is None:
         ctype = Field("common_type", "unsigned short", 0, 2, False)
-    short = np.flatnonzero(length < ctype.offset + ctype.size)
-    if short.size:
-        k = int(short[0])
-        raise TraceCorrupt(f"{where(k)}: record of {int(length[k])} bytes is too short for an "
-                           f"event header")
-    etype = read_field(src, pos, ctype) if n else np.zeros(0, np.int64)
-
     ids = sorted(formats)
-    lut = np.full(1 << (8 * ctype.size), -1, np.int32)
+    type_lut = np.full(1 << (8 * ctype.size), -1, np.int32)     # type id -> format code
     for i, ev_id in enumerate(ids):
-        if 0 <= ev_id < len(lut):
-            lut[ev_id] = i
-    code = lut[etype] if n else np.zeros(0, np.int32)
+        if 0 <= ev_id < len(type_lut):
+            type_lut[ev_id] = i
+
+    rec = walk_pages(src, hp, ctype, type_lut)
+    n = len(rec.pos)
+    pos, length, cpu = rec.pos, rec.length, rec.cpu     # in (cpu, page, position) order
+
+    def where(r: int) -> str:
+        return src.where(rec.page(r, src.page_size), int(pos[r] % src.page_size))
+
+    if rec.code is None:        # the numpy walk: the event type of each record, here
+        short = np.flatnonzero(length < ctype.offset + ctype.size)
+        first_short = int(short[0]) if short.size else -1
+    else:
+        first_short = rec.short
+    if first_short >= 0:
+        raise TraceCorrupt(f"{where(first_short)}: record of {int(length[first_short])} bytes is "
+                           f"too short for an event header")
+    if rec.code is not None:
+        code = rec.code
+    else:
+        code = type_lut[read_field(src, pos, ctype)] if n else np.zeros(0, np.int32)
 
     unknown: dict[int, int] = {}
-    unk = code < 0
-    if unk.any():
-        u, c = np.unique(etype[unk], return_counts=True)
+    unk = np.flatnonzero(code < 0)
+    if unk.size:
+        u, c = np.unique(read_field(src, pos[unk], ctype), return_counts=True)
         unknown = {int(a): int(b) for a, b in zip(u, c)}
-        notes.append(f"{int(unk.sum())} records of event types with no format in formats/ were not "
+        notes.append(f"{unk.size} records of event types with no format in formats/ were not "
                      f"decoded (type id: count {unknown})")
-    del etype
 
     # cross-CPU merge: stable, so equal timestamps keep (cpu, page, position) order
-    order = np.argsort(rec.ts, kind="stable") if n and not (np.diff(rec.ts) >= 0).all() else None
-    cpu = src.page_cpu[page].astype(np.int16) if n else np.zeros(0, np.int16)
+    order = np.argsort(rec.ts, kind="stable") if n > 1 and not (rec.ts[1:] >= rec.ts[:-1]).all() \
+        else None
 
-    # markers: ftrace print; per-record kinds by table look-up on code + 1 (code -1: no format)
-    print_codes = [i for i, ev_id in enumerate(ids)
-                   if formats[ev_id].system == "ftrace" and formats[ev_id].name == "print"]
-    lut = np.zeros(len(ids) + 1, bool)
-    lut[np.asarray(print_codes, np.int64) + 1] = True
-    is_marker = lut[code + 1] if n else np.zeros(0, bool)
-    midx = np.flatnonzero(is_marker)
+    # what each record is, by format code: 1 = marker (ftrace print), 2 = event (any other
+    # system), 0 = neither (other ftrace-internal records; the last slot is code -1, no format)
+    kinds = np.zeros(len(ids) + 1, np.int8)
+    kinds[[i for i, ev_id in enumerate(ids)
+           if formats[ev_id].system == "ftrace" and formats[ev_id].name == "print"]] = 1
+    kinds[[i for i, ev_id in enumerate(ids) if formats[ev_id].system != "ftrace"]] = 2
+    kind = kinds[code] if n else np.zeros(0, np.int8)
+    midx = np.flatnonzero(kind == 1)
     if order is not None:       # the markers in merged order (a stable sort keeps ties in order)
         midx = midx[np.argsort(rec.ts[midx], kind="stable")]
     markers = _decode_markers(src, pos, length, rec.ts, cpu, code, midx, ids, formats)
 
-    # events: everything else with a known format (except other ftrace-internal events)
-    ev_codes = [i for i, ev_id in enumerate(ids) if formats[ev_id].system != "ftrace"]
-    lut = np.zeros(len(ids) + 1, bool)
-    lut[np.asarray(ev_codes, np.int64) + 1] = True
-    is_event = lut[code + 1] if n else np.zeros(0, bool)
-    other_ftrace = ~is_marker & ~unk & ~is_event
-    if other_ftrace.any():
-        notes.append(f"{int(other_ftrace.sum())} ftrace-internal records (not print) were skipped")
+    # events: everything else with a known format (except other ftrace-internal records)
+    other_ftrace = int(np.count_nonzero(kind == 0)) - unk.size
+    if other_ftrace:
+        notes.append(f"{other_ftrace} ftrace-internal records (not print) were skipped")
     jit = _compiled(len(src.buf))
     if jit is not None:
-        events, ev_notes = _decode_events_compiled(jit, src, rec, cpu, np.where(is_event, code, -1),
-                                                   order, ids, formats, where)
+        events, ev_notes = _decode_events_compiled(jit, src, rec, code, kind, kinds[:-1] == 2, order,
+                                                   ids, formats, where)
     else:
+        is_event = kind == 2
         eidx = np.flatnonzero(is_event) if order is None else order[is_event[order]]
         events, ev_notes = _decode_events(src, pos[eidx], length[eidx], rec.ts[eidx], cpu[eidx],
                                           code[eidx], ids, formats,
@@ -679,13 +711,15 @@ _JIT_INT_COLUMNS = tuple(c for c in INT_COLUMNS if c not in ("ts", "cpu"))
 _JIT_MAX_STRING = 64           # fixed char arrays up to this width are interned by the kernel
 
 
-def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, formats, where):
+def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order, ids, formats,
+                            where):
     """_decode_events in one compiled pass (``jit.gather``) over the records in merged order
-    (``order``, None = as walked); ``fmt_of``: format index of each event record, -1 = not one."""
+    (``order``, None = as walked); ``code``: each record's format index (-1 = none), ``kind``: 2
+    for an event record, ``event_fmt``: by format index, whether its records are events."""
     notes: list[str] = []
-    counts = np.bincount(fmt_of + 1, minlength=len(ids) + 1)     # slot 0: not an event
-    labels, label_of_code = _labels_present(np.flatnonzero(counts[1:]), ids, formats)
-    n = int(counts[1:].sum())
+    counts = np.bincount(code + 1, minlength=len(ids) + 1)[1:] * event_fmt  # events per format
+    labels, label_of_code = _labels_present(np.flatnonzero(counts), ids, formats)
+    n = int(counts.sum())
     n_fmt = len(ids)
     kinds = {np.dtype(np.int16): 0, np.dtype(np.int32): 1, np.dtype(np.int64): 2}
     col_kind = np.array([kinds[np.dtype(INT_COLUMNS[c])] for c in _JIT_INT_COLUMNS], np.int64)
@@ -697,7 +731,7 @@ def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, for
     str_spec = np.full((n_fmt, len(STRING_COLUMNS), 2), -1, np.int64)
     need = np.zeros(n_fmt, np.int64)
     by_hand: list[tuple[int, str, Field]] = []       # strings the kernel does not intern
-    label_lut = np.zeros(n_fmt, np.int32)
+    label_lut = np.full(n_fmt, -1, np.int32)              # -1: not an event format
     for c, li in label_of_code.items():
         label_lut[c] = li
         fmt = formats[ids[c]]
@@ -724,12 +758,11 @@ def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, for
     src_row = np.empty(n if by_hand else 0, np.int64)   # record of each event (strings by hand)
     str_codes = np.empty((len(STRING_COLUMNS), n), np.int32)
     order_arg = np.zeros(0, np.int64) if order is None else order
-    fmt64 = fmt_of                                      # int32: gather takes either
-    n_rec = len(fmt64)
+    n_rec = len(code)
     ranges = split(n_rec)
     j_lo = [0, n]
     if len(ranges) > 1:  # first event row of each range: the events before it, in merged order
-        is_ev = fmt64 >= 0 if order is None else fmt64[order] >= 0
+        is_ev = kind == 2 if order is None else kind[order] == 2
         j_lo = np.concatenate([[0], np.cumsum([np.count_nonzero(is_ev[lo:hi]) for lo, hi in ranges])])
         del is_ev
 
@@ -743,7 +776,7 @@ def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, for
             n_keys = np.zeros(1, np.int64)
             status = jit.gather(
                 src.buf, src.view("<u2"), src.view("<u4"), order_arg, rec.pos, rec.length, rec.ts,
-                cpu, fmt64, need, label_lut, int_spec, col_kind, col_row,
+                rec.cpu, code, need, label_lut, int_spec, col_kind, col_row,
                 ts, ev_cpu, ev_label, src_row, *outs, str_spec, str_codes, slots, keys, n_keys, err,
                 lo, hi, int(j_lo[k]))
             if status != jit.TABLE_FULL:
@@ -754,7 +787,7 @@ def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, for
     for status, err, _ in parts:     # the first short record in merged order
         if status == jit.SHORT_RECORD:
             r = int(err[1])
-            raise TraceCorrupt(f"{where(r)}: {formats[ids[int(fmt_of[r])]].full_name} record of "
+            raise TraceCorrupt(f"{where(r)}: {formats[ids[int(code[r])]].full_name} record of "
                                f"{int(err[2])} bytes is shorter than its format ({int(err[3])})")
     key_text = []
     for k, (_, _, keys) in enumerate(parts):
@@ -777,7 +810,7 @@ def _decode_events_compiled(jit, src, rec: Records, cpu, fmt_of, order, ids, for
         for c, hcol, f in by_hand:
             if hcol != col:
                 continue
-            idx = np.flatnonzero(fmt_of[src_row] == c)
+            idx = np.flatnonzero(code[src_row] == c)
             rows = src_row[idx]
             hc, strings = gather_strings(src, rec.pos[rows], rec.length[rows], f,
                                          lambda k, rows=rows: where(int(rows[k])))

@@ -5,8 +5,8 @@ fancy-indexing pass; each pass allocates arrays as long as the trace, and a 2 M-
 as much time faulting in fresh memory as computing. These kernels make one pass over the records
 instead and write straight into the final columns:
 
-- :func:`walk`: per page, the records' data offsets, lengths and timestamps (same rules as
-  ``ringbuf.walk_pages``, which documents the page and record layout)
+- :func:`walk`: per page, the records' data offsets, lengths, timestamps, CPUs and event formats
+  (same rules as ``ringbuf.walk_pages``, which documents the page and record layout)
 - :func:`gather`: per record, every integer column and every fixed-width string (interned in one
   open-addressing hash table, so each distinct string is decoded once)
 
@@ -24,6 +24,7 @@ import numpy as np
 import numba
 
 # walk() error kinds (err[0]); err[1] = page, err[2] = byte in page, err[3] = type_len, err[4] = length word
+# (err[5]: the first record too short for its type id, see walk)
 BAD_RECORD = 1
 # gather() error kinds
 SHORT_RECORD = 1      # err[1] = record index (as walked), err[2] = its length, err[3] = bytes its format needs
@@ -58,14 +59,21 @@ def _uint(buf, p, size):
 
 @_jit
 def walk(buf, page_size, data_offset, page_ts, data_size, active, starts,
-         out_pos, out_len, out_ts, out_page, counts, err, p_lo, p_hi):
+         out_pos, out_len, out_ts, out_cpu, out_code, page_cpu, type_off, type_size, type_lut,
+         counts, err, p_lo, p_hi):
     """Walk the records of every page ``p`` in [p_lo, p_hi) with ``active[p]`` (pages are
     independent: threads may walk disjoint ranges at once).
 
     Count mode (``out_pos`` empty): ``counts[p]`` = data records in page p. Fill mode: record k of
-    page p goes to index ``starts[p] + k`` of the out_* arrays.
+    page p goes to index ``starts[p] + k`` of the out_* arrays: its data's offset in ``buf``, data
+    length, time stamp, CPU (``page_cpu[p]``) and format code: ``type_lut[t]`` for the event type
+    id t read at ``type_off`` (``type_size`` bytes), -1 for an id outside ``type_lut``, -2 for a
+    record too short to hold the id (the first such record's index goes to err[5] if it is -1);
+    an empty ``out_code``: no codes.
     """
     fill = out_pos.shape[0] > 0
+    codes = out_code.shape[0] > 0          # empty out_code: no format codes wanted
+    n_types = type_lut.shape[0]
     nbuf = buf.shape[0]
     for p in range(p_lo, p_hi):
         if not active[p]:
@@ -117,7 +125,16 @@ def walk(buf, page_size, data_offset, page_ts, data_size, active, starts,
                         out_pos[i] = pos + 4
                         out_len[i] = tl * 4
                     out_ts[i] = ts
-                    out_page[i] = p
+                    out_cpu[i] = page_cpu[p]
+                    if not codes:
+                        pass
+                    elif out_len[i] < type_off + type_size:
+                        out_code[i] = -2
+                        if err[5] < 0:
+                            err[5] = i
+                    else:
+                        t = _uint(buf, out_pos[i] + type_off, type_size)
+                        out_code[i] = type_lut[t] if t < n_types else -1
                 k += 1
             if stop or newpos >= end:
                 break
@@ -209,10 +226,10 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
 
     buf: the pages as bytes; w16/w32: the same memory as u16/u32 (for aligned reads).
     order: record indices in merged (time) order, empty = as they are. pos/length/ts/cpu: per
-    record. fmt[r]: record r's format index, -1 = not an event (skipped). need[f]: bytes format f
-    needs; label_lut[f]: its label code (-> label_out). row_out (if not empty): the record of each
-    event. int_spec[f, c] = (offset, size, read_kind(), clear_mask); offset -1 = column absent in
-    format f. Column c goes to row col_row[c] of o16/o32/o64 by col_kind[c] = 0/1/2.
+    record. fmt[r]: record r's format index, -1 = none (skipped). need[f]: bytes format f
+    needs; label_lut[f]: its label code (-> label_out), -1 = not an event format (skipped).
+    row_out (if not empty): the record of each event. int_spec[f, c] = (offset, size,
+    read_kind(), clear_mask); offset -1 = column absent in format f. Column c goes to row col_row[c] of o16/o32/o64 by col_kind[c] = 0/1/2.
     str_spec[f, s] = (offset, width); offset -1 = absent (or not fixed-width: done by the caller).
     The string of event j for string column s becomes str_codes[s, j]: an index into keys (the C
     string as 32-bit words, zero padded). Absent fields are written as -1 (the out arrays may be
@@ -235,7 +252,7 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
     for i in range(i_lo, i_hi):
         r = order[i] if use_order else i
         f = fmt[r]
-        if f < 0:
+        if f < 0 or label_lut[f] < 0:      # no format, or not an event's
             continue
         p = pos[r]
         if length[r] < need[f]:

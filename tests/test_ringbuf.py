@@ -449,6 +449,39 @@ def test_unknown_event_type_is_reported(tmp_path):
     assert any("999" in n for n in cap.meta["notes"])
 
 
+def test_ftrace_internal_records_are_skipped_with_a_note(tmp_path):
+    """Records of an ftrace event other than print (here a made-up "bputs" format) are neither
+    events nor markers: they are counted in a note."""
+    from harmony.probes.ringbuf import decode_dir
+    table = dict(FORMATS_NEW, **{"ftrace/bputs": ("bputs", 6, "\tfield:unsigned long ip;\toffset:8;"
+                                                  "\tsize:8;\tsigned:0;\n", 'print fmt: "%ps"')})
+    f = parsed_formats(table)
+    b = PageBuilder(100)
+    for k in range(3):
+        b.event(encode(f["ftrace/bputs"], dict(common_pid=1, ip=k)), 1)
+    b.event(encode(f["sched/sched_wakeup"], dict(common_pid=1, comm="x", pid=2, prio=3, target_cpu=0)), 1)
+    b.event(encode(f["ftrace/print"], dict(common_pid=0, ip=1, buf="hello\n")), 1)
+    cap = decode_dir(write_dir(tmp_path, {0: [b.page()]}, table=table))
+    assert list(cap.events["event"]) == ["sched_wakeup"] and list(cap.markers["text"]) == ["hello"]
+    assert any(n.startswith("3 ftrace-internal records") for n in cap.meta["notes"])
+
+
+def test_record_too_short_for_its_type_id(tmp_path):
+    """A record whose data (type_len 0, length word 4: no data at all) cannot hold the event type
+    id: a clear error naming the file and page, on the second page of the second CPU."""
+    from harmony.probes.ringbuf import decode_dir
+    pages, _, _ = known_capture()
+    b = PageBuilder(2_000_000_000)
+    b.event(encode(parsed_formats(FORMATS_NEW)["sched/sched_wakeup"],
+                   dict(common_pid=1, comm="x", pid=2, prio=3, target_cpu=0)), 1)
+    b.data += struct.pack("<II", 0 | (1 << 5), 4)
+    pages[1][1] = b.page()
+    with pytest.raises(TraceCorrupt) as e:
+        decode_dir(write_dir(tmp_path, pages))
+    msg = _one_line(e)
+    assert "cpu1.raw: page 1 " in msg and "too short for an event header" in msg
+
+
 def test_padding_of_short_reads_is_harmless(tmp_path):
     """A short read padded with zeros: commit bounds the data, the zeros are never decoded."""
     from harmony.probes.ringbuf import decode_dir
