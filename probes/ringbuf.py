@@ -754,7 +754,7 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
     kw = max(1, (int(str_spec[:, :, 1].max(initial=0)) + 3) // 4)
     ts = np.empty(n, np.int64)
     ev_cpu = np.empty(n, np.int16)
-    ev_label = np.empty(n, np.int32)
+    ev_label = np.empty(n, np.int8 if len(labels) < 128 else np.int32)   # few labels: no copy later
     src_row = np.empty(n if by_hand else 0, np.int64)   # record of each event (strings by hand)
     str_codes = np.empty((len(STRING_COLUMNS), n), np.int32)
     order_arg = np.zeros(0, np.int64) if order is None else order
@@ -789,24 +789,24 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
             r = int(err[1])
             raise TraceCorrupt(f"{where(r)}: {formats[ids[int(code[r])]].full_name} record of "
                                f"{int(err[2])} bytes is shorter than its format ({int(err[3])})")
-    key_text = []
-    for k, (_, _, keys) in enumerate(parts):
-        if key_text:     # each range numbered its strings from 0: shift past the earlier ones'
-            sc = str_codes[:, j_lo[k]:j_lo[k + 1]]
-            sc[sc >= 0] += len(key_text)
-        key_text += [_decode_cstr(keys[i].astype("<u4").tobytes()) for i in range(len(keys))]
+    # each range numbered its strings from 0: range k's keys follow the earlier ranges' keys
+    key_text = [_decode_cstr(keys[i].astype("<u4").tobytes()) for _, _, keys in parts
+                for i in range(len(keys))]
+    key_off = np.cumsum([0] + [len(keys) for _, _, keys in parts])[:-1].astype(np.int64)
+    j_bounds = np.asarray(j_lo, np.int64)
 
     cols: dict[str, np.ndarray] = {"ts": ts, "cpu": ev_cpu}
     for j, col in enumerate(_JIT_INT_COLUMNS):
         cols[col] = outs[col_kind[j]][col_row[j]]
     for s, col in enumerate(STRING_COLUMNS):
-        sc = str_codes[s]
-        used = np.flatnonzero(np.bincount(sc[sc >= 0], minlength=len(key_text)))
+        codes = str_codes[s]
+        used = np.zeros(len(key_text), bool)
+        jit.mark_strings(codes, j_bounds, key_off, used)
         cats = {"": 0}
-        remap = np.zeros(len(key_text) + 1, np.int32)      # last slot: -1 (no string) -> ""
-        for k in used:
+        remap = np.zeros(len(key_text), np.int32)
+        for k in np.flatnonzero(used):
             remap[k] = cats.setdefault(key_text[k], len(cats))
-        codes = remap[sc]
+        jit.apply_strings(codes, j_bounds, key_off, remap)      # now category codes, in place
         for c, hcol, f in by_hand:
             if hcol != col:
                 continue

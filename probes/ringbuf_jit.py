@@ -350,3 +350,26 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
         j += 1
     n_keys[0] = nk
     return 0
+
+
+@_jit
+def mark_strings(codes, j_lo, key_off, used):
+    """used[key_off[k] + v] = True for every string code v >= 0 of rows [j_lo[k], j_lo[k + 1]):
+    gather()'s per-range string numbers, made global (range k's keys follow the earlier ones')."""
+    for k in range(j_lo.shape[0] - 1):
+        off = key_off[k]
+        for j in range(j_lo[k], j_lo[k + 1]):
+            v = codes[j]
+            if v >= 0:
+                used[off + v] = True
+
+
+@_jit
+def apply_strings(codes, j_lo, key_off, remap):
+    """In place: each string code v >= 0 of range k becomes remap[key_off[k] + v], -1 becomes 0
+    (the empty string's category)."""
+    for k in range(j_lo.shape[0] - 1):
+        off = key_off[k]
+        for j in range(j_lo[k], j_lo[k + 1]):
+            v = codes[j]
+            codes[j] = remap[off + v] if v >= 0 else 0
