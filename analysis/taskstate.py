@@ -159,36 +159,38 @@ def _compiled(n_events: int):
     return taskstate_jit
 
 
-def _event_kinds(events: pd.DataFrame, jit) -> np.ndarray:
-    """Per event: jit.SWITCH, its record code (wakeup, wakeup_new, migrate, exit) or -1."""
+def _event_kinds(events: pd.DataFrame, jit) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, lut): event e's kind is lut[codes[e]] (codes[e] < 0: none): jit.SWITCH, its record
+    code (wakeup, wakeup_new, migrate, exit) or -1. The event column's category codes when it is
+    categorical (no pass over the events here), else the kinds themselves."""
     col = events["event"]
     names = dict(_EVENT_RECORD, sched_switch=jit.SWITCH)
     if isinstance(col.dtype, pd.CategoricalDtype):
         cats = col.cat.categories
-        lut = np.full(len(cats) + 1, -1, np.int8)       # code -1 (missing) -> the last slot
+        lut = np.full(max(1, len(cats)), -1, np.int8)
         for name, code in names.items():
             if name in cats:
                 lut[cats.get_loc(name)] = code
-        return lut[col.cat.codes.to_numpy()]
+        return col.cat.codes.to_numpy(), lut
     kind = np.full(len(events), -1, np.int8)
     for name, code in names.items():
         kind[_event_mask(events, name)] = code
-    return kind
+    return kind, np.arange(jit.SWITCH + 1).astype(np.int8)
 
 
 def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray) -> pd.DataFrame:
     """_build_task_records by the compiled state machine (same table)."""
     table = np.full(int(pidset.max(initial=0)) + 3, -1, np.int32)   # pid v -> dense index at v + 1
     table[pidset.astype(np.int64) + 1] = np.arange(len(pidset), dtype=np.int32)
-    kind = _event_kinds(events, jit)
-    pid = events["pid"].to_numpy()
-    prev = events["prev_pid"].to_numpy()
-    none = np.zeros(0, np.int64)
-    m = jit.emit(kind, pid, prev, table, none, none.astype(np.int32), none.astype(np.int8), True)
-    rows, task, rec_in = np.empty(m, np.int64), np.empty(m, np.int32), np.empty(m, np.int8)
-    jit.emit(kind, pid, prev, table, rows, task, rec_in, False)
-    # records come in seq order: a stable sort by task gives (task, seq) (radix sort on uint16)
-    order = np.argsort(task.astype(np.uint16) if len(pidset) <= 1 << 16 else task, kind="stable")
+    codes, lut = _event_kinds(events, jit)
+    room = 2 * len(events)          # pages beyond the records written are never touched
+    rows, task, rec_in = np.empty(room, np.int64), np.empty(room, np.int32), np.empty(room, np.int8)
+    m = jit.emit(codes, lut, events["pid"].to_numpy(), events["prev_pid"].to_numpy(), table,
+                 rows, task, rec_in)
+    rows, task, rec_in = rows[:m], task[:m], rec_in[:m]
+    # records come in seq order: a stable sort by task gives (task, seq)
+    order, ends = np.empty(m, np.int64), np.empty(len(pidset), np.int64)
+    jit.by_task(task, len(pidset), order, ends)
     cols = {"seq": np.empty(m, np.int64), "ts": np.empty(m, np.int64),
             "pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int32),
             "record": np.empty(m, np.int8), "orig_cpu": np.empty(m, np.int32),
@@ -200,17 +202,17 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray) 
     args = (order, rows, task, rec_in, events["ts"].to_numpy(), events["cpu"].to_numpy(),
             events["orig_cpu"].to_numpy(), events["target_cpu"].to_numpy(),
             events["prev_state"].to_numpy(), pidset, *cols.values())
-    run_split(lambda lo, hi, _k: jit.walk(*args, lo, hi), _whole_tasks(task, m))
+    run_split(lambda lo, hi, _k: jit.walk(*args, lo, hi), _whole_tasks(ends, m))
     return pd.DataFrame(cols, copy=False)
 
 
-def _whole_tasks(task: np.ndarray, m: int) -> list[tuple[int, int]]:
+def _whole_tasks(ends: np.ndarray, m: int) -> list[tuple[int, int]]:
     """harmony.jit.split's ranges of the m records sorted by task, each cut moved to the nearest
-    task boundary (a task's records are walked by one thread); empty ranges dropped."""
+    task boundary (``ends``: where each task's records end; a task's records are walked by one
+    thread); empty ranges dropped."""
     ranges = split(m)
-    if len(ranges) == 1:
+    if len(ranges) == 1 or not len(ends):
         return ranges
-    ends = np.cumsum(np.bincount(task, minlength=1))      # end of each task's records
     cuts = [0] + [int(ends[np.abs(ends - hi).argmin()]) for _, hi in ranges[:-1]] + [m]
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 

@@ -810,7 +810,7 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
         for c, hcol, f in by_hand:
             if hcol != col:
                 continue
-            idx = np.flatnonzero(code[src_row] == c)
+            idx = np.flatnonzero(ev_label == label_lut[c])      # the events of format c
             rows = src_row[idx]
             hc, strings = gather_strings(src, rec.pos[rows], rec.length[rows], f,
                                          lambda k, rows=rows: where(int(rows[k])))
