@@ -407,8 +407,7 @@ def _runqueue_compiled(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_fi
     (:mod:`reconstruct_jit`)."""
     from harmony.analysis import reconstruct_jit
     seq = r["seq"].to_numpy()
-    # records come per task, each task's in seq order: a stable sort merges these runs
-    order = np.argsort(seq, kind="stable")
+    order = ts_.seq_rows(r)          # the records in time order (the table is by task)
     cb, ca = r["cpu_before"].to_numpy(), r["cpu_after"].to_numpy()
     hi = int(max(cb.max(initial=-1), ca.max(initial=-1), cpus.max(initial=-1)))
     lut = np.full(hi + 2, -1, np.int64)

@@ -139,9 +139,17 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     key = np.unique(np.asarray(pids, dtype=np.int32)).tobytes()
     if _last is not None and _last[0]() is events and _last[1] == key and _last[2] == len(events):
         return _last[3]
-    table = _build_task_records(events, pids)
-    _last = (weakref.ref(events), key, len(events), table)
+    table, seq_rows = _build_task_records_and_order(events, pids)
+    _last = (weakref.ref(events), key, len(events), table, seq_rows)
     return table
+
+
+def seq_rows(records: pd.DataFrame) -> np.ndarray:
+    """The rows of a :func:`task_records` table in seq (time) order (its rows are by task). Known
+    already for the table task_records returned last, if the compiled state machine built it."""
+    if _last is not None and _last[3] is records and _last[4] is not None:
+        return _last[4]
+    return np.argsort(records["seq"].to_numpy(), kind="stable")
 
 
 #: events from which the compiled state machine repays loading numba in a new process
@@ -178,8 +186,9 @@ def _event_kinds(events: pd.DataFrame, jit) -> tuple[np.ndarray, np.ndarray]:
     return kind, np.arange(jit.SWITCH + 1).astype(np.int8)
 
 
-def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray) -> pd.DataFrame:
-    """_build_task_records by the compiled state machine (same table)."""
+def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray):
+    """_build_task_records by the compiled state machine (same table); (table, its rows in seq
+    order)."""
     table = np.full(int(pidset.max(initial=0)) + 3, -1, np.int32)   # pid v -> dense index at v + 1
     table[pidset.astype(np.int64) + 1] = np.arange(len(pidset), dtype=np.int32)
     codes, lut = _event_kinds(events, jit)
@@ -189,8 +198,8 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray) 
                  rows, task, rec_in)
     rows, task, rec_in = rows[:m], task[:m], rec_in[:m]
     # records come in seq order: a stable sort by task gives (task, seq)
-    order, ends = np.empty(m, np.int64), np.empty(len(pidset), np.int64)
-    jit.by_task(task, len(pidset), order, ends)
+    order, ends, in_seq = np.empty(m, np.int64), np.empty(len(pidset), np.int64), np.empty(m, np.int64)
+    jit.by_task(task, len(pidset), order, ends, in_seq)
     cols = {"seq": np.empty(m, np.int64), "ts": np.empty(m, np.int64),
             "pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int32),
             "record": np.empty(m, np.int8), "orig_cpu": np.empty(m, np.int32),
@@ -203,7 +212,7 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray) 
             events["orig_cpu"].to_numpy(), events["target_cpu"].to_numpy(),
             events["prev_state"].to_numpy(), pidset, *cols.values())
     run_split(lambda lo, hi, _k: jit.walk(*args, lo, hi), _whole_tasks(ends, m))
-    return pd.DataFrame(cols, copy=False)
+    return pd.DataFrame(cols, copy=False), in_seq
 
 
 def _whole_tasks(ends: np.ndarray, m: int) -> list[tuple[int, int]]:
@@ -218,10 +227,19 @@ def _whole_tasks(ends: np.ndarray, m: int) -> list[tuple[int, int]]:
 
 
 def _build_task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
+    return _build_task_records_and_order(events, pids)[0]
+
+
+def _build_task_records_and_order(events: pd.DataFrame, pids) -> tuple[pd.DataFrame, np.ndarray | None]:
+    """(the task_records table, its rows in seq order if the compiled state machine built it)."""
     pidset = np.unique(np.asarray(pids, dtype=np.int32))
     jit = _compiled(len(events))
     if jit is not None and (pidset.min(initial=0) >= 0 and pidset.max(initial=0) < 1 << 24):
         return _build_task_records_compiled(jit, events, pidset)
+    return _build_task_records_numpy(events, pidset), None
+
+
+def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.DataFrame:
     n_ev = len(events)
     pid = events["pid"].to_numpy()
     prev = events["prev_pid"].to_numpy()

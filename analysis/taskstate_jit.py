@@ -80,9 +80,10 @@ def emit(codes, lut, pid, prev_pid, table, rows, task, rec):
 
 
 @_jit
-def by_task(task, n_tasks, order, ends):
+def by_task(task, n_tasks, order, ends, where):
     """A stable counting sort: order = the records ordered by task (each task's in their given
-    order), ends[t] = where task t's records end in it."""
+    order), ends[t] = where task t's records end in it, where[k] = where record k went (the
+    inverse of order: the sorted rows in the records' given order)."""
     for t in range(n_tasks):
         ends[t] = 0
     for k in range(task.shape[0]):
@@ -96,6 +97,7 @@ def by_task(task, n_tasks, order, ends):
     for k in range(task.shape[0]):
         t = task[k]
         order[at[t]] = k
+        where[k] = at[t]
         at[t] += 1
 
 

@@ -771,3 +771,15 @@ def test_core_tables_are_the_three_tables(side_by_side, monkeypatch, state_machi
         pd.testing.assert_frame_equal(got[name], want[name], check_dtype=True)
         assert got[name].attrs == want[name].attrs
     assert len(got["migrations"]) and len(got["runs"]) and len(got["runqueue"]) > 4
+
+
+def test_seq_rows_is_the_time_order_of_the_records(state_machine):
+    """taskstate.seq_rows: the rows of the records table in seq order, whether the compiled state
+    machine handed them over (a counting sort's inverse) or they are sorted afresh."""
+    from harmony.analysis import taskstate
+    sim, ev = lossy_stream(8, 20, 3)
+    r = taskstate.task_records(ev, sim.tasks["pid"])
+    want = np.argsort(r["seq"].to_numpy(), kind="stable")
+    assert (np.diff(r["seq"].to_numpy()) < 0).any()          # the table itself is by task
+    assert (taskstate.seq_rows(r) == want).all()
+    assert (taskstate.seq_rows(r.copy()) == want).all()      # not the table built last: sorted
