@@ -717,7 +717,9 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
     (``order``, None = as walked); ``code``: each record's format index (-1 = none), ``kind``: 2
     for an event record, ``event_fmt``: by format index, whether its records are events."""
     notes: list[str] = []
-    counts = np.bincount(code + 1, minlength=len(ids) + 1)[1:] * event_fmt  # events per format
+    counts = np.zeros(len(ids) + 1, np.int64)
+    jit.count_codes(code, counts)
+    counts = counts[1:] * event_fmt                               # events per format
     labels, label_of_code = _labels_present(np.flatnonzero(counts), ids, formats)
     n = int(counts.sum())
     n_fmt = len(ids)
@@ -762,9 +764,7 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
     ranges = split(n_rec)
     j_lo = [0, n]
     if len(ranges) > 1:  # first event row of each range: the events before it, in merged order
-        is_ev = kind == 2 if order is None else kind[order] == 2
-        j_lo = np.concatenate([[0], np.cumsum([np.count_nonzero(is_ev[lo:hi]) for lo, hi in ranges])])
-        del is_ev
+        j_lo = np.cumsum([0] + [jit.count_events(kind, order_arg, lo, hi) for lo, hi in ranges])
 
     def fill(lo, hi, k):
         """Records [lo, hi) -> rows from j_lo[k]; (status, err, interned keys)."""
