@@ -757,7 +757,11 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
     ts = np.empty(n, np.int64)
     ev_cpu = np.empty(n, np.int16)
     ev_label = np.empty(n, np.int8 if len(labels) < 128 else np.int32)   # few labels: no copy later
-    src_row = np.empty(n if by_hand else 0, np.int64)   # record of each event (strings by hand)
+    # the record of each event whose strings are decoded by hand (only those rows are written:
+    # the other pages of src_row are never touched)
+    src_row = np.empty(n if by_hand else 0, np.int64)
+    row_fmt = np.zeros(n_fmt, np.uint8)
+    row_fmt[[c for c, _, _ in by_hand]] = 1
     str_codes = np.empty((len(STRING_COLUMNS), n), np.int32)
     order_arg = np.zeros(0, np.int64) if order is None else order
     n_rec = len(code)
@@ -777,8 +781,8 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
             status = jit.gather(
                 src.buf, src.view("<u2"), src.view("<u4"), order_arg, rec.pos, rec.length, rec.ts,
                 rec.cpu, code, need, label_lut, int_spec, col_kind, col_row,
-                ts, ev_cpu, ev_label, src_row, *outs, str_spec, str_codes, slots, keys, n_keys, err,
-                lo, hi, int(j_lo[k]))
+                ts, ev_cpu, ev_label, row_fmt, src_row, *outs, str_spec, str_codes, slots, keys,
+                n_keys, err, lo, hi, int(j_lo[k]))
             if status != jit.TABLE_FULL:
                 return status, err, keys[:int(n_keys[0])]
             cap *= 8

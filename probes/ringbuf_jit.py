@@ -218,7 +218,8 @@ def _cstr_key(buf, w32, q, width, key):
 
 @_jit
 def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int_spec, col_kind,
-           col_row, ts_out, cpu_out, label_out, row_out, o16, o32, o64, str_spec, str_codes, slots,
+           col_row, ts_out, cpu_out, label_out, row_fmt, row_out, o16, o32, o64, str_spec, str_codes,
+           slots,
            keys, n_keys, err, i_lo, i_hi, j_lo):
     """Fill the event columns: out row j = the j-th event record in merged order, for the records
     at merged positions [i_lo, i_hi), whose first event is row j_lo (threads may fill disjoint
@@ -228,8 +229,10 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
     order: record indices in merged (time) order, empty = as they are. pos/length/ts/cpu: per
     record. fmt[r]: record r's format index, -1 = none (skipped). need[f]: bytes format f
     needs; label_lut[f]: its label code (-> label_out), -1 = not an event format (skipped).
-    row_out (if not empty): the record of each event. int_spec[f, c] = (offset, size,
-    read_kind(), clear_mask); offset -1 = column absent in format f. Column c goes to row col_row[c] of o16/o32/o64 by col_kind[c] = 0/1/2.
+    row_out (if not empty): the record of each event of a format with row_fmt[f] (the other rows
+    are left unwritten). int_spec[f, c] = (offset, size, read_kind(), clear_mask); offset -1 =
+    column absent in format f. Column c goes to row col_row[c] of o16/o32/o64 by col_kind[c] =
+    0/1/2.
     str_spec[f, s] = (offset, width); offset -1 = absent (or not fixed-width: done by the caller).
     The string of event j for string column s becomes str_codes[s, j]: an index into keys (the C
     string as 32-bit words, zero padded). Absent fields are written as -1 (the out arrays may be
@@ -264,7 +267,7 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, int
         ts_out[j] = ts[r]
         cpu_out[j] = cpu[r]
         label_out[j] = label_lut[f]
-        if keep_rows:
+        if keep_rows and row_fmt[f]:
             row_out[j] = r
         for c in range(n_int):
             off = int_spec[f, c, 0]
