@@ -24,6 +24,9 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
       ran_before_t0    pids switched in before t0 in the trace (should be none: held at the gate)
       moved_before_released  migrations of tasks between t0 and the "released" marker: the
                        scheduler acting on tasks freed early in the window (None without marker)
+      woke_off_initial_cpu  pids whose first wake-up after t0 put them on a CPU other than their
+                       ``initial_cpu`` (should be none: the layout exists at t0; None when
+                       ``tasks`` has no initial_cpu or the events no target_cpu)
     """
     pids = tasks["pid"].to_numpy()
     ours = events["pid"].isin(pids)
@@ -33,6 +36,13 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
     ran = events[(events["event"] == "sched_switch") & (events["ts"] < t0) & ours]
     out = {"woken": int(len(first)), "not_woken": not_woken,
            "ran_before_t0": sorted(set(ran["pid"].tolist()))}
+    if "initial_cpu" in tasks.columns and "target_cpu" in events.columns and len(wake):
+        firsts = wake.sort_values("ts", kind="stable").drop_duplicates("pid")
+        home = dict(zip(tasks["pid"].tolist(), tasks["initial_cpu"].tolist()))
+        out["woke_off_initial_cpu"] = sorted(int(p) for p, c in zip(firsts["pid"], firsts["target_cpu"])
+                                             if int(c) != int(home[int(p)]))
+    else:
+        out["woke_off_initial_cpu"] = None
     if released is not None:
         moved = (events["event"] == "sched_migrate_task") & (events["ts"] >= t0) & (events["ts"] <= released)
         out["moved_before_released"] = int((moved & ours).sum())

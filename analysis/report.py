@@ -27,7 +27,8 @@ def trust_lines(m: dict) -> list[str]:
         f"events decoded               {cap.get('n_events', '?')} ({cap.get('bytes', '?')} raw bytes)",
         f"lost events                  {'unknown' if lost is None or lost < 0 else lost}",
         f"release spread               {_ms(rel.get('release_spread_ns'))} "
-        f"(wake-ups {_ms(rel.get('wake_spread_ns'))}; {rel.get('woken', '?')} tasks woken)",
+        f"(wake-ups {_ms(rel.get('wake_spread_ns'))}; {rel.get('woken', '?')} tasks woken; "
+        f"{m.get('release_method', '?')}, {m.get('release_mode') or 'confined'})",
         f"measured window              {m.get('measured_s', 0):.3f} s after t0",
     ]
     if ka and ka.get("agreement") is not None:

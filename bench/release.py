@@ -9,9 +9,13 @@ trace by ``harmony.analysis.release.release_spread`` (manifest ``release``):
   freed to the whole CPU set (the last cpuset write, or the last sched_setaffinity on the
   fallback): an upper bound of the window in which the layout was not yet what the scheduler sees
 
+Also from the trace: tasks whose first wake-up after t0 was not on their initial CPU ("woke off";
+should be 0: the layout exists at t0) and migrations of tasks before "released" ("moved").
+
 Target: release spread < 1 ms at 256 tasks. Sizes run interleaved (8, 64, 256, 8, 64, ...);
 ``--placement cpuset,affinity`` also interleaves the controller's two ways of holding the tasks
-(``HARMONY_RELEASE_PLACEMENT``, see ``harmony/controller.py``).
+(``HARMONY_RELEASE_PLACEMENT``), ``--mode occupied,confined`` its two orders of release
+(``HARMONY_RELEASE_MODE``; see ``harmony/controller.py``).
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 
-def one_release(ntasks: int, out: Path, duration: float, placement: str) -> dict:
-    from harmony.controller import ENV_PLACEMENT
+def one_release(ntasks: int, out: Path, duration: float, placement: str, mode: str) -> dict:
+    from harmony.controller import ENV_MODE, ENV_PLACEMENT
     from harmony.experiments import get_experiment
     from harmony.host import online_cpus
     from harmony.hygiene import HostBusy
@@ -38,19 +42,19 @@ def one_release(ntasks: int, out: Path, duration: float, placement: str) -> dict
     cpus = online_cpus()
     params = exp.resolve({"layout": [ntasks] + [0] * (len(cpus) - 1), "duration": duration,
                           "sample_hz": 0.0}, cpus)
-    os.environ[ENV_PLACEMENT] = placement
+    os.environ[ENV_PLACEMENT], os.environ[ENV_MODE] = placement, mode
     try:
         for _ in range(60):
             try:
                 run = execute(exp, params, cpus, out, quiet=True)
                 m = run.manifest
                 return m["release"] | {"notes": m.get("controller_notes", []),
-                                       "method": m.get("release_method"),
+                                       "method": f"{m.get('release_method')}/{m.get('release_mode')}",
                                        "foreign_load": _foreign_share(m.get("foreign_load"))}
             except HostBusy:
                 time.sleep(2)  # another run holds the host lock
     finally:
-        del os.environ[ENV_PLACEMENT]
+        del os.environ[ENV_PLACEMENT], os.environ[ENV_MODE]
     sys.exit("another Harmony run held the host lock for two minutes")
 
 
@@ -65,6 +69,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tasks", default="8,64,256", help="task counts, comma-separated (default %(default)s)")
     ap.add_argument("--placement", default="auto",
                     help="comma-separated: auto, cpuset, affinity (default %(default)s)")
+    ap.add_argument("--mode", default="auto",
+                    help="comma-separated: auto, occupied, confined (default %(default)s)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per count (default %(default)s)")
     ap.add_argument("--duration", type=float, default=0.3, help="seconds each run lasts after t0")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
@@ -78,16 +84,21 @@ def main(argv=None) -> int:
     placements = [x.strip() for x in a.placement.split(",") if x.strip()]
     if not placements or set(placements) - {"auto", "cpuset", "affinity"}:
         ap.error(f"--placement: not a list of auto, cpuset, affinity: {a.placement!r}")
+    modes = [x.strip() for x in a.mode.split(",") if x.strip()]
+    if not modes or set(modes) - {"auto", "occupied", "confined"}:
+        ap.error(f"--mode: not a list of auto, occupied, confined: {a.mode!r}")
     common.need_root("the release benchmark")
 
-    got: dict[tuple[str, int], list[dict]] = {(pl, n): [] for n in counts for pl in placements}
+    ways = [(pl, mo) for pl in placements for mo in modes]
+    got: dict[tuple[tuple[str, str], int], list[dict]] = {(w, n): [] for n in counts for w in ways}
     with tempfile.TemporaryDirectory(prefix="harmony-bench-release-") as tmp:
         for rep in range(a.reps):
             for n in counts:
-                for pl in placements:
-                    got[pl, n].append(one_release(n, Path(tmp) / f"{pl}-n{n}-r{rep}", a.duration, pl))
+                for pl, mo in ways:
+                    got[(pl, mo), n].append(one_release(n, Path(tmp) / f"{pl}-{mo}-n{n}-r{rep}",
+                                                        a.duration, pl, mo))
     rows, results = [], []
-    for (pl, n), rs in got.items():
+    for (way, n), rs in got.items():
         rel = common.median([r["release_spread_ns"] for r in rs]) / 1e6
         wake = common.median([r["wake_spread_ns"] for r in rs]) / 1e6
         worst = max(r["release_spread_ns"] or 0 for r in rs) / 1e6
@@ -95,22 +106,26 @@ def main(argv=None) -> int:
         missing = sum(len(r["not_woken"]) for r in rs)
         loads = [r["foreign_load"] for r in rs if r["foreign_load"] is not None]
         foreign = 100 * max(loads) if loads else float("nan")
-        method = "/".join(sorted({str(r["method"]) for r in rs}))
-        rows.append([n, method, rel, worst, wake, first, missing, foreign])
-        results.append({"tasks": n, "placement": pl, "method": method, "release_spread_ms": rel,
+        off = sum(len(r.get("woke_off_initial_cpu") or []) for r in rs)
+        moved = sum(r.get("moved_before_released") or 0 for r in rs)
+        method = ",".join(sorted({str(r["method"]) for r in rs}))
+        rows.append([n, method, rel, worst, wake, first, missing, off, moved, foreign])
+        results.append({"tasks": n, "way": way, "method": method, "release_spread_ms": rel,
                         "release_spread_worst_ms": worst, "wake_spread_ms": wake,
-                        "first_wakeup_after_t0_us": first, "not_woken": missing, "foreign_load_max_pct": foreign,
+                        "first_wakeup_after_t0_us": first, "not_woken": missing, "woke_off": off,
+                        "moved_before_released": moved, "foreign_load_max_pct": foreign,
                         "runs": [{k: v for k, v in r.items() if k != "not_woken"} for r in rs]})
-    print(f"{a.reps} runs per count, medians (worst: the largest of the runs)\n")
+    print(f"{a.reps} runs per count, medians (worst: the largest of the runs; not woken, woke off "
+          f"and moved: totals over the runs)\n")
     common.table(["tasks", "method", "release ms", "worst ms", "wake-ups ms", "t0->first wake us",
-                  "not woken", "foreign max %"], rows)
+                  "not woken", "woke off", "moved", "foreign max %"], rows)
     notes = sorted({nt for rs in got.values() for r in rs for nt in r["notes"]})
     for nt in notes:
         print(f"note: {nt}")
     print()
     top = max(counts)
-    for pl in placements:
-        big = next(r for r in results if r["placement"] == pl and r["tasks"] == top)
+    for way in ways:
+        big = next(r for r in results if r["way"] == way and r["tasks"] == top)
         detail = f"median {big['release_spread_ms']:.3f} ms, worst {big['release_spread_worst_ms']:.3f} ms"
         print(common.verdict(f"release spread < 1 ms at {top} tasks ({big['method']})",
                              big["release_spread_ms"] < 1.0, detail))

@@ -234,6 +234,9 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
     rel = manifest["release"]
     if rel["not_woken"]:
         notes.append(f"{len(rel['not_woken'])} tasks were never seen waking after t0")
+    if rel.get("woke_off_initial_cpu"):
+        notes.append(f"{len(rel['woke_off_initial_cpu'])} tasks woke at t0 on a CPU other than their "
+                     f"initial one: the layout did not exist at t0 (pids {rel['woke_off_initial_cpu'][:5]})")
     if manifest["reconstruction_anomalies"]:
         kinds = ", ".join(f"{k} {v}" for k, v in manifest["reconstruction_anomaly_kinds"].items())
         silent = meta.get("silent_contexts") or []

@@ -11,14 +11,32 @@ Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly acc
    worker sleeps at its gate. Confinement is a cpuset cgroup per initial CPU
    (:mod:`harmony.cpuset`, the worker joins it) or, where cpusets are unavailable, the worker's
    own affinity mask; ``pinned`` tasks (static-ideal runs) always pin their own affinity.
-2. ``release(mark)`` runs on the CPU holding the most tasks (their wake-ups are then local, half
-   the cost of remote ones) as SCHED_FIFO (when allowed: the workers it wakes cannot preempt it
-   half-way). It writes the t0 marker, wakes each gate with one FUTEX_WAKE (the workers become
-   runnable on their initial CPUs, so the layout is exactly what the scheduler sees at t0), then
-   frees the tasks to the experiment CPU set: one ``cpuset.cpus`` write per initial CPU, or one
-   ``sched_setaffinity`` per task on the fallback; then it writes the "released" marker. Waking
-   before freeing matters: a task freed while asleep would be placed by the wake-up path and the
-   layout would never exist.
+2. ``release(mark)`` runs on the CPU holding the most tasks (the "home" CPU: its wake-ups are then
+   local, half the cost of remote ones) as SCHED_FIFO (when allowed: the workers it wakes cannot
+   preempt it half-way). The workers must become runnable on their initial CPUs, so that the
+   layout is exactly what the scheduler sees at t0. Two ways (``release_mode``):
+
+   - ``occupied`` (default): every other CPU of the set is held by an *occupier*, a small
+     SCHED_FIFO process spinning on it (:func:`harmony.worker.occupy`, forked with the workers).
+     While the workers still sleep, the controller frees them to the set (one ``cpuset.cpus``
+     write per initial CPU, or one ``sched_setaffinity`` per task: cheap on a sleeping task),
+     writes the t0 marker, and each CPU's gate is opened from that CPU (the home gate by the
+     controller, the others by their occupiers, at once). The fair class's wake-up path keeps a
+     task on its previous CPU when that is the waker's and no CPU is idle, so each task wakes
+     where it was held; then the occupiers stop and the "released" marker is written. The
+     per-task work under the home CPU's run-queue lock is one wake-up (256 tasks, 2-vCPU VM,
+     ``bench/release.py``: 0.90 ms from the first wake-up to "released", against 1.12 ms for
+     ``confined``; the wake-ups themselves cost more, as a task free to run on two CPUs goes
+     through the wake-up path's search for an idle CPU).
+   - ``confined``: the controller writes the t0 marker, wakes each gate with one FUTEX_WAKE while
+     the tasks are still confined, then frees them (a dequeue and an enqueue per task under the
+     run-queue lock) and writes the "released" marker. Used when a sched_ext scheduler is enabled
+     (its own code chooses where a task wakes), when an occupier cannot run as SCHED_FIFO, when
+     there is nothing to free or one CPU only, or when ``HARMONY_RELEASE_MODE=confined``.
+
+   Freeing a task while asleep without occupiers would not do: the wake-up path would place it
+   on an idle CPU and the layout would never exist. The trace checks it either way
+   (``harmony.analysis.release``: where each task woke, migrations before "released").
 3. ``stop()`` kills the group and returns once every worker is reaped (by the server, which
    reports exit statuses; a worker that dies before t0 is reported by ``spawn()``), then removes
    the cgroups. Workers carry PR_SET_PDEATHSIG=SIGKILL tied to the process that forked them (the
@@ -28,7 +46,8 @@ Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly acc
 
 ``HARMONY_RELEASE_PLACEMENT`` (expert option, for comparisons) = ``cpuset`` | ``affinity`` forces a
 confinement; default ``auto``: cpusets when available. ``release_method`` says which one a
-workload used; the notes say why cpusets were not.
+workload used; the notes say why cpusets were not. ``HARMONY_RELEASE_MODE`` = ``occupied`` |
+``confined`` likewise forces the release's order (default ``auto``: occupied where it can be).
 
 Each worker counts its work loops in a shared array (``work_done()``), the raw material for the
 observer-effect and slowdown measurements.
@@ -48,7 +67,7 @@ import time
 
 import numpy as np
 
-from harmony import forkserver, worker
+from harmony import forkserver, host, worker
 from harmony.cpuset import CpusetGroups, CpusetUnavailable
 from harmony.forkserver import ForkServerError
 from harmony.tasks import TaskSpec
@@ -56,6 +75,10 @@ from harmony.worker import FUTEX_WAKE, SPIN_UNIT, SYS_FUTEX, WAKE_ALL, futex as 
 
 ENV_PLACEMENT = "HARMONY_RELEASE_PLACEMENT"
 PLACEMENTS = ("auto", "cpuset", "affinity")
+ENV_MODE = "HARMONY_RELEASE_MODE"
+MODES = ("auto", "occupied", "confined")
+FIFO_PRIO = 10          # the controller's and the occupiers' SCHED_FIFO priority during the release
+OCCUPY_WAIT_S = 0.5     # how long the release waits for an occupier before it does without
 _workload_ids = itertools.count(1)
 
 
@@ -75,7 +98,8 @@ def _state(pid: int) -> bytes | None:
 class Workload:
     """A set of worker processes for one run. Use as a context manager: leaving kills them all."""
 
-    def __init__(self, specs: list[TaskSpec], cpus: list[int], seed: int = 0, placement: str | None = None):
+    def __init__(self, specs: list[TaskSpec], cpus: list[int], seed: int = 0, placement: str | None = None,
+                 mode: str | None = None):
         if not specs:
             raise ControllerError("the workload has no tasks")
         self.specs = list(specs)
@@ -84,6 +108,9 @@ class Workload:
         self.placement = placement or os.environ.get(ENV_PLACEMENT, "auto")
         if self.placement not in PLACEMENTS:
             raise ControllerError(f"{ENV_PLACEMENT}={self.placement!r}: expected one of {', '.join(PLACEMENTS)}")
+        self.mode = mode or os.environ.get(ENV_MODE, "auto")
+        if self.mode not in MODES:
+            raise ControllerError(f"{ENV_MODE}={self.mode!r}: expected one of {', '.join(MODES)}")
         if SYS_FUTEX is None:
             raise ControllerError(f"no futex system call number known for {platform.machine()}")
         self.pids: list[int] = []
@@ -92,13 +119,18 @@ class Workload:
         self.notes: list[str] = []
         self.cpusets: CpusetGroups | None = None
         self.release_method: str | None = None  # "cpuset" or "affinity", known after spawn()
+        self.release_mode: str | None = None  # "occupied" or "confined", known after spawn()
         self._served: tuple[forkserver.ForkServer, int] | None = None  # (server, workload id)
         # the shared page (harmony.worker.Shared): t0, a work counter per worker, one start gate
         # (futex word) per initial CPU, one "at the gate" flag per worker. A memfd, so that the
         # fork server can map it too.
         n = len(specs)
         self._gate_cpus = sorted({s.initial_cpu for s in specs})
-        size = worker.Shared.size(n, len(self._gate_cpus))
+        counts = {c: sum(s.initial_cpu == c for s in specs) for c in self._gate_cpus}
+        self._home = max(counts, key=counts.get)  # the release runs here (see release())
+        self._occupied = self._occupiable()       # the CPUs an occupier would hold
+        self._occupier_pids: list[int] = []
+        size = worker.Shared.size(n, len(self._gate_cpus), len(self._occupied))
         self._no_memfd: str | None = None
         try:
             self._memfd: int | None = os.memfd_create("harmony-workload")  # close-on-exec
@@ -109,11 +141,26 @@ class Workload:
             self._shm = mmap.mmap(-1, size, flags=mmap.MAP_SHARED)
             self._no_memfd = ("workers forked by the controller: no memfd for the fork server "
                               f"({exc.strerror})")
-        self._shared = worker.Shared(self._shm, n, len(self._gate_cpus))
+        self._shared = worker.Shared(self._shm, n, len(self._gate_cpus), len(self._occupied))
         cells = np.frombuffer(self._shm, dtype=np.int64, count=n + 1)
         self._t0, self._work = cells[:1], cells[1:]
         words = np.frombuffer(self._shm, dtype=np.int32, count=len(self._gate_cpus) + n, offset=8 * (n + 1))
         self._gates, self._ready = words[:len(self._gate_cpus)], words[len(self._gate_cpus):]
+
+    def _occupiable(self) -> list[int]:
+        """The CPUs occupiers would hold for an ``occupied`` release (every CPU of the set but the
+        home CPU), or [] where that release cannot be used (release_mode says why after spawn)."""
+        self._confined_why = None
+        free = [s for s in self.specs if not s.pinned]
+        others = sorted(set(self.cpus) - {self._home})
+        if self.mode == "confined":
+            self._confined_why = f"{ENV_MODE}=confined"
+        elif not free or not others:
+            self._confined_why = "nothing to free" if not free else "one CPU"
+        elif host.sched_ext_state()["state"] == "enabled":
+            self._confined_why = "a sched_ext scheduler chooses where woken tasks run"
+            self.notes.append(f"release confined (woken, then freed): {self._confined_why}")
+        return [] if self._confined_why else others
 
     def _close_memfd(self) -> None:
         if getattr(self, "_memfd", None) is not None:
@@ -147,6 +194,9 @@ class Workload:
             tasks.append({"slot": slot, "spec": dataclasses.asdict(spec) | {"comm": spec.comm},
                           "gate": self._gate_cpus.index(spec.initial_cpu),
                           "seed": self.seed * 100_003 + slot, "join": join})
+        for k, cpu in enumerate(self._occupied):
+            tasks.append({"kind": "occupy", "k": k, "cpu": cpu, "prio": FIFO_PRIO,
+                          "gate": self._gate_cpus.index(cpu) if cpu in self._gate_cpus else -1})
         try:
             server, note = forkserver.shared() if self._memfd is not None else (None, self._no_memfd)
             if note:
@@ -157,7 +207,10 @@ class Workload:
                 self._spawn_forked(tasks)
         finally:
             self._close_memfd()  # the server has mapped it, forked workers inherited the mapping
+        n = len(self.specs)
+        self.pids, self._occupier_pids = self.pids[:n], self.pids[n:]
         self._wait_at_gates(time.monotonic() + timeout_s, timeout_s)
+        self._wait_for_occupiers(time.monotonic() + timeout_s, timeout_s)
 
     def _spawn_served(self, server: forkserver.ForkServer, tasks: list[dict]) -> None:
         wid = next(_workload_ids)
@@ -185,7 +238,7 @@ class Workload:
     def _open(self, server: forkserver.ForkServer, wid: int) -> None:
         """Hand the workload's shared page to the server."""
         server.request({"op": "open", "wid": wid, "n": len(self.specs), "ngates": len(self._gate_cpus),
-                        "cpus": self.cpus}, fds=[self._memfd])
+                        "noccupiers": len(self._occupied), "cpus": self.cpus}, fds=[self._memfd])
 
     def _spawn_forked(self, tasks: list[dict]) -> None:
         parent = os.getpid()
@@ -194,8 +247,7 @@ class Workload:
             if pid == 0:  # child
                 try:
                     os.setpgid(0, self.pgid or 0)
-                    worker.run(t["slot"], t["spec"], self.cpus, self._shared, t["gate"], parent, parent,
-                               t["seed"], t["join"])
+                    worker.start(t, self.cpus, self._shared, parent, parent)
                 except BaseException:
                     os._exit(1)
                 os._exit(0)
@@ -244,16 +296,27 @@ class Workload:
             if waiting:
                 time.sleep(0.001)
 
+    def _wait_for_occupiers(self, deadline: float, timeout_s: float) -> None:
+        """Until every occupier is on its CPU as SCHED_FIFO (or says it cannot be: the release is
+        then ``confined``, and the notes say why)."""
+        words, sh = self._shared.words, self._shared
+        states = lambda: [words[sh.occupier(k)] for k in range(len(self._occupied))]  # noqa: E731
+        while any(st == 0 for st in states()):
+            if time.monotonic() > deadline:
+                raise ControllerError(f"an occupier did not start in {timeout_s:.0f} s")
+            time.sleep(0.001)
+        if worker.FAILED in states():
+            self._confined_why = "an occupier could not run as SCHED_FIFO on its CPU"
+            self.notes.append(f"release confined (woken, then freed): {self._confined_why}")
+        self.release_mode = "confined" if self._confined_why else "occupied"
+
     def release(self, mark) -> tuple[int, int]:
         """Release every worker at once; ``mark(text)`` writes a trace marker and returns its ns.
 
         Returns (t0, released): marker times before the first wake-up and after the last task
         was freed to the experiment CPU set.
         """
-        allowed = set(self.cpus)
-        free_pids = [pid for pid, spec in zip(self.pids, self.specs) if not spec.pinned]
-        counts = {c: sum(s.initial_cpu == c for s in self.specs) for c in self._gate_cpus}
-        home = max(counts, key=counts.get)
+        home = self._home
         own_mask = os.sched_getaffinity(0)
         try:
             os.sched_setaffinity(0, {home})  # this thread only: the probe's threads stay where they are
@@ -263,19 +326,10 @@ class Workload:
         collecting = gc.isenabled()
         gc.disable()  # no collection pause between the first wake-up and the last freed task
         try:
-            self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            t0 = mark("harmony t0")
-            for i in range(len(self._gate_cpus)):
-                self._gates[i] = 1
-                if _futex(self._shared.gate_addr(i), FUTEX_WAKE, WAKE_ALL) < 0:
-                    err = ctypes.get_errno()
-                    raise ControllerError(f"the start gate could not be opened: {os.strerror(err)}")
-            if self.cpusets is not None:
-                self.cpusets.widen()
+            if self.release_mode == "occupied" and self._hold():
+                t0, released = self._release_occupied(mark)
             else:
-                for pid in free_pids:
-                    os.sched_setaffinity(pid, allowed)
-            released = mark("harmony released")
+                t0, released = self._release_confined(mark)
         finally:
             if collecting:
                 gc.enable()
@@ -284,9 +338,78 @@ class Workload:
             os.sched_setaffinity(0, own_mask)
         return t0, released
 
+    def _free(self) -> None:
+        """Allow every free task the run's whole CPU set."""
+        if self.cpusets is not None:
+            self.cpusets.widen()
+        else:
+            allowed = set(self.cpus)
+            for pid, spec in zip(self.pids, self.specs):
+                if not spec.pinned:
+                    os.sched_setaffinity(pid, allowed)
+
+    def _open_gate(self, i: int) -> None:
+        """Open start gate i from this CPU."""
+        self._gates[i] = 1
+        if _futex(self._shared.gate_addr(i), FUTEX_WAKE, WAKE_ALL) < 0:
+            err = ctypes.get_errno()
+            raise ControllerError(f"the start gate could not be opened: {os.strerror(err)}")
+
+    def _release_confined(self, mark) -> tuple[int, int]:
+        self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t0 = mark("harmony t0")
+        for i in range(len(self._gate_cpus)):
+            self._open_gate(i)
+        self._free()
+        return t0, mark("harmony released")
+
+    def _order(self, value: int) -> None:
+        self._shared.words[self._shared.order] = value
+        _futex(self._shared.word_addr(self._shared.order), FUTEX_WAKE, WAKE_ALL)
+
+    def _await_occupiers(self, state: int, which: list[int]) -> list[int]:
+        """Spin until occupiers ``which`` report ``state`` (at most OCCUPY_WAIT_S); returns the
+        ones that did not."""
+        words, sh = self._shared.words, self._shared
+        give_up = time.monotonic() + OCCUPY_WAIT_S
+        left = list(which)
+        while left and time.monotonic() < give_up:
+            left = [k for k in left if words[sh.occupier(k)] != state]
+        return left
+
+    def _hold(self) -> bool:
+        """Order the occupiers onto their CPUs; False (and a confined release) if one is missing."""
+        self._order(worker.HOLD)
+        late = self._await_occupiers(worker.HOLDING, list(range(len(self._occupied))))
+        if late:
+            self._order(worker.LEAVE)
+            self.release_mode = "confined"
+            self.notes.append(f"release confined (woken, then freed): the occupier of CPU "
+                              f"{self._occupied[late[0]]} did not start spinning in {OCCUPY_WAIT_S} s")
+            return False
+        return True
+
+    def _release_occupied(self, mark) -> tuple[int, int]:
+        """Every other CPU is held by its occupier: free the sleeping tasks, then wake each CPU's
+        tasks from that CPU, all at once."""
+        self._free()
+        self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t0 = mark("harmony t0")
+        self._shared.words[self._shared.order] = worker.OPEN     # they are spinning: no wake-up
+        for i, cpu in enumerate(self._gate_cpus):
+            if cpu not in self._occupied:
+                self._open_gate(i)
+        openers = [k for k, cpu in enumerate(self._occupied) if cpu in self._gate_cpus]
+        for k in self._await_occupiers(worker.OPENED, openers):  # never leave a gate shut
+            self._open_gate(self._gate_cpus.index(self._occupied[k]))
+            self.notes.append(f"the occupier of CPU {self._occupied[k]} did not open its gate in "
+                              f"{OCCUPY_WAIT_S} s: opened from CPU {self._home}")
+        self._shared.words[self._shared.order] = worker.LEAVE
+        return t0, mark("harmony released")
+
     def _enter_fifo(self) -> bool:
         try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIO))
             return True
         except (PermissionError, OSError) as exc:
             self.notes.append(f"release ran without SCHED_FIFO ({exc.strerror}); spread may be larger")

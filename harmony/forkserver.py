@@ -240,9 +240,9 @@ os.register_at_fork(after_in_child=_forget_in_child)
 # -- the server's side -------------------------------------------------------------------------
 
 class _Workload:
-    def __init__(self, buf: mmap.mmap, n: int, ngates: int, cpus: list[int]):
+    def __init__(self, buf: mmap.mmap, n: int, ngates: int, noccupiers: int, cpus: list[int]):
         self.buf, self.cpus = buf, cpus
-        self.shared = worker.Shared(buf, n, ngates)
+        self.shared = worker.Shared(buf, n, ngates, noccupiers)
         self.pgid: int | None = None
         self.unreaped: set[int] = set()
         self.exited: list[list[int]] = []  # [pid, wait status] of each reaped worker
@@ -274,9 +274,10 @@ class _Server:
                 self._stop(wid)
 
     def op_open(self, msg: dict, fds: list[int]) -> dict:
-        size = worker.Shared.size(msg["n"], msg["ngates"])
+        nocc = msg.get("noccupiers", 0)
+        size = worker.Shared.size(msg["n"], msg["ngates"], nocc)
         buf = mmap.mmap(fds[0], size, flags=mmap.MAP_SHARED)
-        self.workloads[msg["wid"]] = _Workload(buf, msg["n"], msg["ngates"], msg["cpus"])
+        self.workloads[msg["wid"]] = _Workload(buf, msg["n"], msg["ngates"], nocc, msg["cpus"])
         return {}
 
     def op_fork(self, msg: dict, fds: list[int]) -> dict:
@@ -288,8 +289,7 @@ class _Server:
                 try:
                     self.sock.close()  # the controller sees EOF when the server dies, not later
                     os.setpgid(0, w.pgid or 0)
-                    worker.run(t["slot"], t["spec"], w.cpus, w.shared, t["gate"], me, self.controller,
-                               t["seed"], t["join"])
+                    worker.start(t, w.cpus, w.shared, me, self.controller)
                 except BaseException:
                     os._exit(1)
                 os._exit(0)

@@ -190,6 +190,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         manifest["workers_alive_at_end"] = len(workload.alive())
         manifest["controller_notes"] = workload.notes
         manifest["release_method"] = workload.release_method  # cpuset or affinity (harmony.controller)
+        manifest["release_mode"] = workload.release_mode  # occupied or confined (harmony.controller)
         if sampler:
             sampler.stopping.set()
             sampler.join()

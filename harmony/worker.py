@@ -6,9 +6,13 @@ must stay small, and in the controller when that forks the workers itself.
 The shared page of a workload (a memfd mapped MAP_SHARED by the controller, by the server and, by
 inheritance, by every worker) holds, in order: the t0 cell and one work counter per worker
 (int64), one start gate per initial CPU (an int32 futex word, 0 = closed), one "at the gate" flag
-per worker (int32). The gates are *shared* futexes (FUTEX_WAIT/FUTEX_WAKE without
-FUTEX_PRIVATE_FLAG): the kernel keys them by the memfd's page, so a wake from the controller's
-mapping reaches waiters in the workers' mappings.
+per worker (int32), the occupiers' order word and one state word per occupier (int32). The gates
+are *shared* futexes (FUTEX_WAIT/FUTEX_WAKE without FUTEX_PRIVATE_FLAG): the kernel keys them by
+the memfd's page, so a wake from the controller's mapping reaches waiters in the workers' mappings.
+
+An occupier (:func:`occupy`) is not a task of the experiment: during the release it holds one
+CPU of the set with a SCHED_FIFO busy loop, so that no CPU but a task's own is idle when the task
+wakes, and opens the start gate of its CPU itself (see :mod:`harmony.controller`).
 """
 
 from __future__ import annotations
@@ -41,23 +45,39 @@ def futex(addr: int, op: int, val: int) -> int:
     return _libc.syscall(SYS_FUTEX, ctypes.c_void_p(addr), op, val, None, None, 0)
 
 
+# the occupiers' order word (Shared.order), set by the controller
+HOLD, OPEN, LEAVE = 1, 2, 3        # spin on your CPU; open your CPU's gate too; stop spinning
+# an occupier's state word (Shared.occupier(k))
+READY, HOLDING, OPENED, FAILED = 1, 2, 3, 4
+OCCUPY_MAX_S = 1.0                 # an occupier never spins longer than this, whatever happens
+
+
 class Shared:
     """Views of a workload's shared page (any writable buffer: an mmap)."""
 
-    def __init__(self, buf, n: int, ngates: int):
-        self.n, self.ngates = n, ngates
+    def __init__(self, buf, n: int, ngates: int, noccupiers: int = 0):
+        self.n, self.ngates, self.noccupiers = n, ngates, noccupiers
         cells = 8 * (n + 1)
         mv = memoryview(buf)
         self.cells = mv[:cells].cast("q")  # [0]: t0 (ns, CLOCK_MONOTONIC; 0 until release), [1 + slot]: work
-        self.words = mv[cells:self.size(n, ngates)].cast("i")  # [i]: gate i, [ngates + slot]: ready
-        self._gates_addr = ctypes.addressof(ctypes.c_char.from_buffer(buf)) + cells
+        # [i]: gate i, [ngates + slot]: ready, [order]: the occupiers' order, [occupier(k)]: state
+        self.words = mv[cells:self.size(n, ngates, noccupiers)].cast("i")
+        self._words_addr = ctypes.addressof(ctypes.c_char.from_buffer(buf)) + cells
+        self.order = ngates + n
 
     @staticmethod
-    def size(n: int, ngates: int) -> int:
-        return 8 * (n + 1) + 4 * (ngates + n)
+    def size(n: int, ngates: int, noccupiers: int = 0) -> int:
+        return 8 * (n + 1) + 4 * (ngates + n + 1 + noccupiers)
+
+    def occupier(self, k: int) -> int:
+        """Index in ``words`` of occupier k's state."""
+        return self.order + 1 + k
+
+    def word_addr(self, i: int) -> int:
+        return self._words_addr + 4 * i
 
     def gate_addr(self, i: int) -> int:
-        return self._gates_addr + 4 * i
+        return self.word_addr(i)
 
 
 def kill_and_reap(pgid: int | None, pids) -> list[list[int]]:
@@ -108,11 +128,17 @@ def spin_for(cpu_ns: int, cells, slot: int) -> int:
             return now - start
 
 
-def run(slot: int, spec: dict, cpus: list[int], shared: Shared, gate: int, parent: int,
-        controller: int, seed: int, join: str | None) -> None:
-    """Body of one worker process (never returns), forked by ``parent`` (the controller or its fork
-    server) for ``controller``. ``spec``: a TaskSpec's fields and its ``comm``. ``join``: the
-    cgroup.procs file of the cpuset that confines it until t0, or None to pin its own affinity."""
+def start(task: dict, cpus: list[int], shared: Shared, parent: int, controller: int) -> None:
+    """Body of a process the controller asked for (never returns): an occupier if ``task`` says
+    ``kind: occupy``, else a worker (:func:`run`)."""
+    if task.get("kind") == "occupy":
+        occupy(task["k"], task["cpu"], task["gate"], task["prio"], shared, parent, controller)
+    run(task["slot"], task["spec"], cpus, shared, task["gate"], parent, controller, task["seed"],
+        task["join"])
+
+
+def _adopt(parent: int, controller: int, comm: str) -> None:
+    """A new child's first steps: die with the process that forked it, name itself."""
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the process that forked it
     if os.getppid() != parent:  # that one died before the death signal was armed
         os._exit(1)
@@ -121,11 +147,54 @@ def run(slot: int, spec: dict, cpus: list[int], shared: Shared, gate: int, paren
             os.kill(controller, 0)
         except ProcessLookupError:
             os._exit(1)
-    spec = types.SimpleNamespace(**spec)
-    prctl(PR_SET_NAME, spec.comm.encode())
-    prctl(PR_SET_TIMERSLACK, 1)  # 1 ns: sleeps of a duty cycle end when asked, not 50 us later
+    prctl(PR_SET_NAME, comm.encode())
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
+
+
+def occupy(k: int, cpu: int, gate: int, prio: int, shared: Shared, parent: int,
+           controller: int) -> None:
+    """Body of occupier ``k`` (never returns): on ``cpu`` as SCHED_FIFO ``prio``, it waits for the
+    controller's orders (the order word): HOLD = spin, OPEN = open start gate ``gate`` (-1: none)
+    and go on spinning, LEAVE = sleep until killed with the workload. Its state word says where it
+    is (READY, HOLDING, OPENED; FAILED if it could not get its CPU or its policy). It never spins
+    longer than OCCUPY_MAX_S."""
+    _adopt(parent, controller, f"hmy-occupy{cpu}"[:15])
+    words, order, me = shared.words, shared.order, shared.occupier(k)
+    try:
+        os.sched_setaffinity(0, {cpu})
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(prio))
+    except OSError:
+        words[me] = FAILED
+        while True:
+            signal.pause()
+    words[me] = READY
+    while words[order] == 0:
+        futex(shared.word_addr(order), FUTEX_WAIT, 0)
+    give_up = time.monotonic() + OCCUPY_MAX_S
+    words[me] = HOLDING
+    while words[order] == HOLD and time.monotonic() < give_up:
+        pass
+    if words[order] == OPEN:
+        if gate >= 0:
+            words[gate] = 1
+            futex(shared.gate_addr(gate), FUTEX_WAKE, WAKE_ALL)
+        words[me] = OPENED
+        while words[order] == OPEN and time.monotonic() < give_up:
+            pass
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    while True:
+        signal.pause()
+
+
+def run(slot: int, spec: dict, cpus: list[int], shared: Shared, gate: int, parent: int,
+        controller: int, seed: int, join: str | None) -> None:
+    """Body of one worker process (never returns), forked by ``parent`` (the controller or its fork
+    server) for ``controller``. ``spec``: a TaskSpec's fields and its ``comm``. ``join``: the
+    cgroup.procs file of the cpuset that confines it until t0, or None to pin its own affinity."""
+    spec = types.SimpleNamespace(**spec)
+    _adopt(parent, controller, spec.comm)
+    prctl(PR_SET_TIMERSLACK, 1)  # 1 ns: sleeps of a duty cycle end when asked, not 50 us later
     os.setpriority(os.PRIO_PROCESS, 0, spec.nice)
     if join is None:
         os.sched_setaffinity(0, {spec.initial_cpu})

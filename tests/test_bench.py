@@ -118,13 +118,15 @@ def test_suite_breakdown_adds_up_to_the_wall_time(tmp_path):
 def test_release_smoke(kernel, tmp_path):
     out = tmp_path / "r.json"
     r = bench("release", "--tasks", "2,4", "--reps", "1", "--duration", "0.2", "--placement", "auto,affinity",
-              "--json", str(out))
+              "--mode", "auto,confined", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "release spread < 1 ms at 4 tasks" in r.stdout
     res = json.loads(out.read_text())["results"]
-    assert [(x["tasks"], x["placement"]) for x in res] == [(2, "auto"), (2, "affinity"), (4, "auto"), (4, "affinity")]
-    assert {x["method"] for x in res if x["placement"] == "affinity"} == {"affinity"}
-    assert all(x["not_woken"] == 0 for x in res)
+    ways = [("auto", "auto"), ("auto", "confined"), ("affinity", "auto"), ("affinity", "confined")]
+    assert [(x["tasks"], tuple(x["way"])) for x in res] == [(n, w) for n in (2, 4) for w in ways]
+    assert {x["method"].split("/")[0] for x in res if x["way"][0] == "affinity"} == {"affinity"}
+    assert {x["method"].split("/")[1] for x in res if x["way"][1] == "confined"} == {"confined"}
+    assert all(x["not_woken"] == 0 and x["woke_off"] == 0 for x in res)
 
 
 def test_duty_smoke(kernel, tmp_path):

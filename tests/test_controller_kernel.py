@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from harmony import cpuset
@@ -64,11 +65,22 @@ def _specs():
     return free + [TaskSpec(name="p0", initial_cpu=1, pinned=True)]
 
 
-@pytest.mark.parametrize("placement", ["auto", "affinity"])
-def test_layout_held_until_t0_then_released(host, placement):
+def _policy(pid: int) -> int:
+    return os.sched_getscheduler(pid)
+
+
+@pytest.mark.parametrize("placement,mode", [("auto", "auto"), ("affinity", "auto"),
+                                            ("auto", "confined"), ("affinity", "confined")])
+def test_layout_held_until_t0_then_released(host, placement, mode):
     specs = _specs()
-    with Workload(specs, CPUS, placement=placement) as w:
+    with Workload(specs, CPUS, placement=placement, mode=mode) as w:
         w.spawn()
+        occupied = mode == "auto" and host_sched_ext() != "enabled"
+        assert w.release_mode == ("occupied" if occupied else "confined")
+        # an occupier per CPU but the home one (CPU 0 holds the most tasks), asleep until t0
+        assert len(w._occupier_pids) == (1 if occupied else 0)
+        for pid in w._occupier_pids:
+            assert _state(pid) == "S" and _allowed(pid) == {1} and _policy(pid) == os.SCHED_FIFO
         if placement == "affinity" or not cpuset.hierarchies():
             assert w.release_method == "affinity" and w.cpusets is None
         else:
@@ -89,8 +101,71 @@ def test_layout_held_until_t0_then_released(host, placement):
             assert _allowed(pid) == ({1} if spec.pinned else set(CPUS))
         assert _until(lambda: (w.work_done() > 0).all()), w.work_done()  # every task runs
         assert len(w.alive()) == len(specs)
+        # the occupiers left their CPUs: asleep, no longer SCHED_FIFO
+        for pid in w._occupier_pids:
+            assert _until(lambda: _state(pid) == "S") and _policy(pid) == os.SCHED_OTHER
+        occupiers = list(w._occupier_pids)
     assert w.alive() == []
+    assert not [pid for pid in occupiers if Path(f"/proc/{pid}").exists()], "occupiers left"
     assert _ours() == [], "cpuset cgroups left after a normal end"
+
+
+def host_sched_ext() -> str:
+    from harmony.host import sched_ext_state
+    return sched_ext_state()["state"]
+
+
+@pytest.mark.parametrize("mode", ["occupied", "confined"])
+def test_each_task_wakes_on_its_initial_cpu(host, tmp_path, mode):
+    """Tasks held on both CPUs, released and traced: the first wake-up of each after t0 puts it
+    on its initial CPU (the occupier of CPU 1 opens that CPU's gate itself), and every one of them
+    was freed by the "released" marker."""
+    from harmony.analysis.release import release_spread
+    from harmony.probes.tracefs import TracefsProbe
+    if mode == "occupied" and host_sched_ext() == "enabled":
+        pytest.skip("a sched_ext scheduler is enabled: the release is confined")
+    specs = [TaskSpec(name=f"w{i}", initial_cpu=i % 2) for i in range(12)]
+    probe = TracefsProbe(tmp_path / "raw", CPUS, 1.0)
+    with Workload(specs, CPUS, mode=mode) as w:
+        w.spawn()
+        assert w.release_mode == mode
+        probe.start()           # as a run does: after the workers sleep at their gates
+        try:
+            t0, released = w.release(probe.mark)
+            time.sleep(0.05)
+        finally:
+            probe.stop()
+        pids = list(w.pids)
+    events = probe.decode().events
+    tasks = pd.DataFrame({"pid": pids, "initial_cpu": [s.initial_cpu for s in specs]})
+    rel = release_spread(events, tasks, t0, released)
+    assert rel["woken"] == len(specs) and rel["ran_before_t0"] == []
+    assert rel["woke_off_initial_cpu"] == [], rel
+    # the wake-ups of CPU 1's tasks were done on CPU 1 when it had an occupier, else from CPU 0
+    waking = events[(events["event"] == "sched_waking") & events["pid"].isin(pids[1::2])
+                    & (events["ts"] >= t0) & (events["ts"] <= released)]
+    assert set(waking["cpu"]) == ({1} if mode == "occupied" else {0})
+
+
+def test_an_occupier_that_cannot_run_fifo_means_a_confined_release(host, monkeypatch):
+    """Workers forked here (no fork server), so that the occupier inherits a sched_setscheduler
+    that refuses SCHED_FIFO outside this process: the release is confined and says why."""
+    monkeypatch.setenv("HARMONY_FORKSERVER", "0")
+    me, real = os.getpid(), os.sched_setscheduler
+
+    def refuse(pid, policy, param):
+        if os.getpid() != me and policy == os.SCHED_FIFO:
+            raise PermissionError(1, "Operation not permitted")
+        return real(pid, policy, param)
+
+    monkeypatch.setattr(os, "sched_setscheduler", refuse)
+    with Workload(_specs(), CPUS, mode="occupied") as w:
+        w.spawn()
+        assert w.release_mode == "confined"
+        assert any("could not run as SCHED_FIFO" in n for n in w.notes), w.notes
+        w.release(lambda text: 0)
+        assert _allowed(w.pids[0]) == set(CPUS)
+        assert _until(lambda: (w.work_done() > 0).all())
 
 
 def test_release_restores_the_controller(host):

@@ -33,3 +33,16 @@ def test_a_task_that_ran_before_t0_is_named():
     r = release_spread(ev, tasks, t0=100, released=None)
     assert r["ran_before_t0"] == [11] and r["moved_before_released"] is None
     assert r["release_spread_ns"] == 0
+
+
+def test_wake_ups_off_the_initial_cpu_are_named():
+    """The layout check of an occupied release: each task's first wake-up after t0 must put it on
+    its initial CPU (later wake-ups elsewhere are the experiment)."""
+    tasks = pd.DataFrame({"pid": [11, 12, 13], "initial_cpu": [0, 0, 1]})
+    ev = pd.DataFrame([(90, "sched_wakeup", 11, 1),          # before t0: not counted
+                       (110, "sched_wakeup", 11, 0), (120, "sched_wakeup", 12, 1),
+                       (125, "sched_wakeup", 13, 1), (300, "sched_wakeup", 11, 1)],
+                      columns=["ts", "event", "pid", "target_cpu"]).astype({"event": "category"})
+    r = release_spread(ev, tasks, t0=100, released=200)
+    assert r["woke_off_initial_cpu"] == [12]
+    assert release_spread(ev.drop(columns="target_cpu"), tasks, 100, 200)["woke_off_initial_cpu"] is None
