@@ -2,13 +2,15 @@
 
 numpy asks the kernel for transparent huge pages (``madvise(MADV_HUGEPAGE)``) on every array of
 4 MiB or more. Harmony's decoders and reconstructions allocate, fill once and free many such
-arrays, and with the kernels' usual THP defrag policy ("madvise") a fault on such memory may
-compact memory synchronously and zeroes 2 MiB at once. Measured on a 2-CPU VM (decode + tables
-of 2.1 M events, ``bench/ingest.py``): 1.07-1.31 s with huge pages, 0.71-0.80 s without on the
-first pass in a process, 0.71-0.86 s -> 0.52-0.57 s on the second.
+arrays, each of which the kernel must back with fresh memory. On the 2-vCPU VM Harmony is
+developed on (Firecracker, THP "madvise"), a process's first huge pages cost 2-3.4 s per GB to
+fault in against 0.55 s per GB for 4 KiB pages (most likely the host takes the guest's free
+2 MiB blocks back and backs them again only when they are touched), and the decode + tables of 2.1 M events took 1.07-1.31 s with
+huge pages, 0.71-0.80 s without (first pass in a process; 0.71-0.86 -> 0.52-0.57 s the second
+time). On bare metal huge pages may well be the cheaper ones.
 
 So Harmony turns numpy's request off when its probes or analyses are imported, unless the
-``NUMPY_MADVISE_HUGEPAGE`` environment variable (numpy's own switch) says what to do.
+``NUMPY_MADVISE_HUGEPAGE`` environment variable (numpy's own switch: 1 = ask) says what to do.
 """
 
 from __future__ import annotations
