@@ -141,6 +141,7 @@ CHILD = textwrap.dedent("""
     if sys.argv[1] == "raise":
         w.spawn()
         print(forkserver._server.pid, *w.pids, *w._occupier_pids, flush=True)
+        sys.stdin.readline()  # the test has seen them alive
         raise RuntimeError("an error that leaves the workload running")
     with w:
         w.spawn()
@@ -150,12 +151,14 @@ CHILD = textwrap.dedent("""
 
 
 def _controller(how: str, **kw) -> tuple[subprocess.Popen, int, list[int]]:
-    child = subprocess.Popen([sys.executable, "-c", CHILD, how], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True, **kw)
+    child = subprocess.Popen([sys.executable, "-c", CHILD, how], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
     line = child.stdout.readline().split()
     assert line, child.communicate()[1]
     server, *pids = map(int, line)
     assert _stat(server)[0] == forkserver.COMM and all(_stat(p)[1] == server for p in pids)
+    child.stdin.write("seen\n")  # "raise" goes on to raise only now (no race with its exit)
+    child.stdin.flush()
     return child, server, pids
 
 
