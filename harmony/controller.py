@@ -129,7 +129,7 @@ class Workload:
         counts = {c: sum(s.initial_cpu == c for s in specs) for c in self._gate_cpus}
         self._home = max(counts, key=counts.get)  # the release runs here (see release())
         self._occupied = self._occupiable()       # the CPUs an occupier would hold
-        self._occupier_pids: list[int] = []
+        self.occupier_pids: list[int] = []  # the release's helpers (not tasks of the experiment)
         size = worker.Shared.size(n, len(self._gate_cpus), len(self._occupied))
         self._no_memfd: str | None = None
         try:
@@ -208,7 +208,7 @@ class Workload:
         finally:
             self._close_memfd()  # the server has mapped it, forked workers inherited the mapping
         n = len(self.specs)
-        self.pids, self._occupier_pids = self.pids[:n], self.pids[n:]
+        self.pids, self.occupier_pids = self.pids[:n], self.pids[n:]
         self._wait_at_gates(time.monotonic() + timeout_s, timeout_s)
         self._wait_for_occupiers(time.monotonic() + timeout_s, timeout_s)
 

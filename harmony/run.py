@@ -179,8 +179,10 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         workload.release(mark)
         if sampler:
             sampler.start()
-        # our own threads (probe drains, sampler): their CPU time is reported apart from foreign load
-        manifest["controller_tids"] = sorted(int(t) for t in os.listdir("/proc/self/task"))
+        # our own threads (probe drains, sampler) and the release's occupiers: their CPU time is
+        # reported apart from foreign load
+        manifest["controller_tids"] = sorted([int(t) for t in os.listdir("/proc/self/task")]
+                                             + workload.occupier_pids)
         laps("release")
         _progress(f"{experiment.name}", params["duration"], threading.Event(),
                   stream=open(os.devnull, "w") if quiet else sys.stderr)

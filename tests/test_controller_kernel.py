@@ -78,8 +78,8 @@ def test_layout_held_until_t0_then_released(host, placement, mode):
         occupied = mode == "auto" and host_sched_ext() != "enabled"
         assert w.release_mode == ("occupied" if occupied else "confined")
         # an occupier per CPU but the home one (CPU 0 holds the most tasks), asleep until t0
-        assert len(w._occupier_pids) == (1 if occupied else 0)
-        for pid in w._occupier_pids:
+        assert len(w.occupier_pids) == (1 if occupied else 0)
+        for pid in w.occupier_pids:
             assert _state(pid) == "S" and _allowed(pid) == {1} and _policy(pid) == os.SCHED_FIFO
         if placement == "affinity" or not cpuset.hierarchies():
             assert w.release_method == "affinity" and w.cpusets is None
@@ -102,9 +102,9 @@ def test_layout_held_until_t0_then_released(host, placement, mode):
         assert _until(lambda: (w.work_done() > 0).all()), w.work_done()  # every task runs
         assert len(w.alive()) == len(specs)
         # the occupiers left their CPUs: asleep, no longer SCHED_FIFO
-        for pid in w._occupier_pids:
+        for pid in w.occupier_pids:
             assert _until(lambda: _state(pid) == "S") and _policy(pid) == os.SCHED_OTHER
-        occupiers = list(w._occupier_pids)
+        occupiers = list(w.occupier_pids)
     assert w.alive() == []
     assert not [pid for pid in occupiers if Path(f"/proc/{pid}").exists()], "occupiers left"
     assert _ours() == [], "cpuset cgroups left after a normal end"

@@ -140,12 +140,12 @@ CHILD = textwrap.dedent("""
     w = Workload([TaskSpec(name=f"fk{i}", initial_cpu=i % 2) for i in range(4)], [0, 1])
     if sys.argv[1] == "raise":
         w.spawn()
-        print(forkserver._server.pid, *w.pids, *w._occupier_pids, flush=True)
+        print(forkserver._server.pid, *w.pids, *w.occupier_pids, flush=True)
         sys.stdin.readline()  # the test has seen them alive
         raise RuntimeError("an error that leaves the workload running")
     with w:
         w.spawn()
-        print(forkserver._server.pid, *w.pids, *w._occupier_pids, flush=True)  # workers, occupiers
+        print(forkserver._server.pid, *w.pids, *w.occupier_pids, flush=True)  # workers, occupiers
         time.sleep(60)
 """)
 

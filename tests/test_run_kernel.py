@@ -125,7 +125,12 @@ def test_run_is_complete_and_balances(e1_run):
     assert len(after_t0) >= 1, "4 CPU-bound tasks on one of two CPUs must migrate"
     assert s["first_balanced_s"] is not None and s["first_balanced_s"] < 3
     rel = m["release"]
-    assert rel["woken"] == 4 and not rel["not_woken"]
+    assert rel["woken"] == 4 and not rel["not_woken"] and rel["woke_off_initial_cpu"] == []
+    assert m["release_mode"] in ("occupied", "confined")
+    if m["release_mode"] == "occupied":  # its occupier (of CPU 1) counts as the run's own, not foreign
+        ev = run.events
+        occupier = set(ev.loc[ev["comm"] == "hmy-occupy1", "pid"])
+        assert occupier and occupier <= set(m["controller_tids"]), occupier
     assert 0 <= rel["wake_spread_ns"] <= rel["release_spread_ns"] < 50e6
     assert "harmony t0" in set(run.markers["text"])
     # the probe's blind spots are looked for in every run, and each one found is in the notes
