@@ -24,9 +24,11 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
       ran_before_t0    pids switched in before t0 in the trace (should be none: held at the gate)
       moved_before_released  migrations of tasks between t0 and the "released" marker: the
                        scheduler acting on tasks freed early in the window (None without marker)
-      woke_off_initial_cpu  pids whose first wake-up after t0 put them on a CPU other than their
-                       ``initial_cpu`` (should be none: the layout exists at t0; None when
-                       ``tasks`` has no initial_cpu or the events no target_cpu)
+      woke_off_initial_cpu  pids whose first wake-up after t0, recorded by the "released" marker,
+                       put them on a CPU other than their ``initial_cpu`` (should be none: the
+                       layout exists at t0). A task whose wake-up the trace lacks there (a probe
+                       blind to an idle CPU's context misses remote wake-ups) is not judged. None
+                       when ``tasks`` has no initial_cpu or the events no target_cpu
     """
     pids = tasks["pid"].to_numpy()
     ours = events["pid"].isin(pids)
@@ -38,6 +40,8 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
            "ran_before_t0": sorted(set(ran["pid"].tolist()))}
     if "initial_cpu" in tasks.columns and "target_cpu" in events.columns and len(wake):
         firsts = wake.sort_values("ts", kind="stable").drop_duplicates("pid")
+        if released is not None:
+            firsts = firsts[firsts["ts"] <= released]
         home = dict(zip(tasks["pid"].tolist(), tasks["initial_cpu"].tolist()))
         out["woke_off_initial_cpu"] = sorted(int(p) for p, c in zip(firsts["pid"], firsts["target_cpu"])
                                              if int(c) != int(home[int(p)]))
