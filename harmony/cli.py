@@ -31,6 +31,15 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
     return out
 
 
+def _check_release_options() -> None:
+    """The controller's expert environment options, checked before anything starts."""
+    from harmony.controller import ControllerError, release_options
+    try:
+        release_options()
+    except ControllerError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
 def resolve_cpus(text: str | None) -> list[int]:
     """The experiment CPU set: ``text`` (a CPU list) checked against the online CPUs."""
     from harmony.host import online_cpus, parse_cpulist
@@ -96,6 +105,7 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
     from harmony.probes import PROBES
 
     # Everything is checked before anything starts.
+    _check_release_options()
     try:
         exp = get_experiment(experiment)
     except ValueError as exc:
@@ -425,6 +435,7 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
     from harmony.hygiene import HostBusy
     from harmony.suite import cpu_limits, plan, run_suite
 
+    _check_release_options()
     cpu_set = resolve_cpus(cpus)
     try:
         configs = plan(cpu_set, quick=quick, repeat=repeat, experiments=list(experiments) or None)

@@ -86,6 +86,18 @@ class ControllerError(RuntimeError):
     """The workload could not be created or released; the message is one line for the user."""
 
 
+def release_options(placement: str | None = None, mode: str | None = None) -> tuple[str, str]:
+    """(placement, mode): the given ones, else ``HARMONY_RELEASE_PLACEMENT`` and
+    ``HARMONY_RELEASE_MODE`` (default ``auto``); ControllerError (one line) for an unknown one.
+    The CLI calls it before it starts anything."""
+    placement = placement or os.environ.get(ENV_PLACEMENT, "auto")
+    mode = mode or os.environ.get(ENV_MODE, "auto")
+    for name, value, allowed in ((ENV_PLACEMENT, placement, PLACEMENTS), (ENV_MODE, mode, MODES)):
+        if value not in allowed:
+            raise ControllerError(f"{name}={value!r}: expected one of {', '.join(allowed)}")
+    return placement, mode
+
+
 def _state(pid: int) -> bytes | None:
     """The process state letter from /proc/<pid>/stat (R, S, Z, ...); None if it is gone."""
     try:
@@ -105,12 +117,7 @@ class Workload:
         self.specs = list(specs)
         self.cpus = list(cpus)
         self.seed = seed
-        self.placement = placement or os.environ.get(ENV_PLACEMENT, "auto")
-        if self.placement not in PLACEMENTS:
-            raise ControllerError(f"{ENV_PLACEMENT}={self.placement!r}: expected one of {', '.join(PLACEMENTS)}")
-        self.mode = mode or os.environ.get(ENV_MODE, "auto")
-        if self.mode not in MODES:
-            raise ControllerError(f"{ENV_MODE}={self.mode!r}: expected one of {', '.join(MODES)}")
+        self.placement, self.mode = release_options(placement, mode)
         if SYS_FUTEX is None:
             raise ControllerError(f"no futex system call number known for {platform.machine()}")
         self.pids: list[int] = []

@@ -276,3 +276,13 @@ def test_bad_arguments_exit_2_before_anything_starts(tmp_path, args, says):
 def test_unknown_experiment_exit_2(tmp_path):
     p = cli("run", "no-such-experiment", "--out", tmp_path / "x", check_busy=False)
     assert p.returncode == 2 and "no-such-experiment" in p.stderr
+
+
+@pytest.mark.parametrize("env, command", [("HARMONY_RELEASE_MODE", ["run", "single-source"]),
+                                          ("HARMONY_RELEASE_PLACEMENT", ["suite", "--quick"])])
+def test_unknown_release_option_exit_2_before_anything_starts(tmp_path, monkeypatch, env, command):
+    monkeypatch.setenv(env, "bogus")
+    out = tmp_path / "bad"
+    p = cli(*command, "--out", out, check_busy=False)
+    assert p.returncode == 2 and f"{env}='bogus'" in p.stderr and "Traceback" not in p.stderr
+    assert not out.exists()
