@@ -193,12 +193,13 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray):
     table[pidset.astype(np.int64) + 1] = np.arange(len(pidset), dtype=np.int32)
     codes, lut = _event_kinds(events, jit)
     room = 2 * len(events)          # pages beyond the records written are never touched
-    rows, task, rec_in = np.empty(room, np.int64), np.empty(room, np.int32), np.empty(room, np.int8)
+    index = np.int32 if room < 1 << 31 else np.int64   # row numbers: half the memory to fault in
+    rows, task, rec_in = np.empty(room, index), np.empty(room, np.int32), np.empty(room, np.int8)
     m = jit.emit(codes, lut, events["pid"].to_numpy(), events["prev_pid"].to_numpy(), table,
                  rows, task, rec_in)
     rows, task, rec_in = rows[:m], task[:m], rec_in[:m]
     # records come in seq order: a stable sort by task gives (task, seq)
-    order, ends, in_seq = np.empty(m, np.int64), np.empty(len(pidset), np.int64), np.empty(m, np.int64)
+    order, ends, in_seq = np.empty(m, index), np.empty(len(pidset), np.int64), np.empty(m, index)
     jit.by_task(task, len(pidset), order, ends, in_seq)
     cols = {"seq": np.empty(m, np.int64), "ts": np.empty(m, np.int64),
             "pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int32),
