@@ -61,6 +61,7 @@ CHECKS = (
     "hz",
     "preemption",
     "cgroup",
+    "release",
     "tracefs",
     "sched_tracepoints",
     "ftrace_print",
@@ -571,6 +572,36 @@ def _check_preemption(debugfs: str | None, config: dict, source: str | None) -> 
                   model=None, dynamic=dynamic, source=None)
 
 
+def _check_release(sched_ext: dict, cpus: dict) -> dict:
+    """How a run here releases its tasks at t0 (:mod:`harmony.controller`): ``occupied`` where it
+    can be (SCHED_FIFO occupiers hold the other CPUs while the tasks wake), else ``confined``."""
+    mode = os.environ.get("HARMONY_RELEASE_MODE", "auto")
+    if mode not in ("auto", "occupied", "confined"):
+        return _check(WARN, f"HARMONY_RELEASE_MODE={mode!r} is not auto, occupied or confined: runs "
+                            "will refuse it", mode=None)
+    why = None
+    if mode == "confined":
+        why = "HARMONY_RELEASE_MODE=confined"
+    elif sched_ext.get("state") == "enabled":
+        why = "a sched_ext scheduler places woken tasks itself"
+    elif len(cpus.get("online", [])) < 2:
+        why = "one CPU"
+    else:
+        # the occupiers and the controller run as SCHED_FIFO: try it on this thread, put it back
+        before, param = os.sched_getscheduler(0), os.sched_getparam(0)
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        except OSError as exc:
+            why = f"SCHED_FIFO not permitted ({exc.strerror})"
+        else:
+            os.sched_setscheduler(0, before, param)
+    if why:
+        return _check(OK, f"confined (woken on their initial CPU, then freed): {why}",
+                      mode="confined", why=why)
+    return _check(OK, "occupied: SCHED_FIFO occupiers hold the other CPUs while each CPU's tasks "
+                      "wake, already free", mode="occupied", why=None)
+
+
 def _check_cgroup() -> dict:
     mounts = _mounts()
     v2 = [m for m, t, _ in mounts if t == "cgroup2"]
@@ -940,6 +971,7 @@ def doctor(mount: bool = True, test_perf: bool = True) -> dict:
     facts["isolation"] = _guarded("isolation", _check_isolation)
     facts["hz"] = _guarded("hz", _check_hz, config, config_source)
     facts["cgroup"] = _guarded("cgroup", _check_cgroup)
+    facts["release"] = _guarded("release", _check_release, facts["sched_ext"], facts["cpus"])
     facts["tracefs"] = _guarded("tracefs", _check_tracefs, mount)
     tracefs = facts["tracefs"].get("path")
     tp_fp = _guarded("sched_tracepoints", _check_tracepoints, tracefs)

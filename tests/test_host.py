@@ -346,3 +346,25 @@ def test_doctor_simulated_non_root(monkeypatch):
     assert "cannot run" in out
     if Path("/sys/kernel/tracing/instances").is_dir() and os.geteuid() == 0:
         assert _doctor_instances(Path("/sys/kernel/tracing")) == []
+
+
+def test_release_check_says_which_release_a_run_would_use(monkeypatch):
+    from harmony.host import _check_release
+    two, one = {"online": [0, 1]}, {"online": [0]}
+    monkeypatch.delenv("HARMONY_RELEASE_MODE", raising=False)
+    assert _check_release({"state": "enabled"}, two)["mode"] == "confined"
+    assert "sched_ext" in _check_release({"state": "enabled"}, two)["why"]
+    assert _check_release({"state": "not built"}, one)["why"] == "one CPU"
+    monkeypatch.setattr(os, "sched_setscheduler", lambda *a: (_ for _ in ()).throw(PermissionError(1, "no")))
+    got = _check_release({"state": "not built"}, two)
+    assert got["mode"] == "confined" and got["why"].startswith("SCHED_FIFO not permitted")
+    monkeypatch.undo()
+    monkeypatch.setenv("HARMONY_RELEASE_MODE", "confined")
+    assert _check_release({"state": "not built"}, two)["why"] == "HARMONY_RELEASE_MODE=confined"
+    monkeypatch.setenv("HARMONY_RELEASE_MODE", "bogus")
+    assert _check_release({"state": "not built"}, two)["status"] == "warn"
+    monkeypatch.delenv("HARMONY_RELEASE_MODE")
+    if os.geteuid() == 0:
+        before = os.sched_getscheduler(0)
+        assert _check_release({"state": "not built"}, two)["mode"] == "occupied"
+        assert os.sched_getscheduler(0) == before       # the try is undone
