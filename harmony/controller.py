@@ -25,9 +25,9 @@ Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly acc
      task on its previous CPU when that is the waker's and no CPU is idle, so each task wakes
      where it was held; then the occupiers stop and the "released" marker is written. The
      per-task work under the home CPU's run-queue lock is one wake-up (256 tasks, 2-vCPU VM,
-     ``bench/release.py``: 0.90 ms from the first wake-up to "released", against 1.12 ms for
-     ``confined``; the wake-ups themselves cost more, as a task free to run on two CPUs goes
-     through the wake-up path's search for an idle CPU).
+     ``bench/release.py``: medians of 0.75-0.90 ms from the first wake-up to "released" in three
+     runs, against 1.12-1.23 ms for ``confined``; the wake-ups themselves cost a little more, as a
+     task free to run on two CPUs goes through the wake-up path's search for an idle CPU).
    - ``confined``: the controller writes the t0 marker, wakes each gate with one FUTEX_WAKE while
      the tasks are still confined, then frees them (a dequeue and an enqueue per task under the
      run-queue lock) and writes the "released" marker. Used when a sched_ext scheduler is enabled
