@@ -129,8 +129,8 @@ class Workload:
         self.release_mode: str | None = None  # "occupied" or "confined", known after spawn()
         self._served: tuple[forkserver.ForkServer, int] | None = None  # (server, workload id)
         # the shared page (harmony.worker.Shared): t0, a work counter per worker, one start gate
-        # (futex word) per initial CPU, one "at the gate" flag per worker. A memfd, so that the
-        # fork server can map it too.
+        # (futex word) per initial CPU, one "at the gate" flag per worker, the occupiers' order
+        # and state words. A memfd, so that the fork server can map it too.
         n = len(specs)
         self._gate_cpus = sorted({s.initial_cpu for s in specs})
         counts = {c: sum(s.initial_cpu == c for s in specs) for c in self._gate_cpus}
@@ -151,8 +151,6 @@ class Workload:
         self._shared = worker.Shared(self._shm, n, len(self._gate_cpus), len(self._occupied))
         cells = np.frombuffer(self._shm, dtype=np.int64, count=n + 1)
         self._t0, self._work = cells[:1], cells[1:]
-        words = np.frombuffer(self._shm, dtype=np.int32, count=len(self._gate_cpus) + n, offset=8 * (n + 1))
-        self._gates, self._ready = words[:len(self._gate_cpus)], words[len(self._gate_cpus):]
 
     def _occupiable(self) -> list[int]:
         """The CPUs occupiers would hold for an ``occupied`` release (every CPU of the set but the
@@ -216,8 +214,12 @@ class Workload:
             self._close_memfd()  # the server has mapped it, forked workers inherited the mapping
         n = len(self.specs)
         self.pids, self.occupier_pids = self.pids[:n], self.pids[n:]
-        self._wait_at_gates(time.monotonic() + timeout_s, timeout_s)
-        self._wait_for_occupiers(time.monotonic() + timeout_s, timeout_s)
+        self._wait_until_held(time.monotonic() + timeout_s, timeout_s)
+        if worker.FAILED in [self._shared.words[self._shared.occupier(k)]
+                             for k in range(len(self.occupier_pids))]:
+            self._confined_why = "an occupier could not run as SCHED_FIFO on its CPU"
+            self.notes.append(f"release confined (woken, then freed): {self._confined_why}")
+        self.release_mode = "confined" if self._confined_why else "occupied"
 
     def _spawn_served(self, server: forkserver.ForkServer, tasks: list[dict]) -> None:
         wid = next(_workload_ids)
@@ -284,38 +286,33 @@ class Workload:
         self._unreaped.difference_update(got)
         return got
 
-    def _wait_at_gates(self, deadline: float, timeout_s: float) -> None:
-        """Until every worker has flagged itself at its gate and sleeps there (state S); a worker
-        that dies first is reported with its exit status (asked for every few ms)."""
-        waiting, ask_at = list(enumerate(self.pids)), 0.0
+    def _wait_until_held(self, deadline: float, timeout_s: float) -> None:
+        """Until every worker has flagged itself at its gate and sleeps there, and every occupier
+        has said whether it got its CPU (READY or FAILED) and sleeps (state S); one that dies first
+        is reported with its exit status (asked for every few ms)."""
+        sh = self._shared
+        flags = ([(pid, sh.ngates + slot) for slot, pid in enumerate(self.pids)]
+                 + [(pid, sh.occupier(k)) for k, pid in enumerate(self.occupier_pids)])
+        workers = set(self.pids)
+
+        def kind(pid: int) -> str:
+            return "worker" if pid in workers else "occupier"
+
+        waiting, ask_at = flags, 0.0
         while waiting:
             if time.monotonic() >= ask_at:
                 exited = self._exited()
                 if exited:
                     pid, status = min(exited.items())
-                    raise ControllerError(f"worker {pid} died before t0 (status {status:#x})")
+                    raise ControllerError(f"{kind(pid)} {pid} died before t0 (status {status:#x})")
                 ask_at = time.monotonic() + 0.005
-            left = [(slot, pid) for slot, pid in waiting
-                    if not (self._ready[slot] and _state(pid) == b"S")]
+            left = [(pid, i) for pid, i in waiting if not (sh.words[i] and _state(pid) == b"S")]
             if left and time.monotonic() > deadline:
-                raise ControllerError(f"worker {left[0][1]} did not reach the start gate in {timeout_s:.0f} s")
+                raise ControllerError(f"{kind(left[0][0])} {left[0][0]} did not reach the start gate "
+                                      f"in {timeout_s:.0f} s")
             waiting = left
             if waiting:
                 time.sleep(0.001)
-
-    def _wait_for_occupiers(self, deadline: float, timeout_s: float) -> None:
-        """Until every occupier is on its CPU as SCHED_FIFO (or says it cannot be: the release is
-        then ``confined``, and the notes say why)."""
-        words, sh = self._shared.words, self._shared
-        states = lambda: [words[sh.occupier(k)] for k in range(len(self._occupied))]  # noqa: E731
-        while any(st == 0 for st in states()):
-            if time.monotonic() > deadline:
-                raise ControllerError(f"an occupier did not start in {timeout_s:.0f} s")
-            time.sleep(0.001)
-        if worker.FAILED in states():
-            self._confined_why = "an occupier could not run as SCHED_FIFO on its CPU"
-            self.notes.append(f"release confined (woken, then freed): {self._confined_why}")
-        self.release_mode = "confined" if self._confined_why else "occupied"
 
     def release(self, mark) -> tuple[int, int]:
         """Release every worker at once; ``mark(text)`` writes a trace marker and returns its ns.
@@ -357,7 +354,7 @@ class Workload:
 
     def _open_gate(self, i: int) -> None:
         """Open start gate i from this CPU."""
-        self._gates[i] = 1
+        self._shared.words[i] = 1
         if _futex(self._shared.gate_addr(i), FUTEX_WAKE, WAKE_ALL) < 0:
             err = ctypes.get_errno()
             raise ControllerError(f"the start gate could not be opened: {os.strerror(err)}")

@@ -150,6 +150,21 @@ def test_each_task_wakes_on_its_initial_cpu(host, tmp_path, mode):
     assert set(waking["cpu"]) == ({1} if mode == "occupied" else {0})
 
 
+def test_an_occupier_dying_before_t0_is_reported_and_cleaned(host, monkeypatch):
+    """Forked here, so that the occupier inherits a body that exits at once: spawn says so with its
+    status (it does not wait for the timeout), and nothing is left."""
+    from harmony import worker
+    if host_sched_ext() == "enabled":
+        pytest.skip("a sched_ext scheduler is enabled: no occupiers")
+    monkeypatch.setenv("HARMONY_FORKSERVER", "0")
+    monkeypatch.setattr(worker, "occupy", lambda *a: os._exit(3))
+    w = Workload(_specs(), CPUS, mode="occupied")
+    with pytest.raises(ControllerError, match=r"occupier \d+ died before t0 \(status 0x300\)"):
+        with w:
+            w.spawn(timeout_s=20)
+    assert w.alive() == [] and _ours() == []
+
+
 def test_an_occupier_that_cannot_run_fifo_means_a_confined_release(host, monkeypatch):
     """Workers forked here (no fork server), so that the occupier inherits a sched_setscheduler
     that refuses SCHED_FIFO outside this process: the release is confined and says why."""
