@@ -98,6 +98,22 @@ def release_options(placement: str | None = None, mode: str | None = None) -> tu
     return placement, mode
 
 
+def confined_why(mode: str, free: bool, other_cpus, sched_ext_state: str) -> str | None:
+    """Why a release must wake its tasks while still confined, and free them after, rather than
+    be ``occupied``; None if nothing says so. The one rule, for the controller and ``harmony
+    doctor``; an occupier refused SCHED_FIFO is the other reason, known only once it tried.
+    ``free``: some task is to be freed; ``other_cpus``: the CPUs occupiers would hold."""
+    if mode == "confined":
+        return f"{ENV_MODE}=confined"
+    if not free:
+        return "nothing to free"
+    if not other_cpus:
+        return "one CPU"
+    if sched_ext_state == "enabled":
+        return "a sched_ext scheduler chooses where woken tasks run"
+    return None
+
+
 def _state(pid: int) -> bytes | None:
     """The process state letter from /proc/<pid>/stat (R, S, Z, ...); None if it is gone."""
     try:
@@ -155,15 +171,10 @@ class Workload:
     def _occupiable(self) -> list[int]:
         """The CPUs occupiers would hold for an ``occupied`` release (every CPU of the set but the
         home CPU), or [] where that release cannot be used (release_mode says why after spawn)."""
-        self._confined_why = None
-        free = [s for s in self.specs if not s.pinned]
         others = sorted(set(self.cpus) - {self._home})
-        if self.mode == "confined":
-            self._confined_why = f"{ENV_MODE}=confined"
-        elif not free or not others:
-            self._confined_why = "nothing to free" if not free else "one CPU"
-        elif host.sched_ext_state()["state"] == "enabled":
-            self._confined_why = "a sched_ext scheduler chooses where woken tasks run"
+        scx = host.sched_ext_state()["state"]
+        self._confined_why = confined_why(self.mode, any(not s.pinned for s in self.specs), others, scx)
+        if self._confined_why and "sched_ext" in self._confined_why:  # the others need no note
             self.notes.append(f"release confined (woken, then freed): {self._confined_why}")
         return [] if self._confined_why else others
 

@@ -575,18 +575,14 @@ def _check_preemption(debugfs: str | None, config: dict, source: str | None) -> 
 def _check_release(sched_ext: dict, cpus: dict) -> dict:
     """How a run here releases its tasks at t0 (:mod:`harmony.controller`): ``occupied`` where it
     can be (SCHED_FIFO occupiers hold the other CPUs while the tasks wake), else ``confined``."""
-    mode = os.environ.get("HARMONY_RELEASE_MODE", "auto")
-    if mode not in ("auto", "occupied", "confined"):
-        return _check(WARN, f"HARMONY_RELEASE_MODE={mode!r} is not auto, occupied or confined: runs "
-                            "will refuse it", mode=None)
-    why = None
-    if mode == "confined":
-        why = "HARMONY_RELEASE_MODE=confined"
-    elif sched_ext.get("state") == "enabled":
-        why = "a sched_ext scheduler places woken tasks itself"
-    elif len(cpus.get("online", [])) < 2:
-        why = "one CPU"
-    else:
+    from harmony.controller import ControllerError, confined_why, release_options
+    try:
+        _, mode = release_options()
+    except ControllerError as exc:
+        return _check(WARN, f"{exc}: runs will refuse it", mode=None)
+    online = cpus.get("online", [])
+    why = confined_why(mode, True, online[1:], sched_ext.get("state"))
+    if why is None:
         # the occupiers and the controller run as SCHED_FIFO: try it on this thread, put it back
         before, param = os.sched_getscheduler(0), os.sched_getparam(0)
         try:
