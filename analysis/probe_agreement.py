@@ -125,9 +125,10 @@ def df_run_agreement(runs_a: pd.DataFrame, runs_b: pd.DataFrame, t0: int, t_end:
     paired only where one switch was stamped far apart by the two probes (their handlers run one
     after the other; a vCPU stalled between them for 1.1 ms once in CI): on one CPU, the run it
     ends and the run it starts agree on their other ends, and each probe starts the second run
-    where it ended the first. The dstart/dend columns and the over-50-us count show the shift. Columns: pid, cpu (int64),
-    start_a, end_a, start_b, end_b (int64 ns; -1 where that probe has no such run), dstart, dend
-    (int64 ns, b - a; 0 unless matched), status ("matched", "only_a", "only_b").
+    where it ended the first. The dstart/dend columns and the over-50-us count show the shift.
+    Columns: pid, cpu (int64), start_a, end_a, start_b, end_b (int64 ns; -1 where that probe has no
+    such run), dstart, dend (int64 ns, b - a; 0 unless matched), status ("matched", "only_a",
+    "only_b").
     """
     lo, hi = t0 - tol_ns, t_end + tol_ns
     a, b = _clip_runs(runs_a, lo, hi), _clip_runs(runs_b, lo, hi)
