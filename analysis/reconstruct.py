@@ -435,11 +435,13 @@ def df_core(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
 
     if len(events) < hjit.PARALLEL_MIN_ITEMS or hjit.threads() < 2:
         return {"runs": df_runs(events, tasks, t0, t_end)} | rest()
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(1) as pool:
-        runs = pool.submit(df_runs, events, tasks, t0, t_end)
+    from concurrent.futures import wait
+    runs = hjit.in_background(df_runs, events, tasks, t0, t_end)
+    try:
         out = rest()
-        return {"runs": runs.result()} | out
+    finally:
+        wait([runs])
+    return {"runs": runs.result()} | out
 
 
 def runqueue_at(rq: pd.DataFrame, times) -> pd.DataFrame:

@@ -497,6 +497,8 @@ def entry() -> None:
     elif not isinstance(code, int):
         click.echo(str(code), err=True)
         code = 1
+    from harmony import jit
+    jit.shutdown_pool()
     for t in threading.enumerate():
         if t is not threading.current_thread() and not t.daemon:
             t.join()

@@ -60,9 +60,9 @@ def describe() -> tuple[bool, str]:
     return True, f"compiled (numba {v}) for large traces, numpy below (HARMONY_JIT=auto)"
 
 
-#: below this many items a kernel runs on one thread: starting threads costs ~0.1 ms, and the
-#: tests lower it to run the split path on small inputs
-PARALLEL_MIN_ITEMS = 200_000
+#: below this many items a kernel runs on one thread: handing a range to a pool thread costs
+#: ~0.05 ms, and the tests lower it to run the split path on small inputs
+PARALLEL_MIN_ITEMS = 50_000
 
 
 def threads() -> int:
@@ -86,11 +86,40 @@ def split(n: int, per_item: int = 1) -> list[tuple[int, int]]:
 
 
 def run_split(fn, ranges: list[tuple[int, int]]) -> list:
-    """[fn(lo, hi, part) for each range], on one thread per range. fn must release the GIL (a
-    ``nogil`` numba kernel) for the threads to run at once."""
-    if len(ranges) == 1:
-        return [fn(*ranges[0], 0)]
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(len(ranges)) as pool:
-        futures = [pool.submit(fn, lo, hi, k) for k, (lo, hi) in enumerate(ranges)]
-        return [f.result() for f in futures]
+    """[fn(lo, hi, part) for each range]: the first range on this thread, the others on the pool's
+    (:func:`in_background`). fn must release the GIL (a ``nogil`` numba kernel) for the threads to
+    run at once. Returns, or raises, only when every range is done."""
+    from concurrent.futures import wait
+    futures = [in_background(fn, lo, hi, k) for k, (lo, hi) in enumerate(ranges[1:], 1)]
+    try:
+        first = fn(*ranges[0], 0)
+    finally:
+        wait(futures)           # no range outlives the call, even when one raised
+    return [first] + [f.result() for f in futures]
+
+
+_pool_of: tuple[int, object] | None = None      # (pid, executor)
+
+
+def in_background(fn, *args):
+    """A future of fn(*args), run on this process's thread pool. The pool lives as long as the
+    process: starting threads for each call cost more than the small kernels' work. A forked child
+    gets its own (the parent's threads do not exist in it). Only a task that splits its work
+    (df_core's second half) waits on other tasks, and those are kernels that wait on nothing, so
+    two threads suffice for every task to finish; the pool has more, for HARMONY_THREADS."""
+    global _pool_of
+    if _pool_of is None or _pool_of[0] != os.getpid():
+        from concurrent.futures import ThreadPoolExecutor
+        _pool_of = (os.getpid(), ThreadPoolExecutor(max(4, 3 * threads()),
+                                                    thread_name_prefix="harmony-kernel"))
+    return _pool_of[1].submit(fn, *args)
+
+
+def shutdown_pool() -> None:
+    """Let the pool's idle threads end (the next :func:`in_background` starts a new pool). An
+    interpreter that exits normally does this itself; one that leaves by ``os._exit`` after
+    joining its threads (``harmony.cli.entry``) must call it first, or wait for them forever."""
+    global _pool_of
+    if _pool_of is not None and _pool_of[0] == os.getpid():
+        _pool_of[1].shutdown(wait=True)
+    _pool_of = None
