@@ -225,7 +225,9 @@ def check_perf_data(path: Path) -> dict:
 #   " 5525 [000]   333.060311719: PERF_RECORD_LOST lost 1"
 # Each chunk is prefixed with "\n" so that every line starts with the literal "\n" (lets the regex
 # engine skip to candidates quickly instead of trying a match at every character).
-_LINE_RE = re.compile(r"\n *(-?\d+) +\[(\d+)\] +(\d+)\.(\d{9}): +(?:sched:)?(\w+):? ([^\n]*)")
+# The event is "sched:NAME" (-> NAME) or, for the other subsystems' tracepoints, "SYS:NAME" (kept
+# whole, as the trace.dat decoder names them).
+_LINE_RE = re.compile(r"\n *(-?\d+) +\[(\d+)\] +(\d+)\.(\d{9}): +(?:sched:)?((?:\w+:)?\w+):? ([^\n]*)")
 # perf prints some PERF_RECORD_LOST lines with the comm first ("perf-exec 20671 [000] ...: ...")
 _LOST_RE = re.compile(r".*?(-?\d+) +\[(\d+)\] +\d+\.\d{9}: +PERF_RECORD_LOST lost (\d+)")
 

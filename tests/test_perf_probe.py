@@ -35,6 +35,9 @@ SCRIPT = """\
  5525 [000]   354.805773000: PERF_RECORD_LOST lost 7
        perf-exec 20671 [001]  354.805774000: PERF_RECORD_LOST lost 3
     0 [001]   354.805775000:  sched:sched_process_exit: comm=hmy-w00 pid=77 prio=120 group_dead=1
+    0 [000]   354.805776000:       timer:hrtimer_start: hrtimer=0xffff888627c1c6f8 function=tick_nohz_handler expires=33804308000000 softexpires=33804308000000 mode=0xa was_armed=1
+    0 [001]   354.805777000:         irq:softirq_raise: vec=7 [action=SCHED]
+    0 [001]   354.805778000:  sched:sched_stat_runtime: comm=hmy-w00 pid=77 runtime=329565 [ns]
 this line is not perf script output
 """
 
@@ -57,6 +60,8 @@ def test_parser_decodes_every_event_kind_and_counts_losses_and_bad_lines():
     assert ev.iloc[3]["target_cpu"] == 1
     assert p.lost_by_cpu == {0: 7, 1: 3}
     assert p.bad_lines == 1 and "not perf script output" in p.bad_examples[0]
+    # other subsystems' events are counted by name (as the trace.dat decoder names them), not bad
+    assert p.other_events == {"timer:hrtimer_start": 1, "irq:softirq_raise": 1, "sched_stat_runtime": 1}
 
 
 @pytest.mark.parametrize("text,bits", [("R", 0), ("R+", 0), ("S", 1), ("D", 2), ("D|K", 2),
