@@ -768,7 +768,8 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
     ranges = split(n_rec)
     j_lo = [0, n]
     if len(ranges) > 1:  # first event row of each range: the events before it, in merged order
-        j_lo = np.cumsum([0] + [jit.count_events(kind, order_arg, lo, hi) for lo, hi in ranges])
+        is_event = kind == 2 if order is None else kind[order] == 2    # in merged order
+        j_lo = np.cumsum([0] + [int(np.count_nonzero(is_event[lo:hi])) for lo, hi in ranges])
 
     def fill(lo, hi, k):
         """Records [lo, hi) -> rows from j_lo[k]; (status, err, interned keys)."""

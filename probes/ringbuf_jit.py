@@ -383,14 +383,3 @@ def count_codes(code, counts):
     """counts[c + 1] += records of format code c (slot 0: code -1, no format)."""
     for r in range(code.shape[0]):
         counts[code[r] + 1] += 1
-
-
-@_jit
-def count_events(kind, order, lo, hi):
-    """Event records (kind 2) at merged positions [lo, hi) (order empty: as walked)."""
-    k = 0
-    use_order = order.shape[0] > 0
-    for i in range(lo, hi):
-        if kind[order[i] if use_order else i] == 2:
-            k += 1
-    return k
