@@ -1,5 +1,5 @@
 """Reconstruction, metrics, policy inference, plots."""
 
-from harmony.memory import small_pages
+from harmony.memory import tune_allocations
 
-small_pages()  # analyses fill and free many large arrays: see harmony.memory
+tune_allocations()  # analyses fill and free many large arrays: see harmony.memory

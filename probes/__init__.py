@@ -3,10 +3,10 @@
 Pick one by name; every backend implements :class:`harmony.probes.base.Probe`.
 """
 
-from harmony.memory import small_pages
+from harmony.memory import tune_allocations
 from harmony.probes.base import Capture, Probe, ProbeError, TraceCorrupt
 
-small_pages()  # decoders fill and free many large arrays: see harmony.memory
+tune_allocations()  # decoders fill and free many large arrays: see harmony.memory
 
 PROBES = {
     "tracefs": "harmony.probes.tracefs:TracefsProbe",
