@@ -45,7 +45,7 @@ def small_pages() -> bool:
 
 #: glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
-_MMAP_THRESHOLD = 32 << 20    # the most glibc accepts: larger arrays are mapped, and unmapped when freed
+_MMAP_THRESHOLD = 32 << 20    # the most glibc accepts; larger arrays are mapped, unmapped if freed
 _TRIM_THRESHOLD = 1 << 30     # free memory kept at the heap's top before it is given back
 _TOP_PAD = 64 << 20           # the heap grows by at least this much at a time
 

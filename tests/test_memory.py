@@ -31,14 +31,16 @@ def test_numpy_switch_set_by_the_user_wins():
 
 
 REUSE = ("import resource\nimport numpy as np\nimport harmony.{mod}\n"
-         "def faults(n):\n    a = np.empty(n, np.uint8)\n    f = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
-         "    a[::4096] = 1\n    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f\n"
+         "def minflt():\n    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+         "def faults(n):\n    a = np.empty(n, np.uint8)\n    f = minflt()\n"
+         "    a[::4096] = 1\n    return minflt() - f\n"
          "faults(16 << 20)\nprint(faults(16 << 20))")
 
 
 def _refaults(mod: str, **env) -> int:
     """Pages faulted in by a 16 MiB array allocated after one like it was freed."""
-    base = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
+    base = {k: v for k, v in os.environ.items()
+            if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
     out = subprocess.run([sys.executable, "-c", REUSE.format(mod=mod)], env=base | env,
                          capture_output=True, text=True, check=True)
     return int(out.stdout)
