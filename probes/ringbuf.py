@@ -554,8 +554,7 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
                      f"decoded (type id: count {unknown})")
 
     # cross-CPU merge: stable, so equal timestamps keep (cpu, page, position) order
-    order = np.argsort(rec.ts, kind="stable") if n > 1 and not (rec.ts[1:] >= rec.ts[:-1]).all() \
-        else None
+    order = merged_order(rec.ts, _compiled(len(src.buf)))
 
     # what each record is, by format code: 1 = marker (ftrace print), 2 = event (any other
     # system), 0 = neither (other ftrace-internal records; the last slot is code -1, no format)
@@ -594,6 +593,22 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
         lost_by_cpu[int(c)] = -1 if (lp < 0).any() else int(lp.sum())
     return Decoded(events, markers, lost_by_cpu, missed_pages, unknown, notes, n,
                    "numpy" if jit is None else "compiled")
+
+
+def merged_order(ts: np.ndarray, jit=None) -> np.ndarray | None:
+    """The records in time order, ties in record order (a stable argsort of ``ts``), or None if
+    they are in time order already. With the compiled kernels, the per-CPU runs of a few CPUs are
+    merged in one pass (a merge costs a fifth of numpy's argsort, which merges runs too)."""
+    if len(ts) < 2:
+        return None
+    if jit is not None:
+        order = np.empty(len(ts), np.int64)
+        status = jit.merge_order(ts, order)
+        if status >= 0:
+            return order if status else None
+    elif (ts[1:] >= ts[:-1]).all():
+        return None
+    return np.argsort(ts, kind="stable")
 
 
 def _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats) -> pd.DataFrame:

@@ -575,6 +575,22 @@ def test_missing_or_bad_files(tmp_path, what):
 
 # --- format parsing ----------------------------------------------------------------------------
 
+@pytest.mark.parametrize("runs", [1, 2, 3, 8, 9, 40])
+def test_merged_order_is_a_stable_argsort(runs):
+    """Time-ordered runs (one per CPU) merged as numpy's stable argsort orders them, ties to the
+    earlier run; more runs than the merge takes fall back to argsort; in order already: None."""
+    from harmony.probes.ringbuf import _compiled, merged_order
+    rng = np.random.default_rng(runs)
+    for _ in range(40):
+        parts = [np.sort(rng.integers(0, 40, rng.integers(0, 25))) for _ in range(runs)]
+        ts = np.concatenate(parts).astype(np.int64)
+        order = merged_order(ts, _compiled(1 << 40))
+        if order is None:
+            assert (np.diff(ts) >= 0).all()
+        else:
+            assert np.array_equal(order, np.argsort(ts, kind="stable"))
+
+
 def test_format_parsing_and_preempt_flag():
     from harmony.probes.formats import (parse_format, preempt_flag_from_print_fmt,
                                         sched_switch_preempt_flag)
