@@ -118,7 +118,8 @@ def _ingest(raw: Path, tasks) -> tuple:
     t_b = time.perf_counter()
     ev = cap.events
     t0, t_end = int(ev["ts"].iloc[0]), int(ev["ts"].iloc[-1])
-    cpus = sorted(int(c) for c in np.unique(ev["cpu"]))
+    # a run's analysis takes its CPU set from the manifest, as the recording's meta gives it here
+    cpus = cap.meta.get("cpus") or sorted(int(c) for c in np.unique(ev["cpu"]))
     reconstruct.df_core(ev, tasks, cpus, t0, t_end)
     return cap, t_b
 
