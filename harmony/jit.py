@@ -105,8 +105,9 @@ def in_background(fn, *args):
     """A future of fn(*args), run on this process's thread pool. The pool lives as long as the
     process: starting threads for each call cost more than the small kernels' work. A forked child
     gets its own (the parent's threads do not exist in it). Only a task that splits its work
-    (df_core's second half) waits on other tasks, and those are kernels that wait on nothing, so
-    two threads suffice for every task to finish; the pool has more, for HARMONY_THREADS."""
+    (df_core's runs, handed here) waits on other tasks, its kernels' ranges, which wait on
+    nothing: two threads suffice for every task to finish (the pool has more, for
+    HARMONY_THREADS)."""
     global _pool_of
     if _pool_of is None or _pool_of[0] != os.getpid():
         from concurrent.futures import ThreadPoolExecutor

@@ -598,7 +598,7 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
 def merged_order(ts: np.ndarray, jit=None) -> np.ndarray | None:
     """The records in time order, ties in record order (a stable argsort of ``ts``), or None if
     they are in time order already. With the compiled kernels, the per-CPU runs of a few CPUs are
-    merged in one pass (a merge costs a fifth of numpy's argsort, which merges runs too)."""
+    merged in one pass (measured at 2.1 M records: 16-18 ms, numpy's argsort 23-30 ms)."""
     if len(ts) < 2:
         return None
     if jit is not None:
