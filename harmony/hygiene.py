@@ -116,11 +116,6 @@ def orphans() -> list[tuple[int, str]]:
     return out
 
 
-def orphan_workers() -> list[int]:
-    """Pids of Harmony workers whose controller is gone."""
-    return [pid for pid, what in orphans() if what == "worker"]
-
-
 def reclaim_stale() -> list[str]:
     """Remove what dead Harmony runs left; return a line per thing removed. Call with the lock held."""
     from harmony import cpuset

@@ -225,4 +225,3 @@ def test_orphaned_server_and_its_workers_are_reclaimed(monkeypatch):
     monkeypatch.setattr(hygiene, "_procs", lambda: procs)
     monkeypatch.setattr(hygiene, "_controller_gone", lambda ppid: ppid == 1)
     assert sorted(hygiene.orphans()) == [(10, "fork server"), (11, "worker"), (40, "worker")]
-    assert hygiene.orphan_workers() == [11, 40]
