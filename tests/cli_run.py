@@ -9,13 +9,15 @@ import time
 HARMONY = [sys.executable, "-m", "harmony.cli"]
 
 
-def cli(*args, timeout: float = 180) -> subprocess.CompletedProcess:
-    """Run the harmony CLI; wait and retry while another Harmony run holds the host lock."""
+def cli(*args, timeout: float = 180, check_busy: bool = True) -> subprocess.CompletedProcess:
+    """Run the harmony CLI; wait and retry while another Harmony run holds the host lock (unless
+    ``check_busy`` is false: for commands expected to fail before they take the lock)."""
     deadline = time.monotonic() + 300
     while True:
         p = subprocess.run(HARMONY + [str(a) for a in args], capture_output=True, text=True,
                            timeout=timeout)
-        if p.returncode == 1 and "another Harmony run" in p.stderr and time.monotonic() < deadline:
+        if check_busy and p.returncode == 1 and "another Harmony run" in p.stderr \
+                and time.monotonic() < deadline:
             time.sleep(2)
             continue
         return p

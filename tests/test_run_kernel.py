@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,21 +19,9 @@ from harmony.analysis.metrics import balance_timeline
 from harmony.forkserver import COMM as SERVER_COMM
 from harmony.hygiene import WORKER_PREFIX
 
+from cli_run import HARMONY, cli
+
 TRACEFS = Path("/sys/kernel/tracing")
-HARMONY = [sys.executable, "-m", "harmony.cli"]
-
-
-def cli(*args, timeout=120, check_busy=True) -> subprocess.CompletedProcess:
-    """Run the harmony CLI; wait and retry while another Harmony run holds the host lock."""
-    deadline = time.monotonic() + 180
-    while True:
-        p = subprocess.run(HARMONY + [str(a) for a in args], capture_output=True, text=True,
-                           timeout=timeout)
-        if check_busy and p.returncode == 1 and "another Harmony run" in p.stderr \
-                and time.monotonic() < deadline:
-            time.sleep(2)
-            continue
-        return p
 
 
 def our_workers(prefix=WORKER_PREFIX) -> list[int]:
