@@ -56,14 +56,26 @@ def _t(ts: np.ndarray, t0: int) -> np.ndarray:
 
 
 def _task_info(pid: np.ndarray, tasks: pd.DataFrame) -> tuple[pd.Categorical, pd.Categorical]:
-    """name and role of each pid (categoricals; pids must all be in ``tasks``)."""
+    """name and role of each pid (categoricals, categories sorted; pids must all be in ``tasks``,
+    whose pids are unique)."""
     tp = _pids(tasks)
-    order = np.argsort(tp, kind="stable")
-    pos = order[np.searchsorted(tp[order], pid)]
+    pid = np.asarray(pid)
+    if len(tp) and int(tp.max()) - int(tp.min()) < 1 << 16:
+        # a run's tasks are forked together: their pids are close, and a look-up table (at
+        # most 256 KiB) beats a binary search per row (~1 ms per 100 k rows)
+        lo = int(tp.min())
+        lut = np.zeros(int(tp.max()) - lo + 1, np.intp)
+        lut[tp - lo] = np.arange(len(tp))
+        pos = lut[pid.astype(np.int64) - lo] if len(pid) else np.zeros(0, np.intp)
+    else:
+        order = np.argsort(tp, kind="stable")
+        pos = order[np.searchsorted(tp[order], pid)]
     out = []
     for col in ("name", "role"):
-        cat = pd.Categorical(tasks[col].astype(str).to_numpy())
-        out.append(pd.Categorical.from_codes(cat.codes[pos], cat.categories))
+        # the few distinct values by numpy (pd.Categorical of the column costs ~0.7 ms)
+        cats, codes = np.unique(np.array([str(v) for v in tasks[col].tolist()], dtype=object),
+                                return_inverse=True)
+        out.append(pd.Categorical.from_codes(codes[pos], categories=pd.Index(cats.tolist())))
     return out[0], out[1]
 
 

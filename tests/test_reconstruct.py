@@ -783,3 +783,20 @@ def test_seq_rows_is_the_time_order_of_the_records(state_machine):
     assert (np.diff(r["seq"].to_numpy()) < 0).any()          # the table itself is by task
     assert (taskstate.seq_rows(r) == want).all()
     assert (taskstate.seq_rows(r.copy()) == want).all()      # not the table built last: sorted
+
+
+@pytest.mark.parametrize("pids", [[4100, 4101, 4102], [7, 300_000, 42], [5]])
+def test_task_info_names_and_roles_each_pid(pids):
+    # close pids take the look-up table, far-apart ones the binary search; categories sorted
+    tasks = pd.DataFrame({"pid": pids, "name": ["wörker-b", "a", "wörker-b"][:len(pids)],
+                          "role": pd.Categorical(["cpu", "io", "cpu"][:len(pids)])})
+    rng = np.random.default_rng(len(pids))
+    pid = rng.choice(np.asarray(pids, np.int32), 1000)
+    name, role = rc._task_info(pid, tasks)
+    by_pid = tasks.set_index("pid")
+    assert list(name.astype(str)) == [by_pid.at[p, "name"] for p in pid]
+    assert list(role.astype(str)) == [by_pid.at[p, "role"] for p in pid]
+    assert list(name.categories) == sorted(set(tasks["name"]))
+    assert name.categories.dtype == pd.Index(["x"]).dtype      # pandas' own string dtype
+    empty_name, _ = rc._task_info(np.zeros(0, np.int32), tasks)
+    assert len(empty_name) == 0
