@@ -68,3 +68,28 @@ def test_console_script_exits_after_using_the_pool():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "Usage" in out.stdout
+
+
+FORKED_ANALYSES = """
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from harmony import jit
+
+def child(x):   # an analysis process on a large trace splits work on its own pool
+    return jit.run_split(lambda lo, hi, k: k, [(0, 1), (1, 2), (2, 3)]) + [x]
+
+if __name__ == "__main__":
+    jit.in_background(int, "1").result()      # the parent's pool exists when it forks
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork")) as pool:
+        print(list(pool.map(child, range(4))))
+"""
+
+
+def test_forked_analysis_processes_use_and_leave_their_pools(tmp_path):
+    # as harmony.batch.analyse_groups forks them; each must exit once done (its pool's idle
+    # threads must not hold it)
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED_ANALYSES)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == str([[0, 1, 2, x] for x in range(4)])
