@@ -227,7 +227,8 @@ def check_perf_data(path: Path) -> dict:
 # engine skip to candidates quickly instead of trying a match at every character).
 # The event is "sched:NAME" (-> NAME) or, for the other subsystems' tracepoints, "SYS:NAME" (kept
 # whole, as the trace.dat decoder names them).
-_LINE_RE = re.compile(r"\n *(-?\d+) +\[(\d+)\] +(\d+)\.(\d{9}): +(?:sched:)?((?:\w+:)?\w+):? ([^\n]*)")
+_LINE_RE = re.compile(r"\n *(-?\d+) +\[(\d+)\] +(\d+)\.(\d{9}): +"
+                      r"(?:sched:)?((?:\w+:)?\w+):? ([^\n]*)")
 # perf prints some PERF_RECORD_LOST lines with the comm first ("perf-exec 20671 [000] ...: ...")
 _LOST_RE = re.compile(r".*?(-?\d+) +\[(\d+)\] +\d+\.\d{9}: +PERF_RECORD_LOST lost (\d+)")
 

@@ -61,7 +61,8 @@ def test_parser_decodes_every_event_kind_and_counts_losses_and_bad_lines():
     assert p.lost_by_cpu == {0: 7, 1: 3}
     assert p.bad_lines == 1 and "not perf script output" in p.bad_examples[0]
     # other subsystems' events are counted by name (as the trace.dat decoder names them), not bad
-    assert p.other_events == {"timer:hrtimer_start": 1, "irq:softirq_raise": 1, "sched_stat_runtime": 1}
+    assert p.other_events == {"timer:hrtimer_start": 1, "irq:softirq_raise": 1,
+                              "sched_stat_runtime": 1}
 
 
 @pytest.mark.parametrize("text,bits", [("R", 0), ("R+", 0), ("S", 1), ("D", 2), ("D|K", 2),

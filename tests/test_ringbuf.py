@@ -13,7 +13,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -573,8 +572,6 @@ def test_missing_or_bad_files(tmp_path, what):
     assert name in _one_line(e)
 
 
-# --- format parsing ----------------------------------------------------------------------------
-
 @pytest.mark.parametrize("runs", [1, 2, 3, 8, 9, 40])
 def test_merged_order_is_a_stable_argsort(runs):
     """Time-ordered runs (one per CPU) merged as numpy's stable argsort orders them, ties to the
@@ -590,6 +587,8 @@ def test_merged_order_is_a_stable_argsort(runs):
         else:
             assert np.array_equal(order, np.argsort(ts, kind="stable"))
 
+
+# --- format parsing ----------------------------------------------------------------------------
 
 def test_format_parsing_and_preempt_flag():
     from harmony.probes.formats import (parse_format, preempt_flag_from_print_fmt,
