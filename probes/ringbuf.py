@@ -540,10 +540,8 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
     if first_short >= 0:
         raise TraceCorrupt(f"{where(first_short)}: record of {int(length[first_short])} bytes is "
                            f"too short for an event header")
-    if rec.code is not None:
-        code = rec.code
-    else:
-        code = type_lut[read_field(src, pos, ctype)] if n else np.zeros(0, np.int32)
+    code = rec.code if rec.code is not None else (          # the numpy walk: read them here
+        type_lut[read_field(src, pos, ctype)] if n else np.zeros(0, np.int32))
 
     unknown: dict[int, int] = {}
     unk = np.flatnonzero(code < 0)
@@ -553,8 +551,9 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
         notes.append(f"{unk.size} records of event types with no format in formats/ were not "
                      f"decoded (type id: count {unknown})")
 
+    jit = _compiled(len(src.buf))
     # cross-CPU merge: stable, so equal timestamps keep (cpu, page, position) order
-    order = merged_order(rec.ts, _compiled(len(src.buf)))
+    order = merged_order(rec.ts, jit)
 
     # what each record is, by format code: 1 = marker (ftrace print), 2 = event (any other
     # system), 0 = neither (other ftrace-internal records; the last slot is code -1, no format)
@@ -572,7 +571,6 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
     other_ftrace = int(np.count_nonzero(kind == 0)) - unk.size
     if other_ftrace:
         notes.append(f"{other_ftrace} ftrace-internal records (not print) were skipped")
-    jit = _compiled(len(src.buf))
     if jit is not None:
         events, ev_notes = _decode_events_compiled(jit, src, rec, code, kind, kinds[:-1] == 2, order,
                                                    ids, formats, where)
