@@ -187,8 +187,8 @@ def _event_kinds(events: pd.DataFrame, jit) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray):
-    """_build_task_records by the compiled state machine (same table); (table, its rows in seq
-    order)."""
+    """The task_records table by the compiled state machine (the same as the numpy one); (table,
+    its rows in seq order)."""
     table = np.full(int(pidset.max(initial=0)) + 3, -1, np.int32)   # pid v -> dense index at v + 1
     table[pidset.astype(np.int64) + 1] = np.arange(len(pidset), dtype=np.int32)
     codes, lut = _event_kinds(events, jit)
@@ -225,10 +225,6 @@ def _whole_tasks(ends: np.ndarray, m: int) -> list[tuple[int, int]]:
         return ranges
     cuts = [0] + [int(ends[np.abs(ends - hi).argmin()]) for _, hi in ranges[:-1]] + [m]
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
-
-
-def _build_task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
-    return _build_task_records_and_order(events, pids)[0]
 
 
 def _build_task_records_and_order(events: pd.DataFrame, pids) -> tuple[pd.DataFrame, np.ndarray | None]:

@@ -712,7 +712,7 @@ def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch,
     got = {}
     for name, flag in (("compiled", "1"), ("numpy", "0")):
         monkeypatch.setenv("HARMONY_JIT", flag)
-        got[name] = taskstate._build_task_records(ev, sim.tasks["pid"])
+        got[name] = taskstate._build_task_records_and_order(ev, sim.tasks["pid"])[0]
     a, b = got["compiled"], got["numpy"]
     assert (a["anomaly"] > 0).any() and a["first"].sum() == ntasks
     pd.testing.assert_frame_equal(a, b, check_dtype=True)
