@@ -64,13 +64,15 @@ def _foreign_share(foreign) -> float | None:
 
 
 def main(argv=None) -> int:
+    from harmony.controller import MODES, PLACEMENTS
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tasks", default="8,64,256", help="task counts, comma-separated (default %(default)s)")
     ap.add_argument("--placement", default="auto",
-                    help="comma-separated: auto, cpuset, affinity (default %(default)s)")
+                    help=f"comma-separated: {', '.join(PLACEMENTS)} (default %(default)s)")
     ap.add_argument("--mode", default="auto",
-                    help="comma-separated: auto, occupied, confined (default %(default)s)")
+                    help=f"comma-separated: {', '.join(MODES)} (default %(default)s)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per count (default %(default)s)")
     ap.add_argument("--duration", type=float, default=0.3, help="seconds each run lasts after t0")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
@@ -82,11 +84,11 @@ def main(argv=None) -> int:
     if not counts or min(counts) < 1 or a.reps < 1 or a.duration <= 0:
         ap.error("--tasks, --reps and --duration must be positive")
     placements = [x.strip() for x in a.placement.split(",") if x.strip()]
-    if not placements or set(placements) - {"auto", "cpuset", "affinity"}:
-        ap.error(f"--placement: not a list of auto, cpuset, affinity: {a.placement!r}")
+    if not placements or set(placements) - set(PLACEMENTS):
+        ap.error(f"--placement: not a list of {', '.join(PLACEMENTS)}: {a.placement!r}")
     modes = [x.strip() for x in a.mode.split(",") if x.strip()]
-    if not modes or set(modes) - {"auto", "occupied", "confined"}:
-        ap.error(f"--mode: not a list of auto, occupied, confined: {a.mode!r}")
+    if not modes or set(modes) - set(MODES):
+        ap.error(f"--mode: not a list of {', '.join(MODES)}: {a.mode!r}")
     common.need_root("the release benchmark")
 
     ways = [(pl, mo) for pl in placements for mo in modes]
