@@ -1,0 +1,56 @@
+"""The run directory's table files: what store.write_table writes is what pandas would."""
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+from harmony import store
+
+
+def _frame(n: int) -> pd.DataFrame:
+    rng = np.random.default_rng(n)
+    df = pd.DataFrame({
+        "ts": np.arange(n, dtype=np.int64) * 1000,
+        "cpu": rng.integers(0, 64, n).astype(np.int16),
+        "pid": rng.integers(1, 1 << 22, n).astype(np.int32),
+        "event": pd.Categorical(rng.choice(["sched_switch", "sched_wakeup"], n)),
+        "comm": rng.choice(["a", "bb", "hmy-w0"], n).astype(object),
+        "share": rng.random(n),
+        "truncated": rng.random(n) < 0.5,
+    })
+    df.loc[::7, "share"] = np.nan
+    df.attrs = {"anomalies": 3, "anomaly_kinds": {"switch_out_not_running": 2}, "ratio": 0.5,
+                "note": "x", "flags": [1, 2], "dropped": np.arange(3)}  # not JSON: not kept
+    return df
+
+
+@pytest.mark.parametrize("rows", [0, 5, 3000])
+@pytest.mark.parametrize("threaded", [False, True])
+def test_write_table_reads_back_as_pandas_own_writer(tmp_path, monkeypatch, rows, threaded):
+    if threaded:  # the many-rows path, whose threads pyarrow starts itself
+        monkeypatch.setattr(store, "THREADED_CONVERSION_ROWS", 0)
+    df = _frame(rows)
+    store.write_table(tmp_path, "mine", df)
+    theirs = df.copy(deep=False)
+    theirs.attrs = {k: v for k, v in df.attrs.items() if k != "dropped"}
+    theirs.to_parquet(tmp_path / "theirs.parquet", index=False)
+    got, want = store.read_table(tmp_path / "mine.parquet"), pd.read_parquet(tmp_path / "theirs.parquet")
+    pd.testing.assert_frame_equal(got, want)
+    assert got.attrs == want.attrs == theirs.attrs
+    # the same metadata keys too (pandas' own PANDAS_ATTRS beside pyarrow's copy of the attrs)
+    meta = [pq.read_schema(tmp_path / f"{w}.parquet").metadata for w in ("mine", "theirs")]
+    assert meta[0].keys() == meta[1].keys()
+    assert meta[0].get(b"PANDAS_ATTRS") == meta[1].get(b"PANDAS_ATTRS")
+    assert "dropped" in df.attrs  # the caller's frame is left as it was
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.parquet", "theirs.parquet"]
+
+
+def test_write_table_leaves_no_partial_file(tmp_path):
+    class Unstorable:
+        pass
+
+    bad = pd.DataFrame({"x": [Unstorable()]})
+    with pytest.raises(Exception):
+        store.write_table(tmp_path, "bad", bad)
+    assert list(tmp_path.iterdir()) == []
