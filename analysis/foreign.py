@@ -14,6 +14,10 @@ import pandas as pd
 
 from harmony.analysis.reconstruct import NS
 
+COLUMNS = {"cpu": np.int32, "window_s": np.float64, "experiment_s": np.float64,
+           "controller_s": np.float64, "foreign_s": np.float64, "idle_s": np.float64,
+           "foreign_frac": np.float64, "top_foreign": str}
+
 
 def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
                     t_end: int, controller_tids=()) -> pd.DataFrame:
@@ -30,36 +34,57 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     columns (nothing was seen, so nothing is claimed).
     """
     t0, t_end = int(t0), int(t_end)
+    window = (t_end - t0) / NS
+    is_switch = (events["event"] == "sched_switch").to_numpy()
+    cpu_all = events["cpu"].to_numpy()[is_switch]
+    order = np.argsort(cpu_all, kind="stable")      # each CPU's switches, in time order
+    cpu_sorted = cpu_all[order]
+    ts_all = events["ts"].to_numpy(dtype=np.int64)[is_switch][order]
+    nxt_all = events["pid"].to_numpy()[is_switch][order]
+    prev_all = events["prev_pid"].to_numpy()[is_switch][order]
+    comm_codes, comm_names = _codes(events["comm"], is_switch, order)
+    prev_codes, prev_names = _codes(events["prev_comm"], is_switch, order)
     pids = tasks["pid"].to_numpy()
-    sw = events[events["event"] == "sched_switch"]
+    own = np.asarray(list(controller_tids), dtype=np.int64)
     rows = []
     for cpu in sorted(set(int(c) for c in cpus)):
-        s = sw[sw["cpu"] == cpu]
-        ts = s["ts"].to_numpy(dtype=np.int64)
-        if not len(ts):
-            rows.append((cpu, (t_end - t0) / NS, np.nan, np.nan, np.nan, np.nan, np.nan, ""))
+        a, b = np.searchsorted(cpu_sorted, [cpu, cpu + 1])
+        if a == b:
+            rows.append((cpu, window, np.nan, np.nan, np.nan, np.nan, np.nan, ""))
             continue
-        nxt = s["pid"].to_numpy()
-        comm = s["comm"].astype(str).to_numpy()
-        # owner of each segment [bounds[k], bounds[k+1]): the task switched in at bounds[k]
+        ts = ts_all[a:b]
+        # owner of each segment [bounds[k], bounds[k+1]): the task switched in at bounds[k];
+        # before the first switch, that switch's prev
         starts = np.concatenate([[np.int64(-2**62)], ts])
         ends = np.concatenate([ts, [np.int64(2**62)]])
-        owner = np.concatenate([[s["prev_pid"].iloc[0]], nxt])
-        owner_comm = np.concatenate([[str(s["prev_comm"].iloc[0])], comm])
-        lo = np.clip(starts, t0, t_end)
-        hi = np.clip(ends, t0, t_end)
-        dur = (hi - lo).astype(np.float64) / NS
+        owner = np.concatenate([prev_all[a:a + 1], nxt_all[a:b]])
+        dur = (np.clip(ends, t0, t_end) - np.clip(starts, t0, t_end)).astype(np.float64) / NS
         is_idle = owner == 0
         is_exp = np.isin(owner, pids)
-        is_own = np.isin(owner, np.asarray(list(controller_tids), dtype=np.int64))
+        is_own = np.isin(owner, own)
         is_foreign = ~is_idle & ~is_exp & ~is_own
-        foreign_by_comm = pd.Series(dur[is_foreign]).groupby(owner_comm[is_foreign]).sum()
-        top = str(foreign_by_comm.idxmax()) if len(foreign_by_comm) and foreign_by_comm.max() > 0 else ""
-        window = (t_end - t0) / NS
-        rows.append((cpu, window, float(dur[is_exp].sum()), float(dur[is_own].sum()),
-                     float(dur[is_foreign].sum()),
-                     float(dur[is_idle].sum()), float(dur[is_foreign].sum()) / window if window > 0
-                     else np.nan, top))
-    out = pd.DataFrame(rows, columns=["cpu", "window_s", "experiment_s", "controller_s", "foreign_s", "idle_s",
-                                      "foreign_frac", "top_foreign"])
-    return out.astype({"cpu": "int32"})
+        foreign_s = float(dur[is_foreign].sum())
+        top = ""
+        if is_foreign.any():
+            names = np.concatenate([prev_names[prev_codes[a:a + 1]],
+                                    comm_names[comm_codes[a:b]]])[is_foreign]
+            comms, which = np.unique(names, return_inverse=True)
+            by_comm = np.bincount(which, weights=dur[is_foreign], minlength=len(comms))
+            if by_comm.max() > 0:
+                top = str(comms[int(np.argmax(by_comm))])
+        rows.append((cpu, window, float(dur[is_exp].sum()), float(dur[is_own].sum()), foreign_s,
+                     float(dur[is_idle].sum()), foreign_s / window if window > 0 else np.nan, top))
+    cols = list(zip(*rows)) or [()] * len(COLUMNS)
+    return pd.DataFrame({name: np.asarray(col, dtype=dtype)
+                         for (name, dtype), col in zip(COLUMNS.items(), cols)})
+
+
+def _codes(column: pd.Series, rows: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, names) of a string column's ``rows`` taken in ``order``: names[codes[k]] is row k's
+    string. Categorical columns (the canonical table's) give their codes; others are factorized."""
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        # code -1 (a missing value) picks the last name: "nan", as astype(str) would say
+        names = np.append(np.asarray(column.cat.categories.astype(str), dtype=object), "nan")
+        return column.cat.codes.to_numpy()[rows][order], names
+    codes, uniques = pd.factorize(column.astype(str).to_numpy()[rows][order])
+    return codes, np.asarray(uniques, dtype=object)
