@@ -2,11 +2,13 @@
 
 ``in_set`` replaces ``np.isin`` (a sort of both arrays) by a table look-up, exploiting what the
 members are: small non-negative integers (pids, codes). On millions of events it is ~20x faster.
+``event_mask`` selects events by name through the category codes of the canonical table.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 
 def in_set(values: np.ndarray, members) -> np.ndarray:
@@ -22,3 +24,17 @@ def in_set(values: np.ndarray, members) -> np.ndarray:
     table = np.zeros(top + 3, dtype=bool)      # value v at v + 1; clipped: 0 (v < 0), top + 2 (v > top)
     table[members + 1] = True
     return np.take(table, values.astype(np.int64) + 1, mode="clip")
+
+
+def event_mask(events: pd.DataFrame, *names: str) -> np.ndarray:
+    """Boolean array: the rows of ``events`` whose ``event`` is one of ``names``. On the canonical
+    (categorical) column a comparison of codes, without pandas' per-call overhead."""
+    col = events["event"]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = col.cat.categories
+        codes = [cats.get_loc(n) for n in names if n in cats]
+        if not codes:
+            return np.zeros(len(col), dtype=bool)
+        c = col.cat.codes.to_numpy()
+        return c == codes[0] if len(codes) == 1 else in_set(c, codes)
+    return col.isin(names).to_numpy()

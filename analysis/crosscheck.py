@@ -6,8 +6,13 @@ Needs: a rebuilt run queue (:func:`harmony.analysis.reconstruct.df_runqueue`) an
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pandas as pd
+
+from harmony.analysis.arrays import in_set
+from harmony.analysis.reconstruct import runqueue_steps, steps_at, steps_by_cpu
 
 
 def kernel_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: list[int],
@@ -22,28 +27,26 @@ def kernel_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: list[i
     Returns: sweeps, agreeing, agreement (fraction, None without sweeps), sweep_us_median,
     disagreements (up to 10 examples: t, cpu, kernel, rebuilt).
     """
-    from harmony.analysis.reconstruct import runqueue_at
-
-    s = samples[(samples["ts"] >= t0) & (samples["ts"] <= t_end)]
-    if s.empty:
+    s_ts = samples["ts"].to_numpy()
+    keep = (s_ts >= t0) & (s_ts <= t_end)
+    if not keep.any():
         return {"sweeps": 0, "agreeing": 0, "agreement": None, "sweep_us_median": None,
                 "disagreements": []}
-    running = s[s["state"] == "R"]
-    kernel = (running.groupby(["ts", "cpu"]).size().unstack("cpu", fill_value=0)
-              .reindex(index=np.unique(s["ts"]), columns=cpus, fill_value=0))
-    rebuilt = runqueue_at(runqueue, kernel.index.to_numpy()).reindex(columns=cpus, fill_value=0)
-    rebuilt.index = kernel.index
-    same = (kernel.to_numpy() == rebuilt.to_numpy())
+    ts = s_ts[keep].astype(np.int64)
+    sweeps, first = np.unique(ts, return_index=True)
+    # the kernel's run queue per (sweep, CPU of the set): tasks in state R whose task_cpu it is
+    col = _positions(samples["cpu"].to_numpy()[keep], cpus)
+    running = (samples["state"] == "R").to_numpy()[keep] & (col >= 0)
+    kernel = np.zeros((len(sweeps), len(cpus)), np.int64)
+    np.add.at(kernel, (np.searchsorted(sweeps, ts[running]), col[running]), 1)
+    rebuilt = steps_at(runqueue_steps(runqueue), sweeps, cpus, absent=0)
+    same = kernel == rebuilt
     agree = same.all(axis=1)
-    examples = []
-    for ts_i, row in zip(*np.nonzero(~same)):
-        if len(examples) >= 10:
-            break
-        examples.append({"t": (kernel.index[ts_i] - t0) / 1e9, "cpu": cpus[row],
-                         "kernel": int(kernel.iat[ts_i, row]), "rebuilt": int(rebuilt.iat[ts_i, row])})
+    examples = [{"t": (int(sweeps[i]) - t0) / 1e9, "cpu": cpus[c], "kernel": int(kernel[i, c]),
+                 "rebuilt": int(rebuilt[i, c])} for i, c in zip(*np.nonzero(~same))][:10]
     return {"sweeps": int(len(agree)), "agreeing": int(agree.sum()),
             "agreement": float(agree.mean()),
-            "sweep_us_median": float(s.groupby("ts")["sweep_ns"].first().median() / 1e3),
+            "sweep_us_median": float(np.median(samples["sweep_ns"].to_numpy()[keep][first]) / 1e3),
             "disagreements": examples}
 
 
@@ -75,75 +78,109 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
     busy_comms (up to 5 comms that made samples unclean, with counts), disagreements (up to 10
     among the clean samples: t, cpu, kernel, rebuilt_min, rebuilt_max).
     """
-    s = samples[(samples["lo"] >= t0) & (samples["hi"] <= t_end) & samples["cpu"].isin(cpus)]
-    n_samples = int(s["ts"].nunique())
-    out = {"samples": n_samples, "clean": 0, "agreeing": 0, "agreement": None,
+    col = {name: samples[name].to_numpy() for name in
+           ("ts", "lo", "hi", "cpu", "nr_running", "reader", "others", "listed_runnable")}
+    keep = (col["lo"] >= t0) & (col["hi"] <= t_end) & in_set(col["cpu"], cpus)
+    ts, lo, hi, cpu, nr, reader, others, listed = (
+        col[k][keep].astype(np.int64) for k in ("ts", "lo", "hi", "cpu", "nr_running", "reader",
+                                                   "others", "listed_runnable"))
+    stamps, sample_of = np.unique(ts, return_inverse=True)
+    out = {"samples": int(len(stamps)), "clean": 0, "agreeing": 0, "agreement": None,
            "agreement_at_midpoint": None, "cpu_clean": 0, "cpu_agreeing": 0, "cpu_agreement": None,
            "adjusted_agreement": None, "count_list_mismatch": 0, "window_us_median": None,
            "busy_comms": {}, "disagreements": []}
-    if s.empty:
+    if not len(ts):
         return out
-    lo_a, hi_a, _ = _window_range(runqueue, s["cpu"].to_numpy(), s["lo"].to_numpy(),
-                                  s["hi"].to_numpy(), s["ts"].to_numpy())
-    k_a = (s["nr_running"] - s["reader"] - s["others"]).to_numpy()
-    out["adjusted_agreement"] = float(pd.Series((k_a >= lo_a) & (k_a <= hi_a)).groupby(
-        s["ts"].to_numpy()).all().mean())
-    steady = (s["others"] == 0) & (s["nr_running"] == s["listed_runnable"])
-    pc = s[steady]
-    if len(pc):
-        lo_v, hi_v, _ = _window_range(runqueue, pc["cpu"].to_numpy(), pc["lo"].to_numpy(),
-                                      pc["hi"].to_numpy(), pc["ts"].to_numpy())
-        k = (pc["nr_running"] - pc["reader"]).to_numpy()
+    steps = runqueue_steps(runqueue)
+    lo_a, hi_a, _ = _window_range(steps, cpu, lo, hi, ts)
+    k_a = nr - reader - others
+    out["adjusted_agreement"] = float(_all_per(sample_of, (k_a >= lo_a) & (k_a <= hi_a), len(stamps)).mean())
+    steady = (others == 0) & (nr == listed)
+    if steady.any():
+        k = (nr - reader)[steady]
+        lo_v, hi_v, _ = _window_range(steps, cpu[steady], lo[steady], hi[steady], ts[steady])
         ok = (k >= lo_v) & (k <= hi_v)
-        out |= {"cpu_clean": int(len(pc)), "cpu_agreeing": int(ok.sum()), "cpu_agreement": float(ok.mean())}
-    per = s.groupby("ts")
-    complete = per["cpu"].nunique() == len(cpus)
-    dirty = (~steady).groupby(s["ts"]).any()
-    clean_ts = complete.index[complete & ~dirty]
-    busy = s.loc[s["others"] > 0, "other_comms"].str.split(",").explode().value_counts()
-    out["busy_comms"] = {str(k): int(v) for k, v in busy.head(5).items()}
-    out["count_list_mismatch"] = int((s["nr_running"] != s["listed_runnable"]).sum())
-    out["window_us_median"] = float((s["hi"] - s["lo"]).median() / 1e3)
-    c = s[s["ts"].isin(clean_ts)].sort_values(["ts", "cpu"])
-    if c.empty:
+        out |= {"cpu_clean": int(len(k)), "cpu_agreeing": int(ok.sum()), "cpu_agreement": float(ok.mean())}
+    # clean samples: every CPU of the set read, none of them with another task runnable
+    pairs = np.unique(sample_of * (int(cpu.max()) + 1) + cpu) // (int(cpu.max()) + 1)
+    complete = np.bincount(pairs, minlength=len(stamps)) == len(cpus)
+    clean = complete & _all_per(sample_of, steady, len(stamps))
+    comms = samples["other_comms"].to_numpy()[keep][others > 0]
+    busy = collections.Counter(c for text in comms if isinstance(text, str) for c in text.split(","))
+    out["busy_comms"] = {str(k): int(v) for k, v in
+                         sorted(busy.items(), key=lambda kv: -kv[1])[:5]}  # ties: first seen first
+    out["count_list_mismatch"] = int((nr != listed).sum())
+    out["window_us_median"] = float(np.median(hi - lo) / 1e3)
+    rows = np.flatnonzero(clean[sample_of])
+    if not len(rows):
         return out
-    kernel = (c["nr_running"] - c["reader"]).to_numpy()
-    lo_v, hi_v, mid_v = _window_range(runqueue, c["cpu"].to_numpy(), c["lo"].to_numpy(),
-                                      c["hi"].to_numpy(), c["ts"].to_numpy())
+    rows = rows[np.lexsort((cpu[rows], ts[rows]))]
+    kernel = (nr - reader)[rows]
+    lo_v, hi_v, mid_v = _window_range(steps, cpu[rows], lo[rows], hi[rows], ts[rows])
     ok = (kernel >= lo_v) & (kernel <= hi_v)
-    ok_mid = kernel == mid_v
-    ts = c["ts"].to_numpy()
-    agree = pd.Series(ok).groupby(ts).all()
-    agree_mid = pd.Series(ok_mid).groupby(ts).all()
-    examples = []
-    for k in np.flatnonzero(~ok)[:10]:
-        examples.append({"t": (int(ts[k]) - t0) / 1e9, "cpu": int(c["cpu"].iat[k]),
-                         "kernel": int(kernel[k]), "rebuilt_min": int(lo_v[k]), "rebuilt_max": int(hi_v[k])})
+    agree = _all_per(sample_of[rows], ok, len(stamps))[clean]
+    agree_mid = _all_per(sample_of[rows], kernel == mid_v, len(stamps))[clean]
+    examples = [{"t": (int(ts[rows[k]]) - t0) / 1e9, "cpu": int(cpu[rows[k]]),
+                 "kernel": int(kernel[k]), "rebuilt_min": int(lo_v[k]), "rebuilt_max": int(hi_v[k])}
+                for k in np.flatnonzero(~ok)[:10]]
     out |= {"clean": int(len(agree)), "agreeing": int(agree.sum()), "agreement": float(agree.mean()),
             "agreement_at_midpoint": float(agree_mid.mean()), "disagreements": examples}
     return out
 
 
-def _window_range(runqueue: pd.DataFrame, cpu: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+def _all_per(group: np.ndarray, ok: np.ndarray, n: int) -> np.ndarray:
+    """For each group id 0..n-1: whether ``ok`` holds on all of its rows (True for none)."""
+    return np.bincount(group, weights=~ok, minlength=n) == 0
+
+
+def _positions(values: np.ndarray, cpus: list[int]) -> np.ndarray:
+    """Index of each value in ``cpus`` (the first, if listed twice); -1 for a value not in it."""
+    cpus_a = np.asarray(cpus, dtype=np.int64)
+    v = np.asarray(values).astype(np.int64)
+    if not len(cpus_a):
+        return np.full(len(v), -1, np.int64)
+    table = np.full(int(cpus_a.max()) + 2, -1, np.int64)   # the last slot: any value beyond
+    table[cpus_a[::-1]] = np.arange(len(cpus_a))[::-1]
+    return np.where(v >= 0, table[np.clip(v, 0, len(table) - 1)], -1)
+
+
+def _window_range(steps, cpu: np.ndarray, lo: np.ndarray, hi: np.ndarray,
                   mid: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Smallest, largest and middle value of the rebuilt step function of ``cpu`` in [lo, hi]."""
+    """Smallest, largest and middle value of the rebuilt step function of ``cpu`` in [lo, hi]
+    (-1 where it has not begun by ``hi``); ``steps`` from :func:`runqueue_steps`."""
     vmin = np.full(len(cpu), -1, np.int64)
     vmax = np.full(len(cpu), -1, np.int64)
     vmid = np.full(len(cpu), -1, np.int64)
-    for c, g in runqueue.groupby("cpu", sort=True):
-        sel = np.flatnonzero(cpu == int(c))
+    for c, ts, nr in steps_by_cpu(steps):
+        sel = np.flatnonzero(cpu == c)
         if not sel.size:
             continue
-        ts, nr = g["ts"].to_numpy(), g["nr"].to_numpy()
         i_lo = np.searchsorted(ts, lo[sel], side="right") - 1
         i_hi = np.searchsorted(ts, hi[sel], side="right") - 1
         i_mid = np.searchsorted(ts, mid[sel], side="right") - 1
-        for j, a, b, m in zip(sel, i_lo, i_hi, i_mid):
-            if b < 0:
-                continue
-            seg = nr[max(a, 0):b + 1]
-            vmin[j], vmax[j], vmid[j] = seg.min(), seg.max(), nr[m] if m >= 0 else -1
+        begun = i_hi >= 0
+        sel, i_lo, i_hi, i_mid = sel[begun], np.maximum(i_lo[begun], 0), i_hi[begun], i_mid[begun]
+        vmin[sel], vmax[sel] = _range_min_max(nr, i_lo, i_hi)
+        vmid[sel] = np.where(i_mid >= 0, nr[np.maximum(i_mid, 0)], -1)
     return vmin, vmax, vmid
+
+
+def _range_min_max(values: np.ndarray, a: np.ndarray, b: np.ndarray,
+                   wide: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """min and max of values[a[k]:b[k] + 1] for every k (a <= b). A sampler's window spans a few
+    steps: one vectorised pass per step offset, and a slice each for the rare wider ones."""
+    mn = values[a].astype(np.int64)
+    mx = mn.copy()
+    width = np.maximum(b - a, 0)
+    for step in range(1, min(int(width.max(initial=0)), wide) + 1):
+        k = np.flatnonzero((width >= step) & (width <= wide))
+        v = values[a[k] + step]
+        mn[k] = np.minimum(mn[k], v)
+        mx[k] = np.maximum(mx[k], v)
+    for k in np.flatnonzero(width > wide):
+        seg = values[a[k]:b[k] + 1]
+        mn[k], mx[k] = seg.min(), seg.max()
+    return mn, mx
 
 
 # ------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis import taskstate as ts_
-from harmony.analysis.arrays import in_set
+from harmony.analysis.arrays import event_mask, in_set
 from harmony.analysis.taskstate import task_records
 from harmony import jit as hjit
 
@@ -203,7 +203,7 @@ def _run_rows_numpy(events: pd.DataFrame, tasks: pd.DataFrame, t_start: int, t_e
     """df_runs' intervals before the window and the sort (pid, cpu, start, end, end_state,
     open_end, unseen, anomaly kinds): every switch sorted by CPU, each row ending the previous."""
     pids = _pids(tasks)
-    is_sw = ts_._event_mask(events, "sched_switch")
+    is_sw = event_mask(events, "sched_switch")
     rows = np.flatnonzero(is_sw)
     cpu = events["cpu"].to_numpy()[rows]
     # events are in time order: a stable sort keeps it per CPU (a radix sort on int16 cpus)
@@ -261,7 +261,7 @@ def _run_rows_compiled(events: pd.DataFrame, tasks: pd.DataFrame, t_start: int, 
     pids = _pids(tasks)
     is_exp = np.zeros(int(pids.max(initial=0)) + 3, bool)      # pid v at v + 1, clipped
     is_exp[pids.astype(np.int64) + 1] = True
-    is_sw = ts_._event_mask(events, "sched_switch")
+    is_sw = event_mask(events, "sched_switch")
     cpu = events["cpu"].to_numpy()
     room = int(np.count_nonzero(is_sw)) + int(cpu.max(initial=0)) + 1
     out = (np.empty(3 * room, np.int32), np.empty(3 * room, np.int32), np.empty(3 * room, np.int64),
@@ -286,8 +286,7 @@ def _lost_switch_in_starts(events: pd.DataFrame, pid: np.ndarray, lo: np.ndarray
     start = np.asarray(lo, dtype=np.int64).copy()
     if not len(pid):
         return start
-    wake = np.flatnonzero(ts_._event_mask(events, "sched_wakeup")
-                          | ts_._event_mask(events, "sched_wakeup_new"))
+    wake = np.flatnonzero(event_mask(events, "sched_wakeup", "sched_wakeup_new"))
     wpid, wts = events["pid"].to_numpy()[wake], events["ts"].to_numpy()[wake].astype(np.int64)
     who = np.unique(pid)
     wanted = in_set(wpid, who)
@@ -456,6 +455,40 @@ def df_core(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     return {"runs": runs.result()} | out
 
 
+def runqueue_steps(rq: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The step function ``rq`` (from :func:`df_runqueue`) as flat arrays, CPU by CPU:
+    (cpus, bounds, ts, nr), CPU ``cpus[k]``'s steps being ``ts`` / ``nr`` [bounds[k]:bounds[k+1]]
+    in the table's order (time). Read them with :func:`steps_by_cpu` or :func:`steps_at`."""
+    cpu = rq["cpu"].to_numpy()
+    order = np.argsort(cpu, kind="stable")
+    cpus, starts = np.unique(cpu[order], return_index=True)
+    bounds = np.append(starts, len(cpu))
+    return cpus, bounds, rq["ts"].to_numpy()[order], rq["nr"].to_numpy()[order]
+
+
+def steps_by_cpu(steps):
+    """(cpu, ts, nr) of each CPU of ``steps`` (:func:`runqueue_steps`), in CPU order."""
+    cpus, bounds, ts, nr = steps
+    for k, c in enumerate(cpus.tolist()):
+        yield c, ts[bounds[k]:bounds[k + 1]], nr[bounds[k]:bounds[k + 1]]
+
+
+def steps_at(steps, times: np.ndarray, cpus=None, absent: int = -1) -> np.ndarray:
+    """The run queue lengths at ``times`` (ns; events at exactly that ts included): an int64
+    array, one row per time and one column per CPU of ``cpus`` (default: those of ``steps``);
+    -1 before a CPU's step function begins, ``absent`` for a CPU it does not have."""
+    times = np.asarray(times, dtype=np.int64)
+    have = {c: (ts, nr) for c, ts, nr in steps_by_cpu(steps)}
+    cpus = list(have) if cpus is None else [int(c) for c in cpus]
+    out = np.full((len(times), len(cpus)), absent, np.int64)
+    for j, c in enumerate(cpus):
+        if c in have:
+            ts, nr = have[c]
+            i = np.searchsorted(ts, times, side="right") - 1
+            out[:, j] = np.where(i >= 0, nr[np.maximum(i, 0)], -1)
+    return out
+
+
 def runqueue_at(rq: pd.DataFrame, times) -> pd.DataFrame:
     """Sample the step function ``rq`` (from :func:`df_runqueue`) at the given ns ``times``.
 
@@ -464,14 +497,9 @@ def runqueue_at(rq: pd.DataFrame, times) -> pd.DataFrame:
     -1 before the step function begins.
     """
     times = np.asarray(times, dtype=np.int64)
-    cols = {}
-    for cpu, g in rq.groupby("cpu", sort=True):
-        ts = g["ts"].to_numpy()
-        nr = g["nr"].to_numpy()
-        i = np.searchsorted(ts, times, side="right") - 1
-        cols[int(cpu)] = np.where(i >= 0, nr[np.maximum(i, 0)], -1).astype(np.int64)
-    out = pd.DataFrame(cols, index=pd.Index(times, name="ts"))
-    out.columns.name = "cpu"
+    steps = runqueue_steps(rq)
+    out = pd.DataFrame(steps_at(steps, times), index=pd.Index(times, name="ts"),
+                       columns=pd.Index(steps[0].tolist(), name="cpu"))
     return out
 
 

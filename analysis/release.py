@@ -6,7 +6,10 @@ sched_switch and sched_migrate_task for the checks that the layout held.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
+
+from harmony.analysis.arrays import event_mask, in_set
 
 
 def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released: int | None) -> dict:
@@ -31,29 +34,35 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
                        when ``tasks`` has no initial_cpu or the events no target_cpu
     """
     pids = tasks["pid"].to_numpy()
-    ours = events["pid"].isin(pids)
-    wake = events[events["event"].isin(["sched_wakeup", "sched_wakeup_new"]) & (events["ts"] >= t0) & ours]
-    first = wake.groupby("pid", observed=True)["ts"].min()
-    not_woken = sorted(set(pids.tolist()) - set(first.index.tolist()))
-    ran = events[(events["event"] == "sched_switch") & (events["ts"] < t0) & ours]
-    out = {"woken": int(len(first)), "not_woken": not_woken,
-           "ran_before_t0": sorted(set(ran["pid"].tolist()))}
+    ts = events["ts"].to_numpy()
+    pid = events["pid"].to_numpy()
+    ours = in_set(pid, pids)
+    wake = np.flatnonzero(event_mask(events, "sched_wakeup", "sched_wakeup_new") & (ts >= t0) & ours)
+    # each task's first wake-up after t0: the earliest, and the first row among equal times
+    by_time = wake[np.argsort(ts[wake], kind="stable")]
+    woken, at = np.unique(pid[by_time], return_index=True)
+    firsts = by_time[at]
+    not_woken = sorted(set(pids.tolist()) - set(woken.tolist()))
+    ran = pid[event_mask(events, "sched_switch") & (ts < t0) & ours]
+    out = {"woken": int(len(woken)), "not_woken": not_woken,
+           "ran_before_t0": sorted(set(ran.tolist()))}
     if "initial_cpu" in tasks.columns and "target_cpu" in events.columns and len(wake):
-        firsts = wake.sort_values("ts", kind="stable").drop_duplicates("pid")
         if released is not None:
-            firsts = firsts[firsts["ts"] <= released]
+            firsts = firsts[ts[firsts] <= released]
         home = dict(zip(tasks["pid"].tolist(), tasks["initial_cpu"].tolist()))
-        out["woke_off_initial_cpu"] = sorted(int(p) for p, c in zip(firsts["pid"], firsts["target_cpu"])
+        target = events["target_cpu"].to_numpy()
+        out["woke_off_initial_cpu"] = sorted(int(p) for p, c in zip(pid[firsts], target[firsts])
                                              if int(c) != int(home[int(p)]))
     else:
         out["woke_off_initial_cpu"] = None
     if released is not None:
-        moved = (events["event"] == "sched_migrate_task") & (events["ts"] >= t0) & (events["ts"] <= released)
+        moved = event_mask(events, "sched_migrate_task") & (ts >= t0) & (ts <= released)
         out["moved_before_released"] = int((moved & ours).sum())
     else:
         out["moved_before_released"] = None
-    if len(first):
-        lo, hi = int(first.min()), int(first.max())
+    if len(woken):
+        first_ts = ts[by_time[at]]
+        lo, hi = int(first_ts.min()), int(first_ts.max())
         end = max(hi, released) if released is not None else hi
         out |= {"wake_spread_ns": hi - lo, "release_spread_ns": end - lo,
                 "first_wakeup_after_t0_ns": lo - t0}

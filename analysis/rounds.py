@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from harmony.analysis.arrays import event_mask
 from harmony.analysis.reconstruct import NS, runqueue_at
-from harmony.analysis.taskstate import _event_mask
 
 ROUND_COLUMNS = ["ts", "t", "pid", "name", "role", "src_cpu", "dst_cpu", "kind", "round", "gap_ms"]
 
@@ -149,10 +149,10 @@ def df_target_load(runqueue: pd.DataFrame, events: pd.DataFrame, tasks: pd.DataF
     ev_pid = events["pid"].to_numpy()
     ev_cpu = events["cpu"].to_numpy()
     ev_ts = events["ts"].to_numpy(dtype=np.int64)
-    is_exit = _event_mask(events, "sched_process_exit") & np.isin(ev_pid, pids) & (ev_cpu == target)
+    is_exit = event_mask(events, "sched_process_exit") & np.isin(ev_pid, pids) & (ev_cpu == target)
     if t_end is not None:
         is_exit &= ev_ts < t_end
-    is_sw = _event_mask(events, "sched_switch") & (ev_cpu == target)
+    is_sw = event_mask(events, "sched_switch") & (ev_cpu == target)
     sw_ts, sw_prev = ev_ts[is_sw], events["prev_pid"].to_numpy()[is_sw]
     d_ts, d = [], []
     for ts_exit, pid in zip(ev_ts[is_exit], ev_pid[is_exit]):
@@ -190,7 +190,7 @@ def cpu_occupancy(events: pd.DataFrame, cpu: int, tasks: pd.DataFrame, ts_a: int
     Returns a dict of seconds: idle_s (pid 0), experiment_s (pids of ``tasks``), other_s (any
     other task: the controller, the probe, other users' work), unknown_s.
     """
-    is_sw = _event_mask(events, "sched_switch") & (events["cpu"].to_numpy() == int(cpu))
+    is_sw = event_mask(events, "sched_switch") & (events["cpu"].to_numpy() == int(cpu))
     ts = events["ts"].to_numpy(dtype=np.int64)[is_sw]
     nxt = events["pid"].to_numpy()[is_sw]
     out = {"idle_s": 0.0, "experiment_s": 0.0, "other_s": 0.0, "unknown_s": 0.0}

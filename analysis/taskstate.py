@@ -47,7 +47,7 @@ import weakref
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import in_set
+from harmony.analysis.arrays import event_mask, in_set
 from harmony.jit import run_split, split, use_compiled
 
 WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
@@ -63,16 +63,6 @@ _EVENT_RECORD = {"sched_wakeup": WAKEUP, "sched_wakeup_new": WAKEUP_NEW,
 #                          wakeup new  in  outR outS migr exit
 _RUNNABLE_SET = np.array([1,     1,   1,  1,   0,   -1,  -1], dtype=np.int8)
 _RUNNING_SET = np.array([-1,     0,   1,  0,   0,   0,   -1], dtype=np.int8)
-
-
-def _event_mask(events: pd.DataFrame, name: str) -> np.ndarray:
-    col = events["event"]
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        cats = col.cat.categories
-        if name not in cats:
-            return np.zeros(len(col), dtype=bool)
-        return col.cat.codes.to_numpy() == cats.get_loc(name)
-    return (col == name).to_numpy()
 
 
 def _grouped_ffill(values: np.ndarray, keep: int, gstart_idx: np.ndarray,
@@ -182,7 +172,7 @@ def _event_kinds(events: pd.DataFrame, jit) -> tuple[np.ndarray, np.ndarray]:
         return col.cat.codes.to_numpy(), lut
     kind = np.full(len(events), -1, np.int8)
     for name, code in names.items():
-        kind[_event_mask(events, name)] = code
+        kind[event_mask(events, name)] = code
     return kind, np.arange(jit.SWITCH + 1).astype(np.int8)
 
 
@@ -240,10 +230,10 @@ def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.Da
     n_ev = len(events)
     pid = events["pid"].to_numpy()
     prev = events["prev_pid"].to_numpy()
-    is_sw = _event_mask(events, "sched_switch")
+    is_sw = event_mask(events, "sched_switch")
     rec_of_event = np.full(n_ev, -1, dtype=np.int8)
     for name, code in _EVENT_RECORD.items():
-        rec_of_event[_event_mask(events, name)] = code
+        rec_of_event[event_mask(events, name)] = code
 
     rows_out = np.flatnonzero(is_sw & in_set(prev, pidset))
     rows_in = np.flatnonzero(is_sw & in_set(pid, pidset))
