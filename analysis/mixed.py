@@ -121,25 +121,29 @@ def df_placement(migrations: pd.DataFrame, tasks: pd.DataFrame, t0: int,
     on (a lost migration); the placement follows dst_cpu regardless.
     """
     rows, mismatches = [], 0
-    mig = migrations[migrations["ts"] < t_end].sort_values("ts", kind="stable")
-    by_pid = {int(p): g for p, g in mig.groupby("pid", sort=False, observed=True)}
-    for task in tasks.itertuples(index=False):
-        cpu = int(task.initial_cpu)
-        start = int(t0)
-        g = by_pid.get(int(task.pid))
-        if g is not None:
-            for ts, src, dst in zip(g["ts"].to_numpy(), g["src_cpu"].to_numpy(),
-                                    g["dst_cpu"].to_numpy()):
-                mismatches += int(src) != cpu
-                if ts > start:
-                    rows.append((task.pid, task.name, task.role, cpu, start, int(ts)))
-                    start = int(ts)
-                cpu = int(dst)
-        rows.append((task.pid, task.name, task.role, cpu, start, int(t_end)))
-    out = pd.DataFrame(rows, columns=["pid", "name", "role", "cpu", "ts", "end"]).astype(
-        {"pid": np.int32, "cpu": np.int32, "ts": np.int64, "end": np.int64,
-         "name": str, "role": str})
-    out["t"] = (out["ts"] - int(t0)) / NS
+    m_ts = migrations["ts"].to_numpy(np.int64)
+    keep = np.flatnonzero(m_ts < t_end)
+    keep = keep[np.argsort(m_ts[keep], kind="stable")]
+    by_pid: dict[int, list] = {}
+    for p, ts, src, dst in zip(migrations["pid"].to_numpy()[keep].tolist(), m_ts[keep].tolist(),
+                               migrations["src_cpu"].to_numpy()[keep].tolist(),
+                               migrations["dst_cpu"].to_numpy()[keep].tolist()):
+        by_pid.setdefault(int(p), []).append((ts, src, dst))
+    for pid, name, role, initial in zip(tasks["pid"].tolist(), tasks["name"].tolist(),
+                                        tasks["role"].tolist(), tasks["initial_cpu"].tolist()):
+        cpu, start = int(initial), int(t0)
+        for ts, src, dst in by_pid.get(int(pid), ()):
+            mismatches += int(src) != cpu
+            if ts > start:
+                rows.append((pid, name, role, cpu, start, ts))
+                start = ts
+            cpu = int(dst)
+        rows.append((pid, name, role, cpu, start, int(t_end)))
+    cols = list(zip(*rows)) or [()] * 6
+    out = pd.DataFrame({name: np.asarray(col, dtype=dtype) for name, dtype, col in zip(
+        ("pid", "name", "role", "cpu", "ts", "end"), (np.int32, str, str, np.int32, np.int64, np.int64),
+        cols)})
+    out["t"] = (out["ts"].to_numpy() - int(t0)) / NS
     out.attrs["src_mismatches"] = int(mismatches)
     return out
 
@@ -184,11 +188,19 @@ def df_class_counts(placement: pd.DataFrame, cpus, t0: int, t_end: int) -> pd.Da
 
 def _wide(counts: pd.DataFrame, role: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ts, end, matrix segments x CPUs) of one role's counts."""
-    sub = counts[counts["role"] == role]
-    m = sub.pivot_table(index=["ts", "end"], columns="cpu", values="count", aggfunc="sum")
-    ts = m.index.get_level_values(0).to_numpy(np.int64)
-    end = m.index.get_level_values(1).to_numpy(np.int64)
-    return ts, end, m.to_numpy(np.float64)
+    # pivot_table(index=["ts", "end"], columns="cpu", values="count", aggfunc="sum") by numpy:
+    # segments sorted by (ts, end), CPUs sorted, NaN where a segment has no row for a CPU
+    sel = (counts["role"] == role).to_numpy()
+    ts, end, cpu = (counts[c].to_numpy()[sel].astype(np.int64) for c in ("ts", "end", "cpu"))
+    segs, seg = np.unique(np.stack([ts, end]), axis=1, return_inverse=True)
+    cols, col = np.unique(cpu, return_inverse=True)
+    seg, col = seg.ravel(), col.ravel()
+    m = np.zeros((segs.shape[1], len(cols)), np.float64)
+    np.add.at(m, (seg, col), counts["count"].to_numpy()[sel].astype(np.float64))
+    seen = np.zeros(m.shape, bool)
+    seen[seg, col] = True
+    m[~seen] = np.nan
+    return segs[0], segs[1], m
 
 
 def df_pair_timeline(counts: pd.DataFrame, first: str = "heavy",
@@ -253,10 +265,8 @@ def df_window_allocation(runs: pd.DataFrame, tasks: pd.DataFrame, t0: int,
     ntasks (int64), cpu_time (float s, all tasks of the role), share (float: cpu_time / ntasks /
     window length, the mean fraction of one CPU per task).
     """
-    role_of = dict(zip(tasks["pid"].astype(int), tasks["role"].astype(str)))
     n_of = tasks["role"].astype(str).value_counts()
-    pid = runs["pid"].to_numpy().astype(int)
-    role = np.asarray([role_of.get(p, "") for p in pid], dtype=object)
+    role = _roles(runs["pid"].to_numpy(), tasks)
     rows = []
     for wname, (a_s, b_s) in wins.items():
         a, b = int(t0) + int(round(a_s * NS)), int(t0) + int(round(b_s * NS))
@@ -270,6 +280,17 @@ def df_window_allocation(runs: pd.DataFrame, tasks: pd.DataFrame, t0: int,
                                        "share"])
 
 
+def _roles(pids: np.ndarray, tasks: pd.DataFrame) -> np.ndarray:
+    """The role (str) of each pid in ``tasks``; "" for a pid that is not one of them."""
+    tp = tasks["pid"].to_numpy().astype(np.int64)
+    roles = np.asarray([str(r) for r in tasks["role"].tolist()] + [""], dtype=object)
+    order = np.argsort(tp, kind="stable")
+    pids = np.asarray(pids).astype(np.int64)
+    i = np.minimum(np.searchsorted(tp[order], pids), max(len(tp) - 1, 0))
+    hit = (tp[order][i] == pids) if len(tp) else np.zeros(len(pids), bool)
+    return roles[np.where(hit, order[i] if len(tp) else -1, -1)]
+
+
 def allocation_ratio(dynamic: pd.DataFrame, static: pd.DataFrame, role: str,
                      window: str) -> float | None:
     """Share of ``role`` in ``window`` of the dynamic run / the same in the static ideal.
@@ -278,8 +299,8 @@ def allocation_ratio(dynamic: pd.DataFrame, static: pd.DataFrame, role: str,
     share is 0. Below 1: the role got less CPU than in the ideal placement (slowdown).
     """
     def get(df):
-        hit = df.loc[(df["role"] == role) & (df["window"] == window), "share"]
-        return float(hit.iloc[0]) if len(hit) else None
+        hit = np.flatnonzero((df["role"].to_numpy() == role) & (df["window"].to_numpy() == window))
+        return float(df["share"].to_numpy()[hit[0]]) if len(hit) else None
     d, s = get(dynamic), get(static)
     return None if d is None or s is None or s == 0 else d / s
 
@@ -299,8 +320,8 @@ def df_migration_rate(migrations: pd.DataFrame, runs: pd.DataFrame, tasks: pd.Da
     d = np.clip(np.minimum(runs["end"].to_numpy(np.int64), t_end)
                 - np.maximum(runs["start"].to_numpy(np.int64), t0), 0, None)
     role_of = dict(zip(tasks["pid"].astype(int), tasks["role"].astype(str)))
-    run_role = np.asarray([role_of.get(int(p), "") for p in runs["pid"]], dtype=object)
-    mig_role = np.asarray([role_of.get(int(p), "") for p in m["pid"]], dtype=object)
+    run_role = _roles(runs["pid"].to_numpy(), tasks)
+    mig_role = _roles(m["pid"].to_numpy(), tasks)
     wall = (int(t_end) - int(t0)) / NS
     rows = []
     for r in sorted(set(role_of.values())) + ["all"]:

@@ -398,3 +398,22 @@ def test_figures_of_a_run_and_of_a_sweep(tmp_path):
                    tasks_table({"cpu": pids}, {p: 0 for p in pids}), cpus, at(2),
                    {"warmup_s": "0.5", "layout": "3"})
     assert len(get_experiment("intrinsic-imbalance").plot(e6, tmp_path / "e6")) == 4
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_wide_is_the_pivot_table(seed):
+    """mixed._wide reshapes a role's class counts as pivot_table does: segments sorted by (ts,
+    end), CPUs sorted, duplicates summed, NaN where a segment lacks a CPU."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 200))
+    counts = pd.DataFrame({"ts": rng.integers(0, 20, n) * 1000, "end": rng.integers(20, 23, n) * 1000,
+                           "cpu": rng.integers(0, 6, n).astype(np.int32),
+                           "role": rng.choice(["heavy", "light"], n),
+                           "count": rng.integers(0, 4, n).astype(np.int64)})
+    for role in ("heavy", "light"):
+        ts, end, m = mixed._wide(counts, role)
+        want = counts[counts["role"] == role].pivot_table(index=["ts", "end"], columns="cpu",
+                                                          values="count", aggfunc="sum")
+        np.testing.assert_array_equal(ts, want.index.get_level_values(0).to_numpy(np.int64))
+        np.testing.assert_array_equal(end, want.index.get_level_values(1).to_numpy(np.int64))
+        np.testing.assert_array_equal(m, want.to_numpy(np.float64))
