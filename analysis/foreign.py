@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.reconstruct import NS
+from harmony.store import rows_frame
 
 COLUMNS = {"cpu": np.int32, "window_s": np.float64, "experiment_s": np.float64,
            "controller_s": np.float64, "foreign_s": np.float64, "idle_s": np.float64,
@@ -74,9 +75,7 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
                 top = str(comms[int(np.argmax(by_comm))])
         rows.append((cpu, window, float(dur[is_exp].sum()), float(dur[is_own].sum()), foreign_s,
                      float(dur[is_idle].sum()), foreign_s / window if window > 0 else np.nan, top))
-    cols = list(zip(*rows)) or [()] * len(COLUMNS)
-    return pd.DataFrame({name: np.asarray(col, dtype=dtype)
-                         for (name, dtype), col in zip(COLUMNS.items(), cols)})
+    return rows_frame(rows, COLUMNS)
 
 
 def _codes(column: pd.Series, rows: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.reconstruct import NS, runqueue_at
+from harmony.store import rows_frame
 
 # ------------------------------------------------------------------------------------- windows
 
@@ -139,10 +140,8 @@ def df_placement(migrations: pd.DataFrame, tasks: pd.DataFrame, t0: int,
                 start = ts
             cpu = int(dst)
         rows.append((pid, name, role, cpu, start, int(t_end)))
-    cols = list(zip(*rows)) or [()] * 6
-    out = pd.DataFrame({name: np.asarray(col, dtype=dtype) for name, dtype, col in zip(
-        ("pid", "name", "role", "cpu", "ts", "end"), (np.int32, str, str, np.int32, np.int64, np.int64),
-        cols)})
+    out = rows_frame(rows, {"pid": np.int32, "name": str, "role": str, "cpu": np.int32,
+                            "ts": np.int64, "end": np.int64})
     out["t"] = (out["ts"].to_numpy() - int(t0)) / NS
     out.attrs["src_mismatches"] = int(mismatches)
     return out

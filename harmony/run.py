@@ -85,8 +85,8 @@ class KernelSampler(threading.Thread):
             self.rows += [(mid, after - before, pid, cpu, state) for pid, cpu, state in sweep]
 
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame(self.rows, columns=["ts", "sweep_ns", "pid", "cpu", "state"]).astype(
-            {"ts": "int64", "sweep_ns": "int64", "pid": "int32", "cpu": "int16"})
+        return store.rows_frame(self.rows, {"ts": "int64", "sweep_ns": "int64", "pid": "int32",
+                                            "cpu": "int16", "state": str})
 
 
 def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stderr) -> None:

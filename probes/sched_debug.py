@@ -185,7 +185,7 @@ class NrRunningSampler(threading.Thread):
         experiment's tasks), reader (int32: 1 if the sampler's own thread is among them), others
         (int32: listed runnable tasks that are neither), other_comms (str: their comms, comma
         separated)."""
-        return pd.DataFrame(self.rows, columns=list(self.COLUMNS)).astype(
-            {"ts": "int64", "lo": "int64", "hi": "int64", "cpu": "int16", "nr_running": "int32",
-             "listed_runnable": "int32", "experiment": "int32", "reader": "int32", "others": "int32",
-             "other_comms": "str"})
+        from harmony.store import rows_frame
+
+        return rows_frame(self.rows, dict(zip(self.COLUMNS, (
+            "int64", "int64", "int64", "int16", "int32", "int32", "int32", "int32", "int32", str))))

@@ -54,3 +54,15 @@ def test_write_table_leaves_no_partial_file(tmp_path):
     with pytest.raises(Exception):
         store.write_table(tmp_path, "bad", bad)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("n", [0, 1, 50])
+def test_rows_frame_is_the_frame_astype_would_give(n):
+    dtypes = {"ts": "int64", "cpu": "int16", "pid": np.int32, "share": np.float64, "comm": str}
+    rows = [(1000 * i, i % 4, 100 + i, i / 7, f"hmy-w{i}") for i in range(n)]
+    got = store.rows_frame(rows, dtypes)
+    assert list(got.columns) == list(dtypes)
+    assert [str(t) for t in got.dtypes] == ["int64", "int16", "int32", "float64", "str"]
+    if n:
+        want = pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
+        pd.testing.assert_frame_equal(got, want)
