@@ -55,28 +55,39 @@ class SimRunner:
 class KernelRunner:
     """Real captures (harmony.run.capture) with the host lock held once for all of them.
 
-    ``overlap``: analyse each run in a background process while the next one is captured. That
+    ``overlap``: analyse the runs in a background process while the next ones are captured. That
     process runs outside the experiment's CPU set when the host has CPUs outside it, and otherwise
-    under SCHED_IDLE at nice 19, so that it only uses CPU time the experiment leaves idle. Without
-    it, the runs are captured back to back and analysed when the runner is drained (on exit), in
-    one process per CPU: nothing else runs while a run is measured, and the analysis uses every
-    CPU once nothing is measured any more.
+    under SCHED_IDLE at nice 19, so that it only uses CPU time the experiment leaves idle. With
+    ``pause`` as well, it is stopped (SIGSTOP, and seen stopped) before each run's workload is
+    released and continued once the workload is stopped: it analyses in the gaps between
+    measurements only, so nothing runs beside a measurement. Without ``overlap``, the runs are
+    captured back to back and analysed when the runner is drained (on exit), in one process per
+    CPU.
+
+    The background process is handed at most two captures at a time; on exit, what it was not
+    handed is analysed in one process per CPU beside it.
 
     A probe that offers ``session()`` (tracefs: one instance for all runs) keeps it open from
     enter to exit.
     """
 
+    AHEAD = 2  # captures handed to the background analyser before it reports one done
+
     def __init__(self, probe: str = "tracefs", facts: dict | None = None, overlap: bool = True,
-                 cpus: list[int] | None = None):
-        self.probe, self.facts, self.overlap = probe, facts or {}, overlap
+                 cpus: list[int] | None = None, pause: bool = False):
+        self.probe, self.facts, self.overlap, self.pause = probe, facts or {}, overlap, pause
         self.cpus = cpus or []
         self.name = f"kernel ({probe})"
-        self.analysis = ("overlapped with the next capture" if overlap
+        self.analysis = ("between captures (stopped while a run is measured), the rest after the "
+                         "last capture" if overlap and pause
+                         else "overlapped with the next capture" if overlap
                          else "after the last capture, one process per CPU")
         self.lock = None
         self.worker: subprocess.Popen | None = None
-        self.submitted: list[list[str]] = []
         self.pending: list[tuple[list[str], bool]] = []  # (run dirs in order, draw figures)
+        self.handed: list[tuple[list[str], bool]] = []  # given to the analyser, not yet done
+        self._out = b""                  # its output not yet parsed (a partial line)
+        self._results: list[dict] = []
         self.while_analysing = None  # called while the drained analysis runs (analyse_groups)
         self._session = contextlib.ExitStack()  # the probe's session, if it has one
 
@@ -106,6 +117,10 @@ class KernelRunner:
             try:
                 self.results = self.drain()
             finally:
+                if self.worker is not None:  # drain did not finish it (an error): no orphan
+                    self.worker.kill()
+                    self.worker.wait()
+                    self.worker = None
                 if self.lock:
                     self.lock.release()
                     self.lock = None
@@ -119,8 +134,8 @@ class KernelRunner:
         # a plain child process, started before any capture: no threads in the controller, which
         # forks the workers
         self.worker = subprocess.Popen([sys.executable, "-m", "harmony.batch", "--analyser"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                       env=env)
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        os.set_blocking(self.worker.stdout.fileno(), False)
 
     def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
         """Capture (companions first); the analysis, with figures if ``figures``, follows in the
@@ -128,34 +143,122 @@ class KernelRunner:
         from harmony.run import capture
 
         out = Path(out)
+        hold = ({"pause": self._pause_worker, "resume": self._resume_worker}
+                if self.worker is not None and self.pause else {})
         jobs = []
         for name, overrides in exp.companions(params).items():
             cp = exp.resolve({**params, **overrides}, cpus)
             capture(exp, cp, cpus, out / name, self.probe, seed, self.facts, quiet=True,
-                    lock_held=True)
+                    lock_held=True, **hold)
             jobs.append(str(out / name))
-        capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True, lock_held=True)
+        capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True, lock_held=True,
+                **hold)
         jobs.append(str(out))
+        self.pending.append((jobs, figures))
+        self._hand_out()
+
+    def _hand_out(self) -> None:
+        """Collect what the background analyser reported, and hand it captures up to AHEAD."""
+        if self.worker is None:
+            return
+        self._read_worker()
+        while self.pending and len(self.handed) < self.AHEAD:
+            jobs, figures = self.pending.pop(0)
+            self.handed.append((jobs, figures))
+            try:
+                self.worker.stdin.write(("\t".join([str(int(figures))] + jobs) + "\n").encode())
+                self.worker.stdin.flush()
+            except OSError:  # it died: its captures are analysed on exit
+                self._lose_worker()
+                return
+
+    def _read_worker(self, until_eof: bool = False) -> None:
+        """Parse the analyser's output lines: "status<TAB>path[<TAB>error]" per run directory,
+        and DONE after each capture. ``until_eof``: wait for it to exit."""
+        fd = self.worker.stdout.fileno()
+        if until_eof:
+            os.set_blocking(fd, True)
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self._out += chunk
+        *lines, self._out = self._out.split(b"\n")
+        for line in lines:
+            if line == DONE:  # captures are reported in the order they were handed
+                self.handed.pop(0)
+                continue
+            status, _, rest = line.decode().partition("\t")
+            path, _, msg = rest.partition("\t")
+            self._results.append({"status": status, "path": path, "error": msg or None})
+
+    def _pause_worker(self) -> None:
+        """Stop the analyser and wait until the kernel says it is stopped (state T); one that
+        does not stop within a second is killed and its captures analysed on exit instead."""
+        import signal
+        import time
+
+        pid = self.worker.pid
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            if _proc_state(pid) in ("T", "Z", None):
+                return
+            time.sleep(0.0002)
+        self._lose_worker()
+
+    def _resume_worker(self) -> None:
+        import signal
+
         if self.worker is not None:
-            self.worker.stdin.write("\t".join([str(int(figures))] + jobs) + "\n")
-            self.worker.stdin.flush()
-            self.submitted.append(jobs)
-        else:
-            self.pending.append((jobs, figures))
+            os.kill(self.worker.pid, signal.SIGCONT)
+
+    def _lose_worker(self) -> None:
+        """Kill the analyser; what it had not reported done is analysed on exit."""
+        self.worker.kill()
+        self.worker.wait()
+        self._read_worker()
+        # the captures it did not finish go back to the front of the queue, whole
+        back, self.handed, self.worker = self.handed, [], None
+        redo = {d for jobs, _ in back for d in jobs}
+        self._results = [r for r in self._results if r["path"] not in redo]
+        self.pending[:0] = back
 
     def drain(self) -> list[dict]:
         """Finish every analysis; returns one dict per analysed directory (status, path, error)."""
+        pending, self.pending = self.pending, []
         if self.worker is None:
-            pending, self.pending = self.pending, []
-            return analyse_groups(pending, len(os.sched_getaffinity(0)), self.while_analysing)
-        out, _ = self.worker.communicate()
+            return self._results + analyse_groups(pending, len(os.sched_getaffinity(0)),
+                                                  self.while_analysing)
+        # the analyser finishes what it was handed while the rest is analysed beside it
+        self._resume_worker()
+        try:
+            self.worker.stdin.close()
+        except OSError:
+            pass  # it died; what it reported stands, and _lose_worker is not needed at the end
+        results = analyse_groups(pending, len(os.sched_getaffinity(0)), self.while_analysing)
+        if len(pending) <= 1 and self.while_analysing is not None:
+            self.while_analysing()  # analyse_groups ran it only beside several processes
+        self._read_worker(until_eof=True)
+        self.worker.wait()
         self.worker = None
-        results = []
-        for line in out.splitlines():
-            status, _, rest = line.partition("\t")
-            path, _, msg = rest.partition("\t")
-            results.append({"status": status, "path": path, "error": msg or None})
-        return results
+        return self._results + results
+
+
+#: the background analyser's line after each capture it has analysed
+DONE = b"\x00done"
+
+
+def _proc_state(pid: int) -> str | None:
+    """The state letter of a process (/proc/PID/stat), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
 
 
 def _analyse_group(group: tuple[list[str], bool]) -> list[dict]:
@@ -219,11 +322,27 @@ def _analyser_main() -> int:
             os.nice(19)
     except (OSError, AttributeError):
         pass
+    _die_with_parent()
     for line in sys.stdin:
         flag, *dirs = line.rstrip("\n").split("\t")
         for r in _analyse_group(([d for d in dirs if d], flag == "1")):
             print("\t".join(v for v in (r["status"], r["path"], r["error"]) if v), flush=True)
+        print(DONE.decode(), flush=True)
     return 0
+
+
+def _die_with_parent() -> None:
+    """Be killed when the controller dies: stopped (SIGSTOP) by it, this process would otherwise
+    never read the end of its input and stay behind."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the parent died before the request: nobody is left to feed us
+        sys.exit(0)
 
 
 def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner, seed: int = 0,

@@ -425,8 +425,9 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
 @click.option("--probe", default="tracefs", show_default=True, help="capture backend")
 @click.option("--overlap", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True,
-              help="analyse each run while the next is captured; auto: only on CPUs outside the "
-                   "experiment's set (analysis on its CPUs would disturb what is measured)")
+              help="analyse each run while the next is captured; auto: on CPUs outside the "
+                   "experiment's set, or without any, between the measurements only (the "
+                   "analyser is stopped while a run is measured); always: also during them")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
 def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
@@ -450,17 +451,20 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
     from harmony.host import online_cpus
 
     spare = sorted(set(online_cpus()) - set(cpu_set))
-    overlapped = overlap == "always" or (overlap == "auto" and bool(spare))
-    if overlapped and not spare:
+    overlapped = overlap != "never"
+    paused = overlap == "auto" and not spare
+    if overlap == "always" and not spare:
         limits.append("--overlap always: the analysis of each run shares the experiment's CPUs with "
                       "the next run (at SCHED_IDLE); every run reports it as foreign load.")
-    elif not overlapped and overlap == "auto":
-        limits.append("No CPU outside the experiment's set: the runs are analysed after the last "
-                      "capture, never during one, so the analysis never disturbs a measurement.")
+    elif paused:
+        limits.append("No CPU outside the experiment's set: the runs are analysed between the "
+                      "measurements by a process that is stopped while a run is measured, the rest "
+                      "after the last capture, so the analysis never runs beside a measurement.")
     for line in limits:
         click.echo(f"note: {line}", err=True)
+    runner = KernelRunner(probe, facts, overlap=overlapped, cpus=cpu_set, pause=paused)
     try:
-        record = run_suite(configs, cpu_set, out, KernelRunner(probe, facts, overlap=overlapped, cpus=cpu_set),
+        record = run_suite(configs, cpu_set, out, runner,
                            facts={k: v for k, v in facts.items() if k != "doctor"},
                            seed=seed, quiet=quiet, card_note=" ".join(limits) or None)
     except KeyboardInterrupt:

@@ -129,8 +129,13 @@ def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: in
 
 def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
             seed: int = 0, facts: dict | None = None, quiet: bool = False,
-            crosscheck: str | None = None, lock_held: bool = False) -> dict:
+            crosscheck: str | None = None, lock_held: bool = False, pause=None,
+            resume=None) -> dict:
     """Run the workload under the probe and store the raw capture in ``out``. Returns the manifest.
+
+    ``pause()`` / ``resume()``, if given, are called right before the workload is released and
+    once it is stopped (or on any error): a caller's background work (KernelRunner's analyser)
+    stops while the run is measured.
 
     The capture takes the host lock for its duration unless ``lock_held`` says the caller holds it
     already (a suite or batch holds it once across its runs, so no other run slips in between).
@@ -158,6 +163,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
     workload = sampler = probe = second = None
+    paused = False
     laps = Laps()  # manifest["timings_s"]["capture"]: what the run spends besides its duration
     try:
         # a caller holding the lock swept stale state when it took it (KernelRunner): no sweep per run
@@ -176,6 +182,9 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         mark = probe.mark if second is None else _mark_both(probe, second)
         if params.get("sample_hz", 0) > 0:
             sampler = KernelSampler(workload.pids, params["sample_hz"], cpus)
+        if pause:
+            pause()
+            paused = True
         workload.release(mark)
         if sampler:
             sampler.start()
@@ -202,6 +211,9 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         if second:
             second.stop()
             manifest["crosscheck_meta"] = second.meta
+        if paused:
+            paused = False
+            resume()
         laps("stop")
         if sampler:
             store.write_table(out, "kernel_samples", sampler.frame())
@@ -228,6 +240,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
                     p.stop()
                 except ProbeError as exc:
                     manifest.setdefault("cleanup_errors", []).append(str(exc))
+        if paused:
+            resume()
         if lock:
             lock.release()
         for s, h in old_handlers.items():

@@ -154,3 +154,66 @@ def test_analysis_serves_written_tables_as_read_back(tmp_path, no_figures, monke
         assert store.read_json(d / "summary.json") == served[d], d
     assert all({"events", "runs", "runqueue", "tasks"} <= set(t) for t in preloaded)
     assert len(preloaded) == len(dirs)
+
+
+def test_paused_analyser_never_runs_while_a_run_is_measured(kernel, tmp_path):
+    """--overlap auto without spare CPUs: the background analyser is stopped (state T) before each
+    release and records no event in [t0, end]; every run is analysed by the end; it exits."""
+    import pandas as pd
+
+    from harmony.batch import KernelRunner, _proc_state
+    from harmony.experiments import get_experiment
+    from harmony.host import online_cpus
+
+    cpus = online_cpus()
+    exp = get_experiment("single-source")
+    params = exp.resolve({"duration": 0.5}, cpus)
+    runner = KernelRunner("tracefs", {}, overlap=True, cpus=cpus, pause=True)
+    pause, states = runner._pause_worker, []
+
+    def pause_and_look():
+        pause()
+        states.append(_proc_state(runner.worker.pid))
+    runner._pause_worker = pause_and_look
+    with runner:
+        pid = runner.worker.pid
+        for k in range(4):
+            runner.capture(exp, params, cpus, tmp_path / f"r{k}", seed=k, figures=False)
+            assert len(runner.handed) <= runner.AHEAD
+    assert states == ["T"] * 4
+    assert sorted(r["path"] for r in runner.results) == [str(tmp_path / f"r{k}") for k in range(4)]
+    assert all(r["status"] == "ok" for r in runner.results), runner.results
+    assert _proc_state(pid) is None  # waited for: gone
+    for k in range(4):
+        m = json.loads((tmp_path / f"r{k}" / "manifest.json").read_text())
+        assert m["status"] == "complete"
+        ev = pd.read_parquet(tmp_path / f"r{k}" / "events.parquet")
+        window = ev[(ev["ts"] >= m["t0_ns"]) & (ev["ts"] <= m["end_ns"])]
+        its = (window["common_pid"] == pid) | (window["pid"] == pid) | (window["prev_pid"] == pid)
+        assert not its.any(), window[its].head()
+
+
+def test_stopped_analyser_dies_with_its_controller(tmp_path):
+    """A controller killed while its analyser is stopped leaves no analyser behind."""
+    import subprocess
+    import sys
+    import time
+
+    from harmony.batch import _proc_state
+
+    script = ("import os, signal, subprocess, sys, time\n"
+              "w = subprocess.Popen([sys.executable, '-m', 'harmony.batch', '--analyser'],"
+              " stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+              "time.sleep(1.0)\n"   # past its start-up (the death signal is asked for first)
+              "os.kill(w.pid, signal.SIGSTOP)\n"
+              "print(w.pid, flush=True)\n"
+              "os._exit(0)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    pid = int(out.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _proc_state(pid) not in (None, "Z") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    state = _proc_state(pid)
+    if state not in (None, "Z"):
+        os.kill(pid, 9)  # leave nothing behind, even when failing
+    assert state in (None, "Z")
