@@ -94,19 +94,22 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
     steps = runqueue_steps(runqueue)
     lo_a, hi_a, _ = _window_range(steps, cpu, lo, hi, ts)
     k_a = nr - reader - others
-    out["adjusted_agreement"] = float(_all_per(sample_of, (k_a >= lo_a) & (k_a <= hi_a), len(stamps)).mean())
+    adjusted_ok = (k_a >= lo_a) & (k_a <= hi_a)
+    out["adjusted_agreement"] = float(_all_per(sample_of, adjusted_ok, len(stamps)).mean())
     steady = (others == 0) & (nr == listed)
     if steady.any():
         k = (nr - reader)[steady]
         lo_v, hi_v, _ = _window_range(steps, cpu[steady], lo[steady], hi[steady], ts[steady])
         ok = (k >= lo_v) & (k <= hi_v)
-        out |= {"cpu_clean": int(len(k)), "cpu_agreeing": int(ok.sum()), "cpu_agreement": float(ok.mean())}
+        out |= {"cpu_clean": int(len(k)), "cpu_agreeing": int(ok.sum()),
+                "cpu_agreement": float(ok.mean())}
     # clean samples: every CPU of the set read, none of them with another task runnable
     pairs = np.unique(sample_of * (int(cpu.max()) + 1) + cpu) // (int(cpu.max()) + 1)
     complete = np.bincount(pairs, minlength=len(stamps)) == len(cpus)
     clean = complete & _all_per(sample_of, steady, len(stamps))
     comms = samples["other_comms"].to_numpy()[keep][others > 0]
-    busy = collections.Counter(c for text in comms if isinstance(text, str) for c in text.split(","))
+    busy = collections.Counter(c for text in comms if isinstance(text, str)
+                               for c in text.split(","))
     out["busy_comms"] = {str(k): int(v) for k, v in
                          sorted(busy.items(), key=lambda kv: -kv[1])[:5]}  # ties: first seen first
     out["count_list_mismatch"] = int((nr != listed).sum())
@@ -123,7 +126,8 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
     examples = [{"t": (int(ts[rows[k]]) - t0) / 1e9, "cpu": int(cpu[rows[k]]),
                  "kernel": int(kernel[k]), "rebuilt_min": int(lo_v[k]), "rebuilt_max": int(hi_v[k])}
                 for k in np.flatnonzero(~ok)[:10]]
-    out |= {"clean": int(len(agree)), "agreeing": int(agree.sum()), "agreement": float(agree.mean()),
+    out |= {"clean": int(len(agree)), "agreeing": int(agree.sum()),
+            "agreement": float(agree.mean()),
             "agreement_at_midpoint": float(agree_mid.mean()), "disagreements": examples}
     return out
 

@@ -37,7 +37,8 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
     ts = events["ts"].to_numpy()
     pid = events["pid"].to_numpy()
     ours = in_set(pid, pids)
-    wake = np.flatnonzero(event_mask(events, "sched_wakeup", "sched_wakeup_new") & (ts >= t0) & ours)
+    wake = np.flatnonzero(event_mask(events, "sched_wakeup", "sched_wakeup_new")
+                          & (ts >= t0) & ours)
     # each task's first wake-up after t0: the earliest, and the first row among equal times
     by_time = wake[np.argsort(ts[wake], kind="stable")]
     woken, at = np.unique(pid[by_time], return_index=True)

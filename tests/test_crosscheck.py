@@ -68,7 +68,8 @@ def _nr_running_agreement(rq, samples, cpus, t0, t_end):
     if s.empty:
         return out
     col = lambda df, name: df[name].to_numpy()  # noqa: E731
-    win = lambda df: _window_range(rq, col(df, "cpu"), col(df, "lo"), col(df, "hi"), col(df, "ts"))  # noqa: E731
+    def win(df):
+        return _window_range(rq, col(df, "cpu"), col(df, "lo"), col(df, "hi"), col(df, "ts"))
     lo_a, hi_a, _ = win(s)
     k_a = (s["nr_running"] - s["reader"] - s["others"]).to_numpy()
     out["adjusted_agreement"] = float(pd.Series((k_a >= lo_a) & (k_a <= hi_a)).groupby(
@@ -79,7 +80,8 @@ def _nr_running_agreement(rq, samples, cpus, t0, t_end):
         lo_v, hi_v, _ = win(pc)
         k = (pc["nr_running"] - pc["reader"]).to_numpy()
         ok = (k >= lo_v) & (k <= hi_v)
-        out |= {"cpu_clean": len(pc), "cpu_agreeing": int(ok.sum()), "cpu_agreement": float(ok.mean())}
+        out |= {"cpu_clean": len(pc), "cpu_agreeing": int(ok.sum()),
+                "cpu_agreement": float(ok.mean())}
     complete = s.groupby("ts")["cpu"].nunique() == len(cpus)
     dirty = (~steady).groupby(s["ts"]).any()
     clean_ts = complete.index[complete & ~dirty]
@@ -165,9 +167,11 @@ def test_agreements_match_their_definitions(seed):
     rq = _random_runqueue(rng, ncpus)
     t0, t_end = int(rng.integers(0, 300)) * US, int(rng.integers(1500, 2100)) * US
     nr = _random_nr_samples(rng, ncpus, rq)
-    assert nr_running_agreement(rq, nr, cpus, t0, t_end) == _nr_running_agreement(rq, nr, cpus, t0, t_end)
+    want = _nr_running_agreement(rq, nr, cpus, t0, t_end)
+    assert nr_running_agreement(rq, nr, cpus, t0, t_end) == want
     sweeps = _random_sweeps(rng, ncpus)
-    assert kernel_agreement(rq, sweeps, cpus, t0, t_end) == _kernel_agreement(rq, sweeps, cpus, t0, t_end)
+    want = _kernel_agreement(rq, sweeps, cpus, t0, t_end)
+    assert kernel_agreement(rq, sweeps, cpus, t0, t_end) == want
     times = rng.integers(-10, 2100, 50) * US
     pd.testing.assert_frame_equal(runqueue_at(rq, times), _runqueue_at(rq, times))
 
