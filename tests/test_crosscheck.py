@@ -54,7 +54,8 @@ def _kernel_agreement(rq, samples, cpus, t0, t_end):
     agree = same.all(axis=1)
     examples = [{"t": (kernel.index[i] - t0) / 1e9, "cpu": cpus[c], "kernel": int(kernel.iat[i, c]),
                  "rebuilt": int(rebuilt.iat[i, c])} for i, c in zip(*np.nonzero(~same))][:10]
-    return {"sweeps": int(len(agree)), "agreeing": int(agree.sum()), "agreement": float(agree.mean()),
+    return {"sweeps": int(len(agree)), "agreeing": int(agree.sum()),
+            "agreement": float(agree.mean()),
             "sweep_us_median": float(s.groupby("ts")["sweep_ns"].first().median() / 1e3),
             "disagreements": examples}
 
@@ -100,7 +101,8 @@ def _nr_running_agreement(rq, samples, cpus, t0, t_end):
     out["disagreements"] = [{"t": (int(ts[k]) - t0) / 1e9, "cpu": int(c["cpu"].iat[k]),
                              "kernel": int(kernel[k]), "rebuilt_min": int(lo_v[k]),
                              "rebuilt_max": int(hi_v[k])} for k in np.flatnonzero(~ok)[:10]]
-    out |= {"clean": int(len(agree)), "agreeing": int(agree.sum()), "agreement": float(agree.mean()),
+    out |= {"clean": int(len(agree)), "agreeing": int(agree.sum()),
+            "agreement": float(agree.mean()),
             "agreement_at_midpoint": float(agree_mid.mean())}
     return out
 

@@ -49,7 +49,8 @@ def _reference(events, tasks, cpus, t0, t_end, controller_tids=()):
             rows.append((cpu, (t_end - t0) / NS, np.nan, np.nan, np.nan, np.nan, np.nan, ""))
             continue
         owner = np.concatenate([[s["prev_pid"].iloc[0]], s["pid"].to_numpy()])
-        owner_comm = np.concatenate([[str(s["prev_comm"].iloc[0])], s["comm"].astype(str).to_numpy()])
+        owner_comm = np.concatenate([[str(s["prev_comm"].iloc[0])],
+                                     s["comm"].astype(str).to_numpy()])
         lo = np.clip(np.concatenate([[-2**62], ts]), t0, t_end)
         hi = np.clip(np.concatenate([ts, [2**62]]), t0, t_end)
         dur = (hi - lo).astype(np.float64) / NS
@@ -61,8 +62,9 @@ def _reference(events, tasks, cpus, t0, t_end, controller_tids=()):
         window = (t_end - t0) / NS
         rows.append((cpu, window, dur[is_exp].sum(), dur[is_own].sum(), dur[is_foreign].sum(),
                      dur[is_idle].sum(), dur[is_foreign].sum() / window, top))
-    return pd.DataFrame(rows, columns=["cpu", "window_s", "experiment_s", "controller_s", "foreign_s",
-                                       "idle_s", "foreign_frac", "top_foreign"]).astype({"cpu": "int32"})
+    cols = ["cpu", "window_s", "experiment_s", "controller_s", "foreign_s", "idle_s",
+            "foreign_frac", "top_foreign"]
+    return pd.DataFrame(rows, columns=cols).astype({"cpu": "int32"})
 
 
 @pytest.mark.parametrize("seed", range(12))

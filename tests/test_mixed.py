@@ -406,7 +406,8 @@ def test_wide_is_the_pivot_table(seed):
     end), CPUs sorted, duplicates summed, NaN where a segment lacks a CPU."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 200))
-    counts = pd.DataFrame({"ts": rng.integers(0, 20, n) * 1000, "end": rng.integers(20, 23, n) * 1000,
+    counts = pd.DataFrame({"ts": rng.integers(0, 20, n) * 1000,
+                           "end": rng.integers(20, 23, n) * 1000,
                            "cpu": rng.integers(0, 6, n).astype(np.int32),
                            "role": rng.choice(["heavy", "light"], n),
                            "count": rng.integers(0, 4, n).astype(np.int64)})

@@ -35,7 +35,8 @@ def test_write_table_reads_back_as_pandas_own_writer(tmp_path, monkeypatch, rows
     theirs = df.copy(deep=False)
     theirs.attrs = {k: v for k, v in df.attrs.items() if k != "dropped"}
     theirs.to_parquet(tmp_path / "theirs.parquet", index=False)
-    got, want = store.read_table(tmp_path / "mine.parquet"), pd.read_parquet(tmp_path / "theirs.parquet")
+    got = store.read_table(tmp_path / "mine.parquet")
+    want = pd.read_parquet(tmp_path / "theirs.parquet")
     pd.testing.assert_frame_equal(got, want)
     assert got.attrs == want.attrs == theirs.attrs
     # the same metadata keys too (pandas' own PANDAS_ATTRS beside pyarrow's copy of the attrs)
