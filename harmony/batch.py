@@ -201,6 +201,8 @@ class KernelRunner:
         import signal
         import time
 
+        if self.worker is None:  # lost at an earlier pause of this capture's companions
+            return
         pid = self.worker.pid
         os.kill(pid, signal.SIGSTOP)
         deadline = time.monotonic() + 1.0
@@ -245,6 +247,11 @@ class KernelRunner:
         self._read_worker(until_eof=True)
         self.worker.wait()
         self.worker = None
+        if self.handed:  # it died before finishing these: analysed here, whole
+            back, self.handed = self.handed, []
+            redo = {d for jobs, _ in back for d in jobs}
+            self._results = [r for r in self._results if r["path"] not in redo]
+            results += analyse_groups(back, len(os.sched_getaffinity(0)))
         return self._results + results
 
 

@@ -217,3 +217,21 @@ def test_stopped_analyser_dies_with_its_controller(tmp_path):
     if state not in (None, "Z"):
         os.kill(pid, 9)  # leave nothing behind, even when failing
     assert state in (None, "Z")
+
+
+def test_captures_of_an_analyser_that_died_are_analysed_on_exit(tmp_path):
+    """Every capture handed to the background analyser is reported once, even if it dies."""
+    from harmony.batch import KernelRunner
+
+    runner = KernelRunner("tracefs", {}, overlap=True, cpus=[0], pause=True)
+    runner._start_worker()
+    groups = [([str(tmp_path / f"r{k}" / "static"), str(tmp_path / f"r{k}")], False)
+              for k in range(3)]
+    runner.pending = list(groups)
+    runner._hand_out()
+    assert len(runner.handed) == runner.AHEAD and len(runner.pending) == 1
+    runner.worker.kill()        # dies with two captures handed (and maybe reported)
+    results = runner.drain()
+    assert sorted(r["path"] for r in results) == sorted(d for g in groups for d in g[0])
+    assert all(r["status"] == "error" and "not found" in r["error"] for r in results)
+    assert runner.worker is None and not runner.handed
