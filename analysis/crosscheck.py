@@ -43,7 +43,7 @@ def kernel_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: list[i
     same = kernel == rebuilt
     agree = same.all(axis=1)
     examples = [{"t": (int(sweeps[i]) - t0) / 1e9, "cpu": cpus[c], "kernel": int(kernel[i, c]),
-                 "rebuilt": int(rebuilt[i, c])} for i, c in zip(*np.nonzero(~same))][:10]
+                 "rebuilt": int(rebuilt[i, c])} for i, c in np.argwhere(~same)[:10]]
     return {"sweeps": int(len(agree)), "agreeing": int(agree.sum()),
             "agreement": float(agree.mean()),
             "sweep_us_median": float(np.median(samples["sweep_ns"].to_numpy()[keep][first]) / 1e3),
