@@ -64,14 +64,14 @@ class KernelRunner:
     captured back to back and analysed when the runner is drained (on exit), in one process per
     CPU.
 
-    The background process is handed at most two captures at a time; on exit, what it was not
-    handed is analysed in one process per CPU beside it.
+    A paused background process is handed at most two captures at a time; on exit, what it was
+    not handed is analysed in one process per CPU beside it.
 
     A probe that offers ``session()`` (tracefs: one instance for all runs) keeps it open from
     enter to exit.
     """
 
-    AHEAD = 2  # captures handed to the background analyser before it reports one done
+    AHEAD = 2  # captures handed to a paused analyser before it reports one done
 
     def __init__(self, probe: str = "tracefs", facts: dict | None = None, overlap: bool = True,
                  cpus: list[int] | None = None, pause: bool = False):
@@ -162,7 +162,9 @@ class KernelRunner:
         if self.worker is None:
             return
         self._read_worker()
-        while self.pending and len(self.handed) < self.AHEAD:
+        # on CPUs of its own it analyses all the time: it gets every capture at once
+        limit = self.AHEAD if self.pause else len(self.pending) + len(self.handed)
+        while self.pending and len(self.handed) < limit:
             jobs, figures = self.pending.pop(0)
             self.handed.append((jobs, figures))
             try:
