@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from harmony.analysis.arrays import event_mask
 from harmony.analysis.reconstruct import NS
 from harmony.store import rows_frame
 
@@ -36,7 +37,7 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     """
     t0, t_end = int(t0), int(t_end)
     window = (t_end - t0) / NS
-    is_switch = (events["event"] == "sched_switch").to_numpy()
+    is_switch = event_mask(events, "sched_switch")
     cpu_all = events["cpu"].to_numpy()[is_switch]
     order = np.argsort(cpu_all, kind="stable")      # each CPU's switches, in time order
     cpu_sorted = cpu_all[order]

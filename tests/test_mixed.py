@@ -418,3 +418,10 @@ def test_wide_is_the_pivot_table(seed):
         np.testing.assert_array_equal(ts, want.index.get_level_values(0).to_numpy(np.int64))
         np.testing.assert_array_equal(end, want.index.get_level_values(1).to_numpy(np.int64))
         np.testing.assert_array_equal(m, want.to_numpy(np.float64))
+
+
+def test_roles_of_pids_with_strangers():
+    tasks = pd.DataFrame({"pid": [7, 5, 300], "role": ["light", "heavy", "light"]})
+    got = mixed._roles(np.array([5, 7, 99, 300, 1, 400]), tasks)
+    assert got.tolist() == ["heavy", "light", "", "light", "", ""]
+    assert mixed._roles(np.array([5]), tasks.iloc[:0]).tolist() == [""]
