@@ -27,6 +27,7 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 TABLES = ("tasks", "migrations", "runs", "runqueue", "allocation", "shares", "kernel_samples",
@@ -74,8 +75,6 @@ def rows_frame(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
     """A DataFrame of ``rows`` (tuples, one value per column of ``dtypes``: name -> dtype), each
     column made with its dtype at once: ``DataFrame(rows).astype(dtypes)`` costs ~5 ms even for
     a few rows. ``str`` columns get pandas' string dtype, as astype(str) gives."""
-    import numpy as np
-
     cols = list(zip(*rows)) or [()] * len(dtypes)
     return pd.DataFrame({name: np.asarray(col, dtype=dtype)
                          for (name, dtype), col in zip(dtypes.items(), cols)})
