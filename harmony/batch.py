@@ -132,9 +132,11 @@ class KernelRunner:
         outside = sorted(set(range(psutil.cpu_count())) - set(self.cpus))
         env = dict(os.environ, HARMONY_ANALYSER_CPUS=",".join(map(str, outside)))
         # a plain child process, started before any capture: no threads in the controller, which
-        # forks the workers
+        # forks the workers. In a session of its own: Ctrl-C at the terminal is for the controller,
+        # which drains it or, dying, kills it (_die_with_parent)
         self.worker = subprocess.Popen([sys.executable, "-m", "harmony.batch", "--analyser"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                       start_new_session=True)
         os.set_blocking(self.worker.stdout.fileno(), False)
 
     def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:

@@ -235,3 +235,26 @@ def test_captures_of_an_analyser_that_died_are_analysed_on_exit(tmp_path):
     assert sorted(r["path"] for r in results) == sorted(d for g in groups for d in g[0])
     assert all(r["status"] == "error" and "not found" in r["error"] for r in results)
     assert runner.worker is None and not runner.handed
+
+
+def test_ctrl_c_at_the_terminal_is_for_the_controller_not_its_analyser():
+    """Ctrl-C reaches the terminal's whole process group; the analyser is outside it, so it
+    neither dies of it mid-import nor prints a traceback, and ends when its input does."""
+    import subprocess
+    import sys
+
+    script = ("import os, signal, time\n"
+              "from harmony.batch import KernelRunner\n"
+              "r = KernelRunner('tracefs', {}, overlap=True, cpus=[0], pause=True)\n"
+              "r._start_worker()\n"
+              "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+              "time.sleep(0.3)\n"             # while it imports pandas
+              "os.killpg(0, signal.SIGINT)\n"  # what a terminal's Ctrl-C does
+              "time.sleep(0.3)\n"
+              "r.worker.stdin.close()\n"
+              "print(r.worker.wait(timeout=60), flush=True)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120, start_new_session=True)
+    assert out.returncode == 0, out.stderr
+    assert "KeyboardInterrupt" not in out.stderr
+    assert out.stdout.split() == ["0"]
