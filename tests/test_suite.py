@@ -201,10 +201,12 @@ def test_stopped_analyser_dies_with_its_controller(tmp_path):
 
     from harmony.batch import _proc_state
 
-    script = ("import os, signal, subprocess, sys, time\n"
+    script = ("import os, signal, subprocess, sys\n"
               "w = subprocess.Popen([sys.executable, '-m', 'harmony.batch', '--analyser'],"
-              " stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-              "time.sleep(1.0)\n"   # past its start-up (the death signal is asked for first)
+              " stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)\n"
+              # one capture analysed (its result, then DONE): past the death-signal request
+              "w.stdin.write(b'0\\t/nonexistent/run\\n'); w.stdin.flush()\n"
+              "w.stdout.readline(); w.stdout.readline()\n"
               "os.kill(w.pid, signal.SIGSTOP)\n"
               "print(w.pid, flush=True)\n"
               "os._exit(0)\n")
