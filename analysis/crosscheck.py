@@ -11,7 +11,7 @@ import collections
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import in_set
+from harmony.analysis.arrays import in_set, index_of
 from harmony.analysis.reconstruct import runqueue_steps, steps_at, steps_by_cpu
 
 
@@ -35,7 +35,7 @@ def kernel_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: list[i
     ts = s_ts[keep].astype(np.int64)
     sweeps, first = np.unique(ts, return_index=True)
     # the kernel's run queue per (sweep, CPU of the set): tasks in state R whose task_cpu it is
-    col = _positions(samples["cpu"].to_numpy()[keep], cpus)
+    col = index_of(samples["cpu"].to_numpy()[keep], cpus)
     running = (samples["state"] == "R").to_numpy()[keep] & (col >= 0)
     kernel = np.zeros((len(sweeps), len(cpus)), np.int64)
     np.add.at(kernel, (np.searchsorted(sweeps, ts[running]), col[running]), 1)
@@ -104,7 +104,8 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
         out |= {"cpu_clean": int(len(k)), "cpu_agreeing": int(ok.sum()),
                 "cpu_agreement": float(ok.mean())}
     # clean samples: every CPU of the set read, none of them with another task runnable
-    pairs = np.unique(sample_of * (int(cpu.max()) + 1) + cpu) // (int(cpu.max()) + 1)
+    width = int(cpu.max()) + 1
+    pairs = np.unique(sample_of * width + cpu) // width
     complete = np.bincount(pairs, minlength=len(stamps)) == len(cpus)
     clean = complete & _all_per(sample_of, steady, len(stamps))
     comms = samples["other_comms"].to_numpy()[keep][others > 0]
@@ -135,17 +136,6 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
 def _all_per(group: np.ndarray, ok: np.ndarray, n: int) -> np.ndarray:
     """For each group id 0..n-1: whether ``ok`` holds on all of its rows (True for none)."""
     return np.bincount(group, weights=~ok, minlength=n) == 0
-
-
-def _positions(values: np.ndarray, cpus: list[int]) -> np.ndarray:
-    """Index of each value in ``cpus`` (the first, if listed twice); -1 for a value not in it."""
-    cpus_a = np.asarray(cpus, dtype=np.int64)
-    v = np.asarray(values).astype(np.int64)
-    if not len(cpus_a):
-        return np.full(len(v), -1, np.int64)
-    table = np.full(int(cpus_a.max()) + 2, -1, np.int64)   # the last slot: any value beyond
-    table[cpus_a[::-1]] = np.arange(len(cpus_a))[::-1]
-    return np.where(v >= 0, table[np.clip(v, 0, len(table) - 1)], -1)
 
 
 def _window_range(steps, cpu: np.ndarray, lo: np.ndarray, hi: np.ndarray,

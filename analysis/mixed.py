@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from harmony.analysis.arrays import index_of
 from harmony.analysis.reconstruct import NS, runqueue_at
 from harmony.store import rows_frame
 
@@ -281,14 +282,8 @@ def df_window_allocation(runs: pd.DataFrame, tasks: pd.DataFrame, t0: int,
 
 def _roles(pids: np.ndarray, tasks: pd.DataFrame) -> np.ndarray:
     """The role (str) of each pid in ``tasks``; "" for a pid that is not one of them."""
-    tp = tasks["pid"].to_numpy().astype(np.int64)
-    pids = np.asarray(pids).astype(np.int64)
-    if not len(tp):
-        return np.full(len(pids), "", dtype=object)
     roles = np.asarray([str(r) for r in tasks["role"].tolist()] + [""], dtype=object)
-    order = np.argsort(tp, kind="stable")
-    i = order[np.minimum(np.searchsorted(tp[order], pids), len(tp) - 1)]
-    return roles[np.where(tp[i] == pids, i, -1)]       # -1: the "" after the roles
+    return roles[index_of(pids, tasks["pid"].to_numpy())]      # -1: the "" after the roles
 
 
 def allocation_ratio(dynamic: pd.DataFrame, static: pd.DataFrame, role: str,

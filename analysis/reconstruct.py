@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis import taskstate as ts_
-from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.arrays import event_mask, in_set, index_of
 from harmony.analysis.taskstate import task_records
 from harmony import jit as hjit
 
@@ -58,18 +58,7 @@ def _t(ts: np.ndarray, t0: int) -> np.ndarray:
 def _task_info(pid: np.ndarray, tasks: pd.DataFrame) -> tuple[pd.Categorical, pd.Categorical]:
     """name and role of each pid (categoricals, categories sorted; pids must all be in ``tasks``,
     whose pids are unique)."""
-    tp = _pids(tasks)
-    pid = np.asarray(pid)
-    if len(tp) and int(tp.max()) - int(tp.min()) < 1 << 16:
-        # a run's tasks are forked together: their pids are close, and a look-up table (at
-        # most 256 KiB) beats a binary search per row (~1 ms per 100 k rows)
-        lo = int(tp.min())
-        lut = np.zeros(int(tp.max()) - lo + 1, np.intp)
-        lut[tp - lo] = np.arange(len(tp))
-        pos = lut[pid.astype(np.int64) - lo] if len(pid) else np.zeros(0, np.intp)
-    else:
-        order = np.argsort(tp, kind="stable")
-        pos = order[np.searchsorted(tp[order], pid)]
+    pos = index_of(pid, _pids(tasks))
     out = []
     for col in ("name", "role"):
         # the few distinct values by numpy (pd.Categorical of the column costs ~0.7 ms)

@@ -692,6 +692,21 @@ def test_in_set_matches_isin():
     assert (in_set(np.array([5, 6, 1 << 30, -1]), big) == [True, False, True, False]).all()
 
 
+def test_index_of_finds_the_first_position():
+    """arrays.index_of agrees with a dict of first positions, by look-up table (keys close
+    together, negatives included) and by binary search (keys spread wide), -1 for strangers."""
+    from harmony.analysis.arrays import index_of
+    rng = np.random.default_rng(11)
+    for spread in (60, 1 << 20, 1 << 40):
+        for _ in range(100):
+            keys = rng.integers(-spread // 4, spread, rng.integers(0, 8))
+            values = np.concatenate([rng.integers(-spread // 2, 2 * spread, 50), keys, keys + 1])
+            first = {}
+            for k, key in enumerate(keys.tolist()):
+                first.setdefault(key, k)
+            assert index_of(values, keys).tolist() == [first.get(v, -1) for v in values.tolist()]
+
+
 def lossy_stream(ncpus: int, ntasks: int, seed: int):
     """A random stream with 5% of events lost, a cut beginning, exits and foreign tasks:
     (the simulation, its events)."""
