@@ -48,15 +48,23 @@ def index_of(values, keys) -> np.ndarray:
     return np.where(keys[at] == values, at, -1)
 
 
+def event_codes(events: pd.DataFrame, *names: str) -> tuple[np.ndarray, list[int]] | None:
+    """(each row's category code, the codes of those of ``names`` the events have) when the
+    ``event`` column is categorical, as in the canonical table; else None."""
+    col = events["event"]
+    if not isinstance(col.dtype, pd.CategoricalDtype):
+        return None
+    cats = col.cat.categories
+    return col.cat.codes.to_numpy(), [cats.get_loc(n) for n in names if n in cats]
+
+
 def event_mask(events: pd.DataFrame, *names: str) -> np.ndarray:
     """Boolean array: the rows of ``events`` whose ``event`` is one of ``names``. On the canonical
     (categorical) column a comparison of codes, without pandas' per-call overhead."""
-    col = events["event"]
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        cats = col.cat.categories
-        codes = [cats.get_loc(n) for n in names if n in cats]
-        if not codes:
-            return np.zeros(len(col), dtype=bool)
-        c = col.cat.codes.to_numpy()
-        return c == codes[0] if len(codes) == 1 else in_set(c, codes)
-    return col.isin(names).to_numpy()
+    by_code = event_codes(events, *names)
+    if by_code is None:
+        return events["event"].isin(names).to_numpy()
+    c, codes = by_code
+    if not codes:
+        return np.zeros(len(c), dtype=bool)
+    return c == codes[0] if len(codes) == 1 else in_set(c, codes)

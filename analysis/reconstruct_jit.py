@@ -117,10 +117,12 @@ def runs(is_sw, cpu, ts, nxt, prv, pst, is_exp, t_start, t_end, last, out_pid, o
 
     is_exp[v + 1]: pid v is an experiment task (clipped at both ends). The runs go to three
     segments of the out_* arrays, in the order the numpy version emits them (so that a stable
-    sort of both gives the same table): [0, n) runs started by a seen switch-in (n_out[0]; the
-    last one per CPU left open, to t_end: out_open), [n, 2n) runs of tasks running when the trace
-    began (n_out[1]), [2n, 3n) runs whose switch-in was lost (n_out[2]; out_start holds the CPU's
-    previous switch, the caller moves it to the task's last wake-up), n = out arrays' length / 3.
+    sort of both gives the same table): runs started by a seen switch-in (n_out[0]; the last one
+    per CPU left open, to t_end: out_open), then runs of tasks running when the trace began
+    (n_out[1]), then runs whose switch-in was lost (n_out[2]; out_start holds the CPU's previous
+    switch, the caller moves it to the task's last wake-up). While the events are walked the
+    segments start at 0, n and 2n (n = out arrays' length / 3); the last two are then moved to
+    follow the first, so the rows are out_*[:sum(n_out)], views: the runs are not copied again.
     kinds[0] = run_end_mismatch, kinds[1] = run_start_unseen (see df_runs).
     """
     n = out_pid.shape[0] // 3
@@ -180,3 +182,15 @@ def runs(is_sw, cpu, ts, nxt, prv, pst, is_exp, t_start, t_end, last, out_pid, o
     n_out[0] = a
     n_out[1] = h - n
     n_out[2] = lo - 2 * n
+    # every row moves down or stays (a <= n, and a + n_out[1] <= 2n): a forward copy never
+    # overwrites a row it has yet to move
+    dst = a
+    for seg_lo, seg_hi in ((n, h), (2 * n, lo)):
+        for src in range(seg_lo, seg_hi):
+            out_pid[dst] = out_pid[src]
+            out_cpu[dst] = out_cpu[src]
+            out_start[dst] = out_start[src]
+            out_end[dst] = out_end[src]
+            out_state[dst] = out_state[src]
+            out_open[dst] = out_open[src]
+            dst += 1

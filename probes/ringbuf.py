@@ -834,9 +834,10 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
                                          lambda k, rows=rows: where(int(rows[k])))
             hremap = np.array([cats.setdefault(t, len(cats)) for t in strings], np.int32)
             codes[idx] = hremap[hc]
-        cols[col] = pd.Categorical.from_codes(codes, categories=list(cats))
-    cols["event"] = pd.Categorical.from_codes(ev_label, categories=labels) if labels else \
-        pd.Categorical([])
+        # codes built here are valid: pandas' check would cost a pass over the events
+        cols[col] = pd.Categorical.from_codes(codes, categories=list(cats), validate=False)
+    cols["event"] = pd.Categorical.from_codes(ev_label, categories=labels, validate=False) \
+        if labels else pd.Categorical([])
     return make_events({k: cols[k] for k in COLUMNS}), notes
 
 

@@ -716,6 +716,28 @@ def lossy_stream(ncpus: int, ntasks: int, seed: int):
     return sim, ev.reset_index(drop=True)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_lost_switch_in_starts_windowed_equals_whole_trace(seed):
+    """The start of a run whose switch-in was lost, read from the events in its window only or
+    from every wake-up of the trace: the same, on windows wide and narrow, empty, at one instant
+    (several events share a ts), and for tasks never woken in them."""
+    sim, ev = lossy_stream(4, 9, seed)
+    ts = ev["ts"].to_numpy()
+    rng = np.random.default_rng(seed)
+    n = 300
+    a = rng.integers(0, len(ts), n)
+    b = np.minimum(a + rng.choice([0, 1, 5, 50, 2_000], n), len(ts) - 1)
+    lo, hi = ts[a], ts[b]
+    lo[:5] = hi[:5] = np.unique(ts, return_counts=True)[0][
+        np.unique(ts, return_counts=True)[1] > 1][:5]              # windows of one shared instant
+    pid = rng.choice(np.append(sim.tasks["pid"].to_numpy(), 99_999), n).astype(np.int32)
+    whole = rc._lost_switch_in_starts(ev, pid, lo, hi, windowed=False)
+    windowed = rc._lost_switch_in_starts(ev, pid, lo, hi, windowed=True)
+    assert (windowed == whole).all()
+    assert (whole > lo).sum() > n // 10 and (whole == lo).sum() > n // 10   # both cases occur
+    assert (rc._lost_switch_in_starts(ev, pid, lo, hi) == whole).all()
+
+
 @pytest.mark.parametrize("ncpus,ntasks,seed", [(2, 5, 1), (4, 9, 2), (8, 20, 3), (16, 40, 4)])
 def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch, state_machine):
     """The compiled and the numpy task_records give the same table, column for column, on random
