@@ -18,9 +18,19 @@ For the same reason Harmony asks glibc's malloc to keep what is freed for the ne
 the tables are built, and by default glibc gives most of them back to the kernel, whose next
 arrays are then fresh memory to fault in again. Kept, 2.1 M events faulted ~64 k pages instead
 of ~85 k while the tables were built, and the first decode + tables in a process took 0.93x the
-time (paired runs, median; 0.83x the second time), 0.90x at 0.19 M events. The cost: a process
-keeps up to 1 GiB it freed (arrays over 32 MiB, from a trace of ~4 M events on, are still given
-back at once).
+time (paired runs, median; 0.83x the second time), 0.90x at 0.19 M events.
+
+Arrays of 32 MiB or more (a column of ~4 M events) glibc maps on their own whatever its
+threshold, and unmaps when freed, so from ~4 M events on every large array was fresh memory
+again. So the main thread's arrays never get a mapping of their own (``M_MMAP_MAX`` 0): they
+come from the heap, where freed ones are reused. At 14 M events the first decode + tables took
+0.83x the time (6 paired runs, 4.08 -> 3.28 s; 0.72x the second time in a process); at 10 M,
+``bench/ingest.py`` went from 1.60 to 3.98 M events/s. (Arrays over 64 MiB allocated by a worker
+thread are still mapped: glibc's thread arenas cannot hold them.)
+
+The cost: a process keeps the memory it freed, up to its peak, for its next arrays (only what is
+free at the heap's top beyond 1 GiB is given back). The environment's malloc settings
+(``GLIBC_TUNABLES``, ``MALLOC_*_``) replace all of this.
 """
 
 from __future__ import annotations
@@ -44,8 +54,8 @@ def small_pages() -> bool:
 
 
 #: glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
-_MMAP_THRESHOLD = 32 << 20    # the most glibc accepts; larger arrays are mapped, unmapped if freed
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
+_MMAP_MAX = 0                 # no array gets a mapping of its own: all come from the heap
 _TRIM_THRESHOLD = 1 << 30     # free memory kept at the heap's top before it is given back
 _TOP_PAD = 64 << 20           # the heap grows by at least this much at a time
 
@@ -70,8 +80,7 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return all(mallopt(param, value) == 1 for param, value in (
-        (_M_MMAP_THRESHOLD, _MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD),
-        (_M_TOP_PAD, _TOP_PAD)))
+        (_M_MMAP_MAX, _MMAP_MAX), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_TOP_PAD, _TOP_PAD)))
 
 
 def tune_allocations() -> None:

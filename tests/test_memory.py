@@ -37,12 +37,13 @@ REUSE = ("import resource\nimport numpy as np\nimport harmony.{mod}\n"
          "faults(16 << 20)\nprint(faults(16 << 20))")
 
 
-def _refaults(mod: str, **env) -> int:
-    """Pages faulted in by a 16 MiB array allocated after one like it was freed."""
+def _refaults(mod: str, mib: int = 16, **env) -> int:
+    """Pages faulted in by a ``mib`` MiB array allocated after one like it was freed."""
     base = {k: v for k, v in os.environ.items()
             if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", REUSE.format(mod=mod)], env=base | env,
-                         capture_output=True, text=True, check=True)
+    code = REUSE.format(mod=mod).replace("16 << 20", f"{mib} << 20")
+    out = subprocess.run([sys.executable, "-c", code], env=base | env, capture_output=True,
+                         text=True, check=True)
     return int(out.stdout)
 
 
@@ -51,6 +52,14 @@ def test_importing_keeps_freed_memory_for_the_next_arrays(mod):
     # glibc's default maps a first 16 MiB array, then (its threshold raised) puts the second in
     # fresh heap memory: ~4096 faults. Kept, the second reuses the first's pages.
     assert _refaults(mod) < 512
+
+
+def test_arrays_past_glibcs_mapping_threshold_are_reused_too():
+    # 64 MiB: beyond the 32 MiB up to which glibc can be told to use its heap; by default each
+    # such array is mapped, then unmapped when freed (16384 fresh pages for the second)
+    assert _refaults("analysis", mib=64) < 512
+    assert _refaults("analysis", mib=64, GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072") \
+        > 12000
 
 
 def test_malloc_parameters_set_by_the_user_win():
