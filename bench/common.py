@@ -72,6 +72,21 @@ def run_ns(pid: int) -> int | None:
         return None
 
 
+def freed_memory_goes_to_host() -> bool:
+    """This is a VM whose balloon device reports freed guest memory to its host (virtio feature
+    VIRTIO_BALLOON_F_REPORTING): memory the guest frees goes back to the host, so touching it
+    again costs a fault on the host as well as in the guest."""
+    for dev in Path("/sys/bus/virtio/devices").glob("*"):
+        try:
+            if int((dev / "device").read_text(), 16) == 5:          # a memory balloon
+                features = (dev / "features").read_text().strip()   # bit k = character k
+                if len(features) > 5 and features[5] == "1":
+                    return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
 def need_root(what: str) -> None:
     """Exit 2 with one line if this benchmark cannot use the kernel's tracing."""
     if os.geteuid() != 0:

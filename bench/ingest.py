@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -136,11 +137,11 @@ def measure_harmony(raw: Path, pids: list[int], warm: Path | None) -> dict:
         _ingest(warm, tasks)
     startup = time.perf_counter() - t_w
     rss0 = _reset_peak_rss()
-    ru_a = os.times()
+    ru_a, flt_a = os.times(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     t_a = time.perf_counter()
     cap, t_b = _ingest(raw, tasks)
     t_c = time.perf_counter()
-    ru_c = os.times()
+    ru_c, flt_c = os.times(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     rss1 = _status_bytes("VmHWM")
     n, nbytes = int(len(cap.events)), int(cap.meta["bytes"])
     del cap
@@ -150,7 +151,8 @@ def measure_harmony(raw: Path, pids: list[int], warm: Path | None) -> dict:
     return {"events": n, "decode_s": t_b - t_a, "total_s": t_c - t_a,
             "again_s": t_e - t_d, "startup_s": startup if warm else None,
             "peak_bytes": rss1 - rss0, "raw_bytes": nbytes,
-            "user_s": ru_c.user - ru_a.user, "sys_s": ru_c.system - ru_a.system}
+            "user_s": ru_c.user - ru_a.user, "sys_s": ru_c.system - ru_a.system,
+            "page_faults": flt_c - flt_a}
 
 
 def run_harmony(raw: Path, pids: list[int], warm: Path | None) -> dict:
@@ -256,6 +258,8 @@ def _run(a, sizes: list[int], work: Path) -> int:
             "bytes_per_event": common.median([r["peak_bytes"] for r in ours]) / n,
             "user_ns_per_event": common.median([r["user_s"] for r in ours]) / n * 1e9,
             "sys_ns_per_event": common.median([r["sys_s"] for r in ours]) / n * 1e9,
+            "sys_us_per_fault": common.median([r["sys_s"] / r["page_faults"] * 1e6
+                                               for r in ours if r["page_faults"]]),
             "startup_s": common.median([r["startup_s"] for r in ours]),
             "again_s": common.median([r["again_s"] for r in ours]),
             "again_events_per_s": n / common.median([r["again_s"] for r in ours]),
@@ -268,18 +272,24 @@ def _run(a, sizes: list[int], work: Path) -> int:
 
     print()
     common.table(["events", "start-up s", "decode s", "tables s", "total s", "Mev/s", "again Mev/s",
-                  "ns/event", "user ns/ev", "sys ns/ev", "bytes/event", "trace-cmd s", "tc Mev/s",
-                  "speedup"],
+                  "ns/event", "user ns/ev", "sys ns/ev", "sys us/fault", "bytes/event",
+                  "trace-cmd s", "tc Mev/s", "speedup"],
                  [[r["events"], r["startup_s"], r["decode_s"], r["tables_s"], r["total_s"],
                    r["events_per_s"] / 1e6, r["again_events_per_s"] / 1e6,
                    r["ns_per_event"], r["user_ns_per_event"], r["sys_ns_per_event"],
-                   r["bytes_per_event"], r["tracecmd_s"],
+                   r["sys_us_per_fault"], r["bytes_per_event"], r["tracecmd_s"],
                    r["tracecmd_events_per_s"] / 1e6 if r["tracecmd_events_per_s"] else None,
                    r["speedup"]] for r in results])
     print("\nstart-up: once per process, before its first trace (numba initialising and loading the "
           "compiled kernels from its cache); not part of total s.\nagain: the same capture decoded a "
           "second time in the process, whose memory is then touched already (fresh memory is what "
-          "sys ns/event pays)")
+          "sys ns/event pays)\nsys us/fault: the kernel's time over the page faults taken (mostly "
+          "faulting in fresh memory)")
+    to_host = common.freed_memory_goes_to_host()
+    if to_host:
+        print("host: a VM whose freed memory goes back to its host (virtio-balloon free page "
+              "reporting): memory touched again after it was freed may cost a fault on the host "
+              "too, the more so the more memory a trace needs (see sys us/fault)")
     compared = [r for r in results if r["speedup"]]
     big = max(results, key=lambda r: r["events"])
     small = min(results, key=lambda r: r["events"])
@@ -301,6 +311,7 @@ def _run(a, sizes: list[int], work: Path) -> int:
                          f"of fresh memory)"))
     common.emit_json(a.json, {"benchmark": "ingest", "reps": a.reps, "base_events": base_events,
                               "results": results, "linearity_ratio": lin,
+                              "freed_memory_goes_to_host": to_host,
                               "linearity_ratio_user": lin_user})
     return 0
 
