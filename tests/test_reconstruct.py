@@ -728,8 +728,8 @@ def test_lost_switch_in_starts_windowed_equals_whole_trace(seed):
     a = rng.integers(0, len(ts), n)
     b = np.minimum(a + rng.choice([0, 1, 5, 50, 2_000], n), len(ts) - 1)
     lo, hi = ts[a], ts[b]
-    lo[:5] = hi[:5] = np.unique(ts, return_counts=True)[0][
-        np.unique(ts, return_counts=True)[1] > 1][:5]              # windows of one shared instant
+    instants, count = np.unique(ts, return_counts=True)
+    lo[:5] = hi[:5] = instants[count > 1][:5]          # windows of one instant several events share
     pid = rng.choice(np.append(sim.tasks["pid"].to_numpy(), 99_999), n).astype(np.int32)
     whole = rc._lost_switch_in_starts(ev, pid, lo, hi, windowed=False)
     windowed = rc._lost_switch_in_starts(ev, pid, lo, hi, windowed=True)
