@@ -93,20 +93,51 @@ def remove_instance(path: Path) -> None:
 
 
 class _Drain(threading.Thread):
-    """Copies one CPU's raw ring-buffer pages to a file until told to stop, then empties it."""
+    """Copies one CPU's raw ring-buffer pages to a file until told to stop, then empties it.
 
-    def __init__(self, src: Path, dst: Path, page_size: int, stall: tuple[int, int] | None = None):
+    While the run lasts it reads only whole pages' worth of events: each poll reads the CPU's
+    unread bytes (the ``bytes:`` line of its ``stats``) and takes that many pages. A read that
+    catches up with the writer gets the page being written, however little it holds: reading to
+    the end at every poll left a CPU with few events a file of mostly empty pages (37 % full on
+    average in a 1 s ping-pong recording). The last read, at stop, takes everything."""
+
+    def __init__(self, src: Path, dst: Path, page_size: int, stall: tuple[int, int] | None = None,
+                 stats: Path | None = None):
         super().__init__(name=f"drain-{src.parent.name}", daemon=True)
         self.src, self.dst, self.page_size = src, dst, page_size
         self.stall = stall  # (from, until) CLOCK_MONOTONIC ns: do not read (expert option)
+        self.stats = stats
         self.stopping = threading.Event()
         self.bytes = 0
         self.error: BaseException | None = None
 
+    def _whole_pages(self, stats_fd: int | None) -> int | None:
+        """Pages the unread events fill (a page holds page_size - 16 bytes of them: its
+        timestamp and commit words come first); None if the stats cannot say (read to the end)."""
+        if stats_fd is None:
+            return None
+        try:
+            text = os.pread(stats_fd, 4096, 0).decode(errors="replace")
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith("bytes:"):
+                try:
+                    return int(line.split()[1]) // (self.page_size - 16)
+                except (IndexError, ValueError):
+                    return None
+        return None
+
     def run(self):
         try:
             fd = os.open(self.src, os.O_RDONLY | os.O_NONBLOCK)
+            stats_fd = None
             try:
+                if self.stats is not None:
+                    try:
+                        stats_fd = os.open(self.stats, os.O_RDONLY)
+                    except OSError:
+                        pass        # read to the end at every poll, as without stats
                 with open(self.dst, "wb") as out:
                     while True:
                         final = self.stopping.is_set()  # read once more after the stop request
@@ -114,7 +145,9 @@ class _Drain(threading.Thread):
                                 self.stall[0] <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) < self.stall[1]:
                             self.stopping.wait(0.01)
                             continue
-                        while True:
+                        want = None if final else self._whole_pages(stats_fd)   # None: all
+                        got = 0
+                        while want is None or got < want:
                             try:
                                 page = os.read(fd, self.page_size)
                             except BlockingIOError:
@@ -125,11 +158,15 @@ class _Drain(threading.Thread):
                                 page += bytes(self.page_size - len(page))
                             out.write(page)
                             self.bytes += len(page)
+                            got += 1
                         if final:
                             return
-                        self.stopping.wait(DRAIN_IDLE_S)
+                        if not got or want is None or got < want:   # no more whole pages for now
+                            self.stopping.wait(DRAIN_IDLE_S)
             finally:
                 os.close(fd)
+                if stats_fd is not None:
+                    os.close(stats_fd)
         except BaseException as exc:  # reported by stop(), never lost
             self.error = exc
 
@@ -326,8 +363,9 @@ class TracefsProbe(Probe):
             self.meta["notes"] = [f"expert option: the drains stopped reading for {self.drain_stall[1]:g} s "
                                   f"from {self.drain_stall[0]:g} s after the start ({ENV_DRAIN_STALL})"]
         for cpu in range(ncpu):
-            d = _Drain(inst / "per_cpu" / f"cpu{cpu}" / "trace_pipe_raw", self.out_dir / f"cpu{cpu}.raw",
-                       page_size, stall)
+            cpu_dir = inst / "per_cpu" / f"cpu{cpu}"
+            d = _Drain(cpu_dir / "trace_pipe_raw", self.out_dir / f"cpu{cpu}.raw", page_size, stall,
+                       cpu_dir / "stats")
             d.start()
             self._drains.append(d)
         _write(inst / "tracing_on", "1")

@@ -88,3 +88,33 @@ def test_a_session_removes_its_instance_on_error(kernel, tmp_path):
         p.stop()  # the caller's own cleanup, after: nothing left to do
     finally:
         lock.release()
+
+
+def test_the_drains_write_whole_pages_while_the_run_lasts(kernel, tmp_path):
+    """A read that catches up with the kernel's writer takes the page being written, however
+    little it holds: polls that read to the end left, at a few thousand events per second, most
+    pages of the file under half full. The drains take whole pages until the stop."""
+    import numpy as np
+    from harmony.probes.formats import load_header_page
+
+    lock = _host_lock()
+    try:
+        probe = TracefsProbe(tmp_path / "a", [0, 1], 1.0)
+        probe.start()
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:   # ~1 k switches a second: a page every few polls
+            time.sleep(0.002)
+        probe.stop()
+    finally:
+        lock.release()
+    out = tmp_path / "a"
+    hp = load_header_page(out / "formats" / "header_page")
+    capacity = probe.meta["page_size"] - hp.data_offset
+    fills = []
+    for raw in sorted(out.glob("cpu*.raw")):
+        pages = np.fromfile(raw, np.uint8).reshape(-1, probe.meta["page_size"])[:-1]  # the stop's
+        commit = pages[:, hp.commit_offset:hp.commit_offset + 8].copy().view("<u8").ravel()
+        fills.extend(((commit & ((1 << 27) - 1)) / capacity).tolist())
+    assert len(fills) >= 10, "too few pages to tell"
+    assert sum(f < 0.5 for f in fills) <= 0.05 * len(fills), sorted(fills)[:20]
+    assert TracefsProbe.decode_dir(out).meta["lost_events"] == 0
