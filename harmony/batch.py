@@ -227,11 +227,16 @@ class KernelRunner:
         self.worker.kill()
         self.worker.wait()
         self._read_worker()
-        # the captures it did not finish go back to the front of the queue, whole
-        back, self.handed, self.worker = self.handed, [], None
+        self.worker = None
+        self.pending[:0] = self._take_back()   # to the front of the queue
+
+    def _take_back(self) -> list[tuple[list[str], bool]]:
+        """The captures handed to an analyser that will not finish them, whole: what it reported
+        of them is dropped, so that each directory is reported once, by whoever analyses it."""
+        back, self.handed = self.handed, []
         redo = {d for jobs, _ in back for d in jobs}
         self._results = [r for r in self._results if r["path"] not in redo]
-        self.pending[:0] = back
+        return back
 
     def drain(self) -> list[dict]:
         """Finish every analysis; returns one dict per analysed directory (status, path, error)."""
@@ -251,11 +256,8 @@ class KernelRunner:
         self._read_worker(until_eof=True)
         self.worker.wait()
         self.worker = None
-        if self.handed:  # it died before finishing these: analysed here, whole
-            back, self.handed = self.handed, []
-            redo = {d for jobs, _ in back for d in jobs}
-            self._results = [r for r in self._results if r["path"] not in redo]
-            results += analyse_groups(back, len(os.sched_getaffinity(0)))
+        if self.handed:  # it died before finishing these: analysed here
+            results += analyse_groups(self._take_back(), len(os.sched_getaffinity(0)))
         return self._results + results
 
 
