@@ -43,13 +43,14 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
     by_time = wake[np.argsort(ts[wake], kind="stable")]
     woken, at = np.unique(pid[by_time], return_index=True)
     firsts = by_time[at]
+    first_ts = ts[firsts]
     not_woken = sorted(set(pids.tolist()) - set(woken.tolist()))
     ran = pid[event_mask(events, "sched_switch") & (ts < t0) & ours]
     out = {"woken": int(len(woken)), "not_woken": not_woken,
            "ran_before_t0": sorted(set(ran.tolist()))}
     if "initial_cpu" in tasks.columns and "target_cpu" in events.columns and len(wake):
         if released is not None:
-            firsts = firsts[ts[firsts] <= released]
+            firsts = firsts[first_ts <= released]
         home = dict(zip(tasks["pid"].tolist(), tasks["initial_cpu"].tolist()))
         target = events["target_cpu"].to_numpy()
         out["woke_off_initial_cpu"] = sorted(int(p) for p, c in zip(pid[firsts], target[firsts])
@@ -62,7 +63,6 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
     else:
         out["moved_before_released"] = None
     if len(woken):
-        first_ts = ts[by_time[at]]
         lo, hi = int(first_ts.min()), int(first_ts.max())
         end = max(hi, released) if released is not None else hi
         out |= {"wake_spread_ns": hi - lo, "release_spread_ns": end - lo,
