@@ -55,18 +55,25 @@ def _t(ts: np.ndarray, t0: int) -> np.ndarray:
     return (np.asarray(ts, dtype=np.int64) - np.int64(t0)) / NS
 
 
-def _task_info(pid: np.ndarray, tasks: pd.DataFrame) -> tuple[pd.Categorical, pd.Categorical]:
-    """name and role of each pid (categoricals, categories sorted; pids must all be in ``tasks``,
-    whose pids are unique)."""
-    pos = index_of(pid, _pids(tasks))
+def _task_categories(tasks: pd.DataFrame) -> list[tuple[pd.Index, np.ndarray]]:
+    """(categories, code of each task row) of the task table's name and role (sorted)."""
     out = []
     for col in ("name", "role"):
         # the few distinct values by numpy (pd.Categorical of the column costs ~0.7 ms)
         cats, codes = np.unique(np.array([str(v) for v in tasks[col].tolist()], dtype=object),
                                 return_inverse=True)
-        out.append(pd.Categorical.from_codes(codes[pos], categories=pd.Index(cats.tolist()),
-                                             validate=False))    # valid: np.unique's inverse
-    return out[0], out[1]
+        out.append((pd.Index(cats.tolist()), codes))
+    return out
+
+
+def _task_info(pid: np.ndarray, tasks: pd.DataFrame) -> tuple[pd.Categorical, pd.Categorical]:
+    """name and role of each pid (categoricals, categories sorted; pids must all be in ``tasks``,
+    whose pids are unique)."""
+    pos = index_of(pid, _pids(tasks))
+    (names, name_code), (roles, role_code) = _task_categories(tasks)
+    # valid codes: np.unique's inverse
+    return (pd.Categorical.from_codes(name_code[pos], categories=names, validate=False),
+            pd.Categorical.from_codes(role_code[pos], categories=roles, validate=False))
 
 
 def _trace_start(events: pd.DataFrame, t0: int) -> int:
@@ -162,12 +169,20 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     """
     t_start = _trace_start(events, t0)
     if ts_._compiled(len(events)) is not None and _pids(tasks).max(initial=0) < 1 << 24:
-        pid, rcpu, start, end, end_state, open_end, unseen, kinds = _run_rows_compiled(
-            events, tasks, t_start, t_end)
+        cols, kinds = _runs_compiled(events, tasks, t0, t_start, t_end)
     else:
-        pid, rcpu, start, end, end_state, open_end, unseen, kinds = _run_rows_numpy(
-            events, tasks, t_start, t_end)
+        *rows, kinds = _run_rows_numpy(events, tasks, t_start, t_end)
+        cols = _runs_table(*rows, tasks, t0, t_end)
+    out = pd.DataFrame(cols, copy=False)
+    out.attrs["anomalies"] = sum(kinds.values())
+    out.attrs["anomaly_kinds"] = {k: v for k, v in kinds.items() if v}
+    return out
 
+
+def _runs_table(pid, rcpu, start, end, end_state, open_end, unseen, tasks: pd.DataFrame, t0: int,
+                t_end: int) -> dict:
+    """df_runs' columns from the runs' rows (any order): those starting before t_end, closed at
+    t_end and sorted by (start, cpu, end)."""
     keep = start < t_end
     pid, rcpu, start, end, end_state, open_end, unseen = (
         a[keep] for a in (pid, rcpu, start, end, end_state, open_end, unseen))
@@ -178,15 +193,37 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     pid, rcpu, start, end, end_state, truncated, unseen = (
         a[o] for a in (pid, rcpu, start, end, end_state, truncated, unseen))
     name, role = _task_info(pid, tasks)
-    out = pd.DataFrame({
-        "pid": pid, "name": name, "role": role, "cpu": rcpu,
-        "start": start.astype(np.int64), "end": end.astype(np.int64),
-        "duration": (end - start).astype(np.int64), "t": _t(start, t0),
-        "end_state": end_state, "truncated": truncated, "unseen_start": unseen,
-    }, copy=False)
-    out.attrs["anomalies"] = sum(kinds.values())
-    out.attrs["anomaly_kinds"] = {k: v for k, v in kinds.items() if v}
-    return out
+    return {"pid": pid, "name": name, "role": role, "cpu": rcpu,
+            "start": start.astype(np.int64), "end": end.astype(np.int64),
+            "duration": (end - start).astype(np.int64), "t": _t(start, t0),
+            "end_state": end_state, "truncated": truncated, "unseen_start": unseen}
+
+
+def _runs_table_compiled(pid, rcpu, start, end, end_state, open_end, n_seen: int,
+                         tasks: pd.DataFrame, t0: int, t_end: int) -> dict:
+    """_runs_table in one compiled pass (:func:`reconstruct_jit.finish_runs`) over the rows
+    sorted by start: each column is written once, in its place (a fifth of the memory)."""
+    from harmony.analysis import reconstruct_jit
+    order = np.argsort(start, kind="stable")    # merges the rows' runs already in order
+    m = int(np.count_nonzero(start < t_end))
+    task_pids, task_row = np.unique(_pids(tasks), return_index=True)   # the first of a pid
+    (names, name_code), (roles, role_code) = _task_categories(tasks)
+    # codes as narrow as pandas keeps them (int8 below 127 categories), so that it takes them as is
+    name_code, role_code = (c.astype(np.int8 if len(cats) < 127 else np.int32) for c, cats in
+                            ((name_code, names), (role_code, roles)))
+    cols = {"pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int32),
+            "start": np.empty(m, np.int64), "end": np.empty(m, np.int64),
+            "duration": np.empty(m, np.int64), "t": np.empty(m, np.float64),
+            "end_state": np.empty(m, np.int64), "truncated": np.empty(m, bool),
+            "unseen_start": np.empty(m, bool), "name": np.empty(m, name_code.dtype),
+            "role": np.empty(m, role_code.dtype)}
+    reconstruct_jit.finish_runs(order, pid, rcpu, start, end, end_state, open_end, np.int64(n_seen),
+                                np.int64(t_end), np.int64(t0), task_pids, task_row.astype(np.int64),
+                                name_code, role_code, *cols.values())
+    cols["name"] = pd.Categorical.from_codes(cols["name"], categories=names, validate=False)
+    cols["role"] = pd.Categorical.from_codes(cols["role"], categories=roles, validate=False)
+    return {k: cols[k] for k in ("pid", "name", "role", "cpu", "start", "end", "duration", "t",
+                                 "end_state", "truncated", "unseen_start")}
 
 
 def _run_rows_numpy(events: pd.DataFrame, tasks: pd.DataFrame, t_start: int, t_end: int):
@@ -245,8 +282,9 @@ def _run_rows_numpy(events: pd.DataFrame, tasks: pd.DataFrame, t_start: int, t_e
     return pid, rcpu, start, end, end_state, open_end, unseen, kinds
 
 
-def _run_rows_compiled(events: pd.DataFrame, tasks: pd.DataFrame, t_start: int, t_end: int):
-    """_run_rows_numpy by one compiled pass over the events (:func:`reconstruct_jit.runs`)."""
+def _runs_compiled(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_start: int, t_end: int):
+    """df_runs' (columns, anomaly kinds) by compiled passes over the events
+    (:func:`reconstruct_jit.runs`) and over the rows they give."""
     from harmony.analysis import reconstruct_jit
     pids = _pids(tasks)
     is_exp = np.zeros(int(pids.max(initial=0)) + 3, bool)      # pid v at v + 1, clipped
@@ -264,9 +302,9 @@ def _run_rows_compiled(events: pd.DataFrame, tasks: pd.DataFrame, t_start: int, 
     pid, rcpu, start, end, end_state, open_end = (x[:int(n_out.sum())] for x in out)
     lost = slice(int(n_out[0] + n_out[1]), None)
     start[lost] = _lost_switch_in_starts(events, pid[lost], start[lost], end[lost])
-    unseen = np.arange(len(pid)) >= n_out[0]
-    return pid, rcpu, start, end, end_state, open_end, unseen, {
-        "run_end_mismatch": int(kinds[0]), "run_start_unseen": int(kinds[1])}
+    cols = _runs_table_compiled(pid, rcpu, start, end, end_state, open_end, int(n_out[0]), tasks,
+                                t0, t_end)
+    return cols, {"run_end_mismatch": int(kinds[0]), "run_start_unseen": int(kinds[1])}
 
 
 def _lost_switch_in_starts(events: pd.DataFrame, pid: np.ndarray, lo: np.ndarray,

@@ -194,3 +194,46 @@ def runs(is_sw, cpu, ts, nxt, prv, pst, is_exp, t_start, t_end, last, out_pid, o
             out_state[dst] = out_state[src]
             out_open[dst] = out_open[src]
             dst += 1
+
+
+@_jit
+def finish_runs(order, pid, cpu, start, end, state, is_open, n_seen, t_end, t0, task_pids, task_row,
+                name_code, role_code, o_pid, o_cpu, o_start, o_end, o_dur, o_t, o_state, o_trunc,
+                o_unseen, o_name, o_role):
+    """df_runs' table from :func:`runs`' rows, written straight into its columns (o_*, as long
+    as the rows kept): the rows starting before t_end, in (start, cpu, end) order, closed at t_end.
+
+    ``order``: the rows by start (a stable sort; reordered here where starts tie, so that it is
+    the stable (start, cpu, end closed at t_end) order of ``np.lexsort``). Rows from ``n_seen``
+    on have an unseen start. ``task_pids`` (sorted) / ``task_row``: each experiment pid's row in
+    the task table, whose ``name_code`` / ``role_code`` give its categories' codes.
+    """
+    n = order.shape[0]
+    for i in range(1, n):                    # insertion sort of tied starts: ties are rare
+        j = i
+        while j > 0:
+            a, b = order[j - 1], order[j]
+            # ends compared as closed at t_end
+            if start[a] != start[b] or cpu[a] < cpu[b] or (
+                    cpu[a] == cpu[b] and min(end[a], t_end) <= min(end[b], t_end)):
+                break
+            order[j - 1], order[j] = b, a
+            j -= 1
+    for i in range(o_pid.shape[0]):          # the kept rows: those first by start
+        r = order[i]
+        p = pid[r]
+        s, e = start[r], end[r]
+        trunc = is_open[r] or e > t_end
+        e = min(e, t_end)
+        o_pid[i] = p
+        o_cpu[i] = cpu[r]
+        o_start[i] = s
+        o_end[i] = e
+        o_dur[i] = e - s
+        o_t[i] = (s - t0) / 1_000_000_000
+        o_state[i] = -1 if trunc else state[r]
+        o_trunc[i] = trunc
+        o_unseen[i] = r >= n_seen
+        k = task_row[np.searchsorted(task_pids, p)]
+        o_name[i] = name_code[k]
+        o_role[i] = role_code[k]

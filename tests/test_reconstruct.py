@@ -789,6 +789,31 @@ def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state
     assert runs["truncated"].any()   # left open by the cut trace
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_runs_table_compiled_is_the_numpy_one(seed, state_machine):
+    """The runs' columns written by one compiled pass are those numpy's filter, lexsort and
+    gathers give: on rows in no order with many tied starts (ties broken by cpu, then end, then
+    row order), runs starting at or after t_end, ends past it, open ends and unseen starts."""
+    if state_machine != "compiled":
+        pytest.skip("one implementation is compared with the other here")
+    rng = np.random.default_rng(seed)
+    n, n_seen, t0, t_end = 3000, 2200, 40, 90
+    tasks = tasks_frame(layout_tasks([3, 2, 2, 1], [0, 1, 2, 3]), [7, 3, 12, 5, 9, 30, 11, 4])
+    tasks["role"] = ["light", "heavy"] * 4                     # two categories for each column
+    pid = rng.choice(tasks["pid"].to_numpy(), n).astype(np.int32)
+    cpu = rng.integers(0, 4, n).astype(np.int32)
+    start = rng.integers(0, 100, n).astype(np.int64)          # ~30 rows share each start
+    end = start + rng.integers(0, 3, n)                        # zero-length runs tie on end too
+    state = rng.integers(0, 3, n).astype(np.int64)
+    is_open = rng.random(n) < 0.1
+    rows = (pid, cpu, start, end, state, is_open)
+    want = rc._runs_table(*rows, np.arange(n) >= n_seen, tasks, t0, t_end)
+    got = rc._runs_table_compiled(*rows, n_seen, tasks, t0, t_end)
+    assert list(got) == list(want)
+    assert len(want["pid"]) < n and want["truncated"].any() and want["unseen_start"].any()
+    pd.testing.assert_frame_equal(pd.DataFrame(got), pd.DataFrame(want), check_exact=True)
+
+
 @pytest.mark.parametrize("side_by_side", [True, False])
 def test_core_tables_are_the_three_tables(side_by_side, monkeypatch, state_machine):
     """df_core gives df_migrations, df_runs and df_runqueue as called one by one, attrs included,
