@@ -23,6 +23,7 @@ from harmony.analysis import taskstate as ts_
 from harmony.analysis.arrays import event_codes, event_mask, in_set, index_of
 from harmony.analysis.taskstate import task_records
 from harmony import jit as hjit
+from harmony.jit import run_split, split
 
 NS = 1_000_000_000
 
@@ -460,21 +461,52 @@ def _runqueue_numpy(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_first
 
 def _runqueue_compiled(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_first: int,
                        t_end: int):
-    """_runqueue_numpy in one compiled pass over the records in time order
-    (:mod:`reconstruct_jit`)."""
+    """_runqueue_numpy in compiled passes over the records in time order
+    (:mod:`reconstruct_jit`): on a large trace, time ranges on several threads, each starting
+    from the counts the records before it leave."""
     from harmony.analysis import reconstruct_jit
     seq = r["seq"].to_numpy()
     order = ts_.seq_rows(r)          # the records in time order (the table is by task)
+    rts = r["ts"].to_numpy()
+    rb, ra = r["runnable_before"].to_numpy(), r["runnable_after"].to_numpy()
     cb, ca = r["cpu_before"].to_numpy(), r["cpu_after"].to_numpy()
     hi = int(max(cb.max(initial=-1), ca.max(initial=-1), cpus.max(initial=-1)))
     lut = np.full(hi + 2, -1, np.int64)
     lut[cpus.astype(np.int64) + 1] = np.arange(len(cpus))
     room = len(cpus) + 2 * len(seq)         # never touched beyond what is written: no memory cost
     ts, cpu, nr = np.empty(room, np.int64), np.empty(room, np.int32), np.empty(room, np.int64)
-    k, outside = reconstruct_jit.runqueue(
-        order, r["ts"].to_numpy(), r["runnable_before"].to_numpy(), r["runnable_after"].to_numpy(),
-        cb, ca, np.int64(t_end), lut, cpus, init, np.int64(t_first), ts, cpu, nr)
+    ranges = _instant_ranges(order, rts, t_first)
+    inits = [init]
+    if len(ranges) > 1:
+        pid = r["pid"].to_numpy()
+        starts = np.concatenate([[0], np.flatnonzero(pid[1:] != pid[:-1]) + 1, [len(pid)]])
+        for lo, _ in ranges[1:]:
+            inits.append(np.empty(len(cpus), np.int64))
+            reconstruct_jit.counts_at(seq, rb, ra, cb, ca, starts, seq[order[lo]], lut, inits[-1])
+    parts = run_split(lambda lo, hi_, k: reconstruct_jit.runqueue(
+        order, lo, hi_, rts, rb, ra, cb, ca, np.int64(t_end), lut, cpus, inits[k],
+        np.int64(t_first), k == 0, ts, cpu, nr, len(cpus) + 2 * lo if k else 0), ranges)
+    k, outside = parts[0]
+    for (lo, _), (end, out_k) in zip(ranges[1:], parts[1:]):   # each range's rows after the last
+        src = len(cpus) + 2 * lo
+        reconstruct_jit.move_rows(ts, cpu, nr, src, end - src, k)
+        k, outside = k + end - src, outside + out_k
     return ts[:k], cpu[:k], nr[:k], int(outside)
+
+
+def _instant_ranges(order: np.ndarray, rts: np.ndarray, t_first: int) -> list[tuple[int, int]]:
+    """harmony.jit.split's ranges of the records in time order, each cut moved on to the first
+    record of an instant (a change of ts) after t_first; cuts that find none are dropped."""
+    ranges = split(len(order))
+    cuts = [0]
+    for _, c in ranges[:-1]:
+        c = max(c, cuts[-1] + 1)
+        while c < len(order) and (rts[order[c]] == rts[order[c - 1]] or rts[order[c]] <= t_first):
+            c += 1
+        if c < len(order):
+            cuts.append(c)
+    cuts.append(len(order))
+    return list(zip(cuts[:-1], cuts[1:]))
 
 
 def df_core(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,

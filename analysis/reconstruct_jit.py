@@ -45,32 +45,38 @@ def _flush(ts, touched, n_touched, nr, last, t_first, init_row, cpus, out_ts, ou
 
 
 @_jit
-def runqueue(order, rts, rb, ra, cb, ca, t_end, cpu_lut, cpus, init, t_first, out_ts, out_cpu,
-             out_nr):
-    """Fill the run-queue table; returns (rows, changes that put a task on a CPU outside the set).
+def runqueue(order, i_lo, i_hi, rts, rb, ra, cb, ca, t_end, cpu_lut, cpus, init, t_first,
+             init_rows, out_ts, out_cpu, out_nr, k):
+    """Fill the run-queue table from row ``k`` on; returns (the row after the last written,
+    changes that put a task on a CPU outside the set).
 
-    order: task-record indices in time (seq) order. rts/rb/ra/cb/ca: per record its ts,
-    runnable before/after, CPU before/after (-1 unknown). cpu_lut[c + 1]: index of CPU c in
-    ``cpus`` (sorted), -1 = not in the set. init: count per CPU at t_first. out_*: room for one
-    initial row per CPU plus two per record (a record changes at most two CPUs' counts).
-    Records at one instant are applied together, as their events are in time order.
+    order[i_lo:i_hi]: task-record indices in time (seq) order. rts/rb/ra/cb/ca: per record its
+    ts, runnable before/after, CPU before/after (-1 unknown). cpu_lut[c + 1]: index of CPU c in
+    ``cpus`` (sorted), -1 = not in the set. init: count per CPU before the first record (at
+    t_first if ``init_rows``: then one initial row per CPU is written first, and the records at
+    t_first update it). out_*: room for those rows plus two per record (a record changes at most
+    two CPUs' counts). Records at one instant are applied together, as their events are in time
+    order: a range must begin at an instant's first record (threads may fill disjoint ranges).
     """
     ncpu = cpus.shape[0]
     nr = init.copy()
     last = init.copy()
-    init_row = np.arange(ncpu)
-    for c in range(ncpu):
-        out_ts[c] = t_first
-        out_cpu[c] = cpus[c]
-        out_nr[c] = init[c]
-    k = ncpu
+    init_row = np.arange(ncpu) + k
+    if init_rows:
+        for c in range(ncpu):
+            out_ts[k] = t_first
+            out_cpu[k] = cpus[c]
+            out_nr[k] = init[c]
+            k += 1
+    else:
+        t_first = np.int64(-(1 << 62))      # no initial rows to update
     touched = np.empty(ncpu, np.int64)
     is_touched = np.zeros(ncpu, np.bool_)
     n_touched = 0
     outside = 0
     cur = t_first
     lut_max = cpu_lut.shape[0] - 1
-    for i in range(order.shape[0]):
+    for i in range(i_lo, i_hi):
         r = order[i]
         ts = rts[r]
         if ts > t_end:
@@ -107,6 +113,38 @@ def runqueue(order, rts, rb, ra, cb, ca, t_end, cpu_lut, cpus, init, t_first, ou
         k = _flush(cur, touched, n_touched, nr, last, t_first, init_row, cpus, out_ts, out_cpu,
                    out_nr, k)
     return k, outside
+
+
+@_jit
+def counts_at(seq, rb, ra, cb, ca, starts, cut, cpu_lut, nr):
+    """nr[c] = the experiment tasks runnable on CPU ``cpus[c]`` just before the record of seq
+    ``cut``: each task's state after its last record before it, or before its first record.
+    The records are by task (task t's are [starts[t], starts[t + 1]), in seq order)."""
+    lut_max = cpu_lut.shape[0] - 1
+    for c in range(nr.shape[0]):
+        nr[c] = 0
+    for t in range(starts.shape[0] - 1):
+        lo, hi = starts[t], starts[t + 1]
+        if hi <= lo:
+            continue
+        j = lo + np.searchsorted(seq[lo:hi], cut)        # the task's first record from the cut on
+        if j > lo:
+            on, where = ra[j - 1], ca[j - 1]
+        else:
+            on, where = rb[lo], cb[lo]
+        if on:
+            c = cpu_lut[min(max(where + 1, 0), lut_max)]
+            if c >= 0:
+                nr[c] += 1
+
+
+@_jit
+def move_rows(out_ts, out_cpu, out_nr, src, n, dst):
+    """Move rows [src, src + n) of the out_* arrays down to dst (<= src)."""
+    for i in range(n):
+        out_ts[dst + i] = out_ts[src + i]
+        out_cpu[dst + i] = out_cpu[src + i]
+        out_nr[dst + i] = out_nr[src + i]
 
 
 @_jit

@@ -814,6 +814,43 @@ def test_runs_table_compiled_is_the_numpy_one(seed, state_machine):
     pd.testing.assert_frame_equal(pd.DataFrame(got), pd.DataFrame(want), check_exact=True)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_runqueue_in_time_ranges_is_one_pass(seed, monkeypatch, state_machine):
+    """The run queue built in time ranges on threads, each from the counts the records before it
+    leave, is the table one pass builds: with instants of many records where the ranges are cut
+    (coarse timestamps), and a task first seen late (its state before its first record counts)."""
+    from harmony import jit as hjit
+    from harmony.analysis import taskstate
+    if state_machine != "threads":
+        pytest.skip("compares the compiled run queue split over threads with one pass")
+    sim, ev = lossy_stream(4, 9, seed)
+    ev = ev.assign(ts=ev["ts"] // 5_000 * 5_000)              # ~10 events an instant
+    ts = ev["ts"].to_numpy()
+    # a task whose events before one of its switch-outs in the second half are dropped: first
+    # seen there, it was running (and so counted) from the start
+    row = np.arange(len(ev))
+    outs = (ev["event"] == "sched_switch").to_numpy() & (row > len(ev) // 2)
+    cands = np.intersect1d(ev["prev_pid"].to_numpy()[outs], sim.tasks["pid"])
+    late = int(cands[seed % len(cands)])
+    out = row[outs & (ev["prev_pid"] == late).to_numpy()][0]
+    early = (row < out) & ((ev["pid"] == late) | (ev["prev_pid"] == late)).to_numpy()
+    ev = ev[~early].reset_index(drop=True)
+    cpus, t0, t_end = [0, 1, 2], int(ts[len(ts) // 10]), int(ts[-len(ts) // 20])
+    got = {}
+    for threads in (3, 1):
+        monkeypatch.setenv("HARMONY_THREADS", str(threads))
+        monkeypatch.setattr(taskstate, "_last", None)
+        got[threads] = rc.df_runqueue(ev, sim.tasks, cpus, t0, t_end)
+    pd.testing.assert_frame_equal(got[3], got[1], check_exact=True)
+    assert got[3].attrs == got[1].attrs
+    r = taskstate.task_records(ev, sim.tasks["pid"])
+    first = r[r["pid"] == late].iloc[0]
+    monkeypatch.setenv("HARMONY_THREADS", "3")
+    assert first["ts"] >= ts[len(ts) // 2] and first["runnable_before"]   # counted before it
+    assert len(rc._instant_ranges(taskstate.seq_rows(r), r["ts"].to_numpy(), ts[0])) == 3
+    assert hjit.PARALLEL_MIN_ITEMS == 1
+
+
 @pytest.mark.parametrize("side_by_side", [True, False])
 def test_core_tables_are_the_three_tables(side_by_side, monkeypatch, state_machine):
     """df_core gives df_migrations, df_runs and df_runqueue as called one by one, attrs included,
