@@ -736,13 +736,12 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
     labels, label_of_code = _labels_present(np.flatnonzero(counts), ids, formats)
     n = int(counts.sum())
     n_fmt = len(ids)
-    kinds = {np.dtype(np.int16): 0, np.dtype(np.int32): 1, np.dtype(np.int64): 2}
-    col_kind = np.array([kinds[np.dtype(INT_COLUMNS[c])] for c in _JIT_INT_COLUMNS], np.int64)
-    col_row = np.array([int((col_kind[:j] == col_kind[j]).sum()) for j in range(len(col_kind))],
-                       np.int64)
-    outs = [np.empty((int((col_kind == k).sum()), n), dt)     # gather writes every cell
-            for k, dt in enumerate((np.int16, np.int32, np.int64))]
-    int_spec = np.full((n_fmt, len(_JIT_INT_COLUMNS), 4), -1, np.int64)
+    # the integer columns by dtype: each dtype's are the rows of one 2-D array, read by its spec
+    dtypes = (np.int16, np.int32, np.int64)
+    of_dtype = [[c for c in _JIT_INT_COLUMNS if np.dtype(INT_COLUMNS[c]) == dt] for dt in dtypes]
+    outs = [np.empty((len(cs), n), dt) for cs, dt in zip(of_dtype, dtypes)]  # gather writes all
+    specs = [np.full((n_fmt, max(1, len(cs)), 4), -1, np.int64) for cs in of_dtype]
+    where_col = {c: (k, row) for k, cs in enumerate(of_dtype) for row, c in enumerate(cs)}
     str_spec = np.full((n_fmt, len(STRING_COLUMNS), 2), -1, np.int64)
     need = np.zeros(n_fmt, np.int64)
     by_hand: list[tuple[int, str, Field]] = []       # strings the kernel does not intern
@@ -763,9 +762,9 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
                 else:
                     by_hand.append((c, col, f))
             else:
-                int_spec[c, _JIT_INT_COLUMNS.index(col)] = (
-                    f.offset, f.size, jit.read_kind(f.offset, f.size, f.signed),
-                    _int_value_mask(col, fmt, notes))
+                k, row = where_col[col]
+                specs[k][c, row] = (f.offset, f.size, jit.read_kind(f.offset, f.size, f.signed),
+                                    _int_value_mask(col, fmt, notes))
     kw = max(1, (int(str_spec[:, :, 1].max(initial=0)) + 3) // 4)
     ts = np.empty(n, np.int64)
     ev_cpu = np.empty(n, np.int16)
@@ -794,7 +793,7 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
             n_keys = np.zeros(1, np.int64)
             status = jit.gather(
                 src.buf, src.view("<u2"), src.view("<u4"), order_arg, rec.pos, rec.length, rec.ts,
-                rec.cpu, code, need, label_lut, int_spec, col_kind, col_row,
+                rec.cpu, code, need, label_lut, *specs,
                 ts, ev_cpu, ev_label, row_fmt, src_row, *outs, str_spec, str_codes, slots, keys,
                 n_keys, err, lo, hi, int(j_lo[k]))
             if status != jit.TABLE_FULL:
@@ -814,8 +813,8 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
     j_bounds = np.asarray(j_lo, np.int64)
 
     cols: dict[str, np.ndarray] = {"ts": ts, "cpu": ev_cpu}
-    for j, col in enumerate(_JIT_INT_COLUMNS):
-        cols[col] = outs[col_kind[j]][col_row[j]]
+    for col, (k, row) in where_col.items():
+        cols[col] = outs[k][row]
     for s, col in enumerate(STRING_COLUMNS):
         codes = str_codes[s]
         used = np.zeros(len(key_text), bool)
