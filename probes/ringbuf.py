@@ -543,39 +543,50 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
     code = rec.code if rec.code is not None else (          # the numpy walk: read them here
         type_lut[read_field(src, pos, ctype)] if n else np.zeros(0, np.int32))
 
-    unknown: dict[int, int] = {}
-    unk = np.flatnonzero(code < 0)
-    if unk.size:
-        u, c = np.unique(read_field(src, pos[unk], ctype), return_counts=True)
-        unknown = {int(a): int(b) for a, b in zip(u, c)}
-        notes.append(f"{unk.size} records of event types with no format in formats/ were not "
-                     f"decoded (type id: count {unknown})")
-
     jit = _compiled(len(src.buf))
-    # cross-CPU merge: stable, so equal timestamps keep (cpu, page, position) order
-    order = merged_order(rec.ts, jit)
-
     # what each record is, by format code: 1 = marker (ftrace print), 2 = event (any other
     # system), 0 = neither (other ftrace-internal records; the last slot is code -1, no format)
     kinds = np.zeros(len(ids) + 1, np.int8)
     kinds[[i for i, ev_id in enumerate(ids)
            if formats[ev_id].system == "ftrace" and formats[ev_id].name == "print"]] = 1
     kinds[[i for i, ev_id in enumerate(ids) if formats[ev_id].system != "ftrace"]] = 2
-    kind = kinds[code] if n else np.zeros(0, np.int8)
-    midx = np.flatnonzero(kind == 1)
+    # records per format code (slot 0: code -1): the kinds' counts without a pass per kind
+    counts = np.zeros(len(ids) + 1, np.int64)
+    if jit is not None:
+        jit.count_codes(code, counts)
+    elif n:
+        counts += np.bincount(code + 1, minlength=len(ids) + 1)
+    by_kind = np.bincount(kinds[np.r_[len(ids), 0:len(ids)]], weights=counts, minlength=3)
+
+    unknown: dict[int, int] = {}
+    if counts[0]:
+        unk = np.flatnonzero(code < 0)
+        u, c = np.unique(read_field(src, pos[unk], ctype), return_counts=True)
+        unknown = {int(a): int(b) for a, b in zip(u, c)}
+        notes.append(f"{unk.size} records of event types with no format in formats/ were not "
+                     f"decoded (type id: count {unknown})")
+
+    # cross-CPU merge: stable, so equal timestamps keep (cpu, page, position) order
+    order = merged_order(rec.ts, jit)
+
+    if jit is not None:
+        midx = np.empty(int(by_kind[1]), np.int64)
+        jit.select_codes(code, kinds == 1, midx)
+    else:
+        midx = np.flatnonzero(kinds[code] == 1) if n else np.zeros(0, np.int64)
     if order is not None:       # the markers in merged order (a stable sort keeps ties in order)
         midx = midx[np.argsort(rec.ts[midx], kind="stable")]
     markers = _decode_markers(src, pos, length, rec.ts, cpu, code, midx, ids, formats)
 
     # events: everything else with a known format (except other ftrace-internal records)
-    other_ftrace = int(np.count_nonzero(kind == 0)) - unk.size
+    other_ftrace = int(by_kind[0]) - int(counts[0])
     if other_ftrace:
         notes.append(f"{other_ftrace} ftrace-internal records (not print) were skipped")
     if jit is not None:
-        events, ev_notes = _decode_events_compiled(jit, src, rec, code, kind, kinds[:-1] == 2, order,
-                                                   ids, formats, where)
+        events, ev_notes = _decode_events_compiled(jit, src, rec, code, counts, kinds[:-1] == 2,
+                                                   order, ids, formats, where)
     else:
-        is_event = kind == 2
+        is_event = kinds[code] == 2
         eidx = np.flatnonzero(is_event) if order is None else order[is_event[order]]
         events, ev_notes = _decode_events(src, pos[eidx], length[eidx], rec.ts[eidx], cpu[eidx],
                                           code[eidx], ids, formats,
@@ -724,14 +735,13 @@ _JIT_INT_COLUMNS = tuple(c for c in INT_COLUMNS if c not in ("ts", "cpu"))
 _JIT_MAX_STRING = 64           # fixed char arrays up to this width are interned by the kernel
 
 
-def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order, ids, formats,
+def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, order, ids, formats,
                             where):
     """_decode_events in one compiled pass (``jit.gather``) over the records in merged order
-    (``order``, None = as walked); ``code``: each record's format index (-1 = none), ``kind``: 2
-    for an event record, ``event_fmt``: by format index, whether its records are events."""
+    (``order``, None = as walked); ``code``: each record's format index (-1 = none), ``counts``:
+    records per format index + 1 (slot 0: none), ``event_fmt``: by format index, whether its
+    records are events."""
     notes: list[str] = []
-    counts = np.zeros(len(ids) + 1, np.int64)
-    jit.count_codes(code, counts)
     counts = counts[1:] * event_fmt                               # events per format
     labels, label_of_code = _labels_present(np.flatnonzero(counts), ids, formats)
     n = int(counts.sum())
@@ -780,8 +790,9 @@ def _decode_events_compiled(jit, src, rec: Records, code, kind, event_fmt, order
     ranges = split(n_rec)
     j_lo = [0, n]
     if len(ranges) > 1:  # first event row of each range: the events before it, in merged order
-        is_event = kind == 2 if order is None else kind[order] == 2    # in merged order
-        j_lo = np.cumsum([0] + [int(np.count_nonzero(is_event[lo:hi])) for lo, hi in ranges])
+        is_event = np.append(event_fmt, False)        # by format code, -1 (the last slot) too
+        j_lo = np.cumsum([0] + [jit.count_selected(order_arg, lo, hi, code, is_event)
+                                for lo, hi in ranges])
 
     def fill(lo, hi, k):
         """Records [lo, hi) -> rows from j_lo[k]; (status, err, interned keys)."""

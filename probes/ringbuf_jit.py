@@ -401,6 +401,30 @@ def count_codes(code, counts):
         counts[code[r] + 1] += 1
 
 
+@_jit
+def select_codes(code, wanted, out):
+    """out[:] = the records r whose wanted[code[r]] (code -1: the last slot), in order; out has
+    room for exactly those."""
+    k = 0
+    for r in range(code.shape[0]):
+        if wanted[code[r]]:
+            out[k] = r
+            k += 1
+
+
+@_jit
+def count_selected(order, lo, hi, code, wanted):
+    """How many of the records at positions [lo, hi) of ``order`` (empty = as they are) have
+    wanted[code[r]] (code -1: the last slot)."""
+    k = 0
+    use_order = order.shape[0] > 0
+    for i in range(lo, hi):
+        r = order[i] if use_order else i
+        if wanted[code[r]]:
+            k += 1
+    return k
+
+
 MAX_MERGE_RUNS = 8     # more time-ordered runs than this: numpy's stable argsort merges them
 
 

@@ -446,6 +446,7 @@ def test_unknown_event_type_is_reported(tmp_path):
     assert list(cap.events["event"]) == ["sched_wakeup"]
     assert cap.meta["unknown_event_types"] == {"999": 1}
     assert any("999" in n for n in cap.meta["notes"])
+    assert not any("ftrace-internal" in n for n in cap.meta["notes"])    # unknown: not ftrace's
 
 
 def test_ftrace_internal_records_are_skipped_with_a_note(tmp_path):
