@@ -792,7 +792,7 @@ def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, ord
     if len(ranges) > 1:  # first event row of each range: the events before it, in merged order
         is_event = np.append(event_fmt, False)        # by format code, -1 (the last slot) too
         j_lo = np.cumsum([0] + [jit.count_selected(order_arg, lo, hi, code, is_event)
-                                for lo, hi in ranges])
+                                for lo, hi in ranges[:-1]]).tolist() + [n]
 
     def fill(lo, hi, k):
         """Records [lo, hi) -> rows from j_lo[k]; (status, err, interned keys)."""
@@ -826,26 +826,43 @@ def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, ord
     cols: dict[str, np.ndarray] = {"ts": ts, "cpu": ev_cpu}
     for col, (k, row) in where_col.items():
         cols[col] = outs[k][row]
+    # the events whose strings are decoded by hand (a few formats' strings): one pass finds them
+    hand_rows = np.zeros(0, np.int64)
+    if by_hand:
+        wanted = np.zeros(len(labels), bool)
+        wanted[[label_lut[c] for c, _, _ in by_hand]] = True
+        hand_rows = np.empty(int(sum(counts[c] for c in range(n_fmt)
+                                     if label_lut[c] >= 0 and wanted[label_lut[c]])), np.int64)
+        jit.select_codes(ev_label, wanted, hand_rows)
+    ranges_j = [(k, k + 1) for k in range(len(j_bounds) - 1)]
     for s, col in enumerate(STRING_COLUMNS):
         codes = str_codes[s]
         used = np.zeros(len(key_text), bool)
-        jit.mark_strings(codes, j_bounds, key_off, used)
+        # ranges on threads: each marks its own keys, [key_off[k], key_off[k + 1])
+        run_split(lambda a, b, _k: jit.mark_strings(codes, j_bounds[a:b + 1], key_off[a:b], used),
+                  ranges_j)
         cats = {"": 0}
-        remap = np.zeros(len(key_text), np.int32)
+        remap = np.zeros(len(key_text), np.int64)
         for k in np.flatnonzero(used):
             remap[k] = cats.setdefault(key_text[k], len(cats))
-        jit.apply_strings(codes, j_bounds, key_off, remap)      # now category codes, in place
+        hand = []
         for c, hcol, f in by_hand:
             if hcol != col:
                 continue
-            idx = np.flatnonzero(ev_label == label_lut[c])      # the events of format c
+            idx = hand_rows[ev_label[hand_rows] == label_lut[c]]      # the events of format c
             rows = src_row[idx]
             hc, strings = gather_strings(src, rec.pos[rows], rec.length[rows], f,
                                          lambda k, rows=rows: where(int(rows[k])))
-            hremap = np.array([cats.setdefault(t, len(cats)) for t in strings], np.int32)
-            codes[idx] = hremap[hc]
+            hand.append((idx, np.array([cats.setdefault(t, len(cats)) for t in strings])[hc]))
+        # category codes as narrow as pandas keeps them (int8 below 127 categories): no copy
+        out = np.empty(n, np.int8 if len(cats) < 127 else np.int16 if len(cats) < 32767
+                       else np.int32)
+        run_split(lambda a, b, _k: jit.apply_strings(codes, j_bounds[a:b + 1], key_off[a:b],
+                                                     remap, out), ranges_j)
+        for idx, hcodes in hand:
+            out[idx] = hcodes
         # codes built here are valid: pandas' check would cost a pass over the events
-        cols[col] = pd.Categorical.from_codes(codes, categories=list(cats), validate=False)
+        cols[col] = pd.Categorical.from_codes(out, categories=list(cats), validate=False)
     cols["event"] = pd.Categorical.from_codes(ev_label, categories=labels, validate=False) \
         if labels else pd.Categorical([])
     return make_events({k: cols[k] for k in COLUMNS}), notes

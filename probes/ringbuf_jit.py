@@ -384,14 +384,14 @@ def mark_strings(codes, j_lo, key_off, used):
 
 
 @_jit
-def apply_strings(codes, j_lo, key_off, remap):
-    """In place: each string code v >= 0 of range k becomes remap[key_off[k] + v], -1 becomes 0
-    (the empty string's category)."""
+def apply_strings(codes, j_lo, key_off, remap, out):
+    """out[j] = the category of string code v = codes[j] of range k: remap[key_off[k] + v] if
+    v >= 0, else 0 (the empty string's category)."""
     for k in range(j_lo.shape[0] - 1):
         off = key_off[k]
         for j in range(j_lo[k], j_lo[k + 1]):
             v = codes[j]
-            codes[j] = remap[off + v] if v >= 0 else 0
+            out[j] = remap[off + v] if v >= 0 else 0
 
 
 @_jit
