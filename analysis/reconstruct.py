@@ -23,7 +23,6 @@ from harmony.analysis import taskstate as ts_
 from harmony.analysis.arrays import event_codes, event_mask, in_set, index_of
 from harmony.analysis.taskstate import task_records
 from harmony import jit as hjit
-from harmony.jit import run_split, split
 
 NS = 1_000_000_000
 
@@ -203,7 +202,8 @@ def _runs_table(pid, rcpu, start, end, end_state, open_end, unseen, tasks: pd.Da
 def _runs_table_compiled(pid, rcpu, start, end, end_state, open_end, n_seen: int,
                          tasks: pd.DataFrame, t0: int, t_end: int) -> dict:
     """_runs_table in one compiled pass (:func:`reconstruct_jit.finish_runs`) over the rows
-    sorted by start: each column is written once, in its place (a fifth of the memory)."""
+    sorted by start: each column is written once, in its place (no filtered, sorted and gathered
+    copies of every column)."""
     from harmony.analysis import reconstruct_jit
     order = np.argsort(start, kind="stable")    # merges the rows' runs already in order
     m = int(np.count_nonzero(start < t_end))
@@ -483,7 +483,7 @@ def _runqueue_compiled(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_fi
         for lo, _ in ranges[1:]:
             inits.append(np.empty(len(cpus), np.int64))
             reconstruct_jit.counts_at(seq, rb, ra, cb, ca, starts, seq[order[lo]], lut, inits[-1])
-    parts = run_split(lambda lo, hi_, k: reconstruct_jit.runqueue(
+    parts = hjit.run_split(lambda lo, hi_, k: reconstruct_jit.runqueue(
         order, lo, hi_, rts, rb, ra, cb, ca, np.int64(t_end), lut, cpus, inits[k],
         np.int64(t_first), k == 0, ts, cpu, nr, len(cpus) + 2 * lo if k else 0), ranges)
     k, outside = parts[0]
@@ -497,7 +497,7 @@ def _runqueue_compiled(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_fi
 def _instant_ranges(order: np.ndarray, rts: np.ndarray, t_first: int) -> list[tuple[int, int]]:
     """harmony.jit.split's ranges of the records in time order, each cut moved on to the first
     record of an instant (a change of ts) after t_first; cuts that find none are dropped."""
-    ranges = split(len(order))
+    ranges = hjit.split(len(order))
     cuts = [0]
     for _, c in ranges[:-1]:
         c = max(c, cuts[-1] + 1)
