@@ -429,14 +429,11 @@ MAX_MERGE_RUNS = 8     # more time-ordered runs than this: numpy's stable argsor
 
 
 @_jit
-def merge_order(ts, order):
-    """The records in time order, as a stable argsort of ``ts`` gives it, when ``ts`` is a few
-    time-ordered runs (one per CPU: each CPU's records are in time order): a merge of the runs,
-    ties going to the earlier run. Returns 0 if ``ts`` is in order already (``order`` unused),
-    1 once ``order`` holds the merged order, -1 if there are more than MAX_MERGE_RUNS runs
-    (``order`` unused)."""
+def run_starts(ts, starts):
+    """Where the time-ordered runs of ``ts`` begin (one per CPU: each CPU's records are in time
+    order): starts[:k] and starts[k] = len(ts); returns k, or -1 if there are more than
+    MAX_MERGE_RUNS (``starts`` has room for MAX_MERGE_RUNS + 1)."""
     n = ts.shape[0]
-    starts = np.empty(MAX_MERGE_RUNS + 1, np.int64)
     starts[0] = 0
     k = 1
     for i in range(1, n):
@@ -445,31 +442,53 @@ def merge_order(ts, order):
                 return -1
             starts[k] = i
             k += 1
-    if k == 1:
-        return 0
     starts[k] = n
-    if k == 2:      # two CPUs, the common case: without the scan over heads, 3x faster
-        a, b, m = 0, starts[1], starts[1]
-        j = 0
-        while a < m and b < n:
-            if ts[b] < ts[a]:       # strict: a tie goes to the earlier run
-                order[j] = b
-                b += 1
-            else:
-                order[j] = a
-                a += 1
-            j += 1
-        while a < m:
-            order[j] = a
-            a += 1
-            j += 1
-        while b < n:
+    return k
+
+
+@_jit
+def merge_path(ts, a_lo, a_hi, b_lo, b_hi, h):
+    """How many of run A = [a_lo, a_hi) the first h records of the stable merge of A and run
+    B = [b_lo, b_hi) take (ties to A): the least i whose next A record comes after B's
+    (h - i)th, by a binary search (the merge path)."""
+    lo = max(0, h - (b_hi - b_lo))
+    hi = min(h, a_hi - a_lo)
+    while lo < hi:
+        i = (lo + hi) // 2
+        if ts[b_lo + h - i - 1] >= ts[a_lo + i]:      # A's record i goes before B's last taken
+            lo = i + 1
+        else:
+            hi = i
+    return lo
+
+
+@_jit
+def merge2(ts, a, a_hi, b, b_hi, order, j):
+    """order[j:] = the stable merge of runs [a, a_hi) and [b, b_hi) (ties to the first)."""
+    while a < a_hi and b < b_hi:
+        if ts[b] < ts[a]:       # strict: a tie goes to the earlier run
             order[j] = b
             b += 1
-            j += 1
-        return 1
+        else:
+            order[j] = a
+            a += 1
+        j += 1
+    while a < a_hi:
+        order[j] = a
+        a += 1
+        j += 1
+    while b < b_hi:
+        order[j] = b
+        b += 1
+        j += 1
+
+
+@_jit
+def merge_runs(ts, starts, k, order):
+    """order = the stable merge of the k runs starts[:k + 1] (ties to the earlier run), by a scan
+    of the runs' heads."""
     heads = starts[:k].copy()
-    for j in range(n):
+    for j in range(ts.shape[0]):
         best = -1
         best_ts = np.int64(0)
         for r in range(k):
@@ -479,4 +498,3 @@ def merge_order(ts, order):
                 best_ts = ts[h]
         order[j] = heads[best]
         heads[best] += 1
-    return 1

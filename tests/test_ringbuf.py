@@ -573,11 +573,15 @@ def test_missing_or_bad_files(tmp_path, what):
     assert name in _one_line(e)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("runs", [1, 2, 3, 8, 9, 40])
-def test_merged_order_is_a_stable_argsort(runs):
+def test_merged_order_is_a_stable_argsort(runs, threads, monkeypatch):
     """Time-ordered runs (one per CPU) merged as numpy's stable argsort orders them, ties to the
-    earlier run; more runs than the merge takes fall back to argsort; in order already: None."""
+    earlier run; more runs than the merge takes fall back to argsort; in order already: None.
+    Two runs are merged in parts on threads (here however few the records)."""
     from harmony.probes.ringbuf import _compiled, merged_order
+    monkeypatch.setenv("HARMONY_THREADS", str(threads))
+    monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
     rng = np.random.default_rng(runs)
     for _ in range(40):
         parts = [np.sort(rng.integers(0, 40, rng.integers(0, 25))) for _ in range(runs)]
