@@ -9,7 +9,8 @@ What is timed, per capture size, in one run and side by side (repetitions interl
   "bytes/event" is that peak minus the process's size before decoding, over the events decoded.
   The compiled kernels' one-off start-up in a process (numba initialising and loading them from
   its cache, ~0.5-1 s, paid once per process whatever the trace's size) is timed apart, on a
-  small capture decoded first, and shown in its own column
+  small capture decoded first (split over threads as a large one is, so that every kernel is
+  loaded), and shown in its own column
 - "again": the same decode + tables a second time in that process, after the first one's tables
   are freed: what a long-lived process (a suite) pays, without first-touch page faults
 - trace-cmd: ``trace-cmd report -i trace.dat > /dev/null`` on the same capture written as a
@@ -134,7 +135,14 @@ def measure_harmony(raw: Path, pids: list[int], warm: Path | None) -> dict:
                           "role": "cpu", "duty": 100.0, "nice": 0, "initial_cpu": 0})
     t_w = time.perf_counter()
     if warm:
-        _ingest(warm, tasks)
+        # split over threads however small, so that the kernels only that path calls are loaded
+        # here too (~5-10 ms each on first call): loading is start-up, whatever the trace's size
+        from harmony import jit as hjit
+        saved, hjit.PARALLEL_MIN_ITEMS = hjit.PARALLEL_MIN_ITEMS, 1
+        try:
+            _ingest(warm, tasks)
+        finally:
+            hjit.PARALLEL_MIN_ITEMS = saved
     startup = time.perf_counter() - t_w
     rss0 = _reset_peak_rss()
     ru_a, flt_a = os.times(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
