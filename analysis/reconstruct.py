@@ -59,10 +59,12 @@ def _task_categories(tasks: pd.DataFrame) -> list[tuple[pd.Index, np.ndarray]]:
     """(categories, code of each task row) of the task table's name and role (sorted)."""
     out = []
     for col in ("name", "role"):
-        # the few distinct values by numpy (pd.Categorical of the column costs ~0.7 ms)
-        cats, codes = np.unique(np.array([str(v) for v in tasks[col].tolist()], dtype=object),
-                                return_inverse=True)
-        out.append((pd.Index(cats.tolist()), codes))
+        # a task table is small: Python's set and sort beat pd.Categorical of the column
+        # (~0.7 ms) and np.unique of objects (~0.5 ms)
+        values = [str(v) for v in tasks[col].tolist()]
+        cats = sorted(set(values))
+        code = {v: i for i, v in enumerate(cats)}
+        out.append((pd.Index(cats), np.array([code[v] for v in values], np.int64)))
     return out
 
 
