@@ -123,9 +123,9 @@ def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.Data
         "t": _t(m["ts"], t0),
         "pid": m["pid"],
         "name": name, "role": role,
-        "src_cpu": m["orig_cpu"],
-        "dst_cpu": m["dest_cpu"],
-        "event_cpu": m["cpu"],
+        "src_cpu": m["orig_cpu"].astype(np.int32),
+        "dst_cpu": m["dest_cpu"].astype(np.int32),
+        "event_cpu": m["cpu"].astype(np.int32),
         "kind": kind,
     }, copy=False)
     out.attrs["anomalies"] = int((m["anomaly"] > 0).sum())
@@ -597,10 +597,10 @@ def df_anomalies(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.DataF
     name, role = _task_info(a["pid"].to_numpy(), tasks)
     return pd.DataFrame({
         "ts": a["ts"].to_numpy(), "t": _t(a["ts"].to_numpy(), t0), "pid": a["pid"].to_numpy(),
-        "name": name, "role": role, "cpu": a["cpu"].to_numpy(),
+        "name": name, "role": role, "cpu": a["cpu"].to_numpy().astype(np.int32),
         "record": np.asarray(ts_.RECORDS, dtype=object)[a["record"].to_numpy()],
         "anomaly": np.asarray(ts_.ANOMALIES, dtype=object)[a["anomaly"].to_numpy()],
-        "cpu_before": a["cpu_before"].to_numpy(),
+        "cpu_before": a["cpu_before"].to_numpy().astype(np.int32),
         "runnable_before": a["runnable_before"].to_numpy(),
         "running_before": a["running_before"].to_numpy(),
     })

@@ -116,12 +116,15 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     Returns a DataFrame sorted by (pid, seq) with columns:
 
     - seq (int64): 2 * row position in ``events`` (+1 for a switch-in), a total order of records
-    - ts (int64 ns), pid (int32), cpu (int32: CPU whose buffer recorded the event)
+    - ts (int64 ns), pid (int32), cpu (int16: CPU whose buffer recorded the event)
     - record (int8): index into ``RECORDS``
-    - orig_cpu, dest_cpu (int32): migrate -> from/to; wakeup* -> dest_cpu = target_cpu; else -1
+    - orig_cpu, dest_cpu (int16): migrate -> from/to; wakeup* -> dest_cpu = target_cpu; else -1
     - prev_state (int64): for switch-outs, else -1
     - runnable_before, runnable_after, running_before, running_after (bool)
-    - cpu_before, cpu_after (int32): the task's CPU (-1 = unknown)
+    - cpu_before, cpu_after (int16): the task's CPU (-1 = unknown)
+
+    CPU numbers are int16, as in the events table: a record is ~55 bytes with them as int32, and
+    a trace has ~1.2 records per event; the memory to fault in is most of this table's cost.
     - first (bool): the task's first record (its *_before state is inferred, see module doc)
     - anomaly (int8): index into ``ANOMALIES`` (0 = none)
     """
@@ -192,12 +195,12 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray):
     order, ends, in_seq = np.empty(m, index), np.empty(len(pidset), np.int64), np.empty(m, index)
     jit.by_task(task, len(pidset), order, ends, in_seq)
     cols = {"seq": np.empty(m, np.int64), "ts": np.empty(m, np.int64),
-            "pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int32),
-            "record": np.empty(m, np.int8), "orig_cpu": np.empty(m, np.int32),
-            "dest_cpu": np.empty(m, np.int32), "prev_state": np.empty(m, np.int64),
+            "pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int16),
+            "record": np.empty(m, np.int8), "orig_cpu": np.empty(m, np.int16),
+            "dest_cpu": np.empty(m, np.int16), "prev_state": np.empty(m, np.int64),
             "runnable_before": np.empty(m, bool), "runnable_after": np.empty(m, bool),
             "running_before": np.empty(m, bool), "running_after": np.empty(m, bool),
-            "cpu_before": np.empty(m, np.int32), "cpu_after": np.empty(m, np.int32),
+            "cpu_before": np.empty(m, np.int16), "cpu_after": np.empty(m, np.int16),
             "first": np.empty(m, bool), "anomaly": np.empty(m, np.int8)}
     args = (order, rows, task, rec_in, events["ts"].to_numpy(), events["cpu"].to_numpy(),
             events["orig_cpu"].to_numpy(), events["target_cpu"].to_numpy(),
@@ -256,10 +259,10 @@ def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.Da
     rows, seq, rpid, rec, prev_state = rows[order], seq[order], rpid[order], rec[order], prev_state[order]
     n = len(rows)
     ts = events["ts"].to_numpy()[rows]
-    cpu = events["cpu"].to_numpy()[rows].astype(np.int32)
-    orig = np.where(rec == MIGRATE, events["orig_cpu"].to_numpy()[rows], -1).astype(np.int32)
+    cpu = events["cpu"].to_numpy()[rows].astype(np.int16)
+    orig = np.where(rec == MIGRATE, events["orig_cpu"].to_numpy()[rows], -1).astype(np.int16)
     dest = np.where(in_set(rec, (MIGRATE, WAKEUP, WAKEUP_NEW)),
-                    events["target_cpu"].to_numpy()[rows], -1).astype(np.int32)
+                    events["target_cpu"].to_numpy()[rows], -1).astype(np.int16)
 
     # groups (one per pid)
     first = np.ones(n, dtype=bool)
@@ -287,7 +290,7 @@ def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.Da
     runnable_set[dead_runnable_out] = 0
     running_set = _RUNNING_SET[rec]
     cpu_set = np.where(in_set(rec, (SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP)), cpu,
-                       np.where(rec == EXIT, -1, dest)).astype(np.int32)
+                       np.where(rec == EXIT, -1, dest)).astype(np.int16)
 
     # inferred state before each task's first record
     is_switch_rec = in_set(rec, (SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP))
@@ -302,11 +305,11 @@ def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.Da
     running_init &= runnable_init  # asleep at the start means not running
     r0 = rec[gstart]
     cpu_init = np.where(is_switch_rec[gstart] | (r0 == EXIT), cpu[gstart],
-                        np.where(r0 == MIGRATE, orig[gstart], -1)).astype(np.int32)
+                        np.where(r0 == MIGRATE, orig[gstart], -1)).astype(np.int16)
 
     runnable_after = _grouped_ffill(runnable_set, -1, gstart_idx, runnable_init[gid]).astype(bool)
     running_after = _grouped_ffill(running_set, -1, gstart_idx, running_init[gid]).astype(bool)
-    cpu_after = _grouped_ffill(cpu_set, -1, gstart_idx, cpu_init[gid]).astype(np.int32)
+    cpu_after = _grouped_ffill(cpu_set, -1, gstart_idx, cpu_init[gid]).astype(np.int16)
 
     def before(after, init):
         b = np.empty_like(after)
