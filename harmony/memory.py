@@ -25,17 +25,8 @@ threshold, and unmaps when freed, so from ~4 M events on every large array was f
 again. So the main thread's arrays never get a mapping of their own (``M_MMAP_MAX`` 0): they
 come from the heap, where freed ones are reused. At 14 M events the first decode + tables took
 0.83x the time (6 paired runs, 4.08 -> 3.28 s; 0.72x the second time in a process); at 10 M,
-``bench/ingest.py`` went from 1.60 to 3.98 M events/s.
-
-The tables are built on two threads, and by default glibc gives each thread an arena of its own:
-a worker thread cannot reuse what the main thread freed (the decoder's temporaries), and its
-arrays over 64 MiB are mapped afresh whatever the settings above. So all threads share the main
-arena (``M_ARENA_MAX`` 1). ``bench/ingest.py --sizes 1e6,1e7,5e7``: 50 M events in 16.1 s
-instead of 22.7 s (first pass, one run each; the kernel's time per page fault 6.5 us instead of
-13.7, as the host takes back less of the memory freed), wall time per event 1.17x that of 1 M
-events instead of 2.41x. 10 M events: 0.94x the time (4 paired runs); 2.1 M and 0.19 M
-events: 1.00x and 1.03x (16 and 10 paired runs, within the noise). (An earlier measurement,
-before the runs' table was written in one pass, found 2.1 M events 7-8 % slower with it.)
+``bench/ingest.py`` went from 1.60 to 3.98 M events/s. (Arrays over 64 MiB allocated by a worker
+thread are still mapped: glibc's thread arenas cannot hold them.)
 
 The cost: a process keeps the memory it freed, up to its peak, for its next arrays (only what is
 free at the heap's top beyond 1 GiB is given back). The environment's malloc settings
@@ -63,9 +54,8 @@ def small_pages() -> bool:
 
 
 #: glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -2, -4, -8
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
 _MMAP_MAX = 0                 # no array gets a mapping of its own: all come from the heap
-_ARENA_MAX = 1                # every thread allocates from the main heap
 _TRIM_THRESHOLD = 1 << 30     # free memory kept at the heap's top before it is given back
 _TOP_PAD = 64 << 20           # the heap grows by at least this much at a time
 
@@ -90,8 +80,7 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return all(mallopt(param, value) == 1 for param, value in (
-        (_M_MMAP_MAX, _MMAP_MAX), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_TOP_PAD, _TOP_PAD),
-        (_M_ARENA_MAX, _ARENA_MAX)))
+        (_M_MMAP_MAX, _MMAP_MAX), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_TOP_PAD, _TOP_PAD)))
 
 
 def tune_allocations() -> None:

@@ -62,29 +62,5 @@ def test_arrays_past_glibcs_mapping_threshold_are_reused_too():
         > 12000
 
 
-THREAD_REUSE = ("import resource, threading\nimport numpy as np\nimport harmony.analysis\n"
-                "def minflt():\n    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt\n"
-                "a = np.empty(96 << 20, np.uint8)\na[::4096] = 1\ndel a\nout = []\n"
-                "def work():\n    b = np.empty(96 << 20, np.uint8)\n    f = minflt()\n"
-                "    b[::4096] = 1\n    out.append(minflt() - f)\n"
-                "t = threading.Thread(target=work)\nt.start()\nt.join()\nprint(out[0])")
-
-
-def _thread_refaults(**env) -> int:
-    """Pages a worker thread faults in for a 96 MiB array after the main thread freed one."""
-    base = {k: v for k, v in os.environ.items()
-            if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
-    out = subprocess.run([sys.executable, "-c", THREAD_REUSE], env=base | env,
-                         capture_output=True, text=True, check=True)
-    return int(out.stdout)
-
-
-def test_worker_threads_reuse_what_the_main_thread_freed():
-    # one arena for all threads: the worker's array comes from the main heap, where the freed one
-    # was. With an arena per thread it is mapped afresh (96 MiB: over a thread arena's 64 MiB)
-    assert _thread_refaults() < 1024
-    assert _thread_refaults(GLIBC_TUNABLES="glibc.malloc.trim_threshold=1073741824") > 20000
-
-
 def test_malloc_parameters_set_by_the_user_win():
     assert _refaults("probes", GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072") > 3000
