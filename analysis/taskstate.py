@@ -122,11 +122,11 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     - prev_state (int64): for switch-outs, else -1
     - runnable_before, runnable_after, running_before, running_after (bool)
     - cpu_before, cpu_after (int16): the task's CPU (-1 = unknown)
+    - first (bool): the task's first record (its *_before state is inferred, see module doc)
+    - anomaly (int8): index into ``ANOMALIES`` (0 = none)
 
     CPU numbers are int16, as in the events table: a record is ~55 bytes with them as int32, and
     a trace has ~1.2 records per event; the memory to fault in is most of this table's cost.
-    - first (bool): the task's first record (its *_before state is inferred, see module doc)
-    - anomaly (int8): index into ``ANOMALIES`` (0 = none)
     """
     global _last
     key = np.unique(np.asarray(pids, dtype=np.int32)).tobytes()

@@ -268,6 +268,8 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spe
         label_out[j] = label_lut[f]
         if keep_rows and row_fmt[f]:
             row_out[j] = r
+        # the three loops below are one loop written out per dtype: as a helper, called or
+        # inlined by numba, it took 1.7-2.9x as long (gather, 2.1 M events, warm memory)
         for row in range(o16.shape[0]):         # the int16 columns
             off = spec16[f, row, 0]
             if off < 0:                    # the format has no such field
