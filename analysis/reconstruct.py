@@ -499,15 +499,23 @@ def _runqueue_compiled(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_fi
 def _instant_ranges(order: np.ndarray, rts: np.ndarray, t_first: int) -> list[tuple[int, int]]:
     """harmony.jit.split's ranges of the records in time order, each cut moved on to the first
     record of an instant (a change of ts) after t_first; cuts that find none are dropped."""
-    ranges = hjit.split(len(order))
+    n = len(order)
+    ranges = hjit.split(n)
     cuts = [0]
     for _, c in ranges[:-1]:
         c = max(c, cuts[-1] + 1)
-        while c < len(order) and (rts[order[c]] == rts[order[c - 1]] or rts[order[c]] <= t_first):
-            c += 1
-        if c < len(order):
+        # the first record later than both the one before the cut and t_first (records are in
+        # time order), looked for a chunk at a time: an instant may hold many records
+        after = max(int(rts[order[c - 1]]), int(t_first)) if c <= n else 0
+        while c < n:
+            later = np.flatnonzero(rts[order[c:c + 4096]] > after)
+            if len(later):
+                c += int(later[0])
+                break
+            c += 4096
+        if c < n:
             cuts.append(c)
-    cuts.append(len(order))
+    cuts.append(n)
     return list(zip(cuts[:-1], cuts[1:]))
 
 

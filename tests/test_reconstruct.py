@@ -851,6 +851,24 @@ def test_runqueue_in_time_ranges_is_one_pass(seed, monkeypatch, state_machine):
     assert hjit.PARALLEL_MIN_ITEMS == 1
 
 
+def test_instant_ranges_cut_at_an_instants_first_record(monkeypatch):
+    """The run queue's time ranges begin at an instant's first record after t_first: a cut inside
+    an instant (of any length, here 10,000 records) moves past it, one in t_first's instant too,
+    and a cut that finds no later instant is dropped."""
+    monkeypatch.setenv("HARMONY_THREADS", "4")
+    monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
+    # instants [0, 7000), [7000, 20000), [20000, 30000), [30000, 40000); cuts asked at 10000,
+    # 20000 and 30000 (four threads)
+    ts = np.repeat(np.array([5, 7, 9, 11], np.int64), [7_000, 13_000, 10_000, 10_000])
+    order = np.random.default_rng(1).permutation(len(ts))       # any table order
+    rts = np.empty_like(ts)
+    rts[order] = ts                                             # order: rows in time order
+    assert rc._instant_ranges(order, rts, 5) == [(0, 20_000), (20_000, 30_000), (30_000, 40_000)]
+    assert rc._instant_ranges(order, rts, 9) == [(0, 30_000), (30_000, 40_000)]
+    one = np.full(50_000, 3, np.int64)
+    assert rc._instant_ranges(np.arange(50_000), one, 0) == [(0, 50_000)]
+
+
 @pytest.mark.parametrize("side_by_side", [True, False])
 def test_core_tables_are_the_three_tables(side_by_side, monkeypatch, state_machine):
     """df_core gives df_migrations, df_runs and df_runqueue as called one by one, attrs included,
