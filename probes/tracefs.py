@@ -117,16 +117,10 @@ class _Drain(threading.Thread):
         if stats_fd is None:
             return None
         try:
-            text = os.pread(stats_fd, 4096, 0).decode(errors="replace")
+            unread = _parse_stats(os.pread(stats_fd, 4096, 0).decode(errors="replace")).get("bytes")
         except OSError:
             return None
-        for line in text.splitlines():
-            if line.startswith("bytes:"):
-                try:
-                    return int(line.split()[1]) // (self.page_size - 16)
-                except (IndexError, ValueError):
-                    return None
-        return None
+        return unread // (self.page_size - 16) if isinstance(unread, int) else None
 
     def run(self):
         try:
@@ -457,8 +451,13 @@ class TracefsProbe(Probe):
 
 def _read_stats(path: Path) -> dict:
     """per_cpu/cpuN/stats as numbers: entries, overrun, commit overrun, dropped events, read events..."""
+    return _parse_stats(path.read_text())
+
+
+def _parse_stats(text: str) -> dict:
+    """The text of a per_cpu/cpuN/stats file as {key: number} (a value that is not one: str)."""
     out = {}
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         key, _, value = line.partition(":")
         try:
             out[key.strip()] = float(value) if "." in value else int(value)
