@@ -3,8 +3,8 @@ tracepoints becomes a normal run directory (``harmony import``), and a Harmony t
 becomes a ``trace.dat`` for KernelShark / ``trace-cmd report`` (``harmony export``).
 
 An imported run has no controller: its tasks are whatever the user names (pids, comms), t0 is the
-first event of those tasks unless a time or a trace marker is given, the end is the last event in
-the file unless given likewise, and what the trace cannot tell (each task's demand) is stated in
+first event of those tasks unless a time or a trace marker is given, the end is their last event
+unless given likewise, and what the trace cannot tell (each task's demand) is stated in
 the run's notes. Its manifest says ``"source": {"imported": FILE, ...}``.
 """
 
@@ -259,18 +259,25 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     notes = [f"imported from {path} ({what}), recorded on {meta.get('uname') or meta.get('kernel') or 'an unknown host'}"]
     notes += list(meta.get("notes", []))
 
+    mine = events["ts"].to_numpy()[_task_events(events, chosen)]     # the chosen tasks' events
     if t0_marker is not None:
         t0, t0_from = find_marker(markers, t0_marker, path), f"trace marker {t0_marker!r}"
     elif t0_s is not None:
         t0, t0_from = int(round(t0_s * 1e9)), f"given time {t0_s} s"
     else:
-        t0 = int(events["ts"].to_numpy()[_task_events(events, chosen)][0])
+        t0 = int(mine[0])
         t0_from = "first event of the chosen tasks"
         notes.append("t0 is the first event of the chosen tasks (no --t0 or --t0-marker given)")
     if end_marker is not None:
         t_end, end_from = find_marker(markers, end_marker, path), f"trace marker {end_marker!r}"
     elif end_s is not None:
         t_end, end_from = int(round(end_s * 1e9)), f"given time {end_s} s"
+    elif int(mine[-1]) > t0:
+        # as t0: the stretch the tasks were seen in; after the last of them exits, the file's
+        # tail would only dilute their shares
+        t_end, end_from = int(mine[-1]), "last event of the chosen tasks"
+        notes.append("the window ends at the last event of the chosen tasks (no --end or "
+                     "--end-marker given)")
     else:
         t_end, end_from = int(events["ts"].iloc[-1]), "last event in the file"
     stamps = np.concatenate([events["ts"].to_numpy()[[0, -1]], markers["ts"].to_numpy()])

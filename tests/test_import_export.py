@@ -163,6 +163,23 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
     assert back.read_bytes() == dat.read_bytes()
 
 
+def test_import_window_ends_with_the_chosen_tasks_unless_given(writer_dat, tmp_path):
+    _, dat = writer_dat
+    # pid 11's events: 1.000000005 s (its switch-in) .. 1.402653206 s (its switch-out); the
+    # file goes on to 11.000001 s with other tasks
+    r = invoke("import", dat, "--pid", 11, "--out", tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "a").manifest
+    assert (m["t0_ns"], m["end_ns"]) == (1_000_000_005, 1_402_653_206)
+    assert m["source"]["end_from"] == "last event of the chosen tasks"
+    assert any("ends at the last event of the chosen tasks" in n for n in m["notes"])
+    r = invoke("import", dat, "--pid", 11, "--end", "5", "--out", tmp_path / "b")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "b").manifest
+    assert m["end_ns"] == 5_000_000_000 and m["source"]["end_from"] == "given time 5.0 s"
+    assert not any("ends at the last event" in n for n in m["notes"])
+
+
 def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
     _, dat = writer_dat
     one_line_error(invoke("import", dat, "--pid", 4242, "--out", tmp_path / "a"), dat)
