@@ -55,7 +55,8 @@ class Probe(abc.ABC):
     name: str = ""
 
     def __init__(self, out_dir: Path, cpus: list[int], duration_s: float):
-        self.out_dir = Path(out_dir)
+        # absolute: a backend may run its recorder in another directory (perf runs in out_dir)
+        self.out_dir = Path(out_dir).absolute()
         self.cpus = list(cpus)
         self.duration_s = float(duration_s)
 

@@ -477,8 +477,10 @@ def test_kernel_corrupt_perf_data_is_a_one_line_error_naming_the_file(perf_kerne
 
 
 @pytest.mark.kernel
-def test_kernel_probe_stop_leaves_nothing_and_errors_are_probe_errors(perf_kernel, tmp_path):
-    probe = PerfProbe(tmp_path / "p", [0, 1], 1.0)
+def test_kernel_probe_stop_leaves_nothing_and_errors_are_probe_errors(perf_kernel, tmp_path,
+                                                                      monkeypatch):
+    monkeypatch.chdir(tmp_path)     # a relative directory, as `harmony run --out DIR` gives it
+    probe = PerfProbe(Path("p"), [0, 1], 1.0)
     with pytest.raises(ProbeError):
         probe.mark("too early")
     probe.start()
