@@ -275,7 +275,8 @@ def clean():
 @click.option("--out", type=click.Path(path_type=Path), help="file to write (default RUN_DIR/trace.dat)")
 def export(run_dir, fmt, out):
     """Write a run's capture as a trace.dat that KernelShark and `trace-cmd report` open."""
-    from harmony.importer import ImportFailed, export_tracedat
+    from harmony import store
+    from harmony.importer import ImportFailed, export_source, export_tracedat
     from harmony.probes import ProbeError
     from harmony.store import RunError
 
@@ -285,7 +286,11 @@ def export(run_dir, fmt, out):
     if dest.is_dir():
         raise click.BadParameter(f"{dest} is a directory", param_hint="--out")
     try:
-        click.echo(export_tracedat(run_dir, dest))
+        wrote = export_tracedat(run_dir, dest)
+        if export_source(store.read_json(run_dir / "manifest.json")) == "tracefs cross-check":
+            click.echo(f"{run_dir}: recorded with another probe; this is its tracefs cross-check's "
+                       "capture", err=True)
+        click.echo(wrote)
     except (ImportFailed, ProbeError, RunError, OSError) as exc:
         _fail(str(exc))
 

@@ -402,25 +402,40 @@ def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus:
 def export_tracedat(run_dir: Path, dest: Path) -> Path:
     """Write the run's capture as a trace.dat at ``dest``.
 
-    A tracefs capture is converted (:func:`harmony.probes.tracedat.write_tracedat`); an imported
-    trace.dat is copied as it was. Any other probe: ImportFailed saying why.
+    A tracefs capture is converted (:func:`harmony.probes.tracedat.write_tracedat`): the run's own,
+    or the cross-check's when another probe recorded the run (:func:`export_source` says which);
+    an imported trace.dat is copied as it was. Otherwise: ImportFailed saying why.
     """
     from harmony.probes.tracedat import write_tracedat
 
     run_dir = Path(run_dir)
     manifest = store.read_json(run_dir / "manifest.json")
-    probe = manifest.get("probe")
-    if probe == "tracefs":
+    which = export_source(manifest)
+    if which in ("tracefs", "tracefs cross-check"):
         raw = run_dir / "raw" / "tracefs"
         if not raw.is_dir():
             raise ImportFailed(f"{run_dir}: the tracefs capture {raw} is missing")
         return write_tracedat(raw, dest)
-    source = manifest.get("source", {})
-    if probe == "import:trace.dat" and source.get("stored"):
-        stored = run_dir / source["stored"]
+    if which == "import":
+        stored = run_dir / manifest["source"]["stored"]
         if not stored.is_file():
             raise ImportFailed(f"{run_dir}: the imported trace {stored} is missing")
         shutil.copyfile(stored, dest)
         return dest
-    raise ImportFailed(f"{run_dir}: recorded with probe {probe!r}, which keeps no ftrace ring-buffer "
-                       "pages; only tracefs captures (and imported trace.dat files) export to trace.dat")
+    raise ImportFailed(f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which keeps no ftrace ring-buffer "
+                       "pages; only tracefs captures (a run's own or its --crosscheck tracefs) and "
+                       "imported trace.dat files export to trace.dat")
+
+
+def export_source(manifest: dict) -> str | None:
+    """Which capture of a run :func:`export_tracedat` writes: "tracefs" (the run's probe),
+    "tracefs cross-check" (the second probe's, when the run's is another), "import" (an imported
+    trace.dat) or None (none can be)."""
+    probe = manifest.get("probe")
+    if probe == "tracefs":
+        return "tracefs"
+    if probe == "import:trace.dat" and manifest.get("source", {}).get("stored"):
+        return "import"
+    if manifest.get("crosscheck_probe") == "tracefs":
+        return "tracefs cross-check"
+    return None

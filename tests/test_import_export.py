@@ -249,6 +249,21 @@ def test_export_refuses_a_run_of_another_probe(tmp_path):
     assert not (run / "trace.dat").exists()
 
 
+def test_export_of_a_perf_run_writes_its_tracefs_crosscheck(writer_dat, tmp_path):
+    raw, dat = writer_dat           # dat: the hand-built capture raw/ as our writer writes it
+    run = tmp_path / "perf-run"
+    (run / "raw/perf").mkdir(parents=True)
+    (run / "manifest.json").write_text(json.dumps({"probe": "perf", "crosscheck_probe": "tracefs",
+                                                   "status": "complete"}))
+    line = one_line_error(invoke("export", run), run)       # the cross-check's capture is missing
+    assert "tracefs capture" in line and "missing" in line
+    shutil.copytree(raw, run / "raw/tracefs")
+    r = invoke("export", run, "--out", tmp_path / "x.dat")
+    assert r.exit_code == 0, r.output
+    assert "tracefs cross-check" in r.output
+    assert (tmp_path / "x.dat").read_bytes() == dat.read_bytes()
+
+
 # --- the real kernel ---------------------------------------------------------------------------
 
 REPORT_LINE = re.compile(r"\[(\d+)\]\s+(\d+)\.(\d{9}):\s+([\w:]+):")
