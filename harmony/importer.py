@@ -22,6 +22,7 @@ import pandas as pd
 import harmony
 from harmony import store
 from harmony.probes.base import Capture, ProbeError, TraceCorrupt
+from harmony.probes.schema import SCHED_EVENTS
 
 PERF_MAGIC = b"PERFILE2"
 RAW_DIR = "raw/import"
@@ -105,6 +106,29 @@ def read_trace(path: Path, buffer: str | None = None) -> tuple[Capture, str]:
     if buffer is not None:
         raise ImportFailed(f"{path}: --buffer applies to trace.dat files, this is a perf.data")
     return read_perf_data(path), kind
+
+
+def absent_events(events: pd.DataFrame) -> list[str]:
+    """The sched events Harmony reads of which the trace holds none."""
+    present = set(events["event"].astype(str).unique())
+    return [e for e in SCHED_EVENTS if e not in present]
+
+
+def absent_note(absent: list[str]) -> str:
+    """What the analysis cannot see without the ``absent`` events (none is sched_switch); "" if
+    nothing it needs is absent (no fork, exit or sched_waking is usual: the manifest lists them)."""
+    what = []
+    if "sched_migrate_task" in absent:
+        what.append("migrations are known only where a task's runs show it on another CPU (its "
+                    "unrecorded migrations), not when or why it moved")
+    if "sched_wakeup" in absent and "sched_wakeup_new" in absent:
+        what.append("a task counts as runnable only from its switch-in (its wake-ups are not "
+                    "seen), so run queues are short by the tasks waiting, and the release "
+                    "spread cannot be measured")
+    if not what:
+        return ""
+    return (f"the trace holds no {', '.join(absent)} event (not recorded, or none happened): "
+            + "; ".join(what))
 
 
 # --- choosing the tasks, t0 and the end ---------------------------------------------------------
@@ -251,6 +275,10 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     events, markers, meta = cap.events, cap.markers, cap.meta
     if not len(events):
         raise ImportFailed(f"{path}: holds no sched event")
+    absent = absent_events(events)
+    if "sched_switch" in absent:
+        raise ImportFailed(f"{path}: holds no sched_switch event: no run or run queue can be "
+                           "rebuilt without them (record sched:sched_switch at least)")
     seen = _pid_comms(events, meta.get("cmdlines", {}))
     chosen = select_pids(events, meta.get("cmdlines", {}), pids, comms, path)
     what = kind if kind == "perf.data" else (
@@ -258,6 +286,8 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         + (f", buffer {meta['buffer']!r}" if meta.get("buffer") else ""))
     notes = [f"imported from {path} ({what}), recorded on {meta.get('uname') or meta.get('kernel') or 'an unknown host'}"]
     notes += list(meta.get("notes", []))
+    notes += [n for n in [absent_note(absent)] if n]
+    meta["events_missing"] = absent
 
     mine = events["ts"].to_numpy()[_task_events(events, chosen)]     # the chosen tasks' events
     if t0_marker is not None:

@@ -26,7 +26,7 @@ from harmony.probes.base import TraceCorrupt
 
 from cli_run import cli
 
-from test_ringbuf import known_capture, write_dir
+from test_ringbuf import FORMATS_NEW, PageBuilder, encode, known_capture, parsed_formats, write_dir
 
 TRACE_CMD = shutil.which("trace-cmd")
 PERF = shutil.which("perf")
@@ -149,6 +149,10 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
     assert m["lost_events"] == 15
     assert any("15 events were lost" in n for n in m["notes"])
     assert any("t0 is the first event" in n for n in m["notes"])
+    # no exit, wakeup_new or waking in it: listed, but nothing the analysis needs is missing
+    assert m["capture"]["events_missing"] == ["sched_wakeup_new", "sched_waking",
+                                              "sched_process_exit"]
+    assert not any(n.startswith("the trace holds no") for n in m["notes"])
     # as for a recorded run: the probe's blind spots and the other tasks' load are looked for
     assert isinstance(m["capture"]["silent_contexts"], list)
     assert m["capture"]["unrecorded_migrations"]["n"] >= 0
@@ -178,6 +182,38 @@ def test_import_window_ends_with_the_chosen_tasks_unless_given(writer_dat, tmp_p
     m = harmony.load(tmp_path / "b").manifest
     assert m["end_ns"] == 5_000_000_000 and m["source"]["end_from"] == "given time 5.0 s"
     assert not any("ends at the last event" in n for n in m["notes"])
+
+
+def _dat_of(tmp_path, name: str, events: list[tuple[str, dict]]) -> Path:
+    """A trace.dat of one CPU holding ``events`` (format name, fields), 1 ms apart."""
+    from harmony.probes.tracedat import write_tracedat
+    f = parsed_formats(FORMATS_NEW)
+    b = PageBuilder(1_000_000_000)
+    for fmt, fields in events:
+        b.event(encode(f[f"sched/{fmt}"], fields), 1_000_000)
+    return write_tracedat(write_dir(tmp_path / name, {0: [b.page()]}), tmp_path / f"{name}.dat")
+
+
+def test_import_says_which_sched_events_the_trace_lacks(tmp_path):
+    # trace-cmd record -e sched_switch: runs, but no migration or wake-up is seen
+    into = dict(common_pid=0, prev_comm="swapper/0", prev_pid=0, prev_prio=120, prev_state=0,
+                next_comm="spin", next_pid=11, next_prio=120)
+    out = dict(common_pid=11, prev_comm="spin", prev_pid=11, prev_prio=120, prev_state=0,
+               next_comm="swapper/0", next_pid=0, next_prio=120)
+    sw = [("sched_switch", into), ("sched_switch", out)] * 3 + [("sched_switch", into)]
+    r = invoke("import", _dat_of(tmp_path, "sw", sw), "--pid", 11, "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "run").manifest
+    assert m["capture"]["events_missing"] == ["sched_migrate_task", "sched_wakeup",
+                                              "sched_wakeup_new", "sched_waking",
+                                              "sched_process_fork", "sched_process_exit"]
+    note = next(n for n in m["notes"] if n.startswith("the trace holds no"))
+    assert "migrations are known only" in note and "release spread cannot be measured" in note
+    # wake-ups only: nothing to rebuild runs from, refused in one line
+    wk = [("sched_wakeup", dict(common_pid=0, comm="spin", pid=11, prio=120, target_cpu=0))] * 3
+    dat = _dat_of(tmp_path, "wk", wk)
+    line = one_line_error(invoke("import", dat, "--pid", 11, "--out", tmp_path / "r2"), dat)
+    assert "no sched_switch" in line
 
 
 def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
