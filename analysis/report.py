@@ -43,6 +43,7 @@ def trust_lines(m: dict) -> list[str]:
                      f"{nr['window_us_median']:.0f} us)")
     elif nr:
         lines.append(f"kernel agreement (nr_running) no clean sample of {nr['samples']}")
+    lines.append(counters_line(m))
     fl = m.get("foreign_load") or {}
     if fl.get("max_frac") is not None:
         lines.append(f"foreign load                 {fl['max_frac']:.1%} of CPU {fl['max_cpu']} at most "
@@ -57,6 +58,22 @@ def trust_lines(m: dict) -> list[str]:
         lines += agreement_lines(m.get("probe_agreement")) or [
             f"probe cross-check            {m['crosscheck_probe']} recorded but not compared"]
     return lines
+
+
+def counters_line(m: dict) -> str:
+    """The trace against the workers' own counters (/proc/<pid>/sched), one line."""
+    kc, read = m.get("kernel_counter_agreement"), m.get("kernel_counters") or {}
+    head = "kernel counters (/proc)      "
+    if not kc:
+        return head + ("not read: " + read["why_not"] if read.get("why_not") else "not read")
+    if not kc["tasks"]:
+        return head + "no task read at both ends"
+    mig, sw = kc["migrations"], kc["switches"]
+    cpu = ("" if kc["cpu_time_ratio"] is None else f"; CPU time {kc['cpu_time_ratio']:.3f}x "
+           f"(task at most {kc['cpu_diff_ms_max']:.1f} ms off)")
+    return (head + f"migrations {mig['agreeing']}/{kc['tasks']} tasks agree ({mig['trace']} in the "
+            f"trace, {mig['kernel']} counted), switches {sw['agreeing']}/{kc['tasks']} "
+            f"({sw['trace']} / {sw['kernel']}){cpu}")
 
 
 def params_line(m: dict) -> str:

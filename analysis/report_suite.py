@@ -347,7 +347,9 @@ def df_measurement(evidence, root: Path) -> pd.DataFrame:
     unknown), release_ms (float: first wake-up to the last task free to move), foreign_pct (float:
     most of one CPU of the set that other tasks used), anomalies (int: repaired contradictions in
     the event stream), proc_agree_pct / nr_agree_pct (float: rebuilt run queues vs the kernel's
-    /proc and sched-debug views; NaN when not sampled), notes (int: notes in the run's report).
+    /proc and sched-debug views; NaN when not sampled), counters_agree_pct (float: tasks whose
+    migrations and switches in the trace match their own /proc/<pid>/sched counters; NaN when not
+    read), notes (int: notes in the run's report).
     """
     rows = []
     for e in evidence:
@@ -359,6 +361,7 @@ def df_measurement(evidence, root: Path) -> pd.DataFrame:
         fl = m.get("foreign_load") or {}
         ka = m.get("kernel_agreement") or {}
         nr = m.get("kernel_nr_running_agreement") or {}
+        kc = m.get("kernel_counter_agreement") or {}
         pct = (lambda v: np.nan if v is None else 100.0 * v)
         rows.append({
             "run": str(Path(e.path).relative_to(root)) if Path(e.path).is_relative_to(root) else str(e.path),
@@ -369,11 +372,13 @@ def df_measurement(evidence, root: Path) -> pd.DataFrame:
             "anomalies": int(m.get("reconstruction_anomalies") or 0),
             "proc_agree_pct": pct(ka.get("agreement")),
             "nr_agree_pct": pct(nr.get("agreement")),
+            "counters_agree_pct": pct((kc["tasks"] - kc["disagreeing"]) / kc["tasks"]
+                                      if kc.get("tasks") else None),
             "notes": len(m.get("notes", [])),
         })
     return pd.DataFrame(rows, columns=["run", "probe", "lost", "release_ms", "foreign_pct",
                                        "anomalies", "proc_agree_pct", "nr_agree_pct",
-                                       "notes"]).round(2)
+                                       "counters_agree_pct", "notes"]).round(2)
 
 
 def measurement_summary(meas: pd.DataFrame) -> list[str]:
@@ -394,6 +399,10 @@ def measurement_summary(meas: pd.DataFrame) -> list[str]:
         if meas[col].notna().any():
             out.append(f"rebuilt run queues vs the kernel's {what}: lowest {meas[col].min():.1f}% "
                        f"of samples agree")
+    if meas["counters_agree_pct"].notna().any():
+        worst = meas.loc[meas["counters_agree_pct"].idxmin()]
+        out.append(f"migrations and switches vs each task's own counters (/proc/<pid>/sched): "
+                   f"lowest {worst['counters_agree_pct']:.1f}% of tasks agree ({worst['run']})")
     return out
 
 

@@ -85,6 +85,8 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Ru
         if nr_path.exists() else None)
     manifest["foreign_load"] = foreign_load(events, tasks, cpus, t0, t_end,
                                              manifest.get("controller_tids", ()))
+    manifest["kernel_counter_agreement"] = _counters(run_dir, events, tasks, t0, tables["runs"],
+                                                     t_end)
     manifest["notes"] = _notes(manifest, meta)
     if manifest.get("crosscheck_probe"):
         _crosscheck(run_dir, manifest, cap, tasks, t0, t_end)
@@ -145,6 +147,23 @@ def draw_figures(run: store.Run) -> list[str]:
     store.write_json(run.path / "manifest.json", run.manifest)
     write_report(run)
     return run.manifest["figures"]
+
+
+def _counters(run_dir: Path, events: pd.DataFrame, tasks: pd.DataFrame, t0: int,
+              runs: pd.DataFrame, t_end: int) -> dict | None:
+    """The trace against the workers' own counters (kernel_counters.parquet), if they were read:
+    :func:`harmony.analysis.counters.counter_agreement`."""
+    from harmony.analysis import reconstruct
+    from harmony.analysis.counters import counter_agreement, df_counter_agreement
+
+    path = run_dir / "kernel_counters.parquet"
+    if not path.exists():
+        return None
+    counters = store.read_table(path)
+    last_read = int(counters["after_ns"].max()) if len(counters) else t_end
+    if last_read > t_end:       # the end read follows the end marker: runs that cover it
+        runs = reconstruct.df_runs(events, tasks, t0, last_read)
+    return counter_agreement(df_counter_agreement(events, runs, counters))
 
 
 def _crosscheck(run_dir: Path, manifest: dict, cap, tasks: pd.DataFrame, t0: int, t_end: int) -> None:
@@ -256,6 +275,15 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
         notes.append(f"other tasks used {fl['max_frac']:.1%} of CPU {fl['max_cpu']} during the run "
                      f"(most: {fl['top'] or '?'}): the host was not quiet, and balance and share "
                      "metrics assume the CPU set belongs to the experiment")
+    kc = manifest.get("kernel_counter_agreement")
+    if kc and kc["disagreeing"]:
+        why = ("events were lost" if lost > 0 else "the probe cannot tell whether events were lost"
+               if lost < 0 else "no event was reported lost")
+        notes.append(f"the trace disagrees with the kernel's own counters (/proc/<pid>/sched) for "
+                     f"{kc['disagreeing']} of {kc['tasks']} tasks: migrations "
+                     f"{kc['migrations']['trace']} in the trace, {kc['migrations']['kernel']} "
+                     f"counted; switches {kc['switches']['trace']} / {kc['switches']['kernel']} "
+                     f"({why}; analysis.counters.df_counter_agreement gives each task's)")
     ka = manifest.get("kernel_agreement")
     if ka and ka["agreement"] is not None and ka["agreement"] < 0.99:
         notes.append(f"rebuilt run queues agree with the kernel's /proc view on only "

@@ -68,6 +68,7 @@ CHECKS = (
     "tracefs_instances",
     "trace_clocks",
     "sched_debug",
+    "task_counters",
     "perf",
     "trace_cmd",
     "decoder",
@@ -819,6 +820,17 @@ def _check_sched_debug(mount: bool) -> dict:
                   debugfs=debugfs, debugfs_mounted_by_doctor=mounted_by_doctor)
 
 
+def _check_task_counters() -> dict:
+    from harmony.probes import proc_sched
+    ok, why = proc_sched.available()
+    if ok:
+        return _check(OK, "/proc/<pid>/sched prints se.nr_migrations, nr_switches and "
+                          "se.sum_exec_runtime: each run's trace is checked against them",
+                      readable=True)
+    return _check(WARN, why + "; runs are not checked against the tasks' own counters",
+                  readable=False)
+
+
 def _perf_record_test(perf: str, events: list[str]) -> tuple[bool, str, float]:
     """Record ``events`` system-wide for 10 ms into a temp dir; (permitted, error line, seconds)."""
     fast = ["-N", "-B", "--no-bpf-event", "--synth=no"]  # skip build-id and synthesis: ~0.3 s
@@ -978,6 +990,7 @@ def doctor(mount: bool = True, test_perf: bool = True) -> dict:
     facts["tracefs_instances"] = _guarded("tracefs_instances", _check_instances, tracefs)
     facts["trace_clocks"] = _guarded("trace_clocks", _check_clocks, tracefs)
     facts["sched_debug"] = _guarded("sched_debug", _check_sched_debug, mount)
+    facts["task_counters"] = _guarded("task_counters", _check_task_counters)
     facts["preemption"] = _guarded("preemption", _check_preemption, facts["sched_debug"].get("debugfs"),
                                    config, config_source)
     facts["perf"] = _guarded("perf", _check_perf, facts["sched_tracepoints"], test_perf)

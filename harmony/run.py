@@ -21,7 +21,7 @@ import harmony
 from harmony import store
 from harmony.controller import Workload
 from harmony.hygiene import HostLock, reclaim_stale
-from harmony.probes import ProbeError, get_probe
+from harmony.probes import ProbeError, get_probe, proc_sched
 from harmony.tasks import tasks_frame
 from harmony.timing import Laps
 
@@ -162,7 +162,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             lock.release()
         raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    workload = sampler = probe = second = None
+    workload = sampler = probe = second = counters = None
     paused = False
     laps = Laps()  # manifest["timings_s"]["capture"]: what the run spends besides its duration
     try:
@@ -182,6 +182,12 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         mark = probe.mark if second is None else _mark_both(probe, second)
         if params.get("sample_hz", 0) > 0:
             sampler = KernelSampler(workload.pids, params["sample_hz"], cpus)
+        # each worker's own counters, read now and after the end: the trace must show the same
+        ok, why = proc_sched.available()
+        manifest["kernel_counters"] = {"read": ok, "why_not": why or None}
+        if ok:
+            counters = proc_sched.CounterReads(workload.pids)
+            counters.take("start")
         if pause:
             pause()
             paused = True
@@ -197,6 +203,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
                   stream=open(os.devnull, "w") if quiet else sys.stderr)
         mark(END)
         laps("measure")
+        if counters:
+            counters.take("end")
         manifest["work_done"] = workload.work_done().tolist()
         manifest["workers_alive_at_end"] = len(workload.alive())
         manifest["controller_notes"] = workload.notes
@@ -215,6 +223,9 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             paused = False
             resume()
         laps("stop")
+        if counters:
+            store.write_table(out, "kernel_counters", counters.frame())
+            manifest["kernel_counters"]["unreadable"] = counters.missing
         if sampler:
             store.write_table(out, "kernel_samples", sampler.frame())
             manifest["kernel_nr_running"] = {"sampled": sampler.nr is not None,

@@ -10,6 +10,7 @@ Layout of a run directory::
     markers.parquet      trace markers (t0, released, end)
     migrations.parquet   runs.parquet  runqueue.parquet  allocation.parquet  shares.parquet
     kernel_samples.parquet  the kernel's own view of the tasks, sampled from /proc during the run
+    kernel_counters.parquet each worker's own counters (/proc/<pid>/sched) at the start and end
     figures/*.png        report.md
     raw/<probe>/         what the probe recorded, decodable again with ``harmony.probes``
                          (with ``--crosscheck perf`` also raw/perf/, and crosscheck.json: the
@@ -31,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 TABLES = ("tasks", "migrations", "runs", "runqueue", "allocation", "shares", "kernel_samples",
-          "markers", "events")
+          "kernel_counters", "markers", "events")
 
 
 class RunError(RuntimeError):
@@ -156,6 +157,8 @@ class Run:
     allocation   pid, name, role, t, cpu_time, share — CPU time per task per time window
     shares       per task over the run: cpu_time, share, fair, ratio
     kernel_samples  ts, pid, cpu, state — the kernel's own view (/proc) sampled during the run
+    kernel_counters read ("start" / "end"), pid, before_ns, after_ns, nr_migrations, nr_switches,
+                 sum_exec_ns — each worker's own counters (harmony.probes.proc_sched)
     markers      ts, cpu, pid, text — trace markers
     events       the canonical decoded events (harmony.probes.schema)
 

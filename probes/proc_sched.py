@@ -1,0 +1,105 @@
+"""Each task's own scheduler counters, read from ``/proc/<pid>/sched``.
+
+The kernel counts, per task: ``se.nr_migrations`` (``set_task_cpu`` to another CPU: the same
+place that fires ``sched_migrate_task``), ``nr_switches`` (voluntary + involuntary switches away
+from it: one per ``sched_switch`` whose prev is the task) and ``se.sum_exec_runtime`` (CPU time,
+printed in ms with 6 decimals; brought up to date at ticks and switches, so a running task's lags
+by up to a tick). Read at the start and at the end of a run, their differences are what the trace
+must show between the two reads: :mod:`harmony.analysis.counters` compares them.
+
+A read is not an instant: each row carries the window [before_ns, after_ns] (CLOCK_MONOTONIC, the
+probes' clock) in which the kernel produced it. The file needs scheduler debugging built in
+(``CONFIG_SCHED_DEBUG``, on kernels that still have that option); :func:`available` says whether
+this one prints the counters.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+
+from harmony import store
+
+#: the counters read, as named in the table
+COUNTERS = ("nr_migrations", "nr_switches", "sum_exec_ns")
+_KEYS = (b"se.nr_migrations", b"nr_switches", b"se.sum_exec_runtime")
+DTYPES = {"read": str, "pid": "int32", "before_ns": "int64", "after_ns": "int64",
+          "nr_migrations": "int64", "nr_switches": "int64", "sum_exec_ns": "int64"}
+
+
+def _value(text: bytes, key: bytes) -> bytes | None:
+    """The value after ``key`` and its colon, on a line that starts with ``key``."""
+    at = text.find(b"\n" + key + b" ")
+    if at < 0:
+        return None
+    colon = text.find(b":", at)
+    end = text.find(b"\n", colon)
+    return text[colon + 1:end if end >= 0 else None].strip()
+
+
+def _ms_to_ns(value: bytes) -> int:
+    """``1.475086`` (ms, as the kernel's SPLIT_NS prints it) -> 1475086 ns."""
+    whole, _, frac = value.partition(b".")
+    return int(whole) * 1_000_000 + int((frac + b"000000")[:6] or 0)
+
+
+def parse(text: bytes) -> tuple[int, int, int] | None:
+    """(nr_migrations, nr_switches, sum_exec_ns) from a ``/proc/<pid>/sched`` text; None if a
+    counter is missing or not a number."""
+    values = [_value(text, k) for k in _KEYS]
+    if any(v is None for v in values):
+        return None
+    try:
+        return int(values[0]), int(values[1]), _ms_to_ns(values[2])
+    except ValueError:
+        return None
+
+
+def read(pid: int) -> tuple[int, int, int, int, int] | None:
+    """(before_ns, after_ns, nr_migrations, nr_switches, sum_exec_ns) of ``pid`` now; None if the
+    task is gone or its file cannot be read."""
+    before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    try:
+        with open(f"/proc/{pid}/sched", "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+    got = parse(b"\n" + text)
+    return None if got is None else (before, after, *got)
+
+
+def available() -> tuple[bool, str]:
+    """(True, "") if this kernel prints the counters in /proc/<pid>/sched, else (False, why)."""
+    try:
+        with open("/proc/self/sched", "rb") as f:
+            text = f.read()
+    except OSError as exc:
+        return False, f"/proc/<pid>/sched is not readable ({exc.strerror or exc}): a kernel " \
+                      "without scheduler debugging"
+    if parse(b"\n" + text) is None:
+        return False, "/proc/<pid>/sched does not print se.nr_migrations, nr_switches and " \
+                      "se.sum_exec_runtime on this kernel"
+    return True, ""
+
+
+class CounterReads:
+    """The counters of ``pids``, read whenever :meth:`take` is called (a read of 256 tasks takes
+    ~10 ms); :meth:`frame` gives them as a table (columns: :data:`DTYPES`)."""
+
+    def __init__(self, pids: list[int]):
+        self.pids = list(pids)
+        self.rows: list[tuple] = []
+        self.missing: dict[str, int] = {}        # read -> tasks whose file could not be read
+
+    def take(self, label: str) -> None:
+        for pid in self.pids:
+            got = read(pid)
+            if got is None:
+                self.missing[label] = self.missing.get(label, 0) + 1
+            else:
+                self.rows.append((label, pid, *got))
+
+    def frame(self) -> pd.DataFrame:
+        return store.rows_frame(self.rows, DTYPES)
