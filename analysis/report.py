@@ -69,8 +69,8 @@ def counters_line(m: dict) -> str:
     if not kc["tasks"]:
         return head + "no task read at both ends"
     mig, sw = kc["migrations"], kc["switches"]
-    cpu = ("" if kc["cpu_time_ratio"] is None else f"; CPU time {kc['cpu_time_ratio']:.3f}x "
-           f"(task at most {kc['cpu_diff_ms_max']:.1f} ms off)")
+    cpu = ("" if kc["cpu_time_ratio"] is None else f"; run time {kc['cpu_time_ratio']:.3f}x "
+           f"the kernel's CPU time (task at most {kc['cpu_diff_ms_max']:.1f} ms off)")
     return (head + f"migrations {mig['agreeing']}/{kc['tasks']} tasks agree ({mig['trace']} in the "
             f"trace, {mig['kernel']} counted), switches {sw['agreeing']}/{kc['tasks']} "
             f"({sw['trace']} / {sw['kernel']}){cpu}")
