@@ -1,8 +1,8 @@
 """The trace against each task's own scheduler counters, read from /proc/<pid>/sched at the start
 and at the end of a run (:mod:`harmony.probes.proc_sched`).
 
-Needs events: sched_migrate_task, sched_switch (and what :func:`df_runs` needs, for CPU time);
-the ``kernel_counters`` table of a run (read, pid, before_ns, after_ns, nr_migrations,
+Needs events: sched_migrate_task, sched_switch; a runs table that covers the reads (for CPU
+time); the ``kernel_counters`` table of a run (read, pid, before_ns, after_ns, nr_migrations,
 nr_switches, sum_exec_ns).
 
 Between a task's two reads the kernel counted its migrations (to another CPU), its switches away
@@ -29,26 +29,28 @@ from harmony.analysis.arrays import event_mask, in_set
 COUNTS = ("migrations", "switches")
 
 
-def _events_of(pid_col: np.ndarray, ts: np.ndarray, pids: np.ndarray):
-    """(pid, ts) of the events whose pid is in ``pids``, sorted by pid then time."""
+def _keys(pid_col: np.ndarray, ts: np.ndarray, pids: np.ndarray, t_min: int, span: int):
+    """Sorted search keys of the events whose pid is one of ``pids`` (sorted): the pid's index
+    times ``span`` plus the time since ``t_min``, so that one search finds a task's events in a
+    time range."""
     keep = in_set(pid_col, pids)
-    p, t = pid_col[keep].astype(np.int64), ts[keep]
-    order = np.lexsort((t, p))
-    return p[order], t[order]
+    return np.sort(np.searchsorted(pids, pid_col[keep]).astype(np.int64) * span
+                   + (ts[keep] - t_min))
 
 
-def _count_between(p_sorted, t_sorted, pid: int, lo: int, hi: int, inclusive: bool) -> int:
-    """Events of ``pid`` in (lo, hi), or in [lo, hi] if ``inclusive``."""
-    a, b = np.searchsorted(p_sorted, pid, "left"), np.searchsorted(p_sorted, pid, "right")
-    t = t_sorted[a:b]
+def _count(keys: np.ndarray, base: np.ndarray, lo: np.ndarray, hi: np.ndarray,
+           inclusive: bool) -> np.ndarray:
+    """Per task (its keys from ``base``): events in (lo, hi), or in [lo, hi] if ``inclusive``
+    (lo, hi: times since t_min)."""
     if inclusive:
-        return int(np.searchsorted(t, hi, "right") - np.searchsorted(t, lo, "left"))
-    return int(max(0, np.searchsorted(t, hi, "left") - np.searchsorted(t, lo, "right")))
+        return np.searchsorted(keys, base + hi, "right") - np.searchsorted(keys, base + lo, "left")
+    return np.maximum(0, np.searchsorted(keys, base + hi, "left")
+                      - np.searchsorted(keys, base + lo, "right"))
 
 
 def df_counter_agreement(events: pd.DataFrame, runs: pd.DataFrame,
                          counters: pd.DataFrame) -> pd.DataFrame:
-    """One row per task read at both ends of the run ("start" and "end" reads).
+    """One row per task read at both ends of the run ("start" and "end" reads), by pid.
 
     ``runs`` must cover the reads (a :func:`~harmony.analysis.reconstruct.df_runs` table whose
     t_end is at or after the last read). Columns:
@@ -61,44 +63,47 @@ def df_counter_agreement(events: pd.DataFrame, runs: pd.DataFrame,
     - cpu_kernel_ns (int64): sum_exec_runtime's difference
     - cpu_trace_ns (int64): the task's run time between the reads' midpoints
     """
-    start = counters[counters["read"] == "start"].drop_duplicates("pid").set_index("pid")
-    end = counters[counters["read"] == "end"].drop_duplicates("pid").set_index("pid")
-    pids = np.asarray(sorted(set(start.index) & set(end.index)), np.int64)
+    read = counters["read"].to_numpy()
+    c_pid = counters["pid"].to_numpy().astype(np.int64)
+    rows = {}
+    for r, tag in (("start", "_s"), ("end", "_e")):      # each pid's first read of each kind
+        at = np.flatnonzero(read == r)
+        rows[tag] = np.unique(c_pid[at], return_index=True)
+        rows[tag] = (rows[tag][0], at[rows[tag][1]])
+    pids, i_s, i_e = np.intersect1d(rows["_s"][0], rows["_e"][0], return_indices=True)
+    col = {f"{c}{tag}": counters[c].to_numpy().astype(np.int64)[rows[tag][1][i]]
+           for c in ("before_ns", "after_ns", "nr_migrations", "nr_switches", "sum_exec_ns")
+           for tag, i in (("_s", i_s), ("_e", i_e))}
     ts = events["ts"].to_numpy()
+    t_min = int(min(ts.min(initial=0), col["before_ns_s"].min(initial=0)))
+    span = int(max(ts.max(initial=0), col["after_ns_e"].max(initial=0))) - t_min + 2
+    base = np.arange(len(pids), dtype=np.int64) * span
     is_mig = event_mask(events, "sched_migrate_task")
     is_mig &= events["orig_cpu"].to_numpy() != events["target_cpu"].to_numpy()
-    by = {"migrations": _events_of(events["pid"].to_numpy()[is_mig], ts[is_mig], pids),
-          "switches": _events_of(events["prev_pid"].to_numpy()[event_mask(events, "sched_switch")],
-                                 ts[event_mask(events, "sched_switch")], pids)}
-    r_pid = runs["pid"].to_numpy().astype(np.int64)
-    r_order = np.argsort(r_pid, kind="stable")
-    r_pid, r_start, r_end = (r_pid[r_order], runs["start"].to_numpy()[r_order],
-                             runs["end"].to_numpy()[r_order])
-    rows = []
-    for pid in pids.tolist():
-        s, e = start.loc[pid], end.loc[pid]
-        row = {"pid": pid}
-        for name, (p_sorted, t_sorted) in by.items():
-            sure = _count_between(p_sorted, t_sorted, pid, int(s["after_ns"]), int(e["before_ns"]),
-                                  inclusive=False)
-            unsure = sum(_count_between(p_sorted, t_sorted, pid, int(r["before_ns"]),
-                                        int(r["after_ns"]), inclusive=True) for r in (s, e))
-            counter = "nr_migrations" if name == "migrations" else "nr_switches"
-            kernel = int(e[counter]) - int(s[counter])
-            row |= {f"{name}_kernel": kernel, f"{name}_trace": sure, f"{name}_unsure": unsure,
-                    f"{name}_agree": sure <= kernel <= sure + unsure}
-        lo = (int(s["before_ns"]) + int(s["after_ns"])) // 2
-        hi = (int(e["before_ns"]) + int(e["after_ns"])) // 2
-        a, b = np.searchsorted(r_pid, pid, "left"), np.searchsorted(r_pid, pid, "right")
-        ran = np.clip(r_end[a:b], lo, hi) - np.clip(r_start[a:b], lo, hi)
-        row |= {"cpu_kernel_ns": int(e["sum_exec_ns"]) - int(s["sum_exec_ns"]),
-                "cpu_trace_ns": int(ran.sum())}
-        rows.append(row)
-    cols = ["pid"] + [f"{n}_{k}" for n in COUNTS for k in ("kernel", "trace", "unsure", "agree")] \
-        + ["cpu_kernel_ns", "cpu_trace_ns"]
-    out = pd.DataFrame(rows, columns=cols)
-    return out.astype({"pid": "int32", **{c: bool for c in cols if c.endswith("_agree")},
-                       **{c: "int64" for c in cols[1:] if not c.endswith("_agree")}})
+    is_sw = event_mask(events, "sched_switch")
+    keys = {"migrations": _keys(events["pid"].to_numpy()[is_mig], ts[is_mig], pids, t_min, span),
+            "switches": _keys(events["prev_pid"].to_numpy()[is_sw], ts[is_sw], pids, t_min, span)}
+    w = {k: col[k] - t_min for k in ("before_ns_s", "after_ns_s", "before_ns_e", "after_ns_e")}
+    out = {"pid": pids.astype(np.int32)}
+    for name, counter in (("migrations", "nr_migrations"), ("switches", "nr_switches")):
+        k = keys[name]
+        sure = _count(k, base, w["after_ns_s"], w["before_ns_e"], inclusive=False)
+        unsure = (_count(k, base, w["before_ns_s"], w["after_ns_s"], inclusive=True)
+                  + _count(k, base, w["before_ns_e"], w["after_ns_e"], inclusive=True))
+        kernel = col[f"{counter}_e"] - col[f"{counter}_s"]
+        out |= {f"{name}_kernel": kernel, f"{name}_trace": sure, f"{name}_unsure": unsure,
+                f"{name}_agree": (sure <= kernel) & (kernel <= sure + unsure)}
+    # CPU time: each run's part between its task's reads' midpoints
+    lo = (col["before_ns_s"] + col["after_ns_s"]) // 2
+    hi = (col["before_ns_e"] + col["after_ns_e"]) // 2
+    r_pid = runs["pid"].to_numpy()
+    mine = in_set(r_pid, pids)
+    task = np.searchsorted(pids, r_pid[mine])
+    ran = (np.clip(runs["end"].to_numpy()[mine], lo[task], hi[task])
+           - np.clip(runs["start"].to_numpy()[mine], lo[task], hi[task]))
+    out["cpu_kernel_ns"] = col["sum_exec_ns_e"] - col["sum_exec_ns_s"]
+    out["cpu_trace_ns"] = np.bincount(task, weights=ran, minlength=len(pids)).astype(np.int64)
+    return pd.DataFrame(out)
 
 
 def counter_agreement(table: pd.DataFrame) -> dict:
@@ -107,20 +112,21 @@ def counter_agreement(table: pd.DataFrame) -> dict:
     all tasks; None without CPU time), cpu_diff_ms_max (the largest |trace - kernel| of a task);
     disagreeing (tasks whose migrations or switches disagree) and disagreements (up to 5 of
     them: pid and each count's kernel, trace, unsure)."""
+    col = {c: table[c].to_numpy() for c in table.columns}
     out: dict = {"tasks": int(len(table))}
     for name in COUNTS:
-        out[name] = {"agreeing": int(table[f"{name}_agree"].sum()),
-                     "kernel": int(table[f"{name}_kernel"].sum()),
-                     "trace": int(table[f"{name}_trace"].sum())}
-    kernel_cpu = int(table["cpu_kernel_ns"].sum())
-    diff = (table["cpu_trace_ns"] - table["cpu_kernel_ns"]).abs()
-    out["cpu_time_ratio"] = (float(table["cpu_trace_ns"].sum() / kernel_cpu) if kernel_cpu > 0
+        out[name] = {"agreeing": int(col[f"{name}_agree"].sum()),
+                     "kernel": int(col[f"{name}_kernel"].sum()),
+                     "trace": int(col[f"{name}_trace"].sum())}
+    kernel_cpu = int(col["cpu_kernel_ns"].sum())
+    diff = np.abs(col["cpu_trace_ns"] - col["cpu_kernel_ns"])
+    out["cpu_time_ratio"] = (float(col["cpu_trace_ns"].sum() / kernel_cpu) if kernel_cpu > 0
                              else None)
-    out["cpu_diff_ms_max"] = float(diff.max() / 1e6) if len(table) else None
-    bad = table[~(table["migrations_agree"] & table["switches_agree"])]
+    out["cpu_diff_ms_max"] = float(diff.max() / 1e6) if len(diff) else None
+    bad = np.flatnonzero(~(col["migrations_agree"] & col["switches_agree"]))
     out["disagreeing"] = int(len(bad))
     out["disagreements"] = [
-        {"pid": int(r["pid"]), **{f"{n}_{k}": int(r[f"{n}_{k}"]) for n in COUNTS
-                                  for k in ("kernel", "trace", "unsure")}}
-        for _, r in bad.head(5).iterrows()]
+        {"pid": int(col["pid"][i]), **{f"{n}_{k}": int(col[f"{n}_{k}"][i]) for n in COUNTS
+                                       for k in ("kernel", "trace", "unsure")}}
+        for i in bad[:5]]
     return out

@@ -15,14 +15,13 @@ this one prints the counters.
 
 from __future__ import annotations
 
+import os
 import time
 
 import pandas as pd
 
 from harmony import store
 
-#: the counters read, as named in the table
-COUNTERS = ("nr_migrations", "nr_switches", "sum_exec_ns")
 _KEYS = (b"se.nr_migrations", b"nr_switches", b"se.sum_exec_runtime")
 DTYPES = {"read": str, "pid": "int32", "before_ns": "int64", "after_ns": "int64",
           "nr_migrations": "int64", "nr_switches": "int64", "sum_exec_ns": "int64"}
@@ -41,7 +40,7 @@ def _value(text: bytes, key: bytes) -> bytes | None:
 def _ms_to_ns(value: bytes) -> int:
     """``1.475086`` (ms, as the kernel's SPLIT_NS prints it) -> 1475086 ns."""
     whole, _, frac = value.partition(b".")
-    return int(whole) * 1_000_000 + int((frac + b"000000")[:6] or 0)
+    return int(whole) * 1_000_000 + int((frac + b"000000")[:6])
 
 
 def parse(text: bytes) -> tuple[int, int, int] | None:
@@ -60,9 +59,12 @@ def read(pid: int) -> tuple[int, int, int, int, int] | None:
     """(before_ns, after_ns, nr_migrations, nr_switches, sum_exec_ns) of ``pid`` now; None if the
     task is gone or its file cannot be read."""
     before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    try:
-        with open(f"/proc/{pid}/sched", "rb") as f:
-            text = f.read()
+    try:        # one read() of the whole file (~2 KB): half the time of a buffered open()
+        fd = os.open(f"/proc/{pid}/sched", os.O_RDONLY)
+        try:
+            text = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
     except OSError:
         return None
     after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -85,8 +87,8 @@ def available() -> tuple[bool, str]:
 
 
 class CounterReads:
-    """The counters of ``pids``, read whenever :meth:`take` is called (a read of 256 tasks takes
-    ~10 ms); :meth:`frame` gives them as a table (columns: :data:`DTYPES`)."""
+    """The counters of ``pids``, read whenever :meth:`take` is called (~20 us a task here);
+    :meth:`frame` gives them as a table (columns: :data:`DTYPES`)."""
 
     def __init__(self, pids: list[int]):
         self.pids = list(pids)
