@@ -65,6 +65,8 @@ def counters_line(m: dict) -> str:
     kc, read = m.get("kernel_counter_agreement"), m.get("kernel_counters") or {}
     head = "kernel counters (/proc)      "
     if not kc:
+        if (m.get("source") or {}).get("imported"):
+            return head + "not read (an imported trace)"
         return head + ("not read: " + read["why_not"] if read.get("why_not") else "not read")
     if not kc["tasks"]:
         return head + "no task read at both ends"
