@@ -215,16 +215,14 @@ def report(run_dir, as_json):
 
     Given a batch (a suite configuration, or `run --repeat`): its aggregates and figures/reps.png."""
     from harmony.analysis.report import summary_text, write_report
-    from harmony.store import RunError, load
+    from harmony.store import RunError, load, why_incomplete
 
     if (run_dir / "batch.json").is_file():
         return _batch_report(run_dir, as_json)
     try:
         run = load(run_dir, allow_incomplete=True)
         if not run.complete:
-            m = run.manifest
-            _fail(f"{run_dir}: run is {m.get('status')} ({m.get('incomplete_reason', 'did not finish')}); "
-                  "no report for an incomplete run")
+            _fail(f"{run_dir}: {why_incomplete(run.manifest)}; no report for an incomplete run")
         if run.manifest.get("figures_deferred"):  # a later repetition of a batch: drawn on demand
             from harmony.analyse import draw_figures
 

@@ -215,13 +215,18 @@ def load(run_dir, allow_incomplete: bool = False) -> Run:
     if not path.is_dir():
         raise RunError(f"{path}: no such run directory")
     manifest = read_json(path / "manifest.json")
-    status = manifest.get("status")
-    if status != "complete" and not allow_incomplete:
-        why = manifest.get("incomplete_reason", "the run did not finish")
-        if status == "running" and not _alive(manifest.get("controller_pid")):
-            why = "its controller is gone: killed before it could finish"
-        raise RunError(f"{path}: run is {status or 'of unknown status'} ({why})")
+    if manifest.get("status") != "complete" and not allow_incomplete:
+        raise RunError(f"{path}: {why_incomplete(manifest)}")
     return Run(path, manifest)
+
+
+def why_incomplete(manifest: dict) -> str:
+    """"run is <status> (<why>)" for a run that is not complete."""
+    status = manifest.get("status")
+    why = manifest.get("incomplete_reason", "the run did not finish")
+    if status == "running" and not _alive(manifest.get("controller_pid")):
+        why = "its controller is gone: killed before it could finish"
+    return f"run is {status or 'of unknown status'} ({why})"
 
 
 def _alive(pid) -> bool:
