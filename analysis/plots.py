@@ -43,20 +43,50 @@ def plot_migrations(migrations: pd.DataFrame, duration_s: float, bin_s: float, p
     return _save(fig, path)
 
 
+#: a CPU's run queue with more steps than this is drawn as its min-max per bin (STEP_BINS bins):
+#: matplotlib took 23 s for 1.1 M steps, and a 9-inch panel shows ~1000 pixels anyway
+MAX_STEPS, STEP_BINS = 20_000, 2_000
+
+
+def step_envelope(t: np.ndarray, nr: np.ndarray, t_end: float,
+                  bins: int = STEP_BINS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(edges, low, high): the least and greatest value the step function (t, nr) takes in each
+    of ``bins`` equal bins of [t[0], t_end] (the value in force at a bin's start included);
+    ``edges`` has one more element than low and high."""
+    edges = np.linspace(t[0], t_end, bins + 1)
+    at_start = nr[np.maximum(np.searchsorted(t, edges[:-1], "right") - 1, 0)]
+    low, high = at_start.astype(float), at_start.astype(float)
+    k = np.minimum(((t - t[0]) / (t_end - t[0]) * bins).astype(np.int64), bins - 1) \
+        if t_end > t[0] else np.zeros(len(t), np.int64)
+    np.minimum.at(low, k, nr)
+    np.maximum.at(high, k, nr)
+    return edges, low, high
+
+
 def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration_s: float, path: Path,
                   t_balanced: float | None = None, tolerance: float = 0.15) -> Path:
-    """Per-CPU run-queue length of experiment tasks as the exact step function, one panel per CPU."""
+    """Per-CPU run-queue length of experiment tasks as the exact step function, one panel per CPU
+    (a CPU with more than MAX_STEPS steps: its least and greatest length in each of STEP_BINS
+    time bins, which the title says)."""
     n = len(cpus)
     fig, axes = plt.subplots(n, 1, figsize=(9, 1.2 + 1.1 * n), sharex=True, sharey=True, squeeze=False)
     fair = ntasks / n
     colours = sns.color_palette("colorblind", n)
     top = max(int(runqueue["nr"].max()) if len(runqueue) else 1, int(np.ceil(fair)) + 1)
+    binned = False
     for ax, cpu, colour in zip(axes[:, 0], cpus, colours):
         q = runqueue[runqueue["cpu"] == cpu]
-        t = np.concatenate([q["t"].to_numpy(), [duration_s]])
-        nr = np.concatenate([q["nr"].to_numpy(), q["nr"].to_numpy()[-1:] if len(q) else [0]])
-        ax.step(t, nr, where="post", color=colour, lw=1.0)
-        ax.fill_between(t, nr, step="post", alpha=0.25, color=colour)
+        if len(q) > MAX_STEPS:
+            edges, low, high = step_envelope(q["t"].to_numpy(), q["nr"].to_numpy(), duration_s)
+            low, high = np.append(low, low[-1]), np.append(high, high[-1])
+            ax.fill_between(edges, low, step="post", alpha=0.25, color=colour, lw=0)
+            ax.fill_between(edges, low, high, step="post", alpha=0.6, color=colour, lw=0)
+            binned = True
+        else:
+            t = np.concatenate([q["t"].to_numpy(), [duration_s]])
+            nr = np.concatenate([q["nr"].to_numpy(), q["nr"].to_numpy()[-1:] if len(q) else [0]])
+            ax.step(t, nr, where="post", color=colour, lw=1.0)
+            ax.fill_between(t, nr, step="post", alpha=0.25, color=colour)
         ax.axhspan(fair * (1 - tolerance), fair * (1 + tolerance), color="0.5", alpha=0.15, lw=0)
         ax.axhline(fair, color="0.3", ls="--", lw=0.8)
         if t_balanced is not None:
@@ -66,6 +96,10 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
     axes[-1, 0].set_xlim(0, duration_s)
     axes[-1, 0].set_xlabel("time since t0 (s)")
     note = f"; green: balanced within {tolerance:.0%} at {t_balanced:.3f} s" if t_balanced is not None else ""
+    if binned:
+        width_ms = duration_s / STEP_BINS * 1e3
+        note += (f"\ndark band: least to greatest length per {width_ms:.3g} ms, as the steps "
+                 "are too many to draw")
     axes[0, 0].set_title(f"Run queue per CPU (running + waiting experiment tasks; dashed: N/P = {fair:g}{note})",
                          fontsize=10)
     return _save(fig, path)

@@ -1,0 +1,45 @@
+"""Figures of large runs: a run queue with more steps than can be drawn is drawn as its envelope."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harmony.analysis import plots
+
+
+def test_step_envelope_keeps_every_spike_and_dip():
+    # 0 .. 10 s in 5 bins of 2 s; value 1 from t=0, a spike to 5 at 3.0-3.001 s, a dip to 0 at 7 s
+    t = np.array([0.0, 3.0, 3.001, 7.0, 7.5])
+    nr = np.array([1, 5, 1, 0, 1])
+    edges, low, high = plots.step_envelope(t, nr, 10.0, bins=5)
+    assert list(edges) == [0, 2, 4, 6, 8, 10]
+    assert list(high) == [1, 5, 1, 1, 1]       # the spike's bin
+    assert list(low) == [1, 1, 1, 0, 1]        # the dip's bin; bin 4 takes the value in force (1)
+
+
+def test_step_envelope_takes_the_value_in_force_at_a_bins_start():
+    t, nr = np.array([0.0, 0.5, 2.0]), np.array([3, 2, 1])   # bins of 1 s; 1 from t=2 on
+    _, low, high = plots.step_envelope(t, nr, 4.0, bins=4)
+    assert list(low) == [2, 2, 1, 1] and list(high) == [3, 2, 1, 1]
+
+
+def test_a_run_queue_with_too_many_steps_is_drawn_binned(tmp_path, monkeypatch):
+    monkeypatch.setattr(plots, "MAX_STEPS", 100)
+    rng = np.random.default_rng(1)
+    t = np.sort(rng.uniform(0, 2, 1000))
+    rq = pd.DataFrame({"t": np.concatenate([t, t]), "cpu": np.repeat([0, 1], 1000),
+                       "nr": rng.integers(0, 4, 2000), "ts": 0})
+    drawn = []
+    real = plots.plt.Axes.set_title
+
+    def title(ax, text, *a, **k):
+        drawn.append(text)
+        return real(ax, text, *a, **k)
+
+    monkeypatch.setattr(plots.plt.Axes, "set_title", title)
+    out = plots.plot_runqueue(rq, [0, 1], 4, 2.0, tmp_path / "rq.png")
+    assert out.stat().st_size > 0 and "dark band: least to greatest" in drawn[0]
+    monkeypatch.setattr(plots, "MAX_STEPS", 10_000)          # few enough: the exact steps
+    plots.plot_runqueue(rq, [0, 1], 4, 2.0, tmp_path / "rq2.png")
+    assert "dark band" not in drawn[1]
