@@ -3,8 +3,8 @@
 ``in_set`` replaces ``np.isin`` (a sort of both arrays) by a table look-up, exploiting what the
 members are: small non-negative integers (pids, codes). On millions of events it is ~20x faster.
 ``index_of`` gives each value's position among a few keys the same way (pids in a run's task
-table, CPUs in a CPU set). ``event_mask`` selects events by name through the category codes of
-the canonical table.
+table, CPUs in a CPU set); ``sorted_unique`` is ``np.unique`` without numpy's slow hashing.
+``event_mask`` selects events by name through the category codes of the canonical table.
 """
 
 from __future__ import annotations
@@ -26,6 +26,19 @@ def in_set(values: np.ndarray, members) -> np.ndarray:
     table = np.zeros(top + 3, dtype=bool)      # value v at v + 1; clipped: 0 (v < 0), top + 2 (v > top)
     table[members + 1] = True
     return np.take(table, values.astype(np.int64) + 1, mode="clip")
+
+
+def sorted_unique(values) -> np.ndarray:
+    """``np.unique(values)`` by sorting. numpy >= 2.3 hashes when no index, inverse or counts is
+    asked for: 1.0 s for 1.1 M distinct timestamps here, against 37 ms sorted (the same for a
+    few distinct values)."""
+    s = np.sort(np.asarray(values), kind="stable")
+    if not len(s):
+        return s
+    keep = np.empty(len(s), dtype=bool)
+    keep[0] = True
+    np.not_equal(s[1:], s[:-1], out=keep[1:])
+    return s[keep]
 
 
 def index_of(values, keys) -> np.ndarray:

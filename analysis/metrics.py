@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.reconstruct import NS, runqueue_at
+from harmony.analysis.arrays import sorted_unique
+from harmony.analysis.reconstruct import NS, runqueue_steps, steps_at
 
 
 def migrations_over_time(migrations: pd.DataFrame, bin_s: float, t_start: float = 0.0,
@@ -68,9 +69,9 @@ def balance_timeline(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end
     target = n_tasks / len(cpus)
     sub = rq[rq["cpu"].isin(cpus)]
     ch = sub["ts"].to_numpy()
-    ch = np.unique(ch[(ch > t0) & (ch < t_end)])
+    ch = sorted_unique(ch[(ch > t0) & (ch < t_end)])
     times = np.concatenate([[np.int64(t0)], ch]).astype(np.int64)
-    q = runqueue_at(sub, times).reindex(columns=cpus, fill_value=-1).to_numpy()
+    q = steps_at(runqueue_steps(sub), times, cpus, absent=-1)   # arrays: no frame of 1 M rows
     if (q < 0).any():
         raise ValueError("run-queue table does not cover t0 for every CPU")
     dev = np.abs(q - target).max(axis=1)

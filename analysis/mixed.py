@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import index_of
+from harmony.analysis.arrays import index_of, sorted_unique
 from harmony.analysis.reconstruct import NS, runqueue_at
 from harmony.store import rows_frame
 
@@ -83,7 +83,7 @@ def df_runqueue_variance(runqueue: pd.DataFrame, cpus, t0: int, t_end: int) -> p
     cpus = sorted(set(int(c) for c in cpus))
     sub = runqueue[runqueue["cpu"].isin(cpus)]
     ch = sub["ts"].to_numpy(np.int64)
-    ch = np.unique(ch[(ch > t0) & (ch < t_end)])
+    ch = sorted_unique(ch[(ch > t0) & (ch < t_end)])
     times = np.concatenate([[np.int64(t0)], ch]).astype(np.int64)
     q = runqueue_at(sub, times).reindex(columns=cpus, fill_value=-1).to_numpy()
     if (q < 0).any():
@@ -162,7 +162,7 @@ def df_class_counts(placement: pd.DataFrame, cpus, t0: int, t_end: int) -> pd.Da
     roles = np.asarray(sorted(placement["role"].unique()), dtype=object)
     s = placement["ts"].to_numpy(np.int64)
     e = placement["end"].to_numpy(np.int64)
-    times = np.unique(np.concatenate([[np.int64(t0)], s[(s > t0) & (s < t_end)]]))
+    times = sorted_unique(np.concatenate([[np.int64(t0)], s[(s > t0) & (s < t_end)]]))
     ends = np.append(times[1:], np.int64(t_end))
     k_n, p_n, r_n = len(times), len(cpus), len(roles)
     ci = np.searchsorted(cpus, placement["cpu"].to_numpy())

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import event_mask
+from harmony.analysis.arrays import event_mask, sorted_unique
 from harmony.analysis.reconstruct import NS, runqueue_at
 
 ROUND_COLUMNS = ["ts", "t", "pid", "name", "role", "src_cpu", "dst_cpu", "kind", "round", "gap_ms"]
@@ -162,7 +162,7 @@ def df_target_load(runqueue: pd.DataFrame, events: pd.DataFrame, tasks: pd.DataF
         if len(later):  # no switch-out seen: dying until the end of the trace
             d_ts.append(int(sw_ts[later[0]]))
             d.append(-1)
-    times = np.unique(np.concatenate([rq["ts"].to_numpy(dtype=np.int64),
+    times = sorted_unique(np.concatenate([rq["ts"].to_numpy(dtype=np.int64),
                                       np.asarray(d_ts, dtype=np.int64)]))
     nr = (runqueue_at(rq, times)[target].to_numpy() if len(rq)
           else np.zeros(len(times), dtype=np.int64))

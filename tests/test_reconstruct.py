@@ -707,6 +707,16 @@ def test_index_of_finds_the_first_position():
             assert index_of(values, keys).tolist() == [first.get(v, -1) for v in values.tolist()]
 
 
+def test_sorted_unique_is_np_unique():
+    from harmony.analysis.arrays import sorted_unique
+    rng = np.random.default_rng(3)
+    for n, hi in ((0, 5), (1, 5), (50, 3), (1000, 1 << 40), (1000, 10)):
+        values = rng.integers(-hi, hi, n)
+        got = sorted_unique(values)
+        assert got.dtype == values.dtype and got.tolist() == np.unique(values).tolist()
+    assert sorted_unique([3, 1, 3]).tolist() == [1, 3]
+
+
 def lossy_stream(ncpus: int, ntasks: int, seed: int):
     """A random stream with 5% of events lost, a cut beginning, exits and foreign tasks:
     (the simulation, its events)."""
