@@ -22,6 +22,7 @@ import pandas as pd
 import harmony
 from harmony import store
 from harmony.probes.base import Capture, ProbeError, TraceCorrupt
+from harmony.analysis.arrays import event_mask, in_set
 from harmony.probes.schema import SCHED_EVENTS
 
 PERF_MAGIC = b"PERFILE2"
@@ -110,7 +111,7 @@ def read_trace(path: Path, buffer: str | None = None) -> tuple[Capture, str]:
 
 def absent_events(events: pd.DataFrame) -> list[str]:
     """The sched events Harmony reads of which the trace holds none."""
-    present = set(events["event"].astype(str).unique())
+    present = set(map(str, pd.unique(events["event"])))     # by its codes: no string per row
     return [e for e in SCHED_EVENTS if e not in present]
 
 
@@ -147,14 +148,16 @@ def _pid_comms(events: pd.DataFrame, cmdlines: dict[int, str]) -> dict[int, set[
     return out
 
 
-def select_pids(events: pd.DataFrame, cmdlines: dict[int, str], pids, comms, path) -> list[int]:
-    """The pids of the experiment: the given pids plus every pid whose comm matches a glob.
+def select_pids(events: pd.DataFrame, cmdlines: dict[int, str], pids, comms, path,
+                seen: dict[int, set[str]] | None = None) -> list[int]:
+    """The pids of the experiment: the given pids plus every pid whose comm matches a glob
+    (``seen``: :func:`_pid_comms`, if the caller has it already).
 
     Raises ImportFailed if a given pid never appears or a comm matches nothing.
     """
-    seen = _pid_comms(events, cmdlines)
-    in_events = set(events["pid"].tolist()) | set(events["prev_pid"].tolist()) | set(
-        events["common_pid"].tolist())
+    seen = _pid_comms(events, cmdlines) if seen is None else seen
+    in_events = set(pd.unique(np.concatenate(      # by hashing: a few hundred distinct pids
+        [events[c].to_numpy() for c in ("pid", "prev_pid", "common_pid")])).tolist())
     chosen = []
     for pid in pids:
         if pid not in in_events:
@@ -190,34 +193,74 @@ def find_marker(markers: pd.DataFrame, text: str, path) -> int:
                        f"({len(markers)} markers in the file)")
 
 
-def _where_at(events: pd.DataFrame, pid: int, t0: int) -> int:
-    """CPU ``pid`` was on at t0: last placement before it, else the first one after; -1 if none."""
-    e = events
-    on = np.where((e["event"] == "sched_switch").to_numpy() & (e["pid"].to_numpy() == pid),
-                  e["cpu"].to_numpy(), -1)
-    on = np.where((e["event"] == "sched_switch").to_numpy() & (e["prev_pid"].to_numpy() == pid),
-                  e["cpu"].to_numpy(), on)
-    moved = e["event"].isin(["sched_migrate_task", "sched_wakeup", "sched_wakeup_new"]).to_numpy() \
-        & (e["pid"].to_numpy() == pid)
-    on = np.where(moved, e["target_cpu"].to_numpy(), on).astype(np.int64)
-    ts = e["ts"].to_numpy()
-    known = np.flatnonzero(on >= 0)
-    if not known.size:
-        return -1
-    before = known[ts[known] <= t0]
-    return int(on[before[-1]] if before.size else on[known[0]])
+def _by_pid(pid: np.ndarray, *cols: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``pid`` and ``cols`` sorted by pid (stable: each pid's rows keep their order)."""
+    order = np.argsort(pid, kind="stable")
+    return (pid[order], *(c[order] for c in cols))
 
 
-def _nice(events: pd.DataFrame, pid: int) -> tuple[int, int | None]:
-    """(nice, kernel prio) from the prio the events show for ``pid`` (most frequent value)."""
-    prios = np.concatenate([events.loc[events["pid"] == pid, "prio"].to_numpy(),
-                            events.loc[events["prev_pid"] == pid, "prev_prio"].to_numpy()])
-    prios = prios[prios >= 0]
-    if not prios.size:
-        return 0, None
-    vals, counts = np.unique(prios, return_counts=True)
-    prio = int(vals[np.argmax(counts)])
-    return (prio - 120 if 100 <= prio <= 139 else 0), prio
+def _where_at(events: pd.DataFrame, pids: list[int], t0: int) -> dict[int, int]:
+    """Per pid, the CPU it was on at t0: its last placement (switched in or out there, or moved
+    or woken to it) before t0, else its first one after; -1 if none."""
+    pid, prev = events["pid"].to_numpy(), events["prev_pid"].to_numpy()
+    want = np.asarray(sorted(pids), np.int64)
+    sw = event_mask(events, "sched_switch")
+    moved = event_mask(events, "sched_migrate_task", "sched_wakeup", "sched_wakeup_new")
+    cpu, target = events["cpu"].to_numpy(), events["target_cpu"].to_numpy()
+    rows, who, where = [], [], []
+    for mask, p, c in ((sw, pid, cpu), (sw, prev, cpu), (moved, pid, target)):
+        r = np.flatnonzero(mask & in_set(p, want))
+        rows.append(r), who.append(p[r].astype(np.int64)), where.append(c[r].astype(np.int64))
+    rows, who, where = (np.concatenate(x) for x in (rows, who, where))
+    known = where >= 0
+    rows, who, where = rows[known], who[known], where[known]
+    in_time = np.argsort(rows, kind="stable")          # rows are in time order
+    who, rows, where = _by_pid(who[in_time], rows[in_time], where[in_time])
+    ts = events["ts"].to_numpy()
+    out = {}
+    for p in pids:
+        a, b = np.searchsorted(who, p, "left"), np.searchsorted(who, p, "right")
+        k = int(np.searchsorted(ts[rows[a:b]], t0, "right"))
+        out[p] = int(where[a + k - 1]) if k else int(where[a]) if b > a else -1
+    return out
+
+
+def _nice(events: pd.DataFrame, pids: list[int]) -> dict[int, tuple[int, int | None]]:
+    """Per pid, (nice, kernel prio) from the prio its events show most often (the lowest of
+    equally frequent ones)."""
+    want = np.asarray(sorted(pids), np.int64)
+    who, prio = [], []
+    for pc, qc in (("pid", "prio"), ("prev_pid", "prev_prio")):
+        p, q = events[pc].to_numpy(), events[qc].to_numpy()
+        keep = in_set(p, want) & (q >= 0)
+        who.append(p[keep].astype(np.int64)), prio.append(q[keep].astype(np.int64))
+    key, count = np.unique((np.concatenate(who) << 32) | np.concatenate(prio),
+                           return_counts=True)
+    k_pid, k_prio = key >> 32, key & 0xFFFFFFFF
+    first = np.lexsort((k_prio, -count, k_pid))       # per pid: most frequent, then lowest
+    k_pid, k_prio = k_pid[first], k_prio[first]
+    heads = np.flatnonzero(np.diff(k_pid, prepend=-1))               # each pid's first
+    out = {p: (0, None) for p in pids}
+    for p, q in zip(k_pid[heads].tolist(), k_prio[heads].tolist()):
+        out[p] = ((q - 120 if 100 <= q <= 139 else 0), q)
+    return out
+
+
+def _last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, str]:
+    """Per pid, the comm of its last event that names it (pid/comm or prev_pid/prev_comm; a task
+    renames itself by exec or prctl); absent when none does."""
+    want = np.asarray(sorted(pids), np.int64)
+    ts = events["ts"].to_numpy()
+    best: dict[int, tuple] = {}
+    for src, (pc, cc) in enumerate((("pid", "comm"), ("prev_pid", "prev_comm"))):
+        p = events[pc].to_numpy()
+        rows = np.flatnonzero(in_set(p, want) & (events[cc] != "").to_numpy())
+        who, rows = _by_pid(p[rows].astype(np.int64), rows)
+        for r in rows[np.r_[np.flatnonzero(np.diff(who)), len(who) - 1]] if len(who) else []:
+            key = (int(ts[r]), src, int(r))          # the latest; at a tie, a prev_comm
+            if int(p[r]) not in best or key >= best[int(p[r])][0]:
+                best[int(p[r])] = (key, cc)
+    return {pid: str(events[cc].iat[key[2]]) for pid, (key, cc) in best.items()}
 
 
 def tasks_from_trace(events: pd.DataFrame, pids: list[int], seen: dict[int, set[str]],
@@ -230,22 +273,18 @@ def tasks_from_trace(events: pd.DataFrame, pids: list[int], seen: dict[int, set[
     """
     from harmony.tasks import TaskSpec, tasks_frame
 
-    comms = {}
-    for pid in pids:  # the name it last had (a task renames itself by exec or prctl)
-        named = pd.concat([events.loc[events["pid"] == pid, ["ts", "comm"]],
-                           events.loc[events["prev_pid"] == pid, ["ts", "prev_comm"]].rename(
-                               columns={"prev_comm": "comm"})]).astype({"comm": str})
-        named = named[named["comm"] != ""].sort_values("ts", kind="stable")
-        comms[pid] = named["comm"].iloc[-1] if len(named) else sorted(seen.get(pid, {f"pid{pid}"}))[0]
+    last = _last_comms(events, pids)
+    comms = {pid: last.get(pid) or sorted(seen.get(pid, {f"pid{pid}"}))[0] for pid in pids}
     counts = pd.Series(list(comms.values())).value_counts()
+    nice, where = _nice(events, pids), _where_at(events, pids, t0)
     specs, notes, rt = [], [], []
     for pid in pids:
         comm = comms[pid]
-        nice, prio = _nice(events, pid)
+        n, prio = nice[pid]
         if prio is not None and prio < 100:
             rt.append(pid)
         name = comm if counts[comm] == 1 else f"{comm}-{pid}"
-        specs.append(TaskSpec(name=name, nice=nice, initial_cpu=_where_at(events, pid, t0)))
+        specs.append(TaskSpec(name=name, nice=n, initial_cpu=where[pid]))
     df = tasks_frame(specs, pids)
     df["comm"] = [comms[p] for p in pids]
     if rt:
@@ -280,7 +319,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         raise ImportFailed(f"{path}: holds no sched_switch event: no run or run queue can be "
                            "rebuilt without them (record sched:sched_switch at least)")
     seen = _pid_comms(events, meta.get("cmdlines", {}))
-    chosen = select_pids(events, meta.get("cmdlines", {}), pids, comms, path)
+    chosen = select_pids(events, meta.get("cmdlines", {}), pids, comms, path, seen)
     what = kind if kind == "perf.data" else (
         f"trace.dat v{meta.get('file_version')}, {meta.get('compression')}"
         + (f", buffer {meta['buffer']!r}" if meta.get("buffer") else ""))
