@@ -21,8 +21,8 @@ import pandas as pd
 
 import harmony
 from harmony import store
-from harmony.probes.base import Capture, ProbeError, TraceCorrupt
 from harmony.analysis.arrays import event_mask, in_set
+from harmony.probes.base import Capture, ProbeError, TraceCorrupt
 from harmony.probes.schema import SCHED_EVENTS
 
 PERF_MAGIC = b"PERFILE2"
