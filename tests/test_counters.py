@@ -130,3 +130,17 @@ def test_a_real_run_matches_the_workers_own_counters(kernel, tmp_path):
     t = df_counter_agreement(cut, run.runs, counters)
     assert list(t.loc[~t["switches_agree"], "pid"]) == [pid]
     assert "kernel counters (/proc)      migrations" in (run.path / "report.md").read_text()
+
+
+def test_report_line_says_what_was_compared_or_why_not():
+    from harmony.analysis.report import counters_line
+
+    why = "/proc/<pid>/sched is not readable (No such file or directory): a kernel without ..."
+    assert counters_line({"kernel_counters": {"read": False, "why_not": why}}).endswith(why)
+    assert counters_line({"source": {"imported": "x.dat"}}).endswith("not read (an imported trace)")
+    kc = {"tasks": 4, "disagreeing": 1, "cpu_time_ratio": 1.0123, "cpu_diff_ms_max": 5.46,
+          "migrations": {"agreeing": 3, "kernel": 5, "trace": 4},
+          "switches": {"agreeing": 4, "kernel": 100, "trace": 100}}
+    line = counters_line({"kernel_counter_agreement": kc})
+    assert "migrations 3/4 tasks agree (4 in the trace, 5 counted)" in line
+    assert "switches 4/4 (100 / 100)" in line and "run time 1.012x" in line and "5.5 ms" in line
