@@ -68,8 +68,8 @@ def df_counter_agreement(events: pd.DataFrame, runs: pd.DataFrame,
     rows = {}
     for r, tag in (("start", "_s"), ("end", "_e")):      # each pid's first read of each kind
         at = np.flatnonzero(read == r)
-        rows[tag] = np.unique(c_pid[at], return_index=True)
-        rows[tag] = (rows[tag][0], at[rows[tag][1]])
+        pid_of, first = np.unique(c_pid[at], return_index=True)
+        rows[tag] = (pid_of, at[first])
     pids, i_s, i_e = np.intersect1d(rows["_s"][0], rows["_e"][0], return_indices=True)
     col = {f"{c}{tag}": counters[c].to_numpy().astype(np.int64)[rows[tag][1][i]]
            for c in ("before_ns", "after_ns", "nr_migrations", "nr_switches", "sum_exec_ns")

@@ -73,7 +73,7 @@ def _task_info(pid: np.ndarray, tasks: pd.DataFrame) -> tuple[pd.Categorical, pd
     whose pids are unique)."""
     pos = index_of(pid, _pids(tasks))
     (names, name_code), (roles, role_code) = _task_categories(tasks)
-    # valid codes: np.unique's inverse
+    # valid codes: _task_categories gives every task's value a category
     return (pd.Categorical.from_codes(name_code[pos], categories=names, validate=False),
             pd.Categorical.from_codes(role_code[pos], categories=roles, validate=False))
 

@@ -148,14 +148,12 @@ def _pid_comms(events: pd.DataFrame, cmdlines: dict[int, str]) -> dict[int, set[
     return out
 
 
-def select_pids(events: pd.DataFrame, cmdlines: dict[int, str], pids, comms, path,
-                seen: dict[int, set[str]] | None = None) -> list[int]:
-    """The pids of the experiment: the given pids plus every pid whose comm matches a glob
-    (``seen``: :func:`_pid_comms`, if the caller has it already).
+def select_pids(events: pd.DataFrame, seen: dict[int, set[str]], pids, comms, path) -> list[int]:
+    """The pids of the experiment: the given pids plus every pid whose comm (``seen``:
+    :func:`_pid_comms`) matches a glob.
 
     Raises ImportFailed if a given pid never appears or a comm matches nothing.
     """
-    seen = _pid_comms(events, cmdlines) if seen is None else seen
     in_events = set(pd.unique(np.concatenate(      # by hashing: a few hundred distinct pids
         [events[c].to_numpy() for c in ("pid", "prev_pid", "common_pid")])).tolist())
     chosen = []
@@ -319,7 +317,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         raise ImportFailed(f"{path}: holds no sched_switch event: no run or run queue can be "
                            "rebuilt without them (record sched:sched_switch at least)")
     seen = _pid_comms(events, meta.get("cmdlines", {}))
-    chosen = select_pids(events, meta.get("cmdlines", {}), pids, comms, path, seen)
+    chosen = select_pids(events, seen, pids, comms, path)
     what = kind if kind == "perf.data" else (
         f"trace.dat v{meta.get('file_version')}, {meta.get('compression')}"
         + (f", buffer {meta['buffer']!r}" if meta.get("buffer") else ""))
