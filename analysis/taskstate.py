@@ -119,14 +119,15 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     - ts (int64 ns), pid (int32), cpu (int16: CPU whose buffer recorded the event)
     - record (int8): index into ``RECORDS``
     - orig_cpu, dest_cpu (int16): migrate -> from/to; wakeup* -> dest_cpu = target_cpu; else -1
-    - prev_state (int64): for switch-outs, else -1
     - runnable_before, runnable_after, running_before, running_after (bool)
     - cpu_before, cpu_after (int16): the task's CPU (-1 = unknown)
     - first (bool): the task's first record (its *_before state is inferred, see module doc)
     - anomaly (int8): index into ``ANOMALIES`` (0 = none)
 
-    CPU numbers are int16, as in the events table: a record is ~55 bytes with them as int32, and
-    a trace has ~1.2 records per event; the memory to fault in is most of this table's cost.
+    A record's event is row ``seq // 2`` of ``events``: its other fields (a switch-out's
+    prev_state, say) are read there, not copied here. CPU numbers are int16, as in the events
+    table. Both because a trace has ~1.2 records per event and the memory to fault in is most of
+    this table's cost (a record is 37 bytes; it was 55 with int32 CPUs and a copy of prev_state).
     """
     global _last
     key = np.unique(np.asarray(pids, dtype=np.int32)).tobytes()
@@ -197,7 +198,7 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray):
     cols = {"seq": np.empty(m, np.int64), "ts": np.empty(m, np.int64),
             "pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int16),
             "record": np.empty(m, np.int8), "orig_cpu": np.empty(m, np.int16),
-            "dest_cpu": np.empty(m, np.int16), "prev_state": np.empty(m, np.int64),
+            "dest_cpu": np.empty(m, np.int16),
             "runnable_before": np.empty(m, bool), "runnable_after": np.empty(m, bool),
             "running_before": np.empty(m, bool), "running_after": np.empty(m, bool),
             "cpu_before": np.empty(m, np.int16), "cpu_after": np.empty(m, np.int16),
@@ -253,10 +254,9 @@ def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.Da
     seq = 2 * rows.astype(np.int64)
     seq[len(rows_out):len(rows_out) + len(rows_in)] += 1
     rpid = np.concatenate([prev[rows_out], pid[rows_in], pid[rows_ot]]).astype(np.int32)
-    prev_state = np.concatenate([ps_out, np.full(len(rows_in) + len(rows_ot), -1, np.int64)])
 
     order = _order_by_task_then_seq(rpid, seq, pidset)
-    rows, seq, rpid, rec, prev_state = rows[order], seq[order], rpid[order], rec[order], prev_state[order]
+    rows, seq, rpid, rec = rows[order], seq[order], rpid[order], rec[order]
     n = len(rows)
     ts = events["ts"].to_numpy()[rows]
     cpu = events["cpu"].to_numpy()[rows].astype(np.int16)
@@ -338,7 +338,7 @@ def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.Da
 
     return pd.DataFrame({
         "seq": seq, "ts": ts, "pid": rpid, "cpu": cpu, "record": rec,
-        "orig_cpu": orig, "dest_cpu": dest, "prev_state": prev_state,
+        "orig_cpu": orig, "dest_cpu": dest,
         "runnable_before": runnable_before, "runnable_after": runnable_after,
         "running_before": running_before, "running_after": running_after,
         "cpu_before": cpu_before, "cpu_after": cpu_after,

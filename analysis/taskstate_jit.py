@@ -103,7 +103,7 @@ def by_task(task, n_tasks, order, ends, where):
 
 @_jit
 def walk(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state, pidset,
-         seq, ts, pid, cpu, rec, orig, dest, prev_state, runnable_before, runnable_after,
+         seq, ts, pid, cpu, rec, orig, dest, runnable_before, runnable_after,
          running_before, running_after, cpu_before, cpu_after, first, anomaly, k_lo, k_hi):
     """Fill the task_records columns (see taskstate.task_records) in (task, seq) order: output
     row k is record order[k], for k in [k_lo, k_hi), a range of whole tasks (threads may walk
@@ -129,10 +129,8 @@ def walk(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_s
             cpu[k] = ev_cpu[e]
             orig[k] = -1
             dest[k] = -1
-            prev_state[k] = -1
             dead = False
             if rc == SWITCH_OUT_RUNNABLE:
-                prev_state[k] = ev_prev_state[e]
                 if ev_prev_state[e] != 0:
                     rc = SWITCH_OUT_SLEEP
                 # the first switch-out after the task's exit is its last: not runnable after it
