@@ -21,6 +21,7 @@ import harmony
 from harmony import store
 from harmony.controller import Workload
 from harmony.hygiene import HostLock, reclaim_stale
+from harmony.memory import stop_prefault
 from harmony.probes import ProbeError, get_probe, proc_sched
 from harmony.tasks import tasks_frame
 from harmony.timing import Laps
@@ -168,6 +169,9 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     try:
         # a caller holding the lock swept stale state when it took it (KernelRunner): no sweep per run
         manifest["reclaimed"] = reclaim_stale() if lock else []
+        # a previous run's decode may still be faulting in memory at SCHED_IDLE: a runnable task
+        # on the CPUs measured, and a thread at the fork below
+        stop_prefault()
         workload = Workload(specs, cpus, seed=seed)
         workload.spawn()  # before the probe's threads exist: fork with no threads running
         store.write_table(out, "tasks", tasks_frame(specs, workload.pids))

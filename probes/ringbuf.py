@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.jit import run_split, split, use_compiled
+from harmony.memory import prefault_heap
 from harmony.probes.base import Capture, TraceCorrupt
 from harmony.probes.filemap import map_files
 from harmony.probes.formats import (EventFormat, Field, HeaderPage, load_formats_dir,
@@ -509,6 +510,20 @@ class Decoded:
     decoder: str = "numpy"               # "compiled" or "numpy": which one decoded the events
 
 
+#: heap memory faulted in ahead of a decode, per byte of pages (harmony.memory.prefault_heap):
+#: about what the decoder and the state machine allocate on the decoding thread, ~130 bytes an
+#: event at ~54 bytes of pages an event (a ping-pong load's 2.1 M events); the tables built on
+#: other threads get memory of their own
+PREFAULT_PER_PAGE_BYTE = 2.5
+
+
+def prefault_for_pages(nbytes: int) -> None:
+    """Before ``nbytes`` of ring-buffer pages are read and decoded: have the memory the decode will
+    need faulted in meanwhile, in idle CPU time (:func:`harmony.memory.prefault_heap`). Called as
+    early as the size is known: the files' mapping leaves a CPU idle already."""
+    prefault_heap(int(PREFAULT_PER_PAGE_BYTE * nbytes))
+
+
 def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPage) -> Decoded:
     """Decode every page of ``src`` with the given formats (keyed by event ID)."""
     notes: list[str] = []
@@ -957,6 +972,7 @@ def decode_dir(out_dir: Path) -> Capture:
     for c, p in files.items():
         if not p.exists():
             raise TraceCorrupt(f"{p}: missing (meta.json lists CPU {c})")
+    prefault_for_pages(sum(p.stat().st_size for p in files.values()))
     src = PageSource.from_files(files, page_size)
     dec = decode_source(src, formats, hp)
 

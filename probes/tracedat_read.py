@@ -39,8 +39,8 @@ import numpy as np
 from harmony.probes.base import Capture, TraceCorrupt
 from harmony.probes.formats import (EventFormat, Field, FormatError, parse_format,
                                     parse_header_event, parse_header_page)
-from harmony.probes.ringbuf import (PageSource, capture_meta, decode_source, read_field,
-                                    walk_pages)
+from harmony.probes.ringbuf import (PageSource, capture_meta, decode_source, prefault_for_pages,
+                                    read_field, walk_pages)
 
 MAGIC = b"\x17\x08\x44tracing"
 
@@ -599,6 +599,7 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     path = Path(path)
     td = read_tracedat(path)
     buf = choose_buffer(td, buffer)
+    prefault_for_pages(sum(size for _, size in buf.cpus.values()))  # compressed: an underestimate
     try:
         hp = parse_header_page(td.header_page)
         parse_header_event(td.header_event)

@@ -2,6 +2,7 @@
 (measured 1.3-1.5x faster decoding on a VM) and keeps freed memory for the next arrays, unless
 numpy's own switch, or glibc's malloc parameters, are set in the environment."""
 
+import json
 import os
 import subprocess
 import sys
@@ -64,3 +65,54 @@ def test_arrays_past_glibcs_mapping_threshold_are_reused_too():
 
 def test_malloc_parameters_set_by_the_user_win():
     assert _refaults("probes", GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072") > 3000
+
+
+PREFAULT = ("import json, resource, time\nimport numpy as np\nimport harmony.probes\n"
+            "from harmony import memory\n"
+            "def minflt():\n    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+            "thread = memory.prefault_heap({mib} << 20)\n"
+            "policy = set()\n"
+            "while thread is not None and thread.is_alive():\n"
+            "    for line in open(f'/proc/self/task/{{thread.native_id}}/sched'):\n"
+            "        if line.startswith('policy'):\n"
+            "            policy.add(int(line.split(':')[1]))\n"
+            "    {after_start}\n"
+            "    time.sleep(0.001)\n"
+            "memory.stop_prefault()\n"
+            "f = minflt()\n"
+            "a = np.empty(96 << 20, np.uint8)\n"
+            "a[::4096] = 1\n"
+            "print(json.dumps([thread is not None, sorted(policy), minflt() - f]))")
+
+
+def _prefault(mib: int = 128, after_start: str = "pass", **env) -> tuple[bool, list, int]:
+    """(thread started, SCHED policies seen on it, page faults of a 96 MiB array made after)."""
+    base = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "HARMONY_PREFAULT")
+            and not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", PREFAULT.format(mib=mib, after_start=after_start)],
+                         env=base | env, capture_output=True, text=True, check=True)
+    started, policy, faults = json.loads(out.stdout)
+    return started, policy, faults
+
+
+def test_prefaulted_heap_memory_is_not_faulted_in_again():
+    # 96 MiB of fresh pages is 24576 faults; the prefaulted heap holds them already
+    started, policy, faults = _prefault()
+    assert started
+    assert faults < 2000
+    assert os.SCHED_IDLE in policy   # (0 may be seen before the thread has set it)
+
+
+def test_prefault_off_by_environment_or_when_malloc_is_tuned_by_the_user():
+    for env in ({"HARMONY_PREFAULT": "0"},
+                {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1073741824"}):
+        started, _, faults = _prefault(**env)
+        assert not started
+        assert faults > 20000
+
+
+def test_stop_prefault_stops_the_thread_at_once():
+    # stopped right after it starts, 800 MiB are not populated: the array faults its pages in
+    started, _, faults = _prefault(mib=800, after_start="memory.stop_prefault()")
+    assert started
+    assert faults > 20000
