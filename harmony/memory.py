@@ -32,7 +32,7 @@ The cost: a process keeps the memory it freed, up to its peak, for its next arra
 free at the heap's top beyond 1 GiB is given back). The environment's malloc settings
 (``GLIBC_TUNABLES``, ``MALLOC_*_``) replace all of this.
 
-What remains is the first touch of the memory a trace needs (~2 us a page here, ~40 % of the
+What remains is the first touch of the memory a trace needs (~3 us a page here, ~40 % of the
 CPU time of a first decode + tables). The decoder knows the trace's size before it allocates
 anything, and a decode keeps two CPUs busy only ~80 % of the time, so :func:`prefault_heap` has a
 thread at ``SCHED_IDLE`` (it runs only on a CPU nothing else wants) fault in heap memory ahead
@@ -122,6 +122,7 @@ def prefault_heap(nbytes: int) -> threading.Thread | None:
     Linux 5.14, or the heap was shrunk meanwhile). Populating never changes a page's contents,
     so arrays may be written in the same memory meanwhile."""
     nbytes = min(int(nbytes), PREFAULT_MAX)
+    stop_prefault()     # a previous decode's: this one's memory is what matters now
     if not _kept or nbytes < _PREFAULT_MIN or os.environ.get("HARMONY_PREFAULT", "1") == "0":
         return None
     libc = _libc()

@@ -116,3 +116,19 @@ def test_stop_prefault_stops_the_thread_at_once():
     started, _, faults = _prefault(mib=800, after_start="memory.stop_prefault()")
     assert started
     assert faults > 20000
+
+
+def test_a_new_prefault_stops_the_previous_one():
+    import harmony.probes  # noqa: F401  (sets malloc's parameters, which the prefault needs)
+    from harmony import memory
+    if not memory._kept:
+        pytest.skip("malloc parameters set by the environment: no prefault")
+    first = memory.prefault_heap(512 << 20)
+    second = memory.prefault_heap(64 << 20)
+    try:
+        assert first is not None and second is not None
+        assert not first.is_alive()          # stopped, not left to populate beside the second
+        assert [t for t, _ in memory._prefaults] == [second]
+    finally:
+        memory.stop_prefault()
+    assert not second.is_alive() and memory._prefaults == []
