@@ -6,7 +6,9 @@ What is timed, per capture size, in one run and side by side (repetitions interl
   the reconstruction tables of ``harmony.analysis.reconstruct`` (migrations, runs, run queue:
   ``df_core``, as a run's analysis builds them),
   each repetition in a fresh Python process so its peak memory can be read (``VmHWM``);
-  "bytes/event" is that peak minus the process's size before decoding, over the events decoded.
+  "bytes/event" is that peak minus the process's size before decoding, over the events decoded
+  (heap memory faulted in ahead of the decode, ``harmony.memory.prefault_heap``, counts whether
+  the decode used all of it or not; ``HARMONY_PREFAULT=0`` times the decode without it).
   The compiled kernels' one-off start-up in a process (numba initialising and loading them from
   its cache, ~0.5-1 s, paid once per process whatever the trace's size) is timed apart, on a
   small capture decoded first (split over threads as a large one is, so that every kernel is
