@@ -72,6 +72,7 @@ CHECKS = (
     "perf",
     "trace_cmd",
     "decoder",
+    "memory",
 )
 
 _MAX_CPU = 1 << 16  # well above any NR_CPUS; guards against "0-999999999"
@@ -909,6 +910,14 @@ def _check_decoder() -> dict:
     return _check(OK if ok else WARN, detail, numba=jit.numba_version(), mode=jit.mode())
 
 
+def _check_memory() -> dict:
+    """Whether a decode's memory is faulted in ahead of it (harmony.memory.prefault_heap)."""
+    import harmony.probes  # noqa: F401  (importing the probes sets malloc's parameters)
+    from harmony import memory
+    ok, detail = memory.describe()
+    return _check(OK if ok else WARN, detail, prefault=ok)
+
+
 # --------------------------------------------------------------------------------------------
 # doctor
 
@@ -996,6 +1005,7 @@ def doctor(mount: bool = True, test_perf: bool = True) -> dict:
     facts["perf"] = _guarded("perf", _check_perf, facts["sched_tracepoints"], test_perf)
     facts["trace_cmd"] = _guarded("trace_cmd", _check_trace_cmd)
     facts["decoder"] = _guarded("decoder", _check_decoder)
+    facts["memory"] = _guarded("memory", _check_memory)
     facts = {name: facts[name] for name in CHECKS}  # stable order
     facts["online_cpus"] = facts["cpus"].get("online", [])
     facts["verdict"] = _verdict(facts)

@@ -47,6 +47,7 @@ off. The threads of other arenas (a worker thread building the runs) get no pref
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import threading
 
@@ -162,6 +163,26 @@ def _populate(libc, lo: int, hi: int, stop: threading.Event) -> None:
         if libc.madvise(lo, n, _MADV_POPULATE_WRITE):    # ctypes lets go of the GIL meanwhile
             return
         lo += n
+
+
+def describe() -> tuple[bool, str]:
+    """(whether decodes get their memory faulted in ahead of them here, a line saying why)."""
+    if not _kept:
+        return False, ("freed memory is not kept for the next arrays (malloc parameters set in "
+                       "the environment, or not glibc): decodes fault their memory in as they go")
+    if os.environ.get("HARMONY_PREFAULT", "1") == "0":
+        return False, "HARMONY_PREFAULT=0: decodes fault their memory in as they go"
+    page = mmap.PAGESIZE
+    with mmap.mmap(-1, page) as probe:
+        cell = ctypes.c_char.from_buffer(probe)
+        refused = _libc().madvise(ctypes.addressof(cell), page, _MADV_POPULATE_WRITE)
+        errno = ctypes.get_errno()
+        del cell            # the mapping cannot close while a ctypes object points into it
+    if refused:
+        return False, (f"madvise(MADV_POPULATE_WRITE) refused ({os.strerror(errno)}; Linux >= "
+                       f"5.14 has it): decodes fault their memory in as they go")
+    return True, (f"a decode needing {_PREFAULT_MIN >> 20} MiB or more (~0.5 M events) has it "
+                  f"faulted in ahead of it at SCHED_IDLE (HARMONY_PREFAULT=0 turns it off)")
 
 
 _libc_funcs = None

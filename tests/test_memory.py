@@ -132,3 +132,21 @@ def test_a_new_prefault_stops_the_previous_one():
     finally:
         memory.stop_prefault()
     assert not second.is_alive() and memory._prefaults == []
+
+
+DESCRIBE = ("import json\nimport harmony.probes\nfrom harmony import memory\n"
+            "ok, detail = memory.describe()\n"
+            "print(json.dumps([ok, detail, memory.prefault_heap(128 << 20) is not None]))")
+
+
+@pytest.mark.parametrize("env", [{}, {"HARMONY_PREFAULT": "0"},
+                                 {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1073741824"}])
+def test_doctor_line_says_whether_decodes_are_prefaulted(env):
+    base = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "HARMONY_PREFAULT")
+            and not k.startswith("MALLOC_")}
+    out = subprocess.run([sys.executable, "-c", DESCRIBE], env=base | env, capture_output=True,
+                         text=True, check=True)
+    ok, detail, started = json.loads(out.stdout)
+    assert ok == started        # what the doctor says is what a decode does
+    if env:
+        assert not ok and "as they go" in detail
