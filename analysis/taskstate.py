@@ -125,9 +125,9 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     - anomaly (int8): index into ``ANOMALIES`` (0 = none)
 
     A record's event is row ``seq // 2`` of ``events``: its other fields (a switch-out's
-    prev_state, say) are read there, not copied here. CPU numbers are int16, as in the events
-    table. Both because a trace has ~1.2 records per event and the memory to fault in is most of
-    this table's cost (a record is 37 bytes; it was 55 with int32 CPUs and a copy of prev_state).
+    prev_state, say) are read there, not copied here, and CPU numbers are int16, as in the events
+    table: a trace has ~1.2 records per event, and faulting in their memory is most of this
+    table's cost (a record is 37 bytes; 55 with int32 CPUs and a copy of prev_state).
     """
     global _last
     key = np.unique(np.asarray(pids, dtype=np.int32)).tobytes()
