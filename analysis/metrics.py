@@ -10,8 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import sorted_unique
-from harmony.analysis.reconstruct import NS, runqueue_steps, steps_at
+from harmony.analysis.reconstruct import NS, runqueue_changes
 
 
 def migrations_over_time(migrations: pd.DataFrame, bin_s: float, t_start: float = 0.0,
@@ -67,13 +66,7 @@ def balance_timeline(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end
     cpus = sorted(set(int(c) for c in cpus))
     n_tasks = len(tasks) if n is None else int(n)
     target = n_tasks / len(cpus)
-    sub = rq[rq["cpu"].isin(cpus)]
-    ch = sub["ts"].to_numpy()
-    ch = sorted_unique(ch[(ch > t0) & (ch < t_end)])
-    times = np.concatenate([[np.int64(t0)], ch]).astype(np.int64)
-    q = steps_at(runqueue_steps(sub), times, cpus, absent=-1)   # arrays: no frame of 1 M rows
-    if (q < 0).any():
-        raise ValueError("run-queue table does not cover t0 for every CPU")
+    times, q = runqueue_changes(rq, cpus, t0, t_end)
     dev = np.abs(q - target).max(axis=1)
     ok = dev <= tolerance * target + 1e-9
     end = np.append(times[1:], np.int64(t_end))

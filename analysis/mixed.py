@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.arrays import index_of, sorted_unique
-from harmony.analysis.reconstruct import NS, runqueue_at
+from harmony.analysis.reconstruct import NS, runqueue_changes
 from harmony.store import rows_frame
 
 # ------------------------------------------------------------------------------------- windows
@@ -80,14 +80,7 @@ def df_runqueue_variance(runqueue: pd.DataFrame, cpus, t0: int, t_end: int) -> p
     mean (float: mean q_i over the P CPUs), variance (float: population variance, ddof = 0, of
     q_i over the P CPUs of ``cpus``). Consecutive segments differ in the queue vector.
     """
-    cpus = sorted(set(int(c) for c in cpus))
-    sub = runqueue[runqueue["cpu"].isin(cpus)]
-    ch = sub["ts"].to_numpy(np.int64)
-    ch = sorted_unique(ch[(ch > t0) & (ch < t_end)])
-    times = np.concatenate([[np.int64(t0)], ch]).astype(np.int64)
-    q = runqueue_at(sub, times).reindex(columns=cpus, fill_value=-1).to_numpy()
-    if (q < 0).any():
-        raise ValueError("run-queue table does not cover t0 for every CPU")
+    times, q = runqueue_changes(runqueue, cpus, t0, t_end)
     end = np.append(times[1:], np.int64(t_end))
     return pd.DataFrame({"ts": times, "end": end, "t": (times - t0) / NS,
                          "mean": q.mean(axis=1), "variance": q.var(axis=1)})

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis import taskstate as ts_
-from harmony.analysis.arrays import event_codes, event_mask, in_set, index_of
+from harmony.analysis.arrays import event_codes, event_mask, in_set, index_of, sorted_unique
 from harmony.analysis.taskstate import task_records
 from harmony import jit as hjit
 
@@ -589,6 +589,21 @@ def runqueue_at(rq: pd.DataFrame, times) -> pd.DataFrame:
     out = pd.DataFrame(steps_at(steps, times), index=pd.Index(times, name="ts"),
                        columns=pd.Index(steps[0].tolist(), name="cpu"))
     return out
+
+
+def runqueue_changes(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> tuple[np.ndarray, np.ndarray]:
+    """The run-queue vector of ``cpus`` (sorted) at t0 and at every change of it in (t0, t_end):
+    (times: int64 ns, the first t0; q: int64, one row per time and one column per CPU). Raises
+    ValueError if ``rq`` (from :func:`df_runqueue`) does not cover t0 for every CPU."""
+    cpus = sorted(set(int(c) for c in cpus))
+    sub = rq[rq["cpu"].isin(cpus)]
+    ch = sub["ts"].to_numpy(np.int64)
+    ch = sorted_unique(ch[(ch > t0) & (ch < t_end)])
+    times = np.concatenate([[np.int64(t0)], ch]).astype(np.int64)
+    q = steps_at(runqueue_steps(sub), times, cpus, absent=-1)   # arrays: no frame of 1 M rows
+    if (q < 0).any():
+        raise ValueError("run-queue table does not cover t0 for every CPU")
+    return times, q
 
 
 def df_anomalies(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.DataFrame:
