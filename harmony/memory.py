@@ -124,7 +124,7 @@ def prefault_heap(nbytes: int) -> threading.Thread | None:
     so arrays may be written in the same memory meanwhile."""
     nbytes = min(int(nbytes), PREFAULT_MAX)
     stop_prefault()     # a previous decode's: this one's memory is what matters now
-    if not _kept or nbytes < _PREFAULT_MIN or os.environ.get("HARMONY_PREFAULT", "1") == "0":
+    if _prefault_off() or nbytes < _PREFAULT_MIN:
         return None
     libc = _libc()
     block = libc.malloc(nbytes)
@@ -165,13 +165,21 @@ def _populate(libc, lo: int, hi: int, stop: threading.Event) -> None:
         lo += n
 
 
+def _prefault_off() -> str | None:
+    """Why :func:`prefault_heap` does nothing in this process whatever the size, or None."""
+    if not _kept:
+        return ("freed memory is not kept for the next arrays (malloc parameters set in the "
+                "environment, or not glibc)")
+    if os.environ.get("HARMONY_PREFAULT", "1") == "0":
+        return "HARMONY_PREFAULT=0"
+    return None
+
+
 def describe() -> tuple[bool, str]:
     """(whether decodes get their memory faulted in ahead of them here, a line saying why)."""
-    if not _kept:
-        return False, ("freed memory is not kept for the next arrays (malloc parameters set in "
-                       "the environment, or not glibc): decodes fault their memory in as they go")
-    if os.environ.get("HARMONY_PREFAULT", "1") == "0":
-        return False, "HARMONY_PREFAULT=0: decodes fault their memory in as they go"
+    off = _prefault_off()
+    if off:
+        return False, off + ": decodes fault their memory in as they go"
     page = mmap.PAGESIZE
     with mmap.mmap(-1, page) as probe:
         cell = ctypes.c_char.from_buffer(probe)
