@@ -67,6 +67,9 @@ _SCHED_MAP = {
                            "orig_cpu": ("orig_cpu",), "target_cpu": ("dest_cpu",)},
     "sched_process_fork": {"pid": ("child_pid",), "comm": ("child_comm",),
                            "prev_pid": ("parent_pid",), "prev_comm": ("parent_comm",)},
+    # pid is the child waited for, but comm and prio are the waiter's (current, = common_pid):
+    # read as the pid's, they would rename the child after its parent
+    "sched_process_wait": {"pid": ("pid",)},
 }
 _GENERIC_MAP = {"pid": ("pid",), "comm": ("comm",), "prio": ("prio",), "target_cpu": ("target_cpu",),
                 "orig_cpu": ("orig_cpu",)}

@@ -449,6 +449,24 @@ def test_unknown_event_type_is_reported(tmp_path):
     assert not any("ftrace-internal" in n for n in cap.meta["notes"])    # unknown: not ftrace's
 
 
+def test_process_wait_names_the_waited_for_pid_not_the_waiter(tmp_path):
+    """sched_process_wait's comm and prio are the waiter's (current), its pid the child's: the row
+    is about the child (pid) and must not pair the child's pid with its parent's comm."""
+    from harmony.probes.formats import parse_format
+    from harmony.probes.ringbuf import decode_dir
+    wait = ("sched_process_wait", 390, """\tfield:__data_loc char[] comm;\toffset:8;\tsize:4;\tsigned:0;
+\tfield:pid_t pid;\toffset:12;\tsize:4;\tsigned:1;
+\tfield:int prio;\toffset:16;\tsize:4;\tsigned:1;
+""", 'print fmt: "comm=%s pid=%d prio=%d", __get_str(comm), REC->pid, REC->prio')
+    table = dict(FORMATS_NEW, **{"sched/sched_process_wait": wait})
+    fmt = parse_format(format_text(wait), system="sched")
+    b = PageBuilder(100)
+    b.event(encode(fmt, dict(common_pid=7, comm="parent", pid=42, prio=120)), 1)
+    cap = decode_dir(write_dir(tmp_path, {0: [b.page()]}, table))
+    assert rows_of(cap.events) == [(101, 0, "sched_process_wait", 7, 42, "", -1, -1, "", -1, -1,
+                                    -1, -1)]
+
+
 def test_ftrace_internal_records_are_skipped_with_a_note(tmp_path):
     """Records of an ftrace event other than print (here a made-up "bputs" format) are neither
     events nor markers: they are counted in a note."""
