@@ -69,12 +69,7 @@ def read_perf_data(path: Path) -> Capture:
     lost_samples = perfmod._lost_samples(perfmod._run_perf_report(binary, path, "--stats"))
     parser, _ = perfmod.run_perf_script(binary, path)
     events = parser.events()
-    notes = []
-    if parser.bad_lines:
-        notes.append(f"{parser.bad_lines} perf script lines did not parse, e.g. "
-                     f"{parser.bad_examples[:2]!r}")
-    if parser.other_events:
-        notes.append(f"ignored non-sched events: {parser.other_events}")
+    notes = parser.notes()
     lost_records = sum(parser.lost_by_cpu.values())
     sched_lost = sum(v for k, v in (lost_samples or {}).items() if k.startswith("sched:"))
     lost = max(lost_records, sched_lost)

@@ -340,6 +340,17 @@ class PerfScriptParser:
         self.other_events: dict[str, int] = {}
         self._tail = b""
 
+    def notes(self) -> list[str]:
+        """What the parse left out: lines it could not read, events it does not decode."""
+        notes = []
+        if self.bad_lines:
+            notes.append(f"{self.bad_lines} perf script lines did not parse, e.g. "
+                         f"{self.bad_examples[:2]!r}")
+        if self.other_events:
+            notes.append(f"ignored events other than the {len(self.EVENT_NAMES)} Harmony decodes "
+                         f"({', '.join(self.EVENT_NAMES)}), by count: {self.other_events}")
+        return notes
+
     def feed(self, data: bytes) -> None:
         data = self._tail + data
         cut = data.rfind(b"\n") + 1
@@ -706,11 +717,7 @@ class PerfProbe(Probe):
         events = parser.events()
         decode_s = time.perf_counter() - t0
 
-        if parser.bad_lines:
-            notes.append(f"{parser.bad_lines} perf script lines did not parse, e.g. "
-                         f"{parser.bad_examples[:2]!r}")
-        if parser.other_events:
-            notes.append(f"ignored non-sched events: {parser.other_events}")
+        notes.extend(parser.notes())
         for line in errtext.splitlines():
             if "lost" in line.lower() or "warning" in line.lower():
                 notes.append("perf script: " + line.strip())

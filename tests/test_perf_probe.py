@@ -63,6 +63,9 @@ def test_parser_decodes_every_event_kind_and_counts_losses_and_bad_lines():
     # other subsystems' events are counted by name (as the trace.dat decoder names them), not bad
     assert p.other_events == {"timer:hrtimer_start": 1, "irq:softirq_raise": 1,
                               "sched_stat_runtime": 1}
+    bad, ignored = p.notes()
+    assert bad.startswith("1 perf script lines did not parse") and "not perf script" in bad
+    assert "sched_stat_runtime': 1" in ignored and "(sched_switch, " in ignored
 
 
 @pytest.mark.parametrize("text,bits", [("R", 0), ("R+", 0), ("S", 1), ("D", 2), ("D|K", 2),
