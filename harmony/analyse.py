@@ -258,9 +258,10 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
                      f"initial one: the layout did not exist at t0 (pids {rel['woke_off_initial_cpu'][:5]})")
     if manifest["reconstruction_anomalies"]:
         kinds = ", ".join(f"{k} {v}" for k, v in manifest["reconstruction_anomaly_kinds"].items())
-        silent = meta.get("silent_contexts") or []
+        # a program's threads share its comm: name each program once
+        silent = list(dict.fromkeys(c["comm"] for c in meta.get("silent_contexts") or []))
         why = (("the probe lost no events, so the kernel recorded none for them"
-                + (f": it records nothing while {', '.join(c['comm'] for c in silent[:3])} run"
+                + (f": it records nothing while {', '.join(silent[:3])} run"
                    if silent else " (some kernels omit a sched_switch into a task)"))
                if lost == 0 else "events were lost")
         notes.append(f"{manifest['reconstruction_anomalies']} contradictions in the event stream were "

@@ -205,6 +205,18 @@ def test_silent_contexts_and_unrecorded_migrations_from_a_probes_own_stream():
     assert unrecorded_migrations(gap)["n"] == 1 and unrecorded_migrations(gap, pids=[8])["n"] == 0
 
 
+def test_repair_note_names_each_silent_program_once():
+    """A program's threads share a comm: the note on repaired contradictions names it once."""
+    from harmony.analyse import _notes
+    silent = [{"pid": p, "cpu": 0, "comm": c, "runs": 3, "records": 0}
+              for p, c in ((75, "tokio-rt-worker"), (70, "tokio-rt-worker"), (0, "swapper/1"),
+                           (68, "tokio-rt-worker"), (9, "kworker/0:1"), (8, "rcu_sched"))]
+    manifest = {"release": {"not_woken": []}, "reconstruction_anomalies": 10,
+                "reconstruction_anomaly_kinds": {"switch_out_not_running": 10}}
+    [note] = _notes(manifest, {"lost_events": 0, "silent_contexts": silent})
+    assert "it records nothing while tokio-rt-worker, swapper/1, kworker/0:1 run." in note
+
+
 def test_run_anomalies_compared_over_the_stretch_both_probes_recorded():
     """perf starts and stops tens of ms apart from tracefs: a contradiction in the part only one
     probe recorded is not counted against the other."""
