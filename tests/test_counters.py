@@ -4,6 +4,7 @@ comparison on hand-made events, and a real run whose counters the trace must mat
 from __future__ import annotations
 
 import os
+import time
 
 import pandas as pd
 import pytest
@@ -39,7 +40,11 @@ def test_reads_this_process_when_the_kernel_prints_them():
         pytest.skip(why)
     reads = proc_sched.CounterReads([os.getpid(), 1 << 30])      # the second pid does not exist
     reads.take("start")
-    sum(range(200_000))
+    # the kernel adds a running task's CPU time at ticks (4 ms at HZ 250) and switches: spin for
+    # several ticks' worth (a fixed loop took less than one tick on a fast host)
+    spin_until = time.thread_time() + 0.03
+    while time.thread_time() < spin_until:
+        pass
     reads.take("end")
     t = reads.frame()
     assert list(t.columns) == list(proc_sched.DTYPES) and list(t["read"]) == ["start", "end"]
