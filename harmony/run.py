@@ -19,7 +19,7 @@ import pandas as pd
 
 import harmony
 from harmony import store
-from harmony.controller import Workload
+from harmony.controller import Workload, lower_threads, raise_threads
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.memory import stop_prefault
 from harmony.probes import ProbeError, get_probe, proc_sched
@@ -54,7 +54,9 @@ class KernelSampler(threading.Thread):
         super().__init__(name="kernel-sampler", daemon=True)
         self.pids, self.period = pids, 1.0 / hz
         self.rows: list[tuple] = []
-        self.stopping = threading.Event()
+        # started before the release, it sweeps from begin on: a thread started after it waits
+        # its turn among the tasks to run at all, and start() waits for that
+        self.begin, self.stopping = threading.Event(), threading.Event()
         self.nr, self.nr_why_not = None, "no CPU set given"
         if cpus is not None:
             ok, self.nr_why_not = sched_debug.available()
@@ -62,6 +64,9 @@ class KernelSampler(threading.Thread):
 
     def run(self):
         try:
+            while not self.begin.wait(0.05):
+                if self.stopping.is_set():
+                    return
             self._sweeps()
         finally:
             if self.nr:
@@ -90,9 +95,11 @@ class KernelSampler(threading.Thread):
                                             "cpu": "int16", "state": str})
 
 
-def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stderr) -> None:
-    """Sleep ``seconds`` showing progress on a terminal; returns early if ``stop`` is set."""
-    start = time.monotonic()
+def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stderr,
+              start: float | None = None) -> None:
+    """Sleep until ``seconds`` after ``start`` (time.monotonic(); default now) showing progress on
+    a terminal; returns early if ``stop`` is set."""
+    start = time.monotonic() if start is None else start
     tty = stream.isatty()
     while True:
         left = seconds - (time.monotonic() - start)
@@ -164,6 +171,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
     workload = sampler = probe = second = counters = None
+    raised: list[int] = []      # this process's threads at SCHED_FIFO while the run is measured
     paused = False
     laps = Laps()  # manifest["timings_s"]["capture"]: what the run spends besides its duration
     try:
@@ -186,6 +194,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         mark = probe.mark if second is None else _mark_both(probe, second)
         if params.get("sample_hz", 0) > 0:
             sampler = KernelSampler(workload.pids, params["sample_hz"], cpus)
+            sampler.start()
         # each worker's own counters, read now and after the end: the trace must show the same
         ok, why = proc_sched.available()
         manifest["kernel_counters"] = {"read": ok, "why_not": why or None}
@@ -195,18 +204,27 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         if pause:
             pause()
             paused = True
-        workload.release(mark)
+        # this thread stays SCHED_FIFO till the end marker, and the others are raised to it: they
+        # sleep but for a few short steps, each of which would otherwise wait its turn among the
+        # tasks (a CPU set with many more tasks than CPUs made the window 0.5 s longer than asked)
+        workload.release(mark, keep_fifo=True)
+        own = [int(t) for t in os.listdir("/proc/self/task")]
+        raised = raise_threads([t for t in own if t != threading.get_native_id()])
         if sampler:
-            sampler.start()
+            sampler.begin.set()
         # our own threads (probe drains, sampler) and the release's occupiers: their CPU time is
         # reported apart from foreign load
-        manifest["controller_tids"] = sorted([int(t) for t in os.listdir("/proc/self/task")]
-                                             + workload.occupier_pids)
+        manifest["controller_tids"] = sorted(own + workload.occupier_pids)
         laps("release")
+        # the window is counted from t0, not from here: the steps since take time, the more so
+        # on a CPU set with many tasks
         _progress(f"{experiment.name}", params["duration"], threading.Event(),
-                  stream=open(os.devnull, "w") if quiet else sys.stderr)
+                  stream=open(os.devnull, "w") if quiet else sys.stderr,
+                  start=workload.t0_ns / 1e9 if workload.t0_ns else None)
         mark(END)
         laps("measure")
+        workload.freeze()
+        lower_threads(raised)
         if counters:
             counters.take("end")
         manifest["work_done"] = workload.work_done().tolist()
@@ -245,6 +263,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         manifest["incomplete_reason"] = _reason(exc)
         raise
     finally:
+        lower_threads(raised)
         if sampler:
             sampler.stopping.set()
         if workload:

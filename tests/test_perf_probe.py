@@ -217,6 +217,35 @@ def test_repair_note_names_each_silent_program_once():
     assert "it records nothing while tokio-rt-worker, swapper/1, kworker/0:1 run." in note
 
 
+@pytest.mark.parametrize("measured,late", [(2.0, None), (2.04, None), (2.2, "0.200 s late"),
+                                          (0.5, None)])
+def test_a_window_longer_than_asked_is_noted(measured, late):
+    from harmony.analyse import _notes
+    manifest = {"release": {"not_woken": []}, "reconstruction_anomalies": 0,
+                "params": {"duration": 2.0}, "measured_s": measured}
+    notes = _notes(manifest, {"lost_events": 0})
+    assert [n for n in notes if "late" in n] == ([] if late is None else [
+        f"the measured window is {measured:.3f} s, not the 2 s asked: the end marker came "
+        f"{late} (the controller, waking at the end, waited for a CPU)"])
+
+
+@pytest.mark.parametrize("sweeps,hz,noted", [(0, 10.0, True), (3, 10.0, False), (0, 0.5, False)])
+def test_a_sampler_that_never_ran_is_noted(sweeps, hz, noted):
+    from harmony.analyse import _notes
+    from harmony.analysis.report import trust_lines
+    manifest = {"release": {"not_woken": []}, "reconstruction_anomalies": 0,
+                "params": {"duration": 2.0, "sample_hz": hz}, "measured_s": 2.0,
+                "kernel_agreement": {"sweeps": sweeps, "agreeing": sweeps,
+                                     "agreement": 1.0 if sweeps else None, "sweep_us_median": 80}}
+    notes = [n for n in _notes(manifest, {"lost_events": 0}) if "sampler made no sweep" in n]
+    assert notes == ([f"the kernel sampler made no sweep in the window ({2 * hz:.0f} were due): "
+                      "it runs at the tasks' own priority and did not get its turn among them, so "
+                      "the run queues were not compared with the kernel's /proc or nr_running"]
+                     if noted else [])
+    [line] = [ln for ln in trust_lines(manifest) if ln.startswith("kernel agreement (/proc)")]
+    assert line.endswith("no sweep in the window (see notes)" if not sweeps else "sweep 80 us)")
+
+
 def test_run_anomalies_compared_over_the_stretch_both_probes_recorded():
     """perf starts and stops tens of ms apart from tracefs: a contradiction in the part only one
     probe recorded is not counted against the other."""
