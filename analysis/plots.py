@@ -105,18 +105,42 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
     return _save(fig, path)
 
 
+#: above this many tasks a bar per task is unreadable, and the figure as wide as they are many
+#: (2000 tasks: 110 000 pixels, 8 s to draw): the tasks are drawn as points ranked by share
+MANY_TASKS = 40
+
+
+def ranked(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """``df`` sorted by ``by`` with a ``rank`` column (0, 1, ...): the x axis of a figure with
+    too many tasks to name (:data:`MANY_TASKS`)."""
+    return df.sort_values(by, kind="stable").reset_index(drop=True).assign(rank=lambda d: d.index)
+
+
 def plot_shares(shares: pd.DataFrame, path: Path, title: str = "CPU share per task vs fair share") -> Path:
-    """Each task's CPU share over the run (bars) against its fair share (black ticks)."""
-    fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(shares) + 3), 3.6))
-    order = shares.sort_values("name")
-    hue = "role" if order["role"].nunique() > 1 else None
-    sns.barplot(data=order, x="name", y="share", hue=hue, ax=ax, color=None if hue else "#2980b9")
-    xs = np.arange(len(order))
-    ax.scatter(xs, order["fair"], marker="_", s=600, color="black", zorder=3, label="fair share")
-    ax.set_ylim(0, max(1.05, float(order["share"].max()) * 1.1))
-    ax.set_xlabel("task")
+    """Each task's CPU share over the run (bars; points ranked by share beyond
+    :data:`MANY_TASKS` tasks) against its fair share (black)."""
+    hue = "role" if shares["role"].nunique() > 1 else None
+    if len(shares) > MANY_TASKS:
+        order = ranked(shares, ["role", "share"])
+        fig, ax = plt.subplots(figsize=(9, 3.6))
+        sns.scatterplot(data=order, x="rank", y="share", hue=hue, s=12, linewidth=0, ax=ax,
+                        color=None if hue else "#2980b9", **({} if hue else {"label": "share"}))
+        ax.plot(order["rank"], order["fair"], color="black", lw=1, label="fair share")
+        ax.set_xlabel(f"task ({len(order)}, ranked by share{' within its role' if hue else ''})")
+        # many tasks share the CPUs: their shares are small, and scaled to one CPU they vanish
+        top = 1.15 * float(max(order["share"].max(), order["fair"].max(), 1e-3))
+    else:
+        fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(shares) + 3), 3.6))
+        order = shares.sort_values("name")
+        sns.barplot(data=order, x="name", y="share", hue=hue, ax=ax,
+                    color=None if hue else "#2980b9")
+        ax.scatter(np.arange(len(order)), order["fair"], marker="_", s=600, color="black",
+                   zorder=3, label="fair share")
+        ax.set_xlabel("task")
+        ax.tick_params(axis="x", rotation=90 if len(order) > 12 else 0)
+        top = max(1.05, float(order["share"].max()) * 1.1)
+    ax.set_ylim(0, top)
     ax.set_ylabel("share of one CPU")
     ax.set_title(title)
     ax.legend(loc="lower right", fontsize=8)
-    ax.tick_params(axis="x", rotation=90 if len(order) > 12 else 0)
     return _save(fig, path)

@@ -22,7 +22,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from harmony.analysis import mixed  # noqa: E402
-from harmony.analysis.plots import _save  # noqa: E402
+from harmony.analysis.plots import MANY_TASKS, _save, ranked  # noqa: E402
 
 ROLE_COLOURS = {"heavy": "#c0392b", "light": "#2980b9", "high": "#8e44ad", "low": "#16a085",
                 "cpu": "#7f8c8d"}
@@ -160,12 +160,24 @@ def plot_shares_vs_static(shares: pd.DataFrame, static_shares: pd.DataFrame, pat
     """Each task's CPU share over the run in the dynamic run and in the static ideal (bars)."""
     both = pd.concat([shares.assign(run="dynamic"), static_shares.assign(run="static ideal")],
                      ignore_index=True)
-    both["task"] = both["name"].astype(str) + "\n" + both["role"].astype(str)
-    fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(shares) + 3), 3.8))
-    sns.barplot(data=both.sort_values(["role", "name"]), x="task", y="share", hue="run",
-                palette=RUN_COLOURS, ax=ax)
-    ax.set_ylim(0, 1.05)
-    ax.set_xlabel("task")
+    if len(shares) > MANY_TASKS:     # one rank per task, from its static share and its own
+        # the static ideal is another run (its own pids) of the same tasks: matched by name
+        order = ranked(shares.merge(static_shares[["name", "share"]], on="name",
+                                    suffixes=("", "_static")), ["role", "share_static", "share"])
+        both = both.merge(order[["name", "rank"]], on="name")
+        fig, ax = plt.subplots(figsize=(9, 3.8))
+        sns.scatterplot(data=both, x="rank", y="share", hue="run", style="role", s=12,
+                        linewidth=0, palette=RUN_COLOURS, ax=ax)
+        ax.set_xlabel(f"task ({len(shares)}, ranked by static ideal share within its role)")
+        top = 1.15 * float(max(both["share"].max(), 1e-3))     # small shares: not scaled to 1
+    else:
+        both["task"] = both["name"].astype(str) + "\n" + both["role"].astype(str)
+        fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(shares) + 3), 3.8))
+        sns.barplot(data=both.sort_values(["role", "name"]), x="task", y="share", hue="run",
+                    palette=RUN_COLOURS, ax=ax)
+        ax.set_xlabel("task")
+        top = 1.05
+    ax.set_ylim(0, top)
     ax.set_ylabel("share of one CPU (whole run)")
     ax.set_title("CPU share per task: dynamic balance vs static ideal", fontsize=10)
     ax.legend(fontsize=8, loc="upper right")

@@ -43,3 +43,36 @@ def test_a_run_queue_with_too_many_steps_is_drawn_binned(tmp_path, monkeypatch):
     monkeypatch.setattr(plots, "MAX_STEPS", 10_000)          # few enough: the exact steps
     plots.plot_runqueue(rq, [0, 1], 4, 2.0, tmp_path / "rq2.png")
     assert "dark band" not in drawn[1]
+
+
+def _png_size(path):
+    import struct
+    head = path.read_bytes()[:24]
+    return struct.unpack(">II", head[16:24])
+
+
+def _shares(n, roles=("heavy", "light"), seed=0):
+    rng = np.random.default_rng(seed)
+    return pd.DataFrame({"pid": np.arange(1000, 1000 + n, dtype=np.int32),
+                         "name": [f"t{i:04d}" for i in range(n)],
+                         "role": pd.Categorical([roles[i % len(roles)] for i in range(n)]),
+                         "share": rng.uniform(0, 0.01, n), "fair": np.full(n, 2 / n)})
+
+
+def test_many_tasks_are_drawn_ranked_not_a_bar_each(tmp_path, monkeypatch):
+    """2000 tasks made a 110 000-pixel-wide bar chart; beyond MANY_TASKS they are points ranked
+    by share in a figure of the usual size, and its x axis says so."""
+    from harmony.analysis import plots_mixed
+    xlabels = []
+    real = plots.plt.Axes.set_xlabel
+    monkeypatch.setattr(plots.plt.Axes, "set_xlabel",
+                        lambda ax, text, *a, **k: (xlabels.append(text), real(ax, text, *a, **k))[1])
+    many, few = _shares(2000), _shares(plots.MANY_TASKS)
+    assert _png_size(plots.plot_shares(many, tmp_path / "many.png"))[0] <= 1000
+    assert _png_size(plots.plot_shares(few, tmp_path / "few.png"))[0] > 1000    # a bar each
+    static = _shares(2000, seed=1).assign(pid=lambda d: d["pid"] + 5000)       # another run's pids
+    out = plots_mixed.plot_shares_vs_static(many, static, tmp_path / "vs.png")
+    assert _png_size(out)[0] <= 1000
+    assert [x for x in xlabels if x.startswith("task")] == [
+        "task (2000, ranked by share within its role)", "task",
+                       "task (2000, ranked by static ideal share within its role)"]
