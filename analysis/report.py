@@ -35,7 +35,7 @@ def trust_lines(m: dict) -> list[str]:
         lines.append(f"kernel agreement (/proc)     {ka['agreeing']}/{ka['sweeps']} sweeps "
                      f"({ka['agreement']:.1%}; sweep {ka['sweep_us_median']:.0f} us)")
     elif ka:
-        lines.append("kernel agreement (/proc)     no sweep in the window (see notes)")
+        lines.append("kernel agreement (/proc)     no sweep in the window")
     else:
         lines.append("kernel agreement (/proc)     not sampled")
     nr = m.get("kernel_nr_running_agreement")
@@ -46,7 +46,7 @@ def trust_lines(m: dict) -> list[str]:
     elif nr and nr["samples"]:
         lines.append(f"kernel agreement (nr_running) no clean sample of {nr['samples']}")
     elif nr:
-        lines.append("kernel agreement (nr_running) no sample in the window (see notes)")
+        lines.append("kernel agreement (nr_running) no sample in the window")
     lines.append(counters_line(m))
     fl = m.get("foreign_load") or {}
     if fl.get("max_frac") is not None:

@@ -294,8 +294,8 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
     due = (asked or 0) * manifest.get("params", {}).get("sample_hz", 0)
     if ka and not ka["sweeps"] and due >= 2:
         notes.append(f"the kernel sampler made no sweep in the window ({due:.0f} were due): it "
-                     "runs at the tasks' own priority and did not get its turn among them, so "
-                     "the run queues were not compared with the kernel's /proc or nr_running")
+                     "got no CPU time among the tasks (SCHED_FIFO refused?), so the run queues "
+                     "were not compared with the kernel's /proc or nr_running")
     if ka and ka["agreement"] is not None and ka["agreement"] < 0.99:
         notes.append(f"rebuilt run queues agree with the kernel's /proc view on only "
                      f"{ka['agreement']:.1%} of {ka['sweeps']} sweeps")
