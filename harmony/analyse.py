@@ -298,7 +298,10 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
                      "were not compared with the kernel's /proc or nr_running")
     if ka and ka["agreement"] is not None and ka["agreement"] < 0.99:
         notes.append(f"rebuilt run queues agree with the kernel's /proc view on only "
-                     f"{ka['agreement']:.1%} of {ka['sweeps']} sweeps")
+                     f"{ka['agreement']:.1%} of {ka['sweeps']} sweeps (a sweep reads each task's "
+                     f"/proc/PID/stat in turn, {ka['sweep_us_median']:.0f} us here: a task that "
+                     "moves meanwhile counts where it was read; the nr_running check is atomic "
+                     "per CPU)")
     nr = manifest.get("kernel_nr_running_agreement")
     if nr and nr["agreement"] is not None and nr["agreement"] < 0.99:
         notes.append(f"rebuilt run queues agree with the kernel's nr_running on only "

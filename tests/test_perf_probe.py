@@ -550,3 +550,15 @@ def test_bad_crosscheck_is_refused_before_anything_starts(tmp_path, args):
     r = CliRunner().invoke(main, ["run", "single-source", "--duration", "1", "--out", str(out), *args])
     assert r.exit_code == 2, r.output
     assert "--crosscheck" in r.output and not out.exists()
+
+
+def test_a_low_proc_agreement_note_says_how_long_a_sweep_took():
+    from harmony.analyse import _notes
+    manifest = {"release": {"not_woken": []}, "reconstruction_anomalies": 0,
+                "params": {"duration": 2.0, "sample_hz": 10.0}, "measured_s": 2.0,
+                "kernel_agreement": {"sweeps": 18, "agreeing": 16, "agreement": 16 / 18,
+                                     "sweep_us_median": 5398.3}}
+    [note] = [n for n in _notes(manifest, {"lost_events": 0}) if "/proc view" in n]
+    assert note.startswith("rebuilt run queues agree with the kernel's /proc view on only 88.9% "
+                           "of 18 sweeps (a sweep reads each task's /proc/PID/stat in turn, "
+                           "5398 us here")
