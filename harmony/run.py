@@ -37,6 +37,10 @@ def _raise_interrupted(signum, frame):
     raise Interrupted(f"stopped by {signal.Signals(signum).name}")
 
 
+#: a sweep of the kernel sampler is followed by at least this many times its length of sleep
+SWEEP_BUDGET = 100
+
+
 class KernelSampler(threading.Thread):
     """Samples the kernel's own view of the workers from /proc: which CPU, which state.
 
@@ -46,6 +50,9 @@ class KernelSampler(threading.Thread):
     With ``cpus`` and a readable sched debug file it also reads the kernel's own per-CPU
     ``nr_running`` after each sweep (``self.nr``, see :mod:`harmony.probes.sched_debug`);
     ``nr_why_not`` says why not otherwise.
+
+    It sweeps every 1/hz s from ``begin`` on, less often when a sweep is long: after one it
+    sleeps at least :data:`SWEEP_BUDGET` times as long as it took.
     """
 
     def __init__(self, pids: list[int], hz: float, cpus: list[int] | None = None):
@@ -74,7 +81,9 @@ class KernelSampler(threading.Thread):
 
     def _sweeps(self):
         me = threading.get_native_id()
-        while not self.stopping.wait(self.period):
+        wait = self.period
+        while not self.stopping.wait(wait):
+            t = time.monotonic()
             if self.nr:
                 self.nr.sample(me)
             before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -89,6 +98,9 @@ class KernelSampler(threading.Thread):
             after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             mid = (before + after) // 2
             self.rows += [(mid, after - before, pid, cpu, state) for pid, cpu, state in sweep]
+            # at SCHED_FIFO (while a run is measured) a sweep takes its CPU from the tasks: with
+            # many tasks (600: 5.4 ms a sweep) the rate drops so that it takes at most ~1 %
+            wait = max(self.period, SWEEP_BUDGET * (time.monotonic() - t))
 
     def frame(self) -> pd.DataFrame:
         return store.rows_frame(self.rows, {"ts": "int64", "sweep_ns": "int64", "pid": "int32",

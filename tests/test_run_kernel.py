@@ -207,6 +207,27 @@ def test_a_crowded_cpu_set_gets_the_window_asked(kernel, tmp_path):
     assert not our_workers()
 
 
+def test_the_kernel_sampler_sweeps_less_often_when_a_sweep_is_long():
+    """A sweep of 3000 /proc reads (>= 5 ms) is followed by >= 0.5 s of sleep (SWEEP_BUDGET),
+    whatever the rate asked (100 Hz); a sweep of 3 reads keeps the rate. At SCHED_FIFO a sweep
+    takes its CPU from the tasks: this keeps it near 1 %."""
+    from harmony.run import SWEEP_BUDGET, KernelSampler
+
+    def sweeps(n_pids):
+        sampler = KernelSampler([os.getpid()] * n_pids, 100.0)
+        sampler.start()
+        sampler.begin.set()
+        time.sleep(0.5)
+        sampler.stopping.set()
+        sampler.join()
+        ts = sampler.frame()
+        return ts["ts"].nunique(), ts["sweep_ns"].min()
+
+    n, shortest = sweeps(3000)
+    assert n <= 1 + 0.5 / (SWEEP_BUDGET * shortest / 1e9) and n <= 2, (n, shortest)
+    assert sweeps(3)[0] >= 10
+
+
 def test_sigkill_of_the_controller(kernel, tmp_path):
     out = tmp_path / "killed"
     proc = start_long_run(out)
