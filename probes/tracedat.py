@@ -14,6 +14,8 @@ Layout written (all numbers little endian, see trace-cmd.dat.v6(5) and trace-cmd
     u64 size "<pid> <comm>\\n"...                                 cmdlines
     u32 n_cpus
     "options  \\0"  { u16 id u32 size data } ... u16 0            TRACECLOCK(4), UNAME(5), CPUSTAT(2)
+                   TRACECLOCK holds "[clock]\\0" too: trace-cmd 3 parses the option's own bytes,
+                   and an empty one made it parse uninitialised memory (raw timestamps, at times)
     "flyrecord\\0"   { u64 offset u64 size } * n_cpus
     u64 size "<trace_clock file with [clock]>"                    read because of the TRACECLOCK option
     <zero padding to a page boundary>  cpu0 pages, cpu1 pages ...  (each page aligned)
@@ -129,8 +131,9 @@ def write_tracedat(raw_dir: Path, dest_path: Path) -> Path:
 
     n_cpus = (max(files) + 1) if files else 0
     out += _u32(n_cpus)
+    clock_text = f"[{meta.get('clock', 'local')}]\n".encode()
     out += b"options  \0"
-    out += _option(OPTION_TRACECLOCK, b"")
+    out += _option(OPTION_TRACECLOCK, clock_text + b"\0")
     if meta.get("kernel"):
         out += _option(OPTION_UNAME, f"Linux {meta['kernel']}".encode() + b"\0")
     stats = meta.get("stats") or {}
@@ -143,8 +146,6 @@ def write_tracedat(raw_dir: Path, dest_path: Path) -> Path:
     out += b"flyrecord\0"
     table_at = len(out)
     out += bytes(16 * n_cpus)                          # offsets/sizes, filled below
-    clock = str(meta.get("clock", "local"))
-    clock_text = f"[{clock}]\n".encode()
     out += _u64(len(clock_text)) + clock_text
 
     offset = -(-len(out) // page_size) * page_size

@@ -116,6 +116,12 @@ def test_header_layout(tmp_path):
     assert b[offs[0][0]:offs[0][0] + offs[0][1]] == raw0
     assert b[offs[1][0]:offs[1][0] + offs[1][1]] == raw1
     assert len(b) == offs[1][0] + offs[1][1]
+    # the TRACECLOCK option holds the clock, NUL-terminated: trace-cmd 3 parses the option's
+    # bytes, and an empty option left it parsing uninitialised memory (now and then it printed
+    # raw timestamps, failing the comparison below)
+    o = b.index(b"options  \0") + 10
+    assert struct.unpack_from("<HI", b, o) == (4, 8) and b[o + 6:o + 14] == b"[mono]\n\0"
+    assert b[i + 32:i + 32 + 8 + 7] == struct.pack("<Q", 7) + b"[mono]\n"
 
 
 def test_corrupt_dir_raises(tmp_path):
