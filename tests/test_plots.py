@@ -75,4 +75,4 @@ def test_many_tasks_are_drawn_ranked_not_a_bar_each(tmp_path, monkeypatch):
     assert _png_size(out)[0] <= 1000
     assert [x for x in xlabels if x.startswith("task")] == [
         "task (2000, ranked by share within its role)", "task",
-                       "task (2000, ranked by static ideal share within its role)"]
+        "task (2000, ranked by static ideal share within its role)"]
