@@ -250,7 +250,8 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
         notes.append(f"{lost} events were lost by the probe: tables may miss migrations or switches")
     elif lost < 0:
         notes.append("the probe could not tell whether events were lost")
-    asked, got = manifest.get("params", {}).get("duration"), manifest.get("measured_s")
+    params = manifest.get("params", {})
+    asked, got = params.get("duration"), manifest.get("measured_s")
     if asked and got and got - asked > max(0.05, 0.05 * asked):
         notes.append(f"the measured window is {got:.3f} s, not the {asked:g} s asked: the end "
                      f"marker came {got - asked:.3f} s late (the controller, waking at the end, "
@@ -291,7 +292,7 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
                      f"counted; switches {kc['switches']['trace']} / {kc['switches']['kernel']} "
                      f"({why}; analysis.counters.df_counter_agreement gives each task's)")
     ka = manifest.get("kernel_agreement")
-    due = (asked or 0) * manifest.get("params", {}).get("sample_hz", 0)
+    due = (asked or 0) * params.get("sample_hz", 0)
     if ka and not ka["sweeps"] and due >= 2:
         notes.append(f"the kernel sampler made no sweep in the window ({due:.0f} were due): it "
                      "got no CPU time among the tasks (SCHED_FIFO refused?), so the run queues "

@@ -467,7 +467,7 @@ class Workload:
 
     @property
     def t0_ns(self) -> int:
-        """CLOCK_MONOTONIC ns of the release's t0 marker (0 before the release)."""
+        """CLOCK_MONOTONIC ns of the release's t0 marker (set by :meth:`release`)."""
         return int(self._t0[0])
 
     def freeze(self) -> None:

@@ -232,7 +232,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         # on a CPU set with many tasks
         _progress(f"{experiment.name}", params["duration"], threading.Event(),
                   stream=open(os.devnull, "w") if quiet else sys.stderr,
-                  start=workload.t0_ns / 1e9 if workload.t0_ns else None)
+                  start=workload.t0_ns / 1e9)
         mark(END)
         laps("measure")
         workload.freeze()
