@@ -304,7 +304,9 @@ def _run(a, sizes: list[int], work: Path) -> int:
     big = max(results, key=lambda r: r["events"])
     small = min(results, key=lambda r: r["events"])
     lin = big["ns_per_event"] / small["ns_per_event"] if big is not small else None
-    lin_user = big["user_ns_per_event"] / small["user_ns_per_event"] if big is not small else None
+    # user CPU time is counted in clock ticks (10 ms): a small capture can show none at all
+    user_measured = big is not small and small["user_ns_per_event"] > 0
+    lin_user = big["user_ns_per_event"] / small["user_ns_per_event"] if user_measured else None
     print(common.verdict(">= 10x faster than trace-cmd report",
                          min(r["speedup"] for r in compared) >= 10 if compared else None,
                          ", ".join(f"{r['speedup']:.1f}x at {r['events']:,}" for r in compared) or "not compared"))
@@ -315,7 +317,9 @@ def _run(a, sizes: list[int], work: Path) -> int:
                          f"ns/event {small['ns_per_event']:.0f} at {small['events']:,} -> "
                          f"{big['ns_per_event']:.0f} at {big['events']:,} (ratio {lin:.2f}, <= 1.3 is linear)"))
     print(common.verdict("cost linear in events (user CPU time)", None if lin_user is None else lin_user <= 1.3,
-                         "one size only" if lin_user is None else
+                         "one size only" if big is small else
+                         f"no user CPU time measured at {small['events']:,} events (ticks of "
+                         "10 ms)" if lin_user is None else
                          f"user ns/event {small['user_ns_per_event']:.0f} -> {big['user_ns_per_event']:.0f} "
                          f"(ratio {lin_user:.2f}); the rest of the wall time is the kernel's (page faults "
                          f"of fresh memory)"))
