@@ -27,8 +27,9 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
 
     A CPU's time between two of its sched_switch events belongs to the switch's ``next`` task:
     the idle task (pid 0), an experiment task (pid in ``tasks``), one of the run's own controller
-    threads (``controller_tids``: probe drains, sampler) or anything else (foreign). Time before the
-    CPU's first switch in the window goes to the ``prev`` task of that switch.
+    threads (``controller_tids``: probe drains or perf record, sampler) or anything else
+    (foreign). Time before the CPU's first switch in the window goes to the ``prev`` task of that
+    switch.
 
     Columns: cpu (int32), window_s (float), experiment_s, controller_s, foreign_s, idle_s (float s),
     foreign_frac (foreign_s / window_s), top_foreign (str: the foreign comm that ran longest, or

@@ -53,8 +53,11 @@ def trust_lines(m: dict) -> list[str]:
         lines.append(f"foreign load                 {fl['max_frac']:.1%} of CPU {fl['max_cpu']} at most "
                      f"(other tasks on the CPU set{'; most: ' + fl['top'] if fl.get('top') else ''})")
         if fl.get("controller_frac_max") is not None:
+            probes = {m.get("probe"), m.get("crosscheck_probe")}
+            whose = (["perf record"] * ("perf" in probes)
+                     + ["probe drains"] * bool(probes - {"perf", None}))
             lines.append(f"controller's own threads     {fl['controller_frac_max']:.1%} of a CPU at most "
-                         "(probe drains, sampler)")
+                         f"({', '.join(whose + ['sampler'])})")
     lines.append(f"reconstruction anomalies     {m.get('reconstruction_anomalies', '?')}")
     if m.get("crosscheck_probe"):
         from harmony.analysis.probe_agreement import agreement_lines

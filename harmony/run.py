@@ -221,11 +221,13 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         # tasks (a CPU set with many more tasks than CPUs made the window 0.5 s longer than asked)
         workload.release(mark, keep_fifo=True)
         own = [int(t) for t in os.listdir("/proc/self/task")]
+        # and the probes' own processes (perf record), which would otherwise wait their turn too
+        own += [t for p in (probe, second) if p for t in p.helper_tids()]
         raised = raise_threads([t for t in own if t != threading.get_native_id()])
         if sampler:
             sampler.begin.set()
-        # our own threads (probe drains, sampler) and the release's occupiers: their CPU time is
-        # reported apart from foreign load
+        # our own threads (probe drains or perf record, sampler) and the release's occupiers:
+        # their CPU time is reported apart from foreign load
         manifest["controller_tids"] = sorted(own + workload.occupier_pids)
         laps("release")
         # the window is counted from t0, not from here: the steps since take time, the more so

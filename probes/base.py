@@ -85,6 +85,13 @@ class Probe(abc.ABC):
     def decode(self) -> Capture:
         return self.decode_dir(self.out_dir)
 
+    def helper_tids(self) -> list[int]:
+        """The threads of the processes this probe runs beside the caller's (``perf record``),
+        while it records: a run raises them with its own threads for its window and counts their
+        CPU time as its own, not as foreign load. None by default (a probe recording from the
+        caller's own threads)."""
+        return []
+
     @classmethod
     def reclaim_stale(cls) -> list[str]:
         """Remove kernel state left by Harmony processes that no longer exist; return what was removed."""

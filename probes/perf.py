@@ -607,6 +607,15 @@ class PerfProbe(Probe):
         except OSError:
             return ""
 
+    def helper_tids(self) -> list[int]:
+        """perf record's threads (one, unless perf splits its work), while it records."""
+        if self._proc is None or self._stopped or self._proc.poll() is not None:
+            return []
+        try:
+            return sorted(int(t) for t in os.listdir(f"/proc/{self._proc.pid}/task"))
+        except OSError:         # exited meanwhile
+            return []
+
     def mark(self, text: str) -> int:
         with self._lock:
             if self._proc is None or self._stopped or self._markers is None:

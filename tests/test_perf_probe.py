@@ -377,6 +377,10 @@ def test_kernel_perf_run_decodes_like_tracefs(perf_kernel, perf_run, crosscheck_
         mine, theirs = run.table(name), other.table(name)
         assert list(mine.columns) == list(theirs.columns), name
         assert mine.dtypes.astype(str).to_dict() == theirs.dtypes.astype(str).to_dict(), name
+    # perf record's CPU time is the run's own, not foreign load
+    assert m["probe_meta"]["perf_pid"] in m["controller_tids"]
+    assert other.manifest["crosscheck_meta"]["perf_pid"] in other.manifest["controller_tids"]
+    assert "(perf record, sampler)" in (perf_run.path / "report.md").read_text()
     raw = perf_run.path / "raw" / "perf"
     assert {"perf.data", "markers.jsonl", "meta.json", "perf.log"} <= {p.name for p in raw.iterdir()}
     # perf drops, without counting them lost, the hits in the context of tasks it is blind in
@@ -527,14 +531,18 @@ def test_kernel_probe_stop_leaves_nothing_and_errors_are_probe_errors(perf_kerne
     probe = PerfProbe(Path("p"), [0, 1], 1.0)
     with pytest.raises(ProbeError):
         probe.mark("too early")
+    assert probe.helper_tids() == []
     probe.start()
     try:
-        assert _perf_processes_writing(tmp_path)
+        writing = _perf_processes_writing(tmp_path)
+        assert writing
+        # the threads a run raises with its own and counts as its own: perf record's
+        assert set(writing) <= set(probe.helper_tids())
         probe.mark("harmony t0")
     finally:
         probe.stop()
     probe.stop()  # idempotent
-    assert not _perf_processes_writing(tmp_path)
+    assert not _perf_processes_writing(tmp_path) and probe.helper_tids() == []
     cap = PerfProbe.decode_dir(tmp_path / "p")
     assert list(cap.markers["text"]) == ["harmony t0"] and cap.meta["lost_events"] >= 0
 
