@@ -284,10 +284,19 @@ def export(run_dir, fmt, out):
     if dest.is_dir():
         raise click.BadParameter(f"{dest} is a directory", param_hint="--out")
     try:
-        wrote = export_tracedat(run_dir, dest)
-        if export_source(store.read_json(run_dir / "manifest.json")) == "tracefs cross-check":
+        manifest = store.read_json(run_dir / "manifest.json")
+        wrote, notes = export_tracedat(run_dir, dest)
+        source = export_source(manifest)
+        if source == "tracefs cross-check":
             click.echo(f"{run_dir}: recorded with another probe; this is its tracefs cross-check's "
                        "capture", err=True)
+        elif source == "events":
+            click.echo(f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which keeps no "
+                       "ring-buffer pages: written from its decoded events (each with a fixed "
+                       "layout; common_flags, preempt count and the 'R+' preempted flag are not "
+                       "kept)", err=True)
+        for note in notes:
+            click.echo(f"note: {note}", err=True)
         click.echo(wrote)
     except (ImportFailed, ProbeError, RunError, OSError) as exc:
         _fail(str(exc))

@@ -1,5 +1,5 @@
 """Analyse a trace recorded elsewhere: a trace-cmd ``trace.dat`` or a ``perf.data`` of the sched
-tracepoints becomes a normal run directory (``harmony import``), and a Harmony tracefs capture
+tracepoints becomes a normal run directory (``harmony import``), and a Harmony run's capture
 becomes a ``trace.dat`` for KernelShark / ``trace-cmd report`` (``harmony export``).
 
 An imported run has no controller: its tasks are whatever the user names (pids, comms), t0 is the
@@ -461,12 +461,15 @@ def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus:
 
 # --- export ------------------------------------------------------------------------------------
 
-def export_tracedat(run_dir: Path, dest: Path) -> Path:
-    """Write the run's capture as a trace.dat at ``dest``.
+def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
+    """Write the run's capture as a trace.dat at ``dest``; (dest, notes for the user).
 
     A tracefs capture is converted (:func:`harmony.probes.tracedat.write_tracedat`): the run's own,
     or the cross-check's when another probe recorded the run (:func:`export_source` says which);
-    an imported trace.dat is copied as it was. Otherwise: ImportFailed saying why.
+    an imported trace.dat is copied as it was. Any other run (the perf probe, an imported
+    perf.data, a simulation) has its decoded events written as ring-buffer pages first
+    (:mod:`harmony.probes.encode`, whose notes say what those pages cannot hold). ImportFailed
+    (one line) when the capture or the events are missing.
     """
     from harmony.probes.tracedat import write_tracedat
 
@@ -477,22 +480,44 @@ def export_tracedat(run_dir: Path, dest: Path) -> Path:
         raw = run_dir / "raw" / "tracefs"
         if not raw.is_dir():
             raise ImportFailed(f"{run_dir}: the tracefs capture {raw} is missing")
-        return write_tracedat(raw, dest)
+        return write_tracedat(raw, dest), []
     if which == "import":
         stored = run_dir / manifest["source"]["stored"]
         if not stored.is_file():
             raise ImportFailed(f"{run_dir}: the imported trace {stored} is missing")
         shutil.copyfile(stored, dest)
-        return dest
-    raise ImportFailed(f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which keeps no ftrace ring-buffer "
-                       "pages; only tracefs captures (a run's own or its --crosscheck tracefs) and "
-                       "imported trace.dat files export to trace.dat")
+        return dest, []
+    return _export_events(run_dir, manifest, Path(dest))
 
 
-def export_source(manifest: dict) -> str | None:
+def _export_events(run_dir: Path, manifest: dict, dest: Path) -> tuple[Path, list[str]]:
+    """export_tracedat of a run without ring-buffer pages: from its events and markers tables."""
+    import tempfile
+
+    from harmony.probes.encode import write_recording
+    from harmony.probes.tracedat import write_tracedat
+
+    tables = {}
+    for name in ("events", "markers"):
+        path = run_dir / f"{name}.parquet"
+        if not path.is_file():
+            raise ImportFailed(f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which "
+                               f"keeps no ftrace ring-buffer pages, and {path.name}, the decoded "
+                               "capture they would be written from, is missing (the run was never "
+                               "analysed)")
+        tables[name] = store.read_table(path)
+    with tempfile.TemporaryDirectory(prefix=".harmony-export-", dir=dest.parent) as tmp:
+        meta = dict(manifest.get("capture") or {})
+        meta["cpus"] = meta.get("cpus") or manifest.get("cpus") or []   # CPUs without an event too
+        notes = write_recording(tables["events"], tables["markers"], meta, Path(tmp))
+        write_tracedat(Path(tmp), dest)
+    return dest, notes
+
+
+def export_source(manifest: dict) -> str:
     """Which capture of a run :func:`export_tracedat` writes: "tracefs" (the run's probe),
     "tracefs cross-check" (the second probe's, when the run's is another), "import" (an imported
-    trace.dat) or None (none can be)."""
+    trace.dat) or "events" (its decoded events, written as ring-buffer pages)."""
     probe = manifest.get("probe")
     if probe == "tracefs":
         return "tracefs"
@@ -500,4 +525,4 @@ def export_source(manifest: dict) -> str | None:
         return "import"
     if manifest.get("crosscheck_probe") == "tracefs":
         return "tracefs cross-check"
-    return None
+    return "events"

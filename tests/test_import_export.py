@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
@@ -276,13 +277,14 @@ def test_bad_arguments_exit_2_before_anything(writer_dat, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "x"]
 
 
-def test_export_refuses_a_run_of_another_probe(tmp_path):
+def test_export_of_a_run_without_pages_needs_its_decoded_events(tmp_path):
     run = tmp_path / "perf-run"
     (run / "raw/perf").mkdir(parents=True)
-    (run / "manifest.json").write_text(json.dumps({"probe": "perf", "status": "complete"}))
+    (run / "manifest.json").write_text(json.dumps({"probe": "perf", "status": "incomplete"}))
     line = one_line_error(invoke("export", run), run)
-    assert "'perf'" in line and "tracefs" in line
+    assert "'perf'" in line and "events.parquet" in line and "never analysed" in line
     assert not (run / "trace.dat").exists()
+    assert not list(tmp_path.rglob(".harmony-export-*"))
 
 
 def test_export_of_a_perf_run_writes_its_tracefs_crosscheck(writer_dat, tmp_path):
@@ -298,6 +300,101 @@ def test_export_of_a_perf_run_writes_its_tracefs_crosscheck(writer_dat, tmp_path
     assert r.exit_code == 0, r.output
     assert "tracefs cross-check" in r.output
     assert (tmp_path / "x.dat").read_bytes() == dat.read_bytes()
+
+
+# --- canonical events written as pages (runs of the perf probe, imports of perf.data, simulations)
+
+def _stream_to_encode(ncpus: int, n_events: int, stretch: int):
+    """A simulated stream on ``ncpus`` CPUs with its time axis stretched ``stretch`` times (so
+    that gaps of over 2^27 ns need time-extend records), plus rows of events the decoder has no
+    rule for, and markers: one with no CPU, one longer than a page can hold."""
+    from harmony.analysis.synthetic import simulate
+    from harmony.probes.schema import make_events
+
+    ev = simulate(ncpus=ncpus, ntasks=2 * ncpus, n_events=n_events, seed=3, p_exit=0.002).events
+    at = ev["ts"].to_numpy()[[10, 20]]
+    other = make_events({"ts": at, "cpu": [1, 0], "common_pid": [7, 0], "pid": [1000, -1],
+                         "event": ["sched_process_wait", "irq:irq_handler_entry"],
+                         "comm": ["", "eth0"], "prio": [-1, 120]})
+
+    def plain(col):
+        return col.astype(str).to_numpy() if isinstance(col.dtype, pd.CategoricalDtype) \
+            else col.to_numpy()
+
+    events = make_events({c: np.concatenate([plain(ev[c]), plain(other[c])]) for c in ev.columns})
+    events["ts"] *= stretch
+    t = events["ts"].to_numpy()
+    markers = pd.DataFrame({"ts": t[[0, len(t) // 2, -1]], "cpu": np.array([0, ncpus - 1, -1],
+                                                                           np.int16),
+                            "pid": np.array([1, 2, 3], np.int32),
+                            "text": ["harmony t0", "x" * 5000, "harmony end"]})
+    return events, markers
+
+
+@pytest.mark.parametrize("ncpus,stretch", [(4, 1), (64, 10_000)])
+def test_events_written_as_pages_decode_to_the_same_tables(tmp_path, ncpus, stretch):
+    from harmony.probes.encode import MAX_MARKER, write_recording
+    from harmony.probes.ringbuf import decode_dir
+
+    events, markers = _stream_to_encode(ncpus, 20_000, stretch)
+    ts, cpu = events["ts"].to_numpy(), events["cpu"].to_numpy()
+    assert any((np.diff(ts[cpu == c]) >= 1 << 27).any() for c in range(ncpus)) == (stretch > 1)
+    notes = write_recording(events, markers, {"cpus": list(range(ncpus)) + [ncpus + 3],
+                                              "lost_events": 7, "lost_by_cpu": {"2": 4}},
+                            tmp_path / "rec")
+    cap = decode_dir(tmp_path / "rec")
+    # the same rows; events of one instant on several CPUs come in the decoder's CPU order
+    by_cpu = [df.sort_values(["ts", "cpu"], kind="stable").reset_index(drop=True)
+              for df in (cap.events, events)]
+    pd.testing.assert_frame_equal(*by_cpu, check_categorical=False)
+    assert list(cap.markers["text"]) == ["harmony t0", "x" * MAX_MARKER, "harmony end"]
+    assert list(cap.markers["cpu"]) == [0, ncpus - 1, 0]
+    assert list(cap.markers["ts"]) == list(markers["ts"])
+    # every CPU asked for has its file, with or without events; the lost events are all counted
+    assert sorted(cap.meta["lost_by_cpu"]) == list(range(ncpus)) + [ncpus + 3]
+    assert cap.meta["lost_events"] == 7 and cap.meta["lost_by_cpu"][2] == 4
+    assert any("3 lost events counted for no CPU" in n for n in notes)
+    assert any("1 markers recorded on no known CPU" in n for n in notes)
+    assert any(f"cut to {MAX_MARKER} bytes" in n for n in notes)
+
+
+@needs_trace_cmd
+def test_trace_cmd_reports_events_written_as_pages(tmp_path):
+    from harmony.probes.encode import write_recording
+    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.ringbuf import decode_dir
+
+    events, markers = _stream_to_encode(64, 5_000, 10_000)
+    write_recording(events, markers, {"cpus": list(range(64))}, tmp_path / "rec")
+    dat = write_tracedat(tmp_path / "rec", tmp_path / "x.dat")
+    ours = decoded_records(decode_dir(tmp_path / "rec"))
+    # trace-cmd names an event without its system
+    assert sorted(report_events(dat)) == sorted((t, c, e.rpartition(":")[2]) for t, c, e in ours)
+    text = subprocess.run([TRACE_CMD, "report", "-i", str(dat)], capture_output=True,
+                          text=True, timeout=120).stdout
+    assert "cpus=64" in text and ": harmony end" in text
+    assert re.search(r"sched_switch: +\S+:\d+ \[\d+\] [RS] ==> ", text), text[:2000]
+
+
+def test_export_of_a_simulated_run_imports_as_the_same_run(tmp_path):
+    r = invoke("simulate", "--policy", "pairwise-random", "--cpus", 8, "--experiment",
+               "single-source", "-p", "duration=3", "--out", tmp_path / "sim")
+    assert r.exit_code == 0, r.output
+    sim = harmony.load(tmp_path / "sim" / "rep-01")
+    r = CliRunner().invoke(main, ["export", str(sim.path), "--out", str(tmp_path / "x.dat")])
+    assert r.exit_code == 0, r.output
+    assert "written from its decoded events" in r.stderr
+    m = sim.manifest
+    args = ["--t0", m["t0_ns"] / 1e9, "--end", m["end_ns"] / 1e9, "--out", tmp_path / "back"]
+    r = invoke("import", tmp_path / "x.dat", *args,
+               *[a for p in sim.tasks["pid"] for a in ("--pid", p)])
+    assert r.exit_code == 0, r.output
+    back = harmony.load(tmp_path / "back")
+    pd.testing.assert_frame_equal(back.events, sim.events, check_categorical=False)
+    for name in ("migrations", "runs", "runqueue"):
+        # an imported task is named by its comm (hmy-w03), a simulated one by its spec (w03)
+        mine, theirs = (t.table(name).drop(columns=["name"], errors="ignore") for t in (back, sim))
+        pd.testing.assert_frame_equal(mine, theirs, check_categorical=False)
 
 
 # --- the real kernel ---------------------------------------------------------------------------

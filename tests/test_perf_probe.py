@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -494,6 +495,39 @@ def test_kernel_independent_perf_sees_the_migrations_harmony_reports(perf_kernel
             ctx = (int(hit["common_pid"].iat[0]), int(hit["cpu"].iat[0]) if hit["common_pid"].iat[0] == 0 else -1)
             assert ctx in ran and ctx not in recorded, (r, ctx, "perf missed a move in a context it records")
         assert (pairs["status"] != "only_b").sum() == len(harmony_mig)
+
+
+@pytest.mark.kernel
+def test_kernel_perf_run_exports_a_trace_dat_that_imports_as_the_same_run(perf_kernel, perf_run,
+                                                                          tmp_path):
+    from click.testing import CliRunner
+    from harmony.cli import main
+
+    import harmony
+
+    run = harmony.load(perf_run.path)
+    dat = tmp_path / "perf-run.dat"
+    r = CliRunner().invoke(main, ["export", str(run.path), "--out", str(dat)])
+    assert r.exit_code == 0, r.output
+    assert "written from its decoded events" in r.stderr
+    if shutil.which("trace-cmd"):   # every event and marker, as trace-cmd reads them
+        p = subprocess.run(["trace-cmd", "report", "-i", str(dat)], capture_output=True, text=True,
+                           timeout=120)
+        assert p.returncode == 0, p.stderr
+        shown = [ln for ln in p.stdout.splitlines() if re.search(r"\[\d{3}\]\s+\d+\.\d+:", ln)]
+        assert len(shown) == len(run.events) + len(run.markers)
+    pids = [a for p in run.tasks["pid"] for a in ("--pid", str(p))]
+    r = CliRunner().invoke(main, ["import", str(dat), *pids, "--t0-marker", "harmony t0",
+                                  "--end-marker", "harmony end", "--out", str(tmp_path / "back")])
+    assert r.exit_code == 0, r.output
+    back = harmony.load(tmp_path / "back")
+    pd.testing.assert_frame_equal(back.events, run.events, check_categorical=False)
+    assert (back.manifest["t0_ns"], back.manifest["end_ns"]) == (run.manifest["t0_ns"],
+                                                                  run.manifest["end_ns"])
+    for name in ("migrations", "runs", "runqueue"):
+        mine, theirs = (t.table(name).drop(columns=["name"], errors="ignore")
+                        for t in (back, run))
+        pd.testing.assert_frame_equal(mine, theirs, check_categorical=False)
 
 
 @pytest.mark.kernel
