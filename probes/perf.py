@@ -608,7 +608,7 @@ class PerfProbe(Probe):
             return ""
 
     def helper_tids(self) -> list[int]:
-        """perf record's threads (one, unless perf splits its work), while it records."""
+        """perf record's threads (its main thread and the helpers perf starts), while it records."""
         if self._proc is None or self._stopped or self._proc.poll() is not None:
             return []
         try:
