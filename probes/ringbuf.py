@@ -760,7 +760,7 @@ def _decode_events(src, pos, length, ts, cpu, code, ids, formats, where):
         cols[col] = pd.Categorical.from_codes(str_codes[col], categories=cats)
     cols["event"] = pd.Categorical.from_codes(event_codes, categories=labels) if labels else \
         pd.Categorical([])
-    return make_events({k: cols[k] for k in COLUMNS}), notes
+    return make_events({k: cols[k] for k in COLUMNS}, ordered=True), notes  # merged order
 
 
 _JIT_INT_COLUMNS = tuple(c for c in INT_COLUMNS if c not in ("ts", "cpu"))
@@ -897,7 +897,7 @@ def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, ord
         cols[col] = pd.Categorical.from_codes(out, categories=list(cats), validate=False)
     cols["event"] = pd.Categorical.from_codes(ev_label, categories=labels, validate=False) \
         if labels else pd.Categorical([])
-    return make_events({k: cols[k] for k in COLUMNS}), notes
+    return make_events({k: cols[k] for k in COLUMNS}, ordered=True), notes  # merged order
 
 
 # --- directory level ---------------------------------------------------------------------------

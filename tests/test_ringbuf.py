@@ -591,6 +591,16 @@ def test_missing_or_bad_files(tmp_path, what):
     assert name in _one_line(e)
 
 
+def test_events_of_one_instant_come_by_cpu_whatever_the_probe():
+    from harmony.probes.schema import make_events
+    ev = make_events({"ts": [5, 3, 5, 5, 5], "cpu": [1, 0, 0, 1, 0], "pid": [1, 2, 3, 4, 5]})
+    # by ts, an instant's events by CPU, one CPU's events of an instant in the order given
+    assert list(ev["ts"]) == [3, 5, 5, 5, 5] and list(ev["cpu"]) == [0, 0, 0, 1, 1]
+    assert list(ev["pid"]) == [2, 3, 5, 1, 4]
+    given = make_events({"ts": [3, 5, 5], "cpu": [1, 0, 1], "pid": [7, 8, 9]})
+    assert list(given["pid"]) == [7, 8, 9]
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 @pytest.mark.parametrize("runs", [1, 2, 3, 8, 9, 40])
 def test_merged_order_is_a_stable_argsort(runs, threads, monkeypatch):
