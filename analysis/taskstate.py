@@ -102,8 +102,17 @@ def _order_by_task_then_seq(rpid: np.ndarray, seq: np.ndarray, pidset: np.ndarra
 
 #: the last table built, keyed by the events object and the pids: df_migrations, df_runqueue and
 #: df_anomalies all need it, and building it is most of their cost. Analyses never modify an
-#: events table in place, so the identity of the object (held weakly) is a safe key.
+#: events table in place, so the identity of the object (held weakly) is a safe key; the table
+#: is dropped when that object is (it would hold ~37 bytes per event for nothing until the next
+#: trace's).
 _last: tuple | None = None
+
+
+def _forget(ref) -> None:
+    """The events object of the cached table is gone: drop the table."""
+    global _last
+    if _last is not None and _last[0] is ref:
+        _last = None
 
 
 def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
@@ -134,7 +143,7 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     if _last is not None and _last[0]() is events and _last[1] == key and _last[2] == len(events):
         return _last[3]
     table, seq_rows = _build_task_records_and_order(events, pids)
-    _last = (weakref.ref(events), key, len(events), table, seq_rows)
+    _last = (weakref.ref(events, _forget), key, len(events), table, seq_rows)
     return table
 
 

@@ -900,6 +900,22 @@ def test_core_tables_are_the_three_tables(side_by_side, monkeypatch, state_machi
     assert len(got["migrations"]) and len(got["runs"]) and len(got["runqueue"]) > 4
 
 
+def test_the_cached_records_go_with_their_events(state_machine):
+    """task_records keeps the last table for the analyses of the same events, and no longer: a
+    long-lived process would otherwise hold the last trace's records (~37 bytes per event) until
+    the next trace's, in the middle of the memory that trace is decoded into."""
+    import gc
+    import weakref
+    from harmony.analysis import taskstate
+    sim, ev = lossy_stream(4, 9, 2)
+    r = taskstate.task_records(ev, sim.tasks["pid"])
+    assert taskstate.task_records(ev, sim.tasks["pid"]) is r      # the same events: cached
+    table = weakref.ref(r)
+    del r, ev
+    gc.collect()
+    assert taskstate._last is None and table() is None
+
+
 def test_seq_rows_is_the_time_order_of_the_records(state_machine):
     """taskstate.seq_rows: the rows of the records table in seq order, whether the compiled state
     machine handed them over (a counting sort's inverse) or they are sorted afresh."""
