@@ -535,7 +535,7 @@ def df_core(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     if len(events) < hjit.PARALLEL_MIN_ITEMS or hjit.threads() < 2:
         return {"runs": df_runs(events, tasks, t0, t_end)} | rest()
     from concurrent.futures import wait
-    runs = hjit.in_background(df_runs, events, tasks, t0, t_end)
+    runs = hjit.on_side_thread(df_runs, events, tasks, t0, t_end)
     try:
         out = rest()
     finally:

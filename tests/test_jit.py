@@ -1,5 +1,5 @@
-"""harmony.jit's thread pool: split work runs on it, waits for every range, survives fork, and
-never keeps the console script from exiting."""
+"""harmony.jit's thread pool and side thread: split work runs on them, waits for every range,
+survives fork, and never keeps the console script from exiting."""
 
 import os
 import subprocess
@@ -39,13 +39,24 @@ def test_run_split_waits_for_every_range_when_one_raises():
     assert sorted(done) == [1, 2]      # nothing still runs after the call
 
 
+def test_the_side_thread_is_one_thread_that_may_wait_on_the_pool():
+    # always the same thread: the memory its last call freed stays in its malloc arena
+    assert len({jit.on_side_thread(threading.get_native_id).result() for _ in range(20)}) == 1
+    assert jit.on_side_thread(threading.get_native_id).result() != threading.get_native_id()
+    # what it runs may split its work over the pool and wait for it (df_core's runs do)
+    split = jit.on_side_thread(jit.run_split, lambda lo, hi, k: k, [(0, 1), (1, 2), (2, 3)])
+    assert split.result(timeout=20) == [0, 1, 2]
+
+
 def test_a_forked_child_gets_its_own_pool():
     assert jit.in_background(int, "7").result() == 7      # the parent's pool has threads now
+    assert jit.on_side_thread(int, "6").result() == 6     # and its side thread
     pid = os.fork()
     if pid == 0:  # the parent's threads do not exist here: the old pool would never run this
         ok = False
         try:
-            ok = jit.in_background(int, "8").result(timeout=20) == 8
+            ok = (jit.in_background(int, "8").result(timeout=20) == 8
+                  and jit.on_side_thread(int, "9").result(timeout=20) == 9)
         finally:
             os._exit(0 if ok else 1)
     deadline = time.monotonic() + 30
@@ -64,6 +75,7 @@ def test_a_forked_child_gets_its_own_pool():
 def test_console_script_exits_after_using_the_pool():
     # entry() joins the non-daemon threads before os._exit: the pool's idle workers must end first
     code = ("import sys\nfrom harmony import jit\njit.in_background(int, '1').result()\n"
+            "jit.on_side_thread(int, '1').result()\n"
             "sys.argv = ['harmony', '--help']\nfrom harmony.cli import entry\nentry()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
