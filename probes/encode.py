@@ -271,7 +271,9 @@ def write_recording(events: pd.DataFrame, markers: pd.DataFrame, meta: dict, des
     elif total < 0:
         notes.append("the capture's lost events were unknown: the trace.dat says none")
     out_meta = {"probe": "tracefs", "encoded_from": meta.get("probe"),
-                "clock": meta.get("clock", "mono"), "page_size": page_size, "cpus": cpus,
+                # the trace clock's name alone (a perf import says "perf (sched_clock, ...)")
+                "clock": (str(meta.get("clock") or "mono").split() or ["mono"])[0],
+                "page_size": page_size, "cpus": cpus,
                 "events_enabled": [f"{s}/{n}" for s, n in map(_split_label, labels)]
                 + ["ftrace/print"],
                 "stats": {str(c): {"overrun": 0, "commit overrun": 0,

@@ -340,7 +340,8 @@ def test_events_written_as_pages_decode_to_the_same_tables(tmp_path, ncpus, stre
     ts, cpu = events["ts"].to_numpy(), events["cpu"].to_numpy()
     assert any((np.diff(ts[cpu == c]) >= 1 << 27).any() for c in range(ncpus)) == (stretch > 1)
     notes = write_recording(events, markers, {"cpus": list(range(ncpus)) + [ncpus + 3],
-                                              "lost_events": 7, "lost_by_cpu": {"2": 4}},
+                                              "lost_events": 7, "lost_by_cpu": {"2": 4},
+                                              "clock": "perf (sched_clock, perf's default)"},
                             tmp_path / "rec")
     cap = decode_dir(tmp_path / "rec")
     # the same rows in the same order (an instant's events on several CPUs: by CPU, in both)
@@ -355,6 +356,7 @@ def test_events_written_as_pages_decode_to_the_same_tables(tmp_path, ncpus, stre
     assert any("3 lost events counted for no CPU" in n for n in notes)
     assert any("1 markers recorded on no known CPU" in n for n in notes)
     assert any(f"cut to {MAX_MARKER} bytes" in n for n in notes)
+    assert cap.meta["clock"] == "perf"      # a trace clock's name, as trace.dat files hold it
 
 
 @needs_trace_cmd
