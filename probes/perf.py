@@ -159,6 +159,21 @@ def _perf_version(perf: str) -> str:
     return out.removeprefix("perf version ").strip()
 
 
+_record_help: dict[str, str] = {}
+
+
+def _record_knows(perf: str, option: str) -> bool:
+    """Whether this ``perf record`` has ``option`` (its help lists it; asked once per binary)."""
+    if perf not in _record_help:
+        try:
+            r = subprocess.run([perf, "record", "-h"], capture_output=True, text=True, timeout=10,
+                               env=_ENV)
+            _record_help[perf] = r.stdout + r.stderr
+        except (OSError, subprocess.SubprocessError):
+            _record_help[perf] = ""
+    return option in _record_help[perf]
+
+
 def _first_error_line(text: str) -> str:
     """The most telling line of a perf error message."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -530,6 +545,9 @@ class PerfProbe(Probe):
                 "-m", str(self.mmap_pages),
                 "-B", "-N",          # no build-id post-processing: stop() is quick
                 "--synth=no",        # no /proc walk at start: comms come from the tracepoints
+                # no side-band thread for BPF program events, which perf waits ~0.5 s for at exit
+                # (perf >= 5.1 has the option; an older one is not given it)
+                *(["--no-bpf-event"] if _record_knows(perf, "--no-bpf-event") else []),
                 "-D", "-1",          # start with events disabled ...
                 "--control", f"fd:{ctl_fd},{ack_fd}",  # ... until start() says "enable"
                 "-o", str(self.perf_data)]
