@@ -585,13 +585,14 @@ def test_kernel_probe_stop_leaves_nothing_and_errors_are_probe_errors(perf_kerne
 def test_perf_record_records_no_bpf_events_when_it_can_be_told(tmp_path, knows):
     # without them perf starts no side-band thread, which it waits ~0.5 s for when it stops
     fake = tmp_path / "perf"
+    option = "echo '        --no-bpf-event    do not record bpf events'\n"
     fake.write_text("#!/bin/sh\necho ' usage: perf record [<options>]'\n"
-                    + ("echo '        --no-bpf-event    do not record bpf events'\n" if knows else "")
-                    + "exit 129\n")
+                    + (option if knows else "") + "exit 129\n")
     fake.chmod(0o755)
     cmd = PerfProbe(tmp_path / "p", [0], 1.0).command(5, 6, str(fake))
     assert ("--no-bpf-event" in cmd) == knows
-    assert cmd[:2] == [str(fake), "record"] and cmd[-2:] == ["-o", str(tmp_path / "p" / "perf.data")]
+    assert cmd[:2] == [str(fake), "record"]
+    assert cmd[-2:] == ["-o", str(tmp_path / "p" / "perf.data")]
 
 
 @pytest.mark.parametrize("args", [["--crosscheck", "tracefs"], ["--crosscheck", "dtrace"],
