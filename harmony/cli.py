@@ -283,6 +283,8 @@ def export(run_dir, fmt, out):
     dest = out or run_dir / "trace.dat"
     if dest.is_dir():
         raise click.BadParameter(f"{dest} is a directory", param_hint="--out")
+    if not dest.absolute().parent.is_dir():
+        raise click.BadParameter(f"{dest.absolute().parent}: no such directory", param_hint="--out")
     try:
         manifest = store.read_json(run_dir / "manifest.json")
         wrote, notes = export_tracedat(run_dir, dest)

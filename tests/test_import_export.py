@@ -270,6 +270,12 @@ def test_bad_arguments_exit_2_before_anything(writer_dat, tmp_path):
         assert r.exit_code == 2, (args, r.output)
         assert "Traceback" not in r.output
     assert not out.exists()
+    # export into a directory that does not exist: refused before anything is written
+    run = tmp_path / "a-run"
+    run.mkdir()
+    (run / "manifest.json").write_text('{"probe": "tracefs", "status": "complete"}')
+    r = invoke("export", run, "--out", tmp_path / "no" / "x.dat")
+    assert r.exit_code == 2 and "no such directory" in r.output, r.output
     # a directory that already holds a run is refused too
     (out / "x").mkdir(parents=True)
     (out / "manifest.json").write_text("{}")
