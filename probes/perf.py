@@ -546,7 +546,7 @@ class PerfProbe(Probe):
                 "-B", "-N",          # no build-id post-processing: stop() is quick
                 "--synth=no",        # no /proc walk at start: comms come from the tracepoints
                 # no side-band thread for BPF program events, which perf waits ~0.5 s for at exit
-                # (perf >= 5.1 has the option; an older one is not given it)
+                # (a perf without the option, older ones, is not given it)
                 *(["--no-bpf-event"] if _record_knows(perf, "--no-bpf-event") else []),
                 "-D", "-1",          # start with events disabled ...
                 "--control", f"fd:{ctl_fd},{ack_fd}",  # ... until start() says "enable"
