@@ -98,21 +98,27 @@ def run_split(fn, ranges: list[tuple[int, int]]) -> list:
     return [first] + [f.result() for f in futures]
 
 
-_pool_of: tuple[int, object] | None = None      # (pid, executor)
-_side_of: tuple[int, object] | None = None      # (pid, executor of one thread)
+#: this process's executors by thread name prefix: (pid, executor); a forked child makes its own
+_executors: dict[str, tuple[int, object]] = {}
+
+
+def _executor(prefix: str, workers: int):
+    """This process's executor of ``workers`` threads named ``prefix``, made on first use (and
+    again in a forked child: the parent's threads do not exist in it)."""
+    held = _executors.get(prefix)
+    if held is None or held[0] != os.getpid():
+        from concurrent.futures import ThreadPoolExecutor
+        held = _executors[prefix] = (os.getpid(),
+                                     ThreadPoolExecutor(workers, thread_name_prefix=prefix))
+    return held[1]
 
 
 def in_background(fn, *args):
     """A future of fn(*args), run on this process's thread pool. The pool lives as long as the
-    process: starting threads for each call cost more than the small kernels' work. A forked child
-    gets its own (the parent's threads do not exist in it). Its tasks (kernels' ranges) wait on
-    nothing: a task that splits its work goes to :func:`on_side_thread`."""
-    global _pool_of
-    if _pool_of is None or _pool_of[0] != os.getpid():
-        from concurrent.futures import ThreadPoolExecutor
-        _pool_of = (os.getpid(), ThreadPoolExecutor(max(4, 3 * threads()),
-                                                    thread_name_prefix="harmony-kernel"))
-    return _pool_of[1].submit(fn, *args)
+    process: starting threads for each call cost more than the small kernels' work. Its tasks
+    (kernels' ranges) wait on nothing: a task that splits its work goes to
+    :func:`on_side_thread`."""
+    return _executor("harmony-kernel", max(4, 3 * threads())).submit(fn, *args)
 
 
 def on_side_thread(fn, *args):
@@ -121,11 +127,7 @@ def on_side_thread(fn, *args):
     arena for its next call: on whichever pool thread was free, a call faulted its arrays in
     afresh whenever the thread differed from the last call's (2 M events: ~24 000 pages, half of
     the runs' time)."""
-    global _side_of
-    if _side_of is None or _side_of[0] != os.getpid():
-        from concurrent.futures import ThreadPoolExecutor
-        _side_of = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="harmony-side"))
-    return _side_of[1].submit(fn, *args)
+    return _executor("harmony-side", 1).submit(fn, *args)
 
 
 def shutdown_pool() -> None:
@@ -133,8 +135,7 @@ def shutdown_pool() -> None:
     :func:`on_side_thread` starts them again). An interpreter that exits normally does this
     itself; one that leaves by ``os._exit`` after joining its threads (``harmony.cli.entry``) must
     call it first, or wait for them forever."""
-    global _pool_of, _side_of
-    for held in (_side_of, _pool_of):
-        if held is not None and held[0] == os.getpid():
-            held[1].shutdown(wait=True)
-    _pool_of = _side_of = None
+    while _executors:
+        pid, executor = _executors.popitem()[1]
+        if pid == os.getpid():
+            executor.shutdown(wait=True)
