@@ -273,8 +273,7 @@ def clean():
 @click.option("--out", type=click.Path(path_type=Path), help="file to write (default RUN_DIR/trace.dat)")
 def export(run_dir, fmt, out):
     """Write a run's capture as a trace.dat that KernelShark and `trace-cmd report` open."""
-    from harmony import store
-    from harmony.importer import ImportFailed, export_source, export_tracedat
+    from harmony.importer import ImportFailed, export_tracedat
     from harmony.probes import ProbeError
     from harmony.store import RunError
 
@@ -286,19 +285,9 @@ def export(run_dir, fmt, out):
     if not dest.absolute().parent.is_dir():
         raise click.BadParameter(f"{dest.absolute().parent}: no such directory", param_hint="--out")
     try:
-        manifest = store.read_json(run_dir / "manifest.json")
         wrote, notes = export_tracedat(run_dir, dest)
-        source = export_source(manifest)
-        if source == "tracefs cross-check":
-            click.echo(f"{run_dir}: recorded with another probe; this is its tracefs cross-check's "
-                       "capture", err=True)
-        elif source == "events":
-            click.echo(f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which keeps no "
-                       "ring-buffer pages: written from its decoded events (each with a fixed "
-                       "layout; common_flags, preempt count and the 'R+' preempted flag are not "
-                       "kept)", err=True)
         for note in notes:
-            click.echo(f"note: {note}", err=True)
+            click.echo(note, err=True)
         click.echo(wrote)
     except (ImportFailed, ProbeError, RunError, OSError) as exc:
         _fail(str(exc))

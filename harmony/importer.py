@@ -462,7 +462,8 @@ def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus:
 # --- export ------------------------------------------------------------------------------------
 
 def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
-    """Write the run's capture as a trace.dat at ``dest``; (dest, notes for the user).
+    """Write the run's capture as a trace.dat at ``dest``; (dest, notes for the user: which
+    capture, and what the file cannot hold).
 
     A tracefs capture is converted (:func:`harmony.probes.tracedat.write_tracedat`): the run's own,
     or the cross-check's when another probe recorded the run (:func:`export_source` says which);
@@ -480,7 +481,9 @@ def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
         raw = run_dir / "raw" / "tracefs"
         if not raw.is_dir():
             raise ImportFailed(f"{run_dir}: the tracefs capture {raw} is missing")
-        return write_tracedat(raw, dest), []
+        return write_tracedat(raw, dest), (
+            [f"{run_dir}: recorded with another probe; this is its tracefs cross-check's capture"]
+            if which == "tracefs cross-check" else [])
     if which == "import":
         stored = run_dir / manifest["source"]["stored"]
         if not stored.is_file():
@@ -511,7 +514,9 @@ def _export_events(run_dir: Path, manifest: dict, dest: Path) -> tuple[Path, lis
         meta["cpus"] = meta.get("cpus") or manifest.get("cpus") or []   # CPUs without an event too
         notes = write_recording(tables["events"], tables["markers"], meta, Path(tmp))
         write_tracedat(Path(tmp), dest)
-    return dest, notes
+    return dest, [f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which keeps no "
+                  "ring-buffer pages: written from its decoded events (each with a fixed layout; "
+                  "common_flags, preempt count and the 'R+' preempted flag are not kept)"] + notes
 
 
 def export_source(manifest: dict) -> str:
