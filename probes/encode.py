@@ -35,10 +35,15 @@ MAX_MARKER = 1024                    # marker text bytes kept (a record must fit
 _PRINT_ID = 5
 _PRINT_BUF = 16                      # print's buf[]: after the common fields and ip
 
-HEADER_PAGE = ("\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
-               "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
-               "\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n"
-               f"\tfield: char data;\toffset:16;\tsize:{PAGE_SIZE - _DATA};\tsigned:0;\n")
+
+def header_page(page_size: int) -> str:
+    """The ``header_page`` file of pages of ``page_size`` bytes (as tracefs words it)."""
+    return ("\tfield: u64 timestamp;\toffset:0;\tsize:8;\tsigned:0;\n"
+            "\tfield: local_t commit;\toffset:8;\tsize:8;\tsigned:1;\n"
+            "\tfield: int overwrite;\toffset:8;\tsize:1;\tsigned:1;\n"
+            f"\tfield: char data;\toffset:{_DATA};\tsize:{page_size - _DATA};\tsigned:0;\n")
+
+
 HEADER_EVENT = ("# compressed entry header\n\ttype_len    :    5 bits\n\ttime_delta  :   27 bits\n"
                 "\tarray       :   32 bits\n\n\tpadding     : type == 29\n"
                 "\ttime_extend : type == 30\n\ttime_stamp : type == 31\n"
@@ -237,8 +242,7 @@ def write_recording(events: pd.DataFrame, markers: pd.DataFrame, meta: dict, des
         (fdir / system / name / "format").write_text(format_text(name, int(ev_id), lay))
     (fdir / "ftrace" / "print").mkdir(parents=True, exist_ok=True)
     (fdir / "ftrace" / "print" / "format").write_text(_PRINT_FORMAT)
-    (fdir / "header_page").write_text(HEADER_PAGE.replace(str(PAGE_SIZE - _DATA),
-                                                          str(page_size - _DATA)))
+    (fdir / "header_page").write_text(header_page(page_size))
     (fdir / "header_event").write_text(HEADER_EVENT)
     comm_words = {col: _comm_words(events[col].cat) for col in ("comm", "prev_comm")}
 
