@@ -87,11 +87,12 @@ class ControllerError(RuntimeError):
 
 
 def raise_threads(tids) -> list[int]:
-    """SCHED_FIFO at the release's priority for the SCHED_OTHER threads ``tids`` of this process
-    (the probe's drains, the sampler) while a run is measured; returns those raised, for
-    :func:`lower_threads`. They sleep nearly all the time, but at the tasks' priority a crowded
-    CPU set starves them, and a starved thread holding the GIL stalls every other: with 600 tasks
-    on two CPUs the sampler, preempted mid-sweep, held the controller's end marker back 0.9 s."""
+    """SCHED_FIFO at the release's priority for the SCHED_OTHER threads ``tids`` (this process's
+    probe drains and sampler, the probes' own processes such as perf record) while a run is
+    measured; returns those raised, for :func:`lower_threads`. They sleep nearly all the time,
+    but at the tasks' priority a crowded CPU set starves them, and a starved thread holding the
+    GIL stalls every other: with 600 tasks on two CPUs the sampler, preempted mid-sweep, held the
+    controller's end marker back 0.9 s."""
     raised = []
     for tid in tids:
         try:
