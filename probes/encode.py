@@ -162,13 +162,14 @@ def _pages(ts: np.ndarray, payload: np.ndarray, page_size: int):
             ts[starts], commit)
 
 
-def _cpu_pages(events: pd.DataFrame, rows: np.ndarray, markers: pd.DataFrame, mrows: np.ndarray,
+def _cpu_pages(cols: dict, rows: np.ndarray, markers: pd.DataFrame, mrows: np.ndarray,
                layouts: list, ids: np.ndarray, comm_words: dict, page_size: int) -> bytes:
-    """One CPU's pages: its events (``rows``, in time order) and markers (``mrows``)."""
-    codes = events["event"].cat.codes.to_numpy()[rows]
+    """One CPU's pages: its events (``rows`` of the events' columns ``cols``, string columns as
+    category codes, in time order) and markers (``mrows``)."""
+    codes = cols["event"][rows]
     texts = [str(t).encode("utf-8", "replace")[:MAX_MARKER] + b"\n\0"
              for t in markers["text"].to_numpy()[mrows]]
-    ts = np.concatenate([events["ts"].to_numpy()[rows], markers["ts"].to_numpy()[mrows]])
+    ts = np.concatenate([cols["ts"][rows], markers["ts"].to_numpy()[mrows]])
     kind = np.concatenate([codes.astype(np.int64), np.full(len(mrows), -1, np.int64)])
     src = np.concatenate([rows, mrows]).astype(np.int64)
     size_of = np.array([lay[0] for lay in layouts] + [0], np.int64)
@@ -197,16 +198,14 @@ def _cpu_pages(events: pd.DataFrame, rows: np.ndarray, markers: pd.DataFrame, mr
             continue
         at, row = w[sel], src[sel]
         words[at] = ids[k]                             # common_type; flags, preempt count 0
-        words[at + 1] = events["common_pid"].to_numpy()[row].astype(np.int32).view(np.uint32)
+        words[at + 1] = cols["common_pid"][row].astype(np.int32).view(np.uint32)
         for decl, off, col in fields:
-            v = events[col]
             if _field_size(decl) == 16:
-                c = v.cat.codes.to_numpy()[row]
-                table = comm_words[col]
+                c = cols[col][row]
                 for j in range(4):
-                    words[at + off // 4 + j] = table[c, j]
+                    words[at + off // 4 + j] = comm_words[col][c, j]
                 continue
-            v = v.to_numpy()[row].astype(np.int64)
+            v = cols[col][row].astype(np.int64)
             words[at + off // 4] = (v & 0xFFFFFFFF).astype(np.uint32)
             if _field_size(decl) == 8:
                 words[at + off // 4 + 1] = ((v >> 32) & 0xFFFFFFFF).astype(np.uint32)
@@ -245,8 +244,11 @@ def write_recording(events: pd.DataFrame, markers: pd.DataFrame, meta: dict, des
     (fdir / "header_page").write_text(header_page(page_size))
     (fdir / "header_event").write_text(HEADER_EVENT)
     comm_words = {col: _comm_words(events[col].cat) for col in ("comm", "prev_comm")}
+    # each column once, string ones as their category codes
+    cols = {c: (events[c].cat.codes if c in ("event", "comm", "prev_comm") else events[c])
+            .to_numpy() for c in events.columns}
 
-    ev_cpu = events["cpu"].to_numpy().astype(np.int64)
+    ev_cpu = cols["cpu"].astype(np.int64)
     mk_cpu = markers["cpu"].to_numpy().astype(np.int64)
     cpus = sorted(set(int(c) for c in meta.get("cpus") or []) | set(np.unique(ev_cpu).tolist()))
     cpus = cpus or [0]
@@ -262,7 +264,7 @@ def write_recording(events: pd.DataFrame, markers: pd.DataFrame, meta: dict, des
     for k, c in enumerate(cpus):
         rows = by_cpu[bounds[k]:bounds[k + 1]]
         mrows = np.flatnonzero(mk_cpu == c)
-        data = _cpu_pages(events, rows, markers, mrows, layouts, ids, comm_words, page_size)
+        data = _cpu_pages(cols, rows, markers, mrows, layouts, ids, comm_words, page_size)
         (dest / f"cpu{c}.raw").write_bytes(data)
 
     lost = {int(c): int(n) for c, n in (meta.get("lost_by_cpu") or {}).items()}
