@@ -60,6 +60,7 @@ stamp of a hit is ~2 us earlier than tracefs's (see :mod:`harmony.analysis.probe
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import re
@@ -159,19 +160,20 @@ def _perf_version(perf: str) -> str:
     return out.removeprefix("perf version ").strip()
 
 
-_record_help: dict[str, str] = {}
+@functools.lru_cache(maxsize=None)
+def _record_help(perf: str) -> str:
+    """``perf record -h``'s text ("" if it does not run), asked once per binary."""
+    try:
+        r = subprocess.run([perf, "record", "-h"], capture_output=True, text=True, timeout=10,
+                           env=_ENV)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return r.stdout + r.stderr
 
 
 def _record_knows(perf: str, option: str) -> bool:
-    """Whether this ``perf record`` has ``option`` (its help lists it; asked once per binary)."""
-    if perf not in _record_help:
-        try:
-            r = subprocess.run([perf, "record", "-h"], capture_output=True, text=True, timeout=10,
-                               env=_ENV)
-            _record_help[perf] = r.stdout + r.stderr
-        except (OSError, subprocess.SubprocessError):
-            _record_help[perf] = ""
-    return option in _record_help[perf]
+    """Whether this ``perf record`` has ``option`` (its help lists it)."""
+    return option in _record_help(perf)
 
 
 def _first_error_line(text: str) -> str:
