@@ -70,9 +70,8 @@ def read_perf_data(path: Path) -> Capture:
     parser, _ = perfmod.run_perf_script(binary, path)
     events = parser.events()
     notes = parser.notes()
-    lost_records = sum(parser.lost_by_cpu.values())
-    sched_lost = sum(v for k, v in (lost_samples or {}).items() if k.startswith("sched:"))
-    lost = max(lost_records, sched_lost)
+    lost, lost_notes = perfmod.lost_sched_events(sum(parser.lost_by_cpu.values()), lost_samples)
+    notes += lost_notes
     clockid = perfmod._check_clockid(header)
     clock = "mono" if clockid else "perf (sched_clock, perf's default)"
     uname = next((ln.partition(":")[2].strip() for ln in header.splitlines()

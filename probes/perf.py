@@ -246,6 +246,12 @@ def check_perf_data(path: Path) -> dict:
 # whole, as the trace.dat decoder names them).
 _LINE_RE = re.compile(r"\n *(-?\d+) +\[(\d+)\] +(\d+)\.(\d{9}): +"
                       r"(?:sched:)?((?:\w+:)?\w+):? ([^\n]*)")
+# Samples of other events (cycles, cpu-clock, ... in a recording that sampled them too) come in
+# perf's default fields, one line each (-G hides their call chains), the CPU only if recorded:
+#   "  migration/0    18 [000] 11290.807175068:     250000   cpu-clock:  ffffffff8220 _raw_...+0x19"
+#   "  python 11120  1099.335764939:     200040 cpu-clock:pppH: "
+# They are counted by event name, not taken for lines that did not parse.
+_OTHER_SAMPLE_RE = re.compile(r".*? (-?\d+) +(?:\[\d+\] +)?\d+\.\d{9}: +(?:\d+ +)?(\S+):(?: .*)?")
 # perf prints some PERF_RECORD_LOST lines with the comm first ("perf-exec 20671 [000] ...: ...")
 _LOST_RE = re.compile(r".*?(-?\d+) +\[(\d+)\] +\d+\.\d{9}: +PERF_RECORD_LOST lost (\d+)")
 
@@ -391,12 +397,19 @@ class PerfScriptParser:
         if len(rows) != nlines:
             # find the lines the header pattern rejected (slow path, only for odd chunks)
             odd = [ln for ln in text.split("\n") if ln.strip() and not _LINE_RE.fullmatch("\n" + ln)]
+            bad = []
             for ln in odd:
                 m = _LOST_RE.fullmatch(ln)
                 if m:
                     c = int(m.group(2))
                     self.lost_by_cpu[c] = self.lost_by_cpu.get(c, 0) + int(m.group(3))
-            self._bad([ln for ln in odd if not _LOST_RE.fullmatch(ln)])
+                    continue
+                m = _OTHER_SAMPLE_RE.fullmatch(ln)
+                if m:
+                    self.other_events[m.group(2)] = self.other_events.get(m.group(2), 0) + 1
+                else:
+                    bad.append(ln)
+            self._bad(bad)
         if not rows:
             return
         tid, cpu, sec, nsec, ev, rest = (list(map(itemgetter(k), rows)) for k in range(6))
@@ -750,24 +763,8 @@ class PerfProbe(Probe):
         for line in errtext.splitlines():
             if "lost" in line.lower() or "warning" in line.lower():
                 notes.append("perf script: " + line.strip())
-        # perf's own counters: PERF_RECORD_LOST records (per CPU, every record type) and, per
-        # event, the LOST_SAMPLES counts of `perf report --stats`; these add up to the same total.
-        lost_records = sum(parser.lost_by_cpu.values())
-        if lost_samples is None:
-            lost = lost_records
-            notes.append("perf report --stats gave no LOST_SAMPLES counts; lost_events counts "
-                         "PERF_RECORD_LOST records only")
-        else:
-            sched_lost = sum(v for k, v in lost_samples.items() if k.startswith("sched:"))
-            side_lost = sum(v for k, v in lost_samples.items() if not k.startswith("sched:"))
-            # if the per-event counts do not explain every lost record, assume the rest were sched
-            lost = max(sched_lost, lost_records - side_lost)
-            if side_lost:
-                notes.append(f"{side_lost} side-band records (comm/mmap/fork of the dummy event) "
-                             "were lost; they do not carry sched events")
-            if lost_records != sched_lost + side_lost:
-                notes.append(f"PERF_RECORD_LOST total {lost_records} != LOST_SAMPLES total "
-                             f"{sched_lost + side_lost}")
+        lost, lost_notes = lost_sched_events(sum(parser.lost_by_cpu.values()), lost_samples)
+        notes.extend(lost_notes)
         if lost:
             notes.append(f"{lost} sched events lost (perf ring buffer full); lost_by_cpu is from "
                          "PERF_RECORD_LOST records")
@@ -850,7 +847,7 @@ def run_perf_script(perf: str, path: Path) -> tuple[PerfScriptParser, str]:
     """
     parser = PerfScriptParser()
     cmd = [perf, "script", "-f", "-i", str(path), "--ns", "--show-lost-events",
-           "-F", "trace:tid,cpu,time,event,trace"]
+           "-F", "trace:tid,cpu,time,event,trace", "-G"]
     with tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
                                 env=_ENV, preexec_fn=_die_with_parent(os.getpid()))
@@ -939,6 +936,32 @@ def _check_clockid(header: str) -> bool | None:
                 return False
             seen = True
     return True if seen else None
+
+
+def lost_sched_events(lost_records: int,
+                      lost_samples: dict[str, int] | None) -> tuple[int, list[str]]:
+    """(sched events lost, notes) from perf's own counters: ``lost_records``, what the
+    PERF_RECORD_LOST records say (per CPU, every event), and ``lost_samples``, the per-event
+    LOST_SAMPLES counts of ``perf report --stats`` (:func:`_lost_samples`), which add up to the
+    same total. Only the sched events Harmony decodes count: other events a recording sampled
+    (perf's dummy event, cycles, sched_stat_runtime, ...) are named in a note instead."""
+    if lost_samples is None:
+        return lost_records, ["perf report --stats gave no LOST_SAMPLES counts; lost_events counts "
+                              "PERF_RECORD_LOST records only"]
+    notes = []
+    decoded = {f"sched:{name}" for name in PerfScriptParser.EVENT_NAMES}
+    sched_lost = sum(v for k, v in lost_samples.items() if k in decoded)
+    other = {k: v for k, v in lost_samples.items() if k not in decoded and v}
+    other_lost = sum(other.values())
+    if other_lost:
+        notes.append(f"{other_lost} records of events Harmony does not decode were lost, by event: "
+                     f"{other} (perf's dummy event carries comm/mmap/fork side-band records); "
+                     "none of them is a decoded sched event")
+    if lost_records != sched_lost + other_lost:
+        notes.append(f"PERF_RECORD_LOST total {lost_records} != LOST_SAMPLES total "
+                     f"{sched_lost + other_lost}")
+    # if the per-event counts do not explain every lost record, assume the rest were sched events
+    return max(sched_lost, lost_records - other_lost), notes
 
 
 def _lost_samples(stats: str) -> dict[str, int] | None:

@@ -24,6 +24,7 @@ from click.testing import CliRunner
 import harmony
 from harmony.cli import main
 from harmony.probes.base import TraceCorrupt
+from harmony.probes.schema import SCHED_EVENTS
 
 from cli_run import cli
 
@@ -566,3 +567,34 @@ def test_perf_data_imports(kernel, tmp_path):
     cut = tmp_path / "cut.data"
     cut.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     one_line_error(invoke("import", cut, "--comm", "hmyimp-spin", "--out", tmp_path / "r2"), cut)
+
+
+@pytest.mark.kernel
+@pytest.mark.skipif(PERF is None, reason="perf is not installed")
+def test_perf_data_with_call_graphs_and_other_events_imports_every_sched_event(kernel, tmp_path):
+    """A perf.data that also sampled cpu-clock, with call graphs: perf script's default output
+    for those samples (fields and call chains) must not become unparsed lines or lost events."""
+    data = tmp_path / "perf.data"
+    p = subprocess.run([PERF, "record", "-q", "-g", "-a", "-e", "sched:*", "-e", "cpu-clock",
+                        "-o", str(data), "--", sys.executable, "-c", SPIN, "0.3"],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        pytest.skip(f"perf record cannot record here: {p.stderr.strip()[-200:]}")
+    # perf's own count of each decoded event, from its default output (call chains included)
+    text = subprocess.run([PERF, "script", "-i", str(data)], capture_output=True, text=True,
+                          timeout=120).stdout
+    want = {}
+    for m in re.finditer(r" sched:(\w+): ", text):
+        if m.group(1) in SCHED_EVENTS:
+            want[m.group(1)] = want.get(m.group(1), 0) + 1
+    assert " cpu-clock" in text and want.get("sched_switch", 0) > 0
+    out = tmp_path / "run"
+    r = invoke("import", data, "--comm", "hmyimp-spin", "--out", out)
+    assert r.exit_code == 0, r.output
+    run = harmony.load(out)
+    got = run.events["event"].astype(str).value_counts().to_dict()
+    assert got == want
+    notes = run.manifest["notes"]
+    assert not [n for n in notes if "did not parse" in n], notes
+    assert [n for n in notes if n.startswith("ignored events") and "'cpu-clock'" in n], notes
+    assert run.manifest["lost_events"] == 0

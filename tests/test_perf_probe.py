@@ -23,6 +23,7 @@ from harmony.analysis.probe_agreement import (TOL_NS, df_migration_agreement, df
                                               match_times)
 from harmony.probes.base import ProbeError, TraceCorrupt
 from harmony.probes.perf import (PerfProbe, PerfScriptParser, _lost_samples, check_perf_data,
+                                 lost_sched_events,
                                  prev_state_value)
 
 # --------------------------------------------------------------------------------- hermetic: parser
@@ -39,6 +40,15 @@ SCRIPT = """\
     0 [001]   354.805777000:         irq:softirq_raise: vec=7 [action=SCHED]
     0 [001]   354.805778000:  sched:sched_stat_runtime: comm=hmy-w00 pid=77 runtime=329565 [ns]
 this line is not perf script output
+"""
+
+# samples of other events in a recording that also sampled them, as `perf script -F
+# trace:tid,cpu,time,event,trace -G` prints them: perf's default fields, with the CPU if recorded
+OTHER_SAMPLES = """\
+     migration/0    18 [000] 11290.807175068:     250000                              cpu-clock:  ffffffff82203249 _raw_spin_unlock_irqrestore+0x19 ([kernel.kallsyms])
+         swapper     0 [000] 11290.811173964:     250000                              cpu-clock: 
+ Web Content 2 4242 [001] 11290.811200000:          1 cycles:u:  7f1690514af7 [unknown] (/tmp/perf-11120.map)
+          python 11120  1099.335764939:     200040 cpu-clock:pppH: 
 """
 
 
@@ -66,6 +76,29 @@ def test_parser_decodes_every_event_kind_and_counts_losses_and_bad_lines():
     bad, ignored = p.notes()
     assert bad.startswith("1 perf script lines did not parse") and "not perf script" in bad
     assert "sched_stat_runtime': 1" in ignored and "(sched_switch, " in ignored
+
+
+def test_parser_counts_samples_of_other_events_by_name_not_as_bad_lines():
+    p = PerfScriptParser()
+    p.feed((SCRIPT.splitlines(keepends=True)[0] + OTHER_SAMPLES).encode())
+    p.finish()
+    assert list(p.events()["event"].astype(str)) == ["sched_switch"]
+    assert p.bad_lines == 0, p.bad_examples
+    assert p.other_events == {"cpu-clock": 2, "cycles:u": 1, "cpu-clock:pppH": 1}
+
+
+def test_only_the_decoded_sched_events_count_as_lost():
+    # perf's counters for a recording that also sampled cpu-clock and sched_stat_runtime
+    samples = {"sched:sched_switch": 5, "sched:sched_stat_runtime": 7, "cpu-clock": 11,
+               "dummy:HG": 2, "sched:sched_waking": 0}
+    lost, notes = lost_sched_events(25, samples)
+    assert lost == 5
+    assert len(notes) == 1 and notes[0].startswith("20 records of events Harmony does not decode")
+    assert "'cpu-clock': 11" in notes[0] and "sched_waking" not in notes[0]
+    # lost records the per-event counts do not explain are taken as sched events
+    lost, notes = lost_sched_events(30, samples)
+    assert lost == 10 and "PERF_RECORD_LOST total 30 != LOST_SAMPLES total 25" in notes[1]
+    assert lost_sched_events(3, None)[0] == 3
 
 
 @pytest.mark.parametrize("text,bits", [("R", 0), ("R+", 0), ("S", 1), ("D", 2), ("D|K", 2),
