@@ -22,7 +22,7 @@ import pandas as pd
 import harmony
 from harmony import store
 from harmony.analysis.arrays import event_mask, in_set
-from harmony.probes.base import Capture, ProbeError, TraceCorrupt
+from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.schema import SCHED_EVENTS
 
 PERF_MAGIC = b"PERFILE2"
@@ -96,6 +96,15 @@ def read_trace(path: Path, buffer: str | None = None) -> tuple[Capture, str]:
     kind = sniff(path)
     if kind == "trace.dat":
         cap, td = decode_tracedat(path, buffer)
+        clock = cap.meta.get("clock", "")
+        if clock in NOT_NS_CLOCKS:
+            # every time and duration would be off by an unknown factor: refuse, not guess
+            conversion = (" (Harmony does not apply the file's tsc2nsec conversion)"
+                          if td.tsc2nsec else "")
+            raise ImportFailed(f"{path}: recorded with trace clock {clock!r}, which counts "
+                               f"{NOT_NS_CLOCKS[clock]}, not nanoseconds{conversion}; record "
+                               "with a nanosecond clock (trace-cmd record -C mono, or local, "
+                               "global, boot)")
         cap.meta["cmdlines"] = {int(k): v for k, v in td.cmdlines.items()}
         return cap, kind
     if buffer is not None:

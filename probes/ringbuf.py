@@ -44,7 +44,7 @@ import pandas as pd
 
 from harmony.jit import run_split, split, use_compiled
 from harmony.memory import prefault_heap
-from harmony.probes.base import Capture, TraceCorrupt
+from harmony.probes.base import NOT_NS_CLOCKS, Capture, TraceCorrupt
 from harmony.probes.filemap import map_files
 from harmony.probes.formats import (EventFormat, Field, HeaderPage, load_formats_dir,
                                     load_header_event, load_header_page, sched_switch_preempt_flag)
@@ -1004,8 +1004,8 @@ def decode_dir(out_dir: Path) -> Capture:
             notes.append(f"CPU {c}: {dec.missed_pages_by_cpu[c]} pages follow lost events "
                          f"({'count not stored' if page_lost < 0 else f'{page_lost} events'})")
     clock = meta.get("clock", "local")
-    if clock in ("counter", "x86-tsc"):
-        notes.append(f"trace clock {clock!r} counts cycles, not ns")
+    if clock in NOT_NS_CLOCKS:
+        notes.append(f"trace clock {clock!r} counts {NOT_NS_CLOCKS[clock]}, not ns")
     out_meta = capture_meta(dec, src, "tracefs", clock, enabled, lost_by_cpu, page_size, notes)
     for k in ("kernel", "cpus"):
         if k in meta:

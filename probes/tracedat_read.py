@@ -45,7 +45,7 @@ from harmony.probes.ringbuf import (PageSource, capture_meta, decode_source, pre
 MAGIC = b"\x17\x08\x44tracing"
 
 OPT_DONE, OPT_CPUSTAT, OPT_BUFFER, OPT_TRACECLOCK, OPT_UNAME = 0, 2, 3, 4, 5
-OPT_CPUCOUNT, OPT_VERSION = 8, 9
+OPT_CPUCOUNT, OPT_VERSION, OPT_TSC2NSEC = 8, 9, 14
 OPT_HEADER_INFO, OPT_FTRACE_EVENTS, OPT_EVENT_FORMATS = 16, 17, 18
 OPT_KALLSYMS, OPT_PRINTK, OPT_CMDLINES, OPT_BUFFER_TEXT = 19, 20, 21, 22
 SECTION_STRINGS = 15
@@ -81,6 +81,7 @@ class TraceDat:
     uname: str = ""
     tracer_version: str = ""
     latency_only: bool = False
+    tsc2nsec: bool = False    # holds trace-cmd's cycles-to-ns conversion (record --tsc2nsec)
 
     def formats_for(self, ids) -> dict[int, EventFormat]:
         """Parsed formats of the event ids ``ids`` (ids the file has no format for are left out)."""
@@ -279,6 +280,7 @@ class _Options:
         self.tracer_version = ""
         self.trace_clock = ""
         self.cpu_count = None
+        self.tsc2nsec = False
         self.raw: list[tuple[int, bytes]] = []
 
     def take(self, opt_id: int, data: bytes) -> None:
@@ -298,6 +300,8 @@ class _Options:
             self.tracer_version = text
         elif opt_id == OPT_TRACECLOCK:
             self.trace_clock = _clock_name(text)
+        elif opt_id == OPT_TSC2NSEC:
+            self.tsc2nsec = True
         elif opt_id == OPT_CPUCOUNT and len(data) >= 4:
             self.cpu_count = struct.unpack_from("<I", data)[0]
 
@@ -374,7 +378,7 @@ def _read_v6(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat
                     compression="none", header_page=hp, header_event=he, format_texts=formats,
                     cmdlines=cmdlines, n_cpus=opts.cpu_count or n_cpus, buffers=buffers,
                     cpustats=opts.cpustats, uname=opts.uname, tracer_version=opts.tracer_version,
-                    latency_only=latency)
+                    latency_only=latency, tsc2nsec=opts.tsc2nsec)
 
 
 # --- version 7 ---------------------------------------------------------------------------------
@@ -466,7 +470,7 @@ def _read_v7(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat
                     compression=algo, header_page=hp, header_event=he, format_texts=formats,
                     cmdlines=cmdlines, n_cpus=n_cpus, buffers=buffers, cpustats=opts.cpustats,
                     uname=opts.uname, tracer_version=opts.tracer_version,
-                    latency_only=latency and not buffers)
+                    latency_only=latency and not buffers, tsc2nsec=opts.tsc2nsec)
 
 
 def _buffer_v7(path: Path, data: bytes, algo: str) -> Buffer:

@@ -233,6 +233,23 @@ def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
     assert json.loads((tmp_path / "f/manifest.json").read_text())["status"] == "incomplete"
 
 
+@pytest.mark.parametrize("clock,unit", [("x86-tsc", "CPU cycles"), ("uptime", "jiffies"),
+                                        ("counter", "events")])
+def test_import_refuses_a_trace_clock_that_does_not_count_nanoseconds(tmp_path, clock, unit):
+    from harmony.probes.tracedat import write_tracedat
+    pages, _, _ = known_capture()
+    raw = write_dir(tmp_path / "raw", pages, extra_meta={"clock": clock})
+    dat = write_tracedat(raw, tmp_path / "trace.dat")
+    out = tmp_path / "run"
+    line = one_line_error(invoke("import", dat, "--pid", 12, "--out", out), dat)
+    assert f"trace clock {clock!r}, which counts {unit}" in line and not out.exists()
+    # the same pages on a nanosecond clock import
+    raw = write_dir(tmp_path / "raw-ns", pages, extra_meta={"clock": "global"})
+    r = invoke("import", write_tracedat(raw, tmp_path / "ns.dat"), "--pid", 12, "--out", out)
+    assert r.exit_code == 0, r.output
+    assert harmony.load(out).manifest["capture"]["clock"] == "global"
+
+
 def test_corrupt_files_exit_1_with_one_line(writer_dat, tmp_path):
     _, dat = writer_dat
     cut = tmp_path / "cut.dat"
