@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
+import itertools
 import platform
 import shutil
 from pathlib import Path
@@ -53,6 +54,15 @@ def sniff(path: Path) -> str:
     raise TraceCorrupt(f"{path}: neither a trace.dat nor a perf.data (unknown magic)")
 
 
+def _cpu_list(cpus) -> str:
+    """A set of CPUs as the kernel writes lists: "0-3,6"."""
+    parts = []
+    for _, run in itertools.groupby(enumerate(sorted(cpus)), lambda kc: kc[1] - kc[0]):
+        run = [c for _, c in run]
+        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(parts)
+
+
 def read_perf_data(path: Path) -> Capture:
     """Decode a ``perf record -e 'sched:*'`` file with the perf probe's parser.
 
@@ -76,6 +86,12 @@ def read_perf_data(path: Path) -> Capture:
     clock = "mono" if clockid else "perf (sched_clock, perf's default)"
     uname = next((ln.partition(":")[2].strip() for ln in header.splitlines()
                   if ln.startswith("# os release")), "")
+    online = perfmod.header_number(header, "nrcpus online")
+    recorded = perfmod.recorded_cpus(binary, path)
+    if recorded is not None and online is not None and len(recorded) < online:
+        notes.append(f"perf recorded CPUs {_cpu_list(recorded)} only, of the {online} its host "
+                     "had online (perf record -C): events on the others are not in the trace, "
+                     "and tasks are unseen while they run there")
     meta = {
         "probe": "perf.data", "clock": clock, "lost_events": int(lost),
         "lost_by_cpu": {int(k): int(v) for k, v in sorted(parser.lost_by_cpu.items())},
@@ -83,6 +99,7 @@ def read_perf_data(path: Path) -> Capture:
         "events_enabled": sorted(set(map(str, events["event"].cat.categories))),
         "bytes": info["bytes"], "n_events": int(len(events)), "n_markers": 0,
         "kernel": uname, "cpus": sorted(int(c) for c in np.unique(events["cpu"])),
+        "n_cpus": online, "recorded_cpus": sorted(recorded) if recorded is not None else None,
         "notes": notes,
     }
     from harmony.probes.schema import make_markers
@@ -364,6 +381,17 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
 
     tasks, task_notes = tasks_from_trace(events, chosen, seen, t0)
     notes += task_notes
+    where = dict(zip(tasks["pid"].tolist(), tasks["initial_cpu"].tolist()))
+    off = {pid: c for pid, c in where.items() if c not in cpu_set}
+    if off:
+        # e.g. a task placed on a CPU `perf record -C` did not record, just after the default t0
+        what = (f"at t0 ({t0 / 1e9:.6f} s, {t0_from}) the chosen tasks {sorted(off)[:10]} were on "
+                f"CPUs {sorted(set(off.values()))}"
+                + (" (-1: not yet placed)" if -1 in off.values() else "")
+                + f", outside the CPU set {_cpu_list(cpu_set)}")
+        if len(off) == len(where):
+            raise ImportFailed(f"{path}: {what}; give --cpus, or a later t0 (--t0, --t0-marker)")
+        notes.append(what + ": the layout counts only the others")
     notes.append("fair shares assume every task wants a whole CPU (duty 100%): the trace does "
                  "not say what the tasks demand")
     overrides = dict(params or {})

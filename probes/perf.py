@@ -925,6 +925,39 @@ def _run_perf_report(perf: str, path: Path, what: str) -> str:
     return out
 
 
+def recorded_cpus(perf: str, path: Path, max_lines: int = 20_000) -> set[int] | None:
+    """The CPUs ``path`` was recorded on (its PERF_RECORD_CPU_MAP: ``-C``, or every CPU with
+    ``-a``), or None if perf does not say. Read from ``perf report -D``, which prints the map with
+    the records that precede the samples: perf is stopped as soon as it is found, or after
+    ``max_lines`` lines."""
+    from harmony.cpuset import parse_cpus
+
+    proc = subprocess.Popen([perf, "report", "-f", "-D", "-i", str(path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=_ENV,
+                            preexec_fn=_die_with_parent(os.getpid()))
+    found = None
+    try:
+        for _, line in zip(range(max_lines), proc.stdout):
+            m = re.search(rb"PERF_RECORD_CPU_MAP: ([\d,\-]+)\s*$", line)
+            if m:
+                try:
+                    found = parse_cpus(m.group(1).decode())
+                except ValueError:
+                    pass
+                break
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+    return found or None
+
+
+def header_number(header: str, key: str) -> int | None:
+    """The number a ``perf report --header-only`` line "# key : N" gives, or None."""
+    m = re.search(rf"^# {re.escape(key)} : (\d+)\s*$", header, re.M)
+    return int(m.group(1)) if m else None
+
+
 def _check_clockid(header: str) -> bool | None:
     """True if every sched event says clockid = 1 (CLOCK_MONOTONIC), False if one does not, None if
     the header does not tell."""

@@ -588,6 +588,32 @@ def test_perf_data_imports(kernel, tmp_path):
 
 @pytest.mark.kernel
 @pytest.mark.skipif(PERF is None, reason="perf is not installed")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+def test_perf_data_of_some_cpus_says_which_it_recorded(kernel, tmp_path):
+    cpu = min(os.sched_getaffinity(0))
+    data = tmp_path / "perf.data"
+    # perf itself on that CPU: its child (the spinner) is never placed on another one
+    p = subprocess.run(["taskset", "-c", str(cpu), PERF, "record", "-q", "-C", str(cpu), "-e",
+                        "sched:*", "-o", str(data), "--", sys.executable, "-c", SPIN, "0.3"],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        pytest.skip(f"perf record cannot record here: {p.stderr.strip()[-200:]}")
+    out = tmp_path / "run"
+    r = invoke("import", data, "--comm", "hmyimp-spin", "--out", out)
+    assert r.exit_code == 0, r.output
+    m = harmony.load(out).manifest
+    online = os.sysconf("SC_NPROCESSORS_ONLN")
+    assert m["host"]["ncpus"] == online and m["capture"]["recorded_cpus"] == [cpu]
+    said = f"perf recorded CPUs {cpu} only, of the {online}"
+    assert [n for n in m["notes"] if n.startswith(said)], m["notes"]
+    # a task placed outside the CPU set at t0 is named, not taken for "no task in the layout"
+    r = invoke("import", data, "--comm", "hmyimp-spin", "--cpus", cpu + 1,
+               "--out", out.with_name("r2"))
+    assert r.exit_code == 1 and f"were on CPUs [{cpu}], outside the CPU set {cpu + 1}" in r.output
+
+
+@pytest.mark.kernel
+@pytest.mark.skipif(PERF is None, reason="perf is not installed")
 def test_perf_data_with_call_graphs_and_other_events_imports_every_sched_event(kernel, tmp_path):
     """A perf.data that also sampled cpu-clock, with call graphs: perf script's default output
     for those samples (fields and call chains) must not become unparsed lines or lost events."""
@@ -615,3 +641,4 @@ def test_perf_data_with_call_graphs_and_other_events_imports_every_sched_event(k
     assert not [n for n in notes if "did not parse" in n], notes
     assert [n for n in notes if n.startswith("ignored events") and "'cpu-clock'" in n], notes
     assert run.manifest["lost_events"] == 0
+    assert not [n for n in notes if n.startswith("perf recorded CPUs")]     # -a: every CPU
