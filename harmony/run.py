@@ -23,6 +23,7 @@ from harmony.controller import Workload, lower_threads, raise_threads
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.memory import stop_prefault
 from harmony.probes import ProbeError, get_probe, proc_sched
+from harmony.probes.proc_stat import KernelSampler
 from harmony.tasks import tasks_frame
 from harmony.timing import Laps
 
@@ -35,76 +36,6 @@ class Interrupted(Exception):
 
 def _raise_interrupted(signum, frame):
     raise Interrupted(f"stopped by {signal.Signals(signum).name}")
-
-
-#: a sweep of the kernel sampler is followed by at least this many times its length of sleep
-SWEEP_BUDGET = 100
-
-
-class KernelSampler(threading.Thread):
-    """Samples the kernel's own view of the workers from /proc: which CPU, which state.
-
-    Each sample row: ts (ns, CLOCK_MONOTONIC, midpoint of the sweep over all workers), sweep_ns
-    (how long the sweep took), pid, cpu (task_cpu: the run queue it is on), state (R, S, ...).
-
-    With ``cpus`` and a readable sched debug file it also reads the kernel's own per-CPU
-    ``nr_running`` after each sweep (``self.nr``, see :mod:`harmony.probes.sched_debug`);
-    ``nr_why_not`` says why not otherwise.
-
-    It sweeps every 1/hz s from ``begin`` on, less often when a sweep is long: after one it
-    sleeps at least :data:`SWEEP_BUDGET` times as long as it took.
-    """
-
-    def __init__(self, pids: list[int], hz: float, cpus: list[int] | None = None):
-        from harmony.probes import sched_debug
-
-        super().__init__(name="kernel-sampler", daemon=True)
-        self.pids, self.period = pids, 1.0 / hz
-        self.rows: list[tuple] = []
-        # started before the release, it sweeps from begin on: a thread started after it waits
-        # its turn among the tasks to run at all, and start() waits for that
-        self.begin, self.stopping = threading.Event(), threading.Event()
-        self.nr, self.nr_why_not = None, "no CPU set given"
-        if cpus is not None:
-            ok, self.nr_why_not = sched_debug.available()
-            self.nr = sched_debug.NrRunningSampler(pids, cpus, hz) if ok else None
-
-    def run(self):
-        try:
-            while not self.begin.wait(0.05):
-                if self.stopping.is_set():
-                    return
-            self._sweeps()
-        finally:
-            if self.nr:
-                self.nr.close()
-
-    def _sweeps(self):
-        me = threading.get_native_id()
-        wait = self.period
-        while not self.stopping.wait(wait):
-            t = time.monotonic()
-            if self.nr:
-                self.nr.sample(me)
-            before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            sweep = []
-            for pid in self.pids:
-                try:
-                    with open(f"/proc/{pid}/stat", "rb") as f:
-                        fields = f.read().rsplit(b")", 1)[1].split()
-                    sweep.append((pid, int(fields[36]), fields[0].decode()))
-                except (OSError, IndexError, ValueError):
-                    continue
-            after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            mid = (before + after) // 2
-            self.rows += [(mid, after - before, pid, cpu, state) for pid, cpu, state in sweep]
-            # at SCHED_FIFO (while a run is measured) a sweep takes its CPU from the tasks: with
-            # many tasks (600: 5.4 ms a sweep) the rate drops so that it takes at most ~1 %
-            wait = max(self.period, SWEEP_BUDGET * (time.monotonic() - t))
-
-    def frame(self) -> pd.DataFrame:
-        return store.rows_frame(self.rows, {"ts": "int64", "sweep_ns": "int64", "pid": "int32",
-                                            "cpu": "int16", "state": str})
 
 
 def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stderr,

@@ -211,7 +211,7 @@ def test_the_kernel_sampler_sweeps_less_often_when_a_sweep_is_long():
     """A sweep of 3000 /proc reads (>= 5 ms) is followed by >= 0.5 s of sleep (SWEEP_BUDGET),
     whatever the rate asked (100 Hz); a sweep of 3 reads keeps the rate. At SCHED_FIFO a sweep
     takes its CPU from the tasks: this keeps it near 1 %."""
-    from harmony.run import SWEEP_BUDGET, KernelSampler
+    from harmony.probes.proc_stat import SWEEP_BUDGET, KernelSampler
 
     def sweeps(n_pids):
         sampler = KernelSampler([os.getpid()] * n_pids, 100.0)
