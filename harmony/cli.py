@@ -317,6 +317,8 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     from harmony.store import RunError
 
     # Everything is checked before the file is read.
+    if not trace_file.is_file():   # a FIFO or a device: reading it could wait forever
+        raise click.BadParameter(f"{trace_file} is not a regular file", param_hint="FILE")
     if not pids and not comms:
         raise click.UsageError("name the experiment's tasks with --pid and/or --comm")
     if t0_s is not None and t0_marker is not None:

@@ -280,6 +280,8 @@ def test_bad_arguments_exit_2_before_anything(writer_dat, tmp_path):
         ["import", dat, "--pid", 12, "-p", "nokeyvalue", "--out", out],
         ["import", dat, "--pid", 12, "-p", "duration=3", "--out", out],    # the window is --end's
         ["import", tmp_path / "missing.dat", "--pid", 12, "--out", out],
+        # not a regular file (a FIFO would make the read wait for a writer; /dev/null fails fast)
+        ["import", "/dev/null", "--pid", 12, "--out", out],
         ["export", tmp_path / "not-a-run"],
         ["export", tmp_path, "--format", "pcap"],
     ]
