@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import fnmatch
-import itertools
 import platform
 import shutil
 from pathlib import Path
@@ -23,6 +22,7 @@ import pandas as pd
 import harmony
 from harmony import store
 from harmony.analysis.arrays import event_mask, in_set
+from harmony.host import format_cpulist
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.schema import SCHED_EVENTS
 
@@ -54,15 +54,6 @@ def sniff(path: Path) -> str:
     raise TraceCorrupt(f"{path}: neither a trace.dat nor a perf.data (unknown magic)")
 
 
-def _cpu_list(cpus) -> str:
-    """A set of CPUs as the kernel writes lists: "0-3,6"."""
-    parts = []
-    for _, run in itertools.groupby(enumerate(sorted(cpus)), lambda kc: kc[1] - kc[0]):
-        run = [c for _, c in run]
-        parts.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
-    return ",".join(parts)
-
-
 def read_perf_data(path: Path) -> Capture:
     """Decode a ``perf record -e 'sched:*'`` file with the perf probe's parser.
 
@@ -89,9 +80,9 @@ def read_perf_data(path: Path) -> Capture:
     online = perfmod.header_number(header, "nrcpus online")
     recorded = perfmod.recorded_cpus(binary, path)
     if recorded is not None and online is not None and len(recorded) < online:
-        notes.append(f"perf recorded CPUs {_cpu_list(recorded)} only, of the {online} its host "
-                     "had online (perf record -C): events on the others are not in the trace, "
-                     "and tasks are unseen while they run there")
+        notes.append(f"perf recorded CPUs {format_cpulist(recorded)} only, of the {online} its "
+                     "host had online (perf record -C): events on the others are not in the "
+                     "trace, and tasks are unseen while they run there")
     meta = {
         "probe": "perf.data", "clock": clock, "lost_events": int(lost),
         "lost_by_cpu": {int(k): int(v) for k, v in sorted(parser.lost_by_cpu.items())},
@@ -388,10 +379,10 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         what = (f"at t0 ({t0 / 1e9:.6f} s, {t0_from}) the chosen tasks {sorted(off)[:10]} were on "
                 f"CPUs {sorted(set(off.values()))}"
                 + (" (-1: not yet placed)" if -1 in off.values() else "")
-                + f", outside the CPU set {_cpu_list(cpu_set)}")
+                + f", outside the CPU set {format_cpulist(cpu_set)}")
         if len(off) == len(where):
             raise ImportFailed(f"{path}: {what}; give --cpus, or a later t0 (--t0, --t0-marker)")
-        notes.append(what + ": the layout counts only the others")
+        notes.append(what)
     notes.append("fair shares assume every task wants a whole CPU (duty 100%): the trace does "
                  "not say what the tasks demand")
     overrides = dict(params or {})

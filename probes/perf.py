@@ -930,7 +930,7 @@ def recorded_cpus(perf: str, path: Path, max_lines: int = 20_000) -> set[int] | 
     ``-a``), or None if perf does not say. Read from ``perf report -D``, which prints the map with
     the records that precede the samples: perf is stopped as soon as it is found, or after
     ``max_lines`` lines."""
-    from harmony.cpuset import parse_cpus
+    from harmony.host import parse_cpulist
 
     proc = subprocess.Popen([perf, "report", "-f", "-D", "-i", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=_ENV,
@@ -941,7 +941,7 @@ def recorded_cpus(perf: str, path: Path, max_lines: int = 20_000) -> set[int] | 
             m = re.search(rb"PERF_RECORD_CPU_MAP: ([\d,\-]+)\s*$", line)
             if m:
                 try:
-                    found = parse_cpus(m.group(1).decode())
+                    found = set(parse_cpulist(m.group(1).decode()))
                 except ValueError:
                     pass
                 break
