@@ -538,7 +538,6 @@ def test_corrupt_page(tmp_path, damage):
     if damage == "commit":
         struct.pack_into("<Q", p, 8, 5000)
     elif damage == "record":       # first event claims 28 words but the commit ends sooner
-        commit = struct.unpack_from("<Q", p, 8)[0] & 0xFFFFF
         struct.pack_into("<Q", p, 8, 8)
         struct.pack_into("<I", p, 16, 28 | (1 << 5))
     elif damage == "big_length":
