@@ -73,8 +73,7 @@ def read_perf_data(path: Path) -> Capture:
     notes = parser.notes()
     lost, lost_notes = perfmod.lost_sched_events(sum(parser.lost_by_cpu.values()), lost_samples)
     notes += lost_notes
-    clockid = perfmod._check_clockid(header)
-    clock = "mono" if clockid else "perf (sched_clock, perf's default)"
+    clock = perfmod.clock_name(header)
     uname = next((ln.partition(":")[2].strip() for ln in header.splitlines()
                   if ln.startswith("# os release")), "")
     online = perfmod.header_number(header, "nrcpus online")

@@ -971,6 +971,28 @@ def _check_clockid(header: str) -> bool | None:
     return True if seen else None
 
 
+#: perf's clockids (``perf record -k``) by the names tracefs gives the same clocks
+CLOCKID_NAMES = {0: "realtime", 1: "mono", 4: "mono_raw", 7: "boot", 11: "tai"}
+DEFAULT_CLOCK = "perf (sched_clock, perf's default)"
+
+
+def clock_name(header: str) -> str:
+    """The clock a perf.data's sched events were stamped with, from ``perf report --header-only``:
+    the tracefs name of its ``-k`` clockid, ``clockid N`` for one without, ``mixed clockids`` if
+    they differ, or :data:`DEFAULT_CLOCK` when none was asked for."""
+    ids = set()
+    for line in header.splitlines():
+        if line.startswith("# event : name = sched:"):
+            m = re.search(r"\bclockid = (\d+)", line)
+            ids.add(int(m.group(1)) if m and "use_clockid = 1" in line else None)
+    if len(ids) > 1:
+        return f"mixed clockids {sorted(ids, key=str)}"
+    (clockid,) = ids or {None}
+    if clockid is None:
+        return DEFAULT_CLOCK
+    return CLOCKID_NAMES.get(clockid, f"clockid {clockid}")
+
+
 def lost_sched_events(lost_records: int,
                       lost_samples: dict[str, int] | None) -> tuple[int, list[str]]:
     """(sched events lost, notes) from perf's own counters: ``lost_records``, what the

@@ -23,7 +23,7 @@ from harmony.analysis.probe_agreement import (TOL_NS, df_migration_agreement, df
                                               match_times)
 from harmony.probes.base import ProbeError, TraceCorrupt
 from harmony.probes.perf import (PerfProbe, PerfScriptParser, _lost_samples, check_perf_data,
-                                 lost_sched_events,
+                                 clock_name, lost_sched_events,
                                  prev_state_value)
 
 # --------------------------------------------------------------------------------- hermetic: parser
@@ -99,6 +99,25 @@ def test_only_the_decoded_sched_events_count_as_lost():
     lost, notes = lost_sched_events(30, samples)
     assert lost == 10 and "PERF_RECORD_LOST total 30 != LOST_SAMPLES total 25" in notes[1]
     assert lost_sched_events(3, None)[0] == 3
+
+
+def _header(*clocks) -> str:
+    """perf report --header-only lines of sched events recorded with these clockids (None: no -k)."""
+    lines = ["# cmdline : /usr/bin/perf record -a -e sched:*"]
+    for k, c in enumerate(clocks):
+        extra = "" if c is None else f", use_clockid = 1, clockid = {c}"
+        lines.append(f"# event : name = sched:ev{k}, , id = {{ {k} }}, type = 2, sample_id_all = 1"
+                     f"{extra}")
+    lines.append("# event : name = dummy:HG, , id = { 99 }, type = 1, use_clockid = 1, clockid = 1")
+    return "\n".join(lines)
+
+
+@pytest.mark.parametrize("clocks,name", [((1, 1), "mono"), ((4,), "mono_raw"), ((7,), "boot"),
+                                         ((None, None), "perf (sched_clock, perf's default)"),
+                                         ((5,), "clockid 5"), ((1, 4), "mixed clockids [1, 4]"),
+                                         ((1, None), "mixed clockids [1, None]")])
+def test_clock_of_a_perf_data_is_named_from_its_header(clocks, name):
+    assert clock_name(_header(*clocks)) == name
 
 
 @pytest.mark.parametrize("text,bits", [("R", 0), ("R+", 0), ("S", 1), ("D", 2), ("D|K", 2),
