@@ -47,6 +47,7 @@ class Evidence:
     params: dict
     ncpus: int
     summary: dict
+    setup: str = "?"     # the kernel and scheduler it ran under (:func:`setup_of`)
 
 
 @dataclasses.dataclass
@@ -82,6 +83,7 @@ class Card:
     experiments: dict  # name -> number of runs
     skipped: list  # (path, reason) of runs not used
     cpus: list  # distinct CPU counts of the runs
+    setups: dict = dataclasses.field(default_factory=dict)  # setup_of -> runs
 
     def answer(self, qid: str) -> Answer:
         return next(a for a in self.answers if a.qid == qid)
@@ -91,13 +93,19 @@ class Card:
 
     def to_dict(self) -> dict:
         return {"runs": self.runs, "experiments": self.experiments, "cpus": self.cpus,
+                "setups": self.setups,
                 "skipped": [{"path": str(p), "reason": r} for p, r in self.skipped],
                 "answers": [a.to_dict() for a in self.answers]}
 
     def text(self) -> str:
         exps = ", ".join(f"{k} x{v}" for k, v in self.experiments.items()) or "none"
         out = [f"Policy card: {self.runs} runs on {'/'.join(map(str, self.cpus)) or '?'} CPUs "
-               f"({exps})", ""]
+               f"({exps})"]
+        if len(self.setups) > 1:
+            mixed = "; ".join(f"{k} ({v} runs)" for k, v in self.setups.items())
+            out.append(f"POOLED: these runs come from {len(self.setups)} setups ({mixed}); one "
+                       "card mixes their answers: `harmony compare` shows each apart")
+        out.append("")
         for i, a in enumerate(self.answers, 1):
             out.append(f"{i}. {a.question} (thesis {a.thesis})")
             out += ["   " + line for line in answer_lines(a)]
@@ -178,8 +186,17 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
                                f"{fl.get('max_cpu')} (most: {fl.get('top') or '?'}; limit "
                                f"FOREIGN_LOAD_MAX = {T.FOREIGN_LOAD_MAX:.0%})"))
             continue
-        out.append(Evidence(d, m["experiment"], m.get("params", {}), len(m.get("cpus", [])), summary))
+        out.append(Evidence(d, m["experiment"], m.get("params", {}), len(m.get("cpus", [])),
+                            summary, setup_of(m)))
     return out, skipped
+
+
+def setup_of(manifest: dict) -> str:
+    """What a run's policy was measured on, from its manifest: "<kernel>, <scheduler>" (the
+    scheduler is an enabled sched_ext scheduler's name, or a simulated run's reference policy);
+    the CPU count is the card's apart."""
+    host = manifest.get("host") or {}
+    return f"{host.get('kernel') or '?'}, {host.get('scheduler') or '?'}"
 
 
 # ------------------------------------------------------------------------------------------ rules
@@ -553,9 +570,12 @@ def infer_evidence(evidence: list[Evidence], skipped=()) -> Card:
     prior: dict[str, Answer] = {}
     for qid, _, _ in QUESTIONS:
         prior[qid] = RULES[qid](by_exp, prior)
+    setups: dict[str, int] = {}
+    for e in evidence:
+        setups[e.setup] = setups.get(e.setup, 0) + 1
     return Card(answers=[prior[q] for q, _, _ in QUESTIONS], runs=len(evidence),
                 experiments={k: len(v) for k, v in by_exp.items()}, skipped=list(skipped),
-                cpus=sorted({e.ncpus for e in evidence}))
+                cpus=sorted({e.ncpus for e in evidence}), setups=setups)
 
 
 def infer(paths) -> Card:

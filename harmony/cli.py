@@ -376,6 +376,28 @@ def infer(dirs, as_json):
 
 
 @main.command()
+@click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="print the answers as JSON")
+def compare(dirs, as_json):
+    """Policy cards side by side: one per directory (a host, kernel or scheduler's runs)."""
+    from harmony.analysis.compare import compare as compare_cards
+    from harmony.analysis.compare import compare_text, df_compare, df_sources
+    from harmony.store import RunError
+
+    if len(dirs) < 2:
+        raise click.UsageError("give two directories or more (run, batch or suite directories)")
+    try:
+        cmp = compare_cards(dirs)
+    except RunError as exc:
+        _fail(str(exc), 2)
+    if as_json:
+        click.echo(json.dumps({"sources": df_sources(cmp).to_dict("records"),
+                               "answers": df_compare(cmp).to_dict("records")}, indent=1))
+    else:
+        click.echo(compare_text(cmp).rstrip())
+
+
+@main.command()
 @click.option("--policy", "policy_name", required=True,
               help="reference policy: global-queue, poly-balance or pairwise-random")
 @click.option("--cpus", "ncpus", type=click.IntRange(min=2), default=4, show_default=True,
