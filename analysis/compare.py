@@ -14,6 +14,7 @@ answers differ.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pandas as pd
 
@@ -23,10 +24,27 @@ from harmony.analysis import policy
 NO_EVIDENCE = "no evidence"
 
 
+#: the per-run metrics the comparison figure draws, one panel each: (experiment, summary key,
+#: axis label, scale); each is what a card's answer is a median or a vote of
+FIGURE_METRICS = (
+    ("single-source", "time_to_balance_s", "time to balance (s)", 1.0),
+    ("time-to-resolve", "time_to_balance_s", "time to balance (s)", 1.0),
+    ("single-source", "migrations_after_balance_per_s", "migrations/s after balance", 1.0),
+    ("how-many", "first_round_moved", "tasks moved in the first round", 1.0),
+    ("work-conservation", "steal_latency_s", "idle to first pull (ms)", 1e3),
+    ("detection", "interval1_ms", "cut to first migration (ms)", 1.0),
+    ("detection", "interval2_ms", "first to second migration (ms)", 1.0),
+    ("intrinsic-imbalance", "migrations_per_s", "migrations/s", 1.0),
+    ("intrinsic-imbalance", "share_ratio_min", "lowest share / fair share", 1.0),
+    ("heavy-light", "smape_long", "run-queue variance SMAPE, long", 1.0),
+)
+
+
 @dataclasses.dataclass
 class Comparison:
-    sources: list[str]          # the directories, as given
-    cards: list[policy.Card]    # one per source, in the same order
+    sources: list[str]                        # the directories, as given
+    cards: list[policy.Card]                  # one per source, in the same order
+    evidence: list[list[policy.Evidence]]     # the runs behind each card
 
 
 def compare(paths) -> Comparison:
@@ -35,13 +53,14 @@ def compare(paths) -> Comparison:
     paths = [str(p) for p in paths]
     if len(paths) < 2:
         raise store.RunError("compare needs two directories or more")
-    cards = []
+    cards, evidence = [], []
     for p in paths:
-        card = policy.infer([p])
-        if not card.runs:
+        ev, skipped = policy.collect([p])
+        if not ev:
             raise store.RunError(f"{p}: no complete run")
-        cards.append(card)
-    return Comparison(paths, cards)
+        cards.append(policy.infer_evidence(ev, skipped))
+        evidence.append(ev)
+    return Comparison(paths, cards, evidence)
 
 
 def df_sources(cmp: Comparison) -> pd.DataFrame:
@@ -80,7 +99,7 @@ def compare_text(cmp: Comparison, width: int = 34) -> str:
     """The two tables ``harmony compare`` prints: the sources, then each question's answer per
     source ("*": the answers differ), each label cut to ``width`` characters."""
     src = df_sources(cmp)
-    names = [chr(ord("A") + k) if k < 26 else f"S{k}" for k in range(len(src))]
+    names = [_letter(k) for k in range(len(src))]
     out = ["sources:"]
     for n, row in zip(names, src.itertuples()):
         skipped = f", {row.skipped} not used" if row.skipped else ""
@@ -101,6 +120,88 @@ def compare_text(cmp: Comparison, width: int = 34) -> str:
     out += ["", f"{n_diff} of {len(table)} questions answered differently (*); "
                 "`harmony infer DIR` gives the numbers and votes behind each answer"]
     return "\n".join(out) + "\n"
+
+
+def df_compare_runs(cmp: Comparison) -> pd.DataFrame:
+    """Every complete run of every source, one row each: the columns of
+    :func:`harmony.analysis.report_suite.df_suite_runs` (path, experiment, config, ncpus, then
+    each scalar summary key) and ``source`` (str: the directory as given) and ``letter`` (str: its
+    letter in :func:`compare_text`, "A", "B", ...)."""
+    from harmony.analysis.report_suite import df_suite_runs
+
+    parts = []
+    for k, (src, ev) in enumerate(zip(cmp.sources, cmp.evidence)):
+        df = df_suite_runs(ev)
+        df.insert(0, "letter", _letter(k))
+        df.insert(0, "source", src)
+        parts.append(df)
+    return pd.concat(parts, ignore_index=True)
+
+
+def plot_compare(runs: pd.DataFrame, path) -> Path | None:
+    """The metrics of :data:`FIGURE_METRICS` that some source measured, one panel each, the
+    sources side by side (by letter), every run a point and each source's median a red bar;
+    None if no source measured any."""
+    import math
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # the suite report's point strips and look, so that both read alike
+    from harmony.analysis.report_suite import STYLE, _num, _save, _strip
+
+    panels = []
+    for exp, key, label, scale in FIGURE_METRICS:
+        d = runs[runs["experiment"] == exp]
+        values = _num(d, key) * scale
+        data = pd.DataFrame({"source": d["letter"], label: values}).dropna()
+        if not data.empty:
+            panels.append((f"{exp}: {key}", label, data))
+    if not panels:
+        return None
+    letters = list(dict.fromkeys(runs["letter"]))
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+        for ax, (title, label, data) in zip(axes.flat, panels):
+            # every source gets its place on the axis, measured or not
+            order = pd.Categorical(data["source"], categories=letters, ordered=True)
+            data = data.assign(source=order).sort_values("source")
+            _strip(ax, data, x="source", y=label, size=6)
+            ax.set_xticks(range(len(letters)), letters)
+            ax.set_xlim(-0.5, len(letters) - 0.5)
+            med = data.groupby("source", observed=True)[label].median()
+            for letter, m in med.items():
+                i = letters.index(letter)
+                ax.hlines(m, i - 0.3, i + 0.3, color="#c0392b", lw=2)
+            ax.set_title(title, fontsize=9)
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
+        fig.suptitle("Each source's runs (" + ", ".join(
+            f"{letter}: {src}" for letter, src in dict(zip(runs["letter"], runs["source"])).items())
+            + "; red: median)", fontsize=9)
+        return _save(fig, path)
+
+
+def write(cmp: Comparison, out) -> list[Path]:
+    """compare.md (the tables of :func:`compare_text` and the figure), compare.json (sources and
+    answers) and figures/compare.png into the directory ``out``; the paths written."""
+    out = Path(out)
+    (out / "figures").mkdir(parents=True, exist_ok=True)
+    fig = plot_compare(df_compare_runs(cmp), out / "figures" / "compare.png")
+    md = ["# Policy cards compared", "", "```", compare_text(cmp).rstrip(), "```", ""]
+    if fig is not None:
+        md += ["![each source's runs](figures/compare.png)", ""]
+    store.atomic_write(out / "compare.md", "\n".join(md))
+    store.write_json(out / "compare.json", {"sources": df_sources(cmp).to_dict("records"),
+                                            "answers": df_compare(cmp).to_dict("records")})
+    return [out / "compare.md", out / "compare.json"] + ([fig] if fig is not None else [])
+
+
+def _letter(k: int) -> str:
+    return chr(ord("A") + k) if k < 26 else f"S{k}"
 
 
 def _cut(text: str, width: int) -> str:

@@ -378,23 +378,27 @@ def infer(dirs, as_json):
 @main.command()
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="print the answers as JSON")
-def compare(dirs, as_json):
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              help="also write compare.md, compare.json and figures/compare.png there")
+def compare(dirs, as_json, out):
     """Policy cards side by side: one per directory (a host, kernel or scheduler's runs)."""
-    from harmony.analysis.compare import compare as compare_cards
-    from harmony.analysis.compare import compare_text, df_compare, df_sources
+    from harmony.analysis import compare as cmp_mod
     from harmony.store import RunError
 
     if len(dirs) < 2:
         raise click.UsageError("give two directories or more (run, batch or suite directories)")
     try:
-        cmp = compare_cards(dirs)
+        cmp = cmp_mod.compare(dirs)
     except RunError as exc:
         _fail(str(exc), 2)
     if as_json:
-        click.echo(json.dumps({"sources": df_sources(cmp).to_dict("records"),
-                               "answers": df_compare(cmp).to_dict("records")}, indent=1))
+        click.echo(json.dumps({"sources": cmp_mod.df_sources(cmp).to_dict("records"),
+                               "answers": cmp_mod.df_compare(cmp).to_dict("records")}, indent=1))
     else:
-        click.echo(compare_text(cmp).rstrip())
+        click.echo(cmp_mod.compare_text(cmp).rstrip())
+    if out is not None:
+        for path in cmp_mod.write(cmp, out):
+            click.echo(f"wrote {path}", err=as_json)
 
 
 @main.command()

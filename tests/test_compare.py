@@ -83,6 +83,25 @@ def test_cli_compare_and_json(two_policies):
                                                                                "pairwise"}
 
 
+def test_out_writes_the_tables_the_answers_and_a_figure(two_policies, tmp_path):
+    from harmony.analysis.compare import df_compare_runs
+    poly, pair = two_policies
+    runs = df_compare_runs(compare([poly, pair]))
+    assert list(runs.columns[:4]) == ["source", "letter", "path", "experiment"]
+    assert list(runs["letter"]) == ["A", "B"]
+    # poly-balance moves ~x/P in the first round, pairwise ~x/2: the figure's how-many panel
+    moved = runs.set_index("letter")["first_round_moved"]
+    assert 0 < moved["A"] < moved["B"]
+    out = tmp_path / "cmp"
+    r = invoke("compare", poly, pair, "--out", out)
+    assert r.exit_code == 0, r.output
+    md = (out / "compare.md").read_text()
+    assert "* 3 how_many" in md and "![each source's runs](figures/compare.png)" in md
+    data = json.loads((out / "compare.json").read_text())
+    assert len(data["answers"]) == 18 and len(data["sources"]) == 2
+    assert (out / "figures" / "compare.png").stat().st_size > 10_000
+
+
 def test_infer_says_when_it_pools_several_setups(two_policies):
     poly, pair = two_policies
     r = invoke("infer", poly, pair)
