@@ -149,7 +149,7 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
     import matplotlib.pyplot as plt
 
     # the suite report's point strips and look, so that both read alike
-    from harmony.analysis.report_suite import STYLE, _num, _save, _strip
+    from harmony.analysis.report_suite import STYLE, _num, _strip
 
     panels = []
     for exp, key, label, scale in FIGURE_METRICS:
@@ -182,7 +182,10 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
         fig.suptitle("Each source's runs (" + ", ".join(
             f"{letter}: {src}" for letter, src in dict(zip(runs["letter"], runs["source"])).items())
             + "; red: median)", fontsize=9)
-        return _save(fig, path)
+        fig.tight_layout(rect=(0, 0, 1, 0.97))     # room for the title above the panels
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+    return Path(path)
 
 
 def write(cmp: Comparison, out) -> list[Path]:
