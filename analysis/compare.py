@@ -8,7 +8,8 @@ from two schedulers would only say "undecided" where they differ.
 
 :func:`df_compare` lines the answers up (one row per question and source), :func:`df_sources`
 says what each source is, :func:`compare_text` prints both as tables, marking the questions whose
-answers differ.
+answers differ; :func:`df_compare_runs` holds every run's metrics, :func:`plot_compare` draws
+those behind the answers source by source, and :func:`write` stores all of it (``--out``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,11 @@ def compare(paths) -> Comparison:
     paths = [str(p) for p in paths]
     if len(paths) < 2:
         raise store.RunError("compare needs two directories or more")
+    seen: dict[Path, str] = {}
+    for p in paths:
+        if Path(p).resolve() in seen:
+            raise store.RunError(f"{p}: given twice (as {seen[Path(p).resolve()]})")
+        seen[Path(p).resolve()] = p
     cards, evidence = [], []
     for p in paths:
         ev, skipped = policy.collect([p])

@@ -128,3 +128,5 @@ def test_bad_directories_exit_2_naming_them(two_policies, tmp_path):
     assert "Traceback" not in r.output
     with pytest.raises(RunError):
         compare([poly])
+    r = invoke("compare", poly, poly.parent / ".." / poly.parent.name / poly.name)
+    assert r.exit_code == 2 and "given twice" in r.output and "Traceback" not in r.output
