@@ -7,6 +7,7 @@ for the controller and turns the reconstructed tables of a run into metrics and 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any, Callable
 
@@ -91,8 +92,12 @@ class Experiment:
             v = overrides.get(name, p.default_for(len(cpus)))
             if isinstance(v, str) and p.kind != "str":
                 v = p.parse(v)
+            items = v if isinstance(v, list) else [v]
+            if p.kind in ("float", "flist"):
+                for item in items:    # inf would pass "positive" and run forever
+                    if not math.isfinite(item):
+                        raise ValueError(f"parameter {name}={item}: must be a finite number")
             if p.check is not None:
-                items = v if isinstance(v, list) else [v]
                 for item in items:
                     err = p.check(item)
                     if err:

@@ -21,6 +21,22 @@ def _fail(msg: str, code: int = 1):
     sys.exit(code)
 
 
+def _check_out(out: Path) -> None:
+    """Refuse, in one line and before anything starts, an --out that cannot be a directory Harmony
+    writes: a file in the way, or no writable directory where it would be made."""
+    if out.exists() and not out.is_dir():
+        raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
+    base = out if out.exists() else next((a for a in out.absolute().parents if a.exists()), None)
+    if base is None or not base.is_dir():
+        raise click.BadParameter(f"{out}: {base} is not a directory", param_hint="--out")
+    try:  # a real write: root passes permission checks that /proc or a read-only mount do not
+        import tempfile
+        tempfile.TemporaryDirectory(dir=base, prefix=".harmony-check-").cleanup()
+    except OSError as exc:
+        raise click.BadParameter(f"{out}: cannot write under {base} ({exc.strerror})",
+                                 param_hint="--out") from None
+
+
 def _parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for pair in pairs:
@@ -127,6 +143,7 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
                                  f"(choose from {', '.join(PROBES)})", param_hint="--crosscheck")
     if out is None:
         out = Path("runs") / f"{experiment}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    _check_out(out)
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
     facts = _host_facts_or_exit(probe, crosscheck)
@@ -347,6 +364,7 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
                                  param_hint="--param duration")
     if out is None:
         out = Path("runs") / f"import-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    _check_out(out)
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
     try:
@@ -387,6 +405,8 @@ def compare(dirs, as_json, out):
 
     if len(dirs) < 2:
         raise click.UsageError("give two directories or more (run, batch or suite directories)")
+    if out is not None:
+        _check_out(out)
     try:
         cmp = cmp_mod.compare(dirs)
     except RunError as exc:
@@ -426,6 +446,7 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
         raise click.BadParameter(str(exc), param_hint="--policy") from None
     if bool(experiment) == bool(whole):
         raise click.UsageError("give one of --experiment NAME or --suite")
+    _check_out(out)
     if out.exists() and any(out.iterdir()):
         raise click.BadParameter(f"{out} is not empty; choose another --out", param_hint="--out")
     cpus = list(range(ncpus))
@@ -475,6 +496,7 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
         raise click.UsageError(str(exc)) from None
     if out is None:
         out = Path("runs") / f"suite-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    _check_out(out)
     if out.exists() and any(out.iterdir()):
         raise click.BadParameter(f"{out} is not empty; choose another --out", param_hint="--out")
     facts = _host_facts_or_exit(probe)

@@ -291,6 +291,8 @@ def test_ctrl_c(kernel, tmp_path):
     (["--param", "layout=a,b"], "layout"),
     (["--probe", "nope"], "probe"),
     (["--layout", "0,0"], "no task"),
+    (["--duration", "inf"], "finite"),                 # would pass "positive" and never end
+    (["--param", "bin_s=nan"], "finite"),
 ])
 def test_bad_arguments_exit_2_before_anything_starts(tmp_path, args, says):
     out = tmp_path / "bad"
@@ -298,6 +300,22 @@ def test_bad_arguments_exit_2_before_anything_starts(tmp_path, args, says):
     assert p.returncode == 2, p.stderr
     assert says in p.stderr and "Traceback" not in p.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["run", "single-source"], ["suite", "--quick"],
+    ["simulate", "--policy", "poly-balance", "--experiment", "how-many"],
+    ["import", Path(__file__), "--pid", "1"],
+])
+def test_an_out_that_cannot_be_written_exits_2_before_anything_starts(tmp_path, command):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for out, says in ((a_file, "exists and is not a directory"),
+                      (a_file / "run", "is not a directory"),
+                      (Path("/proc/harmony-out"), "cannot write under /proc")):
+        p = cli(*command, "--out", out, check_busy=False)
+        assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]    # no check left behind
 
 
 def test_unknown_experiment_exit_2(tmp_path):
