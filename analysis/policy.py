@@ -157,6 +157,8 @@ def find_runs(paths) -> tuple[list[Path], list[tuple[Path, str]]]:
     for p in map(Path, paths):
         if not p.exists():
             raise store.RunError(f"{p}: no such directory")
+        if not p.is_dir():
+            raise store.RunError(f"{p}: not a directory (a run, batch or suite directory)")
         stack = [p]
         while stack:
             d = stack.pop()

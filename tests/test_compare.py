@@ -121,6 +121,11 @@ def test_bad_directories_exit_2_naming_them(two_policies, tmp_path):
     assert r.exit_code == 2 and "two directories or more" in r.output
     r = invoke("compare", poly, tmp_path / "missing")
     assert r.exit_code == 2 and f"{tmp_path / 'missing'}: no such directory" in r.output
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for command in (["compare", poly, a_file], ["infer", a_file]):
+        r = invoke(*command)
+        assert r.exit_code == 2 and f"{a_file}: not a directory" in r.output, r.output
     empty = tmp_path / "empty"
     empty.mkdir()
     r = invoke("compare", poly, empty)
