@@ -230,12 +230,15 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
 def report(run_dir, as_json):
     """Print a run's summary and write report.md beside its figures (drawing any not drawn yet).
 
-    Given a batch (a suite configuration, or `run --repeat`): its aggregates and figures/reps.png."""
+    Given a batch (a suite configuration, or `run --repeat`): its aggregates and figures/reps.png.
+    Given a suite: its policy card, and report.md / report.html written again."""
     from harmony.analysis.report import summary_text, write_report
     from harmony.store import RunError, load, why_incomplete
 
     if (run_dir / "batch.json").is_file():
         return _batch_report(run_dir, as_json)
+    if (run_dir / "suite.json").is_file():
+        return _suite_report(run_dir, as_json)
     try:
         run = load(run_dir, allow_incomplete=True)
         if not run.complete:
@@ -253,6 +256,26 @@ def report(run_dir, as_json):
             click.echo(f"\nreport: {run.path / 'report.md'}")
     except RunError as exc:
         _fail(str(exc))
+
+
+def _suite_report(out: Path, as_json: bool):
+    from harmony.analysis import policy, report_suite
+    from harmony.store import RunError, read_json
+    from harmony.suite import cpu_limits
+
+    try:
+        info = read_json(out / "suite.json")
+        # the note the suite wrote its card with (a suite of an older Harmony did not keep it:
+        # what its CPU count cannot answer, at least)
+        note = info["card_note"] if "card_note" in info else (
+            " ".join(cpu_limits(len(info.get("cpus") or []))) or None)
+        md, html = report_suite.write(out, note=note)
+        card = policy.infer([out])
+    except RunError as exc:
+        _fail(str(exc))
+    click.echo(json.dumps(card.to_dict(), indent=1, default=str) if as_json else card.text().rstrip())
+    if not as_json:
+        click.echo(f"\nreport: {md} and {html}")
 
 
 def _batch_report(out: Path, as_json: bool):
@@ -301,6 +324,7 @@ def export(run_dir, fmt, out):
         raise click.BadParameter(f"{dest} is a directory", param_hint="--out")
     if not dest.absolute().parent.is_dir():
         raise click.BadParameter(f"{dest.absolute().parent}: no such directory", param_hint="--out")
+    _check_out(dest.absolute().parent)      # a writable one
     try:
         wrote, notes = export_tracedat(run_dir, dest)
         for note in notes:

@@ -165,6 +165,7 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     configured = sum(c.configured_s for c in configs)
     record = {"cpus": cpus, "quick": None, "configs": [dataclasses.asdict(c) for c in configs],
               "configured_s": configured, "runner": runner.name, "host": facts or {},
+              "card_note": card_note,     # `harmony report SUITE` writes the report with it again
               "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     store.write_json(out / "suite.json", record)
     progress = Progress(total_runs, configured, quiet=quiet)

@@ -296,6 +296,8 @@ def test_bad_arguments_exit_2_before_anything(writer_dat, tmp_path):
     (run / "manifest.json").write_text('{"probe": "tracefs", "status": "complete"}')
     r = invoke("export", run, "--out", tmp_path / "no" / "x.dat")
     assert r.exit_code == 2 and "no such directory" in r.output, r.output
+    r = invoke("export", run, "--out", "/proc/x.dat")         # one that cannot be written in
+    assert r.exit_code == 2 and "cannot write under /proc" in r.output, r.output
     # a directory that already holds a run is refused too
     (out / "x").mkdir(parents=True)
     (out / "manifest.json").write_text("{}")

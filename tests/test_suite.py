@@ -50,6 +50,12 @@ def test_simulated_batch_and_suite_report(tmp_path, no_figures):
     assert r.exit_code == 0, r.output
     md = (suite / "report.md").read_text()
     html = (suite / "report.html").read_text()
+    # `harmony report SUITE` writes the same report again and prints the card
+    (suite / "report.md").unlink()
+    r = cli.invoke(main, ["report", str(suite)])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("Policy card: ") and "report.html" in r.output
+    assert (suite / "report.md").read_text() == md
     assert md.index("Policy card") < md.index("Evidence per question")
     assert "data:image/png;base64," in html and "src='figures" not in html
     info = json.loads((suite / "suite.json").read_text())
