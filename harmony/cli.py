@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -30,7 +31,6 @@ def _check_out(out: Path) -> None:
     if base is None or not base.is_dir():
         raise click.BadParameter(f"{out}: {base} is not a directory", param_hint="--out")
     try:  # a real write: root passes permission checks that /proc or a read-only mount do not
-        import tempfile
         tempfile.TemporaryDirectory(dir=base, prefix=".harmony-check-").cleanup()
     except OSError as exc:
         raise click.BadParameter(f"{out}: cannot write under {base} ({exc.strerror})",
@@ -273,9 +273,10 @@ def _suite_report(out: Path, as_json: bool):
         card = policy.infer([out])
     except RunError as exc:
         _fail(str(exc))
-    click.echo(json.dumps(card.to_dict(), indent=1, default=str) if as_json else card.text().rstrip())
-    if not as_json:
-        click.echo(f"\nreport: {md} and {html}")
+    if as_json:
+        click.echo(json.dumps(card.to_dict(), indent=1, default=str))
+    else:
+        click.echo(card.text().rstrip() + f"\n\nreport: {md} and {html}")
 
 
 def _batch_report(out: Path, as_json: bool):
