@@ -16,6 +16,7 @@ Inference reads only the summary keys of the experiment contract (summary.json) 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import statistics
 from pathlib import Path
@@ -572,9 +573,7 @@ def infer_evidence(evidence: list[Evidence], skipped=()) -> Card:
     prior: dict[str, Answer] = {}
     for qid, _, _ in QUESTIONS:
         prior[qid] = RULES[qid](by_exp, prior)
-    setups: dict[str, int] = {}
-    for e in evidence:
-        setups[e.setup] = setups.get(e.setup, 0) + 1
+    setups = dict(collections.Counter(e.setup for e in evidence))
     return Card(answers=[prior[q] for q, _, _ in QUESTIONS], runs=len(evidence),
                 experiments={k: len(v) for k, v in by_exp.items()}, skipped=list(skipped),
                 cpus=sorted({e.ncpus for e in evidence}), setups=setups)
