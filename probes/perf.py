@@ -748,8 +748,7 @@ class PerfProbe(Probe):
         else:
             notes.append("meta.json missing (stop() never ran?)")
         header = _run_perf_report(perf, path, "--header-only")
-        clock_ok = _check_clockid(header)
-        if clock_ok is False:
+        if _sched_clockids(header) - {1}:       # one not on CLOCK_MONOTONIC (clockid 1)
             raise TraceCorrupt(f"{path}: events were not recorded on CLOCK_MONOTONIC (clockid 1)")
         stats = _run_perf_report(perf, path, "--stats")
         lost_samples = _lost_samples(stats)
@@ -958,17 +957,15 @@ def header_number(header: str, key: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _check_clockid(header: str) -> bool | None:
-    """True if every sched event says clockid = 1 (CLOCK_MONOTONIC), False if one does not, None if
-    the header does not tell."""
-    seen = False
+def _sched_clockids(header: str) -> set:
+    """The clockids of the sched events in ``perf report --header-only`` (None: one recorded
+    without ``-k``); empty if the header lists no sched event."""
+    ids = set()
     for line in header.splitlines():
         if line.startswith("# event : name = sched:"):
             m = re.search(r"\bclockid = (\d+)", line)
-            if not m or "use_clockid = 1" not in line or m.group(1) != "1":
-                return False
-            seen = True
-    return True if seen else None
+            ids.add(int(m.group(1)) if m and "use_clockid = 1" in line else None)
+    return ids
 
 
 #: perf's clockids (``perf record -k``) by the names tracefs gives the same clocks
@@ -980,11 +977,7 @@ def clock_name(header: str) -> str:
     """The clock a perf.data's sched events were stamped with, from ``perf report --header-only``:
     the tracefs name of its ``-k`` clockid, ``clockid N`` for one without, ``mixed clockids`` if
     they differ, or :data:`DEFAULT_CLOCK` when none was asked for."""
-    ids = set()
-    for line in header.splitlines():
-        if line.startswith("# event : name = sched:"):
-            m = re.search(r"\bclockid = (\d+)", line)
-            ids.add(int(m.group(1)) if m and "use_clockid = 1" in line else None)
+    ids = _sched_clockids(header)
     if len(ids) > 1:
         return f"mixed clockids {sorted(ids, key=str)}"
     (clockid,) = ids or {None}
