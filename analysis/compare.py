@@ -128,6 +128,13 @@ def compare_text(cmp: Comparison, width: int = 34) -> str:
     return "\n".join(out) + "\n"
 
 
+def to_dict(cmp: Comparison) -> dict:
+    """The comparison for programs (``--json``, compare.json): {"sources": :func:`df_sources`'s
+    rows, "answers": :func:`df_compare`'s rows}."""
+    return {"sources": df_sources(cmp).to_dict("records"),
+            "answers": df_compare(cmp).to_dict("records")}
+
+
 def df_compare_runs(cmp: Comparison) -> pd.DataFrame:
     """Every complete run of every source, one row each: the columns of
     :func:`harmony.analysis.report_suite.df_suite_runs` (path, experiment, config, ncpus, then
@@ -204,8 +211,7 @@ def write(cmp: Comparison, out) -> list[Path]:
     if fig is not None:
         md += ["![each source's runs](figures/compare.png)", ""]
     store.atomic_write(out / "compare.md", "\n".join(md))
-    store.write_json(out / "compare.json", {"sources": df_sources(cmp).to_dict("records"),
-                                            "answers": df_compare(cmp).to_dict("records")})
+    store.write_json(out / "compare.json", to_dict(cmp))
     return [out / "compare.md", out / "compare.json"] + ([fig] if fig is not None else [])
 
 

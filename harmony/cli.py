@@ -437,8 +437,7 @@ def compare(dirs, as_json, out):
     except RunError as exc:
         _fail(str(exc), 2)
     if as_json:
-        click.echo(json.dumps({"sources": cmp_mod.df_sources(cmp).to_dict("records"),
-                               "answers": cmp_mod.df_compare(cmp).to_dict("records")}, indent=1))
+        click.echo(json.dumps(cmp_mod.to_dict(cmp), indent=1))
     else:
         click.echo(cmp_mod.compare_text(cmp).rstrip())
     if out is not None:
