@@ -10,6 +10,7 @@ the run's notes. Its manifest says ``"source": {"imported": FILE, ...}``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import fnmatch
 import platform
@@ -22,6 +23,7 @@ import pandas as pd
 import harmony
 from harmony import store
 from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.waking import wakeups_from_waking
 from harmony.host import format_cpulist
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.schema import SCHED_EVENTS
@@ -127,19 +129,31 @@ def absent_events(events: pd.DataFrame) -> list[str]:
 
 def absent_note(absent: list[str]) -> str:
     """What the analysis cannot see without the ``absent`` events (none is sched_switch); "" if
-    nothing it needs is absent (no fork, exit or sched_waking is usual: the manifest lists them)."""
+    nothing it needs is absent (no fork, exit or sched_waking is usual: the manifest lists them).
+    A trace with sched_waking but no sched_wakeup has its wake-ups derived (:func:`waking_note`)."""
     what = []
     if "sched_migrate_task" in absent:
         what.append("migrations are known only where a task's runs show it on another CPU (its "
                     "unrecorded migrations), not when or why it moved")
-    if "sched_wakeup" in absent and "sched_wakeup_new" in absent:
-        what.append("a task counts as runnable only from its switch-in (its wake-ups are not "
-                    "seen), so run queues are short by the tasks waiting, and the release "
+    if "sched_wakeup" in absent and "sched_waking" in absent:
+        what.append("a woken task counts as runnable only from its switch-in (its wake-ups are "
+                    "not seen), so run queues are short by the tasks waiting, and the release "
                     "spread cannot be measured")
     if not what:
         return ""
     return (f"the trace holds no {', '.join(absent)} event (not recorded, or none happened): "
             + "; ".join(what))
+
+
+def waking_note(derived: dict) -> str:
+    """What deriving the wake-ups from sched_waking (:mod:`harmony.analysis.waking`) did."""
+    return (f"the trace holds no sched_wakeup but {derived['derived']} sched_waking (perf sched "
+            "record records those instead): each stands for the wake-up it starts "
+            f"(harmony.analysis.waking), {derived['placed']} onto the CPU the wake-up's migration "
+            f"moved the task to, the others where the task was ({derived['pulls']} migrations "
+            "right after a sched_waking taken as idle pulls); a woken task counts as runnable a "
+            "few microseconds early, and the sched_wakeup rows of events.parquet are derived, "
+            "not recorded")
 
 
 # --- choosing the tasks, t0 and the end ---------------------------------------------------------
@@ -335,6 +349,12 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     notes += list(meta.get("notes", []))
     notes += [n for n in [absent_note(absent)] if n]
     meta["events_missing"] = absent
+    if "sched_wakeup" in absent:
+        events, derived = wakeups_from_waking(events)
+        if derived:
+            cap = dataclasses.replace(cap, events=events)
+            meta["derived_events"] = {"sched_wakeup": dict(derived, source="sched_waking")}
+            notes.append(waking_note(derived))
 
     mine = events["ts"].to_numpy()[_task_events(events, chosen)]     # the chosen tasks' events
     if t0_marker is not None:
@@ -535,14 +555,22 @@ def _export_events(run_dir: Path, manifest: dict, dest: Path) -> tuple[Path, lis
                                "capture they would be written from, is missing (the run was never "
                                "analysed)")
         tables[name] = store.read_table(path)
+    meta = dict(manifest.get("capture") or {})
+    events, left_out = tables["events"], []
+    for name, how in (meta.get("derived_events") or {}).items():
+        # every row of a derived event is derived (none was recorded): the file holds what was
+        derived = event_mask(events, name)
+        events = events[~derived].reset_index(drop=True)
+        left_out.append(f"{run_dir}: its {int(derived.sum())} {name} rows, derived from "
+                        f"{how.get('source', '?')} at import, are left out")
     with tempfile.TemporaryDirectory(prefix=".harmony-export-", dir=dest.parent) as tmp:
-        meta = dict(manifest.get("capture") or {})
         meta["cpus"] = meta.get("cpus") or manifest.get("cpus") or []   # CPUs without an event too
-        notes = write_recording(tables["events"], tables["markers"], meta, Path(tmp))
+        notes = write_recording(events, tables["markers"], meta, Path(tmp))
         write_tracedat(Path(tmp), dest)
     return dest, [f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which keeps no "
                   "ring-buffer pages: written from its decoded events (each with a fixed layout; "
-                  "common_flags, preempt count and the 'R+' preempted flag are not kept)"] + notes
+                  "common_flags, preempt count and the 'R+' preempted flag are not kept)"
+                  ] + left_out + notes
 
 
 def export_source(manifest: dict) -> str:

@@ -186,14 +186,21 @@ def test_import_window_ends_with_the_chosen_tasks_unless_given(writer_dat, tmp_p
     assert not any("ends at the last event" in n for n in m["notes"])
 
 
+#: FORMATS_NEW, with sched_waking and sched_wakeup_new laid out as sched_wakeup
+FORMATS_WAKING = dict(FORMATS_NEW, **{f"sched/{name}": (
+    name, ev_id, *FORMATS_NEW["sched/sched_wakeup"][2:])
+    for name, ev_id in (("sched_waking", 375), ("sched_wakeup_new", 376))})
+
+
 def _dat_of(tmp_path, name: str, events: list[tuple[str, dict]]) -> Path:
     """A trace.dat of one CPU holding ``events`` (format name, fields), 1 ms apart."""
     from harmony.probes.tracedat import write_tracedat
-    f = parsed_formats(FORMATS_NEW)
+    f = parsed_formats(FORMATS_WAKING)
     b = PageBuilder(1_000_000_000)
     for fmt, fields in events:
         b.event(encode(f[f"sched/{fmt}"], fields), 1_000_000)
-    return write_tracedat(write_dir(tmp_path / name, {0: [b.page()]}), tmp_path / f"{name}.dat")
+    return write_tracedat(write_dir(tmp_path / name, {0: [b.page()]}, FORMATS_WAKING),
+                          tmp_path / f"{name}.dat")
 
 
 def test_import_says_which_sched_events_the_trace_lacks(tmp_path):
@@ -216,6 +223,47 @@ def test_import_says_which_sched_events_the_trace_lacks(tmp_path):
     dat = _dat_of(tmp_path, "wk", wk)
     line = one_line_error(invoke("import", dat, "--pid", 11, "--out", tmp_path / "r2"), dat)
     assert "no sched_switch" in line
+
+
+def test_import_derives_wake_ups_from_sched_waking(tmp_path):
+    # perf sched record's events: sched_waking, no sched_wakeup
+    into = dict(common_pid=0, prev_comm="swapper/0", prev_pid=0, prev_prio=120, prev_state=0,
+                next_comm="spin", next_pid=11, next_prio=120)
+    sleep = dict(common_pid=11, prev_comm="spin", prev_pid=11, prev_prio=120, prev_state=1,
+                 next_comm="swapper/0", next_pid=0, next_prio=120)
+    waking = dict(common_pid=0, comm="spin", pid=11, prio=120, target_cpu=0)
+    events = [("sched_switch", into), ("sched_switch", sleep)]
+    events += [("sched_waking", waking), ("sched_switch", into), ("sched_switch", sleep)] * 3
+    dat = _dat_of(tmp_path, "waking", events)
+    r = invoke("import", dat, "--pid", 11, "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    run = harmony.load(tmp_path / "run")
+    m = run.manifest
+    assert "sched_wakeup" in m["capture"]["events_missing"]
+    assert m["capture"]["derived_events"] == {
+        "sched_wakeup": {"derived": 3, "placed": 0, "pulls": 0, "source": "sched_waking"}}
+    assert [n for n in m["notes"] if n.startswith("the trace holds no sched_wakeup but 3 "
+                                                  "sched_waking")], m["notes"]
+    assert not [n for n in m["notes"] if "counts as runnable only from its switch-in" in n]
+    # each wake-up seen: no switch-in of a task believed asleep
+    assert m["reconstruction_anomalies"] == 0
+    woken = run.events[run.events["event"] == "sched_wakeup"]
+    assert woken["ts"].tolist() == [1_003_000_000, 1_006_000_000, 1_009_000_000]
+    # the runqueue counts 11 from each wake-up, not from its switch-in
+    rq = run.runqueue
+    assert rq[(rq["ts"] == 1_003_000_000)]["nr"].tolist() == [1]
+    # a trace.dat exports as it was imported (a perf.data's export leaves the derived rows out:
+    # test_perf_sched_record_imports_with_its_wake_ups)
+    r = CliRunner().invoke(main, ["export", str(run.path), "--out", str(tmp_path / "x.dat")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "x.dat").read_bytes() == dat.read_bytes()
+    # without sched_waking either, the note says what is not seen; a wakeup_new does not do
+    new = dict(common_pid=0, comm="spin", pid=11, prio=120, target_cpu=0)
+    dat = _dat_of(tmp_path, "new", [("sched_wakeup_new", new)] + events[:2] * 2)
+    r = invoke("import", dat, "--pid", 11, "--out", tmp_path / "r2")
+    assert r.exit_code == 0, r.output
+    notes = harmony.load(tmp_path / "r2").manifest["notes"]
+    assert [n for n in notes if "a woken task counts as runnable only from its switch-in" in n]
 
 
 def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
@@ -647,3 +695,61 @@ def test_perf_data_with_call_graphs_and_other_events_imports_every_sched_event(k
     assert [n for n in notes if n.startswith("ignored events") and "'cpu-clock'" in n], notes
     assert run.manifest["lost_events"] == 0
     assert not [n for n in notes if n.startswith("perf recorded CPUs")]     # -a: every CPU
+
+
+#: two processes waking each other through pipes (prctl names them) for ``seconds``
+PINGPONG = ("import ctypes, os, sys, time\n"
+            "r1, w1 = os.pipe(); r2, w2 = os.pipe()\n"
+            "child = os.fork() == 0\n"
+            "ctypes.CDLL(None).prctl(15, b'hmyimp-pp', 0, 0, 0)\n"
+            "while child and os.read(r1, 1) == b'x':\n"
+            "    os.write(w2, b'x')\n"
+            "t = time.monotonic()\n"
+            "while not child and time.monotonic() - t < float(sys.argv[1]):\n"
+            "    os.write(w1, b'x'); os.read(r2, 1)\n"
+            "if not child:\n"
+            "    os.write(w1, b'q'); os.wait()\n")
+
+
+@pytest.mark.kernel
+@pytest.mark.skipif(PERF is None, reason="perf is not installed")
+def test_perf_sched_record_imports_with_its_wake_ups(kernel, tmp_path):
+    """perf sched record's perf.data has sched_waking and no sched_wakeup: the import derives
+    the wake-ups (the woken tasks are runnable before their switch-in), says so, and the export
+    leaves them out."""
+    data = tmp_path / "perf.data"
+    p = subprocess.run([PERF, "sched", "record", "-o", str(data), "--", sys.executable, "-c",
+                        PINGPONG, "0.3"], capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        pytest.skip(f"perf sched record cannot record here: {p.stderr.strip()[-200:]}")
+    from harmony.importer import read_trace
+    recorded = read_trace(data)[0].events
+    have = set(recorded["event"].astype(str))
+    if "sched_wakeup" in have or "sched_waking" not in have:
+        pytest.skip(f"this perf sched record recorded {sorted(have)}, not sched_waking alone")
+    wakings = int((recorded["event"] == "sched_waking").sum())
+    out = tmp_path / "run"
+    r = invoke("import", data, "--comm", "hmyimp-pp", "--out", out)
+    assert r.exit_code == 0, r.output
+    run = harmony.load(out)
+    m = run.manifest
+    assert m["capture"]["derived_events"]["sched_wakeup"]["derived"] == wakings
+    assert [n for n in m["notes"] if n.startswith(f"the trace holds no sched_wakeup but "
+                                                  f"{wakings} sched_waking")], m["notes"]
+    # the ping-pong's thousands of switch-ins follow wake-ups: without the derived ones, each
+    # that does not follow a (recorded) wake-up_new is one of a task believed asleep
+    from harmony.analysis.reconstruct import df_runqueue
+    switch_ins = int(((run.events["event"] == "sched_switch")
+                      & run.events["pid"].isin(run.tasks["pid"])).sum())
+    assert switch_ins > 1000
+    repaired = m["reconstruction_anomaly_kinds"].get("switch_in_not_runnable", 0)
+    assert repaired <= 0.01 * switch_ins, m["reconstruction_anomaly_kinds"]
+    blind = df_runqueue(recorded, run.tasks, m["cpus"], m["t0_ns"], m["end_ns"]).attrs
+    assert blind["anomaly_kinds"]["switch_in_not_runnable"] >= 0.3 * switch_ins
+    assert m["release"]["woken"] == len(run.tasks) == 2
+    r = CliRunner().invoke(main, ["export", str(out), "--out", str(tmp_path / "x.dat")])
+    assert r.exit_code == 0, r.output
+    assert "sched_wakeup rows, derived from sched_waking at import, are left out" in r.stderr
+    from harmony.probes.tracedat_read import decode_tracedat
+    back = decode_tracedat(tmp_path / "x.dat")[0].events["event"].astype(str)
+    assert "sched_wakeup" not in set(back) and int((back == "sched_waking").sum()) == wakings
