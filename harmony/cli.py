@@ -350,7 +350,8 @@ def export(run_dir, fmt, out):
 @click.option("--buffer", help="trace.dat instance buffer to read (default: the only one with data)")
 @click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/import-<time>)")
 def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params, buffer, out):
-    """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*') from another host."""
+    """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*', perf sched
+    record) from another host."""
     from harmony.analysis.report import summary_text
     from harmony.experiments import get_experiment
     from harmony.host import parse_cpulist
