@@ -9,10 +9,12 @@ import pandas as pd
 from harmony import store
 from harmony.probes import get_probe
 from harmony.probes.base import ProbeError
+from harmony.probes.proc_stat import SWEEP_BUDGET
 from harmony.timing import Laps
 
 T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
 FOREIGN_LOAD_NOTE = 0.05  # above this share of a CPU used by other tasks, the report warns
+SLOW_SAMPLER = 0.5        # below this share of the sweeps asked, the report says how many it made
 
 
 def _marker(markers: pd.DataFrame, text: str) -> int | None:
@@ -297,6 +299,12 @@ def _notes(manifest: dict, meta: dict) -> list[str]:
         notes.append(f"the kernel sampler made no sweep in the window ({due:.0f} were due): it "
                      "got no CPU time among the tasks (SCHED_FIFO refused?), so the run queues "
                      "were not compared with the kernel's /proc or nr_running")
+    elif ka and ka["sweeps"] < SLOW_SAMPLER * due:
+        notes.append(f"the kernel sampler swept {ka['sweeps']} times in the window, not the "
+                     f"{due:.0f} that {params['sample_hz']:g} Hz asks: after a sweep it sleeps "
+                     f"{SWEEP_BUDGET} times as long as the sweep took (its /proc reads alone, "
+                     f"{ka['sweep_us_median']:.0f} us here), so that it takes at most ~1 % of a "
+                     "CPU from the tasks")
     if ka and ka["agreement"] is not None and ka["agreement"] < 0.99:
         notes.append(f"rebuilt run queues agree with the kernel's /proc view on only "
                      f"{ka['agreement']:.1%} of {ka['sweeps']} sweeps (a sweep reads each task's "

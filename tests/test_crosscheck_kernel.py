@@ -151,7 +151,10 @@ def test_rebuilt_runqueue_matches_kernel_nr_running(kernel, tmp_path):
     samples = run.table("kernel_nr_running")
     assert set(samples["cpu"]) == set(m["cpus"])
     ka = m["kernel_nr_running_agreement"]
-    assert ka["samples"] >= 50  # 3 s at 50 Hz, less on a loaded host
+    # 3 s at 50 Hz asked; a sampler that sleeps 100x its sweep after each makes ~15-25 Hz here
+    assert ka["samples"] >= 30
+    stamps = samples["ts"].to_numpy()
+    assert stamps.min() < m["t0_ns"] + 0.3e9 and stamps.max() > m["end_ns"] - 0.3e9
     # the comparison can fail: one task too many on the first CPU is seen as a disagreement
     wrong = run.runqueue.assign(nr=run.runqueue["nr"] + (run.runqueue["cpu"] == m["cpus"][0]))
     bad = nr_running_agreement(wrong, samples, m["cpus"], m["t0_ns"], m["end_ns"])

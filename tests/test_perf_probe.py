@@ -281,7 +281,8 @@ def test_a_window_longer_than_asked_is_noted(measured, late):
         f"{late} (the controller, waking at the end, waited for a CPU)"])
 
 
-@pytest.mark.parametrize("sweeps,hz,noted", [(0, 10.0, True), (3, 10.0, False), (0, 0.5, False)])
+@pytest.mark.parametrize("sweeps,hz,noted", [(0, 10.0, True), (3, 10.0, False), (0, 0.5, False),
+                                              (12, 10.0, False)])
 def test_a_sampler_that_never_ran_is_noted(sweeps, hz, noted):
     from harmony.analyse import _notes
     from harmony.analysis.report import trust_lines
@@ -296,6 +297,20 @@ def test_a_sampler_that_never_ran_is_noted(sweeps, hz, noted):
                      if noted else [])
     [line] = [ln for ln in trust_lines(manifest) if ln.startswith("kernel agreement (/proc)")]
     assert line.endswith("no sweep in the window" if not sweeps else "sweep 80 us)")
+
+
+@pytest.mark.parametrize("sweeps,noted", [(3, True), (9, True), (10, False), (20, False)])
+def test_a_sampler_slower_than_asked_says_how_many_sweeps_it_made(sweeps, noted):
+    from harmony.analyse import _notes
+    manifest = {"release": {"not_woken": []}, "reconstruction_anomalies": 0,
+                "params": {"duration": 2.0, "sample_hz": 10.0}, "measured_s": 2.0,
+                "kernel_agreement": {"sweeps": sweeps, "agreeing": sweeps, "agreement": 1.0,
+                                     "sweep_us_median": 480}}
+    notes = [n for n in _notes(manifest, {"lost_events": 0}) if "kernel sampler swept" in n]
+    assert notes == ([f"the kernel sampler swept {sweeps} times in the window, not the 20 that "
+                      "10 Hz asks: after a sweep it sleeps 100 times as long as the sweep took "
+                      "(its /proc reads alone, 480 us here), so that it takes at most ~1 % of a "
+                      "CPU from the tasks"] if noted else [])
 
 
 def test_run_anomalies_compared_over_the_stretch_both_probes_recorded():
