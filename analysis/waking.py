@@ -110,3 +110,40 @@ def _pulls(events: pd.DataFrame, waking: np.ndarray, mig: np.ndarray,
             & (events["prev_pid"].to_numpy()[s] == events["common_pid"].to_numpy()[mig])
             & (events["prev_state"].to_numpy()[s] != 0)
             & (ts[s] - ts[mig] < ts[mig] - ts[waking]))
+
+
+def df_wakeup_check(events: pd.DataFrame) -> pd.DataFrame:
+    """The wake-ups derived from a trace's sched_waking (its sched_wakeup dropped) against the
+    ones it recorded: how well :func:`wakeups_from_waking` does on a trace that has both.
+
+    Needs events: sched_waking, sched_wakeup, sched_migrate_task, sched_switch.
+
+    One row per derived wake-up: ts (int64 ns), pid (int64), target_cpu (int64), placed (bool:
+    onto its placement migration's CPU), waking_ts (int64: its sched_waking's), rec_ts and
+    rec_target_cpu (float: its task's first recorded wake-up at or after that sched_waking and
+    before the task's next one; NaN where none was recorded, e.g. where the probe was blind),
+    early_ns (float: rec_ts - ts; negative for one derived after the recorded one).
+    """
+    woken = event_mask(events, "sched_wakeup")
+    got, _ = wakeups_from_waking(events[~woken].reset_index(drop=True))
+    rows = event_mask(got, "sched_wakeup")
+    pick = (lambda df, m, c: df[c].to_numpy()[m].astype(np.int64))
+    mine = pd.DataFrame({"ts": pick(got, rows, "ts"), "pid": pick(got, rows, "pid"),
+                         "target_cpu": pick(got, rows, "target_cpu")})
+    # a placed one follows its migration (the row before it); the others their sched_waking
+    mine["placed"] = event_mask(got, "sched_migrate_task")[np.flatnonzero(rows) - 1]
+    waking = event_mask(events, "sched_waking")
+    mine = pd.merge_asof(mine, pd.DataFrame({"waking_ts": pick(events, waking, "ts"),
+                                             "pid": pick(events, waking, "pid")}),
+                         left_on="ts", right_on="waking_ts", by="pid", direction="backward")
+    mine = mine.sort_values("waking_ts", kind="stable").reset_index(drop=True)
+    nxt = mine.groupby("pid")["waking_ts"].shift(-1).to_numpy(dtype=float)
+    theirs = pd.DataFrame({"rec_ts": pick(events, woken, "ts"), "pid": pick(events, woken, "pid"),
+                           "rec_target_cpu": pick(events, woken, "target_cpu")})
+    out = pd.merge_asof(mine, theirs, left_on="waking_ts", right_on="rec_ts", by="pid",
+                        direction="forward")
+    out[["rec_ts", "rec_target_cpu"]] = out[["rec_ts", "rec_target_cpu"]].astype(float)
+    late = ~(out["rec_ts"].to_numpy() < np.where(np.isnan(nxt), np.inf, nxt))
+    out.loc[late, ["rec_ts", "rec_target_cpu"]] = np.nan
+    out["early_ns"] = out["rec_ts"] - out["ts"]
+    return out.sort_values("ts", kind="stable").reset_index(drop=True)

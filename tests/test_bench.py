@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from test_ringbuf import FORMATS_NEW, PageBuilder, encode, parsed_formats, write_dir
+from test_ringbuf import FORMATS_NEW, FORMATS_WAKING, PageBuilder, encode, parsed_formats, write_dir
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency")
+SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -29,7 +29,7 @@ def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedPr
 def test_help_and_bad_arguments(name):
     r = bench(name, "--help")
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
-    r = bench(name, "--no-such-option")
+    r = bench(name, "--no-such-option", *(["."] if name == "waking" else []))   # its DIR
     assert r.returncode == 2 and "unrecognized arguments" in r.stderr
 
 
@@ -147,3 +147,39 @@ def test_observer_smoke(kernel, tmp_path):
     assert len(w["off"]) == len(w["on"]) == len(w["ratios"]) == 2 and min(w["off"] + w["on"]) > 0
     assert w["events"] > 0 and w["loss_ci95"][0] <= w["loss"] <= w["loss_ci95"][1]
     assert res["lossless"]["levels"][0]["events"] > 0
+
+
+def test_waking_on_a_recording_with_both_events(tmp_path):
+    """Task 11 woken three times on CPU 0 (sched_waking then sched_wakeup 2 us later), once moved
+    to CPU 1 by its wake-up; one wake-up's sched_wakeup is missing."""
+    f = parsed_formats(FORMATS_WAKING)
+    b = PageBuilder(1_000_000_000)
+
+    def wake(kind, target):
+        return encode(f[f"sched/{kind}"], dict(common_pid=0, comm="w", pid=11, prio=120,
+                                               target_cpu=target))
+
+    def switch(prev, nxt, state):
+        return encode(f["sched/sched_switch"], dict(common_pid=prev, prev_comm="w", prev_pid=prev,
+                                                    prev_prio=120, prev_state=state, next_comm="w",
+                                                    next_pid=nxt, next_prio=120))
+    move = encode(f["sched/sched_migrate_task"], dict(common_pid=0, comm="w", pid=11, prio=120,
+                                                      orig_cpu=0, dest_cpu=1))
+    for k, (placed, recorded) in enumerate([(False, True), (True, True), (False, False)]):
+        b.event(wake("sched_waking", 0), 1_000_000)
+        if placed:
+            b.event(move, 1000)
+        if recorded:
+            b.event(wake("sched_wakeup", 1 if placed else 0), 2000)
+        b.event(switch(0, 11, 0), 50_000)
+        b.event(switch(11, 0, 1), 50_000)
+    raw = write_dir(tmp_path / "run" / "raw" / "tracefs", {0: [b.page()]}, FORMATS_WAKING)
+    out = tmp_path / "waking.json"
+    r = bench("waking", str(tmp_path / "run"), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert str(raw) in r.stdout and "3 wake-ups derived, 2 recorded; 2 matched" in r.stdout
+    total = json.loads(out.read_text())["total"]
+    assert (total["same_cpu"], total["placed"], total["pulls"]) == (2, 1, 0)
+    assert total["early_us_median"] == pytest.approx(2.0)   # sched_wakeup: 2 us after either
+    r = bench("waking", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and "no tracefs recording" in r.stderr

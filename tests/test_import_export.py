@@ -28,7 +28,8 @@ from harmony.probes.schema import SCHED_EVENTS
 
 from cli_run import cli
 
-from test_ringbuf import FORMATS_NEW, PageBuilder, encode, known_capture, parsed_formats, write_dir
+from test_ringbuf import (FORMATS_WAKING, PageBuilder, encode, known_capture, parsed_formats,
+                          write_dir)
 
 TRACE_CMD = shutil.which("trace-cmd")
 PERF = shutil.which("perf")
@@ -184,12 +185,6 @@ def test_import_window_ends_with_the_chosen_tasks_unless_given(writer_dat, tmp_p
     m = harmony.load(tmp_path / "b").manifest
     assert m["end_ns"] == 5_000_000_000 and m["source"]["end_from"] == "given time 5.0 s"
     assert not any("ends at the last event" in n for n in m["notes"])
-
-
-#: FORMATS_NEW, with sched_waking and sched_wakeup_new laid out as sched_wakeup
-FORMATS_WAKING = dict(FORMATS_NEW, **{f"sched/{name}": (
-    name, ev_id, *FORMATS_NEW["sched/sched_wakeup"][2:])
-    for name, ev_id in (("sched_waking", 375), ("sched_wakeup_new", 376))})
 
 
 def _dat_of(tmp_path, name: str, events: list[tuple[str, dict]]) -> Path:

@@ -204,6 +204,12 @@ FORMATS_NEW = {
 \tfield:char buf[];\toffset:16;\tsize:0;\tsigned:0;
 """, 'print fmt: "%ps: %s", (void *)REC->ip, REC->buf'),
 }
+
+#: FORMATS_NEW, with sched_waking and sched_wakeup_new laid out as sched_wakeup
+FORMATS_WAKING = dict(FORMATS_NEW, **{f"sched/{name}": (
+    name, ev_id, *FORMATS_NEW["sched/sched_wakeup"][2:])
+    for name, ev_id in (("sched_waking", 375), ("sched_wakeup_new", 376))})
+
 # ... and an older kernel's: fixed comm arrays, int prev_state, other IDs, TASK_STATE_MAX flag.
 FORMATS_OLD = {
     "sched/sched_switch": ("sched_switch", 300, """\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:1;
