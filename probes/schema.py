@@ -24,6 +24,10 @@ orig_cpu       int16     migrate -> orig_cpu
 target_cpu     int16     migrate -> dest_cpu; wakeup/wakeup_new/waking -> target_cpu
 =============  ========  ==========================================================================
 
+An imported trace that recorded sched_waking but no sched_wakeup (``perf sched record``) gets a
+sched_wakeup row derived from each sched_waking (:mod:`harmony.analysis.waking`); the run's
+manifest says so (``capture.derived_events``), and ``harmony export`` leaves those rows out.
+
 Markers written to ``trace_marker`` (ftrace ``print`` events) are kept apart in a markers table:
 ``ts`` (int64 ns), ``cpu`` (int16), ``pid`` (int32), ``text`` (str, trailing newline stripped).
 """
