@@ -44,8 +44,8 @@ def wakeups_from_waking(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     """``events`` with a sched_wakeup row derived from each sched_waking (see the module doc), if
     it has sched_waking events and no sched_wakeup; else ``events`` itself.
 
-    Needs events: sched_waking, sched_migrate_task (any other event of the CPU tells that a wake-up
-    moved no task). Returns (events, what was derived): ``{}`` when nothing was, else
+    Needs events: sched_waking, sched_migrate_task, sched_switch (the next event on the waker's
+    CPU tells whether the wake-up moved the task, or a pull did). Returns (events, what was derived): ``{}`` when nothing was, else
     ``{"derived": wake-ups derived, "placed": those a placement migration moved, "pulls":
     migrations right after a sched_waking taken as pulls, not placements}``. The derived
     rows have the sched_waking's common_pid, pid, comm and prio; their other integer columns are
@@ -127,7 +127,10 @@ def df_wakeup_check(events: pd.DataFrame) -> pd.DataFrame:
     woken = event_mask(events, "sched_wakeup")
     got, _ = wakeups_from_waking(events[~woken].reset_index(drop=True))
     rows = event_mask(got, "sched_wakeup")
-    pick = (lambda df, m, c: df[c].to_numpy()[m].astype(np.int64))
+
+    def pick(df: pd.DataFrame, rows: np.ndarray, col: str) -> np.ndarray:
+        return df[col].to_numpy()[rows].astype(np.int64)
+
     mine = pd.DataFrame({"ts": pick(got, rows, "ts"), "pid": pick(got, rows, "pid"),
                          "target_cpu": pick(got, rows, "target_cpu")})
     # a placed one follows its migration (the row before it); the others their sched_waking
