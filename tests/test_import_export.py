@@ -748,3 +748,9 @@ def test_perf_sched_record_imports_with_its_wake_ups(kernel, tmp_path):
     from harmony.probes.tracedat_read import decode_tracedat
     back = decode_tracedat(tmp_path / "x.dat")[0].events["event"].astype(str)
     assert "sched_wakeup" not in set(back) and int((back == "sched_waking").sum()) == wakings
+    # imported again, the exported file derives the same wake-ups: the same run
+    r = invoke("import", tmp_path / "x.dat", "--comm", "hmyimp-pp", "--out", tmp_path / "back")
+    assert r.exit_code == 0, r.output
+    again = harmony.load(tmp_path / "back")
+    for name in ("events", "migrations", "runs", "runqueue"):
+        pd.testing.assert_frame_equal(again.table(name), run.table(name), check_categorical=False)
