@@ -349,7 +349,9 @@ def export(run_dir, fmt, out):
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
 @click.option("--buffer", help="trace.dat instance buffer to read (default: the only one with data)")
 @click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/import-<time>)")
-def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params, buffer, out):
+@click.option("--quiet", "-q", is_flag=True, help="no progress line on a terminal")
+def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params, buffer, out,
+            quiet):
     """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*', perf sched
     record) from another host."""
     from harmony.analysis.report import summary_text
@@ -393,12 +395,21 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     _check_out(out)
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+    from harmony.suite import Progress
+    # a status line on a terminal only: a script or a log gets the summary (or the one-line error)
+    progress = Progress(1, 0, quiet=quiet or not sys.stderr.isatty())
     try:
         result = import_trace(trace_file, out, pids=pids, comms=comms, cpus=cpu_set, t0_s=t0_s,
                               t0_marker=t0_marker, end_s=end_s, end_marker=end_marker,
-                              experiment=experiment, params=overrides, buffer=buffer)
+                              experiment=experiment, params=overrides, buffer=buffer,
+                              progress=progress.phase)
     except (ImportFailed, ProbeError, RunError, ValueError, OSError) as exc:
+        progress.clear()
         _fail(str(exc))
+    except BaseException:
+        progress.clear()
+        raise
+    progress.clear()
     click.echo(summary_text(result))
 
 

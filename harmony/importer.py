@@ -321,8 +321,9 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                  t0_s: float | None = None, t0_marker: str | None = None,
                  end_s: float | None = None, end_marker: str | None = None,
                  experiment: str = "single-source", params: dict | None = None,
-                 buffer: str | None = None) -> store.Run:
+                 buffer: str | None = None, progress=None) -> store.Run:
     """Analyse ``path`` into the run directory ``out``; returns the loaded, complete run.
+    ``progress``: called with a short line as each long step starts (reading, tables, figures).
 
     Raises TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as
     asked) or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the
@@ -332,6 +333,8 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
 
     path, out = Path(path), Path(out)
     exp = get_experiment(experiment)
+    step = progress or (lambda what: None)
+    step(f"reading {path.name} ({path.stat().st_size / 1e6:,.0f} MB)")
     cap, kind = read_trace(path, buffer)
     events, markers, meta = cap.events, cap.markers, cap.meta
     if not len(events):
@@ -436,7 +439,9 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         (out / RAW_DIR).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, out / RAW_DIR / path.name)
         store.write_table(out, "tasks", tasks)
-        return _analyse(out, manifest, cap, tasks, cpu_set, t0, t_end, notes)
+        step(f"{meta.get('n_events', len(events)):,} events: rebuilding the tables of "
+             f"{len(tasks)} tasks")
+        return _analyse(out, manifest, cap, tasks, cpu_set, t0, t_end, notes, step)
     except BaseException as exc:
         manifest["status"] = "incomplete"
         manifest["incomplete_reason"] = f"{type(exc).__name__}: {exc}"
@@ -445,7 +450,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
 
 
 def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus: list[int],
-             t0: int, t_end: int, notes: list[str]) -> store.Run:
+             t0: int, t_end: int, notes: list[str], step) -> store.Run:
     """The tables, summary, figures and report of an imported run (as harmony.analyse does for
     a recorded one, with t0 and the end given instead of read from Harmony's markers)."""
     from harmony.analyse import FOREIGN_LOAD_NOTE, blind_spots, foreign_load, write_tables
@@ -496,6 +501,7 @@ def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus:
         # experiments are written for their own workloads (roles, cut times...): one that cannot
         # read the imported tasks fails the import with the reason, not a traceback
         store.write_json(out / "summary.json", experiment.analyse(run))
+        step("drawing the figures")
         manifest["figures"] = [str(p.relative_to(out)) for p in experiment.plot(run, fig_dir)]
     except (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError) as exc:
         raise ImportFailed(f"{out}: experiment {experiment.name} cannot analyse the imported tasks "

@@ -148,6 +148,12 @@ class Progress:
             self.stream.write("\n")
             self.stream.flush()
 
+    def clear(self):
+        """Take the status line off the terminal (before an error is printed in its place)."""
+        if self.tty and not self.quiet:
+            self.stream.write("\r" + " " * 118 + "\r")
+            self.stream.flush()
+
 
 def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, facts: dict | None = None,
               seed: int = 0, quiet: bool = False, card_note: str | None = None) -> dict:

@@ -143,6 +143,7 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
     out = tmp_path / "run"
     r = invoke("import", dat, "--comm", "cat-*", "--pid", 11, "--out", out)
     assert r.exit_code == 0, r.output
+    assert r.stderr == ""           # no progress line but on a terminal
     run = harmony.load(out)
     m = run.manifest
     assert m["status"] == "complete" and m["source"]["imported"] == str(dat.resolve())
@@ -168,6 +169,13 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
     back = tmp_path / "back.dat"
     assert invoke("export", out, "--out", back).exit_code == 0
     assert back.read_bytes() == dat.read_bytes()
+    # the library says what it is doing as each long step starts
+    from harmony.importer import import_trace
+    steps: list[str] = []
+    import_trace(dat, tmp_path / "lib", comms=["cat-*"], pids=[11], progress=steps.append)
+    assert steps == [f"reading {dat.name} (0 MB)",
+                     f"{m['capture']['n_events']:,} events: rebuilding the tables of 2 tasks",
+                     "drawing the figures"]
 
 
 def test_import_window_ends_with_the_chosen_tasks_unless_given(writer_dat, tmp_path):

@@ -1,5 +1,6 @@
 """Suite plan, batches (repetitions + aggregates), the report, and the CLI around them."""
 
+import io
 import json
 import os
 from pathlib import Path
@@ -266,3 +267,24 @@ def test_ctrl_c_at_the_terminal_is_for_the_controller_not_its_analyser():
     assert out.returncode == 0, out.stderr
     assert "KeyboardInterrupt" not in out.stderr
     assert out.stdout.split() == ["0"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_rewrites_one_line_on_a_terminal_and_clears_it(tty):
+    from harmony.suite import Progress
+    stream = _Terminal() if tty else io.StringIO()
+    p = Progress(1, 0, stream=stream)
+    p.phase("reading x.dat (3 MB)")
+    p.phase("drawing the figures")
+    p.clear()
+    text = stream.getvalue()
+    if tty:     # each line overwrites the last; cleared, nothing is left on the terminal
+        assert text.count("\r") == 4 and "\n" not in text
+        assert text.endswith("\r" + " " * 118 + "\r")
+    else:       # a log gets plain lines, and nothing to clear
+        assert text.splitlines()[0].startswith("reading x.dat (3 MB)") and text.count("\n") == 2
