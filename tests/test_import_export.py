@@ -260,7 +260,8 @@ def test_import_derives_wake_ups_from_sched_waking(tmp_path):
     r = CliRunner().invoke(main, ["export", str(run.path), "--out", str(tmp_path / "x.dat")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "x.dat").read_bytes() == dat.read_bytes()
-    # without sched_waking either, the note says what is not seen; a wakeup_new does not do
+    # without sched_waking either, the note says what is not seen (a sched_wakeup_new does
+    # not show the other wake-ups)
     new = dict(common_pid=0, comm="spin", pid=11, prio=120, target_cpu=0)
     dat = _dat_of(tmp_path, "new", [("sched_wakeup_new", new)] + events[:2] * 2)
     r = invoke("import", dat, "--pid", 11, "--out", tmp_path / "r2")
@@ -740,7 +741,7 @@ def test_perf_sched_record_imports_with_its_wake_ups(kernel, tmp_path):
     assert [n for n in m["notes"] if n.startswith(f"the trace holds no sched_wakeup but "
                                                   f"{wakings} sched_waking")], m["notes"]
     # the ping-pong's thousands of switch-ins follow wake-ups: without the derived ones, each
-    # that does not follow a (recorded) wake-up_new is one of a task believed asleep
+    # that does not follow a (recorded) sched_wakeup_new is one of a task believed asleep
     from harmony.analysis.reconstruct import df_runqueue
     switch_ins = int(((run.events["event"] == "sched_switch")
                       & run.events["pid"].isin(run.tasks["pid"])).sum())
