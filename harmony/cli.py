@@ -350,8 +350,10 @@ def export(run_dir, fmt, out):
 @click.option("--buffer", help="trace.dat instance buffer to read (default: the only one with data)")
 @click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/import-<time>)")
 @click.option("--quiet", "-q", is_flag=True, help="no progress line on a terminal")
+@click.option("--tasks", "list_tasks", is_flag=True,
+              help="only list the trace's tasks (pid, run time, comm), to choose --pid/--comm from")
 def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params, buffer, out,
-            quiet):
+            quiet, list_tasks):
     """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*', perf sched
     record) from another host."""
     from harmony.analysis.report import summary_text
@@ -364,6 +366,14 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     # Everything is checked before the file is read.
     if not trace_file.is_file():   # a FIFO or a device: reading it could wait forever
         raise click.BadParameter(f"{trace_file} is not a regular file", param_hint="FILE")
+    if list_tasks:
+        from harmony.importer import df_trace_tasks, read_trace, trace_tasks_text
+        try:
+            cap, _ = read_trace(trace_file, buffer)
+        except (ImportFailed, ProbeError, OSError) as exc:
+            _fail(str(exc))
+        click.echo(trace_tasks_text(df_trace_tasks(cap.events, cap.meta.get("cmdlines"))))
+        return
     if not pids and not comms:
         raise click.UsageError("name the experiment's tasks with --pid and/or --comm")
     if t0_s is not None and t0_marker is not None:

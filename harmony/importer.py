@@ -172,6 +172,49 @@ def _pid_comms(events: pd.DataFrame, cmdlines: dict[int, str]) -> dict[int, set[
     return out
 
 
+def df_trace_tasks(events: pd.DataFrame, cmdlines: dict[int, str] | None = None) -> pd.DataFrame:
+    """The tasks of a trace, to choose an experiment's from (``harmony import FILE --tasks``).
+
+    Needs events: sched_switch (any others count in ``events``).
+
+    One row per pid (but 0, the idle tasks), by ``run_s`` then pid: pid (int64), comm (str: every
+    comm it was seen with, "|"-separated), events (int64: events about it, as pid or prev_pid),
+    switch_ins (int64), run_s (float: time it ran, from each CPU's sched_switch to the next one
+    there; a run the trace does not end is not counted), cpus (str: the CPUs it ran on).
+    """
+    pid, prev = events["pid"].to_numpy(), events["prev_pid"].to_numpy()
+    sw = np.flatnonzero(event_mask(events, "sched_switch"))
+    cpu, ts, nxt = events["cpu"].to_numpy()[sw], events["ts"].to_numpy()[sw], pid[sw]
+    by_cpu = np.argsort(cpu, kind="stable")         # each CPU's switches in time order
+    cpu, ts, nxt = cpu[by_cpu], ts[by_cpu], nxt[by_cpu]
+    ended = np.append(cpu[1:] == cpu[:-1], False)   # a later switch on the same CPU ends the run
+    runs = pd.DataFrame({"pid": nxt[ended], "cpu": cpu[ended],
+                         "dur": (ts[1:] - ts[:-1])[ended[:-1]] if len(ts) else ts})
+    about = np.concatenate([pid, prev[prev != pid]])
+    counts = pd.Series(about[about > 0]).value_counts()
+    out = pd.DataFrame({"pid": counts.index.to_numpy(np.int64),
+                        "events": counts.to_numpy(np.int64)})
+    seen = _pid_comms(events, cmdlines or {})
+    out["comm"] = ["|".join(sorted(seen.get(int(p), []))) for p in out["pid"]]
+    out["switch_ins"] = out["pid"].map(pd.Series(nxt).value_counts()).fillna(0).astype(np.int64)
+    out["run_s"] = out["pid"].map(runs.groupby("pid")["dur"].sum() / 1e9).fillna(0.0)
+    cpus = runs.groupby("pid")["cpu"].agg(lambda c: format_cpulist(sorted(set(c.tolist()))))
+    out["cpus"] = out["pid"].map(cpus).fillna("")
+    out = out.sort_values(["run_s", "pid"], ascending=[False, True], kind="stable")
+    return out[["pid", "comm", "events", "switch_ins", "run_s", "cpus"]].reset_index(drop=True)
+
+
+def trace_tasks_text(tasks: pd.DataFrame, limit: int = 40) -> str:
+    """:func:`df_trace_tasks` as a table for the terminal, the ``limit`` that ran longest."""
+    lines = [f"{'PID':>8}  {'RUN s':>9}  {'SWITCH-INS':>10}  {'EVENTS':>8}  {'CPUS':<9}  COMM"]
+    for r in tasks.head(limit).itertuples():
+        lines.append(f"{r.pid:>8}  {r.run_s:>9.3f}  {r.switch_ins:>10}  {r.events:>8}  "
+                     f"{r.cpus:<9}  {r.comm}")
+    if len(tasks) > limit:
+        lines.append(f"... and {len(tasks) - limit} more tasks (of {len(tasks)})")
+    return "\n".join(lines)
+
+
 def select_pids(events: pd.DataFrame, seen: dict[int, set[str]], pids, comms, path) -> list[int]:
     """The pids of the experiment: the given pids plus every pid whose comm (``seen``:
     :func:`_pid_comms`) matches a glob.
@@ -183,14 +226,15 @@ def select_pids(events: pd.DataFrame, seen: dict[int, set[str]], pids, comms, pa
     chosen = []
     for pid in pids:
         if pid not in in_events:
-            raise ImportFailed(f"{path}: pid {pid} has no event in the trace")
+            raise ImportFailed(f"{path}: pid {pid} has no event in the trace (harmony import "
+                               f"{path} --tasks lists its tasks)")
         chosen.append(pid)
     for pattern in comms:
         hit = sorted(p for p, names in seen.items() if p in in_events
                      and any(fnmatch.fnmatchcase(n, pattern) for n in names))
         if not hit:
             raise ImportFailed(f"{path}: no task with an event in the trace has a comm matching "
-                               f"{pattern!r}")
+                               f"{pattern!r} (harmony import {path} --tasks lists them)")
         chosen += hit
     return sorted(set(chosen))
 

@@ -270,6 +270,34 @@ def test_import_derives_wake_ups_from_sched_waking(tmp_path):
     assert [n for n in notes if "a woken task counts as runnable only from its switch-in" in n]
 
 
+def test_import_lists_the_tasks_of_a_trace_to_choose_from(tmp_path):
+    from harmony.analysis.synthetic import Stream
+    from harmony.importer import df_trace_tasks
+    # CPU 0: 11 runs 3 ms, 12 runs 1 ms, 11 runs on (no switch ends it); CPU 1: 12 runs 5 ms
+    ev = (Stream({11: "spin", 12: "cat", 13: "sleeper"})
+          .switch(0, 0, 0, 0, 11).switch(3_000_000, 0, 11, 0, 12).switch(4_000_000, 0, 12, 1, 11)
+          .switch(1_000_000, 1, 0, 0, 12).switch(6_000_000, 1, 12, 1, 0)
+          .wakeup(500_000, 0, 13, 1).events())
+    tasks = df_trace_tasks(ev, {13: "sleeper.py"})      # a trace.dat's saved cmdlines count too
+    assert tasks.to_dict("list") == {
+        "pid": [12, 11, 13], "comm": ["cat", "spin", "sleeper|sleeper.py"], "events": [4, 3, 1],
+        "switch_ins": [2, 2, 0], "run_s": [0.006, 0.003, 0.0], "cpus": ["0-1", "0", ""]}
+    # the CLI lists them without --pid or --comm, and a comm that matches nothing points there
+    into = dict(common_pid=0, prev_comm="swapper/0", prev_pid=0, prev_prio=120, prev_state=0,
+                next_comm="spin", next_pid=11, next_prio=120)
+    out = dict(common_pid=11, prev_comm="spin", prev_pid=11, prev_prio=120, prev_state=1,
+               next_comm="swapper/0", next_pid=0, next_prio=120)
+    dat = _dat_of(tmp_path, "sw", [("sched_switch", into), ("sched_switch", out)] * 3)
+    r = invoke("import", dat, "--tasks")
+    assert r.exit_code == 0, r.output
+    header, row = r.stdout.splitlines()
+    assert header.split() == ["PID", "RUN", "s", "SWITCH-INS", "EVENTS", "CPUS", "COMM"]
+    assert row.split() == ["11", "0.003", "3", "6", "0", "spin"]   # 3 runs of 1 ms on CPU 0
+    assert not (tmp_path / "runs").exists()
+    line = one_line_error(invoke("import", dat, "--comm", "nosuch", "--out", tmp_path / "r"), dat)
+    assert line.endswith(f"(harmony import {dat} --tasks lists them)")
+
+
 def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
     _, dat = writer_dat
     one_line_error(invoke("import", dat, "--pid", 4242, "--out", tmp_path / "a"), dat)
