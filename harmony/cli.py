@@ -375,7 +375,8 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
         click.echo(trace_tasks_text(df_trace_tasks(cap.events, cap.meta.get("cmdlines"))))
         return
     if not pids and not comms:
-        raise click.UsageError("name the experiment's tasks with --pid and/or --comm")
+        raise click.UsageError("name the experiment's tasks with --pid and/or --comm (--tasks "
+                               "lists the trace's)")
     if t0_s is not None and t0_marker is not None:
         raise click.UsageError("give --t0 or --t0-marker, not both")
     if end_s is not None and end_marker is not None:
