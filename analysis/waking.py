@@ -25,7 +25,11 @@ sched_waking stands for the wake-up that follows it, as ``perf sched latency`` t
   0.7-1.8 us before: of the 373 migrations right after a sched_waking, 372 were told apart
   (the other, a periodic balancing pull with no switch after it, was taken as a placement);
 - otherwise the task is woken where it is: right after the sched_waking (its time), onto its
-  target_cpu (the task's CPU when the wake-up started).
+  target_cpu (the task's CPU when the wake-up started); but a task woken while still on its CPU,
+  going to sleep, is queued once it is off it: if it was switched in (or current) just before
+  the sched_waking and its switch-out to sleep is its next event, the wake-up follows that
+  switch-out. Placed at the sched_waking, such a wake-up would leave the task asleep after its
+  switch-out, and a pull of it then would look like a wake-up placement.
 
 A derived wake-up is a few microseconds early (sched_wakeup fires once the task is queued), so a
 woken task counts as runnable from the start of its wake-up.
@@ -47,7 +51,8 @@ def wakeups_from_waking(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     Needs events: sched_waking, sched_migrate_task, sched_switch (the next event on the waker's
     CPU tells whether the wake-up moved the task, or a pull did). Returns (events, what was derived): ``{}`` when nothing was, else
     ``{"derived": wake-ups derived, "placed": those a placement migration moved, "pulls":
-    migrations right after a sched_waking taken as pulls, not placements}``. The derived
+    migrations right after a sched_waking taken as pulls, not placements, "after_switch_out":
+    those of a task still on its CPU, put after its switch-out}``. The derived
     rows have the sched_waking's common_pid, pid, comm and prio; their other integer columns are
     -1 and prev_comm is "".
     """
@@ -69,13 +74,17 @@ def wakeups_from_waking(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     placed = (after >= 0) & moved[mig] & (pid[mig] == pid[waking])
     pulled = placed & _pulls(events, waking, mig, nxt)
     placed &= ~pulled
-    at = np.where(placed, after, waking)          # each derived row follows this row
+    target = events["target_cpu"].to_numpy()
+    target = np.where(placed, target[mig], target[waking])     # a migration's: its dest_cpu
+    # a task woken while still on its CPU (going to sleep) is queued once it is off it: after its
+    # own switch-out, when that is its next event
+    out = _switch_out_next(events, waking)
+    at = np.where(placed, after, np.where(out >= 0, out, waking))   # each derived row follows it
     o = np.argsort(at, kind="stable")
-    at, waking = at[o], waking[o]
+    at, waking, target = at[o], waking[o], target[o]
 
     new = {c: np.full(len(at), -1, dt) for c, dt in INT_COLUMNS.items()}
-    new["ts"], new["cpu"] = events["ts"].to_numpy()[at], cpu[at]
-    new["target_cpu"] = events["target_cpu"].to_numpy()[at]    # a migration's: its dest_cpu
+    new["ts"], new["cpu"], new["target_cpu"] = events["ts"].to_numpy()[at], cpu[at], target
     for c in ("common_pid", "pid", "prio"):
         new[c] = events[c].to_numpy()[waking]
     cols = {}
@@ -94,7 +103,35 @@ def wakeups_from_waking(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
         cols[c] = pd.Categorical.from_codes(np.insert(codes, at + 1, derived), categories=cats)
     # each derived row shares the time and CPU of the row before it: the order stands
     return make_events(cols, ordered=True), {"derived": int(len(at)), "placed": int(placed.sum()),
-                                             "pulls": int(pulled.sum())}
+                                             "pulls": int(pulled.sum()),
+                                             "after_switch_out": int(((out >= 0) & ~placed).sum())}
+
+
+def _switch_out_next(events: pd.DataFrame, waking: np.ndarray) -> np.ndarray:
+    """For each sched_waking row, the row of its task's switch-out to sleep (a sched_switch with
+    it as prev_pid, prev_state not 0) if the task was on its CPU when woken (its event before is
+    its switch-in, or one it was current for) and that switch-out is its next event (it is not
+    current for any event in between: it did not run on), else -1."""
+    pid, prev, cur = (events[c].to_numpy() for c in ("pid", "prev_pid", "common_pid"))
+    rows = np.arange(len(pid))
+    is_switch = event_mask(events, "sched_switch")
+    leaves = np.flatnonzero(is_switch)
+    current = np.flatnonzero(~is_switch | (prev != cur))     # its own switch-out counts as leaving
+    # every event about a task: 0 = it is the pid, 1 = it is current, 2 = it leaves (prev_pid)
+    task = np.concatenate([pid, cur[current], prev[leaves]]).astype(np.int64)
+    row = np.concatenate([rows, current, leaves])
+    role = np.repeat(np.arange(3, dtype=np.int8), [len(pid), len(current), len(leaves)])
+    o = np.lexsort((role, row, task))
+    task, row, role = task[o], row[o], role[o]
+    # each sched_waking among its task's events (role 0: the first of its row and task)
+    key = task * (len(pid) + 1) + row
+    mine = np.searchsorted(key, pid[waking].astype(np.int64) * (len(pid) + 1) + waking)
+    nxt, before = np.minimum(mine + 1, len(task) - 1), np.maximum(mine - 1, 0)
+    ok = (mine + 1 < len(task)) & (task[nxt] == pid[waking]) & (role[nxt] == 2)
+    ok &= events["prev_state"].to_numpy()[row[nxt]] != 0
+    ok &= (mine >= 1) & (task[before] == pid[waking])
+    ok &= (role[before] == 1) | ((role[before] == 0) & is_switch[row[before]])
+    return np.where(ok, row[nxt], -1)
 
 
 def _pulls(events: pd.DataFrame, waking: np.ndarray, mig: np.ndarray,
@@ -150,3 +187,30 @@ def df_wakeup_check(events: pd.DataFrame) -> pd.DataFrame:
     out.loc[late, ["rec_ts", "rec_target_cpu"]] = np.nan
     out["early_ns"] = out["rec_ts"] - out["ts"]
     return out.sort_values("ts", kind="stable").reset_index(drop=True)
+
+
+def df_migration_kind_check(events: pd.DataFrame) -> pd.DataFrame:
+    """Every task's migrations in a trace that has both sched_waking and sched_wakeup, with their
+    kind (:func:`harmony.analysis.reconstruct.df_migrations`: "wakeup" placement or "balance")
+    from the recorded wake-ups and from those derived (its sched_wakeup dropped).
+
+    Needs events: those of :func:`df_wakeup_check`, plus sched_process_exit.
+
+    Columns: ts (int64 ns), pid (int32), src_cpu, dst_cpu (int32), kind (str: from the recorded
+    wake-ups), derived_kind (str).
+    """
+    from harmony.analysis.reconstruct import df_migrations
+
+    moved = events["pid"].to_numpy()[event_mask(events, "sched_migrate_task")]
+    pids = np.unique(moved[moved > 0])
+    tasks = pd.DataFrame({"pid": pids.astype(np.int32), "name": [str(p) for p in pids],
+                          "role": "task"})
+    t0 = int(events["ts"].iloc[0]) if len(events) else 0
+    derived, _ = wakeups_from_waking(events[~event_mask(events, "sched_wakeup")]
+                                     .reset_index(drop=True))
+    a, b = df_migrations(events, tasks, t0), df_migrations(derived, tasks, t0)
+    # the same sched_migrate_task events, in the same order
+    return pd.DataFrame({"ts": a["ts"].to_numpy(), "pid": a["pid"].to_numpy(),
+                         "src_cpu": a["src_cpu"].to_numpy(), "dst_cpu": a["dst_cpu"].to_numpy(),
+                         "kind": a["kind"].astype(str).to_numpy(),
+                         "derived_kind": b["kind"].astype(str).to_numpy()})

@@ -9,7 +9,9 @@ wake-ups derived, and each matched to its task's first recorded one at or after 
 
 Per recording: wake-ups recorded and derived; matched (a recorded one found: none where the probe
 was blind); of those, onto the recorded CPU; placed (onto a placement migration's CPU) and pulls
-(migrations taken as idle pulls); how early a derived wake-up is (median, 99th percentile, us).
+(migrations taken as idle pulls); every task's migrations, and how many have the same kind
+(wake-up placement or balance: ``df_migrations``) from the derived wake-ups as from the recorded
+ones; how early a derived wake-up is (median, 99th percentile, us).
 Needs no root: record a suite first (``harmony suite --quick --out DIR``).
 
 example: python bench/waking.py runs/suite-1
@@ -38,7 +40,8 @@ def recordings(dirs: list[Path]) -> list[Path]:
 
 
 def check(raw: Path) -> dict:
-    from harmony.analysis.waking import df_wakeup_check, wakeups_from_waking
+    from harmony.analysis.waking import (df_migration_kind_check, df_wakeup_check,
+                                         wakeups_from_waking)
     from harmony.analysis.arrays import event_mask
     from harmony.probes.ringbuf import decode_dir
 
@@ -46,6 +49,8 @@ def check(raw: Path) -> dict:
     recorded = int(event_mask(events, "sched_wakeup").sum())
     info = wakeups_from_waking(events[~event_mask(events, "sched_wakeup")]
                                .reset_index(drop=True))[1]
+    kinds = df_migration_kind_check(events)
+    migrations, same_kind = len(kinds), int((kinds["kind"] == kinds["derived_kind"]).sum())
     df = df_wakeup_check(events)
     found = df.dropna(subset=["rec_ts"])
     early = found["early_ns"].to_numpy() / 1e3
@@ -53,6 +58,8 @@ def check(raw: Path) -> dict:
             "matched": len(found),
             "same_cpu": int((found["target_cpu"] == found["rec_target_cpu"]).sum()),
             "placed": info.get("placed", 0), "pulls": info.get("pulls", 0),
+            "after_switch_out": info.get("after_switch_out", 0),
+            "migrations": migrations, "same_kind": same_kind,
             "early_us_median": float(np.median(early)) if len(early) else None,
             "early_us_p99": float(np.percentile(early, 99)) if len(early) else None,
             "early_us_all": early.tolist()}
@@ -74,22 +81,28 @@ def main() -> int:
         print(f"[{k}/{len(raws)}] {raw}", file=sys.stderr)
         rows.append(check(raw))
     common.table(["recording", "recorded", "derived", "matched", "same CPU", "placed", "pulls",
-                  "early us (median)", "early us (p99)"],
+                  "migrations", "same kind", "early us (median)", "early us (p99)"],
                  [[r["recording"], r["recorded"], r["derived"], r["matched"], r["same_cpu"],
-                   r["placed"], r["pulls"], r["early_us_median"], r["early_us_p99"]]
-                  for r in rows])
+                   r["placed"], r["pulls"], r["migrations"], r["same_kind"], r["early_us_median"],
+                   r["early_us_p99"]] for r in rows])
     matched = sum(r["matched"] for r in rows)
     same = sum(r["same_cpu"] for r in rows)
     early = np.concatenate([np.asarray(r.pop("early_us_all")) for r in rows])
     total = {"recordings": len(rows), "recorded": sum(r["recorded"] for r in rows),
              "derived": sum(r["derived"] for r in rows), "matched": matched, "same_cpu": same,
              "placed": sum(r["placed"] for r in rows), "pulls": sum(r["pulls"] for r in rows),
+             "after_switch_out": sum(r["after_switch_out"] for r in rows),
+             "migrations": sum(r["migrations"] for r in rows),
+             "same_kind": sum(r["same_kind"] for r in rows),
              "early_us_median": float(np.median(early)) if len(early) else None,
              "early_us_p99": float(np.percentile(early, 99)) if len(early) else None}
     print(f"\n{total['recordings']} recordings: {total['derived']} wake-ups derived, "
           f"{total['recorded']} recorded; {matched} matched, {same} of them onto the recorded "
           f"CPU ({same / matched:.2%}); {total['placed']} placed by a migration, "
-          f"{total['pulls']} migrations taken as pulls; a derived one "
+          f"{total['pulls']} migrations taken as pulls, {total['after_switch_out']} after their "
+          f"task's switch-out; {total['same_kind']} of "
+          f"{total['migrations']} migrations of the same kind (wake-up or balance) as from the "
+          "recorded wake-ups; a derived one "
           f"{total['early_us_median']:.1f} us early (median), {total['early_us_p99']:.1f} us "
           "(99th percentile)" if matched else
           "no derived wake-up matched a recorded one")

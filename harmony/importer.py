@@ -151,9 +151,10 @@ def waking_note(derived: dict) -> str:
             "record records those instead): each stands for the wake-up it starts "
             f"(harmony.analysis.waking), {derived['placed']} onto the CPU the wake-up's migration "
             f"moved the task to, the others where the task was ({derived['pulls']} migrations "
-            "right after a sched_waking taken as idle pulls); a woken task counts as runnable a "
-            "few microseconds early, and the sched_wakeup rows of events.parquet are derived, "
-            "not recorded")
+            "right after a sched_waking taken as idle pulls; "
+            f"{derived.get('after_switch_out', 0)} of a task still on its CPU put after its "
+            "switch-out); a woken task counts as runnable a few microseconds early, and the "
+            "sched_wakeup rows of events.parquet are derived, not recorded")
 
 
 # --- choosing the tasks, t0 and the end ---------------------------------------------------------

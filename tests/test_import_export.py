@@ -244,7 +244,8 @@ def test_import_derives_wake_ups_from_sched_waking(tmp_path):
     m = run.manifest
     assert "sched_wakeup" in m["capture"]["events_missing"]
     assert m["capture"]["derived_events"] == {
-        "sched_wakeup": {"derived": 3, "placed": 0, "pulls": 0, "source": "sched_waking"}}
+        "sched_wakeup": {"derived": 3, "placed": 0, "pulls": 0, "after_switch_out": 0,
+                         "source": "sched_waking"}}
     assert [n for n in m["notes"] if n.startswith("the trace holds no sched_wakeup but 3 "
                                                   "sched_waking")], m["notes"]
     assert not [n for n in m["notes"] if "counts as runnable only from its switch-in" in n]

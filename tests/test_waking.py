@@ -9,7 +9,8 @@ import pytest
 from harmony.analysis import reconstruct as rc
 from harmony.analysis.arrays import event_mask
 from harmony.analysis.synthetic import Stream, simulate
-from harmony.analysis.waking import df_wakeup_check, wakeups_from_waking
+from harmony.analysis.waking import (df_migration_kind_check, df_wakeup_check,
+                                     wakeups_from_waking)
 from harmony.tasks import layout_tasks, tasks_frame
 
 from conftest import IMPLEMENTATIONS, use_implementation
@@ -57,7 +58,7 @@ def test_placement_pull_and_wake_in_place(state_machine):
     s.waking(t + 70 * US, 0, 105, 1, 104).migrate(t + 71 * US, 0, 105, 1, 2, 104)
     ev = s.events()
     got, info = wakeups_from_waking(ev)
-    assert info == {"derived": 5, "placed": 3, "pulls": 1}
+    assert info == {"derived": 5, "placed": 3, "pulls": 1, "after_switch_out": 0}
     assert _wakeups(got) == [(t + 1 * US, 0, 101, 0, WAKER), (t + 10 * US, 0, 102, 1, WAKER),
                              (t + 11 * US, 0, 103, 1, WAKER), (t + 41 * US, 0, 104, 0, 103),
                              (t + 71 * US, 0, 105, 2, 104)]
@@ -78,6 +79,33 @@ def test_placement_pull_and_wake_in_place(state_machine):
     assert rq.attrs["anomalies"] == 0
     # without the derived wake-ups, each switch-in of a woken task is a repaired contradiction
     assert rc.df_runqueue(ev, tasks, [0, 1, 2], t, t + 100 * US).attrs["anomalies"] == 2
+
+
+def test_a_task_woken_while_still_on_its_cpu_is_woken_after_its_switch_out(state_machine):
+    t = 1_000_000
+    s = (Stream()
+         .switch(t, 1, 0, 0, 101).switch(t + 1, 1, 101, 1, 103)      # 101 sleeps, 103 runs
+         .switch(t + 2, 0, 0, 0, WAKER))
+    t += 100 * US
+    # 103, on CPU 1, is woken from CPU 0 and switches out to sleep just after: it is queued
+    # once off its CPU, after that switch-out; then WAKER sleeps and CPU 0, idle, pulls it
+    s.waking(t, 0, 103, 1, WAKER).switch(t + 2 * US, 1, 103, 1, 0)
+    s.switch(t + 10 * US, 0, WAKER, 1, 0).migrate(t + 11 * US, 0, 103, 1, 0, 0)
+    s.switch(t + 12 * US, 0, 0, 0, 103)
+    # 103, running on CPU 0, is woken again (still queued: at once); it runs on (it is current
+    # for the sched_waking of WAKER) and sleeps later: the wake-up stays at its sched_waking
+    s.waking(t + 20 * US, 1, 103, 0, 0).waking(t + 30 * US, 0, WAKER, 0, 103)
+    s.switch(t + 40 * US, 0, 103, 1, 0)
+    # 101, asleep since its switch-out, is woken where it is
+    s.waking(t + 50 * US, 1, 101, 1, 0)
+    got, info = wakeups_from_waking(s.events())
+    assert info == {"derived": 4, "placed": 0, "pulls": 0, "after_switch_out": 1}
+    assert _wakeups(got) == [(t + 2 * US, 1, 103, 1, WAKER), (t + 20 * US, 1, 103, 0, 0),
+                             (t + 30 * US, 0, WAKER, 0, 103), (t + 50 * US, 1, 101, 1, 0)]
+    # 103 was runnable when CPU 0 pulled it: a balance migration, as sched_wakeup would show
+    mig = rc.df_migrations(got, _tasks([101, 103]), t)
+    assert mig["kind"].astype(str).tolist() == ["balance"]
+    assert rc.df_runqueue(got, _tasks([101, 103]), [0, 1], t, t + 100 * US).attrs["anomalies"] == 0
 
 
 def test_a_trace_with_sched_wakeup_or_without_sched_waking_is_returned_as_it_is():
@@ -170,6 +198,10 @@ def test_wakeup_check_pairs_each_derived_wake_up_with_the_recorded_one():
     moved = ((e[:-1] == "sched_migrate_task") & (e[1:] == "sched_wakeup")
              & (pid[:-1] == pid[1:]) & (ts[:-1] == ts[1:]))
     assert check["placed"].sum() == moved.sum() > 1000
+    # and every migration has the same kind from the derived wake-ups as from the recorded ones
+    kinds = df_migration_kind_check(both)
+    assert len(kinds) > 1000 and (kinds["kind"] == kinds["derived_kind"]).all()
+    assert set(kinds["kind"]) == {"wakeup", "balance"}
     # one whose recorded wake-up is missing (a blind probe) is not paired with a later one
     gone = both.drop(index=both.index[event_mask(both, "sched_wakeup")][:1]).reset_index(drop=True)
     assert df_wakeup_check(gone)["rec_ts"].isna().sum() == 1
@@ -189,7 +221,8 @@ def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel,
             "warmup_s=0.5", "--out", out, "-q")
     assert p.returncode == 0, p.stderr
     assert harmony.load(out).manifest["lost_events"] == 0
-    check = df_wakeup_check(decode_dir(out / "raw" / "tracefs").events)
+    events = decode_dir(out / "raw" / "tracefs").events
+    check = df_wakeup_check(events)
     assert check["placed"].any()        # the run moves tasks as it wakes them
     # each derived wake-up against its task's first recorded one after its sched_waking: one
     # may be missing where the probe is blind (on an idle CPU being woken, here) or at the end
@@ -199,3 +232,7 @@ def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel,
     assert same_cpu >= 0.99 * len(found), (same_cpu, len(found))
     # a wake-up starts a few microseconds before its sched_wakeup
     assert found["early_ns"].between(0, 1_000_000).mean() >= 0.99
+    # and the migrations are of the same kinds (wake-up placement or balance), but for at most
+    # one migration the kernel's events do not tell apart (see analysis.waking)
+    kinds = df_migration_kind_check(events)
+    assert len(kinds) and (kinds["kind"] != kinds["derived_kind"]).sum() <= 1, kinds
