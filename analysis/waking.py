@@ -49,12 +49,13 @@ def wakeups_from_waking(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     it has sched_waking events and no sched_wakeup; else ``events`` itself.
 
     Needs events: sched_waking, sched_migrate_task, sched_switch (the next event on the waker's
-    CPU tells whether the wake-up moved the task, or a pull did). Returns (events, what was derived): ``{}`` when nothing was, else
-    ``{"derived": wake-ups derived, "placed": those a placement migration moved, "pulls":
-    migrations right after a sched_waking taken as pulls, not placements, "after_switch_out":
-    those of a task still on its CPU, put after its switch-out}``. The derived
-    rows have the sched_waking's common_pid, pid, comm and prio; their other integer columns are
-    -1 and prev_comm is "".
+    CPU tells whether the wake-up moved the task, or a pull did).
+
+    Returns (events, what was derived): ``{}`` when nothing was, else ``{"derived": wake-ups
+    derived, "placed": those a placement migration moved, "pulls": migrations right after a
+    sched_waking taken as pulls, not placements, "after_switch_out": those of a task still on its
+    CPU, put after its switch-out}``. The derived rows have the sched_waking's common_pid, pid,
+    comm and prio; their other integer columns are -1 and prev_comm is "".
     """
     waking = np.flatnonzero(event_mask(events, "sched_waking"))
     if not len(waking) or event_mask(events, "sched_wakeup").any():
