@@ -23,7 +23,8 @@ sched_waking stands for the wake-up that follows it, as ``perf sched latency`` t
   (both events recorded), the 26 placements followed by such a switch came 0.4-2.7 us after
   their sched_waking and 3.6-41 us before the switch, the 23 pulls 4.3-36 us after and
   0.7-1.8 us before: of the 373 migrations right after a sched_waking, 372 were told apart
-  (the other, a periodic balancing pull with no switch after it, was taken as a placement);
+  (the other, a pull by the waker's CPU while the waker ran on, until the pulled task
+  preempted it, was taken as a placement);
 - otherwise the task is woken where it is: right after the sched_waking (its time), onto its
   target_cpu (the task's CPU when the wake-up started); but a task woken while still on its CPU,
   going to sleep, is queued once it is off it: if it was switched in (or current) just before
