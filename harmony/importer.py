@@ -188,9 +188,9 @@ def df_trace_tasks(events: pd.DataFrame, cmdlines: dict[int, str] | None = None)
     cpu, ts, nxt = events["cpu"].to_numpy()[sw], events["ts"].to_numpy()[sw], pid[sw]
     by_cpu = np.argsort(cpu, kind="stable")         # each CPU's switches in time order
     cpu, ts, nxt = cpu[by_cpu], ts[by_cpu], nxt[by_cpu]
-    ended = np.append(cpu[1:] == cpu[:-1], False)   # a later switch on the same CPU ends the run
-    runs = pd.DataFrame({"pid": nxt[ended], "cpu": cpu[ended],
-                         "dur": (ts[1:] - ts[:-1])[ended[:-1]] if len(ts) else ts})
+    ended = cpu[1:] == cpu[:-1]                     # a later switch on the same CPU ends the run
+    runs = pd.DataFrame({"pid": nxt[:-1][ended], "cpu": cpu[:-1][ended],
+                         "dur": np.diff(ts)[ended]})
     about = np.concatenate([pid, prev[prev != pid]])
     counts = pd.Series(about[about > 0]).value_counts()
     out = pd.DataFrame({"pid": counts.index.to_numpy(np.int64),
