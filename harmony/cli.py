@@ -410,17 +410,15 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     # a status line on a terminal only: a script or a log gets the summary (or the one-line error)
     progress = Progress(1, 0, quiet=quiet or not sys.stderr.isatty())
     try:
-        result = import_trace(trace_file, out, pids=pids, comms=comms, cpus=cpu_set, t0_s=t0_s,
-                              t0_marker=t0_marker, end_s=end_s, end_marker=end_marker,
-                              experiment=experiment, params=overrides, buffer=buffer,
-                              progress=progress.phase)
+        try:
+            result = import_trace(trace_file, out, pids=pids, comms=comms, cpus=cpu_set,
+                                  t0_s=t0_s, t0_marker=t0_marker, end_s=end_s,
+                                  end_marker=end_marker, experiment=experiment, params=overrides,
+                                  buffer=buffer, progress=progress.phase)
+        finally:
+            progress.clear()        # before the summary, or the error, takes its place
     except (ImportFailed, ProbeError, RunError, ValueError, OSError) as exc:
-        progress.clear()
         _fail(str(exc))
-    except BaseException:
-        progress.clear()
-        raise
-    progress.clear()
     click.echo(summary_text(result))
 
 
