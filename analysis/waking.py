@@ -162,9 +162,11 @@ def df_wakeup_check(events: pd.DataFrame) -> pd.DataFrame:
     rec_target_cpu (float: its task's first recorded wake-up at or after that sched_waking and
     before the task's next one; NaN where none was recorded, e.g. where the probe was blind),
     early_ns (float: rec_ts - ts; negative for one derived after the recorded one).
+
+    attrs: ``derived`` (what :func:`wakeups_from_waking` says it derived).
     """
     woken = event_mask(events, "sched_wakeup")
-    got, _ = wakeups_from_waking(events[~woken].reset_index(drop=True))
+    got, info = _derived_again(events)
     rows = event_mask(got, "sched_wakeup")
 
     def pick(df: pd.DataFrame, rows: np.ndarray, col: str) -> np.ndarray:
@@ -188,7 +190,14 @@ def df_wakeup_check(events: pd.DataFrame) -> pd.DataFrame:
     late = ~(out["rec_ts"].to_numpy() < np.where(np.isnan(nxt), np.inf, nxt))
     out.loc[late, ["rec_ts", "rec_target_cpu"]] = np.nan
     out["early_ns"] = out["rec_ts"] - out["ts"]
-    return out.sort_values("ts", kind="stable").reset_index(drop=True)
+    out = out.sort_values("ts", kind="stable").reset_index(drop=True)
+    out.attrs["derived"] = info
+    return out
+
+
+def _derived_again(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """:func:`wakeups_from_waking` of ``events`` without their recorded sched_wakeup."""
+    return wakeups_from_waking(events[~event_mask(events, "sched_wakeup")].reset_index(drop=True))
 
 
 def df_migration_kind_check(events: pd.DataFrame) -> pd.DataFrame:
@@ -208,9 +217,7 @@ def df_migration_kind_check(events: pd.DataFrame) -> pd.DataFrame:
     tasks = pd.DataFrame({"pid": pids.astype(np.int32), "name": [str(p) for p in pids],
                           "role": "task"})
     t0 = int(events["ts"].iloc[0]) if len(events) else 0
-    derived, _ = wakeups_from_waking(events[~event_mask(events, "sched_wakeup")]
-                                     .reset_index(drop=True))
-    a, b = df_migrations(events, tasks, t0), df_migrations(derived, tasks, t0)
+    a, b = df_migrations(events, tasks, t0), df_migrations(_derived_again(events)[0], tasks, t0)
     # the same sched_migrate_task events, in the same order
     return pd.DataFrame({"ts": a["ts"].to_numpy(), "pid": a["pid"].to_numpy(),
                          "src_cpu": a["src_cpu"].to_numpy(), "dst_cpu": a["dst_cpu"].to_numpy(),

@@ -40,18 +40,16 @@ def recordings(dirs: list[Path]) -> list[Path]:
 
 
 def check(raw: Path) -> dict:
-    from harmony.analysis.waking import (df_migration_kind_check, df_wakeup_check,
-                                         wakeups_from_waking)
+    from harmony.analysis.waking import df_migration_kind_check, df_wakeup_check
     from harmony.analysis.arrays import event_mask
     from harmony.probes.ringbuf import decode_dir
 
     events = decode_dir(raw).events
     recorded = int(event_mask(events, "sched_wakeup").sum())
-    info = wakeups_from_waking(events[~event_mask(events, "sched_wakeup")]
-                               .reset_index(drop=True))[1]
     kinds = df_migration_kind_check(events)
     migrations, same_kind = len(kinds), int((kinds["kind"] == kinds["derived_kind"]).sum())
     df = df_wakeup_check(events)
+    info = df.attrs["derived"]
     found = df.dropna(subset=["rec_ts"])
     early = found["early_ns"].to_numpy() / 1e3
     return {"recording": str(raw), "recorded": recorded, "derived": len(df),
