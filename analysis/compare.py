@@ -162,12 +162,12 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
     import matplotlib.pyplot as plt
 
     # the suite report's point strips and look, so that both read alike
-    from harmony.analysis.report_suite import STYLE, _num, _strip
+    from harmony.analysis.report_suite import STYLE, numeric, strip_points
 
     panels = []
     for exp, key, label, scale in FIGURE_METRICS:
         d = runs[runs["experiment"] == exp]
-        values = _num(d, key) * scale
+        values = numeric(d, key) * scale
         data = pd.DataFrame({"source": d["letter"], label: values}).dropna()
         if not data.empty:
             panels.append((f"{exp}: {key}", label, data))
@@ -182,7 +182,7 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
             # every source gets its place on the axis, measured or not
             order = pd.Categorical(data["source"], categories=letters, ordered=True)
             data = data.assign(source=order).sort_values("source")
-            _strip(ax, data, x="source", y=label, size=6)
+            strip_points(ax, data, x="source", y=label, size=6)
             ax.set_xticks(range(len(letters)), letters)
             ax.set_xlim(-0.5, len(letters) - 0.5)
             med = data.groupby("source", observed=True)[label].median()

@@ -77,7 +77,7 @@ def _save(fig, path: Path) -> Path:
     return Path(path)
 
 
-def _strip(ax, data: pd.DataFrame, x: str, y: str, hue: str | None = None, size: float = 6,
+def strip_points(ax, data: pd.DataFrame, x: str, y: str, hue: str | None = None, size: float = 6,
            color: str = "#2c3e50") -> list:
     """Every row of ``data`` a point above its category of ``x``, spread sideways so that equal
     values stay visible; the levels of ``hue`` side by side within a category. Returns the
@@ -110,7 +110,9 @@ def _strip(ax, data: pd.DataFrame, x: str, y: str, hue: str | None = None, size:
     return cats
 
 
-def _num(df: pd.DataFrame, col: str) -> pd.Series:
+def numeric(df: pd.DataFrame, col: str) -> pd.Series:
+    """Column ``col`` of ``df`` as numbers (NaN where a value is not one, or the column is absent:
+    a metric some runs lack)."""
     return pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(np.nan, index=df.index)
 
 
@@ -121,12 +123,12 @@ def plot_how_many(df: pd.DataFrame, path: Path) -> Path | None:
     if d.empty or "first_round_moved" not in d:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    x = _num(d, "x")
-    ax.scatter(x, _num(d, "first_round_moved"), color="#2c3e50", zorder=3, label="runs")
+    x = numeric(d, "x")
+    ax.scatter(x, numeric(d, "first_round_moved"), color="#2c3e50", zorder=3, label="runs")
     order = np.argsort(x.to_numpy())
     for col, style, lab in (("poly_prediction", "--", "poly-balance: q_src - N/P"),
                             ("pairwise_prediction", ":", "pairwise: (q_src - q_target)/2")):
-        ax.plot(x.to_numpy()[order], _num(d, col).to_numpy()[order], style, label=lab)
+        ax.plot(x.to_numpy()[order], numeric(d, col).to_numpy()[order], style, label=lab)
     ax.set_xlabel("x (extra tasks per source CPU)")
     ax.set_ylabel("tasks moved from the first source")
     ax.set_title("How many: first balancing round")
@@ -140,15 +142,15 @@ def plot_selection(df: pd.DataFrame, path: Path) -> Path | None:
     d = df[df["experiment"] == "heavy-light"]
     if d.empty or "smape_short" not in d:
         return None
-    long = pd.DataFrame({"light duty (%)": _num(d, "light_duty"), "SMAPE": _num(d, "smape_long"),
-                         "window": "long term"})
-    short = pd.DataFrame({"light duty (%)": _num(d, "light_duty"), "SMAPE": _num(d, "smape_short"),
-                          "window": "short term"})
+    long = pd.DataFrame({"light duty (%)": numeric(d, "light_duty"),
+                         "SMAPE": numeric(d, "smape_long"), "window": "long term"})
+    short = pd.DataFrame({"light duty (%)": numeric(d, "light_duty"),
+                          "SMAPE": numeric(d, "smape_short"), "window": "short term"})
     data = pd.concat([short, long], ignore_index=True).dropna()
     if data.empty:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    _strip(ax, data, x="light duty (%)", y="SMAPE", hue="window")
+    strip_points(ax, data, x="light duty (%)", y="SMAPE", hue="window")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title("Selection: run-queue variance vs static ideal (0 = match)")
     return _save(fig, path)
@@ -161,14 +163,15 @@ def plot_priorities(df: pd.DataFrame, path: Path) -> Path | None:
     if d.empty or "high_spread_index" not in d:
         return None
     data = pd.concat([
-        pd.DataFrame({"nice difference": _num(d, "nice_diff"), "index": _num(d, "high_spread_index"),
-                      "tasks": "high priority"}),
-        pd.DataFrame({"nice difference": _num(d, "nice_diff"), "index": _num(d, "low_cluster_index"),
-                      "tasks": "low priority"})], ignore_index=True).dropna()
+        pd.DataFrame({"nice difference": numeric(d, "nice_diff"),
+                      "index": numeric(d, "high_spread_index"), "tasks": "high priority"}),
+        pd.DataFrame({"nice difference": numeric(d, "nice_diff"),
+                      "index": numeric(d, "low_cluster_index"), "tasks": "low priority"})],
+        ignore_index=True).dropna()
     if data.empty:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    _strip(ax, data, x="nice difference", y="index", hue="tasks")
+    strip_points(ax, data, x="nice difference", y="index", hue="tasks")
     ax.set_ylim(-0.02, 1.02)
     ax.set_ylabel("spread index (0 = even, 1 = all on one CPU)")
     ax.set_title("Priorities: placement of high and low priority tasks")
@@ -180,14 +183,14 @@ def plot_points(df: pd.DataFrame, experiment: str, cols: list[str], path: Path, 
                 ylabel: str, scale: float = 1.0) -> Path | None:
     """Several metrics of one experiment as strip plots, every run a point."""
     d = df[df["experiment"] == experiment]
-    parts = [pd.DataFrame({"metric": c, "value": _num(d, c) * scale}) for c in cols if c in d]
+    parts = [pd.DataFrame({"metric": c, "value": numeric(d, c) * scale}) for c in cols if c in d]
     if not parts:
         return None
     data = pd.concat(parts, ignore_index=True).dropna()
     if data.empty:
         return None
     fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(cols) + 2), 3.8))
-    cats = _strip(ax, data, x="metric", y="value", size=7)
+    cats = strip_points(ax, data, x="metric", y="value", size=7)
     med = data.groupby("metric", sort=False)["value"].median()
     for i, m in enumerate(cats):
         ax.hlines(med[m], i - 0.3, i + 0.3, color="#c0392b", lw=2)
@@ -205,7 +208,8 @@ def plot_affinity(df: pd.DataFrame, path: Path) -> Path | None:
         d = df[df["experiment"] == exp]
         if d.empty or key not in d:
             continue
-        rows.append(pd.DataFrame({"experiment": exp, "per CPU per s": _num(d, key) / d["ncpus"]}))
+        rows.append(pd.DataFrame({"experiment": exp,
+                                  "per CPU per s": numeric(d, key) / d["ncpus"]}))
     if not rows:
         return None
     data = pd.concat(rows, ignore_index=True).dropna()
@@ -214,7 +218,7 @@ def plot_affinity(df: pd.DataFrame, path: Path) -> Path | None:
     from harmony.analysis import thresholds as T
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
-    _strip(ax, data, x="experiment", y="per CPU per s", size=7)
+    strip_points(ax, data, x="experiment", y="per CPU per s", size=7)
     for y, lab in ((T.AFFINITY_STRONG_MAX_PER_CPU_S, "strong below"),
                    (T.AFFINITY_WEAK_MIN_PER_CPU_S, "weak above")):
         ax.axhline(y, ls="--", color="0.5", lw=0.8)
