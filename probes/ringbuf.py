@@ -359,7 +359,7 @@ def _walk_compiled(jit, src: PageSource, hp: HeaderPage, page_ts: np.ndarray, si
     with_code = type_field is not None and type_lut is not None
     lut = np.asarray(type_lut, np.int32) if with_code else np.zeros(0, np.int32)
     t_off, t_size = (type_field.offset, type_field.size) if with_code else (0, 0)
-    args = (src.buf, src.page_size, hp.data_offset, page_ts, size, active)
+    args = (src.buf, src.view("<u4"), src.page_size, hp.data_offset, page_ts, size, active)
     types = (page_cpu, t_off, t_size, lut)
     ranges = split(n_pages, per_item=src.page_size // 100)     # records are ~100 bytes
 

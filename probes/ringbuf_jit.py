@@ -44,12 +44,6 @@ def _inline(fn):
 
 
 @_inline
-def _u32(buf, p):
-    return np.int64(buf[p]) | (np.int64(buf[p + 1]) << 8) | (np.int64(buf[p + 2]) << 16) | \
-        (np.int64(buf[p + 3]) << 24)
-
-
-@_inline
 def _uint(buf, p, size):
     v = np.int64(0)
     for j in range(size):
@@ -58,11 +52,12 @@ def _uint(buf, p, size):
 
 
 @_jit
-def walk(buf, page_size, data_offset, page_ts, data_size, active, starts,
+def walk(buf, w32, page_size, data_offset, page_ts, data_size, active, starts,
          out_pos, out_len, out_ts, out_cpu, out_code, page_cpu, type_off, type_size, type_lut,
          counts, err, p_lo, p_hi):
     """Walk the records of every page ``p`` in [p_lo, p_hi) with ``active[p]`` (pages are
-    independent: threads may walk disjoint ranges at once).
+    independent: threads may walk disjoint ranges at once). ``w32``: ``buf`` as little-endian
+    uint32 words, for the record headers (4-byte aligned: one load each instead of four).
 
     Count mode (``out_pos`` empty): ``counts[p]`` = data records in page p. Fill mode: record k of
     page p goes to index ``starts[p] + k`` of the out_* arrays: its data's offset in ``buf``, data
@@ -84,10 +79,10 @@ def walk(buf, page_size, data_offset, page_ts, data_size, active, starts,
         ts = page_ts[p]
         k = 0
         while True:
-            w = _u32(buf, pos)
+            w = np.int64(w32[pos >> 2])
             tl = w & 31
             td = w >> 5
-            arr0 = _u32(buf, pos + 4) if pos + 8 <= nbuf else np.int64(0)
+            arr0 = np.int64(w32[(pos >> 2) + 1]) if pos + 8 <= nbuf else np.int64(0)
             if tl == 30 or tl == 31:
                 delta = (arr0 << 27) | td
                 if tl == 31:
