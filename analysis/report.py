@@ -11,11 +11,23 @@ def _ms(ns) -> str:
     return "n/a" if ns is None else f"{ns / 1e6:.3f} ms"
 
 
+def release_line(m: dict) -> str:
+    """How the tasks were released at t0. An imported trace was not released by Harmony: what it
+    holds is when the chosen tasks first woke after t0, which says nothing of a release."""
+    rel = m.get("release", {})
+    if "imported" in m.get("source", {}):
+        return (f"release spread               n/a: no release by Harmony in an imported trace "
+                f"(the chosen tasks' first wake-ups after t0 span {_ms(rel.get('wake_spread_ns'))};"
+                f" {rel.get('woken', '?')} woken)")
+    return (f"release spread               {_ms(rel.get('release_spread_ns'))} "
+            f"(wake-ups {_ms(rel.get('wake_spread_ns'))}; {rel.get('woken', '?')} tasks woken; "
+            f"{m.get('release_method', '?')}, {m.get('release_mode') or 'confined'})")
+
+
 def trust_lines(m: dict) -> list[str]:
     """What the run could and could not see, one fact per line."""
     host = m.get("host", {})
     cap = m.get("capture", {})
-    rel = m.get("release", {})
     ka = m.get("kernel_agreement")
     lost = m.get("lost_events", -1)
     lines = [
@@ -26,9 +38,7 @@ def trust_lines(m: dict) -> list[str]:
         f"probe / clock                {m.get('probe')} / {cap.get('clock', '?')}",
         f"events decoded               {cap.get('n_events', '?')} ({cap.get('bytes', '?')} raw bytes)",
         f"lost events                  {'unknown' if lost is None or lost < 0 else lost}",
-        f"release spread               {_ms(rel.get('release_spread_ns'))} "
-        f"(wake-ups {_ms(rel.get('wake_spread_ns'))}; {rel.get('woken', '?')} tasks woken; "
-        f"{m.get('release_method', '?')}, {m.get('release_mode') or 'confined'})",
+        release_line(m),
         f"measured window              {m.get('measured_s', 0):.3f} s after t0",
     ]
     if ka and ka.get("agreement") is not None:

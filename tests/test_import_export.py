@@ -164,7 +164,12 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
     assert (out / "report.md").exists() and (out / "raw/import/trace.dat").exists()
     # t0 = the first event of pid 11 or 12 (CPU 0's first switch, to pid 11)
     assert m["t0_ns"] == 1_000_000_005
-    assert invoke("report", out).exit_code == 0
+    rep = invoke("report", out)
+    assert rep.exit_code == 0
+    # no release by Harmony in it: the first wake-ups after t0 are not called a release spread
+    line = next(ln.strip() for ln in rep.output.splitlines() if "release spread" in ln)
+    assert "n/a: no release by Harmony in an imported trace" in line and "confined" not in line
+    assert (out / "report.md").read_text().count(line) == 1
     # an imported trace.dat exports as itself
     back = tmp_path / "back.dat"
     assert invoke("export", out, "--out", back).exit_code == 0
