@@ -510,6 +510,7 @@ def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus:
     blind_spots(meta, events, tasks)   # what the recording's probe did not see, as for a run
     notes += meta.get("notes", [])[known:]
     manifest["foreign_load"] = fl = foreign_load(events, tasks, cpus, t0, t_end, ())
+    fl["controller_frac_max"] = None     # no Harmony controller ran while this was recorded
     if fl["max_frac"] is not None and fl["max_frac"] > FOREIGN_LOAD_NOTE:
         notes.append(f"other tasks used {fl['max_frac']:.1%} of CPU {fl['max_cpu']} in the window "
                      f"(most: {fl['top'] or '?'}): balance and share metrics assume the CPU set "

@@ -169,6 +169,8 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
     # no release by Harmony in it: the first wake-ups after t0 are not called a release spread
     line = next(ln.strip() for ln in rep.output.splitlines() if "release spread" in ln)
     assert "n/a: no release by Harmony in an imported trace" in line and "confined" not in line
+    assert "controller's own threads" not in rep.output      # none ran while it was recorded
+    assert m["foreign_load"]["controller_frac_max"] is None
     assert (out / "report.md").read_text().count(line) == 1
     # an imported trace.dat exports as itself
     back = tmp_path / "back.dat"
