@@ -86,8 +86,9 @@ class SingleSource(Experiment):
             f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']}",
             f"migrations                   {s['migrations']} ({s['balance_migrations']} while runnable)",
             f"balanced within tolerance    {bal}; balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
-            f"migrations after balance     {s['migrations_after_balance']} "
-            f"({_fmt(s['migrations_after_balance_per_s'])}/s)",
+            "migrations after balance     " + (
+                "n/a (never balanced)" if s["migrations_after_balance"] is None else
+                f"{s['migrations_after_balance']} ({_fmt(s['migrations_after_balance_per_s'])}/s)"),
             f"share per task               {s['share_min']:.3f} .. {s['share_max']:.3f} "
             f"(fair {s['fair_share']:.3f}; ratio {s['share_ratio_min']:.2f} .. {s['share_ratio_max']:.2f})",
             f"Jain fairness index          {s['jain_index']:.4f}",

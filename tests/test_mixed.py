@@ -251,6 +251,21 @@ def write_run(path, experiment, events, tasks, cpus, t_end, overrides):
     return store.load(path)
 
 
+def test_single_source_that_never_balances_says_so(tmp_path):
+    """Four tasks woken on CPU 0 that never move: no balance, so nothing comes after it."""
+    pids = [1000, 1001, 1002, 1003]
+    s = Stream()
+    for pid in pids:
+        s.wakeup(at(0), 0, pid, 0)
+    tasks = tasks_table({"cpu": pids}, {p: 0 for p in pids})
+    run = write_run(tmp_path, "single-source", s.events(), tasks, [0, 1], at(2), {})
+    assert run.summary["time_to_balance_s"] is None
+    assert run.summary["migrations_after_balance"] is None
+    lines = get_experiment("single-source").describe(run.summary)
+    assert "migrations after balance     n/a (never balanced)" in lines
+    assert not any("None" in line for line in lines)
+
+
 HEAVY_LIGHT_KEYS = {"light_duty", "smape_short", "smape_long", "one_heavy_one_light_fraction",
                     "heavy_slowdown_short", "heavy_slowdown_long", "migrations", "migrations_per_s"}
 PRIORITY_KEYS = {"nice_diff", "high_spread_index", "low_cluster_index", "migrations_per_cpu_s",
