@@ -264,6 +264,11 @@ def test_single_source_that_never_balances_says_so(tmp_path):
     lines = get_experiment("single-source").describe(run.summary)
     assert "migrations after balance     n/a (never balanced)" in lines
     assert not any("None" in line for line in lines)
+    # time-to-resolve's line of the same, from a summary that never balanced
+    ttr = dict(run.summary, x=2, balanced_s=0.0, rounds_onto_target=0, moved_to_target=0)
+    lines = get_experiment("time-to-resolve").describe(ttr)
+    assert any(line.endswith("while runnable; never balanced)") for line in lines)
+    assert not any("None" in line for line in lines)
 
 
 HEAVY_LIGHT_KEYS = {"light_duty", "smape_short", "smape_long", "one_heavy_one_light_fraction",
