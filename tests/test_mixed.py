@@ -271,6 +271,25 @@ def test_single_source_that_never_balances_says_so(tmp_path):
     assert not any("None" in line for line in lines)
 
 
+
+def test_single_source_that_loses_its_balance_gives_both_times(tmp_path):
+    """Balanced at 1 s, unbalanced at 2 s, balanced again at 3 s: the report line says when it
+    was first balanced and from when for good, not the latter alone."""
+    pids = [1000, 1001, 1002, 1003]
+    s = Stream()
+    for pid in pids:
+        s.wakeup(at(0), 0, pid, 0)
+    s.migrate(at(1), 1, pids[0], 0, 1).migrate(at(1) + 10, 1, pids[1], 0, 1)
+    s.migrate(at(2), 1, pids[2], 0, 1)
+    s.migrate(at(3), 0, pids[2], 1, 0)
+    tasks = tasks_table({"cpu": pids}, {p: 0 for p in pids})
+    run = write_run(tmp_path, "single-source", s.events(), tasks, [0, 1], at(4), {})
+    assert run.summary["balance_entries"] == 2
+    line = next(ln for ln in get_experiment("single-source").describe(run.summary)
+                if ln.startswith("balanced within tolerance"))
+    assert "1000.0 ms after t0 first, for good from 3000.0 ms (entered balance 2 times)" in line
+
+
 HEAVY_LIGHT_KEYS = {"light_duty", "smape_short", "smape_long", "one_heavy_one_light_fraction",
                     "heavy_slowdown_short", "heavy_slowdown_long", "migrations", "migrations_per_s"}
 PRIORITY_KEYS = {"nice_diff", "high_spread_index", "low_cluster_index", "migrations_per_cpu_s",
