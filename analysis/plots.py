@@ -64,10 +64,14 @@ def step_envelope(t: np.ndarray, nr: np.ndarray, t_end: float,
 
 
 def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration_s: float, path: Path,
-                  t_balanced: float | None = None, tolerance: float = 0.15) -> Path:
+                  t_balanced: float | None = None, tolerance: float = 0.15,
+                  t_first_balanced: float | None = None) -> Path:
     """Per-CPU run-queue length of experiment tasks as the exact step function, one panel per CPU
     (a CPU with more than MAX_STEPS steps: its least and greatest length in each of STEP_BINS
-    time bins, which the title says)."""
+    time bins, which the title says). ``t_balanced``: balanced for good from then (a green line);
+    ``t_first_balanced``: first balanced then, if earlier (balance lost and regained: dotted)."""
+    first = (t_first_balanced if t_first_balanced is not None and t_balanced is not None
+             and t_first_balanced < t_balanced else None)
     n = len(cpus)
     fig, axes = plt.subplots(n, 1, figsize=(9, 1.2 + 1.1 * n), sharex=True, sharey=True, squeeze=False)
     fair = ntasks / n
@@ -91,11 +95,17 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
         ax.axhline(fair, color="0.3", ls="--", lw=0.8)
         if t_balanced is not None:
             ax.axvline(t_balanced, color="#27ae60", lw=1.0)
+        if first is not None:
+            ax.axvline(first, color="#27ae60", lw=1.0, ls=":")
         ax.set_ylabel(f"CPU {cpu}")
         ax.set_ylim(0, top + 0.5)
     axes[-1, 0].set_xlim(0, duration_s)
     axes[-1, 0].set_xlabel("time since t0 (s)")
-    note = f"; green: balanced within {tolerance:.0%} at {t_balanced:.3f} s" if t_balanced is not None else ""
+    note = ""
+    if t_balanced is not None:
+        note = (f"; green: balanced within {tolerance:.0%} at {t_balanced:.3f} s" if first is None
+                else f";\ngreen: balanced within {tolerance:.0%} first at {first:.3f} s (dotted), "
+                     f"for good from {t_balanced:.3f} s")
     if binned:
         width_ms = duration_s / STEP_BINS * 1e3
         note += (f"\ndark band: least to greatest length per {width_ms:.3g} ms, as the steps "

@@ -75,7 +75,8 @@ class SingleSource(Experiment):
         return [
             plot_migrations(run.migrations, dur, p["bin_s"], fig_dir / "migrations.png"),
             plot_runqueue(run.runqueue, m["cpus"], len(run.tasks), dur, fig_dir / "runqueue.png",
-                          t_balanced=s["time_to_balance_s"], tolerance=p["tolerance"]),
+                          t_balanced=s["time_to_balance_s"], tolerance=p["tolerance"],
+                          t_first_balanced=s.get("first_balanced_s")),
             plot_shares(run.shares, fig_dir / "shares.png"),
         ]
 

@@ -48,7 +48,8 @@ class TimeToResolve(HowMany):
         dur = m["measured_s"]
         return [
             plot_runqueue(run.runqueue, m["cpus"], len(run.tasks), dur, fig_dir / "runqueue.png",
-                          t_balanced=s["time_to_balance_s"], tolerance=p["tolerance"]),
+                          t_balanced=s["time_to_balance_s"], tolerance=p["tolerance"],
+                          t_first_balanced=s.get("first_balanced_s")),
             plot_migrations(run.migrations, dur, p["bin_s"], fig_dir / "migrations.png"),
             plot_time_to_resolve(rounds.df_run_summaries([run]), fig_dir / "time_to_resolve.png",
                                  tolerance=p["tolerance"]),

@@ -43,6 +43,22 @@ def test_a_run_queue_with_too_many_steps_is_drawn_binned(tmp_path, monkeypatch):
     monkeypatch.setattr(plots, "MAX_STEPS", 10_000)          # few enough: the exact steps
     plots.plot_runqueue(rq, [0, 1], 4, 2.0, tmp_path / "rq2.png")
     assert "dark band" not in drawn[1]
+    # balance lost and regained: both times, the first one dotted
+    lines = []
+    real_vline = plots.plt.Axes.axvline
+
+    def vline(ax, x, *a, **k):
+        lines.append((x, k.get("ls", "-")))
+        return real_vline(ax, x, *a, **k)
+
+    monkeypatch.setattr(plots.plt.Axes, "axvline", vline)
+    plots.plot_runqueue(rq, [0, 1], 4, 2.0, tmp_path / "rq3.png", t_balanced=1.5,
+                        t_first_balanced=0.2)
+    assert "first at 0.200 s (dotted), for good from 1.500 s" in drawn[2]
+    assert lines == [(1.5, "-"), (0.2, ":")] * 2
+    plots.plot_runqueue(rq, [0, 1], 4, 2.0, tmp_path / "rq4.png", t_balanced=1.5,
+                        t_first_balanced=1.5)        # never lost: one line, as before
+    assert drawn[3].count("balanced within 15% at 1.500 s") == 1 and len(lines) == 6
 
 
 def _png_size(path):
