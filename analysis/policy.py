@@ -142,6 +142,8 @@ def _fmt(v) -> str:
         return f"{v:.4g}"
     if isinstance(v, list):
         return "[" + ", ".join(_fmt(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items()) + "}"
     return str(v)
 
 

@@ -91,6 +91,12 @@ def test_intrinsic_selection_priorities():
           for d, lc in ((4, 0.0), (20, 0.6))]
     assert infer_evidence(pr).answer("priorities").label == \
         "high spread; low spread at nice diff 4, clustered at nice diff 20"
+    # its per-difference medians print as the other numbers do (4 significant digits)
+    pr = [ev("priority-classes", nice_diff=15, high_spread_index=0.0,
+             low_cluster_index=0.08798722409700327)]
+    numbers = next(ln for ln in policy.answer_lines(infer_evidence(pr).answer("priorities"))
+                   if ln.startswith("numbers: "))
+    assert "low_cluster_index by nice diff = {15: 0.08799}" in numbers
 
 
 def test_none_metric_gives_no_label_but_is_counted():
