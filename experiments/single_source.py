@@ -81,9 +81,13 @@ class SingleSource(Experiment):
         ]
 
     def describe(self, s: dict) -> list[str]:
-        if s["time_to_balance_s"] is None:
+        first = s.get("first_balanced_s")
+        if s["time_to_balance_s"] is None and first is not None:
+            bal = (f"{first * 1000:.1f} ms after t0 first, not for good "
+                   f"(entered balance {s['balance_entries']} time(s))")
+        elif s["time_to_balance_s"] is None:
             bal = "never (within the run)"
-        elif s["balance_entries"] > 1 and s["first_balanced_s"] is not None:
+        elif s["balance_entries"] > 1 and first is not None:
             # balance lost and regained: when it was first reached is the answer to "does it"
             bal = (f"{s['first_balanced_s'] * 1000:.1f} ms after t0 first, for good from "
                    f"{s['time_to_balance_s'] * 1000:.1f} ms "
@@ -95,7 +99,8 @@ class SingleSource(Experiment):
             f"migrations                   {s['migrations']} ({s['balance_migrations']} while runnable)",
             f"balanced within tolerance    {bal}; balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
             "migrations after balance     " + (
-                "n/a (never balanced)" if s["migrations_after_balance"] is None else
+                f"n/a ({'not balanced for good' if first is not None else 'never balanced'})"
+                if s["migrations_after_balance"] is None else
                 f"{s['migrations_after_balance']} ({_fmt(s['migrations_after_balance_per_s'])}/s)"),
             f"share per task               {s['share_min']:.3f} .. {s['share_max']:.3f} "
             f"(fair {s['fair_share']:.3f}; ratio {s['share_ratio_min']:.2f} .. {s['share_ratio_max']:.2f})",

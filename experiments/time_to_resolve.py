@@ -66,7 +66,8 @@ class TimeToResolve(HowMany):
             f"first balanced               {ms(s['first_balanced_s'])} "
             f"(entered balance {s['balance_entries']} time(s), balanced {s['balanced_s']:.2f} s in all)",
             f"migrations                   {s['migrations']} ({s['balance_migrations']} while runnable; "
-            + ("never balanced)" if s["migrations_after_balance"] is None
-               else f"{s['migrations_after_balance']} after the balance)"),
+            + (f"{s['migrations_after_balance']} after the balance)"
+               if s["migrations_after_balance"] is not None else "never balanced)"
+               if s["first_balanced_s"] is None else "not balanced for good)"),
             f"rounds onto the target       {s['rounds_onto_target']} ({s['moved_to_target']} tasks)",
         ]

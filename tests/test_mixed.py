@@ -288,6 +288,16 @@ def test_single_source_that_loses_its_balance_gives_both_times(tmp_path):
     line = next(ln for ln in get_experiment("single-source").describe(run.summary)
                 if ln.startswith("balanced within tolerance"))
     assert "1000.0 ms after t0 first, for good from 3000.0 ms (entered balance 2 times)" in line
+    # lost and not regained: balanced once, never for good (not "never balanced")
+    run = write_run(tmp_path / "lost", "single-source", s.events(), tasks, [0, 1], at(2.5), {})
+    assert run.summary["time_to_balance_s"] is None and run.summary["balance_entries"] == 1
+    lines = get_experiment("single-source").describe(run.summary)
+    assert any("1000.0 ms after t0 first, not for good (entered balance 1 time(s))" in ln
+               for ln in lines)
+    assert "migrations after balance     n/a (not balanced for good)" in lines
+    ttr = dict(run.summary, x=2, balanced_s=1.0, rounds_onto_target=0, moved_to_target=0)
+    assert any(ln.endswith("while runnable; not balanced for good)")
+               for ln in get_experiment("time-to-resolve").describe(ttr))
 
 
 HEAVY_LIGHT_KEYS = {"light_duty", "smape_short", "smape_long", "one_heavy_one_light_fraction",
