@@ -395,7 +395,8 @@ def q_time_to_balance(ev, prior) -> Answer:
     _vote([(e, label(e)) for e in runs], a)
     times = _values(runs, "time_to_balance_s")
     a.numbers = {"time_to_balance_s (median)": _median(times), "max": max(times) if times else None,
-                 "runs never balanced": sum(e.summary.get("time_to_balance_s") is None for e in runs)}
+                 "runs never balanced for good": sum(e.summary.get("time_to_balance_s") is None
+                                                     for e in runs)}
     if a.label in ("fast", "slow") and times:
         a.label += f" (~{_median(times) * 1000:.0f} ms)"
     return a

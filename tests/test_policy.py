@@ -59,6 +59,10 @@ def test_never_settled_single_source_uses_whole_run_rate():
            migrations=4000, params={"duration": 10.0})
     a = infer_evidence([e]).answer("affinity")
     assert a.label == "weak"  # 4000 / 10 s / 4 CPUs = 100 per s per CPU
+    # balanced for a while, never for good: counted as such, not as "never balanced"
+    e.summary |= {"first_balanced_s": 0.03, "balanced_at_end": False}
+    t = infer_evidence([e]).answer("time_to_balance")
+    assert t.label == "never (within the run)" and t.numbers["runs never balanced for good"] == 1
 
 
 def test_work_conserving_and_detection():
