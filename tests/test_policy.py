@@ -60,7 +60,8 @@ def test_never_settled_single_source_uses_whole_run_rate():
     a = infer_evidence([e]).answer("affinity")
     assert a.label == "weak"  # 4000 / 10 s / 4 CPUs = 100 per s per CPU
     # balanced for a while, never for good: counted as such, not as "never balanced"
-    e.summary |= {"first_balanced_s": 0.03, "balanced_at_end": False}
+    e = ev("single-source", migrations_after_balance_per_s=None, time_to_balance_s=None,
+           first_balanced_s=0.03, balanced_at_end=False, migrations=4, params={"duration": 10.0})
     t = infer_evidence([e]).answer("time_to_balance")
     assert t.label == "never (within the run)" and t.numbers["runs never balanced for good"] == 1
 
