@@ -78,16 +78,17 @@ def _save(fig, path: Path) -> Path:
 
 
 def strip_points(ax, data: pd.DataFrame, x: str, y: str, hue: str | None = None, size: float = 6,
-           color: str = "#2c3e50") -> list:
+                 color: str = "#2c3e50", order: list | None = None) -> list:
     """Every row of ``data`` a point above its category of ``x``, spread sideways so that equal
     values stay visible; the levels of ``hue`` side by side within a category. Returns the
-    categories in drawing order (numbers sorted, text in order of appearance).
+    categories in drawing order: ``order`` if given (a category without rows keeps its place),
+    else numbers sorted and text in order of appearance.
 
     What seaborn's stripplot drew, in plain matplotlib: a third of the time per figure and no
     seaborn import.
     """
-    cats = list(dict.fromkeys(data[x]))
-    if all(isinstance(c, (int, float, np.number)) for c in cats):
+    cats = list(order) if order is not None else list(dict.fromkeys(data[x]))
+    if order is None and all(isinstance(c, (int, float, np.number)) for c in cats):
         cats = sorted(cats)
     pos = {c: i for i, c in enumerate(cats)}
     levels = list(dict.fromkeys(data[hue])) if hue else [None]
@@ -201,6 +202,36 @@ def plot_points(df: pd.DataFrame, experiment: str, cols: list[str], path: Path, 
 
 
 @_styled
+def plot_time_to_balance(df: pd.DataFrame, path: Path) -> Path | None:
+    """Time to a stable balance of every run the policy card reads it from (time-to-resolve and
+    single-source), one strip per experiment; the runs never balanced for good have no time and
+    are counted in their experiment's label."""
+    rows, counts = [], {}
+    for exp in ("time-to-resolve", "single-source"):
+        d = df[df["experiment"] == exp]
+        if d.empty or "time_to_balance_s" not in d:
+            continue
+        t = numeric(d, "time_to_balance_s")
+        label = f"{exp}\n({int(t.isna().sum())} of {len(t)} never)" if t.isna().any() else exp
+        counts[label] = len(t)
+        rows.append(pd.DataFrame({"experiment": label, "seconds after t0": t}))
+    if not rows:
+        return None
+    data = pd.concat(rows, ignore_index=True).dropna()
+    fig, ax = plt.subplots(figsize=(max(4.5, 2.4 * len(counts) + 1), 4.0))
+    # every experiment gets its place, even one whose runs never balanced for good
+    cats = strip_points(ax, data, x="experiment", y="seconds after t0", size=7, order=list(counts))
+    med = data.groupby("experiment", sort=False)["seconds after t0"].median()
+    for i, c in enumerate(cats):
+        if c in med:
+            ax.hlines(med[c], i - 0.3, i + 0.3, color="#c0392b", lw=2)
+    ax.set_xlabel("")
+    ax.set_title("Time to a stable balance (red: median; never: not balanced for good)",
+                 fontsize=10)
+    return _save(fig, path)
+
+
+@_styled
 def plot_affinity(df: pd.DataFrame, path: Path) -> Path | None:
     """Migrations per second per CPU once nothing needs to move, per experiment, every run a point."""
     rows = []
@@ -265,9 +296,7 @@ def cross_figures(df: pd.DataFrame, fig_dir: Path, processes: int = 1) -> dict[s
     jobs = [  # (question, plot, arguments)
         ("affinity", plot_affinity, (df, fig_dir / "affinity.png")),
         ("how_many", plot_how_many, (df, fig_dir / "how_many.png")),
-        ("time_to_balance", plot_points, (df, "time-to-resolve", ["time_to_balance_s"],
-                                          fig_dir / "time_to_balance.png", "Time to a stable balance",
-                                          "seconds after t0")),
+        ("time_to_balance", plot_time_to_balance, (df, fig_dir / "time_to_balance.png")),
         ("work_conserving", plot_points, (df, "work-conservation", ["steal_latency_s"],
                                           fig_dir / "steal_latency.png",
                                           "Idle target: delay to first pull", "ms", 1000)),

@@ -92,3 +92,25 @@ def test_many_tasks_are_drawn_ranked_not_a_bar_each(tmp_path, monkeypatch):
     assert [x for x in xlabels if x.startswith("task")] == [
         "task (2000, ranked by share within its role)", "task",
         "task (2000, ranked by static ideal share within its role)"]
+
+
+def test_time_to_balance_figure_keeps_the_runs_never_balanced(tmp_path, monkeypatch):
+    """Both experiments the policy card reads the time from get a strip; an experiment whose
+    runs never balanced for good keeps its place, with how many in its label."""
+    from harmony.analysis import report_suite
+    df = pd.DataFrame({"experiment": ["time-to-resolve", "time-to-resolve", "single-source",
+                                      "single-source", "detection"],
+                       "time_to_balance_s": [None, None, 0.0033, 0.0034, None]})
+    ticks = []
+    real = plots.plt.Axes.set_xticks
+
+    def set_xticks(ax, t, labels=None, **k):
+        ticks.append(list(labels) if labels is not None else None)
+        return real(ax, t, labels, **k)
+
+    monkeypatch.setattr(plots.plt.Axes, "set_xticks", set_xticks)
+    out = report_suite.plot_time_to_balance(df, tmp_path / "ttb.png")
+    assert out.stat().st_size > 0
+    assert ticks[-1] == ["time-to-resolve\n(2 of 2 never)", "single-source"]
+    assert report_suite.plot_time_to_balance(df[df["experiment"] == "detection"],
+                                             tmp_path / "none.png") is None
