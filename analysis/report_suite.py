@@ -182,9 +182,16 @@ def plot_priorities(df: pd.DataFrame, path: Path) -> Path | None:
 @_styled
 def plot_points(df: pd.DataFrame, experiment: str, cols: list[str], path: Path, title: str,
                 ylabel: str, scale: float = 1.0) -> Path | None:
-    """Several metrics of one experiment as strip plots, every run a point."""
+    """Several metrics of one experiment as strip plots, every run a point; a metric some runs
+    have no value of (e.g. a third detection round that never came) says how many have one."""
     d = df[df["experiment"] == experiment]
-    parts = [pd.DataFrame({"metric": c, "value": numeric(d, c) * scale}) for c in cols if c in d]
+
+    def name(c):
+        n = int(numeric(d, c).notna().sum())
+        return c if n == len(d) else f"{c}\n({n} of {len(d)} runs)"
+
+    parts = [pd.DataFrame({"metric": name(c), "value": numeric(d, c) * scale})
+             for c in cols if c in d]
     if not parts:
         return None
     data = pd.concat(parts, ignore_index=True).dropna()

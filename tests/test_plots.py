@@ -114,3 +114,20 @@ def test_time_to_balance_figure_keeps_the_runs_never_balanced(tmp_path, monkeypa
     assert ticks[-1] == ["time-to-resolve\n(2 of 2 never)", "single-source"]
     assert report_suite.plot_time_to_balance(df[df["experiment"] == "detection"],
                                              tmp_path / "none.png") is None
+
+
+def test_strip_figure_says_how_many_runs_have_a_metric(tmp_path, monkeypatch):
+    from harmony.analysis import report_suite
+    df = pd.DataFrame({"experiment": "detection", "interval1_ms": [33.0, 59.2, 9.4, 20.9],
+                       "interval3_ms": [None, 568.0, 240.0, 516.0]})
+    ticks = []
+    real = plots.plt.Axes.set_xticks
+
+    def set_xticks(ax, t, labels=None, **k):
+        ticks.append(list(labels) if labels is not None else None)
+        return real(ax, t, labels, **k)
+
+    monkeypatch.setattr(plots.plt.Axes, "set_xticks", set_xticks)
+    report_suite.plot_points(df, "detection", ["interval1_ms", "interval3_ms"],
+                             tmp_path / "det.png", "Detection", "ms")
+    assert ticks[-1] == ["interval1_ms", "interval3_ms\n(3 of 4 runs)"]
