@@ -198,8 +198,7 @@ class HeavyLight(TwoClassExperiment):
             f"migrations                   {s['migrations']} ({_f(s['migrations_per_s'])}/s)",
         ]
         for w in ("short", "long"):
-            span = s["windows"].get(w)
-            where = "n/a" if span is None else f"{span[0]:g}-{span[1]:g} s"
+            where = window_text(s["windows"].get(w))
             lines.append(f"{w:5} window {where:16} run-queue variance {_f(s[f'variance_{w}'], 3)}"
                          f" vs static {_f(s[f'static_variance_{w}'], 3)}: SMAPE {_f(s[f'smape_{w}'], 3)}; "
                          f"one heavy + one light on {_pct(s[f'one_heavy_one_light_fraction_{w}'])} of CPUs; "
@@ -217,3 +216,9 @@ def _f(v, digits=2):
 
 def _pct(v):
     return "n/a" if v is None else f"{v:.0%}"
+
+
+def window_text(span) -> str:
+    """A measurement window [a, b] (s after t0) as "a-b s", to the ms ("1.5-3 s", not the
+    "1.5-3.00012 s" of a window that ends with a run measured 0.12 ms past its duration)."""
+    return "n/a" if span is None else f"{round(span[0], 3):g}-{round(span[1], 3):g} s"

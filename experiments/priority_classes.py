@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from harmony.analysis import mixed
 from harmony.experiments.base import Param, nice_value, non_negative
-from harmony.experiments.heavy_light import WINDOW_PARAMS, TwoClassExperiment, _f
+from harmony.experiments.heavy_light import WINDOW_PARAMS, TwoClassExperiment, _f, window_text
 
 
 class PriorityClasses(TwoClassExperiment):
@@ -73,8 +73,7 @@ class PriorityClasses(TwoClassExperiment):
             f"low {_f(s['low_migrations_per_cpu_s'])})",
         ]
         for w in ("short", "long"):
-            span = s["windows"].get(w)
-            where = "n/a" if span is None else f"{span[0]:g}-{span[1]:g} s"
+            where = window_text(s["windows"].get(w))
             lines.append(f"{w:5} window {where:16} spread index high {_f(s[f'high_spread_index_{w}'], 3)}, "
                          f"low {_f(s[f'low_spread_index_{w}'], 3)} (0 even, 1 all on one CPU); "
                          f"high allocation / static {_f(s[f'high_allocation_ratio_{w}'], 3)}")

@@ -474,3 +474,10 @@ def test_roles_of_pids_with_strangers():
     got = mixed._roles(np.array([5, 7, 99, 300, 1, 400]), tasks)
     assert got.tolist() == ["heavy", "light", "", "light", "", ""]
     assert mixed._roles(np.array([5]), tasks.iloc[:0]).tolist() == [""]
+
+
+def test_window_spans_print_to_the_ms():
+    from harmony.experiments.heavy_light import window_text
+    assert window_text([1.5, 3.00012]) == "1.5-3 s"
+    assert window_text([0.5, 1.0]) == "0.5-1 s" and window_text(None) == "n/a"
+    assert window_text([0.25, 2.0004]) == "0.25-2 s" and window_text([1.0, 2.5006]) == "1-2.501 s"
