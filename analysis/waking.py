@@ -151,7 +151,7 @@ def _pulls(events: pd.DataFrame, waking: np.ndarray, mig: np.ndarray,
             & (ts[s] - ts[mig] < ts[mig] - ts[waking]))
 
 
-def df_wakeup_check(events: pd.DataFrame) -> pd.DataFrame:
+def df_wakeup_check(events: pd.DataFrame, derived: tuple | None = None) -> pd.DataFrame:
     """The wake-ups derived from a trace's sched_waking (its sched_wakeup dropped) against the
     ones it recorded: how well :func:`wakeups_from_waking` does on a trace that has both.
 
@@ -163,10 +163,12 @@ def df_wakeup_check(events: pd.DataFrame) -> pd.DataFrame:
     before the task's next one; NaN where none was recorded, e.g. where the probe was blind),
     early_ns (float: rec_ts - ts; negative for one derived after the recorded one).
 
+    ``derived``: :func:`derived_again` of ``events``, if made already (derived here otherwise).
+
     attrs: ``derived`` (what :func:`wakeups_from_waking` says it derived).
     """
     woken = event_mask(events, "sched_wakeup")
-    got, info = _derived_again(events)
+    got, info = derived if derived is not None else derived_again(events)
     rows = event_mask(got, "sched_wakeup")
 
     def pick(df: pd.DataFrame, rows: np.ndarray, col: str) -> np.ndarray:
@@ -195,17 +197,19 @@ def df_wakeup_check(events: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _derived_again(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
-    """:func:`wakeups_from_waking` of ``events`` without their recorded sched_wakeup."""
+def derived_again(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """:func:`wakeups_from_waking` of ``events`` without their recorded sched_wakeup: what both
+    checks compare with the recorded wake-ups (derive once, pass it to both)."""
     return wakeups_from_waking(events[~event_mask(events, "sched_wakeup")].reset_index(drop=True))
 
 
-def df_migration_kind_check(events: pd.DataFrame) -> pd.DataFrame:
+def df_migration_kind_check(events: pd.DataFrame, derived: tuple | None = None) -> pd.DataFrame:
     """Every task's migrations in a trace that has both sched_waking and sched_wakeup, with their
     kind (:func:`harmony.analysis.reconstruct.df_migrations`: "wakeup" placement or "balance")
     from the recorded wake-ups and from those derived (its sched_wakeup dropped).
 
-    Needs events: those of :func:`df_wakeup_check`, plus sched_process_exit.
+    Needs events: those of :func:`df_wakeup_check`, plus sched_process_exit. ``derived``: as
+    for :func:`df_wakeup_check`.
 
     Columns: ts (int64 ns), pid (int32), src_cpu, dst_cpu (int32), kind (str: from the recorded
     wake-ups), derived_kind (str).
@@ -217,7 +221,8 @@ def df_migration_kind_check(events: pd.DataFrame) -> pd.DataFrame:
     tasks = pd.DataFrame({"pid": pids.astype(np.int32), "name": [str(p) for p in pids],
                           "role": "task"})
     t0 = int(events["ts"].iloc[0]) if len(events) else 0
-    a, b = df_migrations(events, tasks, t0), df_migrations(_derived_again(events)[0], tasks, t0)
+    got = (derived if derived is not None else derived_again(events))[0]
+    a, b = df_migrations(events, tasks, t0), df_migrations(got, tasks, t0)
     # the same sched_migrate_task events, in the same order
     return pd.DataFrame({"ts": a["ts"].to_numpy(), "pid": a["pid"].to_numpy(),
                          "src_cpu": a["src_cpu"].to_numpy(), "dst_cpu": a["dst_cpu"].to_numpy(),

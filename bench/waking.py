@@ -40,15 +40,16 @@ def recordings(dirs: list[Path]) -> list[Path]:
 
 
 def check(raw: Path) -> dict:
-    from harmony.analysis.waking import df_migration_kind_check, df_wakeup_check
+    from harmony.analysis.waking import derived_again, df_migration_kind_check, df_wakeup_check
     from harmony.analysis.arrays import event_mask
     from harmony.probes.ringbuf import decode_dir
 
     events = decode_dir(raw).events
     recorded = int(event_mask(events, "sched_wakeup").sum())
-    kinds = df_migration_kind_check(events)
+    derived = derived_again(events)         # once, for both checks
+    kinds = df_migration_kind_check(events, derived)
     migrations, same_kind = len(kinds), int((kinds["kind"] == kinds["derived_kind"]).sum())
-    df = df_wakeup_check(events)
+    df = df_wakeup_check(events, derived)
     info = df.attrs["derived"]
     found = df.dropna(subset=["rec_ts"])
     early = found["early_ns"].to_numpy() / 1e3

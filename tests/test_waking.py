@@ -9,7 +9,7 @@ import pytest
 from harmony.analysis import reconstruct as rc
 from harmony.analysis.arrays import event_mask
 from harmony.analysis.synthetic import Stream, simulate
-from harmony.analysis.waking import (df_migration_kind_check, df_wakeup_check,
+from harmony.analysis.waking import (derived_again, df_migration_kind_check, df_wakeup_check,
                                      wakeups_from_waking)
 from harmony.tasks import layout_tasks, tasks_frame
 
@@ -202,6 +202,10 @@ def test_wakeup_check_pairs_each_derived_wake_up_with_the_recorded_one():
     kinds = df_migration_kind_check(both)
     assert len(kinds) > 1000 and (kinds["kind"] == kinds["derived_kind"]).all()
     assert set(kinds["kind"]) == {"wakeup", "balance"}
+    # derived once and given to both: the same tables
+    derived = derived_again(both)
+    pd.testing.assert_frame_equal(df_wakeup_check(both, derived), check)
+    pd.testing.assert_frame_equal(df_migration_kind_check(both, derived), kinds)
     # one whose recorded wake-up is missing (a blind probe) is not paired with a later one
     gone = both.drop(index=both.index[event_mask(both, "sched_wakeup")][:1]).reset_index(drop=True)
     assert df_wakeup_check(gone)["rec_ts"].isna().sum() == 1
