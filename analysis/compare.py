@@ -162,7 +162,7 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
     import matplotlib.pyplot as plt
 
     # the suite report's point strips and look, so that both read alike
-    from harmony.analysis.report_suite import STYLE, numeric, strip_points
+    from harmony.analysis.report_suite import STYLE, median_bars, numeric, strip_points
 
     panels = []
     for exp, key, label, scale in FIGURE_METRICS:
@@ -180,15 +180,8 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
         fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
         for ax, (title, label, data) in zip(axes.flat, panels):
             # every source gets its place on the axis, measured or not
-            order = pd.Categorical(data["source"], categories=letters, ordered=True)
-            data = data.assign(source=order).sort_values("source")
-            strip_points(ax, data, x="source", y=label, size=6)
-            ax.set_xticks(range(len(letters)), letters)
-            ax.set_xlim(-0.5, len(letters) - 0.5)
-            med = data.groupby("source", observed=True)[label].median()
-            for letter, m in med.items():
-                i = letters.index(letter)
-                ax.hlines(m, i - 0.3, i + 0.3, color="#c0392b", lw=2)
+            strip_points(ax, data, x="source", y=label, size=6, order=letters)
+            median_bars(ax, data, "source", label, letters)
             ax.set_title(title, fontsize=9)
         for ax in list(axes.flat)[len(panels):]:
             ax.set_visible(False)

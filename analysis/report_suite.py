@@ -111,6 +111,15 @@ def strip_points(ax, data: pd.DataFrame, x: str, y: str, hue: str | None = None,
     return cats
 
 
+def median_bars(ax, data: pd.DataFrame, x: str, y: str, cats: list) -> None:
+    """A red bar at the median of ``y`` over each category of ``cats`` that has values, where
+    :func:`strip_points` put the category (its place in ``cats``)."""
+    med = data.groupby(x, sort=False, observed=True)[y].median()
+    for i, c in enumerate(cats):
+        if c in med.index:
+            ax.hlines(med[c], i - 0.3, i + 0.3, color="#c0392b", lw=2)
+
+
 def numeric(df: pd.DataFrame, col: str) -> pd.Series:
     """Column ``col`` of ``df`` as numbers (NaN where a value is not one, or the column is absent:
     a metric some runs lack)."""
@@ -199,9 +208,7 @@ def plot_points(df: pd.DataFrame, experiment: str, cols: list[str], path: Path, 
         return None
     fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(cols) + 2), 3.8))
     cats = strip_points(ax, data, x="metric", y="value", size=7)
-    med = data.groupby("metric", sort=False)["value"].median()
-    for i, m in enumerate(cats):
-        ax.hlines(med[m], i - 0.3, i + 0.3, color="#c0392b", lw=2)
+    median_bars(ax, data, "metric", "value", cats)
     ax.set_xlabel("")
     ax.set_ylabel(ylabel)
     ax.set_title(title + " (red: median)")
@@ -228,10 +235,7 @@ def plot_time_to_balance(df: pd.DataFrame, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(4.5, 2.4 * len(counts) + 1), 4.0))
     # every experiment gets its place, even one whose runs never balanced for good
     cats = strip_points(ax, data, x="experiment", y="seconds after t0", size=7, order=list(counts))
-    med = data.groupby("experiment", sort=False)["seconds after t0"].median()
-    for i, c in enumerate(cats):
-        if c in med:
-            ax.hlines(med[c], i - 0.3, i + 0.3, color="#c0392b", lw=2)
+    median_bars(ax, data, "experiment", "seconds after t0", cats)
     ax.set_xlabel("")
     ax.set_title("Time to a stable balance (red: median; never: not balanced for good)",
                  fontsize=10)
