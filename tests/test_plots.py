@@ -94,13 +94,8 @@ def test_many_tasks_are_drawn_ranked_not_a_bar_each(tmp_path, monkeypatch):
         "task (2000, ranked by static ideal share within its role)"]
 
 
-def test_time_to_balance_figure_keeps_the_runs_never_balanced(tmp_path, monkeypatch):
-    """Both experiments the policy card reads the time from get a strip; an experiment whose
-    runs never balanced for good keeps its place, with how many in its label."""
-    from harmony.analysis import report_suite
-    df = pd.DataFrame({"experiment": ["time-to-resolve", "time-to-resolve", "single-source",
-                                      "single-source", "detection"],
-                       "time_to_balance_s": [None, None, 0.0033, 0.0034, None]})
+def _record_xticks(monkeypatch) -> list:
+    """The tick labels of every set_xticks call from now on (None: positions only)."""
     ticks = []
     real = plots.plt.Axes.set_xticks
 
@@ -109,6 +104,17 @@ def test_time_to_balance_figure_keeps_the_runs_never_balanced(tmp_path, monkeypa
         return real(ax, t, labels, **k)
 
     monkeypatch.setattr(plots.plt.Axes, "set_xticks", set_xticks)
+    return ticks
+
+
+def test_time_to_balance_figure_keeps_the_runs_never_balanced(tmp_path, monkeypatch):
+    """Both experiments the policy card reads the time from get a strip; an experiment whose
+    runs never balanced for good keeps its place, with how many in its label."""
+    from harmony.analysis import report_suite
+    df = pd.DataFrame({"experiment": ["time-to-resolve", "time-to-resolve", "single-source",
+                                      "single-source", "detection"],
+                       "time_to_balance_s": [None, None, 0.0033, 0.0034, None]})
+    ticks = _record_xticks(monkeypatch)
     out = report_suite.plot_time_to_balance(df, tmp_path / "ttb.png")
     assert out.stat().st_size > 0
     assert ticks[-1] == ["time-to-resolve\n(2 of 2 never)", "single-source"]
@@ -120,14 +126,7 @@ def test_strip_figure_says_how_many_runs_have_a_metric(tmp_path, monkeypatch):
     from harmony.analysis import report_suite
     df = pd.DataFrame({"experiment": "detection", "interval1_ms": [33.0, 59.2, 9.4, 20.9],
                        "interval3_ms": [None, 568.0, 240.0, 516.0]})
-    ticks = []
-    real = plots.plt.Axes.set_xticks
-
-    def set_xticks(ax, t, labels=None, **k):
-        ticks.append(list(labels) if labels is not None else None)
-        return real(ax, t, labels, **k)
-
-    monkeypatch.setattr(plots.plt.Axes, "set_xticks", set_xticks)
+    ticks = _record_xticks(monkeypatch)
     report_suite.plot_points(df, "detection", ["interval1_ms", "interval3_ms"],
                              tmp_path / "det.png", "Detection", "ms")
     assert ticks[-1] == ["interval1_ms", "interval3_ms\n(3 of 4 runs)"]
