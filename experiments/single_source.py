@@ -89,7 +89,7 @@ class SingleSource(Experiment):
             bal = "never (within the run)"
         elif s["balance_entries"] > 1 and first is not None:
             # balance lost and regained: when it was first reached is the answer to "does it"
-            bal = (f"{s['first_balanced_s'] * 1000:.1f} ms after t0 first, for good from "
+            bal = (f"{first * 1000:.1f} ms after t0 first, for good from "
                    f"{s['time_to_balance_s'] * 1000:.1f} ms "
                    f"(entered balance {s['balance_entries']} times)")
         else:
