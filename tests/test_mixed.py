@@ -251,13 +251,18 @@ def write_run(path, experiment, events, tasks, cpus, t_end, overrides):
     return store.load(path)
 
 
-def test_single_source_that_never_balances_says_so(tmp_path):
-    """Four tasks woken on CPU 0 that never move: no balance, so nothing comes after it."""
+def _four_on_cpu0():
+    """(stream, tasks, pids): four CPU-bound tasks woken on CPU 0 at t0."""
     pids = [1000, 1001, 1002, 1003]
     s = Stream()
     for pid in pids:
         s.wakeup(at(0), 0, pid, 0)
-    tasks = tasks_table({"cpu": pids}, {p: 0 for p in pids})
+    return s, tasks_table({"cpu": pids}, {p: 0 for p in pids}), pids
+
+
+def test_single_source_that_never_balances_says_so(tmp_path):
+    """Four tasks woken on CPU 0 that never move: no balance, so nothing comes after it."""
+    s, tasks, _ = _four_on_cpu0()
     run = write_run(tmp_path, "single-source", s.events(), tasks, [0, 1], at(2), {})
     assert run.summary["time_to_balance_s"] is None
     assert run.summary["migrations_after_balance"] is None
@@ -271,18 +276,13 @@ def test_single_source_that_never_balances_says_so(tmp_path):
     assert not any("None" in line for line in lines)
 
 
-
 def test_single_source_that_loses_its_balance_gives_both_times(tmp_path):
     """Balanced at 1 s, unbalanced at 2 s, balanced again at 3 s: the report line says when it
     was first balanced and from when for good, not the latter alone."""
-    pids = [1000, 1001, 1002, 1003]
-    s = Stream()
-    for pid in pids:
-        s.wakeup(at(0), 0, pid, 0)
+    s, tasks, pids = _four_on_cpu0()
     s.migrate(at(1), 1, pids[0], 0, 1).migrate(at(1) + 10, 1, pids[1], 0, 1)
     s.migrate(at(2), 1, pids[2], 0, 1)
     s.migrate(at(3), 0, pids[2], 1, 0)
-    tasks = tasks_table({"cpu": pids}, {p: 0 for p in pids})
     run = write_run(tmp_path, "single-source", s.events(), tasks, [0, 1], at(4), {})
     assert run.summary["balance_entries"] == 2
     line = next(ln for ln in get_experiment("single-source").describe(run.summary)
