@@ -213,13 +213,22 @@ def _dat_of(tmp_path, name: str, events: list[tuple[str, dict]]) -> Path:
                           tmp_path / f"{name}.dat")
 
 
+def _switch(prev: int, nxt: int, state: int = 0) -> tuple[str, dict]:
+    """A sched_switch for :func:`_dat_of` between the idle task (0) and task 11, "spin"."""
+    comm = {0: "swapper/0", 11: "spin"}
+    return "sched_switch", dict(common_pid=prev, prev_comm=comm[prev], prev_pid=prev,
+                                prev_prio=120, prev_state=state, next_comm=comm[nxt],
+                                next_pid=nxt, next_prio=120)
+
+
+def _woken(kind: str) -> tuple[str, dict]:
+    """A wake-up event (``kind``) of task 11 onto CPU 0, for :func:`_dat_of`."""
+    return kind, dict(common_pid=0, comm="spin", pid=11, prio=120, target_cpu=0)
+
+
 def test_import_says_which_sched_events_the_trace_lacks(tmp_path):
     # trace-cmd record -e sched_switch: runs, but no migration or wake-up is seen
-    into = dict(common_pid=0, prev_comm="swapper/0", prev_pid=0, prev_prio=120, prev_state=0,
-                next_comm="spin", next_pid=11, next_prio=120)
-    out = dict(common_pid=11, prev_comm="spin", prev_pid=11, prev_prio=120, prev_state=0,
-               next_comm="swapper/0", next_pid=0, next_prio=120)
-    sw = [("sched_switch", into), ("sched_switch", out)] * 3 + [("sched_switch", into)]
+    sw = [_switch(0, 11), _switch(11, 0)] * 3 + [_switch(0, 11)]
     r = invoke("import", _dat_of(tmp_path, "sw", sw), "--pid", 11, "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
     m = harmony.load(tmp_path / "run").manifest
@@ -229,7 +238,7 @@ def test_import_says_which_sched_events_the_trace_lacks(tmp_path):
     note = next(n for n in m["notes"] if n.startswith("the trace holds no"))
     assert "migrations are known only" in note and "release spread cannot be measured" in note
     # wake-ups only: nothing to rebuild runs from, refused in one line
-    wk = [("sched_wakeup", dict(common_pid=0, comm="spin", pid=11, prio=120, target_cpu=0))] * 3
+    wk = [_woken("sched_wakeup")] * 3
     dat = _dat_of(tmp_path, "wk", wk)
     line = one_line_error(invoke("import", dat, "--pid", 11, "--out", tmp_path / "r2"), dat)
     assert "no sched_switch" in line
@@ -237,13 +246,8 @@ def test_import_says_which_sched_events_the_trace_lacks(tmp_path):
 
 def test_import_derives_wake_ups_from_sched_waking(tmp_path):
     # perf sched record's events: sched_waking, no sched_wakeup
-    into = dict(common_pid=0, prev_comm="swapper/0", prev_pid=0, prev_prio=120, prev_state=0,
-                next_comm="spin", next_pid=11, next_prio=120)
-    sleep = dict(common_pid=11, prev_comm="spin", prev_pid=11, prev_prio=120, prev_state=1,
-                 next_comm="swapper/0", next_pid=0, next_prio=120)
-    waking = dict(common_pid=0, comm="spin", pid=11, prio=120, target_cpu=0)
-    events = [("sched_switch", into), ("sched_switch", sleep)]
-    events += [("sched_waking", waking), ("sched_switch", into), ("sched_switch", sleep)] * 3
+    events = [_switch(0, 11), _switch(11, 0, 1)]
+    events += [_woken("sched_waking"), _switch(0, 11), _switch(11, 0, 1)] * 3
     dat = _dat_of(tmp_path, "waking", events)
     r = invoke("import", dat, "--pid", 11, "--out", tmp_path / "run")
     assert r.exit_code == 0, r.output
@@ -270,8 +274,7 @@ def test_import_derives_wake_ups_from_sched_waking(tmp_path):
     assert (tmp_path / "x.dat").read_bytes() == dat.read_bytes()
     # without sched_waking either, the note says what is not seen (a sched_wakeup_new does
     # not show the other wake-ups)
-    new = dict(common_pid=0, comm="spin", pid=11, prio=120, target_cpu=0)
-    dat = _dat_of(tmp_path, "new", [("sched_wakeup_new", new)] + events[:2] * 2)
+    dat = _dat_of(tmp_path, "new", [_woken("sched_wakeup_new")] + events[:2] * 2)
     r = invoke("import", dat, "--pid", 11, "--out", tmp_path / "r2")
     assert r.exit_code == 0, r.output
     notes = harmony.load(tmp_path / "r2").manifest["notes"]
@@ -291,11 +294,7 @@ def test_import_lists_the_tasks_of_a_trace_to_choose_from(tmp_path):
         "pid": [12, 11, 13], "comm": ["cat", "spin", "sleeper|sleeper.py"], "events": [4, 3, 1],
         "switch_ins": [2, 2, 0], "run_s": [0.006, 0.003, 0.0], "cpus": ["0-1", "0", ""]}
     # the CLI lists them without --pid or --comm, and a comm that matches nothing points there
-    into = dict(common_pid=0, prev_comm="swapper/0", prev_pid=0, prev_prio=120, prev_state=0,
-                next_comm="spin", next_pid=11, next_prio=120)
-    out = dict(common_pid=11, prev_comm="spin", prev_pid=11, prev_prio=120, prev_state=1,
-               next_comm="swapper/0", next_pid=0, next_prio=120)
-    dat = _dat_of(tmp_path, "sw", [("sched_switch", into), ("sched_switch", out)] * 3)
+    dat = _dat_of(tmp_path, "sw", [_switch(0, 11), _switch(11, 0, 1)] * 3)
     r = invoke("import", dat, "--tasks")
     assert r.exit_code == 0, r.output
     header, row = r.stdout.splitlines()
