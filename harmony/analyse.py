@@ -233,14 +233,21 @@ def blind_spots(meta: dict, events, tasks) -> None:
     if silent:
         named = ", ".join(f"{c['comm']} ({'CPU %d' % c['cpu'] if c['pid'] == 0 else 'pid %d' % c['pid']}"
                           f", ran {c['runs']}x)" for c in silent[:5])
-        notes.append(f"{probe} recorded no event in the context of {len(silent)} tasks it saw run: "
+        notes.append(f"{probe} recorded no event in the context of {_count(len(silent), 'task')} "
+                     f"it saw run: "
                      f"{named}; every tracepoint hit there (their switch-out, what their "
                      "interrupts do, e.g. an idle CPU's balancing migrations) is missing and not "
                      "counted in lost_events")
     if moves["n"]:
-        notes.append(f"the experiment tasks' own events in the {probe} recording prove {moves['n']} "
-                     f"moves of {len(moves['pids'])} tasks that no sched_migrate_task records "
+        notes.append(f"the experiment tasks' own events in the {probe} recording prove "
+                     f"{_count(moves['n'], 'move')} of {_count(len(moves['pids']), 'task')} that no "
+                     f"sched_migrate_task records "
                      f"(e.g. {moves['examples'][:2]})")
+
+
+def _count(n: int, noun: str) -> str:
+    """'1 task', '3 tasks'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 def _notes(manifest: dict, meta: dict) -> list[str]:

@@ -257,6 +257,20 @@ def test_silent_contexts_and_unrecorded_migrations_from_a_probes_own_stream():
     assert unrecorded_migrations(gap)["n"] == 1 and unrecorded_migrations(gap, pids=[8])["n"] == 0
 
 
+def test_blind_spot_notes_count_in_words():
+    """One silent context and one unrecorded move read '1 task', '1 move of 1 task'."""
+    import pandas as pd
+    from harmony.analyse import blind_spots
+
+    meta = {"probe": "perf"}
+    blind_spots(meta, _events([r for r in _SEEN if not (r[3] == 0 and r[1] == 1)]),
+                pd.DataFrame({"pid": [7]}))
+    silent, moved = meta["notes"]
+    assert silent.startswith("perf recorded no event in the context of 1 task it saw run: "
+                             "swapper (CPU 1, ran 2x);"), silent
+    assert "recording prove 1 move of 1 task that no sched_migrate_task records" in moved, moved
+
+
 def test_repair_note_names_each_silent_program_once():
     """A program's threads share a comm: the note on repaired contradictions names it once."""
     from harmony.analyse import _notes
@@ -460,7 +474,8 @@ def test_kernel_perf_run_decodes_like_tracefs(perf_kernel, perf_run, crosscheck_
         if moved["n"]:
             assert m["capture"]["silent_contexts"], moved
             assert any("perf recorded no event in the context of" in n for n in m["notes"]), m["notes"]
-            assert any("moves of" in n and "no sched_migrate_task" in n for n in m["notes"]), m["notes"]
+            proved = f"prove {moved['n']} move{'' if moved['n'] == 1 else 's'} of"
+            assert any(proved in n and "no sched_migrate_task" in n for n in m["notes"]), m["notes"]
         if not (run.migrations["ts"] >= m["t0_ns"]).any():  # the tasks did reach CPU 1 (above)
             assert moved["n"] >= 1, "perf lacks the moves to CPU 1 and its stream does not show it"
 
