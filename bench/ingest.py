@@ -296,7 +296,7 @@ def _run(a, sizes: list[int], work: Path) -> int:
     print("\nstart-up: once per process, before its first trace (numba initialising and loading the "
           "compiled kernels from its cache); not part of total s.\nagain: the same capture decoded a "
           "second time in the process, whose memory is then touched already (fresh memory is what "
-          "sys ns/event pays); again x: trace-cmd report's time over that second pass's\n"
+          "sys ns/event pays); again x: trace-cmd report's time over the second pass's time\n"
           "sys us/fault: the kernel's time over the page faults taken (mostly faulting in fresh "
           "memory)")
     to_host = common.freed_memory_goes_to_host()

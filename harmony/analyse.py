@@ -234,8 +234,7 @@ def blind_spots(meta: dict, events, tasks) -> None:
         named = ", ".join(f"{c['comm']} ({'CPU %d' % c['cpu'] if c['pid'] == 0 else 'pid %d' % c['pid']}"
                           f", ran {c['runs']}x)" for c in silent[:5])
         notes.append(f"{probe} recorded no event in the context of {_count(len(silent), 'task')} "
-                     f"it saw run: "
-                     f"{named}; every tracepoint hit there (their switch-out, what their "
+                     f"it saw run: {named}; every tracepoint hit there (their switch-out, what their "
                      "interrupts do, e.g. an idle CPU's balancing migrations) is missing and not "
                      "counted in lost_events")
     if moves["n"]:
