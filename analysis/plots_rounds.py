@@ -7,10 +7,12 @@ Single-run figures take the run's tables. Each ``plot_*`` writes a PNG and retur
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from matplotlib import ticker
 
 from harmony.analysis.plots import _save, plt, sns  # the shared Agg backend and theme
 
@@ -113,10 +115,18 @@ def plot_detection(summaries: pd.DataFrame, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     if ok.any():
         d = long[ok]
-        sns.boxplot(data=d, x="interval", y="ms", ax=ax, color="#d6eaf8", fliersize=0, width=0.5)
+        with warnings.catch_warnings():
+            # seaborn 0.13.2 (the newest) still passes vert=, deprecated by matplotlib 3.11
+            warnings.filterwarnings("ignore", message=".*vert: bool was deprecated",
+                                    category=DeprecationWarning)
+            sns.boxplot(data=d, x="interval", y="ms", ax=ax, color="#d6eaf8", fliersize=0,
+                        width=0.5)
         sns.stripplot(data=d, x="interval", y="ms", ax=ax, color="#1f618d", size=6, jitter=0.12)
         if (d["ms"] > 0).all():
             ax.set_yscale("log")
+            # plain numbers (20, 50, 200 ms), not 2 x 10^1; matplotlib still picks which to label
+            ax.yaxis.set_major_formatter(ticker.LogFormatter())
+            ax.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
     else:
         _empty(ax, "no migration onto the target after the cut")
     labels = []
