@@ -474,7 +474,8 @@ def test_kernel_perf_run_decodes_like_tracefs(perf_kernel, perf_run, crosscheck_
         if moved["n"]:
             assert m["capture"]["silent_contexts"], moved
             assert any("perf recorded no event in the context of" in n for n in m["notes"]), m["notes"]
-            proved = f"prove {moved['n']} move{'' if moved['n'] == 1 else 's'} of"
+            from harmony.analyse import _count
+            proved = f"prove {_count(moved['n'], 'move')} of"
             assert any(proved in n and "no sched_migrate_task" in n for n in m["notes"]), m["notes"]
         if not (run.migrations["ts"] >= m["t0_ns"]).any():  # the tasks did reach CPU 1 (above)
             assert moved["n"] >= 1, "perf lacks the moves to CPU 1 and its stream does not show it"
