@@ -5,7 +5,7 @@ The simulator runs the catalog's own workloads (the TaskSpecs of
 thesis's questions are known by construction, and writes what a real run would have recorded: the
 canonical sched events (:mod:`harmony.probes.schema`) with t0 / released / end markers, as a run
 directory with probe ``synthetic`` (:mod:`harmony.probes.synthetic`). The normal pipeline
-(:func:`harmony.analyse.analyse`) then analyses it, so the policy card can be checked against a
+(:func:`harmony.pipeline.analyse`) then analyses it, so the policy card can be checked against a
 ground truth at any CPU count without root or a kernel.
 
 Model (one tick = 1 ms):
@@ -43,7 +43,7 @@ import math
 import random
 from pathlib import Path
 
-from harmony.analysis.synthetic import EXIT_DEAD, TASK_INTERRUPTIBLE, TASK_RUNNING, Stream
+from harmony.analysis.event_streams import EXIT_DEAD, TASK_INTERRUPTIBLE, TASK_RUNNING, Stream
 from harmony.probes.schema import make_markers
 
 TICK_NS = 1_000_000
@@ -468,7 +468,7 @@ def capture(policy: Policy, exp, params: dict, cpus: list[int], out: Path, seed:
 def execute(policy: Policy, exp, params: dict, cpus: list[int], out: Path, seed: int = 0,
             figures: bool = True):
     """Simulate then analyse one run, companions first (as :func:`harmony.run.execute` does)."""
-    from harmony.analyse import analyse
+    from harmony.pipeline import analyse
 
     for name, overrides in exp.companions(params).items():
         companion_params = exp.resolve({**params, **overrides}, cpus)

@@ -18,7 +18,7 @@ What is timed, per capture size, in one run and side by side (repetitions interl
   is trace-cmd report's time over it, beside "speedup" (over the first pass): the gap between
   the two is mostly what the host charges for the first pass's fresh memory (sys ns/event)
 - trace-cmd: ``trace-cmd report -i trace.dat > /dev/null`` on the same capture written as a
-  trace.dat by ``harmony.probes.tracedat.write_tracedat`` (writing it is not timed)
+  trace.dat by ``harmony.probes.tracedat_write.write_tracedat`` (writing it is not timed)
 
 The capture: a real recording of a pipe ping-pong load by the tracefs probe (root), or an existing
 recording directory (``--from``). Larger sizes replicate its pages with shifted page timestamps,
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
 
 def _run(a, sizes: list[int], work: Path) -> int:
     from harmony.probes.ringbuf import decode_dir
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
 
     if a.source:
         base, pids = a.source, [int(p) for p in a.pids.split(",") if p]

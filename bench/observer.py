@@ -95,7 +95,7 @@ def _own_cpu_s() -> float:
 
 def lossless_level(rate: float, pairs: int, seconds: float, out: Path) -> dict:
     """Ping-pong at ``rate`` rounds/s per pair (0 = flat out) under the probe; events and losses."""
-    from harmony.host import online_cpus
+    from harmony.osutil import online_cpus
     from harmony.probes.ringbuf import decode_dir
     from harmony.probes.tracefs import TracefsProbe
 
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
         ap.error("--seconds, --pairs, --per-cpu, --pp-pairs, --pp-seconds must be positive, "
                  "--settle and --rates not negative")
     common.need_root("the observer benchmark")
-    from harmony.host import online_cpus
+    from harmony.osutil import online_cpus
 
     cpus = online_cpus()
     result: dict = {"benchmark": "observer", "cpus": cpus}

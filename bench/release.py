@@ -34,7 +34,7 @@ import common  # noqa: E402
 def one_release(ntasks: int, out: Path, duration: float, placement: str, mode: str) -> dict:
     from harmony.controller import ENV_MODE, ENV_PLACEMENT
     from harmony.experiments import get_experiment
-    from harmony.host import online_cpus
+    from harmony.osutil import online_cpus
     from harmony.hygiene import HostBusy
     from harmony.run import execute
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from harmony import store
+from harmony.osutil import die_with_parent
 
 
 def rep_dir(out: Path, k: int) -> Path:
@@ -133,7 +134,7 @@ class KernelRunner:
         env = dict(os.environ, HARMONY_ANALYSER_CPUS=",".join(map(str, outside)))
         # a plain child process, started before any capture: no threads in the controller, which
         # forks the workers. In a session of its own: Ctrl-C at the terminal is for the controller,
-        # which drains it or, dying, kills it (_die_with_parent)
+        # which drains it or, dying, kills it (osutil.die_with_parent)
         self.worker = subprocess.Popen([sys.executable, "-m", "harmony.batch", "--analyser"],
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                        start_new_session=True)
@@ -276,7 +277,7 @@ def _proc_state(pid: int) -> str | None:
 
 def _analyse_group(group: tuple[list[str], bool]) -> list[dict]:
     """Analyse one capture's directories in order (companions before the run that reads them)."""
-    from harmony.analyse import analyse
+    from harmony.pipeline import analyse
 
     dirs, figures = group
     out = []
@@ -305,7 +306,7 @@ def analyse_groups(groups: list[tuple[list[str], bool]], processes: int,
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    import harmony.analyse  # noqa: F401  (imported once, here, rather than in every process)
+    import harmony.pipeline  # noqa: F401  (imported once, here, rather than in every process)
 
     # largest captures first, so that the last one to finish is a small one and no CPU idles long
     order = sorted(range(len(groups)), key=lambda i: -_raw_bytes(groups[i][0]))
@@ -335,7 +336,10 @@ def _analyser_main() -> int:
             os.nice(19)
     except (OSError, AttributeError):
         pass
-    _die_with_parent()
+    # be killed when the controller dies: stopped (SIGSTOP) by it, this process would otherwise
+    # never read the end of its input and stay behind
+    if not die_with_parent() and os.getppid() == 1:   # nobody is left to feed us
+        return 0
     for line in sys.stdin:
         flag, *dirs = line.rstrip("\n").split("\t")
         for r in _analyse_group(([d for d in dirs if d], flag == "1")):
@@ -344,18 +348,6 @@ def _analyser_main() -> int:
     return 0
 
 
-def _die_with_parent() -> None:
-    """Be killed when the controller dies: stopped (SIGSTOP) by it, this process would otherwise
-    never read the end of its input and stay behind."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() == 1:  # the parent died before the request: nobody is left to feed us
-        sys.exit(0)
 
 
 def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner, seed: int = 0,

@@ -58,7 +58,7 @@ def _check_release_options() -> None:
 
 def resolve_cpus(text: str | None) -> list[int]:
     """The experiment CPU set: ``text`` (a CPU list) checked against the online CPUs."""
-    from harmony.host import online_cpus, parse_cpulist
+    from harmony.osutil import online_cpus, parse_cpulist
 
     online = online_cpus()
     if text is None:
@@ -244,7 +244,7 @@ def report(run_dir, as_json):
         if not run.complete:
             _fail(f"{run_dir}: {why_incomplete(run.manifest)}; no report for an incomplete run")
         if run.manifest.get("figures_deferred"):  # a later repetition of a batch: drawn on demand
-            from harmony.analyse import draw_figures
+            from harmony.pipeline import draw_figures
 
             draw_figures(run)
         write_report(run)
@@ -358,7 +358,7 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     record) from another host."""
     from harmony.analysis.report import summary_text
     from harmony.experiments import get_experiment
-    from harmony.host import parse_cpulist
+    from harmony.osutil import parse_cpulist
     from harmony.importer import ImportFailed, import_trace
     from harmony.probes import ProbeError
     from harmony.store import RunError
@@ -546,7 +546,7 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
         raise click.BadParameter(f"{out} is not empty; choose another --out", param_hint="--out")
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
-    from harmony.host import online_cpus
+    from harmony.osutil import online_cpus
 
     spare = sorted(set(online_cpus()) - set(cpu_set))
     overlapped = overlap != "never"

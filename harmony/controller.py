@@ -69,9 +69,10 @@ import numpy as np
 
 from harmony import forkserver, host, worker
 from harmony.cpuset import CpusetGroups, CpusetUnavailable
+from harmony.errors import ControllerError  # noqa: F401  (raised here)
 from harmony.forkserver import ForkServerError
+from harmony.osutil import FUTEX_WAKE, SYS_FUTEX, WAKE_ALL, futex
 from harmony.tasks import TaskSpec
-from harmony.worker import FUTEX_WAKE, SPIN_UNIT, SYS_FUTEX, WAKE_ALL, futex as _futex  # noqa: F401
 
 ENV_PLACEMENT = "HARMONY_RELEASE_PLACEMENT"
 PLACEMENTS = ("auto", "cpuset", "affinity")
@@ -80,10 +81,6 @@ MODES = ("auto", "occupied", "confined")
 FIFO_PRIO = 10          # the controller's and the occupiers' SCHED_FIFO priority during the release
 OCCUPY_WAIT_S = 0.5     # how long the release waits for an occupier before it does without
 _workload_ids = itertools.count(1)
-
-
-class ControllerError(RuntimeError):
-    """The workload could not be created or released; the message is one line for the user."""
 
 
 def raise_threads(tids) -> list[int]:
@@ -402,7 +399,7 @@ class Workload:
     def _open_gate(self, i: int) -> None:
         """Open start gate i from this CPU."""
         self._shared.words[i] = 1
-        if _futex(self._shared.gate_addr(i), FUTEX_WAKE, WAKE_ALL) < 0:
+        if futex(self._shared.gate_addr(i), FUTEX_WAKE, WAKE_ALL) < 0:
             err = ctypes.get_errno()
             raise ControllerError(f"the start gate could not be opened: {os.strerror(err)}")
 
@@ -416,7 +413,7 @@ class Workload:
 
     def _order(self, value: int) -> None:
         self._shared.words[self._shared.order] = value
-        _futex(self._shared.word_addr(self._shared.order), FUTEX_WAKE, WAKE_ALL)
+        futex(self._shared.word_addr(self._shared.order), FUTEX_WAKE, WAKE_ALL)
 
     def _await_occupiers(self, state: int, which: list[int]) -> list[int]:
         """Spin until occupiers ``which`` report ``state`` (at most OCCUPY_WAIT_S); returns the

@@ -25,15 +25,12 @@ import signal
 import time
 from pathlib import Path
 
-from harmony.hygiene import pid_alive
+from harmony.errors import CpusetUnavailable  # noqa: F401  (raised here)
+from harmony.osutil import lock_dir, parse_cpulist, pid_alive
 
 PREFIX = "harmony-"
 MARKER = "cpuset-enabled-by-"  # file in the lock directory: this pid enabled +cpuset at the v2 root
 REMOVE_WAIT_S = 2.0  # how long a cgroup whose last tasks are exiting may stay busy
-
-
-class CpusetUnavailable(RuntimeError):
-    """No usable cpuset hierarchy (the message says why); the release falls back to affinity."""
 
 
 def _mounts() -> list[tuple[str, str, list[str]]]:
@@ -55,13 +52,8 @@ def hierarchies() -> list[tuple[str, Path]]:
 
 
 def parse_cpus(text: str) -> set[int]:
-    """A kernel CPU list ("0-3,6") as a set."""
-    out: set[int] = set()
-    for part in text.strip().split(","):
-        if part:
-            lo, _, hi = part.partition("-")
-            out.update(range(int(lo), int(hi or lo) + 1))
-    return out
+    """A kernel CPU list ("0-3,6") as a set; an empty list (an empty cgroup file) is empty."""
+    return set(parse_cpulist(text)) if text.strip() else set()
 
 
 def _read(path: Path) -> str:
@@ -74,12 +66,6 @@ def _read(path: Path) -> str:
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
-
-
-def _marker_dir() -> Path:
-    from harmony.hygiene import LOCK_DIRS
-
-    return next((d for d in LOCK_DIRS if d.is_dir()), LOCK_DIRS[0])
 
 
 class CpusetGroups:
@@ -125,7 +111,7 @@ class CpusetGroups:
     def _create(self, root: Path) -> None:
         p, run = self._prefix, self._run_list.decode()
         if self.version == "v2" and "cpuset" not in _read(root / "cgroup.subtree_control").split():
-            (_marker_dir() / f"{MARKER}{self.owner}").write_text(f"{root}\n")
+            (lock_dir() / f"{MARKER}{self.owner}").write_text(f"{root}\n")
             self._enabled_root = root
             _write(root / "cgroup.subtree_control", "+cpuset")
         self.parent.mkdir()
@@ -194,7 +180,7 @@ def _disable_root_cpuset(root: Path, owner: int) -> list[str]:
         except OSError as exc:  # e.g. another user of the host enabled cpusets meanwhile
             errors.append(f"cpuset left enabled in {root}/cgroup.subtree_control: {exc.strerror}")
     try:
-        (_marker_dir() / f"{MARKER}{owner}").unlink()
+        (lock_dir() / f"{MARKER}{owner}").unlink()
     except FileNotFoundError:
         pass
     return errors
@@ -219,7 +205,7 @@ def reclaim_stale() -> list[str]:
             errors = _remove_tree(parent)
             what = f"cpuset cgroup {parent}" + (f" ({killed} member(s) killed)" if killed else "")
             removed += [f"{what}: {e}" for e in errors] if errors else [what]
-    for marker in _marker_dir().glob(f"{MARKER}*"):
+    for marker in lock_dir().glob(f"{MARKER}*"):
         owner = marker.name[len(MARKER):]
         if owner.isdigit() and not pid_alive(int(owner)):
             root = Path(_read(marker).strip())

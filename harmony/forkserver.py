@@ -39,15 +39,13 @@ import sys
 import threading
 
 from harmony import worker
+from harmony.errors import ForkServerError  # noqa: F401  (raised here)
+from harmony.osutil import PR_SET_NAME, die_with_parent, prctl
 
 ENV = "HARMONY_FORKSERVER"
 COMM = "harmony-forksrv"  # 15 bytes, the most a comm holds
 MAX_MSG = 1 << 18  # a request or reply; the controller sends the tasks in chunks below it
 CHUNK = 64  # tasks per fork request
-
-
-class ForkServerError(RuntimeError):
-    """The fork server did not answer as it should; it is killed and not used again."""
 
 
 def _send(sock: socket.socket, msg: dict, fds=()) -> None:
@@ -338,10 +336,9 @@ class _Server:
 
 def main(argv: list[str]) -> int:
     fd, controller = int(argv[0]), int(argv[1])
-    worker.prctl(worker.PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != controller:  # the controller died before the death signal was armed
+    if not die_with_parent(controller):  # the controller died before the death signal was armed
         return 1
-    worker.prctl(worker.PR_SET_NAME, COMM.encode())
+    prctl(PR_SET_NAME, COMM.encode())
     for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's Ctrl-C is the controller's to handle
         signal.signal(sig, signal.SIG_IGN)
     gc.freeze()  # what is imported now is never scanned again: fewer copy-on-write faults per fork

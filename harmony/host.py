@@ -23,7 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from harmony.hygiene import pid_alive
+from harmony.osutil import (format_cpulist, online_cpus, parse_cpulist, pid_alive,  # noqa: F401
+                            read_cpulist_file)
 
 OK, WARN, MISSING = "ok", "warn", "missing"
 
@@ -75,65 +76,6 @@ CHECKS = (
     "memory",
 )
 
-_MAX_CPU = 1 << 16  # well above any NR_CPUS; guards against "0-999999999"
-
-
-# --------------------------------------------------------------------------------------------
-# cpulists
-
-
-def parse_cpulist(text: str) -> list[int]:
-    """Parse a kernel cpulist such as ``"0-3,8,10-11"`` into a sorted list of CPU numbers.
-
-    Strict: an empty list, a descending range, a negative or non-numeric entry, an empty item or
-    a CPU listed twice raise :class:`ValueError` with a one-line message. Whitespace around items
-    (and the trailing newline of a sysfs file) is ignored.
-    """
-    if not isinstance(text, str):
-        raise ValueError(f"cpulist must be a string, not {type(text).__name__}")
-    body = text.strip()
-    if not body:
-        raise ValueError("empty cpulist")
-    cpus: set[int] = set()
-    for raw in body.split(","):
-        item = raw.strip()
-        if not item:
-            raise ValueError(f"empty item in cpulist {body!r}")
-        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", item)
-        if not m:
-            raise ValueError(f"bad cpulist item {item!r} in {body!r}: expected N or N-M with N, M >= 0")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) is not None else lo
-        if hi < lo:
-            raise ValueError(f"descending range {item!r} in cpulist {body!r}")
-        if hi >= _MAX_CPU:
-            raise ValueError(f"CPU {hi} in cpulist {body!r} is out of range (max {_MAX_CPU - 1})")
-        for cpu in range(lo, hi + 1):
-            if cpu in cpus:
-                raise ValueError(f"CPU {cpu} listed twice in cpulist {body!r}")
-            cpus.add(cpu)
-    return sorted(cpus)
-
-
-def format_cpulist(cpus) -> str:
-    """Format CPU numbers as a kernel cpulist: ``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``; ``[]`` -> ``""``."""
-    values = []
-    for c in cpus:
-        if isinstance(c, bool) or not isinstance(c, int):
-            raise ValueError(f"CPU numbers must be ints, got {c!r}")
-        if c < 0:
-            raise ValueError(f"negative CPU number {c}")
-        values.append(c)
-    values = sorted(set(values))
-    parts = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ",".join(parts)
 
 
 def _read(path: Path) -> str | None:
@@ -141,19 +83,6 @@ def _read(path: Path) -> str | None:
     try:
         return Path(path).read_text().strip()
     except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _read_cpulist_file(path: Path) -> list[int] | None:
-    """A sysfs cpulist file: None if missing/unreadable/garbled, [] if empty or "(null)"."""
-    text = _read(path)
-    if text is None:
-        return None
-    if text in ("", "(null)"):
-        return []
-    try:
-        return parse_cpulist(text)
-    except ValueError:
         return None
 
 
@@ -167,14 +96,6 @@ def _read_int(path: Path) -> int | None:
 
 # --------------------------------------------------------------------------------------------
 # CPUs and topology
-
-
-def online_cpus(sysfs: str | Path = SYSFS) -> list[int]:
-    """Online CPUs from ``/sys/devices/system/cpu/online``; falls back to the affinity mask."""
-    cpus = _read_cpulist_file(Path(sysfs) / "devices/system/cpu/online")
-    if cpus:
-        return cpus
-    return sorted(os.sched_getaffinity(0))
 
 
 def _cpus_text(cpus: list[int]) -> str:
@@ -197,7 +118,7 @@ def _llc_of(cache_dir: Path) -> tuple[dict | None, str | None]:
     if best is None:
         return None, "cache/index*/level"
     index = best[1]
-    shared = _read_cpulist_file(index / "shared_cpu_list")
+    shared = read_cpulist_file(index / "shared_cpu_list")
     if not shared:
         return None, f"cache/{index.name}/shared_cpu_list"
     return {"index": index.name, "level": best[0][0], "cpus": shared, "id": _read_int(index / "id")}, None
@@ -210,7 +131,7 @@ def _numa_nodes(sysfs: Path) -> dict[int, int] | None:
         return None
     mapping: dict[int, int] = {}
     for d in node_dir.glob("node[0-9]*"):
-        cpus = _read_cpulist_file(d / "cpulist")
+        cpus = read_cpulist_file(d / "cpulist")
         if cpus is None:
             continue
         node = int(d.name[4:])
@@ -255,7 +176,7 @@ def topology(sysfs: str | Path = SYSFS) -> dict:
         package = field("physical_package_id", _read_int)
         core = field("core_id", _read_int)
         die = _read_int(topo / "die_id")  # only on kernels/arches that have dies; no note
-        siblings = _read_cpulist_file(topo / "core_cpus_list") or _read_cpulist_file(topo / "thread_siblings_list")
+        siblings = read_cpulist_file(topo / "core_cpus_list") or read_cpulist_file(topo / "thread_siblings_list")
         if not siblings:
             siblings = None
             missing.setdefault("topology/thread_siblings_list", []).append(cpu)
@@ -482,7 +403,7 @@ def _check_scheduler(release: str) -> dict:
 
 def _check_cpus() -> dict:
     online = online_cpus()
-    possible = _read_cpulist_file(SYSFS / "devices/system/cpu/possible")
+    possible = read_cpulist_file(SYSFS / "devices/system/cpu/possible")
     affinity = sorted(os.sched_getaffinity(0))
     detail = f"online {_cpus_text(online)} ({len(online)}"
     detail += f" of {len(possible)} possible)" if possible else ")"
@@ -511,8 +432,8 @@ def _check_topology() -> dict:
 
 def _check_isolation() -> dict:
     cpu_dir = SYSFS / "devices/system/cpu"
-    isolated = _read_cpulist_file(cpu_dir / "isolated")
-    nohz_full = _read_cpulist_file(cpu_dir / "nohz_full")
+    isolated = read_cpulist_file(cpu_dir / "isolated")
+    nohz_full = read_cpulist_file(cpu_dir / "nohz_full")
     cmdline = _read(PROC / "cmdline") or ""
     args = {k: v for k, _, v in (a.partition("=") for a in cmdline.split()) if k in ("isolcpus", "nohz_full")}
     online = set(online_cpus())

@@ -14,23 +14,10 @@ import os
 import signal
 from pathlib import Path
 
-LOCK_DIRS = (Path("/run/harmony"), Path("/tmp/harmony"))
+from harmony.errors import HostBusy  # noqa: F401  (raised here)
+from harmony.osutil import LOCK_DIRS
+
 WORKER_PREFIX = "hmy-"
-
-
-def pid_alive(pid: int) -> bool:
-    """A process with this pid exists (it may be another's: EPERM still means alive)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class HostBusy(RuntimeError):
-    """Another Harmony run holds this host."""
 
 
 class HostLock:

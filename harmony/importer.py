@@ -24,16 +24,13 @@ import harmony
 from harmony import store
 from harmony.analysis.arrays import event_mask, in_set
 from harmony.analysis.waking import wakeups_from_waking
-from harmony.host import format_cpulist
+from harmony.errors import ImportFailed  # noqa: F401  (raised here)
+from harmony.osutil import format_cpulist
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.schema import SCHED_EVENTS
 
 PERF_MAGIC = b"PERFILE2"
 RAW_DIR = "raw/import"
-
-
-class ImportFailed(RuntimeError):
-    """The trace was read but cannot be analysed as asked (no such task, no such marker...)."""
 
 
 # --- reading -----------------------------------------------------------------------------------
@@ -496,9 +493,14 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
 
 def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus: list[int],
              t0: int, t_end: int, notes: list[str], step) -> store.Run:
-    """The tables, summary, figures and report of an imported run (as harmony.analyse does for
+    """The tables, summary, figures and report of an imported run (as harmony.pipeline does for
     a recorded one, with t0 and the end given instead of read from Harmony's markers)."""
-    from harmony.analyse import FOREIGN_LOAD_NOTE, blind_spots, foreign_load, write_tables
+    from harmony.pipeline import (
+        FOREIGN_LOAD_NOTE,
+        blind_spots,
+        foreign_load,
+        write_tables,
+    )
     from harmony.analysis.release import release_spread
     from harmony.analysis.report import write_report
     from harmony.experiments import get_experiment
@@ -563,14 +565,14 @@ def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
     """Write the run's capture as a trace.dat at ``dest``; (dest, notes for the user: which
     capture, and what the file cannot hold).
 
-    A tracefs capture is converted (:func:`harmony.probes.tracedat.write_tracedat`): the run's own,
+    A tracefs capture is converted (:func:`harmony.probes.tracedat_write.write_tracedat`): the run's own,
     or the cross-check's when another probe recorded the run (:func:`export_source` says which);
     an imported trace.dat is copied as it was. Any other run (the perf probe, an imported
     perf.data, a simulation) has its decoded events written as ring-buffer pages first
     (:mod:`harmony.probes.encode`, whose notes say what those pages cannot hold). ImportFailed
     (one line) when the capture or the events are missing.
     """
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
 
     run_dir = Path(run_dir)
     manifest = store.read_json(run_dir / "manifest.json")
@@ -596,7 +598,7 @@ def _export_events(run_dir: Path, manifest: dict, dest: Path) -> tuple[Path, lis
     import tempfile
 
     from harmony.probes.encode import write_recording
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
 
     tables = {}
     for name in ("events", "markers"):

@@ -20,6 +20,7 @@ import pandas as pd
 import harmony
 from harmony import store
 from harmony.controller import Workload, lower_threads, raise_threads
+from harmony.errors import Interrupted  # noqa: F401  (raised here)
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.memory import stop_prefault
 from harmony.probes import ProbeError, get_probe, proc_sched
@@ -30,12 +31,8 @@ from harmony.timing import Laps
 T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
 
 
-class Interrupted(Exception):
-    """SIGTERM or SIGHUP arrived during a run."""
-
-
 def _raise_interrupted(signum, frame):
-    raise Interrupted(f"stopped by {signal.Signals(signum).name}")
+    raise Interrupted(f"stopped by {signal.Signals(signum).name}", signum)
 
 
 def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stderr,
@@ -255,7 +252,7 @@ def execute(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     own (same CPU set, probe and seed; params updated by the overrides), so that the main run's
     analysis can read them with ``run.companion(name)``.
     """
-    from harmony.analyse import analyse
+    from harmony.pipeline import analyse
 
     for name, overrides in experiment.companions(params).items():
         companion_params = experiment.resolve({**params, **overrides}, cpus)

@@ -31,12 +31,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harmony.errors import RunError  # noqa: F401  (raised here)
+
 TABLES = ("tasks", "migrations", "runs", "runqueue", "allocation", "shares", "kernel_samples",
           "kernel_counters", "markers", "events")
-
-
-class RunError(RuntimeError):
-    """A run directory is missing, corrupt or incomplete; the message names the path."""
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:

@@ -20,29 +20,15 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import random
 import signal
 import time
 import types
 
-_libc = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_TIMERSLACK = 1, 15, 29
+from harmony.osutil import (FUTEX_WAIT, FUTEX_WAKE, PR_SET_NAME, PR_SET_TIMERSLACK, WAKE_ALL,
+                            die_with_parent, futex, prctl)
+
 SPIN_UNIT = 2000  # loop iterations between two work-counter updates (~tens of microseconds)
-SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "riscv64": 98, "ppc64le": 221, "ppc64": 221,
-             "s390x": 238, "i686": 240, "armv7l": 240}.get(platform.machine())
-FUTEX_WAIT, FUTEX_WAKE = 0, 1  # shared futexes: no FUTEX_PRIVATE_FLAG (128)
-WAKE_ALL = 0x7FFFFFFF
-
-
-def prctl(option: int, arg) -> None:
-    if _libc.prctl(option, arg, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-def futex(addr: int, op: int, val: int) -> int:
-    return _libc.syscall(SYS_FUTEX, ctypes.c_void_p(addr), op, val, None, None, 0)
 
 
 # the occupiers' order word (Shared.order), set by the controller
@@ -139,8 +125,7 @@ def start(task: dict, cpus: list[int], shared: Shared, parent: int, controller: 
 
 def _adopt(parent: int, controller: int, comm: str) -> None:
     """A new child's first steps: die with the process that forked it, name itself."""
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # dies with the process that forked it
-    if os.getppid() != parent:  # that one died before the death signal was armed
+    if not die_with_parent(parent):  # that one died before the death signal was armed
         os._exit(1)
     if controller != parent:  # the server dies with the controller; this is the belt to those braces
         try:

@@ -22,19 +22,12 @@ from pathlib import Path
 
 import pandas as pd
 
+from harmony.errors import ProbeError, TraceCorrupt  # noqa: F401  (raised here)
 
 #: trace clocks whose timestamps are not nanoseconds (the kernel's trace_clocks with in_ns = 0),
 #: and what they count: every duration Harmony derives from such a trace would be wrong
 NOT_NS_CLOCKS = {"counter": "events (a counter, not a time)", "uptime": "jiffies",
                  "x86-tsc": "CPU cycles", "ppc-tb": "time-base ticks"}
-
-
-class ProbeError(RuntimeError):
-    """A probe could not start, record or decode; the message is one line for the user."""
-
-
-class TraceCorrupt(ProbeError):
-    """A stored trace cannot be decoded; the message names the file."""
 
 
 @dataclasses.dataclass

@@ -1,6 +1,6 @@
 """Canonical events -> ftrace ring-buffer pages: a tracefs recording directory for a capture that
 has none (a perf run, an imported perf.data, a simulated run), so that it exports to trace.dat
-(:func:`harmony.probes.tracedat.write_tracedat`) like a tracefs capture.
+(:func:`harmony.probes.tracedat_write.write_tracedat`) like a tracefs capture.
 
 What the events table keeps is what the pages get. Each event is written with a fixed layout of
 this module (the sched formats of a 5.x kernel, every comm a ``char[16]``, stored in the

@@ -18,10 +18,7 @@ from pathlib import Path
 
 from harmony.probes.base import TraceCorrupt
 
-
-class FormatError(ValueError):
-    """A format text cannot be parsed."""
-
+from harmony.errors import FormatError  # noqa: F401  (raised here)
 
 # Sizes of the C scalar types that appear as array elements in event formats.
 _ELEM_SIZES = {

@@ -47,7 +47,7 @@ wrote 74 samples, none from swapper/1, and its lost-sample counter stayed 0. So 
 between the event's count and its ring buffer, inside the kernel; why is not known (tracefs also
 records none of these tasks' task-level events, e.g. no switch out of swapper/1, so the kernel
 treats those tasks specially). In a ``<4,0>`` run this drops exactly the first moves, which idle
-CPU 1 pulls. Every run's analysis (``harmony.analyse.blind_spots``, for any probe) therefore
+CPU 1 pulls. Every run's analysis (``harmony.pipeline.blind_spots``, for any probe) therefore
 reports, from the probe's own stream, the contexts it saw run but recorded nothing in
 (``silent_contexts``) and the moves that the tasks' own events prove but no sched_migrate_task
 records (``unrecorded_migrations``), in the manifest and notes.
@@ -59,7 +59,6 @@ stamp of a hit is ~2 us earlier than tracefs's (see :mod:`harmony.analysis.probe
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import json
 import os
@@ -79,6 +78,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harmony.osutil import (die_with_parent, online_cpus, parse_cpulist, proc_starttime,
+                            sched_getcpu)
 from harmony.probes.base import Capture, Probe, ProbeError, TraceCorrupt
 from harmony.probes.schema import COLUMNS, SCHED_EVENTS, make_events, make_markers
 
@@ -86,14 +87,6 @@ PERF_EVENTS = ",".join(f"sched:{e}" for e in SCHED_EVENTS)
 CLOCK_NAME = "mono"  # the tracefs name of CLOCK_MONOTONIC (ktime_get_mono_fast_ns)
 CLOCK_ID = "CLOCK_MONOTONIC"
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
-
-_PR_SET_PDEATHSIG = 1
-try:
-    _libc = ctypes.CDLL(None, use_errno=True)
-    _prctl = _libc.prctl
-    _sched_getcpu = _libc.sched_getcpu
-except (OSError, AttributeError):  # pragma: no cover - not glibc
-    _prctl = _sched_getcpu = None
 
 _ENV = {**os.environ, "LC_ALL": "C", "PAGER": "cat", "PERF_PAGER": "cat"}
 
@@ -104,20 +97,9 @@ _ENV = {**os.environ, "LC_ALL": "C", "PAGER": "cat", "PERF_PAGER": "cat"}
 def _die_with_parent(parent_pid: int):
     """preexec_fn: the child gets SIGKILL when the thread that forked it dies (PR_SET_PDEATHSIG)."""
     def setup():
-        if _prctl is not None:
-            _prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        if not die_with_parent(parent_pid):  # the parent died before the request took effect
             os._exit(1)
     return setup
-
-
-def _proc_starttime(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), or None."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])
 
 
 def _pow2_ceil(n: int) -> int:
@@ -577,7 +559,7 @@ class PerfProbe(Probe):
         for stale in ("perf.data", "perf.data.old", "markers.jsonl", "meta.json"):
             (self.out_dir / stale).unlink(missing_ok=True)
         me = os.getpid()
-        (self.out_dir / "owner.pid").write_text(f"{me} {_proc_starttime(me)}\n")
+        (self.out_dir / "owner.pid").write_text(f"{me} {proc_starttime(me)}\n")
         ctl_r, ctl_w = os.pipe()
         ack_r, ack_w = os.pipe()
         cmd = self.command(ctl_r, ack_w, perf)
@@ -654,7 +636,7 @@ class PerfProbe(Probe):
             if self._proc is None or self._stopped or self._markers is None:
                 raise ProbeError("perf probe is not recording: call start() before mark()")
             ts = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            cpu = int(_sched_getcpu()) if _sched_getcpu is not None else -1
+            cpu = sched_getcpu()
             self._markers.write(json.dumps({"ts": ts, "cpu": cpu, "pid": threading.get_native_id(),
                                             "text": text.rstrip("\n")}) + "\n")
             self._markers.flush()
@@ -688,7 +670,7 @@ class PerfProbe(Probe):
             "probe": self.name, "perf_version": _perf_version(self.perf_binary() or "perf"),
             "clock": CLOCK_NAME, "clockid": CLOCK_ID,
             "events_enabled": list(SCHED_EVENTS), "cpus": self.cpus,
-            "cpus_online": _online_cpus(), "kernel": os.uname().release,
+            "cpus_online": online_cpus(), "kernel": os.uname().release,
             "duration_s": self.duration_s, "mmap_pages": getattr(self, "mmap_pages", None),
             "stop_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),
             "perf_returncode": rc, "perf_clean_exit": clean, "perf_exit": how,
@@ -827,10 +809,10 @@ class PerfProbe(Probe):
                 continue
             owner_pid = int(owner[0])
             owner_start = owner[1] if len(owner) > 1 else "None"
-            start_now = _proc_starttime(owner_pid)
+            start_now = proc_starttime(owner_pid)
             if start_now is not None and (owner_start == "None" or str(start_now) == owner_start):
                 continue  # owner alive
-            if _stop_pid(pid, _proc_starttime(pid)):
+            if _stop_pid(pid, proc_starttime(pid)):
                 removed.append(f"perf record pid {pid} writing {out} (owner pid {owner_pid} gone)")
         return removed
 
@@ -888,7 +870,7 @@ def _stop_pid(pid: int, starttime: int | None) -> bool:
         return False
     deadline = time.monotonic() + 5.0
     while time.monotonic() < deadline:
-        if _proc_starttime(pid) != starttime:
+        if proc_starttime(pid) != starttime:
             return True
         try:  # reap it if it happens to be our child
             os.waitpid(pid, os.WNOHANG)
@@ -900,18 +882,6 @@ def _stop_pid(pid: int, starttime: int | None) -> bool:
     except ProcessLookupError:
         pass
     return True
-
-
-def _online_cpus() -> list[int]:
-    try:
-        text = Path("/sys/devices/system/cpu/online").read_text().strip()
-    except OSError:
-        return list(range(os.cpu_count() or 1))
-    cpus = []
-    for part in text.split(","):
-        a, _, b = part.partition("-")
-        cpus.extend(range(int(a), int(b or a) + 1))
-    return cpus
 
 
 def _run_perf_report(perf: str, path: Path, what: str) -> str:
@@ -929,7 +899,6 @@ def recorded_cpus(perf: str, path: Path, max_lines: int = 20_000) -> set[int] | 
     ``-a``), or None if perf does not say. Read from ``perf report -D``, which prints the map with
     the records that precede the samples: perf is stopped as soon as it is found, or after
     ``max_lines`` lines."""
-    from harmony.host import parse_cpulist
 
     proc = subprocess.Popen([perf, "report", "-f", "-D", "-i", str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=_ENV,

@@ -22,11 +22,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from harmony.errors import SchedDebugError  # noqa: F401  (raised here)
+
 SCHED_DEBUG = Path("/sys/kernel/debug/sched/debug")
-
-
-class SchedDebugError(ValueError):
-    """The text is not a sched debug file this parser understands; the message says why."""
 
 
 @dataclasses.dataclass

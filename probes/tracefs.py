@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from harmony.hygiene import pid_alive
+from harmony.osutil import pid_alive
 from harmony.probes.base import Capture, Probe, ProbeError
 from harmony.probes.schema import SCHED_EVENTS
 

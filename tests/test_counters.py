@@ -110,7 +110,7 @@ def test_a_real_run_matches_the_workers_own_counters(kernel, tmp_path):
     ok, why = proc_sched.available()
     if not ok:
         pytest.skip(why)
-    from harmony.host import online_cpus
+    from harmony.osutil import online_cpus
 
     layout = ",".join(["6"] + ["0"] * (len(online_cpus()) - 1))      # six workers on the first CPU
     run = _retry_busy(lambda: _single_source(tmp_path / "run", 2.0, layout=layout, duty=50.0))

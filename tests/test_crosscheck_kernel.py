@@ -120,7 +120,7 @@ def test_nr_running_agreement_without_clean_samples():
 
 def _single_source(out: Path, duration: float, **overrides):
     from harmony.experiments import get_experiment
-    from harmony.host import online_cpus
+    from harmony.osutil import online_cpus
     from harmony.run import execute
 
     exp = get_experiment("single-source")

@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from harmony.analysis.foreign import df_foreign_load
-from harmony.analysis.synthetic import Stream
+from harmony.analysis.event_streams import Stream
 
 MS = 1_000_000
 

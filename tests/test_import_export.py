@@ -54,7 +54,7 @@ def one_line_error(result, path) -> str:
 @pytest.fixture
 def writer_dat(tmp_path) -> tuple[Path, Path]:
     """(raw dir, trace.dat v6 written by our writer) of the hand-built capture, with CPU stats."""
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
     pages, _, _ = known_capture()
     stats = {"0": {"entries": 0, "overrun": 3, "commit overrun": 1, "dropped events": 2},
              "1": {"entries": 0, "overrun": 5, "commit overrun": 0, "dropped events": 0}}
@@ -204,7 +204,7 @@ def test_import_window_ends_with_the_chosen_tasks_unless_given(writer_dat, tmp_p
 
 def _dat_of(tmp_path, name: str, events: list[tuple[str, dict]]) -> Path:
     """A trace.dat of one CPU holding ``events`` (format name, fields), 1 ms apart."""
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
     f = parsed_formats(FORMATS_WAKING)
     b = PageBuilder(1_000_000_000)
     for fmt, fields in events:
@@ -282,7 +282,7 @@ def test_import_derives_wake_ups_from_sched_waking(tmp_path):
 
 
 def test_import_lists_the_tasks_of_a_trace_to_choose_from(tmp_path):
-    from harmony.analysis.synthetic import Stream
+    from harmony.analysis.event_streams import Stream
     from harmony.importer import df_trace_tasks
     # CPU 0: 11 runs 3 ms, 12 runs 1 ms, 11 runs on (no switch ends it); CPU 1: 12 runs 5 ms
     ev = (Stream({11: "spin", 12: "cat", 13: "sleeper"})
@@ -323,7 +323,7 @@ def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
 @pytest.mark.parametrize("clock,unit", [("x86-tsc", "CPU cycles"), ("uptime", "jiffies"),
                                         ("counter", "events")])
 def test_import_refuses_a_trace_clock_that_does_not_count_nanoseconds(tmp_path, clock, unit):
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
     pages, _, _ = known_capture()
     raw = write_dir(tmp_path / "raw", pages, extra_meta={"clock": clock})
     dat = write_tracedat(raw, tmp_path / "trace.dat")
@@ -423,7 +423,7 @@ def _stream_to_encode(ncpus: int, n_events: int, stretch: int):
     """A simulated stream on ``ncpus`` CPUs with its time axis stretched ``stretch`` times (so
     that gaps of over 2^27 ns need time-extend records), plus rows of events the decoder has no
     rule for, and markers: one with no CPU, one longer than a page can hold."""
-    from harmony.analysis.synthetic import simulate
+    from harmony.analysis.event_streams import simulate
     from harmony.probes.schema import make_events
 
     ev = simulate(ncpus=ncpus, ntasks=2 * ncpus, n_events=n_events, seed=3, p_exit=0.002).events
@@ -477,7 +477,7 @@ def test_events_written_as_pages_decode_to_the_same_tables(tmp_path, ncpus, stre
 @needs_trace_cmd
 def test_trace_cmd_reports_events_written_as_pages(tmp_path):
     from harmony.probes.encode import write_recording
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
     from harmony.probes.ringbuf import decode_dir
 
     events, markers = _stream_to_encode(64, 5_000, 10_000)

@@ -11,7 +11,7 @@ import pytest
 
 from harmony.analysis import metrics as mt
 from harmony.analysis import reconstruct as rc
-from harmony.analysis.synthetic import Stream
+from harmony.analysis.event_streams import Stream
 from harmony.tasks import layout_tasks, tasks_frame
 
 MS = 1_000_000

@@ -12,7 +12,7 @@ import pytest
 
 from harmony import store
 from harmony.analysis import mixed, reconstruct
-from harmony.analysis.synthetic import TASK_INTERRUPTIBLE, TASK_RUNNING, Stream
+from harmony.analysis.event_streams import TASK_INTERRUPTIBLE, TASK_RUNNING, Stream
 from harmony.experiments import get_experiment
 
 S = 1_000_000_000
@@ -233,7 +233,7 @@ def test_migration_rate_and_spread_of_priority_classes(P):
 # ---------------------------------------------------- experiments' analyse over a stored run
 
 def write_run(path, experiment, events, tasks, cpus, t_end, overrides):
-    """A complete run directory from a synthetic stream: the tables `harmony.analyse` writes."""
+    """A complete run directory from a synthetic stream: the tables `harmony.pipeline` writes."""
     exp = get_experiment(experiment)
     params = exp.resolve({"duration": (t_end - T0) / S} | overrides, cpus)
     path.mkdir(parents=True, exist_ok=True)

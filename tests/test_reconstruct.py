@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from harmony.analysis import reconstruct as rc
-from harmony.analysis.synthetic import Stream, simulate
+from harmony.analysis.event_streams import Stream, simulate
 from harmony.tasks import layout_tasks, tasks_frame
 
 from conftest import IMPLEMENTATIONS, use_implementation

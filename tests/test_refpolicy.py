@@ -1,6 +1,6 @@
 """Reference policies: the policy card recovers each simulated policy's own labels at P = 4, 8, 16.
 
-The simulated runs go through the real pipeline (synthetic probe -> harmony.analyse.analyse ->
+The simulated runs go through the real pipeline (synthetic probe -> harmony.pipeline.analyse ->
 experiment.analyse -> policy.infer); only the figures are skipped, to keep the test fast.
 """
 

@@ -1,6 +1,6 @@
 """Balancing rounds, first-round moves, steal latency and detection intervals (E2-E5), hermetic.
 
-Every scenario is a hand-written sched event stream (analysis.synthetic.Stream) for P = 2, 4, 8
+Every scenario is a hand-written sched event stream (analysis.event_streams.Stream) for P = 2, 4, 8
 CPUs with a known answer; the experiments' analyse() runs on the same streams through a run
 directory written here, so the summary keys the policy inference relies on are checked too.
 """
@@ -14,7 +14,7 @@ import pytest
 
 from harmony import store
 from harmony.analysis import reconstruct, rounds
-from harmony.analysis.synthetic import EXIT_DEAD, Stream
+from harmony.analysis.event_streams import EXIT_DEAD, Stream
 from harmony.experiments import get_experiment
 from harmony.tasks import tasks_frame
 

@@ -148,7 +148,7 @@ def test_report_refuses_an_unfinished_batch(tmp_path):
 def test_analysis_serves_written_tables_as_read_back(tmp_path, no_figures, monkeypatch, experiment):
     """analyse() hands the experiment the tables it has just written instead of reading their
     Parquet files back: the summaries (companions' included) equal those computed from the files."""
-    from harmony import analyse, store
+    from harmony import pipeline, store
     from harmony.analysis.refpolicy import simulate_run
 
     run = simulate_run("poly-balance", experiment, 4, tmp_path / "run")    # analysed with preload
@@ -157,7 +157,7 @@ def test_analysis_serves_written_tables_as_read_back(tmp_path, no_figures, monke
     preloaded = []
     monkeypatch.setattr(store.Run, "preload", lambda self, tables: preloaded.append(sorted(tables)))
     for d in sorted(dirs, key=lambda d: -len(d.parts)):     # companions first, from the files
-        analyse.analyse(d, figures=False)
+        pipeline.analyse(d, figures=False)
         assert store.read_json(d / "summary.json") == served[d], d
     assert all({"events", "runs", "runqueue", "tasks"} <= set(t) for t in preloaded)
     assert len(preloaded) == len(dirs)
@@ -170,7 +170,7 @@ def test_paused_analyser_never_runs_while_a_run_is_measured(kernel, tmp_path):
 
     from harmony.batch import KernelRunner, _proc_state
     from harmony.experiments import get_experiment
-    from harmony.host import online_cpus
+    from harmony.osutil import online_cpus
 
     cpus = online_cpus()
     exp = get_experiment("single-source")

@@ -99,7 +99,7 @@ def compare_with_report(raw_dir: Path, dat: Path) -> tuple[int, int]:
 
 
 def test_header_layout(tmp_path):
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
     pages, _, _ = known_capture()
     d = write_dir(tmp_path / "raw", pages)
     dat = write_tracedat(d, tmp_path / "trace.dat")
@@ -125,7 +125,7 @@ def test_header_layout(tmp_path):
 
 
 def test_corrupt_dir_raises(tmp_path):
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
     pages, _, _ = known_capture()
     d = write_dir(tmp_path / "raw", pages)
     (d / "cpu0.raw").write_bytes((d / "cpu0.raw").read_bytes()[:100])
@@ -138,7 +138,7 @@ def test_corrupt_dir_raises(tmp_path):
 @pytest.mark.parametrize("table", [FORMATS_NEW, FORMATS_OLD], ids=["new-layout", "old-layout"])
 def test_report_agrees_on_hand_built_pages(tmp_path, table):
     """Time extends, absolute stamps, type_len 0 records, discarded records: trace-cmd agrees."""
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
     pages, rows, marks = known_capture(table)
     d = write_dir(tmp_path, pages, table)
     dat = write_tracedat(d, tmp_path / "trace.dat")
@@ -148,7 +148,7 @@ def test_report_agrees_on_hand_built_pages(tmp_path, table):
 @needs_trace_cmd
 def test_real_capture_matches_trace_cmd(kernel, tmp_path):
     from harmony.probes.ringbuf import decode_dir
-    from harmony.probes.tracedat import write_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
     info = {}
     raw = tmp_path / "raw"
     record_raw_dir(raw, lambda m: info.update(small_load(m)), kernel)

@@ -8,7 +8,7 @@ import pytest
 
 from harmony.analysis import reconstruct as rc
 from harmony.analysis.arrays import event_mask
-from harmony.analysis.synthetic import Stream, simulate
+from harmony.analysis.event_streams import Stream, simulate
 from harmony.analysis.waking import (derived_again, df_migration_kind_check, df_wakeup_check,
                                      wakeups_from_waking)
 from harmony.tasks import layout_tasks, tasks_frame

@@ -1,0 +1,191 @@
+"""Operating-system helpers every other module may use: the leaf of Harmony's imports.
+
+Standard library only, no Harmony import: the fork server and the workers (:mod:`harmony.worker`)
+import it, and they must stay small.
+
+- processes: :func:`pid_alive`, :func:`proc_starttime`, :func:`prctl`, :func:`die_with_parent`,
+  :func:`sched_getcpu`
+- futexes: :func:`futex` (shared futex words, ``FUTEX_WAIT`` / ``FUTEX_WAKE``)
+- CPU lists: :func:`parse_cpulist`, :func:`format_cpulist`, :func:`read_cpulist_file`,
+  :func:`online_cpus`
+- where Harmony keeps its host lock and markers: :data:`LOCK_DIRS`, :func:`lock_dir`
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import re
+import signal
+from pathlib import Path
+
+try:
+    _libc = ctypes.CDLL(None, use_errno=True)
+except OSError:  # pragma: no cover - no C library to load
+    _libc = None
+
+# --------------------------------------------------------------------------------------------
+# processes
+
+PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_TIMERSLACK = 1, 15, 29
+
+
+def pid_alive(pid: int) -> bool:
+    """A process with this pid exists (it may be another's: EPERM still means alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def proc_starttime(pid: int) -> int | None:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), or None if
+    it is gone: with the pid, it names a process even after its pid is recycled."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def sched_getcpu() -> int:
+    """The CPU this thread runs on now (-1 if the C library cannot tell)."""
+    try:
+        return int(_libc.sched_getcpu())
+    except AttributeError:  # pragma: no cover - not glibc
+        return -1
+
+
+def prctl(option: int, arg) -> None:
+    """prctl(2) with one argument; OSError on failure."""
+    if _libc is None or _libc.prctl(option, arg, 0, 0, 0) != 0:
+        err = ctypes.get_errno() if _libc is not None else 38  # ENOSYS
+        raise OSError(err, os.strerror(err))
+
+
+def die_with_parent(parent_pid: int | None = None) -> bool:
+    """Ask the kernel to SIGKILL this process when the thread that forked it dies
+    (PR_SET_PDEATHSIG). Returns False if the parent is gone already (then the request can never
+    fire: the caller should exit), or if the request was refused; True otherwise.
+
+    ``parent_pid``: the parent expected; default: whoever it is now, unless that is init (the
+    parent died before the request: nobody is left to wait for).
+    """
+    try:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    except OSError:
+        return False
+    parent = os.getppid()
+    return parent == parent_pid if parent_pid is not None else parent != 1
+
+
+# --------------------------------------------------------------------------------------------
+# futexes
+
+SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "riscv64": 98, "ppc64le": 221, "ppc64": 221,
+             "s390x": 238, "i686": 240, "armv7l": 240}.get(platform.machine())
+FUTEX_WAIT, FUTEX_WAKE = 0, 1  # shared futexes: no FUTEX_PRIVATE_FLAG (128)
+WAKE_ALL = 0x7FFFFFFF
+
+
+def futex(addr: int, op: int, val: int) -> int:
+    """futex(2) on the int32 at address ``addr`` (no timeout); the syscall's return value."""
+    return _libc.syscall(SYS_FUTEX, ctypes.c_void_p(addr), op, val, None, None, 0)
+
+
+# --------------------------------------------------------------------------------------------
+# CPU lists
+
+SYSFS = Path("/sys")
+_MAX_CPU = 1 << 16  # well above any NR_CPUS; guards against "0-999999999"
+
+
+def parse_cpulist(text: str) -> list[int]:
+    """Parse a kernel cpulist such as ``"0-3,8,10-11"`` into a sorted list of CPU numbers.
+
+    Strict: an empty list, a descending range, a negative or non-numeric entry, an empty item or
+    a CPU listed twice raise :class:`ValueError` with a one-line message. Whitespace around items
+    (and the trailing newline of a sysfs file) is ignored.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"cpulist must be a string, not {type(text).__name__}")
+    body = text.strip()
+    if not body:
+        raise ValueError("empty cpulist")
+    cpus: set[int] = set()
+    for raw in body.split(","):
+        item = raw.strip()
+        if not item:
+            raise ValueError(f"empty item in cpulist {body!r}")
+        m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", item)
+        if not m:
+            raise ValueError(f"bad cpulist item {item!r} in {body!r}: expected N or N-M with N, M >= 0")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo:
+            raise ValueError(f"descending range {item!r} in cpulist {body!r}")
+        if hi >= _MAX_CPU:
+            raise ValueError(f"CPU {hi} in cpulist {body!r} is out of range (max {_MAX_CPU - 1})")
+        for cpu in range(lo, hi + 1):
+            if cpu in cpus:
+                raise ValueError(f"CPU {cpu} listed twice in cpulist {body!r}")
+            cpus.add(cpu)
+    return sorted(cpus)
+
+
+def format_cpulist(cpus) -> str:
+    """Format CPU numbers as a kernel cpulist: ``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``; ``[]`` -> ``""``."""
+    values = []
+    for c in cpus:
+        if isinstance(c, bool) or not isinstance(c, int):
+            raise ValueError(f"CPU numbers must be ints, got {c!r}")
+        if c < 0:
+            raise ValueError(f"negative CPU number {c}")
+        values.append(c)
+    values = sorted(set(values))
+    parts = []
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def read_cpulist_file(path: Path) -> list[int] | None:
+    """A sysfs/cgroup cpulist file: None if missing/unreadable/garbled, [] if empty or "(null)"."""
+    try:
+        text = Path(path).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if text in ("", "(null)"):
+        return []
+    try:
+        return parse_cpulist(text)
+    except ValueError:
+        return None
+
+
+def online_cpus(sysfs: str | Path = SYSFS) -> list[int]:
+    """Online CPUs from ``/sys/devices/system/cpu/online``; falls back to the affinity mask."""
+    cpus = read_cpulist_file(Path(sysfs) / "devices/system/cpu/online")
+    if cpus:
+        return cpus
+    return sorted(os.sched_getaffinity(0))
+
+
+# --------------------------------------------------------------------------------------------
+# where Harmony keeps its host lock (harmony.hygiene) and the cpuset marker (harmony.cpuset)
+
+LOCK_DIRS = (Path("/run/harmony"), Path("/tmp/harmony"))
+
+
+def lock_dir() -> Path:
+    """The first of :data:`LOCK_DIRS` that exists, else the first (to be made)."""
+    return next((d for d in LOCK_DIRS if d.is_dir()), LOCK_DIRS[0])
