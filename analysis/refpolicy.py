@@ -3,10 +3,10 @@
 The simulator runs the catalog's own workloads (the TaskSpecs of
 ``get_experiment(name).tasks(params, cpus)``) under one of three policies whose answers to the
 thesis's questions are known by construction, and writes what a real run would have recorded: the
-canonical sched events (:mod:`harmony.probes.schema`) with t0 / released / end markers, as a run
-directory with probe ``synthetic`` (:mod:`harmony.probes.synthetic`). The normal pipeline
-(:func:`harmony.pipeline.analyse`) then analyses it, so the policy card can be checked against a
-ground truth at any CPU count without root or a kernel.
+canonical sched events (:mod:`harmony.probes.schema`) with t0 / released / end markers.
+:mod:`harmony.simulate` stores them as a run directory with probe ``synthetic``
+(:mod:`harmony.probes.synthetic`) and analyses it as any capture (:mod:`harmony.pipeline`), so the
+policy card can be checked against a ground truth at any CPU count without root or a kernel.
 
 Model (one tick = 1 ms):
 
@@ -41,15 +41,18 @@ import dataclasses
 import heapq
 import math
 import random
-from pathlib import Path
 
-from harmony.analysis.event_streams import EXIT_DEAD, TASK_INTERRUPTIBLE, TASK_RUNNING, Stream
-from harmony.probes.schema import make_markers
+from harmony.analysis.event_streams import (
+    EXIT_DEAD,
+    TASK_INTERRUPTIBLE,
+    TASK_RUNNING,
+    Stream,
+)
+from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, make_markers
 
 TICK_NS = 1_000_000
 BASE_NS = 1_000_000_000  # trace clock at t0
 PID_BASE = 30_000
-T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,11 +370,11 @@ class Simulator:
             if s.cut_duty_at_s is not None:
                 self.timers.append((math.ceil(s.cut_duty_at_s * 1000 - 1e-9), t.i, "cut", t))
         self.timers.sort(key=lambda x: (x[0], x[1]))
-        markers = [(BASE_NS, T0)]
+        markers = [(BASE_NS, MARK_T0)]
         for t in self.tasks:  # release: everyone wakes on its initial CPU at once
             self._new_burst(t)
             self._wake(t, at_release=True)
-        markers.append((self._ts(), RELEASED))
+        markers.append((self._ts(), MARK_RELEASED))
         ti = 0
         for self.k in range(self.ticks):
             if self.k:
@@ -413,81 +416,10 @@ class Simulator:
                         t.blocking = True
         self.k = self.ticks
         self.sub = 0
-        markers.append((BASE_NS + self.ticks * TICK_NS, END))
+        markers.append((BASE_NS + self.ticks * TICK_NS, MARK_END))
         mk = make_markers(ts=[m[0] for m in markers], cpu=[0] * len(markers),
                           pid=[0] * len(markers), text=[m[1] for m in markers])
         return self.stream.events(), mk
-
-
-# ---------------------------------------------------------------------------------- run dirs
-
-def capture(policy: Policy, exp, params: dict, cpus: list[int], out: Path, seed: int = 0) -> dict:
-    """Simulate one run of ``exp`` under ``policy`` and store it as a captured run in ``out``.
-
-    Mirrors :func:`harmony.run.capture`: the experiment's random choices (``exp.draw``) are merged
-    into the parameters first. Writes manifest.json (status "captured", probe "synthetic"),
-    tasks.parquet and raw/synthetic/{events,markers}.parquet + meta.json. Returns the manifest.
-    """
-    import datetime
-
-    import harmony
-    from harmony import store
-    from harmony.tasks import tasks_frame
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    params = {**params, **exp.draw(params, cpus, seed)}
-    specs = exp.tasks(params, cpus)
-    sim = Simulator(policy, specs, cpus, params["duration"], seed)
-    events, markers = sim.run()
-    raw = out / "raw" / "synthetic"
-    raw.mkdir(parents=True, exist_ok=True)
-    store.write_table(raw, "events", events)
-    store.write_table(raw, "markers", markers)
-    meta = {"probe": "synthetic", "clock": "simulated",
-            "events_enabled": sorted(set(events["event"].astype(str))),
-            "lost_events": 0, "lost_by_cpu": {}, "bytes": 0, "n_events": int(len(events)),
-            "notes": [f"simulated by reference policy {policy.name}: {policy.summary}"]}
-    store.write_json(raw / "meta.json", meta)
-    store.write_table(out, "tasks", tasks_frame(specs, [t.pid for t in sim.tasks]))
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    manifest = {
-        "harmony_version": harmony.__version__, "experiment": exp.name, "question": exp.question,
-        "params": params, "cpus": list(cpus), "probe": "synthetic", "seed": seed,
-        "status": "captured", "started_at": now, "ended_at": now,
-        "host": {"kernel": "simulated", "scheduler": f"reference policy {policy.name}",
-                 "ncpus": len(cpus), "hz": 1000},
-        "simulated": {"policy": policy.name, "summary": policy.summary, "tick_ms": TICK_NS / 1e6},
-        "workers_alive_at_end": sum(t.state != "X" for t in sim.tasks),
-        "work_done": [0] * len(specs),
-    }
-    store.write_json(out / "manifest.json", manifest)
-    return manifest
-
-
-def execute(policy: Policy, exp, params: dict, cpus: list[int], out: Path, seed: int = 0,
-            figures: bool = True):
-    """Simulate then analyse one run, companions first (as :func:`harmony.run.execute` does)."""
-    from harmony.pipeline import analyse
-
-    for name, overrides in exp.companions(params).items():
-        companion_params = exp.resolve({**params, **overrides}, cpus)
-        capture(policy, exp, companion_params, cpus, Path(out) / name, seed)
-        analyse(Path(out) / name, figures=figures)
-    capture(policy, exp, params, cpus, out, seed)
-    return analyse(out, figures=figures)
-
-
-def simulate_run(policy: Policy | str, experiment: str, cpus: int | list[int], out: Path,
-                 overrides: dict | None = None, seed: int = 0):
-    """Simulate and analyse one run; returns the loaded :class:`harmony.store.Run`."""
-    from harmony.experiments import get_experiment
-
-    policy = get_policy(policy) if isinstance(policy, str) else policy
-    cpu_list = list(range(cpus)) if isinstance(cpus, int) else list(cpus)
-    exp = get_experiment(experiment)
-    params = exp.resolve(dict(overrides or {}), cpu_list)
-    return execute(policy, exp, params, cpu_list, out, seed)
 
 
 def expected_labels(policy: Policy | str) -> dict:
@@ -496,4 +428,4 @@ def expected_labels(policy: Policy | str) -> dict:
     return dict(policy.expected)
 
 
-__all__ = ["POLICIES", "Policy", "Simulator", "capture", "expected_labels", "execute", "get_policy", "simulate_run"]
+__all__ = ["POLICIES", "Policy", "Simulator", "expected_labels", "get_policy"]

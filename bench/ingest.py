@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 
 def record_base(out: Path, seconds: float, pairs: int) -> None:
     """Record ``seconds`` of a ping-pong load with the tracefs probe into out/raw + out/tasks.json."""
+    from harmony.probes.schema import MARK_END, MARK_T0
     from harmony.probes.tracefs import TracefsProbe
 
     common.need_root("recording a capture")
@@ -56,9 +57,9 @@ def record_base(out: Path, seconds: float, pairs: int) -> None:
         probe = TracefsProbe(raw, [0], seconds, buffer_kb=16384)
         probe.start()
         try:
-            probe.mark("harmony t0")
+            probe.mark(MARK_T0)
             pids = common.pingpong(pairs, 0, seconds)
-            probe.mark("harmony end")
+            probe.mark(MARK_END)
         finally:
             probe.stop()
     finally:

@@ -72,6 +72,7 @@ from harmony.cpuset import CpusetGroups, CpusetUnavailable
 from harmony.errors import ControllerError  # noqa: F401  (raised here)
 from harmony.forkserver import ForkServerError
 from harmony.osutil import FUTEX_WAKE, SYS_FUTEX, WAKE_ALL, futex
+from harmony.probes.schema import MARK_RELEASED, MARK_T0
 from harmony.tasks import TaskSpec
 
 ENV_PLACEMENT = "HARMONY_RELEASE_PLACEMENT"
@@ -405,11 +406,11 @@ class Workload:
 
     def _release_confined(self, mark) -> tuple[int, int]:
         self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        t0 = mark("harmony t0")
+        t0 = mark(MARK_T0)
         for i in range(len(self._gate_cpus)):
             self._open_gate(i)
         self._free()
-        return t0, mark("harmony released")
+        return t0, mark(MARK_RELEASED)
 
     def _order(self, value: int) -> None:
         self._shared.words[self._shared.order] = value
@@ -442,7 +443,7 @@ class Workload:
         tasks from that CPU, all at once."""
         self._free()
         self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        t0 = mark("harmony t0")
+        t0 = mark(MARK_T0)
         self._shared.words[self._shared.order] = worker.OPEN     # they are spinning: no wake-up
         for i, cpu in enumerate(self._gate_cpus):
             if cpu not in self._occupied:
@@ -453,7 +454,7 @@ class Workload:
             self.notes.append(f"the occupier of CPU {self._occupied[k]} did not open its gate in "
                               f"{OCCUPY_WAIT_S} s: opened from CPU {self._home}")
         self._shared.words[self._shared.order] = worker.LEAVE
-        return t0, mark("harmony released")
+        return t0, mark(MARK_RELEASED)
 
     def _enter_fifo(self) -> bool:
         try:

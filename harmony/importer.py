@@ -11,23 +11,27 @@ the run's notes. Its manifest says ``"source": {"imported": FILE, ...}``.
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import fnmatch
-import platform
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-import harmony
-from harmony import store
+from harmony import pipeline, store
+from harmony.analysis import trust
 from harmony.analysis.arrays import event_mask, in_set
 from harmony.analysis.waking import wakeups_from_waking
 from harmony.errors import ImportFailed  # noqa: F401  (raised here)
+from harmony.experiments import get_experiment
 from harmony.osutil import format_cpulist
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
-from harmony.probes.schema import SCHED_EVENTS
+from harmony.probes.encode import write_recording
+from harmony.probes.schema import SCHED_EVENTS, make_markers
+from harmony.probes.tracedat_read import MAGIC, decode_tracedat
+from harmony.probes.tracedat_write import write_tracedat
+from harmony.tasks import TaskSpec, tasks_frame
 
 PERF_MAGIC = b"PERFILE2"
 RAW_DIR = "raw/import"
@@ -37,8 +41,6 @@ RAW_DIR = "raw/import"
 
 def sniff(path: Path) -> str:
     """"trace.dat" or "perf.data" from the file's magic; TraceCorrupt naming it otherwise."""
-    from harmony.probes.tracedat_read import MAGIC
-
     try:
         with open(path, "rb") as f:
             head = f.read(16)
@@ -91,14 +93,11 @@ def read_perf_data(path: Path) -> Capture:
         "n_cpus": online, "recorded_cpus": sorted(recorded) if recorded is not None else None,
         "notes": notes,
     }
-    from harmony.probes.schema import make_markers
     return Capture(events=events, markers=make_markers(), meta=meta)
 
 
 def read_trace(path: Path, buffer: str | None = None) -> tuple[Capture, str]:
     """(capture, format) of a trace.dat or perf.data; TraceCorrupt naming the file if it is bad."""
-    from harmony.probes.tracedat_read import decode_tracedat
-
     kind = sniff(path)
     if kind == "trace.dat":
         cap, td = decode_tracedat(path, buffer)
@@ -122,36 +121,6 @@ def absent_events(events: pd.DataFrame) -> list[str]:
     """The sched events Harmony reads of which the trace holds none."""
     present = set(map(str, pd.unique(events["event"])))     # by its codes: no string per row
     return [e for e in SCHED_EVENTS if e not in present]
-
-
-def absent_note(absent: list[str]) -> str:
-    """What the analysis cannot see without the ``absent`` events (none is sched_switch); "" if
-    nothing it needs is absent (no fork, exit or sched_waking is usual: the manifest lists them).
-    A trace with sched_waking but no sched_wakeup has its wake-ups derived (:func:`waking_note`)."""
-    what = []
-    if "sched_migrate_task" in absent:
-        what.append("migrations are known only where a task's runs show it on another CPU (its "
-                    "unrecorded migrations), not when or why it moved")
-    if "sched_wakeup" in absent and "sched_waking" in absent:
-        what.append("a woken task counts as runnable only from its switch-in (its wake-ups are "
-                    "not seen), so run queues are short by the tasks waiting, and the release "
-                    "spread cannot be measured")
-    if not what:
-        return ""
-    return (f"the trace holds no {', '.join(absent)} event (not recorded, or none happened): "
-            + "; ".join(what))
-
-
-def waking_note(derived: dict) -> str:
-    """What deriving the wake-ups from sched_waking (:mod:`harmony.analysis.waking`) did."""
-    return (f"the trace holds no sched_wakeup but {derived['derived']} sched_waking (perf sched "
-            "record records those instead): each stands for the wake-up it starts "
-            f"(harmony.analysis.waking), {derived['placed']} onto the CPU the wake-up's migration "
-            f"moved the task to, the others where the task was ({derived['pulls']} migrations "
-            "right after a sched_waking taken as idle pulls; "
-            f"{derived.get('after_switch_out', 0)} of a task still on its CPU put after its "
-            "switch-out); a woken task counts as runnable a few microseconds early, and the "
-            "sched_wakeup rows of events.parquet are derived, not recorded")
 
 
 # --- choosing the tasks, t0 and the end ---------------------------------------------------------
@@ -329,14 +298,12 @@ def _last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, str]:
 
 def tasks_from_trace(events: pd.DataFrame, pids: list[int], seen: dict[int, set[str]],
                      t0: int) -> tuple[pd.DataFrame, list[str]]:
-    """The tasks table of an imported run (see :mod:`harmony.tasks`), plus notes.
+    """The tasks table of an imported run (see :mod:`harmony.tasks`), plus trust notes.
 
     name: the task's comm (``comm-pid`` if several chosen tasks share it); role "cpu"; duty 100
     (the trace does not say what a task demands); nice from its kernel prio; initial_cpu: the CPU
     it was on at t0.
     """
-    from harmony.tasks import TaskSpec, tasks_frame
-
     last = _last_comms(events, pids)
     comms = {pid: last.get(pid) or sorted(seen.get(pid, {f"pid{pid}"}))[0] for pid in pids}
     counts = pd.Series(list(comms.values())).value_counts()
@@ -352,8 +319,7 @@ def tasks_from_trace(events: pd.DataFrame, pids: list[int], seen: dict[int, set[
     df = tasks_frame(specs, pids)
     df["comm"] = [comms[p] for p in pids]
     if rt:
-        notes.append(f"tasks {rt} have real-time priorities; their fair share is computed as if "
-                     "they were nice 0")
+        notes.append(trust.note("realtime_tasks", pids=rt))
     return df, notes
 
 
@@ -371,8 +337,6 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     asked) or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the
     reason if it was already created.
     """
-    from harmony.experiments import get_experiment
-
     path, out = Path(path), Path(out)
     exp = get_experiment(experiment)
     step = progress or (lambda what: None)
@@ -390,16 +354,16 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     what = kind if kind == "perf.data" else (
         f"trace.dat v{meta.get('file_version')}, {meta.get('compression')}"
         + (f", buffer {meta['buffer']!r}" if meta.get("buffer") else ""))
-    notes = [f"imported from {path} ({what}), recorded on {meta.get('uname') or meta.get('kernel') or 'an unknown host'}"]
-    notes += list(meta.get("notes", []))
-    notes += [n for n in [absent_note(absent)] if n]
+    notes = [trust.note("imported_from", path=str(path), what=what,
+                        host=meta.get("uname") or meta.get("kernel") or "an unknown host")]
+    notes += trust.absent_events_notes(absent)
     meta["events_missing"] = absent
     if "sched_wakeup" in absent:
         events, derived = wakeups_from_waking(events)
         if derived:
             cap = dataclasses.replace(cap, events=events)
             meta["derived_events"] = {"sched_wakeup": dict(derived, source="sched_waking")}
-            notes.append(waking_note(derived))
+            notes.append(trust.note("wakeups_derived", **derived))
 
     mine = events["ts"].to_numpy()[_task_events(events, chosen)]     # the chosen tasks' events
     if t0_marker is not None:
@@ -409,7 +373,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     else:
         t0 = int(mine[0])
         t0_from = "first event of the chosen tasks"
-        notes.append("t0 is the first event of the chosen tasks (no --t0 or --t0-marker given)")
+        notes.append(trust.note("t0_default"))
     if end_marker is not None:
         t_end, end_from = find_marker(markers, end_marker, path), f"trace marker {end_marker!r}"
     elif end_s is not None:
@@ -418,8 +382,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         # as t0: the stretch the tasks were seen in; after the last of them exits, the file's
         # tail would only dilute their shares
         t_end, end_from = int(mine[-1]), "last event of the chosen tasks"
-        notes.append("the window ends at the last event of the chosen tasks (no --end or "
-                     "--end-marker given)")
+        notes.append(trust.note("end_default"))
     else:
         t_end, end_from = int(events["ts"].iloc[-1]), "last event in the file"
     stamps = np.concatenate([events["ts"].to_numpy()[[0, -1]], markers["ts"].to_numpy()])
@@ -432,7 +395,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     cpu_set = list(cpus) if cpus else file_cpus
     outside = sorted(set(cpu_set) - set(file_cpus))
     if outside:
-        notes.append(f"CPUs {outside} of the CPU set recorded no event")
+        notes.append(trust.note("cpus_without_events", cpus=outside))
 
     tasks, task_notes = tasks_from_trace(events, chosen, seen, t0)
     notes += task_notes
@@ -446,9 +409,8 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                 + f", outside the CPU set {format_cpulist(cpu_set)}")
         if len(off) == len(where):
             raise ImportFailed(f"{path}: {what}; give --cpus, or a later t0 (--t0, --t0-marker)")
-        notes.append(what)
-    notes.append("fair shares assume every task wants a whole CPU (duty 100%): the trace does "
-                 "not say what the tasks demand")
+        notes.append(trust.note("tasks_outside_cpu_set", what=what))
+    notes.append(trust.note("demand_unknown"))
     overrides = dict(params or {})
     overrides["duration"] = str((t_end - t0) / 1e9)
     if "layout" in {p.name for p in exp.all_params()} and "layout" not in overrides:
@@ -457,106 +419,25 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     values = exp.resolve(overrides, cpu_set)
 
     out.mkdir(parents=True, exist_ok=True)
-    manifest = {
-        "harmony_version": harmony.__version__,
-        "experiment": exp.name,
-        "question": exp.question,
-        "params": values,
-        "cpus": cpu_set,
-        "probe": f"import:{kind}",
-        "seed": None,
-        "status": "running",
-        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "source": {"imported": str(path.resolve()), "format": kind,
-                   "file_version": meta.get("file_version"), "compression": meta.get("compression"),
-                   "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
-                   "t0_from": t0_from, "end_from": end_from, "stored": f"{RAW_DIR}/{path.name}"},
-        "host": {"kernel": meta.get("kernel") or "?", "scheduler": "? (recorded elsewhere)",
-                 "ncpus": meta.get("n_cpus") or len(file_cpus), "uname": meta.get("uname", "")},
-        "versions": {"python": platform.python_version(), "pandas": pd.__version__,
-                     "numpy": np.__version__},
-    }
+    manifest = pipeline.new_manifest(
+        exp, values, cpu_set, f"import:{kind}", None,
+        host={"kernel": meta.get("kernel") or "?", "scheduler": "? (recorded elsewhere)",
+              "ncpus": meta.get("n_cpus") or len(file_cpus), "uname": meta.get("uname", "")},
+        source={"imported": str(path.resolve()), "format": kind,
+                "file_version": meta.get("file_version"), "compression": meta.get("compression"),
+                "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
+                "t0_from": t0_from, "end_from": end_from, "stored": f"{RAW_DIR}/{path.name}"})
     store.write_json(out / "manifest.json", manifest)
     try:
         (out / RAW_DIR).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, out / RAW_DIR / path.name)
-        store.write_table(out, "tasks", tasks)
-        step(f"{meta.get('n_events', len(events)):,} events: rebuilding the tables of "
-             f"{len(tasks)} tasks")
-        return _analyse(out, manifest, cap, tasks, cpu_set, t0, t_end, notes, step)
     except BaseException as exc:
         manifest["status"] = "incomplete"
-        manifest["incomplete_reason"] = f"{type(exc).__name__}: {exc}"
+        manifest["incomplete_reason"] = pipeline.reason(exc)
         store.write_json(out / "manifest.json", manifest)
         raise
-
-
-def _analyse(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, cpus: list[int],
-             t0: int, t_end: int, notes: list[str], step) -> store.Run:
-    """The tables, summary, figures and report of an imported run (as harmony.pipeline does for
-    a recorded one, with t0 and the end given instead of read from Harmony's markers)."""
-    from harmony.pipeline import (
-        FOREIGN_LOAD_NOTE,
-        blind_spots,
-        foreign_load,
-        write_tables,
-    )
-    from harmony.analysis.release import release_spread
-    from harmony.analysis.report import write_report
-    from harmony.experiments import get_experiment
-
-    events, meta = cap.events, cap.meta
-    runqueue = write_tables(out, cap, tasks, cpus, t0, t_end,
-                            manifest["params"]["window_s"])["runqueue"]
-    known = len(meta.get("notes", []))
-    blind_spots(meta, events, tasks)   # what the recording's probe did not see, as for a run
-    notes += meta.get("notes", [])[known:]
-    manifest["foreign_load"] = fl = foreign_load(events, tasks, cpus, t0, t_end, ())
-    fl["controller_frac_max"] = None     # no Harmony controller ran while this was recorded
-    if fl["max_frac"] is not None and fl["max_frac"] > FOREIGN_LOAD_NOTE:
-        notes.append(f"other tasks used {fl['max_frac']:.1%} of CPU {fl['max_cpu']} in the window "
-                     f"(most: {fl['top'] or '?'}): balance and share metrics assume the CPU set "
-                     "belongs to the chosen tasks")
-
-    lost = meta.get("lost_events", -1)
-    if lost > 0:
-        notes.append(f"{lost} events were lost when the trace was recorded (per CPU: "
-                     f"{meta.get('lost_by_cpu')}): tables may miss migrations or switches")
-    elif lost < 0:
-        notes.append("the trace says events were lost but not how many")
-    anomalies = int(runqueue.attrs.get("anomalies", 0))
-    if anomalies:
-        kinds = ", ".join(f"{k} {v}" for k, v in runqueue.attrs.get("anomaly_kinds", {}).items())
-        notes.append(f"{anomalies} contradictions in the event stream were repaired ({kinds}): an "
-                     "event the task state machine needed is missing (lost, or fired where the "
-                     "probe is blind); analysis.reconstruct.df_anomalies lists every repair")
-    manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes", "cmdlines")}
-    manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, None, t_end
-    manifest["measured_s"] = (t_end - t0) / 1e9
-    manifest["release"] = release_spread(events, tasks, t0, None)
-    manifest["lost_events"] = lost
-    manifest["reconstruction_anomalies"] = anomalies
-    manifest["reconstruction_anomaly_kinds"] = dict(runqueue.attrs.get("anomaly_kinds", {}))
-    manifest["kernel_agreement"] = None
-    manifest["notes"] = notes
-    manifest["status"] = "complete"
-    manifest["ended_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    run = store.Run(out, manifest)
-    experiment = get_experiment(manifest["experiment"])
-    fig_dir = out / "figures"
-    fig_dir.mkdir(exist_ok=True)
-    try:
-        # experiments are written for their own workloads (roles, cut times...): one that cannot
-        # read the imported tasks fails the import with the reason, not a traceback
-        store.write_json(out / "summary.json", experiment.analyse(run))
-        step("drawing the figures")
-        manifest["figures"] = [str(p.relative_to(out)) for p in experiment.plot(run, fig_dir)]
-    except (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError) as exc:
-        raise ImportFailed(f"{out}: experiment {experiment.name} cannot analyse the imported tasks "
-                           f"({type(exc).__name__}: {exc}); try --experiment single-source") from None
-    store.write_json(out / "manifest.json", manifest)
-    write_report(run)
-    return store.load(out)
+    return pipeline.analyse_capture(out, manifest, cap, tasks, pipeline.Window(t0, t_end),
+                                    pipeline.Origin("imported", notes=notes), progress=step)
 
 
 # --- export ------------------------------------------------------------------------------------
@@ -572,8 +453,6 @@ def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
     (:mod:`harmony.probes.encode`, whose notes say what those pages cannot hold). ImportFailed
     (one line) when the capture or the events are missing.
     """
-    from harmony.probes.tracedat_write import write_tracedat
-
     run_dir = Path(run_dir)
     manifest = store.read_json(run_dir / "manifest.json")
     which = export_source(manifest)
@@ -595,11 +474,6 @@ def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
 
 def _export_events(run_dir: Path, manifest: dict, dest: Path) -> tuple[Path, list[str]]:
     """export_tracedat of a run without ring-buffer pages: from its events and markers tables."""
-    import tempfile
-
-    from harmony.probes.encode import write_recording
-    from harmony.probes.tracedat_write import write_tracedat
-
     tables = {}
     for name in ("events", "markers"):
         path = run_dir / f"{name}.parquet"

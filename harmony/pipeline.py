@@ -1,20 +1,167 @@
-"""Turn a stored capture into tables, metrics and figures (the second half of a run)."""
+"""One analysis path for every capture: (capture, tasks, window, origin) -> a complete run directory.
+
+Every origin of a capture comes through here, and only here: a run recorded on this host
+(:mod:`harmony.run`: the probe's raw capture, the kernel's own view sampled during the run, the
+workers' counters), a trace recorded elsewhere (:mod:`harmony.importer`), a reference policy's
+simulation (:mod:`harmony.simulate`). Each origin hands over the decoded :class:`Capture`, the
+tasks table, the measured :class:`Window` and an :class:`Origin` (what it is, what came with the
+trace, what it had to assume); :func:`analyse_capture` does the rest, the same way for all:
+
+1. tables: migrations, runs, runqueue, allocation, shares (:mod:`harmony.analysis.reconstruct`)
+   from the events, each written once as Parquet and kept in memory for the next steps;
+2. checks: the probe's blind spots, the release, lost events, foreign load, the kernel's own view
+   and the workers' counters against the trace, a second probe's recording (cross-check): facts
+   in the manifest, and notes as data (:mod:`harmony.analysis.trust`, which words them);
+3. metrics: the experiment's ``analyse()`` on those tables -> summary.json;
+4. figures (now, or deferred to :func:`draw_figures`) and report.md.
+
+:func:`new_manifest` starts every run directory's manifest; :func:`analyse` analyses a capture
+stored on disk (again, or in another process than the one that captured it).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import json
+import platform
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
+import harmony
 from harmony import store
-from harmony.probes import get_probe
-from harmony.probes.base import ProbeError
-from harmony.probes.proc_stat import SWEEP_BUDGET
+from harmony.analysis import reconstruct, trust
+from harmony.analysis.counters import counter_agreement, df_counter_agreement
+from harmony.analysis.crosscheck import (kernel_agreement, nr_running_agreement, silent_contexts,
+                                         unrecorded_migrations)
+from harmony.analysis.foreign import df_foreign_load
+from harmony.analysis.probe_agreement import probe_agreement
+from harmony.analysis.release import release_spread
+from harmony.analysis.report import write_report
+from harmony.errors import ProbeError, RunError
+from harmony.experiments import get_experiment
+from harmony.probes import Capture, get_probe
+from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0
 from harmony.timing import Laps
 
-T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
-FOREIGN_LOAD_NOTE = 0.05  # above this share of a CPU used by other tasks, the report warns
-SLOW_SAMPLER = 0.5        # below this share of the sweeps asked, the report says how many it made
+#: origins of a capture (Origin.kind)
+ORIGINS = ("recorded", "imported", "simulated")
+
+#: an experiment's analyse() or plot() that raises one of these cannot read the capture it was
+#: given (an imported trace's tasks have no roles, cut times...): the run is incomplete, with why
+EXPERIMENT_CANNOT_READ = (KeyError, IndexError, ValueError, TypeError, ZeroDivisionError)
+
+
+@dataclasses.dataclass(frozen=True)
+class Window:
+    """The measured window on the trace clock (ns): from ``t0`` to ``end``; ``released`` is when
+    the controller had freed every task (None where no Harmony controller released them)."""
+
+    t0: int
+    end: int
+    released: int | None = None
+
+
+@dataclasses.dataclass
+class Origin:
+    """Where a capture comes from, and what came with it besides the trace.
+
+    kind               "recorded", "imported" or "simulated"
+    notes              trust notes (:mod:`harmony.analysis.trust`) of what the origin assumed
+                       (an import: t0 taken from the first event, demand unknown, ...)
+    kernel_samples     the kernel's own view of the tasks sampled from /proc during the run
+    kernel_nr_running  per-CPU nr_running sampled from debugfs during the run
+    kernel_counters    each worker's own counters read at the start and the end
+    controller_tids    the controller's own threads and helpers: their CPU time is reported apart
+                       from foreign load (empty: no Harmony controller ran beside the tasks)
+
+    The tables are those the origin stored in the run directory already: they are read, never
+    written again.
+    """
+
+    kind: str
+    notes: list[dict] = dataclasses.field(default_factory=list)
+    kernel_samples: pd.DataFrame | None = None
+    kernel_nr_running: pd.DataFrame | None = None
+    kernel_counters: pd.DataFrame | None = None
+    controller_tids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.kind not in ORIGINS:
+            raise ValueError(f"unknown origin {self.kind!r}; one of {', '.join(ORIGINS)}")
+
+
+def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: int | None,
+                 host: dict, status: str = "running", **facts) -> dict:
+    """The manifest every run directory starts with; ``facts`` adds origin-specific keys
+    (``controller_pid``, ``source``, ``simulated``...)."""
+    return {
+        "harmony_version": harmony.__version__,
+        "experiment": experiment.name,
+        "question": experiment.question,
+        "params": params,
+        "cpus": list(cpus),
+        "probe": probe,
+        "seed": seed,
+        "status": status,
+        "started_at": now(),
+        **facts,
+        "host": host,
+        "versions": {"python": platform.python_version(), "pandas": pd.__version__,
+                     "numpy": np.__version__},
+    }
+
+
+def now() -> str:
+    """The time stamps of a manifest (UTC, to the second)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+# --- a capture stored on disk -------------------------------------------------------------------
+
+def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
+            origin: Origin | None = None, tasks: pd.DataFrame | None = None) -> store.Run:
+    """Decode ``run_dir``'s stored capture and analyse it (:func:`analyse_capture`).
+
+    For a run recorded here or simulated: the raw capture under ``raw/<probe>/``, t0 / released /
+    end from Harmony's markers in it, the tables the capture stored beside it (tasks, the kernel's
+    own view, the workers' counters) unless ``origin`` and ``tasks`` hand them over in memory (the
+    process that has just captured it). Refuses (RunError) a run whose capture did not finish: it stays
+    marked incomplete. ``figures=False`` leaves the figures to :func:`draw_figures`.
+    """
+    run_dir = Path(run_dir)
+    manifest = store.read_json(run_dir / "manifest.json")
+    if manifest.get("status") not in ("captured", "complete"):
+        raise RunError(f"{run_dir}: capture is {manifest.get('status')} "
+                       f"({manifest.get('incomplete_reason', 'unknown reason')}); not analysed")
+    if "imported" in (manifest.get("source") or {}):
+        raise RunError(f"{run_dir}: an imported trace is analysed by `harmony import` again")
+    probe_name = manifest["probe"]
+    laps = Laps()
+    try:
+        cap = get_probe(probe_name).decode_dir(run_dir / "raw" / probe_name)
+    except ProbeError as exc:
+        _incomplete(run_dir, manifest, f"trace could not be decoded: {exc}")
+        raise RunError(str(exc)) from None
+    t0, released, end = (_marker(cap.markers, m) for m in (MARK_T0, MARK_RELEASED, MARK_END))
+    missing = [name for name, v in (("t0", t0), ("end", end)) if v is None]
+    if missing:
+        why = f"markers missing from the trace: {', '.join(missing)}"
+        _incomplete(run_dir, manifest, why)
+        raise RunError(f"{run_dir}: {why}")
+    laps("decode")
+    if origin is None:
+        origin = Origin("simulated" if "simulated" in manifest else "recorded",
+                        kernel_samples=_stored(run_dir, "kernel_samples"),
+                        kernel_nr_running=_stored(run_dir, "kernel_nr_running"),
+                        kernel_counters=_stored(run_dir, "kernel_counters"),
+                        controller_tids=tuple(manifest.get("controller_tids", ())))
+    if tasks is None:
+        tasks = store.read_table(run_dir / "tasks.parquet")
+    return analyse_capture(run_dir, manifest, cap, tasks, Window(t0, end, released), origin,
+                           figures=figures, laps=laps)
 
 
 def _marker(markers: pd.DataFrame, text: str) -> int | None:
@@ -22,122 +169,208 @@ def _marker(markers: pd.DataFrame, text: str) -> int | None:
     return int(hit.iloc[0]) if len(hit) else None
 
 
-def analyse(run_dir: Path, quiet: bool = True, figures: bool = True) -> store.Run:
-    """Decode ``run_dir``'s raw capture and write every table, summary.json, figures and report.md.
+def _stored(run_dir: Path, name: str) -> pd.DataFrame | None:
+    path = run_dir / f"{name}.parquet"
+    return store.read_table(path) if path.exists() else None
 
-    ``figures=False`` leaves the figures to be drawn later, by :func:`draw_figures` (which
-    ``harmony report`` calls): drawing is most of the analysis time, and a batch needs the
-    figures of one repetition, not of all.
 
-    Refuses (RunError) a run whose capture did not finish: it stays marked incomplete.
+def _incomplete(run_dir: Path, manifest: dict, why: str) -> None:
+    manifest["status"] = "incomplete"
+    manifest["incomplete_reason"] = why
+    store.write_json(run_dir / "manifest.json", manifest)
+
+
+# --- the pipeline -------------------------------------------------------------------------------
+
+def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window,
+                    origin: Origin, figures: bool = True, progress=None,
+                    laps: Laps | None = None) -> store.Run:
+    """Tables, checks, metrics, figures and report of one capture, into the run directory ``out``
+    (which holds ``manifest``; the tasks table is written unless it is there already).
+
+    ``progress``, if given, is called with a short line as each long step starts. An error leaves a
+    capture of Harmony's own as it was on disk (status "captured": it can be analysed again) and
+    marks an imported run incomplete with the reason; an experiment that cannot read the capture
+    (its analyse or plot raises one of EXPERIMENT_CANNOT_READ) raises RunError saying so.
     """
-    from harmony.analysis.crosscheck import kernel_agreement, nr_running_agreement
-    from harmony.analysis.release import release_spread
-    from harmony.analysis.report import write_report
-    from harmony.experiments import get_experiment
-
-    run_dir = Path(run_dir)
-    manifest = store.read_json(run_dir / "manifest.json")
-    if manifest.get("status") not in ("captured", "complete"):
-        raise store.RunError(f"{run_dir}: capture is {manifest.get('status')} "
-                             f"({manifest.get('incomplete_reason', 'unknown reason')}); not analysed")
+    out = Path(out)
+    step = progress or (lambda what: None)
+    laps = laps or Laps()
     experiment = get_experiment(manifest["experiment"])
-    probe_name = manifest["probe"]
-    laps = Laps()  # manifest["timings_s"]["analysis"]
     try:
-        cap = get_probe(probe_name).decode_dir(run_dir / "raw" / probe_name)
-    except ProbeError as exc:
-        manifest["status"] = "incomplete"
-        manifest["incomplete_reason"] = f"trace could not be decoded: {exc}"
-        store.write_json(run_dir / "manifest.json", manifest)
-        raise store.RunError(str(exc)) from None
-    events, markers = cap.events, cap.markers
-    t0, released, t_end = (_marker(markers, m) for m in (T0, RELEASED, END))
-    missing = [name for name, v in (("t0", t0), ("end", t_end)) if v is None]
-    if missing:
-        manifest["status"] = "incomplete"
-        manifest["incomplete_reason"] = f"markers missing from the trace: {', '.join(missing)}"
-        store.write_json(run_dir / "manifest.json", manifest)
-        raise store.RunError(f"{run_dir}: {manifest['incomplete_reason']}")
-    tasks = store.read_table(run_dir / "tasks.parquet")
-    cpus = manifest["cpus"]
-    params = manifest["params"]
-    laps("decode")
+        if not (out / "tasks.parquet").exists():
+            store.write_table(out, "tasks", tasks)
+        step(f"{cap.meta.get('n_events', len(cap.events)):,} events: rebuilding the tables of "
+             f"{len(tasks)} tasks")
+        tables = derive_tables(cap, tasks, manifest["cpus"], window, manifest["params"]["window_s"])
+        for name, df in tables.items():
+            store.write_table(out, name, df)
+        laps("tables")
+        check(manifest, cap, tasks, window, origin, tables, out)
+        laps("checks")
+        run = store.Run(out, manifest)
+        # the experiment reads the tables just written: hand it those in memory as they read back
+        # from Parquet (markers' text comes back as pandas' string dtype: left to be read)
+        served = {"tasks": tasks, **{k: v for k, v in tables.items() if k != "markers"}}
+        if origin.kernel_samples is not None:
+            served["kernel_samples"] = origin.kernel_samples
+        run.preload(served)
+        try:
+            summary = experiment.analyse(run)
+        except EXPERIMENT_CANNOT_READ as exc:
+            raise _cannot_read(out, experiment, origin, exc) from None
+        store.write_json(out / "summary.json", summary)
+        run.preload_summary(json.loads(json.dumps(summary, default=store.json_default)))
+        laps("metrics")
+        manifest.setdefault("timings_s", {})["analysis"] = laps.steps
+        manifest["figures"], manifest["figures_deferred"] = [], not figures
+        if figures:
+            step("drawing the figures")
+            try:
+                draw_figures(run)
+            except EXPERIMENT_CANNOT_READ as exc:
+                raise _cannot_read(out, experiment, origin, exc) from None
+        else:
+            store.write_json(out / "manifest.json", manifest)
+            write_report(run)
+    except BaseException as exc:
+        # a capture of Harmony's own stays "captured" on disk, to be analysed again; an imported
+        # trace's run directory has nothing else to wait for
+        if origin.kind == "imported":
+            _incomplete(out, manifest, reason(exc))
+        raise
+    return run
 
-    tables = write_tables(run_dir, cap, tasks, cpus, t0, t_end, params["window_s"])
+
+def _cannot_read(out: Path, experiment, origin: Origin, exc: BaseException) -> RunError:
+    what = "the imported tasks" if origin.kind == "imported" else "this capture"
+    hint = "; try --experiment single-source" if origin.kind == "imported" else ""
+    return RunError(f"{out}: experiment {experiment.name} cannot analyse {what} "
+                    f"({type(exc).__name__}: {exc}){hint}")
+
+
+def reason(exc: BaseException) -> str:
+    """Why a run stopped, for its manifest's incomplete_reason."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window,
+                  window_s: float) -> dict[str, pd.DataFrame]:
+    """A capture's tables for ``tasks`` in the window: events, markers, migrations, runs,
+    runqueue, allocation, shares (see :class:`harmony.store.Run`)."""
+    t0, t_end = window.t0, window.end
+    core = reconstruct.df_core(cap.events, tasks, cpus, t0, t_end)
+    runs = core["runs"]
+    return {"events": cap.events, "markers": cap.markers,
+            "migrations": core["migrations"], "runs": runs, "runqueue": core["runqueue"],
+            "allocation": reconstruct.df_allocation(runs, tasks, t0, t_end, int(window_s * 1e9)),
+            "shares": reconstruct.df_task_share(runs, tasks, cpus, t0, t_end)}
+
+
+def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, origin: Origin,
+          tables: dict[str, pd.DataFrame], out: Path) -> None:
+    """Every check of what the capture could not see, into ``manifest``: its facts, and the
+    notes (``trust_notes`` as data, ``notes`` worded); status "complete"."""
+    events, meta, cpus = cap.events, cap.meta, manifest["cpus"]
+    t0, t_end = window.t0, window.end
     runqueue = tables["runqueue"]
-    laps("tables")
-
-    samples_path = run_dir / "kernel_samples.parquet"
-    samples = store.read_table(samples_path) if samples_path.exists() else None
-    meta = cap.meta
-    blind_spots(meta, events, tasks)
-    manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes",)}
-    manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, released, t_end
+    blind = blind_spots(meta, events, tasks)
+    manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes", "cmdlines")}
+    manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, window.released, t_end
     manifest["measured_s"] = (t_end - t0) / 1e9
-    manifest["release"] = release_spread(events, tasks, t0, released)
+    manifest["release"] = release_spread(events, tasks, t0, window.released)
     manifest["lost_events"] = meta.get("lost_events", -1)
     manifest["reconstruction_anomalies"] = int(runqueue.attrs.get("anomalies", 0))
     manifest["reconstruction_anomaly_kinds"] = dict(runqueue.attrs.get("anomaly_kinds", {}))
-    manifest["kernel_agreement"] = (kernel_agreement(runqueue, samples, cpus, t0, t_end)
-                                    if samples is not None else None)
-    nr_path = run_dir / "kernel_nr_running.parquet"
+    manifest["kernel_agreement"] = (
+        None if origin.kernel_samples is None
+        else kernel_agreement(runqueue, origin.kernel_samples, cpus, t0, t_end))
     manifest["kernel_nr_running_agreement"] = (
-        nr_running_agreement(runqueue, store.read_table(nr_path), cpus, t0, t_end)
-        if nr_path.exists() else None)
+        None if origin.kernel_nr_running is None
+        else nr_running_agreement(runqueue, origin.kernel_nr_running, cpus, t0, t_end))
     manifest["foreign_load"] = foreign_load(events, tasks, cpus, t0, t_end,
-                                             manifest.get("controller_tids", ()))
-    manifest["kernel_counter_agreement"] = _counters(run_dir, events, tasks, t0, tables["runs"],
-                                                     t_end)
-    manifest["notes"] = _notes(manifest, meta)
+                                            origin.controller_tids,
+                                            controller=origin.kind == "recorded")
+    manifest["kernel_counter_agreement"] = (
+        None if origin.kernel_counters is None
+        else counters(events, tasks, origin.kernel_counters, tables["runs"], window))
+    notes = (list(origin.notes) + [trust.note("recorder", text=t) for t in meta.get("notes", [])]
+             + blind + [trust.note("controller", text=t)
+                        for t in manifest.get("controller_notes", [])]
+             + trust.check_notes(manifest, origin.kind))
     if manifest.get("crosscheck_probe"):
-        _crosscheck(run_dir, manifest, cap, tasks, t0, t_end)
+        notes += crosscheck(out, manifest, cap, tasks, window)
+    manifest["trust_notes"] = notes
+    manifest["notes"] = trust.words(notes)
     manifest["status"] = "complete"
-    laps("checks")
-    run = store.Run(run_dir, manifest)
-    # the experiment reads the tables just written: hand it those that are in memory as they
-    # read back from Parquet (markers' text comes back as pandas' string dtype: left to be read)
-    run.preload({"tasks": tasks, **({"kernel_samples": samples} if samples is not None else {}),
-                 **{k: v for k, v in tables.items() if k != "markers"}})
-    summary = experiment.analyse(run)
-    store.write_json(run_dir / "summary.json", summary)
-    laps("metrics")
-    manifest.setdefault("timings_s", {})["analysis"] = laps.steps
-    manifest["figures"], manifest["figures_deferred"] = [], not figures
-    if figures:
-        draw_figures(run)
-    else:
-        store.write_json(run_dir / "manifest.json", manifest)
-        write_report(run)
-    return store.load(run_dir)
+    manifest["ended_at"] = manifest.get("ended_at") or now()
 
 
-def write_tables(run_dir: Path, cap, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
-                 window_s: float) -> dict[str, pd.DataFrame]:
-    """Rebuild a capture's tables for ``tasks`` in [t0, t_end] and store each as Parquet.
+def blind_spots(meta: dict, events: pd.DataFrame, tasks: pd.DataFrame) -> list[dict]:
+    """What a probe's own stream proves it did not record, without counting it lost: the tasks it
+    saw run but recorded nothing in the context of, and the experiment tasks' moves no
+    sched_migrate_task holds (see analysis.crosscheck); the facts go into ``meta``, the notes are
+    returned. (perf, on some kernels, records nothing while swapper/1 or PID 1's threads run: see
+    probes/perf.py.)"""
+    meta["silent_contexts"] = silent = silent_contexts(events)
+    meta["unrecorded_migrations"] = moves = unrecorded_migrations(events, tasks["pid"].to_numpy())
+    return trust.blind_spot_notes(meta.get("probe"), silent, moves)
 
-    Shared by recorded runs (:func:`analyse`) and imported traces (:mod:`harmony.importer`).
-    Returns the tables by name: events, markers, migrations, runs, runqueue, allocation, shares.
+
+def foreign_load(events, tasks, cpus, t0, t_end, controller_tids, controller: bool = True) -> dict:
+    """The manifest's foreign_load: the most any CPU of the set gave to other tasks (share of the
+    window, which CPU, the top task), the controller's own share (None where no Harmony controller
+    ran: ``controller`` false), and the per-CPU table."""
+    df = df_foreign_load(events, tasks, cpus, t0, t_end, controller_tids)
+    worst = df.loc[df["foreign_frac"].idxmax()] if df["foreign_frac"].notna().any() else None
+    return {"max_frac": None if worst is None else float(worst["foreign_frac"]),
+            "max_cpu": None if worst is None else int(worst["cpu"]),
+            "top": "" if worst is None else worst["top_foreign"],
+            "controller_frac_max": (float((df["controller_s"] / df["window_s"]).max())
+                                    if controller else None),
+            "per_cpu": df.to_dict(orient="records")}
+
+
+def counters(events: pd.DataFrame, tasks: pd.DataFrame, table: pd.DataFrame, runs: pd.DataFrame,
+             window: Window) -> dict:
+    """The trace against the workers' own counters (:func:`analysis.counters.counter_agreement`)."""
+    last_read = int(table["after_ns"].max()) if len(table) else window.end
+    if last_read > window.end:       # the end read follows the end marker: runs that cover it
+        runs = reconstruct.df_runs(events, tasks, window.t0, last_read)
+    return counter_agreement(df_counter_agreement(events, runs, table))
+
+
+def crosscheck(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame,
+               window: Window) -> list[dict]:
+    """Compare the cross-check probe's recording with the primary's; write crosscheck.json.
+
+    Sets manifest["probe_agreement"] (the comparison without its examples); returns the notes of
+    a disagreement or of a cross-check that could not be done. Never fails the run itself.
     """
-    from harmony.analysis import reconstruct
-
-    events = cap.events
-    core = reconstruct.df_core(events, tasks, cpus, t0, t_end)
-    runs = core["runs"]
-    tables = {"events": events, "markers": cap.markers,
-              "migrations": core["migrations"], "runs": runs, "runqueue": core["runqueue"],
-              "allocation": reconstruct.df_allocation(runs, tasks, t0, t_end, int(window_s * 1e9)),
-              "shares": reconstruct.df_task_share(runs, tasks, cpus, t0, t_end)}
-    for name, df in tables.items():
-        store.write_table(run_dir, name, df)
-    return tables
+    a, name = manifest["probe"], manifest["crosscheck_probe"]
+    try:
+        other = get_probe(name).decode_dir(out / "raw" / name)
+        blind = blind_spots(other.meta, other.events, tasks)   # its notes say what it did not see
+        result = probe_agreement(cap.events, other.events, tasks, window.t0, window.end,
+                                 names=(a, name),
+                                 lost=(cap.meta.get("lost_events", -1),
+                                       other.meta.get("lost_events", -1)),
+                                 markers_a=cap.markers, markers_b=other.markers)
+        result["events"] = {a: int(len(cap.events)), name: int(len(other.events))}
+        result["notes"] = {name: list(other.meta.get("notes", [])) + trust.words(blind)}
+    except ProbeError as exc:
+        result = {"probes": [a, name], "error": str(exc), "verdict": "not done"}
+    store.write_json(out / "crosscheck.json", result)
+    manifest["probe_agreement"] = {k: ({kk: vv for kk, vv in v.items() if kk != "examples"}
+                                       if isinstance(v, dict) and k in ("migrations", "runs") else v)
+                                   for k, v in result.items() if k not in ("notes",)}
+    return trust.crosscheck_notes(result, a, name)
 
 
 def draw_figures(run: store.Run) -> list[str]:
     """Draw a complete run's figures, record them in its manifest and rewrite report.md."""
-    from harmony.analysis.report import write_report
-    from harmony.experiments import get_experiment
-
     laps = Laps()
     fig_dir = run.path / "figures"
     fig_dir.mkdir(exist_ok=True)
@@ -149,179 +382,3 @@ def draw_figures(run: store.Run) -> list[str]:
     store.write_json(run.path / "manifest.json", run.manifest)
     write_report(run)
     return run.manifest["figures"]
-
-
-def _counters(run_dir: Path, events: pd.DataFrame, tasks: pd.DataFrame, t0: int,
-              runs: pd.DataFrame, t_end: int) -> dict | None:
-    """The trace against the workers' own counters (kernel_counters.parquet), if they were read:
-    :func:`harmony.analysis.counters.counter_agreement`."""
-    from harmony.analysis import reconstruct
-    from harmony.analysis.counters import counter_agreement, df_counter_agreement
-
-    path = run_dir / "kernel_counters.parquet"
-    if not path.exists():
-        return None
-    counters = store.read_table(path)
-    last_read = int(counters["after_ns"].max()) if len(counters) else t_end
-    if last_read > t_end:       # the end read follows the end marker: runs that cover it
-        runs = reconstruct.df_runs(events, tasks, t0, last_read)
-    return counter_agreement(df_counter_agreement(events, runs, counters))
-
-
-def _crosscheck(run_dir: Path, manifest: dict, cap, tasks: pd.DataFrame, t0: int, t_end: int) -> None:
-    """Compare the cross-check probe's recording with the primary's; write crosscheck.json.
-
-    Sets manifest["probe_agreement"] (the comparison without its examples) and adds a note for any
-    disagreement or for a cross-check that could not be done; never fails the run itself.
-    """
-    from harmony.analysis.probe_agreement import probe_agreement
-
-    name = manifest["crosscheck_probe"]
-    try:
-        other = get_probe(name).decode_dir(run_dir / "raw" / name)
-        blind_spots(other.meta, other.events, tasks)     # its notes say what it did not see
-        result = probe_agreement(cap.events, other.events, tasks, t0, t_end,
-                                 names=(manifest["probe"], name),
-                                 lost=(cap.meta.get("lost_events", -1), other.meta.get("lost_events", -1)),
-                                 markers_a=cap.markers, markers_b=other.markers)
-        result["events"] = {manifest["probe"]: int(len(cap.events)), name: int(len(other.events))}
-        result["notes"] = {name: other.meta.get("notes", [])}
-    except ProbeError as exc:
-        result = {"probes": [manifest["probe"], name], "error": str(exc), "verdict": "not done"}
-    store.write_json(run_dir / "crosscheck.json", result)
-    manifest["probe_agreement"] = {k: ({kk: vv for kk, vv in v.items() if kk != "examples"}
-                                       if isinstance(v, dict) and k in ("migrations", "runs") else v)
-                                   for k, v in result.items() if k not in ("notes",)}
-    if result.get("error"):
-        manifest["notes"].append(f"the {name} cross-check could not be done: {result['error']}")
-    elif result["verdict"] != "agree":
-        mig, runs = result["migrations"], result["runs"]
-        a = manifest["probe"]
-        manifest["notes"].append(
-            f"{a} and {name} disagree ({result['verdict']}): migrations only {a} "
-            f"{mig[f'only_{a}']}, only {name} {mig[f'only_{name}']}; runs only {a} {runs[f'only_{a}']}, "
-            f"only {name} {runs[f'only_{name}']} (examples in crosscheck.json)")
-
-
-def foreign_load(events, tasks, cpus, t0, t_end, controller_tids) -> dict:
-    """The manifest's foreign_load: the most any CPU of the set gave to other tasks (share of the
-    window, which CPU, the top task), the controller's own share, and the per-CPU table."""
-    from harmony.analysis.foreign import df_foreign_load
-
-    df = df_foreign_load(events, tasks, cpus, t0, t_end, controller_tids)
-    worst = df.loc[df["foreign_frac"].idxmax()] if df["foreign_frac"].notna().any() else None
-    return {"max_frac": None if worst is None else float(worst["foreign_frac"]),
-            "max_cpu": None if worst is None else int(worst["cpu"]),
-            "top": "" if worst is None else worst["top_foreign"],
-            "controller_frac_max": float((df["controller_s"] / df["window_s"]).max()),
-            "per_cpu": df.to_dict(orient="records")}
-
-
-def blind_spots(meta: dict, events, tasks) -> None:
-    """What a probe's own stream proves it did not record, without counting it lost: the tasks it
-    saw run but recorded nothing in the context of, and the experiment tasks' moves no
-    sched_migrate_task holds (see analysis.crosscheck); into meta and its notes. (perf, on some
-    kernels, records nothing while swapper/1 or PID 1's threads run: see probes/perf.py.)"""
-    from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
-
-    if "silent_contexts" in meta:
-        return
-    meta["silent_contexts"] = silent = silent_contexts(events)
-    meta["unrecorded_migrations"] = moves = unrecorded_migrations(events, tasks["pid"].to_numpy())
-    notes = meta.setdefault("notes", [])
-    probe = meta.get("probe") or "the probe"
-    if silent:
-        named = ", ".join(f"{c['comm']} ({'CPU %d' % c['cpu'] if c['pid'] == 0 else 'pid %d' % c['pid']}"
-                          f", ran {c['runs']}x)" for c in silent[:5])
-        notes.append(f"{probe} recorded no event in the context of {_count(len(silent), 'task')} "
-                     f"it saw run: {named}; every tracepoint hit there (their switch-out, what their "
-                     "interrupts do, e.g. an idle CPU's balancing migrations) is missing and not "
-                     "counted in lost_events")
-    if moves["n"]:
-        notes.append(f"the experiment tasks' own events in the {probe} recording prove "
-                     f"{_count(moves['n'], 'move')} of {_count(len(moves['pids']), 'task')} that no "
-                     f"sched_migrate_task records "
-                     f"(e.g. {moves['examples'][:2]})")
-
-
-def _count(n: int, noun: str) -> str:
-    """'1 task', '3 tasks'."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
-
-
-def _notes(manifest: dict, meta: dict) -> list[str]:
-    """Everything the run could not see or had to work around, for the report."""
-    notes = list(meta.get("notes", []))
-    notes += manifest.get("controller_notes", [])
-    lost = meta.get("lost_events", -1)
-    if lost > 0:
-        notes.append(f"{lost} events were lost by the probe: tables may miss migrations or switches")
-    elif lost < 0:
-        notes.append("the probe could not tell whether events were lost")
-    params = manifest.get("params", {})
-    asked, got = params.get("duration"), manifest.get("measured_s")
-    if asked and got and got - asked > max(0.05, 0.05 * asked):
-        notes.append(f"the measured window is {got:.3f} s, not the {asked:g} s asked: the end "
-                     f"marker came {got - asked:.3f} s late (the controller, waking at the end, "
-                     "waited for a CPU)")
-    rel = manifest["release"]
-    if rel["not_woken"]:
-        notes.append(f"{len(rel['not_woken'])} tasks were never seen waking after t0")
-    if rel.get("woke_off_initial_cpu"):
-        notes.append(f"{len(rel['woke_off_initial_cpu'])} tasks woke at t0 on a CPU other than their "
-                     f"initial one: the layout did not exist at t0 (pids {rel['woke_off_initial_cpu'][:5]})")
-    if manifest["reconstruction_anomalies"]:
-        kinds = ", ".join(f"{k} {v}" for k, v in manifest["reconstruction_anomaly_kinds"].items())
-        # a program's threads share its comm: name each program once
-        silent = list(dict.fromkeys(c["comm"] for c in meta.get("silent_contexts") or []))
-        why = (("the probe lost no events, so the kernel recorded none for them"
-                + (f": it records nothing while {', '.join(silent[:3])} run"
-                   if silent else " (some kernels omit a sched_switch into a task)"))
-               if lost == 0 else "events were lost")
-        notes.append(f"{manifest['reconstruction_anomalies']} contradictions in the event stream were "
-                     f"repaired ({kinds}): an event the task state machine needed is missing; {why}. "
-                     "The run queues resynchronise at the next event; a run whose switch-in is "
-                     "missing starts at the task's wake-up and is flagged unseen_start "
-                     "(analysis.reconstruct.df_anomalies lists every repair)")
-    if manifest.get("workers_alive_at_end", 0) < len(manifest.get("work_done", [])):
-        notes.append("some workers were not alive at the end of the run")
-    fl = manifest.get("foreign_load") or {}
-    if fl.get("max_frac") is not None and fl["max_frac"] > FOREIGN_LOAD_NOTE:
-        notes.append(f"other tasks used {fl['max_frac']:.1%} of CPU {fl['max_cpu']} during the run "
-                     f"(most: {fl['top'] or '?'}): the host was not quiet, and balance and share "
-                     "metrics assume the CPU set belongs to the experiment")
-    kc = manifest.get("kernel_counter_agreement")
-    if kc and kc["disagreeing"]:
-        why = ("events were lost" if lost > 0 else "the probe cannot tell whether events were lost"
-               if lost < 0 else "no event was reported lost")
-        notes.append(f"the trace disagrees with the kernel's own counters (/proc/<pid>/sched) for "
-                     f"{kc['disagreeing']} of {kc['tasks']} tasks: migrations "
-                     f"{kc['migrations']['trace']} in the trace, {kc['migrations']['kernel']} "
-                     f"counted; switches {kc['switches']['trace']} / {kc['switches']['kernel']} "
-                     f"({why}; analysis.counters.df_counter_agreement gives each task's)")
-    ka = manifest.get("kernel_agreement")
-    due = (asked or 0) * params.get("sample_hz", 0)
-    if ka and not ka["sweeps"] and due >= 2:
-        notes.append(f"the kernel sampler made no sweep in the window ({due:.0f} were due): it "
-                     "got no CPU time among the tasks (SCHED_FIFO refused?), so the run queues "
-                     "were not compared with the kernel's /proc or nr_running")
-    elif ka and ka["sweeps"] < SLOW_SAMPLER * due:
-        notes.append(f"the kernel sampler swept {ka['sweeps']} times in the window, not the "
-                     f"{due:.0f} that {params['sample_hz']:g} Hz asks: after a sweep it sleeps "
-                     f"{SWEEP_BUDGET} times as long as the sweep took (its /proc reads alone, "
-                     f"{ka['sweep_us_median']:.0f} us here), so that it takes at most ~1 % of a "
-                     "CPU from the tasks")
-    if ka and ka["agreement"] is not None and ka["agreement"] < 0.99:
-        notes.append(f"rebuilt run queues agree with the kernel's /proc view on only "
-                     f"{ka['agreement']:.1%} of {ka['sweeps']} sweeps (a sweep reads each task's "
-                     f"/proc/PID/stat in turn, {ka['sweep_us_median']:.0f} us here: a task that "
-                     "moves meanwhile counts where it was read; the nr_running check is atomic "
-                     "per CPU)")
-    nr = manifest.get("kernel_nr_running_agreement")
-    if nr and nr["agreement"] is not None and nr["agreement"] < 0.99:
-        notes.append(f"rebuilt run queues agree with the kernel's nr_running on only "
-                     f"{nr['agreement']:.1%} of {nr['clean']} clean samples")
-    elif nr and nr["samples"] and not nr["clean"]:
-        notes.append("no sample of the kernel's nr_running was clean (other tasks were always "
-                     "runnable on the CPU set): not compared")
-    return notes

@@ -1,14 +1,14 @@
 """One experiment run, end to end: capture (workload + probe) then analysis, into a run directory.
 
 ``execute`` is what ``harmony run`` does. Capture and analysis are separate steps (``capture`` and
-``analyse``) so a stored capture can be analysed again, e.g. by a newer Harmony.
+:func:`harmony.pipeline.analyse`) so a stored capture can be analysed again, e.g. by a newer
+Harmony, or in another process (a suite's background analyser).
 """
 
 from __future__ import annotations
 
-import datetime
+import dataclasses
 import os
-import platform
 import signal
 import sys
 import threading
@@ -17,18 +17,28 @@ from pathlib import Path
 
 import pandas as pd
 
-import harmony
-from harmony import store
+from harmony import pipeline, store
 from harmony.controller import Workload, lower_threads, raise_threads
 from harmony.errors import Interrupted  # noqa: F401  (raised here)
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.memory import stop_prefault
 from harmony.probes import ProbeError, get_probe, proc_sched
 from harmony.probes.proc_stat import KernelSampler
+from harmony.probes.schema import MARK_END
 from harmony.tasks import tasks_frame
 from harmony.timing import Laps
 
-T0, RELEASED, END = "harmony t0", "harmony released", "harmony end"
+
+@dataclasses.dataclass
+class Captured:
+    """What :func:`capture` stored, kept in memory for the analysis that follows in this process:
+    the manifest, the tasks table and the :class:`~harmony.pipeline.Origin` with the kernel's own
+    view and the workers' counters."""
+
+    path: Path
+    manifest: dict
+    tasks: pd.DataFrame
+    origin: pipeline.Origin
 
 
 def _raise_interrupted(signum, frame):
@@ -56,30 +66,12 @@ def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stde
         stream.flush()
 
 
-def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: int, facts: dict) -> dict:
-    import numpy
-    return {
-        "harmony_version": harmony.__version__,
-        "experiment": experiment.name,
-        "question": experiment.question,
-        "params": params,
-        "cpus": cpus,
-        "probe": probe,
-        "seed": seed,
-        "status": "running",
-        "started_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "controller_pid": os.getpid(),
-        "host": facts,
-        "versions": {"python": platform.python_version(), "pandas": pd.__version__,
-                     "numpy": numpy.__version__},
-    }
-
-
 def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
             seed: int = 0, facts: dict | None = None, quiet: bool = False,
             crosscheck: str | None = None, lock_held: bool = False, pause=None,
-            resume=None) -> dict:
-    """Run the workload under the probe and store the raw capture in ``out``. Returns the manifest.
+            resume=None) -> Captured:
+    """Run the workload under the probe and store the raw capture in ``out``; returns what it
+    stored (:class:`Captured`).
 
     ``pause()`` / ``resume()``, if given, are called right before the workload is released and
     once it is stopped (or on any error): a caller's background work (KernelRunner's analyser)
@@ -103,14 +95,15 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     lock = None if lock_held else HostLock().acquire()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        manifest = new_manifest(experiment, params, cpus, probe_name, seed, facts or {})
+        manifest = pipeline.new_manifest(experiment, params, cpus, probe_name, seed, facts or {},
+                                         controller_pid=os.getpid())
         store.write_json(out / "manifest.json", manifest)
     except BaseException:
         if lock:
             lock.release()
         raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    workload = sampler = probe = second = counters = None
+    workload = sampler = probe = second = counters = tasks = None
     raised: list[int] = []      # this process's threads at SCHED_FIFO while the run is measured
     paused = False
     laps = Laps()  # manifest["timings_s"]["capture"]: what the run spends besides its duration
@@ -122,7 +115,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         stop_prefault()
         workload = Workload(specs, cpus, seed=seed)
         workload.spawn()  # before the probe's threads exist: fork with no threads running
-        store.write_table(out, "tasks", tasks_frame(specs, workload.pids))
+        tasks = tasks_frame(specs, workload.pids)
+        store.write_table(out, "tasks", tasks)
         laps("spawn")
         probe = get_probe(probe_name)(out / "raw" / probe_name, cpus, params["duration"])
         if crosscheck:
@@ -163,7 +157,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         _progress(f"{experiment.name}", params["duration"], threading.Event(),
                   stream=open(os.devnull, "w") if quiet else sys.stderr,
                   start=workload.t0_ns / 1e9)
-        mark(END)
+        mark(MARK_END)
         laps("measure")
         workload.freeze()
         lower_threads(raised)
@@ -187,22 +181,26 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             paused = False
             resume()
         laps("stop")
+        origin = pipeline.Origin("recorded", controller_tids=tuple(manifest["controller_tids"]))
         if counters:
-            store.write_table(out, "kernel_counters", counters.frame())
+            origin.kernel_counters = counters.frame()
+            store.write_table(out, "kernel_counters", origin.kernel_counters)
             manifest["kernel_counters"]["unreadable"] = counters.missing
         if sampler:
-            store.write_table(out, "kernel_samples", sampler.frame())
+            origin.kernel_samples = sampler.frame()
+            store.write_table(out, "kernel_samples", origin.kernel_samples)
             manifest["kernel_nr_running"] = {"sampled": sampler.nr is not None,
                                              "why_not": sampler.nr_why_not or None,
                                              "errors": sampler.nr.errors if sampler.nr else []}
             if sampler.nr:
-                store.write_table(out, "kernel_nr_running", sampler.nr.frame())
+                origin.kernel_nr_running = sampler.nr.frame()
+                store.write_table(out, "kernel_nr_running", origin.kernel_nr_running)
         manifest["status"] = "captured"
         laps("write")
         manifest["timings_s"] = {"capture": laps.steps}
     except BaseException as exc:
         manifest["status"] = "incomplete"
-        manifest["incomplete_reason"] = _reason(exc)
+        manifest["incomplete_reason"] = pipeline.reason(exc)
         raise
     finally:
         lower_threads(raised)
@@ -222,9 +220,9 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             lock.release()
         for s, h in old_handlers.items():
             signal.signal(s, h)
-        manifest["ended_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        manifest["ended_at"] = pipeline.now()
         store.write_json(out / "manifest.json", manifest)
-    return manifest
+    return Captured(out, manifest, tasks, origin)
 
 
 def _mark_both(primary, second):
@@ -234,12 +232,6 @@ def _mark_both(primary, second):
         second.mark(text)
         return ts
     return mark
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted (Ctrl-C)"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def execute(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
@@ -252,11 +244,14 @@ def execute(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     own (same CPU set, probe and seed; params updated by the overrides), so that the main run's
     analysis can read them with ``run.companion(name)``.
     """
-    from harmony.pipeline import analyse
-
     for name, overrides in experiment.companions(params).items():
         companion_params = experiment.resolve({**params, **overrides}, cpus)
-        capture(experiment, companion_params, cpus, Path(out) / name, probe_name, seed, facts, quiet)
-        analyse(Path(out) / name)
-    capture(experiment, params, cpus, out, probe_name, seed, facts, quiet, crosscheck=crosscheck)
-    return analyse(out)
+        _analyse(capture(experiment, companion_params, cpus, Path(out) / name, probe_name, seed,
+                         facts, quiet))
+    return _analyse(capture(experiment, params, cpus, out, probe_name, seed, facts, quiet,
+                            crosscheck=crosscheck))
+
+
+def _analyse(captured: Captured) -> store.Run:
+    """Analyse what was just captured, with the tables it kept in memory."""
+    return pipeline.analyse(captured.path, origin=captured.origin, tasks=captured.tasks)

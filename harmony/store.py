@@ -56,7 +56,8 @@ def atomic_write(path: Path, data: bytes | str) -> None:
         raise
 
 
-def _json_default(obj):
+def json_default(obj):
+    """How write_json stores what json cannot: numpy scalars and arrays, paths."""
     if hasattr(obj, "item"):  # numpy scalars
         return obj.item()
     if hasattr(obj, "tolist"):
@@ -67,7 +68,7 @@ def _json_default(obj):
 
 
 def write_json(path: Path, obj) -> None:
-    atomic_write(path, json.dumps(obj, indent=1, default=_json_default, allow_nan=True) + "\n")
+    atomic_write(path, json.dumps(obj, indent=1, default=json_default, allow_nan=True) + "\n")
 
 
 def rows_frame(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
@@ -167,10 +168,13 @@ class Run:
         self.path = Path(path)
         self.manifest = manifest
         self._cache: dict[str, pd.DataFrame] = {}
+        self._summary: dict | None = None
 
     @property
     def summary(self) -> dict:
-        return read_json(self.path / "summary.json")
+        if self._summary is None:
+            self._summary = read_json(self.path / "summary.json")
+        return self._summary
 
     @property
     def complete(self) -> bool:
@@ -185,6 +189,11 @@ class Run:
         """Serve these tables from memory instead of reading their Parquet files (the analysis
         that has just written them); each must be what reading its file back gives."""
         self._cache.update(tables)
+
+    def preload_summary(self, summary: dict) -> None:
+        """Serve this summary instead of reading summary.json (the analysis that has just written
+        it); it must be what reading the file back gives (JSON types: lists, string keys)."""
+        self._summary = summary
 
     def companion(self, name: str) -> "Run":
         """The paired run ``name`` stored in ``<run_dir>/<name>/`` (see Experiment.companions).

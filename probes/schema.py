@@ -64,6 +64,10 @@ COLUMNS = ("ts", "cpu", "event", "common_pid", "pid", "comm", "prio", "prev_pid"
            "prev_prio", "prev_state", "orig_cpu", "target_cpu")
 MARKER_COLUMNS = ("ts", "cpu", "pid", "text")
 
+#: the markers a Harmony controller writes into every run's trace (harmony.controller): t0, the
+#: release instant; "released", once every task is free to move; "end", the end of the window
+MARK_T0, MARK_RELEASED, MARK_END = "harmony t0", "harmony released", "harmony end"
+
 
 def make_events(columns: dict, ordered: bool = False) -> pd.DataFrame:
     """Build a canonical events table from a dict of column arrays.

@@ -257,15 +257,24 @@ def test_silent_contexts_and_unrecorded_migrations_from_a_probes_own_stream():
     assert unrecorded_migrations(gap)["n"] == 1 and unrecorded_migrations(gap, pids=[8])["n"] == 0
 
 
+def _notes(manifest: dict, meta: dict) -> list[str]:
+    """The worded notes of every check on a recorded run's facts (``meta``: its capture's)."""
+    from harmony.analysis import trust
+
+    m = {**manifest, "lost_events": meta.get("lost_events", -1), "capture": meta}
+    return trust.words(trust.check_notes(m, "recorded"))
+
+
 def test_blind_spot_notes_count_in_words():
     """One silent context and one unrecorded move read '1 task', '1 move of 1 task'."""
     import pandas as pd
+
+    from harmony.analysis.trust import words
     from harmony.pipeline import blind_spots
 
     meta = {"probe": "perf"}
-    blind_spots(meta, _events([r for r in _SEEN if not (r[3] == 0 and r[1] == 1)]),
-                pd.DataFrame({"pid": [7]}))
-    silent, moved = meta["notes"]
+    silent, moved = words(blind_spots(meta, _events([r for r in _SEEN if not (r[3] == 0 and r[1] == 1)]),
+                                      pd.DataFrame({"pid": [7]})))
     assert silent.startswith("perf recorded no event in the context of 1 task it saw run: "
                              "swapper (CPU 1, ran 2x);"), silent
     assert "recording prove 1 move of 1 task that no sched_migrate_task records" in moved, moved
@@ -273,7 +282,6 @@ def test_blind_spot_notes_count_in_words():
 
 def test_repair_note_names_each_silent_program_once():
     """A program's threads share a comm: the note on repaired contradictions names it once."""
-    from harmony.pipeline import _notes
     silent = [{"pid": p, "cpu": 0, "comm": c, "runs": 3, "records": 0}
               for p, c in ((75, "tokio-rt-worker"), (70, "tokio-rt-worker"), (0, "swapper/1"),
                            (68, "tokio-rt-worker"), (9, "kworker/0:1"), (8, "rcu_sched"))]
@@ -286,7 +294,6 @@ def test_repair_note_names_each_silent_program_once():
 @pytest.mark.parametrize("measured,late", [(2.0, None), (2.04, None), (2.2, "0.200 s late"),
                                           (0.5, None)])
 def test_a_window_longer_than_asked_is_noted(measured, late):
-    from harmony.pipeline import _notes
     manifest = {"release": {"not_woken": []}, "reconstruction_anomalies": 0,
                 "params": {"duration": 2.0}, "measured_s": measured}
     notes = _notes(manifest, {"lost_events": 0})
@@ -298,7 +305,6 @@ def test_a_window_longer_than_asked_is_noted(measured, late):
 @pytest.mark.parametrize("sweeps,hz,noted", [(0, 10.0, True), (3, 10.0, False), (0, 0.5, False),
                                               (12, 10.0, False)])
 def test_a_sampler_that_never_ran_is_noted(sweeps, hz, noted):
-    from harmony.pipeline import _notes
     from harmony.analysis.report import trust_lines
     manifest = {"release": {"not_woken": []}, "reconstruction_anomalies": 0,
                 "params": {"duration": 2.0, "sample_hz": hz}, "measured_s": 2.0,
@@ -315,7 +321,6 @@ def test_a_sampler_that_never_ran_is_noted(sweeps, hz, noted):
 
 @pytest.mark.parametrize("sweeps,noted", [(3, True), (9, True), (10, False), (20, False)])
 def test_a_sampler_slower_than_asked_says_how_many_sweeps_it_made(sweeps, noted):
-    from harmony.pipeline import _notes
     manifest = {"release": {"not_woken": []}, "reconstruction_anomalies": 0,
                 "params": {"duration": 2.0, "sample_hz": 10.0}, "measured_s": 2.0,
                 "kernel_agreement": {"sweeps": sweeps, "agreeing": sweeps, "agreement": 1.0,
@@ -474,8 +479,8 @@ def test_kernel_perf_run_decodes_like_tracefs(perf_kernel, perf_run, crosscheck_
         if moved["n"]:
             assert m["capture"]["silent_contexts"], moved
             assert any("perf recorded no event in the context of" in n for n in m["notes"]), m["notes"]
-            from harmony.pipeline import _count
-            proved = f"prove {_count(moved['n'], 'move')} of"
+            from harmony.analysis.trust import count
+            proved = f"prove {count(moved['n'], 'move')} of"
             assert any(proved in n and "no sched_migrate_task" in n for n in m["notes"]), m["notes"]
         if not (run.migrations["ts"] >= m["t0_ns"]).any():  # the tasks did reach CPU 1 (above)
             assert moved["n"] >= 1, "perf lacks the moves to CPU 1 and its stream does not show it"
@@ -688,7 +693,6 @@ def test_bad_crosscheck_is_refused_before_anything_starts(tmp_path, args):
 
 
 def test_a_low_proc_agreement_note_says_how_long_a_sweep_took():
-    from harmony.pipeline import _notes
     manifest = {"release": {"not_woken": []}, "reconstruction_anomalies": 0,
                 "params": {"duration": 2.0, "sample_hz": 10.0}, "measured_s": 2.0,
                 "kernel_agreement": {"sweeps": 18, "agreeing": 16, "agreement": 16 / 18,

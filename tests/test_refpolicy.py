@@ -8,6 +8,7 @@ import pytest
 
 from harmony.analysis import policy, refpolicy
 from harmony.batch import SimRunner, finish_batch, run_batch
+from harmony.simulate import simulate_run
 
 #: short runs: what each experiment needs to show its effect in a simulator, and nothing more
 SHORT = {
@@ -57,7 +58,7 @@ def test_card_recovers_policy(tmp_path, no_figures, name, P):
 
 def test_simulated_run_is_clean(tmp_path, no_figures):
     """The simulator's event stream is consistent: the reconstruction repairs nothing."""
-    run = refpolicy.simulate_run("pairwise-random", "single-source", 4, tmp_path / "r",
+    run = simulate_run("pairwise-random", "single-source", 4, tmp_path / "r",
                                  {"duration": "1", "layout": "6,0,1,1"})
     assert run.complete
     assert run.manifest["reconstruction_anomalies"] == 0
@@ -71,7 +72,7 @@ def test_policies_differ_in_how_many_they_move(tmp_path, no_figures):
     """Poly-balance moves x/P in the first round, pairwise x/2: the simulator obeys its own rules."""
     moved = {}
     for name in ("poly-balance", "pairwise-random"):
-        run = refpolicy.simulate_run(name, "how-many", 4, tmp_path / name,
+        run = simulate_run(name, "how-many", 4, tmp_path / name,
                                      {"duration": "0.5", "x": "16", "base": "4"})
         moved[name] = run.summary["first_round_moved"]
     assert moved == {"poly-balance": 4, "pairwise-random": 8}

@@ -149,7 +149,7 @@ def test_analysis_serves_written_tables_as_read_back(tmp_path, no_figures, monke
     """analyse() hands the experiment the tables it has just written instead of reading their
     Parquet files back: the summaries (companions' included) equal those computed from the files."""
     from harmony import pipeline, store
-    from harmony.analysis.refpolicy import simulate_run
+    from harmony.simulate import simulate_run
 
     run = simulate_run("poly-balance", experiment, 4, tmp_path / "run")    # analysed with preload
     dirs = sorted(p.parent for p in run.path.rglob("manifest.json"))

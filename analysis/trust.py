@@ -1,0 +1,314 @@
+"""What a run could not see, as data: each check gives notes (a kind and its facts), worded here.
+
+A note is a dict ``{"kind": KIND, **facts}``, JSON as the manifest stores it (``trust_notes``);
+:func:`word` turns one into the sentence the report prints (the manifest's ``notes`` hold those
+sentences, in the same order). Every sentence about trust is written in this module and nowhere
+else, whatever the origin of the capture (recorded here, imported, simulated).
+
+Kinds and their facts:
+
+=======================  ==========================================================================
+kind                     facts
+=======================  ==========================================================================
+recorder                 text: what the probe or trace reader said of its own recording, in its
+                         words (pages after lost events, lines perf script could not parse...)
+controller               text: what the workload controller had to work around (release method,
+                         fork server...)
+silent_contexts          probe, contexts (list of {comm, pid, cpu, runs}): tasks seen running in
+                         whose context the probe recorded no event
+unrecorded_migrations    probe, n, tasks, examples: moves the tasks' own events prove, with no
+                         sched_migrate_task
+lost_events              lost (int, -1 unknown), by_cpu, origin
+window_late              asked_s, measured_s
+not_woken                pids
+woke_off_initial_cpu     pids
+anomalies                n, kinds ({kind: count}), lost, silent (comms the probe is blind in)
+workers_dead             (none)
+foreign_load             frac, cpu, top, origin
+counters_disagree        disagreeing, tasks, migrations {trace, kernel}, switches {trace, kernel},
+                         lost
+sampler_silent           due (sweeps due)
+sampler_slow             sweeps, due, hz, sweep_us, budget
+proc_agreement_low       agreement, sweeps, sweep_us
+nr_running_agreement_low agreement, clean
+nr_running_unclean       (none)
+crosscheck_failed        probe, error
+probes_disagree          a, b, verdict, migrations {only_a, only_b}, runs {only_a, only_b}
+imported_from            path, what, host
+events_absent            absent (list of the sched events Harmony reads that the trace lacks)
+wakeups_derived          derived, placed, pulls, after_switch_out
+t0_default               (none)
+end_default              (none)
+cpus_without_events      cpus
+realtime_tasks           pids
+tasks_outside_cpu_set    what (the description: pids, CPUs, t0)
+demand_unknown           (none)
+=======================  ==========================================================================
+
+``origin`` is "recorded" (a Harmony run on this host), "imported" (a trace recorded elsewhere) or
+"simulated" (a reference policy, :mod:`harmony.analysis.refpolicy`).
+"""
+
+from __future__ import annotations
+
+from harmony.analysis import thresholds as T
+from harmony.probes.proc_stat import SWEEP_BUDGET
+
+#: below this share of the sweeps asked, the notes say how many the kernel sampler made
+SLOW_SAMPLER = 0.5
+
+
+def note(kind: str, **facts) -> dict:
+    """A note of ``kind`` (see the module docstring) with its facts."""
+    if kind not in _WORDING:
+        raise ValueError(f"unknown note kind {kind!r}")
+    return {"kind": kind, **facts}
+
+
+def word(n: dict) -> str:
+    """The sentence of one note."""
+    return _WORDING[n["kind"]](n)
+
+
+def words(notes: list[dict]) -> list[str]:
+    return [word(n) for n in notes]
+
+
+def count(n: int, noun: str) -> str:
+    """'1 task', '3 tasks'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+# --- the checks: facts in, notes out ----------------------------------------------------------
+
+def blind_spot_notes(probe: str | None, silent: list[dict], moves: dict) -> list[dict]:
+    """What a probe's own stream proves it did not record (analysis.crosscheck.silent_contexts,
+    unrecorded_migrations)."""
+    probe = probe or "the probe"
+    out = []
+    if silent:
+        out.append(note("silent_contexts", probe=probe, contexts=silent))
+    if moves["n"]:
+        out.append(note("unrecorded_migrations", probe=probe, n=moves["n"],
+                        tasks=len(moves["pids"]), examples=moves["examples"][:2]))
+    return out
+
+
+def check_notes(m: dict, origin: str) -> list[dict]:
+    """The notes of the checks every analysed capture goes through, from the facts the pipeline
+    put in the manifest ``m`` (lost_events, measured_s, release, reconstruction anomalies,
+    foreign_load, kernel_counter_agreement, kernel_agreement, kernel_nr_running_agreement)."""
+    out = []
+    cap = m.get("capture") or {}
+    lost = m.get("lost_events", -1)
+    if lost != 0:
+        out.append(note("lost_events", lost=lost, by_cpu=cap.get("lost_by_cpu"), origin=origin))
+    params = m.get("params", {})
+    asked, got = params.get("duration"), m.get("measured_s")
+    if asked and got and got - asked > max(0.05, 0.05 * asked):
+        out.append(note("window_late", asked_s=asked, measured_s=got))
+    rel = m["release"]
+    if rel["not_woken"]:
+        out.append(note("not_woken", pids=rel["not_woken"]))
+    if rel.get("woke_off_initial_cpu"):
+        out.append(note("woke_off_initial_cpu", pids=rel["woke_off_initial_cpu"]))
+    if m["reconstruction_anomalies"]:
+        # a program's threads share its comm: name each program once
+        silent = list(dict.fromkeys(c["comm"] for c in cap.get("silent_contexts") or []))
+        out.append(note("anomalies", n=m["reconstruction_anomalies"],
+                        kinds=m["reconstruction_anomaly_kinds"], lost=lost, silent=silent[:3]))
+    if m.get("workers_alive_at_end", 0) < len(m.get("work_done", [])):
+        out.append(note("workers_dead"))
+    fl = m.get("foreign_load") or {}
+    if fl.get("max_frac") is not None and fl["max_frac"] > T.FOREIGN_LOAD_MAX:
+        out.append(note("foreign_load", frac=fl["max_frac"], cpu=fl["max_cpu"], top=fl["top"],
+                        origin=origin))
+    kc = m.get("kernel_counter_agreement")
+    if kc and kc["disagreeing"]:
+        out.append(note("counters_disagree", disagreeing=kc["disagreeing"], tasks=kc["tasks"],
+                        migrations={k: kc["migrations"][k] for k in ("trace", "kernel")},
+                        switches={k: kc["switches"][k] for k in ("trace", "kernel")}, lost=lost))
+    ka = m.get("kernel_agreement")
+    due = (asked or 0) * params.get("sample_hz", 0)
+    if ka and not ka["sweeps"] and due >= 2:
+        out.append(note("sampler_silent", due=due))
+    elif ka and ka["sweeps"] < SLOW_SAMPLER * due:
+        out.append(note("sampler_slow", sweeps=ka["sweeps"], due=due, hz=params["sample_hz"],
+                        sweep_us=ka["sweep_us_median"], budget=SWEEP_BUDGET))
+    if ka and ka["agreement"] is not None and ka["agreement"] < 0.99:
+        out.append(note("proc_agreement_low", agreement=ka["agreement"], sweeps=ka["sweeps"],
+                        sweep_us=ka["sweep_us_median"]))
+    nr = m.get("kernel_nr_running_agreement")
+    if nr and nr["agreement"] is not None and nr["agreement"] < 0.99:
+        out.append(note("nr_running_agreement_low", agreement=nr["agreement"], clean=nr["clean"]))
+    elif nr and nr["samples"] and not nr["clean"]:
+        out.append(note("nr_running_unclean"))
+    return out
+
+
+def absent_events_notes(absent: list[str]) -> list[dict]:
+    """A note when the trace lacks events the analysis needs (no fork, exit or sched_waking is
+    usual: the manifest lists those); none for a trace with sched_waking but no sched_wakeup,
+    whose wake-ups are derived (a wakeups_derived note says so)."""
+    if "sched_migrate_task" in absent or {"sched_wakeup", "sched_waking"} <= set(absent):
+        return [note("events_absent", absent=list(absent))]
+    return []
+
+
+def crosscheck_notes(result: dict, a: str, b: str) -> list[dict]:
+    """What comparing two probes' recordings of one run (analysis.probe_agreement) found."""
+    if result.get("error"):
+        return [note("crosscheck_failed", probe=b, error=result["error"])]
+    if result["verdict"] == "agree":
+        return []
+    mig, runs = result["migrations"], result["runs"]
+    return [note("probes_disagree", a=a, b=b, verdict=result["verdict"],
+                 migrations={"only_a": mig[f"only_{a}"], "only_b": mig[f"only_{b}"]},
+                 runs={"only_a": runs[f"only_{a}"], "only_b": runs[f"only_{b}"]})]
+
+
+# --- the wording ------------------------------------------------------------------------------
+
+def _silent(n):
+    named = ", ".join(f"{c['comm']} ({'CPU %d' % c['cpu'] if c['pid'] == 0 else 'pid %d' % c['pid']}"
+                      f", ran {c['runs']}x)" for c in n["contexts"][:5])
+    return (f"{n['probe']} recorded no event in the context of {count(len(n['contexts']), 'task')} "
+            f"it saw run: {named}; every tracepoint hit there (their switch-out, what their "
+            "interrupts do, e.g. an idle CPU's balancing migrations) is missing and not counted "
+            "in lost_events")
+
+
+def _lost(n):
+    if n["lost"] < 0:
+        return ("the trace says events were lost but not how many" if n["origin"] == "imported"
+                else "the probe could not tell whether events were lost")
+    if n["origin"] == "imported":
+        return (f"{n['lost']} events were lost when the trace was recorded (per CPU: "
+                f"{n['by_cpu']}): tables may miss migrations or switches")
+    return f"{n['lost']} events were lost by the probe: tables may miss migrations or switches"
+
+
+def _anomalies(n):
+    kinds = ", ".join(f"{k} {v}" for k, v in n["kinds"].items())
+    if n["lost"] == 0:
+        why = ("the probe lost no events, so the kernel recorded none for them"
+               + (f": it records nothing while {', '.join(n['silent'])} run" if n["silent"]
+                  else " (some kernels omit a sched_switch into a task)"))
+    elif n["lost"] > 0:
+        why = "events were lost"
+    else:
+        why = "events may have been lost (the probe cannot tell)"
+    return (f"{n['n']} contradictions in the event stream were repaired ({kinds}): an event the "
+            f"task state machine needed is missing; {why}. The run queues resynchronise at the "
+            "next event; a run whose switch-in is missing starts at the task's wake-up and is "
+            "flagged unseen_start (analysis.reconstruct.df_anomalies lists every repair)")
+
+
+def _foreign(n):
+    if n["origin"] == "imported":
+        return (f"other tasks used {n['frac']:.1%} of CPU {n['cpu']} in the window (most: "
+                f"{n['top'] or '?'}): balance and share metrics assume the CPU set belongs to the "
+                "chosen tasks")
+    return (f"other tasks used {n['frac']:.1%} of CPU {n['cpu']} during the run (most: "
+            f"{n['top'] or '?'}): the host was not quiet, and balance and share metrics assume "
+            "the CPU set belongs to the experiment")
+
+
+def _counters(n):
+    why = ("events were lost" if n["lost"] > 0 else "the probe cannot tell whether events were lost"
+           if n["lost"] < 0 else "no event was reported lost")
+    return (f"the trace disagrees with the kernel's own counters (/proc/<pid>/sched) for "
+            f"{n['disagreeing']} of {n['tasks']} tasks: migrations {n['migrations']['trace']} in "
+            f"the trace, {n['migrations']['kernel']} counted; switches {n['switches']['trace']} / "
+            f"{n['switches']['kernel']} ({why}; analysis.counters.df_counter_agreement gives "
+            "each task's)")
+
+
+def _disagree(n):
+    a, b, mig, runs = n["a"], n["b"], n["migrations"], n["runs"]
+    return (f"{a} and {b} disagree ({n['verdict']}): migrations only {a} {mig['only_a']}, only "
+            f"{b} {mig['only_b']}; runs only {a} {runs['only_a']}, only {b} {runs['only_b']} "
+            "(examples in crosscheck.json)")
+
+
+def _absent(n):
+    what = []
+    if "sched_migrate_task" in n["absent"]:
+        what.append("migrations are known only where a task's runs show it on another CPU (its "
+                    "unrecorded migrations), not when or why it moved")
+    if "sched_wakeup" in n["absent"] and "sched_waking" in n["absent"]:
+        what.append("a woken task counts as runnable only from its switch-in (its wake-ups are "
+                    "not seen), so run queues are short by the tasks waiting, and the release "
+                    "spread cannot be measured")
+    return (f"the trace holds no {', '.join(n['absent'])} event (not recorded, or none happened): "
+            + "; ".join(what))
+
+
+def _derived(n):
+    return (f"the trace holds no sched_wakeup but {n['derived']} sched_waking (perf sched "
+            "record records those instead): each stands for the wake-up it starts "
+            f"(harmony.analysis.waking), {n['placed']} onto the CPU the wake-up's migration "
+            f"moved the task to, the others where the task was ({n['pulls']} migrations "
+            "right after a sched_waking taken as idle pulls; "
+            f"{n.get('after_switch_out', 0)} of a task still on its CPU put after its "
+            "switch-out); a woken task counts as runnable a few microseconds early, and the "
+            "sched_wakeup rows of events.parquet are derived, not recorded")
+
+
+_WORDING = {
+    "recorder": lambda n: n["text"],
+    "controller": lambda n: n["text"],
+    "silent_contexts": _silent,
+    "unrecorded_migrations": lambda n: (
+        f"the experiment tasks' own events in the {n['probe']} recording prove "
+        f"{count(n['n'], 'move')} of {count(n['tasks'], 'task')} that no sched_migrate_task "
+        f"records (e.g. {n['examples']})"),
+    "lost_events": _lost,
+    "window_late": lambda n: (
+        f"the measured window is {n['measured_s']:.3f} s, not the {n['asked_s']:g} s asked: the "
+        f"end marker came {n['measured_s'] - n['asked_s']:.3f} s late (the controller, waking "
+        "at the end, waited for a CPU)"),
+    "not_woken": lambda n: f"{len(n['pids'])} tasks were never seen waking after t0",
+    "woke_off_initial_cpu": lambda n: (
+        f"{len(n['pids'])} tasks woke at t0 on a CPU other than their initial one: the layout "
+        f"did not exist at t0 (pids {n['pids'][:5]})"),
+    "anomalies": _anomalies,
+    "workers_dead": lambda n: "some workers were not alive at the end of the run",
+    "foreign_load": _foreign,
+    "counters_disagree": _counters,
+    "sampler_silent": lambda n: (
+        f"the kernel sampler made no sweep in the window ({n['due']:.0f} were due): it got no "
+        "CPU time among the tasks (SCHED_FIFO refused?), so the run queues were not compared "
+        "with the kernel's /proc or nr_running"),
+    "sampler_slow": lambda n: (
+        f"the kernel sampler swept {n['sweeps']} times in the window, not the {n['due']:.0f} "
+        f"that {n['hz']:g} Hz asks: after a sweep it sleeps {n['budget']} times as long as the "
+        f"sweep took (its /proc reads alone, {n['sweep_us']:.0f} us here), so that it takes at "
+        "most ~1 % of a CPU from the tasks"),
+    "proc_agreement_low": lambda n: (
+        f"rebuilt run queues agree with the kernel's /proc view on only {n['agreement']:.1%} of "
+        f"{n['sweeps']} sweeps (a sweep reads each task's /proc/PID/stat in turn, "
+        f"{n['sweep_us']:.0f} us here: a task that moves meanwhile counts where it was read; the "
+        "nr_running check is atomic per CPU)"),
+    "nr_running_agreement_low": lambda n: (
+        f"rebuilt run queues agree with the kernel's nr_running on only {n['agreement']:.1%} of "
+        f"{n['clean']} clean samples"),
+    "nr_running_unclean": lambda n: (
+        "no sample of the kernel's nr_running was clean (other tasks were always runnable on the "
+        "CPU set): not compared"),
+    "crosscheck_failed": lambda n: f"the {n['probe']} cross-check could not be done: {n['error']}",
+    "probes_disagree": _disagree,
+    "imported_from": lambda n: f"imported from {n['path']} ({n['what']}), recorded on {n['host']}",
+    "events_absent": _absent,
+    "wakeups_derived": _derived,
+    "t0_default": lambda n: "t0 is the first event of the chosen tasks (no --t0 or --t0-marker given)",
+    "end_default": lambda n: ("the window ends at the last event of the chosen tasks (no --end or "
+                              "--end-marker given)"),
+    "cpus_without_events": lambda n: f"CPUs {n['cpus']} of the CPU set recorded no event",
+    "realtime_tasks": lambda n: (
+        f"tasks {n['pids']} have real-time priorities; their fair share is computed as if they "
+        "were nice 0"),
+    "tasks_outside_cpu_set": lambda n: n["what"],
+    "demand_unknown": lambda n: ("fair shares assume every task wants a whole CPU (duty 100%): "
+                                 "the trace does not say what the tasks demand"),
+}
