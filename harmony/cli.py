@@ -1,11 +1,13 @@
 """The ``harmony`` command: a thin layer over the library. Each command does one job.
 
-Exit codes: 0 success; 1 the job failed (host cannot run, trace corrupt, run incomplete);
-2 bad arguments (nothing was started); 130 interrupted by Ctrl-C; 143 by SIGTERM.
+Exit codes (:func:`exit_status`, the one place that maps errors to them): 0 success; 1 the job
+failed (host cannot run, trace corrupt, run incomplete); 2 bad arguments (nothing was started);
+130 interrupted by Ctrl-C; 128 + the signal's number when stopped by SIGTERM (143) or SIGHUP.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import sys
@@ -15,6 +17,33 @@ from pathlib import Path
 import click
 
 from harmony import __version__
+from harmony.errors import HarmonyError, Interrupted, ParameterError
+
+
+def exit_status(exc: BaseException, inputs: tuple = ()) -> int:
+    """The exit status of a command that stopped on ``exc``; ``inputs``: the error types that
+    mean, for this command, that what it was given is not acceptable (bad arguments)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return 130
+    if isinstance(exc, Interrupted):
+        return 128 + exc.signal
+    if isinstance(exc, (ParameterError, *inputs)):
+        return 2
+    return 1
+
+
+@contextlib.contextmanager
+def _errors(marked: str | None = None, also: tuple = (), inputs: tuple = ()):
+    """Every command's errors: Harmony's (and ``also`` these types) become one line and the
+    status :func:`exit_status` gives; ``marked`` says what an interrupted command leaves behind
+    ("<dir> is marked incomplete")."""
+    try:
+        yield
+    except (KeyboardInterrupt, HarmonyError, *also, *inputs) as exc:
+        msg = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        if marked and isinstance(exc, (KeyboardInterrupt, Interrupted)):
+            msg = f"{msg}; {marked}"
+        _fail(msg, exit_status(exc, inputs))
 
 
 def _fail(msg: str, code: int = 1):
@@ -78,6 +107,9 @@ def resolve_cpus(text: str | None) -> list[int]:
 @click.version_option(__version__, prog_name="harmony")
 def main():
     """Harmony: extract the actual CPU load-balancing policy of the running Linux scheduler by experiment."""
+    from harmony.memory import tune_allocations
+
+    tune_allocations()  # decoders and analyses fill and free many large arrays: see harmony.memory
 
 
 @main.command()
@@ -161,23 +193,13 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
 
 def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat):
     from harmony.batch import KernelRunner, batch_text, finish_batch, run_batch
-    from harmony.controller import ControllerError
-    from harmony.hygiene import HostBusy
-    from harmony.probes import ProbeError
-    from harmony.run import Interrupted
-    from harmony.store import RunError
     from harmony.suite import Progress
 
     progress = Progress(repeat, repeat * values["duration"], quiet=quiet)
     try:
-        with KernelRunner(probe, facts, overlap=False, cpus=cpu_set) as runner:
-            run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed, progress=progress)
-    except KeyboardInterrupt:
-        _fail(f"interrupted; the current run under {out} is marked incomplete", 130)
-    except Interrupted as exc:
-        _fail(f"{exc}; the current run under {out} is marked incomplete", 143)
-    except (HostBusy, ProbeError, RunError, ControllerError) as exc:
-        _fail(str(exc))
+        with _errors(marked=f"the current run under {out} is marked incomplete"):
+            with KernelRunner(probe, facts, overlap=False, cpus=cpu_set) as runner:
+                run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed, progress=progress)
     finally:
         progress.close()
     click.echo(batch_text(finish_batch(out)))
@@ -207,20 +229,10 @@ def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:
 
 def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=None):
     from harmony.analysis.report import summary_text
-    from harmony.hygiene import HostBusy
-    from harmony.run import Interrupted, execute
-    from harmony.store import RunError
-    from harmony.probes import ProbeError
-    from harmony.controller import ControllerError
+    from harmony.run import execute
 
-    try:
+    with _errors(marked=f"{out} is marked incomplete"):
         result = execute(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=crosscheck)
-    except KeyboardInterrupt:
-        _fail(f"interrupted; {out} is marked incomplete", 130)
-    except Interrupted as exc:
-        _fail(f"{exc}; {out} is marked incomplete", 143)
-    except (HostBusy, ProbeError, RunError, ControllerError) as exc:
-        _fail(str(exc))
     click.echo(summary_text(result))
 
 
@@ -233,13 +245,13 @@ def report(run_dir, as_json):
     Given a batch (a suite configuration, or `run --repeat`): its aggregates and figures/reps.png.
     Given a suite: its policy card, and report.md / report.html written again."""
     from harmony.analysis.report import summary_text, write_report
-    from harmony.store import RunError, load, why_incomplete
+    from harmony.store import load, why_incomplete
 
     if (run_dir / "batch.json").is_file():
         return _batch_report(run_dir, as_json)
     if (run_dir / "suite.json").is_file():
         return _suite_report(run_dir, as_json)
-    try:
+    with _errors():
         run = load(run_dir, allow_incomplete=True)
         if not run.complete:
             _fail(f"{run_dir}: {why_incomplete(run.manifest)}; no report for an incomplete run")
@@ -254,16 +266,14 @@ def report(run_dir, as_json):
         else:
             click.echo(summary_text(run))
             click.echo(f"\nreport: {run.path / 'report.md'}")
-    except RunError as exc:
-        _fail(str(exc))
 
 
 def _suite_report(out: Path, as_json: bool):
     from harmony.analysis import policy, report_suite
-    from harmony.store import RunError, read_json
+    from harmony.store import read_json
     from harmony.suite import cpu_limits
 
-    try:
+    with _errors():
         info = read_json(out / "suite.json")
         # the note the suite wrote its card with (a suite of an older Harmony did not keep it:
         # what its CPU count cannot answer, at least)
@@ -271,8 +281,6 @@ def _suite_report(out: Path, as_json: bool):
             " ".join(cpu_limits(len(info.get("cpus") or []))) or None)
         md, html = report_suite.write(out, note=note)
         card = policy.infer([out])
-    except RunError as exc:
-        _fail(str(exc))
     if as_json:
         click.echo(json.dumps(card.to_dict(), indent=1, default=str))
     else:
@@ -281,14 +289,12 @@ def _suite_report(out: Path, as_json: bool):
 
 def _batch_report(out: Path, as_json: bool):
     from harmony.batch import batch_text, draw_batch_figures
-    from harmony.store import RunError, read_json
+    from harmony.store import read_json
 
-    try:
+    with _errors():
         if "complete" not in read_json(out / "batch.json"):
             _fail(f"{out}: the batch was not finished (its runs were not all analysed)")
         record = draw_batch_figures(out)
-    except RunError as exc:
-        _fail(str(exc))
     click.echo(json.dumps(record, indent=1, default=str) if as_json else batch_text(record))
     if not as_json:
         click.echo("\nfigures: " + ", ".join(str(out / f) for f in record["figures"]))
@@ -297,13 +303,10 @@ def _batch_report(out: Path, as_json: bool):
 @main.command()
 def clean():
     """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers, cpuset cgroups)."""
-    from harmony.hygiene import HostBusy, HostLock, reclaim_stale
+    from harmony.hygiene import HostLock, reclaim_stale
 
-    try:
-        with HostLock():
-            removed = reclaim_stale()
-    except HostBusy as exc:
-        _fail(str(exc))
+    with _errors(), HostLock():
+        removed = reclaim_stale()
     click.echo("\n".join(f"removed {r}" for r in removed) if removed else "nothing to clean")
 
 
@@ -314,9 +317,7 @@ def clean():
 @click.option("--out", type=click.Path(path_type=Path), help="file to write (default RUN_DIR/trace.dat)")
 def export(run_dir, fmt, out):
     """Write a run's capture as a trace.dat that KernelShark and `trace-cmd report` open."""
-    from harmony.importer import ImportFailed, export_tracedat
-    from harmony.probes import ProbeError
-    from harmony.store import RunError
+    from harmony.importer import export_tracedat
 
     if not (run_dir / "manifest.json").is_file():
         raise click.BadParameter(f"{run_dir} is not a run directory (no manifest.json)", param_hint="RUN_DIR")
@@ -326,13 +327,11 @@ def export(run_dir, fmt, out):
     if not dest.absolute().parent.is_dir():
         raise click.BadParameter(f"{dest.absolute().parent}: no such directory", param_hint="--out")
     _check_out(dest.absolute().parent)      # a writable one
-    try:
+    with _errors(also=(OSError,)):
         wrote, notes = export_tracedat(run_dir, dest)
-        for note in notes:
-            click.echo(note, err=True)
-        click.echo(wrote)
-    except (ImportFailed, ProbeError, RunError, OSError) as exc:
-        _fail(str(exc))
+    for note in notes:
+        click.echo(note, err=True)
+    click.echo(wrote)
 
 
 @main.command("import")
@@ -359,19 +358,15 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     from harmony.analysis.report import summary_text
     from harmony.experiments import get_experiment
     from harmony.osutil import parse_cpulist
-    from harmony.importer import ImportFailed, import_trace
-    from harmony.probes import ProbeError
-    from harmony.store import RunError
+    from harmony.importer import import_trace
 
     # Everything is checked before the file is read.
     if not trace_file.is_file():   # a FIFO or a device: reading it could wait forever
         raise click.BadParameter(f"{trace_file} is not a regular file", param_hint="FILE")
     if list_tasks:
         from harmony.importer import df_trace_tasks, read_trace, trace_tasks_text
-        try:
+        with _errors(also=(OSError,)):
             cap, _ = read_trace(trace_file, buffer)
-        except (ImportFailed, ProbeError, OSError) as exc:
-            _fail(str(exc))
         click.echo(trace_tasks_text(df_trace_tasks(cap.events, cap.meta.get("cmdlines"))))
         return
     if not pids and not comms:
@@ -409,7 +404,7 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     from harmony.suite import Progress
     # a status line on a terminal only: a script or a log gets the summary (or the one-line error)
     progress = Progress(1, 0, quiet=quiet or not sys.stderr.isatty())
-    try:
+    with _errors(also=(ValueError, OSError)):
         try:
             result = import_trace(trace_file, out, pids=pids, comms=comms, cpus=cpu_set,
                                   t0_s=t0_s, t0_marker=t0_marker, end_s=end_s,
@@ -417,8 +412,6 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
                                   buffer=buffer, progress=progress.phase)
         finally:
             progress.clear()        # before the summary, or the error, takes its place
-    except (ImportFailed, ProbeError, RunError, ValueError, OSError) as exc:
-        _fail(str(exc))
     click.echo(summary_text(result))
 
 
@@ -430,10 +423,8 @@ def infer(dirs, as_json):
     from harmony.analysis.policy import infer as infer_card
     from harmony.store import RunError
 
-    try:
+    with _errors(inputs=(RunError,)):      # the directories given are the arguments
         card = infer_card(dirs)
-    except RunError as exc:
-        _fail(str(exc), 2)
     if not card.runs:
         _fail(f"no complete run under {', '.join(map(str, dirs))}", 2)
     click.echo(json.dumps(card.to_dict(), indent=1, default=str) if as_json else card.text().rstrip())
@@ -453,10 +444,8 @@ def compare(dirs, as_json, out):
         raise click.UsageError("give two directories or more (run, batch or suite directories)")
     if out is not None:
         _check_out(out)
-    try:
+    with _errors(inputs=(RunError,)):      # the directories given are the arguments
         cmp = cmp_mod.compare(dirs)
-    except RunError as exc:
-        _fail(str(exc), 2)
     if as_json:
         click.echo(json.dumps(cmp_mod.to_dict(cmp), indent=1))
     else:
@@ -530,7 +519,6 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
 def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
     """Run the whole catalog with repetitions and write one report (policy card first)."""
     from harmony.batch import KernelRunner
-    from harmony.hygiene import HostBusy
     from harmony.suite import cpu_limits, plan, run_suite
 
     _check_release_options()
@@ -561,14 +549,10 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
     for line in limits:
         click.echo(f"note: {line}", err=True)
     runner = KernelRunner(probe, facts, overlap=overlapped, cpus=cpu_set, pause=paused)
-    try:
+    with _errors(marked=f"{out} holds the runs finished so far"):
         record = run_suite(configs, cpu_set, out, runner,
                            facts={k: v for k, v in facts.items() if k != "doctor"},
                            seed=seed, quiet=quiet, card_note=" ".join(limits) or None)
-    except KeyboardInterrupt:
-        _fail(f"interrupted; {out} holds the runs finished so far", 130)
-    except HostBusy as exc:
-        _fail(str(exc))
     from harmony.analysis.policy import infer as infer_card
 
     click.echo(infer_card([out]).text())
