@@ -19,7 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harmony import store
+from harmony import simulate, store
+from harmony.memory import tune_allocations
 from harmony.osutil import die_with_parent
 
 
@@ -45,9 +46,7 @@ class SimRunner:
         return False
 
     def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
-        from harmony.analysis import refpolicy
-
-        refpolicy.execute(self.policy, exp, params, cpus, out, seed, figures=figures)
+        simulate.execute(self.policy, exp, params, cpus, out, seed, figures=figures)
 
     def drain(self) -> list[dict]:
         return []
@@ -327,6 +326,7 @@ def _raw_bytes(dirs: list[str]) -> int:
 def _analyser_main() -> int:
     """Background analyser: each line is a figures flag (0/1) then the tab-separated run dirs of
     one capture, analysed in order."""
+    tune_allocations()  # an entry point of its own: see harmony.memory
     cpus = os.environ.get("HARMONY_ANALYSER_CPUS", "")
     try:
         if cpus:

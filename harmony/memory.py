@@ -10,7 +10,9 @@ fault in against 0.55 s per GB for 4 KiB pages (most likely the host takes the g
 2.1 M events took 1.07-1.31 s with huge pages, 0.71-0.80 s without (first pass in a process;
 0.71-0.86 -> 0.52-0.57 s the second time). On bare metal huge pages may well be the cheaper ones.
 
-So Harmony turns numpy's request off when its probes or analyses are imported, unless the
+So Harmony's entry points -- the ``harmony`` command, the suite's background analyser, the
+benchmarks -- turn numpy's request off (:func:`tune_allocations`; importing Harmony changes
+nothing: a program using it as a library calls that itself, if it wants it), unless the
 ``NUMPY_MADVISE_HUGEPAGE`` environment variable (numpy's own switch: 1 = ask) says what to do.
 
 For the same reason Harmony asks glibc's malloc to keep what is freed for the next arrays
@@ -210,7 +212,6 @@ def _libc():
 
 
 def tune_allocations() -> None:
-    """What the probes and the analyses call when imported: :func:`small_pages` and
-    :func:`keep_freed_memory`."""
+    """What Harmony's entry points call first: :func:`small_pages` and :func:`keep_freed_memory`."""
     small_pages()
     keep_freed_memory()

@@ -3,10 +3,7 @@
 Pick one by name; every backend implements :class:`harmony.probes.base.Probe`.
 """
 
-from harmony.memory import tune_allocations
 from harmony.probes.base import Capture, Probe, ProbeError, TraceCorrupt
-
-tune_allocations()  # decoders fill and free many large arrays: see harmony.memory
 
 PROBES = {
     "tracefs": "harmony.probes.tracefs:TracefsProbe",

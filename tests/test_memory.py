@@ -1,6 +1,7 @@
-"""harmony.memory: importing the probes or the analyses stops numpy's huge-page requests
-(measured 1.3-1.5x faster decoding on a VM) and keeps freed memory for the next arrays, unless
-numpy's own switch, or glibc's malloc parameters, are set in the environment."""
+"""harmony.memory: Harmony's entry points (the ``harmony`` command, the suite's analyser, the
+benchmarks) stop numpy's huge-page requests (measured 1.3-1.5x faster decoding on a VM) and keep
+freed memory for the next arrays, unless numpy's own switch, or glibc's malloc parameters, are set
+in the environment; importing Harmony's packages changes neither."""
 
 import json
 import os
@@ -9,7 +10,14 @@ import sys
 
 import pytest
 
-CHECK = ("import harmony.{mod}\n"
+#: what a process does before the check: start the `harmony` command (its group callback runs
+#: first: a `list` is the cheapest command), or only import a package
+START = {"cli": ("import contextlib, io\nfrom harmony.cli import main\n"
+                 "with contextlib.redirect_stdout(io.StringIO()):\n"
+                 "    main(['list'], standalone_mode=False)\n"),
+         "probes": "import harmony.probes\n", "analysis": "import harmony.analysis\n"}
+
+CHECK = ("{start}"
          "try:\n    from numpy._core import multiarray\n"
          "except ImportError:\n    from numpy.core import multiarray\n"
          "print(multiarray._get_madvise_hugepage())")
@@ -17,21 +25,25 @@ CHECK = ("import harmony.{mod}\n"
 
 def _flag(mod: str, **env) -> str:
     base = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
-    out = subprocess.run([sys.executable, "-c", CHECK.format(mod=mod)], env=base | env,
+    out = subprocess.run([sys.executable, "-c", CHECK.format(start=START[mod])], env=base | env,
                          capture_output=True, text=True, check=True)
     return out.stdout.strip()
 
 
+def test_the_command_turns_numpy_huge_pages_off():
+    assert _flag("cli") == "False"
+
+
 @pytest.mark.parametrize("mod", ["probes", "analysis"])
-def test_importing_turns_numpy_huge_pages_off(mod):
-    assert _flag(mod) == "False"
+def test_importing_a_package_leaves_numpy_as_it_was(mod):
+    assert _flag(mod) == "True"
 
 
 def test_numpy_switch_set_by_the_user_wins():
-    assert _flag("probes", NUMPY_MADVISE_HUGEPAGE="1") == "True"
+    assert _flag("cli", NUMPY_MADVISE_HUGEPAGE="1") == "True"
 
 
-REUSE = ("import resource\nimport numpy as np\nimport harmony.{mod}\n"
+REUSE = ("import resource\nimport numpy as np\n{start}"
          "def minflt():\n    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
          "def faults(n):\n    a = np.empty(n, np.uint8)\n    f = minflt()\n"
          "    a[::4096] = 1\n    return minflt() - f\n"
@@ -42,33 +54,39 @@ def _refaults(mod: str, mib: int = 16, **env) -> int:
     """Pages faulted in by a ``mib`` MiB array allocated after one like it was freed."""
     base = {k: v for k, v in os.environ.items()
             if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")}
-    code = REUSE.format(mod=mod).replace("16 << 20", f"{mib} << 20")
+    code = REUSE.format(start=START[mod]).replace("16 << 20", f"{mib} << 20")
     out = subprocess.run([sys.executable, "-c", code], env=base | env, capture_output=True,
                          text=True, check=True)
     return int(out.stdout)
 
 
-@pytest.mark.parametrize("mod", ["probes", "analysis"])
-def test_importing_keeps_freed_memory_for_the_next_arrays(mod):
+def test_the_command_keeps_freed_memory_for_the_next_arrays():
     # glibc's default maps a first 16 MiB array, then (its threshold raised) puts the second in
     # fresh heap memory: ~4096 faults. Kept, the second reuses the first's pages.
-    assert _refaults(mod) < 512
+    assert _refaults("cli") < 512
+
+
+@pytest.mark.parametrize("mod", ["probes", "analysis"])
+def test_importing_a_package_leaves_malloc_as_it_was(mod):
+    code = START[mod] + "from harmony import memory\nprint(memory._kept)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"      # mallopt was never called
 
 
 def test_arrays_past_glibcs_mapping_threshold_are_reused_too():
     # 64 MiB: beyond the 32 MiB up to which glibc can be told to use its heap; by default each
     # such array is mapped, then unmapped when freed (16384 fresh pages for the second)
-    assert _refaults("analysis", mib=64) < 512
-    assert _refaults("analysis", mib=64, GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072") \
+    assert _refaults("cli", mib=64) < 512
+    assert _refaults("cli", mib=64, GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072") \
         > 12000
 
 
 def test_malloc_parameters_set_by_the_user_win():
-    assert _refaults("probes", GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072") > 3000
+    assert _refaults("cli", GLIBC_TUNABLES="glibc.malloc.trim_threshold=131072") > 3000
 
 
-PREFAULT = ("import json, resource, time\nimport numpy as np\nimport harmony.probes\n"
-            "from harmony import memory\n"
+PREFAULT = ("import json, resource, time\nimport numpy as np\n"
+            "from harmony import memory\nmemory.tune_allocations()\n"
             "def minflt():\n    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
             "thread = memory.prefault_heap({mib} << 20)\n"
             "policy = set()\n"
@@ -119,8 +137,8 @@ def test_stop_prefault_stops_the_thread_at_once():
 
 
 def test_a_new_prefault_stops_the_previous_one():
-    import harmony.probes  # noqa: F401  (sets malloc's parameters, which the prefault needs)
     from harmony import memory
+    memory.tune_allocations()    # sets malloc's parameters, which the prefault needs
     if not memory._kept:
         pytest.skip("malloc parameters set by the environment: no prefault")
     first = memory.prefault_heap(512 << 20)
@@ -134,7 +152,7 @@ def test_a_new_prefault_stops_the_previous_one():
     assert not second.is_alive() and memory._prefaults == []
 
 
-DESCRIBE = ("import json\nimport harmony.probes\nfrom harmony import memory\n"
+DESCRIBE = ("import json\nfrom harmony import memory\nmemory.tune_allocations()\n"
             "ok, detail = memory.describe()\n"
             "print(json.dumps([ok, detail, memory.prefault_heap(128 << 20) is not None]))")
 
