@@ -18,9 +18,10 @@ import seaborn as sns  # noqa: E402
 sns.set_theme(style="whitegrid", context="notebook")
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path, dpi: int = 110) -> Path:
+    """Lay ``fig`` out, write it as ``path`` and close it; returns the path."""
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
     return Path(path)
 
@@ -40,7 +41,7 @@ def plot_migrations(migrations: pd.DataFrame, duration_s: float, bin_s: float, p
     ax.set_xlabel("time since t0 (s)")
     ax.set_ylabel(f"migrations per {bin_s * 1000:g} ms")
     ax.set_title(f"{title} (total {len(migrations)})")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 #: a CPU's run queue with more steps than this is drawn as its min-max per bin (STEP_BINS bins):
@@ -112,7 +113,7 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
                  "are too many to draw")
     axes[0, 0].set_title(f"Run queue per CPU (running + waiting experiment tasks; dashed: N/P = {fair:g}{note})",
                          fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 #: above this many tasks a bar per task is unreadable, and the figure as wide as they are many
@@ -153,4 +154,4 @@ def plot_shares(shares: pd.DataFrame, path: Path, title: str = "CPU share per ta
     ax.set_ylabel("share of one CPU")
     ax.set_title(title)
     ax.legend(loc="lower right", fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)

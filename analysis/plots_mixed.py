@@ -22,7 +22,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from harmony.analysis import mixed  # noqa: E402
-from harmony.analysis.plots import MANY_TASKS, _save, ranked  # noqa: E402
+from harmony.analysis.plots import MANY_TASKS, ranked, save_figure  # noqa: E402
 
 ROLE_COLOURS = {"heavy": "#c0392b", "light": "#2980b9", "high": "#8e44ad", "low": "#16a085",
                 "cpu": "#7f8c8d"}
@@ -57,7 +57,7 @@ def plot_runqueue_detail(runqueue: pd.DataFrame, cpus, window: tuple[float, floa
     axes[-1, 0].set_xlim(a, b)
     axes[-1, 0].set_xlabel("time since t0 (s)")
     axes[0, 0].set_title(f"{title}, {a:g}-{b:g} s (runnable experiment tasks)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_allocation_timeline(allocation: pd.DataFrame, fair: float, duration_s: float,
@@ -76,7 +76,7 @@ def plot_allocation_timeline(allocation: pd.DataFrame, fair: float, duration_s: 
     axes[-1, 0].set_xlabel("time since t0 (s)")
     axes[0, 0].set_title(f"CPU allocation per task (% of a CPU per window; dashed: fair {fair:.0%})",
                          fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_runqueue_pair(runqueue: pd.DataFrame, static_runqueue: pd.DataFrame, cpus,
@@ -99,7 +99,7 @@ def plot_runqueue_pair(runqueue: pd.DataFrame, static_runqueue: pd.DataFrame, cp
     axes[1].set_xlim(a, b)
     axes[1].set_xlabel("time since t0 (s)")
     axes[0].set_title(f"Run queues, static ideal vs dynamic balance ({a:g}-{b:g} s)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_variance_timeline(variance: pd.DataFrame, static_variance: pd.DataFrame, t0: int,
@@ -123,7 +123,7 @@ def plot_variance_timeline(variance: pd.DataFrame, static_variance: pd.DataFrame
     ax.set_ylabel(f"variance of run queues\n(mean per {bin_s:g} s)")
     ax.set_title("Run-queue variance across CPUs: dynamic vs static ideal", fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_placement(counts: pd.DataFrame, cpus, duration_s: float, path: Path,
@@ -153,7 +153,7 @@ def plot_placement(counts: pd.DataFrame, cpus, duration_s: float, path: Path,
     axes[-1, 0].set_xlabel("time since t0 (s)")
     axes[0, 0].set_title(f"Placement of {' / '.join(roles)} tasks per CPU (running, waiting or asleep)",
                          fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_shares_vs_static(shares: pd.DataFrame, static_shares: pd.DataFrame, path: Path) -> Path:
@@ -181,7 +181,7 @@ def plot_shares_vs_static(shares: pd.DataFrame, static_shares: pd.DataFrame, pat
     ax.set_ylabel("share of one CPU (whole run)")
     ax.set_title("CPU share per task: dynamic balance vs static ideal", fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_class_allocation(allocation: pd.DataFrame, static_allocation: pd.DataFrame,
@@ -206,7 +206,7 @@ def plot_class_allocation(allocation: pd.DataFrame, static_allocation: pd.DataFr
     ax.set_ylabel("mean share of a CPU per task")
     ax.set_title("Allocation per class vs static ideal (label: dynamic / static)", fontsize=10)
     ax.legend(fontsize=8, loc="upper right")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------- sweeps
@@ -231,7 +231,7 @@ def plot_smape_vs_duty(sweep: pd.DataFrame, path: Path) -> Path:
     ax.set_xlabel("light task CPU demand (%)")
     ax.set_ylabel("SMAPE of run-queue variance\n(0 = matches static ideal)")
     ax.set_title("Run queue match with the static ideal", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_slowdown_vs_duty(sweep: pd.DataFrame, path: Path) -> Path:
@@ -244,7 +244,7 @@ def plot_slowdown_vs_duty(sweep: pd.DataFrame, path: Path) -> Path:
     ax.set_xlabel("light task CPU demand (%)")
     ax.set_ylabel("heavy allocation / static ideal")
     ax.set_title("CPU allocation of the heavy tasks relative to the static ideal", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_priority_sweep(sweep: pd.DataFrame, path: Path) -> Path:
@@ -268,7 +268,7 @@ def plot_priority_sweep(sweep: pd.DataFrame, path: Path) -> Path:
     axes[1].axhline(1.0, color="0.3", ls="--", lw=0.8)
     axes[-1].set_xlabel("nice difference (low - high)")
     axes[0].set_title("Priority classes vs nice difference", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def sweep_figures(run_dirs, fig_dir: Path) -> list[Path]:

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
-from harmony.analysis.plots import _save, plt, sns  # the shared Agg backend and theme
+from harmony.analysis.plots import plt, save_figure, sns  # the shared Agg backend and theme
 
 ROUND_PALETTE = "tab10"
 
@@ -57,7 +57,7 @@ def plot_first_round(summaries: pd.DataFrame, path: Path) -> Path:
         keep = dict(zip(labels, handles))
         ax.legend(keep.values(), keep.keys(), fontsize=8, loc="upper left")
         ax.set_ylim(bottom=0)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_time_to_resolve(summaries: pd.DataFrame, path: Path, tolerance: float = 0.15) -> Path:
@@ -87,7 +87,7 @@ def plot_time_to_resolve(summaries: pd.DataFrame, path: Path, tolerance: float =
     ax.set_ylabel("time to resolve (s since t0)")
     ax.set_title(f"Time to resolve: every run queue within {tolerance:.0%} of N/P, for good", fontsize=10)
     ax.set_ylim(bottom=0)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def df_intervals_long(summaries: pd.DataFrame) -> pd.DataFrame:
@@ -141,7 +141,7 @@ def plot_detection(summaries: pd.DataFrame, path: Path) -> Path:
     ax.set_xlabel("")
     ax.set_ylabel("ms")
     ax.set_title(f"Imbalance detection ({summaries['path'].nunique()} runs)", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_rounds_timeline(runqueue: pd.DataFrame, per_migration: pd.DataFrame, cpus, target: int,
@@ -183,7 +183,7 @@ def plot_rounds_timeline(runqueue: pd.DataFrame, per_migration: pd.DataFrame, cp
             ax.text(t, ax.get_ylim()[1] * 0.95, f" {label}", color="#c0392b", fontsize=8, va="top")
     axm.set_xlim(t_min, t_max)
     axm.set_xlabel("time since t0 (s)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_steal(load: pd.DataFrame, migrations: pd.DataFrame, target: int, steal: dict,
@@ -198,7 +198,7 @@ def plot_steal(load: pd.DataFrame, migrations: pd.DataFrame, target: int, steal:
     t_idle = steal.get("t_idle")
     if t_idle is None:
         _empty(ax, "the target never went idle after its tasks' exit time")
-        return _save(fig, path)
+        return save_figure(fig, path)
     lo, hi = t_idle - half_window_ms / 1000, t_idle + half_window_ms / 1000
     d = load[(load["t"] <= hi)]
     before = d[d["t"] < lo]
@@ -219,4 +219,4 @@ def plot_steal(load: pd.DataFrame, migrations: pd.DataFrame, target: int, steal:
     ax.set_ylabel("tasks on the target")
     ax.set_xlim(-half_window_ms, half_window_ms)
     ax.legend(fontsize=8, loc="upper right")
-    return _save(fig, path)
+    return save_figure(fig, path)

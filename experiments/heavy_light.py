@@ -195,14 +195,14 @@ class HeavyLight(TwoClassExperiment):
         lines = [
             f"run                          {kind}; light duty {s['light_duty']:g}%",
             f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']}",
-            f"migrations                   {s['migrations']} ({_f(s['migrations_per_s'])}/s)",
+            f"migrations                   {s['migrations']} ({number_text(s['migrations_per_s'])}/s)",
         ]
         for w in ("short", "long"):
             where = window_text(s["windows"].get(w))
-            lines.append(f"{w:5} window {where:16} run-queue variance {_f(s[f'variance_{w}'], 3)}"
-                         f" vs static {_f(s[f'static_variance_{w}'], 3)}: SMAPE {_f(s[f'smape_{w}'], 3)}; "
+            lines.append(f"{w:5} window {where:16} run-queue variance {number_text(s[f'variance_{w}'], 3)}"
+                         f" vs static {number_text(s[f'static_variance_{w}'], 3)}: SMAPE {number_text(s[f'smape_{w}'], 3)}; "
                          f"one heavy + one light on {_pct(s[f'one_heavy_one_light_fraction_{w}'])} of CPUs; "
-                         f"heavy allocation / static {_f(s[f'heavy_slowdown_{w}'], 3)}")
+                         f"heavy allocation / static {number_text(s[f'heavy_slowdown_{w}'], 3)}")
         if not s["static"] and s["static_run"] is None:
             lines.append("static ideal                 missing (no <run_dir>/static/): no SMAPE or slowdown")
         elif s["static_run"]:
@@ -210,7 +210,8 @@ class HeavyLight(TwoClassExperiment):
         return lines
 
 
-def _f(v, digits=2):
+def number_text(v, digits=2) -> str:
+    """A metric to ``digits`` decimals, "n/a" when there is none."""
     return "n/a" if v is None else f"{v:.{digits}f}"
 
 

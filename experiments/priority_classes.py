@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from harmony.analysis import mixed
 from harmony.experiments.base import Param, nice_value, non_negative
-from harmony.experiments.heavy_light import WINDOW_PARAMS, TwoClassExperiment, _f, window_text
+from harmony.experiments.heavy_light import WINDOW_PARAMS, TwoClassExperiment, number_text, window_text
 
 
 class PriorityClasses(TwoClassExperiment):
@@ -68,15 +68,15 @@ class PriorityClasses(TwoClassExperiment):
             f"run                          {kind}; nice {s['high_nice']} (high) vs {s['low_nice']} (low), "
             f"difference {s['nice_diff']}",
             f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']}",
-            f"migrations                   {s['migrations']} ({_f(s['migrations_per_s'])}/s; "
-            f"{_f(s['migrations_per_cpu_s'])} per CPU-second; high {_f(s['high_migrations_per_cpu_s'])}, "
-            f"low {_f(s['low_migrations_per_cpu_s'])})",
+            f"migrations                   {s['migrations']} ({number_text(s['migrations_per_s'])}/s; "
+            f"{number_text(s['migrations_per_cpu_s'])} per CPU-second; high {number_text(s['high_migrations_per_cpu_s'])}, "
+            f"low {number_text(s['low_migrations_per_cpu_s'])})",
         ]
         for w in ("short", "long"):
             where = window_text(s["windows"].get(w))
-            lines.append(f"{w:5} window {where:16} spread index high {_f(s[f'high_spread_index_{w}'], 3)}, "
-                         f"low {_f(s[f'low_spread_index_{w}'], 3)} (0 even, 1 all on one CPU); "
-                         f"high allocation / static {_f(s[f'high_allocation_ratio_{w}'], 3)}")
+            lines.append(f"{w:5} window {where:16} spread index high {number_text(s[f'high_spread_index_{w}'], 3)}, "
+                         f"low {number_text(s[f'low_spread_index_{w}'], 3)} (0 even, 1 all on one CPU); "
+                         f"high allocation / static {number_text(s[f'high_allocation_ratio_{w}'], 3)}")
         if not s["static"] and s["static_run"] is None:
             lines.append("static ideal                 missing (no <run_dir>/static/): no allocation ratio")
         elif s["static_run"]:
