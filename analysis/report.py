@@ -6,6 +6,11 @@ Both start from the same lines so the terminal and the file never disagree.
 
 from __future__ import annotations
 
+from harmony.analysis.probe_agreement import agreement_lines
+from harmony.experiments import get_experiment
+
+from harmony.store import atomic_write
+
 
 def _ms(ns) -> str:
     return "n/a" if ns is None else f"{ns / 1e6:.3f} ms"
@@ -70,8 +75,6 @@ def trust_lines(m: dict) -> list[str]:
                          f"({', '.join(whose + ['sampler'])})")
     lines.append(f"reconstruction anomalies     {m.get('reconstruction_anomalies', '?')}")
     if m.get("crosscheck_probe"):
-        from harmony.analysis.probe_agreement import agreement_lines
-
         lines += agreement_lines(m.get("probe_agreement")) or [
             f"probe cross-check            {m['crosscheck_probe']} recorded but not compared"]
     return lines
@@ -101,8 +104,6 @@ def params_line(m: dict) -> str:
 
 
 def summary_text(run) -> str:
-    from harmony.experiments import get_experiment
-
     m = run.manifest
     exp = get_experiment(m["experiment"])
     out = [f"{exp.name}: {exp.question}", f"run {run.path}", f"parameters: {params_line(m)}", ""]
@@ -118,9 +119,6 @@ def summary_text(run) -> str:
 
 def write_report(run) -> None:
     """Write report.md beside the figures."""
-    from harmony.experiments import get_experiment
-    from harmony.store import atomic_write
-
     m = run.manifest
     exp = get_experiment(m["experiment"])
     md = [f"# {exp.name}: {exp.question}", "",

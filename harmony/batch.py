@@ -14,14 +14,26 @@ CPUs outside the experiment's set) or after the last capture, in one process per
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+import psutil
+
 from harmony import simulate, store
+from harmony.analysis.refpolicy import get_policy
+from harmony.analysis.stats import df_aggregate
+from harmony.hygiene import HostLock, reclaim_stale
 from harmony.memory import tune_allocations
 from harmony.osutil import die_with_parent
+from harmony.pipeline import analyse
+from harmony.probes import get_probe
+from harmony.run import capture
 
 
 def rep_dir(out: Path, k: int) -> Path:
@@ -32,8 +44,6 @@ class SimRunner:
     """Runs under a reference policy (:mod:`harmony.analysis.refpolicy`); analysis in-process."""
 
     def __init__(self, policy: str):
-        from harmony.analysis.refpolicy import get_policy
-
         self.policy = get_policy(policy)
         self.name = f"simulated: {self.policy.name}"
         self.overlap = False
@@ -92,8 +102,6 @@ class KernelRunner:
         self._session = contextlib.ExitStack()  # the probe's session, if it has one
 
     def __enter__(self):
-        from harmony.hygiene import HostLock, reclaim_stale
-        from harmony.probes import get_probe
 
         # held once for every run: captures are told so (lock_held) and no other run slips in
         self.lock = HostLock().acquire()
@@ -127,8 +135,6 @@ class KernelRunner:
         return False
 
     def _start_worker(self):
-        import psutil
-
         outside = sorted(set(range(psutil.cpu_count())) - set(self.cpus))
         env = dict(os.environ, HARMONY_ANALYSER_CPUS=",".join(map(str, outside)))
         # a plain child process, started before any capture: no threads in the controller, which
@@ -142,8 +148,6 @@ class KernelRunner:
     def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
         """Capture (companions first); the analysis, with figures if ``figures``, follows in the
         background analyser or when the runner is drained."""
-        from harmony.run import capture
-
         out = Path(out)
         hold = ({"pause": self._pause_worker, "resume": self._resume_worker}
                 if self.worker is not None and self.pause else {})
@@ -202,9 +206,6 @@ class KernelRunner:
     def _pause_worker(self) -> None:
         """Stop the analyser and wait until the kernel says it is stopped (state T); one that
         does not stop within a second is killed and its captures analysed on exit instead."""
-        import signal
-        import time
-
         if self.worker is None:  # lost at an earlier pause of this capture's companions
             return
         pid = self.worker.pid
@@ -217,8 +218,6 @@ class KernelRunner:
         self._lose_worker()
 
     def _resume_worker(self) -> None:
-        import signal
-
         if self.worker is not None:
             os.kill(self.worker.pid, signal.SIGCONT)
 
@@ -276,8 +275,6 @@ def _proc_state(pid: int) -> str | None:
 
 def _analyse_group(group: tuple[list[str], bool]) -> list[dict]:
     """Analyse one capture's directories in order (companions before the run that reads them)."""
-    from harmony.pipeline import analyse
-
     dirs, figures = group
     out = []
     for d in dirs:
@@ -302,11 +299,6 @@ def analyse_groups(groups: list[tuple[list[str], bool]], processes: int,
     """
     if processes <= 1 or len(groups) <= 1:
         return [r for g in groups for r in _analyse_group(g)]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    import harmony.pipeline  # noqa: F401  (imported once, here, rather than in every process)
-
     # largest captures first, so that the last one to finish is a small one and no CPU idles long
     order = sorted(range(len(groups)), key=lambda i: -_raw_bytes(groups[i][0]))
     with ProcessPoolExecutor(min(processes, len(groups)),
@@ -382,8 +374,6 @@ def finish_batch(out: Path, figures: bool = True) -> dict:
     ``figures=False`` leaves figures/reps.png to :func:`draw_batch_figures` (``harmony report
     BATCH``); batch.json says so (``figures_deferred``).
     """
-    from harmony.analysis.stats import df_aggregate
-
     out = Path(out)
     record = store.read_json(out / "batch.json")
     summaries, failed = [], []
