@@ -22,9 +22,10 @@ import pytest
 from harmony.analysis.probe_agreement import (TOL_NS, df_migration_agreement, df_run_agreement,
                                               match_times)
 from harmony.probes.base import ProbeError, TraceCorrupt
-from harmony.probes.perf import (PerfProbe, PerfScriptParser, _lost_samples, check_perf_data,
-                                 clock_name, lost_sched_events,
-                                 prev_state_value)
+from harmony.probes.perf import PerfProbe
+from harmony.probes.perf_data import (check_perf_data, clock_name, lost_samples_by_event,
+                                      lost_sched_events)
+from harmony.probes.perf_script import PerfScriptParser, prev_state_value
 
 # --------------------------------------------------------------------------------- hermetic: parser
 
@@ -143,8 +144,8 @@ dummy:HG stats:
 
 
 def test_lost_samples_are_per_event_and_skip_the_aggregated_record_count():
-    assert _lost_samples(STATS) == {"sched:sched_switch": 809, "sched:sched_waking": 531, "dummy:HG": 28}
-    assert _lost_samples("nothing here") is None
+    assert lost_samples_by_event(STATS) == {"sched:sched_switch": 809, "sched:sched_waking": 531, "dummy:HG": 28}
+    assert lost_samples_by_event("nothing here") is None
 
 
 @pytest.mark.parametrize("content,why", [(b"", "bad magic"), (b"x" * 500, "bad magic"),
