@@ -71,9 +71,9 @@ def replicate(base: Path, dst: Path, factor: float) -> None:
     """dst = base's pages repeated round(factor) times, copy k shifted by k * (span of base + 1 s);
     a factor below 1 keeps that fraction of each CPU's pages instead."""
     from harmony.probes.formats import load_header_page
-    from harmony.probes.ringbuf import _load_meta, raw_files
+    from harmony.probes.ringbuf import load_meta, raw_files
 
-    meta = _load_meta(base)
+    meta = load_meta(base)
     ps = int(meta.get("page_size", 4096))
     hp = load_header_page(base / "formats" / "header_page")
     files = raw_files(base, meta)

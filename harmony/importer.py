@@ -61,24 +61,26 @@ def read_perf_data(path: Path) -> Capture:
     Unlike the perf probe's own recordings, a foreign perf.data may use any clock and has no
     markers: the clock is taken from its header and reported, never checked.
     """
-    from harmony.probes import perf as perfmod
+    from harmony.probes import perf_data, perf_script
+    from harmony.probes.perf import PerfProbe
 
-    info = perfmod.check_perf_data(path)
-    binary = perfmod.PerfProbe.perf_binary()
+    info = perf_data.check_perf_data(path)
+    binary = PerfProbe.perf_binary()
     if not binary:
         raise ProbeError(f"perf is not installed (no 'perf' in PATH): cannot decode {path}")
-    header = perfmod._run_perf_report(binary, path, "--header-only")
-    lost_samples = perfmod._lost_samples(perfmod._run_perf_report(binary, path, "--stats"))
-    parser, _ = perfmod.run_perf_script(binary, path)
+    header = perf_data.run_perf_report(binary, path, "--header-only")
+    lost_samples = perf_data.lost_samples_by_event(
+        perf_data.run_perf_report(binary, path, "--stats"))
+    parser, _ = perf_script.run_perf_script(binary, path)
     events = parser.events()
     notes = parser.notes()
-    lost, lost_notes = perfmod.lost_sched_events(sum(parser.lost_by_cpu.values()), lost_samples)
+    lost, lost_notes = perf_data.lost_sched_events(sum(parser.lost_by_cpu.values()), lost_samples)
     notes += lost_notes
-    clock = perfmod.clock_name(header)
+    clock = perf_data.clock_name(header)
     uname = next((ln.partition(":")[2].strip() for ln in header.splitlines()
                   if ln.startswith("# os release")), "")
-    online = perfmod.header_number(header, "nrcpus online")
-    recorded = perfmod.recorded_cpus(binary, path)
+    online = perf_data.header_number(header, "nrcpus online")
+    recorded = perf_data.recorded_cpus(binary, path)
     if recorded is not None and online is not None and len(recorded) < online:
         notes.append(f"perf recorded CPUs {format_cpulist(recorded)} only, of the {online} its "
                      "host had online (perf record -C): events on the others are not in the "

@@ -3,6 +3,11 @@
 buffers instead of the ftrace ring buffer; own decoder: perf's libtraceevent text instead of raw
 records), so the two cross-check each other.
 
+This module is the recorder; decode() reads what it recorded with the layers below it:
+:mod:`harmony.probes.perf_script` (``perf script`` text -> the events table) and
+:mod:`harmony.probes.perf_data` (the perf.data header, its clock, the samples perf lost), which
+both run perf as :mod:`harmony.probes.perf_tool` says.
+
 Files in ``out_dir``::
 
     perf.data      what ``perf record`` wrote
@@ -62,45 +67,39 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import select
 import shutil
 import signal
-import struct
 import subprocess
 import tempfile
 import threading
 import time
 import weakref
-from operator import itemgetter
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-from harmony.osutil import (die_with_parent, online_cpus, parse_cpulist, proc_starttime,
-                            sched_getcpu)
+from harmony.osutil import online_cpus, proc_starttime, sched_getcpu
 from harmony.probes.base import Capture, Probe, ProbeError, TraceCorrupt
-from harmony.probes.schema import COLUMNS, SCHED_EVENTS, make_events, make_markers
+from harmony.probes.perf_data import (check_perf_data, lost_samples_by_event, lost_sched_events,
+                                      run_perf_report, sched_clockids)
+from harmony.probes.perf_script import run_perf_script
+from harmony.probes.perf_tool import PERF_ENV as _ENV
+from harmony.probes.perf_tool import die_with_parent_preexec as _die_with_parent
+from harmony.probes.perf_tool import first_error_line as _first_error_line
+from harmony.probes.schema import SCHED_EVENTS, make_markers
+
+# _ENV, _die_with_parent, _first_error_line: perf_tool's, by the names the recorder's code called
+# them when they were defined here
 
 PERF_EVENTS = ",".join(f"sched:{e}" for e in SCHED_EVENTS)
 CLOCK_NAME = "mono"  # the tracefs name of CLOCK_MONOTONIC (ktime_get_mono_fast_ns)
 CLOCK_ID = "CLOCK_MONOTONIC"
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
-_ENV = {**os.environ, "LC_ALL": "C", "PAGER": "cat", "PERF_PAGER": "cat"}
-
 
 # --------------------------------------------------------------------------------------------------
 # process helpers
-
-def _die_with_parent(parent_pid: int):
-    """preexec_fn: the child gets SIGKILL when the thread that forked it dies (PR_SET_PDEATHSIG)."""
-    def setup():
-        if not die_with_parent(parent_pid):  # the parent died before the request took effect
-            os._exit(1)
-    return setup
-
 
 def _pow2_ceil(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
@@ -156,324 +155,6 @@ def _record_help(perf: str) -> str:
 def _record_knows(perf: str, option: str) -> bool:
     """Whether this ``perf record`` has ``option`` (its help lists it)."""
     return option in _record_help(perf)
-
-
-def _first_error_line(text: str) -> str:
-    """The most telling line of a perf error message."""
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    lines = [ln for ln in lines if not ln.startswith(("Events disabled", "[ perf record"))]
-    for i, ln in enumerate(lines):
-        if ln.rstrip(":").lower() == "error" and i + 1 < len(lines):
-            return lines[i + 1]
-    for ln in lines:
-        if "error" in ln.lower() or "fail" in ln.lower() or "invalid" in ln.lower():
-            return ln
-    return lines[-1] if lines else "no output"
-
-
-# --------------------------------------------------------------------------------------------------
-# perf.data header check (struct perf_file_header, tools/perf/util/header.h)
-
-_HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")  # magic size attr_size attrs data event_types features
-
-
-def check_perf_data(path: Path) -> dict:
-    """Validate the header of a perf.data file cheaply; raise TraceCorrupt naming the file.
-
-    Catches the usual ways a recording goes bad: empty/truncated file, perf killed before it wrote
-    the final header (data size 0), and a file cut short after the data section (the feature
-    sections that perf appends at the end point past the end of the file).
-    """
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(_HEADER.size)
-            (magic, hsize, _attr_size, attrs_off, attrs_size, data_off, data_size, _et_off,
-             _et_size, *features) = _HEADER.unpack(head) if len(head) == _HEADER.size else (
-                b"",) + (0,) * 12
-            if magic != b"PERFILE2":
-                raise TraceCorrupt(f"{path}: not a perf.data file (bad magic, {size} bytes)")
-            if data_size == 0:
-                raise TraceCorrupt(f"{path}: perf record did not finish it (data size 0 in header)")
-            end = data_off + data_size
-            if hsize < _HEADER.size or attrs_off + attrs_size > size or end > size:
-                raise TraceCorrupt(f"{path}: truncated ({size} bytes, header says data ends at "
-                                   f"{end})")
-            nfeat = sum(bin(w).count("1") for w in features)
-            f.seek(end)
-            table = f.read(16 * nfeat)
-            if len(table) != 16 * nfeat:
-                raise TraceCorrupt(f"{path}: truncated (feature table past the end of the file)")
-            for i in range(nfeat):
-                off, sz = struct.unpack_from("<QQ", table, 16 * i)
-                if off + sz > size:
-                    raise TraceCorrupt(f"{path}: truncated (feature section past the end of the "
-                                       f"file)")
-    except OSError as e:
-        raise TraceCorrupt(f"{path}: cannot read: {e.strerror or e}") from None
-    return {"bytes": size, "data_offset": data_off, "data_size": data_size}
-
-
-# --------------------------------------------------------------------------------------------------
-# perf script text -> canonical columns
-
-# perf script -F trace:tid,cpu,time,event,trace --ns prints, per sample:
-#   "%5d [%03d] %5lu.%09lu: %*s: <tracepoint print fmt>"   e.g.
-#   " 6468 [000]   354.805768520:       sched:sched_switch: prev_comm=perf prev_pid=6468 ..."
-# and with --show-lost-events, per PERF_RECORD_LOST:
-#   " 5525 [000]   333.060311719: PERF_RECORD_LOST lost 1"
-# Each chunk is prefixed with "\n" so that every line starts with the literal "\n" (lets the regex
-# engine skip to candidates quickly instead of trying a match at every character).
-# The event is "sched:NAME" (-> NAME) or, for the other subsystems' tracepoints, "SYS:NAME" (kept
-# whole, as the trace.dat decoder names them).
-_LINE_RE = re.compile(r"\n *(-?\d+) +\[(\d+)\] +(\d+)\.(\d{9}): +"
-                      r"(?:sched:)?((?:\w+:)?\w+):? ([^\n]*)")
-# Samples of other events (cycles, cpu-clock, ... in a recording that sampled them too) come in
-# perf's default fields, one line each (-G hides their call chains), the CPU only if recorded:
-#   "  migration/0    18 [000] 11290.807175068:     250000   cpu-clock:  ffffffff8220 _raw_...+0x19"
-#   "  python 11120  1099.335764939:     200040 cpu-clock:pppH: "
-# They are counted by event name, not taken for lines that did not parse.
-_OTHER_SAMPLE_RE = re.compile(r".*? (-?\d+) +(?:\[\d+\] +)?\d+\.\d{9}: +(?:\d+ +)?(\S+):(?: .*)?")
-# perf prints some PERF_RECORD_LOST lines with the comm first ("perf-exec 20671 [000] ...: ...")
-_LOST_RE = re.compile(r".*?(-?\d+) +\[(\d+)\] +\d+\.\d{9}: +PERF_RECORD_LOST lost (\d+)")
-
-_INT = r"(-?\d+)"
-# Payload patterns, one per event; "(.*?)" comm fields may hold spaces. Optional parts cover the
-# formats of other kernel versions (sched_wakeup "success=", sched_process_exit "group_dead=").
-_PAYLOAD_RE = {
-    "sched_switch": re.compile(
-        rf"prev_comm=(.*?) prev_pid={_INT} prev_prio={_INT} prev_state=(\S*) ==> "
-        rf"next_comm=(.*?) next_pid={_INT} next_prio={_INT}\n"),
-    "sched_migrate_task": re.compile(
-        rf"comm=(.*?) pid={_INT} prio={_INT} orig_cpu={_INT} dest_cpu={_INT}\n"),
-    "sched_wakeup": re.compile(
-        rf"comm=(.*?) pid={_INT} prio={_INT}(?: success=\d+)? target_cpu={_INT}\n"),
-    "sched_process_fork": re.compile(rf"comm=(.*?) pid={_INT} child_comm=(.*?) child_pid={_INT}\n"),
-    "sched_process_exit": re.compile(rf"comm=(.*?) pid={_INT} prio={_INT}(?: group_dead=\w+)?\n"),
-}
-_PAYLOAD_RE["sched_wakeup_new"] = _PAYLOAD_RE["sched_waking"] = _PAYLOAD_RE["sched_wakeup"]
-
-# group index -> canonical column, per event (strings go through the interner, ints are parsed)
-_FIELDS = {
-    "sched_switch": {0: "prev_comm", 1: "prev_pid", 2: "prev_prio", 3: "prev_state", 4: "comm",
-                     5: "pid", 6: "prio"},
-    "sched_migrate_task": {0: "comm", 1: "pid", 2: "prio", 3: "orig_cpu", 4: "target_cpu"},
-    "sched_wakeup": {0: "comm", 1: "pid", 2: "prio", 3: "target_cpu"},
-    "sched_process_fork": {0: "prev_comm", 1: "prev_pid", 2: "comm", 3: "pid"},
-    "sched_process_exit": {0: "comm", 1: "pid", 2: "prio"},
-}
-_FIELDS["sched_wakeup_new"] = _FIELDS["sched_waking"] = _FIELDS["sched_wakeup"]
-_STR_COLUMNS = ("comm", "prev_comm", "prev_state")
-
-# prev_state letters (kernel's __print_flags table for sched_switch) -> TASK_* report bits
-STATE_BITS = {"S": 1, "D": 2, "T": 4, "t": 8, "X": 16, "Z": 32, "P": 64, "I": 128}
-
-
-def prev_state_value(text: str) -> int:
-    """Normalise a prev_state as printed by perf ("R", "R+", "S", "D|K", ...) to the schema's bits.
-
-    "R" and "R+" (still runnable; "+" is the preempted flag) -> 0; otherwise the OR of the TASK_*
-    bits of the letters; -1 if no letter is known.
-    """
-    text = text.strip().rstrip("+")
-    if text in ("R", ""):
-        return 0
-    bits, known = 0, False
-    for part in text.split("|"):
-        if part in STATE_BITS:
-            bits |= STATE_BITS[part]
-            known = True
-        elif part.startswith("0x"):
-            try:
-                bits |= int(part, 16)
-                known = True
-            except ValueError:
-                pass
-    return bits if known else -1
-
-
-def _ints(strings) -> np.ndarray:
-    """Decimal strings -> int64 array (one C-level parse of the joined text)."""
-    if not strings:
-        return np.zeros(0, np.int64)
-    arr = np.fromstring(" ".join(strings), dtype=np.int64, sep=" ")  # noqa: NPY201 (text mode)
-    if len(arr) != len(strings):
-        raise ValueError("non-numeric field")
-    return arr
-
-
-class _Interner:
-    """Maps strings to dense int codes across chunks (for the categorical columns)."""
-
-    def __init__(self):
-        self.index: dict[str, int] = {}
-        self.values: list[str] = []
-
-    def codes(self, strings) -> np.ndarray:
-        local, uniques = pd.factorize(pd.Series(strings, dtype=object), sort=False)
-        remap = np.empty(len(uniques), np.int32)
-        for i, s in enumerate(uniques):
-            code = self.index.get(s)
-            if code is None:
-                code = self.index[s] = len(self.values)
-                self.values.append(s)
-            remap[i] = code
-        return remap[local] if len(local) else np.zeros(0, np.int32)
-
-    def categorical(self, codes: np.ndarray) -> pd.Categorical:
-        return pd.Categorical.from_codes(codes, categories=pd.Index(self.values, dtype=object),
-                                         validate=False) if self.values else \
-            pd.Categorical([""] * len(codes))
-
-
-class PerfScriptParser:
-    """Incremental parser of ``perf script`` text into canonical columns.
-
-    Work per chunk: one regex pass splits lines into header fields and payload, then one regex per
-    event type runs over that type's payloads joined into one string; numeric groups are parsed in
-    bulk with numpy. Lines that fit no pattern are counted and a few kept for the notes.
-    """
-
-    EVENT_NAMES = SCHED_EVENTS
-
-    def __init__(self):
-        self.strings = _Interner()
-        self.chunks: list[dict] = []
-        self.lost_by_cpu: dict[int, int] = {}
-        self.bad_lines = 0
-        self.bad_examples: list[str] = []
-        self.other_events: dict[str, int] = {}
-        self._tail = b""
-
-    def notes(self) -> list[str]:
-        """What the parse left out: lines it could not read, events it does not decode."""
-        notes = []
-        if self.bad_lines:
-            notes.append(f"{self.bad_lines} perf script lines did not parse, e.g. "
-                         f"{self.bad_examples[:2]!r}")
-        if self.other_events:
-            notes.append(f"ignored events other than the {len(self.EVENT_NAMES)} Harmony decodes "
-                         f"({', '.join(self.EVENT_NAMES)}), by count: {self.other_events}")
-        return notes
-
-    def feed(self, data: bytes) -> None:
-        data = self._tail + data
-        cut = data.rfind(b"\n") + 1
-        self._tail = data[cut:]
-        if cut:
-            self._parse(data[:cut].decode("utf-8", "replace"))
-
-    def finish(self) -> None:
-        if self._tail.strip():
-            self._parse(self._tail.decode("utf-8", "replace") + "\n")
-        self._tail = b""
-
-    def _bad(self, lines) -> None:
-        lines = [ln for ln in lines if ln.strip()]
-        self.bad_lines += len(lines)
-        self.bad_examples.extend(lines[: max(0, 3 - len(self.bad_examples))])
-
-    def _parse(self, text: str) -> None:
-        rows = _LINE_RE.findall("\n" + text)
-        nlines = text.count("\n")
-        if len(rows) != nlines:
-            # find the lines the header pattern rejected (slow path, only for odd chunks)
-            odd = [ln for ln in text.split("\n") if ln.strip() and not _LINE_RE.fullmatch("\n" + ln)]
-            bad = []
-            for ln in odd:
-                m = _LOST_RE.fullmatch(ln)
-                if m:
-                    c = int(m.group(2))
-                    self.lost_by_cpu[c] = self.lost_by_cpu.get(c, 0) + int(m.group(3))
-                    continue
-                m = _OTHER_SAMPLE_RE.fullmatch(ln)
-                if m:
-                    self.other_events[m.group(2)] = self.other_events.get(m.group(2), 0) + 1
-                else:
-                    bad.append(ln)
-            self._bad(bad)
-        if not rows:
-            return
-        tid, cpu, sec, nsec, ev, rest = (list(map(itemgetter(k), rows)) for k in range(6))
-        ev_codes, ev_names = pd.factorize(pd.Series(ev, dtype=object), sort=False)
-        keep = np.zeros(len(rows), bool)
-        cols: dict[str, np.ndarray] = {}
-        n = len(rows)
-        for name in COLUMNS:
-            if name not in ("ts", "cpu", "event", "common_pid"):
-                cols[name] = np.full(n, -1, np.int64)
-        rest_arr = np.array(rest, dtype=object)
-        for k, name in enumerate(ev_names):
-            idx = np.flatnonzero(ev_codes == k)
-            if name == "PERF_RECORD_LOST":
-                for i in idx:
-                    m = re.fullmatch(r"lost (\d+)", rest[i].strip())
-                    if m:
-                        c = int(cpu[i])
-                        self.lost_by_cpu[c] = self.lost_by_cpu.get(c, 0) + int(m.group(1))
-                continue
-            pattern = _PAYLOAD_RE.get(name)
-            if pattern is None:
-                self.other_events[name] = self.other_events.get(name, 0) + len(idx)
-                continue
-            payloads = rest_arr[idx]
-            found = pattern.findall("\n".join(payloads) + "\n")
-            if len(found) != len(idx):
-                # some payloads do not fit: match one by one to keep rows aligned
-                good, found = [], []
-                for j, p in zip(idx, payloads):
-                    m = pattern.fullmatch(p + "\n")
-                    if m:
-                        good.append(j)
-                        found.append(m.groups())
-                    else:
-                        self._bad([f"{name}: {p}"])
-                idx = np.asarray(good, dtype=np.int64)
-                if not len(idx):
-                    continue
-            keep[idx] = True
-            for g, col in _FIELDS[name].items():
-                values = list(map(itemgetter(g), found))
-                if col in _STR_COLUMNS:
-                    cols[col][idx] = self.strings.codes(values)
-                else:
-                    cols[col][idx] = _ints(values)
-        kidx = np.flatnonzero(keep)
-        if not len(kidx):
-            return
-        ts = _ints(sec) * 1_000_000_000 + _ints(nsec)
-        chunk = {"ts": ts[kidx], "cpu": _ints(cpu)[kidx], "common_pid": _ints(tid)[kidx],
-                 "event": self.strings.codes(list(ev_names))[ev_codes[kidx]]}
-        for name, arr in cols.items():
-            chunk[name] = arr[kidx]
-        self.chunks.append(chunk)
-
-    def events(self) -> pd.DataFrame:
-        """The canonical events table of everything fed so far."""
-        if not self.chunks:
-            return make_events({})
-        cols = {k: np.concatenate([c[k] for c in self.chunks]) for k in self.chunks[0]}
-        values = np.asarray(self.strings.values, dtype=object)
-        # prev_state: codes of strings -> normalised bits (only switch rows have one)
-        state = cols["prev_state"]
-        has = state >= 0
-        if has.any():
-            used = np.unique(state[has])
-            lut = np.full(len(values), -1, np.int64)
-            lut[used] = [prev_state_value(values[u]) for u in used]
-            state = np.where(has, lut[np.where(has, state, 0)], -1)
-        cols["prev_state"] = state
-        out = {k: v for k, v in cols.items() if k not in ("event", "comm", "prev_comm")}
-        for k in ("event", "comm", "prev_comm"):
-            codes = cols[k].astype(np.int32)
-            if (codes < 0).any():  # rows without the string: "" (fill via an extra category)
-                empty = self.strings.codes([""])[0]
-                codes = np.where(codes < 0, empty, codes)
-            out[k] = self.strings.categorical(codes)
-        df = make_events({k: out[k] for k in COLUMNS})
-        for k in ("event", "comm", "prev_comm"):  # keep only the categories this column uses
-            df[k] = df[k].cat.remove_unused_categories()
-        return df
 
 
 # --------------------------------------------------------------------------------------------------
@@ -729,11 +410,11 @@ class PerfProbe(Probe):
                 notes.append("meta.json is unreadable; recording facts are missing")
         else:
             notes.append("meta.json missing (stop() never ran?)")
-        header = _run_perf_report(perf, path, "--header-only")
-        if _sched_clockids(header) - {1}:       # one not on CLOCK_MONOTONIC (clockid 1)
+        header = run_perf_report(perf, path, "--header-only")
+        if sched_clockids(header) - {1}:       # one not on CLOCK_MONOTONIC (clockid 1)
             raise TraceCorrupt(f"{path}: events were not recorded on CLOCK_MONOTONIC (clockid 1)")
-        stats = _run_perf_report(perf, path, "--stats")
-        lost_samples = _lost_samples(stats)
+        stats = run_perf_report(perf, path, "--stats")
+        lost_samples = lost_samples_by_event(stats)
 
         t0 = time.perf_counter()
         parser, errtext = run_perf_script(perf, path)
@@ -820,35 +501,6 @@ class PerfProbe(Probe):
 # --------------------------------------------------------------------------------------------------
 # helpers for decode / cleanup
 
-def run_perf_script(perf: str, path: Path) -> tuple[PerfScriptParser, str]:
-    """Stream ``perf script`` of ``path`` into a :class:`PerfScriptParser`, 8 MiB at a time.
-
-    Returns the finished parser and perf's stderr text; raises TraceCorrupt naming ``path`` if
-    perf script fails.
-    """
-    parser = PerfScriptParser()
-    cmd = [perf, "script", "-f", "-i", str(path), "--ns", "--show-lost-events",
-           "-F", "trace:tid,cpu,time,event,trace", "-G"]
-    with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                env=_ENV, preexec_fn=_die_with_parent(os.getpid()))
-        try:
-            for chunk in iter(lambda: proc.stdout.read(8 << 20), b""):
-                parser.feed(chunk)
-            parser.finish()
-            rc = proc.wait()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            proc.stdout.close()
-        err.seek(0)
-        errtext = err.read().decode("utf-8", "replace")
-    if rc != 0:
-        raise TraceCorrupt(f"{path}: perf script failed (exit {rc}): " + _first_error_line(errtext))
-    return parser, errtext
-
-
 def _emergency_stop(proc: subprocess.Popen) -> None:
     """weakref/atexit fallback: a started probe that was never stopped stops perf gracefully."""
     if proc.poll() is None:
@@ -884,122 +536,6 @@ def _stop_pid(pid: int, starttime: int | None) -> bool:
     return True
 
 
-def _run_perf_report(perf: str, path: Path, what: str) -> str:
-    r = subprocess.run([perf, "report", "-f", "-i", str(path), what], capture_output=True,
-                       env=_ENV, timeout=600, preexec_fn=_die_with_parent(os.getpid()))
-    out = r.stdout.decode("utf-8", "replace")
-    if r.returncode != 0:
-        raise TraceCorrupt(f"{path}: perf report {what} failed (exit {r.returncode}): "
-                           + _first_error_line(r.stderr.decode("utf-8", "replace") + out))
-    return out
-
-
-def recorded_cpus(perf: str, path: Path, max_lines: int = 20_000) -> set[int] | None:
-    """The CPUs ``path`` was recorded on (its PERF_RECORD_CPU_MAP: ``-C``, or every CPU with
-    ``-a``), or None if perf does not say. Read from ``perf report -D``, which prints the map with
-    the records that precede the samples: perf is stopped as soon as it is found, or after
-    ``max_lines`` lines."""
-
-    proc = subprocess.Popen([perf, "report", "-f", "-D", "-i", str(path)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env=_ENV,
-                            preexec_fn=_die_with_parent(os.getpid()))
-    found = None
-    try:
-        for _, line in zip(range(max_lines), proc.stdout):
-            m = re.search(rb"PERF_RECORD_CPU_MAP: ([\d,\-]+)\s*$", line)
-            if m:
-                try:
-                    found = set(parse_cpulist(m.group(1).decode()))
-                except ValueError:
-                    pass
-                break
-    finally:
-        proc.kill()
-        proc.wait()
-        proc.stdout.close()
-    return found or None
-
-
-def header_number(header: str, key: str) -> int | None:
-    """The number a ``perf report --header-only`` line "# key : N" gives, or None."""
-    m = re.search(rf"^# {re.escape(key)} : (\d+)\s*$", header, re.M)
-    return int(m.group(1)) if m else None
-
-
-def _sched_clockids(header: str) -> set:
-    """The clockids of the sched events in ``perf report --header-only`` (None: one recorded
-    without ``-k``); empty if the header lists no sched event."""
-    ids = set()
-    for line in header.splitlines():
-        if line.startswith("# event : name = sched:"):
-            m = re.search(r"\bclockid = (\d+)", line)
-            ids.add(int(m.group(1)) if m and "use_clockid = 1" in line else None)
-    return ids
-
-
-#: perf's clockids (``perf record -k``) by the names tracefs gives the same clocks
-CLOCKID_NAMES = {0: "realtime", 1: "mono", 4: "mono_raw", 7: "boot", 11: "tai"}
-DEFAULT_CLOCK = "perf (sched_clock, perf's default)"
-
-
-def clock_name(header: str) -> str:
-    """The clock a perf.data's sched events were stamped with, from ``perf report --header-only``:
-    the tracefs name of its ``-k`` clockid, ``clockid N`` for one without, ``mixed clockids`` if
-    they differ, or :data:`DEFAULT_CLOCK` when none was asked for."""
-    ids = _sched_clockids(header)
-    if len(ids) > 1:
-        return f"mixed clockids {sorted(ids, key=str)}"
-    (clockid,) = ids or {None}
-    if clockid is None:
-        return DEFAULT_CLOCK
-    return CLOCKID_NAMES.get(clockid, f"clockid {clockid}")
-
-
-def lost_sched_events(lost_records: int,
-                      lost_samples: dict[str, int] | None) -> tuple[int, list[str]]:
-    """(sched events lost, notes) from perf's own counters: ``lost_records``, what the
-    PERF_RECORD_LOST records say (per CPU, every event), and ``lost_samples``, the per-event
-    LOST_SAMPLES counts of ``perf report --stats`` (:func:`_lost_samples`), which add up to the
-    same total. Only the sched events Harmony decodes count: other events a recording sampled
-    (perf's dummy event, cycles, sched_stat_runtime, ...) are named in a note instead."""
-    if lost_samples is None:
-        return lost_records, ["perf report --stats gave no LOST_SAMPLES counts; lost_events counts "
-                              "PERF_RECORD_LOST records only"]
-    notes = []
-    decoded = {f"sched:{name}" for name in PerfScriptParser.EVENT_NAMES}
-    sched_lost = sum(v for k, v in lost_samples.items() if k in decoded)
-    other = {k: v for k, v in lost_samples.items() if k not in decoded and v}
-    other_lost = sum(other.values())
-    if other_lost:
-        notes.append(f"{other_lost} records of events Harmony does not decode were lost, by event: "
-                     f"{other} (perf's dummy event carries comm/mmap/fork side-band records); "
-                     "none of them is a decoded sched event")
-    if lost_records != sched_lost + other_lost:
-        notes.append(f"PERF_RECORD_LOST total {lost_records} != LOST_SAMPLES total "
-                     f"{sched_lost + other_lost}")
-    # if the per-event counts do not explain every lost record, assume the rest were sched events
-    return max(sched_lost, lost_records - other_lost), notes
-
-
-def _lost_samples(stats: str) -> dict[str, int] | None:
-    """Per-event LOST_SAMPLES counts from ``perf report --stats`` (None if it lists no events)."""
-    out: dict[str, int] = {}
-    current = None
-    for line in stats.splitlines():
-        m = re.match(r"^(\S+) stats:$", line.strip())
-        if m and m.group(1) == "Aggregated":  # its LOST_SAMPLES line counts records, not samples
-            current = None
-            continue
-        if m:
-            current = m.group(1)
-            out.setdefault(current, 0)
-            continue
-        m = re.match(r"^\s*LOST_SAMPLES events:\s+(\d+)", line)
-        if m and current is not None:
-            out[current] += int(m.group(1))
-    return out or None
-
-
 def _read_markers(path: Path) -> pd.DataFrame:
     if not path.exists():
         return make_markers()
@@ -1020,5 +556,4 @@ def _read_markers(path: Path) -> pd.DataFrame:
     return df.sort_values("ts", kind="stable", ignore_index=True)
 
 
-__all__ = ["PerfProbe", "PerfScriptParser", "prev_state_value", "check_perf_data",
-           "mmap_pages_for", "PERF_EVENTS"]
+__all__ = ["PerfProbe", "mmap_pages_for", "PERF_EVENTS", "CLOCK_ID", "CLOCK_NAME"]

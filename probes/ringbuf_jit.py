@@ -1,12 +1,13 @@
-"""Compiled inner loops of the ring-buffer decoder (numba), used by :mod:`ringbuf` when available.
+"""Compiled inner loops of the ring-buffer decoder (numba), used by :mod:`ringbuf_walk` and
+:mod:`ringbuf_decode` when available (:func:`harmony.probes.ringbuf_walk.compiled`).
 
-The numpy decoder in ``ringbuf`` walks all pages in lockstep and gathers each field with one
-fancy-indexing pass; each pass allocates arrays as long as the trace, and a 2 M-event trace spends
-as much time faulting in fresh memory as computing. These kernels make one pass over the records
-instead and write straight into the final columns:
+The numpy decoder walks all pages in lockstep (``ringbuf_walk``) and gathers each field with one
+fancy-indexing pass (``ringbuf_fields``); each pass allocates arrays as long as the trace, and a
+2 M-event trace spends as much time faulting in fresh memory as computing. These kernels make one
+pass over the records instead and write straight into the final columns:
 
 - :func:`walk`: per page, the records' data offsets, lengths, timestamps, CPUs and event formats
-  (same rules as ``ringbuf.walk_pages``, which documents the page and record layout)
+  (same rules as ``ringbuf_walk.walk_pages``, whose module documents the page and record layout)
 - :func:`gather`: per record, every integer column and every fixed-width string (interned in one
   open-addressing hash table, so each distinct string is decoded once)
 

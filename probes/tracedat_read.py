@@ -1,8 +1,9 @@
 """Read a trace-cmd ``trace.dat`` (file versions 6 and 7) into the canonical tables.
 
-Only the container is parsed here; the per-CPU ring-buffer pages it holds are decoded by
-:mod:`harmony.probes.ringbuf`, with the formats stored in the file. Layouts (little endian; see
-trace-cmd.dat.v6(5), trace-cmd.dat.v7(5))::
+Only the container is parsed here; the per-CPU ring-buffer pages it holds are decoded by the
+ring-buffer decoder (:mod:`harmony.probes.ringbuf_decode`, see :mod:`harmony.probes.ringbuf`),
+with the formats stored in the file. Layouts (little endian; see trace-cmd.dat.v6(5),
+trace-cmd.dat.v7(5))::
 
     v6  magic "6\\0" u8 endian u8 long_size u32 page_size
         "header_page\\0" u64 n <text>  "header_event\\0" u64 n <text>
@@ -39,8 +40,11 @@ import numpy as np
 from harmony.probes.base import Capture, TraceCorrupt
 from harmony.probes.formats import (EventFormat, Field, FormatError, parse_format,
                                     parse_header_event, parse_header_page)
-from harmony.probes.ringbuf import (PageSource, capture_meta, decode_source, prefault_for_pages,
-                                    read_field, walk_pages)
+from harmony.probes.ringbuf import capture_meta
+from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
+from harmony.probes.ringbuf_fields import read_field
+from harmony.probes.ringbuf_pages import PageSource
+from harmony.probes.ringbuf_walk import walk_pages
 
 MAGIC = b"\x17\x08\x44tracing"
 

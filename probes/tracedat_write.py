@@ -32,7 +32,7 @@ import numpy as np
 
 from harmony.probes.base import TraceCorrupt
 from harmony.probes.formats import load_formats_dir, load_header_event, load_header_page
-from harmony.probes.ringbuf import _load_meta, decode_dir, raw_files
+from harmony.probes.ringbuf import decode_dir, load_meta, raw_files
 
 MAGIC = b"\x17\x08\x44tracing"
 OPTION_DONE = 0
@@ -86,7 +86,7 @@ def write_tracedat(raw_dir: Path, dest_path: Path) -> Path:
     """
     d = Path(raw_dir)
     dest = Path(dest_path)
-    meta = _load_meta(d)
+    meta = load_meta(d)
     page_size = int(meta.get("page_size", 4096))
     fdir = d / "formats"
     hp = load_header_page(fdir / "header_page")

@@ -22,9 +22,11 @@ import pytest
 from harmony.analysis.probe_agreement import (TOL_NS, df_migration_agreement, df_run_agreement,
                                               match_times)
 from harmony.probes.base import ProbeError, TraceCorrupt
-from harmony.probes.perf import (PerfProbe, PerfScriptParser, _lost_samples, check_perf_data,
-                                 clock_name, lost_sched_events,
-                                 prev_state_value)
+from harmony.probes.perf import PerfProbe
+from harmony.probes.perf_data import (check_perf_data, clock_name, lost_samples_by_event,
+                                      lost_sched_events, run_perf_report)
+from harmony.probes.perf_script import PerfScriptParser, prev_state_value, run_perf_script
+from harmony.probes.perf_tool import first_error_line
 
 # --------------------------------------------------------------------------------- hermetic: parser
 
@@ -143,8 +145,8 @@ dummy:HG stats:
 
 
 def test_lost_samples_are_per_event_and_skip_the_aggregated_record_count():
-    assert _lost_samples(STATS) == {"sched:sched_switch": 809, "sched:sched_waking": 531, "dummy:HG": 28}
-    assert _lost_samples("nothing here") is None
+    assert lost_samples_by_event(STATS) == {"sched:sched_switch": 809, "sched:sched_waking": 531, "dummy:HG": 28}
+    assert lost_samples_by_event("nothing here") is None
 
 
 @pytest.mark.parametrize("content,why", [(b"", "bad magic"), (b"x" * 500, "bad magic"),
@@ -155,6 +157,29 @@ def test_check_perf_data_names_the_file(tmp_path, content, why):
     with pytest.raises(TraceCorrupt, match=why) as exc:
         check_perf_data(path)
     assert str(path) in str(exc.value)
+
+
+def test_first_error_line_is_the_line_that_tells():
+    assert first_error_line("Events disabled\nError:\nNo permission to enable sched:sched_switch"
+                            "\nHint: ...") == "No permission to enable sched:sched_switch"
+    assert first_error_line("  \nreading\n invalid option -- 'x'\nusage: perf") == \
+        "invalid option -- 'x'"
+    assert first_error_line("last words\n[ perf record: Woken up 1 times ]\n") == "last words"
+    assert first_error_line("\n \n") == "no output"
+
+
+def test_perf_report_and_script_failures_name_the_file(tmp_path):
+    fake = tmp_path / "perf"
+    fake.write_text("#!/bin/sh\necho 'Error:' >&2\necho 'cannot open the data: bad' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    path = tmp_path / "perf.data"
+    with pytest.raises(TraceCorrupt, match=r"perf report --stats failed \(exit 3\): cannot open") \
+            as exc:
+        run_perf_report(str(fake), path, "--stats")
+    assert str(exc.value).startswith(f"{path}: ")
+    with pytest.raises(TraceCorrupt, match=r"perf script failed \(exit 3\): cannot open") as exc:
+        run_perf_script(str(fake), path)
+    assert str(exc.value).startswith(f"{path}: ")
 
 
 def test_decode_of_a_missing_recording_names_the_file(tmp_path):

@@ -612,14 +612,15 @@ def test_merged_order_is_a_stable_argsort(runs, threads, monkeypatch):
     """Time-ordered runs (one per CPU) merged as numpy's stable argsort orders them, ties to the
     earlier run; more runs than the merge takes fall back to argsort; in order already: None.
     Two runs are merged in parts on threads (here however few the records)."""
-    from harmony.probes.ringbuf import _compiled, merged_order
+    from harmony.probes.ringbuf_decode import merged_order
+    from harmony.probes.ringbuf_walk import compiled
     monkeypatch.setenv("HARMONY_THREADS", str(threads))
     monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
     rng = np.random.default_rng(runs)
     for _ in range(40):
         parts = [np.sort(rng.integers(0, 40, rng.integers(0, 25))) for _ in range(runs)]
         ts = np.concatenate(parts).astype(np.int64)
-        order = merged_order(ts, _compiled(1 << 40))
+        order = merged_order(ts, compiled(1 << 40))
         if order is None:
             assert (np.diff(ts) >= 0).all()
         else:
@@ -711,14 +712,14 @@ def test_decoders_agree_on_real_capture(kernel, tmp_path, monkeypatch, decoder):
 def test_files_mapped_or_read_give_the_same_buffer(tmp_path, monkeypatch):
     """PageSource maps the cpuN.raw files back to back (probes/filemap.py) and reads them where
     mapping fails: same bytes, same decode."""
-    from harmony.probes import filemap, ringbuf
+    from harmony.probes import filemap, ringbuf, ringbuf_pages
     pages, rows, _ = known_capture(FORMATS_NEW)
     d = write_dir(tmp_path, pages, FORMATS_NEW)
     files = ringbuf.raw_files(d, json.loads((d / "meta.json").read_text()))
-    mapped = ringbuf.PageSource.from_files(files, 4096)
+    mapped = ringbuf_pages.PageSource.from_files(files, 4096)
     assert not mapped.buf.flags.writeable  # it is the mapping, not a copy
-    monkeypatch.setattr(ringbuf, "map_files", lambda paths, sizes: None)
-    read = ringbuf.PageSource.from_files(files, 4096)
+    monkeypatch.setattr(ringbuf_pages, "map_files", lambda paths, sizes: None)
+    read = ringbuf_pages.PageSource.from_files(files, 4096)
     assert read.buf.flags.writeable and (read.buf == mapped.buf).all()
     assert bytes(mapped.buf) == b"".join(p.read_bytes() for p in files.values())
     assert rows_of(ringbuf.decode_dir(d).events) == rows
@@ -727,9 +728,9 @@ def test_files_mapped_or_read_give_the_same_buffer(tmp_path, monkeypatch):
 
 def test_auto_mode_uses_the_compiled_decoder_for_large_traces_only(tmp_path, monkeypatch, decoder):
     """HARMONY_JIT=auto: a small trace is decoded by numpy unless numba is already loaded, a trace
-    over ringbuf.JIT_MIN_BYTES by the compiled kernels; the capture says which."""
+    over ringbuf_walk.JIT_MIN_BYTES by the compiled kernels; the capture says which."""
     from harmony.jit import numba_version
-    from harmony.probes import ringbuf
+    from harmony.probes import ringbuf, ringbuf_walk
     if decoder != "compiled":
         pytest.skip("checks the auto mode once")
     monkeypatch.setenv("HARMONY_JIT", "auto")
@@ -737,7 +738,7 @@ def test_auto_mode_uses_the_compiled_decoder_for_large_traces_only(tmp_path, mon
     d = write_dir(tmp_path, pages, FORMATS_NEW)
     monkeypatch.setattr("harmony.jit.numba_loaded", lambda: False)  # as in a new process
     assert ringbuf.decode_dir(d).meta["decoder"] == "numpy"
-    monkeypatch.setattr(ringbuf, "JIT_MIN_BYTES", 4096)
+    monkeypatch.setattr(ringbuf_walk, "JIT_MIN_BYTES", 4096)
     cap = ringbuf.decode_dir(d)
     assert cap.meta["decoder"] == ("compiled" if numba_version() else "numpy")
     assert rows_of(cap.events) == rows

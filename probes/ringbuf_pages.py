@@ -1,0 +1,128 @@
+"""Ring-buffer pages in memory, the first layer of the ring-buffer decoder (:mod:`ringbuf`).
+
+:class:`PageSource` holds the pages of every CPU back to back in one flat buffer, and which file,
+CPU and page of that file each came from (for messages that name the place). The cpuN.raw files
+of a recording are mapped, not copied (:mod:`filemap`), and read where they cannot be; a
+trace.dat's sections are given as buffers. :func:`read_uint` reads integers at any byte positions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from harmony.errors import TraceCorrupt
+from harmony.probes.filemap import map_files
+
+
+class PageSource:
+    """Flat buffer of whole pages + which file/CPU each page came from (for messages)."""
+
+    def __init__(self, buf: np.ndarray, page_size: int, page_cpu: np.ndarray,
+                 page_file: np.ndarray, files: list[str], page_in_file: np.ndarray):
+        self.buf = buf
+        self.page_size = page_size
+        self.page_cpu = page_cpu
+        self.page_file = page_file
+        self.files = files
+        self.page_in_file = page_in_file
+        self._views: dict[str, np.ndarray] = {}
+
+    @property
+    def n_pages(self) -> int:
+        return len(self.buf) // self.page_size
+
+    def view(self, dtype: str) -> np.ndarray:
+        v = self._views.get(dtype)
+        if v is None:
+            v = self.buf.view(dtype)
+            self._views[dtype] = v
+        return v
+
+    def where(self, page: int, byte_in_page: int | None = None) -> str:
+        f = self.files[int(self.page_file[page])]
+        off = int(self.page_in_file[page]) * self.page_size
+        if byte_in_page is not None:
+            off += int(byte_in_page)
+        return f"{f}: page {int(self.page_in_file[page])} (file offset {off})"
+
+    @classmethod
+    def from_buffers(cls, pages_by_cpu: dict[int, bytes | np.ndarray], page_size: int,
+                     names: dict[int, str] | None = None) -> "PageSource":
+        names = names or {}
+        cpus = sorted(pages_by_cpu)
+        sizes = [len(pages_by_cpu[c]) for c in cpus]
+        buf = np.empty(sum(sizes), np.uint8)
+        o = 0
+        for c, s in zip(cpus, sizes):
+            buf[o:o + s] = np.frombuffer(memoryview(pages_by_cpu[c]).cast("B"), np.uint8)
+            o += s
+        files = [names.get(c, f"cpu{c}") for c in cpus]
+        for c, s, f in zip(cpus, sizes, files):
+            if s % page_size:
+                raise TraceCorrupt(f"{f}: truncated: {s} bytes is not a whole number of "
+                                   f"{page_size}-byte pages")
+        counts = [s // page_size for s in sizes]
+        return cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
+                   np.repeat(np.arange(len(cpus)), counts), files,
+                   np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+
+    @classmethod
+    def from_files(cls, files_by_cpu: dict[int, Path], page_size: int) -> "PageSource":
+        cpus = sorted(files_by_cpu)
+        sizes = []
+        for c in cpus:
+            p = Path(files_by_cpu[c])
+            try:
+                s = p.stat().st_size
+            except OSError as e:
+                raise TraceCorrupt(f"{p}: cannot read ({e.strerror or e})") from None
+            if s % page_size:
+                raise TraceCorrupt(f"{p}: truncated: {s} bytes is not a whole number of "
+                                   f"{page_size}-byte pages")
+            sizes.append(s)
+        paths = [Path(files_by_cpu[c]) for c in cpus]
+        buf = map_files(paths, sizes)   # no copy, no fresh memory; None: read them
+        if buf is None:
+            buf = _read_files(paths, sizes)
+        counts = [s // page_size for s in sizes]
+        return cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
+                   np.repeat(np.arange(len(cpus)), counts), [str(p) for p in paths],
+                   np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+
+
+def _read_files(paths: list[Path], sizes: list[int]) -> np.ndarray:
+    """The files' bytes back to back in a new array (where they cannot be mapped)."""
+    buf = np.empty(sum(sizes), np.uint8)
+    o = 0
+    for p, s in zip(paths, sizes):
+        try:
+            with open(p, "rb", buffering=0) as fh:
+                got = fh.readinto(memoryview(buf[o:o + s]))
+                while got < s:
+                    k = fh.readinto(memoryview(buf[o + got:o + s]))
+                    if not k:
+                        break
+                    got += k
+        except OSError as e:
+            raise TraceCorrupt(f"{p}: cannot read ({e.strerror or e})") from None
+        if got != s:
+            raise TraceCorrupt(f"{p}: truncated while reading ({got} of {s} bytes)")
+        o += s
+    return buf
+
+
+def read_uint(src: PageSource, byte_pos: np.ndarray, size: int) -> np.ndarray:
+    """Unsigned little-endian integers of ``size`` bytes at arbitrary byte positions (int64 result)."""
+    if size == 8 and not (byte_pos % 8).any():
+        return src.view("<i8")[byte_pos >> 3]
+    if size == 4 and not (byte_pos % 4).any():
+        return src.view("<u4")[byte_pos >> 2].astype(np.int64)
+    out = np.zeros(len(byte_pos), np.int64)
+    for j in range(size):
+        out |= src.buf[byte_pos + j].astype(np.int64) << (8 * j)
+    return out
+
+
+__all__ = ["PageSource", "read_uint"]
