@@ -6,13 +6,19 @@ under each reference policy on 2 and 4 CPUs, once long enough to show its effect
 short (so that what is not measurable reads None). ``analyse`` must return exactly the keys the
 experiment declares (``Experiment.summary``), each value of its declared kind, None only where
 the declaration says when; the static-ideal companions of the paired experiments too.
+
+Every parameter (``Experiment.params`` and the common ones) is listed, with its default on this
+host's CPU count, by ``harmony run EXP --help`` and ``harmony list -v``.
 """
 
 import json
 
 import pytest
+from click.testing import CliRunner
 
+from harmony import osutil
 from harmony.analysis import compare, policy, refpolicy
+from harmony.cli import PARAM_METAVARS, main
 from harmony.experiments import CATALOG, Metric, get_experiment, summary_key
 from harmony.experiments.base import UNITS
 from harmony.simulate import execute
@@ -108,3 +114,69 @@ def test_keys_are_named_through_the_declarations():
     # what the card and compare read: each key declared by the experiment it is read from
     for exp, key in policy.AFFINITY_SOURCES + tuple((e, k) for e, k, _, _ in compare.FIGURE_METRICS):
         assert key in {m.name for m in get_experiment(exp).summary}, (exp, key)
+
+
+# ------------------------------------------------------------------------------------ parameters
+
+def _help_text(monkeypatch, *args, ncpus=4):
+    """What ``harmony ARGS`` prints, white space folded, on a host with ``ncpus`` online CPUs."""
+    monkeypatch.setattr(osutil, "online_cpus", lambda: list(range(ncpus)))
+    r = CliRunner().invoke(main, list(args))
+    return r.exit_code, " ".join(r.output.split())
+
+
+def test_run_help_lists_the_experiments_parameters_with_defaults(monkeypatch):
+    code, text = _help_text(monkeypatch, "run", "single-source", "--help")
+    assert code == 0
+    assert "Parameters of single-source (-p KEY=VALUE):" in text
+    assert "tolerance FLOAT balanced when every run queue is within this fraction of N/P " \
+           "[default: 0.15]" in text
+    assert "layout INTEGER,... tasks per CPU of the set at t0 (default 2P on the first CPU, others " \
+           "idle) [default: 8,0,0,0 with P = 4]" in text
+    assert "given for P = 4, this host's online CPUs" in text
+    # the common parameters too, after the experiment's own
+    section = text[text.index("Parameters of"):]
+    assert section.index("tolerance FLOAT") < section.index("duration FLOAT") < section.index("sample_hz")
+    assert "sample_hz FLOAT rate of sampling" in section
+    # the experiment may be named after the option, or with other options around it
+    assert _help_text(monkeypatch, "run", "--help", "--cpus", "0", "single-source")[1] == text
+
+
+@pytest.mark.parametrize("name", list(CATALOG))
+def test_every_parameter_is_listed_by_run_help_and_list_v(monkeypatch, name):
+    exp = get_experiment(name)
+    _, text = _help_text(monkeypatch, "run", name, "-h", ncpus=2)
+    _, listed = _help_text(monkeypatch, "list", "-v", ncpus=2)
+    section = f"Parameters of {name} (-p KEY=VALUE):"
+    assert section in text and section in listed
+    mine = listed[listed.index(section):]
+    for p in exp.all_params():
+        row = f"{p.name} {PARAM_METAVARS[p.kind]} {' '.join(p.help.split())}"
+        default = f"[default: {p.format(p.default_for(2))}"
+        assert row in text and row in mine, row
+        assert default in text[text.index(row):], (p.name, default)
+        assert default in mine[mine.index(row):], (p.name, default)
+
+
+def test_run_help_without_an_experiment_lists_the_catalog(monkeypatch):
+    code, text = _help_text(monkeypatch, "run", "--help")
+    assert code == 0 and "Parameters of" not in text
+    assert all(name in text for name in CATALOG)
+    assert "harmony run EXPERIMENT --help lists its parameters" in text
+
+
+def test_run_help_of_an_unknown_experiment_is_the_usual_error(monkeypatch):
+    code, text = _help_text(monkeypatch, "run", "no-such", "--help")
+    assert code == 2 and "Parameters of" not in text
+    assert "Error: Invalid value for EXPERIMENT: unknown experiment 'no-such'" in text
+    assert _help_text(monkeypatch, "run", "no-such")[1] == text   # as without --help
+
+
+@pytest.mark.parametrize("name", list(CATALOG))
+def test_defaults_read_back_and_their_rule_is_in_the_help(name):
+    for p in get_experiment(name).all_params():
+        if p.scales:    # a default that depends on P says how in its help
+            assert "(default " in p.help and "P" in p.help, p
+        for ncpus in (2, 4, 8):
+            value = p.default_for(ncpus)
+            assert p.parse(p.format(value)) == value, (p.name, value)
