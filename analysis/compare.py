@@ -21,13 +21,15 @@ import pandas as pd
 
 from harmony import store
 from harmony.analysis import policy
+from harmony.experiments import summary_key
 
 NO_EVIDENCE = "no evidence"
 
 
 #: the per-run metrics the comparison figure draws, one panel each: (experiment, summary key,
-#: axis label, scale); each is what a card's answer is a median or a vote of
-FIGURE_METRICS = (
+#: axis label, scale); each is what a card's answer is a median or a vote of. Each key is checked
+#: at import against its experiment's declaration (:func:`harmony.experiments.summary_key`).
+FIGURE_METRICS = tuple((exp, summary_key(key, exp), label, scale) for exp, key, label, scale in (
     ("single-source", "time_to_balance_s", "time to balance (s)", 1.0),
     ("time-to-resolve", "time_to_balance_s", "time to balance (s)", 1.0),
     ("single-source", "migrations_after_balance_per_s", "migrations/s after balance", 1.0),
@@ -38,7 +40,7 @@ FIGURE_METRICS = (
     ("intrinsic-imbalance", "migrations_per_s", "migrations/s", 1.0),
     ("intrinsic-imbalance", "share_ratio_min", "lowest share / fair share", 1.0),
     ("heavy-light", "smape_long", "run-queue variance SMAPE, long", 1.0),
-)
+))
 
 
 @dataclasses.dataclass

@@ -1,8 +1,9 @@
 """The policy card: the eight questions of the thesis's Table 7.1, answered from stored runs.
 
-Inference reads only the summary keys of the experiment contract (summary.json) and manifest facts
-(experiment, params, cpus). Each answer carries its label, the numbers behind it, the thresholds
-(:mod:`harmony.analysis.thresholds`) it used and how far the runs agree. The rules:
+Inference reads only the summary keys of the experiment contract (summary.json; each key named
+below through :func:`harmony.experiments.summary_key`, so it is one its experiment declares) and
+manifest facts (experiment, params, cpus). Each answer carries its label, the numbers behind it,
+the thresholds (:mod:`harmony.analysis.thresholds`) it used and how far the runs agree. The rules:
 
 - every run gets its own label; the answer's label is the one every run with a label gives. If the
   runs disagree the answer is "undecided" (with the count of each label), never a guess;
@@ -23,8 +24,40 @@ from pathlib import Path
 
 from harmony import store
 from harmony.analysis import thresholds as T
+from harmony.experiments import summary_key
 
 UNDECIDED = "undecided"
+
+# The summary keys the rules read, each checked at import against the declaration of every
+# experiment it is read from: a key an experiment renames or drops fails here, not as None.
+BALANCE_MIGRATIONS = summary_key("balance_migrations", "single-source")
+BALANCED_AT_END = summary_key("balanced_at_end", "single-source", "time-to-resolve")
+TIME_TO_BALANCE_S = summary_key("time_to_balance_s", "single-source", "time-to-resolve")
+MIGRATIONS = summary_key("migrations", "single-source")
+MIGRATIONS_AFTER_BALANCE_PER_S = summary_key("migrations_after_balance_per_s", "single-source")
+MIGRATIONS_PER_S = summary_key("migrations_per_s", "intrinsic-imbalance", "heavy-light")
+X = summary_key("x", "how-many")
+FIRST_ROUND_MOVED = summary_key("first_round_moved", "how-many")
+POLY_PREDICTION = summary_key("poly_prediction", "how-many")
+PAIRWISE_PREDICTION = summary_key("pairwise_prediction", "how-many")
+TARGET_IDLE_AT_S = summary_key("target_idle_at_s", "work-conservation")
+STEAL_LATENCY_S = summary_key("steal_latency_s", "work-conservation")
+STOLEN = summary_key("stolen", "work-conservation")
+INTERVAL1_MS = summary_key("interval1_ms", "detection")
+INTERVAL2_MS = summary_key("interval2_ms", "detection")
+INTERVAL3_MS = summary_key("interval3_ms", "detection")
+SHARE_RATIO_MIN = summary_key("share_ratio_min", "intrinsic-imbalance")
+SHARE_RATIO_MAX = summary_key("share_ratio_max", "intrinsic-imbalance")
+JAIN_INDEX = summary_key("jain_index", "intrinsic-imbalance")
+LIGHT_DUTY = summary_key("light_duty", "heavy-light")
+SMAPE_SHORT = summary_key("smape_short", "heavy-light")
+SMAPE_LONG = summary_key("smape_long", "heavy-light")
+ONE_HEAVY_ONE_LIGHT_FRACTION = summary_key("one_heavy_one_light_fraction", "heavy-light")
+HEAVY_SLOWDOWN_LONG = summary_key("heavy_slowdown_long", "heavy-light")
+NICE_DIFF = summary_key("nice_diff", "priority-classes")
+HIGH_SPREAD_INDEX = summary_key("high_spread_index", "priority-classes")
+LOW_CLUSTER_INDEX = summary_key("low_cluster_index", "priority-classes")
+HIGH_ALLOCATION_RATIO = summary_key("high_allocation_ratio", "priority-classes")
 
 QUESTIONS = (
     ("balances", "Does the scheduler perform load balancing across processors?", "6.2"),
@@ -235,13 +268,13 @@ def _after_balance_rate(e: Evidence, key: str):
     """Migration rate per CPU once balanced; for a run that never settled (a global queue keeps
     every queue in flux) the rate over the whole run, since nothing ever stopped moving."""
     rate = _per_cpu(e, key)
-    if key != "migrations_after_balance_per_s":
+    if key != MIGRATIONS_AFTER_BALANCE_PER_S:
         return rate
-    dur, settled = e.params.get("duration"), e.summary.get("time_to_balance_s")
+    dur, settled = e.params.get("duration"), e.summary.get(TIME_TO_BALANCE_S)
     if settled is not None and dur and settled <= T.SETTLED_BY_FRACTION * dur:
         return rate
-    if dur and e.ncpus and e.summary.get("migrations") is not None:
-        return e.summary["migrations"] / dur / e.ncpus
+    if dur and e.ncpus and e.summary.get(MIGRATIONS) is not None:
+        return e.summary[MIGRATIONS] / dur / e.ncpus
     return rate
 
 
@@ -264,19 +297,19 @@ def q_balances(ev, prior) -> Answer:
     per = []
     for e in runs:
         s = e.summary
-        moved = s.get("balance_migrations")
+        moved = s.get(BALANCE_MIGRATIONS)
         per.append((e, None if moved is None else "balances" if moved > 0 else "does not balance"))
     _vote(per, a)
-    a.numbers = {"balance_migrations (median)": _median(_values(runs, "balance_migrations")),
-                 "balanced_at_end (runs)": sum(bool(e.summary.get("balanced_at_end")) for e in runs)}
+    a.numbers = {f"{BALANCE_MIGRATIONS} (median)": _median(_values(runs, BALANCE_MIGRATIONS)),
+                 f"{BALANCED_AT_END} (runs)": sum(bool(e.summary.get(BALANCED_AT_END)) for e in runs)}
     a.thresholds = {"rule": "a run balances if tasks moved off the source while runnable"}
     return a
 
 
 #: where each experiment reports its migration rate once nothing needs to move
-AFFINITY_SOURCES = (("single-source", "migrations_after_balance_per_s"),
-                    ("intrinsic-imbalance", "migrations_per_s"),
-                    ("heavy-light", "migrations_per_s"))
+AFFINITY_SOURCES = (("single-source", MIGRATIONS_AFTER_BALANCE_PER_S),
+                    ("intrinsic-imbalance", MIGRATIONS_PER_S),
+                    ("heavy-light", MIGRATIONS_PER_S))
 _RANK = {"weak": 0, "moderate": 1, "strong": 2}
 
 
@@ -318,7 +351,7 @@ def q_affinity(ev, prior) -> Answer:
 
 def _how_many_label(e: Evidence) -> str | None:
     s = e.summary
-    moved, poly, pair = s.get("first_round_moved"), s.get("poly_prediction"), s.get("pairwise_prediction")
+    moved, poly, pair = s.get(FIRST_ROUND_MOVED), s.get(POLY_PREDICTION), s.get(PAIRWISE_PREDICTION)
     if moved is None or poly is None or pair is None:
         return None
     if abs(poly - pair) < T.HOW_MANY_MIN_SEPARATION:
@@ -341,20 +374,18 @@ def q_how_many(ev, prior) -> Answer:
         a.runs = aff.runs
         a.agreement = dict(aff.agreement)
         if runs:
-            a.numbers["first_round_moved (median)"] = _median(_values(runs, "first_round_moved"))
+            a.numbers[f"{FIRST_ROUND_MOVED} (median)"] = _median(_values(runs, FIRST_ROUND_MOVED))
         return a
     if not runs:
         a.needs = "how-many (E2)"
         return a
     per = [(e, _how_many_label(e)) for e in runs]
     _vote(per, a)
-    a.numbers = {"x": [e.summary.get("x") for e in runs],
-                 "first_round_moved": [e.summary.get("first_round_moved") for e in runs],
-                 "poly_prediction": [e.summary.get("poly_prediction") for e in runs],
-                 "pairwise_prediction": [e.summary.get("pairwise_prediction") for e in runs]}
+    a.numbers = {key: [e.summary.get(key) for e in runs]
+                 for key in (X, FIRST_ROUND_MOVED, POLY_PREDICTION, PAIRWISE_PREDICTION)}
     if a.label is None:
-        same = [e for e in runs if e.summary.get("poly_prediction") is not None
-                and abs(e.summary["poly_prediction"] - e.summary.get("pairwise_prediction", 0))
+        same = [e for e in runs if e.summary.get(POLY_PREDICTION) is not None
+                and abs(e.summary[POLY_PREDICTION] - e.summary.get(PAIRWISE_PREDICTION, 0))
                 < T.HOW_MANY_MIN_SEPARATION]
         if same:
             a.why_not = (f"on {same[0].ncpus} CPUs the poly-balance and pairwise predictions are the "
@@ -387,15 +418,15 @@ def q_time_to_balance(ev, prior) -> Answer:
         return a
 
     def label(e):
-        t = e.summary.get("time_to_balance_s")
+        t = e.summary.get(TIME_TO_BALANCE_S)
         if t is None:
-            return "never (within the run)" if e.summary.get("balanced_at_end") is False else None
+            return "never (within the run)" if e.summary.get(BALANCED_AT_END) is False else None
         return "fast" if t <= T.FAST_BALANCE_MAX_S else "slow"
 
     _vote([(e, label(e)) for e in runs], a)
-    times = _values(runs, "time_to_balance_s")
-    a.numbers = {"time_to_balance_s (median)": _median(times), "max": max(times) if times else None,
-                 "runs never balanced for good": sum(e.summary.get("time_to_balance_s") is None
+    times = _values(runs, TIME_TO_BALANCE_S)
+    a.numbers = {f"{TIME_TO_BALANCE_S} (median)": _median(times), "max": max(times) if times else None,
+                 "runs never balanced for good": sum(e.summary.get(TIME_TO_BALANCE_S) is None
                                                      for e in runs)}
     if a.label in ("fast", "slow") and times:
         a.label += f" (~{_median(times) * 1000:.0f} ms)"
@@ -412,16 +443,16 @@ def q_work_conserving(ev, prior) -> Answer:
 
     def label(e):
         s = e.summary
-        if s.get("target_idle_at_s") is None:
+        if s.get(TARGET_IDLE_AT_S) is None:
             return None  # the target never went idle: nothing to steal for
-        lat = s.get("steal_latency_s")
+        lat = s.get(STEAL_LATENCY_S)
         return "yes" if lat is not None and lat <= T.WORK_CONSERVING_MAX_S else "no"
 
     _vote([(e, label(e)) for e in runs], a)
-    lat = _values(runs, "steal_latency_s")
+    lat = _values(runs, STEAL_LATENCY_S)
     a.numbers = {"steal_latency_ms (median)": None if not lat else _median(lat) * 1000,
                  "max_ms": None if not lat else max(lat) * 1000,
-                 "runs never stolen": sum(not e.summary.get("stolen") for e in runs)}
+                 "runs never stolen": sum(not e.summary.get(STOLEN) for e in runs)}
     return a
 
 
@@ -440,13 +471,13 @@ def q_detection(ev, prior) -> Answer:
     if not runs:
         a.needs = "detection (E5)"
         return a
-    i1, i2, i3 = (_values(runs, k) for k in ("interval1_ms", "interval2_ms", "interval3_ms"))
+    i1, i2, i3 = (_values(runs, k) for k in (INTERVAL1_MS, INTERVAL2_MS, INTERVAL3_MS))
     a.runs = [e.path for e in runs]
     a.agreement = {f"interval1 <= {T.EVENT_DRIVEN_MAX_MS:g} ms": sum(v <= T.EVENT_DRIVEN_MAX_MS for v in i1),
                    f"interval1 > {T.EVENT_DRIVEN_MAX_MS:g} ms": sum(v > T.EVENT_DRIVEN_MAX_MS for v in i1),
                    "no_label": len(runs) - len(i1)}
-    a.numbers = {"interval1_ms median": _median(i1), "interval1_ms max": max(i1) if i1 else None,
-                 "interval2_ms median": _median(i2), "interval3_ms median": _median(i3)}
+    a.numbers = {f"{INTERVAL1_MS} median": _median(i1), f"{INTERVAL1_MS} max": max(i1) if i1 else None,
+                 f"{INTERVAL2_MS} median": _median(i2), f"{INTERVAL3_MS} median": _median(i3)}
     if not i1:
         a.why_not = "no run saw a migration after the cut"
         return a
@@ -471,7 +502,7 @@ def q_intrinsic(ev, prior) -> Answer:
         return a
 
     def label(e):
-        lo, rate = e.summary.get("share_ratio_min"), _per_cpu(e, "migrations_per_s")
+        lo, rate = e.summary.get(SHARE_RATIO_MIN), _per_cpu(e, MIGRATIONS_PER_S)
         if lo is None:
             return None
         if lo >= T.FAIR_SHARE_MIN_RATIO:
@@ -481,11 +512,10 @@ def q_intrinsic(ev, prior) -> Answer:
         return "in between"
 
     _vote([(e, label(e)) for e in runs], a)
-    a.numbers = {"share_ratio_min (median)": _median(_values(runs, "share_ratio_min")),
-                 "share_ratio_max (median)": _median(_values(runs, "share_ratio_max")),
-                 "jain_index (median)": _median(_values(runs, "jain_index")),
-                 "migrations_per_s per CPU (median)":
-                     _median([r for r in (_per_cpu(e, "migrations_per_s") for e in runs) if r is not None])}
+    a.numbers = {f"{key} (median)": _median(_values(runs, key))
+                 for key in (SHARE_RATIO_MIN, SHARE_RATIO_MAX, JAIN_INDEX)}
+    a.numbers[f"{MIGRATIONS_PER_S} per CPU (median)"] = \
+        _median([r for r in (_per_cpu(e, MIGRATIONS_PER_S) for e in runs) if r is not None])
     return a
 
 
@@ -497,7 +527,7 @@ def q_selection(ev, prior) -> Answer:
     if _global_queue(a, prior):
         return a
     all_runs = ev.get("heavy-light", [])
-    runs = [e for e in all_runs if (e.summary.get("light_duty") or 0) <= T.SELECTION_MAX_LIGHT_DUTY]
+    runs = [e for e in all_runs if (e.summary.get(LIGHT_DUTY) or 0) <= T.SELECTION_MAX_LIGHT_DUTY]
     if not runs:
         a.needs = "heavy-light (E7/E9) with light duty <= " + f"{T.SELECTION_MAX_LIGHT_DUTY:g}%"
         if all_runs:
@@ -506,7 +536,7 @@ def q_selection(ev, prior) -> Answer:
 
     def label(e):
         s = e.summary
-        short, long_, frac = s.get("smape_short"), s.get("smape_long"), s.get("one_heavy_one_light_fraction")
+        short, long_, frac = s.get(SMAPE_SHORT), s.get(SMAPE_LONG), s.get(ONE_HEAVY_ONE_LIGHT_FRACTION)
         if short is None or long_ is None:
             return None
         gap = short - long_
@@ -517,11 +547,9 @@ def q_selection(ev, prior) -> Answer:
         return None  # short term better than long term: says nothing about the first choice
 
     _vote([(e, label(e)) for e in runs], a)
-    a.numbers = {"light_duty": [e.summary.get("light_duty") for e in runs],
-                 "smape_short": [e.summary.get("smape_short") for e in runs],
-                 "smape_long": [e.summary.get("smape_long") for e in runs],
-                 "one_heavy_one_light_fraction": [e.summary.get("one_heavy_one_light_fraction") for e in runs],
-                 "heavy_slowdown_long (median)": _median(_values(runs, "heavy_slowdown_long"))}
+    a.numbers = {key: [e.summary.get(key) for e in runs]
+                 for key in (LIGHT_DUTY, SMAPE_SHORT, SMAPE_LONG, ONE_HEAVY_ONE_LIGHT_FRACTION)}
+    a.numbers[f"{HEAVY_SLOWDOWN_LONG} (median)"] = _median(_values(runs, HEAVY_SLOWDOWN_LONG))
     return a
 
 
@@ -534,7 +562,7 @@ def q_priorities(ev, prior) -> Answer:
         return a
 
     def label(e):
-        v = e.summary.get("high_spread_index")
+        v = e.summary.get(HIGH_SPREAD_INDEX)
         if v is None:
             return None
         return "high spread" if v <= T.SPREAD_MAX_INDEX else "high clustered"
@@ -542,18 +570,18 @@ def q_priorities(ev, prior) -> Answer:
     _vote([(e, label(e)) for e in runs], a)
     by_diff: dict = {}
     for e in runs:
-        v = e.summary.get("low_cluster_index")
+        v = e.summary.get(LOW_CLUSTER_INDEX)
         if v is not None:
-            by_diff.setdefault(e.summary.get("nice_diff"), []).append(v)
+            by_diff.setdefault(e.summary.get(NICE_DIFF), []).append(v)
     low = {d: ("spread" if _median(v) <= T.SPREAD_MAX_INDEX else "clustered")
            for d, v in sorted(by_diff.items(), key=lambda kv: (kv[0] is None, kv[0]))}
     if a.decided and low:
         kinds = set(low.values())
         a.label += ("; low " + kinds.pop()) if len(kinds) == 1 else \
             "; low " + ", ".join(f"{k} at nice diff {d}" for d, k in low.items())
-    a.numbers = {"high_spread_index (median)": _median(_values(runs, "high_spread_index")),
-                 "low_cluster_index by nice diff": {str(d): _median(v) for d, v in by_diff.items()},
-                 "high_allocation_ratio (median)": _median(_values(runs, "high_allocation_ratio"))}
+    a.numbers = {f"{HIGH_SPREAD_INDEX} (median)": _median(_values(runs, HIGH_SPREAD_INDEX)),
+                 f"{LOW_CLUSTER_INDEX} by nice diff": {str(d): _median(v) for d, v in by_diff.items()},
+                 f"{HIGH_ALLOCATION_RATIO} (median)": _median(_values(runs, HIGH_ALLOCATION_RATIO))}
     return a
 
 

@@ -1,10 +1,11 @@
-"""The experiment catalog as code. ``get_experiment(name)`` returns an instance; ``CATALOG`` lists them."""
+"""The experiment catalog as code. ``get_experiment(name)`` returns an instance; ``CATALOG`` lists them;
+``summary_key(key, *names)`` is how other modules name a key of the experiments' summaries."""
 
 from __future__ import annotations
 
 import importlib
 
-from harmony.experiments.base import Experiment, Param
+from harmony.experiments.base import Experiment, Metric, Param
 
 CATALOG = {
     "single-source": "harmony.experiments.single_source:SingleSource",
@@ -26,4 +27,20 @@ def get_experiment(name: str) -> Experiment:
     return getattr(importlib.import_module(module), cls)()
 
 
-__all__ = ["CATALOG", "Experiment", "Param", "get_experiment"]
+def summary_key(key: str, *experiments: str) -> str:
+    """``key``, checked to be declared (:attr:`Experiment.summary`) by each of ``experiments``;
+    ValueError naming the experiment otherwise.
+
+    Modules that read summaries (the policy card, ``harmony compare``) name each key through this
+    at import, so that a key an experiment renames or drops fails there instead of reading as None.
+    """
+    if not experiments:
+        raise ValueError(f"summary key {key!r}: name the experiment(s) that declare it")
+    for name in experiments:
+        declared = [m.name for m in get_experiment(name).summary]
+        if key not in declared:
+            raise ValueError(f"{name} declares no summary key {key!r} (it declares: {', '.join(declared)})")
+    return key
+
+
+__all__ = ["CATALOG", "Experiment", "Metric", "Param", "get_experiment", "summary_key"]

@@ -2,6 +2,11 @@
 
 An experiment never touches the kernel itself: it describes tasks (:class:`harmony.tasks.TaskSpec`)
 for the controller and turns the reconstructed tables of a run into metrics and figures.
+
+Its contract is declared, not implied: :attr:`Experiment.params` (:class:`Param`: name, kind,
+default, help) are what ``-p KEY=VALUE`` accepts and ``harmony run EXP --help`` lists;
+:attr:`Experiment.summary` (:class:`Metric`: name, unit, help, when it may be None) are exactly the
+keys its ``analyse`` returns, the ones the policy card and ``harmony compare`` read.
 """
 
 from __future__ import annotations
@@ -24,6 +29,17 @@ class Param:
 
     def default_for(self, ncpus: int):
         return self.default(ncpus) if callable(self.default) else self.default
+
+    @property
+    def scales(self) -> bool:
+        """The default is a function of the CPU count P (its help says how)."""
+        return callable(self.default)
+
+    def format(self, value) -> str:
+        """``value`` as ``-p`` takes it (the inverse of :meth:`parse`): a list as "8,0,0,0"."""
+        if isinstance(value, (list, tuple)):
+            return ",".join(map(str, value))
+        return str(value)
 
     def parse(self, text: str):
         try:
@@ -65,6 +81,64 @@ COMMON = (
 )
 
 
+#: the units a summary key may declare, and the kind of value each holds
+UNITS = {
+    "s": "float", "ms": "float",                 # seconds / milliseconds (after t0, or spans)
+    "1/s": "float", "1/CPU-s": "float",          # per second of the run / per CPU-second run
+    "fraction": "float",                         # 0..1 (of a CPU, of the CPUs, of the tasks)
+    "ratio": "float",                            # one measure over another (e.g. over fair share)
+    "index": "float",                            # a dimensionless index (Jain, spread)
+    "%": "float",                                # percent (a CPU demand)
+    "tasks": "float",                            # a number of tasks that may be fractional
+    "tasks^2": "float",                          # a variance of run-queue lengths
+    "count": "int",                              # a number of things (tasks, CPUs, migrations)
+    "cpu": "int",                                # a CPU number
+    "nice": "int",                               # a nice value
+    "bool": "bool",
+    "name": "str",                               # a word (a migration kind, a companion's name)
+}
+
+_KINDS = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,), "dict": (dict,)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    """One key of an experiment's summary (what ``analyse`` returns). ``none_when`` says when the
+    value is None (not measurable in that run); without it the value is never None. ``kind``
+    ("int", "float", "bool", "str", "dict") defaults to the unit's (:data:`UNITS`)."""
+
+    name: str
+    unit: str
+    help: str
+    none_when: str | None = None
+    kind: str = ""
+
+    def __post_init__(self):
+        if self.unit not in UNITS and not self.kind:
+            raise ValueError(f"summary key {self.name}: unit {self.unit!r} is none of "
+                             f"{', '.join(UNITS)} (or give its kind)")
+        if not self.kind:
+            object.__setattr__(self, "kind", UNITS[self.unit])
+        if self.kind not in _KINDS:
+            raise ValueError(f"summary key {self.name}: kind {self.kind!r} is none of {', '.join(_KINDS)}")
+
+    def check(self, value) -> str | None:
+        """Why ``value`` does not fit this declaration, or None if it does (an int is a float;
+        a bool is neither)."""
+        if value is None:
+            return None if self.none_when else f"{self.name} is None, which it is declared never to be"
+        if isinstance(value, bool) != (self.kind == "bool") or not isinstance(value, _KINDS[self.kind]):
+            return f"{self.name} = {value!r} ({type(value).__name__}) is not of kind {self.kind}"
+        return None
+
+
+def pick(metrics: tuple[Metric, ...], *names: str) -> tuple[Metric, ...]:
+    """The declarations of ``names`` in ``metrics`` (another experiment's :attr:`Experiment.summary`),
+    in that order: for a key two experiments compute alike."""
+    by_name = {m.name: m for m in metrics}
+    return tuple(by_name[n] for n in names)
+
+
 class Experiment:
     """Base class of the catalog. Subclasses set the class attributes and implement the methods."""
 
@@ -72,6 +146,7 @@ class Experiment:
     question: str = ""
     thesis: str = ""  # where the thesis describes it
     params: tuple[Param, ...] = ()
+    summary: tuple[Metric, ...] = ()  # exactly the keys analyse() returns
 
     def all_params(self) -> tuple[Param, ...]:
         own = {p.name for p in self.params}
@@ -131,8 +206,20 @@ class Experiment:
         return {}
 
     def analyse(self, run) -> dict:
-        """Metrics of one run (JSON-serialisable) from its tables (a :class:`harmony.store.Run`)."""
+        """Metrics of one run (JSON-serialisable) from its tables (a :class:`harmony.store.Run`):
+        one value for each key :attr:`summary` declares, and no other."""
         raise NotImplementedError
+
+    def summary_problems(self, summary: dict) -> list[str]:
+        """How ``summary`` (what :meth:`analyse` returned) departs from :attr:`summary`: keys
+        missing or not declared, values not of the declared kind, None where it is declared never
+        to be. [] when it fits."""
+        declared = {m.name: m for m in self.summary}
+        out = [f"{self.name}: {k} is declared but missing" for k in declared if k not in summary]
+        out += [f"{self.name}: {k} is not declared" for k in summary if k not in declared]
+        out += [f"{self.name}: {err}" for k, v in summary.items() if k in declared
+                for err in [declared[k].check(v)] if err]
+        return out
 
     def plot(self, run, fig_dir: Path) -> list[Path]:
         """Write this experiment's figures; return their paths."""

@@ -19,9 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import rounds
-from harmony.experiments.base import Experiment, Param, non_negative, positive
-from harmony.experiments.how_many import check_two_cpus, source_target_tasks
-from harmony.experiments.work_conservation import NS, check_window, draw_uniform_time
+from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive
+from harmony.experiments.how_many import HowMany, check_two_cpus, source_target_tasks
+from harmony.experiments.work_conservation import NS, WorkConservation, check_window, draw_uniform_time
 from harmony.tasks import TaskSpec
 
 
@@ -74,6 +74,23 @@ class Detection(Experiment):
         m, p = run.manifest, run.manifest["params"]
         return rounds.df_target_rounds(run.migrations, m["cpus"][-1], p["round_gap_ms"],
                                        t_from=p["cut_at_s"])
+
+    summary = (
+        *pick(HowMany.summary, "ncpus", "ntasks", "target_cpu"),
+        Metric("cut_at_s", "s", "when the target's load was cut, after t0 (the parameter, or drawn)"),
+        Metric("interval1_ms", "ms", "from the cut to the first migration onto the target",
+               none_when="no migration onto the target after the cut"),
+        Metric("interval2_ms", "ms", "from the first balancing round onto the target to the second",
+               none_when="fewer than two rounds after the cut"),
+        Metric("interval3_ms", "ms", "from the second round to the third",
+               none_when="fewer than three rounds after the cut"),
+        Metric("round1_moved", "count", "tasks the first round after the cut moved onto the target",
+               none_when="no round after the cut"),
+        Metric("rounds_after_cut", "count", "balancing rounds onto the target after the cut"),
+        Metric("moved_after_cut", "count", "tasks moved onto the target after the cut"),
+        Metric("pulls_before_cut", "count", "migrations onto the target from t0 to the cut"),
+        *pick(WorkConservation.summary, "migrations"),
+    )
 
     def analyse(self, run) -> dict:
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]

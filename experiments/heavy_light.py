@@ -18,7 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import mixed
-from harmony.experiments.base import Experiment, Param, non_negative, percent, positive
+from harmony.experiments.base import Experiment, Metric, Param, non_negative, percent, pick, positive
+from harmony.experiments.single_source import SingleSource
 from harmony.store import RunError
 from harmony.tasks import TaskSpec
 
@@ -37,6 +38,36 @@ WINDOW_PARAMS = (
     Param("short_s", 1.0, "float", "length of the short window (thesis: 1)", positive),
     Param("static", 0, "int", "1 = static-ideal placement (one task of each class pinned per CPU); "
           "set automatically for the companion run in <run_dir>/static/", _flag),
+)
+
+
+NO_WINDOW = "the window does not fit in the run"
+NO_STATIC = "the window does not fit, or no static-ideal companion (a static run, or it is missing)"
+
+
+def windowed(name: str, unit: str, help: str, none_when: str = NO_WINDOW) -> tuple[Metric, Metric]:
+    """``name_short`` and ``name_long``: one measure in the short and in the long window."""
+    return tuple(Metric(f"{name}_{w}", unit, f"{help}, in the {w} window", none_when)
+                 for w in ("short", "long"))
+
+
+#: the summary keys of :meth:`TwoClassExperiment.common_summary`
+TWO_CLASS_SUMMARY = (
+    *pick(SingleSource.summary, "ntasks", "ncpus"),
+    Metric("static", "bool", "this run is a static ideal (one task of each class pinned per CPU)"),
+    Metric("static_run", "name", "the static-ideal companion's directory in the run's",
+           none_when="a static run, or its companion is missing"),
+    Metric("windows", "s", "the analysis windows that fit in the run, s after t0: "
+           "{\"short\": [a, b], \"long\": [c, d]}", kind="dict"),
+    Metric("migrations", "count", "migrations from t0 to the end"),
+    Metric("migrations_per_s", "1/s", "migrations per second of the run"),
+    Metric("migrations_per_cpu_s", "1/CPU-s", "migrations per CPU-second the tasks ran (NaN if none ran)"),
+    Metric("placement_src_mismatches", "count",
+           "migrations whose source CPU was not where the placement had the task"),
+    *windowed("variance", "tasks^2", "variance across the CPUs of their run-queue lengths, time-averaged"),
+    *windowed("static_variance", "tasks^2", "the same in the static ideal", NO_STATIC),
+    *windowed("smape", "index", "SMAPE of the run-queue variance against the static ideal's "
+              "(0: the same, 1: worst)", NO_STATIC),
 )
 
 
@@ -172,6 +203,19 @@ class HeavyLight(TwoClassExperiment):
 
     def spec(self, role, p):
         return {"duty": 100.0 if role == "heavy" else p["light_duty"], "period_ms": p["period_ms"]}
+
+    summary = (
+        Metric("light_duty", "%", "CPU demand of the light tasks (the parameter)"),
+        *TWO_CLASS_SUMMARY,
+        *windowed("one_heavy_one_light_fraction", "fraction",
+                  "fraction of the CPUs holding one heavy and one light task, time-averaged"),
+        *windowed("heavy_slowdown", "ratio", "heavy tasks' CPU allocation over the static ideal's",
+                  NO_STATIC),
+        *windowed("light_slowdown", "ratio", "light tasks' CPU allocation over the static ideal's",
+                  NO_STATIC),
+        Metric("one_heavy_one_light_fraction", "fraction", "one_heavy_one_light_fraction_long",
+               NO_WINDOW),
+    )
 
     def analyse(self, run) -> dict:
         dyn, static = self.load_pair(run)

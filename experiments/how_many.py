@@ -17,7 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics, rounds
-from harmony.experiments.base import Experiment, Param, non_negative, positive
+from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive
+from harmony.experiments.single_source import SingleSource
 from harmony.tasks import TaskSpec
 
 
@@ -68,6 +69,36 @@ class HowMany(Experiment):
 
     def tasks(self, p, cpus):
         return source_target_tasks([p["base"] + p["x"]] * (len(cpus) - 1), p["base"], cpus)
+
+    summary = (
+        Metric("x", "count", "extra tasks on each source CPU (the parameter)"),
+        *pick(SingleSource.summary, "ncpus", "ntasks"),
+        Metric("target_cpu", "cpu", "the target CPU (the last of the set)"),
+        Metric("first_round_moved", "count", "tasks the first balancing round onto the target moved "
+               "from its first source", none_when="no balancing round onto the target"),
+        Metric("first_round_to_target", "count", "tasks the first round moved onto the target in all",
+               none_when="no round"),
+        Metric("first_round_source", "cpu", "the first source: source CPU of the round's first migration",
+               none_when="no round"),
+        Metric("first_round_sources", "count", "source CPUs the first round moved tasks from",
+               none_when="no round"),
+        Metric("poly_prediction", "tasks", "poly-balance prediction q_src - N/P (from the layout at t0 "
+               "without a round)"),
+        Metric("pairwise_prediction", "tasks", "pairwise prediction (q_src - q_target) / 2 (from the "
+               "layout at t0 without a round)"),
+        Metric("q_src_before", "count", "the first source's run queue just before the round",
+               none_when="no round"),
+        Metric("q_target_before", "count", "the target's run queue just before the round",
+               none_when="no round"),
+        Metric("first_round_start_s", "s", "first migration of the first round, after t0",
+               none_when="no round"),
+        Metric("first_round_end_s", "s", "last migration of the first round, after t0",
+               none_when="no round"),
+        Metric("rounds", "count", "balancing rounds onto the target"),
+        Metric("moved_to_target", "count", "tasks moved onto the target in all rounds"),
+        *pick(SingleSource.summary, "migrations", "balance_migrations", "time_to_balance_s",
+              "balanced_at_end"),
+    )
 
     def analyse(self, run) -> dict:
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from harmony.analysis import metrics, mixed
-from harmony.experiments.base import Experiment, Param, non_negative, percent
+from harmony.experiments.base import Experiment, Metric, Param, non_negative, percent, pick
+from harmony.experiments.single_source import SingleSource
 from harmony.tasks import layout_tasks
 
 
@@ -44,6 +45,19 @@ class IntrinsicImbalance(Experiment):
 
     def tasks(self, p, cpus):
         return layout_tasks(p["layout"], cpus, duty=p["duty"])
+
+    summary = (
+        *pick(SingleSource.summary, "ntasks", "ncpus", "fair_share", "share_min", "share_max",
+              "share_ratio_min", "share_ratio_max", "jain_index", "migrations"),
+        Metric("migrations_after_warmup", "count", "migrations after warmup_s"),
+        Metric("migrations_per_s", "1/s", "migrations per second after warmup_s",
+               none_when="nothing of the run is after warmup_s"),
+        Metric("runqueue_changes_per_s", "1/s", "run-queue changes per second after warmup_s "
+               "(oscillation)", none_when="nothing of the run is after warmup_s"),
+        Metric("runqueue_variance", "tasks^2", "variance across the CPUs of their run-queue lengths, "
+               "time-averaged after warmup_s", none_when="nothing of the run is after warmup_s"),
+        Metric("warmup_s", "s", "the parameter warmup_s"),
+    )
 
     def analyse(self, run) -> dict:
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]

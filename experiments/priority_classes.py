@@ -13,8 +13,17 @@ reference allocation of the high tasks.
 from __future__ import annotations
 
 from harmony.analysis import mixed
-from harmony.experiments.base import Param, nice_value, non_negative
-from harmony.experiments.heavy_light import WINDOW_PARAMS, TwoClassExperiment, number_text, window_text
+from harmony.experiments.base import Metric, Param, nice_value, non_negative
+from harmony.experiments.heavy_light import (
+    NO_STATIC,
+    NO_WINDOW,
+    TWO_CLASS_SUMMARY,
+    WINDOW_PARAMS,
+    TwoClassExperiment,
+    number_text,
+    window_text,
+    windowed,
+)
 
 
 class PriorityClasses(TwoClassExperiment):
@@ -38,6 +47,25 @@ class PriorityClasses(TwoClassExperiment):
 
     def spec(self, role, p):
         return {"duty": 100.0, "nice": p["high_nice"] + (p["nice_diff"] if role == "low" else 0)}
+
+    summary = (
+        Metric("nice_diff", "nice", "nice of the low tasks minus nice of the high tasks (the parameter)"),
+        Metric("high_nice", "nice", "nice value of the high-priority tasks (the parameter)"),
+        Metric("low_nice", "nice", "nice value of the low-priority tasks"),
+        *TWO_CLASS_SUMMARY,
+        Metric("high_migrations_per_cpu_s", "1/CPU-s", "migrations of high tasks per CPU-second they ran"),
+        Metric("low_migrations_per_cpu_s", "1/CPU-s", "migrations of low tasks per CPU-second they ran"),
+        *windowed("high_spread_index", "index", "spread of the high tasks over the CPUs, time-averaged "
+                  "(0: even, 1: all on one CPU)"),
+        *windowed("low_spread_index", "index", "spread of the low tasks, time-averaged"),
+        *windowed("high_allocation_ratio", "ratio", "high tasks' CPU allocation over the static ideal's",
+                  NO_STATIC),
+        *windowed("low_allocation_ratio", "ratio", "low tasks' CPU allocation over the static ideal's",
+                  NO_STATIC),
+        Metric("high_spread_index", "index", "high_spread_index_long", NO_WINDOW),
+        Metric("low_cluster_index", "index", "low_spread_index_long", NO_WINDOW),
+        Metric("high_allocation_ratio", "ratio", "high_allocation_ratio_long", NO_STATIC),
+    )
 
     def analyse(self, run) -> dict:
         dyn, static = self.load_pair(run)

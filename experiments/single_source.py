@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics
-from harmony.experiments.base import Experiment, Param, nice_value, non_negative, percent, positive
+from harmony.experiments.base import Experiment, Metric, Param, nice_value, non_negative, percent, positive
 from harmony.tasks import layout_tasks
 
 
@@ -37,6 +37,31 @@ class SingleSource(Experiment):
 
     def tasks(self, p, cpus):
         return layout_tasks(p["layout"], cpus, duty=p["duty"], nice=p["nice"])
+
+    summary = (
+        Metric("ntasks", "count", "experiment tasks"),
+        Metric("ncpus", "count", "CPUs of the set"),
+        Metric("migrations", "count", "migrations in the measured window (from t0 to the end)"),
+        Metric("balance_migrations", "count", "of those, moves of runnable tasks (the load balancer's)"),
+        Metric("time_to_balance_s", "s", "from t0 until every run queue is within tolerance of N/P "
+               "and stays there to the end", none_when="not balanced at the end"),
+        Metric("first_balanced_s", "s", "from t0 until the run queues were first within tolerance",
+               none_when="never balanced"),
+        Metric("balance_entries", "count", "times the run queues came within tolerance"),
+        Metric("balanced_at_end", "bool", "the run queues are within tolerance at the end"),
+        Metric("migrations_after_balance", "count", "migrations after time_to_balance_s (affinity)",
+               none_when="not balanced at the end"),
+        Metric("migrations_after_balance_per_s", "1/s", "the same per second of the balanced stretch",
+               none_when="not balanced at the end"),
+        Metric("balance_migrations_after_balance", "count",
+               "moves of runnable tasks after time_to_balance_s", none_when="not balanced at the end"),
+        Metric("share_min", "fraction", "smallest CPU share of a task (CPU time / wall time)"),
+        Metric("share_max", "fraction", "largest CPU share of a task"),
+        Metric("fair_share", "fraction", "a task's fair share of a CPU (median over the tasks)"),
+        Metric("share_ratio_min", "ratio", "smallest share over its fair share"),
+        Metric("share_ratio_max", "ratio", "largest share over its fair share"),
+        Metric("jain_index", "index", "Jain fairness index of the share ratios (1: all equal)"),
+    )
 
     def analyse(self, run) -> dict:
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]

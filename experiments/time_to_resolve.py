@@ -11,13 +11,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics, rounds
+from harmony.experiments.base import Metric, pick
 from harmony.experiments.how_many import HowMany
+from harmony.experiments.single_source import SingleSource
 
 
 class TimeToResolve(HowMany):
     name = "time-to-resolve"
     question = "How long does it take to reach a balance within 15% of N/P that lasts?"
     thesis = "6.4, figure 6.7 (E3)"
+
+    summary = (
+        *pick(HowMany.summary, "x", "ncpus", "ntasks"),
+        *pick(SingleSource.summary, "time_to_balance_s", "first_balanced_s", "balance_entries"),
+        Metric("balanced_s", "s", "time the run queues were within tolerance, in all"),
+        *pick(SingleSource.summary, "balanced_at_end"),
+        Metric("migrations", "count", "migrations from t0 on"),
+        Metric("balance_migrations", "count", "of those, moves of runnable tasks (the load balancer's)"),
+        *pick(SingleSource.summary, "migrations_after_balance"),
+        Metric("rounds_onto_target", "count", "balancing rounds onto the target"),
+        *pick(HowMany.summary, "moved_to_target"),
+    )
 
     def analyse(self, run) -> dict:
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]

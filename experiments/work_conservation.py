@@ -17,8 +17,8 @@ import random
 from pathlib import Path
 
 from harmony.analysis import rounds
-from harmony.experiments.base import Experiment, Param, non_negative, positive
-from harmony.experiments.how_many import check_two_cpus, source_target_tasks
+from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive
+from harmony.experiments.how_many import HowMany, check_two_cpus, source_target_tasks
 
 NS = 1_000_000_000
 
@@ -69,6 +69,35 @@ class WorkConservation(Experiment):
         n = p["tasks_per_cpu"]
         return source_target_tasks([n] * (len(cpus) - 1), n, cpus, pin_target=bool(p["pin_target"]),
                                    stop_after_s=p["idle_at_s"])
+
+    summary = (
+        *pick(HowMany.summary, "ncpus", "ntasks", "target_cpu"),
+        Metric("idle_at_s", "s", "when the target's tasks exit, after t0 (the parameter, or drawn)"),
+        Metric("target_idle_at_s", "s", "when the target's queue, less tasks already exiting, reached "
+               "0, after t0", none_when="the target never went idle (a task was pulled onto it first)"),
+        Metric("steal_latency_s", "s", "from the target CPU going idle (switching to its idle task) "
+               "to the first pull onto it; 0 if the pull came first", none_when="nothing was pulled"),
+        Metric("queue_empty_to_pull_s", "s", "from the target's queue emptying to the first pull",
+               none_when="nothing was pulled"),
+        Metric("cpu_idle_at_s", "s", "when the target CPU switched to its idle task before the pull, "
+               "after t0", none_when="it did not before the pull, or nothing was pulled"),
+        Metric("stolen", "bool", "a task was pulled onto the target once it went idle",
+               none_when="the target never went idle"),
+        Metric("first_pull_at_s", "s", "the first pull onto the idle target, after t0",
+               none_when="nothing was pulled"),
+        Metric("first_pull_src_cpu", "cpu", "the CPU the first pull came from", none_when="nothing was pulled"),
+        Metric("first_pull_kind", "name", "the first pull's migration kind (balance, wakeup...)",
+               none_when="nothing was pulled"),
+        Metric("first_run_latency_s", "s", "from the target going idle to the first run there of a task "
+               "from another CPU", none_when="no such run"),
+        Metric("idle_before_pull_s", "s", "of the time to the pull, what the target spent in its idle task",
+               none_when="nothing was pulled"),
+        Metric("other_before_pull_s", "s", "of the time to the pull, what the target spent running tasks "
+               "outside the experiment", none_when="nothing was pulled"),
+        Metric("pulls_before_idle", "count", "migrations onto the target from t0 until it went idle"),
+        Metric("pulls_after_idle", "count", "migrations onto the target after it went idle"),
+        Metric("migrations", "count", "migrations from t0 on"),
+    )
 
     def analyse(self, run) -> dict:
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]

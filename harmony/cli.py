@@ -123,17 +123,87 @@ def doctor(as_json):
     sys.exit(0 if facts["verdict"]["can_run"] else 1)
 
 
+#: how ``harmony run EXP --help`` names a parameter's kind (click's words for its own options)
+PARAM_METAVARS = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "list": "INTEGER,...",
+                  "flist": "FLOAT,..."}
+
+
+def write_params(formatter: click.HelpFormatter, exp, ncpus: int) -> None:
+    """The section of ``exp``'s parameters (its own, then those every experiment has): name, kind,
+    help and the default on ``ncpus`` CPUs, for ``harmony run EXP --help`` and ``harmony list -v``."""
+    own = {p.name for p in exp.params}
+    params = list(exp.params) + [p for p in exp.all_params() if p.name not in own]
+    rows = [(f"{p.name} {PARAM_METAVARS[p.kind]}",
+             f"{p.help}  [default: {p.format(p.default_for(ncpus))}"
+             + (f" with P = {ncpus}]" if p.scales else "]")) for p in params]
+    with formatter.section(f"Parameters of {exp.name} (-p KEY=VALUE)"):
+        if any(p.scales for p in params):
+            formatter.write_text(f"A default that depends on the CPU count P is given for P = {ncpus}, "
+                                 "this host's online CPUs (--cpus sets P).")
+            formatter.write_paragraph()
+        formatter.write_dl(rows)
+
+
+class RunCommand(click.Command):
+    """``harmony run``, whose --help also lists the parameters of the experiment it names (or the
+    catalog, when it names none).
+
+    Click answers --help before it converts any argument, so the experiment's name is read here
+    from the raw arguments, with click's own parser (which tells option values from arguments as
+    the command will)."""
+
+    def parse_args(self, ctx, args):
+        try:
+            opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        except click.UsageError:
+            opts = {}           # the parse proper says what is wrong
+        name = opts.get("experiment")
+        ctx.meta["harmony.run.experiment"] = name if isinstance(name, str) else None
+        if opts.get("help") and isinstance(name, str):
+            from harmony.experiments import get_experiment  # as in format_options
+
+            try:
+                get_experiment(name)
+            except ValueError as exc:   # the error `harmony run NAME` gives
+                raise click.BadParameter(str(exc), ctx=ctx, param_hint="EXPERIMENT") from None
+        return super().parse_args(ctx, args)
+
+    def format_options(self, ctx, formatter):
+        # imported when help is asked for, as every command imports what it uses when it runs
+        from harmony.experiments import CATALOG, get_experiment
+        from harmony.osutil import online_cpus
+
+        super().format_options(ctx, formatter)
+        name = ctx.meta.get("harmony.run.experiment")
+        if name is not None:
+            write_params(formatter, get_experiment(name), len(online_cpus()))
+            return
+        with formatter.section("Experiments (harmony run EXPERIMENT --help lists its parameters)"):
+            formatter.write_dl([(n, get_experiment(n).question) for n in CATALOG])
+
+
 @main.command("list")
-def list_experiments():
-    """The experiment catalog: name, question, thesis section."""
+@click.option("--verbose", "-v", is_flag=True,
+              help="also each experiment's parameters, with their defaults on this host")
+def list_experiments(verbose):
+    """The experiment catalog: name, question, thesis section (-v: and its parameters)."""
     from harmony.experiments import CATALOG, get_experiment
+    from harmony.osutil import online_cpus
 
-    for name in CATALOG:
+    ncpus = len(online_cpus()) if verbose else 0
+    for i, name in enumerate(CATALOG):
         exp = get_experiment(name)
+        if verbose and i:
+            click.echo()
         click.echo(f"{name:22} {exp.question}  [thesis {exp.thesis}]")
+        if verbose:
+            formatter = click.get_current_context().make_formatter()
+            with formatter.indentation():
+                write_params(formatter, exp, ncpus)
+            click.echo(formatter.getvalue().rstrip("\n"))
 
 
-@main.command()
+@main.command(cls=RunCommand)
 @click.argument("experiment")
 @click.option("--cpus", help="experiment CPU set, e.g. 0-3 (default: all online CPUs)")
 @click.option("--layout", help="tasks per CPU of the set at t0, e.g. 8,0")
