@@ -2,8 +2,7 @@
 and at the end of a run (:mod:`harmony.probes.proc_sched`).
 
 Needs events: sched_migrate_task, sched_switch; a runs table that covers the reads (for CPU
-time); the ``kernel_counters`` table of a run (read, pid, before_ns, after_ns, nr_migrations,
-nr_switches, sum_exec_ns).
+time); the ``kernel_counters`` table of a run (:data:`harmony.probes.proc_sched.KERNEL_COUNTERS`).
 
 Between a task's two reads the kernel counted its migrations (to another CPU), its switches away
 and its CPU time; the trace must show as many ``sched_migrate_task`` events of the task with
@@ -25,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.tables import COUNTER_AGREEMENT
 
 COUNTS = ("migrations", "switches")
 
@@ -53,15 +53,7 @@ def df_counter_agreement(events: pd.DataFrame, runs: pd.DataFrame,
     """One row per task read at both ends of the run ("start" and "end" reads), by pid.
 
     ``runs`` must cover the reads (a :func:`~harmony.analysis.reconstruct.df_runs` table whose
-    t_end is at or after the last read). Columns:
-
-    - pid (int32)
-    - migrations_kernel, switches_kernel (int64): the counters' differences between the reads
-    - migrations_trace, switches_trace (int64): the task's events surely between the reads
-    - migrations_unsure, switches_unsure (int64): its events inside a read's window
-    - migrations_agree, switches_agree (bool): trace <= kernel <= trace + unsure
-    - cpu_kernel_ns (int64): sum_exec_runtime's difference
-    - cpu_trace_ns (int64): the task's run time between the reads' midpoints
+    t_end is at or after the last read). Columns: :data:`harmony.analysis.tables.COUNTER_AGREEMENT`.
     """
     read = counters["read"].to_numpy()
     c_pid = counters["pid"].to_numpy().astype(np.int64)
@@ -103,7 +95,7 @@ def df_counter_agreement(events: pd.DataFrame, runs: pd.DataFrame,
            - np.clip(runs["start"].to_numpy()[mine], lo[task], hi[task]))
     out["cpu_kernel_ns"] = col["sum_exec_ns_e"] - col["sum_exec_ns_s"]
     out["cpu_trace_ns"] = np.bincount(task, weights=ran, minlength=len(pids)).astype(np.int64)
-    return pd.DataFrame(out)
+    return COUNTER_AGREEMENT.frame(out)
 
 
 def counter_agreement(table: pd.DataFrame) -> dict:

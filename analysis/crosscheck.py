@@ -1,7 +1,8 @@
 """Cross-checks of a reconstruction against the kernel's own view.
 
 Needs: a rebuilt run queue (:func:`harmony.analysis.reconstruct.df_runqueue`) and kernel samples
-(``kernel_samples`` of a run: ts, sweep_ns, pid, cpu, state, read from /proc during the run).
+(``kernel_samples`` of a run, read from /proc during the run:
+:data:`harmony.probes.proc_stat.KERNEL_SAMPLES`).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
     """Compare the rebuilt run queues with the kernel's own ``nr_running`` (sched debug file).
 
     Needs: a rebuilt run queue (:func:`harmony.analysis.reconstruct.df_runqueue`) and the
-    ``kernel_nr_running`` table of a run (:class:`harmony.probes.sched_debug.NrRunningSampler`).
+    ``kernel_nr_running`` table of a run (:data:`harmony.probes.sched_debug.KERNEL_NR_RUNNING`).
 
     ``nr_running`` counts every task on the run queue; the rebuilt one counts experiment tasks. A
     sample is usable ("clean") only when, on every CPU of the set, the tasks the kernel lists as

@@ -14,11 +14,7 @@ import pandas as pd
 
 from harmony.analysis.arrays import event_mask
 from harmony.analysis.reconstruct import NS
-from harmony.store import rows_frame
-
-COLUMNS = {"cpu": np.int32, "window_s": np.float64, "experiment_s": np.float64,
-           "controller_s": np.float64, "foreign_s": np.float64, "idle_s": np.float64,
-           "foreign_frac": np.float64, "top_foreign": str}
+from harmony.analysis.tables import FOREIGN_LOAD
 
 
 def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
@@ -31,10 +27,9 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     (foreign). Time before the CPU's first switch in the window goes to the ``prev`` task of that
     switch.
 
-    Columns: cpu (int32), window_s (float), experiment_s, controller_s, foreign_s, idle_s (float s),
-    foreign_frac (foreign_s / window_s), top_foreign (str: the foreign comm that ran longest, or
-    ""). One row per CPU of ``cpus``; a CPU without any switch in the window has all-NaN time
-    columns (nothing was seen, so nothing is claimed).
+    Columns: :data:`harmony.analysis.tables.FOREIGN_LOAD`, one row per CPU of ``cpus``; a CPU
+    without any switch in the window has all-NaN time columns (nothing was seen, so nothing is
+    claimed).
     """
     t0, t_end = int(t0), int(t_end)
     window = (t_end - t0) / NS
@@ -77,7 +72,7 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
                 top = str(comms[int(np.argmax(by_comm))])
         rows.append((cpu, window, float(dur[is_exp].sum()), float(dur[is_own].sum()), foreign_s,
                      float(dur[is_idle].sum()), foreign_s / window if window > 0 else np.nan, top))
-    return rows_frame(rows, COLUMNS)
+    return FOREIGN_LOAD.from_rows(rows)
 
 
 def _codes(column: pd.Series, rows: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

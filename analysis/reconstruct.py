@@ -2,16 +2,17 @@
 
 Inputs shared by every function (see :mod:`harmony.probes.schema` for ``events``):
 
-- ``tasks``: the experiment's tasks, columns pid (int32), name (str), role (str), duty (float,
-  percent 0-100), nice (int), initial_cpu (int). Only these pids are reconstructed; events of other
-  tasks are ignored (except that their sched_switch rows delimit the experiment tasks' runs).
+- ``tasks``: the experiment's tasks (a tasks table, :data:`harmony.tasks.TASKS`; what is read of it
+  is pid, name, role, duty and nice). Only these pids are reconstructed; events of other tasks are
+  ignored (except that their sched_switch rows delimit the experiment tasks' runs).
 - ``cpus``: the experiment CPU set. ``t0``: the release instant (ns, trace clock). ``t_end``: end of
   the measured window (ns).
 
-Times are int64 ns on the trace clock; where it helps plotting a float column ``t`` gives seconds
-relative to ``t0`` (negative before the release). Problems found in the trace are never dropped
-silently: each table carries counts in ``df.attrs`` (documented per function) and
-:func:`df_anomalies` lists them.
+Each table's columns are declared in :mod:`harmony.analysis.tables` (with their dtypes and
+meanings), and built through those declarations. Times are int64 ns on the trace clock; where it
+helps plotting a float column ``t`` gives seconds relative to ``t0`` (negative before the release).
+Problems found in the trace are never dropped silently: each table carries counts in ``df.attrs``
+(documented per function) and :func:`df_anomalies` lists them.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from harmony import jit as hjit
+from harmony.analysis import tables
 from harmony.analysis import taskstate as ts_
 from harmony.analysis.arrays import event_codes, event_mask, in_set, index_of, sorted_unique
 from harmony.analysis.taskstate import task_records
-from harmony import jit as hjit
 
 NS = 1_000_000_000
 
@@ -95,17 +97,8 @@ def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.Data
     Needs events: sched_migrate_task, plus sched_switch, sched_wakeup, sched_wakeup_new,
     sched_process_exit (to know whether the task was runnable when it moved).
 
-    Columns:
-
-    - ts (int64 ns), t (float s since t0; negative for set-up moves before the release)
-    - pid (int32), name, role (category)
-    - src_cpu, dst_cpu (int32): the event's orig_cpu and dest_cpu
-    - event_cpu (int32): CPU that recorded the event (the puller for a load_balance pull, the
-      source CPU's stopper for an active balance, the waker's CPU for a wakeup placement)
-    - kind (category): "wakeup" if the task was not runnable at that moment (its CPU was chosen at
-      wakeup or fork, i.e. the event precedes its sched_wakeup[_new]), else "balance" (moved while
-      runnable: queued, or - an anomaly - believed running). Runnability comes from
-      :func:`harmony.analysis.taskstate.task_records`.
+    Columns: :data:`harmony.analysis.tables.MIGRATIONS`. Whether the task was runnable as it
+    moved (its ``kind``) comes from :func:`harmony.analysis.taskstate.task_records`.
 
     attrs: ``anomalies`` (int) = migrations whose orig_cpu contradicts the reconstructed CPU or
     that hit a task believed running.
@@ -118,7 +111,7 @@ def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.Data
     name, role = _task_info(m["pid"], tasks)
     kind = pd.Categorical(np.where(m["runnable_before"], "balance", "wakeup"),
                           categories=["wakeup", "balance"])
-    out = pd.DataFrame({
+    out = tables.MIGRATIONS.frame({
         "ts": m["ts"],
         "t": _t(m["ts"], t0),
         "pid": m["pid"],
@@ -157,10 +150,8 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
       unknown and no run is emitted for the switched-out task (the other's run is closed there);
     - runs before ``t0`` are kept (negative ``t``); clip with ``start``/``end`` as needed.
 
-    Columns: pid (int32), name, role (category), cpu (int32), start, end, duration (int64 ns),
-    t (float s since t0 of start), end_state (int64: prev_state at the ending switch, 0 =
-    preempted, else it blocked or died; -1 if truncated or if the ending switch is another task's,
-    see run_end_mismatch), truncated (bool), unseen_start (bool).
+    Columns: :data:`harmony.analysis.tables.RUNS` (an end_state of -1 where the ending switch is
+    another task's: see run_end_mismatch).
 
     attrs: ``anomalies`` (int) and ``anomaly_kinds`` (dict): ``run_end_mismatch`` = a run of an
     experiment task ended by a switch whose prev_pid is another task (a switch was lost; the run
@@ -175,7 +166,7 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     else:
         *rows, kinds = _run_rows_numpy(events, tasks, t_start, t_end)
         cols = _runs_table(*rows, tasks, t0, t_end)
-    out = pd.DataFrame(cols, copy=False)
+    out = tables.RUNS.frame(cols, copy=False)
     out.attrs["anomalies"] = sum(kinds.values())
     out.attrs["anomaly_kinds"] = {k: v for k, v in kinds.items() if v}
     return out
@@ -225,8 +216,7 @@ def _runs_table_compiled(pid, rcpu, start, end, end_state, open_end, n_seen: int
                                 name_code, role_code, *cols.values())
     cols["name"] = pd.Categorical.from_codes(cols["name"], categories=names, validate=False)
     cols["role"] = pd.Categorical.from_codes(cols["role"], categories=roles, validate=False)
-    return {k: cols[k] for k in ("pid", "name", "role", "cpu", "start", "end", "duration", "t",
-                                 "end_state", "truncated", "unseen_start")}
+    return {k: cols[k] for k in tables.RUNS.names}
 
 
 def _run_rows_numpy(events: pd.DataFrame, tasks: pd.DataFrame, t_start: int, t_end: int):
@@ -365,12 +355,12 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     documented in :mod:`harmony.analysis.taskstate`; ``nr`` counts the experiment tasks that are
     running or waiting on the CPU.
 
-    Columns: ts (int64 ns), t (float s since t0), cpu (int32), nr (int64: value from this event
-    on). The first rows, one per CPU of ``cpus`` at t_first = min(first event's ts, t0), hold the
-    state inferred at trace start (the state before any event; see taskstate), updated by the
-    events at exactly t_first if any; after that one row per change (several events at the same ts
-    on one CPU collapse to the last value; events that leave nr unchanged give no row), so
-    (ts, cpu) is unique. Rows after ``t_end`` are not returned. Sorted by (ts, cpu).
+    Columns: :data:`harmony.analysis.tables.RUNQUEUE`. The first rows, one per CPU of ``cpus`` at
+    t_first = min(first event's ts, t0), hold the state inferred at trace start (the state before
+    any event; see taskstate), updated by the events at exactly t_first if any; after that one row
+    per change (several events at the same ts on one CPU collapse to the last value; events that
+    leave nr unchanged give no row), so (ts, cpu) is unique. Rows after ``t_end`` are not
+    returned. Sorted by (ts, cpu).
 
     attrs:
 
@@ -399,8 +389,8 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     else:
         all_ts, all_cpu, all_nr, out_n = _runqueue_numpy(r, cpus, init, t_first, inwin)
     outside += out_n
-    out = pd.DataFrame({"ts": all_ts, "t": _t(all_ts, t0), "cpu": all_cpu, "nr": all_nr},
-                       copy=False)
+    out = tables.RUNQUEUE.frame({"ts": all_ts, "t": _t(all_ts, t0), "cpu": all_cpu,
+                                 "nr": all_nr}, copy=False)
     an = r["anomaly"].to_numpy()[inwin]
     out.attrs["anomalies"] = int((an > 0).sum())
     out.attrs["anomaly_kinds"] = _kinds(an, ts_.ANOMALIES)
@@ -611,14 +601,12 @@ def df_anomalies(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.DataF
 
     Needs events: as :func:`df_runqueue`.
 
-    Columns: ts (int64 ns), t (float s since t0), pid (int32), name, role (category), cpu (int32,
-    CPU that recorded the event), record (str: which record, e.g. "switch_in"), anomaly (str),
-    cpu_before (int32: where the task was believed to be), runnable_before, running_before (bool).
+    Columns: :data:`harmony.analysis.tables.ANOMALIES`.
     """
     r = task_records(events, _pids(tasks))
     a = r[r["anomaly"].to_numpy() > 0].sort_values("seq", kind="stable")
     name, role = _task_info(a["pid"].to_numpy(), tasks)
-    return pd.DataFrame({
+    return tables.ANOMALIES.frame({
         "ts": a["ts"].to_numpy(), "t": _t(a["ts"].to_numpy(), t0), "pid": a["pid"].to_numpy(),
         "name": name, "role": role, "cpu": a["cpu"].to_numpy().astype(np.int32),
         "record": np.asarray(ts_.RECORDS, dtype=object)[a["record"].to_numpy()],
@@ -646,10 +634,8 @@ def df_allocation(runs: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int,
     at t_end. Run intervals are clipped to [t0, t_end] and split exactly at window boundaries.
     Every (task, window) pair has a row, zero when the task did not run.
 
-    Columns: pid (int32), name, role (category), window (int64 index k), window_start (int64 ns),
-    t (float s since t0 of the window start), window_s (float, window length in s; the last may
-    be shorter), cpu_time (float s), share (cpu_time / window_s: the fraction of one CPU).
-    Sorted by (window, task order in ``tasks``).
+    Columns: :data:`harmony.analysis.tables.ALLOCATION`, sorted by (window, task order in
+    ``tasks``).
     """
     w = int(window_ns)
     if w <= 0:
@@ -679,7 +665,7 @@ def df_allocation(runs: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int,
     wlen = np.minimum(wstart + w, t_end) - wstart
     name, role = _task_info(tp[ti], tasks)
     cpu_time = ns / NS
-    return pd.DataFrame({
+    return tables.ALLOCATION.frame({
         "pid": tp[ti], "name": name, "role": role, "window": kk, "window_start": wstart,
         "t": _t(wstart, t0), "window_s": wlen / NS, "cpu_time": cpu_time,
         "share": cpu_time / (wlen / NS),
@@ -720,10 +706,7 @@ def df_task_share(runs: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     :func:`fair_shares` with weights = :func:`nice_to_weight` (kernel table) and demand = duty/100
     on P = len(cpus) CPUs.
 
-    Columns (one row per task, in ``tasks`` order): pid (int32), name, role (category), nice
-    (int64), weight (int64), demand (float, 0..1), cpu_time (float s), share (float: cpu_time /
-    (t_end - t0), fraction of one CPU), fair (float, fraction of one CPU), ratio (share / fair,
-    NaN when fair is 0).
+    Columns (one row per task, in ``tasks`` order): :data:`harmony.analysis.tables.SHARES`.
     """
     tp = _pids(tasks)
     pid, s, e = _clip_runs(runs, t0, t_end)
@@ -740,7 +723,7 @@ def df_task_share(runs: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     name, role = _task_info(tp, tasks)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(fair > 0, share / np.where(fair > 0, fair, 1.0), np.nan)
-    return pd.DataFrame({
+    return tables.SHARES.frame({
         "pid": tp, "name": name, "role": role, "nice": nice, "weight": weight, "demand": demand,
         "cpu_time": ns / NS, "share": share, "fair": fair, "ratio": ratio,
     })

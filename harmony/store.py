@@ -142,26 +142,30 @@ def read_table(path: Path) -> pd.DataFrame:
 class Run:
     """A stored run, as returned by :func:`harmony.load`.
 
-    Attributes (DataFrames are read lazily, on first use):
+    Attributes (DataFrames are read lazily, on first use). Each table's columns, with their dtypes
+    and meanings, are declared once, where the table is built (``print()`` a declaration to see
+    it):
 
     manifest     dict: the run's manifest.json
     summary      dict: the experiment's metrics (summary.json)
-    tasks        pid, name, role, duty, period_ms, nice, initial_cpu, stop_after_s, cut_duty_at_s,
-                 cut_duty, comm — one row per experiment task
-    migrations   ts, t, pid, name, role, src_cpu, dst_cpu, kind — every migration of a task
-                 (``kind`` "wakeup": CPU chosen when it woke; "balance": moved while runnable)
-    runs         pid, name, role, cpu, start, end, duration, truncated — every run interval (ns)
-    runqueue     ts, t, cpu, nr — per-CPU count of runnable experiment tasks, a step function:
-                 ``nr`` holds from ``ts`` until the next row of the same CPU
-    allocation   pid, name, role, t, cpu_time, share — CPU time per task per time window
-    shares       per task over the run: cpu_time, share, fair, ratio
-    kernel_samples  ts, pid, cpu, state — the kernel's own view (/proc) sampled during the run
-    kernel_counters read ("start" / "end"), pid, before_ns, after_ns, nr_migrations, nr_switches,
-                 sum_exec_ns — each worker's own counters (harmony.probes.proc_sched)
-    markers      ts, cpu, pid, text — trace markers
+    tasks        one row per experiment task (harmony.tasks.TASKS)
+    migrations   every migration of a task (harmony.analysis.tables.MIGRATIONS)
+    runs         every interval a task ran on a CPU (harmony.analysis.tables.RUNS)
+    runqueue     per-CPU count of runnable experiment tasks, a step function
+                 (harmony.analysis.tables.RUNQUEUE)
+    allocation   CPU time per task per time window (harmony.analysis.tables.ALLOCATION)
+    shares       each task's CPU time over the run against its fair share
+                 (harmony.analysis.tables.SHARES)
+    kernel_samples  the kernel's own view (/proc) sampled during the run
+                 (harmony.probes.proc_stat.KERNEL_SAMPLES)
+    kernel_counters each worker's own counters at the start and the end
+                 (harmony.probes.proc_sched.KERNEL_COUNTERS)
+    markers      trace markers (harmony.probes.schema)
     events       the canonical decoded events (harmony.probes.schema)
 
-    ``t`` columns are seconds since t0; ``ts``, ``start``, ``end`` are ns on the trace clock.
+    ``table("kernel_nr_running")`` reads the kernel's own per-CPU counts, where the run sampled
+    them (harmony.probes.sched_debug.KERNEL_NR_RUNNING). ``t`` columns are seconds since t0;
+    ``ts``, ``start``, ``end`` are ns on the trace clock.
     """
 
     def __init__(self, path: Path, manifest: dict):

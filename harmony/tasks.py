@@ -6,6 +6,8 @@ import dataclasses
 
 import pandas as pd
 
+from harmony.columns import Table
+
 ROLES = ("cpu", "heavy", "light", "high", "low", "target")
 
 
@@ -65,9 +67,30 @@ def layout_tasks(layout: list[int], cpus: list[int], **spec) -> list[TaskSpec]:
     return out
 
 
+#: The ``tasks`` table of a run (tasks.parquet): ``pid``, then :class:`TaskSpec`'s fields, then
+#: ``comm``. The two optional times are float64 where a task has one, else object (all None).
+TASKS = Table("tasks", "one row per experiment task, in the experiment's order", [
+    ("pid",           "int32",            "the worker's pid; -1 if it was not started"),
+    ("name",          "str",              "unique label (TaskSpec.name)"),
+    ("role",          "str",              "what the experiment calls it: one of ROLES"),
+    ("duty",          "float64",          "CPU demand in percent, 100 = always runnable"),
+    ("period_ms",     "float64",          "mean length of one run+sleep period for duty < 100"),
+    ("nice",          "int64",            "nice value (-20..19)"),
+    ("initial_cpu",   "int64",            "CPU it is pinned to until t0"),
+    ("stop_after_s",  "float64 | object", "it exits this many s after t0; NaN or None: never"),
+    ("cut_duty_at_s", "float64 | object", "its duty changes to cut_duty this many s after t0; "
+                                          "NaN or None: never"),
+    ("cut_duty",      "float64",          "its duty from cut_duty_at_s on (0: it blocks)"),
+    ("pinned",        "bool",             "stays pinned to initial_cpu after t0"),
+    ("comm",          "str",              "its command name (TaskSpec.comm; an imported run's: "
+                                          "the traced task's comm)"),
+])
+
+
 def tasks_frame(specs: list[TaskSpec], pids: list[int] | None = None) -> pd.DataFrame:
-    """The ``tasks`` table of a run: one row per task, spec fields plus ``pid`` (-1 if not started)."""
+    """The ``tasks`` table of a run (:data:`TASKS`): one row per task, its spec's fields and pid
+    (-1 if not started)."""
     rows = [dataclasses.asdict(s) | {"comm": s.comm} for s in specs]
-    df = pd.DataFrame(rows, columns=[f.name for f in dataclasses.fields(TaskSpec)] + ["comm"])
+    df = pd.DataFrame(rows, columns=list(TASKS.names[1:]))
     df.insert(0, "pid", pd.array(pids if pids is not None else [-1] * len(specs), dtype="int32"))
     return df

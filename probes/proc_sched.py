@@ -20,11 +20,22 @@ import time
 
 import pandas as pd
 
-from harmony import store
+from harmony.columns import Table
 
 _KEYS = (b"se.nr_migrations", b"nr_switches", b"se.sum_exec_runtime")
-DTYPES = {"read": str, "pid": "int32", "before_ns": "int64", "after_ns": "int64",
-          "nr_migrations": "int64", "nr_switches": "int64", "sum_exec_ns": "int64"}
+
+#: The ``kernel_counters`` table of a run (kernel_counters.parquet): :meth:`CounterReads.frame`.
+KERNEL_COUNTERS = Table("kernel_counters", "one row per task read, in the order of the reads", [
+    ("read",          "str",   'the read\'s label: "start" or "end" of the run'),
+    ("pid",           "int32", "the task"),
+    ("before_ns",     "int64", "ns, CLOCK_MONOTONIC, just before the file was read"),
+    ("after_ns",      "int64", "ns, CLOCK_MONOTONIC, just after"),
+    ("nr_migrations", "int64", "se.nr_migrations: its moves to another CPU"),
+    ("nr_switches",   "int64", "nr_switches: its switches away (voluntary + involuntary)"),
+    ("sum_exec_ns",   "int64", "se.sum_exec_runtime: its CPU time (ns)"),
+])
+#: the table's dtypes by column
+DTYPES = {c.name: c.dtype for c in KERNEL_COUNTERS.columns}
 
 
 def _value(text: bytes, key: bytes) -> bytes | None:
@@ -88,7 +99,7 @@ def available() -> tuple[bool, str]:
 
 class CounterReads:
     """The counters of ``pids``, read whenever :meth:`take` is called (~20 us a task here);
-    :meth:`frame` gives them as a table (columns: :data:`DTYPES`)."""
+    :meth:`frame` gives them as a table (:data:`KERNEL_COUNTERS`)."""
 
     def __init__(self, pids: list[int]):
         self.pids = list(pids)
@@ -104,4 +115,4 @@ class CounterReads:
                 self.rows.append((label, pid, *got))
 
     def frame(self) -> pd.DataFrame:
-        return store.rows_frame(self.rows, DTYPES)
+        return KERNEL_COUNTERS.from_rows(self.rows)

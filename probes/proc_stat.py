@@ -15,7 +15,16 @@ import time
 
 import pandas as pd
 
-from harmony import store
+from harmony.columns import Table
+
+#: The ``kernel_samples`` table of a run (kernel_samples.parquet): :meth:`KernelSampler.frame`.
+KERNEL_SAMPLES = Table("kernel_samples", "one row per worker read in a sweep, sweep by sweep", [
+    ("ts",       "int64", "ns, CLOCK_MONOTONIC: the middle of the sweep over all workers"),
+    ("sweep_ns", "int64", "how long the sweep took (ns)"),
+    ("pid",      "int32", "the worker"),
+    ("cpu",      "int16", "its task_cpu: the run queue it is on"),
+    ("state",    "str",   "its state letter (R, S, D, ...)"),
+])
 
 #: a sweep of the kernel sampler is followed by at least this many times its length of sleep
 SWEEP_BUDGET = 100
@@ -24,8 +33,7 @@ SWEEP_BUDGET = 100
 class KernelSampler(threading.Thread):
     """Samples the kernel's own view of the workers from /proc: which CPU, which state.
 
-    Each sample row: ts (ns, CLOCK_MONOTONIC, midpoint of the sweep over all workers), sweep_ns
-    (how long the sweep took), pid, cpu (task_cpu: the run queue it is on), state (R, S, ...).
+    Each sweep adds a row per worker whose file could be read (:data:`KERNEL_SAMPLES`).
 
     With ``cpus`` and a readable sched debug file it also reads the kernel's own per-CPU
     ``nr_running`` after each sweep (``self.nr``, see :mod:`harmony.probes.sched_debug`);
@@ -83,5 +91,4 @@ class KernelSampler(threading.Thread):
             wait = max(self.period, SWEEP_BUDGET * (time.monotonic() - t))
 
     def frame(self) -> pd.DataFrame:
-        return store.rows_frame(self.rows, {"ts": "int64", "sweep_ns": "int64", "pid": "int32",
-                                            "cpu": "int16", "state": str})
+        return KERNEL_SAMPLES.from_rows(self.rows)

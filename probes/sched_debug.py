@@ -22,9 +22,27 @@ from pathlib import Path
 
 import pandas as pd
 
+from harmony.columns import Table
 from harmony.errors import SchedDebugError  # noqa: F401  (raised here)
 
 SCHED_DEBUG = Path("/sys/kernel/debug/sched/debug")
+
+#: The ``kernel_nr_running`` table of a run (kernel_nr_running.parquet):
+#: :meth:`NrRunningSampler.frame`.
+KERNEL_NR_RUNNING = Table("kernel_nr_running", "one row per sample and CPU, sample by sample", [
+    ("ts",              "int64", "ns, CLOCK_MONOTONIC: the middle of the window"),
+    ("lo",              "int64", "ns: start of the window in which the kernel wrote this sample "
+                                 "(the header's ktime, or the start of the read)"),
+    ("hi",              "int64", "ns: end of that window (the end of the read)"),
+    ("cpu",             "int16", "the CPU"),
+    ("nr_running",      "int32", "the kernel's count: every task on the run queue, of every "
+                                 "class, the running one included"),
+    ("listed_runnable", "int32", "tasks listed in state R"),
+    ("experiment",      "int32", "of those, the experiment's tasks"),
+    ("reader",          "int32", "1 if the sampler's own thread is among them"),
+    ("others",          "int32", "listed runnable tasks that are neither"),
+    ("other_comms",     "str",   "their comms, comma separated"),
+])
 
 
 @dataclasses.dataclass
@@ -116,12 +134,9 @@ class NrRunningSampler(threading.Thread):
     """Reads the sched debug file ``hz`` times a second during a run (as a thread of its own, or
     through :meth:`sample` from another sampler's loop).
 
-    One row per sample and CPU of ``cpus`` (see :meth:`frame`). ``pids`` are the experiment's
-    tasks; the reading thread, which is running while it reads, is counted apart.
+    One row per sample and CPU of ``cpus`` (:data:`KERNEL_NR_RUNNING`). ``pids`` are the
+    experiment's tasks; the reading thread, which is running while it reads, is counted apart.
     """
-
-    COLUMNS = ("ts", "lo", "hi", "cpu", "nr_running", "listed_runnable", "experiment", "reader",
-               "others", "other_comms")
 
     def __init__(self, pids: list[int], cpus: list[int], hz: float, path: Path = SCHED_DEBUG):
         super().__init__(name="nr-running-sampler", daemon=True)
@@ -176,14 +191,5 @@ class NrRunningSampler(threading.Thread):
             self._fd = None
 
     def frame(self) -> pd.DataFrame:
-        """Columns: ts (int64 ns, CLOCK_MONOTONIC, middle of the window), lo / hi (int64 ns: the
-        window in which the kernel wrote this sample: from the header's ktime, or the start of the
-        read, to the end of the read), cpu (int16), nr_running (int32: the kernel's count, every
-        class), listed_runnable (int32: tasks listed in state R), experiment (int32: of those, the
-        experiment's tasks), reader (int32: 1 if the sampler's own thread is among them), others
-        (int32: listed runnable tasks that are neither), other_comms (str: their comms, comma
-        separated)."""
-        from harmony.store import rows_frame
-
-        return rows_frame(self.rows, dict(zip(self.COLUMNS, (
-            "int64", "int64", "int64", "int16", "int32", "int32", "int32", "int32", "int32", str))))
+        """The samples taken, as a :data:`KERNEL_NR_RUNNING` table."""
+        return KERNEL_NR_RUNNING.from_rows(self.rows)

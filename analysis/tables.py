@@ -1,0 +1,159 @@
+"""The tables the analysis derives from a run's events: each one's columns, dtypes and meanings.
+
+Declared once here (see :class:`harmony.columns.Table`) and built through these declarations by
+their producers: :mod:`harmony.analysis.reconstruct` (migrations, runs, runqueue, allocation,
+shares, anomalies), :mod:`harmony.analysis.foreign` (foreign load) and
+:mod:`harmony.analysis.counters` (counter agreement). ``print(tables.RUNS)`` shows one.
+
+Conventions: ``ts``, ``start``, ``end`` are int64 ns on the trace clock; ``t`` is float seconds
+since t0 (negative before the release); ``name`` and ``role`` are the task's, from the tasks table
+(:data:`harmony.tasks.TASKS`), as categoricals whose categories are sorted. A table's ``attrs``
+(counts of what the reconstruction found wrong in the trace, for instance) are documented by the
+function that builds it; they are stored in the Parquet file with the table.
+
+The other tables of a run are declared beside their producers: ``tasks`` in :mod:`harmony.tasks`,
+``kernel_samples``, ``kernel_counters`` and ``kernel_nr_running`` in the kernel samplers
+(:mod:`harmony.probes.proc_stat`, :mod:`harmony.probes.proc_sched`,
+:mod:`harmony.probes.sched_debug`), ``events`` and ``markers`` in :mod:`harmony.probes.schema`.
+"""
+
+from __future__ import annotations
+
+from harmony.columns import Table
+
+MIGRATIONS = Table(
+    "migrations", "every sched_migrate_task of an experiment task, in time order", [
+        ("ts",        "int64",    "event time (ns)"),
+        ("t",         "float64",  "s since t0; negative for a set-up move before the release"),
+        ("pid",       "int32",    "the task moved"),
+        ("name",      "category", "its name"),
+        ("role",      "category", "its role"),
+        ("src_cpu",   "int32",    "the event's orig_cpu"),
+        ("dst_cpu",   "int32",    "the event's dest_cpu"),
+        ("event_cpu", "int32",    "CPU that recorded the event: the puller for a load_balance "
+                                  "pull, the source CPU's stopper for an active balance, the "
+                                  "waker's CPU for a wakeup placement"),
+        ("kind",      "category", '"wakeup" or "balance" (its categories, in that order). '
+                                  "wakeup: the task was not runnable, its CPU was chosen as it "
+                                  "woke or forked (the event precedes its sched_wakeup[_new]); "
+                                  "balance: moved while runnable (queued, or - an anomaly - "
+                                  "believed running)"),
+    ])
+
+RUNS = Table(
+    "runs", "every interval during which an experiment task ran on a CPU, sorted by "
+            "(start, cpu, end)", [
+        ("pid",          "int32",    "the task"),
+        ("name",         "category", "its name"),
+        ("role",         "category", "its role"),
+        ("cpu",          "int32",    "the CPU it ran on"),
+        ("start",        "int64",    "switch-in (ns); an estimate where unseen_start"),
+        ("end",          "int64",    "switch-out (ns), or t_end where truncated"),
+        ("duration",     "int64",    "end - start (ns)"),
+        ("t",            "float64",  "start, in s since t0"),
+        ("end_state",    "int64",    "prev_state at the ending switch: 0 = preempted, else it "
+                                     "blocked or died; -1 if truncated, or if the ending switch "
+                                     "is another task's (how it ended is unknown)"),
+        ("truncated",    "bool",     "still running at t_end or at the end of the trace: closed "
+                                     "at t_end"),
+        ("unseen_start", "bool",     "its switch-in was not seen (running when the trace began, "
+                                     "or a lost switch-in): start is inferred"),
+    ])
+
+RUNQUEUE = Table(
+    "runqueue", "a step function per CPU, sorted by (ts, cpu), (ts, cpu) unique: the first rows "
+                "are each CPU's state at the start of the trace, then one row per change", [
+        ("ts",  "int64",   "from this instant on (ns)"),
+        ("t",   "float64", "ts, in s since t0"),
+        ("cpu", "int32",   "the CPU"),
+        ("nr",  "int64",   "experiment tasks running or waiting on the CPU, from ts until the "
+                           "CPU's next row"),
+    ])
+
+ALLOCATION = Table(
+    "allocation", "each experiment task's CPU time in consecutive windows [t0 + k*w, "
+                  "t0 + (k+1)*w) of [t0, t_end); every (window, task) pair, sorted by (window, "
+                  "task order in the tasks table)", [
+        ("pid",          "int32",    "the task"),
+        ("name",         "category", "its name"),
+        ("role",         "category", "its role"),
+        ("window",       "int64",    "the window's index k"),
+        ("window_start", "int64",    "the window's start (ns)"),
+        ("t",            "float64",  "the window's start, in s since t0"),
+        ("window_s",     "float64",  "the window's length (s); the last may be shorter"),
+        ("cpu_time",     "float64",  "s the task ran in the window (0 if it did not)"),
+        ("share",        "float64",  "cpu_time / window_s: the fraction of one CPU"),
+    ])
+
+SHARES = Table(
+    "shares", "each experiment task's CPU time in [t0, t_end] against its fair share, in "
+              "tasks table order", [
+        ("pid",      "int32",    "the task"),
+        ("name",     "category", "its name"),
+        ("role",     "category", "its role"),
+        ("nice",     "int64",    "its nice value"),
+        ("weight",   "int64",    "its load weight: the kernel's sched_prio_to_weight of nice"),
+        ("demand",   "float64",  "duty / 100: the fraction of one CPU it would use alone"),
+        ("cpu_time", "float64",  "s it ran in [t0, t_end]"),
+        ("share",    "float64",  "cpu_time / (t_end - t0): the fraction of one CPU"),
+        ("fair",     "float64",  "its fair share, a fraction of one CPU "
+                                 "(harmony.analysis.reconstruct.fair_shares)"),
+        ("ratio",    "float64",  "share / fair; NaN where fair is 0"),
+    ])
+
+ANOMALIES = Table(
+    "anomalies", "every contradiction the task state machine repaired "
+                 "(harmony.analysis.taskstate), in time order", [
+        ("ts",              "int64",        "event time (ns)"),
+        ("t",               "float64",      "s since t0"),
+        ("pid",             "int32",        "the task"),
+        ("name",            "category",     "its name"),
+        ("role",            "category",     "its role"),
+        ("cpu",             "int32",        "CPU that recorded the event"),
+        ("record",          "str | object", 'which record of the event, e.g. "switch_in" '
+                                            "(taskstate.RECORDS); object if the table is empty"),
+        ("anomaly",         "str | object", "the contradiction (taskstate.ANOMALIES); object if "
+                                            "the table is empty"),
+        ("cpu_before",      "int32",        "where the task was believed to be"),
+        ("runnable_before", "bool",         "whether it was believed runnable"),
+        ("running_before",  "bool",         "whether it was believed running"),
+    ])
+
+FOREIGN_LOAD = Table(
+    "foreign_load", "CPU time of each CPU of the set in [t0, t_end], by whom it went to; a CPU "
+                    "without any switch in the window has NaN times (nothing seen, nothing "
+                    "claimed)", [
+        ("cpu",          "int32",   "the CPU"),
+        ("window_s",     "float64", "t_end - t0 (s)"),
+        ("experiment_s", "float64", "s experiment tasks ran"),
+        ("controller_s", "float64", "s the run's own controller threads ran (probe drains, perf "
+                                    "record, sampler)"),
+        ("foreign_s",    "float64", "s any other task ran"),
+        ("idle_s",       "float64", "s the idle task ran"),
+        ("foreign_frac", "float64", "foreign_s / window_s"),
+        ("top_foreign",  "str",     'the foreign comm that ran longest, or ""'),
+    ])
+
+COUNTER_AGREEMENT = Table(
+    "counter_agreement", "one row per task read at both ends of the run (kernel_counters' "
+                         '"start" and "end" reads), by pid', [
+        ("pid",               "int32", "the task"),
+        ("migrations_kernel", "int64", "its nr_migrations' difference between the reads"),
+        ("migrations_trace",  "int64", "its migrations (orig_cpu != dest_cpu) surely between "
+                                       "the reads"),
+        ("migrations_unsure", "int64", "its migrations inside a read's window"),
+        ("migrations_agree",  "bool",  "trace <= kernel <= trace + unsure"),
+        ("switches_kernel",   "int64", "its nr_switches' difference between the reads"),
+        ("switches_trace",    "int64", "its switches away (sched_switch prev) surely between "
+                                       "the reads"),
+        ("switches_unsure",   "int64", "its switches away inside a read's window"),
+        ("switches_agree",    "bool",  "trace <= kernel <= trace + unsure"),
+        ("cpu_kernel_ns",     "int64", "its sum_exec_runtime's difference between the reads"),
+        ("cpu_trace_ns",      "int64", "its run time between the reads' midpoints"),
+    ])
+
+#: the tables :func:`harmony.pipeline.derive_tables` makes, stored in a run directory as
+#: <name>.parquet
+STORED = (MIGRATIONS, RUNS, RUNQUEUE, ALLOCATION, SHARES)
+#: every table declared here
+ALL = STORED + (ANOMALIES, FOREIGN_LOAD, COUNTER_AGREEMENT)
