@@ -16,7 +16,9 @@ trace, what it had to assume); :func:`analyse_capture` does the rest, the same w
 4. figures (now, or deferred to :func:`draw_figures`) and report.md.
 
 :func:`new_manifest` starts every run directory's manifest; :func:`analyse` analyses a capture
-stored on disk (again, or in another process than the one that captured it).
+stored on disk -- again, in another process than the one that captured it (a suite's background
+analyser), or brought from where it was recorded as raw pages + manifest (a capture made on
+another host or inside a virtual machine is analysed here like one made here).
 """
 
 from __future__ import annotations
