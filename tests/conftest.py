@@ -1,15 +1,61 @@
-"""Shared fixtures: kernel tests skip with the reason where the host cannot trace."""
+"""Shared fixtures and helpers of the test suite, and the rules every test run follows.
 
+- A test that cannot run on this host (no root, no tracefs, no perf, no numba, the host lock held
+  by other runs for minutes, a lossy capture, ...) calls :func:`host_skip` with the reason: it
+  skips and says why (``-rs`` is in setup.cfg's addopts); in CI (``CI=true``, as root), where
+  every test must run, it fails with that reason instead. ``HARMONY_TESTS_NO_KERNEL=<why>`` makes
+  the kernel unavailable to the tests.
+- Every test that uses the ``kernel`` fixture, directly or through another fixture, is marked
+  ``kernel``; every test marked ``kernel`` checks the kernel before it starts. So
+  ``-m "not kernel"`` selects exactly the hermetic tests.
+- ``@pytest.mark.needs_tool("perf")`` and ``@pytest.mark.needs_cpus(2)`` state what else a test
+  needs from the host, with the same skip-or-fail rule.
+"""
+
+from __future__ import annotations
+
+import functools
 import os
+import shutil
+import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
+# harmony imports: none at the top of this module; the fixtures and helpers import what they use
+# when called (a hermetic run does not import what only the kernel tests need).
+
 TRACEFS = Path("/sys/kernel/tracing")
 
+#: setting it (to a reason) makes the kernel unavailable to the tests
+NO_KERNEL_ENV = "HARMONY_TESTS_NO_KERNEL"
 
+#: how long a test waits for other runs to release the host lock before it gives up
+BUSY_WAIT_S = 120
+
+
+# ------------------------------------------------------------------------------ skip or fail
+
+def in_ci() -> bool:
+    """True in CI: ``CI`` set to true (as CI services do) and running as root, where every test
+    can run and must."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes") and os.geteuid() == 0
+
+
+def host_skip(reason: str) -> NoReturn:
+    """Skip the test because this host cannot run it; in CI (:func:`in_ci`) fail with the reason."""
+    __tracebackhide__ = True    # the skip is reported at the caller's line
+    if in_ci():
+        pytest.fail(f"CI=true as root, where every test must run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@functools.cache
 def kernel_skip_reason() -> str | None:
     """Why kernel tests cannot run here, or None if they can."""
+    if os.environ.get(NO_KERNEL_ENV):
+        return f"{NO_KERNEL_ENV} is set ({os.environ[NO_KERNEL_ENV]}): the kernel is not used"
     if os.geteuid() != 0:
         return "kernel tests need root"
     if not (TRACEFS / "events").is_dir():
@@ -21,14 +67,96 @@ def kernel_skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture
+def pytest_collection_modifyitems(items):
+    """The ``kernel`` marker follows the fixture: every test that uses it is marked."""
+    for item in items:
+        if "kernel" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("kernel"):
+            item.add_marker(pytest.mark.kernel)
+
+
+def pytest_runtest_setup(item):
+    """What a test needs from the host (its ``kernel``, ``needs_tool`` and ``needs_cpus``
+    markers), checked before its fixtures start anything."""
+    if item.get_closest_marker("kernel"):
+        reason = kernel_skip_reason()
+        if reason:
+            host_skip(reason)
+    for mark in item.iter_markers("needs_tool"):
+        for tool in mark.args:
+            if shutil.which(tool) is None:
+                host_skip(f"{tool} is not installed")
+    for mark in item.iter_markers("needs_cpus"):
+        if len(os.sched_getaffinity(0)) < mark.args[0]:
+            host_skip(f"needs {mark.args[0]} CPUs")
+
+
+@pytest.fixture(scope="session")
 def kernel():
-    """Skip the test unless it can use the real kernel's tracefs as root."""
+    """The real kernel's tracefs, as root; skip (fail in CI) where the host cannot trace."""
     reason = kernel_skip_reason()
     if reason:
-        pytest.skip(reason)
+        host_skip(reason)
     return TRACEFS
 
+
+def retry_busy(fn, wait_s: float = BUSY_WAIT_S):
+    """Run ``fn``; retry while another run holds the host lock, for up to ``wait_s`` seconds."""
+    from harmony.hygiene import HostBusy  # (local: see "harmony imports" above)
+
+    give_up = time.monotonic() + wait_s
+    while True:
+        try:
+            return fn()
+        except HostBusy:
+            if time.monotonic() > give_up:
+                host_skip(f"another Harmony run held the host lock for {wait_s:.0f} s")
+            time.sleep(2)
+
+
+def single_source_run(out: Path, duration: float, **overrides):
+    """A single-source run on every online CPU, through the library entry point `harmony run`
+    uses (waiting for the host lock)."""
+    from harmony.experiments import get_experiment
+
+    from harmony.osutil import online_cpus
+    from harmony.run import execute
+
+    exp = get_experiment("single-source")
+    cpus = online_cpus()
+    params = exp.resolve({"duration": duration, **overrides}, cpus)
+    return retry_busy(lambda: execute(exp, params, cpus, out, quiet=True))
+
+
+@pytest.fixture
+def host(kernel):
+    """The host lock (waiting for other runs): our workers must not disturb a measurement."""
+    from harmony.hygiene import HostBusy, HostLock
+
+    if len(os.sched_getaffinity(0)) < 2:
+        host_skip("needs 2 CPUs")
+    for _ in range(300):
+        try:
+            lock = HostLock().acquire()
+            break
+        except HostBusy:
+            time.sleep(1)
+    else:
+        pytest.fail("the host lock stayed busy for 5 minutes")
+    yield
+    lock.release()
+
+
+def until(cond, timeout_s: float = 10.0) -> bool:
+    """Poll ``cond`` (a deadline for a hung kernel, never a timing assertion)."""
+    give_up = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# ---------------------------------------------------------------------------- implementations
 
 #: the implementations a compiled-or-numpy test runs under (see :func:`use_implementation`)
 IMPLEMENTATIONS = ["compiled", "threads", "numpy"]
@@ -40,7 +168,7 @@ def use_implementation(name: str, monkeypatch) -> str:
     numba."""
     from harmony.jit import numba_version
     if name != "numpy" and numba_version() is None:
-        pytest.skip("numba is not installed: only the numpy code runs")
+        host_skip("numba is not installed: only the numpy code runs")
     monkeypatch.setenv("HARMONY_JIT", "0" if name == "numpy" else "1")
     if name == "threads":
         monkeypatch.setenv("HARMONY_THREADS", "3")

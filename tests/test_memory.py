@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from conftest import host_skip
+
 CHECK = ("import harmony.{mod}\n"
          "try:\n    from numpy._core import multiarray\n"
          "except ImportError:\n    from numpy.core import multiarray\n"
@@ -122,7 +124,7 @@ def test_a_new_prefault_stops_the_previous_one():
     import harmony.probes  # noqa: F401  (sets malloc's parameters, which the prefault needs)
     from harmony import memory
     if not memory._kept:
-        pytest.skip("malloc parameters set by the environment: no prefault")
+        host_skip("malloc parameters set by the environment: no prefault")
     first = memory.prefault_heap(512 << 20)
     second = memory.prefault_heap(64 << 20)
     try:

@@ -26,6 +26,8 @@ from harmony.probes.perf import (PerfProbe, PerfScriptParser, _lost_samples, che
                                  clock_name, lost_sched_events,
                                  prev_state_value)
 
+from conftest import host_skip, retry_busy
+
 # --------------------------------------------------------------------------------- hermetic: parser
 
 SCRIPT = """\
@@ -389,11 +391,11 @@ def _harmony_instances() -> list[str]:
     return sorted(p.name for p in inst.iterdir() if p.name.startswith("harmony")) if inst.is_dir() else []
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def perf_kernel(kernel):
     ok, why = PerfProbe.available()
     if not ok:
-        pytest.skip(why)
+        host_skip(why)
     return kernel
 
 
@@ -402,40 +404,31 @@ def _run(out: Path, probe="tracefs", crosscheck=None):
     from harmony.experiments import get_experiment
     from harmony.hygiene import HostBusy
     from harmony.run import execute
-    import time
 
     exp = get_experiment("single-source")
     cpus = [0, 1]
     params = exp.resolve({"layout": "4,0", "duration": "2"}, cpus)
-    for _ in range(60):  # the host lock serialises kernel runs of every helper: wait our turn
+
+    def attempt():
         try:
-            run = execute(exp, params, cpus, out, probe, quiet=True, crosscheck=crosscheck)
-            break
+            return execute(exp, params, cpus, out, probe, quiet=True, crosscheck=crosscheck)
         except HostBusy:
             shutil.rmtree(out, ignore_errors=True)
-            time.sleep(2)
-    else:
-        pytest.skip("the host stayed busy with other runs")
+            raise
+
+    run = retry_busy(attempt)  # the host lock serialises kernel runs of every helper: wait our turn
     assert not _perf_processes_writing(out), "a perf process outlived the run"
     assert not [i for i in _harmony_instances() if i.endswith(f"-{os.getpid()}")], "instance left"
     return run
 
 
 @pytest.fixture(scope="module")
-def perf_run(tmp_path_factory):
-    from conftest import kernel_skip_reason
-
-    if kernel_skip_reason() or not PerfProbe.available()[0]:
-        pytest.skip(kernel_skip_reason() or PerfProbe.available()[1])
+def perf_run(perf_kernel, tmp_path_factory):
     return _run(tmp_path_factory.mktemp("perf") / "run", probe="perf")
 
 
 @pytest.fixture(scope="module")
-def crosscheck_run(tmp_path_factory):
-    from conftest import kernel_skip_reason
-
-    if kernel_skip_reason() or not PerfProbe.available()[0]:
-        pytest.skip(kernel_skip_reason() or PerfProbe.available()[1])
+def crosscheck_run(perf_kernel, tmp_path_factory):
     return _run(tmp_path_factory.mktemp("xc") / "run", crosscheck="perf")
 
 

@@ -20,6 +20,7 @@ from harmony.forkserver import COMM as SERVER_COMM
 from harmony.hygiene import WORKER_PREFIX
 
 from cli_run import HARMONY, cli
+from conftest import host_skip
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -85,14 +86,9 @@ def start_long_run(out: Path, duration=30) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def e1_run(tmp_path_factory):
-    from tests.conftest import kernel_skip_reason
-
-    reason = kernel_skip_reason()
-    if reason:
-        pytest.skip(reason)
+def e1_run(kernel, tmp_path_factory):
     if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs")
+        host_skip("needs two CPUs")
     out = tmp_path_factory.mktemp("e1") / "run"
     p = cli("run", "single-source", "--layout", "4,0", "--duration", 3, "--cpus", "0-1",
             "--out", out, "-q")
@@ -132,7 +128,7 @@ def test_run_is_complete_and_balances(e1_run):
     assert first["nr"].max() == 4, rq.head(10)
     foreign = m["foreign_load"]["max_frac"]
     if foreign > 0.05:  # other jobs on the CPUs change what a balanced placement is
-        pytest.skip(f"host was busy ({foreign:.0%} of a CPU used by other tasks): balance not judged")
+        host_skip(f"host was busy ({foreign:.0%} of a CPU used by other tasks): balance not judged")
     # Stays balanced. The kernel does not hold 2-2 still: in one CI run it moved a task to 3-1
     # twice in the last second and back within 140 and 96 ms (balanced 76 % of that second). So:
     # balanced for at least two thirds of the last second, and no imbalance there lasts longer
@@ -193,7 +189,7 @@ def test_a_crowded_cpu_set_gets_the_window_asked(kernel, tmp_path):
     SCHED_FIFO from the release; counted from after the steps following it, the window was 1.01 s
     for 0.5 s asked), and the end, with the workers stopped first, agrees with their counters."""
     if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs")
+        host_skip("needs two CPUs")
     out = tmp_path / "run"
     p = cli("run", "single-source", "--layout", "600,0", "--duration", 0.5, "--cpus", "0-1",
             "--out", out, "-q")
