@@ -160,12 +160,15 @@ def until(cond, timeout_s: float = 10.0) -> bool:
 
 #: the implementations a compiled-or-numpy test runs under (see :func:`use_implementation`)
 IMPLEMENTATIONS = ["compiled", "threads", "numpy"]
+#: the compiled ones, for a test that compares each with numpy itself
+COMPILED = ["compiled", "threads"]
 
 
 def use_implementation(name: str, monkeypatch) -> str:
     """Make Harmony run its compiled kernels ("compiled"), the same split over 3 threads however
     small the input ("threads"), or its numpy code ("numpy"); skip the compiled ones without
-    numba."""
+    numba. A test that needs only some of them says so with
+    ``@pytest.mark.parametrize(FIXTURE, [...], indirect=True)``: no copy is made to be skipped."""
     from harmony.jit import numba_version
     if name != "numpy" and numba_version() is None:
         host_skip("numba is not installed: only the numpy code runs")
