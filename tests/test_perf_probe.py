@@ -439,7 +439,10 @@ def test_kernel_perf_run_decodes_like_tracefs(perf_kernel, perf_run, crosscheck_
     run = harmony.load(perf_run.path)
     m = run.manifest
     assert m["probe"] == "perf" and m["capture"]["clock"] == "mono"
-    assert m["lost_events"] >= 0 and m["capture"]["n_events"] > 0
+    assert m["capture"]["n_events"] > 0
+    # the losses are perf's own counts, read here from the recording without Harmony's parser
+    assert m["lost_events"] == _perf_lost(perf_run.path / "raw" / "perf" / "perf.data",
+                                          m["capture"]["lost_samples_by_event"])
     assert {"harmony t0", "harmony released", "harmony end"} <= set(run.markers["text"])
     assert m["t0_ns"] < m["released_ns"] < m["end_ns"]
     # <4,0>: tasks released on CPU 0 must have run on CPU 1 (the run intervals prove they moved)
@@ -472,6 +475,8 @@ def test_kernel_perf_run_decodes_like_tracefs(perf_kernel, perf_run, crosscheck_
             assert any(proved in n and "no sched_migrate_task" in n for n in m["notes"]), m["notes"]
         if not (run.migrations["ts"] >= m["t0_ns"]).any():  # the tasks did reach CPU 1 (above)
             assert moved["n"] >= 1, "perf lacks the moves to CPU 1 and its stream does not show it"
+    else:
+        host_skip(f"the perf run lost {m['lost_events']} events: the moves it lacks are not judged")
 
 
 @pytest.mark.kernel
@@ -479,6 +484,9 @@ def test_kernel_crosscheck_probes_agree(perf_kernel, crosscheck_run):
     x = json.loads((crosscheck_run.path / "crosscheck.json").read_text())
     assert x["probes"] == ["tracefs", "perf"]
     assert x["migrations"]["tracefs"] >= 1 and x["runs"]["tracefs"] >= 1
+    assert crosscheck_run.manifest["probe_agreement"]["verdict"] == x["verdict"]
+    report = (crosscheck_run.path / "report.md").read_text()
+    assert "probe cross-check" in report and "tracefs vs perf" in report
     if x["lost_events"]["tracefs"] == 0 and x["lost_events"]["perf"] == 0:
         s = x["runs"]
         assert s["only_tracefs"] == 0 and s["only_perf"] == 0, s["examples"]
@@ -497,9 +505,8 @@ def test_kernel_crosscheck_probes_agree(perf_kernel, crosscheck_run):
         assert x["run_anomalies"]["tracefs"] == x["run_anomalies"]["perf"]
     else:
         assert x["verdict"] != "agree" or x["unmatched"] == 0
-    assert crosscheck_run.manifest["probe_agreement"]["verdict"] == x["verdict"]
-    report = (crosscheck_run.path / "report.md").read_text()
-    assert "probe cross-check" in report and "tracefs vs perf" in report
+        host_skip(f"the cross-checked run lost events (tracefs {x['lost_events']['tracefs']}, perf "
+                  f"{x['lost_events']['perf']}): the probes' agreement is not judged")
 
 
 def _independent_migrations(data: Path) -> tuple[pd.DataFrame, int, set, set]:
@@ -528,6 +535,16 @@ def _independent_migrations(data: Path) -> tuple[pd.DataFrame, int, set, set]:
         rows.append((int(sec) * 10**9 + int(nsec), int(fields["pid"]), int(fields["orig_cpu"]),
                      int(fields["dest_cpu"])))
     return pd.DataFrame(rows, columns=["ts", "pid", "src_cpu", "dst_cpu"]), lost, recorded, ran
+
+
+def _perf_lost(data: Path, lost_samples: dict) -> int:
+    """The sched events a recording lost, from the PERF_RECORD_LOST records `perf script` shows
+    (counted here, not by Harmony's parser) and the capture's LOST_SAMPLES counts per event."""
+    text = subprocess.run(["perf", "script", "-f", "-i", str(data), "--show-lost-events",
+                           "-F", "tid,cpu,time,trace"], capture_output=True, text=True,
+                          check=True).stdout
+    lost = sum(int(line.split()[-1]) for line in text.splitlines() if "PERF_RECORD_LOST" in line)
+    return lost_sched_events(lost, lost_samples or None)[0]
 
 
 @pytest.mark.kernel
@@ -570,6 +587,9 @@ def test_kernel_independent_perf_sees_the_migrations_harmony_reports(perf_kernel
             ctx = (int(hit["common_pid"].iat[0]), int(hit["cpu"].iat[0]) if hit["common_pid"].iat[0] == 0 else -1)
             assert ctx in ran and ctx not in recorded, (r, ctx, "perf missed a move in a context it records")
         assert (pairs["status"] != "only_b").sum() == len(harmony_mig)
+    else:
+        host_skip(f"events were lost (the independent perf {lost}, Harmony's run "
+                  f"{m['lost_events']}): which migrations each saw is not judged")
 
 
 @pytest.mark.kernel
@@ -650,7 +670,9 @@ def test_kernel_probe_stop_leaves_nothing_and_errors_are_probe_errors(perf_kerne
     probe.stop()  # idempotent
     assert not _perf_processes_writing(tmp_path) and probe.helper_tids() == []
     cap = PerfProbe.decode_dir(tmp_path / "p")
-    assert list(cap.markers["text"]) == ["harmony t0"] and cap.meta["lost_events"] >= 0
+    assert list(cap.markers["text"]) == ["harmony t0"]
+    assert cap.meta["lost_events"] == _perf_lost(tmp_path / "p" / "perf.data",
+                                                 cap.meta["lost_samples_by_event"])
 
 
 @pytest.mark.parametrize("knows", [True, False])
