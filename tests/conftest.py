@@ -4,7 +4,7 @@
   by other runs for minutes, a lossy capture, ...) calls :func:`host_skip` with the reason: it
   skips and says why (``-rs`` is in setup.cfg's addopts); in CI (``CI=true``, as root), where
   every test must run, it fails with that reason instead. ``HARMONY_TESTS_NO_KERNEL=<why>`` makes
-  the kernel unavailable to the tests.
+  the kernel unavailable to the tests (tests/test_suite_rules.py proves a CI run then fails).
 - Every test that uses the ``kernel`` fixture, directly or through another fixture, is marked
   ``kernel``; every test marked ``kernel`` checks the kernel before it starts. So
   ``-m "not kernel"`` selects exactly the hermetic tests.
@@ -27,6 +27,9 @@ import pytest
 # when called (a hermetic run does not import what only the kernel tests need).
 
 TRACEFS = Path("/sys/kernel/tracing")
+
+#: the checkout under test: the directory holding tests/
+ROOT = Path(__file__).resolve().parent.parent
 
 #: setting it (to a reason) makes the kernel unavailable to the tests
 NO_KERNEL_ENV = "HARMONY_TESTS_NO_KERNEL"
