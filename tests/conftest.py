@@ -10,21 +10,27 @@
   ``-m "not kernel"`` selects exactly the hermetic tests.
 - ``@pytest.mark.needs_tool("perf")`` and ``@pytest.mark.needs_cpus(2)`` state what else a test
   needs from the host, with the same skip-or-fail rule.
+- Every ``harmony.*`` module must come from this checkout: an editable install made from another
+  clone maps ``probes/``, ``analysis/`` and ``experiments/`` there, and the tests would then test
+  that clone's code. The session stops with the modules' paths when that happens.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import NoReturn
 
 import pytest
 
-# harmony imports: none at the top of this module; the fixtures and helpers import what they use
-# when called (a hermetic run does not import what only the kernel tests need).
+# harmony imports: none at the top of this module, and the fixtures and helpers import what they
+# use when called. The guard below must be able to say where harmony comes from before any harmony
+# import can fail, or bring in modules from another clone.
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -195,3 +201,50 @@ def no_figures(monkeypatch):
         return exp
 
     monkeypatch.setattr(ex, "get_experiment", get)
+
+
+# ---------------------------------------------------------------- the checkout under test
+
+#: the packages setup.cfg maps (package_dir); every other harmony module lives in one of them
+PACKAGES = ("harmony", "harmony.probes", "harmony.analysis", "harmony.experiments")
+
+
+def foreign_harmony_modules(modules=None, root: Path = ROOT) -> list[str]:
+    """"name (file)" of every ``harmony.*`` module in ``modules`` (default: ``sys.modules``)
+    whose file is not under ``root``."""
+    out = []
+    for name, mod in sorted((sys.modules if modules is None else modules).items()):
+        if name != "harmony" and not name.startswith("harmony."):
+            continue
+        files = [mod.__file__] if getattr(mod, "__file__", None) else list(getattr(mod, "__path__", []))
+        out += [f"{name} ({f})" for f in files if not Path(f).resolve().is_relative_to(root)]
+    return out
+
+
+def foreign_packages(root: Path = ROOT) -> list[str]:
+    """"name (file)" of each of :data:`PACKAGES` that an import would take from outside ``root``,
+    found without importing the subpackages (importing harmony.probes tunes malloc)."""
+    out = []
+    for name in PACKAGES:
+        spec = importlib.util.find_spec(name)
+        where = spec.origin if spec and spec.origin else None
+        if where is None or not Path(where).resolve().is_relative_to(root):
+            out.append(f"{name} ({where})")
+    return out
+
+
+def _guard(when: str) -> None:
+    foreign = foreign_packages() + foreign_harmony_modules()
+    if foreign:
+        raise pytest.UsageError(
+            f"{when}: harmony modules come from outside the checkout under test ({ROOT}): "
+            f"{', '.join(dict.fromkeys(foreign))}. Install this checkout "
+            f"(pip install --no-deps -e {ROOT}) or run the tests of the clone installed.")
+
+
+def pytest_sessionstart(session):
+    _guard("before the tests")
+
+
+def pytest_collection_finish(session):
+    _guard("after importing the tests")

@@ -1,15 +1,16 @@
 """The rules tests/conftest.py gives every test run, proved on small pytest runs in a subprocess:
 a test that cannot run on this host skips with its reason, and fails in CI (CI=true, as root);
-the kernel marker follows the kernel fixture."""
+the kernel marker follows the kernel fixture; harmony must come from the checkout under test."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import types
 
 import pytest
-from conftest import NO_KERNEL_ENV, ROOT, host_skip
+from conftest import NO_KERNEL_ENV, ROOT, foreign_harmony_modules, host_skip
 
 #: a kernel test (through the fixture only, no marker of its own) that starts nothing when the
 #: kernel is unavailable
@@ -79,3 +80,37 @@ def test_the_kernel_marker_follows_the_fixture():
     assert "tests/test_perf_probe.py::test_kernel_crosscheck_probes_agree" in kernel
     # and a hermetic test of a kernel test file is not
     assert "tests/test_crosscheck_kernel.py::test_bad_expert_option_is_one_line" in hermetic
+
+
+def test_a_harmony_from_elsewhere_stops_the_run(tmp_path):
+    fake = tmp_path / "harmony"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("")
+    # run from tmp_path: `python -m` puts the current directory first on sys.path
+    p = pytest_run(str(ROOT / "tests" / "test_store.py"), "--rootdir", str(ROOT),
+                   "-c", str(ROOT / "setup.cfg"), env=environ(), cwd=tmp_path)
+    out = p.stdout + p.stderr
+    assert p.returncode == pytest.ExitCode.USAGE_ERROR, out
+    assert "harmony modules come from outside the checkout under test" in out
+    assert f"harmony ({fake / '__init__.py'})" in out and "passed" not in out
+
+
+def test_foreign_modules_are_named_with_their_files(tmp_path):
+    def module(name, file=None, path=None):
+        m = types.ModuleType(name)
+        m.__file__ = file
+        if path is not None:
+            m.__path__ = path
+        return m
+
+    mods = {"harmony": module("harmony", str(ROOT / "harmony" / "__init__.py")),
+            "harmony.probes": module("harmony.probes", str(tmp_path / "probes" / "__init__.py")),
+            "harmony.probes.perf": module("harmony.probes.perf", str(tmp_path / "probes" / "perf.py")),
+            "harmony.ns": module("harmony.ns", None, [str(tmp_path / "ns")]),
+            "harmonyx": module("harmonyx", str(tmp_path / "harmonyx.py")),
+            "numpy": module("numpy", str(tmp_path / "numpy.py"))}
+    assert foreign_harmony_modules(mods) == [
+        f"harmony.ns ({tmp_path / 'ns'})",
+        f"harmony.probes ({tmp_path / 'probes' / '__init__.py'})",
+        f"harmony.probes.perf ({tmp_path / 'probes' / 'perf.py'})"]
+    assert foreign_harmony_modules() == []   # this run's own
