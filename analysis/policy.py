@@ -354,7 +354,8 @@ def q_how_many(ev, prior) -> Answer:
                  "pairwise_prediction": [e.summary.get("pairwise_prediction") for e in runs]}
     if a.label is None:
         same = [e for e in runs if e.summary.get("poly_prediction") is not None
-                and abs(e.summary["poly_prediction"] - e.summary.get("pairwise_prediction", 0))
+                and e.summary.get("pairwise_prediction") is not None
+                and abs(e.summary["poly_prediction"] - e.summary["pairwise_prediction"])
                 < T.HOW_MANY_MIN_SEPARATION]
         if same:
             a.why_not = (f"on {same[0].ncpus} CPUs the poly-balance and pairwise predictions are the "
