@@ -323,6 +323,8 @@ def _how_many_label(e: Evidence) -> str | None:
         return None
     if abs(poly - pair) < T.HOW_MANY_MIN_SEPARATION:
         return None
+    if abs(moved - poly) == abs(moved - pair):
+        return "neither prediction"   # as near to one as to the other: nearer to neither
     best, pred = min((("poly-balance", poly), ("pairwise", pair)), key=lambda kv: abs(moved - kv[1]))
     tol = max(1.0, T.HOW_MANY_MATCH_FRACTION * abs(pred))
     return best if abs(moved - pred) <= tol else "neither prediction"
