@@ -156,3 +156,11 @@ def test_runs_on_a_busy_host_are_not_evidence(tmp_path):
     evidence, skipped = policy.collect([tmp_path])
     assert [e.path.name for e in evidence] == ["quiet"]
     assert [(p.name, "20.0%" in why and "stress" in why) for p, why in skipped] == [("busy", True)]
+    # at the threshold a run is evidence; just above it, not
+    t, margin = T.FOREIGN_LOAD_MAX, 1e-6 * T.FOREIGN_LOAD_MAX
+    write(tmp_path / "at", t)
+    write(tmp_path / "above", t + margin)
+    evidence, skipped = policy.collect([tmp_path])
+    assert sorted(e.path.name for e in evidence) == ["at", "quiet"]
+    assert sorted(p.name for p, _ in skipped) == ["above", "busy"]
+    assert all("limit FOREIGN_LOAD_MAX = 5%" in why for _, why in skipped)
