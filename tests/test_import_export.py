@@ -158,10 +158,16 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
     assert m["capture"]["events_missing"] == ["sched_wakeup_new", "sched_waking",
                                               "sched_process_exit"]
     assert not any(n.startswith("the trace holds no") for n in m["notes"])
-    # as for a recorded run: the probe's blind spots and the other tasks' load are looked for
-    assert isinstance(m["capture"]["silent_contexts"], list)
-    assert m["capture"]["unrecorded_migrations"]["n"] >= 0
-    assert 0 <= m["foreign_load"]["max_frac"] <= 1
+    # as for a recorded run: the probe's blind spots and the other tasks' load are looked for.
+    # CPU 0's idle task was switched in and holds no record; cat-dog (12), woken onto CPU 1 and
+    # moved 0 -> 1, shows up on CPU 0 twice with no migration recorded: two moves 1 -> 0
+    assert m["capture"]["silent_contexts"] == [
+        {"pid": 0, "cpu": 0, "comm": "0123456789abcdef", "runs": 1, "records": 0}]
+    moved = m["capture"]["unrecorded_migrations"]
+    assert (moved["n"], moved["pids"]) == (2, [12])
+    assert [(x["pid"], x["ts"], x["from_cpu"], x["to_cpu"]) for x in moved["examples"]] == [
+        (12, 1_402_653_215, 1, 0), (12, 11_000_001_000, 1, 0)]
+    assert m["foreign_load"]["max_frac"] == 0.0     # no task but bee and cat-dog ran in the window
     assert (out / "report.md").exists() and (out / "raw/import/trace.dat").exists()
     # t0 = the first event of pid 11 or 12 (CPU 0's first switch, to pid 11)
     assert m["t0_ns"] == 1_000_000_005
