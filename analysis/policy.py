@@ -356,6 +356,8 @@ def _how_many_label(e: Evidence) -> str | None:
         return None
     if abs(poly - pair) < T.HOW_MANY_MIN_SEPARATION:
         return None
+    if abs(moved - poly) == abs(moved - pair):
+        return "neither prediction"   # as near to one as to the other: nearer to neither
     best, pred = min((("poly-balance", poly), ("pairwise", pair)), key=lambda kv: abs(moved - kv[1]))
     tol = max(1.0, T.HOW_MANY_MATCH_FRACTION * abs(pred))
     return best if abs(moved - pred) <= tol else "neither prediction"
@@ -385,7 +387,8 @@ def q_how_many(ev, prior) -> Answer:
                  for key in (X, FIRST_ROUND_MOVED, POLY_PREDICTION, PAIRWISE_PREDICTION)}
     if a.label is None:
         same = [e for e in runs if e.summary.get(POLY_PREDICTION) is not None
-                and abs(e.summary[POLY_PREDICTION] - e.summary.get(PAIRWISE_PREDICTION, 0))
+                and e.summary.get(PAIRWISE_PREDICTION) is not None
+                and abs(e.summary[POLY_PREDICTION] - e.summary[PAIRWISE_PREDICTION])
                 < T.HOW_MANY_MIN_SEPARATION]
         if same:
             a.why_not = (f"on {same[0].ncpus} CPUs the poly-balance and pairwise predictions are the "

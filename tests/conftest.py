@@ -1,15 +1,70 @@
-"""Shared fixtures: kernel tests skip with the reason where the host cannot trace."""
+"""Shared fixtures and helpers of the test suite, and the rules every test run follows.
 
+- A test that cannot run on this host (no root, no tracefs, no perf, no numba, the host lock held
+  by other runs for minutes, a lossy capture, ...) calls :func:`host_skip` with the reason: it
+  skips and says why (``-rs`` is in setup.cfg's addopts); in CI (``CI=true``, as root), where
+  every test must run, it fails with that reason instead. ``HARMONY_TESTS_NO_KERNEL=<why>`` makes
+  the kernel unavailable to the tests (tests/test_suite_rules.py proves a CI run then fails).
+- Every test that uses the ``kernel`` fixture, directly or through another fixture, is marked
+  ``kernel``; every test marked ``kernel`` checks the kernel before it starts. So
+  ``-m "not kernel"`` selects exactly the hermetic tests.
+- ``@pytest.mark.needs_tool("perf")`` and ``@pytest.mark.needs_cpus(2)`` state what else a test
+  needs from the host, with the same skip-or-fail rule.
+- Every ``harmony.*`` module must come from this checkout: an editable install made from another
+  clone maps ``probes/``, ``analysis/`` and ``experiments/`` there, and the tests would then test
+  that clone's code. The session stops with the modules' paths when that happens.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
 import os
+import shutil
+import sys
+import time
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
+# harmony imports: none at the top of this module, and the fixtures and helpers import what they
+# use when called. The guard below must be able to say where harmony comes from before any harmony
+# import can fail, or bring in modules from another clone.
+
 TRACEFS = Path("/sys/kernel/tracing")
 
+#: the checkout under test: the directory holding tests/
+ROOT = Path(__file__).resolve().parent.parent
 
+#: setting it (to a reason) makes the kernel unavailable to the tests
+NO_KERNEL_ENV = "HARMONY_TESTS_NO_KERNEL"
+
+#: how long a test waits for other runs to release the host lock before it gives up
+BUSY_WAIT_S = 120
+
+
+# ------------------------------------------------------------------------------ skip or fail
+
+def in_ci() -> bool:
+    """True in CI: ``CI`` set to true (as CI services do) and running as root, where every test
+    can run and must."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes") and os.geteuid() == 0
+
+
+def host_skip(reason: str) -> NoReturn:
+    """Skip the test because this host cannot run it; in CI (:func:`in_ci`) fail with the reason."""
+    __tracebackhide__ = True    # the skip is reported at the caller's line
+    if in_ci():
+        pytest.fail(f"CI=true as root, where every test must run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@functools.cache
 def kernel_skip_reason() -> str | None:
     """Why kernel tests cannot run here, or None if they can."""
+    if os.environ.get(NO_KERNEL_ENV):
+        return f"{NO_KERNEL_ENV} is set ({os.environ[NO_KERNEL_ENV]}): the kernel is not used"
     if os.geteuid() != 0:
         return "kernel tests need root"
     if not (TRACEFS / "events").is_dir():
@@ -21,26 +76,128 @@ def kernel_skip_reason() -> str | None:
     return None
 
 
-@pytest.fixture
+def pytest_collection_modifyitems(items):
+    """The ``kernel`` marker follows the fixture: every test that uses it is marked."""
+    for item in items:
+        if "kernel" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("kernel"):
+            item.add_marker(pytest.mark.kernel)
+
+
+def pytest_runtest_setup(item):
+    """What a test needs from the host (its ``kernel``, ``needs_tool`` and ``needs_cpus``
+    markers), checked before its fixtures start anything."""
+    if item.get_closest_marker("kernel"):
+        reason = kernel_skip_reason()
+        if reason:
+            host_skip(reason)
+    for mark in item.iter_markers("needs_tool"):
+        for tool in mark.args:
+            if shutil.which(tool) is None:
+                host_skip(f"{tool} is not installed")
+    for mark in item.iter_markers("needs_cpus"):
+        if len(os.sched_getaffinity(0)) < mark.args[0]:
+            host_skip(f"needs {mark.args[0]} CPUs")
+
+
+@pytest.fixture(scope="session")
 def kernel():
-    """Skip the test unless it can use the real kernel's tracefs as root."""
+    """The real kernel's tracefs, as root; skip (fail in CI) where the host cannot trace."""
     reason = kernel_skip_reason()
     if reason:
-        pytest.skip(reason)
+        host_skip(reason)
     return TRACEFS
 
 
+def retry_busy(fn, wait_s: float = BUSY_WAIT_S):
+    """Run ``fn``; retry while another run holds the host lock, for up to ``wait_s`` seconds."""
+    from harmony.hygiene import HostBusy  # (local: see "harmony imports" above)
+
+    give_up = time.monotonic() + wait_s
+    while True:
+        try:
+            return fn()
+        except HostBusy:
+            if time.monotonic() > give_up:
+                host_skip(f"another Harmony run held the host lock for {wait_s:.0f} s")
+            time.sleep(2)
+
+
+def single_source_run(out: Path, duration: float, **overrides):
+    """A single-source run on every online CPU, through the library entry point `harmony run`
+    uses (waiting for the host lock)."""
+    from harmony.experiments import get_experiment
+
+    from harmony.osutil import online_cpus
+    from harmony.run import execute
+
+    exp = get_experiment("single-source")
+    cpus = online_cpus()
+    params = exp.resolve({"duration": duration, **overrides}, cpus)
+    return retry_busy(lambda: execute(exp, params, cpus, out, quiet=True))
+
+
+#: how many times a test measures again when the host was busy during its run
+QUIET_TRIES = 3
+
+
+def measure_quietly(measure, busy, tries: int = QUIET_TRIES):
+    """``measure(k)`` (k = 0, 1, ...) until ``busy(result)`` says nothing (None or ""), at most
+    ``tries`` times: a check that other jobs on the CPUs would make meaningless is judged on a
+    quiet run. Returns that result; after ``tries`` busy ones, :func:`host_skip` with the last
+    reason (a failure in CI)."""
+    for k in range(tries):
+        result = measure(k)
+        why = busy(result)
+        if not why:
+            return result
+    host_skip(f"{why} ({tries} runs, all busy)")
+
+
+@pytest.fixture
+def host(kernel):
+    """The host lock (waiting for other runs): our workers must not disturb a measurement."""
+    from harmony.hygiene import HostBusy, HostLock
+
+    if len(os.sched_getaffinity(0)) < 2:
+        host_skip("needs 2 CPUs")
+    for _ in range(300):
+        try:
+            lock = HostLock().acquire()
+            break
+        except HostBusy:
+            time.sleep(1)
+    else:
+        pytest.fail("the host lock stayed busy for 5 minutes")
+    yield
+    lock.release()
+
+
+def until(cond, timeout_s: float = 10.0) -> bool:
+    """Poll ``cond`` (a deadline for a hung kernel, never a timing assertion)."""
+    give_up = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > give_up:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+# ---------------------------------------------------------------------------- implementations
+
 #: the implementations a compiled-or-numpy test runs under (see :func:`use_implementation`)
 IMPLEMENTATIONS = ["compiled", "threads", "numpy"]
+#: the compiled ones, for a test that compares each with numpy itself
+COMPILED = ["compiled", "threads"]
 
 
 def use_implementation(name: str, monkeypatch) -> str:
     """Make Harmony run its compiled kernels ("compiled"), the same split over 3 threads however
     small the input ("threads"), or its numpy code ("numpy"); skip the compiled ones without
-    numba."""
+    numba. A test that needs only some of them says so with
+    ``@pytest.mark.parametrize(FIXTURE, [...], indirect=True)``: no copy is made to be skipped."""
     from harmony.jit import numba_version
     if name != "numpy" and numba_version() is None:
-        pytest.skip("numba is not installed: only the numpy code runs")
+        host_skip("numba is not installed: only the numpy code runs")
     monkeypatch.setenv("HARMONY_JIT", "0" if name == "numpy" else "1")
     if name == "threads":
         monkeypatch.setenv("HARMONY_THREADS", "3")
@@ -50,14 +207,56 @@ def use_implementation(name: str, monkeypatch) -> str:
 
 @pytest.fixture
 def no_figures(monkeypatch):
-    """Experiments draw no figures: they are not under test and cost most of the analysis time."""
+    """Experiments draw no figures: they are not under test and cost most of the analysis time.
+    (Every experiment class's plot is replaced, wherever get_experiment was imported.)"""
     import harmony.experiments as ex
 
-    real = ex.get_experiment
+    for name in ex.CATALOG:
+        monkeypatch.setattr(type(ex.get_experiment(name)), "plot", lambda self, run, fig_dir: [])
 
-    def get(name):
-        exp = real(name)
-        exp.plot = lambda run, fig_dir: []
-        return exp
 
-    monkeypatch.setattr(ex, "get_experiment", get)
+# ---------------------------------------------------------------- the checkout under test
+
+#: the packages setup.cfg maps (package_dir); every other harmony module lives in one of them
+PACKAGES = ("harmony", "harmony.probes", "harmony.analysis", "harmony.experiments")
+
+
+def foreign_harmony_modules(modules=None, root: Path = ROOT) -> list[str]:
+    """"name (file)" of every ``harmony.*`` module in ``modules`` (default: ``sys.modules``)
+    whose file is not under ``root``."""
+    out = []
+    for name, mod in sorted((sys.modules if modules is None else modules).items()):
+        if name != "harmony" and not name.startswith("harmony."):
+            continue
+        files = [mod.__file__] if getattr(mod, "__file__", None) else list(getattr(mod, "__path__", []))
+        out += [f"{name} ({f})" for f in files if not Path(f).resolve().is_relative_to(root)]
+    return out
+
+
+def foreign_packages(root: Path = ROOT) -> list[str]:
+    """"name (file)" of each of :data:`PACKAGES` that an import would take from outside ``root``,
+    found without importing the subpackages (importing harmony.probes tunes malloc)."""
+    out = []
+    for name in PACKAGES:
+        spec = importlib.util.find_spec(name)
+        where = spec.origin if spec and spec.origin else None
+        if where is None or not Path(where).resolve().is_relative_to(root):
+            out.append(f"{name} ({where})")
+    return out
+
+
+def _guard(when: str) -> None:
+    foreign = foreign_packages() + foreign_harmony_modules()
+    if foreign:
+        raise pytest.UsageError(
+            f"{when}: harmony modules come from outside the checkout under test ({ROOT}): "
+            f"{', '.join(dict.fromkeys(foreign))}. Install this checkout "
+            f"(pip install --no-deps -e {ROOT}) or run the tests of the clone installed.")
+
+
+def pytest_sessionstart(session):
+    _guard("before the tests")
+
+
+def pytest_collection_finish(session):
+    _guard("after importing the tests")

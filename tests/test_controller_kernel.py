@@ -14,27 +14,12 @@ import pytest
 
 from harmony import cpuset
 from harmony.controller import ControllerError, Workload
-from harmony.hygiene import HostBusy, HostLock, reclaim_stale
+from harmony.hygiene import reclaim_stale
 from harmony.tasks import TaskSpec
 
+from conftest import host_skip, until
+
 CPUS = [0, 1]
-
-
-@pytest.fixture
-def host(kernel):
-    """The host lock (waiting for other runs): our workers must not disturb a measurement."""
-    if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs 2 CPUs")
-    for _ in range(300):
-        try:
-            lock = HostLock().acquire()
-            break
-        except HostBusy:
-            time.sleep(1)
-    else:
-        pytest.fail("the host lock stayed busy for 5 minutes")
-    yield
-    lock.release()
 
 
 def _allowed(pid: int) -> set[int]:
@@ -48,16 +33,6 @@ def _state(pid: int) -> str:
 
 def _ours() -> list[Path]:
     return [p for _, root in cpuset.hierarchies() for p in root.glob(f"{cpuset.PREFIX}{os.getpid()}")]
-
-
-def _until(cond, timeout_s: float = 10.0) -> bool:
-    """Poll ``cond`` (a deadline for a hung kernel, never a timing assertion)."""
-    give_up = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > give_up:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _specs():
@@ -99,11 +74,11 @@ def test_layout_held_until_t0_then_released(host, placement, mode):
         assert marks == ["harmony t0", "harmony released"] and t0 <= released
         for pid, spec in zip(w.pids, specs):
             assert _allowed(pid) == ({1} if spec.pinned else set(CPUS))
-        assert _until(lambda: (w.work_done() > 0).all()), w.work_done()  # every task runs
+        assert until(lambda: (w.work_done() > 0).all()), w.work_done()  # every task runs
         assert len(w.alive()) == len(specs)
         # the occupiers left their CPUs: asleep, no longer SCHED_FIFO
         for pid in w.occupier_pids:
-            assert _until(lambda: _state(pid) == "S") and _policy(pid) == os.SCHED_OTHER
+            assert until(lambda: _state(pid) == "S") and _policy(pid) == os.SCHED_OTHER
         occupiers = list(w.occupier_pids)
     assert w.alive() == []
     assert not [pid for pid in occupiers if Path(f"/proc/{pid}").exists()], "occupiers left"
@@ -125,7 +100,7 @@ def test_each_task_wakes_on_its_initial_cpu(host, tmp_path, mode):
     from harmony.analysis.release import release_spread
     from harmony.probes.tracefs import TracefsProbe
     if mode == "occupied" and host_sched_ext() == "enabled":
-        pytest.skip("a sched_ext scheduler is enabled: the release is confined")
+        host_skip("a sched_ext scheduler is enabled: the release is confined")
     specs = [TaskSpec(name=f"w{i}", initial_cpu=i % 2) for i in range(12)]
     probe = TracefsProbe(tmp_path / "raw", CPUS, 1.0)
     with Workload(specs, CPUS, mode=mode) as w:
@@ -155,7 +130,7 @@ def test_an_occupier_dying_before_t0_is_reported_and_cleaned(host, monkeypatch):
     status (it does not wait for the timeout), and nothing is left."""
     from harmony import worker
     if host_sched_ext() == "enabled":
-        pytest.skip("a sched_ext scheduler is enabled: no occupiers")
+        host_skip("a sched_ext scheduler is enabled: no occupiers")
     monkeypatch.setenv("HARMONY_FORKSERVER", "0")
     monkeypatch.setattr(worker, "occupy", lambda *a: os._exit(3))
     w = Workload(_specs(), CPUS, mode="occupied")
@@ -183,7 +158,7 @@ def test_an_occupier_that_cannot_run_fifo_means_a_confined_release(host, monkeyp
         assert any("could not run as SCHED_FIFO" in n for n in w.notes), w.notes
         w.release(lambda text: 0)
         assert _allowed(w.pids[0]) == set(CPUS)
-        assert _until(lambda: (w.work_done() > 0).all())
+        assert until(lambda: (w.work_done() > 0).all())
 
 
 def test_release_restores_the_controller(host):
@@ -197,7 +172,7 @@ def test_release_restores_the_controller(host):
 
 def test_worker_dying_before_the_gate_is_reported_and_cleaned(host, monkeypatch):
     if not cpuset.hierarchies():
-        pytest.skip("no cpuset hierarchy")
+        host_skip("no cpuset hierarchy")
     # a worker that cannot join its cgroup exits before the gate
     monkeypatch.setattr(cpuset.CpusetGroups, "procs_file", lambda self, cpu: "/nonexistent/cgroup.procs")
     w = Workload(_specs(), CPUS, placement="cpuset")
@@ -234,7 +209,7 @@ CHILD = textwrap.dedent("""
 
 def test_sigkill_leaves_cgroups_that_the_next_start_reclaims(host):
     if not cpuset.hierarchies():
-        pytest.skip("no cpuset hierarchy")
+        host_skip("no cpuset hierarchy")
     child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
     try:
         parent, *pids = child.stdout.readline().split()
@@ -244,7 +219,7 @@ def test_sigkill_leaves_cgroups_that_the_next_start_reclaims(host):
     parent = Path(parent)
     assert parent.name == f"{cpuset.PREFIX}{child.pid}" and len(pids) == 4
     # the workers die with their controller (PR_SET_PDEATHSIG), even asleep at the gate
-    assert _until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids))
+    assert until(lambda: not any(Path(f"/proc/{p}").exists() for p in pids))
     assert parent.is_dir()  # nothing could remove it: the controller was killed
     removed = reclaim_stale()
     assert any(str(parent) in r for r in removed), removed

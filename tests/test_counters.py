@@ -13,6 +13,8 @@ from harmony.analysis.counters import counter_agreement, df_counter_agreement
 from harmony.probes import proc_sched
 from harmony.probes.schema import make_events
 
+from conftest import host_skip, single_source_run
+
 SCHED_TEXT = b"""hmy-w00 (501, #threads: 1)
 -------------------------------------------------------------------
 se.exec_start                                :      61476614.990625
@@ -37,7 +39,7 @@ def test_parse_reads_the_three_counters():
 def test_reads_this_process_when_the_kernel_prints_them():
     ok, why = proc_sched.available()
     if not ok:
-        pytest.skip(why)
+        host_skip(why)
     reads = proc_sched.CounterReads([os.getpid(), 1 << 30])      # the second pid does not exist
     reads.take("start")
     # the kernel adds a running task's CPU time at ticks (4 ms at HZ 250) and switches: spin for
@@ -105,15 +107,13 @@ def test_counts_agree_within_the_reads_windows_and_a_missing_event_disagrees():
 
 @pytest.mark.kernel
 def test_a_real_run_matches_the_workers_own_counters(kernel, tmp_path):
-    from test_crosscheck_kernel import _retry_busy, _single_source
-
     ok, why = proc_sched.available()
     if not ok:
-        pytest.skip(why)
+        host_skip(why)
     from harmony.osutil import online_cpus
 
     layout = ",".join(["6"] + ["0"] * (len(online_cpus()) - 1))      # six workers on the first CPU
-    run = _retry_busy(lambda: _single_source(tmp_path / "run", 2.0, layout=layout, duty=50.0))
+    run = single_source_run(tmp_path / "run", 2.0, layout=layout, duty=50.0)
     m = run.manifest
     kc = m["kernel_counter_agreement"]
     assert m["kernel_counters"]["read"] and kc["tasks"] == 6

@@ -16,7 +16,8 @@ import pytest
 from harmony import cpuset, forkserver, hygiene
 from harmony.controller import ControllerError, Workload
 from harmony.tasks import TaskSpec
-from tests.test_controller_kernel import _until, host  # noqa: F401  (host: the fixture)
+
+from conftest import until
 
 CPUS = [0, 1]
 
@@ -61,7 +62,7 @@ def test_workers_are_children_of_the_server(host):
         assert not any(lib in maps for lib in ("pandas", "pyarrow", "numba", "numpy")), \
             sorted({line.split()[-1] for line in maps.splitlines() if "site-packages" in line})
         w.release(lambda text: time.clock_gettime_ns(time.CLOCK_MONOTONIC))
-        assert _until(lambda: (w.work_done() > 0).all()), w.work_done()  # shared counters work
+        assert until(lambda: (w.work_done() > 0).all()), w.work_done()  # shared counters work
         pids = list(w.pids)
     # stop() returned: every worker dead and reaped, the server has no child left
     assert all(_stat(pid) is None for pid in pids)
@@ -76,7 +77,7 @@ def test_killpg_from_the_controller(host):
     with Workload(_specs(), CPUS) as w:
         w.spawn()
         os.killpg(w.pgid, signal.SIGKILL)
-        assert _until(lambda: w.alive() == [])
+        assert until(lambda: w.alive() == [])
         pids = list(w.pids)
     assert all(_stat(pid) is None for pid in pids)
 
@@ -113,7 +114,7 @@ def test_disabled_server_forks_in_the_controller_and_says_so(host, monkeypatch):
         assert any(f"{forkserver.ENV}=0" in n for n in w.notes), w.notes
         assert all(_stat(pid)[1] == os.getpid() for pid in w.pids)
         w.release(lambda text: 0)
-        assert _until(lambda: (w.work_done() > 0).all())
+        assert until(lambda: (w.work_done() > 0).all())
         pids = list(w.pids)
     assert all(_stat(pid) is None for pid in pids)
 
@@ -167,7 +168,7 @@ def test_sigkill_of_the_controller_takes_server_and_workers(host):
     child.kill()
     child.wait()
     # the server dies with its controller, the workers with their server (PR_SET_PDEATHSIG)
-    assert _until(lambda: _gone(server, forkserver.COMM) and all(_gone(p, "hmy-") for p in pids))
+    assert until(lambda: _gone(server, forkserver.COMM) and all(_gone(p, "hmy-") for p in pids))
     assert not [pid for pid, _ in hygiene.orphans()]
 
 

@@ -260,13 +260,8 @@ def _enabled_sched_events(tracefs: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def real_facts():
-    from conftest import kernel_skip_reason
-
-    reason = kernel_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    tracefs = Path("/sys/kernel/tracing")
+def real_facts(kernel):
+    tracefs = kernel
     before = _enabled_sched_events(tracefs)
     facts = doctor()
     return facts, before, tracefs

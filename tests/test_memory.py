@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from conftest import host_skip
+
 #: what a process does before the check: start the `harmony` command (its group callback runs
 #: first: a `list` is the cheapest command), or only import a package
 START = {"cli": ("import contextlib, io\nfrom harmony.cli import main\n"
@@ -140,7 +142,7 @@ def test_a_new_prefault_stops_the_previous_one():
     from harmony import memory
     memory.tune_allocations()    # sets malloc's parameters, which the prefault needs
     if not memory._kept:
-        pytest.skip("malloc parameters set by the environment: no prefault")
+        host_skip("malloc parameters set by the environment: no prefault")
     first = memory.prefault_heap(512 << 20)
     second = memory.prefault_heap(64 << 20)
     try:

@@ -137,7 +137,12 @@ def test_stats_describe_and_bootstrap():
     assert d["median"] == 3 and d["q1"] == 2 and d["q3"] == 4 and d["iqr"] == 2
     assert d["ci_low"] <= d["median"] <= d["ci_high"]
     assert stats.bootstrap_ci([5.0]) == (None, None)
-    assert stats.bootstrap_ci([1, 2, 3, 4, 5]) == stats.bootstrap_ci([1, 2, 3, 4, 5])  # deterministic
+    assert stats.bootstrap_ci([1, 2, 3, 4, 5]) == (1.0, 5.0)
+    assert stats.bootstrap_ci([1, 2, 3, 4, 5], level=0.5) == (2.0, 4.0)
+    # deterministic: the seed, not the call, draws the resamples
+    spread = [0.3, 1.1, 2.9, 3.4, 4.4, 6.0, 9.7, 12.5]
+    assert stats.bootstrap_ci(spread, resamples=200) == pytest.approx((2.0, 8.48125))
+    assert stats.bootstrap_ci(spread, resamples=200, seed=1) == (1.1, 9.7)
     df = stats.df_aggregate([{"a": 1, "b": True, "c": "text"}, {"a": 3, "b": False, "c": "x"}])
     assert list(df["metric"]) == ["a", "b"]
     assert df.set_index("metric").loc["b", "mean"] == 0.5
@@ -156,3 +161,11 @@ def test_runs_on_a_busy_host_are_not_evidence(tmp_path):
     evidence, skipped = policy.collect([tmp_path])
     assert [e.path.name for e in evidence] == ["quiet"]
     assert [(p.name, "20.0%" in why and "stress" in why) for p, why in skipped] == [("busy", True)]
+    # at the threshold a run is evidence; just above it, not
+    t, margin = T.FOREIGN_LOAD_MAX, 1e-6 * T.FOREIGN_LOAD_MAX
+    write(tmp_path / "at", t)
+    write(tmp_path / "above", t + margin)
+    evidence, skipped = policy.collect([tmp_path])
+    assert sorted(e.path.name for e in evidence) == ["at", "quiet"]
+    assert sorted(p.name for p, _ in skipped) == ["above", "busy"]
+    assert all("limit FOREIGN_LOAD_MAX = 5%" in why for _, why in skipped)

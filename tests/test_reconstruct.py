@@ -17,7 +17,7 @@ from harmony.analysis import reconstruct as rc
 from harmony.analysis.event_streams import Stream, simulate
 from harmony.tasks import layout_tasks, tasks_frame
 
-from conftest import IMPLEMENTATIONS, use_implementation
+from conftest import COMPILED, IMPLEMENTATIONS, use_implementation
 
 
 @pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
@@ -748,13 +748,12 @@ def test_lost_switch_in_starts_windowed_equals_whole_trace(seed):
     assert (rc._lost_switch_in_starts(ev, pid, lo, hi) == whole).all()
 
 
+@pytest.mark.parametrize("state_machine", COMPILED, indirect=True)  # each compared with numpy
 @pytest.mark.parametrize("ncpus,ntasks,seed", [(2, 5, 1), (4, 9, 2), (8, 20, 3), (16, 40, 4)])
 def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch, state_machine):
     """The compiled and the numpy task_records give the same table, column for column, on random
     streams with 5% of events lost, a cut beginning, exits and foreign tasks."""
     from harmony.analysis import taskstate
-    if state_machine == "numpy":
-        pytest.skip("compares the compiled implementation (one thread, and split) with numpy")
     sim, ev = lossy_stream(ncpus, ntasks, seed)
     got = {}
     for name, flag in (("compiled", "1"), ("numpy", "0")):
@@ -765,6 +764,7 @@ def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch,
     pd.testing.assert_frame_equal(a, b, check_dtype=True)
 
 
+@pytest.mark.parametrize("state_machine", COMPILED, indirect=True)  # each compared with numpy
 @pytest.mark.parametrize("ncpus,ntasks,seed", [(2, 5, 1), (4, 9, 2), (8, 20, 3), (16, 40, 4)])
 def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state_machine):
     """df_runqueue, df_runs and df_migrations are the same tables, attrs included, whether the
@@ -772,8 +772,6 @@ def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state
     two events, a trace cut while tasks run, and a CPU left out of the set (changes outside it are
     counted, not tabled)."""
     from harmony.analysis import taskstate
-    if state_machine == "numpy":
-        pytest.skip("compares the compiled implementation (one thread, and split) with numpy")
     sim, ev = lossy_stream(ncpus, ntasks, seed)
     ts = ev["ts"].to_numpy()
     cpus = list(range(ncpus - 1))
@@ -799,13 +797,12 @@ def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state
     assert runs["truncated"].any()   # left open by the cut trace
 
 
+@pytest.mark.parametrize("state_machine", ["compiled"], indirect=True)  # compared with numpy
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_runs_table_compiled_is_the_numpy_one(seed, state_machine):
     """The runs' columns written by one compiled pass are those numpy's filter, lexsort and
     gathers give: on rows in no order with many tied starts (ties broken by cpu, then end, then
     row order), runs starting at or after t_end, ends past it, open ends and unseen starts."""
-    if state_machine != "compiled":
-        pytest.skip("one implementation is compared with the other here")
     rng = np.random.default_rng(seed)
     n, n_seen, t0, t_end = 3000, 2200, 40, 90
     tasks = tasks_frame(layout_tasks([3, 2, 2, 1], [0, 1, 2, 3]), [7, 3, 12, 5, 9, 30, 11, 4])
@@ -824,6 +821,7 @@ def test_runs_table_compiled_is_the_numpy_one(seed, state_machine):
     pd.testing.assert_frame_equal(pd.DataFrame(got), pd.DataFrame(want), check_exact=True)
 
 
+@pytest.mark.parametrize("state_machine", ["threads"], indirect=True)  # compared with one pass
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_runqueue_in_time_ranges_is_one_pass(seed, monkeypatch, state_machine):
     """The run queue built in time ranges on threads, each from the counts the records before it
@@ -831,8 +829,6 @@ def test_runqueue_in_time_ranges_is_one_pass(seed, monkeypatch, state_machine):
     (coarse timestamps), and a task first seen late (its state before its first record counts)."""
     from harmony import jit as hjit
     from harmony.analysis import taskstate
-    if state_machine != "threads":
-        pytest.skip("compares the compiled run queue split over threads with one pass")
     sim, ev = lossy_stream(4, 9, seed)
     ev = ev.assign(ts=ev["ts"] // 5_000 * 5_000)              # ~10 events an instant
     ts = ev["ts"].to_numpy()

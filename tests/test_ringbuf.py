@@ -20,7 +20,7 @@ import pytest
 
 from harmony.probes.base import TraceCorrupt
 
-from conftest import IMPLEMENTATIONS, use_implementation
+from conftest import COMPILED, IMPLEMENTATIONS, use_implementation
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -684,6 +684,7 @@ def test_real_capture_decodes(kernel, tmp_path):
     assert not cap.meta["unknown_event_types"]
 
 
+@pytest.mark.parametrize("decoder", COMPILED, indirect=True)  # each compared with numpy
 def test_decoders_agree_on_real_capture(kernel, tmp_path, monkeypatch, decoder):
     """The compiled and the numpy decoder give the same tables, row for row, on a real capture
     (its CPUs' records interleave in time, so the cross-CPU merge is exercised too), also when
@@ -691,8 +692,6 @@ def test_decoders_agree_on_real_capture(kernel, tmp_path, monkeypatch, decoder):
     import pandas as pd
 
     from harmony.probes.ringbuf import decode_dir
-    if decoder == "numpy":
-        pytest.skip("compares the compiled decoder (one thread, and split) with numpy")
     record_raw_dir(tmp_path, lambda m: small_load(m), kernel)
     got = {}
     for name, flag in (("compiled", "1"), ("numpy", "0")):
@@ -726,13 +725,12 @@ def test_files_mapped_or_read_give_the_same_buffer(tmp_path, monkeypatch):
     assert filemap.map_files([files[0]], [files[0].stat().st_size + 1]) is None  # not whole pages
 
 
+@pytest.mark.parametrize("decoder", ["compiled"], indirect=True)  # the auto mode, checked once
 def test_auto_mode_uses_the_compiled_decoder_for_large_traces_only(tmp_path, monkeypatch, decoder):
     """HARMONY_JIT=auto: a small trace is decoded by numpy unless numba is already loaded, a trace
     over ringbuf_walk.JIT_MIN_BYTES by the compiled kernels; the capture says which."""
     from harmony.jit import numba_version
     from harmony.probes import ringbuf, ringbuf_walk
-    if decoder != "compiled":
-        pytest.skip("checks the auto mode once")
     monkeypatch.setenv("HARMONY_JIT", "auto")
     pages, rows, _ = known_capture(FORMATS_NEW)
     d = write_dir(tmp_path, pages, FORMATS_NEW)

@@ -15,11 +15,13 @@ import numpy as np
 import pytest
 
 import harmony
+from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
 from harmony.analysis.metrics import balance_timeline
 from harmony.forkserver import COMM as SERVER_COMM
 from harmony.hygiene import WORKER_PREFIX
 
 from cli_run import HARMONY, cli
+from conftest import host_skip, measure_quietly
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -85,19 +87,23 @@ def start_long_run(out: Path, duration=30) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def e1_run(tmp_path_factory):
-    from tests.conftest import kernel_skip_reason
-
-    reason = kernel_skip_reason()
-    if reason:
-        pytest.skip(reason)
+def e1_run(kernel, tmp_path_factory):
     if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs")
-    out = tmp_path_factory.mktemp("e1") / "run"
-    p = cli("run", "single-source", "--layout", "4,0", "--duration", 3, "--cpus", "0-1",
-            "--out", out, "-q")
-    assert p.returncode == 0, p.stderr
-    return out, p
+        host_skip("needs two CPUs")
+    base = tmp_path_factory.mktemp("e1")
+
+    def measure(k):
+        out = base / f"run{k}"
+        p = cli("run", "single-source", "--layout", "4,0", "--duration", 3, "--cpus", "0-1",
+                "--out", out, "-q")
+        assert p.returncode == 0, p.stderr
+        return out, p
+
+    def busy(result):       # other jobs on the CPUs change what a balanced placement is
+        foreign = harmony.load(result[0]).manifest["foreign_load"]["max_frac"]
+        return foreign > 0.05 and f"host was busy ({foreign:.0%} of a CPU used by other tasks)"
+
+    return measure_quietly(measure, busy)
 
 
 def test_run_is_complete_and_balances(e1_run):
@@ -122,7 +128,8 @@ def test_run_is_complete_and_balances(e1_run):
     assert "harmony t0" in set(run.markers["text"])
     # the probe's blind spots are looked for in every run, and each one found is in the notes
     cap = m["capture"]
-    assert isinstance(cap["silent_contexts"], list) and cap["unrecorded_migrations"]["n"] >= 0
+    assert cap["silent_contexts"] == silent_contexts(run.events)
+    assert cap["unrecorded_migrations"] == unrecorded_migrations(run.events, run.tasks["pid"])
     assert all(any(c["comm"] in n for n in m["notes"]) for c in cap["silent_contexts"][:5])
     # the release put every task on CPU 0: its run queue reaches 4 before the first move. (Not
     # "before the released marker": a remote wake-up may be enqueued by the target CPU after it.)
@@ -130,9 +137,7 @@ def test_run_is_complete_and_balances(e1_run):
     first_move = int(after_t0["ts"].min())
     first = rq[(rq["cpu"] == 0) & (rq["ts"] >= m["t0_ns"]) & (rq["ts"] < first_move)]
     assert first["nr"].max() == 4, rq.head(10)
-    foreign = m["foreign_load"]["max_frac"]
-    if foreign > 0.05:  # other jobs on the CPUs change what a balanced placement is
-        pytest.skip(f"host was busy ({foreign:.0%} of a CPU used by other tasks): balance not judged")
+    assert m["foreign_load"]["max_frac"] <= 0.05      # a quiet run (e1_run measures again)
     # Stays balanced. The kernel does not hold 2-2 still: in one CI run it moved a task to 3-1
     # twice in the last second and back within 140 and 96 ms (balanced 76 % of that second). So:
     # balanced for at least two thirds of the last second, and no imbalance there lasts longer
@@ -193,7 +198,7 @@ def test_a_crowded_cpu_set_gets_the_window_asked(kernel, tmp_path):
     SCHED_FIFO from the release; counted from after the steps following it, the window was 1.01 s
     for 0.5 s asked), and the end, with the workers stopped first, agrees with their counters."""
     if len(os.sched_getaffinity(0)) < 2:
-        pytest.skip("needs two CPUs")
+        host_skip("needs two CPUs")
     out = tmp_path / "run"
     p = cli("run", "single-source", "--layout", "600,0", "--duration", 0.5, "--cpus", "0-1",
             "--out", out, "-q")

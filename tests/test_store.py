@@ -2,6 +2,7 @@
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -52,7 +53,7 @@ def test_write_table_leaves_no_partial_file(tmp_path):
         pass
 
     bad = pd.DataFrame({"x": [Unstorable()]})
-    with pytest.raises(Exception):
+    with pytest.raises(pa.ArrowInvalid, match="Conversion failed for column x with type object"):
         store.write_table(tmp_path, "bad", bad)
     assert list(tmp_path.iterdir()) == []
 

@@ -16,7 +16,7 @@ from test_ringbuf import (FORMATS_NEW, FORMATS_OLD, known_capture, record_raw_di
                           write_dir)
 
 TRACE_CMD = shutil.which("trace-cmd")
-needs_trace_cmd = pytest.mark.skipif(TRACE_CMD is None, reason="trace-cmd is not installed")
+needs_trace_cmd = pytest.mark.needs_tool("trace-cmd")
 
 LINE = re.compile(r"^\s*(?P<task>.*?)-(?P<pid>-?\d+)\s+\[(?P<cpu>\d+)\]\s+(?P<sec>\d+)\.(?P<frac>\d+):"
                   r"\s+(?P<event>[\w:]+):\s+(?P<rest>.*)$")

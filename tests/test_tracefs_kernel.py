@@ -5,17 +5,14 @@ import time
 
 import pytest
 
-from harmony.hygiene import HostBusy, HostLock
+from harmony.hygiene import HostLock
 from harmony.probes.tracefs import PREFIX, TRACEFS, TracefsProbe
+
+from conftest import retry_busy
 
 
 def _host_lock() -> HostLock:
-    for _ in range(150):
-        try:
-            return HostLock().acquire()
-        except HostBusy:
-            time.sleep(2)  # another run holds the host: wait for it
-    pytest.skip("the host lock stayed busy")
+    return retry_busy(lambda: HostLock().acquire(), wait_s=300)  # another run may hold the host
 
 
 def _switches(seconds: float) -> None:

@@ -1,0 +1,347 @@
+"""The policy card's rules, table-driven: each threshold of analysis/thresholds.py just below, at
+and just above its value, then every label, undecided and why-not branch of every question.
+
+Evidence is built by hand as plain summary dicts with the keys policy.py reads; rates are given
+for 4 CPUs so that a threshold per CPU is met exactly (x 4 / 4 is exact in binary floating point).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from harmony.analysis import policy
+from harmony.analysis import thresholds as T
+from harmony.analysis.policy import UNDECIDED, Evidence, infer_evidence
+
+NCPUS = 4
+#: "just below / above" a threshold: far below any difference the rules are meant to separate
+MARGIN = 1e-6
+
+
+def ev(exp, ncpus=NCPUS, params=None, path=None, **summary) -> Evidence:
+    return Evidence(Path(path or f"/runs/{exp}"), exp, params or {"duration": 10.0}, ncpus, summary)
+
+
+def answer(qid, *evidence):
+    return infer_evidence(list(evidence)).answer(qid)
+
+
+def label(qid, *evidence):
+    return answer(qid, *evidence).label
+
+
+# ------------------------------------------------------------------------- thresholds, +-margin
+
+def _intrinsic(share, rate_per_cpu=100.0):
+    return ev("intrinsic-imbalance", share_ratio_min=share, migrations_per_s=rate_per_cpu * NCPUS)
+
+
+def _heavy_light(short=0.0, long_=0.0, frac=0.9, duty=20.0):
+    return ev("heavy-light", light_duty=duty, smape_short=short, smape_long=long_,
+              one_heavy_one_light_fraction=frac, migrations_per_s=0.0)
+
+
+def _how_many(moved, poly, pair):
+    return ev("how-many", first_round_moved=moved, poly_prediction=poly, pairwise_prediction=pair)
+
+
+def _settled_at(t):
+    """single-source: no migration once balanced at ``t`` s of 10, 100 a second per CPU over the
+    whole run."""
+    return ev("single-source", time_to_balance_s=t, migrations_after_balance_per_s=0.0,
+              migrations=100 * NCPUS * 10)
+
+
+#: (threshold, what is set to the threshold's value, the rule at that value -> (label or answer
+#: field), and the labels just below, at and just above it)
+THRESHOLD_CASES = [
+    ("WORK_CONSERVING_MAX_S", "steal_latency_s",
+     lambda v: label("work_conserving", ev("work-conservation", target_idle_at_s=1.0,
+                                           steal_latency_s=v, stolen=True)),
+     ("yes", "yes", "no")),
+    ("AFFINITY_STRONG_MAX_PER_CPU_S", "single-source rate after balance per CPU",
+     lambda v: label("affinity", ev("single-source", migrations_after_balance_per_s=v * NCPUS,
+                                    time_to_balance_s=0.2, migrations=10)),
+     ("strong", "strong", "moderate")),
+    ("AFFINITY_STRONG_MAX_PER_CPU_S", "intrinsic-imbalance rate per CPU",
+     lambda v: label("affinity", ev("intrinsic-imbalance", migrations_per_s=v * NCPUS,
+                                    share_ratio_min=0.8)),
+     ("strong", "strong", "moderate")),
+    ("AFFINITY_STRONG_MAX_PER_CPU_S", "heavy-light rate per CPU",
+     lambda v: label("affinity", ev("heavy-light", migrations_per_s=v * NCPUS)),
+     ("strong", "strong", "moderate")),
+    ("AFFINITY_STRONG_MAX_PER_CPU_S", "intrinsic-imbalance: rate of an unfair run",
+     lambda v: label("intrinsic", _intrinsic(0.5, v)),
+     ("affinity-first", "affinity-first", "in between")),
+    ("AFFINITY_WEAK_MIN_PER_CPU_S", "heavy-light rate per CPU",
+     lambda v: label("affinity", ev("heavy-light", migrations_per_s=v * NCPUS)),
+     ("moderate", "weak", "weak")),
+    ("SETTLED_BY_FRACTION", "single-source time_to_balance_s / duration",
+     lambda v: label("affinity", _settled_at(v * 10.0)),
+     ("strong", "strong", "weak")),
+    ("HOW_MANY_MATCH_FRACTION", "first_round_moved - poly_prediction, / poly_prediction",
+     lambda v: label("how_many", _how_many(20 + v * 20, 20.0, 80.0)),
+     ("poly-balance", "poly-balance", "neither prediction")),
+    ("HOW_MANY_MATCH_FRACTION", "pairwise_prediction - first_round_moved, / pairwise",
+     lambda v: label("how_many", _how_many(40 - v * 40, 4.0, 40.0)),
+     ("pairwise", "pairwise", "neither prediction")),
+    ("HOW_MANY_MIN_SEPARATION", "pairwise_prediction - poly_prediction",
+     lambda v: label("how_many", _how_many(10.0, 10.0, 10.0 + v)),
+     (None, "poly-balance", "poly-balance")),
+    ("FAST_BALANCE_MAX_S", "single-source time_to_balance_s",
+     lambda v: label("time_to_balance", ev("single-source", time_to_balance_s=v,
+                                           balanced_at_end=True)).split(" (")[0],
+     ("fast", "fast", "slow")),
+    ("EVENT_DRIVEN_MAX_MS", "detection interval1_ms of every run",
+     lambda v: label("detection", *[ev("detection", interval1_ms=v, interval2_ms=64.0,
+                                      interval3_ms=64.0)] * 2),
+     ("event-driven", "event-driven", "periodic (~64 ms between checks)")),
+    ("FAIR_SHARE_MIN_RATIO", "intrinsic-imbalance share_ratio_min",
+     lambda v: label("intrinsic", _intrinsic(v)),
+     ("in between", "fairness-first", "fairness-first")),
+    ("SELECTION_SMAPE_GAP", "smape_short - smape_long",
+     lambda v: label("selection", _heavy_light(short=v)),
+     ("informed", "informed", "blind")),
+    ("SELECTION_SMAPE_GAP", "smape_long - smape_short",
+     lambda v: label("selection", _heavy_light(long_=v)),
+     ("informed", "informed", None)),
+    ("SELECTION_ONE_HEAVY_ONE_LIGHT_MIN", "one_heavy_one_light_fraction",
+     lambda v: label("selection", _heavy_light(frac=v)),
+     ("blind", "informed", "informed")),
+    ("SELECTION_MAX_LIGHT_DUTY", "light_duty",
+     lambda v: label("selection", _heavy_light(duty=v)),
+     ("informed", "informed", None)),
+    ("SPREAD_MAX_INDEX", "high_spread_index",
+     lambda v: label("priorities", ev("priority-classes", high_spread_index=v, nice_diff=5)),
+     ("high spread", "high spread", "high clustered")),
+    ("SPREAD_MAX_INDEX", "low_cluster_index",
+     lambda v: label("priorities", ev("priority-classes", high_spread_index=0.0, nice_diff=5,
+                                      low_cluster_index=v)).split("; ")[1],
+     ("low spread", "low spread", "low clustered")),
+    # FOREIGN_LOAD_MAX: on run directories (policy.collect reads manifests), in test_policy.py's
+    # test_runs_on_a_busy_host_are_not_evidence
+]
+
+
+@pytest.mark.parametrize("name,what,rule,want", THRESHOLD_CASES,
+                         ids=[f"{c[0]}: {c[1]}" for c in THRESHOLD_CASES])
+def test_each_threshold_below_at_and_above(name, what, rule, want):
+    t = T.ALL[name]
+    got = tuple(rule(v) for v in (t - MARGIN * t, t, t + MARGIN * t))
+    assert got == want, f"{name} = {t} ({what}): below, at, above"
+
+
+def test_every_threshold_is_tested():
+    tested = {c[0] for c in THRESHOLD_CASES} | {"FOREIGN_LOAD_MAX"}
+    assert tested == set(T.ALL)
+
+
+def test_how_many_match_is_at_least_one_task():
+    # 25% of 2 tasks is half a task: one task off still matches
+    assert label("how_many", _how_many(3.0, 2.0, 8.0)) == "poly-balance"
+    assert label("how_many", _how_many(3.0 + MARGIN, 2.0, 8.0)) == "neither prediction"
+
+
+# --------------------------------------------------------------------- every branch, question by question
+
+def test_every_question_without_evidence_names_its_experiment():
+    card = infer_evidence([])
+    assert {a.qid: a.needs for a in card.answers} == {
+        "balances": "single-source (E1)",
+        "affinity": "single-source (E1), intrinsic-imbalance (E6) or heavy-light (E7)",
+        "how_many": "how-many (E2)",
+        "time_to_balance": "time-to-resolve (E3) or single-source (E1)",
+        "work_conserving": "work-conservation (E4)",
+        "detection": "detection (E5)",
+        "intrinsic": "intrinsic-imbalance (E6)",
+        "selection": "heavy-light (E7/E9) with light duty <= 60%",
+        "priorities": "priority-classes (E11)"}
+    assert all(a.label is None and a.why_not is None and not a.decided for a in card.answers)
+    assert "would be answered by: how-many (E2)" in card.text()
+
+
+def test_balances():
+    moved = ev("single-source", balance_migrations=3, balanced_at_end=True)
+    still = ev("single-source", balance_migrations=0, balanced_at_end=False)
+    unknown = ev("single-source", balance_migrations=None)
+    assert label("balances", moved) == "balances"
+    assert label("balances", still) == "does not balance"
+    a = answer("balances", unknown)
+    assert a.label is None and a.agreement == {"no_label": 1} and a.needs is None
+    a = answer("balances", moved, still, unknown)
+    assert a.label == UNDECIDED and not a.decided
+    assert a.agreement == {"balances": 1, "does not balance": 1, "no_label": 1}
+    assert a.numbers == {"balance_migrations (median)": 1.5, "balanced_at_end (runs)": 1}
+
+
+def test_affinity_weakest_experiment_wins_and_disagreement_is_undecided():
+    strong = ev("heavy-light", migrations_per_s=0.0)
+    moderate = ev("heavy-light", migrations_per_s=5.0 * NCPUS)
+    weak = ev("intrinsic-imbalance", migrations_per_s=50.0 * NCPUS)
+    a = answer("affinity", strong, moderate)       # one experiment, its runs disagree
+    assert a.label == UNDECIDED and a.agreement == {"heavy-light": UNDECIDED}
+    a = answer("affinity", strong, moderate, weak)  # nothing is weaker than weak
+    assert a.label == "weak" and a.agreement == {"heavy-light": UNDECIDED,
+                                                 "intrinsic-imbalance": "weak"}
+    a = answer("affinity", ev("single-source", migrations_after_balance_per_s=0.0,
+                              time_to_balance_s=1.0, migrations=3), moderate)
+    assert a.label == "moderate" and a.agreement == {"single-source": "strong",
+                                                     "heavy-light": "moderate"}
+
+
+def test_affinity_cannot_be_measured():
+    a = answer("affinity", ev("heavy-light", migrations_per_s=None),
+               ev("intrinsic-imbalance", migrations_per_s=None))
+    assert a.label is None and a.needs is None
+    assert a.why_not == "no run could measure a migration rate after balance"
+    assert a.numbers == {"intrinsic-imbalance migrations_per_s per CPU (median)": None,
+                         "heavy-light migrations_per_s per CPU (median)": None}
+    # a single-source run that never settled and has no migration count gives no rate either
+    a = answer("affinity", ev("single-source", migrations_after_balance_per_s=None,
+                              time_to_balance_s=None, migrations=None))
+    assert a.label is None and a.why_not.startswith("no run could measure")
+
+
+def test_how_many_labels_and_why_not():
+    poly, pair = _how_many(5, 5.0, 10.0), _how_many(10, 5.0, 10.0)
+    assert label("how_many", poly) == "poly-balance"
+    assert label("how_many", pair) == "pairwise"
+    assert label("how_many", _how_many(20, 5.0, 10.0)) == "neither prediction"
+    a = answer("how_many", poly, pair)
+    assert a.label == UNDECIDED and a.agreement == {"poly-balance": 1, "pairwise": 1}
+    # no first round seen
+    a = answer("how_many", _how_many(None, 5.0, 10.0))
+    assert a.label is None and a.why_not == "no run saw a first balancing round"
+    a = answer("how_many", ev("how-many", first_round_moved=None, poly_prediction=5.0,
+                              pairwise_prediction=None))
+    assert a.label is None and a.why_not == "no run saw a first balancing round"
+    # on 2 CPUs the two predictions are one number
+    a = answer("how_many", ev("how-many", ncpus=2, first_round_moved=4, poly_prediction=4.0,
+                              pairwise_prediction=4.0))
+    assert a.label is None and a.why_not.startswith("on 2 CPUs the poly-balance and pairwise")
+
+
+def test_how_many_tie_between_the_predictions_matches_neither():
+    # 5 is as near to 4 as to 6 (and within 25% + 1 task of both): nearer to neither
+    assert label("how_many", _how_many(5, 4.0, 6.0)) == "neither prediction"
+
+
+def test_a_weak_affinity_is_a_global_queue_and_the_per_cpu_questions_do_not_apply():
+    weak = ev("heavy-light", migrations_per_s=50.0 * NCPUS)
+    card = infer_evidence([weak, _how_many(5, 5.0, 10.0),
+                           ev("single-source", time_to_balance_s=0.1, balanced_at_end=True,
+                              migrations_after_balance_per_s=400.0, migrations=4000),
+                           ev("detection", interval1_ms=1.0), _heavy_light()])
+    hm = card.answer("how_many")
+    assert hm.label == "global-queue" and hm.numbers["first_round_moved (median)"] == 5
+    assert hm.agreement == card.answer("affinity").agreement
+    for qid in ("time_to_balance", "detection", "selection"):
+        assert card.answer(qid).label == "not applicable (global queue)", qid
+    # without how-many runs too
+    hm = answer("how_many", weak)
+    assert hm.label == "global-queue" and "first_round_moved (median)" not in hm.numbers
+
+
+def test_time_to_balance():
+    def run(t, at_end=True, exp="single-source"):
+        return ev(exp, time_to_balance_s=t, balanced_at_end=at_end)
+
+    assert label("time_to_balance", run(0.2), run(0.4)) == "fast (~300 ms)"
+    assert label("time_to_balance", run(9.0, exp="time-to-resolve")) == "slow (~9000 ms)"
+    a = answer("time_to_balance", run(None, at_end=False), run(None, at_end=False))
+    assert a.label == "never (within the run)"
+    assert a.numbers == {"time_to_balance_s (median)": None, "max": None,
+                         "runs never balanced for good": 2}
+    a = answer("time_to_balance", run(None, at_end=None))
+    assert a.label is None and a.agreement == {"no_label": 1}
+    a = answer("time_to_balance", run(0.2), run(5.0))
+    assert a.label == UNDECIDED and a.agreement == {"fast": 1, "slow": 1}
+
+
+def test_work_conserving():
+    def run(idle, latency):
+        return ev("work-conservation", target_idle_at_s=idle, steal_latency_s=latency,
+                  stolen=latency is not None)
+
+    assert label("work_conserving", run(1.0, 0.001)) == "yes"
+    a = answer("work_conserving", run(1.0, None))           # idle, never stolen
+    assert a.label == "no" and a.numbers == {"steal_latency_ms (median)": None, "max_ms": None,
+                                             "runs never stolen": 1}
+    assert label("work_conserving", run(1.0, 0.5)) == "no"
+    a = answer("work_conserving", run(None, None))          # the target never went idle
+    assert a.label is None and a.agreement == {"no_label": 1}
+    a = answer("work_conserving", run(1.0, 0.001), run(1.0, 0.5))
+    assert a.label == UNDECIDED and a.numbers["max_ms"] == 500
+
+
+def test_detection():
+    def runs(*i1, later=(64.0,)):
+        return [ev("detection", interval1_ms=v, interval2_ms=later[0], interval3_ms=None)
+                for v in i1]
+
+    assert label("detection", *runs(0.5, 1.0)) == "event-driven"
+    assert label("detection", *runs(30.0, 90.0)) == "periodic (~64 ms between checks)"
+    # no later interval above the threshold: the first checks say what the period is
+    assert label("detection", *runs(30.0, 90.0, later=(1.0,))) == \
+        "periodic (first check ~60 ms after the cut, median)"
+    a = answer("detection", *runs(1.0, 2.0, 30.0))   # one late run, the median early
+    assert a.label == UNDECIDED
+    assert a.agreement == {"interval1 <= 5 ms": 2, "interval1 > 5 ms": 1, "no_label": 0}
+    a = answer("detection", ev("detection", interval1_ms=None))
+    assert a.label is None and a.why_not == "no run saw a migration after the cut"
+    assert a.agreement == {"interval1 <= 5 ms": 0, "interval1 > 5 ms": 0, "no_label": 1}
+
+
+def test_intrinsic():
+    assert label("intrinsic", _intrinsic(0.95)) == "fairness-first"
+    assert label("intrinsic", _intrinsic(0.6, 0.0)) == "affinity-first"
+    assert label("intrinsic", _intrinsic(0.6, 10.0)) == "in between"
+    assert label("intrinsic", ev("intrinsic-imbalance", share_ratio_min=0.6,
+                                 migrations_per_s=None)) == "in between"
+    a = answer("intrinsic", _intrinsic(None))
+    assert a.label is None and a.agreement == {"no_label": 1}
+    a = answer("intrinsic", _intrinsic(0.95), _intrinsic(0.6, 0.0))
+    assert a.label == UNDECIDED and a.agreement == {"fairness-first": 1, "affinity-first": 1}
+
+
+def test_selection():
+    assert label("selection", _heavy_light(short=0.3, long_=0.05)) == "blind"
+    assert label("selection", _heavy_light(frac=0.2)) == "blind"
+    assert label("selection", _heavy_light(short=0.05, long_=0.05)) == "informed"
+    assert label("selection", _heavy_light(short=0.05, long_=0.3)) is None  # short term better
+    a = answer("selection", ev("heavy-light", light_duty=20, smape_short=None, smape_long=0.1))
+    assert a.label is None and a.agreement == {"no_label": 1}
+    a = answer("selection", _heavy_light(), _heavy_light(frac=0.2))
+    assert a.label == UNDECIDED and a.agreement == {"informed": 1, "blind": 1}
+    # runs whose light tasks are nearly heavy are left out; with only those, it says why
+    a = answer("selection", _heavy_light(duty=90.0))
+    assert a.label is None and a.needs == "heavy-light (E7/E9) with light duty <= 60%"
+    assert a.why_not == "every heavy-light run had light tasks too heavy to tell heavy from light"
+    assert label("selection", _heavy_light(duty=90.0, frac=0.2), _heavy_light()) == "informed"
+
+
+def test_priorities():
+    def run(high, low, diff=5):
+        return ev("priority-classes", high_spread_index=high, low_cluster_index=low, nice_diff=diff)
+
+    assert label("priorities", run(0.1, None)) == "high spread"
+    assert label("priorities", run(0.9, 0.1)) == "high clustered; low spread"
+    assert label("priorities", run(0.1, 0.9, 4), run(0.1, 0.95, 20)) == "high spread; low clustered"
+    assert label("priorities", run(0.1, 0.1, 4), run(0.1, 0.9, 20)) == \
+        "high spread; low spread at nice diff 4, clustered at nice diff 20"
+    a = answer("priorities", run(None, 0.5))
+    assert a.label is None and a.agreement == {"no_label": 1}
+    a = answer("priorities", run(0.1, 0.1), run(0.9, 0.1))   # undecided: no low part added
+    assert a.label == UNDECIDED and a.agreement == {"high spread": 1, "high clustered": 1}
+
+
+def test_a_why_not_is_printed_with_the_experiment_that_would_answer():
+    card = infer_evidence([_heavy_light(duty=90.0)])
+    lines = policy.answer_lines(card.answer("selection"))
+    assert lines == ["answer: no evidence",
+                     "thresholds: SELECTION_SMAPE_GAP = 0.1; SELECTION_ONE_HEAVY_ONE_LIGHT_MIN = 0.5; "
+                     "SELECTION_MAX_LIGHT_DUTY = 60.0",
+                     "cannot answer: every heavy-light run had light tasks too heavy to tell heavy "
+                     "from light",
+                     "would be answered by: heavy-light (E7/E9) with light duty <= 60%"]
