@@ -284,7 +284,7 @@ def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:
     if not ok:
         _fail(f"probe {probe} cannot record here: {why} (see `harmony doctor`)")
     # a 10 ms test recording with perf costs ~0.3 s: only when perf will record
-    facts = host.doctor(mount=True, test_perf="perf" in (probe, crosscheck))
+    facts = host.doctor(mount=True, test_record="perf" in (probe, crosscheck))
     return {
         "kernel": facts["kernel"].get("release"),
         "scheduler": facts["scheduler"].get("name"),

@@ -2,11 +2,15 @@
 
 :func:`doctor` returns JSON-serialisable facts, one check per name in :data:`CHECKS`, and
 :func:`format_doctor` renders them as a compact table. The facts about the host come from
-:mod:`harmony.hostfacts` (pure reads); the checks here word them. How a run releases its tasks is
-the controller's to say (:func:`harmony.controller.release_check`).
+:mod:`harmony.hostfacts` (pure reads); the checks here word them. The rest is answered by who
+knows it: each recording probe of :data:`harmony.probes.PROBES` its own check
+(``Probe.doctor_check``) and whether it can record (``Probe.cannot_record``), the samplers of the
+kernel's own view theirs (:func:`harmony.probes.sched_debug.doctor_check`,
+:func:`harmony.probes.proc_sched.doctor_check`), the controller how a run releases its tasks
+(:func:`harmony.controller.release_check`).
 
-:func:`doctor` leaves no kernel state behind: the tracefs instance it creates to test instance
-support is removed in ``finally``, and no event is ever enabled in tracefs (the perf check enables
+:func:`doctor` leaves no kernel state behind: the tracefs instance the tracefs probe's check
+creates is removed at once, and no event is ever enabled in tracefs (the perf check enables
 tracepoints only for the lifetime of a ~0.3 s ``perf record``). The one lasting change it may make
 is mounting tracefs/debugfs when they are not mounted and it runs as root; the facts say so
 (``mounted_by_doctor``).
@@ -22,23 +26,19 @@ import os
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 from pathlib import Path
 
 from harmony import hostfacts, jit, memory
 from harmony.controller import release_check
 from harmony.hostfacts import MISSING, OK, WARN, check
-from harmony.osutil import format_cpulist, online_cpus, pid_alive
-from harmony.probes import proc_sched
+from harmony.osutil import format_cpulist, online_cpus
+from harmony.probes import PROBES, get_probe, proc_sched, sched_debug
+from harmony.probes.base import REQUIRED_TRACEPOINTS
 from harmony.probes.schema import SCHED_EVENTS
 
-#: the sched tracepoints a probe cannot do without
-REQUIRED_TRACEPOINTS = ("sched_switch", "sched_migrate_task", "sched_wakeup")
-
-DOCTOR_INSTANCE_PREFIX = "harmony-doctor-"
-
-#: the checks of :func:`doctor`, in the order :func:`format_doctor` prints them
+#: the checks of :func:`doctor`, in the order :func:`format_doctor` prints them (a probe's check
+#: that is not named here comes after them)
 CHECKS = (
     "root",
     "kernel",
@@ -77,12 +77,10 @@ def _first_line(text: str) -> str:
     return ""
 
 
-def _run(argv: list[str], timeout: float = 5.0, cwd=None) -> tuple[int | None, str, str]:
+def _run(argv: list[str], timeout: float = 5.0) -> tuple[int | None, str, str]:
     """(returncode or None on timeout/exec failure, stdout, stderr)."""
     try:
-        r = subprocess.run(
-            argv, capture_output=True, text=True, timeout=timeout, cwd=cwd, stdin=subprocess.DEVNULL
-        )
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return None, "", f"timed out after {timeout:g} s"
     except OSError as e:
@@ -303,72 +301,6 @@ def check_tracepoints(tracefs: str | None) -> tuple[dict, dict]:
     return tp, fp
 
 
-def _reclaim_doctor_instances(instances: Path) -> list[str]:
-    """Remove harmony-doctor-<pid> instances whose process is gone; return their names."""
-    removed = []
-    try:
-        entries = list(instances.iterdir())
-    except OSError:
-        return removed
-    for d in entries:
-        suffix = d.name.removeprefix(DOCTOR_INSTANCE_PREFIX)
-        if d.name.startswith(DOCTOR_INSTANCE_PREFIX) and suffix.isdigit() and not pid_alive(int(suffix)):
-            try:
-                d.rmdir()
-                removed.append(d.name)
-            except OSError:
-                pass
-    return removed
-
-
-def check_instances(tracefs: str | None) -> dict:
-    if not tracefs:
-        return check(MISSING, "tracefs not mounted", creatable=False, reclaimed=[])
-    instances = Path(tracefs) / "instances"
-    try:
-        os.listdir(instances)
-    except FileNotFoundError:
-        return check(MISSING, f"no {instances} (kernel too old?)", creatable=False, reclaimed=[])
-    except OSError as e:
-        hint = " (need root)" if not hostfacts.is_root() else ""
-        return check(WARN, f"{instances}: {e.strerror or e}{hint}", creatable=False, reclaimed=[])
-    reclaimed = _reclaim_doctor_instances(instances)
-    inst = instances / f"{DOCTOR_INSTANCE_PREFIX}{os.getpid()}"
-    created = False
-    error = None
-    has_sched = False
-    removed = True
-    try:
-        inst.mkdir()
-        created = True
-        has_sched = (inst / "events/sched/sched_switch/enable").exists()
-    except OSError as e:
-        error = e.strerror or str(e)
-    finally:
-        if created:
-            removed = False
-            for attempt in range(20):
-                try:
-                    inst.rmdir()
-                    removed = True
-                    break
-                except FileNotFoundError:
-                    removed = True
-                    break
-                except OSError:
-                    time.sleep(0.05 * (attempt + 1))
-    facts = dict(creatable=created, removed=removed, sched_events=has_sched, reclaimed=reclaimed,
-                 path=str(instances))
-    if not created:
-        hint = " (need root)" if not hostfacts.is_root() else ""
-        return check(WARN if not hostfacts.is_root() else MISSING, f"cannot create: {error}{hint}", **facts)
-    if not removed:
-        return check(WARN, f"created but could not remove {inst}", **facts)
-    if not has_sched:
-        return check(WARN, "creatable, but without events/sched", **facts)
-    return check(OK, "create + remove works", **facts)
-
-
 def check_clocks(tracefs: str | None) -> dict:
     clocks = hostfacts.trace_clocks(tracefs) if tracefs else None
     if clocks is None:
@@ -385,6 +317,8 @@ def check_clocks(tracefs: str | None) -> dict:
 
 
 def check_sched_debug(mount: bool) -> dict:
+    """The sched debug file (:func:`harmony.probes.sched_debug.doctor_check`); as root and with
+    ``mount``, mounts debugfs first where it is not."""
     default = hostfacts.DEBUGFS_DEFAULT
     mounted_by_doctor = False
     points = hostfacts.mountpoints("debugfs")
@@ -394,99 +328,7 @@ def check_sched_debug(mount: bool) -> dict:
         points = hostfacts.mountpoints("debugfs")
         mounted_by_doctor = done and bool(points)
     debugfs = str(default) if str(default) in points else (points[0] if points else None)
-    candidates = ([Path(debugfs) / "sched/debug"] if debugfs else []) + [hostfacts.PROC / "sched_debug"]
-    online = online_cpus()
-    tried = []
-    for path in candidates:
-        try:
-            text = path.read_text(errors="replace")
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            tried.append(f"{path}: {e.strerror or e}")
-            continue
-        per_cpu: dict[int, int] = {}
-        cpu = None
-        for line in text.splitlines():
-            m = re.match(r"cpu#(\d+)", line)
-            if m:
-                cpu = int(m.group(1))
-                continue
-            if cpu is not None and not line.startswith(" "):
-                if line.strip():
-                    cpu = None  # left the per-CPU header block (e.g. cfs_rq[..])
-                continue
-            m = re.match(r"\s+\.nr_running\s*:\s*(\d+)", line)
-            if cpu is not None and m and cpu not in per_cpu:
-                per_cpu[cpu] = int(m.group(1))
-        shows = bool(online) and all(c in per_cpu for c in online)
-        detail = f"{path} readable; nr_running for {'every online CPU' if shows else 'CPUs ' + _cpus_text(sorted(per_cpu))}"
-        if mounted_by_doctor:
-            detail += " (mounted debugfs now)"
-        return check(OK if shows else WARN, detail, path=str(path), readable=True,
-                     nr_running_per_cpu=shows, debugfs=debugfs, debugfs_mounted_by_doctor=mounted_by_doctor)
-    if tried:
-        why = "; ".join(tried)
-    elif debugfs is None:
-        why = "debugfs not mounted" + (f" (mount failed: {error})" if error else "") + ", no /proc/sched_debug"
-    else:
-        why = "no sched/debug in debugfs (CONFIG_SCHED_DEBUG off?), no /proc/sched_debug"
-    return check(WARN if tried else MISSING, why, path=None, readable=False, nr_running_per_cpu=False,
-                 debugfs=debugfs, debugfs_mounted_by_doctor=mounted_by_doctor)
-
-
-def check_task_counters() -> dict:
-    ok, why = proc_sched.available()
-    if ok:
-        return check(OK, "/proc/<pid>/sched prints se.nr_migrations, nr_switches and "
-                         "se.sum_exec_runtime: each run's trace is checked against them",
-                     readable=True)
-    return check(WARN, why + "; runs are not checked against the tasks' own counters",
-                 readable=False)
-
-
-def _perf_record_test(perf: str, events: list[str]) -> tuple[bool, str, float]:
-    """Record ``events`` system-wide for 10 ms into a temp dir; (permitted, error line, seconds)."""
-    fast = ["-N", "-B", "--no-bpf-event", "--synth=no"]  # skip build-id and synthesis: ~0.3 s
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="harmony-doctor-") as tmp:
-        argv_tail = ["-a", "-o", os.path.join(tmp, "perf.data"), "--", "sleep", "0.01"]
-        ev = [a for e in events for a in ("-e", f"sched:{e}")]
-        rc, _, err = _run([perf, "record", "-q", *fast, *ev, *argv_tail], timeout=5.0, cwd=tmp)
-        if rc == 129 or (rc and "unknown option" in err.lower()):  # older perf: fewer options
-            rc, _, err = _run([perf, "record", "-q", "-N", "-B", *ev, *argv_tail], timeout=5.0, cwd=tmp)
-    elapsed = time.monotonic() - t0
-    if rc == 0:
-        return True, "", elapsed
-    lines = [ln.strip() for ln in err.splitlines() if ln.strip() and not ln.strip().startswith("[")]
-    error = next((ln for ln in lines if "rror" in ln or "ermission" in ln or "denied" in ln), None)
-    return False, error or (lines[0] if lines else f"exit status {rc}"), elapsed
-
-
-def check_perf(tracepoints: dict, test_record: bool = True) -> dict:
-    paranoid = hostfacts.read_int(hostfacts.PROC / "sys/kernel/perf_event_paranoid")
-    perf = shutil.which("perf")
-    base = dict(present=False, path=perf, version=None, paranoid=paranoid, can_record_sched=False,
-                events_tested=[], test_s=None, error=None)
-    if not perf:
-        return check(MISSING, "perf not installed", **base)
-    rc, out, err = _run([perf, "--version"])
-    m = re.search(r"version\s+(\S+)", out)
-    if rc != 0 or not m:
-        why = _first_line(err) or _first_line(out) or f"exit status {rc}"
-        return check(WARN, f"{perf} does not run: {why}", **{**base, "error": why})
-    base.update(present=True, version=m.group(1))
-    if not test_record:
-        return check(OK, f"{m.group(1)}; recording not tested (perf does not record in this run)",
-                     **base)
-    events = [t for t in REQUIRED_TRACEPOINTS if t in tracepoints.get("present", [])] or ["sched_switch"]
-    ok, error, elapsed = _perf_record_test(perf, events)
-    if not ok and not hostfacts.is_root():
-        error += " (need root?)"
-    base.update(can_record_sched=ok, events_tested=events, test_s=round(elapsed, 3), error=error or None)
-    if ok:
-        return check(OK, f"{m.group(1)}; record -e sched:* permitted (paranoid {paranoid})", **base)
-    return check(WARN, f"{m.group(1)}; record -e sched:* refused (paranoid {paranoid}): {error}", **base)
+    return sched_debug.doctor_check(debugfs, mounted_by_doctor, error)
 
 
 def check_trace_cmd() -> dict:
@@ -539,46 +381,30 @@ def _guarded(fn, *args):
         return check(WARN, f"check failed: {type(e).__name__}: {e}".splitlines()[0], error=str(e))
 
 
-def _verdict(facts: dict) -> dict:
+def _verdict(facts: dict, probes: list) -> dict:
+    """Whether an experiment can run here, and with which of the recording ``probes``."""
     unavailable: dict[str, str] = {}
-    tp = facts["sched_tracepoints"]
-    missing_req = [t for t in REQUIRED_TRACEPOINTS if t not in tp.get("present", [])]
-
-    tracefs_ok = False
-    if not facts["tracefs"].get("mounted"):
-        unavailable["tracefs"] = f"tracefs: {facts['tracefs']['detail']}"
-    elif missing_req:
-        unavailable["tracefs"] = f"tracefs: {tp['detail']}"
-    elif not facts["tracefs_instances"].get("creatable") or not facts["tracefs_instances"].get("sched_events"):
-        unavailable["tracefs"] = f"tracefs instances: {facts['tracefs_instances']['detail']}"
-    else:
-        tracefs_ok = True
-
-    perf_ok = False
-    perf = facts["perf"]
-    if not perf.get("can_record_sched"):
-        unavailable["perf"] = f"perf: {perf['detail']}"
-    elif missing_req:
-        unavailable["perf"] = f"perf: {tp['detail']}"
-    else:
-        perf_ok = True
-
-    probes = [p for p, ok in (("tracefs", tracefs_ok), ("perf", perf_ok)) if ok]
+    for probe in probes:
+        why = probe.cannot_record(facts)
+        if why:
+            unavailable[probe.name] = why
+    usable = [p.name for p in probes if p.name not in unavailable]
     root = facts["root"].get("root", False)
-    can_run = root and bool(probes)
+    can_run = root and bool(usable)
     reasons = []
     if not can_run:
         if not root:
             reasons.append(f"not running as root (euid {facts['root'].get('euid')}): recording needs root")
-        reasons += [unavailable[p] for p in ("tracefs", "perf") if p in unavailable]
-    return {"can_run": can_run, "probes": probes, "reasons": reasons, "unavailable": unavailable}
+        reasons += list(unavailable.values())
+    return {"can_run": can_run, "probes": usable, "reasons": reasons, "unavailable": unavailable}
 
 
-def doctor(mount: bool = True, test_perf: bool = True) -> dict:
+def doctor(mount: bool = True, test_record: bool = True) -> dict:
     """Detect what this host can do; return JSON-serialisable facts (see the module docstring).
 
-    ``mount``: as root, mount tracefs (and debugfs) if they are not mounted. ``test_perf``: try a
-    10 ms ``perf record`` (~0.3 s); without it, perf is only found, and not a usable probe. Keys: one per name in :data:`CHECKS`, plus
+    ``mount``: as root, mount tracefs (and debugfs) if they are not mounted. ``test_record``: a
+    probe may try a short test recording (perf: a 10 ms ``perf record``, ~0.3 s); without it,
+    such a probe is only found, and not usable. Keys: one per name in :data:`CHECKS`, plus
     ``verdict`` = ``{"can_run", "probes", "reasons", "unavailable"}``, ``online_cpus``,
     ``scheduler`` name shortcut inside ``scheduler["name"]``, ``notes`` and ``elapsed_s``.
     ``can_run`` is true when running as root and at least one probe (a tracefs instance with
@@ -606,26 +432,35 @@ def doctor(mount: bool = True, test_perf: bool = True) -> dict:
         facts["sched_tracepoints"], facts["ftrace_print"] = tp_fp
     else:
         facts["sched_tracepoints"] = facts["ftrace_print"] = tp_fp
-    facts["tracefs_instances"] = _guarded(check_instances, tracefs)
     facts["trace_clocks"] = _guarded(check_clocks, tracefs)
     facts["sched_debug"] = _guarded(check_sched_debug, mount)
-    facts["task_counters"] = _guarded(check_task_counters)
+    facts["task_counters"] = _guarded(proc_sched.doctor_check)
     facts["preemption"] = _guarded(check_preemption, facts["sched_debug"].get("debugfs"),
                                    config, config_source)
-    facts["perf"] = _guarded(check_perf, facts["sched_tracepoints"], test_perf)
+    # each probe that records answers its own check, from the facts above (a probe that only
+    # replays recordings answers none)
+    probes = []
+    for name in PROBES:
+        probe = get_probe(name)
+        answer = _guarded(probe.doctor_check, facts, test_record)
+        if answer is not None:
+            facts[probe.check_name or probe.name] = answer
+            probes.append(probe)
     facts["trace_cmd"] = _guarded(check_trace_cmd)
     facts["decoder"] = _guarded(check_decoder)
     facts["memory"] = _guarded(check_memory)
-    facts = {name: facts[name] for name in CHECKS}  # stable order
+    order = [*CHECKS, *(name for name in facts if name not in CHECKS)]
+    facts = {name: facts[name] for name in order}  # stable order
     facts["online_cpus"] = facts["cpus"].get("online", [])
-    facts["verdict"] = _verdict(facts)
+    facts["verdict"] = _verdict(facts, probes)
     notes = []
     if facts["tracefs"].get("mounted_by_doctor"):
         notes.append(f"mounted tracefs at {facts['tracefs']['path']}")
     if facts["sched_debug"].get("debugfs_mounted_by_doctor"):
         notes.append(f"mounted debugfs at {facts['sched_debug']['debugfs']}")
-    if facts["tracefs_instances"].get("reclaimed"):
-        notes.append("removed stale instances: " + ", ".join(facts["tracefs_instances"]["reclaimed"]))
+    for name in order:  # a check that removed what a dead doctor left says so
+        if facts[name].get("reclaimed"):
+            notes.append("removed stale instances: " + ", ".join(facts[name]["reclaimed"]))
     notes += facts["topology"].get("notes", [])
     facts["notes"] = notes
     facts["elapsed_s"] = round(time.monotonic() - t0, 3)
@@ -634,7 +469,8 @@ def doctor(mount: bool = True, test_perf: bool = True) -> dict:
 
 def format_doctor(facts: dict) -> str:
     """Render :func:`doctor` facts as an aligned table (check, status, detail) plus the verdict."""
-    rows = [(name, facts[name].get("status", "?"), facts[name].get("detail", "")) for name in CHECKS if name in facts]
+    rows = [(name, c.get("status", "?"), c.get("detail", "")) for name, c in facts.items()
+            if isinstance(c, dict) and "status" in c]
     v = facts.get("verdict", {})
     if v:
         if v.get("can_run"):

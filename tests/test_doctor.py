@@ -10,17 +10,11 @@ import pytest
 
 from harmony import hostfacts
 from harmony.controller import release_check
-from harmony.doctor import (
-    CHECKS,
-    DOCTOR_INSTANCE_PREFIX,
-    REQUIRED_TRACEPOINTS,
-    check_cgroup,
-    check_tracefs,
-    doctor,
-    format_doctor,
-)
+from harmony.doctor import CHECKS, check_cgroup, check_tracefs, doctor, format_doctor
 from harmony.hostfacts import scheduler_name
 from harmony.osutil import online_cpus
+from harmony.probes.base import REQUIRED_TRACEPOINTS
+from harmony.probes.tracefs import DOCTOR_INSTANCE_PREFIX
 
 
 def _write(path: Path, text: str):
