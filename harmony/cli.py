@@ -116,10 +116,10 @@ def main():
 @click.option("--json", "as_json", is_flag=True, help="print the facts as JSON")
 def doctor(as_json):
     """What this host can do: probes, tracepoints, topology, scheduler. Exit 0 if an experiment can run."""
-    from harmony.host import doctor as host_doctor, format_doctor
+    from harmony import doctor as host
 
-    facts = host_doctor()
-    click.echo(json.dumps(facts, indent=1, default=str) if as_json else format_doctor(facts))
+    facts = host.doctor()
+    click.echo(json.dumps(facts, indent=1, default=str) if as_json else host.format_doctor(facts))
     sys.exit(0 if facts["verdict"]["can_run"] else 1)
 
 
@@ -277,14 +277,14 @@ def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, rep
 
 
 def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:
-    from harmony.host import doctor as host_doctor
+    from harmony import doctor as host
     from harmony.probes import get_probe
 
     ok, why = get_probe(probe).available()
     if not ok:
         _fail(f"probe {probe} cannot record here: {why} (see `harmony doctor`)")
     # a 10 ms test recording with perf costs ~0.3 s: only when perf will record
-    facts = host_doctor(mount=True, test_perf="perf" in (probe, crosscheck))
+    facts = host.doctor(mount=True, test_record="perf" in (probe, crosscheck))
     return {
         "kernel": facts["kernel"].get("release"),
         "scheduler": facts["scheduler"].get("name"),
@@ -427,8 +427,8 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     record) from another host."""
     from harmony.analysis.report import summary_text
     from harmony.experiments import get_experiment
-    from harmony.osutil import parse_cpulist
     from harmony.importer import import_trace
+    from harmony.osutil import parse_cpulist
 
     # Everything is checked before the file is read.
     if not trace_file.is_file():   # a FIFO or a device: reading it could wait forever

@@ -67,10 +67,11 @@ import time
 
 import numpy as np
 
-from harmony import forkserver, host, worker
+from harmony import forkserver, hostfacts, worker
 from harmony.cpuset import CpusetGroups, CpusetUnavailable
 from harmony.errors import ControllerError  # noqa: F401  (raised here)
 from harmony.forkserver import ForkServerError
+from harmony.hostfacts import OK, WARN, check
 from harmony.osutil import FUTEX_WAKE, SYS_FUTEX, WAKE_ALL, futex
 from harmony.probes.schema import MARK_RELEASED, MARK_T0
 from harmony.tasks import TaskSpec
@@ -139,6 +140,34 @@ def confined_why(mode: str, free: bool, other_cpus, sched_ext_state: str) -> str
     return None
 
 
+def release_check(sched_ext: dict, cpus: dict) -> dict:
+    """``harmony doctor``'s ``release`` check: how a run here releases its tasks at t0,
+    ``occupied`` where it can be (SCHED_FIFO occupiers hold the other CPUs while the tasks wake),
+    else ``confined``. ``sched_ext``, ``cpus``: the doctor's checks of that name (the
+    sched_ext ``state``, the ``online`` CPUs). SCHED_FIFO is tried on the calling thread and
+    put back."""
+    try:
+        _, mode = release_options()
+    except ControllerError as exc:
+        return check(WARN, f"{exc}: runs will refuse it", mode=None)
+    online = cpus.get("online", [])
+    why = confined_why(mode, True, online[1:], sched_ext.get("state"))
+    if why is None:
+        # the occupiers and the controller run as SCHED_FIFO: try it on this thread, put it back
+        before, param = os.sched_getscheduler(0), os.sched_getparam(0)
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+        except OSError as exc:
+            why = f"SCHED_FIFO not permitted ({exc.strerror})"
+        else:
+            os.sched_setscheduler(0, before, param)
+    if why:
+        return check(OK, f"confined (woken on their initial CPU, then freed): {why}",
+                     mode="confined", why=why)
+    return check(OK, "occupied: SCHED_FIFO occupiers hold the other CPUs while each CPU's tasks "
+                     "wake, already free", mode="occupied", why=None)
+
+
 def _state(pid: int) -> bytes | None:
     """The process state letter from /proc/<pid>/stat (R, S, Z, ...); None if it is gone."""
     try:
@@ -198,7 +227,7 @@ class Workload:
         """The CPUs occupiers would hold for an ``occupied`` release (every CPU of the set but the
         home CPU), or [] where that release cannot be used (release_mode says why after spawn)."""
         others = sorted(set(self.cpus) - {self._home})
-        scx = host.sched_ext_state()["state"]
+        scx = hostfacts.sched_ext_state()["state"]
         self._confined_why = confined_why(self.mode, any(not s.pinned for s in self.specs), others, scx)
         if self._confined_why and "sched_ext" in self._confined_why:  # the others need no note
             self.notes.append(f"release confined (woken, then freed): {self._confined_why}")

@@ -14,8 +14,11 @@ import os
 import signal
 from pathlib import Path
 
+from harmony import cpuset
 from harmony.errors import HostBusy  # noqa: F401  (raised here)
+from harmony.forkserver import COMM as SERVER_COMM
 from harmony.osutil import LOCK_DIRS
+from harmony.probes import PROBES, get_probe
 
 WORKER_PREFIX = "hmy-"
 
@@ -90,8 +93,6 @@ def _controller_gone(ppid: int) -> bool:
 def orphans() -> list[tuple[int, str]]:
     """(pid, what) of Harmony workers and fork servers whose controller is gone (reparented to init
     or a subreaper). A worker forked by a fork server belongs to the server's controller."""
-    from harmony.forkserver import COMM as SERVER_COMM
-
     procs, out = _procs(), []
     for pid, (comm, ppid) in procs.items():
         if comm == SERVER_COMM and _controller_gone(ppid):
@@ -105,9 +106,6 @@ def orphans() -> list[tuple[int, str]]:
 
 def reclaim_stale() -> list[str]:
     """Remove what dead Harmony runs left; return a line per thing removed. Call with the lock held."""
-    from harmony import cpuset
-    from harmony.probes import PROBES, get_probe
-
     removed = []
     for pid, what in orphans():
         try:

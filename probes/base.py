@@ -12,6 +12,9 @@ Life cycle::
     ...
     probe.stop()             # idempotent; always removes every piece of kernel state it created
     capture = probe.decode() # also works later, from the files alone: Probe.decode_dir(out_dir)
+
+A probe also answers for itself in ``harmony doctor`` (:mod:`harmony.doctor`): its check of this
+host (:meth:`Probe.doctor_check`) and whether it can record here (:meth:`Probe.cannot_record`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ from pathlib import Path
 import pandas as pd
 
 from harmony.errors import ProbeError, TraceCorrupt  # noqa: F401  (raised here)
+
+#: the sched tracepoints no recording probe can do without (the others of
+#: :data:`harmony.probes.schema.SCHED_EVENTS` add detail)
+REQUIRED_TRACEPOINTS = ("sched_switch", "sched_migrate_task", "sched_wakeup")
 
 #: trace clocks whose timestamps are not nanoseconds (the kernel's trace_clocks with in_ns = 0),
 #: and what they count: every duration Harmony derives from such a trace would be wrong
@@ -52,6 +59,8 @@ class Probe(abc.ABC):
     """A capture backend. Subclasses set ``name`` and implement the abstract methods."""
 
     name: str = ""
+    #: the name of this probe's check among ``harmony doctor``'s facts (None: the probe's name)
+    check_name: str | None = None
 
     def __init__(self, out_dir: Path, cpus: list[int], duration_s: float):
         # absolute: a backend may run its recorder in another directory (perf runs in out_dir)
@@ -96,6 +105,30 @@ class Probe(abc.ABC):
         """Remove kernel state left by Harmony processes that no longer exist; return what was removed."""
         return []
 
+    @classmethod
+    def doctor_check(cls, facts: dict, test_record: bool = True) -> dict | None:
+        """This probe's check in ``harmony doctor``: a dict ``{"status": "ok" | "warn" | "missing",
+        "detail": one line, ...facts}`` (:func:`harmony.hostfacts.check`), stored under
+        :attr:`check_name`. ``facts``: the doctor's checks of the host (``tracefs``,
+        ``sched_tracepoints``, ...); ``test_record``: the check may try a short test recording.
+        None by default: a probe that does not record on this host (one that replays recordings
+        made elsewhere) has nothing to check, and the doctor does not count it."""
+        return None
+
+    @classmethod
+    def cannot_record(cls, facts: dict) -> str | None:
+        """Why this probe cannot record here, read from the doctor's ``facts`` (its own check
+        among them), as ``"<what>: <detail of the check that says so>"``; None if it can.
+
+        By default: its check says it cannot record the sched tracepoints (``can_record_sched``
+        false), or tracefs lacks one of :data:`REQUIRED_TRACEPOINTS`."""
+        own, tracepoints = facts[cls.check_name or cls.name], facts["sched_tracepoints"]
+        if not own.get("can_record_sched"):
+            return f"{cls.name}: {own['detail']}"
+        if missing_tracepoints(tracepoints):
+            return f"{cls.name}: {tracepoints['detail']}"
+        return None
+
     def __enter__(self):
         self.start()
         return self
@@ -103,3 +136,9 @@ class Probe(abc.ABC):
     def __exit__(self, *exc):
         self.stop()
         return False
+
+
+def missing_tracepoints(tracepoints: dict) -> list[str]:
+    """The :data:`REQUIRED_TRACEPOINTS` that the doctor's ``sched_tracepoints`` check did not find."""
+    present = tracepoints.get("present", [])
+    return [t for t in REQUIRED_TRACEPOINTS if t not in present]

@@ -79,10 +79,23 @@ from pathlib import Path
 
 import pandas as pd
 
+from harmony import hostfacts
+from harmony.hostfacts import MISSING, OK, WARN, check
 from harmony.osutil import online_cpus, proc_starttime, sched_getcpu
-from harmony.probes.base import Capture, Probe, ProbeError, TraceCorrupt
-from harmony.probes.perf_data import (check_perf_data, lost_samples_by_event, lost_sched_events,
-                                      run_perf_report, sched_clockids)
+from harmony.probes.base import (
+    REQUIRED_TRACEPOINTS,
+    Capture,
+    Probe,
+    ProbeError,
+    TraceCorrupt,
+)
+from harmony.probes.perf_data import (
+    check_perf_data,
+    lost_samples_by_event,
+    lost_sched_events,
+    run_perf_report,
+    sched_clockids,
+)
 from harmony.probes.perf_script import run_perf_script
 from harmony.probes.perf_tool import PERF_ENV as _ENV
 from harmony.probes.perf_tool import die_with_parent_preexec as _die_with_parent
@@ -196,19 +209,11 @@ class PerfProbe(Probe):
         if not _perf_version(perf):
             return False, f"{perf} does not run ('perf version' failed; no perf for this kernel?)"
         # the real test: a tiny system-wide record of one sched tracepoint on the monotonic clock
-        with tempfile.TemporaryDirectory(prefix="harmony-perf-check-") as tmp:
-            cmd = [perf, "record", "-q", "-a", "-e", "sched:sched_switch", "-k", CLOCK_ID,
-                   "--synth=no", "-B", "-N", "-o", f"{tmp}/perf.data", "--", "true"]
-            try:
-                r = subprocess.run(cmd, capture_output=True, text=True, timeout=20, env=_ENV,
-                                   cwd=tmp, preexec_fn=_die_with_parent(os.getpid()))
-            except subprocess.TimeoutExpired:
-                return False, "perf record of sched:sched_switch did not finish within 20 s"
-            except OSError as e:
-                return False, f"cannot run perf: {e}"
-            if r.returncode != 0:
-                return False, ("perf cannot record sched tracepoints system-wide: "
-                               + _first_error_line(r.stderr + r.stdout))
+        rc, why, _ = try_record(perf, ["sched_switch"], timeout=20.0)
+        if rc is None:
+            return False, why
+        if rc != 0:
+            return False, "perf cannot record sched tracepoints system-wide: " + why
         cls._available_ok_until = time.monotonic() + 60.0
         return True, ""
 
@@ -496,6 +501,63 @@ class PerfProbe(Probe):
             if _stop_pid(pid, proc_starttime(pid)):
                 removed.append(f"perf record pid {pid} writing {out} (owner pid {owner_pid} gone)")
         return removed
+
+    # ---------------------------------------------------------------------------- doctor
+    @classmethod
+    def doctor_check(cls, facts: dict, test_record: bool = True) -> dict:
+        """``harmony doctor``'s ``perf`` check: perf there, its version, and (``test_record``)
+        whether it records the required sched tracepoints that tracefs has, by the test
+        recording of :meth:`available` (:func:`try_record`, 10 ms, ~0.3 s). Without the test,
+        perf is found but ``can_record_sched`` is false: not a usable probe."""
+        paranoid = hostfacts.read_int(hostfacts.PROC / "sys/kernel/perf_event_paranoid")
+        perf = cls.perf_binary()
+        base = dict(present=False, path=perf, version=None, paranoid=paranoid, can_record_sched=False,
+                    events_tested=[], test_s=None, error=None)
+        if not perf:
+            return check(MISSING, "perf not installed", **base)
+        version = _perf_version(perf)
+        if not version:
+            why = "'perf version' failed (no perf for this kernel?)"
+            return check(WARN, f"{perf} does not run: {why}", **{**base, "error": why})
+        base.update(present=True, version=version)
+        if not test_record:
+            return check(OK, f"{version}; recording not tested (perf does not record in this run)",
+                         **base)
+        present = facts["sched_tracepoints"].get("present", [])
+        events = [t for t in REQUIRED_TRACEPOINTS if t in present] or ["sched_switch"]
+        rc, error, elapsed = try_record(perf, events, timeout=5.0)
+        if rc != 0 and not hostfacts.is_root():
+            error += " (need root?)"
+        base.update(can_record_sched=rc == 0, events_tested=events, test_s=round(elapsed, 3),
+                    error=error or None)
+        if rc == 0:
+            return check(OK, f"{version}; record -e sched:* permitted (paranoid {paranoid})", **base)
+        return check(WARN, f"{version}; record -e sched:* refused (paranoid {paranoid}): {error}", **base)
+
+
+def try_record(perf: str, events: list[str], timeout: float) -> tuple[int | None, str, float]:
+    """Record the sched ``events`` system-wide for 10 ms into a temporary directory, with the
+    options of a run's recording (:meth:`PerfProbe.command`: the clock, no build-ids, no
+    synthesis, no BPF side-band): (perf's exit status, None if it did not finish; the line that
+    says why not, "" if it recorded; seconds taken). :meth:`PerfProbe.available` tests
+    sched_switch and waits up to 20 s; ``harmony doctor`` tests every required tracepoint
+    tracefs has, and gives up after 5 s."""
+    cmd = [perf, "record", "-q", "-a", *(a for e in events for a in ("-e", f"sched:{e}")),
+           "-k", CLOCK_ID, "--synth=no", "-B", "-N",
+           *(["--no-bpf-event"] if _record_knows(perf, "--no-bpf-event") else [])]
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="harmony-perf-check-") as tmp:
+        try:
+            r = subprocess.run([*cmd, "-o", f"{tmp}/perf.data", "--", "sleep", "0.01"],
+                               capture_output=True, text=True, timeout=timeout, env=_ENV, cwd=tmp,
+                               preexec_fn=_die_with_parent(os.getpid()))
+        except subprocess.TimeoutExpired:
+            return None, (f"perf record of {', '.join(f'sched:{e}' for e in events)} did not "
+                          f"finish within {timeout:g} s"), time.monotonic() - t0
+        except OSError as e:
+            return None, f"cannot run perf: {e}", time.monotonic() - t0
+    why = _first_error_line(r.stderr + r.stdout) if r.returncode else ""
+    return r.returncode, why, time.monotonic() - t0
 
 
 # --------------------------------------------------------------------------------------------------

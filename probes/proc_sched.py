@@ -10,7 +10,7 @@ must show between the two reads: :mod:`harmony.analysis.counters` compares them.
 A read is not an instant: each row carries the window [before_ns, after_ns] (CLOCK_MONOTONIC, the
 probes' clock) in which the kernel produced it. The file needs scheduler debugging built in
 (``CONFIG_SCHED_DEBUG``, on kernels that still have that option); :func:`available` says whether
-this one prints the counters.
+this one prints the counters, and :func:`doctor_check` answers for them in ``harmony doctor``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 import pandas as pd
 
 from harmony.columns import Table
+from harmony.hostfacts import OK, WARN, check
 
 _KEYS = (b"se.nr_migrations", b"nr_switches", b"se.sum_exec_runtime")
 
@@ -95,6 +96,17 @@ def available() -> tuple[bool, str]:
         return False, "/proc/<pid>/sched does not print se.nr_migrations, nr_switches and " \
                       "se.sum_exec_runtime on this kernel"
     return True, ""
+
+
+def doctor_check() -> dict:
+    """``harmony doctor``'s ``task_counters`` check: :func:`available`, and what it means for runs."""
+    ok, why = available()
+    if ok:
+        return check(OK, "/proc/<pid>/sched prints se.nr_migrations, nr_switches and "
+                         "se.sum_exec_runtime: each run's trace is checked against them",
+                     readable=True)
+    return check(WARN, why + "; runs are not checked against the tasks' own counters",
+                 readable=False)
 
 
 class CounterReads:

@@ -7,9 +7,9 @@ CPU, one line each, starting with the state: ``>R`` the CPU's current task, `` R
 CLOCK_MONOTONIC, the clock of the tracefs probe's "mono" trace clock: it dates the sample.
 
 :func:`parse` turns the text into numbers; :class:`NrRunningSampler` reads it periodically during
-a run. The file is generated while the kernel runs on, CPU block after CPU block, without locking
-the run queues, so one sample is not an instant: its rows carry the window [lo, hi] in which the
-kernel produced it.
+a run; :func:`doctor_check` answers for the file in ``harmony doctor``. The file is generated
+while the kernel runs on, CPU block after CPU block, without locking the run queues, so one sample
+is not an instant: its rows carry the window [lo, hi] in which the kernel produced it.
 """
 
 from __future__ import annotations
@@ -24,8 +24,12 @@ import pandas as pd
 
 from harmony.columns import Table
 from harmony.errors import SchedDebugError  # noqa: F401  (raised here)
+from harmony.hostfacts import MISSING, OK, WARN, check
+from harmony.osutil import format_cpulist, online_cpus
 
 SCHED_DEBUG = Path("/sys/kernel/debug/sched/debug")
+#: where kernels before 5.13 print the same file
+PROC_SCHED_DEBUG = Path("/proc/sched_debug")
 
 #: The ``kernel_nr_running`` table of a run (kernel_nr_running.parquet):
 #: :meth:`NrRunningSampler.frame`.
@@ -128,6 +132,43 @@ def available(path: Path = SCHED_DEBUG) -> tuple[bool, str]:
         return False, f"{path} is not readable (needs root)"
     except (OSError, SchedDebugError) as exc:
         return False, f"{path}: {exc}"
+
+
+def doctor_check(debugfs: str | None, debugfs_mounted_now: bool = False, mount_error: str = "") -> dict:
+    """``harmony doctor``'s ``sched_debug`` check: is the file readable (``sched/debug`` in
+    ``debugfs``, mounted there, else :data:`PROC_SCHED_DEBUG`), and does it give ``nr_running``
+    for every online CPU? ``debugfs_mounted_now``: the doctor mounted it (``mount_error``: why it
+    could not)."""
+    candidates = ([Path(debugfs) / "sched/debug"] if debugfs else []) + [PROC_SCHED_DEBUG]
+    online = online_cpus()
+    tried = []
+    for path in candidates:
+        try:
+            text = path.read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            tried.append(f"{path}: {e.strerror or e}")
+            continue
+        try:
+            shown = sorted(parse(text).cpus)
+        except SchedDebugError:
+            shown = []
+        shows = bool(online) and all(c in shown for c in online)
+        listed = format_cpulist(shown) if shown else "none"
+        detail = f"{path} readable; nr_running for {'every online CPU' if shows else 'CPUs ' + listed}"
+        if debugfs_mounted_now:
+            detail += " (mounted debugfs now)"
+        return check(OK if shows else WARN, detail, path=str(path), readable=True,
+                     nr_running_per_cpu=shows, debugfs=debugfs, debugfs_mounted_by_doctor=debugfs_mounted_now)
+    if tried:
+        why = "; ".join(tried)
+    elif debugfs is None:
+        why = "debugfs not mounted" + (f" (mount failed: {mount_error})" if mount_error else "") + ", no /proc/sched_debug"
+    else:
+        why = "no sched/debug in debugfs (CONFIG_SCHED_DEBUG off?), no /proc/sched_debug"
+    return check(WARN if tried else MISSING, why, path=None, readable=False, nr_running_per_cpu=False,
+                 debugfs=debugfs, debugfs_mounted_by_doctor=debugfs_mounted_now)
 
 
 class NrRunningSampler(threading.Thread):

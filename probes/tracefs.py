@@ -20,12 +20,23 @@ import threading
 import time
 from pathlib import Path
 
+from harmony import hostfacts
+from harmony.hostfacts import MISSING, OK, WARN, check
 from harmony.osutil import pid_alive
-from harmony.probes.base import Capture, Probe, ProbeError
+from harmony.probes.base import (
+    REQUIRED_TRACEPOINTS,
+    Capture,
+    Probe,
+    ProbeError,
+    missing_tracepoints,
+)
+from harmony.probes.ringbuf import decode_dir
 from harmony.probes.schema import SCHED_EVENTS
 
 TRACEFS = Path("/sys/kernel/tracing")
 PREFIX = "harmony-"
+#: the instance ``harmony doctor`` tries (``harmony-doctor-<pid>``): PREFIX + digits it is not
+DOCTOR_INSTANCE_PREFIX = "harmony-doctor-"
 PREFERRED_CLOCKS = ("mono", "local")  # mono: comparable with CLOCK_MONOTONIC and the perf probe
 DRAIN_IDLE_S = 0.05  # how long a drain thread sleeps when its buffer is empty
 MARK_RETRY_S = 0.25  # a marker refused by a full buffer is retried this long while drains run
@@ -71,6 +82,20 @@ def tracefs_root() -> Path:
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
+
+
+def stale_instances(instances: Path, prefix: str) -> list[Path]:
+    """The instances under ``instances`` named ``<prefix><pid>`` whose process is gone."""
+    stale = []
+    try:
+        entries = list(instances.iterdir())
+    except OSError:
+        return stale
+    for path in entries:
+        owner = path.name.removeprefix(prefix)
+        if path.name.startswith(prefix) and owner.isdigit() and not pid_alive(int(owner)):
+            stale.append(path)
+    return stale
 
 
 def remove_instance(path: Path) -> None:
@@ -187,6 +212,7 @@ class _KeptInstance:
 
 class TracefsProbe(Probe):
     name = "tracefs"
+    check_name = "tracefs_instances"
     #: the instance shared by the probes of an open :meth:`session` (None: one instance per probe)
     _kept: _KeptInstance | None = None
     _session_open = False
@@ -212,8 +238,7 @@ class TracefsProbe(Probe):
             root = tracefs_root()
         except ProbeError as exc:
             return False, str(exc)
-        missing = [e for e in ("sched_switch", "sched_migrate_task", "sched_wakeup")
-                   if not (root / "events/sched" / e).is_dir()]
+        missing = [e for e in REQUIRED_TRACEPOINTS if not (root / "events/sched" / e).is_dir()]
         if missing:
             return False, f"tracepoints missing: {', '.join(missing)}"
         return True, ""
@@ -221,15 +246,82 @@ class TracefsProbe(Probe):
     @classmethod
     def reclaim_stale(cls) -> list[str]:
         removed = []
-        inst_dir = TRACEFS / "instances"
-        if not inst_dir.is_dir():
-            return removed
-        for path in inst_dir.iterdir():
-            owner = path.name[len(PREFIX):]
-            if path.name.startswith(PREFIX) and owner.isdigit() and not pid_alive(int(owner)):
-                remove_instance(path)
-                removed.append(f"tracefs instance {path.name}")
+        for path in stale_instances(TRACEFS / "instances", PREFIX):
+            remove_instance(path)
+            removed.append(f"tracefs instance {path.name}")
         return removed
+
+    @classmethod
+    def doctor_check(cls, facts: dict, test_record: bool = True) -> dict:
+        """``harmony doctor``'s ``tracefs_instances`` check: can an instance of one's own be made,
+        as each run makes one, with the sched events in it, and removed again? The test instance
+        is ``harmony-doctor-<pid>``; those of doctors that died before removing theirs are removed
+        first (``reclaimed``). No event is enabled."""
+        tracefs = facts["tracefs"].get("path")
+        if not tracefs:
+            return check(MISSING, "tracefs not mounted", creatable=False, reclaimed=[])
+        instances = Path(tracefs) / "instances"
+        try:
+            os.listdir(instances)
+        except FileNotFoundError:
+            return check(MISSING, f"no {instances} (kernel too old?)", creatable=False, reclaimed=[])
+        except OSError as e:
+            hint = " (need root)" if not hostfacts.is_root() else ""
+            return check(WARN, f"{instances}: {e.strerror or e}{hint}", creatable=False, reclaimed=[])
+        reclaimed = []
+        for path in stale_instances(instances, DOCTOR_INSTANCE_PREFIX):
+            try:
+                path.rmdir()
+                reclaimed.append(path.name)
+            except OSError:
+                pass
+        inst = instances / f"{DOCTOR_INSTANCE_PREFIX}{os.getpid()}"
+        created = False
+        error = None
+        has_sched = False
+        removed = True
+        try:
+            inst.mkdir()
+            created = True
+            has_sched = (inst / "events/sched/sched_switch/enable").exists()
+        except OSError as e:
+            error = e.strerror or str(e)
+        finally:
+            if created:
+                removed = False
+                for attempt in range(20):
+                    try:
+                        inst.rmdir()
+                        removed = True
+                        break
+                    except FileNotFoundError:
+                        removed = True
+                        break
+                    except OSError:
+                        time.sleep(0.05 * (attempt + 1))
+        facts = dict(creatable=created, removed=removed, sched_events=has_sched, reclaimed=reclaimed,
+                     path=str(instances))
+        if not created:
+            hint = " (need root)" if not hostfacts.is_root() else ""
+            return check(WARN if not hostfacts.is_root() else MISSING, f"cannot create: {error}{hint}", **facts)
+        if not removed:
+            return check(WARN, f"created but could not remove {inst}", **facts)
+        if not has_sched:
+            return check(WARN, "creatable, but without events/sched", **facts)
+        return check(OK, "create + remove works", **facts)
+
+    @classmethod
+    def cannot_record(cls, facts: dict) -> str | None:
+        """Not without tracefs mounted, the :data:`REQUIRED_TRACEPOINTS`, and an instance of its
+        own with the sched events."""
+        mount, tracepoints, own = facts["tracefs"], facts["sched_tracepoints"], facts[cls.check_name]
+        if not mount.get("mounted"):
+            return f"tracefs: {mount['detail']}"
+        if missing_tracepoints(tracepoints):
+            return f"tracefs: {tracepoints['detail']}"
+        if not own.get("creatable") or not own.get("sched_events"):
+            return f"tracefs instances: {own['detail']}"
+        return None
 
     @classmethod
     @contextlib.contextmanager
@@ -444,8 +536,6 @@ class TracefsProbe(Probe):
 
     @classmethod
     def decode_dir(cls, out_dir: Path) -> Capture:
-        from harmony.probes.ringbuf import decode_dir
-
         return decode_dir(Path(out_dir))
 
 

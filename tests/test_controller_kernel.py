@@ -86,7 +86,7 @@ def test_layout_held_until_t0_then_released(host, placement, mode):
 
 
 def host_sched_ext() -> str:
-    from harmony.host import sched_ext_state
+    from harmony.hostfacts import sched_ext_state
     return sched_ext_state()["state"]
 
 

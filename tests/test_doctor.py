@@ -1,0 +1,180 @@
+"""harmony.doctor: the checks, their rendering and the verdict (real host where it matters)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harmony import hostfacts
+from harmony.controller import release_check
+from harmony.doctor import CHECKS, check_cgroup, check_tracefs, doctor, format_doctor
+from harmony.hostfacts import scheduler_name
+from harmony.osutil import online_cpus
+from harmony.probes.base import REQUIRED_TRACEPOINTS
+from harmony.probes.tracefs import DOCTOR_INSTANCE_PREFIX
+
+
+def _write(path: Path, text: str):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+
+
+# ---------------------------------------------------------------------------- hermetic checks
+
+
+def test_tracefs_not_mounted_is_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(hostfacts, "mountpoints", lambda fstype: [])
+    monkeypatch.setattr(hostfacts, "TRACEFS_DEFAULT", tmp_path / "tracing")
+    monkeypatch.setattr(hostfacts, "TRACEFS_LEGACY", tmp_path / "debug/tracing")
+    monkeypatch.setattr(hostfacts, "is_root", lambda: False)
+    (tmp_path / "tracing").mkdir()
+    check = check_tracefs(mount=True)
+    assert check["status"] == "missing" and check["mounted"] is False and not check["mounted_by_doctor"]
+    assert "not mounted" in check["detail"]
+
+
+def test_cgroup_unified_with_cpuset(tmp_path, monkeypatch):
+    cg = tmp_path / "cg"
+    _write(cg / "cgroup.controllers", "cpuset cpu io memory pids")
+    _write(tmp_path / "proc/mounts", f"cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\ncgroup2 {cg} cgroup2 rw 0 0")
+    monkeypatch.setattr(hostfacts, "PROC", tmp_path / "proc")
+    check = check_cgroup()
+    assert check["v2_mounted"] and check["unified"] and check["v2_path"] == "/sys/fs/cgroup"
+    # the real /sys/fs/cgroup may differ; point at the fake one instead
+    _write(tmp_path / "proc/mounts", f"cgroup2 {cg} cgroup2 rw 0 0\ncgroup /x/cpuset cgroup rw,cpuset 0 0")
+    check = check_cgroup()
+    assert check["cpuset_v2"] and check["status"] == "ok" and check["unified"] is False
+    _write(tmp_path / "proc/mounts", "cgroup /x/cpuset cgroup rw,cpuset 0 0")
+    check = check_cgroup()
+    assert check["status"] == "ok" and check["cpuset_v1"] == "/x/cpuset"  # the release uses v1
+    _write(tmp_path / "proc/mounts", "proc /proc proc rw 0 0")
+    assert check_cgroup()["status"] == "missing"
+
+
+def test_format_doctor_not_runnable_lists_reasons():
+    facts = {name: {"status": "missing", "detail": f"{name} detail"} for name in CHECKS}
+    facts["verdict"] = {"can_run": False, "probes": [], "reasons": ["not running as root (euid 1000)"],
+                        "unavailable": {}}
+    out = format_doctor(facts)
+    assert "cannot run" in out and "not running as root" in out
+    for name in CHECKS:
+        assert name in out
+
+
+# --------------------------------------------------------------------------------- the doctor
+
+
+def _doctor_instances(tracefs: Path) -> list[str]:
+    return [p.name for p in (tracefs / "instances").iterdir() if p.name.startswith("harmony-doctor")]
+
+
+def _enabled_sched_events(tracefs: Path) -> dict[str, str]:
+    return {t: (tracefs / f"events/sched/{t}/enable").read_text().strip() for t in REQUIRED_TRACEPOINTS}
+
+
+@pytest.fixture(scope="module")
+def real_facts(kernel):
+    tracefs = kernel
+    before = _enabled_sched_events(tracefs)
+    facts = doctor()
+    return facts, before, tracefs
+
+
+@pytest.mark.kernel
+def test_doctor_real_host(real_facts):
+    facts, before, tracefs = real_facts
+    json.dumps(facts)
+    assert facts["root"]["root"] is True
+    assert facts["tracefs"]["mounted"] is True
+    assert "sched_switch" in facts["sched_tracepoints"]["present"]
+    assert facts["tracefs_instances"]["creatable"] and facts["tracefs_instances"]["removed"]
+    assert facts["verdict"]["can_run"] is True
+    assert facts["verdict"]["probes"], facts["verdict"]
+    assert set(facts["verdict"]["probes"]) <= {"tracefs", "perf"}
+    assert facts["verdict"]["reasons"] == []
+    assert facts["online_cpus"] == online_cpus()
+    assert facts["topology"]["counts"]["threads"] == len(online_cpus())
+    assert facts["kernel"]["release"] == os.uname().release
+    assert facts["scheduler"]["name"] == scheduler_name()
+    for name in CHECKS:
+        assert facts[name]["status"] in ("ok", "warn", "missing"), name
+        assert isinstance(facts[name]["detail"], str) and "\n" not in facts[name]["detail"], name
+    if facts["perf"]["present"] and facts["perf"]["test_s"] is not None:
+        assert facts["perf"]["test_s"] < 2.0  # aimed at well under 1 s
+
+
+@pytest.mark.kernel
+def test_doctor_leaves_no_state(real_facts):
+    facts, before, tracefs = real_facts
+    assert _doctor_instances(tracefs) == []
+    assert _enabled_sched_events(tracefs) == before
+
+
+@pytest.mark.kernel
+def test_doctor_reclaims_stale_instance(kernel):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = kernel / "instances" / f"{DOCTOR_INSTANCE_PREFIX}{dead.pid}"
+    stale.mkdir()
+    try:
+        facts = doctor(mount=False)
+        assert stale.name in facts["tracefs_instances"]["reclaimed"]
+        assert not stale.exists()
+        assert _doctor_instances(kernel) == []
+    finally:
+        if stale.exists():
+            stale.rmdir()
+
+
+@pytest.mark.kernel
+def test_format_doctor_real_host(real_facts):
+    facts, _, _ = real_facts
+    out = format_doctor(facts)
+    for name in CHECKS:
+        assert name in out, name
+    assert "verdict" in out and "can run" in out
+    header = out.splitlines()[0]
+    assert header.split() == ["CHECK", "STATUS", "DETAIL"]
+    # the status column is aligned
+    col = header.index("STATUS")
+    for line in out.splitlines()[1 : len(CHECKS) + 2]:
+        assert line[col:].split()[0] in ("ok", "warn", "missing"), line
+
+
+def test_doctor_simulated_non_root(monkeypatch):
+    monkeypatch.setattr(hostfacts, "is_root", lambda: False)
+    facts = doctor(mount=False)
+    json.dumps(facts)
+    assert facts["root"]["root"] is False and facts["root"]["status"] == "warn"
+    v = facts["verdict"]
+    assert v["can_run"] is False
+    assert v["reasons"] and any("root" in r for r in v["reasons"])
+    assert all("\n" not in r for r in v["reasons"])
+    out = format_doctor(facts)
+    assert "cannot run" in out
+    if Path("/sys/kernel/tracing/instances").is_dir() and os.geteuid() == 0:
+        assert _doctor_instances(Path("/sys/kernel/tracing")) == []
+
+
+def test_release_check_says_which_release_a_run_would_use(monkeypatch):
+    two, one = {"online": [0, 1]}, {"online": [0]}
+    monkeypatch.delenv("HARMONY_RELEASE_MODE", raising=False)
+    assert release_check({"state": "enabled"}, two)["mode"] == "confined"
+    assert "sched_ext" in release_check({"state": "enabled"}, two)["why"]
+    assert release_check({"state": "not built"}, one)["why"] == "one CPU"
+    monkeypatch.setattr(os, "sched_setscheduler", lambda *a: (_ for _ in ()).throw(PermissionError(1, "no")))
+    got = release_check({"state": "not built"}, two)
+    assert got["mode"] == "confined" and got["why"].startswith("SCHED_FIFO not permitted")
+    monkeypatch.undo()
+    monkeypatch.setenv("HARMONY_RELEASE_MODE", "confined")
+    assert release_check({"state": "not built"}, two)["why"] == "HARMONY_RELEASE_MODE=confined"
+    monkeypatch.setenv("HARMONY_RELEASE_MODE", "bogus")
+    assert release_check({"state": "not built"}, two)["status"] == "warn"
+    monkeypatch.delenv("HARMONY_RELEASE_MODE")
+    if os.geteuid() == 0:
+        before = os.sched_getscheduler(0)
+        assert release_check({"state": "not built"}, two)["mode"] == "occupied"
+        assert os.sched_getscheduler(0) == before       # the try is undone
