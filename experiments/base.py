@@ -16,6 +16,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from harmony.errors import ParameterError
+
 
 @dataclasses.dataclass(frozen=True)
 class Param:
@@ -155,8 +157,17 @@ class Experiment:
     def resolve(self, overrides: dict[str, Any], cpus: list[int]) -> dict:
         """Defaults for this CPU set, with ``overrides`` (strings or values) applied and checked.
 
-        Raises ValueError with a one-line message for an unknown or bad parameter.
+        Raises ParameterError (a ValueError) with a one-line message for an unknown or bad
+        parameter.
         """
+        try:
+            return self._resolve(overrides, cpus)
+        except ParameterError:
+            raise
+        except ValueError as exc:   # a parse, a check or validate(): the one error class
+            raise ParameterError(str(exc)) from None
+
+    def _resolve(self, overrides: dict[str, Any], cpus: list[int]) -> dict:
         known = {p.name: p for p in self.all_params()}
         unknown = sorted(set(overrides) - set(known))
         if unknown:
