@@ -111,10 +111,21 @@ def summary_text(run) -> str:
     out += ["", "measurement"] + ["  " + line for line in trust_lines(m)]
     notes = m.get("notes", [])
     out += ["", "notes"] + ([f"  - {n}" for n in notes] if notes else ["  - none: nothing was lost or repaired"])
-    out += ["", "figures"] + [f"  {run.path / f}" for f in m.get("figures", [])]
+    drawn, missing = figures_on_disk(run)
+    out += ["", "figures"] + [f"  {run.path / f}" for f in drawn]
     if m.get("figures_deferred"):
         out.append(f"  not drawn yet: `harmony report {run.path}` draws them")
+    if missing:
+        out.append(f"  missing: {', '.join(missing)} (`harmony report {run.path}` draws them again)")
     return "\n".join(out)
+
+
+def figures_on_disk(run) -> tuple[list[str], list[str]]:
+    """(the run's figures that are on disk, those its manifest lists but are not): a report names
+    only figures that exist."""
+    listed = run.manifest.get("figures", [])
+    drawn = [f for f in listed if (run.path / f).is_file()]
+    return drawn, [f for f in listed if f not in drawn]
 
 
 def write_report(run) -> None:
@@ -128,6 +139,9 @@ def write_report(run) -> None:
     notes = m.get("notes", [])
     md += ["## Notes", ""] + ([f"- {n}" for n in notes] if notes else ["- nothing was lost or repaired"])
     md += ["", "## Figures", ""]
-    for f in m.get("figures", []):
+    drawn, missing = figures_on_disk(run)
+    for f in drawn:
         md += [f"![{f}]({f})", ""]
+    if missing:
+        md += [f"Missing: {', '.join(missing)} (`harmony report` draws them again).", ""]
     atomic_write(run.path / "report.md", "\n".join(md) + "\n")

@@ -43,6 +43,8 @@ cpus_without_events      cpus
 realtime_tasks           pids
 tasks_outside_cpu_set    what (the description: pids, CPUs, t0)
 demand_unknown           (none)
+tables_rebuilt           tables ({table: why}): a complete run's tables found missing or
+                         unreadable, rebuilt from its raw capture
 =======================  ==========================================================================
 
 ``origin`` is "recorded" (a Harmony run on this host), "imported" (a trace recorded elsewhere) or
@@ -309,6 +311,9 @@ _WORDING = {
         f"tasks {n['pids']} have real-time priorities; their fair share is computed as if they "
         "were nice 0"),
     "tasks_outside_cpu_set": lambda n: n["what"],
+    "tables_rebuilt": lambda n: (
+        "rebuilt from the raw capture: " + "; ".join(f"{k}.parquet (was {v})"
+                                                     for k, v in n["tables"].items())),
     "demand_unknown": lambda n: ("fair shares assume every task wants a whole CPU (duty 100%): "
                                  "the trace does not say what the tasks demand"),
 }

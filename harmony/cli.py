@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from harmony import __version__
+from harmony.version import __version__
 from harmony.errors import HarmonyError, Interrupted, ParameterError
 
 
@@ -314,20 +314,20 @@ def report(run_dir, as_json):
 
     Given a batch (a suite configuration, or `run --repeat`): its aggregates and figures/reps.png.
     Given a suite: its policy card, and report.md / report.html written again."""
-    from harmony.analysis.report import summary_text, write_report
-    from harmony.store import load, why_incomplete
+    from harmony.analysis.report import figures_on_disk, summary_text, write_report
+    from harmony.pipeline import draw_figures, load
+    from harmony.store import why_incomplete
 
     if (run_dir / "batch.json").is_file():
         return _batch_report(run_dir, as_json)
     if (run_dir / "suite.json").is_file():
         return _suite_report(run_dir, as_json)
     with _errors():
-        run = load(run_dir, allow_incomplete=True)
+        run = load(run_dir, allow_incomplete=True)   # its tables checked, rebuilt if need be
         if not run.complete:
             _fail(f"{run_dir}: {why_incomplete(run.manifest)}; no report for an incomplete run")
-        if run.manifest.get("figures_deferred"):  # a later repetition of a batch: drawn on demand
-            from harmony.pipeline import draw_figures
-
+        # a later repetition of a batch (drawn on demand), or figures since removed
+        if run.manifest.get("figures_deferred") or figures_on_disk(run)[1]:
             draw_figures(run)
         write_report(run)
         if as_json:

@@ -32,7 +32,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-import harmony
 from harmony import store
 from harmony.analysis import reconstruct, trust
 from harmony.analysis.counters import counter_agreement, df_counter_agreement
@@ -47,6 +46,7 @@ from harmony.experiments import get_experiment
 from harmony.probes import Capture, get_probe
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0
 from harmony.timing import Laps
+from harmony.version import __version__
 
 #: origins of a capture (Origin.kind)
 ORIGINS = ("recorded", "imported", "simulated")
@@ -100,7 +100,7 @@ def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: in
     """The manifest every run directory starts with; ``facts`` adds origin-specific keys
     (``controller_pid``, ``source``, ``simulated``...)."""
     return {
-        "harmony_version": harmony.__version__,
+        "harmony_version": __version__,
         "experiment": experiment.name,
         "question": experiment.question,
         "params": params,
@@ -124,7 +124,8 @@ def now() -> str:
 # --- a capture stored on disk -------------------------------------------------------------------
 
 def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
-            origin: Origin | None = None, tasks: pd.DataFrame | None = None) -> store.Run:
+            origin: Origin | None = None, tasks: pd.DataFrame | None = None,
+            rebuilt: dict[str, str] | None = None) -> store.Run:
     """Decode ``run_dir``'s stored capture and analyse it (:func:`analyse_capture`).
 
     For a run recorded here or simulated: the raw capture under ``raw/<probe>/``, t0 / released /
@@ -132,6 +133,9 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
     own view, the workers' counters) unless ``origin`` and ``tasks`` hand them over in memory (the
     process that has just captured it). Refuses (RunError) a run whose capture did not finish: it stays
     marked incomplete. ``figures=False`` leaves the figures to :func:`draw_figures`.
+    ``rebuilt``: the tables of a complete run that were missing or unreadable ({table: why}),
+    rebuilt by this analysis (:func:`load`): its notes say so; a capture that cannot be decoded
+    then leaves the run as it was.
     """
     run_dir = Path(run_dir)
     manifest = store.read_json(run_dir / "manifest.json")
@@ -145,13 +149,15 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
     try:
         cap = get_probe(probe_name).decode_dir(run_dir / "raw" / probe_name)
     except ProbeError as exc:
-        _incomplete(run_dir, manifest, f"trace could not be decoded: {exc}")
+        if rebuilt is None:
+            _incomplete(run_dir, manifest, f"trace could not be decoded: {exc}")
         raise RunError(str(exc)) from None
     t0, released, end = (_marker(cap.markers, m) for m in (MARK_T0, MARK_RELEASED, MARK_END))
     missing = [name for name, v in (("t0", t0), ("end", end)) if v is None]
     if missing:
         why = f"markers missing from the trace: {', '.join(missing)}"
-        _incomplete(run_dir, manifest, why)
+        if rebuilt is None:
+            _incomplete(run_dir, manifest, why)
         raise RunError(f"{run_dir}: {why}")
     laps("decode")
     if origin is None:
@@ -160,10 +166,40 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
                         kernel_nr_running=_stored(run_dir, "kernel_nr_running"),
                         kernel_counters=_stored(run_dir, "kernel_counters"),
                         controller_tids=tuple(manifest.get("controller_tids", ())))
+    if rebuilt:
+        origin.notes.append(trust.note("tables_rebuilt", tables=rebuilt))
     if tasks is None:
         tasks = store.read_table(run_dir / "tasks.parquet")
     return analyse_capture(run_dir, manifest, cap, tasks, Window(t0, end, released), origin,
                            figures=figures, laps=laps)
+
+
+def load(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
+    """Open a run directory, verified (``harmony.load``, ``harmony report``).
+
+    As :func:`harmony.store.load`, and a complete run's tables are checked (each file's Parquet
+    footer and schema): a derived table that is missing or unreadable is rebuilt from the raw
+    capture (:func:`analyse`; the run's notes then say which and why). RunError naming what is
+    wrong when that cannot be done: a table of the capture's own (tasks, the kernel's view, the
+    workers' counters) is damaged, the raw capture does not decode (the file is named), or the
+    run was imported (its trace is imported again with ``harmony import``).
+    """
+    run = store.load(run_dir, allow_incomplete=allow_incomplete)
+    if not run.complete:
+        return run
+    problems = store.table_problems(run.path, store.held_tables(run.manifest, run.path))
+    if not problems:
+        return run
+    what = "; ".join(f"{name}.parquet {why}" for name, why in problems.items())
+    own = sorted(set(problems) - set(store.DERIVED_TABLES))
+    if own:
+        raise RunError(f"{run.path}: {what}: the capture's own tables ({', '.join(own)}) cannot "
+                       "be rebuilt")
+    source = run.manifest.get("source") or {}
+    if "imported" in source:
+        raise RunError(f"{run.path}: {what}: import {source['imported']} again (harmony import) "
+                       "to rebuild them")
+    return analyse(run.path, figures=not run.manifest.get("figures_deferred"), rebuilt=problems)
 
 
 def _marker(markers: pd.DataFrame, text: str) -> int | None:
@@ -207,6 +243,9 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         tables = derive_tables(cap, tasks, manifest["cpus"], window, manifest["params"]["window_s"])
         for name, df in tables.items():
             store.write_table(out, name, df)
+        own = {"kernel_samples": origin.kernel_samples, "kernel_counters": origin.kernel_counters,
+               "kernel_nr_running": origin.kernel_nr_running}
+        manifest["tables"] = ["tasks", *tables, *(k for k, v in own.items() if v is not None)]
         laps("tables")
         check(manifest, cap, tasks, window, origin, tables, out)
         laps("checks")

@@ -216,6 +216,40 @@ class Run:
         return f"<Run {self.path} {m.get('experiment')} {m.get('status')}>"
 
 
+#: the tables every analysed run holds (the pipeline's); a run that sampled the kernel's own view
+#: or read the workers' counters holds those too (manifest "tables" lists what a run holds)
+DERIVED_TABLES = ("events", "markers", "migrations", "runs", "runqueue", "allocation", "shares")
+
+
+def held_tables(manifest: dict, path: Path | None = None) -> list[str]:
+    """The tables a complete run directory must hold: those its manifest lists (``tables``, written
+    by the analysis since it lists them), else -- a run of an older Harmony -- the tasks, the
+    derived tables and whichever of the capture's own tables are there."""
+    if "tables" in manifest:
+        return list(manifest["tables"])
+    extra = [t for t in ("kernel_samples", "kernel_counters", "kernel_nr_running")
+             if path is not None and (Path(path) / f"{t}.parquet").exists()]
+    return ["tasks", *DERIVED_TABLES, *extra]
+
+
+def table_problems(path: Path, names) -> dict[str, str]:
+    """{table: what is wrong} for the tables of ``names`` in the run directory ``path`` that are
+    missing or unreadable (their Parquet footer and schema are read, not their data)."""
+    import pyarrow.parquet as pq
+
+    out = {}
+    for name in names:
+        f = Path(path) / f"{name}.parquet"
+        if not f.is_file():
+            out[name] = "missing"
+            continue
+        try:
+            pq.read_metadata(f)
+        except Exception as exc:  # pyarrow raises several types for a damaged file
+            out[name] = f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+    return out
+
+
 def load(run_dir, allow_incomplete: bool = False) -> Run:
     """Open a run directory written by ``harmony run``.
 

@@ -17,20 +17,20 @@ PACKAGES = {"harmony": "harmony", "probes": "harmony.probes", "experiments": "ha
             "analysis": "harmony.analysis"}
 
 #: The rooms, in the order data flows through them: a module may import from its own room and the
-#: rooms before it, never from a later one (README, "Layout of the code"). A module is in the room
-#: that names it most precisely: itself, else its longest package prefix ("harmony" alone is the
-#: package's own __init__ among the foundations, and every other harmony/ module in orchestration).
+#: rooms before it, never from a later one (README, "Layout of the code"). A name ending in ".*"
+#: is a package prefix, any other name one module; a module is in the room that names it most
+#: precisely (itself, else its longest prefix).
 ROOMS = [
-    ("foundations", ["harmony", "harmony.errors", "harmony.osutil", "harmony.timing",
-                     "harmony.jit", "harmony.memory", "harmony.columns", "harmony.tasks", "harmony.store",
-                     "harmony.hostfacts"]),
-    ("probes", ["harmony.probes"]),
-    ("analysis", ["harmony.analysis"]),
-    ("experiments", ["harmony.experiments"]),
+    ("foundations", ["harmony.errors", "harmony.osutil", "harmony.version", "harmony.timing",
+                     "harmony.jit", "harmony.memory", "harmony.columns", "harmony.tasks",
+                     "harmony.store", "harmony.hostfacts"]),
+    ("probes", ["harmony.probes.*"]),
+    ("analysis", ["harmony.analysis.*"]),
+    ("experiments", ["harmony.experiments.*"]),
     ("inference and reports", ["harmony.analysis.policy", "harmony.analysis.compare",
                                "harmony.analysis.report", "harmony.analysis.report_suite"]),
-    ("orchestration", ["harmony"]),
-    ("command line", ["harmony.cli"]),
+    ("orchestration", ["harmony.*"]),
+    ("entry points", ["harmony.cli", "harmony"]),     # the command, and harmony.load
 ]
 
 
@@ -76,12 +76,14 @@ def _room(module: str) -> int:
     """The room of a module (see ROOMS)."""
     best, best_len = None, -1
     for k, (_, names) in enumerate(ROOMS):
-        for p in names:
-            exact = module == p
-            if k == 0 and not exact:      # the foundations are named one by one
-                continue
-            if (exact or module.startswith(p + ".")) and len(p) + exact > best_len:
-                best, best_len = k, len(p) + exact
+        for name in names:
+            if name.endswith(".*"):
+                hit = module == name[:-2] or module.startswith(name[:-1])
+                length = len(name) - 2
+            else:
+                hit, length = module == name, 1 << 16
+            if hit and length > best_len:
+                best, best_len = k, length
     return best
 
 
