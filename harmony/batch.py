@@ -351,7 +351,7 @@ def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner
     other run's are left to ``harmony report RUN``.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    store.make_run_dir(out)
     reps = []
     for k in range(1, repeat + 1):
         d = rep_dir(out, k)

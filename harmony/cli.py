@@ -54,6 +54,9 @@ def _fail(msg: str, code: int = 1):
 def _check_out(out: Path) -> None:
     """Refuse, in one line and before anything starts, an --out that cannot be a directory Harmony
     writes: a file in the way, or no writable directory where it would be made."""
+    if out.is_symlink():
+        raise click.BadParameter(f"{out} is a symbolic link: Harmony does not write through one",
+                                 param_hint="--out")
     if out.exists() and not out.is_dir():
         raise click.BadParameter(f"{out} exists and is not a directory", param_hint="--out")
     base = out if out.exists() else next((a for a in out.absolute().parents if a.exists()), None)
@@ -373,8 +376,12 @@ def _batch_report(out: Path, as_json: bool):
 @main.command()
 def clean():
     """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers, cpuset cgroups)."""
+    from harmony.hostfacts import is_root
     from harmony.hygiene import HostLock, reclaim_stale
 
+    if not is_root():
+        _fail("clean needs root: what a killed run leaves (tracing instances, cgroups, workers) "
+              "is root's to remove")
     with _errors(), HostLock():
         removed = reclaim_stale()
     click.echo("\n".join(f"removed {r}" for r in removed) if removed else "nothing to clean")

@@ -394,9 +394,15 @@ def _verdict(facts: dict, probes: list) -> dict:
     reasons = []
     if not can_run:
         if not root:
-            reasons.append(f"not running as root (euid {facts['root'].get('euid')}): recording needs root")
+            reasons.append(f"not running as root (euid {facts['root'].get('euid')}): recording needs "
+                           f"root; without it: {', '.join(WITHOUT_ROOT)}")
         reasons += list(unavailable.values())
     return {"can_run": can_run, "probes": usable, "reasons": reasons, "unavailable": unavailable}
+
+
+#: what a user who is not root can still do (no command among these needs root)
+WITHOUT_ROOT = ("harmony import (a trace from elsewhere)", "report", "infer", "compare",
+                "simulate", "export", "list")
 
 
 def doctor(mount: bool = True, test_record: bool = True) -> dict:

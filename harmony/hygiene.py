@@ -17,7 +17,7 @@ from pathlib import Path
 from harmony import cpuset
 from harmony.errors import HostBusy  # noqa: F401  (raised here)
 from harmony.forkserver import COMM as SERVER_COMM
-from harmony.osutil import LOCK_DIRS
+from harmony.osutil import lock_dir, open_own_file
 from harmony.probes import PROBES, get_probe
 
 WORKER_PREFIX = "hmy-"
@@ -31,16 +31,11 @@ class HostLock:
         self.path: Path | None = None
 
     def acquire(self) -> "HostLock":
-        for d in LOCK_DIRS:
-            try:
-                d.mkdir(parents=True, exist_ok=True)
-                self.path = d / "run.lock"
-                self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-                break
-            except OSError:
-                continue
-        else:
-            raise HostBusy("cannot create a lock file under /run or /tmp")
+        try:
+            self.path = lock_dir() / "run.lock"
+            self.fd = open_own_file(self.path)
+        except OSError as exc:
+            raise HostBusy(f"cannot take the host lock: {exc}") from None
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

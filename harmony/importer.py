@@ -420,7 +420,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         overrides["layout"] = ",".join(str(int((where == c).sum())) for c in cpu_set)
     values = exp.resolve(overrides, cpu_set)
 
-    out.mkdir(parents=True, exist_ok=True)
+    store.make_run_dir(out)
     manifest = pipeline.new_manifest(
         exp, values, cpu_set, f"import:{kind}", None,
         host={"kernel": meta.get("kernel") or "?", "scheduler": "? (recorded elsewhere)",

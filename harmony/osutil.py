@@ -8,7 +8,8 @@ import it, and they must stay small.
 - futexes: :func:`futex` (shared futex words, ``FUTEX_WAIT`` / ``FUTEX_WAKE``)
 - CPU lists: :func:`parse_cpulist`, :func:`format_cpulist`, :func:`read_cpulist_file`,
   :func:`online_cpus`
-- where Harmony keeps its host lock and markers: :data:`LOCK_DIRS`, :func:`lock_dir`
+- directories and files it creates, never through a planted link: :func:`own_dir`,
+  :func:`open_own_file`; its host lock and markers: :data:`LOCK_DIRS`, :func:`lock_dir`
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import platform
 import re
 import signal
+import stat
 from pathlib import Path
 
 try:
@@ -181,11 +183,60 @@ def online_cpus(sysfs: str | Path = SYSFS) -> list[int]:
 
 
 # --------------------------------------------------------------------------------------------
+# directories and files Harmony creates: never through a link someone planted at their path
+
+DIR_MODE = 0o755
+
+
+def own_dir(path: Path, owner: bool = True) -> Path:
+    """Create the directory ``path`` (and its missing parents) with mode 0755 whatever the umask,
+    or take it as it is; either way check, without following a symbolic link, that it is a
+    directory -- not a link -- owned by this user and writable by it alone. OSError (naming the
+    path and what is wrong) otherwise: a link or a directory planted in a shared place such as
+    /tmp would make a root process write where someone else chose.
+
+    Only the last component is checked (its parents may be anyone's: a user's home). ``owner``:
+    it must be this user's (a lock directory); False: any owner's (a run directory the user made,
+    for root to write in), but never a link and never writable by others."""
+    path = Path(path)
+    if not path.parent.exists():
+        os.makedirs(path.parent, mode=DIR_MODE, exist_ok=True)
+    try:
+        os.mkdir(path, DIR_MODE)
+        os.chmod(path, DIR_MODE)          # the umask may have removed bits, never added them
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        raise OSError(f"{path} is a symbolic link (to {os.readlink(path)}): not followed")
+    if not stat.S_ISDIR(st.st_mode):
+        raise OSError(f"{path} exists and is not a directory")
+    if owner and st.st_uid != os.geteuid():
+        raise OSError(f"{path} is owned by uid {st.st_uid}, not by this user ({os.geteuid()})")
+    if st.st_mode & 0o022:
+        raise OSError(f"{path} is writable by others (mode {st.st_mode & 0o777:o})")
+    return path
+
+
+def open_own_file(path: Path, flags: int = os.O_RDWR | os.O_CREAT, mode: int = 0o644) -> int:
+    """os.open of a file in a directory of :func:`own_dir`, never through a symbolic link at its
+    path (O_NOFOLLOW); OSError if it is one."""
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+# --------------------------------------------------------------------------------------------
 # where Harmony keeps its host lock (harmony.hygiene) and the cpuset marker (harmony.cpuset)
 
 LOCK_DIRS = (Path("/run/harmony"), Path("/tmp/harmony"))
 
 
 def lock_dir() -> Path:
-    """The first of :data:`LOCK_DIRS` that exists, else the first (to be made)."""
-    return next((d for d in LOCK_DIRS if d.is_dir()), LOCK_DIRS[0])
+    """The first of :data:`LOCK_DIRS` that is, or can be made, a directory of this user's own
+    (:func:`own_dir`); OSError naming each one's problem if none can."""
+    problems = []
+    for d in LOCK_DIRS:
+        try:
+            return own_dir(d)
+        except OSError as exc:
+            problems.append(str(exc))
+    raise OSError("no lock directory: " + "; ".join(problems))

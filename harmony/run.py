@@ -94,7 +94,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     # a refused run (HostBusy) leaves no trace, not even its directory
     lock = None if lock_held else HostLock().acquire()
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        store.make_run_dir(out)
         manifest = pipeline.new_manifest(experiment, params, cpus, probe_name, seed, facts or {},
                                          controller_pid=os.getpid())
         store.write_json(out / "manifest.json", manifest)

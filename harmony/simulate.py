@@ -32,7 +32,7 @@ def capture(policy: Policy, exp, params: dict, cpus: list[int], out: Path,
     tasks table and the manifest.
     """
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    store.make_run_dir(out)
     params = {**params, **exp.draw(params, cpus, seed)}
     specs = exp.tasks(params, cpus)
     sim = Simulator(policy, specs, cpus, params["duration"], seed)

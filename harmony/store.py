@@ -32,9 +32,19 @@ import numpy as np
 import pandas as pd
 
 from harmony.errors import RunError  # noqa: F401  (raised here)
+from harmony.osutil import own_dir
 
 TABLES = ("tasks", "migrations", "runs", "runqueue", "allocation", "shares", "kernel_samples",
           "kernel_counters", "markers", "events")
+
+
+def make_run_dir(path: Path) -> Path:
+    """Create a run (or suite, batch, output) directory, mode 0755, never through a symbolic
+    link planted at its path and never one that others may write in (RunError naming it)."""
+    try:
+        return own_dir(path, owner=False)
+    except OSError as exc:
+        raise RunError(str(exc)) from None
 
 
 def atomic_write(path: Path, data: bytes | str) -> None:

@@ -166,7 +166,7 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     from harmony.experiments import get_experiment
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    store.make_run_dir(out)
     total_runs = sum(c.repeat for c in configs)
     configured = sum(c.configured_s for c in configs)
     record = {"cpus": cpus, "quick": None, "configs": [dataclasses.asdict(c) for c in configs],

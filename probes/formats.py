@@ -270,7 +270,32 @@ def eval_c_int_expr(expr: str) -> int:
             raise FormatError(f"not a constant expression: {expr!r}")
         if isinstance(node, ast.Constant) and not isinstance(node.value, int):
             raise FormatError(f"not a constant expression: {expr!r}")
-    return int(eval(compile(tree, "<c-expr>", "eval"), {"__builtins__": {}}, {}))
+    return _value(tree.body, expr)
+
+
+#: the operators of a constant C integer expression; a shift is by at most 64 bits and every
+#: value fits 65 bits, as C's (a format file's text is never evaluated by Python itself)
+_BINARY = {ast.BitOr: int.__or__, ast.BitAnd: int.__and__, ast.BitXor: int.__xor__,
+           ast.LShift: int.__lshift__, ast.RShift: int.__rshift__, ast.Add: int.__add__,
+           ast.Sub: int.__sub__, ast.Mult: int.__mul__}
+_UNARY = {ast.Invert: int.__invert__, ast.USub: int.__neg__, ast.UAdd: int.__pos__}
+_C_BITS = 65
+
+
+def _value(node, expr: str) -> int:
+    """The value of a checked constant expression's node."""
+    if isinstance(node, ast.Constant):
+        value = node.value
+    elif isinstance(node, ast.UnaryOp):
+        value = _UNARY[type(node.op)](_value(node.operand, expr))
+    else:
+        left, right = _value(node.left, expr), _value(node.right, expr)
+        if isinstance(node.op, (ast.LShift, ast.RShift)) and not 0 <= right <= 64:
+            raise FormatError(f"shift by {right} in {expr!r}")
+        value = _BINARY[type(node.op)](left, right)
+    if value.bit_length() > _C_BITS:
+        raise FormatError(f"value out of range in {expr!r}")
+    return value
 
 
 def _term_before(s: str, end: int) -> str:

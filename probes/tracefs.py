@@ -15,6 +15,7 @@ import contextlib
 import errno
 import json
 import os
+import subprocess
 import shutil
 import threading
 import time
@@ -73,7 +74,7 @@ def _expert_options(buffer_kb: int | None, drain_stall: tuple[float, float] | No
 def tracefs_root() -> Path:
     """The mounted tracefs, mounting it if it is not (root only)."""
     if not (TRACEFS / "instances").is_dir():
-        os.system(f"mount -t tracefs nodev {TRACEFS} >/dev/null 2>&1")
+        subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], capture_output=True)
     if not (TRACEFS / "instances").is_dir():
         raise ProbeError(f"tracefs is not mounted at {TRACEFS} and could not be mounted")
     return TRACEFS

@@ -21,6 +21,7 @@ import functools
 import importlib.util
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -68,7 +69,7 @@ def kernel_skip_reason() -> str | None:
     if os.geteuid() != 0:
         return "kernel tests need root"
     if not (TRACEFS / "events").is_dir():
-        os.system("mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null")
+        subprocess.run(["mount", "-t", "tracefs", "nodev", str(TRACEFS)], capture_output=True)
         if not (TRACEFS / "events").is_dir():
             return "tracefs is not mounted and cannot be mounted"
     if not (TRACEFS / "events/sched/sched_switch").is_dir():
