@@ -58,6 +58,11 @@ class SimRunner:
     def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
         simulate.execute(self.policy, exp, params, cpus, out, seed, figures=figures)
 
+    def adopt(self, dirs: list[str], figures: bool = True) -> None:
+        """Analyse captures already stored (a resumed suite), in order."""
+        for d in dirs:
+            analyse(Path(d), figures=figures)
+
     def drain(self) -> list[dict]:
         return []
 
@@ -160,7 +165,11 @@ class KernelRunner:
         capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True, lock_held=True,
                 **hold)
         jobs.append(str(out))
-        self.pending.append((jobs, figures))
+        self.adopt(jobs, figures)
+
+    def adopt(self, dirs: list[str], figures: bool = True) -> None:
+        """Analyse these stored captures (in order: companions first) as if just captured."""
+        self.pending.append((list(dirs), figures))
         self._hand_out()
 
     def _hand_out(self) -> None:
@@ -343,28 +352,66 @@ def _analyser_main() -> int:
 
 
 def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner, seed: int = 0,
-              progress=None, draw_first: bool = True) -> list[Path]:
+              progress=None, draw_first: bool = True, resume: bool = False) -> list[Path]:
     """Capture ``repeat`` runs into ``out/rep-NN`` (seed, seed+1, ...). Returns the rep dirs.
 
     Analysis happens in the runner (maybe in the background): call :func:`finish_batch` once the
     runner is drained. The figures of the first repetition are drawn if ``draw_first``; every
     other run's are left to ``harmony report RUN``.
+
+    ``resume``: a repetition already there is not captured again if it is complete (nor analysed)
+    or captured (then only analysed); any other (interrupted, incomplete) is moved aside to
+    ``rep-NN.incomplete-K`` -- kept, never deleted -- and captured anew.
     """
     out = Path(out)
     store.make_run_dir(out)
     reps = []
+    seconds = float(params["duration"]) * (1 + len(exp.companions(params)))
     for k in range(1, repeat + 1):
         d = rep_dir(out, k)
+        figures = draw_first and k == 1
+        state = _rep_state(d) if resume else None
         if progress:
-            progress.show(f"{out.name} rep {k}/{repeat}")
-        runner.capture(exp, params, cpus, d, seed + k - 1, figures=draw_first and k == 1)
+            progress.show(f"{out.name} rep {k}/{repeat}" + (f" ({state})" if state else ""))
+        if state == "captured":             # analysed, not captured again
+            runner.adopt([str(d / name) for name in exp.companions(params)] + [str(d)], figures)
+        elif state != "complete":
+            if state is not None:
+                _move_aside(d)
+            runner.capture(exp, params, cpus, d, seed + k - 1, figures=figures)
         if progress:
-            progress.finished(float(params["duration"]) * (1 + len(exp.companions(params))))
+            progress.finished(seconds)
         reps.append(d)
     store.write_json(out / "batch.json", {"experiment": exp.name, "params": params, "cpus": cpus,
                                           "repeat": repeat, "reps": [d.name for d in reps],
                                           "status": "captured"})
     return reps
+
+
+def _rep_state(d: Path) -> str | None:
+    """What a resumed batch finds at ``d``: None (nothing), "complete", "captured" (its
+    companions too), else "interrupted" (running, incomplete, unreadable)."""
+    if not d.exists():
+        return None
+    try:
+        dirs = [p.parent for p in d.rglob("manifest.json")]
+        states = {store.read_json(m / "manifest.json").get("status") for m in dirs}
+    except store.RunError:
+        return "interrupted"
+    if states == {"complete"}:
+        return "complete"
+    if states and states <= {"complete", "captured"}:
+        return "captured"
+    return "interrupted"
+
+
+def _move_aside(d: Path) -> Path:
+    """Rename an interrupted repetition out of the way (kept: nothing written is lost)."""
+    k = 1
+    while (aside := d.with_name(f"{d.name}.incomplete-{k}")).exists():
+        k += 1
+    d.rename(aside)
+    return aside
 
 
 def finish_batch(out: Path, figures: bool = True) -> dict:

@@ -33,17 +33,31 @@ def exit_status(exc: BaseException, inputs: tuple = ()) -> int:
 
 
 @contextlib.contextmanager
-def _errors(marked: str | None = None, also: tuple = (), inputs: tuple = ()):
+def _errors(marked=None, also: tuple = (), inputs: tuple = ()):
     """Every command's errors: Harmony's (and ``also`` these types) become one line and the
-    status :func:`exit_status` gives; ``marked`` says what an interrupted command leaves behind
-    ("<dir> is marked incomplete")."""
+    status :func:`exit_status` gives; ``marked`` (a string, or a function giving one) says what an
+    interrupted command leaves behind ("<dir> is marked incomplete")."""
     try:
         yield
     except (KeyboardInterrupt, HarmonyError, *also, *inputs) as exc:
-        msg = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
+        msg = ("interrupted" if isinstance(exc, KeyboardInterrupt) else
+               f"{exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}"
+               if isinstance(exc, OSError) else str(exc))
         if marked and isinstance(exc, (KeyboardInterrupt, Interrupted)):
-            msg = f"{msg}; {marked}"
+            said = marked() if callable(marked) else marked
+            msg = f"{msg}; {said}" if said else msg
         _fail(msg, exit_status(exc, inputs))
+
+
+def _left(out: Path) -> str:
+    """What a run stopped half-way left in ``out``, in a few words (its manifest says)."""
+    try:
+        status = json.loads((out / "manifest.json").read_text()).get("status")
+    except (OSError, ValueError):
+        return "nothing was started" if not out.exists() else f"{out} holds no run"
+    if status == "captured":
+        return f"{out} holds the capture, not analysed (`harmony report {out}` analyses it)"
+    return f"{out} is {'complete' if status == 'complete' else 'marked incomplete'}"
 
 
 def _fail(msg: str, code: int = 1):
@@ -270,7 +284,7 @@ def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, rep
 
     progress = Progress(repeat, repeat * values["duration"], quiet=quiet)
     try:
-        with _errors(marked=f"the current run under {out} is marked incomplete"):
+        with _errors(marked=f"the current run under {out} is marked incomplete", also=(OSError,)):
             with KernelRunner(probe, facts, overlap=False, cpus=cpu_set) as runner:
                 run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed, progress=progress)
     finally:
@@ -304,7 +318,7 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
     from harmony.analysis.report import summary_text
     from harmony.run import execute
 
-    with _errors(marked=f"{out} is marked incomplete"):
+    with _errors(marked=lambda: _left(out), also=(OSError,)):
         result = execute(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=crosscheck)
     click.echo(summary_text(result))
 
@@ -318,15 +332,17 @@ def report(run_dir, as_json):
     Given a batch (a suite configuration, or `run --repeat`): its aggregates and figures/reps.png.
     Given a suite: its policy card, and report.md / report.html written again."""
     from harmony.analysis.report import figures_on_disk, summary_text, write_report
-    from harmony.pipeline import draw_figures, load
+    from harmony.pipeline import analyse, draw_figures, load
     from harmony.store import why_incomplete
 
     if (run_dir / "batch.json").is_file():
         return _batch_report(run_dir, as_json)
     if (run_dir / "suite.json").is_file():
         return _suite_report(run_dir, as_json)
-    with _errors():
+    with _errors(also=(OSError,)):
         run = load(run_dir, allow_incomplete=True)   # its tables checked, rebuilt if need be
+        if run.manifest.get("status") == "captured":  # never analysed (a full disk, a crash)
+            run = analyse(run_dir)
         if not run.complete:
             _fail(f"{run_dir}: {why_incomplete(run.manifest)}; no report for an incomplete run")
         # a later repetition of a batch (drawn on demand), or figures since removed
@@ -593,22 +609,39 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
                    "analyser is stopped while a run is measured); always: also during them")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
-def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
+@click.option("--resume", is_flag=True,
+              help="continue the interrupted suite in --out: its plan, CPU set and seed; complete "
+                   "runs kept, captured ones analysed, interrupted ones moved aside and run again")
+def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume):
     """Run the whole catalog with repetitions and write one report (policy card first)."""
     from harmony.batch import KernelRunner
-    from harmony.suite import cpu_limits, plan, run_suite
+    from harmony.suite import cpu_limits, plan, resume_plan, run_suite
 
     _check_release_options()
-    cpu_set = resolve_cpus(cpus)
-    try:
-        configs = plan(cpu_set, quick=quick, repeat=repeat, experiments=list(experiments) or None)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    if out is None:
-        out = Path("runs") / f"suite-{datetime.datetime.now():%Y%m%d-%H%M%S}"
-    _check_out(out)
-    if out.exists() and any(out.iterdir()):
-        raise click.BadParameter(f"{out} is not empty; choose another --out", param_hint="--out")
+    if resume:
+        given = [o for o, v in (("--quick", quick), ("--cpus", cpus), ("--repeat", repeat),
+                                ("--experiment", experiments), ("--seed", seed)) if v]
+        if out is None or given:
+            raise click.UsageError("--resume takes the plan, CPU set and seed of the suite in "
+                                   "--out: give --out DIR and none of " + ", ".join(
+                                       given or ["--quick, --cpus, --repeat, --experiment, --seed"]))
+        with _errors(inputs=(OSError,)):
+            configs, cpu_set, before = resume_plan(out)
+        seed = before.get("seed", 0)
+        resolve_cpus(",".join(map(str, cpu_set)))       # still online
+    else:
+        cpu_set = resolve_cpus(cpus)
+        try:
+            configs = plan(cpu_set, quick=quick, repeat=repeat,
+                           experiments=list(experiments) or None)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+        if out is None:
+            out = Path("runs") / f"suite-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+        _check_out(out)
+        if out.exists() and any(out.iterdir()):
+            raise click.BadParameter(f"{out} is not empty; choose another --out (or --resume)",
+                                     param_hint="--out")
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
     from harmony.osutil import online_cpus
@@ -626,10 +659,12 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet):
     for line in limits:
         click.echo(f"note: {line}", err=True)
     runner = KernelRunner(probe, facts, overlap=overlapped, cpus=cpu_set, pause=paused)
-    with _errors(marked=f"{out} holds the runs finished so far"):
+    with _errors(marked=f"{out} holds the runs finished so far (`harmony suite --out {out} "
+                        "--resume` goes on)", also=(OSError,)):
         record = run_suite(configs, cpu_set, out, runner,
                            facts={k: v for k, v in facts.items() if k != "doctor"},
-                           seed=seed, quiet=quiet, card_note=" ".join(limits) or None)
+                           seed=seed, quiet=quiet, card_note=" ".join(limits) or None,
+                           resume=resume)
     from harmony.analysis.policy import infer as infer_card
 
     click.echo(infer_card([out]).text())
@@ -648,13 +683,28 @@ def entry() -> None:
     output is flushed."""
     import atexit
     import os
+    import signal
     import threading
 
+    def stopped(signum, frame):     # anywhere a command has not put a handler of its own
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}", signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stopped)
     try:
-        main()
-        code = 0
+        code = main(standalone_mode=False)      # click's own errors are shown below
+        code = code if isinstance(code, int) else 0
     except SystemExit as exc:
         code = exc.code
+    except click.ClickException as exc:        # a usage error: click's message, status 2
+        exc.show()
+        code = exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt, Interrupted) as exc:
+        # Ctrl-C or SIGTERM where no command caught it (starting up, reading the host...)
+        stop = exc if isinstance(exc, Interrupted) else KeyboardInterrupt()
+        click.echo(f"harmony: error: {'interrupted' if isinstance(stop, KeyboardInterrupt) else stop}",
+                   err=True)
+        code = exit_status(stop)
     if code is None:
         code = 0
     elif not isinstance(code, int):

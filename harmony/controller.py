@@ -192,6 +192,7 @@ class Workload:
             raise ControllerError(f"no futex system call number known for {platform.machine()}")
         self.pids: list[int] = []
         self._unreaped: set[int] = set()
+        self._statuses: dict[int, int] = {}   # exited workers' wait statuses, reaped
         self.pgid: int | None = None
         self.notes: list[str] = []
         self.cpusets: CpusetGroups | None = None
@@ -515,6 +516,27 @@ class Workload:
     def alive(self) -> list[int]:
         """Pids of workers that have not exited (zombies excluded)."""
         return [pid for pid in self.pids if _state(pid) not in (None, b"Z", b"X")]
+
+    def unexpected_exits(self) -> list[str]:
+        """Workers that are gone but were not meant to go (by a signal, an error, or without a
+        stop_after_s: someone killed them), each said in a few words; none while all run as
+        designed. Reaps those that exited (their status is kept for :meth:`stop`)."""
+        self._statuses.update(self._exited())
+        out = []
+        for pid, spec in zip(self.pids, self.specs):
+            status = self._statuses.get(pid)
+            if status is None:
+                continue
+            if os.WIFSIGNALED(status):
+                how = f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+            elif os.WEXITSTATUS(status) != 0:
+                how = f"exited with status {os.WEXITSTATUS(status)}"
+            elif spec.stop_after_s is None:
+                how = "exited (it was to run to the end)"
+            else:
+                continue        # stopped when the experiment asked it to
+            out.append(f"{spec.comm} (pid {pid}) {how}")
+        return out
 
     def work_done(self) -> np.ndarray:
         """Work loops completed by each worker so far (units of SPIN_UNIT iterations)."""

@@ -20,6 +20,7 @@ import platform
 import re
 import signal
 import stat
+import tempfile
 from pathlib import Path
 
 try:
@@ -222,6 +223,31 @@ def open_own_file(path: Path, flags: int = os.O_RDWR | os.O_CREAT, mode: int = 0
     """os.open of a file in a directory of :func:`own_dir`, never through a symbolic link at its
     path (O_NOFOLLOW); OSError if it is one."""
     return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+#: the files Harmony writes: readable by every user (a report, an import, a card need no root),
+#: written by their owner alone
+FILE_MODE = 0o644
+
+
+def atomic_write(path: Path, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, FILE_MODE)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 # --------------------------------------------------------------------------------------------

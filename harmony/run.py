@@ -19,7 +19,7 @@ import pandas as pd
 
 from harmony import pipeline, store
 from harmony.controller import Workload, lower_threads, raise_threads
-from harmony.errors import Interrupted  # noqa: F401  (raised here)
+from harmony.errors import ControllerError, Interrupted, RunError  # noqa: F401  (Interrupted: raised here)
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.memory import stop_prefault
 from harmony.probes import ProbeError, get_probe, proc_sched
@@ -94,7 +94,15 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     # a refused run (HostBusy) leaves no trace, not even its directory
     lock = None if lock_held else HostLock().acquire()
     try:
+        made = not out.exists()
         store.make_run_dir(out)
+        try:
+            # what a recording that fills the disk leaves room for: the manifest saying so
+            reserve = store.SpaceReserve(out)
+        except RunError:
+            if made:
+                out.rmdir()      # refused before anything started: nothing left behind
+            raise
         manifest = pipeline.new_manifest(experiment, params, cpus, probe_name, seed, facts or {},
                                          controller_pid=os.getpid())
         store.write_json(out / "manifest.json", manifest)
@@ -165,6 +173,10 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             counters.take("end")
         manifest["work_done"] = workload.work_done().tolist()
         manifest["workers_alive_at_end"] = len(workload.alive())
+        gone = workload.unexpected_exits()
+        if gone:    # the workload the experiment describes did not run: not a result
+            raise ControllerError(f"{len(gone)} worker(s) died during the run, not by the "
+                                  f"experiment's design: {'; '.join(gone[:3])}")
         manifest["controller_notes"] = workload.notes
         manifest["release_method"] = workload.release_method  # cpuset or affinity (harmony.controller)
         manifest["release_mode"] = workload.release_mode  # occupied or confined (harmony.controller)
@@ -221,6 +233,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         for s, h in old_handlers.items():
             signal.signal(s, h)
         manifest["ended_at"] = pipeline.now()
+        reserve.release()
         store.write_json(out / "manifest.json", manifest)
     return Captured(out, manifest, tasks, origin)
 

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.errors import RunError  # noqa: F401  (raised here)
-from harmony.osutil import own_dir
+from harmony.osutil import FILE_MODE, atomic_write, open_own_file, own_dir  # noqa: F401
 
 TABLES = ("tasks", "migrations", "runs", "runqueue", "allocation", "shares", "kernel_samples",
           "kernel_counters", "markers", "events")
@@ -47,23 +47,36 @@ def make_run_dir(path: Path) -> Path:
         raise RunError(str(exc)) from None
 
 
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
+#: disk space a run holds back from the start, for its manifest's last write on a full disk
+RESERVE_BYTES = 256 << 10
+
+
+class SpaceReserve:
+    """Disk space held back in ``directory`` (a file of ``nbytes``, allocated now), so that a run
+    whose recording fills the disk can still write its last words (its manifest, saying why it is
+    incomplete) after :meth:`release`. RunError if the disk has not even that much free."""
+
+    def __init__(self, directory: Path, nbytes: int = RESERVE_BYTES):
+        self.path: Path | None = Path(directory) / ".harmony-reserve"
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+            fd = open_own_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            self.release()
+            raise RunError(f"{directory}: cannot set {nbytes >> 10} KiB aside for the run's "
+                           f"manifest ({exc.strerror or exc})") from None
+
+    def release(self) -> None:
+        """Give the space back (idempotent)."""
+        if self.path is not None:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            self.path = None
 
 
 def json_default(obj):
@@ -94,6 +107,7 @@ def write_table(run_dir: Path, name: str, df: pd.DataFrame) -> None:
     """Store ``df`` as ``name.parquet`` atomically (docstring-documented columns travel in attrs)."""
     path = Path(run_dir) / f"{name}.parquet"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.fchmod(fd, FILE_MODE)
     os.close(fd)
     try:
         import pyarrow.parquet as pq
@@ -279,6 +293,8 @@ def why_incomplete(manifest: dict) -> str:
     """"run is <status> (<why>)" for a run that is not complete."""
     status = manifest.get("status")
     why = manifest.get("incomplete_reason", "the run did not finish")
+    if status == "captured":
+        why = "captured, not analysed yet: `harmony report` analyses it"
     if status == "running" and not _alive(manifest.get("controller_pid")):
         why = "its controller is gone: killed before it could finish"
     return f"run is {status or 'of unknown status'} ({why})"

@@ -156,11 +156,14 @@ class Progress:
 
 
 def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, facts: dict | None = None,
-              seed: int = 0, quiet: bool = False, card_note: str | None = None) -> dict:
+              seed: int = 0, quiet: bool = False, card_note: str | None = None,
+              resume: bool = False) -> dict:
     """Run every configuration with ``runner`` (see :mod:`harmony.batch`) and write the report.
 
     ``runner.capture(exp, params, cpus, out, seed)`` records one run (real or simulated) and
     ``runner.analyse(out)`` analyses it. Returns the suite record (also written as suite.json).
+    ``resume``: ``out`` holds a suite that was interrupted (:func:`resume_plan` gives its
+    configurations): its complete runs are kept as they are, captured ones only analysed.
     """
     from harmony import batch
     from harmony.experiments import get_experiment
@@ -172,7 +175,11 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     record = {"cpus": cpus, "quick": None, "configs": [dataclasses.asdict(c) for c in configs],
               "configured_s": configured, "runner": runner.name, "host": facts or {},
               "card_note": card_note,     # `harmony report SUITE` writes the report with it again
-              "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+              "seed": seed, "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if resume:
+        before = store.read_json(out / "suite.json")
+        record["started_at"] = before.get("started_at")
+        record["resumed_at"] = before.get("resumed_at", []) + [time.strftime("%Y-%m-%dT%H:%M:%S%z")]
     store.write_json(out / "suite.json", record)
     progress = Progress(total_runs, configured, quiet=quiet)
     # the report's modules (matplotlib: ~0.5 s) are imported while the analysis runs after the
@@ -187,7 +194,7 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
                 exp = get_experiment(cfg.experiment)
                 try:
                     batch.run_batch(exp, cfg.params, cpus, out / cfg.label, cfg.repeat, runner,
-                                    seed=seed, progress=progress, draw_first=False)
+                                    seed=seed, progress=progress, draw_first=False, resume=resume)
                 except (store.RunError, RuntimeError, ValueError) as exc:
                     failures.append({"config": cfg.label, "error": str(exc)})
                 batches.append(out / cfg.label)
@@ -213,6 +220,17 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     record["wall_with_report_s"] = time.monotonic() - t_start
     store.write_json(out / "suite.json", record)
     return record
+
+
+def resume_plan(out: Path) -> tuple[list[Config], list[int], dict]:
+    """(configurations, CPU set, the suite record) of the suite in ``out``, to resume it; RunError
+    naming the directory if it holds no suite, or a finished one."""
+    record = store.read_json(Path(out) / "suite.json")
+    if record.get("status") == "complete":
+        raise store.RunError(f"{out}: the suite is complete: nothing to resume")
+    fields = {f.name for f in dataclasses.fields(Config)}
+    configs = [Config(**{k: v for k, v in c.items() if k in fields}) for c in record["configs"]]
+    return configs, list(record["cpus"]), record
 
 
 def _import_report():

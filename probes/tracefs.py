@@ -23,7 +23,7 @@ from pathlib import Path
 
 from harmony import hostfacts
 from harmony.hostfacts import MISSING, OK, WARN, check
-from harmony.osutil import pid_alive
+from harmony.osutil import atomic_write, pid_alive
 from harmony.probes.base import (
     REQUIRED_TRACEPOINTS,
     Capture,
@@ -497,7 +497,9 @@ class TracefsProbe(Probe):
             d.stopping.set()
         for d in self._drains:
             d.join()
-            if d.error is not None:
+            if isinstance(d.error, OSError) and d.error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+                errors.append(f"writing {d.dst}: {d.error.strerror}")     # a full disk, most likely
+            elif d.error is not None:
                 errors.append(f"{d.name}: {d.error}")
         self.meta["stats"] = {}
         base = self._stats_at_start or {}
@@ -531,7 +533,10 @@ class TracefsProbe(Probe):
                 remove_instance(inst)
         finally:
             if self.out_dir.is_dir():
-                (self.out_dir / "meta.json").write_text(json.dumps(self.meta, indent=1))
+                try:
+                    atomic_write(self.out_dir / "meta.json", json.dumps(self.meta, indent=1))
+                except OSError as exc:       # e.g. a full disk: the run says so, and is incomplete
+                    errors.append(f"writing {self.out_dir / 'meta.json'}: {exc.strerror or exc}")
         if errors:
             raise ProbeError("tracefs probe: " + "; ".join(errors))
 

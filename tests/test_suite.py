@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -288,3 +289,39 @@ def test_progress_rewrites_one_line_on_a_terminal_and_clears_it(tty):
         assert text.endswith("\r" + " " * 118 + "\r")
     else:       # a log gets plain lines, and nothing to clear
         assert text.splitlines()[0].startswith("reading x.dat (3 MB)") and text.count("\n") == 2
+
+
+def test_an_interrupted_suite_resumes_without_redoing_complete_runs(tmp_path):
+    """--resume: complete runs are kept as they are, a captured one is analysed only, an
+    interrupted one is moved aside (kept) and run again, a missing one is run."""
+    from harmony import store
+    from harmony.batch import SimRunner
+    from harmony.suite import plan, resume_plan, run_suite
+
+    cpus, out = [0, 1, 2, 3], tmp_path / "suite"
+    configs = plan(cpus, quick=True, experiments=["single-source", "how-many"])
+    run_suite(configs, cpus, out, SimRunner("poly-balance"), quiet=True, seed=3)
+    reps = sorted(p.parent for p in out.glob("*/rep-*/manifest.json"))
+    assert len(reps) == 4      # single-source and how-many x=16, 2 reps each
+    kept, captured, broken, gone = reps[0], reps[1], reps[2], reps[3]
+    stamp = (kept / "manifest.json").stat().st_mtime_ns
+    m = store.read_json(captured / "manifest.json")
+    store.write_json(captured / "manifest.json", {**m, "status": "captured"})
+    m = store.read_json(broken / "manifest.json")
+    store.write_json(broken / "manifest.json", {**m, "status": "running"})
+    shutil.rmtree(gone)
+    record = store.read_json(out / "suite.json")
+    store.write_json(out / "suite.json", {**record, "status": "running"})
+
+    configs2, cpus2, before = resume_plan(out)
+    assert cpus2 == cpus and before["seed"] == 3
+    assert [c.label for c in configs2] == [c.label for c in configs]
+    record = run_suite(configs2, cpus2, out, SimRunner("poly-balance"), quiet=True, seed=3,
+                       resume=True)
+    assert record["status"] == "complete" and len(record["resumed_at"]) == 1
+    assert (kept / "manifest.json").stat().st_mtime_ns == stamp          # not touched
+    assert all(store.read_json(r / "manifest.json")["status"] == "complete" for r in reps)
+    aside = broken.with_name(broken.name + ".incomplete-1")
+    assert store.read_json(aside / "manifest.json")["status"] == "running"  # kept, not lost
+    with pytest.raises(store.RunError, match="the suite is complete: nothing to resume"):
+        resume_plan(out)

@@ -1,0 +1,223 @@
+"""Faults during a real run: a full disk, the tracing instance removed, a worker killed by someone
+else, SIGTERM or Ctrl-C at any moment, a suite interrupted and resumed. Each ends with the run
+marked incomplete (or refused, or complete if it finished first), one clear line, nothing already
+written lost, and the host clean."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from cli_run import HARMONY, cli
+from conftest import TRACEFS, host_skip, until
+
+from harmony.forkserver import COMM as SERVER_COMM
+
+
+def _comms(prefix: str) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().startswith(prefix):
+                out.append(int(entry.name))
+        except OSError:
+            pass
+    return out
+
+
+def _host_is_clean() -> list[str]:
+    """What a run left on the host: workers, fork servers, tracing instances, cpuset groups."""
+    left = [f"process {p}" for p in _comms("hmy-") + _comms(SERVER_COMM)]
+    inst = TRACEFS / "instances"
+    left += [f"instance {p.name}" for p in inst.iterdir() if p.name.startswith("harmony-")] \
+        if inst.is_dir() else []
+    for root in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/cpuset")):
+        if root.is_dir():
+            left += [f"cgroup {p}" for p in root.glob("harmony-*")]
+    return left
+
+
+def _status(out: Path) -> str | None:
+    try:
+        return json.loads((out / "manifest.json").read_text())["status"]
+    except (OSError, ValueError):
+        return None
+
+
+def _wait(fn, timeout_s: float = 30.0):
+    """``fn()``'s first true value within ``timeout_s`` (polled), else its last."""
+    give_up = time.monotonic() + timeout_s
+    while not (value := fn()) and time.monotonic() < give_up:
+        time.sleep(0.02)
+    return value
+
+
+def _error_lines(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.strip()]
+
+
+@pytest.fixture
+def clean_host(kernel):
+    yield
+    assert until(lambda: not _host_is_clean(), 5), _host_is_clean()
+
+
+# --- SIGTERM and Ctrl-C at any moment ---------------------------------------------------------
+
+#: moments after `harmony run` starts (a 2 s run: start-up, spawn and release, measurement, the
+#: end of the window, the analysis)
+MOMENTS = [0.3, 0.9, 1.5, 2.4, 3.3, 4.2]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_at_any_moment_leaves_a_marked_run_and_a_clean_host(clean_host, tmp_path, sig):
+    seen = []
+    for k, at in enumerate(MOMENTS):
+        out = tmp_path / f"r{k}"
+        proc = subprocess.Popen(HARMONY + ["run", "single-source", "--duration", "2", "--out",
+                                           str(out), "-q"], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(at)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        status = _status(out)
+        seen.append((at, proc.returncode, status))
+        assert "Traceback" not in err, err
+        if proc.returncode == 0:                 # it had finished: a complete run
+            assert status == "complete", (at, err)
+            continue
+        if proc.returncode == 1 and "another Harmony run" in err:
+            continue                             # refused: another run held the host
+        assert proc.returncode == 128 + sig, (at, proc.returncode, err)
+        [line] = _error_lines(err)
+        assert line.startswith("harmony: error: ") and ("interrupted" in line or "stopped by" in line)
+        assert status in (None, "incomplete", "captured"), (at, status)
+        if status == "captured":                 # stopped in the analysis: the capture is kept
+            assert "harmony report" in line
+            p = cli("report", out)
+            assert p.returncode == 0 and _status(out) == "complete", p.stderr
+        elif status == "incomplete":
+            m = json.loads((out / "manifest.json").read_text())
+            assert m["incomplete_reason"] in ("interrupted (Ctrl-C)",
+                                              "Interrupted: stopped by SIGTERM"), m
+        assert until(lambda: not _host_is_clean(), 5), (at, _host_is_clean())
+    # the moments did cover the phases: some run stopped before its end, and one finished
+    assert any(rc == 128 + sig for _, rc, _ in seen), seen
+
+
+# --- a full disk --------------------------------------------------------------------------------
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 400 KiB tmpfs: room for the run's start, not for its recording."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode:
+        host_skip(f"cannot mount a tmpfs: {p.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_a_full_disk_leaves_an_incomplete_run_saying_so(clean_host, tiny_disk):
+    out = tiny_disk / "run"
+    p = cli("run", "single-source", "--duration", "2", "--out", out)
+    assert p.returncode == 1, p.stdout
+    [line] = _error_lines(p.stderr)
+    assert line.startswith("harmony: error: ") and "No space left on device" in line
+    assert "Traceback" not in p.stderr
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "incomplete" and "No space left on device" in m["incomplete_reason"]
+    assert (out / "tasks.parquet").is_file()                # what was written is still there
+    assert sorted(f.name for f in (out / "raw" / "tracefs").glob("cpu*.raw"))
+    assert not (out / ".harmony-reserve").exists()           # the space set aside was given back
+
+
+def test_no_room_to_start_is_refused_with_nothing_left(clean_host, tmp_path):
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(mnt)], check=True)
+    try:
+        p = cli("run", "single-source", "--duration", "1", "--out", mnt / "run")
+        assert p.returncode == 1
+        [line] = _error_lines(p.stderr)
+        assert "cannot set 256 KiB aside for the run's manifest (No space left on device)" in line
+        assert not (mnt / "run").exists()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+# --- the tracing instance, a worker ----------------------------------------------------------
+
+def test_the_kernel_refuses_to_remove_a_recording_instance(clean_host, tmp_path):
+    """rmdir of the run's instance while it records: the kernel says EBUSY, and the run ends
+    complete (what the kernel allows never corrupts a run)."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(HARMONY + ["run", "single-source", "--duration", "3", "--out", str(out),
+                                       "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert _wait(lambda: _comms("hmy-w"))
+    time.sleep(1.0)                                     # released, recording
+    inst = [p for p in (TRACEFS / "instances").iterdir()     # the run's (not the doctor's)
+            if p.name.removeprefix("harmony-").isdigit()]
+    assert len(inst) == 1, inst
+    r = subprocess.run(["rmdir", str(inst[0])], capture_output=True, text=True)
+    _, err = proc.communicate(timeout=60)
+    assert r.returncode != 0 and "busy" in r.stderr.lower(), r.stderr
+    assert proc.returncode == 0, err
+    assert _status(out) == "complete"
+
+
+def test_a_worker_killed_by_someone_else_makes_the_run_incomplete(clean_host, tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.Popen(HARMONY + ["run", "single-source", "--duration", "3", "--out", str(out),
+                                       "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    victims = _wait(lambda: _comms("hmy-w01"))
+    assert victims
+    time.sleep(1.0)                                     # released, measuring
+    subprocess.run(["kill", "-9", str(victims[0])], check=True)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    [line] = _error_lines(err)
+    assert line == (f"harmony: error: 1 worker(s) died during the run, not by the experiment's "
+                    f"design: hmy-w01 (pid {victims[0]}) killed by SIGKILL")
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "incomplete" and "hmy-w01" in m["incomplete_reason"]
+    assert (out / "raw" / "tracefs" / "meta.json").is_file()   # the recording is kept
+
+
+# --- a suite interrupted, then resumed -----------------------------------------------------------
+
+def test_an_interrupted_suite_resumes(clean_host, tmp_path):
+    out = tmp_path / "suite"
+    args = ["suite", "--quick", "--experiment", "single-source", "--experiment",
+            "intrinsic-imbalance", "--out", str(out), "-q"]
+    proc = subprocess.Popen(HARMONY + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    # stop it once the first run is complete, while a later one is measured
+    assert until(lambda: _status(out / "single-source" / "rep-01") in ("captured", "complete")
+                 and _comms("hmy-w"), 120)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    [line] = _error_lines(err)[-1:]
+    assert f"harmony suite --out {out} --resume" in line
+    assert until(lambda: not _host_is_clean(), 5), _host_is_clean()
+    rep01 = out / "single-source" / "rep-01"
+    state, first = _status(rep01), (rep01 / "manifest.json").stat().st_mtime_ns
+    p = cli("suite", "--out", out, "--resume", "-q")
+    assert p.returncode == 0, p.stderr
+    suite = json.loads((out / "suite.json").read_text())
+    assert suite["status"] == "complete" and len(suite["resumed_at"]) == 1
+    reps = sorted(out.glob("*/rep-[0-9][0-9]/manifest.json"))   # (not those moved aside)
+    assert len(reps) == 4 and all(json.loads(m.read_text())["status"] == "complete" for m in reps)
+    if state == "complete":         # complete before the interruption: kept as it was
+        assert (rep01 / "manifest.json").stat().st_mtime_ns == first
+    else:                           # captured: analysed by the resumed suite, not captured again
+        assert state == "captured" and not list(out.glob("single-source/rep-01.incomplete-*"))
