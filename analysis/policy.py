@@ -233,7 +233,7 @@ def setup_of(manifest: dict) -> str:
     """What a run's policy was measured on, from its manifest: "<kernel>, <scheduler>" (the
     scheduler is an enabled sched_ext scheduler's name, or a simulated run's reference policy);
     the CPU count is the card's apart."""
-    host = manifest.get("host") or {}
+    host = manifest.get("under_test") or manifest.get("host") or {}   # a VM's kernel under test
     return f"{host.get('kernel') or '?'}, {host.get('scheduler') or '?'}"
 
 
