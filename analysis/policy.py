@@ -24,6 +24,7 @@ from pathlib import Path
 
 from harmony import store
 from harmony.analysis import thresholds as T
+from harmony.analysis.trust import vcpu_starved
 from harmony.experiments import summary_key
 
 UNDECIDED = "undecided"
@@ -223,6 +224,12 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
             skipped.append((d, f"host was busy: other tasks used {fl['max_frac']:.1%} of CPU "
                                f"{fl.get('max_cpu')} (most: {fl.get('top') or '?'}; limit "
                                f"FOREIGN_LOAD_MAX = {T.FOREIGN_LOAD_MAX:.0%})"))
+            continue
+        starved = vcpu_starved(m)     # a VM's vCPUs waited for the host: as a busy host
+        if starved:
+            skipped.append((d, f"vCPUs starved: vCPU {starved['vcpu']} waited for a host CPU "
+                               f"{starved['frac']:.1%} of the window (limit VCPU_WAIT_MAX = "
+                               f"{T.VCPU_WAIT_MAX:.0%})"))
             continue
         out.append(Evidence(d, m["experiment"], m.get("params", {}), len(m.get("cpus", [])),
                             summary, setup_of(m)))
