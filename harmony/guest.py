@@ -38,9 +38,8 @@ from harmony.hygiene import HostLock
 from harmony.manifest import reason
 from harmony.run import JsonRows, capture
 from harmony.tasks import TaskSpec
+from harmony.vm import LINE_PREFIX
 
-#: the prefix of every agent line (harmony.vm reads it)
-PREFIX = "@harmony "
 #: what a job file holds (its "format")
 JOB_FORMAT = "harmony-guest-job/1"
 
@@ -48,20 +47,8 @@ JOB_FORMAT = "harmony-guest-job/1"
 def emit(event: str, stream=None, **fields) -> None:
     """Write one agent line: ``@harmony {"event": event, ...}`` (a single write)."""
     stream = stream or sys.stdout
-    stream.write(PREFIX + json.dumps({"event": event, **fields}, default=str) + "\n")
+    stream.write(LINE_PREFIX + json.dumps({"event": event, **fields}, default=str) + "\n")
     stream.flush()
-
-
-def parse_line(line: str) -> dict | None:
-    """The event of an agent line, None if the line is not one (kernel messages, a line cut by
-    one of them)."""
-    if not line.startswith(PREFIX):
-        return None
-    try:
-        event = json.loads(line[len(PREFIX):])
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) and "event" in event else None
 
 
 @dataclasses.dataclass

@@ -65,6 +65,18 @@ ENV_QEMU = "HARMONY_VM_QEMU"
 VCPU_COMM = re.compile(r"CPU (\d+)/(TCG|KVM)")
 
 
+def parse_line(line: str) -> dict | None:
+    """The event of a guest agent's line (``@harmony {json}`` with an ``event``: see
+    :mod:`harmony.guest`), None if the line is not one (kernel messages, a line cut by one)."""
+    if not line.startswith(LINE_PREFIX):
+        return None
+    try:
+        event = json.loads(line[len(LINE_PREFIX):])
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) and "event" in event else None
+
+
 # --- the QEMU set-up ----------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -411,17 +423,13 @@ class VirtualMachine:
                 if log:
                     log.write(line + "\n")
                 now = time.monotonic()
-                if line.startswith(LINE_PREFIX):
-                    try:
-                        event = json.loads(line[len(LINE_PREFIX):])
-                    except ValueError:
-                        event = None
-                    if isinstance(event, dict):
-                        if not booted:
-                            booted, self.boot_s = True, now - t_start
-                        more = on_event(event, now)
-                        self.deadline = now + (more if more else IDLE_TIMEOUT_S)
-                        continue
+                event = parse_line(line)
+                if event is not None:
+                    if not booted:
+                        booted, self.boot_s = True, now - t_start
+                    more = on_event(event, now)
+                    self.deadline = now + (more if more else IDLE_TIMEOUT_S)
+                    continue
                 self.console_tail.append(line)
                 if PANIC.search(line):
                     raise self._fail(f"the guest kernel died: {line.strip()[:200]}")
