@@ -1,6 +1,7 @@
 #!/bin/sh
 # Install what Harmony needs on a Debian/Ubuntu host, as root: trace-cmd and perf (Debian
-# packages, only if missing), tracefs and debugfs mounted, and the harmony package itself.
+# packages, only if missing), what kernels under test need (QEMU, kmod, busybox; virtme-ng from
+# PyPI), tracefs and debugfs mounted, and the harmony package itself.
 # Usage: sudo ./install.sh            (idempotent: a second run installs nothing new)
 set -eu
 cd "$(dirname "$0")"
@@ -14,10 +15,15 @@ missing=""
 command -v trace-cmd >/dev/null 2>&1 || missing="$missing trace-cmd"
 command -v perf >/dev/null 2>&1 || missing="$missing linux-perf"
 python3 -m pip --version >/dev/null 2>&1 || missing="$missing python3-pip"
+# kernels under test (harmony run|suite --kernel): QEMU boots them, virtme-ng builds the guest's
+# initramfs with kmod's depmod and busybox
+command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$missing qemu-system-x86"
+command -v depmod >/dev/null 2>&1 || missing="$missing kmod"
+command -v busybox >/dev/null 2>&1 || missing="$missing busybox-static"
 if [ -n "$missing" ]; then
     echo "installing Debian packages:$missing"
     apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q $missing
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $missing
 fi
 
 # Harmony mounts tracefs itself when it can; mounting here makes `harmony doctor` complete at once.
@@ -26,6 +32,7 @@ mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing 
 mountpoint -q /sys/kernel/debug || mount -t debugfs nodev /sys/kernel/debug || \
     echo "install.sh: could not mount debugfs (optional: per-CPU nr_running cross-check)" >&2
 
-# Editable, so the tests in tests/ run against this checkout; the [test] extra adds pytest.
-python3 -m pip install -q -e '.[test]'
+# Editable, so the tests in tests/ run against this checkout; the [test] extra adds pytest, the
+# [vm] extra virtme-ng (pinned).
+python3 -m pip install -q -e '.[test,vm]'
 echo "installed: $(command -v harmony)"

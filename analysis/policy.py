@@ -24,6 +24,7 @@ from pathlib import Path
 
 from harmony import store
 from harmony.analysis import thresholds as T
+from harmony.analysis.trust import vcpu_starved
 from harmony.experiments import summary_key
 
 UNDECIDED = "undecided"
@@ -224,6 +225,12 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
                                f"{fl.get('max_cpu')} (most: {fl.get('top') or '?'}; limit "
                                f"FOREIGN_LOAD_MAX = {T.FOREIGN_LOAD_MAX:.0%})"))
             continue
+        starved = vcpu_starved(m)     # a VM's vCPUs waited for the host: as a busy host
+        if starved:
+            skipped.append((d, f"vCPUs starved: vCPU {starved['vcpu']} waited for a host CPU "
+                               f"{starved['frac']:.1%} of the window (limit VCPU_WAIT_MAX = "
+                               f"{T.VCPU_WAIT_MAX:.0%})"))
+            continue
         out.append(Evidence(d, m["experiment"], m.get("params", {}), len(m.get("cpus", [])),
                             summary, setup_of(m)))
     return out, skipped
@@ -233,7 +240,7 @@ def setup_of(manifest: dict) -> str:
     """What a run's policy was measured on, from its manifest: "<kernel>, <scheduler>" (the
     scheduler is an enabled sched_ext scheduler's name, or a simulated run's reference policy);
     the CPU count is the card's apart."""
-    host = manifest.get("host") or {}
+    host = manifest.get("under_test") or manifest.get("host") or {}   # a VM's kernel under test
     return f"{host.get('kernel') or '?'}, {host.get('scheduler') or '?'}"
 
 

@@ -7,6 +7,7 @@ Both start from the same lines so the terminal and the file never disagree.
 from __future__ import annotations
 
 from harmony.analysis.probe_agreement import agreement_lines
+from harmony.manifest import system_facts
 from harmony.experiments import get_experiment
 
 from harmony.store import atomic_write
@@ -29,9 +30,33 @@ def release_line(m: dict) -> str:
             f"{m.get('release_method', '?')}, {m.get('release_mode') or 'confined'})")
 
 
+def vm_lines(m: dict) -> list[str]:
+    """A run captured in a VM: the kernel under test, the VM, what the host took from the vCPUs."""
+    vm = m.get("vm")
+    if not vm:
+        return []
+    src = (vm.get("kernel") or {}).get("source") or {}
+    kernel = (f"{src.get('package')} {src.get('version')}" if src.get("kind") == "debian"
+              else src.get("path", "?"))
+    host = m.get("host") or {}
+    lines = [f"kernel under test            {(vm.get('kernel') or {}).get('spec', '?')} ({kernel})",
+             f"VM                           {(vm.get('accelerator') or '?').upper()}, "
+             f"{vm.get('vcpus')} vCPUs, {vm.get('memory_mb')} MiB; QEMU {vm.get('qemu')} "
+             f"({vm.get('qemu_setting')}), virtme-ng {vm.get('virtme_ng')}; host "
+             f"{host.get('kernel', '?')}, {host.get('ncpus', '?')} CPUs"]
+    fr = vm.get("vcpu_wait_frac")
+    if fr:
+        lines.append(f"vCPU wait for host CPUs      {max(fr):.1%} of the window at most (vCPU "
+                     f"{vm.get('vcpu_wait_max_vcpu')}; " + " / ".join(f"{f:.0%}" for f in fr)
+                     + ")")
+    else:
+        lines.append("vCPU wait for host CPUs      not measured")
+    return lines
+
+
 def trust_lines(m: dict) -> list[str]:
     """What the run could and could not see, one fact per line."""
-    host = m.get("host", {})
+    host = system_facts(m)
     cap = m.get("capture", {})
     ka = m.get("kernel_agreement")
     lost = m.get("lost_events", -1)
@@ -39,7 +64,8 @@ def trust_lines(m: dict) -> list[str]:
         f"status                       {m.get('status')}",
         f"kernel / scheduler           {host.get('kernel', '?')} / {host.get('scheduler', '?')}",
         f"CPU set                      {','.join(map(str, m.get('cpus', [])))} "
-        f"(host has {host.get('ncpus', '?')} online)",
+        f"({'guest' if m.get('vm') else 'host'} has {host.get('ncpus', '?')} online)",
+        *vm_lines(m),
         f"probe / clock                {m.get('probe')} / {cap.get('clock', '?')}",
         f"events decoded               {cap.get('n_events', '?')} ({cap.get('bytes', '?')} raw bytes)",
         f"lost events                  {'unknown' if lost is None or lost < 0 else lost}",

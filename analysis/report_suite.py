@@ -465,7 +465,7 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
     own = _experiment_figures(suite, evidence)
 
     blocks: list[tuple[str, object]] = []  # ("h1"|"h2"|"p"|"pre"|"img"|"ul", content)
-    host = info.get("host", {})
+    host = info.get("under_test") or info.get("host", {})   # a VM's kernel under test, else the host
     blocks.append(("h1", "Harmony suite: the load-balancing policy of this scheduler"))
     facts = [f"CPU set: {','.join(map(str, info.get('cpus', []))) or '?'}",
              f"runner: {info.get('runner', '?')}",

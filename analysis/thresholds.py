@@ -63,4 +63,13 @@ SPREAD_MAX_INDEX = 0.25
 #: controller threads (~1-3%) are counted apart and do not count here.
 FOREIGN_LOAD_MAX = 0.05
 
+#: A run captured in a virtual machine is evidence only if no vCPU's thread waited for a host CPU
+#: more than this share of the run's window (manifest["vm"]["vcpu_wait_max"], read from the
+#: threads' schedstat on the host). While a vCPU's thread waits, the guest's clock runs on and that
+#: CPU runs nothing: to the guest's scheduler it is a CPU that lost that share of its time to
+#: something it cannot see -- foreign load it cannot even count. Hence the limit of foreign load.
+#: Under ``-icount`` (a virtual clock driven by the instructions executed) the guest's time does
+#: not pass while the thread waits, and the rule does not apply.
+VCPU_WAIT_MAX = 0.05
+
 ALL = {k: v for k, v in dict(globals()).items() if k.isupper()}

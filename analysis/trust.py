@@ -25,6 +25,7 @@ woke_off_initial_cpu     pids
 anomalies                n, kinds ({kind: count}), lost, silent (comms the probe is blind in)
 workers_dead             (none)
 foreign_load             frac, cpu, top, origin
+vcpu_starved             frac, vcpu, setting, accelerator: a VM's vCPU waited for a host CPU
 counters_disagree        disagreeing, tasks, migrations {trace, kernel}, switches {trace, kernel},
                          lost
 sampler_silent           due (sweeps due)
@@ -125,6 +126,9 @@ def check_notes(m: dict, origin: str) -> list[dict]:
     if fl.get("max_frac") is not None and fl["max_frac"] > T.FOREIGN_LOAD_MAX:
         out.append(note("foreign_load", frac=fl["max_frac"], cpu=fl["max_cpu"], top=fl["top"],
                         origin=origin))
+    starved = vcpu_starved(m)
+    if starved:
+        out.append(starved)
     kc = m.get("kernel_counter_agreement")
     if kc and kc["disagreeing"]:
         out.append(note("counters_disagree", disagreeing=kc["disagreeing"], tasks=kc["tasks"],
@@ -206,6 +210,20 @@ def _anomalies(n):
             "flagged unseen_start (analysis.reconstruct.df_anomalies lists every repair)")
 
 
+def vcpu_starved(m: dict) -> dict | None:
+    """The ``vcpu_starved`` note of a run captured in a VM whose vCPUs waited for a host CPU more
+    than :data:`thresholds.VCPU_WAIT_MAX` of its window (not under -icount, whose clock does not
+    pass while they wait); None otherwise."""
+    vm = m.get("vm") or {}
+    frac = vm.get("vcpu_wait_max")
+    setting = vm.get("qemu_setting") or ""
+    if frac is None or frac <= T.VCPU_WAIT_MAX or "tcg=icount" in setting and \
+            vm.get("accelerator") == "tcg":
+        return None
+    return note("vcpu_starved", frac=frac, vcpu=vm.get("vcpu_wait_max_vcpu"), setting=setting,
+                accelerator=vm.get("accelerator"))
+
+
 def _foreign(n):
     if n["origin"] == "imported":
         return (f"other tasks used {n['frac']:.1%} of CPU {n['cpu']} in the window (most: "
@@ -277,6 +295,11 @@ _WORDING = {
     "anomalies": _anomalies,
     "workers_dead": lambda n: "some workers were not alive at the end of the run",
     "foreign_load": _foreign,
+    "vcpu_starved": lambda n: (
+        f"vCPU {n['vcpu']}'s thread waited for a host CPU {n['frac']:.1%} of the window "
+        f"({(n['accelerator'] or '?').upper()}, {n['setting']}): the guest's clock ran on while "
+        "that CPU ran nothing, which its scheduler cannot see (more vCPUs than idle host CPUs, "
+        f"or a busy host; limit VCPU_WAIT_MAX = {T.VCPU_WAIT_MAX:.0%})"),
     "counters_disagree": _counters,
     "sampler_silent": lambda n: (
         f"the kernel sampler made no sweep in the window ({n['due']:.0f} were due): it got no "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -135,7 +136,7 @@ def doctor(as_json):
     """What this host can do: probes, tracepoints, topology, scheduler. Exit 0 if an experiment can run."""
     from harmony import doctor as host
 
-    facts = host.doctor()
+    facts = host.doctor(vm=True)
     click.echo(json.dumps(facts, indent=1, default=str) if as_json else host.format_doctor(facts))
     sys.exit(0 if facts["verdict"]["can_run"] else 1)
 
@@ -220,6 +221,69 @@ def list_experiments(verbose):
             click.echo(formatter.getvalue().rstrip("\n"))
 
 
+
+def vm_options(f):
+    """--kernel, --vm-cpus, --vm-memory, --vm-qemu: a kernel under test in a virtual machine."""
+    f = click.option("--vm-qemu", metavar="SETTING",
+                     help="QEMU set-up: accel=auto|kvm|tcg, tcg=multi|single|icount, "
+                          "pin=off|on|CPUS (comma-separated; default from HARMONY_VM_QEMU, else "
+                          "accel=auto,tcg=multi,pin=off)")(f)
+    f = click.option("--vm-memory", metavar="SIZE", default="2G", show_default=True,
+                     help="the VM's memory (e.g. 2G, 1536M)")(f)
+    f = click.option("--vm-cpus", type=click.IntRange(min=1, max=64), default=4,
+                     show_default=True, help="vCPUs of the VM (its CPU set is all of them)")(f)
+    f = click.option("--kernel", metavar="KERNEL",
+                     help="run in a VM booting this kernel: debian:6.1, debian:6.12, "
+                          "debian:6.1-rt, debian:6.12-rt, or a kernel image's path")(f)
+    return f
+
+
+def parse_memory(text: str) -> int:
+    """``2G`` / ``1536M`` / ``2048`` (MiB) -> MiB."""
+    m = re.fullmatch(r"\s*(\d+)\s*([MmGg]?)\s*", text or "")
+    if not m or int(m.group(1)) == 0:
+        raise click.BadParameter(f"{text!r} is not a size such as 2G or 1536M",
+                                 param_hint="--vm-memory")
+    mib = int(m.group(1)) * (1024 if m.group(2).lower() == "g" else 1)
+    if mib < 256:
+        raise click.BadParameter(f"{text}: a VM needs 256M at least", param_hint="--vm-memory")
+    return mib
+
+
+def _vm_plan(kernel: str, vm_cpus: int, vm_memory: str, vm_qemu: str | None, cpus, probe: str,
+             crosscheck=None):
+    """Check a VM run's options before anything starts; returns (guest CPU set, MiB, setting)."""
+    from harmony.kernels import check_spec
+    from harmony.vm import QemuSetting, missing_tools, setting_from_env
+
+    if cpus is not None:
+        raise click.UsageError("--cpus is the host's CPU set; a VM's is all its vCPUs (--vm-cpus)")
+    if probe != "tracefs" or crosscheck:
+        raise click.UsageError("a VM records with the tracefs probe only (the host's perf does "
+                               "not match the kernel under test)")
+    with _errors():
+        check_spec(kernel)
+        setting = QemuSetting.parse(vm_qemu) if vm_qemu is not None else setting_from_env()
+    memory = parse_memory(vm_memory)
+    missing = missing_tools()
+    if missing:
+        _fail(f"cannot boot kernel {kernel}: missing {', '.join(missing)} (sudo ./install.sh)")
+    return list(range(vm_cpus)), memory, setting
+
+
+def _vm_runner(kernel: str, vm_cpus: int, memory: int, setting, quiet: bool):
+    """Fetch the kernel (if named and not cached) and make the VM runner."""
+    from harmony import doctor as host
+    from harmony.batch import VmRunner
+    from harmony.kernels import kernel as get_kernel
+
+    say = (lambda line: None) if quiet else (lambda line: click.echo(f"vm: {line}", err=True))
+    with _errors():
+        k = get_kernel(kernel, progress=say)
+    facts = host.run_facts(host.doctor(mount=False, test_record=False))
+    return VmRunner(k, vm_cpus, memory, setting, facts=facts, say=say)
+
+
 @main.command(cls=RunCommand)
 @click.argument("experiment")
 @click.option("--cpus", help="experiment CPU set, e.g. 0-3 (default: all online CPUs)")
@@ -234,7 +298,9 @@ def list_experiments(verbose):
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="runs of this configuration: OUT/rep-NN/ and OUT/batch.json with median, IQR, 95% CI")
-def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet, repeat):
+@vm_options
+def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet, repeat,
+        kernel, vm_cpus, vm_memory, vm_qemu):
     """Run one experiment and analyse it; prints the summary."""
     from harmony.experiments import get_experiment
     from harmony.probes import PROBES
@@ -245,7 +311,11 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
         exp = get_experiment(experiment)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="EXPERIMENT") from None
-    cpu_set = resolve_cpus(cpus)
+    if kernel is not None:
+        cpu_set, memory, setting = _vm_plan(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe,
+                                            crosscheck)
+    else:
+        cpu_set = resolve_cpus(cpus)
     overrides = _parse_params(params)
     if layout is not None:
         overrides["layout"] = layout
@@ -265,6 +335,9 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
     _check_out(out)
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+    if kernel is not None:
+        return _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat,
+                          _vm_runner(kernel, vm_cpus, memory, setting, quiet))
     facts = _host_facts_or_exit(probe, crosscheck)
     if crosscheck:
         from harmony.probes import get_probe
@@ -293,6 +366,28 @@ def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, rep
     click.echo(f"\nbatch: {out / 'batch.json'}")
 
 
+def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner):
+    """One boot of the kernel under test for the run (or its repetitions); analysed on the host."""
+    from harmony.analysis.report import summary_text
+    from harmony.batch import batch_text, finish_batch, run_batch
+    from harmony.store import load
+
+    with _errors(marked=f"what {out} holds that was not captured is marked incomplete"):
+        with runner:
+            if repeat > 1:
+                run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed)
+            else:
+                runner.capture(exp, values, cpu_set, out, seed, figures=True)
+        failed = [r for r in runner.results if r["status"] != "ok"]
+        if failed:
+            _fail(f"{failed[0]['path']}: {failed[0]['error']}")
+        if repeat > 1:
+            click.echo(batch_text(finish_batch(out)))
+            click.echo(f"\nbatch: {out / 'batch.json'}")
+        else:
+            click.echo(summary_text(load(out)))
+
+
 def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:
     from harmony import doctor as host
     from harmony.probes import get_probe
@@ -302,16 +397,7 @@ def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:
         _fail(f"probe {probe} cannot record here: {why} (see `harmony doctor`)")
     # a 10 ms test recording with perf costs ~0.3 s: only when perf will record
     facts = host.doctor(mount=True, test_record="perf" in (probe, crosscheck))
-    return {
-        "kernel": facts["kernel"].get("release"),
-        "scheduler": facts["scheduler"].get("name"),
-        "ncpus": len(facts.get("online_cpus", [])),
-        "hz": facts["hz"].get("hz"),
-        "preemption": facts["preemption"].get("model"),
-        "topology": facts["topology"].get("counts"),
-        "sched_ext": facts["sched_ext"].get("state"),
-        "doctor": facts,
-    }
+    return host.run_facts(facts)
 
 
 def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=None):
@@ -611,13 +697,21 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
 @click.option("--resume", is_flag=True,
               help="continue the interrupted suite in --out: its plan, CPU set and seed; complete "
-                   "runs kept, captured ones analysed, interrupted ones moved aside and run again")
-def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume):
-    """Run the whole catalog with repetitions and write one report (policy card first)."""
+                   "runs kept, captured ones analysed, interrupted ones moved aside and run again "
+                   "(a suite in a VM: give its --kernel and --vm-* options again)")
+@vm_options
+def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume, kernel,
+          vm_cpus, vm_memory, vm_qemu):
+    """Run the whole catalog with repetitions and write one report (policy card first).
+
+    With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
+    and is analysed on the host after the VM exits."""
     from harmony.batch import KernelRunner
     from harmony.suite import cpu_limits, plan, resume_plan, run_suite
 
     _check_release_options()
+    if kernel is not None:
+        vm_set, memory, setting = _vm_plan(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe)
     if resume:
         given = [o for o, v in (("--quick", quick), ("--cpus", cpus), ("--repeat", repeat),
                                 ("--experiment", experiments), ("--seed", seed)) if v]
@@ -628,9 +722,13 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         with _errors(inputs=(OSError,)):
             configs, cpu_set, before = resume_plan(out)
         seed = before.get("seed", 0)
-        resolve_cpus(",".join(map(str, cpu_set)))       # still online
+        if kernel is not None and cpu_set != vm_set:
+            raise click.UsageError(f"the suite in {out} ran on {len(cpu_set)} CPUs: resume it "
+                                   f"with --vm-cpus {len(cpu_set)}")
+        if kernel is None:
+            resolve_cpus(",".join(map(str, cpu_set)))       # still online
     else:
-        cpu_set = resolve_cpus(cpus)
+        cpu_set = vm_set if kernel is not None else resolve_cpus(cpus)
         try:
             configs = plan(cpu_set, quick=quick, repeat=repeat,
                            experiments=list(experiments) or None)
@@ -642,6 +740,9 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         if out.exists() and any(out.iterdir()):
             raise click.BadParameter(f"{out} is not empty; choose another --out (or --resume)",
                                      param_hint="--out")
+    if kernel is not None:
+        return _suite_in_vm(configs, cpu_set, out, seed, quiet,
+                            _vm_runner(kernel, vm_cpus, memory, setting, quiet), resume)
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
     from harmony.osutil import online_cpus
@@ -673,6 +774,61 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
     click.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
     if record["failures"]:
         _fail(f"{len(record['failures'])} configurations failed; see {out / 'suite.json'}")
+
+
+def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = False):
+    from harmony.analysis.policy import infer as infer_card
+    from harmony.suite import cpu_limits, run_suite
+
+    limits = cpu_limits(len(cpu_set))
+    for line in limits:
+        click.echo(f"note: {line}", err=True)
+    with _errors(marked=f"{out} holds the runs finished so far (`harmony suite --out {out} "
+                        "--resume` with the same --kernel and --vm-* options goes on)",
+                 also=(OSError,)):
+        record = run_suite(configs, cpu_set, out, runner, facts=runner.facts, seed=seed,
+                           quiet=quiet, card_note=" ".join(limits) or None, resume=resume)
+    click.echo(infer_card([out]).text())
+    click.echo(f"{record['runs']} runs in one boot of {runner.kernel.describe()}, "
+               f"{record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s configured")
+    click.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
+    if record["failures"]:
+        _fail(f"{len(record['failures'])} runs or configurations failed; see {out / 'suite.json'}")
+
+
+@main.group()
+def kernel():
+    """Kernels under test: the named Debian kernels and the cache (harmony run|suite --kernel)."""
+
+
+@kernel.command("list")
+def kernel_list():
+    """The kernels Harmony knows by name, and those in the cache."""
+    from harmony import kernels
+
+    click.echo("named kernels (--kernel NAME):")
+    for name, (_, what) in kernels.NAMED.items():
+        click.echo(f"  {name:16} {what}")
+    have = kernels.cached()
+    click.echo(f"cached in {kernels.cache_dir()}:" if have else
+               f"cached: none yet ({kernels.cache_dir()})")
+    for k in have:
+        click.echo(f"  {k.spec:16} {k.source.get('package')} {k.source.get('version')}  "
+                   f"release {k.release}  {k.image}")
+
+
+@kernel.command("fetch")
+@click.argument("name")
+def kernel_fetch(name):
+    """Fetch a named Debian kernel into the cache (the newest version apt knows)."""
+    from harmony import kernels
+
+    if name not in kernels.NAMED:
+        _fail(f"unknown kernel {name!r}: give one of {kernels.known_names()}", 2)
+    with _errors():
+        k = kernels.fetch(name, progress=lambda line: click.echo(line, err=True))
+    click.echo(f"{k.spec}: {k.source['package']} {k.source['version']}, release {k.release}, "
+               f"{k.image}")
 
 
 def entry() -> None:

@@ -16,21 +16,41 @@ beside their samplers (:mod:`harmony.probes.proc_stat`, :mod:`harmony.probes.pro
 :mod:`harmony.probes.sched_debug`); the tables the analysis derives from the events in
 :mod:`harmony.analysis.tables`; the events and markers tables themselves in
 :mod:`harmony.probes.schema`.
+
+pandas is imported where a frame is built or checked, not at the top: the guest agent
+(:mod:`harmony.guest`) declares and fills tables as plain rows, in a virtual machine where
+importing pandas would cost seconds, and the host builds the frames.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import textwrap
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from harmony.store import rows_frame
 
-#: the dtype pandas gives a column of Python strings (``str`` from pandas 3 on, ``object`` before)
-STR_DTYPE = pd.Series(["x"]).dtype
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+@functools.cache
+def _str_dtype():
+    import pandas as pd   # see the module's docstring
+
+    return pd.Series(["x"]).dtype
+
+
+def __getattr__(name):
+    """``STR_DTYPE``: the dtype pandas gives a column of Python strings (``str`` from pandas 3 on,
+    ``object`` before), computed on first use."""
+    if name == "STR_DTYPE":
+        return _str_dtype()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,10 +71,12 @@ class Column:
 
 
 def _is(dtype, declared: str) -> bool:
+    import pandas as pd   # see the module's docstring
+
     if declared == "category":
         return isinstance(dtype, pd.CategoricalDtype)
     if declared == "str":
-        return dtype == STR_DTYPE
+        return dtype == _str_dtype()
     if isinstance(dtype, (pd.CategoricalDtype, pd.StringDtype)):
         return False
     return dtype == np.dtype(declared)
@@ -78,6 +100,8 @@ class Table:
         a declared column is missing or an undeclared one is given. ``copy`` is passed to
         pd.DataFrame (False: each array becomes its own column, as it is). Dtypes are not
         converted nor checked here (see :meth:`check`)."""
+        import pandas as pd   # see the module's docstring
+
         if columns.keys() != self._name_set:
             self._wrong_names(columns.keys())
         return pd.DataFrame({n: columns[n] for n in self.names}, copy=copy)

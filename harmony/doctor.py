@@ -29,13 +29,14 @@ import subprocess
 import time
 from pathlib import Path
 
-from harmony import hostfacts, jit, memory
+from harmony import hostfacts, jit, kernels, memory
 from harmony.controller import release_check
 from harmony.hostfacts import MISSING, OK, WARN, check
 from harmony.osutil import format_cpulist, online_cpus
 from harmony.probes import PROBES, get_probe, proc_sched, sched_debug
 from harmony.probes.base import REQUIRED_TRACEPOINTS
 from harmony.probes.schema import SCHED_EVENTS
+from harmony.vm import doctor_check as vm_check
 
 #: the checks of :func:`doctor`, in the order :func:`format_doctor` prints them (a probe's check
 #: that is not named here comes after them)
@@ -405,7 +406,8 @@ WITHOUT_ROOT = ("harmony import (a trace from elsewhere)", "report", "infer", "c
                 "simulate", "export", "list")
 
 
-def doctor(mount: bool = True, test_record: bool = True) -> dict:
+def doctor(mount: bool = True, test_record: bool = True, probes: tuple[str, ...] | None = None,
+           vm: bool = False) -> dict:
     """Detect what this host can do; return JSON-serialisable facts (see the module docstring).
 
     ``mount``: as root, mount tracefs (and debugfs) if they are not mounted. ``test_record``: a
@@ -415,7 +417,9 @@ def doctor(mount: bool = True, test_record: bool = True) -> dict:
     ``scheduler`` name shortcut inside ``scheduler["name"]``, ``notes`` and ``elapsed_s``.
     ``can_run`` is true when running as root and at least one probe (a tracefs instance with
     sched_switch, sched_migrate_task and sched_wakeup, or perf recording sched tracepoints) can
-    record.
+    record. ``probes``: check only these probes (the guest agent checks tracefs, whose check
+    loads no pandas); ``vm``: also the ``vm`` check (:func:`harmony.vm.doctor_check`: can this
+    host boot kernels under test, with which accelerator).
     """
     t0 = time.monotonic()
     release = os.uname().release
@@ -445,20 +449,24 @@ def doctor(mount: bool = True, test_record: bool = True) -> dict:
                                    config, config_source)
     # each probe that records answers its own check, from the facts above (a probe that only
     # replays recordings answers none)
-    probes = []
-    for name in PROBES:
+    checked = []
+    for name in (PROBES if probes is None else probes):
         probe = get_probe(name)
         answer = _guarded(probe.doctor_check, facts, test_record)
         if answer is not None:
             facts[probe.check_name or probe.name] = answer
-            probes.append(probe)
+            checked.append(probe)
     facts["trace_cmd"] = _guarded(check_trace_cmd)
     facts["decoder"] = _guarded(check_decoder)
     facts["memory"] = _guarded(check_memory)
-    order = [*CHECKS, *(name for name in facts if name not in CHECKS)]
+    if vm:
+        cached = kernels.cached()
+        facts["vm"] = _guarded(vm_check, cached[0] if cached else None)
+    order = [*(name for name in CHECKS if name in facts),   # a probe not checked has no entry
+             *(name for name in facts if name not in CHECKS)]
     facts = {name: facts[name] for name in order}  # stable order
     facts["online_cpus"] = facts["cpus"].get("online", [])
-    facts["verdict"] = _verdict(facts, probes)
+    facts["verdict"] = _verdict(facts, checked)
     notes = []
     if facts["tracefs"].get("mounted_by_doctor"):
         notes.append(f"mounted tracefs at {facts['tracefs']['path']}")
@@ -471,6 +479,21 @@ def doctor(mount: bool = True, test_record: bool = True) -> dict:
     facts["notes"] = notes
     facts["elapsed_s"] = round(time.monotonic() - t0, 3)
     return facts
+
+
+def run_facts(facts: dict) -> dict:
+    """What a run's manifest records of the system it runs on, from :func:`doctor`'s facts:
+    kernel, scheduler, CPU count, HZ, preemption, topology, sched_ext state, and all the facts."""
+    return {
+        "kernel": facts["kernel"].get("release"),
+        "scheduler": facts["scheduler"].get("name"),
+        "ncpus": len(facts.get("online_cpus", [])),
+        "hz": facts["hz"].get("hz"),
+        "preemption": facts["preemption"].get("model"),
+        "topology": facts["topology"].get("counts"),
+        "sched_ext": facts["sched_ext"].get("state"),
+        "doctor": facts,
+    }
 
 
 def format_doctor(facts: dict) -> str:

@@ -66,3 +66,16 @@ class FormatError(HarmonyError, ValueError):
 
 class SchedDebugError(HarmonyError, ValueError):
     """The text is not a sched debug file this parser understands; the message says why."""
+
+
+class KernelError(HarmonyError):
+    """A kernel under test cannot be had: not fetched, or its image cannot be read."""
+
+
+class UnknownKernel(KernelError, ParameterError):
+    """A ``--kernel`` that is neither a known name nor a kernel image (bad input: exit 2)."""
+
+
+class VmError(HarmonyError):
+    """A virtual machine did not boot, or its guest stopped before it finished; the message
+    names the kernel."""

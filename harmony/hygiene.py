@@ -3,8 +3,9 @@
 The host lock is an ``flock`` on a file under /run: the kernel releases it when its holder dies,
 even by SIGKILL, so a crashed run never blocks the next one. On every start the next run reclaims
 what a killed run could not clean: tracefs instances and perf recorders whose owner is gone,
-worker processes (comm ``hmy-*``) and fork servers orphaned to init, and cpuset cgroups
-(``harmony-<pid>``) whose controller is gone.
+worker processes (comm ``hmy-*``) and fork servers orphaned to init, cpuset cgroups
+(``harmony-<pid>``) whose controller is gone, and the QEMU and virtme-ng processes of a virtual
+machine whose controller is gone (:func:`harmony.vm.reclaim_stale`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import signal
 from pathlib import Path
 
-from harmony import cpuset
+from harmony import cpuset, vm
 from harmony.errors import HostBusy  # noqa: F401  (raised here)
 from harmony.forkserver import COMM as SERVER_COMM
 from harmony.osutil import lock_dir, open_own_file
@@ -109,6 +110,7 @@ def reclaim_stale() -> list[str]:
         except ProcessLookupError:
             pass
     removed += cpuset.reclaim_stale()
+    removed += vm.reclaim_stale()
     for name in PROBES:
         try:
             removed += get_probe(name).reclaim_stale()

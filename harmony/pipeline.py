@@ -24,15 +24,13 @@ another host or inside a virtual machine is analysed here like one made here).
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
-import platform
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from harmony import store
+from harmony.manifest import new_manifest, now, reason  # noqa: F401  (every origin's manifest)
 from harmony.analysis import reconstruct, trust
 from harmony.analysis.counters import counter_agreement, df_counter_agreement
 from harmony.analysis.crosscheck import (kernel_agreement, nr_running_agreement, silent_contexts,
@@ -46,7 +44,6 @@ from harmony.experiments import get_experiment
 from harmony.probes import Capture, get_probe
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0
 from harmony.timing import Laps
-from harmony.version import __version__
 
 #: origins of a capture (Origin.kind)
 ORIGINS = ("recorded", "imported", "simulated")
@@ -93,32 +90,6 @@ class Origin:
     def __post_init__(self):
         if self.kind not in ORIGINS:
             raise ValueError(f"unknown origin {self.kind!r}; one of {', '.join(ORIGINS)}")
-
-
-def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: int | None,
-                 host: dict, status: str = "running", **facts) -> dict:
-    """The manifest every run directory starts with; ``facts`` adds origin-specific keys
-    (``controller_pid``, ``source``, ``simulated``...)."""
-    return {
-        "harmony_version": __version__,
-        "experiment": experiment.name,
-        "question": experiment.question,
-        "params": params,
-        "cpus": list(cpus),
-        "probe": probe,
-        "seed": seed,
-        "status": status,
-        "started_at": now(),
-        **facts,
-        "host": host,
-        "versions": {"python": platform.python_version(), "pandas": pd.__version__,
-                     "numpy": np.__version__},
-    }
-
-
-def now() -> str:
-    """The time stamps of a manifest (UTC, to the second)."""
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 # --- a capture stored on disk -------------------------------------------------------------------
@@ -293,13 +264,6 @@ def _cannot_read(out: Path, experiment, origin: Origin, exc: BaseException) -> R
     hint = "; try --experiment single-source" if origin.kind == "imported" else ""
     return RunError(f"{out}: experiment {experiment.name} cannot analyse {what} "
                     f"({type(exc).__name__}: {exc}){hint}")
-
-
-def reason(exc: BaseException) -> str:
-    """Why a run stopped, for its manifest's incomplete_reason."""
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted (Ctrl-C)"
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window,

@@ -2,7 +2,15 @@
 
 ``execute`` is what ``harmony run`` does. Capture and analysis are separate steps (``capture`` and
 :func:`harmony.pipeline.analyse`) so a stored capture can be analysed again, e.g. by a newer
-Harmony, or in another process (a suite's background analyser).
+Harmony, or in another process (a suite's background analyser), or on the host when the capture
+was made in a virtual machine.
+
+The capture's side tables (tasks, the kernel's own view, the workers' counters) go to a *table
+sink*: on the host :class:`ParquetTables` builds each one's frame and stores it as Parquet; in a
+virtual machine the guest agent (:mod:`harmony.guest`) passes :class:`JsonRows`, which keeps the
+plain rows as JSON, and the host turns them into the same Parquet tables (:func:`land`) before it
+analyses the run. This module imports no pandas (nor the analysis) for the guest's sake: the
+analysis is imported where a run is analysed.
 """
 
 from __future__ import annotations
@@ -15,30 +23,80 @@ import threading
 import time
 from pathlib import Path
 
-import pandas as pd
-
-from harmony import pipeline, store
+from harmony import store
 from harmony.controller import Workload, lower_threads, raise_threads
 from harmony.errors import ControllerError, Interrupted, RunError  # noqa: F401  (Interrupted: raised here)
 from harmony.hygiene import HostLock, reclaim_stale
+from harmony.manifest import new_manifest, now, reason
 from harmony.memory import stop_prefault
 from harmony.probes import ProbeError, get_probe, proc_sched
-from harmony.probes.proc_stat import KernelSampler
+from harmony.probes.proc_sched import KERNEL_COUNTERS
+from harmony.probes.proc_stat import KERNEL_SAMPLES, KernelSampler
 from harmony.probes.schema import MARK_END
-from harmony.tasks import tasks_frame
+from harmony.probes.sched_debug import KERNEL_NR_RUNNING
+from harmony.tasks import task_rows, tasks_from_rows
 from harmony.timing import Laps
+
+#: the side tables a capture stores beside its raw recording, each with the function that builds
+#: its frame from its rows (the declarations: harmony.tasks.TASKS and the samplers' tables)
+SIDE_TABLES = {"tasks": tasks_from_rows, "kernel_samples": KERNEL_SAMPLES.from_rows,
+               "kernel_counters": KERNEL_COUNTERS.from_rows,
+               "kernel_nr_running": KERNEL_NR_RUNNING.from_rows}
+#: how :class:`JsonRows` names a side table's file (``<name>.rows.json``)
+ROWS_SUFFIX = ".rows.json"
+
+
+class ParquetTables:
+    """The host's table sink: each side table built as a frame and stored as
+    ``<name>.parquet``; ``put`` returns the frame, kept for the analysis that follows."""
+
+    def put(self, out: Path, name: str, rows: list[tuple]):
+        frame = SIDE_TABLES[name](rows)
+        store.write_table(out, name, frame)
+        return frame
+
+
+class JsonRows:
+    """The guest agent's table sink: each side table's rows as they are, in
+    ``<name>.rows.json`` (no pandas in the guest); :func:`land` makes the Parquet tables of them
+    on the host. ``put`` returns None: nothing is analysed in the guest."""
+
+    def put(self, out: Path, name: str, rows: list[tuple]):
+        store.write_json(Path(out) / f"{name}{ROWS_SUFFIX}", {"table": name, "rows": rows})
+        return None
+
+
+def land(run_dir: Path) -> list[str]:
+    """Turn the side tables a :class:`JsonRows` sink wrote in ``run_dir`` into the Parquet tables
+    :class:`ParquetTables` writes (the same frames), removing the JSON; returns their names.
+    Raises RunError naming a file that is not such a table."""
+    landed = []
+    for name, build in SIDE_TABLES.items():
+        path = Path(run_dir) / f"{name}{ROWS_SUFFIX}"
+        if not path.exists():
+            continue
+        record = store.read_json(path)
+        rows = record.get("rows") if isinstance(record, dict) else None
+        if record.get("table") != name or not isinstance(rows, list):
+            raise store.RunError(f"{path}: not the rows of table {name}")
+        try:
+            store.write_table(run_dir, name, build(rows))
+        except (TypeError, ValueError, IndexError) as exc:
+            raise store.RunError(f"{path}: rows that do not fit table {name} ({exc})") from None
+        path.unlink()
+        landed.append(name)
+    return landed
 
 
 @dataclasses.dataclass
 class Captured:
-    """What :func:`capture` stored, kept in memory for the analysis that follows in this process:
-    the manifest, the tasks table and the :class:`~harmony.pipeline.Origin` with the kernel's own
-    view and the workers' counters."""
+    """What :func:`capture` stored: the run directory, its manifest, and what the table sink
+    returned for each side table it stored (frames on the host, kept in memory for the analysis
+    that follows in this process)."""
 
     path: Path
     manifest: dict
-    tasks: pd.DataFrame
-    origin: pipeline.Origin
+    tables: dict
 
 
 def _raise_interrupted(signum, frame):
@@ -69,7 +127,7 @@ def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stde
 def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
             seed: int = 0, facts: dict | None = None, quiet: bool = False,
             crosscheck: str | None = None, lock_held: bool = False, pause=None,
-            resume=None) -> Captured:
+            resume=None, tables=None) -> Captured:
     """Run the workload under the probe and store the raw capture in ``out``; returns what it
     stored (:class:`Captured`).
 
@@ -83,12 +141,17 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     ``crosscheck`` names a second probe that records the same run at the same time into
     ``out/raw/<name>/`` (every marker goes to both); the analysis compares the two.
 
+    ``tables`` is the sink the side tables go to (default :class:`ParquetTables`; the guest
+    agent's :class:`JsonRows`).
+
     The manifest is written first with status "running"; it becomes "captured" only when the
     workload ran its full duration and the probe stopped cleanly, and "incomplete" (with the
     reason) on any error, Ctrl-C or SIGTERM. Every worker and every piece of kernel state is
     removed before this returns or raises.
     """
     out = Path(out)
+    sink = tables if tables is not None else ParquetTables()
+    stored: dict = {}
     params = {**params, **experiment.draw(params, cpus, seed)}  # recorded in the manifest
     specs = experiment.tasks(params, cpus)
     # a refused run (HostBusy) leaves no trace, not even its directory
@@ -103,15 +166,15 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             if made:
                 out.rmdir()      # refused before anything started: nothing left behind
             raise
-        manifest = pipeline.new_manifest(experiment, params, cpus, probe_name, seed, facts or {},
-                                         controller_pid=os.getpid())
+        manifest = new_manifest(experiment, params, cpus, probe_name, seed, facts or {},
+                                controller_pid=os.getpid())
         store.write_json(out / "manifest.json", manifest)
     except BaseException:
         if lock:
             lock.release()
         raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    workload = sampler = probe = second = counters = tasks = None
+    workload = sampler = probe = second = counters = None
     raised: list[int] = []      # this process's threads at SCHED_FIFO while the run is measured
     paused = False
     laps = Laps()  # manifest["timings_s"]["capture"]: what the run spends besides its duration
@@ -123,8 +186,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         stop_prefault()
         workload = Workload(specs, cpus, seed=seed)
         workload.spawn()  # before the probe's threads exist: fork with no threads running
-        tasks = tasks_frame(specs, workload.pids)
-        store.write_table(out, "tasks", tasks)
+        stored["tasks"] = sink.put(out, "tasks", task_rows(specs, workload.pids))
         laps("spawn")
         probe = get_probe(probe_name)(out / "raw" / probe_name, cpus, params["duration"])
         if crosscheck:
@@ -193,26 +255,22 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             paused = False
             resume()
         laps("stop")
-        origin = pipeline.Origin("recorded", controller_tids=tuple(manifest["controller_tids"]))
         if counters:
-            origin.kernel_counters = counters.frame()
-            store.write_table(out, "kernel_counters", origin.kernel_counters)
+            stored["kernel_counters"] = sink.put(out, "kernel_counters", counters.rows)
             manifest["kernel_counters"]["unreadable"] = counters.missing
         if sampler:
-            origin.kernel_samples = sampler.frame()
-            store.write_table(out, "kernel_samples", origin.kernel_samples)
+            stored["kernel_samples"] = sink.put(out, "kernel_samples", sampler.rows)
             manifest["kernel_nr_running"] = {"sampled": sampler.nr is not None,
                                              "why_not": sampler.nr_why_not or None,
                                              "errors": sampler.nr.errors if sampler.nr else []}
             if sampler.nr:
-                origin.kernel_nr_running = sampler.nr.frame()
-                store.write_table(out, "kernel_nr_running", origin.kernel_nr_running)
+                stored["kernel_nr_running"] = sink.put(out, "kernel_nr_running", sampler.nr.rows)
         manifest["status"] = "captured"
         laps("write")
         manifest["timings_s"] = {"capture": laps.steps}
     except BaseException as exc:
         manifest["status"] = "incomplete"
-        manifest["incomplete_reason"] = pipeline.reason(exc)
+        manifest["incomplete_reason"] = reason(exc)
         raise
     finally:
         lower_threads(raised)
@@ -232,10 +290,10 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             lock.release()
         for s, h in old_handlers.items():
             signal.signal(s, h)
-        manifest["ended_at"] = pipeline.now()
+        manifest["ended_at"] = now()
         reserve.release()
         store.write_json(out / "manifest.json", manifest)
-    return Captured(out, manifest, tasks, origin)
+    return Captured(out, manifest, stored)
 
 
 def _mark_both(primary, second):
@@ -267,4 +325,12 @@ def execute(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
 
 def _analyse(captured: Captured) -> store.Run:
     """Analyse what was just captured, with the tables it kept in memory."""
-    return pipeline.analyse(captured.path, origin=captured.origin, tasks=captured.tasks)
+    # the analysis (pandas, the decoders) is imported to analyse only: see the module docstring
+    from harmony import pipeline
+
+    t = captured.tables
+    origin = pipeline.Origin("recorded", kernel_samples=t.get("kernel_samples"),
+                             kernel_nr_running=t.get("kernel_nr_running"),
+                             kernel_counters=t.get("kernel_counters"),
+                             controller_tids=tuple(captured.manifest["controller_tids"]))
+    return pipeline.analyse(captured.path, origin=origin, tasks=t["tasks"])

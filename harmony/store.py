@@ -27,12 +27,15 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from harmony.errors import RunError  # noqa: F401  (raised here)
 from harmony.osutil import FILE_MODE, atomic_write, open_own_file, own_dir  # noqa: F401
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 TABLES = ("tasks", "migrations", "runs", "runqueue", "allocation", "shares", "kernel_samples",
           "kernel_counters", "markers", "events")
@@ -98,6 +101,9 @@ def rows_frame(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
     """A DataFrame of ``rows`` (tuples, one value per column of ``dtypes``: name -> dtype), each
     column made with its dtype at once: ``DataFrame(rows).astype(dtypes)`` costs ~5 ms even for
     a few rows. ``str`` columns get pandas' string dtype, as astype(str) gives."""
+    # pandas here and in read_table, not at the top: the guest agent (harmony.guest) writes its
+    # manifests and JSON through this module in a virtual machine, where pandas costs seconds
+    import pandas as pd
     cols = list(zip(*rows)) or [()] * len(dtypes)
     return pd.DataFrame({name: np.asarray(col, dtype=dtype)
                          for (name, dtype), col in zip(dtypes.items(), cols)})
@@ -155,6 +161,8 @@ def read_json(path: Path) -> dict:
 
 
 def read_table(path: Path) -> pd.DataFrame:
+    import pandas as pd   # see rows_frame
+
     try:
         return pd.read_parquet(path)
     except FileNotFoundError:

@@ -186,6 +186,8 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     # captures, in CPU time it leaves idle, rather than before the first capture
     if hasattr(runner, "while_analysing"):
         runner.while_analysing = _import_report
+    if hasattr(runner, "say") and not quiet:    # a VM runner's steps: boot, each run in the guest
+        runner.say = progress.phase
     t_start = time.monotonic()
     failures, batches = [], []
     try:
@@ -198,6 +200,7 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
                 except (store.RunError, RuntimeError, ValueError) as exc:
                     failures.append({"config": cfg.label, "error": str(exc)})
                 batches.append(out / cfg.label)
+            runner.flush()          # a VM runner boots here, once, for every capture planned
             t_captured = time.monotonic() - t_start
             if runner.analysis != "in line":
                 progress.phase(f"analysing {total_runs} runs ({runner.analysis})")
@@ -214,6 +217,8 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
                "captured_s": t_captured, "analysed_s": t_analysed, "wall_s": wall,
                "efficiency": wall / configured if configured else None, "runs": total_runs,
                "analysis": runner.analysis,
+               # a kernel under test in a VM: the guest's facts (kernel, scheduler, CPUs)
+               "under_test": getattr(runner, "system", None),
                "analysis_overlapped": bool(getattr(runner, "overlap", False))}
     store.write_json(out / "suite.json", record)
     _import_report().write(out, note=card_note)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from harmony.columns import Table
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ROLES = ("cpu", "heavy", "light", "high", "low", "target")
 
@@ -87,10 +89,25 @@ TASKS = Table("tasks", "one row per experiment task, in the experiment's order",
 ])
 
 
+def task_rows(specs: list[TaskSpec], pids: list[int] | None = None) -> list[tuple]:
+    """The rows of the ``tasks`` table (:data:`TASKS`), as plain tuples in the declared column
+    order: each task's pid (-1 if not started), its spec's fields and comm."""
+    pids = pids if pids is not None else [-1] * len(specs)
+    return [(int(pid), *dataclasses.astuple(s), s.comm) for pid, s in zip(pids, specs)]
+
+
+def tasks_from_rows(rows: list) -> pd.DataFrame:
+    """The ``tasks`` table (:data:`TASKS`) of :func:`task_rows`' rows (or the same read back from
+    JSON, as lists: a run captured in a virtual machine)."""
+    # pandas here, not at the top: the guest agent (harmony.guest) keeps the rows, loads no pandas
+    import pandas as pd
+
+    df = pd.DataFrame([tuple(r[1:]) for r in rows], columns=list(TASKS.names[1:]))
+    df.insert(0, "pid", pd.array([r[0] for r in rows], dtype="int32"))
+    return df
+
+
 def tasks_frame(specs: list[TaskSpec], pids: list[int] | None = None) -> pd.DataFrame:
     """The ``tasks`` table of a run (:data:`TASKS`): one row per task, its spec's fields and pid
     (-1 if not started)."""
-    rows = [dataclasses.asdict(s) | {"comm": s.comm} for s in specs]
-    df = pd.DataFrame(rows, columns=list(TASKS.names[1:]))
-    df.insert(0, "pid", pd.array(pids if pids is not None else [-1] * len(specs), dtype="int32"))
-    return df
+    return tasks_from_rows(task_rows(specs, pids))

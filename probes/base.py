@@ -22,8 +22,10 @@ from __future__ import annotations
 import abc
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+if TYPE_CHECKING:   # annotations only: the guest agent (harmony.guest) loads no pandas
+    import pandas as pd
 
 from harmony.errors import ProbeError, TraceCorrupt  # noqa: F401  (raised here)
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import threading
 import time
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from harmony.columns import Table
+
+if TYPE_CHECKING:   # frame()'s annotation; the guest agent keeps rows, loads no pandas
+    import pandas as pd
 
 #: The ``kernel_samples`` table of a run (kernel_samples.parquet): :meth:`KernelSampler.frame`.
 KERNEL_SAMPLES = Table("kernel_samples", "one row per worker read in a sweep, sweep by sweep", [

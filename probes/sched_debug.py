@@ -19,13 +19,15 @@ import os
 import threading
 import time
 from pathlib import Path
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from harmony.columns import Table
 from harmony.errors import SchedDebugError  # noqa: F401  (raised here)
 from harmony.hostfacts import MISSING, OK, WARN, check
 from harmony.osutil import format_cpulist, online_cpus
+
+if TYPE_CHECKING:   # frame()'s annotation; the guest agent keeps rows, loads no pandas
+    import pandas as pd
 
 SCHED_DEBUG = Path("/sys/kernel/debug/sched/debug")
 #: where kernels before 5.13 print the same file

@@ -30,12 +30,19 @@ manifest says so (``capture.derived_events``), and ``harmony export`` leaves tho
 
 Markers written to ``trace_marker`` (ftrace ``print`` events) are kept apart in a markers table:
 ``ts`` (int64 ns), ``cpu`` (int16), ``pid`` (int32), ``text`` (str, trailing newline stripped).
+
+pandas is imported where a table is built, not at the top: the controller takes the marker texts
+from here, also in the guest agent (:mod:`harmony.guest`), which loads no pandas.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SCHED_EVENTS = (
     "sched_switch",
@@ -77,6 +84,8 @@ def make_events(columns: dict, ordered: bool = False) -> pd.DataFrame:
     of an instant keep the order they were given in). ``ordered``: the caller gives them in that
     order already (the ring-buffer decoder's merge does), so it is not checked.
     """
+    import pandas as pd   # see the module's docstring
+
     n = len(next(iter(columns.values()))) if columns else 0
     out = {}
     for name in COLUMNS:
@@ -108,6 +117,8 @@ def _in_order(ts: np.ndarray, cpu: np.ndarray) -> bool:
 
 def make_markers(ts=(), cpu=(), pid=(), text=()) -> pd.DataFrame:
     """Build a markers table (see the module docstring)."""
+    import pandas as pd   # see the module's docstring
+
     return pd.DataFrame({
         "ts": np.asarray(ts, dtype=np.int64),
         "cpu": np.asarray(cpu, dtype=np.int16),

@@ -31,7 +31,6 @@ from harmony.probes.base import (
     ProbeError,
     missing_tracepoints,
 )
-from harmony.probes.ringbuf import decode_dir
 from harmony.probes.schema import SCHED_EVENTS
 
 TRACEFS = Path("/sys/kernel/tracing")
@@ -542,6 +541,10 @@ class TracefsProbe(Probe):
 
     @classmethod
     def decode_dir(cls, out_dir: Path) -> Capture:
+        # the decoder (pandas, numba) is imported to decode only: the guest agent records with
+        # this probe in a virtual machine and leaves the decoding to the host
+        from harmony.probes.ringbuf import decode_dir
+
         return decode_dir(Path(out_dir))
 
 

@@ -23,7 +23,7 @@ PACKAGES = {"harmony": "harmony", "probes": "harmony.probes", "experiments": "ha
 ROOMS = [
     ("foundations", ["harmony.errors", "harmony.osutil", "harmony.version", "harmony.timing",
                      "harmony.jit", "harmony.memory", "harmony.columns", "harmony.tasks",
-                     "harmony.store", "harmony.hostfacts"]),
+                     "harmony.store", "harmony.manifest", "harmony.hostfacts"]),
     ("probes", ["harmony.probes.*"]),
     ("analysis", ["harmony.analysis.*"]),
     ("experiments", ["harmony.experiments.*"]),

@@ -17,7 +17,7 @@ import pytest
 from test_ringbuf import FORMATS_NEW, FORMATS_WAKING, PageBuilder, encode, parsed_formats, write_dir
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking")
+SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from harmony.analysis import policy, stats, thresholds as T
+from harmony.analysis import policy, stats, thresholds as T, trust
 from harmony.analysis.policy import Evidence, infer_evidence
 
 
@@ -169,3 +169,27 @@ def test_runs_on_a_busy_host_are_not_evidence(tmp_path):
     assert sorted(e.path.name for e in evidence) == ["at", "quiet"]
     assert sorted(p.name for p, _ in skipped) == ["above", "busy"]
     assert all("limit FOREIGN_LOAD_MAX = 5%" in why for _, why in skipped)
+
+
+def test_runs_whose_vcpus_waited_for_the_host_are_not_evidence(tmp_path):
+    def write(d, frac, setting="accel=auto,tcg=multi,pin=off"):
+        d.mkdir(parents=True)
+        (d / "manifest.json").write_text(json.dumps({
+            "status": "complete", "experiment": "intrinsic-imbalance", "params": {},
+            "cpus": [0, 1, 2, 3], "foreign_load": {"max_frac": 0.0, "max_cpu": 0, "top": ""},
+            "vm": {"accelerator": "tcg", "qemu_setting": setting, "vcpu_wait_max": frac,
+                   "vcpu_wait_max_vcpu": 2, "vcpu_wait_frac": [0.0, 0.0, frac, 0.0]}}))
+        (d / "summary.json").write_text(json.dumps({"share_ratio_min": 0.99, "migrations_per_s": 1}))
+
+    t, margin = T.VCPU_WAIT_MAX, 1e-6 * T.VCPU_WAIT_MAX
+    write(tmp_path / "at", t)
+    write(tmp_path / "above", t + margin)
+    write(tmp_path / "starved", 0.5)
+    # under -icount the guest's clock does not pass while a vCPU waits: evidence
+    write(tmp_path / "icount", 0.5, "accel=auto,tcg=icount,pin=off")
+    evidence, skipped = policy.collect([tmp_path])
+    assert sorted(e.path.name for e in evidence) == ["at", "icount"]
+    assert sorted(p.name for p, _ in skipped) == ["above", "starved"]
+    assert all("vCPU 2 waited" in why and "limit VCPU_WAIT_MAX = 5%" in why for _, why in skipped)
+    note = trust.vcpu_starved(json.loads((tmp_path / "starved" / "manifest.json").read_text()))
+    assert trust.word(note).startswith("vCPU 2's thread waited for a host CPU 50.0% of the window")

@@ -120,7 +120,8 @@ THRESHOLD_CASES = [
                                       low_cluster_index=v)).split("; ")[1],
      ("low spread", "low spread", "low clustered")),
     # FOREIGN_LOAD_MAX: on run directories (policy.collect reads manifests), in test_policy.py's
-    # test_runs_on_a_busy_host_are_not_evidence
+    # test_runs_on_a_busy_host_are_not_evidence; VCPU_WAIT_MAX likewise, in
+    # test_runs_whose_vcpus_waited_for_the_host_are_not_evidence
 ]
 
 
@@ -133,7 +134,7 @@ def test_each_threshold_below_at_and_above(name, what, rule, want):
 
 
 def test_every_threshold_is_tested():
-    tested = {c[0] for c in THRESHOLD_CASES} | {"FOREIGN_LOAD_MAX"}
+    tested = {c[0] for c in THRESHOLD_CASES} | {"FOREIGN_LOAD_MAX", "VCPU_WAIT_MAX"}
     assert tested == set(T.ALL)
 
 

@@ -1,0 +1,149 @@
+"""The guest agent: ``python3 -m harmony.guest JOBFILE``, run inside a virtual machine.
+
+The host (:mod:`harmony.batch`'s VmRunner) plans every capture of a boot -- the experiment's
+parameters resolved and drawn, its tasks, the run directory under the VM's one writable directory
+-- and writes them as a job file (:func:`write_job`). The agent runs with the host's own Python and
+Harmony (the host's filesystem is shared read-only), mounts tracefs and debugfs, reports the
+guest's facts (kernel release, scheduler, CPUs, tracefs, debugfs...: :func:`harmony.doctor.doctor`
+with the tracefs probe only), then makes the captures one after the other with
+:func:`harmony.run.capture`, the same function as on the host, its side tables kept as plain rows
+(:class:`harmony.run.JsonRows`). It imports no pandas, numba or matplotlib: nothing is decoded or
+analysed in the guest. The host lands each capture and analyses it like any other.
+
+The agent speaks in lines on its standard output (the VM's console), each ``@harmony {json}``
+with an ``event`` (:func:`emit`):
+
+    facts      the guest's facts, once, first (the host's boot time ends here)
+    start      run i begins (its directory)
+    measuring  run i's workload is about to be released (its measured window begins)
+    measured   run i's workload is stopped (its window is over)
+    done       run i is captured, or
+    error      run i failed (message); the agent goes on with the next run
+    end        every run was tried
+
+so that the host shows progress, and times each run's window on its own clock to read how long
+the vCPU threads waited for a host CPU over it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+from pathlib import Path
+
+from harmony import doctor, store
+from harmony.hygiene import HostLock
+from harmony.manifest import reason
+from harmony.run import JsonRows, capture
+from harmony.tasks import TaskSpec
+from harmony.vm import LINE_PREFIX
+
+#: what a job file holds (its "format")
+JOB_FORMAT = "harmony-guest-job/1"
+
+
+def emit(event: str, stream=None, **fields) -> None:
+    """Write one agent line: ``@harmony {"event": event, ...}`` (a single write)."""
+    stream = stream or sys.stdout
+    stream.write(LINE_PREFIX + json.dumps({"event": event, **fields}, default=str) + "\n")
+    stream.flush()
+
+
+@dataclasses.dataclass
+class PlannedRun:
+    """One capture the guest makes, planned on the host: ``capture``'s arguments, with the
+    experiment's parameters already drawn and its tasks listed (the guest does not import the
+    experiment catalog, whose analyses need pandas)."""
+
+    dir: str
+    experiment: str
+    question: str
+    params: dict
+    cpus: list[int]
+    tasks: list[dict]
+    probe: str = "tracefs"
+    seed: int = 0
+
+    @classmethod
+    def of(cls, experiment, params: dict, cpus: list[int], out: Path, probe: str,
+           seed: int) -> "PlannedRun":
+        """Plan ``experiment`` with ``params`` as :func:`harmony.run.capture` would run it."""
+        drawn = {**params, **experiment.draw(params, cpus, seed)}
+        specs = experiment.tasks(drawn, cpus)
+        return cls(str(out), experiment.name, experiment.question, drawn, list(cpus),
+                   [dataclasses.asdict(s) for s in specs], probe, seed)
+
+
+class _Planned:
+    """What :func:`harmony.run.capture` asks of an experiment, answered from a PlannedRun."""
+
+    def __init__(self, run: PlannedRun):
+        self.name, self.question, self._run = run.experiment, run.question, run
+
+    def draw(self, params, cpus, seed) -> dict:
+        return {}                       # drawn on the host already
+
+    def tasks(self, params, cpus) -> list[TaskSpec]:
+        return [TaskSpec(**t) for t in self._run.tasks]
+
+
+def write_job(path: Path, runs: list[PlannedRun]) -> None:
+    store.write_json(path, {"format": JOB_FORMAT, "runs": [dataclasses.asdict(r) for r in runs]})
+
+
+def read_job(path: Path) -> list[PlannedRun]:
+    """The runs of a job file; RunError naming it if it is not one."""
+    job = store.read_json(path)
+    if not isinstance(job, dict) or job.get("format") != JOB_FORMAT:
+        raise store.RunError(f"{path}: not a guest job ({JOB_FORMAT})")
+    try:
+        return [PlannedRun(**r) for r in job["runs"]]
+    except (KeyError, TypeError) as exc:
+        raise store.RunError(f"{path}: a run of the job is malformed ({exc})") from None
+
+
+def guest_facts() -> dict:
+    """The guest's facts, as a run's manifest records a system's (:func:`doctor.run_facts`):
+    tracefs and debugfs mounted if they are not, the tracefs probe only checked."""
+    return doctor.run_facts(doctor.doctor(mount=True, test_record=False, probes=("tracefs",)))
+
+
+def run_job(runs: list[PlannedRun], facts: dict, stream=None) -> int:
+    """Capture every run in turn, saying each step (:func:`emit`); returns how many failed."""
+    failed = 0
+    with HostLock():
+        for i, run in enumerate(runs):
+            emit("start", stream, run=i, dir=run.dir)
+            try:
+                capture(_Planned(run), run.params, run.cpus, Path(run.dir), run.probe, run.seed,
+                        facts, quiet=True, lock_held=True, tables=JsonRows(),
+                        pause=lambda i=i: emit("measuring", stream, run=i),
+                        resume=lambda i=i: emit("measured", stream, run=i))
+            except Exception as exc:      # one run's failure is reported; the next runs go on
+                failed += 1
+                emit("error", stream, run=i, message=reason(exc))
+                continue
+            emit("done", stream, run=i)
+    return failed
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python3 -m harmony.guest JOBFILE", file=sys.stderr)
+        return 2
+    try:
+        runs = read_job(Path(argv[0]))
+        facts = guest_facts()
+    except Exception as exc:    # said on the console, where the host reads it
+        emit("error", run=None, message=reason(exc))
+        return 1
+    emit("facts", facts=facts, pid=os.getpid())
+    failed = run_job(runs, facts)
+    emit("end", failed=failed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,65 @@
+"""The manifest every run directory starts with, and what a reader takes from it.
+
+:func:`new_manifest` starts every run's manifest.json (a run recorded here or in a virtual machine,
+imported, simulated); :func:`reason` says why a run stopped; :func:`system_facts` reads what the
+tasks ran on: the host, or the kernel under test in a virtual machine. Importing this module
+loads no pandas (the guest agent, :mod:`harmony.guest`, writes manifests in a virtual machine).
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+import numpy as np
+
+from harmony.version import __version__
+
+
+def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: int | None,
+                 host: dict, status: str = "running", **facts) -> dict:
+    """The manifest every run directory starts with; ``facts`` adds origin-specific keys
+    (``controller_pid``, ``source``, ``simulated``...)."""
+    return {
+        "harmony_version": __version__,
+        "experiment": experiment.name,
+        "question": experiment.question,
+        "params": params,
+        "cpus": list(cpus),
+        "probe": probe,
+        "seed": seed,
+        "status": status,
+        "started_at": now(),
+        **facts,
+        "host": host,
+        # the installed versions, read without importing pandas (see rows_frame)
+        "versions": {"python": platform.python_version(), "pandas": _version("pandas"),
+                     "numpy": np.__version__},
+    }
+
+
+def _version(package: str) -> str | None:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def now() -> str:
+    """The time stamps of a manifest (UTC, to the second)."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def reason(exc: BaseException) -> str:
+    """Why a run stopped, for its manifest's incomplete_reason."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def system_facts(manifest: dict) -> dict:
+    """The facts of the system a run's tasks ran on (kernel, scheduler, ncpus, ...): the kernel
+    under test where the run was captured in a virtual machine (``manifest["under_test"]``), else
+    the host (``manifest["host"]``)."""
+    return manifest.get("under_test") or manifest.get("host") or {}

@@ -1,0 +1,321 @@
+"""Kernels under test in a VM, hermetically: kernel names and the cache (with fake apt and dpkg on
+PATH), the virtme-ng command line of each QEMU setting, the guest agent's job file and lines,
+landing its JSON rows into the tables a host capture writes, and reclaiming a dead VM's QEMU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harmony import guest, kernels, run, store, vm
+from harmony.errors import KernelError, ParameterError, UnknownKernel
+from harmony.experiments import get_experiment
+from harmony.osutil import proc_starttime
+from harmony.probes.proc_sched import KERNEL_COUNTERS
+from harmony.probes.proc_stat import KERNEL_SAMPLES
+from harmony.probes.sched_debug import KERNEL_NR_RUNNING
+from harmony.tasks import TASKS, TaskSpec, layout_tasks, task_rows, tasks_frame
+
+
+def bzimage(path: Path, release: str) -> Path:
+    """A file with a Linux boot header naming ``release`` (what image_release reads)."""
+    head = bytearray(0x1000)
+    head[0x202:0x206] = b"HdrS"
+    struct.pack_into("<H", head, 0x20E, 0x400)
+    text = f"{release} (builder@host) #1 SMP".encode()
+    head[0x600:0x600 + len(text)] = text
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(bytes(head))
+    return path
+
+
+@pytest.fixture
+def fake_apt(tmp_path, monkeypatch):
+    """apt-cache, apt-get, dpkg-deb and depmod stand-ins on PATH; apt knows two 6.1 ABIs (55, 56)
+    and 6.12.117; each call is logged to ``calls``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls"
+    scripts = {
+        "apt-cache": r'''
+if [ "$1" = search ]; then
+  echo "linux-image-6.1.0-55-amd64-unsigned - Linux 6.1 for 64-bit PCs"
+  echo "linux-image-6.1.0-56-amd64-unsigned - Linux 6.1 for 64-bit PCs"
+  echo "linux-image-6.1.0-56-cloud-amd64-unsigned - Linux 6.1 for x86-64 cloud"
+  echo "linux-image-6.12.117+deb12-amd64-unsigned - Linux 6.12 for 64-bit PCs"
+elif [ "$1" = show ]; then
+  case "$3" in *6.1.0-56*) echo "Version: 6.1.192-2";; *6.12*) echo "Version: 6.12.117-1";; esac
+fi''',
+        "apt-get": r'''
+[ -n "$FAIL_DOWNLOAD" ] && { echo "E: cannot download" >&2; exit 100; }
+touch "pkg_$(echo $3 | tr '=' '_')_amd64.deb"''',
+        "dpkg-deb": r'''
+rel=6.1.0-56-amd64
+mkdir -p "$3/boot" "$3/lib/modules/$rel/kernel"
+python3 -c "import sys; sys.path.insert(0, '$TESTS'); from test_vm import bzimage; from pathlib import Path; bzimage(Path('$3/boot/vmlinuz-$rel'), '$rel')"''',
+        "depmod": r'''touch "$3/lib/modules/$4/modules.dep"''',
+    }
+    for name, body in scripts.items():
+        f = bin_dir / name
+        f.write_text(f'#!/bin/sh\necho "{name} $*" >> {log}\n{body}\n')
+        f.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("TESTS", str(Path(__file__).parent))
+    return log
+
+
+def test_a_name_resolves_to_the_newest_package_apt_knows(fake_apt):
+    assert kernels.resolve("debian:6.1") == ("linux-image-6.1.0-56-amd64-unsigned", "6.1.192-2")
+    assert kernels.resolve("debian:6.12") == ("linux-image-6.12.117+deb12-amd64-unsigned",
+                                              "6.12.117-1")
+    with pytest.raises(KernelError, match=r"debian:6\.1-rt: apt knows no package"):
+        kernels.resolve("debian:6.1-rt")
+
+
+def test_unknown_kernels_are_bad_input_naming_the_known_ones(tmp_path):
+    for spec, what in (("debian:5.10", "unknown kernel"), ("./nope/bzImage", "no such kernel image")):
+        with pytest.raises(UnknownKernel) as exc:
+            kernels.check_spec(spec)
+        assert str(exc.value).startswith(f"{what} {spec!r}: give one of debian:6.1, debian:6.1-rt, "
+                                         "debian:6.12, debian:6.12-rt")
+        assert isinstance(exc.value, ParameterError)      # exit status 2
+    kernels.check_spec("debian:6.12-rt")
+    kernels.check_spec(str(bzimage(tmp_path / "bzImage", "6.12.117")))
+
+
+def test_fetch_unpacks_once_into_the_cache_and_reuses_it(fake_apt, tmp_path):
+    cache = tmp_path / "cache"
+    said = []
+    k = kernels.fetch("debian:6.1", cache, said.append)
+    d = cache / "linux-image-6.1.0-56-amd64-unsigned_6.1.192-2"
+    assert k.image == d / "boot" / "vmlinuz-6.1.0-56-amd64" and k.image.is_file()
+    assert k.release == "6.1.0-56-amd64" and k.moddir == d / "lib/modules/6.1.0-56-amd64"
+    assert (k.moddir / "modules.dep").is_file()          # depmod ran at fetch time
+    assert k.source == {"kind": "debian", "package": "linux-image-6.1.0-56-amd64-unsigned",
+                        "version": "6.1.192-2"}
+    assert said == [f"fetching linux-image-6.1.0-56-amd64-unsigned 6.1.192-2 into {cache}"]
+    assert not list(d.rglob("*.deb"))                     # the package itself is not kept
+    assert [p.name for p in cache.iterdir() if not p.name.startswith(".")] == [d.name]
+    downloads = fake_apt.read_text().count("apt-get download")
+    again = kernels.fetch("debian:6.1", cache)
+    assert again == k and fake_apt.read_text().count("apt-get download") == downloads == 1
+    assert [c.spec for c in kernels.cached(cache)] == ["debian:6.1"]
+    assert kernels.kernel("debian:6.1", cache) == k
+
+
+def test_a_failed_fetch_leaves_nothing_half_extracted(fake_apt, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("FAIL_DOWNLOAD", "1")
+    with pytest.raises(KernelError, match="apt-get download -q failed .*cannot download"):
+        kernels.fetch("debian:6.1", cache)
+    assert [p.name for p in cache.iterdir()] == [".lock"] and kernels.cached(cache) == []
+    # a fetch killed half-way left its partial directory: the next fetch removes it
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (cache / f".partial-{dead.pid}-x" / "boot").mkdir(parents=True)
+    monkeypatch.delenv("FAIL_DOWNLOAD")
+    kernels.fetch("debian:6.1", cache)
+    assert not list(cache.glob(".partial-*"))
+
+
+def test_apt_unreachable_falls_back_to_the_cached_kernel(fake_apt, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    k = kernels.fetch("debian:6.1", cache)
+    monkeypatch.setenv("PATH", "/nonexistent")     # no apt-cache at all
+    assert kernels.fetch("debian:6.1", cache) == k
+    with pytest.raises(KernelError, match="apt-cache is not installed"):
+        kernels.fetch("debian:6.12", cache)
+
+
+def test_an_image_path_is_used_as_it_is_with_the_modules_beside_it(tmp_path):
+    image = bzimage(tmp_path / "root" / "boot" / "vmlinuz", "6.12.117")
+    (tmp_path / "root" / "lib" / "modules" / "6.12.117").mkdir(parents=True)
+    k = kernels.kernel(str(image))
+    assert (k.release, k.moddir, k.source) == ("6.12.117", tmp_path / "root/lib/modules/6.12.117",
+                                               {"kind": "image", "path": str(image)})
+    alone = kernels.from_image(bzimage(tmp_path / "bare" / "bzImage", "6.1.0-x"))
+    assert alone.moddir is None and alone.release == "6.1.0-x"
+    (tmp_path / "text").write_text("not a kernel")
+    with pytest.raises(KernelError, match="not a bzImage"):
+        kernels.kernel(str(tmp_path / "text"))
+
+
+# --- the virtme-ng command line -------------------------------------------------------------------
+
+KERNEL = kernels.Kernel("debian:6.1", Path("/c/boot/vmlinuz-6.1.0-56-amd64"), "6.1.0-56-amd64",
+                        None, {"kind": "debian", "package": "p", "version": "v"})
+
+
+@pytest.mark.parametrize("setting,accel,extra,qemu", [
+    ("", "tcg", ["--disable-kvm"], "-name harmony,debug-threads=on -accel tcg,thread=multi"),
+    ("tcg=single", "tcg", ["--disable-kvm"],
+     "-name harmony,debug-threads=on -accel tcg,thread=single"),
+    ("tcg=icount,pin=on", "tcg", ["--disable-kvm", "--pin"],
+     "-name harmony,debug-threads=on -accel tcg,thread=single -icount shift=auto"),
+    ("accel=kvm,pin=0,1", "kvm", ["--pin", "0,1"], "-name harmony,debug-threads=on"),
+])
+def test_the_vng_command_of_each_setting(setting, accel, extra, qemu):
+    s = vm.QemuSetting.parse(setting)
+    argv = vm.vng_argv(KERNEL, 4, 2048, Path("/out"), ["python3", "-m", "harmony.guest", "/j"],
+                       s, accel)
+    assert argv == ["vng", "--verbose", "--run", "/c/boot/vmlinuz-6.1.0-56-amd64", "--cpus", "4",
+                    "--memory", "2048M", "--rwdir", "/out", *extra, f"--qemu-opts={qemu}", "--",
+                    "python3 -m harmony.guest /j"]
+    assert vm.QemuSetting.parse(s.text()) == s            # the recorded text reads back
+
+
+def test_bad_qemu_settings_are_one_line_errors():
+    for text, msg in (("tcg=fast", "--vm-qemu tcg=fast: choose multi|single|icount"),
+                      ("accel", "not 'accel'"), ("pin=x", "--vm-qemu pin=x: bad cpulist")):
+        with pytest.raises(ParameterError, match=msg):
+            vm.QemuSetting.parse(text)
+
+
+def test_tcg_asked_for_needs_no_test_boot():
+    assert vm.accelerator(vm.QemuSetting(accel="tcg"), KERNEL) == (
+        "tcg", "TCG asked for (--vm-qemu accel=tcg)")
+
+
+def test_wait_fractions_are_the_run_delay_over_the_window():
+    before = {0: (100, 1_000_000_000), 1: (100, 0)}
+    after = {0: (900, 1_500_000_000), 1: (900, 2_000_000_000)}
+    assert vm.wait_fractions(before, after, 4.0) == {0: 0.125, 1: 0.5}
+    assert vm.wait_fractions(before, {0: after[0]}, 4.0) == {0: 0.125}   # a thread gone
+
+
+# --- the guest agent ------------------------------------------------------------------------------
+
+def test_a_job_plans_what_capture_would_run(tmp_path):
+    exp = get_experiment("work-conservation")           # it draws its idle time from the seed
+    params = exp.resolve({}, [0, 1, 2, 3])
+    planned = guest.PlannedRun.of(exp, params, [0, 1, 2, 3], tmp_path / "r", "tracefs", seed=3)
+    drawn = {**params, **exp.draw(params, [0, 1, 2, 3], 3)}
+    assert planned.params == drawn and planned.params != params
+    guest.write_job(tmp_path / "job.json", [planned])
+    (back,) = guest.read_job(tmp_path / "job.json")
+    stand_in = guest._Planned(back)
+    assert stand_in.draw(back.params, back.cpus, 3) == {}
+    assert stand_in.tasks(back.params, back.cpus) == exp.tasks(drawn, [0, 1, 2, 3])
+    (tmp_path / "bad.json").write_text('{"runs": []}')
+    with pytest.raises(store.RunError, match="bad.json: not a guest job"):
+        guest.read_job(tmp_path / "bad.json")
+
+
+def test_agent_lines_round_trip_and_console_noise_is_not_one(capsys):
+    guest.emit("measuring", run=2)
+    line = capsys.readouterr().out
+    assert line == '@harmony {"event": "measuring", "run": 2}\n'
+    assert vm.parse_line(line.rstrip("\n")) == {"event": "measuring", "run": 2}
+    for noise in ("[    3.83] virtme initramfs: done", '@harmony {"event": "meas',
+                  '@harmony ["x"]', "@harmony {}"):
+        assert vm.parse_line(noise) is None
+
+
+def test_importing_the_guest_agent_loads_no_pandas():
+    code = ("import sys, harmony.guest, harmony.vm; "
+            "print(sorted(m for m in ('pandas', 'numba', 'matplotlib', 'pyarrow', 'scipy') "
+            "if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_landing_json_rows_gives_the_tables_a_host_capture_writes(tmp_path):
+    specs = [TaskSpec("a", cut_duty_at_s=0.5, cut_duty=10.0), TaskSpec("b", nice=3)]
+    sides = {"tasks": task_rows(specs, [11, 12]),
+             "kernel_samples": [(5, 100, 11, 1, "R"), (9, 120, 12, 0, "S")],
+             "kernel_counters": [("start", 11, 1, 2, 0, 5, 70), ("end", 11, 8, 9, 2, 40, 900)],
+             "kernel_nr_running": [(6, 5, 7, 0, 2, 2, 1, 0, 1, "kworker/0:1")]}
+    host, guest_dir = tmp_path / "host", tmp_path / "guest"
+    host.mkdir()
+    guest_dir.mkdir()
+    for name, rows in sides.items():
+        run.ParquetTables().put(host, name, rows)
+        assert run.JsonRows().put(guest_dir, name, rows) is None
+    assert sorted(run.land(guest_dir)) == sorted(sides)
+    assert not list(guest_dir.glob("*.json"))
+    for name, table in (("tasks", TASKS), ("kernel_samples", KERNEL_SAMPLES),
+                        ("kernel_counters", KERNEL_COUNTERS),
+                        ("kernel_nr_running", KERNEL_NR_RUNNING)):
+        a, b = (store.read_table(d / f"{name}.parquet") for d in (host, guest_dir))
+        table.check(b)
+        pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(store.read_table(host / "tasks.parquet"),
+                                  tasks_frame(specs, [11, 12]))
+    tasks_frame(layout_tasks([2, 0], [0, 1]))       # no pid: -1, as before
+    store.write_json(guest_dir / "tasks.rows.json", {"table": "runs", "rows": []})
+    with pytest.raises(store.RunError, match="tasks.rows.json: not the rows of table tasks"):
+        run.land(guest_dir)
+
+
+# --- a dead controller's VM -----------------------------------------------------------------------
+
+def test_reclaim_kills_the_qemu_of_a_dead_controller_and_nothing_else(tmp_path, monkeypatch):
+    monkeypatch.setattr(vm, "LOCK_DIRS", (tmp_path,))
+    monkeypatch.setattr(vm, "lock_dir", lambda: tmp_path)
+    qemu = subprocess.Popen(["sleep", "60"])       # stands for QEMU
+    other = subprocess.Popen(["sleep", "60"])      # a live controller's: left alone
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        def record(name, owner, start, pid):
+            (tmp_path / name).write_text(json.dumps({
+                "controller_pid": owner, "controller_start": start, "kernel": "debian:6.1",
+                "pids": [{"pid": pid, "start": proc_starttime(pid)}]}))
+
+        record("vm-1.json", dead.pid, 12345, qemu.pid)
+        record("vm-2.json", os.getpid(), proc_starttime(os.getpid()), other.pid)
+        # a record whose process was recycled (another start time) kills nothing
+        (tmp_path / "vm-3.json").write_text(json.dumps({
+            "controller_pid": dead.pid, "pids": [{"pid": other.pid, "start": 1}]}))
+        assert vm.reclaim_stale() == [f"VM process {qemu.pid} (sleep) of kernel debian:6.1"]
+        assert qemu.wait(timeout=10) == -signal.SIGKILL
+        assert other.poll() is None
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["vm-2.json"]
+    finally:
+        for p in (qemu, other):
+            p.kill()
+            p.wait()
+
+
+def test_a_vm_that_never_speaks_is_killed_at_the_boot_deadline(tmp_path, monkeypatch):
+    """virtme-ng stands in as a script that prints console lines then hangs: the boot timeout
+    ends it, the error names the kernel and quotes the console, and nothing is left running."""
+    monkeypatch.setattr(vm, "lock_dir", lambda: tmp_path)
+    fake = tmp_path / "vng"
+    fake.write_text("#!/bin/sh\necho '[ 0.1] booting'\necho '[ 0.2] still booting'\n"
+                    "sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    machine = vm.VirtualMachine(KERNEL, 2, setting=vm.QemuSetting(accel="tcg"), boot_timeout=1.5)
+    t0 = time.monotonic()
+    with pytest.raises(vm.VmError, match=r"^kernel debian:6\.1: the guest did not boot within 2 s"
+                                         r".*console: \[ 0\.1\] booting \| \[ 0\.2\] still booting"):
+        machine.run(["true"], tmp_path, lambda ev, t: None)
+    assert time.monotonic() - t0 < 60
+    assert machine.proc.poll() is not None           # its whole process group was killed
+    assert not list(tmp_path.glob("vm-*.json"))
+
+
+def test_a_guest_kernel_panic_ends_the_vm_at_once(tmp_path, monkeypatch):
+    monkeypatch.setattr(vm, "lock_dir", lambda: tmp_path)
+    fake = tmp_path / "vng"
+    fake.write_text("#!/bin/sh\necho '@harmony {\"event\": \"facts\", \"facts\": {}}'\n"
+                    "echo '[ 9.9] Kernel panic - not syncing: Fatal exception'\nsleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    events = []
+    machine = vm.VirtualMachine(KERNEL, 2, setting=vm.QemuSetting(accel="tcg"))
+    with pytest.raises(vm.VmError, match=r"kernel debian:6\.1: the guest kernel died: \[ 9\.9\] "
+                                         "Kernel panic - not syncing"):
+        machine.run(["true"], tmp_path, lambda ev, t: events.append(ev["event"]))
+    assert events == ["facts"] and machine.boot_s is not None
+    assert machine.proc.poll() is not None

@@ -1,0 +1,146 @@
+"""Kernels under test for real: the guest agent capturing on this host without pandas, a Debian
+6.1 kernel booted at P = 4 running single-source end to end, and QEMU killed mid-run.
+
+The VM tests need QEMU, virtme-ng and busybox (install.sh installs them; CI runs it) and fetch
+the kernel from Debian into the cache once per machine; they skip with the reason only where
+those are missing (and fail in CI)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli_run import HARMONY, cli
+from conftest import until
+from harmony import store
+
+VM_TOOLS = ("qemu-system-x86_64", "vng", "busybox")
+
+
+def test_the_guest_agent_captures_here_without_pandas(kernel, tmp_path):
+    """The agent's capture (the same harmony.run.capture, its tables as JSON rows) run on this
+    host: no pandas, numba or matplotlib is loaded, and the host lands and analyses it."""
+    from harmony.experiments import get_experiment
+    from harmony.guest import PlannedRun, write_job
+    from harmony.osutil import online_cpus
+    from harmony.pipeline import analyse
+    from harmony.run import land
+
+    exp = get_experiment("single-source")
+    cpus = online_cpus()
+    params = exp.resolve({"duration": "1", "layout": ",".join(["2"] + ["0"] * (len(cpus) - 1))},
+                         cpus)
+    write_job(tmp_path / "job.json", [PlannedRun.of(exp, params, cpus, tmp_path / "r",
+                                                    "tracefs", 0)])
+    code = ("import sys, json; from pathlib import Path; from harmony import guest; "
+            "runs = guest.read_job(Path(sys.argv[1])); facts = guest.guest_facts(); "
+            "failed = guest.run_job(runs, facts); "
+            "print(json.dumps({'failed': failed, 'loaded': sorted(m for m in ('pandas', 'numba', "
+            "'matplotlib', 'pyarrow') if m in sys.modules)}))")
+    deadline = time.monotonic() + 300
+    while True:
+        p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "job.json")],
+                           capture_output=True, text=True, timeout=120)
+        if "another Harmony run" not in p.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    events = [json.loads(line.removeprefix("@harmony ")) for line in p.stdout.splitlines()
+              if line.startswith("@harmony ")]
+    assert [e["event"] for e in events] == ["start", "measuring", "measured", "done"], p.stdout
+    assert json.loads(p.stdout.splitlines()[-1]) == {"failed": 0, "loaded": []}
+    assert {"tasks", "kernel_samples", "kernel_counters"} <= set(land(tmp_path / "r"))
+    run = analyse(tmp_path / "r", figures=False)
+    assert run.complete and len(run.tasks) == 2
+    assert run.manifest["kernel_counter_agreement"]["disagreeing"] == 0
+
+
+def _qemu_pids() -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().startswith("qemu-system"):
+                    out.add(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+@pytest.mark.needs_tool(*VM_TOOLS)
+def test_single_source_in_a_debian_6_1_guest_at_4_vcpus(kernel, tmp_path):
+    before = _qemu_pids()
+    out = tmp_path / "e1"
+    p = cli("run", "single-source", "--kernel", "debian:6.1", "--vm-cpus", "4", "--duration",
+            "2", "--out", out, "-q", timeout=900)
+    assert p.returncode == 0, p.stderr
+    m = store.read_json(out / "manifest.json")
+    assert m["status"] == "complete"
+    under = m["under_test"]
+    assert under["kernel"].startswith("6.1.") and under["scheduler"] == "CFS"
+    assert under["ncpus"] == 4 and m["cpus"] == [0, 1, 2, 3]
+    assert m["host"]["kernel"] == os.uname().release            # the host's own facts
+    vm = m["vm"]
+    assert vm["kernel"]["spec"] == "debian:6.1" and vm["vcpus"] == 4
+    assert vm["kernel"]["source"]["package"].startswith("linux-image-6.1.0-")
+    assert vm["accelerator"] in ("kvm", "tcg") and vm["accelerator_why"]
+    assert vm["qemu"] and vm["virtme_ng"] and vm["boot_s"] > 0
+    assert len(vm["vcpu_wait_frac"]) == 4 and all(0 <= f <= 1 for f in vm["vcpu_wait_frac"])
+    kc = m["kernel_counter_agreement"]
+    assert kc["disagreeing"] == 0 and kc["tasks"] == 8, kc
+    assert "kernel / scheduler           6.1" in p.stdout and "kernel under test" in p.stdout
+    assert _qemu_pids() <= before                                # nothing left running
+
+
+@pytest.mark.needs_tool(*VM_TOOLS)
+def test_qemu_killed_mid_run_leaves_an_incomplete_run_and_nothing_running(kernel, tmp_path):
+    before = _qemu_pids()
+    out = tmp_path / "killed"
+    deadline = time.monotonic() + 300
+    while True:         # wait for the host lock like cli() does
+        proc = subprocess.Popen(HARMONY + ["run", "single-source", "--kernel", "debian:6.1",
+                                           "--vm-cpus", "4", "--duration", "30", "--out",
+                                           str(out)], stderr=subprocess.PIPE, text=True)
+        first = proc.stderr.readline()
+        if "another Harmony run" not in first or time.monotonic() > deadline:
+            break
+        proc.wait()
+        time.sleep(2)
+    lines = [first]
+    try:
+        while "[1/1]" not in lines[-1]:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+        assert any("[1/1]" in line for line in lines), "".join(lines)
+        assert until(lambda: _qemu_pids() - before, 30)
+        time.sleep(5)           # inside the run's 30 s
+        for pid in _qemu_pids() - before:
+            os.kill(pid, signal.SIGKILL)
+        rest = proc.stderr.read()
+        assert proc.wait(timeout=120) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = [line for line in (rest or "").splitlines() if line.startswith("harmony: error")]
+    assert len(err) == 1 and err[0].startswith("harmony: error: kernel debian:6.1: "), rest
+    m = store.read_json(out / "manifest.json")
+    assert m["status"] == "incomplete" and "kernel debian:6.1" in m["incomplete_reason"]
+    assert until(lambda: not (_qemu_pids() - before), 10)
+    assert not [p for p in Path("/proc").iterdir() if p.name.isdigit()
+                and _comm(p) == "vng" and p.name != str(os.getpid())]
+
+
+def _comm(p: Path) -> str:
+    try:
+        return (p / "comm").read_text().strip()
+    except OSError:
+        return ""
