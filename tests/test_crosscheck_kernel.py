@@ -125,6 +125,9 @@ def test_rebuilt_runqueue_matches_kernel_nr_running(kernel, tmp_path):
         host_skip(why)
     def busy(run):      # the nr_running check needs samples with only experiment tasks runnable
         ka = run.manifest["kernel_nr_running_agreement"]
+        if ka["samples"] < 30:  # a sweep takes longer on a busy host, and the sampler waits 100x it
+            return (f"host busy: the sampler made {ka['samples']} samples, not the >= 30 a quiet "
+                    "host gives (it sleeps 100 times as long as each sweep took)")
         return ka["clean"] < 20 and (
             f"host busy: only {ka['clean']} of {ka['samples']} samples had only experiment tasks "
             f"runnable on the CPU set (others: {ka['busy_comms']}); adjusted agreement "

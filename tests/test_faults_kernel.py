@@ -6,6 +6,7 @@ written lost, and the host clean."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -29,9 +30,20 @@ def _comms(prefix: str) -> list[int]:
     return out
 
 
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _host_is_clean() -> list[str]:
-    """What a run left on the host: workers, fork servers, tracing instances, cpuset groups."""
-    left = [f"process {p}" for p in _comms("hmy-") + _comms(SERVER_COMM)]
+    """What a run left on the host: workers, fork servers, tracing instances, cpuset groups. (Not
+    this test process's own fork server, which in-process runs of other tests share.)"""
+    mine = {p for p in _comms(SERVER_COMM) if _parent(p) == os.getpid()}
+    left = [f"process {p} ({Path(f'/proc/{p}/comm').read_text().strip() if Path(f'/proc/{p}').exists() else '?'})"
+            for p in _comms("hmy-") + _comms(SERVER_COMM)
+            if p not in mine and _parent(p) not in mine]
     inst = TRACEFS / "instances"
     left += [f"instance {p.name}" for p in inst.iterdir() if p.name.startswith("harmony-")] \
         if inst.is_dir() else []
