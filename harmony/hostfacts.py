@@ -239,13 +239,21 @@ def sched_ext_state(root: str | Path | None = None) -> dict:
 
 def scheduler_name(release: str | None = None, sched_ext_root: str | Path | None = None) -> str:
     """The scheduler in charge of normal tasks: the sched_ext ops name when a BPF scheduler is
-    enabled, else ``"EEVDF"`` on kernels >= 6.6 and ``"CFS"`` below."""
+    enabled, else the one the release implies (:func:`implied_scheduler`), ``"unknown"`` if
+    neither says."""
     scx = sched_ext_state(sched_ext_root)
     if scx["state"] == "enabled":
         return scx["ops"] or "sched_ext"
+    return implied_scheduler(release) or "unknown"
+
+
+def implied_scheduler(release: str | None = None) -> str | None:
+    """The fair-class scheduler a kernel release implies: ``"EEVDF"`` from 6.6 on, ``"CFS"``
+    below; None when ``release`` is no version. A release cannot show a sched_ext scheduler that
+    was enabled on that kernel: for the running host, :func:`scheduler_name` looks."""
     version = kernel_version(release)
     if version is None:
-        return "unknown"
+        return None
     return "EEVDF" if version >= (6, 6) else "CFS"
 
 

@@ -5,7 +5,8 @@ becomes a ``trace.dat`` for KernelShark / ``trace-cmd report`` (``harmony export
 An imported run has no controller: its tasks are whatever the user names (pids, comms), t0 is the
 first event of those tasks unless a time or a trace marker is given, the end is their last event
 unless given likewise, and what the trace cannot tell (each task's demand) is stated in
-the run's notes. Its manifest says ``"source": {"imported": FILE, ...}``.
+the run's notes. Its manifest says ``"source": {"imported": FILE, ...}``, and names the scheduler
+the recorded kernel release implies (:func:`imported_scheduler`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony import pipeline, store
+from harmony import hostfacts, pipeline, store
 from harmony.analysis import trust
 from harmony.analysis.arrays import event_mask, in_set
 from harmony.analysis.waking import wakeups_from_waking
@@ -327,6 +328,20 @@ def tasks_from_trace(events: pd.DataFrame, pids: list[int], seen: dict[int, set[
 
 # --- the run directory -------------------------------------------------------------------------
 
+def imported_scheduler(release: str | None) -> str:
+    """The manifest's ``host.scheduler`` of a trace recorded on a kernel ``release``: the one the
+    release implies, said to be implied -- "CFS (implied by kernel 6.1)", "EEVDF (implied by
+    kernel 6.12)" -- since a sched_ext scheduler enabled when it was recorded leaves no mark in
+    the release; "?" with the reason when it records none, or one that is no version."""
+    if not release:
+        return "? (the trace records no kernel release)"
+    name = hostfacts.implied_scheduler(release)
+    if name is None:
+        return f"? (kernel release {release!r} is no version)"
+    major, minor = hostfacts.kernel_version(release)
+    return f"{name} (implied by kernel {major}.{minor})"
+
+
 def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | None = None,
                  t0_s: float | None = None, t0_marker: str | None = None,
                  end_s: float | None = None, end_marker: str | None = None,
@@ -423,7 +438,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     store.make_run_dir(out)
     manifest = pipeline.new_manifest(
         exp, values, cpu_set, f"import:{kind}", None,
-        host={"kernel": meta.get("kernel") or "?", "scheduler": "? (recorded elsewhere)",
+        host={"kernel": meta.get("kernel") or "?", "scheduler": imported_scheduler(meta.get("kernel")),
               "ncpus": meta.get("n_cpus") or len(file_cpus), "uname": meta.get("uname", "")},
         source={"imported": str(path.resolve()), "format": kind,
                 "file_version": meta.get("file_version"), "compression": meta.get("compression"),

@@ -188,6 +188,11 @@ def test_scheduler_name_by_version_and_sched_ext(tmp_path):
     _write(scx / "state", "enabled")
     _write(scx / "root/ops", "rusty")
     assert scheduler_name("6.12.1", scx) == "rusty"
+    # the release alone implies the fair class's scheduler, whatever this host runs
+    assert hostfacts.implied_scheduler("6.12.1") == "EEVDF"
+    assert hostfacts.implied_scheduler("6.1.0-50-amd64") == "CFS"
+    assert hostfacts.implied_scheduler("not a release") is None
+    assert scheduler_name("not a release", none) == "unknown"
     assert hostfacts.sched_ext_state(scx)["state"] == "enabled"
     assert hostfacts.sched_ext_state(none) == {"state": "not built", "ops": None, "switch_all": None}
 

@@ -192,6 +192,31 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
                      "drawing the figures"]
 
 
+@pytest.mark.parametrize("release, scheduler", [
+    ("6.1.0-50-amd64", "CFS (implied by kernel 6.1)"),
+    ("6.12.48+deb12-amd64", "EEVDF (implied by kernel 6.12)"),
+    ("test", "? (kernel release 'test' is no version)"),
+    ("", "? (the trace records no kernel release)")])
+def test_import_names_the_scheduler_the_kernel_release_implies(tmp_path, release, scheduler):
+    """As doctor does for the running kernel, from the release the trace recorded (a trace.dat
+    from a 6.1 guest once imported with scheduler "?"); said to be implied, since a sched_ext
+    scheduler leaves no mark in the release."""
+    from harmony.importer import import_trace
+    from harmony.probes.tracedat_write import write_tracedat
+    pages, _, _ = known_capture()
+    # trace-cmd's uname option is "sysname nodename release version machine"; our writer puts
+    # "Linux " before meta["kernel"], so a node name first makes the release the third word
+    raw = write_dir(tmp_path / "raw", pages, extra_meta={"kernel": f"guest {release}" if release
+                                                         else ""})
+    dat = write_tracedat(raw, tmp_path / "trace.dat")
+    run = import_trace(dat, tmp_path / "run", comms=["cat-*"], pids=[11])
+    assert run.manifest["host"]["scheduler"] == scheduler
+    assert run.manifest["host"]["kernel"] == (release or "?")
+    if release.startswith("6.1.0"):
+        from harmony.analysis.policy import setup_of
+        assert setup_of(run.manifest) == "6.1.0-50-amd64, CFS (implied by kernel 6.1)"
+
+
 def test_import_window_ends_with_the_chosen_tasks_unless_given(writer_dat, tmp_path):
     _, dat = writer_dat
     # pid 11's events: 1.000000005 s (its switch-in) .. 1.402653206 s (its switch-out); the
