@@ -1,29 +1,69 @@
-"""Policy cards side by side: the thesis's questions answered on several hosts, kernels or
-schedulers (``harmony compare``).
+"""Policy cards and metrics side by side: the thesis's questions answered on several hosts,
+kernels or schedulers, and how far their measurements differ (``harmony compare``).
 
 Each directory given (a run, batch or suite directory, or a folder of them) is one *source*, and
 its complete runs make one card, as ``harmony infer DIR`` would make it
 (:func:`harmony.analysis.policy.infer`). Cards are never pooled across sources: a card of runs
-from two schedulers would only say "undecided" where they differ.
+from two schedulers would only say "undecided" where they differ. A *reference* is a source of
+published figures without runs (:mod:`harmony.analysis.reference`: ``thesis-2011`` is the
+thesis's O(1), CFS and BFS, three sources; ``thesis-2011:cfs`` one of them).
 
-:func:`df_compare` lines the answers up (one row per question and source), :func:`df_sources`
-says what each source is, :func:`compare_text` prints both as tables, marking the questions whose
-answers differ; :func:`df_compare_runs` holds every run's metrics, :func:`plot_compare` draws
-those behind the answers source by source, and :func:`write` stores all of it (``--out``).
+:func:`df_compare` lines the answers up (one row per question and source; a question is marked
+when the sources' answers differ in kind, not merely in the number a label quotes),
+:func:`df_sources` says what each source is. :func:`df_metric_differences` sets every source
+against the first, per experiment configuration (:func:`config_of`) and summary key: the
+difference of medians with a bootstrap 95% interval and Cliff's delta, marked where they differ
+beyond noise (the rule and its reasons: :mod:`harmony.analysis.thresholds`, ``COMPARE_*``); a
+reference's figure gives a point, never an interval. :func:`compare_text` prints all three as
+tables; :func:`df_compare_runs` holds every run's metrics, :func:`plot_compare` draws those behind
+the answers source by source, :func:`plot_differences` the differences with their intervals,
+and :func:`write` stores all of it (``--out``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
+import textwrap
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from harmony import store
-from harmony.analysis import policy
-from harmony.experiments import summary_key
+from harmony.analysis import policy, reference, stats
+from harmony.analysis import thresholds as T
+from harmony.experiments import CATALOG, get_experiment, summary_key
 
 NO_EVIDENCE = "no evidence"
+
+#: the parameters that make an experiment's configuration, besides the experiment and its CPU
+#: count P: those the suite sweeps (``harmony.suite.SWEEPS``; a test checks they agree) and
+#: time-to-resolve's imbalance x. Runs of different configurations are never pooled; runs of one
+#: configuration that differ in another parameter are, and the row's note names the parameter.
+CONFIG_PARAMS = {"how-many": ("x",), "time-to-resolve": ("x",),
+                 "heavy-light": ("light_duty",), "priority-classes": ("nice_diff",)}
+
+#: the summary keys the policy card's answers are made of, per experiment, each checked against
+#: its declaration at import: the metric table of :func:`compare_text` shows these (and any other
+#: key that differs beyond noise) unless asked for all.
+CARD_METRICS = tuple((exp, summary_key(key, exp)) for exp, key in (
+    ("single-source", "balance_migrations"), ("single-source", "migrations"),
+    ("single-source", "time_to_balance_s"), ("single-source", "migrations_after_balance_per_s"),
+    ("single-source", "share_ratio_min"),
+    ("how-many", "first_round_moved"),
+    ("time-to-resolve", "time_to_balance_s"),
+    ("work-conservation", "steal_latency_s"),
+    ("detection", "interval1_ms"), ("detection", "interval2_ms"), ("detection", "interval3_ms"),
+    ("intrinsic-imbalance", "share_ratio_min"), ("intrinsic-imbalance", "share_ratio_max"),
+    ("intrinsic-imbalance", "jain_index"), ("intrinsic-imbalance", "migrations_per_s"),
+    ("heavy-light", "smape_short"), ("heavy-light", "smape_long"),
+    ("heavy-light", "one_heavy_one_light_fraction"), ("heavy-light", "heavy_slowdown_long"),
+    ("heavy-light", "migrations_per_s"),
+    ("priority-classes", "high_spread_index"), ("priority-classes", "low_cluster_index"),
+    ("priority-classes", "high_allocation_ratio"),
+))
 
 
 #: the per-run metrics the comparison figure draws, one panel each: (experiment, summary key,
@@ -45,39 +85,68 @@ FIGURE_METRICS = tuple((exp, summary_key(key, exp), label, scale) for exp, key, 
 
 @dataclasses.dataclass
 class Comparison:
-    sources: list[str]                        # the directories, as given
+    sources: list[str]                        # the directories (or reference names), as given
     cards: list[policy.Card]                  # one per source, in the same order
-    evidence: list[list[policy.Evidence]]     # the runs behind each card
+    evidence: list[list[policy.Evidence]]     # the runs behind each card ([] for a reference)
+    references: list = dataclasses.field(default_factory=list)  # reference.Reference or None each
+
+    def reference(self, k: int):
+        """Source ``k``'s :class:`harmony.analysis.reference.Reference`, None for runs."""
+        return self.references[k] if k < len(self.references) else None
 
 
 def compare(paths) -> Comparison:
-    """One card per directory of ``paths`` (at least two); RunError naming a directory that does
-    not exist or holds no complete run."""
-    paths = [str(p) for p in paths]
-    if len(paths) < 2:
-        raise store.RunError("compare needs two directories or more")
-    seen: dict[Path, str] = {}
-    for p in paths:
-        if Path(p).resolve() in seen:
-            raise store.RunError(f"{p}: given twice (as {seen[Path(p).resolve()]})")
-        seen[Path(p).resolve()] = p
-    cards, evidence = [], []
-    for p in paths:
-        ev, skipped = policy.collect([p])
-        if not ev:
-            raise store.RunError(f"{p}: no complete run")
-        cards.append(policy.infer_evidence(ev, skipped))
-        evidence.append(ev)
-    return Comparison(paths, cards, evidence)
+    """One card per source of ``paths``: a directory, or a reference name
+    (:func:`harmony.analysis.reference.resolve`; "thesis-2011" is three sources). At least two
+    sources; RunError naming a directory that does not exist or holds no complete run, an unknown
+    reference, or a source given twice. An existing directory is taken as one even when its name
+    is also a reference's (give ./thesis-2011 or thesis-2011 accordingly)."""
+    specs = [str(p) for p in paths]
+    sources: list[tuple[str, object]] = []        # (name, reference or directory path)
+    for p in specs:
+        if reference.is_reference(p) and not Path(p).exists():
+            sources += [(r.name, r) for r in reference.resolve(p)]
+        else:
+            if not Path(p).exists():
+                raise store.RunError(f"{p}: no such directory (nor a reference: "
+                                     f"{', '.join(reference.names())})")
+            sources.append((p, Path(p).resolve()))
+    if len(sources) < 2:
+        raise store.RunError("compare needs two sources or more (directories, or references "
+                             "such as thesis-2011)")
+    seen: dict = {}
+    for name, what in sources:
+        key = what if isinstance(what, Path) else name
+        if key in seen:
+            raise store.RunError(f"{name}: given twice (as {seen[key]})")
+        seen[key] = name
+    cmp = Comparison([], [], [], [])
+    for name, what in sources:
+        if isinstance(what, Path):
+            ev, skipped = policy.collect([name])
+            if not ev:
+                raise store.RunError(f"{name}: no complete run")
+            card, ref = policy.infer_evidence(ev, skipped), None
+        else:
+            ev, card, ref = [], what.card, what
+        cmp.sources.append(name)
+        cmp.cards.append(card)
+        cmp.evidence.append(ev)
+        cmp.references.append(ref)
+    return cmp
 
 
 def df_sources(cmp: Comparison) -> pd.DataFrame:
-    """What each source is. Columns: source (str: the directory as given), runs (int: complete runs
-    used), skipped (int: runs not used, e.g. incomplete or on a busy host), cpus (str: their CPU
-    counts, "2" or "2/4"), setup (str: "<kernel>, <scheduler>", several joined by "; " when the
-    directory mixes them, :func:`harmony.analysis.policy.setup_of`)."""
+    """What each source is. Columns: source (str: the directory or reference as given), letter
+    (str: "A", "B", ...), kind (str: "runs", or "reference": published figures, no runs), runs
+    (int: complete runs used; 0 for a reference), skipped (int: runs not used, e.g. incomplete or
+    on a busy host), cpus (str: their CPU counts, "2" or "2/4"), setup (str: "<kernel>,
+    <scheduler>", several joined by "; " when the directory mixes them,
+    :func:`harmony.analysis.policy.setup_of`)."""
     return pd.DataFrame({
         "source": cmp.sources,
+        "letter": [_letter(k) for k in range(len(cmp.sources))],
+        "kind": ["runs" if cmp.reference(k) is None else "reference" for k in range(len(cmp.sources))],
         "runs": [c.runs for c in cmp.cards],
         "skipped": [len(c.skipped) for c in cmp.cards],
         "cpus": ["/".join(map(str, c.cpus)) for c in cmp.cards],
@@ -85,56 +154,435 @@ def df_sources(cmp: Comparison) -> pd.DataFrame:
     })
 
 
+def label_kind(label: str) -> str:
+    """What kind of answer ``label`` is, without the number it quotes: "fast (~250 ms)" and "fast
+    (~180 ms)" are both "fast", "periodic (~64 ms between checks)" is "periodic". The numbers
+    are set against each other by :func:`df_metric_differences`, with their noise."""
+    return label.split(" (", 1)[0]
+
+
 def df_compare(cmp: Comparison) -> pd.DataFrame:
     """The answers, one row per question (in the thesis's order) and source. Columns: qid (str),
     question (str), thesis (str: its section), source (str), label (str: the answer, "undecided",
-    or "no evidence"), decided (bool: a label every run with one agreed on), votes (str: how the
-    runs voted, "label: runs, ..."; "" without evidence), differs (bool: the sources' labels are
-    not all the same; the same on every row of a question)."""
+    or "no evidence"), kind (str: the label without the number it quotes, :func:`label_kind`),
+    decided (bool: a label every run with one agreed on; a reference's are), votes (str: how the
+    runs voted, "label: runs, ..."; "" without evidence, and for a reference), differs (bool: the
+    sources' answers are not all of one kind; the same on every row of a question)."""
     rows = []
     for src, card in zip(cmp.sources, cmp.cards):
         for a in card.answers:
+            label = a.label if a.label is not None else NO_EVIDENCE
             rows.append({"qid": a.qid, "question": a.question, "thesis": a.thesis, "source": src,
-                         "label": a.label if a.label is not None else NO_EVIDENCE,
-                         "decided": a.decided,
+                         "label": label, "kind": label_kind(label), "decided": a.decided,
                          "votes": ", ".join(f"{k}: {v}" for k, v in a.agreement.items())})
     df = pd.DataFrame(rows)
-    df["differs"] = df.groupby("qid", sort=False)["label"].transform("nunique") > 1
+    df["differs"] = df.groupby("qid", sort=False)["kind"].transform("nunique") > 1
     return df
 
 
-def compare_text(cmp: Comparison, width: int = 34) -> str:
-    """The two tables ``harmony compare`` prints: the sources, then each question's answer per
-    source ("*": the answers differ), each label cut to ``width`` characters."""
+# ------------------------------------------------------------------------------ metric differences
+
+#: the columns of :func:`df_metric_differences`, in order
+METRIC_COLUMNS = ["pair", "a", "b", "source_a", "source_b", "experiment", "config", "cpus_a",
+                  "cpus_b", "metric", "unit", "statistic", "n_a", "n_b", "value_a", "value_b",
+                  "diff", "ci_low", "ci_high", "effect", "magnitude", "apart", "differs",
+                  "verdict", "note"]
+
+#: how each statistic a row may use summarises a side's runs
+_STATISTICS = {"median": np.median, "mean": np.mean, "min": np.min, "max": np.max}
+
+
+def config_of(e: policy.Evidence) -> tuple:
+    """A run's configuration: (experiment, CPU count, ((parameter, value), ...)) over the
+    experiment's :data:`CONFIG_PARAMS`."""
+    return (e.experiment, e.ncpus,
+            tuple((name, e.params.get(name)) for name in CONFIG_PARAMS.get(e.experiment, ())))
+
+
+def config_label(config: tuple) -> str:
+    """A configuration as the tables name it: "how-many P=4 x=16" (a reference figure's range of
+    values: "nice_diff=2..6")."""
+    experiment, ncpus, params = config
+    return " ".join([experiment, f"P={ncpus}"] + [
+        f"{k}={_num(v[0])}..{_num(v[1])}" if isinstance(v, list) else f"{k}={_num(v)}"
+        for k, v in params])
+
+
+def metrics_of(experiment: str) -> list:
+    """The summary keys of ``experiment`` a comparison sets side by side: every declared number
+    (kind int, float or bool: a bool's median is a majority, its mean the fraction true), less
+    those that only repeat a parameter (x, light_duty, a drawn cut time...) and CPU numbers (a
+    label, not a quantity)."""
+    exp = get_experiment(experiment)
+    params = {p.name for p in exp.all_params()}
+    return [m for m in exp.summary if m.kind in ("int", "float", "bool") and m.unit != "cpu"
+            and m.name not in params]
+
+
+@functools.cache
+def _drawn(experiment: str, ncpus: int) -> frozenset:
+    """The parameters ``experiment`` draws anew for each run (a random cut time): they differ
+    between any two runs and say nothing of a configuration."""
+    exp, cpus = get_experiment(experiment), list(range(ncpus))
+    try:
+        return frozenset(exp.draw(exp.resolve({}, cpus), cpus, 0))
+    except ValueError:       # no valid default on this many CPUs: nothing to draw from
+        return frozenset()
+
+
+def _by_config(evidence: list[policy.Evidence]) -> dict[tuple, list[policy.Evidence]]:
+    out: dict[tuple, list[policy.Evidence]] = {}
+    for e in evidence:
+        out.setdefault(config_of(e), []).append(e)
+    return out
+
+
+def _param_note(config: tuple, runs_a: list, runs_b: list) -> str:
+    """The parameters, other than the configuration's and drawn ones, whose values differ between
+    the two sides' runs or among one side's: what else the difference may come from."""
+    experiment, ncpus, cparams = config
+    skip = _drawn(experiment, ncpus) | {k for k, _ in cparams}
+
+    def values(runs, name):
+        return sorted({_num(e.params.get(name)) for e in runs}, key=str)
+
+    names = sorted({k for e in runs_a + runs_b for k in e.params} - skip)
+    parts = []
+    for name in names:
+        va, vb = values(runs_a, name), values(runs_b, name)
+        if va != vb or len(va) > 1:
+            parts.append(f"{name} {'/'.join(va)} vs {'/'.join(vb)}")
+    return "parameters differ: " + "; ".join(parts) if parts else ""
+
+
+def _magnitude(delta: float | None) -> str:
+    if delta is None:
+        return ""
+    d = abs(delta)
+    return ("large" if d >= T.COMPARE_EFFECT_LARGE else "medium" if d >= T.COMPARE_EFFECT_MEDIUM
+            else "small" if d >= T.COMPARE_EFFECT_SMALL else "negligible")
+
+
+def _runs_row(a: list, b: list) -> dict:
+    """The numbers of one metric between two sides' runs (values; None/NaN left out)."""
+    x, y = stats.clean(a), stats.clean(b)
+    row = {"statistic": "median", "n_a": len(x), "n_b": len(y),
+           "value_a": float(np.median(x)) if len(x) else math.nan,
+           "value_b": float(np.median(y)) if len(y) else math.nan}
+    row["diff"] = row["value_b"] - row["value_a"]
+    lo, hi = stats.bootstrap_diff_ci(x, y, level=T.COMPARE_LEVEL)
+    delta = stats.cliffs_delta(x, y)
+    larger = max(abs(row["value_a"]), abs(row["value_b"])) if len(x) and len(y) else 0.0
+    apart = lo is not None and (lo > 0 or hi < 0) and delta is not None \
+        and abs(delta) >= T.COMPARE_EFFECT_LARGE \
+        and abs(row["diff"]) > T.COMPARE_MIN_RELATIVE * larger
+    enough = min(len(x), len(y)) >= T.COMPARE_MIN_RUNS
+    if not len(x) or not len(y):
+        verdict = "no value"
+    elif not enough:
+        verdict = "too few runs"
+    else:
+        verdict = "differs" if apart else "within noise"
+    return row | {"ci_low": math.nan if lo is None else lo, "ci_high": math.nan if hi is None else hi,
+                  "effect": math.nan if delta is None else delta, "magnitude": _magnitude(delta),
+                  "apart": bool(apart), "differs": bool(apart and enough), "verdict": verdict}
+
+
+def _point_row(statistic: str, a, b) -> dict:
+    """One metric where a side is a reference's figure: ``a`` and ``b`` each a list of run values
+    or a float (the figure); a difference without interval or effect, never marked."""
+    def side(v):
+        if isinstance(v, float):
+            return 0, v
+        x = stats.clean(v)
+        return len(x), float(_STATISTICS[statistic](x)) if len(x) else math.nan
+
+    (n_a, va), (n_b, vb) = side(a), side(b)
+    return {"statistic": statistic, "n_a": n_a, "n_b": n_b, "value_a": va, "value_b": vb,
+            "diff": vb - va, "ci_low": math.nan, "ci_high": math.nan, "effect": math.nan,
+            "magnitude": "", "apart": False, "differs": False,
+            "verdict": "point" if not (math.isnan(va) or math.isnan(vb)) else "no value"}
+
+
+def _figure_note(fig, ref, ncpus: int | None) -> str:
+    runs = f", {fig.runs} runs" if fig.runs else ""
+    note = f"{fig.where} ({fig.statistic}{runs}): {fig.note}".rstrip(": ")
+    if ncpus is not None and ncpus != ref.cpus:
+        note += f"; the thesis ran {ref.cpus} CPUs, these runs {ncpus}"
+    return note
+
+
+def _pair_rows(cmp: Comparison, i: int, j: int) -> list[dict]:
+    """The rows of source ``j`` (B) against source ``i`` (A)."""
+    ref_a, ref_b = cmp.reference(i), cmp.reference(j)
+    rows = []
+    if ref_a is None and ref_b is None:
+        conf_a, conf_b = _by_config(cmp.evidence[i]), _by_config(cmp.evidence[j])
+        for config in (c for c in conf_a if c in conf_b):
+            runs_a, runs_b = conf_a[config], conf_b[config]
+            note = _param_note(config, runs_a, runs_b)
+            for m in metrics_of(config[0]):
+                a = [e.summary.get(m.name) for e in runs_a]
+                b = [e.summary.get(m.name) for e in runs_b]
+                if not len(stats.clean(a)) and not len(stats.clean(b)):
+                    continue
+                rows.append({"config": config, "metric": m.name, "unit": m.unit,
+                             "cpus_a": config[1], "cpus_b": config[1], "note": note}
+                            | _runs_row(a, b))
+    elif ref_a is not None and ref_b is not None:
+        for fa in ref_a.figures:
+            stat = reference.RUN_STATISTIC[fa.statistic]
+            for fb in ref_b.figures:
+                if (fa.experiment, fa.key, stat, fa.params) != \
+                        (fb.experiment, fb.key, reference.RUN_STATISTIC[fb.statistic], fb.params):
+                    continue
+                rows.append({"config": (fa.experiment, ref_a.cpus, tuple(fa.params.items())),
+                             "metric": fa.key, "unit": _unit(fa.experiment, fa.key),
+                             "cpus_a": ref_a.cpus, "cpus_b": ref_b.cpus,
+                             "note": f"{fa.where} ({fa.statistic} / {fb.statistic}): A: "
+                                     f"{fa.note}; {_letter(j)}: {fb.note}"}
+                            | _point_row(stat, fa.value, fb.value))
+    else:
+        ref, runs_k = (ref_a, j) if ref_a is not None else (ref_b, i)
+        configs = _by_config(cmp.evidence[runs_k])
+        for fig in ref.figures:
+            for config, runs in configs.items():
+                if config[0] != fig.experiment or not fig.matches(dict(config[2])):
+                    continue
+                values = [e.summary.get(fig.key) for e in runs]
+                stat = reference.RUN_STATISTIC[fig.statistic]
+                a, b = (fig.value, values) if ref_a is not None else (values, fig.value)
+                rows.append({"config": config, "metric": fig.key,
+                             "unit": _unit(fig.experiment, fig.key),
+                             "cpus_a": ref.cpus if ref_a is not None else config[1],
+                             "cpus_b": ref.cpus if ref_b is not None else config[1],
+                             "note": _figure_note(fig, ref, config[1])}
+                            | _point_row(stat, a, b))
+    return rows
+
+
+def _unit(experiment: str, key: str) -> str:
+    return next(m.unit for m in get_experiment(experiment).summary if m.name == key)
+
+
+def df_metric_differences(cmp: Comparison) -> pd.DataFrame:
+    """Every source against the first (A), per experiment configuration (:func:`config_of`: never
+    pooled across configurations, P included) and summary key (:func:`metrics_of`).
+
+    Between two sources of runs: the difference of the medians B - A, a bootstrap interval
+    (``thresholds.COMPARE_LEVEL``, 95%: each source's runs resampled within it,
+    ``stats.BOOTSTRAP_RESAMPLES`` times from ``stats.BOOTSTRAP_SEED``, so the same inputs give
+    the same interval) and Cliff's delta of B's runs against A's; "differs" when the interval
+    excludes 0, the effect is large and each side has ``thresholds.COMPARE_MIN_RUNS`` runs with a
+    value. Against a reference (:mod:`harmony.analysis.reference`): each figure of it against the
+    runs of every configuration it describes (any P: the note says when the thesis's differs),
+    with the figure's statistic on both sides (a mean against the runs' mean, a maximum against
+    their maximum...): a point, no interval, never marked. Two references: their figures of the
+    same key, configuration and statistic.
+
+    Columns: pair (str: "B vs A"), a, b (str: letters), source_a, source_b (str), experiment
+    (str), config (str: :func:`config_label`), cpus_a, cpus_b (int: CPU counts; the thesis's 4),
+    metric (str: the summary key), unit (str: its declared unit), statistic (str: "median",
+    "mean", "min" or "max": what value_a and value_b are), n_a, n_b (int: runs with a value; 0 for
+    a figure), value_a, value_b (float: the statistic of each side; NaN without a value), diff
+    (float: value_b - value_a), ci_low, ci_high (float: the interval of diff; NaN for a point or
+    below 2 runs a side), effect (float: Cliff's delta, -1..1, positive when B is larger; NaN for
+    a point), magnitude (str: "negligible", "small", "medium", "large"; "" for a point), apart
+    (bool: the interval excludes 0 and the effect is large, however many runs), differs (bool:
+    apart with enough runs: the marker), verdict (str: "differs", "within noise", "too few runs",
+    "point", "no value"), note (str: where a figure comes from and how it maps; parameters that
+    differ; CPU counts that differ). One row per pair, configuration and metric, in the
+    catalog's order; a configuration only one side measured has no row.
+    """
+    rows = []
+    for j in range(1, len(cmp.sources)):
+        for r in _pair_rows(cmp, 0, j):
+            config = r.pop("config")
+            rows.append({"pair": f"{_letter(j)} vs A", "a": "A", "b": _letter(j),
+                         "source_a": cmp.sources[0], "source_b": cmp.sources[j],
+                         "experiment": config[0], "config": config_label(config), **r,
+                         "_order": (j, list(CATALOG).index(config[0]), config[1],
+                                    tuple(str(v) for _, v in config[2]), _metric_index(config[0], r["metric"]))})
+    if not rows:
+        return pd.DataFrame(columns=METRIC_COLUMNS)
+    df = pd.DataFrame(rows).sort_values("_order", kind="stable").drop(columns="_order")
+    return df[METRIC_COLUMNS].reset_index(drop=True)
+
+
+def _metric_index(experiment: str, key: str) -> int:
+    names = [m.name for m in get_experiment(experiment).summary]
+    return names.index(key) if key in names else len(names)
+
+
+def unmatched(cmp: Comparison) -> list[str]:
+    """What one side of a pair measured and the other did not, as lines: configurations of runs
+    without a counterpart, and a reference's figures that no configuration of the runs matched."""
+    out = []
+    conf = [None if cmp.reference(k) is not None else _by_config(cmp.evidence[k])
+            for k in range(len(cmp.sources))]
+    for j in range(1, len(cmp.sources)):
+        pair = f"{_letter(j)} vs A"
+        if conf[0] is not None and conf[j] is not None:
+            for k, other in ((0, j), (j, 0)):
+                only = [config_label(c) for c in conf[k] if c not in conf[other]]
+                if only:
+                    out.append(f"{pair}: only {_letter(k)} measured {', '.join(only)}")
+        elif (conf[0] is None) != (conf[j] is None):
+            ref, runs = (cmp.reference(0), conf[j]) if conf[0] is None else (cmp.reference(j), conf[0])
+            missed = [f for f in ref.figures if not any(
+                c[0] == f.experiment and f.matches(dict(c[2])) for c in runs)]
+            if missed:
+                exps = sorted({f.experiment + (f" {f.config_text}" if f.params else "")
+                               for f in missed})
+                out.append(f"{pair}: {len(missed)} of {ref.name}'s {len(ref.figures)} figures match "
+                           f"no configuration of the runs ({', '.join(exps)})")
+    return out
+
+
+def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = False) -> str:
+    """The tables ``harmony compare`` prints: the sources, each question's answer per source
+    ("*": answers of another kind; each label cut to ``width`` characters, by default what fits
+    120 columns), then :func:`metrics_text`."""
     src = df_sources(cmp)
-    names = [_letter(k) for k in range(len(src))]
+    names = list(src["letter"])
     out = ["sources:"]
-    for n, row in zip(names, src.itertuples()):
-        skipped = f", {row.skipped} not used" if row.skipped else ""
-        runs = f"{row.runs} run{'s' if row.runs != 1 else ''}"
-        out.append(f"  {n}  {row.source}: {runs} on {row.cpus or '?'} CPUs{skipped}; {row.setup}")
+    for k, row in enumerate(src.itertuples()):
+        ref = cmp.reference(k)
+        if ref is not None:
+            what = (f"reference, no runs: {len(ref.figures)} figures and the answers of "
+                    f"{ref.cite}, on {row.cpus} CPUs")
+        else:
+            skipped = f", {row.skipped} not used" if row.skipped else ""
+            what = f"{row.runs} run{'s' if row.runs != 1 else ''} on {row.cpus or '?'} CPUs{skipped}"
+        out.append(f"  {row.letter}  {row.source}: {what}; {row.setup}")
     out.append("")
     df = df_compare(cmp)
     table = df.pivot(index="qid", columns="source", values="label").loc[
         list(dict.fromkeys(df["qid"])), cmp.sources]
     differs = df.groupby("qid", sort=False)["differs"].first()
     qw = max(len(q) for q in table.index) + 2
+    if width is None:
+        width = max(16, min(34, (120 - qw - 4) // len(names) - 2))
     out.append(f"    {'question':<{qw}}" + "".join(f"{n:<{width + 2}}" for n in names).rstrip())
     for i, (qid, labels) in enumerate(table.iterrows(), 1):
         mark = "*" if differs[qid] else " "
         cells = "".join(f"{_cut(str(v), width):<{width + 2}}" for v in labels)
         out.append(f"{mark}{i:>2} {qid:<{qw}}" + cells.rstrip())
     n_diff = int(differs.sum())
-    out += ["", f"{n_diff} of {len(table)} questions answered differently (*); "
-                "`harmony infer DIR` gives the numbers and votes behind each answer"]
-    return "\n".join(out) + "\n"
+    out += [""] + textwrap.wrap(
+        f"{n_diff} of {len(table)} questions answered differently (*: answers of another kind; "
+        "the numbers a label quotes are compared below); `harmony infer DIR` gives the numbers "
+        "and votes behind each answer", 100) + [""]
+    out += metrics_text(cmp, df_metric_differences(cmp), all_metrics)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def metrics_text(cmp: Comparison, df: pd.DataFrame, all_metrics: bool = False) -> list[str]:
+    """The metric tables of :func:`compare_text`, one per pair (B vs A, C vs A, ...), from
+    :func:`df_metric_differences`'s ``df``: the card's metrics (:data:`CARD_METRICS`), every
+    reference figure and any metric whose sides are apart, or every row with ``all_metrics``."""
+    shown = _shown(df, all_metrics)
+    intro = (f"Metrics, {'each source' if len(cmp.sources) > 2 else 'B'} against A, per "
+             "configuration (experiment, P, swept parameter): the difference of medians B - A "
+             f"with its {T.COMPARE_LEVEL:.0%} bootstrap interval (each source's runs resampled "
+             f"within it, {stats.BOOTSTRAP_RESAMPLES} resamples, seed {stats.BOOTSTRAP_SEED}) "
+             "and Cliff's delta; against a reference's figure, a point (no interval) in the "
+             "figure's statistic.")
+    out = textwrap.wrap(intro, 100)
+    for pair, d in shown.groupby("pair", sort=False):
+        out += ["", f"{pair} ({d['source_b'].iloc[0]} against {d['source_a'].iloc[0]}):"]
+        out += _metric_table(d)
+    if shown.empty:
+        out += ["", "no configuration measured on both sides (or described by a reference's "
+                    "figure)"]
+    out += [""] + [f"  {line}" for line in unmatched(cmp)]
+    hidden = len(df) - len(shown)
+    if hidden:
+        out.append(f"  {hidden} more metric rows, none apart: `--all-metrics` prints them; "
+                   "--json and compare.json hold every row")
+    # rows that chance could mark: enough runs, and runs that vary (two constants cannot)
+    runs = df[df["verdict"].isin(["differs", "within noise"])]
+    spread = int((runs["ci_low"] != runs["ci_high"]).sum())
+    chance = ""
+    if spread:
+        chance = (f" Each mark is a {T.COMPARE_LEVEL:.0%} statement about its own metric: of the "
+                  f"{spread} metric rows here with enough runs whose runs vary, about "
+                  f"{T.COMPARE_CHANCE_RATE * spread:.1f} would be marked by chance if the sources "
+                  f"did not differ at all ({int(df['differs'].sum())} are marked).")
+    out += [""] + textwrap.wrap(
+        f"*: differs beyond noise: the interval excludes 0, |delta| >= {T.COMPARE_EFFECT_LARGE} "
+        f"(large) and the difference exceeds {T.COMPARE_MIN_RELATIVE:.0%} of the larger value, "
+        f"with >= {T.COMPARE_MIN_RUNS} runs a side with a value (thresholds.COMPARE_*). ?: as far "
+        "apart, with fewer runs: not marked (2 runs a side are that far apart by chance 1 time "
+        f"in 3).{chance}", 100)
+    return [line.rstrip() for line in out]
+
+
+def _shown(df: pd.DataFrame, all_metrics: bool = False) -> pd.DataFrame:
+    """The rows the tables and the figure show: every row with ``all_metrics``; else those of
+    :data:`CARD_METRICS`, every reference figure and any row whose sides are apart."""
+    if all_metrics:
+        return df
+    card = pd.Series([(e, m) in CARD_METRICS for e, m in zip(df["experiment"], df["metric"])],
+                     index=df.index, dtype=bool)
+    return df[card | df["apart"].astype(bool) | (df["verdict"] == "point")]
+
+
+def _metric_table(d: pd.DataFrame) -> list[str]:
+    a, b = d["a"].iloc[0], d["b"].iloc[0]
+    rows = []
+    for r in d.itertuples():
+        mark = "*" if r.differs else "?" if r.apart else " "
+        stat = "" if r.statistic == "median" else f" ({r.statistic})"
+        if r.verdict == "point":
+            interval, effect = "point", ""
+            verdict = r.note.split(": ", 1)[0]
+        else:
+            interval = ("" if math.isnan(r.ci_low) else
+                        f"{_signed(r.ci_low)} .. {_signed(r.ci_high)}")
+            effect = "" if math.isnan(r.effect) else f"{r.effect:+.2f} {r.magnitude}"
+            verdict = r.verdict + (f" ({r.n_a}, {r.n_b})" if r.verdict == "too few runs" else "")
+        rows.append((mark, r.config, f"{r.metric} [{r.unit}]{stat}",
+                     f"{_number(r.value_a)} ({r.n_a})" if r.n_a else _number(r.value_a),
+                     f"{_number(r.value_b)} ({r.n_b})" if r.n_b else _number(r.value_b),
+                     _signed(r.diff), interval, effect, verdict))
+    head = ("", "configuration", "metric [unit]", f"{a} (runs)", f"{b} (runs)", f"{b} - {a}",
+            f"{T.COMPARE_LEVEL:.0%} interval", "delta", "")
+    widths = [max(len(str(x[c])) for x in [head] + rows) for c in range(len(head))]
+    return ["  " + "  ".join(f"{str(x[c]):<{widths[c]}}" for c in range(len(head))).rstrip()
+            for x in [head] + rows]
+
+
+def _number(v: float) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    return f"{v:.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+
+
+def _signed(v: float) -> str:
+    if v is None or math.isnan(v):
+        return "-"
+    return ("+" if v > 0 else "") + _number(v) if v != 0 else "0"
+
+
+def _num(v) -> str:
+    """A parameter value as ``-p`` takes it: 20.0 as 20, a list as "8,0,0,0"."""
+    if isinstance(v, (list, tuple)):
+        return ",".join(_num(x) for x in v)
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
 
 
 def to_dict(cmp: Comparison) -> dict:
     """The comparison for programs (``--json``, compare.json): {"sources": :func:`df_sources`'s
-    rows, "answers": :func:`df_compare`'s rows}."""
+    rows, "answers": :func:`df_compare`'s rows, "metrics": :func:`df_metric_differences`'s rows
+    (NaN as null), "unmatched": :func:`unmatched`}."""
+    metrics = df_metric_differences(cmp)
     return {"sources": df_sources(cmp).to_dict("records"),
-            "answers": df_compare(cmp).to_dict("records")}
+            "answers": df_compare(cmp).to_dict("records"),
+            "metrics": metrics.astype(object).where(metrics.notna(), None).to_dict("records"),
+            "unmatched": unmatched(cmp)}
 
 
 def df_compare_runs(cmp: Comparison) -> pd.DataFrame:
@@ -157,8 +605,6 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
     """The metrics of :data:`FIGURE_METRICS` that some source measured, one panel each, the
     sources side by side (by letter), every run a point and each source's median a red bar;
     None if no source measured any."""
-    import math
-
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -166,6 +612,8 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
     # the suite report's point strips and look, so that both read alike
     from harmony.analysis.report_suite import STYLE, median_bars, numeric, strip_points
 
+    if runs.empty or "experiment" not in runs:
+        return None
     panels = []
     for exp, key, label, scale in FIGURE_METRICS:
         d = runs[runs["experiment"] == exp]
@@ -196,18 +644,96 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
     return Path(path)
 
 
-def write(cmp: Comparison, out) -> list[Path]:
-    """compare.md (the tables of :func:`compare_text` and the figure), compare.json (sources and
-    answers) and figures/compare.png into the directory ``out``; the paths written."""
+#: colours of :func:`plot_differences`' rows, by what the row says
+DIFF_COLOURS = {"differs": "#c0392b", "apart": "#de8f05", "other": "#7f8c8d", "point": "#0173b2"}
+#: the relative differences :func:`plot_differences` draws (beyond: an arrow at the edge)
+DIFF_LIMIT = 2.0
+
+
+def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path | None:
+    """Every pair's metric differences (the rows :func:`metrics_text` prints, from
+    :func:`df_metric_differences`) as a forest plot, one panel per pair, one line per
+    configuration and metric: the difference B - A and its interval, relative to the larger of
+    the two values (so that counts, seconds and ratios share one axis; the absolute difference
+    is written beside each line). Red: differs beyond noise; orange: as far apart with too few
+    runs; grey: within noise or too few runs; blue diamond: against a reference's figure (a point,
+    no interval). None when there is no row."""
+    import matplotlib       # ~0.3 s to import: only when a figure is drawn
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from harmony.analysis.report_suite import STYLE
+
+    d = _shown(df, all_metrics)
+    if d.empty:
+        return None
+    pairs = list(dict.fromkeys(d["pair"]))
+    sizes = [int((d["pair"] == p).sum()) for p in pairs]
+    # 100% when every value is >= 0 (the usual case), up to DIFF_LIMIT when signs differ
+    extent = np.nanmax(np.abs(d[["diff", "ci_low", "ci_high"]].to_numpy(float)) / np.maximum(
+        np.maximum(d["value_a"].abs(), d["value_b"].abs()).to_numpy(float)[:, None], 1e-300),
+        initial=0.0)
+    limit = min(DIFF_LIMIT, max(1.0, float(extent)))
+    with plt.rc_context(STYLE):
+        fig, axes = plt.subplots(len(pairs), 1, figsize=(11, 1.2 + 0.27 * sum(sizes) + 0.9 * len(pairs)),
+                                 squeeze=False, gridspec_kw={"height_ratios": [n + 2 for n in sizes]})
+        for ax, pair in zip(axes[:, 0], pairs):
+            rows = d[d["pair"] == pair].reset_index(drop=True)
+            scale = np.maximum(rows["value_a"].abs(), rows["value_b"].abs()).to_numpy(float, copy=True)
+            scale[~(scale > 0)] = 1.0       # both 0 (or NaN): the difference is 0 (or absent)
+            rel = (rows["diff"].to_numpy(float) / scale)
+            lo, hi = rows["ci_low"].to_numpy(float) / scale, rows["ci_high"].to_numpy(float) / scale
+            y = np.arange(len(rows))[::-1]
+            for k, r in rows.iterrows():
+                kind = ("point" if r["verdict"] == "point" else "differs" if r["differs"]
+                        else "apart" if r["apart"] else "other")
+                colour = DIFF_COLOURS[kind]
+                if not math.isnan(lo[k]):
+                    ax.hlines(y[k], max(lo[k], -DIFF_LIMIT), min(hi[k], DIFF_LIMIT), color=colour, lw=2)
+                if not math.isnan(rel[k]):
+                    ax.plot(np.clip(rel[k], -DIFF_LIMIT, DIFF_LIMIT), y[k],
+                            "D" if kind == "point" else "o", color=colour, ms=5, zorder=3)
+                stat = "" if r["statistic"] == "median" else f" ({r['statistic']})"
+                ax.text(1.01, y[k], f"{_signed(r['diff'])} {r['unit']}{stat}", va="center",
+                        fontsize=7, transform=ax.get_yaxis_transform(), color=colour)
+            ax.axvline(0, color="#2c3e50", lw=0.8)
+            ax.set_xlim(-limit * 1.05, limit * 1.05)
+            ax.set_yticks(y, [f"{c}  {m}" for c, m in zip(rows["config"], rows["metric"])], fontsize=7)
+            ax.set_ylim(-0.7, len(rows) - 0.3)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+            ax.grid(False, axis="y")
+            ax.set_title(f"{pair}: {rows['source_b'].iloc[0]} against {rows['source_a'].iloc[0]}",
+                         fontsize=9, loc="left")
+        axes[-1, 0].set_xlabel(f"B - A relative to the larger of the two values; bar: its "
+                               f"{T.COMPARE_LEVEL:.0%} bootstrap interval\nred: differs beyond "
+                               "noise; orange: as far apart with too few runs; grey: within noise "
+                               "or too few runs; blue diamond: against a reference's figure (no "
+                               "interval)", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+    return Path(path)
+
+
+def write(cmp: Comparison, out, all_metrics: bool = False) -> list[Path]:
+    """compare.md (the tables of :func:`compare_text` and the figures), compare.json
+    (:func:`to_dict`: sources, answers, every metric row), figures/compare.png (every run) and
+    figures/differences.png (:func:`plot_differences`) into the directory ``out``; the paths
+    written."""
     out = Path(out)
     (out / "figures").mkdir(parents=True, exist_ok=True)
+    diffs = df_metric_differences(cmp)
     fig = plot_compare(df_compare_runs(cmp), out / "figures" / "compare.png")
-    md = ["# Policy cards compared", "", "```", compare_text(cmp).rstrip(), "```", ""]
+    forest = plot_differences(diffs, out / "figures" / "differences.png", all_metrics)
+    md = ["# Policy cards compared", "", "```", compare_text(cmp, all_metrics=all_metrics).rstrip(),
+          "```", ""]
+    if forest is not None:
+        md += ["![the differences and their intervals](figures/differences.png)", ""]
     if fig is not None:
         md += ["![each source's runs](figures/compare.png)", ""]
     store.atomic_write(out / "compare.md", "\n".join(md))
     store.write_json(out / "compare.json", to_dict(cmp))
-    return [out / "compare.md", out / "compare.json"] + ([fig] if fig is not None else [])
+    return [out / "compare.md", out / "compare.json"] + [f for f in (fig, forest) if f is not None]
 
 
 def _letter(k: int) -> str:

@@ -72,4 +72,49 @@ FOREIGN_LOAD_MAX = 0.05
 #: not pass while the thread waits, and the rule does not apply.
 VCPU_WAIT_MAX = 0.05
 
+#: Comparison (``harmony compare``): two sources' runs of one configuration differ "beyond noise"
+#: on a metric when (1) each side has at least COMPARE_MIN_RUNS runs with a value, (2) the bootstrap
+#: interval of the difference of their medians (COMPARE_LEVEL; :func:`harmony.analysis.stats.
+#: bootstrap_diff_ci`) excludes 0, (3) the effect is large: |Cliff's delta| >= COMPARE_EFFECT_LARGE,
+#: and (4) the difference is not negligible (COMPARE_MIN_RELATIVE).
+#:
+#: The effect size is Cliff's delta (P(B > A) - P(B < A) over all pairs of runs), not Hedges' g:
+#: Harmony's metrics are counts, latencies and ratios with floors, ceilings and long tails (a
+#: detection interval of 64 ms in most runs and 10 s in one), at 2-10 runs a side; delta uses only
+#: the order of the runs, so it assumes no normal distribution, and one outlier run cannot swing
+#: it, where g's pooled standard deviation would be dominated by that one run.
+#:
+#: COMPARE_MIN_RUNS: below 4 runs a side the percentile bootstrap of a median marks noise. Its
+#: interval then only spans the differences the runs allow, and excludes 0 whenever the two sets
+#: do not overlap, which happens by chance in 1/3 of the cases at 2 runs a side and 1/10 at 3
+#: (exactly 2/C(2n, n)). At 4 a side complete separation first has a chance probability under 5%
+#: (2/70 = 2.9%, the exact Mann-Whitney test). Measured on simulated runs drawn from one
+#: distribution (``python bench/compare_noise.py``, normal and log-normal, 400 trials each): the
+#: rule marks 30-34% of metrics at 2 runs a side, 9-12% at 3, 5-6.5% at 4, 2-3% at 5 and 3-4% at
+#: 8-10. Fewer runs are still shown, with their interval, and said to be too few, never marked.
+COMPARE_MIN_RUNS = 4
+#: The rule marks about this fraction of the metrics of two sources that do not differ at all (the
+#: measured 2-6.5% at 4-10 runs a side above; 11 of 327 varying metric rows, 3.4%, between six pairs
+#: of simulated quick suites of one reference policy with different seeds, 5 runs a side:
+#: ``python bench/compare_noise.py --simulated``). Every mark is a statement about its own
+#: metric, so among many metrics a few are marked by chance: ``harmony compare`` says how many
+#: to expect. (A family-wide correction cannot help at these run counts: with 5 runs a side the
+#: smallest exact two-sided p-value is 2/252 = 0.008, above any Bonferroni level for 10 metrics.)
+COMPARE_CHANCE_RATE = 0.03
+#: The interval's confidence level.
+COMPARE_LEVEL = 0.95
+#: (4) and the difference of medians is more than this fraction of the larger of the two: a
+#: smaller shift is below anything the card turns on (its own thresholds lie 10% or more apart:
+#: FAIR_SHARE_MIN_RATIO, SELECTION_SMAPE_GAP, HOW_MANY_MATCH_FRACTION) and below what the metrics
+#: resolve; without it two deterministic simulations whose shares differ in the sixth digit (float
+#: sums over different event orders) would "differ" with delta 1 and an interval of width 0.
+COMPARE_MIN_RELATIVE = 0.01
+#: |Cliff's delta| from which an effect is "large", "medium", "small" (below: "negligible"):
+#: Romano et al. (2006)'s bounds, the values of delta that correspond to Cohen's d of 0.8, 0.5
+#: and 0.2 between two normal distributions. "Large" (0.474) means about 74% of the pairs of runs
+#: fall one way: a shift of the whole distribution, not of a tail.
+COMPARE_EFFECT_LARGE = 0.474
+COMPARE_EFFECT_MEDIUM = 0.33
+COMPARE_EFFECT_SMALL = 0.147
+
 ALL = {k: v for k, v in dict(globals()).items() if k.isupper()}

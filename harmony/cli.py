@@ -610,27 +610,39 @@ def infer(dirs, as_json):
 
 
 @main.command()
-@click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="print the answers as JSON")
+@click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")
+@click.option("--json", "as_json", is_flag=True,
+              help="print sources, answers and metric differences as JSON")
+@click.option("--all-metrics", is_flag=True,
+              help="print every metric compared, not only the card's and those apart")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="also write compare.md, compare.json and figures/compare.png there")
-def compare(dirs, as_json, out):
-    """Policy cards side by side: one per directory (a host, kernel or scheduler's runs)."""
+              help="also write compare.md, compare.json and figures/ (compare.png: every run; "
+                   "differences.png: the differences with their intervals) there")
+def compare(sources, as_json, all_metrics, out):
+    """Policy cards and metrics side by side, never pooled: each SOURCE a run, batch or suite
+    directory (a host, kernel or scheduler's runs), or a reference of published figures:
+    thesis-2011 (the thesis's O(1), CFS and BFS: three sources) or thesis-2011:o1, :cfs, :bfs.
+
+    \b
+    Prints what each source is, each question's answer per source (* where the answers differ
+    in kind), then every source against the first (A), per experiment configuration
+    (experiment, P and its swept parameter) and metric: the difference of medians B - A with
+    its 95% bootstrap interval (runs resampled within each source, 2000 resamples, seed 0) and
+    Cliff's delta, * where the interval excludes 0, the effect is large and each side has 4 runs
+    or more; against a reference's figure, a point (no interval) in the figure's statistic."""
     from harmony.analysis import compare as cmp_mod
     from harmony.store import RunError
 
-    if len(dirs) < 2:
-        raise click.UsageError("give two directories or more (run, batch or suite directories)")
     if out is not None:
         _check_out(out)
-    with _errors(inputs=(RunError,)):      # the directories given are the arguments
-        cmp = cmp_mod.compare(dirs)
+    with _errors(inputs=(RunError,)):      # the sources given are the arguments (two or more)
+        cmp = cmp_mod.compare(sources)
     if as_json:
         click.echo(json.dumps(cmp_mod.to_dict(cmp), indent=1))
     else:
-        click.echo(cmp_mod.compare_text(cmp).rstrip())
+        click.echo(cmp_mod.compare_text(cmp, all_metrics=all_metrics).rstrip())
     if out is not None:
-        for path in cmp_mod.write(cmp, out):
+        for path in cmp_mod.write(cmp, out, all_metrics=all_metrics):
             click.echo(f"wrote {path}", err=as_json)
 
 

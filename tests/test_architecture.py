@@ -27,8 +27,9 @@ ROOMS = [
     ("probes", ["harmony.probes.*"]),
     ("analysis", ["harmony.analysis.*"]),
     ("experiments", ["harmony.experiments.*"]),
-    ("inference and reports", ["harmony.analysis.policy", "harmony.analysis.compare",
-                               "harmony.analysis.report", "harmony.analysis.report_suite"]),
+    ("inference and reports", ["harmony.analysis.policy", "harmony.analysis.reference",
+                               "harmony.analysis.compare", "harmony.analysis.report",
+                               "harmony.analysis.report_suite"]),
     ("orchestration", ["harmony.*"]),
     ("entry points", ["harmony.cli", "harmony"]),     # the command, and harmony.load
 ]

@@ -1,13 +1,18 @@
-"""harmony compare: one policy card per directory, side by side, never pooled (simulated runs)."""
+"""harmony compare: one policy card per source, side by side, never pooled, and the metric
+differences with their intervals and effect sizes (simulated runs; the thesis's figures)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from harmony.analysis.compare import compare, compare_text, df_compare, df_sources
+from harmony.analysis.compare import (CONFIG_PARAMS, METRIC_COLUMNS, compare, compare_text,
+                                      df_compare, df_metric_differences, df_sources, label_kind,
+                                      unmatched)
 from harmony.cli import main
 from harmony.store import RunError
 
@@ -47,8 +52,8 @@ def test_each_directory_gets_its_own_card_and_differences_are_marked(two_policie
     poly, pair = two_policies
     cmp = compare([poly, pair])
     df = df_compare(cmp)
-    assert list(df.columns) == ["qid", "question", "thesis", "source", "label", "decided", "votes",
-                                "differs"]
+    assert list(df.columns) == ["qid", "question", "thesis", "source", "label", "kind", "decided",
+                                "votes", "differs"]
     assert len(df) == 2 * 9
     how = df[df["qid"] == "how_many"].set_index("source")
     assert how.loc[str(poly), "label"] == "poly-balance"
@@ -97,9 +102,13 @@ def test_out_writes_the_tables_the_answers_and_a_figure(two_policies, tmp_path):
     assert r.exit_code == 0, r.output
     md = (out / "compare.md").read_text()
     assert "* 3 how_many" in md and "![each source's runs](figures/compare.png)" in md
+    assert "![the differences and their intervals](figures/differences.png)" in md
     data = json.loads((out / "compare.json").read_text())
     assert len(data["answers"]) == 18 and len(data["sources"]) == 2
+    assert [m["verdict"] for m in data["metrics"] if m["metric"] == "first_round_moved"] == \
+        ["too few runs"]
     assert (out / "figures" / "compare.png").stat().st_size > 10_000
+    assert (out / "figures" / "differences.png").stat().st_size > 10_000
 
 
 def test_infer_says_when_it_pools_several_setups(two_policies):
@@ -118,7 +127,7 @@ def test_infer_says_when_it_pools_several_setups(two_policies):
 def test_bad_directories_exit_2_naming_them(two_policies, tmp_path):
     poly, _ = two_policies
     r = invoke("compare", poly)
-    assert r.exit_code == 2 and "two directories or more" in r.output
+    assert r.exit_code == 2 and "two sources or more" in r.output
     r = invoke("compare", poly, tmp_path / "missing")
     assert r.exit_code == 2 and f"{tmp_path / 'missing'}: no such directory" in r.output
     a_file = tmp_path / "a-file"
@@ -135,3 +144,241 @@ def test_bad_directories_exit_2_naming_them(two_policies, tmp_path):
         compare([poly])
     r = invoke("compare", poly, poly.parent / ".." / poly.parent.name / poly.name)
     assert r.exit_code == 2 and "given twice" in r.output and "Traceback" not in r.output
+
+
+# --------------------------------------------------------------- metric differences (issue 23)
+
+def _simulate(root: Path, policy: str, experiment: str, runs: int, seed: int, **overrides):
+    """``runs`` simulated runs of ``experiment`` on 4 CPUs under ``policy`` into
+    root/<experiment>[-k=v]/rep-NN, seeds seed, seed + 1, ... (no figures)."""
+    from harmony.analysis.refpolicy import get_policy
+    from harmony.experiments import get_experiment
+    from harmony.simulate import execute
+    exp, cpus = get_experiment(experiment), [0, 1, 2, 3]
+    params = exp.resolve(dict(overrides), cpus)
+    batch = root / (experiment + "".join(f"-{k}={v}" for k, v in overrides.items()))
+    for k in range(runs):
+        execute(get_policy(policy), exp, params, cpus, batch / f"rep-{k + 1:02d}", seed + k,
+                figures=False)
+    return root
+
+
+@pytest.fixture(scope="module")
+def five_runs(tmp_path_factory):
+    """Sources of 5 how-many runs each on 4 simulated CPUs (x = 10: poly-balance moves x/P, 2,
+    pairwise x/2, 5): poly-balance twice (other seeds), pairwise-random once. The first
+    poly-balance source also holds 2 how-many runs at x = 20 and 2 intrinsic-imbalance runs,
+    where the thesis has figures of O(1)."""
+    root = tmp_path_factory.mktemp("five")
+    poly = _simulate(root / "poly", "poly-balance", "how-many", 5, 0)
+    _simulate(poly, "poly-balance", "how-many", 2, 10, x=20)
+    _simulate(poly, "poly-balance", "intrinsic-imbalance", 2, 20)
+    return {"poly": poly,
+            "poly-again": _simulate(root / "poly-again", "poly-balance", "how-many", 5, 100),
+            "pair": _simulate(root / "pair", "pairwise-random", "how-many", 5, 0)}
+
+
+def _row(df, config, metric, pair="B vs A"):
+    rows = df[(df["pair"] == pair) & (df["config"] == config) & (df["metric"] == metric)]
+    assert len(rows) == 1, df[["pair", "config", "metric"]]
+    return rows.iloc[0]
+
+
+def test_policies_whose_labels_differ_differ_beyond_noise_on_the_metric(five_runs):
+    cmp = compare([five_runs["poly"], five_runs["pair"]])
+    assert df_compare(cmp).set_index(["qid", "source"]).loc["how_many", "differs"].all()
+    df = df_metric_differences(cmp)
+    assert list(df.columns) == METRIC_COLUMNS
+    r = _row(df, "how-many P=4 x=10", "first_round_moved")
+    assert (r.n_a, r.n_b, r.value_a, r.value_b, r["diff"]) == (5, 5, 2, 5, 3)
+    assert r.ci_low > 0 and r.effect == 1.0 and r.magnitude == "large"
+    assert r.apart and r.differs and r.verdict == "differs" and r.statistic == "median"
+    assert r.unit == "count" and r.cpus_a == r.cpus_b == 4
+    # configurations only one side measured get no row, and are said
+    assert not (df["config"] == "how-many P=4 x=20").any()
+    assert "B vs A: only A measured how-many P=4 x=20, intrinsic-imbalance P=4" in unmatched(cmp)
+    text = compare_text(cmp)
+    line = next(ln for ln in text.splitlines() if "first_round_moved" in ln)
+    assert line.lstrip().startswith("*") and "+3 .. +3" in line and "+1.00 large" in line
+    # the same inputs give the same intervals (a documented seed)
+    pd.testing.assert_frame_equal(df, df_metric_differences(compare([five_runs["poly"],
+                                                                      five_runs["pair"]])))
+
+
+def test_a_policy_against_itself_differs_nowhere_beyond_noise(five_runs):
+    cmp = compare([five_runs["poly"], five_runs["poly-again"]])
+    assert not df_compare(cmp).set_index("qid").loc["how_many", "differs"].any()
+    df = df_metric_differences(cmp)
+    r = _row(df, "how-many P=4 x=10", "first_round_moved")
+    assert (r.value_a, r.value_b, r["diff"], r.effect) == (2, 2, 0, 0)
+    assert r.verdict == "within noise" and not r.differs
+    assert not df["differs"].any(), df[df["differs"]]
+    assert "(0 are marked)" in compare_text(cmp) or "would be marked" not in compare_text(cmp)
+
+
+def test_two_runs_a_side_are_shown_with_their_interval_but_not_marked(five_runs, tmp_path):
+    two = {}
+    for name in ("poly", "pair"):      # a folder of two of the runs of each
+        two[name] = tmp_path / name
+        two[name].mkdir()
+        for rep in ("rep-01", "rep-02"):
+            (two[name] / rep).symlink_to(five_runs[name] / "how-many" / rep)
+    cmp = compare([two["poly"], two["pair"]])
+    r = _row(df_metric_differences(cmp), "how-many P=4 x=10", "first_round_moved")
+    assert (r.n_a, r.n_b) == (2, 2) and r.ci_low > 0 and r.apart
+    assert not r.differs and r.verdict == "too few runs"
+    line = next(ln for ln in compare_text(cmp).splitlines() if "first_round_moved" in ln)
+    assert line.lstrip().startswith("?") and "too few runs (2, 2)" in line
+
+
+def test_stats_of_a_difference_between_two_sets_of_runs():
+    from harmony.analysis import stats
+    assert stats.cliffs_delta([1, 2], [3, 4]) == 1.0
+    assert stats.cliffs_delta([3, 4], [1, 2]) == -1.0
+    assert stats.cliffs_delta([1, 2, 3], [1, 2, 3]) == 0.0
+    assert stats.cliffs_delta([1, None, float("nan"), 3], [2]) == 0.0   # None/NaN left out
+    assert stats.cliffs_delta([], [1]) is None
+    assert stats.bootstrap_diff_ci([1.0], [2.0, 3.0]) == (None, None)
+    assert stats.bootstrap_diff_ci([1, 1, 1], [4, 4]) == (3.0, 3.0)
+    # 2 runs a side: the interval is the range of the differences the runs allow
+    assert stats.bootstrap_diff_ci([0, 1], [5, 7]) == (4.0, 7.0)
+    spread = [1, 5, 2, 8, 3, 9, 4]
+    ci = stats.bootstrap_diff_ci(spread, [v + 10 for v in spread])
+    assert ci == stats.bootstrap_diff_ci(spread, [v + 10 for v in spread])   # seeded
+    assert ci[0] < 10 < ci[1]
+
+
+def test_answers_of_one_kind_with_other_numbers_are_not_marked():
+    assert label_kind("fast (~96 ms)") == label_kind("fast (~250 ms)") == "fast"
+    assert label_kind("periodic (~64 ms between checks)") == "periodic"
+    assert label_kind("high spread; low clustered") == "high spread; low clustered"
+
+
+def test_config_params_are_the_suite_sweeps_and_real_parameters():
+    from harmony.experiments import get_experiment
+    from harmony.suite import SWEEPS
+    for exp, (param, _, _) in SWEEPS.items():
+        assert param in CONFIG_PARAMS[exp]
+    for exp, names in CONFIG_PARAMS.items():
+        have = {p.name for p in get_experiment(exp).all_params()}
+        assert set(names) <= have
+
+
+# ------------------------------------------------------------------------- thesis-2011
+
+def test_thesis_reference_loads_and_every_figure_maps_to_a_declared_key():
+    from harmony.analysis import policy, reference
+    from harmony.experiments import get_experiment, summary_key
+    refs = reference.resolve("thesis-2011")
+    assert [r.name for r in refs] == ["thesis-2011:o1", "thesis-2011:cfs", "thesis-2011:bfs"]
+    assert [r.scheduler for r in refs] == ["O(1)", "CFS", "BFS"]
+    assert reference.names() == ["thesis-2011"] + [r.name for r in refs]
+    data = json.loads((Path(reference.__file__).parent / "data" / "thesis-2011.json").read_text())
+    assert len(data["figures"]) == sum(len(r.figures) for r in refs) > 40
+    for fig in data["figures"]:
+        assert summary_key(fig["key"], fig["experiment"]) == fig["key"]
+        declared = {m.name: m for m in get_experiment(fig["experiment"]).summary}[fig["key"]]
+        assert declared.kind in ("int", "float", "bool")
+        assert fig["statistic"] in reference.RUN_STATISTIC and fig["statistic"] in data["statistics"]
+        assert fig["where"][0].isdigit() and isinstance(fig["value"], (int, float))
+        assert fig["note"], fig       # where it comes from and how it maps
+    assert all(x["why"] and x["where"] for x in data["not_mapped"])
+    qids = [q for q, _, _ in policy.QUESTIONS]
+    for r in refs:
+        assert [a.qid for a in r.card.answers] == qids and all(a.decided for a in r.card.answers)
+        assert r.card.runs == 0 and r.card.cpus == [4] and r.cpus == 4
+        assert r.card.answer("balances").numbers["Table 7.1"].startswith("O(1), BFS, and CFS")
+    labels = {r.scheduler: r.card.labels() for r in refs}
+    assert [labels[s]["how_many"] for s in ("O(1)", "CFS", "BFS")] == \
+        ["poly-balance", "pairwise", "global-queue"]
+    assert [labels[s]["affinity"] for s in ("O(1)", "CFS", "BFS")] == ["strong", "moderate", "weak"]
+    # the O(1) first round at x = 20 on 4 CPUs: poly-balance's x/P
+    o1 = refs[0]
+    fig = next(f for f in o1.figures if f.key == "first_round_moved" and f.params == {"x": 20})
+    assert (fig.value, fig.statistic, fig.where) == (5.0, "typical", "6.3, figure 6.6")
+
+
+def test_the_reference_file_ships_with_the_package():
+    import configparser
+    from harmony.analysis import reference
+    cfg = configparser.ConfigParser()
+    cfg.read(Path(__file__).resolve().parent.parent / "setup.cfg")
+    globs = cfg["options.package_data"]["harmony.analysis"].split()
+    package = Path(reference.__file__).parent      # analysis/, installed as harmony.analysis
+    shipped = {p.name for g in globs for p in package.glob(g)}
+    assert set(reference.REFERENCES.values()) <= shipped
+
+
+def test_runs_against_the_thesis_are_points_in_the_figures_statistic(five_runs):
+    cmp = compare([five_runs["poly"], "thesis-2011"])
+    src = df_sources(cmp)
+    assert list(src["source"]) == [str(five_runs["poly"]), "thesis-2011:o1", "thesis-2011:cfs",
+                                   "thesis-2011:bfs"]
+    assert list(src["kind"]) == ["runs", "reference", "reference", "reference"]
+    assert src["setup"].iloc[2] == "2.6.32.21-168.fc12.x86_64, CFS" and src["runs"].iloc[2] == 0
+    answers = df_compare(cmp).set_index(["qid", "source"])["label"]
+    assert answers["how_many", "thesis-2011:o1"] == answers["how_many", str(five_runs["poly"])]
+    assert answers["how_many", "thesis-2011:cfs"] == "pairwise"
+    df = df_metric_differences(cmp)
+    assert set(df["pair"]) == {"B vs A", "C vs A", "D vs A"}
+    points = df[df["source_b"].str.startswith("thesis-2011")]
+    assert (points["verdict"] == "point").all() and not points["differs"].any()
+    assert points["ci_low"].isna().all() and points["effect"].isna().all()
+    assert (points["n_b"] == 0).all() and (points["n_a"] > 0).all()
+    # poly-balance's first round at x = 20 on 4 CPUs is O(1)'s: the thesis's x/4
+    r = _row(df, "how-many P=4 x=20", "first_round_moved")
+    assert (r.value_a, r.value_b, r["diff"], r.statistic, r.n_a) == (5, 5, 0, "median", 2)
+    assert r.note.startswith("6.3, figure 6.6 (typical, 10 runs): ")
+    # the thesis's figure of CFS is the lowest share of any run: compared with the lowest run
+    r = _row(df, "intrinsic-imbalance P=4", "share_ratio_min", "C vs A")
+    runs = [json.loads(p.read_text())["share_ratio_min"]
+            for p in (five_runs["poly"] / "intrinsic-imbalance").glob("rep-*/summary.json")]
+    assert r.statistic == "min" and r.value_a == pytest.approx(min(runs))
+    assert r.value_b == 0.8125 and r["diff"] == pytest.approx(0.8125 - min(runs))
+    # O(1) keeps affinity with an intrinsic imbalance: 3 tasks a CPU each, 2 share one (0.625)
+    r = _row(df, "intrinsic-imbalance P=4", "share_ratio_min")
+    assert r.value_a == pytest.approx(0.625, abs=0.01)
+    # figures of configurations the runs did not measure are said, not hidden
+    assert any(line.startswith("B vs A: 21 of thesis-2011:o1's 25 figures match no configuration")
+               for line in unmatched(cmp))
+
+
+def test_the_reference_may_come_first_and_stand_alone(five_runs):
+    cmp = compare(["thesis-2011:cfs", five_runs["poly"]])
+    r = _row(df_metric_differences(cmp), "intrinsic-imbalance P=4", "migrations_per_s")
+    assert (r.value_a, r.statistic, r.n_a, r.n_b) == (23, "mean", 0, 2)
+    assert r["diff"] == pytest.approx(r.value_b - 23)
+    # the thesis alone: its schedulers against O(1), figure against figure
+    cmp = compare(["thesis-2011"])
+    df = df_metric_differences(cmp)
+    r = df[(df["pair"] == "B vs A") & (df["metric"] == "interval1_ms") & (df["statistic"] == "median")]
+    assert list(r["diff"]) == [210.5 - 248]
+    text = compare_text(cmp)
+    assert "A  thesis-2011:o1: reference, no runs" in text
+    assert "* 4 time_to_balance" in text and "  5 work_conserving" in text
+
+
+def test_cli_against_the_thesis_and_bad_references(five_runs, tmp_path):
+    poly = five_runs["poly"]
+    r = invoke("compare", poly, "thesis-2011:cfs")
+    assert r.exit_code == 0, r.output
+    assert "B  thesis-2011:cfs: reference, no runs" in r.output
+    line = next(ln for ln in r.output.splitlines() if "migrations_per_s" in ln)
+    assert "point" in line and "7.1, figure 7.2 (mean, 25 runs)" in line
+    r = invoke("compare", poly, "thesis-2011:cfs", "--json")
+    data = json.loads(r.output)
+    assert {m["verdict"] for m in data["metrics"]} == {"point"}
+    assert all(m["ci_low"] is None for m in data["metrics"])
+    for bad, says in (("thesis-2011:zz", "thesis-2011:zz: thesis-2011 has no scheduler 'zz' "
+                                         "(it has: o1, cfs, bfs)"),
+                      ("thesis-2099", "thesis-2099: no such directory (nor a reference: "
+                                      "thesis-2011, thesis-2011:o1")):
+        r = invoke("compare", poly, bad)
+        assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+        assert len(r.output.strip().splitlines()) == 1
+    r = invoke("compare", "thesis-2011:cfs", "thesis-2011:cfs")
+    assert r.exit_code == 2 and "given twice" in r.output
+    r = invoke("compare", poly, "thesis-2011", "--out", tmp_path / "out")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "out" / "figures" / "differences.png").stat().st_size > 10_000
+    assert "figures/differences.png" in (tmp_path / "out" / "compare.md").read_text()
