@@ -263,8 +263,10 @@ def _magnitude(delta: float | None) -> str:
             else "small" if d >= T.COMPARE_EFFECT_SMALL else "negligible")
 
 
-def _runs_row(a: list, b: list) -> dict:
-    """The numbers of one metric between two sides' runs (values; None/NaN left out)."""
+def runs_difference(a, b) -> dict:
+    """One metric between two sides' runs, ``a`` and ``b`` their values (None/NaN left out): the
+    row of :func:`df_metric_differences` from statistic to verdict (statistic "median", n_a, n_b,
+    value_a, value_b, diff, ci_low, ci_high, effect, magnitude, apart, differs, verdict)."""
     x, y = stats.clean(a), stats.clean(b)
     row = {"statistic": "median", "n_a": len(x), "n_b": len(y),
            "value_a": float(np.median(x)) if len(x) else math.nan,
@@ -328,7 +330,7 @@ def _pair_rows(cmp: Comparison, i: int, j: int) -> list[dict]:
                     continue
                 rows.append({"config": config, "metric": m.name, "unit": m.unit,
                              "cpus_a": config[1], "cpus_b": config[1], "note": note}
-                            | _runs_row(a, b))
+                            | runs_difference(a, b))
     elif ref_a is not None and ref_b is not None:
         for fa in ref_a.figures:
             stat = reference.RUN_STATISTIC[fa.statistic]

@@ -84,26 +84,28 @@ VCPU_WAIT_MAX = 0.05
 #: the order of the runs, so it assumes no normal distribution, and one outlier run cannot swing
 #: it, where g's pooled standard deviation would be dominated by that one run.
 #:
-#: COMPARE_MIN_RUNS: below 4 runs a side the percentile bootstrap of a median marks noise. Its
-#: interval then only spans the differences the runs allow, and excludes 0 whenever the two sets
-#: do not overlap, which happens by chance in 1/3 of the cases at 2 runs a side and 1/10 at 3
-#: (exactly 2/C(2n, n)). At 4 a side complete separation first has a chance probability under 5%
-#: (2/70 = 2.9%, the exact Mann-Whitney test). Measured on simulated runs drawn from one
-#: distribution (``python bench/compare_noise.py``, normal and log-normal, 400 trials each): the
-#: rule marks 30-34% of metrics at 2 runs a side, 9-12% at 3, 5-6.5% at 4, 2-3% at 5 and 3-4% at
-#: 8-10. Fewer runs are still shown, with their interval, and said to be too few, never marked.
-COMPARE_MIN_RUNS = 4
+#: COMPARE_MIN_RUNS: with fewer runs the percentile bootstrap of a median marks noise. Its interval
+#: then only spans the differences the runs allow, and excludes 0 whenever the two sets do not
+#: overlap, which happens by chance in 1/3 of the cases at 2 runs a side and 1/10 at 3 (exactly
+#: 2/C(2n, n)); at 4 a side it still excludes 0 in 7-9.5% of the cases where nothing differs.
+#: Measured on draws from one distribution (``python bench/compare_noise.py``: normal and
+#: log-normal, 400-1000 trials at each size): the interval excludes 0 in 30-34% of the cases at
+#: 2 runs a side, 7-12% at 3, 7-9.5% at 4, 2.7-3.5% at 5, 3.8-4.1% at 6, 3-4% at 8, 2.8-3.3% at 10.
+#: 5 is the fewest that keeps within the interval's 5% -- and the full suite's repetitions
+#: (``harmony.suite.REPEATS``). Fewer runs are still shown, with their interval, and said to be
+#: too few, never marked.
+COMPARE_MIN_RUNS = 5
 #: The rule marks about this fraction of the metrics of two sources that do not differ at all (the
-#: measured 2-6.5% at 4-10 runs a side above; 11 of 327 varying metric rows, 3.4%, between six pairs
-#: of simulated quick suites of one reference policy with different seeds, 5 runs a side:
-#: ``python bench/compare_noise.py --simulated``). Every mark is a statement about its own
+#: measured 2.7-4.1% at 5-10 runs a side above; 6 of 210 varying metric rows, 2.9%, between the six
+#: pairs of four simulated quick suites of poly-balance with different seeds, 5 runs a side:
+#: ``python bench/compare_noise.py --suites 4``). Every mark is a statement about its own
 #: metric, so among many metrics a few are marked by chance: ``harmony compare`` says how many
 #: to expect. (A family-wide correction cannot help at these run counts: with 5 runs a side the
 #: smallest exact two-sided p-value is 2/252 = 0.008, above any Bonferroni level for 10 metrics.)
 COMPARE_CHANCE_RATE = 0.03
 #: The interval's confidence level.
 COMPARE_LEVEL = 0.95
-#: (4) and the difference of medians is more than this fraction of the larger of the two: a
+#: (4) of the rule: the difference of medians exceeds this fraction of the larger of the two. A
 #: smaller shift is below anything the card turns on (its own thresholds lie 10% or more apart:
 #: FAIR_SHARE_MIN_RATIO, SELECTION_SMAPE_GAP, HOW_MANY_MATCH_FRACTION) and below what the metrics
 #: resolve; without it two deterministic simulations whose shares differ in the sixth digit (float

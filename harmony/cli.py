@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from harmony.analysis.thresholds import COMPARE_LEVEL, COMPARE_MIN_RUNS  # constants, no imports
 from harmony.version import __version__
 from harmony.errors import HarmonyError, Interrupted, ParameterError
 
@@ -609,7 +610,19 @@ def infer(dirs, as_json):
     click.echo(json.dumps(card.to_dict(), indent=1, default=str) if as_json else card.text().rstrip())
 
 
-@main.command()
+@main.command(help=f"""Policy cards and metrics side by side, never pooled: each SOURCE a run,
+    batch or suite directory (a host, kernel or scheduler's runs), or a reference of published
+    figures: thesis-2011 (the thesis's O(1), CFS and BFS: three sources) or thesis-2011:o1, :cfs,
+    :bfs.
+
+    \b
+    Prints what each source is, each question's answer per source (* where the answers differ
+    in kind), then every source against the first (A), per experiment configuration
+    (experiment, P and its swept parameter) and metric: the difference of medians B - A with
+    its {COMPARE_LEVEL:.0%} bootstrap interval (runs resampled within each source, seeded: the
+    same every time) and Cliff's delta, * where the interval excludes 0, the effect is large
+    and each side has {COMPARE_MIN_RUNS} runs or more (harmony.analysis.thresholds says why);
+    against a reference's figure, a point (no interval) in the figure's statistic.""")
 @click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")
 @click.option("--json", "as_json", is_flag=True,
               help="print sources, answers and metric differences as JSON")
@@ -619,17 +632,6 @@ def infer(dirs, as_json):
               help="also write compare.md, compare.json and figures/ (compare.png: every run; "
                    "differences.png: the differences with their intervals) there")
 def compare(sources, as_json, all_metrics, out):
-    """Policy cards and metrics side by side, never pooled: each SOURCE a run, batch or suite
-    directory (a host, kernel or scheduler's runs), or a reference of published figures:
-    thesis-2011 (the thesis's O(1), CFS and BFS: three sources) or thesis-2011:o1, :cfs, :bfs.
-
-    \b
-    Prints what each source is, each question's answer per source (* where the answers differ
-    in kind), then every source against the first (A), per experiment configuration
-    (experiment, P and its swept parameter) and metric: the difference of medians B - A with
-    its 95% bootstrap interval (runs resampled within each source, 2000 resamples, seed 0) and
-    Cliff's delta, * where the interval excludes 0, the effect is large and each side has 4 runs
-    or more; against a reference's figure, a point (no interval) in the figure's statistic."""
     from harmony.analysis import compare as cmp_mod
     from harmony.store import RunError
 

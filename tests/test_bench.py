@@ -17,7 +17,8 @@ import pytest
 from test_ringbuf import FORMATS_NEW, FORMATS_WAKING, PageBuilder, encode, parsed_formats, write_dir
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
-SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm")
+SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm",
+           "compare_noise")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -183,3 +184,18 @@ def test_waking_on_a_recording_with_both_events(tmp_path):
     assert total["early_us_median"] == pytest.approx(2.0)   # sched_wakeup: 2 us after either
     r = bench("waking", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "no tracefs recording" in r.stderr
+
+
+def test_compare_noise_at_tiny_sizes(tmp_path):
+    """The chance rate of compare's marks, on a few draws and two simulated batches (no root)."""
+    out = tmp_path / "noise.json"
+    r = bench("compare_noise", "--sizes", "2,5", "--trials", "5", "--suites", "2", "--cpus", "2",
+              "--repeat", "2", "--experiment", "how-many", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "interval excludes 0" in r.stdout and "chance marks, normal, 5 runs a side" in r.stdout
+    res = json.loads(out.read_text())
+    assert [d["runs"] for d in res["draws"]] == [2, 5, 2, 5]
+    assert all(d["marked"] == 0 for d in res["draws"] if d["runs"] == 2)   # too few: never marked
+    assert len(res["simulated"]["pairs"]) == 1
+    r = bench("compare_noise", "--sizes", "1")
+    assert r.returncode == 2 and "--sizes" in r.stderr
