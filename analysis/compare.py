@@ -124,6 +124,10 @@ def compare(paths) -> Comparison:
     for name, what in sources:
         if isinstance(what, Path):
             ev, skipped = policy.collect([name])
+            if not ev and skipped:
+                path, why = skipped[0]
+                raise store.RunError(f"{name}: no run to use ({len(skipped)} not used; "
+                                     f"{path}: {why})")
             if not ev:
                 raise store.RunError(f"{name}: no complete run")
             card, ref = policy.infer_evidence(ev, skipped), None
@@ -548,7 +552,9 @@ def _metric_table(d: pd.DataFrame) -> list[str]:
                      f"{_number(r.value_a)} ({r.n_a})" if r.n_a else _number(r.value_a),
                      f"{_number(r.value_b)} ({r.n_b})" if r.n_b else _number(r.value_b),
                      _signed(r.diff), interval, effect, verdict))
-    head = ("", "configuration", "metric [unit]", f"{a} (runs)", f"{b} (runs)", f"{b} - {a}",
+    side = {x: f"{x} (runs)" if (d[n] > 0).any() else f"{x} (figure)"
+            for x, n in ((a, "n_a"), (b, "n_b"))}
+    head = ("", "configuration", "metric [unit]", side[a], side[b], f"{b} - {a}",
             f"{T.COMPARE_LEVEL:.0%} interval", "delta", "")
     widths = [max(len(str(x[c])) for x in [head] + rows) for c in range(len(head))]
     return ["  " + "  ".join(f"{str(x[c]):<{widths[c]}}" for c in range(len(head))).rstrip()

@@ -4,6 +4,7 @@ differences with their intervals and effect sizes (simulated runs; the thesis's 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -139,6 +140,14 @@ def test_bad_directories_exit_2_naming_them(two_policies, tmp_path):
     empty.mkdir()
     r = invoke("compare", poly, empty)
     assert r.exit_code == 2 and f"{empty}: no complete run" in r.output
+    # runs there, none usable: says why
+    incomplete = tmp_path / "incomplete"
+    shutil.copytree(poly / "rep-01", incomplete / "rep-01")
+    manifest = json.loads((incomplete / "rep-01" / "manifest.json").read_text())
+    (incomplete / "rep-01" / "manifest.json").write_text(json.dumps(manifest | {"status": "incomplete"}))
+    r = invoke("compare", poly, incomplete)
+    assert r.exit_code == 2 and f"{incomplete}: no run to use (1 not used; " in r.output, r.output
+    assert len(r.output.strip().splitlines()) == 1
     assert "Traceback" not in r.output
     with pytest.raises(RunError):
         compare([poly])
