@@ -508,13 +508,14 @@ def metrics_text(cmp: Comparison, df: pd.DataFrame, all_metrics: bool = False) -
                    "--json and compare.json hold every row")
     # rows that chance could mark: enough runs, and runs that vary (two constants cannot)
     runs = df[df["verdict"].isin(["differs", "within noise"])]
-    spread = int((runs["ci_low"] != runs["ci_high"]).sum())
+    pool = runs[runs["ci_low"] != runs["ci_high"]]
     chance = ""
-    if spread:
+    if len(pool):
         chance = (f" Each mark is a {T.COMPARE_LEVEL:.0%} statement about its own metric: of the "
-                  f"{spread} metric rows here with enough runs whose runs vary, about "
-                  f"{T.COMPARE_CHANCE_RATE * spread:.1f} would be marked by chance if the sources "
-                  f"did not differ at all ({int(df['differs'].sum())} are marked).")
+                  f"{len(pool)} metric rows here with enough runs whose runs vary, "
+                  f"{int(pool['differs'].sum())} are marked; about "
+                  f"{T.COMPARE_CHANCE_RATE * len(pool):.1f} would be by chance if the sources did "
+                  "not differ at all.")
     out += [""] + textwrap.wrap(
         f"*: differs beyond noise: the interval excludes 0, |delta| >= {T.COMPARE_EFFECT_LARGE} "
         f"(large) and the difference exceeds {T.COMPARE_MIN_RELATIVE:.0%} of the larger value, "
@@ -524,14 +525,15 @@ def metrics_text(cmp: Comparison, df: pd.DataFrame, all_metrics: bool = False) -
     return [line.rstrip() for line in out]
 
 
-def _shown(df: pd.DataFrame, all_metrics: bool = False) -> pd.DataFrame:
-    """The rows the tables and the figure show: every row with ``all_metrics``; else those of
-    :data:`CARD_METRICS`, every reference figure and any row whose sides are apart."""
+def _shown(df: pd.DataFrame, all_metrics: bool = False, apart: bool = True) -> pd.DataFrame:
+    """The rows the tables (and, without those ``apart``, the figure) show: every row with
+    ``all_metrics``; else those of :data:`CARD_METRICS`, every reference figure and any row whose
+    sides are apart."""
     if all_metrics:
         return df
-    card = pd.Series([(e, m) in CARD_METRICS for e, m in zip(df["experiment"], df["metric"])],
-                     index=df.index, dtype=bool)
-    return df[card | df["apart"].astype(bool) | (df["verdict"] == "point")]
+    keep = pd.Series([(e, m) in CARD_METRICS for e, m in zip(df["experiment"], df["metric"])],
+                     index=df.index, dtype=bool) | (df["verdict"] == "point")
+    return df[keep | (df["apart"].astype(bool) if apart else False)]
 
 
 def _metric_table(d: pd.DataFrame) -> list[str]:
@@ -659,9 +661,9 @@ DIFF_LIMIT = 2.0
 
 
 def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path | None:
-    """Every pair's metric differences (the rows :func:`metrics_text` prints, from
-    :func:`df_metric_differences`) as a forest plot, one panel per pair, one line per
-    configuration and metric: the difference B - A and its interval, relative to the larger of
+    """Every pair's metric differences (:func:`df_metric_differences`: the card's metrics and the
+    reference figures, or every row with ``all_metrics``) as a forest plot, one panel per pair,
+    one line per configuration and metric: the difference B - A and its interval, relative to the larger of
     the two values (so that counts, seconds and ratios share one axis; the absolute difference
     is written beside each line). Red: differs beyond noise; orange: as far apart with too few
     runs; grey: within noise or too few runs; blue diamond: against a reference's figure (a point,
@@ -672,7 +674,7 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
 
     from harmony.analysis.report_suite import STYLE
 
-    d = _shown(df, all_metrics)
+    d = _shown(df, all_metrics, apart=False)
     if d.empty:
         return None
     pairs = list(dict.fromkeys(d["pair"]))
@@ -715,8 +717,8 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
         axes[-1, 0].set_xlabel(f"B - A relative to the larger of the two values; bar: its "
                                f"{T.COMPARE_LEVEL:.0%} bootstrap interval\nred: differs beyond "
                                "noise; orange: as far apart with too few runs; grey: within noise "
-                               "or too few runs; blue diamond: against a reference's figure (no "
-                               "interval)", fontsize=8)
+                               "or too few runs\nblue diamond: against a reference's figure (a "
+                               "point, no interval)", fontsize=8)
         fig.tight_layout()
         fig.savefig(path, dpi=100)
         plt.close(fig)
