@@ -18,8 +18,8 @@ from pathlib import Path
 import click
 
 from harmony.analysis.thresholds import COMPARE_LEVEL, COMPARE_MIN_RUNS  # constants, no imports
-from harmony.version import __version__
 from harmony.errors import HarmonyError, Interrupted, ParameterError
+from harmony.version import __version__
 
 
 def exit_status(exc: BaseException, inputs: tuple = ()) -> int:
