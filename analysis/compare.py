@@ -150,7 +150,8 @@ def df_sources(cmp: Comparison) -> pd.DataFrame:
     return pd.DataFrame({
         "source": cmp.sources,
         "letter": [_letter(k) for k in range(len(cmp.sources))],
-        "kind": ["runs" if cmp.reference(k) is None else "reference" for k in range(len(cmp.sources))],
+        "kind": ["runs" if cmp.reference(k) is None else "reference"
+                 for k in range(len(cmp.sources))],
         "runs": [c.runs for c in cmp.cards],
         "skipped": [len(c.skipped) for c in cmp.cards],
         "cpus": ["/".join(map(str, c.cpus)) for c in cmp.cards],
@@ -289,7 +290,8 @@ def runs_difference(a, b) -> dict:
         verdict = "too few runs"
     else:
         verdict = "differs" if apart else "within noise"
-    return row | {"ci_low": math.nan if lo is None else lo, "ci_high": math.nan if hi is None else hi,
+    return row | {"ci_low": math.nan if lo is None else lo,
+                  "ci_high": math.nan if hi is None else hi,
                   "effect": math.nan if delta is None else delta, "magnitude": _magnitude(delta),
                   "apart": bool(apart), "differs": bool(apart and enough), "verdict": verdict}
 
@@ -379,12 +381,13 @@ def df_metric_differences(cmp: Comparison) -> pd.DataFrame:
     (``thresholds.COMPARE_LEVEL``, 95%: each source's runs resampled within it,
     ``stats.BOOTSTRAP_RESAMPLES`` times from ``stats.BOOTSTRAP_SEED``, so the same inputs give
     the same interval) and Cliff's delta of B's runs against A's; "differs" when the interval
-    excludes 0, the effect is large and each side has ``thresholds.COMPARE_MIN_RUNS`` runs with a
-    value. Against a reference (:mod:`harmony.analysis.reference`): each figure of it against the
-    runs of every configuration it describes (any P: the note says when the thesis's differs),
-    with the figure's statistic on both sides (a mean against the runs' mean, a maximum against
-    their maximum...): a point, no interval, never marked. Two references: their figures of the
-    same key, configuration and statistic.
+    excludes 0, the effect is large, the shift exceeds ``thresholds.COMPARE_MIN_RELATIVE`` of
+    the larger value and each side has ``thresholds.COMPARE_MIN_RUNS`` runs with a value.
+    Against a reference (:mod:`harmony.analysis.reference`): each figure of it against the runs
+    of every configuration it describes (any P: the note says when the thesis's differs), with
+    the figure's statistic on both sides (a mean against the runs' mean, a maximum against their
+    maximum...): a point, no interval, never marked. Two references: their figures of the same
+    key, configuration and statistic.
 
     Columns: pair (str: "B vs A"), a, b (str: letters), source_a, source_b (str), experiment
     (str), config (str: :func:`config_label`), cpus_a, cpus_b (int: CPU counts; the thesis's 4),
@@ -394,7 +397,8 @@ def df_metric_differences(cmp: Comparison) -> pd.DataFrame:
     (float: value_b - value_a), ci_low, ci_high (float: the interval of diff; NaN for a point or
     below 2 runs a side), effect (float: Cliff's delta, -1..1, positive when B is larger; NaN for
     a point), magnitude (str: "negligible", "small", "medium", "large"; "" for a point), apart
-    (bool: the interval excludes 0 and the effect is large, however many runs), differs (bool:
+    (bool: the interval excludes 0, the effect is large and the shift not negligible, however
+    many runs), differs (bool:
     apart with enough runs: the marker), verdict (str: "differs", "within noise", "too few runs",
     "point", "no value"), note (str: where a figure comes from and how it maps; parameters that
     differ; CPU counts that differ). One row per pair, configuration and metric, in the
@@ -408,11 +412,19 @@ def df_metric_differences(cmp: Comparison) -> pd.DataFrame:
                          "source_a": cmp.sources[0], "source_b": cmp.sources[j],
                          "experiment": config[0], "config": config_label(config), **r,
                          "_order": (j, list(CATALOG).index(config[0]), config[1],
-                                    tuple(str(v) for _, v in config[2]), _metric_index(config[0], r["metric"]))})
+                                    tuple(_sortable(v) for _, v in config[2]),
+                                    _metric_index(config[0], r["metric"]))})
     if not rows:
         return pd.DataFrame(columns=METRIC_COLUMNS)
     df = pd.DataFrame(rows).sort_values("_order", kind="stable").drop(columns="_order")
     return df[METRIC_COLUMNS].reset_index(drop=True)
+
+
+def _sortable(value) -> tuple:
+    """A configuration's parameter value as a sort key: numbers by value (x=8 before x=16)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))
 
 
 def _metric_index(experiment: str, key: str) -> int:
@@ -434,14 +446,15 @@ def unmatched(cmp: Comparison) -> list[str]:
                 if only:
                     out.append(f"{pair}: only {_letter(k)} measured {', '.join(only)}")
         elif (conf[0] is None) != (conf[j] is None):
-            ref, runs = (cmp.reference(0), conf[j]) if conf[0] is None else (cmp.reference(j), conf[0])
+            ref, runs = ((cmp.reference(0), conf[j]) if conf[0] is None
+                         else (cmp.reference(j), conf[0]))
             missed = [f for f in ref.figures if not any(
                 c[0] == f.experiment and f.matches(dict(c[2])) for c in runs)]
             if missed:
                 exps = sorted({f.experiment + (f" {f.config_text}" if f.params else "")
                                for f in missed})
-                out.append(f"{pair}: {len(missed)} of {ref.name}'s {len(ref.figures)} figures match "
-                           f"no configuration of the runs ({', '.join(exps)})")
+                out.append(f"{pair}: {len(missed)} of {ref.name}'s {len(ref.figures)} figures "
+                           f"match no configuration of the runs ({', '.join(exps)})")
     return out
 
 
@@ -459,7 +472,8 @@ def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = 
                     f"{ref.cite}, on {row.cpus} CPUs")
         else:
             skipped = f", {row.skipped} not used" if row.skipped else ""
-            what = f"{row.runs} run{'s' if row.runs != 1 else ''} on {row.cpus or '?'} CPUs{skipped}"
+            what = (f"{row.runs} run{'s' if row.runs != 1 else ''} on {row.cpus or '?'} CPUs"
+                    f"{skipped}")
         out.append(f"  {row.letter}  {row.source}: {what}; {row.setup}")
     out.append("")
     df = df_compare(cmp)
@@ -662,12 +676,12 @@ DIFF_LIMIT = 2.0
 
 def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path | None:
     """Every pair's metric differences (:func:`df_metric_differences`: the card's metrics and the
-    reference figures, or every row with ``all_metrics``) as a forest plot, one panel per pair,
-    one line per configuration and metric: the difference B - A and its interval, relative to the larger of
-    the two values (so that counts, seconds and ratios share one axis; the absolute difference
-    is written beside each line). Red: differs beyond noise; orange: as far apart with too few
-    runs; grey: within noise or too few runs; blue diamond: against a reference's figure (a point,
-    no interval). None when there is no row."""
+    reference figures, or every row with ``all_metrics``) as a forest plot, one panel per
+    pair, one line per configuration and metric: the difference B - A and its interval,
+    relative to the larger of the two values (so that counts, seconds and ratios share one
+    axis; the absolute difference is written beside each line). Red: differs beyond noise;
+    orange: as far apart with too few runs; grey: within noise or too few runs; blue
+    diamond: against a reference's figure (a point, no interval). None when there is no row."""
     import matplotlib       # ~0.3 s to import: only when a figure is drawn
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -685,11 +699,13 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
         initial=0.0)
     limit = min(DIFF_LIMIT, max(1.0, float(extent)))
     with plt.rc_context(STYLE):
-        fig, axes = plt.subplots(len(pairs), 1, figsize=(11, 1.2 + 0.27 * sum(sizes) + 0.9 * len(pairs)),
-                                 squeeze=False, gridspec_kw={"height_ratios": [n + 2 for n in sizes]})
+        height = 1.2 + 0.27 * sum(sizes) + 0.9 * len(pairs)
+        fig, axes = plt.subplots(len(pairs), 1, figsize=(11, height), squeeze=False,
+                                 gridspec_kw={"height_ratios": [n + 2 for n in sizes]})
         for ax, pair in zip(axes[:, 0], pairs):
             rows = d[d["pair"] == pair].reset_index(drop=True)
-            scale = np.maximum(rows["value_a"].abs(), rows["value_b"].abs()).to_numpy(float, copy=True)
+            scale = np.maximum(rows["value_a"].abs(),
+                               rows["value_b"].abs()).to_numpy(float, copy=True)
             scale[~(scale > 0)] = 1.0       # both 0 (or NaN): the difference is 0 (or absent)
             rel = (rows["diff"].to_numpy(float) / scale)
             lo, hi = rows["ci_low"].to_numpy(float) / scale, rows["ci_high"].to_numpy(float) / scale
@@ -699,7 +715,8 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
                         else "apart" if r["apart"] else "other")
                 colour = DIFF_COLOURS[kind]
                 if not math.isnan(lo[k]):
-                    ax.hlines(y[k], max(lo[k], -DIFF_LIMIT), min(hi[k], DIFF_LIMIT), color=colour, lw=2)
+                    ax.hlines(y[k], max(lo[k], -DIFF_LIMIT), min(hi[k], DIFF_LIMIT),
+                              color=colour, lw=2)
                 if not math.isnan(rel[k]):
                     ax.plot(np.clip(rel[k], -DIFF_LIMIT, DIFF_LIMIT), y[k],
                             "D" if kind == "point" else "o", color=colour, ms=5, zorder=3)
@@ -708,7 +725,8 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
                         fontsize=7, transform=ax.get_yaxis_transform(), color=colour)
             ax.axvline(0, color="#2c3e50", lw=0.8)
             ax.set_xlim(-limit * 1.05, limit * 1.05)
-            ax.set_yticks(y, [f"{c}  {m}" for c, m in zip(rows["config"], rows["metric"])], fontsize=7)
+            ax.set_yticks(y, [f"{c}  {m}" for c, m in zip(rows["config"], rows["metric"])],
+                          fontsize=7)
             ax.set_ylim(-0.7, len(rows) - 0.3)
             ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
             ax.grid(False, axis="y")

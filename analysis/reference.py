@@ -141,7 +141,8 @@ def _load(name: str) -> dict:
     scheds = data["schedulers"]
     qids = [q for q, _, _ in policy.QUESTIONS]
     for k, fig in enumerate(data["figures"]):
-        what = f"{where}: figure {k} ({fig.get('scheduler')} {fig.get('experiment')} {fig.get('key')})"
+        what = (f"{where}: figure {k} ({fig.get('scheduler')} {fig.get('experiment')} "
+                f"{fig.get('key')})")
         if fig.get("scheduler") not in scheds:
             raise ValueError(f"{what}: unknown scheduler (the file has {', '.join(scheds)})")
         if fig.get("statistic") not in RUN_STATISTIC:
@@ -166,8 +167,8 @@ def _reference(name: str, data: dict, which: str) -> Reference:
                       f.get("note", ""), dict(f.get("params", {})), f.get("runs"))
                for f in data["figures"] if f["scheduler"] == which]
     setup = f"{info['kernel']}, {info['scheduler']}"
-    return Reference(f"{name}:{which}", data["cite"], data["title"], info["scheduler"], info["kernel"],
-                     info["system"], data["machine"], int(data["cpus"]), figures,
+    return Reference(f"{name}:{which}", data["cite"], data["title"], info["scheduler"],
+                     info["kernel"], info["system"], data["machine"], int(data["cpus"]), figures,
                      _card(data, which, setup, int(data["cpus"])))
 
 

@@ -119,7 +119,8 @@ def main(argv=None) -> int:
         verdicts.append(common.verdict(
             f"chance marks, {r['distribution']}, {r['runs']} runs a side",
             r["marked"] <= limit + 2 * se,
-            f"{r['marked']:.1%} (target <= {limit:.0%} + 2 standard errors = {limit + 2 * se:.1%})"))
+            f"{r['marked']:.1%} (target <= {limit:.0%} + 2 standard errors = "
+            f"{limit + 2 * se:.1%})"))
     if args.suites:
         with tempfile.TemporaryDirectory(prefix="harmony-compare-noise-") as work:
             sim = simulated(args.suites, args.policy, args.cpus, args.repeat, args.experiment,

@@ -438,7 +438,8 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     store.make_run_dir(out)
     manifest = pipeline.new_manifest(
         exp, values, cpu_set, f"import:{kind}", None,
-        host={"kernel": meta.get("kernel") or "?", "scheduler": imported_scheduler(meta.get("kernel")),
+        host={"kernel": meta.get("kernel") or "?",
+              "scheduler": imported_scheduler(meta.get("kernel")),
               "ncpus": meta.get("n_cpus") or len(file_cpus), "uname": meta.get("uname", "")},
         source={"imported": str(path.resolve()), "format": kind,
                 "file_version": meta.get("file_version"), "compression": meta.get("compression"),
