@@ -391,3 +391,67 @@ def test_cli_against_the_thesis_and_bad_references(five_runs, tmp_path):
     assert r.exit_code == 0, r.output
     assert (tmp_path / "out" / "figures" / "differences.png").stat().st_size > 10_000
     assert "figures/differences.png" in (tmp_path / "out" / "compare.md").read_text()
+
+
+# -------------------------------------------------- the marker's thresholds, below, at and above
+
+#: runs of two sources that differ: medians 12.5 and 16.5, the interval +1.5 .. +6.5, Cliff's
+#: delta 8/9, a shift of 4 / 16.5 = 0.24 of the larger value
+RUNS_A, RUNS_B = [10, 11, 12, 13, 14, 15], [14, 15, 16, 17, 18, 19]
+
+
+def _with(monkeypatch, name, value):
+    from harmony.analysis import thresholds as T
+    monkeypatch.setattr(T, name, value)
+    from harmony.analysis.compare import runs_difference
+    return runs_difference(RUNS_A, RUNS_B)
+
+
+#: (threshold, what the example measures against it, the example's value, what the rule gives,
+#: (with the threshold below the value, at it, above it)); tests/test_policy_rules.py counts these
+#: among the thresholds tested
+COMPARE_CASES = [
+    ("COMPARE_MIN_RUNS", "runs a side", 6, lambda r: r["verdict"],
+     ("differs", "differs", "too few runs")),
+    ("COMPARE_EFFECT_LARGE", "|Cliff's delta|", 8 / 9, lambda r: (r["apart"], r["magnitude"]),
+     ((True, "large"), (True, "large"), (False, "medium"))),
+    ("COMPARE_EFFECT_MEDIUM", "|Cliff's delta| (large set above 1)", 8 / 9,
+     lambda r: r["magnitude"], ("medium", "medium", "small")),
+    ("COMPARE_EFFECT_SMALL", "|Cliff's delta| (large and medium set above 1)", 8 / 9,
+     lambda r: r["magnitude"], ("small", "small", "negligible")),
+    ("COMPARE_MIN_RELATIVE", "|B - A| / the larger median", 4 / 16.5, lambda r: r["apart"],
+     (True, False, False)),
+    ("COMPARE_LEVEL", "the level at which the interval's lower end reaches 0", 0.999,
+     lambda r: r["apart"], (True, False, False)),
+]
+
+
+@pytest.mark.parametrize("name,what,value,rule,want", COMPARE_CASES,
+                         ids=[f"{c[0]}: {c[1]}" for c in COMPARE_CASES])
+def test_each_compare_threshold_below_at_and_above(monkeypatch, name, what, value, rule, want):
+    from harmony.analysis import thresholds as T
+    if name == "COMPARE_EFFECT_MEDIUM":
+        monkeypatch.setattr(T, "COMPARE_EFFECT_LARGE", 1.5)
+    if name == "COMPARE_EFFECT_SMALL":
+        monkeypatch.setattr(T, "COMPARE_EFFECT_LARGE", 1.5)
+        monkeypatch.setattr(T, "COMPARE_EFFECT_MEDIUM", 1.2)
+    if name == "COMPARE_MIN_RUNS":
+        got = tuple(rule(_with(monkeypatch, name, n)) for n in (value - 1, value, value + 1))
+    elif name == "COMPARE_LEVEL":       # 0.999: the lower end is -0.00025, just below 0
+        got = tuple(rule(_with(monkeypatch, name, v)) for v in (0.95, value, 0.9999))
+    else:
+        got = tuple(rule(_with(monkeypatch, name, v)) for v in (value * 0.99, value, value * 1.01))
+    assert got == want, f"{name} ({what})"
+
+
+def test_the_chance_rate_is_what_the_text_expects(five_runs, monkeypatch):
+    from harmony.analysis import thresholds as T
+    cmp = compare([five_runs["poly"], five_runs["pair"]])
+    df = df_metric_differences(cmp)
+    pool = df[df["verdict"].isin(["differs", "within noise"]) & (df["ci_low"] != df["ci_high"])]
+    assert len(pool) > 0
+    monkeypatch.setattr(T, "COMPARE_CHANCE_RATE", 0.5)
+    text = " ".join(compare_text(cmp).split())
+    assert (f"of the {len(pool)} metric rows here with enough runs whose runs vary, "
+            f"{int(pool['differs'].sum())} are marked; about {0.5 * len(pool):.1f} would be by "
+            "chance") in text
