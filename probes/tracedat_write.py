@@ -135,7 +135,9 @@ def write_tracedat(raw_dir: Path, dest_path: Path) -> Path:
     out += b"options  \0"
     out += _option(OPTION_TRACECLOCK, clock_text + b"\0")
     if meta.get("kernel"):
-        out += _option(OPTION_UNAME, f"Linux {meta['kernel']}".encode() + b"\0")
+        # as uname -a words it (sysname nodename release version machine), which readers split:
+        # the recording's host name, kernel version and machine are not known here
+        out += _option(OPTION_UNAME, f"Linux - {meta['kernel']} - -".encode() + b"\0")
     stats = meta.get("stats") or {}
     for c in range(n_cpus):
         st = stats.get(str(c)) if isinstance(stats, dict) else None

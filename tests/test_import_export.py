@@ -204,10 +204,9 @@ def test_import_names_the_scheduler_the_kernel_release_implies(tmp_path, release
     from harmony.importer import import_trace
     from harmony.probes.tracedat_write import write_tracedat
     pages, _, _ = known_capture()
-    # trace-cmd's uname option is "sysname nodename release version machine"; our writer puts
-    # "Linux " before meta["kernel"], so a node name first makes the release the third word
-    raw = write_dir(tmp_path / "raw", pages, extra_meta={"kernel": f"guest {release}" if release
-                                                         else ""})
+    # trace-cmd's uname option is "sysname nodename release version machine", as our writer
+    # words it (the release third)
+    raw = write_dir(tmp_path / "raw", pages, extra_meta={"kernel": release})
     dat = write_tracedat(raw, tmp_path / "trace.dat")
     run = import_trace(dat, tmp_path / "run", comms=["cat-*"], pids=[11])
     assert run.manifest["host"]["scheduler"] == scheduler
