@@ -18,7 +18,7 @@ from test_ringbuf import FORMATS_NEW, FORMATS_WAKING, PageBuilder, encode, parse
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm",
-           "compare_noise")
+           "compare_noise", "controller_death")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

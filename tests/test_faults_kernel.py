@@ -233,3 +233,41 @@ def test_an_interrupted_suite_resumes(clean_host, tmp_path):
         assert (rep01 / "manifest.json").stat().st_mtime_ns == first
     else:                           # captured: analysed by the resumed suite, not captured again
         assert state == "captured" and not list(out.glob("single-source/rep-01.incomplete-*"))
+
+
+# --- the controller killed at any moment -------------------------------------------------------
+
+def _live() -> list[str]:
+    """Harmony's processes that still run (zombies excluded: init reaps those, see
+    bench/controller_death.py), but this test process's own fork server and its children."""
+    out = []
+    for p in _comms("hmy-") + _comms(SERVER_COMM):
+        try:
+            state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        mine = _parent(p) == os.getpid() or _parent(_parent(p) or 0) == os.getpid()
+        if state not in ("Z", "X") and not mine:
+            out.append(f"{p} ({state})")
+    return out
+
+
+def test_nothing_runs_on_after_the_controller_is_killed_at_any_moment(clean_host, tmp_path):
+    """kill -9 of `harmony run` with 128 tasks while they spawn, wait at the gate, are released,
+    run, and are stopped: every worker, occupier and the fork server stop (bench/controller_death
+    times it: < 100 ms), and the next `harmony clean` reclaims the rest."""
+    phases = set()
+    for k, at in enumerate([0.9, 1.2, 1.5, 1.8, 2.2, 2.8, 3.6]):
+        proc = subprocess.Popen(HARMONY + ["run", "single-source", "--layout", "128,0", "--duration",
+                                           "2", "--out", str(tmp_path / f"r{k}"), "-q"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        time.sleep(at)
+        phases.add(len(_comms("hmy-w")) > 0)
+        proc.kill()
+        proc.wait()
+        assert _wait(lambda: not _live(), 5.0), (at, _live())
+        p = cli("clean")
+        assert p.returncode == 0, p.stderr
+        # killed while analysing: "captured", which `harmony suite --resume` analyses again
+        assert _status(tmp_path / f"r{k}") in (None, "running", "incomplete", "captured"), at
+    assert True in phases, "no kill came while the workers existed"
