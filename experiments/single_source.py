@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics
-from harmony.experiments.base import Experiment, Metric, Param, nice_value, non_negative, percent, positive
+from harmony.experiments.base import (Experiment, Metric, Param, nice_value, non_negative, percent, positive,
+                                      task_class)
 from harmony.tasks import layout_tasks
 
 
@@ -36,7 +37,7 @@ class SingleSource(Experiment):
             raise ValueError("layout places no task")
 
     def tasks(self, p, cpus):
-        return layout_tasks(p["layout"], cpus, duty=p["duty"], nice=p["nice"])
+        return layout_tasks(p["layout"], cpus, duty=p["duty"], nice=p["nice"], **task_class(p))
 
     summary = (
         Metric("ntasks", "count", "experiment tasks"),
