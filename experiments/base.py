@@ -7,6 +7,17 @@ Its contract is declared, not implied: :attr:`Experiment.params` (:class:`Param`
 default, help) are what ``-p KEY=VALUE`` accepts and ``harmony run EXP --help`` lists;
 :attr:`Experiment.summary` (:class:`Metric`: name, unit, help, when it may be None) are exactly the
 keys its ``analyse`` returns, the ones the policy card and ``harmony compare`` read.
+
+Every experiment takes, besides its own, the parameters of :data:`COMMON`: the window, the
+tasks' scheduling class (``policy``, ``rt_priority``, ``dl_*``; one set per class of tasks in a
+two-class experiment, :func:`class_params`) and the release (``release``, ``warm_s``). The
+catalog's release is *warm*, because the thesis's was: its controller created and bound its
+processes before t0 and released an imbalance "created instantly rather than slowly accrued"
+(6.1), and its run-queue timeline starts with the source's processes already queued there
+(figure 6.4, "when the experiment begins at time 24.05 s, Core 1 has a run queue containing eight
+processes"). Tasks that ran there reach the balancer with a converged load history; tasks woken
+from a sleep (``release=cold``) with a decayed one, which a load-based balancer weighs far lighter
+(bench/warm_cold.py measures what that changes).
 """
 
 from __future__ import annotations

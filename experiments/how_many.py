@@ -10,6 +10,11 @@ target, bursts separated by more than ``round_gap_ms``; see :mod:`harmony.analys
 against the poly-balance prediction q_src - N/P (global information: x/P at t0) and the pairwise
 prediction (q_src - q_target)/2 (x/2). With P = 2 both predict x/2: E2 separates the two policies
 only on 3 CPUs or more.
+
+Released warm by default (the thesis's tasks were running before t0; see
+:mod:`harmony.experiments.base`): poly-balance and pairwise predict counts of tasks of equal load,
+which a cold release (tasks whose load decayed while they slept at their gate) does not give a
+load-based balancer.
 """
 
 from __future__ import annotations
