@@ -244,9 +244,9 @@ def confined_why(mode: str, free: bool, other_cpus, sched_ext_state: str) -> str
 
 
 def release_check(sched_ext: dict, cpus: dict) -> dict:
-    """``harmony doctor``'s ``release`` check: how a run here releases its tasks at t0,
-    ``occupied`` where it can be (SCHED_FIFO occupiers hold the other CPUs while the tasks wake),
-    else ``confined``. ``sched_ext``, ``cpus``: the doctor's checks of that name (the
+    """``harmony doctor``'s ``release`` check: how a run here releases its tasks at t0: warm by
+    default (``default``); a cold release (``mode``) ``occupied`` where it can be (SCHED_FIFO
+    occupiers hold the other CPUs while the tasks wake), else ``confined``. ``sched_ext``, ``cpus``: the doctor's checks of that name (the
     sched_ext ``state``, the ``online`` CPUs). SCHED_FIFO is tried on the calling thread and
     put back."""
     try:
@@ -264,11 +264,12 @@ def release_check(sched_ext: dict, cpus: dict) -> dict:
             why = f"SCHED_FIFO not permitted ({exc.strerror})"
         else:
             os.sched_setscheduler(0, before, param)
+    warm = "warm by default (tasks run confined, then the CPU set is widened at t0); cold: "
     if why:
-        return check(OK, f"confined (woken on their initial CPU, then freed): {why}",
-                     mode="confined", why=why)
-    return check(OK, "occupied: SCHED_FIFO occupiers hold the other CPUs while each CPU's tasks "
-                     "wake, already free", mode="occupied", why=None)
+        return check(OK, f"{warm}confined (woken on their initial CPU, then freed): {why}",
+                     mode="confined", why=why, default="warm")
+    return check(OK, f"{warm}occupied (SCHED_FIFO occupiers hold the other CPUs while each CPU's "
+                     "tasks wake, already free)", mode="occupied", why=None, default="warm")
 
 
 def _state(pid: int) -> bytes | None:
@@ -521,52 +522,46 @@ class Workload:
         the calling thread stays SCHED_FIFO (if the release got it) until :meth:`freeze` or
         :meth:`stop`.
         """
-        if self.release_mode == "warm":
-            return self._release_warm(mark, keep_fifo)
-        home = self._home
-        own_mask = os.sched_getaffinity(0)
-        try:
-            os.sched_setaffinity(0, {home})  # this thread only: the probe's threads stay where they are
-        except OSError as exc:
-            self.notes.append(f"release ran off CPU {home} ({exc.strerror}); spread may be larger")
+        warm = self.release_mode == "warm"
+        home, own_mask = self._home, os.sched_getaffinity(0)
+        if not warm:  # a warm release wakes no task at t0: it needs no CPU of its own
+            try:
+                os.sched_setaffinity(0, {home})  # this thread only: the probe's threads stay where they are
+            except OSError as exc:
+                self.notes.append(f"release ran off CPU {home} ({exc.strerror}); spread may be larger")
         fifo = self._enter_fifo()
         collecting = gc.isenabled()
-        gc.disable()  # no collection pause between the first wake-up and the last freed task
         try:
-            if self.release_mode == "occupied" and self._hold():
-                t0, released = self._release_occupied(mark)
+            if warm:
+                t0, released = self._release_warm(mark)
             else:
-                t0, released = self._release_confined(mark)
+                gc.disable()  # no collection pause between the first wake-up and the last freed task
+                if self.release_mode == "occupied" and self._hold():
+                    t0, released = self._release_occupied(mark)
+                else:
+                    t0, released = self._release_confined(mark)
         finally:
             if collecting:
                 gc.enable()
             self._fifo_held = fifo
             if not keep_fifo:
                 self.leave_fifo()
-            os.sched_setaffinity(0, own_mask)
+            if not warm:
+                os.sched_setaffinity(0, own_mask)
         return t0, released
 
-    def _release_warm(self, mark, keep_fifo: bool) -> tuple[int, int]:
+    def _release_warm(self, mark) -> tuple[int, int]:
         """Open every gate of the confined tasks, let them run for ``warm_s`` while this thread
         sleeps above them (SCHED_FIFO), then widen the CPU set at t0."""
-        fifo = self._enter_fifo()
-        collecting = gc.isenabled()
-        try:
-            warm = mark(MARK_WARMUP)
-            for i in range(len(self._gate_cpus)):
-                self._open_gate(i)
-            time.sleep(self.warm_s)
-            gc.disable()  # no collection pause between t0 and the last freed task
-            self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            t0 = mark(MARK_T0)
-            self._free()
-            released = mark(MARK_RELEASED)
-        finally:
-            if collecting:
-                gc.enable()
-            self._fifo_held = fifo
-            if not keep_fifo:
-                self.leave_fifo()
+        warm = mark(MARK_WARMUP)
+        for i in range(len(self._gate_cpus)):
+            self._open_gate(i)
+        time.sleep(self.warm_s)
+        gc.disable()  # no collection pause between t0 and the last freed task
+        self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t0 = mark(MARK_T0)
+        self._free()
+        released = mark(MARK_RELEASED)
         self.warmed_s = (t0 - warm) / 1e9
         return t0, released
 

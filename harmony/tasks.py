@@ -176,8 +176,9 @@ TASKS = Table("tasks", "one row per experiment task, in the experiment's order",
                                           "NaN or None: never"),
     ("cut_duty",      "float64",          "its duty from cut_duty_at_s on (0: it blocks)"),
     ("pinned",        "bool",             "stays pinned to initial_cpu after t0"),
-    ("policy",        "str",              "scheduling class: one of POLICIES (a run recorded "
-                                          "before classes existed: other)"),
+    ("policy",        "str",              "scheduling class: one of POLICIES (the class "
+                                          "columns are missing from a tasks table recorded before "
+                                          "classes existed: read them as other)"),
     ("rt_priority",   "int64",            "SCHED_FIFO / SCHED_RR priority; 0 for the other classes"),
     ("dl_runtime_ms", "float64",          "SCHED_DEADLINE runtime per period (ms); 0 otherwise"),
     ("dl_deadline_ms", "float64",         "SCHED_DEADLINE relative deadline (ms); 0 otherwise"),

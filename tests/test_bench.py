@@ -81,6 +81,10 @@ def test_suite_configured_seconds(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"suite": True}))   # the suite's own: no params
     total, runs = mod.configured_seconds(tmp_path)
     assert total == 6.5 and len(runs) == 3
+    (tmp_path / "c").mkdir()    # a warm release's warm-up is configured time too
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(
+        {"experiment": "c", "params": {"duration": 1.0, "release": "warm", "warm_s": 0.25}}))
+    assert mod.configured_seconds(tmp_path)[0] == 7.75
 
 
 def test_suite_breakdown_adds_up_to_the_wall_time(tmp_path):
