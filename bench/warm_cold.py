@@ -9,9 +9,10 @@ and how-many under both, interleaved (warm, cold, warm, cold...), each as a plai
 medians of the metrics behind questions 2-4 and the policy card's answers to them
 (``harmony infer`` on that release's runs alone).
 
-``--harmony-args`` is passed to every ``harmony run``: the same comparison on another kernel is
-``--harmony-args "--kernel debian:6.1 --vm-cpus 4"`` once ``harmony run`` boots kernels under
-test. how-many's question needs 3 or more CPUs (on 2 both predictions are x/2); on 2 it still
+``--harmony-args`` is passed to every ``harmony run``: the same comparison on a kernel under test
+is ``--harmony-args "--kernel debian:6.1 --vm-cpus 4" --batched``, where ``--batched`` makes one
+``harmony run --repeat N`` per experiment and release (one VM boot each) instead of N
+interleaved runs. how-many's question needs 3 or more CPUs (on 2 both predictions are x/2); on 2 it still
 shows how many tasks the first round moved against x/2. Needs root; every run takes the host
 lock (a busy lock is waited for).
 """
@@ -46,23 +47,32 @@ BUSY_EXIT_WAIT_S = 5
 
 
 def harmony_run(exp: str, release: str, out: Path, duration: float, extra: list[str],
-                params: list[str]) -> dict:
-    """One ``harmony run``; its summary and the manifest facts shown, or the error."""
+                params: list[str], repeat: int = 1) -> list[dict]:
+    """One ``harmony run`` (``--repeat`` ``repeat``): the summary and the manifest facts shown of
+    each of its runs, or the error."""
     cmd = [sys.executable, "-m", "harmony.cli", "run", exp, "-q", "--out", str(out),
            "-p", f"release={release}", "-p", f"duration={duration}", *params, *extra]
+    if repeat > 1:
+        cmd += ["--repeat", str(repeat)]
     for _ in range(120):
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode == 0 or "is using this host" not in (r.stderr + r.stdout):
             break
         time.sleep(BUSY_EXIT_WAIT_S)    # another run holds the host: wait, then again
     if r.returncode != 0:
-        return {"error": (r.stderr or r.stdout).strip().splitlines()[-1:]}
-    m = json.loads((out / "manifest.json").read_text())
-    s = json.loads((out / "summary.json").read_text())
+        return [{"error": (r.stderr or r.stdout).strip().splitlines()[-1:], "dir": str(out)}]
+    return [run_facts(d) for d in ([out] if repeat == 1 else sorted(out.glob("rep-*")))]
+
+
+def run_facts(d: Path) -> dict:
+    """What the tables show of one run directory."""
+    m = json.loads((d / "manifest.json").read_text())
+    s = json.loads((d / "summary.json").read_text())
     fl = (m.get("foreign_load") or {}).get("max_frac")
-    return {"summary": s, "foreign": fl, "kernel": m["host"].get("kernel"),
-            "scheduler": m["host"].get("scheduler"), "ncpus": len(m["cpus"]),
-            "spread_ms": (m["release"].get("release_spread_ns") or 0) / 1e6}
+    system = m.get("under_test") or m["host"]       # a VM's kernel under test
+    return {"summary": s, "foreign": fl, "kernel": system.get("kernel"),
+            "scheduler": system.get("scheduler"), "ncpus": len(m["cpus"]),
+            "spread_ms": (m["release"].get("release_spread_ns") or 0) / 1e6, "dir": str(d)}
 
 
 def main(argv=None) -> int:
@@ -75,6 +85,9 @@ def main(argv=None) -> int:
     ap.add_argument("--param", "-p", action="append", default=[], metavar="KEY=VALUE",
                     help="passed to every run as -p (e.g. x=20 for how-many)")
     ap.add_argument("--harmony-args", default="", help="more arguments for every `harmony run`")
+    ap.add_argument("--batched", action="store_true",
+                    help="one `harmony run --repeat REPS` per experiment and release (a kernel "
+                         "under test: one boot each), not REPS interleaved runs")
     ap.add_argument("--out", type=Path, help="where the runs go (default: a new directory in /tmp)")
     ap.add_argument("--json", help="write the results as JSON (- = stdout)")
     a = ap.parse_args(argv)
@@ -86,14 +99,15 @@ def main(argv=None) -> int:
     extra = shlex.split(a.harmony_args)
     params = [x for p in a.param for x in ("-p", p)]
     results: dict = {e: {r: [] for r in RELEASES} for e in exps}
-    for rep in range(1, a.reps + 1):
+    rounds = [(None, a.reps)] if a.batched else [(rep, 1) for rep in range(1, a.reps + 1)]
+    for rep, repeat in rounds:
         for exp in exps:
             for release in RELEASES:
-                d = out / exp / release / f"rep-{rep:02d}"
-                got = harmony_run(exp, release, d, a.duration, extra, params)
-                results[exp][release].append(got | {"dir": str(d)})
-                print(f"rep {rep} {exp} {release}: "
-                      + (got["error"][0] if "error" in got else "ok"), file=sys.stderr)
+                d = out / exp / release / (f"rep-{rep:02d}" if rep else "batch")
+                for got in harmony_run(exp, release, d, a.duration, extra, params, repeat):
+                    results[exp][release].append(got)
+                    print(f"{Path(got['dir']).relative_to(out)}: "
+                          + (got["error"][0] if "error" in got else "ok"), file=sys.stderr)
     first = next((g for e in exps for r in RELEASES for g in results[e][r] if "error" not in g), None)
     if first is None:
         print("no run completed")
