@@ -2,7 +2,8 @@
 
 Inference reads only the summary keys of the experiment contract (summary.json; each key named
 below through :func:`harmony.experiments.summary_key`, so it is one its experiment declares) and
-manifest facts (experiment, params, cpus). Each answer carries its label, the numbers behind it,
+manifest facts (experiment, params, cpus, the kernel and scheduler, the tasks' scheduling classes
+and the release: a run's *setup*, :func:`setup_of`). Each answer carries its label, the numbers behind it,
 the thresholds (:mod:`harmony.analysis.thresholds`) it used and how far the runs agree. The rules:
 
 - every run gets its own label; the answer's label is the one every run with a label gives. If the
@@ -10,6 +11,10 @@ the thresholds (:mod:`harmony.analysis.thresholds`) it used and how far the runs
 - a run whose metric is None (not measurable in that run) gives no label and is counted apart;
 - a question without evidence names the experiment that would answer it; a question the CPU count
   cannot answer says why (e.g. on 2 CPUs the poly-balance and pairwise predictions coincide).
+
+- the card says which scheduling classes its runs' tasks were in when any was not SCHED_OTHER
+  (the default, which is not said: such a card reads as it always did); runs of different
+  classes or releases are different setups, and a card that pools them says so.
 
 ``infer(paths)`` returns a :class:`Card`; ``card.text()`` is what ``harmony infer`` prints and
 ``card.to_dict()`` its JSON.
@@ -26,6 +31,7 @@ from harmony import store
 from harmony.analysis import thresholds as T
 from harmony.analysis.trust import vcpu_starved
 from harmony.experiments import summary_key
+from harmony.tasks import POLICIES, classes_text
 
 UNDECIDED = "undecided"
 
@@ -83,6 +89,7 @@ class Evidence:
     ncpus: int
     summary: dict
     setup: str = "?"     # the kernel and scheduler it ran under (:func:`setup_of`)
+    classes: str = POLICIES["other"]  # its tasks' scheduling classes (:func:`classes_of`)
 
 
 @dataclasses.dataclass
@@ -119,6 +126,7 @@ class Card:
     skipped: list  # (path, reason) of runs not used
     cpus: list  # distinct CPU counts of the runs
     setups: dict = dataclasses.field(default_factory=dict)  # setup_of -> runs
+    classes: dict = dataclasses.field(default_factory=dict)  # classes_of -> runs
 
     def answer(self, qid: str) -> Answer:
         return next(a for a in self.answers if a.qid == qid)
@@ -126,16 +134,27 @@ class Card:
     def labels(self) -> dict:
         return {a.qid: a.label for a in self.answers}
 
+    @property
+    def other_classes(self) -> bool:
+        """Some run's tasks were not all SCHED_OTHER: the card says which classes it describes."""
+        return set(self.classes) - {POLICIES["other"]} != set()
+
     def to_dict(self) -> dict:
-        return {"runs": self.runs, "experiments": self.experiments, "cpus": self.cpus,
-                "setups": self.setups,
-                "skipped": [{"path": str(p), "reason": r} for p, r in self.skipped],
-                "answers": [a.to_dict() for a in self.answers]}
+        out = {"runs": self.runs, "experiments": self.experiments, "cpus": self.cpus,
+               "setups": self.setups,
+               "skipped": [{"path": str(p), "reason": r} for p, r in self.skipped],
+               "answers": [a.to_dict() for a in self.answers]}
+        if self.other_classes:
+            out["classes"] = self.classes
+        return out
 
     def text(self) -> str:
         exps = ", ".join(f"{k} x{v}" for k, v in self.experiments.items()) or "none"
         out = [f"Policy card: {self.runs} runs on {'/'.join(map(str, self.cpus)) or '?'} CPUs "
                f"({exps})"]
+        if self.other_classes:
+            out.append("tasks' scheduling class: " + "; ".join(
+                f"{k} ({v} run{'s' if v != 1 else ''})" for k, v in self.classes.items()))
         if len(self.setups) > 1:
             mixed = "; ".join(f"{k} ({v} runs)" for k, v in self.setups.items())
             out.append(f"POOLED: these runs come from {len(self.setups)} setups ({mixed}); one "
@@ -232,16 +251,31 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
                                f"{T.VCPU_WAIT_MAX:.0%})"))
             continue
         out.append(Evidence(d, m["experiment"], m.get("params", {}), len(m.get("cpus", [])),
-                            summary, setup_of(m)))
+                            summary, setup_of(m), classes_of(m)))
     return out, skipped
 
 
 def setup_of(manifest: dict) -> str:
     """What a run's policy was measured on, from its manifest: "<kernel>, <scheduler>" (the
     scheduler is an enabled sched_ext scheduler's name, or a simulated run's reference policy);
-    the CPU count is the card's apart."""
+    then, where they are not the default, the tasks' scheduling classes ("tasks SCHED_FIFO 5",
+    :func:`classes_of`) and a cold release (runs recorded before the choice were cold); the CPU
+    count is the card's apart."""
     host = manifest.get("under_test") or manifest.get("host") or {}   # a VM's kernel under test
-    return f"{host.get('kernel') or '?'}, {host.get('scheduler') or '?'}"
+    parts = [host.get("kernel") or "?", host.get("scheduler") or "?"]
+    cls = classes_text(manifest.get("sched_classes"))
+    if cls:
+        parts.append(f"tasks {cls}")
+    if (manifest.get("params") or {}).get("release", "cold") == "cold" \
+            and "imported" not in (manifest.get("source") or {}):
+        parts.append("cold release")
+    return ", ".join(parts)
+
+
+def classes_of(manifest: dict) -> str:
+    """A run's tasks' scheduling classes in a few words (:func:`harmony.tasks.classes_text`);
+    SCHED_OTHER for a run whose tasks all were, or that predates the classes."""
+    return classes_text(manifest.get("sched_classes")) or POLICIES["other"]
 
 
 # ------------------------------------------------------------------------------------------ rules
@@ -617,7 +651,8 @@ def infer_evidence(evidence: list[Evidence], skipped=()) -> Card:
     setups = dict(collections.Counter(e.setup for e in evidence))
     return Card(answers=[prior[q] for q, _, _ in QUESTIONS], runs=len(evidence),
                 experiments={k: len(v) for k, v in by_exp.items()}, skipped=list(skipped),
-                cpus=sorted({e.ncpus for e in evidence}), setups=setups)
+                cpus=sorted({e.ncpus for e in evidence}), setups=setups,
+                classes=dict(collections.Counter(e.classes for e in evidence)))
 
 
 def infer(paths) -> Card:

@@ -41,10 +41,37 @@ SCHED_PRIO_TO_WEIGHT = np.array([
 ], dtype=np.int64)
 
 
+#: the load weight of a SCHED_IDLE task (WEIGHT_IDLEPRIO, kernel/sched/sched.h), whatever its nice
+WEIGHT_IDLEPRIO = 3
+
+
 def nice_to_weight(nice) -> np.ndarray:
     """CFS/EEVDF load weight of each nice value (clipped to -20..19), as int64."""
     n = np.clip(np.asarray(nice, dtype=np.int64), -20, 19)
     return SCHED_PRIO_TO_WEIGHT[n + 20]
+
+
+def class_weight(nice, policy) -> np.ndarray:
+    """The fair class's load weight of each task: :func:`nice_to_weight` for other and batch,
+    WEIGHT_IDLEPRIO for idle, 0 for fifo, rr and deadline (not shared by weight)."""
+    policy = np.asarray(policy, dtype=object)
+    w = nice_to_weight(nice)
+    w = np.where(policy == "idle", WEIGHT_IDLEPRIO, w)
+    return np.where(np.isin(policy, ("other", "batch", "idle")), w, 0).astype(np.int64)
+
+
+def task_classes(tasks: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The scheduling-class columns of a tasks table (policy, rt_priority, dl_runtime_ms,
+    dl_period_ms), filled with SCHED_OTHER's where the table predates them."""
+    n = len(tasks)
+
+    def col(name, default, dtype):
+        return (tasks[name].to_numpy().astype(dtype) if name in tasks.columns
+                else np.full(n, default, dtype=dtype))
+
+    return {"policy": col("policy", "other", object), "rt_priority": col("rt_priority", 0, np.int64),
+            "dl_runtime_ms": col("dl_runtime_ms", 0.0, np.float64),
+            "dl_period_ms": col("dl_period_ms", 0.0, np.float64)}
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -672,10 +699,10 @@ def df_allocation(runs: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int,
     })
 
 
-def fair_shares(weights, demands, ncpus: int) -> np.ndarray:
+def fair_shares(weights, demands, ncpus: float) -> np.ndarray:
     """GPS water-filling fair share of each task, in CPUs (0..1 each).
 
-    Each task gets w_i / sum(w) of ``ncpus`` CPUs, capped at 1 CPU and at its demand (fraction of
+    Each task gets w_i / sum(w) of ``ncpus`` CPUs (or of what is left of them: any capacity), capped at 1 CPU and at its demand (fraction of
     one CPU it would use alone, 0..1); capacity freed by capped tasks is re-shared among the rest
     in proportion to their weights, until no task exceeds its cap. Tasks with zero weight get 0.
     The result sums to min(ncpus, sum of caps).
@@ -698,13 +725,61 @@ def fair_shares(weights, demands, ncpus: int) -> np.ndarray:
     return share
 
 
+def class_fair_shares(tasks: pd.DataFrame, ncpus: int, rt_share: float | None = None) -> np.ndarray:
+    """Each task's fair share of ``ncpus`` CPUs (0..1 each) by the rule of its scheduling class.
+
+    "Fair" is what an ideal scheduler of the task's own class would give it on the whole CPU
+    set, the classes taken in the kernel's order (each takes what it is owed, the next shares
+    what is left):
+
+    1. SCHED_DEADLINE: its reservation, runtime / period (capped at its demand);
+    2. SCHED_FIFO and SCHED_RR: by priority, highest first; the tasks of one priority split what
+       is left equally (:func:`fair_shares` with equal weights, capped at their demand). RT
+       throttling (``rt_share`` = sched_rt_runtime_us / sched_rt_period_us, None: no limit) caps
+       the real-time tasks together at rt_share of every CPU and each at rt_share of one;
+    3. the fair classes (other, batch, idle) share the rest by load weight (:func:`class_weight`:
+       nice for other and batch, 3 for idle), capped at their demand.
+
+    Without real-time or deadline tasks this is :func:`fair_shares` by nice, as it always was.
+    FIFO never shares a CPU in time: tasks of one priority that outnumber the CPUs do not get
+    an equal split from it, and the ratio to this share says by how much it departs from one.
+    """
+    cls = task_classes(tasks)
+    policy = cls["policy"]
+    demand = np.clip(tasks["duty"].to_numpy().astype(np.float64) / 100.0, 0.0, 1.0)
+    share = np.zeros(len(tasks))
+    left = float(ncpus)
+    dl = policy == "deadline"
+    if dl.any():
+        period = np.where(cls["dl_period_ms"] > 0, cls["dl_period_ms"], 1.0)
+        share[dl] = np.minimum(demand[dl], cls["dl_runtime_ms"][dl] / period[dl])
+        left = max(0.0, left - share[dl].sum())
+    rt = np.isin(policy, ("fifo", "rr"))
+    if rt.any():
+        cap = 1.0 if rt_share is None else rt_share
+        rt_left = min(left, cap * ncpus)
+        for prio in sorted(set(cls["rt_priority"][rt].tolist()), reverse=True):
+            level = rt & (cls["rt_priority"] == prio)
+            share[level] = fair_shares(np.ones(int(level.sum())), np.minimum(demand[level], cap),
+                                       rt_left)
+            rt_left -= share[level].sum()
+        left = max(0.0, left - share[rt].sum())
+    fair = np.isin(policy, ("other", "batch", "idle"))
+    if fair.any():
+        share[fair] = fair_shares(class_weight(tasks["nice"].to_numpy(), policy)[fair],
+                                  demand[fair], left)
+    return share
+
+
 def df_task_share(runs: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
-                  t_end: int) -> pd.DataFrame:
+                  t_end: int, rt_share: float | None = None) -> pd.DataFrame:
     """Each experiment task's CPU time in [t0, t_end] against its fair share.
 
-    Needs: a runs table (:func:`df_runs`) and ``tasks`` (nice, duty). Fair share is
-    :func:`fair_shares` with weights = :func:`nice_to_weight` (kernel table) and demand = duty/100
-    on P = len(cpus) CPUs.
+    Needs: a runs table (:func:`df_runs`) and ``tasks`` (nice, duty, and the scheduling class
+    where the table has it). Fair share is :func:`class_fair_shares` on P = len(cpus) CPUs: for
+    tasks of the fair classes alone, :func:`fair_shares` with weights = :func:`nice_to_weight`
+    (kernel table) and demand = duty/100. ``rt_share``: RT throttling's share of each CPU (the
+    manifest's ``sched``), for real-time tasks.
 
     Columns (one row per task, in ``tasks`` order): :data:`harmony.analysis.tables.SHARES`.
     """
@@ -716,14 +791,17 @@ def df_task_share(runs: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     ns = np.bincount(tix, weights=(e[known] - s[known]).astype(np.float64), minlength=len(tp))
     wall = (int(t_end) - int(t0)) / NS
     nice = tasks["nice"].to_numpy().astype(np.int64)
-    weight = nice_to_weight(nice)
+    policy = task_classes(tasks)["policy"]
+    weight = class_weight(nice, policy)
     demand = tasks["duty"].to_numpy().astype(np.float64) / 100.0
-    fair = fair_shares(weight, demand, len(set(cpus)))
+    fair = class_fair_shares(tasks, len(set(cpus)), rt_share)
     share = ns / NS / wall if wall > 0 else np.full(len(tp), np.nan)
     name, role = _task_info(tp, tasks)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(fair > 0, share / np.where(fair > 0, fair, 1.0), np.nan)
     return tables.SHARES.frame({
-        "pid": tp, "name": name, "role": role, "nice": nice, "weight": weight, "demand": demand,
+        "pid": tp, "name": name, "role": role, "nice": nice, "weight": weight,
+        "policy": pd.Categorical(policy.astype(str), categories=sorted(set(policy.tolist()))),
+        "demand": demand,
         "cpu_time": ns / NS, "share": share, "fair": fair, "ratio": ratio,
     })

@@ -16,7 +16,10 @@ Model (one tick = 1 ms):
   (0: it blocks for good the next time it runs). Pinned tasks never leave ``initial_cpu``;
 - each CPU runs the runnable task with the least virtual runtime (CPU ms x 1024 / nice weight) for
   a time slice, then the least again;
-- at t0 every task wakes on its initial CPU, all at once.
+- at t0 every task wakes on its initial CPU, all at once. No policy keeps a load history, so a
+  warm release (tasks running before t0) would be the same: the run's notes say so;
+- the fair class only (:func:`refuse_classes`): SCHED_BATCH runs as SCHED_OTHER, SCHED_IDLE with
+  its load weight of 3; SCHED_FIFO, SCHED_RR and SCHED_DEADLINE are refused with one line.
 
 Policies (:data:`POLICIES`):
 
@@ -48,7 +51,9 @@ from harmony.analysis.event_streams import (
     TASK_RUNNING,
     Stream,
 )
+from harmony.errors import ParameterError
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, make_markers
+from harmony.tasks import FAIR_POLICIES
 
 TICK_NS = 1_000_000
 BASE_NS = 1_000_000_000  # trace clock at t0
@@ -101,6 +106,21 @@ def get_policy(name: str) -> Policy:
         raise ValueError(f"unknown reference policy {name!r}; choose one of {', '.join(POLICIES)}") from None
 
 
+def refuse_classes(specs=(), params: dict | None = None) -> None:
+    """ParameterError (one line) for tasks the reference policies cannot simulate, given as
+    TaskSpecs or as an experiment's resolved parameters (``policy``, ``<role>_policy``): they
+    model the fair class only (one queue or per-CPU queues served by virtual runtime, balanced
+    by load or count), so SCHED_FIFO, SCHED_RR and SCHED_DEADLINE, whose placement is by
+    priority or deadline, are refused; SCHED_BATCH runs as SCHED_OTHER (no wake-up preemption
+    is modelled for either), SCHED_IDLE with its load weight of 3."""
+    asked = {s.policy for s in specs} | {v for k, v in (params or {}).items()
+                                         if (k == "policy" or k.endswith("_policy")) and v}
+    odd = sorted(asked - set(FAIR_POLICIES))
+    if odd:
+        raise ParameterError(f"the reference policies model the fair class only (other, batch, "
+                             f"idle): policy {', '.join(odd)} cannot be simulated")
+
+
 class _Task:
     __slots__ = ("i", "pid", "spec", "cpu", "state", "vr", "weight", "duty", "burst_left",
                  "exiting", "blocking", "prio", "sleep_ms")
@@ -126,15 +146,16 @@ class Simulator:
     """One simulated run. ``run()`` returns (events, markers); see the module docstring."""
 
     def __init__(self, policy: Policy, specs, cpus: list[int], duration_s: float, seed: int = 0):
-        from harmony.analysis.reconstruct import nice_to_weight
+        from harmony.analysis.reconstruct import class_weight
 
+        refuse_classes(specs)
         self.p = policy
         self.cpus = list(cpus)
         self.ncpu = len(cpus)
         index = {c: k for k, c in enumerate(self.cpus)}
         self.rng = random.Random(seed)
         self.ticks = int(round(duration_s * 1000))
-        weights = nice_to_weight([s.nice for s in specs])
+        weights = class_weight([s.nice for s in specs], [s.policy for s in specs])
         self.tasks = [_Task(i, s, int(w)) for i, (s, w) in enumerate(zip(specs, weights))]
         for t in self.tasks:
             t.cpu = index.get(t.spec.initial_cpu, 0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from harmony.analysis.probe_agreement import agreement_lines
 from harmony.manifest import system_facts
+from harmony.analysis.trust import count
 from harmony.experiments import get_experiment
 
 from harmony.store import atomic_write
@@ -25,6 +26,10 @@ def release_line(m: dict) -> str:
         return (f"release spread               n/a: no release by Harmony in an imported trace "
                 f"(the chosen tasks' first wake-ups after t0 span {_ms(rel.get('wake_spread_ns'))};"
                 f" {rel.get('woken', '?')} woken)")
+    if rel.get("warm"):
+        return (f"release spread               {_ms(rel.get('release_spread_ns'))} (warm: "
+                f"{rel.get('woken', '?')} tasks ran confined for {rel['warmed_s']:.3f} s, then the "
+                f"CPU set was widened; {m.get('release_method', '?')})")
     return (f"release spread               {_ms(rel.get('release_spread_ns'))} "
             f"(wake-ups {_ms(rel.get('wake_spread_ns'))}; {rel.get('woken', '?')} tasks woken; "
             f"{m.get('release_method', '?')}, {m.get('release_mode') or 'confined'})")
@@ -54,6 +59,22 @@ def vm_lines(m: dict) -> list[str]:
     return lines
 
 
+def class_lines(m: dict) -> list[str]:
+    """The tasks' scheduling classes, and the host's real-time bandwidth where they need it."""
+    counts = m.get("sched_class_counts") or {}
+    lines = ["scheduling class             " + ("; ".join(f"{label} ({count(n, 'task')})"
+                                                          for label, n in counts.items()) or "?")]
+    sched = m.get("sched") or {}
+    if any(not label.startswith(("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE")) for label in counts) \
+            and sched.get("rt_runtime_us") is not None:
+        rt = ("off (sched_rt_runtime_us -1)" if sched["rt_runtime_us"] < 0 else
+              f"{sched['rt_runtime_us']} of {sched['rt_period_us']} us "
+              f"({sched['rt_runtime_us'] / sched['rt_period_us']:.0%} of a CPU)")
+        lines.append(f"RT throttling                {rt}; controller at SCHED_FIFO "
+                     f"{sched.get('controller_fifo_priority', '?')}")
+    return lines
+
+
 def trust_lines(m: dict) -> list[str]:
     """What the run could and could not see, one fact per line."""
     host = system_facts(m)
@@ -70,6 +91,7 @@ def trust_lines(m: dict) -> list[str]:
         f"events decoded               {cap.get('n_events', '?')} ({cap.get('bytes', '?')} raw bytes)",
         f"lost events                  {'unknown' if lost is None or lost < 0 else lost}",
         release_line(m),
+        *class_lines(m),
         f"measured window              {m.get('measured_s', 0):.3f} s after t0",
     ]
     if ka and ka.get("agreement") is not None:

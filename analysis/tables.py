@@ -92,7 +92,10 @@ SHARES = Table(
         ("name",     "category", "its name"),
         ("role",     "category", "its role"),
         ("nice",     "int64",    "its nice value"),
-        ("weight",   "int64",    "its load weight: the kernel's sched_prio_to_weight of nice"),
+        ("weight",   "int64",    "its load weight: the kernel's sched_prio_to_weight of nice "
+                                 "(SCHED_IDLE: 3); 0 for fifo, rr and deadline, not shared by weight"),
+        ("policy",   "category", "its scheduling class (harmony.tasks.POLICIES; other for a run "
+                                 "recorded before classes existed)"),
         ("demand",   "float64",  "duty / 100: the fraction of one CPU it would use alone"),
         ("cpu_time", "float64",  "s it ran in [t0, t_end]"),
         ("share",    "float64",  "cpu_time / (t_end - t0): the fraction of one CPU"),

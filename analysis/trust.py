@@ -20,8 +20,11 @@ unrecorded_migrations    probe, n, tasks, examples: moves the tasks' own events 
                          sched_migrate_task
 lost_events              lost (int, -1 unknown), by_cpu, origin
 window_late              asked_s, measured_s
-not_woken                pids
-woke_off_initial_cpu     pids
+not_woken                pids, warm (a warm release: never woken at the warm-up)
+woke_off_initial_cpu     pids, warm (a warm release: not on it at t0)
+rt_throttling            tasks (real-time tasks), runtime_us, period_us (-1: no throttling)
+warmup_short             warmed_s, residual (PELT's unconverged fraction at t0)
+release_not_modelled     release (the one asked: warm)
 anomalies                n, kinds ({kind: count}), lost, silent (comms the probe is blind in)
 workers_dead             (none)
 foreign_load             frac, cpu, top, origin
@@ -56,6 +59,12 @@ from __future__ import annotations
 
 from harmony.analysis import thresholds as T
 from harmony.probes.proc_stat import SWEEP_BUDGET
+from harmony.tasks import POLICIES
+
+#: PELT's half-life, s (32 periods of 1024 us): how far a warm-up let a task's load converge
+PELT_HALF_LIFE_S = 32 * 1024e-6
+#: a warm-up that leaves more than this of PELT's load unconverged at t0 gets a note
+WARMUP_RESIDUAL_MAX = 0.01
 
 #: below this share of the sweeps asked, the notes say how many the kernel sampler made
 SLOW_SAMPLER = 0.5
@@ -111,10 +120,12 @@ def check_notes(m: dict, origin: str) -> list[dict]:
     if asked and got and got - asked > max(0.05, 0.05 * asked):
         out.append(note("window_late", asked_s=asked, measured_s=got))
     rel = m["release"]
+    warm = bool(rel.get("warm"))
     if rel["not_woken"]:
-        out.append(note("not_woken", pids=rel["not_woken"]))
+        out.append(note("not_woken", pids=rel["not_woken"], warm=warm))
     if rel.get("woke_off_initial_cpu"):
-        out.append(note("woke_off_initial_cpu", pids=rel["woke_off_initial_cpu"]))
+        out.append(note("woke_off_initial_cpu", pids=rel["woke_off_initial_cpu"], warm=warm))
+    out += class_notes(m, origin)
     if m["reconstruction_anomalies"]:
         # a program's threads share its comm: name each program once
         silent = list(dict.fromkeys(c["comm"] for c in cap.get("silent_contexts") or []))
@@ -149,6 +160,27 @@ def check_notes(m: dict, origin: str) -> list[dict]:
         out.append(note("nr_running_agreement_low", agreement=nr["agreement"], clean=nr["clean"]))
     elif nr and nr["samples"] and not nr["clean"]:
         out.append(note("nr_running_unclean"))
+    return out
+
+
+def class_notes(m: dict, origin: str) -> list[dict]:
+    """What the tasks' scheduling classes and the release leave unseen or assumed: RT throttling
+    capping real-time tasks (or its absence), a warm-up too short for PELT to converge, a warm
+    release asked of a simulation whose reference policy keeps no load history."""
+    out = []
+    sched = m.get("sched") or {}
+    rt = sum(n for label, n in (m.get("sched_class_counts") or {}).items()
+             if label.split(" ")[0] in (POLICIES["fifo"], POLICIES["rr"]))
+    if rt and sched.get("rt_runtime_us") is not None:
+        out.append(note("rt_throttling", tasks=rt, runtime_us=sched["rt_runtime_us"],
+                        period_us=sched["rt_period_us"]))
+    warmed = (m.get("release") or {}).get("warmed_s")
+    if warmed is not None:
+        residual = 0.5 ** (warmed / PELT_HALF_LIFE_S)
+        if residual > WARMUP_RESIDUAL_MAX:
+            out.append(note("warmup_short", warmed_s=warmed, residual=residual))
+    if origin == "simulated" and (m.get("params") or {}).get("release") == "warm":
+        out.append(note("release_not_modelled", release="warm"))
     return out
 
 
@@ -275,6 +307,18 @@ def _derived(n):
             "sched_wakeup rows of events.parquet are derived, not recorded")
 
 
+def _rt_throttling(n):
+    if n["runtime_us"] < 0:
+        return (f"{count(n['tasks'], 'real-time task')} ran with RT throttling off "
+                "(sched_rt_runtime_us = -1): CPU-bound ones may take every CPU they hold from all "
+                "other tasks, the host's own included (kernels from 6.12 on still give the fair "
+                "class its deadline server's share)")
+    return (f"{count(n['tasks'], 'real-time task')}: RT throttling lets SCHED_FIFO and SCHED_RR "
+            f"tasks have at most {n['runtime_us']} us of every {n['period_us']} us of each CPU "
+            f"({n['runtime_us'] / n['period_us']:.0%}): a CPU-bound one gets no more, the rest "
+            "goes to the fair class, and their fair shares are computed with that cap")
+
+
 _WORDING = {
     "recorder": lambda n: n["text"],
     "controller": lambda n: n["text"],
@@ -288,10 +332,21 @@ _WORDING = {
         f"the measured window is {n['measured_s']:.3f} s, not the {n['asked_s']:g} s asked: the "
         f"end marker came {n['measured_s'] - n['asked_s']:.3f} s late (the controller, waking "
         "at the end, waited for a CPU)"),
-    "not_woken": lambda n: f"{len(n['pids'])} tasks were never seen waking after t0",
+    "not_woken": lambda n: (f"{len(n['pids'])} tasks were never seen waking "
+                            + ("at the warm-up (before t0)" if n.get("warm") else "after t0")),
     "woke_off_initial_cpu": lambda n: (
-        f"{len(n['pids'])} tasks woke at t0 on a CPU other than their initial one: the layout "
-        f"did not exist at t0 (pids {n['pids'][:5]})"),
+        f"{len(n['pids'])} tasks "
+        + ("were not on their initial CPU at t0 (woken elsewhere at the warm-up, or moved while "
+           "confined)" if n.get("warm") else "woke at t0 on a CPU other than their initial one")
+        + f": the layout did not exist at t0 (pids {n['pids'][:5]})"),
+    "rt_throttling": _rt_throttling,
+    "warmup_short": lambda n: (
+        f"the warm release ran the tasks confined for {n['warmed_s']:.3f} s before t0, "
+        f"{n['warmed_s'] / PELT_HALF_LIFE_S:.1f} PELT half-lives: {n['residual']:.1%} of their "
+        "load history had not converged at t0 (within 1% takes 0.22 s)"),
+    "release_not_modelled": lambda n: (
+        "a warm release was asked, but the reference policy keeps no load history: warm and "
+        "cold releases are the same in the simulation (it wakes every task at t0)"),
     "anomalies": _anomalies,
     "workers_dead": lambda n: "some workers were not alive at the end of the run",
     "foreign_load": _foreign,

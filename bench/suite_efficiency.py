@@ -2,7 +2,8 @@
 
 Runs ``harmony suite --quick --out DIR`` once per repetition, times it, then reads every run
 directory it wrote (every ``manifest.json`` under DIR, companions included) and adds up their
-configured ``params.duration``: the seconds the suite is asked to measure. Efficiency = wall time /
+configured ``params.duration`` (and ``params.warm_s`` of a warm release: its tasks run as asked
+before t0): the seconds the suite is asked to run its tasks. Efficiency = wall time /
 that sum; 1.0 would mean no time at all spent spawning, analysing, plotting or waiting. Target
 <= 1.10.
 
@@ -25,6 +26,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
+from harmony.controller import warm_s  # noqa: E402
+
 
 def harmony_cmd() -> list[str]:
     exe = shutil.which("harmony")
@@ -41,7 +44,8 @@ def suite_exists() -> tuple[bool, str]:
 
 
 def configured_seconds(out: Path) -> tuple[float, list[dict]]:
-    """Sum of params.duration over every run directory under ``out``; and one row per run."""
+    """Sum of params.duration, plus params.warm_s for a warm release (its tasks run as asked for
+    that long before t0), over every run directory under ``out``; and one row per run."""
     runs = []
     for m in sorted(out.rglob("manifest.json")):
         try:
@@ -51,7 +55,8 @@ def configured_seconds(out: Path) -> tuple[float, list[dict]]:
         if "params" not in man:
             continue
         runs.append({"run": str(m.parent.relative_to(out)), "experiment": man.get("experiment"),
-                     "duration": float(man["params"].get("duration", 0.0)), "status": man.get("status")})
+                     "duration": float(man["params"].get("duration", 0.0))
+                     + (warm_s(man["params"]) or 0.0), "status": man.get("status")})
     return sum(r["duration"] for r in runs), runs
 
 

@@ -7,6 +7,17 @@ Its contract is declared, not implied: :attr:`Experiment.params` (:class:`Param`
 default, help) are what ``-p KEY=VALUE`` accepts and ``harmony run EXP --help`` lists;
 :attr:`Experiment.summary` (:class:`Metric`: name, unit, help, when it may be None) are exactly the
 keys its ``analyse`` returns, the ones the policy card and ``harmony compare`` read.
+
+Every experiment takes, besides its own, the parameters of :data:`COMMON`: the window, the
+tasks' scheduling class (``policy``, ``rt_priority``, ``dl_*``; one set per class of tasks in a
+two-class experiment, :func:`class_params`) and the release (``release``, ``warm_s``). The
+catalog's release is *warm*, because the thesis's was: its controller created and bound its
+processes before t0 and released an imbalance "created instantly rather than slowly accrued"
+(6.1), and its run-queue timeline starts with the source's processes already queued there
+(figure 6.4, "when the experiment begins at time 24.05 s, Core 1 has a run queue containing eight
+processes"). Tasks that ran there reach the balancer with a converged load history; tasks woken
+from a sleep (``release=cold``) with a decayed one, which a load-based balancer weighs far lighter
+(bench/warm_cold.py measures what that changes).
 """
 
 from __future__ import annotations
@@ -17,11 +28,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harmony.errors import ParameterError
+from harmony.tasks import POLICIES, class_problem
 
 
 @dataclasses.dataclass(frozen=True)
 class Param:
-    """One parameter. ``default`` may be a function of the CPU count P (``lambda P: [2 * P]``)."""
+    """One parameter. ``default`` may be a function of the CPU count P (``lambda P: [2 * P]``).
+    A default of None means "unset" (another parameter stands in: a two-class experiment's
+    ``heavy_policy`` is ``policy`` unless given); it reads and prints as an empty value."""
 
     name: str
     default: Any
@@ -41,9 +55,11 @@ class Param:
         """``value`` as ``-p`` takes it (the inverse of :meth:`parse`): a list as "8,0,0,0"."""
         if isinstance(value, (list, tuple)):
             return ",".join(map(str, value))
-        return str(value)
+        return "" if value is None else str(value)
 
     def parse(self, text: str):
+        if self.default is None and str(text).strip() == "":
+            return None
         try:
             if self.kind == "int":
                 return int(text)
@@ -74,13 +90,83 @@ def nice_value(v) -> str | None:
     return None if -20 <= v <= 19 else "must be a nice value in -20..19"
 
 
+def policy_name(v) -> str | None:
+    return None if v in POLICIES else f"must be one of {', '.join(POLICIES)}"
+
+
+def release_kind(v) -> str | None:
+    return None if v in RELEASES else f"must be one of {', '.join(RELEASES)}"
+
+
+#: how the tasks reach t0 (``-p release=``): ``warm``, running confined to their initial CPU for
+#: ``warm_s`` until the CPU set is widened at t0 (the thesis's protocol: its tasks were running,
+#: bound to their CPU, before it released them, so the balancer met tasks with a load history);
+#: ``cold``, asleep at their start gate until t0, woken there (PELT's load of a sleeping task
+#: decays, so a load-based balancer sees light tasks at t0). Warm is the catalog's default.
+RELEASES = ("warm", "cold")
+
+#: PELT's half-life is 32 periods of 1024 us (32.8 ms); a task's load converges geometrically,
+#: to within 1 % of its final value after log2(100) = 6.6 half-lives (218 ms) from any start.
+#: 0.25 s (7.6 half-lives, 0.5 %) measured on this host's 6.18 kernel: bench/pelt_warmup.py.
+WARM_S = 0.25
+
+#: the scheduling-class parameters of every task class: (name, default, kind, help, check); the
+#: help says "{whom}"
+CLASS_FIELDS = (
+    ("policy", "other", "str", "scheduling class of {whom}: " + ", ".join(POLICIES), policy_name),
+    ("rt_priority", 0, "int", "SCHED_FIFO / SCHED_RR priority of {whom}, 1..98 (0 for the other "
+     "classes)", None),
+    ("dl_runtime_ms", 0.0, "float", "SCHED_DEADLINE runtime per period of {whom}, ms", non_negative),
+    ("dl_deadline_ms", 0.0, "float", "SCHED_DEADLINE relative deadline of {whom}, ms (0: the period)",
+     non_negative),
+    ("dl_period_ms", 0.0, "float", "SCHED_DEADLINE period of {whom}, ms", non_negative),
+)
+
 COMMON = (
     Param("duration", 10.0, "float", "seconds measured after t0", positive),
     Param("bin_s", 0.1, "float", "width of the migrations-over-time bins (s)", positive),
     Param("window_s", 0.5, "float", "width of the CPU-allocation windows (s)", positive),
     Param("sample_hz", 10.0, "float",
           "rate of sampling the kernel's own view from /proc during the run (0 = off)", non_negative),
+    *(Param(name, default, kind, help.format(whom="every task"), check)
+      for name, default, kind, help, check in CLASS_FIELDS),
+    Param("release", "warm", "str", "warm: the tasks run confined to their initial CPU for "
+          "warm_s, then the CPU set is widened at t0 (the thesis's protocol; their load history "
+          "has converged); cold: they sleep at their start gate until t0", release_kind),
+    Param("warm_s", WARM_S, "float", "how long a warm release runs the tasks confined before t0 "
+          "(PELT converges to within 1% in ~0.22 s; not named warmup_s, which intrinsic-imbalance "
+          "and heavy-light use for their analysis windows after t0)", positive),
 )
+
+
+def class_params(role: str) -> tuple[Param, ...]:
+    """The scheduling-class parameters of one task class of a two-class experiment:
+    ``<role>_policy``, ``<role>_rt_priority``, ``<role>_dl_*``; default None = the common one
+    (``policy``, ``rt_priority``, ...)."""
+    return tuple(Param(f"{role}_{name}", None, kind,
+                       help.format(whom=f"the {role} tasks") + f"; unset: {name}", check)
+                 for name, _, kind, help, check in CLASS_FIELDS)
+
+
+def task_class(p: dict, role: str | None = None) -> dict:
+    """The TaskSpec fields of a task class's scheduling class from resolved parameters ``p``:
+    ``<role>_<field>`` where the experiment has it and it is set, else the common ``<field>``."""
+    out = {}
+    for name, default, _, _, _ in CLASS_FIELDS:
+        v = p.get(f"{role}_{name}") if role else None
+        out[name] = p.get(name, default) if v is None else v
+    return out
+
+
+def class_check(p: dict, roles=(None,), nice: dict | None = None) -> None:
+    """Every task class's scheduling class is one a task can be given, and a warm release can
+    hold it (ValueError, one line, naming the parameters). ``nice``: role -> its nice value."""
+    for role in roles:
+        fields = task_class(p, role)
+        why = class_problem(**fields, nice=(nice or {}).get(role, 0))
+        if why:
+            where = f"{role} tasks: " if role else ""
+            raise ValueError(f"{where}{why}")
 
 
 #: the units a summary key may declare, and the kind of value each holds
@@ -179,21 +265,35 @@ class Experiment:
             if isinstance(v, str) and p.kind != "str":
                 v = p.parse(v)
             items = v if isinstance(v, list) else [v]
-            if p.kind in ("float", "flist"):
+            if p.kind in ("float", "flist") and v is not None:
                 for item in items:    # inf would pass "positive" and run forever
                     if not math.isfinite(item):
                         raise ValueError(f"parameter {name}={item}: must be a finite number")
-            if p.check is not None:
+            if p.check is not None and v is not None:
                 for item in items:
                     err = p.check(item)
                     if err:
                         raise ValueError(f"parameter {name}={item}: {err}")
             values[name] = v
         self.validate(values, cpus)
+        self.check_classes(values)
         return values
 
     def validate(self, p: dict, cpus: list[int]) -> None:
         """Cross-parameter checks (ValueError, one line)."""
+
+    #: the task classes whose scheduling class has its own parameters (``<role>_policy``...);
+    #: (None,) = one class for every task, the common ``policy``, ``rt_priority``...
+    class_roles: tuple = (None,)
+
+    def check_classes(self, p: dict) -> None:
+        """Each task class's scheduling class and its parameters (:func:`class_check`); nice
+        values the experiment gives its classes must fit their class."""
+        class_check(p, self.class_roles, self.class_nice(p))
+
+    def class_nice(self, p: dict) -> dict:
+        """Role (None: every task) -> the nice value the experiment gives that class's tasks."""
+        return {None: p.get("nice", 0)}
 
     def tasks(self, p: dict, cpus: list[int]) -> list:
         """The TaskSpecs of one run."""

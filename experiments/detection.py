@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import rounds
-from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive
+from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive, task_class
 from harmony.experiments.how_many import HowMany, check_two_cpus, source_target_tasks
 from harmony.experiments.work_conservation import NS, WorkConservation, check_window, draw_uniform_time
 from harmony.tasks import TaskSpec
@@ -65,9 +65,10 @@ class Detection(Experiment):
         n, keep, pin = p["tasks_per_cpu"], p["target_after"], bool(p["pin_target"])
         cut = ({"stop_after_s": p["cut_at_s"]} if p["cut_mode"] == "exit"
                else {"cut_duty_at_s": p["cut_at_s"], "cut_duty": 0.0})
-        specs = source_target_tasks([n] * (len(cpus) - 1), keep, cpus, pin_target=pin)
-        specs += [TaskSpec(name=f"c{j:02d}", role="target", initial_cpu=cpus[-1], pinned=pin, **cut)
-                  for j in range(n - keep)]
+        sched = task_class(p)
+        specs = source_target_tasks([n] * (len(cpus) - 1), keep, cpus, pin_target=pin, sched=sched)
+        specs += [TaskSpec(name=f"c{j:02d}", role="target", initial_cpu=cpus[-1], pinned=pin, **cut,
+                           **sched) for j in range(n - keep)]
         return specs
 
     def _rounds(self, run):

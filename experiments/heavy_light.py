@@ -11,6 +11,10 @@ fraction of CPUs holding one heavy + one light (E9: informed or blind selection)
 allocation over the static ideal's (E10), migrations.
 
 :class:`TwoClassExperiment` is shared with E11 priority-classes (high / low nice).
+
+Each class has its own scheduling class (``heavy_policy``, ``heavy_rt_priority``, ...; default:
+the common ``policy``, ``rt_priority``, ...), e.g. ``-p heavy_policy=fifo -p heavy_rt_priority=10``
+for SCHED_FIFO heavy tasks among fair light ones.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import mixed
-from harmony.experiments.base import Experiment, Metric, Param, non_negative, percent, pick, positive
+from harmony.experiments.base import (Experiment, Metric, Param, class_params, non_negative, percent, pick,
+                                      positive, task_class)
 from harmony.experiments.single_source import SingleSource
 from harmony.store import RunError
 from harmony.tasks import TaskSpec
@@ -92,13 +97,21 @@ class TwoClassExperiment(Experiment):
         """TaskSpec fields of a task of ``role`` (duty, nice, period_ms)."""
         raise NotImplementedError
 
+    @property
+    def class_roles(self):
+        return (self.first, self.second)
+
+    def class_nice(self, p):
+        return {role: self.spec(role, p).get("nice", 0) for role in self.class_roles}
+
     def tasks(self, p, cpus):
         out = []
         for role in (self.first, self.second):
             for i, cpu in enumerate(cpus):
                 placed = cpu if p["static"] else cpus[0]
                 out.append(TaskSpec(name=f"{self.prefix[role]}{i:02d}", role=role, initial_cpu=placed,
-                                    pinned=bool(p["static"]), **self.spec(role, p)))
+                                    pinned=bool(p["static"]), **self.spec(role, p),
+                                    **task_class(p, role)))
         return out
 
     def companions(self, p):
@@ -199,7 +212,7 @@ class HeavyLight(TwoClassExperiment):
         Param("light_duty", 50.0, "float", "CPU demand of the light tasks in percent (thesis sweeps 5..100)",
               percent),
         Param("period_ms", 10.0, "float", "mean run+sleep period of the light tasks (ms)", positive),
-    ) + WINDOW_PARAMS
+    ) + WINDOW_PARAMS + class_params("heavy") + class_params("light")
 
     def spec(self, role, p):
         return {"duty": 100.0 if role == "heavy" else p["light_duty"], "period_ms": p["period_ms"]}

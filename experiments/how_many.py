@@ -10,6 +10,11 @@ target, bursts separated by more than ``round_gap_ms``; see :mod:`harmony.analys
 against the poly-balance prediction q_src - N/P (global information: x/P at t0) and the pairwise
 prediction (q_src - q_target)/2 (x/2). With P = 2 both predict x/2: E2 separates the two policies
 only on 3 CPUs or more.
+
+Released warm by default (the thesis's tasks were running before t0; see
+:mod:`harmony.experiments.base`): poly-balance and pairwise predict counts of tasks of equal load,
+which a cold release (tasks whose load decayed while they slept at their gate) does not give a
+load-based balancer.
 """
 
 from __future__ import annotations
@@ -17,25 +22,27 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics, rounds
-from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive
+from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive, task_class
 from harmony.experiments.single_source import SingleSource
 from harmony.tasks import TaskSpec
 
 
 def source_target_tasks(sources: list[int], target_count: int, cpus: list[int],
-                        pin_target: bool = False, **target_spec) -> list[TaskSpec]:
+                        pin_target: bool = False, sched: dict | None = None,
+                        **target_spec) -> list[TaskSpec]:
     """``sources[i]`` CPU-bound tasks on cpus[i] (names w00..), ``target_count`` on cpus[-1] (t00..).
 
     The target's own tasks have role "target"; ``pin_target`` keeps them on the target after t0;
-    ``target_spec`` (e.g. stop_after_s) applies to them only.
+    ``target_spec`` (e.g. stop_after_s) applies to them only; ``sched`` (the scheduling class's
+    fields, :func:`~harmony.experiments.base.task_class`) to every task.
     """
-    out, k = [], 0
+    out, k, sched = [], 0, sched or {}
     for cpu, count in zip(cpus[:-1], sources):
         for _ in range(count):
-            out.append(TaskSpec(name=f"w{k:02d}", initial_cpu=cpu))
+            out.append(TaskSpec(name=f"w{k:02d}", initial_cpu=cpu, **sched))
             k += 1
     out += [TaskSpec(name=f"t{j:02d}", role="target", initial_cpu=cpus[-1], pinned=pin_target,
-                     **target_spec) for j in range(target_count)]
+                     **sched, **target_spec) for j in range(target_count)]
     return out
 
 
@@ -68,7 +75,8 @@ class HowMany(Experiment):
         return [p["base"] + p["x"]] * (len(cpus) - 1) + [p["base"]]
 
     def tasks(self, p, cpus):
-        return source_target_tasks([p["base"] + p["x"]] * (len(cpus) - 1), p["base"], cpus)
+        return source_target_tasks([p["base"] + p["x"]] * (len(cpus) - 1), p["base"], cpus,
+                                   sched=task_class(p))
 
     summary = (
         Metric("x", "count", "extra tasks on each source CPU (the parameter)"),

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from harmony.analysis import metrics, mixed
-from harmony.experiments.base import Experiment, Metric, Param, non_negative, percent, pick
+from harmony.experiments.base import Experiment, Metric, Param, non_negative, percent, pick, task_class
 from harmony.experiments.single_source import SingleSource
 from harmony.tasks import layout_tasks
 
@@ -44,7 +44,7 @@ class IntrinsicImbalance(Experiment):
             raise ValueError(f"warmup_s={p['warmup_s']} leaves nothing of duration={p['duration']}")
 
     def tasks(self, p, cpus):
-        return layout_tasks(p["layout"], cpus, duty=p["duty"])
+        return layout_tasks(p["layout"], cpus, duty=p["duty"], **task_class(p))
 
     summary = (
         *pick(SingleSource.summary, "ntasks", "ncpus", "fair_share", "share_min", "share_max",

@@ -8,12 +8,17 @@ from a balance, so the placement of each class is measured directly: a spread in
 (0 = evenly spread over the CPUs, 1 = all on one CPU), time-averaged over the long window.
 A *static ideal* companion (one high + one low pinned per CPU, ``<run_dir>/static/``) gives the
 reference allocation of the high tasks.
+
+Each class has its own scheduling class (``high_policy``, ``high_rt_priority``, ...; default the
+common ``policy``...): ``-p policy=fifo -p high_rt_priority=20 -p low_rt_priority=10 -p
+nice_diff=0`` sets two SCHED_FIFO priorities against each other (nice applies to the fair classes
+only, so nice_diff must then be 0).
 """
 
 from __future__ import annotations
 
 from harmony.analysis import mixed
-from harmony.experiments.base import Metric, Param, nice_value, non_negative
+from harmony.experiments.base import Metric, Param, class_params, nice_value, non_negative
 from harmony.experiments.heavy_light import (
     NO_STATIC,
     NO_WINDOW,
@@ -36,7 +41,7 @@ class PriorityClasses(TwoClassExperiment):
         Param("nice_diff", 10, "int", "nice of the low tasks minus nice of the high tasks (thesis 2..38)",
               non_negative),
         Param("high_nice", 0, "int", "nice value of the high-priority tasks", nice_value),
-    ) + WINDOW_PARAMS
+    ) + WINDOW_PARAMS + class_params("high") + class_params("low")
 
     def validate(self, p, cpus):
         super().validate(p, cpus)

@@ -4,6 +4,11 @@ Default layout: 2P CPU-bound tasks on the first CPU of the set, the others idle 
 <8,0,0,0> on 4). Measures migrations over time, the time until every run queue is within 15% of
 N/P (and stays there), migrations after that (affinity), and each task's share against its fair
 share (Jain index).
+
+Released warm by default, as the thesis's tasks were (running on the source before t0; see
+:mod:`harmony.experiments.base`): with ``-p release=cold`` they reach t0 asleep, their PELT load
+decayed to ~11 % of a running task's (bench/pelt_warmup.py), and a load-based balancer weighs them
+as light tasks.
 """
 
 from __future__ import annotations
@@ -11,7 +16,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics
-from harmony.experiments.base import Experiment, Metric, Param, nice_value, non_negative, percent, positive
+from harmony.experiments.base import (Experiment, Metric, Param, nice_value, non_negative, percent, positive,
+                                      task_class)
 from harmony.tasks import layout_tasks
 
 
@@ -36,7 +42,7 @@ class SingleSource(Experiment):
             raise ValueError("layout places no task")
 
     def tasks(self, p, cpus):
-        return layout_tasks(p["layout"], cpus, duty=p["duty"], nice=p["nice"])
+        return layout_tasks(p["layout"], cpus, duty=p["duty"], nice=p["nice"], **task_class(p))
 
     summary = (
         Metric("ntasks", "count", "experiment tasks"),

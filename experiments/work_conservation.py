@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 
 from harmony.analysis import rounds
-from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive
+from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive, task_class
 from harmony.experiments.how_many import HowMany, check_two_cpus, source_target_tasks
 
 NS = 1_000_000_000
@@ -68,7 +68,7 @@ class WorkConservation(Experiment):
             raise ValueError("idle_at_s has not been drawn (call draw() first)")
         n = p["tasks_per_cpu"]
         return source_target_tasks([n] * (len(cpus) - 1), n, cpus, pin_target=bool(p["pin_target"]),
-                                   stop_after_s=p["idle_at_s"])
+                                   sched=task_class(p), stop_after_s=p["idle_at_s"])
 
     summary = (
         *pick(HowMany.summary, "ncpus", "ntasks", "target_cpu"),

@@ -662,7 +662,7 @@ def compare(sources, as_json, all_metrics, out):
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="output directory")
 def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed, out):
     """Run experiments under a reference policy in a simulator (no root, no kernel) and analyse them."""
-    from harmony.analysis.refpolicy import get_policy
+    from harmony.analysis.refpolicy import get_policy, refuse_classes
     from harmony.batch import SimRunner, batch_text, finish_batch, run_batch
     from harmony.experiments import get_experiment
     from harmony.suite import plan, run_suite
@@ -688,6 +688,7 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
     try:
         exp = get_experiment(experiment)
         values = exp.resolve(_parse_params(params), cpus)
+        refuse_classes(params=values)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     with SimRunner(policy_name) as runner:

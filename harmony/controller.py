@@ -37,6 +37,47 @@ Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly acc
    Freeing a task while asleep without occupiers would not do: the wake-up path would place it
    on an idle CPU and the layout would never exist. The trace checks it either way
    (``harmony.analysis.release``: where each task woke, migrations before "released").
+
+   That is a *cold* release: the tasks reach t0 asleep, with no load history (PELT decays a
+   sleeping task's load, halving it every 32 ms). A *warm* release (``warm_s``, the catalog's
+   default: the thesis's tasks were running, bound to their CPU, before it released them) opens
+   every gate while the tasks are still confined ("warm-up" marker), lets them run there for
+   ``warm_s`` while this thread sleeps above them, then writes t0 and frees them (one
+   ``cpuset.cpus`` write per initial CPU): t0 is the instant the CPU set is widened, the tasks
+   are running (not woken) then, and no occupier is needed (``release_mode`` "warm").
+
+Scheduling classes (``TaskSpec.policy``). Each worker enters its class before its gate
+(:mod:`harmony.worker`). The controller, its occupiers and the threads run.py raises run
+SCHED_FIFO at :func:`fifo_priority`: FIFO_PRIO, or one above the highest task's rt_priority,
+whichever is higher. Above, for two reasons:
+
+- the window must end: a FIFO task at the controller's own priority never yields the CPU it
+  holds (measured here: a SCHED_FIFO 50 process did not return from a 3 s sleep while a
+  SCHED_FIFO 50 busy loop ran, until the loop was killed; RT throttling, 950 ms of every 1000 ms
+  by default, throttles the controller with the tasks, as they share the root rt_rq);
+- an RT release equivalent to the fair one (each task woken on its initial CPU). The RT class
+  places a woken task (select_task_rq_rt) on its previous CPU unless the task running there is
+  RT and of higher or equal priority or pinned (the occupiers and the releasing controller are
+  pinned): then on the CPU of lowest priority (find_lowest_rq), its previous one if that is
+  among the lowest. With every CPU of the set held at a priority *above* the task's, no CPU is
+  lower than the task, so it stays on its initial CPU, and the push that follows a wake-up
+  (task_woken_rt) finds nowhere to push it either. With occupiers *below* the task's priority,
+  the second task woken on a CPU already holding one of its priority would be sent to an
+  occupied CPU (the woken task outranks the occupier there): the layout would not exist at t0.
+  Once the occupiers stop (leaving SCHED_FIFO), each of their CPUs pulls the highest waiting RT
+  task (switched_from_rt -> pull_rt_task): from t0 on RT tasks are placed by priority (push and
+  pull: a task waits only while every CPU it may use runs one of equal or higher priority),
+  never by load.
+
+SCHED_DEADLINE tasks run above every RT task, the controller included; admission control keeps
+their bandwidth to sched_rt_runtime_us / sched_rt_period_us of each CPU (less the fair class's
+deadline servers, 6.12 on), which leaves the controller its share. The kernel refuses a deadline
+task a CPU affinity smaller than its root domain (EPERM; EBUSY to sched_setaffinity on one), but
+not a cpuset that confines it: deadline tasks are held by cpusets only, enter their class before
+they join one, and may not be ``pinned``. :func:`check_classes` says before anything starts what
+this host cannot do (a pinned or cpuset-less deadline task, the bandwidth admission control would
+refuse, a warm-up whose confined deadline tasks would take more of a CPU than it gives them);
+a worker the kernel still refuses is reported by :meth:`Workload.spawn` in one line, with why.
 3. ``stop()`` kills the group and returns once every worker is reaped (by the server, which
    reports exit statuses; a worker that dies before t0 is reported by ``spawn()``), then removes
    the cgroups. Workers carry PR_SET_PDEATHSIG=SIGKILL tied to the process that forked them (the
@@ -57,6 +98,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import errno
 import gc
 import itertools
 import mmap
@@ -72,9 +114,10 @@ from harmony.cpuset import CpusetGroups, CpusetUnavailable
 from harmony.errors import ControllerError  # noqa: F401  (raised here)
 from harmony.forkserver import ForkServerError
 from harmony.hostfacts import OK, WARN, check
+from harmony.cpuset import hierarchies as cpuset_hierarchies
 from harmony.osutil import FUTEX_WAKE, SYS_FUTEX, WAKE_ALL, futex
-from harmony.probes.schema import MARK_RELEASED, MARK_T0
-from harmony.tasks import TaskSpec
+from harmony.probes.schema import MARK_RELEASED, MARK_T0, MARK_WARMUP
+from harmony.tasks import RT_POLICIES, TaskSpec
 
 ENV_PLACEMENT = "HARMONY_RELEASE_PLACEMENT"
 PLACEMENTS = ("auto", "cpuset", "affinity")
@@ -85,10 +128,70 @@ OCCUPY_WAIT_S = 0.5     # how long the release waits for an occupier before it d
 _workload_ids = itertools.count(1)
 
 
-def raise_threads(tids) -> list[int]:
-    """SCHED_FIFO at the release's priority for the SCHED_OTHER threads ``tids`` (this process's
-    probe drains and sampler, the probes' own processes such as perf record) while a run is
-    measured; returns those raised, for :func:`lower_threads`. They sleep nearly all the time,
+def fifo_priority(specs) -> int:
+    """The SCHED_FIFO priority of the controller, its occupiers and its raised threads for a run
+    of ``specs``: FIFO_PRIO, or one above the highest RT task (see the module docstring)."""
+    return max([FIFO_PRIO] + [s.rt_priority + 1 for s in specs if s.policy in RT_POLICIES])
+
+
+def warm_s(params: dict) -> float | None:
+    """The warm-up of a run with these parameters: ``warm_s`` for ``release=warm``, None for a
+    cold release (and for parameters that predate the choice: every run was cold then)."""
+    return float(params.get("warm_s", 0.25)) if params.get("release") == "warm" else None
+
+
+def check_classes(specs, cpus, warm: float | None = None, placement: str | None = None,
+                  bandwidth: dict | None = None) -> None:
+    """What this host cannot give the tasks' scheduling classes, before anything starts:
+    ControllerError, one line. ``bandwidth``: :func:`harmony.hostfacts.rt_bandwidth` (read now
+    if not given); ``placement``: the release's (:func:`release_options`)."""
+    dl = [s for s in specs if s.policy == "deadline"]
+    if not dl:
+        return
+    pinned = [s for s in dl if s.pinned]
+    if pinned:
+        raise ControllerError(
+            f"task {pinned[0].name} is SCHED_DEADLINE and pinned to CPU {pinned[0].initial_cpu} (a "
+            "static-ideal placement, or pin_target=1): the kernel refuses a deadline task a CPU "
+            "affinity smaller than its root domain (EPERM)")
+    placement = placement or release_options()[0]
+    if placement == "affinity" or not cpuset_hierarchies():
+        why = f"{ENV_PLACEMENT}=affinity" if placement == "affinity" else "no cpuset hierarchy here"
+        raise ControllerError(f"SCHED_DEADLINE tasks can be held on their initial CPU by a cpuset "
+                              f"only ({why}): the kernel refuses a deadline task a smaller CPU "
+                              "affinity (EPERM)")
+    bw = bandwidth or hostfacts.rt_bandwidth()
+    per_cpu = bw["dl_bw_per_cpu"] if bw["dl_bw_per_cpu"] is not None else bw["rt_share"]
+    if per_cpu is None:        # no limit (sched_rt_runtime_us = -1), or none readable
+        return
+    reserved = bw["dl_reserved"] or 0.0
+    ncpus = bw["dl_rd_cpus"]
+    want = sum(s.dl_bandwidth for s in dl)
+    room = per_cpu * ncpus - reserved
+    label = dl[0].label
+    if want > room + 1e-9:
+        raise ControllerError(
+            f"deadline admission control would refuse the tasks: {len(dl)} x {label} = {want:.2f} "
+            f"CPUs, and it admits {per_cpu:.2f} of each of {ncpus} CPUs less {reserved:.2f} already "
+            f"reserved (deadline servers, other deadline tasks) = {room:.2f}")
+    if warm is not None:
+        # confined through the warm-up: a CPU's deadline tasks must leave the controller room
+        cpu_room = per_cpu - reserved / ncpus
+        for cpu in sorted({s.initial_cpu for s in dl}):
+            here = sum(s.dl_bandwidth for s in dl if s.initial_cpu == cpu)
+            if here > cpu_room + 1e-9:
+                raise ControllerError(
+                    f"release=warm runs the deadline tasks confined to their initial CPU: CPU {cpu}'s "
+                    f"would take {here:.2f} of it, more than the {cpu_room:.2f} a CPU gives deadline "
+                    "tasks (the controller would starve there); use release=cold or a smaller "
+                    "dl_runtime_ms")
+
+
+def raise_threads(tids, prio: int = FIFO_PRIO) -> list[int]:
+    """SCHED_FIFO at the release's priority ``prio`` (:attr:`Workload.fifo_prio`) for the
+    SCHED_OTHER threads ``tids`` (this process's probe drains and sampler, the probes' own
+    processes such as perf record) while a run is measured; returns those raised, for
+    :func:`lower_threads`. They sleep nearly all the time,
     but at the tasks' priority a crowded CPU set starves them, and a starved thread holding the
     GIL stalls every other: with 600 tasks on two CPUs the sampler, preempted mid-sweep, held the
     controller's end marker back 0.9 s."""
@@ -96,7 +199,7 @@ def raise_threads(tids) -> list[int]:
     for tid in tids:
         try:
             if os.sched_getscheduler(tid) == os.SCHED_OTHER:
-                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(FIFO_PRIO))
+                os.sched_setscheduler(tid, os.SCHED_FIFO, os.sched_param(prio))
                 raised.append(tid)
         except OSError:       # gone, or SCHED_FIFO refused: it keeps its priority
             pass
@@ -141,9 +244,9 @@ def confined_why(mode: str, free: bool, other_cpus, sched_ext_state: str) -> str
 
 
 def release_check(sched_ext: dict, cpus: dict) -> dict:
-    """``harmony doctor``'s ``release`` check: how a run here releases its tasks at t0,
-    ``occupied`` where it can be (SCHED_FIFO occupiers hold the other CPUs while the tasks wake),
-    else ``confined``. ``sched_ext``, ``cpus``: the doctor's checks of that name (the
+    """``harmony doctor``'s ``release`` check: how a run here releases its tasks at t0: warm by
+    default (``default``); a cold release (``mode``) ``occupied`` where it can be (SCHED_FIFO
+    occupiers hold the other CPUs while the tasks wake), else ``confined``. ``sched_ext``, ``cpus``: the doctor's checks of that name (the
     sched_ext ``state``, the ``online`` CPUs). SCHED_FIFO is tried on the calling thread and
     put back."""
     try:
@@ -161,11 +264,12 @@ def release_check(sched_ext: dict, cpus: dict) -> dict:
             why = f"SCHED_FIFO not permitted ({exc.strerror})"
         else:
             os.sched_setscheduler(0, before, param)
+    warm = "warm by default (tasks run confined, then the CPU set is widened at t0); cold: "
     if why:
-        return check(OK, f"confined (woken on their initial CPU, then freed): {why}",
-                     mode="confined", why=why)
-    return check(OK, "occupied: SCHED_FIFO occupiers hold the other CPUs while each CPU's tasks "
-                     "wake, already free", mode="occupied", why=None)
+        return check(OK, f"{warm}confined (woken on their initial CPU, then freed): {why}",
+                     mode="confined", why=why, default="warm")
+    return check(OK, f"{warm}occupied (SCHED_FIFO occupiers hold the other CPUs while each CPU's "
+                     "tasks wake, already free)", mode="occupied", why=None, default="warm")
 
 
 def _state(pid: int) -> bytes | None:
@@ -181,15 +285,22 @@ class Workload:
     """A set of worker processes for one run. Use as a context manager: leaving kills them all."""
 
     def __init__(self, specs: list[TaskSpec], cpus: list[int], seed: int = 0, placement: str | None = None,
-                 mode: str | None = None):
+                 mode: str | None = None, warm_s: float | None = None):
         if not specs:
             raise ControllerError("the workload has no tasks")
         self.specs = list(specs)
         self.cpus = list(cpus)
         self.seed = seed
         self.placement, self.mode = release_options(placement, mode)
+        self.warm_s = warm_s  # None: a cold release; else the warm-up (s) before t0
         if SYS_FUTEX is None:
             raise ControllerError(f"no futex system call number known for {platform.machine()}")
+        #: the host's RT / deadline bandwidth now (hostfacts.rt_bandwidth), and this run's
+        #: SCHED_FIFO priority for the controller's own (fifo_priority): the manifest's "sched"
+        self.bandwidth = hostfacts.rt_bandwidth()
+        self.fifo_prio = fifo_priority(self.specs)
+        check_classes(self.specs, self.cpus, warm_s, self.placement, self.bandwidth)
+        self.warmed_s: float | None = None  # the warm-up as it was: warm-up marker to t0 marker
         self.pids: list[int] = []
         self._unreaped: set[int] = set()
         self._statuses: dict[int, int] = {}   # exited workers' wait statuses, reaped
@@ -197,7 +308,7 @@ class Workload:
         self.notes: list[str] = []
         self.cpusets: CpusetGroups | None = None
         self.release_method: str | None = None  # "cpuset" or "affinity", known after spawn()
-        self.release_mode: str | None = None  # "occupied" or "confined", known after spawn()
+        self.release_mode: str | None = None  # "occupied", "confined" or "warm", known after spawn()
         self._served: tuple[forkserver.ForkServer, int] | None = None  # (server, workload id)
         # the shared page (harmony.worker.Shared): t0, a work counter per worker, one start gate
         # (futex word) per initial CPU, one "at the gate" flag per worker, the occupiers' order
@@ -226,7 +337,11 @@ class Workload:
 
     def _occupiable(self) -> list[int]:
         """The CPUs occupiers would hold for an ``occupied`` release (every CPU of the set but the
-        home CPU), or [] where that release cannot be used (release_mode says why after spawn)."""
+        home CPU), or [] where that release cannot be used (release_mode says why after spawn)
+        or is not wanted (a warm release: its tasks are running at t0, not woken)."""
+        self._confined_why = None
+        if self.warm_s is not None:
+            return []
         others = sorted(set(self.cpus) - {self._home})
         scx = hostfacts.sched_ext_state()["state"]
         self._confined_why = confined_why(self.mode, any(not s.pinned for s in self.specs), others, scx)
@@ -267,7 +382,7 @@ class Workload:
                           "gate": self._gate_cpus.index(spec.initial_cpu),
                           "seed": self.seed * 100_003 + slot, "join": join})
         for k, cpu in enumerate(self._occupied):
-            tasks.append({"kind": "occupy", "k": k, "cpu": cpu, "prio": FIFO_PRIO,
+            tasks.append({"kind": "occupy", "k": k, "cpu": cpu, "prio": self.fifo_prio,
                           "gate": self._gate_cpus.index(cpu) if cpu in self._gate_cpus else -1})
         try:
             server, note = forkserver.shared() if self._memfd is not None else (None, self._no_memfd)
@@ -286,7 +401,8 @@ class Workload:
                              for k in range(len(self.occupier_pids))]:
             self._confined_why = "an occupier could not run as SCHED_FIFO on its CPU"
             self.notes.append(f"release confined (woken, then freed): {self._confined_why}")
-        self.release_mode = "confined" if self._confined_why else "occupied"
+        self.release_mode = ("warm" if self.warm_s is not None else
+                             "confined" if self._confined_why else "occupied")
 
     def _spawn_served(self, server: forkserver.ForkServer, tasks: list[dict]) -> None:
         wid = next(_workload_ids)
@@ -369,6 +485,9 @@ class Workload:
         while waiting:
             if time.monotonic() >= ask_at:
                 exited = self._exited()
+                refused = [(pid, -sh.words[i]) for pid, i in flags if pid in exited and sh.words[i] < 0]
+                if refused:
+                    raise ControllerError(self._refusal(*refused[0]))
                 if exited:
                     pid, status = min(exited.items())
                     raise ControllerError(f"{kind(pid)} {pid} died before t0 (status {status:#x})")
@@ -381,35 +500,78 @@ class Workload:
             if waiting:
                 time.sleep(0.001)
 
+    def _refusal(self, pid: int, err: int) -> str:
+        """Why the kernel refused worker ``pid`` its scheduling class (errno ``err``), one line."""
+        spec = self.specs[self.pids.index(pid)]
+        why = os.strerror(err)
+        if spec.policy == "deadline" and err == errno.EBUSY:
+            why += ": admission control refused the bandwidth"
+        elif spec.policy == "deadline" and err == errno.EPERM:
+            why += ": a deadline task needs a CPU affinity spanning its root domain"
+        elif spec.policy in RT_POLICIES and err == errno.EPERM:
+            why += (": real-time priorities need root (or RLIMIT_RTPRIO), and a cpu cgroup "
+                    "whose cpu.rt_runtime_us is not 0")
+        return f"task {spec.name} could not enter {spec.label} ({why})"
+
     def release(self, mark, keep_fifo: bool = False) -> tuple[int, int]:
         """Release every worker at once; ``mark(text)`` writes a trace marker and returns its ns.
 
-        Returns (t0, released): marker times before the first wake-up and after the last task
-        was freed to the experiment CPU set. With ``keep_fifo`` the calling thread stays
-        SCHED_FIFO (if the release got it) until :meth:`freeze` or :meth:`stop`.
+        Returns (t0, released): marker times before the first wake-up (a warm release: before
+        the CPU set is widened, the tasks having run confined for ``warm_s`` since the warm-up
+        marker) and after the last task was freed to the experiment CPU set. With ``keep_fifo``
+        the calling thread stays SCHED_FIFO (if the release got it) until :meth:`freeze` or
+        :meth:`stop`.
         """
-        home = self._home
-        own_mask = os.sched_getaffinity(0)
-        try:
-            os.sched_setaffinity(0, {home})  # this thread only: the probe's threads stay where they are
-        except OSError as exc:
-            self.notes.append(f"release ran off CPU {home} ({exc.strerror}); spread may be larger")
+        warm = self.release_mode == "warm"
+        home, own_mask = self._home, os.sched_getaffinity(0)
+        if not warm:  # a warm release wakes no task at t0: it needs no CPU of its own
+            try:
+                os.sched_setaffinity(0, {home})  # this thread only: the probe's threads stay where they are
+            except OSError as exc:
+                self.notes.append(f"release ran off CPU {home} ({exc.strerror}); spread may be larger")
         fifo = self._enter_fifo()
         collecting = gc.isenabled()
-        gc.disable()  # no collection pause between the first wake-up and the last freed task
         try:
-            if self.release_mode == "occupied" and self._hold():
-                t0, released = self._release_occupied(mark)
+            if warm:
+                t0, released = self._release_warm(mark)
             else:
-                t0, released = self._release_confined(mark)
+                gc.disable()  # no collection pause between the first wake-up and the last freed task
+                if self.release_mode == "occupied" and self._hold():
+                    t0, released = self._release_occupied(mark)
+                else:
+                    t0, released = self._release_confined(mark)
         finally:
             if collecting:
                 gc.enable()
             self._fifo_held = fifo
             if not keep_fifo:
                 self.leave_fifo()
-            os.sched_setaffinity(0, own_mask)
+            if not warm:
+                os.sched_setaffinity(0, own_mask)
         return t0, released
+
+    def _release_warm(self, mark) -> tuple[int, int]:
+        """Open every gate of the confined tasks, let them run for ``warm_s`` while this thread
+        sleeps above them (SCHED_FIFO), then widen the CPU set at t0."""
+        warm = mark(MARK_WARMUP)
+        for i in range(len(self._gate_cpus)):
+            self._open_gate(i)
+        time.sleep(self.warm_s)
+        gc.disable()  # no collection pause between t0 and the last freed task
+        self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t0 = mark(MARK_T0)
+        self._free()
+        released = mark(MARK_RELEASED)
+        self.warmed_s = (t0 - warm) / 1e9
+        return t0, released
+
+    @property
+    def sched(self) -> dict:
+        """The manifest's ``sched``: the host's RT and deadline bandwidth when the workload was
+        made (:func:`harmony.hostfacts.rt_bandwidth`), the controller's SCHED_FIFO priority, and
+        the warm-up (asked and as it was; None for a cold release)."""
+        return {**self.bandwidth, "controller_fifo_priority": self.fifo_prio,
+                "warm_s": self.warm_s, "warmed_s": self.warmed_s}
 
     def leave_fifo(self) -> None:
         """The calling thread back to SCHED_OTHER if the release left it SCHED_FIFO."""
@@ -488,7 +650,7 @@ class Workload:
 
     def _enter_fifo(self) -> bool:
         try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIO))
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.fifo_prio))
             return True
         except (PermissionError, OSError) as exc:
             self.notes.append(f"release ran without SCHED_FIFO ({exc.strerror}); spread may be larger")

@@ -390,3 +390,38 @@ def trace_clocks(tracefs: str | Path) -> tuple[list[str], str | None] | None:
     available = [c.strip("[]") for c in text.split()]
     current = next((c.strip("[]") for c in text.split() if c.startswith("[")), None)
     return available, current
+
+
+# --------------------------------------------------------------------------------------------
+# real-time and deadline bandwidth
+
+BW_SHIFT = 20  # the kernel's fixed point for bandwidths (kernel/sched/sched.h)
+
+
+def rt_bandwidth(debugfs: str | Path | None = None) -> dict:
+    """How much of a CPU the real-time and deadline classes may take, as the kernel says now.
+
+    ``rt_runtime_us`` / ``rt_period_us``: /proc/sys/kernel/sched_rt_{runtime,period}_us (RT
+    throttling: SCHED_FIFO / SCHED_RR tasks together get at most runtime of every period of each
+    CPU; -1 = no limit); ``rt_share``: their ratio (None when unlimited or unreadable).
+    ``dl_bw_per_cpu`` and ``dl_reserved``: from sched/debug's first ``dl_rq``, the share of each
+    CPU SCHED_DEADLINE admission control allows and the CPUs' worth already admitted in its root
+    domain (the fair class's deadline servers, 6.12 on, and any deadline task); None where
+    sched/debug is not readable. ``dl_rd_cpus``: the CPUs of that root domain (assumed: all
+    online CPUs, as without isolated partitions)."""
+    runtime = read_int(PROC / "sys/kernel/sched_rt_runtime_us")
+    period = read_int(PROC / "sys/kernel/sched_rt_period_us")
+    out = {"rt_runtime_us": runtime, "rt_period_us": period,
+           "rt_share": (runtime / period if runtime is not None and runtime >= 0 and period
+                        else None),
+           "dl_bw_per_cpu": None, "dl_reserved": None, "dl_rd_cpus": len(online_cpus())}
+    text = read_text(Path(debugfs or DEBUGFS_DEFAULT) / "sched/debug") or ""
+    block = re.search(r"^dl_rq\[\d+\]:\n((?:\s+\..*\n?)+)", text, re.M)
+    if block:
+        fields = dict(re.findall(r"\.(\S+)\s*:\s*(-?\d+)", block.group(1)))
+        bw, total = fields.get("dl_bw->bw"), fields.get("dl_bw->total_bw")
+        if bw is not None and int(bw) >= 0:
+            out["dl_bw_per_cpu"] = int(bw) / (1 << BW_SHIFT)
+        if total is not None:
+            out["dl_reserved"] = int(total) / (1 << BW_SHIFT)
+    return out

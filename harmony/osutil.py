@@ -101,6 +101,52 @@ def futex(addr: int, op: int, val: int) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# scheduling classes: SCHED_DEADLINE has no call in the os module, only sched_setattr(2)
+
+SCHED_DEADLINE = 6
+SYS_SCHED_SETATTR = {"x86_64": 314, "aarch64": 274, "riscv64": 274, "ppc64le": 355, "ppc64": 355,
+                     "s390x": 345, "i686": 351, "armv7l": 380}.get(platform.machine())
+SYS_SCHED_GETATTR = None if SYS_SCHED_SETATTR is None else SYS_SCHED_SETATTR + 1
+
+
+class SchedAttr(ctypes.Structure):
+    """struct sched_attr (include/uapi/linux/sched/types.h), SCHED_ATTR_SIZE_VER0 (48 bytes):
+    times in ns."""
+
+    _fields_ = [("size", ctypes.c_uint32), ("sched_policy", ctypes.c_uint32),
+                ("sched_flags", ctypes.c_uint64), ("sched_nice", ctypes.c_int32),
+                ("sched_priority", ctypes.c_uint32), ("sched_runtime", ctypes.c_uint64),
+                ("sched_deadline", ctypes.c_uint64), ("sched_period", ctypes.c_uint64)]
+
+
+def sched_setattr(pid: int, policy: int, priority: int = 0, nice: int = 0, runtime_ns: int = 0,
+                  deadline_ns: int = 0, period_ns: int = 0) -> None:
+    """sched_setattr(2) of ``pid`` (0: the calling thread): any policy, SCHED_DEADLINE's
+    runtime / deadline / period included. OSError with the kernel's errno on failure (for
+    SCHED_DEADLINE: EBUSY when admission control refuses the bandwidth, EPERM when the task's
+    CPU affinity is smaller than its root domain, EINVAL for runtime > deadline > period or a
+    period outside sched_deadline_period_{min,max}_us)."""
+    if _libc is None or SYS_SCHED_SETATTR is None:
+        raise OSError(38, f"sched_setattr: no system call number known for {platform.machine()}")
+    attr = SchedAttr(ctypes.sizeof(SchedAttr), policy, 0, nice, priority, runtime_ns,
+                     deadline_ns, period_ns)
+    if _libc.syscall(SYS_SCHED_SETATTR, int(pid), ctypes.byref(attr), 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def sched_getattr(pid: int) -> SchedAttr:
+    """sched_getattr(2) of ``pid``: its policy, priority, nice and deadline parameters."""
+    if _libc is None or SYS_SCHED_GETATTR is None:
+        raise OSError(38, f"sched_getattr: no system call number known for {platform.machine()}")
+    attr = SchedAttr()
+    if _libc.syscall(SYS_SCHED_GETATTR, int(pid), ctypes.byref(attr), ctypes.sizeof(attr), 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return attr
+
+
+# --------------------------------------------------------------------------------------------
 # CPU lists
 
 SYSFS = Path("/sys")

@@ -42,7 +42,8 @@ from harmony.analysis.report import write_report
 from harmony.errors import ProbeError, RunError
 from harmony.experiments import get_experiment
 from harmony.probes import Capture, get_probe
-from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0
+from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, MARK_WARMUP
+from harmony.tasks import class_counts
 from harmony.timing import Laps
 
 #: origins of a capture (Origin.kind)
@@ -56,11 +57,13 @@ EXPERIMENT_CANNOT_READ = (KeyError, IndexError, ValueError, TypeError, ZeroDivis
 @dataclasses.dataclass(frozen=True)
 class Window:
     """The measured window on the trace clock (ns): from ``t0`` to ``end``; ``released`` is when
-    the controller had freed every task (None where no Harmony controller released them)."""
+    the controller had freed every task (None where no Harmony controller released them);
+    ``warmup`` is where a warm release let the confined tasks run (None: a cold release)."""
 
     t0: int
     end: int
     released: int | None = None
+    warmup: int | None = None
 
 
 @dataclasses.dataclass
@@ -141,7 +144,8 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
         origin.notes.append(trust.note("tables_rebuilt", tables=rebuilt))
     if tasks is None:
         tasks = store.read_table(run_dir / "tasks.parquet")
-    return analyse_capture(run_dir, manifest, cap, tasks, Window(t0, end, released), origin,
+    return analyse_capture(run_dir, manifest, cap, tasks,
+                           Window(t0, end, released, _marker(cap.markers, MARK_WARMUP)), origin,
                            figures=figures, laps=laps)
 
 
@@ -211,7 +215,8 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
             store.write_table(out, "tasks", tasks)
         step(f"{cap.meta.get('n_events', len(cap.events)):,} events: rebuilding the tables of "
              f"{len(tasks)} tasks")
-        tables = derive_tables(cap, tasks, manifest["cpus"], window, manifest["params"]["window_s"])
+        tables = derive_tables(cap, tasks, manifest["cpus"], window, manifest["params"]["window_s"],
+                               rt_share=(manifest.get("sched") or {}).get("rt_share"))
         for name, df in tables.items():
             store.write_table(out, name, df)
         own = {"kernel_samples": origin.kernel_samples, "kernel_counters": origin.kernel_counters,
@@ -267,16 +272,17 @@ def _cannot_read(out: Path, experiment, origin: Origin, exc: BaseException) -> R
 
 
 def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window,
-                  window_s: float) -> dict[str, pd.DataFrame]:
+                  window_s: float, rt_share: float | None = None) -> dict[str, pd.DataFrame]:
     """A capture's tables for ``tasks`` in the window: events, markers, migrations, runs,
-    runqueue, allocation, shares (see :class:`harmony.store.Run`)."""
+    runqueue, allocation, shares (see :class:`harmony.store.Run`; ``rt_share``: RT throttling's
+    share of a CPU, for the fair shares of real-time tasks)."""
     t0, t_end = window.t0, window.end
     core = reconstruct.df_core(cap.events, tasks, cpus, t0, t_end)
     runs = core["runs"]
     return {"events": cap.events, "markers": cap.markers,
             "migrations": core["migrations"], "runs": runs, "runqueue": core["runqueue"],
             "allocation": reconstruct.df_allocation(runs, tasks, t0, t_end, int(window_s * 1e9)),
-            "shares": reconstruct.df_task_share(runs, tasks, cpus, t0, t_end)}
+            "shares": reconstruct.df_task_share(runs, tasks, cpus, t0, t_end, rt_share)}
 
 
 def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, origin: Origin,
@@ -290,7 +296,8 @@ def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, ori
     manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes", "cmdlines")}
     manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, window.released, t_end
     manifest["measured_s"] = (t_end - t0) / 1e9
-    manifest["release"] = release_spread(events, tasks, t0, window.released)
+    manifest["release"] = release_spread(events, tasks, t0, window.released, window.warmup)
+    manifest["sched_class_counts"] = class_counts(tasks)
     manifest["lost_events"] = meta.get("lost_events", -1)
     manifest["reconstruction_anomalies"] = int(runqueue.attrs.get("anomalies", 0))
     manifest["reconstruction_anomaly_kinds"] = dict(runqueue.attrs.get("anomaly_kinds", {}))

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from harmony import store
-from harmony.controller import Workload, lower_threads, raise_threads
+from harmony.controller import Workload, check_classes, lower_threads, raise_threads, warm_s
 from harmony.errors import ControllerError, Interrupted, RunError  # noqa: F401  (Interrupted: raised here)
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
@@ -34,7 +34,7 @@ from harmony.probes.proc_sched import KERNEL_COUNTERS
 from harmony.probes.proc_stat import KERNEL_SAMPLES, KernelSampler
 from harmony.probes.schema import MARK_END
 from harmony.probes.sched_debug import KERNEL_NR_RUNNING
-from harmony.tasks import task_rows, tasks_from_rows
+from harmony.tasks import sched_classes, task_rows, tasks_from_rows
 from harmony.timing import Laps
 
 #: the side tables a capture stores beside its raw recording, each with the function that builds
@@ -154,6 +154,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     stored: dict = {}
     params = {**params, **experiment.draw(params, cpus, seed)}  # recorded in the manifest
     specs = experiment.tasks(params, cpus)
+    check_classes(specs, cpus, warm_s(params))  # what the host cannot give them: before anything
     # a refused run (HostBusy) leaves no trace, not even its directory
     lock = None if lock_held else HostLock().acquire()
     try:
@@ -167,7 +168,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
                 out.rmdir()      # refused before anything started: nothing left behind
             raise
         manifest = new_manifest(experiment, params, cpus, probe_name, seed, facts or {},
-                                controller_pid=os.getpid())
+                                controller_pid=os.getpid(), sched_classes=sched_classes(specs))
         store.write_json(out / "manifest.json", manifest)
     except BaseException:
         if lock:
@@ -184,7 +185,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         # a previous run's decode may still be faulting in memory at SCHED_IDLE: a runnable task
         # on the CPUs measured, and a thread at the fork below
         stop_prefault()
-        workload = Workload(specs, cpus, seed=seed)
+        workload = Workload(specs, cpus, seed=seed, warm_s=warm_s(params))
         workload.spawn()  # before the probe's threads exist: fork with no threads running
         stored["tasks"] = sink.put(out, "tasks", task_rows(specs, workload.pids))
         laps("spawn")
@@ -215,7 +216,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         own = [int(t) for t in os.listdir("/proc/self/task")]
         # and the probes' own processes (perf record), which would otherwise wait their turn too
         own += [t for p in (probe, second) if p for t in p.helper_tids()]
-        raised = raise_threads([t for t in own if t != threading.get_native_id()])
+        raised = raise_threads([t for t in own if t != threading.get_native_id()],
+                               prio=workload.fifo_prio)
         if sampler:
             sampler.begin.set()
         # our own threads (probe drains or perf record, sampler) and the release's occupiers:
@@ -241,7 +243,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
                                   f"experiment's design: {'; '.join(gone[:3])}")
         manifest["controller_notes"] = workload.notes
         manifest["release_method"] = workload.release_method  # cpuset or affinity (harmony.controller)
-        manifest["release_mode"] = workload.release_mode  # occupied or confined (harmony.controller)
+        manifest["release_mode"] = workload.release_mode  # occupied, confined or warm (harmony.controller)
+        manifest["sched"] = workload.sched  # RT / deadline bandwidth, controller priority, warm-up
         if sampler:
             sampler.stopping.set()
             sampler.join()

@@ -13,11 +13,11 @@ from pathlib import Path
 import pandas as pd
 
 from harmony import pipeline, store
-from harmony.analysis.refpolicy import TICK_NS, Policy, Simulator, get_policy
+from harmony.analysis.refpolicy import TICK_NS, Policy, Simulator, get_policy, refuse_classes
 from harmony.experiments import get_experiment
 from harmony.probes import Capture
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0
-from harmony.tasks import tasks_frame
+from harmony.tasks import sched_classes, tasks_frame
 
 PROBE = "synthetic"
 
@@ -53,6 +53,7 @@ def capture(policy: Policy, exp, params: dict, cpus: list[int], out: Path,
         host={"kernel": "simulated", "scheduler": f"reference policy {policy.name}",
               "ncpus": len(cpus), "hz": 1000},
         simulated={"policy": policy.name, "summary": policy.summary, "tick_ms": TICK_NS / 1e6},
+        sched_classes=sched_classes(specs),
         workers_alive_at_end=sum(t.state != "X" for t in sim.tasks),
         work_done=[0] * len(specs))
     manifest["ended_at"] = manifest["started_at"]
@@ -86,4 +87,5 @@ def simulate_run(policy: Policy | str, experiment: str, cpus: int | list[int], o
     cpu_list = list(range(cpus)) if isinstance(cpus, int) else list(cpus)
     exp = get_experiment(experiment)
     params = exp.resolve(dict(overrides or {}), cpu_list)
+    refuse_classes(params=params)
     return execute(policy, exp, params, cpu_list, out, seed)

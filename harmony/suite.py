@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from harmony import store
+from harmony.controller import warm_s
 
 #: sweeps the thesis drew: experiment -> (parameter, full values, quick values). A value list may
 #: depend on P (how-many: x must be large enough for poly-balance (x/P) and pairwise (x/2) to differ).
@@ -64,8 +65,10 @@ class Config:
 
     @property
     def configured_s(self) -> float:
-        """Seconds of measured time this configuration asks for (companions included)."""
-        return self.repeat * float(self.params["duration"]) * (1 + self.companions)
+        """Seconds of measured time this configuration asks for (companions included), a warm
+        release's warm-up included: the tasks run then as the experiment asks."""
+        per_run = float(self.params["duration"]) + (warm_s(self.params) or 0.0)
+        return self.repeat * per_run * (1 + self.companions)
 
     companions: int = 0
 

@@ -10,6 +10,17 @@ per worker (int32), the occupiers' order word and one state word per occupier (i
 are *shared* futexes (FUTEX_WAIT/FUTEX_WAKE without FUTEX_PRIVATE_FLAG): the kernel keys them by
 the memfd's page, so a wake from the controller's mapping reaches waiters in the workers' mappings.
 
+A worker puts itself in its scheduling class (:func:`enter_class`) before it sleeps at its gate;
+one the kernel refuses writes minus the errno into its "at the gate" flag and exits, so that the
+controller can say why in one line. A SCHED_DEADLINE worker enters its class first, while its
+CPU affinity still spans its root domain (the kernel refuses a deadline task a smaller one, EPERM,
+and a smaller affinity to a deadline task, EBUSY), and is then confined by joining its cpuset:
+the cpuset path does not check, and widening the cpuset at t0 frees it like any other.
+
+In a warm release the gates open before t0 (the tasks run confined to their initial CPU): a
+worker reads t0 from the shared page as it works, and counts its stop and cut times from it once
+the controller has written it.
+
 An occupier (:func:`occupy`) is not a task of the experiment: during the release it holds one
 CPU of the set with a SCHED_FIFO busy loop, so that no CPU but a task's own is idle when the task
 wakes, and opens the start gate of its CPU itself (see :mod:`harmony.controller`).
@@ -25,8 +36,8 @@ import signal
 import time
 import types
 
-from harmony.osutil import (FUTEX_WAIT, FUTEX_WAKE, PR_SET_NAME, PR_SET_TIMERSLACK, WAKE_ALL,
-                            die_with_parent, futex, prctl)
+from harmony.osutil import (FUTEX_WAIT, FUTEX_WAKE, PR_SET_NAME, PR_SET_TIMERSLACK, SCHED_DEADLINE,
+                            WAKE_ALL, die_with_parent, futex, prctl, sched_setattr)
 
 SPIN_UNIT = 2000  # loop iterations between two work-counter updates (~tens of microseconds)
 
@@ -172,6 +183,23 @@ def occupy(k: int, cpu: int, gate: int, prio: int, shared: Shared, parent: int,
         signal.pause()
 
 
+#: the os module's policy numbers of TaskSpec.policy (deadline: sched_setattr)
+POLICY_NUMBERS = {"other": os.SCHED_OTHER, "batch": os.SCHED_BATCH, "idle": os.SCHED_IDLE,
+                  "fifo": os.SCHED_FIFO, "rr": os.SCHED_RR, "deadline": SCHED_DEADLINE}
+
+
+def enter_class(spec) -> None:
+    """Put the calling process in ``spec``'s scheduling class (OSError as the kernel refuses)."""
+    policy = getattr(spec, "policy", "other")
+    if policy == "deadline":
+        ms = 1_000_000
+        sched_setattr(0, SCHED_DEADLINE, runtime_ns=int(spec.dl_runtime_ms * ms),
+                      deadline_ns=int((spec.dl_deadline_ms or spec.dl_period_ms) * ms),
+                      period_ns=int(spec.dl_period_ms * ms))
+    elif policy != "other":
+        os.sched_setscheduler(0, POLICY_NUMBERS[policy], os.sched_param(spec.rt_priority))
+
+
 def run(slot: int, spec: dict, cpus: list[int], shared: Shared, gate: int, parent: int,
         controller: int, seed: int, join: str | None) -> None:
     """Body of one worker process (never returns), forked by ``parent`` (the controller or its fork
@@ -181,27 +209,41 @@ def run(slot: int, spec: dict, cpus: list[int], shared: Shared, gate: int, paren
     _adopt(parent, controller, spec.comm)
     prctl(PR_SET_TIMERSLACK, 1)  # 1 ns: sleeps of a duty cycle end when asked, not 50 us later
     os.setpriority(os.PRIO_PROCESS, 0, spec.nice)
-    if join is None:
-        os.sched_setaffinity(0, {spec.initial_cpu})
-    else:
-        # never pin as well: the affinity mask and the cpuset intersect. The run's set, so the
-        # mask the cpuset widens to does not depend on what the controller was started with.
-        os.sched_setaffinity(0, set(cpus))
-        with open(join, "w") as f:
-            f.write(str(os.getpid()))
+    ready = shared.ngates + slot
+    deadline = getattr(spec, "policy", "other") == "deadline"
+    try:
+        if deadline:  # while its affinity still spans the root domain (see the module docstring)
+            enter_class(spec)
+        if join is None:
+            os.sched_setaffinity(0, {spec.initial_cpu})
+        else:
+            # never pin as well: the affinity mask and the cpuset intersect. The run's set, so the
+            # mask the cpuset widens to does not depend on what the controller was started with
+            # (a deadline task keeps the one it has: a smaller one is refused it).
+            if not deadline:
+                os.sched_setaffinity(0, set(cpus))
+            with open(join, "w") as f:
+                f.write(str(os.getpid()))
+        if not deadline:
+            enter_class(spec)
+    except OSError as exc:
+        shared.words[ready] = -(exc.errno or errno.EINVAL)  # the controller says why
+        os._exit(3)
     cells = shared.cells
-    shared.words[shared.ngates + slot] = 1
-    wait_at_gate(shared, gate)  # held here until t0
+    shared.words[ready] = 1
+    wait_at_gate(shared, gate)  # held here until t0 (cold), or until the warm-up starts (warm)
 
     rng = random.Random(seed)
-    t0 = int(cells[0]) or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-    stop_at = t0 + int(spec.stop_after_s * 1e9) if spec.stop_after_s is not None else None
-    cut_at = t0 + int(spec.cut_duty_at_s * 1e9) if spec.cut_duty_at_s is not None else None
+    t0 = stop_at = cut_at = None
     duty, period_ns = spec.duty, spec.period_ms * 1e6
     run_total = sleep_total = 0
     cpu_mark = time.thread_time_ns()  # CPU time already counted in run_total
     while True:
         now = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        if t0 is None and cells[0]:  # written before the gates open (cold), at t0 (warm)
+            t0 = int(cells[0])
+            stop_at = t0 + int(spec.stop_after_s * 1e9) if spec.stop_after_s is not None else None
+            cut_at = t0 + int(spec.cut_duty_at_s * 1e9) if spec.cut_duty_at_s is not None else None
         if stop_at is not None and now >= stop_at:
             os._exit(0)
         if cut_at is not None and now >= cut_at:

@@ -72,8 +72,10 @@ COLUMNS = ("ts", "cpu", "event", "common_pid", "pid", "comm", "prio", "prev_pid"
 MARKER_COLUMNS = ("ts", "cpu", "pid", "text")
 
 #: the markers a Harmony controller writes into every run's trace (harmony.controller): t0, the
-#: release instant; "released", once every task is free to move; "end", the end of the window
+#: release instant; "released", once every task is free to move; "end", the end of the window;
+#: "warm-up", where a warm release opened the gates of the still confined tasks (before t0)
 MARK_T0, MARK_RELEASED, MARK_END = "harmony t0", "harmony released", "harmony end"
+MARK_WARMUP = "harmony warm-up"
 
 
 def make_events(columns: dict, ordered: bool = False) -> pd.DataFrame:

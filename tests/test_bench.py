@@ -18,7 +18,7 @@ from test_ringbuf import FORMATS_NEW, FORMATS_WAKING, PageBuilder, encode, parse
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm",
-           "compare_noise", "controller_death")
+           "compare_noise", "controller_death", "pelt_warmup", "warm_cold")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -81,6 +81,10 @@ def test_suite_configured_seconds(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"suite": True}))   # the suite's own: no params
     total, runs = mod.configured_seconds(tmp_path)
     assert total == 6.5 and len(runs) == 3
+    (tmp_path / "c").mkdir()    # a warm release's warm-up is configured time too
+    (tmp_path / "c" / "manifest.json").write_text(json.dumps(
+        {"experiment": "c", "params": {"duration": 1.0, "release": "warm", "warm_s": 0.25}}))
+    assert mod.configured_seconds(tmp_path)[0] == 7.75
 
 
 def test_suite_breakdown_adds_up_to_the_wall_time(tmp_path):
@@ -148,6 +152,32 @@ def test_observer_smoke(kernel, tmp_path):
     assert len(w["off"]) == len(w["on"]) == len(w["ratios"]) == 2 and min(w["off"] + w["on"]) > 0
     assert w["events"] > 0 and w["loss_ci95"][0] <= w["loss"] <= w["loss_ci95"][1]
     assert res["lossless"]["levels"][0]["events"] > 0
+
+
+def test_pelt_warmup_smoke(kernel, tmp_path):
+    out = tmp_path / "p.json"
+    r = bench("pelt_warmup", "--tasks", "2", "--warm", "0.3", "--reps", "1", "--every", "0.01",
+              "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "default warm_s covers PELT's convergence" in r.stdout
+    res = json.loads(out.read_text())
+    assert res["tasks"] == 2 and len(res["reps"]) == 1
+    assert set(res["reps"][0]["warm"]) == {"load_avg", "runnable_avg", "util_avg"}
+
+
+def test_warm_cold_smoke(kernel, tmp_path):
+    out = tmp_path / "w.json"
+    r = bench("warm_cold", "--reps", "1", "--duration", "0.5", "--experiments", "single-source",
+              "--out", str(tmp_path / "runs"), "--json", str(out), timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "policy card (each release's runs alone)" in r.stdout
+    res = json.loads(out.read_text())
+    runs = res["results"]["single-source"]
+    assert [len(runs[k]) for k in ("warm", "cold")] == [1, 1]
+    assert all("error" not in g for k in ("warm", "cold") for g in runs[k]), runs
+    assert set(res["cards"]) == {"warm", "cold"}
+    r = bench("warm_cold", "--experiments", "detection")
+    assert r.returncode == 2 and "unknown experiment(s) detection" in r.stderr
 
 
 def test_waking_on_a_recording_with_both_events(tmp_path):
