@@ -122,6 +122,21 @@ class HeaderEvent:
     data_max_type_len: int = 28
 
 
+#: the largest field offset, size or array length a format may give: a record lies within one
+#: ring-buffer page (sub-buffer), and trace.dat pages are at most 16 MiB (tracedat_read)
+MAX_FIELD_BYTES = 1 << 24
+
+
+def _bounded(digits: str, what: str, base: int = 10) -> int:
+    """The number ``digits`` spell, or FormatError if it exceeds MAX_FIELD_BYTES (checked on the
+    text first: Python refuses to convert over 4300 digits)."""
+    value = int(digits, base) if len(digits.lstrip("0")) <= 8 else MAX_FIELD_BYTES + 1
+    if value > MAX_FIELD_BYTES:
+        raise FormatError(f"field {what} {digits[:20]}{'...' if len(digits) > 20 else ''} is "
+                          f"larger than a ring-buffer page can be")
+    return value
+
+
 def _parse_decl(decl: str) -> tuple[str, str, bool, int | None, bool, bool]:
     """Split a C declaration 'unsigned char buf[16]' -> (type, name, is_array, len, data_loc, rel_loc)."""
     decl = " ".join(decl.split())
@@ -138,7 +153,12 @@ def _parse_decl(decl: str) -> tuple[str, str, bool, int | None, bool, bool]:
     if m and not (data_loc or rel_loc):
         is_array = True
         typ, name, ln = m.group("type"), m.group("name"), m.group("len").strip()
-        array_len = int(ln, 0) if re.fullmatch(r"0[xX][0-9a-fA-F]+|\d+", ln) else None
+        if re.fullmatch(r"0[xX][0-9a-fA-F]+", ln):
+            array_len = _bounded(ln[2:], f"array length of {name}", base=16)
+        elif re.fullmatch(r"\d+", ln):                   # decimal, leading zeros too ("08")
+            array_len = _bounded(ln, f"array length of {name}")
+        else:
+            array_len = None
         if ln and array_len is None:
             array_len = -1            # a macro name: resolved from size later
     else:
@@ -162,7 +182,7 @@ def parse_field_line(line: str) -> Field | None:
     if not m:
         return None
     typ, name, is_array, array_len, data_loc, rel_loc = _parse_decl(m.group("decl"))
-    offset, size = int(m.group("offset")), int(m.group("size"))
+    offset, size = _bounded(m.group("offset"), "offset"), _bounded(m.group("size"), "size")
     signed_s = m.group("signed")
     if signed_s is None:
         signed = not typ.startswith("unsigned") and typ not in ("u8", "u16", "u32", "u64", "bool")

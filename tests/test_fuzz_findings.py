@@ -1,0 +1,53 @@
+"""What fuzzing the parsers of outside input found (fuzz/README.md), each kept as a regression test.
+
+Each test feeds the smallest form of the input that broke a parser and checks that it now decodes
+or raises Harmony's one-line error naming the file; the input fuzzing found is also saved as
+fuzz/corpus/<target>/regress-* and replayed by tests/test_fuzz_corpus.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harmony.errors import HarmonyError
+
+
+def one_line_naming(exc: BaseException, path: Path) -> str:
+    msg = str(exc)
+    assert isinstance(exc, HarmonyError) and "\n" not in msg and str(path) in msg, repr(exc)
+    return msg
+
+
+# --- event formats (fuzz target "formats") -----------------------------------------------------
+
+SWITCH = """name: sched_switch
+ID: 316
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:char next_comm[{n}];\toffset:8;\tsize:16;\tsigned:0;
+\tfield:pid_t next_pid;\toffset:{off};\tsize:4;\tsigned:1;
+"""
+
+
+def test_decimal_array_length_with_a_leading_zero(tmp_path):
+    """char next_comm[08] raised ValueError (int("08", 0)): a length is read in decimal."""
+    from harmony.probes.formats import load_format
+    p = tmp_path / "format"
+    p.write_text(SWITCH.format(n="016", off=24))
+    assert load_format(p, "sched").fields["next_comm"].array_len == 16
+
+
+@pytest.mark.parametrize("n, off", [("16", "9" * 5000), ("9" * 5000, "24"), ("0x" + "f" * 40, "24"),
+                                    ("16", "99999999999")])
+def test_huge_offsets_and_lengths_are_refused(tmp_path, n, off):
+    """An offset of 5000 digits raised ValueError (int's digit limit). Nothing in a ring-buffer
+    page lies past 16 MiB: larger numbers are refused as they are read."""
+    from harmony.probes.formats import load_format
+    from harmony.probes.base import TraceCorrupt
+    p = tmp_path / "format"
+    p.write_text(SWITCH.format(n=n, off=off))
+    with pytest.raises(TraceCorrupt) as e:
+        load_format(p, "sched")
+    assert "larger than a ring-buffer page" in one_line_naming(e.value, p)
