@@ -44,7 +44,7 @@ def test_corpus_stays_small():
 
 
 def test_packed_inputs_round_trip():
-    files = {"meta.json": b"{}\n", "formats/sched/x/format": b"name: x\n@@ not a section\n",
+    files = {"meta.json": b"{}\n", "formats/sched/x/format": b"name: x @@ not a section\n",
              "cpu0.raw": bytes(range(256))}
     assert unpack(pack(files)) == files
     # names that would leave the directory are dropped
