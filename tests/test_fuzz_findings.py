@@ -7,11 +7,19 @@ fuzz/corpus/<target>/regress-* and replayed by tests/test_fuzz_corpus.py.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
 from harmony.errors import HarmonyError
+
+from conftest import ROOT
+
+FUZZ = ROOT / "fuzz"
+sys.path.insert(0, str(FUZZ))
+
+from targets import unpack, write_tree  # noqa: E402
 
 
 def one_line_naming(exc: BaseException, path: Path) -> str:
@@ -51,3 +59,14 @@ def test_huge_offsets_and_lengths_are_refused(tmp_path, n, off):
     with pytest.raises(TraceCorrupt) as e:
         load_format(p, "sched")
     assert "larger than a ring-buffer page" in one_line_naming(e.value, p)
+
+
+@pytest.mark.parametrize("exprs", ["(1 << 4000000000)", "1+" * 5000 + "1", "1 << 64"])
+def test_preempt_mask_is_evaluated_bounded(exprs):
+    """A mask of 1 << 4000000000 took 6 s and 500 MB (found reading the parser); one of
+    5000 terms raised RecursionError. The mask is evaluated as the kernel's 64-bit arithmetic,
+    short expressions only, and never executed."""
+    from harmony.probes.formats import eval_c_int_expr, preempt_flag_from_print_fmt
+    assert preempt_flag_from_print_fmt(f'"%s", REC->prev_state & ({exprs}) ? "+" : ""') is None
+    assert eval_c_int_expr("(((0x00000000 | 0x00000001 | 0x00000040) + 1) << 1)") == 0x84
+    assert eval_c_int_expr("~0UL") == (1 << 64) - 1
