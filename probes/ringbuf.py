@@ -28,7 +28,8 @@ import json
 from pathlib import Path
 
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, TraceCorrupt
-from harmony.probes.formats import load_formats_dir, load_header_event, load_header_page
+from harmony.probes.formats import (FormatError, check_page_layout, load_formats_dir,
+                                    load_header_event, load_header_page)
 from harmony.probes.ringbuf_decode import Decoded, decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource
 
@@ -101,6 +102,10 @@ def decode_dir(out_dir: Path) -> Capture:
         raise TraceCorrupt(f"{d / 'meta.json'}: bad page_size {page_size}")
     fdir = d / "formats"
     hp = load_header_page(fdir / "header_page")
+    try:
+        check_page_layout(hp, page_size)
+    except FormatError as exc:
+        raise TraceCorrupt(f"{fdir / 'header_page'}: {exc}") from None
     load_header_event(fdir / "header_event")
     formats = load_formats_dir(fdir)
     files = raw_files(d, meta)

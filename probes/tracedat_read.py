@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from harmony.probes.base import Capture, TraceCorrupt
-from harmony.probes.formats import (EventFormat, Field, FormatError, parse_format,
-                                    parse_header_event, parse_header_page)
+from harmony.probes.formats import (EventFormat, Field, FormatError, check_page_layout,
+                                    parse_format, parse_header_event, parse_header_page)
 from harmony.probes.ringbuf import capture_meta
 from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_fields import read_field
@@ -611,6 +611,7 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     try:
         hp = parse_header_page(td.header_page)
         parse_header_event(td.header_event)
+        check_page_layout(hp, buf.page_size)
     except FormatError as exc:
         raise TraceCorrupt(f"{path}: bad ring-buffer header description ({exc})") from None
     pages = buffer_pages(td, buf)

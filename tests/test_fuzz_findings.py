@@ -70,3 +70,19 @@ def test_preempt_mask_is_evaluated_bounded(exprs):
     assert preempt_flag_from_print_fmt(f'"%s", REC->prev_state & ({exprs}) ? "+" : ""') is None
     assert eval_c_int_expr("(((0x00000000 | 0x00000001 | 0x00000040) + 1) << 1)") == 0x84
     assert eval_c_int_expr("~0UL") == (1 << 64) - 1
+
+
+# --- a tracefs recording (fuzz targets "ringbuf", "ringbuf_jit") -------------------------------
+
+def test_header_page_of_an_impossible_layout_is_named(tmp_path):
+    """A header_page with the data at offset 17 was refused naming "trace" (no CPU file), not
+    the header_page that said so."""
+    from harmony.probes.base import TraceCorrupt
+    from harmony.probes.ringbuf import decode_dir
+    files = unpack((FUZZ / "corpus" / "ringbuf" / "seed-tracefs").read_bytes())
+    files = {k: v for k, v in files.items() if not k.endswith(".raw")}
+    files["formats/header_page"] = files["formats/header_page"].replace(b"offset:16", b"offset:17")
+    write_tree(tmp_path / "raw", files)
+    with pytest.raises(TraceCorrupt) as e:
+        decode_dir(tmp_path / "raw")
+    assert "data at 17" in one_line_naming(e.value, tmp_path / "raw" / "formats" / "header_page")
