@@ -86,3 +86,27 @@ def test_header_page_of_an_impossible_layout_is_named(tmp_path):
     with pytest.raises(TraceCorrupt) as e:
         decode_dir(tmp_path / "raw")
     assert "data at 17" in one_line_naming(e.value, tmp_path / "raw" / "formats" / "header_page")
+
+
+# --- run directories (fuzz target "rundir") ----------------------------------------------------
+
+@pytest.mark.parametrize("manifest", ['{"status": "complete", "tables": ["' + "x" * 300 + '"]}',
+                                      '{"status": "complete", "tables": 5}',
+                                      '[1, 2]', "[" * 100000, '{"a": ' + "9" * 5000 + "}",
+                                      '{"status": "running", "controller_pid": "abc"}'])
+def test_corrupt_manifest_is_one_line_naming_it(tmp_path, manifest):
+    """A table name of 300 characters raised OSError (file name too long) and a 'tables' that is
+    no list TypeError; a manifest that is a JSON list AttributeError; deep nesting RecursionError;
+    a 5000-digit number ValueError; a controller_pid that is no number ValueError."""
+    from harmony import pipeline, store
+    (tmp_path / "manifest.json").write_text(manifest)
+    for load in (store.load, pipeline.load):
+        try:
+            load(tmp_path)
+        except HarmonyError as exc:
+            one_line_naming(exc, tmp_path)
+    (tmp_path / "manifest.json").write_text('{"status": "complete"}')
+    (tmp_path / "summary.json").write_text("[]")
+    with pytest.raises(HarmonyError) as e:
+        store.load(tmp_path).summary
+    one_line_naming(e.value, tmp_path / "summary.json")
