@@ -72,6 +72,27 @@ def test_preempt_mask_is_evaluated_bounded(exprs):
     assert eval_c_int_expr("~0UL") == (1 << 64) - 1
 
 
+# --- trace.dat (fuzz target "tracedat") --------------------------------------------------------
+
+def test_compressed_size_header_is_checked_before_memory_is_taken(tmp_path):
+    """A zstd chunk whose header claims 4 GiB: 21 s and 8.3 GB (a zero-filled buffer of the
+    claimed size, then a copy) before zstd refused the frame. Found reading the parser."""
+    import struct
+    from harmony.probes.base import TraceCorrupt
+    from harmony.probes.tracedat_read import decode_tracedat, read_tracedat
+    seed = FUZZ / "corpus" / "tracedat" / "seed-v7-zstd"
+    off, _ = read_tracedat(seed).buffers[0].cpus[0]
+    data = bytearray(seed.read_bytes())
+    csize, usize = struct.unpack_from("<II", data, off + 4)
+    for claim in (0xFFFFFFF0, usize + 1):           # more than zstd can give; not the frame's size
+        struct.pack_into("<I", data, off + 8, claim)
+        bad = tmp_path / "bomb.dat"
+        bad.write_bytes(data)
+        with pytest.raises(TraceCorrupt) as e:
+            decode_tracedat(bad)
+        assert f"header says {claim}" in one_line_naming(e.value, bad)
+
+
 # --- a tracefs recording (fuzz targets "ringbuf", "ringbuf_jit") -------------------------------
 
 def test_header_page_of_an_impossible_layout_is_named(tmp_path):
