@@ -178,7 +178,13 @@ def read_table(path: Path) -> pd.DataFrame:
     except FileNotFoundError:
         raise RunError(f"{path}: not found") from None
     except Exception as exc:  # pyarrow raises several types for a damaged file
-        raise RunError(f"{path}: unreadable Parquet ({type(exc).__name__}: {exc})") from None
+        raise RunError(f"{path}: unreadable Parquet ({type(exc).__name__}: "
+                       f"{first_line(exc)})") from None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (pyarrow's span several), cut to 300 characters."""
+    return (str(exc).strip().splitlines() or [""])[0][:300]
 
 
 class Run:
@@ -296,7 +302,7 @@ def table_problems(path: Path, names) -> dict[str, str]:
         try:
             pq.read_metadata(f)
         except Exception as exc:  # pyarrow raises several types for a damaged file
-            out[name] = f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            out[name] = f"unreadable ({type(exc).__name__}: {first_line(exc)})"
     return out
 
 

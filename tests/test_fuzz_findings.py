@@ -131,3 +131,16 @@ def test_corrupt_manifest_is_one_line_naming_it(tmp_path, manifest):
     with pytest.raises(HarmonyError) as e:
         store.load(tmp_path).summary
     one_line_naming(e.value, tmp_path / "summary.json")
+
+
+def test_damaged_parquet_is_one_line_naming_it(tmp_path):
+    """A damaged runqueue.parquet was refused with pyarrow's two-line message ("Couldn't
+    deserialize thrift: ...\\n") inside the RunError."""
+    from harmony import store
+    files = unpack((FUZZ / "corpus" / "rundir" / "regress-parquet-error-of-two-lines").read_bytes())
+    bad = tmp_path / "runqueue.parquet"
+    bad.write_bytes(files["runqueue.parquet"])
+    with pytest.raises(HarmonyError) as e:
+        store.read_table(bad)
+    one_line_naming(e.value, bad)
+    assert "unreadable" in store.table_problems(tmp_path, ["runqueue"])["runqueue"]
