@@ -271,7 +271,7 @@ def minimize(target_name: str, work_root: Path = WORK) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", nargs="?", choices=sorted(TARGETS))
-    ap.add_argument("files", nargs="*", type=Path, help="with --replay: these inputs only")
+    ap.add_argument("files", nargs="*", help="with --replay: these inputs only")
     ap.add_argument("--list", action="store_true", help="list the targets")
     ap.add_argument("--seconds", type=int, help="fuzz for this long")
     ap.add_argument("--replay", action="store_true", help="run the saved corpus once")
@@ -289,11 +289,12 @@ def main() -> int:
             print(f"{t.name:12} {t.doc}")
         return 0
     if args.child:
-        fuzz_child(args.target, [a for a in extra if a != "--"] + [str(f) for f in args.files],
-                   args.rss_mb)
+        # libFuzzer's arguments come after "--" (as files): kept as given ("findings/" keeps its /)
+        fuzz_child(args.target, [a for a in extra if a != "--"] + args.files, args.rss_mb)
         return 0
     if args.replay:
-        return replay(args.target, args.files or corpus_files(args.target), args.timeout,
+        return replay(args.target, [Path(f) for f in args.files] or corpus_files(args.target),
+                      args.timeout,
                       args.rss_mb)
     if args.minimize:
         return minimize(args.target, args.work)

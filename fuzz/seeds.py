@@ -103,6 +103,9 @@ def main() -> int:
     assert run.complete
     save("rundir", "run", pack({n: (args.run / n).read_bytes()
                                 for n in ("manifest.json", "summary.json")}))
+    save("rundir", "run-table", pack({n: (args.run / n).read_bytes()
+                                      for n in ("manifest.json", "summary.json",
+                                                "runqueue.parquet")}))
     template = HERE / "rundir"
     shutil.rmtree(template, ignore_errors=True)
     template.mkdir()

@@ -223,6 +223,9 @@ def _rundir_files(data: bytes, scratch: Path) -> Path:
 
 
 def _rundir(data: bytes, scratch: Path) -> None:
+    """store.load (as it is, and allowing an incomplete run), the summary and the tables the input
+    holds (a table section replaces the template's), then pipeline.load, which verifies the
+    tables the manifest lists."""
     from harmony import pipeline, store
     d = _rundir_files(data, scratch)
     for allow in (False, True):
@@ -233,10 +236,12 @@ def _rundir(data: bytes, scratch: Path) -> None:
             continue
         run.complete
         repr(run)
-        try:
-            run.summary
-        except Exception as exc:  # noqa: BLE001
-            check_error(exc, (str(d),))
+        for read in [lambda: run.summary] + [lambda p=p: run.table(p.stem)
+                                             for p in d.glob("*.parquet") if not p.is_symlink()]:
+            try:
+                read()
+            except Exception as exc:  # noqa: BLE001  (checked: the next one is read all the same)
+                check_error(exc, (str(d),))
     pipeline.load(d)
 
 
