@@ -144,3 +144,29 @@ def test_damaged_parquet_is_one_line_naming_it(tmp_path):
         store.read_table(bad)
     one_line_naming(e.value, bad)
     assert "unreadable" in store.table_problems(tmp_path, ["runqueue"])["runqueue"]
+
+
+# --- perf script output (fuzz target "perf_text") ----------------------------------------------
+
+@pytest.mark.parametrize("bad", [
+    " 6468 [\u0663]   354.805768520:       sched:sched_migrate_task: comm=a pid=1 prio=1 "
+    "orig_cpu=0 dest_cpu=1",                                  # an Arabic-Indic digit: ValueError
+    " 6468 [000]   354.805768520:       sched:sched_migrate_task: comm=a pid=999999999999999 "
+    "prio=1 orig_cpu=70000 dest_cpu=1",                       # pid and CPU wrapped around
+    " 6468 [000]   99999999999999999999999.805768520:       sched:sched_migrate_task: comm=a "
+    "pid=1 prio=1 orig_cpu=0 dest_cpu=1",                     # a time past int64 wrapped around
+])
+def test_perf_script_numbers_that_do_not_fit_are_lines_that_did_not_parse(bad):
+    """Found reading the parser for the fuzz target perf_text: a non-ASCII digit raised
+    ValueError out of the parser, numbers too large for their columns were silently wrapped (a
+    pid of 999999999999999 became -1530494977). Such a line is now counted as one that did not
+    parse, and the lines around it are kept."""
+    from harmony.probes.perf_script import PerfScriptParser
+    ok = (" 6468 [001]   354.805768520:       sched:sched_migrate_task: comm=a pid=12 prio=1 "
+          "orig_cpu=0 dest_cpu=1\n")
+    p = PerfScriptParser()
+    p.feed((ok + bad + "\n" + ok).encode())
+    p.finish()
+    ev = p.events()
+    assert ev["pid"].tolist() == [12, 12] and ev["cpu"].tolist() == [1, 1]
+    assert p.bad_lines == 1 and "did not parse" in p.notes()[0]
