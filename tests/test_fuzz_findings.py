@@ -109,6 +109,24 @@ def test_header_page_of_an_impossible_layout_is_named(tmp_path):
     assert "data at 17" in one_line_naming(e.value, tmp_path / "raw" / "formats" / "header_page")
 
 
+@pytest.mark.parametrize("key, value", [("cpus", [10 ** 300]), ("events_enabled", 5),
+                                        ("events_enabled", [[1]]), ("clock", ["mono"])])
+def test_recording_meta_of_the_wrong_kind_is_named(tmp_path, key, value):
+    """Found reading the decoder for the fuzz target ringbuf: a CPU number of 300 digits raised
+    OSError (file name too long), an events_enabled that is no list of names and a clock that is
+    no string TypeError."""
+    import json
+    from harmony.probes.base import TraceCorrupt
+    from harmony.probes.ringbuf import decode_dir
+    files = unpack((FUZZ / "corpus" / "ringbuf" / "seed-tracefs").read_bytes())
+    meta = json.loads(files["meta.json"])
+    files["meta.json"] = json.dumps(dict(meta, **{key: value})).encode()
+    write_tree(tmp_path / "raw", files)
+    with pytest.raises(TraceCorrupt) as e:
+        decode_dir(tmp_path / "raw")
+    assert f"bad {key}" in one_line_naming(e.value, tmp_path / "raw" / "meta.json")
+
+
 # --- run directories (fuzz target "rundir") ----------------------------------------------------
 
 @pytest.mark.parametrize("manifest", ['{"status": "complete", "tables": ["' + "x" * 300 + '"]}',
