@@ -243,9 +243,15 @@ def fuzz(target_name: str, seconds: int, timeout: int, rss_limit: float, extra: 
     return 1 if new or crashed else 0
 
 
-def minimize(target_name: str, work_root: Path = WORK) -> int:
+#: bytes of the saved corpus of one target, past its seeds and regression inputs (the repository
+#: keeps all of fuzz/corpus under 2 MiB)
+CORPUS_BUDGET = 160 << 10
+
+
+def minimize(target_name: str, work_root: Path = WORK, budget: int = CORPUS_BUDGET) -> int:
     """Merge the saved corpus and fuzz/work/TARGET/corpus into the fewest inputs that keep all the
-    coverage, as the new fuzz/corpus/TARGET (seed-* and regress-* inputs are always kept)."""
+    coverage (libFuzzer's -merge), and save the smallest of them, up to ``budget`` bytes, as the
+    new fuzz/corpus/TARGET; seed-* and regress-* inputs are always kept."""
     saved = CORPUS / target_name
     keep = [f for f in corpus_files(target_name) if f.name.startswith(("seed-", "regress-"))]
     with tempfile.TemporaryDirectory() as tmp:
@@ -260,11 +266,18 @@ def minimize(target_name: str, work_root: Path = WORK) -> int:
         for f in corpus_files(target_name):
             if f not in keep:
                 f.unlink()
-        for f in sorted(out.iterdir()):
-            if f.read_bytes() not in kept:
-                shutil.copyfile(f, saved / f.name)
+        merged = sorted(out.iterdir(), key=lambda f: (f.stat().st_size, f.name))
+        used = 0
+        for f in merged:
+            if f.read_bytes() in kept:
+                continue
+            used += f.stat().st_size
+            if used > budget:
+                break
+            shutil.copyfile(f, saved / f.name)
     n = corpus_files(target_name)
-    print(f"run.py: {target_name}: {len(n)} inputs saved, {sum(f.stat().st_size for f in n)} bytes")
+    print(f"run.py: {target_name}: {len(merged)} inputs keep the coverage; {len(n)} saved "
+          f"({sum(f.stat().st_size for f in n)} bytes)")
     return 0
 
 
