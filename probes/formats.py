@@ -196,6 +196,11 @@ def parse_field_line(line: str) -> Field | None:
                  array_len=array_len, data_loc=data_loc, rel_loc=rel_loc)
 
 
+#: the sizes the common fields every record starts with may have: the event type id is looked up in
+#: a table of 2^(8 * size) entries (the kernel's is an unsigned short), the pid is read as an integer
+_COMMON_SIZES = {"common_type": (1, 2), "common_pid": (1, 2, 4, 8)}
+
+
 def parse_format(text: str, system: str = "") -> EventFormat:
     """Parse the text of an event ``format`` file."""
     name = None
@@ -222,6 +227,11 @@ def parse_format(text: str, system: str = "") -> EventFormat:
         raise FormatError("format lacks a name: or ID: line")
     if "common_type" not in fields:
         raise FormatError(f"format of {name} lacks the common_type field")
+    for common, sizes in _COMMON_SIZES.items():
+        f = fields.get(common)
+        if f is not None and (f.size not in sizes or f.is_array):
+            raise FormatError(f"format of {name}: {common} of {f.size} bytes"
+                              + (" (an array)" if f.is_array else ""))
     return EventFormat(system=system, name=name, id=ev_id, fields=fields, print_fmt=print_fmt,
                        text=text)
 

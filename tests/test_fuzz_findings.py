@@ -7,6 +7,7 @@ fuzz/corpus/<target>/regress-* and replayed by tests/test_fuzz_corpus.py.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -59,6 +60,26 @@ def test_huge_offsets_and_lengths_are_refused(tmp_path, n, off):
     with pytest.raises(TraceCorrupt) as e:
         load_format(p, "sched")
     assert "larger than a ring-buffer page" in one_line_naming(e.value, p)
+
+
+@pytest.mark.parametrize("field, size", [("common_type", 4), ("common_type", 6),
+                                         ("common_pid", 0), ("common_pid", 16)])
+def test_common_fields_of_impossible_sizes_are_refused(tmp_path, field, size):
+    """Fuzzing (targets ringbuf_jit, tracedat, in the campaigns): a common_type of 6 bytes made the
+    decoder ask for a type table of 2^48 entries (MemoryError, 1 PiB), one of 4 bytes for 2^32
+    (16 GiB, 12 s compiled and 59 s numpy before a later error); a signed common_pid of 0 bytes
+    raised ValueError (negative shift count)."""
+    from harmony.probes.base import TraceCorrupt
+    from harmony.probes.formats import load_format
+    p = tmp_path / "format"
+    text = SWITCH.format(n=16, off=24) + (
+        "\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;\n")
+    text = re.sub(rf"{field};\toffset:(\d+);\tsize:\d+;", rf"{field};\toffset:\1;\tsize:{size};",
+                  text)
+    p.write_text(text)
+    with pytest.raises(TraceCorrupt) as e:
+        load_format(p, "sched")
+    assert f"{field} of {size} bytes" in one_line_naming(e.value, p)
 
 
 @pytest.mark.parametrize("exprs", ["(1 << 4000000000)", "1+" * 5000 + "1", "1 << 64"])
