@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Fuzz one of Harmony's parsers of outside input, or replay its saved corpus.
 
     python fuzz/run.py --list                     the targets (fuzz/targets.py)
@@ -200,10 +201,9 @@ def fuzz(target_name: str, seconds: int, timeout: int, rss_limit: float, extra: 
     end = time.monotonic() + seconds
     inputs, last, crashed, children = 0, None, 0, 0
     with scratch_dir() as tmp, open(work / "log", "w") as log:
-        env = dict(os.environ, HARMONY_FUZZ_SCRATCH=tmp)
+        env = child_env(target_name, tmp, rss_limit)
         while (left := end - time.monotonic()) >= 1:
-            cmd = [sys.executable, __file__, target_name, "--child", "--rss-mb", str(rss_limit),
-                   "--", *args, f"-max_total_time={int(min(CHUNK_S, left))}"]
+            cmd = [sys.executable, __file__, *args, f"-max_total_time={int(min(CHUNK_S, left))}"]
             stats = {}
             proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True,
                                     errors="replace")
@@ -257,9 +257,9 @@ def minimize(target_name: str, work_root: Path = WORK, budget: int = CORPUS_BUDG
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "merged"
         out.mkdir()
-        rc = subprocess.call([sys.executable, __file__, target_name, "--child", "--", "-merge=1",
-                              str(out), str(saved), str(work_root / target_name / "corpus")],
-                             env=dict(os.environ, HARMONY_FUZZ_SCRATCH=tmp))
+        rc = subprocess.call([sys.executable, __file__, "-merge=1", str(out), str(saved),
+                              str(work_root / target_name / "corpus")],
+                             env=child_env(target_name, tmp, 1024))
         if rc != 0:
             return rc
         kept = {f.read_bytes() for f in keep}
@@ -281,7 +281,20 @@ def minimize(target_name: str, work_root: Path = WORK, budget: int = CORPUS_BUDG
     return 0
 
 
+def child_env(target_name: str, scratch: str, rss_limit: float) -> dict:
+    """The environment of a fuzzing child: it runs ``run.py <libFuzzer arguments>`` only, since
+    libFuzzer runs that command line again for a merge (so run.py is executable, and the Python
+    running this one comes first on PATH)."""
+    return dict(os.environ, HARMONY_FUZZ_CHILD=target_name, HARMONY_FUZZ_SCRATCH=scratch,
+                HARMONY_FUZZ_RSS_MB=str(rss_limit),
+                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+
+
 def main() -> int:
+    child = os.environ.get("HARMONY_FUZZ_CHILD")
+    if child:
+        fuzz_child(child, sys.argv[1:], float(os.environ["HARMONY_FUZZ_RSS_MB"]))
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("target", nargs="?", choices=sorted(TARGETS))
     ap.add_argument("files", nargs="*", help="with --replay: these inputs only")
@@ -295,15 +308,10 @@ def main() -> int:
                     help="MiB an input may add to the process (default 1024)")
     ap.add_argument("--work", type=Path, default=WORK,
                     help="where fuzzing keeps its corpus and findings (default fuzz/work)")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args, extra = ap.parse_known_intermixed_args()
     if args.list or not args.target:
         for t in TARGETS.values():
             print(f"{t.name:12} {t.doc}")
-        return 0
-    if args.child:
-        # libFuzzer's arguments come after "--" (as files): kept as given ("findings/" keeps its /)
-        fuzz_child(args.target, [a for a in extra if a != "--"] + args.files, args.rss_mb)
         return 0
     if args.replay:
         return replay(args.target, [Path(f) for f in args.files] or corpus_files(args.target),
