@@ -209,3 +209,24 @@ def test_perf_script_numbers_that_do_not_fit_are_lines_that_did_not_parse(bad):
     ev = p.events()
     assert ev["pid"].tolist() == [12, 12] and ev["cpu"].tolist() == [1, 1]
     assert p.bad_lines == 1 and "did not parse" in p.notes()[0]
+
+
+@pytest.mark.parametrize("probe", [None, "tracefx", ["tracefs"]])
+def test_rebuilding_a_run_whose_manifest_names_no_probe_is_one_line(tmp_path, probe):
+    """Fuzzing (target rundir, in its campaign): a run whose table had to be rebuilt and whose
+    manifest has no probe raised KeyError; one naming an unknown probe was refused without naming
+    the file (a list of one would have raised TypeError). A 'source' that is no object (5)
+    raised TypeError too."""
+    import json
+    from harmony import pipeline
+    template = FUZZ / "rundir"
+    for f in template.glob("*.parquet"):
+        (tmp_path / f.name).write_bytes(f.read_bytes())
+    (tmp_path / "runqueue.parquet").write_bytes(b"PAR1 damaged")
+    manifest = {"status": "complete", "source": 5, "tables": ["runqueue"]}
+    if probe is not None:
+        manifest["probe"] = probe
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(HarmonyError) as e:
+        pipeline.load(tmp_path)
+    assert "probe" in one_line_naming(e.value, tmp_path / "manifest.json")
