@@ -29,7 +29,7 @@ from typing import Callable
 
 #: a section header of a packed input: "@@ <relative path>" on a line of its own
 SECTION = b"@@ "
-_NAME_RE = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+){0,3}")
+_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}(/[A-Za-z0-9_.-]{1,64}){0,3}")
 MAX_SECTIONS = 40
 
 
@@ -44,7 +44,8 @@ def pack(files: dict[str, bytes]) -> bytes:
 
 def unpack(data: bytes) -> dict[str, bytes]:
     """The files of a packed input; sections with an unusable name ("..", absolute, odd
-    characters) are left out, as are those past the first MAX_SECTIONS."""
+    characters, a part of over 64 characters) are left out, as are those past the first
+    MAX_SECTIONS."""
     out: dict[str, bytes] = {}
     parts = (b"\n" + data).split(b"\n" + SECTION)
     if len(parts) > 1 and parts[-1].endswith(b"\n"):
@@ -69,7 +70,7 @@ def write_tree(root: Path, files: dict[str, bytes]) -> None:
         try:
             p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(content)
-        except (IsADirectoryError, NotADirectoryError, FileExistsError):
+        except OSError:       # a name that clashes with a directory, or one the system refuses
             continue
 
 
