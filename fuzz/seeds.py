@@ -9,9 +9,11 @@ trace.dat reader (``tracedat_write``'s version 6, and ``trace-cmd convert``'s ve
 zstd, when trace-cmd is installed) and the format parser (each format file); its manifest.json and
 summary.json seed the run directory target, and its Parquet tables become fuzz/rundir/, the run
 directory that target puts the fuzzed files in. ``--perf DIR``: perf.data, perf.script,
-perf.header and perf.stats (``perf record -e sched:... -k CLOCK_MONOTONIC -a``, then ``perf script
--F trace:tid,cpu,time,event,trace --ns --show-lost-events -G``, ``perf report --header-only``,
-``--stats``). ``--extract FILE``: a ``trace-cmd extract`` capture (version 7, zstd).
+perf.header and perf.stats (``perf record -e sched:sched_switch -e sched:sched_migrate_task -k
+CLOCK_MONOTONIC``, of one ``sleep 0.01`` for the perf.data seed (of the whole system it is 140 KB),
+then ``perf script -F trace:tid,cpu,time,event,trace --ns --show-lost-events -G``, ``perf report
+--header-only``, ``--stats``). ``--extract FILE``: a ``trace-cmd extract`` capture (version 7,
+zstd; here 1.2 MB, mostly the kernel's symbols and formats: too large a seed, so not used).
 Seeds are named seed-*; existing ones are replaced.
 """
 
