@@ -41,7 +41,7 @@ from harmony.analysis.release import release_spread
 from harmony.analysis.report import write_report
 from harmony.errors import ProbeError, RunError
 from harmony.experiments import get_experiment
-from harmony.probes import Capture, get_probe
+from harmony.probes import PROBES, Capture, get_probe
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, MARK_WARMUP
 from harmony.tasks import class_counts
 from harmony.timing import Laps
@@ -116,9 +116,12 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
     if manifest.get("status") not in ("captured", "complete"):
         raise RunError(f"{run_dir}: capture is {manifest.get('status')} "
                        f"({manifest.get('incomplete_reason', 'unknown reason')}); not analysed")
-    if "imported" in (manifest.get("source") or {}):
+    if "imported" in _source(manifest):
         raise RunError(f"{run_dir}: an imported trace is analysed by `harmony import` again")
-    probe_name = manifest["probe"]
+    probe_name = manifest.get("probe")
+    if not isinstance(probe_name, str) or probe_name not in PROBES:
+        raise RunError(f"{run_dir / 'manifest.json'}: corrupt: probe {str(probe_name)[:40]!r} is "
+                       f"none of {', '.join(PROBES)}")
     laps = Laps()
     try:
         cap = get_probe(probe_name).decode_dir(run_dir / "raw" / probe_name)
@@ -170,11 +173,18 @@ def load(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
     if own:
         raise RunError(f"{run.path}: {what}: the capture's own tables ({', '.join(own)}) cannot "
                        "be rebuilt")
-    source = run.manifest.get("source") or {}
+    source = _source(run.manifest)
     if "imported" in source:
         raise RunError(f"{run.path}: {what}: import {source['imported']} again (harmony import) "
                        "to rebuild them")
     return analyse(run.path, figures=not run.manifest.get("figures_deferred"), rebuilt=problems)
+
+
+def _source(manifest: dict) -> dict:
+    """The manifest's ``source`` (what an imported run was imported from); {} if it has none,
+    or none that is a JSON object (a damaged manifest)."""
+    source = manifest.get("source")
+    return source if isinstance(source, dict) else {}
 
 
 def _marker(markers: pd.DataFrame, text: str) -> int | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -152,12 +153,21 @@ def _arrow_table(df: pd.DataFrame):
 
 
 def read_json(path: Path) -> dict:
+    """The JSON object stored at ``path`` (a manifest, a summary...); RunError naming the file if
+    it is missing, unreadable, not JSON or not an object."""
     try:
-        return json.loads(Path(path).read_text())
+        obj = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise RunError(f"{path}: not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RunError(f"{path}: corrupt JSON ({exc})") from None
+    except OSError as exc:
+        raise RunError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except ValueError as exc:   # not JSON, not UTF-8, or a number of over 4300 digits
+        raise RunError(f"{path}: corrupt JSON ({str(exc).splitlines()[0][:200]})") from None
+    except RecursionError:
+        raise RunError(f"{path}: corrupt JSON (nested too deep)") from None
+    if not isinstance(obj, dict):
+        raise RunError(f"{path}: corrupt: not a JSON object but {type(obj).__name__}")
+    return obj
 
 
 def read_table(path: Path) -> pd.DataFrame:
@@ -168,7 +178,13 @@ def read_table(path: Path) -> pd.DataFrame:
     except FileNotFoundError:
         raise RunError(f"{path}: not found") from None
     except Exception as exc:  # pyarrow raises several types for a damaged file
-        raise RunError(f"{path}: unreadable Parquet ({type(exc).__name__}: {exc})") from None
+        raise RunError(f"{path}: unreadable Parquet ({type(exc).__name__}: "
+                       f"{first_line(exc)})") from None
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (pyarrow's span several), cut to 300 characters."""
+    return (str(exc).strip().splitlines() or [""])[0][:300]
 
 
 class Run:
@@ -253,12 +269,20 @@ class Run:
 DERIVED_TABLES = ("events", "markers", "migrations", "runs", "runqueue", "allocation", "shares")
 
 
+_TABLE_NAME = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
 def held_tables(manifest: dict, path: Path | None = None) -> list[str]:
     """The tables a complete run directory must hold: those its manifest lists (``tables``, written
     by the analysis since it lists them), else -- a run of an older Harmony -- the tasks, the
     derived tables and whichever of the capture's own tables are there."""
     if "tables" in manifest:
-        return list(manifest["tables"])
+        names = manifest["tables"]
+        if not isinstance(names, list) or not all(isinstance(n, str) and _TABLE_NAME.fullmatch(n)
+                                                  for n in names):
+            where = Path(path) / "manifest.json" if path is not None else "manifest"
+            raise RunError(f"{where}: corrupt: 'tables' is not a list of table names")
+        return list(names)
     extra = [t for t in ("kernel_samples", "kernel_counters", "kernel_nr_running")
              if path is not None and (Path(path) / f"{t}.parquet").exists()]
     return ["tasks", *DERIVED_TABLES, *extra]
@@ -278,7 +302,7 @@ def table_problems(path: Path, names) -> dict[str, str]:
         try:
             pq.read_metadata(f)
         except Exception as exc:  # pyarrow raises several types for a damaged file
-            out[name] = f"unreadable ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            out[name] = f"unreadable ({type(exc).__name__}: {first_line(exc)})"
     return out
 
 
@@ -314,6 +338,6 @@ def _alive(pid) -> bool:
         return False
     try:
         cmdline = Path(f"/proc/{int(pid)}/cmdline").read_bytes()
-    except OSError:
+    except (OSError, TypeError, ValueError, OverflowError):   # gone, or not a pid (a bad file)
         return False
     return b"harmony" in cmdline or b"python" in cmdline

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import functools
+import operator
 import re
 from pathlib import Path
 
@@ -122,6 +123,21 @@ class HeaderEvent:
     data_max_type_len: int = 28
 
 
+#: the largest field offset, size or array length a format may give: a record lies within one
+#: ring-buffer page (sub-buffer), and trace.dat pages are at most 16 MiB (tracedat_read)
+MAX_FIELD_BYTES = 1 << 24
+
+
+def _bounded(digits: str, what: str, base: int = 10) -> int:
+    """The number ``digits`` spell, or FormatError if it exceeds MAX_FIELD_BYTES (checked on the
+    text first: Python refuses to convert over 4300 digits)."""
+    value = int(digits, base) if len(digits.lstrip("0")) <= 8 else MAX_FIELD_BYTES + 1
+    if value > MAX_FIELD_BYTES:
+        raise FormatError(f"field {what} {digits[:20]}{'...' if len(digits) > 20 else ''} is "
+                          f"larger than a ring-buffer page can be")
+    return value
+
+
 def _parse_decl(decl: str) -> tuple[str, str, bool, int | None, bool, bool]:
     """Split a C declaration 'unsigned char buf[16]' -> (type, name, is_array, len, data_loc, rel_loc)."""
     decl = " ".join(decl.split())
@@ -138,7 +154,12 @@ def _parse_decl(decl: str) -> tuple[str, str, bool, int | None, bool, bool]:
     if m and not (data_loc or rel_loc):
         is_array = True
         typ, name, ln = m.group("type"), m.group("name"), m.group("len").strip()
-        array_len = int(ln, 0) if re.fullmatch(r"0[xX][0-9a-fA-F]+|\d+", ln) else None
+        if re.fullmatch(r"0[xX][0-9a-fA-F]+", ln):
+            array_len = _bounded(ln[2:], f"array length of {name}", base=16)
+        elif re.fullmatch(r"\d+", ln):                   # decimal, leading zeros too ("08")
+            array_len = _bounded(ln, f"array length of {name}")
+        else:
+            array_len = None
         if ln and array_len is None:
             array_len = -1            # a macro name: resolved from size later
     else:
@@ -162,7 +183,7 @@ def parse_field_line(line: str) -> Field | None:
     if not m:
         return None
     typ, name, is_array, array_len, data_loc, rel_loc = _parse_decl(m.group("decl"))
-    offset, size = int(m.group("offset")), int(m.group("size"))
+    offset, size = _bounded(m.group("offset"), "offset"), _bounded(m.group("size"), "size")
     signed_s = m.group("signed")
     if signed_s is None:
         signed = not typ.startswith("unsigned") and typ not in ("u8", "u16", "u32", "u64", "bool")
@@ -173,6 +194,11 @@ def parse_field_line(line: str) -> Field | None:
         array_len = size // es if size else None
     return Field(name=name, type=typ, offset=offset, size=size, signed=signed, is_array=is_array,
                  array_len=array_len, data_loc=data_loc, rel_loc=rel_loc)
+
+
+#: the sizes the common fields every record starts with may have: the event type id is looked up in
+#: a table of 2^(8 * size) entries (the kernel's is an unsigned short), the pid is read as an integer
+_COMMON_SIZES = {"common_type": (1, 2), "common_pid": (1, 2, 4, 8)}
 
 
 def parse_format(text: str, system: str = "") -> EventFormat:
@@ -201,6 +227,11 @@ def parse_format(text: str, system: str = "") -> EventFormat:
         raise FormatError("format lacks a name: or ID: line")
     if "common_type" not in fields:
         raise FormatError(f"format of {name} lacks the common_type field")
+    for common, sizes in _COMMON_SIZES.items():
+        f = fields.get(common)
+        if f is not None and (f.size not in sizes or f.is_array):
+            raise FormatError(f"format of {name}: {common} of {f.size} bytes"
+                              + (" (an array)" if f.is_array else ""))
     return EventFormat(system=system, name=name, id=ev_id, fields=fields, print_fmt=print_fmt,
                        text=text)
 
@@ -220,6 +251,18 @@ def parse_header_page(text: str) -> HeaderPage:
         raise FormatError(f"header_page has unsupported sizes (timestamp {ts.size}, commit {commit.size})")
     return HeaderPage(timestamp_offset=ts.offset, timestamp_size=ts.size, commit_offset=commit.offset,
                       commit_size=commit.size, data_offset=data.offset, data_size=data.size)
+
+
+def check_page_layout(hp: HeaderPage, page_size: int) -> None:
+    """FormatError unless pages of ``page_size`` bytes can have the header ``hp`` describes: the
+    time stamp and commit word before the data, the data 4-byte aligned and starting inside the
+    page."""
+    if (page_size <= 0 or page_size % 8 or hp.data_offset % 4 or hp.data_offset >= page_size
+            or hp.timestamp_offset + hp.timestamp_size > hp.data_offset
+            or hp.commit_offset + hp.commit_size > hp.data_offset):
+        raise FormatError(f"unsupported page layout (page size {page_size}, time stamp at "
+                          f"{hp.timestamp_offset}, commit at {hp.commit_offset}, data at "
+                          f"{hp.data_offset})")
 
 
 def parse_header_event(text: str) -> HeaderEvent:
@@ -252,50 +295,43 @@ def parse_header_event(text: str) -> HeaderEvent:
 #: TASK_REPORT_MAX since Linux 4.14: the bit __trace_sched_switch_state() sets for a preempted task.
 DEFAULT_PREEMPT_FLAG = 0x100
 
-_ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Constant, ast.BitOr, ast.BitAnd,
-                  ast.BitXor, ast.LShift, ast.RShift, ast.Add, ast.Sub, ast.Mult, ast.Invert,
-                  ast.USub, ast.UAdd)
+#: the longest constant expression evaluated: the preempt mask is ~120 characters; longer input
+#: (a corrupt file) is refused before it is parsed, so that nothing here runs long or deep
+MAX_EXPR_CHARS = 256
+
+_BINARY = {ast.BitOr: operator.or_, ast.BitAnd: operator.and_, ast.BitXor: operator.xor,
+           ast.LShift: operator.lshift, ast.RShift: operator.rshift, ast.Add: operator.add,
+           ast.Sub: operator.sub, ast.Mult: operator.mul}
+_UNARY = {ast.Invert: operator.invert, ast.USub: operator.neg, ast.UAdd: operator.pos}
+_U64 = (1 << 64) - 1
 
 
 def eval_c_int_expr(expr: str) -> int:
-    """Evaluate a constant C integer expression (literals, | & ^ << >> + - * ~, parentheses)."""
+    """Evaluate a constant C integer expression (literals, | & ^ << >> + - * ~, parentheses) as
+    the kernel's 64-bit unsigned arithmetic does: each result is taken modulo 2^64 and a shift
+    counts 0..63. The expression is parsed, never executed."""
+    if len(expr) > MAX_EXPR_CHARS:
+        raise FormatError(f"not a constant expression: {len(expr)} characters")
     e = re.sub(r"\b(0[xX][0-9a-fA-F]+|\d+)(?:[uU]?[lL]{0,2}|[lL]{1,2}[uU]?)\b", r"\1", expr)
     e = re.sub(r"\(\s*(?:unsigned\s+)?(?:long\s+long|long|int)\s*\)", "", e)   # (long) casts
     try:
         tree = ast.parse(e.strip(), mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise FormatError(f"not a constant expression: {expr!r}") from None
-    for node in ast.walk(tree):
-        if not isinstance(node, _ALLOWED_NODES):
-            raise FormatError(f"not a constant expression: {expr!r}")
-        if isinstance(node, ast.Constant) and not isinstance(node.value, int):
-            raise FormatError(f"not a constant expression: {expr!r}")
-    return _value(tree.body, expr)
+    return _eval_node(tree.body, expr)
 
 
-#: the operators of a constant C integer expression; a shift is by at most 64 bits and every
-#: value fits 65 bits, as C's (a format file's text is never evaluated by Python itself)
-_BINARY = {ast.BitOr: int.__or__, ast.BitAnd: int.__and__, ast.BitXor: int.__xor__,
-           ast.LShift: int.__lshift__, ast.RShift: int.__rshift__, ast.Add: int.__add__,
-           ast.Sub: int.__sub__, ast.Mult: int.__mul__}
-_UNARY = {ast.Invert: int.__invert__, ast.USub: int.__neg__, ast.UAdd: int.__pos__}
-_C_BITS = 65
-
-
-def _value(node, expr: str) -> int:
-    """The value of a checked constant expression's node."""
-    if isinstance(node, ast.Constant):
-        value = node.value
-    elif isinstance(node, ast.UnaryOp):
-        value = _UNARY[type(node.op)](_value(node.operand, expr))
-    else:
-        left, right = _value(node.left, expr), _value(node.right, expr)
-        if isinstance(node.op, (ast.LShift, ast.RShift)) and not 0 <= right <= 64:
-            raise FormatError(f"shift by {right} in {expr!r}")
-        value = _BINARY[type(node.op)](left, right)
-    if value.bit_length() > _C_BITS:
-        raise FormatError(f"value out of range in {expr!r}")
-    return value
+def _eval_node(node: ast.AST, expr: str) -> int:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return node.value & _U64
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval_node(node.operand, expr)) & _U64
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        a, b = _eval_node(node.left, expr), _eval_node(node.right, expr)
+        if isinstance(node.op, (ast.LShift, ast.RShift)) and b > 63:
+            raise FormatError(f"shift by {b} in {expr!r}")
+        return _BINARY[type(node.op)](a, b) & _U64
+    raise FormatError(f"not a constant expression: {expr!r}")
 
 
 def _term_before(s: str, end: int) -> str:
@@ -333,12 +369,14 @@ def preempt_flag_from_print_fmt(print_fmt: str) -> int | None:
     if not m2:
         return None
     mask = m2.group("mask").strip()
+    if len(mask) > MAX_EXPR_CHARS:
+        return None
     # drop parentheses opened before REC->prev_state and left unbalanced at the end
     while mask.count(")") > mask.count("(") and mask.endswith(")"):
         mask = mask[:-1].rstrip()
     try:
         value = eval_c_int_expr(mask)
-    except (FormatError, ValueError, OverflowError, ZeroDivisionError):
+    except FormatError:
         return None
     if value <= 0 or value & (value - 1):
         return None                    # not a single bit: do not trust it

@@ -21,7 +21,7 @@ import pandas as pd
 
 from harmony.errors import TraceCorrupt
 from harmony.probes.perf_tool import PERF_ENV, die_with_parent_preexec, first_error_line
-from harmony.probes.schema import COLUMNS, SCHED_EVENTS, make_events
+from harmony.probes.schema import COLUMNS, INT_COLUMNS, SCHED_EVENTS, make_events
 
 # perf script -F trace:tid,cpu,time,event,trace --ns prints, per sample:
 #   "%5d [%03d] %5lu.%09lu: %*s: <tracepoint print fmt>"   e.g.
@@ -32,30 +32,35 @@ from harmony.probes.schema import COLUMNS, SCHED_EVENTS, make_events
 # engine skip to candidates quickly instead of trying a match at every character).
 # The event is "sched:NAME" (-> NAME) or, for the other subsystems' tracepoints, "SYS:NAME" (kept
 # whole, as the trace.dat decoder names them).
-_LINE_RE = re.compile(r"\n *(-?\d+) +\[(\d+)\] +(\d+)\.(\d{9}): +"
-                      r"(?:sched:)?((?:\w+:)?\w+):? ([^\n]*)")
+# Numbers have at most as many digits as the columns they fill can hold (int64 after the seconds
+# are made ns); digits are ASCII (re.A): a line with others is a line that did not parse.
+_LINE_RE = re.compile(r"\n *(-?\d{1,10}) +\[(\d{1,6})\] +(\d{1,9})\.(\d{9}): +"
+                      r"(?:sched:)?((?:\w+:)?\w+):? ([^\n]*)", re.A)
 # Samples of other events (cycles, cpu-clock, ... in a recording that sampled them too) come in
 # perf's default fields, one line each (-G hides their call chains), the CPU only if recorded:
 #   "  migration/0    18 [000] 11290.807175068:     250000   cpu-clock:  ffffffff8220 _raw_...+0x19"
 #   "  python 11120  1099.335764939:     200040 cpu-clock:pppH: "
 # They are counted by event name, not taken for lines that did not parse.
-_OTHER_SAMPLE_RE = re.compile(r".*? (-?\d+) +(?:\[\d+\] +)?\d+\.\d{9}: +(?:\d+ +)?(\S+):(?: .*)?")
+_OTHER_SAMPLE_RE = re.compile(r".*? (-?\d{1,10}) +(?:\[\d{1,6}\] +)?\d{1,9}\.\d{9}: +(?:\d+ +)?"
+                              r"(\S+):(?: .*)?", re.A)
 # perf prints some PERF_RECORD_LOST lines with the comm first ("perf-exec 20671 [000] ...: ...")
-_LOST_RE = re.compile(r".*?(-?\d+) +\[(\d+)\] +\d+\.\d{9}: +PERF_RECORD_LOST lost (\d+)")
+_LOST_RE = re.compile(r".*?(-?\d{1,10}) +\[(\d{1,6})\] +\d{1,9}\.\d{9}: +PERF_RECORD_LOST lost "
+                      r"(\d{1,18})", re.A)
 
-_INT = r"(-?\d+)"
+_INT = r"(-?\d{1,18})"
 # Payload patterns, one per event; "(.*?)" comm fields may hold spaces. Optional parts cover the
 # formats of other kernel versions (sched_wakeup "success=", sched_process_exit "group_dead=").
 _PAYLOAD_RE = {
     "sched_switch": re.compile(
         rf"prev_comm=(.*?) prev_pid={_INT} prev_prio={_INT} prev_state=(\S*) ==> "
-        rf"next_comm=(.*?) next_pid={_INT} next_prio={_INT}\n"),
+        rf"next_comm=(.*?) next_pid={_INT} next_prio={_INT}\n", re.A),
     "sched_migrate_task": re.compile(
-        rf"comm=(.*?) pid={_INT} prio={_INT} orig_cpu={_INT} dest_cpu={_INT}\n"),
+        rf"comm=(.*?) pid={_INT} prio={_INT} orig_cpu={_INT} dest_cpu={_INT}\n", re.A),
     "sched_wakeup": re.compile(
-        rf"comm=(.*?) pid={_INT} prio={_INT}(?: success=\d+)? target_cpu={_INT}\n"),
-    "sched_process_fork": re.compile(rf"comm=(.*?) pid={_INT} child_comm=(.*?) child_pid={_INT}\n"),
-    "sched_process_exit": re.compile(rf"comm=(.*?) pid={_INT} prio={_INT}(?: group_dead=\w+)?\n"),
+        rf"comm=(.*?) pid={_INT} prio={_INT}(?: success=\d+)? target_cpu={_INT}\n", re.A),
+    "sched_process_fork": re.compile(rf"comm=(.*?) pid={_INT} child_comm=(.*?) child_pid={_INT}\n",
+                                     re.A),
+    "sched_process_exit": re.compile(rf"comm=(.*?) pid={_INT} prio={_INT}(?: group_dead=\w+)?\n", re.A),
 }
 _PAYLOAD_RE["sched_wakeup_new"] = _PAYLOAD_RE["sched_waking"] = _PAYLOAD_RE["sched_wakeup"]
 
@@ -70,6 +75,9 @@ _FIELDS = {
 }
 _FIELDS["sched_wakeup_new"] = _FIELDS["sched_waking"] = _FIELDS["sched_wakeup"]
 _STR_COLUMNS = ("comm", "prev_comm", "prev_state")
+#: the integer columns narrower than the int64 the numbers are parsed as: (least, greatest) value
+_NARROW = {name: (int(np.iinfo(dt).min), int(np.iinfo(dt).max)) for name, dt in INT_COLUMNS.items()
+           if np.dtype(dt).itemsize < 8 and name not in _STR_COLUMNS}
 
 # prev_state letters (kernel's __print_flags table for sched_switch) -> TASK_* report bits
 STATE_BITS = {"S": 1, "D": 2, "T": 4, "t": 8, "X": 16, "Z": 32, "P": 64, "I": 128}
@@ -213,7 +221,7 @@ class PerfScriptParser:
             idx = np.flatnonzero(ev_codes == k)
             if name == "PERF_RECORD_LOST":
                 for i in idx:
-                    m = re.fullmatch(r"lost (\d+)", rest[i].strip())
+                    m = re.fullmatch(r"lost (\d{1,18})", rest[i].strip(), re.A)
                     if m:
                         c = int(cpu[i])
                         self.lost_by_cpu[c] = self.lost_by_cpu.get(c, 0) + int(m.group(1))
@@ -252,6 +260,16 @@ class PerfScriptParser:
                  "event": self.strings.codes(list(ev_names))[ev_codes[kidx]]}
         for name, arr in cols.items():
             chunk[name] = arr[kidx]
+        # a number its column cannot hold (a pid past int32, a CPU past int16) makes the line one
+        # that did not parse, not a value wrapped around
+        fits = np.ones(len(kidx), bool)
+        for name, arr in chunk.items():
+            if name in _NARROW:
+                fits &= (arr >= _NARROW[name][0]) & (arr <= _NARROW[name][1])
+        if not fits.all():
+            self._bad([f"{tid[i]} [{cpu[i]}] {sec[i]}.{nsec[i]}: {ev[i]}: {rest[i]}"
+                       for i in kidx[~fits]])
+            chunk = {name: arr[fits] for name, arr in chunk.items()}
         self.chunks.append(chunk)
 
     def events(self) -> pd.DataFrame:

@@ -28,7 +28,8 @@ import json
 from pathlib import Path
 
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, TraceCorrupt
-from harmony.probes.formats import load_formats_dir, load_header_event, load_header_page
+from harmony.probes.formats import (FormatError, check_page_layout, load_formats_dir,
+                                    load_header_event, load_header_page)
 from harmony.probes.ringbuf_decode import Decoded, decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource
 
@@ -47,17 +48,29 @@ def load_meta(d: Path) -> dict:
     return meta
 
 
+#: CPU numbers a recording may list: 0 .. MAX_CPUS - 1 (the kernel's largest NR_CPUS)
+MAX_CPUS = 8192
+#: the largest page (sub-buffer) size, as trace.dat files are read (tracedat_read)
+MAX_PAGE_SIZE = 1 << 24
+
+
 def raw_files(d: Path, meta: dict) -> dict[int, Path]:
     """cpu -> cpu<N>.raw for the CPUs the recording lists (or finds)."""
     d = Path(d)
     cpus = meta.get("cpus")
     if cpus is None:
         cpus = sorted(int(p.stem[3:]) for p in d.glob("cpu*.raw") if p.stem[3:].isdigit())
-    try:
-        cpus = [int(c) for c in cpus]
-    except (TypeError, ValueError):
-        raise TraceCorrupt(f"{d / 'meta.json'}: bad cpus list {cpus!r}") from None
+    if not isinstance(cpus, list) or not all(type(c) is int and 0 <= c < MAX_CPUS for c in cpus):
+        raise TraceCorrupt(f"{d / 'meta.json'}: bad cpus list {str(cpus)[:100]}")
     return {c: d / f"cpu{c}.raw" for c in cpus}
+
+
+def _meta_text(meta: dict, key: str, default, d: Path):
+    """meta[key], which must be a string (``default`` if absent); TraceCorrupt naming meta.json."""
+    value = meta.get(key, default)
+    if not isinstance(value, str):
+        raise TraceCorrupt(f"{d / 'meta.json'}: bad {key} {str(value)[:100]}")
+    return value
 
 
 def _stat_int(stats: dict, key: str) -> int:
@@ -97,10 +110,14 @@ def decode_dir(out_dir: Path) -> Capture:
         page_size = int(meta.get("page_size", 4096))
     except (TypeError, ValueError):
         raise TraceCorrupt(f"{d / 'meta.json'}: bad page_size {meta.get('page_size')!r}") from None
-    if page_size <= 0 or page_size % 8:
+    if page_size <= 0 or page_size % 8 or page_size > MAX_PAGE_SIZE:
         raise TraceCorrupt(f"{d / 'meta.json'}: bad page_size {page_size}")
     fdir = d / "formats"
     hp = load_header_page(fdir / "header_page")
+    try:
+        check_page_layout(hp, page_size)
+    except FormatError as exc:
+        raise TraceCorrupt(f"{fdir / 'header_page'}: {exc}") from None
     load_header_event(fdir / "header_event")
     formats = load_formats_dir(fdir)
     files = raw_files(d, meta)
@@ -111,9 +128,11 @@ def decode_dir(out_dir: Path) -> Capture:
     src = PageSource.from_files(files, page_size)
     dec = decode_source(src, formats, hp)
 
-    notes = list(meta.get("notes", [])) if isinstance(meta.get("notes"), list) else []
+    notes = [str(n) for n in meta["notes"]] if isinstance(meta.get("notes"), list) else []
     notes.extend(dec.notes)
-    enabled = list(meta.get("events_enabled", []))
+    enabled = meta.get("events_enabled", [])
+    if not isinstance(enabled, list) or not all(isinstance(e, str) for e in enabled):
+        raise TraceCorrupt(f"{d / 'meta.json'}: bad events_enabled {str(enabled)[:100]}")
     have = {f"{f.system}/{f.name}" for f in formats.values()}
     missing = [e for e in enabled if e not in have]
     if missing:
@@ -135,7 +154,7 @@ def decode_dir(out_dir: Path) -> Capture:
         if dec.missed_pages_by_cpu.get(c):
             notes.append(f"CPU {c}: {dec.missed_pages_by_cpu[c]} pages follow lost events "
                          f"({'count not stored' if page_lost < 0 else f'{page_lost} events'})")
-    clock = meta.get("clock", "local")
+    clock = _meta_text(meta, "clock", "local", d)
     if clock in NOT_NS_CLOCKS:
         notes.append(f"trace clock {clock!r} counts {NOT_NS_CLOCKS[clock]}, not ns")
     out_meta = capture_meta(dec, src, "tracefs", clock, enabled, lost_by_cpu, page_size, notes)

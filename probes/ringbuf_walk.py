@@ -38,7 +38,7 @@ import numpy as np
 
 from harmony.errors import TraceCorrupt
 from harmony.jit import run_split, split, use_compiled
-from harmony.probes.formats import Field, HeaderPage
+from harmony.probes.formats import Field, FormatError, HeaderPage, check_page_layout
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 
 COMMIT_MASK = (1 << 27) - 1
@@ -93,9 +93,10 @@ def walk_pages(src: PageSource, hp: HeaderPage, type_field: Field | None = None,
     """
     ps = src.page_size
     n_pages = src.n_pages
-    if ps % 8 or hp.data_offset % 4 or hp.data_offset >= ps:
-        raise TraceCorrupt(f"{src.files[0] if src.files else 'trace'}: unsupported page layout "
-                           f"(page size {ps}, data offset {hp.data_offset})")
+    try:
+        check_page_layout(hp, ps)   # the caller has checked it, naming the file that describes it
+    except FormatError as exc:
+        raise TraceCorrupt(f"{src.files[0] if src.files else 'trace'}: {exc}") from None
     base = np.arange(n_pages, dtype=np.int64) * ps
     page_ts = read_uint(src, base + hp.timestamp_offset, 8)
     commit = read_uint(src, base + hp.commit_offset, hp.commit_size)

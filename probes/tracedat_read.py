@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 
 from harmony.probes.base import Capture, TraceCorrupt
-from harmony.probes.formats import (EventFormat, Field, FormatError, parse_format,
-                                    parse_header_event, parse_header_page)
+from harmony.probes.formats import (EventFormat, Field, FormatError, check_page_layout,
+                                    parse_format, parse_header_event, parse_header_page)
 from harmony.probes.ringbuf import capture_meta
 from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_fields import read_field
@@ -164,16 +164,29 @@ def _zstd_lib():
                                             ctypes.c_size_t)
             lib.ZSTD_isError.restype = ctypes.c_uint
             lib.ZSTD_isError.argtypes = (ctypes.c_size_t,)
+            lib.ZSTD_getFrameContentSize.restype = ctypes.c_ulonglong
+            lib.ZSTD_getFrameContentSize.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
             _zstd = lib
         except (OSError, AttributeError):
             _zstd = False
     return _zstd or None
 
 
+#: the most a compressed block can expand: zstd's (an RLE block of 4 bytes holds up to 128 KiB)
+#: and deflate's (1032:1) are below it. A size header claiming more than this many times the
+#: compressed bytes cannot be true, and is refused before any memory is taken for it.
+MAX_RATIO = 1 << 15
+ZSTD_CONTENTSIZE_UNKNOWN = (1 << 64) - 1
+
+
 def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str) -> bytes:
+    if usize > MAX_RATIO * len(data) + (128 << 10):
+        raise TraceCorrupt(f"{path}: corrupt compressed {what} (header says {usize} bytes from "
+                           f"{len(data)} compressed)")
     if algo == "zlib":
         try:
-            out = zlib.decompress(data)
+            z = zlib.decompressobj()
+            out = z.decompress(data, usize + 1)      # never more than the header says, and one
         except zlib.error as exc:
             raise TraceCorrupt(f"{path}: corrupt compressed {what} ({exc})") from None
     elif algo == "zstd":
@@ -181,11 +194,17 @@ def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str) -> by
         if lib is None:
             raise TraceCorrupt(f"{path}: compressed with zstd but libzstd is not available here; "
                                "convert it with `trace-cmd convert --compression none`")
-        dst = ctypes.create_string_buffer(max(usize, 1))
-        n = lib.ZSTD_decompress(dst, usize, data, len(data))
+        frame = lib.ZSTD_getFrameContentSize(data, len(data))
+        if frame != ZSTD_CONTENTSIZE_UNKNOWN and frame != usize:
+            raise TraceCorrupt(f"{path}: corrupt compressed {what} (header says {usize} bytes, "
+                               + ("its zstd frame is damaged)" if frame > 1 << 62
+                                  else f"its zstd frame {frame})"))
+        out = bytearray(max(usize, 1))
+        n = lib.ZSTD_decompress((ctypes.c_char * len(out)).from_buffer(out), usize, data,
+                                len(data))
         if lib.ZSTD_isError(n):
             raise TraceCorrupt(f"{path}: corrupt compressed {what} (zstd refused it)")
-        out = dst.raw[:n]
+        del out[n:]
     else:
         raise TraceCorrupt(f"{path}: compressed with {algo!r}, which Harmony cannot read; convert "
                            "it with `trace-cmd convert --compression none`")
@@ -611,6 +630,7 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     try:
         hp = parse_header_page(td.header_page)
         parse_header_event(td.header_event)
+        check_page_layout(hp, buf.page_size)
     except FormatError as exc:
         raise TraceCorrupt(f"{path}: bad ring-buffer header description ({exc})") from None
     pages = buffer_pages(td, buf)
