@@ -22,7 +22,9 @@ with an ``event`` (:func:`emit`):
     end        every run was tried
 
 so that the host shows progress, and times each run's window on its own clock to read how long
-the vCPU threads waited for a host CPU over it.
+the vCPU threads waited for a host CPU over it. Every line also carries the guest's
+CLOCK_MONOTONIC when it was written (``mono_ns``): the same window on the guest's clock, to set
+against the host's (under ``-icount`` the guest's time is QEMU's virtual clock, not the host's).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from harmony import doctor, store
@@ -45,9 +48,11 @@ JOB_FORMAT = "harmony-guest-job/1"
 
 
 def emit(event: str, stream=None, **fields) -> None:
-    """Write one agent line: ``@harmony {"event": event, ...}`` (a single write)."""
+    """Write one agent line: ``@harmony {"event": event, "mono_ns": ..., ...}`` (a single
+    write; ``mono_ns``: the guest's CLOCK_MONOTONIC now)."""
     stream = stream or sys.stdout
-    stream.write(LINE_PREFIX + json.dumps({"event": event, **fields}, default=str) + "\n")
+    line = {"event": event, "mono_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC), **fields}
+    stream.write(LINE_PREFIX + json.dumps(line, default=str) + "\n")
     stream.flush()
 
 
