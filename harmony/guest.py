@@ -29,6 +29,7 @@ against the host's (under ``-icount`` the guest's time is QEMU's virtual clock, 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -39,6 +40,7 @@ from pathlib import Path
 from harmony import doctor, store
 from harmony.hygiene import HostLock
 from harmony.manifest import reason
+from harmony.probes import get_probe
 from harmony.run import JsonRows, capture
 from harmony.tasks import TaskSpec
 from harmony.vm import LINE_PREFIX
@@ -116,9 +118,17 @@ def guest_facts() -> dict:
 
 
 def run_job(runs: list[PlannedRun], facts: dict, stream=None) -> int:
-    """Capture every run in turn, saying each step (:func:`emit`); returns how many failed."""
+    """Capture every run in turn, saying each step (:func:`emit`); returns how many failed.
+
+    A probe that offers a session (tracefs: one instance for all the runs, emptied for each) keeps
+    it open across the runs, as a suite on the host does (bench/README.md: what it saves per run
+    under TCG)."""
     failed = 0
-    with HostLock():
+    with HostLock(), contextlib.ExitStack() as sessions:
+        for name in sorted({run.probe for run in runs}):
+            session = getattr(get_probe(name), "session", None)
+            if session is not None:
+                sessions.enter_context(session())
         for i, run in enumerate(runs):
             emit("start", stream, run=i, dir=run.dir)
             try:
