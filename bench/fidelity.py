@@ -222,7 +222,8 @@ def main(argv=None) -> int:
     ap.add_argument("--host", action="store_true", help="the same plan on the host too")
     ap.add_argument("--hog", type=int, default=0, help="busy processes on the host meanwhile")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of single-source, detection")
-    ap.add_argument("--out", type=Path, required=True, help="directory for every run")
+    ap.add_argument("--out", type=Path, default=Path("runs") / time.strftime("fidelity-%Y%m%d-%H%M%S"),
+                    help="directory for every run (runs/fidelity-<time>)")
     ap.add_argument("--json", help="also write the figures as JSON here ('-': stdout)")
     args = ap.parse_args(argv)
     need_root("bench/fidelity.py")
