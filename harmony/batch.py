@@ -292,8 +292,9 @@ class VmRunner:
     with ``vcpus`` vCPUs once, the guest agent makes every planned capture, and the host lands each
     one (:func:`harmony.run.land`), completes its manifest (the kernel under test from the guest's
     facts as ``under_test``, the host's own facts as ``host``, the VM as ``vm`` with how long each
-    vCPU waited for a host CPU over the run's window) and analyses it after the VM is gone, one
-    process per CPU. The host lock is held from enter to exit: the vCPUs are the measurement.
+    vCPU waited for a host CPU over the run's window, and that window on the host's clock and on
+    the guest's) and analyses it after the VM is gone, one process per CPU. The host lock is held
+    from enter to exit: the vCPUs are the measurement.
 
     A failed boot, a guest that panics or hangs, QEMU killed, Ctrl-C: the runs not captured are
     marked incomplete with the reason (the error names the kernel), the ones captured before are
@@ -429,14 +430,16 @@ class VmRunner:
             state["i"] = i
             self.say(f"[{i + 1}/{len(runs)}] {Path(runs[i].dir).name}: {runs[i].experiment}")
         elif kind == "measuring" and i is not None:
-            threads = vcpu_threads(self.vm.qemu_pid) if self.vm.qemu_pid else {}
-            state["window"][i] = {"t0": t, "threads": threads,
+            threads = vcpu_threads(self.vm.qemu_pid, self.vcpus) if self.vm.qemu_pid else {}
+            state["window"][i] = {"t0": t, "threads": threads, "guest_t0": ev.get("mono_ns"),
                                   "before": vcpu_times(self.vm.qemu_pid, threads)}
             budget = float(runs[i].params.get("duration", 0)) + self.RUN_MARGIN_S
         elif kind == "measured" and i is not None and i in state["window"]:
             w = state["window"][i]
             w["seconds"] = t - w["t0"]
             w["after"] = vcpu_times(self.vm.qemu_pid, w["threads"])
+            if w["guest_t0"] is not None and ev.get("mono_ns") is not None:
+                w["guest_seconds"] = (ev["mono_ns"] - w["guest_t0"]) / 1e9
         elif kind == "error":
             state["errors"][i] = ev.get("message", "?")
             self.say(f"run {'?' if i is None else i + 1} failed in the guest: "
@@ -471,7 +474,10 @@ class VmRunner:
             w = state["window"].get(i, {})
             fr = (wait_fractions(w["before"], w["after"], w["seconds"])
                   if "after" in w else {})
-            manifest["vm"] = {**vm_facts, "window_host_s": w.get("seconds"),
+            host_s, guest_s = w.get("seconds"), w.get("guest_seconds")
+            manifest["vm"] = {**vm_facts, "window_host_s": host_s, "window_guest_s": guest_s,
+                              "guest_clock_rate": guest_s / host_s if guest_s and host_s
+                              else None,
                               "vcpu_wait_frac": [fr.get(v) for v in range(self.vcpus)] if fr
                               else None,
                               "vcpu_wait_max": max(fr.values()) if fr else None,

@@ -22,20 +22,25 @@ with an ``event`` (:func:`emit`):
     end        every run was tried
 
 so that the host shows progress, and times each run's window on its own clock to read how long
-the vCPU threads waited for a host CPU over it.
+the vCPU threads waited for a host CPU over it. Every line also carries the guest's
+CLOCK_MONOTONIC when it was written (``mono_ns``): the same window on the guest's clock, to set
+against the host's (under ``-icount`` the guest's time is QEMU's virtual clock, not the host's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from harmony import doctor, store
 from harmony.hygiene import HostLock
 from harmony.manifest import reason
+from harmony.probes import get_probe
 from harmony.run import JsonRows, capture
 from harmony.tasks import TaskSpec
 from harmony.vm import LINE_PREFIX
@@ -45,9 +50,11 @@ JOB_FORMAT = "harmony-guest-job/1"
 
 
 def emit(event: str, stream=None, **fields) -> None:
-    """Write one agent line: ``@harmony {"event": event, ...}`` (a single write)."""
+    """Write one agent line: ``@harmony {"event": event, "mono_ns": ..., ...}`` (a single
+    write; ``mono_ns``: the guest's CLOCK_MONOTONIC now)."""
     stream = stream or sys.stdout
-    stream.write(LINE_PREFIX + json.dumps({"event": event, **fields}, default=str) + "\n")
+    line = {"event": event, "mono_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC), **fields}
+    stream.write(LINE_PREFIX + json.dumps(line, default=str) + "\n")
     stream.flush()
 
 
@@ -111,9 +118,17 @@ def guest_facts() -> dict:
 
 
 def run_job(runs: list[PlannedRun], facts: dict, stream=None) -> int:
-    """Capture every run in turn, saying each step (:func:`emit`); returns how many failed."""
+    """Capture every run in turn, saying each step (:func:`emit`); returns how many failed.
+
+    A probe that offers a session (tracefs: one instance for all the runs, emptied for each) keeps
+    it open across the runs, as a suite on the host does (bench/README.md: what it saves per run
+    under TCG)."""
     failed = 0
-    with HostLock():
+    with HostLock(), contextlib.ExitStack() as sessions:
+        for name in sorted({run.probe for run in runs}):
+            session = getattr(get_probe(name), "session", None)
+            if session is not None:
+                sessions.enter_context(session())
         for i, run in enumerate(runs):
             emit("start", stream, run=i, dir=run.dir)
             try:

@@ -63,6 +63,8 @@ PANIC = re.compile(r"Kernel panic|BUG: kernel NULL|Oops: |general protection fau
 ENV_QEMU = "HARMONY_VM_QEMU"
 #: the vCPU threads' names (QEMU's ``-name ...,debug-threads=on``): "CPU 3/TCG", "CPU 0/KVM"
 VCPU_COMM = re.compile(r"CPU (\d+)/(TCG|KVM)")
+#: the one thread of single-threaded TCG (tcg=single, icount), which runs every vCPU in turn
+ALL_VCPUS_COMM = "ALL CPUs/TCG"
 
 
 def parse_line(line: str) -> dict | None:
@@ -289,8 +291,10 @@ def doctor_check(kernel=None) -> dict:
 
 # --- the vCPU threads ---------------------------------------------------------------------------
 
-def vcpu_threads(qemu_pid: int) -> dict[int, int]:
-    """vCPU index -> thread id of a QEMU started with named threads (:func:`qemu_options`)."""
+def vcpu_threads(qemu_pid: int, vcpus: int = 0) -> dict[int, int]:
+    """vCPU index -> thread id of a QEMU started with named threads (:func:`qemu_options`).
+    Under single-threaded TCG one thread (:data:`ALL_VCPUS_COMM`) runs all ``vcpus`` vCPUs in
+    turn: each maps to it, since what the host takes from that thread it takes from every vCPU."""
     out = {}
     try:
         tids = os.listdir(f"/proc/{qemu_pid}/task")
@@ -304,6 +308,8 @@ def vcpu_threads(qemu_pid: int) -> dict[int, int]:
         m = VCPU_COMM.fullmatch(comm)
         if m:
             out[int(m.group(1))] = int(tid)
+        elif comm == ALL_VCPUS_COMM:
+            out.update(dict.fromkeys(range(vcpus), int(tid)))
     return out
 
 

@@ -18,7 +18,7 @@ from test_ringbuf import FORMATS_NEW, FORMATS_WAKING, PageBuilder, encode, parse
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm",
-           "compare_noise", "controller_death", "pelt_warmup", "warm_cold")
+           "compare_noise", "controller_death", "pelt_warmup", "warm_cold", "fidelity")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -178,6 +178,23 @@ def test_warm_cold_smoke(kernel, tmp_path):
     assert set(res["cards"]) == {"warm", "cold"}
     r = bench("warm_cold", "--experiments", "detection")
     assert r.returncode == 2 and "unknown experiment(s) detection" in r.stderr
+
+
+def test_fidelity_smoke_on_the_host(kernel, tmp_path):
+    """The study's plan run on the host only (the reference; a VM set-up boots the same way
+    through the VmRunner the VM tests exercise): its figures come out of real runs."""
+    out = tmp_path / "f.json"
+    r = bench("fidelity", "--host", "--vm-cpus", "", "--reps", "1", "--out", str(tmp_path / "runs"),
+              "--json", str(out), timeout=600)
+    assert r.returncode == 0, r.stderr
+    ((label, row),) = json.loads(out.read_text())["setups"].items()
+    assert label.startswith("host-p") and label in r.stdout
+    assert row["runs"] == 3 and row["card_runs"] == 2 and row["wait_max"] is None
+    assert set(row["card"]) == {"balances", "time_to_balance", "detection"}
+    assert 0 <= row["duty_worst_pp"] <= 50 and row["release_ms_median"] >= 0
+    for sub in ("single-source", "detection", "duty"):
+        assert (tmp_path / "runs" / label / sub / "batch.json").is_file()
+    assert bench("fidelity", "--setup", "fast", "--host").returncode == 2
 
 
 def test_waking_on_a_recording_with_both_events(tmp_path):

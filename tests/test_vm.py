@@ -192,6 +192,45 @@ def test_wait_fractions_are_the_run_delay_over_the_window():
     assert vm.wait_fractions(before, {0: after[0]}, 4.0) == {0: 0.125}   # a thread gone
 
 
+THREADS = """
+import threading, time
+def named(name):
+    tid = threading.get_native_id()
+    with open(f"/proc/self/task/{tid}/comm", "w") as f:
+        f.write(name)
+    time.sleep(60)
+for name in NAMES:
+    threading.Thread(target=named, args=(name,), daemon=True).start()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("names,vcpus,expect", [
+    (("CPU 0/TCG", "CPU 1/TCG", "worker"), 2, [0, 1]),      # multi-threaded: a thread each
+    (("ALL CPUs/TCG", "worker"), 4, [0, 0, 0, 0]),           # single-threaded: one for all
+])
+def test_vcpu_threads_by_name_one_thread_standing_for_all(names, vcpus, expect):
+    """A process whose threads carry QEMU's names stands for QEMU: each vCPU maps to its thread;
+    single-threaded TCG's one thread stands for every vCPU, whose waits are then its wait."""
+    p = subprocess.Popen([sys.executable, "-c", f"NAMES = {list(names)!r}" + THREADS],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        threads = vm.vcpu_threads(p.pid, vcpus)
+        tids = sorted(set(threads.values()))
+        assert sorted(threads) == list(range(vcpus))
+        assert [tids.index(threads[v]) for v in range(vcpus)] == expect
+        for tid in tids:
+            comm = Path(f"/proc/{p.pid}/task/{tid}/comm").read_text().strip()
+            assert comm in names and comm != "worker"
+        times = vm.vcpu_times(p.pid, threads)
+        assert sorted(times) == list(range(vcpus)) and len({times[v] for v in times}) == len(tids)
+    finally:
+        p.kill()
+        p.wait()
+
+
 # --- the guest agent ------------------------------------------------------------------------------
 
 def test_a_job_plans_what_capture_would_run(tmp_path):
@@ -211,10 +250,13 @@ def test_a_job_plans_what_capture_would_run(tmp_path):
 
 
 def test_agent_lines_round_trip_and_console_noise_is_not_one(capsys):
+    before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     guest.emit("measuring", run=2)
     line = capsys.readouterr().out
-    assert line == '@harmony {"event": "measuring", "run": 2}\n'
-    assert vm.parse_line(line.rstrip("\n")) == {"event": "measuring", "run": 2}
+    event = vm.parse_line(line.rstrip("\n"))
+    assert line.startswith('@harmony {"event": "measuring", "mono_ns": ') and line.endswith("\n")
+    assert event == {"event": "measuring", "mono_ns": event["mono_ns"], "run": 2}
+    assert before <= event["mono_ns"] <= time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     for noise in ("[    3.83] virtme initramfs: done", '@harmony {"event": "meas',
                   '@harmony ["x"]', "@harmony {}"):
         assert vm.parse_line(noise) is None

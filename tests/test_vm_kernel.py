@@ -92,6 +92,8 @@ def test_single_source_in_a_debian_6_1_guest_at_4_vcpus(kernel, tmp_path):
     assert vm["accelerator"] in ("kvm", "tcg") and vm["accelerator_why"]
     assert vm["qemu"] and vm["virtme_ng"] and vm["boot_s"] > 0
     assert len(vm["vcpu_wait_frac"]) == 4 and all(0 <= f <= 1 for f in vm["vcpu_wait_frac"])
+    # the window on both clocks: the guest's CLOCK_MONOTONIC from the agent's lines
+    assert vm["window_host_s"] >= 2 and vm["window_guest_s"] >= 2 and vm["guest_clock_rate"] > 0
     kc = m["kernel_counter_agreement"]
     assert kc["disagreeing"] == 0 and kc["tasks"] == 8, kc
     assert "kernel / scheduler           6.1" in p.stdout and "kernel under test" in p.stdout
