@@ -15,7 +15,9 @@ should be 0: the layout exists at t0) and migrations of tasks before "released" 
 Target: release spread < 1 ms at 256 tasks. Sizes run interleaved (8, 64, 256, 8, 64, ...);
 ``--placement cpuset,affinity`` also interleaves the controller's two ways of holding the tasks
 (``HARMONY_RELEASE_PLACEMENT``), ``--mode occupied,confined`` its two orders of release
-(``HARMONY_RELEASE_MODE``; see ``harmony/controller.py``).
+(``HARMONY_RELEASE_MODE``; see ``harmony/controller.py``). Every run is a cold release (``-p
+release=cold``: the tasks asleep at their gate, then woken), which is what a spread of wake-ups
+measures; a warm release widens the CPU set of tasks already running (bench/warm_cold.py).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ def one_release(ntasks: int, out: Path, duration: float, placement: str, mode: s
     exp = get_experiment("single-source")
     cpus = online_cpus()
     params = exp.resolve({"layout": [ntasks] + [0] * (len(cpus) - 1), "duration": duration,
-                          "sample_hz": 0.0}, cpus)
+                          "sample_hz": 0.0, "release": "cold"}, cpus)
     os.environ[ENV_PLACEMENT], os.environ[ENV_MODE] = placement, mode
     try:
         for _ in range(60):
