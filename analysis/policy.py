@@ -29,7 +29,7 @@ from pathlib import Path
 
 from harmony import store
 from harmony.analysis import thresholds as T
-from harmony.analysis.trust import vcpu_starved
+from harmony.analysis.trust import vcpu_starved, virtual_clock
 from harmony.experiments import summary_key
 from harmony.tasks import POLICIES, classes_text
 
@@ -249,6 +249,10 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
             skipped.append((d, f"vCPUs starved: vCPU {starved['vcpu']} waited for a host CPU "
                                f"{starved['frac']:.1%} of the window (limit VCPU_WAIT_MAX = "
                                f"{T.VCPU_WAIT_MAX:.0%})"))
+            continue
+        if virtual_clock(m):        # -icount: a set-up measured unfaithful (thresholds.py)
+            skipped.append((d, "captured under a virtual clock (tcg=icount), a set-up measured "
+                               "unfaithful (VCPU_WAIT_MAX's reasons)"))
             continue
         out.append(Evidence(d, m["experiment"], m.get("params", {}), len(m.get("cpus", [])),
                             summary, setup_of(m), classes_of(m)))

@@ -86,16 +86,25 @@ class QemuSetting:
     """How QEMU runs the guest; ``--vm-qemu KEY=VALUE,...`` (or HARMONY_VM_QEMU).
 
     accel  auto (KVM where it works, else TCG) | kvm | tcg
-    tcg    multi (a thread per vCPU; default) | single (one thread for all) | icount (single,
-           with ``-icount shift=auto``: a virtual clock the host's load cannot stretch)
+    tcg    auto (default: multi where the host has more CPUs than the VM has vCPUs, else single;
+           :meth:`resolved`) | multi (a thread per vCPU) | single (one thread for all, in turn) |
+           icount (single, with ``-icount shift=auto``: a virtual clock driven by the
+           instructions executed)
     pin    off (default) | on (each vCPU thread on its own host CPU) | a host CPU list
+
+    Why ``auto`` chooses so: bench/README.md "which QEMU set-up" (bench/fidelity.py). With more
+    vCPUs than host CPUs, a thread per vCPU waits for a host CPU 45-71 % of every run (starved:
+    the card leaves such runs out), while one thread running them in turn waits 1-12 % and keeps
+    the balancing rounds on the guest's ticks (0.2 ms off, against 0.8); with a host CPU to
+    spare for each vCPU thread, a thread per vCPU runs them in parallel, as a machine does.
+    icount is kept for study only: a 50 % duty task's share came out 27-30 points off.
     """
 
     accel: str = "auto"
-    tcg: str = "multi"
+    tcg: str = "auto"
     pin: str = "off"
 
-    CHOICES = {"accel": ("auto", "kvm", "tcg"), "tcg": ("multi", "single", "icount")}
+    CHOICES = {"accel": ("auto", "kvm", "tcg"), "tcg": ("auto", "multi", "single", "icount")}
 
     @classmethod
     def parse(cls, text: str | None) -> "QemuSetting":
@@ -127,6 +136,18 @@ class QemuSetting:
     def text(self) -> str:
         return f"accel={self.accel},tcg={self.tcg},pin={self.pin}"
 
+    def resolved(self, vcpus: int, host_cpus: int) -> tuple["QemuSetting", str | None]:
+        """This setting with ``tcg=auto`` decided for ``vcpus`` vCPUs on a host of ``host_cpus``
+        usable CPUs, and why (None when nothing was left to decide)."""
+        if self.tcg != "auto":
+            return self, None
+        if host_cpus > vcpus:
+            return (dataclasses.replace(self, tcg="multi"),
+                    f"tcg=auto: multi, the host has {host_cpus} CPUs for {vcpus} vCPU threads")
+        return (dataclasses.replace(self, tcg="single"),
+                f"tcg=auto: single, {vcpus} vCPUs would wait for {host_cpus} host CPUs "
+                "(one thread runs them in turn)")
+
 
 def setting_from_env() -> QemuSetting:
     return QemuSetting.parse(os.environ.get(ENV_QEMU))
@@ -137,7 +158,7 @@ def qemu_options(setting: QemuSetting, accel: str) -> list[str]:
     threads, and TCG's threading and clock."""
     opts = ["-name", "harmony,debug-threads=on"]
     if accel == "tcg":
-        thread = "multi" if setting.tcg == "multi" else "single"
+        thread = "multi" if setting.tcg in ("multi", "auto") else "single"  # auto: resolved()
         opts += ["-accel", f"tcg,thread={thread}"]
         if setting.tcg == "icount":
             opts += ["-icount", "shift=auto"]
@@ -379,7 +400,8 @@ class VirtualMachine:
                  setting: QemuSetting | None = None, boot_timeout: float = BOOT_TIMEOUT_S,
                  console_log: Path | None = None):
         self.kernel, self.vcpus, self.memory_mb = kernel, vcpus, memory_mb
-        self.setting = setting or QemuSetting()
+        self.setting, self.setting_why = (setting or QemuSetting()).resolved(
+            vcpus, len(os.sched_getaffinity(0)))
         self.boot_timeout = boot_timeout
         self.console_log = console_log
         self.accel, self.accel_why = None, None
@@ -394,6 +416,7 @@ class VirtualMachine:
         return {"kernel": self.kernel.to_dict(), "accelerator": self.accel,
                 "accelerator_why": self.accel_why, "vcpus": self.vcpus,
                 "memory_mb": self.memory_mb, "qemu_setting": self.setting.text(),
+                "qemu_setting_why": self.setting_why if self.accel != "kvm" else None,
                 "qemu_options": qemu_options(self.setting, self.accel or "tcg"), **versions()}
 
     def _fail(self, what: str) -> VmError:

@@ -200,6 +200,16 @@ def enter_class(spec) -> None:
         os.sched_setscheduler(0, POLICY_NUMBERS[policy], os.sched_param(spec.rt_priority))
 
 
+def _enter_class_or_say(spec, shared: Shared, ready: int) -> None:
+    """Enter the task's scheduling class; refused, write minus the errno into its flag (the
+    controller says why, naming the class) and exit 3."""
+    try:
+        enter_class(spec)
+    except OSError as exc:
+        shared.words[ready] = -(exc.errno or errno.EINVAL)
+        os._exit(3)
+
+
 def run(slot: int, spec: dict, cpus: list[int], shared: Shared, gate: int, parent: int,
         controller: int, seed: int, join: str | None) -> None:
     """Body of one worker process (never returns), forked by ``parent`` (the controller or its fork
@@ -211,24 +221,22 @@ def run(slot: int, spec: dict, cpus: list[int], shared: Shared, gate: int, paren
     os.setpriority(os.PRIO_PROCESS, 0, spec.nice)
     ready = shared.ngates + slot
     deadline = getattr(spec, "policy", "other") == "deadline"
-    try:
-        if deadline:  # while its affinity still spans the root domain (see the module docstring)
-            enter_class(spec)
-        if join is None:
-            os.sched_setaffinity(0, {spec.initial_cpu})
-        else:
-            # never pin as well: the affinity mask and the cpuset intersect. The run's set, so the
-            # mask the cpuset widens to does not depend on what the controller was started with
-            # (a deadline task keeps the one it has: a smaller one is refused it).
-            if not deadline:
-                os.sched_setaffinity(0, set(cpus))
-            with open(join, "w") as f:
-                f.write(str(os.getpid()))
+    if deadline:  # while its affinity still spans the root domain (see the module docstring)
+        _enter_class_or_say(spec, shared, ready)
+    # a failure to take its place is not the class's: it propagates (the worker exits 1 and the
+    # controller reports its status)
+    if join is None:
+        os.sched_setaffinity(0, {spec.initial_cpu})
+    else:
+        # never pin as well: the affinity mask and the cpuset intersect. The run's set, so the
+        # mask the cpuset widens to does not depend on what the controller was started with
+        # (a deadline task keeps the one it has: a smaller one is refused it).
         if not deadline:
-            enter_class(spec)
-    except OSError as exc:
-        shared.words[ready] = -(exc.errno or errno.EINVAL)  # the controller says why
-        os._exit(3)
+            os.sched_setaffinity(0, set(cpus))
+        with open(join, "w") as f:
+            f.write(str(os.getpid()))
+    if not deadline:
+        _enter_class_or_say(spec, shared, ready)
     cells = shared.cells
     shared.words[ready] = 1
     wait_at_gate(shared, gate)  # held here until t0 (cold), or until the warm-up starts (warm)

@@ -185,11 +185,18 @@ def test_runs_whose_vcpus_waited_for_the_host_are_not_evidence(tmp_path):
     write(tmp_path / "at", t)
     write(tmp_path / "above", t + margin)
     write(tmp_path / "starved", 0.5)
-    # under -icount the guest's clock does not pass while a vCPU waits: evidence
-    write(tmp_path / "icount", 0.5, "accel=auto,tcg=icount,pin=off")
+    # under -icount (measured unfaithful): never evidence, whatever the wait; single: the rule
+    write(tmp_path / "icount", 0.0, "accel=auto,tcg=icount,pin=off")
+    write(tmp_path / "single", 0.0, "accel=auto,tcg=single,pin=off")
     evidence, skipped = policy.collect([tmp_path])
-    assert sorted(e.path.name for e in evidence) == ["at", "icount"]
-    assert sorted(p.name for p, _ in skipped) == ["above", "starved"]
-    assert all("vCPU 2 waited" in why and "limit VCPU_WAIT_MAX = 5%" in why for _, why in skipped)
+    assert sorted(e.path.name for e in evidence) == ["at", "single"]
+    why = dict((p.name, w) for p, w in skipped)
+    assert sorted(why) == ["above", "icount", "starved"]
+    assert all("vCPU 2 waited" in why[k] and "limit VCPU_WAIT_MAX = 5%" in why[k]
+               for k in ("above", "starved"))
+    assert "virtual clock (tcg=icount)" in why["icount"]
+    icount = json.loads((tmp_path / "icount" / "manifest.json").read_text())
+    assert trust.word(trust.virtual_clock(icount)).startswith("captured under a virtual clock")
+    assert trust.virtual_clock({"vm": {"accelerator": "kvm", "qemu_setting": "tcg=icount"}}) is None
     note = trust.vcpu_starved(json.loads((tmp_path / "starved" / "manifest.json").read_text()))
     assert trust.word(note).startswith("vCPU 2's thread waited for a host CPU 50.0% of the window")

@@ -174,10 +174,22 @@ def test_the_vng_command_of_each_setting(setting, accel, extra, qemu):
 
 
 def test_bad_qemu_settings_are_one_line_errors():
-    for text, msg in (("tcg=fast", "--vm-qemu tcg=fast: choose multi|single|icount"),
+    for text, msg in (("tcg=fast", "--vm-qemu tcg=fast: choose auto|multi|single|icount"),
                       ("accel", "not 'accel'"), ("pin=x", "--vm-qemu pin=x: bad cpulist")):
         with pytest.raises(ParameterError, match=msg):
             vm.QemuSetting.parse(text)
+
+
+def test_tcg_auto_is_multi_only_with_a_host_cpu_for_each_vcpu_thread():
+    auto = vm.QemuSetting.parse("pin=on")
+    assert auto.tcg == "auto"
+    for vcpus, host, tcg in ((4, 2, "single"), (2, 2, "single"), (2, 3, "multi"), (4, 16, "multi")):
+        got, why = auto.resolved(vcpus, host)
+        assert (got.tcg, got.pin) == (tcg, "on") and why.startswith(f"tcg=auto: {tcg}"), why
+    asked = vm.QemuSetting.parse("tcg=multi")
+    assert asked.resolved(4, 2) == (asked, None)           # what a user asks for is kept
+    machine = vm.VirtualMachine(KERNEL, 64)                # more vCPUs than any host here
+    assert machine.setting.tcg == "single" and "64 vCPUs" in machine.describe()["qemu_setting_why"]
 
 
 def test_tcg_asked_for_needs_no_test_boot():
