@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from conftest import until
 from harmony import guest, kernels, run, store, vm
 from harmony.errors import KernelError, ParameterError, UnknownKernel
 from harmony.experiments import get_experiment
@@ -373,3 +374,49 @@ def test_a_guest_kernel_panic_ends_the_vm_at_once(tmp_path, monkeypatch):
         machine.run(["true"], tmp_path, lambda ev, t: events.append(ev["event"]))
     assert events == ["facts"] and machine.boot_s is not None
     assert machine.proc.poll() is not None
+
+
+def test_ctrl_c_during_a_vm_run_ends_it_in_one_line_with_nothing_left(tmp_path):
+    """`harmony run --kernel IMAGE` with virtme-ng standing in as a script whose guest agent said
+    its facts and then hangs: SIGINT to the controller ends it with one line, the VM's whole
+    process group is killed, and the run is marked incomplete."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    pidfile = tmp_path / "vng.pid"
+    fake = bin_dir / "vng"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\n"
+                    "echo '@harmony {\"event\": \"facts\", \"facts\": {}}'\nexec sleep 600\n")
+    fake.chmod(0o755)
+    image = bzimage(tmp_path / "img" / "bzImage", "6.12.0-fake")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = tmp_path / "run"
+    deadline = time.monotonic() + 300
+    while True:                 # another Harmony run holds the host: wait, as cli() does
+        proc = subprocess.Popen([sys.executable, "-m", "harmony.cli", "run", "single-source",
+                                 "--kernel", str(image), "--vm-cpus", "2", "--vm-qemu", "accel=tcg",
+                                 "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)
+        if not until(lambda: pidfile.exists() or proc.poll() is not None, 60):
+            break
+        if proc.poll() is None or time.monotonic() > deadline:
+            break
+        err = proc.stderr.read()
+        assert "another Harmony run" in err, err
+        time.sleep(2)
+    try:
+        assert pidfile.exists(), "the fake virtme-ng never started"
+        vng_pid = int(pidfile.read_text())
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = [line for line in err.splitlines() if line.startswith("harmony:")]
+    assert len(lines) == 1 and "interrupted" in lines[0], err
+    assert "Traceback" not in err
+    assert until(lambda: not Path(f"/proc/{vng_pid}").exists()
+                 or Path(f"/proc/{vng_pid}/stat").read_text().split(") ")[1][0] == "Z", 10)
+    m = store.read_json(out / "manifest.json")
+    assert m["status"] == "incomplete", m.get("status")
