@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import until
+
 from harmony import guest, kernels, run, store, vm
 from harmony.errors import KernelError, ParameterError, UnknownKernel
 from harmony.experiments import get_experiment
