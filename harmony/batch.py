@@ -42,7 +42,7 @@ from harmony.osutil import die_with_parent
 from harmony.pipeline import analyse
 from harmony.probes import get_probe
 from harmony.run import capture, land
-from harmony.vm import VirtualMachine, vcpu_threads, vcpu_times, wait_fractions
+from harmony.vm import VirtualMachine, renice_threads, vcpu_threads, vcpu_times, wait_fractions
 
 
 def rep_dir(out: Path, k: int) -> Path:
@@ -321,6 +321,7 @@ class VmRunner:
         self.system: dict | None = None     # the guest's facts (the kernel under test)
         self.vm: VirtualMachine | None = None
         self.boot_s: float | None = None
+        self.reniced: list[int] = []        # the vCPU threads given the setting's nice value
         self.while_analysing = None
 
     def __enter__(self):
@@ -423,6 +424,9 @@ class VmRunner:
         if kind == "facts":
             self.system = {k: v for k, v in ev.get("facts", {}).items()}
             self.boot_s = self.vm.boot_s
+            if self.vm.setting.nice and self.vm.qemu_pid:
+                self.reniced = renice_threads(vcpu_threads(self.vm.qemu_pid, self.vcpus),
+                                              self.vm.setting.nice)
             self.say(f"booted {self.system.get('kernel')} ({self.system.get('scheduler')}, "
                      f"{self.system.get('ncpus')} CPUs) in {self.boot_s:.1f} s; "
                      f"{self.vm.accel.upper()}")
@@ -457,6 +461,8 @@ class VmRunner:
         """Complete each run's manifest on the host; runs not captured are marked incomplete."""
         vm_facts = self.vm.describe() if self.vm else {}
         vm_facts["boot_s"] = self.boot_s
+        # the nice value the vCPU threads had over the runs (the setting's, where it was given)
+        vm_facts["vcpu_nice"] = self.vm.setting.nice if self.vm and self.reniced else 0
         captured = set()
         for i, (exp, run) in enumerate(todo):
             path = Path(run.dir)

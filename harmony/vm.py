@@ -90,6 +90,8 @@ class QemuSetting:
            :meth:`resolved`) | multi (a thread per vCPU) | single (one thread for all, in turn) |
            icount (single, with ``-icount shift=auto``: a virtual clock driven by the
            instructions executed)
+    nice   the vCPU threads' nice value on the host once the guest has booted (default 0; -20
+           lets the host's other work take the least from them)
     pin    off (default) | on (each vCPU thread on its own host CPU) | a host CPU list
 
     Why ``auto`` chooses so: bench/README.md "which QEMU set-up" (bench/fidelity.py). With more
@@ -102,6 +104,7 @@ class QemuSetting:
 
     accel: str = "auto"
     tcg: str = "auto"
+    nice: int = 0
     pin: str = "off"
 
     CHOICES = {"accel": ("auto", "kvm", "tcg"), "tcg": ("auto", "multi", "single", "icount")}
@@ -118,9 +121,14 @@ class QemuSetting:
         for item in filter(None, (i.strip() for i in text.split(","))):
             key, sep, value = item.partition("=")
             key, value = key.strip(), value.strip()
-            if not sep or key not in ("accel", "tcg"):
-                raise ParameterError(f"--vm-qemu: expected accel=, tcg= or pin= items separated "
-                                     f"by commas, not {item!r}")
+            if not sep or key not in ("accel", "tcg", "nice"):
+                raise ParameterError(f"--vm-qemu: expected accel=, tcg=, nice= or pin= items "
+                                     f"separated by commas, not {item!r}")
+            if key == "nice":
+                if not re.fullmatch(r"[+-]?\d{1,2}", value) or not -20 <= int(value) <= 19:
+                    raise ParameterError(f"--vm-qemu nice={value}: a nice value, -20..19")
+                values["nice"] = int(value)
+                continue
             if value not in cls.CHOICES[key]:
                 raise ParameterError(f"--vm-qemu {key}={value}: choose "
                                      f"{'|'.join(cls.CHOICES[key])}")
@@ -134,7 +142,7 @@ class QemuSetting:
         return cls(**values)
 
     def text(self) -> str:
-        return f"accel={self.accel},tcg={self.tcg},pin={self.pin}"
+        return f"accel={self.accel},tcg={self.tcg},nice={self.nice},pin={self.pin}"
 
     def resolved(self, vcpus: int, host_cpus: int) -> tuple["QemuSetting", str | None]:
         """This setting with ``tcg=auto`` decided for ``vcpus`` vCPUs on a host of ``host_cpus``
@@ -332,6 +340,19 @@ def vcpu_threads(qemu_pid: int, vcpus: int = 0) -> dict[int, int]:
         elif comm == ALL_VCPUS_COMM:
             out.update(dict.fromkeys(range(vcpus), int(tid)))
     return out
+
+
+def renice_threads(threads: dict[int, int], nice: int) -> list[int]:
+    """Give the vCPU threads (:func:`vcpu_threads`) the nice value ``nice``; the thread ids
+    changed (a thread gone, or a value refused, is left as it was)."""
+    done = []
+    for tid in sorted(set(threads.values())):
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+            done.append(tid)
+        except OSError:
+            continue
+    return done
 
 
 def vcpu_times(qemu_pid: int, threads: dict[int, int]) -> dict[int, tuple[int, int]]:

@@ -181,6 +181,27 @@ def test_bad_qemu_settings_are_one_line_errors():
             vm.QemuSetting.parse(text)
 
 
+def test_the_vcpu_threads_nice_value_is_part_of_the_setting():
+    s = vm.QemuSetting.parse("tcg=single,nice=-20,pin=0,1")
+    assert (s.tcg, s.nice, s.pin) == ("single", -20, "0,1")
+    assert s.text() == "accel=auto,tcg=single,nice=-20,pin=0,1"
+    assert vm.QemuSetting.parse(s.text()) == s
+    for bad in ("nice=-21", "nice=20", "nice=x", "nice=1.5"):
+        with pytest.raises(ParameterError, match=r"nice=.*: a nice value, -20\.\.19"):
+            vm.QemuSetting.parse(bad)
+
+
+def test_renice_gives_each_thread_the_value_once():
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        assert vm.renice_threads({0: child.pid, 1: child.pid}, 5) == [child.pid]
+        assert os.getpriority(os.PRIO_PROCESS, child.pid) == 5
+        assert vm.renice_threads({0: 2 ** 22 + 7}, 5) == []            # gone: left out
+    finally:
+        child.kill()
+        child.wait()
+
+
 def test_tcg_auto_is_multi_only_with_a_host_cpu_for_each_vcpu_thread():
     auto = vm.QemuSetting.parse("pin=on")
     assert auto.tcg == "auto"
