@@ -425,7 +425,8 @@ class VmRunner:
             self.system = {k: v for k, v in ev.get("facts", {}).items()}
             self.boot_s = self.vm.boot_s
             if self.vm.setting.nice and self.vm.qemu_pid:
-                self.reniced = renice_threads(vcpu_threads(self.vm.qemu_pid, self.vcpus),
+                self.reniced = renice_threads(self.vm.qemu_pid,
+                                              vcpu_threads(self.vm.qemu_pid, self.vcpus),
                                               self.vm.setting.nice)
             self.say(f"booted {self.system.get('kernel')} ({self.system.get('scheduler')}, "
                      f"{self.system.get('ncpus')} CPUs) in {self.boot_s:.1f} s; "

@@ -342,9 +342,14 @@ def vcpu_threads(qemu_pid: int, vcpus: int = 0) -> dict[int, int]:
     return out
 
 
-def renice_threads(threads: dict[int, int], nice: int) -> list[int]:
-    """Give the vCPU threads (:func:`vcpu_threads`) the nice value ``nice``; the thread ids
-    changed (a thread gone, or a value refused, is left as it was)."""
+def renice_threads(qemu_pid: int, threads: dict[int, int], nice: int) -> list[int]:
+    """Give the vCPU threads (:func:`vcpu_threads`) of QEMU ``qemu_pid`` the nice value ``nice``;
+    the thread ids changed (a thread gone, or a value refused, is left as it was).
+
+    Where the host groups tasks by session (``kernel.sched_autogroup_enabled``), a thread's nice
+    value weighs only against its own session's: QEMU runs in a session of its own
+    (:class:`VirtualMachine`), whose autogroup gets the value too, so that it weighs against
+    every other session's work (``/proc/PID/autogroup``)."""
     done = []
     for tid in sorted(set(threads.values())):
         try:
@@ -352,6 +357,11 @@ def renice_threads(threads: dict[int, int], nice: int) -> list[int]:
             done.append(tid)
         except OSError:
             continue
+    try:
+        if Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+            Path(f"/proc/{qemu_pid}/autogroup").write_text(f"{nice}\n")
+    except OSError:
+        pass
     return done
 
 

@@ -192,11 +192,15 @@ def test_the_vcpu_threads_nice_value_is_part_of_the_setting():
 
 
 def test_renice_gives_each_thread_the_value_once():
-    child = subprocess.Popen(["sleep", "30"])
+    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
-        assert vm.renice_threads({0: child.pid, 1: child.pid}, 5) == [child.pid]
+        assert vm.renice_threads(child.pid, {0: child.pid, 1: child.pid}, 5) == [child.pid]
         assert os.getpriority(os.PRIO_PROCESS, child.pid) == 5
-        assert vm.renice_threads({0: 2 ** 22 + 7}, 5) == []            # gone: left out
+        group = Path(f"/proc/{child.pid}/autogroup")
+        auto = Path("/proc/sys/kernel/sched_autogroup_enabled")
+        if auto.exists() and auto.read_text().strip() == "1":
+            assert group.read_text().split()[-1] == "5"                 # its session's weight
+        assert vm.renice_threads(child.pid, {0: 2 ** 22 + 7}, 5) == []  # gone: left out
     finally:
         child.kill()
         child.wait()
