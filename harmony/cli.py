@@ -227,9 +227,10 @@ def vm_options(f):
     """--kernel, --vm-cpus, --vm-memory, --vm-qemu: a kernel under test in a virtual machine."""
     f = click.option("--vm-qemu", metavar="SETTING",
                      help="QEMU set-up: accel=auto|kvm|tcg, tcg=auto|multi|single|icount, "
-                          "pin=off|on|CPUS (comma-separated; default from HARMONY_VM_QEMU, else "
-                          "accel=auto,tcg=auto,pin=off: tcg=auto is multi where the host has "
-                          "more CPUs than the VM has vCPUs, else single)")(f)
+                          "nice=-20..19 (the vCPU threads'), pin=off|on|CPUS (comma-separated; "
+                          "default from HARMONY_VM_QEMU, else accel=auto,tcg=auto,nice=-20,pin=off:"
+                          " tcg=auto is multi where the host has more CPUs than the VM has "
+                          "vCPUs, else single)")(f)
     f = click.option("--vm-memory", metavar="SIZE", default="2G", show_default=True,
                      help="the VM's memory (e.g. 2G, 1536M)")(f)
     f = click.option("--vm-cpus", type=click.IntRange(min=1, max=64), default=4,

@@ -90,8 +90,8 @@ class QemuSetting:
            :meth:`resolved`) | multi (a thread per vCPU) | single (one thread for all, in turn) |
            icount (single, with ``-icount shift=auto``: a virtual clock driven by the
            instructions executed)
-    nice   the vCPU threads' nice value on the host once the guest has booted (default 0; -20
-           lets the host's other work take the least from them)
+    nice   the vCPU threads' (and QEMU's session's) nice value on the host once the guest has
+           booted: -20 (default) lets the host's other work take the least from them
     pin    off (default) | on (each vCPU thread on its own host CPU) | a host CPU list
 
     Why ``auto`` chooses so: bench/README.md "which QEMU set-up" (bench/fidelity.py). With more
@@ -100,11 +100,13 @@ class QemuSetting:
     the balancing rounds on the guest's ticks (0.2 ms off, against 0.8); with a host CPU to
     spare for each vCPU thread, a thread per vCPU runs them in parallel, as a machine does.
     icount is kept for study only: a 50 % duty task's share came out 27-30 points off.
+    Why ``nice=-20``: under two busy host processes of other sessions, one thread for 4 vCPUs
+    waited 53-54 % of every run at nice 0 and 1 % at -20 (bench/README.md, the same study).
     """
 
     accel: str = "auto"
     tcg: str = "auto"
-    nice: int = 0
+    nice: int = -20
     pin: str = "off"
 
     CHOICES = {"accel": ("auto", "kvm", "tcg"), "tcg": ("auto", "multi", "single", "icount")}
