@@ -26,15 +26,36 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     return Path(path)
 
 
+def migration_counts(migrations: pd.DataFrame, edges: np.ndarray) -> dict[str, np.ndarray]:
+    """Migrations of each kind present (balance, then wakeup) per bin of ``edges`` (s since t0;
+    as ``np.histogram``: the last bin holds its right edge, times outside the edges are left out)."""
+    t, kind = migrations["t"].to_numpy(), migrations["kind"].to_numpy()
+    return {k: np.histogram(t[kind == k], bins=edges)[0] for k in MIGRATION_KINDS
+            if len(migrations) and (kind == k).any()}
+
+
+#: the kinds of migration, bottom to top of the stack, and their colours
+MIGRATION_KINDS = {"balance": "#c0392b", "wakeup": "#7f8c8d"}
+
+
 def plot_migrations(migrations: pd.DataFrame, duration_s: float, bin_s: float, path: Path,
                     title: str = "Migrations over time") -> Path:
-    """Migrations of experiment tasks per time bin, stacked by kind (balance / wakeup)."""
+    """Migrations of experiment tasks per time bin, stacked by kind (balance / wakeup).
+
+    Counted per bin first (:func:`migration_counts`) and drawn as one filled outline per kind,
+    whatever the number of bins or migrations (a bar per bin took 18 s for 9000 bins)."""
     fig, ax = plt.subplots(figsize=(9, 3.6))
     edges = np.arange(0.0, duration_s + bin_s, bin_s)
-    kinds = [k for k in ("balance", "wakeup") if (migrations["kind"] == k).any()] if len(migrations) else []
-    if kinds:
-        sns.histplot(data=migrations, x="t", hue="kind", hue_order=kinds, bins=edges, multiple="stack",
-                     ax=ax, edgecolor="none", palette={"balance": "#c0392b", "wakeup": "#7f8c8d"})
+    counts = migration_counts(migrations, edges)
+    if counts:
+        below = np.zeros(len(edges) - 1, np.int64)
+        handles = []
+        for kind, n in counts.items():
+            handles.append(ax.stairs(below + n, edges, baseline=below, fill=True, lw=0,
+                                     color=MIGRATION_KINDS[kind], alpha=0.75, label=kind))
+            below = below + n
+        ax.set_ylim(0, max(1, int(below.max())) * 1.05)
+        ax.legend(handles=handles, title="kind", loc="upper right", fontsize=8)
     else:
         ax.text(0.5, 0.5, "no migrations", transform=ax.transAxes, ha="center", va="center")
     ax.set_xlim(0, duration_s)
