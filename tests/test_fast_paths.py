@@ -1,0 +1,109 @@
+"""Faster versions of per-event checks give what the versions they replaced gave.
+
+Each ``_reference_*`` below is the replaced code as it was (issue 26: whole imports of millions of
+events), kept here as the definition the fast path must match, on random event streams with
+blind contexts, unknown CPUs and pids the tasks do not hold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
+from harmony.probes.schema import make_events
+
+EVENTS = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new", "sched_migrate_task",
+          "sched_process_exit")
+
+
+def random_events(seed: int, n: int = 4000, pids: int = 12, cpus: int = 4) -> pd.DataFrame:
+    """A canonical events table of ``n`` random sched events in time order; some contexts (a pid,
+    or one CPU's swapper) are left without any record of their own, as a blind probe leaves them."""
+    rng = np.random.default_rng(seed)
+    ev = rng.choice(EVENTS, n, p=[0.5, 0.15, 0.15, 0.03, 0.12, 0.05])
+    cpu = rng.integers(0, cpus, n)
+    pid = rng.integers(0, pids, n)
+    prev = np.where(ev == "sched_switch", rng.integers(0, pids, n), -1)
+    common = np.where(ev == "sched_switch", prev, rng.integers(0, pids, n))
+    tgt = np.where(np.isin(ev, ["sched_wakeup", "sched_wakeup_new", "sched_migrate_task",
+                                "sched_waking"]), rng.integers(-1, cpus, n), -1)
+    orig = np.where(ev == "sched_migrate_task", rng.integers(-1, cpus, n), -1)
+    blind = (common == seed % pids) | ((common == 0) & (cpu == seed % cpus))
+    keep = ~blind
+    cols = {"ts": np.arange(n, dtype=np.int64)[keep] * 1000, "cpu": cpu[keep], "event": ev[keep],
+            "common_pid": common[keep], "pid": pid[keep], "prev_pid": prev[keep],
+            "orig_cpu": orig[keep], "target_cpu": tgt[keep]}
+    m = int(keep.sum())
+    cols.update(comm=[f"t{p}" if p else "swapper" for p in cols["pid"]],
+                prev_comm=[f"t{p}" if p > 0 else "" for p in cols["prev_pid"]],
+                prio=[120] * m, prev_prio=[-1] * m, prev_state=[0] * m)
+    return make_events(cols)
+
+
+def _reference_silent_contexts(events):
+    is_sw = (events["event"] == "sched_switch").to_numpy()
+    if not is_sw.any():
+        return []
+    cpu = events["cpu"].to_numpy().astype(np.int64)
+    cp = events["common_pid"].to_numpy().astype(np.int64)
+    key_of = lambda pid, c: pid * 4096 + np.where(pid == 0, c, 4095)  # noqa: E731
+    idx = np.flatnonzero(is_sw)
+    nxt = events["pid"].to_numpy()[idx].astype(np.int64)
+    scpu = cpu[idx]
+    order = np.argsort(scpu, kind="stable")
+    done = np.zeros(len(idx), bool)
+    done[order[:-1]] = scpu[order[:-1]] == scpu[order[1:]]
+    keys, first, runs = np.unique(key_of(nxt, scpu)[done], return_index=True, return_counts=True)
+    dark = ~np.isin(keys, np.unique(key_of(cp, cpu)))
+    comm = events["comm"].to_numpy()[idx][done]
+    out = [{"pid": int(k // 4096), "cpu": int(k % 4096) if k // 4096 == 0 else -1,
+            "comm": str(comm[f]), "runs": int(r), "records": 0}
+           for k, f, r in zip(keys[dark], first[dark], runs[dark])]
+    return sorted(out, key=lambda d: -d["runs"])
+
+
+def _reference_unrecorded_migrations(events, pids=None, examples=5):
+    ev = events["event"]
+    sw = (ev == "sched_switch").to_numpy()
+    wk = ev.isin(("sched_waking", "sched_wakeup", "sched_wakeup_new")).to_numpy()
+    mg = (ev == "sched_migrate_task").to_numpy()
+    cpu = events["cpu"].to_numpy().astype(np.int64)
+    tgt = events["target_cpu"].to_numpy().astype(np.int64)
+    ts = events["ts"].to_numpy()
+    seq, pid, before, after = [], [], [], []
+    for sel, pid_col, b_cpu, a_cpu in (
+            (sw, "pid", cpu, cpu), (sw, "prev_pid", cpu, cpu), (wk, "pid", tgt, tgt),
+            (mg, "pid", events["orig_cpu"].to_numpy().astype(np.int64), tgt)):
+        i = np.flatnonzero(sel)
+        seq.append(i)
+        pid.append(events[pid_col].to_numpy()[i].astype(np.int64))
+        before.append(b_cpu[i])
+        after.append(a_cpu[i])
+    seq, pid, before, after = (np.concatenate(x) for x in (seq, pid, before, after))
+    keep = (pid > 0) & (before >= 0)
+    if pids is not None:
+        keep &= np.isin(pid, np.asarray(list(pids), np.int64))
+    seq, pid, before, after = seq[keep], pid[keep], before[keep], after[keep]
+    order = np.lexsort((seq, pid))
+    seq, pid, before, after = seq[order], pid[order], before[order], after[order]
+    same_task = np.r_[False, pid[1:] == pid[:-1]]
+    last = np.r_[-1, after[:-1]]
+    moved = same_task & (before != last)
+    hit = np.flatnonzero(moved)
+    return {"n": int(len(hit)), "pids": [int(x) for x in np.unique(pid[hit])],
+            "examples": [{"pid": int(pid[k]), "ts": int(ts[seq[k]]), "from_cpu": int(last[k]),
+                          "to_cpu": int(before[k])} for k in hit[:examples]]}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_blind_spot_checks_match_the_code_they_replaced(seed):
+    events = random_events(seed)
+    silent = silent_contexts(events)
+    assert silent == _reference_silent_contexts(events)
+    assert silent          # the stream has its blind context
+    for pids in (None, [1, 2, 3], [5, 1 << 25]):
+        assert unrecorded_migrations(events, pids) == _reference_unrecorded_migrations(events, pids)
+    assert unrecorded_migrations(events)["n"] > 0
+    assert silent_contexts(events.iloc[:0]) == []
