@@ -207,9 +207,12 @@ def _incomplete(run_dir: Path, manifest: dict, why: str) -> None:
 
 def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window,
                     origin: Origin, figures: bool = True, progress=None,
-                    laps: Laps | None = None) -> store.Run:
+                    laps: Laps | None = None, before_complete=None) -> store.Run:
     """Tables, checks, metrics, figures and report of one capture, into the run directory ``out``
     (which holds ``manifest``; the tasks table is written unless it is there already).
+    ``before_complete``, if given, is called before the manifest is first written complete (the
+    importer waits there for its copy of the trace, made meanwhile); what it raises stops the
+    analysis as an error of the analysis would.
 
     ``progress``, if given, is called with a short line as each long step starts. An error leaves a
     capture of Harmony's own as it was on disk (status "captured": it can be analysed again) and
@@ -249,6 +252,9 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         store.write_json(out / "summary.json", summary)
         run.preload_summary(json.loads(json.dumps(summary, default=store.json_default)))
         laps("metrics")
+        if before_complete is not None:
+            before_complete()
+            laps("waiting")
         manifest.setdefault("timings_s", {})["analysis"] = laps.steps
         manifest["figures"], manifest["figures_deferred"] = [], not figures
         if figures:
