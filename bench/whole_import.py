@@ -64,11 +64,11 @@ def make_traces(base: Path, sizes: list[int], where: Path) -> dict[int, Path]:
     return out
 
 
-def timed(cmd: list[str], stdout=subprocess.DEVNULL, env=None) -> dict:
-    """Run ``cmd`` under /usr/bin/time -v: wall s, peak RSS bytes, user and sys s."""
+def timed(cmd: list[str], stdout=subprocess.DEVNULL, env=None, cwd=None) -> dict:
+    """Run ``cmd`` under /usr/bin/time -v (in ``cwd``): wall s, peak RSS bytes, user and sys s."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as rep:
         r = subprocess.run([TIME, "-v", "-o", rep.name, *cmd], stdout=stdout,
-                           stderr=subprocess.PIPE, text=True, env=env)
+                           stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
         text = rep.read()
     if r.returncode:
         sys.exit(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[-300:]}")
