@@ -107,3 +107,21 @@ def test_blind_spot_checks_match_the_code_they_replaced(seed):
         assert unrecorded_migrations(events, pids) == _reference_unrecorded_migrations(events, pids)
     assert unrecorded_migrations(events)["n"] > 0
     assert silent_contexts(events.iloc[:0]) == []
+
+
+def test_a_tracedat_decodes_the_same_mapped_or_read(tmp_path, monkeypatch):
+    """A trace.dat's uncompressed pages are mapped from the file, not copied; where they cannot
+    be (unaligned parts, no libc mmap), they are read, with the same result."""
+    from harmony.probes import ringbuf_pages
+    from harmony.probes.tracedat_read import decode_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
+    from test_ringbuf import known_capture, write_dir
+
+    pages, _, _ = known_capture()
+    dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "t.dat")
+    mapped, _ = decode_tracedat(dat)
+    monkeypatch.setattr(ringbuf_pages, "map_files", lambda *a, **k: None)
+    read, _ = decode_tracedat(dat)
+    pd.testing.assert_frame_equal(mapped.events, read.events)
+    pd.testing.assert_frame_equal(mapped.markers, read.markers)
+    assert mapped.meta == read.meta and len(mapped.events) > 0
