@@ -648,13 +648,22 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     sample = td.formats_for(list(td.format_texts)[:1])
     common_type = (next(iter(sample.values())).field("common_type") if sample
                    else Field("common_type", "unsigned short", 0, 2, False))
-    rec = walk_pages(src, hp)
-    ok = rec.length >= common_type.offset + common_type.size
-    used = np.unique(read_field(src, rec.pos[ok], common_type)) if ok.any() else []
+    # one walk for both passes: the type ids of the records (the compiled walk reads them as it
+    # goes, through an identity look-up: type id -> itself), then their decoding
+    identity = (np.arange(1 << (8 * common_type.size), dtype=np.int32)
+                if common_type.size <= 2 else None)
+    rec = walk_pages(src, hp, common_type, identity)
+    if rec.code is not None:
+        used = np.flatnonzero(np.bincount(rec.code[rec.code >= 0], minlength=1))
+    else:
+        ok = rec.length >= common_type.offset + common_type.size
+        used = np.unique(read_field(src, rec.pos[ok], common_type)) if ok.any() else []
     print_ids = [i for i, (sys_, t) in td.format_texts.items()
                  if sys_ == "ftrace" and re.search(r"^name:\s*print\s*$", t, re.M)]
-    formats = td.formats_for(list(used) + print_ids)
-    dec = decode_source(src, formats, hp)
+    formats = td.formats_for([int(i) for i in used] + print_ids)
+    ctype = next((f.field("common_type") for f in formats.values()), None)
+    same = ctype is not None and (ctype.offset, ctype.size) == (common_type.offset, common_type.size)
+    dec = decode_source(src, formats, hp, walked=rec if same else None)
 
     notes = list(dec.notes)
     stats = td.cpustats.get(buf.name, {})
