@@ -16,7 +16,7 @@ import fnmatch
 import os
 import shutil
 import tempfile
-import threading
+from concurrent import futures
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,7 @@ from harmony.analysis.arrays import event_mask, in_set
 from harmony.analysis.waking import wakeups_from_waking
 from harmony.errors import ImportFailed  # noqa: F401  (raised here)
 from harmony.experiments import get_experiment
+from harmony.jit import in_background
 from harmony.osutil import format_cpulist
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.encode import write_recording
@@ -450,35 +451,13 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     store.write_json(out / "manifest.json", manifest)
     # the copy of the trace kept with the run (sendfile: kernel time, ~1.4 s for 540 MB here) is
     # made while the tables are built, and waited for before the run is written complete
-    copying = _in_thread(_copy_atomically, path, out / RAW_DIR / path.name)
+    copying = in_background(_copy_atomically, path, out / RAW_DIR / path.name)
     try:
         return pipeline.analyse_capture(out, manifest, cap, tasks, pipeline.Window(t0, t_end),
                                         pipeline.Origin("imported", notes=notes), progress=step,
                                         before_complete=copying.result)
     finally:
-        copying.result(swallow=True)    # never leave the copy running behind an error
-
-
-class _in_thread(threading.Thread):
-    """fn(*args) on a thread of its own, started at once; ``result()`` waits for it and raises
-    what it raised (``swallow``: only waits)."""
-
-    def __init__(self, fn, *args):
-        super().__init__(name="harmony-import-copy", daemon=True)
-        self._call, self._error = (fn, args), None
-        self.start()
-
-    def run(self):
-        fn, args = self._call
-        try:
-            fn(*args)
-        except BaseException as exc:      # handed to the caller by result()
-            self._error = exc
-
-    def result(self, swallow: bool = False) -> None:
-        self.join()
-        if self._error is not None and not swallow:
-            raise self._error
+        futures.wait([copying])     # never leave the copy running behind an error
 
 
 def _copy_atomically(src: Path, dest: Path) -> None:

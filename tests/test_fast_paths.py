@@ -125,3 +125,35 @@ def test_a_tracedat_decodes_the_same_mapped_or_read(tmp_path, monkeypatch):
     pd.testing.assert_frame_equal(mapped.events, read.events)
     pd.testing.assert_frame_equal(mapped.markers, read.markers)
     assert mapped.meta == read.meta and len(mapped.events) > 0
+
+
+def test_a_table_written_in_row_groups_reads_back_the_same(tmp_path, monkeypatch):
+    from harmony import store
+    events = random_events(3, n=5000)
+    events.attrs["note"] = "kept"
+    monkeypatch.setattr(store, "WRITE_CHUNK_ROWS", 700)
+    store.write_table(tmp_path, "events", events)
+    back = store.read_table(tmp_path / "events.parquet")
+    pd.testing.assert_frame_equal(back, events)
+    assert back.attrs == {"note": "kept"}
+    import pyarrow.parquet as pq
+    assert pq.ParquetFile(tmp_path / "events.parquet").num_row_groups == -(-len(events) // 700)
+
+
+def test_events_written_beside_the_checks_are_the_runs(tmp_path, monkeypatch):
+    """A large events table is written on another thread while the checks run; the run is
+    complete only once it is, and holds what was decoded."""
+    from harmony import pipeline
+    from harmony.importer import import_trace
+    from harmony.probes.tracedat_read import decode_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
+    from test_ringbuf import known_capture, write_dir
+
+    pages, _, _ = known_capture()
+    dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "t.dat")
+    monkeypatch.setattr(pipeline, "BACKGROUND_WRITE_ROWS", 1)
+    run = import_trace(dat, tmp_path / "run", pids=[11, 12])
+    assert run.manifest["status"] == "complete"
+    assert "waiting" in run.manifest["timings_s"]["analysis"]
+    back = pd.read_parquet(tmp_path / "run" / "events.parquet")
+    assert len(back) == len(decode_tracedat(dat)[0].events) > 0
