@@ -157,3 +157,26 @@ def test_events_written_beside_the_checks_are_the_runs(tmp_path, monkeypatch):
     assert "waiting" in run.manifest["timings_s"]["analysis"]
     back = pd.read_parquet(tmp_path / "run" / "events.parquet")
     assert len(back) == len(decode_tracedat(dat)[0].events) > 0
+
+
+def _reference_top(codes, names, first, foreign, dur):
+    all_names = np.concatenate([np.asarray([first], dtype=object), names[codes]])[foreign]
+    comms, which = np.unique(all_names, return_inverse=True)
+    by_comm = np.bincount(which, weights=dur[foreign], minlength=len(comms))
+    return str(comms[int(np.argmax(by_comm))]) if by_comm.max() > 0 else ""
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_foreign_loads_top_comm_matches_the_code_it_replaced(seed):
+    from harmony.analysis.foreign import _top_comm
+    rng = np.random.default_rng(seed)
+    names = np.append(np.asarray(["find", "kworker/0:1", "python", "zsh", "a"], dtype=object), "nan")
+    n = int(rng.integers(1, 200))
+    codes = rng.integers(-1, len(names) - 1, n)             # -1: a missing comm ("nan")
+    first = str(rng.choice(["python", "sshd", "nan", "a"]))
+    foreign = rng.random(n + 1) < 0.6
+    foreign[rng.integers(0, n + 1)] = True
+    # durations in whole milliseconds, some zero: ties between comms happen
+    dur = rng.integers(0, 4, n + 1).astype(np.float64) / 1000
+    assert _top_comm(codes, names, first, foreign, dur) == _reference_top(codes, names, first,
+                                                                          foreign, dur)
