@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from harmony.analysis.arrays import event_mask, in_set
 from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
 from harmony.probes.schema import make_events
 
@@ -38,7 +39,8 @@ def random_events(seed: int, n: int = 4000, pids: int = 12, cpus: int = 4) -> pd
     m = int(keep.sum())
     cols.update(comm=[f"t{p}" if p else "swapper" for p in cols["pid"]],
                 prev_comm=[f"t{p}" if p > 0 else "" for p in cols["prev_pid"]],
-                prio=[120] * m, prev_prio=[-1] * m, prev_state=[0] * m)
+                prio=rng.integers(98, 124, m), prev_prio=rng.integers(-1, 122, m),
+                prev_state=[0] * m)
     return make_events(cols)
 
 
@@ -180,3 +182,100 @@ def test_foreign_loads_top_comm_matches_the_code_it_replaced(seed):
     dur = rng.integers(0, 4, n + 1).astype(np.float64) / 1000
     assert _top_comm(codes, names, first, foreign, dur) == _reference_top(codes, names, first,
                                                                           foreign, dur)
+
+
+
+# --- the importer's per-task look-ups (harmony.importer), as they were ------------------------
+
+def _reference_pid_comms(events: pd.DataFrame, cmdlines: dict[int, str]) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for pid_col, comm_col in (("pid", "comm"), ("prev_pid", "prev_comm")):
+        pairs = events[[pid_col, comm_col]].drop_duplicates()
+        for pid, comm in zip(pairs[pid_col].to_numpy(), pairs[comm_col].astype(str)):
+            if pid > 0 and comm:
+                out.setdefault(int(pid), set()).add(comm)
+    for pid, comm in cmdlines.items():
+        if pid > 0:
+            out.setdefault(int(pid), set()).add(comm)
+    return out
+
+
+def _reference_by_pid(pid: np.ndarray, *cols: np.ndarray) -> tuple[np.ndarray, ...]:
+    order = np.argsort(pid, kind="stable")
+    return (pid[order], *(c[order] for c in cols))
+
+
+def _reference_where_at(events: pd.DataFrame, pids: list[int], t0: int) -> dict[int, int]:
+    pid, prev = events["pid"].to_numpy(), events["prev_pid"].to_numpy()
+    want = np.asarray(sorted(pids), np.int64)
+    sw = event_mask(events, "sched_switch")
+    moved = event_mask(events, "sched_migrate_task", "sched_wakeup", "sched_wakeup_new")
+    cpu, target = events["cpu"].to_numpy(), events["target_cpu"].to_numpy()
+    rows, who, where = [], [], []
+    for mask, p, c in ((sw, pid, cpu), (sw, prev, cpu), (moved, pid, target)):
+        r = np.flatnonzero(mask & in_set(p, want))
+        rows.append(r), who.append(p[r].astype(np.int64)), where.append(c[r].astype(np.int64))
+    rows, who, where = (np.concatenate(x) for x in (rows, who, where))
+    known = where >= 0
+    rows, who, where = rows[known], who[known], where[known]
+    in_time = np.argsort(rows, kind="stable")          # rows are in time order
+    who, rows, where = _reference_by_pid(who[in_time], rows[in_time], where[in_time])
+    ts = events["ts"].to_numpy()
+    out = {}
+    for p in pids:
+        a, b = np.searchsorted(who, p, "left"), np.searchsorted(who, p, "right")
+        k = int(np.searchsorted(ts[rows[a:b]], t0, "right"))
+        out[p] = int(where[a + k - 1]) if k else int(where[a]) if b > a else -1
+    return out
+
+
+def _reference_nice(events: pd.DataFrame, pids: list[int]) -> dict[int, tuple[int, int | None]]:
+    want = np.asarray(sorted(pids), np.int64)
+    who, prio = [], []
+    for pc, qc in (("pid", "prio"), ("prev_pid", "prev_prio")):
+        p, q = events[pc].to_numpy(), events[qc].to_numpy()
+        keep = in_set(p, want) & (q >= 0)
+        who.append(p[keep].astype(np.int64)), prio.append(q[keep].astype(np.int64))
+    key, count = np.unique((np.concatenate(who) << 32) | np.concatenate(prio),
+                           return_counts=True)
+    k_pid, k_prio = key >> 32, key & 0xFFFFFFFF
+    first = np.lexsort((k_prio, -count, k_pid))       # per pid: most frequent, then lowest
+    k_pid, k_prio = k_pid[first], k_prio[first]
+    heads = np.flatnonzero(np.diff(k_pid, prepend=-1))               # each pid's first
+    out = {p: (0, None) for p in pids}
+    for p, q in zip(k_pid[heads].tolist(), k_prio[heads].tolist()):
+        out[p] = ((q - 120 if 100 <= q <= 139 else 0), q)
+    return out
+
+
+def _reference_last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, str]:
+    want = np.asarray(sorted(pids), np.int64)
+    ts = events["ts"].to_numpy()
+    best: dict[int, tuple] = {}
+    for src, (pc, cc) in enumerate((("pid", "comm"), ("prev_pid", "prev_comm"))):
+        p = events[pc].to_numpy()
+        rows = np.flatnonzero(in_set(p, want) & (events[cc] != "").to_numpy())
+        who, rows = _reference_by_pid(p[rows].astype(np.int64), rows)
+        for r in rows[np.r_[np.flatnonzero(np.diff(who)), len(who) - 1]] if len(who) else []:
+            key = (int(ts[r]), src, int(r))          # the latest; at a tie, a prev_comm
+            if int(p[r]) not in best or key >= best[int(p[r])][0]:
+                best[int(p[r])] = (key, cc)
+    return {pid: str(events[cc].iat[key[2]]) for pid, (key, cc) in best.items()}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_importers_task_look_ups_match_the_code_they_replaced(seed):
+    from harmony import importer
+    events = random_events(seed, n=3000, pids=40)
+    rng = np.random.default_rng(seed)
+    cmdlines = {3: "cmd3", 0: "idle", 77: "x"}
+    assert importer._pid_comms(events, cmdlines) == _reference_pid_comms(events, cmdlines)
+    plain = events.astype({"comm": str, "prev_comm": object})       # not categorical
+    assert importer._pid_comms(plain, cmdlines) == _reference_pid_comms(events, cmdlines)
+    for pids in ([1, 2, 3], sorted(rng.choice(np.arange(1, 45), 15, replace=False).tolist()), [99]):
+        t0 = int(events["ts"].iloc[int(rng.integers(0, len(events)))])
+        assert importer._where_at(events, pids, t0) == _reference_where_at(events, pids, t0)
+        assert importer._nice(events, pids) == _reference_nice(events, pids)
+        assert importer._last_comms(events, pids) == _reference_last_comms(events, pids)
+    odd = events.assign(prio=np.where(np.arange(len(events)) % 7 == 0, 1 << 20, events["prio"]))
+    assert importer._nice(odd, [1, 2, 3]) == _reference_nice(odd, [1, 2, 3])
