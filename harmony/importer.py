@@ -33,7 +33,7 @@ from harmony.osutil import format_cpulist
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.encode import write_recording
 from harmony.probes.schema import SCHED_EVENTS, make_markers
-from harmony.probes.tracedat_read import MAGIC, decode_tracedat
+from harmony.probes.tracedat_read import MAGIC, choose_buffer, decode_tracedat, read_tracedat
 from harmony.probes.tracedat_write import write_tracedat
 from harmony.tasks import TaskSpec, tasks_frame
 
@@ -100,6 +100,44 @@ def read_perf_data(path: Path) -> Capture:
         "notes": notes,
     }
     return Capture(events=events, markers=make_markers(), meta=meta)
+
+
+#: an import's peak resident memory per byte of a trace.dat's ring-buffer data, and beside it:
+#: 3.4 bytes measured at 10 M events of a ping-pong (54 bytes of records an event;
+#: bench/whole_import.py), with room for traces of smaller records (more events per byte)
+MEMORY_PER_DATA_BYTE = 4.5
+MEMORY_BASE = 400 << 20
+
+
+def memory_needed(path: Path, buffer: str | None = None) -> tuple[int, int] | None:
+    """(bytes of memory an import of ``path`` needs, at most; bytes of ring-buffer data it holds)
+    for an uncompressed trace.dat; None where that is not estimated (a compressed trace.dat, a
+    perf.data, a file that does not parse: reading it says why)."""
+    if sniff(path) != "trace.dat":
+        return None
+    try:
+        td = read_tracedat(path)
+        buf = choose_buffer(td, buffer)
+    except ProbeError:
+        return None
+    if buf.compressed:
+        return None
+    data = sum(size for _, size in buf.cpus.values())
+    return int(MEMORY_PER_DATA_BYTE * data) + MEMORY_BASE, data
+
+
+def check_memory(path: Path, buffer: str | None = None) -> None:
+    """ImportFailed, before anything is read, if importing ``path`` may need more memory than
+    this host has available (:func:`memory_needed`), with the estimate and what to do."""
+    est = memory_needed(path, buffer)
+    have = hostfacts.memory_available()
+    if est is None or est[0] <= have:
+        return
+    need, data = est
+    raise ImportFailed(f"{path}: importing it needs up to {need / 2**30:.1f} GiB of memory "
+                       f"({MEMORY_PER_DATA_BYTE:g}x its {data / 2**30:.1f} GiB of ring-buffer data), "
+                       f"this host has {have / 2**30:.1f} GiB available: import it where there is "
+                       "more, or a part of it (trace-cmd split), or give --no-memory-check to try")
 
 
 def read_trace(path: Path, buffer: str | None = None) -> tuple[Capture, str]:
@@ -363,9 +401,11 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                  t0_s: float | None = None, t0_marker: str | None = None,
                  end_s: float | None = None, end_marker: str | None = None,
                  experiment: str = "single-source", params: dict | None = None,
-                 buffer: str | None = None, progress=None) -> store.Run:
+                 buffer: str | None = None, progress=None,
+                 memory_check: bool = True) -> store.Run:
     """Analyse ``path`` into the run directory ``out``; returns the loaded, complete run.
     ``progress``: called with a short line as each long step starts (reading, tables, figures).
+    ``memory_check``: refuse a trace this host has not the memory for (:func:`check_memory`).
 
     Raises TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as
     asked) or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the
@@ -374,6 +414,8 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     path, out = Path(path), Path(out)
     exp = get_experiment(experiment)
     step = progress or (lambda what: None)
+    if memory_check:
+        check_memory(path, buffer)
     step(f"reading {path.name} ({path.stat().st_size / 1e6:,.0f} MB)")
     cap, kind = read_trace(path, buffer)
     events, markers, meta = cap.events, cap.markers, cap.meta
