@@ -228,6 +228,19 @@ def silent_contexts(events: pd.DataFrame) -> list[dict]:
     return sorted(out, key=lambda d: -d["runs"])
 
 
+def _by_task_in_time(pid: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """The order sorting placements by (pid, seq), each (pid, seq) once: a stable sort by seq
+    (a few sorted runs: merged, not sorted), then a stable sort by the pid's rank among the
+    distinct pids (a radix sort when there are fewer than 65536)."""
+    by_seq = np.argsort(seq, kind="stable")
+    codes, uniq = pd.factorize(pid[by_seq])
+    if len(uniq) >= 1 << 16:
+        return np.argsort((pid << 36) | seq)
+    rank = np.empty(len(uniq), np.uint16)
+    rank[np.argsort(uniq)] = np.arange(len(uniq), dtype=np.uint16)
+    return by_seq[np.argsort(rank[codes], kind="stable")]
+
+
 _PLACED = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new")
 
 
@@ -264,9 +277,7 @@ def unrecorded_migrations(events: pd.DataFrame, pids=None, examples: int = 5) ->
         before.append(b_cpu[i].astype(np.int64))
         after.append(a_cpu[i].astype(np.int64))
     seq, pid, before, after = (np.concatenate(x) for x in (seq, pid, before, after))
-    # each task's placements in time order: one sort of (pid, row), unique per placement (a row
-    # places a task once)
-    order = np.argsort((pid << 36) | seq)
+    order = _by_task_in_time(pid, seq)
     seq, pid, before, after = seq[order], pid[order], before[order], after[order]
     same_task = np.r_[False, pid[1:] == pid[:-1]]
     last = np.r_[-1, after[:-1]]
