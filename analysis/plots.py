@@ -34,26 +34,34 @@ def migration_counts(migrations: pd.DataFrame, edges: np.ndarray) -> dict[str, n
             if len(migrations) and (kind == k).any()}
 
 
+#: the most bins plot_migrations draws (more: each bin is widened, by a whole factor)
+MAX_MIGRATION_BINS = 450
+
 #: the kinds of migration, bottom to top of the stack, and their colours
 MIGRATION_KINDS = {"balance": "#c0392b", "wakeup": "#7f8c8d"}
 
 
 def plot_migrations(migrations: pd.DataFrame, duration_s: float, bin_s: float, path: Path,
                     title: str = "Migrations over time") -> Path:
-    """Migrations of experiment tasks per time bin, stacked by kind (balance / wakeup).
+    """Migrations of experiment tasks per time bin (``bin_s``, widened by a whole factor to at
+    most MAX_MIGRATION_BINS bins; the y label says the width), stacked by kind (balance / wakeup).
 
-    Counted per bin first (:func:`migration_counts`) and drawn as one filled outline per kind,
-    whatever the number of bins or migrations (a bar per bin took 18 s for 9000 bins)."""
+    Counted per bin first (:func:`migration_counts`) and drawn as one filled step polygon per
+    kind, whatever the number of bins or migrations (a bar per bin took 18 s for 9000 bins; a
+    step patch, ``ax.stairs``, 0.7 s to find its limits segment by segment)."""
     fig, ax = plt.subplots(figsize=(9, 3.6))
+    # a 9-inch panel shows ~900 pixels: bins narrower than two are widened to a multiple of bin_s
+    bin_s *= max(1, int(np.ceil(duration_s / bin_s / MAX_MIGRATION_BINS)))
     edges = np.arange(0.0, duration_s + bin_s, bin_s)
     counts = migration_counts(migrations, edges)
     if counts:
-        below = np.zeros(len(edges) - 1, np.int64)
+        below = np.zeros(len(edges), np.int64)      # per edge: the value of the bin it starts
         handles = []
         for kind, n in counts.items():
-            handles.append(ax.stairs(below + n, edges, baseline=below, fill=True, lw=0,
-                                     color=MIGRATION_KINDS[kind], alpha=0.75, label=kind))
-            below = below + n
+            top = below + np.append(n, n[-1:])
+            handles.append(ax.fill_between(edges, below, top, step="post", lw=0,
+                                           color=MIGRATION_KINDS[kind], alpha=0.75, label=kind))
+            below = top
         ax.set_ylim(0, max(1, int(below.max())) * 1.05)
         ax.legend(handles=handles, title="kind", loc="upper right", fontsize=8)
     else:
