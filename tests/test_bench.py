@@ -83,7 +83,7 @@ def test_whole_import_from_a_capture(tmp_path):
     assert ">= 5x faster than trace-cmd report (warm)" in r.stdout
     res = json.loads(out.read_text())["results"]
     assert [x["events"] for x in res] == [300, 1200]
-    assert all(x["peak_bytes"] > 0 and x["harmony_s"] > 0 and x["tracecmd_s"] > 0 for x in res)
+    assert all(x["peak_bytes"] > 0 and x["harmony_s"] > 0 and x["tracecmd_s"] >= 0 for x in res)
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["pingpong-1e03.dat",
                                                                      "pingpong-3e02.dat"]
 
