@@ -102,10 +102,12 @@ def read_perf_data(path: Path) -> Capture:
     return Capture(events=events, markers=make_markers(), meta=meta)
 
 
-#: an import's peak resident memory per byte of a trace.dat's ring-buffer data, and beside it:
-#: 3.4 bytes measured at 10 M events of a ping-pong (54 bytes of records an event;
-#: bench/whole_import.py), with room for traces of smaller records (more events per byte)
-MEMORY_PER_DATA_BYTE = 4.5
+#: an import's peak resident memory per byte of a trace.dat's ring-buffer data, and beside it
+#: (bench/whole_import.py, 2026-11-26): 6.1 bytes at 10 M events of a pipe ping-pong whose tasks
+#: are the experiment's (54 bytes of records an event; a run per switch), 5.4 at 50 M; 3.4 where
+#: the experiment's tasks are a fraction of the trace. With room for smaller records (more events
+#: per byte)
+MEMORY_PER_DATA_BYTE = 7.0
 MEMORY_BASE = 400 << 20
 
 
