@@ -35,4 +35,8 @@ mountpoint -q /sys/kernel/debug || mount -t debugfs nodev /sys/kernel/debug || \
 # Editable, so the tests in tests/ run against this checkout; the [test] extra adds pytest, the
 # [vm] extra virtme-ng (pinned).
 python3 -m pip install -q -e '.[test,vm]'
+# numba's kernels compiled now, into its cache beside their sources, so that the first command is
+# as fast as the next ones (bench/first_use.py); a user who cannot write there gets their own
+# cache (~/.cache/numba or NUMBA_CACHE_DIR) on their first large trace
+python3 -m harmony.precompile || echo "install.sh: precompiling failed: the first large trace compiles the kernels (~15 s)" >&2
 echo "installed: $(command -v harmony)"

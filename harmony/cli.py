@@ -533,8 +533,11 @@ def export(run_dir, fmt, out):
 @click.option("--quiet", "-q", is_flag=True, help="no progress line on a terminal")
 @click.option("--tasks", "list_tasks", is_flag=True,
               help="only list the trace's tasks (pid, run time, comm), to choose --pid/--comm from")
+@click.option("--no-memory-check", is_flag=True,
+              help="import even a trace this host may not have the memory for (refused otherwise, "
+                   "before it is read, with the estimate)")
 def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params, buffer, out,
-            quiet, list_tasks):
+            quiet, list_tasks, no_memory_check):
     """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*', perf sched
     record) from another host."""
     from harmony.analysis.report import summary_text
@@ -591,7 +594,8 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
             result = import_trace(trace_file, out, pids=pids, comms=comms, cpus=cpu_set,
                                   t0_s=t0_s, t0_marker=t0_marker, end_s=end_s,
                                   end_marker=end_marker, experiment=experiment, params=overrides,
-                                  buffer=buffer, progress=progress.phase)
+                                  buffer=buffer, progress=progress.phase,
+                                  memory_check=not no_memory_check)
         finally:
             progress.clear()        # before the summary, or the error, takes its place
     click.echo(summary_text(result))
