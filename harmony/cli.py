@@ -237,7 +237,8 @@ def vm_options(f):
                      show_default=True, help="vCPUs of the VM (its CPU set is all of them)")(f)
     f = click.option("--kernel", metavar="KERNEL",
                      help="run in a VM booting this kernel: debian:6.1, debian:6.12, "
-                          "debian:6.1-rt, debian:6.12-rt, or a kernel image's path")(f)
+                          "debian:6.1-rt, debian:6.12-rt, sched-ext (harmony kernel build "
+                          "sched-ext), or a kernel image's path")(f)
     return f
 
 
@@ -826,12 +827,42 @@ def kernel_list():
     click.echo("named kernels (--kernel NAME):")
     for name, (_, what) in kernels.NAMED.items():
         click.echo(f"  {name:16} {what}")
+    click.echo("kernels built here (--kernel NAME; harmony kernel build NAME):")
+    for name in kernels.BUILT:
+        click.echo(f"  {name:16} {kernels.recipe(name)['what']}")
+        click.echo(f"  {'':16} {kernels.status(name)}")
     have = kernels.cached()
     click.echo(f"cached in {kernels.cache_dir()}:" if have else
                f"cached: none yet ({kernels.cache_dir()})")
     for k in have:
+        how = {"seed": "  (seeded from a reference build)", "build": "  (built here)"}.get(
+            k.source.get("from"), "")
         click.echo(f"  {k.spec:16} {k.source.get('package')} {k.source.get('version')}  "
-                   f"release {k.release}  {k.image}")
+                   f"release {k.release}  {k.image}{how}")
+
+
+@kernel.command("build")
+@click.argument("name")
+@click.option("--rebuild", is_flag=True, help="build again even if this configuration is built")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="make's jobs (default: the CPUs)")
+def kernel_build(name, rebuild, jobs):
+    """Build a kernel from source into the cache (sched-ext: Linux 6.12 with sched_ext and the
+    tree's example schedulers; ~28 min on 2 CPUs), once per configuration. Installs the Debian
+    packages the build needs when they are missing (as root)."""
+    import time
+
+    from harmony import kernels
+
+    if name not in kernels.BUILT:
+        _fail(f"unknown kernel to build {name!r}: give one of {', '.join(kernels.BUILT)}", 2)
+    t0 = time.monotonic()
+    with _errors():
+        k = kernels.build(name, rebuild=rebuild, jobs=jobs,
+                          progress=lambda line: click.echo(line, err=True))
+    took = k.source.get("build_s")
+    click.echo(f"{k.describe()}: release {k.release}, {k.image}"
+               + (f"; built in {took / 60:.1f} min" if took and time.monotonic() - t0 > 60
+                  else ""))
 
 
 @kernel.command("fetch")
