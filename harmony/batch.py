@@ -101,8 +101,9 @@ class KernelRunner:
     AHEAD = 2  # captures handed to a paused analyser before it reports one done
 
     def __init__(self, probe: str = "tracefs", facts: dict | None = None, overlap: bool = True,
-                 cpus: list[int] | None = None, pause: bool = False):
+                 cpus: list[int] | None = None, pause: bool = False, scx=None):
         self.probe, self.facts, self.overlap, self.pause = probe, facts or {}, overlap, pause
+        self.scx = scx      # a sched_ext scheduler for every run (harmony.scx.ScxSpec), or None
         self.cpus = cpus or []
         self.name = f"kernel ({probe})"
         self.analysis = ("between captures (stopped while a run is measured), the rest after the "
@@ -172,10 +173,10 @@ class KernelRunner:
         for name, overrides in exp.companions(params).items():
             cp = exp.resolve({**params, **overrides}, cpus)
             capture(exp, cp, cpus, out / name, self.probe, seed, self.facts, quiet=True,
-                    lock_held=True, **hold)
+                    lock_held=True, scx=self.scx, **hold)
             jobs.append(str(out / name))
         capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True, lock_held=True,
-                **hold)
+                scx=self.scx, **hold)
         jobs.append(str(out))
         self.adopt(jobs, figures)
 
@@ -306,8 +307,9 @@ class VmRunner:
     RUN_MARGIN_S = 180.0
 
     def __init__(self, kernel, vcpus: int, memory_mb: int = 2048, setting=None,
-                 probe: str = "tracefs", facts: dict | None = None, say=None):
+                 probe: str = "tracefs", facts: dict | None = None, say=None, scx=None):
         self.kernel, self.vcpus, self.memory_mb, self.setting = kernel, vcpus, memory_mb, setting
+        self.scx = scx      # a sched_ext scheduler for every run (harmony.scx.ScxSpec), or None
         self.probe, self.facts = probe, facts or {}
         self.say = say or (lambda line: None)
         self.name = f"kernel {kernel.spec} in a VM ({vcpus} vCPUs)"
@@ -372,7 +374,7 @@ class VmRunner:
     def _plan(self, exp, params, cpus, out: Path, seed) -> str:
         store.make_run_dir(out)
         self.planned.append((exp, PlannedRun.of(exp, params, cpus, out.absolute(), self.probe,
-                                                seed)))
+                                                seed, self.scx)))
         return str(out)
 
     # --- the boot ---
@@ -474,6 +476,10 @@ class VmRunner:
                                         self.system or {})
             guest = manifest.pop("host", None)
             manifest["under_test"] = self.system or guest or {}
+            if manifest.get("scx") and guest:   # the scheduler the run had, not the boot's
+                manifest["under_test"] = {**manifest["under_test"],
+                                          "scheduler": guest.get("scheduler"),
+                                          "sched_ext": guest.get("sched_ext")}
             manifest["host"] = self.facts
             # the pid of the controller in the guest, and this one: the run's controller here
             manifest["guest_controller_pid"] = manifest.get("controller_pid")
