@@ -21,6 +21,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -391,6 +392,12 @@ class VmRunner:
         jobdir = Path(tempfile.mkdtemp(prefix="harmony-vm-"))
         try:
             job = jobdir / "job.json"
+            if self.scx is not None:
+                # the guest sees the host's files but not all (virtme-ng mounts a tmpfs over
+                # /var/cache, where the kernel cache is): the scheduler goes with the job
+                shutil.copy2(self.scx.path, jobdir / Path(self.scx.path).name)
+                for run in runs:
+                    run.scx = {**run.scx, "path": str(jobdir / Path(self.scx.path).name)}
             write_job(job, runs)
             env = [f"{k}={v}" for k, v in os.environ.items() if k.startswith("HARMONY_")]
             command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, sys.executable, "-m",
@@ -476,6 +483,9 @@ class VmRunner:
                                         self.system or {})
             guest = manifest.pop("host", None)
             manifest["under_test"] = self.system or guest or {}
+            if manifest.get("scx"):         # the host's path, not the copy the guest ran
+                manifest["scx"] = {**manifest["scx"], "path_in_guest": manifest["scx"]["path"],
+                                   "path": self.scx.path}
             if manifest.get("scx") and guest:   # the scheduler the run had, not the boot's
                 manifest["under_test"] = {**manifest["under_test"],
                                           "scheduler": guest.get("scheduler"),
