@@ -263,6 +263,8 @@ def _scx_plan(name: str | None, args: str | None, kernel: str | None, params: li
             raise click.UsageError("--scx-args goes with --scx NAME")
         return None
     with _errors():
+        for p in params:
+            scx.check_params(p)
         directory = None
         if kernel is not None and kernel in kernels.NAMED:
             raise ParameterError(f"kernel {kernel} has no sched_ext (CONFIG_SCHED_CLASS_EXT is "
@@ -279,8 +281,6 @@ def _scx_plan(name: str | None, args: str | None, kernel: str | None, params: li
                 except kernels.KernelError as exc:
                     raise scx.UnknownScheduler(f"scheduler {name}: {exc}") from None
         spec = scx.resolve(name, args, directory)
-        for p in params:
-            scx.check_params(p)
     return spec
 
 
