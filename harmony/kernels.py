@@ -41,6 +41,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
@@ -530,9 +531,11 @@ def _step(argv: list[str], cwd: Path, log, say, label: str, env: dict | None = N
     said = t0
     tail: list[str] = []
     try:
+        # a session of its own: on any error, Ctrl-C or SIGTERM the whole step (make and the
+        # compilers it runs) is killed below, not make alone
         proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, errors="replace",
-                                env={**os.environ, **(env or {})})
+                                env={**os.environ, **(env or {})}, start_new_session=True)
     except OSError as exc:
         raise KernelError(f"{label}: {argv[0]} could not start ({exc.strerror})") from None
     try:
@@ -544,12 +547,14 @@ def _step(argv: list[str], cwd: Path, log, say, label: str, env: dict | None = N
                 said = now
                 say(f"  {label}: {now - t0:4.0f} s, {tail[-1].strip()[:100]}")
             if now - t0 > BUILD_STEP_TIMEOUT_S:
-                proc.kill()
                 raise KernelError(f"{label} took over {BUILD_STEP_TIMEOUT_S / 3600:.0f} h")
         rc = proc.wait()
     finally:
         if proc.poll() is None:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait()
     log.flush()
     if rc != 0:
