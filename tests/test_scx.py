@@ -376,3 +376,39 @@ def test_kernel_list_says_how_to_build_sched_ext(tmp_path):
     assert "`harmony kernel build sched-ext` builds it" in p.stdout or "not built (" in p.stdout
     p = _cli("kernel", "build", "sched-ext2")
     assert p.returncode == 2 and "unknown kernel to build 'sched-ext2'" in p.stderr
+
+
+def test_a_build_step_says_where_it_is_and_fails_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "BUILD_SAY_EVERY_S", 0.0)
+    said = []
+    with open(tmp_path / "build.log", "w") as log:
+        kernels._step(["sh", "-c", "echo CC a.o; echo LD vmlinux"], tmp_path, log, said.append,
+                      "make")
+        with pytest.raises(kernels.KernelError) as err:
+            kernels._step(["sh", "-c", "echo CC b.o; echo 'b.c:1: error: no' >&2; exit 2"],
+                          tmp_path, log, said.append, "make")
+    assert str(err.value) == "make failed (exit 2): CC b.o | b.c:1: error: no"
+    assert any("make:" in line and "LD vmlinux" in line for line in said)
+    assert "$ sh -c echo CC a.o" in (tmp_path / "build.log").read_text()
+
+
+def test_a_build_without_its_packages_as_a_user_says_which(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "missing_packages", lambda packages: ["clang-19", "dwarves"])
+    monkeypatch.setattr(kernels.os, "geteuid", lambda: 1000)
+    with pytest.raises(kernels.KernelError, match="needs these Debian packages: clang-19 dwarves"):
+        kernels.build("sched-ext", tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_scheduler_goes_with_a_planned_run(tmp_path):
+    from harmony.experiments import get_experiment
+    from harmony.guest import PlannedRun, read_job, write_job
+
+    exp = get_experiment("single-source")
+    cpus = [0, 1, 2, 3]
+    params = exp.resolve({"duration": "1", "layout": "8,0,0,0"}, cpus)
+    spec = scx.resolve("simple", "-v", _build_dir(tmp_path))
+    write_job(tmp_path / "job.json", [PlannedRun.of(exp, params, cpus, tmp_path / "r", "tracefs",
+                                                    0, spec)])
+    (run,) = read_job(tmp_path / "job.json")
+    assert scx.ScxSpec.from_dict(run.scx) == spec
