@@ -65,6 +65,8 @@ KNOWN = {"simple": "scx_simple", "central": "scx_central", "qmap": "scx_qmap",
 ENABLE_TIMEOUT_S = 60.0
 #: how long a scheduler has to stop after SIGINT before SIGKILL
 STOP_TIMEOUT_S = 5.0
+#: how long a scheduler being unloaded (state "disabling") may take before the next starts
+SETTLE_S = 10.0
 #: the state's sampling period while a run is measured
 SAMPLE_S = 0.25
 #: the scheduler's output, in the run directory
@@ -262,6 +264,10 @@ class Scheduler:
         check_kernel(self.root)
         self.reclaimed = reclaim_stale()
         now = self.state()
+        settle = time.monotonic() + SETTLE_S
+        while now["state"] in ("disabling", "enabling") and time.monotonic() < settle:
+            time.sleep(0.02)     # the previous run's scheduler is still being unloaded
+            now = self.state()
         if now["state"] != "disabled":
             raise ScxError(f"a sched_ext scheduler is {now['state']} already (ops "
                            f"{now['ops'] or '?'}): stop it before a run under --scx")

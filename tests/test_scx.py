@@ -412,3 +412,12 @@ def test_the_scheduler_goes_with_a_planned_run(tmp_path):
                                                     0, spec)])
     (run,) = read_job(tmp_path / "job.json")
     assert scx.ScxSpec.from_dict(run.scx) == spec
+
+
+def test_a_scheduler_still_unloading_is_waited_for(tmp_path):
+    root = _root(tmp_path, "disabling")
+    subprocess.Popen(["sh", "-c", f"sleep 0.3; echo disabled > {root}/state"])
+    s = scx.Scheduler(scx.ScxSpec("fake", str(_scheduler(tmp_path, root))),
+                      tmp_path / "scx.log", root=root)
+    s.start()
+    assert s.stop()["enabled_throughout"]
