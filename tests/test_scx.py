@@ -421,3 +421,30 @@ def test_a_scheduler_still_unloading_is_waited_for(tmp_path):
                       tmp_path / "scx.log", root=root)
     s.start()
     assert s.stop()["enabled_throughout"]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return ") Z" in Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+
+
+def test_the_scheduler_dies_with_its_controller(tmp_path):
+    """kill -9 of the process that started the scheduler: the kernel kills the scheduler
+    (setpriv --pdeathsig KILL), so a BPF scheduler is never left loaded by a dead controller."""
+    from conftest import until
+
+    root = _root(tmp_path)
+    fake = _scheduler(tmp_path, root)
+    code = ("import sys, time; from pathlib import Path; from harmony import scx; "
+            f"s = scx.Scheduler(scx.ScxSpec('fake', {str(fake)!r}), Path({str(tmp_path)!r}) / "
+            f"'scx.log', root=Path({str(root)!r})); s.start(); print(s.proc.pid, flush=True); "
+            "time.sleep(60)")
+    controller = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(controller.stdout.readline())
+    assert scx.proc_starttime(pid) is not None
+    controller.kill()
+    controller.wait()
+    assert until(lambda: _gone(pid), 10.0)
+    scx._record_path(controller.pid).unlink(missing_ok=True)
