@@ -448,3 +448,13 @@ def test_the_scheduler_dies_with_its_controller(tmp_path):
     controller.wait()
     assert until(lambda: _gone(pid), 10.0)
     scx._record_path(controller.pid).unlink(missing_ok=True)
+
+
+def test_with_a_kernel_image_the_schedulers_are_beside_it(tmp_path):
+    _bzimage(tmp_path / "bzImage", "6.12.117")
+    out = tmp_path / "r"
+    p = _cli("run", "single-source", "--kernel", str(tmp_path / "bzImage"), "--scx", "qmap",
+             "--out", str(out))
+    assert p.returncode == 2, p.stderr
+    assert f"scheduler qmap: {tmp_path / 'scx_qmap'} is missing from the kernel build" in p.stderr
+    assert not out.exists()
