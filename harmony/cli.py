@@ -528,7 +528,8 @@ def _batch_report(out: Path, as_json: bool):
 
 @main.command()
 def clean():
-    """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers, cpuset cgroups)."""
+    """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers, cpuset
+    cgroups, VMs, sched_ext schedulers)."""
     from harmony.hostfacts import is_root
     from harmony.hygiene import HostLock, reclaim_stale
 
