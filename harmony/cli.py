@@ -898,7 +898,7 @@ def kernel_list():
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="make's jobs (default: the CPUs)")
 def kernel_build(name, rebuild, jobs):
     """Build a kernel from source into the cache (sched-ext: Linux 6.12 with sched_ext and the
-    tree's example schedulers; ~28 min on 2 CPUs), once per configuration. Installs the Debian
+    tree's example schedulers; 12-28 min on 2 CPUs), once per configuration. Installs the Debian
     packages the build needs when they are missing (as root)."""
     import time
 

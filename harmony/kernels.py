@@ -488,7 +488,7 @@ def available(name: str, cache: Path | None = None, progress=None) -> Kernel:
         say(f"seeding the kernel cache with the reference build {seed_dir(name)}")
         return seed(name, cache, version)
     raise KernelError(f"kernel {name} is not built ({rec['source_package']} {version}; no seed: "
-                      f"{why}): `harmony kernel build {name}` builds it (~28 min on 2 CPUs)")
+                      f"{why}): `harmony kernel build {name}` builds it (12-28 min on 2 CPUs)")
 
 
 def status(name: str, cache: Path | None = None) -> str:
@@ -508,7 +508,7 @@ def status(name: str, cache: Path | None = None) -> str:
     ok, _ = seed_matches(rec, seed_dir(name), version)
     more = f"; the reference build {seed_dir(name)} seeds it when first used" if ok else ""
     return (f"not built ({rec['source_package']} {version}): `harmony kernel build {name}` "
-            f"builds it (~28 min on 2 CPUs){more}")
+            f"builds it (12-28 min on 2 CPUs){more}")
 
 
 def missing_packages(packages: list[str]) -> list[str]:
@@ -611,7 +611,7 @@ def build(name: str, cache: Path | None = None, progress=None, jobs: int | None 
                 config = (tree / ".config").read_bytes()
                 _check_config(config.decode(errors="replace"), rec["configitems"])
                 t_kernel = time.monotonic()
-                say(f"[3/4] make -j{jobs} {rec['kernel_target']} (~28 min on 2 CPUs)")
+                say(f"[3/4] make -j{jobs} {rec['kernel_target']} (12-28 min on 2 CPUs)")
                 _step(["make", f"-j{jobs}", rec["kernel_target"]], tree, log, say, "make")
                 kernel_s = time.monotonic() - t_kernel
                 t_scx = time.monotonic()
