@@ -20,6 +20,9 @@ python3 -m pip --version >/dev/null 2>&1 || missing="$missing python3-pip"
 command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$missing qemu-system-x86"
 command -v depmod >/dev/null 2>&1 || missing="$missing kmod"
 command -v busybox >/dev/null 2>&1 || missing="$missing busybox-static"
+# the sched-ext kernel's example schedulers (harmony run --scx) link libelf; the packages that
+# build that kernel are installed by `harmony kernel build sched-ext` itself, when it runs
+dpkg -s libelf1 >/dev/null 2>&1 || missing="$missing libelf1"
 if [ -n "$missing" ]; then
     echo "installing Debian packages:$missing"
     apt-get update -q
