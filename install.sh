@@ -20,6 +20,9 @@ python3 -m pip --version >/dev/null 2>&1 || missing="$missing python3-pip"
 command -v qemu-system-x86_64 >/dev/null 2>&1 || missing="$missing qemu-system-x86"
 command -v depmod >/dev/null 2>&1 || missing="$missing kmod"
 command -v busybox >/dev/null 2>&1 || missing="$missing busybox-static"
+# the sched-ext kernel's example schedulers (harmony run --scx) link libelf; the packages that
+# build that kernel are installed by `harmony kernel build sched-ext` itself, when it runs
+dpkg -s libelf1 >/dev/null 2>&1 || missing="$missing libelf1"
 if [ -n "$missing" ]; then
     echo "installing Debian packages:$missing"
     apt-get update -q
@@ -35,4 +38,8 @@ mountpoint -q /sys/kernel/debug || mount -t debugfs nodev /sys/kernel/debug || \
 # Editable, so the tests in tests/ run against this checkout; the [test] extra adds pytest, the
 # [vm] extra virtme-ng (pinned).
 python3 -m pip install -q -e '.[test,vm]'
+# numba's kernels compiled now, into its cache beside their sources, so that the first command is
+# as fast as the next ones (bench/first_use.py); a user who cannot write there gets their own
+# cache (~/.cache/numba or NUMBA_CACHE_DIR) on their first large trace
+python3 -m harmony.precompile || echo "install.sh: precompiling failed: the first large trace compiles the kernels (~15 s)" >&2
 echo "installed: $(command -v harmony)"

@@ -12,7 +12,7 @@ import collections
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import in_set, index_of
+from harmony.analysis.arrays import event_mask, in_set, index_of
 from harmony.analysis.reconstruct import runqueue_steps, steps_at, steps_by_cpu
 
 
@@ -197,27 +197,48 @@ def silent_contexts(events: pd.DataFrame) -> list[dict]:
     swapper is one task per CPU; -1 otherwise), comm, runs (times it was switched in and later
     replaced on that CPU), records (0).
     """
-    is_sw = (events["event"] == "sched_switch").to_numpy()
-    if not is_sw.any():
+    idx = np.flatnonzero(event_mask(events, "sched_switch"))
+    if not len(idx):
         return []
-    cpu = events["cpu"].to_numpy().astype(np.int64)
-    cp = events["common_pid"].to_numpy().astype(np.int64)
-    # context key: pid, and for pid 0 (one swapper per CPU) the CPU; rows are in time order
-    key_of = lambda pid, c: pid * 4096 + np.where(pid == 0, c, 4095)  # noqa: E731
-    idx = np.flatnonzero(is_sw)
+    cpu = events["cpu"].to_numpy()
+    cp = events["common_pid"].to_numpy()
+    # contexts with a record: a pid, or for pid 0 (one swapper per CPU) the CPU
+    heard = np.zeros(max(int(cp.max()), 0) + 2, bool)
+    heard[cp[cp > 0]] = True
+    idle_heard = np.zeros(max(int(cpu.max()), 0) + 1, bool)
+    idle_heard[cpu[cp == 0]] = True
     nxt = events["pid"].to_numpy()[idx].astype(np.int64)
-    scpu = cpu[idx]
-    # a switch-in completed a run when a later switch happened on the same CPU
-    order = np.argsort(scpu, kind="stable")
-    done = np.zeros(len(idx), bool)
-    done[order[:-1]] = scpu[order[:-1]] == scpu[order[1:]]
-    keys, first, runs = np.unique(key_of(nxt, scpu)[done], return_index=True, return_counts=True)
-    dark = ~np.isin(keys, np.unique(key_of(cp, cpu)))
-    comm = events["comm"].to_numpy()[idx][done]
+    scpu = cpu[idx].astype(np.int64)
+    # a switch-in completed a run when a later switch happened on the same CPU (rows are in time
+    # order): every switch but each CPU's last
+    last = np.full(len(idle_heard), -1, np.int64)
+    np.maximum.at(last, scpu, np.arange(len(idx)))
+    done = np.arange(len(idx)) != last[scpu]
+    beyond = len(heard) - 1                 # never set: a pid above every recorded one
+    dark = done & np.where(nxt == 0, ~idle_heard[scpu],
+                           ~heard[np.where((nxt < 0) | (nxt > beyond), beyond, nxt)])
+    rows = np.flatnonzero(dark)
+    # context key: pid, and for pid 0 the CPU; ascending, as the contexts are listed at a tie
+    keys, first, runs = np.unique(nxt[rows] * 4096 + np.where(nxt[rows] == 0, scpu[rows], 4095),
+                                  return_index=True, return_counts=True)
+    comm = events["comm"]
     out = [{"pid": int(k // 4096), "cpu": int(k % 4096) if k // 4096 == 0 else -1,
-            "comm": str(comm[f]), "runs": int(r), "records": 0}
-           for k, f, r in zip(keys[dark], first[dark], runs[dark])]
+            "comm": str(comm.iat[idx[rows[f]]]), "runs": int(r), "records": 0}
+           for k, f, r in zip(keys, first, runs)]
     return sorted(out, key=lambda d: -d["runs"])
+
+
+def _by_task_in_time(pid: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """The order sorting placements by (pid, seq), each (pid, seq) once: a stable sort by seq
+    (a few sorted runs: merged, not sorted), then a stable sort by the pid's rank among the
+    distinct pids (a radix sort when there are fewer than 65536)."""
+    by_seq = np.argsort(seq, kind="stable")
+    codes, uniq = pd.factorize(pid[by_seq])
+    if len(uniq) >= 1 << 16:
+        return np.argsort((pid << 36) | seq)
+    rank = np.empty(len(uniq), np.uint16)
+    rank[np.argsort(uniq)] = np.arange(len(uniq), dtype=np.uint16)
+    return by_seq[np.argsort(rank[codes], kind="stable")]
 
 
 _PLACED = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new")
@@ -236,29 +257,27 @@ def unrecorded_migrations(events: pd.DataFrame, pids=None, examples: int = 5) ->
     (tasks with one), examples (up to ``examples``: pid, ts of the placement that proved it,
     from_cpu, to_cpu).
     """
-    ev = events["event"]
-    sw = (ev == "sched_switch").to_numpy()
-    wk = ev.isin(_PLACED[1:]).to_numpy()
-    mg = (ev == "sched_migrate_task").to_numpy()
-    cpu = events["cpu"].to_numpy().astype(np.int64)
-    tgt = events["target_cpu"].to_numpy().astype(np.int64)
-    ts = events["ts"].to_numpy()
+    sw = event_mask(events, "sched_switch")
+    wk = event_mask(events, *_PLACED[1:])
+    mg = event_mask(events, "sched_migrate_task")
+    cpu, tgt, ts = (events[c].to_numpy() for c in ("cpu", "target_cpu", "ts"))
+    want = None if pids is None else np.asarray(list(pids), np.int64)
     # one placement per (task, event): seq (row: rows are in time order), pid, cpu_before, cpu_after
     seq, pid, before, after = [], [], [], []
     for sel, pid_col, b_cpu, a_cpu in (
             (sw, "pid", cpu, cpu), (sw, "prev_pid", cpu, cpu), (wk, "pid", tgt, tgt),
-            (mg, "pid", events["orig_cpu"].to_numpy().astype(np.int64), tgt)):
-        i = np.flatnonzero(sel)
+            (mg, "pid", events["orig_cpu"].to_numpy(), tgt)):
+        p = events[pid_col].to_numpy()
+        keep = sel & (p > 0) & (b_cpu >= 0)
+        if want is not None:
+            keep &= in_set(p, want)
+        i = np.flatnonzero(keep)
         seq.append(i)
-        pid.append(events[pid_col].to_numpy()[i].astype(np.int64))
-        before.append(b_cpu[i])
-        after.append(a_cpu[i])
+        pid.append(p[i].astype(np.int64))
+        before.append(b_cpu[i].astype(np.int64))
+        after.append(a_cpu[i].astype(np.int64))
     seq, pid, before, after = (np.concatenate(x) for x in (seq, pid, before, after))
-    keep = (pid > 0) & (before >= 0)
-    if pids is not None:
-        keep &= np.isin(pid, np.asarray(list(pids), np.int64))
-    seq, pid, before, after = seq[keep], pid[keep], before[keep], after[keep]
-    order = np.lexsort((seq, pid))
+    order = _by_task_in_time(pid, seq)
     seq, pid, before, after = seq[order], pid[order], before[order], after[order]
     same_task = np.r_[False, pid[1:] == pid[:-1]]
     last = np.r_[-1, after[:-1]]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import event_mask
+from harmony.analysis.arrays import event_mask, in_set
 from harmony.analysis.reconstruct import NS
 from harmony.analysis.tables import FOREIGN_LOAD
 
@@ -58,21 +58,33 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
         owner = np.concatenate([prev_all[a:a + 1], nxt_all[a:b]])
         dur = (np.clip(ends, t0, t_end) - np.clip(starts, t0, t_end)).astype(np.float64) / NS
         is_idle = owner == 0
-        is_exp = np.isin(owner, pids)
-        is_own = np.isin(owner, own)
+        is_exp = in_set(owner, pids)
+        is_own = in_set(owner, own)
         is_foreign = ~is_idle & ~is_exp & ~is_own
         foreign_s = float(dur[is_foreign].sum())
         top = ""
         if is_foreign.any():
-            names = np.concatenate([prev_names[prev_codes[a:a + 1]],
-                                    comm_names[comm_codes[a:b]]])[is_foreign]
-            comms, which = np.unique(names, return_inverse=True)
-            by_comm = np.bincount(which, weights=dur[is_foreign], minlength=len(comms))
-            if by_comm.max() > 0:
-                top = str(comms[int(np.argmax(by_comm))])
+            top = _top_comm(comm_codes[a:b], comm_names, str(prev_names[prev_codes[a]]),
+                            is_foreign, dur)
         rows.append((cpu, window, float(dur[is_exp].sum()), float(dur[is_own].sum()), foreign_s,
                      float(dur[is_idle].sum()), foreign_s / window if window > 0 else np.nan, top))
     return FOREIGN_LOAD.from_rows(rows)
+
+
+def _top_comm(codes: np.ndarray, names: np.ndarray, first: str, foreign: np.ndarray,
+              dur: np.ndarray) -> str:
+    """The comm that took the most foreign time ("" if none took any; at a tie, the least name):
+    segment 0 is ``first``'s (the first switch's prev), segment k > 0 that of ``codes[k - 1]``
+    (into ``names``; -1 is the last name). Summed by code, in segment order, then by name."""
+    codes = np.where(codes < 0, len(names) - 1, codes)
+    known = np.flatnonzero(names == first)
+    first_id = int(known[0]) if len(known) else len(names)
+    ids = np.concatenate([[first_id], codes])[foreign]
+    by_id = np.bincount(ids, weights=dur[foreign], minlength=len(names) + 1)
+    present = np.unique(ids)
+    label = {int(i): (first if i == len(names) else str(names[i])) for i in present}
+    best = max(float(by_id[i]) for i in present)
+    return "" if best <= 0 else min(label[int(i)] for i in present if by_id[i] == best)
 
 
 def _codes(column: pd.Series, rows: np.ndarray, order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -26,15 +26,44 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     return Path(path)
 
 
+def migration_counts(migrations: pd.DataFrame, edges: np.ndarray) -> dict[str, np.ndarray]:
+    """Migrations of each kind present (balance, then wakeup) per bin of ``edges`` (s since t0;
+    as ``np.histogram``: the last bin holds its right edge, times outside the edges are left out)."""
+    t, kind = migrations["t"].to_numpy(), migrations["kind"].to_numpy()
+    return {k: np.histogram(t[kind == k], bins=edges)[0] for k in MIGRATION_KINDS
+            if len(migrations) and (kind == k).any()}
+
+
+#: the most bins plot_migrations draws (more: each bin is widened, by a whole factor)
+MAX_MIGRATION_BINS = 450
+
+#: the kinds of migration, bottom to top of the stack, and their colours
+MIGRATION_KINDS = {"balance": "#c0392b", "wakeup": "#7f8c8d"}
+
+
 def plot_migrations(migrations: pd.DataFrame, duration_s: float, bin_s: float, path: Path,
                     title: str = "Migrations over time") -> Path:
-    """Migrations of experiment tasks per time bin, stacked by kind (balance / wakeup)."""
+    """Migrations of experiment tasks per time bin (``bin_s``, widened by a whole factor to at
+    most MAX_MIGRATION_BINS bins; the y label says the width), stacked by kind (balance / wakeup).
+
+    Counted per bin first (:func:`migration_counts`) and drawn as one filled step polygon per
+    kind, whatever the number of bins or migrations (a bar per bin took 18 s for 9000 bins; a
+    step patch, ``ax.stairs``, 0.7 s to find its limits segment by segment)."""
     fig, ax = plt.subplots(figsize=(9, 3.6))
+    # a 9-inch panel shows ~900 pixels: bins narrower than two are widened to a multiple of bin_s
+    bin_s *= max(1, int(np.ceil(duration_s / bin_s / MAX_MIGRATION_BINS)))
     edges = np.arange(0.0, duration_s + bin_s, bin_s)
-    kinds = [k for k in ("balance", "wakeup") if (migrations["kind"] == k).any()] if len(migrations) else []
-    if kinds:
-        sns.histplot(data=migrations, x="t", hue="kind", hue_order=kinds, bins=edges, multiple="stack",
-                     ax=ax, edgecolor="none", palette={"balance": "#c0392b", "wakeup": "#7f8c8d"})
+    counts = migration_counts(migrations, edges)
+    if counts:
+        below = np.zeros(len(edges), np.int64)      # per edge: the value of the bin it starts
+        handles = []
+        for kind, n in counts.items():
+            top = below + np.append(n, n[-1:])
+            handles.append(ax.fill_between(edges, below, top, step="post", lw=0,
+                                           color=MIGRATION_KINDS[kind], alpha=0.75, label=kind))
+            below = top
+        ax.set_ylim(0, max(1, int(below.max())) * 1.05)
+        ax.legend(handles=handles, title="kind", loc="upper right", fontsize=8)
     else:
         ax.text(0.5, 0.5, "no migrations", transform=ax.transAxes, ha="center", va="center")
     ax.set_xlim(0, duration_s)

@@ -42,6 +42,9 @@ def vm_lines(m: dict) -> list[str]:
         return []
     src = (vm.get("kernel") or {}).get("source") or {}
     kernel = (f"{src.get('package')} {src.get('version')}" if src.get("kind") == "debian"
+              else f"{src.get('package')} {src.get('version')}, "
+                   + ("seeded from a reference build" if src.get("from") == "seed"
+                      else "built here") if src.get("kind") == "build"
               else src.get("path", "?"))
     host = m.get("host") or {}
     lines = [f"kernel under test            {(vm.get('kernel') or {}).get('spec', '?')} ({kernel})",
@@ -57,6 +60,24 @@ def vm_lines(m: dict) -> list[str]:
     else:
         lines.append("vCPU wait for host CPUs      not measured")
     return lines
+
+
+def scx_lines(m: dict) -> list[str]:
+    """A run under a sched_ext scheduler (harmony.scx): which, its arguments, its state over the
+    run."""
+    scx = m.get("scx")
+    if not scx:
+        return []
+    args = f", args {' '.join(scx['args'])}" if scx.get("args") else ""
+    if scx.get("enabled_throughout"):
+        state = (f"enabled throughout (loaded in {scx['enable_s']:.2f} s)"
+                 if scx.get("enable_s") is not None else "enabled throughout")
+    elif scx.get("ops"):
+        state = f"NOT enabled throughout: {scx.get('ejected') or 'ejected'}"
+    else:
+        state = "never enabled"
+    return [f"sched_ext scheduler          {scx.get('name')} (ops {scx.get('ops') or '?'}{args}): "
+            f"{state}"]
 
 
 def class_lines(m: dict) -> list[str]:
@@ -87,6 +108,7 @@ def trust_lines(m: dict) -> list[str]:
         f"CPU set                      {','.join(map(str, m.get('cpus', [])))} "
         f"({'guest' if m.get('vm') else 'host'} has {host.get('ncpus', '?')} online)",
         *vm_lines(m),
+        *scx_lines(m),
         f"probe / clock                {m.get('probe')} / {cap.get('clock', '?')}",
         f"events decoded               {cap.get('n_events', '?')} ({cap.get('bytes', '?')} raw bytes)",
         f"lost events                  {'unknown' if lost is None or lost < 0 else lost}",

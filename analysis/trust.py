@@ -50,6 +50,8 @@ tasks_outside_cpu_set    what (the description: pids, CPUs, t0)
 demand_unknown           (none)
 tables_rebuilt           tables ({table: why}): a complete run's tables found missing or
                          unreadable, rebuilt from its raw capture
+scx_not_enabled          name, ops, states ([s, state] at each change), ejected (the reason, or
+                         None): a sched_ext scheduler under test not enabled throughout the run
 =======================  ==========================================================================
 
 ``origin`` is "recorded" (a Harmony run on this host), "imported" (a trace recorded elsewhere) or
@@ -141,6 +143,10 @@ def check_notes(m: dict, origin: str) -> list[dict]:
     for vm_note in (vcpu_starved(m), virtual_clock(m)):
         if vm_note:
             out.append(vm_note)
+    scx = m.get("scx")
+    if scx and not scx.get("enabled_throughout"):
+        out.append(note("scx_not_enabled", name=scx.get("name"), ops=scx.get("ops"),
+                        states=scx.get("states"), ejected=scx.get("ejected")))
     kc = m.get("kernel_counter_agreement")
     if kc and kc["disagreeing"]:
         out.append(note("counters_disagree", disagreeing=kc["disagreeing"], tasks=kc["tasks"],
@@ -315,6 +321,15 @@ def _derived(n):
             "sched_wakeup rows of events.parquet are derived, not recorded")
 
 
+def _scx(n):
+    left = [st for st in n.get("states") or [] if st[1] != "enabled"]
+    when = f" at {left[0][0]:.2f} s after it was enabled" if left else ""
+    why = f": {n['ejected']}" if n.get("ejected") else ""
+    return (f"the sched_ext scheduler {n['name']} (ops {n.get('ops') or '?'}) was not enabled "
+            f"throughout the run: the kernel ejected it{when}{why}; from then on the fair class "
+            "placed the tasks, not the scheduler under test")
+
+
 def _rt_throttling(n):
     if n["runtime_us"] < 0:
         return (f"{count(n['tasks'], 'real-time task')} ran with RT throttling off "
@@ -404,6 +419,7 @@ _WORDING = {
     "tables_rebuilt": lambda n: (
         "rebuilt from the raw capture: " + "; ".join(f"{k}.parquet (was {v})"
                                                      for k, v in n["tables"].items())),
+    "scx_not_enabled": _scx,
     "demand_unknown": lambda n: ("fair shares assume every task wants a whole CPU (duty 100%): "
                                  "the trace does not say what the tasks demand"),
 }

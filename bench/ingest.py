@@ -312,9 +312,11 @@ def _run(a, sizes: list[int], work: Path) -> int:
     # user CPU time is counted in clock ticks (10 ms): a small capture can show none at all
     user_measured = big is not small and small["user_ns_per_event"] > 0
     lin_user = big["user_ns_per_event"] / small["user_ns_per_event"] if user_measured else None
-    print(common.verdict(">= 10x faster than trace-cmd report",
-                         min(r["speedup"] for r in compared) >= 10 if compared else None,
-                         ", ".join(f"{r['speedup']:.1f}x at {r['events']:,}" for r in compared) or "not compared"))
+    # issue 26 retired this target: a new process's first pass is set by what the host charges
+    # for fresh memory (bench/README.md); both figures stay reported, the first pass and again
+    print(common.verdict(">= 10x faster than trace-cmd report (first pass; target retired)", None,
+                         ", ".join(f"{r['speedup']:.1f}x at {r['events']:,} (again "
+                                   f"{r['again_speedup']:.1f}x)" for r in compared) or "not compared"))
     print(common.verdict(">= 5 million events/s (decode + tables)", big["events_per_s"] >= 5e6,
                          f"{big['events_per_s'] / 1e6:.2f} M/s at {big['events']:,} events"))
     print(common.verdict("cost linear in events (wall time)", None if lin is None else lin <= 1.3,

@@ -21,6 +21,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,8 +102,9 @@ class KernelRunner:
     AHEAD = 2  # captures handed to a paused analyser before it reports one done
 
     def __init__(self, probe: str = "tracefs", facts: dict | None = None, overlap: bool = True,
-                 cpus: list[int] | None = None, pause: bool = False):
+                 cpus: list[int] | None = None, pause: bool = False, scx=None):
         self.probe, self.facts, self.overlap, self.pause = probe, facts or {}, overlap, pause
+        self.scx = scx      # a sched_ext scheduler for every run (harmony.scx.ScxSpec), or None
         self.cpus = cpus or []
         self.name = f"kernel ({probe})"
         self.analysis = ("between captures (stopped while a run is measured), the rest after the "
@@ -172,10 +174,10 @@ class KernelRunner:
         for name, overrides in exp.companions(params).items():
             cp = exp.resolve({**params, **overrides}, cpus)
             capture(exp, cp, cpus, out / name, self.probe, seed, self.facts, quiet=True,
-                    lock_held=True, **hold)
+                    lock_held=True, scx=self.scx, **hold)
             jobs.append(str(out / name))
         capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True, lock_held=True,
-                **hold)
+                scx=self.scx, **hold)
         jobs.append(str(out))
         self.adopt(jobs, figures)
 
@@ -306,8 +308,9 @@ class VmRunner:
     RUN_MARGIN_S = 180.0
 
     def __init__(self, kernel, vcpus: int, memory_mb: int = 2048, setting=None,
-                 probe: str = "tracefs", facts: dict | None = None, say=None):
+                 probe: str = "tracefs", facts: dict | None = None, say=None, scx=None):
         self.kernel, self.vcpus, self.memory_mb, self.setting = kernel, vcpus, memory_mb, setting
+        self.scx = scx      # a sched_ext scheduler for every run (harmony.scx.ScxSpec), or None
         self.probe, self.facts = probe, facts or {}
         self.say = say or (lambda line: None)
         self.name = f"kernel {kernel.spec} in a VM ({vcpus} vCPUs)"
@@ -372,7 +375,7 @@ class VmRunner:
     def _plan(self, exp, params, cpus, out: Path, seed) -> str:
         store.make_run_dir(out)
         self.planned.append((exp, PlannedRun.of(exp, params, cpus, out.absolute(), self.probe,
-                                                seed)))
+                                                seed, self.scx)))
         return str(out)
 
     # --- the boot ---
@@ -389,6 +392,12 @@ class VmRunner:
         jobdir = Path(tempfile.mkdtemp(prefix="harmony-vm-"))
         try:
             job = jobdir / "job.json"
+            if self.scx is not None:
+                # the guest sees the host's files but not all (virtme-ng mounts a tmpfs over
+                # /var/cache, where the kernel cache is): the scheduler goes with the job
+                shutil.copy2(self.scx.path, jobdir / Path(self.scx.path).name)
+                for run in runs:
+                    run.scx = {**run.scx, "path": str(jobdir / Path(self.scx.path).name)}
             write_job(job, runs)
             env = [f"{k}={v}" for k, v in os.environ.items() if k.startswith("HARMONY_")]
             command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, sys.executable, "-m",
@@ -474,6 +483,13 @@ class VmRunner:
                                         self.system or {})
             guest = manifest.pop("host", None)
             manifest["under_test"] = self.system or guest or {}
+            if manifest.get("scx"):         # the host's path, not the copy the guest ran
+                manifest["scx"] = {**manifest["scx"], "path_in_guest": manifest["scx"]["path"],
+                                   "path": self.scx.path}
+            if manifest.get("scx") and guest:   # the scheduler the run had, not the boot's
+                manifest["under_test"] = {**manifest["under_test"],
+                                          "scheduler": guest.get("scheduler"),
+                                          "sched_ext": guest.get("sched_ext")}
             manifest["host"] = self.facts
             # the pid of the controller in the guest, and this one: the run's controller here
             manifest["guest_controller_pid"] = manifest.get("controller_pid")

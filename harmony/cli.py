@@ -237,8 +237,51 @@ def vm_options(f):
                      show_default=True, help="vCPUs of the VM (its CPU set is all of them)")(f)
     f = click.option("--kernel", metavar="KERNEL",
                      help="run in a VM booting this kernel: debian:6.1, debian:6.12, "
-                          "debian:6.1-rt, debian:6.12-rt, or a kernel image's path")(f)
+                          "debian:6.1-rt, debian:6.12-rt, sched-ext (harmony kernel build "
+                          "sched-ext), or a kernel image's path")(f)
     return f
+
+
+def scx_options(f):
+    """--scx, --scx-args: a sched_ext scheduler under test (harmony.scx)."""
+    f = click.option("--scx-args", metavar="ARGS",
+                     help="the scheduler's arguments, as one string (e.g. \"-v\")")(f)
+    f = click.option("--scx", metavar="NAME",
+                     help="run under this sched_ext scheduler, started before each run's tasks "
+                          "and stopped after: simple, central, qmap, flatcg (built with "
+                          "--kernel sched-ext), or a scheduler's path")(f)
+    return f
+
+
+def _scx_plan(name: str | None, args: str | None, kernel: str | None, params: list[dict]):
+    """Check --scx before anything starts: the scheduler's name (found in the sched-ext kernel's
+    build), a kernel that has sched_ext, experiments it can run; returns its ScxSpec or None."""
+    from harmony import kernels, scx
+
+    if name is None:
+        if args is not None:
+            raise click.UsageError("--scx-args goes with --scx NAME")
+        return None
+    with _errors():
+        for p in params:
+            scx.check_params(p)
+        directory = None
+        if kernel is not None and kernel in kernels.NAMED:
+            raise ParameterError(f"kernel {kernel} has no sched_ext (CONFIG_SCHED_CLASS_EXT is "
+                               "not set in Debian's kernels): --kernel sched-ext has it")
+        if kernel is None:
+            scx.check_kernel()
+        short = name.removeprefix("scx_")
+        if short in scx.KNOWN and "/" not in name:
+            if kernel is not None and kernel not in kernels.BUILT:   # an image given by path
+                directory = Path(kernel).absolute().parent
+            else:
+                try:
+                    directory = kernels.kernel("sched-ext").image.parent
+                except kernels.KernelError as exc:
+                    raise scx.UnknownScheduler(f"scheduler {name}: {exc}") from None
+        spec = scx.resolve(name, args, directory)
+    return spec
 
 
 def parse_memory(text: str) -> int:
@@ -274,7 +317,7 @@ def _vm_plan(kernel: str, vm_cpus: int, vm_memory: str, vm_qemu: str | None, cpu
     return list(range(vm_cpus)), memory, setting
 
 
-def _vm_runner(kernel: str, vm_cpus: int, memory: int, setting, quiet: bool):
+def _vm_runner(kernel: str, vm_cpus: int, memory: int, setting, quiet: bool, scx=None):
     """Fetch the kernel (if named and not cached) and make the VM runner."""
     from harmony import doctor as host
     from harmony.batch import VmRunner
@@ -284,7 +327,7 @@ def _vm_runner(kernel: str, vm_cpus: int, memory: int, setting, quiet: bool):
     with _errors():
         k = get_kernel(kernel, progress=say)
     facts = host.run_facts(host.doctor(mount=False, test_record=False))
-    return VmRunner(k, vm_cpus, memory, setting, facts=facts, say=say)
+    return VmRunner(k, vm_cpus, memory, setting, facts=facts, say=say, scx=scx)
 
 
 @main.command(cls=RunCommand)
@@ -302,8 +345,9 @@ def _vm_runner(kernel: str, vm_cpus: int, memory: int, setting, quiet: bool):
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="runs of this configuration: OUT/rep-NN/ and OUT/batch.json with median, IQR, 95% CI")
 @vm_options
+@scx_options
 def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet, repeat,
-        kernel, vm_cpus, vm_memory, vm_qemu):
+        kernel, vm_cpus, vm_memory, vm_qemu, scx, scx_args):
     """Run one experiment and analyse it; prints the summary."""
     from harmony.experiments import get_experiment
     from harmony.probes import PROBES
@@ -338,9 +382,10 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
     _check_out(out)
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+    scx_spec = _scx_plan(scx, scx_args, kernel, [values])
     if kernel is not None:
         return _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat,
-                          _vm_runner(kernel, vm_cpus, memory, setting, quiet))
+                          _vm_runner(kernel, vm_cpus, memory, setting, quiet, scx_spec))
     facts = _host_facts_or_exit(probe, crosscheck)
     if crosscheck:
         from harmony.probes import get_probe
@@ -350,18 +395,19 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
     if repeat > 1:
         if crosscheck:
             raise click.UsageError("--crosscheck records one run; use it without --repeat")
-        return _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat)
-    _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck)
+        return _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat,
+                                  scx_spec)
+    _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck, scx_spec)
 
 
-def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat):
+def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None):
     from harmony.batch import KernelRunner, batch_text, finish_batch, run_batch
     from harmony.suite import Progress
 
     progress = Progress(repeat, repeat * values["duration"], quiet=quiet)
     try:
         with _errors(marked=f"the current run under {out} is marked incomplete", also=(OSError,)):
-            with KernelRunner(probe, facts, overlap=False, cpus=cpu_set) as runner:
+            with KernelRunner(probe, facts, overlap=False, cpus=cpu_set, scx=scx) as runner:
                 run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed, progress=progress)
     finally:
         progress.close()
@@ -403,12 +449,14 @@ def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:
     return host.run_facts(facts)
 
 
-def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=None):
+def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=None,
+                    scx=None):
     from harmony.analysis.report import summary_text
     from harmony.run import execute
 
     with _errors(marked=lambda: _left(out), also=(OSError,)):
-        result = execute(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=crosscheck)
+        result = execute(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=crosscheck,
+                         scx=scx)
     click.echo(summary_text(result))
 
 
@@ -480,7 +528,8 @@ def _batch_report(out: Path, as_json: bool):
 
 @main.command()
 def clean():
-    """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers, cpuset cgroups)."""
+    """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers, cpuset
+    cgroups, VMs, sched_ext schedulers)."""
     from harmony.hostfacts import is_root
     from harmony.hygiene import HostLock, reclaim_stale
 
@@ -533,8 +582,11 @@ def export(run_dir, fmt, out):
 @click.option("--quiet", "-q", is_flag=True, help="no progress line on a terminal")
 @click.option("--tasks", "list_tasks", is_flag=True,
               help="only list the trace's tasks (pid, run time, comm), to choose --pid/--comm from")
+@click.option("--no-memory-check", is_flag=True,
+              help="import even a trace this host may not have the memory for (refused otherwise, "
+                   "before it is read, with the estimate)")
 def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params, buffer, out,
-            quiet, list_tasks):
+            quiet, list_tasks, no_memory_check):
     """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*', perf sched
     record) from another host."""
     from harmony.analysis.report import summary_text
@@ -591,7 +643,8 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
             result = import_trace(trace_file, out, pids=pids, comms=comms, cpus=cpu_set,
                                   t0_s=t0_s, t0_marker=t0_marker, end_s=end_s,
                                   end_marker=end_marker, experiment=experiment, params=overrides,
-                                  buffer=buffer, progress=progress.phase)
+                                  buffer=buffer, progress=progress.phase,
+                                  memory_check=not no_memory_check)
         finally:
             progress.clear()        # before the summary, or the error, takes its place
     click.echo(summary_text(result))
@@ -717,8 +770,9 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
                    "runs kept, captured ones analysed, interrupted ones moved aside and run again "
                    "(a suite in a VM: give its --kernel and --vm-* options again)")
 @vm_options
+@scx_options
 def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume, kernel,
-          vm_cpus, vm_memory, vm_qemu):
+          vm_cpus, vm_memory, vm_qemu, scx, scx_args):
     """Run the whole catalog with repetitions and write one report (policy card first).
 
     With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
@@ -757,9 +811,10 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         if out.exists() and any(out.iterdir()):
             raise click.BadParameter(f"{out} is not empty; choose another --out (or --resume)",
                                      param_hint="--out")
+    scx_spec = _scx_plan(scx, scx_args, kernel, [c.params for c in configs])
     if kernel is not None:
         return _suite_in_vm(configs, cpu_set, out, seed, quiet,
-                            _vm_runner(kernel, vm_cpus, memory, setting, quiet), resume)
+                            _vm_runner(kernel, vm_cpus, memory, setting, quiet, scx_spec), resume)
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
     from harmony.osutil import online_cpus
@@ -776,7 +831,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
                       "after the last capture, so the analysis never runs beside a measurement.")
     for line in limits:
         click.echo(f"note: {line}", err=True)
-    runner = KernelRunner(probe, facts, overlap=overlapped, cpus=cpu_set, pause=paused)
+    runner = KernelRunner(probe, facts, overlap=overlapped, cpus=cpu_set, pause=paused,
+                          scx=scx_spec)
     with _errors(marked=f"{out} holds the runs finished so far (`harmony suite --out {out} "
                         "--resume` goes on)", also=(OSError,)):
         record = run_suite(configs, cpu_set, out, runner,
@@ -826,12 +882,42 @@ def kernel_list():
     click.echo("named kernels (--kernel NAME):")
     for name, (_, what) in kernels.NAMED.items():
         click.echo(f"  {name:16} {what}")
+    click.echo("kernels built here (--kernel NAME; harmony kernel build NAME):")
+    for name in kernels.BUILT:
+        click.echo(f"  {name:16} {kernels.recipe(name)['what']}")
+        click.echo(f"  {'':16} {kernels.status(name)}")
     have = kernels.cached()
     click.echo(f"cached in {kernels.cache_dir()}:" if have else
                f"cached: none yet ({kernels.cache_dir()})")
     for k in have:
+        how = {"seed": "  (seeded from a reference build)", "build": "  (built here)"}.get(
+            k.source.get("from"), "")
         click.echo(f"  {k.spec:16} {k.source.get('package')} {k.source.get('version')}  "
-                   f"release {k.release}  {k.image}")
+                   f"release {k.release}  {k.image}{how}")
+
+
+@kernel.command("build")
+@click.argument("name")
+@click.option("--rebuild", is_flag=True, help="build again even if this configuration is built")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="make's jobs (default: the CPUs)")
+def kernel_build(name, rebuild, jobs):
+    """Build a kernel from source into the cache (sched-ext: Linux 6.12 with sched_ext and the
+    tree's example schedulers; 12-28 min on 2 CPUs), once per configuration. Installs the Debian
+    packages the build needs when they are missing (as root)."""
+    import time
+
+    from harmony import kernels
+
+    if name not in kernels.BUILT:
+        _fail(f"unknown kernel to build {name!r}: give one of {', '.join(kernels.BUILT)}", 2)
+    t0 = time.monotonic()
+    with _errors():
+        k = kernels.build(name, rebuild=rebuild, jobs=jobs,
+                          progress=lambda line: click.echo(line, err=True))
+    took = k.source.get("build_s")
+    click.echo(f"{k.describe()}: release {k.release}, {k.image}"
+               + (f"; built in {took / 60:.1f} min" if took and time.monotonic() - t0 > 60
+                  else ""))
 
 
 @kernel.command("fetch")

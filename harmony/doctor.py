@@ -129,12 +129,15 @@ def check_kernel() -> dict:
 def check_sched_ext() -> dict:
     scx = hostfacts.sched_ext_state()
     if scx["state"] == "not built":
-        return check(MISSING, "not built (no /sys/kernel/sched_ext)", **scx)
+        return check(MISSING, "not built (no /sys/kernel/sched_ext): --scx runs in a VM booting "
+                              "--kernel sched-ext (harmony kernel list)", **scx)
     detail = scx["state"]
     if scx["ops"]:
         detail += f", ops {scx['ops']}"
     if scx["state"] == "enabled" and scx["switch_all"] is False:
         detail += " (partial: only SCHED_EXT tasks)"
+    if scx["state"] == "enabled":
+        detail += "; --scx refuses to start another (stop this one first)"
     return check(OK, detail, **scx)
 
 

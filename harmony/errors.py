@@ -79,3 +79,11 @@ class UnknownKernel(KernelError, ParameterError):
 class VmError(HarmonyError):
     """A virtual machine did not boot, or its guest stopped before it finished; the message
     names the kernel."""
+
+
+class ScxError(HarmonyError):
+    """A sched_ext scheduler under test could not be started, or was ejected by the kernel."""
+
+
+class UnknownScheduler(ScxError, ParameterError):
+    """An ``--scx`` that names no known scheduler nor an executable (bad input: exit 2)."""

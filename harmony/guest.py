@@ -42,6 +42,7 @@ from harmony.hygiene import HostLock
 from harmony.manifest import reason
 from harmony.probes import get_probe
 from harmony.run import JsonRows, capture
+from harmony.scx import ScxSpec
 from harmony.tasks import TaskSpec
 from harmony.vm import LINE_PREFIX
 
@@ -72,15 +73,17 @@ class PlannedRun:
     tasks: list[dict]
     probe: str = "tracefs"
     seed: int = 0
+    scx: dict | None = None       # the sched_ext scheduler of the run (ScxSpec.to_dict())
 
     @classmethod
     def of(cls, experiment, params: dict, cpus: list[int], out: Path, probe: str,
-           seed: int) -> "PlannedRun":
+           seed: int, scx: ScxSpec | None = None) -> "PlannedRun":
         """Plan ``experiment`` with ``params`` as :func:`harmony.run.capture` would run it."""
         drawn = {**params, **experiment.draw(params, cpus, seed)}
         specs = experiment.tasks(drawn, cpus)
         return cls(str(out), experiment.name, experiment.question, drawn, list(cpus),
-                   [dataclasses.asdict(s) for s in specs], probe, seed)
+                   [dataclasses.asdict(s) for s in specs], probe, seed,
+                   scx.to_dict() if scx else None)
 
 
 class _Planned:
@@ -134,6 +137,7 @@ def run_job(runs: list[PlannedRun], facts: dict, stream=None) -> int:
             try:
                 capture(_Planned(run), run.params, run.cpus, Path(run.dir), run.probe, run.seed,
                         facts, quiet=True, lock_held=True, tables=JsonRows(),
+                        scx=ScxSpec.from_dict(run.scx) if run.scx else None,
                         pause=lambda i=i: emit("measuring", stream, run=i),
                         resume=lambda i=i: emit("measured", stream, run=i))
             except Exception as exc:      # one run's failure is reported; the next runs go on

@@ -213,6 +213,13 @@ def isolation() -> dict:
 # kernel, scheduler, config
 
 
+def memory_available() -> int:
+    """Bytes of memory this host can give a process now without swapping (MemAvailable); tests
+    monkeypatch this to simulate a small host."""
+    import psutil       # here: most host reads need no psutil
+    return int(psutil.virtual_memory().available)
+
+
 def is_root() -> bool:
     """Whether this process runs as root (tests monkeypatch this to simulate a user)."""
     return os.geteuid() == 0

@@ -5,7 +5,8 @@ even by SIGKILL, so a crashed run never blocks the next one. On every start the 
 what a killed run could not clean: tracefs instances and perf recorders whose owner is gone,
 worker processes (comm ``hmy-*``) and fork servers orphaned to init, cpuset cgroups
 (``harmony-<pid>``) whose controller is gone, and the QEMU and virtme-ng processes of a virtual
-machine whose controller is gone (:func:`harmony.vm.reclaim_stale`).
+machine whose controller is gone (:func:`harmony.vm.reclaim_stale`), and a sched_ext scheduler
+under test whose controller is gone (:func:`harmony.scx.reclaim_stale`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import signal
 from pathlib import Path
 
-from harmony import cpuset, vm
+from harmony import cpuset, scx, vm
 from harmony.errors import HostBusy  # noqa: F401  (raised here)
 from harmony.forkserver import COMM as SERVER_COMM
 from harmony.osutil import lock_dir, open_own_file
@@ -111,6 +112,7 @@ def reclaim_stale() -> list[str]:
             pass
     removed += cpuset.reclaim_stale()
     removed += vm.reclaim_stale()
+    removed += scx.reclaim_stale()
     for name in PROBES:
         try:
             removed += get_probe(name).reclaim_stale()

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import os
 import shutil
 import tempfile
+from concurrent import futures
 from pathlib import Path
 
 import numpy as np
@@ -22,15 +24,16 @@ import pandas as pd
 
 from harmony import hostfacts, pipeline, store
 from harmony.analysis import trust
-from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.arrays import event_mask, in_set, index_of
 from harmony.analysis.waking import wakeups_from_waking
 from harmony.errors import ImportFailed  # noqa: F401  (raised here)
 from harmony.experiments import get_experiment
+from harmony.jit import in_background
 from harmony.osutil import format_cpulist
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.encode import write_recording
 from harmony.probes.schema import SCHED_EVENTS, make_markers
-from harmony.probes.tracedat_read import MAGIC, decode_tracedat
+from harmony.probes.tracedat_read import MAGIC, choose_buffer, decode_tracedat, read_tracedat
 from harmony.probes.tracedat_write import write_tracedat
 from harmony.tasks import TaskSpec, tasks_frame
 
@@ -99,6 +102,46 @@ def read_perf_data(path: Path) -> Capture:
     return Capture(events=events, markers=make_markers(), meta=meta)
 
 
+#: an import's peak resident memory per byte of a trace.dat's ring-buffer data, and beside it
+#: (bench/whole_import.py, 2026-11-26): 6.1 bytes at 10 M events of a pipe ping-pong whose tasks
+#: are the experiment's (54 bytes of records an event; a run per switch), 5.4 at 50 M; 3.4 where
+#: the experiment's tasks are a fraction of the trace. With room for smaller records (more events
+#: per byte)
+MEMORY_PER_DATA_BYTE = 7.0
+MEMORY_BASE = 400 << 20
+
+
+def memory_needed(path: Path, buffer: str | None = None) -> tuple[int, int] | None:
+    """(bytes of memory an import of ``path`` needs, at most; bytes of ring-buffer data it holds)
+    for an uncompressed trace.dat; None where that is not estimated (a compressed trace.dat, a
+    perf.data, a file that does not parse: reading it says why)."""
+    if sniff(path) != "trace.dat":
+        return None
+    try:
+        td = read_tracedat(path)
+        buf = choose_buffer(td, buffer)
+    except ProbeError:
+        return None
+    if buf.compressed:
+        return None
+    data = sum(size for _, size in buf.cpus.values())
+    return int(MEMORY_PER_DATA_BYTE * data) + MEMORY_BASE, data
+
+
+def check_memory(path: Path, buffer: str | None = None) -> None:
+    """ImportFailed, before anything is read, if importing ``path`` may need more memory than
+    this host has available (:func:`memory_needed`), with the estimate and what to do."""
+    est = memory_needed(path, buffer)
+    have = hostfacts.memory_available()
+    if est is None or est[0] <= have:
+        return
+    need, data = est
+    raise ImportFailed(f"{path}: importing it needs up to {need / 2**30:.1f} GiB of memory "
+                       f"({MEMORY_PER_DATA_BYTE:g}x its {data / 2**30:.1f} GiB of ring-buffer data), "
+                       f"this host has {have / 2**30:.1f} GiB available: import it where there is "
+                       "more, or a part of it (trace-cmd split), or give --no-memory-check to try")
+
+
 def read_trace(path: Path, buffer: str | None = None) -> tuple[Capture, str]:
     """(capture, format) of a trace.dat or perf.data; TraceCorrupt naming the file if it is bad."""
     kind = sniff(path)
@@ -132,14 +175,26 @@ def _pid_comms(events: pd.DataFrame, cmdlines: dict[int, str]) -> dict[int, set[
     """Every comm each pid is seen with (events' pid/comm, prev_pid/prev_comm, the file's cmdlines)."""
     out: dict[int, set[str]] = {}
     for pid_col, comm_col in (("pid", "comm"), ("prev_pid", "prev_comm")):
-        pairs = events[[pid_col, comm_col]].drop_duplicates()
-        for pid, comm in zip(pairs[pid_col].to_numpy(), pairs[comm_col].astype(str)):
+        for pid, comm in _pairs(events[pid_col], events[comm_col]):
             if pid > 0 and comm:
                 out.setdefault(int(pid), set()).add(comm)
     for pid, comm in cmdlines.items():
         if pid > 0:
             out.setdefault(int(pid), set()).add(comm)
     return out
+
+
+def _pairs(pid: pd.Series, comm: pd.Series) -> list[tuple[int, str]]:
+    """The distinct (pid, comm) pairs of two columns (a missing comm is "nan", as astype(str)
+    says). A categorical comm by its codes: one hash of a 64-bit key per row, no string per row."""
+    if not isinstance(comm.dtype, pd.CategoricalDtype):
+        pairs = pd.DataFrame({"p": pid, "c": comm}).drop_duplicates()
+        return list(zip(pairs["p"].tolist(), pairs["c"].astype(str)))
+    names = np.append(np.asarray(comm.cat.categories.astype(str), dtype=object), "nan")
+    key = pd.unique((pid.to_numpy().astype(np.int64) << 32)
+                    | (comm.cat.codes.to_numpy().astype(np.int64) & 0xFFFFFFFF))
+    codes = (key & 0xFFFFFFFF).astype(np.int64)
+    return list(zip((key >> 32).tolist(), names[np.where(codes == 0xFFFFFFFF, -1, codes)]))
 
 
 def df_trace_tasks(events: pd.DataFrame, cmdlines: dict[int, str] | None = None) -> pd.DataFrame:
@@ -210,8 +265,8 @@ def select_pids(events: pd.DataFrame, seen: dict[int, set[str]], pids, comms, pa
 
 
 def _task_events(events: pd.DataFrame, pids: list[int]) -> np.ndarray:
-    return (events["pid"].isin(pids) | events["prev_pid"].isin(pids)
-            | events["common_pid"].isin(pids)).to_numpy()
+    return (in_set(events["pid"].to_numpy(), pids) | in_set(events["prev_pid"].to_numpy(), pids)
+            | in_set(events["common_pid"].to_numpy(), pids))
 
 
 def find_marker(markers: pd.DataFrame, text: str, path) -> int:
@@ -229,12 +284,6 @@ def find_marker(markers: pd.DataFrame, text: str, path) -> int:
                        f"({len(markers)} markers in the file)")
 
 
-def _by_pid(pid: np.ndarray, *cols: np.ndarray) -> tuple[np.ndarray, ...]:
-    """``pid`` and ``cols`` sorted by pid (stable: each pid's rows keep their order)."""
-    order = np.argsort(pid, kind="stable")
-    return (pid[order], *(c[order] for c in cols))
-
-
 def _where_at(events: pd.DataFrame, pids: list[int], t0: int) -> dict[int, int]:
     """Per pid, the CPU it was on at t0: its last placement (switched in or out there, or moved
     or woken to it) before t0, else its first one after; -1 if none."""
@@ -243,22 +292,23 @@ def _where_at(events: pd.DataFrame, pids: list[int], t0: int) -> dict[int, int]:
     sw = event_mask(events, "sched_switch")
     moved = event_mask(events, "sched_migrate_task", "sched_wakeup", "sched_wakeup_new")
     cpu, target = events["cpu"].to_numpy(), events["target_cpu"].to_numpy()
-    rows, who, where = [], [], []
-    for mask, p, c in ((sw, pid, cpu), (sw, prev, cpu), (moved, pid, target)):
-        r = np.flatnonzero(mask & in_set(p, want))
-        rows.append(r), who.append(p[r].astype(np.int64)), where.append(c[r].astype(np.int64))
-    rows, who, where = (np.concatenate(x) for x in (rows, who, where))
-    known = where >= 0
-    rows, who, where = rows[known], who[known], where[known]
-    in_time = np.argsort(rows, kind="stable")          # rows are in time order
-    who, rows, where = _by_pid(who[in_time], rows[in_time], where[in_time])
     ts = events["ts"].to_numpy()
-    out = {}
-    for p in pids:
-        a, b = np.searchsorted(who, p, "left"), np.searchsorted(who, p, "right")
-        k = int(np.searchsorted(ts[rows[a:b]], t0, "right"))
-        out[p] = int(where[a + k - 1]) if k else int(where[a]) if b > a else -1
-    return out
+    last = np.full(len(want), -1, np.int64)           # per pid: last placement's row <= t0
+    first = np.full(len(want), len(ts), np.int64)     # and first placement's row
+    placed = []
+    for mask, p, c in ((sw, pid, cpu), (sw, prev, cpu), (moved, pid, target)):
+        r = np.flatnonzero(mask & in_set(p, want) & (c >= 0))      # rows are in time order
+        k = index_of(p[r], want)
+        np.minimum.at(first, k, r)
+        before = ts[r] <= t0
+        np.maximum.at(last, k[before], r[before])
+        placed.append((r, k, c[r]))
+    at = np.where(last >= 0, last, first)             # the row that says where each pid was
+    where = np.full(len(want), -1, np.int64)
+    for r, k, c in placed:      # a row places a pid once (or twice on one CPU: a switch to itself)
+        hit = r == at[k]
+        where[k[hit]] = c[hit]
+    return {p: int(where[np.searchsorted(want, p)]) for p in pids}
 
 
 def _nice(events: pd.DataFrame, pids: list[int]) -> dict[int, tuple[int, int | None]]:
@@ -269,16 +319,21 @@ def _nice(events: pd.DataFrame, pids: list[int]) -> dict[int, tuple[int, int | N
     for pc, qc in (("pid", "prio"), ("prev_pid", "prev_prio")):
         p, q = events[pc].to_numpy(), events[qc].to_numpy()
         keep = in_set(p, want) & (q >= 0)
-        who.append(p[keep].astype(np.int64)), prio.append(q[keep].astype(np.int64))
-    key, count = np.unique((np.concatenate(who) << 32) | np.concatenate(prio),
-                           return_counts=True)
-    k_pid, k_prio = key >> 32, key & 0xFFFFFFFF
-    first = np.lexsort((k_prio, -count, k_pid))       # per pid: most frequent, then lowest
-    k_pid, k_prio = k_pid[first], k_prio[first]
-    heads = np.flatnonzero(np.diff(k_pid, prepend=-1))               # each pid's first
+        who.append(index_of(p[keep], want)), prio.append(q[keep].astype(np.int64))
+    who, prio = np.concatenate(who), np.concatenate(prio)
     out = {p: (0, None) for p in pids}
-    for p, q in zip(k_pid[heads].tolist(), k_prio[heads].tolist()):
-        out[p] = ((q - 120 if 100 <= q <= 139 else 0), q)
+    if not len(prio):
+        return out
+    values = np.arange(int(prio.max()) + 1)   # prios are small (0-139): a count per (pid, prio)
+    if len(values) > 4096:                     # a damaged trace's: counted among those it holds
+        values, prio = np.unique(prio, return_inverse=True)
+    width = len(values)
+    counts = np.bincount(who * width + prio, minlength=len(want) * width).reshape(len(want), width)
+    best = counts.argmax(axis=1)           # the most frequent, the lowest of equally frequent
+    for k, p in enumerate(want.tolist()):
+        if counts[k, best[k]]:
+            q = int(values[best[k]])
+            out[p] = ((q - 120 if 100 <= q <= 139 else 0), q)
     return out
 
 
@@ -291,11 +346,13 @@ def _last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, str]:
     for src, (pc, cc) in enumerate((("pid", "comm"), ("prev_pid", "prev_comm"))):
         p = events[pc].to_numpy()
         rows = np.flatnonzero(in_set(p, want) & (events[cc] != "").to_numpy())
-        who, rows = _by_pid(p[rows].astype(np.int64), rows)
-        for r in rows[np.r_[np.flatnonzero(np.diff(who)), len(who) - 1]] if len(who) else []:
-            key = (int(ts[r]), src, int(r))          # the latest; at a tie, a prev_comm
-            if int(p[r]) not in best or key >= best[int(p[r])][0]:
-                best[int(p[r])] = (key, cc)
+        last = np.full(len(want), -1, np.int64)       # each pid's last such row
+        np.maximum.at(last, index_of(p[rows], want), rows)
+        for k in np.flatnonzero(last >= 0):
+            r, pid = int(last[k]), int(want[k])
+            key = (int(ts[r]), src, r)                # the latest; at a tie, a prev_comm
+            if pid not in best or key >= best[pid][0]:
+                best[pid] = (key, cc)
     return {pid: str(events[cc].iat[key[2]]) for pid, (key, cc) in best.items()}
 
 
@@ -346,9 +403,11 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                  t0_s: float | None = None, t0_marker: str | None = None,
                  end_s: float | None = None, end_marker: str | None = None,
                  experiment: str = "single-source", params: dict | None = None,
-                 buffer: str | None = None, progress=None) -> store.Run:
+                 buffer: str | None = None, progress=None,
+                 memory_check: bool = True) -> store.Run:
     """Analyse ``path`` into the run directory ``out``; returns the loaded, complete run.
     ``progress``: called with a short line as each long step starts (reading, tables, figures).
+    ``memory_check``: refuse a trace this host has not the memory for (:func:`check_memory`).
 
     Raises TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as
     asked) or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the
@@ -357,6 +416,8 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     path, out = Path(path), Path(out)
     exp = get_experiment(experiment)
     step = progress or (lambda what: None)
+    if memory_check:
+        check_memory(path, buffer)
     step(f"reading {path.name} ({path.stat().st_size / 1e6:,.0f} MB)")
     cap, kind = read_trace(path, buffer)
     events, markers, meta = cap.events, cap.markers, cap.meta
@@ -446,16 +507,27 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                 "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
                 "t0_from": t0_from, "end_from": end_from, "stored": f"{RAW_DIR}/{path.name}"})
     store.write_json(out / "manifest.json", manifest)
+    # the copy of the trace kept with the run (sendfile: kernel time, ~1.4 s for 540 MB here) is
+    # made while the tables are built, and waited for before the run is written complete
+    copying = in_background(_copy_atomically, path, out / RAW_DIR / path.name)
     try:
-        (out / RAW_DIR).mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, out / RAW_DIR / path.name)
-    except BaseException as exc:
-        manifest["status"] = "incomplete"
-        manifest["incomplete_reason"] = pipeline.reason(exc)
-        store.write_json(out / "manifest.json", manifest)
+        return pipeline.analyse_capture(out, manifest, cap, tasks, pipeline.Window(t0, t_end),
+                                        pipeline.Origin("imported", notes=notes), progress=step,
+                                        before_complete=copying.result)
+    finally:
+        futures.wait([copying])     # never leave the copy running behind an error
+
+
+def _copy_atomically(src: Path, dest: Path) -> None:
+    """Copy ``src`` to ``dest`` under a temporary name first: a copy cut short is never found."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part")
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
         raise
-    return pipeline.analyse_capture(out, manifest, cap, tasks, pipeline.Window(t0, t_end),
-                                    pipeline.Origin("imported", notes=notes), progress=step)
 
 
 # --- export ------------------------------------------------------------------------------------

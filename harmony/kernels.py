@@ -10,7 +10,15 @@ initramfs). :func:`kernel` turns what the user wrote after ``--kernel`` into one
   installed on the host;
 - a path to a kernel image (a built bzImage, e.g. a sched_ext kernel): used as it is, its release
   read from the image's own header, its modules those of ``lib/modules/<release>`` beside it if
-  any (as virtme-ng finds them).
+  any (as virtme-ng finds them);
+- a name of :data:`BUILT` (``sched-ext``): a kernel Harmony builds from source by a recipe kept
+  as data (``harmony/data/<name>.json``: the Debian source package, the config options on top of
+  virtme-ng's VM config, the tree's example sched_ext schedulers) with :func:`build`
+  (``harmony kernel build sched-ext``). Its cache directory is named by a key, the hash of the
+  recipe, the source package's version and virtme-ng's (:func:`build_key`): a machine builds a
+  configuration once. A reference build (``../shared/kernels/<name>`` beside the checkout, or
+  ``HARMONY_KERNEL_SEED``) may seed the cache instead (:func:`seed`) when its config is the one
+  the recipe makes for that source version (the recipe records its sha256, checked by a build).
 
 The cache (:data:`CACHE`, ``HARMONY_KERNEL_CACHE`` to move it) holds one directory per package
 and version, ``<package>_<version>/``, laid out as the package's own tree (``boot/vmlinuz-<release>``,
@@ -27,13 +35,18 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import gzip
+import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import tempfile
+import time
+from importlib import metadata
 from pathlib import Path
 
 from harmony.errors import KernelError, UnknownKernel  # noqa: F401  (raised here)
@@ -47,6 +60,9 @@ NAMED = {
     "debian:6.12-rt": (r"linux-image-6\.12\.([0-9]+)\+deb12-rt-amd64-unsigned",
                        "6.12 PREEMPT_RT (EEVDF)"),
 }
+#: kernels Harmony builds from source, by name: the recipe's file in harmony/data
+BUILT = {"sched-ext": "sched-ext-6.12.json"}
+DATA = Path(__file__).parent / "data"
 CACHE = Path(os.environ.get("HARMONY_KERNEL_CACHE", "/var/cache/harmony/kernels"))
 #: each cached kernel's description, in its directory
 RECORD = "kernel.json"
@@ -76,6 +92,9 @@ class Kernel:
         s = self.source
         if s.get("kind") == "debian":
             return f"{self.spec} ({s['package']} {s['version']})"
+        if s.get("kind") == "build":
+            how = f"seeded from {s['seed']}" if s.get("from") == "seed" else "built here"
+            return f"{self.spec} ({s['package']} {s['version']}, {how})"
         return f"{self.image} ({self.release})"
 
     def to_dict(self) -> dict:
@@ -84,13 +103,13 @@ class Kernel:
 
 
 def known_names() -> str:
-    return ", ".join(NAMED)
+    return ", ".join([*NAMED, *BUILT])
 
 
 def check_spec(spec: str) -> None:
     """Raise UnknownKernel (one line, naming the known names) unless ``spec`` is a known name or
     an existing file. Nothing is fetched or read beyond that."""
-    if spec in NAMED:
+    if spec in NAMED or spec in BUILT:
         return
     if Path(spec).is_file():
         return
@@ -105,6 +124,8 @@ def kernel(spec: str, cache: Path | None = None, progress=None) -> Kernel:
     check_spec(spec)
     if spec in NAMED:
         return fetch(spec, cache, progress)
+    if spec in BUILT:
+        return available(spec, cache, progress)
     return from_image(Path(spec), spec)
 
 
@@ -292,3 +313,348 @@ def _unpack(name: str, package: str, version: str, into: Path) -> Kernel:
         "moddir": str(moddir.relative_to(into)) if moddir else None, "source": kernel.source,
     }, indent=1) + "\n")
     return kernel
+
+
+# --- kernels built from source ------------------------------------------------------------------
+
+#: how often a build says where it is (seconds), and how long one step may take
+BUILD_SAY_EVERY_S = 30.0
+BUILD_STEP_TIMEOUT_S = 4 * 3600
+
+
+def recipe(name: str) -> dict:
+    """The recipe of the built kernel ``name`` (harmony/data/<file>.json)."""
+    return json.loads((DATA / BUILT[name]).read_text())
+
+
+def vng_version() -> str:
+    try:
+        return metadata.version("virtme-ng")
+    except metadata.PackageNotFoundError:
+        return "none"
+
+
+def build_key(rec: dict, version: str, vng: str | None = None) -> str:
+    """The cache key of a build: what determines its result (the recipe, the source package's
+    version, virtme-ng's version, whose VM config is the base)."""
+    what = {"recipe": {k: v for k, v in rec.items() if not k.startswith("config_sha256")},
+            "source_version": version, "virtme_ng": vng or vng_version()}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def source_version(rec: dict) -> str:
+    """The version of the recipe's source package: the installed one, else the one apt would
+    install (KernelError if apt knows none)."""
+    package = rec["source_package"]
+    try:
+        done = subprocess.run(["dpkg-query", "-W", "-f=${Status}\\t${Version}", package],
+                              capture_output=True, text=True, timeout=60)
+        status, _, version = done.stdout.partition("\t")
+        if done.returncode == 0 and status.endswith(" installed") and version:
+            return version
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    show = _run(["apt-cache", "show", "--no-all-versions", package])
+    m = re.search(r"^Version:\s*(\S+)", show, re.M)
+    if not m:
+        raise KernelError(f"apt knows no package {package} (run apt-get update)")
+    return m.group(1)
+
+
+def upstream_release(version: str) -> str:
+    """The kernel release a Debian source version builds: ``6.12.117-1~deb12u1`` -> ``6.12.117``."""
+    return version.split("-", 1)[0]
+
+
+def built_dir(name: str, key: str, cache: Path | None = None) -> Path:
+    return cache_dir(cache) / f"{name}_{key}"
+
+
+def seed_dir(name: str) -> Path:
+    """Where a reference build of ``name`` may be: ``HARMONY_KERNEL_SEED`` (the directory of the
+    kernels, or of this one), else ``../shared/kernels/`` of the checkout's parent."""
+    sub = Path(BUILT[name]).stem
+    env = os.environ.get("HARMONY_KERNEL_SEED")
+    if env:
+        base = Path(env)
+        return base if (base / "config.gz").exists() else base / sub
+    return Path(__file__).resolve().parents[2] / "shared" / "kernels" / sub
+
+
+def seed_matches(rec: dict, seed: Path, version: str) -> tuple[bool, str]:
+    """Whether the reference build in ``seed`` is what :func:`build` makes of ``rec`` for the
+    source ``version``: its config.gz is the config the recipe records for that version, its
+    image is of that release, and it has every scheduler. (matches, why not)."""
+    want = rec.get("config_sha256", {}).get(version)
+    if want is None:
+        return False, f"the recipe records no config for {rec['source_package']} {version}"
+    try:
+        config = gzip.decompress((seed / "config.gz").read_bytes())
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        return False, f"{seed / 'config.gz'}: {getattr(exc, 'strerror', None) or exc}"
+    if hashlib.sha256(config).hexdigest() != want:
+        return False, f"{seed / 'config.gz'} is not the config the recipe makes of {version}"
+    try:
+        release = image_release(seed / "bzImage")
+    except KernelError as exc:
+        return False, str(exc)
+    if release != upstream_release(version):
+        return False, f"{seed / 'bzImage'} is release {release}, not {upstream_release(version)}"
+    missing = [s for s in rec["schedulers"] if not (seed / s).is_file()]
+    if missing:
+        return False, f"{seed} lacks {', '.join(missing)}"
+    return True, ""
+
+
+def _record_build(d: Path, name: str, rec: dict, version: str, key: str, how: dict) -> Kernel:
+    """Write the record of a built kernel laid out in ``d`` (bzImage, config.gz, schedulers)."""
+    release = image_release(d / "bzImage")
+    source = {"kind": "build", "recipe": name, "package": rec["source_package"],
+              "version": version, "key": key, "virtme_ng": vng_version(),
+              "schedulers": list(rec["schedulers"]), **how}
+    (d / RECORD).write_text(json.dumps({"spec": name, "image": "bzImage", "release": release,
+                                        "moddir": None, "source": source}, indent=1) + "\n")
+    return Kernel(name, d / "bzImage", release, None, source)
+
+
+def _locked(root: Path):
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        lock = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise KernelError(f"cannot use the kernel cache {root} ({exc.strerror})") from None
+    fcntl.flock(lock, fcntl.LOCK_EX)     # another fetch or build of the same cache waits here
+    return lock
+
+
+def _place(tmp: Path, final: Path) -> None:
+    """Rename a whole directory into place (over a directory without a record)."""
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+
+
+def seed(name: str, cache: Path | None = None, version: str | None = None,
+         source: Path | None = None) -> Kernel:
+    """Copy the reference build of ``name`` into the cache under the key of ``version`` (default:
+    the source package's); KernelError saying why if it does not match the recipe."""
+    rec = recipe(name)
+    version = version or source_version(rec)
+    src = Path(source) if source is not None else seed_dir(name)
+    ok, why = seed_matches(rec, src, version)
+    if not ok:
+        raise KernelError(f"kernel {name}: the reference build cannot seed the cache: {why}")
+    key = build_key(rec, version)
+    root = cache_dir(cache)
+    final = built_dir(name, key, root)
+    lock = _locked(root)
+    try:
+        if (final / RECORD).is_file():
+            return _load(final)
+        _reclaim_partial(root)
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".partial-{os.getpid()}-"))
+        try:
+            for f in ["bzImage", "config.gz", *rec["schedulers"]]:
+                shutil.copy2(src / f, tmp / f)
+            _record_build(tmp, name, rec, version, key, {"from": "seed", "seed": str(src)})
+            _place(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return _load(final)
+    finally:
+        os.close(lock)
+
+
+def available(name: str, cache: Path | None = None, progress=None) -> Kernel:
+    """The built kernel ``name`` of this machine's configuration: cached, else seeded from the
+    reference build if that matches, else KernelError saying the command that builds it. Where
+    the source package's version cannot be known (no apt lists), the newest cached build of that
+    name is used."""
+    say = progress or (lambda line: None)
+    rec = recipe(name)
+    try:
+        version = source_version(rec)
+    except KernelError:
+        have = [k for k in cached(cache) if k.spec == name]
+        if have:
+            return have[-1]
+        raise
+    final = built_dir(name, build_key(rec, version), cache)
+    if (final / RECORD).is_file():
+        return _load(final)
+    ok, why = seed_matches(rec, seed_dir(name), version)
+    if ok:
+        say(f"seeding the kernel cache with the reference build {seed_dir(name)}")
+        return seed(name, cache, version)
+    raise KernelError(f"kernel {name} is not built ({rec['source_package']} {version}; no seed: "
+                      f"{why}): `harmony kernel build {name}` builds it (12-28 min on 2 CPUs)")
+
+
+def status(name: str, cache: Path | None = None) -> str:
+    """One line for ``harmony kernel list``: built (how), or not built and the command."""
+    rec = recipe(name)
+    try:
+        version = source_version(rec)
+    except KernelError as exc:
+        return f"not built ({exc})"
+    final = built_dir(name, build_key(rec, version), cache)
+    if (final / RECORD).is_file():
+        s = _load(final).source
+        if s.get("from") == "seed":
+            return f"seeded from {s['seed']} ({rec['source_package']} {version}), {final}"
+        mins = f" in {s['build_s'] / 60:.0f} min" if s.get("build_s") else ""
+        return f"built here{mins} ({rec['source_package']} {version}), {final}"
+    ok, _ = seed_matches(rec, seed_dir(name), version)
+    more = f"; the reference build {seed_dir(name)} seeds it when first used" if ok else ""
+    return (f"not built ({rec['source_package']} {version}): `harmony kernel build {name}` "
+            f"builds it (12-28 min on 2 CPUs){more}")
+
+
+def missing_packages(packages: list[str]) -> list[str]:
+    """Those of ``packages`` dpkg does not have installed."""
+    out = []
+    for p in packages:
+        done = subprocess.run(["dpkg-query", "-W", "-f=${Status}", p], capture_output=True,
+                              text=True)
+        if done.returncode != 0 or not done.stdout.endswith(" installed"):
+            out.append(p)
+    return out
+
+
+def _step(argv: list[str], cwd: Path, log, say, label: str, env: dict | None = None) -> None:
+    """Run one build step, its output to ``log``; every BUILD_SAY_EVERY_S a line saying how long
+    it has run and its last line of output. KernelError with its last lines if it fails."""
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    t0 = time.monotonic()
+    said = t0
+    tail: list[str] = []
+    try:
+        # a session of its own: on any error, Ctrl-C or SIGTERM the whole step (make and the
+        # compilers it runs) is killed below, not make alone
+        proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, text=True, errors="replace",
+                                env={**os.environ, **(env or {})}, start_new_session=True)
+    except OSError as exc:
+        raise KernelError(f"{label}: {argv[0]} could not start ({exc.strerror})") from None
+    try:
+        for line in proc.stdout:
+            log.write(line)
+            tail = (tail + [line.rstrip()])[-5:]
+            now = time.monotonic()
+            if now - said >= BUILD_SAY_EVERY_S:
+                said = now
+                say(f"  {label}: {now - t0:4.0f} s, {tail[-1].strip()[:100]}")
+            if now - t0 > BUILD_STEP_TIMEOUT_S:
+                raise KernelError(f"{label} took over {BUILD_STEP_TIMEOUT_S / 3600:.0f} h")
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    log.flush()
+    if rc != 0:
+        last = " | ".join(t.strip() for t in tail[-3:] if t.strip())
+        raise KernelError(f"{label} failed (exit {rc}): {last}"[:600])
+
+
+def build(name: str, cache: Path | None = None, progress=None, jobs: int | None = None,
+          rebuild: bool = False) -> Kernel:
+    """Build the kernel ``name`` from source by its recipe into the cache (once per
+    configuration: a cached *build* is returned as it is unless ``rebuild``; a seeded copy is
+    replaced by a build). Installs the Debian packages it needs when missing (root). Steps, each
+    said through ``progress(line)``: packages, unpack the source, configure (virtme-ng's VM
+    config + the recipe's options, each checked in the result), ``make bzImage``, the example
+    schedulers (``make LLVM=-19`` in tools/sched_ext), then the directory is renamed into place.
+    The build tree (a few GB) is removed after; the log is kept as ``build.log``."""
+    say = progress or (lambda line: None)
+    rec = recipe(name)
+    root = cache_dir(cache)
+    jobs = jobs or len(os.sched_getaffinity(0))
+    missing = missing_packages(rec["packages"])
+    if missing:
+        if os.geteuid() != 0:
+            raise KernelError(f"building {name} needs these Debian packages: {' '.join(missing)} "
+                              "(run as root to install them)")
+        say(f"installing the build's Debian packages: {' '.join(missing)}")
+        _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], 1800)
+    configkernel = shutil.which("virtme-configkernel")
+    if configkernel is None:
+        raise KernelError("virtme-configkernel (virtme-ng) is not installed (install.sh installs it)")
+    version = source_version(rec)
+    key = build_key(rec, version)
+    final = built_dir(name, key, root)
+    if (final / RECORD).is_file() and not rebuild and _load(final).source.get("from") == "build":
+        say(f"{name} is built already: {final}")
+        return _load(final)
+    lock = _locked(root)
+    try:
+        _reclaim_partial(root)
+        tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".partial-{os.getpid()}-"))
+        t_start = time.monotonic()
+        try:
+            with open(tmp / "build.log", "w") as log:
+                tree = tmp / "src"
+                tree.mkdir()
+                say(f"[1/4] unpacking {rec['tarball']} ({rec['source_package']} {version})")
+                _step(["tar", "-xf", rec["tarball"], "-C", str(tree), "--strip-components=1"],
+                      tmp, log, say, "unpack")
+                say("[2/4] configuring: virtme-ng's VM config + "
+                    f"{len(rec['configitems'])} options")
+                _step([configkernel, "--defconfig",
+                       *[a for item in rec["configitems"] for a in ("--configitem", item)]],
+                      tree, log, say, "configure")
+                config = (tree / ".config").read_bytes()
+                _check_config(config.decode(errors="replace"), rec["configitems"])
+                t_kernel = time.monotonic()
+                say(f"[3/4] make -j{jobs} {rec['kernel_target']} (12-28 min on 2 CPUs)")
+                _step(["make", f"-j{jobs}", rec["kernel_target"]], tree, log, say, "make")
+                kernel_s = time.monotonic() - t_kernel
+                t_scx = time.monotonic()
+                say(f"[4/4] the example schedulers: make {' '.join(rec['schedulers_make'])} "
+                    f"in {rec['schedulers_dir']}")
+                _step(["make", f"-j{jobs}", *rec["schedulers_make"]],
+                      tree / rec["schedulers_dir"], log, say, "schedulers")
+                scx_s = time.monotonic() - t_scx
+            shutil.copy2(tree / "arch/x86/boot/bzImage", tmp / "bzImage")
+            (tmp / "config.gz").write_bytes(gzip.compress(config, mtime=0))
+            for s in rec["schedulers"]:
+                built_bin = tree / rec["schedulers_dir"] / "build" / "bin" / s
+                shutil.copy2(built_bin, tmp / s)
+                _run(["strip", str(tmp / s)])
+            shutil.rmtree(tree)
+            config_sha = hashlib.sha256(config).hexdigest()
+            known = rec.get("config_sha256", {}).get(version)
+            _record_build(tmp, name, rec, version, key, {
+                "from": "build", "build_s": round(time.monotonic() - t_start, 1),
+                "kernel_s": round(kernel_s, 1), "schedulers_s": round(scx_s, 1), "jobs": jobs,
+                "config_sha256": config_sha,
+                "config_as_recorded": None if known is None else known == config_sha})
+            _place(tmp, final)
+        except BaseException as exc:
+            kept = root / f"{name}-build-failed.log"
+            try:
+                shutil.copy2(tmp / "build.log", kept)
+            except OSError:
+                kept = None
+            shutil.rmtree(tmp, ignore_errors=True)
+            if isinstance(exc, KernelError) and kept is not None:
+                raise KernelError(f"{exc} (log: {kept})") from None
+            raise
+        return _load(final)
+    finally:
+        os.close(lock)
+
+
+def _check_config(config: str, items: list[str]) -> None:
+    """KernelError naming the first option of the recipe the configured tree does not have as
+    asked (a dependency Kconfig did not satisfy)."""
+    have = set(config.splitlines())
+    for item in items:
+        key, _, value = item.partition("=")
+        if item not in have and not (value == "n" and f"# {key} is not set" in have):
+            raise KernelError(f"the configured tree does not have {item} (a dependency missing?)")

@@ -8,7 +8,8 @@ tasks table, the measured :class:`Window` and an :class:`Origin` (what it is, wh
 trace, what it had to assume); :func:`analyse_capture` does the rest, the same way for all:
 
 1. tables: migrations, runs, runqueue, allocation, shares (:mod:`harmony.analysis.reconstruct`)
-   from the events, each written once as Parquet and kept in memory for the next steps;
+   from the events, each written once as Parquet and kept in memory for the next steps (a large
+   events table written on another thread meanwhile, waited for before the run is complete);
 2. checks: the probe's blind spots, the release, lost events, foreign load, the kernel's own view
    and the workers' counters against the trace, a second probe's recording (cross-check): facts
    in the manifest, and notes as data (:mod:`harmony.analysis.trust`, which words them);
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent import futures
 from pathlib import Path
 
 import pandas as pd
@@ -41,10 +43,15 @@ from harmony.analysis.release import release_spread
 from harmony.analysis.report import write_report
 from harmony.errors import ProbeError, RunError
 from harmony.experiments import get_experiment
+from harmony.jit import in_background
 from harmony.probes import PROBES, Capture, get_probe
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, MARK_WARMUP
 from harmony.tasks import class_counts
 from harmony.timing import Laps
+
+#: an events table of this many rows or more is written to Parquet on a thread of the pool
+#: (harmony.jit.in_background) while the checks and metrics run: 10 M events take ~2 s to write
+BACKGROUND_WRITE_ROWS = 500_000
 
 #: origins of a capture (Origin.kind)
 ORIGINS = ("recorded", "imported", "simulated")
@@ -207,9 +214,12 @@ def _incomplete(run_dir: Path, manifest: dict, why: str) -> None:
 
 def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window,
                     origin: Origin, figures: bool = True, progress=None,
-                    laps: Laps | None = None) -> store.Run:
+                    laps: Laps | None = None, before_complete=None) -> store.Run:
     """Tables, checks, metrics, figures and report of one capture, into the run directory ``out``
     (which holds ``manifest``; the tasks table is written unless it is there already).
+    ``before_complete``, if given, is called before the manifest is first written complete (the
+    importer waits there for its copy of the trace, made meanwhile); what it raises stops the
+    analysis as an error of the analysis would.
 
     ``progress``, if given, is called with a short line as each long step starts. An error leaves a
     capture of Harmony's own as it was on disk (status "captured": it can be analysed again) and
@@ -220,6 +230,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
     step = progress or (lambda what: None)
     laps = laps or Laps()
     experiment = get_experiment(manifest["experiment"])
+    writing = []        # the large events table is written while the checks and metrics run
     try:
         if not (out / "tasks.parquet").exists():
             store.write_table(out, "tasks", tasks)
@@ -228,7 +239,10 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         tables = derive_tables(cap, tasks, manifest["cpus"], window, manifest["params"]["window_s"],
                                rt_share=(manifest.get("sched") or {}).get("rt_share"))
         for name, df in tables.items():
-            store.write_table(out, name, df)
+            if name == "events" and len(df) >= BACKGROUND_WRITE_ROWS:
+                writing.append(in_background(store.write_table, out, name, df))
+            else:
+                store.write_table(out, name, df)
         own = {"kernel_samples": origin.kernel_samples, "kernel_counters": origin.kernel_counters,
                "kernel_nr_running": origin.kernel_nr_running}
         manifest["tables"] = ["tasks", *tables, *(k for k, v in own.items() if v is not None)]
@@ -249,6 +263,12 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         store.write_json(out / "summary.json", summary)
         run.preload_summary(json.loads(json.dumps(summary, default=store.json_default)))
         laps("metrics")
+        for w in writing:
+            w.result()
+        if before_complete is not None:
+            before_complete()
+        if writing or before_complete is not None:
+            laps("waiting")
         manifest.setdefault("timings_s", {})["analysis"] = laps.steps
         manifest["figures"], manifest["figures_deferred"] = [], not figures
         if figures:
@@ -261,6 +281,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
             store.write_json(out / "manifest.json", manifest)
             write_report(run)
     except BaseException as exc:
+        futures.wait(writing)       # nothing is left writing into the run behind the error
         # a capture of Harmony's own stays "captured" on disk, to be analysed again; an imported
         # trace's run directory has nothing else to wait for
         if origin.kind == "imported":

@@ -23,6 +23,7 @@ import threading
 import time
 from pathlib import Path
 
+from harmony import scx as scx_mod
 from harmony import store
 from harmony.controller import Workload, check_classes, lower_threads, raise_threads, warm_s
 from harmony.errors import ControllerError, Interrupted, RunError  # noqa: F401  (Interrupted: raised here)
@@ -127,7 +128,7 @@ def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stde
 def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
             seed: int = 0, facts: dict | None = None, quiet: bool = False,
             crosscheck: str | None = None, lock_held: bool = False, pause=None,
-            resume=None, tables=None) -> Captured:
+            resume=None, tables=None, scx: scx_mod.ScxSpec | None = None) -> Captured:
     """Run the workload under the probe and store the raw capture in ``out``; returns what it
     stored (:class:`Captured`).
 
@@ -144,6 +145,10 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     ``tables`` is the sink the side tables go to (default :class:`ParquetTables`; the guest
     agent's :class:`JsonRows`).
 
+    ``scx`` names a sched_ext scheduler (:mod:`harmony.scx`) started before the workers, watched
+    over the run and stopped after; its record is the manifest's ``scx``, and the run is
+    incomplete, with the reason, if the kernel ejected it.
+
     The manifest is written first with status "running"; it becomes "captured" only when the
     workload ran its full duration and the probe stopped cleanly, and "incomplete" (with the
     reason) on any error, Ctrl-C or SIGTERM. Every worker and every piece of kernel state is
@@ -155,6 +160,9 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     params = {**params, **experiment.draw(params, cpus, seed)}  # recorded in the manifest
     specs = experiment.tasks(params, cpus)
     check_classes(specs, cpus, warm_s(params))  # what the host cannot give them: before anything
+    if scx is not None:
+        scx_mod.check_classes(s.policy for s in specs)
+        scx_mod.check_kernel()
     # a refused run (HostBusy) leaves no trace, not even its directory
     lock = None if lock_held else HostLock().acquire()
     try:
@@ -175,7 +183,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             lock.release()
         raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    workload = sampler = probe = second = counters = None
+    workload = sampler = probe = second = counters = scheduler = None
     raised: list[int] = []      # this process's threads at SCHED_FIFO while the run is measured
     paused = False
     laps = Laps()  # manifest["timings_s"]["capture"]: what the run spends besides its duration
@@ -185,6 +193,12 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         # a previous run's decode may still be faulting in memory at SCHED_IDLE: a runnable task
         # on the CPUs measured, and a thread at the fork below
         stop_prefault()
+        if scx is not None:   # first: the release reads whether a sched_ext scheduler is enabled
+            scheduler = scx_mod.Scheduler(scx, out / scx_mod.LOG_NAME)
+            scheduler.start()
+            manifest["reclaimed"] += scheduler.reclaimed
+            manifest["host"] = {**manifest["host"], "scheduler": scheduler.ops,
+                                "sched_ext": "enabled"}
         workload = Workload(specs, cpus, seed=seed, warm_s=warm_s(params))
         workload.spawn()  # before the probe's threads exist: fork with no threads running
         stored["tasks"] = sink.put(out, "tasks", task_rows(specs, workload.pids))
@@ -220,9 +234,10 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
                                prio=workload.fifo_prio)
         if sampler:
             sampler.begin.set()
-        # our own threads (probe drains or perf record, sampler) and the release's occupiers:
-        # their CPU time is reported apart from foreign load
-        manifest["controller_tids"] = sorted(own + workload.occupier_pids)
+        # our own threads (probe drains or perf record, sampler), the release's occupiers and a
+        # sched_ext scheduler's threads: their CPU time is reported apart from foreign load
+        manifest["controller_tids"] = sorted(own + workload.occupier_pids
+                                             + (scheduler.tids() if scheduler else []))
         laps("release")
         # the window is counted from t0, not from here: the steps since take time, the more so
         # on a CPU set with many tasks
@@ -231,12 +246,16 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
                   start=workload.t0_ns / 1e9)
         mark(MARK_END)
         laps("measure")
+        ejected = scheduler.ejected() if scheduler else None
         workload.freeze()
         lower_threads(raised)
         if counters:
             counters.take("end")
         manifest["work_done"] = workload.work_done().tolist()
         manifest["workers_alive_at_end"] = len(workload.alive())
+        if ejected:
+            raise scx_mod.ScxError(f"the sched_ext scheduler {scx.name} was ejected during the "
+                                   f"run: {ejected}")
         gone = workload.unexpected_exits()
         if gone:    # the workload the experiment describes did not run: not a result
             raise ControllerError(f"{len(gone)} worker(s) died during the run, not by the "
@@ -281,6 +300,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             sampler.stopping.set()
         if workload:
             workload.stop()
+        if scheduler:
+            manifest["scx"] = scheduler.stop()
         for p in (probe, second):
             if p:
                 try:
@@ -310,7 +331,7 @@ def _mark_both(primary, second):
 
 def execute(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
             seed: int = 0, facts: dict | None = None, quiet: bool = False,
-            crosscheck: str | None = None) -> store.Run:
+            crosscheck: str | None = None, scx: scx_mod.ScxSpec | None = None) -> store.Run:
     """Capture then analyse one run; returns the loaded, complete run.
 
     Companions the experiment declares (``experiment.companions(params)``, e.g. a static-ideal
@@ -321,9 +342,9 @@ def execute(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     for name, overrides in experiment.companions(params).items():
         companion_params = experiment.resolve({**params, **overrides}, cpus)
         _analyse(capture(experiment, companion_params, cpus, Path(out) / name, probe_name, seed,
-                         facts, quiet))
+                         facts, quiet, scx=scx))
     return _analyse(capture(experiment, params, cpus, out, probe_name, seed, facts, quiet,
-                            crosscheck=crosscheck))
+                            crosscheck=crosscheck, scx=scx))
 
 
 def _analyse(captured: Captured) -> store.Run:

@@ -110,8 +110,13 @@ def rows_frame(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
                          for (name, dtype), col in zip(dtypes.items(), cols)})
 
 
+#: a table of more rows is converted to Arrow and written a row group of this many rows at a time
+WRITE_CHUNK_ROWS = 1 << 20
+
+
 def write_table(run_dir: Path, name: str, df: pd.DataFrame) -> None:
-    """Store ``df`` as ``name.parquet`` atomically (docstring-documented columns travel in attrs)."""
+    """Store ``df`` as ``name.parquet`` atomically (docstring-documented columns travel in attrs);
+    a large table in row groups of WRITE_CHUNK_ROWS rows, converted one at a time."""
     path = Path(run_dir) / f"{name}.parquet"
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.fchmod(fd, FILE_MODE)
@@ -119,7 +124,14 @@ def write_table(run_dir: Path, name: str, df: pd.DataFrame) -> None:
     try:
         import pyarrow.parquet as pq
 
-        pq.write_table(_arrow_table(df), tmp)
+        if len(df) <= WRITE_CHUNK_ROWS:
+            pq.write_table(_arrow_table(df), tmp)
+        else:   # a row group at a time: Arrow's copy of the frame is one chunk, not all of it
+            first = _arrow_table(df.iloc[:WRITE_CHUNK_ROWS])
+            with pq.ParquetWriter(tmp, first.schema) as w:
+                w.write_table(first)
+                for lo in range(WRITE_CHUNK_ROWS, len(df), WRITE_CHUNK_ROWS):
+                    w.write_table(_arrow_table(df.iloc[lo:lo + WRITE_CHUNK_ROWS]))
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -1,4 +1,5 @@
-"""Several files as one read-only byte array, mapped back to back from the page cache.
+"""Several files (or parts of files) as one read-only byte array, mapped back to back from the
+page cache.
 
 The ring-buffer decoder wants all CPUs' pages in one flat buffer. Reading the files into a fresh
 array copies every byte and touches as much new memory as the trace is large: on a VM whose memory
@@ -39,24 +40,29 @@ def _libc():
         return None
 
 
-def map_files(paths: list[Path], sizes: list[int]) -> np.ndarray | None:
+def map_files(paths: list[Path], sizes: list[int],
+              offsets: list[int] | None = None) -> np.ndarray | None:
     """A read-only uint8 array holding the files' bytes back to back (``sizes``: their sizes,
-    each a multiple of the system page size), or None if they cannot be mapped."""
+    each a multiple of the system page size; ``offsets``: where in each file its part starts,
+    each a multiple of it too, default 0: several parts of one file may be given), or None if
+    they cannot be mapped."""
     total = sum(sizes)
+    offsets = list(offsets) if offsets is not None else [0] * len(paths)
     libc = _libc() if os.name == "posix" else None
-    if libc is None or total == 0 or any(s % mmap.PAGESIZE for s in sizes):
+    if (libc is None or total == 0 or any(s % mmap.PAGESIZE for s in sizes)
+            or any(o % mmap.PAGESIZE for o in offsets)):
         return None
     base = libc.mmap(None, total, _PROT_NONE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
     if base in (None, _MAP_FAILED):
         return None
     off = 0
     try:
-        for path, size in zip(paths, sizes):
+        for path, size, at in zip(paths, sizes, offsets):
             if size:
                 fd = os.open(path, os.O_RDONLY)
                 try:
                     got = libc.mmap(base + off, size, mmap.PROT_READ,
-                                    mmap.MAP_PRIVATE | _MAP_FIXED | _MAP_POPULATE, fd, 0)
+                                    mmap.MAP_PRIVATE | _MAP_FIXED | _MAP_POPULATE, fd, at)
                 finally:
                     os.close(fd)  # the mapping keeps the file
                 if got != base + off:

@@ -89,8 +89,13 @@ def prefault_for_pages(nbytes: int) -> None:
     prefault_heap(int(PREFAULT_PER_PAGE_BYTE * nbytes))
 
 
-def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPage) -> Decoded:
-    """Decode every page of ``src`` with the given formats (keyed by event ID)."""
+def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPage,
+                  walked: Records | None = None) -> Decoded:
+    """Decode every page of ``src`` with the given formats (keyed by event ID).
+
+    ``walked``: the records :func:`walk_pages` has found in ``src`` already, with each record's
+    event type id as its ``code`` (walked with the type look-up ``np.arange``, the type id read
+    where these formats' ``common_type`` is) or no code; not walked again."""
     notes: list[str] = []
     # where a record holds its event type id: the same in every format
     ctype = None
@@ -105,7 +110,13 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
         if 0 <= ev_id < len(type_lut):
             type_lut[ev_id] = i
 
-    rec = walk_pages(src, hp, ctype, type_lut)
+    if walked is None:
+        rec = walk_pages(src, hp, ctype, type_lut)
+    elif walked.code is None:
+        rec = walked
+    else:                       # type id -> format code (-2, a record too short for it, stays)
+        rec = dataclasses.replace(walked, code=np.where(
+            walked.code >= 0, type_lut[np.maximum(walked.code, 0)], walked.code).astype(np.int32))
     n = len(rec.pos)
     pos, length, cpu = rec.pos, rec.length, rec.cpu     # in (cpu, page, position) order
 

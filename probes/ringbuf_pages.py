@@ -69,6 +69,30 @@ class PageSource:
                    np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
 
     @classmethod
+    def from_file_parts(cls, path: Path, parts_by_cpu: dict[int, tuple[int, int]], page_size: int,
+                        names: dict[int, str] | None = None) -> "PageSource":
+        """Each CPU's pages from its part (offset, size) of one file (a trace.dat's uncompressed
+        CPU data): mapped back to back where the parts are page aligned, no copy and no fresh
+        memory (:mod:`filemap`); read into one new array otherwise."""
+        names = names or {}
+        cpus = sorted(parts_by_cpu)
+        offsets = [parts_by_cpu[c][0] for c in cpus]
+        sizes = [parts_by_cpu[c][1] for c in cpus]
+        files = [names.get(c, f"cpu{c}") for c in cpus]
+        for s, f in zip(sizes, files):
+            if s % page_size:
+                raise TraceCorrupt(f"{f}: truncated: {s} bytes is not a whole number of "
+                                   f"{page_size}-byte pages")
+        buf = map_files([Path(path)] * len(cpus), sizes, offsets)
+        if buf is None:
+            buf = _read_files([Path(path)] * len(cpus), sizes, offsets)
+            buf.flags.writeable = False     # as a mapped one: the compiled kernels' same types
+        counts = [s // page_size for s in sizes]
+        return cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
+                   np.repeat(np.arange(len(cpus)), counts), files,
+                   np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+
+    @classmethod
     def from_files(cls, files_by_cpu: dict[int, Path], page_size: int) -> "PageSource":
         cpus = sorted(files_by_cpu)
         sizes = []
@@ -92,13 +116,16 @@ class PageSource:
                    np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
 
 
-def _read_files(paths: list[Path], sizes: list[int]) -> np.ndarray:
-    """The files' bytes back to back in a new array (where they cannot be mapped)."""
+def _read_files(paths: list[Path], sizes: list[int],
+                offsets: list[int] | None = None) -> np.ndarray:
+    """The files' bytes (``sizes`` of them from ``offsets``, default 0) back to back in a new
+    array (where they cannot be mapped)."""
     buf = np.empty(sum(sizes), np.uint8)
     o = 0
-    for p, s in zip(paths, sizes):
+    for p, s, at in zip(paths, sizes, offsets or [0] * len(paths)):
         try:
             with open(p, "rb", buffering=0) as fh:
+                fh.seek(at)
                 got = fh.readinto(memoryview(buf[o:o + s]))
                 while got < s:
                     k = fh.readinto(memoryview(buf[o + got:o + s]))

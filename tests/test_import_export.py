@@ -351,6 +351,48 @@ def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
     assert json.loads((tmp_path / "f/manifest.json").read_text())["status"] == "incomplete"
 
 
+def test_import_refuses_up_front_a_trace_the_host_has_not_the_memory_for(writer_dat, tmp_path,
+                                                                         monkeypatch):
+    from harmony import hostfacts, importer
+    _, dat = writer_dat
+    need, data = importer.memory_needed(dat)
+    assert data > 0 and need == int(importer.MEMORY_PER_DATA_BYTE * data) + importer.MEMORY_BASE
+    monkeypatch.setattr(hostfacts, "memory_available", lambda: need - 1)
+    out = tmp_path / "run"
+    line = one_line_error(invoke("import", dat, "--pid", 12, "--out", out), dat)
+    assert "needs up to" in line and "GiB available" in line and "--no-memory-check" in line
+    assert not out.exists()                                 # refused before anything started
+    r = invoke("import", dat, "--pid", 12, "--out", out, "--no-memory-check")
+    assert r.exit_code == 0, r.output
+    monkeypatch.setattr(hostfacts, "memory_available", lambda: need)
+    assert invoke("import", dat, "--pid", 12, "--out", tmp_path / "fits").exit_code == 0
+
+
+def test_import_whose_copy_of_the_trace_fails_is_incomplete(writer_dat, tmp_path, monkeypatch):
+    """The trace is copied into the run while it is analysed: a copy that fails (a full disk)
+    leaves the run incomplete, with one line naming the file and no partial copy behind."""
+    from harmony import importer
+    _, dat = writer_dat
+    real = shutil.copyfile
+
+    def full_disk(src, dst):
+        real(src, dst)      # the partial copy exists when the error comes
+        raise OSError(28, "No space left on device", str(dst))
+
+    monkeypatch.setattr(importer.shutil, "copyfile", full_disk)
+    out = tmp_path / "run"
+    line = one_line_error(invoke("import", dat, "--pid", 12, "--out", out), out)
+    assert "No space left on device" in line
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["status"] == "incomplete" and "No space left" in m["incomplete_reason"]
+    assert not list((out / "raw/import").iterdir())
+    monkeypatch.setattr(importer.shutil, "copyfile", real)
+    ok = tmp_path / "ok"
+    assert invoke("import", dat, "--pid", 12, "--out", ok).exit_code == 0
+    assert (ok / "raw/import" / dat.name).read_bytes() == dat.read_bytes()
+    assert "waiting" in json.loads((ok / "manifest.json").read_text())["timings_s"]["analysis"]
+
+
 @pytest.mark.parametrize("clock,unit", [("x86-tsc", "CPU cycles"), ("uptime", "jiffies"),
                                         ("counter", "events")])
 def test_import_refuses_a_trace_clock_that_does_not_count_nanoseconds(tmp_path, clock, unit):

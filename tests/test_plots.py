@@ -130,3 +130,23 @@ def test_strip_figure_says_how_many_runs_have_a_metric(tmp_path, monkeypatch):
     report_suite.plot_points(df, "detection", ["interval1_ms", "interval3_ms"],
                              tmp_path / "det.png", "Detection", "ms")
     assert ticks[-1] == ["interval1_ms", "interval3_ms\n(3 of 4 runs)"]
+
+
+def test_migrations_are_counted_per_bin_and_bins_widened_to_what_a_panel_shows(tmp_path, monkeypatch):
+    mig = pd.DataFrame({"t": [0.05, 0.06, 0.15, 0.95, 1.0, 5.0], "kind": ["balance", "wakeup",
+                                                                          "balance", "balance",
+                                                                          "wakeup", "balance"]})
+    counts = plots.migration_counts(mig, np.arange(0.0, 1.1, 0.1))
+    assert list(counts) == ["balance", "wakeup"]          # bottom to top of the stack
+    assert counts["balance"].tolist() == [1, 1, 0, 0, 0, 0, 0, 0, 0, 1]   # 5.0 s: outside
+    assert counts["wakeup"].tolist() == [1, 0, 0, 0, 0, 0, 0, 0, 0, 1]    # 1.0 s: the last bin
+    assert plots.migration_counts(mig.iloc[:0], np.arange(0.0, 1.1, 0.1)) == {}
+    labels = []
+    real = plots.plt.Axes.set_ylabel
+    monkeypatch.setattr(plots.plt.Axes, "set_ylabel",
+                        lambda ax, text, *a, **k: labels.append(text) or real(ax, text, *a, **k))
+    plots.plot_migrations(mig, 6.0, 0.1, tmp_path / "m.png")
+    plots.plot_migrations(mig, 600.0, 0.1, tmp_path / "m2.png")   # 6000 bins: widened 14x
+    plots.plot_migrations(mig.iloc[:0], 6.0, 0.1, tmp_path / "m3.png")
+    assert labels == ["migrations per 100 ms", "migrations per 1400 ms", "migrations per 100 ms"]
+    assert all((tmp_path / f).stat().st_size > 0 for f in ("m.png", "m2.png", "m3.png"))

@@ -1,0 +1,188 @@
+"""Whole-import benchmark: ``harmony import FILE`` against ``trace-cmd report FILE > /dev/null``.
+
+What a user waits for is the whole command: reading and decoding the trace.dat, the tables and
+their Parquet files, the checks, the experiment's metrics, the figures and the report, in a new
+process (the ``harmony`` console script). Per trace size, in one run and interleaved:
+
+- harmony: ``harmony import FILE --comm hmy-pp -q --out DIR`` under ``/usr/bin/time -v``: wall
+  seconds and peak resident memory (``Maximum resident set size``; bytes/event is that over the
+  events decoded); each step's seconds from the run's manifest (``timings_s``)
+- trace-cmd: ``trace-cmd report -i FILE > /dev/null`` under ``/usr/bin/time -v`` likewise
+
+"Warm": one import of each file first, not timed (numba's kernels compiled and in its cache, the
+file in the page cache), as a user's second command finds them (``bench/first_use.py`` measures
+the first). The traces: a real recording of a pipe ping-pong by the tracefs probe (root), or an
+existing tracefs recording (``--from``, with ``--comm``), replicated to each size as
+``bench/ingest.py`` does (its pages repeated with shifted timestamps) and written as a trace.dat
+by Harmony's writer (``harmony.probes.tracedat_write``; not timed). ``--traces DIR`` keeps them
+there and uses them again.
+
+The floor: ``python -c 'import ...'`` of the modules every import loads (pandas, pyarrow,
+matplotlib, Harmony's pipeline), timed the same way: no import can be faster than that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+TIME = "/usr/bin/time"
+#: the modules every `harmony import` loads: its fixed start-up
+FLOOR_IMPORTS = ("import harmony.cli, harmony.importer, harmony.pipeline, harmony.analysis.plots, "
+                 "harmony.analysis.report, pyarrow.parquet")
+
+
+def make_traces(base: Path, sizes: list[int], where: Path) -> dict[int, Path]:
+    """size -> trace.dat of about that many events, replicated from the recording ``base``;
+    existing files of the same name are used again."""
+    from ingest import replicate
+    from harmony.probes.ringbuf import decode_dir
+    from harmony.probes.tracedat_write import write_tracedat
+
+    where.mkdir(parents=True, exist_ok=True)
+    out, n_base = {}, None
+    for size in sizes:
+        dat = where / f"pingpong-{size:.0e}.dat".replace("+", "")
+        if not dat.exists():
+            n_base = n_base or len(decode_dir(base).events)
+            raw = where / f".raw-{size}"
+            replicate(base, raw, size / n_base)
+            write_tracedat(raw, dat.with_suffix(".part"))
+            os.replace(dat.with_suffix(".part"), dat)
+            shutil.rmtree(raw)
+        out[size] = dat
+    return out
+
+
+def timed(cmd: list[str], stdout=subprocess.DEVNULL, env=None, cwd=None) -> dict:
+    """Run ``cmd`` under /usr/bin/time -v (in ``cwd``): wall s, peak RSS bytes, user and sys s."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as rep:
+        r = subprocess.run([TIME, "-v", "-o", rep.name, *cmd], stdout=stdout,
+                           stderr=subprocess.PIPE, text=True, env=env, cwd=cwd)
+        text = rep.read()
+    if r.returncode:
+        sys.exit(f"{' '.join(cmd)} failed ({r.returncode}): {r.stderr.strip()[-300:]}")
+
+    def field(name: str) -> str:
+        m = re.search(rf"^\s*{re.escape(name)}: (.+)$", text, re.M)
+        return m.group(1).strip() if m else ""
+
+    h, _, s = field("Elapsed (wall clock) time (h:mm:ss or m:ss)").rpartition(":")
+    wall = float(s) + sum(float(x) * 60 ** (k + 1) for k, x in enumerate(reversed(h.split(":"))) if x)
+    return {"wall_s": wall, "peak_bytes": int(field("Maximum resident set size (kbytes)")) * 1024,
+            "user_s": float(field("User time (seconds)")), "sys_s": float(field("System time (seconds)"))}
+
+
+def harmony_import(dat: Path, comm: str, out: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    r = timed([shutil.which("harmony") or "harmony", "import", str(dat), "--comm", comm, "-q",
+               "--out", str(out)])
+    m = json.loads((out / "manifest.json").read_text())
+    r["events"] = int(m["capture"]["n_events"])
+    r["steps"] = {**m["timings_s"].get("analysis", {}), "figures": m["timings_s"].get("figures")}
+    shutil.rmtree(out, ignore_errors=True)
+    return r
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="example: python bench/whole_import.py --sizes 1e6,3e6,1e7 "
+                                        "--traces /var/tmp/harmony-traces")
+    ap.add_argument("--sizes", default="1e6,3e6,1e7",
+                    help="approximate events per trace, comma-separated (default %(default)s)")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per size (default %(default)s)")
+    ap.add_argument("--from", dest="source", type=Path,
+                    help="replicate this tracefs recording (meta.json, formats/, cpuN.raw) instead "
+                         "of recording a ping-pong (give --comm)")
+    ap.add_argument("--comm", default="hmy-pp", help="the tasks imported (default %(default)s)")
+    ap.add_argument("--record-s", type=float, default=1.0, help="seconds of load recorded (default %(default)s)")
+    ap.add_argument("--pairs", type=int, default=2, help="ping-pong pairs in the recorded load")
+    ap.add_argument("--traces", type=Path, help="keep the traces here and use them again "
+                                                "(default: a temporary directory)")
+    ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
+    a = ap.parse_args(argv)
+    try:
+        sizes = [int(float(s)) for s in a.sizes.split(",") if s.strip()]
+    except ValueError:
+        ap.error(f"--sizes: not a list of numbers: {a.sizes!r}")
+    if not sizes or min(sizes) <= 0 or a.reps < 1:
+        ap.error("--sizes must be positive and --reps at least 1")
+    for tool in (TIME, "trace-cmd"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is not installed (Debian: apt-get install {Path(tool).name})")
+    work = Path(tempfile.mkdtemp(prefix="harmony-bench-import-"))
+    try:
+        return _run(a, sizes, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run(a, sizes: list[int], work: Path) -> int:
+    from ingest import record_base
+
+    base = a.source
+    if base is None:
+        if a.traces and all((a.traces / f"pingpong-{s:.0e}.dat".replace("+", "")).exists()
+                            for s in sizes):
+            base = Path("/nonexistent")         # every trace is there already: nothing to record
+        else:
+            record_base(work / "base", a.record_s, a.pairs)
+            base = work / "base" / "raw"
+    traces = make_traces(base, sizes, a.traces or work / "traces")
+    floor = [timed([sys.executable, "-c", FLOOR_IMPORTS]) for _ in range(a.reps)]
+    results = []
+    for size, dat in traces.items():
+        harmony_import(dat, a.comm, work / "run")          # warm: kernels cached, file cached
+        ours, theirs = [], []
+        for _ in range(a.reps):                            # interleaved
+            ours.append(harmony_import(dat, a.comm, work / "run"))
+            theirs.append(timed(["trace-cmd", "report", "-i", str(dat)]))
+        n = ours[0]["events"]
+        h, t = common.median([r["wall_s"] for r in ours]), common.median([r["wall_s"] for r in theirs])
+        peak = common.median([r["peak_bytes"] for r in ours])
+        steps = {k: common.median([r["steps"].get(k) for r in ours]) for k in ours[0]["steps"]}
+        results.append({"events": n, "file_bytes": dat.stat().st_size, "harmony_s": h,
+                        "tracecmd_s": t, "ratio": t / h, "peak_bytes": peak,
+                        "bytes_per_event": peak / n,
+                        "tracecmd_peak_bytes": common.median([r["peak_bytes"] for r in theirs]),
+                        "user_s": common.median([r["user_s"] for r in ours]),
+                        "sys_s": common.median([r["sys_s"] for r in ours]), "steps": steps})
+    floor_s = common.median([r["wall_s"] for r in floor])
+    print()
+    common.table(["events", "file MB", "harmony s", "trace-cmd s", "trace-cmd / harmony",
+                  "peak MB", "bytes/event", "user s", "sys s", "tables s", "checks s",
+                  "figures s"],
+                 [[r["events"], r["file_bytes"] / 1e6, r["harmony_s"], r["tracecmd_s"],
+                   r["ratio"], r["peak_bytes"] / 1e6, r["bytes_per_event"], r["user_s"],
+                   r["sys_s"], r["steps"].get("tables"), r["steps"].get("checks"),
+                   r["steps"].get("figures")] for r in results])
+    print(f"\nfloor: importing the modules every import loads takes {floor_s:.2f} s "
+          f"(python -c '{FLOOR_IMPORTS}')")
+    print(common.verdict(">= 5x faster than trace-cmd report (warm)",
+                         min(r["ratio"] for r in results) >= 5,
+                         ", ".join(f"{r['ratio']:.2f}x at {r['events']:,}" for r in results)
+                         + "; " + ", ".join(f"5x needs {r['tracecmd_s'] / 5:.2f} s at {r['events']:,}"
+                                            for r in results if r["ratio"] < 5)))
+    big = max(results, key=lambda r: r["events"])
+    print(common.verdict("peak memory <= 150 bytes/event at 10 M events",
+                         big["bytes_per_event"] <= 150 if big["events"] >= 9_000_000 else None,
+                         f"{big['bytes_per_event']:.0f} bytes/event at {big['events']:,} "
+                         f"({big['peak_bytes'] / 1e9:.2f} GB)"))
+    common.emit_json(a.json, {"benchmark": "whole_import", "reps": a.reps, "floor_s": floor_s,
+                              "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Faster versions of per-event checks give what the versions they replaced gave.
+
+Each ``_reference_*`` below is the replaced code as it was (issue 26: whole imports of millions of
+events), kept here as the definition the fast path must match, on random event streams with
+blind contexts, unknown CPUs and pids the tasks do not hold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
+from harmony.probes.schema import make_events
+
+EVENTS = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new", "sched_migrate_task",
+          "sched_process_exit")
+
+
+def random_events(seed: int, n: int = 4000, pids: int = 12, cpus: int = 4) -> pd.DataFrame:
+    """A canonical events table of ``n`` random sched events in time order; some contexts (a pid,
+    or one CPU's swapper) are left without any record of their own, as a blind probe leaves them."""
+    rng = np.random.default_rng(seed)
+    ev = rng.choice(EVENTS, n, p=[0.5, 0.15, 0.15, 0.03, 0.12, 0.05])
+    cpu = rng.integers(0, cpus, n)
+    pid = rng.integers(0, pids, n)
+    prev = np.where(ev == "sched_switch", rng.integers(0, pids, n), -1)
+    common = np.where(ev == "sched_switch", prev, rng.integers(0, pids, n))
+    tgt = np.where(np.isin(ev, ["sched_wakeup", "sched_wakeup_new", "sched_migrate_task",
+                                "sched_waking"]), rng.integers(-1, cpus, n), -1)
+    orig = np.where(ev == "sched_migrate_task", rng.integers(-1, cpus, n), -1)
+    blind = (common == seed % pids) | ((common == 0) & (cpu == seed % cpus))
+    keep = ~blind
+    cols = {"ts": np.arange(n, dtype=np.int64)[keep] * 1000, "cpu": cpu[keep], "event": ev[keep],
+            "common_pid": common[keep], "pid": pid[keep], "prev_pid": prev[keep],
+            "orig_cpu": orig[keep], "target_cpu": tgt[keep]}
+    m = int(keep.sum())
+    cols.update(comm=[f"t{p}" if p else "swapper" for p in cols["pid"]],
+                prev_comm=[f"t{p}" if p > 0 else "" for p in cols["prev_pid"]],
+                prio=rng.integers(98, 124, m), prev_prio=rng.integers(-1, 122, m),
+                prev_state=[0] * m)
+    return make_events(cols)
+
+
+def _reference_silent_contexts(events):
+    is_sw = (events["event"] == "sched_switch").to_numpy()
+    if not is_sw.any():
+        return []
+    cpu = events["cpu"].to_numpy().astype(np.int64)
+    cp = events["common_pid"].to_numpy().astype(np.int64)
+    key_of = lambda pid, c: pid * 4096 + np.where(pid == 0, c, 4095)  # noqa: E731
+    idx = np.flatnonzero(is_sw)
+    nxt = events["pid"].to_numpy()[idx].astype(np.int64)
+    scpu = cpu[idx]
+    order = np.argsort(scpu, kind="stable")
+    done = np.zeros(len(idx), bool)
+    done[order[:-1]] = scpu[order[:-1]] == scpu[order[1:]]
+    keys, first, runs = np.unique(key_of(nxt, scpu)[done], return_index=True, return_counts=True)
+    dark = ~np.isin(keys, np.unique(key_of(cp, cpu)))
+    comm = events["comm"].to_numpy()[idx][done]
+    out = [{"pid": int(k // 4096), "cpu": int(k % 4096) if k // 4096 == 0 else -1,
+            "comm": str(comm[f]), "runs": int(r), "records": 0}
+           for k, f, r in zip(keys[dark], first[dark], runs[dark])]
+    return sorted(out, key=lambda d: -d["runs"])
+
+
+def _reference_unrecorded_migrations(events, pids=None, examples=5):
+    ev = events["event"]
+    sw = (ev == "sched_switch").to_numpy()
+    wk = ev.isin(("sched_waking", "sched_wakeup", "sched_wakeup_new")).to_numpy()
+    mg = (ev == "sched_migrate_task").to_numpy()
+    cpu = events["cpu"].to_numpy().astype(np.int64)
+    tgt = events["target_cpu"].to_numpy().astype(np.int64)
+    ts = events["ts"].to_numpy()
+    seq, pid, before, after = [], [], [], []
+    for sel, pid_col, b_cpu, a_cpu in (
+            (sw, "pid", cpu, cpu), (sw, "prev_pid", cpu, cpu), (wk, "pid", tgt, tgt),
+            (mg, "pid", events["orig_cpu"].to_numpy().astype(np.int64), tgt)):
+        i = np.flatnonzero(sel)
+        seq.append(i)
+        pid.append(events[pid_col].to_numpy()[i].astype(np.int64))
+        before.append(b_cpu[i])
+        after.append(a_cpu[i])
+    seq, pid, before, after = (np.concatenate(x) for x in (seq, pid, before, after))
+    keep = (pid > 0) & (before >= 0)
+    if pids is not None:
+        keep &= np.isin(pid, np.asarray(list(pids), np.int64))
+    seq, pid, before, after = seq[keep], pid[keep], before[keep], after[keep]
+    order = np.lexsort((seq, pid))
+    seq, pid, before, after = seq[order], pid[order], before[order], after[order]
+    same_task = np.r_[False, pid[1:] == pid[:-1]]
+    last = np.r_[-1, after[:-1]]
+    moved = same_task & (before != last)
+    hit = np.flatnonzero(moved)
+    return {"n": int(len(hit)), "pids": [int(x) for x in np.unique(pid[hit])],
+            "examples": [{"pid": int(pid[k]), "ts": int(ts[seq[k]]), "from_cpu": int(last[k]),
+                          "to_cpu": int(before[k])} for k in hit[:examples]]}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_blind_spot_checks_match_the_code_they_replaced(seed):
+    events = random_events(seed)
+    silent = silent_contexts(events)
+    assert silent == _reference_silent_contexts(events)
+    assert silent          # the stream has its blind context
+    for pids in (None, [1, 2, 3], [5, 1 << 25]):
+        assert unrecorded_migrations(events, pids) == _reference_unrecorded_migrations(events, pids)
+    assert unrecorded_migrations(events)["n"] > 0
+    assert silent_contexts(events.iloc[:0]) == []
+
+
+def test_a_tracedat_decodes_the_same_mapped_or_read(tmp_path, monkeypatch):
+    """A trace.dat's uncompressed pages are mapped from the file, not copied; where they cannot
+    be (unaligned parts, no libc mmap), they are read, with the same result."""
+    from harmony.probes import ringbuf_pages
+    from harmony.probes.tracedat_read import decode_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
+    from test_ringbuf import known_capture, write_dir
+
+    pages, _, _ = known_capture()
+    dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "t.dat")
+    mapped, _ = decode_tracedat(dat)
+    monkeypatch.setattr(ringbuf_pages, "map_files", lambda *a, **k: None)
+    read, _ = decode_tracedat(dat)
+    pd.testing.assert_frame_equal(mapped.events, read.events)
+    pd.testing.assert_frame_equal(mapped.markers, read.markers)
+    assert mapped.meta == read.meta and len(mapped.events) > 0
+
+
+def test_a_table_written_in_row_groups_reads_back_the_same(tmp_path, monkeypatch):
+    from harmony import store
+    events = random_events(3, n=5000)
+    events.attrs["note"] = "kept"
+    monkeypatch.setattr(store, "WRITE_CHUNK_ROWS", 700)
+    store.write_table(tmp_path, "events", events)
+    back = store.read_table(tmp_path / "events.parquet")
+    pd.testing.assert_frame_equal(back, events)
+    assert back.attrs == {"note": "kept"}
+    import pyarrow.parquet as pq
+    assert pq.ParquetFile(tmp_path / "events.parquet").num_row_groups == -(-len(events) // 700)
+
+
+def test_events_written_beside_the_checks_are_the_runs(tmp_path, monkeypatch):
+    """A large events table is written on another thread while the checks run; the run is
+    complete only once it is, and holds what was decoded."""
+    from harmony import pipeline
+    from harmony.importer import import_trace
+    from harmony.probes.tracedat_read import decode_tracedat
+    from harmony.probes.tracedat_write import write_tracedat
+    from test_ringbuf import known_capture, write_dir
+
+    pages, _, _ = known_capture()
+    dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "t.dat")
+    monkeypatch.setattr(pipeline, "BACKGROUND_WRITE_ROWS", 1)
+    run = import_trace(dat, tmp_path / "run", pids=[11, 12])
+    assert run.manifest["status"] == "complete"
+    assert "waiting" in run.manifest["timings_s"]["analysis"]
+    back = pd.read_parquet(tmp_path / "run" / "events.parquet")
+    assert len(back) == len(decode_tracedat(dat)[0].events) > 0
+
+
+def _reference_top(codes, names, first, foreign, dur):
+    all_names = np.concatenate([np.asarray([first], dtype=object), names[codes]])[foreign]
+    comms, which = np.unique(all_names, return_inverse=True)
+    by_comm = np.bincount(which, weights=dur[foreign], minlength=len(comms))
+    return str(comms[int(np.argmax(by_comm))]) if by_comm.max() > 0 else ""
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_foreign_loads_top_comm_matches_the_code_it_replaced(seed):
+    from harmony.analysis.foreign import _top_comm
+    rng = np.random.default_rng(seed)
+    names = np.append(np.asarray(["find", "kworker/0:1", "python", "zsh", "a"], dtype=object), "nan")
+    n = int(rng.integers(1, 200))
+    codes = rng.integers(-1, len(names) - 1, n)             # -1: a missing comm ("nan")
+    first = str(rng.choice(["python", "sshd", "nan", "a"]))
+    foreign = rng.random(n + 1) < 0.6
+    foreign[rng.integers(0, n + 1)] = True
+    # durations in whole milliseconds, some zero: ties between comms happen
+    dur = rng.integers(0, 4, n + 1).astype(np.float64) / 1000
+    assert _top_comm(codes, names, first, foreign, dur) == _reference_top(codes, names, first,
+                                                                          foreign, dur)
+
+
+
+# --- the importer's per-task look-ups (harmony.importer), as they were ------------------------
+
+def _reference_pid_comms(events: pd.DataFrame, cmdlines: dict[int, str]) -> dict[int, set[str]]:
+    out: dict[int, set[str]] = {}
+    for pid_col, comm_col in (("pid", "comm"), ("prev_pid", "prev_comm")):
+        pairs = events[[pid_col, comm_col]].drop_duplicates()
+        for pid, comm in zip(pairs[pid_col].to_numpy(), pairs[comm_col].astype(str)):
+            if pid > 0 and comm:
+                out.setdefault(int(pid), set()).add(comm)
+    for pid, comm in cmdlines.items():
+        if pid > 0:
+            out.setdefault(int(pid), set()).add(comm)
+    return out
+
+
+def _reference_by_pid(pid: np.ndarray, *cols: np.ndarray) -> tuple[np.ndarray, ...]:
+    order = np.argsort(pid, kind="stable")
+    return (pid[order], *(c[order] for c in cols))
+
+
+def _reference_where_at(events: pd.DataFrame, pids: list[int], t0: int) -> dict[int, int]:
+    pid, prev = events["pid"].to_numpy(), events["prev_pid"].to_numpy()
+    want = np.asarray(sorted(pids), np.int64)
+    sw = event_mask(events, "sched_switch")
+    moved = event_mask(events, "sched_migrate_task", "sched_wakeup", "sched_wakeup_new")
+    cpu, target = events["cpu"].to_numpy(), events["target_cpu"].to_numpy()
+    rows, who, where = [], [], []
+    for mask, p, c in ((sw, pid, cpu), (sw, prev, cpu), (moved, pid, target)):
+        r = np.flatnonzero(mask & in_set(p, want))
+        rows.append(r), who.append(p[r].astype(np.int64)), where.append(c[r].astype(np.int64))
+    rows, who, where = (np.concatenate(x) for x in (rows, who, where))
+    known = where >= 0
+    rows, who, where = rows[known], who[known], where[known]
+    in_time = np.argsort(rows, kind="stable")          # rows are in time order
+    who, rows, where = _reference_by_pid(who[in_time], rows[in_time], where[in_time])
+    ts = events["ts"].to_numpy()
+    out = {}
+    for p in pids:
+        a, b = np.searchsorted(who, p, "left"), np.searchsorted(who, p, "right")
+        k = int(np.searchsorted(ts[rows[a:b]], t0, "right"))
+        out[p] = int(where[a + k - 1]) if k else int(where[a]) if b > a else -1
+    return out
+
+
+def _reference_nice(events: pd.DataFrame, pids: list[int]) -> dict[int, tuple[int, int | None]]:
+    want = np.asarray(sorted(pids), np.int64)
+    who, prio = [], []
+    for pc, qc in (("pid", "prio"), ("prev_pid", "prev_prio")):
+        p, q = events[pc].to_numpy(), events[qc].to_numpy()
+        keep = in_set(p, want) & (q >= 0)
+        who.append(p[keep].astype(np.int64)), prio.append(q[keep].astype(np.int64))
+    key, count = np.unique((np.concatenate(who) << 32) | np.concatenate(prio),
+                           return_counts=True)
+    k_pid, k_prio = key >> 32, key & 0xFFFFFFFF
+    first = np.lexsort((k_prio, -count, k_pid))       # per pid: most frequent, then lowest
+    k_pid, k_prio = k_pid[first], k_prio[first]
+    heads = np.flatnonzero(np.diff(k_pid, prepend=-1))               # each pid's first
+    out = {p: (0, None) for p in pids}
+    for p, q in zip(k_pid[heads].tolist(), k_prio[heads].tolist()):
+        out[p] = ((q - 120 if 100 <= q <= 139 else 0), q)
+    return out
+
+
+def _reference_last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, str]:
+    want = np.asarray(sorted(pids), np.int64)
+    ts = events["ts"].to_numpy()
+    best: dict[int, tuple] = {}
+    for src, (pc, cc) in enumerate((("pid", "comm"), ("prev_pid", "prev_comm"))):
+        p = events[pc].to_numpy()
+        rows = np.flatnonzero(in_set(p, want) & (events[cc] != "").to_numpy())
+        who, rows = _reference_by_pid(p[rows].astype(np.int64), rows)
+        for r in rows[np.r_[np.flatnonzero(np.diff(who)), len(who) - 1]] if len(who) else []:
+            key = (int(ts[r]), src, int(r))          # the latest; at a tie, a prev_comm
+            if int(p[r]) not in best or key >= best[int(p[r])][0]:
+                best[int(p[r])] = (key, cc)
+    return {pid: str(events[cc].iat[key[2]]) for pid, (key, cc) in best.items()}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_importers_task_look_ups_match_the_code_they_replaced(seed):
+    from harmony import importer
+    events = random_events(seed, n=3000, pids=40)
+    rng = np.random.default_rng(seed)
+    cmdlines = {3: "cmd3", 0: "idle", 77: "x"}
+    assert importer._pid_comms(events, cmdlines) == _reference_pid_comms(events, cmdlines)
+    plain = events.astype({"comm": str, "prev_comm": object})       # not categorical
+    assert importer._pid_comms(plain, cmdlines) == _reference_pid_comms(events, cmdlines)
+    for pids in ([1, 2, 3], sorted(rng.choice(np.arange(1, 45), 15, replace=False).tolist()), [99]):
+        t0 = int(events["ts"].iloc[int(rng.integers(0, len(events)))])
+        assert importer._where_at(events, pids, t0) == _reference_where_at(events, pids, t0)
+        assert importer._nice(events, pids) == _reference_nice(events, pids)
+        assert importer._last_comms(events, pids) == _reference_last_comms(events, pids)
+    odd = events.assign(prio=np.where(np.arange(len(events)) % 7 == 0, 1 << 20, events["prio"]))
+    assert importer._nice(odd, [1, 2, 3]) == _reference_nice(odd, [1, 2, 3])

@@ -1,0 +1,460 @@
+"""sched_ext schedulers under test, without a sched_ext kernel: names, arguments, the command, the
+refusals before anything starts, and the scheduler's life cycle (start, enabled, ejected, stopped,
+a verifier's refusal) against a stand-in sched_ext directory driven by a real process. Also the
+sched-ext kernel's cache key and seed matching (harmony.kernels)."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harmony import kernels, scx
+from harmony.errors import ParameterError, ScxError, UnknownScheduler
+
+HARMONY = [sys.executable, "-m", "harmony.cli"]
+
+
+def _exe(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
+def _build_dir(tmp_path: Path) -> Path:
+    d = tmp_path / "build"
+    d.mkdir()
+    for binary in scx.KNOWN.values():
+        _exe(d / binary, "#!/bin/sh\nexit 0\n")
+    return d
+
+
+# --- names, arguments, command -----------------------------------------------------------------
+
+def test_known_names_are_found_in_the_kernel_build(tmp_path):
+    d = _build_dir(tmp_path)
+    for name, binary in scx.KNOWN.items():
+        for given in (name, binary):
+            spec = scx.resolve(given, None, d)
+            assert spec.name == name and spec.path == str(d / binary) and spec.args == ()
+
+
+def test_arguments_split_as_a_shell_would_and_the_command(tmp_path):
+    spec = scx.resolve("simple", "-v --slice-us '20 000'", _build_dir(tmp_path))
+    assert spec.args == ("-v", "--slice-us", "20 000")
+    assert spec.command() == ["setpriv", "--pdeathsig", "KILL", spec.path, "-v", "--slice-us",
+                              "20 000"]
+    assert scx.ScxSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+def test_a_path_is_any_executable(tmp_path):
+    mine = _exe(tmp_path / "my_sched", "#!/bin/sh\n")
+    spec = scx.resolve(str(mine))
+    assert spec.path == str(mine) and spec.name == str(mine)
+    (tmp_path / "not_exec").write_text("x")
+    with pytest.raises(UnknownScheduler, match="no such executable"):
+        scx.resolve(str(tmp_path / "not_exec"))
+
+
+@pytest.mark.parametrize("name, args, match", [
+    ("rusty", None, "unknown scheduler 'rusty': give one of simple, central, qmap, flatcg"),
+    ("simple", "'unclosed", "--scx-args"),
+    ("./nowhere/scx", None, "no such executable"),
+])
+def test_bad_names_and_arguments_are_one_line_parameter_errors(tmp_path, name, args, match):
+    with pytest.raises(UnknownScheduler, match=match) as err:
+        scx.resolve(name, args, _build_dir(tmp_path))
+    assert isinstance(err.value, ParameterError) and "\n" not in str(err.value)
+
+
+def test_a_known_name_without_a_kernel_build(tmp_path):
+    with pytest.raises(UnknownScheduler, match="harmony kernel build sched-ext"):
+        scx.resolve("simple", None, None)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UnknownScheduler, match="missing from the kernel build"):
+        scx.resolve("qmap", None, empty)
+
+
+def test_real_time_and_deadline_tasks_are_refused(tmp_path):
+    for params in ({"policy": "fifo"}, {"policy": "rr"}, {"policy": "deadline"},
+                   {"policy": "other", "heavy_policy": "fifo"}):
+        with pytest.raises(ParameterError, match="scx issue 1202"):
+            scx.check_params(params)
+    scx.check_params({"policy": "other", "high_policy": None, "low_policy": "batch"})
+
+
+def test_a_kernel_without_sched_ext(tmp_path):
+    with pytest.raises(ScxError, match=r"has no sched_ext .*absent"):
+        scx.check_kernel(tmp_path / "sched_ext")
+
+
+# --- what a scheduler prints --------------------------------------------------------------------
+
+VERIFIER_LOG = """libbpf: prog 'simple_enqueue': BPF program load failed: Permission denied
+libbpf: prog 'simple_enqueue': -- BEGIN PROG LOAD LOG --
+0: R1=ctx() R10=fp0
+; s32 BPF_STRUCT_OPS(simple_enqueue, struct task_struct *p, u64 enq_flags)
+1: (79) r6 = *(u64 *)(r1 +0)
+R2 invalid mem access 'scalar'
+processed 12 insns (limit 1000000) max_states_per_insn 0 total_states 1
+-- END PROG LOAD LOG --
+libbpf: prog 'simple_enqueue': failed to load: -13
+libbpf: failed to load object 'scx_simple'
+"""
+
+
+def test_the_verifiers_last_line_and_the_exit_reason():
+    assert scx.failure_line(VERIFIER_LOG) == ("verifier: processed 12 insns (limit 1000000) "
+                                              "max_states_per_insn 0 total_states 1")
+    assert scx.failure_line("usage: scx_simple [-v]\n") == "usage: scx_simple [-v]"
+    assert scx.failure_line("") == "no output"
+    log = "local=1 global=2\nEXIT: runnable task stall (kworker/0:1[12] failed to run for 30s)\n"
+    assert scx.exit_reason(log) == "runnable task stall (kworker/0:1[12] failed to run for 30s)"
+    assert scx.exit_reason("local=1 global=2\n") is None
+
+
+# --- the life cycle, against a stand-in sched_ext directory -------------------------------------
+
+def _root(tmp_path: Path, state: str = "disabled") -> Path:
+    root = tmp_path / "sched_ext"
+    (root / "root").mkdir(parents=True)
+    (root / "state").write_text(state + "\n")
+    (root / "root" / "ops").write_text("\n")
+    return root
+
+
+def _scheduler(tmp_path: Path, root: Path, then: str = "") -> Path:
+    """A stand-in scheduler: enables the stand-in sched_ext, says EXIT on SIGINT as the scx
+    schedulers do; ``then``: what it does after it is enabled (else it waits)."""
+    return _exe(tmp_path / "scx_fake", f"""#!/bin/sh
+stop() {{ echo disabled > {root}/state; echo "EXIT: unregistered from user space" >&2; exit 0; }}
+trap stop INT
+echo fake > {root}/root/ops
+echo enabled > {root}/state
+echo "local=0 global=0"
+{then}
+while :; do sleep 0.05; done
+""")
+
+
+def test_started_enabled_watched_and_stopped(tmp_path):
+    root = _root(tmp_path)
+    s = scx.Scheduler(scx.ScxSpec("fake", str(_scheduler(tmp_path, root)), ("-v",)),
+                      tmp_path / "scx.log", root=root)
+    s.start()
+    try:
+        assert s.ops == "fake" and s.ejected() is None and s.tids()
+        assert scx._record_path().exists()      # for the next start, if this one dies
+    finally:
+        rec = s.stop()
+    assert rec["enabled_throughout"] and rec["ejected"] is None and rec["ops"] == "fake"
+    assert rec["args"] == ["-v"] and rec["exit"] == "unregistered from user space"
+    assert rec["state_after"] == "disabled" and rec["returncode"] == 0
+    assert not scx._record_path().exists() and s.stop() is rec
+
+
+def test_an_ejection_is_seen_with_the_schedulers_reason(tmp_path):
+    root = _root(tmp_path)
+    eject = (f"sleep 0.6; echo disabled > {root}/state; "
+             "echo 'EXIT: disabled by sysrq-S' >&2; exit 0")
+    s = scx.Scheduler(scx.ScxSpec("fake", str(_scheduler(tmp_path, root, eject))),
+                      tmp_path / "scx.log", root=root)
+    s.start()
+    deadline = time.monotonic() + 10
+    while s.ejected() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert s.ejected() == "disabled by sysrq-S"
+    rec = s.stop()
+    assert not rec["enabled_throughout"] and rec["ejected"] == "disabled by sysrq-S"
+    assert rec["states"][0] == [0.0, "enabled"] and rec["states"][-1][1] == "disabled"
+
+
+def test_a_scheduler_killed_mid_run_is_an_ejection(tmp_path):
+    root = _root(tmp_path)
+    s = scx.Scheduler(scx.ScxSpec("fake", str(_scheduler(tmp_path, root))),
+                      tmp_path / "scx.log", root=root)
+    s.start()
+    os.kill(s.proc.pid, signal.SIGKILL)
+    s.proc.wait()
+    assert s.ejected().startswith("its process ended (status -9)")
+    assert not s.stop()["enabled_throughout"]
+
+
+def test_a_verifier_refusal_is_one_line_with_its_last_line(tmp_path):
+    root = _root(tmp_path)
+    log = tmp_path / "verifier.txt"
+    log.write_text(VERIFIER_LOG)
+    bad = _exe(tmp_path / "scx_bad", f"#!/bin/sh\ncat {log} >&2\nexit 1\n")
+    s = scx.Scheduler(scx.ScxSpec("bad", str(bad)), tmp_path / "scx.log", root=root)
+    with pytest.raises(ScxError) as err:
+        s.start()
+    assert str(err.value) == ("scheduler bad exited before it was enabled (status 1): verifier: "
+                              "processed 12 insns (limit 1000000) max_states_per_insn 0 "
+                              "total_states 1")
+    assert not scx._record_path().exists()
+
+
+def test_a_scheduler_never_enabled_is_stopped(tmp_path):
+    root = _root(tmp_path)
+    slow = _exe(tmp_path / "scx_slow", "#!/bin/sh\nexec sleep 60\n")
+    s = scx.Scheduler(scx.ScxSpec("slow", str(slow)), tmp_path / "scx.log", root=root,
+                      enable_timeout_s=0.5)
+    with pytest.raises(ScxError, match="not enabled within 0 s"):
+        s.start()
+    assert s.proc.poll() is not None
+
+
+def test_a_scheduler_enabled_by_someone_else_is_refused(tmp_path):
+    root = _root(tmp_path, "enabled")
+    (root / "root" / "ops").write_text("rusty\n")
+    s = scx.Scheduler(scx.ScxSpec("fake", "/bin/true"), tmp_path / "scx.log", root=root)
+    with pytest.raises(ScxError, match=r"enabled already \(ops rusty\)"):
+        s.start()
+    assert s.proc is None
+
+
+def test_the_scheduler_of_a_dead_run_is_stopped_by_the_next(tmp_path):
+    """A record whose controller is gone: its scheduler (the same pid and start time) is
+    stopped; a record of a live controller is left alone."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = subprocess.Popen(["sleep", "60"])
+    try:
+        path = scx._record_path(dead.pid)
+        path.write_text(json.dumps({
+            "controller_pid": dead.pid, "controller_start": 1, "pid": left.pid,
+            "start": scx.proc_starttime(left.pid), "scheduler": "simple"}))
+        mine = scx._record_path(os.getpid())
+        mine.write_text(json.dumps({
+            "controller_pid": os.getpid(), "controller_start": scx.proc_starttime(os.getpid()),
+            "pid": left.pid, "start": scx.proc_starttime(left.pid)}))
+        removed = scx.reclaim_stale()
+        assert removed == [f"sched_ext scheduler {left.pid} (sleep) of a dead run"]
+        assert left.wait(timeout=10) == -signal.SIGINT and not path.exists()
+        assert mine.exists()
+    finally:
+        left.kill()
+        scx._record_path(os.getpid()).unlink(missing_ok=True)
+
+
+# --- the sched-ext kernel: key, seed --------------------------------------------------------------
+
+def _bzimage(path: Path, release: str) -> None:
+    head = bytearray(0x400)
+    head[0x202:0x206] = b"HdrS"
+    head[0x20E:0x210] = (0x300 - 0x200).to_bytes(2, "little")
+    text = f"{release} (builder@host) #1 SMP".encode()
+    head[0x300:0x300 + len(text)] = text
+    path.write_bytes(bytes(head))
+
+
+def _seed(tmp_path: Path, config: bytes, release: str = "6.12.117") -> tuple[Path, dict]:
+    seed = tmp_path / "seed"
+    seed.mkdir()
+    (seed / "config.gz").write_bytes(gzip.compress(config))
+    _bzimage(seed / "bzImage", release)
+    rec = {**kernels.recipe("sched-ext"),
+           "config_sha256": {"6.12.117-1~deb12u1": hashlib.sha256(config).hexdigest()}}
+    for s in rec["schedulers"]:
+        _exe(seed / s, "#!/bin/sh\n")
+    return seed, rec
+
+
+def test_the_build_key_follows_what_makes_the_build():
+    rec = kernels.recipe("sched-ext")
+    key = kernels.build_key(rec, "6.12.117-1~deb12u1", "1.42")
+    assert key == kernels.build_key(dict(rec), "6.12.117-1~deb12u1", "1.42") and len(key) == 16
+    assert key != kernels.build_key(rec, "6.12.118-1~deb12u1", "1.42")
+    assert key != kernels.build_key(rec, "6.12.117-1~deb12u1", "1.43")
+    more = {**rec, "configitems": rec["configitems"] + ["CONFIG_PREEMPT=y"]}
+    assert key != kernels.build_key(more, "6.12.117-1~deb12u1", "1.42")
+    # what the recipe records of a build's result is not part of what makes it
+    assert key == kernels.build_key({**rec, "config_sha256": {}}, "6.12.117-1~deb12u1", "1.42")
+    assert "CONFIG_SCHED_CLASS_EXT=y" in rec["configitems"]
+    assert rec["schedulers"] == [scx.KNOWN[n] for n in scx.KNOWN]
+
+
+def test_a_seed_matches_only_the_config_the_recipe_makes(tmp_path):
+    seed, rec = _seed(tmp_path, b"CONFIG_SCHED_CLASS_EXT=y\n")
+    assert kernels.seed_matches(rec, seed, "6.12.117-1~deb12u1") == (True, "")
+    ok, why = kernels.seed_matches(rec, seed, "6.12.118-1~deb12u1")
+    assert not ok and "records no config" in why
+    (seed / "config.gz").write_bytes(gzip.compress(b"CONFIG_SCHED_CLASS_EXT=n\n"))
+    ok, why = kernels.seed_matches(rec, seed, "6.12.117-1~deb12u1")
+    assert not ok and "is not the config the recipe makes" in why
+    (seed / "config.gz").write_bytes(b"not gzip")
+    assert not kernels.seed_matches(rec, seed, "6.12.117-1~deb12u1")[0]
+
+
+def test_a_seed_of_another_release_or_without_a_scheduler(tmp_path):
+    seed, rec = _seed(tmp_path, b"x\n", release="6.12.116")
+    ok, why = kernels.seed_matches(rec, seed, "6.12.117-1~deb12u1")
+    assert not ok and "release 6.12.116, not 6.12.117" in why
+    _bzimage(seed / "bzImage", "6.12.117")
+    (seed / "scx_qmap").unlink()
+    ok, why = kernels.seed_matches(rec, seed, "6.12.117-1~deb12u1")
+    assert not ok and "lacks scx_qmap" in why
+
+
+def test_seeding_the_cache(tmp_path, monkeypatch):
+    seed, rec = _seed(tmp_path, b"CONFIG_SCHED_CLASS_EXT=y\n")
+    monkeypatch.setattr(kernels, "recipe", lambda name: rec)
+    k = kernels.seed("sched-ext", tmp_path / "cache", "6.12.117-1~deb12u1", seed)
+    key = kernels.build_key(rec, "6.12.117-1~deb12u1")
+    assert k.image == tmp_path / "cache" / f"sched-ext_{key}" / "bzImage"
+    assert k.release == "6.12.117" and k.spec == "sched-ext"
+    assert k.source["from"] == "seed" and k.source["seed"] == str(seed)
+    assert all((k.image.parent / s).is_file() for s in rec["schedulers"])
+    assert "seeded from" in k.describe()
+    assert [c.spec for c in kernels.cached(tmp_path / "cache")] == ["sched-ext"]
+    (seed / "config.gz").write_bytes(gzip.compress(b"other\n"))
+    with pytest.raises(kernels.KernelError, match="cannot seed the cache"):
+        kernels.seed("sched-ext", tmp_path / "other", "6.12.117-1~deb12u1", seed)
+
+
+def test_seed_dir_from_the_environment_or_beside_the_checkout(tmp_path, monkeypatch):
+    monkeypatch.delenv("HARMONY_KERNEL_SEED", raising=False)
+    assert kernels.seed_dir("sched-ext") == (Path(kernels.__file__).resolve().parents[2]
+                                             / "shared" / "kernels" / "sched-ext-6.12")
+    monkeypatch.setenv("HARMONY_KERNEL_SEED", str(tmp_path))
+    assert kernels.seed_dir("sched-ext") == tmp_path / "sched-ext-6.12"
+    (tmp_path / "config.gz").write_bytes(b"")
+    assert kernels.seed_dir("sched-ext") == tmp_path
+
+
+def test_a_failing_configuration_names_the_option(tmp_path):
+    kernels._check_config("CONFIG_A=y\n# CONFIG_B is not set\n", ["CONFIG_A=y", "CONFIG_B=n"])
+    with pytest.raises(kernels.KernelError, match="does not have CONFIG_C=y"):
+        kernels._check_config("CONFIG_A=y\n", ["CONFIG_A=y", "CONFIG_C=y"])
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+def _cli(*args, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(HARMONY + list(args), capture_output=True, text=True, timeout=120,
+                          env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args, code, match", [
+    (["--scx", "rusty", "--kernel", "sched-ext"], 2,
+     "unknown scheduler 'rusty': give one of simple, central, qmap, flatcg"),
+    (["--scx", "simple", "--kernel", "debian:6.12"], 2, "kernel debian:6.12 has no sched_ext"),
+    (["--scx", "simple", "--kernel", "sched-ext", "-p", "policy=fifo", "-p", "rt_priority=5"],
+     2, "policy=fifo under --scx"),
+    (["--scx-args", "-v"], 2, "--scx-args goes with --scx NAME"),
+])
+def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, code, match):
+    out = tmp_path / "r"
+    p = _cli("run", "single-source", "--duration", "1", "--out", str(out), *args)
+    assert p.returncode == code, p.stderr
+    assert match in p.stderr and "Traceback" not in p.stderr
+    assert not out.exists()
+
+
+def test_a_host_kernel_without_sched_ext_is_refused(tmp_path):
+    if (scx.SCHED_EXT_DIR / "state").exists():
+        return          # this host has sched_ext: the refusal is the stand-in's test above
+    p = _cli("run", "single-source", "--scx", "simple", "--out", str(tmp_path / "r"))
+    assert p.returncode == 1 and "has no sched_ext" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+
+
+def test_kernel_list_says_how_to_build_sched_ext(tmp_path):
+    p = _cli("kernel", "list", env={"HARMONY_KERNEL_CACHE": str(tmp_path / "cache"),
+                                    "HARMONY_KERNEL_SEED": str(tmp_path / "no-seed")})
+    assert p.returncode == 0, p.stderr
+    assert "sched-ext" in p.stdout
+    assert "`harmony kernel build sched-ext` builds it" in p.stdout or "not built (" in p.stdout
+    p = _cli("kernel", "build", "sched-ext2")
+    assert p.returncode == 2 and "unknown kernel to build 'sched-ext2'" in p.stderr
+
+
+def test_a_build_step_says_where_it_is_and_fails_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "BUILD_SAY_EVERY_S", 0.0)
+    said = []
+    with open(tmp_path / "build.log", "w") as log:
+        kernels._step(["sh", "-c", "echo CC a.o; echo LD vmlinux"], tmp_path, log, said.append,
+                      "make")
+        with pytest.raises(kernels.KernelError) as err:
+            kernels._step(["sh", "-c", "echo CC b.o; echo 'b.c:1: error: no' >&2; exit 2"],
+                          tmp_path, log, said.append, "make")
+    assert str(err.value) == "make failed (exit 2): CC b.o | b.c:1: error: no"
+    assert any("make:" in line and "LD vmlinux" in line for line in said)
+    assert "$ sh -c echo CC a.o" in (tmp_path / "build.log").read_text()
+
+
+def test_a_build_without_its_packages_as_a_user_says_which(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernels, "missing_packages", lambda packages: ["clang-19", "dwarves"])
+    monkeypatch.setattr(kernels.os, "geteuid", lambda: 1000)
+    with pytest.raises(kernels.KernelError, match="needs these Debian packages: clang-19 dwarves"):
+        kernels.build("sched-ext", tmp_path / "cache")
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_scheduler_goes_with_a_planned_run(tmp_path):
+    from harmony.experiments import get_experiment
+    from harmony.guest import PlannedRun, read_job, write_job
+
+    exp = get_experiment("single-source")
+    cpus = [0, 1, 2, 3]
+    params = exp.resolve({"duration": "1", "layout": "8,0,0,0"}, cpus)
+    spec = scx.resolve("simple", "-v", _build_dir(tmp_path))
+    write_job(tmp_path / "job.json", [PlannedRun.of(exp, params, cpus, tmp_path / "r", "tracefs",
+                                                    0, spec)])
+    (run,) = read_job(tmp_path / "job.json")
+    assert scx.ScxSpec.from_dict(run.scx) == spec
+
+
+def test_a_scheduler_still_unloading_is_waited_for(tmp_path):
+    root = _root(tmp_path, "disabling")
+    subprocess.Popen(["sh", "-c", f"sleep 0.3; echo disabled > {root}/state"])
+    s = scx.Scheduler(scx.ScxSpec("fake", str(_scheduler(tmp_path, root))),
+                      tmp_path / "scx.log", root=root)
+    s.start()
+    assert s.stop()["enabled_throughout"]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return ") Z" in Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+
+
+def test_the_scheduler_dies_with_its_controller(tmp_path):
+    """kill -9 of the process that started the scheduler: the kernel kills the scheduler
+    (setpriv --pdeathsig KILL), so a BPF scheduler is never left loaded by a dead controller."""
+    from conftest import until
+
+    root = _root(tmp_path)
+    fake = _scheduler(tmp_path, root)
+    code = ("import sys, time; from pathlib import Path; from harmony import scx; "
+            f"s = scx.Scheduler(scx.ScxSpec('fake', {str(fake)!r}), Path({str(tmp_path)!r}) / "
+            f"'scx.log', root=Path({str(root)!r})); s.start(); print(s.proc.pid, flush=True); "
+            "time.sleep(60)")
+    controller = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(controller.stdout.readline())
+    assert scx.proc_starttime(pid) is not None
+    controller.kill()
+    controller.wait()
+    assert until(lambda: _gone(pid), 10.0)
+    scx._record_path(controller.pid).unlink(missing_ok=True)
+
+
+def test_with_a_kernel_image_the_schedulers_are_beside_it(tmp_path):
+    _bzimage(tmp_path / "bzImage", "6.12.117")
+    out = tmp_path / "r"
+    p = _cli("run", "single-source", "--kernel", str(tmp_path / "bzImage"), "--scx", "qmap",
+             "--out", str(out))
+    assert p.returncode == 2, p.stderr
+    assert f"scheduler qmap: {tmp_path / 'scx_qmap'} is missing from the kernel build" in p.stderr
+    assert not out.exists()

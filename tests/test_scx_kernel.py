@@ -1,0 +1,87 @@
+"""sched_ext schedulers under test for real: the sched-ext kernel (harmony kernel build sched-ext;
+the cache seeded from the reference build beside the checkout when its configuration matches)
+booted at P = 4, single-source run under scx_simple, and a scheduler the kernel ejects mid-run
+(sysrq-S) marking its run incomplete with the reason.
+
+They need QEMU, virtme-ng and busybox (install.sh) and the sched-ext kernel: built, or seeded
+from ``../shared/kernels/`` (or HARMONY_KERNEL_SEED); they skip with the reason where those are
+missing, and fail in CI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cli_run import cli
+from conftest import host_skip
+from harmony import kernels, store
+
+VM_TOOLS = ("qemu-system-x86_64", "vng", "busybox")
+
+
+@pytest.fixture(scope="module")
+def sched_ext_kernel():
+    try:
+        return kernels.kernel("sched-ext")
+    except kernels.KernelError as exc:
+        host_skip(f"no sched-ext kernel: {exc}")
+
+
+def _scx_processes() -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "comm").read_text().startswith("scx_"):
+                    out.append(int(entry.name))
+            except OSError:
+                continue
+    return out
+
+
+@pytest.mark.needs_tool(*VM_TOOLS)
+def test_single_source_under_scx_simple_at_4_vcpus(kernel, sched_ext_kernel, tmp_path):
+    out = tmp_path / "r"
+    p = cli("run", "single-source", "--kernel", "sched-ext", "--vm-cpus", "4", "--scx", "simple",
+            "--layout", "8,0,0,0", "--duration", "3", "--out", out, "-q", timeout=900)
+    assert p.returncode == 0, p.stderr
+    m = store.read_json(out / "manifest.json")
+    assert m["status"] == "complete"
+    s = m["scx"]
+    assert s["name"] == "simple" and s["ops"] == "simple" and s["enabled_throughout"]
+    assert s["states"] == [[0.0, "enabled"]] and s["ejected"] is None
+    assert s["exit"] == "unregistered from user space" and s["state_after"] == "disabled"
+    assert s["path"] == str(sched_ext_kernel.image.parent / "scx_simple")
+    assert m["under_test"]["scheduler"] == "simple" and m["under_test"]["ncpus"] == 4
+    assert m["vm"]["kernel"]["spec"] == "sched-ext"
+    # no occupier spins under sched_ext: the release is warm (or confined)
+    assert m["release_mode"] in ("warm", "confined")
+    assert m["kernel_counter_agreement"]["disagreeing"] == 0
+    assert "enabled throughout" in (out / "report.md").read_text()
+    assert not _scx_processes()
+
+
+@pytest.mark.needs_tool(*VM_TOOLS)
+def test_an_ejected_scheduler_marks_the_run_incomplete(kernel, sched_ext_kernel, tmp_path):
+    """A scheduler the kernel ejects mid-run (sysrq-S, as a stall would): the run is incomplete
+    and says why, in the scheduler's own words."""
+    simple = sched_ext_kernel.image.parent / "scx_simple"
+    ejecting = tmp_path / "scx_ejected"
+    ejecting.write_text(f"#!/bin/sh\n(sleep 3; echo S > /proc/sysrq-trigger) &\n"
+                        f"exec {simple} \"$@\"\n")
+    ejecting.chmod(0o755)
+    # the guest sees /tmp but not the kernel cache (/var/cache is a tmpfs there): a copy
+    (tmp_path / "scx_simple").write_bytes(simple.read_bytes())
+    (tmp_path / "scx_simple").chmod(0o755)
+    ejecting.write_text(ejecting.read_text().replace(str(simple), str(tmp_path / "scx_simple")))
+    out = tmp_path / "r"
+    p = cli("run", "single-source", "--kernel", "sched-ext", "--vm-cpus", "4", "--scx",
+            ejecting, "--layout", "8,0,0,0", "--duration", "4", "--out", out, "-q", timeout=900)
+    assert p.returncode == 1
+    m = store.read_json(out / "manifest.json")
+    assert m["status"] == "incomplete"
+    assert "ejected during the run" in m["incomplete_reason"], m["incomplete_reason"]
+    assert "sysrq" in m["incomplete_reason"]
+    assert not m["scx"]["enabled_throughout"] and "sysrq" in m["scx"]["ejected"]
+    assert len(p.stderr.strip().splitlines()) <= 2 and "sysrq" in p.stderr.splitlines()[-1]
