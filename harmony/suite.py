@@ -223,11 +223,29 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
                # a kernel under test in a VM: the guest's facts (kernel, scheduler, CPUs)
                "under_test": getattr(runner, "system", None),
                "analysis_overlapped": bool(getattr(runner, "overlap", False))}
+    sched = scheduler_of_runs(out)    # a sched_ext scheduler the runs had, not the boot's facts
+    system = "under_test" if record.get("under_test") else "host"
+    if sched and record.get(system):
+        record[system] = {**record[system], "scheduler": sched}
     store.write_json(out / "suite.json", record)
     _import_report().write(out, note=card_note)
     record["wall_with_report_s"] = time.monotonic() - t_start
     store.write_json(out / "suite.json", record)
     return record
+
+
+def scheduler_of_runs(out: Path) -> str | None:
+    """The sched_ext scheduler (``--scx``) the suite's runs under ``out`` had, as their manifests
+    name it, or None (no run had one): the facts taken at the start (a VM's boot, the host's
+    doctor) name the kernel's own scheduler, as it was before any run started its own."""
+    for path in sorted(out.glob("*/rep-*/manifest.json")):
+        try:
+            m = store.read_json(path)
+        except store.RunError:
+            continue
+        if m.get("scx"):
+            return (m.get("under_test") or m.get("host") or {}).get("scheduler")
+    return None
 
 
 def resume_plan(out: Path) -> tuple[list[Config], list[int], dict]:

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from harmony.cli import main
-from harmony.suite import cpu_limits, plan
+from harmony.suite import cpu_limits, plan, scheduler_of_runs
 
 
 def test_plan_covers_the_catalog_with_sweeps():
@@ -325,3 +325,16 @@ def test_an_interrupted_suite_resumes_without_redoing_complete_runs(tmp_path):
     assert store.read_json(aside / "manifest.json")["status"] == "running"  # kept, not lost
     with pytest.raises(store.RunError, match="the suite is complete: nothing to resume"):
         resume_plan(out)
+
+
+def test_a_suite_names_the_sched_ext_scheduler_its_runs_had(tmp_path):
+    """A VM's boot facts name the kernel's own scheduler (EEVDF); runs under --scx name theirs."""
+    rep = tmp_path / "single-source" / "rep-01"
+    rep.mkdir(parents=True)
+    (rep / "manifest.json").write_text(json.dumps({"under_test": {"scheduler": "EEVDF"}}))
+    assert scheduler_of_runs(tmp_path) is None
+    (rep / "manifest.json").write_text(json.dumps({"scx": {"name": "simple"},
+                                                   "under_test": {"scheduler": "simple"}}))
+    assert scheduler_of_runs(tmp_path) == "simple"
+    (rep / "manifest.json").write_text("{not json")
+    assert scheduler_of_runs(tmp_path) is None
