@@ -10,11 +10,15 @@ import it, and they must stay small.
   :func:`online_cpus`
 - directories and files it creates, never through a planted link: :func:`own_dir`,
   :func:`open_own_file`; its host lock and markers: :data:`LOCK_DIRS`, :func:`lock_dir`
+- processes a run leaves behind if its controller dies (a VM, a sched_ext scheduler):
+  :func:`record_processes`, :func:`forget_processes`, :func:`stale_processes`,
+  :func:`record_path`, :func:`comm`
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import platform
 import re
@@ -312,3 +316,69 @@ def lock_dir() -> Path:
         except OSError as exc:
             problems.append(str(exc))
     raise OSError("no lock directory: " + "; ".join(problems))
+
+
+# --------------------------------------------------------------------------------------------
+# processes a run starts that would outlive a killed controller (a VM's QEMU, a sched_ext
+# scheduler): recorded under the lock directory with their start times, so that the next start
+# stops them, and never a process that merely got a recycled pid
+
+def comm(pid: int) -> str:
+    """The command name of ``pid`` ("" if it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def record_path(kind: str, pid: int | None = None) -> Path:
+    """Where the record of ``kind`` of controller ``pid`` (default: this process) is."""
+    return lock_dir() / f"{kind}-{pid or os.getpid()}.json"
+
+
+def record_processes(kind: str, pids, **facts) -> None:
+    """Record (or re-record) that this controller started ``pids`` for a ``kind`` of thing
+    ("vm", "scx"), with their start times and ``facts`` (JSON-able) for the lines the
+    reclaimer writes. Best effort: a record that cannot be written only loses the reclaim."""
+    rec = {"controller_pid": os.getpid(), "controller_start": proc_starttime(os.getpid()),
+           "pids": [{"pid": p, "start": proc_starttime(p)} for p in pids if p], **facts}
+    try:
+        record_path(kind).write_text(json.dumps(rec) + "\n")
+    except OSError:
+        pass
+
+
+def forget_processes(kind: str) -> None:
+    """Remove this controller's record of ``kind`` (its processes are stopped)."""
+    try:
+        record_path(kind).unlink()
+    except OSError:
+        pass
+
+
+def stale_processes(kind: str):
+    """Yield ``(record, pid)`` for each recorded process of ``kind`` still alive (same start
+    time) whose controller is gone; a record is removed once its processes were yielded (the
+    caller stops each as it is yielded). Records of live controllers are left alone; a record
+    that cannot be read is removed."""
+    for d in LOCK_DIRS:
+        try:
+            paths = sorted(d.glob(f"{kind}-*.json")) if d.is_dir() else []
+        except OSError:
+            continue
+        for path in paths:
+            try:
+                rec = json.loads(path.read_text())
+            except (OSError, ValueError):
+                rec = {}
+            owner = rec.get("controller_pid")
+            if owner and proc_starttime(owner) is not None \
+                    and proc_starttime(owner) == rec.get("controller_start"):
+                continue          # its controller still runs
+            for p in rec.get("pids", []):
+                if p.get("start") is not None and proc_starttime(p["pid"]) == p["start"]:
+                    yield rec, p["pid"]
+            try:
+                path.unlink()
+            except OSError:
+                pass

@@ -42,7 +42,6 @@ RT or deadline tasks would hog their CPUs, so :func:`check_classes` refuses them
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import shlex
@@ -54,7 +53,8 @@ from pathlib import Path
 
 from harmony.errors import ScxError, UnknownScheduler
 from harmony.hostfacts import SCHED_EXT_DIR, read_text, sched_ext_state
-from harmony.osutil import lock_dir, proc_starttime
+from harmony.osutil import (comm, forget_processes, proc_starttime, record_processes,
+                            stale_processes)
 from harmony.tasks import RT_POLICIES
 
 #: the schedulers Harmony knows by name: the example schedulers of the kernel tree
@@ -184,41 +184,15 @@ def kernel_log_reason() -> str | None:
     return lines[-1].split("sched_ext:", 1)[1].strip() if lines else None
 
 
-def _record_path(pid: int | None = None) -> Path:
-    return lock_dir() / f"scx-{pid or os.getpid()}.json"
-
-
-def _comm(pid: int) -> str:
-    return read_text(Path(f"/proc/{pid}/comm")) or ""
-
-
 def reclaim_stale() -> list[str]:
-    """Stop the schedulers of dead Harmony runs (a record under the lock directory names each,
-    with its start time and its controller's: a recycled pid is never signalled); a line per
-    scheduler stopped."""
+    """Stop the schedulers of dead Harmony runs (recorded by
+    :func:`~harmony.osutil.record_processes` with their start times and their controller's: a
+    recycled pid is never signalled); a line per scheduler stopped."""
     out = []
-    try:
-        records = sorted(lock_dir().glob("scx-*.json"))
-    except OSError:
-        return out
-    for path in records:
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError):
-            rec = {}
-        owner = rec.get("controller_pid")
-        if owner and proc_starttime(owner) is not None \
-                and proc_starttime(owner) == rec.get("controller_start"):
-            continue            # its run still goes on
-        pid = rec.get("pid")
-        if pid and rec.get("start") is not None and proc_starttime(pid) == rec["start"]:
-            comm = _comm(pid)
-            _stop_pid(pid)
-            out.append(f"sched_ext scheduler {pid} ({comm}) of a dead run")
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
+    for _rec, pid in stale_processes("scx"):
+        name = comm(pid)
+        _stop_pid(pid)
+        out.append(f"sched_ext scheduler {pid} ({name}) of a dead run")
     return out
 
 
@@ -231,7 +205,7 @@ def _stop_pid(pid: int, timeout_s: float = STOP_TIMEOUT_S) -> None:
             return
         give_up = time.monotonic() + wait
         while time.monotonic() < give_up:
-            if proc_starttime(pid) is None or _comm(pid) == "":
+            if proc_starttime(pid) is None or comm(pid) == "":
                 return
             stat = read_text(Path(f"/proc/{pid}/stat")) or ""
             if ") Z" in stat:
@@ -369,16 +343,7 @@ class Scheduler:
         return self.record
 
     def _write_record(self) -> None:
-        rec = {"controller_pid": os.getpid(), "controller_start": proc_starttime(os.getpid()),
-               "pid": self.proc.pid, "start": proc_starttime(self.proc.pid),
-               "scheduler": self.spec.name}
-        try:
-            _record_path().write_text(json.dumps(rec) + "\n")
-        except OSError:
-            pass
+        record_processes("scx", [self.proc.pid], scheduler=self.spec.name)
 
     def _forget(self) -> None:
-        try:
-            _record_path().unlink()
-        except (FileNotFoundError, OSError):
-            pass
+        forget_processes("scx")

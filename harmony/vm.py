@@ -47,7 +47,8 @@ from pathlib import Path
 
 from harmony.errors import ParameterError, VmError  # noqa: F401  (raised here)
 from harmony.hostfacts import MISSING, OK, check
-from harmony.osutil import LOCK_DIRS, lock_dir, parse_cpulist, proc_starttime
+from harmony.osutil import (comm, forget_processes, lock_dir, parse_cpulist, record_processes,
+                            stale_processes)
 
 #: the prefix of the guest agent's lines on the console
 LINE_PREFIX = "@harmony "
@@ -391,10 +392,6 @@ def wait_fractions(before: dict, after: dict, seconds: float) -> dict[int, float
 
 # --- the VM -------------------------------------------------------------------------------------
 
-def _record_path(pid: int | None = None) -> Path:
-    return lock_dir() / f"vm-{pid or os.getpid()}.json"
-
-
 def _descendants(pid: int) -> list[int]:
     """Every process below ``pid`` (from /proc's parent links)."""
     children: dict[int, list[int]] = collections.defaultdict(list)
@@ -412,13 +409,6 @@ def _descendants(pid: int) -> list[int]:
             out.append(c)
             todo.append(c)
     return out
-
-
-def _comm(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
 
 
 class VirtualMachine:
@@ -541,68 +531,41 @@ class VirtualMachine:
 
     def _find_qemu(self) -> None:
         for pid in _descendants(self.proc.pid):
-            if _comm(pid).startswith("qemu-system"):
+            if comm(pid).startswith("qemu-system"):
                 self.qemu_pid = pid
                 self._record()
                 return
 
     def _record(self) -> None:
         """Record virtme-ng's and QEMU's pids with their start times (for reclaim_stale)."""
-        pids = [p for p in (self.proc.pid if self.proc else None, self.qemu_pid) if p]
-        rec = {"controller_pid": os.getpid(), "controller_start": proc_starttime(os.getpid()),
-               "kernel": self.kernel.spec,
-               "pids": [{"pid": p, "start": proc_starttime(p)} for p in pids],
-               "pgid": self.proc.pid if self.proc else None}
-        try:
-            lock_dir().mkdir(parents=True, exist_ok=True)
-            _record_path().write_text(json.dumps(rec) + "\n")
-        except OSError:
-            pass
+        record_processes("vm", [self.proc.pid if self.proc else None, self.qemu_pid],
+                         kernel=self.kernel.spec)
 
     def stop(self) -> None:
         """Kill virtme-ng's process group and QEMU (idempotent); remove the record."""
         if self.proc is not None:
             if self.proc.poll() is None or self.qemu_pid:
                 _kill_group(self.proc)
-            if self.qemu_pid and _comm(self.qemu_pid).startswith("qemu-system"):
+            if self.qemu_pid and comm(self.qemu_pid).startswith("qemu-system"):
                 try:
                     os.kill(self.qemu_pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
             if self.proc.stdout:
                 self.proc.stdout.close()
-        try:
-            _record_path().unlink()
-        except FileNotFoundError:
-            pass
+        forget_processes("vm")
 
 
 def reclaim_stale() -> list[str]:
-    """Kill the QEMU and virtme-ng processes of VMs whose controller is gone (a record under the
-    lock directory names them, with their start times: a recycled pid is never killed); return
-    a line per process killed."""
+    """Kill the QEMU and virtme-ng processes of VMs whose controller is gone (recorded by
+    :func:`~harmony.osutil.record_processes`: a recycled pid is never killed); return a line
+    per process killed."""
     out = []
-    for d in LOCK_DIRS:
-        for path in sorted(d.glob("vm-*.json")) if d.is_dir() else []:
-            try:
-                rec = json.loads(path.read_text())
-            except (OSError, ValueError):
-                rec = {}
-            owner = rec.get("controller_pid")
-            if owner and proc_starttime(owner) == rec.get("controller_start") \
-                    and proc_starttime(owner) is not None:
-                continue          # its controller still runs
-            for p in rec.get("pids", []):
-                if p.get("start") is not None and proc_starttime(p["pid"]) == p["start"]:
-                    comm = _comm(p["pid"])
-                    try:
-                        os.kill(p["pid"], signal.SIGKILL)
-                        out.append(f"VM process {p['pid']} ({comm}) of kernel "
-                                   f"{rec.get('kernel', '?')}")
-                    except ProcessLookupError:
-                        pass
-            try:
-                path.unlink()
-            except FileNotFoundError:
-                pass
+    for rec, pid in stale_processes("vm"):
+        name = comm(pid)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            out.append(f"VM process {pid} ({name}) of kernel {rec.get('kernel', '?')}")
+        except ProcessLookupError:
+            pass
     return out

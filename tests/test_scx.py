@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harmony import kernels, scx
+from harmony import kernels, osutil, scx
 from harmony.errors import ParameterError, ScxError, UnknownScheduler
 
 HARMONY = [sys.executable, "-m", "harmony.cli"]
@@ -153,13 +153,13 @@ def test_started_enabled_watched_and_stopped(tmp_path):
     s.start()
     try:
         assert s.ops == "fake" and s.ejected() is None and s.tids()
-        assert scx._record_path().exists()      # for the next start, if this one dies
+        assert osutil.record_path("scx").exists()      # for the next start, if this one dies
     finally:
         rec = s.stop()
     assert rec["enabled_throughout"] and rec["ejected"] is None and rec["ops"] == "fake"
     assert rec["args"] == ["-v"] and rec["exit"] == "unregistered from user space"
     assert rec["state_after"] == "disabled" and rec["returncode"] == 0
-    assert not scx._record_path().exists() and s.stop() is rec
+    assert not osutil.record_path("scx").exists() and s.stop() is rec
 
 
 def test_an_ejection_is_seen_with_the_schedulers_reason(tmp_path):
@@ -200,7 +200,7 @@ def test_a_verifier_refusal_is_one_line_with_its_last_line(tmp_path):
     assert str(err.value) == ("scheduler bad exited before it was enabled (status 1): verifier: "
                               "processed 12 insns (limit 1000000) max_states_per_insn 0 "
                               "total_states 1")
-    assert not scx._record_path().exists()
+    assert not osutil.record_path("scx").exists()
 
 
 def test_a_scheduler_never_enabled_is_stopped(tmp_path):
@@ -229,21 +229,21 @@ def test_the_scheduler_of_a_dead_run_is_stopped_by_the_next(tmp_path):
     dead.wait()
     left = subprocess.Popen(["sleep", "60"])
     try:
-        path = scx._record_path(dead.pid)
+        path = osutil.record_path("scx", dead.pid)
         path.write_text(json.dumps({
-            "controller_pid": dead.pid, "controller_start": 1, "pid": left.pid,
-            "start": scx.proc_starttime(left.pid), "scheduler": "simple"}))
-        mine = scx._record_path(os.getpid())
+            "controller_pid": dead.pid, "controller_start": 1, "scheduler": "simple",
+            "pids": [{"pid": left.pid, "start": scx.proc_starttime(left.pid)}]}))
+        mine = osutil.record_path("scx", os.getpid())
         mine.write_text(json.dumps({
             "controller_pid": os.getpid(), "controller_start": scx.proc_starttime(os.getpid()),
-            "pid": left.pid, "start": scx.proc_starttime(left.pid)}))
+            "pids": [{"pid": left.pid, "start": scx.proc_starttime(left.pid)}]}))
         removed = scx.reclaim_stale()
         assert removed == [f"sched_ext scheduler {left.pid} (sleep) of a dead run"]
         assert left.wait(timeout=10) == -signal.SIGINT and not path.exists()
         assert mine.exists()
     finally:
         left.kill()
-        scx._record_path(os.getpid()).unlink(missing_ok=True)
+        osutil.record_path("scx", os.getpid()).unlink(missing_ok=True)
 
 
 # --- the sched-ext kernel: key, seed --------------------------------------------------------------
@@ -447,7 +447,7 @@ def test_the_scheduler_dies_with_its_controller(tmp_path):
     controller.kill()
     controller.wait()
     assert until(lambda: _gone(pid), 10.0)
-    scx._record_path(controller.pid).unlink(missing_ok=True)
+    osutil.record_path("scx", controller.pid).unlink(missing_ok=True)
 
 
 def test_with_a_kernel_image_the_schedulers_are_beside_it(tmp_path):

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from conftest import until
 
-from harmony import guest, kernels, run, store, vm
+from harmony import guest, kernels, osutil, run, store, vm
 from harmony.errors import KernelError, ParameterError, UnknownKernel
 from harmony.experiments import get_experiment
 from harmony.osutil import proc_starttime
@@ -338,9 +338,15 @@ def test_landing_json_rows_gives_the_tables_a_host_capture_writes(tmp_path):
 
 # --- a dead controller's VM -----------------------------------------------------------------------
 
+def _lock_dir_in(path, monkeypatch):
+    """The VM's records (and KVM verdicts) go to ``path`` instead of the host's lock directory."""
+    monkeypatch.setattr(osutil, "LOCK_DIRS", (path,))
+    monkeypatch.setattr(osutil, "lock_dir", lambda: path)
+    monkeypatch.setattr(vm, "lock_dir", lambda: path)
+
+
 def test_reclaim_kills_the_qemu_of_a_dead_controller_and_nothing_else(tmp_path, monkeypatch):
-    monkeypatch.setattr(vm, "LOCK_DIRS", (tmp_path,))
-    monkeypatch.setattr(vm, "lock_dir", lambda: tmp_path)
+    _lock_dir_in(tmp_path, monkeypatch)
     qemu = subprocess.Popen(["sleep", "60"])       # stands for QEMU
     other = subprocess.Popen(["sleep", "60"])      # a live controller's: left alone
     dead = subprocess.Popen(["true"])
@@ -369,7 +375,7 @@ def test_reclaim_kills_the_qemu_of_a_dead_controller_and_nothing_else(tmp_path, 
 def test_a_vm_that_never_speaks_is_killed_at_the_boot_deadline(tmp_path, monkeypatch):
     """virtme-ng stands in as a script that prints console lines then hangs: the boot timeout
     ends it, the error names the kernel and quotes the console, and nothing is left running."""
-    monkeypatch.setattr(vm, "lock_dir", lambda: tmp_path)
+    _lock_dir_in(tmp_path, monkeypatch)
     fake = tmp_path / "vng"
     fake.write_text("#!/bin/sh\necho '[ 0.1] booting'\necho '[ 0.2] still booting'\n"
                     "sleep 600\n")
@@ -386,7 +392,7 @@ def test_a_vm_that_never_speaks_is_killed_at_the_boot_deadline(tmp_path, monkeyp
 
 
 def test_a_guest_kernel_panic_ends_the_vm_at_once(tmp_path, monkeypatch):
-    monkeypatch.setattr(vm, "lock_dir", lambda: tmp_path)
+    _lock_dir_in(tmp_path, monkeypatch)
     fake = tmp_path / "vng"
     fake.write_text("#!/bin/sh\necho '@harmony {\"event\": \"facts\", \"facts\": {}}'\n"
                     "echo '[ 9.9] Kernel panic - not syncing: Fatal exception'\nsleep 600\n")
