@@ -29,7 +29,7 @@ from pathlib import Path
 
 from harmony import store
 from harmony.analysis import thresholds as T
-from harmony.analysis.trust import vcpu_starved, virtual_clock
+from harmony.analysis.trust import disqualifying, word
 from harmony.experiments import summary_key
 from harmony.tasks import POLICIES, classes_text
 
@@ -238,21 +238,9 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
             skipped.append((d, str(exc).replace(f"{d}: ", "")))
             continue
         m = run.manifest
-        fl = m.get("foreign_load") or {}
-        if fl.get("max_frac") is not None and fl["max_frac"] > T.FOREIGN_LOAD_MAX:
-            skipped.append((d, f"host was busy: other tasks used {fl['max_frac']:.1%} of CPU "
-                               f"{fl.get('max_cpu')} (most: {fl.get('top') or '?'}; limit "
-                               f"FOREIGN_LOAD_MAX = {T.FOREIGN_LOAD_MAX:.0%})"))
-            continue
-        starved = vcpu_starved(m)     # a VM's vCPUs waited for the host: as a busy host
-        if starved:
-            skipped.append((d, f"vCPUs starved: vCPU {starved['vcpu']} waited for a host CPU "
-                               f"{starved['frac']:.1%} of the window (limit VCPU_WAIT_MAX = "
-                               f"{T.VCPU_WAIT_MAX:.0%})"))
-            continue
-        if virtual_clock(m):        # -icount: a set-up measured unfaithful (thresholds.py)
-            skipped.append((d, "captured under a virtual clock (tcg=icount), a set-up measured "
-                               "unfaithful (VCPU_WAIT_MAX's reasons)"))
+        unfit = disqualifying(m)    # a busy host, starved vCPUs, a virtual clock
+        if unfit:
+            skipped.append((d, word(unfit)))
             continue
         out.append(Evidence(d, m["experiment"], m.get("params", {}), len(m.get("cpus", [])),
                             summary, setup_of(m), classes_of(m)))

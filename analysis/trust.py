@@ -136,13 +136,7 @@ def check_notes(m: dict, origin: str) -> list[dict]:
                         kinds=m["reconstruction_anomaly_kinds"], lost=lost, silent=silent[:3]))
     if m.get("workers_alive_at_end", 0) < len(m.get("work_done", [])):
         out.append(note("workers_dead"))
-    fl = m.get("foreign_load") or {}
-    if fl.get("max_frac") is not None and fl["max_frac"] > T.FOREIGN_LOAD_MAX:
-        out.append(note("foreign_load", frac=fl["max_frac"], cpu=fl["max_cpu"], top=fl["top"],
-                        origin=origin))
-    for vm_note in (vcpu_starved(m), virtual_clock(m)):
-        if vm_note:
-            out.append(vm_note)
+    out += [n for n in (foreign_load(m, origin), vcpu_starved(m), virtual_clock(m)) if n]
     scx = m.get("scx")
     if scx and not scx.get("enabled_throughout"):
         out.append(note("scx_not_enabled", name=scx.get("name"), ops=scx.get("ops"),
@@ -249,6 +243,27 @@ def _anomalies(n):
             "flagged unseen_start (analysis.reconstruct.df_anomalies lists every repair)")
 
 
+def disqualifying(m: dict) -> dict | None:
+    """The note that keeps a run out of the policy card, or None: a host busy with other tasks
+    (:func:`foreign_load`), starved vCPUs (:func:`vcpu_starved`) or a virtual clock
+    (:func:`virtual_clock`), each measured to change what the policy reads."""
+    origin = "imported" if "imported" in (m.get("source") or {}) else "recorded"
+    for n in (foreign_load(m, origin), vcpu_starved(m), virtual_clock(m)):
+        if n:
+            return n
+    return None
+
+
+def foreign_load(m: dict, origin: str) -> dict | None:
+    """The ``foreign_load`` note of a run whose CPUs gave other tasks more than
+    :data:`thresholds.FOREIGN_LOAD_MAX` of the window; None otherwise."""
+    fl = m.get("foreign_load") or {}
+    if fl.get("max_frac") is None or fl["max_frac"] <= T.FOREIGN_LOAD_MAX:
+        return None
+    return note("foreign_load", frac=fl["max_frac"], cpu=fl.get("max_cpu"), top=fl.get("top"),
+                origin=origin)
+
+
 def vcpu_starved(m: dict) -> dict | None:
     """The ``vcpu_starved`` note of a run captured in a VM whose vCPUs waited for a host CPU more
     than :data:`thresholds.VCPU_WAIT_MAX` of its window; None otherwise."""
@@ -274,10 +289,11 @@ def _foreign(n):
     if n["origin"] == "imported":
         return (f"other tasks used {n['frac']:.1%} of CPU {n['cpu']} in the window (most: "
                 f"{n['top'] or '?'}): balance and share metrics assume the CPU set belongs to the "
-                "chosen tasks")
+                f"chosen tasks (limit FOREIGN_LOAD_MAX = {T.FOREIGN_LOAD_MAX:.0%})")
     return (f"other tasks used {n['frac']:.1%} of CPU {n['cpu']} during the run (most: "
             f"{n['top'] or '?'}): the host was not quiet, and balance and share metrics assume "
-            "the CPU set belongs to the experiment")
+            f"the CPU set belongs to the experiment (limit FOREIGN_LOAD_MAX = "
+            f"{T.FOREIGN_LOAD_MAX:.0%})")
 
 
 def _counters(n):
