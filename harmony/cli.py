@@ -249,7 +249,8 @@ def scx_options(f):
     f = click.option("--scx", metavar="NAME",
                      help="run under this sched_ext scheduler, started before each run's tasks "
                           "and stopped after: simple, central, qmap, flatcg (built with "
-                          "--kernel sched-ext), or a scheduler's path")(f)
+                          "--kernel sched-ext), bpfland, rusty, lavd (harmony scx build), or a "
+                          "scheduler's path")(f)
     return f
 
 
@@ -932,6 +933,45 @@ def kernel_fetch(name):
         k = kernels.fetch(name, progress=lambda line: click.echo(line, err=True))
     click.echo(f"{k.spec}: {k.source['package']} {k.source['version']}, release {k.release}, "
                f"{k.image}")
+
+
+@main.group("scx")
+def scx_group():
+    """sched_ext schedulers under test (harmony run|suite --scx NAME): which, and building the
+    scx project's Rust ones."""
+
+
+@scx_group.command("list")
+def scx_list():
+    """The schedulers --scx takes by name, and where each is."""
+    from harmony import kernels, scx, scx_build
+
+    click.echo("the kernel tree's examples (built with `harmony kernel build sched-ext`):")
+    click.echo(f"  {', '.join(scx.KNOWN)}: {kernels.status('sched-ext')}")
+    click.echo("the scx project's Rust schedulers (`harmony scx build NAME`):")
+    with _errors():
+        for name in scx_build.names():
+            click.echo(f"  {name:8} {scx_build.status(name)}")
+    click.echo("or the path of any sched_ext scheduler's executable")
+
+
+@scx_group.command("build")
+@click.argument("names", nargs=-1)
+@click.option("--rebuild", is_flag=True, help="build again even if this configuration is built")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), help="cargo's jobs (default: the CPUs)")
+def scx_build_cmd(names, rebuild, jobs):
+    """Build the scx project's Rust schedulers from their crates (all of them without NAMES:
+    bpfland, rusty, lavd; 3-5 min each on 2 CPUs, the first with the shared dependencies), once
+    per configuration. Needs cargo; installs the Debian packages the build needs when missing
+    (as root)."""
+    from harmony import scx_build
+
+    with _errors():
+        which = list(names) or scx_build.names()
+        built = scx_build.build(which, rebuild=rebuild, jobs=jobs,
+                                progress=lambda line: click.echo(line, err=True))
+    for name, path in built.items():
+        click.echo(f"{name}: {path}")
 
 
 def entry() -> None:

@@ -256,7 +256,7 @@ def fetch(name: str, cache: Path | None = None, progress=None) -> Kernel:
         if (final / RECORD).is_file():        # it fetched this one meanwhile
             return _load(final)
         say(f"fetching {package} {version} into {root}")
-        _reclaim_partial(root)
+        reclaim_partial(root)
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".partial-{os.getpid()}-"))
         try:
             kernel = _unpack(name, package, version, tmp)
@@ -273,7 +273,7 @@ def fetch(name: str, cache: Path | None = None, progress=None) -> Kernel:
         os.close(lock)
 
 
-def _reclaim_partial(root: Path) -> None:
+def reclaim_partial(root: Path) -> None:
     """Remove what a fetch killed half-way left (``.partial-<pid>-*`` of a process gone)."""
     for d in root.glob(".partial-*"):
         try:
@@ -417,7 +417,8 @@ def _record_build(d: Path, name: str, rec: dict, version: str, key: str, how: di
     return Kernel(name, d / "bzImage", release, None, source)
 
 
-def _locked(root: Path):
+def cache_lock(root: Path):
+    """An exclusive lock of the cache ``root`` (a file descriptor: os.close releases it)."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         lock = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
@@ -427,7 +428,7 @@ def _locked(root: Path):
     return lock
 
 
-def _place(tmp: Path, final: Path) -> None:
+def place_dir(tmp: Path, final: Path) -> None:
     """Rename a whole directory into place (over a directory without a record)."""
     if final.exists():
         shutil.rmtree(final)
@@ -447,17 +448,17 @@ def seed(name: str, cache: Path | None = None, version: str | None = None,
     key = build_key(rec, version)
     root = cache_dir(cache)
     final = built_dir(name, key, root)
-    lock = _locked(root)
+    lock = cache_lock(root)
     try:
         if (final / RECORD).is_file():
             return _load(final)
-        _reclaim_partial(root)
+        reclaim_partial(root)
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".partial-{os.getpid()}-"))
         try:
             for f in ["bzImage", "config.gz", *rec["schedulers"]]:
                 shutil.copy2(src / f, tmp / f)
             _record_build(tmp, name, rec, version, key, {"from": "seed", "seed": str(src)})
-            _place(tmp, final)
+            place_dir(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -522,7 +523,20 @@ def missing_packages(packages: list[str]) -> list[str]:
     return out
 
 
-def _step(argv: list[str], cwd: Path, log, say, label: str, env: dict | None = None) -> None:
+def install_packages(packages: list[str], what: str, say) -> None:
+    """Install those of the Debian ``packages`` that are missing (as root; KernelError saying
+    which ``what`` needs otherwise)."""
+    missing = missing_packages(packages)
+    if missing:
+        if os.geteuid() != 0:
+            raise KernelError(f"{what} needs these Debian packages: {' '.join(missing)} "
+                              "(run as root to install them)")
+        say(f"installing the Debian packages {what} needs: {' '.join(missing)}")
+        _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], 1800)
+
+
+def build_step(argv: list[str], cwd: Path, log, say, label: str,
+               env: dict | None = None) -> None:
     """Run one build step, its output to ``log``; every BUILD_SAY_EVERY_S a line saying how long
     it has run and its last line of output. KernelError with its last lines if it fails."""
     log.write(f"$ {' '.join(argv)}\n")
@@ -575,13 +589,7 @@ def build(name: str, cache: Path | None = None, progress=None, jobs: int | None 
     rec = recipe(name)
     root = cache_dir(cache)
     jobs = jobs or len(os.sched_getaffinity(0))
-    missing = missing_packages(rec["packages"])
-    if missing:
-        if os.geteuid() != 0:
-            raise KernelError(f"building {name} needs these Debian packages: {' '.join(missing)} "
-                              "(run as root to install them)")
-        say(f"installing the build's Debian packages: {' '.join(missing)}")
-        _run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], 1800)
+    install_packages(rec["packages"], f"building {name}", say)
     configkernel = shutil.which("virtme-configkernel")
     if configkernel is None:
         raise KernelError("virtme-configkernel (virtme-ng) is not installed (install.sh installs it)")
@@ -591,9 +599,9 @@ def build(name: str, cache: Path | None = None, progress=None, jobs: int | None 
     if (final / RECORD).is_file() and not rebuild and _load(final).source.get("from") == "build":
         say(f"{name} is built already: {final}")
         return _load(final)
-    lock = _locked(root)
+    lock = cache_lock(root)
     try:
-        _reclaim_partial(root)
+        reclaim_partial(root)
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".partial-{os.getpid()}-"))
         t_start = time.monotonic()
         try:
@@ -601,23 +609,23 @@ def build(name: str, cache: Path | None = None, progress=None, jobs: int | None 
                 tree = tmp / "src"
                 tree.mkdir()
                 say(f"[1/4] unpacking {rec['tarball']} ({rec['source_package']} {version})")
-                _step(["tar", "-xf", rec["tarball"], "-C", str(tree), "--strip-components=1"],
+                build_step(["tar", "-xf", rec["tarball"], "-C", str(tree), "--strip-components=1"],
                       tmp, log, say, "unpack")
                 say("[2/4] configuring: virtme-ng's VM config + "
                     f"{len(rec['configitems'])} options")
-                _step([configkernel, "--defconfig",
+                build_step([configkernel, "--defconfig",
                        *[a for item in rec["configitems"] for a in ("--configitem", item)]],
                       tree, log, say, "configure")
                 config = (tree / ".config").read_bytes()
                 _check_config(config.decode(errors="replace"), rec["configitems"])
                 t_kernel = time.monotonic()
                 say(f"[3/4] make -j{jobs} {rec['kernel_target']} (12-28 min on 2 CPUs)")
-                _step(["make", f"-j{jobs}", rec["kernel_target"]], tree, log, say, "make")
+                build_step(["make", f"-j{jobs}", rec["kernel_target"]], tree, log, say, "make")
                 kernel_s = time.monotonic() - t_kernel
                 t_scx = time.monotonic()
                 say(f"[4/4] the example schedulers: make {' '.join(rec['schedulers_make'])} "
                     f"in {rec['schedulers_dir']}")
-                _step(["make", f"-j{jobs}", *rec["schedulers_make"]],
+                build_step(["make", f"-j{jobs}", *rec["schedulers_make"]],
                       tree / rec["schedulers_dir"], log, say, "schedulers")
                 scx_s = time.monotonic() - t_scx
             shutil.copy2(tree / "arch/x86/boot/bzImage", tmp / "bzImage")
@@ -634,7 +642,7 @@ def build(name: str, cache: Path | None = None, progress=None, jobs: int | None 
                 "kernel_s": round(kernel_s, 1), "schedulers_s": round(scx_s, 1), "jobs": jobs,
                 "config_sha256": config_sha,
                 "config_as_recorded": None if known is None else known == config_sha})
-            _place(tmp, final)
+            place_dir(tmp, final)
         except BaseException as exc:
             kept = root / f"{name}-build-failed.log"
             try:

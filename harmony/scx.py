@@ -2,10 +2,11 @@
 
 ``harmony run|suite --scx NAME [--scx-args "..."]`` names the scheduler: one of :data:`KNOWN`
 (the example schedulers of the kernel tree, built with the ``sched-ext`` kernel:
-:func:`harmony.kernels.build`; found in that build's cache directory) or the path of an
-executable (any sched_ext scheduler a user brings, e.g. one of the scx project's). :func:`resolve`
-turns that into a :class:`ScxSpec`, with a one-line error for an unknown name, before anything
-starts.
+:func:`harmony.kernels.build`; found in that build's cache directory), one of the scx project's
+Rust schedulers (``bpfland``, ``rusty``, ``lavd``: built from their crates by
+:mod:`harmony.scx_build`) or the path of an executable (any sched_ext scheduler a user
+brings). :func:`resolve` turns that into a :class:`ScxSpec`, with a one-line error for an
+unknown name, before anything starts.
 
 For a run (:func:`harmony.run.capture`), a :class:`Scheduler`:
 
@@ -51,6 +52,7 @@ import threading
 import time
 from pathlib import Path
 
+from harmony import scx_build
 from harmony.errors import ScxError, UnknownScheduler
 from harmony.hostfacts import SCHED_EXT_DIR, read_text, sched_ext_state
 from harmony.osutil import (comm, forget_processes, proc_starttime, record_processes,
@@ -99,13 +101,16 @@ class ScxSpec:
 
 
 def known_names() -> str:
-    return ", ".join(KNOWN)
+    """The names --scx takes: the kernel tree's examples, then the scx project's Rust ones."""
+    return ", ".join([*KNOWN, *scx_build.names()])
 
 
 def resolve(name: str, args: str | None = None, directory: Path | None = None) -> ScxSpec:
     """The scheduler ``name`` (``simple`` or ``scx_simple``; or an executable's path) with the
-    arguments ``args`` (split as a shell would). A known name is found in ``directory`` (the
-    sched-ext kernel build's cache directory). UnknownScheduler, one line, otherwise."""
+    arguments ``args`` (split as a shell would). A name of :data:`KNOWN` is found in
+    ``directory`` (the sched-ext kernel build's cache directory), a Rust one where
+    ``harmony scx build`` put it (:func:`harmony.scx_build.built`). UnknownScheduler, one line,
+    otherwise."""
     try:
         argv = tuple(shlex.split(args or ""))
     except ValueError as exc:
@@ -119,6 +124,12 @@ def resolve(name: str, args: str | None = None, directory: Path | None = None) -
         if not os.access(path, os.X_OK):
             raise UnknownScheduler(f"scheduler {name}: {path} is missing from the kernel build")
         return ScxSpec(short, str(path), argv)
+    if short in scx_build.names() and "/" not in name:
+        built = scx_build.built(short)
+        if built is None:
+            raise UnknownScheduler(f"scheduler {name} is not built: `harmony scx build {short}` "
+                                   "builds it from its crate (3-5 min on 2 CPUs)")
+        return ScxSpec(short, str(built), argv)
     if "/" in name or name.startswith("."):
         path = Path(name).absolute()
         if not path.is_file() or not os.access(path, os.X_OK):

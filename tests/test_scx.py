@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harmony import kernels, osutil, scx
+from harmony import kernels, osutil, scx, scx_build
 from harmony.errors import ParameterError, ScxError, UnknownScheduler
 
 HARMONY = [sys.executable, "-m", "harmony.cli"]
@@ -65,7 +65,8 @@ def test_a_path_is_any_executable(tmp_path):
 
 
 @pytest.mark.parametrize("name, args, match", [
-    ("rusty", None, "unknown scheduler 'rusty': give one of simple, central, qmap, flatcg"),
+    ("fast", None, "unknown scheduler 'fast': give one of simple, central, qmap, flatcg, "
+                   "bpfland, rusty, lavd"),
     ("simple", "'unclosed", "--scx-args"),
     ("./nowhere/scx", None, "no such executable"),
 ])
@@ -345,8 +346,8 @@ def _cli(*args, env=None) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("args, code, match", [
-    (["--scx", "rusty", "--kernel", "sched-ext"], 2,
-     "unknown scheduler 'rusty': give one of simple, central, qmap, flatcg"),
+    (["--scx", "fast", "--kernel", "sched-ext"], 2,
+     "unknown scheduler 'fast': give one of simple, central, qmap, flatcg, bpfland, rusty, lavd"),
     (["--scx", "simple", "--kernel", "debian:6.12"], 2, "kernel debian:6.12 has no sched_ext"),
     (["--scx", "simple", "--kernel", "sched-ext", "-p", "policy=fifo", "-p", "rt_priority=5"],
      2, "policy=fifo under --scx"),
@@ -382,11 +383,11 @@ def test_a_build_step_says_where_it_is_and_fails_in_one_line(tmp_path, monkeypat
     monkeypatch.setattr(kernels, "BUILD_SAY_EVERY_S", 0.0)
     said = []
     with open(tmp_path / "build.log", "w") as log:
-        kernels._step(["sh", "-c", "echo CC a.o; echo LD vmlinux"], tmp_path, log, said.append,
-                      "make")
+        kernels.build_step(["sh", "-c", "echo CC a.o; echo LD vmlinux"], tmp_path, log,
+                           said.append, "make")
         with pytest.raises(kernels.KernelError) as err:
-            kernels._step(["sh", "-c", "echo CC b.o; echo 'b.c:1: error: no' >&2; exit 2"],
-                          tmp_path, log, said.append, "make")
+            kernels.build_step(["sh", "-c", "echo CC b.o; echo 'b.c:1: error: no' >&2; "
+                                "exit 2"], tmp_path, log, said.append, "make")
     assert str(err.value) == "make failed (exit 2): CC b.o | b.c:1: error: no"
     assert any("make:" in line and "LD vmlinux" in line for line in said)
     assert "$ sh -c echo CC a.o" in (tmp_path / "build.log").read_text()
@@ -458,3 +459,87 @@ def test_with_a_kernel_image_the_schedulers_are_beside_it(tmp_path):
     assert p.returncode == 2, p.stderr
     assert f"scheduler qmap: {tmp_path / 'scx_qmap'} is missing from the kernel build" in p.stderr
     assert not out.exists()
+
+
+# --- the scx project's Rust schedulers: harmony scx build -------------------------------------
+
+def _fake_cargo(tmp_path: Path, rustc: str = "1.95.0", fail: bool = False) -> Path:
+    """A cargo that "installs" a crate as a script, and its rustc; each call appended to calls."""
+    bindir = tmp_path / "toolchain"
+    bindir.mkdir(exist_ok=True)
+    _exe(bindir / "rustc", f"#!/bin/sh\necho 'rustc {rustc} (59807616e 2026-04-14)'\n")
+    body = ("echo 'error: could not compile scx_utils' >&2; exit 101" if fail else
+            'mkdir -p "$root/bin" && printf "#!/bin/sh\\necho %s\\n" "$crate" > "$root/bin/$crate"'
+            ' && chmod +x "$root/bin/$crate"')
+    return _exe(bindir / "cargo", f"""#!/bin/sh
+echo "$@ BPF_CLANG=$BPF_CLANG TARGET=$CARGO_TARGET_DIR" >> {tmp_path}/calls
+while [ $# -gt 0 ]; do
+  case "$1" in --root) root=$2; shift;; --version|--jobs) shift;; install|--locked) ;; *) crate=$1;; esac
+  shift
+done
+echo "   Compiling $crate"
+{body}
+""")
+
+
+@pytest.fixture
+def rust_cache(tmp_path, monkeypatch):
+    """The Rust schedulers' cache in tmp_path, packages taken as installed."""
+    monkeypatch.setattr(scx_build, "install_packages", lambda *a: None)
+    return tmp_path / "scx-cache"
+
+
+def test_a_rust_scheduler_is_built_once_and_found_by_name(tmp_path, monkeypatch, rust_cache):
+    cargo = _fake_cargo(tmp_path)
+    monkeypatch.setattr(scx_build, "cargo", lambda: str(cargo))
+    said = []
+    got = scx_build.build(["rusty", "scx_bpfland"], cache=rust_cache, progress=said.append,
+                          jobs=2)
+    assert sorted(got) == ["bpfland", "rusty"]
+    assert subprocess.run([got["rusty"]], capture_output=True, text=True).stdout == "scx_rusty\n"
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert len(calls) == 2 and "install --locked --jobs 2 --root" in calls[0]
+    assert "--version 1.1.4 scx_rusty" in calls[0]
+    # one target directory for both: their dependencies are compiled once
+    assert all(f"BPF_CLANG=clang-19 TARGET={rust_cache / '.target'}" in c for c in calls)
+    rec = json.loads((got["rusty"].parent / "build.json").read_text())
+    assert rec["crate"] == "scx_rusty" and rec["rustc"] == "1.95.0" and rec["build_s"] >= 0
+    assert scx_build.built("rusty", rust_cache) == got["rusty"]
+    assert scx_build.built("lavd", rust_cache) is None
+    assert "built here" in scx_build.status("rusty", rust_cache)
+    # built already: not again
+    scx_build.build(["rusty"], cache=rust_cache, progress=said.append)
+    assert len((tmp_path / "calls").read_text().splitlines()) == 2
+    assert "is built already" in said[-1]
+    # --scx rusty finds it; a Rust scheduler not built says the command that builds it
+    monkeypatch.setattr(scx_build, "CACHE", rust_cache)
+    spec = scx.resolve("rusty", "--slice-us 5000")
+    assert spec == scx.ScxSpec("rusty", str(got["rusty"]), ("--slice-us", "5000"))
+    with pytest.raises(UnknownScheduler, match=r"^scheduler lavd is not built: `harmony scx "
+                                               r"build lavd` builds it"):
+        scx.resolve("lavd")
+    # a new compiler is a new configuration
+    monkeypatch.setattr(scx_build, "cargo", lambda: str(_fake_cargo(tmp_path, "1.96.0")))
+    assert scx_build.built("rusty", rust_cache) is None
+
+
+def test_a_failed_rust_build_is_one_line_and_leaves_nothing_half_built(tmp_path, monkeypatch,
+                                                                       rust_cache):
+    monkeypatch.setattr(scx_build, "cargo", lambda: str(_fake_cargo(tmp_path, fail=True)))
+    with pytest.raises(ScxError, match=r"^scx_lavd failed \(exit 101\): Compiling scx_lavd \| "
+                                       r"error: could not compile scx_utils \(log: .*"
+                                       r"scx_lavd-build-failed\.log\)$"):
+        scx_build.build(["lavd"], cache=rust_cache)
+    assert sorted(p.name for p in rust_cache.iterdir()) == [".lock", "scx_lavd-build-failed.log"]
+
+
+def test_rust_build_refuses_without_cargo_or_with_an_old_rust(tmp_path, monkeypatch, rust_cache):
+    monkeypatch.setattr(scx_build, "cargo", lambda: None)
+    with pytest.raises(ScxError, match=r"needs cargo \(Rust >= 1\.91"):
+        scx_build.build(["rusty"], cache=rust_cache)
+    monkeypatch.setattr(scx_build, "cargo", lambda: str(_fake_cargo(tmp_path, "1.80.1")))
+    with pytest.raises(ScxError, match=r"need Rust >= 1\.91; this machine has 1\.80\.1"):
+        scx_build.build(["rusty"], cache=rust_cache)
+    with pytest.raises(UnknownScheduler, match="unknown Rust scheduler 'fast': give one of "
+                                               "bpfland, rusty, lavd"):
+        scx_build.build(["fast"], cache=rust_cache)
