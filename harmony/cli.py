@@ -256,8 +256,9 @@ def scx_options(f):
 
 def _scx_plan(name: str | None, args: str | None, kernel: str | None, params: list[dict]):
     """Check --scx before anything starts: the scheduler's name (found in the sched-ext kernel's
-    build), a kernel that has sched_ext, experiments it can run; returns its ScxSpec or None."""
-    from harmony import kernels, scx
+    build), a kernel that has sched_ext (and what a Rust scheduler needs of it), experiments it
+    can run; returns its ScxSpec or None."""
+    from harmony import kernels, scx, scx_build
 
     if name is None:
         if args is not None:
@@ -273,12 +274,17 @@ def _scx_plan(name: str | None, args: str | None, kernel: str | None, params: li
         if kernel is None:
             scx.check_kernel()
         short = name.removeprefix("scx_")
+        if short in scx_build.names() and "/" not in name and kernel in kernels.BUILT:
+            lacks = scx_build.kernel_lacks(kernels.recipe(kernel)["configitems"])
+            if lacks:
+                raise ParameterError(f"scheduler {short} needs {', '.join(lacks)}, which kernel "
+                                     f"{kernel} does not have: --kernel sched-ext-ftrace has it")
         if short in scx.KNOWN and "/" not in name:
             if kernel is not None and kernel not in kernels.BUILT:   # an image given by path
                 directory = Path(kernel).absolute().parent
             else:
                 try:
-                    directory = kernels.kernel("sched-ext").image.parent
+                    directory = kernels.kernel(kernel or "sched-ext").image.parent
                 except kernels.KernelError as exc:
                     raise scx.UnknownScheduler(f"scheduler {name}: {exc}") from None
         spec = scx.resolve(name, args, directory)

@@ -61,7 +61,7 @@ NAMED = {
                        "6.12 PREEMPT_RT (EEVDF)"),
 }
 #: kernels Harmony builds from source, by name: the recipe's file in harmony/data
-BUILT = {"sched-ext": "sched-ext-6.12.json"}
+BUILT = {"sched-ext": "sched-ext-6.12.json", "sched-ext-ftrace": "sched-ext-ftrace-6.12.json"}
 DATA = Path(__file__).parent / "data"
 CACHE = Path(os.environ.get("HARMONY_KERNEL_CACHE", "/var/cache/harmony/kernels"))
 #: each cached kernel's description, in its directory
