@@ -85,3 +85,26 @@ def test_an_ejected_scheduler_marks_the_run_incomplete(kernel, sched_ext_kernel,
     assert "sysrq" in m["incomplete_reason"]
     assert not m["scx"]["enabled_throughout"] and "sysrq" in m["scx"]["ejected"]
     assert len(p.stderr.strip().splitlines()) <= 2 and "sysrq" in p.stderr.splitlines()[-1]
+
+
+@pytest.mark.needs_tool(*VM_TOOLS)
+def test_the_card_reads_scx_simple_as_the_global_queue_it_is(kernel, sched_ext_kernel, tmp_path):
+    """Ground truth on a real kernel: scx_simple keeps one queue that every CPU takes from (its
+    default mode, weighted vtime), so the card must find weak affinity, read how-many as a global
+    queue, and answer time-to-balance, busy-CPU detection and selection as not applicable. The
+    quick suite's experiments those answers rest on, at P = 4 in one boot."""
+    out = tmp_path / "s"
+    experiments = ["single-source", "how-many", "intrinsic-imbalance", "heavy-light",
+                   "detection", "time-to-resolve"]
+    p = cli("suite", "--quick", "--kernel", "sched-ext", "--vm-cpus", "4", "--scx", "simple",
+            *[a for e in experiments for a in ("--experiment", e)], "--out", out, "-q",
+            timeout=1800)
+    assert p.returncode == 0, p.stderr
+    card = store.read_json(out / "card.json")
+    assert not card["skipped"], card["skipped"]      # every run used: the vCPUs were not starved
+    assert set(card["setups"]) == {"6.12.117, simple"}, card["setups"]
+    got = {a["qid"]: a["label"] for a in card["answers"]}
+    assert got["affinity"] == "weak" and got["how_many"] == "global-queue", got
+    for qid in ("time_to_balance", "detection", "selection"):
+        assert got[qid] == "not applicable (global queue)", (qid, got)
+    assert not _scx_processes()
