@@ -498,7 +498,7 @@ def report(run_dir, as_json):
                                    "summary": run.summary}, indent=1, default=str))
         else:
             click.echo(summary_text(run))
-            click.echo(f"\nreport: {run.path / 'report.md'}")
+            click.echo(f"\nreport: {run.path / 'report.md'} and {run.path / 'report.html'}")
 
 
 def _suite_report(out: Path, as_json: bool):
@@ -691,8 +691,9 @@ def infer(dirs, as_json):
 @click.option("--all-metrics", is_flag=True,
               help="print every metric compared, not only the card's and those apart")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="also write compare.md, compare.json and figures/ (compare.png: every run; "
-                   "differences.png: the differences with their intervals) there")
+              help="also write compare.md, compare.html (a page that stands alone), compare.json "
+                   "and figures/ (compare.png: every run; differences.png: the differences with "
+                   "their intervals) there")
 def compare(sources, as_json, all_metrics, out):
     from harmony.analysis import compare as cmp_mod
     from harmony.store import RunError
