@@ -1,7 +1,10 @@
 """The suite report: the policy card first, then the evidence per question, with figures.
 
-``write(suite_dir)`` writes report.md (figures as files under figures/) and report.html (the same
-content, every figure embedded as base64 PNG, so the file stands alone). Cross-run figures draw
+``write(suite_dir)`` builds one document (:mod:`harmony.analysis.document`) and writes it as
+report.md (figures as files under figures/) and report.html (a page that stands alone, every
+figure embedded): the card as a table (:func:`card_blocks`: each answer styled by its kind, how
+firmly the runs agree, its first number, a link to its evidence), the measurement table, then
+each question's evidence with its figures beside it. Cross-run figures draw
 every run as a point; the experiments' own figures are taken from the first repetition of each
 configuration if they were drawn, otherwise the report says which command draws them.
 """
