@@ -816,7 +816,7 @@ def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
         doc.append(D.Table(list(head), [list(r) for r in rows],
                            row_kinds=["differs" if r[0] == "*" else "apart" if r[0] == "?" else None
                                       for r in rows],
-                           numeric=frozenset(head[3:6])))
+                           numeric=frozenset(head[3:7])))
     if shown.empty:
         doc.append(D.Para(NO_COMMON))
     notes = unmatched(cmp) + ([hidden_note(len(df) - len(shown))] if len(df) > len(shown) else [])
