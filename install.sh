@@ -2,12 +2,13 @@
 # Install what Harmony needs on a Debian/Ubuntu host, as root: trace-cmd and perf (Debian
 # packages, only if missing), what kernels under test need (QEMU, kmod, busybox; virtme-ng from
 # PyPI), tracefs and debugfs mounted, and the harmony package itself.
-# Usage: sudo ./install.sh            (idempotent: a second run installs nothing new)
+# Usage, as root: ./install.sh  (otherwise: sudo ./install.sh; idempotent: a second run installs
+# nothing new)
 set -eu
 cd "$(dirname "$0")"
 
 if [ "$(id -u)" -ne 0 ]; then
-    echo "install.sh: run as root (Harmony records kernel tracepoints)" >&2
+    echo "install.sh: run as root (Harmony records kernel tracepoints): sudo ./install.sh" >&2
     exit 1
 fi
 

@@ -32,6 +32,7 @@ import numpy as np
 import pandas as pd
 
 from harmony import store
+from harmony.analysis import document as D
 from harmony.analysis import policy, reference, stats
 from harmony.analysis import thresholds as T
 from harmony.experiments import CATALOG, get_experiment, summary_key
@@ -458,6 +459,32 @@ def unmatched(cmp: Comparison) -> list[str]:
     return out
 
 
+def source_what(cmp: Comparison, k: int, row) -> str:
+    """What source ``k`` is (``row``: its row of :func:`df_sources`): its runs, or a reference's
+    figures."""
+    ref = cmp.reference(k)
+    if ref is not None:
+        return (f"reference, no runs: {len(ref.figures)} figures and the answers of "
+                f"{ref.cite}, on {row.cpus} CPUs")
+    skipped = f", {row.skipped} not used" if row.skipped else ""
+    return f"{row.runs} run{'s' if row.runs != 1 else ''} on {row.cpus or '?'} CPUs{skipped}"
+
+
+def answers_table(cmp: Comparison) -> tuple[pd.DataFrame, pd.Series]:
+    """(one row per question, index qid, one column of labels per source; whether the sources'
+    answers differ in kind, per qid)."""
+    df = df_compare(cmp)
+    table = df.pivot(index="qid", columns="source", values="label").loc[
+        list(dict.fromkeys(df["qid"])), cmp.sources]
+    return table, df.groupby("qid", sort=False)["differs"].first()
+
+
+def answers_note(n_diff: int, n: int) -> str:
+    return (f"{n_diff} of {n} questions answered differently (*: answers of another kind; "
+            "the numbers a label quotes are compared below); `harmony infer DIR` gives the numbers "
+            "and votes behind each answer")
+
+
 def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = False) -> str:
     """The tables ``harmony compare`` prints: the sources, each question's answer per source
     ("*": answers of another kind; each label cut to ``width`` characters, by default what fits
@@ -466,20 +493,9 @@ def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = 
     names = list(src["letter"])
     out = ["sources:"]
     for k, row in enumerate(src.itertuples()):
-        ref = cmp.reference(k)
-        if ref is not None:
-            what = (f"reference, no runs: {len(ref.figures)} figures and the answers of "
-                    f"{ref.cite}, on {row.cpus} CPUs")
-        else:
-            skipped = f", {row.skipped} not used" if row.skipped else ""
-            what = (f"{row.runs} run{'s' if row.runs != 1 else ''} on {row.cpus or '?'} CPUs"
-                    f"{skipped}")
-        out.append(f"  {row.letter}  {row.source}: {what}; {row.setup}")
+        out.append(f"  {row.letter}  {row.source}: {source_what(cmp, k, row)}; {row.setup}")
     out.append("")
-    df = df_compare(cmp)
-    table = df.pivot(index="qid", columns="source", values="label").loc[
-        list(dict.fromkeys(df["qid"])), cmp.sources]
-    differs = df.groupby("qid", sort=False)["differs"].first()
+    table, differs = answers_table(cmp)
     qw = max(len(q) for q in table.index) + 2
     if width is None:
         width = max(16, min(34, (120 - qw - 4) // len(names) - 2))
@@ -488,38 +504,32 @@ def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = 
         mark = "*" if differs[qid] else " "
         cells = "".join(f"{_cut(str(v), width):<{width + 2}}" for v in labels)
         out.append(f"{mark}{i:>2} {qid:<{qw}}" + cells.rstrip())
-    n_diff = int(differs.sum())
-    out += [""] + textwrap.wrap(
-        f"{n_diff} of {len(table)} questions answered differently (*: answers of another kind; "
-        "the numbers a label quotes are compared below); `harmony infer DIR` gives the numbers "
-        "and votes behind each answer", 100) + [""]
+    out += [""] + textwrap.wrap(answers_note(int(differs.sum()), len(table)), 100) + [""]
     out += metrics_text(cmp, df_metric_differences(cmp), all_metrics)
     return "\n".join(out).rstrip() + "\n"
 
 
-def metrics_text(cmp: Comparison, df: pd.DataFrame, all_metrics: bool = False) -> list[str]:
-    """The metric tables of :func:`compare_text`, one per pair (B vs A, C vs A, ...), from
-    :func:`df_metric_differences`'s ``df``: the card's metrics (:data:`CARD_METRICS`), every
-    reference figure and any metric whose sides are apart, or every row with ``all_metrics``."""
-    shown = _shown(df, all_metrics)
-    intro = (f"Metrics, {'each source' if len(cmp.sources) > 2 else 'B'} against A, per "
-             "configuration (experiment, P, swept parameter): the difference of medians B - A "
-             f"with its {T.COMPARE_LEVEL:.0%} bootstrap interval (each source's runs resampled "
-             f"within it, {stats.BOOTSTRAP_RESAMPLES} resamples, seed {stats.BOOTSTRAP_SEED}) "
-             "and Cliff's delta; against a reference's figure, a point (no interval) in the "
-             "figure's statistic.")
-    out = textwrap.wrap(intro, 100)
-    for pair, d in shown.groupby("pair", sort=False):
-        out += ["", f"{pair} ({d['source_b'].iloc[0]} against {d['source_a'].iloc[0]}):"]
-        out += _metric_table(d)
-    if shown.empty:
-        out += ["", "no configuration measured on both sides (or described by a reference's "
-                    "figure)"]
-    out += [""] + [f"  {line}" for line in unmatched(cmp)]
-    hidden = len(df) - len(shown)
-    if hidden:
-        out.append(f"  {hidden} more metric rows, none apart: `--all-metrics` prints them; "
-                   "--json and compare.json hold every row")
+def metrics_intro(cmp: Comparison) -> str:
+    return (f"Metrics, {'each source' if len(cmp.sources) > 2 else 'B'} against A, per "
+            "configuration (experiment, P, swept parameter): the difference of medians B - A "
+            f"with its {T.COMPARE_LEVEL:.0%} bootstrap interval (each source's runs resampled "
+            f"within it, {stats.BOOTSTRAP_RESAMPLES} resamples, seed {stats.BOOTSTRAP_SEED}) "
+            "and Cliff's delta; against a reference's figure, a point (no interval) in the "
+            "figure's statistic.")
+
+
+def pair_title(d: pd.DataFrame) -> str:
+    """The heading of one pair's table (``d``: its rows of :func:`df_metric_differences`)."""
+    return f"{d['pair'].iloc[0]} ({d['source_b'].iloc[0]} against {d['source_a'].iloc[0]}):"
+
+
+def hidden_note(hidden: int) -> str:
+    return (f"{hidden} more metric rows, none apart: `--all-metrics` prints them; "
+            "--json and compare.json hold every row")
+
+
+def metrics_footnote(df: pd.DataFrame) -> str:
+    """What the marks mean, and how many chance alone would give among ``df``'s rows."""
     # rows that chance could mark: enough runs, and runs that vary (two constants cannot)
     runs = df[df["verdict"].isin(["differs", "within noise"])]
     pool = runs[runs["ci_low"] != runs["ci_high"]]
@@ -530,12 +540,33 @@ def metrics_text(cmp: Comparison, df: pd.DataFrame, all_metrics: bool = False) -
                   f"{int(pool['differs'].sum())} are marked; about "
                   f"{T.COMPARE_CHANCE_RATE * len(pool):.1f} would be by chance if the sources did "
                   "not differ at all.")
-    out += [""] + textwrap.wrap(
-        f"*: differs beyond noise: the interval excludes 0, |delta| >= {T.COMPARE_EFFECT_LARGE} "
-        f"(large) and the difference exceeds {T.COMPARE_MIN_RELATIVE:.0%} of the larger value, "
-        f"with >= {T.COMPARE_MIN_RUNS} runs a side with a value (thresholds.COMPARE_*). ?: as far "
-        "apart, with fewer runs: not marked (2 runs a side are that far apart by chance 1 time "
-        f"in 3).{chance}", 100)
+    return (f"*: differs beyond noise: the interval excludes 0, |delta| >= {T.COMPARE_EFFECT_LARGE} "
+            f"(large) and the difference exceeds {T.COMPARE_MIN_RELATIVE:.0%} of the larger value, "
+            f"with >= {T.COMPARE_MIN_RUNS} runs a side with a value (thresholds.COMPARE_*). ?: as far "
+            "apart, with fewer runs: not marked (2 runs a side are that far apart by chance 1 time "
+            f"in 3).{chance}")
+
+
+NO_COMMON = ("no configuration measured on both sides (or described by a reference's "
+             "figure)")
+
+
+def metrics_text(cmp: Comparison, df: pd.DataFrame, all_metrics: bool = False) -> list[str]:
+    """The metric tables of :func:`compare_text`, one per pair (B vs A, C vs A, ...), from
+    :func:`df_metric_differences`'s ``df``: the card's metrics (:data:`CARD_METRICS`), every
+    reference figure and any metric whose sides are apart, or every row with ``all_metrics``."""
+    shown = _shown(df, all_metrics)
+    out = textwrap.wrap(metrics_intro(cmp), 100)
+    for _, d in shown.groupby("pair", sort=False):
+        out += ["", pair_title(d)]
+        out += _metric_table(d)
+    if shown.empty:
+        out += ["", NO_COMMON]
+    out += [""] + [f"  {line}" for line in unmatched(cmp)]
+    hidden = len(df) - len(shown)
+    if hidden:
+        out.append("  " + hidden_note(hidden))
+    out += [""] + textwrap.wrap(metrics_footnote(df), 100)
     return [line.rstrip() for line in out]
 
 
@@ -550,7 +581,9 @@ def _shown(df: pd.DataFrame, all_metrics: bool = False, apart: bool = True) -> p
     return df[keep | (df["apart"].astype(bool) if apart else False)]
 
 
-def _metric_table(d: pd.DataFrame) -> list[str]:
+def metric_rows(d: pd.DataFrame) -> tuple[tuple, list[tuple]]:
+    """(the heading, the rows) of one pair's metric table (``d``: its rows of
+    :func:`df_metric_differences`); each row's first cell is its mark ("*", "?" or " ")."""
     a, b = d["a"].iloc[0], d["b"].iloc[0]
     rows = []
     for r in d.itertuples():
@@ -572,6 +605,11 @@ def _metric_table(d: pd.DataFrame) -> list[str]:
             for x, n in ((a, "n_a"), (b, "n_b"))}
     head = ("", "configuration", "metric [unit]", side[a], side[b], f"{b} - {a}",
             f"{T.COMPARE_LEVEL:.0%} interval", "delta", "")
+    return head, rows
+
+
+def _metric_table(d: pd.DataFrame) -> list[str]:
+    head, rows = metric_rows(d)
     widths = [max(len(str(x[c])) for x in [head] + rows) for c in range(len(head))]
     return ["  " + "  ".join(f"{str(x[c]):<{widths[c]}}" for c in range(len(head))).rstrip()
             for x in [head] + rows]
@@ -743,25 +781,72 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
     return Path(path)
 
 
+def _label_cell(label: str) -> D.Cell:
+    kind = ("none" if label == NO_EVIDENCE else
+            "undecided" if label == policy.UNDECIDED else "answered")
+    return D.Cell(label, kind)
+
+
+def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
+                     all_metrics: bool = False) -> list:
+    """compare.md's and compare.html's content (:mod:`harmony.analysis.document`): the sources,
+    the answers one column per source (the questions answered differently marked), each pair's
+    metric differences with their intervals and effect sizes, then ``figures`` ((path, alt))."""
+    src = df_sources(cmp)
+    doc: list = [D.Heading("Policy cards compared", 1), D.Heading("Sources", 2, "sources"),
+                 D.Table(["", "source", "what", "setup"],
+                         [[row.letter, row.source, source_what(cmp, k, row), row.setup]
+                          for k, row in enumerate(src.itertuples())])]
+    table, differs = answers_table(cmp)
+    questions = df_compare(cmp).drop_duplicates("qid").set_index("qid")["question"]
+    doc += [D.Heading("Answers", 2, "answers"),
+            D.Table(["", "#", "question"] + list(src["letter"]),
+                    [["*" if differs[qid] else "", str(i), f"{questions[qid]} ({qid})",
+                      *map(_label_cell, map(str, labels))]
+                     for i, (qid, labels) in enumerate(table.iterrows(), 1)],
+                    row_kinds=["differs" if differs[qid] else None for qid in table.index],
+                    numeric=frozenset({"#"})),
+            D.Para(answers_note(int(differs.sum()), len(table)))]
+    df = df_metric_differences(cmp)
+    shown = _shown(df, all_metrics)
+    doc += [D.Heading("Metrics", 2, "metrics"), D.Para(metrics_intro(cmp))]
+    for _, d in shown.groupby("pair", sort=False):
+        head, rows = metric_rows(d)
+        doc.append(D.Heading(pair_title(d).rstrip(":"), 3))
+        doc.append(D.Table(list(head), [list(r) for r in rows],
+                           row_kinds=["differs" if r[0] == "*" else "apart" if r[0] == "?" else None
+                                      for r in rows],
+                           numeric=frozenset(head[3:7])))
+    if shown.empty:
+        doc.append(D.Para(NO_COMMON))
+    notes = unmatched(cmp) + ([hidden_note(len(df) - len(shown))] if len(df) > len(shown) else [])
+    if notes:
+        doc.append(D.Bullets(notes))
+    doc.append(D.Para(metrics_footnote(df), "note"))
+    if figures:
+        doc.append(D.Heading("Figures", 2, "figures"))
+        doc += [D.Figure(path, alt) for path, alt in figures]
+    return doc
+
+
 def write(cmp: Comparison, out, all_metrics: bool = False) -> list[Path]:
-    """compare.md (the tables of :func:`compare_text` and the figures), compare.json
-    (:func:`to_dict`: sources, answers, every metric row), figures/compare.png (every run) and
-    figures/differences.png (:func:`plot_differences`) into the directory ``out``; the paths
-    written."""
+    """compare.md and compare.html (one document, :func:`compare_document`; the HTML stands
+    alone, figures embedded), compare.json (:func:`to_dict`: sources, answers, every metric row),
+    figures/compare.png (every run) and figures/differences.png (:func:`plot_differences`) into
+    the directory ``out``; the paths written."""
     out = Path(out)
     (out / "figures").mkdir(parents=True, exist_ok=True)
     diffs = df_metric_differences(cmp)
     fig = plot_compare(df_compare_runs(cmp), out / "figures" / "compare.png")
     forest = plot_differences(diffs, out / "figures" / "differences.png", all_metrics)
-    md = ["# Policy cards compared", "", "```", compare_text(cmp, all_metrics=all_metrics).rstrip(),
-          "```", ""]
-    if forest is not None:
-        md += ["![the differences and their intervals](figures/differences.png)", ""]
-    if fig is not None:
-        md += ["![each source's runs](figures/compare.png)", ""]
-    store.atomic_write(out / "compare.md", "\n".join(md))
+    figures = [(p, alt) for p, alt in ((forest, "the differences and their intervals"),
+                                       (fig, "each source's runs")) if p is not None]
+    doc = compare_document(cmp, figures, all_metrics)
+    store.atomic_write(out / "compare.md", D.to_markdown(doc, out))
+    store.atomic_write(out / "compare.html", D.to_html(doc, "Harmony: policy cards compared"))
     store.write_json(out / "compare.json", to_dict(cmp))
-    return [out / "compare.md", out / "compare.json"] + [f for f in (fig, forest) if f is not None]
+    return ([out / "compare.md", out / "compare.html", out / "compare.json"]
+            + [f for f in (fig, forest) if f is not None])
 
 
 def _letter(k: int) -> str:

@@ -148,7 +148,8 @@ class Card:
             out["classes"] = self.classes
         return out
 
-    def text(self) -> str:
+    def head_lines(self) -> list[str]:
+        """What the card was made of: its runs, and the classes or setups they mix."""
         exps = ", ".join(f"{k} x{v}" for k, v in self.experiments.items()) or "none"
         out = [f"Policy card: {self.runs} runs on {'/'.join(map(str, self.cpus)) or '?'} CPUs "
                f"({exps})"]
@@ -159,7 +160,10 @@ class Card:
             mixed = "; ".join(f"{k} ({v} runs)" for k, v in self.setups.items())
             out.append(f"POOLED: these runs come from {len(self.setups)} setups ({mixed}); one "
                        "card mixes their answers: `harmony compare` shows each apart")
-        out.append("")
+        return out
+
+    def text(self) -> str:
+        out = self.head_lines() + [""]
         for i, a in enumerate(self.answers, 1):
             out.append(f"{i}. {a.question} (thesis {a.thesis})")
             out += ["   " + line for line in answer_lines(a)]
@@ -168,6 +172,21 @@ class Card:
             out.append("runs not used:")
             out += [f"  {p}: {r}" for p, r in self.skipped]
         return "\n".join(out).rstrip() + "\n"
+
+
+#: the kinds of answer a card gives (:func:`answer_kind`), as a reader would name them
+ANSWER_KINDS = {"answered": "answered", "undecided": "undecided: the runs disagree",
+                "none": "no evidence", "cannot": "cannot answer here"}
+
+
+def answer_kind(a: Answer) -> str:
+    """"answered", "undecided", "none" (no run of the experiment that answers it) or "cannot"
+    (the evidence at hand cannot answer it, e.g. on this CPU count)."""
+    if a.why_not:
+        return "cannot"
+    if a.label is None:
+        return "none"
+    return "undecided" if a.label == UNDECIDED else "answered"
 
 
 def answer_lines(a: Answer) -> list[str]:
@@ -180,7 +199,7 @@ def answer_lines(a: Answer) -> list[str]:
         agree = ", ".join(f"{k}: {v}" for k, v in a.agreement.items())
         lines.append(f"runs:   {agree}")
     if a.numbers:
-        lines.append("numbers: " + "; ".join(f"{k} = {_fmt(v)}" for k, v in a.numbers.items()))
+        lines.append("numbers: " + "; ".join(f"{k} = {format_value(v)}" for k, v in a.numbers.items()))
     if a.thresholds:
         lines.append("thresholds: " + "; ".join(f"{k} = {v}" for k, v in a.thresholds.items()))
     if a.why_not:
@@ -190,13 +209,14 @@ def answer_lines(a: Answer) -> list[str]:
     return lines
 
 
-def _fmt(v) -> str:
+def format_value(v) -> str:
+    """A value as the card prints it: 4 significant digits, lists and dicts item by item."""
     if isinstance(v, float):
         return f"{v:.4g}"
     if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x) for x in v) + "]"
+        return "[" + ", ".join(format_value(x) for x in v) + "]"
     if isinstance(v, dict):
-        return "{" + ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items()) + "}"
+        return "{" + ", ".join(f"{k}: {format_value(x)}" for k, x in v.items()) + "}"
     return str(v)
 
 

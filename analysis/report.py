@@ -1,11 +1,13 @@
 """The report of one run: what was measured, how much to trust it, and the figures.
 
-``summary_text(run)`` is what ``harmony report`` prints; ``write_report(run)`` writes report.md.
-Both start from the same lines so the terminal and the file never disagree.
+``summary_text(run)`` is what ``harmony report`` prints; ``write_report(run)`` writes report.md and
+report.html from one document (:func:`report_document`). All start from the same lines so the
+terminal and the files never disagree.
 """
 
 from __future__ import annotations
 
+from harmony.analysis import document as D
 from harmony.analysis.probe_agreement import agreement_lines
 from harmony.manifest import system_facts
 from harmony.analysis.trust import count
@@ -198,20 +200,31 @@ def figures_on_disk(run) -> tuple[list[str], list[str]]:
     return drawn, [f for f in listed if f not in drawn]
 
 
-def write_report(run) -> None:
-    """Write report.md beside the figures."""
+def report_document(run) -> list:
+    """report.md's and report.html's content (:mod:`harmony.analysis.document`): the results and
+    the measurement as "label  value" lines, the notes, the figures."""
     m = run.manifest
     exp = get_experiment(m["experiment"])
-    md = [f"# {exp.name}: {exp.question}", "",
-          f"Thesis: {exp.thesis}. Run started {m.get('started_at')}, Harmony {m.get('harmony_version')}.", "",
-          f"Parameters: `{params_line(m)}`", "", "## Results", "", "```"]
-    md += exp.describe(run.summary) + ["```", "", "## Measurement", "", "```"] + trust_lines(m) + ["```", ""]
+    doc: list = [D.Heading(f"{exp.name}: {exp.question}", 1),
+                 D.Para(f"Thesis: {exp.thesis}. Run started {m.get('started_at')}, Harmony "
+                        f"{m.get('harmony_version')}."),
+                 D.Para(f"Parameters: `{params_line(m)}`"),
+                 D.Heading("Results", 2, "results"), D.Facts(exp.describe(run.summary)),
+                 D.Heading("Measurement", 2, "measurement"), D.Facts(trust_lines(m))]
     notes = m.get("notes", [])
-    md += ["## Notes", ""] + ([f"- {n}" for n in notes] if notes else ["- nothing was lost or repaired"])
-    md += ["", "## Figures", ""]
+    doc += [D.Heading("Notes", 2, "notes"),
+            D.Bullets(notes if notes else ["nothing was lost or repaired"]),
+            D.Heading("Figures", 2, "figures")]
     drawn, missing = figures_on_disk(run)
-    for f in drawn:
-        md += [f"![{f}]({f})", ""]
+    doc += [D.Figure(run.path / f, f) for f in drawn]
     if missing:
-        md += [f"Missing: {', '.join(missing)} (`harmony report` draws them again).", ""]
-    atomic_write(run.path / "report.md", "\n".join(md) + "\n")
+        doc.append(D.Para(f"Missing: {', '.join(missing)} (`harmony report` draws them again)."))
+    return doc
+
+
+def write_report(run) -> None:
+    """Write report.md and report.html (the same content, figures embedded) beside the figures."""
+    doc = report_document(run)
+    atomic_write(run.path / "report.md", D.to_markdown(doc, run.path))
+    exp = run.manifest["experiment"]
+    atomic_write(run.path / "report.html", D.to_html(doc, f"Harmony run: {exp} ({run.path.name})"))

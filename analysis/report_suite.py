@@ -1,16 +1,17 @@
 """The suite report: the policy card first, then the evidence per question, with figures.
 
-``write(suite_dir)`` writes report.md (figures as files under figures/) and report.html (the same
-content, every figure embedded as base64 PNG, so the file stands alone). Cross-run figures draw
+``write(suite_dir)`` builds one document (:mod:`harmony.analysis.document`) and writes it as
+report.md (figures as files under figures/) and report.html (a page that stands alone, every
+figure embedded): the card as a table (:func:`card_blocks`: each answer styled by its kind, how
+firmly the runs agree, its first number, a link to its evidence), the measurement table, then
+each question's evidence with its figures beside it. Cross-run figures draw
 every run as a point; the experiments' own figures are taken from the first repetition of each
 configuration if they were drawn, otherwise the report says which command draws them.
 """
 
 from __future__ import annotations
 
-import base64
 import functools
-import html
 import math
 import os
 from pathlib import Path
@@ -23,6 +24,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harmony import store  # noqa: E402
+from harmony.analysis import document as D  # noqa: E402
 from harmony.analysis import policy  # noqa: E402
 
 #: which experiments give the evidence of each question (the card's sources)
@@ -450,6 +452,61 @@ def measurement_summary(meas: pd.DataFrame) -> list[str]:
     return out
 
 
+#: the measurement table's columns as a reader would name them (df_measurement documents each)
+MEASUREMENT_HEADINGS = {"run": "run", "probe": "probe", "lost": "lost events",
+                        "release_ms": "release spread ms", "foreign_pct": "foreign load %",
+                        "anomalies": "repaired", "proc_agree_pct": "/proc agree %",
+                        "nr_agree_pct": "nr_running agree %",
+                        "counters_agree_pct": "counters agree %", "notes": "notes"}
+
+
+def frame_table(df: pd.DataFrame, headings: dict | None = None, caption: str | None = None) -> D.Table:
+    """A DataFrame as a document table: numbers right-aligned, NaN as "-"."""
+    headings = headings or {}
+    cols = [headings.get(c, c) for c in df.columns]
+    numeric = frozenset(h for c, h in zip(df.columns, cols) if pd.api.types.is_numeric_dtype(df[c]))
+    rows = [["-" if isinstance(v, float) and math.isnan(v) else v for v in row]
+            for row in df.itertuples(index=False)]
+    return D.Table(cols, rows, numeric=numeric, caption=caption)
+
+
+def _agreement(a: policy.Answer) -> str:
+    """How firmly the runs agree: "5 of 5 runs" when each run voted, else the votes as given."""
+    votes = a.agreement
+    if a.label in votes and all(isinstance(v, int) for v in votes.values()):
+        total = sum(votes.values())
+        rest = "; ".join(f"{k}: {v}" for k, v in votes.items() if k != a.label)
+        return f"{votes[a.label]} of {total} runs" + (f" ({rest})" if rest else "")
+    return ", ".join(f"{k}: {v}" for k, v in votes.items() if v != 0)
+
+
+def card_blocks(card: policy.Card) -> list:
+    """The policy card as a table: one row per question, its answer styled by kind, how firmly
+    the runs agree, its first number, a link to its evidence."""
+    rows = []
+    for i, a in enumerate(card.answers, 1):
+        kind = policy.answer_kind(a)
+        answer = a.label if kind in ("answered", "undecided") else policy.ANSWER_KINDS[kind]
+        # the first number that sums the runs up (a list holds one value per run)
+        key = next((kv for kv in a.numbers.items() if not isinstance(kv[1], list)), None)
+        rows.append([str(i), a.question, D.Cell(answer, kind), _agreement(a),
+                     "" if key is None else f"{key[0]} = {policy.format_value(key[1])}",
+                     D.Cell(f"thesis {a.thesis}", href=f"#q-{a.qid}")])
+    head = card.head_lines()
+    return [D.Para(head[0])] + ([D.Bullets(head[1:])] if head[1:] else []) + [
+        D.Table(["#", "question", "answer", "runs agree", "key number", "evidence"], rows,
+                numeric=frozenset({"#"}))]
+
+
+def evidence_items(a: policy.Answer) -> list[str]:
+    """An answer's lines (:func:`harmony.analysis.policy.answer_lines`), "key: value" in bold."""
+    out = []
+    for line in policy.answer_lines(a):
+        key, sep, value = line.partition(":")
+        out.append(f"**{key}:** {value.strip()}" if sep else line)
+    return out
+
+
 def write(suite: Path, note: str | None = None, processes: int | None = None) -> tuple[Path, Path]:
     """Write report.md and report.html in ``suite``; returns their paths. The figures are drawn in
     ``processes`` processes (default: one per CPU this process may use)."""
@@ -464,9 +521,8 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
     cross = cross_figures(df, fig_dir, processes) if len(df) else {}
     own = _experiment_figures(suite, evidence)
 
-    blocks: list[tuple[str, object]] = []  # ("h1"|"h2"|"p"|"pre"|"img"|"ul", content)
     host = info.get("under_test") or info.get("host", {})   # a VM's kernel under test, else the host
-    blocks.append(("h1", "Harmony suite: the load-balancing policy of this scheduler"))
+    doc: list = [D.Heading("Harmony suite: the load-balancing policy of this scheduler", 1)]
     facts = [f"CPU set: {','.join(map(str, info.get('cpus', []))) or '?'}",
              f"runner: {info.get('runner', '?')}",
              f"kernel / scheduler: {host.get('kernel', '?')} / {host.get('scheduler', '?')}",
@@ -476,84 +532,45 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
                                             if info.get("analysis_overlapped") else "in line")
         facts.append(f"time: {info['wall_s']:.0f} s wall for {info['configured_s']:.0f} s of configured "
                      f"runs (suite efficiency {info['efficiency']:.2f}; analysis {analysis})")
-    blocks.append(("ul", facts))
+    doc.append(D.Bullets(facts))
     if note:
-        blocks.append(("p", note))
-    blocks.append(("h2", "Policy card"))
-    blocks.append(("pre", card.text()))
+        doc.append(D.Para(note, "note"))
+    doc.append(D.Heading("Policy card", 2, "card"))
+    doc += card_blocks(card)
     meas = df_measurement(evidence, suite)
     if len(meas):
-        blocks.append(("h2", "Measurement: what the runs could and could not see"))
-        blocks.append(("ul", measurement_summary(meas)))
-        blocks.append(("pre", meas.to_string(index=False, na_rep="-")))
+        doc.append(D.Heading("Measurement: what the runs could and could not see", 2, "measurement"))
+        doc.append(D.Bullets(measurement_summary(meas)))
+        doc.append(frame_table(meas, MEASUREMENT_HEADINGS))
     limits = _limits(card)
     if limits:
-        blocks.append(("h2", "What this suite cannot answer, and why"))
-        blocks.append(("ul", [line[2:] for line in limits]))
-    blocks.append(("h2", "Evidence per question"))
+        doc.append(D.Heading("What this suite cannot answer, and why", 2))
+        doc.append(D.Bullets([line[2:] for line in limits]))
+    doc.append(D.Heading("Evidence per question", 2, "evidence"))
     if own:
-        blocks.append(("p", _figures_note(own)))
+        doc.append(D.Para(_figures_note(own), "note"))
     for i, a in enumerate(card.answers, 1):
-        blocks.append(("h3", f"{i}. {a.question} (thesis {a.thesis})"))
-        blocks.append(("pre", "\n".join(policy.answer_lines(a))))
-        for p in cross.get(a.qid, []):
-            blocks.append(("img", p))
-        for exp in EVIDENCE[a.qid]:
+        doc.append(D.Heading(f"{i}. {a.question} (thesis {a.thesis})", 3, f"q-{a.qid}"))
+        text: list = [D.Bullets(evidence_items(a))]
+        figs = [D.Figure(p, f"{a.qid}: {p.stem}") for p in cross.get(a.qid, [])]
+        for exp in EVIDENCE.get(a.qid, []):
             if exp not in own:
                 continue
-            run, figs = own.pop(exp)
-            blocks += [("img", p) for p in figs] or [
-                ("p", f"{exp}, one run's own figures: `harmony report {run}` draws them")]
+            run, paths = own.pop(exp)
+            figs += [D.Figure(p, f"{exp}: {p.stem}") for p in paths]
+            if not paths:
+                text.append(D.Para(f"{exp}, one run's own figures: `harmony report {run}` draws them",
+                                   "note"))
+        doc.append(D.Beside(text, figs))
     if info.get("failures"):
-        blocks.append(("h2", "Failures"))
-        blocks.append(("ul", [f"{f.get('config') or f.get('path')}: {f.get('error')}"
+        doc.append(D.Heading("Failures", 2))
+        doc.append(D.Bullets([f"{f.get('config') or f.get('path')}: {f.get('error')}"
                               for f in info["failures"]]))
     if skipped:
-        blocks.append(("h2", "Runs not used"))
-        blocks.append(("ul", [f"{p}: {r}" for p, r in skipped]))
+        doc.append(D.Heading("Runs not used", 2))
+        doc.append(D.Bullets([f"{p}: {r}" for p, r in skipped]))
     md_path, html_path = suite / "report.md", suite / "report.html"
-    store.atomic_write(md_path, _markdown(blocks, suite))
-    store.atomic_write(html_path, _html(blocks))
+    store.atomic_write(md_path, D.to_markdown(doc, suite))
+    store.atomic_write(html_path, D.to_html(doc, "Harmony suite report"))
     return md_path, html_path
 
-
-def _markdown(blocks, root: Path) -> str:
-    out = []
-    for kind, c in blocks:
-        if kind == "h1":
-            out += [f"# {c}", ""]
-        elif kind == "h2":
-            out += [f"## {c}", ""]
-        elif kind == "h3":
-            out += [f"### {c}", ""]
-        elif kind == "p":
-            out += [c, ""]
-        elif kind == "pre":
-            out += ["```", c.rstrip(), "```", ""]
-        elif kind == "ul":
-            out += [f"- {x}" for x in c] + [""]
-        elif kind == "img":
-            rel = Path(c).relative_to(root)
-            out += [f"![{rel}]({rel})", ""]
-    return "\n".join(out)
-
-
-def _html(blocks) -> str:
-    out = ["<!doctype html><html><head><meta charset='utf-8'><title>Harmony suite report</title>",
-           "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
-           "pre{background:#f4f4f4;padding:.8em;overflow-x:auto;font-size:85%}"
-           "img{max-width:100%;display:block;margin:1em 0}</style></head><body>"]
-    for kind, c in blocks:
-        if kind in ("h1", "h2", "h3"):
-            out.append(f"<{kind}>{html.escape(c)}</{kind}>")
-        elif kind == "p":
-            out.append(f"<p>{html.escape(c)}</p>")
-        elif kind == "pre":
-            out.append(f"<pre>{html.escape(c)}</pre>")
-        elif kind == "ul":
-            out.append("<ul>" + "".join(f"<li>{html.escape(x).replace('**', '')}</li>" for x in c) + "</ul>")
-        elif kind == "img":
-            data = base64.b64encode(Path(c).read_bytes()).decode()
-            out.append(f"<img alt='{html.escape(Path(c).name)}' src='data:image/png;base64,{data}'>")
-    out.append("</body></html>")
-    return "\n".join(out) + "\n"

@@ -498,7 +498,7 @@ def report(run_dir, as_json):
                                    "summary": run.summary}, indent=1, default=str))
         else:
             click.echo(summary_text(run))
-            click.echo(f"\nreport: {run.path / 'report.md'}")
+            click.echo(f"\nreport: {run.path / 'report.md'} and {run.path / 'report.html'}")
 
 
 def _suite_report(out: Path, as_json: bool):
@@ -548,23 +548,39 @@ def clean():
     click.echo("\n".join(f"removed {r}" for r in removed) if removed else "nothing to clean")
 
 
+#: the file ``harmony export RUN --format F`` writes by default, in RUN
+EXPORT_FILES = {"trace.dat": "trace.dat", "perfetto": "trace.pftrace"}
+
+
 @main.command("export")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["trace.dat"]), default="trace.dat", show_default=True,
-              help="file format (trace-cmd's trace.dat, for KernelShark and `trace-cmd report`)")
-@click.option("--out", type=click.Path(path_type=Path), help="file to write (default RUN_DIR/trace.dat)")
+@click.option("--format", "fmt", type=click.Choice(list(EXPORT_FILES)), default="trace.dat",
+              show_default=True,
+              help="trace.dat: trace-cmd's, the capture, for KernelShark and `trace-cmd report`; "
+                   "perfetto: the run's timeline (runs per CPU and per task, migrations, run "
+                   "queues, markers) for Perfetto's UI and trace processor")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="file to write (default RUN_DIR/trace.dat, or RUN_DIR/trace.pftrace)")
 def export(run_dir, fmt, out):
-    """Write a run's capture as a trace.dat that KernelShark and `trace-cmd report` open."""
+    """Write a run's capture as a trace.dat that KernelShark and `trace-cmd report` open, or its
+    timeline as a trace that Perfetto's UI opens."""
     from harmony.importer import export_tracedat
 
     if not (run_dir / "manifest.json").is_file():
         raise click.BadParameter(f"{run_dir} is not a run directory (no manifest.json)", param_hint="RUN_DIR")
-    dest = out or run_dir / "trace.dat"
+    dest = out or run_dir / EXPORT_FILES[fmt]
     if dest.is_dir():
         raise click.BadParameter(f"{dest} is a directory", param_hint="--out")
     if not dest.absolute().parent.is_dir():
         raise click.BadParameter(f"{dest.absolute().parent}: no such directory", param_hint="--out")
     _check_out(dest.absolute().parent)      # a writable one
+    if fmt == "perfetto":
+        from harmony.perfetto_export import export_perfetto    # the protobuf classes: ~0.3 s
+        from harmony.pipeline import load
+
+        with _errors(also=(OSError,)):
+            click.echo(export_perfetto(load(run_dir), dest))
+        return
     with _errors(also=(OSError,)):
         wrote, notes = export_tracedat(run_dir, dest)
     for note in notes:
@@ -691,8 +707,9 @@ def infer(dirs, as_json):
 @click.option("--all-metrics", is_flag=True,
               help="print every metric compared, not only the card's and those apart")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
-              help="also write compare.md, compare.json and figures/ (compare.png: every run; "
-                   "differences.png: the differences with their intervals) there")
+              help="also write compare.md, compare.html (a page that stands alone), compare.json "
+                   "and figures/ (compare.png: every run; differences.png: the differences with "
+                   "their intervals) there")
 def compare(sources, as_json, all_metrics, out):
     from harmony.analysis import compare as cmp_mod
     from harmony.store import RunError

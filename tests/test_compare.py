@@ -102,7 +102,13 @@ def test_out_writes_the_tables_the_answers_and_a_figure(two_policies, tmp_path):
     r = invoke("compare", poly, pair, "--out", out)
     assert r.exit_code == 0, r.output
     md = (out / "compare.md").read_text()
-    assert "* 3 how_many" in md and "![each source's runs](figures/compare.png)" in md
+    # the answers one column per source, the question they answer differently marked
+    assert "| * | 3 | How does the scheduler determine how many processes to migrate? (how_many) |" \
+        in md and "![each source's runs](figures/compare.png)" in md
+    # compare.html is the same document, standing alone
+    page = (out / "compare.html").read_text()
+    assert '<tr class="differs"><td>*</td><td class="num">3</td>' in page
+    assert page.count("data:image/png;base64,") == 2 and "<script" not in page
     assert "![the differences and their intervals](figures/differences.png)" in md
     data = json.loads((out / "compare.json").read_text())
     assert len(data["answers"]) == 18 and len(data["sources"]) == 2
