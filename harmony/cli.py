@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gzip
 import json
 import re
 import sys
@@ -275,10 +276,15 @@ def _scx_plan(name: str | None, args: str | None, kernel: str | None, params: li
             scx.check_kernel()
         short = name.removeprefix("scx_")
         if short in scx_build.names() and "/" not in name and kernel in kernels.BUILT:
-            lacks = scx_build.kernel_lacks(kernels.recipe(kernel)["configitems"])
+            try:                    # a built kernel's config (one not built is said below)
+                config = gzip.decompress(
+                    (kernels.kernel(kernel).image.parent / "config.gz").read_bytes()).decode()
+            except (kernels.KernelError, OSError, EOFError, gzip.BadGzipFile):
+                config = None
+            lacks = scx_build.kernel_lacks(config) if config is not None else []
             if lacks:
                 raise ParameterError(f"scheduler {short} needs {', '.join(lacks)}, which kernel "
-                                     f"{kernel} does not have: --kernel sched-ext-ftrace has it")
+                                     f"{kernel} does not have: --kernel sched-ext-full has it")
         if short in scx.KNOWN and "/" not in name:
             if kernel is not None and kernel not in kernels.BUILT:   # an image given by path
                 directory = Path(kernel).absolute().parent

@@ -11,8 +11,8 @@ initramfs). :func:`kernel` turns what the user wrote after ``--kernel`` into one
 - a path to a kernel image (a built bzImage, e.g. a sched_ext kernel): used as it is, its release
   read from the image's own header, its modules those of ``lib/modules/<release>`` beside it if
   any (as virtme-ng finds them);
-- a name of :data:`BUILT` (``sched-ext``): a kernel Harmony builds from source by a recipe kept
-  as data (``harmony/data/<name>.json``: the Debian source package, the config options on top of
+- a name of :data:`BUILT` (``sched-ext``; ``sched-ext-full``, with what the scx project's Rust
+  schedulers need): a kernel Harmony builds from source by a recipe kept as data (``harmony/data/<name>.json``: the Debian source package, the config options on top of
   virtme-ng's VM config, the tree's example sched_ext schedulers) with :func:`build`
   (``harmony kernel build sched-ext``). Its cache directory is named by a key, the hash of the
   recipe, the source package's version and virtme-ng's (:func:`build_key`): a machine builds a
@@ -61,7 +61,8 @@ NAMED = {
                        "6.12 PREEMPT_RT (EEVDF)"),
 }
 #: kernels Harmony builds from source, by name: the recipe's file in harmony/data
-BUILT = {"sched-ext": "sched-ext-6.12.json", "sched-ext-ftrace": "sched-ext-ftrace-6.12.json"}
+BUILT = {"sched-ext": "sched-ext-6.12.json",
+         "sched-ext-full": "sched-ext-full-6.12.json"}
 DATA = Path(__file__).parent / "data"
 CACHE = Path(os.environ.get("HARMONY_KERNEL_CACHE", "/var/cache/harmony/kernels"))
 #: each cached kernel's description, in its directory

@@ -98,12 +98,11 @@ def built(name: str, cache: Path | None = None) -> Path | None:
     return have[-1].parent / rec["crates"][short] if have else None
 
 
-def kernel_lacks(configitems: list[str]) -> list[str]:
-    """What the Rust schedulers need of a kernel (the recipe's ``kernel_needs``) that a kernel
-    recipe's ``configitems`` set otherwise."""
-    have = dict(item.partition("=")[::2] for item in configitems)
-    return [need for need in recipe()["kernel_needs"]
-            if have.get(need.partition("=")[0], need.partition("=")[2]) != need.partition("=")[2]]
+def kernel_lacks(config: str) -> list[str]:
+    """What the Rust schedulers need of a kernel (the recipe's ``kernel_needs``) that its
+    ``config`` (a .config's text) does not set."""
+    have = set(config.splitlines())
+    return [need for need in recipe()["kernel_needs"] if need not in have]
 
 
 def status(name: str, cache: Path | None = None) -> str:

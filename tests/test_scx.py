@@ -350,7 +350,7 @@ def _cli(*args, env=None) -> subprocess.CompletedProcess:
      "unknown scheduler 'fast': give one of simple, central, qmap, flatcg, bpfland, rusty, lavd"),
     (["--scx", "simple", "--kernel", "debian:6.12"], 2, "kernel debian:6.12 has no sched_ext"),
     (["--scx", "lavd", "--kernel", "sched-ext"], 2, "scheduler lavd needs CONFIG_FUNCTION_TRACER=y, "
-     "which kernel sched-ext does not have: --kernel sched-ext-ftrace has it"),
+     "CONFIG_CPU_FREQ=y, which kernel sched-ext does not have: --kernel sched-ext-full has it"),
     (["--scx", "simple", "--kernel", "sched-ext", "-p", "policy=fifo", "-p", "rt_priority=5"],
      2, "policy=fifo under --scx"),
     (["--scx-args", "-v"], 2, "--scx-args goes with --scx NAME"),
@@ -547,8 +547,7 @@ def test_rust_build_refuses_without_cargo_or_with_an_old_rust(tmp_path, monkeypa
         scx_build.build(["fast"], cache=rust_cache)
 
 
-def test_what_the_rust_schedulers_need_of_a_kernel_recipe():
-    assert scx_build.kernel_lacks(kernels.recipe("sched-ext")["configitems"]) == [
-        "CONFIG_FUNCTION_TRACER=y"]
-    assert scx_build.kernel_lacks(kernels.recipe("sched-ext-ftrace")["configitems"]) == []
-    assert scx_build.kernel_lacks(["CONFIG_BPF=y"]) == []      # the base config decides
+def test_what_the_rust_schedulers_need_of_a_kernel():
+    assert scx_build.kernel_lacks("CONFIG_BPF=y\n# CONFIG_FUNCTION_TRACER is not set\n") == [
+        "CONFIG_FUNCTION_TRACER=y", "CONFIG_CPU_FREQ=y"]
+    assert scx_build.kernel_lacks("CONFIG_FUNCTION_TRACER=y\nCONFIG_CPU_FREQ=y\n") == []

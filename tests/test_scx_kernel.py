@@ -110,24 +110,32 @@ def test_the_card_reads_scx_simple_as_the_global_queue_it_is(kernel, sched_ext_k
     assert not _scx_processes()
 
 
+@pytest.fixture(scope="module")
+def rust_kernel():
+    """The kernel the Rust schedulers need (built if missing: ~11 min here) and the schedulers
+    (`harmony scx build`: 3-5 min each)."""
+    try:
+        kernels.kernel("sched-ext-full")
+    except kernels.KernelError:
+        kernels.build("sched-ext-full")
+    p = cli("scx", "build", timeout=3600)
+    assert p.returncode == 0, p.stderr
+
+
 @pytest.mark.long_build
 @pytest.mark.needs_tool(*VM_TOOLS)
-def test_a_rust_scheduler_built_from_its_crate_runs_enabled_throughout(kernel, tmp_path):
-    """scx_bpfland, built by `harmony scx build` from its crate, on the kernel with the function
-    tracer it needs (sched-ext-ftrace, built if missing: ~11 min here), at P = 4. Not in the
+@pytest.mark.parametrize("name", ["bpfland", "rusty", "lavd"])
+def test_a_rust_scheduler_built_from_its_crate_runs_enabled_throughout(kernel, rust_kernel, name,
+                                                                      tmp_path):
+    """The scx project's Rust schedulers, built by `harmony scx build` from their crates, on the
+    kernel with the function tracer and cpufreq they need (sched-ext-full), at P = 4. Not in the
     README's test command (CI's 30 minutes cannot hold both builds): `pytest -m long_build`."""
-    try:
-        kernels.kernel("sched-ext-ftrace")
-    except kernels.KernelError:
-        kernels.build("sched-ext-ftrace")
-    p = cli("scx", "build", "bpfland", timeout=3600)
-    assert p.returncode == 0, p.stderr
     out = tmp_path / "r"
-    p = cli("run", "single-source", "--kernel", "sched-ext-ftrace", "--vm-cpus", "4", "--scx",
-            "bpfland", "--layout", "8,0,0,0", "--duration", "3", "--out", out, "-q", timeout=900)
+    p = cli("run", "single-source", "--kernel", "sched-ext-full", "--vm-cpus", "4", "--scx",
+            name, "--layout", "8,0,0,0", "--duration", "3", "--out", out, "-q", timeout=900)
     assert p.returncode == 0, p.stderr
     m = store.read_json(out / "manifest.json")
     s = m["scx"]
-    assert m["status"] == "complete" and s["enabled_throughout"] and s["ops"].startswith("bpfland")
+    assert m["status"] == "complete" and s["enabled_throughout"] and s["name"] == name
     assert m["under_test"]["ncpus"] == 4 and m["kernel_counter_agreement"]["disagreeing"] == 0
     assert not _scx_processes()
