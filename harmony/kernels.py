@@ -12,7 +12,8 @@ initramfs). :func:`kernel` turns what the user wrote after ``--kernel`` into one
   read from the image's own header, its modules those of ``lib/modules/<release>`` beside it if
   any (as virtme-ng finds them);
 - a name of :data:`BUILT` (``sched-ext``; ``sched-ext-full``, with what the scx project's Rust
-  schedulers need): a kernel Harmony builds from source by a recipe kept as data (``harmony/data/<name>.json``: the Debian source package, the config options on top of
+  schedulers need): a kernel Harmony builds from source by a recipe kept as data
+  (``harmony/data/<name>.json``: the Debian source package, the config options on top of
   virtme-ng's VM config, the tree's example sched_ext schedulers) with :func:`build`
   (``harmony kernel build sched-ext``). Its cache directory is named by a key, the hash of the
   recipe, the source package's version and virtme-ng's (:func:`build_key`): a machine builds a
