@@ -430,6 +430,17 @@ def cache_lock(root: Path):
     return lock
 
 
+def discard_failed(tmp: Path, log: Path) -> Path | None:
+    """Remove the temporary directory of a failed build, its ``build.log`` kept as ``log``
+    (returned; None if it could not be kept)."""
+    try:
+        shutil.copy2(tmp / "build.log", log)
+    except OSError:
+        log = None
+    shutil.rmtree(tmp, ignore_errors=True)
+    return log
+
+
 def place_dir(tmp: Path, final: Path) -> None:
     """Rename a whole directory into place (over a directory without a record)."""
     if final.exists():
@@ -646,12 +657,7 @@ def build(name: str, cache: Path | None = None, progress=None, jobs: int | None 
                 "config_as_recorded": None if known is None else known == config_sha})
             place_dir(tmp, final)
         except BaseException as exc:
-            kept = root / f"{name}-build-failed.log"
-            try:
-                shutil.copy2(tmp / "build.log", kept)
-            except OSError:
-                kept = None
-            shutil.rmtree(tmp, ignore_errors=True)
+            kept = discard_failed(tmp, root / f"{name}-build-failed.log")
             if isinstance(exc, KernelError) and kept is not None:
                 raise KernelError(f"{exc} (log: {kept})") from None
             raise

@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 
 from harmony.errors import KernelError, ScxError, UnknownScheduler
-from harmony.kernels import (CACHE as KERNEL_CACHE, build_step, cache_lock, install_packages,
-                             place_dir, reclaim_partial)
+from harmony.kernels import (CACHE as KERNEL_CACHE, build_step, cache_lock, discard_failed,
+                             install_packages, place_dir, reclaim_partial)
 
 RECIPE = Path(__file__).parent / "data" / "scx-rust.json"
 CACHE = Path(os.environ.get("HARMONY_SCX_CACHE", KERNEL_CACHE.parent / "scx"))
@@ -181,12 +181,7 @@ def _build_one(cargo_path: str, crate: str, rec: dict, rustc: str, key: str, fin
             "env": rec["env"], "build_s": round(time.monotonic() - t0, 1)}, indent=1) + "\n")
         place_dir(tmp, final)
     except BaseException as exc:
-        kept = root / f"{crate}-build-failed.log"
-        try:
-            shutil.copy2(tmp / "build.log", kept)
-        except OSError:
-            kept = None
-        shutil.rmtree(tmp, ignore_errors=True)
+        kept = discard_failed(tmp, root / f"{crate}-build-failed.log")
         if isinstance(exc, KernelError):
             raise ScxError(f"{exc}" + (f" (log: {kept})" if kept else "")) from None
         raise
