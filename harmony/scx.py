@@ -77,6 +77,10 @@ LOG_NAME = "scx.log"
 EXIT_LINE = re.compile(r"^EXIT: (.+)$", re.M)
 #: libbpf's bracket around the verifier's log of a program it could not load
 VERIFIER_END = "-- END PROG LOAD LOG --"
+#: libbpf's line naming the program the kernel refused
+LOAD_FAILED = re.compile(r"prog '([^']+)': BPF program load failed")
+#: a terminal colour or style escape
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,14 +178,21 @@ def exit_reason(log: str) -> str | None:
 
 
 def failure_line(log: str) -> str:
-    """What a scheduler that ended before it was enabled said last: the verifier's last line
-    when libbpf printed the verifier's log, else its last line."""
-    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    """What a scheduler that ended before it was enabled said last: when libbpf printed the
+    verifier's log, the program rejected and the verifier's reason (its last line before the
+    ``processed N insns`` summary, which follows in brackets); else its last line. Terminal
+    colours (the Rust schedulers' logs) are left out."""
+    lines = [line.strip() for line in ANSI.sub("", log).splitlines() if line.strip()]
     if VERIFIER_END in log:
         before = lines[:lines.index(VERIFIER_END)] if VERIFIER_END in lines else lines
         verifier = [line for line in before if not line.startswith("libbpf:")]
         if verifier:
-            return f"verifier: {verifier[-1]}"
+            summary = [line for line in verifier if line.startswith("processed ")]
+            reason = [line for line in verifier if not line.startswith("processed ")]
+            prog = next((m.group(1) for m in map(LOAD_FAILED.search, lines) if m), None)
+            said = reason[-1] if reason else verifier[-1]
+            return (f"verifier rejected {prog or 'a program'}: {said}"
+                    + (f" ({summary[-1]})" if summary and reason else ""))
     return lines[-1] if lines else "no output"
 
 

@@ -113,9 +113,13 @@ libbpf: failed to load object 'scx_simple'
 """
 
 
-def test_the_verifiers_last_line_and_the_exit_reason():
-    assert scx.failure_line(VERIFIER_LOG) == ("verifier: processed 12 insns (limit 1000000) "
-                                              "max_states_per_insn 0 total_states 1")
+def test_the_verifiers_reason_and_the_exit_reason():
+    assert scx.failure_line(VERIFIER_LOG) == (
+        "verifier rejected simple_enqueue: R2 invalid mem access 'scalar' (processed 12 insns "
+        "(limit 1000000) max_states_per_insn 0 total_states 1)")
+    coloured = ("\x1b[2m2026-11-26T12:32:45Z\x1b[0m \x1b[33m WARN\x1b[0m libbpf: failed\n"
+                "Error: EINVAL\n")
+    assert scx.failure_line(coloured) == "Error: EINVAL"
     assert scx.failure_line("usage: scx_simple [-v]\n") == "usage: scx_simple [-v]"
     assert scx.failure_line("") == "no output"
     log = "local=1 global=2\nEXIT: runnable task stall (kworker/0:1[12] failed to run for 30s)\n"
@@ -190,7 +194,7 @@ def test_a_scheduler_killed_mid_run_is_an_ejection(tmp_path):
     assert not s.stop()["enabled_throughout"]
 
 
-def test_a_verifier_refusal_is_one_line_with_its_last_line(tmp_path):
+def test_a_verifier_refusal_is_one_line_with_its_reason(tmp_path):
     root = _root(tmp_path)
     log = tmp_path / "verifier.txt"
     log.write_text(VERIFIER_LOG)
@@ -198,9 +202,9 @@ def test_a_verifier_refusal_is_one_line_with_its_last_line(tmp_path):
     s = scx.Scheduler(scx.ScxSpec("bad", str(bad)), tmp_path / "scx.log", root=root)
     with pytest.raises(ScxError) as err:
         s.start()
-    assert str(err.value) == ("scheduler bad exited before it was enabled (status 1): verifier: "
-                              "processed 12 insns (limit 1000000) max_states_per_insn 0 "
-                              "total_states 1")
+    assert str(err.value) == ("scheduler bad exited before it was enabled (status 1): verifier "
+                              "rejected simple_enqueue: R2 invalid mem access 'scalar' (processed "
+                              "12 insns (limit 1000000) max_states_per_insn 0 total_states 1)")
     assert not osutil.record_path("scx").exists()
 
 
