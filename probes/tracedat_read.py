@@ -404,6 +404,39 @@ def _read_v6(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat
                     latency_only=latency, tsc2nsec=opts.tsc2nsec)
 
 
+def read_tracing_data(path: Path, data: bytes) -> TraceDat:
+    """The tracing data a perf.data holds in its HEADER_TRACING_DATA feature section (``data``,
+    the section's bytes): perf writes the same layout as a v6 trace.dat's start, up to its
+    cmdlines (tools/perf/util/trace-event-info.c): magic, version text ("0.6"), endian, long size,
+    page size, the ring-buffer headers, the ftrace and event formats, kallsyms, printk formats
+    and (from 0.6 on) the saved cmdlines. Returned as a :class:`TraceDat` with no buffers; a bad
+    section raises TraceCorrupt naming ``path``."""
+    r = _Blob(path, data, "tracing data")
+    if r.bytes(0, min(10, r.size), "magic") != MAGIC:
+        raise TraceCorrupt(f"{path}: corrupt tracing data section (bad magic)")
+    version, at = r.cstr(10, "tracing data version", limit=16)
+    endian, long_size = r.u(at, "B", "endian flag"), r.u(at + 1, "B", "long size")
+    page_size = r.u(at + 2, "I", "page size")
+    if endian != 0:
+        raise TraceCorrupt(f"{path}: big-endian tracing data is not supported")
+    if long_size not in (4, 8) or page_size <= 0 or page_size % 8 or page_size > (1 << 24):
+        raise TraceCorrupt(f"{path}: corrupt tracing data (long size {long_size}, page size "
+                           f"{page_size})")
+    hp, he, at = _parse_headers(path, r, at + 6)
+    formats: dict[int, tuple[str, str]] = {}
+    at = _parse_formats(path, r, at, None, formats)
+    at = _parse_systems(path, r, at, formats)
+    at += 4 + r.u(at, "I", "kallsyms size")
+    at += 4 + r.u(at, "I", "printk formats size")
+    cmdlines: dict[int, str] = {}
+    if at + 8 <= r.size:            # version 0.6 and later
+        size = r.u(at, "Q", "cmdlines size")
+        cmdlines = _parse_cmdlines(r.bytes(at + 8, size, "cmdlines").decode("utf-8", "replace"))
+    return TraceDat(path=path, version=6, long_size=long_size, page_size=page_size,
+                    compression="none", header_page=hp, header_event=he, format_texts=formats,
+                    cmdlines=cmdlines, n_cpus=0, buffers=[], cpustats={}, tracer_version=version)
+
+
 # --- version 7 ---------------------------------------------------------------------------------
 
 def _section(path: Path, r: _Reader, at: int, algo: str, what: str) -> tuple[int, _Reader, int]:
