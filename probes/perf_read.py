@@ -51,7 +51,7 @@ from harmony.probes.formats import EventFormat, FormatError, parse_header_page
 from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 from harmony.probes.ringbuf_walk import JIT_MIN_BYTES, Records
-from harmony.probes.schema import make_events
+from harmony.probes.schema import SCHED_EVENTS, make_events
 from harmony.probes.tracedat_read import TraceDat, read_tracing_data
 
 PERF_MAGIC = b"PERFILE2"
@@ -156,9 +156,8 @@ def _map(path: Path):
         raise TraceCorrupt(f"{path}: cannot read ({exc.strerror or exc})") from None
     with f:
         try:
-            size = Path(path).stat().st_size
-            if size == 0:
-                raise TraceCorrupt(f"{path}: empty file, not a perf.data")
+            if Path(path).stat().st_size == 0:
+                return b""                  # (cannot be mapped) read_header says what it is not
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
             raise TraceCorrupt(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") \
@@ -324,7 +323,8 @@ class PerfRead:
     events: pd.DataFrame
     lost_by_cpu: dict[int, int]                # PERF_RECORD_LOST counts, by the CPU it names
     lost_samples_by_event: dict[str, int]      # PERF_RECORD_LOST_SAMPLES counts, by event name
-    other_events: dict[str, int]               # samples of events not decoded, by event name
+    other_events: dict[str, int]               # samples of events not decoded (not one of the
+    #                                            SCHED_EVENTS), by event name
     records: dict[str, int]                    # records of the data section, by type name
     recorded_cpus: set[int] | None             # its PERF_RECORD_CPU_MAP, None if it has none
     notes: list[str]
@@ -391,8 +391,9 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
 
 
 def read_perf_data(path: Path) -> PerfRead:
-    """Decode ``path``: the events table of its tracepoint samples (the canonical columns, in time
-    order), and the counts of what else it holds (see :class:`PerfRead`)."""
+    """Decode ``path``: the events table of its samples of the sched tracepoints Harmony reads
+    (:data:`~harmony.probes.schema.SCHED_EVENTS`, as ``perf script``'s parser did: the canonical
+    columns, in time order), and the counts of what else it holds (see :class:`PerfRead`)."""
     path = Path(path)
     data = _map(path)
     head = read_header(path, data)
@@ -470,7 +471,8 @@ def read_perf_data(path: Path) -> PerfRead:
             continue
         a = attrs[int(k)]
         name = a.name or f"attr {int(k)} (type {a.type}, config {a.config})"
-        if int(k) not in tp or a.config not in formats or formats[a.config].system == "ftrace":
+        fmt = formats.get(a.config) if int(k) in tp else None
+        if fmt is None or fmt.system != "sched" or fmt.name not in SCHED_EVENTS:
             other[name] = other.get(name, 0) + len(sel)
             continue
         f = _sample_fields(a.sample_type, a.read_format, src, s_off[sel] + 8, s_end[sel], path,
@@ -555,7 +557,8 @@ def read_perf_data(path: Path) -> PerfRead:
             lost_samples[name] = lost_samples.get(name, 0) + v
     recorded = _cpu_map(src, offs[types == REC_CPU_MAP], ends[types == REC_CPU_MAP])
     if other:
-        notes.append(f"samples of events Harmony does not decode, by count: {other}")
+        notes.append(f"ignored events other than the {len(SCHED_EVENTS)} Harmony decodes "
+                     f"({', '.join(SCHED_EVENTS)}), by count: {other}")
     return PerfRead(head, events, lost_by_cpu, lost_samples, other, records, recorded, notes, n_s,
                     decoder)
 
