@@ -455,51 +455,55 @@ def read_perf_data(path: Path) -> PerfRead:
         notes.append("the file has no tracing data (HEADER_TRACING_DATA): its tracepoint samples "
                      "cannot be decoded")
     n_s = len(sidx)
-    rec_pos = np.zeros(n_s, np.int64)
-    rec_len = np.zeros(n_s, np.int32)
-    rec_ts = np.zeros(n_s, np.int64)
-    rec_cpu = np.full(n_s, -1, np.int16)
-    rec_code = np.full(n_s, -1, np.int32)
-    rec_tid = np.full(n_s, -1, np.int32)
+    # the attrs whose samples become rows, grouped by their samples' layout (sample_type,
+    # read_format): the fields of a group's samples are read in one pass
+    per_attr = np.bincount(s_attr + 1, minlength=len(attrs) + 1)      # slot 0: an unknown id
     other: dict[str, int] = {}
-    present = np.unique(s_attr) if n_s else np.zeros(0, np.int64)
-    for k in present:
-        sel = np.flatnonzero(s_attr == k)
-        if k < 0:
-            other["(samples of an unknown id)"] = other.get("(samples of an unknown id)", 0) + \
-                len(sel)
-            continue
-        a = attrs[int(k)]
-        name = a.name or f"attr {int(k)} (type {a.type}, config {a.config})"
-        fmt = formats.get(a.config) if int(k) in tp else None
+    if per_attr[0]:
+        other["(samples of an unknown id)"] = int(per_attr[0])
+    groups: dict[tuple[int, int], list[int]] = {}
+    for k in np.flatnonzero(per_attr[1:]).tolist():
+        a = attrs[k]
+        fmt = formats.get(a.config) if k in tp else None
         if fmt is None or fmt.system != "sched" or fmt.name not in SCHED_EVENTS:
-            other[name] = other.get(name, 0) + len(sel)
-            continue
-        f = _sample_fields(a.sample_type, a.read_format, src, s_off[sel] + 8, s_end[sel], path,
-                           s_off[sel], off0)
+            name = a.name or f"attr {k} (type {a.type}, config {a.config})"
+            other[name] = other.get(name, 0) + int(per_attr[k + 1])
+        else:
+            groups.setdefault((a.sample_type, a.read_format), []).append(k)
+    config_of = np.array([a.config for a in attrs] + [-1], np.int64)   # [-1]: an unknown id
+    parts = []
+    for (st, rf), ks in groups.items():
+        member = np.zeros(len(attrs) + 1, bool)
+        member[ks] = True
+        sel = np.flatnonzero(member[s_attr])
+        names = ", ".join(attrs[k].name or f"attr {k}" for k in ks)
+        f = _sample_fields(st, rf, src, s_off[sel] + 8, s_end[sel], path, s_off[sel], off0)
         if "time" not in f:
-            raise TraceCorrupt(f"{path}: the samples of {name} have no time stamps (recorded "
+            raise TraceCorrupt(f"{path}: the samples of {names} have no time stamps (recorded "
                                "without PERF_SAMPLE_TIME): they cannot be put in order")
         if "cpu" not in f:
-            notes.append(f"the samples of {name} carry no CPU (PERF_SAMPLE_CPU): their cpu is -1")
-        elif (f["cpu"] > np.iinfo(np.int16).max).any():
-            raise TraceCorrupt(f"{path}: corrupt sample of {name}: CPU "
-                               f"{int(f['cpu'].max())}")
-        rec_pos[sel] = f["raw_pos"]
-        rec_len[sel] = np.minimum(f["raw_size"], 1 << 30)
-        rec_ts[sel] = f["time"]
-        if "cpu" in f:
-            rec_cpu[sel] = f["cpu"]
-        rec_code[sel] = a.config
-        if "tid" in f:
-            rec_tid[sel] = f["tid"]
+            notes.append(f"the samples of {names} carry no CPU (PERF_SAMPLE_CPU): their cpu is -1")
+        elif len(sel) and int(f["cpu"].max()) > np.iinfo(np.int16).max:
+            raise TraceCorrupt(f"{path}: corrupt sample of {names}: CPU {int(f['cpu'].max())}")
+        if len(sel) and (f["time"] < 0).any():
+            raise TraceCorrupt(f"{path}: corrupt sample of {names}: a time stamp past 2**63 ns")
+        none = np.full(len(sel), -1, np.int64)
+        parts.append((sel, f["raw_pos"], np.minimum(f["raw_size"], 1 << 30), f["time"],
+                      f.get("cpu", none), config_of[s_attr[sel]], f.get("tid", none)))
+    cols = [np.concatenate(c) if c else np.zeros(0, np.int64) for c in zip(*parts)] if parts \
+        else [np.zeros(0, np.int64)] * 7
+    sel, rec_pos, rec_len, rec_ts, rec_cpu, rec_code, rec_tid = cols
     # the samples decoded, in the order perf script prints them: by time, ties in file order
-    keep = np.flatnonzero(rec_code >= 0)
-    if len(keep) and (rec_ts[keep] < 0).any():
-        raise TraceCorrupt(f"{path}: corrupt sample: a time stamp past 2**63 ns")
-    keep = keep[np.argsort(rec_ts[keep], kind="stable")]
-    rec_pos, rec_len, rec_ts, rec_cpu, rec_code, rec_tid = (
-        x[keep] for x in (rec_pos, rec_len, rec_ts, rec_cpu, rec_code, rec_tid))
+    order = np.argsort(sel, kind="stable") if len(parts) > 1 else None
+    if order is not None:
+        rec_ts = rec_ts[order]
+    by_time = np.argsort(rec_ts, kind="stable")
+    order = by_time if order is None else order[by_time]
+    rec_ts = rec_ts[by_time]
+    rec_pos, rec_len, rec_cpu, rec_code, rec_tid = (x[order] for x in (rec_pos, rec_len, rec_cpu,
+                                                                       rec_code, rec_tid))
+    rec_len, rec_cpu = rec_len.astype(np.int32), rec_cpu.astype(np.int16)
+    rec_code, rec_tid = rec_code.astype(np.int32), rec_tid.astype(np.int32)
 
     decoder = "numpy"
     if formats and len(rec_pos):
