@@ -434,6 +434,10 @@ def read_perf_data(path: Path) -> PerfRead:
     if len(attrs) == 1:
         s_attr = np.zeros(len(sidx), np.int64)
     elif all(st & SAMPLE_IDENTIFIER for st in types_st):
+        short = np.flatnonzero(s_end < s_off + 16)
+        if short.size:
+            raise TraceCorrupt(f"{path}: corrupt sample at file offset "
+                               f"{off0 + int(s_off[short[0]])}: too short for its id")
         s_attr = attr_of(read_uint(src, s_off + 8, 8).astype(np.uint64))
     elif len(types_st) == 1 and st0 & SAMPLE_ID:
         before = sum(bool(st0 & b) for b in (SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR))

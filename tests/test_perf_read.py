@@ -215,3 +215,21 @@ def test_compiled_walk_finds_the_records_python_finds(monkeypatch):
         assert py[3] == jit[3] == -1
         cut = buf[:len(buf) - 4]       # the last record runs past the end: both say where
         assert perf_read.walk_records(cut)[3] == int(py[0][-1])
+
+
+def test_a_sample_too_short_for_its_id_is_named(tmp_path):
+    """The last record of the data section cut into header-only samples (8 bytes each): the
+    sample id after the header would lie past the section."""
+    for path in CORPUS:
+        head = perf_read.read_header(path)
+        content = bytearray(path.read_bytes())
+        buf = np.frombuffer(bytes(content), np.uint8, count=head.data_size,
+                            offset=head.data_offset)
+        offs, _, sizes, _ = perf_read.walk_records(buf)
+        at, size = head.data_offset + int(offs[-1]), int(sizes[-1])
+        content[at:at + size] = struct.pack("<IHH", 9, 0, 8) * (size // 8)
+        p = tmp_path / "perf.data"
+        p.write_bytes(bytes(content))
+        with pytest.raises(TraceCorrupt, match="too short for its id") as exc:
+            perf_read.read_perf_data(p)
+        assert str(exc.value).startswith(f"{p}: ")
