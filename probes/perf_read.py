@@ -52,7 +52,7 @@ from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 from harmony.probes.ringbuf_walk import JIT_MIN_BYTES, Records
 from harmony.probes.schema import SCHED_EVENTS, make_events
-from harmony.probes.tracedat_read import TraceDat, read_tracing_data
+from harmony.probes.tracedat_read import FileReader, TraceDat, read_tracing_data
 
 PERF_MAGIC = b"PERFILE2"
 _HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")  # magic size attr_size attrs data event_types features
@@ -126,18 +126,12 @@ class PerfHeader:
         return self.tracing.formats_for(ids) if self.tracing is not None else {}
 
 
-class _Bytes:
-    """Bounds-checked little-endian reads of the mapped file; every overrun names the file."""
-
-    def __init__(self, path: Path, data):
-        self.path, self.data, self.size = path, data, len(data)
-
-    def need(self, at: int, n: int, what: str) -> None:
-        if at < 0 or n < 0 or at + n > self.size:
-            raise TraceCorrupt(f"{self.path}: truncated or corrupt: {what} at offset {at} "
-                               f"({n} bytes) lies past the end of the file ({self.size} bytes)")
+class _Bytes(FileReader):
+    """The file reader of trace.dat's (bounds-checked little-endian reads; every overrun names the
+    file), with the several-field reads and the strings of a perf.data header."""
 
     def u(self, at: int, fmt: str, what: str):
+        """The fields of ``fmt`` (a tuple, even of one)."""
         self.need(at, struct.calcsize("<" + fmt), what)
         return struct.unpack_from("<" + fmt, self.data, at)
 

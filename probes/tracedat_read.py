@@ -106,7 +106,7 @@ class TraceDat:
         return parts[2] if len(parts) >= 3 else ""
 
 
-class _Reader:
+class FileReader:
     """Bounds-checked little-endian reads from the mapped file; every overrun names the file."""
 
     def __init__(self, path: Path, data):
@@ -134,7 +134,7 @@ class _Reader:
         return bytes(self.data[at:end]).decode("utf-8", "replace"), end + 1
 
 
-class _Blob(_Reader):
+class _Blob(FileReader):
     """A decompressed section, read with the same checks; messages say which section."""
 
     def __init__(self, path: Path, data: bytes, section: str):
@@ -218,7 +218,7 @@ def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str) -> by
 _ID_LINE = re.compile(r"^\s*ID:\s*(\d+)\s*$", re.M)
 
 
-def _parse_formats(path: Path, r: _Reader, at: int, system: str | None,
+def _parse_formats(path: Path, r: FileReader, at: int, system: str | None,
                    into: dict[int, tuple[str, str]]) -> int:
     """u32 n {u64 size <format>} into ``into`` (id -> (system, text)); returns the offset after it.
 
@@ -239,7 +239,7 @@ def _parse_formats(path: Path, r: _Reader, at: int, system: str | None,
     return at
 
 
-def _parse_systems(path: Path, r: _Reader, at: int, into: dict[int, tuple[str, str]]) -> int:
+def _parse_systems(path: Path, r: FileReader, at: int, into: dict[int, tuple[str, str]]) -> int:
     n_sys = r.u(at, "I", "system count")
     at += 4
     if n_sys > 10000:
@@ -250,7 +250,7 @@ def _parse_systems(path: Path, r: _Reader, at: int, into: dict[int, tuple[str, s
     return at
 
 
-def _parse_headers(path: Path, r: _Reader, at: int) -> tuple[str, str, int]:
+def _parse_headers(path: Path, r: FileReader, at: int) -> tuple[str, str, int]:
     texts = []
     for label in (b"header_page\0", b"header_event\0"):
         if r.bytes(at, len(label), label.decode().strip("\0")) != label:
@@ -331,7 +331,7 @@ class _Options:
 
 # --- version 6 ---------------------------------------------------------------------------------
 
-def _flyrecord_v6(path: Path, r: _Reader, at: int, n_cpus: int, has_clock: bool,
+def _flyrecord_v6(path: Path, r: FileReader, at: int, n_cpus: int, has_clock: bool,
                   what: str) -> tuple[dict[int, tuple[int, int]], str, int]:
     if r.bytes(at, 10, what) != b"flyrecord\0":
         raise TraceCorrupt(f"{path}: corrupt: expected 'flyrecord' for {what} at offset {at}")
@@ -350,7 +350,7 @@ def _flyrecord_v6(path: Path, r: _Reader, at: int, n_cpus: int, has_clock: bool,
     return cpus, clock, at
 
 
-def _read_v6(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat:
+def _read_v6(path: Path, r: FileReader, long_size: int, page_size: int) -> TraceDat:
     hp, he, at = _parse_headers(path, r, 18)
     formats: dict[int, tuple[str, str]] = {}
     at = _parse_formats(path, r, at, None, formats)
@@ -439,7 +439,7 @@ def read_tracing_data(path: Path, data: bytes) -> TraceDat:
 
 # --- version 7 ---------------------------------------------------------------------------------
 
-def _section(path: Path, r: _Reader, at: int, algo: str, what: str) -> tuple[int, _Reader, int]:
+def _section(path: Path, r: FileReader, at: int, algo: str, what: str) -> tuple[int, FileReader, int]:
     """(section id, reader over its content, offset after the header) of the section at ``at``."""
     sid = r.u(at, "H", f"{what} section header")
     flags = r.u(at + 2, "H", f"{what} section header")
@@ -455,7 +455,7 @@ def _section(path: Path, r: _Reader, at: int, algo: str, what: str) -> tuple[int
     return sid, _Blob(path, r.bytes(start, size, what), what), start
 
 
-def _check_strings(r: _Reader, at: int) -> None:
+def _check_strings(r: FileReader, at: int) -> None:
     """trace-cmd appends the strings sections after the last options section and nothing points to
     them: walk them so that a file cut short there is still reported as truncated."""
     while at < r.size:
@@ -467,7 +467,7 @@ def _check_strings(r: _Reader, at: int) -> None:
         at += 16 + size
 
 
-def _read_v7(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat:
+def _read_v7(path: Path, r: FileReader, long_size: int, page_size: int) -> TraceDat:
     algo, at = r.cstr(18, "compression name")
     _algo_version, at = r.cstr(at, "compression version")
     next_opts = r.u(at, "Q", "options offset")
@@ -572,7 +572,7 @@ def read_tracedat(path: Path) -> TraceDat:
     """Parse the metadata of ``path`` (no event data is decoded)."""
     path = Path(path)
     data = _open(path)
-    r = _Reader(path, data)
+    r = FileReader(path, data)
     if r.bytes(0, min(10, r.size), "magic") != MAGIC:
         raise TraceCorrupt(f"{path}: not a trace.dat file (bad magic)")
     version_text, at = r.cstr(10, "file version", limit=8)
@@ -616,7 +616,7 @@ def buffer_pages(td: TraceDat, buf: Buffer) -> dict[int, bytes]:
     """cpu -> that CPU's ring-buffer pages, decompressed."""
     path = td.path
     data = _open(path)
-    r = _Reader(path, data)
+    r = FileReader(path, data)
     out = {}
     for cpu, (off, size) in sorted(buf.cpus.items()):
         what = f"CPU {cpu} data"
@@ -672,7 +672,7 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
         src = PageSource.from_buffers({c: np.frombuffer(p, np.uint8) for c, p in pages.items()},
                                       buf.page_size, names)
     else:   # the file's own pages, mapped: no copy (540 MB at 10 M events)
-        r = _Reader(path, _open(path))
+        r = FileReader(path, _open(path))
         for cpu, (off, size) in buf.cpus.items():
             r.need(off, size, f"CPU {cpu} data")
         src = PageSource.from_file_parts(path, buf.cpus, buf.page_size, names)

@@ -19,6 +19,7 @@ import pandas as pd
 import pytest
 
 from conftest import ROOT, host_skip
+from test_import_export import PINGPONG
 from harmony.errors import HarmonyError, TraceCorrupt
 from harmony.jit import numba_version
 from harmony.probes import perf_data, perf_read
@@ -27,18 +28,6 @@ from harmony.probes.perf_script import run_perf_script
 
 PERF = shutil.which("perf")
 CORPUS = sorted((ROOT / "fuzz" / "corpus" / "perf_data").iterdir())
-
-#: two processes waking each other through pipes for ``seconds`` (argv[1])
-PINGPONG = ("import os, sys, time\n"
-            "r1, w1 = os.pipe(); r2, w2 = os.pipe()\n"
-            "child = os.fork() == 0\n"
-            "while child and os.read(r1, 1) == b'x':\n"
-            "    os.write(w2, b'x')\n"
-            "t = time.monotonic()\n"
-            "while not child and time.monotonic() - t < float(sys.argv[1]):\n"
-            "    os.write(w1, b'x'); os.read(r2, 1)\n"
-            "if not child:\n"
-            "    os.write(w1, b'q'); os.wait()\n")
 
 JIT_MODES = ["0"] + (["1"] if numba_version() else [])
 
