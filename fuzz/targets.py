@@ -184,10 +184,13 @@ def _formats(data: bytes, scratch: Path) -> None:
 
 
 def _perf_data(data: bytes, scratch: Path) -> None:
+    """The header check, then the whole reader (records walked in Python, payloads by numpy)."""
     from harmony.probes.perf_data import check_perf_data
+    from harmony.probes.perf_read import read_perf_data
     path = scratch / "perf.data"
     path.write_bytes(data)
     check_perf_data(path)
+    read_perf_data(path)
 
 
 def _perf_text(data: bytes, scratch: Path) -> None:
@@ -255,7 +258,8 @@ TARGETS = {t.name: t for t in (
            _ringbuf_both, {"HARMONY_JIT": "1"}),
     Target("formats", "event format, header_page and header_event texts; the preempt flag",
            _formats),
-    Target("perf_data", "perf.data header check", _perf_data),
+    Target("perf_data", "perf.data reader: header, attrs, records, payloads (numpy)", _perf_data,
+           {"HARMONY_JIT": "0"}),
     Target("perf_text", "perf script output; perf report --header-only / --stats texts",
            _perf_text),
     Target("rundir", "a run directory's manifest.json and summary.json: store.load, "

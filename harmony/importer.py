@@ -30,6 +30,7 @@ from harmony.errors import ImportFailed  # noqa: F401  (raised here)
 from harmony.experiments import get_experiment
 from harmony.jit import in_background
 from harmony.osutil import format_cpulist
+from harmony.probes import perf_data, perf_read
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.encode import write_recording
 from harmony.probes.schema import SCHED_EVENTS, make_markers
@@ -60,44 +61,35 @@ def sniff(path: Path) -> str:
 
 
 def read_perf_data(path: Path) -> Capture:
-    """Decode a ``perf record -e 'sched:*'`` file with the perf probe's parser.
+    """Decode a ``perf record -e 'sched:*'`` file with the perf probe's reader
+    (:mod:`harmony.probes.perf_read`: the file itself, no ``perf`` needed).
 
     Unlike the perf probe's own recordings, a foreign perf.data may use any clock and has no
     markers: the clock is taken from its header and reported, never checked.
     """
-    from harmony.probes import perf_data, perf_script
-    from harmony.probes.perf import PerfProbe
-
-    info = perf_data.check_perf_data(path)
-    binary = PerfProbe.perf_binary()
-    if not binary:
-        raise ProbeError(f"perf is not installed (no 'perf' in PATH): cannot decode {path}")
-    header = perf_data.run_perf_report(binary, path, "--header-only")
-    lost_samples = perf_data.lost_samples_by_event(
-        perf_data.run_perf_report(binary, path, "--stats"))
-    parser, _ = perf_script.run_perf_script(binary, path)
-    events = parser.events()
-    notes = parser.notes()
-    lost, lost_notes = perf_data.lost_sched_events(sum(parser.lost_by_cpu.values()), lost_samples)
+    read = perf_read.read_perf_data(path)
+    events = read.events
+    notes = list(read.notes)
+    lost, lost_notes = perf_data.lost_sched_events(sum(read.lost_by_cpu.values()),
+                                                   read.lost_samples_by_event or None)
     notes += lost_notes
-    clock = perf_data.clock_name(header)
-    uname = next((ln.partition(":")[2].strip() for ln in header.splitlines()
-                  if ln.startswith("# os release")), "")
-    online = perf_data.header_number(header, "nrcpus online")
-    recorded = perf_data.recorded_cpus(binary, path)
+    clock = perf_data.clock_of(read.clockids("sched:"))
+    online = read.header.nr_cpus_online
+    recorded = read.recorded_cpus
     if recorded is not None and online is not None and len(recorded) < online:
         notes.append(f"perf recorded CPUs {format_cpulist(recorded)} only, of the {online} its "
                      "host had online (perf record -C): events on the others are not in the "
                      "trace, and tasks are unseen while they run there")
     meta = {
         "probe": "perf.data", "clock": clock, "lost_events": int(lost),
-        "lost_by_cpu": {int(k): int(v) for k, v in sorted(parser.lost_by_cpu.items())},
-        "lost_samples_by_event": lost_samples or {},
+        "lost_by_cpu": {int(k): int(v) for k, v in sorted(read.lost_by_cpu.items())},
+        "lost_samples_by_event": read.lost_samples_by_event,
         "events_enabled": sorted(set(map(str, events["event"].cat.categories))),
-        "bytes": info["bytes"], "n_events": int(len(events)), "n_markers": 0,
-        "kernel": uname, "cpus": sorted(int(c) for c in np.unique(events["cpu"])),
+        "bytes": read.header.size, "n_events": int(len(events)), "n_markers": 0,
+        "kernel": read.header.os_release,
+        "cpus": sorted(int(c) for c in np.unique(events["cpu"])),
         "n_cpus": online, "recorded_cpus": sorted(recorded) if recorded is not None else None,
-        "notes": notes,
+        "decoder": read.decoder, "perf_records": read.records, "notes": notes,
     }
     return Capture(events=events, markers=make_markers(), meta=meta)
 

@@ -2,8 +2,8 @@
 install is as fast as the next ones: ``python -m harmony.precompile`` (``install.sh`` runs it).
 
 The kernels (:mod:`harmony.probes.ringbuf_jit`, :mod:`harmony.analysis.taskstate_jit`,
-:mod:`harmony.analysis.reconstruct_jit`) are compiled with ``cache=True``: the first process that
-calls one compiles it (numba, ~15-20 s for all of them on a 2-CPU host) and stores the machine
+:mod:`harmony.analysis.reconstruct_jit`, :mod:`harmony.probes.perf_read_jit`) are compiled with
+``cache=True``: the first process that calls one compiles it (numba, ~15-20 s for all of them on a 2-CPU host) and stores the machine
 code next to its source (``__pycache__/*.nbi, *.nbc``); every later process loads it (~0.5-1 s).
 numba keys that cache by the source file's modification time and size and by the CPU it was
 compiled for, so a cache left by an older version of a file, or built on another machine, is
@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import argparse
 import os
+import struct
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 #: the modules whose kernels are compiled (each ``numba.njit(cache=True)``)
 KERNEL_MODULES = ("harmony.probes.ringbuf_jit", "harmony.analysis.taskstate_jit",
-                  "harmony.analysis.reconstruct_jit")
+                  "harmony.analysis.reconstruct_jit", "harmony.probes.perf_read_jit")
 
 
 def kernels() -> dict[str, object]:
@@ -59,6 +62,7 @@ def precompile(work: Path) -> dict:
     from harmony import jit
     from harmony.importer import import_trace
     from harmony.probes.encode import write_recording
+    from harmony.probes.perf_read import walk_records
     from harmony.probes.ringbuf import decode_dir
     from harmony.probes.tracedat_write import write_tracedat
     from harmony.simulate import simulate_run
@@ -77,6 +81,9 @@ def precompile(work: Path) -> dict:
             decode_dir(raw)
             dat = write_tracedat(raw, here / "trace.dat")
             import_trace(dat, here / "import", pids=[int(p) for p in sim.tasks["pid"]])
+        # a perf.data's record walk, on a data section of two FINISHED_ROUND records (read-only
+        # bytes, as a mapped file's): its payloads go through the kernels above
+        walk_records(np.frombuffer(struct.pack("<IHH", 68, 0, 8) * 2, np.uint8))
     finally:
         jit.PARALLEL_MIN_ITEMS = saved
     found = {k: d for k, d in kernels().items() if d.signatures}     # called from Python

@@ -1,12 +1,14 @@
-"""The ``perf`` probe: records the sched tracepoints with ``perf record`` and decodes them with
-``perf script``. It is independent of the tracefs probe (own kernel interface: perf_event_open ring
-buffers instead of the ftrace ring buffer; own decoder: perf's libtraceevent text instead of raw
-records), so the two cross-check each other.
+"""The ``perf`` probe: records the sched tracepoints with ``perf record`` and decodes the perf.data
+it wrote directly. It is independent of the tracefs probe in its kernel interface
+(perf_event_open ring buffers instead of the ftrace ring buffer; perf's sample records around the
+payloads), so the two cross-check each other; the payloads are decoded by the same format-driven
+decoder as tracefs's pages.
 
 This module is the recorder; decode() reads what it recorded with the layers below it:
-:mod:`harmony.probes.perf_script` (``perf script`` text -> the events table) and
-:mod:`harmony.probes.perf_data` (the perf.data header, its clock, the samples perf lost), which
-both run perf as :mod:`harmony.probes.perf_tool` says.
+:mod:`harmony.probes.perf_read` (perf.data -> the events table, the clock its events carry, the
+records perf lost) and :mod:`harmony.probes.perf_data` (what those lost records mean for the sched
+events). ``perf script`` (:mod:`harmony.probes.perf_script`) decoded them before; the tests
+compare the two, row by row.
 
 Files in ``out_dir``::
 
@@ -89,14 +91,8 @@ from harmony.probes.base import (
     ProbeError,
     TraceCorrupt,
 )
-from harmony.probes.perf_data import (
-    check_perf_data,
-    lost_samples_by_event,
-    lost_sched_events,
-    run_perf_report,
-    sched_clockids,
-)
-from harmony.probes.perf_script import run_perf_script
+from harmony.probes.perf_data import lost_sched_events
+from harmony.probes.perf_read import read_perf_data
 from harmony.probes.perf_tool import PERF_ENV as _ENV
 from harmony.probes.perf_tool import die_with_parent_preexec as _die_with_parent
 from harmony.probes.perf_tool import first_error_line as _first_error_line
@@ -400,11 +396,6 @@ class PerfProbe(Probe):
         path = out_dir / "perf.data"
         if not path.exists():
             raise TraceCorrupt(f"{path}: missing")
-        info = check_perf_data(path)
-        perf = cls.perf_binary()
-        if not perf:
-            raise ProbeError("perf is not installed (no 'perf' in PATH): cannot decode "
-                             f"{path}")
         notes: list[str] = []
         meta: dict = {}
         meta_path = out_dir / "meta.json"
@@ -415,22 +406,17 @@ class PerfProbe(Probe):
                 notes.append("meta.json is unreadable; recording facts are missing")
         else:
             notes.append("meta.json missing (stop() never ran?)")
-        header = run_perf_report(perf, path, "--header-only")
-        if sched_clockids(header) - {1}:       # one not on CLOCK_MONOTONIC (clockid 1)
-            raise TraceCorrupt(f"{path}: events were not recorded on CLOCK_MONOTONIC (clockid 1)")
-        stats = run_perf_report(perf, path, "--stats")
-        lost_samples = lost_samples_by_event(stats)
 
         t0 = time.perf_counter()
-        parser, errtext = run_perf_script(perf, path)
-        events = parser.events()
+        read = read_perf_data(path)
+        events = read.events
         decode_s = time.perf_counter() - t0
+        if read.clockids("sched:") - {1}:       # one not on CLOCK_MONOTONIC (clockid 1)
+            raise TraceCorrupt(f"{path}: events were not recorded on CLOCK_MONOTONIC (clockid 1)")
 
-        notes.extend(parser.notes())
-        for line in errtext.splitlines():
-            if "lost" in line.lower() or "warning" in line.lower():
-                notes.append("perf script: " + line.strip())
-        lost, lost_notes = lost_sched_events(sum(parser.lost_by_cpu.values()), lost_samples)
+        notes.extend(read.notes)
+        lost, lost_notes = lost_sched_events(sum(read.lost_by_cpu.values()),
+                                             read.lost_samples_by_event or None)
         notes.extend(lost_notes)
         if lost:
             notes.append(f"{lost} sched events lost (perf ring buffer full); lost_by_cpu is from "
@@ -445,10 +431,11 @@ class PerfProbe(Probe):
             "probe": cls.name, "clock": CLOCK_NAME, "clockid": CLOCK_ID,
             "events_enabled": meta.get("events_enabled", list(SCHED_EVENTS)),
             "lost_events": int(lost), "lost_by_cpu": {int(k): int(v) for k, v in
-                                                       sorted(parser.lost_by_cpu.items())},
-            "lost_samples_by_event": lost_samples or {},
-            "bytes": info["bytes"], "n_events": int(len(events)),
-            "decode_s": round(decode_s, 3),
+                                                       sorted(read.lost_by_cpu.items())},
+            "lost_samples_by_event": read.lost_samples_by_event,
+            "bytes": read.header.size, "n_events": int(len(events)),
+            "decode_s": round(decode_s, 3), "decoder": read.decoder,
+            "perf_records": read.records,
             "notes": list(meta.get("notes", [])) + notes,
         })
         return Capture(events=events, markers=markers, meta=meta)

@@ -1,66 +1,41 @@
-"""What a perf.data file says of itself: its header checked (:func:`check_perf_data`), and the facts
-``perf report`` reads from it (:func:`run_perf_report`): the clock its sched events were stamped
-with (:func:`clock_name`), the CPUs it was recorded on (:func:`recorded_cpus`), numbers of its
-header (:func:`header_number`) and the samples perf lost (:func:`lost_samples_by_event`,
-:func:`lost_sched_events`). Used for the perf probe's recordings (:mod:`harmony.probes.perf`) and
-perf.data files from elsewhere (:mod:`harmony.importer`); the events themselves come from
-``perf script`` (:mod:`harmony.probes.perf_script`).
+"""What a perf.data file says of itself: its header checked (:func:`check_perf_data`), the clock its
+sched events were stamped with (:func:`clock_of`) and what the samples perf lost mean for the sched
+events (:func:`lost_sched_events`). Used for the perf probe's recordings (:mod:`harmony.probes.perf`)
+and perf.data files from elsewhere (:mod:`harmony.importer`), with the facts
+:mod:`harmony.probes.perf_read` reads from the file.
+
+The same facts as ``perf report`` prints them (:func:`run_perf_report`): the clock
+(:func:`clock_name`), the CPUs it was recorded on (:func:`recorded_cpus`), numbers of its header
+(:func:`header_number`), the samples lost per event (:func:`lost_samples_by_event`). They were
+the perf probe's source before it read perf.data itself; the tests check the reader against them.
 """
 
 from __future__ import annotations
 
 import os
 import re
-import struct
 import subprocess
 from pathlib import Path
 
 from harmony.errors import TraceCorrupt
 from harmony.osutil import parse_cpulist
+from harmony.probes.perf_read import read_header
 from harmony.probes.perf_script import PerfScriptParser
 from harmony.probes.perf_tool import PERF_ENV, die_with_parent_preexec, first_error_line
 
 # --------------------------------------------------------------------------------------------------
-# perf.data header check (struct perf_file_header, tools/perf/util/header.h)
-
-_HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")  # magic size attr_size attrs data event_types features
-
+# perf.data header check
 
 def check_perf_data(path: Path) -> dict:
-    """Validate the header of a perf.data file cheaply; raise TraceCorrupt naming the file.
+    """Validate the header of a perf.data file cheaply (:func:`harmony.probes.perf_read.read_header`:
+    no record is read); raise TraceCorrupt naming the file.
 
     Catches the usual ways a recording goes bad: empty/truncated file, perf killed before it wrote
     the final header (data size 0), and a file cut short after the data section (the feature
     sections that perf appends at the end point past the end of the file).
     """
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(_HEADER.size)
-            (magic, hsize, _attr_size, attrs_off, attrs_size, data_off, data_size, _et_off,
-             _et_size, *features) = _HEADER.unpack(head) if len(head) == _HEADER.size else (
-                b"",) + (0,) * 12
-            if magic != b"PERFILE2":
-                raise TraceCorrupt(f"{path}: not a perf.data file (bad magic, {size} bytes)")
-            if data_size == 0:
-                raise TraceCorrupt(f"{path}: perf record did not finish it (data size 0 in header)")
-            end = data_off + data_size
-            if hsize < _HEADER.size or attrs_off + attrs_size > size or end > size:
-                raise TraceCorrupt(f"{path}: truncated ({size} bytes, header says data ends at "
-                                   f"{end})")
-            nfeat = sum(bin(w).count("1") for w in features)
-            f.seek(end)
-            table = f.read(16 * nfeat)
-            if len(table) != 16 * nfeat:
-                raise TraceCorrupt(f"{path}: truncated (feature table past the end of the file)")
-            for i in range(nfeat):
-                off, sz = struct.unpack_from("<QQ", table, 16 * i)
-                if off + sz > size:
-                    raise TraceCorrupt(f"{path}: truncated (feature section past the end of the "
-                                       f"file)")
-    except OSError as e:
-        raise TraceCorrupt(f"{path}: cannot read: {e.strerror or e}") from None
-    return {"bytes": size, "data_offset": data_off, "data_size": data_size}
+    head = read_header(path)
+    return {"bytes": head.size, "data_offset": head.data_offset, "data_size": head.data_size}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -130,7 +105,12 @@ def clock_name(header: str) -> str:
     """The clock a perf.data's sched events were stamped with, from ``perf report --header-only``:
     the tracefs name of its ``-k`` clockid, ``clockid N`` for one without, ``mixed clockids`` if
     they differ, or :data:`DEFAULT_CLOCK` when none was asked for."""
-    ids = sched_clockids(header)
+    return clock_of(sched_clockids(header))
+
+
+def clock_of(ids: set) -> str:
+    """The clock named as :func:`clock_name` names it, from the sched events' clockids (None:
+    one recorded without ``-k``), e.g. :meth:`harmony.probes.perf_read.PerfRead.clockids`."""
     if len(ids) > 1:
         return f"mixed clockids {sorted(ids, key=str)}"
     (clockid,) = ids or {None}
@@ -184,6 +164,6 @@ def lost_samples_by_event(stats: str) -> dict[str, int] | None:
     return out or None
 
 
-__all__ = ["CLOCKID_NAMES", "DEFAULT_CLOCK", "check_perf_data", "clock_name", "header_number",
+__all__ = ["CLOCKID_NAMES", "DEFAULT_CLOCK", "check_perf_data", "clock_name", "clock_of", "header_number",
            "lost_samples_by_event", "lost_sched_events", "recorded_cpus", "run_perf_report",
            "sched_clockids"]

@@ -1,5 +1,8 @@
-"""``perf script`` text -> the canonical events table: the parser of the perf probe's recordings
-(:mod:`harmony.probes.perf`) and of perf.data files from elsewhere (:mod:`harmony.importer`).
+"""``perf script`` text -> the canonical events table: how the perf probe's recordings and
+perf.data files from elsewhere were decoded before Harmony read perf.data itself
+(:mod:`harmony.probes.perf_read`). Kept as the reference that reader is checked against, row by
+row, on real recordings (tests/test_perf_read.py): perf's own decoder (libtraceevent) beside
+Harmony's.
 
 :func:`run_perf_script` streams ``perf script -F trace:tid,cpu,time,event,trace --ns
 --show-lost-events`` of a perf.data into a :class:`PerfScriptParser`, which turns its text into

@@ -106,7 +106,7 @@ class TraceDat:
         return parts[2] if len(parts) >= 3 else ""
 
 
-class _Reader:
+class FileReader:
     """Bounds-checked little-endian reads from the mapped file; every overrun names the file."""
 
     def __init__(self, path: Path, data):
@@ -134,7 +134,7 @@ class _Reader:
         return bytes(self.data[at:end]).decode("utf-8", "replace"), end + 1
 
 
-class _Blob(_Reader):
+class _Blob(FileReader):
     """A decompressed section, read with the same checks; messages say which section."""
 
     def __init__(self, path: Path, data: bytes, section: str):
@@ -218,7 +218,7 @@ def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str) -> by
 _ID_LINE = re.compile(r"^\s*ID:\s*(\d+)\s*$", re.M)
 
 
-def _parse_formats(path: Path, r: _Reader, at: int, system: str | None,
+def _parse_formats(path: Path, r: FileReader, at: int, system: str | None,
                    into: dict[int, tuple[str, str]]) -> int:
     """u32 n {u64 size <format>} into ``into`` (id -> (system, text)); returns the offset after it.
 
@@ -239,7 +239,7 @@ def _parse_formats(path: Path, r: _Reader, at: int, system: str | None,
     return at
 
 
-def _parse_systems(path: Path, r: _Reader, at: int, into: dict[int, tuple[str, str]]) -> int:
+def _parse_systems(path: Path, r: FileReader, at: int, into: dict[int, tuple[str, str]]) -> int:
     n_sys = r.u(at, "I", "system count")
     at += 4
     if n_sys > 10000:
@@ -250,7 +250,7 @@ def _parse_systems(path: Path, r: _Reader, at: int, into: dict[int, tuple[str, s
     return at
 
 
-def _parse_headers(path: Path, r: _Reader, at: int) -> tuple[str, str, int]:
+def _parse_headers(path: Path, r: FileReader, at: int) -> tuple[str, str, int]:
     texts = []
     for label in (b"header_page\0", b"header_event\0"):
         if r.bytes(at, len(label), label.decode().strip("\0")) != label:
@@ -331,7 +331,7 @@ class _Options:
 
 # --- version 6 ---------------------------------------------------------------------------------
 
-def _flyrecord_v6(path: Path, r: _Reader, at: int, n_cpus: int, has_clock: bool,
+def _flyrecord_v6(path: Path, r: FileReader, at: int, n_cpus: int, has_clock: bool,
                   what: str) -> tuple[dict[int, tuple[int, int]], str, int]:
     if r.bytes(at, 10, what) != b"flyrecord\0":
         raise TraceCorrupt(f"{path}: corrupt: expected 'flyrecord' for {what} at offset {at}")
@@ -350,7 +350,7 @@ def _flyrecord_v6(path: Path, r: _Reader, at: int, n_cpus: int, has_clock: bool,
     return cpus, clock, at
 
 
-def _read_v6(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat:
+def _read_v6(path: Path, r: FileReader, long_size: int, page_size: int) -> TraceDat:
     hp, he, at = _parse_headers(path, r, 18)
     formats: dict[int, tuple[str, str]] = {}
     at = _parse_formats(path, r, at, None, formats)
@@ -404,9 +404,42 @@ def _read_v6(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat
                     latency_only=latency, tsc2nsec=opts.tsc2nsec)
 
 
+def read_tracing_data(path: Path, data: bytes) -> TraceDat:
+    """The tracing data a perf.data holds in its HEADER_TRACING_DATA feature section (``data``,
+    the section's bytes): perf writes the same layout as a v6 trace.dat's start, up to its
+    cmdlines (tools/perf/util/trace-event-info.c): magic, version text ("0.6"), endian, long size,
+    page size, the ring-buffer headers, the ftrace and event formats, kallsyms, printk formats
+    and (from 0.6 on) the saved cmdlines. Returned as a :class:`TraceDat` with no buffers; a bad
+    section raises TraceCorrupt naming ``path``."""
+    r = _Blob(path, data, "tracing data")
+    if r.bytes(0, min(10, r.size), "magic") != MAGIC:
+        raise TraceCorrupt(f"{path}: corrupt tracing data section (bad magic)")
+    version, at = r.cstr(10, "tracing data version", limit=16)
+    endian, long_size = r.u(at, "B", "endian flag"), r.u(at + 1, "B", "long size")
+    page_size = r.u(at + 2, "I", "page size")
+    if endian != 0:
+        raise TraceCorrupt(f"{path}: big-endian tracing data is not supported")
+    if long_size not in (4, 8) or page_size <= 0 or page_size % 8 or page_size > (1 << 24):
+        raise TraceCorrupt(f"{path}: corrupt tracing data (long size {long_size}, page size "
+                           f"{page_size})")
+    hp, he, at = _parse_headers(path, r, at + 6)
+    formats: dict[int, tuple[str, str]] = {}
+    at = _parse_formats(path, r, at, None, formats)
+    at = _parse_systems(path, r, at, formats)
+    at += 4 + r.u(at, "I", "kallsyms size")
+    at += 4 + r.u(at, "I", "printk formats size")
+    cmdlines: dict[int, str] = {}
+    if at + 8 <= r.size:            # version 0.6 and later
+        size = r.u(at, "Q", "cmdlines size")
+        cmdlines = _parse_cmdlines(r.bytes(at + 8, size, "cmdlines").decode("utf-8", "replace"))
+    return TraceDat(path=path, version=6, long_size=long_size, page_size=page_size,
+                    compression="none", header_page=hp, header_event=he, format_texts=formats,
+                    cmdlines=cmdlines, n_cpus=0, buffers=[], cpustats={}, tracer_version=version)
+
+
 # --- version 7 ---------------------------------------------------------------------------------
 
-def _section(path: Path, r: _Reader, at: int, algo: str, what: str) -> tuple[int, _Reader, int]:
+def _section(path: Path, r: FileReader, at: int, algo: str, what: str) -> tuple[int, FileReader, int]:
     """(section id, reader over its content, offset after the header) of the section at ``at``."""
     sid = r.u(at, "H", f"{what} section header")
     flags = r.u(at + 2, "H", f"{what} section header")
@@ -422,7 +455,7 @@ def _section(path: Path, r: _Reader, at: int, algo: str, what: str) -> tuple[int
     return sid, _Blob(path, r.bytes(start, size, what), what), start
 
 
-def _check_strings(r: _Reader, at: int) -> None:
+def _check_strings(r: FileReader, at: int) -> None:
     """trace-cmd appends the strings sections after the last options section and nothing points to
     them: walk them so that a file cut short there is still reported as truncated."""
     while at < r.size:
@@ -434,7 +467,7 @@ def _check_strings(r: _Reader, at: int) -> None:
         at += 16 + size
 
 
-def _read_v7(path: Path, r: _Reader, long_size: int, page_size: int) -> TraceDat:
+def _read_v7(path: Path, r: FileReader, long_size: int, page_size: int) -> TraceDat:
     algo, at = r.cstr(18, "compression name")
     _algo_version, at = r.cstr(at, "compression version")
     next_opts = r.u(at, "Q", "options offset")
@@ -539,7 +572,7 @@ def read_tracedat(path: Path) -> TraceDat:
     """Parse the metadata of ``path`` (no event data is decoded)."""
     path = Path(path)
     data = _open(path)
-    r = _Reader(path, data)
+    r = FileReader(path, data)
     if r.bytes(0, min(10, r.size), "magic") != MAGIC:
         raise TraceCorrupt(f"{path}: not a trace.dat file (bad magic)")
     version_text, at = r.cstr(10, "file version", limit=8)
@@ -583,7 +616,7 @@ def buffer_pages(td: TraceDat, buf: Buffer) -> dict[int, bytes]:
     """cpu -> that CPU's ring-buffer pages, decompressed."""
     path = td.path
     data = _open(path)
-    r = _Reader(path, data)
+    r = FileReader(path, data)
     out = {}
     for cpu, (off, size) in sorted(buf.cpus.items()):
         what = f"CPU {cpu} data"
@@ -639,7 +672,7 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
         src = PageSource.from_buffers({c: np.frombuffer(p, np.uint8) for c, p in pages.items()},
                                       buf.page_size, names)
     else:   # the file's own pages, mapped: no copy (540 MB at 10 M events)
-        r = _Reader(path, _open(path))
+        r = FileReader(path, _open(path))
         for cpu, (off, size) in buf.cpus.items():
             r.need(off, size, f"CPU {cpu} data")
         src = PageSource.from_file_parts(path, buf.cpus, buf.page_size, names)

@@ -1,0 +1,595 @@
+"""Read a perf.data file directly, without ``perf script``: the file's header, its events'
+attributes, the records of its data section, and the tracepoints' RAW payloads decoded with the
+formats the file holds, into the canonical events table (:func:`read_perf_data`).
+
+Layouts (little endian; the kernel tree's tools/perf/Documentation/perf.data-file-format.txt and
+include/uapi/linux/perf_event.h)::
+
+    header   "PERFILE2" u64 size u64 attr_size {u64 offset u64 size} attrs, data, event_types
+             u64 flags[4]: a bit per feature section; their {u64 offset u64 size} table follows
+             the data section, in bit order
+    attrs    attr_size bytes each: struct perf_event_attr, then {u64 offset u64 size} of its
+             sample ids (u64 each)
+    data     records: u32 type u16 misc u16 size, then size - 8 bytes. A PERF_RECORD_SAMPLE (9)
+             holds the fields its attr's sample_type asks for, in this order: IDENTIFIER u64,
+             IP u64, TID u32 pid u32 tid, TIME u64, ADDR u64, ID u64, STREAM_ID u64, CPU u32 cpu
+             u32 res, PERIOD u64, READ (read_format's values; GROUP: u64 nr first), CALLCHAIN
+             u64 nr u64 ips[nr], RAW u32 size u8 data[size] (a tracepoint's payload, as in the
+             ftrace ring buffer), then the rest (branch stack, registers, ...), not read.
+             Other kernel records (LOST 2: u64 id u64 lost; LOST_SAMPLES 13: u64 lost) end with
+             the sample_id trailer when sample_id_all is set: TID, TIME, ID, STREAM_ID, CPU,
+             IDENTIFIER, as asked. perf's own records (type >= 64) have none.
+    features TRACING_DATA (1): the tracing data perf writes, a v6 trace.dat's start (formats of
+             the recorded tracepoints; :func:`harmony.probes.tracedat_read.read_tracing_data`),
+             OSRELEASE (4), NRCPUS (7), EVENT_DESC (12: each attr again, with its name and ids)
+
+The records are found by one walk over the data section (a compiled kernel for large files,
+:mod:`harmony.probes.perf_read_jit`; a Python loop over the record headers below that), every
+sample's fields then read with numpy at positions computed per attr, and the RAW payloads decoded
+by the ring-buffer decoder (:func:`harmony.probes.ringbuf_decode.decode_source`) with the formats
+from the file: the same column rules as a trace.dat's. The records are merged in time order as
+``perf script`` prints them (its ordered-events queue: by time, ties in file order). The file is
+memory-mapped, never read whole.
+
+Everything wrong with a file raises :class:`~harmony.probes.base.TraceCorrupt`, one line naming it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import struct
+from array import array
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harmony.errors import TraceCorrupt
+from harmony.jit import use_compiled
+from harmony.probes.formats import EventFormat, FormatError, parse_header_page
+from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
+from harmony.probes.ringbuf_pages import PageSource, read_uint
+from harmony.probes.ringbuf_walk import JIT_MIN_BYTES, Records
+from harmony.probes.schema import SCHED_EVENTS, make_events
+from harmony.probes.tracedat_read import FileReader, TraceDat, read_tracing_data
+
+PERF_MAGIC = b"PERFILE2"
+_HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")  # magic size attr_size attrs data event_types features
+#: perf_event_attr's first fields: type size config sample_period sample_type read_format flags
+_ATTR = struct.Struct("<IIQQQQQ")
+_ATTR_CLOCKID = 92            # s32 clockid, in attrs of 96 bytes and more (PERF_ATTR_SIZE_VER1+)
+ATTR_FLAG_SAMPLE_ID_ALL = 1 << 18
+ATTR_FLAG_USE_CLOCKID = 1 << 25
+PERF_TYPE_TRACEPOINT = 2
+
+# sample_type bits (enum perf_event_sample_format), the ones before RAW
+SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR, SAMPLE_READ = 1 << 0, 1 << 1, 1 << 2, 1 << 3, 1 << 4
+SAMPLE_CALLCHAIN, SAMPLE_ID, SAMPLE_CPU, SAMPLE_PERIOD = 1 << 5, 1 << 6, 1 << 7, 1 << 8
+SAMPLE_STREAM_ID, SAMPLE_RAW, SAMPLE_IDENTIFIER = 1 << 9, 1 << 10, 1 << 16
+# read_format bits
+FORMAT_ENABLED, FORMAT_RUNNING, FORMAT_ID, FORMAT_GROUP, FORMAT_LOST = 1, 2, 4, 8, 16
+
+REC_LOST, REC_SAMPLE, REC_LOST_SAMPLES = 2, 9, 13
+REC_FINISHED_ROUND, REC_CPU_MAP, REC_COMPRESSED = 68, 74, 81
+#: record type -> name (perf_event.h's kernel records, tools/lib/perf's user records)
+RECORD_NAMES = {
+    1: "MMAP", 2: "LOST", 3: "COMM", 4: "EXIT", 5: "THROTTLE", 6: "UNTHROTTLE", 7: "FORK",
+    8: "READ", 9: "SAMPLE", 10: "MMAP2", 11: "AUX", 12: "ITRACE_START", 13: "LOST_SAMPLES",
+    14: "SWITCH", 15: "SWITCH_CPU_WIDE", 16: "NAMESPACES", 17: "KSYMBOL", 18: "BPF_EVENT",
+    19: "CGROUP", 20: "TEXT_POKE", 21: "AUX_OUTPUT_HW_ID",
+    64: "HEADER_ATTR", 65: "HEADER_EVENT_TYPE", 66: "HEADER_TRACING_DATA",
+    67: "HEADER_BUILD_ID", 68: "FINISHED_ROUND", 69: "ID_INDEX", 70: "AUXTRACE_INFO",
+    71: "AUXTRACE", 72: "AUXTRACE_ERROR", 73: "THREAD_MAP", 74: "CPU_MAP", 75: "STAT_CONFIG",
+    76: "STAT", 77: "STAT_ROUND", 78: "EVENT_UPDATE", 79: "TIME_CONV", 80: "HEADER_FEATURE",
+    81: "COMPRESSED", 82: "FINISHED_INIT",
+}
+FEAT_TRACING_DATA, FEAT_OSRELEASE, FEAT_NRCPUS, FEAT_EVENT_DESC = 1, 4, 7, 12
+FEAT_DIR_FORMAT, FEAT_COMPRESSED = 24, 27
+
+
+@dataclasses.dataclass
+class PerfAttr:
+    """One event of the file: what its perf_event_attr says, its sample ids and its name."""
+
+    type: int
+    config: int
+    sample_type: int
+    read_format: int
+    flags: int
+    clockid: int | None       # None: recorded without use_clockid (perf's default clock)
+    ids: list[int]
+    name: str = ""
+
+    @property
+    def sample_id_all(self) -> bool:
+        return bool(self.flags & ATTR_FLAG_SAMPLE_ID_ALL)
+
+
+@dataclasses.dataclass
+class PerfHeader:
+    """What a perf.data says about itself (everything but its records)."""
+
+    path: Path
+    size: int
+    data_offset: int
+    data_size: int
+    attrs: list[PerfAttr]
+    features: dict[int, tuple[int, int]]     # feature bit -> (offset, size) of its section
+    tracing: TraceDat | None                 # HEADER_TRACING_DATA: the tracepoints' formats
+    os_release: str = ""
+    nr_cpus_online: int | None = None
+    nr_cpus_avail: int | None = None
+
+    def formats_for(self, ids) -> dict[int, EventFormat]:
+        """Parsed formats of the tracepoint ids ``ids`` the file holds a format of."""
+        return self.tracing.formats_for(ids) if self.tracing is not None else {}
+
+
+class _Bytes(FileReader):
+    """The file reader of trace.dat's (bounds-checked little-endian reads; every overrun names the
+    file), with the several-field reads and the strings of a perf.data header."""
+
+    def u(self, at: int, fmt: str, what: str):
+        """The fields of ``fmt`` (a tuple, even of one)."""
+        self.need(at, struct.calcsize("<" + fmt), what)
+        return struct.unpack_from("<" + fmt, self.data, at)
+
+    def string(self, at: int, what: str) -> tuple[str, int]:
+        """A perf_header_string (u32 len, len bytes, NUL padded) and the offset after it."""
+        (n,) = self.u(at, "I", what)
+        self.need(at + 4, n, what)
+        text = bytes(self.data[at + 4:at + 4 + n]).split(b"\0", 1)[0]
+        return text.decode("utf-8", "replace"), at + 4 + n
+
+
+def _map(path: Path):
+    try:
+        f = open(path, "rb")
+    except OSError as exc:
+        raise TraceCorrupt(f"{path}: cannot read ({exc.strerror or exc})") from None
+    with f:
+        try:
+            if Path(path).stat().st_size == 0:
+                return b""                  # (cannot be mapped) read_header says what it is not
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise TraceCorrupt(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") \
+                from None
+
+
+def read_header(path: Path, data=None) -> PerfHeader:
+    """Parse ``path``'s header, attrs and the feature sections Harmony reads (no records).
+
+    Catches the usual ways a recording goes bad: empty/truncated file, perf killed before it
+    wrote the final header (data size 0), a file cut short after the data section (the feature
+    sections perf appends at the end point past the end of the file); refuses the layouts this
+    reader does not read (pipe mode, compressed records, a perf.data directory)."""
+    path = Path(path)
+    data = _map(path) if data is None else data
+    r = _Bytes(path, data)
+    if bytes(data[:8]) != PERF_MAGIC:
+        raise TraceCorrupt(f"{path}: not a perf.data file (bad magic, {r.size} bytes)")
+    if r.size < _HEADER.size:
+        (hsize,) = r.u(8, "Q", "header size") if r.size >= 16 else (0,)
+        if hsize == 16:
+            raise TraceCorrupt(f"{path}: a pipe-mode perf.data (perf record -o -), which Harmony "
+                               "does not read: write it as a file with `perf inject -i IN -o OUT`")
+        raise TraceCorrupt(f"{path}: truncated ({r.size} bytes, shorter than a perf.data header)")
+    (_magic, hsize, attr_size, attrs_off, attrs_size, data_off, data_size, _et_off, _et_size,
+     *flags) = _HEADER.unpack_from(data, 0)
+    if hsize == 16:
+        raise TraceCorrupt(f"{path}: a pipe-mode perf.data (perf record -o -), which Harmony does "
+                           "not read: write it as a file with `perf inject -i IN -o OUT`")
+    if data_size == 0:
+        raise TraceCorrupt(f"{path}: perf record did not finish it (data size 0 in header)")
+    end = data_off + data_size
+    if hsize < _HEADER.size or attrs_off + attrs_size > r.size or end > r.size:
+        raise TraceCorrupt(f"{path}: truncated ({r.size} bytes, header says data ends at {end})")
+    bits = [b for b in range(256) if flags[b // 64] >> (b % 64) & 1]
+    features = {}
+    for i, bit in enumerate(bits):
+        off, sz = r.u(end + 16 * i, "QQ", "feature table")
+        if off + sz > r.size:
+            raise TraceCorrupt(f"{path}: truncated (feature section past the end of the file)")
+        features[bit] = (off, sz)
+    if FEAT_COMPRESSED in features:
+        raise TraceCorrupt(f"{path}: its records are compressed (perf record -z), which Harmony "
+                           "does not read: decompress it with `perf inject -i IN -o OUT`")
+    if FEAT_DIR_FORMAT in features:
+        raise TraceCorrupt(f"{path}: the header of a perf.data directory (perf record --threads), "
+                           "which Harmony does not read: merge it with `perf inject -i DIR -o OUT`")
+
+    # the attrs: perf_event_attr (attr_size - 16 bytes) + the section of its ids
+    if attr_size < _ATTR.size + 16 or attrs_size % attr_size or attrs_size // attr_size > 4096:
+        raise TraceCorrupt(f"{path}: corrupt attrs section ({attrs_size} bytes of {attr_size}-byte "
+                           "attrs)")
+    attrs = []
+    for k in range(attrs_size // attr_size):
+        at = attrs_off + k * attr_size
+        typ, asize, config, _period, sample_type, read_format, aflags = r.u(at, _ATTR.format[1:],
+                                                                             "attr")
+        clockid = None
+        if aflags & ATTR_FLAG_USE_CLOCKID and attr_size - 16 >= _ATTR_CLOCKID + 4:
+            (clockid,) = r.u(at + _ATTR_CLOCKID, "i", "attr clockid")
+        ids_off, ids_size = r.u(at + attr_size - 16, "QQ", "attr ids section")
+        if ids_size % 8 or ids_size > 8 << 20:
+            raise TraceCorrupt(f"{path}: corrupt ids of attr {k} ({ids_size} bytes)")
+        r.need(ids_off, ids_size, f"ids of attr {k}")
+        ids = list(struct.unpack_from(f"<{ids_size // 8}Q", data, ids_off))
+        attrs.append(PerfAttr(typ, config, sample_type, read_format, aflags, clockid, ids))
+    if not attrs:
+        raise TraceCorrupt(f"{path}: corrupt: no events in its attrs section")
+
+    head = PerfHeader(path, r.size, data_off, data_size, attrs, features, None)
+    if FEAT_EVENT_DESC in features:
+        _event_desc(r, *features[FEAT_EVENT_DESC], attrs)
+    if FEAT_OSRELEASE in features:
+        head.os_release = r.string(features[FEAT_OSRELEASE][0], "os release")[0]
+    if FEAT_NRCPUS in features and features[FEAT_NRCPUS][1] >= 8:
+        head.nr_cpus_avail, head.nr_cpus_online = r.u(features[FEAT_NRCPUS][0], "II", "nr cpus")
+    if FEAT_TRACING_DATA in features:
+        off, sz = features[FEAT_TRACING_DATA]
+        head.tracing = read_tracing_data(path, bytes(data[off:off + sz]))
+    return head
+
+
+def _event_desc(r: _Bytes, off: int, size: int, attrs: list[PerfAttr]) -> None:
+    """Names of the attrs from the EVENT_DESC section: u32 nr, u32 attr_size, then per event the
+    attr, u32 nr_ids, its name (a perf_header_string) and u64 ids[nr_ids]."""
+    end = off + size
+    nr, attr_size = r.u(off, "II", "event descriptions")
+    at = off + 8
+    by_id = {i: a for a in attrs for i in a.ids}
+    for k in range(min(nr, 4096)):
+        at += attr_size
+        (nr_ids,) = r.u(at, "I", "event description")
+        name, at = r.string(at + 4, "event name")
+        if nr_ids > 1 << 20 or at + 8 * nr_ids > end:
+            raise TraceCorrupt(f"{r.path}: corrupt event description {k} (its ids run past the "
+                               "section)")
+        ids = struct.unpack_from(f"<{nr_ids}Q", r.data, at)
+        at += 8 * nr_ids
+        named = {id(by_id[i]): by_id[i] for i in ids if i in by_id}
+        for a in named.values():
+            a.name = name
+        if not ids and k < len(attrs) and not attrs[k].name:
+            attrs[k].name = name
+
+
+# --- the records -------------------------------------------------------------------------------
+
+def _walk_python(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(offset, type, size) of every record in ``buf``, and the offset of a record whose size is
+    impossible (-1: none): the walk in Python, for small files."""
+    unpack = struct.Struct("<IHH").unpack_from
+    mv = memoryview(buf)
+    n = len(buf)
+    offs, types, sizes = array("q"), array("I"), array("I")
+    at, bad = 0, -1
+    while at + 8 <= n:
+        typ, _misc, size = unpack(mv, at)
+        if size < 8 or at + size > n:
+            bad = at
+            break
+        offs.append(at)
+        types.append(typ)
+        sizes.append(size)
+        at += size
+    if bad < 0 and at != n:
+        bad = at
+    return (np.frombuffer(offs, np.int64), np.frombuffer(types, np.uint32),
+            np.frombuffer(sizes, np.uint32).astype(np.int64), bad)
+
+
+def walk_records(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """(offset, type, size) of every record of a data section, and the offset of the first record
+    that does not fit (-1: every one does): compiled when :func:`harmony.jit.use_compiled` says
+    so for its size, in Python otherwise."""
+    if not use_compiled(len(buf), JIT_MIN_BYTES):
+        return _walk_python(buf)
+    from harmony.probes import perf_read_jit  # here: loading numba and the kernels takes ~0.5-1 s
+    err = np.full(1, -1, np.int64)
+    empty = np.zeros(0, np.int64)
+    n = perf_read_jit.walk(buf, empty, np.zeros(0, np.uint32), empty, err)
+    offs, types, sizes = np.empty(n, np.int64), np.empty(n, np.uint32), np.empty(n, np.int64)
+    perf_read_jit.walk(buf, offs, types, sizes, err)
+    return offs, types, sizes, int(err[0])
+
+
+class _DataSection(PageSource):
+    """The data section as the decoder's one "page": messages name the file offset of a record."""
+
+    def __init__(self, path: Path, buf: np.ndarray, data_offset: int):
+        super().__init__(buf, max(1, len(buf)), np.zeros(1, np.int64), np.zeros(1, np.int64),
+                         [str(path)], np.zeros(1, np.int64))
+        self.data_offset = data_offset
+
+    def where(self, page: int, byte_in_page: int | None = None) -> str:
+        return f"{self.files[0]}: record at file offset {self.data_offset + int(byte_in_page or 0)}"
+
+
+@dataclasses.dataclass
+class PerfRead:
+    """A perf.data read: its events table and what perf recorded besides them."""
+
+    header: PerfHeader
+    events: pd.DataFrame
+    lost_by_cpu: dict[int, int]                # PERF_RECORD_LOST counts, by the CPU it names
+    lost_samples_by_event: dict[str, int]      # PERF_RECORD_LOST_SAMPLES counts, by event name
+    other_events: dict[str, int]               # samples of events not decoded (not one of the
+    #                                            SCHED_EVENTS), by event name
+    records: dict[str, int]                    # records of the data section, by type name
+    recorded_cpus: set[int] | None             # its PERF_RECORD_CPU_MAP, None if it has none
+    notes: list[str]
+    n_samples: int
+    decoder: str
+
+    def clockids(self, prefix: str = "sched:") -> set:
+        """The clockids of the events named ``prefix``... (None: perf's default clock)."""
+        return {a.clockid for a in self.header.attrs if a.name.startswith(prefix)}
+
+
+def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, end: np.ndarray,
+                   path: Path, off: np.ndarray, data_offset: int) -> dict[str, np.ndarray]:
+    """The sample fields Harmony reads (tid, time, cpu, raw position and size) of samples of one
+    sample_type, their bodies starting at ``p``; ``end``: where each record ends."""
+    out: dict[str, np.ndarray] = {}
+
+    def check(pos, what):
+        bad = np.flatnonzero(pos > end)
+        if bad.size:
+            raise TraceCorrupt(f"{path}: corrupt sample at file offset "
+                               f"{data_offset + int(off[bad[0]])}: its {what} runs past the record")
+
+    check(p + 8 * sum(bool(st & b) for b in (SAMPLE_IDENTIFIER, SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME,
+                                             SAMPLE_ADDR, SAMPLE_ID, SAMPLE_STREAM_ID, SAMPLE_CPU,
+                                             SAMPLE_PERIOD)), "fixed fields")
+    for bit, name in ((SAMPLE_IDENTIFIER, None), (SAMPLE_IP, None), (SAMPLE_TID, "tid"),
+                      (SAMPLE_TIME, "time"), (SAMPLE_ADDR, None), (SAMPLE_ID, None),
+                      (SAMPLE_STREAM_ID, None), (SAMPLE_CPU, "cpu"), (SAMPLE_PERIOD, None)):
+        if not st & bit:
+            continue
+        if name == "tid":
+            out["tid"] = read_uint(src, p + 4, 4).astype(np.int32)
+        elif name == "time":
+            out["time"] = read_uint(src, p, 8)
+        elif name == "cpu":
+            out["cpu"] = read_uint(src, p, 4)
+        p = p + 8
+    if st & SAMPLE_READ:
+        per = 1 + bool(read_format & FORMAT_ID) + bool(read_format & FORMAT_LOST)
+        times = bool(read_format & FORMAT_ENABLED) + bool(read_format & FORMAT_RUNNING)
+        if read_format & FORMAT_GROUP:
+            nr = read_uint(src, np.minimum(p, end - 8), 8)
+            if (nr > 1 << 16).any():
+                check(np.where(nr > 1 << 16, end + 1, p), "read group")
+            p = p + 8 * (1 + times) + 8 * per * nr
+        else:
+            p = p + 8 * (times + per)
+        check(p, "read values")
+    if st & SAMPLE_CALLCHAIN:
+        check(p + 8, "call chain")
+        nr = read_uint(src, p, 8)
+        if (nr > 1 << 16).any():
+            check(np.where(nr > 1 << 16, end + 1, p), "call chain")
+        p = p + 8 + 8 * nr
+        check(p, "call chain")
+    if st & SAMPLE_RAW:
+        check(p + 4, "raw data size")
+        size = read_uint(src, p, 4)
+        out["raw_pos"] = p + 4
+        out["raw_size"] = size
+        check(p + 4 + size, "raw data")
+    return out
+
+
+def read_perf_data(path: Path) -> PerfRead:
+    """Decode ``path``: the events table of its samples of the sched tracepoints Harmony reads
+    (:data:`~harmony.probes.schema.SCHED_EVENTS`, as ``perf script``'s parser did: the canonical
+    columns, in time order), and the counts of what else it holds (see :class:`PerfRead`)."""
+    path = Path(path)
+    data = _map(path)
+    head = read_header(path, data)
+    notes: list[str] = []
+    off0, size = head.data_offset, head.data_size
+    prefault_for_pages(size)
+    if off0 % 8:        # the reads of 8-byte words want them aligned: a copy (never seen)
+        buf = np.array(np.frombuffer(data, np.uint8, count=size, offset=off0))
+    else:
+        buf = np.frombuffer(data, np.uint8, count=size - size % 8, offset=off0)
+    src = _DataSection(path, buf, off0)
+    offs, types, sizes, bad = walk_records(buf)
+    if bad >= 0:
+        raise TraceCorrupt(f"{path}: truncated or corrupt record at file offset {off0 + bad} "
+                           f"(its size runs past the data section, or is below 8 bytes)")
+    counts = np.bincount(np.minimum(types, 255).astype(np.int64), minlength=256)
+    records = {RECORD_NAMES.get(t, f"type {t}"): int(c) for t, c in enumerate(counts) if c}
+    ends = offs + sizes
+    attrs = head.attrs
+
+    # which attr each sample belongs to: by its id (IDENTIFIER first, or ID where sample_type puts
+    # it, the same in every attr), or the only attr
+    all_ids = np.array([i for a in attrs for i in a.ids], np.uint64)
+    id_attr = np.array([k for k, a in enumerate(attrs) for _ in a.ids], np.int64)
+    by_id = np.argsort(all_ids, kind="stable")
+    all_ids, id_attr = all_ids[by_id], id_attr[by_id]
+
+    def attr_of(ids: np.ndarray) -> np.ndarray:
+        if not len(all_ids):
+            return np.full(len(ids), 0 if len(attrs) == 1 else -1, np.int64)
+        k = np.minimum(np.searchsorted(all_ids, ids), len(all_ids) - 1)
+        return np.where(all_ids[k] == ids, id_attr[k], -1)
+
+    types_st = {a.sample_type for a in attrs}
+    st0 = attrs[0].sample_type
+    sidx = np.flatnonzero(types == REC_SAMPLE)
+    s_off, s_end = offs[sidx], ends[sidx]
+    if len(attrs) == 1:
+        s_attr = np.zeros(len(sidx), np.int64)
+    elif all(st & SAMPLE_IDENTIFIER for st in types_st):
+        short = np.flatnonzero(s_end < s_off + 16)
+        if short.size:
+            raise TraceCorrupt(f"{path}: corrupt sample at file offset "
+                               f"{off0 + int(s_off[short[0]])}: too short for its id")
+        s_attr = attr_of(read_uint(src, s_off + 8, 8).astype(np.uint64))
+    elif len(types_st) == 1 and st0 & SAMPLE_ID:
+        before = sum(bool(st0 & b) for b in (SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR))
+        at = s_off + 8 + 8 * before
+        if (at + 8 > s_end).any():
+            raise TraceCorrupt(f"{path}: corrupt sample at file offset "
+                               f"{off0 + int(s_off[np.flatnonzero(at + 8 > s_end)[0]])}: too short "
+                               "for its id")
+        s_attr = attr_of(read_uint(src, at, 8).astype(np.uint64))
+    else:
+        raise TraceCorrupt(f"{path}: its {len(attrs)} events' samples carry no id (sample_type "
+                           "without ID or IDENTIFIER): which event a sample is cannot be told")
+
+    # the tracepoint formats the samples need, by tracepoint id (the attr's config)
+    tp = [k for k, a in enumerate(attrs) if a.type == PERF_TYPE_TRACEPOINT and a.sample_type &
+          SAMPLE_RAW]
+    formats = head.formats_for(sorted({attrs[k].config for k in tp if attrs[k].config < 1 << 16}))
+    if tp and head.tracing is None:
+        notes.append("the file has no tracing data (HEADER_TRACING_DATA): its tracepoint samples "
+                     "cannot be decoded")
+    n_s = len(sidx)
+    # the attrs whose samples become rows, grouped by their samples' layout (sample_type,
+    # read_format): the fields of a group's samples are read in one pass
+    per_attr = np.bincount(s_attr + 1, minlength=len(attrs) + 1)      # slot 0: an unknown id
+    other: dict[str, int] = {}
+    if per_attr[0]:
+        other["(samples of an unknown id)"] = int(per_attr[0])
+    groups: dict[tuple[int, int], list[int]] = {}
+    for k in np.flatnonzero(per_attr[1:]).tolist():
+        a = attrs[k]
+        fmt = formats.get(a.config) if k in tp else None
+        if fmt is None or fmt.system != "sched" or fmt.name not in SCHED_EVENTS:
+            name = a.name or f"attr {k} (type {a.type}, config {a.config})"
+            other[name] = other.get(name, 0) + int(per_attr[k + 1])
+        else:
+            groups.setdefault((a.sample_type, a.read_format), []).append(k)
+    config_of = np.array([a.config for a in attrs] + [-1], np.int64)   # [-1]: an unknown id
+    parts = []
+    for (st, rf), ks in groups.items():
+        member = np.zeros(len(attrs) + 1, bool)
+        member[ks] = True
+        sel = np.flatnonzero(member[s_attr])
+        names = ", ".join(attrs[k].name or f"attr {k}" for k in ks)
+        f = _sample_fields(st, rf, src, s_off[sel] + 8, s_end[sel], path, s_off[sel], off0)
+        if "time" not in f:
+            raise TraceCorrupt(f"{path}: the samples of {names} have no time stamps (recorded "
+                               "without PERF_SAMPLE_TIME): they cannot be put in order")
+        if "cpu" not in f:
+            notes.append(f"the samples of {names} carry no CPU (PERF_SAMPLE_CPU): their cpu is -1")
+        elif len(sel) and int(f["cpu"].max()) > np.iinfo(np.int16).max:
+            raise TraceCorrupt(f"{path}: corrupt sample of {names}: CPU {int(f['cpu'].max())}")
+        if len(sel) and (f["time"] < 0).any():
+            raise TraceCorrupt(f"{path}: corrupt sample of {names}: a time stamp past 2**63 ns")
+        none = np.full(len(sel), -1, np.int64)
+        parts.append((sel, f["raw_pos"], np.minimum(f["raw_size"], 1 << 30), f["time"],
+                      f.get("cpu", none), config_of[s_attr[sel]], f.get("tid", none)))
+    cols = [np.concatenate(c) if c else np.zeros(0, np.int64) for c in zip(*parts)] if parts \
+        else [np.zeros(0, np.int64)] * 7
+    sel, rec_pos, rec_len, rec_ts, rec_cpu, rec_code, rec_tid = cols
+    # the samples decoded, in the order perf script prints them: by time, ties in file order
+    order = np.argsort(sel, kind="stable") if len(parts) > 1 else None
+    if order is not None:
+        rec_ts = rec_ts[order]
+    by_time = np.argsort(rec_ts, kind="stable")
+    order = by_time if order is None else order[by_time]
+    rec_ts = rec_ts[by_time]
+    rec_pos, rec_len, rec_cpu, rec_code, rec_tid = (x[order] for x in (rec_pos, rec_len, rec_cpu,
+                                                                       rec_code, rec_tid))
+    rec_len, rec_cpu = rec_len.astype(np.int32), rec_cpu.astype(np.int16)
+    rec_code, rec_tid = rec_code.astype(np.int32), rec_tid.astype(np.int32)
+
+    decoder = "numpy"
+    if formats and len(rec_pos):
+        try:
+            hp = parse_header_page(head.tracing.header_page)
+        except FormatError as exc:
+            raise TraceCorrupt(f"{path}: bad ring-buffer header description in its tracing data "
+                               f"({exc})") from None
+        walked = Records(rec_pos, rec_len, rec_ts, rec_cpu, np.zeros(1, np.int64),
+                         np.zeros(1, bool), rec_code)
+        dec = decode_source(src, formats, hp, walked=walked)
+        events, decoder = dec.events, dec.decoder
+        # the sample's tid, as perf script prints it, not the payload's common_pid: they differ
+        # where perf could not name the task (-1 in the last switch of a task that exited)
+        events["common_pid"] = rec_tid
+        notes.extend(dec.notes)
+    else:
+        events = make_events({})
+
+    # lost records: LOST (u64 id, u64 lost) by the CPU of its sample_id trailer; LOST_SAMPLES
+    # (u64 lost) by the event its trailer's id names
+    lost_by_cpu: dict[int, int] = {}
+    trailer = attrs[0].sample_id_all
+    lidx = np.flatnonzero(types == REC_LOST)
+    if len(lidx):
+        lo, le = offs[lidx], ends[lidx]
+        if (le - lo < 24).any():
+            raise TraceCorrupt(f"{path}: corrupt PERF_RECORD_LOST at file offset "
+                               f"{off0 + int(lo[np.flatnonzero(le - lo < 24)[0]])}")
+        lost = read_uint(src, lo + 16, 8)
+        cpu_at = le - 8 - 8 * bool(st0 & SAMPLE_IDENTIFIER)
+        cpus = (read_uint(src, np.maximum(cpu_at, lo + 24), 4) if trailer and st0 & SAMPLE_CPU
+                and (cpu_at >= lo + 24).all() else np.full(len(lidx), -1, np.int64))
+        for c, v in zip(cpus.tolist(), lost.tolist()):
+            lost_by_cpu[c] = lost_by_cpu.get(c, 0) + v
+    lost_samples = {a.name: 0 for a in attrs if a.name}
+    lsidx = np.flatnonzero(types == REC_LOST_SAMPLES)
+    if len(lsidx):
+        lo, le = offs[lsidx], ends[lsidx]
+        if (le - lo < 16).any():
+            raise TraceCorrupt(f"{path}: corrupt PERF_RECORD_LOST_SAMPLES at file offset "
+                               f"{off0 + int(lo[np.flatnonzero(le - lo < 16)[0]])}")
+        lost = read_uint(src, lo + 8, 8)
+        if trailer and st0 & (SAMPLE_IDENTIFIER | SAMPLE_ID):
+            after = (bool(st0 & SAMPLE_IDENTIFIER) if st0 & SAMPLE_IDENTIFIER else
+                     1 + bool(st0 & SAMPLE_STREAM_ID) + bool(st0 & SAMPLE_CPU))
+            id_at = le - 8 * after
+            ok = id_at >= lo + 16
+            which = np.where(ok, attr_of(read_uint(src, np.maximum(id_at, lo), 8)
+                                         .astype(np.uint64)), -1)
+        else:
+            which = np.full(len(lsidx), 0 if len(attrs) == 1 else -1)
+        for k, v in zip(which.tolist(), lost.tolist()):
+            name = attrs[k].name if k >= 0 and attrs[k].name else "(unknown event)"
+            lost_samples[name] = lost_samples.get(name, 0) + v
+    recorded = _cpu_map(src, offs[types == REC_CPU_MAP], ends[types == REC_CPU_MAP])
+    if other:
+        notes.append(f"ignored events other than the {len(SCHED_EVENTS)} Harmony decodes "
+                     f"({', '.join(SCHED_EVENTS)}), by count: {other}")
+    return PerfRead(head, events, lost_by_cpu, lost_samples, other, records, recorded, notes, n_s,
+                    decoder)
+
+
+def _cpu_map(src: PageSource, offs: np.ndarray, ends: np.ndarray) -> set[int] | None:
+    """The CPUs of the first PERF_RECORD_CPU_MAP (None: none, or one not understood): its data is
+    u16 type, then 0: u16 nr, u16 cpu[nr]; 1: u16 nr, u16 long_size, a bit mask of nr longs;
+    2: u8 any_cpu, u8 pad, u16 start_cpu, u16 end_cpu."""
+    if not len(offs):
+        return None
+    raw = src.buf[int(offs[0]) + 8:int(ends[0])].tobytes()
+    if len(raw) < 6:
+        return None
+    kind, nr = struct.unpack_from("<HH", raw)
+    if kind == 0 and len(raw) >= 4 + 2 * nr:
+        return set(struct.unpack_from(f"<{nr}H", raw, 4)) or None
+    if kind == 1 and len(raw) >= 6:
+        long_size = struct.unpack_from("<H", raw, 4)[0]
+        start = 6 if long_size == 4 else 8
+        if long_size not in (4, 8) or len(raw) < start + nr * long_size:
+            return None
+        words = struct.unpack_from(f"<{nr}{'I' if long_size == 4 else 'Q'}", raw, start)
+        return {w * 8 * long_size + b for w, v in enumerate(words) for b in range(8 * long_size)
+                if v >> b & 1} or None
+    if kind == 2 and len(raw) >= 8:
+        lo, hi = struct.unpack_from("<HH", raw, 4)
+        return set(range(lo, hi + 1)) if hi >= lo and hi - lo < 1 << 16 else None
+    return None
+
+
+__all__ = ["PERF_MAGIC", "PerfAttr", "PerfHeader", "PerfRead", "RECORD_NAMES", "read_header",
+           "read_perf_data", "walk_records"]

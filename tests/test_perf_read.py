@@ -1,0 +1,224 @@
+"""The direct perf.data reader (probes/perf_read.py) against what it replaced: ``perf script``'s text
+parsed by :class:`~harmony.probes.perf_script.PerfScriptParser`, and the facts ``perf report``
+prints. Real recordings (the perf probe's options; call graphs and another event; ``perf sched
+record``; one CPU) are compared row by row, every column, with the numpy and the compiled paths;
+the perf.data files the fuzz corpus holds likewise; damaged files are one-line errors naming them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import ROOT, host_skip
+from test_import_export import PINGPONG
+from harmony.errors import HarmonyError, TraceCorrupt
+from harmony.jit import numba_version
+from harmony.probes import perf_data, perf_read
+from harmony.probes.perf import CLOCK_ID, PERF_EVENTS, PerfProbe
+from harmony.probes.perf_script import run_perf_script
+
+PERF = shutil.which("perf")
+CORPUS = sorted((ROOT / "fuzz" / "corpus" / "perf_data").iterdir())
+
+JIT_MODES = ["0"] + (["1"] if numba_version() else [])
+
+
+def assert_same_events(mine: pd.DataFrame, theirs: pd.DataFrame) -> None:
+    """Row by row, every column: the same values (categories compared by their strings) and
+    dtypes."""
+    assert list(mine.columns) == list(theirs.columns)
+    assert len(mine) == len(theirs)
+    for col in theirs.columns:
+        a, b = mine[col], theirs[col]
+        assert str(a.dtype) == str(b.dtype), col
+        if isinstance(b.dtype, pd.CategoricalDtype):
+            a, b = a.astype(str), b.astype(str)
+        diff = np.flatnonzero(a.to_numpy() != b.to_numpy())
+        assert not diff.size, (col, int(diff[0]), mine.iloc[diff[0]].to_dict(),
+                               theirs.iloc[diff[0]].to_dict())
+
+
+def compare_with_perf(path, monkeypatch, jit: str) -> perf_read.PerfRead:
+    """The reader's table and facts against perf script's and perf report's, on ``path``."""
+    monkeypatch.setenv("HARMONY_JIT", jit)
+    read = perf_read.read_perf_data(path)
+    parser, _ = run_perf_script(PERF, path)
+    assert_same_events(read.events, parser.events())
+    assert read.lost_by_cpu == parser.lost_by_cpu
+    assert sum(read.other_events.values()) == sum(parser.other_events.values())
+    header = perf_data.run_perf_report(PERF, path, "--header-only")
+    assert perf_data.clock_of(read.clockids("sched:")) == perf_data.clock_name(header)
+    assert read.header.nr_cpus_online == perf_data.header_number(header, "nrcpus online")
+    assert f"# os release : {read.header.os_release}\n" in header
+    stats = perf_data.lost_samples_by_event(perf_data.run_perf_report(PERF, path, "--stats"))
+    for name, n in (stats or {}).items():
+        assert read.lost_samples_by_event.get(name, 0) == n, (name, read.lost_samples_by_event)
+    return read
+
+
+# --- real recordings -----------------------------------------------------------------------------
+
+def _record(path, *args):
+    """``perf record ARGS -o path -- python PINGPONG 0.3``; skips where perf cannot record."""
+    cmd = [PERF, *args, "-o", str(path), "--", sys.executable, "-c", PINGPONG, "0.3"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        host_skip(f"{' '.join(cmd[:3])} cannot record here: {p.stderr.strip()[-200:]}")
+    return path
+
+
+RECORDINGS = {
+    # the perf probe's own options (PerfProbe.command), system-wide
+    "probe": ["record", "-q", "-a", "-e", PERF_EVENTS, "-k", CLOCK_ID, "-B", "-N", "--synth=no"],
+    # every sched tracepoint, call chains, and samples of another event (cpu-clock)
+    "callgraph": ["record", "-q", "-g", "-a", "-e", "sched:*", "-e", "cpu-clock"],
+    # perf's own sched recording: sched_waking, the sched_stat_* events, perf's default clock
+    "sched": ["sched", "record"],
+}
+
+
+@pytest.fixture(scope="module")
+def recordings(kernel, tmp_path_factory):
+    if PERF is None:
+        host_skip("perf is not installed")
+    ok, why = PerfProbe.available()
+    if not ok:
+        host_skip(why)
+    d = tmp_path_factory.mktemp("perfread")
+    return {name: _record(d / f"{name}.data", *args) for name, args in RECORDINGS.items()}
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("jit", JIT_MODES)
+@pytest.mark.parametrize("name", sorted(RECORDINGS))
+def test_kernel_recordings_read_as_perf_script_prints_them(recordings, monkeypatch, name, jit):
+    read = compare_with_perf(recordings[name], monkeypatch, jit)
+    assert len(read.events) > 100 and read.decoder == ("compiled" if jit == "1" else "numpy")
+    assert read.records["SAMPLE"] == read.n_samples
+
+
+@pytest.mark.kernel
+@pytest.mark.needs_cpus(2)
+def test_kernel_recorded_cpus_are_the_cpu_map_perf_reports(kernel, tmp_path, monkeypatch):
+    if PERF is None:
+        host_skip("perf is not installed")
+    cpu = max(os.sched_getaffinity(0))
+    path = _record(tmp_path / "perf.data", "record", "-q", "-C", str(cpu), "-e", "sched:*")
+    read = compare_with_perf(path, monkeypatch, "0")
+    assert read.recorded_cpus == perf_data.recorded_cpus(PERF, path) == {cpu}
+
+
+@pytest.mark.kernel
+def test_kernel_damaged_recordings_are_one_line_errors(recordings, tmp_path, monkeypatch):
+    for jit in JIT_MODES:
+        monkeypatch.setenv("HARMONY_JIT", jit)
+        damaged(recordings["callgraph"].read_bytes(), tmp_path / "perf.data", cases=200)
+
+
+# --- the files the fuzz corpus holds -------------------------------------------------------------
+
+@pytest.mark.needs_tool("perf")
+@pytest.mark.parametrize("jit", JIT_MODES)
+@pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
+def test_corpus_files_read_as_perf_script_prints_them(path, tmp_path, monkeypatch, jit):
+    p = tmp_path / "perf.data"
+    p.write_bytes(path.read_bytes())
+    try:
+        perf_data.check_perf_data(p)
+    except TraceCorrupt:
+        with pytest.raises(TraceCorrupt, match=str(p)):
+            perf_read.read_perf_data(p)
+        return
+    compare_with_perf(p, monkeypatch, jit)
+
+
+def damaged(content: bytes, path, cases: int) -> None:
+    """Truncated and bit-flipped copies of ``content`` at ``path``: each one decodes or is a
+    HarmonyError of one line naming ``path``."""
+    rng = random.Random(26)
+    variants = [content[:k] for k in range(0, len(content), max(1, len(content) // cases))]
+    for _ in range(cases):
+        b = bytearray(content)
+        for _ in range(rng.choice((1, 4, 16))):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        variants.append(bytes(b))
+    refused = 0
+    for v in variants:
+        path.write_bytes(v)
+        try:
+            perf_read.read_perf_data(path)
+        except HarmonyError as exc:
+            assert str(path) in str(exc) and "\n" not in str(exc), str(exc)
+            refused += 1
+    assert refused >= len(variants) // 4     # every cut short one, at least
+
+
+@pytest.mark.parametrize("jit", JIT_MODES)
+def test_damaged_corpus_files_are_one_line_errors(tmp_path, monkeypatch, jit):
+    monkeypatch.setenv("HARMONY_JIT", jit)
+    for path in CORPUS:
+        damaged(path.read_bytes(), tmp_path / "perf.data", cases=150)
+
+
+def _header(hsize=104, data_size=8, flags0=0) -> bytes:
+    return struct.pack("<8sQQ QQ QQ QQ 4Q", b"PERFILE2", hsize, 136, 104, 0, 104, data_size, 0,
+                       0, flags0, 0, 0, 0) + bytes(8)
+
+
+@pytest.mark.parametrize("content,why", [
+    (b"", "bad magic"), (b"PERFILE2" + (16).to_bytes(8, "little"), "pipe-mode"),
+    (_header(hsize=16), "pipe-mode"), (_header(data_size=0), "did not finish"),
+    (_header(data_size=4096), "truncated"),
+    (_header(flags0=1 << 27) + bytes(16), "compressed"),
+])
+def test_layouts_it_does_not_read_are_named(tmp_path, content, why):
+    path = tmp_path / "perf.data"
+    path.write_bytes(content)
+    with pytest.raises(TraceCorrupt, match=why) as exc:
+        perf_read.read_perf_data(path)
+    assert str(exc.value).startswith(f"{path}: ") and "\n" not in str(exc.value)
+
+
+def test_compiled_walk_finds_the_records_python_finds(monkeypatch):
+    if not numba_version():
+        host_skip("numba is not installed")
+    for path in CORPUS:
+        head = perf_read.read_header(path)
+        buf = np.frombuffer(path.read_bytes(), np.uint8, count=head.data_size,
+                            offset=head.data_offset)
+        monkeypatch.setenv("HARMONY_JIT", "0")
+        py = perf_read.walk_records(buf)
+        monkeypatch.setenv("HARMONY_JIT", "1")
+        jit = perf_read.walk_records(buf)
+        for a, b in zip(py[:3], jit[:3]):
+            assert a.tolist() == b.tolist()
+        assert py[3] == jit[3] == -1
+        cut = buf[:len(buf) - 4]       # the last record runs past the end: both say where
+        assert perf_read.walk_records(cut)[3] == int(py[0][-1])
+
+
+def test_a_sample_too_short_for_its_id_is_named(tmp_path):
+    """The last record of the data section cut into header-only samples (8 bytes each): the
+    sample id after the header would lie past the section."""
+    for path in CORPUS:
+        head = perf_read.read_header(path)
+        content = bytearray(path.read_bytes())
+        buf = np.frombuffer(bytes(content), np.uint8, count=head.data_size,
+                            offset=head.data_offset)
+        offs, _, sizes, _ = perf_read.walk_records(buf)
+        at, size = head.data_offset + int(offs[-1]), int(sizes[-1])
+        content[at:at + size] = struct.pack("<IHH", 9, 0, 8) * (size // 8)
+        p = tmp_path / "perf.data"
+        p.write_bytes(bytes(content))
+        with pytest.raises(TraceCorrupt, match="too short for its id") as exc:
+            perf_read.read_perf_data(p)
+        assert str(exc.value).startswith(f"{p}: ")
