@@ -235,6 +235,11 @@ class Experiment:
     thesis: str = ""  # where the thesis describes it
     params: tuple[Param, ...] = ()
     summary: tuple[Metric, ...] = ()  # exactly the keys analyse() returns
+    #: why the reference policies' simulator cannot run it (None: it can): a workload that is
+    #: more than CPU demand, such as the server experiment's requests over sockets
+    not_simulated: str | None = None
+    #: ``harmony suite`` runs it unless it is named (False: only when named, ``--experiments``)
+    in_suite: bool = True
 
     def all_params(self) -> tuple[Param, ...]:
         own = {p.name for p in self.params}
@@ -298,6 +303,12 @@ class Experiment:
     def tasks(self, p: dict, cpus: list[int]) -> list:
         """The TaskSpecs of one run."""
         raise NotImplementedError
+
+    def place(self, specs: list, run_dir: Path) -> list:
+        """The tasks of a run about to be captured into ``run_dir``, its directory made (default:
+        ``specs`` as they are). Tasks that keep records of their own (the server experiment's
+        requests) are told here where, and what they share is made there (its pipes)."""
+        return specs
 
     def draw(self, p: dict, cpus: list[int], seed: int) -> dict[str, Any]:
         """Random choices of one run (e.g. a random cut time), drawn from the run's ``seed``.

@@ -772,6 +772,8 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
         return
     try:
         exp = get_experiment(experiment)
+        if exp.not_simulated:
+            raise ValueError(f"{experiment} cannot be simulated: {exp.not_simulated}")
         values = exp.resolve(_parse_params(params), cpus)
         refuse_classes(params=values)
     except ValueError as exc:

@@ -199,6 +199,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             manifest["reclaimed"] += scheduler.reclaimed
             manifest["host"] = {**manifest["host"], "scheduler": scheduler.ops,
                                 "sched_ext": "enabled"}
+        specs = experiment.place(specs, out)  # records of their own, if they keep any
         workload = Workload(specs, cpus, seed=seed, warm_s=warm_s(params))
         workload.spawn()  # before the probe's threads exist: fork with no threads running
         stored["tasks"] = sink.put(out, "tasks", task_rows(specs, workload.pids))

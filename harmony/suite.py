@@ -82,7 +82,8 @@ def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
     """The suite's configurations for this CPU set. Raises ValueError for an unknown experiment."""
     from harmony.experiments import CATALOG, get_experiment
 
-    names = list(CATALOG) if experiments is None else experiments
+    names = ([n for n in CATALOG if get_experiment(n).in_suite] if experiments is None
+             else experiments)
     mode = "quick" if quick else "full"
     out = []
     for name in names:

@@ -22,7 +22,7 @@ PACKAGES = {"harmony": "harmony", "probes": "harmony.probes", "experiments": "ha
 #: precisely (itself, else its longest prefix).
 ROOMS = [
     ("foundations", ["harmony.errors", "harmony.osutil", "harmony.version", "harmony.timing",
-                     "harmony.jit", "harmony.memory", "harmony.columns", "harmony.tasks",
+                     "harmony.jit", "harmony.memory", "harmony.columns", "harmony.tasks", "harmony.serve",
                      "harmony.store", "harmony.manifest", "harmony.hostfacts"]),
     ("probes", ["harmony.probes.*"]),
     ("analysis", ["harmony.analysis.*"]),

@@ -14,10 +14,12 @@ from harmony.suite import cpu_limits, plan, scheduler_of_runs
 
 
 def test_plan_covers_the_catalog_with_sweeps():
-    from harmony.experiments import CATALOG
+    from harmony.experiments import CATALOG, get_experiment
 
     configs = plan([0, 1], quick=True)
-    assert {c.experiment for c in configs} == set(CATALOG)
+    # every experiment but those that wait for their suite section (the server's, issue 27)
+    assert {c.experiment for c in configs} == {n for n in CATALOG if get_experiment(n).in_suite}
+    assert {c.experiment for c in plan([0, 1], quick=True, experiments=["server"])} == {"server"}
     for c in configs:
         assert c.params is not None and c.repeat >= 2
     if "how-many" in CATALOG:

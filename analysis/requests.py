@@ -1,0 +1,214 @@
+"""Requests of a server-shaped run (experiment ``server``): the records its tasks wrote, joined with
+the trace, and the metrics of a service.
+
+Needs the records of :mod:`harmony.serve` (``raw/requests/``: the client's ``client.sent`` and
+``client.done``, each serving task's ``<name>.stage``) and the run's ``runs``, ``migrations``
+and ``events`` (``sched_wakeup``/``sched_wakeup_new`` of the tasks) tables.
+
+:func:`df_requests` returns the ``requests`` table (:data:`harmony.analysis.tables.REQUESTS`);
+:func:`request_metrics` the metrics of its measured requests; :func:`service_inversion` is
+Ruan's eq. 3.1 (see :mod:`harmony.experiments.server`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harmony import serve, store
+from harmony.analysis.metrics import jain_index
+from harmony.analysis.tables import REQUESTS
+from harmony.errors import RunError
+
+RECORDS_DIR = "requests"     # under raw/
+WAKEUPS = ("sched_wakeup", "sched_wakeup_new")
+
+
+def read_records(path: Path) -> np.ndarray:
+    """The whole :data:`harmony.serve.REC` records of one file, as an (n, 6) int64 array (a last
+    record cut short by the task's end is left out)."""
+    data = Path(path).read_bytes()
+    n = len(data) // serve.REC.size
+    return np.frombuffer(data[:n * serve.REC.size], dtype="<i8").reshape(n, 6).astype(np.int64)
+
+
+def _runnable(runs: pd.DataFrame, events: pd.DataFrame, pids) -> dict[int, tuple]:
+    """Per pid, its run-queue waits as sorted disjoint intervals (starts, ends, cumulative
+    lengths before each): after a run that ended preempted (end_state 0), until its next run; after
+    one that ended blocked, from its next wake-up until its next run."""
+    wk = events[events["event"].astype(str).isin(WAKEUPS)]
+    out = {}
+    for pid in pids:
+        r = runs[runs["pid"] == pid].sort_values("start")
+        st, en, state = r["start"].to_numpy(), r["end"].to_numpy(), r["end_state"].to_numpy()
+        wts = np.sort(wk.loc[wk["pid"] == pid, "ts"].to_numpy(np.int64))
+        a, b = en[:-1].copy(), st[1:].copy()
+        blocked = state[:-1] != 0
+        # a blocked run's wait starts at the first wake-up after it (none seen: no wait counted)
+        i = np.searchsorted(wts, a[blocked], side="left")
+        woke = np.where(i < len(wts), wts[np.minimum(i, len(wts) - 1)], b[blocked]) if len(wts) else b[blocked]
+        a[blocked] = np.minimum(woke, b[blocked])
+        keep = b > a
+        a, b = a[keep], b[keep]
+        out[int(pid)] = (a, b, np.concatenate([[0], np.cumsum(b - a)]))
+    return out
+
+
+def _waited(iv: tuple, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
+    """Length of the intervals ``iv`` (:func:`_runnable`) inside each [lo, hi]."""
+    a, b, cum = iv
+
+    def before(x):
+        i = np.searchsorted(a, x, side="right") - 1
+        j = np.maximum(i, 0)
+        inside = np.where(i >= 0, np.clip(x - a[j], 0, (b - a)[j]) if len(a) else 0, 0)
+        return np.where(i >= 0, cum[j] + inside, 0) if len(a) else np.zeros(len(x), np.int64)
+
+    return np.maximum(before(hi) - before(lo), 0).astype(np.int64)
+
+
+def df_requests(records: Path, runs: pd.DataFrame, migrations: pd.DataFrame, events: pd.DataFrame,
+                tasks: pd.DataFrame, t0: int, t_end: int, drain_ns: int) -> pd.DataFrame:
+    """The ``requests`` table (:data:`REQUESTS`) of the records in ``records``; attrs:
+    ``overloaded`` (the client stopped sending), ``overload_t`` (s since t0, when)."""
+    records = Path(records)
+    sent_f, done_f = records / serve.SENT_FILE, records / serve.DONE_FILE
+    if not sent_f.exists():
+        raise RunError(f"{records}: no client records ({serve.SENT_FILE}): not a server run's capture")
+    sent = read_records(sent_f)
+    over = sent[sent[:, 0] == serve.OVERLOAD]
+    sent = sent[sent[:, 0] != serve.OVERLOAD]
+    done = read_records(done_f) if done_f.exists() else np.zeros((0, 6), np.int64)
+    n = len(sent)
+    order = np.argsort(sent[:, 0], kind="stable")
+    sent = sent[order]
+    ids = sent[:, 0]
+    done_at = np.full(n, -1, np.int64)
+    if len(done):
+        k = np.searchsorted(ids, done[:, 0])
+        ok = (k < n) & (ids[np.minimum(k, n - 1)] == done[:, 0])
+        done_at[k[ok]] = done[ok, 4]
+    stages = [read_records(f) for f in sorted(records.glob("*" + serve.STAGE_SUFFIX))]
+    st = np.concatenate(stages) if stages else np.zeros((0, 6), np.int64)
+    st = st[np.lexsort((st[:, 3], st[:, 0]))]          # by request, then start
+    pos = np.searchsorted(ids, st[:, 0])
+    valid = (pos < n) & (ids[np.minimum(pos, n - 1)] == st[:, 0])
+    st, pos = st[valid], pos[valid]
+    work = (st[:, 1] >= 1) & (st[:, 1] < serve.ANSWER)
+    start = np.full(n, -1, np.int64)
+    end = np.full(n, -1, np.int64)
+    if len(st):
+        first = np.r_[True, pos[1:] != pos[:-1]]
+        start[pos[first]] = st[first, 3]
+        w = np.where(work)[0]
+        end[pos[w]] = st[w, 4]                          # the last work stage's (sorted by start)
+    # each stage record holds its request from when it reached the task (the previous record's
+    # end, or when the client made it) to the end of its work there
+    if len(st):
+        reach = np.where(np.r_[True, pos[1:] != pos[:-1]], sent[pos, 3], np.r_[0, st[:-1, 4]])
+    else:
+        reach = np.zeros(0, np.int64)
+    pid = st[:, 2]
+    mig_count = np.zeros(len(st), np.int64)
+    waits = np.zeros(len(st), np.int64)
+    cpus_of: list[set] = [set() for _ in range(n)]
+    pids_of: list[list] = [[] for _ in range(n)]
+    iv = _runnable(runs, events, np.unique(pid))
+    for p in np.unique(pid):
+        sel = np.where(pid == p)[0]
+        lo, hi = reach[sel], st[sel, 4]
+        mts = np.sort(migrations.loc[migrations["pid"] == p, "ts"].to_numpy(np.int64))
+        mig_count[sel] = np.searchsorted(mts, hi, side="right") - np.searchsorted(mts, lo, side="left")
+        waits[sel] = _waited(iv[int(p)], lo, hi)
+        r = runs[runs["pid"] == p].sort_values("start")
+        rs, re, rc = r["start"].to_numpy(), r["end"].to_numpy(), r["cpu"].to_numpy()
+        a = np.searchsorted(re, st[sel, 3], side="right")     # first run ending after its start
+        b = np.searchsorted(rs, hi, side="left")              # runs starting before its end
+        for k, i, j in zip(sel, a, b):
+            cpus_of[pos[k]].update(rc[i:max(i, j)].tolist())
+    for k in range(len(st)):
+        if not pids_of[pos[k]] or pids_of[pos[k]][-1] != pid[k]:
+            pids_of[pos[k]].append(int(pid[k]))
+    answered = done_at >= 0
+    arrival = sent[:, 2]
+    df = REQUESTS.frame({
+        "id": ids, "conn": sent[:, 1].astype(np.int32), "arrival": arrival, "sent": sent[:, 3],
+        "start": start, "end": end, "done": done_at, "t": (arrival - t0) / 1e9,
+        "work_ns": sent[:, 5],
+        "latency_ns": np.where(answered, (done_at - arrival).astype(np.float64), np.nan),
+        "answered": answered, "measured": (arrival >= t0) & (arrival <= t_end - drain_ns),
+        "pids": [",".join(map(str, x)) for x in pids_of],
+        "cpus": [",".join(map(str, sorted(x))) for x in cpus_of],
+        "migrations": np.bincount(pos, mig_count, minlength=n).astype(np.int64),
+        "wait_ns": np.bincount(pos, waits, minlength=n).astype(np.int64)})
+    df.attrs["overloaded"] = bool(len(over))
+    df.attrs["overload_t"] = float((over[0, 2] - t0) / 1e9) if len(over) else None
+    return df
+
+
+def store_requests(run_dir: Path, df: pd.DataFrame) -> None:
+    store.write_table(run_dir, "requests", df)
+
+
+def read_requests(run_dir: Path) -> pd.DataFrame:
+    return store.read_table(Path(run_dir) / "requests.parquet")
+
+
+def service_inversion(size, latency) -> float | None:
+    """Ruan's eq. 3.1: sum over the n requests of |position by latency - position by size|,
+    over floor(n^2 / 2); requests of one size take that size's ideal positions in their observed
+    order. None for fewer than 2 requests."""
+    size, latency = np.asarray(size), np.asarray(latency)
+    n = len(size)
+    if n < 2:
+        return None
+    observed = np.empty(n, np.int64)
+    observed[np.argsort(latency, kind="stable")] = np.arange(n)
+    ideal = np.empty(n, np.int64)
+    ideal[np.lexsort((observed, size))] = np.arange(n)
+    return float(np.abs(observed - ideal).sum() / (n * n // 2))
+
+
+def percentile_ms(latency_ns, q: float) -> float | None:
+    """The ``q``-th percentile (0-100, the lower value: one a request had) of latencies in ms,
+    NaN (unanswered) counting as infinite; None if empty or an unanswered one is at it."""
+    x = np.sort(np.where(np.isnan(latency_ns), np.inf, latency_ns))
+    if not len(x):
+        return None
+    v = x[min(len(x) - 1, int(np.ceil(q / 100 * len(x))) - 1 if q > 0 else 0)]
+    return None if np.isinf(v) else float(v / 1e6)
+
+
+def request_metrics(df: pd.DataFrame, t0: int, t_end: int) -> dict:
+    """The server experiment's request metrics of ``df``'s measured requests (see its
+    summary declaration)."""
+    m = df[df["measured"]]
+    ans = m[m["answered"]]
+    lat = m["latency_ns"].to_numpy()
+    window = (t_end - t0) / 1e9
+    done = df["done"].to_numpy()
+    out = {"requests": int(len(m)), "unanswered": int((~m["answered"]).sum()),
+           "throughput_rps": float(((done >= t0) & (done <= t_end)).sum() / window)}
+    for key, q in (("latency_p50_ms", 50), ("latency_p90_ms", 90), ("latency_p99_ms", 99),
+                   ("latency_p999_ms", 99.9)):
+        out[key] = percentile_ms(lat, q)
+    out["client_lag_p99_ms"] = (percentile_ms((m["sent"] - m["arrival"]).to_numpy(np.float64), 99)
+                                if len(m) else None)
+    if len(ans):
+        conns = sorted(df["conn"].unique())
+        per = ans.groupby("conn")["latency_ns"]
+        out["jain_answered"] = jain_index(per.size().reindex(conns, fill_value=0).to_numpy(np.float64))
+        out["jain_latency"] = jain_index(per.mean().to_numpy())
+        p99 = np.quantile(ans["latency_ns"], 0.99, method="inverted_cdf")
+        tail = ans[ans["latency_ns"] >= p99]
+        out["p99_met_migration"] = float((tail["migrations"] > 0).mean())
+        out["p99_waited"] = float((tail["wait_ns"] > 0).mean())
+        out["all_met_migration"] = float((ans["migrations"] > 0).mean())
+        out["all_waited"] = float((ans["wait_ns"] > 0).mean())
+    else:
+        out.update(dict.fromkeys(("jain_answered", "jain_latency", "p99_met_migration", "p99_waited",
+                                  "all_met_migration", "all_waited")))
+    out["service_inversion"] = service_inversion(ans["work_ns"].to_numpy(), ans["latency_ns"].to_numpy())
+    return out

@@ -1,0 +1,297 @@
+"""The bodies of a server-shaped workload's tasks (the ``server`` experiment), and their records.
+
+Imports the standard library only: like :mod:`harmony.worker`, which calls it, it runs in the
+fork server's children. A task whose :attr:`harmony.tasks.TaskSpec.serve` is set runs one of
+these parts instead of the duty-cycle loop: :func:`prepare` does what must be done before the
+start gate (bind and listen, open the stage pipes and the records file), and the function it
+returns runs from the release on and never returns (the task is killed with the workload).
+
+Parts (``kind`` in the JSON of ``serve``):
+
+- ``client``: the open-loop client. After its gate it connects one AF_UNIX stream socket per
+  connection (abstract addresses: nothing is left in the file system; they vanish with the
+  listening task), waits for t0, then sends requests at Poisson arrivals of ``rate`` per second,
+  each on a connection drawn uniformly (so each connection is a Poisson stream of rate/conns),
+  each asking ``work_ns`` of CPU time drawn from ``sizes`` (exponential of mean ``work_ns``, or
+  Pareto of shape ``alpha`` with the same mean). Open loop: it never waits for a response to
+  send the next request; one it could not send at its arrival (a full socket) keeps its arrival
+  time. It stops sending, and records why, when more than ``max_outstanding`` requests are
+  unanswered (the server cannot keep up: an open loop would queue forever).
+- ``conn``: thread-per-connection: one task owns connection ``conn``: receive, work, answer.
+- ``reader``: pool-per-stage's I/O stage: one task reads every connection and writes each request
+  into the first stage's pipe, reads the last stage's answers from the answer pipe and sends
+  them on their connection.
+- ``stage``: pool-per-stage's worker of stage ``stage``: its pool's tasks all read the same pipe
+  (a named FIFO; 64-byte writes and reads are atomic, so each request goes to one worker), do
+  the stage's share of the work and write it into the next stage's pipe.
+- ``loop``: an event loop (Flash without helpers; ``thread-per-core`` runs one per CPU, pinned):
+  accepts its connections and serves every request inline, one at a time, in arrival order.
+
+Each part's work on a request is ``block_ns`` asleep (a disk-like wait) then its share of the
+request's CPU work, burnt in the worker's calibrated loop (CPU time of the thread, so a
+preempted task still does exactly the work asked).
+
+Records (one file per task in ``records``, appended by one ``write`` each, so a task killed at
+the end leaves whole records but maybe the last): every record is :data:`REC`, six int64 on
+CLOCK_MONOTONIC, the trace's clock:
+
+- the client's, one as it sends a request (``client.sent``) and one as it reads its answer
+  (``client.done``): request id, connection, arrival (when it was due), sent (when the client
+  made it: later than arrival when the client itself was late), done (when its answer was read;
+  0 in ``client.sent``), work (ns of CPU asked); in ``client.sent``, id :data:`OVERLOAD` marks
+  where it stopped sending (connection field: the requests unanswered then);
+- every serving part's (``<name>.stage``): request id, stage (1.. for work stages; 0 and
+  :data:`ANSWER` for the pool's reader taking it in and sending the answer), pid, start, end, 0.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import random
+import select
+import socket
+import struct
+import time
+
+#: one request on the wire, 64 bytes: id, connection, arrival (ns), work (ns), then unused
+MSG = struct.Struct("<qqqqqqqq")
+#: one record of a records file (see the module docstring)
+REC = struct.Struct("<qqqqqq")
+#: the client's record of where it stopped sending (id field)
+OVERLOAD = -1
+#: stage number of the pool reader's record of an answer sent
+ANSWER = 1000
+SENT_FILE = "client.sent"
+DONE_FILE = "client.done"
+STAGE_SUFFIX = ".stage"
+F_SETPIPE_SZ = 1031
+PIPE_BYTES = 1 << 20       # the most an unprivileged pipe may hold by default (pipe-max-size)
+
+
+def mono() -> int:
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def address(token: str, what: str) -> bytes:
+    """The abstract AF_UNIX address of one listening socket of the run ``token``."""
+    return b"\0hmy-" + token.encode() + b"-" + what.encode()
+
+
+def prepare(text: str, burn, seed: int = 0):
+    """The part ``text`` (the JSON of TaskSpec.serve) made ready before the start gate; returns
+    its body, called with the shared page's cells once the gate opens. ``burn(ns)``: the worker's
+    calibrated loop, ``ns`` of this thread's CPU time; ``seed``: the task's (the client's draws)."""
+    cfg = {**json.loads(text), "seed": seed}
+    parts = {"client": _client, "conn": _conn, "reader": _reader, "stage": _stage, "loop": _loop}
+    return parts[cfg["kind"]](cfg, burn)
+
+
+def _records(cfg: dict, name: str) -> int:
+    return os.open(os.path.join(cfg["records"], name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+
+def _listen(cfg: dict, what: str, backlog: int) -> socket.socket:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.bind(address(cfg["token"], what))
+    s.listen(backlog)
+    return s
+
+
+def _work(cfg: dict, work_ns: int, burn) -> None:
+    if cfg.get("block_ns"):
+        time.sleep(cfg["block_ns"] / 1e9)
+    if work_ns > 0:
+        burn(work_ns)
+
+
+def _messages(buf: bytearray):
+    """Whole messages at the head of ``buf`` (removed from it)."""
+    n = len(buf) // MSG.size * MSG.size
+    out = [bytes(buf[i:i + MSG.size]) for i in range(0, n, MSG.size)]
+    del buf[:n]
+    return out
+
+
+def _open_pipe(path: str) -> int:
+    """A stage pipe, opened read-write (never blocks at open, never reads EOF), made large."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.fcntl(fd, F_SETPIPE_SZ, PIPE_BYTES)
+    except OSError:
+        pass
+    return fd
+
+
+def sizes(cfg: dict, rng: random.Random):
+    """A function drawing one request's work (ns): exponential of mean ``work_ns``, or Pareto of
+    shape ``alpha`` (> 1) and minimum work_ns * (alpha - 1) / alpha, which has the same mean."""
+    mean = cfg["work_ns"]
+    if cfg["sizes"] == "pareto":
+        alpha = cfg["alpha"]
+        xm = mean * (alpha - 1) / alpha
+        return lambda: int(xm * rng.paretovariate(alpha))
+    return lambda: int(rng.expovariate(1.0 / mean))
+
+
+def _client(cfg: dict, burn):
+    sent_rec, rec = _records(cfg, SENT_FILE), _records(cfg, DONE_FILE)
+
+    def body(cells):
+        socks = []
+        for target in cfg["targets"]:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(address(cfg["token"], target))
+            s.setblocking(False)
+            socks.append(s)
+        conn_of = {s.fileno(): c for c, s in enumerate(socks)}
+        while not cells[0]:             # t0: written at the end of a warm-up, before a cold release
+            time.sleep(0.0005)
+        rng = random.Random(cfg["seed"])
+        draw, rate, nconn = sizes(cfg, rng), cfg["rate"], len(socks)
+        pending = [bytearray() for _ in socks]
+        inbuf = [bytearray() for _ in socks]
+        outstanding: dict[int, tuple] = {}
+        rid, due, sending = 0, int(cells[0]) + int(rng.expovariate(rate) * 1e9), True
+        while True:
+            now = mono()
+            new = []
+            while sending and now >= due:
+                conn, work = rng.randrange(nconn), draw()
+                pending[conn] += MSG.pack(rid, conn, due, work, 0, 0, 0, 0)
+                outstanding[rid] = (conn, due, now, work)
+                new.append(REC.pack(rid, conn, due, now, 0, work))
+                rid += 1
+                due += int(rng.expovariate(rate) * 1e9)
+                if len(outstanding) > cfg["max_outstanding"]:
+                    sending = False
+                    new.append(REC.pack(OVERLOAD, len(outstanding), now, 0, 0, 0))
+            if new:
+                os.write(sent_rec, b"".join(new))
+            writing = []
+            for c, data in enumerate(pending):
+                if data:
+                    try:
+                        del data[:socks[c].send(data)]
+                    except BlockingIOError:
+                        pass
+                    if data:
+                        writing.append(socks[c])
+            timeout = max(0, due - mono()) / 1e9 if sending else None
+            readable, _, _ = select.select(socks, writing, [], timeout)
+            out = []
+            for s in readable:
+                c = conn_of[s.fileno()]
+                data = s.recv(1 << 16)
+                if not data:
+                    os._exit(2)         # the server went away: the workload is broken
+                inbuf[c] += data
+                done = mono()
+                for msg in _messages(inbuf[c]):
+                    got = MSG.unpack(msg)[0]
+                    conn, due_at, sent, work = outstanding.pop(got)
+                    out.append(REC.pack(got, conn, due_at, sent, done, work))
+            if out:
+                os.write(rec, b"".join(out))
+    return body
+
+
+def _serve_one(cfg: dict, burn, rec: int, msg: bytes, stage: int, work_ns: int) -> None:
+    start = mono()
+    _work(cfg, work_ns, burn)
+    os.write(rec, REC.pack(MSG.unpack(msg)[0], stage, os.getpid(), start, mono(), 0))
+
+
+def _conn(cfg: dict, burn):
+    listener = _listen(cfg, f"c{cfg['conn']}", 1)
+    rec = _records(cfg, cfg["name"] + STAGE_SUFFIX)
+
+    def body(cells):
+        s, _ = listener.accept()
+        listener.close()
+        while True:
+            msg = s.recv(MSG.size, socket.MSG_WAITALL)
+            if len(msg) < MSG.size:
+                os._exit(2)
+            _serve_one(cfg, burn, rec, msg, 1, MSG.unpack(msg)[3])
+            s.sendall(msg)
+    return body
+
+
+def _loop(cfg: dict, burn):
+    listener = _listen(cfg, f"l{cfg['loop']}", cfg["conns"])
+    rec = _records(cfg, cfg["name"] + STAGE_SUFFIX)
+
+    def body(cells):
+        socks, bufs = [listener], {}
+        while True:
+            readable, _, _ = select.select(socks, [], [])
+            for s in readable:
+                if s is listener:
+                    c, _ = listener.accept()
+                    socks.append(c)
+                    bufs[c.fileno()] = bytearray()
+                    continue
+                data = s.recv(1 << 16)
+                if not data:
+                    os._exit(2)
+                buf = bufs[s.fileno()]
+                buf += data
+                for msg in _messages(buf):
+                    _serve_one(cfg, burn, rec, msg, 1, MSG.unpack(msg)[3])
+                    s.sendall(msg)
+    return body
+
+
+def _reader(cfg: dict, burn):
+    listener = _listen(cfg, "r", cfg["conns"])
+    rec = _records(cfg, cfg["name"] + STAGE_SUFFIX)
+    first, answers = _open_pipe(cfg["pipes"][0]), _open_pipe(cfg["pipes"][-1])
+
+    def body(cells):
+        socks, bufs, sock_of, pid = [listener], {}, {}, os.getpid()
+        while True:
+            readable, _, _ = select.select(socks + [answers], [], [])
+            for s in readable:
+                if s is answers:
+                    data = os.read(answers, 256 * MSG.size)
+                    for msg in _messages(bytearray(data)):
+                        start = mono()
+                        rid, conn = MSG.unpack(msg)[:2]
+                        sock_of[conn].sendall(msg)
+                        os.write(rec, REC.pack(rid, ANSWER, pid, start, mono(), 0))
+                    continue
+                if s is listener:
+                    c, _ = listener.accept()
+                    socks.append(c)
+                    bufs[c.fileno()] = bytearray()
+                    continue
+                data = s.recv(1 << 16)
+                if not data:
+                    os._exit(2)
+                buf = bufs[s.fileno()]
+                buf += data
+                for msg in _messages(buf):
+                    start = mono()
+                    rid, conn = MSG.unpack(msg)[:2]
+                    sock_of[conn] = s
+                    os.write(first, msg)
+                    os.write(rec, REC.pack(rid, 0, pid, start, mono(), 0))
+    return body
+
+
+def _stage(cfg: dict, burn):
+    k, nstages = cfg["stage"], cfg["stages"]
+    rec = _records(cfg, cfg["name"] + STAGE_SUFFIX)
+    src, dst = _open_pipe(cfg["pipes"][k - 1]), _open_pipe(cfg["pipes"][k])
+
+    def body(cells):
+        while True:
+            msg = os.read(src, MSG.size)
+            if len(msg) != MSG.size:
+                os._exit(2)
+            work = MSG.unpack(msg)[3]
+            _serve_one(cfg, burn, rec, msg, k, work // nstages + (work % nstages if k == nstages else 0))
+            os.write(dst, msg)
+    return body

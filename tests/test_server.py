@@ -1,0 +1,174 @@
+"""The server experiment without the kernel: its parameters, its records joined with the trace's
+tables, and its metrics computed by hand (service inversion, Ruan's eq. 3.1; Jain's index;
+percentiles with unanswered requests)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harmony import serve
+from harmony.analysis import requests as req
+from harmony.analysis.tables import REQUESTS
+from harmony.errors import ParameterError
+from harmony.experiments import get_experiment
+from harmony.experiments.server import capacity
+
+from cli_run import cli
+
+T0 = 1_000_000_000
+
+
+def test_service_inversion_is_ruans_example():
+    # sizes A < B < C < D < E, latencies in the order B, C, A, D, E: distances 2, 1, 1, 0, 0 over 12
+    sizes = [1, 2, 3, 4, 5]
+    latency = [3.0, 1.0, 2.0, 4.0, 5.0]
+    assert req.service_inversion(sizes, latency) == pytest.approx(4 / 12)
+    assert req.service_inversion(sizes, sizes) == 0.0
+    assert req.service_inversion(sizes, sizes[::-1]) == 1.0          # fully inverted
+    assert req.service_inversion([1], [1.0]) is None
+    # one size: the N-th observed takes the N-th ideal position, whatever order they came in
+    assert req.service_inversion([7, 7, 7], [3.0, 1.0, 2.0]) == 0.0
+
+
+def test_percentiles_count_unanswered_requests_as_infinitely_late():
+    lat = np.array([1e6, 2e6, 3e6, np.nan])
+    assert req.percentile_ms(lat, 50) == 2.0
+    assert req.percentile_ms(lat, 75) == 3.0
+    assert req.percentile_ms(lat, 99) is None             # an unanswered one is there
+    assert req.percentile_ms(np.array([]), 50) is None
+
+
+def _write(path, rows):
+    path.write_bytes(b"".join(serve.REC.pack(*r) for r in rows))
+
+
+@pytest.fixture
+def small(tmp_path):
+    """Three requests on two connections: one served by pid 100 across a wake-up wait, a
+    preemption and a migration, one by pid 101 without either, one never answered."""
+    d = tmp_path / "requests"
+    d.mkdir()
+    _write(d / serve.SENT_FILE, [(0, 0, T0 + 1000, T0 + 1100, 0, 5000),
+                                 (1, 1, T0 + 20000, T0 + 20000, 0, 8000),
+                                 (2, 0, T0 + 50000, T0 + 50000, 0, 3000)])
+    # the last record cut short, as a task killed in the middle of a write would leave it
+    (d / serve.DONE_FILE).write_bytes(serve.REC.pack(0, 0, T0 + 1000, T0 + 1100, T0 + 10000, 5000)
+                                      + serve.REC.pack(1, 1, T0 + 20000, T0 + 20000, T0 + 40000, 8000)
+                                      + b"\1\2\3")
+    _write(d / ("c00" + serve.STAGE_SUFFIX), [(0, 1, 100, T0 + 2000, T0 + 9000, 0)])
+    _write(d / ("c01" + serve.STAGE_SUFFIX), [(1, 1, 101, T0 + 25000, T0 + 35000, 0)])
+    runs = pd.DataFrame({"pid": [100, 100, 100, 101], "cpu": [0, 0, 1, 1],
+                         "start": [T0, T0 + 2000, T0 + 6000, T0 + 25000],
+                         "end": [T0 + 1500, T0 + 5000, T0 + 9500, T0 + 35000],
+                         "end_state": [1, 0, 1, 1]})
+    events = pd.DataFrame({"event": ["sched_wakeup", "sched_switch"], "pid": [100, 100],
+                           "ts": [T0 + 1800, T0 + 1900]})
+    migrations = pd.DataFrame({"pid": [100], "ts": [T0 + 5800]})
+    return req.df_requests(d, runs, migrations, events, None, T0, T0 + 1_000_000_000, 0)
+
+
+def test_requests_are_joined_with_the_trace(small):
+    REQUESTS.check(small)
+    r = small.set_index("id")
+    assert r.loc[0, "pids"] == "100" and r.loc[0, "cpus"] == "0,1"
+    assert r.loc[0, "migrations"] == 1
+    # woken at 1800, on a CPU at 2000; preempted at 5000, back at 6000
+    assert r.loc[0, "wait_ns"] == 200 + 1000
+    assert r.loc[0, "latency_ns"] == 9000 and r.loc[0, "start"] == T0 + 2000
+    assert (r.loc[1, "cpus"], r.loc[1, "migrations"], r.loc[1, "wait_ns"]) == ("1", 0, 0)
+    assert not r.loc[2, "answered"] and np.isnan(r.loc[2, "latency_ns"])
+    assert (r.loc[2, "start"], r.loc[2, "done"], r.loc[2, "pids"]) == (-1, -1, "")
+    assert small.attrs["overloaded"] is False
+
+
+def test_request_metrics_by_hand(small):
+    m = req.request_metrics(small, T0, T0 + 1_000_000_000)
+    assert (m["requests"], m["unanswered"]) == (3, 1)
+    assert m["throughput_rps"] == 2.0
+    assert m["latency_p50_ms"] == 0.02              # 9, 20 us and one unanswered: the 2nd
+    assert m["latency_p90_ms"] is None
+    assert m["jain_answered"] == 1.0                # one answered on each connection
+    assert m["jain_latency"] == pytest.approx(29000 ** 2 / (2 * (9000 ** 2 + 20000 ** 2)))
+    assert m["service_inversion"] == 0.0            # the smaller was the faster
+    assert m["p99_met_migration"] == 0.0 and m["p99_waited"] == 0.0   # the 20 us one: pid 101
+    assert m["all_met_migration"] == 0.5 and m["all_waited"] == 0.5
+    assert m["client_lag_p99_ms"] == 0.0001
+
+
+def test_the_client_saying_it_stopped_sending_is_kept(tmp_path, small):
+    d = tmp_path / "requests"
+    with open(d / serve.SENT_FILE, "ab") as f:
+        f.write(serve.REC.pack(serve.OVERLOAD, 2001, T0 + 600_000_000, 0, 0, 0))
+    df = req.df_requests(d, pd.DataFrame({"pid": [], "cpu": [], "start": [], "end": [], "end_state": []}),
+                         pd.DataFrame({"pid": [], "ts": []}), pd.DataFrame({"event": [], "pid": [], "ts": []}),
+                         None, T0, T0 + 1_000_000_000, 0)
+    assert df.attrs["overloaded"] is True and df.attrs["overload_t"] == 0.6
+    assert len(df) == 3
+
+
+@pytest.mark.parametrize("overrides, says", [
+    ({"load": "1"}, "cannot keep up"),
+    ({"load": "1.5"}, "cannot keep up"),
+    ({"load": "0"}, "must be in (0, 1)"),
+    ({"shape": "fork-bomb"}, "must be one of"),
+    ({"shape": "thread-per-core", "conns": "1"}, "conns >= 2"),
+    ({"sizes": "pareto", "alpha": "1"}, "no mean"),
+    ({"sizes": "zipf"}, "must be one of"),
+    ({"drain_s": "3"}, "leaves nothing"),
+    ({"conns": "1000"}, "at most"),
+    ({"policy": "deadline", "dl_runtime_ms": "1", "dl_period_ms": "10"}, "block on sockets"),
+])
+def test_impossible_parameters_are_one_line(overrides, says):
+    with pytest.raises(ParameterError) as err:
+        get_experiment("server").resolve(overrides, [0, 1])
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_load_of_one_exits_2_before_anything_starts(tmp_path):
+    out = tmp_path / "srv"
+    p = cli("run", "server", "-p", "load=1", "--out", out, check_busy=False)
+    assert p.returncode == 2 and "cannot keep up" in p.stderr and "Traceback" not in p.stderr
+    assert [line for line in p.stderr.splitlines() if "load" in line][0].startswith("Error: parameter load")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("shape, roles", [
+    ("thread-per-connection", {"server": 8, "client": 1}),
+    ("pool-per-stage", {"server": 1 + 2 * 2, "client": 1}),
+    ("event-loop", {"server": 1, "client": 1}),
+    ("thread-per-core", {"server": 2, "client": 1}),
+])
+def test_each_shape_has_its_tasks(tmp_path, shape, roles):
+    exp = get_experiment("server")
+    p = exp.resolve({"shape": shape, "rate": "100", "overhead_ns": "20000"}, [0, 1])
+    specs = exp.place(exp.tasks(p, [0, 1]), tmp_path)
+    got = {}
+    for s in specs:
+        got[s.role] = got.get(s.role, 0) + 1
+        part = json.loads(s.serve)
+        assert part["records"] == str(tmp_path / "raw" / "requests") and part["token"]
+    assert got == roles
+    assert all(len(s.comm) <= 15 for s in specs)
+    client = json.loads(specs[-1].serve)
+    assert client["kind"] == "client" and len(client["targets"]) == p["conns"]
+    if shape == "thread-per-core":
+        assert [s.pinned for s in specs] == [True, True, False]
+        assert [s.initial_cpu for s in specs[:2]] == [0, 1]
+    if shape == "pool-per-stage":
+        fifos = sorted(x.name for x in (tmp_path / "raw" / "requests").iterdir())
+        assert fifos == ["answers.fifo", "stage1.fifo", "stage2.fifo"]
+
+
+def test_capacity_is_the_tightest_bound():
+    exp = get_experiment("server")
+    p = exp.resolve({"overhead_ns": "10000", "work_us": "200", "rate": "1"}, [0, 1])
+    # 2 CPUs over 200 us of work and two touches of 10 us each
+    assert capacity(p, 2) == pytest.approx(2e9 / 220_000)
+    loop = {**p, "shape": "event-loop"}
+    assert capacity(loop, 2) == pytest.approx(1e9 / 210_000)    # one task serves all
+    slow = {**p, "block_us": 1000.0, "conns": 2}
+    assert capacity(slow, 2) == pytest.approx(2e9 / 1_210_000)   # two sleepy connections
