@@ -7,7 +7,8 @@ and ``events`` (``sched_wakeup``/``sched_wakeup_new`` of the tasks) tables.
 
 :func:`df_requests` returns the ``requests`` table (:data:`harmony.analysis.tables.REQUESTS`);
 :func:`request_metrics` the metrics of its measured requests; :func:`service_inversion` is
-Ruan's eq. 3.1 (see :mod:`harmony.experiments.server`).
+Ruan's eq. 3.1 (see :mod:`harmony.experiments.server`); :func:`burstiness` the run queues' (the
+``runqueue`` table).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import pandas as pd
 
 from harmony import serve, store
 from harmony.analysis.metrics import jain_index
+from harmony.analysis.reconstruct import runqueue_changes
 from harmony.analysis.tables import REQUESTS
 from harmony.errors import RunError
 
@@ -212,3 +214,18 @@ def request_metrics(df: pd.DataFrame, t0: int, t_end: int) -> dict:
                                   "all_met_migration", "all_waited")))
     out["service_inversion"] = service_inversion(ans["work_ns"].to_numpy(), ans["latency_ns"].to_numpy())
     return out
+
+
+def burstiness(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> dict:
+    """Run-queue burstiness (Ruan, fig. 3.2: how many of the server's tasks are runnable at once),
+    weighted by time over [t0, t_end] from the ``runqueue`` table: ``runnable_mean`` and
+    ``runnable_p99`` (tasks running or waiting over every CPU of the set) and ``queued_frac``
+    (the fraction of the time more were runnable than the set has CPUs: some waited)."""
+    times, q = runqueue_changes(rq, cpus, t0, t_end)
+    total = q.sum(axis=1)
+    dur = np.diff(np.append(times, t_end)).astype(np.float64)
+    order = np.argsort(total, kind="stable")
+    cum = np.cumsum(dur[order]) / dur.sum()
+    return {"runnable_mean": float((total * dur).sum() / dur.sum()),
+            "runnable_p99": float(total[order][np.searchsorted(cum, 0.99)]),
+            "queued_frac": float(dur[total > len(set(cpus))].sum() / dur.sum())}

@@ -43,7 +43,8 @@ latency (the observed one),
 
 0 when latencies are in the order of sizes, 1 when in the reverse order (requests of the same
 size: the N-th observed matched with the N-th ideal); and the share of the requests at or above
-the p99 latency that met a migration, or waited in a run queue, against that share among all.
+the p99 latency that met a migration, or waited in a run queue, against that share among all;
+run-queue burstiness (Ruan's fig. 3.2: how many tasks are runnable at once, time-weighted).
 """
 
 from __future__ import annotations
@@ -255,6 +256,11 @@ class Server(Experiment):
                none_when="no request answered"),
         Metric("all_waited", "fraction", "the same among all answered requests",
                none_when="no request answered"),
+        Metric("runnable_mean", "tasks", "tasks runnable at once over the CPU set (client "
+               "included), mean over the window"),
+        Metric("runnable_p99", "tasks", "the same, 99th percentile over time (burstiness)"),
+        Metric("queued_frac", "fraction", "of the window, the time more tasks were runnable than "
+               "the set has CPUs"),
     )
 
     def analyse(self, run) -> dict:
@@ -264,6 +270,7 @@ class Server(Experiment):
                              run.events, run.tasks, t0, t_end, int(p["drain_s"] * 1e9))
         req.store_requests(run.path, rq)
         return {**req.request_metrics(rq, t0, t_end),
+                **req.burstiness(run.runqueue, m["cpus"], t0, t_end),
                 "overloaded": bool(rq.attrs.get("overloaded", False)),
                 "rate_rps": float(p["rate"]), "capacity_rps": capacity(p, len(m["cpus"]))}
 
@@ -294,4 +301,6 @@ class Server(Experiment):
             f"service inversion (eq. 3.1)  {f('service_inversion')}",
             f"p99 requests: migration      {f('p99_met_migration', '{:.1%}')} (all: {f('all_met_migration', '{:.1%}')})",
             f"p99 requests: run-queue wait {f('p99_waited', '{:.1%}')} (all: {f('all_waited', '{:.1%}')})",
+            f"runnable tasks (burstiness)  mean {s['runnable_mean']:.2f}, p99 {s['runnable_p99']:.0f}; "
+            f"more than the CPUs {s['queued_frac']:.1%} of the time",
         ]

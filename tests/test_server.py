@@ -5,6 +5,10 @@ percentiles with unanswered requests)."""
 from __future__ import annotations
 
 import json
+import mmap
+import os
+import signal
+import time
 
 import numpy as np
 import pandas as pd
@@ -110,6 +114,16 @@ def test_the_client_saying_it_stopped_sending_is_kept(tmp_path, small):
     assert len(df) == 3
 
 
+def test_burstiness_is_weighted_by_time():
+    # two CPUs: 1 + 0 runnable for 600 ns, 2 + 2 for 300 ns, 1 + 1 for 100 ns
+    rq = pd.DataFrame({"ts": [T0, T0, T0 + 600, T0 + 600, T0 + 900, T0 + 900],
+                       "cpu": [0, 1, 0, 1, 0, 1], "nr": [1, 0, 2, 2, 1, 1]})
+    b = req.burstiness(rq, [0, 1], T0, T0 + 1000)
+    assert b["runnable_mean"] == pytest.approx((1 * 600 + 4 * 300 + 2 * 100) / 1000)
+    assert b["runnable_p99"] == 4.0
+    assert b["queued_frac"] == pytest.approx(0.3)
+
+
 @pytest.mark.parametrize("overrides, says", [
     ({"load": "1"}, "cannot keep up"),
     ({"load": "1.5"}, "cannot keep up"),
@@ -172,3 +186,58 @@ def test_capacity_is_the_tightest_bound():
     assert capacity(loop, 2) == pytest.approx(1e9 / 210_000)    # one task serves all
     slow = {**p, "block_us": 1000.0, "conns": 2}
     assert capacity(slow, 2) == pytest.approx(2e9 / 1_210_000)   # two sleepy connections
+
+
+def _burn(ns):
+    end = time.thread_time_ns() + ns
+    while time.thread_time_ns() < end:
+        pass
+
+
+def _fork(spec, cells) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            serve.prepare(spec.serve, _burn, 7)(cells)
+        finally:
+            os._exit(3)
+    return pid
+
+
+@pytest.mark.parametrize("shape", ["thread-per-connection", "pool-per-stage", "event-loop",
+                                   "thread-per-core"])
+def test_the_parts_serve_real_requests(tmp_path, shape):
+    """The parts of each shape forked here (no controller, no trace), at a rate small enough to
+    cost nothing: every request answered in order of its stamps, by the tasks of its shape."""
+    exp = get_experiment("server")
+    p = exp.resolve({"shape": shape, "rate": "300", "overhead_ns": "20000", "work_us": "20",
+                     "conns": "4", "block_us": "50"}, [0, 1])
+    specs = exp.place(exp.tasks(p, [0, 1]), tmp_path)
+    buf = mmap.mmap(-1, 8)
+    cells = memoryview(buf).cast("q")
+    pids = []
+    try:
+        pids = [_fork(s, cells) for s in specs[:-1]]          # the servers listen before...
+        time.sleep(0.2)
+        cells[0] = serve.mono()
+        pids.append(_fork(specs[-1], cells))                  # ...the client connects
+        time.sleep(0.5)
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        for pid in pids:
+            os.waitpid(pid, 0)
+    empty = pd.DataFrame({"pid": [], "cpu": [], "start": [], "end": [], "end_state": []})
+    df = req.df_requests(tmp_path / "raw" / "requests", empty, pd.DataFrame({"pid": [], "ts": []}),
+                         pd.DataFrame({"event": [], "pid": [], "ts": []}), None, int(cells[0]),
+                         serve.mono(), 0)
+    ans = df[df["answered"]]
+    assert len(ans) >= 20 and len(ans) >= len(df) - 5, (len(ans), len(df))
+    assert (ans["arrival"] <= ans["sent"]).all() and (ans["sent"] <= ans["start"]).all()
+    assert (ans["start"] < ans["end"]).all() and (ans["end"] <= ans["done"]).all()
+    assert (ans["end"] - ans["start"] >= 50_000).all()          # each work stage slept block_us
+    servers = [set(map(int, s.split(","))) for s in ans["pids"]]
+    assert set().union(*servers) <= set(pids[:-1])
+    hops = {"thread-per-connection": 1, "pool-per-stage": 4, "event-loop": 1, "thread-per-core": 1}
+    assert {len(s.split(",")) for s in ans["pids"]} == {hops[shape]}
+    assert sorted(ans["conn"].unique()) == [0, 1, 2, 3]

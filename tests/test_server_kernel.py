@@ -1,0 +1,88 @@
+"""The server experiment on the real kernel, through the CLI: two shapes end to end (the requests
+table joined with the trace, the summary, the figure), and nothing left running or listening
+after a normal end or the controller killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import harmony
+from harmony.analysis import requests as req
+from harmony.analysis.tables import REQUESTS
+from harmony.experiments import get_experiment
+
+from cli_run import HARMONY, cli
+from conftest import host_skip
+from test_run_kernel import our_servers, our_workers, wait_for
+
+
+def listening() -> list[str]:
+    """Abstract AF_UNIX sockets of server runs (``@hmy-...``) that exist now."""
+    lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    return [line.split()[-1] for line in lines if line.split()[-1].startswith("@hmy-")]
+
+
+@pytest.fixture(scope="module")
+def two_cpus(kernel):
+    if len(os.sched_getaffinity(0)) < 2:
+        host_skip("needs two CPUs")
+
+
+@pytest.mark.parametrize("shape", ["thread-per-connection", "pool-per-stage"])
+def test_a_server_run_end_to_end(two_cpus, tmp_path, shape):
+    out = tmp_path / shape
+    p = cli("run", "server", "-p", f"shape={shape}", "-p", "load=0.5", "--duration", 1.5,
+            "--cpus", "0-1", "--out", out, "-q")
+    assert p.returncode == 0, p.stderr
+    run = harmony.load(out)
+    s, m = run.summary, run.manifest
+    assert get_experiment("server").summary_problems(s) == []
+    assert not s["overloaded"] and s["requests"] > 100
+    assert s["latency_p50_ms"] is not None and s["latency_p50_ms"] <= s["latency_p99_ms"]
+    # rate: load x the capacity measured at the start (recorded as parameters, to be replayed)
+    assert m["params"]["overhead_ns"] > 0
+    assert m["params"]["rate"] == pytest.approx(0.5 * s["capacity_rps"], rel=0.01)
+    rq = req.read_requests(out)
+    REQUESTS.check(rq)
+    ans = rq[rq["answered"] & rq["measured"]]
+    # every serving pid is a task of the run, and a request's CPUs come from the trace's runs
+    tasks = run.tasks.set_index("pid")
+    servers = {int(x) for s_ in ans["pids"] for x in s_.split(",")}
+    assert servers <= set(tasks.index) and set(tasks.loc[list(servers), "role"]) == {"server"}
+    assert (ans["cpus"] != "").mean() > 0.99
+    assert {int(c) for c_ in ans["cpus"] for c in c_.split(",") if c} <= {0, 1}
+    # stamps on the trace's clock: inside the window, in order
+    assert m["probe_meta"]["clock"] == "mono"
+    assert (ans["arrival"] >= m["t0_ns"]).all() and (ans["done"] <= m["end_ns"]).all()
+    assert (ans["start"] >= ans["sent"]).all() and (ans["done"] >= ans["end"]).all()
+    assert (out / "figures" / "latency.png").exists()
+    assert not our_workers() and not listening()
+
+
+def test_nothing_left_after_the_controller_is_killed(two_cpus, tmp_path):
+    out = tmp_path / "killed"
+    for _ in range(90):
+        before = set(listening())
+        proc = subprocess.Popen(HARMONY + ["run", "server", "-p", "shape=pool-per-stage",
+                                           "--duration", "30", "--out", str(out), "-q"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        up = wait_for(lambda: proc.poll() is not None or
+                      (len(our_workers()) >= 5 and set(listening()) - before), timeout=30)
+        if proc.poll() is None and up:
+            break
+        err = proc.communicate()[1]
+        assert "another Harmony run" in err, err
+        time.sleep(2)
+    time.sleep(1.0)             # serving
+    proc.kill()
+    proc.wait()
+    assert wait_for(lambda: not our_workers() and not our_servers() and not listening(), timeout=10), \
+        (our_workers(), listening())
+    assert json.loads((out / "manifest.json").read_text())["status"] != "complete"
+    assert cli("clean").returncode == 0
