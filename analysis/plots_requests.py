@@ -8,16 +8,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.plots import plt, save_figure
+from harmony.analysis.plots import plt
+from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 
 
 def plot_latency(requests: pd.DataFrame, migrations: pd.DataFrame, t0: int, duration_s: float,
                  path: Path, title: str = "") -> Path:
     """Left: the CDF of the measured requests' latency (log scale; unanswered ones off the right
     edge, counted in the legend), p50/p99/p99.9 marked. Right: each request's latency against its
-    arrival (s since t0), red where it met a migration, orange where its server waited in a run
-    queue, grey otherwise; ticks at the top: migrations of the serving tasks."""
-    fig, (cdf, over) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 1.6]})
+    arrival (s since t0), red where it met a migration, orange where its servers waited in a run
+    queue (RQ_WAIT_MIN_NS or more), grey otherwise; below it, a tick per migration of a serving
+    task."""
+    fig = plt.figure(figsize=(12, 4.6))
+    grid = fig.add_gridspec(2, 2, width_ratios=[1, 1.6], height_ratios=[1, 0.12], hspace=0.08)
+    cdf, over = fig.add_subplot(grid[:, 0]), fig.add_subplot(grid[0, 1])
+    rug = fig.add_subplot(grid[1, 1], sharex=over)
     m = requests[requests["measured"]]
     ans = m[m["answered"]]
     lat = np.sort(ans["latency_ns"].to_numpy() / 1e6)
@@ -36,8 +41,9 @@ def plot_latency(requests: pd.DataFrame, migrations: pd.DataFrame, t0: int, dura
     cdf.set_ylabel("fraction of requests")
     cdf.set_ylim(0, 1.01)
     cdf.set_title("latency CDF")
-    kinds = [("no migration, no wait", (ans["migrations"] == 0) & (ans["wait_ns"] == 0), "#95a5a6", 3),
-             ("run-queue wait", (ans["migrations"] == 0) & (ans["wait_ns"] > 0), "#e67e22", 4),
+    waited = ans["wait_ns"] >= RQ_WAIT_MIN_NS
+    kinds = [("no migration, no wait", (ans["migrations"] == 0) & ~waited, "#95a5a6", 3),
+             ("run-queue wait", (ans["migrations"] == 0) & waited, "#e67e22", 4),
              ("met a migration", ans["migrations"] > 0, "#c0392b", 8)]
     for label, sel, color, size in kinds:
         part = ans[sel]
@@ -49,15 +55,17 @@ def plot_latency(requests: pd.DataFrame, migrations: pd.DataFrame, t0: int, dura
     mig = mig[(mig["t"] >= 0) & (mig["t"] <= duration_s)]
     if len(ans):
         over.set_yscale("log")
-        top = over.get_ylim()[1]
-        over.plot(mig["t"], np.full(len(mig), top), "|", color="#c0392b", ms=10,
-                  label=f"server migrations ({len(mig)})")
+        over.legend(fontsize=8, loc="upper left", markerscale=2, ncol=3)
+    rug.vlines(mig["t"], 0, 1, color="#c0392b", lw=0.5)
+    rug.set_yticks([])
+    rug.set_ylabel(f"{len(mig)}\nmigr.", rotation=0, ha="right", va="center", fontsize=8)
     over.set_xlim(0, duration_s)
-    over.set_xlabel("arrival (s since t0)")
+    over.tick_params(labelbottom=False)
+    rug.set_xlabel("arrival (s since t0); below: migrations of the serving tasks")
     over.set_ylabel("latency (ms)")
     over.set_title("latency over time")
-    if len(ans):
-        over.legend(fontsize=8, loc="upper left", markerscale=2)
     if title:
         fig.suptitle(title)
-    return save_figure(fig, path)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)

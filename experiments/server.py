@@ -250,8 +250,9 @@ class Server(Experiment):
                none_when="fewer than 2 requests answered"),
         Metric("p99_met_migration", "fraction", "of the requests at or above p99, those whose "
                "server migrated while it was theirs", none_when="no request answered"),
-        Metric("p99_waited", "fraction", "of the requests at or above p99, those whose server "
-               "waited in a run queue while it was theirs", none_when="no request answered"),
+        Metric("p99_waited", "fraction", "of the requests at or above p99, those whose servers "
+               "waited in a run queue while it was theirs (RQ_WAIT_MIN_NS or more)",
+               none_when="no request answered"),
         Metric("all_met_migration", "fraction", "the same among all answered requests",
                none_when="no request answered"),
         Metric("all_waited", "fraction", "the same among all answered requests",
@@ -266,9 +267,14 @@ class Server(Experiment):
     def analyse(self, run) -> dict:
         m, p = run.manifest, run.manifest["params"]
         t0, t_end = m["t0_ns"], m["end_ns"]
+        clock = (m.get("probe_meta") or {}).get("clock")
+        if clock != "mono":
+            raise ValueError(f"the requests are stamped on CLOCK_MONOTONIC, the trace on {clock!r}")
         rq = req.df_requests(run.path / "raw" / req.RECORDS_DIR, run.runs, run.migrations,
                              run.events, run.tasks, t0, t_end, int(p["drain_s"] * 1e9))
         req.store_requests(run.path, rq)
+        if "requests" not in m.setdefault("tables", []):
+            m["tables"].append("requests")     # held by the run: checked when it is loaded
         return {**req.request_metrics(rq, t0, t_end),
                 **req.burstiness(run.runqueue, m["cpus"], t0, t_end),
                 "overloaded": bool(rq.attrs.get("overloaded", False)),

@@ -17,6 +17,7 @@ import pytest
 from harmony import serve
 from harmony.analysis import requests as req
 from harmony.analysis.tables import REQUESTS
+from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 from harmony.errors import ParameterError
 from harmony.experiments import get_experiment
 from harmony.experiments.server import capacity
@@ -53,25 +54,27 @@ def _write(path, rows):
 @pytest.fixture
 def small(tmp_path):
     """Three requests on two connections: one served by pid 100 across a wake-up wait, a
-    preemption and a migration, one by pid 101 without either, one never answered."""
+    preemption and a migration, one by pid 101 without either, one never answered (times in us
+    after t0)."""
     d = tmp_path / "requests"
     d.mkdir()
-    _write(d / serve.SENT_FILE, [(0, 0, T0 + 1000, T0 + 1100, 0, 5000),
-                                 (1, 1, T0 + 20000, T0 + 20000, 0, 8000),
-                                 (2, 0, T0 + 50000, T0 + 50000, 0, 3000)])
+    us = 1000
+    _write(d / serve.SENT_FILE, [(0, 0, T0 + 10 * us, T0 + 11 * us, 0, 50 * us),
+                                 (1, 1, T0 + 200 * us, T0 + 200 * us, 0, 80 * us),
+                                 (2, 0, T0 + 500 * us, T0 + 500 * us, 0, 30 * us)])
     # the last record cut short, as a task killed in the middle of a write would leave it
-    (d / serve.DONE_FILE).write_bytes(serve.REC.pack(0, 0, T0 + 1000, T0 + 1100, T0 + 10000, 5000)
-                                      + serve.REC.pack(1, 1, T0 + 20000, T0 + 20000, T0 + 40000, 8000)
-                                      + b"\1\2\3")
-    _write(d / ("c00" + serve.STAGE_SUFFIX), [(0, 1, 100, T0 + 2000, T0 + 9000, 0)])
-    _write(d / ("c01" + serve.STAGE_SUFFIX), [(1, 1, 101, T0 + 25000, T0 + 35000, 0)])
+    (d / serve.DONE_FILE).write_bytes(
+        serve.REC.pack(0, 0, T0 + 10 * us, T0 + 11 * us, T0 + 100 * us, 50 * us)
+        + serve.REC.pack(1, 1, T0 + 200 * us, T0 + 200 * us, T0 + 400 * us, 80 * us) + b"\1\2\3")
+    _write(d / ("c00" + serve.STAGE_SUFFIX), [(0, 1, 100, T0 + 20 * us, T0 + 90 * us, 0)])
+    _write(d / ("c01" + serve.STAGE_SUFFIX), [(1, 1, 101, T0 + 250 * us, T0 + 350 * us, 0)])
     runs = pd.DataFrame({"pid": [100, 100, 100, 101], "cpu": [0, 0, 1, 1],
-                         "start": [T0, T0 + 2000, T0 + 6000, T0 + 25000],
-                         "end": [T0 + 1500, T0 + 5000, T0 + 9500, T0 + 35000],
+                         "start": [T0, T0 + 20 * us, T0 + 60 * us, T0 + 250 * us],
+                         "end": [T0 + 15 * us, T0 + 50 * us, T0 + 95 * us, T0 + 350 * us],
                          "end_state": [1, 0, 1, 1]})
     events = pd.DataFrame({"event": ["sched_wakeup", "sched_switch"], "pid": [100, 100],
-                           "ts": [T0 + 1800, T0 + 1900]})
-    migrations = pd.DataFrame({"pid": [100], "ts": [T0 + 5800]})
+                           "ts": [T0 + 18 * us, T0 + 19 * us]})
+    migrations = pd.DataFrame({"pid": [100], "ts": [T0 + 58 * us]})
     return req.df_requests(d, runs, migrations, events, None, T0, T0 + 1_000_000_000, 0)
 
 
@@ -80,9 +83,9 @@ def test_requests_are_joined_with_the_trace(small):
     r = small.set_index("id")
     assert r.loc[0, "pids"] == "100" and r.loc[0, "cpus"] == "0,1"
     assert r.loc[0, "migrations"] == 1
-    # woken at 1800, on a CPU at 2000; preempted at 5000, back at 6000
-    assert r.loc[0, "wait_ns"] == 200 + 1000
-    assert r.loc[0, "latency_ns"] == 9000 and r.loc[0, "start"] == T0 + 2000
+    # woken at 18 us, on a CPU at 20; preempted at 50, back at 60
+    assert r.loc[0, "wait_ns"] == 2000 + 10000
+    assert r.loc[0, "latency_ns"] == 90000 and r.loc[0, "start"] == T0 + 20000
     assert (r.loc[1, "cpus"], r.loc[1, "migrations"], r.loc[1, "wait_ns"]) == ("1", 0, 0)
     assert not r.loc[2, "answered"] and np.isnan(r.loc[2, "latency_ns"])
     assert (r.loc[2, "start"], r.loc[2, "done"], r.loc[2, "pids"]) == (-1, -1, "")
@@ -93,14 +96,20 @@ def test_request_metrics_by_hand(small):
     m = req.request_metrics(small, T0, T0 + 1_000_000_000)
     assert (m["requests"], m["unanswered"]) == (3, 1)
     assert m["throughput_rps"] == 2.0
-    assert m["latency_p50_ms"] == 0.02              # 9, 20 us and one unanswered: the 2nd
+    assert m["latency_p50_ms"] == 0.2               # 90, 200 us and one unanswered: the 2nd
     assert m["latency_p90_ms"] is None
     assert m["jain_answered"] == 1.0                # one answered on each connection
-    assert m["jain_latency"] == pytest.approx(29000 ** 2 / (2 * (9000 ** 2 + 20000 ** 2)))
+    assert m["jain_latency"] == pytest.approx(290 ** 2 / (2 * (90 ** 2 + 200 ** 2)))
     assert m["service_inversion"] == 0.0            # the smaller was the faster
-    assert m["p99_met_migration"] == 0.0 and m["p99_waited"] == 0.0   # the 20 us one: pid 101
-    assert m["all_met_migration"] == 0.5 and m["all_waited"] == 0.5
-    assert m["client_lag_p99_ms"] == 0.0001
+    assert m["p99_met_migration"] == 0.0 and m["p99_waited"] == 0.0   # the 200 us one: pid 101
+    assert m["all_met_migration"] == 0.5
+    assert m["all_waited"] == 0.5                   # 12 us >= RQ_WAIT_MIN_NS
+    assert m["client_lag_p99_ms"] == 0.001
+
+
+def test_a_wait_of_the_wake_up_path_alone_is_not_a_run_queue_wait(small):
+    short = small.assign(wait_ns=np.where(small["id"] == 0, RQ_WAIT_MIN_NS - 1, 0))
+    assert req.request_metrics(short, T0, T0 + 1_000_000_000)["all_waited"] == 0.0
 
 
 def test_the_client_saying_it_stopped_sending_is_kept(tmp_path, small):
