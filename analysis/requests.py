@@ -26,6 +26,9 @@ from harmony.analysis.tables import REQUESTS
 from harmony.errors import RunError
 
 RECORDS_DIR = "requests"     # under raw/
+#: the latency percentiles of a server run's summary: key -> percentile
+LATENCY_PERCENTILES = {"latency_p50_ms": 50, "latency_p90_ms": 90, "latency_p99_ms": 99,
+                       "latency_p999_ms": 99.9}
 WAKEUPS = ("sched_wakeup", "sched_wakeup_new")
 
 
@@ -194,8 +197,7 @@ def request_metrics(df: pd.DataFrame, t0: int, t_end: int) -> dict:
     done = df["done"].to_numpy()
     out = {"requests": int(len(m)), "unanswered": int((~m["answered"]).sum()),
            "throughput_rps": float(((done >= t0) & (done <= t_end)).sum() / window)}
-    for key, q in (("latency_p50_ms", 50), ("latency_p90_ms", 90), ("latency_p99_ms", 99),
-                   ("latency_p999_ms", 99.9)):
+    for key, q in LATENCY_PERCENTILES.items():
         out[key] = percentile_ms(lat, q)
     out["client_lag_p99_ms"] = (percentile_ms((m["sent"] - m["arrival"]).to_numpy(np.float64), 99)
                                 if len(m) else None)

@@ -5,8 +5,9 @@ pipes (:mod:`harmony.serve`), every one of them a task of the run (spawned, held
 and killed with the controller like any other, so the trace's migrations and run queues are
 theirs). One open-loop client sends requests at Poisson arrivals over ``conns`` connections;
 each request asks a CPU work drawn from ``sizes`` (exponential of mean ``work_us``; ``pareto``:
-heavy-tailed, shape ``alpha``, same mean), burnt in the worker's calibrated loop, after an
-optional ``block_us`` asleep per stage (a disk-like wait). ``-p shape=``:
+heavy-tailed, shape ``alpha``, same mean; ``fixed``: ``work_us`` every time), burnt in the
+worker's calibrated loop, after an optional ``block_us`` asleep per stage (a disk-like wait).
+``-p shape=``:
 
 - ``thread-per-connection``: one server task per connection (a process each, as a pre-forking
   server's: the scheduler sees a thread and a process alike, a task);
@@ -63,7 +64,7 @@ from harmony.experiments.base import Experiment, Metric, Param, non_negative, po
 from harmony.tasks import TaskSpec
 
 SHAPES = ("thread-per-connection", "pool-per-stage", "event-loop", "thread-per-core")
-SIZES = ("exp", "pareto")
+SIZES = ("exp", "pareto", "fixed")
 MAX_CONNS = 256        # the client select()s its connections: far below FD_SETSIZE
 
 
@@ -140,8 +141,8 @@ class Server(Experiment):
         Param("stages", 2, "int", "pool-per-stage: stages after the reader", positive),
         Param("pool", lambda P: P, "int", "pool-per-stage: tasks per stage (default P)", positive),
         Param("work_us", 200.0, "float", "mean CPU work of a request (us)", positive),
-        Param("sizes", "exp", "str", "work distribution: exp (exponential) or pareto (heavy-tailed, "
-              "shape alpha, the same mean)", _sizes),
+        Param("sizes", "exp", "str", "work distribution: exp (exponential), pareto (a heavy tail, "
+              "shape alpha, the same mean) or fixed (work_us every time)", _sizes),
         Param("alpha", 1.5, "float", "pareto: shape (> 1)", positive),
         Param("block_us", 0.0, "float", "sleep of each serving task per request before its work "
               "(a disk-like wait; us)", non_negative),
@@ -232,14 +233,9 @@ class Server(Experiment):
         Metric("rate_rps", "1/s", "requests per second offered (the rate parameter)"),
         Metric("capacity_rps", "1/s", "the capacity the load is a fraction of"),
         Metric("throughput_rps", "1/s", "requests answered per second of the window"),
-        Metric("latency_p50_ms", "ms", "median latency (answer - arrival)",
-               none_when="no request measured, or unanswered ones reach it"),
-        Metric("latency_p90_ms", "ms", "90th percentile latency",
-               none_when="no request measured, or unanswered ones reach it"),
-        Metric("latency_p99_ms", "ms", "99th percentile latency",
-               none_when="no request measured, or unanswered ones reach it"),
-        Metric("latency_p999_ms", "ms", "99.9th percentile latency",
-               none_when="no request measured, or unanswered ones reach it"),
+        *(Metric(key, "ms", f"{q:g}th percentile of the latency (answer - arrival)",
+                 none_when="no request measured, or unanswered ones reach it")
+          for key, q in req.LATENCY_PERCENTILES.items()),
         Metric("client_lag_p99_ms", "ms", "99th percentile of how late the client sent a request "
                "(the open loop's own delay, in the latency)", none_when="no request measured"),
         Metric("jain_answered", "index", "Jain's index of the requests answered per connection",

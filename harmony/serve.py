@@ -12,10 +12,10 @@ Parts (``kind`` in the JSON of ``serve``):
   connection (abstract addresses: nothing is left in the file system; they vanish with the
   listening task), waits for t0, then sends requests at Poisson arrivals of ``rate`` per second,
   each on a connection drawn uniformly (so each connection is a Poisson stream of rate/conns),
-  each asking ``work_ns`` of CPU time drawn from ``sizes`` (exponential of mean ``work_ns``, or
-  Pareto of shape ``alpha`` with the same mean). Open loop: it never waits for a response to
-  send the next request; one it could not send at its arrival (a full socket) keeps its arrival
-  time. It stops sending, and records why, when more than ``max_outstanding`` requests are
+  each asking ``work_ns`` of CPU time drawn from ``sizes`` (exponential of mean ``work_ns``,
+  Pareto of shape ``alpha`` with the same mean, or fixed). Open loop: it never waits for a
+  response to send the next request; one it could not send at its arrival (a full socket) keeps
+  its arrival time. It stops sending, and records why, when more than ``max_outstanding`` requests are
   unanswered (the server cannot keep up: an open loop would queue forever).
 - ``conn``: thread-per-connection: one task owns connection ``conn``: receive, work, answer.
 - ``reader``: pool-per-stage's I/O stage: one task reads every connection and writes each request
@@ -125,9 +125,12 @@ def _open_pipe(path: str) -> int:
 
 
 def sizes(cfg: dict, rng: random.Random):
-    """A function drawing one request's work (ns): exponential of mean ``work_ns``, or Pareto of
-    shape ``alpha`` (> 1) and minimum work_ns * (alpha - 1) / alpha, which has the same mean."""
+    """A function drawing one request's work (ns): exponential of mean ``work_ns``, Pareto of
+    shape ``alpha`` (> 1) and minimum work_ns * (alpha - 1) / alpha, which has the same mean, or
+    ``fixed``: work_ns every time."""
     mean = cfg["work_ns"]
+    if cfg["sizes"] == "fixed":
+        return lambda: mean
     if cfg["sizes"] == "pareto":
         alpha = cfg["alpha"]
         xm = mean * (alpha - 1) / alpha
@@ -219,65 +222,68 @@ def _conn(cfg: dict, burn):
     return body
 
 
-def _loop(cfg: dict, burn):
-    listener = _listen(cfg, f"l{cfg['loop']}", cfg["conns"])
-    rec = _records(cfg, cfg["name"] + STAGE_SUFFIX)
+class _Conns:
+    """A listening socket and the connections it accepts, read as whole messages."""
 
-    def body(cells):
-        socks, bufs = [listener], {}
-        while True:
-            readable, _, _ = select.select(socks, [], [])
-            for s in readable:
-                if s is listener:
-                    c, _ = listener.accept()
-                    socks.append(c)
-                    bufs[c.fileno()] = bytearray()
-                    continue
+    def __init__(self, listener: socket.socket):
+        self.listener, self.socks, self.bufs = listener, [listener], {}
+
+    def wait(self, fds=()) -> tuple[list, list]:
+        """Block until a connection or one of ``fds`` is readable; returns the whole messages
+        received, as (socket, message), and the ``fds`` ready. A connection the client closed
+        ends the task (the workload is broken)."""
+        readable, _, _ = select.select(self.socks + list(fds), [], [])
+        got, ready = [], []
+        for s in readable:
+            if s is self.listener:
+                c, _ = self.listener.accept()
+                self.socks.append(c)
+                self.bufs[c.fileno()] = bytearray()
+            elif not isinstance(s, socket.socket):
+                ready.append(s)
+            else:
                 data = s.recv(1 << 16)
                 if not data:
                     os._exit(2)
-                buf = bufs[s.fileno()]
+                buf = self.bufs[s.fileno()]
                 buf += data
-                for msg in _messages(buf):
-                    _serve_one(cfg, burn, rec, msg, 1, MSG.unpack(msg)[3])
-                    s.sendall(msg)
+                got += [(s, msg) for msg in _messages(buf)]
+        return got, ready
+
+
+def _loop(cfg: dict, burn):
+    conns = _Conns(_listen(cfg, f"l{cfg['loop']}", cfg["conns"]))
+    rec = _records(cfg, cfg["name"] + STAGE_SUFFIX)
+
+    def body(cells):
+        while True:
+            for s, msg in conns.wait()[0]:
+                _serve_one(cfg, burn, rec, msg, 1, MSG.unpack(msg)[3])
+                s.sendall(msg)
     return body
 
 
 def _reader(cfg: dict, burn):
-    listener = _listen(cfg, "r", cfg["conns"])
+    conns = _Conns(_listen(cfg, "r", cfg["conns"]))
     rec = _records(cfg, cfg["name"] + STAGE_SUFFIX)
     first, answers = _open_pipe(cfg["pipes"][0]), _open_pipe(cfg["pipes"][-1])
 
     def body(cells):
-        socks, bufs, sock_of, pid = [listener], {}, {}, os.getpid()
+        sock_of, pid = {}, os.getpid()
         while True:
-            readable, _, _ = select.select(socks + [answers], [], [])
-            for s in readable:
-                if s is answers:
-                    data = os.read(answers, 256 * MSG.size)
-                    for msg in _messages(bytearray(data)):
-                        start = mono()
-                        rid, conn = MSG.unpack(msg)[:2]
-                        sock_of[conn].sendall(msg)
-                        os.write(rec, REC.pack(rid, ANSWER, pid, start, mono(), 0))
-                    continue
-                if s is listener:
-                    c, _ = listener.accept()
-                    socks.append(c)
-                    bufs[c.fileno()] = bytearray()
-                    continue
-                data = s.recv(1 << 16)
-                if not data:
-                    os._exit(2)
-                buf = bufs[s.fileno()]
-                buf += data
-                for msg in _messages(buf):
+            got, ready = conns.wait([answers])
+            for s, msg in got:
+                start = mono()
+                rid, conn = MSG.unpack(msg)[:2]
+                sock_of[conn] = s
+                os.write(first, msg)
+                os.write(rec, REC.pack(rid, 0, pid, start, mono(), 0))
+            if ready:
+                for msg in _messages(bytearray(os.read(answers, 256 * MSG.size))):
                     start = mono()
                     rid, conn = MSG.unpack(msg)[:2]
-                    sock_of[conn] = s
-                    os.write(first, msg)
-                    os.write(rec, REC.pack(rid, 0, pid, start, mono(), 0))
+                    sock_of[conn].sendall(msg)
+                    os.write(rec, REC.pack(rid, ANSWER, pid, start, mono(), 0))
     return body
 
 

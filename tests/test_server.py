@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import random
 import signal
 import time
 
@@ -250,3 +251,16 @@ def test_the_parts_serve_real_requests(tmp_path, shape):
     hops = {"thread-per-connection": 1, "pool-per-stage": 4, "event-loop": 1, "thread-per-core": 1}
     assert {len(s.split(",")) for s in ans["pids"]} == {hops[shape]}
     assert sorted(ans["conn"].unique()) == [0, 1, 2, 3]
+
+
+def test_request_sizes_have_the_mean_asked():
+    n, mean = 200_000, 200_000
+    for kind, tol in (("exp", 0.01), ("pareto", 0.05)):
+        draw = serve.sizes({"work_ns": mean, "sizes": kind, "alpha": 2.5}, random.Random(1))
+        x = np.array([draw() for _ in range(n)])
+        assert abs(x.mean() / mean - 1) < tol, kind
+    pareto = serve.sizes({"work_ns": mean, "sizes": "pareto", "alpha": 1.5}, random.Random(1))
+    x = np.array([pareto() for _ in range(n)])
+    assert x.min() >= mean / 3 - 1 and np.quantile(x, 0.999) > 20 * mean      # heavy-tailed
+    fixed = serve.sizes({"work_ns": mean, "sizes": "fixed"}, random.Random(1))
+    assert {fixed() for _ in range(10)} == {mean}
