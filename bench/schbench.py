@@ -92,7 +92,7 @@ def harmony_run(args, work_us: float, out: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--schbench", required=True, help="the schbench binary")
+    ap.add_argument("--schbench", help="the schbench binary (required)")
     ap.add_argument("--rps", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--ops", type=int, default=5, help="schbench -n: matrix multiplications a request")
@@ -101,7 +101,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
-    if not os.access(args.schbench, os.X_OK):
+    if not args.schbench or not os.access(args.schbench, os.X_OK):
         ap.error(f"--schbench {args.schbench}: not an executable")
     if args.rps <= 0 or args.workers <= 0 or args.reps <= 0 or args.seconds < 2:
         ap.error("--rps, --workers and --reps must be positive, --seconds at least 2")
