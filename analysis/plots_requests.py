@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.plots import plt
+from harmony.analysis.plots import plt, save_figure
 from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 
 
@@ -69,3 +69,37 @@ def plot_latency(requests: pd.DataFrame, migrations: pd.DataFrame, t0: int, dura
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
+
+
+def df_latency_by_load(runs) -> pd.DataFrame:
+    """One row per server run (``harmony.store.Run``s of experiment server): its shape, load, rate
+    and latency percentiles (ms; None where unanswered requests reached them), sorted by shape
+    and load."""
+    rows = []
+    for run in runs:
+        p, s = run.manifest["params"], run.summary
+        rows.append({"shape": p["shape"], "load": float(p["load"]), "rate_rps": s["rate_rps"],
+                     **{k: s[k] for k in ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
+                                          "latency_p999_ms", "service_inversion",
+                                          "p99_met_migration", "all_met_migration")}})
+    return pd.DataFrame(rows).sort_values(["shape", "load"], ignore_index=True)
+
+
+def plot_latency_by_load(df: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """Latency p50 (dotted), p99 (solid) and p99.9 (dashed) against the offered load, one colour
+    per shape (``df``: :func:`df_latency_by_load`); a percentile unanswered requests reached is
+    not drawn."""
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    colors = dict(zip(sorted(df["shape"].unique()), ["#2c3e50", "#c0392b", "#27ae60", "#8e44ad"]))
+    for shape, g in df.groupby("shape"):
+        for key, style, mark in (("latency_p50_ms", ":", "o"), ("latency_p99_ms", "-", "s"),
+                                 ("latency_p999_ms", "--", "^")):
+            y = pd.to_numeric(g[key], errors="coerce")
+            ax.plot(g["load"], y, style, marker=mark, color=colors[shape], ms=4,
+                    label=shape if key == "latency_p99_ms" else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (fraction of the capacity measured)")
+    ax.set_ylabel("latency (ms): p50 dotted, p99 solid, p99.9 dashed")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title or "latency against load")
+    return save_figure(fig, path)

@@ -232,3 +232,25 @@ def burstiness(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> dict:
     return {"runnable_mean": float((total * dur).sum() / dur.sum()),
             "runnable_p99": float(total[order][np.searchsorted(cum, 0.99)]),
             "queued_frac": float(dur[total > len(set(cpus))].sum() / dur.sum())}
+
+
+def server_placement(runs: pd.DataFrame, migrations: pd.DataFrame, tasks: pd.DataFrame, cpus,
+                     t0: int, t_end: int) -> dict:
+    """Where the scheduler put the serving tasks (role ``server``) in [t0, t_end]:
+    ``server_migrations_per_task_s`` (their migrations per task and second: does it keep a
+    connection's task where its data is) and ``server_cpu_jain`` (Jain's index of their CPU time
+    on each CPU of the set: 1 when spread evenly, 1/P when all on one CPU: does it spread a
+    pool)."""
+    servers = tasks.loc[tasks["role"] == "server", "pid"].to_numpy()
+    mig = migrations[migrations["pid"].isin(servers) & (migrations["ts"] >= t0)
+                     & (migrations["ts"] <= t_end)]
+    r = runs[runs["pid"].isin(servers)]
+    busy = (np.minimum(r["end"].to_numpy(), t_end) - np.maximum(r["start"].to_numpy(), t0)).clip(0)
+    per_cpu = pd.Series(busy, index=r["cpu"].to_numpy()).groupby(level=0).sum()
+    per_cpu = per_cpu.reindex(sorted(int(c) for c in cpus), fill_value=0)
+    return {"server_migrations_per_task_s": float(len(mig) / max(len(servers), 1) / ((t_end - t0) / 1e9)),
+            "server_cpu_jain": _finite(jain_index(per_cpu.to_numpy(np.float64)))}
+
+
+def _finite(v: float) -> float | None:
+    return None if np.isnan(v) else float(v)

@@ -258,6 +258,10 @@ class Server(Experiment):
         Metric("runnable_p99", "tasks", "the same, 99th percentile over time (burstiness)"),
         Metric("queued_frac", "fraction", "of the window, the time more tasks were runnable than "
                "the set has CPUs"),
+        Metric("server_migrations_per_task_s", "1/s", "migrations of the serving tasks, per task "
+               "and second (does it keep a connection's task where its data is?)"),
+        Metric("server_cpu_jain", "index", "Jain's index of the serving tasks' CPU time on each "
+               "CPU (1: spread evenly; 1/P: all on one CPU)", none_when="the servers never ran"),
     )
 
     def analyse(self, run) -> dict:
@@ -273,6 +277,7 @@ class Server(Experiment):
             m["tables"].append("requests")     # held by the run: checked when it is loaded
         return {**req.request_metrics(rq, t0, t_end),
                 **req.burstiness(run.runqueue, m["cpus"], t0, t_end),
+                **req.server_placement(run.runs, run.migrations, run.tasks, m["cpus"], t0, t_end),
                 "overloaded": bool(rq.attrs.get("overloaded", False)),
                 "rate_rps": float(p["rate"]), "capacity_rps": capacity(p, len(m["cpus"]))}
 
@@ -305,4 +310,6 @@ class Server(Experiment):
             f"p99 requests: run-queue wait {f('p99_waited', '{:.1%}')} (all: {f('all_waited', '{:.1%}')})",
             f"runnable tasks (burstiness)  mean {s['runnable_mean']:.2f}, p99 {s['runnable_p99']:.0f}; "
             f"more than the CPUs {s['queued_frac']:.1%} of the time",
+            f"servers' placement           {s['server_migrations_per_task_s']:.1f} migrations per task "
+            f"and s; CPU time across CPUs Jain {f('server_cpu_jain', '{:.3f}')}",
         ]

@@ -264,3 +264,16 @@ def test_request_sizes_have_the_mean_asked():
     assert x.min() >= mean / 3 - 1 and np.quantile(x, 0.999) > 20 * mean      # heavy-tailed
     fixed = serve.sizes({"work_ns": mean, "sizes": "fixed"}, random.Random(1))
     assert {fixed() for _ in range(10)} == {mean}
+
+
+def test_server_placement_by_hand():
+    tasks = pd.DataFrame({"pid": [100, 101, 102], "role": ["server", "server", "client"]})
+    runs = pd.DataFrame({"pid": [100, 101, 101, 102], "cpu": [0, 0, 1, 1],
+                         "start": [T0 - 500, T0, T0 + 600, T0],
+                         "end": [T0 + 300, T0 + 200, T0 + 900, T0 + 1000], "end_state": [0, 1, 1, 1]})
+    migrations = pd.DataFrame({"pid": [101, 102, 100], "ts": [T0 + 500, T0 + 500, T0 - 10]})
+    got = req.server_placement(runs, migrations, tasks, [0, 1], T0, T0 + 1_000_000_000)
+    assert got["server_migrations_per_task_s"] == 0.5     # one in the window, two servers, 1 s
+    assert got["server_cpu_jain"] == pytest.approx(800 ** 2 / (2 * (500 ** 2 + 300 ** 2)))
+    idle = req.server_placement(runs[runs["pid"] == 102], migrations, tasks, [0, 1], T0, T0 + 10)
+    assert idle["server_cpu_jain"] is None
