@@ -20,8 +20,9 @@ worker's calibrated loop, after an optional ``block_us`` asleep per stage (a dis
 
 Load. ``-p load=`` is the fraction of the capacity measured at the start of the run: the CPU
 time one task spends handling a request besides its work (receive it from a socket, stamp it,
-record it, send it on) is measured on a socket pair in the controller (``overhead_ns``, 2000
-round trips), and the capacity is the fewest requests per second any bottleneck allows: the
+record it, send it on, with the wake-ups and switches that costs) is measured between the
+controller and a forked echo process over a socket pair (``overhead_ns``: 2000 round trips, both
+sides' CPU time), and the capacity is the fewest requests per second any bottleneck allows: the
 CPUs (P s of CPU per s over the work plus one overhead per task a request passes through), each
 single task (the client; the reader; a loop), and each pool of tasks that sleep ``block_us``.
 The rate is load x capacity (``rate`` given: that rate). A load of 1 or more is refused: an
@@ -55,6 +56,7 @@ import json
 import os
 import secrets
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -82,28 +84,43 @@ def _load(v):
 
 
 def overhead_ns(rounds: int = 2000) -> int:
-    """CPU time (ns) one task spends on a request besides its work, measured now: a 64-byte
-    message sent on an AF_UNIX stream socket pair, received whole, stamped, recorded (a write to
-    /dev/null) and sent back, per round trip of this thread (the median of 5 batches)."""
+    """CPU time (ns) one task spends on a request besides its work, measured now: ``rounds``
+    64-byte messages sent by this thread to a forked echo process over an AF_UNIX stream socket
+    pair and back, each received whole, stamped and recorded (a write to /dev/null) by the echo,
+    one at a time. Both sides' CPU time (each its own thread's, from its first message to the
+    last: the fork is not in it) over the rounds and the two tasks: the system calls, the
+    wake-ups and the switches a real hop costs."""
     a, b = socket.socketpair()
-    sink = os.open(os.devnull, os.O_WRONLY)
     msg = serve.MSG.pack(0, 0, 0, 0, 0, 0, 0, 0)
-    try:
-        batches = []
-        for _ in range(5):
-            t = time.thread_time_ns()
-            for i in range(rounds // 5):
-                a.send(msg)
-                m = b.recv(serve.MSG.size, socket.MSG_WAITALL)
-                os.write(sink, serve.REC.pack(i, 1, 0, serve.mono(), serve.mono(), 0))
+    pid = os.fork()
+    if pid == 0:                    # the echo: never returns
+        try:
+            a.close()
+            sink = os.open(os.devnull, os.O_WRONLY)
+            m = b.recv(serve.MSG.size, socket.MSG_WAITALL)
+            start = time.thread_time_ns()
+            while len(m) == serve.MSG.size:
+                os.write(sink, serve.REC.pack(0, 1, 0, serve.mono(), serve.mono(), 0))
                 b.send(m)
-                a.recv(serve.MSG.size, socket.MSG_WAITALL)
-            batches.append((time.thread_time_ns() - t) / (rounds // 5))
-        return int(sorted(batches)[2])
+                m = b.recv(serve.MSG.size, socket.MSG_WAITALL)
+            b.send(struct.pack("<q", time.thread_time_ns() - start))
+        finally:
+            os._exit(0)
+    b.close()
+    try:
+        a.send(msg)
+        a.recv(serve.MSG.size, socket.MSG_WAITALL)
+        start = time.thread_time_ns()
+        for _ in range(rounds):
+            a.send(msg)
+            a.recv(serve.MSG.size, socket.MSG_WAITALL)
+        mine = time.thread_time_ns() - start
+        a.shutdown(socket.SHUT_WR)
+        echo = struct.unpack("<q", a.recv(8, socket.MSG_WAITALL))[0]
     finally:
         a.close()
-        b.close()
-        os.close(sink)
+        os.waitpid(pid, 0)
+    return int((mine + echo) / rounds / 2)
 
 
 def capacity(p: dict, ncpus: int) -> float:

@@ -21,7 +21,7 @@ from harmony.analysis.tables import REQUESTS
 from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 from harmony.errors import ParameterError
 from harmony.experiments import get_experiment
-from harmony.experiments.server import capacity
+from harmony.experiments.server import capacity, overhead_ns
 
 from cli_run import cli
 
@@ -277,3 +277,11 @@ def test_server_placement_by_hand():
     assert got["server_cpu_jain"] == pytest.approx(800 ** 2 / (2 * (500 ** 2 + 300 ** 2)))
     idle = req.server_placement(runs[runs["pid"] == 102], migrations, tasks, [0, 1], T0, T0 + 10)
     assert idle["server_cpu_jain"] is None
+
+
+def test_the_overhead_calibration_leaves_no_process():
+    before = set(os.listdir("/proc/self/task"))
+    assert 0 < overhead_ns(200) < 1_000_000            # a hop costs some us, not a ms
+    with pytest.raises(ChildProcessError):
+        os.waitpid(-1, os.WNOHANG)                     # the echo was reaped
+    assert set(os.listdir("/proc/self/task")) == before
