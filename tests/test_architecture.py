@@ -28,6 +28,7 @@ ROOMS = [
     ("analysis", ["harmony.analysis.*"]),
     ("experiments", ["harmony.experiments.*"]),
     ("inference and reports", ["harmony.analysis.policy", "harmony.analysis.reference",
+                               "harmony.analysis.server_card",
                                "harmony.analysis.compare", "harmony.analysis.report",
                                "harmony.analysis.report_suite"]),
     ("orchestration", ["harmony.*"]),

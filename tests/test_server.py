@@ -18,6 +18,8 @@ import pytest
 
 from harmony import serve
 from harmony.analysis import requests as req
+from harmony.analysis import server_card
+from harmony.analysis.policy import Evidence
 from harmony.analysis.tables import REQUESTS
 from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 from harmony.errors import ParameterError
@@ -288,3 +290,31 @@ def test_the_overhead_calibration_leaves_no_process():
     before = children()
     assert 0 < overhead_ns(200) < 1_000_000            # a hop costs some us, not a ms
     assert children() == before                        # the echo was reaped
+
+
+def _evidence(shape, load, **summary):
+    base = {"latency_p50_ms": 0.5, "latency_p99_ms": 4.0, "latency_p999_ms": 8.0,
+            "p99_met_migration": 0.1, "p99_waited": 0.9, "server_migrations_per_task_s": 50.0,
+            "server_cpu_jain": 0.99, "overloaded": False}
+    return Evidence(Path("/x"), "server", {"shape": shape, "load": load}, 2, base | summary)
+
+
+def test_the_server_card_votes_per_shape():
+    ev = [_evidence("thread-per-connection", 0.5), _evidence("thread-per-connection", 0.8,
+                                                             latency_p99_ms=9.0),
+          _evidence("pool-per-stage", 0.5, server_cpu_jain=0.95),
+          _evidence("pool-per-stage", 0.5, server_cpu_jain=0.6),
+          _evidence("event-loop", 0.5, server_migrations_per_task_s=0.2, overloaded=True),
+          _evidence("thread-per-core", 0.5),
+          Evidence(Path("/y"), "single-source", {}, 2, {})]
+    got = {a["shape"]: a for a in server_card.answers(ev)}
+    assert got["thread-per-connection"]["label"] == "moves"
+    assert got["thread-per-connection"]["loads"][0.8]["latency_p99_ms"] == 9.0
+    assert got["pool-per-stage"]["label"] == "undecided"
+    assert got["pool-per-stage"]["votes"] == {"spread": 1, "packed": 1}
+    assert got["event-loop"]["label"] == "keeps" and got["event-loop"]["loads"][0.5]["overloaded"] == 1
+    assert got["thread-per-core"]["label"] is None
+    text = "\n".join(server_card.section_lines(ev))
+    assert "pool-per-stage: spreads a stage's pool over the CPUs?  undecided (spread in 1, packed in 1)" in text
+    assert "OVERLOADED in 1" in text and "SERVER_KEEPS_MAX_PER_TASK_S = 1.0" in text
+    assert server_card.section_lines(ev[-1:]) == []
