@@ -238,8 +238,8 @@ class Experiment:
     #: why the reference policies' simulator cannot run it (None: it can): a workload that is
     #: more than CPU demand, such as the server experiment's requests over sockets
     not_simulated: str | None = None
-    #: ``harmony suite`` runs it unless it is named (False: only when named, ``--experiments``)
-    in_suite: bool = True
+    #: why it cannot run on a kernel under test in a virtual machine (None: it can)
+    not_in_vm: str | None = None
 
     def all_params(self) -> tuple[Param, ...]:
         own = {p.name for p in self.params}
@@ -303,6 +303,12 @@ class Experiment:
     def tasks(self, p: dict, cpus: list[int]) -> list:
         """The TaskSpecs of one run."""
         raise NotImplementedError
+
+    def suite_points(self, ncpus: int, quick: bool) -> list[dict] | None:
+        """The suite's configurations of this experiment when they vary in several parameters at
+        once: a list of overrides, each a configuration labelled by all its values (None: the
+        suite's own sweep, if any, harmony.suite.SWEEPS)."""
+        return None
 
     def place(self, specs: list, run_dir: Path) -> list:
         """The tasks of a run about to be captured into ``run_dir``, its directory made (default:

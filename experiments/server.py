@@ -148,7 +148,9 @@ class Server(Experiment):
     thesis = "beyond the thesis: issue 27 (SEDA, Flash, Gordon's stages)"
     not_simulated = ("its tasks serve requests over sockets; the reference policies simulate CPU "
                      "demand only")
-    in_suite = False    # not yet: the suite and card sections of issue 27 (item 4)
+    not_in_vm = ("its tasks are told where to write their records, and given their pipes, as a "
+                 "run directory is made (Experiment.place), which the guest agent's capture does "
+                 "not do yet")
     params = (
         Param("shape", "thread-per-connection", "str", "server architecture: thread per connection, "
               "pool per stage, event loop or thread per core (each named with hyphens)", _shape),
@@ -187,6 +189,11 @@ class Server(Experiment):
         if p["policy"] == "deadline":
             raise ValueError("policy=deadline: the server's tasks block on sockets; give them a "
                              "fair or real-time class")
+
+    def suite_points(self, ncpus, quick):
+        """Every shape at load 0.5 (quick), or at 0.2, 0.5 and 0.8."""
+        return [{"shape": shape, "load": load} for shape in SHAPES
+                for load in ((0.5,) if quick else (0.2, 0.5, 0.8))]
 
     def draw(self, p, cpus, seed):
         out = {}

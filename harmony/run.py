@@ -199,7 +199,10 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             manifest["reclaimed"] += scheduler.reclaimed
             manifest["host"] = {**manifest["host"], "scheduler": scheduler.ops,
                                 "sched_ext": "enabled"}
-        specs = experiment.place(specs, out)  # records of their own, if they keep any
+        # tasks that keep records of their own are told where (the guest agent's planned
+        # experiment has no place(): harmony.guest, and Experiment.not_in_vm)
+        place = getattr(experiment, "place", None)
+        specs = place(specs, out) if place else specs
         workload = Workload(specs, cpus, seed=seed, warm_s=warm_s(params))
         workload.spawn()  # before the probe's threads exist: fork with no threads running
         stored["tasks"] = sink.put(out, "tasks", task_rows(specs, workload.pids))

@@ -46,6 +46,7 @@ QUICK = {
     "intrinsic-imbalance": {"duration": 3.0, "warmup_s": 0.5},
     "heavy-light": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5, "short_s": 0.5},
     "priority-classes": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5, "short_s": 0.5},
+    "server": {"duration": 2.0},
 }
 #: repetitions per configuration (the thesis ran 10-25); detection needs more (a distribution).
 REPEATS = {"full": 5, "quick": 2}
@@ -73,17 +74,34 @@ class Config:
     companions: int = 0
 
 
+def left_out(names, simulated: bool = False, vm: bool = False) -> dict[str, str]:
+    """Experiment -> why a simulated suite (``simulated``) or one in a virtual machine (``vm``)
+    leaves it out (Experiment.not_simulated, not_in_vm)."""
+    from harmony.experiments import get_experiment
+
+    out = {}
+    for name in names:
+        exp = get_experiment(name)
+        why = (exp.not_simulated if simulated else None) or (exp.not_in_vm if vm else None)
+        if why:
+            out[name] = why
+    return out
+
+
 def _has(exp, name: str) -> bool:
     return any(p.name == name for p in exp.all_params())
 
 
 def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
-         experiments: list[str] | None = None) -> list[Config]:
-    """The suite's configurations for this CPU set. Raises ValueError for an unknown experiment."""
+         experiments: list[str] | None = None, simulated: bool = False,
+         vm: bool = False) -> list[Config]:
+    """The suite's configurations for this CPU set; ``simulated`` (the reference policies'
+    simulator) and ``vm`` (a kernel under test in a virtual machine) leave out the experiments
+    that cannot run there (:func:`left_out`). Raises ValueError for an unknown experiment."""
     from harmony.experiments import CATALOG, get_experiment
 
-    names = ([n for n in CATALOG if get_experiment(n).in_suite] if experiments is None
-             else experiments)
+    names = list(CATALOG) if experiments is None else experiments
+    names = [n for n in names if n not in left_out(names, simulated, vm)]
     mode = "quick" if quick else "full"
     out = []
     for name in names:
@@ -91,7 +109,10 @@ def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
         base = {k: v for k, v in QUICK.get(name, {}).items() if _has(exp, k)} if quick else {}
         sweep = SWEEPS.get(name)
         points = [{}]
-        if sweep and _has(exp, sweep[0]):
+        grid = exp.suite_points(len(cpus), quick)
+        if grid:
+            points = grid
+        elif sweep and _has(exp, sweep[0]):
             values = (sweep[2] if quick else sweep[1])(len(cpus))
             points = [{sweep[0]: v} for v in values]
             if name == "priority-classes" and _has(exp, "high_nice"):
@@ -99,7 +120,8 @@ def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
                 points = [pt | {"high_nice": min(0, 19 - pt["nice_diff"])} for pt in points]
         n = repeat if repeat is not None else REPEATS[mode] + EXTRA_REPEATS.get(name, 0)
         for pt in points:
-            label = name + "".join(f"-{k}={v}" for k, v in pt.items() if k == sweep[0]) if sweep else name
+            label = name + "".join(f"-{k}={v}" for k, v in pt.items()
+                                   if grid or (sweep and k == sweep[0]))
             cfg = Config(name, {**base, **pt}, n, label)
             try:
                 cfg.params = exp.resolve(cfg.overrides, cpus)
@@ -271,7 +293,7 @@ def simulate_suite(policy: str, ncpus: int, out: Path, quick: bool = True, repea
     from harmony.batch import SimRunner
 
     cpus = list(range(ncpus))
-    configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments)
+    configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments, simulated=True)
     runner = SimRunner(policy)
     return run_suite(configs, cpus, out, runner, facts={"kernel": "simulated",
                                                         "scheduler": f"reference policy {policy}",

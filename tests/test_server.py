@@ -318,3 +318,10 @@ def test_the_server_card_votes_per_shape():
     assert "pool-per-stage: spreads a stage's pool over the CPUs?  undecided (spread in 1, packed in 1)" in text
     assert "OVERLOADED in 1" in text and "SERVER_KEEPS_MAX_PER_TASK_S = 1.0" in text
     assert server_card.section_lines(ev[-1:]) == []
+
+
+def test_a_kernel_under_test_in_a_vm_is_refused_before_anything_starts(tmp_path):
+    out = tmp_path / "vm"
+    p = cli("run", "server", "--kernel", "debian:6.12", "--out", out, check_busy=False)
+    assert p.returncode == 2 and "server cannot run with --kernel" in p.stderr
+    assert "Traceback" not in p.stderr and not out.exists()
