@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 import harmony
-from harmony.analysis import requests as req
+from harmony.analysis.policy import collect
+from harmony.analysis.report_suite import server_blocks
 from harmony.analysis.tables import REQUESTS
 from harmony.experiments import get_experiment
 
@@ -34,12 +35,25 @@ def two_cpus(kernel):
         host_skip("needs two CPUs")
 
 
-@pytest.mark.parametrize("shape", ["thread-per-connection", "pool-per-stage"])
-def test_a_server_run_end_to_end(two_cpus, tmp_path, shape):
-    out = tmp_path / shape
-    p = cli("run", "server", "-p", f"shape={shape}", "-p", "load=0.5", "--duration", 1.5,
-            "--cpus", "0-1", "--out", out, "-q")
-    assert p.returncode == 0, p.stderr
+SHAPES = ("thread-per-connection", "pool-per-stage")
+
+
+@pytest.fixture(scope="module")
+def server_runs(two_cpus, tmp_path_factory):
+    """One 1.5 s run of each of two shapes at load 0.5 (shape -> run directory)."""
+    base = tmp_path_factory.mktemp("server")
+    out = {}
+    for shape in SHAPES:
+        out[shape] = base / shape
+        p = cli("run", "server", "-p", f"shape={shape}", "-p", "load=0.5", "--duration", 1.5,
+                "--cpus", "0-1", "--out", out[shape], "-q")
+        assert p.returncode == 0, p.stderr
+    return out
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_a_server_run_end_to_end(server_runs, shape):
+    out = server_runs[shape]
     run = harmony.load(out)
     s, m = run.summary, run.manifest
     assert get_experiment("server").summary_problems(s) == []
@@ -48,8 +62,9 @@ def test_a_server_run_end_to_end(two_cpus, tmp_path, shape):
     # rate: load x the capacity measured at the start (recorded as parameters, to be replayed)
     assert m["params"]["overhead_ns"] > 0
     assert m["params"]["rate"] == pytest.approx(0.5 * s["capacity_rps"], rel=0.01)
-    rq = req.read_requests(out)
+    rq = run.requests
     REQUESTS.check(rq)
+    assert "requests" in m["tables"]
     ans = rq[rq["answered"] & rq["measured"]]
     # every serving pid is a task of the run, and a request's CPUs come from the trace's runs
     tasks = run.tasks.set_index("pid")
@@ -63,6 +78,18 @@ def test_a_server_run_end_to_end(two_cpus, tmp_path, shape):
     assert (ans["start"] >= ans["sent"]).all() and (ans["done"] >= ans["end"]).all()
     assert (out / "figures" / "latency.png").exists()
     assert not our_workers() and not listening()
+
+
+def test_infer_and_the_suite_report_show_each_shape(server_runs, tmp_path):
+    p = cli("infer", *server_runs.values())
+    assert p.returncode == 0, p.stderr
+    assert "server-shaped workloads (experiment server):" in p.stdout
+    for shape in SHAPES:
+        assert f"\n{shape}: " in p.stdout
+    evidence, _ = collect(list(server_runs.values()))
+    blocks = server_blocks(evidence, tmp_path)
+    assert blocks[0] == ("h2", "Server-shaped workloads (experiment server)")
+    assert blocks[-1][1].exists()
 
 
 def test_nothing_left_after_the_controller_is_killed(two_cpus, tmp_path):
