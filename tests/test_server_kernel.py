@@ -19,7 +19,7 @@ from harmony.analysis.tables import REQUESTS
 from harmony.experiments import get_experiment
 
 from cli_run import HARMONY, cli
-from conftest import host_skip
+from conftest import host_skip, measure_quietly
 from test_run_kernel import our_servers, our_workers, wait_for
 
 
@@ -42,13 +42,21 @@ SHAPES = ("thread-per-connection", "pool-per-stage")
 def server_runs(two_cpus, tmp_path_factory):
     """One 1.5 s run of each of two shapes at load 0.5 (shape -> run directory)."""
     base = tmp_path_factory.mktemp("server")
-    out = {}
-    for shape in SHAPES:
-        out[shape] = base / shape
-        p = cli("run", "server", "-p", f"shape={shape}", "-p", "load=0.5", "--duration", 1.5,
-                "--cpus", "0-1", "--out", out[shape], "-q")
-        assert p.returncode == 0, p.stderr
-    return out
+
+    def measure(shape):
+        def once(k):
+            out = base / f"{shape}-{k}"
+            p = cli("run", "server", "-p", f"shape={shape}", "-p", "load=0.5", "--duration", 1.5,
+                    "--cpus", "0-1", "--out", out, "-q")
+            assert p.returncode == 0, p.stderr
+            return out
+        return once
+
+    def busy(out):      # a run on a busy host is not evidence (the card leaves it out)
+        foreign = harmony.load(out).manifest["foreign_load"]["max_frac"]
+        return foreign > 0.05 and f"host was busy ({foreign:.0%} of a CPU used by other tasks)"
+
+    return {shape: measure_quietly(measure(shape), busy) for shape in SHAPES}
 
 
 @pytest.mark.parametrize("shape", SHAPES)
