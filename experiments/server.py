@@ -84,8 +84,9 @@ def _load(v):
 
 def overhead_ns(rounds: int = 2000) -> int:
     """CPU time (ns) one task spends on a request besides its work, measured now by
-    :func:`harmony.serve.calibrate` in a small process of its own (a fork of this big one would
-    share, and fault in, much more; measured here: 17-25 us a hop that way, against 3 us)."""
+    :func:`harmony.serve.calibrate` in a small process of its own. Inside ``harmony run`` on this
+    host it gave 10-25 us a hop, from a shell 2.7 us, with a fork of the controller or without:
+    why is not known yet (README, the server experiment); each run records the figure it used."""
     p = subprocess.run([sys.executable, "-m", "harmony.serve", str(rounds)], capture_output=True,
                        text=True, timeout=60)
     if p.returncode != 0:
