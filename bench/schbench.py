@@ -35,7 +35,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -45,7 +44,6 @@ import common  # noqa: E402
 
 from harmony import serve  # noqa: E402
 from harmony.analysis import requests as req  # noqa: E402
-from harmony.hygiene import HostBusy, HostLock  # noqa: E402
 
 QUANTILES = (50.0, 90.0, 99.0, 99.9)
 
@@ -53,14 +51,7 @@ QUANTILES = (50.0, 90.0, 99.0, 99.9)
 def schbench_json(binary: str, args: list[str], seconds: float) -> dict:
     """Run schbench with ``args`` for ``seconds`` holding Harmony's host lock (as a ``harmony
     run`` does: neither disturbs the other); its JSON output as {key: value}."""
-    for _ in range(600):
-        try:
-            lock = HostLock().acquire()
-            break
-        except HostBusy:
-            time.sleep(1)
-    else:
-        raise SystemExit("the host lock stayed busy for 10 minutes")
+    lock = common.host_lock(tries=300)
     try:
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             p = subprocess.run([binary, *args, "-r", str(int(seconds)), "-j", f.name],
