@@ -25,7 +25,7 @@ from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 from harmony.analysis.tables import REQUESTS
 from harmony.errors import RunError
 
-RECORDS_DIR = "requests"     # under raw/
+RECORDS_DIR = serve.RECORDS_DIR     # under raw/
 #: the latency percentiles of a server run's summary: key -> percentile
 LATENCY_PERCENTILES = {"latency_p50_ms": 50, "latency_p90_ms": 90, "latency_p99_ms": 99,
                        "latency_p999_ms": 99.9}

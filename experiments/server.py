@@ -51,16 +51,11 @@ run-queue burstiness (Ruan's fig. 3.2: how many tasks are runnable at once, time
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
-import secrets
-import subprocess
-import sys
 from pathlib import Path
 
+from harmony import serve
 from harmony.analysis import requests as req
-from harmony.errors import ControllerError
 from harmony.experiments.base import Experiment, Metric, Param, non_negative, positive, task_class
 from harmony.tasks import TaskSpec
 
@@ -82,46 +77,12 @@ def _load(v):
                                    "keep up, its queue grows without bound")
 
 
-def overhead_ns(rounds: int = 2000) -> int:
-    """CPU time (ns) one task spends on a request besides its work, measured now by
-    :func:`harmony.serve.calibrate` in a small process of its own. Inside ``harmony run`` on this
-    host it gave 10-25 us a hop, from a shell 2.7 us, with a fork of the controller or without:
-    why is not known yet (README, the server experiment); each run records the figure it used."""
-    p = subprocess.run([sys.executable, "-m", "harmony.serve", str(rounds)], capture_output=True,
-                       text=True, timeout=60)
-    if p.returncode != 0:
-        raise ControllerError(f"the server's calibration failed: {p.stderr.strip()[-200:]}")
-    return int(p.stdout)
-
-
-def capacity(p: dict, ncpus: int) -> float:
-    """Requests per second the shape can serve on ``ncpus`` CPUs (see the module docstring)."""
-    ovh, work, block = p["overhead_ns"], p["work_us"] * 1e3, p["block_us"] * 1e3
-    shape, s = p["shape"], p["stages"]
-    touches = s + 3 if shape == "pool-per-stage" else 2     # client, (reader twice), each server
-    bounds = [ncpus * 1e9 / (work + touches * ovh), 1e9 / ovh]
-    if shape == "thread-per-connection":
-        bounds.append(p["conns"] * 1e9 / (work + ovh + block))
-    elif shape == "pool-per-stage":
-        bounds += [1e9 / (2 * ovh), p["pool"] * 1e9 / (work / s + ovh + block)]
-    else:
-        bounds.append(loops(p, ncpus) * 1e9 / (work + ovh + block))
-    return min(bounds)
-
-
-def loops(p: dict, ncpus: int) -> int:
-    return ncpus if p["shape"] == "thread-per-core" else 1
-
-
 class Server(Experiment):
     name = "server"
     question = "What does the balancing policy do to a server's request latency?"
     thesis = "beyond the thesis: issue 27 (SEDA, Flash, Gordon's stages)"
     not_simulated = ("its tasks serve requests over sockets; the reference policies simulate CPU "
                      "demand only")
-    not_in_vm = ("its tasks are told where to write their records, and given their pipes, as a "
-                 "run directory is made (Experiment.place), which the guest agent's capture does "
-                 "not do yet")
     params = (
         Param("shape", "thread-per-connection", "str", "server architecture: thread per connection, "
               "pool per stage, event loop or thread per core (each named with hyphens)", _shape),
@@ -166,14 +127,6 @@ class Server(Experiment):
         return [{"shape": shape, "load": load} for shape in SHAPES
                 for load in ((0.5,) if quick else (0.2, 0.5, 0.8))]
 
-    def draw(self, p, cpus, seed):
-        out = {}
-        if not p["overhead_ns"]:
-            out["overhead_ns"] = overhead_ns()
-        if not p["rate"]:
-            out["rate"] = round(p["load"] * capacity({**p, **out}, len(cpus)), 1)
-        return out
-
     def tasks(self, p, cpus):
         P, shape = len(cpus), p["shape"]
         common = {"work_ns": int(p["work_us"] * 1e3), "block_ns": int(p["block_us"] * 1e3)}
@@ -195,7 +148,7 @@ class Server(Experiment):
                 for w in range(p["pool"]):
                     add(f"s{k}w{w}", "server", k + w, kind="stage", stage=k, stages=p["stages"])
         else:
-            n = loops(p, P)
+            n = serve.loops(p, P)
             targets = [f"l{c % n}" for c in range(p["conns"])]
             for k in range(n):
                 add(f"loop{k}", "server", k if n > 1 else 1, pinned=n > 1, kind="loop", loop=k,
@@ -204,22 +157,10 @@ class Server(Experiment):
             sizes=p["sizes"], alpha=p["alpha"], max_outstanding=p["max_outstanding"])
         return specs
 
-    def place(self, specs, run_dir):
-        """Each task told where its records go (``raw/requests/``), the run's socket addresses
-        (a fresh token) and the pool's pipes, made there."""
-        records = Path(run_dir) / "raw" / req.RECORDS_DIR
-        records.mkdir(parents=True, exist_ok=True)
-        token = f"{os.getpid():x}-{secrets.token_hex(4)}"
-        stages = max([json.loads(s.serve).get("stages", 0) for s in specs])
-        pipes = [str(records / f"stage{k}.fifo") for k in range(1, stages + 1)]
-        if stages:
-            pipes.append(str(records / "answers.fifo"))
-        for path in pipes:
-            if not os.path.exists(path):
-                os.mkfifo(path, 0o600)
-        return [dataclasses.replace(s, serve=json.dumps({**json.loads(s.serve), "records": str(records),
-                                                          "token": token, "pipes": pipes}))
-                for s in specs]
+    def place(self, specs, run_dir, params, cpus):
+        """Each task told where its records go, the run's sockets and pipes made, and the
+        overhead and rate settled where the run is captured (:func:`harmony.serve.place`)."""
+        return serve.place(specs, run_dir, params, cpus)
 
     summary = (
         Metric("requests", "count", "requests measured (arrived before end - drain_s)"),
@@ -274,7 +215,7 @@ class Server(Experiment):
                 **req.burstiness(run.runqueue, m["cpus"], t0, t_end),
                 **req.server_placement(run.runs, run.migrations, run.tasks, m["cpus"], t0, t_end),
                 "overloaded": bool(rq.attrs.get("overloaded", False)),
-                "rate_rps": float(p["rate"]), "capacity_rps": capacity(p, len(m["cpus"]))}
+                "rate_rps": float(p["rate"]), "capacity_rps": serve.capacity(p, len(m["cpus"]))}
 
     def plot(self, run, fig_dir: Path) -> list[Path]:
         from harmony.analysis.plots_requests import plot_latency

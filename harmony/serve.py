@@ -46,13 +46,16 @@ CLOCK_MONOTONIC, the trace's clock:
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
 import random
+import secrets
 import select
 import socket
 import struct
+import subprocess
 import sys
 import time
 
@@ -64,6 +67,8 @@ REC = struct.Struct("<qqqqqq")
 OVERLOAD = -1
 #: stage number of the pool reader's record of an answer sent
 ANSWER = 1000
+#: where a run's tasks write their records, under its raw/ directory
+RECORDS_DIR = "requests"
 SENT_FILE = "client.sent"
 DONE_FILE = "client.done"
 STAGE_SUFFIX = ".stage"
@@ -304,19 +309,96 @@ def _stage(cfg: dict, burn):
     return body
 
 
-def calibrate(rounds: int = 2000, warm: int = 200) -> int:
+def measure_overhead(cpus: list[int], rounds: int = 2000) -> int:
+    """CPU time (ns) one task spends on a request besides its work, measured now by
+    :func:`calibrate` in a small process of its own (``python -m harmony.serve``), in the fair
+    class whatever the caller's, across the first two of ``cpus`` (on the one CPU if only one
+    is given: a hop is then a switch). RuntimeError if it failed."""
+    pair = [cpus[0], cpus[1] if len(cpus) > 1 else cpus[0]]
+    p = subprocess.run([sys.executable, "-m", "harmony.serve", str(rounds), *map(str, pair)],
+                       capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"the server's calibration failed: {p.stderr.strip()[-200:]}")
+    return int(p.stdout)
+
+
+def loops(p: dict, ncpus: int) -> int:
+    """Event loops of the shape of parameters ``p``: one per CPU for thread-per-core, else one."""
+    return ncpus if p["shape"] == "thread-per-core" else 1
+
+
+def capacity(p: dict, ncpus: int) -> float:
+    """Requests per second the shape of parameters ``p`` can serve on ``ncpus`` CPUs: the
+    tightest of the CPUs' bound (``ncpus`` s of CPU time a second over the work plus one
+    ``overhead_ns`` per task a request passes through: client, reader twice, each server), each
+    single task's (the client's; the reader's; a loop's) and each pool's whose tasks sleep
+    ``block_us`` (the ``server`` experiment's module docstring)."""
+    ovh, work, block = p["overhead_ns"], p["work_us"] * 1e3, p["block_us"] * 1e3
+    shape, s = p["shape"], p["stages"]
+    touches = s + 3 if shape == "pool-per-stage" else 2     # client, (reader twice), each server
+    bounds = [ncpus * 1e9 / (work + touches * ovh), 1e9 / ovh]
+    if shape == "thread-per-connection":
+        bounds.append(p["conns"] * 1e9 / (work + ovh + block))
+    elif shape == "pool-per-stage":
+        bounds += [1e9 / (2 * ovh), p["pool"] * 1e9 / (work / s + ovh + block)]
+    else:
+        bounds.append(loops(p, ncpus) * 1e9 / (work + ovh + block))
+    return min(bounds)
+
+
+def place(specs: list, run_dir, params: dict, cpus: list[int],
+          pipes_dir: str | None = None) -> tuple[list, dict]:
+    """The server's tasks about to be captured into ``run_dir`` on ``cpus``, made ready where the
+    capture runs (the host, or the guest agent in a VM: standard library only): each told where
+    its records go (``raw/requests/``), the run's socket addresses (a fresh token) and the pool's
+    pipes, made in ``pipes_dir`` (default: beside the records); and what the run settles as it
+    starts, returned to be recorded among its parameters: ``overhead_ns`` measured now
+    (:func:`measure_overhead`) unless given, and the client's ``rate``, ``load`` x
+    :func:`capacity`, unless given. ``specs``: TaskSpecs."""
+    settled = {}
+    if not params["overhead_ns"]:
+        settled["overhead_ns"] = measure_overhead(cpus)
+    if not params["rate"]:
+        settled["rate"] = round(params["load"] * capacity({**params, **settled}, len(cpus)), 1)
+    records = os.path.join(run_dir, "raw", RECORDS_DIR)
+    os.makedirs(records, exist_ok=True)
+    token = f"{os.getpid():x}-{secrets.token_hex(4)}"
+    parts = [json.loads(s.serve) for s in specs]
+    stages = max([part.get("stages", 0) for part in parts])
+    pipes_dir = pipes_dir or records
+    pipes = [os.path.join(pipes_dir, f"stage{k}.fifo") for k in range(1, stages + 1)]
+    if stages:
+        pipes.append(os.path.join(pipes_dir, "answers.fifo"))
+    for path in pipes:
+        if not os.path.exists(path):
+            os.mkfifo(path, 0o600)
+    common = {"records": records, "token": token, "pipes": pipes}
+    rate = {"rate": settled["rate"]} if "rate" in settled else {}
+    return [dataclasses.replace(s, serve=json.dumps({**part, **common,
+                                                     **(rate if part["kind"] == "client" else {})}))
+            for s, part in zip(specs, parts)], settled
+
+
+def calibrate(rounds: int = 2000, warm: int = 200, cpus: tuple[int, int] | None = None) -> int:
     """CPU time (ns) one task spends on a request besides its work, measured now: 64-byte
     messages sent by this thread to a forked echo process over an AF_UNIX stream socket pair and
     back, one at a time, each received whole, stamped and recorded (a write to /dev/null) by the
     echo. Both sides' thread CPU time over ``rounds`` round trips, after ``warm`` untimed ones
     (the first touches of pages the fork shares), over the rounds and the two tasks: the system
-    calls, the wake-ups and the switches one hop costs. Run in a small process of its own
-    (``python -m harmony.serve``), whose fork shares little."""
+    calls, the wake-ups and the switches one hop costs. ``cpus``: this thread's CPU and the
+    echo's (this process is pinned: run it in one of its own, ``python -m harmony.serve``, whose
+    fork shares little). Two CPUs, because a server's hops cross CPUs: on one CPU a hop is a
+    switch (2.7-2.9 us on this host), across two a wake-up of another CPU (21-25 us), and an
+    unpinned pair measures either, as the scheduler places it (bench/README.md)."""
     a, b = socket.socketpair()
     msg = MSG.pack(0, 0, 0, 0, 0, 0, 0, 0)
+    if cpus is not None:
+        os.sched_setaffinity(0, {cpus[0]})
     pid = os.fork()
     if pid == 0:                    # the echo: never returns
         try:
+            if cpus is not None:
+                os.sched_setaffinity(0, {cpus[1]})
             a.close()
             sink = os.open(os.devnull, os.O_WRONLY)
             n, start = 0, 0
@@ -348,4 +430,7 @@ def calibrate(rounds: int = 2000, warm: int = 200) -> int:
 
 
 if __name__ == "__main__":      # the calibration, in a process of its own: prints overhead_ns
-    print(calibrate(int(sys.argv[1]) if len(sys.argv) > 1 else 2000))
+    # python -m harmony.serve [ROUNDS [CPU CPU]]; in the fair class, as the servers run by default
+    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+    print(calibrate(int(sys.argv[1]) if len(sys.argv) > 1 else 2000,
+                    cpus=(int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else None))

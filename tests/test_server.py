@@ -8,6 +8,7 @@ import json
 import mmap
 import os
 import random
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from harmony.analysis.tables import REQUESTS
 from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 from harmony.errors import ParameterError
 from harmony.experiments import get_experiment
-from harmony.experiments.server import capacity, overhead_ns
+from harmony.guest import PlannedExperiment, PlannedRun, read_job, write_job
 
 from cli_run import cli
 
@@ -172,7 +173,8 @@ def test_load_of_one_exits_2_before_anything_starts(tmp_path):
 def test_each_shape_has_its_tasks(tmp_path, shape, roles):
     exp = get_experiment("server")
     p = exp.resolve({"shape": shape, "rate": "100", "overhead_ns": "20000"}, [0, 1])
-    specs = exp.place(exp.tasks(p, [0, 1]), tmp_path)
+    specs, settled = exp.place(exp.tasks(p, [0, 1]), tmp_path, p, [0, 1])
+    assert settled == {}                # rate and overhead given: nothing measured
     got = {}
     for s in specs:
         got[s.role] = got.get(s.role, 0) + 1
@@ -194,11 +196,11 @@ def test_capacity_is_the_tightest_bound():
     exp = get_experiment("server")
     p = exp.resolve({"overhead_ns": "10000", "work_us": "200", "rate": "1"}, [0, 1])
     # 2 CPUs over 200 us of work and two touches of 10 us each
-    assert capacity(p, 2) == pytest.approx(2e9 / 220_000)
+    assert serve.capacity(p, 2) == pytest.approx(2e9 / 220_000)
     loop = {**p, "shape": "event-loop"}
-    assert capacity(loop, 2) == pytest.approx(1e9 / 210_000)    # one task serves all
+    assert serve.capacity(loop, 2) == pytest.approx(1e9 / 210_000)    # one task serves all
     slow = {**p, "block_us": 1000.0, "conns": 2}
-    assert capacity(slow, 2) == pytest.approx(2e9 / 1_210_000)   # two sleepy connections
+    assert serve.capacity(slow, 2) == pytest.approx(2e9 / 1_210_000)   # two sleepy connections
 
 
 def _burn(ns):
@@ -225,7 +227,7 @@ def test_the_parts_serve_real_requests(tmp_path, shape):
     exp = get_experiment("server")
     p = exp.resolve({"shape": shape, "rate": "300", "overhead_ns": "20000", "work_us": "20",
                      "conns": "4", "block_us": "50"}, [0, 1])
-    specs = exp.place(exp.tasks(p, [0, 1]), tmp_path)
+    specs, _ = exp.place(exp.tasks(p, [0, 1]), tmp_path, p, [0, 1])
     buf = mmap.mmap(-1, 8)
     cells = memoryview(buf).cast("q")
     pids = []
@@ -289,7 +291,7 @@ def test_the_overhead_calibration_leaves_no_process():
                 for pid in (t / "children").read_text().split()}
 
     before = children()
-    assert 0 < overhead_ns(200) < 1_000_000            # a hop costs some us, not a ms
+    assert 0 < serve.measure_overhead([0, 1], 200) < 1_000_000            # a hop costs some us, not a ms
     assert children() == before                        # the echo was reaped
 
 
@@ -321,8 +323,34 @@ def test_the_server_card_votes_per_shape():
     assert server_card.section_lines(ev[-1:]) == []
 
 
-def test_a_kernel_under_test_in_a_vm_is_refused_before_anything_starts(tmp_path):
-    out = tmp_path / "vm"
-    p = cli("run", "server", "--kernel", "debian:6.12", "--out", out, check_busy=False)
-    assert p.returncode == 2 and "server cannot run with --kernel" in p.stderr
-    assert "Traceback" not in p.stderr and not out.exists()
+def test_a_run_planned_for_a_vm_is_placed_and_measured_in_the_guest(tmp_path):
+    """The host plans a server run for the guest agent without measuring anything (its overhead
+    would not be the guest's); the agent's place() makes the pipes, measures the overhead where
+    it runs and settles the client's rate from it, through the job file's round trip."""
+    exp = get_experiment("server")
+    p = exp.resolve({"shape": "pool-per-stage", "load": "0.5"}, [0, 1])
+    planned = PlannedRun.of(exp, p, [0, 1], tmp_path / "run", "tracefs", 1)
+    assert planned.params["overhead_ns"] == 0 and planned.params["rate"] == 0
+    write_job(tmp_path / "job.json", [planned])
+    agent = PlannedExperiment(read_job(tmp_path / "job.json")[0])
+    specs, settled = agent.place(agent.tasks(planned.params, [0, 1]), tmp_path / "run",
+                                 planned.params, [0, 1])
+    assert settled["overhead_ns"] > 0
+    assert settled["rate"] == pytest.approx(
+        0.5 * serve.capacity({**planned.params, **settled}, 2), abs=0.1)
+    assert json.loads(specs[-1].serve)["rate"] == settled["rate"]          # the client's
+    assert not any("rate" in json.loads(s.serve) for s in specs[:-1])     # the client's only
+    # the pipes in a directory of the guest's own: the run directory is shared over 9p
+    pipes = [Path(x) for x in json.loads(specs[0].serve)["pipes"]]
+    try:
+        assert sorted(x.name for x in pipes) == ["answers.fifo", "stage1.fifo", "stage2.fifo"]
+        assert all(x.is_fifo() for x in pipes) and pipes[0].parent != tmp_path / "run"
+        assert pipes[0].parent.name.startswith("hmy-serve-")
+    finally:
+        shutil.rmtree(pipes[0].parent)
+    # a workload without servers is the agent's as planned
+    other = get_experiment("single-source")
+    q = other.resolve({}, [0, 1])
+    plain = PlannedExperiment(PlannedRun.of(other, q, [0, 1], tmp_path / "ss", "tracefs", 1))
+    tasks = plain.tasks(q, [0, 1])
+    assert plain.place(tasks, tmp_path / "ss", q, [0, 1]) == (tasks, {})
