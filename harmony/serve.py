@@ -1,8 +1,9 @@
 """The bodies of a server-shaped workload's tasks (the ``server`` experiment), and their records.
 
-Imports the standard library only: like :mod:`harmony.worker`, which calls it, it runs in the
-fork server's children. A task whose :attr:`harmony.tasks.TaskSpec.serve` is set runs one of
-these parts instead of the duty-cycle loop: :func:`prepare` does what must be done before the
+Imports the standard library only (and :mod:`harmony.errors`): like :mod:`harmony.worker`, which
+calls it, it runs in the fork server's children, and the guest agent places its tasks
+(:func:`place`). A task whose :attr:`harmony.tasks.TaskSpec.serve` is set runs one of these
+parts instead of the duty-cycle loop: :func:`prepare` does what must be done before the
 start gate (bind and listen, open the stage pipes and the records file), and the function it
 returns runs from the release on and never returns (the task is killed with the workload).
 
@@ -59,6 +60,8 @@ import subprocess
 import sys
 import time
 
+from harmony.errors import ControllerError
+
 #: one request on the wire, 64 bytes: id, connection, arrival (ns), work (ns), then unused
 MSG = struct.Struct("<qqqqqqqq")
 #: one record of a records file (see the module docstring)
@@ -83,6 +86,11 @@ def mono() -> int:
 def address(token: str, what: str) -> bytes:
     """The abstract AF_UNIX address of one listening socket of the run ``token``."""
     return b"\0hmy-" + token.encode() + b"-" + what.encode()
+
+
+#: what a part listens on, by kind (its address: :func:`address`)
+_LISTENS = {"conn": lambda part: f"c{part['conn']}", "reader": lambda part: "r",
+            "loop": lambda part: f"l{part['loop']}"}
 
 
 def prepare(text: str, burn, seed: int = 0):
@@ -213,7 +221,7 @@ def _serve_one(cfg: dict, burn, rec: int, msg: bytes, stage: int, work_ns: int) 
 
 
 def _conn(cfg: dict, burn):
-    listener = _listen(cfg, f"c{cfg['conn']}", 1)
+    listener = _listen(cfg, _LISTENS["conn"](cfg), 1)
     rec = _records(cfg, cfg["name"] + STAGE_SUFFIX)
 
     def body(cells):
@@ -258,7 +266,7 @@ class _Conns:
 
 
 def _loop(cfg: dict, burn):
-    conns = _Conns(_listen(cfg, f"l{cfg['loop']}", cfg["conns"]))
+    conns = _Conns(_listen(cfg, _LISTENS["loop"](cfg), cfg["conns"]))
     rec = _records(cfg, cfg["name"] + STAGE_SUFFIX)
 
     def body(cells):
@@ -270,7 +278,7 @@ def _loop(cfg: dict, burn):
 
 
 def _reader(cfg: dict, burn):
-    conns = _Conns(_listen(cfg, "r", cfg["conns"]))
+    conns = _Conns(_listen(cfg, _LISTENS["reader"](cfg), cfg["conns"]))
     rec = _records(cfg, cfg["name"] + STAGE_SUFFIX)
     first, answers = _open_pipe(cfg["pipes"][0]), _open_pipe(cfg["pipes"][-1])
 
@@ -313,12 +321,12 @@ def measure_overhead(cpus: list[int], rounds: int = 2000) -> int:
     """CPU time (ns) one task spends on a request besides its work, measured now by
     :func:`calibrate` in a small process of its own (``python -m harmony.serve``), in the fair
     class whatever the caller's, across the first two of ``cpus`` (on the one CPU if only one
-    is given: a hop is then a switch). RuntimeError if it failed."""
+    is given: a hop is then a switch). ControllerError if it failed."""
     pair = [cpus[0], cpus[1] if len(cpus) > 1 else cpus[0]]
     p = subprocess.run([sys.executable, "-m", "harmony.serve", str(rounds), *map(str, pair)],
                        capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
-        raise RuntimeError(f"the server's calibration failed: {p.stderr.strip()[-200:]}")
+        raise ControllerError(f"the server's calibration failed: {p.stderr.strip()[-200:]}")
     return int(p.stdout)
 
 
@@ -346,6 +354,17 @@ def capacity(p: dict, ncpus: int) -> float:
     return min(bounds)
 
 
+def _check_free(addr: bytes) -> None:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.bind(addr)
+    except OSError as exc:
+        raise ControllerError(f"the server's address @{addr[1:].decode()} is taken "
+                              f"({exc.strerror}): another process holds it") from None
+    finally:
+        s.close()
+
+
 def place(specs: list, run_dir, params: dict, cpus: list[int],
           pipes_dir: str | None = None) -> tuple[list, dict]:
     """The server's tasks about to be captured into ``run_dir`` on ``cpus``, made ready where the
@@ -354,7 +373,9 @@ def place(specs: list, run_dir, params: dict, cpus: list[int],
     pipes, made in ``pipes_dir`` (default: beside the records); and what the run settles as it
     starts, returned to be recorded among its parameters: ``overhead_ns`` measured now
     (:func:`measure_overhead`) unless given, and the client's ``rate``, ``load`` x
-    :func:`capacity`, unless given. ``specs``: TaskSpecs."""
+    :func:`capacity`, unless given. ``specs``: TaskSpecs. ControllerError, before any task
+    starts, if an address the run would listen on is taken (abstract AF_UNIX addresses with a
+    fresh token: no port to run out of, but a process may hold one)."""
     settled = {}
     if not params["overhead_ns"]:
         settled["overhead_ns"] = measure_overhead(cpus)
@@ -364,6 +385,10 @@ def place(specs: list, run_dir, params: dict, cpus: list[int],
     os.makedirs(records, exist_ok=True)
     token = f"{os.getpid():x}-{secrets.token_hex(4)}"
     parts = [json.loads(s.serve) for s in specs]
+    for part in parts:
+        what = _LISTENS.get(part["kind"], lambda part: None)(part)
+        if what is not None:
+            _check_free(address(token, what))
     stages = max([part.get("stages", 0) for part in parts])
     pipes_dir = pipes_dir or records
     pipes = [os.path.join(pipes_dir, f"stage{k}.fifo") for k in range(1, stages + 1)]

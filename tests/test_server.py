@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import signal
+import socket
 import time
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from harmony.analysis import server_card
 from harmony.analysis.policy import Evidence
 from harmony.analysis.tables import REQUESTS
 from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
-from harmony.errors import ParameterError
+from harmony.errors import ControllerError, ParameterError
 from harmony.experiments import get_experiment
 from harmony.guest import PlannedExperiment, PlannedRun, read_job, write_job
 
@@ -354,3 +355,21 @@ def test_a_run_planned_for_a_vm_is_placed_and_measured_in_the_guest(tmp_path):
     plain = PlannedExperiment(PlannedRun.of(other, q, [0, 1], tmp_path / "ss", "tracefs", 1))
     tasks = plain.tasks(q, [0, 1])
     assert plain.place(tasks, tmp_path / "ss", q, [0, 1]) == (tasks, {})
+
+
+def test_an_address_taken_is_one_error_before_any_task_starts(tmp_path, monkeypatch):
+    """Abstract AF_UNIX addresses with a fresh token: no port to run out of, but a process may
+    hold the address a run would listen on; the placement says so before any task starts."""
+    exp = get_experiment("server")
+    p = exp.resolve({"shape": "event-loop", "rate": "100", "overhead_ns": "20000"}, [0, 1])
+    monkeypatch.setattr(serve.secrets, "token_hex", lambda n: "0" * (2 * n))
+    held = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        held.bind(serve.address(f"{os.getpid():x}-00000000", "l0"))
+        with pytest.raises(ControllerError, match=r"^the server's address @hmy-.*-l0 is taken "
+                                                  r"\(Address already in use\)"):
+            exp.place(exp.tasks(p, [0, 1]), tmp_path, p, [0, 1])
+    finally:
+        held.close()
+    specs, _ = exp.place(exp.tasks(p, [0, 1]), tmp_path, p, [0, 1])     # free again
+    assert json.loads(specs[0].serve)["token"].endswith("-00000000")
