@@ -18,14 +18,17 @@ worker's calibrated loop, after an optional ``block_us`` asleep per stage (a dis
 - ``thread-per-core``: one event loop per CPU of the set, pinned there, connection c on loop
   c mod P.
 
-Load. ``-p load=`` is the fraction of the capacity measured at the start of the run: the CPU
-time one task spends handling a request besides its work (receive it from a socket, stamp it,
-record it, send it on, with the wake-ups and switches that costs) is measured between two small
-processes over a socket pair (``overhead_ns``, :func:`harmony.serve.calibrate`: 2000 round trips,
-both sides' CPU time), and the capacity is the fewest requests per second any bottleneck allows: the
-CPUs (P s of CPU per s over the work plus one overhead per task a request passes through), each
-single task (the client; the reader; a loop), and each pool of tasks that sleep ``block_us``.
-The rate is load x capacity (``rate`` given: that rate). A load of 1 or more is refused: an
+Load. ``-p load=`` is the fraction of the capacity measured at the start of the run, where it
+is captured (on the host, or by the guest agent in a VM: :meth:`Server.place`): the CPU time one
+task spends handling a request besides its work (receive it from a socket, stamp it, record it,
+send it on, with the wake-ups and switches that costs) is measured between two small processes
+pinned to two CPUs of the set, over a socket pair (``overhead_ns``,
+:func:`harmony.serve.calibrate`: 2000 round trips, both sides' CPU time), and the capacity is the
+fewest requests per second any bottleneck allows (:func:`harmony.serve.capacity`): the CPUs (P s
+of CPU per s over the work plus one overhead per task a request passes through), each single task
+(the client; the reader; a loop), and each pool of tasks that sleep ``block_us``. On this host it
+is within -2.5..+10 % of the throughput each shape reaches overloaded (bench/server_capacity.py).
+The rate is load x capacity (``rate`` given: that rate); both are recorded among the parameters. A load of 1 or more is refused: an
 open loop at the capacity queues without bound. The client stops sending, and the run says
 so, when more than ``max_outstanding`` requests are unanswered.
 
