@@ -102,13 +102,28 @@ class PlannedExperiment:
     def place(self, specs, run_dir, params, cpus) -> tuple[list, dict]:
         """A server-shaped workload's tasks (``serve`` set) made ready in the guest, its capacity
         measured there (:func:`harmony.serve.place`: what the host measured would not be the
-        guest's), its pipes in a directory of the guest's own (the run directory is the host's,
-        shared over 9p, where opening a FIFO fails with ENXIO; the guest's /tmp vanishes with
-        the VM); any other workload as it is (Experiment.place)."""
+        guest's), its pipes in a directory of the guest's memory (:func:`memory_dir`: the run
+        directory is the host's, shared over 9p, where opening a FIFO fails with ENXIO); any
+        other workload as it is (Experiment.place)."""
         if any(s.serve for s in specs):
             return serve.place(specs, run_dir, params, cpus,
-                               pipes_dir=tempfile.mkdtemp(prefix="hmy-serve-"))
+                               pipes_dir=tempfile.mkdtemp(prefix="hmy-serve-", dir=memory_dir()))
         return specs, {}
+
+
+#: where the guest may keep what cannot sit on the host's share, first found in memory (tmpfs)
+MEMORY_DIRS = ("/dev/shm", "/run", "/tmp", "/dev")
+
+
+def memory_dir() -> str:
+    """The first of :data:`MEMORY_DIRS` that is a file system in memory (tmpfs, devtmpfs): the
+    guest's own, gone with the VM, where a FIFO works (on the 9p share it does not)."""
+    with open("/proc/mounts") as f:
+        kinds = {fields[1]: fields[2] for fields in (line.split() for line in f) if len(fields) > 2}
+    for d in MEMORY_DIRS:
+        if kinds.get(d) in ("tmpfs", "devtmpfs"):
+            return d
+    raise OSError(f"none of {', '.join(MEMORY_DIRS)} is a tmpfs here")
 
 
 def write_job(path: Path, runs: list[PlannedRun]) -> None:
