@@ -1,6 +1,6 @@
 """The server experiment on the real kernel, through the CLI: two shapes end to end (the requests
 table joined with the trace, the summary, the figure), and nothing left running or listening
-after a normal end or the controller killed."""
+after a normal end or the controller killed; and one shape in a Debian 6.12 guest."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from harmony.experiments import get_experiment
 from cli_run import HARMONY, cli
 from conftest import host_skip, measure_quietly
 from test_run_kernel import our_servers, our_workers, wait_for
+from test_vm_kernel import VM_TOOLS, _qemu_pids
 
 
 def listening() -> list[str]:
@@ -121,3 +122,25 @@ def test_nothing_left_after_the_controller_is_killed(two_cpus, tmp_path):
         (our_workers(), listening())
     assert json.loads((out / "manifest.json").read_text())["status"] != "complete"
     assert cli("clean").returncode == 0
+
+
+@pytest.mark.needs_tool(*VM_TOOLS)
+def test_a_server_run_in_a_debian_6_12_guest_at_4_vcpus(kernel, tmp_path):
+    """The guest agent places the server's tasks and measures its capacity inside the VM (its
+    pipes in the guest's memory); the requests are answered and joined with the guest's trace."""
+    before = _qemu_pids()
+    out = tmp_path / "vm"
+    p = cli("run", "server", "--kernel", "debian:6.12", "--vm-cpus", "4", "-p",
+            "shape=pool-per-stage", "-p", "load=0.3", "--duration", "2", "--out", out, "-q",
+            timeout=900)
+    assert p.returncode == 0, p.stderr
+    run = harmony.load(out)
+    m, s = run.manifest, run.summary
+    assert m["under_test"]["kernel"].startswith("6.12.") and m["cpus"] == [0, 1, 2, 3]
+    # measured in the guest, recorded among the parameters, the rate drawn from it
+    assert m["params"]["overhead_ns"] > 0
+    assert m["params"]["rate"] == pytest.approx(0.3 * s["capacity_rps"], rel=0.01)
+    assert s["requests"] > 50 and s["throughput_rps"] > 0 and s["latency_p50_ms"] is not None
+    ans = run.requests[run.requests["answered"]]
+    assert {int(c) for c_ in ans["cpus"] for c in c_.split(",") if c} <= {0, 1, 2, 3}
+    assert _qemu_pids() <= before and not listening()
