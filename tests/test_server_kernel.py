@@ -97,8 +97,8 @@ def test_infer_and_the_suite_report_show_each_shape(server_runs, tmp_path):
         assert f"\n{shape}: " in p.stdout
     evidence, _ = collect(list(server_runs.values()))
     blocks = server_blocks(evidence, tmp_path)
-    assert blocks[0] == ("h2", "Server-shaped workloads (experiment server)")
-    assert blocks[-1][1].exists()
+    assert blocks[0].text == "Server-shaped workloads (experiment server)"
+    assert blocks[-1].path.exists()
 
 
 def test_nothing_left_after_the_controller_is_killed(two_cpus, tmp_path):
