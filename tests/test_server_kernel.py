@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -101,8 +102,11 @@ def test_infer_and_the_suite_report_show_each_shape(server_runs, tmp_path):
     assert blocks[-1].path.exists()
 
 
-def test_nothing_left_after_the_controller_is_killed(two_cpus, tmp_path):
-    out = tmp_path / "killed"
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_nothing_left_after_the_controller_is_stopped(two_cpus, tmp_path, sig):
+    """Killed, terminated or interrupted (Ctrl-C) while serving: no server task, no listening
+    address left, the run not complete (the pipes are in its directory)."""
+    out = tmp_path / "stopped"
     for _ in range(90):
         before = set(listening())
         proc = subprocess.Popen(HARMONY + ["run", "server", "-p", "shape=pool-per-stage",
@@ -116,8 +120,8 @@ def test_nothing_left_after_the_controller_is_killed(two_cpus, tmp_path):
         assert "another Harmony run" in err, err
         time.sleep(2)
     time.sleep(1.0)             # serving
-    proc.kill()
-    proc.wait()
+    proc.send_signal(sig)
+    proc.wait(timeout=60)
     assert wait_for(lambda: not our_workers() and not our_servers() and not listening(), timeout=10), \
         (our_workers(), listening())
     assert json.loads((out / "manifest.json").read_text())["status"] != "complete"
