@@ -40,11 +40,13 @@ from harmony.experiments import CATALOG, get_experiment, summary_key
 NO_EVIDENCE = "no evidence"
 
 #: the parameters that make an experiment's configuration, besides the experiment and its CPU
-#: count P: those the suite sweeps (``harmony.suite.SWEEPS``; a test checks they agree) and
-#: time-to-resolve's imbalance x. Runs of different configurations are never pooled; runs of one
-#: configuration that differ in another parameter are, and the row's note names the parameter.
+#: count P: those the suite sweeps (``harmony.suite.SWEEPS``; a test checks they agree),
+#: time-to-resolve's imbalance x, and the server's shape, load and request sizes. Runs of
+#: different configurations are never pooled; runs of one configuration that differ in another
+#: parameter are, and the row's note names the parameter.
 CONFIG_PARAMS = {"how-many": ("x",), "time-to-resolve": ("x",),
-                 "heavy-light": ("light_duty",), "priority-classes": ("nice_diff",)}
+                 "heavy-light": ("light_duty",), "priority-classes": ("nice_diff",),
+                 "server": ("shape", "load", "sizes")}
 
 #: the summary keys the policy card's answers are made of, per experiment, each checked against
 #: its declaration at import: the metric table of :func:`compare_text` shows these (and any other

@@ -25,7 +25,8 @@ import pandas as pd  # noqa: E402
 
 from harmony import store  # noqa: E402
 from harmony.analysis import document as D  # noqa: E402
-from harmony.analysis import policy  # noqa: E402
+from harmony.analysis import policy, server_card  # noqa: E402
+from harmony.analysis.plots_requests import df_latency_by_load, plot_latency_by_load  # noqa: E402
 
 #: which experiments give the evidence of each question (the card's sources)
 EVIDENCE = {
@@ -562,6 +563,7 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
                 text.append(D.Para(f"{exp}, one run's own figures: `harmony report {run}` draws them",
                                    "note"))
         doc.append(D.Beside(text, figs))
+    doc += server_blocks(evidence, fig_dir)
     if info.get("failures"):
         doc.append(D.Heading("Failures", 2))
         doc.append(D.Bullets([f"{f.get('config') or f.get('path')}: {f.get('error')}"
@@ -574,3 +576,17 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
     store.atomic_write(html_path, D.to_html(doc, "Harmony suite report"))
     return md_path, html_path
 
+
+def server_blocks(evidence, fig_dir: Path) -> list:
+    """The report's server section: how the scheduler treats each server shape
+    (:mod:`harmony.analysis.server_card`) and the latency against the load, per shape ([] without
+    server runs)."""
+    lines = server_card.section_lines(evidence)
+    if not lines:
+        return []
+    runs = [store.load(e.path) for e in evidence if e.experiment == server_card.EXPERIMENT]
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    figure = plot_latency_by_load(df_latency_by_load(runs), fig_dir / "server-latency-load.png",
+                                  title="server: latency against load, per shape")
+    return [D.Heading("Server-shaped workloads (experiment server)", 2, "server"),
+            D.Pre("\n".join(lines)), D.Figure(figure, "server: latency against load, per shape")]

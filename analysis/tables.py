@@ -155,8 +155,37 @@ COUNTER_AGREEMENT = Table(
         ("cpu_trace_ns",      "int64", "its run time between the reads' midpoints"),
     ])
 
+REQUESTS = Table(
+    "requests", "every request of a server run (experiment server), by id: what the client and "
+                "the serving tasks recorded (harmony.serve), joined with the trace "
+                "(harmony.analysis.requests.df_requests)", [
+        ("id",         "int64",   "request id, in the order the client made them"),
+        ("conn",       "int32",   "the connection it was sent on"),
+        ("arrival",    "int64",   "when it was due (Poisson arrival; ns, CLOCK_MONOTONIC, the "
+                                  "trace's clock)"),
+        ("sent",       "int64",   "when the client made it (>= arrival: later when the client "
+                                  "itself was late)"),
+        ("start",      "int64",   "when a serving task first took it; -1 if none did"),
+        ("end",        "int64",   "when its last work stage finished; -1 if it did not"),
+        ("done",       "int64",   "when the client read its answer; -1 if it did not"),
+        ("t",          "float64", "arrival, in s since t0"),
+        ("work_ns",    "int64",   "CPU work it asked (ns)"),
+        ("latency_ns", "float64", "done - arrival; NaN if unanswered"),
+        ("answered",   "bool",    "the client read its answer"),
+        ("measured",   "bool",    "it arrived in [t0, end - drain_s]: counted by the metrics"),
+        ("pids",       "str",     "the tasks that served it, in the order they did "
+                                  "(comma-separated pids)"),
+        ("cpus",       "str",     "the CPUs they ran on while it was theirs (runs table; "
+                                  "comma-separated, ascending)"),
+        ("migrations", "int64",   "migrations of its serving tasks while it was theirs (from "
+                                  "reaching a task to that task's end of work on it)"),
+        ("wait_ns",    "int64",   "time its serving tasks were runnable and not running while "
+                                  "it was theirs (run-queue wait: preempted, or woken and not "
+                                  "yet on a CPU)"),
+    ])
+
 #: the tables :func:`harmony.pipeline.derive_tables` makes, stored in a run directory as
 #: <name>.parquet
 STORED = (MIGRATIONS, RUNS, RUNQUEUE, ALLOCATION, SHARES)
 #: every table declared here
-ALL = STORED + (ANOMALIES, FOREIGN_LOAD, COUNTER_AGREEMENT)
+ALL = STORED + (ANOMALIES, FOREIGN_LOAD, COUNTER_AGREEMENT, REQUESTS)

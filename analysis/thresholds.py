@@ -123,4 +123,21 @@ COMPARE_EFFECT_LARGE = 0.474
 COMPARE_EFFECT_MEDIUM = 0.33
 COMPARE_EFFECT_SMALL = 0.147
 
+#: Server requests (experiment server): a request "waited in a run queue" when its serving tasks
+#: were runnable and not running for this long or longer while it was theirs. Shorter waits are
+#: the wake-up path itself: in a thread-per-connection run on this 2-vCPU host (load 0.5) the
+#: wake-up-to-run times formed a cluster at 0.3-2.4 us (the IPI, the idle exit) and the next
+#: began at ~7 us, where another task held the CPU first.
+RQ_WAIT_MIN_NS = 10_000
+
+#: Server card, thread-per-connection and event-loop: the scheduler "keeps" a serving task where
+#: it runs (its data's cache) up to this many migrations per task and second, "moves" it above
+#: (the same line as AFFINITY_STRONG_MAX_PER_CPU_S: a move a second is rare next to a task that
+#: wakes thousands of times a second; a 2-CPU EEVDF host moved them ~50 times a second).
+SERVER_KEEPS_MAX_PER_TASK_S = 1.0
+#: Server card, pool-per-stage: the pool is "spread" when Jain's index of its CPU time across the
+#: CPUs is at least this: on 2 CPUs, the less used CPU then has a third of it or more (Jain 0.5:
+#: all on one CPU; 1: even), on 4 CPUs the index of two busy CPUs and two idle is 0.5.
+SERVER_SPREAD_MIN_JAIN = 0.9
+
 ALL = {k: v for k, v in dict(globals()).items() if k.isupper()}

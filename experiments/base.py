@@ -235,6 +235,9 @@ class Experiment:
     thesis: str = ""  # where the thesis describes it
     params: tuple[Param, ...] = ()
     summary: tuple[Metric, ...] = ()  # exactly the keys analyse() returns
+    #: why the reference policies' simulator cannot run it (None: it can): a workload that is
+    #: more than CPU demand, such as the server experiment's requests over sockets
+    not_simulated: str | None = None
 
     def all_params(self) -> tuple[Param, ...]:
         own = {p.name for p in self.params}
@@ -298,6 +301,21 @@ class Experiment:
     def tasks(self, p: dict, cpus: list[int]) -> list:
         """The TaskSpecs of one run."""
         raise NotImplementedError
+
+    def suite_points(self, ncpus: int, quick: bool) -> list[dict] | None:
+        """The suite's configurations of this experiment when they vary in several parameters at
+        once: a list of overrides, each a configuration labelled by all its values (None: the
+        suite's own sweep, if any, harmony.suite.SWEEPS)."""
+        return None
+
+    def place(self, specs: list, run_dir: Path, params: dict, cpus: list[int]) -> tuple[list, dict]:
+        """The tasks of a run about to be captured into ``run_dir`` on ``cpus``, its directory
+        made, and the parameters the run settles only now, where it is captured (on the host or
+        in a VM's guest agent), to be recorded with the others (default: ``specs`` as they are,
+        nothing settled). Tasks that keep records of their own (the server experiment's
+        requests) are told here where, and what they share is made there (its pipes); the
+        server's capacity is measured here."""
+        return specs, {}
 
     def draw(self, p: dict, cpus: list[int], seed: int) -> dict[str, Any]:
         """Random choices of one run (e.g. a random cut time), drawn from the run's ``seed``.

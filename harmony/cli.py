@@ -683,15 +683,26 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
 @click.argument("dirs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--json", "as_json", is_flag=True, help="print the card as JSON")
 def infer(dirs, as_json):
-    """The policy card (thesis Table 7.1) from run, batch or suite directories."""
-    from harmony.analysis.policy import infer as infer_card
+    """The policy card (thesis Table 7.1) from run, batch or suite directories; with server runs,
+    how the scheduler treats each server shape (harmony.analysis.server_card)."""
+    from harmony.analysis import server_card
+    from harmony.analysis.policy import collect, infer_evidence
     from harmony.store import RunError
 
     with _errors(inputs=(RunError,)):      # the directories given are the arguments
-        card = infer_card(dirs)
+        evidence, skipped = collect(dirs)
+        card = infer_evidence(evidence, skipped)
     if not card.runs:
         _fail(f"no complete run under {', '.join(map(str, dirs))}", 2)
-    click.echo(json.dumps(card.to_dict(), indent=1, default=str) if as_json else card.text().rstrip())
+    server = server_card.answers(evidence)
+    if as_json:
+        click.echo(json.dumps(card.to_dict() | ({"server": server} if server else {}), indent=1,
+                              default=str))
+        return
+    click.echo(card.text().rstrip())
+    if server:
+        click.echo("\nserver-shaped workloads (experiment server):")
+        click.echo("\n".join(server_card.section_lines(evidence)))
 
 
 @main.command(help=f"""Policy cards and metrics side by side, never pooled: each SOURCE a run,
@@ -763,7 +774,7 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
         raise click.BadParameter(f"{out} is not empty; choose another --out", param_hint="--out")
     cpus = list(range(ncpus))
     if whole:
-        configs = plan(cpus, quick=quick, repeat=repeat)
+        configs = plan(cpus, quick=quick, repeat=repeat, simulated=True)
         record = run_suite(configs, cpus, out, SimRunner(policy_name), seed=seed,
                            facts={"kernel": "simulated", "scheduler": f"reference policy {policy_name}",
                                   "ncpus": ncpus})
@@ -772,6 +783,8 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
         return
     try:
         exp = get_experiment(experiment)
+        if exp.not_simulated:
+            raise ValueError(f"{experiment} cannot be simulated: {exp.not_simulated}")
         values = exp.resolve(_parse_params(params), cpus)
         refuse_classes(params=values)
     except ValueError as exc:

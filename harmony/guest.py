@@ -34,10 +34,11 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from harmony import doctor, store
+from harmony import doctor, serve, store
 from harmony.hygiene import HostLock
 from harmony.manifest import reason
 from harmony.probes import get_probe
@@ -86,7 +87,7 @@ class PlannedRun:
                    scx.to_dict() if scx else None)
 
 
-class _Planned:
+class PlannedExperiment:
     """What :func:`harmony.run.capture` asks of an experiment, answered from a PlannedRun."""
 
     def __init__(self, run: PlannedRun):
@@ -97,6 +98,32 @@ class _Planned:
 
     def tasks(self, params, cpus) -> list[TaskSpec]:
         return [TaskSpec(**t) for t in self._run.tasks]
+
+    def place(self, specs, run_dir, params, cpus) -> tuple[list, dict]:
+        """A server-shaped workload's tasks (``serve`` set) made ready in the guest, its capacity
+        measured there (:func:`harmony.serve.place`: what the host measured would not be the
+        guest's), its pipes in a directory of the guest's memory (:func:`memory_dir`: the run
+        directory is the host's, shared over 9p, where opening a FIFO fails with ENXIO); any
+        other workload as it is (Experiment.place)."""
+        if any(s.serve for s in specs):
+            return serve.place(specs, run_dir, params, cpus,
+                               pipes_dir=tempfile.mkdtemp(prefix="hmy-serve-", dir=memory_dir()))
+        return specs, {}
+
+
+#: where the guest may keep what cannot sit on the host's share, first found in memory (tmpfs)
+MEMORY_DIRS = ("/dev/shm", "/run", "/tmp", "/dev")
+
+
+def memory_dir() -> str:
+    """The first of :data:`MEMORY_DIRS` that is a file system in memory (tmpfs, devtmpfs): the
+    guest's own, gone with the VM, where a FIFO works (on the 9p share it does not)."""
+    with open("/proc/mounts") as f:
+        kinds = {fields[1]: fields[2] for fields in (line.split() for line in f) if len(fields) > 2}
+    for d in MEMORY_DIRS:
+        if kinds.get(d) in ("tmpfs", "devtmpfs"):
+            return d
+    raise OSError(f"none of {', '.join(MEMORY_DIRS)} is a tmpfs here")
 
 
 def write_job(path: Path, runs: list[PlannedRun]) -> None:
@@ -135,7 +162,7 @@ def run_job(runs: list[PlannedRun], facts: dict, stream=None) -> int:
         for i, run in enumerate(runs):
             emit("start", stream, run=i, dir=run.dir)
             try:
-                capture(_Planned(run), run.params, run.cpus, Path(run.dir), run.probe, run.seed,
+                capture(PlannedExperiment(run), run.params, run.cpus, Path(run.dir), run.probe, run.seed,
                         facts, quiet=True, lock_held=True, tables=JsonRows(),
                         scx=ScxSpec.from_dict(run.scx) if run.scx else None,
                         pause=lambda i=i: emit("measuring", stream, run=i),

@@ -199,6 +199,13 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             manifest["reclaimed"] += scheduler.reclaimed
             manifest["host"] = {**manifest["host"], "scheduler": scheduler.ops,
                                 "sched_ext": "enabled"}
+        # tasks that keep records of their own are told where, and what the run settles only
+        # now (the server's measured capacity, under the scheduler under test) joins its params
+        specs, settled = experiment.place(specs, out, params, cpus)
+        if settled:
+            params.update(settled)
+            manifest["params"] = {**manifest["params"], **settled}
+            store.write_json(out / "manifest.json", manifest)
         workload = Workload(specs, cpus, seed=seed, warm_s=warm_s(params))
         workload.spawn()  # before the probe's threads exist: fork with no threads running
         stored["tasks"] = sink.put(out, "tasks", task_rows(specs, workload.pids))

@@ -14,6 +14,7 @@ import pandas as pd
 
 from harmony import pipeline, store
 from harmony.analysis.refpolicy import TICK_NS, Policy, Simulator, get_policy, refuse_classes
+from harmony.errors import ParameterError
 from harmony.experiments import get_experiment
 from harmony.probes import Capture
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0
@@ -86,6 +87,8 @@ def simulate_run(policy: Policy | str, experiment: str, cpus: int | list[int], o
     policy = get_policy(policy) if isinstance(policy, str) else policy
     cpu_list = list(range(cpus)) if isinstance(cpus, int) else list(cpus)
     exp = get_experiment(experiment)
+    if exp.not_simulated:
+        raise ParameterError(f"{experiment} cannot be simulated: {exp.not_simulated}")
     params = exp.resolve(dict(overrides or {}), cpu_list)
     refuse_classes(params=params)
     return execute(policy, exp, params, cpu_list, out, seed)

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 TABLES = ("tasks", "migrations", "runs", "runqueue", "allocation", "shares", "kernel_samples",
-          "kernel_counters", "markers", "events")
+          "kernel_counters", "markers", "events", "requests")
 
 
 def make_run_dir(path: Path) -> Path:
@@ -222,6 +222,7 @@ class Run:
                  (harmony.probes.proc_sched.KERNEL_COUNTERS)
     markers      trace markers (harmony.probes.schema)
     events       the canonical decoded events (harmony.probes.schema)
+    requests     a server run's requests (harmony.analysis.tables.REQUESTS; experiment server)
 
     ``table("kernel_nr_running")`` reads the kernel's own per-CPU counts, where the run sampled
     them (harmony.probes.sched_debug.KERNEL_NR_RUNNING). ``t`` columns are seconds since t0;

@@ -46,6 +46,7 @@ QUICK = {
     "intrinsic-imbalance": {"duration": 3.0, "warmup_s": 0.5},
     "heavy-light": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5, "short_s": 0.5},
     "priority-classes": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5, "short_s": 0.5},
+    "server": {"duration": 2.0},
 }
 #: repetitions per configuration (the thesis ran 10-25); detection needs more (a distribution).
 REPEATS = {"full": 5, "quick": 2}
@@ -78,11 +79,14 @@ def _has(exp, name: str) -> bool:
 
 
 def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
-         experiments: list[str] | None = None) -> list[Config]:
-    """The suite's configurations for this CPU set. Raises ValueError for an unknown experiment."""
+         experiments: list[str] | None = None, simulated: bool = False) -> list[Config]:
+    """The suite's configurations for this CPU set; ``simulated`` (the reference policies'
+    simulator) leaves out the experiments it cannot run (Experiment.not_simulated). Raises
+    ValueError for an unknown experiment."""
     from harmony.experiments import CATALOG, get_experiment
 
     names = list(CATALOG) if experiments is None else experiments
+    names = [n for n in names if not (simulated and get_experiment(n).not_simulated)]
     mode = "quick" if quick else "full"
     out = []
     for name in names:
@@ -90,7 +94,10 @@ def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
         base = {k: v for k, v in QUICK.get(name, {}).items() if _has(exp, k)} if quick else {}
         sweep = SWEEPS.get(name)
         points = [{}]
-        if sweep and _has(exp, sweep[0]):
+        grid = exp.suite_points(len(cpus), quick)
+        if grid:
+            points = grid
+        elif sweep and _has(exp, sweep[0]):
             values = (sweep[2] if quick else sweep[1])(len(cpus))
             points = [{sweep[0]: v} for v in values]
             if name == "priority-classes" and _has(exp, "high_nice"):
@@ -98,7 +105,8 @@ def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
                 points = [pt | {"high_nice": min(0, 19 - pt["nice_diff"])} for pt in points]
         n = repeat if repeat is not None else REPEATS[mode] + EXTRA_REPEATS.get(name, 0)
         for pt in points:
-            label = name + "".join(f"-{k}={v}" for k, v in pt.items() if k == sweep[0]) if sweep else name
+            label = name + "".join(f"-{k}={v}" for k, v in pt.items()
+                                   if grid or (sweep and k == sweep[0]))
             cfg = Config(name, {**base, **pt}, n, label)
             try:
                 cfg.params = exp.resolve(cfg.overrides, cpus)
@@ -270,7 +278,7 @@ def simulate_suite(policy: str, ncpus: int, out: Path, quick: bool = True, repea
     from harmony.batch import SimRunner
 
     cpus = list(range(ncpus))
-    configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments)
+    configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments, simulated=True)
     runner = SimRunner(policy)
     return run_suite(configs, cpus, out, runner, facts={"kernel": "simulated",
                                                         "scheduler": f"reference policy {policy}",

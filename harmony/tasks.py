@@ -99,6 +99,9 @@ class TaskSpec:
     rt_priority:  SCHED_FIFO / SCHED_RR priority (1..RT_PRIORITY_MAX), 0 for the other classes
     dl_runtime_ms / dl_deadline_ms / dl_period_ms: SCHED_DEADLINE's parameters (0 otherwise;
                   deadline 0 = the period): the task may run ``dl_runtime_ms`` in every period
+    serve:        "" for the duty-cycle loop; else the JSON of a server-shaped task's part (a
+                  client, a connection's server, a stage's pool worker...: :mod:`harmony.serve`),
+                  which it runs from its release instead of the loop
     """
 
     name: str
@@ -116,6 +119,7 @@ class TaskSpec:
     dl_runtime_ms: float = 0.0
     dl_deadline_ms: float = 0.0
     dl_period_ms: float = 0.0
+    serve: str = ""
 
     def __post_init__(self):
         if not 0 < self.duty <= 100:
@@ -183,6 +187,10 @@ TASKS = Table("tasks", "one row per experiment task, in the experiment's order",
     ("dl_runtime_ms", "float64",          "SCHED_DEADLINE runtime per period (ms); 0 otherwise"),
     ("dl_deadline_ms", "float64",         "SCHED_DEADLINE relative deadline (ms); 0 otherwise"),
     ("dl_period_ms",  "float64",          "SCHED_DEADLINE period (ms); 0 otherwise"),
+    ("serve",         "str",              'its part in a server-shaped workload (JSON, '
+                                          'harmony.serve); "" for the duty-cycle loop (missing '
+                                          "from a tasks table recorded before the server "
+                                          "experiment: read it as \"\")"),
     ("comm",          "str",              "its command name (TaskSpec.comm; an imported run's: "
                                           "the traced task's comm)"),
 ])

@@ -24,6 +24,9 @@ the controller has written it.
 An occupier (:func:`occupy`) is not a task of the experiment: during the release it holds one
 CPU of the set with a SCHED_FIFO busy loop, so that no CPU but a task's own is idle when the task
 wakes, and opens the start gate of its CPU itself (see :mod:`harmony.controller`).
+
+A task of a server-shaped workload (its spec's ``serve``) runs its part of the server
+(:mod:`harmony.serve`) from its gate on, instead of the duty-cycle loop.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import signal
 import time
 import types
 
+from harmony import serve
 from harmony.osutil import (FUTEX_WAIT, FUTEX_WAKE, PR_SET_NAME, PR_SET_TIMERSLACK, SCHED_DEADLINE,
                             WAKE_ALL, die_with_parent, futex, prctl, sched_setattr)
 
@@ -238,8 +242,15 @@ def run(slot: int, spec: dict, cpus: list[int], shared: Shared, gate: int, paren
     if not deadline:
         _enter_class_or_say(spec, shared, ready)
     cells = shared.cells
+    # a server-shaped task (TaskSpec.serve) binds and opens what it serves before its gate, so
+    # that every peer can reach it once released, and runs its part instead of the loop below
+    body = (serve.prepare(spec.serve, lambda ns: spin_for(ns, cells, slot), seed)
+            if getattr(spec, "serve", "") else None)
     shared.words[ready] = 1
     wait_at_gate(shared, gate)  # held here until t0 (cold), or until the warm-up starts (warm)
+    if body is not None:
+        body(cells)
+        os._exit(0)
 
     rng = random.Random(seed)
     t0 = stop_at = cut_at = None

@@ -22,12 +22,13 @@ PACKAGES = {"harmony": "harmony", "probes": "harmony.probes", "experiments": "ha
 #: precisely (itself, else its longest prefix).
 ROOMS = [
     ("foundations", ["harmony.errors", "harmony.osutil", "harmony.version", "harmony.timing",
-                     "harmony.jit", "harmony.memory", "harmony.columns", "harmony.tasks",
+                     "harmony.jit", "harmony.memory", "harmony.columns", "harmony.tasks", "harmony.serve",
                      "harmony.store", "harmony.manifest", "harmony.hostfacts"]),
     ("probes", ["harmony.probes.*"]),
     ("analysis", ["harmony.analysis.*"]),
     ("experiments", ["harmony.experiments.*"]),
     ("inference and reports", ["harmony.analysis.policy", "harmony.analysis.reference",
+                               "harmony.analysis.server_card",
                                "harmony.analysis.compare", "harmony.analysis.report",
                                "harmony.analysis.report_suite"]),
     ("orchestration", ["harmony.*"]),

@@ -19,7 +19,8 @@ from test_ringbuf import FORMATS_NEW, FORMATS_WAKING, PageBuilder, encode, parse
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm",
            "compare_noise", "controller_death", "pelt_warmup", "warm_cold", "fidelity",
-           "whole_import", "first_use", "perf_import")
+           "whole_import", "first_use", "perf_import", "schbench",
+           "server_capacity")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
-from harmony.analysis import policy
+from harmony.analysis import policy, server_card
+from harmony.analysis.requests import request_metrics
 from harmony.analysis import thresholds as T
 from harmony.analysis.policy import UNDECIDED, Evidence, infer_evidence
 
@@ -119,10 +122,31 @@ THRESHOLD_CASES = [
      lambda v: label("priorities", ev("priority-classes", high_spread_index=0.0, nice_diff=5,
                                       low_cluster_index=v)).split("; ")[1],
      ("low spread", "low spread", "low clustered")),
+    ("SERVER_KEEPS_MAX_PER_TASK_S", "server_migrations_per_task_s (thread-per-connection)",
+     lambda v: _server("thread-per-connection", server_migrations_per_task_s=v),
+     ("keeps", "keeps", "moves")),
+    ("SERVER_SPREAD_MIN_JAIN", "server_cpu_jain (pool-per-stage)",
+     lambda v: _server("pool-per-stage", server_cpu_jain=v), ("packed", "spread", "spread")),
+    ("RQ_WAIT_MIN_NS", "a request's wait_ns: all_waited",
+     lambda v: _one_request(wait_ns=v)["all_waited"], (0.0, 1.0, 1.0)),
     # FOREIGN_LOAD_MAX: on run directories (policy.collect reads manifests), in test_policy.py's
     # test_runs_on_a_busy_host_are_not_evidence; VCPU_WAIT_MAX likewise, in
     # test_runs_whose_vcpus_waited_for_the_host_are_not_evidence
 ]
+
+
+def _server(shape, **summary):
+    return server_card.answers([ev("server", params={"shape": shape, "load": 0.5},
+                                   **summary)])[0]["label"]
+
+
+def _one_request(wait_ns):
+    """The metrics of one answered request whose server waited ``wait_ns``."""
+    one = pd.DataFrame({"id": [0], "conn": np.int32([0]), "arrival": [0], "sent": [0], "start": [0],
+                        "end": [1000], "done": [2000], "work_ns": [500], "latency_ns": [2000.0],
+                        "answered": [True], "measured": [True], "migrations": [0],
+                        "wait_ns": [int(wait_ns)]})
+    return request_metrics(one, 0, 10_000)
 
 
 @pytest.mark.parametrize("name,what,rule,want", THRESHOLD_CASES,

@@ -18,6 +18,12 @@ def test_plan_covers_the_catalog_with_sweeps():
 
     configs = plan([0, 1], quick=True)
     assert {c.experiment for c in configs} == set(CATALOG)
+    # the server: every shape, at one load quick, three in full; the simulator leaves it out
+    assert sorted(c.label for c in configs if c.experiment == "server") == [
+        "server-shape=event-loop-load=0.5", "server-shape=pool-per-stage-load=0.5",
+        "server-shape=thread-per-connection-load=0.5", "server-shape=thread-per-core-load=0.5"]
+    assert len([c for c in plan([0, 1]) if c.experiment == "server"]) == 12
+    assert "server" not in {c.experiment for c in plan([0, 1], quick=True, simulated=True)}
     for c in configs:
         assert c.params is not None and c.repeat >= 2
     if "how-many" in CATALOG:

@@ -279,7 +279,7 @@ def test_a_job_plans_what_capture_would_run(tmp_path):
     assert planned.params == drawn and planned.params != params
     guest.write_job(tmp_path / "job.json", [planned])
     (back,) = guest.read_job(tmp_path / "job.json")
-    stand_in = guest._Planned(back)
+    stand_in = guest.PlannedExperiment(back)
     assert stand_in.draw(back.params, back.cpus, 3) == {}
     assert stand_in.tasks(back.params, back.cpus) == exp.tasks(drawn, [0, 1, 2, 3])
     (tmp_path / "bad.json").write_text('{"runs": []}')

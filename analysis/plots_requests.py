@@ -1,0 +1,105 @@
+"""Figures of a server run's requests (experiment ``server``): latency distribution and latency
+over time, with the serving tasks' migrations marked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harmony.analysis.plots import plt, save_figure
+from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
+
+
+def plot_latency(requests: pd.DataFrame, migrations: pd.DataFrame, t0: int, duration_s: float,
+                 path: Path, title: str = "") -> Path:
+    """Left: the CDF of the measured requests' latency (log scale; unanswered ones off the right
+    edge, counted in the legend), p50/p99/p99.9 marked. Right: each request's latency against its
+    arrival (s since t0), red where it met a migration, orange where its servers waited in a run
+    queue (RQ_WAIT_MIN_NS or more), grey otherwise; below it, a tick per migration of a serving
+    task."""
+    fig = plt.figure(figsize=(12, 4.6))
+    grid = fig.add_gridspec(2, 2, width_ratios=[1, 1.6], height_ratios=[1, 0.12], hspace=0.08)
+    cdf, over = fig.add_subplot(grid[:, 0]), fig.add_subplot(grid[0, 1])
+    rug = fig.add_subplot(grid[1, 1], sharex=over)
+    m = requests[requests["measured"]]
+    ans = m[m["answered"]]
+    lat = np.sort(ans["latency_ns"].to_numpy() / 1e6)
+    if len(lat):
+        y = np.arange(1, len(lat) + 1) / len(m)
+        cdf.step(lat, y, where="post", color="#2c3e50",
+                 label=f"{len(lat)} answered, {len(m) - len(lat)} unanswered")
+        for q, style in ((50, ":"), (99, "--"), (99.9, "-.")):
+            v = np.quantile(lat, q / 100, method="inverted_cdf")
+            cdf.axvline(v, color="#c0392b", ls=style, lw=1, label=f"p{q:g} {v:.2f} ms")
+        cdf.set_xscale("log")
+        cdf.legend(fontsize=8, loc="lower right")
+    else:
+        cdf.text(0.5, 0.5, "no request answered", transform=cdf.transAxes, ha="center")
+    cdf.set_xlabel("latency (ms, answer - arrival)")
+    cdf.set_ylabel("fraction of requests")
+    cdf.set_ylim(0, 1.01)
+    cdf.set_title("latency CDF")
+    waited = ans["wait_ns"] >= RQ_WAIT_MIN_NS
+    kinds = [("no migration, no wait", (ans["migrations"] == 0) & ~waited, "#95a5a6", 3),
+             ("run-queue wait", (ans["migrations"] == 0) & waited, "#e67e22", 4),
+             ("met a migration", ans["migrations"] > 0, "#c0392b", 8)]
+    for label, sel, color, size in kinds:
+        part = ans[sel]
+        if len(part):
+            over.scatter(part["t"], part["latency_ns"] / 1e6, s=size, color=color, lw=0,
+                         label=f"{label} ({len(part)})", alpha=0.7)
+    servers = set(int(p) for s in requests["pids"] for p in s.split(",") if p)
+    mig = migrations[migrations["pid"].isin(servers)]
+    mig = mig[(mig["t"] >= 0) & (mig["t"] <= duration_s)]
+    if len(ans):
+        over.set_yscale("log")
+        over.legend(fontsize=8, loc="upper left", markerscale=2, ncol=3)
+    rug.vlines(mig["t"], 0, 1, color="#c0392b", lw=0.5)
+    rug.set_yticks([])
+    rug.set_ylabel(f"{len(mig)}\nmigr.", rotation=0, ha="right", va="center", fontsize=8)
+    over.set_xlim(0, duration_s)
+    over.tick_params(labelbottom=False)
+    rug.set_xlabel("arrival (s since t0); below: migrations of the serving tasks")
+    over.set_ylabel("latency (ms)")
+    over.set_title("latency over time")
+    if title:
+        fig.suptitle(title)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
+def df_latency_by_load(runs) -> pd.DataFrame:
+    """One row per server run (``harmony.store.Run``s of experiment server): its shape, load, rate
+    and latency percentiles (ms; None where unanswered requests reached them), sorted by shape
+    and load."""
+    rows = []
+    for run in runs:
+        p, s = run.manifest["params"], run.summary
+        rows.append({"shape": p["shape"], "load": float(p["load"]), "rate_rps": s["rate_rps"],
+                     **{k: s[k] for k in ("latency_p50_ms", "latency_p90_ms", "latency_p99_ms",
+                                          "latency_p999_ms", "service_inversion",
+                                          "p99_met_migration", "all_met_migration")}})
+    return pd.DataFrame(rows).sort_values(["shape", "load"], ignore_index=True)
+
+
+def plot_latency_by_load(df: pd.DataFrame, path: Path, title: str = "") -> Path:
+    """Latency p50 (dotted), p99 (solid) and p99.9 (dashed) against the offered load, one colour
+    per shape (``df``: :func:`df_latency_by_load`); a percentile unanswered requests reached is
+    not drawn."""
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    colors = dict(zip(sorted(df["shape"].unique()), ["#2c3e50", "#c0392b", "#27ae60", "#8e44ad"]))
+    for shape, g in df.groupby("shape"):
+        for key, style, mark in (("latency_p50_ms", ":", "o"), ("latency_p99_ms", "-", "s"),
+                                 ("latency_p999_ms", "--", "^")):
+            y = pd.to_numeric(g[key], errors="coerce")
+            ax.plot(g["load"], y, style, marker=mark, color=colors[shape], ms=4,
+                    label=shape if key == "latency_p99_ms" else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("offered load (fraction of the capacity measured)")
+    ax.set_ylabel("latency (ms): p50 dotted, p99 solid, p99.9 dashed")
+    ax.legend(fontsize=8, loc="upper left")
+    ax.set_title(title or "latency against load")
+    return save_figure(fig, path)
