@@ -22,7 +22,8 @@ from __future__ import annotations
 from harmony.columns import Table
 
 MIGRATIONS = Table(
-    "migrations", "every sched_migrate_task of an experiment task, in time order", [
+    "migrations", "every sched_migrate_task of an experiment task, and every move of one "
+                  "its own events prove but no probe recorded (inferred), in time order", [
         ("ts",        "int64",    "event time (ns)"),
         ("t",         "float64",  "s since t0; negative for a set-up move before the release"),
         ("pid",       "int32",    "the task moved"),
@@ -38,6 +39,13 @@ MIGRATIONS = Table(
                                   "woke or forked (the event precedes its sched_wakeup[_new]); "
                                   "balance: moved while runnable (queued, or - an anomaly - "
                                   "believed running)"),
+        ("cause",     "category", "why it moved (harmony.analysis.causes.CAUSES, its categories "
+                                  "in that order): wakeup, fork, newidle, periodic, active, "
+                                  "affinity, numa or unknown, told from the events around it"),
+        ("inferred",  "bool",     "no probe recorded this move: the task's own events prove it "
+                                  "(harmony.analysis.causes.unrecorded_moves); ts is the "
+                                  "placement that proved it (the move came before), event_cpu "
+                                  "that placement's CPU"),
     ])
 
 RUNS = Table(
