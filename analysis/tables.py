@@ -163,8 +163,50 @@ COUNTER_AGREEMENT = Table(
         ("cpu_trace_ns",      "int64", "its run time between the reads' midpoints"),
     ])
 
+WASTED = Table(
+    "wasted", "every interval in [t0, t_end] during which a CPU of the set was idle while an "
+              "experiment task free to run on it waited runnable on another CPU "
+              "(harmony.analysis.cost.df_wasted), by (start, cpu)", [
+        ("cpu",      "int32",   "the idle CPU"),
+        ("start",    "int64",   "from (ns)"),
+        ("end",      "int64",   "to (ns)"),
+        ("duration", "int64",   "end - start (ns)"),
+        ("t",        "float64", "start, in s since t0"),
+        ("waiting",  "int64",   "the most tasks waiting on the other CPUs during it"),
+        ("long",     "bool",    "duration >= thresholds.WASTED_EPISODE_MIN_S: not a transient"),
+    ])
+
+USELESS_MIGRATIONS = Table(
+    "useless_migrations", "every move of a task undone by its next move, back, within "
+                          "thresholds.USELESS_MIGRATION_WITHIN_S (harmony.analysis.cost), by ts", [
+        ("pid",       "int32",   "the task"),
+        ("ts",        "int64",   "the first move (ns)"),
+        ("t",         "float64", "ts, in s since t0"),
+        ("src_cpu",   "int32",   "where it was"),
+        ("dst_cpu",   "int32",   "where it went, and came back from"),
+        ("back_ns",   "int64",   "time until the move back (ns)"),
+        ("cause",     "str",     "the first move's cause"),
+        ("back_cause", "str",    "the move back's cause"),
+    ])
+
+IDEAL = Table(
+    "ideal", "each experiment task's share in each window of the allocation table against its "
+             "ideal (GPS) share there (harmony.analysis.cost.df_ideal), in the allocation's order", [
+        ("pid",      "int32",    "the task"),
+        ("name",     "category", "its name"),
+        ("role",     "category", "its role"),
+        ("window",   "int64",    "the window's index"),
+        ("t",        "float64",  "the window's start, in s since t0"),
+        ("share",    "float64",  "its CPU time / the window's length: a fraction of one CPU"),
+        ("ideal",    "float64",  "its ideal share: the GPS allocation of the tasks' weights and "
+                                 "demands on the set's CPUs, at most one CPU"),
+        ("error",    "float64",  "share - ideal"),
+        ("slowdown", "float64",  "ideal / share (inf: given nothing it was owed); NaN where the "
+                                 "ideal is 0"),
+    ])
+
 #: the tables :func:`harmony.pipeline.derive_tables` makes, stored in a run directory as
 #: <name>.parquet
 STORED = (MIGRATIONS, RUNS, RUNQUEUE, ALLOCATION, SHARES)
 #: every table declared here
-ALL = STORED + (ANOMALIES, FOREIGN_LOAD, COUNTER_AGREEMENT)
+ALL = STORED + (ANOMALIES, FOREIGN_LOAD, COUNTER_AGREEMENT, WASTED, USELESS_MIGRATIONS, IDEAL)

@@ -13,7 +13,8 @@ trace, what it had to assume); :func:`analyse_capture` does the rest, the same w
 2. checks: the probe's blind spots, the release, lost events, foreign load, the kernel's own view
    and the workers' counters against the trace, a second probe's recording (cross-check): facts
    in the manifest, and notes as data (:mod:`harmony.analysis.trust`, which words them);
-3. metrics: the experiment's ``analyse()`` on those tables -> summary.json;
+3. metrics: the experiment's ``analyse()`` on those tables, and what the policy cost (migration
+   causes, wasted CPU time, distance from the ideal allocation) -> summary.json;
 4. figures (now, or deferred to :func:`draw_figures`) and report.md.
 
 :func:`new_manifest` starts every run directory's manifest; :func:`analyse` analyses a capture
@@ -257,7 +258,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
             served["kernel_samples"] = origin.kernel_samples
         run.preload(served)
         try:
-            summary = experiment.analyse(run)
+            summary = experiment.summarise(run)
         except EXPERIMENT_CANNOT_READ as exc:
             raise _cannot_read(out, experiment, origin, exc) from None
         store.write_json(out / "summary.json", summary)
