@@ -88,7 +88,7 @@ def test_declarations_are_well_formed(name):
 def test_a_summary_that_departs_from_the_declaration_says_how():
     exp = get_experiment("work-conservation")
     good = {m.name: None if m.none_when else {"int": 1, "float": 0.5, "bool": True, "str": "balance",
-                                              "dict": {}}[m.kind] for m in exp.summary}
+                                              "dict": {}}[m.kind] for m in exp.declared}
     assert exp.summary_problems(good) == []
     bad = dict(good, ncpus=2.0, stolen=1, migrations=None, extra=3)
     del bad["idle_at_s"]
