@@ -203,6 +203,10 @@ def cost_summary(events: pd.DataFrame, tasks: pd.DataFrame, migrations: pd.DataF
         "wasted_cpu_s": wasted.attrs["wasted_cpu_s"],
         "wasted_episodes": int(len(long)),
         "wasted_longest_ms": float(wasted["duration"].max() / 1e6) if len(wasted) else 0.0,
+        "wasted_longest": {"episodes": [
+            {"cpu": int(r.cpu), "t": float(r.t), "ms": r.duration / 1e6, "waiting": int(r.waiting)}
+            for r in wasted.sort_values("duration", ascending=False, kind="stable")
+                           .head(LONGEST).itertuples()]},
         "useless_migrations": int(len(df_useless_migrations(migrations, t0, t_end))),
         "ideal_share_error": dist["mean_abs_error"],
         "ideal_jain": dist["jain"],

@@ -243,6 +243,8 @@ COST_SUMMARY = (
                                 "it waited on another (work-conservation invariant)"),
     Metric("wasted_episodes", "count", "such intervals lasting WASTED_EPISODE_MIN_S or longer"),
     Metric("wasted_longest_ms", "ms", "the longest such interval, of any length (0: none)"),
+    Metric("wasted_longest", "", "the longest such intervals: {\"episodes\": [{cpu, t (s since "
+                                 "t0), ms, waiting (tasks)}, ...]}, longest first", kind="dict"),
     Metric("useless_migrations", "count", "moves undone by a move back within "
                                           "USELESS_MIGRATION_WITHIN_S"),
     Metric("ideal_share_error", "fraction", "mean |share - ideal share| over (window, task): "
