@@ -169,19 +169,29 @@ def df_ideal(allocation: pd.DataFrame, tasks: pd.DataFrame, ncpus: int,
         slowdown = np.where(ideal > 0, ideal / share, np.nan)
     return tables.IDEAL.frame({
         "pid": a["pid"].to_numpy(), "name": a["name"], "role": a["role"], "window": win,
-        "t": a["t"].to_numpy(), "share": share, "ideal": ideal, "error": share - ideal,
+        "t": a["t"].to_numpy(), "window_s": a["window_s"].to_numpy(), "share": share, "ideal": ideal, "error": share - ideal,
         "slowdown": slowdown}, copy=False)
+
+
+#: a window shorter than this fraction of the run's window length (the last one, cut by the end
+#: of the run: often under a millisecond, less than one time slice) shares nothing worth judging:
+#: left out of Jain's index and the slowdown, and weighs by its length in the mean error
+SHORT_WINDOW_FRACTION = 0.5
 
 
 def ideal_distance(ideal: pd.DataFrame) -> dict:
     """The policy's distance from the ideal allocation (a :func:`df_ideal` table): mean absolute
-    share error (fraction of a CPU), Jain's index of share / ideal over the (window, task) pairs
-    with an ideal share, and the largest slowdown (ideal / share; inf for a task given nothing
-    that was owed something, None where no task was owed anything)."""
-    owed = ideal["ideal"].to_numpy() > 0
+    share error (fraction of a CPU; each window weighs by its length), Jain's index of share /
+    ideal over the (window, task) pairs with an ideal share, and the largest slowdown (ideal /
+    share; inf for a task given nothing that was owed something, None where no task was owed
+    anything); these two over the windows of at least SHORT_WINDOW_FRACTION of the longest."""
+    ws = ideal["window_s"].to_numpy()
+    full = ws >= SHORT_WINDOW_FRACTION * ws.max(initial=0)
+    owed = (ideal["ideal"].to_numpy() > 0) & full
     ratio = ideal["share"].to_numpy()[owed] / ideal["ideal"].to_numpy()[owed]
     slow = ideal["slowdown"].to_numpy()[owed]
-    return {"mean_abs_error": float(np.abs(ideal["error"].to_numpy()).mean()) if len(ideal) else 0.0,
+    err = np.abs(ideal["error"].to_numpy())
+    return {"mean_abs_error": float((err * ws).sum() / ws.sum()) if ws.sum() > 0 else 0.0,
             "jain": jain_index(ratio) if len(ratio) else None,
             "slowdown_max": float(slow.max()) if len(slow) else None}
 

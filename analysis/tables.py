@@ -197,6 +197,7 @@ IDEAL = Table(
         ("role",     "category", "its role"),
         ("window",   "int64",    "the window's index"),
         ("t",        "float64",  "the window's start, in s since t0"),
+        ("window_s", "float64",  "the window's length (s); the last may be shorter"),
         ("share",    "float64",  "its CPU time / the window's length: a fraction of one CPU"),
         ("ideal",    "float64",  "its ideal share: the GPS allocation of the tasks' weights and "
                                  "demands on the set's CPUs, at most one CPU"),

@@ -128,3 +128,17 @@ def test_an_exited_task_is_owed_nothing():
     ideal = cost.df_ideal(alloc, tk, 2)
     assert ideal["ideal"].tolist() == pytest.approx([2 / 3] * 3 + [1, 0, 1])
     assert cost.ideal_distance(ideal)["mean_abs_error"] == pytest.approx(0)
+
+
+def test_the_short_last_window_is_not_judged():
+    tk = tasks()
+    alloc = pd.DataFrame({"pid": np.array([A, B, C] * 2, np.int32),
+                          "name": pd.Categorical(["a", "b", "c"] * 2),
+                          "role": pd.Categorical(["w"] * 6), "window": np.repeat([0, 1], 3),
+                          "window_start": np.zeros(6, np.int64), "t": np.repeat([0.0, 1.0], 3),
+                          "window_s": np.repeat([1.0, 0.001], 3),
+                          "cpu_time": [2 / 3, 2 / 3, 1 / 3, 0.001, 0.001, 0],
+                          "share": [2 / 3, 2 / 3, 1 / 3, 1, 1, 0]})
+    d = cost.ideal_distance(cost.df_ideal(alloc, tk, 2))
+    assert d["slowdown_max"] == pytest.approx(2.0)        # c in the first window, not inf
+    assert d["mean_abs_error"] == pytest.approx((1 / 3 + 4 / 3 * 0.001) / 3.003)
