@@ -142,3 +142,19 @@ def test_the_short_last_window_is_not_judged():
     d = cost.ideal_distance(cost.df_ideal(alloc, tk, 2))
     assert d["slowdown_max"] == pytest.approx(2.0)        # c in the first window, not inf
     assert d["mean_abs_error"] == pytest.approx((1 / 3 + 4 / 3 * 0.001) / 3.003)
+
+
+def test_idleness_a_blind_probe_did_not_see_end_is_cut_at_its_last_sign():
+    # as idle_while_b_waits(30), but the switch out of CPU 1's idle task is missing (a probe blind
+    # there): C's wake-up recorded on CPU 1 in C's own context at 12 ms shows CPU 1 busy by then,
+    # since some instant after the last event of its idle context (a wake-up at 11 ms)
+    ev = (Stream()
+          .wakeup(0, 0, A, 0).wakeup(1, 0, B, 0).switch(2, 0, 0, 0, A)
+          .wakeup(3, 1, C, 1).switch(4, 1, 0, 0, C)
+          .switch(10 * MS, 1, C, 1, 0)
+          .wakeup(11 * MS, 1, C, 1, common_pid=0)
+          .waking(12 * MS, 1, A, 0, common_pid=C)
+          .migrate(40 * MS, 1, B, 0, 1, common_pid=0).switch(40 * MS + 1000, 1, C, 1, B)
+          .events())
+    w = cost.df_wasted(ev, tasks(), [0, 1], 0, 50 * MS)
+    assert w[["cpu", "start", "end"]].values.tolist() == [[1, 10 * MS, 11 * MS]]
