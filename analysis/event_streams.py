@@ -46,6 +46,8 @@ class Stream:
         return len(self._c["ts"])
 
     def _comm(self, pid: int, cpu: int) -> str:
+        if pid < 0:             # an event about no task (a softirq's)
+            return ""
         if pid == 0:
             return f"swapper/{cpu}"
         return self.names.get(pid, f"task{pid}")

@@ -44,10 +44,12 @@ _SCHED_MAP = {
 _OTHER_MAP = {
     ("irq", "softirq_entry"): {"prio": ("vec",)},
     ("irq", "softirq_exit"): {"prio": ("vec",)},
-    ("sched", "sched_move_numa"): {"pid": ("pid",), "orig_cpu": ("src_cpu",),
-                                   "target_cpu": ("dst_cpu",)},
-    ("sched", "sched_swap_numa"): {"pid": ("src_pid",), "prev_pid": ("dst_pid",),
-                                   "orig_cpu": ("src_cpu",), "target_cpu": ("dst_cpu",)},
+    # the kernel's names first, then those of Harmony's own export (harmony.probes.encode.GENERIC)
+    ("sched", "sched_move_numa"): {"pid": ("pid",), "orig_cpu": ("src_cpu", "orig_cpu"),
+                                   "target_cpu": ("dst_cpu", "target_cpu")},
+    ("sched", "sched_swap_numa"): {"pid": ("src_pid", "pid"), "prev_pid": ("dst_pid", "prev_pid"),
+                                   "orig_cpu": ("src_cpu", "orig_cpu"),
+                                   "target_cpu": ("dst_cpu", "target_cpu")},
 }
 _GENERIC_MAP = {"pid": ("pid",), "comm": ("comm",), "prio": ("prio",), "target_cpu": ("target_cpu",),
                 "orig_cpu": ("orig_cpu",)}

@@ -181,7 +181,9 @@ def test_balances():
     a = answer("balances", moved, still, unknown)
     assert a.label == UNDECIDED and not a.decided
     assert a.agreement == {"balances": 1, "does not balance": 1, "no_label": 1}
-    assert a.numbers == {"balance_migrations (median)": 1.5, "balanced_at_end (runs)": 1}
+    assert a.numbers == {"balance_migrations (median)": 1.5, "balanced_at_end (runs)": 1,
+                         "migrations by cause (median)": "none",
+                         "useless_migrations (median)": None}
 
 
 def test_affinity_weakest_experiment_wins_and_disagreement_is_undecided():
@@ -276,7 +278,9 @@ def test_work_conserving():
     assert label("work_conserving", run(1.0, 0.001)) == "yes"
     a = answer("work_conserving", run(1.0, None))           # idle, never stolen
     assert a.label == "no" and a.numbers == {"steal_latency_ms (median)": None, "max_ms": None,
-                                             "runs never stolen": 1}
+                                             "runs never stolen": 1,
+                                             "wasted_cpu_s (median)": None,
+                                             "wasted_episodes (median)": None}
     assert label("work_conserving", run(1.0, 0.5)) == "no"
     a = answer("work_conserving", run(None, None))          # the target never went idle
     assert a.label is None and a.agreement == {"no_label": 1}
