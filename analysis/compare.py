@@ -223,7 +223,7 @@ def metrics_of(experiment: str) -> list:
     label, not a quantity)."""
     exp = get_experiment(experiment)
     params = {p.name for p in exp.all_params()}
-    return [m for m in exp.summary if m.kind in ("int", "float", "bool") and m.unit != "cpu"
+    return [m for m in exp.declared if m.kind in ("int", "float", "bool") and m.unit != "cpu"
             and m.name not in params]
 
 
@@ -373,7 +373,7 @@ def _pair_rows(cmp: Comparison, i: int, j: int) -> list[dict]:
 
 
 def _unit(experiment: str, key: str) -> str:
-    return next(m.unit for m in get_experiment(experiment).summary if m.name == key)
+    return next(m.unit for m in get_experiment(experiment).declared if m.name == key)
 
 
 def df_metric_differences(cmp: Comparison) -> pd.DataFrame:
@@ -431,7 +431,7 @@ def _sortable(value) -> tuple:
 
 
 def _metric_index(experiment: str, key: str) -> int:
-    names = [m.name for m in get_experiment(experiment).summary]
+    names = [m.name for m in get_experiment(experiment).declared]
     return names.index(key) if key in names else len(names)
 
 

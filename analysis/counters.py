@@ -6,7 +6,8 @@ time); the ``kernel_counters`` table of a run (:data:`harmony.probes.proc_sched.
 
 Between a task's two reads the kernel counted its migrations (to another CPU), its switches away
 and its CPU time; the trace must show as many ``sched_migrate_task`` events of the task with
-orig_cpu != dest_cpu, as many ``sched_switch`` events with the task as prev, and as much run time.
+orig_cpu != dest_cpu (with the moves the tasks' own events prove where no probe recorded them),
+as many ``sched_switch`` events with the task as prev, and as much run time.
 A read happened at some instant of its window [before_ns, after_ns], so an event inside either
 window may or may not be in the kernel's difference: a count agrees when the kernel's difference
 lies between the events surely between the reads ("trace") and those plus the ones inside the
@@ -49,11 +50,13 @@ def _count(keys: np.ndarray, base: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 
 
 def df_counter_agreement(events: pd.DataFrame, runs: pd.DataFrame,
-                         counters: pd.DataFrame) -> pd.DataFrame:
+                         counters: pd.DataFrame, inferred: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per task read at both ends of the run ("start" and "end" reads), by pid.
 
     ``runs`` must cover the reads (a :func:`~harmony.analysis.reconstruct.df_runs` table whose
-    t_end is at or after the last read). Columns: :data:`harmony.analysis.tables.COUNTER_AGREEMENT`.
+    t_end is at or after the last read). ``inferred``: the moves no probe recorded that the
+    tasks' own events prove (the migrations table's ``inferred`` rows: pid, ts), counted with the
+    recorded ones. Columns: :data:`harmony.analysis.tables.COUNTER_AGREEMENT`.
     """
     read = counters["read"].to_numpy()
     c_pid = counters["pid"].to_numpy().astype(np.int64)
@@ -73,7 +76,11 @@ def df_counter_agreement(events: pd.DataFrame, runs: pd.DataFrame,
     is_mig = event_mask(events, "sched_migrate_task")
     is_mig &= events["orig_cpu"].to_numpy() != events["target_cpu"].to_numpy()
     is_sw = event_mask(events, "sched_switch")
-    keys = {"migrations": _keys(events["pid"].to_numpy()[is_mig], ts[is_mig], pids, t_min, span),
+    mig_pid, mig_ts = events["pid"].to_numpy()[is_mig], ts[is_mig]
+    if inferred is not None and len(inferred):
+        mig_pid = np.r_[mig_pid, inferred["pid"].to_numpy()]
+        mig_ts = np.r_[mig_ts, inferred["ts"].to_numpy()]
+    keys = {"migrations": _keys(mig_pid, mig_ts, pids, t_min, span),
             "switches": _keys(events["prev_pid"].to_numpy()[is_sw], ts[is_sw], pids, t_min, span)}
     w = {k: col[k] - t_min for k in ("before_ns_s", "after_ns_s", "before_ns_e", "after_ns_e")}
     out = {"pid": pids.astype(np.int32)}

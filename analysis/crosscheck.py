@@ -12,6 +12,7 @@ import collections
 import numpy as np
 import pandas as pd
 
+from harmony.analysis.causes import unrecorded_moves
 from harmony.analysis.arrays import event_mask, in_set, index_of
 from harmony.analysis.reconstruct import runqueue_steps, steps_at, steps_by_cpu
 
@@ -228,61 +229,16 @@ def silent_contexts(events: pd.DataFrame) -> list[dict]:
     return sorted(out, key=lambda d: -d["runs"])
 
 
-def _by_task_in_time(pid: np.ndarray, seq: np.ndarray) -> np.ndarray:
-    """The order sorting placements by (pid, seq), each (pid, seq) once: a stable sort by seq
-    (a few sorted runs: merged, not sorted), then a stable sort by the pid's rank among the
-    distinct pids (a radix sort when there are fewer than 65536)."""
-    by_seq = np.argsort(seq, kind="stable")
-    codes, uniq = pd.factorize(pid[by_seq])
-    if len(uniq) >= 1 << 16:
-        return np.argsort((pid << 36) | seq)
-    rank = np.empty(len(uniq), np.uint16)
-    rank[np.argsort(uniq)] = np.arange(len(uniq), dtype=np.uint16)
-    return by_seq[np.argsort(rank[codes], kind="stable")]
-
-
-_PLACED = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new")
-
-
 def unrecorded_migrations(events: pd.DataFrame, pids=None, examples: int = 5) -> dict:
-    """Moves a task's own events prove but no sched_migrate_task records.
-
-    Each task's events place it on a CPU: a sched_switch to or from it (the CPU that recorded it),
-    sched_waking (its CPU before the wake-up chooses one), sched_wakeup[_new] (the chosen CPU), and
-    sched_migrate_task (orig_cpu, then dest_cpu). Walking them in time order, a placement on another
-    CPU than the last one, with no migration in between, is a move the stream does not hold (a
-    migration whose orig_cpu is not the task's last CPU counts the same way).
+    """Moves a task's own events prove but no sched_migrate_task records
+    (:func:`harmony.analysis.causes.unrecorded_moves`), as a capture's facts.
 
     ``pids``: tasks to check (default: every task but the swappers). Returns n (moves), pids
     (tasks with one), examples (up to ``examples``: pid, ts of the placement that proved it,
     from_cpu, to_cpu).
     """
-    sw = event_mask(events, "sched_switch")
-    wk = event_mask(events, *_PLACED[1:])
-    mg = event_mask(events, "sched_migrate_task")
-    cpu, tgt, ts = (events[c].to_numpy() for c in ("cpu", "target_cpu", "ts"))
-    want = None if pids is None else np.asarray(list(pids), np.int64)
-    # one placement per (task, event): seq (row: rows are in time order), pid, cpu_before, cpu_after
-    seq, pid, before, after = [], [], [], []
-    for sel, pid_col, b_cpu, a_cpu in (
-            (sw, "pid", cpu, cpu), (sw, "prev_pid", cpu, cpu), (wk, "pid", tgt, tgt),
-            (mg, "pid", events["orig_cpu"].to_numpy(), tgt)):
-        p = events[pid_col].to_numpy()
-        keep = sel & (p > 0) & (b_cpu >= 0)
-        if want is not None:
-            keep &= in_set(p, want)
-        i = np.flatnonzero(keep)
-        seq.append(i)
-        pid.append(p[i].astype(np.int64))
-        before.append(b_cpu[i].astype(np.int64))
-        after.append(a_cpu[i].astype(np.int64))
-    seq, pid, before, after = (np.concatenate(x) for x in (seq, pid, before, after))
-    order = _by_task_in_time(pid, seq)
-    seq, pid, before, after = seq[order], pid[order], before[order], after[order]
-    same_task = np.r_[False, pid[1:] == pid[:-1]]
-    last = np.r_[-1, after[:-1]]
-    moved = same_task & (before != last)
-    hit = np.flatnonzero(moved)
-    return {"n": int(len(hit)), "pids": [int(x) for x in np.unique(pid[hit])],
-            "examples": [{"pid": int(pid[k]), "ts": int(ts[seq[k]]), "from_cpu": int(last[k]),
-                          "to_cpu": int(before[k])} for k in hit[:examples]]}
+    mv = unrecorded_moves(events, pids)
+    return {"n": int(len(mv["pid"])), "pids": [int(x) for x in np.unique(mv["pid"])],
+            "examples": [{"pid": int(mv["pid"][k]), "ts": int(mv["ts"][k]),
+                          "from_cpu": int(mv["from_cpu"][k]), "to_cpu": int(mv["to_cpu"][k])}
+                         for k in range(min(examples, len(mv["pid"])))]}

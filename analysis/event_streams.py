@@ -46,6 +46,8 @@ class Stream:
         return len(self._c["ts"])
 
     def _comm(self, pid: int, cpu: int) -> str:
+        if pid < 0:             # an event about no task (a softirq's)
+            return ""
         if pid == 0:
             return f"swapper/{cpu}"
         return self.names.get(pid, f"task{pid}")
@@ -90,6 +92,16 @@ class Stream:
         """sched_migrate_task recorded on ``cpu``: ``pid`` moves from ``orig`` to ``dest``."""
         return self._add(ts, cpu, "sched_migrate_task", common_pid, pid, orig_cpu=orig,
                          target_cpu=dest)
+
+    def softirq(self, ts, cpu, entry: bool, vec: int = 7, common_pid=0):
+        """irq:softirq_entry (``entry``) or irq:softirq_exit of vector ``vec`` (7: SCHED) on
+        ``cpu``; the vector is in ``prio``, as the decoders put it."""
+        return self._add(ts, cpu, "irq:softirq_entry" if entry else "irq:softirq_exit",
+                         common_pid, -1, prio=vec)
+
+    def move_numa(self, ts, cpu, pid, src, dst, common_pid=-1):
+        """sched_move_numa: the NUMA balancer moves ``pid`` from CPU ``src`` to ``dst``."""
+        return self._add(ts, cpu, "sched_move_numa", common_pid, pid, orig_cpu=src, target_cpu=dst)
 
     def exit(self, ts, cpu, pid):
         """sched_process_exit of ``pid`` (fires while it still runs; a dead switch-out follows)."""

@@ -15,6 +15,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from harmony.analysis.causes import causes_over_time  # noqa: E402
+
 sns.set_theme(style="whitegrid", context="notebook")
 
 
@@ -70,6 +72,46 @@ def plot_migrations(migrations: pd.DataFrame, duration_s: float, bin_s: float, p
     ax.set_xlabel("time since t0 (s)")
     ax.set_ylabel(f"migrations per {bin_s * 1000:g} ms")
     ax.set_title(f"{title} (total {len(migrations)})")
+    return save_figure(fig, path)
+
+
+#: each cause's colour in plot_causes (harmony.analysis.causes.CAUSES): placements grey, the
+#: balancer's own decisions warm, moves imposed from outside cool, unknown light
+CAUSE_COLOURS = {"wakeup": "#7f8c8d", "fork": "#bdc3c7", "newidle": "#e67e22",
+                 "periodic": "#c0392b", "active": "#8e44ad", "affinity": "#2980b9",
+                 "numa": "#16a085", "unknown": "#f1c40f"}
+
+
+def plot_causes(migrations: pd.DataFrame, duration_s: float, bin_s: float, path: Path) -> Path:
+    """Migrations of experiment tasks per time bin, stacked by cause
+    (:func:`harmony.analysis.causes.causes_over_time`; bins widened as in
+    :func:`plot_migrations`); the legend gives each cause's total, inferred moves included."""
+    fig, ax = plt.subplots(figsize=(9, 3.6))
+    bin_s *= max(1, int(np.ceil(duration_s / bin_s / MAX_MIGRATION_BINS)))
+    over = causes_over_time(migrations, bin_s, duration_s)
+    edges = np.r_[over["t"].to_numpy(), len(over) * bin_s]
+    below = np.zeros(len(edges), np.int64)
+    handles = []
+    for cause, colour in CAUSE_COLOURS.items():
+        n = over[cause].to_numpy()
+        if not n.sum():
+            continue
+        top = below + np.append(n, n[-1:])
+        handles.append(ax.fill_between(edges, below, top, step="post", lw=0, color=colour,
+                                       alpha=0.8, label=f"{cause} ({n.sum()})"))
+        below = top
+    if handles:
+        ax.set_ylim(0, max(1, int(below.max())) * 1.05)
+        ax.legend(handles=handles, title="cause", loc="upper right", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no migrations after t0", transform=ax.transAxes, ha="center",
+                va="center")
+    inferred = int((migrations["inferred"].to_numpy() & (migrations["t"].to_numpy() >= 0)).sum())
+    ax.set_xlim(0, duration_s)
+    ax.set_xlabel("time since t0 (s)")
+    ax.set_ylabel(f"migrations per {bin_s * 1000:g} ms")
+    ax.set_title(f"Why tasks moved (total {int(over[list(CAUSE_COLOURS)].to_numpy().sum())}"
+                 + (f", {inferred} inferred" if inferred else "") + ")")
     return save_figure(fig, path)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from harmony import store
 from harmony.analysis import thresholds as T
+from harmony.analysis.causes import CAUSES
 from harmony.analysis.trust import disqualifying, word
 from harmony.experiments import summary_key
 from harmony.tasks import POLICIES, classes_text
@@ -65,6 +66,15 @@ NICE_DIFF = summary_key("nice_diff", "priority-classes")
 HIGH_SPREAD_INDEX = summary_key("high_spread_index", "priority-classes")
 LOW_CLUSTER_INDEX = summary_key("low_cluster_index", "priority-classes")
 HIGH_ALLOCATION_RATIO = summary_key("high_allocation_ratio", "priority-classes")
+#: what the policy cost, every experiment's (harmony.experiments.base.COST_SUMMARY): numbers beside
+#: the answers, never a label's input
+CAUSE_KEYS = {c: summary_key(f"cause_{c}", "single-source") for c in CAUSES}
+WASTED_CPU_S = summary_key("wasted_cpu_s", "work-conservation")
+WASTED_EPISODES = summary_key("wasted_episodes", "work-conservation")
+USELESS_MIGRATIONS = summary_key("useless_migrations", "single-source")
+IDEAL_SHARE_ERROR = summary_key("ideal_share_error", "intrinsic-imbalance", "heavy-light")
+IDEAL_JAIN = summary_key("ideal_jain", "intrinsic-imbalance")
+IDEAL_SLOWDOWN_MAX = summary_key("ideal_slowdown_max", "heavy-light", "priority-classes")
 
 QUESTIONS = (
     ("balances", "Does the scheduler perform load balancing across processors?", "6.2"),
@@ -312,6 +322,12 @@ def _median(values):
     return statistics.median(values) if values else None
 
 
+def _causes(runs: list[Evidence]) -> str:
+    """The runs' migrations by cause, each cause's median over the runs (those above 0)."""
+    med = {c: _median(_values(runs, k)) for c, k in CAUSE_KEYS.items()}
+    return ", ".join(f"{c} {v:g}" for c, v in med.items() if v) or "none"
+
+
 def _per_cpu(e: Evidence, key: str):
     v = e.summary.get(key)
     return None if v is None or not e.ncpus else float(v) / e.ncpus
@@ -354,7 +370,9 @@ def q_balances(ev, prior) -> Answer:
         per.append((e, None if moved is None else "balances" if moved > 0 else "does not balance"))
     _vote(per, a)
     a.numbers = {f"{BALANCE_MIGRATIONS} (median)": _median(_values(runs, BALANCE_MIGRATIONS)),
-                 f"{BALANCED_AT_END} (runs)": sum(bool(e.summary.get(BALANCED_AT_END)) for e in runs)}
+                 f"{BALANCED_AT_END} (runs)": sum(bool(e.summary.get(BALANCED_AT_END)) for e in runs),
+                 "migrations by cause (median)": _causes(runs),
+                 f"{USELESS_MIGRATIONS} (median)": _median(_values(runs, USELESS_MIGRATIONS))}
     a.thresholds = {"rule": "a run balances if tasks moved off the source while runnable"}
     return a
 
@@ -438,6 +456,7 @@ def q_how_many(ev, prior) -> Answer:
     _vote(per, a)
     a.numbers = {key: [e.summary.get(key) for e in runs]
                  for key in (X, FIRST_ROUND_MOVED, POLY_PREDICTION, PAIRWISE_PREDICTION)}
+    a.numbers["migrations by cause (median)"] = _causes(runs)
     if a.label is None:
         same = [e for e in runs if e.summary.get(POLY_PREDICTION) is not None
                 and e.summary.get(PAIRWISE_PREDICTION) is not None
@@ -508,7 +527,9 @@ def q_work_conserving(ev, prior) -> Answer:
     lat = _values(runs, STEAL_LATENCY_S)
     a.numbers = {"steal_latency_ms (median)": None if not lat else _median(lat) * 1000,
                  "max_ms": None if not lat else max(lat) * 1000,
-                 "runs never stolen": sum(not e.summary.get(STOLEN) for e in runs)}
+                 "runs never stolen": sum(not e.summary.get(STOLEN) for e in runs),
+                 f"{WASTED_CPU_S} (median)": _median(_values(runs, WASTED_CPU_S)),
+                 f"{WASTED_EPISODES} (median)": _median(_values(runs, WASTED_EPISODES))}
     return a
 
 
@@ -569,7 +590,8 @@ def q_intrinsic(ev, prior) -> Answer:
 
     _vote([(e, label(e)) for e in runs], a)
     a.numbers = {f"{key} (median)": _median(_values(runs, key))
-                 for key in (SHARE_RATIO_MIN, SHARE_RATIO_MAX, JAIN_INDEX)}
+                 for key in (SHARE_RATIO_MIN, SHARE_RATIO_MAX, JAIN_INDEX, IDEAL_SHARE_ERROR,
+                             IDEAL_JAIN)}
     a.numbers[f"{MIGRATIONS_PER_S} per CPU (median)"] = \
         _median([r for r in (_per_cpu(e, MIGRATIONS_PER_S) for e in runs) if r is not None])
     return a
@@ -606,6 +628,8 @@ def q_selection(ev, prior) -> Answer:
     a.numbers = {key: [e.summary.get(key) for e in runs]
                  for key in (LIGHT_DUTY, SMAPE_SHORT, SMAPE_LONG, ONE_HEAVY_ONE_LIGHT_FRACTION)}
     a.numbers[f"{HEAVY_SLOWDOWN_LONG} (median)"] = _median(_values(runs, HEAVY_SLOWDOWN_LONG))
+    for key in (IDEAL_SHARE_ERROR, IDEAL_SLOWDOWN_MAX):
+        a.numbers[f"{key} (median)"] = _median(_values(runs, key))
     return a
 
 
@@ -637,7 +661,8 @@ def q_priorities(ev, prior) -> Answer:
             "; low " + ", ".join(f"{k} at nice diff {d}" for d, k in low.items())
     a.numbers = {f"{HIGH_SPREAD_INDEX} (median)": _median(_values(runs, HIGH_SPREAD_INDEX)),
                  f"{LOW_CLUSTER_INDEX} by nice diff": {str(d): _median(v) for d, v in by_diff.items()},
-                 f"{HIGH_ALLOCATION_RATIO} (median)": _median(_values(runs, HIGH_ALLOCATION_RATIO))}
+                 f"{HIGH_ALLOCATION_RATIO} (median)": _median(_values(runs, HIGH_ALLOCATION_RATIO)),
+                 f"{IDEAL_SLOWDOWN_MAX} (median)": _median(_values(runs, IDEAL_SLOWDOWN_MAX))}
     return a
 
 

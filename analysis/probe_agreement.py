@@ -83,9 +83,12 @@ def df_migration_agreement(mig_a: pd.DataFrame, mig_b: pd.DataFrame, t0: int, t_
     Columns: pid (int64), src_cpu, dst_cpu (int64), ts_a, ts_b (int64 ns; -1 where that probe has
     no such migration), dt (int64 ns, ts_b - ts_a; 0 for unmatched), status (str: "matched",
     "only_a", "only_b"), kind_a, kind_b (str: the migration kind each probe inferred, "" if none).
-    Only migrations in [t0, t_end] are kept.
+    Only migrations in [t0, t_end] are kept, and only those a probe recorded (not the moves
+    inferred from the tasks' events: ``inferred``).
     """
     lo, hi = t0 - tol_ns, t_end + tol_ns
+    mig_a, mig_b = (m[~m["inferred"].to_numpy()] if "inferred" in m.columns else m
+                    for m in (mig_a, mig_b))
     a = mig_a[(mig_a["ts"] >= lo) & (mig_a["ts"] <= hi)].reset_index(drop=True)
     b = mig_b[(mig_b["ts"] >= lo) & (mig_b["ts"] <= hi)].reset_index(drop=True)
     cols = ["pid", "src_cpu", "dst_cpu"]

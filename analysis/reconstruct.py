@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from harmony import jit as hjit
-from harmony.analysis import tables
+from harmony.analysis import causes, tables
 from harmony.analysis import taskstate as ts_
 from harmony.analysis.arrays import event_codes, event_mask, in_set, index_of, sorted_unique
 from harmony.analysis.taskstate import task_records
@@ -119,36 +119,57 @@ def _kinds(codes: np.ndarray, names) -> dict[str, int]:
 # ------------------------------------------------------------------------------------- migrations
 
 def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.DataFrame:
-    """Every sched_migrate_task of an experiment task, in time order.
+    """Every sched_migrate_task of an experiment task, and the moves its own events prove that
+    no sched_migrate_task recorded (``inferred``), in time order.
 
     Needs events: sched_migrate_task, plus sched_switch, sched_wakeup, sched_wakeup_new,
-    sched_process_exit (to know whether the task was runnable when it moved).
+    sched_process_exit (to know whether the task was runnable when it moved), sched_waking, and
+    for the causes the events of :mod:`harmony.analysis.causes` (the scheduler's softirq, the
+    NUMA balancer's moves) where recorded.
 
     Columns: :data:`harmony.analysis.tables.MIGRATIONS`. Whether the task was runnable as it
-    moved (its ``kind``) comes from :func:`harmony.analysis.taskstate.task_records`.
+    moved (its ``kind``) comes from :func:`harmony.analysis.taskstate.task_records`, the
+    ``cause`` from :func:`harmony.analysis.causes.migration_causes`; an inferred move's kind and
+    cause from :func:`harmony.analysis.causes.inferred_causes`.
 
     attrs: ``anomalies`` (int) = migrations whose orig_cpu contradicts the reconstructed CPU or
-    that hit a task believed running.
+    that hit a task believed running; ``inferred`` (int) = the inferred rows.
     """
     r = task_records(events, _pids(tasks))
     sel = np.flatnonzero(r["record"].to_numpy() == ts_.MIGRATE)
     sel = sel[np.argsort(r["seq"].to_numpy()[sel], kind="stable")]
     m = {c: r[c].to_numpy()[sel] for c in ("ts", "pid", "orig_cpu", "dest_cpu", "cpu",
                                            "runnable_before", "anomaly")}
-    name, role = _task_info(m["pid"], tasks)
-    kind = pd.Categorical(np.where(m["runnable_before"], "balance", "wakeup"),
-                          categories=["wakeup", "balance"])
+    policy = dict(zip(_pids(tasks).tolist(), task_classes(tasks)["policy"].tolist()))
+    cause = causes.migration_causes(events, r, sel, policy)
+    moves = causes.unrecorded_moves(events, _pids(tasks))
+    i_cause, i_runnable = causes.inferred_causes(moves)
+    cpu_ev = events["cpu"].to_numpy()
+    ts = np.concatenate([m["ts"], moves["ts"]])
+    # an inferred move comes before the recorded one of the same instant that proves it
+    order = np.lexsort((np.r_[np.ones(len(sel), np.int8), np.zeros(len(moves["ts"]), np.int8)], ts))
+    pid = np.concatenate([m["pid"].astype(np.int32), moves["pid"].astype(np.int32)])[order]
+    name, role = _task_info(pid, tasks)
+
+    def joined(a, b, dtype):
+        return np.concatenate([np.asarray(a).astype(dtype), np.asarray(b).astype(dtype)])[order]
+
+    runnable = joined(m["runnable_before"], i_runnable, bool)
     out = tables.MIGRATIONS.frame({
-        "ts": m["ts"],
-        "t": _t(m["ts"], t0),
-        "pid": m["pid"],
+        "ts": ts[order],
+        "t": _t(ts[order], t0),
+        "pid": pid,
         "name": name, "role": role,
-        "src_cpu": m["orig_cpu"].astype(np.int32),
-        "dst_cpu": m["dest_cpu"].astype(np.int32),
-        "event_cpu": m["cpu"].astype(np.int32),
-        "kind": kind,
+        "src_cpu": joined(m["orig_cpu"], moves["from_cpu"], np.int32),
+        "dst_cpu": joined(m["dest_cpu"], moves["to_cpu"], np.int32),
+        "event_cpu": joined(m["cpu"], cpu_ev[moves["row"]], np.int32),
+        "kind": pd.Categorical.from_codes(np.where(runnable, 1, 0), categories=["wakeup", "balance"]),
+        "cause": pd.Categorical.from_codes(joined(cause, i_cause, np.int8),
+                                           categories=list(causes.CAUSES)),
+        "inferred": joined(np.zeros(len(sel), bool), np.ones(len(moves["ts"]), bool), bool),
     }, copy=False)
     out.attrs["anomalies"] = int((m["anomaly"] > 0).sum())
+    out.attrs["inferred"] = int(len(moves["ts"]))
     return out
 
 

@@ -52,7 +52,7 @@ from harmony.analysis.event_streams import (
     Stream,
 )
 from harmony.errors import ParameterError
-from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, make_markers
+from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, SCHED_SOFTIRQ_VEC, make_markers
 from harmony.tasks import FAIR_POLICIES
 
 TICK_NS = 1_000_000
@@ -170,6 +170,7 @@ class Simulator:
         self.stream = Stream({t.pid: t.spec.comm for t in self.tasks})
         self.k = 0
         self.sub = 0
+        self.context = [0] * self.ncpu     # each CPU's current context, for its pulls' common_pid
 
     # -- emission -------------------------------------------------------------------------------
     def _ts(self) -> int:
@@ -181,8 +182,11 @@ class Simulator:
                            nxt.pid if nxt else 0, prev_prio=prev.prio if prev else 120,
                            next_prio=nxt.prio if nxt else 120)
 
-    def _migrate(self, t: _Task, dst: int, event_cpu: int):
-        self.stream.migrate(self._ts(), self.cpus[event_cpu], t.pid, self.cpus[t.cpu], self.cpus[dst])
+    def _migrate(self, t: _Task, dst: int, event_cpu: int, context: int = -1):
+        """Record the move of ``t`` to ``dst`` on ``event_cpu``, in the context of the task
+        ``context`` (its common_pid: the puller's current task, 0 for idle, -1 unsaid)."""
+        self.stream.migrate(self._ts(), self.cpus[event_cpu], t.pid, self.cpus[t.cpu], self.cpus[dst],
+                            common_pid=context)
         if not self.p.global_queue:  # per-CPU clocks: keep the task's lag relative to the new CPU
             t.vr += self.min_vr[dst] - self.min_vr[t.cpu]
         t.cpu = dst
@@ -268,7 +272,7 @@ class Simulator:
                 have += best.load
         for t in chosen:
             self.queue[src].remove(t)
-            self._migrate(t, dst, dst)
+            self._migrate(t, dst, dst, self.context[dst])
             self.queue[dst].append(t)
         return n
 
@@ -357,6 +361,8 @@ class Simulator:
             state = TASK_RUNNING
         prev = cur
         while True:
+            # a new-idle pull runs in the context of the task switched out (or of idle)
+            self.context[c] = prev.pid if prev is not None else 0
             nxt = self._pick(c)
             if nxt is None:
                 if prev is not None:
@@ -422,7 +428,14 @@ class Simulator:
                 for c in range(self.ncpu):
                     if self.next_balance[c] <= self.k:
                         self.next_balance[c] = self.k + self._interval()
+                        # the periodic balance, inside the CPU's SCHED softirq as the kernel's
+                        cur = self.curr[c]
+                        self.context[c] = cur.pid if cur is not None else 0
+                        self.stream.softirq(self._ts(), self.cpus[c], True, SCHED_SOFTIRQ_VEC,
+                                            self.context[c])
                         self._balance(c, idle=self._idle(c))
+                        self.stream.softirq(self._ts(), self.cpus[c], False, SCHED_SOFTIRQ_VEC,
+                                            self.context[c])
             for c in range(self.ncpu):
                 self._schedule(c)
             for c in range(self.ncpu):  # one tick of CPU time

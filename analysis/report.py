@@ -8,7 +8,9 @@ terminal and the files never disagree.
 from __future__ import annotations
 
 from harmony.analysis import document as D
+from harmony.analysis.causes import CAUSES
 from harmony.analysis.probe_agreement import agreement_lines
+from harmony.analysis.thresholds import USELESS_MIGRATION_WITHIN_S, WASTED_EPISODE_MIN_S
 from harmony.manifest import system_facts
 from harmony.analysis.trust import count
 from harmony.experiments import get_experiment
@@ -170,6 +172,37 @@ def counters_line(m: dict) -> str:
             f"({sw['trace']} / {sw['kernel']}){cpu}")
 
 
+def cost_rows(summary: dict) -> list[tuple[str, str]]:
+    """What the policy cost, as (label, value) rows for any renderer: the window's migrations by
+    cause, the CPU time wasted while work waited (and the longest such intervals), the moves undone
+    at once, the distance from the ideal (GPS) allocation. [] for a summary without them (a run
+    analysed before they existed)."""
+    if "wasted_cpu_s" not in summary:
+        return []
+    by_cause = [(c, summary.get(f"cause_{c}", 0)) for c in CAUSES]
+    total = sum(n for _, n in by_cause)
+    rows = [("migrations by cause", ", ".join(f"{c} {n}" for c, n in by_cause if n)
+             + f" ({total} in all" + (f"; {summary['migrations_inferred']} inferred, recorded by no "
+                                      "probe" if summary.get("migrations_inferred") else "") + ")"
+             if total else "none in the window"),
+            ("wasted CPU time", f"{summary['wasted_cpu_s']:.3f} s idle while a task waited "
+                                f"elsewhere; {summary['wasted_episodes']} intervals of "
+                                f"{WASTED_EPISODE_MIN_S * 1e3:g} ms or more, the longest "
+                                f"{summary['wasted_longest_ms']:.1f} ms")]
+    for e in (summary.get("wasted_longest") or {}).get("episodes", []):
+        rows.append(("  idle while waiting", f"CPU {e['cpu']} at {e['t']:.3f} s for {e['ms']:.1f} "
+                                             f"ms, {e['waiting']} waiting elsewhere"))
+    rows.append(("useless migrations", f"{summary['useless_migrations']} moved back within "
+                                       f"{USELESS_MIGRATION_WITHIN_S * 1e3:g} ms"))
+    jain, slow = summary.get("ideal_jain"), summary.get("ideal_slowdown_max")
+    rows.append(("ideal allocation (GPS)",
+                 f"mean absolute share error {summary['ideal_share_error']:.3f} CPU; Jain "
+                 + ("n/a" if jain is None else f"{jain:.3f}") + " on share/ideal; worst slowdown "
+                 + ("n/a (a task owed a share got none in a window)" if slow is None
+                    else f"{slow:.2f}x")))
+    return rows
+
+
 def params_line(m: dict) -> str:
     return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
                      for k, v in m.get("params", {}).items())
@@ -180,6 +213,9 @@ def summary_text(run) -> str:
     exp = get_experiment(m["experiment"])
     out = [f"{exp.name}: {exp.question}", f"run {run.path}", f"parameters: {params_line(m)}", ""]
     out += exp.describe(run.summary) if run.complete else ["(run is not complete: no metrics)"]
+    cost = cost_rows(run.summary) if run.complete else []
+    if cost:
+        out += ["", "what the policy cost"] + [f"  {k:<27}{v}" for k, v in cost]
     out += ["", "measurement"] + ["  " + line for line in trust_lines(m)]
     notes = m.get("notes", [])
     out += ["", "notes"] + ([f"  - {n}" for n in notes] if notes else ["  - none: nothing was lost or repaired"])
@@ -209,8 +245,12 @@ def report_document(run) -> list:
                  D.Para(f"Thesis: {exp.thesis}. Run started {m.get('started_at')}, Harmony "
                         f"{m.get('harmony_version')}."),
                  D.Para(f"Parameters: `{params_line(m)}`"),
-                 D.Heading("Results", 2, "results"), D.Facts(exp.describe(run.summary)),
-                 D.Heading("Measurement", 2, "measurement"), D.Facts(trust_lines(m))]
+                 D.Heading("Results", 2, "results"), D.Facts(exp.describe(run.summary))]
+    cost = cost_rows(run.summary)
+    if cost:
+        doc += [D.Heading("What the policy cost", 2, "cost"),
+                D.Table(["what", "measured"], [[k.strip(), v] for k, v in cost])]
+    doc += [D.Heading("Measurement", 2, "measurement"), D.Facts(trust_lines(m))]
     notes = m.get("notes", [])
     doc += [D.Heading("Notes", 2, "notes"),
             D.Bullets(notes if notes else ["nothing was lost or repaired"]),

@@ -22,7 +22,8 @@ from __future__ import annotations
 from harmony.columns import Table
 
 MIGRATIONS = Table(
-    "migrations", "every sched_migrate_task of an experiment task, in time order", [
+    "migrations", "every sched_migrate_task of an experiment task, and every move of one "
+                  "its own events prove but no probe recorded (inferred), in time order", [
         ("ts",        "int64",    "event time (ns)"),
         ("t",         "float64",  "s since t0; negative for a set-up move before the release"),
         ("pid",       "int32",    "the task moved"),
@@ -38,6 +39,13 @@ MIGRATIONS = Table(
                                   "woke or forked (the event precedes its sched_wakeup[_new]); "
                                   "balance: moved while runnable (queued, or - an anomaly - "
                                   "believed running)"),
+        ("cause",     "category", "why it moved (harmony.analysis.causes.CAUSES, its categories "
+                                  "in that order): wakeup, fork, newidle, periodic, active, "
+                                  "affinity, numa or unknown, told from the events around it"),
+        ("inferred",  "bool",     "no probe recorded this move: the task's own events prove it "
+                                  "(harmony.analysis.causes.unrecorded_moves); ts is the "
+                                  "placement that proved it (the move came before), event_cpu "
+                                  "that placement's CPU"),
     ])
 
 RUNS = Table(
@@ -184,8 +192,52 @@ REQUESTS = Table(
                                   "yet on a CPU)"),
     ])
 
+WASTED = Table(
+    "wasted", "every interval in [t0, t_end] during which a CPU of the set was idle while an "
+              "experiment task free to run on it waited runnable on another CPU "
+              "(harmony.analysis.cost.df_wasted), by (start, cpu)", [
+        ("cpu",      "int32",   "the idle CPU"),
+        ("start",    "int64",   "from (ns)"),
+        ("end",      "int64",   "to (ns)"),
+        ("duration", "int64",   "end - start (ns)"),
+        ("t",        "float64", "start, in s since t0"),
+        ("waiting",  "int64",   "the most tasks waiting on the other CPUs during it"),
+        ("long",     "bool",    "duration >= thresholds.WASTED_EPISODE_MIN_S: not a transient"),
+    ])
+
+USELESS_MIGRATIONS = Table(
+    "useless_migrations", "every move of a task undone by its next move, back, within "
+                          "thresholds.USELESS_MIGRATION_WITHIN_S (harmony.analysis.cost), by ts", [
+        ("pid",       "int32",   "the task"),
+        ("ts",        "int64",   "the first move (ns)"),
+        ("t",         "float64", "ts, in s since t0"),
+        ("src_cpu",   "int32",   "where it was"),
+        ("dst_cpu",   "int32",   "where it went, and came back from"),
+        ("back_ns",   "int64",   "time until the move back (ns)"),
+        ("cause",     "str",     "the first move's cause"),
+        ("back_cause", "str",    "the move back's cause"),
+    ])
+
+IDEAL = Table(
+    "ideal", "each experiment task's share in each window of the allocation table against its "
+             "ideal (GPS) share there (harmony.analysis.cost.df_ideal), in the allocation's order", [
+        ("pid",      "int32",    "the task"),
+        ("name",     "category", "its name"),
+        ("role",     "category", "its role"),
+        ("window",   "int64",    "the window's index"),
+        ("t",        "float64",  "the window's start, in s since t0"),
+        ("window_s", "float64",  "the window's length (s); the last may be shorter"),
+        ("share",    "float64",  "its CPU time / the window's length: a fraction of one CPU"),
+        ("ideal",    "float64",  "its ideal share: the GPS allocation of the tasks' weights and "
+                                 "demands on the set's CPUs, at most one CPU"),
+        ("error",    "float64",  "share - ideal"),
+        ("slowdown", "float64",  "ideal / share (inf: given nothing it was owed); NaN where the "
+                                 "ideal is 0"),
+    ])
+
 #: the tables :func:`harmony.pipeline.derive_tables` makes, stored in a run directory as
 #: <name>.parquet
 STORED = (MIGRATIONS, RUNS, RUNQUEUE, ALLOCATION, SHARES)
 #: every table declared here
-ALL = STORED + (ANOMALIES, FOREIGN_LOAD, COUNTER_AGREEMENT, REQUESTS)
+ALL = STORED + (ANOMALIES, FOREIGN_LOAD, COUNTER_AGREEMENT, REQUESTS, WASTED,
+                USELESS_MIGRATIONS, IDEAL)

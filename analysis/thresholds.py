@@ -140,4 +140,26 @@ SERVER_KEEPS_MAX_PER_TASK_S = 1.0
 #: all on one CPU; 1: even), on 4 CPUs the index of two busy CPUs and two idle is 0.5.
 SERVER_SPREAD_MIN_JAIN = 0.9
 
+#: Migration causes (harmony.analysis.causes): a pull by the destination CPU outside a softirq is
+#: a new-idle balance when that CPU's next switch, within this delay, puts the pulling context to
+#: sleep (or is the idle task's). The new-idle balance runs inside __schedule between the pick and
+#: the switch, and gives up once its cost exceeds the CPU's expected idle time, which the kernel
+#: caps at 2 * sysctl_sched_migration_cost = 1 ms (rq->max_idle_balance_cost); 2 ms adds the
+#: switch itself and a preempted vCPU's slack. A task that moves another by sched_setaffinity and
+#: blocks later than this is not taken for a new-idle pull.
+NEWIDLE_SWITCH_WITHIN_NS = 2_000_000
+
+#: Wasted cores (issue 29, after Lozi et al.): an interval during which a CPU of the set is idle
+#: while a task allowed on it waits runnable on another CPU. Such intervals shorter than this are
+#: the ordinary transient of a wake-up placed on a busy CPU before the idle one's next balance:
+#: the kernel clears them at the idle CPU's next periodic balance, whose interval is its domain's
+#: weight in ms (<= 8 ms for the <= 8-CPU sets used here), after the busy CPU's next tick kicks it
+#: (4 ms at HZ=250, Debian's). Longer than 12 ms is an episode that outlived one whole balance
+#: cycle: a missed balance. (Lozi et al. flag only conditions persisting for 100 ms: coarser.)
+WASTED_EPISODE_MIN_S = 0.012
+#: Useless migrations: a task moved from one CPU to another and back within this delay gained
+#: nothing from the first move but a cold cache. Taken as one balance cycle, as above: a move the
+#: next balance undoes was no decision the policy stood by.
+USELESS_MIGRATION_WITHIN_S = 0.012
+
 ALL = {k: v for k, v in dict(globals()).items() if k.isupper()}

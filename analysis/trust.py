@@ -50,6 +50,9 @@ tasks_outside_cpu_set    what (the description: pids, CPUs, t0)
 demand_unknown           (none)
 tables_rebuilt           tables ({table: why}): a complete run's tables found missing or
                          unreadable, rebuilt from its raw capture
+causes_unknown           n, of (migrations in the window), softirq (whether the scheduler's
+                         softirq was recorded), inferred: migrations whose cause the events do
+                         not decide (harmony.analysis.causes)
 scx_not_enabled          name, ops, states ([s, state] at each change), ejected (the reason, or
                          None): a sched_ext scheduler under test not enabled throughout the run
 =======================  ==========================================================================
@@ -156,6 +159,10 @@ def check_notes(m: dict, origin: str) -> list[dict]:
     if ka and ka["agreement"] is not None and ka["agreement"] < 0.99:
         out.append(note("proc_agreement_low", agreement=ka["agreement"], sweeps=ka["sweeps"],
                         sweep_us=ka["sweep_us_median"]))
+    mc = m.get("migration_causes")
+    if mc and mc["counts"].get("unknown"):
+        out.append(note("causes_unknown", n=mc["counts"]["unknown"], of=mc["n"],
+                        softirq=mc["softirq_recorded"], inferred=mc["counts"].get("inferred", 0)))
     nr = m.get("kernel_nr_running_agreement")
     if nr and nr["agreement"] is not None and nr["agreement"] < 0.99:
         out.append(note("nr_running_agreement_low", agreement=nr["agreement"], clean=nr["clean"]))
@@ -337,6 +344,18 @@ def _derived(n):
             "sched_wakeup rows of events.parquet are derived, not recorded")
 
 
+def _causes_unknown(n):
+    why = ("the events around them do not decide it (an asleep move with no wake-up after it, "
+           "a real-time task's push or pull, a stopper whose wake-up was not seen, or a moved "
+           "task no probe recorded)" if n["softirq"] else
+           "the capture holds no irq:softirq_entry/exit of the scheduler's softirq, so a periodic "
+           "balance's pull cannot be told from a new-idle one (nor an active balance from an "
+           "affinity change)")
+    return (f"the cause of {count(n['n'], 'migration')} of {n['of']} in the window is unknown: "
+            f"{why}; they are counted as unknown, never guessed"
+            + (f" ({n['inferred']} inferred moves among all)" if n.get("inferred") else ""))
+
+
 def _scx(n):
     left = [st for st in n.get("states") or [] if st[1] != "enabled"]
     when = f" at {left[0][0]:.2f} s after it was enabled" if left else ""
@@ -424,6 +443,7 @@ _WORDING = {
     "imported_from": lambda n: f"imported from {n['path']} ({n['what']}), recorded on {n['host']}",
     "events_absent": _absent,
     "wakeups_derived": _derived,
+    "causes_unknown": _causes_unknown,
     "t0_default": lambda n: "t0 is the first event of the chosen tasks (no --t0 or --t0-marker given)",
     "end_default": lambda n: ("the window ends at the last event of the chosen tasks (no --end or "
                               "--end-marker given)"),

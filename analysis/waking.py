@@ -222,7 +222,8 @@ def df_migration_kind_check(events: pd.DataFrame, derived: tuple | None = None) 
                           "role": "task"})
     t0 = int(events["ts"].iloc[0]) if len(events) else 0
     got = (derived if derived is not None else derived_again(events))[0]
-    a, b = df_migrations(events, tasks, t0), df_migrations(got, tasks, t0)
+    a, b = (m[~m["inferred"].to_numpy()] for m in (df_migrations(events, tasks, t0),
+                                                     df_migrations(got, tasks, t0)))
     # the same sched_migrate_task events, in the same order
     return pd.DataFrame({"ts": a["ts"].to_numpy(), "pid": a["pid"].to_numpy(),
                          "src_cpu": a["src_cpu"].to_numpy(), "dst_cpu": a["dst_cpu"].to_numpy(),

@@ -29,7 +29,7 @@ def get_experiment(name: str) -> Experiment:
 
 
 def summary_key(key: str, *experiments: str) -> str:
-    """``key``, checked to be declared (:attr:`Experiment.summary`) by each of ``experiments``;
+    """``key``, checked to be declared (:attr:`Experiment.declared`) by each of ``experiments``;
     ValueError naming the experiment otherwise.
 
     Modules that read summaries (the policy card, ``harmony compare``) name each key through this
@@ -38,7 +38,7 @@ def summary_key(key: str, *experiments: str) -> str:
     if not experiments:
         raise ValueError(f"summary key {key!r}: name the experiment(s) that declare it")
     for name in experiments:
-        declared = [m.name for m in get_experiment(name).summary]
+        declared = [m.name for m in get_experiment(name).declared]
         if key not in declared:
             raise ValueError(f"{name} declares no summary key {key!r} (it declares: {', '.join(declared)})")
     return key

@@ -6,7 +6,9 @@ for the controller and turns the reconstructed tables of a run into metrics and 
 Its contract is declared, not implied: :attr:`Experiment.params` (:class:`Param`: name, kind,
 default, help) are what ``-p KEY=VALUE`` accepts and ``harmony run EXP --help`` lists;
 :attr:`Experiment.summary` (:class:`Metric`: name, unit, help, when it may be None) are exactly the
-keys its ``analyse`` returns, the ones the policy card and ``harmony compare`` read.
+keys its ``analyse`` returns; a run's summary (:meth:`Experiment.summarise`) adds what the policy
+cost, the same keys for every experiment (:data:`COST_SUMMARY`); the policy card and ``harmony
+compare`` read them all (:attr:`Experiment.declared`).
 
 Every experiment takes, besides its own, the parameters of :data:`COMMON`: the window, the
 tasks' scheduling class (``policy``, ``rt_priority``, ``dl_*``; one set per class of tasks in a
@@ -27,6 +29,8 @@ import math
 from pathlib import Path
 from typing import Any, Callable
 
+from harmony.analysis.causes import CAUSES
+from harmony.analysis.cost import cost_summary
 from harmony.errors import ParameterError
 from harmony.tasks import POLICIES, class_problem
 
@@ -227,6 +231,38 @@ def pick(metrics: tuple[Metric, ...], *names: str) -> tuple[Metric, ...]:
     return tuple(by_name[n] for n in names)
 
 
+#: what the policy cost, in every experiment's summary besides its own keys (issue 29): the
+#: migrations by cause (:mod:`harmony.analysis.causes`), the CPU time left idle while work waited,
+#: moves undone at once and the distance from the ideal allocation (:mod:`harmony.analysis.cost`)
+COST_SUMMARY = (
+    *(Metric(f"cause_{c}", "count", f"migrations in the window whose cause is {c} "
+                                    "(harmony.analysis.causes)") for c in CAUSES),
+    Metric("migrations_inferred", "count", "moves in the window no probe recorded, proved by the "
+                                           "tasks' own events (counted in the causes too)"),
+    Metric("wasted_cpu_s", "s", "CPU time a CPU of the set sat idle while a task free to run on "
+                                "it waited on another (work-conservation invariant)"),
+    Metric("wasted_episodes", "count", "such intervals lasting WASTED_EPISODE_MIN_S or longer"),
+    Metric("wasted_longest_ms", "ms", "the longest such interval, of any length (0: none)"),
+    Metric("wasted_longest", "", "the longest such intervals: {\"episodes\": [{cpu, t (s since "
+                                 "t0), ms, waiting (tasks)}, ...]}, longest first", kind="dict"),
+    Metric("useless_migrations", "count", "moves undone by a move back within "
+                                          "USELESS_MIGRATION_WITHIN_S"),
+    Metric("ideal_share_error", "fraction", "mean |share - ideal share| over (window, task): "
+                                            "the distance from the GPS allocation"),
+    Metric("ideal_jain", "index", "Jain index of share / ideal share over (window, task)",
+           none_when="no task was owed a share"),
+    Metric("ideal_slowdown_max", "ratio", "largest ideal share / share of a task in a window",
+           none_when="no task was owed a share, or one owed a share ran not at all in a window"),
+)
+
+
+def policy_cost(run) -> dict:
+    """The :data:`COST_SUMMARY` values of a run (a :class:`harmony.store.Run`)."""
+    m = run.manifest
+    return cost_summary(run.events, run.tasks, run.migrations, run.allocation, m["cpus"],
+                        m["t0_ns"], m["end_ns"], (m.get("sched") or {}).get("rt_share"))
+
+
 class Experiment:
     """Base class of the catalog. Subclasses set the class attributes and implement the methods."""
 
@@ -339,11 +375,21 @@ class Experiment:
         one value for each key :attr:`summary` declares, and no other."""
         raise NotImplementedError
 
+    @property
+    def declared(self) -> tuple[Metric, ...]:
+        """Every key of a run's summary: the experiment's own (:attr:`summary`), then what the
+        policy cost (:data:`COST_SUMMARY`)."""
+        return self.summary + COST_SUMMARY
+
+    def summarise(self, run) -> dict:
+        """A run's summary: :meth:`analyse`'s keys, then :func:`policy_cost`'s."""
+        return {**self.analyse(run), **policy_cost(run)}
+
     def summary_problems(self, summary: dict) -> list[str]:
-        """How ``summary`` (what :meth:`analyse` returned) departs from :attr:`summary`: keys
+        """How ``summary`` (what :meth:`summarise` returned) departs from :attr:`declared`: keys
         missing or not declared, values not of the declared kind, None where it is declared never
         to be. [] when it fits."""
-        declared = {m.name: m for m in self.summary}
+        declared = {m.name: m for m in self.declared}
         out = [f"{self.name}: {k} is declared but missing" for k in declared if k not in summary]
         out += [f"{self.name}: {k} is not declared" for k in summary if k not in declared]
         out += [f"{self.name}: {err}" for k, v in summary.items() if k in declared

@@ -13,7 +13,8 @@ trace, what it had to assume); :func:`analyse_capture` does the rest, the same w
 2. checks: the probe's blind spots, the release, lost events, foreign load, the kernel's own view
    and the workers' counters against the trace, a second probe's recording (cross-check): facts
    in the manifest, and notes as data (:mod:`harmony.analysis.trust`, which words them);
-3. metrics: the experiment's ``analyse()`` on those tables -> summary.json;
+3. metrics: the experiment's ``analyse()`` on those tables, and what the policy cost (migration
+   causes, wasted CPU time, distance from the ideal allocation) -> summary.json;
 4. figures (now, or deferred to :func:`draw_figures`) and report.md.
 
 :func:`new_manifest` starts every run directory's manifest; :func:`analyse` analyses a capture
@@ -34,6 +35,7 @@ import pandas as pd
 from harmony import store
 from harmony.manifest import new_manifest, now, reason  # noqa: F401  (every origin's manifest)
 from harmony.analysis import reconstruct, trust
+from harmony.analysis.causes import cause_counts, softirq_recorded
 from harmony.analysis.counters import counter_agreement, df_counter_agreement
 from harmony.analysis.crosscheck import (kernel_agreement, nr_running_agreement, silent_contexts,
                                          unrecorded_migrations)
@@ -257,7 +259,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
             served["kernel_samples"] = origin.kernel_samples
         run.preload(served)
         try:
-            summary = experiment.analyse(run)
+            summary = experiment.summarise(run)
         except EXPERIMENT_CANNOT_READ as exc:
             raise _cannot_read(out, experiment, origin, exc) from None
         store.write_json(out / "summary.json", summary)
@@ -343,7 +345,9 @@ def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, ori
                                             controller=origin.kind == "recorded")
     manifest["kernel_counter_agreement"] = (
         None if origin.kernel_counters is None
-        else counters(events, tasks, origin.kernel_counters, tables["runs"], window))
+        else counters(events, tasks, origin.kernel_counters, tables["runs"], window,
+                      tables["migrations"]))
+    manifest["migration_causes"] = migration_causes(tables["migrations"], events, t0, t_end)
     notes = (list(origin.notes) + [trust.note("recorder", text=t) for t in meta.get("notes", [])]
              + blind + [trust.note("controller", text=t)
                         for t in manifest.get("controller_notes", [])]
@@ -367,6 +371,15 @@ def blind_spots(meta: dict, events: pd.DataFrame, tasks: pd.DataFrame) -> list[d
     return trust.blind_spot_notes(meta.get("probe"), silent, moves)
 
 
+def migration_causes(migrations: pd.DataFrame, events: pd.DataFrame, t0: int, t_end: int) -> dict:
+    """The manifest's migration_causes: the window's migrations (n) by cause (counts, with
+    ``inferred``), and whether the scheduler's softirq was recorded (without it periodic and
+    new-idle pulls are not told apart)."""
+    mig = migrations[(migrations["ts"] >= t0) & (migrations["ts"] <= t_end)]
+    return {"n": int(len(mig)), "counts": cause_counts(mig),
+            "softirq_recorded": softirq_recorded(events)}
+
+
 def foreign_load(events, tasks, cpus, t0, t_end, controller_tids, controller: bool = True) -> dict:
     """The manifest's foreign_load: the most any CPU of the set gave to other tasks (share of the
     window, which CPU, the top task), the controller's own share (None where no Harmony controller
@@ -382,12 +395,14 @@ def foreign_load(events, tasks, cpus, t0, t_end, controller_tids, controller: bo
 
 
 def counters(events: pd.DataFrame, tasks: pd.DataFrame, table: pd.DataFrame, runs: pd.DataFrame,
-             window: Window) -> dict:
-    """The trace against the workers' own counters (:func:`analysis.counters.counter_agreement`)."""
+             window: Window, migrations: pd.DataFrame | None = None) -> dict:
+    """The trace against the workers' own counters (:func:`analysis.counters.counter_agreement`):
+    recorded moves and those inferred (the ``migrations`` table's inferred rows)."""
     last_read = int(table["after_ns"].max()) if len(table) else window.end
     if last_read > window.end:       # the end read follows the end marker: runs that cover it
         runs = reconstruct.df_runs(events, tasks, window.t0, last_read)
-    return counter_agreement(df_counter_agreement(events, runs, table))
+    inferred = None if migrations is None else migrations[migrations["inferred"].to_numpy()]
+    return counter_agreement(df_counter_agreement(events, runs, table, inferred))
 
 
 def crosscheck(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame,
@@ -423,7 +438,15 @@ def draw_figures(run: store.Run) -> list[str]:
     fig_dir = run.path / "figures"
     fig_dir.mkdir(exist_ok=True)
     experiment = get_experiment(run.manifest["experiment"])
-    run.manifest["figures"] = [str(p.relative_to(run.path)) for p in experiment.plot(run, fig_dir)]
+    # matplotlib is loaded only to draw (~0.5 s), as the experiments' plot() do
+    from harmony.analysis.plots import plot_causes
+
+    drawn = experiment.plot(run, fig_dir)
+    # every run's: why its tasks moved (harmony.analysis.causes)
+    m = run.manifest
+    drawn.append(plot_causes(run.migrations, m["measured_s"], m["params"].get("bin_s", 0.1),
+                             fig_dir / "causes.png"))
+    run.manifest["figures"] = [str(p.relative_to(run.path)) for p in drawn]
     run.manifest["figures_deferred"] = False
     laps("figures")
     run.manifest.setdefault("timings_s", {})["figures"] = laps.steps["figures"]

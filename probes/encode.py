@@ -94,6 +94,9 @@ LAYOUTS = {
     "sched_process_exit": (32, (("char comm[16]", 8, "comm"), ("pid_t pid", 24, "pid"),
                                 ("int prio", 28, "prio")),
                            '"comm=%s pid=%d prio=%d", REC->comm, REC->pid, REC->prio'),
+    # the scheduler's softirq (harmony.probes.schema.CAUSE_EVENTS): the vector, in prio
+    "irq:softirq_entry": (12, (("unsigned int vec", 8, "prio"),), '"vec=%u", REC->vec'),
+    "irq:softirq_exit": (12, (("unsigned int vec", 8, "prio"),), '"vec=%u", REC->vec'),
 }
 #: any other event: the columns the decoder reads from an event it has no rule for
 GENERIC = (40, (("char comm[16]", 8, "comm"), ("pid_t pid", 24, "pid"), ("int prio", 28, "prio"),
@@ -110,7 +113,8 @@ def format_text(name: str, ev_id: int, layout) -> str:
     """The ``format`` file of event ``name`` with ``layout`` (as tracefs words it)."""
     _, fields, fmt = layout
     lines = "".join(f"\tfield:{decl};\toffset:{off};\tsize:{_field_size(decl)};"
-                    f"\tsigned:{0 if decl.startswith('char') else 1};\n" for decl, off, _ in fields)
+                    f"\tsigned:{0 if decl.startswith(('char', 'unsigned')) else 1};\n"
+                    for decl, off, _ in fields)
     return f"name: {name}\nID: {ev_id}\nformat:\n{_COMMON}{lines}\nprint fmt: {fmt}\n"
 
 
@@ -231,8 +235,7 @@ def write_recording(events: pd.DataFrame, markers: pd.DataFrame, meta: dict, des
                               for c in ("event", "comm", "prev_comm")
                               if not isinstance(events[c].dtype, pd.CategoricalDtype)})
     labels = [str(c) for c in events["event"].cat.categories]
-    layouts = [LAYOUTS.get(lb, GENERIC) if _split_label(lb)[0] == "sched" else GENERIC
-               for lb in labels]
+    layouts = [LAYOUTS.get(lb, GENERIC) for lb in labels]
     ids = np.arange(100, 100 + len(labels), dtype=np.uint32)
     fdir = dest / "formats"
     for lb, lay, ev_id in zip(labels, layouts, ids):

@@ -39,6 +39,18 @@ _SCHED_MAP = {
     # read as the pid's, they would rename the child after its parent
     "sched_process_wait": {"pid": ("pid",)},
 }
+# Events of other systems (or sched events whose fields are named otherwise) read by the analysis
+# of why a task moved (harmony.probes.schema.CAUSE_EVENTS), by (system, name)
+_OTHER_MAP = {
+    ("irq", "softirq_entry"): {"prio": ("vec",)},
+    ("irq", "softirq_exit"): {"prio": ("vec",)},
+    # the kernel's names first, then those of Harmony's own export (harmony.probes.encode.GENERIC)
+    ("sched", "sched_move_numa"): {"pid": ("pid",), "orig_cpu": ("src_cpu", "orig_cpu"),
+                                   "target_cpu": ("dst_cpu", "target_cpu")},
+    ("sched", "sched_swap_numa"): {"pid": ("src_pid", "pid"), "prev_pid": ("dst_pid", "prev_pid"),
+                                   "orig_cpu": ("src_cpu", "orig_cpu"),
+                                   "target_cpu": ("dst_cpu", "target_cpu")},
+}
 _GENERIC_MAP = {"pid": ("pid",), "comm": ("comm",), "prio": ("prio",), "target_cpu": ("target_cpu",),
                 "orig_cpu": ("orig_cpu",)}
 STRING_COLUMNS = ("comm", "prev_comm")
@@ -50,7 +62,8 @@ def event_label(fmt: EventFormat) -> str:
 
 
 def _column_map(fmt: EventFormat) -> dict[str, Field]:
-    spec = _SCHED_MAP.get(fmt.name) if fmt.system == "sched" else None
+    spec = _OTHER_MAP.get((fmt.system, fmt.name)) or (
+        _SCHED_MAP.get(fmt.name) if fmt.system == "sched" else None)
     out = {}
     for col, names in (spec or _GENERIC_MAP).items():
         f = fmt.first_field(*names)

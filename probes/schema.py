@@ -14,14 +14,16 @@ common_pid     int32     task that was current when the event fired
 pid            int32     the task the event is about: switch -> next_pid, migrate/wakeup*/waking/exit
                          -> pid, fork -> child_pid
 comm           category  command name of ``pid`` (switch -> next_comm, fork -> child_comm)
-prio           int32     kernel prio of ``pid`` (switch -> next_prio); -1 where the event has none
-prev_pid       int32     switch -> prev_pid; fork -> parent_pid
+prio           int32     kernel prio of ``pid`` (switch -> next_prio); -1 where the event has none;
+                         irq:softirq_entry/exit -> the softirq's vector (``vec``)
+prev_pid       int32     switch -> prev_pid; fork -> parent_pid; swap_numa -> dst_pid (pid: src_pid)
 prev_comm      category  switch -> prev_comm; fork -> parent_comm; "" elsewhere
 prev_prio      int32     switch -> prev_prio
 prev_state     int64     switch -> the state prev_pid left in, with the kernel's "preempted" flag
                          removed: 0 = still runnable ("R" or "R+"), else TASK_* bits (1 = S, 2 = D)
-orig_cpu       int16     migrate -> orig_cpu
-target_cpu     int16     migrate -> dest_cpu; wakeup/wakeup_new/waking -> target_cpu
+orig_cpu       int16     migrate -> orig_cpu; move_numa/swap_numa -> src_cpu
+target_cpu     int16     migrate -> dest_cpu; wakeup/wakeup_new/waking -> target_cpu;
+                         move_numa/swap_numa -> dst_cpu
 =============  ========  ==========================================================================
 
 An imported trace that recorded sched_waking but no sched_wakeup (``perf sched record``) gets a
@@ -52,6 +54,21 @@ SCHED_EVENTS = (
     "sched_waking",
     "sched_process_fork",
     "sched_process_exit",
+)
+
+#: events recorded besides SCHED_EVENTS, where the kernel has them, to tell why a task moved
+#: (:mod:`harmony.analysis.causes`): (system, event, filter or None). The scheduler's softirq
+#: (SCHED_SOFTIRQ, vector 7) brackets the periodic and nohz idle balance; the NUMA balancer
+#: names its moves. The filter keeps the other vectors' entries and exits (timers, RCU, network:
+#: most of a softirq's hits) out of the buffer; where it cannot be set, every vector is recorded
+#: and the analysis keeps vector 7. In the events table they are ``irq:softirq_entry``,
+#: ``irq:softirq_exit`` (the vector in ``prio``), ``sched_move_numa`` and ``sched_swap_numa``.
+SCHED_SOFTIRQ_VEC = 7
+CAUSE_EVENTS = (
+    ("irq", "softirq_entry", f"vec == {SCHED_SOFTIRQ_VEC}"),
+    ("irq", "softirq_exit", f"vec == {SCHED_SOFTIRQ_VEC}"),
+    ("sched", "sched_move_numa", None),
+    ("sched", "sched_swap_numa", None),
 )
 
 INT_COLUMNS = {

@@ -31,7 +31,7 @@ from harmony.probes.base import (
     ProbeError,
     missing_tracepoints,
 )
-from harmony.probes.schema import SCHED_EVENTS
+from harmony.probes.schema import CAUSE_EVENTS, SCHED_EVENTS
 
 TRACEFS = Path("/sys/kernel/tracing")
 PREFIX = "harmony-"
@@ -423,6 +423,20 @@ class TracefsProbe(Probe):
                 enabled.append(f"sched/{ev}")
             else:
                 missing.append(ev)
+        filters = {}
+        for system, ev, flt in CAUSE_EVENTS:     # what tells why a task moved, where present
+            d = inst / "events" / system / ev
+            if not (d / "enable").exists():
+                missing.append(f"{system}:{ev}")
+                continue
+            if flt:
+                try:
+                    _write(d / "filter", flt)
+                    filters[f"{system}:{ev}"] = flt
+                except OSError as exc:      # recorded whole: the analysis keeps what it needs
+                    filters[f"{system}:{ev}"] = f"none ({exc.strerror or exc})"
+            _write(d / "enable", "1")
+            enabled.append(f"{system}/{ev}")
         enabled.append("ftrace/print")  # trace_marker writes; always recorded
         self._save_formats(root, enabled)
         page_size = os.sysconf("SC_PAGE_SIZE")
@@ -433,6 +447,7 @@ class TracefsProbe(Probe):
         self.meta = {
             "probe": self.name, "instance": inst.name, "clock": clock, "page_size": page_size,
             "cpus": list(range(ncpu)), "events_enabled": enabled, "events_missing": missing,
+            "event_filters": filters,
             "buffer_kb_per_cpu": self.buffer_kb, "kernel": os.uname().release,
             "instance_reused": False,
         }

@@ -76,14 +76,14 @@ def test_analyse_returns_exactly_the_declared_summary(tmp_path, name):
                               tmp_path / f"r{k}", seed=k, figures=False)
                 runs = [run] + ([run.companion(c) for c in exp.companions(run.manifest["params"])])
                 for r in runs:
-                    summary = exp.analyse(r)
+                    summary = exp.summarise(r)
                     where = f"{pol} on {ncpus} CPUs, {overrides}, {r.path.name}"
                     assert exp.summary_problems(summary) == [], where
                     json.dumps(summary, allow_nan=False)   # what summary.json holds, no NaN
                     assert r.summary == json.loads(json.dumps(summary))  # as the pipeline stored it
                     valued |= {key for key, v in summary.items() if v is not None}
     # every declared kind was checked on a value at least once
-    missing = {m.name for m in exp.summary} - valued - {key for e, key in NEVER_SIMULATED if e == name}
+    missing = {m.name for m in exp.declared} - valued - {key for e, key in NEVER_SIMULATED if e == name}
     assert not missing, f"{name}: no simulated run gave a value to {sorted(missing)}"
 
 
@@ -100,7 +100,7 @@ def test_declarations_are_well_formed(name):
 def test_a_summary_that_departs_from_the_declaration_says_how():
     exp = get_experiment("work-conservation")
     good = {m.name: None if m.none_when else {"int": 1, "float": 0.5, "bool": True, "str": "balance",
-                                              "dict": {}}[m.kind] for m in exp.summary}
+                                              "dict": {}}[m.kind] for m in exp.declared}
     assert exp.summary_problems(good) == []
     bad = dict(good, ncpus=2.0, stolen=1, migrations=None, extra=3)
     del bad["idle_at_s"]

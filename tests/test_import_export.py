@@ -608,8 +608,9 @@ def report_events(dat: Path, buffer: str | None = None) -> list[tuple[int, int, 
 
 
 def decoded_records(cap) -> list[tuple[int, int, str]]:
-    ev = [(int(t), int(c), str(e)) for t, c, e in zip(cap.events["ts"], cap.events["cpu"],
-                                                         cap.events["event"])]
+    # trace-cmd report names an event without its system (softirq_entry, not irq:softirq_entry)
+    ev = [(int(t), int(c), str(e).split(":")[-1])
+          for t, c, e in zip(cap.events["ts"], cap.events["cpu"], cap.events["event"])]
     mk = [(int(t), int(c), "print") for t, c in zip(cap.markers["ts"], cap.markers["cpu"])]
     return sorted(ev + mk)
 

@@ -83,7 +83,7 @@ def test_run_page(pages):
     seen_whole(seen)
     stands_alone(pages["run"])
     assert len(seen["images"]) >= 2          # the run's own figures, all drawn
-    assert len(seen["tables"]) == 2          # results and measurement, each a label-value table
+    assert len(seen["tables"]) == 3          # results, what the policy cost, measurement
 
 
 def test_compare_page_highlights_the_answers_that_differ(pages):

@@ -160,9 +160,13 @@ def test_each_threshold_below_at_and_above(name, what, rule, want):
 def test_every_threshold_is_tested():
     # harmony compare's marker (COMPARE_*): test_compare.py's COMPARE_CASES, on two sets of runs,
     # and COMPARE_CHANCE_RATE in its test_the_chance_rate_is_what_the_text_expects
+    # the causes' and the policy cost's: test_causes.py's NEWIDLE_CASES, test_cost.py's COST_CASES
+    from test_causes import NEWIDLE_CASES
     from test_compare import COMPARE_CASES
+    from test_cost import COST_CASES
     tested = {c[0] for c in THRESHOLD_CASES} | {"FOREIGN_LOAD_MAX", "VCPU_WAIT_MAX"} | \
-        {c[0] for c in COMPARE_CASES} | {"COMPARE_CHANCE_RATE"}
+        {c[0] for c in COMPARE_CASES} | {"COMPARE_CHANCE_RATE"} | \
+        {c[0] for c in NEWIDLE_CASES + COST_CASES}
     assert tested == set(T.ALL)
 
 
@@ -201,7 +205,9 @@ def test_balances():
     a = answer("balances", moved, still, unknown)
     assert a.label == UNDECIDED and not a.decided
     assert a.agreement == {"balances": 1, "does not balance": 1, "no_label": 1}
-    assert a.numbers == {"balance_migrations (median)": 1.5, "balanced_at_end (runs)": 1}
+    assert a.numbers == {"balance_migrations (median)": 1.5, "balanced_at_end (runs)": 1,
+                         "migrations by cause (median)": "none",
+                         "useless_migrations (median)": None}
 
 
 def test_affinity_weakest_experiment_wins_and_disagreement_is_undecided():
@@ -296,7 +302,9 @@ def test_work_conserving():
     assert label("work_conserving", run(1.0, 0.001)) == "yes"
     a = answer("work_conserving", run(1.0, None))           # idle, never stolen
     assert a.label == "no" and a.numbers == {"steal_latency_ms (median)": None, "max_ms": None,
-                                             "runs never stolen": 1}
+                                             "runs never stolen": 1,
+                                             "wasted_cpu_s (median)": None,
+                                             "wasted_episodes (median)": None}
     assert label("work_conserving", run(1.0, 0.5)) == "no"
     a = answer("work_conserving", run(None, None))          # the target never went idle
     assert a.label is None and a.agreement == {"no_label": 1}

@@ -370,7 +370,9 @@ def test_lost_migration_is_repaired_at_the_switch_in():
     rq = rc.df_runqueue(ev, TASKS_A, CPUS4, T_A0, T_AEND)
     assert rows(rq, ["ts", "cpu", "nr"])[-3:] == [(40_000, 2, 0), (40_000, 3, 1), (50_000, 3, 0)]
     assert rq.attrs["anomaly_kinds"] == {"switch_in_wrong_cpu": 1}
-    assert len(rc.df_migrations(ev, TASKS_A, T_A0)) == 0
+    mig = rc.df_migrations(ev, TASKS_A, T_A0)   # the lost move is inferred from the switch-in
+    assert rows(mig, ["ts", "pid", "src_cpu", "dst_cpu", "kind", "cause", "inferred"]) == [
+        (40_000, 12, 2, 3, "balance", "unknown", True)]
 
 
 def test_runs_lost_switch_between_two_experiment_tasks():

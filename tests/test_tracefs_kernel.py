@@ -8,7 +8,7 @@ import pytest
 from harmony.hygiene import HostLock
 from harmony.probes.tracefs import PREFIX, TRACEFS, TracefsProbe
 
-from conftest import retry_busy
+from conftest import host_skip, retry_busy
 
 
 def _host_lock() -> HostLock:
@@ -115,3 +115,27 @@ def test_the_drains_write_whole_pages_while_the_run_lasts(kernel, tmp_path):
     assert len(fills) >= 10, "too few pages to tell"
     assert sum(f < 0.5 for f in fills) <= 0.05 * len(fills), sorted(fills)[:20]
     assert TracefsProbe.decode_dir(out).meta["lost_events"] == 0
+
+
+def test_the_schedulers_softirq_is_recorded_filtered(kernel, tmp_path):
+    """irq:softirq_entry/exit, what tells a periodic balance from a new-idle one
+    (harmony.analysis.causes), are recorded for the SCHED vector only: the filter is set in the
+    instance, and every entry and exit decoded is vector 7."""
+    from harmony.probes.schema import SCHED_SOFTIRQ_VEC
+
+    if not (TRACEFS / "events/irq/softirq_entry").is_dir():
+        host_skip("this kernel has no irq:softirq_entry tracepoint")
+    lock = _host_lock()
+    try:
+        probe = _capture(tmp_path / "s", 2.0)
+    finally:
+        lock.release()
+    assert probe.meta["event_filters"] == {"irq:softirq_entry": f"vec == {SCHED_SOFTIRQ_VEC}",
+                                           "irq:softirq_exit": f"vec == {SCHED_SOFTIRQ_VEC}"}
+    ev = TracefsProbe.decode_dir(tmp_path / "s").events
+    soft = ev[ev["event"].astype(str).str.startswith("irq:softirq_")]
+    assert len(soft) > 0, "no SCHED softirq in 2 s of switching"
+    assert set(soft["prio"]) == {SCHED_SOFTIRQ_VEC}
+    for _, per_cpu in soft.groupby("cpu"):
+        entries = (per_cpu["event"] == "irq:softirq_entry").sum()
+        assert abs(entries - (per_cpu["event"] == "irq:softirq_exit").sum()) <= 1

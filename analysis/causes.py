@@ -1,0 +1,325 @@
+"""Why each task moved: the cause of every migration, told from the events around it.
+
+Needs events: sched_migrate_task, sched_switch (every task's), sched_waking, sched_wakeup,
+sched_wakeup_new (the state machine's, :mod:`harmony.analysis.taskstate`); and, where recorded,
+``irq:softirq_entry`` / ``irq:softirq_exit`` of the scheduler's softirq (vector 7) and
+``sched_move_numa`` / ``sched_swap_numa`` (:data:`harmony.probes.schema.CAUSE_EVENTS`).
+
+The kernel calls ``set_task_cpu`` (hence ``sched_migrate_task``) from a handful of paths, each
+leaving its own mark in the trace:
+
+==========  =========================================================================================
+cause       evidence
+==========  =========================================================================================
+wakeup      the task was asleep and its next record is its sched_wakeup: the CPU was chosen as it
+            woke (``select_task_rq`` in ``try_to_wake_up``, between sched_waking and sched_wakeup)
+fork        the task was asleep (new) and its next record is its sched_wakeup_new: placement at fork
+numa        a sched_move_numa / sched_swap_numa of the task since its previous record
+active      moved while runnable by the ``migration/N`` stopper of its CPU, which was woken from
+            inside the scheduler's softirq (``load_balance`` kicking an active balance)
+affinity    moved while runnable by the stopper woken outside any softirq, or by another task's
+            context on a CPU that is not the destination: ``set_cpus_allowed`` (sched_setaffinity,
+            a cpuset's change) moving it away, or the stopper's other callers (exec placement)
+periodic    pulled while runnable by the destination CPU inside its SCHED softirq: the periodic or
+            the nohz idle balance (``sched_balance_domains``)
+newidle     pulled while runnable by the destination CPU outside a softirq, whose next switch
+            (within :data:`~harmony.analysis.thresholds.NEWIDLE_SWITCH_WITHIN_NS`) switches out
+            the pulling context asleep or idle: the new-idle balance of ``__schedule``
+unknown     anything the evidence does not decide: no record after an asleep move, the softirq not
+            recorded (periodic and new-idle pulls look alike from an idle CPU), a real-time or
+            deadline task's runnable move (push/pull), a stopper whose wake-up was not seen
+==========  =========================================================================================
+
+A cause is never guessed: without the softirq events (a perf capture, an import, an older run)
+runnable pulls are ``unknown`` except by the stopper or the NUMA balancer.
+
+Moves a probe did not record but the task's own events prove (:func:`unrecorded_moves`) enter
+the migrations table flagged ``inferred``; their cause is ``wakeup`` / ``fork`` when the placement
+that proves them is the wake-up that followed the task's own sched_waking (the wake-up chose
+the CPU), else ``unknown``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harmony.analysis import taskstate as ts_
+from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.thresholds import NEWIDLE_SWITCH_WITHIN_NS
+from harmony.probes.schema import SCHED_SOFTIRQ_VEC
+from harmony.tasks import FAIR_POLICIES    # balanced by load_balance (rt, dl: pushed and pulled)
+
+#: the causes, in the order of the migrations table's ``cause`` categories
+CAUSES = ("wakeup", "fork", "newidle", "periodic", "active", "affinity", "numa", "unknown")
+(WAKEUP, FORK, NEWIDLE, PERIODIC, ACTIVE, AFFINITY, NUMA, UNKNOWN) = range(len(CAUSES))
+#: the causes of a load balance's own decision (the card's "how many" counts these rounds)
+BALANCE_CAUSES = ("newidle", "periodic", "active")
+
+SOFTIRQ_ENTRY, SOFTIRQ_EXIT = "irq:softirq_entry", "irq:softirq_exit"
+NUMA_EVENTS = ("sched_move_numa", "sched_swap_numa")
+#: the comm of a CPU's stopper thread (kernel/stop_machine.c): "migration/<cpu>"
+STOPPER_PREFIX = "migration/"
+
+
+def softirq_recorded(events: pd.DataFrame) -> bool:
+    """Whether the trace holds the scheduler's softirq entries (a probe that records them)."""
+    m = event_mask(events, SOFTIRQ_ENTRY)
+    return bool(m.any() and (events["prio"].to_numpy()[m] == SCHED_SOFTIRQ_VEC).any())
+
+
+def in_sched_softirq(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
+    """Whether each of the event ``rows`` lies inside a SCHED softirq on its own CPU: after an
+    ``irq:softirq_entry`` of vector 7 on that CPU with no ``irq:softirq_exit`` of it since (rows
+    are in time order, one CPU's events in the order they happened)."""
+    rows = np.asarray(rows, np.int64)
+    out = np.zeros(len(rows), bool)
+    vec = events["prio"].to_numpy()
+    ent = np.flatnonzero(event_mask(events, SOFTIRQ_ENTRY) & (vec == SCHED_SOFTIRQ_VEC))
+    ext = np.flatnonzero(event_mask(events, SOFTIRQ_EXIT) & (vec == SCHED_SOFTIRQ_VEC))
+    if not len(ent) or not len(rows):
+        return out
+    cpu = events["cpu"].to_numpy()
+    for c in np.unique(cpu[rows]):
+        # each CPU's entries and exits, after a -1 standing for "none yet"
+        e, x = np.r_[-1, ent[cpu[ent] == c]], np.r_[-1, ext[cpu[ext] == c]]
+        mine = np.flatnonzero(cpu[rows] == c)
+        r = rows[mine]
+        last_in = e[np.searchsorted(e, r, side="left") - 1]     # the last entry before the row
+        last_out = x[np.searchsorted(x, r, side="left") - 1]
+        out[mine] = last_in > last_out
+    return out
+
+
+def _comms(events: pd.DataFrame, pids: np.ndarray) -> dict[int, str]:
+    """The comm of each of ``pids`` as the switches name it (next_comm / prev_comm)."""
+    sw = event_mask(events, "sched_switch")
+    out = {}
+    for col, ccol in (("pid", "comm"), ("prev_pid", "prev_comm")):
+        p = events[col].to_numpy()
+        rows = np.flatnonzero(sw & in_set(p, pids))
+        if len(rows):
+            u, first = np.unique(p[rows], return_index=True)
+            comm = events[ccol].iloc[rows[first]].astype(str).tolist()
+            out.update({int(k): c for k, c in zip(u, comm)})
+    return out
+
+
+def _last_before(key_rows: np.ndarray, key_vals: np.ndarray, vals: np.ndarray,
+                 rows: np.ndarray) -> np.ndarray:
+    """For each (vals[i], rows[i]): the last of ``key_rows`` before rows[i] whose key is vals[i]
+    (-1 if none). ``key_rows`` ascending."""
+    out = np.full(len(rows), -1, np.int64)
+    if not len(key_rows):
+        return out
+    order = np.lexsort((key_rows, key_vals))
+    kv, kr = key_vals[order], key_rows[order]
+    lo = np.searchsorted(kv, vals, side="left")
+    hi = np.searchsorted(kv, vals, side="right")
+    for i in np.flatnonzero(hi > lo):
+        j = lo[i] + np.searchsorted(kr[lo[i]:hi[i]], rows[i], side="left") - 1
+        if j >= lo[i]:
+            out[i] = kr[j]
+    return out
+
+
+def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray,
+                     policy_of_pid: dict[int, str] | None = None) -> np.ndarray:
+    """The cause (index into :data:`CAUSES`) of each migrate record ``sel`` (positions in
+    ``records``, a :func:`harmony.analysis.taskstate.task_records` table, sorted by (pid, seq))."""
+    n = len(sel)
+    cause = np.full(n, UNKNOWN, np.int8)
+    if not n:
+        return cause
+    rec_pid = records["pid"].to_numpy()
+    rec_kind = records["record"].to_numpy()
+    seq = records["seq"].to_numpy()
+    row = (seq[sel] // 2).astype(np.int64)
+    pid = rec_pid[sel].astype(np.int64)
+    runnable = records["runnable_before"].to_numpy()[sel]
+    nxt = sel + 1
+    has_next = nxt < len(records)
+    has_next[has_next] = rec_pid[nxt[has_next]] == rec_pid[sel[has_next]]
+    nrec = np.where(has_next, rec_kind[np.minimum(nxt, len(records) - 1)], -1)
+    prv = sel - 1
+    has_prev = prv >= 0
+    has_prev[has_prev] = rec_pid[prv[has_prev]] == rec_pid[sel[has_prev]]
+    prev_row = np.where(has_prev, seq[np.maximum(prv, 0)] // 2, -1)
+
+    asleep = ~runnable
+    cause[asleep & (nrec == ts_.WAKEUP)] = WAKEUP
+    cause[asleep & (nrec == ts_.WAKEUP_NEW)] = FORK
+
+    # the NUMA balancer names its moves just before making them
+    nm = np.flatnonzero(event_mask(events, *NUMA_EVENTS))
+    if len(nm):
+        for col in ("pid", "prev_pid"):         # swap_numa: both tasks
+            p = events[col].to_numpy()[nm].astype(np.int64)
+            last = _last_before(nm, p, pid, row)
+            cause[(last >= 0) & (last > prev_row)] = NUMA
+
+    todo = runnable & (cause == UNKNOWN)
+    if not todo.any():
+        return cause
+    cpu = events["cpu"].to_numpy().astype(np.int64)
+    cpid = events["common_pid"].to_numpy().astype(np.int64)[row]
+    ecpu = cpu[row]
+    dst = events["target_cpu"].to_numpy().astype(np.int64)[row]
+    fair = np.ones(n, bool)
+    if policy_of_pid is not None:
+        fair = np.array([policy_of_pid.get(int(p), "other") in FAIR_POLICIES for p in pid])
+    softirq = softirq_recorded(events)
+    comms = _comms(events, np.unique(cpid[todo]))
+    stopper = np.array([comms.get(int(c), "").startswith(STOPPER_PREFIX) for c in cpid])
+
+    # the stopper: who woke it says why
+    st = np.flatnonzero(todo & stopper)
+    if len(st):
+        wk = np.flatnonzero(event_mask(events, "sched_waking", "sched_wakeup"))
+        woke = _last_before(wk, events["pid"].to_numpy()[wk].astype(np.int64), cpid[st], row[st])
+        seen = woke >= 0
+        in_sirq = np.zeros(len(st), bool)
+        in_sirq[seen] = in_sched_softirq(events, woke[seen])
+        cause[st[seen & in_sirq]] = ACTIVE
+        if softirq:
+            cause[st[seen & ~in_sirq]] = AFFINITY
+
+    if not softirq:
+        return cause
+    other = np.flatnonzero(todo & ~stopper & fair)
+    if not len(other):
+        return cause
+    in_sirq = in_sched_softirq(events, row[other])
+    pulled = ecpu[other] == dst[other]
+    cause[other[pulled & in_sirq]] = PERIODIC
+    cause[other[~pulled & ~in_sirq]] = AFFINITY
+    # a pull outside the softirq: new-idle if the CPU's next switch puts the puller to sleep
+    cand = other[pulled & ~in_sirq]
+    if len(cand):
+        sw = np.flatnonzero(event_mask(events, "sched_switch"))
+        sw_cpu = cpu[sw]
+        prev_pid = events["prev_pid"].to_numpy()
+        prev_state = events["prev_state"].to_numpy()
+        ts = events["ts"].to_numpy()
+        for c in np.unique(ecpu[cand]):
+            mine = cand[ecpu[cand] == c]
+            s = sw[sw_cpu == c]
+            k = np.searchsorted(s, row[mine], side="right")
+            ok = k < len(s)
+            nxt_sw = s[np.minimum(k, len(s) - 1)] if len(s) else np.zeros(len(mine), np.int64)
+            ok &= prev_pid[nxt_sw] == cpid[mine]
+            ok &= (prev_state[nxt_sw] != 0) | (cpid[mine] == 0)
+            ok &= ts[nxt_sw] - ts[row[mine]] <= NEWIDLE_SWITCH_WITHIN_NS
+            cause[mine[ok]] = NEWIDLE
+    return cause
+
+
+# ---------------------------------------------------------------------------- inferred moves
+
+def _by_task_in_time(pid: np.ndarray, seq: np.ndarray) -> np.ndarray:
+    """The order sorting placements by (pid, seq), each (pid, seq) once: a stable sort by seq
+    (a few sorted runs: merged, not sorted), then a stable sort by the pid's rank among the
+    distinct pids (a radix sort when there are fewer than 65536)."""
+    by_seq = np.argsort(seq, kind="stable")
+    codes, uniq = pd.factorize(pid[by_seq])
+    if len(uniq) >= 1 << 16:
+        return np.argsort((pid << 36) | seq)
+    rank = np.empty(len(uniq), np.uint16)
+    rank[np.argsort(uniq)] = np.arange(len(uniq), dtype=np.uint16)
+    return by_seq[np.argsort(rank[codes], kind="stable")]
+
+
+#: the events that place a task on a CPU (besides sched_migrate_task), by placement code
+PLACED = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new")
+_SWITCH, _WAKING, _WAKEUP, _WAKEUP_NEW, _MIGRATE = range(5)
+
+
+def unrecorded_moves(events: pd.DataFrame, pids=None) -> dict[str, np.ndarray]:
+    """Moves a task's own events prove but no sched_migrate_task records.
+
+    Each task's events place it on a CPU: a sched_switch to or from it (the CPU that recorded it),
+    sched_waking (its CPU before the wake-up chooses one), sched_wakeup[_new] (the chosen CPU), and
+    sched_migrate_task (orig_cpu, then dest_cpu). Walking them in time order, a placement on another
+    CPU than the last one, with no migration in between, is a move the stream does not hold (a
+    migration whose orig_cpu is not the task's last CPU counts the same way).
+
+    ``pids``: tasks to check (default: every task but the swappers). Returns arrays, one entry a
+    move, by task then time: row (the events row of the placement that proved it), pid, ts,
+    from_cpu, to_cpu, proof and before (placement codes, indices into PLACED +
+    ("sched_migrate_task",), of the proving placement and of the task's placement before it).
+    """
+    sw = event_mask(events, "sched_switch")
+    mg = event_mask(events, "sched_migrate_task")
+    cpu, tgt, ts = (events[c].to_numpy() for c in ("cpu", "target_cpu", "ts"))
+    want = None if pids is None else np.asarray(list(pids), np.int64)
+    # one placement per (task, event): seq (row: rows are in time order), pid, cpu_before,
+    # cpu_after, placement code
+    seq, pid, before, after, code = [], [], [], [], []
+    for sel, pid_col, b_cpu, a_cpu, c in (
+            (sw, "pid", cpu, cpu, _SWITCH), (sw, "prev_pid", cpu, cpu, _SWITCH),
+            (event_mask(events, "sched_waking"), "pid", tgt, tgt, _WAKING),
+            (event_mask(events, "sched_wakeup"), "pid", tgt, tgt, _WAKEUP),
+            (event_mask(events, "sched_wakeup_new"), "pid", tgt, tgt, _WAKEUP_NEW),
+            (mg, "pid", events["orig_cpu"].to_numpy(), tgt, _MIGRATE)):
+        p = events[pid_col].to_numpy()
+        keep = sel & (p > 0) & (b_cpu >= 0)
+        if want is not None:
+            keep &= in_set(p, want)
+        i = np.flatnonzero(keep)
+        seq.append(i)
+        pid.append(p[i].astype(np.int64))
+        before.append(b_cpu[i].astype(np.int64))
+        after.append(a_cpu[i].astype(np.int64))
+        code.append(np.full(len(i), c, np.int8))
+    seq, pid, before, after, code = (np.concatenate(x) for x in (seq, pid, before, after, code))
+    order = _by_task_in_time(pid, seq)
+    seq, pid, before, after, code = (x[order] for x in (seq, pid, before, after, code))
+    same_task = np.r_[False, pid[1:] == pid[:-1]]
+    last = np.r_[-1, after[:-1]]
+    hit = np.flatnonzero(same_task & (before != last))
+    return {"row": seq[hit].astype(np.int64), "pid": pid[hit], "ts": ts[seq[hit]].astype(np.int64),
+            "from_cpu": last[hit], "to_cpu": before[hit], "proof": code[hit],
+            "before": code[np.maximum(hit - 1, 0)]}
+
+
+def inferred_causes(moves: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(cause, runnable) of each move of :func:`unrecorded_moves`: a wake-up's placement that
+    follows the task's own sched_waking chose the CPU (``wakeup`` / ``fork``, the task asleep);
+    anything else is ``unknown``, the task counted runnable unless a wake-up proved the move."""
+    proof, before = moves["proof"], moves["before"]
+    cause = np.full(len(proof), UNKNOWN, np.int8)
+    woke = before == _WAKING
+    cause[woke & (proof == _WAKEUP)] = WAKEUP
+    cause[woke & (proof == _WAKEUP_NEW)] = FORK
+    runnable = ~np.isin(proof, (_WAKEUP, _WAKEUP_NEW))
+    return cause, runnable
+
+
+# ---------------------------------------------------------------------------- counts and figures
+
+def cause_counts(migrations: pd.DataFrame) -> dict[str, int]:
+    """Migrations by cause (every cause, 0 where none), and ``inferred``: how many of them no
+    probe recorded (see the table's ``inferred``)."""
+    c = migrations["cause"].astype(str).to_numpy()
+    out = {k: int((c == k).sum()) for k in CAUSES}
+    out["inferred"] = int(migrations["inferred"].to_numpy().sum())
+    return out
+
+
+def causes_over_time(migrations: pd.DataFrame, bin_s: float, t_stop: float) -> pd.DataFrame:
+    """Migrations counted by cause in consecutive bins of ``bin_s`` s over [0, t_stop) after t0.
+
+    Needs: a migrations table (its ``t`` and ``cause``). Columns: t (bin start, s since t0), then
+    one int64 column per cause of :data:`CAUSES`."""
+    if bin_s <= 0:
+        raise ValueError("bin_s must be positive")
+    nb = max(1, int(np.ceil(t_stop / bin_s)))
+    t = migrations["t"].to_numpy(np.float64)
+    c = migrations["cause"].astype(str).to_numpy()
+    inside = (t >= 0) & (t < nb * bin_s)
+    k = np.minimum((t[inside] // bin_s).astype(np.int64), nb - 1)
+    cc = c[inside]
+    cols = {"t": np.arange(nb) * bin_s}
+    for name in CAUSES:
+        cols[name] = np.bincount(k[cc == name], minlength=nb)[:nb].astype(np.int64)
+    return pd.DataFrame(cols)

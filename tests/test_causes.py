@@ -1,0 +1,173 @@
+"""Why each task moved (harmony.analysis.causes), on hand-built event streams: one per path of the
+kernel's set_task_cpu, each with the marks it leaves; moves no probe recorded, inferred."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harmony.analysis import causes
+from harmony.analysis import reconstruct as rc
+from harmony.analysis import thresholds as T
+from harmony.analysis.event_streams import Stream
+
+A, B, C = 101, 102, 103            # experiment tasks
+STOPPER0, CONTROLLER = 50, 900     # migration/0, a task calling sched_setaffinity
+NAMES = {A: "w-a", B: "w-b", C: "w-c", STOPPER0: "migration/0", CONTROLLER: "harmony"}
+US = 1_000
+
+
+def tasks(policy=None):
+    pids = [A, B, C]
+    return pd.DataFrame({"pid": np.array(pids, np.int32), "name": ["a", "b", "c"],
+                         "role": ["w"] * 3, "duty": [100.0] * 3, "nice": [0] * 3,
+                         "policy": [policy or "other"] * 3})
+
+
+def queued_on_0(s: Stream, at: int) -> Stream:
+    """A runs on CPU 0 and B waits there (it ran, then was preempted); CPU 1 runs C; the
+    softirq is recorded (a SCHED softirq on CPU 1 earlier)."""
+    return (s.softirq(at, 1, True).softirq(at + 1, 1, False)
+             .switch(at + 2, 0, 0, 0, B).switch(at + 3, 0, B, 0, A)
+             .switch(at + 4, 1, 0, 0, C))
+
+
+def cause_of(s: Stream, pid: int = B, policy=None) -> list[tuple[str, bool]]:
+    mig = rc.df_migrations(s.events(), tasks(policy), 0)
+    mig = mig[mig["pid"] == pid]
+    return list(zip(mig["cause"].astype(str), mig["inferred"]))
+
+
+def test_wakeup_placement_and_fork():
+    s = Stream(NAMES).switch(10, 0, 0, 0, A).switch(20, 0, A, 1, 0)    # A runs, then sleeps
+    s.waking(30, 1, A, 0, common_pid=C).migrate(31, 1, A, 0, 1, common_pid=C).wakeup(32, 1, A, 1)
+    s.migrate(40, 0, B, 0, 1).wakeup_new(41, 0, B, 1)                  # B placed at fork
+    assert cause_of(s, A) == [("wakeup", False)]
+    assert cause_of(s, B) == [("fork", False)]
+
+
+def test_an_asleep_move_without_its_wakeup_is_unknown():
+    s = Stream(NAMES).switch(10, 0, 0, 0, A).switch(20, 0, A, 1, 0).migrate(31, 1, A, 0, 1)
+    assert cause_of(s, A) == [("unknown", False)]
+
+
+def test_periodic_balance_inside_the_sched_softirq():
+    s = queued_on_0(Stream(NAMES), 100)
+    s.softirq(200, 1, True, common_pid=C).migrate(201, 1, B, 0, 1, common_pid=C)
+    s.softirq(202, 1, False, common_pid=C)
+    assert cause_of(s) == [("periodic", False)]
+
+
+def test_another_softirq_vector_is_not_the_balance():
+    s = queued_on_0(Stream(NAMES), 100)
+    s.softirq(200, 1, True, vec=1, common_pid=C).migrate(201, 1, B, 0, 1, common_pid=C)
+    s.softirq(202, 1, False, vec=1, common_pid=C)
+    assert cause_of(s) == [("unknown", False)]      # not new-idle either: C does not sleep
+
+
+def newidle(gap_ns: int, sleeps: bool = True) -> Stream:
+    s = queued_on_0(Stream(NAMES), 100)
+    s.migrate(200, 1, B, 0, 1, common_pid=C).switch(200 + gap_ns, 1, C, 1 if sleeps else 0, B)
+    return s
+
+
+def test_newidle_pull_precedes_the_pullers_switch_to_sleep():
+    assert cause_of(newidle(500 * US)) == [("newidle", False)]
+    assert cause_of(newidle(500 * US, sleeps=False)) == [("unknown", False)]
+
+
+def test_newidle_from_the_idle_task():
+    s = queued_on_0(Stream(NAMES), 100)
+    s.switch(150, 1, C, 1, 0)                                        # CPU 1 goes idle
+    s.migrate(200, 1, B, 0, 1, common_pid=0).switch(210, 1, 0, 0, B)
+    assert cause_of(s) == [("newidle", False)]
+
+
+NEWIDLE_CASES = [
+    # (threshold, rule: its value -> the label, (below, at, above))
+    ("NEWIDLE_SWITCH_WITHIN_NS", lambda v: cause_of(newidle(int(v)))[0][0],
+     ("newidle", "newidle", "unknown")),
+]
+
+
+@pytest.mark.parametrize("name,rule,want", NEWIDLE_CASES, ids=[c[0] for c in NEWIDLE_CASES])
+def test_newidle_threshold_below_at_and_above(name, rule, want):
+    t = T.ALL[name]
+    assert tuple(rule(v) for v in (t * 0.9, t, t * 1.1)) == want
+
+
+def test_without_the_softirq_a_pull_is_unknown():
+    s = Stream(NAMES).switch(102, 0, 0, 0, B).switch(103, 0, B, 0, A).switch(104, 1, 0, 0, C)
+    s.migrate(200, 1, B, 0, 1, common_pid=C).switch(210, 1, C, 1, B)
+    assert not causes.softirq_recorded(s.events())
+    assert cause_of(s) == [("unknown", False)]
+
+
+def stopper_move(woken_in_softirq: bool) -> Stream:
+    s = queued_on_0(Stream(NAMES), 100)
+    if woken_in_softirq:        # CPU 1's load_balance kicks an active balance from its softirq
+        s.softirq(200, 1, True, common_pid=C).waking(201, 1, STOPPER0, 0, common_pid=C)
+        s.softirq(202, 1, False, common_pid=C)
+    else:                       # a task changes B's affinity while B runs: the stopper moves it
+        s.waking(201, 1, STOPPER0, 0, common_pid=CONTROLLER)
+    s.switch(210, 0, A, 0, STOPPER0).migrate(211, 0, B, 0, 1, common_pid=STOPPER0)
+    return s
+
+
+def test_active_balance_by_the_stopper_kicked_from_the_softirq():
+    assert cause_of(stopper_move(True)) == [("active", False)]
+
+
+def test_the_stopper_woken_by_a_task_is_an_affinity_change():
+    assert cause_of(stopper_move(False)) == [("affinity", False)]
+
+
+def test_a_queued_task_moved_away_by_another_task_is_an_affinity_change():
+    s = queued_on_0(Stream(NAMES), 100)
+    s.migrate(200, 0, B, 0, 1, common_pid=A)            # A, on CPU 0, sets B's affinity to 1
+    assert cause_of(s) == [("affinity", False)]
+
+
+def test_numa_balancing_names_its_moves():
+    s = queued_on_0(Stream(NAMES), 100)
+    s.move_numa(200, 0, B, 0, 1).switch(210, 0, A, 0, STOPPER0)
+    s.migrate(211, 0, B, 0, 1, common_pid=STOPPER0)
+    assert cause_of(s) == [("numa", False)]
+
+
+def test_a_real_time_tasks_pull_is_not_told():
+    s = queued_on_0(Stream(NAMES), 100)
+    s.softirq(200, 1, True, common_pid=C).migrate(201, 1, B, 0, 1, common_pid=C)
+    s.softirq(202, 1, False, common_pid=C)
+    assert cause_of(s, policy="fifo") == [("unknown", False)]
+
+
+def test_moves_no_probe_recorded_are_inferred():
+    s = Stream(NAMES).switch(10, 0, 0, 0, A).switch(20, 0, A, 1, 0)
+    s.waking(30, 1, A, 0).wakeup(32, 1, A, 1)                    # its migrate was not recorded
+    s.switch(40, 1, 0, 0, A).switch(50, 1, A, 0, 0)               # runnable on CPU 1 ...
+    s.switch(60, 0, 0, 0, A)                                      # ... runs on CPU 0: moved
+    mig = rc.df_migrations(s.events(), tasks(), 0)
+    got = mig[["ts", "src_cpu", "dst_cpu", "kind", "cause", "inferred"]].astype(
+        {"kind": str, "cause": str}).values.tolist()
+    assert got == [[32, 0, 1, "wakeup", "wakeup", True], [60, 1, 0, "balance", "unknown", True]]
+    assert mig.attrs["inferred"] == 2
+    counts = causes.cause_counts(mig)
+    assert counts["inferred"] == 2 and sum(counts[c] for c in causes.CAUSES) == len(mig)
+
+
+def test_causes_over_time_add_up():
+    s = stopper_move(True)
+    s.migrate(5_000_000, 1, B, 1, 0, common_pid=0).wakeup_new(5_000_001, 1, B, 0)
+    mig = rc.df_migrations(s.events(), tasks(), 0)
+    over = causes.causes_over_time(mig, 0.001, 0.01)
+    assert list(over.columns) == ["t", *causes.CAUSES]
+    assert over[list(causes.CAUSES)].to_numpy().sum() == len(mig) == 2
+    assert over.loc[0, "active"] == 1
+
+
+def test_the_table_declares_its_causes():
+    mig = rc.df_migrations(stopper_move(True).events(), tasks(), 0)
+    rc.tables.MIGRATIONS.check(mig)
+    assert list(mig["cause"].cat.categories) == list(causes.CAUSES)
