@@ -124,11 +124,11 @@ def rust_kernel():
 
 @pytest.mark.long_build
 @pytest.mark.needs_tool(*VM_TOOLS)
-@pytest.mark.parametrize("name", ["bpfland", "rusty", "lavd"])
+@pytest.mark.parametrize("name", ["bpfland", "rusty"])     # lavd 1.1.4: not on 6.12 (README)
 def test_a_rust_scheduler_built_from_its_crate_runs_enabled_throughout(kernel, rust_kernel, name,
                                                                       tmp_path):
     """The scx project's Rust schedulers, built by `harmony scx build` from their crates, on the
-    kernel with the function tracer and cpufreq they need (sched-ext-full), at P = 4. Not in the
+    kernel with the function tracer they need (sched-ext-full), at P = 4. Not in the
     README's test command (CI's 30 minutes cannot hold both builds): `pytest -m long_build`."""
     out = tmp_path / "r"
     p = cli("run", "single-source", "--kernel", "sched-ext-full", "--vm-cpus", "4", "--scx",

@@ -22,7 +22,7 @@ from harmony.experiments import get_experiment
 from cli_run import HARMONY, cli
 from conftest import host_skip, measure_quietly
 from test_run_kernel import our_servers, our_workers, wait_for
-from test_vm_kernel import VM_TOOLS, _qemu_pids
+from test_vm_kernel import _qemu_pids
 
 
 def listening() -> list[str]:
@@ -128,26 +128,15 @@ def test_nothing_left_after_the_controller_is_stopped(two_cpus, tmp_path, sig):
     assert cli("clean").returncode == 0
 
 
-@pytest.mark.xfail(strict=True, reason="known defect (13:08 UTC): in the 6.12 guest the pool's "
-                   "stages serve the requests but the reader never reads an answer from its pipe: "
-                   "every request unanswered; not found yet")
-@pytest.mark.needs_tool(*VM_TOOLS)
-def test_a_server_run_in_a_debian_6_12_guest_at_4_vcpus(kernel, tmp_path):
-    """The guest agent places the server's tasks and measures its capacity inside the VM (its
-    pipes in the guest's memory); the requests are answered and joined with the guest's trace."""
+def test_a_server_run_in_a_vm_is_refused_while_its_answers_never_arrive(tmp_path):
+    """A known defect: in a 6.12 guest (and under scx_simple) the pool's stages served the
+    requests but the client read no answer, every request unanswered (2026-11-26, not found
+    yet). Until it is, a server run with --kernel is refused in one line before any boot, and a
+    suite in a VM leaves the experiment out, saying why."""
     before = _qemu_pids()
     out = tmp_path / "vm"
-    p = cli("run", "server", "--kernel", "debian:6.12", "--vm-cpus", "4", "-p",
-            "shape=pool-per-stage", "-p", "load=0.3", "--duration", "2", "--out", out, "-q",
-            timeout=900)
-    assert p.returncode == 0, p.stderr
-    run = harmony.load(out)
-    m, s = run.manifest, run.summary
-    assert m["under_test"]["kernel"].startswith("6.12.") and m["cpus"] == [0, 1, 2, 3]
-    # measured in the guest, recorded among the parameters, the rate drawn from it
-    assert m["params"]["overhead_ns"] > 0
-    assert m["params"]["rate"] == pytest.approx(0.3 * s["capacity_rps"], rel=0.01)
-    assert s["requests"] > 50 and s["throughput_rps"] > 0 and s["latency_p50_ms"] is not None
-    ans = run.requests[run.requests["answered"]]
-    assert {int(c) for c_ in ans["cpus"] for c in c_.split(",") if c} <= {0, 1, 2, 3}
-    assert _qemu_pids() <= before and not listening()
+    p = cli("run", "server", "--kernel", "debian:6.12", "--vm-cpus", "4", "--out", out, "-q",
+            timeout=120)
+    assert p.returncode == 2 and "server cannot run with --kernel: in a VM's guest its answers " \
+        "never reach the client" in p.stderr, p.stderr
+    assert not out.exists() and _qemu_pids() <= before
