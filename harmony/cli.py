@@ -1008,7 +1008,7 @@ def scx_list():
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="cargo's jobs (default: the CPUs)")
 def scx_build_cmd(names, rebuild, jobs):
     """Build the scx project's Rust schedulers from their crates (all of them without NAMES:
-    bpfland, rusty, lavd; 3-5 min each on 2 CPUs, the first with the shared dependencies), once
+    bpfland, rusty, lavd; 1-3 min each on 2 CPUs, the first with the shared dependencies), once
     per configuration. Needs cargo; installs the Debian packages the build needs when missing
     (as root)."""
     from harmony import scx_build

@@ -132,7 +132,7 @@ def resolve(name: str, args: str | None = None, directory: Path | None = None) -
         built = scx_build.built(short)
         if built is None:
             raise UnknownScheduler(f"scheduler {name} is not built: `harmony scx build {short}` "
-                                   "builds it from its crate (3-5 min on 2 CPUs)")
+                                   "builds it from its crate (1-3 min on 2 CPUs)")
         return ScxSpec(short, str(built), argv)
     if "/" in name or name.startswith("."):
         path = Path(name).absolute()

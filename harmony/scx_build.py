@@ -6,8 +6,9 @@ the Debian packages their build needs) with ``cargo install --locked`` from crat
 cache (:data:`CACHE`, ``HARMONY_SCX_CACHE`` to move it) of one directory per scheduler, named by
 a key (:func:`build_key`: the recipe and the Rust compiler's version): a machine builds a
 configuration once. The crates' dependencies are compiled once for all three (one cargo target
-directory in the cache, removed after the build: 1.7 GB here). A directory is built under a temporary name and renamed into place
-once whole, with ``build.json`` saying how and how long; a failed build keeps its log beside.
+directory in the cache, removed after the build: 1.7 GB here). A directory is built under a
+temporary name and renamed into place once whole, with ``build.json`` saying how and how long;
+a failed build keeps its log beside.
 
 :func:`built` finds a built scheduler for ``--scx NAME`` (:func:`harmony.scx.resolve`).
 Errors are :class:`~harmony.errors.ScxError`: a missing cargo or an old Rust, a failed build
@@ -90,8 +91,9 @@ def built(name: str, cache: Path | None = None) -> Path | None:
     short = _check_name(name)
     rec = recipe()
     path = cargo()
-    if path and rustc_version(path):
-        d = _dir(short, build_key(rec, rustc_version(path)), cache)
+    rustc = rustc_version(path) if path else ""
+    if rustc:
+        d = _dir(short, build_key(rec, rustc), cache)
         return d / rec["crates"][short] if (d / RECORD).is_file() else None
     have = sorted(Path(cache or CACHE).glob(f"{rec['crates'][short]}-{rec['version']}_*/"
                                             f"{RECORD}"), key=lambda p: p.stat().st_mtime)
@@ -109,7 +111,7 @@ def status(name: str, cache: Path | None = None) -> str:
     """One line for ``harmony scx list``."""
     path = built(name, cache)
     if path is None:
-        return f"not built: `harmony scx build {name}` builds it (3-5 min on 2 CPUs)"
+        return f"not built: `harmony scx build {name}` builds it (1-3 min on 2 CPUs)"
     how = json.loads((path.parent / RECORD).read_text())
     return f"built here in {how['build_s'] / 60:.1f} min (rustc {how['rustc']}), {path}"
 

@@ -113,7 +113,7 @@ def test_the_card_reads_scx_simple_as_the_global_queue_it_is(kernel, sched_ext_k
 @pytest.fixture(scope="module")
 def rust_kernel():
     """The kernel the Rust schedulers need (built if missing: ~11 min here) and the schedulers
-    (`harmony scx build`: 3-5 min each)."""
+    (`harmony scx build`: 1-3 min each)."""
     try:
         kernels.kernel("sched-ext-full")
     except kernels.KernelError:
