@@ -337,7 +337,7 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
     out: dict[str, np.ndarray] = {}
 
     def check(pos, what):
-        bad = np.flatnonzero(pos > end)
+        bad = np.flatnonzero((pos > end) | (pos < 0))
         if bad.size:
             raise TraceCorrupt(f"{path}: corrupt sample at file offset "
                                f"{data_offset + int(off[bad[0]])}: its {what} runs past the record")
@@ -362,8 +362,9 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
         times = bool(read_format & FORMAT_ENABLED) + bool(read_format & FORMAT_RUNNING)
         if read_format & FORMAT_GROUP:
             nr = read_uint(src, np.minimum(p, end - 8), 8)
-            if (nr > 1 << 16).any():
-                check(np.where(nr > 1 << 16, end + 1, p), "read group")
+            huge = (nr < 0) | (nr > 1 << 16)       # read as int64: a flipped top bit is < 0
+            if huge.any():
+                check(np.where(huge, end + 1, p), "read group")
             p = p + 8 * (1 + times) + 8 * per * nr
         else:
             p = p + 8 * (times + per)
@@ -371,8 +372,9 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
     if st & SAMPLE_CALLCHAIN:
         check(p + 8, "call chain")
         nr = read_uint(src, p, 8)
-        if (nr > 1 << 16).any():
-            check(np.where(nr > 1 << 16, end + 1, p), "call chain")
+        huge = (nr < 0) | (nr > 1 << 16)           # read as int64: a flipped top bit is < 0
+        if huge.any():
+            check(np.where(huge, end + 1, p), "call chain")
         p = p + 8 + 8 * nr
         check(p, "call chain")
     if st & SAMPLE_RAW:

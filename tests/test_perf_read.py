@@ -222,3 +222,21 @@ def test_a_sample_too_short_for_its_id_is_named(tmp_path):
         with pytest.raises(TraceCorrupt, match="too short for its id") as exc:
             perf_read.read_perf_data(p)
         assert str(exc.value).startswith(f"{p}: ")
+
+
+@pytest.mark.parametrize("field, sample_type", [
+    ("call chain", perf_read.SAMPLE_CALLCHAIN | perf_read.SAMPLE_RAW),
+    ("read group", perf_read.SAMPLE_READ | perf_read.SAMPLE_RAW)])
+def test_a_count_with_its_top_bit_flipped_is_a_one_line_error(tmp_path, field, sample_type):
+    """A call chain's or read group's count read as int64 is negative when a damaged file sets
+    its top bit: refused like one too large, never a position before the record (found by the
+    damaged-recordings test in CI: an IndexError)."""
+    body = np.zeros(8, np.uint64)
+    body[0] = (1 << 63) | 1                     # the count
+    buf = body.view(np.uint8)
+    src = perf_read._DataSection(tmp_path / "perf.data", buf, 4096)
+    p, end = np.array([0], np.int64), np.array([len(buf)], np.int64)
+    with pytest.raises(TraceCorrupt, match=rf"perf\.data: corrupt sample at file offset 4096: its "
+                                           rf"{field} runs past the record$"):
+        perf_read._sample_fields(sample_type, perf_read.FORMAT_GROUP, src, p, end,
+                                 tmp_path / "perf.data", np.array([0], np.int64), 4096)
