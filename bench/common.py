@@ -56,6 +56,18 @@ def verdict(name: str, ok: bool | None, detail: str) -> str:
     return f"[{mark}] {name}: {detail}"
 
 
+def sizes(ap, text: str, reps: int) -> list[int]:
+    """A benchmark's ``--sizes`` ("1e6,3e6": events, comma-separated) as integers; the parser's
+    one-line error (exit 2) for a list that is not positive numbers, or ``--reps`` below 1."""
+    try:
+        out = [int(float(s)) for s in text.split(",") if s.strip()]
+    except ValueError:
+        ap.error(f"--sizes: not a list of numbers: {text!r}")
+    if not out or min(out) <= 0 or reps < 1:
+        ap.error("--sizes must be positive and --reps at least 1")
+    return out
+
+
 def emit_json(path: str | None, obj: dict) -> None:
     """Write ``obj`` as JSON to ``path`` ("-" = stdout)."""
     if not path:

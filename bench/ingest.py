@@ -213,12 +213,7 @@ def main(argv=None) -> int:
     if a._measure:
         print(json.dumps(measure_harmony(a._measure, [int(p) for p in a._pids.split(",") if p], a._warm)))
         return 0
-    try:
-        sizes = [int(float(s)) for s in a.sizes.split(",") if s.strip()]
-    except ValueError:
-        ap.error(f"--sizes: not a list of numbers: {a.sizes!r}")
-    if not sizes or min(sizes) <= 0 or a.reps < 1:
-        ap.error("--sizes must be positive and --reps at least 1")
+    sizes = common.sizes(ap, a.sizes, a.reps)
     if not shutil.which("trace-cmd"):
         print("trace-cmd is not installed: only harmony is timed", file=sys.stderr)
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-from whole_import import TIME, timed  # noqa: E402
+from whole_import import TIME, harmony_import  # noqa: E402
 
 from harmony.probes.perf import CLOCK_ID, PERF_EVENTS  # noqa: E402
 from harmony.probes.perf_read import read_perf_data  # noqa: E402
@@ -85,17 +85,6 @@ def perf_script(path: Path) -> float:
     return wall
 
 
-def harmony_import(path: Path, comm: str, out: Path) -> dict:
-    shutil.rmtree(out, ignore_errors=True)
-    r = timed([shutil.which("harmony") or "harmony", "import", str(path), "--comm", comm, "-q",
-               "--out", str(out)])
-    m = json.loads((out / "manifest.json").read_text())
-    r["events"] = int(m["capture"]["n_events"])
-    r["steps"] = {**m["timings_s"].get("analysis", {}), "figures": m["timings_s"].get("figures")}
-    shutil.rmtree(out, ignore_errors=True)
-    return r
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -110,12 +99,7 @@ def main(argv=None) -> int:
                                                 "(default: a temporary directory)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
     a = ap.parse_args(argv)
-    try:
-        sizes = [int(float(s)) for s in a.sizes.split(",") if s.strip()]
-    except ValueError:
-        ap.error(f"--sizes: not a list of numbers: {a.sizes!r}")
-    if not sizes or min(sizes) <= 0 or a.reps < 1:
-        ap.error("--sizes must be positive and --reps at least 1")
+    sizes = common.sizes(ap, a.sizes, a.reps)
     for tool in (TIME, "perf"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed")

@@ -112,12 +112,7 @@ def main(argv=None) -> int:
                                                 "(default: a temporary directory)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
     a = ap.parse_args(argv)
-    try:
-        sizes = [int(float(s)) for s in a.sizes.split(",") if s.strip()]
-    except ValueError:
-        ap.error(f"--sizes: not a list of numbers: {a.sizes!r}")
-    if not sizes or min(sizes) <= 0 or a.reps < 1:
-        ap.error("--sizes must be positive and --reps at least 1")
+    sizes = common.sizes(ap, a.sizes, a.reps)
     for tool in (TIME, "trace-cmd"):
         if not shutil.which(tool):
             sys.exit(f"{tool} is not installed (Debian: apt-get install {Path(tool).name})")
