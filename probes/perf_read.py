@@ -37,7 +37,6 @@ Everything wrong with a file raises :class:`~harmony.probes.base.TraceCorrupt`, 
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import struct
 from array import array
 from pathlib import Path
@@ -52,7 +51,7 @@ from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 from harmony.probes.ringbuf_walk import JIT_MIN_BYTES, Records
 from harmony.probes.schema import SCHED_EVENTS, make_events
-from harmony.probes.tracedat_read import FileReader, TraceDat, read_tracing_data
+from harmony.probes.tracedat_read import FileReader, TraceDat, map_file, read_tracing_data
 
 PERF_MAGIC = b"PERFILE2"
 _HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")  # magic size attr_size attrs data event_types features
@@ -143,21 +142,6 @@ class _Bytes(FileReader):
         return text.decode("utf-8", "replace"), at + 4 + n
 
 
-def _map(path: Path):
-    try:
-        f = open(path, "rb")
-    except OSError as exc:
-        raise TraceCorrupt(f"{path}: cannot read ({exc.strerror or exc})") from None
-    with f:
-        try:
-            if Path(path).stat().st_size == 0:
-                return b""                  # (cannot be mapped) read_header says what it is not
-            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except (OSError, ValueError) as exc:
-            raise TraceCorrupt(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") \
-                from None
-
-
 def read_header(path: Path, data=None) -> PerfHeader:
     """Parse ``path``'s header, attrs and the feature sections Harmony reads (no records).
 
@@ -166,7 +150,7 @@ def read_header(path: Path, data=None) -> PerfHeader:
     sections perf appends at the end point past the end of the file); refuses the layouts this
     reader does not read (pipe mode, compressed records, a perf.data directory)."""
     path = Path(path)
-    data = _map(path) if data is None else data
+    data = map_file(path) if data is None else data
     r = _Bytes(path, data)
     if bytes(data[:8]) != PERF_MAGIC:
         raise TraceCorrupt(f"{path}: not a perf.data file (bad magic, {r.size} bytes)")
@@ -391,7 +375,7 @@ def read_perf_data(path: Path) -> PerfRead:
     (:data:`~harmony.probes.schema.SCHED_EVENTS`, as ``perf script``'s parser did: the canonical
     columns, in time order), and the counts of what else it holds (see :class:`PerfRead`)."""
     path = Path(path)
-    data = _map(path)
+    data = map_file(path)
     head = read_header(path, data)
     notes: list[str] = []
     off0, size = head.data_offset, head.data_size

@@ -548,16 +548,28 @@ def _buffer_v7(path: Path, data: bytes, algo: str) -> Buffer:
 
 # --- entry points ------------------------------------------------------------------------------
 
-def _open(path: Path):
+def map_file(path: Path):
+    """``path`` mapped read-only (``b""`` for an empty file, which cannot be mapped: the caller
+    says what it is not); TraceCorrupt naming it if it cannot be read."""
     try:
         f = open(path, "rb")
     except OSError as exc:
         raise TraceCorrupt(f"{path}: cannot read ({exc.strerror or exc})") from None
     with f:
-        size = Path(path).stat().st_size
-        if size == 0:
-            raise TraceCorrupt(f"{path}: empty file, not a trace.dat")
-        return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            if Path(path).stat().st_size == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise TraceCorrupt(f"{path}: cannot read ({getattr(exc, 'strerror', None) or exc})") \
+                from None
+
+
+def _open(path: Path):
+    data = map_file(path)
+    if not len(data):
+        raise TraceCorrupt(f"{path}: empty file, not a trace.dat")
+    return data
 
 
 def is_tracedat(path: Path) -> bool:
