@@ -53,6 +53,19 @@ def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes") and os.geteuid() == 0
 
 
+def pids_with_comm(prefix: str) -> list[int]:
+    """The processes whose command name (/proc/PID/comm) starts with ``prefix``: what a test
+    checks is left running (workers, QEMU, sched_ext schedulers)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "comm").read_text().startswith(prefix):
+                out.append(int(entry.name))
+        except OSError:
+            pass
+    return out
+
+
 def host_skip(reason: str) -> NoReturn:
     """Skip the test because this host cannot run it; in CI (:func:`in_ci`) fail with the reason."""
     __tracebackhide__ = True    # the skip is reported at the caller's line

@@ -14,20 +14,9 @@ from pathlib import Path
 
 import pytest
 from cli_run import HARMONY, cli
-from conftest import TRACEFS, host_skip, until
+from conftest import TRACEFS, host_skip, pids_with_comm, until
 
 from harmony.forkserver import COMM as SERVER_COMM
-
-
-def _comms(prefix: str) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and (entry / "comm").read_text().startswith(prefix):
-                out.append(int(entry.name))
-        except OSError:
-            pass
-    return out
 
 
 def _parent(pid: int) -> int | None:
@@ -40,9 +29,9 @@ def _parent(pid: int) -> int | None:
 def _host_is_clean() -> list[str]:
     """What a run left on the host: workers, fork servers, tracing instances, cpuset groups. (Not
     this test process's own fork server, which in-process runs of other tests share.)"""
-    mine = {p for p in _comms(SERVER_COMM) if _parent(p) == os.getpid()}
+    mine = {p for p in pids_with_comm(SERVER_COMM) if _parent(p) == os.getpid()}
     left = [f"process {p} ({Path(f'/proc/{p}/comm').read_text().strip() if Path(f'/proc/{p}').exists() else '?'})"
-            for p in _comms("hmy-") + _comms(SERVER_COMM)
+            for p in pids_with_comm("hmy-") + pids_with_comm(SERVER_COMM)
             if p not in mine and _parent(p) not in mine]
     inst = TRACEFS / "instances"
     left += [f"instance {p.name}" for p in inst.iterdir() if p.name.startswith("harmony-")] \
@@ -173,7 +162,7 @@ def test_the_kernel_refuses_to_remove_a_recording_instance(clean_host, tmp_path)
     proc = subprocess.Popen(HARMONY + ["run", "single-source", "--duration", "3", "--out", str(out),
                                        "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    assert _wait(lambda: _comms("hmy-w"))
+    assert _wait(lambda: pids_with_comm("hmy-w"))
     time.sleep(1.0)                                     # released, recording
     inst = [p for p in (TRACEFS / "instances").iterdir()     # the run's (not the doctor's)
             if p.name.removeprefix("harmony-").isdigit()]
@@ -190,7 +179,7 @@ def test_a_worker_killed_by_someone_else_makes_the_run_incomplete(clean_host, tm
     proc = subprocess.Popen(HARMONY + ["run", "single-source", "--duration", "3", "--out", str(out),
                                        "-q"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
-    victims = _wait(lambda: _comms("hmy-w01"))
+    victims = _wait(lambda: pids_with_comm("hmy-w01"))
     assert victims
     time.sleep(1.0)                                     # released, measuring
     subprocess.run(["kill", "-9", str(victims[0])], check=True)
@@ -214,7 +203,7 @@ def test_an_interrupted_suite_resumes(clean_host, tmp_path):
                             text=True)
     # stop it once the first run is complete, while a later one is measured
     assert until(lambda: _status(out / "single-source" / "rep-01") in ("captured", "complete")
-                 and _comms("hmy-w"), 120)
+                 and pids_with_comm("hmy-w"), 120)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
@@ -241,7 +230,7 @@ def _live() -> list[str]:
     """Harmony's processes that still run (zombies excluded: init reaps those, see
     bench/controller_death.py), but this test process's own fork server and its children."""
     out = []
-    for p in _comms("hmy-") + _comms(SERVER_COMM):
+    for p in pids_with_comm("hmy-") + pids_with_comm(SERVER_COMM):
         try:
             state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, IndexError):
@@ -262,7 +251,7 @@ def test_nothing_runs_on_after_the_controller_is_killed_at_any_moment(clean_host
                                            "2", "--out", str(tmp_path / f"r{k}"), "-q"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(at)
-        phases.add(len(_comms("hmy-w")) > 0)
+        phases.add(len(pids_with_comm("hmy-w")) > 0)
         proc.kill()
         proc.wait()
         assert _wait(lambda: not _live(), 5.0), (at, _live())

@@ -21,21 +21,13 @@ from harmony.forkserver import COMM as SERVER_COMM
 from harmony.hygiene import WORKER_PREFIX
 
 from cli_run import HARMONY, cli
-from conftest import host_skip, measure_quietly
+from conftest import host_skip, measure_quietly, pids_with_comm
 
 TRACEFS = Path("/sys/kernel/tracing")
 
 
 def our_workers(prefix=WORKER_PREFIX) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().startswith(prefix):
-                    out.append(int(entry.name))
-            except OSError:
-                pass
-    return out
+    return pids_with_comm(prefix)
 
 
 def our_servers() -> list[str]:

@@ -9,12 +9,11 @@ missing, and fail in CI."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from cli_run import cli
-from conftest import host_skip
+from conftest import host_skip, pids_with_comm
 from harmony import kernels, store
 
 VM_TOOLS = ("qemu-system-x86_64", "vng", "busybox")
@@ -26,18 +25,6 @@ def sched_ext_kernel():
         return kernels.kernel("sched-ext")
     except kernels.KernelError as exc:
         host_skip(f"no sched-ext kernel: {exc}")
-
-
-def _scx_processes() -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().startswith("scx_"):
-                    out.append(int(entry.name))
-            except OSError:
-                continue
-    return out
 
 
 @pytest.mark.needs_tool(*VM_TOOLS)
@@ -59,7 +46,7 @@ def test_single_source_under_scx_simple_at_4_vcpus(kernel, sched_ext_kernel, tmp
     assert m["release_mode"] in ("warm", "confined")
     assert m["kernel_counter_agreement"]["disagreeing"] == 0
     assert "enabled throughout" in (out / "report.md").read_text()
-    assert not _scx_processes()
+    assert not pids_with_comm("scx_")
 
 
 @pytest.mark.needs_tool(*VM_TOOLS)
@@ -107,7 +94,7 @@ def test_the_card_reads_scx_simple_as_the_global_queue_it_is(kernel, sched_ext_k
     assert got["affinity"] == "weak" and got["how_many"] == "global-queue", got
     for qid in ("time_to_balance", "detection", "selection"):
         assert got[qid] == "not applicable (global queue)", (qid, got)
-    assert not _scx_processes()
+    assert not pids_with_comm("scx_")
 
 
 @pytest.fixture(scope="module")
@@ -138,4 +125,4 @@ def test_a_rust_scheduler_built_from_its_crate_runs_enabled_throughout(kernel, r
     s = m["scx"]
     assert m["status"] == "complete" and s["enabled_throughout"] and s["name"] == name
     assert m["under_test"]["ncpus"] == 4 and m["kernel_counter_agreement"]["disagreeing"] == 0
-    assert not _scx_processes()
+    assert not pids_with_comm("scx_")

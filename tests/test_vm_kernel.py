@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from cli_run import HARMONY, cli
-from conftest import until
+from conftest import pids_with_comm, until
 from harmony import store
 
 VM_TOOLS = ("qemu-system-x86_64", "vng", "busybox")
@@ -62,15 +62,7 @@ def test_the_guest_agent_captures_here_without_pandas(kernel, tmp_path):
 
 
 def _qemu_pids() -> set[int]:
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().startswith("qemu-system"):
-                    out.add(int(entry.name))
-            except OSError:
-                continue
-    return out
+    return set(pids_with_comm("qemu-system"))
 
 
 @pytest.mark.needs_tool(*VM_TOOLS)
