@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import gzip
 import json
 import re
 import sys
@@ -276,11 +275,7 @@ def _scx_plan(name: str | None, args: str | None, kernel: str | None, params: li
             scx.check_kernel()
         short = name.removeprefix("scx_")
         if short in scx_build.names() and "/" not in name and kernel in kernels.BUILT:
-            try:                    # a built kernel's config (one not built is said below)
-                config = gzip.decompress(
-                    (kernels.kernel(kernel).image.parent / "config.gz").read_bytes()).decode()
-            except (kernels.KernelError, OSError, EOFError, gzip.BadGzipFile):
-                config = None
+            config = kernels.built_config(kernel)   # not built: said when it boots
             lacks = scx_build.kernel_lacks(config) if config is not None else []
             if lacks:
                 raise ParameterError(f"scheduler {short} needs {', '.join(lacks)}, which kernel "

@@ -408,6 +408,16 @@ def seed_matches(rec: dict, seed: Path, version: str) -> tuple[bool, str]:
     return True, ""
 
 
+def built_config(name: str, cache: Path | None = None) -> str | None:
+    """The .config of the built kernel ``name`` (its ``config.gz``), None if it is not built or
+    its config cannot be read."""
+    try:
+        return gzip.decompress((kernel(name, cache).image.parent / "config.gz").read_bytes()
+                               ).decode(errors="replace")
+    except (KernelError, OSError, EOFError, gzip.BadGzipFile):
+        return None
+
+
 def _record_build(d: Path, name: str, rec: dict, version: str, key: str, how: dict) -> Kernel:
     """Write the record of a built kernel laid out in ``d`` (bzImage, config.gz, schedulers)."""
     release = image_release(d / "bzImage")

@@ -17,6 +17,7 @@ with its last lines, an unknown name (:class:`~harmony.errors.UnknownScheduler`)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -35,7 +36,9 @@ CACHE = Path(os.environ.get("HARMONY_SCX_CACHE", KERNEL_CACHE.parent / "scx"))
 RECORD = "build.json"
 
 
+@functools.cache
 def recipe() -> dict:
+    """The recipe (read once; never modified)."""
     return json.loads(RECIPE.read_text())
 
 
