@@ -13,8 +13,9 @@ included, not the raw events):
   interval whose inferred start overlaps the one before it, which a track cannot nest, goes on a
   child track, "CPU n (overlapping 1)");
 - a counter track per CPU, "runnable CPU n": the run queue step function (RUNQUEUE's nr);
-- a "migrations" track: an instant per migration (MIGRATIONS), named "w01 0->1 (balance)", its
-  pid, source, destination and kind as arguments;
+- a "migrations" track: an instant per migration (MIGRATIONS), named "w01 0->1 (periodic)" by
+  its cause, its pid, source, destination, kind, cause and whether it was inferred (no probe
+  recorded it, the task's own events prove it) as arguments;
 - a "markers" track: an instant per Harmony marker (warm-up, t0, released, end).
 
 Timestamps are the run's, in ns on its trace clock. Every event is on one packet sequence, in
@@ -136,10 +137,12 @@ def trace_bytes(runs: pd.DataFrame, migrations: pd.DataFrame, runqueue: pd.DataF
             events.append((int(r.end), int(r.end == r.start),
                            _slice(track, None, TrackEvent.TYPE_SLICE_END, {})))
     for m in migrations.itertuples(index=False):
-        label = f"{m.name} {int(m.src_cpu)}->{int(m.dst_cpu)} ({m.kind})"
+        cause = str(getattr(m, "cause", "unknown"))   # a run of a Harmony before causes: unknown
+        label = f"{m.name} {int(m.src_cpu)}->{int(m.dst_cpu)} ({cause})"
         events.append((int(m.ts), 2, _slice(track_uuid(MIGRATIONS_TRACK), label, TrackEvent.TYPE_INSTANT,
                                             dict(pid=int(m.pid), src_cpu=int(m.src_cpu),
-                                                 dst_cpu=int(m.dst_cpu), kind=str(m.kind)))))
+                                                 dst_cpu=int(m.dst_cpu), kind=str(m.kind), cause=cause,
+                                                 inferred=bool(getattr(m, "inferred", False))))))
     for q in runqueue.itertuples(index=False):
         events.append((int(q.ts), 2, _counter(counter_track(int(q.cpu)), int(q.nr))))
     for k in markers.itertuples(index=False):

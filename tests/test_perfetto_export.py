@@ -100,8 +100,10 @@ def test_the_trace_holds_the_run_table(run, tmp_path):
     # the migrations, each an instant with its task and CPUs
     moves = t["instants"][pe.track_uuid(pe.MIGRATIONS_TRACK)]
     assert len(moves) == len(run.migrations) > 0
-    assert [(ts, a["pid"], a["src_cpu"], a["dst_cpu"], a["kind"]) for ts, _, a in moves] == \
-        [(int(m.ts), int(m.pid), int(m.src_cpu), int(m.dst_cpu), str(m.kind))
+    assert [(ts, a["pid"], a["src_cpu"], a["dst_cpu"], a["kind"], a["cause"], a["inferred"])
+            for ts, _, a in moves] == \
+        [(int(m.ts), int(m.pid), int(m.src_cpu), int(m.dst_cpu), str(m.kind), str(m.cause),
+          bool(m.inferred))
          for m in run.migrations.sort_values("ts", kind="stable").itertuples()]
     # the t0 and end markers where the manifest puts them
     marks = {name: ts for ts, name, _ in t["instants"][pe.track_uuid(pe.MARKERS_TRACK)]}
