@@ -20,8 +20,9 @@ active      moved while runnable by the ``migration/N`` stopper of its CPU, whic
 affinity    moved while runnable by the stopper woken outside any softirq, or by another task's
             context on a CPU that is not the destination: ``set_cpus_allowed`` (sched_setaffinity,
             a cpuset's change) moving it away, or the stopper's other callers (exec placement)
-periodic    pulled while runnable by the destination CPU inside its SCHED softirq: the periodic or
-            the nohz idle balance (``sched_balance_domains``)
+periodic    moved while runnable inside a SCHED softirq: pulled by the destination CPU in its
+            periodic balance, or by the idle-load-balance CPU on behalf of an idle destination
+            (the nohz idle balance, ``_nohz_idle_balance`` -> ``sched_balance_domains``)
 newidle     pulled while runnable by the destination CPU outside a softirq, whose next switch
             (within :data:`~harmony.analysis.thresholds.NEWIDLE_SWITCH_WITHIN_NS`) switches out
             the pulling context asleep or idle: the new-idle balance of ``__schedule``
@@ -191,7 +192,7 @@ def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarra
         return cause
     in_sirq = in_sched_softirq(events, row[other])
     pulled = ecpu[other] == dst[other]
-    cause[other[pulled & in_sirq]] = PERIODIC
+    cause[other[in_sirq]] = PERIODIC        # pulled, or by the nohz balancer for another CPU
     cause[other[~pulled & ~in_sirq]] = AFFINITY
     # a pull outside the softirq: new-idle if the CPU's next switch puts the puller to sleep
     cand = other[pulled & ~in_sirq]

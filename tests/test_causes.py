@@ -59,6 +59,16 @@ def test_periodic_balance_inside_the_sched_softirq():
     assert cause_of(s) == [("periodic", False)]
 
 
+def test_nohz_idle_balance_on_behalf_of_another_cpu_is_periodic():
+    """The idle-load-balance CPU runs the balance of every idle CPU in its own softirq
+    (_nohz_idle_balance -> sched_balance_domains(rq of balance_cpu)): the move is recorded on
+    the balancer, its destination another idle CPU."""
+    s = queued_on_0(Stream(NAMES), 100)
+    s.softirq(200, 1, True, common_pid=0).migrate(201, 1, B, 0, 2, common_pid=0)
+    s.softirq(202, 1, False, common_pid=0)
+    assert cause_of(s) == [("periodic", False)]
+
+
 def test_another_softirq_vector_is_not_the_balance():
     s = queued_on_0(Stream(NAMES), 100)
     s.softirq(200, 1, True, vec=1, common_pid=C).migrate(201, 1, B, 0, 1, common_pid=C)
