@@ -31,8 +31,8 @@ unknown     anything the evidence does not decide: no record after an asleep mov
             deadline task's runnable move (push/pull), a stopper whose wake-up was not seen
 ==========  =========================================================================================
 
-A cause is never guessed: without the softirq events (a perf capture, an import, an older run)
-runnable pulls are ``unknown`` except by the stopper or the NUMA balancer.
+A cause is never guessed: without the softirq events (an import, an older run, a kernel without
+them) runnable pulls are ``unknown`` except by the stopper or the NUMA balancer.
 
 Moves a probe did not record but the task's own events prove (:func:`unrecorded_moves`) enter
 the migrations table flagged ``inferred``; their cause is ``wakeup`` / ``fork`` when the placement

@@ -2,7 +2,9 @@
 it wrote directly. It is independent of the tracefs probe in its kernel interface
 (perf_event_open ring buffers instead of the ftrace ring buffer; perf's sample records around the
 payloads), so the two cross-check each other; the payloads are decoded by the same format-driven
-decoder as tracefs's pages.
+decoder as tracefs's pages. Besides the sched tracepoints it records those that tell why a task
+moved (:data:`~harmony.probes.schema.CAUSE_EVENTS`, where the kernel has them: the scheduler's
+softirq, filtered on its vector as the tracefs probe's, and the NUMA balancer's), as tracefs does.
 
 This module is the recorder; decode() reads what it recorded with the layers below it:
 :mod:`harmony.probes.perf_read` (perf.data -> the events table, the clock its events carry, the
@@ -96,12 +98,30 @@ from harmony.probes.perf_read import read_perf_data
 from harmony.probes.perf_tool import PERF_ENV as _ENV
 from harmony.probes.perf_tool import die_with_parent_preexec as _die_with_parent
 from harmony.probes.perf_tool import first_error_line as _first_error_line
-from harmony.probes.schema import SCHED_EVENTS, make_markers
+from harmony.probes.schema import CAUSE_EVENTS, SCHED_EVENTS, make_markers
+from harmony.probes.tracefs import TRACEFS
 
 # _ENV, _die_with_parent, _first_error_line: perf_tool's, by the names the recorder's code called
 # them when they were defined here
 
 PERF_EVENTS = ",".join(f"sched:{e}" for e in SCHED_EVENTS)
+
+
+def cause_events(events_dir: Path = TRACEFS / "events") -> tuple[list[str], list[str], list[str]]:
+    """The events that tell why a task moved (:data:`~harmony.probes.schema.CAUSE_EVENTS`) that
+    this kernel has, as ``perf record`` arguments (each ``-e system:event``, then its
+    ``--filter``: the scheduler's softirq only, as the tracefs probe records it), and the names
+    of those it has (``system:event``) and lacks. perf refuses a whole recording for one unknown
+    tracepoint, so only those the kernel lists under ``events_dir`` are asked for."""
+    args, present, missing = [], [], []
+    for system, ev, flt in CAUSE_EVENTS:
+        name = f"{system}:{ev}"
+        if not (events_dir / system / ev).is_dir():
+            missing.append(name)
+            continue
+        args += ["-e", name, *(["--filter", flt] if flt else [])]
+        present.append(name)
+    return args, present, missing
 CLOCK_NAME = "mono"  # the tracefs name of CLOCK_MONOTONIC (ktime_get_mono_fast_ns)
 CLOCK_ID = "CLOCK_MONOTONIC"
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -187,6 +207,8 @@ class PerfProbe(Probe):
         self._markers = None
         self._stopped = False
         self._meta: dict = {}
+        self._cause_events: list[str] = []      # CAUSE_EVENTS recorded and missing (command())
+        self._events_missing: list[str] = []
         self.meta: dict = {}  # recording facts, complete after stop() (also in meta.json)
         self._finalizer = None
 
@@ -220,7 +242,8 @@ class PerfProbe(Probe):
 
     def command(self, ctl_fd: int, ack_fd: int, perf: str = "perf") -> list[str]:
         self.mmap_pages = mmap_pages_for(self.duration_s, os.cpu_count() or 1)
-        return [perf, "record", "-a", "-e", PERF_EVENTS, "-k", CLOCK_ID,
+        causes, self._cause_events, self._events_missing = cause_events()
+        return [perf, "record", "-a", "-e", PERF_EVENTS, *causes, "-k", CLOCK_ID,
                 "-m", str(self.mmap_pages),
                 "-B", "-N",          # no build-id post-processing: stop() is quick
                 "--synth=no",        # no /proc walk at start: comms come from the tracepoints
@@ -351,7 +374,8 @@ class PerfProbe(Probe):
         meta.update({
             "probe": self.name, "perf_version": _perf_version(self.perf_binary() or "perf"),
             "clock": CLOCK_NAME, "clockid": CLOCK_ID,
-            "events_enabled": list(SCHED_EVENTS), "cpus": self.cpus,
+            "events_enabled": list(SCHED_EVENTS) + self._cause_events,
+            "events_missing": self._events_missing, "cpus": self.cpus,
             "cpus_online": online_cpus(), "kernel": os.uname().release,
             "duration_s": self.duration_s, "mmap_pages": getattr(self, "mmap_pages", None),
             "stop_ns": time.clock_gettime_ns(time.CLOCK_MONOTONIC),

@@ -22,6 +22,7 @@ from harmony.osutil import parse_cpulist
 from harmony.probes.perf_read import read_header
 from harmony.probes.perf_script import PerfScriptParser
 from harmony.probes.perf_tool import PERF_ENV, die_with_parent_preexec, first_error_line
+from harmony.probes.schema import CAUSE_EVENTS
 
 # --------------------------------------------------------------------------------------------------
 # perf.data header check
@@ -124,13 +125,15 @@ def lost_sched_events(lost_records: int,
     """(sched events lost, notes) from perf's own counters: ``lost_records``, what the
     PERF_RECORD_LOST records say (per CPU, every event), and ``lost_samples``, the per-event
     LOST_SAMPLES counts of ``perf report --stats`` (:func:`lost_samples_by_event`), which add up
-    to the same total. Only the sched events Harmony decodes count: other events a recording
+    to the same total. Only the events Harmony decodes count (the sched events and those that
+    tell why a task moved, the scheduler's softirq's among them): other events a recording
     sampled (perf's dummy event, cycles, sched_stat_runtime, ...) are named in a note instead."""
     if lost_samples is None:
         return lost_records, ["perf report --stats gave no LOST_SAMPLES counts; lost_events counts "
                               "PERF_RECORD_LOST records only"]
     notes = []
     decoded = {f"sched:{name}" for name in PerfScriptParser.EVENT_NAMES}
+    decoded |= {f"{system}:{ev}" for system, ev, _ in CAUSE_EVENTS}     # read by the causes
     sched_lost = sum(v for k, v in lost_samples.items() if k in decoded)
     other = {k: v for k, v in lost_samples.items() if k not in decoded and v}
     other_lost = sum(other.values())

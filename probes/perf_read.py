@@ -50,7 +50,7 @@ from harmony.probes.formats import EventFormat, FormatError, parse_header_page
 from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 from harmony.probes.ringbuf_walk import JIT_MIN_BYTES, Records
-from harmony.probes.schema import SCHED_EVENTS, make_events
+from harmony.probes.schema import CAUSE_EVENTS, SCHED_EVENTS, make_events
 from harmony.probes.tracedat_read import FileReader, TraceDat, map_file, read_tracing_data
 
 PERF_MAGIC = b"PERFILE2"
@@ -83,6 +83,10 @@ RECORD_NAMES = {
     76: "STAT", 77: "STAT_ROUND", 78: "EVENT_UPDATE", 79: "TIME_CONV", 80: "HEADER_FEATURE",
     81: "COMPRESSED", 82: "FINISHED_INIT",
 }
+#: the events besides SCHED_EVENTS decoded, that tell why a task moved (the scheduler's softirq,
+#: the NUMA balancer's moves): by (system, name)
+_CAUSES = {(system, ev) for system, ev, _ in CAUSE_EVENTS}
+
 FEAT_TRACING_DATA, FEAT_OSRELEASE, FEAT_NRCPUS, FEAT_EVENT_DESC = 1, 4, 7, 12
 FEAT_DIR_FORMAT, FEAT_COMPRESSED = 24, 27
 
@@ -302,7 +306,7 @@ class PerfRead:
     lost_by_cpu: dict[int, int]                # PERF_RECORD_LOST counts, by the CPU it names
     lost_samples_by_event: dict[str, int]      # PERF_RECORD_LOST_SAMPLES counts, by event name
     other_events: dict[str, int]               # samples of events not decoded (not one of the
-    #                                            SCHED_EVENTS), by event name
+    #                                            SCHED_EVENTS or CAUSE_EVENTS), by event name
     records: dict[str, int]                    # records of the data section, by type name
     recorded_cpus: set[int] | None             # its PERF_RECORD_CPU_MAP, None if it has none
     notes: list[str]
@@ -373,7 +377,10 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
 def read_perf_data(path: Path) -> PerfRead:
     """Decode ``path``: the events table of its samples of the sched tracepoints Harmony reads
     (:data:`~harmony.probes.schema.SCHED_EVENTS`, as ``perf script``'s parser did: the canonical
-    columns, in time order), and the counts of what else it holds (see :class:`PerfRead`)."""
+    columns, in time order) and of those that tell why a task moved
+    (:data:`~harmony.probes.schema.CAUSE_EVENTS`: ``irq:softirq_entry`` / ``irq:softirq_exit``
+    with the vector in ``prio``, the NUMA balancer's), and the counts of what else it holds (see
+    :class:`PerfRead`)."""
     path = Path(path)
     data = map_file(path)
     head = read_header(path, data)
@@ -449,7 +456,8 @@ def read_perf_data(path: Path) -> PerfRead:
     for k in np.flatnonzero(per_attr[1:]).tolist():
         a = attrs[k]
         fmt = formats.get(a.config) if k in tp else None
-        if fmt is None or fmt.system != "sched" or fmt.name not in SCHED_EVENTS:
+        if fmt is None or not ((fmt.system == "sched" and fmt.name in SCHED_EVENTS)
+                               or (fmt.system, fmt.name) in _CAUSES):
             name = a.name or f"attr {k} (type {a.type}, config {a.config})"
             other[name] = other.get(name, 0) + int(per_attr[k + 1])
         else:
@@ -545,8 +553,9 @@ def read_perf_data(path: Path) -> PerfRead:
             lost_samples[name] = lost_samples.get(name, 0) + v
     recorded = _cpu_map(src, offs[types == REC_CPU_MAP], ends[types == REC_CPU_MAP])
     if other:
-        notes.append(f"ignored events other than the {len(SCHED_EVENTS)} Harmony decodes "
-                     f"({', '.join(SCHED_EVENTS)}), by count: {other}")
+        notes.append(f"ignored events other than the {len(SCHED_EVENTS) + len(_CAUSES)} Harmony "
+                     f"decodes ({', '.join(SCHED_EVENTS)}, "
+                     f"{', '.join(sorted(f'{s}:{e}' for s, e in _CAUSES))}), by count: {other}")
     return PerfRead(head, events, lost_by_cpu, lost_samples, other, records, recorded, notes, n_s,
                     decoder)
 
