@@ -28,6 +28,8 @@ from harmony.analysis.arrays import event_mask, in_set
 from harmony.analysis.tables import COUNTER_AGREEMENT
 
 COUNTS = ("migrations", "switches")
+#: the per-task counters of a kernel counting scheduler statistics (-1 in a read: not counted)
+SCHEDSTAT_COUNTS = ("nr_wakeups_migrate", "nr_forced_migrations")
 
 
 def _keys(pid_col: np.ndarray, ts: np.ndarray, pids: np.ndarray, t_min: int, span: int):
@@ -50,13 +52,18 @@ def _count(keys: np.ndarray, base: np.ndarray, lo: np.ndarray, hi: np.ndarray,
 
 
 def df_counter_agreement(events: pd.DataFrame, runs: pd.DataFrame,
-                         counters: pd.DataFrame, inferred: pd.DataFrame | None = None) -> pd.DataFrame:
+                         counters: pd.DataFrame, inferred: pd.DataFrame | None = None,
+                         wakeups: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per task read at both ends of the run ("start" and "end" reads), by pid.
 
     ``runs`` must cover the reads (a :func:`~harmony.analysis.reconstruct.df_runs` table whose
     t_end is at or after the last read). ``inferred``: the moves no probe recorded that the
     tasks' own events prove (the migrations table's ``inferred`` rows: pid, ts), counted with the
-    recorded ones. Columns: :data:`harmony.analysis.tables.COUNTER_AGREEMENT`.
+    recorded ones. ``wakeups``: the migrations of cause ``wakeup``, recorded and inferred (the
+    migrations table's rows: pid, ts, src_cpu, dst_cpu), compared with the task's
+    ``nr_wakeups_migrate`` where the kernel counted it (schedstats; ``wakeups_kernel`` is -1 and
+    ``wakeups_agree`` False where it did not). Columns:
+    :data:`harmony.analysis.tables.COUNTER_AGREEMENT`.
     """
     read = counters["read"].to_numpy()
     c_pid = counters["pid"].to_numpy().astype(np.int64)
@@ -66,8 +73,11 @@ def df_counter_agreement(events: pd.DataFrame, runs: pd.DataFrame,
         pid_of, first = np.unique(c_pid[at], return_index=True)
         rows[tag] = (pid_of, at[first])
     pids, i_s, i_e = np.intersect1d(rows["_s"][0], rows["_e"][0], return_indices=True)
+    # a table stored before the schedstat columns existed: not counted (-1)
+    counters = counters.assign(**{c: -1 for c in SCHEDSTAT_COUNTS if c not in counters.columns})
     col = {f"{c}{tag}": counters[c].to_numpy().astype(np.int64)[rows[tag][1][i]]
-           for c in ("before_ns", "after_ns", "nr_migrations", "nr_switches", "sum_exec_ns")
+           for c in ("before_ns", "after_ns", "nr_migrations", "nr_switches", "sum_exec_ns",
+                     *SCHEDSTAT_COUNTS)
            for tag, i in (("_s", i_s), ("_e", i_e))}
     ts = events["ts"].to_numpy()
     t_min = int(min(ts.min(initial=0), col["before_ns_s"].min(initial=0)))
@@ -80,18 +90,31 @@ def df_counter_agreement(events: pd.DataFrame, runs: pd.DataFrame,
     if inferred is not None and len(inferred):
         mig_pid = np.r_[mig_pid, inferred["pid"].to_numpy()]
         mig_ts = np.r_[mig_ts, inferred["ts"].to_numpy()]
+    if wakeups is None:
+        wakeups = pd.DataFrame({"pid": [], "ts": [], "src_cpu": [], "dst_cpu": []})
+    moved = wakeups["src_cpu"].to_numpy() != wakeups["dst_cpu"].to_numpy()
     keys = {"migrations": _keys(mig_pid, mig_ts, pids, t_min, span),
-            "switches": _keys(events["prev_pid"].to_numpy()[is_sw], ts[is_sw], pids, t_min, span)}
+            "switches": _keys(events["prev_pid"].to_numpy()[is_sw], ts[is_sw], pids, t_min, span),
+            "wakeups": _keys(wakeups["pid"].to_numpy()[moved].astype(np.int64),
+                             wakeups["ts"].to_numpy()[moved].astype(np.int64), pids, t_min, span)}
     w = {k: col[k] - t_min for k in ("before_ns_s", "after_ns_s", "before_ns_e", "after_ns_e")}
     out = {"pid": pids.astype(np.int32)}
-    for name, counter in (("migrations", "nr_migrations"), ("switches", "nr_switches")):
+    for name, counter in (("migrations", "nr_migrations"), ("switches", "nr_switches"),
+                          ("wakeups", "nr_wakeups_migrate")):
         k = keys[name]
         sure = _count(k, base, w["after_ns_s"], w["before_ns_e"], inclusive=False)
         unsure = (_count(k, base, w["before_ns_s"], w["after_ns_s"], inclusive=True)
                   + _count(k, base, w["before_ns_e"], w["after_ns_e"], inclusive=True))
         kernel = col[f"{counter}_e"] - col[f"{counter}_s"]
+        agree = (sure <= kernel) & (kernel <= sure + unsure)
+        if counter in SCHEDSTAT_COUNTS:     # counted at both reads, or not at all (-1)
+            counted = (col[f"{counter}_s"] >= 0) & (col[f"{counter}_e"] >= 0)
+            kernel, agree = np.where(counted, kernel, -1), agree & counted
         out |= {f"{name}_kernel": kernel, f"{name}_trace": sure, f"{name}_unsure": unsure,
-                f"{name}_agree": (sure <= kernel) & (kernel <= sure + unsure)}
+                f"{name}_agree": agree}
+    forced = col["nr_forced_migrations_e"] - col["nr_forced_migrations_s"]
+    out["forced_kernel"] = np.where((col["nr_forced_migrations_s"] >= 0)
+                                    & (col["nr_forced_migrations_e"] >= 0), forced, -1)
     # CPU time: each run's part between its task's reads' midpoints
     lo = (col["before_ns_s"] + col["after_ns_s"]) // 2
     hi = (col["before_ns_e"] + col["after_ns_e"]) // 2
@@ -109,6 +132,10 @@ def counter_agreement(table: pd.DataFrame) -> dict:
     """Summary of :func:`df_counter_agreement`'s table: tasks; per count (migrations, switches):
     agreeing (tasks), kernel and trace (totals over the tasks); cpu_time_ratio (trace / kernel,
     all tasks; None without CPU time), cpu_diff_ms_max (the largest |trace - kernel| of a task);
+    wakeups (the moves of cause wakeup against nr_wakeups_migrate, over the tasks the kernel
+    counted them of: counted, agreeing, kernel, trace, unsure) and other_moves (every move but
+    those, likewise: agreeing, kernel, trace), forced_kernel (nr_forced_migrations over the
+    counted tasks; None: none counted);
     disagreeing (tasks whose migrations or switches disagree) and disagreements (up to 5 of
     them: pid and each count's kernel, trace, unsure)."""
     col = {c: table[c].to_numpy() for c in table.columns}
@@ -122,6 +149,21 @@ def counter_agreement(table: pd.DataFrame) -> dict:
     out["cpu_time_ratio"] = (float(col["cpu_trace_ns"].sum() / kernel_cpu) if kernel_cpu > 0
                              else None)
     out["cpu_diff_ms_max"] = float(diff.max() / 1e6) if len(diff) else None
+    counted = col["wakeups_kernel"] >= 0
+    out["wakeups"] = {"counted": int(counted.sum()),
+                      "agreeing": int(col["wakeups_agree"].sum()),
+                      "kernel": int(col["wakeups_kernel"][counted].sum()),
+                      "trace": int(col["wakeups_trace"][counted].sum()),
+                      "unsure": int(col["wakeups_unsure"][counted].sum())}
+    # the other moves (load balance, affinity, NUMA): every move less the wake-ups, per task
+    k_other = (col["migrations_kernel"] - col["wakeups_kernel"])[counted]
+    t_other = (col["migrations_trace"] - col["wakeups_trace"])[counted]
+    u_other = col["migrations_unsure"][counted]
+    out["other_moves"] = {"agreeing": int(((t_other <= k_other) & (k_other <= t_other + u_other))
+                                          .sum()),
+                          "kernel": int(k_other.sum()), "trace": int(t_other.sum())}
+    forced = col["forced_kernel"][col["forced_kernel"] >= 0]
+    out["forced_kernel"] = int(forced.sum()) if len(forced) else None
     bad = np.flatnonzero(~(col["migrations_agree"] & col["switches_agree"]))
     out["disagreeing"] = int(len(bad))
     out["disagreements"] = [
@@ -129,3 +171,61 @@ def counter_agreement(table: pd.DataFrame) -> dict:
                                        for k in ("kernel", "trace", "unsure")}}
         for i in bad[:5]]
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# the kernel's per-domain counts (/proc/schedstat), by kind of balance
+
+#: the causes the domain counters count, and the counters that count them: the periodic and
+#: nohz idle balance (lb_gained of the busy and idle types), the new-idle balance, the active
+#: balance's stopper (harmony.probes.schedstat)
+DOMAIN_CAUSES = {"periodic": ("lb_gained_busy", "lb_gained_idle"),
+                 "newidle": ("lb_gained_newidle",), "active": ("alb_pushed",)}
+
+
+def schedstat_agreement(facts: dict | None, migrations: pd.DataFrame, events: pd.DataFrame,
+                        cpus: list[int]) -> dict:
+    """The migrations' causes against the kernel's per-domain counters (/proc/schedstat read at the
+    start and the end of the run: the ``kernel_schedstat`` facts of
+    :class:`harmony.probes.schedstat.Reads`), over the CPUs of the set (a balance counts on the
+    CPU that pulled).
+
+    The domain counters count every task's moves, the trace's causes only the experiment's
+    tasks': for each balance cause (:data:`DOMAIN_CAUSES`) the tasks' moves of that cause
+    between the reads (recorded and inferred) must not exceed the kernel's count (``ours``
+    <= ``kernel``), and the kernel's balance moves together must not exceed every task's
+    recorded moves to a CPU of the set between the reads plus the tasks' inferred ones
+    (``all_moves``): the difference is the other tasks' moves, or moves told another cause.
+
+    Returns counted (False: why_not says why), version, kernel ({cause: count} and
+    ``wake_affine``: ttwu_move_affine), ours ({cause: count}, with every cause of the table),
+    all_moves, others (kernel's balance moves less ours), within (ours <= kernel for each
+    balance cause, and the kernel's total <= all_moves).
+    """
+    if not facts or not facts.get("counting") or not {"start", "end"} <= set(facts["reads"]):
+        why = (facts or {}).get("why_not") or "the kernel's /proc/schedstat was not read"
+        return {"counted": False, "why_not": why}
+    start, end = facts["reads"]["start"], facts["reads"]["end"]
+
+    def total(name):
+        return sum(int(end["cpus"][str(c)][name]) - int(start["cpus"][str(c)][name])
+                   for c in cpus if str(c) in end["cpus"] and str(c) in start["cpus"])
+
+    kernel = {cause: sum(total(n) for n in names) for cause, names in DOMAIN_CAUSES.items()}
+    kernel["wake_affine"] = total("ttwu_move_affine")
+    lo, hi = int(start["after_ns"]), int(end["before_ns"])
+    ts = migrations["ts"].to_numpy()
+    mine = migrations[(ts > lo) & (ts < hi)
+                      & (migrations["src_cpu"].to_numpy() != migrations["dst_cpu"].to_numpy())]
+    cause = mine["cause"].astype(str).to_numpy()
+    ours = {c: int((cause == c).sum()) for c in migrations["cause"].cat.categories}
+    mg = event_mask(events, "sched_migrate_task")
+    e_ts = events["ts"].to_numpy()
+    tgt = events["target_cpu"].to_numpy()
+    mg &= (e_ts > lo) & (e_ts < hi) & (events["orig_cpu"].to_numpy() != tgt) & in_set(tgt, cpus)
+    all_moves = int(mg.sum()) + int(mine["inferred"].to_numpy().sum())
+    balance = sum(kernel[c] for c in DOMAIN_CAUSES)
+    within = all(ours[c] <= kernel[c] for c in DOMAIN_CAUSES) and balance <= all_moves
+    return {"counted": True, "version": int(end["version"]), "kernel": kernel, "ours": ours,
+            "all_moves": all_moves, "others": balance - sum(ours[c] for c in DOMAIN_CAUSES),
+            "within": bool(within)}

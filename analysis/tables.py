@@ -159,6 +159,15 @@ COUNTER_AGREEMENT = Table(
                                        "the reads"),
         ("switches_unsure",   "int64", "its switches away inside a read's window"),
         ("switches_agree",    "bool",  "trace <= kernel <= trace + unsure"),
+        ("wakeups_kernel",    "int64", "its nr_wakeups_migrate's difference between the reads: its "
+                                       "wake-ups that moved it (-1: not counted, a kernel "
+                                       "without schedstats)"),
+        ("wakeups_trace",     "int64", "its migrations of cause wakeup (recorded or inferred, "
+                                       "to another CPU) surely between the reads"),
+        ("wakeups_unsure",    "int64", "its migrations of cause wakeup inside a read's window"),
+        ("wakeups_agree",     "bool",  "counted, and trace <= kernel <= trace + unsure"),
+        ("forced_kernel",     "int64", "its nr_forced_migrations' difference: moves by a load "
+                                       "balance despite a hot cache (-1: not counted)"),
         ("cpu_kernel_ns",     "int64", "its sum_exec_runtime's difference between the reads"),
         ("cpu_trace_ns",      "int64", "its run time between the reads' midpoints"),
     ])

@@ -53,6 +53,12 @@ tables_rebuilt           tables ({table: why}): a complete run's tables found mi
 causes_unknown           n, of (migrations in the window), softirq (whether the scheduler's
                          softirq was recorded), inferred: migrations whose cause the events do
                          not decide (harmony.analysis.causes)
+causes_checked           wakeups, other_moves (per-task counts: counted, agreeing, kernel, trace,
+                         of kernel_counter_agreement; None where not counted), domains (the
+                         schedstat_agreement: kernel, ours, others, all_moves, within; None where
+                         not counted), agree: the causes against the kernel's own counters
+causes_unchecked         why: the kernel counts no scheduler statistics, so the causes were not
+                         checked against its counts
 scx_not_enabled          name, ops, states ([s, state] at each change), ejected (the reason, or
                          None): a sched_ext scheduler under test not enabled throughout the run
 =======================  ==========================================================================
@@ -163,12 +169,35 @@ def check_notes(m: dict, origin: str) -> list[dict]:
     if mc and mc["counts"].get("unknown"):
         out.append(note("causes_unknown", n=mc["counts"]["unknown"], of=mc["n"],
                         softirq=mc["softirq_recorded"], inferred=mc["counts"].get("inferred", 0)))
+    out += cause_counter_notes(m)
     nr = m.get("kernel_nr_running_agreement")
     if nr and nr["agreement"] is not None and nr["agreement"] < 0.99:
         out.append(note("nr_running_agreement_low", agreement=nr["agreement"], clean=nr["clean"]))
     elif nr and nr["samples"] and not nr["clean"]:
         out.append(note("nr_running_unclean"))
     return out
+
+
+def cause_counter_notes(m: dict) -> list[dict]:
+    """The migrations' causes against the kernel's own counts of them (schedstats), from the
+    manifest's kernel_counter_agreement (per task) and schedstat_agreement (per domain): what
+    they say, agreeing or not, or that the kernel does not count them. Nothing for a capture
+    that never read them (an import, an older run)."""
+    sa = m.get("schedstat_agreement")
+    if sa is None:
+        return []
+    kc = m.get("kernel_counter_agreement") or {}
+    wake = kc.get("wakeups") if (kc.get("wakeups") or {}).get("counted") else None
+    domains = sa if sa.get("counted") else None
+    if wake is None and domains is None:
+        return [note("causes_unchecked", why=sa.get("why_not") or "no task's counts were read")]
+    other = kc.get("other_moves") if wake else None
+    agree = ((wake is None or wake["agreeing"] == wake["counted"])
+             and (other is None or other["agreeing"] == wake["counted"])
+             and (domains is None or domains["within"]))
+    return [note("causes_checked", wakeups=wake, other_moves=other, agree=agree,
+                 domains=None if domains is None else
+                 {k: domains[k] for k in ("kernel", "ours", "others", "all_moves", "within")})]
 
 
 def class_notes(m: dict, origin: str) -> list[dict]:
@@ -344,6 +373,27 @@ def _derived(n):
             "sched_wakeup rows of events.parquet are derived, not recorded")
 
 
+def _causes_checked(n):
+    parts = []
+    w, o, d = n["wakeups"], n["other_moves"], n["domains"]
+    if w:
+        parts.append(f"per task (/proc/<pid>/sched): wake-up moves {w['trace']} in the trace, "
+                     f"{w['kernel']} counted (nr_wakeups_migrate), other moves {o['trace']} / "
+                     f"{o['kernel']} (se.nr_migrations less those), {w['agreeing']} and "
+                     f"{o['agreeing']} of {w['counted']} tasks agreeing")
+    if d:
+        k, ours = d["kernel"], d["ours"]
+        parts.append("per domain (/proc/schedstat, every task's moves to the CPU set): "
+                     + ", ".join(f"{c} {ours[c]} of the tasks' of {k[c]} counted"
+                                 for c in ("periodic", "newidle", "active"))
+                     + f" ({d['others']} more counted than the tasks' moves: other tasks' or "
+                       f"told another cause; {d['all_moves']} moves of any task recorded)"
+                     + ("" if d["within"] else ": beyond what the trace can hold"))
+    head = ("the migrations' causes agree with the kernel's own counters" if n["agree"] else
+            "the migrations' causes disagree with the kernel's own counters")
+    return f"{head}: " + "; ".join(parts)
+
+
 def _causes_unknown(n):
     why = ("the events around them do not decide it (an asleep move with no wake-up after it, "
            "a real-time task's push or pull, a stopper whose wake-up was not seen, or a moved "
@@ -444,6 +494,9 @@ _WORDING = {
     "events_absent": _absent,
     "wakeups_derived": _derived,
     "causes_unknown": _causes_unknown,
+    "causes_checked": _causes_checked,
+    "causes_unchecked": lambda n: (f"the migrations' causes were not checked against the "
+                                   f"kernel's own counts: {n['why']}"),
     "t0_default": lambda n: "t0 is the first event of the chosen tasks (no --t0 or --t0-marker given)",
     "end_default": lambda n: ("the window ends at the last event of the chosen tasks (no --end or "
                               "--end-marker given)"),

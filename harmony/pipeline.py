@@ -36,7 +36,8 @@ from harmony import store
 from harmony.manifest import new_manifest, now, reason  # noqa: F401  (every origin's manifest)
 from harmony.analysis import reconstruct, trust
 from harmony.analysis.causes import cause_counts, softirq_recorded
-from harmony.analysis.counters import counter_agreement, df_counter_agreement
+from harmony.analysis.counters import (counter_agreement, df_counter_agreement,
+                                       schedstat_agreement)
 from harmony.analysis.crosscheck import (kernel_agreement, nr_running_agreement, silent_contexts,
                                          unrecorded_migrations)
 from harmony.analysis.foreign import df_foreign_load
@@ -348,6 +349,9 @@ def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, ori
         else counters(events, tasks, origin.kernel_counters, tables["runs"], window,
                       tables["migrations"]))
     manifest["migration_causes"] = migration_causes(tables["migrations"], events, t0, t_end)
+    if "kernel_schedstat" in manifest:      # a run recorded here or in a VM (not an import)
+        manifest["schedstat_agreement"] = schedstat_agreement(
+            manifest["kernel_schedstat"], tables["migrations"], events, cpus)
     notes = (list(origin.notes) + [trust.note("recorder", text=t) for t in meta.get("notes", [])]
              + blind + [trust.note("controller", text=t)
                         for t in manifest.get("controller_notes", [])]
@@ -397,12 +401,16 @@ def foreign_load(events, tasks, cpus, t0, t_end, controller_tids, controller: bo
 def counters(events: pd.DataFrame, tasks: pd.DataFrame, table: pd.DataFrame, runs: pd.DataFrame,
              window: Window, migrations: pd.DataFrame | None = None) -> dict:
     """The trace against the workers' own counters (:func:`analysis.counters.counter_agreement`):
-    recorded moves and those inferred (the ``migrations`` table's inferred rows)."""
+    recorded moves and those inferred (the ``migrations`` table's inferred rows), and the moves
+    of cause wakeup against the kernel's count of them where it counts scheduler statistics."""
     last_read = int(table["after_ns"].max()) if len(table) else window.end
     if last_read > window.end:       # the end read follows the end marker: runs that cover it
         runs = reconstruct.df_runs(events, tasks, window.t0, last_read)
-    inferred = None if migrations is None else migrations[migrations["inferred"].to_numpy()]
-    return counter_agreement(df_counter_agreement(events, runs, table, inferred))
+    inferred = wakeups = None
+    if migrations is not None:
+        inferred = migrations[migrations["inferred"].to_numpy()]
+        wakeups = migrations[(migrations["cause"] == "wakeup").to_numpy()]
+    return counter_agreement(df_counter_agreement(events, runs, table, inferred, wakeups))
 
 
 def crosscheck(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame,

@@ -30,7 +30,7 @@ from harmony.errors import ControllerError, Interrupted, RunError  # noqa: F401 
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
 from harmony.memory import stop_prefault
-from harmony.probes import ProbeError, get_probe, proc_sched
+from harmony.probes import ProbeError, get_probe, proc_sched, schedstat
 from harmony.probes.proc_sched import KERNEL_COUNTERS
 from harmony.probes.proc_stat import KERNEL_SAMPLES, KernelSampler
 from harmony.probes.schema import MARK_END
@@ -183,7 +183,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             lock.release()
         raise
     old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    workload = sampler = probe = second = counters = scheduler = None
+    workload = sampler = probe = second = counters = scheduler = schedstats = None
     raised: list[int] = []      # this process's threads at SCHED_FIFO while the run is measured
     paused = False
     laps = Laps()  # manifest["timings_s"]["capture"]: what the run spends besides its duration
@@ -206,6 +206,10 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             params.update(settled)
             manifest["params"] = {**manifest["params"], **settled}
             store.write_json(out / "manifest.json", manifest)
+        # the kernel's own count of migrations by kind (/proc/schedstat, and the per-task ones
+        # of /proc/<pid>/sched), turned on now if the kernel has it off: before the workers exist
+        schedstats = schedstat.Reads()
+        schedstats.begin()
         workload = Workload(specs, cpus, seed=seed, warm_s=warm_s(params))
         workload.spawn()  # before the probe's threads exist: fork with no threads running
         stored["tasks"] = sink.put(out, "tasks", task_rows(specs, workload.pids))
@@ -227,6 +231,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         if ok:
             counters = proc_sched.CounterReads(workload.pids)
             counters.take("start")
+        schedstats.take("start")
         if pause:
             pause()
             paused = True
@@ -258,6 +263,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         lower_threads(raised)
         if counters:
             counters.take("end")
+        schedstats.take("end")
+        manifest["kernel_schedstat"] = schedstats.facts()
         manifest["work_done"] = workload.work_done().tolist()
         manifest["workers_alive_at_end"] = len(workload.alive())
         if ejected:
@@ -309,6 +316,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             workload.stop()
         if scheduler:
             manifest["scx"] = scheduler.stop()
+        if schedstats:
+            schedstats.restore()
         for p in (probe, second):
             if p:
                 try:

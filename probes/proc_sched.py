@@ -5,7 +5,12 @@ place that fires ``sched_migrate_task``), ``nr_switches`` (voluntary + involunta
 from it: one per ``sched_switch`` whose prev is the task) and ``se.sum_exec_runtime`` (CPU time,
 printed in ms with 6 decimals; brought up to date at ticks and switches, so a running task's lags
 by up to a tick). Read at the start and at the end of a run, their differences are what the trace
-must show between the two reads: :mod:`harmony.analysis.counters` compares them.
+must show between the two reads: :mod:`harmony.analysis.counters` compares them. A kernel that
+counts scheduler statistics (``CONFIG_SCHEDSTATS``, with ``kernel.sched_schedstats`` 1: a run
+turns it on, :mod:`harmony.probes.schedstat`) prints more, of which Harmony reads
+``nr_wakeups_migrate`` (its wake-ups that moved it: ``ttwu_stat`` of a wake-up whose
+``select_task_rq`` chose another CPU, the migrations of cause ``wakeup``) and
+``nr_forced_migrations`` (moves by ``load_balance`` of a task whose cache was still hot).
 
 A read is not an instant: each row carries the window [before_ns, after_ns] (CLOCK_MONOTONIC, the
 probes' clock) in which the kernel produced it. The file needs scheduler debugging built in
@@ -26,6 +31,10 @@ if TYPE_CHECKING:   # frame()'s annotation; the guest agent keeps rows, loads no
     import pandas as pd
 
 _KEYS = (b"se.nr_migrations", b"nr_switches", b"se.sum_exec_runtime")
+#: counted only by a kernel with CONFIG_SCHEDSTATS while kernel.sched_schedstats is 1 (else not
+#: printed): the names since 5.16 (``stats.``), then before it (``se.statistics.``)
+_SCHEDSTAT_KEYS = ((b"nr_wakeups_migrate", b"se.statistics.nr_wakeups_migrate"),
+                   (b"nr_forced_migrations", b"se.statistics.nr_forced_migrations"))
 
 #: The ``kernel_counters`` table of a run (kernel_counters.parquet): :meth:`CounterReads.frame`.
 KERNEL_COUNTERS = Table("kernel_counters", "one row per task read, in the order of the reads", [
@@ -36,6 +45,11 @@ KERNEL_COUNTERS = Table("kernel_counters", "one row per task read, in the order 
     ("nr_migrations", "int64", "se.nr_migrations: its moves to another CPU"),
     ("nr_switches",   "int64", "nr_switches: its switches away (voluntary + involuntary)"),
     ("sum_exec_ns",   "int64", "se.sum_exec_runtime: its CPU time (ns)"),
+    ("nr_wakeups_migrate",   "int64", "its wake-ups that moved it to another CPU (schedstats; -1: "
+                                      "not counted, a kernel without CONFIG_SCHEDSTATS or with "
+                                      "kernel.sched_schedstats 0)"),
+    ("nr_forced_migrations", "int64", "its moves by a load balance despite its cache being hot "
+                                      "(schedstats; -1: not counted)"),
 ])
 #: the table's dtypes by column
 DTYPES = {c.name: c.dtype for c in KERNEL_COUNTERS.columns}
@@ -57,21 +71,27 @@ def _ms_to_ns(value: bytes) -> int:
     return int(whole) * 1_000_000 + int((frac + b"000000")[:6])
 
 
-def parse(text: bytes) -> tuple[int, int, int] | None:
-    """(nr_migrations, nr_switches, sum_exec_ns) from a ``/proc/<pid>/sched`` text; None if a
-    counter is missing or not a number."""
+def parse(text: bytes) -> tuple[int, int, int, int, int] | None:
+    """(nr_migrations, nr_switches, sum_exec_ns, nr_wakeups_migrate, nr_forced_migrations) from a
+    ``/proc/<pid>/sched`` text, the last two -1 where the kernel does not print them (not
+    counting scheduler statistics); None if one of the first three is missing or not a
+    number."""
     values = [_value(text, k) for k in _KEYS]
     if any(v is None for v in values):
         return None
+    stats = []
+    for names in _SCHEDSTAT_KEYS:
+        v = next((v for v in (_value(text, k) for k in names) if v is not None), None)
+        stats.append(int(v) if v is not None and v.isdigit() else -1)
     try:
-        return int(values[0]), int(values[1]), _ms_to_ns(values[2])
+        return int(values[0]), int(values[1]), _ms_to_ns(values[2]), *stats
     except ValueError:
         return None
 
 
-def read(pid: int) -> tuple[int, int, int, int, int] | None:
-    """(before_ns, after_ns, nr_migrations, nr_switches, sum_exec_ns) of ``pid`` now; None if the
-    task is gone or its file cannot be read."""
+def read(pid: int) -> tuple[int, ...] | None:
+    """(before_ns, after_ns, then :func:`parse`'s counters) of ``pid`` now; None if the task is
+    gone or its file cannot be read."""
     before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
     try:        # one read() of the whole file (~2 KB): half the time of a buffered open()
         fd = os.open(f"/proc/{pid}/sched", os.O_RDONLY)

@@ -28,8 +28,23 @@ se.load.weight                               :              1048576
 """
 
 
+# what a 6.12 kernel counting scheduler statistics prints besides (read in a booted Debian 6.12
+# guest with kernel.sched_schedstats=1), some lines of it
+SCHEDSTAT_LINES = b"""nr_migrations_cold                           :                    0
+nr_failed_migrations_affine                  :                    0
+nr_forced_migrations                         :                    2
+nr_wakeups                                   :                   35
+nr_wakeups_migrate                           :                    5
+nr_wakeups_local                             :                   30
+"""
+
+
 def test_parse_reads_the_three_counters():
-    assert proc_sched.parse(b"\n" + SCHED_TEXT) == (12, 7000, 1_084_970_870)
+    assert proc_sched.parse(b"\n" + SCHED_TEXT) == (12, 7000, 1_084_970_870, -1, -1)
+    # with schedstats: the wake-ups that moved the task, and its forced moves
+    assert proc_sched.parse(b"\n" + SCHED_TEXT + SCHEDSTAT_LINES) == (12, 7000, 1_084_970_870, 5, 2)
+    old = SCHEDSTAT_LINES.replace(b"nr_", b"se.statistics.nr_")       # before 5.16
+    assert proc_sched.parse(b"\n" + SCHED_TEXT + old) == (12, 7000, 1_084_970_870, 5, 2)
     # nr_voluntary_switches is not nr_switches; a missing counter is None, not a guess
     assert proc_sched.parse(b"\n" + SCHED_TEXT.replace(b"\nnr_switches ", b"\nnr_other ")) is None
     not_a_number = b"\nse.nr_migrations : x\nnr_switches : 1\nse.sum_exec_runtime : 1.5\n"
@@ -64,7 +79,9 @@ def _events(rows):
 
 
 def _counters(pid, start, end):
-    """start/end: (before_ns, after_ns, nr_migrations, nr_switches, sum_exec_ns)."""
+    """start/end: (before_ns, after_ns, nr_migrations, nr_switches, sum_exec_ns[,
+    nr_wakeups_migrate, nr_forced_migrations]: -1, not counted, where not given)."""
+    start, end = (tuple(r) + (-1,) * (7 - len(r)) for r in (start, end))
     return pd.DataFrame([("start", pid, *start), ("end", pid, *end)],
                         columns=list(proc_sched.DTYPES)).astype(
         {k: v for k, v in proc_sched.DTYPES.items() if k != "read"})
@@ -149,3 +166,46 @@ def test_report_line_says_what_was_compared_or_why_not():
     line = counters_line({"kernel_counter_agreement": kc})
     assert "migrations 3/4 tasks agree (4 in the trace, 5 counted)" in line
     assert "switches 4/4 (100 / 100)" in line and "run time 1.012x" in line and "5.5 ms" in line
+
+
+def _migrations(rows):
+    """rows: (ts, pid, src_cpu, dst_cpu, cause, inferred), as the migrations table has them."""
+    from harmony.analysis.causes import CAUSES
+
+    df = pd.DataFrame(rows, columns=["ts", "pid", "src_cpu", "dst_cpu", "cause", "inferred"])
+    return df.astype({"cause": pd.CategoricalDtype(list(CAUSES))})
+
+
+def test_wakeup_moves_against_the_tasks_own_count_of_them():
+    """nr_wakeups_migrate (schedstats) counts a task's wake-ups that moved it: the migrations of
+    cause wakeup (recorded or inferred) between the reads; the rest of se.nr_migrations are the
+    other moves."""
+    ev = _events([
+        (150, "sched_migrate_task", 7, -1, 0, 1),     # a wake-up's move
+        (160, "sched_migrate_task", 7, -1, 1, 0),     # a balance's
+        (170, "sched_migrate_task", 7, -1, 0, 1),     # a balance's
+    ])
+    runs = pd.DataFrame({"pid": [7], "start": [0], "end": [300]})
+    inferred = _migrations([(200, 7, 1, 0, "wakeup", True)])     # no probe recorded it
+    wakeups = _migrations([(150, 7, 0, 1, "wakeup", False), (200, 7, 1, 0, "wakeup", True)])
+    counters = _counters(7, (90, 100, 5, 10, 0, 3, 0), (290, 300, 9, 10, 0, 5, 1))
+    t = df_counter_agreement(ev, runs, counters, inferred, wakeups)
+    row = t.iloc[0]
+    assert (row["wakeups_kernel"], row["wakeups_trace"], row["wakeups_unsure"]) == (2, 2, 0)
+    assert row["wakeups_agree"] and row["migrations_agree"] and row["forced_kernel"] == 1
+    s = counter_agreement(t)
+    assert s["wakeups"] == {"counted": 1, "agreeing": 1, "kernel": 2, "trace": 2, "unsure": 0}
+    assert s["other_moves"] == {"agreeing": 1, "kernel": 2, "trace": 2}
+    # a wake-up move told as a balance one: both disagree, in opposite directions
+    told = df_counter_agreement(ev, runs, counters, inferred, wakeups.iloc[1:])
+    s = counter_agreement(told)
+    assert s["wakeups"]["agreeing"] == 0 and s["other_moves"] == {"agreeing": 0, "kernel": 2,
+                                                                   "trace": 3}
+    # a kernel that does not count them (-1), or a table stored before these columns: not counted
+    for c in (_counters(7, (90, 100, 5, 10, 0), (290, 300, 9, 10, 0)),
+              _counters(7, (90, 100, 5, 10, 0), (290, 300, 9, 10, 0)).drop(
+                  columns=["nr_wakeups_migrate", "nr_forced_migrations"])):
+        row = df_counter_agreement(ev, runs, c, inferred, wakeups).iloc[0]
+        assert row["wakeups_kernel"] == -1 and not row["wakeups_agree"]
+        assert counter_agreement(df_counter_agreement(ev, runs, c, inferred, wakeups))[
+            "wakeups"]["counted"] == 0

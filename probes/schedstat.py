@@ -1,0 +1,161 @@
+"""The kernel's own count of load-balance and wake-up migrations: ``/proc/schedstat``, and the
+switch that turns the counting on (``kernel.sched_schedstats``).
+
+A kernel built with ``CONFIG_SCHEDSTATS`` counts, while ``/proc/sys/kernel/sched_schedstats`` is
+1 (or booted with ``schedstats=enable``), per task in ``/proc/<pid>/sched``
+(:mod:`harmony.probes.proc_sched` reads those) and per CPU and scheduling domain in
+``/proc/schedstat`` (kernel/sched/stats.c ``show_schedstat``). Of a domain line, Harmony reads,
+summed over the domains of each CPU (a balance counts in the domain it ran at, on the CPU that
+pulled):
+
+- ``lb_gained[type]``: tasks ``sched_balance_rq`` (``load_balance``) moved to this CPU, by the
+  balancing CPU's idle type: ``busy`` and ``idle`` (the periodic balance, and the nohz idle
+  balance done for an idle CPU, both from the SCHED softirq) and ``newidle`` (the new-idle
+  balance of ``__schedule``);
+- ``alb_pushed``: tasks the active balance's stopper pushed;
+- ``ttwu_move_affine``: wake-ups moved to this CPU by the wake-affine choice.
+
+The layout is the file's ``version``: 15 (kernels up to 6.10: idle types in the order idle,
+busy, newidle; 8 counters each), 16 (6.11 on: busy, idle, newidle) and 17 (6.15 on: the domain's
+name before its CPU mask, 11 counters per idle type, ``lb_imbalance`` split in four). The
+counters count every task on the machine, not only a run's: :mod:`harmony.analysis.counters`
+compares them knowing that; the per-task ones of /proc/<pid>/sched are exact for a run's tasks.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+SCHEDSTAT = Path("/proc/schedstat")
+SYSCTL = Path("/proc/sys/kernel/sched_schedstats")
+
+#: the idle types of a domain line's per-type columns, by version (enum cpu_idle_type's order)
+IDLE_TYPES = {15: ("idle", "busy", "newidle"), 16: ("busy", "idle", "newidle"),
+              17: ("busy", "idle", "newidle")}
+#: per idle type: the position of lb_gained among that type's counters, and how many there are
+_LB = {15: (4, 8), 16: (4, 8), 17: (7, 11)}
+#: after the per-type counters: alb_count alb_failed alb_pushed sbe_count sbe_balanced sbe_pushed
+#: sbf_count sbf_balanced sbf_pushed ttwu_wake_remote ttwu_move_affine ttwu_move_balance
+_TAIL = ("alb_count", "alb_failed", "alb_pushed", "sbe_count", "sbe_balanced", "sbe_pushed",
+         "sbf_count", "sbf_balanced", "sbf_pushed", "ttwu_wake_remote", "ttwu_move_affine",
+         "ttwu_move_balance")
+#: the counters kept, summed over a CPU's domains
+COUNTERS = ("lb_gained_busy", "lb_gained_idle", "lb_gained_newidle", "alb_pushed",
+            "ttwu_move_affine")
+
+
+class SchedstatError(ValueError):
+    """A /proc/schedstat text Harmony cannot read (a version it does not know, a bad line)."""
+
+
+def parse(text: str) -> dict:
+    """``{"version": v, "cpus": {cpu: {counter: value}}}`` from a /proc/schedstat text: each CPU's
+    :data:`COUNTERS` summed over its domains. Raises SchedstatError on a version it does not
+    know or a line it cannot read."""
+    version, cpus, cpu = None, {}, None
+    for line in text.splitlines():
+        f = line.split()
+        if not f:
+            continue
+        if f[0] == "version":
+            version = int(f[1])
+            if version not in IDLE_TYPES:
+                raise SchedstatError(f"/proc/schedstat version {version}: Harmony reads "
+                                     f"versions {', '.join(map(str, IDLE_TYPES))}")
+        elif f[0].startswith("cpu") and f[0][3:].isdigit():
+            cpu = int(f[0][3:])
+            cpus[cpu] = dict.fromkeys(COUNTERS, 0)
+        elif f[0].startswith("domain"):
+            if version is None or cpu is None:
+                raise SchedstatError(f"/proc/schedstat: a domain line before its version or "
+                                     f"CPU: {line[:80]!r}")
+            at, per = _LB[version]
+            types = IDLE_TYPES[version]
+            values = f[3:] if version >= 17 else f[2:]      # after the name (17) and the mask
+            if len(values) != per * len(types) + len(_TAIL):
+                raise SchedstatError(f"/proc/schedstat version {version}: a domain line with "
+                                     f"{len(values)} counters, not {per * 3 + len(_TAIL)}: "
+                                     f"{line[:80]!r}")
+            try:
+                n = [int(v) for v in values]
+            except ValueError:
+                raise SchedstatError(f"/proc/schedstat: not a number in {line[:80]!r}") from None
+            got = cpus[cpu]
+            for k, t in enumerate(types):
+                got[f"lb_gained_{t}"] += n[k * per + at]
+            tail = dict(zip(_TAIL, n[per * len(types):]))
+            for name in ("alb_pushed", "ttwu_move_affine"):
+                got[name] += tail[name]
+    if version is None:
+        raise SchedstatError("/proc/schedstat has no version line")
+    return {"version": version, "cpus": cpus}
+
+
+def enabled() -> bool | None:
+    """Whether the kernel counts now (sched_schedstats is 1); None: it cannot (no
+    CONFIG_SCHEDSTATS, no such sysctl)."""
+    try:
+        return SYSCTL.read_text().strip() == "1"
+    except OSError:
+        return None
+
+
+class Reads:
+    """/proc/schedstat read at the start and the end of a run (:meth:`take`), with the counting
+    turned on for the run if the kernel has it off (:meth:`begin`; :meth:`restore` puts the
+    switch back as it was: call it whatever happens). :meth:`facts` gives what the manifest
+    keeps: whether the kernel counts, why not, and each read (ns CLOCK_MONOTONIC before and
+    after it, each CPU's counters)."""
+
+    def __init__(self):
+        self.state = enabled()            # as found
+        self.turned_on = False            # set to 1 by begin(), back to 0 by restore()
+        self.enabled_here = False
+        self.why_not: str | None = None
+        self.reads: dict[str, dict] = {}
+
+    def begin(self) -> None:
+        if self.state is None:
+            self.why_not = ("the kernel does not count scheduler statistics (no "
+                            "/proc/sys/kernel/sched_schedstats: built without CONFIG_SCHEDSTATS)")
+            return
+        if not self.state:
+            try:
+                SYSCTL.write_text("1")
+                self.turned_on = self.enabled_here = True
+            except OSError as exc:
+                self.why_not = (f"kernel.sched_schedstats is 0 and could not be set to 1 "
+                                f"({exc.strerror or exc})")
+
+    def counting(self) -> bool:
+        return self.why_not is None
+
+    def take(self, label: str) -> None:
+        if not self.counting():
+            return
+        before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        try:
+            text = SCHEDSTAT.read_text()
+        except OSError as exc:
+            self.why_not = f"{SCHEDSTAT} is not readable ({exc.strerror or exc})"
+            return
+        after = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        try:
+            got = parse(text)
+        except SchedstatError as exc:
+            self.why_not = str(exc)
+            return
+        self.reads[label] = {"before_ns": before, "after_ns": after, **got}
+
+    def restore(self) -> None:
+        if self.turned_on:
+            try:
+                SYSCTL.write_text("0")
+                self.turned_on = False
+            except OSError:
+                pass
+
+    def facts(self) -> dict:
+        return {"counting": self.counting(), "why_not": self.why_not,
+                "enabled_for_the_run": self.enabled_here, "reads": self.reads}

@@ -1,0 +1,188 @@
+"""The kernel's per-domain counts of balance moves (/proc/schedstat): the reader of each layout,
+the switch a run turns on and back off, the comparison with the migrations' causes, and the
+trust note that states it (or that it could not be made)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from harmony.analysis import trust
+from harmony.analysis.causes import CAUSES
+from harmony.analysis.counters import schedstat_agreement
+from harmony.probes import schedstat
+from harmony.probes.schema import make_events
+
+# read in a booted Debian 6.12 guest (4 vCPUs, kernel.sched_schedstats=1), cut to two CPUs
+V16 = """version 16
+timestamp 4294893432
+cpu0 0 0 107 53 12 9 1436342075 447473743 996
+domain0 f 0 0 0 0 0 0 0 0 9 9 0 0 0 0 0 9 1 0 1 1 0 0 0 0 0 0 0 0 0 0 0 0 0 3 0 0
+cpu1 0 0 3 1 1 1 1542686200 71204544 691
+domain0 f 0 0 0 0 0 0 0 0 8 6 2 2 0 0 0 6 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+"""
+
+
+def _domain(version, gained, alb_pushed=0, affine=0, name="MC"):
+    """A domain line of ``version`` whose lb_gained by idle type (a dict: busy, idle, newidle)
+    is ``gained``; every other per-type counter a distinct number, to catch a misplaced read."""
+    per = {15: 8, 16: 8, 17: 11}[version]
+    at = {15: 4, 16: 4, 17: 7}[version]
+    cols = []
+    for t in schedstat.IDLE_TYPES[version]:
+        c = [100 + k for k in range(per)]
+        c[at] = gained[t]
+        cols += c
+    tail = [0, 1, alb_pushed, 3, 4, 5, 6, 7, 8, 9, affine, 11]
+    head = f"domain0 {name} 3" if version >= 17 else "domain0 3"
+    return " ".join([head] + [str(x) for x in cols + tail])
+
+
+@pytest.mark.parametrize("version", [15, 16, 17])
+def test_each_layout_is_read_by_its_version(version):
+    text = "\n".join([f"version {version}", "timestamp 1", "cpu0 0 0 1 1 1 1 1 1 1",
+                      _domain(version, {"busy": 1, "idle": 2, "newidle": 3}, 4, 5),
+                      _domain(version, {"busy": 10, "idle": 20, "newidle": 30}, 40, 50, "PKG"),
+                      "cpu1 0 0 1 1 1 1 1 1 1"])
+    got = schedstat.parse(text)
+    assert got["version"] == version
+    assert got["cpus"][0] == {"lb_gained_busy": 11, "lb_gained_idle": 22,
+                              "lb_gained_newidle": 33, "alb_pushed": 44, "ttwu_move_affine": 55}
+    assert got["cpus"][1] == dict.fromkeys(schedstat.COUNTERS, 0)      # no domain: nothing
+
+
+def test_a_real_v16_file_reads():
+    got = schedstat.parse(V16)
+    # cpu0 balanced 9 times idle (lb_count 9, lb_balanced 9) and once newly idle (failed): it
+    # gained no task; cpu1's 8 idle balances failed twice, and gained none either
+    assert got["version"] == 16 and sorted(got["cpus"]) == [0, 1]
+    for cpu in (0, 1):
+        assert got["cpus"][cpu] == dict.fromkeys(schedstat.COUNTERS, 0)
+
+
+@pytest.mark.parametrize("text,why", [
+    ("version 14\n", "version 14: Harmony reads versions 15, 16, 17"),
+    ("cpu0 1 2\n", "no version line"),
+    ("version 16\ncpu0 0\ndomain0 f 1 2 3\n", "a domain line with 3 counters, not 36"),
+    ("version 16\ndomain0 f 1\n", "a domain line before its version or CPU"),
+    ("version 16\ncpu0 0\n" + "domain0 f" + " x" * 36 + "\n", "not a number"),
+])
+def test_a_file_it_cannot_read_is_named(text, why):
+    with pytest.raises(schedstat.SchedstatError, match=why):
+        schedstat.parse(text)
+
+
+def test_a_run_turns_the_counting_on_and_back_off(tmp_path, monkeypatch):
+    sysctl, stats = tmp_path / "sched_schedstats", tmp_path / "schedstat"
+    monkeypatch.setattr(schedstat, "SYSCTL", sysctl)
+    monkeypatch.setattr(schedstat, "SCHEDSTAT", stats)
+    stats.write_text(V16)
+    # no such switch: a kernel without CONFIG_SCHEDSTATS, said so, nothing read
+    r = schedstat.Reads()
+    r.begin()
+    r.take("start")
+    assert not r.counting() and "CONFIG_SCHEDSTATS" in r.why_not and r.reads == {}
+    # off: on for the run, back off after, and the facts say it was turned on
+    sysctl.write_text("0\n")
+    r = schedstat.Reads()
+    r.begin()
+    assert sysctl.read_text() == "1"
+    r.take("start")
+    r.take("end")
+    facts = r.facts()
+    r.restore()
+    assert sysctl.read_text() == "0"
+    assert facts["counting"] and facts["enabled_for_the_run"]
+    assert set(facts["reads"]) == {"start", "end"} and facts["reads"]["end"]["version"] == 16
+    # already on: left on
+    sysctl.write_text("1\n")
+    r = schedstat.Reads()
+    r.begin()
+    r.restore()
+    assert sysctl.read_text() == "1\n" and not r.facts()["enabled_for_the_run"]
+    # a file it cannot read: the reason, not a traceback
+    sysctl.write_text("1\n")
+    stats.write_text("version 99\n")
+    r = schedstat.Reads()
+    r.begin()
+    r.take("start")
+    assert not r.counting() and "version 99" in r.why_not
+
+
+def _facts(start: dict, end: dict) -> dict:
+    """Reads of two CPUs: {cpu: {counter: value}} at the start (ns 100-110) and the end (900-910),
+    as the manifest keeps them (JSON: CPU keys are strings)."""
+    def read(b, a, cpus):
+        return {"before_ns": b, "after_ns": a, "version": 16,
+                "cpus": {str(c): {**dict.fromkeys(schedstat.COUNTERS, 0), **v}
+                         for c, v in cpus.items()}}
+    return {"counting": True, "why_not": None, "enabled_for_the_run": True,
+            "reads": {"start": read(100, 110, start), "end": read(900, 910, end)}}
+
+
+def _migrations(rows):
+    df = pd.DataFrame(rows, columns=["ts", "pid", "src_cpu", "dst_cpu", "cause", "inferred"])
+    return df.astype({"cause": pd.CategoricalDtype(list(CAUSES))})
+
+
+def _moves(rows):
+    """sched_migrate_task events: (ts, pid, orig_cpu, target_cpu)."""
+    return make_events({"ts": [r[0] for r in rows], "event": ["sched_migrate_task"] * len(rows),
+                        "pid": [r[1] for r in rows], "orig_cpu": [r[2] for r in rows],
+                        "target_cpu": [r[3] for r in rows], "cpu": [r[3] for r in rows]})
+
+
+def test_the_causes_against_the_domain_counters():
+    # the kernel: CPU 1 gained 2 tasks in idle balances and 1 newly idle, CPU 0 one pushed
+    facts = _facts({0: {}, 1: {"lb_gained_idle": 5}},
+                   {0: {"alb_pushed": 1}, 1: {"lb_gained_idle": 7, "lb_gained_newidle": 1},
+                    2: {"lb_gained_idle": 50}})        # a CPU outside the set: not counted
+    mig = _migrations([(50, 7, 0, 1, "periodic", False),      # before the start read
+                       (300, 7, 0, 1, "periodic", False), (400, 8, 0, 1, "newidle", False),
+                       (500, 8, 1, 0, "active", False), (600, 7, 1, 0, "wakeup", False)])
+    # and another task's periodic move to CPU 1 the trace recorded
+    ev = _moves([(50, 7, 0, 1), (300, 7, 0, 1), (400, 8, 0, 1), (500, 8, 1, 0), (600, 7, 1, 0),
+                 (700, 99, 0, 1)])
+    got = schedstat_agreement(facts, mig, ev, [0, 1])
+    assert got["kernel"] == {"periodic": 2, "newidle": 1, "active": 1, "wake_affine": 0}
+    assert {c: got["ours"][c] for c in ("periodic", "newidle", "active", "wakeup")} == {
+        "periodic": 1, "newidle": 1, "active": 1, "wakeup": 1}
+    assert got["all_moves"] == 5 and got["others"] == 1 and got["within"]
+    # the kernel counted fewer than the tasks' own moves of a cause: not within
+    fewer = _facts({0: {}, 1: {}}, {0: {}, 1: {"lb_gained_idle": 2, "lb_gained_newidle": 0}})
+    assert not schedstat_agreement(fewer, mig, ev, [0, 1])["within"]
+    # more balance moves counted than any task's the trace holds: not within
+    more = _facts({0: {}, 1: {}}, {0: {"alb_pushed": 1}, 1: {"lb_gained_busy": 9}})
+    assert not schedstat_agreement(more, mig, ev, [0, 1])["within"]
+    # a kernel that does not count: the reason
+    none = {"counting": False, "why_not": "no CONFIG_SCHEDSTATS", "reads": {}}
+    assert schedstat_agreement(none, mig, ev, [0, 1]) == {"counted": False,
+                                                          "why_not": "no CONFIG_SCHEDSTATS"}
+
+
+def test_the_check_is_a_trust_note_agreeing_or_not_or_why_not():
+    w = {"counted": 4, "agreeing": 4, "kernel": 12, "trace": 12, "unsure": 0}
+    o = {"agreeing": 4, "kernel": 30, "trace": 30}
+    sa = {"counted": True, "version": 16, "kernel": {"periodic": 25, "newidle": 9, "active": 0,
+                                                     "wake_affine": 3},
+          "ours": dict.fromkeys(CAUSES, 0) | {"periodic": 20, "newidle": 8},
+          "all_moves": 40, "others": 6, "within": True}
+    m = {"schedstat_agreement": sa, "kernel_counter_agreement": {"wakeups": w, "other_moves": o}}
+    [n] = trust.cause_counter_notes(m)
+    assert n["kind"] == "causes_checked" and n["agree"]
+    text = trust.word(n)
+    assert text.startswith("the migrations' causes agree with the kernel's own counters: ")
+    assert "wake-up moves 12 in the trace, 12 counted (nr_wakeups_migrate)" in text
+    assert "periodic 20 of the tasks' of 25 counted" in text and "6 more counted" in text
+    # a task whose wake-up moves disagree
+    m["kernel_counter_agreement"]["wakeups"] = {**w, "agreeing": 3, "kernel": 13}
+    [n] = trust.cause_counter_notes(m)
+    assert trust.word(n).startswith("the migrations' causes disagree")
+    # no schedstats: said, not silent
+    m = {"schedstat_agreement": {"counted": False, "why_not": "no CONFIG_SCHEDSTATS"},
+         "kernel_counter_agreement": {"wakeups": {**w, "counted": 0}}}
+    [n] = trust.cause_counter_notes(m)
+    assert trust.word(n) == ("the migrations' causes were not checked against the kernel's own "
+                             "counts: no CONFIG_SCHEDSTATS")
+    # a capture that never read them (an import, an older run): nothing
+    assert trust.cause_counter_notes({}) == []
