@@ -215,6 +215,38 @@ def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarra
     return cause
 
 
+def df_all_moves(events: pd.DataFrame) -> pd.DataFrame:
+    """Every task's recorded move to another CPU, not only an experiment's: what the kernel's
+    machine-wide counters of balance moves count (:func:`harmony.analysis.counters.
+    schedstat_agreement`). A task with a real-time or deadline priority (prio < 100 in its
+    sched_migrate_task) is not balanced by load_balance.
+
+    Needs events: those of :func:`migration_causes`, every task's. Columns: ts, pid, src_cpu,
+    dst_cpu (int64), cause (category of :data:`CAUSES`), rt (bool: the task had a real-time or
+    deadline priority as it moved), in time order."""
+    mg = event_mask(events, "sched_migrate_task")
+    pid_col = events["pid"].to_numpy()
+    pids = np.unique(pid_col[mg])
+    pids = pids[pids > 0]
+    r = ts_.task_records(events, pids)
+    rec = r["record"].to_numpy()
+    sel = np.flatnonzero((rec == ts_.MIGRATE)
+                         & (r["orig_cpu"].to_numpy() != r["dest_cpu"].to_numpy()))
+    sel = sel[np.argsort(r["seq"].to_numpy()[sel], kind="stable")]
+    prio = events["prio"].to_numpy()[(r["seq"].to_numpy()[sel] // 2).astype(np.int64)]
+    cause = migration_causes(events, r, sel)
+    # a task's class can change (Harmony's own threads run SCHED_FIFO while a run is measured):
+    # judged move by move, a real-time or deadline task's move is no load balance's
+    rt = prio < 100
+    cause[rt & np.isin(cause, (PERIODIC, NEWIDLE))] = UNKNOWN
+    return pd.DataFrame({
+        "ts": r["ts"].to_numpy()[sel].astype(np.int64),
+        "pid": r["pid"].to_numpy()[sel].astype(np.int64),
+        "src_cpu": r["orig_cpu"].to_numpy()[sel].astype(np.int64),
+        "dst_cpu": r["dest_cpu"].to_numpy()[sel].astype(np.int64),
+        "cause": pd.Categorical.from_codes(cause, categories=list(CAUSES)), "rt": rt})
+
+
 # ---------------------------------------------------------------------------- inferred moves
 
 def _by_task_in_time(pid: np.ndarray, seq: np.ndarray) -> np.ndarray:

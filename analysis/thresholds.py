@@ -162,4 +162,11 @@ WASTED_EPISODE_MIN_S = 0.012
 #: next balance undoes was no decision the policy stood by.
 USELESS_MIGRATION_WITHIN_S = 0.012
 
+#: The kernel's per-domain counts of balance moves (/proc/schedstat: lb_gained, alb_pushed)
+#: against every task's recorded moves of that cause (harmony.analysis.counters.
+#: schedstat_agreement): the counts are of the same set_task_cpu calls, read at the start and the
+#: end; moves inside a read's window and moves of unknown cause already widen the bound, so no
+#: further slack is allowed: any difference beyond them is a move the trace lacks or tells wrong.
+SCHEDSTAT_SLACK = 0
+
 ALL = {k: v for k, v in dict(globals()).items() if k.isupper()}

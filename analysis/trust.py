@@ -55,7 +55,7 @@ causes_unknown           n, of (migrations in the window), softirq (whether the 
                          not decide (harmony.analysis.causes)
 causes_checked           wakeups, other_moves (per-task counts: counted, agreeing, kernel, trace,
                          of kernel_counter_agreement; None where not counted), domains (the
-                         schedstat_agreement: kernel, ours, others, all_moves, within; None where
+                         schedstat_agreement: kernel, all, unsure, unknown, within; None where
                          not counted), agree: the causes against the kernel's own counters
 causes_unchecked         why: the kernel counts no scheduler statistics, so the causes were not
                          checked against its counts
@@ -197,7 +197,7 @@ def cause_counter_notes(m: dict) -> list[dict]:
              and (domains is None or domains["within"]))
     return [note("causes_checked", wakeups=wake, other_moves=other, agree=agree,
                  domains=None if domains is None else
-                 {k: domains[k] for k in ("kernel", "ours", "others", "all_moves", "within")})]
+                 {k: domains[k] for k in ("kernel", "all", "unsure", "unknown", "within")})]
 
 
 def class_notes(m: dict, origin: str) -> list[dict]:
@@ -382,13 +382,15 @@ def _causes_checked(n):
                      f"{o['kernel']} (se.nr_migrations less those), {w['agreeing']} and "
                      f"{o['agreeing']} of {w['counted']} tasks agreeing")
     if d:
-        k, ours = d["kernel"], d["ours"]
-        parts.append("per domain (/proc/schedstat, every task's moves to the CPU set): "
-                     + ", ".join(f"{c} {ours[c]} of the tasks' of {k[c]} counted"
-                                 for c in ("periodic", "newidle", "active"))
-                     + f" ({d['others']} more counted than the tasks' moves: other tasks' or "
-                       f"told another cause; {d['all_moves']} moves of any task recorded)"
-                     + ("" if d["within"] else ": beyond what the trace can hold"))
+        k, a, u = d["kernel"], d["all"], d["unsure"]
+        parts.append("per domain (/proc/schedstat, every task's moves to the CPU set, in the "
+                     "trace / counted): "
+                     + ", ".join(f"{c} {a[c]}" + (f" (+{u[c]} during a read)" if u[c] else "")
+                                 + f" / {k[c]}" for c in ("periodic", "newidle", "active"))
+                     + (f", {d['unknown']} moves of unknown cause" if d["unknown"] else "")
+                     + ("" if d["within"] else
+                        " (beyond what the trace's moves can explain: "
+                        "analysis.counters.schedstat_agreement)"))
     head = ("the migrations' causes agree with the kernel's own counters" if n["agree"] else
             "the migrations' causes disagree with the kernel's own counters")
     return f"{head}: " + "; ".join(parts)

@@ -186,3 +186,30 @@ def test_the_check_is_a_trust_note_agreeing_or_not_or_why_not():
                              "counts: no CONFIG_SCHEDSTATS")
     # a capture that never read them (an import, an older run): nothing
     assert trust.cause_counter_notes({}) == []
+
+
+@pytest.mark.needs_tool("qemu-system-x86_64", "vng", "busybox")
+def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_path):
+    """Debian's 6.12 kernel counts scheduler statistics (CONFIG_SCHEDSTATS, off at boot: the run
+    turns it on). Six tasks released on one of four vCPUs: every task's wake-up moves and other
+    moves are those the kernel counted for it, and every task's periodic, new-idle and active
+    balance moves are those the domains counted."""
+    from cli_run import cli
+    from harmony import store
+
+    out = tmp_path / "r"
+    p = cli("run", "single-source", "--kernel", "debian:6.12", "--vm-cpus", "4", "--layout",
+            "6,0,0,0", "--duration", "2", "--out", out, "-q", timeout=900)
+    assert p.returncode == 0, p.stderr
+    m = store.read_json(out / "manifest.json")
+    facts = m["kernel_schedstat"]
+    assert facts["counting"] and facts["enabled_for_the_run"], facts
+    kc = m["kernel_counter_agreement"]
+    assert kc["wakeups"]["counted"] == kc["tasks"] == 6, kc
+    assert kc["wakeups"]["agreeing"] == 6 and kc["other_moves"]["agreeing"] == 6, kc
+    assert kc["migrations"]["kernel"] >= 3, kc          # six tasks spread over four CPUs
+    sa = m["schedstat_agreement"]
+    assert sa["counted"] and sa["version"] == 16
+    assert sa["within"], sa
+    assert any(n.startswith("the migrations' causes agree with the kernel's own counters")
+               for n in m["notes"]), m["notes"]
