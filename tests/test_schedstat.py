@@ -11,7 +11,7 @@ from harmony.analysis import trust
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.counters import schedstat_agreement
 from harmony.probes import schedstat
-from harmony.probes.schema import make_events
+from harmony.analysis.event_streams import Stream
 
 # read in a booted Debian 6.12 guest (4 vCPUs, kernel.sched_schedstats=1), cut to two CPUs
 V16 = """version 16
@@ -125,35 +125,58 @@ def _migrations(rows):
     return df.astype({"cause": pd.CategoricalDtype(list(CAUSES))})
 
 
-def _moves(rows):
-    """sched_migrate_task events: (ts, pid, orig_cpu, target_cpu)."""
-    return make_events({"ts": [r[0] for r in rows], "event": ["sched_migrate_task"] * len(rows),
-                        "pid": [r[1] for r in rows], "orig_cpu": [r[2] for r in rows],
-                        "target_cpu": [r[3] for r in rows], "cpu": [r[3] for r in rows]})
+A, B, C, X = 101, 102, 103, 200      # experiment tasks A, B, C; X another task
+
+
+def _stream() -> Stream:
+    """Between the reads (110 .. 900): B pulled by CPU 1 in its SCHED softirq (periodic), C
+    pulled by CPU 2 just before it goes idle (new-idle), another task X pulled by CPU 1 in its
+    softirq; and before the start read, A pulled (periodic, not counted)."""
+    s = Stream()
+    s.switch(10, 0, 0, 0, A).switch(11, 0, A, 0, B).switch(12, 0, B, 0, C).switch(13, 0, C, 0, X)
+    s.switch(14, 1, 0, 0, 300).switch(15, 2, 0, 0, 301)     # CPUs 1 and 2 run other tasks
+    s.softirq(50, 1, True, common_pid=300).migrate(51, 1, A, 0, 1, common_pid=300)
+    s.softirq(52, 1, False, common_pid=300)
+    s.softirq(300, 1, True, common_pid=300).migrate(301, 1, B, 0, 1, common_pid=300)
+    s.migrate(302, 1, X, 0, 1, common_pid=300).softirq(303, 1, False, common_pid=300)
+    s.migrate(400, 2, C, 0, 2, common_pid=301).switch(401, 2, 301, 1, C)
+    return s
 
 
 def test_the_causes_against_the_domain_counters():
-    # the kernel: CPU 1 gained 2 tasks in idle balances and 1 newly idle, CPU 0 one pushed
-    facts = _facts({0: {}, 1: {"lb_gained_idle": 5}},
-                   {0: {"alb_pushed": 1}, 1: {"lb_gained_idle": 7, "lb_gained_newidle": 1},
-                    2: {"lb_gained_idle": 50}})        # a CPU outside the set: not counted
-    mig = _migrations([(50, 7, 0, 1, "periodic", False),      # before the start read
-                       (300, 7, 0, 1, "periodic", False), (400, 8, 0, 1, "newidle", False),
-                       (500, 8, 1, 0, "active", False), (600, 7, 1, 0, "wakeup", False)])
-    # and another task's periodic move to CPU 1 the trace recorded
-    ev = _moves([(50, 7, 0, 1), (300, 7, 0, 1), (400, 8, 0, 1), (500, 8, 1, 0), (600, 7, 1, 0),
-                 (700, 99, 0, 1)])
-    got = schedstat_agreement(facts, mig, ev, [0, 1])
+    ev = _stream().events()
+    mig = _migrations([(51, A, 0, 1, "periodic", False), (301, B, 0, 1, "periodic", False),
+                       (400, C, 0, 2, "newidle", False)])
+    # the kernel: CPU 1 gained 2 tasks in its periodic balance, CPU 2 one newly idle; CPU 0 one
+    # by an active balance, which it counts in lb_gained[idle] as well (detach_one_task); a CPU
+    # outside the set is not counted
+    end = {0: {"alb_pushed": 1, "lb_gained_idle": 1}, 1: {"lb_gained_busy": 7},
+           2: {"lb_gained_newidle": 1}, 3: {"lb_gained_idle": 50}}
+    facts = _facts({0: {}, 1: {"lb_gained_busy": 5}, 2: {}, 3: {}}, end)
+    got = schedstat_agreement(facts, mig, ev, [0, 1, 2])
     assert got["kernel"] == {"periodic": 2, "newidle": 1, "active": 1, "wake_affine": 0}
-    assert {c: got["ours"][c] for c in ("periodic", "newidle", "active", "wakeup")} == {
-        "periodic": 1, "newidle": 1, "active": 1, "wakeup": 1}
-    assert got["all_moves"] == 5 and got["others"] == 1 and got["within"]
-    # the kernel counted fewer than the tasks' own moves of a cause: not within
-    fewer = _facts({0: {}, 1: {}}, {0: {}, 1: {"lb_gained_idle": 2, "lb_gained_newidle": 0}})
-    assert not schedstat_agreement(fewer, mig, ev, [0, 1])["within"]
-    # more balance moves counted than any task's the trace holds: not within
-    more = _facts({0: {}, 1: {}}, {0: {"alb_pushed": 1}, 1: {"lb_gained_busy": 9}})
-    assert not schedstat_agreement(more, mig, ev, [0, 1])["within"]
+    assert got["all"] == {"periodic": 2, "newidle": 1, "active": 0}
+    assert got["ours"]["periodic"] == 1 and got["ours"]["newidle"] == 1     # A's was before
+    assert got["unknown"] == 0 and got["agreeing"] == ["periodic", "newidle"]
+    assert not got["within"]                # the active balance's move is not in the trace
+    end[0] = {}
+    got = schedstat_agreement(_facts({0: {}, 1: {"lb_gained_busy": 5}, 2: {}, 3: {}}, end), mig,
+                              ev, [0, 1, 2])
+    assert got["within"] and got["kernel"]["active"] == 0
+    # the kernel counted fewer, or more, periodic moves than the trace holds: not within
+    for busy in (6, 8):
+        end[1] = {"lb_gained_busy": busy}
+        got = schedstat_agreement(_facts({0: {}, 1: {"lb_gained_busy": 5}, 2: {}, 3: {}}, end),
+                                  mig, ev, [0, 1, 2])
+        assert got["agreeing"] == ["newidle", "active"] and not got["within"]
+    # a move inside a read's window may be counted or not: X's move during the end read
+    late = _facts({0: {}, 1: {"lb_gained_busy": 5}, 2: {}, 3: {}}, end)
+    late["reads"]["end"]["before_ns"] = 302
+    for busy in (6, 7):
+        end[1] = {"lb_gained_busy": busy}
+        late["reads"]["end"]["cpus"]["1"]["lb_gained_busy"] = busy
+        assert schedstat_agreement(late, mig[mig["ts"] < 302], ev, [0, 1, 2])["unsure"] == {
+            "periodic": 1, "newidle": 1, "active": 0}
     # a kernel that does not count: the reason
     none = {"counting": False, "why_not": "no CONFIG_SCHEDSTATS", "reads": {}}
     assert schedstat_agreement(none, mig, ev, [0, 1]) == {"counted": False,
@@ -165,15 +188,22 @@ def test_the_check_is_a_trust_note_agreeing_or_not_or_why_not():
     o = {"agreeing": 4, "kernel": 30, "trace": 30}
     sa = {"counted": True, "version": 16, "kernel": {"periodic": 25, "newidle": 9, "active": 0,
                                                      "wake_affine": 3},
+          "all": {"periodic": 24, "newidle": 9, "active": 0},
+          "unsure": {"periodic": 1, "newidle": 0, "active": 0}, "unknown": 0,
           "ours": dict.fromkeys(CAUSES, 0) | {"periodic": 20, "newidle": 8},
-          "all_moves": 40, "others": 6, "within": True}
+          "agreeing": ["periodic", "newidle", "active"], "within": True}
     m = {"schedstat_agreement": sa, "kernel_counter_agreement": {"wakeups": w, "other_moves": o}}
     [n] = trust.cause_counter_notes(m)
     assert n["kind"] == "causes_checked" and n["agree"]
     text = trust.word(n)
     assert text.startswith("the migrations' causes agree with the kernel's own counters: ")
     assert "wake-up moves 12 in the trace, 12 counted (nr_wakeups_migrate)" in text
-    assert "periodic 20 of the tasks' of 25 counted" in text and "6 more counted" in text
+    assert "periodic 24 (+1 during a read) / 25, newidle 9 / 9, active 0 / 0" in text
+    # a cause beyond what the trace's moves explain
+    m["schedstat_agreement"] = {**sa, "agreeing": ["newidle", "active"], "within": False}
+    [n] = trust.cause_counter_notes(m)
+    assert not n["agree"] and "beyond what the trace's moves can explain" in trust.word(n)
+    m["schedstat_agreement"] = sa
     # a task whose wake-up moves disagree
     m["kernel_counter_agreement"]["wakeups"] = {**w, "agreeing": 3, "kernel": 13}
     [n] = trust.cause_counter_notes(m)
