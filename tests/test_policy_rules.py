@@ -161,12 +161,14 @@ def test_every_threshold_is_tested():
     # harmony compare's marker (COMPARE_*): test_compare.py's COMPARE_CASES, on two sets of runs,
     # and COMPARE_CHANCE_RATE in its test_the_chance_rate_is_what_the_text_expects
     # the causes' and the policy cost's: test_causes.py's NEWIDLE_CASES, test_cost.py's COST_CASES
+    # the kernel's domain counters' slack (SCHEDSTAT_SLACK): test_schedstat.py's
+    # test_the_causes_against_the_domain_counters, at the slack and one beyond
     from test_causes import NEWIDLE_CASES
     from test_compare import COMPARE_CASES
     from test_cost import COST_CASES
     tested = {c[0] for c in THRESHOLD_CASES} | {"FOREIGN_LOAD_MAX", "VCPU_WAIT_MAX"} | \
         {c[0] for c in COMPARE_CASES} | {"COMPARE_CHANCE_RATE"} | \
-        {c[0] for c in NEWIDLE_CASES + COST_CASES}
+        {c[0] for c in NEWIDLE_CASES + COST_CASES} | {"SCHEDSTAT_SLACK"}
     assert tested == set(T.ALL)
 
 

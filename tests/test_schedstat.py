@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
+from harmony.analysis import thresholds as T
 from harmony.analysis import trust
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.counters import schedstat_agreement
@@ -163,8 +164,12 @@ def test_the_causes_against_the_domain_counters():
     got = schedstat_agreement(_facts({0: {}, 1: {"lb_gained_busy": 5}, 2: {}, 3: {}}, end), mig,
                               ev, [0, 1, 2])
     assert got["within"] and got["kernel"]["active"] == 0
-    # the kernel counted fewer, or more, periodic moves than the trace holds: not within
-    for busy in (6, 8):
+    # the kernel counted fewer, or more, periodic moves than the trace holds (beyond the slack
+    # allowed, thresholds.SCHEDSTAT_SLACK): not within; as many as the slack allows more: within
+    end[1] = {"lb_gained_busy": 7 + T.SCHEDSTAT_SLACK}
+    assert schedstat_agreement(_facts({0: {}, 1: {"lb_gained_busy": 5}, 2: {}, 3: {}}, end), mig,
+                               ev, [0, 1, 2])["within"]
+    for busy in (6, 8 + T.SCHEDSTAT_SLACK):
         end[1] = {"lb_gained_busy": busy}
         got = schedstat_agreement(_facts({0: {}, 1: {"lb_gained_busy": 5}, 2: {}, 3: {}}, end),
                                   mig, ev, [0, 1, 2])
