@@ -312,7 +312,8 @@ def test_landing_json_rows_gives_the_tables_a_host_capture_writes(tmp_path):
     specs = [TaskSpec("a", cut_duty_at_s=0.5, cut_duty=10.0), TaskSpec("b", nice=3)]
     sides = {"tasks": task_rows(specs, [11, 12]),
              "kernel_samples": [(5, 100, 11, 1, "R"), (9, 120, 12, 0, "S")],
-             "kernel_counters": [("start", 11, 1, 2, 0, 5, 70), ("end", 11, 8, 9, 2, 40, 900)],
+             "kernel_counters": [("start", 11, 1, 2, 0, 5, 70, 3, 0),
+                                 ("end", 11, 8, 9, 2, 40, 900, -1, -1)],
              "kernel_nr_running": [(6, 5, 7, 0, 2, 2, 1, 0, 1, "kworker/0:1")]}
     host, guest_dir = tmp_path / "host", tmp_path / "guest"
     host.mkdir()
