@@ -5,8 +5,9 @@ even by SIGKILL, so a crashed run never blocks the next one. On every start the 
 what a killed run could not clean: tracefs instances and perf recorders whose owner is gone,
 worker processes (comm ``hmy-*``) and fork servers orphaned to init, cpuset cgroups
 (``harmony-<pid>``) whose controller is gone, and the QEMU and virtme-ng processes of a virtual
-machine whose controller is gone (:func:`harmony.vm.reclaim_stale`), and a sched_ext scheduler
-under test whose controller is gone (:func:`harmony.scx.reclaim_stale`).
+machine whose controller is gone (:func:`harmony.vm.reclaim_stale`), a sched_ext scheduler
+under test whose controller is gone (:func:`harmony.scx.reclaim_stale`), and the kernel's
+scheduler statistics a killed run turned on (:func:`harmony.probes.schedstat.reclaim_stale`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from harmony import cpuset, scx, vm
 from harmony.errors import HostBusy  # noqa: F401  (raised here)
 from harmony.forkserver import COMM as SERVER_COMM
 from harmony.osutil import lock_dir, open_own_file
-from harmony.probes import PROBES, get_probe
+from harmony.probes import PROBES, get_probe, schedstat
 
 WORKER_PREFIX = "hmy-"
 
@@ -113,6 +114,7 @@ def reclaim_stale() -> list[str]:
     removed += cpuset.reclaim_stale()
     removed += vm.reclaim_stale()
     removed += scx.reclaim_stale()
+    removed += schedstat.reclaim_stale()
     for name in PROBES:
         try:
             removed += get_probe(name).reclaim_stale()

@@ -356,11 +356,10 @@ def forget_processes(kind: str) -> None:
         pass
 
 
-def stale_processes(kind: str):
-    """Yield ``(record, pid)`` for each recorded process of ``kind`` still alive (same start
-    time) whose controller is gone; a record is removed once its processes were yielded (the
-    caller stops each as it is yielded). Records of live controllers are left alone; a record
-    that cannot be read is removed."""
+def stale_records(kind: str):
+    """Yield each record of ``kind`` (:func:`record_processes`) whose controller is gone; a record
+    is removed once the caller has handled it (resumed the generator). Records of live controllers
+    are left alone; a record that cannot be read is yielded empty, then removed."""
     for d in LOCK_DIRS:
         try:
             paths = sorted(d.glob(f"{kind}-*.json")) if d.is_dir() else []
@@ -375,10 +374,18 @@ def stale_processes(kind: str):
             if owner and proc_starttime(owner) is not None \
                     and proc_starttime(owner) == rec.get("controller_start"):
                 continue          # its controller still runs
-            for p in rec.get("pids", []):
-                if p.get("start") is not None and proc_starttime(p["pid"]) == p["start"]:
-                    yield rec, p["pid"]
+            yield rec
             try:
                 path.unlink()
             except OSError:
                 pass
+
+
+def stale_processes(kind: str):
+    """Yield ``(record, pid)`` for each recorded process of ``kind`` still alive (same start
+    time) whose controller is gone (:func:`stale_records`: the caller stops each as it is
+    yielded, the record is removed after its processes)."""
+    for rec in stale_records(kind):
+        for p in rec.get("pids", []):
+            if p.get("start") is not None and proc_starttime(p["pid"]) == p["start"]:
+                yield rec, p["pid"]

@@ -27,6 +27,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from harmony.osutil import forget_processes, record_processes, stale_records
+
 SCHEDSTAT = Path("/proc/schedstat")
 SYSCTL = Path("/proc/sys/kernel/sched_schedstats")
 
@@ -101,6 +103,27 @@ def enabled() -> bool | None:
         return None
 
 
+#: the kind of the record (:func:`harmony.osutil.record_processes`) of a run that turned the
+#: counting on
+RECORD = "schedstats"
+
+
+def reclaim_stale() -> list[str]:
+    """Turn the counting back off where a dead run turned it on and could not (killed); a line
+    per switch put back. Call with the host lock held (no other run counts then)."""
+    out = []
+    for rec in stale_records(RECORD):
+        if not rec:
+            continue
+        try:
+            SYSCTL.write_text(rec.get("was", "0"))
+            out.append(f"kernel.sched_schedstats back to {rec.get('was', '0')} "
+                       f"(turned on by dead run {rec.get('controller_pid')})")
+        except OSError:
+            pass
+    return out
+
+
 class Reads:
     """/proc/schedstat read at the start and the end of a run (:meth:`take`), with the counting
     turned on for the run if the kernel has it off (:meth:`begin`; :meth:`restore` puts the
@@ -122,6 +145,9 @@ class Reads:
             return
         if not self.state:
             try:
+                # recorded first: a controller killed while it counts leaves the switch on, and
+                # the next run's start (reclaim_stale) turns it back off
+                record_processes(RECORD, [], sysctl=str(SYSCTL), was="0")
                 SYSCTL.write_text("1")
                 self.turned_on = self.enabled_here = True
             except OSError as exc:
@@ -154,7 +180,8 @@ class Reads:
                 SYSCTL.write_text("0")
                 self.turned_on = False
             except OSError:
-                pass
+                return          # the record stays: the next start tries again
+        forget_processes(RECORD)
 
     def facts(self) -> dict:
         return {"counting": self.counting(), "why_not": self.why_not,

@@ -4,6 +4,10 @@ trust note that states it (or that it could not be made)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+
 import pandas as pd
 import pytest
 
@@ -11,6 +15,7 @@ from harmony.analysis import thresholds as T
 from harmony.analysis import trust
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.counters import schedstat_agreement
+from harmony import osutil
 from harmony.probes import schedstat
 from harmony.analysis.event_streams import Stream
 
@@ -248,3 +253,38 @@ def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_
     assert sa["within"], sa
     assert any(n.startswith("the migrations' causes agree with the kernel's own counters")
                for n in m["notes"]), m["notes"]
+
+
+def test_a_killed_runs_switch_is_turned_back_off_at_the_next_start(tmp_path, monkeypatch):
+    """A controller killed while it counts cannot restore the switch: its record says it turned
+    it on, and the next start's reclaim puts it back; a live run's record is left alone."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    monkeypatch.setattr(osutil, "LOCK_DIRS", (locks,))
+    monkeypatch.setattr(osutil, "lock_dir", lambda: locks)
+    sysctl, stats = tmp_path / "sched_schedstats", tmp_path / "schedstat"
+    monkeypatch.setattr(schedstat, "SYSCTL", sysctl)
+    monkeypatch.setattr(schedstat, "SCHEDSTAT", stats)
+    sysctl.write_text("0\n")
+    r = schedstat.Reads()
+    r.begin()
+    assert sysctl.read_text() == "1"
+    mine = sorted(p.name for p in locks.iterdir())
+    assert mine == [f"{schedstat.RECORD}-{os.getpid()}.json"]
+    assert schedstat.reclaim_stale() == [] and sysctl.read_text() == "1"   # this run lives
+    # the same record, of a controller now dead (killed before its restore)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    rec = json.loads((locks / mine[0]).read_text())
+    (locks / mine[0]).rename(locks / f"{schedstat.RECORD}-{dead.pid}.json")
+    (locks / f"{schedstat.RECORD}-{dead.pid}.json").write_text(
+        json.dumps({**rec, "controller_pid": dead.pid}))
+    assert schedstat.reclaim_stale() == [
+        f"kernel.sched_schedstats back to 0 (turned on by dead run {dead.pid})"]
+    assert sysctl.read_text() == "0" and list(locks.iterdir()) == []
+    # a restore that runs removes its record: nothing left to reclaim
+    sysctl.write_text("0\n")
+    r = schedstat.Reads()
+    r.begin()
+    r.restore()
+    assert sysctl.read_text() == "0" and list(locks.iterdir()) == []
