@@ -8,10 +8,31 @@ for any CPU count P. Inputs are the reconstructed tables of :mod:`harmony.analys
 (``load_balance()`` detaches several tasks in a row, microseconds apart); passes are separated by
 the balance interval (milliseconds). A round is therefore defined from the trace as a maximal
 burst of migrations onto the target in which consecutive migrations are at most ``gap_ms`` apart;
-a longer gap starts the next round. Only migrations of the given ``kinds`` count (default
-"balance": the task was runnable when it moved, i.e. a load-balancing pull, not a wake-up
-placement). A round may take tasks from several source CPUs; the *first source* of a round is the
-source of its first migration.
+a longer gap starts the next round. A round may take tasks from several source CPUs; the *first
+source* of a round is the source of its first migration.
+
+**Which migrations a round counts.** E2 asks how many tasks *one balancing pass* moves: the count
+``load_balance()`` derives from the imbalance it measures between the busiest group and the
+pulling CPU. Given the migrations' causes (:mod:`harmony.analysis.causes`), a round is made of
+:data:`ROUND_CAUSES`:
+
+- ``periodic`` (pulled inside the destination's SCHED softirq: the periodic or nohz idle
+  balance) is that pass;
+- ``active`` is counted: it is the same periodic pass's own outcome when it could detach no
+  queued task (all running, cache-hot or pinned) and had the source's stopper push the running
+  one; leaving it out would read such a pass as "moved nothing";
+- ``newidle`` is not: a CPU about to go idle pulls so that it has something to run, and on a
+  preemptible kernel ``detach_tasks()`` stops after the first task it takes on that path
+  ("NEWIDLE balancing is a source of latency"), so its count is one by construction and says
+  nothing of how many the policy would move; counted, a target whose own tasks blocked for an
+  instant would read a first round of one;
+- wake-up placements (``wakeup``), ``fork``, ``affinity`` (a cpuset or affinity change moving
+  the task) and ``numa`` are not balancing decisions at all.
+
+Without the causes (a probe that did not record the scheduler's softirq, such as ``--probe perf``,
+or an imported trace without it: periodic and new-idle pulls are then ``unknown``), rounds fall
+back to :data:`FALLBACK_KINDS`, every move of a runnable task (the load balancer's, of any path),
+and :func:`round_rule` says so, so that a summary or the card can say which rule counted.
 
 Times: ``ts*`` int64 ns on the trace clock, ``t*`` float seconds since t0.
 """
@@ -24,26 +45,52 @@ import pandas as pd
 from harmony.analysis.arrays import event_mask, sorted_unique
 from harmony.analysis.reconstruct import NS, runqueue_at
 
-ROUND_COLUMNS = ["ts", "t", "pid", "name", "role", "src_cpu", "dst_cpu", "kind", "round", "gap_ms"]
+ROUND_COLUMNS = ["ts", "t", "pid", "name", "role", "src_cpu", "dst_cpu", "kind", "cause", "round",
+                 "gap_ms"]
+
+#: the causes of the migrations a balancing round is made of, when the causes are known (see the
+#: module docstring for why these and not newidle)
+ROUND_CAUSES = ("periodic", "active")
+#: the migration kinds a round is made of when the causes are not known: moves of runnable tasks
+FALLBACK_KINDS = ("balance",)
+
+
+def round_rule(causes_known: bool) -> dict:
+    """How rounds are counted in a run: from :data:`ROUND_CAUSES` when its causes are known (the
+    scheduler's softirq was recorded), else from :data:`FALLBACK_KINDS`.
+
+    Returns a dict: ``rule`` (str: the causes joined by "+", e.g. "periodic+active", or
+    "runnable" for the fall-back), ``text`` (the same in words, for a summary or the card), and
+    ``select`` (the keyword arguments of :func:`df_target_rounds` that apply it)."""
+    if causes_known:
+        return {"rule": "+".join(ROUND_CAUSES), "select": {"causes": ROUND_CAUSES},
+                "text": f"migrations whose cause is {' or '.join(ROUND_CAUSES)}"}
+    return {"rule": "runnable", "select": {"kinds": FALLBACK_KINDS},
+            "text": "every move of a runnable task (causes unknown: the scheduler's softirq was "
+                    "not recorded)"}
 
 
 def df_target_rounds(migrations: pd.DataFrame, target: int, gap_ms: float = 1.0,
-                     t_from: float = 0.0, kinds=("balance",)) -> pd.DataFrame:
+                     t_from: float = 0.0, kinds=FALLBACK_KINDS, causes=None) -> pd.DataFrame:
     """Migrations onto ``target`` at or after ``t_from`` (s since t0), grouped into rounds.
 
     Needs: a migrations table (:func:`~harmony.analysis.reconstruct.df_migrations`; uses ts, t,
-    pid, name, role, src_cpu, dst_cpu, kind). See the module docstring for the round definition.
+    pid, name, role, src_cpu, dst_cpu, kind, cause). See the module docstring for the round
+    definition. Counted: the migrations whose ``cause`` is one of ``causes`` when given (e.g.
+    :data:`ROUND_CAUSES`), else those whose ``kind`` is one of ``kinds``.
 
-    Columns: ts (int64 ns), t (float s since t0), pid, name, role, src_cpu, dst_cpu, kind (as in
-    the migrations table), round (int64, 1-based, in time order), gap_ms (float: time since the
-    previous counted migration onto the target, NaN for the first). Sorted by ts.
+    Columns: ts (int64 ns), t (float s since t0), pid, name, role, src_cpu, dst_cpu, kind, cause
+    (as in the migrations table), round (int64, 1-based, in time order), gap_ms (float: time since
+    the previous counted migration onto the target, NaN for the first). Sorted by ts.
     """
     if gap_ms <= 0:
         raise ValueError("gap_ms must be positive")
     m = migrations
+    which = (m["cause"].astype(str).isin(list(causes)) if causes is not None
+             else m["kind"].astype(str).isin(list(kinds)))
     sel = ((m["dst_cpu"].to_numpy() == int(target)) & (m["t"].to_numpy() >= t_from)
-           & m["kind"].astype(str).isin(list(kinds)).to_numpy())
-    out = m.loc[sel, [c for c in ROUND_COLUMNS[:8]]].sort_values("ts", kind="stable")
+           & which.to_numpy())
+    out = m.loc[sel, ROUND_COLUMNS[:9]].sort_values("ts", kind="stable")
     out = out.reset_index(drop=True)
     ts = out["ts"].to_numpy(dtype=np.int64)
     gap = np.full(len(ts), np.nan)

@@ -5,11 +5,18 @@ tasks, the last CPU is the single target (thesis: <10+x, 10+x, 10+x, 10>, x = 20
 <base+x, base>). One run takes one x (``--param x=...``); a sweep over x draws figure 6.6.
 
 Measures the tasks moved from the *first source* (the source of the first migration onto the
-target) to the target in the *first balancing round* (a burst of balance migrations onto the
+target) to the target in the *first balancing round* (a burst of balancing migrations onto the
 target, bursts separated by more than ``round_gap_ms``; see :mod:`harmony.analysis.rounds`),
 against the poly-balance prediction q_src - N/P (global information: x/P at t0) and the pairwise
 prediction (q_src - q_target)/2 (x/2). With P = 2 both predict x/2: E2 separates the two policies
 only on 3 CPUs or more.
+
+A round counts the periodic balance's migrations (causes ``periodic`` and ``active``; not the
+new-idle pulls, wake-up placements, forks, affinity or NUMA moves: the module docstring of
+:mod:`harmony.analysis.rounds` says why). Where the run's causes are unknown (the scheduler's
+softirq was not recorded: ``--probe perf``, an imported trace without it) it counts every move of
+a runnable task, as before causes were told; ``round_rule`` in the summary says which rule
+counted, and the policy card's how-many evidence repeats it.
 
 Released warm by default (the thesis's tasks were running before t0; see
 :mod:`harmony.experiments.base`): poly-balance and pairwise predict counts of tasks of equal load,
@@ -44,6 +51,13 @@ def source_target_tasks(sources: list[int], target_count: int, cpus: list[int],
     out += [TaskSpec(name=f"t{j:02d}", role="target", initial_cpu=cpus[-1], pinned=pin_target,
                      **sched, **target_spec) for j in range(target_count)]
     return out
+
+
+def causes_known(manifest: dict) -> bool:
+    """Whether a run's migration causes tell its balancing pulls apart: its probe recorded the
+    scheduler's softirq (the manifest's ``migration_causes``, written by the pipeline's checks;
+    absent from runs analysed before causes were told)."""
+    return bool((manifest.get("migration_causes") or {}).get("softirq_recorded"))
 
 
 def check_two_cpus(name: str, cpus: list[int]) -> None:
@@ -104,6 +118,13 @@ class HowMany(Experiment):
                none_when="no round"),
         Metric("rounds", "count", "balancing rounds onto the target"),
         Metric("moved_to_target", "count", "tasks moved onto the target in all rounds"),
+        Metric("round_rule", "name", "which migrations the rounds count: \"periodic+active\" (by "
+               "cause: harmony.analysis.rounds.ROUND_CAUSES) or \"runnable\" (every move of a "
+               "runnable task: the run's causes are unknown, its probe did not record the "
+               "scheduler's softirq)"),
+        Metric("onto_target_not_counted", "count", "migrations onto the target after t0 that no "
+               "round counts (wake-up placements, forks, new-idle pulls, affinity, NUMA; by cause "
+               "also the unknown ones)"),
         *pick(SingleSource.summary, "migrations", "balance_migrations", "time_to_balance_s",
               "balanced_at_end"),
     )
@@ -112,13 +133,15 @@ class HowMany(Experiment):
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]
         t0, t_end, target = m["t0_ns"], m["end_ns"], cpus[-1]
         n, ncpus = int(len(run.tasks)), len(cpus)
-        per_mig = rounds.df_target_rounds(run.migrations, target, p["round_gap_ms"])
+        rule = rounds.round_rule(causes_known(m))
+        per_mig = rounds.df_target_rounds(run.migrations, target, p["round_gap_ms"], **rule["select"])
         first = rounds.first_round(per_mig, run.runqueue, target, n, ncpus, t0)
         if first["poly_prediction"] is None:  # no round: predict from the layout at t0
             first.update(rounds.predictions(p["base"] + p["x"], p["base"], n, ncpus))
         balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
         # totals over the measured window only, not the set-up placement before t0
         mig = run.migrations[(run.migrations["ts"] >= t0) & (run.migrations["ts"] <= t_end)]
+        onto = int(((run.migrations["dst_cpu"] == target) & (run.migrations["t"] >= 0)).sum())
         return {
             "x": p["x"], "ncpus": ncpus, "ntasks": n, "target_cpu": target,
             "first_round_moved": first["moved"],
@@ -132,6 +155,8 @@ class HowMany(Experiment):
             "first_round_end_s": first["t_end"],
             "rounds": first["rounds"],
             "moved_to_target": int(len(per_mig)),
+            "round_rule": rule["rule"],
+            "onto_target_not_counted": onto - int(len(per_mig)),
             "migrations": int(len(mig)),
             "balance_migrations": int((mig["kind"] == "balance").sum()),
             "time_to_balance_s": balance["t_balance"],
@@ -142,7 +167,8 @@ class HowMany(Experiment):
         from harmony.analysis.plots_rounds import plot_first_round, plot_rounds_timeline
 
         m, p, s = run.manifest, run.manifest["params"], run.summary
-        per_mig = rounds.df_target_rounds(run.migrations, m["cpus"][-1], p["round_gap_ms"])
+        per_mig = rounds.df_target_rounds(run.migrations, m["cpus"][-1], p["round_gap_ms"],
+                                          **rounds.round_rule(causes_known(m))["select"])
         end = s["first_round_end_s"]
         t_max = min(m["measured_s"], max(0.25, 4 * end) if end is not None else m["measured_s"])
         return [
@@ -167,7 +193,9 @@ class HowMany(Experiment):
             f"first round moved            {first}",
             f"predicted                    poly-balance {s['poly_prediction']:g}, "
             f"pairwise {s['pairwise_prediction']:g}",
-            f"rounds onto the target       {s['rounds']} ({s['moved_to_target']} tasks in all)",
+            f"rounds onto the target       {s['rounds']} ({s['moved_to_target']} tasks in all; "
+            f"{s['onto_target_not_counted']} other moves onto it not counted)",
+            f"rounds count                 {rounds.round_rule(s['round_rule'] != 'runnable')['text']}",
             f"balanced within tolerance    {bal}; balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
         ]
         if s["ncpus"] == 2:

@@ -56,6 +56,43 @@ class World:
         self.last = max(self.last, ts + count * step)
         return self
 
+    def periodic_pull(self, ts, src, dst, count, step=2000):
+        """:meth:`pull` inside ``dst``'s SCHED softirq, in the context of the task running there:
+        the periodic balance (cause "periodic")."""
+        cur = self.q[dst][0] if self.q[dst] else 0
+        self.s.softirq(ts - 100, dst, True, common_pid=cur)
+        for k in range(count):
+            pid = self.q[src].pop(1)
+            self.s.migrate(ts + k * step, dst, pid, src, dst, common_pid=cur)
+            self.q[dst].append(pid)
+        self.s.softirq(ts + count * step, dst, False, common_pid=cur)
+        self.last = max(self.last, ts + count * step)
+        return self
+
+    def newidle_pull(self, ts, src, dst):
+        """The task running on ``dst`` blocks; before switching away from it ``dst`` pulls one
+        queued task from ``src`` in its context (cause "newidle"); the pulled task runs next
+        unless others wait there."""
+        cur = self.q[dst].pop(0)
+        pid = self.q[src].pop(1)
+        self.s.migrate(ts, dst, pid, src, dst, common_pid=cur)
+        self.q[dst].append(pid)
+        self.s.switch(ts + 500, dst, cur, 1, self.q[dst][0])
+        self.last = max(self.last, ts + 500)
+        return self
+
+    def wakeup_onto(self, ts, src, dst):
+        """A queued task of ``src`` runs, sleeps, and is woken onto ``dst`` (cause "wakeup")."""
+        pid = self.q[src].pop(1)
+        self.s.switch(ts, src, self.q[src][0], 0, pid)
+        self.s.switch(ts + 1000, src, pid, 1, self.q[src][0])
+        self.s.waking(ts + 2000, src, pid, src, common_pid=self.q[src][0])   # its CPU till now
+        self.s.migrate(ts + 2001, src, pid, src, dst, common_pid=self.q[src][0])
+        self.s.wakeup(ts + 2002, src, pid, dst)
+        self.q[dst].append(pid)
+        self.last = max(self.last, ts + 2002)
+        return self
+
     def exit_running(self, ts, cpu, pull_from=None, switch_after=2000):
         """The task running on ``cpu`` exits; with ``pull_from`` the CPU pulls one task from that
         CPU before its switch away from the dead task (newidle balance), as the kernel traces it."""
@@ -250,8 +287,9 @@ def test_missing_rounds_give_none_not_a_shorter_table():
 
 # ------------------------------------------------------ experiments on synthetic run dirs
 
-def fake_run(tmp_path, name, cpus, overrides, script, seed=0):
-    """A complete run directory of experiment ``name`` whose trace is written by ``script``."""
+def fake_run(tmp_path, name, cpus, overrides, script, seed=0, manifest_extra=None):
+    """A complete run directory of experiment ``name`` whose trace is written by ``script``
+    (``manifest_extra``: more manifest keys, e.g. the checks' migration_causes)."""
     exp = get_experiment(name)
     params = exp.resolve(overrides, cpus)
     params = {**params, **exp.draw(params, cpus, seed)}
@@ -264,7 +302,7 @@ def fake_run(tmp_path, name, cpus, overrides, script, seed=0):
         store.write_table(tmp_path, tab, t[tab])
     manifest = {"experiment": name, "params": params, "cpus": list(cpus), "seed": seed,
                 "status": "complete", "t0_ns": T0, "end_ns": t["t_end"],
-                "measured_s": (t["t_end"] - T0) / 1e9}
+                "measured_s": (t["t_end"] - T0) / 1e9, **(manifest_extra or {})}
     store.write_json(tmp_path / "manifest.json", manifest)
     run = store.Run(tmp_path, manifest)
     summary = exp.analyse(run)
@@ -290,6 +328,66 @@ def test_how_many_summary(tmp_path, P):
     assert s["poly_prediction"] == pytest.approx(x / P)
     assert s["pairwise_prediction"] == pytest.approx(x / 2)
     assert s["first_round_end_s"] == pytest.approx(0.040 + 6 * 2e-6)
+
+
+def test_rounds_by_cause_count_the_periodic_pass_only():
+    """A hand-built migrations table onto CPU 1: a newidle pull, a wake-up placement, a fork, an
+    affinity move, then a periodic pass of 3 and an active push. By cause, round 1 is the
+    periodic pass with the active push (10 us later); by kind (causes unknown) every move of a
+    runnable task counts: the newidle pull is round 1, the affinity, NUMA and unknown moves are
+    rounds too; wake-up placements and forks never are."""
+    rows = [  # (ms after t0, src, cause, kind)
+        (1.0, 0, "newidle", "balance"), (5.0, 0, "wakeup", "wakeup"), (9.0, 0, "fork", "wakeup"),
+        (13.0, 0, "affinity", "balance"),
+        (20.0, 0, "periodic", "balance"), (20.002, 0, "periodic", "balance"),
+        (20.004, 0, "periodic", "balance"), (20.010, 0, "active", "balance"),
+        (30.0, 0, "numa", "balance"), (40.0, 0, "unknown", "balance")]
+    m = pd.DataFrame({"ts": [T0 + int(t * MS) for t, *_ in rows], "t": [t / 1e3 for t, *_ in rows],
+                      "pid": range(100, 100 + len(rows)), "name": "w", "role": "cpu",
+                      "src_cpu": [r[1] for r in rows], "dst_cpu": 1,
+                      "kind": pd.Categorical([r[3] for r in rows]),
+                      "cause": pd.Categorical([r[2] for r in rows])})
+    known = rounds.round_rule(True)
+    by_cause = rounds.df_target_rounds(m, 1, 1.0, **known["select"])
+    assert known["rule"] == "periodic+active"
+    assert by_cause["cause"].astype(str).tolist() == ["periodic"] * 3 + ["active"]
+    assert by_cause["round"].tolist() == [1] * 4
+    fallback = rounds.round_rule(False)
+    assert fallback["rule"] == "runnable" and "not recorded" in fallback["text"]
+    by_kind = rounds.df_target_rounds(m, 1, 1.0, **fallback["select"])
+    assert by_kind["cause"].astype(str).tolist() == ["newidle", "affinity", "periodic", "periodic",
+                                                     "periodic", "active", "numa", "unknown"]
+    assert by_kind["round"].tolist() == [1, 2, 3, 3, 3, 3, 4, 5]
+
+
+@pytest.mark.parametrize("softirq", [True, False])
+def test_how_many_counts_the_periodic_round_when_causes_are_known(tmp_path, softirq):
+    """<10+8, 10> on 2 CPUs: the target's running task blocks and pulls one (newidle), a task is
+    woken onto the target, then the target's periodic balance pulls 4 at once. By cause the
+    first round is the 4; where the causes are unknown (the softirq unrecorded: here the
+    manifest says so) the newidle pull is the first round, as before causes were told."""
+    def script(w, p):
+        w.newidle_pull(T0 + 5 * MS, 0, 1)
+        w.wakeup_onto(T0 + 15 * MS, 0, 1)
+        w.periodic_pull(T0 + 40 * MS, 0, 1, 4)
+
+    extra = {"migration_causes": {"softirq_recorded": softirq}}
+    s, _ = fake_run(tmp_path, "how-many", [0, 1], {"x": "8", "duration": "0.2"}, script,
+                    manifest_extra=extra)
+    m = store.load(tmp_path).migrations
+    causes = m[m["dst_cpu"] == 1]["cause"].astype(str).tolist()
+    assert causes == ["newidle", "wakeup"] + ["periodic"] * 4     # the stream's causes, told
+    if softirq:
+        assert s["round_rule"] == "periodic+active"
+        assert (s["first_round_moved"], s["rounds"], s["moved_to_target"]) == (4, 1, 4)
+        assert s["onto_target_not_counted"] == 2
+        assert s["first_round_start_s"] == pytest.approx(0.040)
+    else:
+        assert s["round_rule"] == "runnable"
+        assert (s["first_round_moved"], s["rounds"], s["moved_to_target"]) == (1, 2, 5)
+        assert s["onto_target_not_counted"] == 1                  # the wake-up placement
+    text = "\n".join(get_experiment("how-many").describe(s))
+    assert ("periodic or active" in text) == softirq and ("not recorded" in text) != softirq
 
 
 def test_how_many_without_a_round_predicts_from_the_layout(tmp_path):
