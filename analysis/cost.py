@@ -43,6 +43,8 @@ def _idle_steps(events: pd.DataFrame, cpu: int) -> tuple[np.ndarray, np.ndarray]
     when the CPU was running is unknown. Before the CPU's first switch its state is unknown,
     counted not idle."""
     rows = np.flatnonzero(events["cpu"].to_numpy() == cpu)
+    if not len(rows):               # nothing recorded there (no task ever ran on it): unknown
+        return np.array([np.iinfo(np.int64).min]), np.array([False])
     sw = event_mask(events, "sched_switch")[rows]
     cpid = events["common_pid"].to_numpy()[rows]
     ts = events["ts"].to_numpy()[rows]
