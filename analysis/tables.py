@@ -247,6 +247,30 @@ IDEAL = Table(
 #: the tables :func:`harmony.pipeline.derive_tables` makes, stored in a run directory as
 #: <name>.parquet
 STORED = (MIGRATIONS, RUNS, RUNQUEUE, ALLOCATION, SHARES)
+
+PROPORTIONAL = Table(
+    "proportional", "each task's allocation on P CPUs against its allocation on one CPU "
+                    "(proportional speedup) and against that of a task on one CPU with 1/P of the "
+                    "tasks (proportional concurrency), the thesis's 9.2 "
+                    "(harmony.analysis.proportional.df_proportional), in the tasks' order", [
+        ("name",              "category", "the task (matched by name across the runs)"),
+        ("nice",              "int64",    "its nice value"),
+        ("share_p",           "float64",  "its CPU time / the window with the tasks on the P CPUs"),
+        ("ideal_p",           "float64",  "its GPS share on P CPUs (class_fair_shares)"),
+        ("share_1",           "float64",  "the same task's share with all the tasks on one CPU; "
+                                          "NaN without that run"),
+        ("ideal_1",           "float64",  "its GPS share on one CPU"),
+        ("speedup",           "float64",  "share_p / share_1"),
+        ("ideal_speedup",     "float64",  "ideal_p / ideal_1 (min(n, P) for n equal CPU-bound "
+                                          "tasks)"),
+        ("speedup_ratio",     "float64",  "speedup / ideal_speedup: 1 is proportional"),
+        ("share_c",           "float64",  "its share on one CPU with the first n/P tasks; NaN "
+                                          "for a task not among them or without that run"),
+        ("ideal_c",           "float64",  "its GPS share there"),
+        ("concurrency_ratio", "float64",  "(share_p / share_c) / (ideal_p / ideal_c): 1 is "
+                                          "proportional"),
+    ])
+
 #: every table declared here
 ALL = STORED + (ANOMALIES, FOREIGN_LOAD, COUNTER_AGREEMENT, REQUESTS, WASTED,
-                USELESS_MIGRATIONS, IDEAL)
+                USELESS_MIGRATIONS, IDEAL, PROPORTIONAL)

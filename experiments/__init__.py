@@ -16,6 +16,7 @@ CATALOG = {
     "intrinsic-imbalance": "harmony.experiments.intrinsic_imbalance:IntrinsicImbalance",
     "heavy-light": "harmony.experiments.heavy_light:HeavyLight",
     "priority-classes": "harmony.experiments.priority_classes:PriorityClasses",
+    "proportional": "harmony.experiments.proportional:Proportional",
     "server": "harmony.experiments.server:Server",
 }
 

@@ -39,6 +39,7 @@ RUNS = {
     "priority-classes": ({"duration": "1", "long_warmup_s": "0.5", "short_warmup_s": "0.2", "short_s": "0.3"},
                          {"duration": "0.5", "long_warmup_s": "0.49", "short_warmup_s": "0.2",
                           "short_s": "0.3"}),
+    "proportional": ({"duration": "0.5"}, {"duration": "0.005"}),
 }
 
 #: declared keys no simulated run gives a value: a simulated CPU whose last task exits pulls a task
