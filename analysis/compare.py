@@ -46,7 +46,7 @@ NO_EVIDENCE = "no evidence"
 #: parameter are, and the row's note names the parameter.
 CONFIG_PARAMS = {"how-many": ("x",), "time-to-resolve": ("x",),
                  "heavy-light": ("light_duty",), "priority-classes": ("nice_diff",),
-                 "server": ("shape", "load", "sizes")}
+                 "server": ("shape", "load", "sizes"), "proportional": ("ntasks",)}
 
 #: the summary keys the policy card's answers are made of, per experiment, each checked against
 #: its declaration at import: the metric table of :func:`compare_text` shows these (and any other
@@ -66,6 +66,8 @@ CARD_METRICS = tuple((exp, summary_key(key, exp)) for exp, key in (
     ("heavy-light", "migrations_per_s"),
     ("priority-classes", "high_spread_index"), ("priority-classes", "low_cluster_index"),
     ("priority-classes", "high_allocation_ratio"),
+    ("proportional", "speedup_ratio"), ("proportional", "speedup_ratio_min"),
+    ("proportional", "concurrency_ratio"), ("proportional", "concurrency_ratio_min"),
 ))
 
 
@@ -83,6 +85,7 @@ FIGURE_METRICS = tuple((exp, summary_key(key, exp), label, scale) for exp, key, 
     ("intrinsic-imbalance", "migrations_per_s", "migrations/s", 1.0),
     ("intrinsic-imbalance", "share_ratio_min", "lowest share / fair share", 1.0),
     ("heavy-light", "smape_long", "run-queue variance SMAPE, long", 1.0),
+    ("proportional", "speedup_ratio_min", "worst task's speedup / GPS ideal", 1.0),
 ))
 
 

@@ -30,6 +30,7 @@ from pathlib import Path
 from harmony import store
 from harmony.analysis import thresholds as T
 from harmony.analysis.causes import CAUSES
+from harmony.analysis.rounds import round_rule
 from harmony.analysis.trust import disqualifying, word
 from harmony.experiments import summary_key
 from harmony.tasks import POLICIES, classes_text
@@ -75,6 +76,13 @@ USELESS_MIGRATIONS = summary_key("useless_migrations", "single-source")
 IDEAL_SHARE_ERROR = summary_key("ideal_share_error", "intrinsic-imbalance", "heavy-light")
 IDEAL_JAIN = summary_key("ideal_jain", "intrinsic-imbalance")
 IDEAL_SLOWDOWN_MAX = summary_key("ideal_slowdown_max", "heavy-light", "priority-classes")
+ROUND_RULE = summary_key("round_rule", "how-many")
+#: proportional speedup and concurrency (thesis 9.2): numbers beside the "balances" answer, by P
+NTASKS = summary_key("ntasks", "proportional")
+SPEEDUP_RATIO = summary_key("speedup_ratio", "proportional")
+SPEEDUP_RATIO_MIN = summary_key("speedup_ratio_min", "proportional")
+CONCURRENCY_RATIO = summary_key("concurrency_ratio", "proportional")
+CONCURRENCY_RATIO_MIN = summary_key("concurrency_ratio_min", "proportional")
 
 QUESTIONS = (
     ("balances", "Does the scheduler perform load balancing across processors?", "6.2"),
@@ -357,9 +365,42 @@ def _affinity_label(rate_per_cpu: float | None) -> str | None:
     return "moderate"
 
 
+def proportional_word(worst_ratio: float | None) -> str | None:
+    """"proportional" when the worst task's ratio to its ideal (speedup or concurrency) reaches
+    PROPORTIONAL_MIN_RATIO, else "not proportional"; None without the number."""
+    if worst_ratio is None:
+        return None
+    return "proportional" if worst_ratio >= T.PROPORTIONAL_MIN_RATIO else "not proportional"
+
+
+def proportional_numbers(runs: list[Evidence]) -> dict:
+    """The proportional experiment's runs by CPU count and task count ("P=2 n=4"): the median
+    speedup and concurrency ratios to the GPS ideal, the worst task's, and the word
+    :func:`proportional_word` gives the median worst task; {} without runs."""
+    out = {}
+    groups: dict[tuple, list[Evidence]] = {}
+    for e in runs:
+        groups.setdefault((e.ncpus, e.summary.get(NTASKS)), []).append(e)
+    for (ncpus, n), group in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        parts = []
+        for what, key, worst in (("speedup", SPEEDUP_RATIO, SPEEDUP_RATIO_MIN),
+                                 ("concurrency", CONCURRENCY_RATIO, CONCURRENCY_RATIO_MIN)):
+            med, low = _median(_values(group, key)), _median(_values(group, worst))
+            parts.append(f"{what} {format_value(med)} (worst task {format_value(low)}: "
+                         f"{proportional_word(low) or 'not measured'})" if med is not None
+                         else f"{what} not measured")
+        out[f"P={ncpus} n={n} ({len(group)} run{'s' if len(group) != 1 else ''})"] = \
+            "; ".join(parts)
+    return out
+
+
 def q_balances(ev, prior) -> Answer:
     a = _new("balances")
     runs = ev.get("single-source", [])
+    prop = proportional_numbers(ev.get("proportional", []))
+    if prop:    # numbers beside the answer, never its input: shown with or without E1's runs
+        a.numbers["proportional speedup, concurrency / GPS ideal by P (9.2)"] = prop
+        a.thresholds["PROPORTIONAL_MIN_RATIO"] = T.PROPORTIONAL_MIN_RATIO
     if not runs:
         a.needs = "single-source (E1)"
         return a
@@ -372,8 +413,10 @@ def q_balances(ev, prior) -> Answer:
     a.numbers = {f"{BALANCE_MIGRATIONS} (median)": _median(_values(runs, BALANCE_MIGRATIONS)),
                  f"{BALANCED_AT_END} (runs)": sum(bool(e.summary.get(BALANCED_AT_END)) for e in runs),
                  "migrations by cause (median)": _causes(runs),
-                 f"{USELESS_MIGRATIONS} (median)": _median(_values(runs, USELESS_MIGRATIONS))}
-    a.thresholds = {"rule": "a run balances if tasks moved off the source while runnable"}
+                 f"{USELESS_MIGRATIONS} (median)": _median(_values(runs, USELESS_MIGRATIONS)),
+                 **a.numbers}
+    a.thresholds = {"rule": "a run balances if tasks moved off the source while runnable",
+                    **a.thresholds}
     return a
 
 
@@ -457,6 +500,7 @@ def q_how_many(ev, prior) -> Answer:
     a.numbers = {key: [e.summary.get(key) for e in runs]
                  for key in (X, FIRST_ROUND_MOVED, POLY_PREDICTION, PAIRWISE_PREDICTION)}
     a.numbers["migrations by cause (median)"] = _causes(runs)
+    a.numbers["rounds counted from"] = _round_rules(runs)
     if a.label is None:
         same = [e for e in runs if e.summary.get(POLY_PREDICTION) is not None
                 and e.summary.get(PAIRWISE_PREDICTION) is not None
@@ -469,6 +513,15 @@ def q_how_many(ev, prior) -> Answer:
         else:
             a.why_not = "no run saw a first balancing round"
     return a
+
+
+def _round_rules(runs: list[Evidence]) -> str:
+    """Which migrations the runs' rounds counted (how-many's round_rule, in words), with the
+    number of runs of each rule: by cause (periodic and active) or every move of a runnable task
+    (the causes unknown); a run analysed before the rule was recorded counted the latter."""
+    rules = collections.Counter(e.summary.get(ROUND_RULE) or "runnable" for e in runs)
+    return "; ".join(f"{round_rule(r != 'runnable')['text']} ({n} run{'s' if n != 1 else ''})"
+                     for r, n in rules.items())
 
 
 def _global_queue(a: Answer, prior) -> bool:

@@ -2,7 +2,7 @@
 
 ``plan(ncpus, quick)`` lists the configurations: every experiment registered in CATALOG at run
 time, with the sweeps the thesis drew (x for how-many, light duty for heavy-light, nice difference
-for priority-classes) where the experiment has that parameter. ``run_suite`` captures them back to
+for priority-classes; and the task count for proportional) where the experiment has that parameter. ``run_suite`` captures them back to
 back while holding the host lock once (no doctor, lock or stale-state sweep per run, one probe
 session), has the runner analyse them (see :class:`harmony.batch.KernelRunner`), then writes
 :mod:`harmony.analysis.report_suite` (policy card first). The suite draws the cross-run figures of
@@ -33,6 +33,8 @@ SWEEPS = {
     "how-many": ("x", lambda P: [20, 30, 40, 50, 60, 70, 80, 90], lambda P: [4 * P]),
     "heavy-light": ("light_duty", lambda P: [5, 20, 40, 60, 80, 100], lambda P: [20, 50]),
     "priority-classes": ("nice_diff", lambda P: [2, 6, 10, 18, 30, 38], lambda P: [4, 15]),
+    # 2P tasks divide evenly; 2P + 1 need the balancer to rotate a task (an intrinsic imbalance)
+    "proportional": ("ntasks", lambda P: [2 * P, 2 * P + 1], lambda P: [2 * P]),
 }
 
 #: quick-mode parameter overrides per experiment (shorter runs; applied only if the experiment has
@@ -47,6 +49,7 @@ QUICK = {
     "heavy-light": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5, "short_s": 0.5},
     "priority-classes": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5, "short_s": 0.5},
     "server": {"duration": 2.0},
+    "proportional": {"duration": 1.0},
 }
 #: repetitions per configuration (the thesis ran 10-25); detection needs more (a distribution).
 REPEATS = {"full": 5, "quick": 2}

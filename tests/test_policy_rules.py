@@ -129,10 +129,25 @@ THRESHOLD_CASES = [
      lambda v: _server("pool-per-stage", server_cpu_jain=v), ("packed", "spread", "spread")),
     ("RQ_WAIT_MIN_NS", "a request's wait_ns: all_waited",
      lambda v: _one_request(wait_ns=v)["all_waited"], (0.0, 1.0, 1.0)),
+    ("PROPORTIONAL_MIN_RATIO", "proportional speedup_ratio_min (median over the runs)",
+     lambda v: _proportional(v).split(": ")[-1].rstrip(")"),
+     ("not proportional", "proportional", "proportional")),
     # FOREIGN_LOAD_MAX: on run directories (policy.collect reads manifests), in test_policy.py's
     # test_runs_on_a_busy_host_are_not_evidence; VCPU_WAIT_MAX likewise, in
     # test_runs_whose_vcpus_waited_for_the_host_are_not_evidence
 ]
+
+
+def _proportional(worst, ncpus=2, ntasks=4, **summary) -> str:
+    """The card's proportional numbers for P=2, n=4 (beside the "balances" answer) of one run
+    whose worst task's speedup ratio is ``worst``: its speedup part."""
+    e = ev("proportional", ncpus=ncpus, ntasks=ntasks, speedup_ratio=1.0, speedup_ratio_min=worst,
+           **({"concurrency_ratio": None, "concurrency_ratio_min": None} | summary))
+    numbers = answer("balances", e).numbers[PROPORTIONAL]
+    return numbers[f"P={ncpus} n={ntasks} (1 run)"].split("; ")[0]
+
+
+PROPORTIONAL = "proportional speedup, concurrency / GPS ideal by P (9.2)"
 
 
 def _server(shape, **summary):
@@ -210,6 +225,45 @@ def test_balances():
     assert a.numbers == {"balance_migrations (median)": 1.5, "balanced_at_end (runs)": 1,
                          "migrations by cause (median)": "none",
                          "useless_migrations (median)": None}
+
+
+def test_proportional_numbers_stand_beside_the_balances_answer_by_p():
+    """Numbers, never the label's input: grouped by CPU and task count, medians over the runs,
+    the word from the worst task; shown without single-source runs too."""
+    runs = [ev("proportional", ncpus=2, ntasks=4, path=f"/r/{k}", speedup_ratio=r, speedup_ratio_min=w,
+               concurrency_ratio=c, concurrency_ratio_min=c)
+            for k, (r, w, c) in enumerate([(0.99, 0.97, 1.0), (1.0, 0.99, 1.01), (0.98, 0.95, 0.99)])]
+    odd = ev("proportional", ncpus=4, ntasks=6, speedup_ratio=1.0, speedup_ratio_min=0.75,
+             concurrency_ratio=0.75, concurrency_ratio_min=0.75)
+    cut = ev("proportional", ncpus=4, ntasks=8, speedup_ratio=None, speedup_ratio_min=None,
+             concurrency_ratio=None, concurrency_ratio_min=None)
+    a = answer("balances", *runs, odd, cut)
+    assert a.label is None and a.needs == "single-source (E1)"
+    assert a.thresholds == {"PROPORTIONAL_MIN_RATIO": T.PROPORTIONAL_MIN_RATIO}
+    assert a.numbers[PROPORTIONAL] == {
+        "P=2 n=4 (3 runs)": "speedup 0.99 (worst task 0.97: proportional); "
+                            "concurrency 1 (worst task 1: proportional)",
+        "P=4 n=6 (1 run)": "speedup 1 (worst task 0.75: not proportional); "
+                           "concurrency 0.75 (worst task 0.75: not proportional)",
+        "P=4 n=8 (1 run)": "speedup not measured; concurrency not measured"}
+    moved = ev("single-source", balance_migrations=3, balanced_at_end=True)
+    a = answer("balances", moved, *runs)
+    assert a.label == "balances" and PROPORTIONAL in a.numbers and "rule" in a.thresholds
+    assert PROPORTIONAL not in answer("balances", moved).numbers
+
+
+def test_how_many_names_the_rule_its_rounds_counted():
+    by_cause = ev("how-many", path="/a", first_round_moved=5, poly_prediction=5.0,
+                  pairwise_prediction=10.0, round_rule="periodic+active")
+    blind = ev("how-many", path="/b", first_round_moved=5, poly_prediction=5.0,
+               pairwise_prediction=10.0, round_rule="runnable")
+    older = ev("how-many", path="/c", first_round_moved=5, poly_prediction=5.0,
+               pairwise_prediction=10.0)
+    assert answer("how_many", by_cause).numbers["rounds counted from"] == \
+        "migrations whose cause is periodic or active (1 run)"
+    assert answer("how_many", by_cause, blind, older).numbers["rounds counted from"] == (
+        "migrations whose cause is periodic or active (1 run); every move of a runnable task "
+        "(causes unknown: the scheduler's softirq was not recorded) (2 runs)")
 
 
 def test_affinity_weakest_experiment_wins_and_disagreement_is_undecided():
