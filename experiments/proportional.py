@@ -160,7 +160,8 @@ class Proportional(Experiment):
                 f"{f(s['speedup_ratio_min'])}",
                 "concurrency ratio            " + (
                     "n/a (no n/P-task run)" if s["concurrency_tasks"] is None else
-                    f"{f(s['concurrency_ratio'])} against {s['concurrency_tasks']} tasks on one "
-                    f"CPU, worst task {f(s['concurrency_ratio_min'])}")]
+                    f"{f(s['concurrency_ratio'])} against {s['concurrency_tasks']} "
+                    f"task{'s' if s['concurrency_tasks'] != 1 else ''} on one CPU, worst task "
+                    f"{f(s['concurrency_ratio_min'])}")]
         lines.append(f"migrations                   {s['migrations']}")
         return lines
