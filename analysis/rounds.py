@@ -16,8 +16,8 @@ source* of a round is the source of its first migration.
 pulling CPU. Given the migrations' causes (:mod:`harmony.analysis.causes`), a round is made of
 :data:`ROUND_CAUSES`:
 
-- ``periodic`` (pulled inside the destination's SCHED softirq: the periodic or nohz idle
-  balance) is that pass;
+- ``periodic`` (moved inside a SCHED softirq: the destination's periodic balance, or the nohz
+  idle balance the idle-load-balance CPU runs on its behalf) is that pass;
 - ``active`` is counted: it is the same periodic pass's own outcome when it could detach no
   queued task (all running, cache-hot or pinned) and had the source's stopper push the running
   one; leaving it out would read such a pass as "moved nothing";
