@@ -30,7 +30,7 @@ from harmony.analysis.plots_requests import df_latency_by_load, plot_latency_by_
 
 #: which experiments give the evidence of each question (the card's sources)
 EVIDENCE = {
-    "balances": ["single-source"],
+    "balances": ["single-source", "proportional"],
     "affinity": ["single-source", "intrinsic-imbalance", "heavy-light"],
     "how_many": ["how-many"],
     "time_to_balance": ["time-to-resolve", "single-source"],
@@ -320,6 +320,11 @@ def cross_figures(df: pd.DataFrame, fig_dir: Path, processes: int = 1) -> dict[s
                                     ["share_ratio_min", "share_ratio_max", "jain_index"],
                                     fig_dir / "intrinsic.png", "Intrinsic imbalance: share / fair share",
                                     "ratio")),
+        ("balances", plot_points, (df, "proportional",
+                                   ["speedup_ratio", "speedup_ratio_min", "concurrency_ratio",
+                                    "concurrency_ratio_min"], fig_dir / "proportional.png",
+                                   "Proportional speedup and concurrency: ratio to the GPS ideal",
+                                   "ratio")),
         ("selection", plot_selection, (df, fig_dir / "selection.png")),
         ("priorities", plot_priorities, (df, fig_dir / "priorities.png")),
     ]
