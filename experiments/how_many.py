@@ -193,9 +193,12 @@ class HowMany(Experiment):
             f"first round moved            {first}",
             f"predicted                    poly-balance {s['poly_prediction']:g}, "
             f"pairwise {s['pairwise_prediction']:g}",
-            f"rounds onto the target       {s['rounds']} ({s['moved_to_target']} tasks in all; "
-            f"{s['onto_target_not_counted']} other moves onto it not counted)",
-            f"rounds count                 {rounds.round_rule(s['round_rule'] != 'runnable')['text']}",
+            f"rounds onto the target       {s['rounds']} ({s['moved_to_target']} tasks in all"
+            + (f"; {s['onto_target_not_counted']} other moves onto it not counted)"
+               if s.get("onto_target_not_counted") is not None else ")"),
+            # a summary written before the rule was recorded counted every runnable move
+            "rounds count                 "
+            + rounds.round_rule(s.get("round_rule", "runnable") != "runnable")["text"],
             f"balanced within tolerance    {bal}; balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
         ]
         if s["ncpus"] == 2:
