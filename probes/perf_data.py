@@ -129,7 +129,7 @@ def lost_sched_events(lost_records: int,
     tell why a task moved, the scheduler's softirq's among them): other events a recording
     sampled (perf's dummy event, cycles, sched_stat_runtime, ...) are named in a note instead."""
     if lost_samples is None:
-        return lost_records, ["perf report --stats gave no LOST_SAMPLES counts; lost_events counts "
+        return lost_records, ["the recording has no LOST_SAMPLES counts; lost_events counts "
                               "PERF_RECORD_LOST records only"]
     notes = []
     decoded = {f"sched:{name}" for name in PerfScriptParser.EVENT_NAMES}
