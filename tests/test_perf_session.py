@@ -20,7 +20,7 @@ from harmony.osutil import proc_starttime
 from harmony.probes.base import ProbeError
 from harmony.probes.perf import SESSION_PREFIX, PerfProbe
 
-from test_perf_probe import _perf_processes_writing
+from test_perf_probe import _perf_processes_writing, perf_kernel  # noqa: F401  (a fixture)
 from test_perf_read import compare_with_perf
 
 
@@ -46,17 +46,9 @@ def _record(probe: PerfProbe) -> None:
     probe.stop()
 
 
-@pytest.fixture(scope="session")
-def perf_kernel(kernel):
-    ok, why = PerfProbe.available()
-    if not ok:
-        from conftest import host_skip
-        host_skip(why)
-    return kernel
-
-
 @pytest.mark.kernel
-def test_kernel_a_session_cuts_each_run_out_of_one_recording(perf_kernel, tmp_path, monkeypatch):
+@pytest.mark.usefixtures("perf_kernel")
+def test_kernel_a_session_cuts_each_run_out_of_one_recording(tmp_path, monkeypatch):
     own = PerfProbe(tmp_path / "own", [0, 1], 1.0)     # a run of its own, as `harmony run` records
     _record(own)
     with PerfProbe.session():
@@ -86,7 +78,8 @@ def test_kernel_a_session_cuts_each_run_out_of_one_recording(perf_kernel, tmp_pa
 
 
 @pytest.mark.kernel
-def test_kernel_a_session_ended_by_an_error_stops_perf(perf_kernel, tmp_path):
+@pytest.mark.usefixtures("perf_kernel")
+def test_kernel_a_session_ended_by_an_error_stops_perf(tmp_path):
     probe = PerfProbe(tmp_path / "r", [0, 1], 1.0)
     with pytest.raises(KeyboardInterrupt):
         with PerfProbe.session():
@@ -100,7 +93,8 @@ def test_kernel_a_session_ended_by_an_error_stops_perf(perf_kernel, tmp_path):
 
 
 @pytest.mark.kernel
-def test_kernel_a_killed_controllers_recording_is_reclaimed(perf_kernel, tmp_path):
+@pytest.mark.usefixtures("perf_kernel")
+def test_kernel_a_killed_controllers_recording_is_reclaimed(tmp_path):
     child = subprocess.Popen(
         [sys.executable, "-c", "import sys, time\nfrom pathlib import Path\n"
          "from harmony.probes.perf import PerfProbe\n"
@@ -138,3 +132,26 @@ def test_only_the_directories_of_gone_owners_are_reclaimed(tmp_path, monkeypatch
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == ["harmony-other", f"{SESSION_PREFIX}alive", f"{SESSION_PREFIX}unreadable"]
     assert len([r for r in removed if "perf session directory" in r]) == 1
+
+
+@pytest.mark.kernel
+@pytest.mark.usefixtures("perf_kernel")
+def test_kernel_a_batchs_runs_share_one_recording(tmp_path):
+    """`harmony run --repeat 2 --probe perf`: both runs from one perf record, nothing left after."""
+    import json
+
+    from click.testing import CliRunner
+
+    from harmony.cli import main
+
+    r = CliRunner().invoke(main, ["run", "single-source", "--duration", "1", "--repeat", "2", "-q",
+                                  "--probe", "perf", "--out", str(tmp_path / "b")])
+    assert r.exit_code == 0, r.output
+    first, second = (json.loads((tmp_path / "b" / rep / "manifest.json").read_text())
+                     for rep in ("rep-01", "rep-02"))
+    assert first["status"] == second["status"] == "complete"
+    kept = [m["probe_meta"]["recording_kept"] for m in (first, second)]
+    assert [k["segment"] for k in kept] == [1, 2]
+    assert first["probe_meta"]["perf_pid"] == second["probe_meta"]["perf_pid"]
+    assert first["capture"]["n_events"] > 0 and second["capture"]["n_events"] > 0
+    assert _gone(first["probe_meta"]["perf_pid"]) and not _session_dirs(os.getpid())
