@@ -341,14 +341,25 @@ def test_a_run_planned_for_a_vm_is_placed_and_measured_in_the_guest(tmp_path):
         0.5 * serve.capacity({**planned.params, **settled}, 2), abs=0.1)
     assert json.loads(specs[-1].serve)["rate"] == settled["rate"]          # the client's
     assert not any("rate" in json.loads(s.serve) for s in specs[:-1])     # the client's only
-    # the pipes in a directory of the guest's own: the run directory is shared over 9p
-    pipes = [Path(x) for x in json.loads(specs[0].serve)["pipes"]]
+    # the pipes and records in a directory of the guest's own: the run directory is shared over
+    # 9p; the records join the run once the tasks are stopped, and the directory goes
+    parts = [json.loads(s.serve) for s in specs]
+    pipes = [Path(x) for x in parts[0]["pipes"]]
+    scratch = pipes[0].parent
     try:
         assert sorted(x.name for x in pipes) == ["answers.fifo", "stage1.fifo", "stage2.fifo"]
-        assert all(x.is_fifo() for x in pipes) and pipes[0].parent != tmp_path / "run"
-        assert pipes[0].parent.name.startswith("hmy-serve-")
+        assert all(x.is_fifo() for x in pipes) and scratch.name.startswith("hmy-serve-")
+        assert {Path(p["records"]) for p in parts} == {scratch} and Path(agent.scratch) == scratch
+        (scratch / "client.sent").write_bytes(serve.REC.pack(0, 1, 2, 3, 0, 5))
+        (scratch / "reader.stage").write_bytes(b"")
+        agent.keep(tmp_path / "run")
+        got = tmp_path / "run" / "raw" / serve.RECORDS_DIR
+        assert sorted(x.name for x in got.iterdir()) == ["client.sent", "reader.stage"]
+        assert (got / "client.sent").read_bytes() == serve.REC.pack(0, 1, 2, 3, 0, 5)
+        assert not scratch.exists() and agent.scratch is None
+        agent.keep(tmp_path / "run")            # once only: nothing more to move
     finally:
-        shutil.rmtree(pipes[0].parent)
+        shutil.rmtree(scratch, ignore_errors=True)
     # a workload without servers is the agent's as planned
     other = get_experiment("single-source")
     q = other.resolve({}, [0, 1])
