@@ -84,9 +84,6 @@ class Server(Experiment):
     name = "server"
     question = "What does the balancing policy do to a server's request latency?"
     thesis = "beyond the thesis: issue 27 (SEDA, Flash, Gordon's stages)"
-    not_in_vm = ("in a VM's guest its answers never reach the client (0 of ~1990 answered under "
-                 "Debian's 6.12 and under scx_simple, 2026-11-26; the tasks serve the requests): "
-                 "a known defect, tests/test_server_kernel.py")
     not_simulated = ("its tasks serve requests over sockets; the reference policies simulate CPU "
                      "demand only")
     params = (
