@@ -319,6 +319,10 @@ def _stage(cfg: dict, burn):
     return body
 
 
+#: the most one way of :func:`measure_overhead` may take (a TCG guest's takes a few seconds)
+CALIBRATION_TIMEOUT_S = 120
+
+
 def measure_overhead(cpus: list[int], rounds: int = 2000) -> int:
     """CPU time (ns) one task spends on a request besides its work, measured now by
     :func:`calibrate` (2000 round trips), in the fair class whatever the caller's, with every
@@ -341,17 +345,25 @@ def measure_overhead(cpus: list[int], rounds: int = 2000) -> int:
 def _calibrate_at_once(pairs: list[list[int]], rounds: int) -> list[int]:
     """:func:`calibrate` on each pair of CPUs of ``pairs`` in a small process of its own
     (``python -m harmony.serve``), their timed rounds started together (each says it is warm and
-    waits for a line on its input); ns per hop, by pair."""
+    waits for a line on its input); ns per hop, by pair. A pair that takes more than
+    ``CALIBRATION_TIMEOUT_S`` is killed: ControllerError."""
     procs = [subprocess.Popen([sys.executable, "-m", "harmony.serve", str(rounds), *map(str, pair)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for pair in pairs]
+    deadline = time.monotonic() + CALIBRATION_TIMEOUT_S
     try:
-        warm = [p.stdout.readline().strip() == "warm" for p in procs]
+        warm = [bool(select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0])
+                and p.stdout.readline().strip() == "warm" for p in procs]
         for p in procs:
             with contextlib.suppress(BrokenPipeError):
                 p.stdin.write("go\n")
                 p.stdin.flush()
-        outs = [p.communicate(timeout=120) for p in procs]      # closes their input
+        try:
+            outs = [p.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                    for p in procs]                             # closes their input
+        except subprocess.TimeoutExpired:
+            raise ControllerError(f"the server's calibration took over {CALIBRATION_TIMEOUT_S} s "
+                                  f"(on CPUs {pairs})") from None
     finally:
         for p in procs:
             if p.poll() is None:
