@@ -134,7 +134,7 @@ def test_a_server_run_in_a_debian_6_12_guest_at_4_vcpus(kernel, tmp_path):
     and measures its capacity inside the VM with every vCPU busy; the pool (the shape whose
     reader once fell behind writing to the host's share, every answer lost) answers what it was
     offered, and the requests table joins the guest's trace: the migrations it counts are the
-    guest's, of the tasks that served it, while they held it."""
+    guest's, of the tasks that served it, between its sending and its answer."""
     before = _qemu_pids()
     out = tmp_path / "vm"
     p = cli("run", "server", "--kernel", "debian:6.12", "--vm-cpus", "4", "-p",
