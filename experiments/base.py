@@ -274,8 +274,6 @@ class Experiment:
     #: why the reference policies' simulator cannot run it (None: it can): a workload that is
     #: more than CPU demand, such as the server experiment's requests over sockets
     not_simulated: str | None = None
-    #: why it cannot run on a kernel under test in a virtual machine (None: it can)
-    not_in_vm: str | None = None
 
     def all_params(self) -> tuple[Param, ...]:
         own = {p.name for p in self.params}

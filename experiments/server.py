@@ -21,9 +21,10 @@ worker's calibrated loop, after an optional ``block_us`` asleep per stage (a dis
 Load. ``-p load=`` is the fraction of the capacity measured at the start of the run, where it
 is captured (on the host, or by the guest agent in a VM: :meth:`Server.place`): the CPU time one
 task spends handling a request besides its work (receive it from a socket, stamp it, record it,
-send it on, with the wake-ups and switches that costs) is measured between two small processes
-pinned to two CPUs of the set, over a socket pair (``overhead_ns``,
-:func:`harmony.serve.calibrate`: 2000 round trips, both sides' CPU time), and the capacity is the
+send it on, with the wake-ups and switches that costs) is measured between small processes over
+socket pairs with every CPU of the set busy, pairs across two CPUs and a pair within each, the
+dearer of the two (``overhead_ns``, :func:`harmony.serve.measure_overhead`: 2000 round trips,
+both sides' CPU time; across on a host, within in a TCG guest), and the capacity is the
 fewest requests per second any bottleneck allows (:func:`harmony.serve.capacity`): the CPUs (P s
 of CPU per s over the work plus one overhead per task a request passes through), each single task
 (the client; the reader; a loop), and each pool of tasks that sleep ``block_us``. On this host it
@@ -84,9 +85,6 @@ class Server(Experiment):
     name = "server"
     question = "What does the balancing policy do to a server's request latency?"
     thesis = "beyond the thesis: issue 27 (SEDA, Flash, Gordon's stages)"
-    not_in_vm = ("in a VM's guest its answers never reach the client (0 of ~1990 answered under "
-                 "Debian's 6.12 and under scx_simple, 2026-11-26; the tasks serve the requests): "
-                 "a known defect, tests/test_server_kernel.py")
     not_simulated = ("its tasks serve requests over sockets; the reference policies simulate CPU "
                      "demand only")
     params = (

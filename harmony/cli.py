@@ -367,8 +367,6 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="EXPERIMENT") from None
     if kernel is not None:
-        if exp.not_in_vm:
-            raise click.UsageError(f"{experiment} cannot run with --kernel: {exp.not_in_vm}")
         cpu_set, memory, setting = _vm_plan(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe,
                                             crosscheck)
     else:
@@ -818,8 +816,7 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
     With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
     and is analysed on the host after the VM exits."""
     from harmony.batch import KernelRunner
-    from harmony.experiments import CATALOG
-    from harmony.suite import cpu_limits, left_out, plan, resume_plan, run_suite
+    from harmony.suite import cpu_limits, plan, resume_plan, run_suite
 
     _check_release_options()
     if kernel is not None:
@@ -843,9 +840,7 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         cpu_set = vm_set if kernel is not None else resolve_cpus(cpus)
         try:
             configs = plan(cpu_set, quick=quick, repeat=repeat,
-                           experiments=list(experiments) or None, vm=kernel is not None)
-            for name, why in left_out(list(experiments) or CATALOG, vm=kernel is not None).items():
-                click.echo(f"{name}: left out with --kernel ({why})", err=True)
+                           experiments=list(experiments) or None)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         if out is None:

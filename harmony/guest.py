@@ -92,6 +92,7 @@ class PlannedExperiment:
 
     def __init__(self, run: PlannedRun):
         self.name, self.question, self._run = run.experiment, run.question, run
+        self.scratch: str | None = None     # where a server's tasks keep what they write
 
     def draw(self, params, cpus, seed) -> dict:
         return {}                       # drawn on the host already
@@ -102,13 +103,26 @@ class PlannedExperiment:
     def place(self, specs, run_dir, params, cpus) -> tuple[list, dict]:
         """A server-shaped workload's tasks (``serve`` set) made ready in the guest, its capacity
         measured there (:func:`harmony.serve.place`: what the host measured would not be the
-        guest's), its pipes in a directory of the guest's memory (:func:`memory_dir`: the run
-        directory is the host's, shared over 9p, where opening a FIFO fails with ENXIO); any
-        other workload as it is (Experiment.place)."""
+        guest's), its records and pipes in a scratch directory of the guest's memory
+        (:func:`memory_dir`), moved into the run by :meth:`keep` once its tasks are stopped;
+        any other workload as it is (Experiment.place).
+
+        Not in the run directory: it is the host's, shared over 9p, where opening a FIFO fails
+        with ENXIO and each write is a round trip to the host (a record of 48 bytes took 3.6 ms
+        under TCG, 28 us in the guest's memory, 2026-11-26): at one record per request and
+        stage, the pool's reader fell so far behind the requests it took in that it never came
+        to the answers, and the client read none (bench/README.md)."""
         if any(s.serve for s in specs):
-            return serve.place(specs, run_dir, params, cpus,
-                               pipes_dir=tempfile.mkdtemp(prefix="hmy-serve-", dir=memory_dir()))
+            self.scratch = tempfile.mkdtemp(prefix="hmy-serve-", dir=memory_dir())
+            return serve.place(specs, run_dir, params, cpus, scratch=self.scratch)
         return specs, {}
+
+    def keep(self, run_dir: Path) -> None:
+        """What the tasks wrote in the guest's memory (:meth:`place`), moved into ``run_dir``
+        (:func:`harmony.serve.keep_records`); nothing if they wrote nothing there."""
+        if self.scratch is not None:
+            serve.keep_records(self.scratch, run_dir)
+            self.scratch = None
 
 
 #: where the guest may keep what cannot sit on the host's share, first found in memory (tmpfs)
@@ -117,7 +131,8 @@ MEMORY_DIRS = ("/dev/shm", "/run", "/tmp", "/dev")
 
 def memory_dir() -> str:
     """The first of :data:`MEMORY_DIRS` that is a file system in memory (tmpfs, devtmpfs): the
-    guest's own, gone with the VM, where a FIFO works (on the 9p share it does not)."""
+    guest's own, gone with the VM, where a FIFO works and a write stays in the guest (on the 9p
+    share neither: :meth:`PlannedExperiment.place`)."""
     with open("/proc/mounts") as f:
         kinds = {fields[1]: fields[2] for fields in (line.split() for line in f) if len(fields) > 2}
     for d in MEMORY_DIRS:
@@ -161,12 +176,16 @@ def run_job(runs: list[PlannedRun], facts: dict, stream=None) -> int:
                 sessions.enter_context(session())
         for i, run in enumerate(runs):
             emit("start", stream, run=i, dir=run.dir)
+            planned = PlannedExperiment(run)
             try:
-                capture(PlannedExperiment(run), run.params, run.cpus, Path(run.dir), run.probe, run.seed,
-                        facts, quiet=True, lock_held=True, tables=JsonRows(),
-                        scx=ScxSpec.from_dict(run.scx) if run.scx else None,
-                        pause=lambda i=i: emit("measuring", stream, run=i),
-                        resume=lambda i=i: emit("measured", stream, run=i))
+                try:
+                    capture(planned, run.params, run.cpus, Path(run.dir), run.probe, run.seed,
+                            facts, quiet=True, lock_held=True, tables=JsonRows(),
+                            scx=ScxSpec.from_dict(run.scx) if run.scx else None,
+                            pause=lambda i=i: emit("measuring", stream, run=i),
+                            resume=lambda i=i: emit("measured", stream, run=i))
+                finally:                  # the tasks are stopped: what they wrote joins the run
+                    planned.keep(Path(run.dir))
             except Exception as exc:      # one run's failure is reported; the next runs go on
                 failed += 1
                 emit("error", stream, run=i, message=reason(exc))

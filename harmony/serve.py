@@ -47,6 +47,7 @@ CLOCK_MONOTONIC, the trace's clock:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fcntl
 import json
@@ -54,6 +55,7 @@ import os
 import random
 import secrets
 import select
+import shutil
 import socket
 import struct
 import subprocess
@@ -317,17 +319,60 @@ def _stage(cfg: dict, burn):
     return body
 
 
+#: the most one way of :func:`measure_overhead` may take (a TCG guest's takes a few seconds)
+CALIBRATION_TIMEOUT_S = 120
+
+
 def measure_overhead(cpus: list[int], rounds: int = 2000) -> int:
     """CPU time (ns) one task spends on a request besides its work, measured now by
-    :func:`calibrate` in a small process of its own (``python -m harmony.serve``), in the fair
-    class whatever the caller's, across the first two of ``cpus`` (on the one CPU if only one
-    is given: a hop is then a switch). ControllerError if it failed."""
-    pair = [cpus[0], cpus[1] if len(cpus) > 1 else cpus[0]]
-    p = subprocess.run([sys.executable, "-m", "harmony.serve", str(rounds), *map(str, pair)],
-                       capture_output=True, text=True, timeout=120)
-    if p.returncode != 0:
-        raise ControllerError(f"the server's calibration failed: {p.stderr.strip()[-200:]}")
-    return int(p.stdout)
+    :func:`calibrate` (2000 round trips), in the fair class whatever the caller's, with every
+    CPU of ``cpus`` busy at once as in a run, in the two ways a request's hop goes: across two
+    CPUs (the first and second, the third and fourth...: a wake-up of another CPU) and within
+    one (a pair on each CPU: a switch between two processes); the dearer of the two means.
+
+    On a host's own CPUs a hop across is the dearer (21-25 us here against 2.7-2.9 us for a
+    switch), and the pairs barely touch one another. In a TCG guest (one host thread runs the
+    vCPUs in turn) a switch is: it flushes the emulated TLB, which the process then fills again
+    page by page; a hop cost 54 us across two vCPUs of four idle, 125 us within one, ~620 us
+    within each of the four at once, which is what the pool's stages spent on a request besides
+    its work there (~650 us; 2026-11-26, bench/README.md). ControllerError if it failed."""
+    across = [cpus[k:k + 2] for k in range(0, len(cpus) - 1, 2)]
+    within = [[c, c] for c in cpus]
+    return max(int(sum(ns) / len(ns)) for ns in (_calibrate_at_once(across, rounds),
+                                                 _calibrate_at_once(within, rounds)) if ns)
+
+
+def _calibrate_at_once(pairs: list[list[int]], rounds: int) -> list[int]:
+    """:func:`calibrate` on each pair of CPUs of ``pairs`` in a small process of its own
+    (``python -m harmony.serve``), their timed rounds started together (each says it is warm and
+    waits for a line on its input); ns per hop, by pair. A pair that takes more than
+    ``CALIBRATION_TIMEOUT_S`` is killed: ControllerError."""
+    procs = [subprocess.Popen([sys.executable, "-m", "harmony.serve", str(rounds), *map(str, pair)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for pair in pairs]
+    deadline = time.monotonic() + CALIBRATION_TIMEOUT_S
+    try:
+        warm = [bool(select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0])
+                and p.stdout.readline().strip() == "warm" for p in procs]
+        for p in procs:
+            with contextlib.suppress(BrokenPipeError):
+                p.stdin.write("go\n")
+                p.stdin.flush()
+        try:
+            outs = [p.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                    for p in procs]                             # closes their input
+        except subprocess.TimeoutExpired:
+            raise ControllerError(f"the server's calibration took over {CALIBRATION_TIMEOUT_S} s "
+                                  f"(on CPUs {pairs})") from None
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for ok, p, (out, err) in zip(warm, procs, outs):
+        if not ok or p.returncode != 0:
+            raise ControllerError(f"the server's calibration failed: {err.strip()[-200:]}")
+    return [int(out) for out, _ in outs]
 
 
 def loops(p: dict, ncpus: int) -> int:
@@ -366,11 +411,12 @@ def _check_free(addr: bytes) -> None:
 
 
 def place(specs: list, run_dir, params: dict, cpus: list[int],
-          pipes_dir: str | None = None) -> tuple[list, dict]:
+          scratch: str | None = None) -> tuple[list, dict]:
     """The server's tasks about to be captured into ``run_dir`` on ``cpus``, made ready where the
     capture runs (the host, or the guest agent in a VM: standard library only): each told where
-    its records go (``raw/requests/``), the run's socket addresses (a fresh token) and the pool's
-    pipes, made in ``pipes_dir`` (default: beside the records); and what the run settles as it
+    its records go and the pool's pipes, both in ``run_dir``'s ``raw/requests/`` or, given
+    ``scratch``, in that directory (then moved into the run by :func:`keep_records` once the
+    tasks are stopped), and the run's socket addresses (a fresh token); and what the run settles as it
     starts, returned to be recorded among its parameters: ``overhead_ns`` measured now
     (:func:`measure_overhead`) unless given, and the client's ``rate``, ``load`` x
     :func:`capacity`, unless given. ``specs``: TaskSpecs. ControllerError, before any task
@@ -381,7 +427,7 @@ def place(specs: list, run_dir, params: dict, cpus: list[int],
         settled["overhead_ns"] = measure_overhead(cpus)
     if not params["rate"]:
         settled["rate"] = round(params["load"] * capacity({**params, **settled}, len(cpus)), 1)
-    records = os.path.join(run_dir, "raw", RECORDS_DIR)
+    records = scratch or os.path.join(run_dir, "raw", RECORDS_DIR)
     os.makedirs(records, exist_ok=True)
     token = f"{os.getpid():x}-{secrets.token_hex(4)}"
     parts = [json.loads(s.serve) for s in specs]
@@ -390,10 +436,9 @@ def place(specs: list, run_dir, params: dict, cpus: list[int],
         if what is not None:
             _check_free(address(token, what))
     stages = max([part.get("stages", 0) for part in parts])
-    pipes_dir = pipes_dir or records
-    pipes = [os.path.join(pipes_dir, f"stage{k}.fifo") for k in range(1, stages + 1)]
+    pipes = [os.path.join(records, f"stage{k}.fifo") for k in range(1, stages + 1)]
     if stages:
-        pipes.append(os.path.join(pipes_dir, "answers.fifo"))
+        pipes.append(os.path.join(records, "answers.fifo"))
     for path in pipes:
         if not os.path.exists(path):
             os.mkfifo(path, 0o600)
@@ -404,7 +449,23 @@ def place(specs: list, run_dir, params: dict, cpus: list[int],
             for s, part in zip(specs, parts)], settled
 
 
-def calibrate(rounds: int = 2000, warm: int = 200, cpus: tuple[int, int] | None = None) -> int:
+def keep_records(scratch: str, run_dir) -> None:
+    """The records the tasks wrote in ``scratch`` (:func:`place`), copied into ``run_dir``'s
+    ``raw/requests/`` once they are stopped (each file written whole, then renamed), and
+    ``scratch`` removed, pipes and all."""
+    records = os.path.join(run_dir, "raw", RECORDS_DIR)
+    os.makedirs(records, exist_ok=True)
+    for name in sorted(os.listdir(scratch)):
+        path = os.path.join(scratch, name)
+        if os.path.isfile(path):
+            tmp = os.path.join(records, name + ".tmp")
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, os.path.join(records, name))
+    shutil.rmtree(scratch)
+
+
+def calibrate(rounds: int = 2000, warm: int = 200, cpus: tuple[int, int] | None = None,
+              ready=None) -> int:
     """CPU time (ns) one task spends on a request besides its work, measured now: 64-byte
     messages sent by this thread to a forked echo process over an AF_UNIX stream socket pair and
     back, one at a time, each received whole, stamped and recorded (a write to /dev/null) by the
@@ -414,7 +475,8 @@ def calibrate(rounds: int = 2000, warm: int = 200, cpus: tuple[int, int] | None 
     echo's (this process is pinned: run it in one of its own, ``python -m harmony.serve``, whose
     fork shares little). Two CPUs, because a server's hops cross CPUs: on one CPU a hop is a
     switch (2.7-2.9 us on this host), across two a wake-up of another CPU (21-25 us), and an
-    unpinned pair measures either, as the scheduler places it (bench/README.md)."""
+    unpinned pair measures either, as the scheduler places it (bench/README.md). ``ready()``, if
+    given, is called between the warm rounds and the timed ones (:func:`measure_overhead`)."""
     a, b = socket.socketpair()
     msg = MSG.pack(0, 0, 0, 0, 0, 0, 0, 0)
     if cpus is not None:
@@ -442,6 +504,8 @@ def calibrate(rounds: int = 2000, warm: int = 200, cpus: tuple[int, int] | None 
     try:
         for k in range(warm + rounds):
             if k == warm:
+                if ready is not None:
+                    ready()
                 start = time.thread_time_ns()
             a.send(msg)
             a.recv(MSG.size, socket.MSG_WAITALL)
@@ -454,8 +518,15 @@ def calibrate(rounds: int = 2000, warm: int = 200, cpus: tuple[int, int] | None 
     return int((mine + echo) / rounds / 2)
 
 
+def _warm_then_wait() -> None:
+    print("warm", flush=True)
+    sys.stdin.readline()
+
+
 if __name__ == "__main__":      # the calibration, in a process of its own: prints overhead_ns
-    # python -m harmony.serve [ROUNDS [CPU CPU]]; in the fair class, as the servers run by default
+    # python -m harmony.serve [ROUNDS [CPU CPU]]; in the fair class, as the servers run by default.
+    # Once warm it prints "warm" and waits for a line on its input (measure_overhead's start).
     os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     print(calibrate(int(sys.argv[1]) if len(sys.argv) > 1 else 2000,
-                    cpus=(int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else None))
+                    cpus=(int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else None,
+                    ready=_warm_then_wait))

@@ -81,31 +81,15 @@ def _has(exp, name: str) -> bool:
     return any(p.name == name for p in exp.all_params())
 
 
-def left_out(names, simulated: bool = False, vm: bool = False) -> dict[str, str]:
-    """Experiment -> why a simulated suite (``simulated``) or one in a virtual machine (``vm``)
-    leaves it out (Experiment.not_simulated, not_in_vm)."""
-    from harmony.experiments import get_experiment
-
-    out = {}
-    for name in names:
-        exp = get_experiment(name)
-        why = (exp.not_simulated if simulated else None) or (exp.not_in_vm if vm else None)
-        if why:
-            out[name] = why
-    return out
-
-
 def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
-         experiments: list[str] | None = None, simulated: bool = False,
-         vm: bool = False) -> list[Config]:
+         experiments: list[str] | None = None, simulated: bool = False) -> list[Config]:
     """The suite's configurations for this CPU set; ``simulated`` (the reference policies'
-    simulator) and ``vm`` (a kernel under test in a virtual machine) leave out the experiments
-    they cannot run (:func:`left_out`). Raises ValueError for an unknown experiment."""
+    simulator) leaves out the experiments it cannot run (Experiment.not_simulated). Raises
+    ValueError for an unknown experiment."""
     from harmony.experiments import CATALOG, get_experiment
 
     names = list(CATALOG) if experiments is None else experiments
-    gone = left_out(names, simulated, vm)
-    names = [n for n in names if n not in gone]
+    names = [n for n in names if not (simulated and get_experiment(n).not_simulated)]
     mode = "quick" if quick else "full"
     out = []
     for name in names:

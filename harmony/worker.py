@@ -44,6 +44,10 @@ from harmony.osutil import (FUTEX_WAIT, FUTEX_WAKE, PR_SET_NAME, PR_SET_TIMERSLA
                             WAKE_ALL, die_with_parent, futex, prctl, sched_setattr)
 
 SPIN_UNIT = 2000  # loop iterations between two work-counter updates (~tens of microseconds)
+#: the same for a server's request work (:mod:`harmony.serve`), which a whole unit past its end
+#: would lengthen: 0.5 us of CPU on this host, 7 us in a TCG guest where SPIN_UNIT takes 0.3 ms
+#: alone and more with every vCPU busy (bench/README.md)
+SERVE_SPIN_UNIT = 50
 
 
 # the occupiers' order word (Shared.order), set by the controller
@@ -115,13 +119,14 @@ def wait_at_gate(shared: Shared, gate: int) -> None:
                 raise OSError(err, os.strerror(err))
 
 
-def spin_for(cpu_ns: int, cells, slot: int) -> int:
-    """Burn ``cpu_ns`` of this thread's CPU time; return the CPU time actually used."""
+def spin_for(cpu_ns: int, cells, slot: int, unit: int = SPIN_UNIT) -> int:
+    """Burn ``cpu_ns`` of this thread's CPU time, looking at the clock every ``unit`` loop
+    iterations (it ends up to one unit late); return the CPU time actually used."""
     start = time.thread_time_ns()
     end = start + cpu_ns
     i = 1 + slot
     while True:
-        for _ in range(SPIN_UNIT):
+        for _ in range(unit):
             pass
         cells[i] += 1
         now = time.thread_time_ns()
@@ -244,7 +249,7 @@ def run(slot: int, spec: dict, cpus: list[int], shared: Shared, gate: int, paren
     cells = shared.cells
     # a server-shaped task (TaskSpec.serve) binds and opens what it serves before its gate, so
     # that every peer can reach it once released, and runs its part instead of the loop below
-    body = (serve.prepare(spec.serve, lambda ns: spin_for(ns, cells, slot), seed)
+    body = (serve.prepare(spec.serve, lambda ns: spin_for(ns, cells, slot, SERVE_SPIN_UNIT), seed)
             if getattr(spec, "serve", "") else None)
     shared.words[ready] = 1
     wait_at_gate(shared, gate)  # held here until t0 (cold), or until the warm-up starts (warm)

@@ -296,6 +296,33 @@ def test_the_overhead_calibration_leaves_no_process():
     assert children() == before                        # the echo was reaped
 
 
+def test_the_calibration_runs_every_cpu_at_once_both_ways_and_takes_the_dearer(monkeypatch):
+    """Pairs across two CPUs (the first and second, the third and fourth...) and one within each
+    CPU, each way's pairs at once; the dearer way's mean (a switch is the dearer in a TCG guest,
+    a wake-up of another CPU on a host's own CPUs)."""
+    calls = []
+
+    def at_once(pairs, rounds):
+        calls.append(pairs)
+        return [5000 if a == b else 3000 + 1000 * a for a, b in pairs]
+
+    monkeypatch.setattr(serve, "_calibrate_at_once", at_once)
+    assert serve.measure_overhead([0, 1, 2, 3, 4]) == 5000
+    assert calls == [[[0, 1], [2, 3]], [[0, 0], [1, 1], [2, 2], [3, 3], [4, 4]]]
+    calls.clear()
+    monkeypatch.setattr(serve, "_calibrate_at_once", lambda pairs, rounds: [
+        9000 if a != b else 1000 for a, b in pairs])
+    assert serve.measure_overhead([0, 1]) == 9000
+    assert serve.measure_overhead([3]) == 1000          # one CPU: within it only
+
+
+def test_a_calibration_that_fails_is_one_error_and_leaves_no_process():
+    before = set(Path("/proc/self/task/%d/children" % os.getpid()).read_text().split())
+    with pytest.raises(ControllerError, match="^the server's calibration failed: "):
+        serve.measure_overhead([0, os.cpu_count() + 7], 50)      # a CPU that does not exist
+    assert set(Path("/proc/self/task/%d/children" % os.getpid()).read_text().split()) <= before
+
+
 def _evidence(shape, load, **summary):
     base = {"latency_p50_ms": 0.5, "latency_p99_ms": 4.0, "latency_p999_ms": 8.0,
             "p99_met_migration": 0.1, "p99_waited": 0.9, "server_migrations_per_task_s": 50.0,
@@ -341,14 +368,25 @@ def test_a_run_planned_for_a_vm_is_placed_and_measured_in_the_guest(tmp_path):
         0.5 * serve.capacity({**planned.params, **settled}, 2), abs=0.1)
     assert json.loads(specs[-1].serve)["rate"] == settled["rate"]          # the client's
     assert not any("rate" in json.loads(s.serve) for s in specs[:-1])     # the client's only
-    # the pipes in a directory of the guest's own: the run directory is shared over 9p
-    pipes = [Path(x) for x in json.loads(specs[0].serve)["pipes"]]
+    # the pipes and records in a directory of the guest's own: the run directory is shared over
+    # 9p; the records join the run once the tasks are stopped, and the directory goes
+    parts = [json.loads(s.serve) for s in specs]
+    pipes = [Path(x) for x in parts[0]["pipes"]]
+    scratch = pipes[0].parent
     try:
         assert sorted(x.name for x in pipes) == ["answers.fifo", "stage1.fifo", "stage2.fifo"]
-        assert all(x.is_fifo() for x in pipes) and pipes[0].parent != tmp_path / "run"
-        assert pipes[0].parent.name.startswith("hmy-serve-")
+        assert all(x.is_fifo() for x in pipes) and scratch.name.startswith("hmy-serve-")
+        assert {Path(p["records"]) for p in parts} == {scratch} and Path(agent.scratch) == scratch
+        (scratch / "client.sent").write_bytes(serve.REC.pack(0, 1, 2, 3, 0, 5))
+        (scratch / "reader.stage").write_bytes(b"")
+        agent.keep(tmp_path / "run")
+        got = tmp_path / "run" / "raw" / serve.RECORDS_DIR
+        assert sorted(x.name for x in got.iterdir()) == ["client.sent", "reader.stage"]
+        assert (got / "client.sent").read_bytes() == serve.REC.pack(0, 1, 2, 3, 0, 5)
+        assert not scratch.exists() and agent.scratch is None
+        agent.keep(tmp_path / "run")            # once only: nothing more to move
     finally:
-        shutil.rmtree(pipes[0].parent)
+        shutil.rmtree(scratch, ignore_errors=True)
     # a workload without servers is the agent's as planned
     other = get_experiment("single-source")
     q = other.resolve({}, [0, 1])

@@ -345,10 +345,3 @@ def test_a_suite_names_the_sched_ext_scheduler_its_runs_had(tmp_path):
     (rep / "manifest.json").write_text("{not json")
     assert scheduler_of_runs(tmp_path) is None
 
-
-def test_a_suite_in_a_vm_leaves_out_what_cannot_run_there():
-    from harmony.suite import left_out, plan
-    configs = plan([0, 1, 2, 3], quick=True, vm=True)
-    assert configs and "server" not in {c.experiment for c in configs}
-    assert "server" in {c.experiment for c in plan([0, 1, 2, 3], quick=True)}
-    assert set(left_out(["server", "single-source"], vm=True)) == {"server"}
