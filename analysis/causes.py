@@ -46,7 +46,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis import taskstate as ts_
-from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.arrays import event_mask, in_set, sorted_unique
 from harmony.analysis.thresholds import NEWIDLE_SWITCH_WITHIN_NS
 from harmony.probes.schema import SCHED_SOFTIRQ_VEC
 from harmony.tasks import FAIR_POLICIES    # balanced by load_balance (rt, dl: pushed and pulled)
@@ -226,7 +226,7 @@ def df_all_moves(events: pd.DataFrame) -> pd.DataFrame:
     deadline priority as it moved), in time order."""
     mg = event_mask(events, "sched_migrate_task")
     pid_col = events["pid"].to_numpy()
-    pids = np.unique(pid_col[mg])
+    pids = sorted_unique(pid_col[mg])
     pids = pids[pids > 0]
     r = ts_.task_records(events, pids)
     rec = r["record"].to_numpy()

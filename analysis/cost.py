@@ -23,7 +23,7 @@ import pandas as pd
 
 from harmony.analysis import tables
 from harmony.analysis import thresholds as T
-from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.arrays import event_mask, in_set, sorted_unique
 from harmony.analysis.causes import CAUSES, cause_counts
 from harmony.analysis.metrics import jain_index
 from harmony.analysis.reconstruct import NS, class_fair_shares
@@ -108,7 +108,7 @@ def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: i
     cpus = [int(c) for c in cpus]
     idle = {c: _idle_steps(events, c) for c in cpus}
     wait = _waiting_steps(events, tasks, cpus)
-    times = np.unique(np.concatenate(
+    times = sorted_unique(np.concatenate(
         [np.array([t0, t_end], np.int64)] + [s[0][1:] for s in idle.values()]
         + [s[0] for s in wait.values()]))
     times = times[(times >= t0) & (times <= t_end)]

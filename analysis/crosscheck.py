@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.causes import unrecorded_moves
-from harmony.analysis.arrays import event_mask, in_set, index_of
+from harmony.analysis.arrays import event_mask, in_set, index_of, sorted_unique
 from harmony.analysis.reconstruct import runqueue_steps, steps_at, steps_by_cpu
 
 
@@ -107,7 +107,7 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
                 "cpu_agreement": float(ok.mean())}
     # clean samples: every CPU of the set read, none of them with another task runnable
     width = int(cpu.max()) + 1
-    pairs = np.unique(sample_of * width + cpu) // width
+    pairs = sorted_unique(sample_of * width + cpu) // width
     complete = np.bincount(pairs, minlength=len(stamps)) == len(cpus)
     clean = complete & _all_per(sample_of, steady, len(stamps))
     comms = samples["other_comms"].to_numpy()[keep][others > 0]

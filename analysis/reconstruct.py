@@ -375,7 +375,7 @@ def _lost_switch_in_starts(events: pd.DataFrame, pid: np.ndarray, lo: np.ndarray
             return start
     wake = np.flatnonzero(event_mask(events, "sched_wakeup", "sched_wakeup_new"))
     wpid, wts = events["pid"].to_numpy()[wake], events["ts"].to_numpy()[wake].astype(np.int64)
-    who = np.unique(pid)
+    who = sorted_unique(pid)
     wanted = in_set(wpid, who)
     wpid, wts = wpid[wanted], wts[wanted]
     # each task's wake-ups one after another, in time order (rows are): a stable sort by the
