@@ -56,6 +56,9 @@ def test_simulated_batch_and_suite_report(tmp_path, no_figures):
     r = cli.invoke(main, ["simulate", "--policy", "pairwise-random", "--cpus", "4", "--suite",
                           "--quick", "--repeat", "1", "--out", str(suite)])
     assert r.exit_code == 0, r.output
+    # what a simulation cannot run is said, not dropped: the server serves over sockets
+    assert "server: left out of a simulated suite (its tasks serve requests" in r.output
+    assert not (suite / "server").exists()
     md = (suite / "report.md").read_text()
     html = (suite / "report.html").read_text()
     # `harmony report SUITE` writes the same report again and prints the card
