@@ -28,7 +28,7 @@ both sides' CPU time; across on a host, within in a TCG guest), and the capacity
 fewest requests per second any bottleneck allows (:func:`harmony.serve.capacity`): the CPUs (P s
 of CPU per s over the work plus one overhead per task a request passes through), each single task
 (the client; the reader; a loop), and each pool of tasks that sleep ``block_us``. On this host it
-is within -2.5..+10 % of the throughput each shape reaches overloaded (bench/server_capacity.py).
+is within -16..+3 % of the throughput each shape reaches overloaded (bench/server_capacity.py).
 The rate is load x capacity (``rate`` given: that rate); both are recorded among the parameters. A load of 1 or more is refused: an
 open loop at the capacity queues without bound. The client stops sending, and the run says
 so, when more than ``max_outstanding`` requests are unanswered.
