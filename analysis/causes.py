@@ -17,9 +17,10 @@ fork        the task was asleep (new) and its next record is its sched_wakeup_ne
 numa        a sched_move_numa / sched_swap_numa of the task since its previous record
 active      moved while runnable by the ``migration/N`` stopper of its CPU, which was woken from
             inside the scheduler's softirq (``load_balance`` kicking an active balance)
-affinity    moved while runnable by the stopper woken outside any softirq, or by another task's
-            context on a CPU that is not the destination: ``set_cpus_allowed`` (sched_setaffinity,
-            a cpuset's change) moving it away, or the stopper's other callers (exec placement)
+affinity    moved while runnable by the stopper woken outside any softirq from a CPU that is not the
+            destination, or by another task's context on a CPU that is not the destination:
+            ``set_cpus_allowed`` (sched_setaffinity, a cpuset's change) moving it away, or the
+            stopper's other callers (exec placement)
 periodic    moved while runnable inside a SCHED softirq: pulled by the destination CPU in its
             periodic balance, or by the idle-load-balance CPU on behalf of an idle destination
             (the nohz idle balance, ``_nohz_idle_balance`` -> ``sched_balance_domains``)
@@ -28,7 +29,9 @@ newidle     pulled while runnable by the destination CPU outside a softirq, whos
             the pulling context asleep or idle: the new-idle balance of ``__schedule``
 unknown     anything the evidence does not decide: no record after an asleep move, the softirq not
             recorded (periodic and new-idle pulls look alike from an idle CPU), a real-time or
-            deadline task's runnable move (push/pull), a stopper whose wake-up was not seen
+            deadline task's runnable move (push/pull), a stopper whose wake-up was not seen, or
+            one woken outside a softirq from the destination (a new-idle balance's active push
+            and an affinity change made there look alike)
 ==========  =========================================================================================
 
 A cause is never guessed: without the softirq events (an import, an older run, a kernel without
@@ -183,7 +186,14 @@ def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarra
         in_sirq[seen] = in_sched_softirq(events, woke[seen])
         cause[st[seen & in_sirq]] = ACTIVE
         if softirq:
-            cause[st[seen & ~in_sirq]] = AFFINITY
+            # woken outside a softirq: an affinity change, unless it was woken from the move's
+            # destination, where a new-idle balance (in __schedule, no softirq) kicks an active
+            # push to itself too (the stopper's push_cpu is the balancing CPU): that, or an
+            # affinity change made there, the trace cannot tell apart -- unknown
+            wkg = np.flatnonzero(event_mask(events, "sched_waking"))
+            by = _last_before(wkg, events["pid"].to_numpy()[wkg].astype(np.int64), cpid[st], row[st])
+            elsewhere = (by >= 0) & (cpu[np.maximum(by, 0)] != dst[st])
+            cause[st[seen & ~in_sirq & elsewhere]] = AFFINITY
 
     if not softirq:
         return cause

@@ -114,13 +114,13 @@ def test_without_the_softirq_a_pull_is_unknown():
     assert cause_of(s) == [("unknown", False)]
 
 
-def stopper_move(woken_in_softirq: bool) -> Stream:
+def stopper_move(woken_in_softirq: bool, waker_cpu: int = 2) -> Stream:
     s = queued_on_0(Stream(NAMES), 100)
     if woken_in_softirq:        # CPU 1's load_balance kicks an active balance from its softirq
         s.softirq(200, 1, True, common_pid=C).waking(201, 1, STOPPER0, 0, common_pid=C)
         s.softirq(202, 1, False, common_pid=C)
     else:                       # a task changes B's affinity while B runs: the stopper moves it
-        s.waking(201, 1, STOPPER0, 0, common_pid=CONTROLLER)
+        s.waking(201, waker_cpu, STOPPER0, 0, common_pid=CONTROLLER)
     s.switch(210, 0, A, 0, STOPPER0).migrate(211, 0, B, 0, 1, common_pid=STOPPER0)
     return s
 
@@ -131,6 +131,14 @@ def test_active_balance_by_the_stopper_kicked_from_the_softirq():
 
 def test_the_stopper_woken_by_a_task_is_an_affinity_change():
     assert cause_of(stopper_move(False)) == [("affinity", False)]
+
+
+def test_the_stopper_woken_outside_a_softirq_from_the_destination_is_unknown():
+    """A new-idle balance (in __schedule, no softirq) that finds nothing to pull kicks an active
+    push to its own CPU: its stopper is woken from the destination outside any softirq, as an
+    affinity change made from that CPU would be (the kernel counted such a push, alb_pushed, in
+    a 6.12 guest where the trace had said affinity)."""
+    assert cause_of(stopper_move(False, waker_cpu=1)) == [("unknown", False)]
 
 
 def test_a_queued_task_moved_away_by_another_task_is_an_affinity_change():
