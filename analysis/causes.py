@@ -45,6 +45,8 @@ the CPU), else ``unknown``.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pandas as pd
 
@@ -277,7 +279,33 @@ PLACED = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new")
 _SWITCH, _WAKING, _WAKEUP, _WAKEUP_NEW, _MIGRATE = range(5)
 
 
+#: the last moves found, keyed by the events object (held weakly) and the pids: the migrations
+#: table and the capture's blind-spot check both ask for the same tasks' (2 s at 10 M events)
+_last_moves: tuple | None = None
+
+
+def _forget_moves(ref) -> None:
+    global _last_moves
+    if _last_moves is not None and _last_moves[0] is ref:
+        _last_moves = None
+
+
 def unrecorded_moves(events: pd.DataFrame, pids=None) -> dict[str, np.ndarray]:
+    """:func:`find_unrecorded_moves`, its last result kept for the same events object and pids
+    (the arrays read-only: callers share them)."""
+    global _last_moves
+    key = b"all" if pids is None else sorted_unique(np.asarray(list(pids), np.int64)).tobytes()
+    if (_last_moves is not None and _last_moves[0]() is events and _last_moves[1] == key
+            and _last_moves[2] == len(events)):
+        return _last_moves[3]
+    moves = find_unrecorded_moves(events, pids)
+    for a in moves.values():
+        a.flags.writeable = False
+    _last_moves = (weakref.ref(events, _forget_moves), key, len(events), moves)
+    return moves
+
+
+def find_unrecorded_moves(events: pd.DataFrame, pids=None) -> dict[str, np.ndarray]:
     """Moves a task's own events prove but no sched_migrate_task records.
 
     Each task's events place it on a CPU: a sched_switch to or from it (the CPU that recorded it),
