@@ -756,7 +756,7 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
     from harmony.analysis.refpolicy import get_policy, refuse_classes
     from harmony.batch import SimRunner, batch_text, finish_batch, run_batch
     from harmony.experiments import CATALOG, get_experiment
-    from harmony.suite import plan, run_suite
+    from harmony.suite import not_simulated, plan, run_suite
 
     try:
         get_policy(policy_name)
@@ -770,10 +770,8 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
     cpus = list(range(ncpus))
     if whole:
         configs = plan(cpus, quick=quick, repeat=repeat, simulated=True)
-        for name in CATALOG:
-            if get_experiment(name).not_simulated:
-                click.echo(f"{name}: left out of a simulated suite "
-                           f"({get_experiment(name).not_simulated})", err=True)
+        for name, why in not_simulated(CATALOG).items():
+            click.echo(f"{name}: left out of a simulated suite ({why})", err=True)
         record = run_suite(configs, cpus, out, SimRunner(policy_name), seed=seed,
                            facts={"kernel": "simulated", "scheduler": f"reference policy {policy_name}",
                                   "ncpus": ncpus})

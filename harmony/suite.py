@@ -81,15 +81,25 @@ def _has(exp, name: str) -> bool:
     return any(p.name == name for p in exp.all_params())
 
 
+def not_simulated(names) -> dict[str, str]:
+    """Experiment -> why the reference policies' simulator cannot run it
+    (Experiment.not_simulated), for those of ``names`` it cannot."""
+    from harmony.experiments import get_experiment
+
+    return {n: get_experiment(n).not_simulated for n in names if get_experiment(n).not_simulated}
+
+
 def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
          experiments: list[str] | None = None, simulated: bool = False) -> list[Config]:
     """The suite's configurations for this CPU set; ``simulated`` (the reference policies'
-    simulator) leaves out the experiments it cannot run (Experiment.not_simulated). Raises
+    simulator) leaves out the experiments it cannot run (:func:`not_simulated`). Raises
     ValueError for an unknown experiment."""
     from harmony.experiments import CATALOG, get_experiment
 
     names = list(CATALOG) if experiments is None else experiments
-    names = [n for n in names if not (simulated and get_experiment(n).not_simulated)]
+    if simulated:
+        gone = not_simulated(names)
+        names = [n for n in names if n not in gone]
     mode = "quick" if quick else "full"
     out = []
     for name in names:
