@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import statistics
+import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -49,6 +52,31 @@ def _fmt(v) -> str:
     if isinstance(v, int):
         return f"{v:,}"
     return "n/a" if v is None else str(v)
+
+
+#: the libraries an import loads before any of Harmony's code runs (numpy, pandas, pyarrow's
+#: Parquet, seaborn and matplotlib's pyplot: the ones the project is built on); no import can be
+#: faster than loading them
+LIBRARY_IMPORTS = ("import numpy, pandas, pyarrow.parquet, seaborn, matplotlib; "
+                   "matplotlib.use('Agg'); import matplotlib.pyplot")
+
+
+def console_script(name: str) -> str | None:
+    """This interpreter's installed console script ``name`` (e.g. "harmony"), not what PATH
+    finds first: a version manager's shim there (pyenv's) runs a shell script before Python,
+    ~65 ms a command on this host, which is the shim's time, not Harmony's. None: not installed."""
+    own = Path(sysconfig.get_path("scripts")) / name
+    return str(own) if own.exists() else shutil.which(name)
+
+
+def library_floor(reps: int) -> float:
+    """Median wall seconds of a new process that only imports :data:`LIBRARY_IMPORTS`."""
+    walls = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", LIBRARY_IMPORTS], check=True)
+        walls.append(time.perf_counter() - t)
+    return median(walls)
 
 
 def verdict(name: str, ok: bool | None, detail: str) -> str:

@@ -31,7 +31,7 @@ from harmony.controller import warm_s  # noqa: E402
 
 
 def harmony_cmd() -> list[str]:
-    exe = shutil.which("harmony")
+    exe = common.console_script("harmony")
     return [exe] if exe else [sys.executable, "-m", "harmony.cli"]
 
 
