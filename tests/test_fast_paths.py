@@ -143,8 +143,8 @@ def test_a_table_written_in_row_groups_reads_back_the_same(tmp_path, monkeypatch
 
 
 def test_events_written_beside_the_checks_are_the_runs(tmp_path, monkeypatch):
-    """A large events table is written on another thread while the checks run; the run is
-    complete only once it is, and holds what was decoded."""
+    """Large tables (events, runs, run queue) are written on other threads while the checks run;
+    the run is complete only once they are, and holds what was decoded and rebuilt."""
     from harmony import pipeline
     from harmony.importer import import_trace
     from harmony.probes.tracedat_read import decode_tracedat
@@ -159,6 +159,10 @@ def test_events_written_beside_the_checks_are_the_runs(tmp_path, monkeypatch):
     assert "waiting" in run.manifest["timings_s"]["analysis"]
     back = pd.read_parquet(tmp_path / "run" / "events.parquet")
     assert len(back) == len(decode_tracedat(dat)[0].events) > 0
+    for name in ("runs", "runqueue"):       # as the analysis had them in memory
+        served = getattr(run, name)
+        assert len(served) > 0
+        pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "run" / f"{name}.parquet"), served)
 
 
 def _reference_top(codes, names, first, foreign, dur):
