@@ -130,8 +130,13 @@ def step_envelope(t: np.ndarray, nr: np.ndarray, t_end: float,
     low, high = at_start.astype(float), at_start.astype(float)
     k = np.minimum(((t - t[0]) / (t_end - t[0]) * bins).astype(np.int64), bins - 1) \
         if t_end > t[0] else np.zeros(len(t), np.int64)
-    np.minimum.at(low, k, nr)
-    np.maximum.at(high, k, nr)
+    # t is sorted, so each bin's steps are one slice: reduced slice by slice (ufunc.at, element
+    # by element, took 0.4 s for 5 M steps)
+    starts = np.searchsorted(k, np.arange(bins))
+    full = np.flatnonzero(np.diff(np.r_[starts, len(k)]) > 0)
+    if len(full):
+        low[full] = np.minimum(low[full], np.minimum.reduceat(nr, starts[full]))
+        high[full] = np.maximum(high[full], np.maximum.reduceat(nr, starts[full]))
     return edges, low, high
 
 
@@ -150,17 +155,19 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
     colours = sns.color_palette("colorblind", n)
     top = max(int(runqueue["nr"].max()) if len(runqueue) else 1, int(np.ceil(fair)) + 1)
     binned = False
+    rq_cpu, rq_t, rq_nr = (runqueue[c].to_numpy() for c in ("cpu", "t", "nr"))
     for ax, cpu, colour in zip(axes[:, 0], cpus, colours):
-        q = runqueue[runqueue["cpu"] == cpu]
-        if len(q) > MAX_STEPS:
-            edges, low, high = step_envelope(q["t"].to_numpy(), q["nr"].to_numpy(), duration_s)
+        mine = rq_cpu == cpu            # the two columns drawn, not a copy of the whole table
+        q_t, q_nr = rq_t[mine], rq_nr[mine]
+        if len(q_t) > MAX_STEPS:
+            edges, low, high = step_envelope(q_t, q_nr, duration_s)
             low, high = np.append(low, low[-1]), np.append(high, high[-1])
             ax.fill_between(edges, low, step="post", alpha=0.25, color=colour, lw=0)
             ax.fill_between(edges, low, high, step="post", alpha=0.6, color=colour, lw=0)
             binned = True
         else:
-            t = np.concatenate([q["t"].to_numpy(), [duration_s]])
-            nr = np.concatenate([q["nr"].to_numpy(), q["nr"].to_numpy()[-1:] if len(q) else [0]])
+            t = np.concatenate([q_t, [duration_s]])
+            nr = np.concatenate([q_nr, q_nr[-1:] if len(q_t) else [0]])
             ax.step(t, nr, where="post", color=colour, lw=1.0)
             ax.fill_between(t, nr, step="post", alpha=0.25, color=colour)
         ax.axhspan(fair * (1 - tolerance), fair * (1 + tolerance), color="0.5", alpha=0.15, lw=0)

@@ -283,3 +283,29 @@ def test_the_importers_task_look_ups_match_the_code_they_replaced(seed):
         assert importer._last_comms(events, pids) == _reference_last_comms(events, pids)
     odd = events.assign(prio=np.where(np.arange(len(events)) % 7 == 0, 1 << 20, events["prio"]))
     assert importer._nice(odd, [1, 2, 3]) == _reference_nice(odd, [1, 2, 3])
+
+
+def _reference_step_envelope(t, nr, t_end, bins):
+    edges = np.linspace(t[0], t_end, bins + 1)
+    at_start = nr[np.maximum(np.searchsorted(t, edges[:-1], "right") - 1, 0)]
+    low, high = at_start.astype(float), at_start.astype(float)
+    k = np.minimum(((t - t[0]) / (t_end - t[0]) * bins).astype(np.int64), bins - 1) \
+        if t_end > t[0] else np.zeros(len(t), np.int64)
+    np.minimum.at(low, k, nr)
+    np.maximum.at(high, k, nr)
+    return edges, low, high
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_run_queues_envelope_matches_the_code_it_replaced(seed):
+    """Bins with no step, several steps at one instant, an end at the first step, one bin."""
+    from harmony.analysis.plots import step_envelope
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 400))
+    t = np.sort(rng.uniform(0, 10, n) if seed % 3 else rng.integers(0, 5, n).astype(float))
+    nr = rng.integers(0, 6, n)
+    t_end = float(t[-1] + rng.uniform(0, 3)) if seed % 5 else float(t[0])
+    bins = 1 if seed % 7 == 0 else int(rng.integers(2, 60))
+    for ours, ref in zip(step_envelope(t, nr, t_end, bins),
+                         _reference_step_envelope(t, nr, t_end, bins)):
+        assert np.array_equal(ours, ref)
