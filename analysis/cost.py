@@ -23,7 +23,7 @@ import pandas as pd
 
 from harmony.analysis import tables
 from harmony.analysis import thresholds as T
-from harmony.analysis.arrays import event_mask, in_set, sorted_unique
+from harmony.analysis.arrays import event_mask, in_set, index_of
 from harmony.analysis.causes import CAUSES, cause_counts
 from harmony.analysis.metrics import jain_index
 from harmony.analysis.reconstruct import NS, class_fair_shares
@@ -32,9 +32,26 @@ from harmony.analysis.taskstate import task_records
 #: the longest wasted episodes the summary names
 LONGEST = 3
 
+#: the task records of the idle periods are looked up (two binary searches per task and
+#: period) rather than all taken when tasks x periods x this is less than the records
+LOOKUP_COST = 8
 
-def _idle_steps(events: pd.DataFrame, cpu: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ts, idle) steps of ``cpu``: idle from a switch to the idle task until the switch out of it.
+
+class _Rows:
+    """The columns of an events table the idle spells are found from, and the masks all CPUs
+    share."""
+
+    def __init__(self, events: pd.DataFrame):
+        self.cpu, self.ts = events["cpu"].to_numpy(), events["ts"].to_numpy()
+        self.cpid, self.prev_pid = events["common_pid"].to_numpy(), events["prev_pid"].to_numpy()
+        self.sw = event_mask(events, "sched_switch")
+        self.to_idle = self.sw & (events["pid"].to_numpy() == 0)
+        self.sets = self.sw | (self.cpid > 0)       # the rows that set the state after them
+
+
+def _idle_changes(ev: _Rows, cpu: int) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends): the times ``cpu`` becomes idle and stops being idle, each in time order,
+    alternating from a start. Idle from a switch to the idle task until the switch out of it.
 
     A probe blind in the idle task's context (perf on some kernels) misses that switch out: the
     next event the CPU records then shows another task current (a switch away from it, an event
@@ -42,59 +59,87 @@ def _idle_steps(events: pd.DataFrame, cpu: int) -> tuple[np.ndarray, np.ndarray]
     event recorded in the idle context since it began (or at its start: nothing claimed), since
     when the CPU was running is unknown. Before the CPU's first switch its state is unknown,
     counted not idle."""
-    rows = np.flatnonzero(events["cpu"].to_numpy() == cpu)
-    if not len(rows):               # nothing recorded there (no task ever ran on it): unknown
-        return np.array([np.iinfo(np.int64).min]), np.array([False])
-    sw = event_mask(events, "sched_switch")[rows]
-    cpid = events["common_pid"].to_numpy()[rows]
-    ts = events["ts"].to_numpy()[rows]
-    to_idle = sw & (events["pid"].to_numpy()[rows] == 0)
-    busy_before = (sw & (events["prev_pid"].to_numpy()[rows] != 0)) | (~sw & (cpid > 0))
-    sets = sw | (~sw & (cpid > 0))                  # rows that set the state after them
-    n = len(rows)
-    idx = np.arange(n)
-    last_set = np.maximum.accumulate(np.where(sets, idx, -1)) if n else idx
-    prev_set = np.r_[-1, last_set[:-1]]
-    idle_before = (prev_set >= 0) & to_idle[np.maximum(prev_set, 0)]
-    seen_idle = to_idle | (~sw & (cpid == 0))       # evidence the idle task was current
-    last_seen = np.r_[-1, np.maximum.accumulate(np.where(seen_idle, idx, -1))[:-1]] if n else idx
-    cut = np.flatnonzero(idle_before & busy_before)
-    k = np.flatnonzero(sets)
-    order = np.r_[k.astype(np.float64), last_seen[cut] + 0.5]
-    step_ts = np.r_[ts[k], ts[np.maximum(last_seen[cut], 0)]]
-    step_v = np.r_[to_idle[k], np.zeros(len(cut), bool)]
-    o = np.lexsort((order, step_ts))
-    return np.r_[np.iinfo(np.int64).min, step_ts[o]], np.r_[False, step_v[o]]
+    on_cpu = ev.cpu == cpu
+    k = np.flatnonzero(on_cpu & ev.sets)            # the rows setting the CPU's state, in order
+    idle = ev.to_idle[k]
+    after = np.flatnonzero(idle[:-1]) + 1           # the rows right after a switch to idle
+    # of these, those showing the CPU busy (a switch away from a task, an event in a task's
+    # context) cut the idle spell short; the others are switches out of the idle task
+    rows = k[after]
+    cut = ~ev.sw[rows] | (ev.prev_pid[rows] != 0)
+    end_row = rows.copy()
+    if cut.any():
+        # a cut spell ends at the last event of the idle context before the row: one in the
+        # idle task's context (not a switch), or the switch to idle
+        in_idle = np.r_[-1, np.flatnonzero(on_cpu & ~ev.sw & (ev.cpid == 0))]
+        seen = in_idle[np.searchsorted(in_idle, rows[cut]) - 1]
+        end_row[cut] = np.maximum(seen, k[after[cut] - 1])
+    # a spell starts at a switch to idle unless the CPU was idle until it (not a cut)
+    idle_until = np.zeros(len(k), bool)
+    idle_until[after[~cut]] = True
+    return ev.ts[k[idle & ~idle_until]], ev.ts[end_row[cut | ~idle[after]]]
 
 
-def _waiting_steps(events: pd.DataFrame, tasks: pd.DataFrame, cpus) -> dict[int, tuple]:
-    """Per CPU of ``cpus``: (ts, count) steps of the experiment tasks waiting there (runnable, not
-    running) that are free to move (not pinned)."""
+def _idle_periods(starts: list, ends: list) -> tuple[np.ndarray, np.ndarray]:
+    """The periods [from, to) during which at least one CPU is idle, in time order, from each
+    CPU's (starts, ends) of idleness (to: the largest int64 if the last never ends)."""
+    t = np.concatenate([np.zeros(0, np.int64), *starts, *ends])
+    d = np.concatenate([np.zeros(0, np.int64)] + [np.ones(len(x), np.int64) for x in starts]
+                       + [-np.ones(len(x), np.int64) for x in ends])
+    o = np.argsort(t, kind="stable")
+    t, idle = t[o], np.cumsum(d[o])
+    last = np.ones(len(t), bool)                    # the CPUs idle after each instant
+    np.not_equal(t[1:], t[:-1], out=last[:-1])
+    t, some = t[last], idle[last] > 0
+    edges = np.diff(some.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+    to = np.r_[t, np.iinfo(np.int64).max][edges == -1]
+    return t[edges[:-1] == 1], to
+
+
+def _records_near(ts: np.ndarray, pid: np.ndarray, periods) -> np.ndarray | None:
+    """The task records (``ts``, ``pid``: task_records' columns, by task and in time order) that
+    give each task's state in the ``periods``: those inside one and each task's last at or before
+    a period's start, by task and in time order. None (all of them) if looking them up would
+    cost about as much as taking them all."""
+    lo, hi = periods
+    heads = np.r_[0, np.flatnonzero(pid[1:] != pid[:-1]) + 1, len(pid)]
+    if (len(heads) - 1) * len(lo) * LOOKUP_COST > len(ts):
+        return None
+    first, stop = [], []
+    for a, b in zip(heads[:-1], heads[1:]):
+        t = ts[a:b]
+        first.append(a + np.maximum(np.searchsorted(t, lo, "right") - 1, 0))
+        stop.append(a + np.searchsorted(t, hi, "left"))
+    # a record both in a period and the last before the next one's start comes twice: the
+    # second time, it changes nothing
+    first, stop = np.concatenate(first), np.concatenate(stop)
+    n = np.maximum(stop - first, 0)
+    return np.repeat(first - np.cumsum(n) + n, n) + np.arange(n.sum())
+
+
+def _waiting_changes(events: pd.DataFrame, tasks: pd.DataFrame, cpus: list[int],
+                     periods) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ts, k, change): +1 when an experiment task free to move (not pinned) starts waiting
+    (runnable, not running) on ``cpus[k]``, -1 when it stops: the starts task by task, each
+    task's in time order, then the ends likewise. Exact in the ``periods``
+    (:func:`_idle_periods`); outside them the changes of a stretch between two may be summed into
+    its last instant, and those after the last left out."""
     pids = tasks["pid"].to_numpy().astype(np.int32)
     free = pids[~tasks["pinned"].to_numpy().astype(bool)] if "pinned" in tasks.columns else pids
     r = task_records(events, pids)
-    pid = r["pid"].to_numpy()
-    ts = r["ts"].to_numpy()
-    waiting = r["runnable_after"].to_numpy() & ~r["running_after"].to_numpy() & in_set(pid, free)
-    cpu = r["cpu_after"].to_numpy().astype(np.int64)
-    nxt_same = np.r_[pid[1:] == pid[:-1], False]
-    end = np.where(nxt_same, np.r_[ts[1:], 0], np.iinfo(np.int64).max)
-    out = {}
-    for c in cpus:
-        k = np.flatnonzero(waiting & (cpu == c))
-        t = np.r_[ts[k], end[k]]
-        d = np.r_[np.ones(len(k), np.int64), -np.ones(len(k), np.int64)]
-        o = np.lexsort((d, t))          # at one instant the ends (-1) first
-        out[c] = (t[o], np.cumsum(d[o]))
-    return out
+    at = _records_near(r["ts"].to_numpy(), r["pid"].to_numpy(), periods)
 
+    def column(name: str) -> np.ndarray:
+        return r[name].to_numpy() if at is None else r[name].to_numpy()[at]
 
-def _at(steps: tuple, times: np.ndarray, before=0) -> np.ndarray:
-    ts, v = steps
-    if not len(ts):
-        return np.full(len(times), before)
-    i = np.searchsorted(ts, times, side="right") - 1
-    return np.where(i >= 0, v[np.maximum(i, 0)], before)
+    pid, ts, cpu = column("pid"), column("ts"), column("cpu_after")
+    waiting = (column("runnable_after") & ~column("running_after") & in_set(pid, free)
+               & in_set(cpu, cpus))
+    k = index_of(cpu, cpus)
+    # a task's next record (of those kept) ends the wait of the one before
+    ended = np.flatnonzero(waiting[:-1] & (pid[1:] == pid[:-1]))
+    return (np.concatenate([ts[waiting], ts[ended + 1]]), np.concatenate([k[waiting], k[ended]]),
+            np.r_[np.ones(int(waiting.sum()), np.int8), -np.ones(len(ended), np.int8)])
 
 
 def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int) -> pd.DataFrame:
@@ -104,34 +149,67 @@ def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: i
     Columns: :data:`harmony.analysis.tables.WASTED`. attrs: ``wasted_cpu_s`` (float) = the CPU time
     those intervals could have given, integral over time of min(CPUs idle with a task waiting
     elsewhere, tasks waiting): two idle CPUs and one waiting task waste one CPU, not two.
+
+    One sweep: every CPU's changes of idleness and of tasks waiting there, merged in time order
+    (each CPU's and each task's are in order already) and summed up to each instant; the tasks
+    waiting are followed only while a CPU is idle (:func:`_idle_periods`).
     """
     cpus = [int(c) for c in cpus]
-    idle = {c: _idle_steps(events, c) for c in cpus}
-    wait = _waiting_steps(events, tasks, cpus)
-    times = sorted_unique(np.concatenate(
-        [np.array([t0, t_end], np.int64)] + [s[0][1:] for s in idle.values()]
-        + [s[0] for s in wait.values()]))
-    times = times[(times >= t0) & (times <= t_end)]
-    if len(times) < 2:
-        times = np.array([t0, t_end], np.int64)
-    left, dur = times[:-1], np.diff(times)
-    w = np.array([_at(wait[c], left) for c in cpus]).reshape(len(cpus), len(left))
-    i = np.array([_at(idle[c], left, False) for c in cpus], bool).reshape(len(cpus), len(left))
-    total = w.sum(axis=0)
-    rows = []
-    wasting = np.zeros((len(cpus), len(left)), bool)
-    for k, c in enumerate(cpus):
-        elsewhere = total - w[k]
-        on = i[k] & (elsewhere > 0)
-        wasting[k] = on
-        edges = np.diff(np.r_[0, on.astype(np.int8), 0])
-        for a, b in zip(np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)):
-            start, end = int(left[a]), int(left[b - 1] + dur[b - 1])
-            rows.append((c, start, end, end - start, (start - t0) / NS,
-                         int(elsewhere[a:b].max()), (end - start) / NS >= T.WASTED_EPISODE_MIN_S))
-    rows.sort(key=lambda r: (r[1], r[0]))
-    out = tables.WASTED.from_rows(rows)
-    out.attrs["wasted_cpu_s"] = float((np.minimum(wasting.sum(axis=0), total) * dur).sum() / NS)
+    unique = sorted(set(cpus))
+    n = len(unique)
+    rows = _Rows(events)
+    starts, ends = zip(*(_idle_changes(rows, c) for c in unique)) if n else ((), ())
+    del rows
+    wt, wk, wd = _waiting_changes(events, tasks, unique, _idle_periods(list(starts), list(ends)))
+    # sources: i for CPU unique[i] idle, n + k for the tasks waiting on unique[k]
+    ts = np.concatenate([*starts, *ends, wt])
+    src = np.concatenate([np.full(len(x), i, np.int32) for part in (starts, ends)
+                          for i, x in enumerate(part)] + [wk.astype(np.int32) + n])
+    change = np.concatenate([np.ones(len(x), np.int8) for x in starts]
+                            + [-np.ones(len(x), np.int8) for x in ends] + [wd])
+    order = np.argsort(ts, kind="stable")           # a merge of the sorted runs
+    ts, src, change = ts[order], src[order], change[order]
+    # the state at t0 (every change until then), then every instant of change in (t0, t_end)
+    a = int(np.searchsorted(ts, t0, "right"))
+    b = max(a, int(np.searchsorted(ts, t_end, "left")))
+    init = np.bincount(src[:a], weights=change[:a], minlength=2 * n).astype(np.int64)
+    ts, src, change = ts[a:b], src[a:b], change[a:b]
+    last = np.ones(len(ts), bool)                   # the last change of each instant
+    np.not_equal(ts[1:], ts[:-1], out=last[:-1])
+    left = np.r_[np.int64(t0), ts[last]]
+    dur = np.r_[left[1:], np.int64(t_end)] - left
+
+    def level(s: int) -> np.ndarray:
+        """Source s's level at each ``left``: 0..n-1 CPU unique[s] idle, n + k tasks waiting on
+        unique[k]."""
+        steps = np.cumsum(np.where(src == s, change, 0), dtype=np.int64)[last]
+        return np.r_[init[s], init[s] + steps]
+
+    wait = {c: level(n + i) for i, c in enumerate(unique)}
+    total = sum((wait[c] for c in cpus), np.zeros(len(left), np.int64))
+    count = np.zeros(len(left), np.int64)           # CPUs wasting at each left
+    cols = {x: [np.zeros(0, np.int64)] for x in ("cpu", "start", "end", "waiting")}
+    for c in cpus:
+        elsewhere = total - wait[c]
+        on = (level(unique.index(c)) > 0) & (elsewhere > 0)
+        count += on
+        edges = np.diff(on.astype(np.int8), prepend=np.int8(0), append=np.int8(0))
+        first, after = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        cols["cpu"].append(np.full(len(first), c, np.int64))
+        cols["start"].append(left[first])
+        cols["end"].append(left[after - 1] + dur[after - 1])
+        # the most waiting elsewhere in each episode: from its start to the next one's, the
+        # CPU not wasting (0) in between
+        cols["waiting"].append(np.maximum.reduceat(np.where(on, elsewhere, 0), first)
+                               if len(first) else np.zeros(0, np.int64))
+    cpu, start, end, waiting = (np.concatenate(cols[x]) for x in ("cpu", "start", "end", "waiting"))
+    o = np.lexsort((cpu, start))
+    cpu, start, end, waiting = cpu[o], start[o], end[o], waiting[o]
+    out = tables.WASTED.frame({
+        "cpu": cpu.astype(np.int32), "start": start, "end": end, "duration": end - start,
+        "t": (start - t0) / NS, "waiting": waiting,
+        "long": (end - start) / NS >= T.WASTED_EPISODE_MIN_S}, copy=False)
+    out.attrs["wasted_cpu_s"] = float((np.minimum(count, total) * dur).sum() / NS)
     return out
 
 
