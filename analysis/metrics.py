@@ -63,15 +63,25 @@ def balance_timeline(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end
     end (int64 ns), max_dev (float: max_i |q_i - N/P|), balanced (bool). Consecutive segments
     always differ in the queue vector (not necessarily in ``balanced``).
     """
+    times, end, dev, ok = _balance_steps(rq, tasks, cpus, t0, t_end, tolerance, n)
+    return pd.DataFrame({"ts": times, "t": (times - t0) / NS, "end": end, "max_dev": dev,
+                         "balanced": ok})
+
+
+def _balance_steps(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
+                   tolerance: float, n: int | None):
+    """:func:`balance_timeline`'s columns ts, end, max_dev and balanced, as arrays."""
     cpus = sorted(set(int(c) for c in cpus))
     n_tasks = len(tasks) if n is None else int(n)
     target = n_tasks / len(cpus)
     times, q = runqueue_changes(rq, cpus, t0, t_end)
-    dev = np.abs(q - target).max(axis=1)
+    dev, dev_j = np.zeros(len(times)), np.empty(len(times))
+    for j in range(q.shape[1]):                     # a CPU at a time: no float copy of q
+        np.abs(np.subtract(q[:, j], target, out=dev_j), out=dev_j)
+        np.maximum(dev, dev_j, out=dev)
     ok = dev <= tolerance * target + 1e-9
     end = np.append(times[1:], np.int64(t_end))
-    return pd.DataFrame({"ts": times, "t": (times - t0) / NS, "end": end, "max_dev": dev,
-                         "balanced": ok})
+    return times, end, dev, ok
 
 
 def time_to_balance(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
@@ -94,10 +104,7 @@ def time_to_balance(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end:
     excursions; being balanced at t0 counts as one), balanced_s (float: total time balanced in
     [t0, t_end)), target (N/P), tolerance, n_tasks, ncpus.
     """
-    tl = balance_timeline(rq, tasks, cpus, t0, t_end, tolerance, n)
-    ts = tl["ts"].to_numpy()
-    end = tl["end"].to_numpy()
-    ok = tl["balanced"].to_numpy().copy()
+    ts, end, _, ok = _balance_steps(rq, tasks, cpus, t0, t_end, tolerance, n)
     # merge consecutive equal flags into stretches
     brk = np.ones(len(ok), dtype=bool)
     brk[1:] = ok[1:] != ok[:-1]
@@ -125,7 +132,7 @@ def time_to_balance(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end:
         "t_first": None if ts_first is None else (ts_first - t0) / NS,
         "balanced_at_end": at_end,
         "n_entries": int(len(entries)),
-        "balanced_s": float((tl["end"] - tl["ts"])[tl["balanced"]].sum()) / NS,
+        "balanced_s": float((end - ts)[ok].sum()) / NS,
         "target": (len(tasks) if n is None else n) / len(set(cpus)),
         "tolerance": tolerance,
         "n_tasks": len(tasks) if n is None else int(n),

@@ -632,13 +632,33 @@ def runqueue_at(rq: pd.DataFrame, times) -> pd.DataFrame:
 def runqueue_changes(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> tuple[np.ndarray, np.ndarray]:
     """The run-queue vector of ``cpus`` (sorted) at t0 and at every change of it in (t0, t_end):
     (times: int64 ns, the first t0; q: int64, one row per time and one column per CPU). Raises
-    ValueError if ``rq`` (from :func:`df_runqueue`) does not cover t0 for every CPU."""
+    ValueError if ``rq`` (from :func:`df_runqueue`: in time order) does not cover t0 for every
+    CPU.
+
+    Each CPU's lengths carried forward over the rows (a pass per CPU), read at t0 and at each
+    instant's last row; ``q`` is stored CPU by CPU (a transposed view)."""
     cpus = sorted(set(int(c) for c in cpus))
-    sub = rq[rq["cpu"].isin(cpus)]
-    ch = sub["ts"].to_numpy(np.int64)
-    ch = sorted_unique(ch[(ch > t0) & (ch < t_end)])
-    times = np.concatenate([[np.int64(t0)], ch]).astype(np.int64)
-    q = steps_at(runqueue_steps(sub), times, cpus, absent=-1)   # arrays: no frame of 1 M rows
+    cpu, ts, nr = rq["cpu"].to_numpy(), rq["ts"].to_numpy(), rq["nr"].to_numpy()
+    keep = in_set(cpu, cpus)
+    if not keep.all():
+        cpu, ts, nr = cpu[keep], ts[keep], nr[keep]
+    a = int(np.searchsorted(ts, t0, "right"))
+    b = max(a, int(np.searchsorted(ts, t_end, "left")))
+    last = np.ones(b - a, bool)                     # the last row of each instant in (t0, t_end)
+    np.not_equal(ts[a + 1:b], ts[a:b - 1], out=last[:-1])
+    # the number of rows whose state is read: a at t0, then up to each instant's last
+    upto = np.r_[a, a + 1 + np.flatnonzero(last)]
+    times = np.r_[np.int64(t0), ts[upto[1:] - 1]].astype(np.int64)
+    index = np.int32 if b < 1 << 31 else np.int64
+    rows = np.arange(1, b + 1, dtype=index)         # row i is 1 + i; 0: none, nr -1
+    nr = np.r_[np.int64(-1), nr[:b]]
+    latest = np.empty(b + 1, index)                 # the CPU's last row among the first i
+    latest[0] = 0
+    q = np.empty((len(cpus), len(upto)), np.int64)  # CPU by CPU: returned transposed
+    for j, c in enumerate(cpus):
+        np.maximum.accumulate(np.where(cpu[:b] == c, rows, 0), out=latest[1:])
+        np.take(nr, latest[upto], out=q[j])
+    q = q.T
     if (q < 0).any():
         raise ValueError("run-queue table does not cover t0 for every CPU")
     return times, q

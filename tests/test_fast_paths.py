@@ -12,6 +12,8 @@ import pandas as pd
 import pytest
 
 from harmony.analysis import cost, tables
+from harmony.analysis import metrics as mt
+from harmony.analysis import reconstruct as rc
 from harmony.analysis import thresholds as T
 from harmony.analysis.arrays import event_mask, in_set, sorted_unique
 from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
@@ -453,3 +455,146 @@ def test_wasted_cores_match_the_code_they_replaced(seed, lookup, monkeypatch):
         full = cost.df_wasted(events, tasks, [0, 1, 2, 3], lo, hi)
         assert full["long"].any() and not full["long"].all()    # the streams do waste CPU time
 
+
+
+# --- the run-queue vector and the balance timeline (harmony.analysis.reconstruct.runqueue_changes,
+# harmony.analysis.metrics), as they were -------------------------------------------------------
+
+def _reference_runqueue_changes(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> tuple[np.ndarray, np.ndarray]:
+    """The run-queue vector of ``cpus`` (sorted) at t0 and at every change of it in (t0, t_end):
+    (times: int64 ns, the first t0; q: int64, one row per time and one column per CPU). Raises
+    ValueError if ``rq`` (from :func:`df_runqueue`) does not cover t0 for every CPU."""
+    cpus = sorted(set(int(c) for c in cpus))
+    sub = rq[rq["cpu"].isin(cpus)]
+    ch = sub["ts"].to_numpy(np.int64)
+    ch = sorted_unique(ch[(ch > t0) & (ch < t_end)])
+    times = np.concatenate([[np.int64(t0)], ch]).astype(np.int64)
+    q = rc.steps_at(rc.runqueue_steps(sub), times, cpus, absent=-1)   # arrays: no frame of 1 M rows
+    if (q < 0).any():
+        raise ValueError("run-queue table does not cover t0 for every CPU")
+    return times, q
+
+
+def _reference_balance_timeline(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
+                     tolerance: float = 0.15, n: int | None = None) -> pd.DataFrame:
+    """Whether the run queues are balanced within ``tolerance``, as a step function on [t0, t_end).
+
+    Needs: a run-queue table (:func:`~harmony.analysis.reconstruct.df_runqueue`). Balanced means
+    max_i |q_i - N/P| <= tolerance * N/P over the CPUs i of ``cpus`` (P = len(cpus)), N =
+    ``n`` or len(tasks).
+
+    Columns: ts (int64 ns, start of the segment; the first is t0), t (float s since t0),
+    end (int64 ns), max_dev (float: max_i |q_i - N/P|), balanced (bool). Consecutive segments
+    always differ in the queue vector (not necessarily in ``balanced``).
+    """
+    cpus = sorted(set(int(c) for c in cpus))
+    n_tasks = len(tasks) if n is None else int(n)
+    target = n_tasks / len(cpus)
+    times, q = _reference_runqueue_changes(rq, cpus, t0, t_end)
+    dev = np.abs(q - target).max(axis=1)
+    ok = dev <= tolerance * target + 1e-9
+    end = np.append(times[1:], np.int64(t_end))
+    return pd.DataFrame({"ts": times, "t": (times - t0) / NS, "end": end, "max_dev": dev,
+                         "balanced": ok})
+
+
+def _reference_time_to_balance(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
+                    tolerance: float = 0.15, n: int | None = None,
+                    min_excursion_ns: int = 0) -> dict:
+    """E3 time to resolve: when the run queues become balanced within ``tolerance`` and stay so.
+
+    Needs: a run-queue table (:func:`~harmony.analysis.reconstruct.df_runqueue`); N = ``n`` or
+    len(tasks), P = len(cpus); see :func:`balance_timeline`.
+
+    The definition is "within 15% of N/P, *and stays there*": ``ts_balance`` is the start of the
+    balanced stretch that lasts until ``t_end`` (None if the queues are not balanced just before
+    ``t_end``). Flicker - balanced, then unbalanced, then balanced again - therefore moves
+    ``ts_balance`` to the last re-entry; ``ts_first`` is the first entry. Unbalanced excursions
+    shorter than ``min_excursion_ns`` between two balanced stretches are ignored (default 0: every
+    excursion counts, the strict definition).
+
+    Returns a dict: ts_balance, t_balance (s since t0), ts_first, t_first (ns / s, or None),
+    balanced_at_end (bool), n_entries (int: times the queues entered balance, after merging short
+    excursions; being balanced at t0 counts as one), balanced_s (float: total time balanced in
+    [t0, t_end)), target (N/P), tolerance, n_tasks, ncpus.
+    """
+    tl = _reference_balance_timeline(rq, tasks, cpus, t0, t_end, tolerance, n)
+    ts = tl["ts"].to_numpy()
+    end = tl["end"].to_numpy()
+    ok = tl["balanced"].to_numpy().copy()
+    # merge consecutive equal flags into stretches
+    brk = np.ones(len(ok), dtype=bool)
+    brk[1:] = ok[1:] != ok[:-1]
+    st = np.flatnonzero(brk)
+    s_ok = ok[st]
+    s_start = ts[st]
+    s_end = np.append(ts[st[1:]], end[-1])
+    if min_excursion_ns > 0 and len(st) > 2:
+        inner = np.arange(1, len(st) - 1)
+        short = inner[(~s_ok[inner]) & ((s_end[inner] - s_start[inner]) < min_excursion_ns)]
+        s_ok[short] = True
+        brk2 = np.ones(len(s_ok), dtype=bool)
+        brk2[1:] = s_ok[1:] != s_ok[:-1]
+        k = np.flatnonzero(brk2)
+        s_end = np.append(s_start[k[1:]], s_end[-1])
+        s_start, s_ok = s_start[k], s_ok[k]
+    entries = s_start[s_ok]
+    at_end = bool(s_ok[-1])
+    ts_first = int(entries[0]) if len(entries) else None
+    ts_bal = int(s_start[-1]) if at_end else None
+    return {
+        "ts_balance": ts_bal,
+        "t_balance": None if ts_bal is None else (ts_bal - t0) / NS,
+        "ts_first": ts_first,
+        "t_first": None if ts_first is None else (ts_first - t0) / NS,
+        "balanced_at_end": at_end,
+        "n_entries": int(len(entries)),
+        "balanced_s": float((tl["end"] - tl["ts"])[tl["balanced"]].sum()) / NS,
+        "target": (len(tasks) if n is None else n) / len(set(cpus)),
+        "tolerance": tolerance,
+        "n_tasks": len(tasks) if n is None else int(n),
+        "ncpus": len(set(cpus)),
+    }
+
+
+def _changes_or_error(f, *args):
+    try:
+        return f(*args)
+    except ValueError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_balance_timeline_matches_the_code_it_replaced(seed):
+    rng = np.random.default_rng(seed)
+    events = uneven_times(random_events(seed, n=int(rng.integers(50, 3000)), pids=9), rng)
+    tasks = pd.DataFrame({"pid": np.arange(1, 9, dtype=np.int32)})
+    ts = events["ts"].to_numpy()
+    lo, hi = int(ts[0]), int(ts[-1])
+    rq = rc.df_runqueue(events, tasks, [0, 1, 2, 3], lo, hi)
+    mid = sorted(rng.integers(lo, hi, 2).tolist())
+    at = int(rq["ts"].iloc[int(rng.integers(4, len(rq)))])           # an instant of change
+    windows = [(lo, hi), (lo, hi + 5000), tuple(mid), (at, hi), (lo, at), (at, at), (mid[1], mid[0]),
+               (lo - 1, hi)]
+    for cpus in ([0, 1, 2, 3], [3, 1], [2], [2, 2, 0], [0, 5]):
+        for t0, t_end in windows:
+            new = _changes_or_error(rc.runqueue_changes, rq, cpus, t0, t_end)
+            old = _changes_or_error(_reference_runqueue_changes, rq, cpus, t0, t_end)
+            if isinstance(old, str):
+                assert new == old
+                continue
+            for a, b in zip(new, old):
+                assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+            for tol, n in ((0.15, None), (0.5, None), (0.0, 4), (1.0, 13)):
+                pd.testing.assert_frame_equal(
+                    mt.balance_timeline(rq, tasks, cpus, t0, t_end, tol, n),
+                    _reference_balance_timeline(rq, tasks, cpus, t0, t_end, tol, n))
+                for short in (0, 3000, 5_000_000):
+                    assert (mt.time_to_balance(rq, tasks, cpus, t0, t_end, tol, n, short)
+                            == _reference_time_to_balance(rq, tasks, cpus, t0, t_end, tol, n,
+                                                          short))
+    # rows of CPUs outside the set, and none for one of it
+    assert (rc.runqueue_changes(rq, [1, 2], lo, hi)[1]
+            == _reference_runqueue_changes(rq, [1, 2], lo, hi)[1]).all()
+    assert _changes_or_error(rc.runqueue_changes, rq.iloc[:0], [0], lo, hi) == \
+        _changes_or_error(_reference_runqueue_changes, rq.iloc[:0], [0], lo, hi)
