@@ -4,10 +4,14 @@
 members are: small non-negative integers (pids, codes). On millions of events it is ~20x faster.
 ``index_of`` gives each value's position among a few keys the same way (pids in a run's task
 table, CPUs in a CPU set); ``sorted_unique`` is ``np.unique`` without numpy's slow hashing.
-``event_mask`` selects events by name through the category codes of the canonical table.
+``event_mask`` selects events by name through the category codes of the canonical table, and
+``event_kinds`` maps them to a kernel's own codes. ``LastResult`` keeps an analysis's last
+result for the next caller asking about the same events.
 """
 
 from __future__ import annotations
+
+import weakref
 
 import numpy as np
 import pandas as pd
@@ -81,3 +85,57 @@ def event_mask(events: pd.DataFrame, *names: str) -> np.ndarray:
     if not codes:
         return np.zeros(len(c), dtype=bool)
     return c == codes[0] if len(codes) == 1 else in_set(c, codes)
+
+
+def event_kinds(events: pd.DataFrame, kinds: dict[str, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(codes, lut): event e's kind is lut[codes[e]] (codes[e] < 0: none), its value in ``kinds``
+    (event name -> a code 0..127) or -1 for another event: what a compiled kernel reads. The
+    event column's category codes when it is categorical, as in the canonical table (no pass over
+    the events here), else the kinds themselves (lut: the identity)."""
+    col = events["event"]
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = col.cat.categories
+        lut = np.full(max(1, len(cats)), -1, np.int8)
+        for name, code in kinds.items():
+            if name in cats:
+                lut[cats.get_loc(name)] = code
+        return col.cat.codes.to_numpy(), lut
+    kind = np.full(len(events), -1, np.int8)
+    for name, code in kinds.items():
+        kind[event_mask(events, name)] = code
+    return kind, np.arange(max(kinds.values(), default=0) + 1).astype(np.int8)
+
+
+class LastResult:
+    """The last result an analysis computed from an events table, for the next call about the
+    same table: keyed by the table object (held weakly), its length and the caller's key (the
+    pids asked about). Analyses never modify an events table in place, so the object's identity
+    is a safe key; the result is dropped with the object (else it would hold memory of the size
+    of the trace until the next trace's)."""
+
+    def __init__(self) -> None:
+        self._held: tuple | None = None       # (weak ref to the events, key, len, value)
+
+    def get(self, events: pd.DataFrame, key):
+        """The value kept for ``events`` and ``key``, else None."""
+        held = self._held
+        if held is not None and held[0]() is events and held[1] == key and held[2] == len(events):
+            return held[3]
+        return None
+
+    def put(self, events: pd.DataFrame, key, value):
+        """Keep ``value`` (and nothing else) for ``events`` and ``key``; returns it."""
+        self._held = (weakref.ref(events, self._forget), key, len(events), value)
+        return value
+
+    def value(self):
+        """The value kept, whatever it was kept for (None if none)."""
+        return None if self._held is None else self._held[3]
+
+    def clear(self) -> None:
+        self._held = None
+
+    def _forget(self, ref) -> None:
+        """The events object of the kept value is gone: drop the value."""
+        if self._held is not None and self._held[0] is ref:
+            self._held = None

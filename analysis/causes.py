@@ -45,13 +45,11 @@ the CPU), else ``unknown``.
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 import pandas as pd
 
 from harmony.analysis import taskstate as ts_
-from harmony.analysis.arrays import event_mask, in_set, sorted_unique
+from harmony.analysis.arrays import LastResult, event_mask, in_set, sorted_unique
 from harmony.analysis.thresholds import NEWIDLE_SWITCH_WITHIN_NS
 from harmony.probes.schema import SCHED_SOFTIRQ_VEC
 from harmony.tasks import FAIR_POLICIES    # balanced by load_balance (rt, dl: pushed and pulled)
@@ -279,29 +277,21 @@ PLACED = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new")
 _SWITCH, _WAKING, _WAKEUP, _WAKEUP_NEW, _MIGRATE = range(5)
 
 
-#: the last moves found, keyed by the events object (held weakly) and the pids: the migrations
-#: table and the capture's blind-spot check both ask for the same tasks' (2 s at 10 M events)
-_last_moves: tuple | None = None
-
-
-def _forget_moves(ref) -> None:
-    global _last_moves
-    if _last_moves is not None and _last_moves[0] is ref:
-        _last_moves = None
+#: the last moves found, for the same events object and pids: the migrations table and the
+#: capture's blind-spot check both ask for the same tasks' (2 s at 10 M events)
+_last_moves = LastResult()
 
 
 def unrecorded_moves(events: pd.DataFrame, pids=None) -> dict[str, np.ndarray]:
     """:func:`find_unrecorded_moves`, its last result kept for the same events object and pids
     (the arrays read-only: callers share them)."""
-    global _last_moves
     key = b"all" if pids is None else sorted_unique(np.asarray(list(pids), np.int64)).tobytes()
-    if (_last_moves is not None and _last_moves[0]() is events and _last_moves[1] == key
-            and _last_moves[2] == len(events)):
-        return _last_moves[3]
-    moves = find_unrecorded_moves(events, pids)
-    for a in moves.values():
-        a.flags.writeable = False
-    _last_moves = (weakref.ref(events, _forget_moves), key, len(events), moves)
+    moves = _last_moves.get(events, key)
+    if moves is None:
+        moves = find_unrecorded_moves(events, pids)
+        for a in moves.values():
+            a.flags.writeable = False
+        _last_moves.put(events, key, moves)
     return moves
 
 

@@ -42,12 +42,10 @@ of the first record (orig_cpu for a migration, unknown = -1 for a wakeup).
 
 from __future__ import annotations
 
-import weakref
-
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.arrays import LastResult, event_kinds, event_mask, in_set
 from harmony.jit import run_split, split, use_compiled
 
 WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
@@ -100,19 +98,10 @@ def _order_by_task_then_seq(rpid: np.ndarray, seq: np.ndarray, pidset: np.ndarra
     return by_seq[np.argsort(dense, kind="stable")]
 
 
-#: the last table built, keyed by the events object and the pids: df_migrations, df_runqueue and
-#: df_anomalies all need it, and building it is most of their cost. Analyses never modify an
-#: events table in place, so the identity of the object (held weakly) is a safe key; the table
-#: is dropped when that object is (it would hold ~37 bytes per event for nothing until the next
-#: trace's).
-_last: tuple | None = None
-
-
-def _forget(ref) -> None:
-    """The events object of the cached table is gone: drop the table."""
-    global _last
-    if _last is not None and _last[0] is ref:
-        _last = None
+#: the last table built, for the same events object and pids: df_migrations, df_runqueue and
+#: df_anomalies all need it, and building it is most of their cost (dropped with the events: it
+#: would hold ~37 bytes per event for nothing until the next trace's)
+_last = LastResult()
 
 
 def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
@@ -138,20 +127,19 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     table: a trace has ~1.2 records per event, and faulting in their memory is most of this
     table's cost (a record is 37 bytes; 55 with int32 CPUs and a copy of prev_state).
     """
-    global _last
     key = np.unique(np.asarray(pids, dtype=np.int32)).tobytes()
-    if _last is not None and _last[0]() is events and _last[1] == key and _last[2] == len(events):
-        return _last[3]
-    table, seq_rows = _build_task_records_and_order(events, pids)
-    _last = (weakref.ref(events, _forget), key, len(events), table, seq_rows)
-    return table
+    held = _last.get(events, key)
+    if held is None:
+        held = _last.put(events, key, _build_task_records_and_order(events, pids))
+    return held[0]
 
 
 def seq_rows(records: pd.DataFrame) -> np.ndarray:
     """The rows of a :func:`task_records` table in seq (time) order (its rows are by task). Known
     already for the table task_records returned last, if the compiled state machine built it."""
-    if _last is not None and _last[3] is records and _last[4] is not None:
-        return _last[4]
+    held = _last.value()
+    if held is not None and held[0] is records and held[1] is not None:
+        return held[1]
     return np.argsort(records["seq"].to_numpy(), kind="stable")
 
 
@@ -170,31 +158,12 @@ def _compiled(n_events: int):
     return taskstate_jit
 
 
-def _event_kinds(events: pd.DataFrame, jit) -> tuple[np.ndarray, np.ndarray]:
-    """(codes, lut): event e's kind is lut[codes[e]] (codes[e] < 0: none): jit.SWITCH, its record
-    code (wakeup, wakeup_new, migrate, exit) or -1. The event column's category codes when it is
-    categorical (no pass over the events here), else the kinds themselves."""
-    col = events["event"]
-    names = dict(_EVENT_RECORD, sched_switch=jit.SWITCH)
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        cats = col.cat.categories
-        lut = np.full(max(1, len(cats)), -1, np.int8)
-        for name, code in names.items():
-            if name in cats:
-                lut[cats.get_loc(name)] = code
-        return col.cat.codes.to_numpy(), lut
-    kind = np.full(len(events), -1, np.int8)
-    for name, code in names.items():
-        kind[event_mask(events, name)] = code
-    return kind, np.arange(jit.SWITCH + 1).astype(np.int8)
-
-
 def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray):
     """The task_records table by the compiled state machine (the same as the numpy one); (table,
     its rows in seq order)."""
     table = np.full(int(pidset.max(initial=0)) + 3, -1, np.int32)   # pid v -> dense index at v + 1
     table[pidset.astype(np.int64) + 1] = np.arange(len(pidset), dtype=np.int32)
-    codes, lut = _event_kinds(events, jit)
+    codes, lut = event_kinds(events, dict(_EVENT_RECORD, sched_switch=jit.SWITCH))
     room = 2 * len(events)          # pages beyond the records written are never touched
     index = np.int32 if room < 1 << 31 else np.int64   # row numbers: half the memory to fault in
     rows, task, rec_in = np.empty(room, index), np.empty(room, np.int32), np.empty(room, np.int8)

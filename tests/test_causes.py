@@ -175,6 +175,26 @@ def test_moves_no_probe_recorded_are_inferred():
     assert counts["inferred"] == 2 and sum(counts[c] for c in causes.CAUSES) == len(mig)
 
 
+def test_the_moves_found_are_kept_for_the_same_events_and_pids_only():
+    """unrecorded_moves keeps its last result (read-only: callers share it) for the next call
+    about the same events object and pids, and drops it with that object."""
+    import gc
+    import weakref
+    s = Stream(NAMES).switch(10, 0, 0, 0, A).switch(20, 0, A, 1, 0).switch(40, 1, 0, 0, A)
+    ev = s.events()
+    moves = causes.unrecorded_moves(ev, [A, B])
+    assert len(moves["pid"]) == 1 and not moves["pid"].flags.writeable
+    assert causes.unrecorded_moves(ev, [B, A]) is moves
+    assert causes.unrecorded_moves(ev, [B]) is not moves
+    assert causes.unrecorded_moves(ev.copy(), [A, B]) is not moves
+    again = causes.unrecorded_moves(ev, [A, B])
+    assert again is not moves and all(np.array_equal(again[k], moves[k]) for k in moves)
+    kept = weakref.ref(again["pid"])
+    del ev, moves, again
+    gc.collect()
+    assert causes._last_moves.value() is None and kept() is None
+
+
 def test_causes_over_time_add_up():
     s = stopper_move(True)
     s.migrate(5_000_000, 1, B, 1, 0, common_pid=0).wakeup_new(5_000_001, 1, B, 0)

@@ -25,7 +25,7 @@ def state_machine(request, monkeypatch):
     """Every test runs with both implementations of task_records, the runs and the run queue:
     compiled (taskstate_jit, reconstruct_jit), also split over threads, and numpy."""
     from harmony.analysis import taskstate
-    monkeypatch.setattr(taskstate, "_last", None)
+    taskstate._last.clear()
     return use_implementation(request.param, monkeypatch)
 
 S_RUN, S_SLEEP, S_STOPPED, S_DEAD = 0, 1, 4, 16
@@ -785,7 +785,7 @@ def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state
         got = {}
         for name, flag in (("compiled", "1"), ("numpy", "0")):
             monkeypatch.setenv("HARMONY_JIT", flag)
-            monkeypatch.setattr(taskstate, "_last", None)
+            taskstate._last.clear()
             got[name] = (rc.df_runqueue(ev, sim.tasks, cpus, t0, t_end),
                          rc.df_runs(ev, sim.tasks, t0, t_end), rc.df_migrations(ev, sim.tasks, t0))
         for a, b in zip(got["compiled"], got["numpy"]):
@@ -847,7 +847,7 @@ def test_runqueue_in_time_ranges_is_one_pass(seed, monkeypatch, state_machine):
     got = {}
     for threads in (3, 1):
         monkeypatch.setenv("HARMONY_THREADS", str(threads))
-        monkeypatch.setattr(taskstate, "_last", None)
+        taskstate._last.clear()
         got[threads] = rc.df_runqueue(ev, sim.tasks, cpus, t0, t_end)
     pd.testing.assert_frame_equal(got[3], got[1], check_exact=True)
     assert got[3].attrs == got[1].attrs
@@ -888,7 +888,7 @@ def test_core_tables_are_the_three_tables(side_by_side, monkeypatch, state_machi
     monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1 if side_by_side else 1 << 40)
     monkeypatch.setenv("HARMONY_THREADS", "2")
     got = rc.df_core(ev, sim.tasks, cpus, t0, t_end)
-    monkeypatch.setattr(taskstate, "_last", None)
+    taskstate._last.clear()
     want = {"migrations": rc.df_migrations(ev, sim.tasks, t0), "runs": rc.df_runs(ev, sim.tasks, t0, t_end),
             "runqueue": rc.df_runqueue(ev, sim.tasks, cpus, t0, t_end)}
     assert sorted(got) == sorted(want)
@@ -911,7 +911,7 @@ def test_the_cached_records_go_with_their_events(state_machine):
     table = weakref.ref(r)
     del r, ev
     gc.collect()
-    assert taskstate._last is None and table() is None
+    assert taskstate._last.value() is None and table() is None
 
 
 def test_seq_rows_is_the_time_order_of_the_records(state_machine):

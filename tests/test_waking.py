@@ -23,7 +23,7 @@ WAKER = 50
 def state_machine(request, monkeypatch):
     """Both implementations of the task state machine, runs and run queue."""
     from harmony.analysis import taskstate
-    monkeypatch.setattr(taskstate, "_last", None)
+    taskstate._last.clear()
     return use_implementation(request.param, monkeypatch)
 
 
