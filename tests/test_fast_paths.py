@@ -21,6 +21,8 @@ from harmony.analysis.reconstruct import NS
 from harmony.analysis.taskstate import task_records
 from harmony.probes.schema import make_events
 
+from conftest import use_implementation
+
 EVENTS = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new", "sched_migrate_task",
           "sched_process_exit")
 
@@ -598,3 +600,101 @@ def test_the_balance_timeline_matches_the_code_it_replaced(seed):
             == _reference_runqueue_changes(rq, [1, 2], lo, hi)[1]).all()
     assert _changes_or_error(rc.runqueue_changes, rq.iloc[:0], [0], lo, hi) == \
         _changes_or_error(_reference_runqueue_changes, rq.iloc[:0], [0], lo, hi)
+
+
+# --- the moves no probe recorded (harmony.analysis.causes), as they were found -----------------
+
+def _reference_find_unrecorded_moves(events: pd.DataFrame, pids=None) -> dict[str, np.ndarray]:
+    sw = event_mask(events, "sched_switch")
+    mg = event_mask(events, "sched_migrate_task")
+    cpu, tgt, ts = (events[c].to_numpy() for c in ("cpu", "target_cpu", "ts"))
+    want = None if pids is None else np.asarray(list(pids), np.int64)
+    seq, pid, before, after, code = [], [], [], [], []
+    for sel, pid_col, b_cpu, a_cpu, c in (
+            (sw, "pid", cpu, cpu, 0), (sw, "prev_pid", cpu, cpu, 0),
+            (event_mask(events, "sched_waking"), "pid", tgt, tgt, 1),
+            (event_mask(events, "sched_wakeup"), "pid", tgt, tgt, 2),
+            (event_mask(events, "sched_wakeup_new"), "pid", tgt, tgt, 3),
+            (mg, "pid", events["orig_cpu"].to_numpy(), tgt, 4)):
+        p = events[pid_col].to_numpy()
+        keep = sel & (p > 0) & (b_cpu >= 0)
+        if want is not None:
+            keep &= in_set(p, want)
+        i = np.flatnonzero(keep)
+        seq.append(i)
+        pid.append(p[i].astype(np.int64))
+        before.append(b_cpu[i].astype(np.int64))
+        after.append(a_cpu[i].astype(np.int64))
+        code.append(np.full(len(i), c, np.int8))
+    seq, pid, before, after, code = (np.concatenate(x) for x in (seq, pid, before, after, code))
+    order = np.lexsort((seq, pid))          # by task, then time; one event's in the order above
+    seq, pid, before, after, code = (x[order] for x in (seq, pid, before, after, code))
+    same_task = np.r_[False, pid[1:] == pid[:-1]]
+    last = np.r_[-1, after[:-1]]
+    hit = np.flatnonzero(same_task & (before != last))
+    return {"row": seq[hit].astype(np.int64), "pid": pid[hit], "ts": ts[seq[hit]].astype(np.int64),
+            "from_cpu": last[hit], "to_cpu": before[hit], "proof": code[hit],
+            "before": code[np.maximum(hit - 1, 0)]}
+
+
+def _same_moves(got: dict, want: dict) -> None:
+    assert sorted(got) == sorted(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype, k
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+def _hand_moves_stream() -> pd.DataFrame:
+    """The cases find_unrecorded_moves' docstring names, by hand: a switch to another CPU with no
+    migration, a wake-up placing the task elsewhere, a migration from another CPU than the last,
+    placements on no CPU (-1, skipped), a switch of a task to itself, one instant's switch whose
+    next task is placed before its previous one."""
+    rows = [  # ts, cpu, event, pid, prev_pid, orig_cpu, target_cpu
+        (1, 0, "sched_switch", 5, 6, -1, -1),         # 5 and 6 on CPU 0
+        (2, 1, "sched_switch", 6, 7, -1, -1),         # 6 on CPU 1: a move; 7 on CPU 1
+        (3, 1, "sched_waking", 5, -1, -1, -1),        # on no CPU: skipped
+        (4, 1, "sched_wakeup", 5, -1, -1, 1),         # 5 woken on CPU 1: a move
+        (5, 0, "sched_migrate_task", 7, -1, 2, 3),    # 7 from CPU 2, last seen on 1: a move
+        (6, 3, "sched_switch", 7, 7, -1, -1),         # 7 to itself on CPU 3: none
+        (7, 2, "sched_switch", 8, 8, -1, -1),         # 8's first
+        (7, 2, "sched_wakeup_new", 9, -1, -1, 2),     # 9's first
+        (8, 0, "sched_waking", 9, -1, -1, 0),         # 9 on 0: a move
+        (9, 0, "sched_switch", 9, 0, -1, -1),
+    ]
+    ts, cpu, ev, pid, prev, orig, tgt = zip(*rows)
+    return make_events({"ts": ts, "cpu": cpu, "event": ev, "pid": pid, "prev_pid": prev,
+                        "common_pid": prev, "orig_cpu": orig, "target_cpu": tgt,
+                        "comm": [f"t{p}" for p in pid], "prev_comm": [f"t{p}" for p in prev],
+                        "prio": [120] * len(rows), "prev_prio": [120] * len(rows),
+                        "prev_state": [0] * len(rows)})
+
+
+@pytest.fixture
+def implementation(request, monkeypatch):
+    """The compiled code (forced, however small the input) or the numpy code."""
+    return use_implementation(request.param, monkeypatch)
+
+
+@pytest.mark.parametrize("implementation", ["compiled", "numpy"], indirect=True)
+@pytest.mark.parametrize("seed", range(8))
+def test_unrecorded_moves_match_the_code_they_replaced(seed, implementation):
+    """Compiled and numpy, the moves no probe recorded are the ones the replaced code found: on
+    random streams (one with more moves than the compiled pass first makes room for), by hand."""
+    from harmony.analysis.causes import find_unrecorded_moves
+    events = random_events(seed, n=20_000 if seed == 0 else 3000, pids=40)
+    rng = np.random.default_rng(seed)
+    for pids in (None, [1, 2, 3], rng.choice(np.arange(-1, 45), 15).tolist(), [99], [],
+                 [5, 1 << 25]):
+        got = find_unrecorded_moves(events, pids)
+        _same_moves(got, _reference_find_unrecorded_moves(events, pids))
+    assert len(find_unrecorded_moves(events)["row"]) > (4096 if seed == 0 else 0)
+    plain = events.astype({"event": str})       # not categorical
+    _same_moves(find_unrecorded_moves(plain, [1, 2, 3]),
+                _reference_find_unrecorded_moves(events, [1, 2, 3]))
+    _same_moves(find_unrecorded_moves(events.iloc[:0]),
+                _reference_find_unrecorded_moves(events.iloc[:0]))
+    hand = _hand_moves_stream()
+    moves = find_unrecorded_moves(hand)
+    _same_moves(moves, _reference_find_unrecorded_moves(hand))
+    assert list(zip(moves["pid"].tolist(), moves["from_cpu"].tolist(), moves["to_cpu"].tolist())) \
+        == [(5, 0, 1), (6, 0, 1), (7, 1, 2), (9, 2, 0)]
