@@ -24,7 +24,7 @@ import pandas as pd
 
 from harmony import hostfacts, pipeline, store
 from harmony.analysis import trust
-from harmony.analysis.arrays import event_mask, in_set, index_of
+from harmony.analysis.arrays import event_kinds, event_mask, in_set, index_of
 from harmony.analysis.waking import wakeups_from_waking
 from harmony.errors import ImportFailed  # noqa: F401  (raised here)
 from harmony.experiments import get_experiment
@@ -276,30 +276,64 @@ def find_marker(markers: pd.DataFrame, text: str, path) -> int:
                        f"({len(markers)} markers in the file)")
 
 
+def _task_index(values: np.ndarray, want: np.ndarray) -> np.ndarray:
+    """Each of ``values``' position in ``want`` (sorted distinct pids), -1 for any other value: one
+    gather from a table of the pids, in the narrowest type, when they are positive and below
+    2**24 (pid_max is at most 2**22); :func:`index_of` otherwise."""
+    if not len(want) or want[0] < 1 or want[-1] >= 1 << 24:
+        return index_of(values, want)
+    table = np.full(int(want[-1]) + 2, -1, np.int16 if len(want) < 1 << 15 else np.int32)
+    table[want] = np.arange(len(want))
+    return np.take(table, values, mode="clip")      # < 1: table[0]; > the last pid: table[-1]
+
+
+#: the first window of events a look-up near one end of the trace (or t0) reads; it grows 4x
+#: while a task is still missing (most tasks are found in the first)
+LOOK_UP_WINDOW = 1 << 14
+
+
+def _windows(start: int, stop: int):
+    """[lo, hi) ranges of rows from ``start`` towards ``stop`` (backwards if stop < start), the
+    first :data:`LOOK_UP_WINDOW` long, each next one 4x the last, until ``stop``."""
+    size = LOOK_UP_WINDOW
+    while start != stop:
+        end = min(start + size, stop) if stop > start else max(start - size, stop)
+        yield (start, end) if stop > start else (end, start)
+        start, size = end, 4 * size
+
+
 def _where_at(events: pd.DataFrame, pids: list[int], t0: int) -> dict[int, int]:
     """Per pid, the CPU it was on at t0: its last placement (switched in or out there, or moved
-    or woken to it) before t0, else its first one after; -1 if none."""
+    or woken to it) before t0, else its first one after; -1 if none. Read from t0 backwards,
+    then forwards, in growing windows, until every pid is placed: the rows around t0 only,
+    where every task of a busy trace has an event."""
     pid, prev = events["pid"].to_numpy(), events["prev_pid"].to_numpy()
     want = np.asarray(sorted(pids), np.int64)
-    sw = event_mask(events, "sched_switch")
-    moved = event_mask(events, "sched_migrate_task", "sched_wakeup", "sched_wakeup_new")
+    codes, lut = event_kinds(events, {"sched_switch": 0, "sched_migrate_task": 1,
+                                      "sched_wakeup": 1, "sched_wakeup_new": 1})
+    lut = np.append(lut, np.int8(-1))               # a missing event's code, -1: no placement
     cpu, target = events["cpu"].to_numpy(), events["target_cpu"].to_numpy()
-    ts = events["ts"].to_numpy()
-    last = np.full(len(want), -1, np.int64)           # per pid: last placement's row <= t0
-    first = np.full(len(want), len(ts), np.int64)     # and first placement's row
-    placed = []
-    for mask, p, c in ((sw, pid, cpu), (sw, prev, cpu), (moved, pid, target)):
-        r = np.flatnonzero(mask & in_set(p, want) & (c >= 0))      # rows are in time order
-        k = index_of(p[r], want)
-        np.minimum.at(first, k, r)
-        before = ts[r] <= t0
-        np.maximum.at(last, k[before], r[before])
-        placed.append((r, k, c[r]))
-    at = np.where(last >= 0, last, first)             # the row that says where each pid was
+    bound = int(np.searchsorted(events["ts"].to_numpy(), t0, side="right"))   # rows <= t0
     where = np.full(len(want), -1, np.int64)
-    for r, k, c in placed:      # a row places a pid once (or twice on one CPU: a switch to itself)
-        hit = r == at[k]
-        where[k[hit]] = c[hit]
+    todo = np.ones(len(want), bool)
+    for start, stop, pick in ((bound, 0, np.maximum), (bound, len(events), np.minimum)):
+        for lo, hi in _windows(start, stop):
+            if not todo.any():
+                break
+            kind = lut[codes[lo:hi]]
+            placed = []
+            for is_kind, p, c in ((0, pid, cpu), (0, prev, cpu), (1, pid, target)):
+                k, c = _task_index(p[lo:hi], want), c[lo:hi]
+                r = np.flatnonzero((kind == is_kind) & (k >= 0) & (c >= 0))
+                placed.append((r, k[r], c[r]))
+            best = np.full(len(want), -1 if pick is np.maximum else hi, np.int64)
+            for r, k, _ in placed:
+                pick.at(best, k, r)
+            found = todo & (best >= 0) & (best < hi)
+            for r, k, c in placed:  # a row places a pid once (or twice on one CPU: to itself)
+                hit = found[k] & (r == best[k])
+                where[k[hit]] = c[hit]
+            todo &= ~found
     return {p: int(where[np.searchsorted(want, p)]) for p in pids}
 
 
@@ -307,20 +341,12 @@ def _nice(events: pd.DataFrame, pids: list[int]) -> dict[int, tuple[int, int | N
     """Per pid, (nice, kernel prio) from the prio its events show most often (the lowest of
     equally frequent ones)."""
     want = np.asarray(sorted(pids), np.int64)
-    who, prio = [], []
-    for pc, qc in (("pid", "prio"), ("prev_pid", "prev_prio")):
-        p, q = events[pc].to_numpy(), events[qc].to_numpy()
-        keep = in_set(p, want) & (q >= 0)
-        who.append(index_of(p[keep], want)), prio.append(q[keep].astype(np.int64))
-    who, prio = np.concatenate(who), np.concatenate(prio)
+    cols = [(events[pc].to_numpy(), events[qc].to_numpy())
+            for pc, qc in (("pid", "prio"), ("prev_pid", "prev_prio"))]
+    counts, values = _prio_counts(cols, want)
     out = {p: (0, None) for p in pids}
-    if not len(prio):
+    if not counts.size:
         return out
-    values = np.arange(int(prio.max()) + 1)   # prios are small (0-139): a count per (pid, prio)
-    if len(values) > 4096:                     # a damaged trace's: counted among those it holds
-        values, prio = np.unique(prio, return_inverse=True)
-    width = len(values)
-    counts = np.bincount(who * width + prio, minlength=len(want) * width).reshape(len(want), width)
     best = counts.argmax(axis=1)           # the most frequent, the lowest of equally frequent
     for k, p in enumerate(want.tolist()):
         if counts[k, best[k]]:
@@ -329,17 +355,64 @@ def _nice(events: pd.DataFrame, pids: list[int]) -> dict[int, tuple[int, int | N
     return out
 
 
+#: rows counted at a time by _prio_counts: its temporaries stay in the CPU's cache
+PRIO_CHUNK = 1 << 16
+
+
+def _prio_counts(cols, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(counts, values): how many rows of the (pid, prio) columns ``cols`` name each of ``want``
+    (sorted pids) with each prio ``values[j]`` >= 0, as counts[pid's index, j]."""
+    lows, tops = zip(*((int(q.min(initial=0)), int(q.max(initial=-1))) for _, q in cols))
+    width = max(tops) + 1
+    if len(want) and want[0] >= 1 and want[-1] < 1 << 24 and min(lows) >= -1 and width <= 4096:
+        # prios are small (0-139): a count per (pid, prio + 1), prio -1 (none) in column 0 and any
+        # other pid in a last row, each row's bin one gather from a table of the pids
+        row = width + 1
+        table = np.full(int(want[-1]) + 2, len(want) * row + 1, np.int32)
+        table[want] = np.arange(len(want), dtype=np.int32) * row + 1
+        counts = np.zeros((len(want) + 1) * row, np.int64)
+        buf = np.empty(PRIO_CHUNK, np.int32)
+        for p, q in cols:
+            for lo in range(0, len(p), PRIO_CHUNK):
+                b = buf[:len(p[lo:lo + PRIO_CHUNK])]
+                np.take(table, p[lo:lo + PRIO_CHUNK], mode="clip", out=b)   # pid < 1: table[0]
+                b += q[lo:lo + PRIO_CHUNK]
+                counts += np.bincount(b, minlength=len(counts))
+        return counts.reshape(-1, row)[:-1, 1:], np.arange(width)
+    who, prio = [], []
+    for p, q in cols:
+        k = index_of(p, want)
+        keep = np.flatnonzero((k >= 0) & (q >= 0))
+        who.append(k[keep]), prio.append(q[keep].astype(np.int64))
+    who, prio = np.concatenate(who), np.concatenate(prio)
+    if not len(prio):
+        return np.zeros((len(want), 0), np.int64), np.zeros(0, np.int64)
+    values = np.arange(int(prio.max()) + 1)
+    if len(values) > 4096:                     # a damaged trace's: counted among those it holds
+        values, prio = np.unique(prio, return_inverse=True)
+    width = len(values)
+    return (np.bincount(who * width + prio, minlength=len(want) * width).reshape(len(want), width),
+            values)
+
+
 def _last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, str]:
     """Per pid, the comm of its last event that names it (pid/comm or prev_pid/prev_comm; a task
-    renames itself by exec or prctl); absent when none does."""
+    renames itself by exec or prctl); absent when none does. Read from the end backwards in
+    growing windows, until every pid is named."""
     want = np.asarray(sorted(pids), np.int64)
     ts = events["ts"].to_numpy()
     best: dict[int, tuple] = {}
     for src, (pc, cc) in enumerate((("pid", "comm"), ("prev_pid", "prev_comm"))):
-        p = events[pc].to_numpy()
-        rows = np.flatnonzero(in_set(p, want) & (events[cc] != "").to_numpy())
+        p, comm = events[pc].to_numpy(), events[cc]
         last = np.full(len(want), -1, np.int64)       # each pid's last such row
-        np.maximum.at(last, index_of(p[rows], want), rows)
+        for lo, hi in _windows(len(events), 0):
+            if (last >= 0).all():
+                break
+            k = _task_index(p[lo:hi], want)
+            rows = np.flatnonzero((k >= 0) & (comm.iloc[lo:hi] != "").to_numpy())
+            found = np.full(len(want), -1, np.int64)
+            np.maximum.at(found, k[rows], rows + lo)
+            last = np.where(last >= 0, last, found)
         for k in np.flatnonzero(last >= 0):
             r, pid = int(last[k]), int(want[k])
             key = (int(ts[r]), src, r)                # the latest; at a tie, a prev_comm

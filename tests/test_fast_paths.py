@@ -275,9 +275,16 @@ def _reference_last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, st
     return {pid: str(events[cc].iat[key[2]]) for pid, (key, cc) in best.items()}
 
 
+@pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("seed", range(12))
-def test_the_importers_task_look_ups_match_the_code_they_replaced(seed):
+def test_the_importers_task_look_ups_match_the_code_they_replaced(seed, window, monkeypatch):
+    """The same, whether the look-ups read the rows around t0 (and the end) in one window or in
+    many (7 rows, then 28, ...), the prios counted at once or in chunks: t0 anywhere, before the
+    first event or at the last."""
     from harmony import importer
+    if window:
+        monkeypatch.setattr(importer, "LOOK_UP_WINDOW", window)
+        monkeypatch.setattr(importer, "PRIO_CHUNK", 100 + window)
     events = random_events(seed, n=3000, pids=40)
     rng = np.random.default_rng(seed)
     cmdlines = {3: "cmd3", 0: "idle", 77: "x"}
@@ -289,6 +296,12 @@ def test_the_importers_task_look_ups_match_the_code_they_replaced(seed):
         assert importer._where_at(events, pids, t0) == _reference_where_at(events, pids, t0)
         assert importer._nice(events, pids) == _reference_nice(events, pids)
         assert importer._last_comms(events, pids) == _reference_last_comms(events, pids)
+        for edge in (int(events["ts"].iloc[0]) - 1, int(events["ts"].iloc[-1])):
+            assert importer._where_at(events, pids, edge) == _reference_where_at(events, pids, edge)
+    big = [1, 2, 1 << 25]           # a pid no table holds: looked up by a binary search
+    assert importer._where_at(events, big, t0) == _reference_where_at(events, big, t0)
+    assert importer._nice(events, big) == _reference_nice(events, big)
+    assert importer._last_comms(events, big) == _reference_last_comms(events, big)
     odd = events.assign(prio=np.where(np.arange(len(events)) % 7 == 0, 1 << 20, events["prio"]))
     assert importer._nice(odd, [1, 2, 3]) == _reference_nice(odd, [1, 2, 3])
 
