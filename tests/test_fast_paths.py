@@ -16,10 +16,12 @@ from harmony.analysis import metrics as mt
 from harmony.analysis import reconstruct as rc
 from harmony.analysis import thresholds as T
 from harmony.analysis.arrays import event_mask, in_set, sorted_unique
+from harmony.analysis.causes import find_unrecorded_moves
 from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
 from harmony.analysis.reconstruct import NS
 from harmony.analysis.taskstate import task_records
 from harmony.probes.schema import make_events
+from harmony.tasks import TaskSpec, tasks_frame
 
 from conftest import use_implementation
 
@@ -693,7 +695,6 @@ def implementation(request, monkeypatch):
 def test_unrecorded_moves_match_the_code_they_replaced(seed, implementation):
     """Compiled and numpy, the moves no probe recorded are the ones the replaced code found: on
     random streams (one with more moves than the compiled pass first makes room for), by hand."""
-    from harmony.analysis.causes import find_unrecorded_moves
     events = random_events(seed, n=20_000 if seed == 0 else 3000, pids=40)
     rng = np.random.default_rng(seed)
     for pids in (None, [1, 2, 3], rng.choice(np.arange(-1, 45), 15).tolist(), [99], [],
@@ -711,3 +712,67 @@ def test_unrecorded_moves_match_the_code_they_replaced(seed, implementation):
     _same_moves(moves, _reference_find_unrecorded_moves(hand))
     assert list(zip(moves["pid"].tolist(), moves["from_cpu"].tolist(), moves["to_cpu"].tolist())) \
         == [(5, 0, 1), (6, 0, 1), (7, 1, 2), (9, 2, 0)]
+
+
+# --- the allocation table (harmony.analysis.reconstruct), as it was split ----------------------
+
+def _reference_df_allocation(runs, tasks, t0, t_end, window_ns):
+    _pids, _t, _task_info = rc._pids, rc._t, rc._task_info
+    w = int(window_ns)
+    t0, t_end = int(t0), int(t_end)
+    k_n = max(0, -(-(t_end - t0) // w))
+    tp = _pids(tasks)
+    n_t = len(tp)
+    s = np.maximum(runs["start"].to_numpy(), np.int64(t0))
+    e = np.minimum(runs["end"].to_numpy(), np.int64(t_end))
+    keep = e > s
+    pid, s, e = runs["pid"].to_numpy()[keep], s[keep], e[keep]
+    known = np.isin(pid, tp)
+    pid, s, e = pid[known], s[known], e[known]
+    order = np.argsort(tp, kind="stable")
+    tix = order[np.searchsorted(tp[order], pid)]
+    a = (s - t0) // w
+    b = (e - 1 - t0) // w
+    cnt = (b - a + 1).astype(np.int64)
+    rep = np.repeat(np.arange(len(s)), cnt)
+    off = np.arange(len(rep)) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+    k = a[rep] + off
+    ps = np.maximum(s[rep], t0 + k * w)
+    pe = np.minimum(e[rep], t0 + (k + 1) * w)
+    ns = np.bincount(k * n_t + tix[rep], weights=(pe - ps).astype(np.float64),
+                     minlength=k_n * n_t)[:k_n * n_t]
+    kk = np.repeat(np.arange(k_n, dtype=np.int64), n_t)
+    ti = np.tile(np.arange(n_t), k_n)
+    wstart = t0 + kk * w
+    wlen = np.minimum(wstart + w, t_end) - wstart
+    name, role = _task_info(tp[ti], tasks)
+    cpu_time = ns / NS
+    return tables.ALLOCATION.frame({
+        "pid": tp[ti], "name": name, "role": role, "window": kk, "window_start": wstart,
+        "t": _t(wstart, t0), "window_s": wlen / NS, "cpu_time": cpu_time,
+        "share": cpu_time / (wlen / NS),
+    })
+
+
+@pytest.mark.parametrize("chunk", [None, 37])
+@pytest.mark.parametrize("seed", range(10))
+def test_allocation_matches_the_code_it_replaced(seed, chunk, monkeypatch):
+    """Random runs (of the tasks and of pids the table does not hold; before t0, across it, past
+    t_end, over many windows, of no length), read in one chunk or many: the same table."""
+    if chunk:
+        monkeypatch.setattr(rc, "ALLOCATION_CHUNK", chunk)
+    rng = np.random.default_rng(seed)
+    tasks = tasks_frame([TaskSpec(name=f"t{i}") for i in range(5)], [7, 3, 40, 41, 9])
+    n = int(rng.integers(0, 800))
+    start = np.sort(rng.integers(0, 10_000_000, n))
+    long = rng.random(n) < 0.1
+    dur = np.where(long, rng.integers(0, 5_000_000, n), rng.integers(0, 200_000, n))
+    runs = pd.DataFrame({"pid": rng.choice([7, 3, 40, 41, 9, 5, 0], n).astype(np.int32),
+                         "start": start, "end": start + dur})
+    t0 = int(rng.integers(0, 2_000_000))
+    t_end = t0 + int(rng.integers(1, 9_000_000))
+    for w in (int(rng.integers(1, 3_000_000)), 10_000_000, 997):
+        got = rc.df_allocation(runs, tasks, t0, t_end, w)
+        pd.testing.assert_frame_equal(got, _reference_df_allocation(runs, tasks, t0, t_end, w),
+                                      check_exact=True)
+    assert rc.df_allocation(runs, tasks, t0, t0, 1000).empty
