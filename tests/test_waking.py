@@ -81,6 +81,35 @@ def test_placement_pull_and_wake_in_place(state_machine):
     assert rc.df_runqueue(ev, tasks, [0, 1, 2], t, t + 100 * US).attrs["anomalies"] == 2
 
 
+def test_a_migration_made_by_another_task_than_the_wake_up_is_no_placement(state_machine):
+    """Two tasks woken together on an idle CPU 1 (common_pid 0); its switch to the first is not
+    recorded (a blind context), and the next event recorded there, made while the first runs,
+    moves the second, queued behind it, to CPU 0: an RT push, as in two real recordings. No
+    switch comes between a sched_waking and its placement: this one is no placement."""
+    t = 1_000_000
+    s = (Stream()
+         .switch(t, 1, 0, 0, 201).switch(t + 1, 1, 201, 1, 202).switch(t + 2, 1, 202, 1, 0)
+         .switch(t + 3, 0, 0, 0, WAKER))
+    t += 100 * US
+    s.waking(t, 1, 201, 1, 0).waking(t + 1 * US, 1, 202, 1, 0)
+    s.migrate(t + 40 * US, 1, 202, 1, 0, 201).switch(t + 75 * US, 0, WAKER, 0, 202)
+    got, info = wakeups_from_waking(s.events())
+    assert info == {"derived": 2, "placed": 0, "pulls": 0, "after_switch_out": 0}
+    assert _wakeups(got) == [(t, 1, 201, 1, 0), (t + 1 * US, 1, 202, 1, 0)]
+    tasks = _tasks([201, 202])
+    assert rc.df_migrations(got, tasks, t)["kind"].astype(str).tolist() == ["balance"]
+    # the same migration made in the wake-up's own context (common_pid 0) is its placement
+    s = (Stream()
+         .switch(t - 100 * US, 1, 0, 0, 201).switch(t - 99 * US, 1, 201, 1, 202)
+         .switch(t - 98 * US, 1, 202, 1, 0).switch(t - 97 * US, 0, 0, 0, WAKER))
+    s.waking(t, 1, 201, 1, 0).waking(t + 1 * US, 1, 202, 1, 0)
+    s.migrate(t + 2 * US, 1, 202, 1, 0, 0).switch(t + 75 * US, 0, WAKER, 0, 202)
+    got, info = wakeups_from_waking(s.events())
+    assert info == {"derived": 2, "placed": 1, "pulls": 0, "after_switch_out": 0}
+    assert _wakeups(got)[1] == (t + 2 * US, 1, 202, 0, 0)
+    assert rc.df_migrations(got, tasks, t)["kind"].astype(str).tolist() == ["wakeup"]
+
+
 def test_a_task_woken_while_still_on_its_cpu_is_woken_after_its_switch_out(state_machine):
     t = 1_000_000
     s = (Stream()
