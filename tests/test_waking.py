@@ -267,7 +267,29 @@ def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel,
     # more, may wait longer: the waker preempted between the two, on a busy 2-CPU host 2 of 173)
     late = found[~found["early_ns"].between(0, 1_000_000)]
     assert len(late) <= max(2, 0.01 * len(found)), late
-    # and the migrations are of the same kinds (wake-up placement or balance), but for at most
-    # one migration the kernel's events do not tell apart (see analysis.waking)
+    # and the migrations are of the same kinds (wake-up placement or balance), but for those the
+    # events without sched_wakeup do not tell from a placement (see analysis.waking): moved by
+    # the wake-up's own context once the task was queued (an RT push from the wake-up, a pull by
+    # the waker's CPU as the waker runs on). Any other difference is a derivation gone wrong, as
+    # the RT pushes made after an unrecorded switch were (2 of 1 283 migrations in 36 runs here,
+    # 2026-11-26, before the fix; 1 left of the ambiguous kind, and 1 of 699 in a suite's 31).
+    # At ~0.1 % of migrations, more than 5 % of a run's (or 2) would be a new kind of move.
     kinds = df_migration_kind_check(events)
-    assert len(kinds) and (kinds["kind"] != kinds["derived_kind"]).sum() <= 1, kinds
+    differ = kinds[kinds["kind"] != kinds["derived_kind"]]
+    queued = [_moved_once_queued(events, ts, pid) for ts, pid in zip(differ["ts"], differ["pid"])]
+    assert len(kinds) and all(queued), differ.assign(moved_once_queued=queued)
+    assert len(differ) <= max(2, 0.05 * len(kinds)), differ
+
+
+def _moved_once_queued(events: pd.DataFrame, ts: int, pid: int) -> bool:
+    """Whether the migration of ``pid`` at ``ts`` is recorded on its CPU right after the task's
+    sched_waking and then sched_wakeup, the three by the same current task: moved within or
+    right after its wake-up, once queued, so that without the sched_wakeup it looks like the
+    wake-up's placement."""
+    row = np.flatnonzero(event_mask(events, "sched_migrate_task") & (events["ts"].to_numpy() == ts)
+                         & (events["pid"].to_numpy() == pid))[0]
+    cpu = events["cpu"].to_numpy()
+    before = events.iloc[np.flatnonzero(cpu[:row] == cpu[row])[-2:]]
+    return (before["event"].astype(str).tolist() == ["sched_waking", "sched_wakeup"]
+            and (before["pid"] == pid).all()
+            and (before["common_pid"] == events["common_pid"].iloc[row]).all())
