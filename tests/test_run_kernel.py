@@ -60,6 +60,31 @@ def wait_for(predicate, timeout=20.0, step=0.05):
     return predicate()
 
 
+def assert_stays_balanced(run, last_ns: int = 1_000_000_000) -> None:
+    """The run queues of a single-source ``run`` stay balanced over its last ``last_ns``: within
+    its tolerance for at least two thirds of that time, and no imbalance there lasting longer
+    than 250 ms (a few of the balancer's intervals).
+
+    Not "balanced at the end" (``balanced_at_end``, the state at one instant): the kernel does
+    not hold 2-2 still. Its load balancer weighs every task of a CPU, other processes' too, and a
+    few ms of them on one CPU tip it to move an experiment task off that CPU (3-1), and one back
+    about 0.1 s later. In 12 cold 2 s runs here (2026-11-26), the 8 quiet ones (other tasks under
+    5 % of a CPU) made 11 such moves by the periodic balancer, 10 off the CPU where other
+    processes (a PID-1 thread, mostly) had run more of the 100 ms before (3.6-13.4 ms, against
+    0-9.7 ms on the other), each moved back 20-132 ms later but one: that run ended 7 ms into it
+    (balanced_at_end False). One CI run of 3 s went 3-1 twice in its last second, back within 140
+    and 96 ms (balanced 76 % of that second). A run that does not balance, or leaves the queues
+    unbalanced for long, still fails."""
+    m = run.manifest
+    tl = balance_timeline(run.runqueue, run.tasks, m["cpus"], m["t0_ns"], m["end_ns"],
+                          m["params"]["tolerance"])
+    start = m["end_ns"] - last_ns
+    last = tl[tl["end"] > start]
+    dur = last["end"] - last["ts"].clip(lower=start)
+    assert dur[last["balanced"]].sum() >= 2 / 3 * dur.sum(), tl.tail()
+    assert np.max(dur[~last["balanced"]].to_numpy(), initial=0) <= 250e6, tl.tail()
+
+
 def start_long_run(out: Path, duration=30) -> subprocess.Popen:
     """A run in the background, returned once its workers are released and the probe records."""
     for _ in range(90):
@@ -132,15 +157,7 @@ def test_run_is_complete_and_balances(e1_run):
     first = rq[(rq["cpu"] == 0) & (rq["ts"] >= m["t0_ns"]) & (rq["ts"] < first_move)]
     assert first["nr"].max() == 4, rq.head(10)
     assert m["foreign_load"]["max_frac"] <= 0.05      # a quiet run (e1_run measures again)
-    # Stays balanced. The kernel does not hold 2-2 still: in one CI run it moved a task to 3-1
-    # twice in the last second and back within 140 and 96 ms (balanced 76 % of that second). So:
-    # balanced for at least two thirds of the last second, and no imbalance there lasts longer
-    # than 250 ms (a few of the balancer's intervals).
-    tl = balance_timeline(run.runqueue, run.tasks, m["cpus"], m["t0_ns"], m["end_ns"])
-    last = tl[tl["end"] > m["end_ns"] - 1e9]
-    dur = (last["end"] - last["ts"].clip(lower=m["end_ns"] - 1e9))
-    assert dur[last["balanced"]].sum() >= 2 / 3 * dur.sum(), tl.tail()
-    assert np.max(dur[~last["balanced"]].to_numpy(), initial=0) <= 250e6, tl.tail()
+    assert_stays_balanced(run)
     # each task got a share near the fair share of 0.5 CPU
     assert run.shares["share"].between(0.3, 0.7).all(), run.shares
 

@@ -81,6 +81,35 @@ def test_placement_pull_and_wake_in_place(state_machine):
     assert rc.df_runqueue(ev, tasks, [0, 1, 2], t, t + 100 * US).attrs["anomalies"] == 2
 
 
+def test_a_migration_made_by_another_task_than_the_wake_up_is_no_placement(state_machine):
+    """Two tasks woken together on an idle CPU 1 (common_pid 0); its switch to the first is not
+    recorded (a blind context), and the next event recorded there, made while the first runs,
+    moves the second, queued behind it, to CPU 0: an RT push, as in two real recordings. No
+    switch comes between a sched_waking and its placement: this one is no placement."""
+    t = 1_000_000
+    s = (Stream()
+         .switch(t, 1, 0, 0, 201).switch(t + 1, 1, 201, 1, 202).switch(t + 2, 1, 202, 1, 0)
+         .switch(t + 3, 0, 0, 0, WAKER))
+    t += 100 * US
+    s.waking(t, 1, 201, 1, 0).waking(t + 1 * US, 1, 202, 1, 0)
+    s.migrate(t + 40 * US, 1, 202, 1, 0, 201).switch(t + 75 * US, 0, WAKER, 0, 202)
+    got, info = wakeups_from_waking(s.events())
+    assert info == {"derived": 2, "placed": 0, "pulls": 0, "after_switch_out": 0}
+    assert _wakeups(got) == [(t, 1, 201, 1, 0), (t + 1 * US, 1, 202, 1, 0)]
+    tasks = _tasks([201, 202])
+    assert rc.df_migrations(got, tasks, t)["kind"].astype(str).tolist() == ["balance"]
+    # the same migration made in the wake-up's own context (common_pid 0) is its placement
+    s = (Stream()
+         .switch(t - 100 * US, 1, 0, 0, 201).switch(t - 99 * US, 1, 201, 1, 202)
+         .switch(t - 98 * US, 1, 202, 1, 0).switch(t - 97 * US, 0, 0, 0, WAKER))
+    s.waking(t, 1, 201, 1, 0).waking(t + 1 * US, 1, 202, 1, 0)
+    s.migrate(t + 2 * US, 1, 202, 1, 0, 0).switch(t + 75 * US, 0, WAKER, 0, 202)
+    got, info = wakeups_from_waking(s.events())
+    assert info == {"derived": 2, "placed": 1, "pulls": 0, "after_switch_out": 0}
+    assert _wakeups(got)[1] == (t + 2 * US, 1, 202, 0, 0)
+    assert rc.df_migrations(got, tasks, t)["kind"].astype(str).tolist() == ["wakeup"]
+
+
 def test_a_task_woken_while_still_on_its_cpu_is_woken_after_its_switch_out(state_machine):
     t = 1_000_000
     s = (Stream()
@@ -238,7 +267,29 @@ def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel,
     # more, may wait longer: the waker preempted between the two, on a busy 2-CPU host 2 of 173)
     late = found[~found["early_ns"].between(0, 1_000_000)]
     assert len(late) <= max(2, 0.01 * len(found)), late
-    # and the migrations are of the same kinds (wake-up placement or balance), but for at most
-    # one migration the kernel's events do not tell apart (see analysis.waking)
+    # and the migrations are of the same kinds (wake-up placement or balance), but for those the
+    # events without sched_wakeup do not tell from a placement (see analysis.waking): moved by
+    # the wake-up's own context once the task was queued (an RT push from the wake-up, a pull by
+    # the waker's CPU as the waker runs on). Any other difference is a derivation gone wrong, as
+    # the RT pushes made after an unrecorded switch were (2 of 1 283 migrations in 36 runs here,
+    # 2026-11-26, before the fix; 1 left of the ambiguous kind, and 1 of 699 in a suite's 31).
+    # At ~0.1 % of migrations, more than 5 % of a run's (or 2) would be a new kind of move.
     kinds = df_migration_kind_check(events)
-    assert len(kinds) and (kinds["kind"] != kinds["derived_kind"]).sum() <= 1, kinds
+    differ = kinds[kinds["kind"] != kinds["derived_kind"]]
+    queued = [_moved_once_queued(events, ts, pid) for ts, pid in zip(differ["ts"], differ["pid"])]
+    assert len(kinds) and all(queued), differ.assign(moved_once_queued=queued)
+    assert len(differ) <= max(2, 0.05 * len(kinds)), differ
+
+
+def _moved_once_queued(events: pd.DataFrame, ts: int, pid: int) -> bool:
+    """Whether the migration of ``pid`` at ``ts`` is recorded on its CPU right after the task's
+    sched_waking and then sched_wakeup, the three by the same current task: moved within or
+    right after its wake-up, once queued, so that without the sched_wakeup it looks like the
+    wake-up's placement."""
+    row = np.flatnonzero(event_mask(events, "sched_migrate_task") & (events["ts"].to_numpy() == ts)
+                         & (events["pid"].to_numpy() == pid))[0]
+    cpu = events["cpu"].to_numpy()
+    before = events.iloc[np.flatnonzero(cpu[:row] == cpu[row])[-2:]]
+    return (before["event"].astype(str).tolist() == ["sched_waking", "sched_wakeup"]
+            and (before["pid"] == pid).all()
+            and (before["common_pid"] == events["common_pid"].iloc[row]).all())
