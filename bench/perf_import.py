@@ -136,7 +136,10 @@ def main(argv=None) -> int:
         target = all(r["script_over_import"] >= 5 for r in rows)
         ratios = ", ".join(f"{r['script_over_import']:.2f}x" for r in rows)
         alone = ", ".join(f"{r['script_over_reader']:.1f}x" for r in rows)
-        short = "".join(f"; {under_floor(r['perf_script_s'] / 5, r['events'], libraries_s)}"
+        # every import loads the libraries and reads the file: no import is faster than both
+        short = "".join("; " + under_floor(r["perf_script_s"] / 5, r["events"],
+                                           libraries_s + r["reader_s"],
+                                           "loading the libraries and reading the file alone")
                         for r in rows if r["script_over_import"] < 5)
         print(f"target harmony import >= 5x perf script: {'PASS' if target else 'MISS'} "
               f"({ratios}); the reader alone {alone}{short}")
