@@ -52,21 +52,22 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
     pids = tasks["pid"].to_numpy()
     ts = events["ts"].to_numpy()
     pid = events["pid"].to_numpy()
-    ours = in_set(pid, pids)
     start = t0 if warmup is None else warmup
-    wake = np.flatnonzero(event_mask(events, "sched_wakeup", "sched_wakeup_new")
-                          & (ts >= start) & ours)
-    # each task's first wake-up after its release: the earliest, and the first row among equal times
-    by_time = wake[np.argsort(ts[wake], kind="stable")]
-    woken, at = np.unique(pid[by_time], return_index=True)
-    firsts = by_time[at]
+    # the rows before the release (when the events are in time order, as the canonical table's
+    # are: a look-up, not a pass)
+    in_order = bool(len(ts) < 2 or (ts[1:] >= ts[:-1]).all())
+    bound = int(np.searchsorted(ts, start)) if in_order else None
+    firsts = _first_wakeups(events, pids, start, bound)
     first_ts = ts[firsts]
+    woken = np.unique(pid[firsts])
     not_woken = sorted(set(pids.tolist()) - set(woken.tolist()))
-    ran = pid[event_mask(events, "sched_switch") & (ts < start) & ours]
+    before = slice(0, bound) if in_order else slice(None)
+    ran = pid[before][event_mask(events.iloc[before], "sched_switch") & (ts[before] < start)
+                      & in_set(pid[before], pids)]
     out = {"warm": warmup is not None, "woken": int(len(woken)), "not_woken": not_woken,
            "ran_before_t0": sorted(set(ran.tolist())),
            "warmed_s": None if warmup is None else (int(t0) - int(warmup)) / 1e9}
-    if "initial_cpu" in tasks.columns and "target_cpu" in events.columns and len(wake):
+    if "initial_cpu" in tasks.columns and "target_cpu" in events.columns and len(firsts):
         limit = released if warmup is None else t0
         if limit is not None:
             firsts = firsts[first_ts <= limit]
@@ -74,14 +75,14 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
         target = events["target_cpu"].to_numpy()
         off = {int(p) for p, c in zip(pid[firsts], target[firsts]) if int(c) != int(home[int(p)])}
         if warmup is not None:
-            moved = event_mask(events, "sched_migrate_task") & (ts >= warmup) & (ts < t0) & ours
-            off |= set(pid[moved].tolist())
+            rows = _between(events, ts, in_order, warmup, t0, "sched_migrate_task", pids, True)
+            off |= set(pid[rows].tolist())
         out["woke_off_initial_cpu"] = sorted(int(p) for p in off)
     else:
         out["woke_off_initial_cpu"] = None
     if released is not None:
-        moved = event_mask(events, "sched_migrate_task") & (ts >= t0) & (ts <= released)
-        out["moved_before_released"] = int((moved & ours).sum())
+        rows = _between(events, ts, in_order, t0, released, "sched_migrate_task", pids, False)
+        out["moved_before_released"] = int(len(rows))
     else:
         out["moved_before_released"] = None
     if warmup is not None:
@@ -96,3 +97,49 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
     else:
         out |= {"wake_spread_ns": None, "release_spread_ns": None, "first_wakeup_after_t0_ns": None}
     return out
+
+
+#: the rows a search for the first wake-ups reads first; each next window is 4x the last (the
+#: tasks released at t0 wake within a few events of it: one window, not the whole trace)
+FIRST_WINDOW = 1 << 12
+
+
+def _first_wakeups(events: pd.DataFrame, pids: np.ndarray, start: int,
+                   bound: int | None) -> np.ndarray:
+    """The row of each task's first sched_wakeup(_new) at or after ``start`` (the earliest, and the
+    first row among equal times), in time order. ``bound``: the first row at or after ``start``
+    when the events are in time order (then read from there in growing windows until every task
+    is found), None when they are not (then all read)."""
+    ts, pid = events["ts"].to_numpy(), events["pid"].to_numpy()
+    if bound is None:
+        wake = np.flatnonzero(event_mask(events, "sched_wakeup", "sched_wakeup_new")
+                              & (ts >= start) & in_set(pid, pids))
+        by_time = wake[np.argsort(ts[wake], kind="stable")]
+        return np.sort(by_time[np.unique(pid[by_time], return_index=True)[1]])
+    found: list[np.ndarray] = []
+    seen = np.zeros(0, pid.dtype)
+    lo, size, want = bound, FIRST_WINDOW, len(np.unique(pids))
+    while lo < len(ts) and len(seen) < want:
+        hi = min(lo + size, len(ts))
+        rows = lo + np.flatnonzero(event_mask(events.iloc[lo:hi], "sched_wakeup", "sched_wakeup_new")
+                                   & in_set(pid[lo:hi], pids))
+        rows = rows[~in_set(pid[rows], seen)]
+        if len(rows):
+            new, at = np.unique(pid[rows], return_index=True)
+            found.append(rows[at])
+            seen = np.union1d(seen, new)
+        lo, size = hi, 4 * size
+    return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
+
+
+def _between(events: pd.DataFrame, ts: np.ndarray, in_order: bool, lo: int, hi: int, name: str,
+             pids: np.ndarray, before_hi: bool) -> np.ndarray:
+    """Rows of event ``name`` of the tasks ``pids`` stamped in [lo, hi) (``before_hi``) or [lo, hi],
+    read from those rows alone when the events are in time order."""
+    a, b = ((int(np.searchsorted(ts, lo)), int(np.searchsorted(ts, hi, "left" if before_hi
+                                                                   else "right")))
+            if in_order else (0, len(ts)))
+    t = ts[a:b]
+    keep = (event_mask(events.iloc[a:b], name) & (t >= lo) & (t < hi if before_hi else t <= hi)
+            & in_set(events["pid"].to_numpy()[a:b], pids))
+    return a + np.flatnonzero(keep)

@@ -776,3 +776,80 @@ def test_allocation_matches_the_code_it_replaced(seed, chunk, monkeypatch):
         pd.testing.assert_frame_equal(got, _reference_df_allocation(runs, tasks, t0, t_end, w),
                                       check_exact=True)
     assert rc.df_allocation(runs, tasks, t0, t0, 1000).empty
+
+
+def _reference_release_spread(events, tasks, t0, released, warmup=None):
+    pids = tasks["pid"].to_numpy()
+    ts = events["ts"].to_numpy()
+    pid = events["pid"].to_numpy()
+    ours = in_set(pid, pids)
+    start = t0 if warmup is None else warmup
+    wake = np.flatnonzero(event_mask(events, "sched_wakeup", "sched_wakeup_new")
+                          & (ts >= start) & ours)
+    # each task's first wake-up after its release: the earliest, and the first row among equal times
+    by_time = wake[np.argsort(ts[wake], kind="stable")]
+    woken, at = np.unique(pid[by_time], return_index=True)
+    firsts = by_time[at]
+    first_ts = ts[firsts]
+    not_woken = sorted(set(pids.tolist()) - set(woken.tolist()))
+    ran = pid[event_mask(events, "sched_switch") & (ts < start) & ours]
+    out = {"warm": warmup is not None, "woken": int(len(woken)), "not_woken": not_woken,
+           "ran_before_t0": sorted(set(ran.tolist())),
+           "warmed_s": None if warmup is None else (int(t0) - int(warmup)) / 1e9}
+    if "initial_cpu" in tasks.columns and "target_cpu" in events.columns and len(wake):
+        limit = released if warmup is None else t0
+        if limit is not None:
+            firsts = firsts[first_ts <= limit]
+        home = dict(zip(tasks["pid"].tolist(), tasks["initial_cpu"].tolist()))
+        target = events["target_cpu"].to_numpy()
+        off = {int(p) for p, c in zip(pid[firsts], target[firsts]) if int(c) != int(home[int(p)])}
+        if warmup is not None:
+            moved = event_mask(events, "sched_migrate_task") & (ts >= warmup) & (ts < t0) & ours
+            off |= set(pid[moved].tolist())
+        out["woke_off_initial_cpu"] = sorted(int(p) for p in off)
+    else:
+        out["woke_off_initial_cpu"] = None
+    if released is not None:
+        moved = event_mask(events, "sched_migrate_task") & (ts >= t0) & (ts <= released)
+        out["moved_before_released"] = int((moved & ours).sum())
+    else:
+        out["moved_before_released"] = None
+    if warmup is not None:
+        out |= {"wake_spread_ns": int(first_ts.max() - first_ts.min()) if len(woken) else None,
+                "release_spread_ns": None if released is None else int(released) - int(t0),
+                "first_wakeup_after_t0_ns": None}
+    elif len(woken):
+        lo, hi = int(first_ts.min()), int(first_ts.max())
+        end = max(hi, released) if released is not None else hi
+        out |= {"wake_spread_ns": hi - lo, "release_spread_ns": end - lo,
+                "first_wakeup_after_t0_ns": lo - t0}
+    else:
+        out |= {"wake_spread_ns": None, "release_spread_ns": None, "first_wakeup_after_t0_ns": None}
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_release_checks_match_the_code_they_replaced(seed, monkeypatch):
+    """Cold and warm, with and without the released marker, ties of time, a task never woken,
+    t0 before, inside and after the trace, and events out of time order (read whole); windows
+    of a few rows (read in many) or of the default size."""
+    from harmony.analysis import release
+    from harmony.analysis.release import release_spread
+    if seed % 2:
+        monkeypatch.setattr(release, "FIRST_WINDOW", 3)
+    events = random_events(seed, n=int(np.random.default_rng(seed).integers(50, 6000)), pids=14)
+    rng = np.random.default_rng(seed)
+    if seed % 4 == 1:
+        events = events.assign(ts=events["ts"].to_numpy() // 3000 * 1000)    # ties
+    if seed % 4 == 2:
+        events = events.iloc[rng.permutation(len(events))].reset_index(drop=True)
+    pids = sorted(rng.choice(np.arange(1, 16), int(rng.integers(1, 8)), replace=False).tolist())
+    tasks = pd.DataFrame({"pid": pids, "initial_cpu": rng.integers(0, 4, len(pids))})
+    if seed % 5 == 3:
+        tasks = tasks.drop(columns="initial_cpu")
+    ts = np.sort(events["ts"].to_numpy())
+    t0 = int(rng.choice([ts[0] - 5, ts[len(ts) // 3], ts[-1] + 5, ts[int(rng.integers(0, len(ts)))]]))
+    released = None if seed % 3 == 0 else t0 + int(rng.integers(0, 3000 * 40))
+    warmup = None if seed % 2 else t0 - int(rng.integers(0, 3000 * 40))
+    assert release_spread(events, tasks, t0, released, warmup) == \
+        _reference_release_spread(events, tasks, t0, released, warmup)
