@@ -853,3 +853,77 @@ def test_the_release_checks_match_the_code_they_replaced(seed, monkeypatch):
     warmup = None if seed % 2 else t0 - int(rng.integers(0, 3000 * 40))
     assert release_spread(events, tasks, t0, released, warmup) == \
         _reference_release_spread(events, tasks, t0, released, warmup)
+
+
+def _reference_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
+                            t_end: int, controller_tids=()) -> pd.DataFrame:
+    from harmony.analysis import foreign
+    NS = foreign.NS
+    t0, t_end = int(t0), int(t_end)
+    window = (t_end - t0) / NS
+    is_switch = event_mask(events, "sched_switch")
+    cpu_all = events["cpu"].to_numpy()[is_switch]
+    order = np.argsort(cpu_all, kind="stable")      # each CPU's switches, in time order
+    cpu_sorted = cpu_all[order]
+    ts_all = events["ts"].to_numpy(dtype=np.int64)[is_switch][order]
+    nxt_all = events["pid"].to_numpy()[is_switch][order]
+    prev_all = events["prev_pid"].to_numpy()[is_switch][order]
+    comm_codes, comm_names = _reference_codes(events["comm"], is_switch, order)
+    prev_codes, prev_names = _reference_codes(events["prev_comm"], is_switch, order)
+    pids = tasks["pid"].to_numpy()
+    own = np.asarray(list(controller_tids), dtype=np.int64)
+    rows = []
+    for cpu in sorted(set(int(c) for c in cpus)):
+        a, b = np.searchsorted(cpu_sorted, [cpu, cpu + 1])
+        if a == b:
+            rows.append((cpu, window, np.nan, np.nan, np.nan, np.nan, np.nan, ""))
+            continue
+        ts = ts_all[a:b]
+        # owner of each segment [bounds[k], bounds[k+1]): the task switched in at bounds[k];
+        # before the first switch, that switch's prev
+        starts = np.concatenate([[np.int64(-2**62)], ts])
+        ends = np.concatenate([ts, [np.int64(2**62)]])
+        owner = np.concatenate([prev_all[a:a + 1], nxt_all[a:b]])
+        dur = (np.clip(ends, t0, t_end) - np.clip(starts, t0, t_end)).astype(np.float64) / NS
+        is_idle = owner == 0
+        is_exp = in_set(owner, pids)
+        is_own = in_set(owner, own)
+        is_foreign = ~is_idle & ~is_exp & ~is_own
+        foreign_s = float(dur[is_foreign].sum())
+        top = ""
+        if is_foreign.any():
+            top = foreign._top_comm(comm_codes[a:b], comm_names, str(prev_names[prev_codes[a]]),
+                            is_foreign, dur)
+        rows.append((cpu, window, float(dur[is_exp].sum()), float(dur[is_own].sum()), foreign_s,
+                     float(dur[is_idle].sum()), foreign_s / window if window > 0 else np.nan, top))
+    return foreign.FOREIGN_LOAD.from_rows(rows)
+
+
+def _reference_codes(column, rows, order):
+    if isinstance(column.dtype, pd.CategoricalDtype):
+        # code -1 (a missing value) picks the last name: "nan", as astype(str) would say
+        names = np.append(np.asarray(column.cat.categories.astype(str), dtype=object), "nan")
+        return column.cat.codes.to_numpy()[rows][order], names
+    codes, uniques = pd.factorize(column.astype(str).to_numpy()[rows][order])
+    return codes, np.asarray(uniques, dtype=object)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_foreign_load_matches_the_code_it_replaced(seed):
+    """CPUs with and without switches, one beyond the int16 range, windows inside, around and
+    outside the trace, controller threads, a CPU column of int64 and comms not categorical."""
+    from harmony.analysis.foreign import df_foreign_load
+    rng = np.random.default_rng(seed)
+    events = random_events(seed, n=int(rng.integers(20, 3000)), pids=10, cpus=3)
+    if seed % 3 == 1:
+        events = events.assign(cpu=events["cpu"].astype(np.int64))
+    if seed % 4 == 2:
+        events = events.assign(comm=events["comm"].astype(str), prev_comm=events["prev_comm"].astype(object))
+    tasks = pd.DataFrame({"pid": sorted(rng.choice(np.arange(1, 12), 4, replace=False).tolist())})
+    ts = events["ts"].to_numpy()
+    t0 = int(rng.choice([ts[0] - 10, ts[len(ts) // 4], ts[-1] + 10]))
+    t_end = t0 + int(rng.integers(0, ts[-1] - ts[0] + 2000))
+    cpus = [0, 1, 2, 5] + ([40_000] if seed % 5 == 0 else [])
+    own = rng.choice(np.arange(1, 12), 2, replace=False).tolist() if seed % 2 else ()
+    pd.testing.assert_frame_equal(df_foreign_load(events, tasks, cpus, t0, t_end, own),
+                                  _reference_foreign_load(events, tasks, cpus, t0, t_end, own))
