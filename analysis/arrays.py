@@ -6,7 +6,8 @@ members are: small non-negative integers (pids, codes). On millions of events it
 table, CPUs in a CPU set); ``sorted_unique`` is ``np.unique`` without numpy's slow hashing.
 ``event_mask`` selects events by name through the category codes of the canonical table, and
 ``event_kinds`` maps them to a kernel's own codes. ``LastResult`` keeps an analysis's last
-result for the next caller asking about the same events.
+result for the next caller asking about the same events. ``growing_windows`` reads rows near one
+place first (a look-up that most often ends within a few events of it).
 """
 
 from __future__ import annotations
@@ -104,6 +105,18 @@ def event_kinds(events: pd.DataFrame, kinds: dict[str, int]) -> tuple[np.ndarray
     for name, code in kinds.items():
         kind[event_mask(events, name)] = code
     return kind, np.arange(max(kinds.values(), default=0) + 1).astype(np.int8)
+
+
+def growing_windows(start: int, stop: int, first: int):
+    """[lo, hi) ranges of rows from ``start`` towards ``stop`` (backwards if stop < start), the
+    first ``first`` long, each next one 4x the last, until ``stop``: a search that stops at the
+    window where it finds what it wants reads about as much as it needed, and a whole pass at
+    worst."""
+    size = first
+    while start != stop:
+        end = min(start + size, stop) if stop > start else max(start - size, stop)
+        yield (start, end) if stop > start else (end, start)
+        start, size = end, 4 * size
 
 
 class LastResult:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.arrays import event_mask, growing_windows, in_set
 
 
 def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released: int | None,
@@ -118,9 +118,10 @@ def _first_wakeups(events: pd.DataFrame, pids: np.ndarray, start: int,
         return np.sort(by_time[np.unique(pid[by_time], return_index=True)[1]])
     found: list[np.ndarray] = []
     seen = np.zeros(0, pid.dtype)
-    lo, size, want = bound, FIRST_WINDOW, len(np.unique(pids))
-    while lo < len(ts) and len(seen) < want:
-        hi = min(lo + size, len(ts))
+    want = len(np.unique(pids))
+    for lo, hi in growing_windows(bound, len(ts), FIRST_WINDOW):
+        if len(seen) == want:
+            break
         rows = lo + np.flatnonzero(event_mask(events.iloc[lo:hi], "sched_wakeup", "sched_wakeup_new")
                                    & in_set(pid[lo:hi], pids))
         rows = rows[~in_set(pid[rows], seen)]
@@ -128,7 +129,6 @@ def _first_wakeups(events: pd.DataFrame, pids: np.ndarray, start: int,
             new, at = np.unique(pid[rows], return_index=True)
             found.append(rows[at])
             seen = np.union1d(seen, new)
-        lo, size = hi, 4 * size
     return np.sort(np.concatenate(found)) if found else np.zeros(0, np.int64)
 
 

@@ -24,7 +24,7 @@ import pandas as pd
 
 from harmony import hostfacts, pipeline, store
 from harmony.analysis import trust
-from harmony.analysis.arrays import event_kinds, event_mask, in_set, index_of
+from harmony.analysis.arrays import event_kinds, event_mask, growing_windows, in_set, index_of
 from harmony.analysis.waking import wakeups_from_waking
 from harmony.errors import ImportFailed  # noqa: F401  (raised here)
 from harmony.experiments import get_experiment
@@ -292,16 +292,6 @@ def _task_index(values: np.ndarray, want: np.ndarray) -> np.ndarray:
 LOOK_UP_WINDOW = 1 << 14
 
 
-def _windows(start: int, stop: int):
-    """[lo, hi) ranges of rows from ``start`` towards ``stop`` (backwards if stop < start), the
-    first :data:`LOOK_UP_WINDOW` long, each next one 4x the last, until ``stop``."""
-    size = LOOK_UP_WINDOW
-    while start != stop:
-        end = min(start + size, stop) if stop > start else max(start - size, stop)
-        yield (start, end) if stop > start else (end, start)
-        start, size = end, 4 * size
-
-
 def _where_at(events: pd.DataFrame, pids: list[int], t0: int) -> dict[int, int]:
     """Per pid, the CPU it was on at t0: its last placement (switched in or out there, or moved
     or woken to it) before t0, else its first one after; -1 if none. Read from t0 backwards,
@@ -317,7 +307,7 @@ def _where_at(events: pd.DataFrame, pids: list[int], t0: int) -> dict[int, int]:
     where = np.full(len(want), -1, np.int64)
     todo = np.ones(len(want), bool)
     for start, stop, pick in ((bound, 0, np.maximum), (bound, len(events), np.minimum)):
-        for lo, hi in _windows(start, stop):
+        for lo, hi in growing_windows(start, stop, LOOK_UP_WINDOW):
             if not todo.any():
                 break
             kind = lut[codes[lo:hi]]
@@ -405,7 +395,7 @@ def _last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, str]:
     for src, (pc, cc) in enumerate((("pid", "comm"), ("prev_pid", "prev_comm"))):
         p, comm = events[pc].to_numpy(), events[cc]
         last = np.full(len(want), -1, np.int64)       # each pid's last such row
-        for lo, hi in _windows(len(events), 0):
+        for lo, hi in growing_windows(len(events), 0, LOOK_UP_WINDOW):
             if (last >= 0).all():
                 break
             k = _task_index(p[lo:hi], want)
