@@ -48,6 +48,27 @@ def test_write_table_reads_back_as_pandas_own_writer(tmp_path, monkeypatch, rows
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.parquet", "theirs.parquet"]
 
 
+@pytest.mark.parametrize("chunk", [1 << 20, 1000])
+def test_write_table_delta_encodes_int64_and_dictionary_encodes_the_rest(tmp_path, monkeypatch,
+                                                                         chunk):
+    monkeypatch.setattr(store, "WRITE_CHUNK_ROWS", chunk)   # 1000: row group by row group
+    df = _frame(3000)
+    df["end"] = pd.array(np.where(np.arange(3000) % 5, df["ts"] + 7, 0), dtype="Int64")
+    df.loc[::5, "end"] = pd.NA                              # a nullable int64 column too
+    store.write_table(tmp_path, "mine", df)
+    pd.testing.assert_frame_equal(store.read_table(tmp_path / "mine.parquet"), df)
+    meta = pq.ParquetFile(tmp_path / "mine.parquet").metadata
+    assert meta.num_row_groups == (3 if chunk == 1000 else 1)
+    for g in range(meta.num_row_groups):
+        enc = {meta.row_group(g).column(i).path_in_schema: meta.row_group(g).column(i).encodings
+               for i in range(meta.num_columns)}
+        for name in ("ts", "end"):
+            assert "DELTA_BINARY_PACKED" in enc[name] and "RLE_DICTIONARY" not in enc[name]
+        for name in ("cpu", "pid", "event", "comm"):
+            assert "RLE_DICTIONARY" in enc[name], (name, enc[name])
+        assert "RLE_DICTIONARY" not in enc["share"]
+
+
 def test_write_table_leaves_no_partial_file(tmp_path):
     class Unstorable:
         pass
