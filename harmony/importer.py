@@ -498,7 +498,12 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
             meta["derived_events"] = {"sched_wakeup": dict(derived, source="sched_waking")}
             notes.append(trust.note("wakeups_derived", **derived))
 
-    mine = events["ts"].to_numpy()[_task_events(events, chosen)]     # the chosen tasks' events
+    # the first and last events of the chosen tasks (two stamps, not a copy of theirs: that
+    # would live as long as the analysis, 8 bytes an event)
+    theirs = _task_events(events, chosen)
+    stamp = events["ts"].to_numpy()
+    mine = stamp[[int(theirs.argmax()), len(theirs) - 1 - int(theirs[::-1].argmax())]]
+    del theirs
     if t0_marker is not None:
         t0, t0_from = find_marker(markers, t0_marker, path), f"trace marker {t0_marker!r}"
     elif t0_s is not None:
