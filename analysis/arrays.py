@@ -26,7 +26,7 @@ def in_set(values: np.ndarray, members) -> np.ndarray:
     if not members.size:
         return np.zeros(values.shape, dtype=bool)
     top = int(members.max())
-    if members.min() < 0 or top >= 1 << 24:
+    if members.min() < 0 or top >= TABLE_KEYS_MAX:
         return np.isin(values, members)
     table = np.zeros(top + 3, dtype=bool)      # value v at v + 1; clipped: 0 (v < 0), top + 2 (v > top)
     table[members + 1] = True
@@ -46,24 +46,60 @@ def sorted_unique(values) -> np.ndarray:
     return s[keep]
 
 
-def index_of(values, keys) -> np.ndarray:
+#: the largest key (plus one) a look-up table is made for: pid_max is at most 2**22, CPU numbers
+#: far below; a larger key is a damaged trace's
+TABLE_KEYS_MAX = 1 << 24
+
+#: the slots a look-up table may have whatever the number of values looked up; beyond, at most
+#: one slot a value (filling a slot costs about what looking a value up does)
+TABLE_MIN_SLOTS = 1 << 16
+
+
+def key_table(keys, dtype=np.int32) -> np.ndarray:
+    """A look-up table of ``keys`` (integers in [0, TABLE_KEYS_MAX)): slot v + 1 holds v's
+    position in ``keys`` (the first, if it repeats), every other slot -1; slot 0 stands for any
+    value below 0 and the last for any above the largest key, both -1. Looked up by
+    ``np.take(table, values + 1, mode="clip")`` (:func:`index_of`), and the same way by the
+    compiled passes (clipped at both ends). ``dtype``: the positions' type."""
+    keys = np.asarray(keys, dtype=np.int64)
+    if len(keys) and not (0 <= int(keys.min()) and int(keys.max()) < TABLE_KEYS_MAX):
+        raise ValueError(f"key_table: keys must lie in [0, {TABLE_KEYS_MAX})")
+    if len(keys) and len(keys) - 1 > np.iinfo(dtype).max:
+        raise ValueError(f"key_table: {len(keys)} positions do not fit {np.dtype(dtype)}")
+    table = np.full(int(keys.max(initial=-1)) + 3, -1, dtype)
+    distinct, first = np.unique(keys, return_index=True)
+    table[distinct + 1] = first
+    return table
+
+
+def index_of(values, keys, dtype=np.int64) -> np.ndarray:
     """Position in ``keys`` of each of ``values`` (integers), the first if a key repeats; -1 for
-    a value not among them. A look-up table when the keys span less than 65536 (a run's pids,
-    forked together; CPU numbers: ~1 ms less per 100 k values than a binary search), a binary
-    search otherwise."""
+    a value not among them; of type ``dtype`` (a narrower one: less memory for many values).
+
+    Non-negative keys below TABLE_KEYS_MAX, as a run's pids and CPU numbers: one gather from a
+    :func:`key_table` of at most max(TABLE_MIN_SLOTS, len(values)) slots, the values read in
+    their own integer type (no 64-bit copy of them). Else a table of the keys' span when it is
+    under 65536 (negative keys), else a binary search."""
     keys = np.asarray(keys).astype(np.int64)
-    values = np.asarray(values).astype(np.int64)
+    values = np.asarray(values)
     if not len(keys):
-        return np.full(values.shape, -1, np.int64)
+        return np.full(values.shape, -1, dtype)
     lo, hi = int(keys.min()), int(keys.max())
+    if (values.dtype.kind in "iu" and lo >= 0 and hi < TABLE_KEYS_MAX
+            and hi + 3 <= max(TABLE_MIN_SLOTS, values.size) and hi < np.iinfo(values.dtype).max):
+        # v + 1 wraps only for the type's largest value, which is no key: to the type's smallest
+        # (or 0, unsigned), clipped to slot 0, -1 as it should be
+        return np.take(key_table(keys, dtype), values + 1, mode="clip")
+    values = values.astype(np.int64)
     if hi - lo < 1 << 16:
-        table = np.full(hi - lo + 2, -1, np.int64)      # the last slot: any value outside
-        table[keys[::-1] - lo] = np.arange(len(keys) - 1, -1, -1)
+        table = np.full(hi - lo + 2, -1, dtype)      # the last slot: any value outside
+        distinct, first = np.unique(keys, return_index=True)
+        table[distinct - lo] = first
         inside = (values >= lo) & (values <= hi)
         return table[np.where(inside, values - lo, hi - lo + 1)]
     order = np.argsort(keys, kind="stable")
     at = order[np.minimum(np.searchsorted(keys[order], values), len(keys) - 1)]
-    return np.where(keys[at] == values, at, -1)
+    return np.where(keys[at] == values, at, -1).astype(dtype, copy=False)
 
 
 def event_codes(events: pd.DataFrame, *names: str) -> tuple[np.ndarray, list[int]] | None:

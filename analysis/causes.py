@@ -49,7 +49,8 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis import taskstate as ts_
-from harmony.analysis.arrays import LastResult, event_kinds, event_mask, in_set, sorted_unique
+from harmony.analysis.arrays import (TABLE_KEYS_MAX, LastResult, event_kinds, event_mask, in_set,
+                                     key_table, sorted_unique)
 from harmony.analysis.thresholds import NEWIDLE_SWITCH_WITHIN_NS
 from harmony.jit import use_compiled
 from harmony.probes.schema import SCHED_SOFTIRQ_VEC
@@ -335,17 +336,16 @@ def _moves_compiled(events: pd.DataFrame, want: np.ndarray | None) -> dict[str, 
     pid, prev = events["pid"].to_numpy(), events["prev_pid"].to_numpy()
     if want is None:        # every pid > 0 is a task, its own index
         top = max(int(pid.max(initial=0)), int(prev.max(initial=0)), 0)
-        if top >= 1 << 24:
+        if top >= TABLE_KEYS_MAX:
             return None
         table = np.arange(-1, top + 1, dtype=np.int32)      # pid v at v + 1
         n_tasks = top + 1
     else:
         want = want[want > 0]
         top = int(want.max(initial=0))
-        if top >= 1 << 24:
+        if top >= TABLE_KEYS_MAX:
             return None
-        table = np.full(top + 3, -1, np.int32)      # pid v at v + 1; any larger pid: the last
-        table[want + 1] = np.arange(len(want), dtype=np.int32)
+        table = key_table(want, np.int32)
         n_tasks = max(1, len(want))
     codes, lut = event_kinds(events, _PLACEMENT)
     cols = (pid, prev, events["cpu"].to_numpy(), events["orig_cpu"].to_numpy(),

@@ -45,7 +45,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import LastResult, event_kinds, event_mask, in_set
+from harmony.analysis.arrays import (TABLE_KEYS_MAX, LastResult, event_kinds, event_mask, in_set,
+                                     key_table)
 from harmony.jit import run_split, split, use_compiled
 
 WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
@@ -161,8 +162,7 @@ def _compiled(n_events: int):
 def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray):
     """The task_records table by the compiled state machine (the same as the numpy one); (table,
     its rows in seq order)."""
-    table = np.full(int(pidset.max(initial=0)) + 3, -1, np.int32)   # pid v -> dense index at v + 1
-    table[pidset.astype(np.int64) + 1] = np.arange(len(pidset), dtype=np.int32)
+    table = key_table(pidset, np.int32)         # pid v -> its dense index at v + 1
     codes, lut = event_kinds(events, dict(_EVENT_RECORD, sched_switch=jit.SWITCH))
     room = 2 * len(events)          # pages beyond the records written are never touched
     index = np.int32 if room < 1 << 31 else np.int64   # row numbers: half the memory to fault in
@@ -203,7 +203,7 @@ def _build_task_records_and_order(events: pd.DataFrame, pids) -> tuple[pd.DataFr
     """(the task_records table, its rows in seq order if the compiled state machine built it)."""
     pidset = np.unique(np.asarray(pids, dtype=np.int32))
     jit = _compiled(len(events))
-    if jit is not None and (pidset.min(initial=0) >= 0 and pidset.max(initial=0) < 1 << 24):
+    if jit is not None and (pidset.min(initial=0) >= 0 and pidset.max(initial=0) < TABLE_KEYS_MAX):
         return _build_task_records_compiled(jit, events, pidset)
     return _build_task_records_numpy(events, pidset), None
 

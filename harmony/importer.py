@@ -277,14 +277,9 @@ def find_marker(markers: pd.DataFrame, text: str, path) -> int:
 
 
 def _task_index(values: np.ndarray, want: np.ndarray) -> np.ndarray:
-    """Each of ``values``' position in ``want`` (sorted distinct pids), -1 for any other value: one
-    gather from a table of the pids, in the narrowest type, when they are positive and below
-    2**24 (pid_max is at most 2**22); :func:`index_of` otherwise."""
-    if not len(want) or want[0] < 1 or want[-1] >= 1 << 24:
-        return index_of(values, want)
-    table = np.full(int(want[-1]) + 2, -1, np.int16 if len(want) < 1 << 15 else np.int32)
-    table[want] = np.arange(len(want))
-    return np.take(table, values, mode="clip")      # < 1: table[0]; > the last pid: table[-1]
+    """Each of ``values``' position in ``want`` (sorted distinct pids), -1 for any other value, in
+    the narrowest type (:func:`index_of`)."""
+    return index_of(values, want, dtype=np.int16 if len(want) < 1 << 15 else np.int32)
 
 
 #: the first window of events a look-up near one end of the trace (or t0) reads; it grows 4x

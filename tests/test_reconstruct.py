@@ -709,6 +709,39 @@ def test_index_of_finds_the_first_position():
             assert index_of(values, keys).tolist() == [first.get(v, -1) for v in values.tolist()]
 
 
+@pytest.mark.parametrize("vtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16,
+                                   np.uint32, np.uint64])
+def test_index_of_reads_narrow_values_at_their_edges(vtype):
+    """The key-table path reads the values in their own type: their type's smallest and largest
+    values (where v + 1 wraps) and every value around the keys are looked up right; the positions
+    come in the type asked for; key_table is what index_of and the compiled passes index."""
+    from harmony.analysis.arrays import TABLE_MIN_SLOTS, index_of, key_table
+    info = np.iinfo(vtype)
+    rng = np.random.default_rng(int(info.max) % 1000)
+    top = min(int(info.max), 3 * TABLE_MIN_SLOTS)   # a key may be the largest value
+    for _ in range(60):
+        keys = rng.integers(0, top + 1, rng.integers(1, 9))
+        keys[0] = rng.choice([0, top, keys[0]])                 # the ends of the table too
+        edge = [info.min, info.min + 1, info.max - 1, info.max, 0, 1, top, min(top + 1, info.max)]
+        values = np.concatenate([np.array(edge, dtype=vtype)] + [
+            a.astype(vtype) for a in (keys, keys + 1, np.maximum(keys - 1, 0),
+                                      rng.integers(0, top + 2, 300))])
+        first = {}
+        for k, key in enumerate(keys.tolist()):
+            first.setdefault(key, k)
+        want = [first.get(v, -1) for v in values.tolist()]
+        for dtype in (np.int64, np.int16):
+            got = index_of(values, keys, dtype=dtype)
+            assert got.dtype == dtype and got.tolist() == want
+        table = key_table(keys)
+        assert len(table) == keys.max() + 3 and table[0] == table[-1] == -1
+        assert [table[v + 1] for v in keys.tolist()] == [first[v] for v in keys.tolist()]
+    with pytest.raises(ValueError, match="must lie in"):
+        key_table([-1, 3])
+    with pytest.raises(ValueError, match="do not fit"):
+        key_table(np.arange(200), np.int8)
+
+
 def test_sorted_unique_is_np_unique():
     from harmony.analysis.arrays import sorted_unique
     rng = np.random.default_rng(3)
