@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics
+from harmony.analysis.thresholds import FAST_BALANCE_MAX_S
 from harmony.experiments.base import (Experiment, Metric, Param, nice_value, non_negative, percent, positive,
                                       task_class)
 from harmony.tasks import layout_tasks
@@ -54,6 +55,13 @@ class SingleSource(Experiment):
         Metric("first_balanced_s", "s", "from t0 until the run queues were first within tolerance",
                none_when="never balanced"),
         Metric("balance_entries", "count", "times the run queues came within tolerance"),
+        Metric("time_to_settle_s", "s", "from t0 until the run queues are within tolerance and "
+               "every later loss of balance is restored within FAST_BALANCE_MAX_S (the policy "
+               "card's time to balance)", none_when="never balanced, or the run ends in a longer "
+               "loss"),
+        Metric("excursions", "count", "losses of balance after the first balance"),
+        Metric("longest_excursion_s", "s", "the longest of them (0 without any)",
+               none_when="never balanced"),
         Metric("balanced_at_end", "bool", "the run queues are within tolerance at the end"),
         Metric("migrations_after_balance", "count", "migrations after time_to_balance_s (affinity)",
                none_when="not balanced at the end"),
@@ -73,6 +81,7 @@ class SingleSource(Experiment):
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]
         t0, t_end = m["t0_ns"], m["end_ns"]
         balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
+        settled = metrics.settled_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
         after = metrics.migrations_after_balance(run.migrations, balance["ts_balance"], t_end)
         # only moves inside the measured window: not the set-up placement before t0
         mig = run.migrations[(run.migrations["ts"] >= t0) & (run.migrations["ts"] <= t_end)]
@@ -86,6 +95,7 @@ class SingleSource(Experiment):
             "time_to_balance_s": balance["t_balance"],
             "first_balanced_s": balance["t_first"],
             "balance_entries": balance["n_entries"],
+            **settled_summary(settled),
             "balanced_at_end": balance["balanced_at_end"],
             "migrations_after_balance": after["all"],
             "migrations_after_balance_per_s": after["all_per_s"],
@@ -129,6 +139,7 @@ class SingleSource(Experiment):
             f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']}",
             f"migrations                   {s['migrations']} ({s['balance_migrations']} while runnable)",
             f"balanced within tolerance    {bal}; balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
+            *settled_lines(s),
             "migrations after balance     " + (
                 f"n/a ({'not balanced for good' if first is not None else 'never balanced'})"
                 if s["migrations_after_balance"] is None else
@@ -141,3 +152,20 @@ class SingleSource(Experiment):
 
 def _fmt(v):
     return "n/a" if v is None else f"{v:.2f}"
+
+
+def settled_summary(settled: dict) -> dict:
+    """The summary keys of :func:`harmony.analysis.metrics.settled_balance`'s result."""
+    return {"time_to_settle_s": settled["t_settled"], "excursions": settled["excursions"],
+            "longest_excursion_s": settled["longest_excursion_s"]}
+
+
+def settled_lines(s: dict) -> list[str]:
+    """describe()'s line for the settled time (none for a summary made before it was measured)."""
+    if "time_to_settle_s" not in s:
+        return []
+    t = s["time_to_settle_s"]
+    when = "never (within the run)" if t is None else f"{t * 1000:.1f} ms after t0"
+    lost = (f"; {s['excursions']} after the first balance, the longest "
+            f"{s['longest_excursion_s'] * 1000:.0f} ms" if s.get("excursions") else "")
+    return [f"{'settled':<29}{when} (losses of balance under {FAST_BALANCE_MAX_S:g} s aside{lost})"]

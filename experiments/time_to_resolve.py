@@ -13,7 +13,7 @@ from pathlib import Path
 from harmony.analysis import metrics, rounds
 from harmony.experiments.base import Metric, pick
 from harmony.experiments.how_many import HowMany
-from harmony.experiments.single_source import SingleSource
+from harmony.experiments.single_source import SingleSource, settled_lines, settled_summary
 
 
 class TimeToResolve(HowMany):
@@ -23,7 +23,8 @@ class TimeToResolve(HowMany):
 
     summary = (
         *pick(HowMany.summary, "x", "ncpus", "ntasks"),
-        *pick(SingleSource.summary, "time_to_balance_s", "first_balanced_s", "balance_entries"),
+        *pick(SingleSource.summary, "time_to_balance_s", "first_balanced_s", "balance_entries",
+              "time_to_settle_s", "excursions", "longest_excursion_s"),
         Metric("balanced_s", "s", "time the run queues were within tolerance, in all"),
         *pick(SingleSource.summary, "balanced_at_end"),
         Metric("migrations", "count", "migrations from t0 on"),
@@ -37,6 +38,7 @@ class TimeToResolve(HowMany):
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]
         t0, t_end, target = m["t0_ns"], m["end_ns"], cpus[-1]
         balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
+        settled = metrics.settled_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
         after = metrics.migrations_after_balance(run.migrations, balance["ts_balance"], t_end)
         per_mig = rounds.df_target_rounds(run.migrations, target, p["round_gap_ms"])
         mig = run.migrations[run.migrations["t"] >= 0]
@@ -45,6 +47,7 @@ class TimeToResolve(HowMany):
             "time_to_balance_s": balance["t_balance"],
             "first_balanced_s": balance["t_first"],
             "balance_entries": balance["n_entries"],
+            **settled_summary(settled),
             "balanced_s": balance["balanced_s"],
             "balanced_at_end": balance["balanced_at_end"],
             "migrations": int(len(mig)),
@@ -83,5 +86,6 @@ class TimeToResolve(HowMany):
             + (f"{s['migrations_after_balance']} after the balance)"
                if s["migrations_after_balance"] is not None else "never balanced)"
                if s["first_balanced_s"] is None else "not balanced for good)"),
+            *settled_lines(s),
             f"rounds onto the target       {s['rounds_onto_target']} ({s['moved_to_target']} tasks)",
         ]

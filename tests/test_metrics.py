@@ -93,6 +93,35 @@ def test_time_to_balance_p4_flicker(p4):
     assert (tb["ts_balance"], tb["ts_first"], tb["n_entries"]) == (1_300_001, 1_300_001, 1)
 
 
+#: settled_balance on the p4 stream, by (t_end, restored_ns): balanced 1.4-4.0, 4.5-5.0 and
+#: 5.3-6.0 ms, losses 4.0-4.5 (0.5 ms) and 5.0-5.3 ms (0.3 ms); (ts_settled, excursions,
+#: longest_excursion_s, ends_in_excursion). A loss of restored_ns or longer counts, a shorter
+#: one does not (exactly at it: counts), the run's last one too.
+SETTLED_CASES = [
+    (T_END, 600_000, (1_400_000, 2, 0.0005, False)),            # both restored fast
+    (T_END, 500_001, (1_400_000, 2, 0.0005, False)),
+    (T_END, 500_000, (4_500_000, 2, 0.0005, False)),            # the 0.5 ms one counts
+    (T_END, 300_001, (4_500_000, 2, 0.0005, False)),
+    (T_END, 300_000, (5_300_000, 2, 0.0005, False)),            # both count
+    (4_200_000, 200_001, (1_400_000, 1, 0.0002, True)),         # ends 0.2 ms into a loss
+    (4_200_000, 200_000, (None, 1, 0.0002, True)),              # ... which counts: not settled
+    (1_350_000, 1, (None, 0, None, False)),                     # never balanced
+]
+
+
+@pytest.mark.parametrize("t_end,restored_ns,want", SETTLED_CASES)
+def test_settled_balance_counts_only_losses_not_restored_fast(p4, t_end, restored_ns, want):
+    rq, _ = p4
+    sb = mt.settled_balance(rq, TASKS4, CPUS4, T0, t_end, restored_ns=restored_ns)
+    got = (sb["ts_settled"], sb["excursions"], sb["longest_excursion_s"], sb["ends_in_excursion"])
+    assert got[:2] == want[:2] and got[3] == want[3]
+    assert got[2] == (None if want[2] is None else pytest.approx(want[2]))
+    assert sb["t_settled"] == (None if want[0] is None else pytest.approx((want[0] - T0) / 1e9))
+    # by default a loss counts from FAST_BALANCE_MAX_S on: these are all restored fast
+    if want[0] is not None:
+        assert mt.settled_balance(rq, TASKS4, CPUS4, T0, t_end)["ts_settled"] == 1_400_000
+
+
 def test_time_to_balance_never_or_not_at_end(p4):
     rq, _ = p4
     never = mt.time_to_balance(rq, TASKS4, CPUS4, T0, 1_350_000)
