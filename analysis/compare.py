@@ -53,10 +53,11 @@ CONFIG_PARAMS = {"how-many": ("x",), "time-to-resolve": ("x",),
 #: key that differs beyond noise) unless asked for all.
 CARD_METRICS = tuple((exp, summary_key(key, exp)) for exp, key in (
     ("single-source", "balance_migrations"), ("single-source", "migrations"),
-    ("single-source", "time_to_balance_s"), ("single-source", "migrations_after_balance_per_s"),
+    ("single-source", "time_to_settle_s"), ("single-source", "time_to_balance_s"),
+    ("single-source", "migrations_after_balance_per_s"),
     ("single-source", "share_ratio_min"),
     ("how-many", "first_round_moved"),
-    ("time-to-resolve", "time_to_balance_s"),
+    ("time-to-resolve", "time_to_settle_s"), ("time-to-resolve", "time_to_balance_s"),
     ("work-conservation", "steal_latency_s"),
     ("detection", "interval1_ms"), ("detection", "interval2_ms"), ("detection", "interval3_ms"),
     ("intrinsic-imbalance", "share_ratio_min"), ("intrinsic-imbalance", "share_ratio_max"),
@@ -75,8 +76,8 @@ CARD_METRICS = tuple((exp, summary_key(key, exp)) for exp, key in (
 #: axis label, scale); each is what a card's answer is a median or a vote of. Each key is checked
 #: at import against its experiment's declaration (:func:`harmony.experiments.summary_key`).
 FIGURE_METRICS = tuple((exp, summary_key(key, exp), label, scale) for exp, key, label, scale in (
-    ("single-source", "time_to_balance_s", "time to balance (s)", 1.0),
-    ("time-to-resolve", "time_to_balance_s", "time to balance (s)", 1.0),
+    ("single-source", "time_to_settle_s", "time to balance (s)", 1.0),
+    ("time-to-resolve", "time_to_settle_s", "time to balance (s)", 1.0),
     ("single-source", "migrations_after_balance_per_s", "migrations/s after balance", 1.0),
     ("how-many", "first_round_moved", "tasks moved in the first round", 1.0),
     ("work-conservation", "steal_latency_s", "idle to first pull (ms)", 1e3),

@@ -221,14 +221,17 @@ def plot_points(df: pd.DataFrame, experiment: str, cols: list[str], path: Path, 
 @_styled
 def plot_time_to_balance(df: pd.DataFrame, path: Path) -> Path | None:
     """Time to a stable balance of every run the policy card reads it from (time-to-resolve and
-    single-source), one strip per experiment; the runs never balanced for good have no time and
-    are counted in their experiment's label."""
+    single-source; the settled time, losses of balance restored within FAST_BALANCE_MAX_S aside,
+    or for runs analysed before it was measured the time balanced to the end), one strip per
+    experiment; the runs never balanced for good have no time and are counted in their
+    experiment's label."""
     rows, counts = [], {}
     for exp in ("time-to-resolve", "single-source"):
         d = df[df["experiment"] == exp]
-        if d.empty or "time_to_balance_s" not in d:
+        key = "time_to_settle_s" if "time_to_settle_s" in d else "time_to_balance_s"
+        if d.empty or key not in d:
             continue
-        t = numeric(d, "time_to_balance_s")
+        t = numeric(d, key)
         label = f"{exp}\n({int(t.isna().sum())} of {len(t)} never)" if t.isna().any() else exp
         counts[label] = len(t)
         rows.append(pd.DataFrame({"experiment": label, "seconds after t0": t}))
