@@ -80,8 +80,8 @@ class SingleSource(Experiment):
     def analyse(self, run) -> dict:
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]
         t0, t_end = m["t0_ns"], m["end_ns"]
-        balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
-        settled = metrics.settled_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
+        balance, settled = metrics.balance_times(run.runqueue, run.tasks, cpus, t0, t_end,
+                                                 p["tolerance"])
         after = metrics.migrations_after_balance(run.migrations, balance["ts_balance"], t_end)
         # only moves inside the measured window: not the set-up placement before t0
         mig = run.migrations[(run.migrations["ts"] >= t0) & (run.migrations["ts"] <= t_end)]

@@ -37,8 +37,8 @@ class TimeToResolve(HowMany):
     def analyse(self, run) -> dict:
         m, cpus, p = run.manifest, run.manifest["cpus"], run.manifest["params"]
         t0, t_end, target = m["t0_ns"], m["end_ns"], cpus[-1]
-        balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
-        settled = metrics.settled_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
+        balance, settled = metrics.balance_times(run.runqueue, run.tasks, cpus, t0, t_end,
+                                                 p["tolerance"])
         after = metrics.migrations_after_balance(run.migrations, balance["ts_balance"], t_end)
         per_mig = rounds.df_target_rounds(run.migrations, target, p["round_gap_ms"])
         mig = run.migrations[run.migrations["t"] >= 0]

@@ -237,3 +237,11 @@ def test_jain_index():
     assert mt.jain_index([2, 1]) == pytest.approx(9 / 10)
     assert mt.jain_index([1, 1, np.nan]) == 1.0  # NaN (fair share 0) ignored
     assert math.isnan(mt.jain_index([])) and math.isnan(mt.jain_index([0, 0]))
+
+
+def test_balance_times_is_both_measures_of_one_run(p4):
+    rq, _ = p4
+    for t_end in (T_END, 4_200_000, 1_350_000):
+        assert mt.balance_times(rq, TASKS4, CPUS4, T0, t_end) == (
+            mt.time_to_balance(rq, TASKS4, CPUS4, T0, t_end),
+            mt.settled_balance(rq, TASKS4, CPUS4, T0, t_end))
