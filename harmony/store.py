@@ -150,13 +150,19 @@ def _encodings(schema) -> dict:
     differences are small. Measured on a 10 M-event import's tables here (pyarrow 26, snappy as
     before): written in 1.14 / 0.44 / 0.22 s instead of 1.40 / 0.70 / 0.42 s (events / runs /
     run queue), 31 / 61 / 48 MB instead of 69 / 98 / 70 MB, read back in half the time. Float
-    columns (seconds since t0) rarely repeat either."""
+    columns (seconds since t0) rarely repeat either.
+
+    Statistics (each page's and row group's min and max, what a reader filters row groups by)
+    only for the 64-bit columns: a time range selects row groups, an id or a CPU number does not
+    (each is in every one). The events' other statistics cost 0.18 of their 1.13 s; the whole
+    import at 10 M events took 5.20 s instead of 5.39 s (four interleaved pairs)."""
     import pyarrow as pa
 
     wide = [f.name for f in schema if pa.types.is_int64(f.type)]
     return {"use_dictionary": [f.name for f in schema if f.name not in wide and
                                not pa.types.is_floating(f.type)],
-            "column_encoding": dict.fromkeys(wide, "DELTA_BINARY_PACKED")}
+            "column_encoding": dict.fromkeys(wide, "DELTA_BINARY_PACKED"),
+            "write_statistics": wide}
 
 
 #: rows from which pyarrow converts a frame's columns on several threads

@@ -62,6 +62,9 @@ def test_write_table_delta_encodes_int64_and_dictionary_encodes_the_rest(tmp_pat
     for g in range(meta.num_row_groups):
         enc = {meta.row_group(g).column(i).path_in_schema: meta.row_group(g).column(i).encodings
                for i in range(meta.num_columns)}
+        stats = {meta.row_group(g).column(i).path_in_schema:
+                 meta.row_group(g).column(i).is_stats_set for i in range(meta.num_columns)}
+        assert [c for c, has in stats.items() if has] == ["ts", "end"]
         for name in ("ts", "end"):
             assert "DELTA_BINARY_PACKED" in enc[name] and "RLE_DICTIONARY" not in enc[name]
         for name in ("cpu", "pid", "event", "comm"):
