@@ -267,6 +267,16 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         store.write_json(out / "summary.json", summary)
         run.preload_summary(json.loads(json.dumps(summary, default=store.json_default)))
         laps("metrics")
+        manifest["figures"], manifest["figures_deferred"] = [], not figures
+        drawn = Laps()
+        if figures:     # drawn while the large tables are still being written
+            step("drawing the figures")
+            try:
+                paths = _draw(run)
+            except EXPERIMENT_CANNOT_READ as exc:
+                raise _cannot_read(out, experiment, origin, exc) from None
+            drawn("figures")
+            laps.skip()
         for w in writing:
             w.result()
         if before_complete is not None:
@@ -274,13 +284,8 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         if writing or before_complete is not None:
             laps("waiting")
         manifest.setdefault("timings_s", {})["analysis"] = laps.steps
-        manifest["figures"], manifest["figures_deferred"] = [], not figures
         if figures:
-            step("drawing the figures")
-            try:
-                draw_figures(run)
-            except EXPERIMENT_CANNOT_READ as exc:
-                raise _cannot_read(out, experiment, origin, exc) from None
+            _record_figures(run, paths, drawn)
         else:
             store.write_json(out / "manifest.json", manifest)
             write_report(run)
@@ -444,6 +449,13 @@ def crosscheck(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame,
 def draw_figures(run: store.Run) -> list[str]:
     """Draw a complete run's figures, record them in its manifest and rewrite report.md."""
     laps = Laps()
+    paths = _draw(run)
+    laps("figures")
+    return _record_figures(run, paths, laps)
+
+
+def _draw(run: store.Run) -> list[Path]:
+    """Draw the run's figures into its figures/ directory; their paths."""
     fig_dir = run.path / "figures"
     fig_dir.mkdir(exist_ok=True)
     experiment = get_experiment(run.manifest["experiment"])
@@ -455,9 +467,14 @@ def draw_figures(run: store.Run) -> list[str]:
     m = run.manifest
     drawn.append(plot_causes(run.migrations, m["measured_s"], m["params"].get("bin_s", 0.1),
                              fig_dir / "causes.png"))
-    run.manifest["figures"] = [str(p.relative_to(run.path)) for p in drawn]
+    return drawn
+
+
+def _record_figures(run: store.Run, paths: list[Path], laps: Laps) -> list[str]:
+    """Record the figures drawn (``paths``, in ``laps``' "figures" seconds) in the run's manifest,
+    write it and report.md."""
+    run.manifest["figures"] = [str(p.relative_to(run.path)) for p in paths]
     run.manifest["figures_deferred"] = False
-    laps("figures")
     run.manifest.setdefault("timings_s", {})["figures"] = laps.steps["figures"]
     store.write_json(run.path / "manifest.json", run.manifest)
     write_report(run)

@@ -17,3 +17,8 @@ class Laps:
         now = time.monotonic()
         self.steps[step] = round(self.steps.get(step, 0.0) + now - self._since, 4)
         self._since = now
+
+    def skip(self) -> None:
+        """Begin the next step now: the time since the last call is recorded under no step (it
+        was another's: a step timed apart, meanwhile)."""
+        self._since = time.monotonic()
