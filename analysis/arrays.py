@@ -82,6 +82,8 @@ def index_of(values, keys, dtype=np.int64) -> np.ndarray:
     under 65536 (negative keys), else a binary search."""
     keys = np.asarray(keys).astype(np.int64)
     values = np.asarray(values)
+    if len(keys) and len(keys) - 1 > np.iinfo(dtype).max:
+        raise ValueError(f"index_of: {len(keys)} positions do not fit {np.dtype(dtype)}")
     if not len(keys):
         return np.full(values.shape, -1, dtype)
     lo, hi = int(keys.min()), int(keys.max())

@@ -740,6 +740,8 @@ def test_index_of_reads_narrow_values_at_their_edges(vtype):
         key_table([-1, 3])
     with pytest.raises(ValueError, match="do not fit"):
         key_table(np.arange(200), np.int8)
+    with pytest.raises(ValueError, match="do not fit"):
+        index_of([1, 2], np.arange(-100, 100), dtype=np.int8)     # whichever path it would take
 
 
 def test_sorted_unique_is_np_unique():
