@@ -563,7 +563,9 @@ def q_time_to_balance(ev, prior) -> Answer:
     _vote([(e, label(e)) for e in runs], a)
     times = [t for t in map(settled, runs) if t is not None]
     strict = _values(runs, TIME_TO_BALANCE_S)
-    lost = [e for e in runs if settled(e) is not None and e.summary.get(EXCURSIONS)]
+    # runs that lost balance after their first and restored it fast every time
+    lost = [e for e in runs if settled(e) is not None and e.summary.get(EXCURSIONS)
+            and (e.summary.get(LONGEST_EXCURSION_S) or 0.0) < T.FAST_BALANCE_MAX_S]
     longest = _values(runs, LONGEST_EXCURSION_S)
     a.numbers = {f"{TIME_TO_SETTLE_S} (median)": _median(times), "max": max(times) if times else None,
                  f"{TIME_TO_BALANCE_S}, balanced to the end (median)": _median(strict),

@@ -268,8 +268,8 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         run.preload_summary(json.loads(json.dumps(summary, default=store.json_default)))
         laps("metrics")
         manifest["figures"], manifest["figures_deferred"] = [], not figures
-        drawn = Laps()
         if figures:     # drawn while the large tables are still being written
+            drawn = Laps()
             step("drawing the figures")
             try:
                 paths = _draw(run)

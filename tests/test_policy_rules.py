@@ -375,6 +375,9 @@ def test_time_to_balance_counts_losses_restored_fast_as_balanced():
                          "time_to_balance_s, balanced to the end (median)": 1.4,
                          "runs that lost balance again briefly": 2,
                          "longest_excursion_s (max)": 0.15, "runs never balanced for good": 0}
+    # a loss of 1.5 s, restored: settled after it, slow, and not a brief loss
+    a = answer("time_to_balance", run(1.8, 1.8, n=1, longest=1.5))
+    assert a.label == "slow (~1800 ms)" and a.numbers["runs that lost balance again briefly"] == 0
     a = answer("time_to_balance", run(None, None, n=1, longest=1.5, at_end=False))
     assert a.label == "never (within the run)"
     assert a.numbers["runs never balanced for good"] == 1
