@@ -142,11 +142,16 @@ def test_rebuilt_runqueue_matches_kernel_nr_running(kernel, tmp_path):
     ka = m["kernel_nr_running_agreement"]
     # 3 s at 50 Hz asked; a sampler that sleeps 100x its sweep after each makes ~15-25 Hz here
     assert ka["samples"] >= 30
-    # the samples reach both ends of the run: within the sampler's own longest interval (it may
-    # be asleep when the run starts or ends; on a busy host its sweeps, and so its sleeps, are
-    # longer: CI once had 304 ms between the last sample and the end) plus 0.1 s, 0.3 s at least
+    # the samples reach both ends of the run: within the sampler's own cadence (it may be asleep
+    # when the run starts or ends): its longest interval between samples, or the longest sleep
+    # its loops earned (SWEEP_BUDGET times the nr_running read and the /proc sweep: a 4 ms loop
+    # sleeps 0.4 s, and CI once had the run end 0.40 s after the last sample), plus 0.1 s; 0.3 s
+    # at least. A sampler that stopped early still fails.
+    from harmony.probes.proc_stat import SWEEP_BUDGET
     stamps = np.unique(samples["ts"].to_numpy())
-    reach = max(0.3e9, float(np.diff(stamps).max(initial=0)) + 0.1e9)
+    loop = (int((samples["hi"] - samples["lo"]).max())
+            + int(run.table("kernel_samples")["sweep_ns"].max()))
+    reach = max(0.3e9, max(float(np.diff(stamps).max(initial=0)), SWEEP_BUDGET * loop) + 0.1e9)
     assert stamps.min() < m["t0_ns"] + reach and stamps.max() > m["end_ns"] - reach, (
         reach, stamps.min() - m["t0_ns"], m["end_ns"] - stamps.max())
     # the comparison can fail: one task too many on the first CPU is seen as a disagreement
