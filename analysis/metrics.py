@@ -85,6 +85,15 @@ def _balance_steps(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: 
     return times, end, dev, ok
 
 
+def _stretches(ts: np.ndarray, end: np.ndarray, ok: np.ndarray):
+    """Consecutive steps of equal ``ok`` merged into stretches: (each stretch's first step, its
+    start, its end)."""
+    brk = np.ones(len(ok), dtype=bool)
+    brk[1:] = ok[1:] != ok[:-1]
+    st = np.flatnonzero(brk)
+    return st, ts[st], np.append(ts[st[1:]], end[-1])
+
+
 def time_to_balance(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
                     tolerance: float = 0.15, n: int | None = None,
                     min_excursion_ns: int = 0, steps=None) -> dict:
@@ -108,13 +117,8 @@ def time_to_balance(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end:
     """
     ts, end, _, ok = (steps if steps is not None
                       else _balance_steps(rq, tasks, cpus, t0, t_end, tolerance, n))
-    # merge consecutive equal flags into stretches
-    brk = np.ones(len(ok), dtype=bool)
-    brk[1:] = ok[1:] != ok[:-1]
-    st = np.flatnonzero(brk)
+    st, s_start, s_end = _stretches(ts, end, ok)
     s_ok = ok[st]
-    s_start = ts[st]
-    s_end = np.append(ts[st[1:]], end[-1])
     if min_excursion_ns > 0 and len(st) > 2:
         inner = np.arange(1, len(st) - 1)
         short = inner[(~s_ok[inner]) & ((s_end[inner] - s_start[inner]) < min_excursion_ns)]
@@ -179,10 +183,7 @@ def settled_balance(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end:
         return out
     # stretches of equal flags, from the first balanced segment on
     ts, end, ok = ts[balanced[0]:], end[balanced[0]:], ok[balanced[0]:]
-    brk = np.ones(len(ok), dtype=bool)
-    brk[1:] = ok[1:] != ok[:-1]
-    st = np.flatnonzero(brk)
-    s_start, s_end = ts[st], np.append(ts[st[1:]], end[-1])
+    st, s_start, s_end = _stretches(ts, end, ok)
     away = np.flatnonzero(~ok[st])                  # the excursions, by stretch
     length = s_end[away] - s_start[away]
     long_ = away[length >= restored_ns]

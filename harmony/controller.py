@@ -559,9 +559,7 @@ class Workload:
             self._open_gate(i)
         time.sleep(self.warm_s)
         gc.disable()  # no collection pause between t0 and the last freed task
-        self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        t0 = mark(MARK_T0)
-        self._marked_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t0 = self._mark_t0(mark)
         self._free()
         released = mark(MARK_RELEASED)
         self.warmed_s = (t0 - warm) / 1e9
@@ -599,9 +597,7 @@ class Workload:
             raise ControllerError(f"the start gate could not be opened: {os.strerror(err)}")
 
     def _release_confined(self, mark) -> tuple[int, int]:
-        self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        t0 = mark(MARK_T0)
-        self._marked_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t0 = self._mark_t0(mark)
         for i in range(len(self._gate_cpus)):
             self._open_gate(i)
         self._free()
@@ -637,9 +633,7 @@ class Workload:
         """Every other CPU is held by its occupier: free the sleeping tasks, then wake each CPU's
         tasks from that CPU, all at once."""
         self._free()
-        self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        t0 = mark(MARK_T0)
-        self._marked_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t0 = self._mark_t0(mark)
         self._shared.words[self._shared.order] = worker.OPEN     # they are spinning: no wake-up
         for i, cpu in enumerate(self._gate_cpus):
             if cpu not in self._occupied:
@@ -659,6 +653,14 @@ class Workload:
         except (PermissionError, OSError) as exc:
             self.notes.append(f"release ran without SCHED_FIFO ({exc.strerror}); spread may be larger")
             return False
+
+    def _mark_t0(self, mark) -> int:
+        """Stamp t0: the workers' shared t0 (read just before the marker), the t0 marker, then
+        :attr:`t0_ns` (read just after it); returns the marker's time as ``mark`` gives it."""
+        self._t0[0] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        t0 = mark(MARK_T0)
+        self._marked_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        return t0
 
     @property
     def t0_ns(self) -> int:
