@@ -572,7 +572,19 @@ def test_kernel_perf_records_the_sched_softirq_and_tells_causes_as_tracefs(perf_
                                    mine.assign(kind=mine["cause"].astype(str)),
                                    m["t0_ns"], m["end_ns"])
     both = pairs[pairs["status"] == "matched"]
-    assert len(both), pairs
+    if both.empty:
+        # perf records nothing in some contexts here (swapper/1's softirq: the periodic pulls to
+        # an idle CPU 1); a run whose every move fired in one has no pair to compare, which the
+        # cross-check must then say: every move perf lacks in a blind context, none of its own
+        cross = json.loads((crosscheck_run.path / "crosscheck.json").read_text())
+        x = cross["migrations"]
+        if any(cross["lost_events"].values()):
+            host_skip(f"the cross-checked run lost events {cross['lost_events']} and no move was "
+                      "recorded by both probes")
+        assert x["only_perf"] == 0 and x["unmatched_in_blind_context"] == x["only_tracefs"] >= 1, \
+            (x, pairs.to_string())
+        host_skip(f"all {x['only_tracefs']} moves of the cross-checked run fired in contexts perf "
+                  "records nothing in: no move both probes recorded to compare causes on")
     assert (both["kind_a"] == both["kind_b"]).all(), both.to_string()
     balance = both[both["kind_a"].isin(["periodic", "newidle"])]
     if balance.empty:
