@@ -250,7 +250,9 @@ def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_
     assert kc["migrations"]["kernel"] >= 3, kc          # six tasks spread over four CPUs
     sa = m["schedstat_agreement"]
     assert sa["counted"] and sa["version"] == 16
-    assert sa["within"], sa
+    if not sa["within"]:  # whole, not cut by pytest's assertion rewriting: each try is a boot
+        pytest.fail("causes and the domains' counts differ: " + json.dumps(sa, sort_keys=True)
+                    + "\nkernel counters: " + json.dumps(kc, sort_keys=True), pytrace=False)
     assert any(n.startswith("the migrations' causes agree with the kernel's own counters")
                for n in m["notes"]), m["notes"]
 
