@@ -612,6 +612,7 @@ def q_detection(ev, prior) -> Answer:
     runs together, not run by run."""
     a = _new("detection")
     a.thresholds = {"EVENT_DRIVEN_MAX_MS": T.EVENT_DRIVEN_MAX_MS,
+                    "PERIOD_RANGE_MIN_RATIO": T.PERIOD_RANGE_MIN_RATIO,
                     "rule": "event-driven if all runs <= threshold; periodic if the median run > it"}
     if _global_queue(a, prior):
         return a
@@ -632,12 +633,24 @@ def q_detection(ev, prior) -> Answer:
     if all(v <= T.EVENT_DRIVEN_MAX_MS for v in i1):
         a.label = "event-driven"
     elif _median(i1) > T.EVENT_DRIVEN_MAX_MS:
-        later = [v for v in i2 + i3 if v > T.EVENT_DRIVEN_MAX_MS]
-        a.label = (f"periodic (~{_median(later):.0f} ms between checks)" if later else
+        period = _period(i2, i3)
+        a.label = (f"periodic ({period} between checks)" if period else
                    f"periodic (first check ~{_median(i1):.0f} ms after the cut, median)")
     else:
         a.label = UNDECIDED
     return a
+
+
+def _period(i2: list[float], i3: list[float]) -> str | None:
+    """The checks' period the later intervals show (those over EVENT_DRIVEN_MAX_MS): "~64 ms", or
+    "56-448 ms" when intervals 2 and 3 have medians PERIOD_RANGE_MIN_RATIO apart or more (see
+    there); None when no later interval is over the threshold."""
+    later2, later3 = ([v for v in i if v > T.EVENT_DRIVEN_MAX_MS] for i in (i2, i3))
+    if later2 and later3:
+        lo, hi = sorted((_median(later2), _median(later3)))
+        if hi >= T.PERIOD_RANGE_MIN_RATIO * lo:
+            return f"{lo:.0f}-{hi:.0f} ms"
+    return f"~{_median(later2 + later3):.0f} ms" if later2 or later3 else None
 
 
 def q_intrinsic(ev, prior) -> Answer:

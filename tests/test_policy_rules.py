@@ -106,6 +106,10 @@ THRESHOLD_CASES = [
      lambda v: label("detection", *[ev("detection", interval1_ms=v, interval2_ms=64.0,
                                       interval3_ms=64.0)] * 2),
      ("event-driven", "event-driven", "periodic (~64 ms between checks)")),
+    ("PERIOD_RANGE_MIN_RATIO", "detection interval3 / interval2 medians",
+     lambda v: label("detection", ev("detection", interval1_ms=40.0, interval2_ms=100.0,
+                                     interval3_ms=100.0 * v)).split(" between")[0],
+     ("periodic (~150 ms", "periodic (100-200 ms", "periodic (100-200 ms")),
     ("FAIR_SHARE_MIN_RATIO", "intrinsic-imbalance share_ratio_min",
      lambda v: label("intrinsic", _intrinsic(v)),
      ("in between", "fairness-first", "fairness-first")),
@@ -414,6 +418,20 @@ def test_detection():
     # no later interval above the threshold: the first checks say what the period is
     assert label("detection", *runs(30.0, 90.0, later=(1.0,))) == \
         "periodic (first check ~60 ms after the cut, median)"
+    # intervals 2 and 3 of two periods (the thesis's CFS: 256 and 64 ms) are quoted as a range,
+    # not as one median of both pools; closer than PERIOD_RANGE_MIN_RATIO, as one period
+    def two(i2, i3):
+        return [ev("detection", interval1_ms=40.0, interval2_ms=a, interval3_ms=b)
+                for a, b in zip(i2, i3)]
+
+    assert label("detection", *two((256.0, 250.0, 260.0), (64.0, 60.0, 70.0))) == \
+        "periodic (64-256 ms between checks)"
+    assert label("detection", *two((56.0, 50.0), (448.0, 400.0))) == \
+        "periodic (53-424 ms between checks)"
+    assert label("detection", *two((60.0, 64.0), (100.0, 110.0))) == \
+        "periodic (~82 ms between checks)"
+    assert label("detection", *two((60.0, 64.0), (124.0, 124.0))) == \
+        "periodic (62-124 ms between checks)"
     a = answer("detection", *runs(1.0, 2.0, 30.0))   # one late run, the median early
     assert a.label == UNDECIDED
     assert a.agreement == {"interval1 <= 5 ms": 2, "interval1 > 5 ms": 1, "no_label": 0}
