@@ -40,7 +40,8 @@ def _task(table, v):
 @_jit
 def emit(codes, lut, pid, prev_pid, table, rows, task, rec):
     """Records of the experiment tasks in seq order (seq = 2 * row, + 1 for a switch-in), written
-    to rows/task/rec (room for two per event: a switch gives up to two); returns how many.
+    to rows/task/rec (room: two a switch, one an event of another kind read, as
+    taskstate._records_room counts; no bounds are checked); returns how many.
 
     Event e's kind is lut[codes[e]] (codes[e] < 0: none): SWITCH, a record code (wakeup,
     wakeup_new, migrate, exit) or -1. The rec of a switch-out is SWITCH_OUT_RUNNABLE here; the

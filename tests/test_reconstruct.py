@@ -801,6 +801,30 @@ def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch,
     pd.testing.assert_frame_equal(a, b, check_dtype=True)
 
 
+@pytest.mark.parametrize("categorical", [True, False])
+def test_the_records_room_holds_every_record_and_no_more_when_all_are_tasks(categorical):
+    """The compiled state machine writes its records into room sized by _records_room (two a
+    switch, one a read event of another kind): never fewer slots than records (a compiled pass
+    does not check bounds), and exactly as many when every task of the stream is chosen."""
+    from harmony.analysis import taskstate, taskstate_jit
+    from harmony.analysis.arrays import event_kinds
+    _, ev = lossy_stream(4, 9, 5)
+    if not categorical:
+        ev = ev.assign(event=ev["event"].astype(str).astype(object))
+    every = np.unique(np.r_[ev["pid"].to_numpy(), ev["prev_pid"].to_numpy()])
+    every = every[every >= 0].astype(np.int32)
+    kinds = dict(taskstate._EVENT_RECORD, sched_switch=taskstate_jit.SWITCH)
+    codes, lut = event_kinds(ev, kinds)
+    room = taskstate._records_room(codes, lut, taskstate_jit.SWITCH)
+    for pids, exact in ((every, True), (every[::3], False)):
+        table = taskstate.key_table(pids, np.int32)
+        big = 2 * len(ev) + 1
+        rows, task, rec = np.empty(big, np.int32), np.empty(big, np.int32), np.empty(big, np.int8)
+        m = taskstate_jit.emit(codes, lut, ev["pid"].to_numpy(), ev["prev_pid"].to_numpy(),
+                               table, rows, task, rec)
+        assert (m == room) if exact else (0 < m < room), (m, room)
+
+
 @pytest.mark.parametrize("state_machine", COMPILED, indirect=True)  # each compared with numpy
 @pytest.mark.parametrize("ncpus,ntasks,seed", [(2, 5, 1), (4, 9, 2), (8, 20, 3), (16, 40, 4)])
 def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state_machine):
