@@ -301,12 +301,14 @@ def ideal_distance(ideal: pd.DataFrame) -> dict:
 
 def cost_summary(events: pd.DataFrame, tasks: pd.DataFrame, migrations: pd.DataFrame,
                  allocation: pd.DataFrame, cpus, t0: int, t_end: int,
-                 rt_share: float | None = None) -> dict:
+                 rt_share: float | None = None, wasted: pd.DataFrame | None = None) -> dict:
     """The numbers of what the policy cost, for every experiment's summary
-    (:data:`harmony.experiments.base.COST_SUMMARY` declares them)."""
+    (:data:`harmony.experiments.base.COST_SUMMARY` declares them); ``wasted``: the
+    :func:`df_wasted` table of the same arguments, if it was made already."""
     mig = migrations[(migrations["ts"] >= t0) & (migrations["ts"] <= t_end)]
     counts = cause_counts(mig)
-    wasted = df_wasted(events, tasks, cpus, t0, t_end)
+    if wasted is None:
+        wasted = df_wasted(events, tasks, cpus, t0, t_end)
     long = wasted[wasted["long"].to_numpy()]
     dist = ideal_distance(df_ideal(allocation, tasks, len(cpus), rt_share))
     slow = dist["slowdown_max"]

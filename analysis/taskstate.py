@@ -105,6 +105,14 @@ def _order_by_task_then_seq(rpid: np.ndarray, seq: np.ndarray, pidset: np.ndarra
 _last = LastResult()
 
 
+def release_records() -> None:
+    """Drop the task records kept (:func:`task_records`) before their events table is gone: an
+    analysis whose steps after the tables need none (harmony.pipeline) frees their memory for
+    those steps (~45 bytes a record, more than the events table's 45 bytes an event when most
+    events are the tasks'); a later call builds them again."""
+    _last.clear()
+
+
 def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     """One row per state-changing event of the tasks ``pids``, with the state around it (cached:
     a second call with the same ``events`` object and pids returns the same table).

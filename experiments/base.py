@@ -257,10 +257,12 @@ COST_SUMMARY = (
 
 
 def policy_cost(run) -> dict:
-    """The :data:`COST_SUMMARY` values of a run (a :class:`harmony.store.Run`)."""
+    """The :data:`COST_SUMMARY` values of a run (a :class:`harmony.store.Run`; its "wasted"
+    table if the analysis handed it over, else made here from the events)."""
     m = run.manifest
     return cost_summary(run.events, run.tasks, run.migrations, run.allocation, m["cpus"],
-                        m["t0_ns"], m["end_ns"], (m.get("sched") or {}).get("rt_share"))
+                        m["t0_ns"], m["end_ns"], (m.get("sched") or {}).get("rt_share"),
+                        wasted=run.held("wasted"))
 
 
 class Experiment:

@@ -36,6 +36,7 @@ from harmony import store
 from harmony.manifest import new_manifest, now, reason  # noqa: F401  (every origin's manifest)
 from harmony.analysis import reconstruct, trust
 from harmony.analysis.causes import cause_counts, softirq_recorded
+from harmony.analysis.cost import df_wasted
 from harmony.analysis.counters import (counter_agreement, df_counter_agreement,
                                        schedstat_agreement)
 from harmony.analysis.crosscheck import (kernel_agreement, nr_running_agreement, silent_contexts,
@@ -43,6 +44,7 @@ from harmony.analysis.crosscheck import (kernel_agreement, nr_running_agreement,
 from harmony.analysis.foreign import df_foreign_load
 from harmony.analysis.probe_agreement import probe_agreement
 from harmony.analysis.release import release_spread
+from harmony.analysis.taskstate import release_records
 from harmony.analysis.report import write_report
 from harmony.errors import ProbeError, RunError
 from harmony.experiments import get_experiment
@@ -247,6 +249,11 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
                 writing.append(in_background(store.write_table, out, name, df))
             else:
                 store.write_table(out, name, df)
+        # the only step after the tables that reads the task records is the policy's wasted CPU
+        # time (metrics): made now, so that the records are freed for the checks and metrics (at
+        # 10 M events: peak 2093 -> 2003 MiB, the whole import 1.02x the time)
+        wasted = df_wasted(cap.events, tasks, manifest["cpus"], window.t0, window.end)
+        release_records()
         own = {"kernel_samples": origin.kernel_samples, "kernel_counters": origin.kernel_counters,
                "kernel_nr_running": origin.kernel_nr_running}
         manifest["tables"] = ["tasks", *tables, *(k for k, v in own.items() if v is not None)]
@@ -259,6 +266,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         served = {"tasks": tasks, **{k: v for k, v in tables.items() if k != "markers"}}
         if origin.kernel_samples is not None:
             served["kernel_samples"] = origin.kernel_samples
+        served["wasted"] = wasted
         run.preload(served)
         try:
             summary = experiment.summarise(run)

@@ -281,6 +281,11 @@ class Run:
         that has just written them); each must be what reading its file back gives."""
         self._cache.update(tables)
 
+    def held(self, name: str) -> pd.DataFrame | None:
+        """The table ``name`` if it is in memory (read already, or preloaded), else None: for
+        a table the analysis may hand over without storing it (e.g. "wasted")."""
+        return self._cache.get(name)
+
     def preload_summary(self, summary: dict) -> None:
         """Serve this summary instead of reading summary.json (the analysis that has just written
         it); it must be what reading the file back gives (JSON types: lists, string keys)."""

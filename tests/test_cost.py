@@ -158,3 +158,27 @@ def test_idleness_a_blind_probe_did_not_see_end_is_cut_at_its_last_sign():
           .events())
     w = cost.df_wasted(ev, tasks(), [0, 1], 0, 50 * MS)
     assert w[["cpu", "start", "end"]].values.tolist() == [[1, 10 * MS, 11 * MS]]
+
+
+def test_an_import_hands_its_wasted_table_to_the_metrics_and_frees_the_records(tmp_path):
+    """The pipeline makes the wasted table while the task records exist and frees them before the
+    checks and metrics (harmony.pipeline.analyse_capture): the summary's waste is what the
+    stored tables give when it is made afresh, and no task records are left held."""
+    from harmony.analysis import taskstate
+    from harmony.importer import import_trace
+    from harmony.probes.encode import write_recording
+    from harmony.probes.tracedat_write import write_tracedat
+
+    events = idle_while_b_waits(5)
+    markers = pd.DataFrame({"ts": np.zeros(0, np.int64), "cpu": np.zeros(0, np.int16),
+                            "pid": np.zeros(0, np.int32), "text": []})
+    write_recording(events, markers, {"cpus": [0, 1]}, tmp_path / "rec")
+    run = import_trace(write_tracedat(tmp_path / "rec", tmp_path / "t.dat"), tmp_path / "run",
+                       pids=[A, B, C], end_s=0.05)
+    assert taskstate._last.value() is None
+    m = run.manifest
+    fresh = cost.cost_summary(run.events, run.tasks, run.migrations, run.allocation, m["cpus"],
+                              m["t0_ns"], m["end_ns"])
+    assert run.summary["wasted_cpu_s"] == pytest.approx(0.005) == fresh["wasted_cpu_s"]
+    assert run.summary["wasted_episodes"] == fresh["wasted_episodes"]
+    assert run.summary["wasted_longest"] == fresh["wasted_longest"]
