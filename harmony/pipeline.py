@@ -9,7 +9,9 @@ trace, what it had to assume); :func:`analyse_capture` does the rest, the same w
 
 1. tables: migrations, runs, runqueue, allocation, shares (:mod:`harmony.analysis.reconstruct`)
    from the events, each written once as Parquet and kept in memory for the next steps (a large
-   events table written on another thread meanwhile, waited for before the run is complete);
+   events table written on another thread meanwhile, waited for before the run is complete),
+   and the policy's wasted CPU time, handed to the metrics (the task records it reads are freed
+   before the runs are built: see :func:`derive_tables`);
 2. checks: the probe's blind spots, the release, lost events, foreign load, the kernel's own view
    and the workers' counters against the trace, a second probe's recording (cross-check): facts
    in the manifest, and notes as data (:mod:`harmony.analysis.trust`, which words them);
@@ -242,18 +244,19 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
             store.write_table(out, "tasks", tasks)
         step(f"{cap.meta.get('n_events', len(cap.events)):,} events: rebuilding the tables of "
              f"{len(tasks)} tasks")
-        tables = derive_tables(cap, tasks, manifest["cpus"], window, manifest["params"]["window_s"],
-                               rt_share=(manifest.get("sched") or {}).get("rt_share"))
+        early = len(cap.events) >= BACKGROUND_WRITE_ROWS     # written while the tables are built
+        if early:
+            writing.append(in_background(store.write_table, out, "events", cap.events))
+        tables, wasted = derive_tables(cap, tasks, manifest["cpus"], window,
+                                       manifest["params"]["window_s"],
+                                       rt_share=(manifest.get("sched") or {}).get("rt_share"))
         for name, df in tables.items():
+            if name == "events" and early:
+                continue
             if len(df) >= BACKGROUND_WRITE_ROWS:
                 writing.append(in_background(store.write_table, out, name, df))
             else:
                 store.write_table(out, name, df)
-        # the only step after the tables that reads the task records is the policy's wasted CPU
-        # time (metrics): made now, so that the records are freed for the checks and metrics (at
-        # 10 M events: peak 2093 -> 2003 MiB, the whole import 1.02x the time)
-        wasted = df_wasted(cap.events, tasks, manifest["cpus"], window.t0, window.end)
-        release_records()
         own = {"kernel_samples": origin.kernel_samples, "kernel_counters": origin.kernel_counters,
                "kernel_nr_running": origin.kernel_nr_running}
         manifest["tables"] = ["tasks", *tables, *(k for k, v in own.items() if v is not None)]
@@ -319,18 +322,30 @@ def _cannot_read(out: Path, experiment, origin: Origin, exc: BaseException) -> R
                     f"({type(exc).__name__}: {exc}){hint}")
 
 
-def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window,
-                  window_s: float, rt_share: float | None = None) -> dict[str, pd.DataFrame]:
+def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, window_s: float,
+                  rt_share: float | None = None) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
     """A capture's tables for ``tasks`` in the window: events, markers, migrations, runs,
     runqueue, allocation, shares (see :class:`harmony.store.Run`; ``rt_share``: RT throttling's
-    share of a CPU, for the fair shares of real-time tasks)."""
+    share of a CPU, for the fair shares of real-time tasks); and the policy's wasted CPU time
+    (:func:`harmony.analysis.cost.df_wasted`, for the metrics; not stored).
+
+    The tables made from the task records (migrations, run queue, wasted time) come first, then
+    the records are freed (:func:`taskstate.release_records`: no later step reads them) and only
+    then are the runs built: at 10 M events the records take 502 MB and the runs 249 MB (450 while
+    they are built), so the two never share the memory (peak 2003 -> 1755 MiB). Built one after
+    the other, not on two threads as :func:`reconstruct.df_core` does (the whole import: 1.04x the
+    time; the events' Parquet written meanwhile takes the other CPU)."""
     t0, t_end = window.t0, window.end
-    core = reconstruct.df_core(cap.events, tasks, cpus, t0, t_end)
-    runs = core["runs"]
-    return {"events": cap.events, "markers": cap.markers,
-            "migrations": core["migrations"], "runs": runs, "runqueue": core["runqueue"],
+    events = cap.events
+    migrations = reconstruct.df_migrations(events, tasks, t0)
+    runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
+    wasted = df_wasted(events, tasks, cpus, t0, t_end)
+    release_records()
+    runs = reconstruct.df_runs(events, tasks, t0, t_end)
+    return {"events": events, "markers": cap.markers, "migrations": migrations, "runs": runs,
+            "runqueue": runqueue,
             "allocation": reconstruct.df_allocation(runs, tasks, t0, t_end, int(window_s * 1e9)),
-            "shares": reconstruct.df_task_share(runs, tasks, cpus, t0, t_end, rt_share)}
+            "shares": reconstruct.df_task_share(runs, tasks, cpus, t0, t_end, rt_share)}, wasted
 
 
 def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, origin: Origin,
