@@ -35,6 +35,8 @@ def _libc():
                               ctypes.c_int, ctypes.c_long]
         libc.munmap.restype = ctypes.c_int
         libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.madvise.restype = ctypes.c_int
+        libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         return libc
     except (OSError, AttributeError):
         return None
@@ -76,3 +78,20 @@ def map_files(paths: list[Path], sizes: list[int],
     arr = np.frombuffer(region, dtype=np.uint8)
     arr.flags.writeable = False
     return arr
+
+
+_MADV_DONTNEED = 4
+
+
+def release_mapped(arr: np.ndarray, lo: int, hi: int) -> bool:
+    """Drop bytes [lo, hi) (page aligned) of an array :func:`map_files` returned from the process's
+    memory: its pages are the files' (a private mapping never written), so a later read maps them
+    from the page cache again, unchanged. False if the kernel refused (nothing changed then)."""
+    global _madvise_libc
+    if _madvise_libc is None:
+        _madvise_libc = _libc() or False
+    return bool(_madvise_libc) and _madvise_libc.madvise(arr.ctypes.data + lo, hi - lo,
+                                                         _MADV_DONTNEED) == 0
+
+
+_madvise_libc = None

@@ -8,12 +8,15 @@ trace.dat's sections are given as buffers. :func:`read_uint` reads integers at a
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
 
 import numpy as np
 
 from harmony.errors import TraceCorrupt
-from harmony.probes.filemap import map_files
+from harmony.probes.filemap import map_files, release_mapped
+
+_SYS_PAGE = mmap.PAGESIZE
 
 
 class PageSource:
@@ -28,6 +31,8 @@ class PageSource:
         self.files = files
         self.page_in_file = page_in_file
         self._views: dict[str, np.ndarray] = {}
+        #: the buffer is the files' own pages, mapped (:mod:`filemap`): :meth:`release` drops them
+        self.mapped = False
 
     @property
     def n_pages(self) -> int:
@@ -39,6 +44,23 @@ class PageSource:
             v = self.buf.view(dtype)
             self._views[dtype] = v
         return v
+
+    def release(self, lo: int, hi: int) -> None:
+        """Drop the whole pages inside bytes [lo, hi) of a mapped source from this process's
+        memory (``madvise(MADV_DONTNEED)``): they are the files' pages, read again from the page
+        cache if touched again, so nothing changes but the resident memory. Nothing is done for a
+        source read into memory (its bytes exist nowhere else)."""
+        if not self.mapped:
+            return
+        lo, hi = -(-int(lo) // _SYS_PAGE) * _SYS_PAGE, min(int(hi), len(self.buf)) // _SYS_PAGE * _SYS_PAGE
+        if hi > lo:
+            release_mapped(self.buf, lo, hi)
+
+    def part_bounds(self) -> np.ndarray:
+        """Where each file's (each CPU's) pages start in the buffer, and where the last ends:
+        the byte offsets, one more than there are parts."""
+        first = np.flatnonzero(np.r_[True, self.page_file[1:] != self.page_file[:-1]])
+        return np.r_[first, len(self.page_file)].astype(np.int64) * self.page_size
 
     def where(self, page: int, byte_in_page: int | None = None) -> str:
         f = self.files[int(self.page_file[page])]
@@ -83,14 +105,16 @@ class PageSource:
             if s % page_size:
                 raise TraceCorrupt(f"{f}: truncated: {s} bytes is not a whole number of "
                                    f"{page_size}-byte pages")
-        buf = map_files([Path(path)] * len(cpus), sizes, offsets)
+        buf = mapped = map_files([Path(path)] * len(cpus), sizes, offsets)
         if buf is None:
             buf = _read_files([Path(path)] * len(cpus), sizes, offsets)
             buf.flags.writeable = False     # as a mapped one: the compiled kernels' same types
         counts = [s // page_size for s in sizes]
-        return cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
-                   np.repeat(np.arange(len(cpus)), counts), files,
-                   np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+        src = cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
+                  np.repeat(np.arange(len(cpus)), counts), files,
+                  np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+        src.mapped = mapped is not None
+        return src
 
     @classmethod
     def from_files(cls, files_by_cpu: dict[int, Path], page_size: int) -> "PageSource":
@@ -107,13 +131,15 @@ class PageSource:
                                    f"{page_size}-byte pages")
             sizes.append(s)
         paths = [Path(files_by_cpu[c]) for c in cpus]
-        buf = map_files(paths, sizes)   # no copy, no fresh memory; None: read them
+        buf = mapped = map_files(paths, sizes)   # no copy, no fresh memory; None: read them
         if buf is None:
             buf = _read_files(paths, sizes)
         counts = [s // page_size for s in sizes]
-        return cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
-                   np.repeat(np.arange(len(cpus)), counts), [str(p) for p in paths],
-                   np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+        src = cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
+                  np.repeat(np.arange(len(cpus)), counts), [str(p) for p in paths],
+                  np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+        src.mapped = mapped is not None
+        return src
 
 
 def _read_files(paths: list[Path], sizes: list[int],

@@ -741,3 +741,37 @@ def test_auto_mode_uses_the_compiled_decoder_for_large_traces_only(tmp_path, mon
     assert cap.meta["decoder"] == ("compiled" if numba_version() else "numpy")
     assert rows_of(cap.events) == rows
 
+
+
+@pytest.mark.parametrize("decoder", COMPILED, indirect=True)
+def test_the_gather_releases_the_pages_behind_it_and_decodes_the_same(tmp_path, monkeypatch,
+                                                                      decoder):
+    """A mapped recording's pages are released behind the compiled gather a chunk of records at
+    a time (ringbuf_decode._pages_behind): every byte read after a release comes from the page
+    cache again, so the table is the one a decode without releases gives; and the pages are
+    released (the source's release is called with ranges inside each CPU's part)."""
+    import pandas as pd
+
+    from harmony.probes import ringbuf_decode
+    from harmony.probes.encode import write_recording
+    from harmony.probes.ringbuf import decode_dir
+    from harmony.probes.ringbuf_pages import PageSource
+    from test_import_export import _stream_to_encode
+
+    events, markers = _stream_to_encode(4, 20_000, 1)
+    write_recording(events, markers, {"cpus": [0, 1, 2, 3]}, tmp_path / "rec")
+    whole = decode_dir(tmp_path / "rec")
+    released = []
+    real = PageSource.release
+
+    def spy(self, lo, hi):
+        assert self.mapped
+        released.append((lo, hi))
+        real(self, lo, hi)
+
+    monkeypatch.setattr(PageSource, "release", spy)
+    monkeypatch.setattr(ringbuf_decode, "RELEASE_CHUNK", 997)
+    chunked = decode_dir(tmp_path / "rec")
+    pd.testing.assert_frame_equal(chunked.events, whole.events)
+    pd.testing.assert_frame_equal(chunked.markers, whole.markers)
+    assert len(released) > 20 and all(hi > lo for lo, hi in released)
