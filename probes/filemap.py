@@ -14,6 +14,7 @@ Linux only, through libc's mmap (Python's mmap module cannot place a mapping at 
 from __future__ import annotations
 
 import ctypes
+import functools
 import mmap
 import os
 import weakref
@@ -27,6 +28,7 @@ _MAP_POPULATE = 0x8000       # fault the pages in with the mapping, not one by o
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
+@functools.cache
 def _libc():
     try:
         libc = ctypes.CDLL(None, use_errno=True)
@@ -87,11 +89,5 @@ def release_mapped(arr: np.ndarray, lo: int, hi: int) -> bool:
     """Drop bytes [lo, hi) (page aligned) of an array :func:`map_files` returned from the process's
     memory: its pages are the files' (a private mapping never written), so a later read maps them
     from the page cache again, unchanged. False if the kernel refused (nothing changed then)."""
-    global _madvise_libc
-    if _madvise_libc is None:
-        _madvise_libc = _libc() or False
-    return bool(_madvise_libc) and _madvise_libc.madvise(arr.ctypes.data + lo, hi - lo,
-                                                         _MADV_DONTNEED) == 0
-
-
-_madvise_libc = None
+    libc = _libc()
+    return libc is not None and libc.madvise(arr.ctypes.data + lo, hi - lo, _MADV_DONTNEED) == 0

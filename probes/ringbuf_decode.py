@@ -466,22 +466,22 @@ def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, ord
         records at a time, the file's pages behind each released (:func:`_pages_behind`)."""
         err = np.zeros(4, np.int64)
         cuts = list(range(lo, hi, RELEASE_CHUNK)) + [hi]
-        j_at = [int(j_lo[k])]
+        chunks = list(zip(cuts[:-1], cuts[1:]))
+        # each chunk's first event row: the events of the chunks before it
+        j_at = np.cumsum([int(j_lo[k])] + [jit.count_selected(order_arg, a, b, code, is_event)
+                                            for a, b in chunks[:-1]]).tolist()
         cap = 1 << 12
         while True:  # a hash table too small for the distinct strings is retried 8x bigger
             slots = np.full(cap, -1, np.int64)
             keys = np.zeros((cap // 2, kw), np.int64)
             n_keys = np.zeros(1, np.int64)
             status = 0
-            for c, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
-                if c + 1 == len(j_at):
-                    j_at.append(j_at[c] + (jit.count_selected(order_arg, a, b, code, is_event)
-                                           if b < hi else 0))
+            for (a, b), j in zip(chunks, j_at):
                 status = jit.gather(
                     src.buf, src.view("<u2"), src.view("<u4"), order_arg, rec.pos, rec.length,
                     rec.ts, rec.cpu, code, need, label_lut, *specs,
                     ts, ev_cpu, ev_label, row_fmt, src_row, *outs, str_spec, str_codes, slots,
-                    keys, n_keys, err, a, b, j_at[c])
+                    keys, n_keys, err, a, b, j)
                 if status:
                     break
                 if behind is not None:
