@@ -361,9 +361,11 @@ def _pages_behind(src: PageSource, rec: Records, order: np.ndarray | None):
     range's records (read by another thread meanwhile) and is kept; a CPU whose stamps do not
     rise page after page only has pages read again from the page cache, not wrong data.
 
-    Without it a 10 M-event trace.dat's 545 MB of pages are all resident until the decode ends
-    (mapped with MAP_POPULATE, then gathered in time order across the CPUs): the decode's peak
-    was 1702 MiB, with it 1630 (six pairs of whole processes, 0.98x the time)."""
+    Without it a 10 M-event trace.dat's 545 MB of pages would all be resident again by the end
+    of the decode (the walk releases them behind itself, ringbuf_walk._chunks, and the gather
+    reads them again, in time order across the CPUs). Measured when the file was still mapped
+    with MAP_POPULATE: the decode's peak was 1702 MiB, with it 1630 (six pairs of whole
+    processes, 0.98x the time)."""
     bounds = src.part_bounds()
     starts = np.searchsorted(rec.pos, bounds)        # each part's records: [starts[s], starts[s+1])
     parts = [(int(bounds[i]), int(bounds[i + 1]), int(starts[i]), int(starts[i + 1]))

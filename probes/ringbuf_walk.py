@@ -81,6 +81,69 @@ def compiled(nbytes: int):
     return ringbuf_jit
 
 
+#: pages of a mapped source a pass reads between two releases of them (16 MiB of 4 KiB pages)
+RELEASE_PAGES = 4096
+
+
+def _chunks(src: PageSource, lo: int, hi: int):
+    """Pages [lo, hi) as (a, b) ranges of :data:`RELEASE_PAGES`, each released from the process's
+    memory once the caller is done with it and asks for the next (:meth:`PageSource.release`); the
+    whole range at once for a source read into memory.
+
+    The compiled walk reads a mapped source's pages twice (page headers and count, then fill),
+    and the decode's gather a third time, each in page order: released behind each pass, the
+    file is never resident whole (545 MB at 10 M events); read again, its pages come back from
+    the page cache unchanged."""
+    if not src.mapped:
+        yield lo, hi
+        return
+    for a in range(lo, hi, RELEASE_PAGES):
+        b = min(a + RELEASE_PAGES, hi)
+        yield a, b
+        src.release(a * src.page_size, b * src.page_size)
+
+
+class _Headers:
+    """The pages' headers (timestamp, commit size, missed-events flag and count), read and checked
+    a range of pages at a time (:meth:`read`)."""
+
+    def __init__(self, src: PageSource, hp: HeaderPage):
+        n = src.n_pages
+        self.src, self.hp = src, hp
+        self.ts, self.size = np.empty(n, np.int64), np.empty(n, np.int64)
+        self.active, self.missed = np.empty(n, bool), np.empty(n, bool)
+        self.lost = np.empty(n, np.int64)    # -1: events were lost, their count unknown
+
+    def read(self, a: int, b: int) -> str | None:
+        """Fill pages [a, b); the first bad one's error message, or None."""
+        src, hp = self.src, self.hp
+        ps = src.page_size
+        base = np.arange(a, b, dtype=np.int64) * ps
+        self.ts[a:b] = read_uint(src, base + hp.timestamp_offset, 8)
+        commit = read_uint(src, base + hp.commit_offset, hp.commit_size)
+        size = self.size[a:b]
+        np.bitwise_and(commit, COMMIT_MASK, out=size)
+        missed = self.missed[a:b]
+        np.not_equal(commit & RB_MISSED_EVENTS, 0, out=missed)
+        np.greater(size, 0, out=self.active[a:b])
+        cap = ps - hp.data_offset
+        bad = np.flatnonzero(size > cap)
+        if bad.size:
+            p = int(bad[0])
+            return (f"{src.where(a + p)}: commit size {int(size[p])} exceeds the page "
+                    f"({cap} data bytes)")
+        lost = self.lost[a:b]
+        lost[:] = np.where(missed, -1, 0)
+        sp = np.flatnonzero(missed & ((commit & RB_MISSED_STORED) != 0))
+        if sp.size:
+            ok = size[sp] + hp.commit_size <= cap
+            if not ok.all():
+                return (f"{src.where(a + int(sp[~ok][0]))}: missed-events count does not fit "
+                        f"after the data")
+            lost[sp] = read_uint(src, base[sp] + hp.data_offset + size[sp], hp.commit_size)
+        return None
+
+
 # --- the lockstep page walk --------------------------------------------------------------------
 
 def walk_pages(src: PageSource, hp: HeaderPage, type_field: Field | None = None,
@@ -97,33 +160,18 @@ def walk_pages(src: PageSource, hp: HeaderPage, type_field: Field | None = None,
         check_page_layout(hp, ps)   # the caller has checked it, naming the file that describes it
     except FormatError as exc:
         raise TraceCorrupt(f"{src.files[0] if src.files else 'trace'}: {exc}") from None
-    base = np.arange(n_pages, dtype=np.int64) * ps
-    page_ts = read_uint(src, base + hp.timestamp_offset, 8)
-    commit = read_uint(src, base + hp.commit_offset, hp.commit_size)
-    size = commit & COMMIT_MASK
-    missed = (commit & RB_MISSED_EVENTS) != 0
-    stored = missed & ((commit & RB_MISSED_STORED) != 0)
-    cap = ps - hp.data_offset
-    bad = np.flatnonzero(size > cap)
-    if bad.size:
-        p = int(bad[0])
-        raise TraceCorrupt(f"{src.where(p)}: commit size {int(size[p])} exceeds the page "
-                           f"({cap} data bytes)")
-    lost = np.where(missed, -1, 0).astype(np.int64)
-    if stored.any():
-        sp = np.flatnonzero(stored)
-        ok = size[sp] + hp.commit_size <= cap
-        if not ok.all():
-            p = int(sp[~ok][0])
-            raise TraceCorrupt(f"{src.where(p)}: missed-events count does not fit after the data")
-        lost[sp] = read_uint(src, base[sp] + hp.data_offset + size[sp], hp.commit_size)
-
+    heads = _Headers(src, hp)
     jit = compiled(len(src.buf))
-    if jit is not None:
-        pos, length, ts, cpu, code, short = _walk_compiled(jit, src, hp, page_ts, size, type_field,
+    if jit is not None:     # the headers read as the count pass goes
+        pos, length, ts, cpu, code, short = _walk_compiled(jit, src, hp, heads, type_field,
                                                            type_lut)
-        return Records(pos, length, ts, cpu, lost, missed, code, short)
+        return Records(pos, length, ts, cpu, heads.lost, heads.missed, code, short)
 
+    bad = heads.read(0, n_pages)
+    if bad:
+        raise TraceCorrupt(bad)
+    page_ts, size, lost, missed = heads.ts, heads.size, heads.lost, heads.missed
+    base = np.arange(n_pages, dtype=np.int64) * ps
     words = src.view("<u4")
     nwords = len(words)
     act = np.flatnonzero(size > 0)
@@ -191,36 +239,42 @@ def walk_pages(src: PageSource, hp: HeaderPage, type_field: Field | None = None,
     return Records(out_pos, out_len, out_ts, out_cpu, lost, missed)
 
 
-def _walk_compiled(jit, src: PageSource, hp: HeaderPage, page_ts: np.ndarray, size: np.ndarray,
+def _walk_compiled(jit, src: PageSource, hp: HeaderPage, heads: _Headers,
                    type_field: Field | None, type_lut: np.ndarray | None):
-    """walk_pages' record search by the compiled kernel: count per page, then fill; both passes
-    split the pages over threads (:func:`harmony.jit.split`). Returns (pos, length, ts, cpu, code
-    or None, first short record or -1)."""
+    """walk_pages' record search by the compiled kernel: the page headers read and records
+    counted per page, then filled; both passes split the pages over threads
+    (:func:`harmony.jit.split`), each :func:`_chunks` at a time. Returns (pos, length, ts, cpu,
+    code or None, first short record or -1)."""
     n_pages = src.n_pages
-    active = size > 0
+    size = heads.size
     counts = np.zeros(n_pages, np.int64)
     none = np.zeros(0, np.int64)
     page_cpu = src.page_cpu.astype(np.int16)
     with_code = type_field is not None and type_lut is not None
     lut = np.asarray(type_lut, np.int32) if with_code else np.zeros(0, np.int32)
     t_off, t_size = (type_field.offset, type_field.size) if with_code else (0, 0)
-    args = (src.buf, src.view("<u4"), src.page_size, hp.data_offset, page_ts, size, active)
+    args = (src.buf, src.view("<u4"), src.page_size, hp.data_offset, heads.ts, size, heads.active)
     types = (page_cpu, t_off, t_size, lut)
     ranges = split(n_pages, per_item=src.page_size // 100)     # records are ~100 bytes
 
     def count(lo, hi, _k):
-        err = np.zeros(6, np.int64)
-        return err if jit.walk(*args, counts, none, none.astype(np.int32), none,
-                               none.astype(np.int16), none.astype(np.int32), *types, counts, err,
-                               lo, hi) else None
+        """The range's first bad page's error message, or None."""
+        for a, b in _chunks(src, lo, hi):
+            bad = heads.read(a, b)
+            if bad:
+                return bad
+            err = np.zeros(6, np.int64)
+            if jit.walk(*args, counts, none, none.astype(np.int32), none, none.astype(np.int16),
+                        none.astype(np.int32), *types, counts, err, a, b):
+                p = int(err[1])
+                return (f"{src.where(p, int(err[2]))}: bad ring-buffer record (type_len "
+                        f"{int(err[3])}, length word {int(err[4])}) running past the page's "
+                        f"commit size {int(size[p])}")
+        return None
 
     bad = [e for e in run_split(count, ranges) if e is not None]
     if bad:
-        e = bad[0]                                        # the first bad page, in page order
-        p = int(e[1])
-        raise TraceCorrupt(f"{src.where(p, int(e[2]))}: bad ring-buffer record (type_len "
-                           f"{int(e[3])}, length word {int(e[4])}) running past the page's "
-                           f"commit size {int(size[p])}")
+        raise TraceCorrupt(bad[0])                        # the first bad page, in page order
     starts = np.zeros(n_pages, np.int64)
     if n_pages:
         np.cumsum(counts[:-1], out=starts[1:])
@@ -229,9 +283,13 @@ def _walk_compiled(jit, src: PageSource, hp: HeaderPage, page_ts: np.ndarray, si
            np.empty(n if with_code else 0, np.int32))
 
     def fill(lo, hi, _k):
-        err = np.full(6, -1, np.int64)
-        jit.walk(*args, starts, *out, *types, counts, err, lo, hi)
-        return int(err[5])
+        first_short = -1
+        for a, b in _chunks(src, lo, hi):
+            err = np.full(6, -1, np.int64)
+            jit.walk(*args, starts, *out, *types, counts, err, a, b)
+            if first_short < 0:
+                first_short = int(err[5])
+        return first_short
 
     short = [k for k in run_split(fill, ranges) if k >= 0]
     return (*out[:4], out[4] if with_code else None, min(short) if short else -1)

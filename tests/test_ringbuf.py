@@ -490,10 +490,14 @@ def test_ftrace_internal_records_are_skipped_with_a_note(tmp_path):
     assert any(n.startswith("3 ftrace-internal records") for n in cap.meta["notes"])
 
 
-def test_record_too_short_for_its_type_id(tmp_path):
+@pytest.mark.parametrize("release_pages", [1, 4096])
+def test_record_too_short_for_its_type_id(tmp_path, monkeypatch, release_pages):
     """A record whose data (type_len 0, length word 4: no data at all) cannot hold the event type
-    id: a clear error naming the file and page, on the second page of the second CPU."""
+    id: a clear error naming the file and page, on the second page of the second CPU (also when
+    the walk goes a page at a time, releasing each behind it)."""
+    from harmony.probes import ringbuf_walk
     from harmony.probes.ringbuf import decode_dir
+    monkeypatch.setattr(ringbuf_walk, "RELEASE_PAGES", release_pages)
     pages, _, _ = known_capture()
     b = PageBuilder(2_000_000_000)
     b.event(encode(parsed_formats(FORMATS_NEW)["sched/sched_wakeup"],
@@ -536,9 +540,12 @@ def test_truncated_file(tmp_path):
     assert "cpu0.raw" in _one_line(e) and "truncated" in str(e.value)
 
 
+@pytest.mark.parametrize("release_pages", [1, 4096])
 @pytest.mark.parametrize("damage", ["commit", "record", "big_length", "padding_length"])
-def test_corrupt_page(tmp_path, damage):
+def test_corrupt_page(tmp_path, monkeypatch, damage, release_pages):
+    from harmony.probes import ringbuf_walk
     from harmony.probes.ringbuf import decode_dir
+    monkeypatch.setattr(ringbuf_walk, "RELEASE_PAGES", release_pages)
     pages, _, _ = known_capture()
     p = bytearray(pages[1][0])
     if damage == "commit":
@@ -556,7 +563,7 @@ def test_corrupt_page(tmp_path, damage):
     d = write_dir(tmp_path, pages)
     with pytest.raises(TraceCorrupt) as e:
         decode_dir(d)
-    assert "cpu1.raw" in _one_line(e)
+    assert "cpu1.raw: page 0 " in _one_line(e)
 
 
 def test_corrupt_string_location(tmp_path):
@@ -775,3 +782,54 @@ def test_the_gather_releases_the_pages_behind_it_and_decodes_the_same(tmp_path, 
     pd.testing.assert_frame_equal(chunked.events, whole.events)
     pd.testing.assert_frame_equal(chunked.markers, whole.markers)
     assert len(released) > 20 and all(hi > lo for lo, hi in released)
+
+
+@pytest.mark.parametrize("decoder", COMPILED, indirect=True)
+def test_the_walk_releases_every_page_behind_each_pass_and_decodes_the_same(tmp_path,
+                                                                           monkeypatch, decoder):
+    """A mapped recording is walked a few pages at a time (ringbuf_walk.RELEASE_PAGES, here 3),
+    each chunk released once read, in each of the walk's two passes (page headers and count,
+    then fill): the file is never resident whole (it is mapped without MAP_POPULATE). Every byte
+    read after a release comes from the page cache again: the tables are those of the same files
+    read into memory (never released)."""
+    import pandas as pd
+
+    from harmony.probes import ringbuf_decode, ringbuf_pages, ringbuf_walk
+    from harmony.probes.encode import write_recording
+    from harmony.probes.ringbuf import decode_dir
+    from harmony.probes.ringbuf_pages import PageSource
+    from test_import_export import _stream_to_encode
+
+    events, markers = _stream_to_encode(4, 20_000, 1)
+    write_recording(events, markers, {"cpus": [0, 1, 2, 3]}, tmp_path / "rec")
+    with monkeypatch.context() as m:
+        m.setattr(ringbuf_pages, "map_files", lambda *a, **k: None)
+        read = decode_dir(tmp_path / "rec")
+    walking, walked = [], []
+    real_release, real_walk = PageSource.release, ringbuf_decode.walk_pages
+
+    def release(self, lo, hi):
+        assert self.mapped
+        if walking:
+            walked.append((lo, hi))
+        real_release(self, lo, hi)
+
+    def walk(src, *a, **k):
+        walking.append(src)
+        try:
+            return real_walk(src, *a, **k)
+        finally:
+            walking.pop()
+
+    monkeypatch.setattr(ringbuf_walk, "RELEASE_PAGES", 3)
+    monkeypatch.setattr(PageSource, "release", release)
+    monkeypatch.setattr(ringbuf_decode, "walk_pages", walk)
+    mapped = decode_dir(tmp_path / "rec")
+    pd.testing.assert_frame_equal(mapped.events, read.events)
+    pd.testing.assert_frame_equal(mapped.markers, read.markers)
+    page, n_pages = 4096, max(hi for _, hi in walked) // 4096
+    assert n_pages > 12 and all(0 < hi - lo <= 3 * page and lo % page == 0 for lo, hi in walked)
+    times = np.zeros(n_pages, np.int64)     # how often the walk released each page
+    for lo, hi in walked:
+        times[lo // page:hi // page] += 1
+    assert (times == 2).all(), times
