@@ -220,6 +220,11 @@ def df_runs(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int) -> p
     return out
 
 
+#: room the compiled runs pass first gives the runs whose switch-in was lost: this many, or this
+#: share of the switches if more (a trace that lost more is walked again with room for them all)
+LOST_RUNS_ROOM_MIN, LOST_RUNS_ROOM_SHARE = 4096, 16
+
+
 def _runs_table(pid, rcpu, start, end, end_state, open_end, unseen, tasks: pd.DataFrame, t0: int,
                 t_end: int) -> dict:
     """df_runs' columns from the runs' rows (any order): those starting before t_end, closed at
@@ -332,14 +337,27 @@ def _runs_compiled(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_start: 
     is_exp[pids.astype(np.int64) + 1] = True
     is_sw = event_mask(events, "sched_switch")
     cpu = events["cpu"].to_numpy()
-    room = int(np.count_nonzero(is_sw)) + int(cpu.max(initial=0)) + 1
-    out = (np.empty(3 * room, np.int32), np.empty(3 * room, np.int32), np.empty(3 * room, np.int64),
-           np.empty(3 * room, np.int64), np.empty(3 * room, np.int64), np.empty(3 * room, bool))
-    n_out, kinds = np.zeros(3, np.int64), np.zeros(2, np.int64)
-    reconstruct_jit.runs(is_sw, cpu, events["ts"].to_numpy(), events["pid"].to_numpy(),
-                         events["prev_pid"].to_numpy(), events["prev_state"].to_numpy(), is_exp,
-                         np.int64(t_start), np.int64(t_end),
-                         np.full(int(cpu.max(initial=0)) + 1, -1, np.int64), *out, n_out, kinds)
+    n_cpu = int(cpu.max(initial=0)) + 1
+    # room: a run a switch (the run it ends) and each CPU's last, open; one a CPU running when the
+    # trace began; the runs whose switch-in was lost (rare) in a 16th of that, else a second pass
+    # with as much. Three segments of a run a switch each (at 10 M events 485 MB for 160 MB of
+    # runs) were heap memory the records had freed and the process keeps: resident
+    seg2 = int(np.count_nonzero(is_sw)) + n_cpu
+    seg3 = seg2 + n_cpu
+    lost_room = max(LOST_RUNS_ROOM_MIN, seg2 // LOST_RUNS_ROOM_SHARE)
+    while True:
+        room = seg3 + lost_room
+        out = (np.empty(room, np.int32), np.empty(room, np.int32), np.empty(room, np.int64),
+               np.empty(room, np.int64), np.empty(room, np.int64), np.empty(room, bool))
+        n_out, kinds = np.zeros(3, np.int64), np.zeros(2, np.int64)
+        reconstruct_jit.runs(is_sw, cpu, events["ts"].to_numpy(), events["pid"].to_numpy(),
+                             events["prev_pid"].to_numpy(), events["prev_state"].to_numpy(),
+                             is_exp, np.int64(t_start), np.int64(t_end),
+                             np.full(n_cpu, -1, np.int64), *out, np.int64(seg2), np.int64(seg3),
+                             n_out, kinds)
+        if n_out[2] <= lost_room:
+            break
+        lost_room = int(n_out[2])
     pid, rcpu, start, end, end_state, open_end = (x[:int(n_out.sum())] for x in out)
     lost = slice(int(n_out[0] + n_out[1]), None)
     start[lost] = _lost_switch_in_starts(events, pid[lost], start[lost], end[lost])

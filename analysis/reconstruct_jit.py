@@ -149,7 +149,7 @@ def move_rows(out_ts, out_cpu, out_nr, src, n, dst):
 
 @_jit
 def runs(is_sw, cpu, ts, nxt, prv, pst, is_exp, t_start, t_end, last, out_pid, out_cpu, out_start,
-         out_end, out_state, out_open, n_out, kinds):
+         out_end, out_state, out_open, seg2, seg3, n_out, kinds):
     """df_runs' intervals in one pass over the events in time order, keeping each CPU's last
     sched_switch (``last[c]``: its row, -1 = none yet; len = highest CPU + 1).
 
@@ -159,15 +159,17 @@ def runs(is_sw, cpu, ts, nxt, prv, pst, is_exp, t_start, t_end, last, out_pid, o
     per CPU left open, to t_end: out_open), then runs of tasks running when the trace began
     (n_out[1]), then runs whose switch-in was lost (n_out[2]; out_start holds the CPU's previous
     switch, the caller moves it to the task's last wake-up). While the events are walked the
-    segments start at 0, n and 2n (n = out arrays' length / 3); the last two are then moved to
+    segments start at 0, ``seg2`` and ``seg3``: the first needs room for a run a switch and each
+    CPU's last, the second one a CPU; the third, rare, is counted past the arrays' end but not
+    written there (n_out[2] > its room: call again with as much). The last two are then moved to
     follow the first, so the rows are out_*[:sum(n_out)], views: the runs are not copied again.
     kinds[0] = run_end_mismatch, kinds[1] = run_start_unseen (see df_runs).
     """
-    n = out_pid.shape[0] // 3
+    room = out_pid.shape[0]
     top = is_exp.shape[0] - 1
     a = 0
-    h = n
-    lo = 2 * n
+    h = seg2
+    lo = seg3
     for e in range(is_sw.shape[0]):
         if not is_sw[e]:
             continue
@@ -199,12 +201,13 @@ def runs(is_sw, cpu, ts, nxt, prv, pst, is_exp, t_start, t_end, last, out_pid, o
             if mismatch and prv_exp:
                 kinds[1] += 1
                 if not nxt_exp:              # switched out, its switch-in not seen
-                    out_pid[lo] = prv[e]
-                    out_cpu[lo] = c
-                    out_start[lo] = ts[k]
-                    out_end[lo] = ts[e]
-                    out_state[lo] = pst[e]
-                    out_open[lo] = False
+                    if lo < room:
+                        out_pid[lo] = prv[e]
+                        out_cpu[lo] = c
+                        out_start[lo] = ts[k]
+                        out_end[lo] = ts[e]
+                        out_state[lo] = pst[e]
+                        out_open[lo] = False
                     lo += 1
         last[c] = e
     for c in range(last.shape[0]):            # each CPU's last switch-in: open to t_end
@@ -218,12 +221,14 @@ def runs(is_sw, cpu, ts, nxt, prv, pst, is_exp, t_start, t_end, last, out_pid, o
             out_open[a] = True
             a += 1
     n_out[0] = a
-    n_out[1] = h - n
-    n_out[2] = lo - 2 * n
-    # every row moves down or stays (a <= n, and a + n_out[1] <= 2n): a forward copy never
+    n_out[1] = h - seg2
+    n_out[2] = lo - seg3
+    if lo > room:
+        return
+    # every row moves down or stays (a <= seg2, and a + n_out[1] <= seg3): a forward copy never
     # overwrites a row it has yet to move
     dst = a
-    for seg_lo, seg_hi in ((n, h), (2 * n, lo)):
+    for seg_lo, seg_hi in ((seg2, h), (seg3, lo)):
         for src in range(seg_lo, seg_hi):
             out_pid[dst] = out_pid[src]
             out_cpu[dst] = out_cpu[src]

@@ -859,6 +859,36 @@ def test_tables_agree_compiled_and_numpy(ncpus, ntasks, seed, monkeypatch, state
 
 
 @pytest.mark.parametrize("state_machine", ["compiled"], indirect=True)  # compared with numpy
+def test_runs_whose_switch_in_was_lost_beyond_their_room_are_walked_again(state_machine,
+                                                                          monkeypatch):
+    """The compiled runs pass gives the runs whose switch-in was lost a small room first; a
+    stream with more is walked again with room for them all: the same table as numpy's."""
+    from harmony.analysis import taskstate
+    sim, ev = lossy_stream(4, 9, 2)
+    ts = ev["ts"].to_numpy()
+    t0, t_end = int(ts[len(ts) // 10]), int(ts[-1]) + 1
+    monkeypatch.setenv("HARMONY_JIT", "0")
+    want = rc.df_runs(ev, sim.tasks, t0, t_end)
+    assert want["unseen_start"].sum() >= 2
+    monkeypatch.setenv("HARMONY_JIT", "1")
+    from harmony.analysis import reconstruct_jit
+    walks, real = [], reconstruct_jit.runs
+
+    def counted(*args):
+        walks.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(rc, "LOST_RUNS_ROOM_MIN", 1)
+    monkeypatch.setattr(rc, "LOST_RUNS_ROOM_SHARE", 1 << 40)
+    monkeypatch.setattr(reconstruct_jit, "runs", counted)
+    taskstate._last.clear()
+    got = rc.df_runs(ev, sim.tasks, t0, t_end)
+    assert len(walks) == 2
+    pd.testing.assert_frame_equal(got, want, check_dtype=True)
+    assert got.attrs == want.attrs
+
+
+@pytest.mark.parametrize("state_machine", ["compiled"], indirect=True)  # compared with numpy
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_runs_table_compiled_is_the_numpy_one(seed, state_machine):
     """The runs' columns written by one compiled pass are those numpy's filter, lexsort and
