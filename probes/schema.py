@@ -14,17 +14,21 @@ common_pid     int32     task that was current when the event fired
 pid            int32     the task the event is about: switch -> next_pid, migrate/wakeup*/waking/exit
                          -> pid, fork -> child_pid
 comm           category  command name of ``pid`` (switch -> next_comm, fork -> child_comm)
-prio           int32     kernel prio of ``pid`` (switch -> next_prio); -1 where the event has none;
-                         irq:softirq_entry/exit -> the softirq's vector (``vec``)
+prio           int16     kernel prio of ``pid`` (switch -> next_prio: -1..139); -1 where the event has
+                         none; irq:softirq_entry/exit -> the softirq's vector (``vec``)
 prev_pid       int32     switch -> prev_pid; fork -> parent_pid; swap_numa -> dst_pid (pid: src_pid)
 prev_comm      category  switch -> prev_comm; fork -> parent_comm; "" elsewhere
-prev_prio      int32     switch -> prev_prio
-prev_state     int64     switch -> the state prev_pid left in, with the kernel's "preempted" flag
+prev_prio      int16     switch -> prev_prio
+prev_state     int32     switch -> the state prev_pid left in, with the kernel's "preempted" flag
                          removed: 0 = still runnable ("R" or "R+"), else TASK_* bits (1 = S, 2 = D)
 orig_cpu       int16     migrate -> orig_cpu; move_numa/swap_numa -> src_cpu
 target_cpu     int16     migrate -> dest_cpu; wakeup/wakeup_new/waking -> target_cpu;
                          move_numa/swap_numa -> dst_cpu
 =============  ========  ==========================================================================
+
+The columns are as narrow as the kernel's values allow: a prio is at most 139 and a task state a
+few bits (the kernel's own fields are an int and a long): at 10 M events the table takes 37
+bytes an event instead of 45, held from the decode to the end of the analysis.
 
 An imported trace that recorded sched_waking but no sched_wakeup (``perf sched record``) gets a
 sched_wakeup row derived from each sched_waking (:mod:`harmony.analysis.waking`); the run's
@@ -76,10 +80,10 @@ INT_COLUMNS = {
     "cpu": np.int16,
     "common_pid": np.int32,
     "pid": np.int32,
-    "prio": np.int32,
+    "prio": np.int16,
     "prev_pid": np.int32,
-    "prev_prio": np.int32,
-    "prev_state": np.int64,
+    "prev_prio": np.int16,
+    "prev_state": np.int32,
     "orig_cpu": np.int16,
     "target_cpu": np.int16,
 }
