@@ -663,35 +663,54 @@ def runqueue_at(rq: pd.DataFrame, times) -> pd.DataFrame:
     return out
 
 
+#: rows of the run-queue table :func:`runqueue_changes` reads at a time
+CHANGES_CHUNK = 1 << 20
+
+
 def runqueue_changes(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> tuple[np.ndarray, np.ndarray]:
     """The run-queue vector of ``cpus`` (sorted) at t0 and at every change of it in (t0, t_end):
     (times: int64 ns, the first t0; q: int64, one row per time and one column per CPU). Raises
     ValueError if ``rq`` (from :func:`df_runqueue`: in time order) does not cover t0 for every
     CPU.
 
-    Each CPU's lengths carried forward over the rows (a pass per CPU), read at t0 and at each
-    instant's last row; ``q`` is stored CPU by CPU (a transposed view)."""
+    Read at t0 and after each instant's last row: each CPU's length is that of its last row
+    before, found a CPU at a time and :data:`CHANGES_CHUNK` rows at a time, the length carried
+    from one chunk to the next (its temporaries a chunk long, not the table's: they are the
+    metrics' peak memory at 10 M events); ``q`` is stored CPU by CPU (a transposed view)."""
     cpus = sorted(set(int(c) for c in cpus))
     cpu, ts, nr = rq["cpu"].to_numpy(), rq["ts"].to_numpy(), rq["nr"].to_numpy()
     keep = in_set(cpu, cpus)
     if not keep.all():
         cpu, ts, nr = cpu[keep], ts[keep], nr[keep]
+    del keep
     a = int(np.searchsorted(ts, t0, "right"))
     b = max(a, int(np.searchsorted(ts, t_end, "left")))
-    last = np.ones(b - a, bool)                     # the last row of each instant in (t0, t_end)
+    # the rows read before each vector: a at t0, then up to each instant's last in (t0, t_end)
+    last = np.ones(b - a, bool)
     np.not_equal(ts[a + 1:b], ts[a:b - 1], out=last[:-1])
-    # the number of rows whose state is read: a at t0, then up to each instant's last
-    upto = np.r_[a, a + 1 + np.flatnonzero(last)]
-    times = np.r_[np.int64(t0), ts[upto[1:] - 1]].astype(np.int64)
-    index = np.int32 if b < 1 << 31 else np.int64
-    rows = np.arange(1, b + 1, dtype=index)         # row i is 1 + i; 0: none, nr -1
-    nr = np.r_[np.int64(-1), nr[:b]]
-    latest = np.empty(b + 1, index)                 # the CPU's last row among the first i
-    latest[0] = 0
+    upto = np.flatnonzero(last)
+    del last
+    upto += a + 1
+    upto = np.r_[a, upto]
+    times = np.empty(len(upto), np.int64)
+    times[0] = t0
+    np.take(ts, upto[1:] - 1, out=times[1:])
     q = np.empty((len(cpus), len(upto)), np.int64)  # CPU by CPU: returned transposed
     for j, c in enumerate(cpus):
-        np.maximum.accumulate(np.where(cpu[:b] == c, rows, 0), out=latest[1:])
-        np.take(nr, latest[upto], out=q[j])
+        length, k = -1, 0                           # the CPU's length so far (-1: no row yet)
+        for lo in range(0, max(b, 1), CHANGES_CHUNK):
+            hi = min(lo + CHANGES_CHUNK, b)
+            k_hi = int(np.searchsorted(upto, hi, "right")) if hi < b else len(upto)
+            mine = np.flatnonzero(cpu[lo:hi] == c)
+            # the CPU's last row among the first u, for each u read in this chunk: -1 = none in it
+            at = np.searchsorted(mine, upto[k:k_hi] - lo, "left") - 1
+            out = q[j, k:k_hi]
+            out[:] = length
+            got = at >= 0
+            out[got] = nr[lo + mine[at[got]]]
+            if mine.size:
+                length = int(nr[lo + mine[-1]])
+            k = k_hi
     q = q.T
     if (q < 0).any():
         raise ValueError("run-queue table does not cover t0 for every CPU")

@@ -196,15 +196,21 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray):
     return pd.DataFrame(cols, copy=False), in_seq
 
 
+#: events counted at a time by :func:`_records_room`
+_COUNT_CHUNK = 1 << 20
+
+
 def _records_room(codes: np.ndarray, lut: np.ndarray, switch: int) -> int:
     """The most records ``jit.emit`` can write: two a switch, one an event of another kind it
     reads. Not 2 a row of the events: this room lives on the heap, in memory an earlier step
     freed and the process kept (harmony.memory), so what is allocated is resident, written or not
     (at 10 M events 182 MB for 110 of records)."""
-    n = np.bincount(codes.view(np.uint8) if codes.dtype == np.int8 else codes[codes >= 0],
-                    minlength=len(lut))
-    kind = np.full(len(n), -1, np.int64)
-    kind[:len(lut)] = lut
+    n = np.zeros(len(lut), np.int64)                # events per code (a code past lut: none)
+    for lo in range(0, len(codes), _COUNT_CHUNK):   # bincount copies its input as int64: a part
+        part = codes[lo:lo + _COUNT_CHUNK]          # at a time (81 MB at once at 10 M events)
+        part = part.view(np.uint8) if part.dtype == np.int8 else part[part >= 0]   # -1: 255
+        n += np.bincount(part, minlength=len(lut))[:len(lut)]
+    kind = np.asarray(lut, np.int64)
     return int(2 * n[kind == switch].sum() + n[(kind >= 0) & (kind != switch)].sum())
 
 

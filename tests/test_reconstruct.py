@@ -801,12 +801,17 @@ def test_state_machines_agree_on_lossy_streams(ncpus, ntasks, seed, monkeypatch,
     pd.testing.assert_frame_equal(a, b, check_dtype=True)
 
 
+@pytest.mark.parametrize("count_chunk", [1 << 20, 7])
 @pytest.mark.parametrize("categorical", [True, False])
-def test_the_records_room_holds_every_record_and_no_more_when_all_are_tasks(categorical):
+def test_the_records_room_holds_every_record_and_no_more_when_all_are_tasks(categorical,
+                                                                            count_chunk,
+                                                                            monkeypatch):
     """The compiled state machine writes its records into room sized by _records_room (two a
     switch, one a read event of another kind): never fewer slots than records (a compiled pass
-    does not check bounds), and exactly as many when every task of the stream is chosen."""
+    does not check bounds), and exactly as many when every task of the stream is chosen; also
+    when the events are counted a few at a time."""
     from harmony.analysis import taskstate, taskstate_jit
+    monkeypatch.setattr(taskstate, "_COUNT_CHUNK", count_chunk)
     from harmony.analysis.arrays import event_kinds
     _, ev = lossy_stream(4, 9, 5)
     if not categorical:
