@@ -696,20 +696,24 @@ def runqueue_changes(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> tuple[np.nd
     times[0] = t0
     np.take(ts, upto[1:] - 1, out=times[1:])
     q = np.empty((len(cpus), len(upto)), np.int64)  # CPU by CPU: returned transposed
+    step = np.arange(1, min(b, CHANGES_CHUNK) + 1, dtype=np.int64)   # a chunk's rows, from 1
     for j, c in enumerate(cpus):
-        length, k = -1, 0                           # the CPU's length so far (-1: no row yet)
+        latest, k = 0, 0                # the CPU's last row so far, from 1 (0: none yet)
         for lo in range(0, max(b, 1), CHANGES_CHUNK):
             hi = min(lo + CHANGES_CHUNK, b)
             k_hi = int(np.searchsorted(upto, hi, "right")) if hi < b else len(upto)
-            mine = np.flatnonzero(cpu[lo:hi] == c)
-            # the CPU's last row among the first u, for each u read in this chunk: -1 = none in it
-            at = np.searchsorted(mine, upto[k:k_hi] - lo, "left") - 1
-            out = q[j, k:k_hi]
-            out[:] = length
-            got = at >= 0
-            out[got] = nr[lo + mine[at[got]]]
-            if mine.size:
-                length = int(nr[lo + mine[-1]])
+            # the CPU's last row among the chunk's first i + 1, for each i, from 1
+            last = np.where(cpu[lo:hi] == c, step[:hi - lo] + lo, 0)
+            if len(last):
+                last[0] = max(int(last[0]), latest)
+                np.maximum.accumulate(last, out=last)
+            read = upto[k:k_hi] - (lo + 1)          # each vector's last row read, in the chunk
+            row = last[np.maximum(read, 0)] if len(last) else np.zeros(len(read), np.int64)
+            row[read < 0] = latest
+            np.copyto(q[j, k:k_hi], -1)
+            np.copyto(q[j, k:k_hi], nr[np.maximum(row - 1, 0)] if len(nr) else -1, where=row > 0)
+            if len(last):
+                latest = int(last[-1])
             k = k_hi
     q = q.T
     if (q < 0).any():
