@@ -108,7 +108,7 @@ _last = LastResult()
 def release_records() -> None:
     """Drop the task records kept (:func:`task_records`) before their events table is gone: an
     analysis whose steps after the tables need none (harmony.pipeline) frees their memory for
-    those steps (~45 bytes a record, more than the events table's 45 bytes an event when most
+    those steps (~45 bytes a record, more than the events table's 37 bytes an event when most
     events are the tasks'); a later call builds them again."""
     _last.clear()
 

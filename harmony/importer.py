@@ -95,11 +95,11 @@ def read_perf_data(path: Path) -> Capture:
 
 
 #: an import's peak resident memory per byte of a trace.dat's ring-buffer data, and beside it
-#: (bench/whole_import.py, 2026-11-26): 6.1 bytes at 10 M events of a pipe ping-pong whose tasks
-#: are the experiment's (54 bytes of records an event; a run per switch), 5.4 at 50 M; 3.4 where
-#: the experiment's tasks are a fraction of the trace. With room for smaller records (more events
-#: per byte)
-MEMORY_PER_DATA_BYTE = 7.0
+#: (bench/whole_import.py, 2026-11-27): 2.75 bytes at 10 M events of a pipe ping-pong whose tasks
+#: are the experiment's (54 bytes of records an event; a run per switch), 2.25 at 50 M (6.1 and
+#: 5.4 the day before). With room for smaller records (more events per byte): 4 bytes a byte
+#: holds 160 bytes an event at 40 bytes of records an event
+MEMORY_PER_DATA_BYTE = 4.0
 MEMORY_BASE = 400 << 20
 
 
