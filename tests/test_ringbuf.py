@@ -398,10 +398,15 @@ def rows_of(df):
     return [tuple(r) for r in df[list(COLS)].astype(object).itertuples(index=False)]
 
 
+@pytest.mark.parametrize("release_pages", [1, 4096])
 @pytest.mark.parametrize("table", [FORMATS_NEW, FORMATS_OLD], ids=["new-layout", "old-layout"])
-def test_known_answer(tmp_path, table):
+def test_known_answer(tmp_path, monkeypatch, table, release_pages):
+    """Every event, marker and lost count of a known capture, also when the walk reads its pages
+    one at a time (the pages' headers, lost counts among them, read a chunk at a time)."""
+    from harmony.probes import ringbuf_walk
     from harmony.probes.ringbuf import decode_dir
     from harmony.probes.schema import check_events
+    monkeypatch.setattr(ringbuf_walk, "RELEASE_PAGES", release_pages)
     pages, rows, marks = known_capture(table)
     cap = decode_dir(write_dir(tmp_path, pages, table))
     check_events(cap.events)
