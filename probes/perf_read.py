@@ -399,7 +399,17 @@ def read_perf_data(path: Path) -> PerfRead:
     counts = np.bincount(np.minimum(types, 255).astype(np.int64), minlength=256)
     records = {RECORD_NAMES.get(t, f"type {t}"): int(c) for t, c in enumerate(counts) if c}
     ends = offs + sizes
+    del sizes
     attrs = head.attrs
+    # the places of the records read after the samples (lost counts, the CPU map), and of the
+    # samples: the walk's arrays (20 bytes a record) are freed before the samples are read
+    lidx, lsidx = np.flatnonzero(types == REC_LOST), np.flatnonzero(types == REC_LOST_SAMPLES)
+    lost_at, lost_s_at = (offs[lidx], ends[lidx]), (offs[lsidx], ends[lsidx])
+    cpu_map_at = (offs[types == REC_CPU_MAP], ends[types == REC_CPU_MAP])
+    sidx = np.flatnonzero(types == REC_SAMPLE)
+    s_off, s_end = offs[sidx], ends[sidx]
+    n_s = len(sidx)
+    del offs, ends, types, sidx
 
     # which attr each sample belongs to: by its id (IDENTIFIER first, or ID where sample_type puts
     # it, the same in every attr), or the only attr
@@ -416,10 +426,8 @@ def read_perf_data(path: Path) -> PerfRead:
 
     types_st = {a.sample_type for a in attrs}
     st0 = attrs[0].sample_type
-    sidx = np.flatnonzero(types == REC_SAMPLE)
-    s_off, s_end = offs[sidx], ends[sidx]
     if len(attrs) == 1:
-        s_attr = np.zeros(len(sidx), np.int64)
+        s_attr = np.zeros(n_s, np.int64)
     elif all(st & SAMPLE_IDENTIFIER for st in types_st):
         short = np.flatnonzero(s_end < s_off + 16)
         if short.size:
@@ -445,7 +453,6 @@ def read_perf_data(path: Path) -> PerfRead:
     if tp and head.tracing is None:
         notes.append("the file has no tracing data (HEADER_TRACING_DATA): its tracepoint samples "
                      "cannot be decoded")
-    n_s = len(sidx)
     # the attrs whose samples become rows, grouped by their samples' layout (sample_type,
     # read_format): the fields of a group's samples are read in one pass
     per_attr = np.bincount(s_attr + 1, minlength=len(attrs) + 1)      # slot 0: an unknown id
@@ -479,23 +486,41 @@ def read_perf_data(path: Path) -> PerfRead:
             raise TraceCorrupt(f"{path}: corrupt sample of {names}: CPU {int(f['cpu'].max())}")
         if len(sel) and (f["time"] < 0).any():
             raise TraceCorrupt(f"{path}: corrupt sample of {names}: a time stamp past 2**63 ns")
-        none = np.full(len(sel), -1, np.int64)
-        parts.append((sel, f["raw_pos"], np.minimum(f["raw_size"], 1 << 30), f["time"],
-                      f.get("cpu", none), config_of[s_attr[sel]], f.get("tid", none)))
-    cols = [np.concatenate(c) if c else np.zeros(0, np.int64) for c in zip(*parts)] if parts \
-        else [np.zeros(0, np.int64)] * 7
+        # each column as narrow as the decoder takes it, as it is made
+        parts.append((sel, f.pop("raw_pos"),
+                      np.minimum(f.pop("raw_size"), 1 << 30).astype(np.int32), f.pop("time"),
+                      f.pop("cpu").astype(np.int16) if "cpu" in f else np.full(len(sel), -1,
+                                                                                np.int16),
+                      config_of[s_attr[sel]].astype(np.int32),
+                      f.pop("tid") if "tid" in f else np.full(len(sel), -1, np.int32)))
+        del f
+    del s_off, s_end, s_attr
+    n_parts = len(parts)
+    if n_parts == 1:    # one layout, the common case: its columns as they are, not copied
+        cols = list(parts.pop())
+    else:
+        dtypes = (np.int64, np.int64, np.int32, np.int64, np.int16, np.int32, np.int32)
+        cols = [np.concatenate(c) if c else np.zeros(0, dt) for c, dt in zip(zip(*parts), dtypes)] \
+            if parts else [np.zeros(0, dt) for dt in dtypes]
+    del parts
     sel, rec_pos, rec_len, rec_ts, rec_cpu, rec_code, rec_tid = cols
+    del cols
     # the samples decoded, in the order perf script prints them: by time, ties in file order
-    order = np.argsort(sel, kind="stable") if len(parts) > 1 else None
+    order = np.argsort(sel, kind="stable") if n_parts > 1 else None
+    del sel
     if order is not None:
         rec_ts = rec_ts[order]
     by_time = np.argsort(rec_ts, kind="stable")
     order = by_time if order is None else order[by_time]
     rec_ts = rec_ts[by_time]
-    rec_pos, rec_len, rec_cpu, rec_code, rec_tid = (x[order] for x in (rec_pos, rec_len, rec_cpu,
-                                                                       rec_code, rec_tid))
-    rec_len, rec_cpu = rec_len.astype(np.int32), rec_cpu.astype(np.int16)
-    rec_code, rec_tid = rec_code.astype(np.int32), rec_tid.astype(np.int32)
+    del by_time
+    # one column at a time, each original freed as its sorted copy is made
+    rec_pos = rec_pos[order]
+    rec_len = rec_len[order]
+    rec_cpu = rec_cpu[order]
+    rec_code = rec_code[order]
+    rec_tid = rec_tid[order]
+    del order
 
     decoder = "numpy"
     if formats and len(rec_pos):
@@ -519,9 +544,8 @@ def read_perf_data(path: Path) -> PerfRead:
     # (u64 lost) by the event its trailer's id names
     lost_by_cpu: dict[int, int] = {}
     trailer = attrs[0].sample_id_all
-    lidx = np.flatnonzero(types == REC_LOST)
     if len(lidx):
-        lo, le = offs[lidx], ends[lidx]
+        lo, le = lost_at
         if (le - lo < 24).any():
             raise TraceCorrupt(f"{path}: corrupt PERF_RECORD_LOST at file offset "
                                f"{off0 + int(lo[np.flatnonzero(le - lo < 24)[0]])}")
@@ -532,9 +556,8 @@ def read_perf_data(path: Path) -> PerfRead:
         for c, v in zip(cpus.tolist(), lost.tolist()):
             lost_by_cpu[c] = lost_by_cpu.get(c, 0) + v
     lost_samples = {a.name: 0 for a in attrs if a.name}
-    lsidx = np.flatnonzero(types == REC_LOST_SAMPLES)
     if len(lsidx):
-        lo, le = offs[lsidx], ends[lsidx]
+        lo, le = lost_s_at
         if (le - lo < 16).any():
             raise TraceCorrupt(f"{path}: corrupt PERF_RECORD_LOST_SAMPLES at file offset "
                                f"{off0 + int(lo[np.flatnonzero(le - lo < 16)[0]])}")
@@ -551,7 +574,7 @@ def read_perf_data(path: Path) -> PerfRead:
         for k, v in zip(which.tolist(), lost.tolist()):
             name = attrs[k].name if k >= 0 and attrs[k].name else "(unknown event)"
             lost_samples[name] = lost_samples.get(name, 0) + v
-    recorded = _cpu_map(src, offs[types == REC_CPU_MAP], ends[types == REC_CPU_MAP])
+    recorded = _cpu_map(src, *cpu_map_at)
     if other:
         notes.append(f"ignored events other than the {len(SCHED_EVENTS) + len(_CAUSES)} Harmony "
                      f"decodes ({', '.join(SCHED_EVENTS)}, "
