@@ -167,10 +167,10 @@ def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarra
     todo = runnable & (cause == UNKNOWN)
     if not todo.any():
         return cause
-    cpu = events["cpu"].to_numpy().astype(np.int64)
-    cpid = events["common_pid"].to_numpy().astype(np.int64)[row]
-    ecpu = cpu[row]
-    dst = events["target_cpu"].to_numpy().astype(np.int64)[row]
+    cpu = events["cpu"].to_numpy()         # as it is (int16): widened where read, not whole
+    cpid = events["common_pid"].to_numpy()[row].astype(np.int64)
+    ecpu = cpu[row].astype(np.int64)
+    dst = events["target_cpu"].to_numpy()[row].astype(np.int64)
     fair = np.ones(n, bool)
     if policy_of_pid is not None:
         fair = np.array([policy_of_pid.get(int(p), "other") in FAIR_POLICIES for p in pid])
