@@ -37,6 +37,7 @@ Everything wrong with a file raises :class:`~harmony.probes.base.TraceCorrupt`, 
 from __future__ import annotations
 
 import dataclasses
+import mmap
 import struct
 from array import array
 from pathlib import Path
@@ -270,19 +271,57 @@ def _walk_python(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, i
             np.frombuffer(sizes, np.uint32).astype(np.int64), bad)
 
 
-def walk_records(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+#: bytes of a data section the compiled walk reads between two releases of its pages
+WALK_CHUNK = 16 << 20
+
+
+def walk_records(buf: np.ndarray, release=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """(offset, type, size) of every record of a data section, and the offset of the first record
     that does not fit (-1: every one does): compiled when :func:`harmony.jit.use_compiled` says
-    so for its size, in Python otherwise."""
+    so for its size, in Python otherwise.
+
+    The compiled walk counts the records, then writes them, :data:`WALK_CHUNK` bytes at a time,
+    each chunk ending before the first record that runs past it; ``release(lo, hi)``, if given,
+    is called with each chunk's bytes once a pass is done with them (a mapped file's pages:
+    dropped from memory, read again from the page cache by the next pass)."""
     if not use_compiled(len(buf), JIT_MIN_BYTES):
         return _walk_python(buf)
     from harmony.probes import perf_read_jit  # here: loading numba and the kernels takes ~0.5-1 s
     err = np.full(1, -1, np.int64)
     empty = np.zeros(0, np.int64)
-    n = perf_read_jit.walk(buf, empty, np.zeros(0, np.uint32), empty, err)
+    n_buf = len(buf)
+    chunks: list[tuple[int, int, int]] = []      # (start, end, records)
+    at, size, bad = 0, WALK_CHUNK, -1
+    while at + 8 <= n_buf:
+        stop = min(at + size, n_buf)
+        k = perf_read_jit.walk(buf[at:stop], empty, np.zeros(0, np.uint32), empty, err)
+        e = int(err[0])
+        if e >= 0 and stop < n_buf:              # the record at e runs past the chunk's end
+            if e == 0:                           # (or is bad): the next chunk starts there
+                size *= 2                        # a chunk shorter than one record: a longer one
+                continue
+            stop = at + e
+        elif e >= 0:
+            bad = at + e
+            stop = at + e
+        chunks.append((at, stop, k))
+        if release is not None:
+            release(at, stop)
+        if bad >= 0:
+            break
+        at, size = stop, WALK_CHUNK
+    if bad < 0 and at < n_buf:                   # fewer than 8 bytes left: no record fits
+        bad = at
+    n = sum(k for _, _, k in chunks)
     offs, types, sizes = np.empty(n, np.int64), np.empty(n, np.uint32), np.empty(n, np.int64)
-    perf_read_jit.walk(buf, offs, types, sizes, err)
-    return offs, types, sizes, int(err[0])
+    o = 0
+    for lo, hi, k in chunks:
+        perf_read_jit.walk(buf[lo:hi], offs[o:o + k], types[o:o + k], sizes[o:o + k], err)
+        offs[o:o + k] += lo
+        o += k
+        if release is not None:
+            release(lo, hi)
+    return offs, types, sizes, bad
 
 
 class _DataSection(PageSource):
@@ -374,6 +413,45 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
     return out
 
 
+#: samples whose fields are read at a time (:func:`_fields_of`, :func:`_read_in_order`)
+SAMPLE_CHUNK = 1 << 20
+
+
+def _read_in_order(src: PageSource, pos: np.ndarray, size: int) -> np.ndarray:
+    """read_uint at ``pos`` (ascending), :data:`SAMPLE_CHUNK` at a time, the pages of a mapped
+    file released behind each chunk (up to the next chunk's first position)."""
+    out = np.empty(len(pos), np.int64)
+    for lo in range(0, len(pos), SAMPLE_CHUNK):
+        hi = min(lo + SAMPLE_CHUNK, len(pos))
+        out[lo:hi] = read_uint(src, pos[lo:hi], size)
+        src.release(int(pos[lo]), int(pos[hi]) if hi < len(pos) else len(src.buf))
+    return out
+
+
+def _fields_of(st: int, read_format: int, src: PageSource, s_off: np.ndarray, s_end: np.ndarray,
+               sel: np.ndarray, path: Path, data_offset: int) -> dict[str, np.ndarray]:
+    """:func:`_sample_fields` of the samples ``sel`` (ascending: in file order), read
+    :data:`SAMPLE_CHUNK` at a time, the pages of a mapped file released behind each chunk."""
+    n = len(sel)
+    if not n:
+        return _sample_fields(st, read_format, src, s_off[sel] + 8, s_end[sel], path, s_off[sel],
+                              data_offset)
+    out: dict[str, np.ndarray] = {}
+    for lo in range(0, n, SAMPLE_CHUNK):
+        part = sel[lo:lo + SAMPLE_CHUNK]
+        off = s_off[part]
+        f = _sample_fields(st, read_format, src, off + 8, s_end[part], path, off, data_offset)
+        if not out:
+            out = {k: np.empty(n, v.dtype) for k, v in f.items()}
+        for k, v in f.items():
+            out[k][lo:lo + len(part)] = v
+        del f, off
+        # behind it: up to the next chunk's first sample (its page may hold this chunk's last)
+        src.release(int(s_off[sel[lo]]),
+                    int(s_off[sel[lo + SAMPLE_CHUNK]]) if lo + SAMPLE_CHUNK < n else len(src.buf))
+    return out
+
+
 def read_perf_data(path: Path) -> PerfRead:
     """Decode ``path``: the events table of its samples of the sched tracepoints Harmony reads
     (:data:`~harmony.probes.schema.SCHED_EVENTS`, as ``perf script``'s parser did: the canonical
@@ -392,7 +470,9 @@ def read_perf_data(path: Path) -> PerfRead:
     else:
         buf = np.frombuffer(data, np.uint8, count=size - size % 8, offset=off0)
     src = _DataSection(path, buf, off0)
-    offs, types, sizes, bad = walk_records(buf)
+    src.mapped = isinstance(data, mmap.mmap) and not off0 % 8      # the file's pages, not a copy
+    src.parts_in_time_order = False
+    offs, types, sizes, bad = walk_records(buf, src.release)
     if bad >= 0:
         raise TraceCorrupt(f"{path}: truncated or corrupt record at file offset {off0 + bad} "
                            f"(its size runs past the data section, or is below 8 bytes)")
@@ -433,7 +513,7 @@ def read_perf_data(path: Path) -> PerfRead:
         if short.size:
             raise TraceCorrupt(f"{path}: corrupt sample at file offset "
                                f"{off0 + int(s_off[short[0]])}: too short for its id")
-        s_attr = attr_of(read_uint(src, s_off + 8, 8).astype(np.uint64))
+        s_attr = attr_of(_read_in_order(src, s_off + 8, 8).astype(np.uint64))
     elif len(types_st) == 1 and st0 & SAMPLE_ID:
         before = sum(bool(st0 & b) for b in (SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR))
         at = s_off + 8 + 8 * before
@@ -441,7 +521,7 @@ def read_perf_data(path: Path) -> PerfRead:
             raise TraceCorrupt(f"{path}: corrupt sample at file offset "
                                f"{off0 + int(s_off[np.flatnonzero(at + 8 > s_end)[0]])}: too short "
                                "for its id")
-        s_attr = attr_of(read_uint(src, at, 8).astype(np.uint64))
+        s_attr = attr_of(_read_in_order(src, at, 8).astype(np.uint64))
     else:
         raise TraceCorrupt(f"{path}: its {len(attrs)} events' samples carry no id (sample_type "
                            "without ID or IDENTIFIER): which event a sample is cannot be told")
@@ -476,7 +556,7 @@ def read_perf_data(path: Path) -> PerfRead:
         member[ks] = True
         sel = np.flatnonzero(member[s_attr])
         names = ", ".join(attrs[k].name or f"attr {k}" for k in ks)
-        f = _sample_fields(st, rf, src, s_off[sel] + 8, s_end[sel], path, s_off[sel], off0)
+        f = _fields_of(st, rf, src, s_off, s_end, sel, path, off0)
         if "time" not in f:
             raise TraceCorrupt(f"{path}: the samples of {names} have no time stamps (recorded "
                                "without PERF_SAMPLE_TIME): they cannot be put in order")

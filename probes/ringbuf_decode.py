@@ -12,6 +12,7 @@ compiled kernels (:mod:`ringbuf_jit`) in one pass that writes every column of ev
 from __future__ import annotations
 
 import dataclasses
+from mmap import PAGESIZE as _SYS_PAGE
 
 import numpy as np
 import pandas as pd
@@ -398,6 +399,45 @@ def _pages_behind(src: PageSource, rec: Records, order: np.ndarray | None):
     return release
 
 
+def _pages_last_read(src: PageSource, rec: Records, order: np.ndarray | None):
+    """f(lo, b, first) as :func:`_pages_behind`, for a source whose records are in no time order
+    page after page (a perf.data's data section, written in rounds of every CPU's buffer): a page
+    is released once the gather has read every record on it, known by the merged positions of
+    the first and the last of them; one read by two threads' ranges is kept (freed with the
+    mapping), as are the pages inside a record longer than a page."""
+    n = len(rec.pos)
+    page = _SYS_PAGE
+    base = src.buf.ctypes.data % page               # pages are the address's: the data may start
+    n_pages = (base + len(src.buf) + page - 1) // page      # mid-page
+    first = np.full(n_pages, n, np.int64)           # each page's first and last reader
+    last = np.full(n_pages, -1, np.int64)
+    for lo in range(0, n, RELEASE_CHUNK):           # a chunk of records at a time: no temporary
+        hi = min(lo + RELEASE_CHUNK, n)             # the length of the records
+        rows = np.arange(lo, hi) if order is None else order[lo:hi]
+        merged = np.arange(lo, hi, dtype=np.int64)  # the merged position of each row
+        pos = rec.pos[rows] + base
+        for pg in (pos // page, (pos + np.maximum(rec.length[rows], 1) - 1) // page):
+            np.minimum.at(first, pg, merged)
+            np.maximum.at(last, pg, merged)
+    read = np.flatnonzero(last >= 0)
+    by_last = read[np.argsort(last[read], kind="stable")]     # the pages read, by their last reader
+    last_sorted = last[by_last]
+    done: dict[int, int] = {}        # a range's first position: its pages released up to here
+
+    def release(lo: int, b: int, first_call: bool) -> None:
+        k0 = done.get(lo, 0)
+        k1 = int(np.searchsorted(last_sorted, b, "left"))
+        done[lo] = k1
+        pages = by_last[k0:k1]
+        pages = np.sort(pages[first[pages] >= lo])
+        if not len(pages):
+            return
+        for run in np.split(pages, np.flatnonzero(np.diff(pages) != 1) + 1):   # consecutive ones
+            src.release(int(run[0]) * page - base, (int(run[-1]) + 1) * page - base)
+
+    return release
+
+
 _JIT_INT_COLUMNS = tuple(c for c in INT_COLUMNS if c not in ("ts", "cpu"))
 _JIT_MAX_STRING = 64           # fixed char arrays up to this width are interned by the kernel
 
@@ -461,7 +501,8 @@ def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, ord
         j_lo = np.cumsum([0] + [jit.count_selected(order_arg, lo, hi, code, is_event)
                                 for lo, hi in ranges[:-1]]).tolist() + [n]
 
-    behind = _pages_behind(src, rec, order) if src.mapped else None
+    behind = (None if not src.mapped else _pages_behind(src, rec, order)
+              if src.parts_in_time_order else _pages_last_read(src, rec, order))
 
     def fill(lo, hi, k):
         """Records [lo, hi) -> rows from j_lo[k]; (status, err, interned keys). A chunk of

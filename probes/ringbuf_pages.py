@@ -33,6 +33,10 @@ class PageSource:
         self._views: dict[str, np.ndarray] = {}
         #: the buffer is the files' own pages, mapped (:mod:`filemap`): :meth:`release` drops them
         self.mapped = False
+        #: each part's (each CPU's) records are in time order, part after part (a ring buffer's
+        #: pages): the decode releases the pages behind its gather by time; otherwise (a
+        #: perf.data) by the last record each page holds
+        self.parts_in_time_order = True
 
     @property
     def n_pages(self) -> int:
@@ -52,7 +56,9 @@ class PageSource:
         source read into memory (its bytes exist nowhere else)."""
         if not self.mapped:
             return
-        lo, hi = -(-int(lo) // _SYS_PAGE) * _SYS_PAGE, min(int(hi), len(self.buf)) // _SYS_PAGE * _SYS_PAGE
+        base = self.buf.ctypes.data         # the pages are the address's: a part may start mid-page
+        lo = -(-(base + int(lo)) // _SYS_PAGE) * _SYS_PAGE - base
+        hi = (base + min(int(hi), len(self.buf))) // _SYS_PAGE * _SYS_PAGE - base
         if hi > lo:
             release_mapped(self.buf, lo, hi)
 
