@@ -88,8 +88,9 @@ _MADV_DONTNEED = 4
 
 
 def release_mapped(arr: np.ndarray, lo: int, hi: int) -> bool:
-    """Drop bytes [lo, hi) (page aligned) of an array :func:`map_files` returned from the process's
-    memory: its pages are the files' (a private mapping never written), so a later read maps them
-    from the page cache again, unchanged. False if the kernel refused (nothing changed then)."""
+    """Drop bytes [lo, hi) (page aligned: of the address) of an array over a read-only file
+    mapping (one :func:`map_files` returned, or a perf.data's ``mmap``) from the process's memory:
+    its pages are the file's, never written, so a later read maps them from the page cache again,
+    unchanged. False if the kernel refused (nothing changed then)."""
     libc = _libc()
     return libc is not None and libc.madvise(arr.ctypes.data + lo, hi - lo, _MADV_DONTNEED) == 0

@@ -421,38 +421,47 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
 SAMPLE_CHUNK = 1 << 20
 
 
+def _chunks_behind(src: PageSource, pos: np.ndarray, sel: np.ndarray | None = None):
+    """[lo, hi) ranges of :data:`SAMPLE_CHUNK` items whose file positions (``pos``, or
+    ``pos[sel]``) ascend; once the caller asks for the next, the pages of a mapped file from the
+    range's first position up to the next range's are released (that page may hold this range's
+    last item)."""
+    n = len(pos) if sel is None else len(sel)
+
+    def at(i: int) -> int:
+        return int(pos[i] if sel is None else pos[sel[i]])
+
+    for lo in range(0, n, SAMPLE_CHUNK):
+        hi = min(lo + SAMPLE_CHUNK, n)
+        yield lo, hi
+        src.release(at(lo), at(hi) if hi < n else len(src.buf))
+
+
 def _read_in_order(src: PageSource, pos: np.ndarray, size: int) -> np.ndarray:
-    """read_uint at ``pos`` (ascending), :data:`SAMPLE_CHUNK` at a time, the pages of a mapped
-    file released behind each chunk (up to the next chunk's first position)."""
+    """read_uint at ``pos`` (ascending), a chunk at a time (:func:`_chunks_behind`)."""
     out = np.empty(len(pos), np.int64)
-    for lo in range(0, len(pos), SAMPLE_CHUNK):
-        hi = min(lo + SAMPLE_CHUNK, len(pos))
+    for lo, hi in _chunks_behind(src, pos):
         out[lo:hi] = read_uint(src, pos[lo:hi], size)
-        src.release(int(pos[lo]), int(pos[hi]) if hi < len(pos) else len(src.buf))
     return out
 
 
 def _fields_of(st: int, read_format: int, src: PageSource, s_off: np.ndarray, s_end: np.ndarray,
                sel: np.ndarray, path: Path, data_offset: int) -> dict[str, np.ndarray]:
-    """:func:`_sample_fields` of the samples ``sel`` (ascending: in file order), read
-    :data:`SAMPLE_CHUNK` at a time, the pages of a mapped file released behind each chunk."""
-    n = len(sel)
-    if not n:
+    """:func:`_sample_fields` of the samples ``sel`` (ascending: in file order), a chunk at a
+    time (:func:`_chunks_behind`)."""
+    if not len(sel):
         return _sample_fields(st, read_format, src, s_off[sel] + 8, s_end[sel], path, s_off[sel],
                               data_offset)
     out: dict[str, np.ndarray] = {}
-    for lo in range(0, n, SAMPLE_CHUNK):
-        part = sel[lo:lo + SAMPLE_CHUNK]
+    for lo, hi in _chunks_behind(src, s_off, sel):
+        part = sel[lo:hi]
         off = s_off[part]
         f = _sample_fields(st, read_format, src, off + 8, s_end[part], path, off, data_offset)
         if not out:
-            out = {k: np.empty(n, v.dtype) for k, v in f.items()}
+            out = {k: np.empty(len(sel), v.dtype) for k, v in f.items()}
         for k, v in f.items():
-            out[k][lo:lo + len(part)] = v
+            out[k][lo:hi] = v
         del f, off
-        # behind it: up to the next chunk's first sample (its page may hold this chunk's last)
-        src.release(int(s_off[sel[lo]]),
-                    int(s_off[sel[lo + SAMPLE_CHUNK]]) if lo + SAMPLE_CHUNK < n else len(src.buf))
     return out
 
 
