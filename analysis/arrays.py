@@ -150,16 +150,16 @@ def event_kinds(events: pd.DataFrame, kinds: dict[str, int]) -> tuple[np.ndarray
     return kind, np.arange(max(kinds.values(), default=0) + 1).astype(np.int8)
 
 
-def growing_windows(start: int, stop: int, first: int):
+def growing_windows(start: int, stop: int, first: int, most: int | None = None):
     """[lo, hi) ranges of rows from ``start`` towards ``stop`` (backwards if stop < start), the
-    first ``first`` long, each next one 4x the last, until ``stop``: a search that stops at the
-    window where it finds what it wants reads about as much as it needed, and a whole pass at
-    worst."""
+    first ``first`` long, each next one 4x the last (at most ``most`` long), until ``stop``: a
+    search that stops at the window where it finds what it wants reads about as much as it
+    needed, and a whole pass at worst (whose temporaries ``most`` bounds)."""
     size = first
     while start != stop:
         end = min(start + size, stop) if stop > start else max(start - size, stop)
         yield (start, end) if stop > start else (end, start)
-        start, size = end, 4 * size
+        start, size = end, 4 * size if most is None else min(4 * size, most)
 
 
 class LastResult:

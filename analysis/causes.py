@@ -49,8 +49,8 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis import taskstate as ts_
-from harmony.analysis.arrays import (TABLE_KEYS_MAX, LastResult, event_kinds, event_mask, in_set,
-                                     key_table, sorted_unique)
+from harmony.analysis.arrays import (TABLE_KEYS_MAX, LastResult, event_kinds, event_mask,
+                                     growing_windows, in_set, key_table, sorted_unique)
 from harmony.analysis.thresholds import NEWIDLE_SWITCH_WITHIN_NS
 from harmony.jit import use_compiled
 from harmony.probes.schema import SCHED_SOFTIRQ_VEC
@@ -97,17 +97,31 @@ def in_sched_softirq(events: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
     return out
 
 
+#: the rows :func:`_comms` reads first, then 4x as many at a time, at most COMMS_WINDOW_MOST: the
+#: pids asked about (those of the moves' callers) are usually named by the first switches, and a
+#: pass over a 10 M-event table at once grew the heap by 128 MB there (its look-up's temporaries
+#: and the rows of every switch naming one of them)
+COMMS_WINDOW = 1 << 16
+COMMS_WINDOW_MOST = 1 << 20
+
+
 def _comms(events: pd.DataFrame, pids: np.ndarray) -> dict[int, str]:
-    """The comm of each of ``pids`` as the switches name it (next_comm / prev_comm)."""
+    """The comm of each of ``pids`` the switches give it: the prev_comm of the first switch away
+    from it, else the next_comm of the first switch to it."""
     sw = event_mask(events, "sched_switch")
     out = {}
     for col, ccol in (("pid", "comm"), ("prev_pid", "prev_comm")):
         p = events[col].to_numpy()
-        rows = np.flatnonzero(sw & in_set(p, pids))
-        if len(rows):
-            u, first = np.unique(p[rows], return_index=True)
-            comm = events[ccol].iloc[rows[first]].astype(str).tolist()
-            out.update({int(k): c for k, c in zip(u, comm)})
+        left = np.asarray(pids)
+        for lo, hi in growing_windows(0, len(p), COMMS_WINDOW, COMMS_WINDOW_MOST):
+            rows = lo + np.flatnonzero(sw[lo:hi] & in_set(p[lo:hi], left))
+            if len(rows):
+                u, first = np.unique(p[rows], return_index=True)
+                comm = events[ccol].iloc[rows[first]].astype(str).tolist()
+                out.update({int(k): c for k, c in zip(u, comm)})
+                left = left[~in_set(left, u)]
+                if not len(left):
+                    break
     return out
 
 

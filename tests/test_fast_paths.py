@@ -199,6 +199,42 @@ def test_foreign_loads_top_comm_matches_the_code_it_replaced(seed):
 
 
 
+def _reference_comms(events: pd.DataFrame, pids: np.ndarray) -> dict[int, str]:
+    sw = event_mask(events, "sched_switch")
+    out = {}
+    for col, ccol in (("pid", "comm"), ("prev_pid", "prev_comm")):
+        p = events[col].to_numpy()
+        rows = np.flatnonzero(sw & in_set(p, pids))
+        if len(rows):
+            u, first = np.unique(p[rows], return_index=True)
+            comm = events[ccol].iloc[rows[first]].astype(str).tolist()
+            out.update({int(k): c for k, c in zip(u, comm)})
+    return out
+
+
+@pytest.mark.parametrize("window", [(1, 1), (2, 8), (3, 1 << 20), (1 << 16, 1 << 20)])
+@pytest.mark.parametrize("seed", range(8))
+def test_the_callers_comms_match_the_code_they_replaced(seed, window, monkeypatch):
+    """The comms the migration causes read (the prev_comm of a pid's first switch away, else the
+    next_comm of its first switch to it), read a window at a time: every row's comm its own, so
+    a later switch's would show; pids named late, never, only as prev_pid, or not at all."""
+    from harmony.analysis import causes
+    monkeypatch.setattr(causes, "COMMS_WINDOW", window[0])
+    monkeypatch.setattr(causes, "COMMS_WINDOW_MOST", window[1])
+    events = random_events(seed, n=3000, pids=40)
+    rows = np.arange(len(events))
+    events = events.assign(comm=pd.Categorical([f"c{r}" for r in rows]),
+                           prev_comm=pd.Categorical([f"p{r}" for r in rows]))
+    rng = np.random.default_rng(seed)
+    late = int(events["pid"].iloc[-1])
+    for pids in ([0, 1, 2], [late, 99], sorted(rng.choice(np.arange(45), 20, replace=False)), [],
+                 [-1, 5, 1 << 25]):
+        pids = np.asarray(pids, np.int64)
+        assert causes._comms(events, pids) == _reference_comms(events, pids)
+    plain = events.astype({"comm": str, "prev_comm": object})       # not categorical
+    assert causes._comms(plain, np.arange(45)) == _reference_comms(events, np.arange(45))
+
+
 # --- the importer's per-task look-ups (harmony.importer), as they were ------------------------
 
 def _reference_pid_comms(events: pd.DataFrame, cmdlines: dict[int, str]) -> dict[int, set[str]]:
