@@ -170,3 +170,35 @@ def test_doctor_line_says_whether_decodes_are_prefaulted(env):
     assert ok == started        # what the doctor says is what a decode does
     if env:
         assert not ok and "as they go" in detail
+
+
+ARROW = "{start}import pyarrow as pa\nprint(pa.default_memory_pool().backend_name)"
+
+
+def _arrow_pool(start: str, **env) -> str:
+    base = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    out = subprocess.run([sys.executable, "-c", ARROW.format(start=start)], env=base | env,
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_the_command_has_arrow_allocate_with_malloc():
+    assert _arrow_pool(START["cli"]) == "system"
+
+
+def test_the_pool_is_set_even_once_pyarrow_is_loaded():
+    start = ("import pyarrow as pa\nassert pa.default_memory_pool().backend_name != 'system'\n"
+             "from harmony import memory\nmemory.tune_allocations()\n")
+    if _arrow_pool("") == "system":
+        pytest.skip("this pyarrow's default pool is the system's already")
+    assert _arrow_pool(start) == "system"
+
+
+@pytest.mark.parametrize("mod", ["probes", "analysis"])
+def test_importing_a_package_leaves_arrows_pool_as_it_was(mod):
+    assert _arrow_pool(START[mod]) == _arrow_pool("")
+
+
+def test_arrows_pool_set_by_the_user_wins():
+    theirs = next(p for p in __import__("pyarrow").supported_memory_backends() if p != "system")
+    assert _arrow_pool(START["cli"], ARROW_DEFAULT_MEMORY_POOL=theirs) == theirs
