@@ -33,16 +33,19 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     """
     t0, t_end = int(t0), int(t_end)
     window = (t_end - t0) / NS
+    # each CPU's switches: their rows (as narrow as the table allows), in time order; the
+    # columns are read one CPU's rows at a time, never gathered for every switch at once (at
+    # 10 M events those gathers, ~300 MB, were the checks' peak)
     switches = np.flatnonzero(event_mask(events, "sched_switch"))
+    if len(events) <= np.iinfo(np.int32).max:
+        switches = switches.astype(np.int32)
     cpu_all = events["cpu"].to_numpy()[switches]
-    order = np.argsort(cpu_all, kind="stable")      # each CPU's switches, in time order
+    order = np.argsort(cpu_all, kind="stable")
     cpu_sorted = cpu_all[order]
-    at = switches[order]                            # their rows
-    ts_all = events["ts"].to_numpy().take(at).astype(np.int64, copy=False)
-    nxt_all = events["pid"].to_numpy().take(at)
-    prev_all = events["prev_pid"].to_numpy().take(at)
-    comm_codes, comm_names = _codes(events["comm"], at)
-    prev_codes, prev_names = _codes(events["prev_comm"], at)
+    del cpu_all
+    at = switches[order]
+    del switches, order
+    ts_col, nxt_col, prev_col = (events[c].to_numpy() for c in ("ts", "pid", "prev_pid"))
     pids = tasks["pid"].to_numpy()
     own = np.asarray(list(controller_tids), dtype=np.int64)
     rows = []
@@ -51,13 +54,14 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
         if a == b:
             rows.append((cpu, window, np.nan, np.nan, np.nan, np.nan, np.nan, ""))
             continue
-        ts = ts_all[a:b]
-        # owner of each segment [bounds[k], bounds[k+1]): the task switched in at bounds[k];
-        # before the first switch, that switch's prev
-        starts = np.concatenate([[np.int64(-2**62)], ts])
-        ends = np.concatenate([ts, [np.int64(2**62)]])
-        owner = np.concatenate([prev_all[a:a + 1], nxt_all[a:b]])
-        dur = (np.clip(ends, t0, t_end) - np.clip(starts, t0, t_end)).astype(np.float64) / NS
+        mine = at[a:b]
+        # segment k in [ts[k - 1], ts[k]) (ts[-1]: the window's start, ts[len]: its end) belongs
+        # to the task switched in at its start; before the first switch, that switch's prev
+        clipped = np.clip(ts_col.take(mine).astype(np.int64, copy=False), t0, t_end)
+        dur = np.diff(clipped, prepend=np.int64(t0), append=np.int64(t_end)).astype(np.float64)
+        dur /= NS
+        del clipped
+        owner = np.concatenate([prev_col[mine[:1]], nxt_col.take(mine)])
         is_idle = owner == 0
         is_exp = in_set(owner, pids)
         is_own = in_set(owner, own)
@@ -65,8 +69,10 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
         foreign_s = float(dur[is_foreign].sum())
         top = ""
         if is_foreign.any():
-            top = _top_comm(comm_codes[a:b], comm_names, str(prev_names[prev_codes[a]]),
-                            is_foreign, dur)
+            comm_codes, comm_names = _codes(events["comm"], mine)
+            prev_codes, prev_names = _codes(events["prev_comm"], mine[:1])
+            top = _top_comm(comm_codes, comm_names, str(prev_names[prev_codes[0]]), is_foreign,
+                            dur)
         rows.append((cpu, window, float(dur[is_exp].sum()), float(dur[is_own].sum()), foreign_s,
                      float(dur[is_idle].sum()), foreign_s / window if window > 0 else np.nan, top))
     return FOREIGN_LOAD.from_rows(rows)
@@ -109,3 +115,5 @@ def _codes(column: pd.Series, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         return column.cat.codes.to_numpy().take(rows), names
     codes, uniques = pd.factorize(column.astype(str).to_numpy()[rows])
     return codes, np.asarray(uniques, dtype=object)
+
+
