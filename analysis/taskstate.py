@@ -101,15 +101,15 @@ def _order_by_task_then_seq(rpid: np.ndarray, seq: np.ndarray, pidset: np.ndarra
 
 #: the last table built, for the same events object and pids: df_migrations, df_runqueue and
 #: df_anomalies all need it, and building it is most of their cost (dropped with the events: it
-#: would hold ~37 bytes per event for nothing until the next trace's)
+#: would hold ~40 bytes per event for nothing until the next trace's)
 _last = LastResult()
 
 
 def release_records() -> None:
     """Drop the task records kept (:func:`task_records`) before their events table is gone: an
     analysis whose steps after the tables need none (harmony.pipeline) frees their memory for
-    those steps (~45 bytes a record, more than the events table's 37 bytes an event when most
-    events are the tasks'); a later call builds them again."""
+    those steps (33 bytes a record, ~1.2 records an event: more than the events table's 37 bytes
+    an event when most events are the tasks'); a later call builds them again."""
     _last.clear()
 
 
@@ -122,7 +122,8 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
 
     Returns a DataFrame sorted by (pid, seq) with columns:
 
-    - seq (int64): 2 * row position in ``events`` (+1 for a switch-in), a total order of records
+    - seq (int32; int64 from 2**30 events on, :func:`seq_dtype`): 2 * row position in
+      ``events`` (+1 for a switch-in), a total order of records
     - ts (int64 ns), pid (int32), cpu (int16: CPU whose buffer recorded the event)
     - record (int8): index into ``RECORDS``
     - orig_cpu, dest_cpu (int16): migrate -> from/to; wakeup* -> dest_cpu = target_cpu; else -1
@@ -134,13 +135,21 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     A record's event is row ``seq // 2`` of ``events``: its other fields (a switch-out's
     prev_state, say) are read there, not copied here, and CPU numbers are int16, as in the events
     table: a trace has ~1.2 records per event, and faulting in their memory is most of this
-    table's cost (a record is 37 bytes; 55 with int32 CPUs and a copy of prev_state).
+    table's cost (a record is 33 bytes; 55 with an int64 seq, int32 CPUs and a copy of
+    prev_state).
     """
     key = np.unique(np.asarray(pids, dtype=np.int32)).tobytes()
     held = _last.get(events, key)
     if held is None:
         held = _last.put(events, key, _build_task_records_and_order(events, pids))
     return held[0]
+
+
+def seq_dtype(n_events: int):
+    """The ``seq`` column's type for a table of ``n_events`` events: int32 while 2 * row + 1
+    fits it (the records live through the tables' steps, whose peak they set: 4 bytes a record
+    is ~50 MB at 10 M events), else int64."""
+    return np.int32 if 2 * n_events + 1 <= np.iinfo(np.int32).max else np.int64
 
 
 def seq_rows(records: pd.DataFrame) -> np.ndarray:
@@ -181,7 +190,7 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray):
     # records come in seq order: a stable sort by task gives (task, seq)
     order, ends, in_seq = np.empty(m, index), np.empty(len(pidset), np.int64), np.empty(m, index)
     jit.by_task(task, len(pidset), order, ends, in_seq)
-    cols = {"seq": np.empty(m, np.int64), "ts": np.empty(m, np.int64),
+    cols = {"seq": np.empty(m, seq_dtype(len(events))), "ts": np.empty(m, np.int64),
             "pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int16),
             "record": np.empty(m, np.int8), "orig_cpu": np.empty(m, np.int16),
             "dest_cpu": np.empty(m, np.int16),
@@ -341,7 +350,8 @@ def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.Da
     anomaly[sw_in & ~runnable_before] = _A["switch_in_not_runnable"]
 
     return pd.DataFrame({
-        "seq": seq, "ts": ts, "pid": rpid, "cpu": cpu, "record": rec,
+        "seq": seq.astype(seq_dtype(n_ev), copy=False), "ts": ts, "pid": rpid, "cpu": cpu,
+        "record": rec,
         "orig_cpu": orig, "dest_cpu": dest,
         "runnable_before": runnable_before, "runnable_after": runnable_after,
         "running_before": running_before, "running_after": running_after,
