@@ -76,10 +76,11 @@ def _balance_steps(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: 
     n_tasks = len(tasks) if n is None else int(n)
     target = n_tasks / len(cpus)
     times, q = runqueue_changes(rq, cpus, t0, t_end)
-    dev, dev_j = np.zeros(len(times)), np.empty(len(times))
-    for j in range(q.shape[1]):                     # a CPU at a time: no float copy of q
-        np.abs(np.subtract(q[:, j], target, out=dev_j), out=dev_j)
-        np.maximum(dev, dev_j, out=dev)
+    # the largest |q_j - target| is that of the longest or the shortest queue: no float copy of
+    # q, nor of any of its columns (the same floats: a difference rounds monotonically)
+    dev = np.subtract(q.max(axis=1), target, dtype=np.float64)
+    np.maximum(dev, np.subtract(target, q.min(axis=1), dtype=np.float64), out=dev)
+    del q
     ok = dev <= tolerance * target + 1e-9
     end = np.append(times[1:], np.int64(t_end))
     return times, end, dev, ok

@@ -515,8 +515,9 @@ def test_wasted_cores_match_the_code_they_replaced(seed, lookup, monkeypatch):
 
 def _reference_runqueue_changes(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> tuple[np.ndarray, np.ndarray]:
     """The run-queue vector of ``cpus`` (sorted) at t0 and at every change of it in (t0, t_end):
-    (times: int64 ns, the first t0; q: int64, one row per time and one column per CPU). Raises
-    ValueError if ``rq`` (from :func:`df_runqueue`) does not cover t0 for every CPU."""
+    (times: int64 ns, the first t0; q: one row per time and one column per CPU, int32 as the
+    code compared to it returns it). Raises ValueError if ``rq`` (from :func:`df_runqueue`) does
+    not cover t0 for every CPU."""
     cpus = sorted(set(int(c) for c in cpus))
     sub = rq[rq["cpu"].isin(cpus)]
     ch = sub["ts"].to_numpy(np.int64)
@@ -525,7 +526,7 @@ def _reference_runqueue_changes(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> 
     q = rc.steps_at(rc.runqueue_steps(sub), times, cpus, absent=-1)   # arrays: no frame of 1 M rows
     if (q < 0).any():
         raise ValueError("run-queue table does not cover t0 for every CPU")
-    return times, q
+    return times, q.astype(np.int32)
 
 
 def _reference_balance_timeline(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
