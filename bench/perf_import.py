@@ -1,8 +1,10 @@
 """perf.data import benchmark: ``harmony import FILE`` against ``perf script`` alone on the same file.
 
 What replaced ``perf script`` in the perf probe and in ``harmony import`` of a perf.data is the
-direct reader (:mod:`harmony.probes.perf_read`); the target (issue 26) is a whole import at least
-5x faster than the ``perf script`` it no longer runs. Per recording, in one run and interleaved:
+direct reader (:mod:`harmony.probes.perf_read`); the targets (issue 26) are a whole import at
+least 5x faster than the ``perf script`` it no longer runs, and at most 150 bytes an event at its
+peak at 10 M events (judged on the largest recording, from 9 M events on). Per recording, in one
+run and interleaved:
 
 - perf script: the command the perf probe ran (``perf script -f -i FILE --ns --show-lost-events
   -F trace:tid,cpu,time,event,trace -G > /dev/null``), wall seconds
@@ -125,6 +127,7 @@ def main(argv=None) -> int:
                                       for k in ("tables", "checks", "figures")},
                    "reader_s": med(reads)}
             row["script_over_import"] = row["perf_script_s"] / imp
+            row["bytes_per_event"] = row["import_peak_mb"] * 1e6 / max(n, 1)
             row["script_over_reader"] = row["perf_script_s"] / row["reader_s"]
             rows.append(row)
             steps = "/".join(f"{v:.2f}" for v in row["import_steps_s"].values())
@@ -143,6 +146,11 @@ def main(argv=None) -> int:
                         for r in rows if r["script_over_import"] < 5)
         print(f"target harmony import >= 5x perf script: {'PASS' if target else 'MISS'} "
               f"({ratios}); the reader alone {alone}{short}")
+        big = max(rows, key=lambda r: r["events"])
+        print(common.verdict("peak memory <= 150 bytes/event at 10 M events (perf.data)",
+                             big["bytes_per_event"] <= 150 if big["events"] >= 9_000_000 else None,
+                             f"{big['bytes_per_event']:.0f} bytes/event at {big['events']:,} "
+                             f"({big['import_peak_mb'] / 1e3:.2f} GB)"))
         if a.json:
             text = json.dumps({"rows": rows, "reps": a.reps, "libraries_s": libraries_s},
                               indent=1)
