@@ -52,7 +52,8 @@ from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 from harmony.probes.ringbuf_walk import JIT_MIN_BYTES, Records
 from harmony.probes.schema import CAUSE_EVENTS, SCHED_EVENTS, make_events
-from harmony.probes.tracedat_read import FileReader, TraceDat, map_file, read_tracing_data
+from harmony.probes.tracedat_read import (MAX_RATIO, FileReader, TraceDat, ZstdStream, map_file,
+                                          read_tracing_data)
 
 PERF_MAGIC = b"PERFILE2"
 _HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")  # magic size attr_size attrs data event_types features
@@ -71,7 +72,7 @@ SAMPLE_STREAM_ID, SAMPLE_RAW, SAMPLE_IDENTIFIER = 1 << 9, 1 << 10, 1 << 16
 FORMAT_ENABLED, FORMAT_RUNNING, FORMAT_ID, FORMAT_GROUP, FORMAT_LOST = 1, 2, 4, 8, 16
 
 REC_LOST, REC_SAMPLE, REC_LOST_SAMPLES = 2, 9, 13
-REC_FINISHED_ROUND, REC_CPU_MAP, REC_COMPRESSED = 68, 74, 81
+REC_FINISHED_ROUND, REC_CPU_MAP, REC_COMPRESSED, REC_COMPRESSED2 = 68, 74, 81, 83
 #: record type -> name (perf_event.h's kernel records, tools/lib/perf's user records)
 RECORD_NAMES = {
     1: "MMAP", 2: "LOST", 3: "COMM", 4: "EXIT", 5: "THROTTLE", 6: "UNTHROTTLE", 7: "FORK",
@@ -82,7 +83,7 @@ RECORD_NAMES = {
     67: "HEADER_BUILD_ID", 68: "FINISHED_ROUND", 69: "ID_INDEX", 70: "AUXTRACE_INFO",
     71: "AUXTRACE", 72: "AUXTRACE_ERROR", 73: "THREAD_MAP", 74: "CPU_MAP", 75: "STAT_CONFIG",
     76: "STAT", 77: "STAT_ROUND", 78: "EVENT_UPDATE", 79: "TIME_CONV", 80: "HEADER_FEATURE",
-    81: "COMPRESSED", 82: "FINISHED_INIT",
+    81: "COMPRESSED", 82: "FINISHED_INIT", 83: "COMPRESSED2",
 }
 #: the events besides SCHED_EVENTS decoded, that tell why a task moved (the scheduler's softirq,
 #: the NUMA balancer's moves): by (system, name)
@@ -124,6 +125,8 @@ class PerfHeader:
     os_release: str = ""
     nr_cpus_online: int | None = None
     nr_cpus_avail: int | None = None
+    #: HEADER_COMPRESSED (perf record -z): (level, ratio) of its zstd-compressed records, or None
+    compression: tuple[int, int] | None = None
 
     def formats_for(self, ids) -> dict[int, EventFormat]:
         """Parsed formats of the tracepoint ids ``ids`` the file holds a format of."""
@@ -153,7 +156,8 @@ def read_header(path: Path, data=None) -> PerfHeader:
     Catches the usual ways a recording goes bad: empty/truncated file, perf killed before it
     wrote the final header (data size 0), a file cut short after the data section (the feature
     sections perf appends at the end point past the end of the file); refuses the layouts this
-    reader does not read (pipe mode, compressed records, a perf.data directory)."""
+    reader does not read (pipe mode, records compressed otherwise than with zstd, a perf.data
+    directory)."""
     path = Path(path)
     data = map_file(path) if data is None else data
     r = _Bytes(path, data)
@@ -182,9 +186,18 @@ def read_header(path: Path, data=None) -> PerfHeader:
         if off + sz > r.size:
             raise TraceCorrupt(f"{path}: truncated (feature section past the end of the file)")
         features[bit] = (off, sz)
+    compression = None
     if FEAT_COMPRESSED in features:
-        raise TraceCorrupt(f"{path}: its records are compressed (perf record -z), which Harmony "
-                           "does not read: decompress it with `perf inject -i IN -o OUT`")
+        # u32 version, u32 type (1: zstd), u32 level, u32 ratio, u32 mmap_len
+        off, sz = features[FEAT_COMPRESSED]
+        if sz < 20:
+            raise TraceCorrupt(f"{path}: corrupt compression section ({sz} bytes)")
+        _version, kind, level, ratio, _mmap_len = r.u(off, "IIIII", "compression section")
+        if kind != 1:
+            raise TraceCorrupt(f"{path}: its records are compressed with type {kind} (perf "
+                               "record -z), which Harmony does not read (zstd only): decompress "
+                               "it with `perf inject -i IN -o OUT`")
+        compression = (level, ratio)
     if FEAT_DIR_FORMAT in features:
         raise TraceCorrupt(f"{path}: the header of a perf.data directory (perf record --threads), "
                            "which Harmony does not read: merge it with `perf inject -i DIR -o OUT`")
@@ -210,7 +223,8 @@ def read_header(path: Path, data=None) -> PerfHeader:
     if not attrs:
         raise TraceCorrupt(f"{path}: corrupt: no events in its attrs section")
 
-    head = PerfHeader(path, r.size, data_off, data_size, attrs, features, None)
+    head = PerfHeader(path, r.size, data_off, data_size, attrs, features, None,
+                      compression=compression)
     if FEAT_EVENT_DESC in features:
         _event_desc(r, *features[FEAT_EVENT_DESC], attrs)
     if FEAT_OSRELEASE in features:
@@ -329,15 +343,16 @@ def walk_records(buf: np.ndarray, release=None) -> tuple[np.ndarray, np.ndarray,
 
 
 class _DataSection(PageSource):
-    """The data section as the decoder's one "page": messages name the file offset of a record."""
+    """The data section as the decoder's one "page": messages name the file offset of a record
+    (``place``: or its offset in the records a compressed file's decompress to)."""
 
-    def __init__(self, path: Path, buf: np.ndarray, data_offset: int):
+    def __init__(self, path: Path, buf: np.ndarray, data_offset: int, place: str = "file offset"):
         super().__init__(buf, max(1, len(buf)), np.zeros(1, np.int64), np.zeros(1, np.int64),
                          [str(path)], np.zeros(1, np.int64))
-        self.data_offset = data_offset
+        self.data_offset, self.place = data_offset, place
 
     def where(self, page: int, byte_in_page: int | None = None) -> str:
-        return f"{self.files[0]}: record at file offset {self.data_offset + int(byte_in_page or 0)}"
+        return f"{self.files[0]}: record at {self.place} {self.data_offset + int(byte_in_page or 0)}"
 
 
 @dataclasses.dataclass
@@ -370,7 +385,7 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
     def check(pos, what):
         bad = np.flatnonzero((pos > end) | (pos < 0))
         if bad.size:
-            raise TraceCorrupt(f"{path}: corrupt sample at file offset "
+            raise TraceCorrupt(f"{path}: corrupt sample at {src.place} "
                                f"{data_offset + int(off[bad[0]])}: its {what} runs past the record")
 
     check(p + 8 * sum(bool(st & b) for b in (SAMPLE_IDENTIFIER, SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME,
@@ -477,18 +492,26 @@ def read_perf_data(path: Path) -> PerfRead:
     head = read_header(path, data)
     notes: list[str] = []
     off0, size = head.data_offset, head.data_size
+    if head.compression is not None:
+        # the records as perf wrote them before compressing them; offsets in messages are theirs
+        raw, n_parts = decompressed_records(path, data, off0, size)
+        notes.append(f"its records were compressed (perf record -z, zstd level "
+                     f"{head.compression[0]}): {n_parts} compressed records, {size} bytes, read "
+                     f"as {len(raw)} bytes")
+        data, off0, size = raw, 0, len(raw)
+    place = "file offset" if head.compression is None else "offset in its records decompressed"
     prefault_for_pages(size)
     if off0 % 8:        # the reads of 8-byte words want them aligned: a copy (never seen)
         buf = np.array(np.frombuffer(data, np.uint8, count=size, offset=off0))
     else:
         buf = np.frombuffer(data, np.uint8, count=size - size % 8, offset=off0)
-    src = _DataSection(path, buf, off0)
+    src = _DataSection(path, buf, off0, place)
     # the file's own pages (not a copy), large enough to be worth releasing behind each pass
     src.mapped = isinstance(data, mmap.mmap) and not off0 % 8 and size >= RELEASE_MIN_BYTES
     src.parts_in_time_order = False
     offs, types, sizes, bad = walk_records(buf, src.release)
     if bad >= 0:
-        raise TraceCorrupt(f"{path}: truncated or corrupt record at file offset {off0 + bad} "
+        raise TraceCorrupt(f"{path}: truncated or corrupt record at {place} {off0 + bad} "
                            f"(its size runs past the data section, or is below 8 bytes)")
     counts = np.bincount(np.minimum(types, 255).astype(np.int64), minlength=256)
     records = {RECORD_NAMES.get(t, f"type {t}"): int(c) for t, c in enumerate(counts) if c}
@@ -525,14 +548,14 @@ def read_perf_data(path: Path) -> PerfRead:
     elif all(st & SAMPLE_IDENTIFIER for st in types_st):
         short = np.flatnonzero(s_end < s_off + 16)
         if short.size:
-            raise TraceCorrupt(f"{path}: corrupt sample at file offset "
+            raise TraceCorrupt(f"{path}: corrupt sample at {place} "
                                f"{off0 + int(s_off[short[0]])}: too short for its id")
         s_attr = attr_of(_read_in_order(src, s_off + 8, 8).astype(np.uint64))
     elif len(types_st) == 1 and st0 & SAMPLE_ID:
         before = sum(bool(st0 & b) for b in (SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR))
         at = s_off + 8 + 8 * before
         if (at + 8 > s_end).any():
-            raise TraceCorrupt(f"{path}: corrupt sample at file offset "
+            raise TraceCorrupt(f"{path}: corrupt sample at {place} "
                                f"{off0 + int(s_off[np.flatnonzero(at + 8 > s_end)[0]])}: too short "
                                "for its id")
         s_attr = attr_of(_read_in_order(src, at, 8).astype(np.uint64))
@@ -641,7 +664,7 @@ def read_perf_data(path: Path) -> PerfRead:
     if len(lidx):
         lo, le = lost_at
         if (le - lo < 24).any():
-            raise TraceCorrupt(f"{path}: corrupt PERF_RECORD_LOST at file offset "
+            raise TraceCorrupt(f"{path}: corrupt PERF_RECORD_LOST at {place} "
                                f"{off0 + int(lo[np.flatnonzero(le - lo < 24)[0]])}")
         lost = read_uint(src, lo + 16, 8)
         cpu_at = le - 8 - 8 * bool(st0 & SAMPLE_IDENTIFIER)
@@ -653,7 +676,7 @@ def read_perf_data(path: Path) -> PerfRead:
     if len(lsidx):
         lo, le = lost_s_at
         if (le - lo < 16).any():
-            raise TraceCorrupt(f"{path}: corrupt PERF_RECORD_LOST_SAMPLES at file offset "
+            raise TraceCorrupt(f"{path}: corrupt PERF_RECORD_LOST_SAMPLES at {place} "
                                f"{off0 + int(lo[np.flatnonzero(le - lo < 16)[0]])}")
         lost = read_uint(src, lo + 8, 8)
         if trailer and st0 & (SAMPLE_IDENTIFIER | SAMPLE_ID):
@@ -675,6 +698,44 @@ def read_perf_data(path: Path) -> PerfRead:
                      f"{', '.join(sorted(f'{s}:{e}' for s, e in _CAUSES))}), by count: {other}")
     return PerfRead(head, events, lost_by_cpu, lost_samples, other, records, recorded, notes, n_s,
                     decoder)
+
+
+def decompressed_records(path: Path, data, off0: int, size: int) -> tuple[bytearray, int]:
+    """The data section of a perf.data written by ``perf record -z``, as it was before perf
+    compressed it: its records in order, each COMPRESSED record (81: the rest of the record;
+    COMPRESSED2, 83: u64 data_size, then that many bytes, padded to 8) replaced by what it
+    decompresses to -- the parts of one zstd stream, which may cut a record anywhere -- the
+    others (perf's own, FINISHED_ROUND) kept as they are. Returns (the records, the compressed
+    records read)."""
+    buf = np.frombuffer(data, np.uint8, count=size, offset=off0)
+    offs, types, sizes, bad = walk_records(buf)
+    if bad >= 0:
+        raise TraceCorrupt(f"{path}: truncated or corrupt record at file offset {off0 + bad} "
+                           f"(its size runs past the data section, or is below 8 bytes)")
+    out = bytearray()
+    parts = 0
+    what = "compressed records (perf record -z)"
+    with ZstdStream(path, what, MAX_RATIO * size + (1 << 20)) as z:
+        for at, kind, n in zip(offs.tolist(), types.tolist(), sizes.tolist()):
+            if kind == REC_COMPRESSED:
+                z.feed(buf[at + 8:at + n], out)
+            elif kind == REC_COMPRESSED2:
+                if n < 16:
+                    raise TraceCorrupt(f"{path}: corrupt COMPRESSED2 record at file offset "
+                                       f"{off0 + at} ({n} bytes)")
+                (m,) = struct.unpack_from("<Q", buf, at + 8)
+                if m > n - 16:
+                    raise TraceCorrupt(f"{path}: corrupt COMPRESSED2 record at file offset "
+                                       f"{off0 + at} (holds {n - 16} bytes, says {m})")
+                z.feed(buf[at + 16:at + 16 + m], out)
+            else:
+                out += memoryview(buf[at:at + n])
+                continue
+            parts += 1
+        if not z.whole:
+            raise TraceCorrupt(f"{path}: truncated {what}: the last of them stops inside a "
+                               "compressed block")
+    return out, parts
 
 
 def _cpu_map(src: PageSource, offs: np.ndarray, ends: np.ndarray) -> set[int] | None:

@@ -172,6 +172,77 @@ def _zstd_lib():
     return _zstd or None
 
 
+class _ZstdIn(ctypes.Structure):
+    _fields_ = [("src", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t)]
+
+
+class _ZstdOut(ctypes.Structure):
+    _fields_ = [("dst", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t)]
+
+
+class ZstdStream:
+    """One zstd stream decompressed from its parts in order (perf record -z writes a stream cut
+    into records): :meth:`feed` appends what a part holds to ``out``. libzstd's streaming API
+    through ctypes, as :func:`_decompress` uses its one-shot one; :class:`TraceCorrupt` naming
+    ``path`` if libzstd is missing, refuses a part, or the output passes ``limit`` bytes."""
+
+    STAGE = 4 << 20
+
+    def __init__(self, path: Path, what: str, limit: int):
+        lib = _zstd_lib()
+        if lib is None or not hasattr(lib, "ZSTD_decompressStream"):
+            raise TraceCorrupt(f"{path}: {what} compressed with zstd, but libzstd is not "
+                               "available here")
+        lib.ZSTD_createDCtx.restype = ctypes.c_void_p
+        lib.ZSTD_freeDCtx.argtypes = (ctypes.c_void_p,)
+        lib.ZSTD_decompressStream.restype = ctypes.c_size_t
+        lib.ZSTD_decompressStream.argtypes = (ctypes.c_void_p, ctypes.POINTER(_ZstdOut),
+                                              ctypes.POINTER(_ZstdIn))
+        self.lib, self.path, self.what, self.limit = lib, path, what, limit
+        self.ctx = lib.ZSTD_createDCtx()
+        if not self.ctx:
+            raise MemoryError("ZSTD_createDCtx")
+        self.stage = bytearray(self.STAGE)
+        self.stage_at = ctypes.addressof((ctypes.c_char * self.STAGE).from_buffer(self.stage))
+        self.hint = 0       # libzstd's last "next input size": 0 at a frame's end
+
+    def feed(self, part, out: bytearray) -> None:
+        """Decompress ``part`` (a C-contiguous uint8 array or bytes) onto the end of ``out``."""
+        src = np.ascontiguousarray(part, dtype=np.uint8)
+        inb = _ZstdIn(src.ctypes.data, len(src), 0)
+        while True:
+            outb = _ZstdOut(self.stage_at, self.STAGE, 0)
+            r = self.lib.ZSTD_decompressStream(self.ctx, ctypes.byref(outb), ctypes.byref(inb))
+            if self.lib.ZSTD_isError(r):
+                raise TraceCorrupt(f"{self.path}: corrupt {self.what} (zstd refused them)")
+            self.hint = r
+            out += memoryview(self.stage)[:outb.pos]
+            if len(out) > self.limit:
+                raise TraceCorrupt(f"{self.path}: corrupt {self.what} (they decompress to more "
+                                   f"than {self.limit} bytes)")
+            if inb.pos >= inb.size and outb.pos < outb.size:
+                return
+
+    @property
+    def whole(self) -> bool:
+        """Whether what was fed ends at a frame's end or a block's (perf flushes the stream
+        after each record it writes, and never ends the frame): else it was cut short inside a
+        block, whose bytes are held back (libzstd then asks for the rest of the block, not for
+        the next block's 3-byte header)."""
+        return self.hint in (0, 3)
+
+    def close(self) -> None:
+        if self.ctx:
+            self.lib.ZSTD_freeDCtx(self.ctx)
+            self.ctx = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 #: the most a compressed block can expand: zstd's (an RLE block of 4 bytes holds up to 128 KiB)
 #: and deflate's (1032:1) are below it. A size header claiming more than this many times the
 #: compressed bytes cannot be true, and is refused before any memory is taken for it.

@@ -28,6 +28,9 @@ from harmony.probes.perf_script import run_perf_script
 
 PERF = shutil.which("perf")
 CORPUS = sorted((ROOT / "fuzz" / "corpus" / "perf_data").iterdir())
+#: the corpus files recorded without -z (seed-z-probe was): those whose records are edited or
+#: compressed by a test
+PLAIN = [p for p in CORPUS if perf_read.read_header(p).compression is None]
 
 JIT_MODES = ["0"] + (["1"] if numba_version() else [])
 
@@ -83,6 +86,9 @@ RECORDINGS = {
     "callgraph": ["record", "-q", "-g", "-a", "-e", "sched:*", "-e", "cpu-clock"],
     # perf's own sched recording: sched_waking, the sched_stat_* events, perf's default clock
     "sched": ["sched", "record"],
+    # the probe's options, its records compressed (zstd) as perf record -z writes them
+    "compressed": ["record", "-q", "-z", "-a", "-e", PERF_EVENTS, "-k", CLOCK_ID, "-B", "-N",
+                   "--synth=no"],
 }
 
 
@@ -104,6 +110,8 @@ def test_kernel_recordings_read_as_perf_script_prints_them(recordings, monkeypat
     read = compare_with_perf(recordings[name], monkeypatch, jit)
     assert len(read.events) > 100 and read.decoder == ("compiled" if jit == "1" else "numpy")
     assert read.records["SAMPLE"] == read.n_samples
+    assert (read.header.compression is not None) == (name == "compressed")
+    assert any("were compressed" in n for n in read.notes) == (name == "compressed")
 
 
 @pytest.mark.kernel
@@ -122,6 +130,7 @@ def test_kernel_damaged_recordings_are_one_line_errors(recordings, tmp_path, mon
     for jit in JIT_MODES:
         monkeypatch.setenv("HARMONY_JIT", jit)
         damaged(recordings["callgraph"].read_bytes(), tmp_path / "perf.data", cases=200)
+        damaged(recordings["compressed"].read_bytes(), tmp_path / "perf.data", cases=100)
 
 
 # --- the files the fuzz corpus holds -------------------------------------------------------------
@@ -178,7 +187,8 @@ def _header(hsize=104, data_size=8, flags0=0) -> bytes:
     (b"", "bad magic"), (b"PERFILE2" + (16).to_bytes(8, "little"), "pipe-mode"),
     (_header(hsize=16), "pipe-mode"), (_header(data_size=0), "did not finish"),
     (_header(data_size=4096), "truncated"),
-    (_header(flags0=1 << 27) + bytes(16), "compressed"),
+    (_header(flags0=1 << 27) + bytes(16), "corrupt compression section"),
+    (_header(flags0=1 << 27) + struct.pack("<QQ5I", 128, 20, 0, 2, 1, 5, 0), "with type 2"),
 ])
 def test_layouts_it_does_not_read_are_named(tmp_path, content, why):
     path = tmp_path / "perf.data"
@@ -222,7 +232,7 @@ def test_compiled_walk_finds_the_records_python_finds(monkeypatch):
             monkeypatch.setenv("HARMONY_JIT", "1")
 
 
-@pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
+@pytest.mark.parametrize("path", PLAIN, ids=[p.name for p in PLAIN])
 def test_read_a_few_records_at_a_time_releasing_pages_it_is_the_same(path, tmp_path, monkeypatch):
     """The compiled reader walks, reads the samples' fields and gathers their payloads a few
     records at a time, releasing the file's pages behind each (perf_read.WALK_CHUNK, SAMPLE_CHUNK,
@@ -264,7 +274,7 @@ def test_read_a_few_records_at_a_time_releasing_pages_it_is_the_same(path, tmp_p
 def test_a_sample_too_short_for_its_id_is_named(tmp_path):
     """The last record of the data section cut into header-only samples (8 bytes each): the
     sample id after the header would lie past the section."""
-    for path in CORPUS:
+    for path in PLAIN:
         head = perf_read.read_header(path)
         content = bytearray(path.read_bytes())
         buf = np.frombuffer(bytes(content), np.uint8, count=head.data_size,
@@ -295,3 +305,97 @@ def test_a_count_with_its_top_bit_flipped_is_a_one_line_error(tmp_path, field, s
                                            rf"{field} runs past the record$"):
         perf_read._sample_fields(sample_type, perf_read.FORMAT_GROUP, src, p, end,
                                  tmp_path / "perf.data", np.array([0], np.int64), 4096)
+
+
+# --- compressed records (perf record -z) ----------------------------------------------------------
+
+def _zstd_compress(data: bytes) -> bytes:
+    import ctypes
+    from harmony.probes.tracedat_read import _zstd_lib
+    lib = _zstd_lib()
+    if lib is None or not hasattr(lib, "ZSTD_compress"):
+        host_skip("libzstd is not available")
+    lib.ZSTD_compressBound.restype = ctypes.c_size_t
+    lib.ZSTD_compressBound.argtypes = (ctypes.c_size_t,)
+    lib.ZSTD_compress.restype = ctypes.c_size_t
+    lib.ZSTD_compress.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                                  ctypes.c_size_t, ctypes.c_int)
+    out = ctypes.create_string_buffer(lib.ZSTD_compressBound(len(data)))
+    n = lib.ZSTD_compress(out, len(out), data, len(data), 1)
+    assert not lib.ZSTD_isError(n)
+    return out.raw[:n]
+
+
+def compressed_copy(src, dst, cuts: int, seed: int, stream: bytes | None = None) -> None:
+    """``src`` as perf record -z writes it: its data section's records as one zstd stream
+    (``stream``: these bytes instead) cut at random places into COMPRESSED and COMPRESSED2 records
+    (8-byte aligned, padded), a FINISHED_ROUND after some, and a HEADER_COMPRESSED feature; the
+    other feature sections moved behind the new data section."""
+    raw = src.read_bytes()
+    head = list(struct.unpack_from("<8sQQ QQ QQ QQ 4Q", raw, 0))
+    data_off, data_size, flags = head[5], head[6], head[9:13]
+    bits = [b for b in range(256) if flags[b // 64] >> (b % 64) & 1]
+    table = data_off + data_size
+    sections = {b: struct.unpack_from("<QQ", raw, table + 16 * i) for i, b in enumerate(bits)}
+    records = raw[data_off:data_off + data_size]
+    frame = _zstd_compress(records) if stream is None else stream
+    rng = random.Random(seed)
+    at = sorted(rng.sample(range(1, len(frame)), min(cuts, len(frame) - 1)))
+    data = bytearray()
+    for k, (a, b) in enumerate(zip([0] + at, at + [len(frame)])):
+        part = frame[a:b]
+        if rng.random() < 0.5:
+            data += struct.pack("<IHH", 81, 0, 8 + len(part)) + part
+        else:
+            pad = -(16 + len(part)) % 8
+            data += struct.pack("<IHHQ", 83, 0, 16 + len(part) + pad, len(part)) + part + bytes(pad)
+        if rng.random() < 0.3:
+            data += struct.pack("<IHH", 68, 0, 8)      # FINISHED_ROUND
+    bits2 = sorted(set(bits) | {27})
+    content = {b: raw[o:o + n] for b, (o, n) in sections.items()}
+    content[27] = struct.pack("<5I", 0, 1, 1, max(1, len(records) // len(frame)), 528384)
+    pos = data_off + len(data) + 16 * len(bits2)
+    tab, body = bytearray(), bytearray()
+    for b in bits2:
+        tab += struct.pack("<QQ", pos + len(body), len(content[b]))
+        body += content[b]
+    head[6] = len(data)
+    head[9] |= 1 << 27
+    out = bytearray(raw[:data_off])
+    struct.pack_into("<8sQQ QQ QQ QQ 4Q", out, 0, *head)
+    dst.write_bytes(bytes(out) + bytes(data) + bytes(tab) + bytes(body))
+
+
+@pytest.mark.parametrize("jit", JIT_MODES)
+@pytest.mark.parametrize("path", PLAIN, ids=[p.name for p in PLAIN])
+def test_compressed_records_read_as_the_records_they_hold(path, tmp_path, monkeypatch, jit):
+    """The stream cut anywhere (inside a record's header too), in records of both kinds: the
+    same table and facts as the file uncompressed, and a note that says so."""
+    monkeypatch.setenv("HARMONY_JIT", jit)
+    plain = perf_read.read_perf_data(path)
+    for seed, cuts in ((1, 1), (2, 7), (3, 400)):
+        z = tmp_path / f"z{seed}.data"
+        compressed_copy(path, z, cuts, seed)
+        read = perf_read.read_perf_data(z)
+        pd.testing.assert_frame_equal(read.events, plain.events)
+        assert (read.lost_by_cpu, read.lost_samples_by_event, read.other_events, read.recorded_cpus,
+                read.n_samples) == (plain.lost_by_cpu, plain.lost_samples_by_event,
+                                    plain.other_events, plain.recorded_cpus, plain.n_samples)
+        assert read.header.compression == (1, read.header.compression[1])
+        assert [n for n in read.notes if "were compressed" not in n] == plain.notes
+        assert any(f"zstd level 1): {cuts + 1} compressed records" in n for n in read.notes)
+
+
+def test_damaged_compressed_records_are_one_line_errors(tmp_path):
+    path = PLAIN[0]
+    frame = _zstd_compress(path.read_bytes()[2000:40000])
+    for name, stream in (("garbage", bytes(range(256)) * 8), ("cut", frame[:len(frame) // 2]),
+                         ("not records", frame)):
+        z = tmp_path / f"{name}.data"
+        compressed_copy(path, z, 5, 4, stream=stream)
+        with pytest.raises(TraceCorrupt) as exc:
+            perf_read.read_perf_data(z)
+        assert str(exc.value).startswith(f"{z}") and "\n" not in str(exc.value), str(exc.value)
+    z = tmp_path / "z.data"
+    compressed_copy(path, z, 20, 5)
+    damaged(z.read_bytes(), tmp_path / "perf.data", cases=120)
