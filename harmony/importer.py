@@ -101,13 +101,30 @@ def read_perf_data(path: Path) -> Capture:
 #: holds 160 bytes an event at 40 bytes of records an event
 MEMORY_PER_DATA_BYTE = 4.0
 MEMORY_BASE = 400 << 20
+#: the same per byte of a perf.data's records (bench/perf_import.py, 2026-11-27): 1.33 bytes at
+#: 9.9 M events of the ping-pong (148 bytes an event), whose samples take 111 bytes an event
+#: (header, tid, time, cpu, id, period and the raw payload: twice a ring buffer's 54), so half
+#: of 4: 2 bytes a byte; a compressed file's records (perf record -z) are estimated from the
+#: ratio perf wrote, and held decompressed while they are read: one more byte a byte
+MEMORY_PER_PERF_DATA_BYTE = 2.0
 
 
 def memory_needed(path: Path, buffer: str | None = None) -> tuple[int, int] | None:
-    """(bytes of memory an import of ``path`` needs, at most; bytes of ring-buffer data it holds)
-    for an uncompressed trace.dat; None where that is not estimated (a compressed trace.dat, a
-    perf.data, a file that does not parse: reading it says why)."""
-    if sniff(path) != "trace.dat":
+    """(bytes of memory an import of ``path`` needs, at most; bytes of records it holds: a
+    trace.dat's ring-buffer data, a perf.data's data section as recorded) for an uncompressed
+    trace.dat or any perf.data; None where that is not estimated (a compressed trace.dat, a file
+    that does not parse: reading it says why)."""
+    kind = sniff(path)
+    if kind == "perf.data":
+        try:
+            head = perf_read.read_header(path)
+        except ProbeError:
+            return None
+        if head.compression is None:
+            return int(MEMORY_PER_PERF_DATA_BYTE * head.data_size) + MEMORY_BASE, head.data_size
+        data = head.data_size * max(1, head.compression[1])
+        return int((MEMORY_PER_PERF_DATA_BYTE + 1) * data) + MEMORY_BASE, data
+    if kind != "trace.dat":
         return None
     try:
         td = read_tracedat(path)
@@ -128,10 +145,12 @@ def check_memory(path: Path, buffer: str | None = None) -> None:
     if est is None or est[0] <= have:
         return
     need, data = est
+    part = ("a shorter recording (perf record --switch-output cuts one into parts)"
+            if sniff(path) == "perf.data" else "a part of it (trace-cmd split)")
     raise ImportFailed(f"{path}: importing it needs up to {need / 2**30:.1f} GiB of memory "
-                       f"({MEMORY_PER_DATA_BYTE:g}x its {data / 2**30:.1f} GiB of ring-buffer data), "
-                       f"this host has {have / 2**30:.1f} GiB available: import it where there is "
-                       "more, or a part of it (trace-cmd split), or give --no-memory-check to try")
+                       f"(for its {data / 2**30:.1f} GiB of records), this host has "
+                       f"{have / 2**30:.1f} GiB available: import it where there is more, or "
+                       f"{part}, or give --no-memory-check to try")
 
 
 def read_trace(path: Path, buffer: str | None = None) -> tuple[Capture, str]:

@@ -368,6 +368,32 @@ def test_import_refuses_up_front_a_trace_the_host_has_not_the_memory_for(writer_
     assert invoke("import", dat, "--pid", 12, "--out", tmp_path / "fits").exit_code == 0
 
 
+def test_import_refuses_up_front_a_perf_data_the_host_has_not_the_memory_for(tmp_path,
+                                                                           monkeypatch):
+    """A perf.data's estimate: 2 bytes a byte of its data section; recorded with -z, of what its
+    records decompress to (the ratio perf wrote), one more byte a byte for holding them."""
+    from harmony import hostfacts, importer
+    from harmony.probes.perf_read import read_header
+    from test_perf_read import PLAIN, compressed_copy
+    src = tmp_path / "perf.data"
+    src.write_bytes(PLAIN[0].read_bytes())
+    need, data = importer.memory_needed(src)
+    assert data == read_header(src).data_size > 0
+    assert need == int(importer.MEMORY_PER_PERF_DATA_BYTE * data) + importer.MEMORY_BASE
+    z = tmp_path / "z.data"
+    compressed_copy(src, z, 4, 1)
+    head = read_header(z)
+    zneed, zdata = importer.memory_needed(z)
+    assert zdata == head.data_size * head.compression[1] and head.compression[1] > 1
+    assert zneed == int((importer.MEMORY_PER_PERF_DATA_BYTE + 1) * zdata) + importer.MEMORY_BASE
+    monkeypatch.setattr(hostfacts, "memory_available", lambda: need - 1)
+    out = tmp_path / "run"
+    line = one_line_error(invoke("import", src, "--pid", 12, "--out", out), src)
+    assert "needs up to" in line and "GiB available" in line and "--no-memory-check" in line
+    assert "perf record --switch-output" in line
+    assert not out.exists()                                 # refused before anything started
+
+
 def test_import_whose_copy_of_the_trace_fails_is_incomplete(writer_dat, tmp_path, monkeypatch):
     """The trace is copied into the run while it is analysed: a copy that fails (a full disk)
     leaves the run incomplete, with one line naming the file and no partial copy behind."""
