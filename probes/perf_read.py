@@ -352,7 +352,8 @@ class _DataSection(PageSource):
         self.data_offset, self.place = data_offset, place
 
     def where(self, page: int, byte_in_page: int | None = None) -> str:
-        return f"{self.files[0]}: record at {self.place} {self.data_offset + int(byte_in_page or 0)}"
+        at = self.data_offset + int(byte_in_page or 0)
+        return f"{self.files[0]}: record at {self.place} {at}"
 
 
 @dataclasses.dataclass
