@@ -702,20 +702,23 @@ def read_perf_data(path: Path) -> PerfRead:
 
 
 def decompressed_records(path: Path, data, off0: int, size: int) -> tuple[bytearray, int]:
-    """The data section of a perf.data written by ``perf record -z``, as it was before perf
-    compressed it: its records in order, each COMPRESSED record (81: the rest of the record;
-    COMPRESSED2, 83: u64 data_size, then that many bytes, padded to 8) replaced by what it
-    decompresses to -- the parts of one zstd stream, which may cut a record anywhere -- the
-    others (perf's own, FINISHED_ROUND) kept as they are. Returns (the records, the compressed
-    records read)."""
+    """The data section of a perf.data written by ``perf record -z``, as perf reads it: each
+    COMPRESSED record (81: the rest of the record; COMPRESSED2, 83: u64 data_size, then that many
+    bytes, padded to 8) fed in order to one zstd stream, whose output is records; the file's
+    other records (perf's own, FINISHED_ROUND) each placed after the whole records decompressed
+    before it, as perf processes them: a record the stream has only begun (one compressed record
+    may end inside it) continues after them. Returns (the records, the compressed records read).
+    """
     buf = np.frombuffer(data, np.uint8, count=size, offset=off0)
     offs, types, sizes, bad = walk_records(buf)
     if bad >= 0:
         raise TraceCorrupt(f"{path}: truncated or corrupt record at file offset {off0 + bad} "
                            f"(its size runs past the data section, or is below 8 bytes)")
     out = bytearray()
+    whole = 0           # out[:whole] are whole records; what follows is not walked yet
     parts = 0
     what = "compressed records (perf record -z)"
+    compiled = use_compiled(size * 4, JIT_MIN_BYTES)      # walks what it decompresses to
     with ZstdStream(path, what, MAX_RATIO * size + (1 << 20)) as z:
         for at, kind, n in zip(offs.tolist(), types.tolist(), sizes.tolist()):
             if kind == REC_COMPRESSED:
@@ -730,13 +733,32 @@ def decompressed_records(path: Path, data, off0: int, size: int) -> tuple[bytear
                                        f"{off0 + at} (holds {n - 16} bytes, says {m})")
                 z.feed(buf[at + 16:at + 16 + m], out)
             else:
+                view = np.frombuffer(out, np.uint8, offset=whole) if whole < len(out) else None
+                whole += _whole_records(view, compiled) if view is not None else 0
+                del view                         # (a bytearray cannot grow while viewed)
+                tail = bytes(out[whole:])
+                del out[whole:]
                 out += memoryview(buf[at:at + n])
+                out += tail
+                whole += n
                 continue
             parts += 1
         if not z.whole:
             raise TraceCorrupt(f"{path}: truncated {what}: the last of them stops inside a "
                                "compressed block")
     return out, parts
+
+
+def _whole_records(buf: np.ndarray, compiled: bool) -> int:
+    """How many bytes at the start of ``buf`` are whole records (up to the first one that runs
+    past its end, or is impossible)."""
+    if compiled:
+        from harmony.probes import perf_read_jit
+        err, empty = np.full(1, -1, np.int64), np.zeros(0, np.int64)
+        perf_read_jit.walk(buf, empty, np.zeros(0, np.uint32), empty, err)
+        return len(buf) if err[0] < 0 else int(err[0])
+    bad = _walk_python(buf)[3]
+    return len(buf) if bad < 0 else bad
 
 
 def _cpu_map(src: PageSource, offs: np.ndarray, ends: np.ndarray) -> set[int] | None:

@@ -7,6 +7,7 @@ the perf.data files the fuzz corpus holds likewise; damaged files are one-line e
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -326,11 +327,14 @@ def _zstd_compress(data: bytes) -> bytes:
     return out.raw[:n]
 
 
-def compressed_copy(src, dst, cuts: int, seed: int, stream: bytes | None = None) -> None:
+def compressed_copy(src, dst, cuts: int, seed: int, stream: bytes | None = None) -> int:
     """``src`` as perf record -z writes it: its data section's records as one zstd stream
     (``stream``: these bytes instead) cut at random places into COMPRESSED and COMPRESSED2 records
     (8-byte aligned, padded), a FINISHED_ROUND after some, and a HEADER_COMPRESSED feature; the
-    other feature sections moved behind the new data section."""
+    other feature sections moved behind the new data section. The stream is frames of the
+    records cut at random bytes, each part ending at one or inside one: as perf flushes its
+    stream, a part may end inside a record, and a FINISHED_ROUND come before the rest of it.
+    Returns the compressed records written."""
     raw = src.read_bytes()
     head = list(struct.unpack_from("<8sQQ QQ QQ QQ 4Q", raw, 0))
     data_off, data_size, flags = head[5], head[6], head[9:13]
@@ -338,9 +342,18 @@ def compressed_copy(src, dst, cuts: int, seed: int, stream: bytes | None = None)
     table = data_off + data_size
     sections = {b: struct.unpack_from("<QQ", raw, table + 16 * i) for i, b in enumerate(bits)}
     records = raw[data_off:data_off + data_size]
-    frame = _zstd_compress(records) if stream is None else stream
     rng = random.Random(seed)
-    at = sorted(rng.sample(range(1, len(frame)), min(cuts, len(frame) - 1)))
+    if stream is None:
+        byte_cuts = sorted(rng.sample(range(1, len(records)), min(cuts, len(records) - 1)))
+        frames = [_zstd_compress(records[a:b])
+                  for a, b in zip([0] + byte_cuts, byte_cuts + [len(records)])]
+        ends = list(itertools.accumulate(len(f) for f in frames))[:-1]
+        frame = b"".join(frames)
+    else:
+        frame, ends = stream, []
+    inner = rng.sample(range(1, len(frame)), min(cuts, len(frame) - 1))
+    at = sorted(set(ends) | set(inner[:len(inner) // 2]))
+    cuts = len(at)
     data = bytearray()
     for k, (a, b) in enumerate(zip([0] + at, at + [len(frame)])):
         part = frame[a:b]
@@ -364,6 +377,7 @@ def compressed_copy(src, dst, cuts: int, seed: int, stream: bytes | None = None)
     out = bytearray(raw[:data_off])
     struct.pack_into("<8sQQ QQ QQ QQ 4Q", out, 0, *head)
     dst.write_bytes(bytes(out) + bytes(data) + bytes(tab) + bytes(body))
+    return cuts + 1
 
 
 @pytest.mark.parametrize("jit", JIT_MODES)
@@ -375,7 +389,7 @@ def test_compressed_records_read_as_the_records_they_hold(path, tmp_path, monkey
     plain = perf_read.read_perf_data(path)
     for seed, cuts in ((1, 1), (2, 7), (3, 400)):
         z = tmp_path / f"z{seed}.data"
-        compressed_copy(path, z, cuts, seed)
+        parts = compressed_copy(path, z, cuts, seed)
         read = perf_read.read_perf_data(z)
         pd.testing.assert_frame_equal(read.events, plain.events)
         assert (read.lost_by_cpu, read.lost_samples_by_event, read.other_events, read.recorded_cpus,
@@ -383,7 +397,7 @@ def test_compressed_records_read_as_the_records_they_hold(path, tmp_path, monkey
                                     plain.other_events, plain.recorded_cpus, plain.n_samples)
         assert read.header.compression == (1, read.header.compression[1])
         assert [n for n in read.notes if "were compressed" not in n] == plain.notes
-        assert any(f"zstd level 1): {cuts + 1} compressed records" in n for n in read.notes)
+        assert any(f"zstd level 1): {parts} compressed records" in n for n in read.notes)
 
 
 def test_damaged_compressed_records_are_one_line_errors(tmp_path):
