@@ -677,8 +677,9 @@ def runqueue_changes(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> tuple[np.nd
     before, found a CPU at a time and :data:`CHANGES_CHUNK` rows at a time, the length carried
     from one chunk to the next (its temporaries a chunk long, not the table's: they are the
     metrics' peak memory at 10 M events); ``q`` is stored CPU by CPU (a transposed view), as
-    int32 (a queue's length; the rows read, as int32 where they fit: the metrics' arrays of a
-    vector a change fit the heap's holes the tables left, 250 -> 170 MB at 10 M events)."""
+    int32, a queue's length, and the rows read are int32 where they fit: the balance steps'
+    arrays, an entry a change, then fit the holes the tables left in the heap (250 -> 170 MB at
+    once at 10 M events)."""
     cpus = sorted(set(int(c) for c in cpus))
     cpu, ts, nr = rq["cpu"].to_numpy(), rq["ts"].to_numpy(), rq["nr"].to_numpy()
     keep = in_set(cpu, cpus)

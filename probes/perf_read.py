@@ -52,8 +52,8 @@ from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 from harmony.probes.ringbuf_walk import JIT_MIN_BYTES, Records
 from harmony.probes.schema import CAUSE_EVENTS, SCHED_EVENTS, make_events
-from harmony.probes.tracedat_read import (MAX_RATIO, FileReader, TraceDat, ZstdStream, map_file,
-                                          read_tracing_data)
+from harmony.probes.tracedat_read import (MAX_RATIO, FileReader, TraceDat, ZstdStream, grown,
+                                          map_file, read_tracing_data)
 
 PERF_MAGIC = b"PERFILE2"
 _HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")  # magic size attr_size attrs data event_types features
@@ -495,7 +495,7 @@ def read_perf_data(path: Path) -> PerfRead:
     off0, size = head.data_offset, head.data_size
     if head.compression is not None:
         # the records as perf wrote them before compressing them; offsets in messages are theirs
-        raw, n_parts = decompressed_records(path, data, off0, size)
+        raw, n_parts = decompressed_records(path, data, off0, size, head.compression[1])
         notes.append(f"its records were compressed (perf record -z, zstd level "
                      f"{head.compression[0]}): {n_parts} compressed records, {size} bytes, read "
                      f"as {len(raw)} bytes")
@@ -701,28 +701,34 @@ def read_perf_data(path: Path) -> PerfRead:
                     decoder)
 
 
-def decompressed_records(path: Path, data, off0: int, size: int) -> tuple[bytearray, int]:
+def decompressed_records(path: Path, data, off0: int, size: int,
+                         compression_ratio: int = 1) -> tuple[np.ndarray, int]:
     """The data section of a perf.data written by ``perf record -z``, as perf reads it: each
     COMPRESSED record (81: the rest of the record; COMPRESSED2, 83: u64 data_size, then that many
     bytes, padded to 8) fed in order to one zstd stream, whose output is records; the file's
     other records (perf's own, FINISHED_ROUND) each placed after the whole records decompressed
     before it, as perf processes them: a record the stream has only begun (one compressed record
-    may end inside it) continues after them. Returns (the records, the compressed records read).
+    may end inside it) continues after them. ``compression_ratio``: the one perf wrote in the
+    header (HEADER_COMPRESSED), to size the output. Returns (the records, as uint8; the compressed
+    records read).
     """
     buf = np.frombuffer(data, np.uint8, count=size, offset=off0)
     offs, types, sizes, bad = walk_records(buf)
     if bad >= 0:
         raise TraceCorrupt(f"{path}: truncated or corrupt record at file offset {off0 + bad} "
                            f"(its size runs past the data section, or is below 8 bytes)")
-    out = bytearray()
-    whole = 0           # out[:whole] are whole records; what follows is not walked yet
+    # room for what the ratio perf wrote says they decompress to (grown if it is more)
+    ratio = max(1, compression_ratio) + 1
+    out = np.empty(min(size * ratio + (1 << 20), MAX_RATIO * size + (1 << 20)), np.uint8)
+    used = 0
+    whole = 0           # out[:whole] are whole records; out[whole:used] are not walked yet
     parts = 0
     what = "compressed records (perf record -z)"
     compiled = use_compiled(size * 4, JIT_MIN_BYTES)      # walks what it decompresses to
     with ZstdStream(path, what, MAX_RATIO * size + (1 << 20)) as z:
         for at, kind, n in zip(offs.tolist(), types.tolist(), sizes.tolist()):
             if kind == REC_COMPRESSED:
-                z.feed(buf[at + 8:at + n], out)
+                out, used = z.feed(buf[at + 8:at + n], out, used)
             elif kind == REC_COMPRESSED2:
                 if n < 16:
                     raise TraceCorrupt(f"{path}: corrupt COMPRESSED2 record at file offset "
@@ -731,22 +737,21 @@ def decompressed_records(path: Path, data, off0: int, size: int) -> tuple[bytear
                 if m > n - 16:
                     raise TraceCorrupt(f"{path}: corrupt COMPRESSED2 record at file offset "
                                        f"{off0 + at} (holds {n - 16} bytes, says {m})")
-                z.feed(buf[at + 16:at + 16 + m], out)
+                out, used = z.feed(buf[at + 16:at + 16 + m], out, used)
             else:
-                view = np.frombuffer(out, np.uint8, offset=whole) if whole < len(out) else None
-                whole += _whole_records(view, compiled) if view is not None else 0
-                del view                         # (a bytearray cannot grow while viewed)
-                tail = bytes(out[whole:])
-                del out[whole:]
-                out += memoryview(buf[at:at + n])
-                out += tail
+                whole += _whole_records(out[whole:used], compiled)
+                tail = out[whole:used].copy()
+                out = grown(out, used, used + n)
+                out[whole:whole + n] = buf[at:at + n]
+                out[whole + n:used + n] = tail
+                used += n
                 whole += n
                 continue
             parts += 1
         if not z.whole:
             raise TraceCorrupt(f"{path}: truncated {what}: the last of them stops inside a "
                                "compressed block")
-    return out, parts
+    return out[:used], parts
 
 
 def _whole_records(buf: np.ndarray, compiled: bool) -> int:

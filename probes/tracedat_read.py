@@ -172,6 +172,17 @@ def _zstd_lib():
     return _zstd or None
 
 
+def grown(buf: np.ndarray, used: int, need: int, most: int | None = None) -> np.ndarray:
+    """``buf`` (its first ``used`` bytes kept) with room for ``need`` bytes: itself, or a copy
+    half as large again (or ``need``, if more; ``most`` at most, if less)."""
+    if need <= len(buf):
+        return buf
+    size = max(need, len(buf) + len(buf) // 2 + (1 << 20))
+    out = np.empty(size if most is None else max(need, min(size, most)), np.uint8)
+    out[:used] = buf[:used]
+    return out
+
+
 class _ZstdIn(ctypes.Structure):
     _fields_ = [("src", ctypes.c_void_p), ("size", ctypes.c_size_t), ("pos", ctypes.c_size_t)]
 
@@ -182,11 +193,10 @@ class _ZstdOut(ctypes.Structure):
 
 class ZstdStream:
     """One zstd stream decompressed from its parts in order (perf record -z writes a stream cut
-    into records): :meth:`feed` appends what a part holds to ``out``. libzstd's streaming API
-    through ctypes, as :func:`_decompress` uses its one-shot one; :class:`TraceCorrupt` naming
-    ``path`` if libzstd is missing, refuses a part, or the output passes ``limit`` bytes."""
-
-    STAGE = 4 << 20
+    into records): :meth:`feed` writes what a part holds into an array, straight from libzstd,
+    growing it as needed. libzstd's streaming API through ctypes, as :func:`_decompress` uses its
+    one-shot one; :class:`TraceCorrupt` naming ``path`` if libzstd is missing, refuses a part, or
+    the output passes ``limit`` bytes."""
 
     def __init__(self, path: Path, what: str, limit: int):
         lib = _zstd_lib()
@@ -202,26 +212,28 @@ class ZstdStream:
         self.ctx = lib.ZSTD_createDCtx()
         if not self.ctx:
             raise MemoryError("ZSTD_createDCtx")
-        self.stage = bytearray(self.STAGE)
-        self.stage_at = ctypes.addressof((ctypes.c_char * self.STAGE).from_buffer(self.stage))
         self.hint = 0       # libzstd's last "next input size": 0 at a frame's end
 
-    def feed(self, part, out: bytearray) -> None:
-        """Decompress ``part`` (a C-contiguous uint8 array or bytes) onto the end of ``out``."""
-        src = np.ascontiguousarray(part, dtype=np.uint8)
+    def feed(self, part, out: np.ndarray, used: int) -> tuple[np.ndarray, int]:
+        """Decompress ``part`` (a C-contiguous uint8 array or bytes) into ``out`` (uint8) from
+        ``used`` on; returns (the array: ``out``, or a larger copy once it is full; the bytes
+        used)."""
+        src = np.frombuffer(part, np.uint8)       # bytes, or a contiguous slice of an array
         inb = _ZstdIn(src.ctypes.data, len(src), 0)
         while True:
-            outb = _ZstdOut(self.stage_at, self.STAGE, 0)
+            if used == len(out):
+                out = grown(out, used, used + 1, most=self.limit + 1)
+            outb = _ZstdOut(out.ctypes.data + used, len(out) - used, 0)
             r = self.lib.ZSTD_decompressStream(self.ctx, ctypes.byref(outb), ctypes.byref(inb))
             if self.lib.ZSTD_isError(r):
                 raise TraceCorrupt(f"{self.path}: corrupt {self.what} (zstd refused them)")
             self.hint = r
-            out += memoryview(self.stage)[:outb.pos]
-            if len(out) > self.limit:
+            used += outb.pos
+            if used > self.limit:
                 raise TraceCorrupt(f"{self.path}: corrupt {self.what} (they decompress to more "
                                    f"than {self.limit} bytes)")
             if inb.pos >= inb.size and outb.pos < outb.size:
-                return
+                return out, used
 
     @property
     def whole(self) -> bool:

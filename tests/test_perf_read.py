@@ -413,3 +413,18 @@ def test_damaged_compressed_records_are_one_line_errors(tmp_path):
     z = tmp_path / "z.data"
     compressed_copy(path, z, 20, 5)
     damaged(z.read_bytes(), tmp_path / "perf.data", cases=120)
+
+
+def test_a_stream_decompressed_into_too_small_an_array_grows_it():
+    from harmony.probes.tracedat_read import ZstdStream
+    records = PLAIN[0].read_bytes()[:50_000]
+    frames = b"".join(_zstd_compress(records[a:a + 7000]) for a in range(0, len(records), 7000))
+    out, used = np.empty(1, np.uint8), 0
+    with ZstdStream(PLAIN[0], "test records", 1 << 20) as z:
+        for a in range(0, len(frames), 999):
+            out, used = z.feed(frames[a:a + 999], out, used)
+        assert z.whole
+    assert bytes(out[:used]) == records
+    with ZstdStream(PLAIN[0], "test records", 10_000) as z:      # past the limit: refused
+        with pytest.raises(TraceCorrupt, match="decompress to more than 10000 bytes"):
+            z.feed(frames, np.empty(1, np.uint8), 0)
