@@ -115,5 +115,3 @@ def _codes(column: pd.Series, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]
         return column.cat.codes.to_numpy().take(rows), names
     codes, uniques = pd.factorize(column.astype(str).to_numpy()[rows])
     return codes, np.asarray(uniques, dtype=object)
-
-
