@@ -215,7 +215,7 @@ class ZstdStream:
         self.hint = 0       # libzstd's last "next input size": 0 at a frame's end
 
     def feed(self, part, out: np.ndarray, used: int) -> tuple[np.ndarray, int]:
-        """Decompress ``part`` (a C-contiguous uint8 array or bytes) into ``out`` (uint8) from
+        """Decompress ``part`` (bytes, or a contiguous uint8 array) into ``out`` (uint8) from
         ``used`` on; returns (the array: ``out``, or a larger copy once it is full; the bytes
         used)."""
         src = np.frombuffer(part, np.uint8)       # bytes, or a contiguous slice of an array
@@ -238,9 +238,9 @@ class ZstdStream:
     @property
     def whole(self) -> bool:
         """Whether what was fed ends at a frame's end or a block's (perf flushes the stream
-        after each record it writes, and never ends the frame): else it was cut short inside a
-        block, whose bytes are held back (libzstd then asks for the rest of the block, not for
-        the next block's 3-byte header)."""
+        after each chunk of records it compresses, and never ends the frame): else it was cut
+        short inside a block, whose bytes are held back (libzstd then asks for the rest of the
+        block, not for the next block's 3-byte header)."""
         return self.hint in (0, 3)
 
     def close(self) -> None:
