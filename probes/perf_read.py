@@ -342,6 +342,17 @@ def walk_records(buf: np.ndarray, release=None) -> tuple[np.ndarray, np.ndarray,
     return offs, types, sizes, bad
 
 
+def _walked(path: Path, buf: np.ndarray, off0: int, place: str = "file offset",
+            release=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`walk_records` of a data section at ``off0`` (``place``: what its offsets are), the
+    first record that does not fit a TraceCorrupt naming where it is."""
+    offs, types, sizes, bad = walk_records(buf, release)
+    if bad >= 0:
+        raise TraceCorrupt(f"{path}: truncated or corrupt record at {place} {off0 + bad} "
+                           f"(its size runs past the data section, or is below 8 bytes)")
+    return offs, types, sizes
+
+
 class _DataSection(PageSource):
     """The data section as the decoder's one "page": messages name the file offset of a record
     (``place``: or its offset in the records a compressed file's decompress to)."""
@@ -510,10 +521,7 @@ def read_perf_data(path: Path) -> PerfRead:
     # the file's own pages (not a copy), large enough to be worth releasing behind each pass
     src.mapped = isinstance(data, mmap.mmap) and not off0 % 8 and size >= RELEASE_MIN_BYTES
     src.parts_in_time_order = False
-    offs, types, sizes, bad = walk_records(buf, src.release)
-    if bad >= 0:
-        raise TraceCorrupt(f"{path}: truncated or corrupt record at {place} {off0 + bad} "
-                           f"(its size runs past the data section, or is below 8 bytes)")
+    offs, types, sizes = _walked(path, buf, off0, place, src.release)
     counts = np.bincount(np.minimum(types, 255).astype(np.int64), minlength=256)
     records = {RECORD_NAMES.get(t, f"type {t}"): int(c) for t, c in enumerate(counts) if c}
     ends = offs + sizes
@@ -713,19 +721,17 @@ def decompressed_records(path: Path, data, off0: int, size: int,
     records read).
     """
     buf = np.frombuffer(data, np.uint8, count=size, offset=off0)
-    offs, types, sizes, bad = walk_records(buf)
-    if bad >= 0:
-        raise TraceCorrupt(f"{path}: truncated or corrupt record at file offset {off0 + bad} "
-                           f"(its size runs past the data section, or is below 8 bytes)")
+    offs, types, sizes = _walked(path, buf, off0)
     # room for what the ratio perf wrote says they decompress to (grown if it is more)
-    ratio = max(1, compression_ratio) + 1
-    out = np.empty(min(size * ratio + (1 << 20), MAX_RATIO * size + (1 << 20)), np.uint8)
+    limit = MAX_RATIO * size + (1 << 20)
+    expected = min(size * (max(1, compression_ratio) + 1) + (1 << 20), limit)
+    out = np.empty(expected, np.uint8)
     used = 0
     whole = 0           # out[:whole] are whole records; out[whole:used] are not walked yet
     parts = 0
     what = "compressed records (perf record -z)"
-    compiled = use_compiled(size * 4, JIT_MIN_BYTES)      # walks what it decompresses to
-    with ZstdStream(path, what, MAX_RATIO * size + (1 << 20)) as z:
+    compiled = use_compiled(expected, JIT_MIN_BYTES)      # walks what it decompresses to
+    with ZstdStream(path, what, limit) as z:
         for at, kind, n in zip(offs.tolist(), types.tolist(), sizes.tolist()):
             if kind == REC_COMPRESSED:
                 out, used = z.feed(buf[at + 8:at + n], out, used)
