@@ -275,8 +275,9 @@ def _scx_plan(name: str | None, args: str | None, kernel: str | None, params: li
             scx.check_kernel()
         short = name.removeprefix("scx_")
         if short in scx_build.names() and "/" not in name and kernel in kernels.BUILT:
-            config = kernels.built_config(kernel)   # not built: said when it boots
-            lacks = scx_build.kernel_lacks(config) if config is not None else []
+            config = kernels.built_config(kernel)   # not built: what its recipe sets
+            lacks = (scx_build.kernel_lacks(config) if config is not None
+                     else scx_build.recipe_lacks(kernels.recipe(kernel)["configitems"]))
             if lacks:
                 raise ParameterError(f"scheduler {short} needs {', '.join(lacks)}, which kernel "
                                      f"{kernel} does not have: --kernel sched-ext-full has it")
@@ -1013,6 +1014,26 @@ def scx_build_cmd(names, rebuild, jobs):
         click.echo(f"{name}: {path}")
 
 
+def _signals_do_not_interrupt_the_teardown() -> None:
+    """The command is over and its outcome decided (a run written complete stays complete): a
+    Ctrl-C, SIGTERM or SIGHUP while the process tears down (the fork server stopped, threads
+    joined) is not raised into the middle of it, where it would print a traceback and leave the
+    server to its death signal. A second one ends the process at once (status 128 + its number),
+    for a teardown that hangs."""
+    import os
+    import signal
+
+    seen: list[int] = []
+
+    def later(signum, frame):
+        if seen:
+            os._exit(128 + signum)
+        seen.append(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, later)
+
+
 def entry() -> None:
     """The console script: :func:`main`, then a quick exit. Tearing the interpreter down frees a
     suite's few hundred MB of Python objects one by one (0.3-0.5 s measured); the kernel frees
@@ -1048,6 +1069,7 @@ def entry() -> None:
     elif not isinstance(code, int):
         click.echo(str(code), err=True)
         code = 1
+    _signals_do_not_interrupt_the_teardown()
     from harmony import jit
     jit.shutdown_pool()
     for t in threading.enumerate():

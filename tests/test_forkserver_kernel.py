@@ -192,6 +192,37 @@ def test_controller_exit_leaves_nothing(host, how):
     assert not [p for _, root in cpuset.hierarchies() for p in root.glob(f"{cpuset.PREFIX}{child.pid}")]
 
 
+LATE_SIGNAL = textwrap.dedent("""
+    import atexit, os, signal, sys, time
+    from harmony import forkserver
+    from harmony.cli import entry
+
+    server, why = forkserver.shared()
+    assert server is not None, why
+    print(server.pid, flush=True)
+    sig = getattr(signal, sys.argv[1])
+
+    def signal_at_exit():   # runs before the server's shutdown (atexit: last registered, first run)
+        os.kill(os.getpid(), sig)
+        time.sleep(0.2)
+
+    atexit.register(signal_at_exit)
+    sys.argv = ["harmony", "--help"]
+    entry()
+""")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_the_command_tears_down_is_no_traceback(host, sig):
+    """Ctrl-C or SIGTERM after the command's outcome is decided (a run written complete) but
+    while the process tears down: exit as the command decided, no traceback, the server gone."""
+    p = subprocess.run([sys.executable, "-c", LATE_SIGNAL, sig], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    server = int(p.stdout.split()[0])
+    assert _gone(server, forkserver.COMM), _stat(server)
+
+
 THREAD = textwrap.dedent("""
     import threading
     from harmony import forkserver
