@@ -110,6 +110,17 @@ def kernel_lacks(config: str) -> list[str]:
     return [need for need in recipe()["kernel_needs"] if need not in have]
 
 
+def recipe_lacks(configitems: list[str]) -> list[str]:
+    """What the Rust schedulers need of a kernel that the kernel's recipe (its ``configitems``,
+    ``CONFIG_X=n`` for "not set") sets otherwise: known before the kernel is built, so a user is
+    not sent to build a scheduler the kernel cannot run (what the base config decides is not
+    known until then)."""
+    set_to = dict(item.split("=", 1) for item in configitems)
+    needs = [need.split("=", 1) for need in recipe()["kernel_needs"]]
+    return [f"{option}={value}" for option, value in needs
+            if option in set_to and set_to[option] != value]
+
+
 def status(name: str, cache: Path | None = None) -> str:
     """One line for ``harmony scx list``."""
     path = built(name, cache)
