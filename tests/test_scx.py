@@ -362,7 +362,8 @@ def _cli(*args, env=None) -> subprocess.CompletedProcess:
      "unknown scheduler 'fast': give one of simple, central, qmap, flatcg, bpfland, rusty, lavd"),
     (["--scx", "simple", "--kernel", "debian:6.12"], 2, "kernel debian:6.12 has no sched_ext"),
     # built (or seeded), the kernel's config says both; before, its recipe says the first
-    (["--scx", "lavd", "--kernel", "sched-ext"], 2, "scheduler lavd needs CONFIG_FUNCTION_TRACER=y"),
+    (["--scx", "lavd", "--kernel", "sched-ext"], 2,
+     "scheduler lavd needs CONFIG_FUNCTION_TRACER=y"),
     (["--scx", "simple", "--kernel", "sched-ext", "-p", "policy=fifo", "-p", "rt_priority=5"],
      2, "policy=fifo under --scx"),
     (["--scx-args", "-v"], 2, "--scx-args goes with --scx NAME"),
