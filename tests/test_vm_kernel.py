@@ -1,5 +1,6 @@
 """Kernels under test for real: the guest agent capturing on this host without pandas, a Debian
-6.1 kernel booted at P = 4 running single-source end to end, and QEMU killed mid-run.
+6.1 kernel booted at P = 4 running single-source end to end, QEMU killed mid-run, and what
+`trace-cmd record` and `perf record` write in such a guest imported here.
 
 The VM tests need QEMU, virtme-ng and busybox (install.sh installs them; CI runs it) and fetch
 the kernel from Debian into the cache once per machine; they skip with the reason only where
@@ -138,3 +139,81 @@ def _comm(p: Path) -> str:
         return (p / "comm").read_text().strip()
     except OSError:
         return ""
+
+
+# --- traces recorded elsewhere: trace-cmd record and perf record in a 6.1 guest ----------------
+
+GUEST_WORK = """
+import os, time
+kids = []
+for _ in range(3):                  # three spinners, ~1 s
+    if (pid := os.fork()) == 0:
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            pass
+        os._exit(0)
+    kids.append(pid)
+r1, w1 = os.pipe()
+r2, w2 = os.pipe()
+if (pid := os.fork()) == 0:         # a pipe ping-pong: wake-ups across the 4 vCPUs
+    for _ in range(2000):
+        os.read(r1, 1)
+        os.write(w2, b"x")
+    os._exit(0)
+kids.append(pid)
+for _ in range(2000):
+    os.write(w1, b"x")
+    os.read(r2, 1)
+for pid in kids:
+    os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.needs_tool(*VM_TOOLS, "trace-cmd", "perf")
+def test_recordings_made_in_a_debian_6_1_guest_import(kernel, tmp_path, monkeypatch):
+    """What a user brings from another machine: `trace-cmd record` (not extract: trace-cmd's own
+    layout and options) and `perf record` (perf 6.1 on its kernel) of 5 tasks on a CFS kernel at 4
+    CPUs, recorded in a guest. Both read as trace-cmd report and perf script print them, and
+    import naming the recording's kernel, its scheduler and its CPUs, not this host's."""
+    from harmony import kernels, vm
+    from harmony.probes.tracedat_read import decode_tracedat
+    from test_import_export import decoded_records, report_events
+    from test_perf_read import compare_with_perf
+
+    (tmp_path / "work.py").write_text(GUEST_WORK)
+    script = tmp_path / "record.sh"
+    script.write_text(f"#!/bin/sh\ncd {tmp_path}\n"
+                      f"trace-cmd record -q -e sched -o rec.dat -- {sys.executable} work.py "
+                      "> trace-cmd.log 2>&1\n"
+                      f"perf record -q -e 'sched:*' -a -o perf.data -- {sys.executable} work.py "
+                      "> perf.log 2>&1\n")
+    script.chmod(0o755)
+    argv = vm.vng_argv(kernels.kernel("debian:6.1"), 4, 2048, tmp_path, [str(script)],
+                       vm.setting_from_env(), "tcg")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        console, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    dat, data = tmp_path / "rec.dat", tmp_path / "perf.data"
+    assert dat.is_file() and data.is_file(), console[-2000:]
+
+    cap, td = decode_tracedat(dat)
+    assert td.kernel.startswith("6.1.") and td.n_cpus == 4
+    assert decoded_records(cap) == sorted(report_events(dat))
+    read = compare_with_perf(data, monkeypatch, "1")
+    assert read.header.os_release == td.kernel and read.header.nr_cpus_online == 4
+
+    for name in (dat, data):
+        out = tmp_path / f"run-{name.name}"
+        p = cli("import", name, "--comm", "python*", "--out", out, "-q")
+        assert p.returncode == 0, p.stderr
+        m = store.read_json(out / "manifest.json")
+        assert m["status"] == "complete"
+        assert m["host"]["kernel"] == td.kernel and m["host"]["ncpus"] == 4
+        assert m["host"]["scheduler"] == "CFS (implied by kernel 6.1)"
+        assert m["cpus"] == [0, 1, 2, 3] and m["lost_events"] == 0
+        assert len(store.read_table(out / "tasks.parquet")) == 5
