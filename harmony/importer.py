@@ -34,7 +34,8 @@ from harmony.probes import perf_data, perf_read
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.encode import write_recording
 from harmony.probes.schema import SCHED_EVENTS, make_markers
-from harmony.probes.tracedat_read import MAGIC, choose_buffer, decode_tracedat, read_tracedat
+from harmony.probes.tracedat_read import (MAGIC, choose_buffer, decode_tracedat,
+                                          decompressed_sizes, read_tracedat)
 from harmony.probes.tracedat_write import write_tracedat
 from harmony.tasks import TaskSpec, tasks_frame
 
@@ -111,9 +112,9 @@ MEMORY_PER_PERF_DATA_BYTE = 2.0
 
 def memory_needed(path: Path, buffer: str | None = None) -> tuple[int, int] | None:
     """(bytes of memory an import of ``path`` needs, at most; bytes of records it holds: a
-    trace.dat's ring-buffer data, a perf.data's data section as recorded) for an uncompressed
-    trace.dat or any perf.data; None where that is not estimated (a compressed trace.dat, a file
-    that does not parse: reading it says why)."""
+    trace.dat's ring-buffer pages, decompressed if they are compressed, a perf.data's data
+    section as recorded, or decompressed by perf's ratio); None for a file that does not parse
+    (reading it says why)."""
     kind = sniff(path)
     if kind == "perf.data":
         try:
@@ -129,12 +130,13 @@ def memory_needed(path: Path, buffer: str | None = None) -> tuple[int, int] | No
     try:
         td = read_tracedat(path)
         buf = choose_buffer(td, buffer)
+        data = sum(decompressed_sizes(td, buf).values())
     except ProbeError:
         return None
-    if buf.compressed:
-        return None
-    data = sum(size for _, size in buf.cpus.values())
-    return int(MEMORY_PER_DATA_BYTE * data) + MEMORY_BASE, data
+    # a compressed buffer's pages are held decompressed instead of mapped from the file, whose
+    # compressed bytes are read on top
+    held = sum(size for _, size in buf.cpus.values()) if buf.compressed else 0
+    return int(MEMORY_PER_DATA_BYTE * data) + held + MEMORY_BASE, data
 
 
 def check_memory(path: Path, buffer: str | None = None) -> None:

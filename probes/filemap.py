@@ -89,8 +89,44 @@ _MADV_DONTNEED = 4
 
 def release_mapped(arr: np.ndarray, lo: int, hi: int) -> bool:
     """Drop bytes [lo, hi) (page aligned: of the address) of an array over a read-only file
-    mapping (one :func:`map_files` returned, or a perf.data's ``mmap``) from the process's memory:
-    its pages are the file's, never written, so a later read maps them from the page cache again,
-    unchanged. False if the kernel refused (nothing changed then)."""
+    mapping (one :func:`map_files` or :func:`mapped_array` returned, or a perf.data's ``mmap``)
+    from the process's memory: its pages are the file's, never written, so a later read maps them
+    from the page cache again, unchanged. False if the kernel refused (nothing changed then)."""
     libc = _libc()
     return libc is not None and libc.madvise(arr.ctypes.data + lo, hi - lo, _MADV_DONTNEED) == 0
+
+
+#: file systems whose files are memory: a scratch file there saves no memory
+_MEMORY_FS = ("tmpfs", "ramfs")
+
+
+def scratch_file(nbytes: int, directory: str | Path | None = None):
+    """An empty scratch file (binary, read-write) in ``directory`` (the temporary directory by
+    default) for ``nbytes`` written to it and then mapped (:func:`mapped_array`): they live in
+    the page cache, read from there as a file's pages are, not in this process's memory. The
+    file is unlinked at once: nothing is left behind, even by a killed process; it goes when it
+    is closed and no array maps it any more. None where that would save no memory (a tmpfs or
+    ramfs directory) or the directory lacks the room (``nbytes`` and a quarter more)."""
+    import shutil
+    import tempfile
+
+    import psutil
+
+    where = os.path.realpath(directory or tempfile.gettempdir())
+    mounts = [p for p in psutil.disk_partitions(all=True)
+              if where == p.mountpoint or where.startswith(p.mountpoint.rstrip("/") + "/")]
+    if nbytes <= 0 or not mounts or max(mounts, key=lambda p: len(p.mountpoint)).fstype in _MEMORY_FS:
+        return None
+    try:
+        if shutil.disk_usage(where).free < nbytes * 1.25:
+            return None
+        return tempfile.TemporaryFile(dir=where)
+    except OSError:
+        return None
+
+
+def mapped_array(f, nbytes: int) -> np.ndarray:
+    """The first ``nbytes`` of the open file ``f``, mapped read-only (shared: what was written
+    to it, flushed first): a read-only array whose pages :func:`release_mapped` may drop."""
+    f.flush()
+    return np.frombuffer(mmap.mmap(f.fileno(), nbytes, mmap.MAP_SHARED, mmap.PROT_READ), np.uint8)

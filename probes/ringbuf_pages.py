@@ -78,7 +78,7 @@ class PageSource:
     @classmethod
     def from_buffers(cls, pages_by_cpu: dict[int, bytes | np.ndarray], page_size: int,
                      names: dict[int, str] | None = None) -> "PageSource":
-        names = names or {}
+        """Each CPU's pages copied into one new array, CPU after CPU."""
         cpus = sorted(pages_by_cpu)
         sizes = [len(pages_by_cpu[c]) for c in cpus]
         buf = np.empty(sum(sizes), np.uint8)
@@ -86,6 +86,18 @@ class PageSource:
         for c, s in zip(cpus, sizes):
             buf[o:o + s] = np.frombuffer(memoryview(pages_by_cpu[c]).cast("B"), np.uint8)
             o += s
+        return cls.from_flat(buf, dict(zip(cpus, sizes)), page_size, names)
+
+    @classmethod
+    def from_flat(cls, buf: np.ndarray, sizes_by_cpu: dict[int, int], page_size: int,
+                  names: dict[int, str] | None = None) -> "PageSource":
+        """The pages in ``buf`` as they are (no copy): each CPU's ``sizes_by_cpu`` bytes, CPU
+        after CPU in the order of their numbers."""
+        names = names or {}
+        cpus = sorted(sizes_by_cpu)
+        sizes = [sizes_by_cpu[c] for c in cpus]
+        if sum(sizes) != len(buf):
+            raise ValueError(f"{len(buf)} bytes of pages, the CPUs' sizes add up to {sum(sizes)}")
         files = [names.get(c, f"cpu{c}") for c in cpus]
         for c, s, f in zip(cpus, sizes, files):
             if s % page_size:

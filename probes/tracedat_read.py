@@ -26,6 +26,7 @@ message naming it.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -38,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from harmony.probes.base import Capture, TraceCorrupt
+from harmony.probes.filemap import mapped_array, scratch_file
 from harmony.probes.formats import (EventFormat, Field, FormatError, check_page_layout,
                                     parse_format, parse_header_event, parse_header_page)
 from harmony.probes.ringbuf import capture_meta
@@ -262,16 +264,26 @@ MAX_RATIO = 1 << 15
 ZSTD_CONTENTSIZE_UNKNOWN = (1 << 64) - 1
 
 
-def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str) -> bytes:
-    if usize > MAX_RATIO * len(data) + (128 << 10):
+def _check_ratio(path: Path, csize: int, usize: int, what: str) -> None:
+    if usize > MAX_RATIO * csize + (128 << 10):
         raise TraceCorrupt(f"{path}: corrupt compressed {what} (header says {usize} bytes from "
-                           f"{len(data)} compressed)")
+                           f"{csize} compressed)")
+
+
+def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str,
+                into: np.ndarray | None = None):
+    """The ``usize`` bytes ``data`` decompresses to: a new bytearray, or written into ``into``
+    (a writable uint8 array of ``usize`` bytes), which is returned."""
+    _check_ratio(path, len(data), usize, what)
     if algo == "zlib":
         try:
             z = zlib.decompressobj()
             out = z.decompress(data, usize + 1)      # never more than the header says, and one
         except zlib.error as exc:
             raise TraceCorrupt(f"{path}: corrupt compressed {what} ({exc})") from None
+        if into is not None and len(out) == usize:
+            into[:] = np.frombuffer(out, np.uint8)
+            out = into
     elif algo == "zstd":
         lib = _zstd_lib()
         if lib is None:
@@ -282,12 +294,16 @@ def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str) -> by
             raise TraceCorrupt(f"{path}: corrupt compressed {what} (header says {usize} bytes, "
                                + ("its zstd frame is damaged)" if frame > 1 << 62
                                   else f"its zstd frame {frame})"))
-        out = bytearray(max(usize, 1))
-        n = lib.ZSTD_decompress((ctypes.c_char * len(out)).from_buffer(out), usize, data,
-                                len(data))
+        out = bytearray(max(usize, 1)) if into is None else into
+        to = (ctypes.c_char * len(out)).from_buffer(out) if into is None else into.ctypes.data
+        n = lib.ZSTD_decompress(to, usize, data, len(data))
+        del to                  # a ctypes view of the bytearray: it cannot be resized under one
         if lib.ZSTD_isError(n):
             raise TraceCorrupt(f"{path}: corrupt compressed {what} (zstd refused it)")
-        del out[n:]
+        if into is None:
+            del out[n:]
+        elif n != usize:
+            raise TraceCorrupt(f"{path}: corrupt compressed {what} ({n} bytes, header says {usize})")
     else:
         raise TraceCorrupt(f"{path}: compressed with {algo!r}, which Harmony cannot read; convert "
                            "it with `trace-cmd convert --compression none`")
@@ -707,31 +723,83 @@ def choose_buffer(td: TraceDat, name: str | None) -> Buffer:
     return full[0]
 
 
-def buffer_pages(td: TraceDat, buf: Buffer) -> dict[int, bytes]:
-    """cpu -> that CPU's ring-buffer pages, decompressed."""
-    path = td.path
-    data = _open(path)
-    r = FileReader(path, data)
-    out = {}
-    for cpu, (off, size) in sorted(buf.cpus.items()):
-        what = f"CPU {cpu} data"
-        r.need(off, size, what)
-        if not buf.compressed:
-            out[cpu] = data[off:off + size]
-            continue
-        # the size trace-cmd stores counts the chunks, not the chunk count before them
-        n = r.u(off, "I", f"{what} chunk count")
-        at, end, parts = off + 4, off + 4 + size, []
-        r.need(off, 4 + size, what)
-        for k in range(n):
-            csize, usize = r.u(at, "I", what), r.u(at + 4, "I", what)
-            if at + 8 + csize > end:
-                raise TraceCorrupt(f"{path}: corrupt {what}: chunk {k} runs past the CPU's data")
-            parts.append(_decompress(path, td.compression, r.bytes(at + 8, csize, what), usize,
-                                     f"{what} chunk {k}"))
-            at += 8 + csize
-        out[cpu] = b"".join(parts)
+def _chunks(r: FileReader, cpu: int, off: int, size: int) -> list[tuple[int, int, int]]:
+    """(offset of its compressed bytes, compressed size, decompressed size) of each chunk of a
+    compressed CPU's data: from the chunks' headers, nothing decompressed."""
+    what = f"CPU {cpu} data"
+    # the size trace-cmd stores counts the chunks, not the chunk count before them
+    n = r.u(off, "I", f"{what} chunk count")
+    at, end, out = off + 4, off + 4 + size, []
+    r.need(off, 4 + size, what)
+    for k in range(n):
+        csize, usize = r.u(at, "I", what), r.u(at + 4, "I", what)
+        if at + 8 + csize > end:
+            raise TraceCorrupt(f"{r.path}: corrupt {what}: chunk {k} runs past the CPU's data")
+        _check_ratio(r.path, csize, usize, f"{what} chunk {k}")
+        out.append((at + 8, csize, usize))
+        at += 8 + csize
     return out
+
+
+def decompressed_sizes(td: TraceDat, buf: Buffer) -> dict[int, int]:
+    """cpu -> bytes of ring-buffer pages its data holds (decompressed, if it is compressed), read
+    from the chunks' headers: what an import will hold, known before anything is decompressed."""
+    if not buf.compressed:
+        return {cpu: size for cpu, (_, size) in buf.cpus.items()}
+    r = FileReader(td.path, _open(td.path))
+    return {cpu: sum(u for *_, u in _chunks(r, cpu, off, size))
+            for cpu, (off, size) in buf.cpus.items()}
+
+
+#: the decompressed pages are written to a scratch file this many bytes at a time (at least)
+SCRATCH_WRITE = 4 << 20
+#: and only from this size of pages on: at 520 MB (10 M events of a ping-pong) the import's peak
+#: was 0.83x, its time 1.12x (bench/README.md): read from the page cache, every page is faulted
+#: in by both passes of the decode, where pages decompressed into memory are already mapped
+SCRATCH_FROM = 256 << 20
+
+
+def decompressed_pages(td: TraceDat, buf: Buffer) -> tuple[np.ndarray, dict[int, int], bool]:
+    """(every CPU's ring-buffer pages of a compressed buffer, decompressed, CPU after CPU, into
+    one array; cpu -> its bytes; whether the array maps a scratch file). The pages are as large
+    as an uncompressed file's (520 MB at 10 M events): from :data:`SCRATCH_FROM` bytes on they are
+    written to a scratch file (:func:`filemap.scratch_file`), a few MB at a time, and mapped, so
+    that the decode reads them as an uncompressed file's, from the page cache, releasing them
+    behind it; below that, or where no scratch file would save memory, decompressed straight
+    into memory, each chunk into its place."""
+    path = td.path
+    r = FileReader(path, _open(path))
+    chunks = {cpu: _chunks(r, cpu, off, size) for cpu, (off, size) in sorted(buf.cpus.items())}
+    sizes = {cpu: sum(u for *_, u in parts) for cpu, parts in chunks.items()}
+    total = sum(sizes.values())
+    f = scratch_file(total) if total >= SCRATCH_FROM else None
+    if f is None:
+        try:
+            pages = np.empty(total, np.uint8)
+        except MemoryError:
+            raise TraceCorrupt(f"{path}: its pages decompress to {total / 2**30:.1f} GiB, more "
+                               "than this host can hold") from None
+    else:
+        largest = max((u for parts in chunks.values() for *_, u in parts), default=0)
+        pages = np.empty(max(SCRATCH_WRITE, largest), np.uint8)     # the staging area
+    at = 0
+    with f or contextlib.nullcontext():
+        for cpu, parts in chunks.items():
+            what = f"CPU {cpu} data"
+            for k, (start, csize, usize) in enumerate(parts):
+                if f is not None and at + usize > len(pages):
+                    f.write(pages[:at])
+                    at = 0
+                _decompress(path, td.compression, r.bytes(start, csize, what), usize,
+                            f"{what} chunk {k}", into=pages[at:at + usize])
+                at += usize
+        if f is None:
+            return pages, sizes, False
+        f.write(pages[:at])
+        try:
+            return mapped_array(f, total), sizes, True
+        except (OSError, ValueError) as exc:
+            raise TraceCorrupt(f"{path}: cannot map its decompressed pages ({exc})") from None
 
 
 def _stat_int(stats: dict, key: str) -> int:
@@ -754,7 +822,7 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     path = Path(path)
     td = read_tracedat(path)
     buf = choose_buffer(td, buffer)
-    prefault_for_pages(sum(size for _, size in buf.cpus.values()))  # compressed: an underestimate
+    prefault_for_pages(sum(decompressed_sizes(td, buf).values()))
     try:
         hp = parse_header_page(td.header_page)
         parse_header_event(td.header_event)
@@ -763,9 +831,11 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
         raise TraceCorrupt(f"{path}: bad ring-buffer header description ({exc})") from None
     names = {c: f"{path} (CPU {c} data)" for c in buf.cpus}
     if buf.compressed:
-        pages = buffer_pages(td, buf)
-        src = PageSource.from_buffers({c: np.frombuffer(p, np.uint8) for c, p in pages.items()},
-                                      buf.page_size, names)
+        pages, sizes, scratch = decompressed_pages(td, buf)
+        pages.flags.writeable = False       # as a mapped file's: the compiled kernels' same types
+        src = PageSource.from_flat(pages, sizes, buf.page_size, names)
+        src.mapped = scratch                # released behind the decode as a file's pages are
+        del pages
     else:   # the file's own pages, mapped: no copy (540 MB at 10 M events)
         r = FileReader(path, _open(path))
         for cpu, (off, size) in buf.cpus.items():

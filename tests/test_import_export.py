@@ -108,6 +108,49 @@ def test_reader_reads_version_7(writer_dat, tmp_path, compression):
     assert cap7.meta["lost_by_cpu"] == cap6.meta["lost_by_cpu"]
 
 
+@needs_trace_cmd
+def test_compressed_pages_from_a_scratch_file_decode_as_from_memory(writer_dat, tmp_path,
+                                                                    monkeypatch):
+    """Large compressed pages go through a scratch file (unlinked at once, mapped, released
+    behind the decode as a file's pages), small ones into memory: the same capture either way."""
+    import tempfile
+    from harmony.probes import tracedat_read
+    _, dat = writer_dat
+    z = convert(dat, tmp_path / "z.dat", "--file-version", "7", "--compression", "zstd")
+    cap6, _ = tracedat_read.decode_tracedat(dat)
+    td = tracedat_read.read_tracedat(z)
+    in_memory, sizes, scratch = tracedat_read.decompressed_pages(td, td.buffers[0])
+    assert not scratch and len(in_memory) == sum(sizes.values()) > 0
+    scratch_dir = tmp_path / "scratch"
+    scratch_dir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch_dir))
+    monkeypatch.setattr(tracedat_read, "SCRATCH_FROM", 0)
+    monkeypatch.setattr(tracedat_read, "SCRATCH_WRITE", 1)       # one write per chunk
+    mapped, sizes2, scratch = tracedat_read.decompressed_pages(td, td.buffers[0])
+    assert scratch and sizes2 == sizes and not mapped.flags.writeable
+    assert np.array_equal(mapped, in_memory)
+    assert list(scratch_dir.iterdir()) == []                     # unlinked at once
+    cap, _ = tracedat_read.decode_tracedat(z)
+    assert_same_capture(cap6, cap)
+
+
+def test_no_scratch_file_where_it_saves_no_memory_or_lacks_room(tmp_path, monkeypatch):
+    import shutil
+    import psutil
+    from harmony.probes import filemap
+    memory = [p.mountpoint for p in psutil.disk_partitions(all=True) if p.fstype == "tmpfs"
+              and os.access(p.mountpoint, os.W_OK)]
+    if not memory:
+        host_skip("no writable tmpfs mounted here")
+    assert filemap.scratch_file(1 << 20, memory[0]) is None
+    with filemap.scratch_file(1 << 20, tmp_path) as f:
+        f.write(b"x" * 4096)
+        assert filemap.mapped_array(f, 4096).tolist() == [ord("x")] * 4096
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 0, 1 << 20))
+    assert filemap.scratch_file(1 << 20, tmp_path) is None
+
+
 def test_truncated_or_damaged_files_raise_naming_the_file(writer_dat, tmp_path):
     from harmony.probes.tracedat_read import decode_tracedat
     _, dat = writer_dat
@@ -366,6 +409,28 @@ def test_import_refuses_up_front_a_trace_the_host_has_not_the_memory_for(writer_
     assert r.exit_code == 0, r.output
     monkeypatch.setattr(hostfacts, "memory_available", lambda: need)
     assert invoke("import", dat, "--pid", 12, "--out", tmp_path / "fits").exit_code == 0
+
+
+@needs_trace_cmd
+def test_a_compressed_trace_is_estimated_from_its_pages_decompressed(writer_dat, tmp_path,
+                                                                     monkeypatch):
+    """trace-cmd record's default (v7, zstd): the pages as they decompress (the chunks' headers
+    say it), held instead of mapped, plus the compressed bytes read; refused up front too."""
+    from harmony import hostfacts, importer
+    from harmony.probes.tracedat_read import read_tracedat
+    _, dat = writer_dat
+    _, data = importer.memory_needed(dat)
+    z = convert(dat, tmp_path / "z.dat", "--file-version", "7", "--compression", "zstd")
+    [buf] = read_tracedat(z).buffers
+    compressed = sum(size for _, size in buf.cpus.values())
+    assert buf.compressed and 0 < compressed < data
+    need, zdata = importer.memory_needed(z)
+    assert zdata == data
+    assert need == int(importer.MEMORY_PER_DATA_BYTE * data) + compressed + importer.MEMORY_BASE
+    monkeypatch.setattr(hostfacts, "memory_available", lambda: need - 1)
+    out = tmp_path / "run"
+    line = one_line_error(invoke("import", z, "--pid", 12, "--out", out), z)
+    assert "needs up to" in line and "--no-memory-check" in line and not out.exists()
 
 
 def test_import_refuses_up_front_a_perf_data_the_host_has_not_the_memory_for(tmp_path,
