@@ -22,6 +22,11 @@ matplotlib, Harmony's pipeline), timed the same way: no import can be faster tha
 libraries alone (``common.LIBRARY_IMPORTS``: numpy, pandas, pyarrow, seaborn, matplotlib), which
 no change to Harmony's code can make faster. Where 5x allows less than that, the verdict says so.
 Harmony is run as this interpreter's console script, not through a version manager's shim.
+
+``--compression zstd``: each trace converted (``trace-cmd convert --file-version 7 --compression
+zstd``, not timed) into the layout ``trace-cmd record`` writes by default, and both commands run
+on that. Beside each peak, the estimate the import refuses a file by
+(``harmony.importer.memory_needed``): it must not be below the peak.
 """
 
 from __future__ import annotations
@@ -64,6 +69,21 @@ def make_traces(base: Path, sizes: list[int], where: Path) -> dict[int, Path]:
             os.replace(dat.with_suffix(".part"), dat)
             shutil.rmtree(raw)
         out[size] = dat
+    return out
+
+
+def compressed(traces: dict[int, Path], algo: str) -> dict[int, Path]:
+    """size -> the trace converted into a v7 trace.dat compressed with ``algo`` (made once)."""
+    out = {}
+    for size, dat in traces.items():
+        z = dat.with_name(f"{dat.stem}-{algo}.dat")
+        if not z.exists():
+            part = z.with_suffix(".part")
+            subprocess.run(["trace-cmd", "convert", "-i", str(dat), "-o", str(part),
+                            "--file-version", "7", "--compression", algo], check=True,
+                           capture_output=True)
+            os.replace(part, z)
+        out[size] = z
     return out
 
 
@@ -113,6 +133,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=2, help="ping-pong pairs in the recorded load")
     ap.add_argument("--traces", type=Path, help="keep the traces here and use them again "
                                                 "(default: a temporary directory)")
+    ap.add_argument("--compression", choices=("none", "zstd"), default="none",
+                    help="import the traces as trace-cmd record writes them: v7, compressed "
+                         "(default %(default)s)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
     a = ap.parse_args(argv)
     sizes = common.sizes(ap, a.sizes, a.reps)
@@ -148,8 +171,12 @@ def _run(a, sizes: list[int], work: Path) -> int:
             record_base(work / "base", a.record_s, a.pairs)
             base = work / "base" / "raw"
     traces = make_traces(base, sizes, a.traces or work / "traces")
+    if a.compression != "none":
+        traces = compressed(traces, a.compression)
     floor = [timed([sys.executable, "-c", FLOOR_IMPORTS]) for _ in range(a.reps)]
     libraries_s = common.library_floor(a.reps)
+    from harmony.importer import memory_needed
+
     results = []
     for size, dat in traces.items():
         harmony_import(dat, a.comm, work / "run")          # warm: kernels cached, file cached
@@ -163,17 +190,18 @@ def _run(a, sizes: list[int], work: Path) -> int:
         steps = {k: common.median([r["steps"].get(k) for r in ours]) for k in ours[0]["steps"]}
         results.append({"events": n, "file_bytes": dat.stat().st_size, "harmony_s": h,
                         "tracecmd_s": t, "ratio": t / h, "peak_bytes": peak,
-                        "bytes_per_event": peak / n,
+                        "bytes_per_event": peak / n, "estimate_bytes": memory_needed(dat)[0],
                         "tracecmd_peak_bytes": common.median([r["peak_bytes"] for r in theirs]),
                         "user_s": common.median([r["user_s"] for r in ours]),
                         "sys_s": common.median([r["sys_s"] for r in ours]), "steps": steps})
     floor_s = common.median([r["wall_s"] for r in floor])
     print()
     common.table(["events", "file MB", "harmony s", "trace-cmd s", "trace-cmd / harmony",
-                  "peak MB", "bytes/event", "user s", "sys s", "tables s", "checks s",
-                  "figures s"],
+                  "peak MB", "estimate MB", "bytes/event", "user s", "sys s", "tables s",
+                  "checks s", "figures s"],
                  [[r["events"], r["file_bytes"] / 1e6, r["harmony_s"], r["tracecmd_s"],
-                   r["ratio"], r["peak_bytes"] / 1e6, r["bytes_per_event"], r["user_s"],
+                   r["ratio"], r["peak_bytes"] / 1e6, r["estimate_bytes"] / 1e6,
+                   r["bytes_per_event"], r["user_s"],
                    r["sys_s"], r["steps"].get("tables"), r["steps"].get("checks"),
                    r["steps"].get("figures")] for r in results])
     print(f"\nfloor: importing the modules every import loads takes {floor_s:.2f} s "
@@ -184,6 +212,10 @@ def _run(a, sizes: list[int], work: Path) -> int:
                          ", ".join(f"{r['ratio']:.2f}x at {r['events']:,}" for r in results)
                          + "; " + ", ".join(under_floor(r["tracecmd_s"] / 5, r["events"], libraries_s)
                                             for r in results if r["ratio"] < 5)))
+    low = [r for r in results if r["estimate_bytes"] < r["peak_bytes"]]
+    print(common.verdict("the memory estimate an import is refused by is not below its peak",
+                         not low, ", ".join(f"{r['estimate_bytes'] / r['peak_bytes']:.2f}x the peak"
+                                            f" at {r['events']:,}" for r in results)))
     big = max(results, key=lambda r: r["events"])
     print(common.verdict("peak memory <= 150 bytes/event at 10 M events",
                          big["bytes_per_event"] <= 150 if big["events"] >= 9_000_000 else None,

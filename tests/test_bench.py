@@ -87,6 +87,15 @@ def test_whole_import_from_a_capture(tmp_path):
     assert all(x["peak_bytes"] > 0 and x["harmony_s"] > 0 and x["tracecmd_s"] >= 0 for x in res)
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["pingpong-1e03.dat",
                                                                      "pingpong-3e02.dat"]
+    assert all(x["estimate_bytes"] >= x["peak_bytes"] > 0 for x in res), res
+    # as trace-cmd record writes them: converted once, v7 compressed
+    r = bench("whole_import", "--from", str(raw), "--comm", "w1*", "--sizes", "300", "--reps", "1",
+              "--traces", str(tmp_path / "traces"), "--compression", "zstd", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "the memory estimate an import is refused by is not below its peak" in r.stdout
+    [x] = json.loads(out.read_text())["results"]
+    assert x["events"] == 300 and x["estimate_bytes"] >= x["peak_bytes"] > 0
+    assert (tmp_path / "traces" / "pingpong-3e02-zstd.dat").read_bytes()[10:12] == b"7\0"
 
 
 @pytest.mark.needs_tool("/usr/bin/time")
