@@ -115,7 +115,9 @@ def scratch_file(nbytes: int, directory: str | Path | None = None):
     where = os.path.realpath(directory or tempfile.gettempdir())
     mounts = [p for p in psutil.disk_partitions(all=True)
               if where == p.mountpoint or where.startswith(p.mountpoint.rstrip("/") + "/")]
-    if nbytes <= 0 or not mounts or max(mounts, key=lambda p: len(p.mountpoint)).fstype in _MEMORY_FS:
+    if nbytes <= 0 or not mounts:
+        return None
+    if max(mounts, key=lambda p: len(p.mountpoint)).fstype in _MEMORY_FS:
         return None
     try:
         if shutil.disk_usage(where).free < nbytes * 1.25:

@@ -303,7 +303,8 @@ def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str,
         if into is None:
             del out[n:]
         elif n != usize:
-            raise TraceCorrupt(f"{path}: corrupt compressed {what} ({n} bytes, header says {usize})")
+            raise TraceCorrupt(f"{path}: corrupt compressed {what} ({n} bytes, header says "
+                               f"{usize})")
     else:
         raise TraceCorrupt(f"{path}: compressed with {algo!r}, which Harmony cannot read; convert "
                            "it with `trace-cmd convert --compression none`")

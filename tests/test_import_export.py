@@ -147,7 +147,8 @@ def test_no_scratch_file_where_it_saves_no_memory_or_lacks_room(tmp_path, monkey
         f.write(b"x" * 4096)
         assert filemap.mapped_array(f, 4096).tolist() == [ord("x")] * 4096
     assert list(tmp_path.iterdir()) == []
-    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(1 << 30, 0, 1 << 20))
+    monkeypatch.setattr(shutil, "disk_usage",
+                        lambda p: shutil._ntuple_diskusage(1 << 30, 0, 1 << 20))
     assert filemap.scratch_file(1 << 20, tmp_path) is None
 
 
