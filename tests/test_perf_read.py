@@ -428,3 +428,15 @@ def test_a_stream_decompressed_into_too_small_an_array_grows_it():
     with ZstdStream(PLAIN[0], "test records", 10_000) as z:      # past the limit: refused
         with pytest.raises(TraceCorrupt, match="decompress to more than 10000 bytes"):
             z.feed(frames, np.empty(1, np.uint8), 0)
+
+
+def test_the_events_of_one_instant_come_by_cpu_as_in_every_events_table():
+    """perf script prints the samples of one nanosecond in file order, where a CPU's sample read a
+    round later follows another CPU's; every Harmony table (make_events, the tracefs merge) puts
+    them by CPU, one CPU's in file order: the reader's order is lexsort's (cpu, then time)."""
+    rng = np.random.default_rng(7)
+    for n, span in ((1, 1), (50, 3), (5000, 400), (5000, 10**9)):
+        ts = rng.integers(0, span, n).astype(np.int64)
+        cpu = rng.integers(0, 4, n).astype(np.int16)
+        order = perf_read.by_time_then_cpu(ts, cpu)
+        assert np.array_equal(order, np.lexsort((cpu, ts))), (n, span)
