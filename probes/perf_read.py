@@ -493,13 +493,13 @@ def _fields_of(st: int, read_format: int, src: PageSource, s_off: np.ndarray, s_
     return out
 
 
-def by_time_then_cpu(ts: np.ndarray, cpu: np.ndarray) -> np.ndarray:
-    """The order of samples by time, the events of one instant by CPU, each CPU's in file order:
-    the order of every Harmony events table (:func:`harmony.probes.schema.make_events`; the
-    tracefs decoder's merge). A stable sort by time, then only the instants several samples
-    share put in CPU order: perf script prints those in file order, in which a CPU's sample read
-    a round later comes after another CPU's of the same nanosecond (86 instants of a 9.4 M-event
-    recording here)."""
+def by_time_then_cpu(ts: np.ndarray, cpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(the order of samples by time, the events of one instant by CPU, each CPU's in file order;
+    ``ts`` in that order): the order of every Harmony events table
+    (:func:`harmony.probes.schema.make_events`; the tracefs decoder's merge). A stable sort by
+    time, then only the instants several samples share put in CPU order: perf script prints
+    those in file order, in which a CPU's sample read a round later comes after another CPU's of
+    the same nanosecond (86 instants of a 9.4 M-event recording here)."""
     order = np.argsort(ts, kind="stable")
     t = ts[order]
     same = t[1:] == t[:-1]
@@ -507,7 +507,7 @@ def by_time_then_cpu(ts: np.ndarray, cpu: np.ndarray) -> np.ndarray:
         tied = np.flatnonzero(np.r_[False, same] | np.r_[same, False])
         instant = np.cumsum(np.r_[True, ~same])[tied]
         order[tied] = order[tied][np.lexsort((cpu[order[tied]], instant))]
-    return order
+    return order, t
 
 
 def read_perf_data(path: Path) -> PerfRead:
@@ -654,9 +654,8 @@ def read_perf_data(path: Path) -> PerfRead:
     del sel
     if order is not None:
         rec_ts = rec_ts[order]
-    by_time = by_time_then_cpu(rec_ts, rec_cpu if order is None else rec_cpu[order])
+    by_time, rec_ts = by_time_then_cpu(rec_ts, rec_cpu if order is None else rec_cpu[order])
     order = by_time if order is None else order[by_time]
-    rec_ts = rec_ts[by_time]
     del by_time
     # one column at a time, each original freed as its sorted copy is made
     rec_pos = rec_pos[order]

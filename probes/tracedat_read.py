@@ -26,7 +26,6 @@ message naming it.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import ctypes.util
 import dataclasses
@@ -774,33 +773,40 @@ def decompressed_pages(td: TraceDat, buf: Buffer) -> tuple[np.ndarray, dict[int,
     sizes = {cpu: sum(u for *_, u in parts) for cpu, parts in chunks.items()}
     total = sum(sizes.values())
     f = scratch_file(total) if total >= SCRATCH_FROM else None
-    if f is None:
+    if f is not None:
         try:
-            pages = np.empty(total, np.uint8)
-        except MemoryError:
-            raise TraceCorrupt(f"{path}: its pages decompress to {total / 2**30:.1f} GiB, more "
-                               "than this host can hold") from None
-    else:
-        largest = max((u for parts in chunks.values() for *_, u in parts), default=0)
-        pages = np.empty(max(SCRATCH_WRITE, largest), np.uint8)     # the staging area
+            with f:
+                largest = max((u for parts in chunks.values() for *_, u in parts), default=0)
+                staging = np.empty(max(SCRATCH_WRITE, largest), np.uint8)
+                f.write(staging[:_fill(td, r, chunks, staging, f.write)])
+                return mapped_array(f, total), sizes, True
+        except (OSError, ValueError):   # not written or not mapped (a full disk): into memory
+            pass
+    try:
+        pages = np.empty(total, np.uint8)
+    except MemoryError:
+        raise TraceCorrupt(f"{path}: its pages decompress to {total / 2**30:.1f} GiB, more than "
+                           "this host can hold") from None
+    _fill(td, r, chunks, pages)
+    return pages, sizes, False
+
+
+def _fill(td: TraceDat, r: FileReader, chunks: dict[int, list[tuple[int, int, int]]],
+          out: np.ndarray, flush=None) -> int:
+    """Decompress every chunk, in order, into ``out``, each into its place; with ``flush``, the
+    bytes decompressed so far are handed to it (and ``out`` filled again from its start)
+    whenever the next chunk would not fit. The bytes of ``out`` filled at the end."""
     at = 0
-    with f or contextlib.nullcontext():
-        for cpu, parts in chunks.items():
-            what = f"CPU {cpu} data"
-            for k, (start, csize, usize) in enumerate(parts):
-                if f is not None and at + usize > len(pages):
-                    f.write(pages[:at])
-                    at = 0
-                _decompress(path, td.compression, r.bytes(start, csize, what), usize,
-                            f"{what} chunk {k}", into=pages[at:at + usize])
-                at += usize
-        if f is None:
-            return pages, sizes, False
-        f.write(pages[:at])
-        try:
-            return mapped_array(f, total), sizes, True
-        except (OSError, ValueError) as exc:
-            raise TraceCorrupt(f"{path}: cannot map its decompressed pages ({exc})") from None
+    for cpu, parts in chunks.items():
+        what = f"CPU {cpu} data"
+        for k, (start, csize, usize) in enumerate(parts):
+            if flush is not None and at + usize > len(out):
+                flush(out[:at])
+                at = 0
+            _decompress(td.path, td.compression, r.bytes(start, csize, what), usize,
+                        f"{what} chunk {k}", into=out[at:at + usize])
+            at += usize
+    return at
 
 
 def _stat_int(stats: dict, key: str) -> int:

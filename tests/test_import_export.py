@@ -133,6 +133,13 @@ def test_compressed_pages_from_a_scratch_file_decode_as_from_memory(writer_dat, 
     cap, _ = tracedat_read.decode_tracedat(z)
     assert_same_capture(cap6, cap)
 
+    def full(f, n):       # the disk filled up: the pages are decompressed into memory instead
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(tracedat_read, "mapped_array", full)
+    again, _, scratch = tracedat_read.decompressed_pages(td, td.buffers[0])
+    assert not scratch and np.array_equal(again, in_memory)
+    assert list(scratch_dir.iterdir()) == []
+
 
 def test_no_scratch_file_where_it_saves_no_memory_or_lacks_room(tmp_path, monkeypatch):
     import shutil

@@ -438,5 +438,6 @@ def test_the_events_of_one_instant_come_by_cpu_as_in_every_events_table():
     for n, span in ((1, 1), (50, 3), (5000, 400), (5000, 10**9)):
         ts = rng.integers(0, span, n).astype(np.int64)
         cpu = rng.integers(0, 4, n).astype(np.int16)
-        order = perf_read.by_time_then_cpu(ts, cpu)
+        order, in_order = perf_read.by_time_then_cpu(ts, cpu)
         assert np.array_equal(order, np.lexsort((cpu, ts))), (n, span)
+        assert np.array_equal(in_order, ts[order])
