@@ -274,11 +274,30 @@ def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel,
     # the RT pushes made after an unrecorded switch were (2 of 1 283 migrations in 36 runs here,
     # 2026-11-26, before the fix; 1 left of the ambiguous kind, and 1 of 699 in a suite's 31).
     # At ~0.1 % of migrations, more than 5 % of a run's (or 2) would be a new kind of move.
+    # A recorded kind is no reference where the wake-up's own sched_wakeup was not recorded (fired
+    # in a context the probe is blind in: CPU 1's idle one here, the wake list's IPI): 1 of 37 in
+    # a fresh-clone CI run, 2026-11-27.
     kinds = df_migration_kind_check(events)
     differ = kinds[kinds["kind"] != kinds["derived_kind"]]
-    queued = [_moved_once_queued(events, ts, pid) for ts, pid in zip(differ["ts"], differ["pid"])]
-    assert len(kinds) and all(queued), differ.assign(moved_once_queued=queued)
+    queued = [_moved_once_queued(events, ts, pid) or _its_wake_up_unrecorded(events, ts, pid)
+              for ts, pid in zip(differ["ts"], differ["pid"])]
+    assert len(kinds) and all(queued), differ.assign(explained=queued)
     assert len(differ) <= max(2, 0.05 * len(kinds)), differ
+
+
+def _its_wake_up_unrecorded(events: pd.DataFrame, ts: int, pid: int) -> bool:
+    """Whether the last wake-up of ``pid`` before its migration at ``ts`` lacks its sched_wakeup:
+    after its sched_waking the task was switched in with no sched_wakeup of it between."""
+    ev = events["event"].astype(str).to_numpy()
+    of = events["pid"].to_numpy() == pid
+    t = events["ts"].to_numpy()
+    waking = np.flatnonzero(of & (ev == "sched_waking") & (t <= ts))
+    if not len(waking):
+        return False
+    after = np.arange(len(ev)) > waking[-1]
+    switched_in = np.flatnonzero(after & of & (ev == "sched_switch"))
+    until = switched_in[0] if len(switched_in) else len(ev)
+    return not (of & after & (ev == "sched_wakeup"))[:until].any()
 
 
 def _moved_once_queued(events: pd.DataFrame, ts: int, pid: int) -> bool:
