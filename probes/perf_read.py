@@ -502,11 +502,10 @@ def by_time_then_cpu(ts: np.ndarray, cpu: np.ndarray) -> tuple[np.ndarray, np.nd
     the same nanosecond (86 instants of a 9.4 M-event recording here)."""
     order = np.argsort(ts, kind="stable")
     t = ts[order]
-    same = t[1:] == t[:-1]
-    if same.any():
-        tied = np.flatnonzero(np.r_[False, same] | np.r_[same, False])
-        instant = np.cumsum(np.r_[True, ~same])[tied]
-        order[tied] = order[tied][np.lexsort((cpu[order[tied]], instant))]
+    at = np.flatnonzero(t[1:] == t[:-1])        # sample at + 1 shares sample at's instant
+    if len(at):                                 # (few: no array as long as the samples)
+        tied = np.union1d(at, at + 1)
+        order[tied] = order[tied][np.lexsort((cpu[order[tied]], t[tied]))]
     return order, t
 
 
