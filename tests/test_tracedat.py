@@ -161,3 +161,27 @@ def test_real_capture_matches_trace_cmd(kernel, tmp_path):
     out = subprocess.run([TRACE_CMD, "report", "--stat", "-i", str(dat)], capture_output=True,
                          text=True, timeout=60)
     assert "overrun: 0" in out.stdout
+
+
+@pytest.mark.parametrize("algo", ["zlib", "zstd"])
+def test_a_chunk_decompresses_into_its_place_or_is_named_corrupt(algo, tmp_path):
+    """The reader's chunks of both algorithms trace-cmd writes (trace-cmd here offers zstd only),
+    each decompressed straight into its slice of the pages: the bytes the header says, else one
+    line naming the file."""
+    import zlib
+
+    import numpy as np
+
+    from harmony.probes import tracedat_read as tr
+    from test_perf_read import _zstd_compress
+    data = bytes(range(256)) * 64 + b"\0" * 5000
+    packed = zlib.compress(data) if algo == "zlib" else _zstd_compress(data)
+    pages = np.full(len(data) + 8, 7, np.uint8)
+    out = tr._decompress(tmp_path / "t.dat", algo, packed, len(data), "CPU 0 data chunk 0",
+                         into=pages[4:4 + len(data)])
+    assert bytes(pages[4:4 + len(data)]) == bytes(out) == data
+    assert pages[:4].tolist() == pages[-4:].tolist() == [7] * 4
+    for wrong in (len(data) - 1, len(data) + 1):
+        with pytest.raises(TraceCorrupt, match=r"t\.dat: corrupt compressed CPU 0 data chunk 0"):
+            tr._decompress(tmp_path / "t.dat", algo, packed, wrong, "CPU 0 data chunk 0",
+                           into=np.empty(wrong, np.uint8))
