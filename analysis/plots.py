@@ -140,16 +140,39 @@ def step_envelope(t: np.ndarray, nr: np.ndarray, t_end: float,
     return edges, low, high
 
 
+def step_means(t: np.ndarray, nr: np.ndarray, t_end: float, bins: int) -> np.ndarray:
+    """The time-weighted mean of the step function (t, nr) (0 before t[0]) in each of ``bins``
+    equal bins of [0, t_end]: its integral at the bins' edges, differenced."""
+    edges = np.linspace(0.0, t_end, bins + 1)
+    if not len(t) or t_end <= 0:
+        return np.zeros(bins)
+    t, nr = np.asarray(t, float), np.asarray(nr, float)
+    before = np.r_[0.0, np.cumsum(nr[:-1] * np.diff(t))]      # the integral up to each step
+    k = np.searchsorted(t, edges, "right") - 1
+    at = np.maximum(k, 0)
+    integral = np.where(k >= 0, before[at] + nr[at] * (edges - t[at]), 0.0)
+    return np.diff(integral) / np.diff(edges)
+
+
+#: above this many CPUs a panel per CPU is unreadable (128 CPUs: a figure 15 600 pixels tall,
+#: 10 s to draw): the run queues are one heat map instead, a row per CPU, HEAT_BINS time bins
+MANY_CPUS, HEAT_BINS = 16, 300
+
+
 def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration_s: float, path: Path,
                   t_balanced: float | None = None, tolerance: float = 0.15,
                   t_first_balanced: float | None = None) -> Path:
     """Per-CPU run-queue length of experiment tasks as the exact step function, one panel per CPU
     (a CPU with more than MAX_STEPS steps: its least and greatest length in each of STEP_BINS
-    time bins, which the title says). ``t_balanced``: balanced for good from then (a green line);
+    time bins, which the title says); beyond :data:`MANY_CPUS` CPUs one heat map, each CPU's
+    mean length per time bin. ``t_balanced``: balanced for good from then (a green line);
     ``t_first_balanced``: first balanced then, if earlier (balance lost and regained: dotted)."""
     first = (t_first_balanced if t_first_balanced is not None and t_balanced is not None
              and t_first_balanced < t_balanced else None)
     n = len(cpus)
+    if n > MANY_CPUS:
+        return _runqueue_heat_map(runqueue, cpus, ntasks, duration_s, path, t_balanced, first,
+                                  tolerance)
     fig, axes = plt.subplots(n, 1, figsize=(9, 1.2 + 1.1 * n), sharex=True, sharey=True, squeeze=False)
     fair = ntasks / n
     colours = sns.color_palette("colorblind", n)
@@ -191,6 +214,46 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
                  "are too many to draw")
     axes[0, 0].set_title(f"Run queue per CPU (running + waiting experiment tasks; dashed: N/P = {fair:g}{note})",
                          fontsize=10)
+    return save_figure(fig, path)
+
+
+def _runqueue_heat_map(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration_s: float,
+                       path: Path, t_balanced: float | None, first: float | None,
+                       tolerance: float) -> Path:
+    """:func:`plot_runqueue` for many CPUs: a row per CPU, its mean run-queue length in each of
+    :data:`HEAT_BINS` time bins, white at the fair N/P, red above it, blue below."""
+    from matplotlib.colors import Normalize, TwoSlopeNorm
+
+    n, fair = len(cpus), ntasks / len(cpus)
+    rq_cpu, rq_t, rq_nr = (runqueue[c].to_numpy() for c in ("cpu", "t", "nr"))
+    by_cpu = np.argsort(rq_cpu, kind="stable")      # each CPU's rows, in time order, one slice
+    bounds = np.searchsorted(rq_cpu[by_cpu], np.r_[cpus, max(cpus) + 1] if n else [0])
+    grid = np.vstack([step_means(rq_t[by_cpu[a:b]], rq_nr[by_cpu[a:b]], duration_s, HEAT_BINS)
+                      for a, b in zip(bounds[:-1], bounds[1:])]) if n else np.zeros((0, HEAT_BINS))
+    top = max(float(grid.max()) if grid.size else 1.0, fair + 1)
+    norm = TwoSlopeNorm(vmin=0, vcenter=fair, vmax=top) if fair > 0 else Normalize(0, top)
+    fig, ax = plt.subplots(figsize=(9, min(12.0, 2.4 + 0.05 * n)))
+    mesh = ax.pcolormesh(np.linspace(0, duration_s, HEAT_BINS + 1), np.arange(n + 1), grid,
+                         cmap="vlag", norm=norm, shading="flat")
+    step = max(1, int(np.ceil(n / 32)))
+    ax.set_yticks(np.arange(0, n, step) + 0.5, [str(c) for c in cpus[::step]], fontsize=7)
+    ax.set_ylim(n, 0)                                   # CPU 0 at the top
+    ax.set_ylabel(f"CPU ({n})")
+    ax.set_xlabel("time since t0 (s)")
+    bar = fig.colorbar(mesh, ax=ax, pad=0.015)
+    bar.set_label("run-queue length, mean per bin")
+    bar.ax.axhline(fair, color="black", lw=1)
+    note = ""
+    for x, ls in ((t_balanced, "-"), (first, ":")):
+        if x is not None:
+            ax.axvline(x, color="#27ae60", lw=1.2, ls=ls)
+    if t_balanced is not None:
+        note = (f"; green: balanced within {tolerance:.0%} at {t_balanced:.3f} s" if first is None
+                else f";\ngreen: balanced within {tolerance:.0%} first at {first:.3f} s (dotted), "
+                     f"for good from {t_balanced:.3f} s")
+    ax.set_title(f"Run queue per CPU (running + waiting experiment tasks), mean per "
+                 f"{duration_s / HEAT_BINS * 1e3:.3g} ms;\nwhite: N/P = {fair:g}, red above, blue "
+                 f"below{note}", fontsize=10)
     return save_figure(fig, path)
 
 

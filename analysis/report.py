@@ -12,6 +12,7 @@ from harmony.analysis.causes import CAUSES
 from harmony.analysis.probe_agreement import agreement_lines
 from harmony.analysis.thresholds import USELESS_MIGRATION_WITHIN_S, WASTED_EPISODE_MIN_S
 from harmony.manifest import system_facts
+from harmony.osutil import format_cpulist
 from harmony.analysis.trust import count
 from harmony.experiments import get_experiment
 
@@ -109,7 +110,7 @@ def trust_lines(m: dict) -> list[str]:
     lines = [
         f"status                       {m.get('status')}",
         f"kernel / scheduler           {host.get('kernel', '?')} / {host.get('scheduler', '?')}",
-        f"CPU set                      {','.join(map(str, m.get('cpus', [])))} "
+        f"CPU set                      {format_cpulist(m.get('cpus', []))} "
         f"({'guest' if m.get('vm') else 'host'} has {host.get('ncpus', '?')} online)",
         *vm_lines(m),
         *scx_lines(m),

@@ -150,3 +150,38 @@ def test_migrations_are_counted_per_bin_and_bins_widened_to_what_a_panel_shows(t
     plots.plot_migrations(mig.iloc[:0], 6.0, 0.1, tmp_path / "m3.png")
     assert labels == ["migrations per 100 ms", "migrations per 1400 ms", "migrations per 100 ms"]
     assert all((tmp_path / f).stat().st_size > 0 for f in ("m.png", "m2.png", "m3.png"))
+
+
+def test_step_means_are_the_step_functions_average_per_bin():
+    rng = np.random.default_rng(5)
+    t = np.sort(rng.uniform(0.1, 2.0, 300))
+    nr = rng.integers(0, 6, 300)
+    means = plots.step_means(t, nr, 2.0, 40)
+    fine = np.linspace(0, 2.0, 40 * 5000, endpoint=False) + 2.0 / (40 * 5000) / 2
+    k = np.searchsorted(t, fine, "right") - 1
+    value = np.where(k >= 0, nr[np.maximum(k, 0)], 0)      # 0 before the first step
+    assert np.allclose(means, value.reshape(40, -1).mean(axis=1), atol=2e-3)
+    assert not plots.step_means(t[:0], nr[:0], 2.0, 4).any()
+
+
+def test_many_cpus_are_one_heat_map_not_a_panel_each(tmp_path, monkeypatch):
+    """128 CPUs as 128 panels made a figure 15 600 pixels tall that took 10 s to draw: beyond
+    MANY_CPUS the run queues are a heat map of a readable size, the fair length at its centre."""
+    import matplotlib.image
+    rng = np.random.default_rng(2)
+    n = 64
+    t = np.sort(rng.uniform(0, 2, 40 * n))
+    rq = pd.DataFrame({"t": t, "cpu": rng.integers(0, n, len(t)), "nr": rng.integers(0, 5, len(t)),
+                       "ts": 0}).sort_values(["cpu", "t"], kind="stable")
+    drawn = []
+    real = plots.plt.Axes.set_title
+    monkeypatch.setattr(plots.plt.Axes, "set_title",
+                        lambda ax, text, *a, **k: drawn.append(text) or real(ax, text, *a, **k))
+    out = plots.plot_runqueue(rq, list(range(n)), 2 * n, 2.0, tmp_path / "rq.png", t_balanced=1.0)
+    height, width = matplotlib.image.imread(out).shape[:2]
+    assert height < 1400 and width < 1200, (height, width)
+    assert "mean per 6.67 ms" in drawn[0] and "white: N/P = 2" in drawn[0]
+    assert "balanced within 15% at 1.000 s" in drawn[0]
+    monkeypatch.setattr(plots, "MANY_CPUS", n)                  # not beyond it: a panel each
+    out = plots.plot_runqueue(rq, list(range(n)), 2 * n, 2.0, tmp_path / "panels.png")
+    assert matplotlib.image.imread(out).shape[0] > 5000
