@@ -227,10 +227,10 @@ def _runqueue_heat_map(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, dur
     n, fair = len(cpus), ntasks / len(cpus)
     rq_cpu, rq_t, rq_nr = (runqueue[c].to_numpy() for c in ("cpu", "t", "nr"))
     by_cpu = np.argsort(rq_cpu, kind="stable")      # each CPU's rows, in time order, one slice
-    bounds = np.searchsorted(rq_cpu[by_cpu], np.r_[cpus, max(cpus) + 1] if n else [0])
+    lo, hi = (np.searchsorted(rq_cpu[by_cpu], cpus, side) for side in ("left", "right"))
     grid = np.vstack([step_means(rq_t[by_cpu[a:b]], rq_nr[by_cpu[a:b]], duration_s, HEAT_BINS)
-                      for a, b in zip(bounds[:-1], bounds[1:])]) if n else np.zeros((0, HEAT_BINS))
-    top = max(float(grid.max()) if grid.size else 1.0, fair + 1)
+                      for a, b in zip(lo, hi)])
+    top = max(float(grid.max()), fair + 1)
     norm = TwoSlopeNorm(vmin=0, vcenter=fair, vmax=top) if fair > 0 else Normalize(0, top)
     fig, ax = plt.subplots(figsize=(9, min(12.0, 2.4 + 0.05 * n)))
     mesh = ax.pcolormesh(np.linspace(0, duration_s, HEAT_BINS + 1), np.arange(n + 1), grid,

@@ -182,6 +182,12 @@ def test_many_cpus_are_one_heat_map_not_a_panel_each(tmp_path, monkeypatch):
     assert height < 1400 and width < 1200, (height, width)
     assert "mean per 6.67 ms" in drawn[0] and "white: N/P = 2" in drawn[0]
     assert "balanced within 15% at 1.000 s" in drawn[0]
+    # a CPU set with gaps: each row is its own CPU's (CPU 1's rows are no row of CPU 0's)
+    means = []
+    monkeypatch.setattr(plots, "step_means",
+                        lambda t, nr, *a: means.append(len(t)) or np.zeros(a[1]))
+    plots.plot_runqueue(rq, list(range(0, n, 2)), n, 2.0, tmp_path / "even.png")
+    assert means == [int((rq["cpu"] == c).sum()) for c in range(0, n, 2)]
     monkeypatch.setattr(plots, "MANY_CPUS", n)                  # not beyond it: a panel each
     out = plots.plot_runqueue(rq, list(range(n)), 2 * n, 2.0, tmp_path / "panels.png")
     assert matplotlib.image.imread(out).shape[0] > 5000
