@@ -1034,6 +1034,36 @@ def _signals_do_not_interrupt_the_teardown() -> None:
         signal.signal(sig, later)
 
 
+def _signals_are_never_swallowed() -> None:
+    """Ctrl-C's KeyboardInterrupt or SIGTERM's Interrupted raised while Python runs a finalizer
+    (a weakref callback, a ``__del__``: matplotlib's run as a figure is drawn) cannot leave it:
+    Python prints "Exception ignored in ..." with a traceback and goes on, and the command would
+    run on as if it had never been stopped. Such a signal is sent again (``sys.unraisablehook``)
+    10 ms later, from a thread, to be raised where the command is by then: not in the hook, where
+    it would be ignored again."""
+    import os
+    import signal
+    import threading
+
+    previous = sys.unraisablehook
+
+    def again(signum: int) -> None:
+        timer = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+
+    def hook(unraisable):
+        exc = unraisable.exc_value
+        if isinstance(exc, KeyboardInterrupt):
+            again(signal.SIGINT)
+        elif isinstance(exc, Interrupted):
+            again(exc.signal)
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
 def entry() -> None:
     """The console script: :func:`main`, then a quick exit. Tearing the interpreter down frees a
     suite's few hundred MB of Python objects one by one (0.3-0.5 s measured); the kernel frees
@@ -1050,6 +1080,7 @@ def entry() -> None:
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, stopped)
+    _signals_are_never_swallowed()
     try:
         code = main(standalone_mode=False)      # click's own errors are shown below
         code = code if isinstance(code, int) else 0

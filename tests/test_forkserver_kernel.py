@@ -223,6 +223,55 @@ def test_a_signal_while_the_command_tears_down_is_no_traceback(host, sig):
     assert _gone(server, forkserver.COMM), _stat(server)
 
 
+SIGNAL_IN_A_FINALIZER = textwrap.dedent("""
+    import os, signal, sys, time, weakref
+    from harmony.cli import _signals_are_never_swallowed
+    from harmony.errors import Interrupted
+
+    def stopped(signum, frame):
+        raise Interrupted("stopped by SIGTERM", signum)
+
+    signal.signal(signal.SIGTERM, stopped)
+    sig = getattr(signal, sys.argv[1])
+    if sys.argv[2] == "hook":
+        _signals_are_never_swallowed()
+
+    class Figure:
+        pass
+
+    def finalizer(ref):        # the signal's handler runs in here, inside a weakref callback
+        os.kill(os.getpid(), sig)
+        end = time.monotonic() + 0.2
+        while time.monotonic() < end:
+            pass
+
+    figure = Figure()
+    ref = weakref.ref(figure, finalizer)
+    try:
+        del figure
+        for _ in range(100):
+            time.sleep(0.01)
+        print("ran on")
+    except (Interrupted, KeyboardInterrupt):
+        print("stopped")
+""")
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_raised_inside_a_finalizer_still_stops_the_command(sig):
+    """SIGTERM's Interrupted or Ctrl-C's KeyboardInterrupt raised while a finalizer runs (a CI run
+    was stopped while matplotlib's ran): Python ignores it, printing a traceback; the command
+    sends it again and stops. Without that, it runs on."""
+    def run(how):
+        return subprocess.run([sys.executable, "-c", SIGNAL_IN_A_FINALIZER, sig, how],
+                              capture_output=True, text=True, timeout=60,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = run("hook")
+    assert p.stdout.strip() == "stopped" and "Traceback" not in p.stderr, p.stderr
+    p = run("none")
+    assert p.stdout.strip() == "ran on" and "Exception ignored" in p.stderr
+
+
 THREAD = textwrap.dedent("""
     import threading
     from harmony import forkserver
