@@ -741,14 +741,25 @@ def _chunks(r: FileReader, cpu: int, off: int, size: int) -> list[tuple[int, int
     return out
 
 
-def decompressed_sizes(td: TraceDat, buf: Buffer) -> dict[int, int]:
+Chunks = tuple[FileReader, dict[int, list[tuple[int, int, int]]]]
+
+
+def buffer_chunks(td: TraceDat, buf: Buffer) -> Chunks:
+    """(a reader of the file; cpu -> :func:`_chunks` of its data) of a compressed buffer, CPU by
+    CPU in the order of their numbers: the chunks' headers, walked once for
+    :func:`decompressed_sizes` and :func:`decompressed_pages`."""
+    r = FileReader(td.path, _open(td.path))
+    return r, {cpu: _chunks(r, cpu, off, size) for cpu, (off, size) in sorted(buf.cpus.items())}
+
+
+def decompressed_sizes(td: TraceDat, buf: Buffer, chunks: Chunks | None = None) -> dict[int, int]:
     """cpu -> bytes of ring-buffer pages its data holds (decompressed, if it is compressed), read
-    from the chunks' headers: what an import will hold, known before anything is decompressed."""
+    from the chunks' headers (``chunks``: :func:`buffer_chunks`'s, if walked already): what an
+    import will hold, known before anything is decompressed."""
     if not buf.compressed:
         return {cpu: size for cpu, (_, size) in buf.cpus.items()}
-    r = FileReader(td.path, _open(td.path))
-    return {cpu: sum(u for *_, u in _chunks(r, cpu, off, size))
-            for cpu, (off, size) in buf.cpus.items()}
+    _, by_cpu = chunks or buffer_chunks(td, buf)
+    return {cpu: sum(u for *_, u in parts) for cpu, parts in by_cpu.items()}
 
 
 #: the decompressed pages are written to a scratch file this many bytes at a time (at least)
@@ -759,18 +770,19 @@ SCRATCH_WRITE = 4 << 20
 SCRATCH_FROM = 256 << 20
 
 
-def decompressed_pages(td: TraceDat, buf: Buffer) -> tuple[np.ndarray, dict[int, int], bool]:
+def decompressed_pages(td: TraceDat, buf: Buffer,
+                       chunks: Chunks | None = None) -> tuple[np.ndarray, dict[int, int], bool]:
     """(every CPU's ring-buffer pages of a compressed buffer, decompressed, CPU after CPU, into
     one array; cpu -> its bytes; whether the array maps a scratch file). The pages are as large
     as an uncompressed file's (520 MB at 10 M events): from :data:`SCRATCH_FROM` bytes on they are
     written to a scratch file (:func:`filemap.scratch_file`), a few MB at a time, and mapped, so
     that the decode reads them as an uncompressed file's, from the page cache, releasing them
     behind it; below that, or where no scratch file would save memory, decompressed straight
-    into memory, each chunk into its place."""
+    into memory, each chunk into its place. ``chunks``: :func:`buffer_chunks`'s, if walked
+    already."""
     path = td.path
-    r = FileReader(path, _open(path))
-    chunks = {cpu: _chunks(r, cpu, off, size) for cpu, (off, size) in sorted(buf.cpus.items())}
-    sizes = {cpu: sum(u for *_, u in parts) for cpu, parts in chunks.items()}
+    r, chunks = chunks or buffer_chunks(td, buf)
+    sizes = decompressed_sizes(td, buf, (r, chunks))
     total = sum(sizes.values())
     f = scratch_file(total) if total >= SCRATCH_FROM else None
     if f is not None:
@@ -829,7 +841,8 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     path = Path(path)
     td = read_tracedat(path)
     buf = choose_buffer(td, buffer)
-    prefault_for_pages(sum(decompressed_sizes(td, buf).values()))
+    chunks = buffer_chunks(td, buf) if buf.compressed else None
+    prefault_for_pages(sum(decompressed_sizes(td, buf, chunks).values()))
     try:
         hp = parse_header_page(td.header_page)
         parse_header_event(td.header_event)
@@ -838,7 +851,7 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
         raise TraceCorrupt(f"{path}: bad ring-buffer header description ({exc})") from None
     names = {c: f"{path} (CPU {c} data)" for c in buf.cpus}
     if buf.compressed:
-        pages, sizes, scratch = decompressed_pages(td, buf)
+        pages, sizes, scratch = decompressed_pages(td, buf, chunks)
         pages.flags.writeable = False       # as a mapped file's: the compiled kernels' same types
         src = PageSource.from_flat(pages, sizes, buf.page_size, names)
         src.mapped = scratch                # released behind the decode as a file's pages are
