@@ -110,12 +110,13 @@ MEMORY_BASE = 400 << 20
 MEMORY_PER_PERF_DATA_BYTE = 2.0
 
 
-def memory_needed(path: Path, buffer: str | None = None) -> tuple[int, int] | None:
+def memory_needed(path: Path, buffer: str | None = None,
+                  kind: str | None = None) -> tuple[int, int] | None:
     """(bytes of memory an import of ``path`` needs, at most; bytes of records it holds: a
     trace.dat's ring-buffer pages, decompressed if they are compressed, a perf.data's data
     section as recorded, or decompressed by perf's ratio); None for a file that does not parse
-    (reading it says why)."""
-    kind = sniff(path)
+    (reading it says why). ``kind``: :func:`sniff`'s, if known already."""
+    kind = kind or sniff(path)
     if kind == "perf.data":
         try:
             head = perf_read.read_header(path)
@@ -142,13 +143,14 @@ def memory_needed(path: Path, buffer: str | None = None) -> tuple[int, int] | No
 def check_memory(path: Path, buffer: str | None = None) -> None:
     """ImportFailed, before anything is read, if importing ``path`` may need more memory than
     this host has available (:func:`memory_needed`), with the estimate and what to do."""
-    est = memory_needed(path, buffer)
+    kind = sniff(path)
+    est = memory_needed(path, buffer, kind)
     have = hostfacts.memory_available()
     if est is None or est[0] <= have:
         return
     need, data = est
     part = ("a shorter recording (perf record --switch-output cuts one into parts)"
-            if sniff(path) == "perf.data" else "a part of it (trace-cmd split)")
+            if kind == "perf.data" else "a part of it (trace-cmd split)")
     raise ImportFailed(f"{path}: importing it needs up to {need / 2**30:.1f} GiB of memory "
                        f"(for its {data / 2**30:.1f} GiB of records), this host has "
                        f"{have / 2**30:.1f} GiB available: import it where there is more, or "
