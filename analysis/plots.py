@@ -203,11 +203,7 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
         ax.set_ylim(0, top + 0.5)
     axes[-1, 0].set_xlim(0, duration_s)
     axes[-1, 0].set_xlabel("time since t0 (s)")
-    note = ""
-    if t_balanced is not None:
-        note = (f"; green: balanced within {tolerance:.0%} at {t_balanced:.3f} s" if first is None
-                else f";\ngreen: balanced within {tolerance:.0%} first at {first:.3f} s (dotted), "
-                     f"for good from {t_balanced:.3f} s")
+    note = _balanced_note(t_balanced, first, tolerance)
     if binned:
         width_ms = duration_s / STEP_BINS * 1e3
         note += (f"\ndark band: least to greatest length per {width_ms:.3g} ms, as the steps "
@@ -215,6 +211,16 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
     axes[0, 0].set_title(f"Run queue per CPU (running + waiting experiment tasks; dashed: N/P = {fair:g}{note})",
                          fontsize=10)
     return save_figure(fig, path)
+
+
+def _balanced_note(t_balanced: float | None, first: float | None, tolerance: float) -> str:
+    """What the run-queue figure's green lines mean, for its title ("" without them)."""
+    if t_balanced is None:
+        return ""
+    if first is None:
+        return f"; green: balanced within {tolerance:.0%} at {t_balanced:.3f} s"
+    return (f";\ngreen: balanced within {tolerance:.0%} first at {first:.3f} s (dotted), for good "
+            f"from {t_balanced:.3f} s")
 
 
 def _runqueue_heat_map(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration_s: float,
@@ -243,17 +249,12 @@ def _runqueue_heat_map(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, dur
     bar = fig.colorbar(mesh, ax=ax, pad=0.015)
     bar.set_label("run-queue length, mean per bin")
     bar.ax.axhline(fair, color="black", lw=1)
-    note = ""
     for x, ls in ((t_balanced, "-"), (first, ":")):
         if x is not None:
             ax.axvline(x, color="#27ae60", lw=1.2, ls=ls)
-    if t_balanced is not None:
-        note = (f"; green: balanced within {tolerance:.0%} at {t_balanced:.3f} s" if first is None
-                else f";\ngreen: balanced within {tolerance:.0%} first at {first:.3f} s (dotted), "
-                     f"for good from {t_balanced:.3f} s")
     ax.set_title(f"Run queue per CPU (running + waiting experiment tasks), mean per "
                  f"{duration_s / HEAT_BINS * 1e3:.3g} ms;\nwhite: N/P = {fair:g}, red above, blue "
-                 f"below{note}", fontsize=10)
+                 f"below{_balanced_note(t_balanced, first, tolerance)}", fontsize=10)
     return save_figure(fig, path)
 
 
