@@ -127,10 +127,7 @@ class PageSource:
         if buf is None:
             buf = _read_files([Path(path)] * len(cpus), sizes, offsets)
             buf.flags.writeable = False     # as a mapped one: the compiled kernels' same types
-        counts = [s // page_size for s in sizes]
-        src = cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
-                  np.repeat(np.arange(len(cpus)), counts), files,
-                  np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+        src = cls.from_flat(buf, dict(zip(cpus, sizes)), page_size, names)
         src.mapped = mapped is not None
         return src
 
