@@ -140,18 +140,25 @@ def step_envelope(t: np.ndarray, nr: np.ndarray, t_end: float,
     return edges, low, high
 
 
-def step_means(t: np.ndarray, nr: np.ndarray, t_end: float, bins: int) -> np.ndarray:
+def step_means(t: np.ndarray, nr: np.ndarray, t_end: float, bins: int,
+               t_start: float = 0.0) -> np.ndarray:
     """The time-weighted mean of the step function (t, nr) (0 before t[0]) in each of ``bins``
-    equal bins of [0, t_end]: its integral at the bins' edges, differenced."""
-    edges = np.linspace(0.0, t_end, bins + 1)
-    if not len(t) or t_end <= 0:
-        return np.zeros(bins)
-    t, nr = np.asarray(t, float), np.asarray(nr, float)
-    before = np.r_[0.0, np.cumsum(nr[:-1] * np.diff(t))]      # the integral up to each step
+    equal bins of [t_start, t_end]: its integral at the bins' edges, differenced. ``nr`` may be
+    a matrix, a column per step function (all stepping at the times t): then a row of means per
+    column."""
+    edges = np.linspace(t_start, t_end, bins + 1)
+    nr = np.asarray(nr, float)
+    if not len(t) or t_end <= t_start:
+        return np.zeros(nr.shape[1:][::-1] + (bins,))
+    t = np.asarray(t, float)
+    column = (-1,) + (1,) * (nr.ndim - 1)       # a vector over time, broadcast against nr
+    before = np.concatenate([np.zeros((1,) + nr.shape[1:]),      # the integral up to each step
+                             np.cumsum(nr[:-1] * np.diff(t).reshape(column), axis=0)])
     k = np.searchsorted(t, edges, "right") - 1
     at = np.maximum(k, 0)
-    integral = np.where(k >= 0, before[at] + nr[at] * (edges - t[at]), 0.0)
-    return np.diff(integral) / np.diff(edges)
+    integral = before[at] + nr[at] * (edges - t[at]).reshape(column)
+    integral[k < 0] = 0.0
+    return (np.diff(integral, axis=0) / np.diff(edges).reshape(column)).T
 
 
 #: above this many CPUs a panel per CPU is unreadable (128 CPUs: a figure 15 600 pixels tall,
@@ -223,28 +230,57 @@ def _balanced_note(t_balanced: float | None, first: float | None, tolerance: flo
             f"from {t_balanced:.3f} s")
 
 
+def runqueue_means(runqueue: pd.DataFrame, cpus: list[int], t_start: float, t_end: float,
+                   bins: int) -> np.ndarray:
+    """A row per CPU of ``cpus``: its run queue's time-weighted mean length in each of ``bins``
+    equal bins of [t_start, t_end] s (:func:`step_means`)."""
+    rq_cpu, rq_t, rq_nr = (runqueue[c].to_numpy() for c in ("cpu", "t", "nr"))
+    by_cpu = np.argsort(rq_cpu, kind="stable")      # each CPU's rows, in time order, one slice
+    lo, hi = (np.searchsorted(rq_cpu[by_cpu], cpus, side) for side in ("left", "right"))
+    return np.vstack([step_means(rq_t[by_cpu[a:b]], rq_nr[by_cpu[a:b]], t_end, bins, t_start)
+                      for a, b in zip(lo, hi)]).reshape(len(cpus), bins)
+
+
+def heat_rows(ax, grid: np.ndarray, x_edges: np.ndarray, labels: list, ylabel: str, cmap,
+              norm):
+    """Draw ``grid`` (a row per label, a column per pair of ``x_edges``) on ``ax``, the first
+    row at the top, at most 32 of the labels written; returns the mesh (for a colour bar)."""
+    n = len(labels)
+    mesh = ax.pcolormesh(x_edges, np.arange(n + 1), grid, cmap=cmap, norm=norm, shading="flat")
+    step = max(1, int(np.ceil(n / 32)))
+    ax.set_yticks(np.arange(0, n, step) + 0.5, [str(x) for x in labels[::step]], fontsize=7)
+    ax.set_ylim(n, 0)
+    ax.set_ylabel(f"{ylabel} ({n})")
+    ax.grid(False)
+    return mesh
+
+
+def heat_height(rows: int) -> float:
+    """Inches for a heat map of ``rows`` rows: readable, never taller than a screen."""
+    return min(12.0, 2.4 + 0.05 * rows)
+
+
+def fair_norm(top: float, fair: float):
+    """A colour scale from 0 to ``top`` or more with ``fair`` at its centre (white in "vlag"):
+    to at least twice fair, so that as far above fair is as red as as far below is blue, and a
+    value a rounding above fair is white (without a fair, from 0 to ``top``)."""
+    from matplotlib.colors import Normalize, TwoSlopeNorm
+
+    if fair <= 0:
+        return Normalize(0, top)
+    return TwoSlopeNorm(vmin=0, vcenter=fair, vmax=max(top, 2 * fair))
+
+
 def _runqueue_heat_map(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration_s: float,
                        path: Path, t_balanced: float | None, first: float | None,
                        tolerance: float) -> Path:
     """:func:`plot_runqueue` for many CPUs: a row per CPU, its mean run-queue length in each of
     :data:`HEAT_BINS` time bins, white at the fair N/P, red above it, blue below."""
-    from matplotlib.colors import Normalize, TwoSlopeNorm
-
     n, fair = len(cpus), ntasks / len(cpus)
-    rq_cpu, rq_t, rq_nr = (runqueue[c].to_numpy() for c in ("cpu", "t", "nr"))
-    by_cpu = np.argsort(rq_cpu, kind="stable")      # each CPU's rows, in time order, one slice
-    lo, hi = (np.searchsorted(rq_cpu[by_cpu], cpus, side) for side in ("left", "right"))
-    grid = np.vstack([step_means(rq_t[by_cpu[a:b]], rq_nr[by_cpu[a:b]], duration_s, HEAT_BINS)
-                      for a, b in zip(lo, hi)])
-    top = max(float(grid.max()), fair + 1)
-    norm = TwoSlopeNorm(vmin=0, vcenter=fair, vmax=top) if fair > 0 else Normalize(0, top)
-    fig, ax = plt.subplots(figsize=(9, min(12.0, 2.4 + 0.05 * n)))
-    mesh = ax.pcolormesh(np.linspace(0, duration_s, HEAT_BINS + 1), np.arange(n + 1), grid,
-                         cmap="vlag", norm=norm, shading="flat")
-    step = max(1, int(np.ceil(n / 32)))
-    ax.set_yticks(np.arange(0, n, step) + 0.5, [str(c) for c in cpus[::step]], fontsize=7)
-    ax.set_ylim(n, 0)                                   # CPU 0 at the top
-    ax.set_ylabel(f"CPU ({n})")
+    grid = runqueue_means(runqueue, cpus, 0.0, duration_s, HEAT_BINS)
+    fig, ax = plt.subplots(figsize=(9, heat_height(n)))
+    mesh = heat_rows(ax, grid, np.linspace(0, duration_s, HEAT_BINS + 1), cpus, "CPU", "vlag",
+                     fair_norm(float(grid.max()), fair))
     ax.set_xlabel("time since t0 (s)")
     bar = fig.colorbar(mesh, ax=ax, pad=0.015)
     bar.set_label("run-queue length, mean per bin")

@@ -21,8 +21,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from harmony.analysis import mixed  # noqa: E402
-from harmony.analysis.plots import MANY_TASKS, ranked, save_figure  # noqa: E402
+from harmony.analysis import mixed, plots  # noqa: E402
+from harmony.analysis.plots import (HEAT_BINS, MANY_TASKS, fair_norm, heat_height,  # noqa: E402
+                                    heat_rows, ranked, runqueue_means, save_figure)
 
 ROLE_COLOURS = {"heavy": "#c0392b", "light": "#2980b9", "high": "#8e44ad", "low": "#16a085",
                 "cpu": "#7f8c8d"}
@@ -41,9 +42,18 @@ def _steps(rq: pd.DataFrame, cpu: int, a: float, b: float):
 
 
 def plot_runqueue_detail(runqueue: pd.DataFrame, cpus, window: tuple[float, float], path: Path,
-                         title: str = "Run queue per CPU") -> Path:
-    """Each CPU's run-queue length (exact step function) over a short window (thesis fig 7.3)."""
+                         title: str = "Run queue per CPU", fair: float | None = None) -> Path:
+    """Each CPU's run-queue length (exact step function) over a short window (thesis fig 7.3);
+    beyond :data:`~harmony.analysis.plots.MANY_CPUS` CPUs a heat map, a row per CPU, its mean
+    length per time bin (white at ``fair``, N/P, if given)."""
     a, b = window
+    if len(cpus) > plots.MANY_CPUS:
+        grid = runqueue_means(runqueue, list(cpus), a, b, HEAT_BINS)
+        fig, ax = plt.subplots(figsize=(9, heat_height(len(cpus))))
+        _runqueue_heat(fig, ax, grid, (a, b), list(cpus), fair, max(1.0, float(grid.max())))
+        ax.set_title(f"{title}, {a:g}-{b:g} s (runnable experiment tasks), mean per "
+                     f"{(b - a) / HEAT_BINS * 1e3:.3g} ms{_fair_note(fair)}", fontsize=10)
+        return save_figure(fig, path)
     fig, axes = plt.subplots(len(cpus), 1, figsize=(9, 1.0 + 1.0 * len(cpus)), sharex=True, sharey=True,
                              squeeze=False)
     colours = sns.color_palette("colorblind", len(cpus))
@@ -60,10 +70,31 @@ def plot_runqueue_detail(runqueue: pd.DataFrame, cpus, window: tuple[float, floa
     return save_figure(fig, path)
 
 
+def _runqueue_heat(fig, ax, grid: np.ndarray, window: tuple[float, float], cpus: list,
+                   fair: float | None, top: float) -> None:
+    """One run-queue heat map (a row per CPU) on ``ax``, with its colour bar: centred at
+    ``fair`` if given, from 0 to ``top``."""
+    mesh = heat_rows(ax, grid, np.linspace(*window, grid.shape[1] + 1), cpus, "CPU",
+                     "vlag" if fair else "rocket_r", fair_norm(top, fair or 0.0))
+    ax.set_xlabel("time since t0 (s)")
+    bar = fig.colorbar(mesh, ax=ax, pad=0.015)
+    bar.set_label("run-queue length,\nmean per bin")
+    if fair:
+        bar.ax.axhline(fair, color="black", lw=1)
+
+
+def _fair_note(fair: float | None) -> str:
+    return f";\nwhite: N/P = {fair:g}, red above, blue below" if fair else ""
+
+
 def plot_allocation_timeline(allocation: pd.DataFrame, fair: float, duration_s: float,
                              path: Path) -> Path:
-    """Each task's share of a CPU per window over the run, one panel per task; dashed: fair (7.4)."""
+    """Each task's share of a CPU per window over the run, one panel per task; dashed: fair (7.4).
+    Beyond :data:`~harmony.analysis.plots.MANY_CPUS` tasks a heat map, a row per task, a column
+    per window, white at fair."""
     names = sorted(allocation["name"].astype(str).unique())
+    if len(names) > plots.MANY_CPUS:
+        return _allocation_heat_map(allocation, names, fair, duration_s, path)
     fig, axes = plt.subplots(len(names), 1, figsize=(9, 0.9 + 0.9 * len(names)), sharex=True,
                              sharey=True, squeeze=False)
     for ax, name in zip(axes[:, 0], names):
@@ -79,12 +110,50 @@ def plot_allocation_timeline(allocation: pd.DataFrame, fair: float, duration_s: 
     return save_figure(fig, path)
 
 
+def _allocation_heat_map(allocation: pd.DataFrame, names: list[str], fair: float,
+                         duration_s: float, path: Path) -> Path:
+    """:func:`plot_allocation_timeline` for many tasks: a row per task (by name), a column per
+    window (each its own share, not binned), white at the fair share, red above, blue below."""
+    row = np.searchsorted(names, allocation["name"].astype(str).to_numpy())
+    window = allocation["window"].to_numpy()
+    grid = np.full((len(names), int(window.max()) + 1), np.nan)     # many tasks: never empty
+    grid[row, window] = allocation["share"].to_numpy() * 100
+    starts = allocation.drop_duplicates("window").sort_values("window")
+    t, width = starts["t"].to_numpy(), starts["window_s"].to_numpy()
+    edges = np.append(t, t[-1] + width[-1])
+    fig, ax = plt.subplots(figsize=(9, heat_height(len(names))))
+    mesh = heat_rows(ax, grid, edges, names, "task", "vlag",
+                     fair_norm(float(np.nanmax(grid)), fair * 100))
+    ax.set_xlabel("time since t0 (s)")
+    bar = fig.colorbar(mesh, ax=ax, pad=0.015)
+    bar.set_label("% of a CPU in the window")
+    bar.ax.axhline(fair * 100, color="black", lw=1)
+    ax.set_title(f"CPU allocation per task (% of a CPU per {width[0] * 1e3:.3g} ms window);\n"
+                 f"white: fair {fair:.0%}, red above, blue below", fontsize=10)
+    return save_figure(fig, path)
+
+
 def plot_runqueue_pair(runqueue: pd.DataFrame, static_runqueue: pd.DataFrame, cpus,
-                       window: tuple[float, float], path: Path, detail_s: float = 0.5) -> Path:
+                       window: tuple[float, float], path: Path, detail_s: float = 0.5,
+                       fair: float | None = None) -> Path:
     """Run queues of the static ideal (top) and the dynamic run (bottom), all CPUs overlaid, over
-    ``detail_s`` from the start of ``window`` (thesis fig 7.5)."""
+    ``detail_s`` from the start of ``window`` (thesis fig 7.5); beyond
+    :data:`~harmony.analysis.plots.MANY_CPUS` CPUs two heat maps on one colour scale, a row per
+    CPU, its mean length per time bin (white at ``fair``, N/P, if given)."""
     a = window[0]
     b = min(window[1], a + detail_s)
+    if len(cpus) > plots.MANY_CPUS:
+        grids = [runqueue_means(rq, list(cpus), a, b, HEAT_BINS)
+                 for rq in (static_runqueue, runqueue)]
+        top = max(1.0, *(float(g.max()) for g in grids))
+        fig, axes = plt.subplots(2, 1, figsize=(9, 2 * heat_height(len(cpus)) - 1), sharex=True)
+        for ax, grid, label in zip(axes, grids, ("static ideal", "dynamic")):
+            _runqueue_heat(fig, ax, grid, (a, b), list(cpus), fair, top)
+            ax.set_title(label, fontsize=9, loc="left")
+        axes[0].set_xlabel("")
+        fig.suptitle(f"Run queues, static ideal vs dynamic balance ({a:g}-{b:g} s), mean per "
+                     f"{(b - a) / HEAT_BINS * 1e3:.3g} ms{_fair_note(fair)}", fontsize=10)
+        return save_figure(fig, path)
     fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True, sharey=True)
     colours = sns.color_palette("colorblind", len(cpus))
     top = 1
@@ -128,7 +197,11 @@ def plot_variance_timeline(variance: pd.DataFrame, static_variance: pd.DataFrame
 
 def plot_placement(counts: pd.DataFrame, cpus, duration_s: float, path: Path,
                    roles: tuple[str, ...] = ("high", "low")) -> Path:
-    """Tasks of each class placed on each CPU over time (stacked steps), one panel per CPU."""
+    """Tasks of each class placed on each CPU over time (stacked steps), one panel per CPU;
+    beyond :data:`~harmony.analysis.plots.MANY_CPUS` CPUs a heat map per class, a row per CPU,
+    its mean count of the class's tasks per time bin."""
+    if len(cpus) > plots.MANY_CPUS:
+        return _placement_heat_maps(counts, list(cpus), duration_s, path, roles)
     fig, axes = plt.subplots(len(cpus), 1, figsize=(9, 1.1 + 1.1 * len(cpus)), sharex=True, sharey=True,
                              squeeze=False)
     top = 1
@@ -153,6 +226,35 @@ def plot_placement(counts: pd.DataFrame, cpus, duration_s: float, path: Path,
     axes[-1, 0].set_xlabel("time since t0 (s)")
     axes[0, 0].set_title(f"Placement of {' / '.join(roles)} tasks per CPU (running, waiting or asleep)",
                          fontsize=10)
+    return save_figure(fig, path)
+
+
+def _placement_heat_maps(counts: pd.DataFrame, cpus: list, duration_s: float, path: Path,
+                         roles: tuple[str, ...]) -> Path:
+    """:func:`plot_placement` for many CPUs: a heat map per role on one colour scale."""
+    from matplotlib.colors import LinearSegmentedColormap, Normalize
+
+    # every (segment, cpu, role) has a row (df_class_counts): a matrix segments x CPUs per role
+    cpu_of = {c: i for i, c in enumerate(cpus)}
+    grids = []
+    for role in roles:
+        g = counts[(counts["role"] == role) & counts["cpu"].isin(cpus)]
+        ts = np.unique(g["t"].to_numpy())
+        m = np.zeros((len(ts), len(cpus)))
+        m[np.searchsorted(ts, g["t"].to_numpy()), g["cpu"].map(cpu_of).to_numpy()] = g["count"]
+        grids.append(plots.step_means(ts, m, duration_s, HEAT_BINS))
+    top = max(1.0, *(float(g.max()) for g in grids))
+    fig, axes = plt.subplots(len(roles), 1, figsize=(9, len(roles) * heat_height(len(cpus))),
+                             sharex=True, squeeze=False)
+    edges = np.linspace(0, duration_s, HEAT_BINS + 1)
+    for ax, grid, role in zip(axes[:, 0], grids, roles):
+        cmap = LinearSegmentedColormap.from_list(role, ["white", ROLE_COLOURS.get(role, "black")])
+        mesh = heat_rows(ax, grid, edges, cpus, "CPU", cmap, Normalize(0, top))
+        fig.colorbar(mesh, ax=ax, pad=0.015).set_label(f"{role} tasks, mean per bin")
+        ax.set_title(role, fontsize=9, loc="left")
+    axes[-1, 0].set_xlabel("time since t0 (s)")
+    fig.suptitle(f"Placement of {' / '.join(roles)} tasks per CPU (running, waiting or asleep), "
+                 f"mean per {duration_s / HEAT_BINS * 1e3:.3g} ms", fontsize=10)
     return save_figure(fig, path)
 
 

@@ -197,7 +197,8 @@ class TwoClassExperiment(Experiment):
                                                static["t0"], run.migrations, dur, max(p["bin_s"], 0.1),
                                                wins, fig_dir / "variance.png"),
             plots_mixed.plot_runqueue_pair(run.runqueue, srun.runqueue, m["cpus"],
-                                           wins.get("long", (0.0, dur)), fig_dir / "runqueue.png"),
+                                           wins.get("long", (0.0, dur)), fig_dir / "runqueue.png",
+                                           fair=len(run.tasks) / len(m["cpus"])),
             plots_mixed.plot_class_allocation(dyn["allocation"], static["allocation"],
                                               fig_dir / "allocation.png"),
         ]

@@ -99,7 +99,9 @@ class IntrinsicImbalance(Experiment):
             plots.plot_shares(run.shares, fig_dir / "shares.png",
                               title=f"CPU share per task vs fair share P/N = {fair:.2f}"),
             plots.plot_migrations(run.migrations, dur, p["bin_s"], fig_dir / "migrations.png"),
-            plots_mixed.plot_runqueue_detail(run.runqueue, m["cpus"], detail, fig_dir / "runqueue.png"),
+            plots_mixed.plot_runqueue_detail(run.runqueue, m["cpus"], detail,
+                                             fig_dir / "runqueue.png",
+                                             fair=len(run.tasks) / len(m["cpus"])),
             plots_mixed.plot_allocation_timeline(run.allocation, fair, dur, fig_dir / "allocation.png"),
         ]
 

@@ -486,3 +486,67 @@ def test_window_spans_print_to_the_ms():
     assert window_text([1.5, 3.00012]) == "1.5-3 s"
     assert window_text([0.5, 1.0]) == "0.5-1 s" and window_text(None) == "n/a"
     assert window_text([0.25, 2.0004]) == "0.25-2 s" and window_text([1.0, 2.5006]) == "1-2.501 s"
+
+
+def test_figures_of_many_cpus_are_heat_maps_of_the_tables(tmp_path, monkeypatch):
+    """Beyond MANY_CPUS a panel per CPU (or per task) made figures as tall as the CPUs are many:
+    the run queues, the placement and the allocation are heat maps instead, a row per CPU or
+    task, each cell the table's own mean there."""
+    import matplotlib.image
+
+    from harmony.analysis import plots, plots_mixed
+
+    P = plots.MANY_CPUS + 4
+    grids, real = [], plots_mixed.heat_rows
+
+    def heat_rows(ax, grid, edges, labels, *a):
+        grids.append((grid, edges, list(labels)))
+        return real(ax, grid, edges, labels, *a)
+
+    monkeypatch.setattr(plots_mixed, "heat_rows", heat_rows)
+    cpus = list(range(P))
+    win = {"long_warmup_s": 1.0, "short_warmup_s": 0.5, "short_s": 1.0}
+    write_run(tmp_path / "static", "heavy-light", *heavy_light_static(P)[:2], cpus,
+              heavy_light_static(P)[2], win | {"static": "1"})
+    run = write_run(tmp_path, "heavy-light", *heavy_light_dynamic(P)[:2], cpus,
+                    heavy_light_dynamic(P)[2], win)
+    figs = {p.name: p for p in get_experiment("heavy-light").plot(run, tmp_path)}
+    for name in ("placement.png", "runqueue.png"):
+        height, width = matplotlib.image.imread(figs[name]).shape[:2]
+        assert height < 2800 and width < 1200, (name, height, width)
+    # placement: heavy then light, 10 ms bins over 3 s; heavy on CPU 0: P, then 1 from 1 s,
+    # none from 2 s; on CPU 1 none, then 1, then 2 (heavy 0 came); on the others 1 from 1 s
+    (heavy, edges, labels), (light, _, _) = grids[0], grids[1]
+    assert heavy.shape == light.shape == (P, plots.HEAT_BINS) and labels == cpus
+    assert edges[0] == 0 and edges[-1] == pytest.approx(3.0)
+    assert np.allclose(heavy[0], np.repeat([P, 1, 0], 100))
+    assert np.allclose(heavy[1], np.repeat([0, 1, 2], 100))
+    assert np.allclose(heavy[2:], np.repeat([0, 1, 1], 100))
+    assert np.allclose(light[1], np.repeat([0, 1, 0], 100))     # light 1 went back to CPU 0
+    # run queues over 1-1.5 s, the static ideal's then the dynamic run's: two on every CPU (the
+    # static light 0 slept 0.5-1 s); the dynamic CPU 0 from 2P to 2 at 1 s
+    static_rq, dynamic_rq = grids[2][0], grids[3][0]
+    assert grids[3][1][0] == 1.0 and grids[3][1][-1] == 1.5
+    assert np.allclose(static_rq, 2) and np.allclose(dynamic_rq, 2)
+    # intrinsic imbalance, P + 1 tasks: the allocation's windows drawn as they are
+    grids.clear()
+    pids = list(range(1000, 1000 + P + 1))
+    s = Stream()
+    for pid in pids:
+        s.wakeup(at(0), 0, pid, 0)
+    s.switch(at(0), 0, prev=0, state=TASK_RUNNING, next=pids[0])
+    for i in range(1, P):
+        s.migrate(at(0.5), i, pids[i], 0, i)
+        s.switch(at(0.5), i, prev=0, state=TASK_RUNNING, next=pids[i])
+    e6 = write_run(tmp_path / "e6", "intrinsic-imbalance", s.events(),
+                   tasks_table({"cpu": pids}, {p: 0 for p in pids}), cpus, at(2),
+                   {"warmup_s": "1.0", "layout": str(P + 1)})
+    figs = get_experiment("intrinsic-imbalance").plot(e6, tmp_path / "e6")
+    assert all(matplotlib.image.imread(p).shape[0] < 1400 for p in figs)
+    rq, edges, labels = grids[0]                # 1-2 s: CPU 0 two tasks, the others one each
+    assert edges[0] == 1.0 and edges[-1] == 2.0 and labels == cpus
+    assert np.allclose(rq[0], 2) and np.allclose(rq[1:], 1)
+    share, edges, labels = grids[1]             # 4 windows of 0.5 s, a row per task by name
+    assert labels == sorted(e6.tasks["name"]) and edges.tolist() == [0, 0.5, 1.0, 1.5, 2.0]
+    assert np.allclose(share[0], 100) and np.allclose(share[-1], 0)
+    assert np.allclose(share[1:P], [0, 100, 100, 100])

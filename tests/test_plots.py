@@ -164,6 +164,21 @@ def test_step_means_are_the_step_functions_average_per_bin():
     assert not plots.step_means(t[:0], nr[:0], 2.0, 4).any()
 
 
+def test_step_means_of_a_window_and_of_functions_stepping_together():
+    """A window [a, b] takes the value in force at a from the step before it; a matrix of step
+    functions sharing their times gives each column's means, as one at a time does."""
+    rng = np.random.default_rng(6)
+    t = np.sort(rng.uniform(0.1, 2.0, 200))
+    nr = rng.integers(0, 6, (200, 3))
+    fine = np.linspace(0.7, 1.3, 30 * 4000, endpoint=False) + 0.6 / (30 * 4000) / 2
+    value = nr[np.searchsorted(t, fine, "right") - 1]
+    means = plots.step_means(t, nr, 1.3, 30, t_start=0.7)
+    assert means.shape == (3, 30)
+    assert np.allclose(means, value.reshape(30, -1, 3).mean(axis=1).T, atol=3e-3)
+    assert np.allclose(means[1], plots.step_means(t, nr[:, 1], 1.3, 30, t_start=0.7))
+    assert plots.step_means(t[:0], nr[:0], 2.0, 4).shape == (3, 4)
+
+
 def test_many_cpus_are_one_heat_map_not_a_panel_each(tmp_path, monkeypatch):
     """128 CPUs as 128 panels made a figure 15 600 pixels tall that took 10 s to draw: beyond
     MANY_CPUS the run queues are a heat map of a readable size, the fair length at its centre."""
