@@ -92,6 +92,11 @@ _CAUSES = {(system, ev) for system, ev, _ in CAUSE_EVENTS}
 
 FEAT_TRACING_DATA, FEAT_OSRELEASE, FEAT_NRCPUS, FEAT_EVENT_DESC = 1, 4, 7, 12
 FEAT_DIR_FORMAT, FEAT_COMPRESSED = 24, 27
+#: a pipe-mode file's header: the magic and its own size, 16 (a file's is 104 and more)
+PIPE_HEADER_SIZE = 16
+REC_HEADER_ATTR, REC_HEADER_TRACING_DATA, REC_HEADER_FEATURE = 64, 66, 80
+#: the records a pipe-mode file begins with, in place of a file's header
+_PIPE_HEADER_RECORDS = {64, 65, 66, 67, 69, 78, 80}
 
 
 @dataclasses.dataclass
@@ -128,6 +133,9 @@ class PerfHeader:
     nr_cpus_avail: int | None = None
     #: HEADER_COMPRESSED (perf record -z): (level, ratio) of its zstd-compressed records, or None
     compression: tuple[int, int] | None = None
+    #: written by ``perf record -o -``: no header at its end, so no size of its data section but
+    #: the file's own (a file cut short ends in the middle of a record)
+    pipe: bool = False
 
     def formats_for(self, ids) -> dict[int, EventFormat]:
         """Parsed formats of the tracepoint ids ``ids`` the file holds a format of."""
@@ -157,24 +165,19 @@ def read_header(path: Path, data=None) -> PerfHeader:
     Catches the usual ways a recording goes bad: empty/truncated file, perf killed before it
     wrote the final header (data size 0), a file cut short after the data section (the feature
     sections perf appends at the end point past the end of the file); refuses the layouts this
-    reader does not read (pipe mode, records compressed otherwise than with zstd, a perf.data
-    directory)."""
+    reader does not read (records compressed otherwise than with zstd, a perf.data directory).
+    A pipe-mode file (``perf record -o -``) is read by :func:`_pipe_header`."""
     path = Path(path)
     data = map_file(path) if data is None else data
     r = _Bytes(path, data)
     if bytes(data[:8]) != PERF_MAGIC:
         raise TraceCorrupt(f"{path}: not a perf.data file (bad magic, {r.size} bytes)")
+    if r.size >= 16 and r.u(8, "Q", "header size")[0] == PIPE_HEADER_SIZE:
+        return _pipe_header(r)
     if r.size < _HEADER.size:
-        (hsize,) = r.u(8, "Q", "header size") if r.size >= 16 else (0,)
-        if hsize == 16:
-            raise TraceCorrupt(f"{path}: a pipe-mode perf.data (perf record -o -), which Harmony "
-                               "does not read: write it as a file with `perf inject -i IN -o OUT`")
         raise TraceCorrupt(f"{path}: truncated ({r.size} bytes, shorter than a perf.data header)")
     (_magic, hsize, attr_size, attrs_off, attrs_size, data_off, data_size, _et_off, _et_size,
      *flags) = _HEADER.unpack_from(data, 0)
-    if hsize == 16:
-        raise TraceCorrupt(f"{path}: a pipe-mode perf.data (perf record -o -), which Harmony does "
-                           "not read: write it as a file with `perf inject -i IN -o OUT`")
     if data_size == 0:
         raise TraceCorrupt(f"{path}: perf record did not finish it (data size 0 in header)")
     end = data_off + data_size
@@ -187,7 +190,37 @@ def read_header(path: Path, data=None) -> PerfHeader:
         if off + sz > r.size:
             raise TraceCorrupt(f"{path}: truncated (feature section past the end of the file)")
         features[bit] = (off, sz)
-    compression = None
+
+    # the attrs: perf_event_attr (attr_size - 16 bytes) + the section of its ids
+    if attr_size < _ATTR.size + 16 or attrs_size % attr_size or attrs_size // attr_size > 4096:
+        raise TraceCorrupt(f"{path}: corrupt attrs section ({attrs_size} bytes of {attr_size}-byte "
+                           "attrs)")
+    attrs = []
+    for k in range(attrs_size // attr_size):
+        at = attrs_off + k * attr_size
+        ids_off, ids_size = r.u(at + attr_size - 16, "QQ", "attr ids section")
+        if ids_size % 8 or ids_size > 8 << 20:
+            raise TraceCorrupt(f"{path}: corrupt ids of attr {k} ({ids_size} bytes)")
+        r.need(ids_off, ids_size, f"ids of attr {k}")
+        attrs.append(_attr(r, at, attr_size - 16, struct.unpack_from(f"<{ids_size // 8}Q", data,
+                                                                      ids_off)))
+    return _with_features(PerfHeader(path, r.size, data_off, data_size, attrs, features, None), r)
+
+
+def _attr(r: _Bytes, at: int, attr_size: int, ids) -> PerfAttr:
+    """The perf_event_attr of ``attr_size`` bytes at ``at``, with its sample ids."""
+    typ, _size, config, _period, sample_type, read_format, aflags = r.u(at, _ATTR.format[1:],
+                                                                         "attr")
+    clockid = None
+    if aflags & ATTR_FLAG_USE_CLOCKID and attr_size >= _ATTR_CLOCKID + 4:
+        (clockid,) = r.u(at + _ATTR_CLOCKID, "i", "attr clockid")
+    return PerfAttr(typ, config, sample_type, read_format, aflags, clockid, list(ids))
+
+
+def _with_features(head: PerfHeader, r: _Bytes) -> PerfHeader:
+    """``head`` with what its feature sections say: compression, event names, kernel release,
+    CPUs, tracepoint formats; refused if they say it is a layout this reader does not read."""
+    path, features = head.path, head.features
     if FEAT_COMPRESSED in features:
         # u32 version, u32 type (1: zstd), u32 level, u32 ratio, u32 mmap_len
         off, sz = features[FEAT_COMPRESSED]
@@ -198,44 +231,61 @@ def read_header(path: Path, data=None) -> PerfHeader:
             raise TraceCorrupt(f"{path}: its records are compressed with type {kind} (perf "
                                "record -z), which Harmony does not read (zstd only): decompress "
                                "it with `perf inject -i IN -o OUT`")
-        compression = (level, ratio)
+        head.compression = (level, ratio)
     if FEAT_DIR_FORMAT in features:
         raise TraceCorrupt(f"{path}: the header of a perf.data directory (perf record --threads), "
                            "which Harmony does not read: merge it with `perf inject -i DIR -o OUT`")
-
-    # the attrs: perf_event_attr (attr_size - 16 bytes) + the section of its ids
-    if attr_size < _ATTR.size + 16 or attrs_size % attr_size or attrs_size // attr_size > 4096:
-        raise TraceCorrupt(f"{path}: corrupt attrs section ({attrs_size} bytes of {attr_size}-byte "
-                           "attrs)")
-    attrs = []
-    for k in range(attrs_size // attr_size):
-        at = attrs_off + k * attr_size
-        typ, asize, config, _period, sample_type, read_format, aflags = r.u(at, _ATTR.format[1:],
-                                                                             "attr")
-        clockid = None
-        if aflags & ATTR_FLAG_USE_CLOCKID and attr_size - 16 >= _ATTR_CLOCKID + 4:
-            (clockid,) = r.u(at + _ATTR_CLOCKID, "i", "attr clockid")
-        ids_off, ids_size = r.u(at + attr_size - 16, "QQ", "attr ids section")
-        if ids_size % 8 or ids_size > 8 << 20:
-            raise TraceCorrupt(f"{path}: corrupt ids of attr {k} ({ids_size} bytes)")
-        r.need(ids_off, ids_size, f"ids of attr {k}")
-        ids = list(struct.unpack_from(f"<{ids_size // 8}Q", data, ids_off))
-        attrs.append(PerfAttr(typ, config, sample_type, read_format, aflags, clockid, ids))
-    if not attrs:
+    if not head.attrs:
         raise TraceCorrupt(f"{path}: corrupt: no events in its attrs section")
-
-    head = PerfHeader(path, r.size, data_off, data_size, attrs, features, None,
-                      compression=compression)
     if FEAT_EVENT_DESC in features:
-        _event_desc(r, *features[FEAT_EVENT_DESC], attrs)
+        _event_desc(r, *features[FEAT_EVENT_DESC], head.attrs)
     if FEAT_OSRELEASE in features:
         head.os_release = r.string(features[FEAT_OSRELEASE][0], "os release")[0]
     if FEAT_NRCPUS in features and features[FEAT_NRCPUS][1] >= 8:
         head.nr_cpus_avail, head.nr_cpus_online = r.u(features[FEAT_NRCPUS][0], "II", "nr cpus")
     if FEAT_TRACING_DATA in features:
         off, sz = features[FEAT_TRACING_DATA]
-        head.tracing = read_tracing_data(path, bytes(data[off:off + sz]))
+        head.tracing = read_tracing_data(path, bytes(r.data[off:off + sz]))
     return head
+
+
+def _pipe_header(r: _Bytes) -> PerfHeader:
+    """The header of a pipe-mode perf.data (``perf record -o -``): a 16-byte file header, then
+    records, the first of them perf's own that a file keeps in its header: HEADER_ATTR (64: the
+    perf_event_attr, then its ids to the record's end), HEADER_FEATURE (80: u64 the feature's
+    bit, then its section as a file holds it), HEADER_TRACING_DATA (66: u32 size, and that many
+    bytes after the record, outside its size), ID_INDEX, EVENT_UPDATE, HEADER_BUILD_ID. The data
+    section is the records from the first of any other type to the end of the file."""
+    path, data = r.path, r.data
+    attrs, features = [], {}
+    at = PIPE_HEADER_SIZE
+    while at + 8 <= r.size:
+        typ, _misc, size = r.u(at, "IHH", "record header")
+        if typ not in _PIPE_HEADER_RECORDS:
+            break
+        if size < 8 or at + size > r.size:
+            raise TraceCorrupt(f"{path}: truncated or corrupt {RECORD_NAMES[typ]} record at file "
+                               f"offset {at}")
+        if typ == REC_HEADER_ATTR:
+            (attr_size,) = r.u(at + 12, "I", "attr size")
+            if attr_size < _ATTR.size or 8 + attr_size > size or (size - 8 - attr_size) % 8:
+                raise TraceCorrupt(f"{path}: corrupt HEADER_ATTR record at file offset {at} "
+                                   f"({size} bytes, attr of {attr_size})")
+            attrs.append(_attr(r, at + 8, attr_size, struct.unpack_from(
+                f"<{(size - 8 - attr_size) // 8}Q", data, at + 8 + attr_size)))
+        elif typ == REC_HEADER_FEATURE:
+            (bit,) = r.u(at + 8, "Q", "feature record")
+            features[bit] = (at + 16, size - 16)
+        elif typ == REC_HEADER_TRACING_DATA:
+            (n,) = r.u(at + 8, "I", "tracing data record")
+            r.need(at + size, n, "tracing data")
+            features[FEAT_TRACING_DATA] = (at + size, n)
+            at += n
+        at += size
+    if len(attrs) > 4096:
+        raise TraceCorrupt(f"{path}: corrupt: {len(attrs)} HEADER_ATTR records")
+    head = PerfHeader(path, r.size, at, r.size - at, attrs, features, None, pipe=True)
+    return _with_features(head, r)
 
 
 def _event_desc(r: _Bytes, off: int, size: int, attrs: list[PerfAttr]) -> None:
@@ -344,13 +394,18 @@ def walk_records(buf: np.ndarray, release=None) -> tuple[np.ndarray, np.ndarray,
 
 
 def _walked(path: Path, buf: np.ndarray, off0: int, place: str = "file offset",
-            release=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            release=None, cut: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`walk_records` of a data section at ``off0`` (``place``: what its offsets are), the
-    first record that does not fit a TraceCorrupt naming where it is."""
+    first record that does not fit a TraceCorrupt naming where it is. ``cut`` (a pipe-mode
+    file's, which has no size of its data but the file's): a last record the file ends inside
+    is no error, its offset appended to ``cut`` instead."""
     offs, types, sizes, bad = walk_records(buf, release)
     if bad >= 0:
-        raise TraceCorrupt(f"{path}: truncated or corrupt record at {place} {off0 + bad} "
-                           f"(its size runs past the data section, or is below 8 bytes)")
+        size = int(buf[bad + 6]) | int(buf[bad + 7]) << 8 if bad + 8 <= len(buf) else 8
+        if cut is None or size < 8:
+            raise TraceCorrupt(f"{path}: truncated or corrupt record at {place} {off0 + bad} "
+                               f"(its size runs past the data section, or is below 8 bytes)")
+        cut.append(bad)
     return offs, types, sizes
 
 
@@ -521,9 +576,13 @@ def read_perf_data(path: Path) -> PerfRead:
     head = read_header(path, data)
     notes: list[str] = []
     off0, size = head.data_offset, head.data_size
+    # a pipe-mode file cut short (perf stopped while it wrote a record): the records before
+    cut: list[int] | None = [] if head.pipe else None
     if head.compression is not None:
         # the records as perf wrote them before compressing them; offsets in messages are theirs
-        raw, n_parts = decompressed_records(path, data, off0, size, head.compression[1])
+        raw, n_parts = decompressed_records(path, data, off0, size, head.compression[1], cut)
+        _note_cut(notes, cut, off0, size)
+        cut = None
         notes.append(f"its records were compressed (perf record -z, zstd level "
                      f"{head.compression[0]}): {n_parts} compressed records, {size} bytes, read "
                      f"as {len(raw)} bytes")
@@ -538,7 +597,10 @@ def read_perf_data(path: Path) -> PerfRead:
     # the file's own pages (not a copy), large enough to be worth releasing behind each pass
     src.mapped = isinstance(data, mmap.mmap) and not off0 % 8 and size >= RELEASE_MIN_BYTES
     src.parts_in_time_order = False
-    offs, types, sizes = _walked(path, buf, off0, place, src.release)
+    offs, types, sizes = _walked(path, buf, off0, place, src.release, cut)
+    if cut == [] and len(buf) < size:       # its last 1-7 bytes, not in buf: a record begun
+        cut.append(len(buf))
+    _note_cut(notes, cut, off0, size)
     counts = np.bincount(np.minimum(types, 255).astype(np.int64), minlength=256)
     records = {RECORD_NAMES.get(t, f"type {t}"): int(c) for t, c in enumerate(counts) if c}
     ends = offs + sizes
@@ -725,19 +787,27 @@ def read_perf_data(path: Path) -> PerfRead:
                     decoder)
 
 
-def decompressed_records(path: Path, data, off0: int, size: int,
-                         compression_ratio: int = 1) -> tuple[np.ndarray, int]:
+def _note_cut(notes: list[str], cut: list[int] | None, off0: int, size: int) -> None:
+    """The note of a pipe-mode file cut short (:func:`_walked`'s ``cut``), if it was."""
+    if cut:
+        notes.append(f"the file ends inside a record (at file offset {off0 + cut[0]}: perf "
+                     f"record -o - stopped while writing it): its last {size - cut[0]} bytes are "
+                     "not read")
+
+
+def decompressed_records(path: Path, data, off0: int, size: int, compression_ratio: int = 1,
+                         cut: list | None = None) -> tuple[np.ndarray, int]:
     """The data section of a perf.data written by ``perf record -z``, as perf reads it: each
     COMPRESSED record (81: the rest of the record; COMPRESSED2, 83: u64 data_size, then that many
     bytes, padded to 8) fed in order to one zstd stream, whose output is records; the file's
     other records (perf's own, FINISHED_ROUND) each placed after the whole records decompressed
     before it, as perf processes them: a record the stream has only begun (one compressed record
     may end inside it) continues after them. ``compression_ratio``: the one perf wrote in the
-    header (HEADER_COMPRESSED), to size the output. Returns (the records, as uint8; the compressed
-    records read).
+    header (HEADER_COMPRESSED), to size the output; ``cut``: :func:`_walked`'s. Returns (the
+    records, as uint8; the compressed records read).
     """
     buf = np.frombuffer(data, np.uint8, count=size, offset=off0)
-    offs, types, sizes = _walked(path, buf, off0)
+    offs, types, sizes = _walked(path, buf, off0, cut=cut)
     # room for what the ratio perf wrote says they decompress to (grown if it is more)
     limit = MAX_RATIO * size + (1 << 20)
     expected = min(size * (max(1, compression_ratio) + 1) + (1 << 20), limit)

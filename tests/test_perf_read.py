@@ -72,9 +72,13 @@ def compare_with_perf(path, monkeypatch, jit: str) -> perf_read.PerfRead:
 # --- real recordings -----------------------------------------------------------------------------
 
 def _record(path, *args):
-    """``perf record ARGS -o path -- python PINGPONG 0.3``; skips where perf cannot record."""
-    cmd = [PERF, *args, "-o", str(path), "--", sys.executable, "-c", PINGPONG, "0.3"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    """``perf record ARGS -o path -- python PINGPONG 0.3``; skips where perf cannot record. A
+    name ending in ``-pipe``: ``-o -``, its output (pipe mode) written to ``path``."""
+    piped = path.stem.endswith("-pipe")
+    cmd = [PERF, *args, "-o", "-" if piped else str(path), "--", sys.executable, "-c", PINGPONG,
+           "0.3"]
+    with open(path, "wb") if piped else open(os.devnull, "wb") as out:
+        p = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)
     if p.returncode != 0:
         host_skip(f"{' '.join(cmd[:3])} cannot record here: {p.stderr.strip()[-200:]}")
     return path
@@ -90,6 +94,10 @@ RECORDINGS = {
     # the probe's options, its records compressed (zstd) as perf record -z writes them
     "compressed": ["record", "-q", "-z", "-a", "-e", PERF_EVENTS, "-k", CLOCK_ID, "-B", "-N",
                    "--synth=no"],
+    # pipe mode (perf record -o -): the header's attrs, features and tracing data are records
+    "probe-pipe": ["record", "-q", "-a", "-e", PERF_EVENTS, "-k", CLOCK_ID, "-B", "-N"],
+    "compressed-pipe": ["record", "-q", "-z", "-a", "-e", PERF_EVENTS, "-k", CLOCK_ID, "-B",
+                        "-N"],
 }
 
 
@@ -111,8 +119,32 @@ def test_kernel_recordings_read_as_perf_script_prints_them(recordings, monkeypat
     read = compare_with_perf(recordings[name], monkeypatch, jit)
     assert len(read.events) > 100 and read.decoder == ("compiled" if jit == "1" else "numpy")
     assert read.records["SAMPLE"] == read.n_samples
-    assert (read.header.compression is not None) == (name == "compressed")
-    assert any("were compressed" in n for n in read.notes) == (name == "compressed")
+    assert (read.header.compression is not None) == name.startswith("compressed")
+    assert any("were compressed" in n for n in read.notes) == name.startswith("compressed")
+    assert read.header.pipe == name.endswith("-pipe")
+    assert not any("ends inside a record" in n for n in read.notes)
+
+
+@pytest.mark.kernel
+def test_kernel_pipe_mode_cut_short_is_read_to_its_last_whole_record(recordings, tmp_path):
+    """A pipe-mode file has no size of its data but its own: one cut short (perf stopped while
+    it wrote) is read to the last whole record, and says how much it left unread; a file cut
+    inside the records that stand for its header is an error naming it."""
+    for name in ("probe-pipe", "compressed-pipe"):
+        whole = recordings[name].read_bytes()
+        full = perf_read.read_perf_data(recordings[name])
+        head = full.header
+        path = tmp_path / "cut.data"
+        for keep in (len(whole) - 3, (head.data_offset + len(whole)) // 2 + 5):
+            path.write_bytes(whole[:keep])
+            read = perf_read.read_perf_data(path)
+            cut = [n for n in read.notes if "ends inside a record" in n]
+            assert len(cut) == 1 and "its last" in cut[0], read.notes
+            assert 0 < len(read.events) <= len(full.events)
+            assert set(read.events["ts"]) <= set(full.events["ts"])
+        path.write_bytes(whole[:head.data_offset - 100])
+        with pytest.raises(TraceCorrupt, match=str(path)):
+            perf_read.read_perf_data(path)
 
 
 @pytest.mark.kernel
@@ -132,6 +164,8 @@ def test_kernel_damaged_recordings_are_one_line_errors(recordings, tmp_path, mon
         monkeypatch.setenv("HARMONY_JIT", jit)
         damaged(recordings["callgraph"].read_bytes(), tmp_path / "perf.data", cases=200)
         damaged(recordings["compressed"].read_bytes(), tmp_path / "perf.data", cases=100)
+        damaged(recordings["probe-pipe"].read_bytes(), tmp_path / "perf.data", cases=100,
+                pipe=True)
 
 
 # --- the files the fuzz corpus holds -------------------------------------------------------------
@@ -151,9 +185,10 @@ def test_corpus_files_read_as_perf_script_prints_them(path, tmp_path, monkeypatc
     compare_with_perf(p, monkeypatch, jit)
 
 
-def damaged(content: bytes, path, cases: int) -> None:
+def damaged(content: bytes, path, cases: int, pipe: bool = False) -> None:
     """Truncated and bit-flipped copies of ``content`` at ``path``: each one decodes or is a
-    HarmonyError of one line naming ``path``."""
+    HarmonyError of one line naming ``path``; a truncated copy of a file is refused, of a
+    pipe-mode file (``pipe``) read to its last whole record."""
     rng = random.Random(26)
     variants = [content[:k] for k in range(0, len(content), max(1, len(content) // cases))]
     for _ in range(cases):
@@ -161,15 +196,20 @@ def damaged(content: bytes, path, cases: int) -> None:
         for _ in range(rng.choice((1, 4, 16))):
             b[rng.randrange(len(b))] = rng.randrange(256)
         variants.append(bytes(b))
-    refused = 0
+    refused = []
     for v in variants:
         path.write_bytes(v)
         try:
             perf_read.read_perf_data(path)
         except HarmonyError as exc:
             assert str(path) in str(exc) and "\n" not in str(exc), str(exc)
-            refused += 1
-    assert refused >= len(variants) // 4     # every cut short one, at least
+            refused.append(v)
+    if not pipe:
+        assert len(refused) >= len(variants) // 4     # every cut short one, at least
+        return
+    path.write_bytes(content)
+    records_from = perf_read.read_header(path).data_offset
+    assert not [len(v) for v in refused if len(v) < len(content) and len(v) > records_from]
 
 
 @pytest.mark.parametrize("jit", JIT_MODES)
@@ -185,8 +225,8 @@ def _header(hsize=104, data_size=8, flags0=0) -> bytes:
 
 
 @pytest.mark.parametrize("content,why", [
-    (b"", "bad magic"), (b"PERFILE2" + (16).to_bytes(8, "little"), "pipe-mode"),
-    (_header(hsize=16), "pipe-mode"), (_header(data_size=0), "did not finish"),
+    (b"", "bad magic"), (b"PERFILE2" + (16).to_bytes(8, "little"), "no events"),
+    (_header(data_size=0), "did not finish"),
     (_header(data_size=4096), "truncated"),
     (_header(flags0=1 << 27) + bytes(16), "corrupt compression section"),
     (_header(flags0=1 << 27) + struct.pack("<QQ5I", 128, 20, 0, 2, 1, 5, 0), "with type 2"),
