@@ -12,7 +12,8 @@ directory that target puts the fuzzed files in. ``--perf DIR``: perf.data, perf.
 perf.header and perf.stats (``perf record -e sched:sched_switch -e sched:sched_migrate_task -k
 CLOCK_MONOTONIC``, of one ``sleep 0.01`` for the perf.data seed (of the whole system it is 140 KB),
 then ``perf script -F trace:tid,cpu,time,event,trace --ns --show-lost-events -G``, ``perf report
---header-only``, ``--stats``). ``--extract FILE``: a ``trace-cmd extract`` capture (version 7,
+--header-only``, ``--stats``), and perf.pipe.data if there (the same ``perf record`` with ``-o -``,
+its output a pipe-mode perf.data). ``--extract FILE``: a ``trace-cmd extract`` capture (version 7,
 zstd; here 1.2 MB, mostly the kernel's symbols and formats: too large a seed, so not used).
 Seeds are named seed-*; existing ones are replaced.
 """
@@ -116,6 +117,8 @@ def main() -> int:
 
     if args.perf:
         save("perf_data", "sched", (args.perf / "perf.data").read_bytes())
+        if (args.perf / "perf.pipe.data").exists():
+            save("perf_data", "pipe", (args.perf / "perf.pipe.data").read_bytes())
         for name in ("script", "header", "stats"):
             save("perf_text", name, (args.perf / f"perf.{name}").read_bytes())
     return 0

@@ -589,16 +589,21 @@ def read_perf_data(path: Path) -> PerfRead:
         data, off0, size = raw, 0, len(raw)
     place = "file offset" if head.compression is None else "offset in its records decompressed"
     prefault_for_pages(size)
-    if off0 % 8:        # the reads of 8-byte words want them aligned: a copy (never seen)
-        buf = np.array(np.frombuffer(data, np.uint8, count=size, offset=off0))
-    else:
-        buf = np.frombuffer(data, np.uint8, count=size - size % 8, offset=off0)
+    # whole 8-byte words (every record is), read in place, or copied where they are not aligned
+    # in the file (never seen but in a damaged one)
+    buf = np.frombuffer(data, np.uint8, count=size - size % 8, offset=off0)
+    if off0 % 8:
+        buf = np.array(buf)
     src = _DataSection(path, buf, off0, place)
     # the file's own pages (not a copy), large enough to be worth releasing behind each pass
     src.mapped = isinstance(data, mmap.mmap) and not off0 % 8 and size >= RELEASE_MIN_BYTES
     src.parts_in_time_order = False
     offs, types, sizes = _walked(path, buf, off0, place, src.release, cut)
-    if cut == [] and len(buf) < size:       # its last 1-7 bytes, not in buf: a record begun
+    if len(buf) < size and not cut:         # its last 1-7 bytes, not in buf: a record begun
+        if cut is None:
+            raise TraceCorrupt(f"{path}: truncated or corrupt record at {place} "
+                               f"{off0 + len(buf)} (the data section ends {size - len(buf)} "
+                               "bytes into it)")
         cut.append(len(buf))
     _note_cut(notes, cut, off0, size)
     counts = np.bincount(np.minimum(types, 255).astype(np.int64), minlength=256)
@@ -674,7 +679,9 @@ def read_perf_data(path: Path) -> PerfRead:
             other[name] = other.get(name, 0) + int(per_attr[k + 1])
         else:
             groups.setdefault((a.sample_type, a.read_format), []).append(k)
-    config_of = np.array([a.config for a in attrs] + [-1], np.int64)   # [-1]: an unknown id
+    # each attr's tracepoint id, the samples' event code ([-1]: an unknown id); the attrs whose
+    # samples become rows have one below 2**16 (a format's), another may be any u64
+    config_of = np.array([a.config if a.config < 1 << 16 else -1 for a in attrs] + [-1], np.int64)
     parts = []
     for (st, rf), ks in groups.items():
         member = np.zeros(len(attrs) + 1, bool)

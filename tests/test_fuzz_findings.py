@@ -230,3 +230,24 @@ def test_rebuilding_a_run_whose_manifest_names_no_probe_is_one_line(tmp_path, pr
     with pytest.raises(HarmonyError) as e:
         pipeline.load(tmp_path)
     assert "probe" in one_line_naming(e.value, tmp_path / "manifest.json")
+
+
+# --- perf.data (fuzz target "perf_data") -------------------------------------------------------
+
+def test_an_attr_config_past_int64_is_no_overflow(tmp_path):
+    """A pipe-mode perf.data whose one event's config is 2**64 - 1 (a tracepoint's id, in a real
+    one) raised OverflowError building the samples' event codes: it is an event Harmony does not
+    decode, its sample counted by name."""
+    import struct
+
+    from harmony.probes import perf_read
+
+    attr = struct.pack("<IIQQQQQ", 2, 128, 2 ** 64 - 1, 1, 4 | 128, 0, 0).ljust(128, b"\0")
+    sample = struct.pack("<IHHQII", 9, 0, 24, 10 ** 9, 1, 0)      # TIME, CPU
+    path = tmp_path / "perf.data"
+    path.write_bytes(b"PERFILE2" + struct.pack("<Q", 16)
+                     + struct.pack("<IHH", 64, 0, 8 + 128 + 8) + attr + struct.pack("<Q", 7)
+                     + sample)
+    read = perf_read.read_perf_data(path)
+    assert read.header.pipe and len(read.events) == 0
+    assert read.other_events == {f"attr 0 (type 2, config {2 ** 64 - 1})": 1}

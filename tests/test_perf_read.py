@@ -29,9 +29,16 @@ from harmony.probes.perf_script import run_perf_script
 
 PERF = shutil.which("perf")
 CORPUS = sorted((ROOT / "fuzz" / "corpus" / "perf_data").iterdir())
-#: the corpus files recorded without -z (seed-z-probe was): those whose records are edited or
-#: compressed by a test
-PLAIN = [p for p in CORPUS if perf_read.read_header(p).compression is None]
+
+
+def _plain(path) -> bool:
+    head = perf_read.read_header(path)
+    return head.compression is None and not head.pipe
+
+
+#: the corpus files recorded without -z (seed-z-probe was) nor to a pipe (seed-pipe): those
+#: whose records are edited or compressed by a test
+PLAIN = [p for p in CORPUS if _plain(p)]
 
 JIT_MODES = ["0"] + (["1"] if numba_version() else [])
 
@@ -164,8 +171,7 @@ def test_kernel_damaged_recordings_are_one_line_errors(recordings, tmp_path, mon
         monkeypatch.setenv("HARMONY_JIT", jit)
         damaged(recordings["callgraph"].read_bytes(), tmp_path / "perf.data", cases=200)
         damaged(recordings["compressed"].read_bytes(), tmp_path / "perf.data", cases=100)
-        damaged(recordings["probe-pipe"].read_bytes(), tmp_path / "perf.data", cases=100,
-                pipe=True)
+        damaged(recordings["probe-pipe"].read_bytes(), tmp_path / "perf.data", cases=100)
 
 
 # --- the files the fuzz corpus holds -------------------------------------------------------------
@@ -185,10 +191,13 @@ def test_corpus_files_read_as_perf_script_prints_them(path, tmp_path, monkeypatc
     compare_with_perf(p, monkeypatch, jit)
 
 
-def damaged(content: bytes, path, cases: int, pipe: bool = False) -> None:
+def damaged(content: bytes, path, cases: int) -> None:
     """Truncated and bit-flipped copies of ``content`` at ``path``: each one decodes or is a
     HarmonyError of one line naming ``path``; a truncated copy of a file is refused, of a
-    pipe-mode file (``pipe``) read to its last whole record."""
+    pipe-mode file read to its last whole record (refused if cut in the records it begins
+    with)."""
+    path.write_bytes(content)
+    head = perf_read.read_header(path)
     rng = random.Random(26)
     variants = [content[:k] for k in range(0, len(content), max(1, len(content) // cases))]
     for _ in range(cases):
@@ -204,12 +213,13 @@ def damaged(content: bytes, path, cases: int, pipe: bool = False) -> None:
         except HarmonyError as exc:
             assert str(path) in str(exc) and "\n" not in str(exc), str(exc)
             refused.append(v)
-    if not pipe:
+    if not head.pipe:
         assert len(refused) >= len(variants) // 4     # every cut short one, at least
         return
-    path.write_bytes(content)
-    records_from = perf_read.read_header(path).data_offset
-    assert not [len(v) for v in refused if len(v) < len(content) and len(v) > records_from]
+    cut = [len(v) for v in variants if len(v) < len(content)]
+    assert [n for n in cut if n > head.data_offset]       # some cut in its records
+    refused_cut = [len(v) for v in refused if len(v) < len(content)]
+    assert [n for n in refused_cut if n > head.data_offset] == []
 
 
 @pytest.mark.parametrize("jit", JIT_MODES)
