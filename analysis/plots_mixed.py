@@ -94,7 +94,7 @@ def plot_allocation_timeline(allocation: pd.DataFrame, fair: float, duration_s: 
     per window, white at fair."""
     names = sorted(allocation["name"].astype(str).unique())
     if len(names) > plots.MANY_CPUS:
-        return _allocation_heat_map(allocation, names, fair, duration_s, path)
+        return _allocation_heat_map(allocation, names, fair, path)
     fig, axes = plt.subplots(len(names), 1, figsize=(9, 0.9 + 0.9 * len(names)), sharex=True,
                              sharey=True, squeeze=False)
     for ax, name in zip(axes[:, 0], names):
@@ -111,7 +111,7 @@ def plot_allocation_timeline(allocation: pd.DataFrame, fair: float, duration_s: 
 
 
 def _allocation_heat_map(allocation: pd.DataFrame, names: list[str], fair: float,
-                         duration_s: float, path: Path) -> Path:
+                         path: Path) -> Path:
     """:func:`plot_allocation_timeline` for many tasks: a row per task (by name), a column per
     window (each its own share, not binned), white at the fair share, red above, blue below."""
     row = np.searchsorted(names, allocation["name"].astype(str).to_numpy())
