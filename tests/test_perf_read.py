@@ -28,7 +28,8 @@ from harmony.probes.perf import CLOCK_ID, PERF_EVENTS, PerfProbe
 from harmony.probes.perf_script import run_perf_script
 
 PERF = shutil.which("perf")
-CORPUS = sorted((ROOT / "fuzz" / "corpus" / "perf_data").iterdir())
+#: the fuzz corpus's seeds: real recordings (its regress-* inputs are what fuzzing made of them)
+CORPUS = sorted((ROOT / "fuzz" / "corpus" / "perf_data").glob("seed-*"))
 
 
 def _plain(path) -> bool:
