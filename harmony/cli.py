@@ -591,7 +591,8 @@ def export(run_dir, fmt, out):
 
 
 @main.command("import")
-@click.argument("trace_file", metavar="FILE", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("trace_file", metavar="FILE", type=click.Path(exists=True, dir_okay=False, path_type=Path,
+                                                              allow_dash=True))
 @click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True, help="a task of the experiment")
 @click.option("--comm", "comms", multiple=True, metavar="NAME",
               help="tasks whose comm matches NAME (a glob such as 'hmy-*')")
@@ -613,19 +614,25 @@ def export(run_dir, fmt, out):
 def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params, buffer, out,
             quiet, list_tasks, no_memory_check):
     """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*', perf sched
-    record) from another host."""
+    record) from another host; FILE "-": one piped in (perf record -o - ... | harmony import -),
+    kept in the run directory as it arrives."""
     from harmony.analysis.report import summary_text
     from harmony.experiments import get_experiment
     from harmony.importer import import_trace
     from harmony.osutil import parse_cpulist
 
     # Everything is checked before the file is read.
-    if not trace_file.is_file():   # a FIFO or a device: reading it could wait forever
+    piped = str(trace_file) == "-"
+    if piped and sys.stdin.isatty():
+        raise click.BadParameter("- reads the trace piped into harmony, and standard input is a "
+                                 "terminal: pipe one in (perf record -o - ... | harmony import -)",
+                                 param_hint="FILE")
+    if not piped and not trace_file.is_file():  # a FIFO, a device: reading could wait forever
         raise click.BadParameter(f"{trace_file} is not a regular file", param_hint="FILE")
     if list_tasks:
-        from harmony.importer import df_trace_tasks, read_trace, trace_tasks_text
-        with _errors(also=(OSError,)):
-            cap, _ = read_trace(trace_file, buffer)
+        from harmony.importer import df_trace_tasks, read_trace, receive_stdin, trace_tasks_text
+        with _errors(also=(OSError,)), tempfile.TemporaryDirectory(prefix="harmony-stdin-") as tmp:
+            cap, _ = read_trace(receive_stdin(Path(tmp)) if piped else trace_file, buffer)
         click.echo(trace_tasks_text(df_trace_tasks(cap.events, cap.meta.get("cmdlines"))))
         return
     if not pids and not comms:
@@ -663,6 +670,8 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     from harmony.suite import Progress
     # a status line on a terminal only: a script or a log gets the summary (or the one-line error)
     progress = Progress(1, 0, quiet=quiet or not sys.stderr.isatty())
+    if piped:
+        trace_file = _receive_piped_trace(out, progress)
     with _errors(also=(ValueError, OSError)):
         try:
             result = import_trace(trace_file, out, pids=pids, comms=comms, cpus=cpu_set,
@@ -673,6 +682,27 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
         finally:
             progress.clear()        # before the summary, or the error, takes its place
     click.echo(summary_text(result))
+
+
+def _receive_piped_trace(out: Path, progress) -> Path:
+    """The trace piped into ``harmony import -``, written into ``out``'s raw/import/ as it
+    arrives; if it cannot be (empty, not a trace, a signal), what was made of ``out`` is
+    removed again (nothing else was there: :func:`_check_out`)."""
+    from harmony.importer import RAW_DIR, receive_stdin
+
+    target = out / RAW_DIR
+    made = [d for d in (*reversed(target.parents), target) if not d.exists()]   # outermost first
+    progress.phase("receiving the trace piped in")
+    try:
+        with _errors(also=(OSError,)):
+            return receive_stdin(out / RAW_DIR)
+    except BaseException:
+        for d in reversed(made):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
+    finally:
+        progress.clear()
 
 
 @main.command()

@@ -15,6 +15,7 @@ import dataclasses
 import fnmatch
 import os
 import shutil
+import sys
 import tempfile
 from concurrent import futures
 from pathlib import Path
@@ -59,6 +60,34 @@ def sniff(path: Path) -> str:
     if not head:
         raise TraceCorrupt(f"{path}: empty file, neither a trace.dat nor a perf.data")
     raise TraceCorrupt(f"{path}: neither a trace.dat nor a perf.data (unknown magic)")
+
+
+#: what a trace piped into ``harmony import -`` is kept as in the run directory, by its kind
+STDIN_NAMES = {"perf.data": "stdin.perf.data", "trace.dat": "stdin.dat"}
+
+
+def receive_stdin(dest_dir: Path, stream=None) -> Path:
+    """Write the trace piped into ``harmony import -`` (``perf record -o - ... |``) from
+    ``stream`` (standard input) into ``dest_dir``, under a temporary name until it has ended,
+    then as :data:`STDIN_NAMES` of its kind; returns the file. TraceCorrupt (nothing written)
+    if it is empty or neither kind; on any error or a signal the part written is removed."""
+    stream = stream if stream is not None else sys.stdin.buffer
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    part = dest_dir / ".stdin.part"
+    try:
+        read = getattr(stream, "read1", stream.read)    # what has arrived, not a whole MiB
+        with open(part, "wb") as f:
+            while chunk := read(1 << 20):
+                f.write(chunk)
+        try:
+            kind = sniff(part)
+        except TraceCorrupt as exc:
+            raise TraceCorrupt(str(exc).replace(str(part), "standard input", 1)) from None
+        dest = dest_dir / STDIN_NAMES[kind]
+        os.replace(part, dest)
+        return dest
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def read_perf_data(path: Path) -> Capture:
@@ -587,13 +616,22 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     store.write_json(out / "manifest.json", manifest)
     # the copy of the trace kept with the run (sendfile: kernel time, ~1.4 s for 540 MB here) is
     # made while the tables are built, and waited for before the run is written complete
-    copying = in_background(_copy_atomically, path, out / RAW_DIR / path.name)
+    stored = out / RAW_DIR / path.name
+    copying = in_background(lambda: None if _same_file(path, stored) else
+                            _copy_atomically(path, stored))     # piped in: written there
     try:
         return pipeline.analyse_capture(out, manifest, cap, tasks, pipeline.Window(t0, t_end),
                                         pipeline.Origin("imported", notes=notes), progress=step,
                                         before_complete=copying.result)
     finally:
         futures.wait([copying])     # never leave the copy running behind an error
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _copy_atomically(src: Path, dest: Path) -> None:

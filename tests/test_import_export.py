@@ -243,6 +243,45 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
                      "drawing the figures"]
 
 
+def test_a_trace_piped_in_is_kept_in_the_run_and_imported(writer_dat, tmp_path, monkeypatch):
+    """``perf record -o - ... | harmony import -``: what is piped in is written into the run
+    directory as it arrives and imported from there, as a file would be; empty or not a trace,
+    it is one line about standard input, and nothing is left where the run would have been."""
+    import tempfile
+    _, dat = writer_dat
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["import", "-", "--comm", "cat-*", "--pid", "11", "--out",
+                                  str(out)], input=dat.read_bytes(), catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    run = harmony.load(out)
+    stored = out / "raw/import/stdin.dat"
+    assert run.manifest["status"] == "complete" and stored.read_bytes() == dat.read_bytes()
+    assert run.manifest["source"]["stored"] == "raw/import/stdin.dat"
+    assert sorted(run.tasks["pid"]) == [11, 12]
+    assert [p.name for p in stored.parent.iterdir()] == ["stdin.dat"]     # no part, no copy
+    ref = invoke("import", dat, "--comm", "cat-*", "--pid", 11, "--out", tmp_path / "file")
+    assert ref.exit_code == 0
+    for name in TABLES:
+        pd.testing.assert_frame_equal(run.table(name), harmony.load(tmp_path / "file").table(name))
+    # --tasks of a trace piped in: read from a temporary directory, removed after
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    tempfile.tempdir = None                        # TMPDIR read again
+    try:
+        r = CliRunner().invoke(main, ["import", "-", "--tasks"], input=dat.read_bytes())
+    finally:
+        tempfile.tempdir = None
+    assert r.exit_code == 0 and r.stdout.split()[:7] == ["PID", "RUN", "s", "SWITCH-INS",
+                                                         "EVENTS", "CPUS", "COMM"], r.output
+    assert not list((tmp_path / "tmp").iterdir())
+    for content, why in ((b"", "empty file"), (b"not a trace at all", "unknown magic")):
+        out = tmp_path / "new" / "run"
+        r = CliRunner().invoke(main, ["import", "-", "--pid", "11", "--out", str(out)],
+                               input=content)
+        line = one_line_error(r, "standard input")
+        assert why in line and not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize("release, scheduler", [
     ("6.1.0-50-amd64", "CFS (implied by kernel 6.1)"),
     ("6.12.48+deb12-amd64", "EEVDF (implied by kernel 6.12)"),
@@ -848,6 +887,47 @@ def test_perf_data_imports(kernel, tmp_path):
     cut = tmp_path / "cut.data"
     cut.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     one_line_error(invoke("import", cut, "--comm", "hmyimp-spin", "--out", tmp_path / "r2"), cut)
+
+
+@pytest.mark.kernel
+@pytest.mark.needs_tool("perf")
+def test_perf_record_piped_into_harmony_import(kernel, tmp_path):
+    """``perf record -o - ... | harmony import -``, two processes and a pipe, as a user types it;
+    and an import stopped (SIGINT) while the trace is still arriving leaves nothing behind."""
+    import signal
+    import time
+    from cli_run import HARMONY
+    out = tmp_path / "run"
+    rec = subprocess.Popen([PERF, "record", "-q", "-e", "sched:*", "-a", "-o", "-", "--",
+                            sys.executable, "-c", SPIN, "0.3"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+    imp = subprocess.run(HARMONY + ["import", "-", "--comm", "hmyimp-spin", "--out", str(out)],
+                         stdin=rec.stdout, capture_output=True, text=True, timeout=180)
+    rec.stdout.close()
+    if rec.wait(timeout=60) != 0:
+        host_skip(f"perf record cannot record here: {rec.stderr.read().decode()[-200:]}")
+    assert imp.returncode == 0, imp.stderr
+    run = harmony.load(out)
+    assert run.manifest["source"]["format"] == "perf.data" and len(run.tasks) == 1
+    assert run.runs["duration"].sum() > 0.1e9
+    assert (out / "raw/import/stdin.perf.data").read_bytes()[:16] == \
+        b"PERFILE2" + (16).to_bytes(8, "little")                          # pipe mode
+    # a pipe that stays open: the import waits for the trace's end, and is stopped meanwhile
+    stopped = tmp_path / "stopped"
+    imp = subprocess.Popen(HARMONY + ["import", "-", "--comm", "x", "--out", str(stopped)],
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    imp.stdin.write(b"PERFILE2" + bytes(4096))
+    imp.stdin.flush()
+    part = stopped / "raw/import/.stdin.part"
+    deadline = time.monotonic() + 60
+    while not (part.exists() and part.stat().st_size) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    imp.send_signal(signal.SIGINT)
+    imp.wait(timeout=60)        # before its input ends: the signal, not the end, stops it
+    imp.stdin.close()
+    err = imp.stderr.read().decode()
+    assert imp.returncode != 0 and "interrupted" in err and "Traceback" not in err, err
+    assert not stopped.exists()
 
 
 @pytest.mark.kernel
