@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harmony.osutil import format_cpulist
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, TraceCorrupt
 from harmony.probes.formats import (FormatError, check_page_layout, load_formats_dir,
                                     load_header_event, load_header_page)
@@ -78,6 +79,47 @@ def _stat_int(stats: dict, key: str) -> int:
         return int(str(stats.get(key, 0)).split()[0])
     except (ValueError, IndexError):
         return 0
+
+
+#: beyond this many CPUs with pages that follow lost events, one note says them all (a line per
+#: CPU, on a 128-CPU host that lost events everywhere, buried the report's other notes)
+MANY_LOSS_NOTES = 4
+
+
+def lost_events(cpus, dec: Decoded, stats: dict) -> tuple[dict[int, int], list[str]]:
+    """({cpu: events lost}, notes) of ring-buffer pages decoded (a tracefs recording, a
+    trace.dat): the pages' own count of each CPU, or the kernel's per-CPU statistics
+    (``stats``, by CPU as int or str: overrun, commit overrun, dropped events), which also give
+    the number a flagged page did not store; -1 where neither says how many. A note per CPU
+    whose pages follow lost events, or one for all of them beyond :data:`MANY_LOSS_NOTES`."""
+    lost: dict[int, int] = {}
+    for c in cpus:
+        page_lost = dec.lost_by_cpu.get(c, 0)
+        st = stats.get(c, stats.get(str(c))) if isinstance(stats, dict) else None
+        if isinstance(st, dict) and st:
+            overrun = _stat_int(st, "overrun")
+            other = _stat_int(st, "commit overrun") + _stat_int(st, "dropped events")
+            lost[c] = -1 if page_lost < 0 and not (overrun or other) else \
+                max(page_lost, overrun) + other
+        else:
+            lost[c] = page_lost
+    missed = {c: n for c, n in sorted(dec.missed_pages_by_cpu.items()) if n}
+
+    def events(cs) -> str:
+        unknown = [c for c in cs if dec.lost_by_cpu.get(c, 0) < 0]
+        known = sum(max(0, dec.lost_by_cpu.get(c, 0)) for c in cs)
+        if len(unknown) == len(cs):
+            return "count not stored"
+        return f"{known} events" + (f"; count not stored on CPUs {format_cpulist(unknown)}"
+                                    if unknown else "")
+
+    if len(missed) <= MANY_LOSS_NOTES:
+        notes = [f"CPU {c}: {n} pages follow lost events ({events([c])})"
+                 for c, n in missed.items()]
+    else:
+        notes = [f"CPUs {format_cpulist(missed)}: {sum(missed.values())} pages follow lost "
+                 f"events ({events(list(missed))}; each CPU's count in lost_by_cpu)"]
+    return lost, notes
 
 
 def capture_meta(dec: Decoded, src: PageSource, probe: str, clock: str, enabled: list[str],
@@ -138,22 +180,8 @@ def decode_dir(out_dir: Path) -> Capture:
     if missing:
         notes.append(f"no format stored for enabled events {missing}; their records cannot be decoded")
 
-    stats = meta.get("stats") or {}
-    lost_by_cpu: dict[int, int] = {}
-    for c in files:
-        page_lost = dec.lost_by_cpu.get(c, 0)
-        st = stats.get(str(c), stats.get(c)) if isinstance(stats, dict) else None
-        if isinstance(st, dict):
-            overrun = _stat_int(st, "overrun")
-            other = _stat_int(st, "commit overrun") + _stat_int(st, "dropped events")
-            lost_by_cpu[c] = max(page_lost, overrun) + other
-            if page_lost < 0 and overrun + other == 0:
-                lost_by_cpu[c] = -1   # pages say events were lost, no counter says how many
-        else:
-            lost_by_cpu[c] = page_lost
-        if dec.missed_pages_by_cpu.get(c):
-            notes.append(f"CPU {c}: {dec.missed_pages_by_cpu[c]} pages follow lost events "
-                         f"({'count not stored' if page_lost < 0 else f'{page_lost} events'})")
+    lost_by_cpu, loss_notes = lost_events(files, dec, meta.get("stats") or {})
+    notes += loss_notes
     clock = _meta_text(meta, "clock", "local", d)
     if clock in NOT_NS_CLOCKS:
         notes.append(f"trace clock {clock!r} counts {NOT_NS_CLOCKS[clock]}, not ns")

@@ -41,7 +41,7 @@ from harmony.probes.base import Capture, TraceCorrupt
 from harmony.probes.filemap import mapped_array, scratch_file
 from harmony.probes.formats import (EventFormat, Field, FormatError, check_page_layout,
                                     parse_format, parse_header_event, parse_header_page)
-from harmony.probes.ringbuf import capture_meta
+from harmony.probes.ringbuf import capture_meta, lost_events
 from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_fields import read_field
 from harmony.probes.ringbuf_pages import PageSource
@@ -821,13 +821,6 @@ def _fill(td: TraceDat, r: FileReader, chunks: dict[int, list[tuple[int, int, in
     return at
 
 
-def _stat_int(stats: dict, key: str) -> int:
-    try:
-        return int(str(stats.get(key, 0)).split()[0])
-    except (ValueError, IndexError):
-        return 0
-
-
 def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, TraceDat]:
     """Decode the events of one buffer of ``path`` into a :class:`Capture` (plus the file facts).
 
@@ -885,22 +878,8 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
 
     notes = list(dec.notes)
     stats = td.cpustats.get(buf.name, {})
-    lost_by_cpu = {}
-    for c in sorted(set(buf.cpus) | set(stats)):
-        page_lost = dec.lost_by_cpu.get(c, 0)
-        st = stats.get(c)
-        if st:
-            overrun = _stat_int(st, "overrun")
-            other = _stat_int(st, "commit overrun") + _stat_int(st, "dropped events")
-            # the kernel's counts give the number a flagged page did not store; with no count at
-            # all the loss stays "unknown" (-1) rather than 0
-            lost = -1 if page_lost < 0 and not (overrun or other) else max(page_lost, overrun) + other
-        else:
-            lost = page_lost
-        lost_by_cpu[c] = lost
-        if dec.missed_pages_by_cpu.get(c):
-            notes.append(f"CPU {c}: {dec.missed_pages_by_cpu[c]} pages follow lost events "
-                         f"({'count not stored' if page_lost < 0 else f'{page_lost} events'})")
+    lost_by_cpu, loss_notes = lost_events(sorted(set(buf.cpus) | set(stats)), dec, stats)
+    notes += loss_notes
     if not stats:
         notes.append("the file has no per-CPU statistics (CPUSTAT): lost events are known only "
                      "from the pages' missed-events flags")

@@ -440,6 +440,29 @@ def test_lost_from_stats(tmp_path):
     assert cap.meta["lost_by_cpu"] == {0: 10, 1: -1} and cap.meta["lost_events"] == -1
 
 
+def test_losses_on_many_cpus_are_one_note():
+    """A note per CPU whose pages follow lost events, up to MANY_LOSS_NOTES CPUs; beyond, one
+    note for all (128 lines buried the report's other notes), each CPU's count kept in
+    lost_by_cpu."""
+    from harmony.probes.ringbuf import MANY_LOSS_NOTES, lost_events
+    from harmony.probes.ringbuf_decode import Decoded
+
+    def decoded(lost):
+        return Decoded(None, None, lost, {c: 2 for c in lost}, {}, [], 0)
+
+    few = {c: 5 for c in range(MANY_LOSS_NOTES)} | {MANY_LOSS_NOTES - 1: -1}
+    lost, notes = lost_events(sorted(few), decoded(few), {})
+    assert lost == few
+    assert notes[0] == "CPU 0: 2 pages follow lost events (5 events)"
+    assert notes[-1] == f"CPU {MANY_LOSS_NOTES - 1}: 2 pages follow lost events (count not stored)"
+    many = {c: 5 for c in range(128)} | {7: -1, 9: -1}
+    stats = {7: {"overrun": 4}}                  # the kernel counts what CPU 7's pages did not
+    lost, notes = lost_events(range(130), decoded(many), stats)
+    assert lost == many | {7: 4, 128: 0, 129: 0}
+    assert notes == ["CPUs 0-127: 256 pages follow lost events (630 events; count not stored on "
+                     "CPUs 7,9; each CPU's count in lost_by_cpu)"]
+
+
 def test_empty_and_zero_pages(tmp_path):
     from harmony.probes.ringbuf import decode_dir
     cap = decode_dir(write_dir(tmp_path, {0: [bytes(4096)] * 3, 1: []}))
