@@ -253,13 +253,31 @@ def _silent(n):
             "in lost_events")
 
 
+#: the CPUs that lost events a note names one by one, at most (the others: the manifest's
+#: capture.lost_by_cpu)
+LOST_CPUS_NAMED = 8
+
+
+def _lost_where(by_cpu: dict) -> str:
+    """Where events were lost, from {cpu: count} (-1: unknown; keys int, or str from JSON): each
+    CPU that lost any, or beyond :data:`LOST_CPUS_NAMED` how many did and the one that lost
+    most."""
+    lost = sorted((int(c), int(v)) for c, v in by_cpu.items() if int(v))
+    say = [f"{v if v >= 0 else 'unknown'} on CPU {c}" for c, v in lost]
+    if len(lost) <= LOST_CPUS_NAMED:
+        return "per CPU: " + (", ".join(say) or "none")
+    c, v = max(lost, key=lambda cv: cv[1])
+    return (f"on {len(lost)} CPUs, most on CPU {c}: {v}; each CPU's count in the manifest's "
+            "capture.lost_by_cpu")
+
+
 def _lost(n):
     if n["lost"] < 0:
         return ("the trace says events were lost but not how many" if n["origin"] == "imported"
                 else "the probe could not tell whether events were lost")
     if n["origin"] == "imported":
-        return (f"{n['lost']} events were lost when the trace was recorded (per CPU: "
-                f"{n['by_cpu']}): tables may miss migrations or switches")
+        return (f"{n['lost']} events were lost when the trace was recorded "
+                f"({_lost_where(n['by_cpu'] or {})}): tables may miss migrations or switches")
     return f"{n['lost']} events were lost by the probe: tables may miss migrations or switches"
 
 

@@ -861,3 +861,22 @@ def test_the_walk_releases_every_page_behind_each_pass_and_decodes_the_same(tmp_
     for lo, hi in walked:
         times[lo // page:hi // page] += 1
     assert (times == 2).all(), times
+
+
+def test_an_imported_traces_losses_name_the_cpus_that_lost_any():
+    """The note of an imported trace's lost events named every CPU's count, zeros included (a
+    dict of 128 entries on a 128-CPU host): it names those that lost any, and beyond
+    LOST_CPUS_NAMED how many did and which lost most."""
+    from harmony.analysis import trust
+
+    def said(by_cpu):
+        lost = sum(v for v in by_cpu.values() if v > 0)
+        return trust.word(trust.note("lost_events", lost=lost, by_cpu=by_cpu, origin="imported"))
+
+    assert said({0: 10, 1: 0, "2": -1}) == ("10 events were lost when the trace was recorded (per "
+                                            "CPU: 10 on CPU 0, unknown on CPU 2): tables may miss "
+                                            "migrations or switches")
+    many = {str(c): (c % 3) * 7 for c in range(128)}           # as a manifest's JSON has them
+    text = said(many)
+    assert "(on 85 CPUs, most on CPU 2: 14; each CPU's count in the manifest's " in text
+    assert len(text) < 250
