@@ -15,8 +15,9 @@ run and interleaved:
 
 The recordings are real: ``perf record`` with the perf probe's options (system-wide, the sched
 events Harmony decodes, ``-k CLOCK_MONOTONIC``) of a pipe ping-pong (``common.pingpong``), as long
-as it takes to hold about each size's events (scaled from a 1 s recording). ``--traces DIR`` keeps
-them there and uses them again. Run it under the measurement lock.
+as it takes to hold about each size's events (scaled from a 1 s recording); ``--pipe``: written to a
+pipe (``-o -``), pipe-mode files. ``--traces DIR`` keeps them there and uses them again. Run it
+under the measurement lock.
 """
 
 from __future__ import annotations
@@ -42,16 +43,19 @@ from harmony.probes.perf_read import read_perf_data  # noqa: E402
 BENCH = Path(__file__).resolve().parent
 
 
-def record(path: Path, seconds: float, pairs: int) -> int:
-    """``perf record`` (the perf probe's options) of ``seconds`` of ping-pong into ``path``;
-    returns the sched events it holds."""
+def record(path: Path, seconds: float, pairs: int, pipe: bool = False) -> int:
+    """``perf record`` (the perf probe's options) of ``seconds`` of ping-pong into ``path``
+    (``pipe``: written to a pipe, ``-o -``, as a pipe-mode perf.data); returns the sched events
+    it holds."""
     load = (f"import sys; sys.path.insert(0, {str(BENCH)!r}); import common; "
             f"common.pingpong({pairs}, 0, {seconds})")
     cmd = ["perf", "record", "-q", "-a", "-e", PERF_EVENTS, "-k", CLOCK_ID, "-m", "4096", "-B",
-           "-N", "--synth=no", "--no-bpf-event", "-o", str(path), "--", sys.executable, "-c", load]
+           "-N", "--synth=no", "--no-bpf-event", "-o", "-" if pipe else str(path), "--",
+           sys.executable, "-c", load]
     lock = common.host_lock()      # the load must not disturb someone's run
     try:
-        r = subprocess.run(cmd, capture_output=True, text=True)
+        with open(path, "wb") if pipe else open(os.devnull, "wb") as out:
+            r = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True)
     finally:
         lock.release()
     if r.returncode:
@@ -59,18 +63,19 @@ def record(path: Path, seconds: float, pairs: int) -> int:
     return len(read_perf_data(path).events)
 
 
-def recordings(sizes: list[int], where: Path, pairs: int) -> dict[int, Path]:
+def recordings(sizes: list[int], where: Path, pairs: int,
+               pipe: bool = False) -> dict[int, Path]:
     """size -> a perf.data of about that many events (existing ones are used again)."""
     where.mkdir(parents=True, exist_ok=True)
     out, rate = {}, None
     for size in sizes:
-        path = where / f"pingpong-{size:.0e}.data".replace("+", "")
+        path = where / f"pingpong-{size:.0e}{'.pipe' if pipe else ''}.data".replace("+", "")
         if not path.exists():
             if rate is None:
                 probe = where / ".rate.data"
                 rate = record(probe, 1.0, pairs)
                 probe.unlink()
-            record(path.with_suffix(".part"), max(0.5, size / rate), pairs)
+            record(path.with_suffix(".part"), max(0.5, size / rate), pairs, pipe)
             os.replace(path.with_suffix(".part"), path)
         out[size] = path
     return out
@@ -99,6 +104,8 @@ def main(argv=None) -> int:
     ap.add_argument("--comm", default="hmy-pp", help="the tasks imported (default %(default)s)")
     ap.add_argument("--traces", type=Path, help="keep the recordings here and use them again "
                                                 "(default: a temporary directory)")
+    ap.add_argument("--pipe", action="store_true",
+                    help="record to a pipe (perf record -o -): pipe-mode perf.data files")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
     a = ap.parse_args(argv)
     sizes = common.sizes(ap, a.sizes, a.reps)
@@ -107,7 +114,7 @@ def main(argv=None) -> int:
             sys.exit(f"{tool} is not installed")
     work = Path(tempfile.mkdtemp(prefix="harmony-bench-perf-"))
     try:
-        files = recordings(sizes, a.traces or work / "traces", a.pairs)
+        files = recordings(sizes, a.traces or work / "traces", a.pairs, a.pipe)
         rows = []
         libraries_s = common.library_floor(a.reps)
         for size, path in files.items():

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import mmap
+import os
 import struct
 from array import array
 from pathlib import Path
@@ -48,6 +49,7 @@ import pandas as pd
 
 from harmony.errors import TraceCorrupt
 from harmony.jit import use_compiled
+from harmony.probes.filemap import mapped_array, scratch_file
 from harmony.probes.formats import EventFormat, FormatError, parse_header_page
 from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource, read_uint
@@ -589,14 +591,15 @@ def read_perf_data(path: Path) -> PerfRead:
         data, off0, size = raw, 0, len(raw)
     place = "file offset" if head.compression is None else "offset in its records decompressed"
     prefault_for_pages(size)
-    # whole 8-byte words (every record is), read in place, or copied where they are not aligned
-    # in the file (never seen but in a damaged one)
+    # whole 8-byte words (every record is), read in place, or copied where the file does not
+    # align them (a pipe-mode file's: its header records are not padded)
     buf = np.frombuffer(data, np.uint8, count=size - size % 8, offset=off0)
+    mapped = isinstance(data, mmap.mmap)
     if off0 % 8:
-        buf = np.array(buf)
+        buf, mapped = _aligned(path, buf, off0)
     src = _DataSection(path, buf, off0, place)
-    # the file's own pages (not a copy), large enough to be worth releasing behind each pass
-    src.mapped = isinstance(data, mmap.mmap) and not off0 % 8 and size >= RELEASE_MIN_BYTES
+    # a file's pages (not a copy in memory), large enough to be worth releasing behind each pass
+    src.mapped = mapped and size >= RELEASE_MIN_BYTES
     src.parts_in_time_order = False
     offs, types, sizes = _walked(path, buf, off0, place, src.release, cut)
     if len(buf) < size and not cut:         # its last 1-7 bytes, not in buf: a record begun
@@ -792,6 +795,30 @@ def read_perf_data(path: Path) -> PerfRead:
                      f"{', '.join(sorted(f'{s}:{e}' for s, e in _CAUSES))}), by count: {other}")
     return PerfRead(head, events, lost_by_cpu, lost_samples, other, records, recorded, notes, n_s,
                     decoder)
+
+
+def _aligned(path: Path, buf: np.ndarray, off0: int) -> tuple[np.ndarray, bool]:
+    """(the data section ``buf``, at file offset ``off0``, where its 8-byte words are aligned;
+    whether that is a mapped file). A pipe-mode file's records start 4 bytes off a word (perf
+    does not pad its feature records: 84 bytes a hostname): from :data:`RELEASE_MIN_BYTES` on
+    they are copied by the kernel (``copy_file_range``) into a scratch file
+    (:func:`filemap.scratch_file`) and mapped, so that the reader releases them behind each pass
+    as a file's; below that, or without a scratch file, copied into memory."""
+    f = scratch_file(len(buf)) if len(buf) >= RELEASE_MIN_BYTES else None
+    if f is not None:
+        try:
+            with f, open(path, "rb") as src:
+                done = 0
+                while done < len(buf):
+                    n = os.copy_file_range(src.fileno(), f.fileno(), len(buf) - done,
+                                           off0 + done, done)
+                    if n <= 0:
+                        raise OSError("copy_file_range copied nothing")
+                    done += n
+                return mapped_array(f, len(buf)), True
+        except (OSError, ValueError):         # not copied or not mapped (a full disk): memory
+            pass
+    return np.array(buf), False
 
 
 def _note_cut(notes: list[str], cut: list[int] | None, off0: int, size: int) -> None:
