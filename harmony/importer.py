@@ -133,10 +133,13 @@ MEMORY_PER_DATA_BYTE = 4.0
 MEMORY_BASE = 400 << 20
 #: the same per byte of a perf.data's records (bench/perf_import.py, 2026-11-27): 1.33 bytes at
 #: 9.9 M events of the ping-pong (148 bytes an event), whose samples take 111 bytes an event
-#: (header, tid, time, cpu, id, period and the raw payload: twice a ring buffer's 54), so half
-#: of 4: 2 bytes a byte; a compressed file's records (perf record -z) are estimated from the
-#: ratio perf wrote, and held decompressed while they are read: one more byte a byte
-MEMORY_PER_PERF_DATA_BYTE = 2.0
+#: (header, tid, time, cpu, id, period and the raw payload: twice a ring buffer's 54); but at 3 M
+#: events (342 MB) the peak was 1310 MB, 2.6 bytes a byte over the base (2 had said 1103 MB), at
+#: 1 M 1.8: 3 bytes a byte (1444 MB at 3 M, 763 at 1 M). A compressed file's records (perf
+#: record -z) are estimated from the ratio perf wrote, and held decompressed while they are
+#: read: one more byte a byte; so are a pipe-mode file's below perf_read.RELEASE_MIN_BYTES,
+#: copied into memory to align them
+MEMORY_PER_PERF_DATA_BYTE = 3.0
 
 
 def memory_needed(path: Path, buffer: str | None = None,
@@ -152,7 +155,9 @@ def memory_needed(path: Path, buffer: str | None = None,
         except ProbeError:
             return None
         if head.compression is None:
-            return int(MEMORY_PER_PERF_DATA_BYTE * head.data_size) + MEMORY_BASE, head.data_size
+            copied = head.data_offset % 8 and head.data_size < perf_read.RELEASE_MIN_BYTES
+            per_byte = MEMORY_PER_PERF_DATA_BYTE + bool(copied)
+            return int(per_byte * head.data_size) + MEMORY_BASE, head.data_size
         data = head.data_size * max(1, head.compression[1])
         return int((MEMORY_PER_PERF_DATA_BYTE + 1) * data) + MEMORY_BASE, data
     if kind != "trace.dat":

@@ -27,7 +27,7 @@ from harmony.probes.base import TraceCorrupt
 from harmony.probes.schema import SCHED_EVENTS
 
 from cli_run import cli
-from conftest import host_skip
+from conftest import ROOT, host_skip
 
 from test_ringbuf import (FORMATS_WAKING, PageBuilder, encode, known_capture, parsed_formats,
                           write_dir)
@@ -482,8 +482,9 @@ def test_a_compressed_trace_is_estimated_from_its_pages_decompressed(writer_dat,
 
 def test_import_refuses_up_front_a_perf_data_the_host_has_not_the_memory_for(tmp_path,
                                                                            monkeypatch):
-    """A perf.data's estimate: 2 bytes a byte of its data section; recorded with -z, of what its
-    records decompress to (the ratio perf wrote), one more byte a byte for holding them."""
+    """A perf.data's estimate: 3 bytes a byte of its data section; recorded with -z, of what its
+    records decompress to (the ratio perf wrote), one more byte a byte for holding them; so for
+    a small pipe-mode file's, copied to align them."""
     from harmony import hostfacts, importer
     from harmony.probes.perf_read import read_header
     from test_perf_read import PLAIN, compressed_copy
@@ -498,6 +499,12 @@ def test_import_refuses_up_front_a_perf_data_the_host_has_not_the_memory_for(tmp
     zneed, zdata = importer.memory_needed(z)
     assert zdata == head.data_size * head.compression[1] and head.compression[1] > 1
     assert zneed == int((importer.MEMORY_PER_PERF_DATA_BYTE + 1) * zdata) + importer.MEMORY_BASE
+    pipe = ROOT / "fuzz/corpus/perf_data/seed-pipe"
+    head = read_header(pipe)
+    assert head.pipe and head.data_offset % 8
+    assert importer.memory_needed(pipe) == (
+        int((importer.MEMORY_PER_PERF_DATA_BYTE + 1) * head.data_size) + importer.MEMORY_BASE,
+        head.data_size)
     monkeypatch.setattr(hostfacts, "memory_available", lambda: need - 1)
     out = tmp_path / "run"
     line = one_line_error(invoke("import", src, "--pid", 12, "--out", out), src)
