@@ -290,3 +290,24 @@ def test_compare_noise_at_tiny_sizes(tmp_path):
     assert len(res["simulated"]["pairs"]) == 1
     r = bench("compare_noise", "--sizes", "1")
     assert r.returncode == 2 and "--sizes" in r.stderr
+
+
+@pytest.mark.kernel
+@pytest.mark.needs_tool("perf", "/usr/bin/time")
+@pytest.mark.parametrize("layout", ["file", "pipe"])
+def test_perf_import_of_a_small_recording(kernel, tmp_path, layout):
+    """perf_import.py records a ping-pong with perf (to a file, or to a pipe: --pipe) and runs
+    its table on it."""
+    out = tmp_path / "perf.json"
+    r = bench("perf_import", "--sizes", "2e4", "--reps", "1", "--traces", str(tmp_path / "t"),
+              "--json", str(out), *(["--pipe"] if layout == "pipe" else []), timeout=600)
+    if r.returncode and "perf record failed" in r.stderr:
+        from conftest import host_skip
+        host_skip(f"perf cannot record here: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    assert "target harmony import >= 5x perf script:" in r.stdout
+    [row] = json.loads(out.read_text())["rows"]
+    assert row["events"] > 0 and row["import_peak_mb"] > 0
+    [data] = (tmp_path / "t").glob("pingpong-*.data")
+    assert data.name.endswith(".pipe.data") == (layout == "pipe")
+    assert (data.read_bytes()[8:16] == (16).to_bytes(8, "little")) == (layout == "pipe")
