@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import host_skip
 from test_ringbuf import FORMATS_NEW, FORMATS_WAKING, PageBuilder, encode, parsed_formats, write_dir
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
@@ -302,7 +303,6 @@ def test_perf_import_of_a_small_recording(kernel, tmp_path, layout):
     r = bench("perf_import", "--sizes", "2e4", "--reps", "1", "--traces", str(tmp_path / "t"),
               "--json", str(out), *(["--pipe"] if layout == "pipe" else []), timeout=600)
     if r.returncode and "perf record failed" in r.stderr:
-        from conftest import host_skip
         host_skip(f"perf cannot record here: {r.stderr.strip()[-200:]}")
     assert r.returncode == 0, r.stderr
     assert "target harmony import >= 5x perf script:" in r.stdout
