@@ -9,8 +9,9 @@ run and interleaved:
 - perf script: the command the perf probe ran (``perf script -f -i FILE --ns --show-lost-events
   -F trace:tid,cpu,time,event,trace -G > /dev/null``), wall seconds
 - harmony import: ``harmony import FILE --comm hmy-pp -q --out DIR`` (a new process, warm: one
-  import of each file first, not timed): wall seconds, peak memory (``/usr/bin/time -v``), and its
-  steps' seconds from the run's manifest (tables, checks, figures)
+  import of each file first, not timed): wall seconds, peak memory (``/usr/bin/time -v``) beside
+  the estimate an import is refused by (:func:`harmony.importer.memory_needed`), and its steps'
+  seconds from the run's manifest (tables, checks, figures)
 - the reader alone: ``read_perf_data(FILE)`` in this process (warm), seconds
 
 The recordings are real: ``perf record`` with the perf probe's options (system-wide, the sched
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from whole_import import TIME, harmony_import, under_floor  # noqa: E402
 
+from harmony.importer import memory_needed  # noqa: E402
 from harmony.probes.perf import CLOCK_ID, PERF_EVENTS  # noqa: E402
 from harmony.probes.perf_read import read_perf_data  # noqa: E402
 
@@ -136,11 +138,13 @@ def main(argv=None) -> int:
             row["script_over_import"] = row["perf_script_s"] / imp
             row["bytes_per_event"] = row["import_peak_mb"] * 1e6 / max(n, 1)
             row["script_over_reader"] = row["perf_script_s"] / row["reader_s"]
+            row["estimate_mb"] = memory_needed(path)[0] / 1e6     # what a refusal would say
             rows.append(row)
             steps = "/".join(f"{v:.2f}" for v in row["import_steps_s"].values())
             print(f"{n:>10,} events {row['file_mb']:7.0f} MB: perf script {row['perf_script_s']:6.2f} s"
                   f" | harmony import {imp:6.2f} s ({row['script_over_import']:.2f}x, peak "
-                  f"{row['import_peak_mb']:.0f} MB; tables/checks/figures {steps} s)"
+                  f"{row['import_peak_mb']:.0f} MB, estimate {row['estimate_mb']:.0f} MB; "
+                  f"tables/checks/figures {steps} s)"
                   f" | reader {row['reader_s']:.2f} s ({row['script_over_reader']:.1f}x)",
                   flush=True)
         target = all(r["script_over_import"] >= 5 for r in rows)
@@ -153,6 +157,10 @@ def main(argv=None) -> int:
                         for r in rows if r["script_over_import"] < 5)
         print(f"target harmony import >= 5x perf script: {'PASS' if target else 'MISS'} "
               f"({ratios}); the reader alone {alone}{short}")
+        print(common.verdict("the memory estimate an import is refused by is not below its peak",
+                             all(r["estimate_mb"] >= r["import_peak_mb"] for r in rows),
+                             ", ".join(f"{r['estimate_mb'] / r['import_peak_mb']:.2f}x the peak at "
+                                       f"{r['events']:,}" for r in rows)))
         big = max(rows, key=lambda r: r["events"])
         print(common.verdict("peak memory <= 150 bytes/event at 10 M events (perf.data)",
                              big["bytes_per_event"] <= 150 if big["events"] >= 9_000_000 else None,
