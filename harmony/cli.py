@@ -695,7 +695,7 @@ def _receive_piped_trace(out: Path, progress) -> Path:
     progress.phase("receiving the trace piped in")
     try:
         with _errors(also=(OSError,)):
-            return receive_stdin(out / RAW_DIR)
+            return receive_stdin(target)
     except BaseException:
         for d in reversed(made):
             with contextlib.suppress(OSError):

@@ -11,6 +11,7 @@ the recorded kernel release implies (:func:`imported_scheduler`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import os
@@ -155,8 +156,7 @@ def memory_needed(path: Path, buffer: str | None = None,
         except ProbeError:
             return None
         if head.compression is None:
-            copied = head.data_offset % 8 and head.data_size < perf_read.RELEASE_MIN_BYTES
-            per_byte = MEMORY_PER_PERF_DATA_BYTE + bool(copied)
+            per_byte = MEMORY_PER_PERF_DATA_BYTE + (1 if perf_read.copied_to_align(head) else 0)
             return int(per_byte * head.data_size) + MEMORY_BASE, head.data_size
         data = head.data_size * max(1, head.compression[1])
         return int((MEMORY_PER_PERF_DATA_BYTE + 1) * data) + MEMORY_BASE, data
@@ -621,9 +621,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     store.write_json(out / "manifest.json", manifest)
     # the copy of the trace kept with the run (sendfile: kernel time, ~1.4 s for 540 MB here) is
     # made while the tables are built, and waited for before the run is written complete
-    stored = out / RAW_DIR / path.name
-    copying = in_background(lambda: None if _same_file(path, stored) else
-                            _copy_atomically(path, stored))     # piped in: written there
+    copying = in_background(_copy_atomically, path, out / RAW_DIR / path.name)
     try:
         return pipeline.analyse_capture(out, manifest, cap, tasks, pipeline.Window(t0, t_end),
                                         pipeline.Origin("imported", notes=notes), progress=step,
@@ -632,16 +630,13 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         futures.wait([copying])     # never leave the copy running behind an error
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def _copy_atomically(src: Path, dest: Path) -> None:
-    """Copy ``src`` to ``dest`` under a temporary name first: a copy cut short is never found."""
+    """Copy ``src`` to ``dest`` under a temporary name first: a copy cut short is never found.
+    Nothing to do where ``dest`` is ``src`` (a trace piped in is written there)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        if os.path.samefile(src, dest):
+            return
     tmp = dest.with_name(f".{dest.name}.part")
     try:
         shutil.copyfile(src, tmp)

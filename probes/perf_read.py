@@ -396,15 +396,19 @@ def walk_records(buf: np.ndarray, release=None) -> tuple[np.ndarray, np.ndarray,
 
 
 def _walked(path: Path, buf: np.ndarray, off0: int, place: str = "file offset",
-            release=None, cut: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            release=None, cut: list | None = None,
+            size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`walk_records` of a data section at ``off0`` (``place``: what its offsets are), the
-    first record that does not fit a TraceCorrupt naming where it is. ``cut`` (a pipe-mode
-    file's, which has no size of its data but the file's): a last record the file ends inside
-    is no error, its offset appended to ``cut`` instead."""
+    first record that does not fit a TraceCorrupt naming where it is. ``size``: the section's
+    bytes, if ``buf`` holds only its whole 8-byte words (the 1-7 left: a record begun). ``cut``
+    (a pipe-mode file's, which has no size of its data but the file's): a last record the file
+    ends inside is no error, its offset appended to ``cut`` instead."""
     offs, types, sizes, bad = walk_records(buf, release)
+    if bad < 0 and len(buf) < (size or 0):
+        bad = len(buf)
     if bad >= 0:
-        size = int(buf[bad + 6]) | int(buf[bad + 7]) << 8 if bad + 8 <= len(buf) else 8
-        if cut is None or size < 8:
+        record = int(buf[bad + 6]) | int(buf[bad + 7]) << 8 if bad + 8 <= len(buf) else 8
+        if cut is None or record < 8:
             raise TraceCorrupt(f"{path}: truncated or corrupt record at {place} {off0 + bad} "
                                f"(its size runs past the data section, or is below 8 bytes)")
         cut.append(bad)
@@ -596,18 +600,12 @@ def read_perf_data(path: Path) -> PerfRead:
     buf = np.frombuffer(data, np.uint8, count=size - size % 8, offset=off0)
     mapped = isinstance(data, mmap.mmap)
     if off0 % 8:
-        buf, mapped = _aligned(path, buf, off0)
+        buf, mapped = _aligned(path, buf, off0, scratch=not copied_to_align(head))
     src = _DataSection(path, buf, off0, place)
     # a file's pages (not a copy in memory), large enough to be worth releasing behind each pass
     src.mapped = mapped and size >= RELEASE_MIN_BYTES
     src.parts_in_time_order = False
-    offs, types, sizes = _walked(path, buf, off0, place, src.release, cut)
-    if len(buf) < size and not cut:         # its last 1-7 bytes, not in buf: a record begun
-        if cut is None:
-            raise TraceCorrupt(f"{path}: truncated or corrupt record at {place} "
-                               f"{off0 + len(buf)} (the data section ends {size - len(buf)} "
-                               "bytes into it)")
-        cut.append(len(buf))
+    offs, types, sizes = _walked(path, buf, off0, place, src.release, cut, size)
     _note_cut(notes, cut, off0, size)
     counts = np.bincount(np.minimum(types, 255).astype(np.int64), minlength=256)
     records = {RECORD_NAMES.get(t, f"type {t}"): int(c) for t, c in enumerate(counts) if c}
@@ -797,14 +795,22 @@ def read_perf_data(path: Path) -> PerfRead:
                     decoder)
 
 
-def _aligned(path: Path, buf: np.ndarray, off0: int) -> tuple[np.ndarray, bool]:
+def copied_to_align(head: PerfHeader) -> bool:
+    """Whether :func:`read_perf_data` copies the file's records into memory to align them: a
+    pipe-mode file's, 4 bytes off an 8-byte word (perf does not pad its feature records: 84
+    bytes a hostname), below :data:`RELEASE_MIN_BYTES`; from there :func:`_aligned` copies them
+    into a mapped scratch file instead (into memory too where there is none)."""
+    return (head.compression is None and head.data_offset % 8 != 0
+            and head.data_size < RELEASE_MIN_BYTES)
+
+
+def _aligned(path: Path, buf: np.ndarray, off0: int, scratch: bool) -> tuple[np.ndarray, bool]:
     """(the data section ``buf``, at file offset ``off0``, where its 8-byte words are aligned;
-    whether that is a mapped file). A pipe-mode file's records start 4 bytes off a word (perf
-    does not pad its feature records: 84 bytes a hostname): from :data:`RELEASE_MIN_BYTES` on
-    they are copied by the kernel (``copy_file_range``) into a scratch file
-    (:func:`filemap.scratch_file`) and mapped, so that the reader releases them behind each pass
-    as a file's; below that, or without a scratch file, copied into memory."""
-    f = scratch_file(len(buf)) if len(buf) >= RELEASE_MIN_BYTES else None
+    whether that is a mapped file). With ``scratch`` they are copied by the kernel
+    (``copy_file_range``) into a scratch file (:func:`filemap.scratch_file`) and mapped, so that
+    the reader releases them behind each pass as a file's; without, or without a scratch file,
+    copied into memory."""
+    f = scratch_file(len(buf)) if scratch else None
     if f is not None:
         try:
             with f, open(path, "rb") as src:
