@@ -232,13 +232,16 @@ def test_wait_fractions_are_the_run_delay_over_the_window():
 
 THREADS = """
 import threading, time
+named_all = threading.Barrier(len(NAMES) + 1)
 def named(name):
     tid = threading.get_native_id()
     with open(f"/proc/self/task/{tid}/comm", "w") as f:
         f.write(name)
+    named_all.wait()
     time.sleep(60)
 for name in NAMES:
     threading.Thread(target=named, args=(name,), daemon=True).start()
+named_all.wait()        # "ready" once every thread carries its name, not as they start
 print("ready", flush=True)
 time.sleep(60)
 """
