@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import fnmatch
 import os
-import shutil
 import sys
 import tempfile
 from concurrent import futures
@@ -32,7 +31,7 @@ from harmony.errors import ImportFailed  # noqa: F401  (raised here)
 from harmony.experiments import get_experiment
 from harmony.jit import in_background
 from harmony.osutil import format_cpulist
-from harmony.probes import perf_data, perf_read
+from harmony.probes import filemap, perf_data, perf_read
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.encode import write_recording
 from harmony.probes.schema import SCHED_EVENTS, make_markers
@@ -619,8 +618,8 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                 "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
                 "t0_from": t0_from, "end_from": end_from, "stored": f"{RAW_DIR}/{path.name}"})
     store.write_json(out / "manifest.json", manifest)
-    # the copy of the trace kept with the run (sendfile: kernel time, ~1.4 s for 540 MB here) is
-    # made while the tables are built, and waited for before the run is written complete
+    # the copy of the trace kept with the run (filemap.copy_file: by the disk, past the page
+    # cache) is made while the tables are built, and waited for before the run is written complete
     copying = in_background(_copy_atomically, path, out / RAW_DIR / path.name)
     try:
         return pipeline.analyse_capture(out, manifest, cap, tasks, pipeline.Window(t0, t_end),
@@ -631,15 +630,16 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
 
 
 def _copy_atomically(src: Path, dest: Path) -> None:
-    """Copy ``src`` to ``dest`` under a temporary name first: a copy cut short is never found.
-    Nothing to do where ``dest`` is ``src`` (a trace piped in is written there)."""
+    """Copy ``src`` to ``dest`` (:func:`filemap.copy_file`) under a temporary name first: a copy
+    cut short is never found. Nothing to do where ``dest`` is ``src`` (a trace piped in is
+    written there)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
         if os.path.samefile(src, dest):
             return
     tmp = dest.with_name(f".{dest.name}.part")
     try:
-        shutil.copyfile(src, tmp)
+        filemap.copy_file(src, tmp)
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -673,7 +673,7 @@ def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
         stored = run_dir / manifest["source"]["stored"]
         if not stored.is_file():
             raise ImportFailed(f"{run_dir}: the imported trace {stored} is missing")
-        shutil.copyfile(stored, dest)
+        _copy_atomically(stored, dest)
         return dest, []
     return _export_events(run_dir, manifest, Path(dest))
 

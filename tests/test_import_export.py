@@ -159,6 +159,78 @@ def test_no_scratch_file_where_it_saves_no_memory_or_lacks_room(tmp_path, monkey
     assert filemap.scratch_file(1 << 20, tmp_path) is None
 
 
+def _resident_bytes(path: Path) -> int:
+    """How many of ``path``'s bytes are in the page cache (util-linux fincore)."""
+    p = subprocess.run(["fincore", "--bytes", "--noheadings", "--raw", "-o", "RES", str(path)],
+                       capture_output=True, text=True, check=True)
+    return int(p.stdout.split()[0])
+
+
+@pytest.mark.needs_tool("fincore")
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, 3 * 8192 + 17, 1 << 20])
+def test_a_copy_goes_past_the_page_cache_whole(tmp_path, size):
+    """The trace an import keeps is written with O_DIRECT through a small buffer reused (chunk
+    8 KiB here: many chunks, a part block at the end): the same bytes, none of them left in the
+    page cache but the last part block, written through it."""
+    from harmony.probes import filemap
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.write_bytes(os.urandom(size))
+    how = filemap.copy_file(src, dest, chunk=8192)
+    if how != "direct":
+        host_skip(f"{tmp_path}'s file system refuses O_DIRECT (copied {how})")
+    assert _resident_bytes(dest) <= 4096
+    assert dest.read_bytes() == src.read_bytes()
+
+
+def test_a_copy_where_o_direct_is_refused_goes_through_the_page_cache(tmp_path, monkeypatch):
+    from harmony.probes import filemap
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.write_bytes(os.urandom(20000))
+    dest.write_bytes(b"x" * 50000)                       # emptied first
+    opened = os.open
+
+    def no_direct(path, flags, *mode):
+        if flags & os.O_DIRECT:
+            raise OSError(22, "Invalid argument")
+        return opened(path, flags, *mode)
+    monkeypatch.setattr(os, "open", no_direct)
+    assert filemap.copy_file(src, dest) == "buffered"
+    assert dest.read_bytes() == src.read_bytes()
+
+
+@pytest.fixture
+def xfs(tmp_path):
+    """A 320 MiB XFS (the smallest mkfs.xfs makes) mounted from a sparse file through a loop
+    device, which the kernel frees at the unmount."""
+    img, mnt = tmp_path / "xfs.img", tmp_path / "xfs"
+    mnt.mkdir()
+    with open(img, "wb") as f:
+        f.truncate(320 << 20)
+    p = subprocess.run(["mkfs.xfs", "-q", str(img)], capture_output=True, text=True)
+    if p.returncode:
+        host_skip(f"mkfs.xfs: {p.stderr.strip()}")
+    p = subprocess.run(["mount", "-o", "loop", str(img), str(mnt)], capture_output=True,
+                       text=True)
+    if p.returncode:
+        host_skip(f"cannot mount an XFS image through a loop device: {p.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.needs_tool("mkfs.xfs", "filefrag")
+def test_a_copy_on_a_file_system_that_shares_blocks_copies_nothing(xfs, tmp_path):
+    from harmony.probes import filemap
+    src, dest = xfs / "trace.dat", xfs / "copy.dat"
+    src.write_bytes(os.urandom(1 << 20))
+    os.sync()
+    assert filemap.copy_file(src, dest) == "reflink"
+    assert dest.read_bytes() == src.read_bytes()
+    extents = subprocess.run(["filefrag", "-v", str(dest)], capture_output=True, text=True,
+                             check=True).stdout
+    assert "shared" in extents, extents                 # the blocks are src's
+    assert filemap.copy_file(src, tmp_path / "elsewhere") == "direct"     # across file systems
+
+
 def test_truncated_or_damaged_files_raise_naming_the_file(writer_dat, tmp_path):
     from harmony.probes.tracedat_read import decode_tracedat
     _, dat = writer_dat
@@ -516,22 +588,22 @@ def test_import_refuses_up_front_a_perf_data_the_host_has_not_the_memory_for(tmp
 def test_import_whose_copy_of_the_trace_fails_is_incomplete(writer_dat, tmp_path, monkeypatch):
     """The trace is copied into the run while it is analysed: a copy that fails (a full disk)
     leaves the run incomplete, with one line naming the file and no partial copy behind."""
-    from harmony import importer
+    from harmony.probes import filemap
     _, dat = writer_dat
-    real = shutil.copyfile
+    real = filemap.copy_file
 
     def full_disk(src, dst):
         real(src, dst)      # the partial copy exists when the error comes
         raise OSError(28, "No space left on device", str(dst))
 
-    monkeypatch.setattr(importer.shutil, "copyfile", full_disk)
+    monkeypatch.setattr(filemap, "copy_file", full_disk)
     out = tmp_path / "run"
     line = one_line_error(invoke("import", dat, "--pid", 12, "--out", out), out)
     assert "No space left on device" in line
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "incomplete" and "No space left" in m["incomplete_reason"]
     assert not list((out / "raw/import").iterdir())
-    monkeypatch.setattr(importer.shutil, "copyfile", real)
+    monkeypatch.setattr(filemap, "copy_file", real)
     ok = tmp_path / "ok"
     assert invoke("import", dat, "--pid", 12, "--out", ok).exit_code == 0
     assert (ok / "raw/import" / dat.name).read_bytes() == dat.read_bytes()
