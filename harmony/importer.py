@@ -137,8 +137,9 @@ MEMORY_BASE = 400 << 20
 #: events (342 MB) the peak was 1310 MB, 2.6 bytes a byte over the base (2 had said 1103 MB), at
 #: 1 M 1.8: 3 bytes a byte (1444 MB at 3 M, 763 at 1 M). A compressed file's records (perf
 #: record -z) are estimated from the ratio perf wrote, and held decompressed while they are
-#: read: one more byte a byte; so are a pipe-mode file's below perf_read.RELEASE_MIN_BYTES,
-#: copied into memory to align them
+#: read: one more byte a byte; so are a pipe-mode file's copied into memory to align them
+#: (perf_read.copied_to_align: below perf_read.RELEASE_MIN_BYTES, or with no scratch file to
+#: hold them outside memory)
 MEMORY_PER_PERF_DATA_BYTE = 3.0
 
 

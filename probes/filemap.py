@@ -108,8 +108,22 @@ def scratch_file(nbytes: int, directory: str | Path | None = None):
     default) for ``nbytes`` written to it and then mapped (:func:`mapped_array`): they live in
     the page cache, read from there as a file's pages are, not in this process's memory. The
     file is unlinked at once: nothing is left behind, even by a killed process; it goes when it
-    is closed and no array maps it any more. None where that would save no memory (a tmpfs or
-    ramfs directory) or the directory lacks the room (``nbytes`` and a quarter more)."""
+    is closed and no array maps it any more. None where :func:`scratch_saves_memory` says no."""
+    import tempfile
+
+    if not scratch_saves_memory(nbytes, directory):
+        return None
+    try:
+        return tempfile.TemporaryFile(dir=os.path.realpath(directory or tempfile.gettempdir()))
+    except OSError:
+        return None
+
+
+def scratch_saves_memory(nbytes: int, directory: str | Path | None = None) -> bool:
+    """Whether a scratch file for ``nbytes`` in ``directory`` (the temporary directory by
+    default) would keep them out of memory: not where the directory is memory itself (a tmpfs
+    or ramfs: a file there is as much memory as an array), nor where it lacks the room
+    (``nbytes`` and a quarter more). What an import's memory estimate asks too."""
     import shutil
     import tempfile
 
@@ -119,15 +133,13 @@ def scratch_file(nbytes: int, directory: str | Path | None = None):
     mounts = [p for p in psutil.disk_partitions(all=True)
               if where == p.mountpoint or where.startswith(p.mountpoint.rstrip("/") + "/")]
     if nbytes <= 0 or not mounts:
-        return None
+        return False
     if max(mounts, key=lambda p: len(p.mountpoint)).fstype in _MEMORY_FS:
-        return None
+        return False
     try:
-        if shutil.disk_usage(where).free < nbytes * 1.25:
-            return None
-        return tempfile.TemporaryFile(dir=where)
+        return shutil.disk_usage(where).free >= nbytes * 1.25
     except OSError:
-        return None
+        return False
 
 
 def mapped_array(f, nbytes: int) -> np.ndarray:

@@ -49,7 +49,7 @@ import pandas as pd
 
 from harmony.errors import TraceCorrupt
 from harmony.jit import use_compiled
-from harmony.probes.filemap import mapped_array, scratch_file
+from harmony.probes.filemap import mapped_array, scratch_file, scratch_saves_memory
 from harmony.probes.formats import EventFormat, FormatError, parse_header_page
 from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource, read_uint
@@ -799,9 +799,11 @@ def copied_to_align(head: PerfHeader) -> bool:
     """Whether :func:`read_perf_data` copies the file's records into memory to align them: a
     pipe-mode file's, 4 bytes off an 8-byte word (perf does not pad its feature records: 84
     bytes a hostname), below :data:`RELEASE_MIN_BYTES`; from there :func:`_aligned` copies them
-    into a mapped scratch file instead (into memory too where there is none)."""
+    into a mapped scratch file instead, where one keeps them out of memory
+    (:func:`filemap.scratch_saves_memory`: not in a tmpfs temporary directory)."""
     return (head.compression is None and head.data_offset % 8 != 0
-            and head.data_size < RELEASE_MIN_BYTES)
+            and (head.data_size < RELEASE_MIN_BYTES
+                 or not scratch_saves_memory(head.data_size)))
 
 
 def _aligned(path: Path, buf: np.ndarray, off0: int, scratch: bool) -> tuple[np.ndarray, bool]:

@@ -141,15 +141,20 @@ def test_compressed_pages_from_a_scratch_file_decode_as_from_memory(writer_dat, 
     assert list(scratch_dir.iterdir()) == []
 
 
-def test_no_scratch_file_where_it_saves_no_memory_or_lacks_room(tmp_path, monkeypatch):
-    import shutil
+def _writable_tmpfs() -> str:
+    """A tmpfs mounted here that this process may write in (skip where there is none)."""
     import psutil
-    from harmony.probes import filemap
     memory = [p.mountpoint for p in psutil.disk_partitions(all=True) if p.fstype == "tmpfs"
               and os.access(p.mountpoint, os.W_OK)]
     if not memory:
         host_skip("no writable tmpfs mounted here")
-    assert filemap.scratch_file(1 << 20, memory[0]) is None
+    return memory[0]
+
+
+def test_no_scratch_file_where_it_saves_no_memory_or_lacks_room(tmp_path, monkeypatch):
+    import shutil
+    from harmony.probes import filemap
+    assert filemap.scratch_file(1 << 20, _writable_tmpfs()) is None
     with filemap.scratch_file(1 << 20, tmp_path) as f:
         f.write(b"x" * 4096)
         assert filemap.mapped_array(f, 4096).tolist() == [ord("x")] * 4096
@@ -574,9 +579,19 @@ def test_import_refuses_up_front_a_perf_data_the_host_has_not_the_memory_for(tmp
     pipe = ROOT / "fuzz/corpus/perf_data/seed-pipe"
     head = read_header(pipe)
     assert head.pipe and head.data_offset % 8
-    assert importer.memory_needed(pipe) == (
-        int((importer.MEMORY_PER_PERF_DATA_BYTE + 1) * head.data_size) + importer.MEMORY_BASE,
-        head.data_size)
+    copied = (int((importer.MEMORY_PER_PERF_DATA_BYTE + 1) * head.data_size)
+              + importer.MEMORY_BASE, head.data_size)
+    assert importer.memory_needed(pipe) == copied
+    # a large one is copied into a scratch file outside memory: not where the temporary
+    # directory is memory itself (a tmpfs)
+    import tempfile
+    from harmony.probes import perf_read
+    monkeypatch.setattr(perf_read, "RELEASE_MIN_BYTES", 0)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert importer.memory_needed(pipe)[0] == copied[0] - head.data_size
+    monkeypatch.setattr(tempfile, "tempdir", _writable_tmpfs())
+    assert importer.memory_needed(pipe) == copied
+    monkeypatch.undo()
     monkeypatch.setattr(hostfacts, "memory_available", lambda: need - 1)
     out = tmp_path / "run"
     line = one_line_error(invoke("import", src, "--pid", 12, "--out", out), src)
