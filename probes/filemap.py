@@ -12,6 +12,9 @@ resident whole (the decoder's walk and gather do: 545 MB at 10 M events).
 
 Linux only, through libc's mmap (Python's mmap module cannot place a mapping at an address);
 :func:`map_files` returns None wherever that fails, and the caller reads the files instead.
+
+For the same reason a file is copied past the page cache (:func:`copy_file`), and a scratch file
+holds what would otherwise be a large array (:func:`scratch_file`).
 """
 
 from __future__ import annotations
