@@ -17,6 +17,7 @@ import fnmatch
 import os
 import sys
 import tempfile
+import threading
 from concurrent import futures
 from pathlib import Path
 
@@ -619,28 +620,35 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                 "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
                 "t0_from": t0_from, "end_from": end_from, "stored": f"{RAW_DIR}/{path.name}"})
     store.write_json(out / "manifest.json", manifest)
-    # the copy of the trace kept with the run (filemap.copy_file: by the disk, past the page
-    # cache) is made while the tables are built, and waited for before the run is written complete
-    copying = in_background(_copy_atomically, path, out / RAW_DIR / path.name)
+    # the copy of the trace kept with the run (filemap.copy_file: by the device, past the page
+    # cache) is made while the tables are built, and waited for before the run is written
+    # complete; what is left of it then goes through the page cache (a slow disk's wait)
+    hurry = threading.Event()
+    copying = in_background(_copy_atomically, path, out / RAW_DIR / path.name, hurry)
+
+    def copied():
+        hurry.set()
+        copying.result()
     try:
         return pipeline.analyse_capture(out, manifest, cap, tasks, pipeline.Window(t0, t_end),
                                         pipeline.Origin("imported", notes=notes), progress=step,
-                                        before_complete=copying.result)
+                                        before_complete=copied)
     finally:
+        hurry.set()
         futures.wait([copying])     # never leave the copy running behind an error
 
 
-def _copy_atomically(src: Path, dest: Path) -> None:
-    """Copy ``src`` to ``dest`` (:func:`filemap.copy_file`) under a temporary name first: a copy
-    cut short is never found. Nothing to do where ``dest`` is ``src`` (a trace piped in is
-    written there)."""
+def _copy_atomically(src: Path, dest: Path, hurry: threading.Event | None = None) -> None:
+    """Copy ``src`` to ``dest`` (:func:`filemap.copy_file`, with its ``hurry``) under a
+    temporary name first: a copy cut short is never found. Nothing to do where ``dest`` is
+    ``src`` (a trace piped in is written there)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
         if os.path.samefile(src, dest):
             return
     tmp = dest.with_name(f".{dest.name}.part")
     try:
-        filemap.copy_file(src, tmp)
+        filemap.copy_file(src, tmp, hurry=hurry)
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -26,6 +26,8 @@ import fcntl
 import functools
 import mmap
 import os
+import threading
+import time
 import weakref
 from pathlib import Path
 
@@ -156,27 +158,42 @@ def mapped_array(f, nbytes: int) -> np.ndarray:
 COPY_CHUNK = 8 << 20
 #: ioctl: make a file share another's blocks (a reflink; btrfs, XFS, bcachefs, NFS 4.2 ...)
 _FICLONE = 0x40049409
+#: a direct copy goes on through the page cache once it has written this many bytes at less than
+#: DIRECT_MIN_RATE bytes a second: the device is slower than the import it runs beside (10 M
+#: events, 513 MB, in ~3.5 s here, the copy begun ~1.5 s in: 250 MB/s), as a disk or a network
+#: file system may be. This machine's disk writes 3.5 GB/s; onto one throttled to 150 MB/s (a
+#: blkio cgroup) a direct copy made the import 1.23x slower than a buffered one, 1.11x when
+#: hurried at the end, 1.00x with this switch (bench/README.md)
+DIRECT_PROBE_BYTES = 16 << 20
+DIRECT_MIN_RATE = 400e6
 #: O_DIRECT wants offsets, lengths and the buffer's address in whole logical blocks: 4096 bytes
 #: is a multiple of any usual one (a device whose blocks are larger refuses: a buffered copy)
 _DIRECT_ALIGN = 4096
 
 
-def copy_file(src: str | Path, dest: str | Path, chunk: int = COPY_CHUNK) -> str:
+def copy_file(src: str | Path, dest: str | Path, chunk: int = COPY_CHUNK,
+              hurry: threading.Event | None = None) -> str:
     """Copy ``src`` to ``dest`` (created, or emptied first) and say how: "reflink" (the file
     system shares the blocks, copying nothing), "direct" (written with ``O_DIRECT`` through one
     reused buffer of ``chunk`` bytes: no page-cache page is taken for the copy, none is left
-    dirty to write back), else "buffered" (:func:`shutil.copyfile`, e.g. on a tmpfs).
+    dirty to write back), "direct, then buffered" (``hurry`` was set before the end, or the
+    device wrote its first :data:`DIRECT_PROBE_BYTES` slower than :data:`DIRECT_MIN_RATE`: the
+    rest went through the page cache, as a usual copy's does, without waiting for the device),
+    else "buffered" (:func:`shutil.copyfile`, e.g. where ``O_DIRECT`` is refused).
 
     Why: an import keeps a copy of its trace while it builds the tables. Copied through the page
     cache, each of its pages is new memory, which on this machine (a VM backed lazily by its host)
-    cost an import of 10 M events (513 MB) 1.1 s of system time and 0.6 s of its 4.5 s wall time,
-    and it fills the page cache with a second copy of the trace (bench/README.md)."""
+    cost an import of 10 M events (513 MB) 1.1 s of system time and 0.5 s of its 4.3 s wall time,
+    and it fills the page cache with a second copy of the trace. A direct copy waits for the
+    device instead: the import sets ``hurry`` once its tables are written, so that a disk slower
+    than the analysis never makes it wait longer than a buffered copy (bench/README.md)."""
     with open(src, "rb") as s, open(dest, "wb") as d:
         with contextlib.suppress(OSError):
             fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
             return "reflink"
-        if _copy_direct(s.fileno(), d.fileno(), dest, chunk):
-            return "direct"
+        how = _copy_direct(s.fileno(), d.fileno(), dest, chunk, hurry)
+        if how is not None:
+            return how
         d.truncate(0)
     import shutil
 
@@ -184,48 +201,57 @@ def copy_file(src: str | Path, dest: str | Path, chunk: int = COPY_CHUNK) -> str
     return "buffered"
 
 
-def _copy_direct(src_fd: int, dest_fd: int, dest: str | Path, chunk: int) -> bool:
-    """:func:`copy_file`'s copy with ``O_DIRECT`` into ``dest`` (open and empty as ``dest_fd``):
-    the file's whole blocks so, its last part block through ``dest_fd``. False where the file
-    system or the device refuses ``O_DIRECT`` (nothing needs undoing: the caller empties it);
-    any other error (a full disk...) is raised."""
-    size = os.fstat(src_fd).st_size
-    body = size - size % _DIRECT_ALIGN
-    chunk = max(_DIRECT_ALIGN, chunk - chunk % _DIRECT_ALIGN)
+def _copy_direct(src_fd: int, dest_fd: int, dest: str | Path, chunk: int,
+                 hurry: threading.Event | None) -> str | None:
+    """:func:`copy_file`'s copy with ``O_DIRECT`` into ``dest`` (open and empty as ``dest_fd``);
+    how it went, or None where the file system or the device refuses ``O_DIRECT`` (nothing
+    needs undoing: the caller empties it); any other error (a full disk...) is raised."""
     try:
         fd = os.open(dest, os.O_WRONLY | os.O_DIRECT)
     except OSError as exc:
         if exc.errno == errno.EINVAL:
-            return False
+            return None
         raise
+    chunk = max(_DIRECT_ALIGN, chunk - chunk % _DIRECT_ALIGN)
     try:
         with mmap.mmap(-1, chunk) as buf:       # page aligned
-            return _write_direct(src_fd, fd, dest_fd, memoryview(buf), body, size)
+            return _write_direct(src_fd, fd, dest_fd, memoryview(buf), hurry)
     finally:
         os.close(fd)
 
 
-def _write_direct(src_fd: int, fd: int, dest_fd: int, buf: memoryview, body: int,
-                  size: int) -> bool:
-    """_copy_direct's loop: ``body`` bytes through ``buf`` into ``fd`` (O_DIRECT), the rest
-    into ``dest_fd``."""
+def _write_direct(src_fd: int, fd: int, dest_fd: int, buf: memoryview,
+                  hurry: threading.Event | None) -> str | None:
+    """_copy_direct's loop, through ``buf``: whole blocks into ``fd`` (O_DIRECT) until ``hurry``
+    is set or the device proves slow (DIRECT_MIN_RATE), the rest (and a last part block) into
+    ``dest_fd``, through the page cache."""
+    size = os.fstat(src_fd).st_size
+    body = size - size % _DIRECT_ALIGN
+    off = direct_bytes = 0
+    writing_s = 0.0
+    hurried = slow = False
     with buf:
-        off = 0
-        while off < body:
-            with buf[:min(len(buf), body - off)] as part:
+        while off < size:
+            slow = slow or (direct_bytes >= DIRECT_PROBE_BYTES
+                            and direct_bytes < DIRECT_MIN_RATE * writing_s)
+            direct = off < body and not slow and not (hurry is not None and hurry.is_set())
+            hurried |= not direct and off < body
+            with buf[:min(len(buf), (body if direct else size) - off)] as part:
                 _read_into(src_fd, part, off)
+                t = time.perf_counter()
                 try:
-                    os.pwrite(fd, part, off)
+                    os.pwrite(fd if direct else dest_fd, part, off)
                 except OSError as exc:
-                    if exc.errno == errno.EINVAL and off == 0:
-                        return False
+                    if direct and exc.errno == errno.EINVAL and off == 0:
+                        return None
                     raise
                 off += len(part)
-        if body < size:
-            with buf[:size - body] as tail:
-                _read_into(src_fd, tail, body)
-                os.pwrite(dest_fd, tail, body)
-    return True
+                if direct:
+                    direct_bytes += len(part)
+                    writing_s += time.perf_counter() - t
+    if not hurried:
+        return "direct"
+    return "direct, then buffered" if direct_bytes else "buffered"
 
 
 def _read_into(fd: int, part: memoryview, off: int) -> None:

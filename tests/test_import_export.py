@@ -187,6 +187,51 @@ def test_a_copy_goes_past_the_page_cache_whole(tmp_path, size):
     assert dest.read_bytes() == src.read_bytes()
 
 
+@pytest.mark.needs_tool("fincore")
+def test_a_copy_hurried_writes_the_rest_through_the_page_cache(tmp_path):
+    """An import hurries its copy once the tables are written: the blocks from there on go
+    through the page cache (no wait for the device), those before it did not."""
+    from harmony.probes import filemap
+
+    class HurryAfter:           # set once the copy has asked `calls` times
+        def __init__(self, calls):
+            self.left = calls
+
+        def is_set(self):
+            self.left -= 1
+            return self.left < 0
+
+    src = tmp_path / "src"
+    src.write_bytes(os.urandom(10 * 8192 + 100))
+    for calls, how in ((0, "buffered"), (4, "direct, then buffered"), (99, "direct")):
+        dest = tmp_path / f"dest-{calls}"
+        got = filemap.copy_file(src, dest, chunk=8192, hurry=HurryAfter(calls))
+        if got == "buffered" and calls:
+            host_skip(f"{tmp_path}'s file system refuses O_DIRECT")
+        assert got == how
+        cached = _resident_bytes(dest)
+        assert 10 * 8192 - min(calls, 10) * 8192 <= cached <= 11 * 8192 - min(calls, 10) * 8192
+        assert dest.read_bytes() == src.read_bytes()
+
+
+@pytest.mark.needs_tool("fincore")
+def test_a_copy_onto_a_slow_device_goes_on_through_the_page_cache(tmp_path, monkeypatch):
+    """A device that writes the first blocks slower than the import it runs beside gets the
+    rest through the page cache (here: every device is too slow after 3 chunks)."""
+    from harmony.probes import filemap
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.write_bytes(os.urandom(10 * 8192))
+    monkeypatch.setattr(filemap, "DIRECT_PROBE_BYTES", 3 * 8192)
+    monkeypatch.setattr(filemap, "DIRECT_MIN_RATE", 1e18)
+    got = filemap.copy_file(src, dest, chunk=8192)
+    if got == "buffered":
+        host_skip(f"{tmp_path}'s file system refuses O_DIRECT")
+    assert got == "direct, then buffered" and _resident_bytes(dest) == 7 * 8192
+    monkeypatch.setattr(filemap, "DIRECT_MIN_RATE", 0.0)
+    assert filemap.copy_file(src, dest, chunk=8192) == "direct"
+    assert _resident_bytes(dest) == 0 and dest.read_bytes() == src.read_bytes()
+
+
 def test_a_copy_where_o_direct_is_refused_goes_through_the_page_cache(tmp_path, monkeypatch):
     from harmony.probes import filemap
     src, dest = tmp_path / "src", tmp_path / "dest"
@@ -607,7 +652,7 @@ def test_import_whose_copy_of_the_trace_fails_is_incomplete(writer_dat, tmp_path
     _, dat = writer_dat
     real = filemap.copy_file
 
-    def full_disk(src, dst):
+    def full_disk(src, dst, **how):
         real(src, dst)      # the partial copy exists when the error comes
         raise OSError(28, "No space left on device", str(dst))
 
