@@ -623,8 +623,8 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     # the copy of the trace kept with the run (filemap.copy_file: by the device, past the page
     # cache) is made while the tables are built, and waited for before the run is written
     # complete; what is left of it then goes through the page cache (a slow disk's wait)
-    hurry = threading.Event()
-    copying = in_background(_copy_atomically, path, out / RAW_DIR / path.name, hurry)
+    hurry, stop = threading.Event(), threading.Event()
+    copying = in_background(_copy_atomically, path, out / RAW_DIR / path.name, hurry, stop)
 
     def copied():
         hurry.set()
@@ -634,21 +634,22 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                                         pipeline.Origin("imported", notes=notes), progress=step,
                                         before_complete=copied)
     finally:
-        hurry.set()
+        stop.set()                  # an error or a signal: the run is incomplete, its copy moot
         futures.wait([copying])     # never leave the copy running behind an error
 
 
-def _copy_atomically(src: Path, dest: Path, hurry: threading.Event | None = None) -> None:
-    """Copy ``src`` to ``dest`` (:func:`filemap.copy_file`, with its ``hurry``) under a
-    temporary name first: a copy cut short is never found. Nothing to do where ``dest`` is
-    ``src`` (a trace piped in is written there)."""
+def _copy_atomically(src: Path, dest: Path, hurry: threading.Event | None = None,
+                     stop: threading.Event | None = None) -> None:
+    """Copy ``src`` to ``dest`` (:func:`filemap.copy_file`, with its ``hurry`` and ``stop``)
+    under a temporary name first: a copy cut short is never found. Nothing to do where ``dest``
+    is ``src`` (a trace piped in is written there)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(OSError):
         if os.path.samefile(src, dest):
             return
     tmp = dest.with_name(f".{dest.name}.part")
     try:
-        filemap.copy_file(src, tmp, hurry=hurry)
+        filemap.copy_file(src, tmp, hurry=hurry, stop=stop)
         os.replace(tmp, dest)
     except BaseException:
         tmp.unlink(missing_ok=True)

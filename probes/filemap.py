@@ -171,15 +171,20 @@ DIRECT_MIN_RATE = 400e6
 _DIRECT_ALIGN = 4096
 
 
+class CopyStopped(Exception):
+    """:func:`copy_file` was stopped (its ``stop`` set) before the end."""
+
+
 def copy_file(src: str | Path, dest: str | Path, chunk: int = COPY_CHUNK,
-              hurry: threading.Event | None = None) -> str:
+              hurry: threading.Event | None = None, stop: threading.Event | None = None) -> str:
     """Copy ``src`` to ``dest`` (created, or emptied first) and say how: "reflink" (the file
     system shares the blocks, copying nothing), "direct" (written with ``O_DIRECT`` through one
     reused buffer of ``chunk`` bytes: no page-cache page is taken for the copy, none is left
     dirty to write back), "direct, then buffered" (``hurry`` was set before the end, or the
     device wrote its first :data:`DIRECT_PROBE_BYTES` slower than :data:`DIRECT_MIN_RATE`: the
     rest went through the page cache, as a usual copy's does, without waiting for the device),
-    else "buffered" (:func:`shutil.copyfile`, e.g. where ``O_DIRECT`` is refused).
+    else "buffered" (where ``O_DIRECT`` is refused, or ``hurry`` was set from the start).
+    CopyStopped once ``stop`` is set (checked between chunks): ``dest`` is then a part.
 
     Why: an import keeps a copy of its trace while it builds the tables. Copied through the page
     cache, each of its pages is new memory, which on this machine (a VM backed lazily by its host)
@@ -191,67 +196,58 @@ def copy_file(src: str | Path, dest: str | Path, chunk: int = COPY_CHUNK,
         with contextlib.suppress(OSError):
             fcntl.ioctl(d.fileno(), _FICLONE, s.fileno())
             return "reflink"
-        how = _copy_direct(s.fileno(), d.fileno(), dest, chunk, hurry)
-        if how is not None:
-            return how
-        d.truncate(0)
-    import shutil
-
-    shutil.copyfile(src, dest)
-    return "buffered"
-
-
-def _copy_direct(src_fd: int, dest_fd: int, dest: str | Path, chunk: int,
-                 hurry: threading.Event | None) -> str | None:
-    """:func:`copy_file`'s copy with ``O_DIRECT`` into ``dest`` (open and empty as ``dest_fd``);
-    how it went, or None where the file system or the device refuses ``O_DIRECT`` (nothing
-    needs undoing: the caller empties it); any other error (a full disk...) is raised."""
-    try:
-        fd = os.open(dest, os.O_WRONLY | os.O_DIRECT)
-    except OSError as exc:
-        if exc.errno == errno.EINVAL:
-            return None
-        raise
-    chunk = max(_DIRECT_ALIGN, chunk - chunk % _DIRECT_ALIGN)
-    try:
-        with mmap.mmap(-1, chunk) as buf:       # page aligned
-            return _write_direct(src_fd, fd, dest_fd, memoryview(buf), hurry)
-    finally:
-        os.close(fd)
+        try:
+            fd = os.open(dest, os.O_WRONLY | os.O_DIRECT)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            fd = None               # the file system refuses O_DIRECT: through the page cache
+        chunk = max(_DIRECT_ALIGN, chunk - chunk % _DIRECT_ALIGN)
+        try:
+            with mmap.mmap(-1, chunk) as buf:       # page aligned, as O_DIRECT wants
+                return _copy_through(s.fileno(), d.fileno(), fd, memoryview(buf), hurry, stop)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
 
-def _write_direct(src_fd: int, fd: int, dest_fd: int, buf: memoryview,
-                  hurry: threading.Event | None) -> str | None:
-    """_copy_direct's loop, through ``buf``: whole blocks into ``fd`` (O_DIRECT) until ``hurry``
-    is set or the device proves slow (DIRECT_MIN_RATE), the rest (and a last part block) into
-    ``dest_fd``, through the page cache."""
+def _copy_through(src_fd: int, dest_fd: int, direct_fd: int | None, buf: memoryview,
+                  hurry: threading.Event | None, stop: threading.Event | None) -> str:
+    """copy_file's loop, through ``buf``: whole blocks into ``direct_fd`` (O_DIRECT, if there
+    is one) until ``hurry`` is set or the device proves slow (DIRECT_MIN_RATE) or refuses, the
+    rest (and a last part block) into ``dest_fd``, through the page cache."""
     size = os.fstat(src_fd).st_size
     body = size - size % _DIRECT_ALIGN
     off = direct_bytes = 0
     writing_s = 0.0
-    hurried = slow = False
+    hurried = False
     with buf:
         while off < size:
-            slow = slow or (direct_bytes >= DIRECT_PROBE_BYTES
-                            and direct_bytes < DIRECT_MIN_RATE * writing_s)
-            direct = off < body and not slow and not (hurry is not None and hurry.is_set())
-            hurried |= not direct and off < body
+            if stop is not None and stop.is_set():
+                raise CopyStopped(f"stopped at {off} of {size} bytes")
+            if direct_fd is not None and (
+                    (hurry is not None and hurry.is_set())
+                    or (direct_bytes >= DIRECT_PROBE_BYTES
+                        and direct_bytes < DIRECT_MIN_RATE * writing_s)):
+                direct_fd, hurried = None, True
+            direct = direct_fd is not None and off < body
             with buf[:min(len(buf), (body if direct else size) - off)] as part:
                 _read_into(src_fd, part, off)
                 t = time.perf_counter()
                 try:
-                    os.pwrite(fd if direct else dest_fd, part, off)
+                    os.pwrite(direct_fd if direct else dest_fd, part, off)
                 except OSError as exc:
-                    if direct and exc.errno == errno.EINVAL and off == 0:
-                        return None
-                    raise
+                    if not (direct and exc.errno == errno.EINVAL and off == 0):
+                        raise
+                    direct_fd = None        # the device refuses O_DIRECT: nothing written yet
+                    continue
                 off += len(part)
                 if direct:
                     direct_bytes += len(part)
                     writing_s += time.perf_counter() - t
-    if not hurried:
-        return "direct"
-    return "direct, then buffered" if direct_bytes else "buffered"
+    if not direct_bytes:
+        return "buffered"
+    return "direct, then buffered" if hurried else "direct"
 
 
 def _read_into(fd: int, part: memoryview, off: int) -> None:
