@@ -189,25 +189,29 @@ def test_a_copy_goes_past_the_page_cache_whole(tmp_path, size):
     assert dest.read_bytes() == src.read_bytes()
 
 
+class SetAfter:
+    """An event for copy_file's hurry or stop: set once it has been asked ``calls`` times (the
+    copy asks once a chunk)."""
+
+    def __init__(self, calls: int):
+        self.left = calls
+
+    def is_set(self) -> bool:
+        self.left -= 1
+        return self.left < 0
+
+
 @pytest.mark.needs_tool("fincore")
 def test_a_copy_hurried_writes_the_rest_through_the_page_cache(tmp_path):
     """An import hurries its copy once the tables are written: the blocks from there on go
     through the page cache (no wait for the device), those before it did not."""
     from harmony.probes import filemap
 
-    class HurryAfter:           # set once the copy has asked `calls` times
-        def __init__(self, calls):
-            self.left = calls
-
-        def is_set(self):
-            self.left -= 1
-            return self.left < 0
-
     src = tmp_path / "src"
     src.write_bytes(os.urandom(10 * 8192 + 100))
     for calls, how in ((0, "buffered"), (4, "direct, then buffered"), (99, "direct")):
         dest = tmp_path / f"dest-{calls}"
-        got = filemap.copy_file(src, dest, chunk=8192, hurry=HurryAfter(calls))
+        got = filemap.copy_file(src, dest, chunk=8192, hurry=SetAfter(calls))
         if got == "buffered" and calls:
             host_skip(f"{tmp_path}'s file system refuses O_DIRECT")
         assert got == how
@@ -223,14 +227,6 @@ def test_a_copy_stopped_leaves_nothing(tmp_path):
     from harmony import importer
     from harmony.probes import filemap
 
-    class StopAfter:            # set once the copy has asked `calls` times
-        def __init__(self, calls):
-            self.left = calls
-
-        def is_set(self):
-            self.left -= 1
-            return self.left < 0
-
     src = tmp_path / "src"
     src.write_bytes(os.urandom(10 * 8192))
     for hurry in (None, threading.Event()):
@@ -238,10 +234,10 @@ def test_a_copy_stopped_leaves_nothing(tmp_path):
             hurry.set()                             # the buffered copy stops too
         with pytest.raises(filemap.CopyStopped, match="stopped at 24576 of 81920 bytes"):
             filemap.copy_file(src, tmp_path / "part", chunk=8192, hurry=hurry,
-                              stop=StopAfter(3))
+                              stop=SetAfter(3))
     dest = tmp_path / "run" / "trace.dat"
     with pytest.raises(filemap.CopyStopped):
-        importer._copy_atomically(src, dest, stop=StopAfter(0))
+        importer._copy_atomically(src, dest, stop=SetAfter(0))
     assert list(dest.parent.iterdir()) == []
 
 
