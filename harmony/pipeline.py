@@ -307,10 +307,12 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         if origin.kind == "imported":
             _incomplete(out, manifest, reason(exc))
         if isinstance(exc, OSError):    # a full disk, most likely: say where and what is kept
-            again = ("`harmony report` analyses it again" if origin.kind != "imported"
-                     else "import it again")
+            again = ("the capture is kept (`harmony report` analyses it again)"
+                     if origin.kind != "imported" else
+                     f"{(manifest.get('source') or {}).get('imported', 'the trace')} is as it "
+                     "was: import it again")
             raise RunError(f"{out}: analysis stopped: {exc.filename + ': ' if exc.filename else ''}"
-                           f"{exc.strerror or exc}; the capture is kept ({again})") from None
+                           f"{exc.strerror or exc}; {again}") from None
         raise
     return run
 

@@ -687,6 +687,7 @@ def test_import_whose_copy_of_the_trace_fails_is_incomplete(writer_dat, tmp_path
     out = tmp_path / "run"
     line = one_line_error(invoke("import", dat, "--pid", 12, "--out", out), out)
     assert "No space left on device" in line
+    assert line.endswith(f"{dat.resolve()} is as it was: import it again")
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "incomplete" and "No space left" in m["incomplete_reason"]
     assert not list((out / "raw/import").iterdir())
