@@ -235,12 +235,15 @@ def _copy_through(src_fd: int, dest_fd: int, direct_fd: int | None, buf: memoryv
                 _read_into(src_fd, part, off)
                 t = time.perf_counter()
                 try:
-                    os.pwrite(direct_fd if direct else dest_fd, part, off)
+                    n = os.pwrite(direct_fd if direct else dest_fd, part, off)
                 except OSError as exc:
                     if not (direct and exc.errno == errno.EINVAL and off == 0):
                         raise
                     direct_fd = None        # the device refuses O_DIRECT: nothing written yet
                     continue
+                if n < len(part):           # a disk filling up: the next write says why
+                    with part[n:] as rest:
+                        _write_all(dest_fd, rest, off + n)
                 off += len(part)
                 if direct:
                     direct_bytes += len(part)
@@ -248,6 +251,18 @@ def _copy_through(src_fd: int, dest_fd: int, direct_fd: int | None, buf: memoryv
     if not direct_bytes:
         return "buffered"
     return "direct, then buffered" if hurried else "direct"
+
+
+def _write_all(fd: int, part: memoryview, off: int) -> None:
+    """Write all of ``part`` at ``off`` of ``fd``, through short writes; OSError (no space) if
+    the file system takes no more."""
+    done = 0
+    while done < len(part):
+        with part[done:] as rest:
+            n = os.pwrite(fd, rest, off + done)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        done += n
 
 
 def _read_into(fd: int, part: memoryview, off: int) -> None:

@@ -220,6 +220,21 @@ def test_a_copy_hurried_writes_the_rest_through_the_page_cache(tmp_path):
         assert dest.read_bytes() == src.read_bytes()
 
 
+def test_a_copy_through_short_writes_is_whole(tmp_path, monkeypatch):
+    """A write may take fewer bytes than given (a disk filling up): the rest is written, and a
+    file system that takes none says no space."""
+    from harmony.probes import filemap
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    src.write_bytes(os.urandom(50000))
+    real = os.pwrite
+    monkeypatch.setattr(os, "pwrite", lambda fd, b, off: real(fd, b[:4096], off))
+    assert filemap.copy_file(src, dest, chunk=8192) in ("direct", "buffered")
+    assert dest.read_bytes() == src.read_bytes()
+    monkeypatch.setattr(os, "pwrite", lambda fd, b, off: 0 if len(b) < 4096 else real(fd, b, off))
+    with pytest.raises(OSError, match="No space left on device"):
+        filemap.copy_file(src, dest, chunk=8192)
+
+
 def test_a_copy_stopped_leaves_nothing(tmp_path):
     """An import stopped by an error or a signal stops its copy of the trace between two chunks,
     direct or not, and leaves no part of it."""
