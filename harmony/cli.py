@@ -611,8 +611,11 @@ def export(run_dir, fmt, out):
 @click.option("--no-memory-check", is_flag=True,
               help="import even a trace this host may not have the memory for (refused otherwise, "
                    "before it is read, with the estimate)")
+@click.option("--no-disk-check", is_flag=True,
+              help="import even where --out's file system may not have the room for the run "
+                   "(refused otherwise, before the trace is read, with the estimate)")
 def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params, buffer, out,
-            quiet, list_tasks, no_memory_check):
+            quiet, list_tasks, no_memory_check, no_disk_check):
     """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*', perf sched
     record) from another host; FILE "-": one piped in (perf record -o - ... | harmony import -),
     kept in the run directory as it arrives."""
@@ -678,7 +681,8 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
                                   t0_s=t0_s, t0_marker=t0_marker, end_s=end_s,
                                   end_marker=end_marker, experiment=experiment, params=overrides,
                                   buffer=buffer, progress=progress.phase,
-                                  memory_check=not no_memory_check)
+                                  memory_check=not no_memory_check,
+                                  disk_check=not no_disk_check)
         finally:
             progress.clear()        # before the summary, or the error, takes its place
     click.echo(summary_text(result))

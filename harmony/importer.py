@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -175,11 +176,10 @@ def memory_needed(path: Path, buffer: str | None = None,
     return int(MEMORY_PER_DATA_BYTE * data) + held + MEMORY_BASE, data
 
 
-def check_memory(path: Path, buffer: str | None = None) -> None:
+def check_memory(path: Path, est: tuple[int, int] | None, kind: str | None) -> None:
     """ImportFailed, before anything is read, if importing ``path`` may need more memory than
-    this host has available (:func:`memory_needed`), with the estimate and what to do."""
-    kind = sniff(path)
-    est = memory_needed(path, buffer, kind)
+    this host has available (``est``: :func:`memory_needed`'s), with the estimate and what to
+    do."""
     have = hostfacts.memory_available()
     if est is None or est[0] <= have:
         return
@@ -190,6 +190,59 @@ def check_memory(path: Path, buffer: str | None = None) -> None:
                        f"(for its {data / 2**30:.1f} GiB of records), this host has "
                        f"{have / 2**30:.1f} GiB available: import it where there is more, or "
                        f"{part}, or give --no-memory-check to try")
+
+
+#: what an import writes beside its copy of the trace, per byte of the trace's records (the
+#: pages or records :func:`memory_needed` counts): its tables, figures and report. Measured
+#: (2026-11-27, the ping-pong of bench/, every other event a switch): a trace.dat's run took
+#: 0.26 bytes a byte of its pages at 9.6 M events (133 MB for 513 MB), 0.28 at 1.0 M; a
+#: perf.data's 0.13 at 1.0 and 2.9 M events (42 MB for 321 MB): half a byte a byte leaves
+#: room, DISK_BASE the figures and report of a small trace
+DISK_PER_DATA_BYTE = 0.5
+DISK_BASE = 16 << 20
+
+
+def disk_needed(path: Path, out: Path, data: int) -> tuple[int, int]:
+    """(bytes the import of ``path``, ``data`` bytes of records, needs on ``out``'s file
+    system at most; of those, the copy of the trace kept with the run: none where the trace is
+    there already (piped in) or the copy would share its blocks, :func:`filemap.shares_blocks`)."""
+    where = _existing(out)
+    kept = out / RAW_DIR / path.name
+    in_place = kept.exists() and os.path.samefile(path, kept)
+    copy = 0 if in_place or filemap.shares_blocks(path, where) else path.stat().st_size
+    return copy + int(DISK_PER_DATA_BYTE * data) + DISK_BASE, copy
+
+
+def check_disk(path: Path, out: Path, est: tuple[int, int] | None) -> None:
+    """ImportFailed, before anything is read, if importing ``path`` into ``out`` may need more
+    room than its file system has free (:func:`disk_needed`; ``est``: :func:`memory_needed`'s,
+    for the size of the records), with the estimate and what to do."""
+    if est is None:
+        return                  # a file that does not parse: reading it says why
+    where = _existing(out)
+    need, copy = disk_needed(path, out, est[1])
+    free = shutil.disk_usage(where).free
+    if need <= free:
+        return
+    raise ImportFailed(f"{out}: importing {path} needs up to {_size(need)} on its file system "
+                       f"({_size(copy)} for the copy of the trace kept with the run, the rest for "
+                       f"its tables and figures), {where} has {_size(free)} free: give --out on "
+                       "another file system, or --no-disk-check to try")
+
+
+def _existing(path: Path) -> Path:
+    """``path``, or its nearest ancestor that exists (a run directory not made yet)."""
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _size(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.{1 if shift == 30 else 0}f} {unit}"
+    return f"{-(-nbytes >> 10)} KiB"
 
 
 def read_trace(path: Path, buffer: str | None = None) -> tuple[Capture, str]:
@@ -512,10 +565,11 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                  end_s: float | None = None, end_marker: str | None = None,
                  experiment: str = "single-source", params: dict | None = None,
                  buffer: str | None = None, progress=None,
-                 memory_check: bool = True) -> store.Run:
+                 memory_check: bool = True, disk_check: bool = True) -> store.Run:
     """Analyse ``path`` into the run directory ``out``; returns the loaded, complete run.
     ``progress``: called with a short line as each long step starts (reading, tables, figures).
-    ``memory_check``: refuse a trace this host has not the memory for (:func:`check_memory`).
+    ``memory_check``: refuse a trace this host has not the memory for (:func:`check_memory`);
+    ``disk_check``: one ``out``'s file system has not the room for (:func:`check_disk`).
 
     Raises TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as
     asked) or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the
@@ -524,8 +578,13 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     path, out = Path(path), Path(out)
     exp = get_experiment(experiment)
     step = progress or (lambda what: None)
-    if memory_check:
-        check_memory(path, buffer)
+    if memory_check or disk_check:
+        kind = sniff(path)
+        est = memory_needed(path, buffer, kind)
+        if memory_check:
+            check_memory(path, est, kind)
+        if disk_check:
+            check_disk(path, out, est)
     step(f"reading {path.name} ({path.stat().st_size / 1e6:,.0f} MB)")
     cap, kind = read_trace(path, buffer)
     events, markers, meta = cap.events, cap.markers, cap.meta

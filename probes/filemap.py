@@ -171,6 +171,28 @@ DIRECT_MIN_RATE = 400e6
 _DIRECT_ALIGN = 4096
 
 
+#: ioctl: make a range of a file share another's blocks
+_FICLONERANGE = 0x4020940D
+
+
+def shares_blocks(src: str | Path, directory: str | Path) -> bool:
+    """Whether :func:`copy_file` of ``src`` into ``directory`` would share its blocks (a
+    reflink: no room taken): its first block cloned into an unlinked scratch file there, to see.
+    False for a file of less than a block (nothing to try it with)."""
+    import struct
+    import tempfile
+
+    try:
+        with open(src, "rb") as s, tempfile.TemporaryFile(dir=directory) as d:
+            if os.fstat(s.fileno()).st_size < _DIRECT_ALIGN:
+                return False
+            fcntl.ioctl(d.fileno(), _FICLONERANGE,
+                        struct.pack("qQQQ", s.fileno(), 0, _DIRECT_ALIGN, 0))
+            return True
+    except OSError:
+        return False
+
+
 class CopyStopped(Exception):
     """:func:`copy_file` was stopped (its ``stop`` set) before the end."""
 

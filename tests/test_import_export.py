@@ -644,6 +644,52 @@ def test_a_compressed_trace_is_estimated_from_its_pages_decompressed(writer_dat,
     assert "needs up to" in line and "--no-memory-check" in line and not out.exists()
 
 
+def test_import_refuses_up_front_a_disk_without_the_room(writer_dat, tmp_path):
+    """A run directory on a file system without the room for the copy of the trace and the
+    tables (here a 1 MiB tmpfs) is refused before the trace is read, with the estimate."""
+    _, dat = writer_dat
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode:
+        host_skip(f"cannot mount a tmpfs: {p.stderr.strip()}")
+    try:
+        out = mnt / "runs" / "one"
+        line = one_line_error(invoke("import", dat, "--pid", 12, "--out", out), out)
+        assert re.search(f"importing {re.escape(str(dat))} needs up to 16 MiB on its file "
+                         r"system \(\d+ KiB for the copy of the trace kept with the run", line)
+        assert f"{mnt} has 1 MiB free: give --out on another file system, or --no-disk-check" \
+            in line
+        assert list(mnt.iterdir()) == []                    # refused before anything started
+        r = invoke("import", dat, "--pid", 12, "--out", out, "--no-disk-check")
+        assert r.exit_code == 0, r.output                   # a small trace fits after all
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
+def test_the_disk_an_import_needs_counts_a_copy_only_where_one_takes_room(writer_dat, tmp_path):
+    from harmony import importer
+    _, dat = writer_dat
+    size = dat.stat().st_size
+    need, copy = importer.disk_needed(dat, tmp_path / "a" / "b", 1 << 20)
+    assert copy == size and need == size + (1 << 19) + importer.DISK_BASE
+    piped = tmp_path / "run" / importer.RAW_DIR / "stdin.dat"     # harmony import - wrote it
+    piped.parent.mkdir(parents=True)
+    piped.write_bytes(dat.read_bytes())
+    assert importer.disk_needed(piped, tmp_path / "run", 1 << 20)[1] == 0
+
+
+@pytest.mark.needs_tool("mkfs.xfs")
+def test_the_disk_an_import_needs_counts_no_copy_that_shares_blocks(xfs, tmp_path):
+    from harmony import importer
+    trace = xfs / "trace.dat"
+    trace.write_bytes(os.urandom(1 << 16))
+    assert importer.disk_needed(trace, xfs / "run", 0) == (importer.DISK_BASE, 0)
+    assert importer.disk_needed(trace, tmp_path / "run", 0)[1] == 1 << 16
+    assert list(xfs.iterdir()) == [trace]                   # the probe left nothing
+
+
 def test_import_refuses_up_front_a_perf_data_the_host_has_not_the_memory_for(tmp_path,
                                                                            monkeypatch):
     """A perf.data's estimate: 3 bytes a byte of its data section; recorded with -z, of what its
