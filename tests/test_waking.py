@@ -276,10 +276,16 @@ def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel,
     # At ~0.1 % of migrations, more than 5 % of a run's (or 2) would be a new kind of move.
     # A recorded kind is no reference where the wake-up's own sched_wakeup was not recorded (fired
     # in a context the probe is blind in: CPU 1's idle one here, the wake list's IPI): 1 of 37 in
-    # a fresh-clone CI run, 2026-11-27.
+    # a fresh-clone CI run, 2026-11-27. Nor can the derivation tell that a task woken while it
+    # was going to sleep was on its CPU where its switch-in was not recorded (made in CPU 1's
+    # idle context): its wake-up is put at the sched_waking, before its switch-out, and the
+    # newly-idle pull that followed looks like a placement (1 of 36 in a CI run, 2026-11-27;
+    # taking an earlier sched_waking for the missing switch-in instead put 2 of 15 614
+    # migrations of a suite's 45 recordings wrong, which it had right).
     kinds = df_migration_kind_check(events)
     differ = kinds[kinds["kind"] != kinds["derived_kind"]]
     queued = [_moved_once_queued(events, ts, pid) or _its_wake_up_unrecorded(events, ts, pid)
+              or _its_switch_in_unrecorded(events, ts, pid)
               for ts, pid in zip(differ["ts"], differ["pid"])]
     assert len(kinds) and all(queued), differ.assign(explained=queued)
     assert len(differ) <= max(2, 0.05 * len(kinds)), differ
@@ -298,6 +304,20 @@ def _its_wake_up_unrecorded(events: pd.DataFrame, ts: int, pid: int) -> bool:
     switched_in = np.flatnonzero(after & of & (ev == "sched_switch"))
     until = switched_in[0] if len(switched_in) else len(ev)
     return not (of & after & (ev == "sched_wakeup"))[:until].any()
+
+
+def _its_switch_in_unrecorded(events: pd.DataFrame, ts: int, pid: int) -> bool:
+    """Whether the last switch-out of ``pid`` before its migration at ``ts`` follows no
+    recorded switch-in of it (since its switch-out before that, if any)."""
+    ev = events["event"].astype(str).to_numpy()
+    t = events["ts"].to_numpy()
+    switch = (ev == "sched_switch") & (t <= ts)
+    leaves = np.flatnonzero(switch & (events["prev_pid"].to_numpy() == pid))
+    if not len(leaves):
+        return False
+    enters = np.flatnonzero(switch & (events["pid"].to_numpy() == pid))
+    since = leaves[-2] if len(leaves) > 1 else -1
+    return not ((enters > since) & (enters < leaves[-1])).any()
 
 
 def _moved_once_queued(events: pd.DataFrame, ts: int, pid: int) -> bool:
