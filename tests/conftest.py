@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -72,6 +73,21 @@ def host_skip(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"CI=true as root, where every test must run: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def small_tmpfs(mnt: Path, size: str):
+    """A tmpfs of ``size`` (mount's syntax: 400k, 1m) mounted at ``mnt`` (made here) for the
+    block's time: a disk that fills up. Skip (fail in CI) where none can be mounted."""
+    mnt.mkdir()
+    p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mnt)],
+                       capture_output=True, text=True)
+    if p.returncode:
+        host_skip(f"cannot mount a tmpfs: {p.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=True)
 
 
 @functools.cache

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_run import HARMONY, cli
-from conftest import TRACEFS, host_skip, pids_with_comm, until
+from conftest import TRACEFS, pids_with_comm, small_tmpfs, until
 
 import harmony
 from harmony.forkserver import COMM as SERVER_COMM
@@ -119,14 +119,8 @@ def test_a_signal_at_any_moment_leaves_a_marked_run_and_a_clean_host(clean_host,
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A 400 KiB tmpfs: room for the run's start, not for its recording."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if p.returncode:
-        host_skip(f"cannot mount a tmpfs: {p.stderr.strip()}")
-    yield mnt
-    subprocess.run(["umount", str(mnt)], check=True)
+    with small_tmpfs(tmp_path / "tiny", "400k") as mnt:
+        yield mnt
 
 
 def test_a_full_disk_leaves_an_incomplete_run_saying_so(clean_host, tiny_disk):
@@ -144,17 +138,12 @@ def test_a_full_disk_leaves_an_incomplete_run_saying_so(clean_host, tiny_disk):
 
 
 def test_no_room_to_start_is_refused_with_nothing_left(clean_host, tmp_path):
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=100k", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "full", "100k") as mnt:
         p = cli("run", "single-source", "--duration", "1", "--out", mnt / "run")
         assert p.returncode == 1
         [line] = _error_lines(p.stderr)
         assert "cannot set 256 KiB aside for the run's manifest (No space left on device)" in line
         assert not (mnt / "run").exists()
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 # --- the tracing instance, a worker ----------------------------------------------------------

@@ -27,7 +27,7 @@ from harmony.probes.base import TraceCorrupt
 from harmony.probes.schema import SCHED_EVENTS
 
 from cli_run import cli
-from conftest import ROOT, host_skip
+from conftest import ROOT, host_skip, small_tmpfs
 
 from test_ringbuf import (FORMATS_WAKING, PageBuilder, encode, known_capture, parsed_formats,
                           write_dir)
@@ -658,13 +658,7 @@ def test_import_refuses_up_front_a_disk_without_the_room(writer_dat, tmp_path):
     """A run directory on a file system without the room for the copy of the trace and the
     tables (here a 1 MiB tmpfs) is refused before the trace is read, with the estimate."""
     _, dat = writer_dat
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
-                       capture_output=True, text=True)
-    if p.returncode:
-        host_skip(f"cannot mount a tmpfs: {p.stderr.strip()}")
-    try:
+    with small_tmpfs(tmp_path / "small", "1m") as mnt:
         out = mnt / "runs" / "one"
         line = one_line_error(invoke("import", dat, "--pid", 12, "--out", out), out)
         assert re.search(f"importing {re.escape(str(dat))} needs up to 16 MiB on its file "
@@ -674,8 +668,6 @@ def test_import_refuses_up_front_a_disk_without_the_room(writer_dat, tmp_path):
         assert list(mnt.iterdir()) == []                    # refused before anything started
         r = invoke("import", dat, "--pid", 12, "--out", out, "--no-disk-check")
         assert r.exit_code == 0, r.output                   # a small trace fits after all
-    finally:
-        subprocess.run(["umount", str(mnt)], check=True)
 
 
 def test_the_disk_an_import_needs_counts_a_copy_only_where_one_takes_room(writer_dat, tmp_path):
