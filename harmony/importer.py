@@ -11,7 +11,6 @@ the recorded kernel release implies (:func:`imported_scheduler`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import fnmatch
 import os
@@ -207,8 +206,7 @@ def disk_needed(path: Path, out: Path, data: int) -> tuple[int, int]:
     system at most; of those, the copy of the trace kept with the run: none where the trace is
     there already (piped in) or the copy would share its blocks, :func:`filemap.shares_blocks`)."""
     where = _existing(out)
-    kept = out / RAW_DIR / path.name
-    in_place = kept.exists() and os.path.samefile(path, kept)
+    in_place = _same_file(path, out / RAW_DIR / path.name)
     copy = 0 if in_place or filemap.shares_blocks(path, where) else path.stat().st_size
     return copy + int(DISK_PER_DATA_BYTE * data) + DISK_BASE, copy
 
@@ -228,6 +226,14 @@ def check_disk(path: Path, out: Path, est: tuple[int, int] | None) -> None:
                        f"({_size(copy)} for the copy of the trace kept with the run, the rest for "
                        f"its tables and figures), {where} has {_size(free)} free: give --out on "
                        "another file system, or --no-disk-check to try")
+
+
+def _same_file(path: Path, other: Path) -> bool:
+    """Whether ``other`` is ``path`` (a trace piped in is written where its copy would go)."""
+    try:
+        return os.path.samefile(path, other)
+    except OSError:             # one of them is not there
+        return False
 
 
 def _existing(path: Path) -> Path:
@@ -703,9 +709,8 @@ def _copy_atomically(src: Path, dest: Path, hurry: threading.Event | None = None
     under a temporary name first: a copy cut short is never found. Nothing to do where ``dest``
     is ``src`` (a trace piped in is written there)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        if os.path.samefile(src, dest):
-            return
+    if _same_file(src, dest):
+        return
     tmp = dest.with_name(f".{dest.name}.part")
     try:
         filemap.copy_file(src, tmp, hurry=hurry, stop=stop)

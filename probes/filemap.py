@@ -243,7 +243,6 @@ def _copy_through(src_fd: int, dest_fd: int, direct_fd: int | None, buf: memoryv
     body = size - size % _DIRECT_ALIGN
     off = direct_bytes = 0
     writing_s = 0.0
-    hurried = False
     with buf:
         while off < size:
             if stop is not None and stop.is_set():
@@ -252,7 +251,7 @@ def _copy_through(src_fd: int, dest_fd: int, direct_fd: int | None, buf: memoryv
                     (hurry is not None and hurry.is_set())
                     or (direct_bytes >= DIRECT_PROBE_BYTES
                         and direct_bytes < DIRECT_MIN_RATE * writing_s)):
-                direct_fd, hurried = None, True
+                direct_fd = None
             direct = direct_fd is not None and off < body
             with buf[:min(len(buf), (body if direct else size) - off)] as part:
                 _read_into(src_fd, part, off)
@@ -273,7 +272,7 @@ def _copy_through(src_fd: int, dest_fd: int, direct_fd: int | None, buf: memoryv
                     writing_s += time.perf_counter() - t
     if not direct_bytes:
         return "buffered"
-    return "direct, then buffered" if hurried else "direct"
+    return "direct, then buffered" if direct_bytes < body else "direct"
 
 
 def _write_all(fd: int, part: memoryview, off: int) -> None:
