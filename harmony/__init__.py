@@ -4,7 +4,19 @@ The library's entry points: :func:`load` (a run directory). Everything else is i
 README's "Layout of the code" names.
 """
 
-from harmony.version import __version__  # noqa: F401
+import os as _os
+
+# Installed, probes/, experiments/ and analysis/ are subpackages inside harmony/; in a source tree
+# (a clone, an editable install, PYTHONPATH=clone) they sit beside it (setup.cfg's package_dir).
+# There the tree's root joins the package's path, so that harmony.analysis & co. come from the same
+# tree as harmony itself, whichever directory Python was started in: from a clone's root,
+# `python -m` and `-c` put the clone's harmony/ first on sys.path.
+_here = _os.path.dirname(_os.path.abspath(__file__))
+if not _os.path.isdir(_os.path.join(_here, "analysis")) and \
+        _os.path.isfile(_os.path.join(_here, _os.pardir, "analysis", "__init__.py")):
+    __path__.append(_os.path.dirname(_here))    # noqa: F821 (a package's own __path__)
+
+from harmony.version import __version__  # noqa: E402,F401
 
 
 def load(run_dir, allow_incomplete: bool = False):

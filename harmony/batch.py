@@ -39,7 +39,7 @@ from harmony.guest import PlannedRun, write_job
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
 from harmony.memory import tune_allocations
-from harmony.osutil import die_with_parent
+from harmony.osutil import die_with_parent, harmony_python
 from harmony.pipeline import analyse
 from harmony.probes import get_probe
 from harmony.run import capture, land
@@ -155,12 +155,13 @@ class KernelRunner:
 
     def _start_worker(self):
         outside = sorted(set(range(psutil.cpu_count())) - set(self.cpus))
-        env = dict(os.environ, HARMONY_ANALYSER_CPUS=",".join(map(str, outside)))
+        argv, env = harmony_python("harmony.batch", "--analyser",
+                                   env=dict(os.environ, HARMONY_ANALYSER_CPUS=",".join(
+                                       map(str, outside))))
         # a plain child process, started before any capture: no threads in the controller, which
         # forks the workers. In a session of its own: Ctrl-C at the terminal is for the controller,
         # which drains it or, dying, kills it (osutil.die_with_parent)
-        self.worker = subprocess.Popen([sys.executable, "-m", "harmony.batch", "--analyser"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        self.worker = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                        start_new_session=True)
         os.set_blocking(self.worker.stdout.fileno(), False)
 
@@ -399,9 +400,10 @@ class VmRunner:
                 for run in runs:
                     run.scx = {**run.scx, "path": str(jobdir / Path(self.scx.path).name)}
             write_job(job, runs)
-            env = [f"{k}={v}" for k, v in os.environ.items() if k.startswith("HARMONY_")]
-            command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, sys.executable, "-m",
-                      "harmony.guest", str(job)]
+            argv, env = harmony_python("harmony.guest", str(job))
+            env = [f"{k}={v}" for k, v in env.items()
+                   if k.startswith("HARMONY_") or k == "PYTHONPATH"]
+            command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, *argv]
             self.vm = VirtualMachine(self.kernel, self.vcpus, self.memory_mb, self.setting,
                                      console_log=rwdir / "vm-console.log")
             self.say(f"booting {self.kernel.describe()} with {self.vcpus} vCPUs")

@@ -40,7 +40,7 @@ import threading
 
 from harmony import worker
 from harmony.errors import ForkServerError  # noqa: F401  (raised here)
-from harmony.osutil import PR_SET_NAME, die_with_parent, prctl
+from harmony.osutil import PR_SET_NAME, die_with_parent, harmony_python, prctl
 
 ENV = "HARMONY_FORKSERVER"
 COMM = "harmony-forksrv"  # 15 bytes, the most a comm holds
@@ -74,12 +74,10 @@ class ForkServer:
     def __init__(self, timeout_s: float = 10.0):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # finds this very package, even one that is not installed
-        top = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        path = os.pathsep.join(p for p in (top, os.environ.get("PYTHONPATH")) if p)
+        argv, env = harmony_python("harmony.forkserver", str(theirs.fileno()), str(os.getpid()))
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "harmony.forkserver", str(theirs.fileno()), str(os.getpid())],
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=os.environ | {"PYTHONPATH": path})
+            self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),),
+                                         stdin=subprocess.DEVNULL, env=env)
         except BaseException:
             mine.close()
             raise

@@ -4,7 +4,7 @@ Standard library only, no Harmony import: the fork server and the workers (:mod:
 import it, and they must stay small.
 
 - processes: :func:`pid_alive`, :func:`proc_starttime`, :func:`prctl`, :func:`die_with_parent`,
-  :func:`sched_getcpu`
+  :func:`sched_getcpu`; Harmony's own child processes: :func:`harmony_python`
 - futexes: :func:`futex` (shared futex words, ``FUTEX_WAIT`` / ``FUTEX_WAKE``)
 - CPU lists: :func:`parse_cpulist`, :func:`format_cpulist`, :func:`read_cpulist_file`,
   :func:`online_cpus`
@@ -36,6 +36,28 @@ except OSError:  # pragma: no cover - no C library to load
 # processes
 
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_TIMERSLACK = 1, 15, 29
+
+
+def harmony_python(module: str, *args: str, env: dict | None = None) -> tuple[list[str], dict]:
+    """The argv and environment of a child ``python -m module args`` that runs this very Harmony,
+    whichever directory it starts in (``env``: the environment to extend, default this process's).
+
+    ``-P``: the current directory stays off the child's path, where a clone's ``harmony/`` (a
+    part of the package: see setup.cfg's package_dir) would shadow the installed one. Where this
+    Harmony comes from a source tree rather than an installed site directory, the tree leads the
+    child's PYTHONPATH, so that the child finds it without the current directory.
+    """
+    import sys
+    import sysconfig
+
+    env = dict(os.environ if env is None else env)
+    top = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["harmony"].__file__)))
+    sites = {os.path.abspath(p) for p in (sysconfig.get_paths()["purelib"],
+                                          sysconfig.get_paths()["platlib"])}
+    if top not in sites:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (top, env.get("PYTHONPATH")) if p)
+    return [sys.executable, "-P", "-m", module, *args], env
+
 
 
 def pid_alive(pid: int) -> bool:

@@ -63,6 +63,7 @@ import sys
 import time
 
 from harmony.errors import ControllerError
+from harmony.osutil import harmony_python
 
 #: one request on the wire, 64 bytes: id, connection, arrival (ns), work (ns), then unused
 MSG = struct.Struct("<qqqqqqqq")
@@ -347,9 +348,9 @@ def _calibrate_at_once(pairs: list[list[int]], rounds: int) -> list[int]:
     (``python -m harmony.serve``), their timed rounds started together (each says it is warm and
     waits for a line on its input); ns per hop, by pair. A pair that takes more than
     ``CALIBRATION_TIMEOUT_S`` is killed: ControllerError."""
-    procs = [subprocess.Popen([sys.executable, "-m", "harmony.serve", str(rounds), *map(str, pair)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for pair in pairs]
+    commands = [harmony_python("harmony.serve", str(rounds), *map(str, pair)) for pair in pairs]
+    procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for argv, env in commands]
     deadline = time.monotonic() + CALIBRATION_TIMEOUT_S
     try:
         warm = [bool(select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0])
