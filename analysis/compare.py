@@ -176,19 +176,27 @@ def label_kind(label: str) -> str:
 def df_compare(cmp: Comparison) -> pd.DataFrame:
     """The answers, one row per question (in the thesis's order) and source. Columns: qid (str),
     question (str), thesis (str: its section), source (str), label (str: the answer, "undecided",
-    or "no evidence"), kind (str: the label without the number it quotes, :func:`label_kind`),
-    decided (bool: a label every run with one agreed on; a reference's are), votes (str: how the
-    runs voted, "label: runs, ..."; "" without evidence, and for a reference), differs (bool: the
-    sources' answers are not all of one kind; the same on every row of a question)."""
+    "varies (...)", or "no evidence"), kind (str: the label without the number it quotes,
+    :func:`label_kind`), decided (bool: the label holds at the card's confidence,
+    :mod:`harmony.analysis.sequential`; a reference's are), state (str: "decided", "varies",
+    "undecided", or "" without evidence), votes (str: how the runs voted, "label: runs, ...";
+    "" without evidence, and for a reference), differs (bool: the sources' answers are not all of
+    one kind; the same on every row of a question), beyond_noise (bool: this source's answer
+    and the first source's (A's) are both decided and of different kinds: the answer differs
+    beyond noise, what ``--fail-on-difference`` fails on; False on A's rows)."""
     rows = []
     for src, card in zip(cmp.sources, cmp.cards):
         for a in card.answers:
             label = a.label if a.label is not None else NO_EVIDENCE
             rows.append({"qid": a.qid, "question": a.question, "thesis": a.thesis, "source": src,
                          "label": label, "kind": label_kind(label), "decided": a.decided,
+                         "state": a.state or "",
                          "votes": ", ".join(f"{k}: {v}" for k, v in a.agreement.items())})
     df = pd.DataFrame(rows)
     df["differs"] = df.groupby("qid", sort=False)["kind"].transform("nunique") > 1
+    first = df[df["source"] == cmp.sources[0]].set_index("qid")
+    df["beyond_noise"] = [bool(r.decided and first.at[r.qid, "decided"]
+                               and r.kind != first.at[r.qid, "kind"]) for r in df.itertuples()]
     return df
 
 
@@ -787,10 +795,12 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
     return Path(path)
 
 
-def _label_cell(label: str) -> D.Cell:
-    kind = ("none" if label == NO_EVIDENCE else
-            "undecided" if label == policy.UNDECIDED else "answered")
-    return D.Cell(label, kind)
+def _label_cell(a: policy.Answer) -> D.Cell:
+    """An answer in the answers table, styled by its kind (:func:`harmony.analysis.policy.
+    answer_kind`): a label not decided yet is styled undecided."""
+    kind = policy.answer_kind(a)
+    return D.Cell(a.label if a.label is not None else NO_EVIDENCE,
+                  "none" if kind == "cannot" else kind)
 
 
 def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
@@ -808,8 +818,8 @@ def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
     doc += [D.Heading("Answers", 2, "answers"),
             D.Table(["", "#", "question"] + list(src["letter"]),
                     [["*" if differs[qid] else "", str(i), f"{questions[qid]} ({qid})",
-                      *map(_label_cell, map(str, labels))]
-                     for i, (qid, labels) in enumerate(table.iterrows(), 1)],
+                      *(_label_cell(card.answer(qid)) for card in cmp.cards)]
+                     for i, qid in enumerate(table.index, 1)],
                     row_kinds=["differs" if differs[qid] else None for qid in table.index],
                     numeric=frozenset({"#"})),
             D.Para(answers_note(int(differs.sum()), len(table)))]
