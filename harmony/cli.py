@@ -293,6 +293,38 @@ def _scx_plan(name: str | None, args: str | None, kernel: str | None, params: li
     return spec
 
 
+def decide_options(f):
+    """--until-decided, --max-repeat: runs added until the card's questions are decided
+    (harmony.decide)."""
+    from harmony.analysis.thresholds import UNTIL_DECIDED_MAX_REPEAT
+
+    f = click.option("--max-repeat", type=click.IntRange(min=2), metavar="N",
+                     help="with --until-decided: at most N runs a configuration, planned ones "
+                          f"included (default {UNTIL_DECIDED_MAX_REPEAT}; "
+                          "analysis/thresholds.py says why)")(f)
+    f = click.option("--until-decided", is_flag=True,
+                     help="after the planned runs, give a configuration whose questions are not "
+                          "yet decided (or shown to vary) more runs, a few at a time, up to "
+                          "--max-repeat")(f)
+    return f
+
+
+def _decide_cap(until_decided: bool, max_repeat: int | None, planned: int) -> int | None:
+    """The cap on a configuration's runs for --until-decided (None without it), checked before
+    anything starts."""
+    from harmony.analysis.thresholds import UNTIL_DECIDED_MAX_REPEAT
+
+    if not until_decided:
+        if max_repeat is not None:
+            raise click.UsageError("--max-repeat goes with --until-decided")
+        return None
+    cap = max_repeat if max_repeat is not None else max(UNTIL_DECIDED_MAX_REPEAT, planned)
+    if cap < planned:
+        raise click.BadParameter(f"{cap} is fewer runs than the {planned} planned",
+                                 param_hint="--max-repeat")
+    return cap
+
+
 def parse_memory(text: str) -> int:
     """``2G`` / ``1536M`` / ``2048`` (MiB) -> MiB."""
     m = re.fullmatch(r"\s*(\d+)\s*([MmGg]?)\s*", text or "")
@@ -353,10 +385,11 @@ def _vm_runner(kernel: str, vm_cpus: int, memory: int, setting, quiet: bool, scx
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="runs of this configuration: OUT/rep-NN/ and OUT/batch.json with median, IQR, 95% CI")
+@decide_options
 @vm_options
 @scx_options
 def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet, repeat,
-        kernel, vm_cpus, vm_memory, vm_qemu, scx, scx_args):
+        until_decided, max_repeat, kernel, vm_cpus, vm_memory, vm_qemu, scx, scx_args):
     """Run one experiment and analyse it; prints the summary."""
     from harmony.experiments import get_experiment
     from harmony.probes import PROBES
@@ -391,55 +424,76 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
     _check_out(out)
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+    cap = _decide_cap(until_decided, max_repeat, repeat)
+    if cap is not None and crosscheck:
+        raise click.UsageError("--crosscheck records one run; use it without --until-decided")
     scx_spec = _scx_plan(scx, scx_args, kernel, [values])
     if kernel is not None:
         return _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat,
-                          _vm_runner(kernel, vm_cpus, memory, setting, quiet, scx_spec))
+                          _vm_runner(kernel, vm_cpus, memory, setting, quiet, scx_spec), cap)
     facts = _host_facts_or_exit(probe, crosscheck)
     if crosscheck:
         from harmony.probes import get_probe
         ok, why = get_probe(crosscheck).available()
         if not ok:
             _fail(f"probe {crosscheck} cannot record here: {why} (see `harmony doctor`)")
-    if repeat > 1:
+    if repeat > 1 or cap is not None:
         if crosscheck:
             raise click.UsageError("--crosscheck records one run; use it without --repeat")
         return _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat,
-                                  scx_spec)
+                                  scx_spec, cap)
     _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck, scx_spec)
 
 
-def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None):
-    from harmony.batch import KernelRunner, batch_text, finish_batch, run_batch
+def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None,
+                       cap=None):
+    from harmony.batch import KernelRunner, batch_text, finish_batch
     from harmony.suite import Progress
 
     progress = Progress(repeat, repeat * values["duration"], quiet=quiet)
     try:
         with _errors(marked=f"the current run under {out} is marked incomplete", also=(OSError,)):
             with KernelRunner(probe, facts, overlap=False, cpus=cpu_set, scx=scx) as runner:
-                run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed, progress=progress)
+                _batch_until(exp, values, cpu_set, out, repeat, runner, seed, cap, progress)
     finally:
         progress.close()
     click.echo(batch_text(finish_batch(out)))
     click.echo(f"\nbatch: {out / 'batch.json'}")
 
 
-def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner):
+def _batch_until(exp, values, cpu_set, out, repeat, runner, seed, cap, progress=None) -> list:
+    """One configuration's planned runs, then (``cap``) more until its questions are decided
+    (harmony.decide), inside the entered ``runner``; what the drains reported."""
+    from harmony import decide
+    from harmony.batch import run_batch
+
+    run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed, progress=progress)
+    if cap is None:
+        return []
+    runner.flush()
+    drained = runner.drain()
+    return drained + decide.until_decided([decide.Batch(exp, values, out, repeat)], cpu_set,
+                                          runner, cap, seed=seed, progress=progress)
+
+
+def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner, cap=None):
     """One boot of the kernel under test for the run (or its repetitions); analysed on the host."""
     from harmony.analysis.report import summary_text
-    from harmony.batch import batch_text, finish_batch, run_batch
+    from harmony.batch import batch_text, finish_batch
     from harmony.store import load
 
+    batch = repeat > 1 or cap is not None
     with _errors(marked=f"what {out} holds that was not captured is marked incomplete"):
         with runner:
-            if repeat > 1:
-                run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed)
+            if batch:
+                drained = _batch_until(exp, values, cpu_set, out, repeat, runner, seed, cap)
             else:
                 runner.capture(exp, values, cpu_set, out, seed, figures=True)
-        failed = [r for r in runner.results if r["status"] != "ok"]
+        results = {r["path"]: r for r in (drained if batch else []) + runner.results}
+        failed = [r for r in results.values() if r["status"] != "ok"]
         if failed:
             _fail(f"{failed[0]['path']}: {failed[0]['error']}")
-        if repeat > 1:
+        if batch:
             click.echo(batch_text(finish_batch(out)))
             click.echo(f"\nbatch: {out / 'batch.json'}")
         else:
@@ -786,10 +840,12 @@ def compare(sources, as_json, all_metrics, out):
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="output directory")
-def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed, out):
+@decide_options
+def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed, out,
+             until_decided, max_repeat):
     """Run experiments under a reference policy in a simulator (no root, no kernel) and analyse them."""
     from harmony.analysis.refpolicy import get_policy, refuse_classes
-    from harmony.batch import SimRunner, batch_text, finish_batch, run_batch
+    from harmony.batch import SimRunner, batch_text, finish_batch
     from harmony.experiments import CATALOG, get_experiment
     from harmony.suite import not_simulated, plan, run_suite
 
@@ -805,11 +861,12 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
     cpus = list(range(ncpus))
     if whole:
         configs = plan(cpus, quick=quick, repeat=repeat, simulated=True)
+        cap = _decide_cap(until_decided, max_repeat, max(c.repeat for c in configs))
         for name, why in not_simulated(CATALOG).items():
             click.echo(f"{name}: left out of a simulated suite ({why})", err=True)
         record = run_suite(configs, cpus, out, SimRunner(policy_name), seed=seed,
                            facts={"kernel": "simulated", "scheduler": f"reference policy {policy_name}",
-                                  "ncpus": ncpus})
+                                  "ncpus": ncpus}, until_decided=cap)
         click.echo(f"{record['runs']} simulated runs in {record['wall_s']:.0f} s; "
                    f"report: {out / 'report.md'}")
         return
@@ -821,8 +878,9 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
         refuse_classes(params=values)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    cap = _decide_cap(until_decided, max_repeat, repeat or 1)
     with SimRunner(policy_name) as runner:
-        run_batch(exp, values, cpus, out, repeat or 1, runner, seed=seed)
+        _batch_until(exp, values, cpus, out, repeat or 1, runner, seed, cap)
     click.echo(batch_text(finish_batch(out)))
 
 
@@ -844,10 +902,11 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
               help="continue the interrupted suite in --out: its plan, CPU set and seed; complete "
                    "runs kept, captured ones analysed, interrupted ones moved aside and run again "
                    "(a suite in a VM: give its --kernel and --vm-* options again)")
+@decide_options
 @vm_options
 @scx_options
-def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume, kernel,
-          vm_cpus, vm_memory, vm_qemu, scx, scx_args):
+def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume,
+          until_decided, max_repeat, kernel, vm_cpus, vm_memory, vm_qemu, scx, scx_args):
     """Run the whole catalog with repetitions and write one report (policy card first).
 
     With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
@@ -886,10 +945,15 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         if out.exists() and any(out.iterdir()):
             raise click.BadParameter(f"{out} is not empty; choose another --out (or --resume)",
                                      param_hint="--out")
+    # a resumed suite goes on as it was asked (its cap), unless told otherwise
+    earlier = (before.get("until_decided") or {}).get("max_repeat") if resume else None
+    cap = _decide_cap(until_decided or bool(earlier), max_repeat or earlier,
+                      max(c.repeat for c in configs))
     scx_spec = _scx_plan(scx, scx_args, kernel, [c.params for c in configs])
     if kernel is not None:
         return _suite_in_vm(configs, cpu_set, out, seed, quiet,
-                            _vm_runner(kernel, vm_cpus, memory, setting, quiet, scx_spec), resume)
+                            _vm_runner(kernel, vm_cpus, memory, setting, quiet, scx_spec), resume,
+                            cap)
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
     from harmony.osutil import online_cpus
@@ -913,18 +977,30 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         record = run_suite(configs, cpu_set, out, runner,
                            facts={k: v for k, v in facts.items() if k != "doctor"},
                            seed=seed, quiet=quiet, card_note=" ".join(limits) or None,
-                           resume=resume)
+                           resume=resume, until_decided=cap)
     from harmony.analysis.policy import infer as infer_card
 
     click.echo(infer_card([out]).text())
     click.echo(f"{record['runs']} runs, {record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s "
                f"configured (efficiency {record['efficiency']:.2f})")
+    _say_until_decided(record)
     click.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
     if record["failures"]:
         _fail(f"{len(record['failures'])} configurations failed; see {out / 'suite.json'}")
 
 
-def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = False):
+def _say_until_decided(record: dict) -> None:
+    """One line on what --until-decided added, if it was asked."""
+    ud = record.get("until_decided")
+    if ud:
+        capped = [k for k, v in ud["configs"].items() if v and v.get("capped")]
+        click.echo(f"until decided: {ud['added_runs']} runs added in {ud['rounds']} round"
+                   f"{'s' if ud['rounds'] != 1 else ''} (at "
+                   f"most {ud['max_repeat']} a configuration)" + (
+                       f"; still undecided at the cap: {', '.join(capped)}" if capped else ""))
+
+
+def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = False, cap=None):
     from harmony.analysis.policy import infer as infer_card
     from harmony.suite import cpu_limits, run_suite
 
@@ -935,10 +1011,14 @@ def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = Fals
                         "--resume` with the same --kernel and --vm-* options goes on)",
                  also=(OSError,)):
         record = run_suite(configs, cpu_set, out, runner, facts=runner.facts, seed=seed,
-                           quiet=quiet, card_note=" ".join(limits) or None, resume=resume)
+                           quiet=quiet, card_note=" ".join(limits) or None, resume=resume,
+                           until_decided=cap)
     click.echo(infer_card([out]).text())
-    click.echo(f"{record['runs']} runs in one boot of {runner.kernel.describe()}, "
+    rounds = (record.get("until_decided") or {}).get("rounds") or 0
+    boots = "one boot" if not rounds else f"{1 + rounds} rounds of runs (each a boot)"
+    click.echo(f"{record['runs']} runs in {boots} of {runner.kernel.describe()}, "
                f"{record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s configured")
+    _say_until_decided(record)
     click.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
     if record["failures"]:
         _fail(f"{len(record['failures'])} runs or configurations failed; see {out / 'suite.json'}")
