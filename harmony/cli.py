@@ -329,8 +329,8 @@ def _vm_plan(kernel: str, vm_cpus: int, vm_memory: str, vm_qemu: str | None, cpu
 def _vm_runner(kernel: str, vm_cpus: int, memory: int, setting, quiet: bool, scx=None):
     """Fetch the kernel (if named and not cached) and make the VM runner."""
     from harmony import doctor as host
-    from harmony.batch import VmRunner
     from harmony.vm.kernels import kernel as get_kernel
+    from harmony.vm.runner import VmRunner
 
     say = (lambda line: None) if quiet else (lambda line: click.echo(f"vm: {line}", err=True))
     with _errors():
@@ -410,7 +410,8 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
 
 
 def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None):
-    from harmony.batch import KernelRunner, batch_text, finish_batch, run_batch
+    from harmony.batch import batch_text, finish_batch, run_batch
+    from harmony.runners import KernelRunner
     from harmony.suite import Progress
 
     progress = Progress(repeat, repeat * values["duration"], quiet=quiet)
@@ -789,8 +790,9 @@ def compare(sources, as_json, all_metrics, out):
 def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed, out):
     """Run experiments under a reference policy in a simulator (no root, no kernel) and analyse them."""
     from harmony.analysis.refpolicy import get_policy, refuse_classes
-    from harmony.batch import SimRunner, batch_text, finish_batch, run_batch
+    from harmony.batch import batch_text, finish_batch, run_batch
     from harmony.experiments import CATALOG, get_experiment
+    from harmony.runners import SimRunner
     from harmony.suite import not_simulated, plan, run_suite
 
     try:
@@ -852,7 +854,7 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
 
     With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
     and is analysed on the host after the VM exits."""
-    from harmony.batch import KernelRunner
+    from harmony.runners import KernelRunner
     from harmony.suite import cpu_limits, plan, resume_plan, run_suite
 
     _check_release_options()
