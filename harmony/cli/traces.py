@@ -13,13 +13,13 @@ import click
 
 from harmony.cli.common import check_out, default_out, exit_on_error, parse_params
 
-#: the file ``harmony export RUN --format F`` writes by default, in RUN
-EXPORT_FILES = {"trace.dat": "trace.dat", "perfetto": "trace.pftrace"}
-
+#: the formats of harmony export and their default file names (harmony.export.FORMATS: that
+#: module loads pandas, which a usage error must not wait for)
+FORMATS = {"trace.dat": "trace.dat", "perfetto": "trace.pftrace"}
 
 @click.command("export")
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(list(EXPORT_FILES)), default="trace.dat",
+@click.option("--format", "fmt", type=click.Choice(list(FORMATS)), default="trace.dat",
               show_default=True,
               help="trace.dat: trace-cmd's, the capture, for KernelShark and `trace-cmd report`; "
                    "perfetto: the run's timeline (runs per CPU and per task, migrations, run "
@@ -29,25 +29,18 @@ EXPORT_FILES = {"trace.dat": "trace.dat", "perfetto": "trace.pftrace"}
 def export(run_dir, fmt, out):
     """Write a run's capture as a trace.dat that KernelShark and `trace-cmd report` open, or its
     timeline as a trace that Perfetto's UI opens."""
-    from harmony.importer import export_tracedat
+    from harmony.export import export as write
 
     if not (run_dir / "manifest.json").is_file():
         raise click.BadParameter(f"{run_dir} is not a run directory (no manifest.json)", param_hint="RUN_DIR")
-    dest = out or run_dir / EXPORT_FILES[fmt]
+    dest = out or run_dir / FORMATS[fmt]
     if dest.is_dir():
         raise click.BadParameter(f"{dest} is a directory", param_hint="--out")
     if not dest.absolute().parent.is_dir():
         raise click.BadParameter(f"{dest.absolute().parent}: no such directory", param_hint="--out")
     check_out(dest.absolute().parent)      # a writable one
-    if fmt == "perfetto":
-        from harmony.perfetto_export import export_perfetto  # the protobuf classes: ~0.3 s
-        from harmony.pipeline import load_checked
-
-        with exit_on_error(also=(OSError,)):
-            click.echo(export_perfetto(load_checked(run_dir), dest))
-        return
     with exit_on_error(also=(OSError,)):
-        wrote, notes = export_tracedat(run_dir, dest)
+        wrote, notes = write(run_dir, fmt, dest)
     for note in notes:
         click.echo(note, err=True)
     click.echo(wrote)
