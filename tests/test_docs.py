@@ -402,6 +402,50 @@ def test_a_broken_link_is_found(tmp_path):
         "x.png: no such file"]
 
 
+#: the repository's top folders: a path in a code span that starts with one names a file of it
+REPO_DIRS = ("harmony", "analysis", "probes", "experiments", "tests", "bench", "fuzz", "docs", ".ci")
+REPO_PATH = re.compile(r"^(?:\.\./)*((?:%s)/[\w./-]*\w)/?$" % "|".join(map(re.escape, REPO_DIRS)))
+PYTHON_M = re.compile(r"python3?\s+-m\s+(harmony(?:\.\w+)*)")
+
+
+def named_files(page: Path) -> list[tuple[int, str]]:
+    """The repository paths (``harmony/vm/scx.py``, ``bench/``) and ``python -m harmony.X``
+    modules the page names in its code, with their line numbers."""
+    text = page.read_text()
+    md = Markdown.parse(text)
+    found = []
+    for m in INLINE_CODE.finditer(md.prose):
+        span = " ".join(m.group(2).split())
+        line = md.prose.count("\n", 0, m.start()) + 1
+        path = REPO_PATH.match(span)
+        if path:
+            found.append((line, path.group(1)))
+        found += [(line, f"-m {mod}") for mod in PYTHON_M.findall(span)]
+    for start, _, lines in md.blocks:
+        for n, line in enumerate(lines, start):
+            found += [(n, f"-m {mod}") for mod in PYTHON_M.findall(line)]
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_file_and_module_named_exists(page):
+    """Files move (the rooms); a page naming one must follow."""
+    import importlib.util
+
+    wrong = []
+    for line, name in named_files(page):
+        if name.startswith("-m "):
+            try:
+                found = importlib.util.find_spec(name[3:]) is not None
+            except ImportError:
+                found = False
+            if not found:
+                wrong.append(f"{page_id(page)}:{line}: python {name}: no such module")
+        elif not (ROOT / name).exists():
+            wrong.append(f"{page_id(page)}:{line}: {name}: no such file in the repository")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_every_docs_page_and_figure_is_reachable():
     """Each docs page is linked from the README's map, each figure in docs/ shown by a page."""
     readme = (ROOT / "README.md").read_text()
