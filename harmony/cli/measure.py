@@ -239,7 +239,7 @@ def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner):
     """One boot of the kernel under test for the run (or its repetitions); analysed on the host."""
     from harmony.analysis.report import summary_text
     from harmony.batch import batch_text, finish_batch, run_batch
-    from harmony.store import load
+    from harmony.store import open_run
 
     with exit_on_error(marked=f"what {out} holds that was not captured is marked incomplete"):
         with runner:
@@ -254,7 +254,7 @@ def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner):
             click.echo(batch_text(finish_batch(out)))
             click.echo(f"\nbatch: {out / 'batch.json'}")
         else:
-            click.echo(summary_text(load(out)))
+            click.echo(summary_text(open_run(out)))
 
 
 def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:

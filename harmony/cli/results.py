@@ -22,7 +22,7 @@ def report(run_dir, as_json):
     Given a batch (a suite configuration, or `run --repeat`): its aggregates and figures/reps.png.
     Given a suite: its policy card, and report.md / report.html written again."""
     from harmony.analysis.report import figures_on_disk, summary_text, write_report
-    from harmony.pipeline import analyse, draw_figures, load
+    from harmony.pipeline import analyse, draw_figures, load_checked
     from harmony.store import why_incomplete
 
     if (run_dir / "batch.json").is_file():
@@ -30,7 +30,7 @@ def report(run_dir, as_json):
     if (run_dir / "suite.json").is_file():
         return _suite_report(run_dir, as_json)
     with exit_on_error(also=(OSError,)):
-        run = load(run_dir, allow_incomplete=True)   # its tables checked, rebuilt if need be
+        run = load_checked(run_dir, allow_incomplete=True)   # its tables checked, rebuilt if need be
         if run.manifest.get("status") == "captured":  # never analysed (a full disk, a crash)
             run = analyse(run_dir)
         if not run.complete:

@@ -41,10 +41,10 @@ def export(run_dir, fmt, out):
     check_out(dest.absolute().parent)      # a writable one
     if fmt == "perfetto":
         from harmony.perfetto_export import export_perfetto  # the protobuf classes: ~0.3 s
-        from harmony.pipeline import load
+        from harmony.pipeline import load_checked
 
         with exit_on_error(also=(OSError,)):
-            click.echo(export_perfetto(load(run_dir), dest))
+            click.echo(export_perfetto(load_checked(run_dir), dest))
         return
     with exit_on_error(also=(OSError,)):
         wrote, notes = export_tracedat(run_dir, dest)
