@@ -1,7 +1,7 @@
 """Harmony: extract the actual CPU load-balancing policy of a running Linux scheduler by experiment.
 
 The library's entry points: :func:`load` (a run directory). Everything else is in the modules
-README's "Layout of the code" names.
+docs/architecture.md names.
 """
 
 import os as _os
