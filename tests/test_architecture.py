@@ -17,7 +17,7 @@ PACKAGES = {"harmony": "harmony", "probes": "harmony.probes", "experiments": "ha
             "analysis": "harmony.analysis"}
 
 #: The rooms, in the order data flows through them: a module may import from its own room and the
-#: rooms before it, never from a later one (docs/architecture.md, "Layout of the code"). A name
+#: rooms before it, never from a later one (docs/architecture.md). A name
 #: ending in ".*" is a package prefix, any other name one module; a module is in the room that
 #: names it most precisely (itself, else its longest prefix).
 ROOMS = [
