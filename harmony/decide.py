@@ -103,6 +103,21 @@ def until_decided(batches: list[Batch], cpus: list[int], runner, cap: int, seed:
     return results
 
 
+def batch_until_decided(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner,
+                        seed: int = 0, cap: int | None = None, progress=None) -> list[dict]:
+    """One configuration's ``repeat`` planned runs into ``out`` (:func:`harmony.batch.run_batch`)
+    inside an entered ``runner``, then, with a ``cap``, more until its questions are settled
+    (:func:`until_decided`); returns what the runner's drains reported (none without a cap: the
+    runner drains on leaving)."""
+    run_batch(exp, params, cpus, out, repeat, runner, seed=seed, progress=progress)
+    if cap is None:
+        return []
+    runner.flush()
+    drained = runner.drain()
+    return drained + until_decided([Batch(exp, params, out, repeat)], cpus, runner, cap,
+                                   seed=seed, progress=progress)
+
+
 def _take_up(batches: list[Batch], cpus: list[int], runner, seed: int, progress) -> list[dict]:
     """A resumed suite: the repetitions beyond the planned ones that an earlier round made (or
     began) are kept, analysed or made again as :func:`harmony.batch.run_batch` resumes them."""
