@@ -526,6 +526,40 @@ def card_blocks(card: policy.Card) -> list:
                 rows, numeric=frozenset({"#"}))]
 
 
+def df_until_decided(record: dict | None) -> pd.DataFrame:
+    """What ``--until-decided`` did (suite.json's ``until_decided``), one row per configuration.
+
+    Columns: configuration (str: its batch directory), planned (int: runs planned), runs (int:
+    runs in all), rounds (int: rounds that added runs), questions (str: each question its runs
+    answer, "qid: state, label k/n" with the votes of the runs with a label), capped (bool: the
+    cap stopped it with a question undecided). Empty without a record."""
+    rows = []
+    for label, r in ((record or {}).get("configs") or {}).items():
+        if not r:
+            continue
+        qs = "; ".join(f"{qid}: {q['state']}, {q['label']} {q['votes']}/{q['runs']}"
+                       for qid, q in r["questions"].items())
+        rows.append({"configuration": label, "planned": r["planned"], "runs": r["runs"],
+                     "rounds": r["rounds"], "questions": qs, "capped": r["capped"]})
+    return pd.DataFrame(rows, columns=["configuration", "planned", "runs", "rounds", "questions",
+                                       "capped"])
+
+
+def until_decided_blocks(record: dict | None) -> list:
+    """The report's section on the runs added until decided ([] when not asked)."""
+    df = df_until_decided(record)
+    if record is None:
+        return []
+    capped = df[df["capped"]]["configuration"].tolist()
+    lead = (f"After the planned runs, {record['added_runs']} runs were added in "
+            f"{record['rounds']} round{'s' if record['rounds'] != 1 else ''}, at most "
+            f"{record['max_repeat']} a configuration, until each configuration's questions were "
+            "decided or shown to vary (harmony.decide; the rule: analysis/sequential.py)."
+            + (f" Still undecided at the cap: {', '.join(capped)}." if capped else ""))
+    return [D.Heading("Runs until decided", 2, "until-decided"), D.Para(lead),
+            frame_table(df.assign(capped=df["capped"].map({True: "yes", False: ""})))]
+
+
 def evidence_items(a: policy.Answer) -> list[str]:
     """An answer's lines (:func:`harmony.analysis.policy.answer_lines`), "key: value" in bold."""
     out = []
@@ -570,6 +604,7 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
         doc.append(D.Heading("Measurement: what the runs could and could not see", 2, "measurement"))
         doc.append(D.Bullets(measurement_summary(meas)))
         doc.append(frame_table(meas, MEASUREMENT_HEADINGS))
+    doc += until_decided_blocks(info.get("until_decided"))
     limits = _limits(card)
     if limits:
         doc.append(D.Heading("What this suite cannot answer, and why", 2))
