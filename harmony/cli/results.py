@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -135,26 +136,51 @@ def infer(dirs, as_json):
               help="also write compare.md, compare.html (a page that stands alone), compare.json "
                    "and figures/ (compare.png: every run; differences.png: the differences with "
                    "their intervals) there")
-def compare(sources, as_json, all_metrics, out):
+@click.option("--fail-on-difference", is_flag=True,
+              help="exit 1 when a chosen answer (decided on both sides, of different kinds) or "
+                   "metric (marked *) differs beyond noise between A and another source; the "
+                   "failing rows under \"gate\" in --json (a gate for CI: "
+                   "docs/card-and-compare.md)")
+@click.option("--question", "questions", multiple=True, metavar="QID",
+              help="with --fail-on-difference: check this question's answer (how_many, or its "
+                   "number 1-9; repeatable; default: every question, unless --metric is given)")
+@click.option("--metric", "metrics", multiple=True, metavar="[EXPERIMENT:]KEY",
+              help="with --fail-on-difference: check this metric in every configuration that "
+                   "has it (repeatable; default: none)")
+def compare(sources, as_json, all_metrics, out, fail_on_difference, questions, metrics):
     from harmony.analysis import compare as cmp_mod
     from harmony.store import RunError
 
     if out is not None:
         check_out(out)
+    if (questions or metrics) and not fail_on_difference:
+        raise click.UsageError("--question and --metric go with --fail-on-difference")
+    try:
+        cmp_mod.gate_choice(questions, metrics)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--question" if "question" in str(exc)
+                                 else "--metric") from None
     with exit_on_error(inputs=(RunError,)):      # the sources given are the arguments (two or more)
         cmp = cmp_mod.compare(sources)
+    g = cmp_mod.gate(cmp, questions, metrics) if fail_on_difference else None
     if as_json:
-        click.echo(json.dumps(cmp_mod.to_dict(cmp), indent=1))
+        click.echo(json.dumps(cmp_mod.to_dict(cmp) | ({"gate": g} if g else {}), indent=1,
+                              default=str))
     else:
         click.echo(cmp_mod.compare_text(cmp, all_metrics=all_metrics).rstrip())
     if out is not None:
         for path in cmp_mod.write(cmp, out, all_metrics=all_metrics):
             click.echo(f"wrote {path}", err=as_json)
+    if g is not None:
+        click.echo(cmp_mod.gate_text(g), err=as_json)
+        if g["failed"]:
+            sys.exit(1)
 
 
 @click.command()
 @click.option("--policy", "policy_name", required=True,
-              help="reference policy: global-queue, poly-balance or pairwise-random")
+              help="reference policy: global-queue, poly-balance, pairwise-random or coin-flip "
+                   "(each run one of the two before, a fair coin per run)")
 @click.option("--cpus", "ncpus", type=click.IntRange(min=2), default=4, show_default=True,
               help="number of simulated CPUs")
 @click.option("--experiment", help="one experiment of the catalog (default: the whole suite)")
