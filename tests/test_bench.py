@@ -21,7 +21,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm",
            "compare_noise", "controller_death", "pelt_warmup", "warm_cold", "fidelity",
            "whole_import", "first_use", "perf_import", "schbench",
-           "server_capacity", "sequential_rule")
+           "server_capacity", "sequential_rule", "until_decided")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -33,7 +33,8 @@ def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedPr
 def test_help_and_bad_arguments(name):
     r = bench(name, "--help")
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
-    r = bench(name, "--no-such-option", *(["."] if name == "waking" else []))   # its DIR
+    r = bench(name, "--no-such-option",
+              *(["."] if name in ("waking", "until_decided") else []))   # its DIR
     assert r.returncode == 2 and "unrecognized arguments" in r.stderr
 
 
@@ -305,6 +306,30 @@ def test_sequential_rule_prints_its_exact_operating_characteristic(tmp_path):
     assert res["peeking"]["fixed-n"] > 0.05 > res["peeking"]["anytime"]
     r = bench("sequential_rule", "--caps", "1", "--start", "2")
     assert r.returncode == 2 and "--start" in r.stderr
+
+
+def test_until_decided_summarises_a_suite_run_until_decided(tmp_path, monkeypatch):
+    """The runs each question took, from a suite's record (made here on a runner of drawn
+    labels, tests/test_until_decided.py), and a directory that is no such suite refused."""
+    from test_until_decided import CPUS, PARAMS, LabelRunner, _policy
+
+    from harmony import suite
+    from harmony.analysis import report_suite
+
+    monkeypatch.setattr(report_suite, "write", lambda out, note=None: None)
+    configs = [suite.Config("how-many", {}, 2, "how-many", params=dict(PARAMS))]
+    suite.run_suite(configs, CPUS, tmp_path / "s", LabelRunner(_policy("poly-balance")),
+                    quiet=True, until_decided=20)
+    out = tmp_path / "u.json"
+    r = bench("until_decided", str(tmp_path / "s"), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "[PASS] every question decided or varies within the cap: card 1 of 1" in r.stdout
+    res = json.loads(out.read_text())["suites"][0]
+    assert res["per_config"] == [{"config": "how-many", "qid": "how_many", "runs": 7,
+                                  "counted": 7, "state": "decided", "label": "poly-balance",
+                                  "votes": 7}]
+    r = bench("until_decided", str(tmp_path))
+    assert r.returncode == 2 and "suite.json" in r.stderr
 
 
 @pytest.mark.kernel
