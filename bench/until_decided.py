@@ -42,7 +42,8 @@ def summarise(suite: Path) -> dict:
                          "state": q["state"], "label": q["label"], "votes": q["votes"]})
     card = policy.infer([suite])
     answers = [{"qid": a.qid, "state": a.state, "label": a.label,
-                "votes": (a.confidence or {}).get("votes"), "runs": (a.confidence or {}).get("runs")}
+                "votes": (a.confidence or {}).get("votes"),
+                "runs": (a.confidence or {}).get("runs")}
                for a in card.answers if a.label is not None]
     settled = [a for a in answers if a["state"] in ("decided", "varies")]
     config_settled = [r for r in rows if r["state"] in ("decided", "varies")]

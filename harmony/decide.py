@@ -8,10 +8,10 @@ directory, :func:`harmony.analysis.policy.infer`); each carries its verdict
 (:mod:`harmony.analysis.sequential`). While one is undecided and the configuration has fewer than
 the cap's runs, the next round gives it as many more runs as would settle the soonest of its
 undecided questions if they split as its runs so far did (for a split vote at most as many as it
-has: a round at most doubles them) and at least as many as could settle one at all (:func:`next_round`; the
-bounds hold at every number of runs, so looking only after a round is as valid as after each
-run). A round captures the runs of every
-configuration that needs them through the runner's own interface -- ``capture`` (by
+has: a round at most doubles them) and at least as many as could settle one at all
+(:func:`next_round`; the bounds hold at every number of runs, so looking only after a round is as
+valid as after each run). A round captures the runs of every configuration that needs them
+through the runner's own interface -- ``capture`` (by
 :func:`harmony.batch.run_batch`, continuing the batch's repetitions and seeds), ``flush`` (a VM
 runner makes its planned captures), ``drain`` (every analysis done) -- then reads the cards again.
 So it works with any runner: :class:`~harmony.batch.SimRunner`, :class:`~harmony.batch.
@@ -67,8 +67,8 @@ def next_round(batch: Batch, cap: int) -> int:
     (:func:`harmony.analysis.sequential.runs_at_this_split`; a unanimous vote: the runs that
     decide it), where a vote is split no more than it has (a round at most doubles the runs, so
     that a split that settles sooner than projected is seen), and never fewer than could settle
-    one at all; within ``cap`` runs in all. 0 when every question is settled (or none has a vote) or the cap is
-    reached."""
+    one at all; within ``cap`` runs in all. 0 when every question is settled (or none has a
+    vote) or the cap is reached."""
     left = cap - batch.runs
     open_ = [a.confidence for a in questions(batch.out).values() if a.state == "undecided"]
     if left <= 0 or not open_:
