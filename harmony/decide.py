@@ -11,11 +11,12 @@ undecided questions if they split as its runs so far did (for a split vote at mo
 has: a round at most doubles them) and at least as many as could settle one at all
 (:func:`next_round`; the bounds hold at every number of runs, so looking only after a round is as
 valid as after each run). A round captures the runs of every configuration that needs them
-through the runner's own interface -- ``capture`` (by
-:func:`harmony.batch.run_batch`, continuing the batch's repetitions and seeds), ``flush`` (a VM
-runner makes its planned captures), ``drain`` (every analysis done) -- then reads the cards again.
-So it works with any runner: :class:`~harmony.batch.SimRunner`, :class:`~harmony.batch.
-KernelRunner`, :class:`~harmony.batch.VmRunner`.
+through the runner's own interface -- ``capture`` (by :func:`harmony.batch.run_batch`,
+continuing the batch's repetitions and seeds), ``flush`` (a VM runner makes its planned
+captures), ``drain`` (every analysis done) -- then reads the cards again. So it works with any
+runner: :class:`harmony.runners.SimRunner`, :class:`harmony.runners.KernelRunner`,
+:class:`harmony.vm.runner.VmRunner` (a flush there boots the kernel under test, unless the guest
+is still up from the last one).
 
 Each batch.json records what the loop did (``until_decided``: planned runs, runs in all, rounds,
 each question's state and runs at the end, whether the cap stopped it); ``resume`` (an interrupted
