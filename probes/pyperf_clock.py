@@ -37,7 +37,8 @@ import time
 import numpy as np
 
 from harmony.errors import ProbeError
-from harmony.probes.pyperf_ring import Ring, captured_stderr, keep_alive, perf_mappings
+from harmony.probes.pyperf_ring import (MAP_LOCK, Ring, captured_stderr, keep_alive,
+                                        perf_mappings)
 
 FAULTS_PER_CPU = 16
 SAMPLE_TIME, SAMPLE_ADDR, SAMPLE_CPU = 1 << 2, 1 << 3, 1 << 7
@@ -55,16 +56,17 @@ def _faults(perf, cpus: list[int]) -> tuple[list[tuple[int, int, int, int]], lis
     evlist.add(evsel)
     keep_alive((evlist, evsel, cpu_map, threads))
     log: list[str] = []
-    before = set(perf_mappings())
     rings, fds = [], []
     try:
-        try:
-            with captured_stderr(log):
-                evlist.open()
-                evlist.mmap(pages=8)
-        finally:
-            fds = [f.fileno() for f in evlist.get_pollfd()]
-            rings = [Ring(a, b) for a, b in sorted(set(perf_mappings()) - before)]
+        with MAP_LOCK:
+            before = set(perf_mappings())
+            try:
+                with captured_stderr(log):
+                    evlist.open()
+                    evlist.mmap(pages=8)
+            finally:
+                fds = [f.fileno() for f in evlist.get_pollfd()]
+                rings = [Ring(a, b) for a, b in sorted(set(perf_mappings()) - before)]
         n = len(cpus) * FAULTS_PER_CPU
         pages = mmap.mmap(-1, n * mmap.PAGESIZE)
         anchor = ctypes.c_char.from_buffer(pages)

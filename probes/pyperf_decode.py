@@ -150,9 +150,13 @@ def decode_records(path: Path, sample_type: int, formats: dict[int, EventFormat]
     raw_pos, raw_size, cpu = raw_pos[order], raw_size[order], cpu[order]
     decoder = "numpy"
     if formats and len(raw_pos):
-        code = np.where(raw_size >= 2, read_uint(src, raw_pos, 2), -2).astype(np.int32)
+        ctype = next(iter(formats.values())).field("common_type")
+        at, width = (ctype.offset, ctype.size) if ctype is not None else (0, 2)
+        fits = raw_size >= at + width
+        code = np.where(fits, read_uint(src, raw_pos + at, width), -2).astype(np.int32)
+        short = np.flatnonzero(~fits)
         walked = Records(raw_pos, raw_size.astype(np.int32), ts, cpu, np.zeros(1, np.int64),
-                         np.zeros(1, bool), code)
+                         np.zeros(1, bool), code, int(short[0]) if short.size else -1)
         dec = decode_source(src, formats, hp, walked=walked)
         events, decoder = dec.events, dec.decoder
         notes.extend(dec.notes)
