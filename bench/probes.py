@@ -158,7 +158,7 @@ def _cpu_s(tids: list[int]) -> float:
 
 def storm(names, rounds: int, pairs: int, window: float, tmp: Path) -> dict:
     """Part 2: {probe or "none": [{"rounds_s", "events_s", "lost", "own_cpu"}, ...]}."""
-    from harmony.controller import lower_threads, raise_threads
+    from harmony.workload.controller import lower_threads, raise_threads
     from harmony.probes import get_probe
 
     conds = ["none", *names]

@@ -62,7 +62,7 @@ from pathlib import Path
 
 from harmony import hostfacts
 from harmony.hostfacts import MISSING, OK, WARN, check
-from harmony.osutil import atomic_write, online_cpus, sched_getcpu
+from harmony.core.osutil import atomic_write, online_cpus, sched_getcpu
 from harmony.probes import perf_binding
 from harmony.probes.base import REQUIRED_TRACEPOINTS, Capture, Probe, ProbeError, TraceCorrupt
 from harmony.probes.perf import CLOCK_NAME, mmap_pages_for, read_markers

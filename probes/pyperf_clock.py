@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from harmony.errors import ProbeError
+from harmony.core.errors import ProbeError
 from harmony.probes.pyperf_ring import (MAP_LOCK, Ring, captured_stderr, keep_alive,
                                         perf_mappings)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony.errors import TraceCorrupt
+from harmony.core.errors import TraceCorrupt
 from harmony.probes.formats import EventFormat, HeaderPage
 from harmony.probes.perf_read import RECORD_NAMES, by_time_then_cpu, walk_records
 from harmony.probes.pyperf_clock import to_mono

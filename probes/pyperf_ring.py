@@ -52,7 +52,7 @@ import tempfile
 import threading
 import time
 
-from harmony.errors import ProbeError
+from harmony.core.errors import ProbeError
 
 PAGE = mmap.PAGESIZE
 IOC_ENABLE, IOC_DISABLE = 0x2400, 0x2401              # _IO('$', 0), _IO('$', 1)

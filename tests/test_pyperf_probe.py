@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harmony.errors import ProbeError, TraceCorrupt
+from harmony.core.errors import ProbeError, TraceCorrupt
 from harmony.probes import perf_binding
 from harmony.probes.pyperf import PyperfProbe
 from harmony.probes.pyperf_clock import offsets, to_mono
