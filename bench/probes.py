@@ -17,7 +17,9 @@ to SCHED_FIFO for the window as a run raises them. Per probe: the rounds per sec
 made, relative to the no-probe windows (median over the rounds of each window against the mean
 of the no-probe windows next to it: a slow drift of the host cancels), the events recorded per
 second, the events lost, and the probe's own CPU time (this process's threads, or perf
-record's) as a share of one CPU.
+record's) as a share of one CPU. Then the same again with every probe's rings made as small as
+``--small-kb`` per CPU (tracefs's buffer_size_kb, perf's ``-m``, pyperf's pages): how soon each
+drain empties its rings, where the defaults (tracefs 8 MiB, perf and pyperf 4 MiB a CPU) hide it.
 
 Part 3, the binding's own reader: a storm of ``--window`` seconds recorded through the binding
 with no drain (rings large enough to hold it), then every record read with
@@ -31,6 +33,8 @@ Suite efficiency is ``bench/suite_efficiency.py --probe pyperf`` (and perf, trac
 from __future__ import annotations
 
 import argparse
+import contextlib
+import mmap
 import os
 import shutil
 import subprocess
@@ -43,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
 PROBES = ("tracefs", "perf", "pyperf")
+PAGE = mmap.PAGESIZE
 
 #: ping-pong pairs passing a byte back and forth for argv[2] seconds; prints the rounds made
 PINGPONG = """
@@ -156,7 +161,29 @@ def _cpu_s(tids: list[int]) -> float:
     return total / tick
 
 
-def storm(names, rounds: int, pairs: int, window: float, tmp: Path) -> dict:
+@contextlib.contextmanager
+def small_rings(kb: int | None):
+    """Each probe's ring buffers of ``kb`` KiB per CPU for the block (None: their defaults):
+    tracefs's and pyperf's expert options, perf's ``-m`` (the size it computes, replaced)."""
+    if not kb:
+        yield
+        return
+    from harmony.probes import perf as perf_probe
+
+    saved = perf_probe.mmap_pages_for
+    env = {"HARMONY_TRACEFS_BUFFER_KB": str(kb), "HARMONY_PYPERF_PAGES": str(kb * 1024 // PAGE)}
+    os.environ.update(env)
+    perf_probe.mmap_pages_for = lambda duration_s, ncpus: kb * 1024 // PAGE
+    try:
+        yield
+    finally:
+        perf_probe.mmap_pages_for = saved
+        for k in env:
+            del os.environ[k]
+
+
+def storm(names, rounds: int, pairs: int, window: float, tmp: Path,
+          ring_kb: int | None = None) -> dict:
     """Part 2: {probe or "none": [{"rounds_s", "events_s", "lost", "own_cpu"}, ...]}."""
     from harmony.workload.controller import lower_threads, raise_threads
     from harmony.probes import get_probe
@@ -167,8 +194,9 @@ def storm(names, rounds: int, pairs: int, window: float, tmp: Path) -> dict:
         for cond in conds[r % len(conds):] + conds[:r % len(conds)]:
             p, d = None, tmp / f"st-{cond}-{r}"
             if cond != "none":
-                p = get_probe(cond)(d, [0, 1], window)
-                p.start()
+                with small_rings(ring_kb):
+                    p = get_probe(cond)(d, [0, 1], window)
+                    p.start()
             own = [int(t) for t in os.listdir("/proc/self/task")]
             helpers = p.helper_tids() if p else []
             raised = raise_threads([t for t in own + helpers if t != own[0]])
@@ -210,7 +238,7 @@ def binding_reader(window: float, pairs: int, tmp: Path) -> dict:
     from harmony.probes.perf_binding import find
     from harmony.probes.pyperf import PyperfProbe
     from harmony.probes.pyperf_ring import (IOC_DISABLE, MAP_LOCK, SAMPLE_TYPE, Ring,
-                                            perf_mappings)
+                                            captured_stderr, perf_mappings)
     import fcntl
 
     perf = find().module
@@ -229,8 +257,9 @@ def binding_reader(window: float, pairs: int, tmp: Path) -> dict:
                                watermark=1, wakeup_events=1 << 30)
             el = perf.evlist(perf.cpu_map(), perf.thread_map(-1))
             el.add(evsel)
-            el.open()
-            el.mmap(pages=2048)
+            with captured_stderr([]):
+                el.open()
+                el.mmap(pages=2048)
             evlists.append((name, el, evsel))
         rings = [Ring(a, b) for a, b in sorted(set(perf_mappings()) - before)]
     subprocess.run([sys.executable, "-c", PINGPONG, str(pairs), str(window)], check=True,
@@ -283,6 +312,18 @@ def binding_reader(window: float, pairs: int, tmp: Path) -> dict:
             "decode_us": 1e6 * decode_s / max(m, 1)}
 
 
+def storm_table(names, runs: dict, rel: dict) -> None:
+    rows = [["none", common.median([x["rounds_s"] for x in runs["none"]]), 1.0, None, None,
+             None, common.median([x["own_cpu"] for x in runs["none"]])]]
+    for n in names:
+        rows.append([n, common.median([x["rounds_s"] for x in runs[n]]), common.median(rel[n]),
+                     min(rel[n]), common.median([x["events_s"] for x in runs[n]]),
+                     sum(x["lost"] for x in runs[n]),
+                     common.median([x["own_cpu"] for x in runs[n]])])
+    common.table(["probe", "rounds/s", "x none", "worst x", "events/s", "lost (all rounds)",
+                  "own CPU (of one)"], rows)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -298,7 +339,10 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=2, help="ping-pong pairs (default %(default)s)")
     ap.add_argument("--reader-window", type=float, default=1.0,
                     help="part 3 storm length, seconds (default %(default)s)")
-    ap.add_argument("--skip", default="", help="parts to skip, e.g. 1,3")
+    ap.add_argument("--small-kb", type=int, default=256,
+                    help="part 2 again with every probe's rings this small, KiB per CPU (a power "
+                         "of two, 4 at least; 0: not) (default %(default)s)")
+    ap.add_argument("--skip", default="", help="parts to skip, e.g. 1,2s,3")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.probes.split(",") if n.strip()]
@@ -307,6 +351,8 @@ def main(argv=None) -> int:
     if a.reps < 1 or a.rounds < 1 or a.seconds <= 0 or a.window <= 0 or a.pairs < 1 \
             or a.reader_window <= 0:
         ap.error("--reps, --rounds, --pairs must be at least 1, --seconds and --window positive")
+    if a.small_kb and (a.small_kb < 4 or a.small_kb & (a.small_kb - 1)):
+        ap.error("--small-kb must be a power of two, 4 at least (or 0)")
     skip = {s.strip() for s in a.skip.split(",") if s.strip()}
     common.need_root("the probes benchmark")
     missing = _available(names)
@@ -330,22 +376,18 @@ def main(argv=None) -> int:
                                common.median(ss[n]["session"]["start"]),
                                common.median(ss[n]["session"]["stop"])] for n in names])
                 print()
-            if "2" not in skip:
-                runs = storm(names, a.rounds, a.pairs, a.window, Path(tmp))
+            for part, kb in (("2", None), ("2s", a.small_kb)):
+                if part in skip or (part == "2s" and not kb):
+                    continue
+                runs = storm(names, a.rounds, a.pairs, a.window, Path(tmp), kb)
                 rel = relative(runs, a.rounds)
-                result["storm"] = {"runs": runs, "relative": rel}
+                result["storm" if kb is None else "storm_small_rings"] = {
+                    "runs": runs, "relative": rel, "ring_kb": kb}
+                rings = "each probe's own ring sizes" if kb is None else \
+                    f"rings of {kb} KiB per CPU for every probe"
                 print(f"{a.pairs} ping-pong pairs flat out, {a.rounds} rounds of "
-                      f"{a.window:g} s windows (medians)\n")
-                rows = [["none", common.median([x["rounds_s"] for x in runs["none"]]), 1.0,
-                         None, None, None, common.median([x["own_cpu"] for x in runs["none"]])]]
-                for n in names:
-                    rows.append([n, common.median([x["rounds_s"] for x in runs[n]]),
-                                 common.median(rel[n]), min(rel[n]),
-                                 common.median([x["events_s"] for x in runs[n]]),
-                                 sum(x["lost"] for x in runs[n]),
-                                 common.median([x["own_cpu"] for x in runs[n]])])
-                common.table(["probe", "rounds/s", "x none", "worst x", "events/s",
-                              "lost (all rounds)", "own CPU (of one)"], rows)
+                      f"{a.window:g} s windows, {rings} (medians)\n")
+                storm_table(names, runs, rel)
                 print()
             if "3" not in skip and "pyperf" in names:
                 br = binding_reader(a.reader_window, a.pairs, Path(tmp))
