@@ -148,24 +148,32 @@ class PyperfProbe(Probe):
     # ------------------------------------------------------------------------ availability
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        binding = perf_binding.find()
-        if not binding.loaded:
-            return False, f"python-perf binding: {binding.why_not}"
-        why = can_read_rings()
+        why = cls._cannot()
         if why:
             return False, why
-        specs, missing = event_specs()
-        lacking = [e for e in REQUIRED_TRACEPOINTS if e in missing]
-        if lacking:
-            return False, (f"tracepoints missing from {TRACEFS / 'events'}: {', '.join(lacking)} "
-                           "(tracefs not mounted?)")
         if time.monotonic() < cls._available_ok_until:
             return True, ""
-        ok, why, _ = try_open(binding.module, [s for s in specs if s.name == "sched_switch"])
+        specs = [s for s in event_specs()[0] if s.name == "sched_switch"]
+        ok, why, _ = try_open(perf_binding.find().module, specs)
         if not ok:
             return False, why
         cls._available_ok_until = time.monotonic() + 60.0
         return True, ""
+
+    @classmethod
+    def _cannot(cls) -> str | None:
+        """Why this probe cannot record here, short of opening an event (None: nothing says)."""
+        binding = perf_binding.find()
+        if not binding.loaded:
+            return f"python-perf binding: {binding.why_not}"
+        why = can_read_rings()
+        if why:
+            return why
+        lacking = [e for e in REQUIRED_TRACEPOINTS if e in event_specs()[1]]
+        if lacking:
+            return (f"tracepoints missing from {TRACEFS / 'events'}: {', '.join(lacking)} "
+                    "(tracefs not mounted?)")
+        return None
 
     # ------------------------------------------------------------------------ recording
     def _config(self) -> tuple:
@@ -176,8 +184,8 @@ class PyperfProbe(Probe):
     def start(self) -> None:
         if not self._stopped:
             raise ProbeError("pyperf probe already started")
-        ok, why = self.available()
-        if not ok:
+        why = self._cannot()       # the events' own opening says the rest, in one line
+        if why:
             raise ProbeError(why)
         perf = perf_binding.find().module
         pages, stall = self._config()
@@ -186,14 +194,15 @@ class PyperfProbe(Probe):
             (self.out_dir / stale).unlink(missing_ok=True)
         t0 = time.perf_counter()
         kept = PyperfProbe._kept
-        if kept is not None and (kept.user is not None or kept.config[0] < pages
-                                 or kept.events.closed):
-            PyperfProbe._kept = None     # another shape, or not trusted: ended, a new one made
+        if kept is not None and kept.user is not None:
+            kept = None                  # in use by another probe of this process: its own
+        elif kept is not None and (kept.config[0] < pages or kept.events.closed):
+            PyperfProbe._kept = None     # smaller rings, or not trusted: ended, new ones made
             kept.events.close()
             kept = None
         if kept is None:
             events, facts, formats = self._open(perf, pages)
-            if PyperfProbe._session_open:
+            if PyperfProbe._session_open and PyperfProbe._kept is None:
                 kept = PyperfProbe._kept = _KeptEvents(events, (pages,), facts, formats)
         else:
             events, facts, formats = kept.events, dict(kept.facts), kept.formats
@@ -360,7 +369,8 @@ class PyperfProbe(Probe):
     @contextlib.contextmanager
     def session(cls):
         """Consecutive captures of this process share the open events until the block ends
-        (see the module docstring); the block's end closes them, also on error."""
+        (see the module docstring); the block's end closes them, also on error (in the
+        background where every run went well: see :meth:`OpenEvents.close`)."""
         if cls._session_open:
             raise ProbeError("a pyperf session is already open in this process")
         PyperfProbe._session_open = True
@@ -370,12 +380,13 @@ class PyperfProbe(Probe):
             PyperfProbe._session_open = False
             kept, PyperfProbe._kept = PyperfProbe._kept, None
             if kept is not None:
-                if kept.user is not None:
+                ok = kept.user is None
+                if not ok:
                     try:
                         kept.user.stop()   # still recording: the block ended by an error
                     except ProbeError:
                         pass
-                kept.events.close()
+                kept.events.close(background=ok)
 
     # ------------------------------------------------------------------------ decoding
     @classmethod
