@@ -21,7 +21,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm",
            "compare_noise", "controller_death", "pelt_warmup", "warm_cold", "fidelity",
            "whole_import", "first_use", "perf_import", "schbench",
-           "server_capacity", "sequential_rule", "until_decided")
+           "server_capacity", "sequential_rule", "until_decided", "probes")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -198,6 +198,24 @@ def test_observer_smoke(kernel, tmp_path):
     assert len(w["off"]) == len(w["on"]) == len(w["ratios"]) == 2 and min(w["off"] + w["on"]) > 0
     assert w["events"] > 0 and w["loss_ci95"][0] <= w["loss"] <= w["loss_ci95"][1]
     assert res["lossless"]["levels"][0]["events"] > 0
+
+
+def test_probes_smoke(kernel, tmp_path):
+    from harmony.probes.pyperf import PyperfProbe
+
+    ok, why = PyperfProbe.available()
+    if not ok:
+        host_skip(why)
+    out = tmp_path / "p.json"
+    r = bench("probes", "--probes", "tracefs,pyperf", "--reps", "1", "--seconds", "0.1",
+              "--rounds", "1", "--window", "0.3", "--reader-window", "0.2", "--small-kb", "0",
+              "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert set(res["start_stop"]) == {"tracefs", "pyperf"}
+    [row] = res["storm"]["runs"]["pyperf"]
+    assert row["events_s"] > 0 and row["rounds_s"] > 0
+    assert res["reader"]["binding_events"] > 0 and res["reader"]["probe_events"] > 0
 
 
 def test_pelt_warmup_smoke(kernel, tmp_path):

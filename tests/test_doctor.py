@@ -93,7 +93,7 @@ def test_doctor_real_host(real_facts):
     assert facts["tracefs_instances"]["creatable"] and facts["tracefs_instances"]["removed"]
     assert facts["verdict"]["can_run"] is True
     assert facts["verdict"]["probes"], facts["verdict"]
-    assert set(facts["verdict"]["probes"]) <= {"tracefs", "perf"}
+    assert set(facts["verdict"]["probes"]) <= {"tracefs", "perf", "pyperf"}
     assert facts["verdict"]["reasons"] == []
     assert facts["online_cpus"] == online_cpus()
     assert facts["topology"]["counts"]["threads"] == len(online_cpus())
@@ -104,6 +104,10 @@ def test_doctor_real_host(real_facts):
         assert isinstance(facts[name]["detail"], str) and "\n" not in facts[name]["detail"], name
     if facts["perf"]["present"] and facts["perf"]["test_s"] is not None:
         assert facts["perf"]["test_s"] < 2.0  # aimed at well under 1 s
+    # the python-perf probe's check says whether the binding loads, and why not
+    b = facts["pyperf"]["binding"]
+    assert b["loaded"] == (b["why_not"] is None) and b["python"]
+    assert (facts["pyperf"]["status"] == "missing") == (b["path"] is None)
 
 
 @pytest.mark.kernel

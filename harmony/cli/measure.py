@@ -155,7 +155,8 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
 @click.option("--layout", help="tasks per CPU of the set at t0, e.g. 8,0")
 @click.option("--duration", type=float, help="seconds measured after t0")
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
-@click.option("--probe", default="tracefs", show_default=True, help="capture backend: tracefs or perf")
+@click.option("--probe", default="tracefs", show_default=True,
+              help="capture backend: tracefs, perf or pyperf (perf_event through python-perf)")
 @click.option("--crosscheck", metavar="PROBE",
               help="also record the run with this second probe (e.g. perf) and compare the two")
 @click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/<experiment>-<time>)")
@@ -279,8 +280,8 @@ def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:
     ok, why = get_probe(probe).available()
     if not ok:
         fail(f"probe {probe} cannot record here: {why} (see `harmony doctor`)")
-    # a 10 ms test recording with perf costs ~0.3 s: only when perf will record
-    facts = host.doctor(mount=True, test_record="perf" in (probe, crosscheck))
+    # a 10 ms test recording with perf costs ~0.3 s (pyperf's test ~0.1 s): only when it records
+    facts = host.doctor(mount=True, test_record=bool({probe, crosscheck} & {"perf", "pyperf"}))
     return host.run_facts(facts)
 
 
