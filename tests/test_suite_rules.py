@@ -148,8 +148,9 @@ def skip_bypasses(source: str) -> list[tuple[int, str]]:
     alias: dict[str, str] = {}
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            for a in node.names:
-                alias[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+            for a in node.names:        # import a.b binds a; import a.b as c binds a.b
+                top = a.name.split(".")[0]
+                alias[a.asname or top] = a.name if a.asname else top
         elif isinstance(node, ast.ImportFrom) and node.module:
             for a in node.names:
                 alias[a.asname or a.name] = f"{node.module}.{a.name}"
