@@ -34,6 +34,14 @@ unknown     anything the evidence does not decide: no record after an asleep mov
             and an affinity change made there look alike)
 ==========  =========================================================================================
 
+A task the trace shows asleep may still be queued for the kernel: EEVDF's delayed dequeue (Linux
+6.12 on) keeps a task that goes to sleep with lag on its run queue until it is picked or woken,
+and the balancer may move it meanwhile (``detach_tasks`` counts the move in ``lb_gained``; its
+wake-up, ``ttwu_runnable``, then records sched_waking and sched_wakeup with no placement). Such a
+move (no sched_waking of the task on the move's CPU since its previous record:
+:func:`queued_asleep`) is told by its context like a runnable task's, not taken for the wake-up's
+placement its next record would suggest.
+
 A cause is never guessed: without the softirq events (an import, an older run, a kernel without
 them) runnable pulls are ``unknown`` except by the stopper or the NUMA balancer.
 
@@ -143,28 +151,67 @@ def _last_before(key_rows: np.ndarray, key_vals: np.ndarray, vals: np.ndarray,
     return out
 
 
-def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray,
-                     policy_of_pid: dict[int, str] | None = None) -> np.ndarray:
-    """The cause (index into :data:`CAUSES`) of each migrate record ``sel`` (positions in
-    ``records``, a :func:`harmony.analysis.taskstate.task_records` table, sorted by (pid, seq))."""
-    n = len(sel)
-    cause = np.full(n, UNKNOWN, np.int8)
-    if not n:
-        return cause
+def _neighbours(records: pd.DataFrame, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(next record's kind, previous record's events row) of each record ``sel``: -1 where the
+    task has none."""
     rec_pid = records["pid"].to_numpy()
-    rec_kind = records["record"].to_numpy()
     seq = records["seq"].to_numpy()
-    row = (seq[sel] // 2).astype(np.int64)
-    pid = rec_pid[sel].astype(np.int64)
-    runnable = records["runnable_before"].to_numpy()[sel]
     nxt = sel + 1
     has_next = nxt < len(records)
     has_next[has_next] = rec_pid[nxt[has_next]] == rec_pid[sel[has_next]]
-    nrec = np.where(has_next, rec_kind[np.minimum(nxt, len(records) - 1)], -1)
+    nrec = np.where(has_next, records["record"].to_numpy()[np.minimum(nxt, len(records) - 1)], -1)
     prv = sel - 1
     has_prev = prv >= 0
     has_prev[has_prev] = rec_pid[prv[has_prev]] == rec_pid[sel[has_prev]]
     prev_row = np.where(has_prev, seq[np.maximum(prv, 0)] // 2, -1)
+    return nrec, prev_row
+
+
+def queued_asleep(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray) -> np.ndarray:
+    """Which migrate records ``sel`` (as in :func:`migration_causes`) moved a task the trace shows
+    asleep but that the kernel still held queued: EEVDF's delayed dequeue (Linux 6.12 on,
+    ``DELAY_DEQUEUE``) leaves a task that goes to sleep with lag on its run queue, where
+    ``sched_balance_rq`` (``detach_tasks``, which counts the move in ``lb_gained``), an active
+    balance or an affinity change may move it; its later wake-up (``ttwu_runnable``) then
+    records sched_waking and sched_wakeup with no placement. A wake-up's own placement is made
+    by ``try_to_wake_up`` after its sched_waking, on the same CPU, in one section with
+    interrupts off: an asleep move with no sched_waking of the task on its CPU since the task's
+    previous record is such a move (a forked task's placement, with no sched_waking, is not).
+    All False where the trace holds no sched_waking (nothing tells them apart then)."""
+    out = np.zeros(len(sel), bool)
+    wk = np.flatnonzero(event_mask(events, "sched_waking"))
+    if not len(sel) or not len(wk):
+        return out
+    asleep = ~records["runnable_before"].to_numpy()[sel]
+    nrec, prev_row = _neighbours(records, sel)
+    todo = np.flatnonzero(asleep & (nrec != ts_.WAKEUP_NEW))
+    if not len(todo):
+        return out
+    row = (records["seq"].to_numpy()[sel[todo]] // 2).astype(np.int64)
+    pid = records["pid"].to_numpy()[sel[todo]].astype(np.int64)
+    last = _last_before(wk, events["pid"].to_numpy()[wk].astype(np.int64), pid, row)
+    cpu = events["cpu"].to_numpy()
+    placed = (last >= 0) & (last > prev_row[todo]) & (cpu[np.maximum(last, 0)] == cpu[row])
+    out[todo] = ~placed
+    return out
+
+
+def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray,
+                     policy_of_pid: dict[int, str] | None = None) -> np.ndarray:
+    """The cause (index into :data:`CAUSES`) of each migrate record ``sel`` (positions in
+    ``records``, a :func:`harmony.analysis.taskstate.task_records` table, sorted by (pid, seq)).
+    A move of a task asleep in the trace but queued for the kernel (:func:`queued_asleep`) is
+    told by its context, as a runnable task's is."""
+    n = len(sel)
+    cause = np.full(n, UNKNOWN, np.int8)
+    if not n:
+        return cause
+    seq = records["seq"].to_numpy()
+    row = (seq[sel] // 2).astype(np.int64)
+    pid = records["pid"].to_numpy()[sel].astype(np.int64)
+    nrec, prev_row = _neighbours(records, sel)
+    queued = queued_asleep(events, records, sel)
+    runnable = records["runnable_before"].to_numpy()[sel] | queued
 
     asleep = ~runnable
     cause[asleep & (nrec == ts_.WAKEUP)] = WAKEUP

@@ -52,6 +52,52 @@ def test_an_asleep_move_without_its_wakeup_is_unknown():
     assert cause_of(s, A) == [("unknown", False)]
 
 
+def delayed_then_woken(moved_by_waker: bool) -> Stream:
+    """A runs on CPU 0 and goes to sleep; CPU 1, running C, then moves it in its SCHED softirq
+    (the kernel still holds it queued: EEVDF's delayed dequeue), and CPU 2's task wakes it
+    where it is (ttwu_runnable: sched_waking, sched_wakeup, no placement). With
+    ``moved_by_waker`` the move is instead the waker's placement, after its sched_waking."""
+    s = Stream(NAMES).softirq(5, 1, True).softirq(6, 1, False)
+    s.switch(10, 0, 0, 0, A).switch(20, 0, A, 1, 0).switch(21, 1, 0, 0, C)
+    if moved_by_waker:
+        s.waking(300, 2, A, 0, common_pid=CONTROLLER)
+        s.migrate(301, 2, A, 0, 1, common_pid=CONTROLLER).wakeup(302, 2, A, 1, CONTROLLER)
+    else:
+        s.softirq(200, 1, True, common_pid=C).migrate(201, 1, A, 0, 1, common_pid=C)
+        s.softirq(202, 1, False, common_pid=C)
+        s.waking(300, 2, A, 1, common_pid=CONTROLLER).wakeup(302, 2, A, 1, CONTROLLER)
+    return s.switch(400, 1, C, 0, A)
+
+
+def test_a_sleeping_task_still_queued_is_moved_by_the_balance_not_its_wake_up():
+    """A move of a task asleep in the trace, made before its sched_waking (or on another CPU
+    than it), is no wake-up's placement, even though its next record is a sched_wakeup: the
+    kernel held the task queued (delayed dequeue, Linux 6.12 on) and load_balance moved it
+    (lb_gained counts it; nr_wakeups_migrate does not). Told by its context: periodic, a
+    balance move; the same move made by the waker after its sched_waking is a wake-up."""
+    ev = delayed_then_woken(False).events()
+    mig = rc.df_migrations(ev, tasks(), 0)
+    assert list(zip(mig["cause"].astype(str), mig["kind"].astype(str))) == [
+        ("periodic", "balance")]
+    assert causes.df_all_moves(ev)["cause"].astype(str).tolist() == ["periodic"]
+    mig = rc.df_migrations(delayed_then_woken(True).events(), tasks(), 0)
+    assert list(zip(mig["cause"].astype(str), mig["kind"].astype(str))) == [("wakeup", "wakeup")]
+
+
+def test_a_sleeping_tasks_move_without_any_sched_waking_in_the_trace_stays_a_wake_up():
+    """A trace without sched_waking (an import of one recorded without it) cannot tell the two
+    apart: a sleeping task's move followed by its sched_wakeup is the wake-up's, as before."""
+    ev = delayed_then_woken(False).events()
+    ev = ev[ev["event"].astype(str) != "sched_waking"].reset_index(drop=True)
+    assert cause_of_events(ev, A) == [("wakeup", False)]
+
+
+def cause_of_events(ev: pd.DataFrame, pid: int) -> list[tuple[str, bool]]:
+    mig = rc.df_migrations(ev, tasks(), 0)
+    mig = mig[mig["pid"] == pid]
+    return list(zip(mig["cause"].astype(str), mig["inferred"]))
+
+
 def test_periodic_balance_inside_the_sched_softirq():
     s = queued_on_0(Stream(NAMES), 100)
     s.softirq(200, 1, True, common_pid=C).migrate(201, 1, B, 0, 1, common_pid=C)
