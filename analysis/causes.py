@@ -38,9 +38,9 @@ A task the trace shows asleep may still be queued for the kernel: EEVDF's delaye
 6.12 on) keeps a task that goes to sleep with lag on its run queue until it is picked or woken,
 and the balancer may move it meanwhile (``detach_tasks`` counts the move in ``lb_gained``; its
 wake-up, ``ttwu_runnable``, then records sched_waking and sched_wakeup with no placement). Such a
-move (no sched_waking of the task on the move's CPU since its previous record:
-:func:`queued_asleep`) is told by its context like a runnable task's, not taken for the wake-up's
-placement its next record would suggest.
+move (no sched_waking of the task pending on the move's CPU: :func:`queued_asleep`) is told by
+its context like a runnable task's, not taken for the wake-up's placement its next record would
+suggest.
 
 A cause is never guessed: without the softirq events (an import, an older run, a kernel without
 them) runnable pulls are ``unknown`` except by the stopper or the NUMA balancer.
@@ -173,25 +173,37 @@ def queued_asleep(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray) 
     ``DELAY_DEQUEUE``) leaves a task that goes to sleep with lag on its run queue, where
     ``sched_balance_rq`` (``detach_tasks``, which counts the move in ``lb_gained``), an active
     balance or an affinity change may move it; its later wake-up (``ttwu_runnable``) then
-    records sched_waking and sched_wakeup with no placement. A wake-up's own placement is made
-    by ``try_to_wake_up`` after its sched_waking, on the same CPU, in one section with
-    interrupts off: an asleep move with no sched_waking of the task on its CPU since the task's
-    previous record is such a move (a forked task's placement, with no sched_waking, is not).
-    All False where the trace holds no sched_waking (nothing tells them apart then)."""
+    records sched_waking and sched_wakeup with no placement.
+
+    A wake-up's own placement is made by ``try_to_wake_up`` after its sched_waking, on the same
+    CPU, in one section with interrupts off, before its sched_wakeup: so an asleep move is a
+    placement only when the task's last sched_waking before it was recorded on the move's CPU
+    and is still pending (no sched_wakeup and no switch-in of the task since). That waking may
+    come before the task's switch-out: a task woken as it goes to sleep is placed once it is
+    off its CPU (seen in a 6.12 guest, 10 ms later under TCG). A forked task's placement, with
+    no sched_waking, is not judged. All False where the trace holds no sched_waking (nothing
+    tells them apart then)."""
     out = np.zeros(len(sel), bool)
-    wk = np.flatnonzero(event_mask(events, "sched_waking"))
-    if not len(sel) or not len(wk):
+    if not len(sel) or not event_mask(events, "sched_waking").any():
         return out
     asleep = ~records["runnable_before"].to_numpy()[sel]
-    nrec, prev_row = _neighbours(records, sel)
+    nrec, _ = _neighbours(records, sel)
     todo = np.flatnonzero(asleep & (nrec != ts_.WAKEUP_NEW))
     if not len(todo):
         return out
     row = (records["seq"].to_numpy()[sel[todo]] // 2).astype(np.int64)
     pid = records["pid"].to_numpy()[sel[todo]].astype(np.int64)
-    last = _last_before(wk, events["pid"].to_numpy()[wk].astype(np.int64), pid, row)
+    pid_col = events["pid"].to_numpy()
+
+    def last(*names):
+        rows = np.flatnonzero(event_mask(events, *names))
+        return _last_before(rows, pid_col[rows].astype(np.int64), pid, row)
+
+    waking, woken = last("sched_waking"), last("sched_wakeup")
+    switched_in = last("sched_switch")          # pid: the task switched in
     cpu = events["cpu"].to_numpy()
-    placed = (last >= 0) & (last > prev_row[todo]) & (cpu[np.maximum(last, 0)] == cpu[row])
+    placed = ((waking >= 0) & (waking > woken) & (waking > switched_in)
+              & (cpu[np.maximum(waking, 0)] == cpu[row]))
     out[todo] = ~placed
     return out
 

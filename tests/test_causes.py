@@ -84,6 +84,25 @@ def test_a_sleeping_task_still_queued_is_moved_by_the_balance_not_its_wake_up():
     assert list(zip(mig["cause"].astype(str), mig["kind"].astype(str))) == [("wakeup", "wakeup")]
 
 
+def test_a_task_woken_as_it_goes_to_sleep_is_placed_after_its_switch_out():
+    """The waker on CPU 1 fires A's sched_waking while A still runs on CPU 0 (going to sleep),
+    waits for it to be off its CPU, then places it on CPU 1 and wakes it: the placement follows
+    A's switch-out, its sched_waking before it, pending. A wake-up (as in a 6.12 guest's trace,
+    the placement 10 ms after the sched_waking under TCG)."""
+    s = Stream(NAMES).softirq(5, 1, True).softirq(6, 1, False)
+    s.switch(10, 0, 0, 0, A).waking(20, 1, A, 0, common_pid=C).switch(30, 0, A, 2, 0)
+    s.migrate(40, 1, A, 0, 1, common_pid=C).wakeup(41, 1, A, 1, C)
+    mig = rc.df_migrations(s.events(), tasks(), 0)
+    assert list(zip(mig["cause"].astype(str), mig["kind"].astype(str))) == [("wakeup", "wakeup")]
+    # the same move on another CPU than the pending sched_waking's is no placement of it
+    s = Stream(NAMES).softirq(5, 1, True).softirq(6, 1, False)
+    s.switch(10, 0, 0, 0, A).waking(20, 2, A, 0, common_pid=C).switch(30, 0, A, 2, 0)
+    s.softirq(39, 1, True, common_pid=0).migrate(40, 1, A, 0, 1, common_pid=0)
+    s.softirq(42, 1, False, common_pid=0).wakeup(43, 2, A, 1, C)
+    mig = rc.df_migrations(s.events(), tasks(), 0)
+    assert list(zip(mig["cause"].astype(str), mig["kind"].astype(str))) == [("periodic", "balance")]
+
+
 def test_a_sleeping_tasks_move_without_any_sched_waking_in_the_trace_stays_a_wake_up():
     """A trace without sched_waking (an import of one recorded without it) cannot tell the two
     apart: a sleeping task's move followed by its sched_wakeup is the wake-up's, as before."""
