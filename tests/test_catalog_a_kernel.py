@@ -118,6 +118,7 @@ def test_work_conservation(kernel, tmp_path):
     assert abs(ts_idle - last_exit) <= 1, (ts_idle, last_exit)   # its last own task's exit
     after = onto[onto["ts"] >= ts_idle]
     assert s["stolen"] is True, f"nothing was pulled onto the idle target: {s}"
+    assert len(after), f"the trace holds no move onto the target after {ts_idle}: {s}"
     first = after.iloc[0]
     assert s["first_pull_src_cpu"] == 0
     assert s["first_pull_at_s"] == pytest.approx(first["t"], abs=1e-9)
