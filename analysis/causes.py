@@ -191,8 +191,9 @@ def queued_asleep(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray) 
     and is still pending (no sched_wakeup and no switch-in of the task since). That waking may
     come before the task's switch-out: a task woken as it goes to sleep is placed once it is
     off its CPU (seen in a 6.12 guest, 10 ms later under TCG). A forked task's placement, with
-    no sched_waking, is not judged. All False where the trace holds no sched_waking (nothing
-    tells them apart then)."""
+    no sched_waking, is not judged, nor a move of a task with no wake-up in the trace before it
+    (a trace that begins as the task goes to sleep). All False where the trace holds no
+    sched_waking (nothing tells them apart then)."""
     out = np.zeros(len(sel), bool)
     if not len(sel) or not event_mask(events, "sched_waking").any():
         return out
@@ -209,12 +210,16 @@ def queued_asleep(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray) 
         rows = np.flatnonzero(event_mask(events, *names))
         return _last_before(rows, pid_col[rows].astype(np.int64), pid, row)
 
-    waking, woken = last("sched_waking"), last("sched_wakeup")
-    switched_in = last("sched_switch")          # pid: the task switched in
+    waking = last("sched_waking")
+    # the task's last wake-up that completed: its sched_wakeup, or its switch-in (pid: the task
+    # switched in), should the sched_wakeup have fired where the probe is blind
+    completed = np.maximum(last("sched_wakeup"), last("sched_switch"))
+    pending = (waking >= 0) & (waking > completed)
     cpu = events["cpu"].to_numpy()
-    placed = ((waking >= 0) & (waking > woken) & (waking > switched_in)
-              & (cpu[np.maximum(waking, 0)] == cpu[row]))
-    out[todo] = ~placed
+    placed = pending & (cpu[np.maximum(waking, 0)] == cpu[row])
+    # no wake-up of the task in the trace before the move, pending or completed (a trace that
+    # begins as it goes to sleep): nothing tells, the move is left to the next record
+    out[todo] = ~placed & (pending | (completed >= 0))
     return out
 
 

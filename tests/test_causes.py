@@ -103,6 +103,16 @@ def test_a_task_woken_as_it_goes_to_sleep_is_placed_after_its_switch_out():
     assert list(zip(mig["cause"].astype(str), mig["kind"].astype(str))) == [("periodic", "balance")]
 
 
+def test_a_move_of_a_task_with_no_wake_up_in_the_trace_before_it_is_left_to_its_next_record():
+    """A trace that begins as A goes to sleep (its sched_waking, if any, came before the trace):
+    nothing says whether A's next move is a placement; its next record, a sched_wakeup, makes it
+    one, as before (a 6.12 guest's trace began so, the move by the waker's CPU)."""
+    s = Stream(NAMES).softirq(5, 1, True).softirq(6, 1, False).switch(10, 0, A, 2, 0)
+    s.waking(15, 2, C, 2, common_pid=B)                       # another task's wake-up
+    s.migrate(20, 1, A, 0, 2, common_pid=B).wakeup(30, 2, A, 2, common_pid=0)
+    assert cause_of_events(s.events(), A) == [("wakeup", False)]
+
+
 def test_a_sleeping_tasks_move_without_any_sched_waking_in_the_trace_stays_a_wake_up():
     """A trace without sched_waking (an import of one recorded without it) cannot tell the two
     apart: a sleeping task's move followed by its sched_wakeup is the wake-up's, as before."""
