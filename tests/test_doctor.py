@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from harmony import hostfacts
-from harmony.core.osutil import online_cpus
 from harmony.doctor import CHECKS, check_cgroup, check_tracefs, doctor, format_doctor
 from harmony.probes.base import REQUIRED_TRACEPOINTS
 from harmony.probes.tracefs import DOCTOR_INSTANCE_PREFIX
