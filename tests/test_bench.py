@@ -21,7 +21,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm",
            "compare_noise", "controller_death", "pelt_warmup", "warm_cold", "fidelity",
            "whole_import", "first_use", "perf_import", "schbench",
-           "server_capacity", "sequential_rule", "until_decided", "probes")
+           "server_capacity", "sequential_rule", "until_decided", "probes",
+           "schedstat_causes")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -34,7 +35,7 @@ def test_help_and_bad_arguments(name):
     r = bench(name, "--help")
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
     r = bench(name, "--no-such-option",
-              *(["."] if name in ("waking", "until_decided") else []))   # its DIR
+              *(["."] if name in ("waking", "until_decided", "schedstat_causes") else []))
     assert r.returncode == 2 and "unrecognized arguments" in r.stderr
 
 
@@ -52,6 +53,21 @@ def _switch_pages(n_pages: int, per_page: int, cpu: int) -> list[bytes]:
                                     prev_state=1, next_comm=f"w{z}", next_pid=z, next_prio=120)), 1000)
         pages.append(b.page())
     return pages
+
+
+def test_schedstat_causes_says_when_no_run_read_the_domains(tmp_path):
+    """A run that did not read /proc/schedstat (this host's kernel does not count them): said,
+    with an empty JSON."""
+    from cli_run import cli
+
+    p = cli("simulate", "--policy", "poly-balance", "--cpus", "2", "--experiment", "single-source",
+            "-p", "duration=0.5", "--out", tmp_path / "sim")
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "s.json"
+    r = bench("schedstat_causes", str(tmp_path), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "no run that read /proc/schedstat" in r.stdout and "(1 runs)" in r.stdout
+    assert json.loads(out.read_text()) == {"runs": []}
 
 
 def test_ingest_from_a_capture(tmp_path):
