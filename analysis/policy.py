@@ -1,4 +1,4 @@
-"""The policy card: the eight questions of the thesis's Table 7.1, answered from stored runs.
+"""The policy card: the nine questions of the thesis's Table 7.1, answered from stored runs.
 
 Inference reads only the summary keys of the experiment contract (summary.json; each key named
 below through :func:`harmony.experiments.summary_key`, so it is one its experiment declares) and
@@ -252,10 +252,8 @@ def find_runs(paths) -> tuple[list[Path], list[tuple[Path, str]]]:
     """
     found, skipped = [], []
     for p in map(Path, paths):
-        if not p.exists():
-            raise store.RunError(f"{p}: no such directory")
         if not p.is_dir():
-            raise store.RunError(f"{p}: not a directory (a run, batch or suite directory)")
+            raise store.missing_dir(p)
         stack = [p]
         while stack:
             d = stack.pop()
