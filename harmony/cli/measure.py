@@ -15,6 +15,8 @@ import click
 from harmony.cli.common import (
     check_out,
     check_release_options,
+    decide_cap,
+    decide_options,
     default_out,
     exit_on_error,
     fail,
@@ -181,11 +183,12 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
                    "record) as JSON, as `harmony report --json OUT` does")
 @click.option("--verbose", "-v", is_flag=True,
               help="every parameter, measurement fact and note (with --repeat: every metric)")
+@decide_options
 @vm_options
 @scx_options
 def run(experiment, experiment_option, cpus, layout, duration, params, probe, crosscheck, out,
-        seed, quiet, repeat, as_json, verbose, kernel, vm_cpus, vm_memory, vm_qemu, scx,
-        scx_args):
+        seed, quiet, repeat, as_json, verbose, until_decided, max_repeat, kernel, vm_cpus,
+        vm_memory, vm_qemu, scx, scx_args):
     """Run one experiment (EXPERIMENT, or --experiment NAME) and analyse it; prints the key
     numbers, the answers and where the files are."""
     from harmony.experiments import get_experiment
@@ -231,29 +234,33 @@ def run(experiment, experiment_option, cpus, layout, duration, params, probe, cr
     check_out(out)
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+    cap = decide_cap(until_decided, max_repeat, repeat)
+    if cap is not None and crosscheck:
+        raise click.UsageError("--crosscheck records one run; use it without --until-decided")
     with exit_on_error():
         scx_spec = plan_scx(scx, scx_args, kernel, [values])
     if kernel is not None:
         return _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat,
-                          _vm_runner(kernel, vm, quiet, scx_spec), shown)
+                          _vm_runner(kernel, vm, quiet, scx_spec), cap, shown)
     facts = _host_facts_or_exit(probe, crosscheck)
     if crosscheck:
         from harmony.probes import get_probe
         ok, why = get_probe(crosscheck).available()
         if not ok:
             fail(f"probe {crosscheck} cannot record here: {why} (see `harmony doctor`)")
-    if repeat > 1:
+    if repeat > 1 or cap is not None:
         if crosscheck:
             raise click.UsageError("--crosscheck records one run; use it without --repeat")
         return _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat,
-                                  scx_spec, shown)
+                                  scx_spec, cap, shown)
     _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck, scx_spec,
                     shown)
 
 
 def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None,
-                       shown=None):
-    from harmony.batch import finish_batch, run_batch
+                       cap=None, shown=None):
+    from harmony.batch import finish_batch
+    from harmony.decide import batch_until_decided
     from harmony.runners import KernelRunner
     from harmony.suite import Progress
 
@@ -261,29 +268,34 @@ def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, rep
     try:
         with exit_on_error(marked=f"the current run under {out} is marked incomplete", also=(OSError,)):
             with KernelRunner(probe, facts, overlap=False, cpus=cpu_set, scx=scx) as runner:
-                run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed, progress=progress)
+                batch_until_decided(exp, values, cpu_set, out, repeat, runner, seed, cap,
+                                    progress)
     finally:
         progress.close()
     (shown or Shown(False, False)).batch(finish_batch(out), out)
 
 
-def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner, shown=None):
-    """One boot of the kernel under test for the run (or its repetitions); analysed on the host."""
-    from harmony.batch import finish_batch, run_batch
+def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner, cap=None, shown=None):
+    """One boot of the kernel under test for the run (or its repetitions; with ``cap``, a round
+    more for each that --until-decided adds); analysed on the host."""
+    from harmony.batch import finish_batch
+    from harmony.decide import batch_until_decided
     from harmony.store import open_run
 
     shown = shown or Shown(False, False)
-
+    batch = repeat > 1 or cap is not None
     with exit_on_error(marked=f"what {out} holds that was not captured is marked incomplete"):
         with runner:
-            if repeat > 1:
-                run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed)
+            if batch:
+                drained = batch_until_decided(exp, values, cpu_set, out, repeat, runner, seed,
+                                              cap)
             else:
                 runner.capture(exp, values, cpu_set, out, seed, figures=True)
-        failed = [r for r in runner.results if r["status"] != "ok"]
+        results = {r["path"]: r for r in (drained if batch else []) + runner.results}
+        failed = [r for r in results.values() if r["status"] != "ok"]
         if failed:
             fail(f"{failed[0]['path']}: {failed[0]['error']}")
-        if repeat > 1:
+        if batch:
             shown.batch(finish_batch(out), out)
         else:
             shown.run(open_run(out))
@@ -329,15 +341,18 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
 @click.option("--resume", is_flag=True,
               help="continue the interrupted suite in --out: its plan, CPU set and seed; complete "
                    "runs kept, captured ones analysed, interrupted ones moved aside and run again "
-                   "(a suite in a VM: give its --kernel and --vm-* options again)")
+                   "(a suite in a VM: give its --kernel and --vm-* options again); a suite "
+                   "asked --until-decided goes on adding runs with its --max-repeat")
 @click.option("--json", "as_json", is_flag=True,
               help="print the policy card as JSON, as `harmony report --json OUT` does")
 @click.option("--verbose", "-v", is_flag=True,
               help="the card's every number, threshold and run not used")
+@decide_options
 @vm_options
 @scx_options
 def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume, as_json,
-          verbose, kernel, vm_cpus, vm_memory, vm_qemu, scx, scx_args):
+          verbose, until_decided, max_repeat, kernel, vm_cpus, vm_memory, vm_qemu, scx,
+          scx_args):
     """Run the whole catalog with repetitions and write one report (policy card first).
 
     With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
@@ -381,12 +396,16 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         if out.exists() and any(out.iterdir()):
             raise click.BadParameter(f"{out} is not empty; choose another --out (or --resume)",
                                      param_hint="--out")
+    # a resumed suite goes on as it was asked (its cap), unless told otherwise
+    earlier = (before.get("until_decided") or {}).get("max_repeat") if resume else None
+    cap = decide_cap(until_decided or bool(earlier), max_repeat or earlier,
+                     max(c.repeat for c in configs))
     with exit_on_error():
         scx_spec = plan_scx(scx, scx_args, kernel, [c.params for c in configs])
     shown = Shown(as_json, verbose)
     if kernel is not None:
         return _suite_in_vm(configs, cpu_set, out, seed, quiet,
-                            _vm_runner(kernel, vm, quiet, scx_spec), resume, shown)
+                            _vm_runner(kernel, vm, quiet, scx_spec), resume, cap, shown)
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
     spare = sorted(set(osutil.online_cpus()) - set(cpu_set))
@@ -408,16 +427,17 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         record = run_suite(configs, cpu_set, out, runner,
                            facts={k: v for k, v in facts.items() if k != "doctor"},
                            seed=seed, quiet=quiet, card_note=" ".join(limits) or None,
-                           resume=resume)
+                           resume=resume, until_decided=cap)
     shown.suite(out, f"{plural(record['runs'], 'run')}, {record['wall_s']:.0f} s wall for "
                      f"{record['configured_s']:.0f} s configured (efficiency "
-                     f"{record['efficiency']:.2f})")
+                     f"{record['efficiency']:.2f})", record)
     if record["failures"]:
         fail(f"{plural(len(record['failures']), 'configuration')} failed; see "
              f"{out / 'suite.json'}")
 
 
-def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = False, shown=None):
+def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = False, cap=None,
+                 shown=None):
     from harmony.suite import cpu_limits, run_suite
 
     limits = cpu_limits(len(cpu_set))
@@ -427,10 +447,14 @@ def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = Fals
                         "--resume` with the same --kernel and --vm-* options goes on)",
                  also=(OSError,)):
         record = run_suite(configs, cpu_set, out, runner, facts=runner.facts, seed=seed,
-                           quiet=quiet, card_note=" ".join(limits) or None, resume=resume)
+                           quiet=quiet, card_note=" ".join(limits) or None, resume=resume,
+                           until_decided=cap)
+    rounds = (record.get("until_decided") or {}).get("rounds") or 0
+    boots = "one boot" if not rounds else f"{1 + rounds} rounds of runs (flushes)"
     (shown or Shown(False, False)).suite(
-        out, f"{plural(record['runs'], 'run')} in one boot of {runner.kernel.describe()}, "
-             f"{record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s configured")
+        out, f"{plural(record['runs'], 'run')} in {boots} of {runner.kernel.describe()}, "
+             f"{record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s configured",
+        record)
     if record["failures"]:
         fail(f"{plural(len(record['failures']), 'run or configuration', 'runs or configurations')}"
              f" failed; see {out / 'suite.json'}")

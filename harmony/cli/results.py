@@ -16,6 +16,8 @@ import click
 from harmony.analysis.thresholds import COMPARE_LEVEL, COMPARE_MIN_RUNS  # constants, no imports
 from harmony.cli.common import (
     check_out,
+    decide_cap,
+    decide_options,
     default_out,
     echo,
     exit_on_error,
@@ -26,6 +28,7 @@ from harmony.cli.common import (
     print_json,
     warn,
 )
+from harmony.cli.screens import Shown
 
 
 def _where_to_write(path: Path, out: Path | None) -> Path | None:
@@ -244,19 +247,38 @@ def infer(dirs, as_json, verbose):
               help="also write compare.md, compare.html (a page that stands alone), compare.json "
                    "and figures/ (compare.png: every run; differences.png: the differences with "
                    "their intervals) there")
-def compare(sources, as_json, all_metrics, out):
+@click.option("--fail-on-difference", is_flag=True,
+              help="exit 1 when a chosen answer (decided on both sides, of different kinds) or "
+                   "metric (marked *) differs beyond noise between A and another source; the "
+                   "failing rows under \"gate\" in --json (a gate for CI: "
+                   "docs/card-and-compare.md)")
+@click.option("--question", "questions", multiple=True, metavar="QID",
+              help="with --fail-on-difference: check this question's answer (how_many, or its "
+                   "number 1-9; repeatable; default: every question, unless --metric is given)")
+@click.option("--metric", "metrics", multiple=True, metavar="[EXPERIMENT:]KEY",
+              help="with --fail-on-difference: check this metric in every configuration that "
+                   "has it (repeatable; default: none)")
+def compare(sources, as_json, all_metrics, out, fail_on_difference, questions, metrics):
     from harmony.analysis import compare as cmp_mod
     from harmony.analysis import reference
     from harmony.cli.screens import width
 
     if out is not None:
         check_out(out)
+    if (questions or metrics) and not fail_on_difference:
+        raise click.UsageError("--question and --metric go with --fail-on-difference")
+    try:
+        cmp_mod.gate_choice(questions, metrics)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--question" if "question" in str(exc)
+                                 else "--metric") from None
     with exit_on_error(also=(OSError,)):
         _check_sources([s for s in sources if not (reference.is_reference(s)
                                                    and not Path(s).exists())])
         cmp = cmp_mod.compare(sources)
+    g = cmp_mod.gate(cmp, questions, metrics) if fail_on_difference else None
     if as_json:
-        print_json(cmp_mod.to_dict(cmp))
+        print_json(cmp_mod.to_dict(cmp) | ({"gate": g} if g else {}))
     else:
         # a terminal: wrapped to its width; a file or a pipe: each answer whole on its line
         echo(cmp_mod.compare_text(cmp, width=width() if sys.stdout.isatty() else None,
@@ -265,6 +287,10 @@ def compare(sources, as_json, all_metrics, out):
         with exit_on_error(also=(OSError,)):
             for path in cmp_mod.write(cmp, out, all_metrics=all_metrics):
                 echo(f"wrote {path}", err=as_json)
+    if g is not None:
+        echo(cmp_mod.gate_text(g), err=as_json)
+        if g["failed"]:
+            sys.exit(1)
 
 
 def _ncpus(ncpus: int | None, old: int | None) -> int:
@@ -281,7 +307,8 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
 
 @click.command()
 @click.option("--policy", "policy_name", required=True,
-              help="reference policy: global-queue, poly-balance or pairwise-random")
+              help="reference policy: global-queue, poly-balance, pairwise-random or coin-flip "
+                   "(each run one of the two before, a fair coin per run)")
 @click.option("--ncpus", type=click.IntRange(min=2),
               help="number of simulated CPUs, P (they are CPUs 0..P-1)  [default: 4]")
 @click.option("--cpus", "old_cpus", type=click.IntRange(min=2), hidden=True,
@@ -300,8 +327,9 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
               help="print the card (--suite) or the batch's record as JSON, as `harmony report "
                    "--json OUT` does")
 @click.option("--verbose", "-v", is_flag=True, help="every metric, or the card's every number")
+@decide_options
 def simulate(policy_name, ncpus, old_cpus, experiments, whole, quick, repeat, params, seed, out,
-             quiet, as_json, verbose):
+             quiet, as_json, verbose, until_decided, max_repeat):
     """Run experiments under a reference policy in a simulator (no root, no kernel) and analyse
     them: one experiment (--experiment NAME) or the catalog (--suite, and --experiment NAME to
     keep only some), printing what `harmony run` or `harmony suite` prints."""
@@ -332,9 +360,11 @@ def simulate(policy_name, ncpus, old_cpus, experiments, whole, quick, repeat, pa
                            experiments=list(experiments) or None)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
+        cap = decide_cap(until_decided, max_repeat, max(c.repeat for c in configs))
         for name, why in not_simulated(list(experiments) or CATALOG).items():
             note(f"{name}: left out of a simulated suite ({why})")
-        return _simulate_suite(policy_name, configs, cpus, out, seed, quiet, as_json, verbose)
+        return _simulate_suite(policy_name, configs, cpus, out, seed, quiet, cap,
+                               Shown(as_json, verbose))
     experiment = experiments[0]
     try:
         exp = get_experiment(experiment)
@@ -344,13 +374,12 @@ def simulate(policy_name, ncpus, old_cpus, experiments, whole, quick, repeat, pa
         refuse_classes(params=values)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    _simulate_batch(policy_name, exp, values, cpus, out, repeat or 1, seed, quiet, as_json,
-                    verbose)
+    cap = decide_cap(until_decided, max_repeat, repeat or 1)
+    _simulate_batch(policy_name, exp, values, cpus, out, repeat or 1, seed, quiet, cap,
+                    Shown(as_json, verbose))
 
 
-def _simulate_suite(policy_name, configs, cpus, out, seed, quiet, as_json, verbose):
-    from harmony.analysis.policy import infer as infer_card
-    from harmony.cli.screens import card_screen
+def _simulate_suite(policy_name, configs, cpus, out, seed, quiet, cap, shown):
     from harmony.runners import SimRunner
     from harmony.suite import run_suite
 
@@ -358,22 +387,17 @@ def _simulate_suite(policy_name, configs, cpus, out, seed, quiet, as_json, verbo
         record = run_suite(configs, cpus, out, SimRunner(policy_name), seed=seed, quiet=quiet,
                            facts={"kernel": "simulated",
                                   "scheduler": f"reference policy {policy_name}",
-                                  "ncpus": len(cpus)})
-        card = infer_card([out])
-    if as_json:
-        print_json(card.to_dict())
-        return
-    echo(card_screen(card, verbose).rstrip())
-    echo(f"\n{plural(record['runs'], 'simulated run')} in {record['wall_s']:.0f} s")
-    echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
+                                  "ncpus": len(cpus)}, until_decided=cap)
+    shown.suite(out, f"{plural(record['runs'], 'simulated run')} in {record['wall_s']:.0f} s",
+                record)
     if record["failures"]:
         fail(f"{plural(len(record['failures']), 'configuration')} failed; see "
              f"{out / 'suite.json'}")
 
 
-def _simulate_batch(policy_name, exp, values, cpus, out, repeat, seed, quiet, as_json, verbose):
-    from harmony.batch import finish_batch, run_batch
-    from harmony.cli.screens import batch_screen, run_screen
+def _simulate_batch(policy_name, exp, values, cpus, out, repeat, seed, quiet, cap, shown):
+    from harmony.batch import finish_batch
+    from harmony.decide import batch_until_decided
     from harmony.runners import SimRunner
     from harmony.store import open_run
     from harmony.suite import Progress
@@ -383,21 +407,18 @@ def _simulate_batch(policy_name, exp, values, cpus, out, repeat, seed, quiet, as
     try:
         with exit_on_error(marked=f"{out} holds the runs finished so far", also=(OSError,)):
             with SimRunner(policy_name) as runner:
-                run_batch(exp, values, cpus, out, repeat, runner, seed=seed, progress=progress)
+                batch_until_decided(exp, values, cpus, out, repeat, runner, seed, cap, progress)
             progress.phase("aggregating the runs")
             record = finish_batch(out)
     finally:
         progress.clear()
-    if as_json:
-        print_json(record)
-        return
-    if repeat == 1 and record.get("complete"):
-        echo(run_screen(open_run(out / "rep-01"), verbose,
-                        report=out / "rep-01").rstrip())
+    runs = len(record.get("reps") or [])
+    if runs == 1 and record.get("complete") and not shown.as_json:
+        shown.run(open_run(out / "rep-01"))
         echo(f"batch: {out / 'batch.json'}")
     else:
-        echo(batch_screen(record, out, verbose))
-    took = time.monotonic() - start
-    echo(f"{plural(repeat, 'simulated run')} in {took:.0f} s")
+        shown.batch(record, out)
+    if not shown.as_json:
+        echo(f"{plural(runs, 'simulated run')} in {time.monotonic() - start:.0f} s")
     if record.get("failed"):
         fail(f"{plural(len(record['failed']), 'run')} not complete; see {out / 'batch.json'}")

@@ -36,17 +36,26 @@ def wrap(text: str, indent: str = "", hanging: str = "    ") -> list[str]:
 # --- the policy card ------------------------------------------------------------------------
 
 def answer_words(a) -> str:
-    """An answer in a few words: its label (bold), how the runs agree, or what would answer it."""
-    from harmony.analysis.policy import UNDECIDED
+    """An answer in a few words: its label (bold), how sure the runs' vote is, or what would
+    answer it."""
+    from harmony.analysis.policy import UNDECIDED, is_varies
 
     if a.label is None:
         why = a.why_not or (f"{a.needs} would answer it" if a.needs else "")
         return "no evidence" + (f" ({why})" if why else "")
+    c = a.confidence or {}
+    votes = (f"{c.get('votes')} of {plural(c.get('runs') or 0, 'run')}" if c.get("runs")
+             else "")
     if a.label == UNDECIDED:
         agree = ", ".join(f"{k} {v}" for k, v in a.agreement.items())
         return f"{style(a.label, 'warning')} (the runs disagree: {agree})"
-    runs = sum(v for k, v in a.agreement.items() if k != "no_label" and isinstance(v, int))
-    return style(a.label, "answer") + (f" ({plural(runs, 'run')} agree)" if runs > 1 else "")
+    if is_varies(a.label):
+        return style(a.label, "warning")
+    if a.decided:
+        return style(a.label, "answer") + (f" (decided: {votes})" if votes else "")
+    more = c.get("more")
+    return (style(a.label, "answer") + f" (not decided yet: {votes}"
+            + (f"; {plural(more, 'more run')} could settle it" if more else "") + ")")
 
 
 def card_head(card) -> list[str]:
@@ -239,10 +248,12 @@ class Shown:
         else:
             echo(run_screen(run, self.verbose, report=run.path))
 
-    def suite(self, out: Path, facts: str) -> None:
+    def suite(self, out: Path, facts: str, record: dict | None = None) -> None:
         """The suite's card (what ``harmony report --json OUT`` prints, with ``as_json``), a line
-        of ``facts`` (runs, time) and where its report is."""
+        of ``facts`` (runs, time), what --until-decided added (``record``: the suite's) and where
+        its report is."""
         from harmony.analysis.policy import infer
+        from harmony.cli.common import say_until_decided
 
         card = infer([out])
         if self.as_json:
@@ -250,6 +261,8 @@ class Shown:
             return
         echo(card_screen(card, self.verbose).rstrip())
         echo(f"\n{facts}")
+        if record:
+            say_until_decided(record)
         echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
 
     def batch(self, record: dict, out: Path) -> None:
