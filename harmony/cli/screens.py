@@ -212,16 +212,17 @@ def batch_screen(record: dict, path: Path, verbose: bool = False) -> str:
     from harmony.analysis.policy import infer
     from harmony.batch import batch_text
 
-    text = batch_text(record)
-    lines = text.splitlines()
+    shown = record
+    hidden = 0
     if not verbose:
         keys = {k for e, k in CARD_METRICS if e == record.get("experiment")} | {"migrations"}
-        head, table = lines[:3], lines[3:]
-        kept = [ln for ln in table if ln.split(" ", 1)[0] in keys or ln.startswith("not complete")]
-        hidden = len([ln for ln in table if not ln.startswith("not complete")]) - len(
-            [ln for ln in kept if not ln.startswith("not complete")])
-        lines = head + kept + ([f"({plural(hidden, 'more metric')}: -v, or {path / 'batch.json'})"]
-                               if hidden else [])
+        kept = [a for a in record.get("aggregates") or [] if a["metric"] in keys]
+        hidden = len(record.get("aggregates") or []) - len(kept)
+        shown = {**record, "aggregates": kept}
+    lines = batch_text(shown).splitlines()
+    if hidden:      # under the table
+        lines.insert(3 + len(shown["aggregates"]),
+                     f"({plural(hidden, 'more metric')}: -v, or {path / 'batch.json'})")
     out = lines
     card = infer([path])
     answers = answers_of_run(card)
