@@ -227,13 +227,14 @@ class Card:
     def head_lines(self) -> list[str]:
         """What the card was made of: its runs, and the classes or setups they mix."""
         exps = ", ".join(f"{k} x{v}" for k, v in self.experiments.items()) or "none"
-        out = [f"Policy card: {self.runs} runs on {'/'.join(map(str, self.cpus)) or '?'} CPUs "
-               f"({exps})"]
+        out = [f"Policy card: {self.runs} run{'s' if self.runs != 1 else ''} on "
+               f"{'/'.join(map(str, self.cpus)) or '?'} CPUs ({exps})"]
         if self.other_classes:
             out.append("tasks' scheduling class: " + "; ".join(
                 f"{k} ({v} run{'s' if v != 1 else ''})" for k, v in self.classes.items()))
         if len(self.setups) > 1:
-            mixed = "; ".join(f"{k} ({v} runs)" for k, v in self.setups.items())
+            mixed = "; ".join(f"{k} ({v} run{'s' if v != 1 else ''})"
+                              for k, v in self.setups.items())
             out.append(f"POOLED: these runs come from {len(self.setups)} setups ({mixed}); one "
                        "card mixes their answers: `harmony compare` shows each apart")
         return out

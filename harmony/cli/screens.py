@@ -58,18 +58,10 @@ def answer_words(a) -> str:
             + (f"; {plural(more, 'more run')} could settle it" if more else "") + ")")
 
 
-def card_head(card) -> list[str]:
-    """What the card was made of, its counts agreeing with their nouns."""
-    exps = ", ".join(f"{k} x{v}" for k, v in card.experiments.items()) or "none"
-    out = [f"Policy card: {plural(card.runs, 'run')} on "
-           f"{'/'.join(map(str, card.cpus)) or '?'} CPUs ({exps})"]
-    return out + card.head_lines()[1:]
-
-
 def card_screen(card, verbose: bool = False) -> str:
     """The card: each question and its answer; ``verbose``: the card's every line (numbers,
     thresholds, runs not used), the answers marked."""
-    head = card_head(card)
+    head = card.head_lines()
     if verbose:
         body = card.text().splitlines()[1:]
         return "\n".join(head + [style(line, "answer") if line.startswith("   answer:") else line
