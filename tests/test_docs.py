@@ -315,7 +315,7 @@ def test_the_docs_show_commands():
     ("```sh\nharmony run single-source --duration soon\n```", "not a valid float"),
     ("```sh\nharmony run single-source extra-argument\n```", "unexpected extra argument"),
     ("```sh\nharmony report\n```", "Missing argument"),
-    ("```sh\nharmony simulate --policy poly-balance --suite\n```", "Missing option"),
+    ("```sh\nharmony simulate --suite --ncpus 4\n```", "Missing option"),
     ("```sh\nharmony run no-such-experiment\n```", "unknown experiment"),
     ("```sh\nharmony run how-many -p no_such_key=1\n```", "no_such_key: no such parameter"),
     ("```sh\nharmony simulate --policy fair --suite --out DIR\n```", "no such reference policy"),

@@ -260,7 +260,6 @@ def infer(dirs, as_json, verbose):
                    "has it (repeatable; default: none)")
 def compare(sources, as_json, all_metrics, out, fail_on_difference, questions, metrics):
     from harmony.analysis import compare as cmp_mod
-    from harmony.analysis import reference
     from harmony.cli.screens import width
 
     if out is not None:
@@ -273,8 +272,8 @@ def compare(sources, as_json, all_metrics, out, fail_on_difference, questions, m
         raise click.BadParameter(str(exc), param_hint="--question" if "question" in str(exc)
                                  else "--metric") from None
     with exit_on_error(also=(OSError,)):
-        _check_sources([s for s in sources if not (reference.is_reference(s)
-                                                   and not Path(s).exists())])
+        # a run given: its own error; one not there: compare's, which names the references
+        _check_sources([s for s in sources if Path(s).is_dir()])
         cmp = cmp_mod.compare(sources)
     g = cmp_mod.gate(cmp, questions, metrics) if fail_on_difference else None
     if as_json:

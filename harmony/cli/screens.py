@@ -91,7 +91,10 @@ def doubts(manifest: dict) -> list[str]:
     words = manifest.get("notes") or []
     if len(kinds) != len(words):        # an older run: every note counts
         return list(words)
-    return [w for n, w in zip(kinds, words) if is_doubt(n)]
+    # a simulation's recorder is the simulator: its words say what the run is
+    simulated = bool(manifest.get("simulated"))
+    return [w for n, w in zip(kinds, words)
+            if is_doubt(n) and not (simulated and n.get("kind") == "recorder")]
 
 
 def measurement_line(m: dict) -> str:
