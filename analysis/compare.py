@@ -35,6 +35,7 @@ from harmony import store
 from harmony.analysis import document as D
 from harmony.analysis import policy, reference, stats
 from harmony.analysis import thresholds as T
+from harmony.core.errors import ParameterError
 from harmony.experiments import CATALOG, get_experiment, summary_key
 
 NO_EVIDENCE = "no evidence"
@@ -118,25 +119,21 @@ def compare(paths) -> Comparison:
                 raise store.RunError(f"{p}: no such directory (nor a reference: "
                                      f"{', '.join(reference.names())})")
             sources.append((p, Path(p).resolve()))
-    if len(sources) < 2:
-        raise store.RunError("compare needs two sources or more (directories, or references "
+    if len(sources) < 2:    # usage, not input (exit status 2)
+        raise ParameterError("compare needs two sources or more (directories, or references "
                              "such as thesis-2011)")
     seen: dict = {}
     for name, what in sources:
         key = what if isinstance(what, Path) else name
         if key in seen:
-            raise store.RunError(f"{name}: given twice (as {seen[key]})")
+            raise ParameterError(f"{name}: given twice (as {seen[key]})")
         seen[key] = name
     cmp = Comparison([], [], [], [])
     for name, what in sources:
         if isinstance(what, Path):
             ev, skipped = policy.collect([name])
-            if not ev and skipped:
-                path, why = skipped[0]
-                raise store.RunError(f"{name}: no run to use ({len(skipped)} not used; "
-                                     f"{path}: {why})")
             if not ev:
-                raise store.RunError(f"{name}: no complete run")
+                raise store.no_complete_run(name, skipped)
             card, ref = policy.infer_evidence(ev, skipped), None
         else:
             ev, card, ref = [], what.card, what
@@ -501,8 +498,9 @@ def answers_note(n_diff: int, n: int) -> str:
 
 def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = False) -> str:
     """The tables ``harmony compare`` prints: the sources, each question's answer per source
-    ("*": answers of another kind; each label cut to ``width`` characters, by default what fits
-    120 columns), then :func:`metrics_text`."""
+    ("*": answers of another kind), then :func:`metrics_text`. For a screen ``width`` columns
+    wide, a label longer than its column is wrapped onto the next lines; without ``width`` (a
+    file, a pipe) each column is as wide as its longest label. An answer is never cut."""
     src = df_sources(cmp)
     names = list(src["letter"])
     out = ["sources:"]
@@ -510,17 +508,38 @@ def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = 
         out.append(f"  {row.letter}  {row.source}: {source_what(cmp, k, row)}; {row.setup}")
     out.append("")
     table, differs = answers_table(cmp)
-    qw = max(len(q) for q in table.index) + 2
-    if width is None:
-        width = max(16, min(34, (120 - qw - 4) // len(names) - 2))
-    out.append(f"    {'question':<{qw}}" + "".join(f"{n:<{width + 2}}" for n in names).rstrip())
-    for i, (qid, labels) in enumerate(table.iterrows(), 1):
-        mark = "*" if differs[qid] else " "
-        cells = "".join(f"{_cut(str(v), width):<{width + 2}}" for v in labels)
-        out.append(f"{mark}{i:>2} {qid:<{qw}}" + cells.rstrip())
-    out += [""] + textwrap.wrap(answers_note(int(differs.sum()), len(table)), 100) + [""]
-    out += metrics_text(cmp, df_metric_differences(cmp), all_metrics)
+    out += answers_lines(table, differs, names, width)
+    out += [""] + textwrap.wrap(answers_note(int(differs.sum()), len(table)), min(width or 100,
+                                                                                 100))
+    out += [""] + metrics_text(cmp, df_metric_differences(cmp), all_metrics)
     return "\n".join(out).rstrip() + "\n"
+
+
+#: the narrowest a column of answers gets, however many sources share the screen
+ANSWER_MIN_WIDTH = 16
+
+
+def answers_lines(table: pd.DataFrame, differs: pd.Series, names: list[str],
+                  width: int | None = None) -> list[str]:
+    """The answers per question and source: each column as wide as its longest label, or, for a
+    screen ``width`` characters wide, as its share of it (never narrower than
+    ANSWER_MIN_WIDTH), a longer label wrapped within its column."""
+    qw = max(len(q) for q in table.index) + 2
+    share = (max(ANSWER_MIN_WIDTH, (width - qw - 4) // max(1, len(names)) - 2)
+             if width is not None else 10 ** 6)
+    cols = [min(share, max([len(n)] + [len(str(v)) for v in table[c]]))
+            for n, c in zip(names, table.columns)]
+    out = [(f"    {'question':<{qw}}"
+            + "".join(f"{n:<{w + 2}}" for n, w in zip(names, cols))).rstrip()]
+    for i, (qid, labels) in enumerate(table.iterrows(), 1):
+        cells = [textwrap.wrap(str(v), w, break_on_hyphens=False) or [""]
+                 for v, w in zip(labels, cols)]
+        for k in range(max(map(len, cells))):
+            head = (f"{'*' if differs[qid] else ' '}{i:>2} {qid:<{qw}}" if k == 0
+                    else " " * (qw + 4))
+            out.append((head + "".join(f"{(c[k] if k < len(c) else ''):<{w + 2}}"
+                                       for c, w in zip(cells, cols))).rstrip())
+    return out
 
 
 def metrics_intro(cmp: Comparison) -> str:
@@ -956,7 +975,3 @@ def write(cmp: Comparison, out, all_metrics: bool = False) -> list[Path]:
 
 def _letter(k: int) -> str:
     return chr(ord("A") + k) if k < 26 else f"S{k}"
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "~"

@@ -1,4 +1,4 @@
-"""The policy card: the eight questions of the thesis's Table 7.1, answered from stored runs.
+"""The policy card: the nine questions of the thesis's Table 7.1, answered from stored runs.
 
 Inference reads only the summary keys of the experiment contract (summary.json; each key named
 below through :func:`harmony.experiments.summary_key`, so it is one its experiment declares) and
@@ -227,13 +227,14 @@ class Card:
     def head_lines(self) -> list[str]:
         """What the card was made of: its runs, and the classes or setups they mix."""
         exps = ", ".join(f"{k} x{v}" for k, v in self.experiments.items()) or "none"
-        out = [f"Policy card: {self.runs} runs on {'/'.join(map(str, self.cpus)) or '?'} CPUs "
-               f"({exps})"]
+        out = [f"Policy card: {self.runs} run{'s' if self.runs != 1 else ''} on "
+               f"{'/'.join(map(str, self.cpus)) or '?'} CPUs ({exps})"]
         if self.other_classes:
             out.append("tasks' scheduling class: " + "; ".join(
                 f"{k} ({v} run{'s' if v != 1 else ''})" for k, v in self.classes.items()))
         if len(self.setups) > 1:
-            mixed = "; ".join(f"{k} ({v} runs)" for k, v in self.setups.items())
+            mixed = "; ".join(f"{k} ({v} run{'s' if v != 1 else ''})"
+                              for k, v in self.setups.items())
             out.append(f"POOLED: these runs come from {len(self.setups)} setups ({mixed}); one "
                        "card mixes their answers: `harmony compare` shows each apart")
         return out
@@ -332,10 +333,8 @@ def find_runs(paths) -> tuple[list[Path], list[tuple[Path, str]]]:
     """
     found, skipped = [], []
     for p in map(Path, paths):
-        if not p.exists():
-            raise store.RunError(f"{p}: no such directory")
         if not p.is_dir():
-            raise store.RunError(f"{p}: not a directory (a run, batch or suite directory)")
+            raise store.missing_dir(p)
         stack = [p]
         while stack:
             d = stack.pop()

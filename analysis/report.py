@@ -7,6 +7,8 @@ terminal and the files never disagree.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from harmony.analysis import document as D
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.probe_agreement import agreement_lines
@@ -236,9 +238,10 @@ def figures_on_disk(run) -> tuple[list[str], list[str]]:
     return drawn, [f for f in listed if f not in drawn]
 
 
-def report_document(run) -> list:
+def report_document(run, figures: list | None = None) -> list:
     """report.md's and report.html's content (:mod:`harmony.analysis.document`): the results and
-    the measurement as "label  value" lines, the notes, the figures."""
+    the measurement as "label  value" lines, the notes, the figures (``figures``: these paths,
+    by default the run's own on disk)."""
     m = run.manifest
     exp = get_experiment(m["experiment"])
     doc: list = [D.Heading(f"{exp.name}: {exp.question}", 1),
@@ -256,15 +259,21 @@ def report_document(run) -> list:
             D.Bullets(notes if notes else ["nothing was lost or repaired"]),
             D.Heading("Figures", 2, "figures")]
     drawn, missing = figures_on_disk(run)
+    if figures is not None:
+        drawn, missing = [], []
+        doc += [D.Figure(Path(f), Path(f).name) for f in figures]
     doc += [D.Figure(run.path / f, f) for f in drawn]
     if missing:
         doc.append(D.Para(f"Missing: {', '.join(missing)} (`harmony report` draws them again)."))
     return doc
 
 
-def write_report(run) -> None:
-    """Write report.md and report.html (the same content, figures embedded) beside the figures."""
-    doc = report_document(run)
-    atomic_write(run.path / "report.md", D.to_markdown(doc, run.path))
+def write_report(run, dest=None, figures: list | None = None) -> None:
+    """Write report.md and report.html (the same content, figures embedded) beside the figures;
+    ``dest``: in that directory instead of the run's (``figures``: the paths to show, by default
+    the run's own)."""
+    dest = Path(dest) if dest is not None else run.path
+    doc = report_document(run, figures)
+    atomic_write(dest / "report.md", D.to_markdown(doc, dest))
     exp = run.manifest["experiment"]
-    atomic_write(run.path / "report.html", D.to_html(doc, f"Harmony run: {exp} ({run.path.name})"))
+    atomic_write(dest / "report.html", D.to_html(doc, f"Harmony run: {exp} ({run.path.name})"))

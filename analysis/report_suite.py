@@ -569,16 +569,19 @@ def evidence_items(a: policy.Answer) -> list[str]:
     return out
 
 
-def write(suite: Path, note: str | None = None, processes: int | None = None) -> tuple[Path, Path]:
-    """Write report.md and report.html in ``suite``; returns their paths. The figures are drawn in
+def write(suite: Path, note: str | None = None, processes: int | None = None,
+          dest: Path | None = None) -> tuple[Path, Path]:
+    """Write report.md, report.html, card.json and the cross-run figures in ``suite`` (or in
+    ``dest``, leaving the suite as it is); returns the reports' paths. The figures are drawn in
     ``processes`` processes (default: one per CPU this process may use)."""
     suite = Path(suite)
+    dest = Path(dest) if dest is not None else suite
     evidence, skipped = policy.collect([suite])
     card = policy.infer_evidence(evidence, skipped)
-    store.write_json(suite / "card.json", card.to_dict())
+    store.write_json(dest / "card.json", card.to_dict())
     info = store.read_json(suite / "suite.json") if (suite / "suite.json").exists() else {}
     df = df_suite_runs(evidence)
-    fig_dir = suite / "figures"
+    fig_dir = dest / "figures"
     processes = processes or len(os.sched_getaffinity(0))
     cross = cross_figures(df, fig_dir, processes) if len(df) else {}
     own = _experiment_figures(suite, evidence)
@@ -633,8 +636,8 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
     if skipped:
         doc.append(D.Heading("Runs not used", 2))
         doc.append(D.Bullets([f"{p}: {r}" for p, r in skipped]))
-    md_path, html_path = suite / "report.md", suite / "report.html"
-    store.atomic_write(md_path, D.to_markdown(doc, suite))
+    md_path, html_path = dest / "report.md", dest / "report.html"
+    store.atomic_write(md_path, D.to_markdown(doc, dest))
     store.atomic_write(html_path, D.to_html(doc, "Harmony suite report"))
     return md_path, html_path
 

@@ -42,6 +42,9 @@ from harmony.run import capture
 class SimRunner:
     """Runs under a reference policy (:mod:`harmony.analysis.refpolicy`); analysis in-process."""
 
+    #: a run takes what the simulator needs, not its configured duration (Progress's estimate)
+    realtime = False
+
     def __init__(self, policy: str):
         self.policy = get_policy(policy)
         self.name = f"simulated: {self.policy.name}"

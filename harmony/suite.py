@@ -133,22 +133,35 @@ def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
 
 
 class Progress:
-    """One status line per run on a terminal (rewritten in place), plain lines otherwise."""
+    """One status line per run on a terminal (rewritten in place), plain lines otherwise.
 
-    def __init__(self, total_runs: int, total_s: float, stream=sys.stderr, quiet: bool = False):
+    The time left is measured, not assumed: once a run has finished, the wall time per second of
+    configured runs so far times the configured seconds left (analysis and set-up included).
+    Before that, a run of real time (``realtime``: a capture lasts its configured duration)
+    says the configured seconds left, the least it can take; a simulation, whose runs take
+    whatever the simulator needs, says nothing yet."""
+
+    def __init__(self, total_runs: int, total_s: float, stream=sys.stderr, quiet: bool = False,
+                 realtime: bool = True):
         self.total_runs, self.total_s = total_runs, total_s
         self.done_runs, self.done_s = 0, 0.0
-        self.stream, self.quiet = stream, quiet
+        self.stream, self.quiet, self.realtime = stream, quiet, realtime
         self.start = time.monotonic()
         self.tty = stream.isatty()
+
+    def left(self, elapsed: float) -> str:
+        """The time left, in words ("" when it cannot be said yet)."""
+        rest = max(0.0, self.total_s - self.done_s)
+        if self.done_s > 0:
+            return f", ~{elapsed / self.done_s * rest:.0f} s left"
+        return f", at least {rest:.0f} s left" if self.realtime else ""
 
     def show(self, what: str):
         if self.quiet:
             return
         el = time.monotonic() - self.start
-        left = max(0.0, self.total_s - self.done_s)
-        line = (f"[{self.done_runs + 1}/{self.total_runs}] {what:<48} elapsed {el:5.0f} s, "
-                f"~{left:4.0f} s of runs left")
+        line = (f"[{self.done_runs + 1}/{self.total_runs}] {what:<48} elapsed {el:5.0f} s"
+                + self.left(el))
         if self.tty:
             self.stream.write("\r" + line[:118].ljust(118))
         else:
@@ -208,7 +221,8 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
         record["started_at"] = before.get("started_at")
         record["resumed_at"] = before.get("resumed_at", []) + [time.strftime("%Y-%m-%dT%H:%M:%S%z")]
     store.write_json(out / "suite.json", record)
-    progress = Progress(total_runs, configured, quiet=quiet)
+    progress = Progress(total_runs, configured, quiet=quiet,
+                        realtime=getattr(runner, "realtime", True))
     # the report's modules (matplotlib: ~0.5 s) are imported while the analysis runs after the
     # captures, in CPU time it leaves idle, rather than before the first capture
     if hasattr(runner, "while_analysing"):

@@ -175,7 +175,7 @@ def test_simulate_until_decided_end_to_end(tmp_path, no_figures):
 
     for name, want in (("poly-balance", "poly-balance"), ("coin-flip", "varies (")):
         out = tmp_path / name
-        r = CliRunner().invoke(main, ["simulate", "--policy", name, "--cpus", "4", "--experiment",
+        r = CliRunner().invoke(main, ["simulate", "--policy", name, "--ncpus", "4", "--experiment",
                                       "how-many", "-p", "duration=1", "-p", "base=2", "-p", "x=8",
                                       "--repeat", "2", "--until-decided", "--out", str(out)])
         assert r.exit_code == 0, r.output
