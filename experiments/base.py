@@ -12,7 +12,8 @@ compare`` read them all (:attr:`Experiment.declared`).
 
 Every experiment takes, besides its own, the parameters of :data:`COMMON`: the window, the
 tasks' scheduling class (``policy``, ``rt_priority``, ``dl_*``; one set per class of tasks in a
-two-class experiment, :func:`class_params`) and the release (``release``, ``warm_s``). The
+two-class experiment, :func:`class_params`), the release (``release``, ``warm_s``) and where on
+the machine it runs (``level``: :mod:`harmony.experiments.placement`). The
 catalog's release is *warm*, because the thesis's was: its controller created and bound its
 processes before t0 and released an imbalance "created instantly rather than slowly accrued"
 (6.1), and its run-queue timeline starts with the source's processes already queued there
@@ -32,6 +33,7 @@ from typing import Any, Callable
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.cost import cost_summary
 from harmony.errors import ParameterError
+from harmony.experiments.placement import check_placed, level_word
 from harmony.tasks import POLICIES, class_problem
 
 
@@ -140,6 +142,10 @@ COMMON = (
     Param("warm_s", WARM_S, "float", "how long a warm release runs the tasks confined before t0 "
           "(PELT converges to within 1% in ~0.22 s; not named warmup_s, which intrinsic-imbalance "
           "and heavy-light use for their analysis windows after t0)", positive),
+    Param("level", "", "str", "where the target CPU sits relative to the source: smt, llc, "
+          "package, node or remote (SMT siblings, one LLC, one package, one node, two nodes), "
+          "resolved against the machine's topology into a CPU set of that pair; empty: the CPU "
+          "set as given (harmony.experiments.placement)", level_word),
 )
 
 
@@ -316,6 +322,7 @@ class Experiment:
                     if err:
                         raise ValueError(f"parameter {name}={item}: {err}")
             values[name] = v
+        check_placed(values.get("level") or "", cpus)
         self.validate(values, cpus)
         self.check_classes(values)
         return values
