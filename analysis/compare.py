@@ -206,9 +206,10 @@ _STATISTICS = {"median": np.median, "mean": np.mean, "min": np.min, "max": np.ma
 
 def config_of(e: policy.Evidence) -> tuple:
     """A run's configuration: (experiment, CPU count, ((parameter, value), ...)) over the
-    experiment's :data:`CONFIG_PARAMS`."""
-    return (e.experiment, e.ncpus,
-            tuple((name, e.params.get(name)) for name in CONFIG_PARAMS.get(e.experiment, ())))
+    experiment's :data:`CONFIG_PARAMS`, and its level when it was placed at one (runs at two
+    levels are never pooled)."""
+    params = tuple((name, e.params.get(name)) for name in CONFIG_PARAMS.get(e.experiment, ()))
+    return (e.experiment, e.ncpus, params + ((("level", e.level),) if e.level else ()))
 
 
 def config_label(config: tuple) -> str:

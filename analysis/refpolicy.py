@@ -370,6 +370,11 @@ class Simulator:
         if n > 0:
             self._pull(dst, src, n)
 
+    def _schedule_order(self):
+        """The order in which the CPUs schedule within a tick (who takes a waiting task
+        first): by number."""
+        return range(self.ncpu)
+
     def _periodic(self, c: int):
         """CPU ``c``'s periodic balance at this tick, when it is due."""
         if self.next_balance[c] > self.k:
@@ -505,7 +510,7 @@ class Simulator:
             if not self.p.global_queue:
                 for c in range(self.ncpu):
                     self._periodic(c)
-            for c in range(self.ncpu):
+            for c in self._schedule_order():
                 self._schedule(c)
             for c in range(self.ncpu):  # one tick of CPU time
                 t = self.curr[c]

@@ -41,9 +41,12 @@ whose answers at each level are known by construction.
 - every CPU of the machine is simulated, the experiment's tasks allowed on the run's CPU set
   only: a CPU outside it balances as the kernel's do (an idle CPU of the target's group balances
   for the group, and moves a task it may not run to a CPU of its group that may,
-  LBF_DST_PINNED), and its groups count the CPUs outside the set, idle. Not modelled: the
-  ``group_imbalanced`` flag that affinity failures raise for the level above, misfit and
-  asymmetric packing, the NUMA balancer, the new-idle balance's cost cut-off.
+  LBF_DST_PINNED), and its groups count the CPUs outside the set, idle. A balance that
+  affinity kept from evening its level marks its group imbalanced for the level above (the
+  group's ``sgc->imbalance``, LBF_SOME_PINNED), where it is then the busiest group and gives
+  one task at a time (``group_imbalanced``) until a balance below finds its level even again.
+  Not modelled: misfit and asymmetric packing, the NUMA balancer, the new-idle balance's cost
+  cut-off.
 
 ``flat``: the same rules over one domain spanning the run's CPU set (the MC level of a machine
 of one LLC, ``min_interval`` = the set's CPU count; the CPUs outside it do not balance, as CPUs of
@@ -70,8 +73,11 @@ STOPPER_PID_BASE = 20_000
 NICE_0_LOAD = 1024
 #: sysctl_sched_nr_migrate: at most this many tasks move in one balance
 SCHED_NR_MIGRATE = 32
+#: a domain whose tasks are all pinned away doubles its interval up to this (ms)
+MAX_PINNED_INTERVAL = 512
 
-OVERLOADED, FULLY_BUSY, HAS_SPARE = 2, 1, 0
+#: group types, in find_busiest_group's order (misfit and asymmetric packing not modelled)
+IMBALANCED, OVERLOADED, FULLY_BUSY, HAS_SPARE = 3, 2, 1, 0
 
 
 @dataclasses.dataclass
@@ -165,6 +171,8 @@ class DomainSimulator(Simulator):
         self.siblings = [list(machine["cpus"][str(c)].get("thread_siblings") or [c])
                          for c in range(self.ncpu)]
         self.ran_at: dict[int, int] = {}
+        #: groups (level index, span) marked imbalanced by a failed balance below them
+        self.imbalanced: set[tuple] = set()
         #: the CPU idles already: the new-idle balance runs as a CPU becomes idle, not while it is
         self.idle = [True] * self.ncpu
         self.stopper = {c: STOPPER_PID_BASE + c for c in range(self.ncpu)}
@@ -289,7 +297,7 @@ class DomainSimulator(Simulator):
         included (PELT's util_avg keeps a sleeping task's share)."""
         return min(1.0, sum(t.duty / 100 for t in self.tasks if t.cpu == x and t.state != "X"))
 
-    def _stats(self, g: list[int], pct: int) -> dict:
+    def _stats(self, g: list[int], pct: int, index: int = -1) -> dict:
         """A group's statistics and type, by update_sg_lb_stats and group_classify: overloaded
         when it has more tasks than CPUs and its utilisation or its runnable tasks exceed its
         capacity by imbalance_pct; with spare capacity when it has fewer tasks than CPUs, or its
@@ -305,18 +313,20 @@ class DomainSimulator(Simulator):
             kind = HAS_SPARE
         else:
             kind = FULLY_BUSY
+        if (index, frozenset(g)) in self.imbalanced:
+            kind = IMBALANCED              # affinity kept a child level from balancing it
         return {"cpus": g, "nr": nr, "load": load, "w": w, "avg": load / w, "type": kind,
                 "idle": sum(self._idle(x) for x in g)}
 
     def _groups(self, lv: _Level) -> tuple[dict, dict | None, float]:
         """(the local group's statistics, the busiest group's or None, the domain's load per
         CPU)."""
-        stats = [self._stats(g, lv.imbalance_pct) for g in lv.groups]
+        stats = [self._stats(g, lv.imbalance_pct, lv.index) for g in lv.groups]
         local, others = stats[0], [s for s in stats[1:] if s["nr"] > 0]
         dom_avg = sum(s["load"] for s in stats) / sum(s["w"] for s in stats)
         if not others:
             return local, None, dom_avg
-        busiest = max(others, key=lambda s: (s["type"], s["avg"] if s["type"] == OVERLOADED
+        busiest = max(others, key=lambda s: (s["type"], s["avg"] if s["type"] >= OVERLOADED
                                              else -s["idle"], s["nr"]))
         return local, busiest, dom_avg
 
@@ -324,6 +334,8 @@ class DomainSimulator(Simulator):
         """(migration type, amount: tasks or load, the busiest group) of find_busiest_group and
         calculate_imbalance; amount 0: balanced."""
         local, busiest, dom_avg = self._groups(lv)
+        if busiest is not None and busiest["type"] == IMBALANCED:
+            return "task", 1, busiest      # move any task: the next balance evens it again
         if busiest is None or local["type"] > busiest["type"]:
             return "none", 0, None
         if local["type"] == OVERLOADED:
@@ -356,19 +368,23 @@ class DomainSimulator(Simulator):
 
     def _load_balance(self, c: int, lv: _Level, idle: str) -> int:
         kind, amount, busiest = self._imbalance(lv, idle)
+        parent = self._parent(c, lv)
         if amount <= 0:
             lv.failed = 0
+            self.imbalanced.discard(parent)    # balanced: the level above may trust its averages
             if idle != "newidle":
                 self._relax(lv)
             return 0
         cand = [x for x in busiest["cpus"] if self._nr(x) > 0]
         src = max(cand, key=(lambda x: (self._nr(x), -x)) if kind == "task"
                   else (lambda x: (self._load(x), -x)))
-        moved, pinned = self._detach(c, src, lv, kind, amount, idle)
-        if pinned:                             # nothing there may run in this group: balanced
+        moved, left, all_pinned, some_pinned = self._detach(c, src, lv, kind, amount, idle)
+        if some_pinned and left > 0 and parent is not None:
+            self.imbalanced.add(parent)        # affinity kept this level from balancing
+        if all_pinned:                         # nothing there may run in this group
             lv.failed = 0
-            if idle != "newidle":
-                self._relax(lv)
+            if idle != "newidle" and lv.interval < max(lv.max_interval, MAX_PINNED_INTERVAL):
+                lv.interval *= 2
             return 0
         if not moved:
             if idle != "newidle":
@@ -382,15 +398,26 @@ class DomainSimulator(Simulator):
         lv.interval = lv.min_interval          # unbalanced: reset the interval
         return moved
 
-    def _detach(self, c, src, lv: _Level, kind: str, amount: float, idle: str) -> tuple[int, bool]:
+    def _parent(self, c: int, lv: _Level) -> tuple | None:
+        """The key of the group ``lv``'s span forms in ``c``'s next domain up (sgc->imbalance
+        of sd->parent->groups), or None at the top."""
+        above = [x for x in self.levels[c] if x.index > lv.index]
+        return (above[0].index, frozenset(lv.span)) if above else None
+
+    def _detach(self, c, src, lv: _Level, kind: str, amount: float,
+                idle: str) -> tuple[int, float, bool, bool]:
         """Move tasks from ``src`` to ``c``, or, for tasks that may not run there, to another
-        CPU of ``c``'s local group where they may (LBF_DST_PINNED); (moved, all pinned)."""
-        moved, any_allowed = 0, False
+        CPU of ``c``'s local group where they may (LBF_DST_PINNED); (moved, the amount left,
+        all pinned: nothing of ``src`` may run in the group, some pinned: a task could not run
+        on ``c``)."""
+        moved, any_allowed, some_pinned = 0, False, False
         local = lv.groups[0]
         for t in reversed(list(self.queue[src])):      # the least recently queued first
             if amount <= 0 or moved >= SCHED_NR_MIGRATE or (idle != "busy"
                                                             and self._nr(src) <= 1):
                 break
+            if not self._may_run(t, c):
+                some_pinned = True
             dst = c if self._may_run(t, c) else next(
                 (x for x in local if self._may_run(t, x)), None)
             if dst is None:
@@ -411,7 +438,9 @@ class DomainSimulator(Simulator):
             moved += 1
         cur = self.curr[src]
         running_allowed = cur is not None and any(self._may_run(cur, x) for x in local)
-        return moved, not any_allowed and not running_allowed
+        if cur is not None and not self._may_run(cur, c):
+            some_pinned = True
+        return moved, amount, not any_allowed and not running_allowed, some_pinned
 
     def _active_push(self, src: int, dst: int):
         """The source's stopper pushes its running task to ``dst`` (active balance): woken from
@@ -448,6 +477,13 @@ class ScxSimulator(Simulator):
                           if s in where] for c in self.cpus]
         self.smt = any(len(s) > 1 for s in self.siblings)
 
+    def _schedule_order(self):
+        """Idle CPUs take from the one queue in no order of the machine's: a random one each
+        tick (the default selection picks an idle CPU with cpumask_any_and_distribute)."""
+        order = list(range(self.ncpu))
+        self.rng.shuffle(order)
+        return order
+
     def _core_idle(self, c: int) -> bool:
         return all(self._idle(x) for x in self.siblings[c])
 
@@ -456,13 +492,13 @@ class ScxSimulator(Simulator):
         if self.smt:
             if self._core_idle(prev):
                 return prev
-            for x in range(self.ncpu):
-                if self._core_idle(x):
-                    return x
+            cores = [x for x in range(self.ncpu) if self._core_idle(x)]
+            if cores:
+                return self.rng.choice(cores)
         if self._idle(prev):
             return prev
         idle = [x for x in range(self.ncpu) if self._idle(x)]
-        return idle[0] if idle else prev
+        return self.rng.choice(idle) if idle else prev
 
 
 def simulator_for(policy) -> type[Simulator]:

@@ -262,6 +262,22 @@ COST_SUMMARY = (
 )
 
 
+#: what the run did at each level of the machine, in every experiment's summary besides its own
+#: keys (issue 45): its moves by the relation of their source and destination CPUs, and the
+#: fair class's design's predictions from the kernel's domains against what the run measured
+#: (:mod:`harmony.analysis.levels`, :mod:`harmony.analysis.predictions`); both empty for a run
+#: recorded without the machine's topology
+LEVEL_SUMMARY = (
+    Metric("moves_by_relation", "", "the measured window's moves by where their source and "
+           "destination sit: {relation (smt, llc, package, node, remote): {moves, per_s, "
+           "locality (their share of the moves over the share of the set's CPU pairs at that "
+           "relation; None without moves), causes: {cause: moves}}}", kind="dict"),
+    Metric("predictions", "", "the kernel's design's predictions checked on this run: {\"rows\": "
+           "[{check, level, domain, predicted, measured, holds (None: not checkable here), "
+           "tolerance, source}, ...]}", kind="dict"),
+)
+
+
 def policy_cost(run) -> dict:
     """The :data:`COST_SUMMARY` values of a run (a :class:`harmony.store.Run`; its "wasted"
     table if the analysis handed it over, else made here from the events)."""
@@ -387,12 +403,15 @@ class Experiment:
     @property
     def declared(self) -> tuple[Metric, ...]:
         """Every key of a run's summary: the experiment's own (:attr:`summary`), then what the
-        policy cost (:data:`COST_SUMMARY`)."""
-        return self.summary + COST_SUMMARY
+        policy cost (:data:`COST_SUMMARY`) and what it did by level (:data:`LEVEL_SUMMARY`)."""
+        return self.summary + COST_SUMMARY + LEVEL_SUMMARY
 
     def summarise(self, run) -> dict:
-        """A run's summary: :meth:`analyse`'s keys, then :func:`policy_cost`'s."""
-        return {**self.analyse(run), **policy_cost(run)}
+        """A run's summary: :meth:`analyse`'s keys, then :func:`policy_cost`'s, then
+        :func:`harmony.analysis.levels.level_summary`'s."""
+        from harmony.analysis.levels import level_summary
+
+        return {**self.analyse(run), **policy_cost(run), **level_summary(run)}
 
     def summary_problems(self, summary: dict) -> list[str]:
         """How ``summary`` (what :meth:`summarise` returned) departs from :attr:`declared`: keys
