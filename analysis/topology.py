@@ -201,3 +201,26 @@ def counts_by_level(migrations: pd.DataFrame, t0: int, t_end: int) -> dict[str, 
             row = counts.loc[k]
             out[str(k)] = {str(c): int(n) for c, n in row.items() if n}
     return out
+
+
+def domain_rows(manifest: dict) -> list[list[str]]:
+    """A text table of the domains of the run's lowest CPU, lowest level first: level, name,
+    span, interval (ms), busy_factor, imbalance_pct, cache_nice_tries, flags (short)."""
+    doms = domains_of(manifest)
+    if not doms:
+        return []
+    cpus = [c for c in manifest.get("cpus", []) if c in doms] or sorted(doms)
+    rows = []
+    for d in doms[cpus[0]]:
+        def g(k):
+            return "?" if d.get(k) is None else str(d[k])
+        flags = " ".join(f.removeprefix("SD_") for f in (d.get("flags") or [])) or "?"
+        rows.append([str(d["index"]), level_key(int(d["index"]), d.get("name")),
+                     format_cpulist(d["span"]) if d.get("span") else "?",
+                     f"{g('min_interval')}-{g('max_interval')}", g("busy_factor"),
+                     g("imbalance_pct"), g("cache_nice_tries"), flags])
+    return rows
+
+
+DOMAIN_HEADER = ["level", "name", "span", "interval ms", "busy_factor", "imbalance_pct",
+                 "cache_nice_tries", "flags"]

@@ -496,6 +496,10 @@ def _draw(run: store.Run) -> list[Path]:
     m = run.manifest
     drawn.append(plot_causes(run.migrations, m["measured_s"], m["params"].get("bin_s", 0.1),
                              fig_dir / "causes.png"))
+    if (m.get("topology") or {}).get("cpus"):   # the machine, where the run read its shape
+        from harmony.analysis.plots_topology import plot_machine
+
+        drawn.append(plot_machine(m, run.migrations, fig_dir / "machine.png"))
     return drawn
 
 

@@ -232,7 +232,7 @@ def read(debugfs: Path | None = None, topo: dict | None = None,
     missing = problems + missing
     domains = merge(found, stats, missing)
     online = {str(c["cpu"]) for c in topo["cpus"]}
-    if not domains and len(online) > 1:
+    if not domains and len(online) > 1 and not missing:
         missing.append("scheduling domains (neither debugfs nor /proc/schedstat shows them)")
     nb = numa_balancing()
     return {"cpus": cpus_of(topo), "domains": domains,

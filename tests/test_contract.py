@@ -45,6 +45,9 @@ RUNS = {
 #: declared keys no simulated run gives a value: a simulated CPU whose last task exits pulls a task
 #: from another before it switches away (newidle balance), so it never runs its idle task first
 NEVER_SIMULATED = {("work-conservation", "cpu_idle_at_s")}
+#: declared keys of every experiment no simulated run gives a value yet: the simulator's machine
+#: is flat, with no scheduling domains to count moves by (issue 45: it is to learn topologies)
+NEVER_SIMULATED_ANY = {"migrations_by_level"}
 
 
 #: experiments the simulator cannot run (Experiment.not_simulated), checked on real kernels
@@ -84,7 +87,8 @@ def test_analyse_returns_exactly_the_declared_summary(tmp_path, name):
                     assert r.summary == json.loads(json.dumps(summary))  # as the pipeline stored it
                     valued |= {key for key, v in summary.items() if v is not None}
     # every declared kind was checked on a value at least once
-    missing = {m.name for m in exp.declared} - valued - {key for e, key in NEVER_SIMULATED if e == name}
+    missing = ({m.name for m in exp.declared} - valued - NEVER_SIMULATED_ANY
+               - {key for e, key in NEVER_SIMULATED if e == name})
     assert not missing, f"{name}: no simulated run gave a value to {sorted(missing)}"
 
 
