@@ -22,7 +22,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.topology import RELATIONS, df_cpus, migration_level, relation, topology_of
+from harmony.analysis.topology import RELATIONS, df_cpus, migration_level, relation
+
+
+def topology_of(manifest: dict) -> dict:
+    """The manifest's ``topology`` (the contract's), or {} for a run recorded without it."""
+    return (manifest or {}).get("topology") or {}
 
 #: the relations a move can have (not "same": a move is between two CPUs)
 MOVE_RELATIONS = RELATIONS[1:]
@@ -55,10 +60,12 @@ def df_move_levels(migrations: pd.DataFrame, manifest: dict,
     mig = mig[mig["src_cpu"].isin(known) & mig["dst_cpu"].isin(known)]
     src, dst = mig["src_cpu"].to_numpy(int), mig["dst_cpu"].to_numpy(int)
     rel = _relations(cpus_df, zip(src, dst))
-    if "level" in mig.columns and "level_name" in mig.columns:
-        level, name = mig["level"].to_list(), mig["level_name"].to_list()
+    if "level" in mig.columns and "level_name" in mig.columns:     # the pipeline's (-1: none)
+        lv = mig["level"].to_numpy(int)
+        level = [None if v < 0 else int(v) for v in lv]
+        name = [None if v < 0 else str(n) for v, n in zip(lv, mig["level_name"].astype(object))]
     else:
-        got = [migration_level(d, s, topo.get("domains") or {}) for s, d in zip(src, dst)]
+        got = [migration_level(d, s, topo) for s, d in zip(src, dst)]
         level, name = [g[0] for g in got], [g[1] for g in got]
     return pd.DataFrame({
         "t": mig["t"].to_numpy(float), "pid": mig["pid"].to_numpy(),
@@ -128,7 +135,7 @@ def df_wake_llc(moves: pd.DataFrame, manifest: dict) -> pd.DataFrame:
     llc = df_cpus(manifest).set_index("cpu")["llc"].to_dict()
 
     def same(a, b):
-        return a in llc and b in llc and llc[a] is not None and llc[a] == llc[b]
+        return a in llc and b in llc and llc[a] >= 0 and llc[a] == llc[b]
 
     src, dst, waker = (w[c].to_numpy(int) for c in ("src_cpu", "dst_cpu", "event_cpu"))
     prev = np.array([same(a, b) for a, b in zip(src, dst)], bool)
@@ -139,14 +146,12 @@ def df_wake_llc(moves: pd.DataFrame, manifest: dict) -> pd.DataFrame:
                         columns=WAKE_LLC_COLUMNS)
 
 
-def level_summary(run) -> dict:
-    """The per-level keys of a run's summary (:data:`harmony.experiments.base.LEVEL_SUMMARY`):
-    ``moves_by_relation`` {relation: {"moves", "per_s", "locality", causes...}} over the measured
-    window, and the run's predicted-vs-measured rows (:mod:`harmony.analysis.predictions`)."""
-    from harmony.analysis import predictions
-
+def moves_by_relation(run, moves: pd.DataFrame | None = None) -> dict:
+    """A run's summary's ``moves_by_relation`` (:data:`harmony.experiments.base.LEVEL_SUMMARY`):
+    {relation: {"moves", "per_s", "locality", "causes": {cause: moves}}} over the measured
+    window ({} without a topology); ``moves``: its :func:`df_move_levels`, if made already."""
     m = run.manifest
-    moves = df_move_levels(run.migrations, m)
+    moves = df_move_levels(run.migrations, m) if moves is None else moves
     seconds = float(m.get("measured_s") or 0.0)
     loc = df_locality(moves, m["cpus"], m, seconds)
     by_rel = {}
@@ -156,8 +161,7 @@ def level_summary(run) -> dict:
                                 "locality": None if np.isnan(row.locality)
                                 else float(row.locality),
                                 "causes": {str(k): int(v) for k, v in causes.items()}}
-    return {"moves_by_relation": by_rel,
-            "predictions": {"rows": predictions.check_run(run, moves)}}
+    return by_rel
 
 
 FINAL_COLUMNS = ["cpu", "tasks", "core", "llc", "node", "package", "smt"]

@@ -67,7 +67,9 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis import thresholds as T
-from harmony.analysis.topology import df_cpus, migration_level, relation, topology_of
+from harmony.analysis.levels import (df_locality, df_move_levels, df_wake_llc, final_placement,
+                                     moves_by_relation, topology_of)
+from harmony.analysis.topology import df_cpus, migration_level, relation
 
 ROW_KEYS = ("check", "level", "domain", "predicted", "measured", "holds", "tolerance", "source")
 #: fair.c: a domain whose tasks are all pinned away doubles its interval up to this (ms)
@@ -120,7 +122,7 @@ def pair_domain(manifest: dict, src: int, dst: int) -> tuple[dict | None, list[i
     """(the destination's lowest domain spanning the source, the destination's local group in
     it: its span one level below, or the destination alone at its lowest level)."""
     topo = topology_of(manifest)
-    index, _ = migration_level(dst, src, topo.get("domains") or {})
+    index, _ = migration_level(dst, src, topo)
     if index is None:
         return None, [dst]
     d = domain_of(topo, dst, index)
@@ -203,6 +205,15 @@ def scheduler_kind(manifest: dict) -> str:
     if manifest.get("scx") or sim == "scx-like":
         return "scx"
     return "fair"
+
+
+def level_summary(run) -> dict:
+    """A run's :data:`harmony.experiments.base.LEVEL_SUMMARY` keys: its moves by relation
+    (:func:`harmony.analysis.levels.moves_by_relation`) and its predicted-vs-measured rows
+    (:func:`check_run`)."""
+    moves = df_move_levels(run.migrations, run.manifest)
+    return {"moves_by_relation": moves_by_relation(run, moves),
+            "predictions": {"rows": check_run(run, moves)}}
 
 
 def check_run(run, moves: pd.DataFrame) -> list[dict]:
@@ -404,8 +415,6 @@ def active_rows(manifest: dict, moves: pd.DataFrame) -> list[dict]:
 
 def wake_rows(manifest: dict, moves: pd.DataFrame) -> list[dict]:
     """Check 5: every wake-up move lands in the previous CPU's or the waker's LLC."""
-    from harmony.analysis.levels import df_wake_llc
-
     w = df_wake_llc(moves, manifest)
     if w.empty:
         return []
@@ -424,8 +433,6 @@ def wake_rows(manifest: dict, moves: pd.DataFrame) -> list[dict]:
 def no_structure_rows(manifest: dict, moves: pd.DataFrame, cpus: list[int]) -> list[dict]:
     """Check 6: under sched_ext's default CPU selection moves fall on CPU pairs in proportion to
     their number at every level."""
-    from harmony.analysis.levels import df_locality
-
     loc = df_locality(moves, cpus, manifest, float(manifest.get("measured_s") or 1.0))
     total = int(loc["moves"].sum()) if len(loc) else 0
     if len(loc) < 2:
@@ -447,8 +454,6 @@ def no_structure_rows(manifest: dict, moves: pd.DataFrame, cpus: list[int]) -> l
 def spread_rows(run) -> list[dict]:
     """Check 4: N <= cores tasks released on one CPU end on N cores; the nodes' difference is
     what the NUMA level tolerates."""
-    from harmony.analysis.levels import final_placement
-
     m = run.manifest
     fin = final_placement(run)
     if fin is None:

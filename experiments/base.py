@@ -32,6 +32,7 @@ from typing import Any, Callable
 
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.cost import cost_summary
+from harmony.analysis.topology import counts_by_level, domains_of
 from harmony.errors import ParameterError
 from harmony.experiments.placement import check_placed, level_word
 from harmony.tasks import POLICIES, class_problem
@@ -259,6 +260,12 @@ COST_SUMMARY = (
            none_when="no task was owed a share"),
     Metric("ideal_slowdown_max", "ratio", "largest ideal share / share of a task in a window",
            none_when="no task was owed a share, or one owed a share ran not at all in a window"),
+    Metric("migrations_by_level", "", "migrations in the window by the level of the machine "
+                                      "they crossed (the lowest scheduling domain of the "
+                                      "destination spanning the source: SMT, MC, PKG, NUMA...) "
+                                      "and cause: {level: {cause: count}} "
+                                      "(harmony.analysis.topology.counts_by_level)",
+           none_when="the run read no scheduling domains", kind="dict"),
 )
 
 
@@ -282,9 +289,12 @@ def policy_cost(run) -> dict:
     """The :data:`COST_SUMMARY` values of a run (a :class:`harmony.store.Run`; its "wasted"
     table if the analysis handed it over, else made here from the events)."""
     m = run.manifest
-    return cost_summary(run.events, run.tasks, run.migrations, run.allocation, m["cpus"],
+    cost = cost_summary(run.events, run.tasks, run.migrations, run.allocation, m["cpus"],
                         m["t0_ns"], m["end_ns"], (m.get("sched") or {}).get("rt_share"),
                         wasted=run.held("wasted"))
+    levels = (counts_by_level(run.migrations, m["t0_ns"], m["end_ns"]) if domains_of(m)
+              and "level" in run.migrations.columns else None)
+    return {**cost, "migrations_by_level": levels}
 
 
 class Experiment:
@@ -408,8 +418,8 @@ class Experiment:
 
     def summarise(self, run) -> dict:
         """A run's summary: :meth:`analyse`'s keys, then :func:`policy_cost`'s, then
-        :func:`harmony.analysis.levels.level_summary`'s."""
-        from harmony.analysis.levels import level_summary
+        :func:`harmony.analysis.predictions.level_summary`'s."""
+        from harmony.analysis.predictions import level_summary
 
         return {**self.analyse(run), **policy_cost(run), **level_summary(run)}
 

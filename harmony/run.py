@@ -30,7 +30,7 @@ from harmony.errors import ControllerError, Interrupted, RunError  # noqa: F401 
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
 from harmony.memory import stop_prefault
-from harmony.probes import ProbeError, get_probe, proc_sched, schedstat
+from harmony.probes import ProbeError, domains, get_probe, proc_sched, schedstat
 from harmony.probes.proc_sched import KERNEL_COUNTERS
 from harmony.probes.proc_stat import KERNEL_SAMPLES, KernelSampler
 from harmony.probes.schema import MARK_END
@@ -210,6 +210,9 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         # of /proc/<pid>/sched), turned on now if the kernel has it off: before the workers exist
         schedstats = schedstat.Reads()
         schedstats.begin()
+        # the machine's shape where the tasks run: CPUs and scheduling domains (debugfs, with
+        # sched/verbose on for the read where the kernel needs it, and /proc/schedstat)
+        manifest["topology"] = domains.read()
         workload = Workload(specs, cpus, seed=seed, warm_s=warm_s(params))
         workload.spawn()  # before the probe's threads exist: fork with no threads running
         stored["tasks"] = sink.put(out, "tasks", task_rows(specs, workload.pids))
