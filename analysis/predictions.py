@@ -488,7 +488,7 @@ def spread_rows(run) -> list[dict]:
 
 
 def _cl(cpus) -> str:
-    from harmony.osutil import format_cpulist
+    from harmony.core.osutil import format_cpulist
 
     return format_cpulist(sorted(int(c) for c in cpus))
 

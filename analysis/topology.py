@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.tables import CPUS, DOMAINS
-from harmony.columns import STR_DTYPE
-from harmony.osutil import format_cpulist
+from harmony.core.columns import STR_DTYPE
+from harmony.core.osutil import format_cpulist
 
 #: where two CPUs sit relative to each other (:func:`relation`), nearest first
 RELATIONS = ("same", "smt", "llc", "package", "node", "remote")
@@ -179,7 +179,7 @@ def relation(cpu_a: int, cpu_b: int, cpus_df: pd.DataFrame) -> str:
 
 
 def _cpulist(text: str) -> list[int]:
-    from harmony.osutil import parse_cpulist
+    from harmony.core.osutil import parse_cpulist
     return parse_cpulist(text)
 
 

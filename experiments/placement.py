@@ -80,6 +80,6 @@ def check_placed(level: str, cpus: list[int]) -> None:
 
 
 def _cpulist(cpus) -> str:
-    from harmony.osutil import format_cpulist
+    from harmony.core.osutil import format_cpulist
 
     return format_cpulist(sorted(cpus))

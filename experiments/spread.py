@@ -21,7 +21,7 @@ from harmony.analysis.levels import MOVE_RELATIONS, df_move_levels, final_placem
 from harmony.analysis.topology import df_cpus, relation
 from harmony.experiments.base import Experiment, Metric, Param, percent, pick, positive, task_class
 from harmony.experiments.single_source import SingleSource
-from harmony.tasks import layout_tasks
+from harmony.workload.tasks import layout_tasks
 
 
 class Spread(Experiment):

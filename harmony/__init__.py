@@ -16,12 +16,12 @@ if not _os.path.isdir(_os.path.join(_here, "analysis")) and \
         _os.path.isfile(_os.path.join(_here, _os.pardir, "analysis", "__init__.py")):
     __path__.append(_os.path.dirname(_here))    # noqa: F821 (a package's own __path__)
 
-from harmony.version import __version__  # noqa: E402,F401
+from harmony.core.version import __version__  # noqa: E402,F401
 
 
 def load(run_dir, allow_incomplete: bool = False):
     """Load a run directory, verified: see :func:`harmony.pipeline.load`."""
-    # imported here: the fork server and the workers import harmony (harmony.osutil), and must not
+    # imported here: the fork server and the workers import harmony (harmony.core.osutil), and must not
     # load pandas with it
     from harmony.pipeline import load as _load
 

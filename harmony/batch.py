@@ -11,7 +11,7 @@ first) and the runner analyses it; ``flush`` makes the captures it may have only
 The kernel runner holds the host lock from enter to exit and analyses either in a background
 process while the next run is captured (``overlap``, on CPUs outside the experiment's set) or
 after the last capture, in one process per CPU. The VM runner plans every capture, boots the
-kernel once for all of them at ``flush`` (the guest agent, :mod:`harmony.guest`, makes them one
+kernel once for all of them at ``flush`` (the guest agent, :mod:`harmony.vm.guest`, makes them one
 after the other), then lands and analyses them on the host, one process per CPU.
 """
 
@@ -20,8 +20,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
-import signal
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,16 +34,22 @@ import psutil
 from harmony import simulate, store
 from harmony.analysis.refpolicy import get_policy
 from harmony.analysis.stats import df_aggregate
-from harmony.errors import Interrupted, VmError
-from harmony.guest import PlannedRun, write_job
+from harmony.core.errors import Interrupted, VmError
+from harmony.core.memory import tune_allocations
+from harmony.core.osutil import die_with_parent, harmony_python
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
-from harmony.memory import tune_allocations
-from harmony.osutil import die_with_parent, harmony_python
 from harmony.pipeline import analyse
 from harmony.probes import get_probe
 from harmony.run import capture, land
-from harmony.vm import VirtualMachine, renice_threads, vcpu_threads, vcpu_times, wait_fractions
+from harmony.vm.guest import PlannedRun, write_job
+from harmony.vm.machine import (
+    VirtualMachine,
+    renice_threads,
+    vcpu_threads,
+    vcpu_times,
+    wait_fractions,
+)
 
 
 def rep_dir(out: Path, k: int) -> Path:
@@ -104,7 +110,7 @@ class KernelRunner:
     def __init__(self, probe: str = "tracefs", facts: dict | None = None, overlap: bool = True,
                  cpus: list[int] | None = None, pause: bool = False, scx=None):
         self.probe, self.facts, self.overlap, self.pause = probe, facts or {}, overlap, pause
-        self.scx = scx      # a sched_ext scheduler for every run (harmony.scx.ScxSpec), or None
+        self.scx = scx      # a sched_ext scheduler for every run (harmony.vm.scx.ScxSpec), or None
         self.cpus = cpus or []
         self.name = f"kernel ({probe})"
         self.analysis = ("between captures (stopped while a run is measured), the rest after the "
@@ -290,8 +296,8 @@ class KernelRunner:
 class VmRunner:
     """Real captures of a kernel under test in a virtual machine, one boot for all of them.
 
-    ``capture`` plans a run (its companions first: :class:`harmony.guest.PlannedRun`) into its
-    directory; ``flush`` (or leaving the runner) boots ``kernel`` (:class:`harmony.kernels.Kernel`)
+    ``capture`` plans a run (its companions first: :class:`harmony.vm.guest.PlannedRun`) into its
+    directory; ``flush`` (or leaving the runner) boots ``kernel`` (:class:`harmony.vm.kernels.Kernel`)
     with ``vcpus`` vCPUs once, the guest agent makes every planned capture, and the host lands each
     one (:func:`harmony.run.land`), completes its manifest (the kernel under test from the guest's
     facts as ``under_test``, the host's own facts as ``host``, the VM as ``vm`` with how long each
@@ -311,7 +317,7 @@ class VmRunner:
     def __init__(self, kernel, vcpus: int, memory_mb: int = 2048, setting=None,
                  probe: str = "tracefs", facts: dict | None = None, say=None, scx=None):
         self.kernel, self.vcpus, self.memory_mb, self.setting = kernel, vcpus, memory_mb, setting
-        self.scx = scx      # a sched_ext scheduler for every run (harmony.scx.ScxSpec), or None
+        self.scx = scx      # a sched_ext scheduler for every run (harmony.vm.scx.ScxSpec), or None
         self.probe, self.facts = probe, facts or {}
         self.say = say or (lambda line: None)
         self.name = f"kernel {kernel.spec} in a VM ({vcpus} vCPUs)"
@@ -400,7 +406,7 @@ class VmRunner:
                 for run in runs:
                     run.scx = {**run.scx, "path": str(jobdir / Path(self.scx.path).name)}
             write_job(job, runs)
-            argv, env = harmony_python("harmony.guest", str(job))
+            argv, env = harmony_python("harmony.vm.guest", str(job))
             env = [f"{k}={v}" for k, v in env.items()
                    if k.startswith("HARMONY_") or k == "PYTHONPATH"]
             command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, *argv]
@@ -428,7 +434,7 @@ class VmRunner:
             jobdir.rmdir()
 
     def _on_event(self, ev: dict, t: float, runs: list[PlannedRun], state: dict):
-        """One line of the guest agent (see harmony.guest); returns the seconds the guest has
+        """One line of the guest agent (see harmony.vm.guest); returns the seconds the guest has
         for its next line."""
         kind, i = ev.get("event"), ev.get("run")
         budget = None
@@ -605,7 +611,7 @@ def _raw_bytes(dirs: list[str]) -> int:
 def _analyser_main() -> int:
     """Background analyser: each line is a figures flag (0/1) then the tab-separated run dirs of
     one capture, analysed in order."""
-    tune_allocations()  # an entry point of its own: see harmony.memory
+    tune_allocations()  # an entry point of its own: see harmony.core.memory
     cpus = os.environ.get("HARMONY_ANALYSER_CPUS", "")
     try:
         if cpus:

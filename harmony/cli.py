@@ -18,8 +18,8 @@ from pathlib import Path
 import click
 
 from harmony.analysis.thresholds import COMPARE_LEVEL, COMPARE_MIN_RUNS  # constants, no imports
-from harmony.errors import HarmonyError, Interrupted, ParameterError
-from harmony.version import __version__
+from harmony.core.errors import HarmonyError, Interrupted, ParameterError
+from harmony.core.version import __version__
 
 
 def exit_status(exc: BaseException, inputs: tuple = ()) -> int:
@@ -97,7 +97,7 @@ def _parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
 
 def _check_release_options() -> None:
     """The controller's expert environment options, checked before anything starts."""
-    from harmony.controller import ControllerError, release_options
+    from harmony.workload.controller import ControllerError, release_options
     try:
         release_options()
     except ControllerError as exc:
@@ -106,7 +106,7 @@ def _check_release_options() -> None:
 
 def resolve_cpus(text: str | None) -> list[int]:
     """The experiment CPU set: ``text`` (a CPU list) checked against the online CPUs."""
-    from harmony.osutil import online_cpus, parse_cpulist
+    from harmony.core.osutil import online_cpus, parse_cpulist
 
     online = online_cpus()
     if text is None:
@@ -126,9 +126,9 @@ def resolve_cpus(text: str | None) -> list[int]:
 @click.version_option(__version__, prog_name="harmony")
 def main():
     """Harmony: extract the actual CPU load-balancing policy of the running Linux scheduler by experiment."""
-    from harmony.memory import tune_allocations
+    from harmony.core.memory import tune_allocations
 
-    tune_allocations()  # decoders and analyses fill and free many large arrays: see harmony.memory
+    tune_allocations()  # decoders and analyses fill and free many large arrays: see harmony.core.memory
 
 
 @main.command()
@@ -189,8 +189,8 @@ class RunCommand(click.Command):
 
     def format_options(self, ctx, formatter):
         # imported when help is asked for, as every command imports what it uses when it runs
+        from harmony.core.osutil import online_cpus
         from harmony.experiments import CATALOG, get_experiment
-        from harmony.osutil import online_cpus
 
         super().format_options(ctx, formatter)
         name = ctx.meta.get("harmony.run.experiment")
@@ -206,8 +206,8 @@ class RunCommand(click.Command):
               help="also each experiment's parameters, with their defaults on this host")
 def list_experiments(verbose):
     """The experiment catalog: name, question, thesis section (-v: and its parameters)."""
+    from harmony.core.osutil import online_cpus
     from harmony.experiments import CATALOG, get_experiment
-    from harmony.osutil import online_cpus
 
     ncpus = len(online_cpus()) if verbose else 0
     for i, name in enumerate(CATALOG):
@@ -243,7 +243,7 @@ def vm_options(f):
 
 
 def scx_options(f):
-    """--scx, --scx-args: a sched_ext scheduler under test (harmony.scx)."""
+    """--scx, --scx-args: a sched_ext scheduler under test (harmony.vm.scx)."""
     f = click.option("--scx-args", metavar="ARGS",
                      help="the scheduler's arguments, as one string (e.g. \"-v\")")(f)
     f = click.option("--scx", metavar="NAME",
@@ -258,7 +258,7 @@ def _scx_plan(name: str | None, args: str | None, kernel: str | None, params: li
     """Check --scx before anything starts: the scheduler's name (found in the sched-ext kernel's
     build), a kernel that has sched_ext (and what a Rust scheduler needs of it), experiments it
     can run; returns its ScxSpec or None."""
-    from harmony import kernels, scx, scx_build
+    from harmony.vm import kernels, scx, scx_build
 
     if name is None:
         if args is not None:
@@ -308,8 +308,8 @@ def parse_memory(text: str) -> int:
 def _vm_plan(kernel: str, vm_cpus: int, vm_memory: str, vm_qemu: str | None, cpus, probe: str,
              crosscheck=None):
     """Check a VM run's options before anything starts; returns (guest CPU set, MiB, setting)."""
-    from harmony.kernels import check_spec
-    from harmony.vm import QemuSetting, missing_tools, setting_from_env
+    from harmony.vm.kernels import check_spec
+    from harmony.vm.machine import QemuSetting, missing_tools, setting_from_env
 
     if cpus is not None:
         raise click.UsageError("--cpus is the host's CPU set; a VM's is all its vCPUs (--vm-cpus)")
@@ -330,7 +330,7 @@ def _vm_runner(kernel: str, vm_cpus: int, memory: int, setting, quiet: bool, scx
     """Fetch the kernel (if named and not cached) and make the VM runner."""
     from harmony import doctor as host
     from harmony.batch import VmRunner
-    from harmony.kernels import kernel as get_kernel
+    from harmony.vm.kernels import kernel as get_kernel
 
     say = (lambda line: None) if quiet else (lambda line: click.echo(f"vm: {line}", err=True))
     with _errors():
@@ -577,7 +577,7 @@ def export(run_dir, fmt, out):
         raise click.BadParameter(f"{dest.absolute().parent}: no such directory", param_hint="--out")
     _check_out(dest.absolute().parent)      # a writable one
     if fmt == "perfetto":
-        from harmony.perfetto_export import export_perfetto    # the protobuf classes: ~0.3 s
+        from harmony.perfetto_export import export_perfetto  # the protobuf classes: ~0.3 s
         from harmony.pipeline import load
 
         with _errors(also=(OSError,)):
@@ -620,9 +620,9 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     record) from another host; FILE "-": one piped in (perf record -o - ... | harmony import -),
     kept in the run directory as it arrives."""
     from harmony.analysis.report import summary_text
+    from harmony.core.osutil import parse_cpulist
     from harmony.experiments import get_experiment
     from harmony.importer import import_trace
-    from harmony.osutil import parse_cpulist
 
     # Everything is checked before the file is read.
     piped = str(trace_file) == "-"
@@ -892,7 +892,7 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
                             _vm_runner(kernel, vm_cpus, memory, setting, quiet, scx_spec), resume)
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
-    from harmony.osutil import online_cpus
+    from harmony.core.osutil import online_cpus
 
     spare = sorted(set(online_cpus()) - set(cpu_set))
     overlapped = overlap != "never"
@@ -952,7 +952,7 @@ def kernel():
 @kernel.command("list")
 def kernel_list():
     """The kernels Harmony knows by name, and those in the cache."""
-    from harmony import kernels
+    from harmony.vm import kernels
 
     click.echo("named kernels (--kernel NAME):")
     for name, (_, what) in kernels.NAMED.items():
@@ -981,7 +981,7 @@ def kernel_build(name, rebuild, jobs):
     packages the build needs when they are missing (as root)."""
     import time
 
-    from harmony import kernels
+    from harmony.vm import kernels
 
     if name not in kernels.BUILT:
         _fail(f"unknown kernel to build {name!r}: give one of {', '.join(kernels.BUILT)}", 2)
@@ -999,7 +999,7 @@ def kernel_build(name, rebuild, jobs):
 @click.argument("name")
 def kernel_fetch(name):
     """Fetch a named Debian kernel into the cache (the newest version apt knows)."""
-    from harmony import kernels
+    from harmony.vm import kernels
 
     if name not in kernels.NAMED:
         _fail(f"unknown kernel {name!r}: give one of {kernels.known_names()}", 2)
@@ -1018,7 +1018,7 @@ def scx_group():
 @scx_group.command("list")
 def scx_list():
     """The schedulers --scx takes by name, and where each is."""
-    from harmony import kernels, scx, scx_build
+    from harmony.vm import kernels, scx, scx_build
 
     click.echo("the kernel tree's examples (built with `harmony kernel build sched-ext`):")
     click.echo(f"  {', '.join(scx.KNOWN)}: {kernels.status('sched-ext')}")
@@ -1038,7 +1038,7 @@ def scx_build_cmd(names, rebuild, jobs):
     bpfland, rusty, lavd; 1-3 min each on 2 CPUs, the first with the shared dependencies), once
     per configuration. Needs cargo; installs the Debian packages the build needs when missing
     (as root)."""
-    from harmony import scx_build
+    from harmony.vm import scx_build
 
     with _errors():
         which = list(names) or scx_build.names()
@@ -1135,7 +1135,7 @@ def entry() -> None:
         click.echo(str(code), err=True)
         code = 1
     _signals_do_not_interrupt_the_teardown()
-    from harmony import jit
+    from harmony.core import jit
     jit.shutdown_pool()
     for t in threading.enumerate():
         if t is not threading.current_thread() and not t.daemon:

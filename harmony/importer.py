@@ -28,18 +28,23 @@ from harmony import hostfacts, pipeline, store
 from harmony.analysis import trust
 from harmony.analysis.arrays import event_kinds, event_mask, growing_windows, in_set, index_of
 from harmony.analysis.waking import wakeups_from_waking
-from harmony.errors import ImportFailed  # noqa: F401  (raised here)
+from harmony.core.errors import ImportFailed  # noqa: F401  (raised here)
+from harmony.core.jit import in_background
+from harmony.core.osutil import format_cpulist
 from harmony.experiments import get_experiment
-from harmony.jit import in_background
-from harmony.osutil import format_cpulist
 from harmony.probes import filemap, perf_data, perf_read
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
 from harmony.probes.encode import write_recording
 from harmony.probes.schema import SCHED_EVENTS, make_markers
-from harmony.probes.tracedat_read import (MAGIC, choose_buffer, decode_tracedat,
-                                          decompressed_sizes, read_tracedat)
+from harmony.probes.tracedat_read import (
+    MAGIC,
+    choose_buffer,
+    decode_tracedat,
+    decompressed_sizes,
+    read_tracedat,
+)
 from harmony.probes.tracedat_write import write_tracedat
-from harmony.tasks import TaskSpec, tasks_frame
+from harmony.workload.tasks import TaskSpec, tasks_frame
 
 PERF_MAGIC = b"PERFILE2"
 RAW_DIR = "raw/import"
@@ -525,7 +530,7 @@ def _last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, str]:
 
 def tasks_from_trace(events: pd.DataFrame, pids: list[int], seen: dict[int, set[str]],
                      t0: int) -> tuple[pd.DataFrame, list[str]]:
-    """The tasks table of an imported run (see :mod:`harmony.tasks`), plus trust notes.
+    """The tasks table of an imported run (see :mod:`harmony.workload.tasks`), plus trust notes.
 
     name: the task's comm (``comm-pid`` if several chosen tasks share it); role "cpu"; duty 100
     (the trace does not say what a task demands); nice from its kernel prio; initial_cpu: the CPU

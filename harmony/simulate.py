@@ -16,11 +16,11 @@ from harmony import pipeline, store
 from harmony.analysis.machines import flat_topology
 from harmony.analysis.refpolicy import TICK_NS, Policy, get_policy, refuse_classes
 from harmony.analysis.refpolicy_domains import simulator_for
-from harmony.errors import ParameterError
+from harmony.core.errors import ParameterError
 from harmony.experiments import get_experiment
 from harmony.probes import Capture
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0
-from harmony.tasks import sched_classes, tasks_frame
+from harmony.workload.tasks import sched_classes, tasks_frame
 
 PROBE = "synthetic"
 

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from harmony import store
-from harmony.controller import warm_s
+from harmony.workload.controller import warm_s
 
 #: sweeps the thesis drew: experiment -> (parameter, full values, quick values). A value list may
 #: depend on P (how-many: x must be large enough for poly-balance (x/P) and pairwise (x/2) to differ).

@@ -21,8 +21,7 @@ PACKAGES = {"harmony": "harmony", "probes": "harmony.probes", "experiments": "ha
 #: is a package prefix, any other name one module; a module is in the room that names it most
 #: precisely (itself, else its longest prefix).
 ROOMS = [
-    ("foundations", ["harmony.errors", "harmony.osutil", "harmony.version", "harmony.timing",
-                     "harmony.jit", "harmony.memory", "harmony.columns", "harmony.tasks", "harmony.serve",
+    ("foundations", ["harmony.core.*", "harmony.workload.tasks", "harmony.workload.serve",
                      "harmony.store", "harmony.manifest", "harmony.hostfacts"]),
     ("probes", ["harmony.probes.*"]),
     ("analysis", ["harmony.analysis.*"]),
@@ -32,8 +31,10 @@ ROOMS = [
                                "harmony.analysis.server_card",
                                "harmony.analysis.compare", "harmony.analysis.report",
                                "harmony.analysis.report_suite"]),
-    ("orchestration", ["harmony.*"]),
-    ("entry points", ["harmony.cli", "harmony"]),     # the command, and harmony.load
+    ("workload runtime", ["harmony.workload.*"]),
+    ("kernels under test", ["harmony.vm.*"]),
+    ("orchestration", ["harmony.*", "harmony.vm.guest", "harmony.vm.runner"]),
+    ("entry points", ["harmony.cli", "harmony.cli.*", "harmony"]),   # the command, harmony.load
 ]
 
 

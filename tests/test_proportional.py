@@ -9,9 +9,10 @@ import pandas as pd
 import pytest
 
 from harmony import store
-from harmony.analysis import cost, proportional as prop, tables
+from harmony.analysis import cost, tables
+from harmony.analysis import proportional as prop
 from harmony.analysis.event_streams import Stream
-from harmony.errors import ParameterError
+from harmony.core.errors import ParameterError
 from harmony.experiments import get_experiment
 from harmony.simulate import simulate_run
 

@@ -16,7 +16,7 @@ from harmony import store
 from harmony.analysis import reconstruct, rounds
 from harmony.analysis.event_streams import EXIT_DEAD, Stream
 from harmony.experiments import get_experiment
-from harmony.tasks import tasks_frame
+from harmony.workload.tasks import tasks_frame
 
 T0 = 1_000_000_000
 MS = 1_000_000

@@ -15,9 +15,9 @@ from harmony.analysis import thresholds as T
 from harmony.analysis import trust
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.counters import schedstat_agreement
-from harmony import osutil
-from harmony.probes import schedstat
 from harmony.analysis.event_streams import Stream
+from harmony.core import osutil
+from harmony.probes import schedstat
 
 # read in a booted Debian 6.12 guest (4 vCPUs, kernel.sched_schedstats=1), cut to two CPUs
 V16 = """version 16
@@ -235,6 +235,7 @@ def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_
     moves are those the kernel counted for it, and every task's periodic, new-idle and active
     balance moves are those the domains counted."""
     from cli_run import cli
+
     from harmony import store
 
     out = tmp_path / "r"

@@ -9,12 +9,12 @@ missing, and fail in CI."""
 
 from __future__ import annotations
 
-
 import pytest
-
 from cli_run import cli
 from conftest import host_skip, pids_with_comm
-from harmony import kernels, store
+
+from harmony import store
+from harmony.vm import kernels
 
 VM_TOOLS = ("qemu-system-x86_64", "vng", "busybox")
 

@@ -179,8 +179,8 @@ def test_paused_analyser_never_runs_while_a_run_is_measured(kernel, tmp_path):
     import pandas as pd
 
     from harmony.batch import KernelRunner, _proc_state
+    from harmony.core.osutil import online_cpus
     from harmony.experiments import get_experiment
-    from harmony.osutil import online_cpus
 
     cpus = online_cpus()
     exp = get_experiment("single-source")

@@ -2,9 +2,9 @@
 
 ``harmony run|suite --scx NAME [--scx-args "..."]`` names the scheduler: one of :data:`KNOWN`
 (the example schedulers of the kernel tree, built with the ``sched-ext`` kernel:
-:func:`harmony.kernels.build`; found in that build's cache directory), one of the scx project's
+:func:`harmony.vm.kernels.build`; found in that build's cache directory), one of the scx project's
 Rust schedulers (``bpfland``, ``rusty``, ``lavd``: built from their crates by
-:mod:`harmony.scx_build`) or the path of an executable (any sched_ext scheduler a user
+:mod:`harmony.vm.scx_build`) or the path of an executable (any sched_ext scheduler a user
 brings). :func:`resolve` turns that into a :class:`ScxSpec`, with a one-line error for an
 unknown name, before anything starts.
 
@@ -16,7 +16,7 @@ For a run (:func:`harmony.run.capture`), a :class:`Scheduler`:
   (``setpriv --pdeathsig KILL``: PR_SET_PDEATHSIG, kept across its exec), its output in the run
   directory (``scx.log``); waits until ``/sys/kernel/sched_ext/state`` is ``enabled`` and
   ``root/ops`` names it. A scheduler that exits first (the BPF verifier rejected it, its
-  arguments are wrong) is a one-line :class:`~harmony.errors.ScxError` with its last verifier
+  arguments are wrong) is a one-line :class:`~harmony.core.errors.ScxError` with its last verifier
   line, or its last line.
 - while the run is measured a thread samples the state every :data:`SAMPLE_S` and keeps each
   change (:attr:`Scheduler.states`);
@@ -36,7 +36,7 @@ controller that died between the fork and the request).
 Real-time tasks that hog a CPU starve the sched_ext tasks queued on it, and the kernel's
 watchdog then ejects the scheduler (a "runnable task stall": the scx project's issue 1202).
 Harmony's own SCHED_FIFO threads sleep but for short steps (the release is confined or warm
-under sched_ext: no occupier spins, :func:`harmony.controller.confined_why`); an experiment's
+under sched_ext: no occupier spins, :func:`harmony.workload.controller.confined_why`); an experiment's
 RT or deadline tasks would hog their CPUs, so :func:`check_classes` refuses them under --scx.
 """
 
@@ -52,12 +52,17 @@ import threading
 import time
 from pathlib import Path
 
-from harmony import scx_build
-from harmony.errors import ScxError, UnknownScheduler
+from harmony.core.errors import ScxError, UnknownScheduler
+from harmony.core.osutil import (
+    comm,
+    forget_processes,
+    proc_starttime,
+    record_processes,
+    stale_processes,
+)
 from harmony.hostfacts import SCHED_EXT_DIR, read_text, sched_ext_state
-from harmony.osutil import (comm, forget_processes, proc_starttime, record_processes,
-                            stale_processes)
-from harmony.tasks import RT_POLICIES
+from harmony.vm import scx_build
+from harmony.workload.tasks import RT_POLICIES
 
 #: the schedulers Harmony knows by name: the example schedulers of the kernel tree
 KNOWN = {"simple": "scx_simple", "central": "scx_central", "qmap": "scx_qmap",
@@ -113,7 +118,7 @@ def resolve(name: str, args: str | None = None, directory: Path | None = None) -
     """The scheduler ``name`` (``simple`` or ``scx_simple``; or an executable's path) with the
     arguments ``args`` (split as a shell would). A name of :data:`KNOWN` is found in
     ``directory`` (the sched-ext kernel build's cache directory), a Rust one where
-    ``harmony scx build`` put it (:func:`harmony.scx_build.built`). UnknownScheduler, one line,
+    ``harmony scx build`` put it (:func:`harmony.vm.scx_build.built`). UnknownScheduler, one line,
     otherwise."""
     try:
         argv = tuple(shlex.split(args or ""))
@@ -208,7 +213,7 @@ def kernel_log_reason() -> str | None:
 
 def reclaim_stale() -> list[str]:
     """Stop the schedulers of dead Harmony runs (recorded by
-    :func:`~harmony.osutil.record_processes` with their start times and their controller's: a
+    :func:`~harmony.core.osutil.record_processes` with their start times and their controller's: a
     recycled pid is never signalled); a line per scheduler stopped."""
     out = []
     for _rec, pid in stale_processes("scx"):

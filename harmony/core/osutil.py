@@ -1,6 +1,6 @@
 """Operating-system helpers every other module may use: the leaf of Harmony's imports.
 
-Standard library only, no Harmony import: the fork server and the workers (:mod:`harmony.worker`)
+Standard library only, no Harmony import: the fork server and the workers (:mod:`harmony.workload.worker`)
 import it, and they must stay small.
 
 - processes: :func:`pid_alive`, :func:`proc_starttime`, :func:`prctl`, :func:`die_with_parent`,
@@ -323,7 +323,7 @@ def atomic_write(path: Path, data: bytes | str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# where Harmony keeps its host lock (harmony.hygiene) and the cpuset marker (harmony.cpuset)
+# where Harmony keeps its host lock (harmony.hygiene) and the cpuset marker (harmony.workload.cpuset)
 
 LOCK_DIRS = (Path("/run/harmony"), Path("/tmp/harmony"))
 

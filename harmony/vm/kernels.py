@@ -1,6 +1,6 @@
 """Kernels under test: a named Debian kernel fetched into a cache, or a kernel image given by path.
 
-A VM run (:mod:`harmony.vm`) boots a :class:`Kernel`: its image (bzImage), its release and the
+A VM run (:mod:`harmony.vm.machine`) boots a :class:`Kernel`: its image (bzImage), its release and the
 directory of its modules (virtme-ng puts the few it needs to boot, virtio and 9p, in the guest's
 initramfs). :func:`kernel` turns what the user wrote after ``--kernel`` into one:
 
@@ -28,7 +28,7 @@ unpacked under a temporary name and renamed into place once whole, so a half-ext
 never used; a lock file serialises fetches. Any other source of kernels (a built sched_ext kernel)
 can add a directory of the same layout with its own ``kernel.json``.
 
-An unknown name is a :class:`KernelError` (a :class:`~harmony.errors.ParameterError`: exit status
+An unknown name is a :class:`KernelError` (a :class:`~harmony.core.errors.ParameterError`: exit status
 2) naming the known ones, raised before anything starts.
 """
 
@@ -50,7 +50,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from harmony.errors import KernelError, UnknownKernel  # noqa: F401  (raised here)
+from harmony.core.errors import KernelError, UnknownKernel  # noqa: F401  (raised here)
 
 #: the Debian kernels Harmony knows by name: the package name's pattern (its one group is what
 #: orders the versions: the ABI number of 6.1, the patch level of 6.12) and what the name means
@@ -380,7 +380,7 @@ def seed_dir(name: str) -> Path:
     if env:
         base = Path(env)
         return base if (base / "config.gz").exists() else base / sub
-    return Path(__file__).resolve().parents[2] / "shared" / "kernels" / sub
+    return Path(__file__).resolve().parents[3] / "shared" / "kernels" / sub
 
 
 def seed_matches(rec: dict, seed: Path, version: str) -> tuple[bool, str]:

@@ -1,6 +1,6 @@
 """The body of one worker process, and the shared page it works on.
 
-Imports the standard library only: it runs in the fork server (:mod:`harmony.forkserver`), which
+Imports the standard library only: it runs in the fork server (:mod:`harmony.workload.forkserver`), which
 must stay small, and in the controller when that forks the workers itself.
 
 The shared page of a workload (a memfd mapped MAP_SHARED by the controller, by the server and, by
@@ -23,10 +23,10 @@ the controller has written it.
 
 An occupier (:func:`occupy`) is not a task of the experiment: during the release it holds one
 CPU of the set with a SCHED_FIFO busy loop, so that no CPU but a task's own is idle when the task
-wakes, and opens the start gate of its CPU itself (see :mod:`harmony.controller`).
+wakes, and opens the start gate of its CPU itself (see :mod:`harmony.workload.controller`).
 
 A task of a server-shaped workload (its spec's ``serve``) runs its part of the server
-(:mod:`harmony.serve`) from its gate on, instead of the duty-cycle loop.
+(:mod:`harmony.workload.serve`) from its gate on, instead of the duty-cycle loop.
 """
 
 from __future__ import annotations
@@ -39,12 +39,22 @@ import signal
 import time
 import types
 
-from harmony import serve
-from harmony.osutil import (FUTEX_WAIT, FUTEX_WAKE, PR_SET_NAME, PR_SET_TIMERSLACK, SCHED_DEADLINE,
-                            WAKE_ALL, die_with_parent, futex, prctl, sched_setattr)
+from harmony.core.osutil import (
+    FUTEX_WAIT,
+    FUTEX_WAKE,
+    PR_SET_NAME,
+    PR_SET_TIMERSLACK,
+    SCHED_DEADLINE,
+    WAKE_ALL,
+    die_with_parent,
+    futex,
+    prctl,
+    sched_setattr,
+)
+from harmony.workload import serve
 
 SPIN_UNIT = 2000  # loop iterations between two work-counter updates (~tens of microseconds)
-#: the same for a server's request work (:mod:`harmony.serve`), which a whole unit past its end
+#: the same for a server's request work (:mod:`harmony.workload.serve`), which a whole unit past its end
 #: would lengthen: 0.5 us of CPU on this host, 7 us in a TCG guest where SPIN_UNIT takes 0.3 ms
 #: alone and more with every vCPU busy (bench/README.md)
 SERVE_SPIN_UNIT = 50

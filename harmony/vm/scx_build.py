@@ -10,9 +10,9 @@ directory in the cache, removed after the build: 1.7 GB here). A directory is bu
 temporary name and renamed into place once whole, with ``build.json`` saying how and how long;
 a failed build keeps its log beside.
 
-:func:`built` finds a built scheduler for ``--scx NAME`` (:func:`harmony.scx.resolve`).
-Errors are :class:`~harmony.errors.ScxError`: a missing cargo or an old Rust, a failed build
-with its last lines, an unknown name (:class:`~harmony.errors.UnknownScheduler`).
+:func:`built` finds a built scheduler for ``--scx NAME`` (:func:`harmony.vm.scx.resolve`).
+Errors are :class:`~harmony.core.errors.ScxError`: a missing cargo or an old Rust, a failed build
+with its last lines, an unknown name (:class:`~harmony.core.errors.UnknownScheduler`).
 """
 
 from __future__ import annotations
@@ -27,9 +27,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from harmony.errors import KernelError, ScxError, UnknownScheduler
-from harmony.kernels import (CACHE as KERNEL_CACHE, build_step, cache_lock, discard_failed,
-                             install_packages, place_dir, reclaim_partial)
+from harmony.core.errors import KernelError, ScxError, UnknownScheduler
+from harmony.vm.kernels import CACHE as KERNEL_CACHE
+from harmony.vm.kernels import (
+    build_step,
+    cache_lock,
+    discard_failed,
+    install_packages,
+    place_dir,
+    reclaim_partial,
+)
 
 RECIPE = Path(__file__).parent / "data" / "scx-rust.json"
 CACHE = Path(os.environ.get("HARMONY_SCX_CACHE", KERNEL_CACHE.parent / "scx"))

@@ -67,9 +67,9 @@ def small_pages() -> bool:
     """Stop numpy from asking for huge pages in this process (unless ``NUMPY_MADVISE_HUGEPAGE``
     is set); returns whether numpy asks for them now."""
     try:
-        from numpy._core import multiarray     # numpy 2
+        from numpy._core import multiarray  # numpy 2
     except ImportError:
-        from numpy.core import multiarray      # numpy 1.26
+        from numpy.core import multiarray  # numpy 1.26
     if not hasattr(multiarray, "_set_madvise_hugepage"):
         return False
     if "NUMPY_MADVISE_HUGEPAGE" not in os.environ:

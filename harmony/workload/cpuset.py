@@ -25,8 +25,8 @@ import signal
 import time
 from pathlib import Path
 
-from harmony.errors import CpusetUnavailable  # noqa: F401  (raised here)
-from harmony.osutil import lock_dir, parse_cpulist, pid_alive
+from harmony.core.errors import CpusetUnavailable  # noqa: F401  (raised here)
+from harmony.core.osutil import lock_dir, parse_cpulist, pid_alive
 
 PREFIX = "harmony-"
 MARKER = "cpuset-enabled-by-"  # file in the lock directory: this pid enabled +cpuset at the v2 root

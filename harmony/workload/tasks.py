@@ -1,7 +1,7 @@
 """Task specs: what one synthetic worker does. Shared by the workload controller and the simulator.
 
 A task's scheduling class is part of its spec (``policy`` and its parameters): the worker puts
-itself in it before it sleeps at its start gate (:mod:`harmony.worker`), the analysis computes
+itself in it before it sleeps at its start gate (:mod:`harmony.workload.worker`), the analysis computes
 its fair share by the class's own rule (:func:`harmony.analysis.reconstruct.class_fair_shares`) and
 the policy card says which class(es) it describes (:func:`class_label`, :func:`sched_classes`).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
-from harmony.columns import Table
+from harmony.core.columns import Table
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -25,7 +25,7 @@ POLICIES = {"other": "SCHED_OTHER", "batch": "SCHED_BATCH", "idle": "SCHED_IDLE"
 FAIR_POLICIES = ("other", "batch", "idle")
 RT_POLICIES = ("fifo", "rr")
 #: the highest rt_priority a task may have: the controller, its occupiers and its threads run one
-#: above the highest task's (harmony.controller.fifo_priority) -- a task at the controller's own
+#: above the highest task's (harmony.workload.controller.fifo_priority) -- a task at the controller's own
 #: priority starves it on a CPU it holds (measured: a SCHED_FIFO 50 controller never returned from
 #: a 3 s sleep while a SCHED_FIFO 50 busy loop ran)
 RT_PRIORITY_MAX = 98
@@ -100,7 +100,7 @@ class TaskSpec:
     dl_runtime_ms / dl_deadline_ms / dl_period_ms: SCHED_DEADLINE's parameters (0 otherwise;
                   deadline 0 = the period): the task may run ``dl_runtime_ms`` in every period
     serve:        "" for the duty-cycle loop; else the JSON of a server-shaped task's part (a
-                  client, a connection's server, a stage's pool worker...: :mod:`harmony.serve`),
+                  client, a connection's server, a stage's pool worker...: :mod:`harmony.workload.serve`),
                   which it runs from its release instead of the loop
     """
 
@@ -188,7 +188,7 @@ TASKS = Table("tasks", "one row per experiment task, in the experiment's order",
     ("dl_deadline_ms", "float64",         "SCHED_DEADLINE relative deadline (ms); 0 otherwise"),
     ("dl_period_ms",  "float64",          "SCHED_DEADLINE period (ms); 0 otherwise"),
     ("serve",         "str",              'its part in a server-shaped workload (JSON, '
-                                          'harmony.serve); "" for the duty-cycle loop (missing '
+                                          'harmony.workload.serve); "" for the duty-cycle loop (missing '
                                           "from a tasks table recorded before the server "
                                           "experiment: read it as \"\")"),
     ("comm",          "str",              "its command name (TaskSpec.comm; an imported run's: "
@@ -206,7 +206,7 @@ def task_rows(specs: list[TaskSpec], pids: list[int] | None = None) -> list[tupl
 def tasks_from_rows(rows: list) -> pd.DataFrame:
     """The ``tasks`` table (:data:`TASKS`) of :func:`task_rows`' rows (or the same read back from
     JSON, as lists: a run captured in a virtual machine)."""
-    # pandas here, not at the top: the guest agent (harmony.guest) keeps the rows, loads no pandas
+    # pandas here, not at the top: the guest agent (harmony.vm.guest) keeps the rows, loads no pandas
     import pandas as pd
 
     df = pd.DataFrame([tuple(r[1:]) for r in rows], columns=list(TASKS.names[1:]))

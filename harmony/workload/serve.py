@@ -1,8 +1,8 @@
 """The bodies of a server-shaped workload's tasks (the ``server`` experiment), and their records.
 
-Imports the standard library only (and :mod:`harmony.errors`): like :mod:`harmony.worker`, which
+Imports the standard library only (and :mod:`harmony.core.errors`): like :mod:`harmony.workload.worker`, which
 calls it, it runs in the fork server's children, and the guest agent places its tasks
-(:func:`place`). A task whose :attr:`harmony.tasks.TaskSpec.serve` is set runs one of these
+(:func:`place`). A task whose :attr:`harmony.workload.tasks.TaskSpec.serve` is set runs one of these
 parts instead of the duty-cycle loop: :func:`prepare` does what must be done before the
 start gate (bind and listen, open the stage pipes and the records file), and the function it
 returns runs from the release on and never returns (the task is killed with the workload).
@@ -62,8 +62,8 @@ import subprocess
 import sys
 import time
 
-from harmony.errors import ControllerError
-from harmony.osutil import harmony_python
+from harmony.core.errors import ControllerError
+from harmony.core.osutil import harmony_python
 
 #: one request on the wire, 64 bytes: id, connection, arrival (ns), work (ns), then unused
 MSG = struct.Struct("<qqqqqqqq")
@@ -345,10 +345,10 @@ def measure_overhead(cpus: list[int], rounds: int = 2000) -> int:
 
 def _calibrate_at_once(pairs: list[list[int]], rounds: int) -> list[int]:
     """:func:`calibrate` on each pair of CPUs of ``pairs`` in a small process of its own
-    (``python -m harmony.serve``), their timed rounds started together (each says it is warm and
+    (``python -m harmony.workload.serve``), their timed rounds started together (each says it is warm and
     waits for a line on its input); ns per hop, by pair. A pair that takes more than
     ``CALIBRATION_TIMEOUT_S`` is killed: ControllerError."""
-    commands = [harmony_python("harmony.serve", str(rounds), *map(str, pair)) for pair in pairs]
+    commands = [harmony_python("harmony.workload.serve", str(rounds), *map(str, pair)) for pair in pairs]
     procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for argv, env in commands]
     deadline = time.monotonic() + CALIBRATION_TIMEOUT_S
@@ -473,7 +473,7 @@ def calibrate(rounds: int = 2000, warm: int = 200, cpus: tuple[int, int] | None 
     echo. Both sides' thread CPU time over ``rounds`` round trips, after ``warm`` untimed ones
     (the first touches of pages the fork shares), over the rounds and the two tasks: the system
     calls, the wake-ups and the switches one hop costs. ``cpus``: this thread's CPU and the
-    echo's (this process is pinned: run it in one of its own, ``python -m harmony.serve``, whose
+    echo's (this process is pinned: run it in one of its own, ``python -m harmony.workload.serve``, whose
     fork shares little). Two CPUs, because a server's hops cross CPUs: on one CPU a hop is a
     switch (2.7-2.9 us on this host), across two a wake-up of another CPU (21-25 us), and an
     unpinned pair measures either, as the scheduler places it (bench/README.md). ``ready()``, if
@@ -525,7 +525,7 @@ def _warm_then_wait() -> None:
 
 
 if __name__ == "__main__":      # the calibration, in a process of its own: prints overhead_ns
-    # python -m harmony.serve [ROUNDS [CPU CPU]]; in the fair class, as the servers run by default.
+    # python -m harmony.workload.serve [ROUNDS [CPU CPU]]; in the fair class, as the servers run by default.
     # Once warm it prints "warm" and waits for a line on its input (measure_overhead's start).
     os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     print(calibrate(int(sys.argv[1]) if len(sys.argv) > 1 else 2000,

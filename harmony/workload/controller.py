@@ -3,13 +3,13 @@
 Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly accrued"):
 
 1. ``spawn()`` starts one worker per :class:`TaskSpec`, all in one process group, forked by the
-   fork server (:mod:`harmony.forkserver`: a small process, so that this big one never forks; the
+   fork server (:mod:`harmony.workload.forkserver`: a small process, so that this big one never forks; the
    controller forks them itself when ``HARMONY_FORKSERVER=0`` or the server cannot start, and says
-   so in ``notes``). The worker's code is :mod:`harmony.worker`. Each worker sets
+   so in ``notes``). The worker's code is :mod:`harmony.workload.worker`. Each worker sets
    its comm and nice, is confined to its initial CPU, then sleeps on the start gate of that CPU (a
    futex word in shared memory): it exists but is not runnable. The controller waits until every
    worker sleeps at its gate. Confinement is a cpuset cgroup per initial CPU
-   (:mod:`harmony.cpuset`, the worker joins it) or, where cpusets are unavailable, the worker's
+   (:mod:`harmony.workload.cpuset`, the worker joins it) or, where cpusets are unavailable, the worker's
    own affinity mask; ``pinned`` tasks (static-ideal runs) always pin their own affinity.
 2. ``release(mark)`` runs on the CPU holding the most tasks (the "home" CPU: its wake-ups are then
    local, half the cost of remote ones) as SCHED_FIFO (when allowed: the workers it wakes cannot
@@ -17,7 +17,7 @@ Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly acc
    layout is exactly what the scheduler sees at t0. Two ways (``release_mode``):
 
    - ``occupied`` (default): every other CPU of the set is held by an *occupier*, a small
-     SCHED_FIFO process spinning on it (:func:`harmony.worker.occupy`, forked with the workers).
+     SCHED_FIFO process spinning on it (:func:`harmony.workload.worker.occupy`, forked with the workers).
      While the workers still sleep, the controller frees them to the set (one ``cpuset.cpus``
      write per initial CPU, or one ``sched_setaffinity`` per task: cheap on a sleeping task),
      writes the t0 marker, and each CPU's gate is opened from that CPU (the home gate by the
@@ -47,7 +47,7 @@ Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly acc
    are running (not woken) then, and no occupier is needed (``release_mode`` "warm").
 
 Scheduling classes (``TaskSpec.policy``). Each worker enters its class before its gate
-(:mod:`harmony.worker`). The controller, its occupiers and the threads run.py raises run
+(:mod:`harmony.workload.worker`). The controller, its occupiers and the threads run.py raises run
 SCHED_FIFO at :func:`fifo_priority`: FIFO_PRIO, or one above the highest task's rt_priority,
 whichever is higher. Above, for two reasons:
 
@@ -83,7 +83,7 @@ a worker the kernel still refuses is reported by :meth:`Workload.spawn` in one l
    the cgroups. Workers carry PR_SET_PDEATHSIG=SIGKILL tied to the process that forked them (the
    server carries it tied to the controller), so they die with the controller even if it is killed
    with SIGKILL (a worker still asleep at its gate too); the cgroups of a killed controller are
-   removed by the next start or ``harmony clean`` (:func:`harmony.cpuset.reclaim_stale`).
+   removed by the next start or ``harmony clean`` (:func:`harmony.workload.cpuset.reclaim_stale`).
 
 ``HARMONY_RELEASE_PLACEMENT`` (expert option, for comparisons) = ``cpuset`` | ``affinity`` forces a
 confinement; default ``auto``: cpusets when available. ``release_method`` says which one a
@@ -109,15 +109,16 @@ import time
 
 import numpy as np
 
-from harmony import forkserver, hostfacts, worker
-from harmony.cpuset import CpusetGroups, CpusetUnavailable
-from harmony.errors import ControllerError  # noqa: F401  (raised here)
-from harmony.forkserver import ForkServerError
+from harmony import hostfacts
+from harmony.core.errors import ControllerError  # noqa: F401  (raised here)
+from harmony.core.osutil import FUTEX_WAKE, SYS_FUTEX, WAKE_ALL, futex
 from harmony.hostfacts import OK, WARN, check
-from harmony.cpuset import hierarchies as cpuset_hierarchies
-from harmony.osutil import FUTEX_WAKE, SYS_FUTEX, WAKE_ALL, futex
 from harmony.probes.schema import MARK_RELEASED, MARK_T0, MARK_WARMUP
-from harmony.tasks import RT_POLICIES, TaskSpec
+from harmony.workload import forkserver, worker
+from harmony.workload.cpuset import CpusetGroups, CpusetUnavailable
+from harmony.workload.cpuset import hierarchies as cpuset_hierarchies
+from harmony.workload.forkserver import ForkServerError
+from harmony.workload.tasks import RT_POLICIES, TaskSpec
 
 ENV_PLACEMENT = "HARMONY_RELEASE_PLACEMENT"
 PLACEMENTS = ("auto", "cpuset", "affinity")
@@ -310,7 +311,7 @@ class Workload:
         self.release_method: str | None = None  # "cpuset" or "affinity", known after spawn()
         self.release_mode: str | None = None  # "occupied", "confined" or "warm", known after spawn()
         self._served: tuple[forkserver.ForkServer, int] | None = None  # (server, workload id)
-        # the shared page (harmony.worker.Shared): t0, a work counter per worker, one start gate
+        # the shared page (harmony.workload.worker.Shared): t0, a work counter per worker, one start gate
         # (futex word) per initial CPU, one "at the gate" flag per worker, the occupiers' order
         # and state words. A memfd, so that the fork server can map it too.
         n = len(specs)

@@ -1,4 +1,4 @@
-"""The guest agent: ``python3 -m harmony.guest JOBFILE``, run inside a virtual machine.
+"""The guest agent: ``python3 -m harmony.vm.guest JOBFILE``, run inside a virtual machine.
 
 The host (:mod:`harmony.batch`'s VmRunner) plans every capture of a boot -- the experiment's
 parameters resolved and drawn, its tasks, the run directory under the VM's one writable directory
@@ -38,14 +38,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from harmony import doctor, serve, store
+from harmony import doctor, store
 from harmony.hygiene import HostLock
 from harmony.manifest import reason
 from harmony.probes import get_probe
 from harmony.run import JsonRows, capture
-from harmony.scx import ScxSpec
-from harmony.tasks import TaskSpec
-from harmony.vm import LINE_PREFIX
+from harmony.vm.machine import LINE_PREFIX
+from harmony.vm.scx import ScxSpec
+from harmony.workload import serve
+from harmony.workload.tasks import TaskSpec
 
 #: what a job file holds (its "format")
 JOB_FORMAT = "harmony-guest-job/1"
@@ -102,7 +103,7 @@ class PlannedExperiment:
 
     def place(self, specs, run_dir, params, cpus) -> tuple[list, dict]:
         """A server-shaped workload's tasks (``serve`` set) made ready in the guest, its capacity
-        measured there (:func:`harmony.serve.place`: what the host measured would not be the
+        measured there (:func:`harmony.workload.serve.place`: what the host measured would not be the
         guest's), its records and pipes in a scratch directory of the guest's memory
         (:func:`memory_dir`), moved into the run by :meth:`keep` once its tasks are stopped;
         any other workload as it is (Experiment.place).
@@ -119,7 +120,7 @@ class PlannedExperiment:
 
     def keep(self, run_dir: Path) -> None:
         """What the tasks wrote in the guest's memory (:meth:`place`), moved into ``run_dir``
-        (:func:`harmony.serve.keep_records`); nothing if they wrote nothing there."""
+        (:func:`harmony.workload.serve.keep_records`); nothing if they wrote nothing there."""
         if self.scratch is not None:
             serve.keep_records(self.scratch, run_dir)
             self.scratch = None
@@ -196,7 +197,7 @@ def run_job(runs: list[PlannedRun], facts: dict, stream=None) -> int:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python3 -m harmony.guest JOBFILE", file=sys.stderr)
+        print("usage: python3 -m harmony.vm.guest JOBFILE", file=sys.stderr)
         return 2
     try:
         runs = read_job(Path(argv[0]))

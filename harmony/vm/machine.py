@@ -1,13 +1,13 @@
 """A kernel under test in a virtual machine: boot it with virtme-ng, run the guest agent, watch it.
 
-:class:`VirtualMachine` boots a :class:`~harmony.kernels.Kernel` with P vCPUs through virtme-ng
+:class:`VirtualMachine` boots a :class:`~harmony.vm.kernels.Kernel` with P vCPUs through virtme-ng
 (``vng --run IMAGE --cpus P --memory M --rwdir DIR -- CMD``: the host's filesystem shared
-read-only, DIR writable) and runs one command in it, the guest agent (:mod:`harmony.guest`). The
+read-only, DIR writable) and runs one command in it, the guest agent (:mod:`harmony.vm.guest`). The
 agent's lines (``@harmony {json}``) come back through the console; each is handed to the caller
 with the host's time of arrival, the rest of the console goes to a log. Every wait is bounded: the
 boot (until the agent's first line), and then each step the caller announces (a run's length plus
 a margin). A panic, a hang, QEMU dying, Ctrl-C, SIGTERM or an exception on the host end the VM
-with one line naming the kernel (:class:`~harmony.errors.VmError`), and QEMU and virtme-ng are
+with one line naming the kernel (:class:`~harmony.core.errors.VmError`), and QEMU and virtme-ng are
 killed: nothing is left running.
 
 QEMU's pid (with its start time) is recorded under the lock directory while it runs, so that
@@ -45,10 +45,16 @@ import subprocess
 import time
 from pathlib import Path
 
-from harmony.errors import ParameterError, VmError  # noqa: F401  (raised here)
+from harmony.core.errors import ParameterError, VmError  # noqa: F401  (raised here)
+from harmony.core.osutil import (
+    comm,
+    forget_processes,
+    lock_dir,
+    parse_cpulist,
+    record_processes,
+    stale_processes,
+)
 from harmony.hostfacts import MISSING, OK, check
-from harmony.osutil import (comm, forget_processes, lock_dir, parse_cpulist, record_processes,
-                            stale_processes)
 
 #: the prefix of the guest agent's lines on the console
 LINE_PREFIX = "@harmony "
@@ -70,7 +76,7 @@ ALL_VCPUS_COMM = "ALL CPUs/TCG"
 
 def parse_line(line: str) -> dict | None:
     """The event of a guest agent's line (``@harmony {json}`` with an ``event``: see
-    :mod:`harmony.guest`), None if the line is not one (kernel messages, a line cut by one)."""
+    :mod:`harmony.vm.guest`), None if the line is not one (kernel messages, a line cut by one)."""
     if not line.startswith(LINE_PREFIX):
         return None
     try:
@@ -558,7 +564,7 @@ class VirtualMachine:
 
 def reclaim_stale() -> list[str]:
     """Kill the QEMU and virtme-ng processes of VMs whose controller is gone (recorded by
-    :func:`~harmony.osutil.record_processes`: a recycled pid is never killed); return a line
+    :func:`~harmony.core.osutil.record_processes`: a recycled pid is never killed); return a line
     per process killed."""
     out = []
     for rec, pid in stale_processes("vm"):

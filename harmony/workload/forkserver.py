@@ -3,7 +3,7 @@
 Why: a suite's controller is a 150-190 MB Python process (pandas, pyarrow, numba). Forking it
 costs its page tables (~5-8 ms a fork here), and killing the children costs the teardown of their
 copy-on-write address spaces. This server is a fresh interpreter that imports the standard library
-and :mod:`harmony.worker` only (~15 MB); a fork of it costs under a millisecond. Measured on a
+and :mod:`harmony.workload.worker` only (~15 MB); a fork of it costs under a millisecond. Measured on a
 2-vCPU VM, old and new code back to back: 256 workers spawn in 0.4-0.5 s instead of 1.4-2.3 s and
 stop in 0.1 s instead of 0.5-1.1 s; ``harmony suite --quick`` (31 runs) spends 0.9 s instead of
 2.4 s spawning, 0.35 s instead of 0.95 s stopping.
@@ -38,9 +38,9 @@ import subprocess
 import sys
 import threading
 
-from harmony import worker
-from harmony.errors import ForkServerError  # noqa: F401  (raised here)
-from harmony.osutil import PR_SET_NAME, die_with_parent, harmony_python, prctl
+from harmony.core.errors import ForkServerError  # noqa: F401  (raised here)
+from harmony.core.osutil import PR_SET_NAME, die_with_parent, harmony_python, prctl
+from harmony.workload import worker
 
 ENV = "HARMONY_FORKSERVER"
 COMM = "harmony-forksrv"  # 15 bytes, the most a comm holds
@@ -74,7 +74,7 @@ class ForkServer:
     def __init__(self, timeout_s: float = 10.0):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # finds this very package, even one that is not installed
-        argv, env = harmony_python("harmony.forkserver", str(theirs.fileno()), str(os.getpid()))
+        argv, env = harmony_python("harmony.workload.forkserver", str(theirs.fileno()), str(os.getpid()))
         try:
             self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),),
                                          stdin=subprocess.DEVNULL, env=env)

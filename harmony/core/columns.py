@@ -11,14 +11,14 @@ Dtypes are named as pandas prints them: ``int16``, ``int32``, ``int64``, ``float
 (its string dtype from pandas 3 on, ``object`` before). A column whose dtype depends on its values
 names each one it can have, joined by ``|``.
 
-Where each table is declared: the tasks table in :mod:`harmony.tasks`; the kernel samplers' tables
+Where each table is declared: the tasks table in :mod:`harmony.workload.tasks`; the kernel samplers' tables
 beside their samplers (:mod:`harmony.probes.proc_stat`, :mod:`harmony.probes.proc_sched`,
 :mod:`harmony.probes.sched_debug`); the tables the analysis derives from the events in
 :mod:`harmony.analysis.tables`; the events and markers tables themselves in
 :mod:`harmony.probes.schema`.
 
 pandas is imported where a frame is built or checked, not at the top: the guest agent
-(:mod:`harmony.guest`) declares and fills tables as plain rows, in a virtual machine where
+(:mod:`harmony.vm.guest`) declares and fills tables as plain rows, in a virtual machine where
 importing pandas would cost seconds, and the host builds the frames.
 """
 
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 @functools.cache
 def _str_dtype():
-    import pandas as pd   # see the module's docstring
+    import pandas as pd  # see the module's docstring
 
     return pd.Series(["x"]).dtype
 
@@ -71,7 +71,7 @@ class Column:
 
 
 def _is(dtype, declared: str) -> bool:
-    import pandas as pd   # see the module's docstring
+    import pandas as pd  # see the module's docstring
 
     if declared == "category":
         return isinstance(dtype, pd.CategoricalDtype)
@@ -100,7 +100,7 @@ class Table:
         a declared column is missing or an undeclared one is given. ``copy`` is passed to
         pd.DataFrame (False: each array becomes its own column, as it is). Dtypes are not
         converted nor checked here (see :meth:`check`)."""
-        import pandas as pd   # see the module's docstring
+        import pandas as pd  # see the module's docstring
 
         if columns.keys() != self._name_set:
             self._wrong_names(columns.keys())
