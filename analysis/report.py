@@ -13,7 +13,7 @@ from harmony.analysis.probe_agreement import agreement_lines
 from harmony.analysis.thresholds import USELESS_MIGRATION_WITHIN_S, WASTED_EPISODE_MIN_S
 from harmony.analysis.topology import DOMAIN_HEADER, df_cpus, domain_rows, domains_of
 from harmony.analysis.trust import count
-from harmony.core.osutil import format_cpulist
+from harmony.core.osutil import format_cpulist, parse_cpulist
 from harmony.experiments import get_experiment
 from harmony.manifest import system_facts
 from harmony.store import atomic_write
