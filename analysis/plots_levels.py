@@ -108,3 +108,80 @@ def plot_spread(runqueue: pd.DataFrame, manifest: dict, migrations: pd.DataFrame
         title += "\ndashed: first arrival at each relation to the source: " + ", ".join(marks)
     ax.set_title(title, fontsize=9)
     return save_figure(fig, path)
+
+
+def df_level_runs(evidence: list) -> pd.DataFrame:
+    """The placed runs' numbers the per-level figure draws, one row per run: level, experiment,
+    interval1_ms (detection), time_to_settle_s (time-to-resolve), steal_latency_ms
+    (work-conservation), period_ms (the detection period predicted for its level; NaN where
+    none)."""
+    import re
+
+    rows = []
+    for e in evidence:
+        level = (e.params or {}).get("level") or ""
+        if not level:
+            continue
+        s = e.summary
+        period = float("nan")
+        for r in (s.get("predictions") or {}).get("rows", []):
+            m = re.search(r"within ([0-9.]+) ms", r.get("predicted") or "")
+            if r.get("check") == "detection period" and m:
+                period = float(m.group(1))
+        steal = s.get("steal_latency_s")
+        rows.append({"level": level, "experiment": e.experiment,
+                     "interval1_ms": s.get("interval1_ms") if e.experiment == "detection"
+                     else None,
+                     "time_to_settle_s": s.get("time_to_settle_s")
+                     if e.experiment == "time-to-resolve" else None,
+                     "steal_latency_ms": None if steal is None or e.experiment !=
+                     "work-conservation" else steal * 1000, "period_ms": period})
+    return pd.DataFrame(rows, columns=["level", "experiment", "interval1_ms", "time_to_settle_s",
+                                       "steal_latency_ms", "period_ms"])
+
+
+#: the experiment each panel of plot_levels reads
+EXPERIMENT_OF = {"interval1_ms": "detection", "time_to_settle_s": "time-to-resolve",
+                 "steal_latency_ms": "work-conservation"}
+
+
+def plot_levels(df: pd.DataFrame, path: Path) -> Path | None:
+    """The questions of distance at each level, one panel each (detection's first check after
+    the cut, with the period the kernel's parameters predict as a bar; the time to a stable
+    balance; the idle target's first pull), every run a point, levels nearest first. None
+    when no run was placed at a level."""
+    from harmony.analysis.policy_levels import LEVEL_ORDER
+
+    panels = [("interval1_ms", "detection: cut to first pull (ms)"),
+              ("time_to_settle_s", "time to a stable balance (s)"),
+              ("steal_latency_ms", "idle target to first pull (ms)")]
+    panels = [(c, t) for c, t in panels if c in df and pd.to_numeric(df[c]).notna().any()]
+    if df.empty or not panels:
+        return None
+    levels = [lv for lv in LEVEL_ORDER if lv in set(df["level"])]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
+    for ax, (col, title) in zip(axes[0], panels):
+        for k, lv in enumerate(levels):
+            mine = df[(df["level"] == lv) & (df["experiment"] == EXPERIMENT_OF[col])]
+            v = pd.to_numeric(mine[col]).dropna().to_numpy(float)
+            missing = len(mine) - len(v)
+            if missing:            # a run that never got there: said below its level
+                ax.text(k, 0, f"{missing} never", ha="center", va="bottom", fontsize=7,
+                        color="#c0392b")
+            if len(v):
+                jitter = (np.arange(len(v)) - (len(v) - 1) / 2) * 0.06
+                ax.plot(k + jitter, v, "o", color=RELATION_COLOURS.get(lv, "k"), ms=5,
+                        alpha=0.8)
+                ax.hlines(np.median(v), k - 0.3, k + 0.3, color="#c0392b", lw=2)
+            if col == "interval1_ms":
+                p = pd.to_numeric(df[df["level"] == lv]["period_ms"]).dropna()
+                if len(p):
+                    ax.hlines(float(p.median()), k - 0.35, k + 0.35, color="0.3", lw=1.2,
+                              ls="--")
+        ax.set_xticks(range(len(levels)), levels)
+        ax.set_xlim(-0.6, len(levels) - 0.4)
+        ax.set_title(title, fontsize=9)
+        ax.set_ylim(bottom=0)
+    fig.suptitle("By level (red: median of the runs; dashed: the period predicted from the "
+                 "kernel's domains)", fontsize=9)
+    return save_figure(fig, path)

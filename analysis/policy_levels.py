@@ -32,6 +32,8 @@ LEVEL_ORDER = RELATIONS[1:]
 MOVES_BY_RELATION = summary_key("moves_by_relation", "single-source")
 PREDICTIONS = summary_key("predictions", "single-source")
 INTERVAL1_MS = summary_key("interval1_ms", "detection")
+FIRST_ROUND_MOVED = summary_key("first_round_moved", "how-many")
+X = summary_key("x", "how-many")
 #: where the card reads the affinity at each level from: runs on a whole CPU set whose tasks
 #: keep moving once balanced, as for the card's own affinity answer
 AFFINITY_EXPERIMENTS = ("single-source", "intrinsic-imbalance", "heavy-light")
@@ -106,11 +108,25 @@ def affinity_by_relation(whole: list, answer, affinity_label) -> dict:
 
 
 def by_level_labels(levels: dict[str, dict]) -> dict[str, dict]:
-    """{qid: {level: label}} of the per-level answers, for the card's answers' ``by_level``."""
+    """{qid: {level: label}} of the per-level answers, for the card's answers' ``by_level``. A
+    question the level's two CPUs cannot decide (how many: poly-balance and pairwise predict
+    the same on two CPUs) gives its number instead: the tasks the first round moved."""
     out: dict[str, dict] = {}
     for level, answers in levels.items():
         for qid, a in answers.items():
-            out.setdefault(qid, {})[level] = a.label if a.label is not None else "cannot answer"
+            if a.label is not None:
+                label = a.label
+            elif qid == "how_many" and a.numbers.get(FIRST_ROUND_MOVED):
+                # the runs of the largest imbalance (the suite's imbalance_pct check moves 1)
+                pairs = list(zip(a.numbers.get(X) or [], a.numbers[FIRST_ROUND_MOVED]))
+                top = max((x for x, _ in pairs if x is not None), default=None)
+                moved = [v for x, v in pairs if v is not None and x == top]
+                label = (f"first round moved {statistics.median(moved):g} of x = {top} "
+                         "(median; 2 CPUs: poly-balance = pairwise)" if moved
+                         else "no first round")
+            else:
+                label = "cannot answer"
+            out.setdefault(qid, {})[level] = label
     return out
 
 

@@ -378,6 +378,7 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
     if duration is not None:
         overrides["duration"] = str(duration)
     try:
+        cpu_set = _placed(overrides, cpu_set, kernel)
         values = exp.resolve(overrides, cpu_set)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -407,6 +408,29 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
         return _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat,
                                   scx_spec)
     _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck, scx_spec)
+
+
+def _host_topology() -> dict:
+    """This host's topology (the contract's, harmony.probes.domains): what places experiments
+    at its levels and plans a suite's questions of distance."""
+    from harmony.probes import domains
+
+    return domains.read()
+
+
+def _placed(overrides: dict, cpu_set: list[int], kernel) -> list[int]:
+    """The run's CPU set for ``-p level=...`` (harmony.experiments.placement): the pair at that
+    level of this host's topology; ``cpu_set`` without a level. ValueError (one line) for a
+    machine without such a pair, or a kernel under test in a VM, whose topology is the guest's."""
+    from harmony.experiments.placement import placed_cpus
+
+    level = overrides.get("level") or ""
+    if not level:
+        return cpu_set
+    if kernel is not None:
+        raise ValueError(f"level={level} in a VM needs the guest's topology before it boots: "
+                         "give the VM its shape (--vm-topology) when Harmony has it")
+    return placed_cpus(level, cpu_set, _host_topology())
 
 
 def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None):
@@ -776,9 +800,14 @@ def compare(sources, as_json, all_metrics, out):
 
 @main.command()
 @click.option("--policy", "policy_name", required=True,
-              help="reference policy: global-queue, poly-balance or pairwise-random")
+              help="reference policy: global-queue, poly-balance, pairwise-random, or one that "
+                   "sees the machine's levels: hierarchical, flat, scx-like")
 @click.option("--cpus", "ncpus", type=click.IntRange(min=2), default=4, show_default=True,
-              help="number of simulated CPUs")
+              help="number of simulated CPUs (one LLC; --machine gives a shape instead)")
+@click.option("--machine", help="the simulated machine's shape: a preset (smt, 2llc, 2node, "
+              "2node-2llc-smt, server-16, server-32, server-64, ring-4) or "
+              "sockets=S,llcs=L,cores=C,threads=T[,numa=socket|llc][,distance=ring]; "
+              "-p level=smt|llc|package|node|remote places an experiment at a level of it")
 @click.option("--experiment", help="one experiment of the catalog (default: the whole suite)")
 @click.option("--suite", "whole", is_flag=True, help="the whole catalog, as `harmony suite` plans it")
 @click.option("--quick", is_flag=True, help="the suite's quick plan (shorter runs, fewer points)")
@@ -786,11 +815,13 @@ def compare(sources, as_json, all_metrics, out):
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="output directory")
-def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed, out):
+def simulate(policy_name, ncpus, machine, experiment, whole, quick, repeat, params, seed, out):
     """Run experiments under a reference policy in a simulator (no root, no kernel) and analyse them."""
+    from harmony.analysis.machines import flat_topology, machine_topology
     from harmony.analysis.refpolicy import get_policy, refuse_classes
     from harmony.batch import SimRunner, batch_text, finish_batch, run_batch
     from harmony.experiments import CATALOG, get_experiment
+    from harmony.experiments.placement import placed_cpus
     from harmony.suite import not_simulated, plan, run_suite
 
     try:
@@ -799,17 +830,24 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
         raise click.BadParameter(str(exc), param_hint="--policy") from None
     if bool(experiment) == bool(whole):
         raise click.UsageError("give one of --experiment NAME or --suite")
+    ctx = click.get_current_context()
+    if machine is not None and ctx.get_parameter_source("ncpus").name != "DEFAULT":
+        raise click.UsageError("give --cpus or --machine, not both (a machine has its CPUs)")
+    try:
+        topology = machine_topology(machine) if machine is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--machine") from None
     _check_out(out)
     if out.exists() and any(out.iterdir()):
         raise click.BadParameter(f"{out} is not empty; choose another --out", param_hint="--out")
-    cpus = list(range(ncpus))
+    cpus = list(range(len(topology["cpus"]) if topology else ncpus))
     if whole:
-        configs = plan(cpus, quick=quick, repeat=repeat, simulated=True)
+        configs = plan(cpus, quick=quick, repeat=repeat, simulated=True, topology=topology)
         for name, why in not_simulated(CATALOG).items():
             click.echo(f"{name}: left out of a simulated suite ({why})", err=True)
-        record = run_suite(configs, cpus, out, SimRunner(policy_name), seed=seed,
+        record = run_suite(configs, cpus, out, SimRunner(policy_name, topology), seed=seed,
                            facts={"kernel": "simulated", "scheduler": f"reference policy {policy_name}",
-                                  "ncpus": ncpus})
+                                  "ncpus": len(cpus)})
         click.echo(f"{record['runs']} simulated runs in {record['wall_s']:.0f} s; "
                    f"report: {out / 'report.md'}")
         return
@@ -817,11 +855,14 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
         exp = get_experiment(experiment)
         if exp.not_simulated:
             raise ValueError(f"{experiment} cannot be simulated: {exp.not_simulated}")
-        values = exp.resolve(_parse_params(params), cpus)
+        overrides = _parse_params(params)
+        cpus = placed_cpus(overrides.get("level") or "", cpus,
+                           topology or flat_topology(len(cpus)))
+        values = exp.resolve(overrides, cpus)
         refuse_classes(params=values)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    with SimRunner(policy_name) as runner:
+    with SimRunner(policy_name, topology) as runner:
         run_batch(exp, values, cpus, out, repeat or 1, runner, seed=seed)
     click.echo(batch_text(finish_batch(out)))
 
@@ -877,7 +918,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         cpu_set = vm_set if kernel is not None else resolve_cpus(cpus)
         try:
             configs = plan(cpu_set, quick=quick, repeat=repeat,
-                           experiments=list(experiments) or None)
+                           experiments=list(experiments) or None,
+                           topology=None if kernel is not None else _host_topology())
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         if out is None:
