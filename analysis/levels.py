@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.topology import RELATIONS, df_cpus, migration_level, relation
+from harmony.analysis.topology import RELATIONS, df_cpus, migration_level
 
 
 def topology_of(manifest: dict) -> dict:
@@ -36,12 +36,40 @@ MOVE_LEVEL_COLUMNS = ["t", "pid", "src_cpu", "dst_cpu", "event_cpu", "cause", "r
                       "level", "level_name"]
 
 
-def _relations(cpus_df: pd.DataFrame, pairs) -> dict:
+def relation_table(cpus: list[int], manifest: dict) -> dict[tuple[int, int], str]:
+    """The relation of every ordered pair of distinct CPUs of ``cpus`` known to the topology:
+    :func:`harmony.analysis.topology.relation`'s rule (the contract's: "remote" across nodes,
+    then "smt" within a core's threads, "llc", "package", else "node"), applied to the whole
+    table at once (asked pair by pair, it reads the table anew each time: 15 s for the levels
+    of a 64-CPU machine). tests/test_levels.py holds it to ``relation`` on every pair."""
+    table = df_cpus(manifest)
+    t = table[table["cpu"].isin(list(cpus))]
+    cpu = t["cpu"].to_numpy(int)
+    node, llc, package = (t[c].to_numpy(int) for c in ("node", "llc", "package"))
+    sib = [set(_cpulist(x)) if x else set() for x in t["smt_siblings"]]
     out = {}
-    for a, b in pairs:
-        if (a, b) not in out:
-            out[(a, b)] = relation(a, b, cpus_df)
+    for i in range(len(cpu)):
+        for j in range(len(cpu)):
+            if i == j:
+                continue
+            if node[i] >= 0 and node[j] >= 0 and node[i] != node[j]:
+                rel = "remote"
+            elif cpu[j] in sib[i]:
+                rel = "smt"
+            elif llc[i] >= 0 and llc[i] == llc[j]:
+                rel = "llc"
+            elif package[i] >= 0 and package[i] == package[j]:
+                rel = "package"
+            else:
+                rel = "node"
+            out[(int(cpu[i]), int(cpu[j]))] = rel
     return out
+
+
+def _cpulist(text: str) -> list[int]:
+    from harmony.core.osutil import parse_cpulist
+
+    return parse_cpulist(text)
 
 
 def df_move_levels(migrations: pd.DataFrame, manifest: dict,
@@ -59,7 +87,7 @@ def df_move_levels(migrations: pd.DataFrame, manifest: dict,
     known = set(cpus_df["cpu"])
     mig = mig[mig["src_cpu"].isin(known) & mig["dst_cpu"].isin(known)]
     src, dst = mig["src_cpu"].to_numpy(int), mig["dst_cpu"].to_numpy(int)
-    rel = _relations(cpus_df, zip(src, dst))
+    rel = relation_table(sorted(set(src) | set(dst)), manifest)
     if "level" in mig.columns and "level_name" in mig.columns:     # the pipeline's (-1: none)
         lv = mig["level"].to_numpy(int)
         level = [None if v < 0 else int(v) for v in lv]
@@ -84,13 +112,9 @@ def pair_counts(cpus: list[int], manifest: dict) -> dict[str, int]:
     topo = topology_of(manifest)
     if not topo.get("cpus"):
         return {}
-    cpus_df = df_cpus(manifest)
-    known = [c for c in cpus if c in set(cpus_df["cpu"])]
     out = dict.fromkeys(MOVE_RELATIONS, 0)
-    for a in known:
-        for b in known:
-            if a != b:
-                out[relation(a, b, cpus_df)] += 1
+    for rel in relation_table(cpus, manifest).values():
+        out[rel] += 1
     return {k: v for k, v in out.items() if v}
 
 

@@ -14,9 +14,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harmony.analysis.levels import df_move_levels, df_queue_means  # noqa: E402
+from harmony.analysis.levels import df_move_levels, df_queue_means, relation_table  # noqa: E402
 from harmony.analysis.plots import save_figure  # noqa: E402
-from harmony.analysis.topology import df_cpus, relation  # noqa: E402
+from harmony.analysis.topology import df_cpus  # noqa: E402
 
 #: time bins of the placement map
 SPREAD_BINS = 200
@@ -89,10 +89,10 @@ def plot_spread(runqueue: pd.DataFrame, manifest: dict, migrations: pd.DataFrame
     marks = []
     if len(migrations) and (manifest.get("topology") or {}).get("cpus"):
         moves = df_move_levels(migrations, manifest)
-        table = df_cpus(manifest)
+        rels = relation_table(cpus, manifest)
         seen = {}
         for r in moves.sort_values("t").itertuples():
-            rel = relation(src, r.dst_cpu, table)
+            rel = rels.get((src, r.dst_cpu), "same")
             if rel not in seen and rel != "same":
                 seen[rel] = r.t
         for rel, t in seen.items():
@@ -150,7 +150,7 @@ def plot_levels(df: pd.DataFrame, path: Path) -> Path | None:
     the cut, with the period the kernel's parameters predict as a bar; the time to a stable
     balance; the idle target's first pull), every run a point, levels nearest first. None
     when no run was placed at a level."""
-    from harmony.analysis.policy_levels import LEVEL_ORDER
+    from harmony.analysis.topology import RELATIONS
 
     panels = [("interval1_ms", "detection: cut to first pull (ms)"),
               ("time_to_settle_s", "time to a stable balance (s)"),
@@ -158,7 +158,7 @@ def plot_levels(df: pd.DataFrame, path: Path) -> Path | None:
     panels = [(c, t) for c, t in panels if c in df and pd.to_numeric(df[c]).notna().any()]
     if df.empty or not panels:
         return None
-    levels = [lv for lv in LEVEL_ORDER if lv in set(df["level"])]
+    levels = [lv for lv in RELATIONS if lv in set(df["level"])]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4), squeeze=False)
     for ax, (col, title) in zip(axes[0], panels):
         for k, lv in enumerate(levels):

@@ -171,6 +171,8 @@ class DomainSimulator(Simulator):
         self.siblings = [list(machine["cpus"][str(c)].get("thread_siblings") or [c])
                          for c in range(self.ncpu)]
         self.ran_at: dict[int, int] = {}
+        self.due: dict[tuple, int] = {}         # (cpu, busy) -> the tick its next domain is due
+        self.moves, self.util, self.util_at = 0, [], None
         #: groups (level index, span) marked imbalanced by a failed balance below them
         self.imbalanced: set[tuple] = set()
         #: the CPU idles already: the new-idle balance runs as a CPU becomes idle, not while it is
@@ -242,10 +244,21 @@ class DomainSimulator(Simulator):
         super()._enqueue(t, c)
 
     # -- balancing -------------------------------------------------------------------------------
+    def _due(self, c: int, busy: bool) -> int:
+        """The tick CPU ``c``'s next domain is due at (cached until a balance of its changes
+        an interval or a time)."""
+        key = (c, busy)
+        if key not in self.due:
+            self.due[key] = min((lv.last + self._interval_of(lv, busy) for lv in self.levels[c]),
+                                default=self.ticks + 1)
+        return self.due[key]
+
     def _periodic(self, c: int):
         busy = not self._idle(c)
-        if not any(self.k >= lv.last + self._interval_of(lv, busy) for lv in self.levels[c]):
+        if self.k < self._due(c, busy):
             return
+        self.due.pop((c, True), None)
+        self.due.pop((c, False), None)
         # the softirq's entry and exit, recorded on a CPU of the set always, elsewhere only
         # around a move (an idle CPU outside the set balances often and moves nothing)
         cur = self.curr[c]
@@ -294,8 +307,19 @@ class DomainSimulator(Simulator):
 
     def _util(self, x: int) -> float:
         """CPU ``x``'s utilisation, 0..1: the demand of the tasks whose CPU it is, sleeping ones
-        included (PELT's util_avg keeps a sleeping task's share)."""
-        return min(1.0, sum(t.duty / 100 for t in self.tasks if t.cpu == x and t.state != "X"))
+        included (PELT's util_avg keeps a sleeping task's share); summed once per tick and
+        move."""
+        if self.util_at != (self.k, self.moves):
+            util = [0.0] * self.ncpu
+            for t in self.tasks:
+                if t.state != "X":
+                    util[t.cpu] += t.duty / 100
+            self.util, self.util_at = [min(1.0, u) for u in util], (self.k, self.moves)
+        return self.util[x]
+
+    def _migrate(self, t: SimTask, dst: int, event_cpu: int, context: int = -1):
+        self.moves += 1
+        super()._migrate(t, dst, event_cpu, context)
 
     def _stats(self, g: list[int], pct: int, index: int = -1) -> dict:
         """A group's statistics and type, by update_sg_lb_stats and group_classify: overloaded
@@ -367,6 +391,8 @@ class DomainSimulator(Simulator):
         return "load", amount, busiest
 
     def _load_balance(self, c: int, lv: _Level, idle: str) -> int:
+        self.due.pop((c, True), None)          # its interval may change here
+        self.due.pop((c, False), None)
         kind, amount, busiest = self._imbalance(lv, idle)
         parent = self._parent(c, lv)
         if amount <= 0:

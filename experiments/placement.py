@@ -15,7 +15,8 @@ partner: the same pair for every run of a level on one machine.
 
 from __future__ import annotations
 
-from harmony.analysis.topology import RELATIONS, df_cpus, relation
+from harmony.analysis.levels import relation_table
+from harmony.analysis.topology import RELATIONS, df_cpus
 
 #: the levels an experiment can be placed at (the relations but "same"), nearest first, each with
 #: what it means
@@ -42,16 +43,14 @@ def level_pair(level: str, cpus: list[int], topology: dict) -> list[int]:
     if not (topology or {}).get("cpus"):
         raise ValueError(f"level={level} needs the machine's topology, and there is none "
                          "(a run recorded without it, or a kernel that does not show it)")
-    table = df_cpus({"topology": topology})
-    known = set(table["cpu"])
+    known = set(df_cpus({"topology": topology})["cpu"])
     outside = sorted(set(cpus) - known)
     if outside:
         raise ValueError(f"level={level}: CPUs {outside} are not in the machine's topology")
-    ordered = sorted(cpus)
-    for a in ordered:
-        for b in ordered:
-            if b != a and relation(a, b, table) == level:
-                return [a, b]
+    pairs = relation_table(cpus, {"topology": topology})
+    found = sorted(pair for pair, rel in pairs.items() if rel == level)
+    if found:
+        return list(found[0])
     present = levels_present(cpus, topology)
     raise ValueError(f"level={level}: this machine has no {LEVELS[level]} in CPUs "
                      f"{_cpulist(cpus)} (it has: {', '.join(present) or 'no pair at all'})")
@@ -59,8 +58,7 @@ def level_pair(level: str, cpus: list[int], topology: dict) -> list[int]:
 
 def levels_present(cpus: list[int], topology: dict) -> list[str]:
     """The levels (:data:`LEVELS`) at which ``cpus`` hold a pair, nearest first."""
-    table = df_cpus({"topology": topology})
-    found = {relation(a, b, table) for a in cpus for b in cpus if a < b}
+    found = set(relation_table(cpus, {"topology": topology}).values())
     return [lv for lv in LEVELS if lv in found]
 
 

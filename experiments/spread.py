@@ -17,8 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harmony.analysis.levels import MOVE_RELATIONS, df_move_levels, final_placement
-from harmony.analysis.topology import df_cpus, relation
+from harmony.analysis.levels import MOVE_RELATIONS, df_move_levels, final_placement, relation_table
 from harmony.experiments.base import Experiment, Metric, Param, percent, pick, positive, task_class
 from harmony.experiments.single_source import SingleSource
 from harmony.workload.tasks import layout_tasks
@@ -85,8 +84,8 @@ class Spread(Experiment):
         if fin is None:
             return out | _no_topology(run, cpus, p)
         moves = df_move_levels(run.migrations, m)
-        table = df_cpus(m)
-        to_src = {d: relation(src, d, table) for d in set(moves["dst_cpu"])}
+        rel = relation_table(cpus, m)
+        to_src = {d: rel.get((src, d), "same") for d in set(moves["dst_cpu"])}
         first = {}
         for rel in MOVE_RELATIONS:
             # a task reaching a CPU at this relation to the source, from anywhere
