@@ -18,7 +18,7 @@ import collections
 import statistics
 
 from harmony.analysis import thresholds as T
-from harmony.analysis.predictions import ROW_KEYS
+from harmony.analysis.predictions import ROW_KEYS, scale_checkable, scale_holds
 from harmony.analysis.topology import RELATIONS
 from harmony.experiments import summary_key
 
@@ -192,8 +192,8 @@ def _detection_scale(evidence: list) -> list[dict]:
         if not periods or not firsts:
             continue
         period = statistics.median(periods)
-        enough = len(firsts) >= T.PREDICTION_SCALE_MIN_RUNS
-        reach = max(firsts) >= T.PREDICTION_SCALE_FRACTION * period
+        enough = scale_checkable(len(firsts))
+        reach = scale_holds(max(firsts), period)
         out.append({"check": "detection period (from below)", "level": level, "domain": None,
                     "predicted": f"the runs' first checks spread over the period of {period:g} "
                                  "ms (the largest reaches a quarter of it)",

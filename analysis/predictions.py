@@ -52,7 +52,7 @@ was verified against kernel/sched/fair.c and topology.c of Linux 6.1 and 6.12 (D
 6. *sched_ext's default CPU selection has no level structure* (6.12 ``scx_select_cpu_dfl``:
    previous CPU if its core is idle, any idle core, previous CPU, any idle CPU; no LLC or node
    in it): under ``scx_simple`` moves fall on CPU pairs in proportion to their number at every
-   level (a locality index within LOCALITY_FLAT_BAND).
+   level (a locality index within LOCALITY_FLAT_MIN..LOCALITY_FLAT_MAX).
 
 Each check gives rows (:data:`ROW_KEYS`): what was predicted, what was measured, whether it
 holds (None: not checkable in this run) and the tolerance, reasoned in
@@ -191,6 +191,42 @@ def df_predicted_domains(manifest: dict, cpu: int | None = None) -> pd.DataFrame
                                        "imb_numa_nr", "prefer_sibling"])
 
 
+# ------------------------------------------------------------------------- the verdicts' rules
+
+def bound_holds(measured_ms: float, period_ms: float, extra_ms: float, jiffy_ms: float) -> bool:
+    """A delay predicted to come within a period: at most the period, plus what the run added
+    (``extra_ms``: the time its cut took), plus PREDICTION_SLACK_TICKS jiffies."""
+    return measured_ms <= period_ms + extra_ms + T.PREDICTION_SLACK_TICKS * jiffy_ms
+
+
+def scale_checkable(runs: int) -> bool:
+    """Enough runs to see a period from below (PREDICTION_SCALE_MIN_RUNS)."""
+    return runs >= T.PREDICTION_SCALE_MIN_RUNS
+
+
+def scale_holds(largest_ms: float, period_ms: float) -> bool:
+    """The runs' largest first check reaches PREDICTION_SCALE_FRACTION of the period."""
+    return largest_ms >= T.PREDICTION_SCALE_FRACTION * period_ms
+
+
+def wake_llc_holds(fraction: float) -> bool:
+    """Wake-up moves inside the previous or the waker's LLC: at least WAKE_LLC_MIN_FRACTION."""
+    return fraction >= T.WAKE_LLC_MIN_FRACTION
+
+
+def locality_flat(locality: float, moves: int) -> bool | None:
+    """A level's locality index within LOCALITY_FLAT_MIN..MAX (no level structure); None with
+    fewer than LOCALITY_MIN_MOVES moves."""
+    if moves < T.LOCALITY_MIN_MOVES or np.isnan(locality):
+        return None
+    return T.LOCALITY_FLAT_MIN <= locality <= T.LOCALITY_FLAT_MAX
+
+
+def numa_holds(got: float, want: float) -> bool:
+    """The nodes' difference as the NUMA level leaves it, within NUMA_TASKS_SLACK tasks."""
+    return abs(got - want) <= T.NUMA_TASKS_SLACK
+
+
 # ------------------------------------------------------------------------------------- the rows
 
 def _row(check, level, domain, predicted, measured, holds, tolerance, source) -> dict:
@@ -271,14 +307,12 @@ def detection_rows(run, src: int, dst: int, level: str) -> list[dict]:
         who = (f"the target's group ({q_dst} tasks on {len(local)} CPUs) is at or above the "
                f"domain's average ({q_src + q_dst} on {len(d['span'])}): only the affinity path "
                "(group_imbalanced) moves tasks, within MAX_PINNED_INTERVAL and a balance")
-    slack = T.PREDICTION_SLACK_TICKS * tick_ms(m)
     i1 = _interval1(run)
-    bound = period + cut + slack
     measured = ("no pull after the cut" if i1 is None else
                 f"first pull {i1:.1f} ms after the cut (the cut took {cut:.1f} ms)")
     return [_row("detection period", level, d.get("name"),
                  f"first pull within {period:g} ms of the cut completing: {who}",
-                 measured, None if i1 is None else bool(i1 <= bound),
+                 measured, None if i1 is None else bound_holds(i1, period, cut, tick_ms(m)),
                  f"+ the cut's {cut:.1f} ms + {T.PREDICTION_SLACK_TICKS} jiffies",
                  "fair.c get_sd_balance_interval, should_we_balance (6.12 picks an idle core "
                  "first), find_busiest_group, LBF_DST_PINNED and group_imbalanced (6.1 = 6.12)")]
@@ -371,12 +405,11 @@ def steal_rows(run, src: int, dst: int, level: str) -> list[dict]:
     hz, n = hz_of(m), online_cpus(m)
     bound = interval_ms(d["max_interval"], 1, False, hz, n)
     lat = _steal_latency_ms(run)
-    slack = T.PREDICTION_SLACK_TICKS * tick_ms(m)
     return [_row("idle pull", level, d.get("name"),
                  f"at once (new-idle balance), at most {bound:g} ms (the idle balance's "
                  "max_interval) when the new-idle balance stops below this level",
                  "nothing pulled" if lat is None else f"{lat:.2f} ms after the target idled",
-                 None if lat is None else bool(lat <= bound + slack),
+                 None if lat is None else bound_holds(lat, bound, 0.0, tick_ms(m)),
                  f"+ {T.PREDICTION_SLACK_TICKS} jiffies",
                  "fair.c sched_balance_newidle (6.1 newidle_balance), get_sd_balance_interval")]
 
@@ -425,7 +458,7 @@ def wake_rows(manifest: dict, moves: pd.DataFrame) -> list[dict]:
     return [_row("wake-ups in the LLC", "", None,
                  "every wake-up move stays in the LLC of the previous CPU or the waker's",
                  f"{int(w['in_llc'].sum())} of {len(w)} did ({inside:.1%}){example}",
-                 bool(inside >= T.WAKE_LLC_MIN_FRACTION),
+                 wake_llc_holds(inside),
                  f">= {T.WAKE_LLC_MIN_FRACTION:.0%}",
                  "fair.c select_task_rq_fair, wake_affine, select_idle_sibling (6.1 = 6.12)")]
 
@@ -437,11 +470,10 @@ def no_structure_rows(manifest: dict, moves: pd.DataFrame, cpus: list[int]) -> l
     total = int(loc["moves"].sum()) if len(loc) else 0
     if len(loc) < 2:
         return []
-    lo, hi = T.LOCALITY_FLAT_BAND
+    lo, hi = T.LOCALITY_FLAT_MIN, T.LOCALITY_FLAT_MAX
     rows = []
     for r in loc.itertuples():
-        ok = None if total < T.LOCALITY_MIN_MOVES or np.isnan(r.locality) \
-            else bool(lo <= r.locality <= hi)
+        ok = locality_flat(float(r.locality), total)
         rows.append(_row("no level structure", r.relation, None,
                          f"moves in proportion to the CPU pairs: locality 1 "
                          f"({r.pairs} of the set's pairs)",
@@ -481,7 +513,7 @@ def spread_rows(run) -> list[dict]:
                          f"{n} tasks from one node end {want} apart (imb_numa_nr {imb}: a "
                          f"difference of <= 2 stays while the other node would hold <= {imb})",
                          f"{int(nodes.iloc[0])} and {int(nodes.iloc[1])} tasks on the nodes",
-                         bool(abs(got - want) <= T.NUMA_TASKS_SLACK),
+                         numa_holds(got, want),
                          f"+-{T.NUMA_TASKS_SLACK} task",
                          "fair.c adjust_numa_imbalance, topology.c imb_numa_nr (6.1 = 6.12)"))
     return rows

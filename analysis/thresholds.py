@@ -227,7 +227,8 @@ WAKE_LLC_MIN_FRACTION = 1.0
 #: upper end the same factor, reciprocally); the fair class's keeps moves in SMT and LLC pairs
 #: several times their share (the hierarchical reference policy: above 4) and under a tenth of
 #: the remote pairs' share. Fewer moves than LOCALITY_MIN_MOVES: not checked.
-LOCALITY_FLAT_BAND = (0.5, 2.0)
+LOCALITY_FLAT_MIN = 0.5
+LOCALITY_FLAT_MAX = 2.0
 LOCALITY_MIN_MOVES = 40
 #: NUMA imbalance: the nodes' task counts after the NUMA level balanced a release on one node
 #: are a count the rule decides exactly (harmony.analysis.predictions.numa_final_difference);

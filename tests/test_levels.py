@@ -290,3 +290,34 @@ def test_the_relation_table_is_the_contract_s_relation(spec):
         for b in cpus:
             if a != b:
                 assert pairs[(a, b)] == relation(a, b, table), (a, b)
+
+
+#: the thresholds of the predictions (harmony.analysis.thresholds), each at, below and above its
+#: value through the rule that reads it: (name, what, rule, (below, at, above))
+LEVEL_THRESHOLD_CASES = [
+    ("PREDICTION_SLACK_TICKS", "jiffies past a 100 ms period (1 ms jiffies)",
+     lambda v: predictions.bound_holds(100 + v, 100, 0.0, 1.0), (True, True, False)),
+    ("PREDICTION_SCALE_FRACTION", "the largest first check, in periods",
+     lambda v: predictions.scale_holds(100 * v, 100), (False, True, True)),
+    ("PREDICTION_SCALE_MIN_RUNS", "runs", predictions.scale_checkable, (False, True, True)),
+    ("WAKE_LLC_MIN_FRACTION", "wake-up moves in the LLC", predictions.wake_llc_holds,
+     (False, True, True)),
+    ("LOCALITY_FLAT_MIN", "locality index (100 moves)",
+     lambda v: predictions.locality_flat(v, 100), (False, True, True)),
+    ("LOCALITY_FLAT_MAX", "locality index (100 moves)",
+     lambda v: predictions.locality_flat(v, 100), (True, True, False)),
+    ("LOCALITY_MIN_MOVES", "moves (locality 1)", lambda v: predictions.locality_flat(1.0, v),
+     (None, True, True)),
+    ("NUMA_TASKS_SLACK", "tasks off the predicted difference",
+     lambda v: predictions.numa_holds(2 + v, 2), (True, True, False)),
+]
+
+
+@pytest.mark.parametrize("name,what,rule,want", LEVEL_THRESHOLD_CASES,
+                         ids=[c[0] for c in LEVEL_THRESHOLD_CASES])
+def test_each_prediction_threshold_below_at_and_above(name, what, rule, want):
+    from harmony.analysis import thresholds as T
+
+    t = T.ALL[name]
+    margin = 1e-6 * t
+    assert tuple(rule(v) for v in (t - margin, t, t + margin)) == want, f"{name} = {t} ({what})"
