@@ -4,7 +4,7 @@
 time, with the sweeps the thesis drew (x for how-many, light duty for heavy-light, nice difference
 for priority-classes; and the task count for proportional) where the experiment has that parameter. ``run_suite`` captures them back to
 back while holding the host lock once (no doctor, lock or stale-state sweep per run, one probe
-session), has the runner analyse them (see :class:`harmony.batch.KernelRunner`), then writes
+session), has the runner analyse them (see :class:`harmony.runners.KernelRunner`), then writes
 :mod:`harmony.analysis.report_suite` (policy card first). The suite draws the cross-run figures of
 its report only; each run's own figures and each configuration's repetition figure are drawn on
 demand by ``harmony report RUN`` or ``harmony report BATCH`` (drawing them all took longer than
@@ -270,7 +270,7 @@ class Progress:
 def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, facts: dict | None = None,
               seed: int = 0, quiet: bool = False, card_note: str | None = None,
               resume: bool = False) -> dict:
-    """Run every configuration with ``runner`` (see :mod:`harmony.batch`) and write the report.
+    """Run every configuration with ``runner`` (see :mod:`harmony.runners`) and write the report.
 
     ``runner.capture(exp, params, cpus, out, seed)`` records one run (real or simulated) and
     ``runner.analyse(out)`` analyses it. Returns the suite record (also written as suite.json).
@@ -380,7 +380,7 @@ def simulate_suite(policy: str, ncpus: int, out: Path, quick: bool = True, repea
     """The suite under a reference policy on ``ncpus`` simulated CPUs (no kernel, no root), on
     the machine ``topology`` (:mod:`harmony.analysis.machines`; its CPUs, then) when given,
     with the questions of distance at each of its levels (:func:`level_plan`)."""
-    from harmony.batch import SimRunner
+    from harmony.runners import SimRunner
 
     cpus = list(range(len(topology["cpus"]) if topology else ncpus))
     configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments, simulated=True,

@@ -98,7 +98,7 @@ if __name__ == "__main__":
 
 
 def test_forked_analysis_processes_use_and_leave_their_pools(tmp_path):
-    # as harmony.batch.analyse_groups forks them; each must exit once done (its pool's idle
+    # as harmony.runners.analyse_groups forks them; each must exit once done (its pool's idle
     # threads must not hold it)
     script = tmp_path / "forked.py"
     script.write_text(FORKED_ANALYSES)

@@ -188,7 +188,7 @@ def _interval1s(card, level):
 def _runs_interval1(a):
     from harmony import store
 
-    return [store.load(p).summary["interval1_ms"] for p in a.runs]
+    return [store.open_run(p).summary["interval1_ms"] for p in a.runs]
 
 
 def test_imbalance_pct_left_alone_only_below_the_level_s_threshold(tmp_path):

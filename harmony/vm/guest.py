@@ -1,6 +1,6 @@
 """The guest agent: ``python3 -m harmony.vm.guest JOBFILE``, run inside a virtual machine.
 
-The host (:mod:`harmony.batch`'s VmRunner) plans every capture of a boot -- the experiment's
+The host (:class:`harmony.vm.runner.VmRunner`) plans every capture of a boot -- the experiment's
 parameters resolved and drawn, its tasks, the run directory under the VM's one writable directory
 -- and writes them as a job file (:func:`write_job`). The agent runs with the host's own Python and
 Harmony (the host's filesystem is shared read-only), mounts tracefs and debugfs, reports the
