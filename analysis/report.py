@@ -247,6 +247,20 @@ def cost_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def prediction_rows(summary: dict) -> list[list[str]]:
+    """The run's predicted-vs-measured rows (its summary's ``predictions``,
+    :mod:`harmony.analysis.predictions`): check (with its level), verdict, predicted, measured,
+    tolerance; [] without any."""
+    out = []
+    for r in ((summary or {}).get("predictions") or {}).get("rows", []):
+        where = " at " + r["level"] + (f" ({r['domain']})" if r.get("domain") else "") \
+            if r.get("level") else ""
+        verdict = {True: "holds", False: "does not hold", None: "not checkable"}[r.get("holds")]
+        out.append([f"{r['check']}{where}", verdict, r["predicted"], r["measured"],
+                    r["tolerance"]])
+    return out
+
+
 def params_line(m: dict) -> str:
     return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
                      for k, v in m.get("params", {}).items())
@@ -263,6 +277,11 @@ def summary_text(run) -> str:
     machine = machine_lines(m, run.summary if run.complete else None)
     if machine:
         out += ["", "the machine"] + ["  " + line for line in machine]
+    predicted = prediction_rows(run.summary) if run.complete else []
+    if predicted:
+        out += ["", "predicted from the kernel's domains, and measured"]
+        for r in predicted:
+            out += [f"  {r[0]}: {r[1]}", f"    predicted: {r[2]}", f"    measured:  {r[3]}"]
     out += ["", "measurement"] + ["  " + line for line in trust_lines(m)]
     notes = m.get("notes", [])
     out += ["", "notes"] + ([f"  - {n}" for n in notes] if notes else ["  - none: nothing was lost or repaired"])
@@ -304,6 +323,10 @@ def report_document(run) -> list:
         if rows:
             doc.append(D.Table(DOMAIN_HEADER, rows, caption=f"the scheduling domains of CPU "
                                                             f"{cpus_of_rows(m)}, lowest first"))
+    predicted = prediction_rows(run.summary)
+    if predicted:
+        doc += [D.Heading("Predicted from the kernel's domains, and measured", 2, "predictions"),
+                D.Table(["check", "verdict", "predicted", "measured", "tolerance"], predicted)]
     doc += [D.Heading("Measurement", 2, "measurement"), D.Facts(trust_lines(m))]
     notes = m.get("notes", [])
     doc += [D.Heading("Notes", 2, "notes"),
