@@ -36,6 +36,11 @@ pairwise-random   per-CPU queues. Every 16-48 ms (random) and when idle a CPU pu
                   tail of its queue whatever they are (blind). A CPU whose partner in its lowest
                   domain (cpu ^ 1) is home to one task more takes one over (a remainder task keeps
                   moving: moderate affinity, fairer than poly-balance) (CFS-like).
+coin-flip         each run is poly-balance or pairwise-random, drawn from the run's seed like a
+                  fair coin: a policy that genuinely varies from run to run. Where the two give
+                  different labels (how many, affinity, intrinsic imbalance, selection) its card
+                  must say "varies", not a label, once it has runs enough (issue 46); where they
+                  agree (it balances, detection is periodic, idle CPUs steal) it is decided.
 """
 
 from __future__ import annotations
@@ -83,6 +88,7 @@ class Policy:
     #: per scheduling level, the labels the per-level card must give (prefixes), for the
     #: policies whose answers depend on the level
     expected_by_level: dict = dataclasses.field(default_factory=dict)
+    mix: tuple[str, ...] = ()  # each run is one of these policies, drawn from its seed
 
 
 POLICIES = {
@@ -106,6 +112,20 @@ POLICIES = {
                   "work_conserving": "yes", "detection": "periodic", "intrinsic": "in between",
                   "selection": "blind"}),
 }
+POLICIES["coin-flip"] = Policy(
+    "coin-flip", "each run poly-balance or pairwise-random, a fair coin per run: varies",
+    global_queue=False, slice_ms=10, mix=("poly-balance", "pairwise-random"),
+    expected={"balances": "balances", "affinity": "varies", "how_many": "varies",
+              "work_conserving": "yes", "detection": "periodic", "intrinsic": "varies",
+              "selection": "varies"})
+
+
+def drawn(policy: Policy, seed: int) -> Policy:
+    """The policy a run with ``seed`` follows: ``policy`` itself, or for a mixed one the policy
+    its seed draws (each equally likely; a string seed: the same draw on every platform)."""
+    if not policy.mix:
+        return policy
+    return POLICIES[random.Random(f"mix-{seed}").choice(policy.mix)]
 
 
 #: the policies that see the machine's shape (:mod:`harmony.analysis.refpolicy_domains`): their
@@ -196,7 +216,7 @@ class Simulator:
         from harmony.analysis.reconstruct import class_weight
 
         refuse_classes(specs)
-        self.p = policy
+        self.p = drawn(policy, seed)
         self.topology = topology       # the machine (the contract's manifest["topology"]), or None
         self.cpus = list(cpus)
         self.ncpu = len(cpus)
@@ -536,5 +556,5 @@ def expected_labels(policy: Policy | str) -> dict:
     return dict(policy.expected)
 
 
-__all__ = ["ALL_POLICIES", "LEVEL_POLICIES", "POLICIES", "Policy", "Simulator", "expected_labels",
-           "get_policy"]
+__all__ = ["ALL_POLICIES", "LEVEL_POLICIES", "POLICIES", "Policy", "Simulator", "drawn",
+           "expected_labels", "get_policy"]

@@ -37,7 +37,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]     # this tree's Harmony, in the guest too
 from common import table  # noqa: E402
 
 #: the machine: 4 nodes of 2 cores on a ring
@@ -193,8 +194,8 @@ def main() -> None:
     k = kernel(a.kernel)
     plan(a.out, a.duration)
     t0 = time.monotonic()
-    cmd = vng_args(k.image, a.out) + ["--", f"{sys.executable} {Path(__file__).resolve()} "
-                                             f"--guest --out {a.out}"]
+    cmd = vng_args(k.image, a.out) + ["--", f"env PYTHONPATH={ROOT} {sys.executable} "
+                                             f"{Path(__file__).resolve()} --guest --out {a.out}"]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     (a.out / "vng.log").write_text(p.stdout + p.stderr)
     boot_s = time.monotonic() - t0
