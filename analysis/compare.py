@@ -45,7 +45,7 @@ NO_EVIDENCE = "no evidence"
 #: time-to-resolve's imbalance x, and the server's shape, load and request sizes. Runs of
 #: different configurations are never pooled; runs of one configuration that differ in another
 #: parameter are, and the row's note names the parameter.
-CONFIG_PARAMS = {"how-many": ("x",), "time-to-resolve": ("x",),
+CONFIG_PARAMS = {"how-many": ("x",), "time-to-resolve": ("x",), "spread": ("ntasks",),
                  "heavy-light": ("light_duty",), "priority-classes": ("nice_diff",),
                  "server": ("shape", "load", "sizes"), "proportional": ("ntasks",)}
 
@@ -197,6 +197,82 @@ def df_compare(cmp: Comparison) -> pd.DataFrame:
     return df
 
 
+def df_compare_levels(cmp: Comparison) -> pd.DataFrame:
+    """The answers by level set side by side (:mod:`harmony.analysis.policy_levels`): one row
+    per question answered at a level by some source, and source. Columns: qid (str), level
+    (str: smt, llc, package, node, remote), source (str), label (str: the answer there, or "no
+    evidence"), kind (str: :func:`label_kind`), differs (bool: the sources' answers at that
+    level are not all of one kind). Empty (with the columns) when no source has levels."""
+    cols = ["qid", "level", "source", "label", "kind", "differs"]
+    keys: dict[tuple, None] = {}
+    for card in cmp.cards:
+        for level, answers in card.levels.items():
+            for qid in answers:
+                keys[(qid, level)] = None
+    order = {q: i for i, (q, _, _) in enumerate(policy.QUESTIONS)}
+    rows = []
+    for qid, level in sorted(keys, key=lambda k: (order.get(k[0], 99), _level_rank(k[1]))):
+        for src, card in zip(cmp.sources, cmp.cards):
+            a = card.levels.get(level, {}).get(qid)
+            label = NO_EVIDENCE if a is None or a.label is None else a.label
+            rows.append({"qid": qid, "level": level, "source": src, "label": label,
+                         "kind": label_kind(label)})
+    df = pd.DataFrame(rows, columns=cols[:-1])
+    df["differs"] = (df.groupby(["qid", "level"], sort=False)["kind"].transform("nunique") > 1
+                     if len(df) else pd.Series(dtype=bool))
+    return df[cols]
+
+
+def df_compare_predictions(cmp: Comparison) -> pd.DataFrame:
+    """The predictions' verdicts side by side: one row per (check, level, source). Columns:
+    check, level, source (str), verdict (str: "holds", "fails in k of n", "not checkable", or
+    "-" where that source has no such row), runs (int)."""
+    cols = ["check", "level", "source", "verdict", "runs"]
+    keys: dict[tuple, None] = {}
+    for card in cmp.cards:
+        for v in card.predictions:
+            keys[(v["check"], v["level"])] = None
+    rows = []
+    for check, level in keys:
+        for src, card in zip(cmp.sources, cmp.cards):
+            got = [v for v in card.predictions if (v["check"], v["level"]) == (check, level)]
+            verdict = "; ".join(sorted({v["verdict"] for v in got})) or "-"
+            rows.append({"check": check, "level": level, "source": src, "verdict": verdict,
+                         "runs": sum(v["runs"] for v in got)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _level_rank(level: str) -> int:
+    from harmony.analysis.policy_levels import LEVEL_ORDER
+
+    return LEVEL_ORDER.index(level) if level in LEVEL_ORDER else len(LEVEL_ORDER)
+
+
+def levels_text(cmp: Comparison, width: int) -> list[str]:
+    """The answers by level and the predictions' verdicts, one column per source; [] when no
+    source has either."""
+    names = [_letter(k) for k in range(len(cmp.sources))]
+    out = []
+    lv = df_compare_levels(cmp)
+    if len(lv):
+        out.append("by level (where the source and target CPUs sit; *: answers of another kind):")
+        for (qid, level), d in lv.groupby(["qid", "level"], sort=False):
+            mark = "*" if d["differs"].iloc[0] else " "
+            head = f"{qid} @ {level}"
+            out.append(f"{mark}  {head:<28}" + "".join(
+                f"{_cut(str(v), width):<{width + 2}}" for v in d["label"]).rstrip())
+        out.append("")
+    pr = df_compare_predictions(cmp)
+    if len(pr):
+        out.append("predictions from the kernel's domains, checked (" + ", ".join(names) + "):")
+        for (check, level), d in pr.groupby(["check", "level"], sort=False):
+            head = f"{check}" + (f" @ {level}" if level else "")
+            out.append(f"   {head:<28}" + "".join(
+                f"{_cut(str(v), width):<{width + 2}}" for v in d["verdict"]).rstrip())
+        out.append("")
+    return out
+
+
 # ------------------------------------------------------------------------------ metric differences
 
 #: the columns of :func:`df_metric_differences`, in order
@@ -211,9 +287,10 @@ _STATISTICS = {"median": np.median, "mean": np.mean, "min": np.min, "max": np.ma
 
 def config_of(e: policy.Evidence) -> tuple:
     """A run's configuration: (experiment, CPU count, ((parameter, value), ...)) over the
-    experiment's :data:`CONFIG_PARAMS`."""
-    return (e.experiment, e.ncpus,
-            tuple((name, e.params.get(name)) for name in CONFIG_PARAMS.get(e.experiment, ())))
+    experiment's :data:`CONFIG_PARAMS`, and its level when it was placed at one (runs at two
+    levels are never pooled)."""
+    params = tuple((name, e.params.get(name)) for name in CONFIG_PARAMS.get(e.experiment, ()))
+    return (e.experiment, e.ncpus, params + ((("level", e.level),) if e.level else ()))
 
 
 def config_label(config: tuple) -> str:
@@ -510,8 +587,9 @@ def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = 
     table, differs = answers_table(cmp)
     out += answers_lines(table, differs, names, width)
     out += [""] + textwrap.wrap(answers_note(int(differs.sum()), len(table)), min(width or 100,
-                                                                                 100))
-    out += [""] + metrics_text(cmp, df_metric_differences(cmp), all_metrics)
+                                                                                 100)) + [""]
+    out += levels_text(cmp, width or max(16, min(34, 100 // max(len(names), 1) - 2)))
+    out += metrics_text(cmp, df_metric_differences(cmp), all_metrics)
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -676,6 +754,8 @@ def to_dict(cmp: Comparison) -> dict:
     metrics = df_metric_differences(cmp)
     return {"sources": df_sources(cmp).to_dict("records"),
             "answers": df_compare(cmp).to_dict("records"),
+            "levels": df_compare_levels(cmp).to_dict("records"),
+            "predictions": df_compare_predictions(cmp).to_dict("records"),
             "metrics": metrics.astype(object).where(metrics.notna(), None).to_dict("records"),
             "unmatched": unmatched(cmp)}
 
@@ -931,6 +1011,23 @@ def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
                     row_kinds=["differs" if differs[qid] else None for qid in table.index],
                     numeric=frozenset({"#"})),
             D.Para(answers_note(int(differs.sum()), len(table)))]
+    lv = df_compare_levels(cmp)
+    if len(lv):
+        keys = list(dict.fromkeys(zip(lv["qid"], lv["level"])))
+        doc += [D.Heading("Answers by level", 2, "levels"),
+                D.Table(["", "question @ level"] + list(src["letter"]),
+                        [["*" if lv[(lv["qid"] == q) & (lv["level"] == L)]["differs"].iloc[0]
+                          else "", f"{q} @ {L}",
+                          *map(_label_cell, lv[(lv["qid"] == q) & (lv["level"] == L)]["label"])]
+                         for q, L in keys])]
+    pr = df_compare_predictions(cmp)
+    if len(pr):
+        keys = list(dict.fromkeys(zip(pr["check"], pr["level"])))
+        doc += [D.Heading("Predictions from the kernel's domains", 2, "predictions"),
+                D.Table(["check @ level"] + list(src["letter"]),
+                        [[f"{c}" + (f" @ {L}" if L else ""),
+                          *pr[(pr["check"] == c) & (pr["level"] == L)]["verdict"]]
+                         for c, L in keys])]
     df = df_metric_differences(cmp)
     shown = _shown(df, all_metrics)
     doc += [D.Heading("Metrics", 2, "metrics"), D.Para(metrics_intro(cmp))]

@@ -46,6 +46,8 @@ class Batch:
     label: str = ""
     runs: int = 0
     rounds: int = 0
+    #: its own CPU set (a pair placed at a level, harmony.suite.level_plan), or None: the loop's
+    cpus: list | None = None
 
     def __post_init__(self):
         self.runs = self.runs or self.planned
@@ -100,7 +102,7 @@ def until_decided(batches: list[Batch], cpus: list[int], runner, cap: int, seed:
             progress.total_s += sum(n * float(b.params["duration"]) *
                                     (1 + len(b.exp.companions(b.params))) for b, n in grow)
         for b, n in grow:
-            run_batch(b.exp, b.params, cpus, b.out, b.runs + n, runner, seed=seed,
+            run_batch(b.exp, b.params, b.cpus or cpus, b.out, b.runs + n, runner, seed=seed,
                       progress=progress, draw_first=False, first=b.runs + 1)
             b.runs += n
             b.rounds += 1
@@ -136,8 +138,8 @@ def _take_up(batches: list[Batch], cpus: list[int], runner, seed: int, progress)
         while rep_dir(b.out, k + 1).exists():
             k += 1
         if k > b.planned:
-            run_batch(b.exp, b.params, cpus, b.out, k, runner, seed=seed, progress=progress,
-                      draw_first=False, resume=True, first=b.planned + 1)
+            run_batch(b.exp, b.params, b.cpus or cpus, b.out, k, runner, seed=seed,
+                      progress=progress, draw_first=False, resume=True, first=b.planned + 1)
             grown = True
         b.runs, b.rounds = k, before.get("rounds", 0)
     if not grown:

@@ -29,7 +29,7 @@ from harmony.core.memory import stop_prefault
 from harmony.core.timing import Laps
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
-from harmony.probes import ProbeError, get_probe, proc_sched, schedstat
+from harmony.probes import ProbeError, domains, get_probe, proc_sched, schedstat
 from harmony.probes.proc_sched import KERNEL_COUNTERS
 from harmony.probes.proc_stat import KERNEL_SAMPLES, KernelSampler
 from harmony.probes.sched_debug import KERNEL_NR_RUNNING
@@ -261,6 +261,9 @@ class _Capture:
         # of /proc/<pid>/sched), turned on now if the kernel has it off: before the workers exist
         self.schedstats = schedstat.Reads()
         self.schedstats.begin()
+        # the machine's shape where the tasks run: CPUs and scheduling domains (debugfs, with
+        # sched/verbose on for the read where the kernel needs it, and /proc/schedstat)
+        manifest["topology"] = domains.read()
         self.workload = Workload(self.specs, self.cpus, seed=self.seed, warm_s=warm_s(params))
         self.workload.spawn()  # before the probe's threads exist: fork with no threads running
         self.stored["tasks"] = self.sink.put(out, "tasks", task_rows(self.specs,

@@ -247,7 +247,7 @@ def check_names(name: str, params: dict) -> list[str]:
                             "experiment")
     policy = params.get("policy_name")
     if name == "simulate" and policy and not PLACEHOLDER.match(policy):
-        from harmony.analysis.refpolicy import POLICIES
+        from harmony.analysis.refpolicy import ALL_POLICIES as POLICIES
 
         if policy not in POLICIES:
             problems.append(f"--policy {policy}: no such reference policy ({', '.join(POLICIES)})")

@@ -222,6 +222,7 @@ def run(experiment, experiment_option, cpus, layout, duration, params, probe, cr
     if duration is not None:
         overrides["duration"] = str(duration)
     try:
+        cpu_set = _placed(overrides, cpu_set, kernel)
         values = exp.resolve(overrides, cpu_set)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -256,6 +257,29 @@ def run(experiment, experiment_option, cpus, layout, duration, params, probe, cr
                                   scx_spec, cap, shown)
     _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck, scx_spec,
                     shown)
+
+
+def _host_topology() -> dict:
+    """This host's topology (the contract's, harmony.probes.domains): what places experiments
+    at its levels and plans a suite's questions of distance."""
+    from harmony.probes import domains
+
+    return domains.read()
+
+
+def _placed(overrides: dict, cpu_set: list[int], kernel) -> list[int]:
+    """The run's CPU set for ``-p level=...`` (harmony.experiments.placement): the pair at that
+    level of this host's topology; ``cpu_set`` without a level. ValueError (one line) for a
+    machine without such a pair, or a kernel under test in a VM, whose topology is the guest's."""
+    from harmony.experiments.placement import placed_cpus
+
+    level = overrides.get("level") or ""
+    if not level:
+        return cpu_set
+    if kernel is not None:
+        raise ValueError(f"level={level} in a VM needs the guest's topology before it boots: "
+                         "give the VM its shape (--vm-topology) when Harmony has it")
+    return placed_cpus(level, cpu_set, _host_topology())
 
 
 def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None,
@@ -388,7 +412,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         cpu_set = vm.cpus if kernel is not None else resolve_cpus(cpus)
         try:
             configs = plan(cpu_set, quick=quick, repeat=repeat,
-                           experiments=list(experiments) or None)
+                           experiments=list(experiments) or None,
+                           topology=None if kernel is not None else _host_topology())
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         if out is None:

@@ -307,11 +307,17 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
 @click.command()
 @click.option("--policy", "policy_name", required=True,
               help="reference policy: global-queue, poly-balance, pairwise-random or coin-flip "
-                   "(each run one of the two before, a fair coin per run)")
+                   "(each run one of the two before, a fair coin per run); or one that sees the "
+                   "machine's levels: hierarchical, flat, scx-like")
 @click.option("--ncpus", type=click.IntRange(min=2),
-              help="number of simulated CPUs, P (they are CPUs 0..P-1)  [default: 4]")
+              help="number of simulated CPUs, P (they are CPUs 0..P-1; one LLC; --machine gives "
+                   "a shape instead)  [default: 4]")
 @click.option("--cpus", "old_cpus", type=click.IntRange(min=2), hidden=True,
               help="deprecated spelling of --ncpus")
+@click.option("--machine", help="the simulated machine's shape: a preset (smt, 2llc, 2node, "
+              "2node-2llc-smt, server-16, server-32, server-64, ring-4) or "
+              "sockets=S,llcs=L,cores=C,threads=T[,numa=socket|llc][,distance=ring]; "
+              "-p level=smt|llc|package|node|remote places an experiment at a level of it")
 @click.option("--experiment", "-e", "experiments", multiple=True, metavar="NAME",
               help="one experiment of the catalog; with --suite, only these (repeatable)")
 @click.option("--suite", "whole", is_flag=True, help="the catalog, as `harmony suite` plans it")
@@ -327,13 +333,15 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
                    "--json OUT` does")
 @click.option("--verbose", "-v", is_flag=True, help="every metric, or the card's every number")
 @decide_options
-def simulate(policy_name, ncpus, old_cpus, experiments, whole, quick, repeat, params, seed, out,
-             quiet, as_json, verbose, until_decided, max_repeat):
+def simulate(policy_name, ncpus, old_cpus, machine, experiments, whole, quick, repeat, params,
+             seed, out, quiet, as_json, verbose, until_decided, max_repeat):
     """Run experiments under a reference policy in a simulator (no root, no kernel) and analyse
     them: one experiment (--experiment NAME) or the catalog (--suite, and --experiment NAME to
     keep only some), printing what `harmony run` or `harmony suite` prints."""
+    from harmony.analysis.machines import flat_topology, machine_topology
     from harmony.analysis.refpolicy import get_policy, refuse_classes
     from harmony.experiments import CATALOG, get_experiment
+    from harmony.experiments.placement import placed_cpus
     from harmony.suite import not_simulated, plan
 
     try:
@@ -344,7 +352,13 @@ def simulate(policy_name, ncpus, old_cpus, experiments, whole, quick, repeat, pa
         raise click.UsageError("give one of --experiment NAME or --suite" if not experiments
                                else "one --experiment without --suite (with --suite: a suite of "
                                     "these experiments)")
-    cpus = list(range(_ncpus(ncpus, old_cpus)))
+    if machine is not None and (ncpus is not None or old_cpus is not None):
+        raise click.UsageError("give --ncpus or --machine, not both (a machine has its CPUs)")
+    try:
+        topology = machine_topology(machine) if machine is not None else None
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--machine") from None
+    cpus = list(range(len(topology["cpus"]) if topology else _ncpus(ncpus, old_cpus)))
     if out is None:
         out = default_out(f"simulate-{policy_name}")
     check_out(out)
@@ -355,35 +369,40 @@ def simulate(policy_name, ncpus, old_cpus, experiments, whole, quick, repeat, pa
             raise click.UsageError("-p sets an experiment's parameter: give it with "
                                    "--experiment NAME, without --suite")
         try:
-            configs = plan(cpus, quick=quick, repeat=repeat, simulated=True,
+            configs = plan(cpus, quick=quick, repeat=repeat, simulated=True, topology=topology,
                            experiments=list(experiments) or None)
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         cap = decide_cap(until_decided, max_repeat, max(c.repeat for c in configs))
         for name, why in not_simulated(list(experiments) or CATALOG).items():
             note(f"{name}: left out of a simulated suite ({why})")
-        return _simulate_suite(policy_name, configs, cpus, out, seed, quiet, cap,
+        return _simulate_suite((policy_name, topology), configs, cpus, out, seed, quiet, cap,
                                Shown(as_json, verbose))
     experiment = experiments[0]
     try:
         exp = get_experiment(experiment)
         if exp.not_simulated:
             raise ValueError(f"{experiment} cannot be simulated: {exp.not_simulated}")
-        values = exp.resolve(parse_params(params), cpus)
+        overrides = parse_params(params)
+        cpus = placed_cpus(overrides.get("level") or "", cpus,
+                           topology or flat_topology(len(cpus)))
+        values = exp.resolve(overrides, cpus)
         refuse_classes(params=values)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     cap = decide_cap(until_decided, max_repeat, repeat or 1)
-    _simulate_batch(policy_name, exp, values, cpus, out, repeat or 1, seed, quiet, cap,
-                    Shown(as_json, verbose))
+    _simulate_batch((policy_name, topology), exp, values, cpus, out, repeat or 1, seed, quiet,
+                    cap, Shown(as_json, verbose))
 
 
-def _simulate_suite(policy_name, configs, cpus, out, seed, quiet, cap, shown):
+def _simulate_suite(simulated, configs, cpus, out, seed, quiet, cap, shown):
+    """`simulated`: the policy's name and the simulated machine (None: a flat one)."""
     from harmony.runners import SimRunner
     from harmony.suite import run_suite
 
     with exit_on_error(marked=f"{out} holds the runs finished so far", also=(OSError,)):
-        record = run_suite(configs, cpus, out, SimRunner(policy_name), seed=seed, quiet=quiet,
+        policy_name = simulated[0]
+        record = run_suite(configs, cpus, out, SimRunner(*simulated), seed=seed, quiet=quiet,
                            facts={"kernel": "simulated",
                                   "scheduler": f"reference policy {policy_name}",
                                   "ncpus": len(cpus)}, until_decided=cap)
@@ -394,7 +413,7 @@ def _simulate_suite(policy_name, configs, cpus, out, seed, quiet, cap, shown):
              f"{out / 'suite.json'}")
 
 
-def _simulate_batch(policy_name, exp, values, cpus, out, repeat, seed, quiet, cap, shown):
+def _simulate_batch(simulated, exp, values, cpus, out, repeat, seed, quiet, cap, shown):
     from harmony.batch import finish_batch
     from harmony.decide import batch_until_decided
     from harmony.runners import SimRunner
@@ -405,7 +424,7 @@ def _simulate_batch(policy_name, exp, values, cpus, out, repeat, seed, quiet, ca
     start = time.monotonic()
     try:
         with exit_on_error(marked=f"{out} holds the runs finished so far", also=(OSError,)):
-            with SimRunner(policy_name) as runner:
+            with SimRunner(*simulated) as runner:
                 batch_until_decided(exp, values, cpus, out, repeat, runner, seed, cap, progress)
             progress.phase("aggregating the runs")
             record = finish_batch(out)
