@@ -248,28 +248,27 @@ def _level_rank(level: str) -> int:
     return LEVEL_ORDER.index(level) if level in LEVEL_ORDER else len(LEVEL_ORDER)
 
 
-def levels_text(cmp: Comparison, width: int) -> list[str]:
-    """The answers by level and the predictions' verdicts, one column per source; [] when no
-    source has either."""
+def levels_text(cmp: Comparison, width: int | None) -> list[str]:
+    """The answers by level and the predictions' verdicts, one column per source, wrapped as
+    :func:`answers_lines` wraps the answers (never cut); [] when no source has either."""
     names = [_letter(k) for k in range(len(cmp.sources))]
     out = []
     lv = df_compare_levels(cmp)
     if len(lv):
         out.append("by level (where the source and target CPUs sit; *: answers of another kind):")
-        for (qid, level), d in lv.groupby(["qid", "level"], sort=False):
-            mark = "*" if d["differs"].iloc[0] else " "
-            head = f"{qid} @ {level}"
-            out.append(f"{mark}  {head:<28}" + "".join(
-                f"{_cut(str(v), width):<{width + 2}}" for v in d["label"]).rstrip())
-        out.append("")
+        rows = {f"{q} @ {lvl}": d for (q, lvl), d in lv.groupby(["qid", "level"], sort=False)}
+        table = pd.DataFrame([list(d["label"]) for d in rows.values()], index=list(rows),
+                             columns=names)
+        differs = pd.Series({k: bool(d["differs"].iloc[0]) for k, d in rows.items()})
+        out += answers_lines(table, differs, names, width) + [""]
     pr = df_compare_predictions(cmp)
     if len(pr):
         out.append("predictions from the kernel's domains, checked (" + ", ".join(names) + "):")
-        for (check, level), d in pr.groupby(["check", "level"], sort=False):
-            head = f"{check}" + (f" @ {level}" if level else "")
-            out.append(f"   {head:<28}" + "".join(
-                f"{_cut(str(v), width):<{width + 2}}" for v in d["verdict"]).rstrip())
-        out.append("")
+        rows = {f"{c}" + (f" @ {lvl}" if lvl else ""): d
+                for (c, lvl), d in pr.groupby(["check", "level"], sort=False)}
+        table = pd.DataFrame([list(d["verdict"]) for d in rows.values()], index=list(rows),
+                             columns=names)
+        out += answers_lines(table, pd.Series(False, index=table.index), names, width) + [""]
     return out
 
 
@@ -588,7 +587,7 @@ def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = 
     out += answers_lines(table, differs, names, width)
     out += [""] + textwrap.wrap(answers_note(int(differs.sum()), len(table)), min(width or 100,
                                                                                  100)) + [""]
-    out += levels_text(cmp, width or max(16, min(34, 100 // max(len(names), 1) - 2)))
+    out += levels_text(cmp, width)
     out += metrics_text(cmp, df_metric_differences(cmp), all_metrics)
     return "\n".join(out).rstrip() + "\n"
 
@@ -991,6 +990,13 @@ def _label_cell(a: policy.Answer) -> D.Cell:
                   "none" if kind == "cannot" else kind)
 
 
+def _level_label_cell(label: str) -> D.Cell:
+    """An answer at one level (a label, no confidence of its own), styled by what it says."""
+    kind = ("none" if label in (NO_EVIDENCE, "-") else
+            "undecided" if label == policy.UNDECIDED else "answered")
+    return D.Cell(label, kind)
+
+
 def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
                      all_metrics: bool = False) -> list:
     """compare.md's and compare.html's content (:mod:`harmony.analysis.document`): the sources,
@@ -1018,7 +1024,8 @@ def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
                 D.Table(["", "question @ level"] + list(src["letter"]),
                         [["*" if lv[(lv["qid"] == q) & (lv["level"] == L)]["differs"].iloc[0]
                           else "", f"{q} @ {L}",
-                          *map(_label_cell, lv[(lv["qid"] == q) & (lv["level"] == L)]["label"])]
+                          *map(_level_label_cell,
+                               lv[(lv["qid"] == q) & (lv["level"] == L)]["label"])]
                          for q, L in keys])]
     pr = df_compare_predictions(cmp)
     if len(pr):

@@ -1,4 +1,4 @@
-"""Spread (issue 45): N tasks released on one CPU -- where on the machine do they end up?
+"""Spread: N tasks released on one CPU -- where on the machine do they end up?
 
 N CPU-bound tasks start on the first CPU of the set and are released to the whole set at t0.
 The question is the order in which the balancer uses the machine's levels: does it fill cores
@@ -27,7 +27,7 @@ class Spread(Experiment):
     name = "spread"
     question = "Released on one CPU, where do N tasks end up: cores before siblings, nodes " \
                "before LLCs?"
-    thesis = "issue 45 (per-level policy; not in the thesis)"
+    thesis = "none: the policy at each level of the machine, beyond the thesis"
     params = (
         Param("duration", 3.0, "float", "seconds measured after t0", positive),
         Param("ntasks", lambda P: max(2, P // 2), "int", "tasks released on the first CPU of the "
