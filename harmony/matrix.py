@@ -676,16 +676,21 @@ def finish_record(out: Path, plan: Plan, record: dict, failures: list[dict],
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m harmony.matrix --cell JSON --out DIR [--facts FILE]``: one cell run in a
-    process of its own (a Dask worker's cell: signal handlers need a main thread). Exit 0
-    done, 1 with the one-line reason on stderr."""
+    """``python -m harmony.matrix --cell JSON --out DIR [--facts FILE] [--parent PID]``: one
+    cell run in a process of its own (a Dask worker's cell: signal handlers need a main thread),
+    killed if its worker dies. Exit 0 done, 1 with the one-line reason on stderr."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m harmony.matrix")
     ap.add_argument("--cell", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--facts")
+    ap.add_argument("--parent", type=int, help="die with this process (a Dask worker)")
     args = ap.parse_args(argv)
+    if args.parent is not None:
+        from harmony.core.osutil import die_with_parent
+        if not die_with_parent(args.parent):
+            return 1
     cell = Cell.from_dict(json.loads(args.cell))
     facts = json.loads(Path(args.facts).read_text()) if args.facts else None
     try:
