@@ -191,8 +191,13 @@ def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
     _quiet_dask()
 
     async def serve():
+        import signal
+
         async with distributed.Worker(address, nthreads=1, resources=RESOURCES, name=name,
                                       death_timeout=timeout) as worker:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # a clean close
+                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(worker.close()))
             await worker.finished()
 
     try:
