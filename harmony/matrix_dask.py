@@ -32,6 +32,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -48,6 +49,8 @@ RESOURCES = {"host": 1}
 WORKER_FACTS: dict | None = None
 #: how often a task looks whether it was asked to stop, and whether the host is free (s)
 POLL_S = 1.0
+#: set when this worker process is stopped (harmony worker): its running cell stops its child
+STOPPING = threading.Event()
 
 
 class ClusterError(HarmonyError):
@@ -96,6 +99,8 @@ def _scratch_root() -> Path:
 
 
 def _stopped(event_name: str | None) -> bool:
+    if STOPPING.is_set():
+        return True
     if not event_name:
         return False
     import distributed
@@ -196,8 +201,12 @@ def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
         async with distributed.Worker(address, nthreads=1, resources=RESOURCES, name=name,
                                       death_timeout=timeout) as worker:
             loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):   # a clean close
-                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(worker.close()))
+            def stop():             # the running cell stops its child; the worker closes
+                STOPPING.set()
+                asyncio.ensure_future(worker.close())
+
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.add_signal_handler(sig, stop)
             await worker.finished()
 
     try:
