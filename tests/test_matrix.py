@@ -228,3 +228,29 @@ def test_without_distributed_the_extra_is_named(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1
     assert "harmony-sched[matrix]" in r.stderr.splitlines()[-1]
+
+
+def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, cluster):
+    """Ctrl-C of `harmony matrix --cluster`: exit 130, the matrix marked interrupted, and the
+    cells running on the workers stopped (their processes gone) within seconds."""
+    lc, _ = cluster
+    before = set(_scratch_dirs())
+    out = tmp_path / "m"
+    p = subprocess.Popen(HARMONY + ["matrix", str(plan_file(tmp_path, duration=60.0)), "--out",
+                                    str(out), "--cluster", lc.scheduler_address, "-q"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not set(_scratch_dirs()) - before:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert json.loads((out / "matrix.json").read_text())["status"] == "interrupted"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and subprocess.run(
+            ["pgrep", "-f", "harmony.matrix --cell"], capture_output=True).stdout:
+        time.sleep(0.2)
+    assert not subprocess.run(["pgrep", "-f", "harmony.matrix --cell"],
+                              capture_output=True).stdout, "a cell's process was left running"
+    assert not set(_scratch_dirs()) - before, "a cell's scratch directory was left"
