@@ -5,6 +5,7 @@
 - :mod:`harmony.cli.traces`: ``import``, ``export``;
 - :mod:`harmony.cli.kernels`: ``kernel list|build|fetch``, ``scx list|build``;
 - :mod:`harmony.cli.host`: ``doctor``, ``clean``;
+- :mod:`harmony.cli.matrix`: ``matrix``, ``worker`` (a matrix of cells, on a Dask cluster);
 - :mod:`harmony.cli.common`: what they share (one-line errors, exit statuses, common options).
 
 Exit statuses (:data:`~harmony.cli.common.EXIT_STATUSES`, printed by ``harmony --help``;
@@ -26,7 +27,7 @@ import sys
 
 import click
 
-from harmony.cli import host, kernels, measure, results, traces
+from harmony.cli import host, kernels, matrix, measure, results, traces
 from harmony.cli.common import EXIT_STATUSES, colour_off, echo, error_line, exit_status
 from harmony.core.errors import Interrupted
 from harmony.core.version import __version__
@@ -50,7 +51,8 @@ def main(ctx):
 
 for command in (host.doctor, measure.list_experiments, measure.run, measure.suite, results.report,
                 host.clean, traces.export, traces.import_, results.infer, results.compare,
-                results.simulate, kernels.kernel, kernels.scx_group):
+                results.simulate, kernels.kernel, kernels.scx_group, matrix.matrix,
+                matrix.worker):
     main.add_command(command)
 
 

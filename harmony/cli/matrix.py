@@ -1,0 +1,101 @@
+"""Commands of a matrix: ``matrix`` (a plan of cells, on this host or on a Dask cluster) and
+``worker`` (a Dask worker on a measuring host).
+
+The plan and its cells are :mod:`harmony.matrix`; the cluster is :mod:`harmony.matrix_dask`
+(Dask distributed, the optional extra ``matrix``, imported only with --cluster or worker).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from harmony.cli.common import check_out, default_out, echo, exit_on_error, fail, plural, warn
+
+
+@click.command()
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path),
+              help="the matrix directory (default runs/matrix-<name>-<time>)")
+@click.option("--cluster", metavar="tcp://HOST:8786",
+              help="run the cells on the Dask scheduler at this address (its workers: "
+                   "`harmony worker ADDRESS`, one cell per host at a time); default: on this "
+                   "host, one after another")
+@click.option("--resume", is_flag=True,
+              help="take up the matrix in --out made from this plan: its finished cells are "
+                   "kept, the others run")
+@click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
+              show_default=True, metavar="SECONDS", help="with --cluster: how long to try to "
+                                                         "reach the scheduler")
+@click.option("--quiet", "-q", is_flag=True, help="no progress lines")
+def matrix(plan_path, out, cluster, resume, connect_timeout, quiet):
+    """Run a matrix of cells: kernels x schedulers x topologies x a suite (or some experiments)
+    x repetitions, each cell what one boot or one host suite runs, as the TOML PLAN says
+    (docs/matrix.md; examples/matrix-*.toml). The plan is checked whole before anything starts;
+    the cells' directories, report.md and report.json (the cards side by side) land in --out."""
+    from harmony import matrix as mx
+
+    with exit_on_error():
+        plan = mx.load_plan(plan_path)
+    if resume and out is None:
+        raise click.UsageError("--resume takes up the matrix in --out: give --out DIR")
+    out = out or default_out(f"matrix-{plan.name}")
+    check_out(out)
+    if cluster is not None:
+        from harmony.matrix_dask import require_distributed
+
+        with exit_on_error():
+            require_distributed()
+    marked = f"{out} holds the cells finished so far (`harmony matrix {plan_path} --out {out} " \
+             "--resume` goes on)"
+    with exit_on_error(marked=marked, also=(OSError,)):
+        if cluster is None:
+            record = mx.run_local(plan, out, resume=resume, quiet=quiet)
+        else:
+            from harmony.matrix_dask import run_cluster
+
+            record = run_cluster(plan, out, cluster, resume=resume, quiet=quiet,
+                                 timeout=connect_timeout)
+    _say(record, out)
+
+
+def _say(record: dict, out: Path) -> None:
+    """The matrix's report written, and what the cells came to."""
+    from harmony.matrix_report import write_report
+
+    with exit_on_error(also=(OSError,)):
+        paths = write_report(out)
+    states = record["cells_state"]
+    ok = sum(1 for s in states.values() if s == "complete")
+    echo(f"{ok} of {plural(len(states), 'cell')} complete; report: "
+         + " and ".join(map(str, paths)))
+    for cell, state in states.items():
+        if state == "incomplete":
+            warn(f"cell {cell}: some of its runs are not complete (see its suite.json)")
+    for f in record["failures"]:
+        echo(f"failed: cell {f['cell']}: {f['error']}", err=True)
+    if ok < len(states):
+        fail(f"{plural(len(states) - ok, 'cell')} not complete; `harmony matrix PLAN --out "
+             f"{out} --resume` runs the missing ones again")
+
+
+@click.command()
+@click.argument("address", metavar="tcp://HOST:8786")
+@click.option("--name", help="the worker's name in the cluster (default: Dask's)")
+@click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
+              show_default=True, metavar="SECONDS",
+              help="how long to try to reach the scheduler")
+def worker(address, name, connect_timeout):
+    """A Dask worker on this measuring host for `harmony matrix --cluster`: one thread and the
+    resource host=1 (one cell at a time), started only if `harmony doctor` says experiments can
+    run here; its doctor facts go with each cell's results. Stops on Ctrl-C or SIGTERM."""
+    from harmony.matrix_dask import start_worker
+
+    echo(f"worker: checking this host, then serving {address}", err=True)
+    try:
+        with exit_on_error():
+            start_worker(address, name=name, timeout=connect_timeout)
+    except KeyboardInterrupt:
+        sys.exit(130)

@@ -1,0 +1,355 @@
+"""The matrix on a Dask distributed cluster: its scheduler hands the cells to workers, one cell per
+measuring host at a time, and each cell's directory comes home whole.
+
+Dask distributed (``pip install "harmony-sched[matrix]"``) is imported here only, when a command
+asks for a cluster: Harmony works without it, and :func:`require_distributed` says in one line
+which extra to install.
+
+- :func:`start_worker` (``harmony worker tcp://HOST:8786``): a Dask worker with one thread and
+  the resource ``host=1``, started only where ``harmony doctor``'s verdict is that experiments
+  can run; those doctor facts go with every cell it runs.
+- :func:`run_cluster` (``harmony matrix PLAN --cluster tcp://HOST:8786``): one task a cell,
+  ``resources={"host": 1}``, ``retries=2`` (a cell whose worker died, or that failed, runs again,
+  on whichever worker is free), ``pure=False``. A task (:func:`cell_archive`) runs its cell in a
+  child process (``python -m harmony.matrix``: a capture needs a main thread for its signal
+  handlers, and a child killed with its worker leaves nothing running: PR_SET_PDEATHSIG), in a
+  scratch directory of the worker's, and returns it as a tar archive with its sha256; the
+  submitting side checks the sum, unpacks it into ``.partial/`` and renames it into ``cells/``.
+  A cell that fails on every try is listed with its reason; Ctrl-C sets a Dask ``Event`` the
+  tasks poll (each stops its child, which cleans up as a stopped run does) and cancels the rest.
+- A real cell waits while another Harmony run holds its host's lock
+  (:class:`harmony.hygiene.HostLock`) rather than fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from harmony import matrix
+from harmony.core.errors import HarmonyError, HostBusy
+from harmony.core.osutil import harmony_python
+
+#: how to get what this module needs (setup.cfg's extra)
+EXTRA = 'pip install "harmony-sched[matrix]" (Dask distributed)'
+#: the resource a measuring host has one of: one cell per host at a time
+RESOURCES = {"host": 1}
+#: the doctor facts of the worker this process is (harmony worker), sent with each cell
+WORKER_FACTS: dict | None = None
+#: how often a task looks whether it was asked to stop, and whether the host is free (s)
+POLL_S = 1.0
+#: set when this worker process is stopped (harmony worker): its running cell stops its child
+STOPPING = threading.Event()
+
+
+class ClusterError(HarmonyError):
+    """The cluster cannot be used: Dask distributed missing, a scheduler unreachable or lost."""
+
+
+def require_distributed():
+    """The ``distributed`` module, or ClusterError naming the extra to install."""
+    try:
+        import distributed
+    except ImportError:
+        raise ClusterError(f"a cluster needs Dask distributed, which is not installed: {EXTRA}"
+                           ) from None
+    return distributed
+
+
+def _quiet_dask() -> None:
+    """Dask's own log lines (connection retries, a traceback per failed task) stay off the
+    terminal: what went wrong is said once, per cell."""
+    for name in ("distributed", "distributed.client", "distributed.core", "tornado"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+def connect(address: str, timeout: float = 10.0):
+    """A ``distributed.Client`` of the scheduler at ``address``; ClusterError (one line) when it
+    cannot be reached within ``timeout`` seconds."""
+    distributed = require_distributed()
+    _quiet_dask()
+    try:
+        return distributed.Client(address, timeout=f"{timeout}s", set_as_default=False)
+    except (OSError, TimeoutError, ValueError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ClusterError(f"cannot reach the Dask scheduler at {address}: {why}") from None
+
+
+# --- the worker's side ----------------------------------------------------------------------------
+
+def _scratch_root() -> Path:
+    root = Path(tempfile.gettempdir()) / "harmony-cells"
+    root.mkdir(mode=0o700, exist_ok=True)
+    for d in root.glob("cell-*"):       # a killed worker's cells: their owner is gone
+        pid = d.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+    return root
+
+
+def _stopped(event_name: str | None) -> bool:
+    if STOPPING.is_set():
+        return True
+    if not event_name:
+        return False
+    import distributed
+    try:
+        return distributed.Event(event_name).is_set()
+    except Exception:       # the scheduler gone: nobody is left to want the cell
+        return True
+
+
+def wait_for_host(event_name: str | None) -> None:
+    """Wait while another Harmony run holds this host's lock (a worker does not measure beside
+    one); return at once for a host that is free."""
+    from harmony.hygiene import HostLock
+
+    while True:
+        try:
+            HostLock().acquire().release()
+            return
+        except HostBusy:
+            if _stopped(event_name):
+                raise RuntimeError("stopped while waiting for the host") from None
+            time.sleep(5 * POLL_S)
+
+
+def cell_archive(cell_dict: dict, event_name: str | None = None) -> dict:
+    """Run one cell on this worker (a Dask task) and return its directory as a tar archive:
+    ``{"id", "archive" (bytes), "sha256", "record" (cell.json), "wall_s"}``. RuntimeError with
+    the cell's one-line reason when it failed (Dask retries it)."""
+    cell = matrix.Cell.from_dict(cell_dict)
+    if cell.kind != matrix.SIMULATED:
+        wait_for_host(event_name)
+    scratch = Path(tempfile.mkdtemp(prefix=f"cell-{os.getpid()}-", dir=_scratch_root()))
+    t0 = time.monotonic()
+    try:
+        out = scratch / cell.id
+        args = ["--cell", json.dumps(cell_dict), "--out", str(out),
+                "--parent", str(os.getpid())]
+        if WORKER_FACTS is not None:
+            (scratch / "facts.json").write_text(json.dumps(WORKER_FACTS, default=str))
+            args += ["--facts", str(scratch / "facts.json")]
+        _run_child(args, scratch / "stderr", event_name)
+        record = json.loads((out / matrix.CELL_FILE).read_text())
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            tar.add(out, arcname=cell.id)
+        data = buf.getvalue()
+        return {"id": cell.id, "archive": data, "sha256": hashlib.sha256(data).hexdigest(),
+                "record": record, "wall_s": time.monotonic() - t0}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_child(args: list[str], stderr_path: Path, event_name: str | None) -> None:
+    argv, env = harmony_python("harmony.matrix", *args)
+    with open(stderr_path, "wb") as err:
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        while proc.poll() is None:
+            if _stopped(event_name):
+                proc.terminate()        # SIGTERM: the run is marked and cleaned up as stopped
+                proc.wait(60)
+                raise RuntimeError("stopped: the matrix was interrupted")
+            time.sleep(POLL_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode != 0:
+        lines = stderr_path.read_text(errors="replace").strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"the cell's process exited with status "
+                           f"{proc.returncode}")
+
+
+def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
+                 check_host: bool = True) -> None:
+    """``harmony worker``: check this host (``harmony doctor``; ClusterError with its reasons
+    when experiments cannot run here), then serve the scheduler at ``address`` as a worker of one
+    thread and the resource ``host=1`` until it is stopped (Ctrl-C, SIGTERM) or the scheduler
+    goes."""
+    import asyncio
+
+    distributed = require_distributed()
+    global WORKER_FACTS
+    if check_host:
+        from harmony import doctor
+
+        facts = doctor.doctor(mount=True, test_record=False, vm=True)
+        if not facts["verdict"]["can_run"]:
+            raise ClusterError("this host cannot run experiments: "
+                               + "; ".join(facts["verdict"]["reasons"]))
+        WORKER_FACTS = facts
+    _quiet_dask()
+
+    async def serve():
+        import signal
+
+        async with distributed.Worker(address, nthreads=1, resources=RESOURCES, name=name,
+                                      death_timeout=timeout) as worker:
+            loop = asyncio.get_running_loop()
+            def stop():             # the running cell stops its child; the worker closes
+                STOPPING.set()
+                asyncio.ensure_future(worker.close())
+
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                loop.add_signal_handler(sig, stop)
+            await worker.finished()
+
+    try:
+        asyncio.run(serve())
+    except (OSError, TimeoutError) as exc:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ClusterError(f"cannot reach the Dask scheduler at {address}: {why}") from None
+
+
+# --- the submitting side --------------------------------------------------------------------------
+
+def unpack(result: dict, out: Path, cell: matrix.Cell) -> Path:
+    """A cell's archive checked (its sha256) and unpacked into ``out/.partial``, then renamed
+    into ``out/cells``; RunError when the sum or the archive is wrong, OSError when it cannot be
+    stored (a full disk): nothing half-written stays in ``cells/``."""
+    from harmony.store import RunError
+
+    data = result["archive"]
+    if hashlib.sha256(data).hexdigest() != result["sha256"]:
+        raise RunError(f"cell {cell.id}: its archive's sha256 does not match: not stored")
+    partial = Path(out) / ".partial"
+    partial.mkdir(parents=True, exist_ok=True)
+    tmp = partial / cell.id
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
+            names = {m.name.split("/")[0] for m in tar.getmembers()}
+            if names != {cell.id}:
+                raise RunError(f"cell {cell.id}: its archive holds {sorted(names)}")
+            tar.extractall(partial, filter="data")
+        if not (tmp / matrix.CELL_FILE).is_file():
+            raise RunError(f"cell {cell.id}: its archive has no {matrix.CELL_FILE}")
+        return matrix.place(tmp, out, cell)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def failure_reason(exc: BaseException | None) -> str:
+    """A failed task's reason in one line (Dask's KilledWorker named as such)."""
+    if exc is None:
+        return "cancelled"
+    if type(exc).__name__ == "KilledWorker":
+        return "its worker died on every try (KilledWorker)"
+    text = str(exc).strip()
+    return text.splitlines()[-1] if text else type(exc).__name__
+
+
+def host_workers(client) -> int:
+    """How many of the cluster's workers have the resource ``host``."""
+    workers = client.scheduler_info(n_workers=-1).get("workers", {})
+    return sum(1 for w in workers.values() if (w.get("resources") or {}).get("host"))
+
+
+def run_cluster(plan: matrix.Plan, out: Path, address: str, resume: bool = False,
+                quiet: bool = False, timeout: float = 10.0, retries: int = 2,
+                client=None) -> dict:
+    """Run ``plan``'s cells on the Dask cluster whose scheduler is at ``address`` (or through
+    ``client``), each cell's directory brought home into the matrix directory ``out``
+    (:func:`unpack`); returns matrix.json's record (:func:`harmony.matrix.finish_record`)."""
+    own = client is None
+    client = client or connect(address, timeout)
+    try:
+        record = matrix.open_matrix(out, plan, resume)
+        done = matrix.finished(out, plan)
+        matrix.write_record(out, record)
+        todo = [c for c in plan.cells if c.id not in done]
+        progress = matrix.MatrixProgress(len(plan.cells), len(done), quiet=quiet,
+                                         slots=host_workers(client))
+        if not progress.slots:
+            progress.show("no worker with the resource host yet: the cells wait for one")
+        return _submit_and_collect(client, plan, out, record, todo, progress, retries)
+    finally:
+        if own:
+            client.close()
+
+
+def _submit_and_collect(client, plan, out, record, todo, progress, retries) -> dict:
+    import distributed
+
+    token = uuid.uuid4().hex[:12]
+    event = f"harmony-matrix-stop-{token}"
+    futures = {client.submit(cell_archive, c.to_dict(), event, key=f"harmony-cell-{c.id}-{token}",
+                             resources=RESOURCES, retries=retries, pure=False): c for c in todo}
+    pending, failures = set(futures), []
+    try:
+        while pending:
+            for f in [f for f in pending if f.done()]:
+                pending.discard(f)
+                _collect(f, futures[f], out, failures, progress)
+                record = matrix.finish_record(out, plan, record, failures, "running")
+            if client.status not in ("running", "connecting"):
+                raise ClusterError("the connection to the Dask scheduler was lost")
+            ours = {f.key for f in pending}
+            progress.slots = max(1, host_workers(client))
+            # a worker's processing list holds its queued tasks too: one runs per host
+            progress.running = min(progress.slots, sum(len(set(keys) & ours)
+                                                       for keys in client.processing().values()))
+            progress.show()
+            time.sleep(0.2)
+    except BaseException as exc:
+        _stop(client, event, pending, distributed)
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "incomplete"
+        for f in pending:
+            failures.append({"cell": futures[f].id, "error": f"not finished: {exc}"
+                             if not isinstance(exc, KeyboardInterrupt) else "interrupted"})
+        matrix.finish_record(out, plan, record, failures, status)
+        raise
+    return matrix.finish_record(out, plan, record, failures)
+
+
+def _collect(f, cell, out, failures, progress) -> None:
+    """One finished task: its cell unpacked (or its failure listed with the reason)."""
+    if f.status == "finished":
+        try:
+            result = f.result()
+            unpack(result, out, cell)
+        except (HarmonyError, OSError) as exc:
+            failures.append({"cell": cell.id, "error": f"cannot store it: {exc}"})
+            progress.failed += 1
+            return
+        progress.done += 1
+        progress.walls.append(result["record"].get("wall_s") or result["wall_s"])
+        return
+    try:
+        exc = f.exception()
+    except Exception as e:      # cancelled, or the scheduler lost it
+        exc = e
+    failures.append({"cell": cell.id, "error": failure_reason(exc)})
+    progress.failed += 1
+
+
+def _stop(client, event: str, pending, distributed) -> None:
+    """Ctrl-C or a lost scheduler: the running cells are told to stop (each stops its child),
+    the others cancelled."""
+    try:
+        distributed.Event(event, client=client).set()
+        client.cancel(list(pending))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(client.processing().values()):
+            ours = {f.key for f in pending}
+            if not any(set(k) & ours for k in client.processing().values()):
+                break
+            time.sleep(0.5)
+    except Exception:       # the scheduler gone: the workers' cells see it and stop
+        pass

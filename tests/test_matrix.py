@@ -1,0 +1,256 @@
+"""The matrix (issue 47): a plan checked whole, its cells run locally (resumable) and through a
+Dask cluster of separate processes with the same cards, a worker killed mid-cell, a scheduler
+that cannot be reached. Hermetic: every cell is simulated (harmony simulate's policies)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from harmony import matrix
+from harmony.matrix_report import df_matrix_answers
+
+ROOT = Path(__file__).resolve().parent.parent
+HARMONY = [sys.executable, "-m", "harmony.cli"]
+
+#: 2 policies x 1 machine of one short experiment: the smallest plan that has cells to compare
+TINY = """
+name = "tiny"
+experiments = ["single-source"]
+repeat = 1
+[params]
+duration = {duration}
+[[matrix]]
+kernels = ["simulated"]
+schedulers = ["poly-balance", "pairwise-random"]
+topologies = [2]
+"""
+
+
+def plan_file(tmp_path: Path, duration: float = 1.0) -> Path:
+    p = tmp_path / "plan.toml"
+    p.write_text(TINY.format(duration=duration))
+    return p
+
+
+def cards(out: Path) -> list[tuple]:
+    df = df_matrix_answers(out)
+    return sorted(df[["cell", "qid", "label", "state"]].itertuples(index=False, name=None))
+
+
+# --- the plan -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["matrix-simulated.toml", "matrix-real.toml"])
+def test_example_plans_parse(name):
+    plan = matrix.load_plan(ROOT / "examples" / name)
+    df = plan.df_cells()
+    assert len(df) == 4 and df["cell"].is_unique
+    if name == "matrix-simulated.toml":
+        assert set(df["kind"]) == {"simulated"}
+    else:
+        assert list(df["kind"]) == ["host", "host", "vm", "vm"]
+
+
+def test_a_bad_plan_is_refused_whole_one_line_per_bad_cell():
+    bad = tomllib.loads("""
+        repeatt = 3
+        [[matrix]]
+        kernels = ["simulated", "debian:5.0"]
+        schedulers = ["poly-balance", "no-such-policy"]
+        topologies = [4, "no-such-machine"]
+        [[matrix]]
+        kernels = ["host"]
+        schedulers = ["class:nope", "default"]
+        topologies = [2]
+        [[matrix]]
+        kernels = ["simulated"]
+        schedulers = ["poly-balance"]
+        topologies = [4]
+    """)
+    with pytest.raises(matrix.PlanError) as e:
+        matrix.parse_plan(bad)
+    lines = str(e.value).splitlines()[1:]
+    assert any("unknown key 'repeatt'" in line for line in lines)
+    assert any("simulated-no-such-policy-4" in line and "unknown reference policy" in line
+               for line in lines)
+    assert any("simulated-poly-balance-no-such-machine" in line for line in lines)
+    assert sum("unknown kernel 'debian:5.0'" in line for line in lines) == 4
+    assert any("host-class_nope-2" in line and "unknown scheduler" in line for line in lines)
+    assert any("simulated-poly-balance-4: in groups 1 and 3" in line for line in lines)
+    # every bad cell once, on its own line; the good ones not named
+    assert not any("host-default-2" in line for line in lines)
+    # the key, 3 simulated cells (policy x2, machine), 4 kernels, the class, the duplicate
+    assert len(lines) == 1 + 3 + 4 + 1 + 1
+
+
+def test_a_plan_that_is_not_toml_names_its_file(tmp_path):
+    p = tmp_path / "broken.toml"
+    p.write_text("[[matrix]\nkernels = ")
+    with pytest.raises(matrix.PlanError, match="broken.toml: not a TOML plan"):
+        matrix.load_plan(p)
+    r = subprocess.run(HARMONY + ["matrix", str(p), "--out", str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and not (tmp_path / "m").exists()
+    assert r.stderr.count("\n") == 1 and "broken.toml: not a TOML plan" in r.stderr
+
+
+# --- the local path -------------------------------------------------------------------------------
+
+def test_local_matrix_runs_resumes_and_reports(tmp_path):
+    plan = matrix.load_plan(plan_file(tmp_path))
+    out = tmp_path / "m"
+    record = matrix.run_local(plan, out, quiet=True)
+    assert record["status"] == "complete" and not record["failures"]
+    for cell in plan.cells:
+        d = out / "cells" / cell.id
+        rec = json.loads((d / "cell.json").read_text())
+        assert rec["cell"]["id"] == cell.id and rec["status"] == "complete"
+        assert (d / "suite.json").is_file() and rec["runs"] == 1
+    assert not any((out / ".partial").iterdir())
+    # a cell lost (and a half-made one left behind): --resume makes it again, keeps the other
+    kept, lost = plan.cells
+    stamp = (out / "cells" / kept.id / "cell.json").stat().st_mtime_ns
+    os.rename(out / "cells" / lost.id, out / ".partial" / lost.id)
+    r = subprocess.run(HARMONY + ["matrix", str(plan.source), "--out", str(out), "--resume"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "1 done, 1 running, 0 left of 2" in r.stderr and "2 of 2 cells complete" in r.stdout
+    assert (out / "cells" / kept.id / "cell.json").stat().st_mtime_ns == stamp
+    assert (out / "cells" / lost.id / "cell.json").is_file()
+    rep = json.loads((out / "report.json").read_text())
+    assert [c["id"] for c in rep["cells"]] == [c.id for c in plan.cells]
+    balances = next(q for q in rep["questions"] if q["qid"] == "balances")
+    assert set(balances["answers"]) == {c.id for c in plan.cells}
+    assert "| balances" in (out / "report.md").read_text()
+    # harmony compare takes cells of a matrix (each a suite directory)
+    cells = [str(out / "cells" / x.id) for x in plan.cells]
+    c = subprocess.run(HARMONY + ["compare", "--json", *cells], capture_output=True, text=True,
+                       timeout=120)
+    assert c.returncode == 0, c.stderr
+    assert json.loads(c.stdout)["sources"][0]["source"] == cells[0]
+
+
+# --- the cluster path -----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster():
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  resources={"host": 1}, dashboard_address=None) as lc, \
+            distributed.Client(lc) as client:
+        yield lc, client
+
+
+def test_a_cluster_gives_the_cards_the_local_path_gives(tmp_path, cluster):
+    from harmony.matrix_dask import run_cluster
+
+    plan = matrix.load_plan(plan_file(tmp_path))
+    matrix.run_local(plan, tmp_path / "local", quiet=True)
+    record = run_cluster(plan, tmp_path / "dask", None, quiet=True, client=cluster[1])
+    assert record["status"] == "complete" and not record["failures"]
+    assert cards(tmp_path / "dask") == cards(tmp_path / "local")
+    assert len(cards(tmp_path / "dask")) == 2 * 9
+
+
+def _scratch_dirs() -> list[Path]:
+    return list((Path(tempfile.gettempdir()) / "harmony-cells").glob("cell-*"))
+
+
+def test_a_worker_killed_mid_cell_its_cell_runs_again(tmp_path, cluster):
+    """A worker (its process, SIGKILL) dies while its cell runs: Dask gives the cell to another
+    worker; every cell ends complete, once, and the killed cell's process is gone with it."""
+    from harmony.matrix_dask import run_cluster
+
+    lc, client = cluster
+    plan = matrix.load_plan(plan_file(tmp_path, duration=6.0))
+    pids = {w.process.pid for w in lc.workers.values()}
+    before = set(_scratch_dirs())
+    killed: list[int] = []
+
+    def kill_one():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not killed:
+            for d in set(_scratch_dirs()) - before:
+                pid = int(d.name.split("-")[1])
+                if pid in pids:
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append(pid)
+                    break
+            time.sleep(0.1)
+
+    import threading
+    t = threading.Thread(target=kill_one)
+    t.start()
+    record = run_cluster(plan, tmp_path / "m", None, quiet=True, client=client)
+    t.join()
+    assert killed, "no cell was seen running"
+    assert record["status"] == "complete" and not record["failures"]
+    assert sorted(p.name for p in (tmp_path / "m" / "cells").iterdir()) == \
+        sorted(c.id for c in plan.cells)
+    assert not any((tmp_path / "m" / ".partial").iterdir())
+    runs = list((tmp_path / "m" / "cells").glob("*/single-source/rep-*"))
+    assert len(runs) == 2          # one run per cell: none lost, none twice
+    time.sleep(0.5)
+    children = subprocess.run(["pgrep", "-f", "harmony.matrix --cell"], capture_output=True,
+                              text=True).stdout.split()
+    assert not children, "a killed worker's cell process was left running"
+
+
+def test_an_unreachable_scheduler_is_one_line(tmp_path):
+    pytest.importorskip("distributed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]          # free, and nobody listens on it
+    out = tmp_path / "m"
+    r = subprocess.run(HARMONY + ["matrix", str(plan_file(tmp_path)), "--out", str(out),
+                                  "--cluster", f"tcp://127.0.0.1:{port}", "--connect-timeout",
+                                  "1"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.count("\n") == 1
+    assert f"cannot reach the Dask scheduler at tcp://127.0.0.1:{port}" in r.stderr
+    assert not out.exists()
+
+
+def test_without_distributed_the_extra_is_named(tmp_path):
+    code = ("import sys; sys.modules['distributed'] = None; from harmony.cli import entry; "
+            "sys.argv = ['harmony'] + sys.argv[1:]; entry()")
+    r = subprocess.run([sys.executable, "-c", code, "worker", "tcp://127.0.0.1:1"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert "harmony-sched[matrix]" in r.stderr.splitlines()[-1]
+
+
+def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, cluster):
+    """Ctrl-C of `harmony matrix --cluster`: exit 130, the matrix marked interrupted, and the
+    cells running on the workers stopped (their processes gone) within seconds."""
+    lc, _ = cluster
+    before = set(_scratch_dirs())
+    out = tmp_path / "m"
+    p = subprocess.Popen(HARMONY + ["matrix", str(plan_file(tmp_path, duration=60.0)), "--out",
+                                    str(out), "--cluster", lc.scheduler_address, "-q"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not set(_scratch_dirs()) - before:
+        time.sleep(0.1)
+    time.sleep(1.0)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert json.loads((out / "matrix.json").read_text())["status"] == "interrupted"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and subprocess.run(
+            ["pgrep", "-f", "harmony.matrix --cell"], capture_output=True).stdout:
+        time.sleep(0.2)
+    assert not subprocess.run(["pgrep", "-f", "harmony.matrix --cell"],
+                              capture_output=True).stdout, "a cell's process was left running"
+    assert not set(_scratch_dirs()) - before, "a cell's scratch directory was left"
