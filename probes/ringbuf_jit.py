@@ -30,6 +30,15 @@ BAD_RECORD = 1
 # gather() error kinds
 SHORT_RECORD = 1      # err[1] = record index (as walked), err[2] = its length, err[3] = bytes its format needs
 TABLE_FULL = 2        # more distinct strings than the table holds: retry with a bigger one
+# not a status (gather goes on, a short record found later wins): err[0] = BAD_STRING, err[1] =
+# the first record (as walked) whose dynamic string runs past it, err[2] = the string's offset,
+# err[3] = its length, err[4] = its string column
+BAD_STRING = 3
+# how gather() finds a string (str_spec[..., 2]): a fixed char array, or a dynamic string (u32
+# at the field: offset in the record, or past the field for __rel_loc, | length << 16)
+STR_FIXED, STR_DATA_LOC, STR_REL_LOC = 0, 1, 2
+#: str_codes' value for a dynamic string longer than the table's keys: decoded by the caller
+STR_LONG = -2
 
 _TS_MSB = -(1 << 59)
 _RAW_CACHE = 1024                  # entries of gather()'s raw-string cache (a power of 2)
@@ -229,10 +238,15 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spe
     [f, row] = (offset, size, read_kind(), clear_mask) reads o16's row from format f's records
     (offset -1 = field absent in format f), and so on. One loop per dtype, without a branch on
     it: the loop over all columns, storing by a dtype code, took 20-30 % longer.
-    str_spec[f, s] = (offset, width); offset -1 = absent (or not fixed-width: done by the caller).
-    The string of event j for string column s becomes str_codes[s, j]: an index into keys (the C
-    string as 32-bit words, zero padded). Absent fields are written as -1 (the out arrays may be
-    uninitialised). slots: the hash table (power-of-2 length, -1 = empty).
+    str_spec[f, s] = (offset, width, how): a fixed char array of ``width`` bytes (how STR_FIXED)
+    or a dynamic string (STR_DATA_LOC / STR_REL_LOC, ``width`` unused) at ``offset``; offset -1
+    = absent (or done by the caller). The string of event j for string column s becomes
+    str_codes[s, j]: an index into keys (the C string as 32-bit words, zero padded); a dynamic
+    string that does not fit a key (its text longer than 4 * keys.shape[1] bytes) becomes
+    STR_LONG, with its record in row_out[j] (row_out must then be as long as the events), for the
+    caller to decode; one that runs past its record -1, noted in err (BAD_STRING; the first
+    only, and a short record found later replaces it). Absent fields are written as -1 (the out
+    arrays may be uninitialised). slots: the hash table (power-of-2 length, -1 = empty).
     """
     kw = keys.shape[1]
     mask = slots.shape[0] - 1
@@ -321,8 +335,30 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spe
                 continue
             q = p + off
             width = str_spec[f, s, 1]
-            slot = -1
-            if (q & 3) == 0 and (width & 3) == 0 and width >= 8:
+            if str_spec[f, s, 2] != STR_FIXED:      # a dynamic string: where, how long
+                loc = np.int64(w32[q >> 2]) if (q & 3) == 0 else _uint(buf, q, 4)
+                q = p + (loc & 0xFFFF) + (off + 4 if str_spec[f, s, 2] == STR_REL_LOC else 0)
+                width = loc >> 16
+                if q + width > p + length[r]:
+                    if err[0] == 0:
+                        err[0] = BAD_STRING
+                        err[1] = r
+                        err[2] = loc & 0xFFFF
+                        err[3] = width
+                        err[4] = s
+                    str_codes[s, j] = -1
+                    continue
+                for b in range(width):              # the text ends at its first NUL
+                    if buf[q + b] == 0:
+                        width = b
+                        break
+                if width > 4 * kw:
+                    str_codes[s, j] = STR_LONG
+                    row_out[j] = r
+                    continue
+            slot = -1      # the raw-bytes cache: fixed arrays only (their whole width compared)
+            if str_spec[f, s, 2] == STR_FIXED and (q & 3) == 0 and (width & 3) == 0 \
+                    and width >= 8:
                 wq = q >> 2
                 nw = width >> 2
                 slot = ((np.int64(w32[wq]) * np.int64(0x9E3779B1)) ^
