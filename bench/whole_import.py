@@ -23,6 +23,15 @@ libraries alone (``common.LIBRARY_IMPORTS``: numpy, pandas, pyarrow, seaborn, ma
 no change to Harmony's code can make faster. Where 5x allows less than that, the verdict says so.
 Harmony is run as this interpreter's console script, not through a version manager's shim.
 
+``--trace-cmd``: the traces are instead recorded whole, as ``trace-cmd record -e sched -- LOAD``
+would record them: every sched event enabled in tracefs's top-level buffer, the ping-pong run
+for as long as each size needs (scaled from a 1 s recording; its processes keep the comm
+``python3``: give ``--comm 'python3*'``), then written by ``trace-cmd extract`` (a v7 file
+compressed with zstd, trace-cmd record's own layout). ``trace-cmd record`` itself cannot enable
+tracing where ``/proc/sys/kernel/ftrace_enabled`` is read-only (this host); extract only reads
+the buffers. Such a trace holds sched_stat_runtime, sched_waking and every other sched event
+besides the tracefs probe's, as a user's recording does.
+
 ``--compression zstd``: each trace converted (``trace-cmd convert --file-version 7 --compression
 zstd``, not timed) into the layout ``trace-cmd record`` writes by default, and both commands run
 on that. Beside each peak, the estimate the import refuses a file by
@@ -68,6 +77,59 @@ def make_traces(base: Path, sizes: list[int], where: Path) -> dict[int, Path]:
             write_tracedat(raw, dat.with_suffix(".part"))
             os.replace(dat.with_suffix(".part"), dat)
             shutil.rmtree(raw)
+        out[size] = dat
+    return out
+
+
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+def record_tracecmd(dat: Path, seconds: float, pairs: int) -> int:
+    """``seconds`` of ping-pong recorded with every sched event into ``dat`` as trace-cmd record
+    would (see the module's docstring); returns the events it holds (trace-cmd's count)."""
+    common.need_root("recording a trace")
+    lock = common.host_lock()      # the load must not disturb someone's run
+    kb = (TRACEFS / "buffer_size_kb").read_text().split()[0]
+    try:
+        (TRACEFS / "tracing_on").write_text("0")
+        (TRACEFS / "trace").write_text("")
+        # ~60 bytes an event, ~450 k events a second, spread over the CPUs: room to spare
+        (TRACEFS / "buffer_size_kb").write_text(str(max(16384, int(seconds * 40_000))))
+        (TRACEFS / "events/sched/enable").write_text("1")
+        (TRACEFS / "tracing_on").write_text("1")
+        common.pingpong(pairs, 0, seconds, comm="python3")
+        (TRACEFS / "tracing_on").write_text("0")
+        subprocess.run(["trace-cmd", "extract", "-o", str(dat)], check=True,
+                       capture_output=True)
+    finally:
+        (TRACEFS / "events/sched/enable").write_text("0")
+        (TRACEFS / "trace").write_text("")
+        (TRACEFS / "buffer_size_kb").write_text(kb)
+        (TRACEFS / "tracing_on").write_text("1")
+        lock.release()
+    stat = subprocess.run(["trace-cmd", "report", "--stat", "-i", str(dat)], check=True,
+                          capture_output=True, text=True).stdout
+    lost = sum(int(n) for n in re.findall(r"^overrun: (\d+)", stat, re.M))
+    if lost:
+        sys.exit(f"{dat}: the recording lost {lost} events (buffers too small)")
+    return sum(int(n) for n in re.findall(r"^entries: (\d+)", stat, re.M)) or \
+        sum(int(n) for n in re.findall(r"^read events: (\d+)", stat, re.M))
+
+
+def tracecmd_traces(sizes: list[int], where: Path, pairs: int) -> dict[int, Path]:
+    """size -> a trace.dat recorded as trace-cmd record records (:func:`record_tracecmd`) of
+    about that many events; existing files of the same name are used again."""
+    where.mkdir(parents=True, exist_ok=True)
+    out, rate = {}, None
+    for size in sizes:
+        dat = where / f"tc-pingpong-{size:.0e}.dat".replace("+", "")
+        if not dat.exists():
+            if rate is None:
+                probe = where / ".rate.dat"
+                rate = record_tracecmd(probe, 1.0, pairs)
+                probe.unlink()
+            record_tracecmd(dat.with_suffix(".part"), max(0.5, size / rate), pairs)
+            os.replace(dat.with_suffix(".part"), dat)
         out[size] = dat
     return out
 
@@ -133,6 +195,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=2, help="ping-pong pairs in the recorded load")
     ap.add_argument("--traces", type=Path, help="keep the traces here and use them again "
                                                 "(default: a temporary directory)")
+    ap.add_argument("--trace-cmd", action="store_true",
+                    help="record the traces as trace-cmd record -e sched does (see above; give "
+                         "--comm 'python3*')")
     ap.add_argument("--compression", choices=("none", "zstd"), default="none",
                     help="import the traces as trace-cmd record writes them: v7, compressed "
                          "(default %(default)s)")
@@ -163,6 +228,9 @@ def _run(a, sizes: list[int], work: Path) -> int:
     from ingest import record_base
 
     base = a.source
+    if a.trace_cmd:
+        traces = tracecmd_traces(sizes, a.traces or work / "traces", a.pairs)
+        return _measure(a, traces, work)
     if base is None:
         if a.traces and all((a.traces / f"pingpong-{s:.0e}.dat".replace("+", "")).exists()
                             for s in sizes):
@@ -173,6 +241,10 @@ def _run(a, sizes: list[int], work: Path) -> int:
     traces = make_traces(base, sizes, a.traces or work / "traces")
     if a.compression != "none":
         traces = compressed(traces, a.compression)
+    return _measure(a, traces, work)
+
+
+def _measure(a, traces: dict[int, Path], work: Path) -> int:
     floor = [timed([sys.executable, "-c", FLOOR_IMPORTS]) for _ in range(a.reps)]
     libraries_s = common.library_floor(a.reps)
     from harmony.importer import memory_needed
