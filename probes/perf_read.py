@@ -614,6 +614,14 @@ def read_perf_data(path: Path) -> PerfRead:
                     notes, n_s, decoder)
 
 
+#: heap memory faulted in ahead of the decode per byte of records (harmony.memory.prefault_heap):
+#: what a ring buffer's pages have faulted in an event (ringbuf_decode.PREFAULT_PER_PAGE_BYTE at
+#: ~54 bytes an event: ~130 bytes), at the ~111 bytes an event of a sample of the sched
+#: tracepoints. At the ring buffer's 2.5 bytes a byte a 3 M-event import's heap was faulted in to
+#: ~280 bytes an event, twice what the decode and the tables use (its peak: 425 bytes an event)
+PREFAULT_PER_RECORD_BYTE = 1.2
+
+
 def _data_section(path: Path, data, head: PerfHeader, notes: list[str]):
     """(the data section as a source of 8-byte words, its offset, its size, the list a pipe-mode
     file's cut is noted in or None): decompressed (perf record -z), copied where the file does
@@ -631,7 +639,7 @@ def _data_section(path: Path, data, head: PerfHeader, notes: list[str]):
                      f"as {len(raw)} bytes")
         data, off0, size = raw, 0, len(raw)
     place = "file offset" if head.compression is None else "offset in its records decompressed"
-    prefault_for_pages(size)
+    prefault_for_pages(size, PREFAULT_PER_RECORD_BYTE)
     # whole 8-byte words (every record is), read in place, or copied where the file does not
     # align them (a pipe-mode file's: its header records are not padded)
     buf = np.frombuffer(data, np.uint8, count=size - size % 8, offset=off0)

@@ -96,11 +96,12 @@ class Decoded:
 PREFAULT_PER_PAGE_BYTE = 2.5
 
 
-def prefault_for_pages(nbytes: int) -> None:
+def prefault_for_pages(nbytes: int, per_byte: float = PREFAULT_PER_PAGE_BYTE) -> None:
     """Before ``nbytes`` of ring-buffer pages are read and decoded: have the memory the decode will
-    need faulted in meanwhile, in idle CPU time (:func:`harmony.memory.prefault_heap`). Called as
-    early as the size is known: the files' mapping leaves a CPU idle already."""
-    prefault_heap(int(PREFAULT_PER_PAGE_BYTE * nbytes))
+    need faulted in meanwhile, in idle CPU time (:func:`harmony.memory.prefault_heap`), ``per_byte``
+    bytes a byte of them (a perf.data's records, twice a ring buffer's an event, take less). Called
+    as early as the size is known: the files' mapping leaves a CPU idle already."""
+    prefault_heap(int(per_byte * nbytes))
 
 
 def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPage,
