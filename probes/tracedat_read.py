@@ -767,8 +767,11 @@ def decompressed_sizes(td: TraceDat, buf: Buffer, chunks: Chunks | None = None) 
 SCRATCH_WRITE = 4 << 20
 #: and only from this size of pages on: at 520 MB (10 M events of a ping-pong) the import's peak
 #: was 0.83x, its time 1.12x (bench/README.md): read from the page cache, every page is faulted
-#: in by both passes of the decode, where pages decompressed into memory are already mapped
-SCRATCH_FROM = 256 << 20
+#: in by both passes of the decode, where pages decompressed into memory are already mapped.
+#: From the size the compiled decoder takes on (below, the numpy decoder holds far more than
+#: the pages): the pages of a 4 M-event trace-cmd record (184 MB) held in memory were a third of
+#: the import's data at its peak (issue 48: 150 bytes an event from 4 M events)
+SCRATCH_FROM = 64 << 20
 
 
 def decompressed_pages(td: TraceDat, buf: Buffer,
