@@ -168,10 +168,10 @@ def timed(cmd: list[str], stdout=subprocess.DEVNULL, env=None, cwd=None) -> dict
             "user_s": float(field("User time (seconds)")), "sys_s": float(field("System time (seconds)"))}
 
 
-def harmony_import(dat: Path, comm: str, out: Path) -> dict:
+def harmony_import(dat: Path, comm: str, out: Path, env: dict | None = None) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    r = timed([common.console_script("harmony") or "harmony", "import", str(dat), "--comm", comm, "-q",
-               "--out", str(out)])
+    r = timed([common.console_script("harmony") or "harmony", "import", str(dat), "--comm", comm,
+               "-q", "--out", str(out)], env=None if env is None else dict(os.environ, **env))
     m = json.loads((out / "manifest.json").read_text())
     r["events"] = int(m["capture"]["n_events"])
     r["steps"] = {**m["timings_s"].get("analysis", {}), "figures": m["timings_s"].get("figures")}
@@ -201,6 +201,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compression", choices=("none", "zstd"), default="none",
                     help="import the traces as trace-cmd record writes them: v7, compressed "
                          "(default %(default)s)")
+    ap.add_argument("--fixed-events", type=float, default=4e4,
+                    help="the size of the trace whose import measures an import's fixed costs "
+                         "(default %(default)s events; 0: none)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
     a = ap.parse_args(argv)
     sizes = common.sizes(ap, a.sizes, a.reps)
@@ -228,9 +231,16 @@ def _run(a, sizes: list[int], work: Path) -> int:
     from ingest import record_base
 
     base = a.source
+    # the trace whose import measures the fixed costs: no larger than the smallest size asked
+    fixed = min(int(a.fixed_events), min(sizes)) if a.fixed_events else 0
+    asked = set(sizes)
+    sizes = sorted(asked | ({fixed} if fixed else set()))
+
+    def small(traces: dict[int, Path]) -> Path | None:
+        return None if not fixed else traces[fixed] if fixed in asked else traces.pop(fixed)
     if a.trace_cmd:
         traces = tracecmd_traces(sizes, a.traces or work / "traces", a.pairs)
-        return _measure(a, traces, work)
+        return _measure(a, traces, work, small(traces))
     if base is None:
         if a.traces and all((a.traces / f"pingpong-{s:.0e}.dat".replace("+", "")).exists()
                             for s in sizes):
@@ -241,12 +251,24 @@ def _run(a, sizes: list[int], work: Path) -> int:
     traces = make_traces(base, sizes, a.traces or work / "traces")
     if a.compression != "none":
         traces = compressed(traces, a.compression)
-    return _measure(a, traces, work)
+    return _measure(a, traces, work, small(traces))
 
 
-def _measure(a, traces: dict[int, Path], work: Path) -> int:
+def fixed_costs(dat: Path, comm: str, out: Path, reps: int) -> dict:
+    """The import of the small trace ``dat`` with the compiled kernels (HARMONY_JIT=1, as every
+    large trace's import loads them): what every import pays whatever its size (the libraries,
+    numba and its kernels, Harmony's modules, the figures, the report); median wall seconds
+    and the events."""
+    harmony_import(dat, comm, out, {"HARMONY_JIT": "1"})             # warm, not timed
+    runs = [harmony_import(dat, comm, out, {"HARMONY_JIT": "1"}) for _ in range(reps)]
+    return {"events": runs[0]["events"], "wall_s": common.median([r["wall_s"] for r in runs]),
+            "figures_s": common.median([r["steps"].get("figures") for r in runs])}
+
+
+def _measure(a, traces: dict[int, Path], work: Path, small: Path | None = None) -> int:
     floor = [timed([sys.executable, "-c", FLOOR_IMPORTS]) for _ in range(a.reps)]
     libraries_s = common.library_floor(a.reps)
+    fixed = fixed_costs(small, a.comm, work / "run", a.reps) if small else None
     from harmony.importer import memory_needed
 
     results = []
@@ -279,22 +301,32 @@ def _measure(a, traces: dict[int, Path], work: Path) -> int:
     print(f"\nfloor: importing the modules every import loads takes {floor_s:.2f} s "
           f"(python -c '{FLOOR_IMPORTS}'); the libraries alone {libraries_s:.2f} s "
           f"(python -c \"{common.LIBRARY_IMPORTS}\")")
-    print(common.verdict(">= 5x faster than trace-cmd report (warm)",
-                         min(r["ratio"] for r in results) >= 5,
+    floor_at, what = libraries_s, "loading the libraries alone"
+    if fixed:
+        print(f"fixed costs: the import of a {fixed['events']:,}-event trace of the same kind with "
+              f"the compiled kernels (HARMONY_JIT=1) takes {fixed['wall_s']:.2f} s (its figures "
+              f"{fixed['figures_s']:.2f} s)")
+        floor_at, what = fixed["wall_s"], "an import's fixed costs"
+    # issue 48: from 4 M events up (judged on every size from 3.5 M events)
+    judged = [r for r in results if r["events"] >= 3_500_000] or results
+    print(common.verdict(">= 5x faster than trace-cmd report (warm) from 4 M events",
+                         min(r["ratio"] for r in judged) >= 5,
                          ", ".join(f"{r['ratio']:.2f}x at {r['events']:,}" for r in results)
-                         + "; " + ", ".join(under_floor(r["tracecmd_s"] / 5, r["events"], libraries_s)
+                         + "; " + ", ".join(under_floor(r["tracecmd_s"] / 5, r["events"],
+                                                        floor_at, what)
                                             for r in results if r["ratio"] < 5)))
     low = [r for r in results if r["estimate_bytes"] < r["peak_bytes"]]
     print(common.verdict("the memory estimate an import is refused by is not below its peak",
                          not low, ", ".join(f"{r['estimate_bytes'] / r['peak_bytes']:.2f}x the peak"
                                             f" at {r['events']:,}" for r in results)))
-    big = max(results, key=lambda r: r["events"])
-    print(common.verdict("peak memory <= 150 bytes/event at 10 M events",
-                         big["bytes_per_event"] <= 150 if big["events"] >= 9_000_000 else None,
-                         f"{big['bytes_per_event']:.0f} bytes/event at {big['events']:,} "
-                         f"({big['peak_bytes'] / 1e9:.2f} GB)"))
+    # issue 48: at 4 M and at 10 M events (judged on every size from 3.5 M events)
+    big = [r for r in results if r["events"] >= 3_500_000]
+    print(common.verdict("peak memory <= 150 bytes/event from 4 M events",
+                         all(r["bytes_per_event"] <= 150 for r in big) if big else None,
+                         ", ".join(f"{r['bytes_per_event']:.0f} bytes/event at {r['events']:,} "
+                                   f"({r['peak_bytes'] / 1e9:.2f} GB)" for r in big)))
     common.emit_json(a.json, {"benchmark": "whole_import", "reps": a.reps, "floor_s": floor_s,
-                              "libraries_s": libraries_s,
+                              "libraries_s": libraries_s, "fixed": fixed,
                               "results": results})
     return 0
 

@@ -83,6 +83,9 @@ def test_whole_import_from_a_capture(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "trace-cmd / harmony" in r.stdout and "floor: importing the modules" in r.stdout
     assert ">= 5x faster than trace-cmd report (warm)" in r.stdout
+    # the smallest trace measures an import's fixed costs too (the compiled kernels forced)
+    assert "fixed costs: the import of a 300-event trace of the same kind" in r.stdout
+    assert json.loads(out.read_text())["fixed"]["events"] == 300
     res = json.loads(out.read_text())["results"]
     assert [x["events"] for x in res] == [300, 1200]
     assert all(x["peak_bytes"] > 0 and x["harmony_s"] > 0 and x["tracecmd_s"] >= 0 for x in res)
@@ -91,7 +94,8 @@ def test_whole_import_from_a_capture(tmp_path):
     assert all(x["estimate_bytes"] >= x["peak_bytes"] > 0 for x in res), res
     # as trace-cmd record writes them: converted once, v7 compressed
     r = bench("whole_import", "--from", str(raw), "--comm", "w1*", "--sizes", "300", "--reps", "1",
-              "--traces", str(tmp_path / "traces"), "--compression", "zstd", "--json", str(out))
+              "--traces", str(tmp_path / "traces"), "--compression", "zstd", "--fixed-events", "0",
+              "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "the memory estimate an import is refused by is not below its peak" in r.stdout
     [x] = json.loads(out.read_text())["results"]
