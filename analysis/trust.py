@@ -71,7 +71,7 @@ from __future__ import annotations
 
 from harmony.analysis import thresholds as T
 from harmony.probes.proc_stat import SWEEP_BUDGET
-from harmony.tasks import POLICIES
+from harmony.workload.tasks import POLICIES
 
 #: PELT's half-life, s (32 periods of 1024 us): how far a warm-up let a task's load converge
 PELT_HALF_LIFE_S = 32 * 1024e-6
@@ -96,6 +96,17 @@ def word(n: dict) -> str:
 
 def words(notes: list[dict]) -> list[str]:
     return [word(n) for n in notes]
+
+
+#: kinds of note that say what a run is or how it was made, not that its measurement is in
+#: doubt: a screen may leave them to the full report (``harmony report -v``)
+DESCRIPTIVE = frozenset({"controller", "imported_from", "release_not_modelled", "causes_checked",
+                         "causes_unchecked", "sampler_slow"})
+
+
+def is_doubt(n: dict) -> bool:
+    """Whether the note ``n`` lessens trust in the run (every kind but :data:`DESCRIPTIVE`)."""
+    return n.get("kind") not in DESCRIPTIVE
 
 
 def count(n: int, noun: str) -> str:

@@ -7,7 +7,7 @@ knows it: each recording probe of :data:`harmony.probes.PROBES` its own check
 (``Probe.doctor_check``) and whether it can record (``Probe.cannot_record``), the samplers of the
 kernel's own view theirs (:func:`harmony.probes.sched_debug.doctor_check`,
 :func:`harmony.probes.proc_sched.doctor_check`), the controller how a run releases its tasks
-(:func:`harmony.controller.release_check`).
+(:func:`harmony.workload.controller.release_check`).
 
 :func:`doctor` leaves no kernel state behind: the tracefs instance the tracefs probe's check
 creates is removed at once, and no event is ever enabled in tracefs (the perf check enables
@@ -29,14 +29,16 @@ import subprocess
 import time
 from pathlib import Path
 
-from harmony import hostfacts, jit, kernels, memory
-from harmony.controller import release_check
+from harmony import hostfacts
+from harmony.core import jit, memory
+from harmony.core.osutil import format_cpulist, online_cpus
 from harmony.hostfacts import MISSING, OK, WARN, check
-from harmony.osutil import format_cpulist, online_cpus
-from harmony.probes import PROBES, get_probe, proc_sched, sched_debug
+from harmony.probes import PROBES, domains, get_probe, proc_sched, sched_debug
 from harmony.probes.base import REQUIRED_TRACEPOINTS
 from harmony.probes.schema import SCHED_EVENTS
-from harmony.vm import doctor_check as vm_check
+from harmony.vm import kernels
+from harmony.vm.machine import doctor_check as vm_check
+from harmony.workload.controller import release_check
 
 #: the checks of :func:`doctor`, in the order :func:`format_doctor` prints them (a probe's check
 #: that is not named here comes after them)
@@ -47,6 +49,7 @@ CHECKS = (
     "sched_ext",
     "cpus",
     "topology",
+    "sched_domains",
     "isolation",
     "hz",
     "preemption",
@@ -60,6 +63,7 @@ CHECKS = (
     "sched_debug",
     "task_counters",
     "perf",
+    "pyperf",
     "trace_cmd",
     "decoder",
     "memory",
@@ -180,6 +184,22 @@ def check_topology() -> dict:
     return check(WARN if topo["notes"] else OK, detail, **topo)
 
 
+def check_sched_domains() -> dict:
+    """The kernel's scheduling domains (:func:`harmony.probes.domains.read`: debugfs, with
+    sched/verbose on for the read where the kernel needs it and back after, and
+    /proc/schedstat): each level's name, span and parameters; warn where they cannot be read
+    (the runs then carry no level per migration)."""
+    topo = domains.read()
+    lines = domains.describe(topo)
+    if not topo["domains"]:
+        why = "; ".join(topo["source"]["missing"]) or "no domains"
+        return check(WARN, f"not readable: {why}", lines=[], **topo)
+    detail = domains.summary_line(topo)
+    if topo["source"]["missing"]:
+        detail += f" (not read: {'; '.join(topo['source']['missing'])})"
+    return check(OK, detail, lines=lines, **topo)
+
+
 def check_isolation() -> dict:
     iso = hostfacts.isolation()
     isolated, nohz_full = iso["isolated"], iso["nohz_full"]
@@ -218,7 +238,7 @@ def check_preemption(debugfs: str | None, config: dict, source: str | None) -> d
 
 def check_cgroup() -> dict:
     v2, v1_cpuset = hostfacts.cgroup_mounts()
-    # the release holds each initial CPU's tasks in a cpuset cgroup (harmony/cpuset.py): v2
+    # the release holds each initial CPU's tasks in a cpuset cgroup (harmony/workload/cpuset.py): v2
     # preferred, v1 works; without either it pins every task (slower release, noted in runs)
     if not v2:
         detail = "cgroup2 not mounted"
@@ -369,7 +389,7 @@ def check_decoder() -> dict:
 
 
 def check_memory() -> dict:
-    """Whether a decode's memory is faulted in ahead of it (harmony.memory.prefault_heap)."""
+    """Whether a decode's memory is faulted in ahead of it (harmony.core.memory.prefault_heap)."""
     ok, detail = memory.describe()
     return check(OK if ok else WARN, detail, prefault=ok)
 
@@ -421,7 +441,7 @@ def doctor(mount: bool = True, test_record: bool = True, probes: tuple[str, ...]
     ``can_run`` is true when running as root and at least one probe (a tracefs instance with
     sched_switch, sched_migrate_task and sched_wakeup, or perf recording sched tracepoints) can
     record. ``probes``: check only these probes (the guest agent checks tracefs, whose check
-    loads no pandas); ``vm``: also the ``vm`` check (:func:`harmony.vm.doctor_check`: can this
+    loads no pandas); ``vm``: also the ``vm`` check (:func:`harmony.vm.machine.doctor_check`: can this
     host boot kernels under test, with which accelerator).
     """
     t0 = time.monotonic()
@@ -447,6 +467,7 @@ def doctor(mount: bool = True, test_record: bool = True, probes: tuple[str, ...]
         facts["sched_tracepoints"] = facts["ftrace_print"] = tp_fp
     facts["trace_clocks"] = _guarded(check_clocks, tracefs)
     facts["sched_debug"] = _guarded(check_sched_debug, mount)
+    facts["sched_domains"] = _guarded(check_sched_domains)     # debugfs mounted by now
     facts["task_counters"] = _guarded(proc_sched.doctor_check)
     facts["preemption"] = _guarded(check_preemption, facts["sched_debug"].get("debugfs"),
                                    config, config_source)
@@ -514,6 +535,8 @@ def format_doctor(facts: dict) -> str:
     lines = [f"{'CHECK':<{w1}}  {'STATUS':<{w2}}  DETAIL"]
     lines += [f"{name:<{w1}}  {status:<{w2}}  {detail}".rstrip() for name, status, detail in rows]
     indent = " " * (w1 + w2 + 4)
+    for line in (facts.get("sched_domains") or {}).get("lines", []):
+        lines.append(f"{indent}  {line}")
     for reason in v.get("reasons", []):
         lines.append(f"{indent}- {reason}")
     if v.get("can_run"):

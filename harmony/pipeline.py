@@ -35,29 +35,32 @@ from pathlib import Path
 import pandas as pd
 
 from harmony import store
-from harmony.manifest import new_manifest, now, reason  # noqa: F401  (every origin's manifest)
 from harmony.analysis import reconstruct, trust
 from harmony.analysis.causes import cause_counts, softirq_recorded
 from harmony.analysis.cost import df_wasted
-from harmony.analysis.counters import (counter_agreement, df_counter_agreement,
-                                       schedstat_agreement)
-from harmony.analysis.crosscheck import (kernel_agreement, nr_running_agreement, silent_contexts,
-                                         unrecorded_migrations)
+from harmony.analysis.counters import counter_agreement, df_counter_agreement, schedstat_agreement
+from harmony.analysis.crosscheck import (
+    kernel_agreement,
+    nr_running_agreement,
+    silent_contexts,
+    unrecorded_migrations,
+)
 from harmony.analysis.foreign import df_foreign_load
 from harmony.analysis.probe_agreement import probe_agreement
 from harmony.analysis.release import release_spread
-from harmony.analysis.taskstate import release_records
 from harmony.analysis.report import write_report
-from harmony.errors import ProbeError, RunError
+from harmony.analysis.taskstate import release_records
+from harmony.core.errors import ProbeError, RunError
+from harmony.core.jit import in_background
+from harmony.core.timing import Laps
 from harmony.experiments import get_experiment
-from harmony.jit import in_background
+from harmony.manifest import new_manifest, now, reason  # noqa: F401  (every origin's manifest)
 from harmony.probes import PROBES, Capture, get_probe
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, MARK_WARMUP
-from harmony.tasks import class_counts
-from harmony.timing import Laps
+from harmony.workload.tasks import class_counts
 
 #: a table of this many rows or more (the events, and a long trace's runs and run queue) is written
-#: to Parquet on a thread of the pool (harmony.jit.in_background) while the checks and metrics run:
+#: to Parquet on a thread of the pool (harmony.core.jit.in_background) while the checks and metrics run:
 #: 10 M events take ~1.3 s to write, their 4.9 M runs 0.6 s and 5.4 M run-queue steps 0.4 s
 BACKGROUND_WRITE_ROWS = 500_000
 
@@ -167,17 +170,17 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
                            figures=figures, laps=laps)
 
 
-def load(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
+def load_checked(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
     """Open a run directory, verified (``harmony.load``, ``harmony report``).
 
-    As :func:`harmony.store.load`, and a complete run's tables are checked (each file's Parquet
+    As :func:`harmony.store.open_run`, and a complete run's tables are checked (each file's Parquet
     footer and schema): a derived table that is missing or unreadable is rebuilt from the raw
     capture (:func:`analyse`; the run's notes then say which and why). RunError naming what is
     wrong when that cannot be done: a table of the capture's own (tasks, the kernel's view, the
     workers' counters) is damaged, the raw capture does not decode (the file is named), or the
     run was imported (its trace is imported again with ``harmony import``).
     """
-    run = store.load(run_dir, allow_incomplete=allow_incomplete)
+    run = store.open_run(run_dir, allow_incomplete=allow_incomplete)
     if not run.complete:
         return run
     problems = store.table_problems(run.path, store.held_tables(run.manifest, run.path))
@@ -192,6 +195,10 @@ def load(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
     if "imported" in source:
         raise RunError(f"{run.path}: {what}: import {source['imported']} again (harmony import) "
                        "to rebuild them")
+    read_only = store.cannot_write(run.path)
+    if read_only:
+        raise RunError(f"{run.path}: {what}; they cannot be rebuilt where the run is "
+                       f"({read_only}): copy it somewhere writable")
     return analyse(run.path, figures=not run.manifest.get("figures_deferred"), rebuilt=problems)
 
 
@@ -251,6 +258,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         tables, wasted = derive_tables(
             cap, tasks, manifest["cpus"], window, manifest["params"]["window_s"],
             rt_share=(manifest.get("sched") or {}).get("rt_share"),
+            domains=manifest.get("topology"),
             records_freed=(lambda: writing.append(in_background(
                 store.write_table, out, "events", cap.events))) if early else None)
         for name, df in tables.items():
@@ -328,11 +336,12 @@ def _cannot_read(out: Path, experiment, origin: Origin, exc: BaseException) -> R
 
 
 def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, window_s: float,
-                  rt_share: float | None = None,
+                  rt_share: float | None = None, domains: dict | None = None,
                   records_freed=None) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
     """A capture's tables for ``tasks`` in the window: events, markers, migrations, runs,
     runqueue, allocation, shares (see :class:`harmony.store.Run`; ``rt_share``: RT throttling's
-    share of a CPU, for the fair shares of real-time tasks); and the policy's wasted CPU time
+    share of a CPU, for the fair shares of real-time tasks; ``domains``: the manifest's
+    topology, for the migrations' levels); and the policy's wasted CPU time
     (:func:`harmony.analysis.cost.df_wasted`, for the metrics; not stored).
 
     The tables made from the task records (migrations, run queue, wasted time) come first, then
@@ -345,7 +354,7 @@ def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, windo
     there)."""
     t0, t_end = window.t0, window.end
     events = cap.events
-    migrations = reconstruct.df_migrations(events, tasks, t0)
+    migrations = reconstruct.df_migrations(events, tasks, t0, domains)
     runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
     wasted = df_wasted(events, tasks, cpus, t0, t_end)
     release_records()
@@ -390,7 +399,8 @@ def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, ori
     manifest["migration_causes"] = migration_causes(tables["migrations"], events, t0, t_end)
     if "kernel_schedstat" in manifest:      # a run recorded here or in a VM (not an import)
         manifest["schedstat_agreement"] = schedstat_agreement(
-            manifest["kernel_schedstat"], tables["migrations"], events, cpus)
+            manifest["kernel_schedstat"], tables["migrations"], events, cpus,
+            manifest.get("topology"))
     notes = (list(origin.notes) + [trust.note("recorder", text=t) for t in meta.get("notes", [])]
              + blind + [trust.note("controller", text=t)
                         for t in manifest.get("controller_notes", [])]
@@ -479,18 +489,22 @@ def crosscheck(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame,
     return trust.crosscheck_notes(result, a, name)
 
 
-def draw_figures(run: store.Run) -> list[str]:
-    """Draw a complete run's figures, record them in its manifest and rewrite report.md."""
+def draw_figures(run: store.Run, into: Path | None = None) -> list[str]:
+    """Draw a complete run's figures, record them in its manifest and rewrite report.md.
+    ``into``: draw them in ``into/figures/`` instead and leave the run as it is (a run that cannot
+    be written: ``harmony report --out``); then their paths are returned, and nothing recorded."""
+    if into is not None:
+        return [str(p) for p in _draw(run, Path(into) / "figures")]
     laps = Laps()
     paths = _draw(run)
     laps("figures")
     return _record_figures(run, paths, laps)
 
 
-def _draw(run: store.Run) -> list[Path]:
-    """Draw the run's figures into its figures/ directory; their paths."""
-    fig_dir = run.path / "figures"
-    fig_dir.mkdir(exist_ok=True)
+def _draw(run: store.Run, fig_dir: Path | None = None) -> list[Path]:
+    """Draw the run's figures into ``fig_dir`` (default: its figures/ directory); their paths."""
+    fig_dir = fig_dir or run.path / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
     experiment = get_experiment(run.manifest["experiment"])
     # matplotlib is loaded only to draw (~0.5 s), as the experiments' plot() do
     from harmony.analysis.plots import plot_causes
@@ -500,6 +514,10 @@ def _draw(run: store.Run) -> list[Path]:
     m = run.manifest
     drawn.append(plot_causes(run.migrations, m["measured_s"], m["params"].get("bin_s", 0.1),
                              fig_dir / "causes.png"))
+    if (m.get("topology") or {}).get("cpus"):   # the machine, where the run read its shape
+        from harmony.analysis.plots_topology import plot_machine
+
+        drawn.append(plot_machine(m, run.migrations, fig_dir / "machine.png"))
     return drawn
 
 

@@ -10,6 +10,13 @@
   ``-m "not kernel"`` selects exactly the hermetic tests.
 - ``@pytest.mark.needs_tool("perf")`` and ``@pytest.mark.needs_cpus(2)`` state what else a test
   needs from the host, with the same skip-or-fail rule.
+- A real-kernel test gates on what Harmony measured agreeing with an independent reading (the
+  kernel's own counters, trace-cmd, perf, sysfs read in the test: tests/measured.py), and on
+  what its configuration forces; what the kernel chose (balanced or not, fair shares or not) is
+  reported (``measured.report_kernel_behaviour``: a warning in the summary), never gated on.
+- A parametrisation whose list comes out empty fails at collection (setup.cfg's
+  ``empty_parameter_set_mark``); the compiled code's cases are collected without numba too, and
+  say so through host_skip.
 - Every ``harmony.*`` module must come from this checkout: an editable install made from another
   clone maps ``probes/``, ``analysis/`` and ``experiments/`` there, and the tests would then test
   that clone's code. The session stops with the modules' paths when that happens.
@@ -155,9 +162,8 @@ def retry_busy(fn, wait_s: float = BUSY_WAIT_S):
 def single_source_run(out: Path, duration: float, **overrides):
     """A single-source run on every online CPU, through the library entry point `harmony run`
     uses (waiting for the host lock)."""
+    from harmony.core.osutil import online_cpus
     from harmony.experiments import get_experiment
-
-    from harmony.osutil import online_cpus
     from harmony.run import execute
 
     exp = get_experiment("single-source")
@@ -225,13 +231,13 @@ def use_implementation(name: str, monkeypatch) -> str:
     small the input ("threads"), or its numpy code ("numpy"); skip the compiled ones without
     numba. A test that needs only some of them says so with
     ``@pytest.mark.parametrize(FIXTURE, [...], indirect=True)``: no copy is made to be skipped."""
-    from harmony.jit import numba_version
+    from harmony.core.jit import numba_version
     if name != "numpy" and numba_version() is None:
         host_skip("numba is not installed: only the numpy code runs")
     monkeypatch.setenv("HARMONY_JIT", "0" if name == "numpy" else "1")
     if name == "threads":
         monkeypatch.setenv("HARMONY_THREADS", "3")
-        monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
+        monkeypatch.setattr("harmony.core.jit.PARALLEL_MIN_ITEMS", 1)
     return name
 
 

@@ -1,7 +1,7 @@
 """sched_ext schedulers under test, without a sched_ext kernel: names, arguments, the command, the
 refusals before anything starts, and the scheduler's life cycle (start, enabled, ejected, stopped,
 a verifier's refusal) against a stand-in sched_ext directory driven by a real process. Also the
-sched-ext kernel's cache key and seed matching (harmony.kernels)."""
+sched-ext kernel's cache key and seed matching (harmony.vm.kernels)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from harmony import kernels, osutil, scx, scx_build
-from harmony.errors import ParameterError, ScxError, UnknownScheduler
+from harmony.core import osutil
+from harmony.core.errors import ParameterError, ScxError, UnknownScheduler
+from harmony.vm import kernels, scx, scx_build
 
 HARMONY = [sys.executable, "-m", "harmony.cli"]
 
@@ -328,8 +329,9 @@ def test_seeding_the_cache(tmp_path, monkeypatch):
 
 def test_seed_dir_from_the_environment_or_beside_the_checkout(tmp_path, monkeypatch):
     monkeypatch.delenv("HARMONY_KERNEL_SEED", raising=False)
-    assert kernels.seed_dir("sched-ext") == (Path(kernels.__file__).resolve().parents[2]
-                                             / "shared" / "kernels" / "sched-ext-6.12")
+    checkout = Path(__file__).resolve().parent.parent
+    assert kernels.seed_dir("sched-ext") == (checkout.parent / "shared" / "kernels"
+                                             / "sched-ext-6.12")
     monkeypatch.setenv("HARMONY_KERNEL_SEED", str(tmp_path))
     assert kernels.seed_dir("sched-ext") == tmp_path / "sched-ext-6.12"
     (tmp_path / "config.gz").write_bytes(b"")
@@ -376,12 +378,19 @@ def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, code, matc
     assert not out.exists()
 
 
-def test_a_host_kernel_without_sched_ext_is_refused(tmp_path):
-    if (scx.SCHED_EXT_DIR / "state").exists():
-        return          # this host has sched_ext: the refusal is the stand-in's test above
-    p = _cli("run", "single-source", "--scx", "simple", "--out", str(tmp_path / "r"))
-    assert p.returncode == 1 and "has no sched_ext" in p.stderr
-    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
+def test_a_host_kernel_without_sched_ext_is_refused(tmp_path, monkeypatch):
+    """The command line's refusal, on any host: the kernel's sched_ext directory is a path that
+    is not there (on a host without sched_ext, the real one is not either)."""
+    from click.testing import CliRunner
+
+    from harmony.cli import main
+
+    absent = tmp_path / "sched_ext"
+    monkeypatch.setattr(scx, "SCHED_EXT_DIR", absent)
+    r = CliRunner().invoke(main, ["run", "single-source", "--scx", "simple", "--out",
+                                  str(tmp_path / "r")])
+    assert r.exit_code == 1 and f"has no sched_ext ({absent} absent)" in r.stderr, r.output
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "r").exists()
 
 
 def test_kernel_list_says_how_to_build_sched_ext(tmp_path):
@@ -418,7 +427,7 @@ def test_a_build_without_its_packages_as_a_user_says_which(tmp_path, monkeypatch
 
 def test_the_scheduler_goes_with_a_planned_run(tmp_path):
     from harmony.experiments import get_experiment
-    from harmony.guest import PlannedRun, read_job, write_job
+    from harmony.vm.guest import PlannedRun, read_job, write_job
 
     exp = get_experiment("single-source")
     cpus = [0, 1, 2, 3]
@@ -453,7 +462,7 @@ def test_the_scheduler_dies_with_its_controller(tmp_path):
 
     root = _root(tmp_path)
     fake = _scheduler(tmp_path, root)
-    code = ("import sys, time; from pathlib import Path; from harmony import scx; "
+    code = ("import sys, time; from pathlib import Path; from harmony.vm import scx; "
             f"s = scx.Scheduler(scx.ScxSpec('fake', {str(fake)!r}), Path({str(tmp_path)!r}) / "
             f"'scx.log', root=Path({str(root)!r})); s.start(); print(s.proc.pid, flush=True); "
             "time.sleep(60)")
