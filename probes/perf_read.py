@@ -621,7 +621,7 @@ def read_perf_data(path: Path) -> PerfRead:
                     notes, n_s, decoder)
 
 
-#: heap memory faulted in ahead of the decode per byte of records (harmony.memory.prefault_heap):
+#: heap memory faulted in ahead of the decode per byte of records (core.memory.prefault_heap):
 #: what a ring buffer's pages have faulted in an event (ringbuf_decode.PREFAULT_PER_PAGE_BYTE at
 #: ~54 bytes an event: ~130 bytes), at the ~111 bytes an event of a sample of the sched
 #: tracepoints. At the ring buffer's 2.5 bytes a byte a 3 M-event import's heap was faulted in to

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harmony.jit import run_split, threads
+from harmony.core.jit import run_split, threads
 from harmony.probes.base import Capture, TraceCorrupt
 from harmony.probes.filemap import mapped_array, scratch_file
 from harmony.probes.formats import (EventFormat, Field, FormatError, check_page_layout,
