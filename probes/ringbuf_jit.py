@@ -220,83 +220,6 @@ def _cstr_key(buf, w32, q, width, key):
     return h ^ (h >> 29)
 
 
-#: _intern()'s key index when the hash table is full (gather returns TABLE_FULL)
-TABLE_FULL_KEY = -3
-
-
-@_inline
-def _intern(buf, w32, p, rec_len, off, width, how, key, raw_code, raw_words, slots, keys, nk, err,
-            r, s):
-    """(the key index of string column ``s`` of the record at ``p`` (``rec_len`` bytes), the
-    keys interned now): by (``off``, ``width``, ``how``) = str_spec[f, s] (see :func:`gather`),
-    the table (``slots``, ``keys``, ``nk`` of them) and the raw-bytes cache; -1 for a field the
-    format lacks or a dynamic string past its record (noted in ``err``), STR_LONG for one too
-    long for a key, TABLE_FULL_KEY when the table is full."""
-    if off < 0:
-        return -1, nk
-    q = p + off
-    kw = keys.shape[1]
-    if how != STR_FIXED:                 # a dynamic string: where, how long
-        loc = np.int64(w32[q >> 2]) if (q & 3) == 0 else _uint(buf, q, 4)
-        q = p + (loc & 0xFFFF) + (off + 4 if how == STR_REL_LOC else 0)
-        width = loc >> 16
-        if q + width > p + rec_len:
-            if err[0] == 0:
-                err[0] = BAD_STRING
-                err[1] = r
-                err[2] = loc & 0xFFFF
-                err[3] = width
-                err[4] = s
-            return -1, nk
-        for b in range(width):               # the text ends at its first NUL
-            if buf[q + b] == 0:
-                width = b
-                break
-        if width > 4 * kw:
-            return STR_LONG, nk
-    slot = -1      # the raw-bytes cache: fixed arrays only (their whole width compared)
-    nw = width >> 2
-    wq = q >> 2
-    if how == STR_FIXED and (q & 3) == 0 and (width & 3) == 0 and width >= 8:
-        slot = ((np.int64(w32[wq]) * np.int64(0x9E3779B1)) ^
-                (np.int64(w32[wq + 1]) * np.int64(0x85EBCA77))) >> 16 & (_RAW_CACHE - 1)
-        k = raw_code[slot]
-        if k >= 0:
-            hit = True
-            for b in range(nw):
-                if raw_words[slot, b] != np.int64(w32[wq + b]):
-                    hit = False
-                    break
-            if hit:
-                return k, nk
-    mask = slots.shape[0] - 1
-    h = _cstr_key(buf, w32, q, width, key) & mask
-    while True:
-        k = slots[h]
-        if k < 0:
-            if nk * 2 >= slots.shape[0] or nk >= keys.shape[0]:
-                return TABLE_FULL_KEY, nk
-            for b in range(kw):
-                keys[nk, b] = key[b]
-            slots[h] = nk
-            k = nk
-            nk += 1
-            break
-        same = True
-        for b in range(kw):
-            if keys[k, b] != key[b]:
-                same = False
-                break
-        if same:
-            break
-        h = (h + 1) & mask
-    if slot >= 0:
-        for b in range(nw):
-            raw_words[slot, b] = np.int64(w32[wq + b])
-        raw_code[slot] = k
-    return k, nk
-
-
 @_jit
 def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spec16, spec32,
            spec64, ts_out, cpu_out, label_out, row_fmt, row_out, o16, o32, o64, str_spec, str_codes,
@@ -325,6 +248,7 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spe
     arrays may be uninitialised). slots: the hash table (power-of-2 length, -1 = empty).
     """
     kw = keys.shape[1]
+    mask = slots.shape[0] - 1
     key = np.zeros(kw, np.int64)
     # raw-bytes cache in front of the table: a string's raw words (NULs and what follows them
     # included) -> its key index; most strings (comm) repeat, and comparing raw words skips the
@@ -404,15 +328,77 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spe
                 v = _field_other(buf, w16, q, spec64[f, row, 1], rk)
             o64[row, j] = v & ~spec64[f, row, 3]
         for s in range(n_str):
-            k, nk = _intern(buf, w32, p, length[r], str_spec[f, s, 0], str_spec[f, s, 1],
-                            str_spec[f, s, 2], key, raw_code, raw_words, slots, keys, nk, err, r, s)
-            if k == TABLE_FULL_KEY:
-                n_keys[0] = nk
-                err[0] = TABLE_FULL
-                return TABLE_FULL
-            if k == STR_LONG:
-                row_out[j] = r
+            off = str_spec[f, s, 0]
+            if off < 0:
+                str_codes[s, j] = -1
+                continue
+            q = p + off
+            width = str_spec[f, s, 1]
+            if str_spec[f, s, 2] != STR_FIXED:      # a dynamic string: where, how long
+                loc = np.int64(w32[q >> 2]) if (q & 3) == 0 else _uint(buf, q, 4)
+                q = p + (loc & 0xFFFF) + (off + 4 if str_spec[f, s, 2] == STR_REL_LOC else 0)
+                width = loc >> 16
+                if q + width > p + length[r]:
+                    if err[0] == 0:
+                        err[0] = BAD_STRING
+                        err[1] = r
+                        err[2] = loc & 0xFFFF
+                        err[3] = width
+                        err[4] = s
+                    str_codes[s, j] = -1
+                    continue
+                for b in range(width):              # the text ends at its first NUL
+                    if buf[q + b] == 0:
+                        width = b
+                        break
+                if width > 4 * kw:
+                    str_codes[s, j] = STR_LONG
+                    row_out[j] = r
+                    continue
+            slot = -1      # the raw-bytes cache: fixed arrays only (their whole width compared)
+            if str_spec[f, s, 2] == STR_FIXED and (q & 3) == 0 and (width & 3) == 0 \
+                    and width >= 8:
+                wq = q >> 2
+                nw = width >> 2
+                slot = ((np.int64(w32[wq]) * np.int64(0x9E3779B1)) ^
+                        (np.int64(w32[wq + 1]) * np.int64(0x85EBCA77))) >> 16 & (_RAW_CACHE - 1)
+                k = raw_code[slot]
+                if k >= 0:
+                    hit = True
+                    for b in range(nw):
+                        if raw_words[slot, b] != np.int64(w32[wq + b]):
+                            hit = False
+                            break
+                    if hit:
+                        str_codes[s, j] = k
+                        continue
+            h = _cstr_key(buf, w32, q, width, key) & mask
+            while True:
+                k = slots[h]
+                if k < 0:
+                    if nk * 2 >= slots.shape[0] or nk >= keys.shape[0]:
+                        n_keys[0] = nk
+                        err[0] = TABLE_FULL
+                        return TABLE_FULL
+                    for b in range(kw):
+                        keys[nk, b] = key[b]
+                    slots[h] = nk
+                    k = nk
+                    nk += 1
+                    break
+                same = True
+                for b in range(kw):
+                    if keys[k, b] != key[b]:
+                        same = False
+                        break
+                if same:
+                    break
+                h = (h + 1) & mask
             str_codes[s, j] = k
+            if slot >= 0:
+                for b in range(nw):
+                    raw_words[slot, b] = np.int64(w32[wq + b])
+                raw_code[slot] = k
         j += 1
     n_keys[0] = nk
     return 0
