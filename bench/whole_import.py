@@ -187,6 +187,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1e6,3e6,1e7",
                     help="approximate events per trace, comma-separated (default %(default)s)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per size (default %(default)s)")
+    ap.add_argument("--warmups", type=int, default=1, choices=(0, 1),
+                    help="untimed imports of each trace before its timed ones (default "
+                         "%(default)s: kernels compiled and the file cached; 0: figures of a cold "
+                         "import, for a smoke test)")
     ap.add_argument("--from", dest="source", type=Path,
                     help="replicate this tracefs recording (meta.json, formats/, cpuN.raw) instead "
                          "of recording a ping-pong (give --comm)")
@@ -254,12 +258,13 @@ def _run(a, sizes: list[int], work: Path) -> int:
     return _measure(a, traces, work, small(traces))
 
 
-def fixed_costs(dat: Path, comm: str, out: Path, reps: int) -> dict:
+def fixed_costs(dat: Path, comm: str, out: Path, reps: int, warmups: int = 1) -> dict:
     """The import of the small trace ``dat`` with the compiled kernels (HARMONY_JIT=1, as every
     large trace's import loads them): what every import pays whatever its size (the libraries,
     numba and its kernels, Harmony's modules, the figures, the report); median wall seconds
     and the events."""
-    harmony_import(dat, comm, out, {"HARMONY_JIT": "1"})             # warm, not timed
+    for _ in range(warmups):                                          # warm, not timed
+        harmony_import(dat, comm, out, {"HARMONY_JIT": "1"})
     runs = [harmony_import(dat, comm, out, {"HARMONY_JIT": "1"}) for _ in range(reps)]
     return {"events": runs[0]["events"], "wall_s": common.median([r["wall_s"] for r in runs]),
             "figures_s": common.median([r["steps"].get("figures") for r in runs])}
@@ -268,12 +273,13 @@ def fixed_costs(dat: Path, comm: str, out: Path, reps: int) -> dict:
 def _measure(a, traces: dict[int, Path], work: Path, small: Path | None = None) -> int:
     floor = [timed([sys.executable, "-c", FLOOR_IMPORTS]) for _ in range(a.reps)]
     libraries_s = common.library_floor(a.reps)
-    fixed = fixed_costs(small, a.comm, work / "run", a.reps) if small else None
+    fixed = fixed_costs(small, a.comm, work / "run", a.reps, a.warmups) if small else None
     from harmony.importer import memory_needed
 
     results = []
     for size, dat in traces.items():
-        harmony_import(dat, a.comm, work / "run")          # warm: kernels cached, file cached
+        for _ in range(a.warmups):                         # warm: kernels cached, file cached
+            harmony_import(dat, a.comm, work / "run")
         ours, theirs = [], []
         for _ in range(a.reps):                            # interleaved
             ours.append(harmony_import(dat, a.comm, work / "run"))
@@ -309,7 +315,8 @@ def _measure(a, traces: dict[int, Path], work: Path, small: Path | None = None) 
         floor_at, what = fixed["wall_s"], "an import's fixed costs"
     # issue 48: from 4 M events up (judged on every size from 3.5 M events)
     judged = [r for r in results if r["events"] >= 3_500_000] or results
-    print(common.verdict(">= 5x faster than trace-cmd report (warm) from 4 M events",
+    warm = "warm" if a.warmups else "cold"
+    print(common.verdict(f">= 5x faster than trace-cmd report ({warm}) from 4 M events",
                          min(r["ratio"] for r in judged) >= 5,
                          ", ".join(f"{r['ratio']:.2f}x at {r['events']:,}" for r in results)
                          + "; " + ", ".join(under_floor(r["tracecmd_s"] / 5, r["events"],
@@ -325,7 +332,8 @@ def _measure(a, traces: dict[int, Path], work: Path, small: Path | None = None) 
                          all(r["bytes_per_event"] <= 150 for r in big) if big else None,
                          ", ".join(f"{r['bytes_per_event']:.0f} bytes/event at {r['events']:,} "
                                    f"({r['peak_bytes'] / 1e9:.2f} GB)" for r in big)))
-    common.emit_json(a.json, {"benchmark": "whole_import", "reps": a.reps, "floor_s": floor_s,
+    common.emit_json(a.json, {"benchmark": "whole_import", "reps": a.reps, "warmups": a.warmups,
+                              "floor_s": floor_s,
                               "libraries_s": libraries_s, "fixed": fixed,
                               "results": results})
     return 0
