@@ -3,8 +3,8 @@
 The numpy version in :mod:`taskstate` evaluates the state machine with forward fills over whole
 arrays (~25 passes and as many temporaries of the trace's length); here one pass over the events
 emits the records and one pass per task walks them, with the same rules (documented in
-:mod:`taskstate`). When it runs rather than the numpy version is :mod:`harmony.core.jit`'s choice; the
-tests run both and compare them.
+:mod:`taskstate`). When it runs rather than the numpy version is :mod:`harmony.core.jit`'s choice;
+the tests run both and compare them.
 """
 
 from __future__ import annotations
@@ -101,6 +101,139 @@ def by_task(task, n_tasks, order, ends, where):
         at[t] += 1
 
 
+def _inline(fn):
+    """A phase of :func:`walk` compiled into it (numba inline='always')."""
+    return numba.njit(inline="always", boundscheck=False)(fn)
+
+
+@_inline
+def _gather_group(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state,
+                  pidset, seq, ts, pid, cpu, rec, orig, dest, first, g0, g1):
+    """The first pass over one task's records order[g0:g1]: their columns from the events, each
+    switch-out's runnable or sleep, and first[k] = "the switch-out after the task's exit" (until
+    the second pass); (the first record that sets runnable, the first that sets running; -1:
+    none)."""
+    f_runnable = -1
+    f_running = -1
+    exit_pending = False
+    for k in range(g0, g1):
+        r = order[k]
+        e = rows[r]
+        rc = rec_in[r]
+        seq[k] = 2 * np.int64(e) + (1 if rc == SWITCH_IN else 0)
+        ts[k] = ev_ts[e]
+        pid[k] = pidset[task[r]]
+        cpu[k] = ev_cpu[e]
+        orig[k] = -1
+        dest[k] = -1
+        dead = False
+        if rc == SWITCH_OUT_RUNNABLE:
+            if ev_prev_state[e] != 0:
+                rc = SWITCH_OUT_SLEEP
+            # the first switch-out after the task's exit is its last: not runnable after it
+            dead = exit_pending
+            exit_pending = False
+        elif rc == EXIT:
+            exit_pending = True
+        elif rc == MIGRATE:
+            orig[k] = ev_orig[e]
+            dest[k] = ev_target[e]
+        elif rc == WAKEUP or rc == WAKEUP_NEW:
+            dest[k] = ev_target[e]
+        rec[k] = rc
+        # runnable set by: wakeup, wakeup_new, switch-in, runnable switch-out (1), sleep or
+        # dead switch-out (0); running set by: switch-in (1), switch-outs, wakeup_new, migrate (0)
+        sets_runnable = rc == WAKEUP or rc == WAKEUP_NEW or rc == SWITCH_IN or \
+            rc == SWITCH_OUT_RUNNABLE or rc == SWITCH_OUT_SLEEP
+        sets_running = rc != WAKEUP and rc != EXIT
+        if f_runnable < 0 and sets_runnable:
+            f_runnable = k
+        if f_running < 0 and sets_running:
+            f_running = k
+        first[k] = dead   # first pass: holds "dead switch-out" until the second pass
+    return f_runnable, f_running
+
+
+@_inline
+def _state_before(rec, cpu, orig, g0, f_runnable, f_running):
+    """(runnable, running, CPU) inferred before a task's first record g0 (see taskstate's
+    module doc) from the first records that set them."""
+    r0 = rec[g0]
+    is_sw0 = r0 == SWITCH_IN or r0 == SWITCH_OUT_RUNNABLE or r0 == SWITCH_OUT_SLEEP
+    runnable = False
+    if f_runnable >= 0:
+        rf = rec[f_runnable]
+        runnable = rf == SWITCH_IN or rf == SWITCH_OUT_RUNNABLE or rf == SWITCH_OUT_SLEEP
+    running = False
+    if f_running >= 0:
+        rf = rec[f_running]
+        running = rf == SWITCH_OUT_RUNNABLE or rf == SWITCH_OUT_SLEEP
+    running = running and runnable
+    if is_sw0 or r0 == EXIT:
+        where = np.int64(cpu[g0])
+    elif r0 == MIGRATE:
+        where = np.int64(orig[g0])
+    else:
+        where = np.int64(-1)
+    return runnable, running, where
+
+
+@_inline
+def _anomaly(rc, dead, runnable, running, where, on_cpu, to_cpu, from_cpu):
+    """The anomaly code of record ``rc`` (0: none) in the state before it (``runnable``,
+    ``running``, on CPU ``where``); ``on_cpu``, ``to_cpu``, ``from_cpu``: the record's cpu,
+    dest_cpu and orig_cpu; ``dead``: a switch-out after the task's exit. The last rule that
+    holds wins."""
+    is_out = rc == SWITCH_OUT_RUNNABLE or rc == SWITCH_OUT_SLEEP
+    a = 0
+    if rc == WAKEUP and runnable and where >= 0 and where != to_cpu:
+        a = _WAKEUP_WRONG_CPU
+    if rc == WAKEUP_NEW and runnable:
+        a = _WAKEUP_NEW_RUNNABLE
+    if rc == MIGRATE and where >= 0 and where != from_cpu:
+        a = _MIGRATE_WRONG_CPU
+    if rc == MIGRATE and running:
+        a = _MIGRATE_WHILE_RUNNING
+    if is_out and not (running and where == on_cpu):
+        a = _SWITCH_OUT_NOT_RUNNING
+    if dead and rc == SWITCH_OUT_RUNNABLE:
+        a = _RUNNABLE_AFTER_EXIT
+    if rc == SWITCH_IN and runnable and where != on_cpu:
+        a = _SWITCH_IN_WRONG_CPU
+    if rc == SWITCH_IN and running:
+        a = _SWITCH_IN_WHILE_RUNNING
+    if rc == SWITCH_IN and not runnable:
+        a = _SWITCH_IN_NOT_RUNNABLE
+    return a
+
+
+@_inline
+def _apply(rc, dead, runnable, running, where, on_cpu, to_cpu):
+    """(runnable, running, CPU) after record ``rc`` applied to the state before it (arguments as
+    :func:`_anomaly`'s)."""
+    if rc == WAKEUP:
+        runnable = True
+    elif rc == WAKEUP_NEW:
+        runnable = True
+        running = False
+    elif rc == SWITCH_IN:
+        runnable = True
+        running = True
+    elif rc == SWITCH_OUT_RUNNABLE:
+        runnable = not dead
+        running = False
+    elif rc == SWITCH_OUT_SLEEP:
+        runnable = False
+        running = False
+    elif rc == MIGRATE:
+        running = False
+    if rc == SWITCH_IN or rc == SWITCH_OUT_RUNNABLE or rc == SWITCH_OUT_SLEEP:
+        where = np.int64(on_cpu)
+    elif rc != EXIT and to_cpu >= 0:
+        where = np.int64(to_cpu)
+    return runnable, running, where
+
+
 @_jit
 def walk(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state, pidset,
          seq, ts, pid, cpu, rec, orig, dest, runnable_before, runnable_after,
@@ -108,69 +241,18 @@ def walk(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_s
     """Fill the task_records columns (see taskstate.task_records) in (task, seq) order: output
     row k is record order[k], for k in [k_lo, k_hi), a range of whole tasks (threads may walk
     disjoint ones at once). Each task's records are walked twice: once to find what its state
-    before the first record must have been, once to apply them."""
+    before the first record must have been (:func:`_gather_group`, :func:`_state_before`), once
+    to apply them (:func:`_anomaly`, :func:`_apply`)."""
     n = k_hi
     g0 = k_lo
     while g0 < n:
         g1 = g0 + 1
         while g1 < n and task[order[g1]] == task[order[g0]]:
             g1 += 1
-        # gather the group's records, and what the first pass needs
-        f_runnable = -1
-        f_running = -1
-        exit_pending = False
-        for k in range(g0, g1):
-            r = order[k]
-            e = rows[r]
-            rc = rec_in[r]
-            seq[k] = 2 * np.int64(e) + (1 if rc == SWITCH_IN else 0)
-            ts[k] = ev_ts[e]
-            pid[k] = pidset[task[r]]
-            cpu[k] = ev_cpu[e]
-            orig[k] = -1
-            dest[k] = -1
-            dead = False
-            if rc == SWITCH_OUT_RUNNABLE:
-                if ev_prev_state[e] != 0:
-                    rc = SWITCH_OUT_SLEEP
-                # the first switch-out after the task's exit is its last: not runnable after it
-                dead = exit_pending
-                exit_pending = False
-            elif rc == EXIT:
-                exit_pending = True
-            elif rc == MIGRATE:
-                orig[k] = ev_orig[e]
-                dest[k] = ev_target[e]
-            elif rc == WAKEUP or rc == WAKEUP_NEW:
-                dest[k] = ev_target[e]
-            rec[k] = rc
-            # runnable set by: wakeup, wakeup_new, switch-in, runnable switch-out (1), sleep or
-            # dead switch-out (0); running set by: switch-in (1), switch-outs, wakeup_new, migrate (0)
-            sets_runnable = rc == WAKEUP or rc == WAKEUP_NEW or rc == SWITCH_IN or \
-                rc == SWITCH_OUT_RUNNABLE or rc == SWITCH_OUT_SLEEP
-            sets_running = rc != WAKEUP and rc != EXIT
-            if f_runnable < 0 and sets_runnable:
-                f_runnable = k
-            if f_running < 0 and sets_running:
-                f_running = k
-            first[k] = dead   # first pass: holds "dead switch-out" until the second pass
-        # inferred state before the first record (see taskstate's module doc)
-        is_sw0 = rec[g0] == SWITCH_IN or rec[g0] == SWITCH_OUT_RUNNABLE or rec[g0] == SWITCH_OUT_SLEEP
-        runnable = False
-        if f_runnable >= 0:
-            rf = rec[f_runnable]
-            runnable = rf == SWITCH_IN or rf == SWITCH_OUT_RUNNABLE or rf == SWITCH_OUT_SLEEP
-        running = False
-        if f_running >= 0:
-            rf = rec[f_running]
-            running = rf == SWITCH_OUT_RUNNABLE or rf == SWITCH_OUT_SLEEP
-        running = running and runnable
-        if is_sw0 or rec[g0] == EXIT:
-            where = np.int64(cpu[g0])
-        elif rec[g0] == MIGRATE:
-            where = np.int64(orig[g0])
-        else:
-            where = np.int64(-1)
+        f_runnable, f_running = _gather_group(
+            order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state, pidset,
+            seq, ts, pid, cpu, rec, orig, dest, first, g0, g1)
+        runnable, running, where = _state_before(rec, cpu, orig, g0, f_runnable, f_running)
         for k in range(g0, g1):
             rc = rec[k]
             dead = first[k]
@@ -178,48 +260,9 @@ def walk(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_s
             runnable_before[k] = runnable
             running_before[k] = running
             cpu_before[k] = where
-            is_out = rc == SWITCH_OUT_RUNNABLE or rc == SWITCH_OUT_SLEEP
-            a = 0
-            if rc == WAKEUP and runnable and where >= 0 and where != dest[k]:
-                a = _WAKEUP_WRONG_CPU
-            if rc == WAKEUP_NEW and runnable:
-                a = _WAKEUP_NEW_RUNNABLE
-            if rc == MIGRATE and where >= 0 and where != orig[k]:
-                a = _MIGRATE_WRONG_CPU
-            if rc == MIGRATE and running:
-                a = _MIGRATE_WHILE_RUNNING
-            if is_out and not (running and where == cpu[k]):
-                a = _SWITCH_OUT_NOT_RUNNING
-            if dead and rc == SWITCH_OUT_RUNNABLE:
-                a = _RUNNABLE_AFTER_EXIT
-            if rc == SWITCH_IN and runnable and where != cpu[k]:
-                a = _SWITCH_IN_WRONG_CPU
-            if rc == SWITCH_IN and running:
-                a = _SWITCH_IN_WHILE_RUNNING
-            if rc == SWITCH_IN and not runnable:
-                a = _SWITCH_IN_NOT_RUNNABLE
-            anomaly[k] = a
-            # apply the record
-            if rc == WAKEUP:
-                runnable = True
-            elif rc == WAKEUP_NEW:
-                runnable = True
-                running = False
-            elif rc == SWITCH_IN:
-                runnable = True
-                running = True
-            elif rc == SWITCH_OUT_RUNNABLE:
-                runnable = not dead
-                running = False
-            elif rc == SWITCH_OUT_SLEEP:
-                runnable = False
-                running = False
-            elif rc == MIGRATE:
-                running = False
-            if rc == SWITCH_IN or is_out:
-                where = np.int64(cpu[k])
-            elif rc != EXIT and dest[k] >= 0:
-                where = np.int64(dest[k])
+            anomaly[k] = _anomaly(rc, dead, runnable, running, where, cpu[k], dest[k], orig[k])
+            runnable, running, where = _apply(rc, dead, runnable, running, where, cpu[k],
+                                              dest[k])
             runnable_after[k] = runnable
             running_after[k] = running
             cpu_after[k] = where

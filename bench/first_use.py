@@ -2,7 +2,7 @@
 
 A fresh install, honestly: a new virtual environment (``python3 -m venv --system-site-packages``,
 so the dependencies come from this Python's site-packages, as a Debian install gets them), this
-checkout installed into it with ``pip install --no-deps`` (a wheel built and installed: new
+checkout installed into it with ``pip install --no-deps`` (a wheel, built once, installed: new
 files, new modification times, no numba cache beside them), and a new, empty matplotlib
 configuration directory (``MPLCONFIGDIR``: its font cache, as a new user has none). Then, per
 way of installing, in the same fresh environment:
@@ -37,21 +37,35 @@ from whole_import import make_traces, timed  # noqa: E402
 WAYS = ("install.sh", "pip only")
 
 
-def fresh_install(where: Path) -> Path:
-    """A new venv at ``where`` with this checkout installed (not editable); its bin directory."""
-    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(where)
-    r = subprocess.run([str(where / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+def build_wheel(where: Path) -> Path:
+    """This checkout built once into a wheel under ``where`` (what ``pip install CHECKOUT`` builds
+    before it installs: every fresh install then installs the same wheel, not a build each)."""
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(where),
                         str(common.REPO)], capture_output=True, text=True)
+    wheels = sorted(where.glob("*.whl"))
+    if r.returncode or len(wheels) != 1:
+        sys.exit(f"pip wheel {common.REPO} failed: {r.stderr.strip()[-400:]}")
+    return wheels[0]
+
+
+def fresh_install(where: Path, wheel: Path) -> Path:
+    """A new venv at ``where`` with this checkout's ``wheel`` installed (not editable); its bin
+    directory."""
+    venv.EnvBuilder(system_site_packages=True, with_pip=True).create(where)
+    # --force-reinstall: a wheel of the version this Python has already is otherwise skipped
+    r = subprocess.run([str(where / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
+                        "--force-reinstall", str(wheel)], capture_output=True, text=True)
     if r.returncode:
-        sys.exit(f"pip install {common.REPO} into {where} failed: {r.stderr.strip()[-400:]}")
+        sys.exit(f"pip install {wheel} into {where} failed: {r.stderr.strip()[-400:]}")
     return where / "bin"
 
 
-def one_way(way: str, dat: Path, comm: str, work: Path) -> dict:
-    """A fresh install, installed the way ``way`` says; its first and second import timed."""
+def one_way(way: str, dat: Path, comm: str, work: Path, wheel: Path) -> dict:
+    """A fresh install of ``wheel``, installed the way ``way`` says; its first and second import
+    timed."""
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    bin_dir = fresh_install(work / "venv")
+    bin_dir = fresh_install(work / "venv", wheel)
     env = dict(os.environ, MPLCONFIGDIR=str(work / "mpl"), HARMONY_JIT="auto")
     env.pop("NUMBA_CACHE_DIR", None)
     out = {"way": way}
@@ -96,7 +110,9 @@ def main(argv=None) -> int:
             from ingest import record_base
             record_base(work / "base", 1.0, 2)
             dat = make_traces(work / "base" / "raw", [int(a.events)], work / "traces")[int(a.events)]
-        rows = [one_way(w, dat, a.comm, work / "install") for _ in range(a.reps) for w in ways]
+        wheel = build_wheel(work / "wheel")
+        rows = [one_way(w, dat, a.comm, work / "install", wheel) for _ in range(a.reps)
+                for w in ways]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print()

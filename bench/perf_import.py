@@ -147,7 +147,9 @@ def main(argv=None) -> int:
                   f"tables/checks/figures {steps} s)"
                   f" | reader {row['reader_s']:.2f} s ({row['script_over_reader']:.1f}x)",
                   flush=True)
-        target = all(r["script_over_import"] >= 5 for r in rows)
+        # issue 48: from 4 M events up (judged on every size from 3.5 M events)
+        target = all(r["script_over_import"] >= 5 for r in
+                     [r for r in rows if r["events"] >= 3_500_000] or rows)
         ratios = ", ".join(f"{r['script_over_import']:.2f}x" for r in rows)
         alone = ", ".join(f"{r['script_over_reader']:.1f}x" for r in rows)
         # every import loads the libraries and reads the file: no import is faster than both
@@ -161,11 +163,12 @@ def main(argv=None) -> int:
                              all(r["estimate_mb"] >= r["import_peak_mb"] for r in rows),
                              ", ".join(f"{r['estimate_mb'] / r['import_peak_mb']:.2f}x the peak at "
                                        f"{r['events']:,}" for r in rows)))
-        big = max(rows, key=lambda r: r["events"])
-        print(common.verdict("peak memory <= 150 bytes/event at 10 M events (perf.data)",
-                             big["bytes_per_event"] <= 150 if big["events"] >= 9_000_000 else None,
-                             f"{big['bytes_per_event']:.0f} bytes/event at {big['events']:,} "
-                             f"({big['import_peak_mb'] / 1e3:.2f} GB)"))
+        big = [r for r in rows if r["events"] >= 3_500_000]   # issue 48: at 4 M and 10 M
+        print(common.verdict("peak memory <= 150 bytes/event from 4 M events (perf.data)",
+                             all(r["bytes_per_event"] <= 150 for r in big) if big else None,
+                             ", ".join(f"{r['bytes_per_event']:.0f} bytes/event at "
+                                       f"{r['events']:,} ({r['import_peak_mb'] / 1e3:.2f} GB)"
+                                       for r in big)))
         if a.json:
             text = json.dumps({"rows": rows, "reps": a.reps, "libraries_s": libraries_s},
                               indent=1)

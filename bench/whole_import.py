@@ -23,6 +23,15 @@ libraries alone (``common.LIBRARY_IMPORTS``: numpy, pandas, pyarrow, seaborn, ma
 no change to Harmony's code can make faster. Where 5x allows less than that, the verdict says so.
 Harmony is run as this interpreter's console script, not through a version manager's shim.
 
+``--trace-cmd``: the traces are instead recorded whole, as ``trace-cmd record -e sched -- LOAD``
+would record them: every sched event enabled in tracefs's top-level buffer, the ping-pong run
+for as long as each size needs (scaled from a 1 s recording; its processes keep the comm
+``python3``: give ``--comm 'python3*'``), then written by ``trace-cmd extract`` (a v7 file
+compressed with zstd, trace-cmd record's own layout). ``trace-cmd record`` itself cannot enable
+tracing where ``/proc/sys/kernel/ftrace_enabled`` is read-only (this host); extract only reads
+the buffers. Such a trace holds sched_stat_runtime, sched_waking and every other sched event
+besides the tracefs probe's, as a user's recording does.
+
 ``--compression zstd``: each trace converted (``trace-cmd convert --file-version 7 --compression
 zstd``, not timed) into the layout ``trace-cmd record`` writes by default, and both commands run
 on that. Beside each peak, the estimate the import refuses a file by
@@ -72,6 +81,59 @@ def make_traces(base: Path, sizes: list[int], where: Path) -> dict[int, Path]:
     return out
 
 
+TRACEFS = Path("/sys/kernel/tracing")
+
+
+def record_tracecmd(dat: Path, seconds: float, pairs: int) -> int:
+    """``seconds`` of ping-pong recorded with every sched event into ``dat`` as trace-cmd record
+    would (see the module's docstring); returns the events it holds (trace-cmd's count)."""
+    common.need_root("recording a trace")
+    lock = common.host_lock()      # the load must not disturb someone's run
+    kb = (TRACEFS / "buffer_size_kb").read_text().split()[0]
+    try:
+        (TRACEFS / "tracing_on").write_text("0")
+        (TRACEFS / "trace").write_text("")
+        # ~60 bytes an event, ~450 k events a second, spread over the CPUs: room to spare
+        (TRACEFS / "buffer_size_kb").write_text(str(max(16384, int(seconds * 40_000))))
+        (TRACEFS / "events/sched/enable").write_text("1")
+        (TRACEFS / "tracing_on").write_text("1")
+        common.pingpong(pairs, 0, seconds, comm="python3")
+        (TRACEFS / "tracing_on").write_text("0")
+        subprocess.run(["trace-cmd", "extract", "-o", str(dat)], check=True,
+                       capture_output=True)
+    finally:
+        (TRACEFS / "events/sched/enable").write_text("0")
+        (TRACEFS / "trace").write_text("")
+        (TRACEFS / "buffer_size_kb").write_text(kb)
+        (TRACEFS / "tracing_on").write_text("1")
+        lock.release()
+    stat = subprocess.run(["trace-cmd", "report", "--stat", "-i", str(dat)], check=True,
+                          capture_output=True, text=True).stdout
+    lost = sum(int(n) for n in re.findall(r"^overrun: (\d+)", stat, re.M))
+    if lost:
+        sys.exit(f"{dat}: the recording lost {lost} events (buffers too small)")
+    return sum(int(n) for n in re.findall(r"^entries: (\d+)", stat, re.M)) or \
+        sum(int(n) for n in re.findall(r"^read events: (\d+)", stat, re.M))
+
+
+def tracecmd_traces(sizes: list[int], where: Path, pairs: int) -> dict[int, Path]:
+    """size -> a trace.dat recorded as trace-cmd record records (:func:`record_tracecmd`) of
+    about that many events; existing files of the same name are used again."""
+    where.mkdir(parents=True, exist_ok=True)
+    out, rate = {}, None
+    for size in sizes:
+        dat = where / f"tc-pingpong-{size:.0e}.dat".replace("+", "")
+        if not dat.exists():
+            if rate is None:
+                probe = where / ".rate.dat"
+                rate = record_tracecmd(probe, 1.0, pairs)
+                probe.unlink()
+            record_tracecmd(dat.with_suffix(".part"), max(0.5, size / rate), pairs)
+            os.replace(dat.with_suffix(".part"), dat)
+        out[size] = dat
+    return out
+
+
 def compressed(traces: dict[int, Path], algo: str) -> dict[int, Path]:
     """size -> the trace converted into a v7 trace.dat compressed with ``algo`` (made once)."""
     out = {}
@@ -106,10 +168,10 @@ def timed(cmd: list[str], stdout=subprocess.DEVNULL, env=None, cwd=None) -> dict
             "user_s": float(field("User time (seconds)")), "sys_s": float(field("System time (seconds)"))}
 
 
-def harmony_import(dat: Path, comm: str, out: Path) -> dict:
+def harmony_import(dat: Path, comm: str, out: Path, env: dict | None = None) -> dict:
     shutil.rmtree(out, ignore_errors=True)
-    r = timed([common.console_script("harmony") or "harmony", "import", str(dat), "--comm", comm, "-q",
-               "--out", str(out)])
+    r = timed([common.console_script("harmony") or "harmony", "import", str(dat), "--comm", comm,
+               "-q", "--out", str(out)], env=None if env is None else dict(os.environ, **env))
     m = json.loads((out / "manifest.json").read_text())
     r["events"] = int(m["capture"]["n_events"])
     r["steps"] = {**m["timings_s"].get("analysis", {}), "figures": m["timings_s"].get("figures")}
@@ -125,6 +187,10 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="1e6,3e6,1e7",
                     help="approximate events per trace, comma-separated (default %(default)s)")
     ap.add_argument("--reps", type=int, default=3, help="repetitions per size (default %(default)s)")
+    ap.add_argument("--warmups", type=int, default=1, choices=(0, 1),
+                    help="untimed imports of each trace before its timed ones (default "
+                         "%(default)s: kernels compiled and the file cached; 0: figures of a cold "
+                         "import, for a smoke test)")
     ap.add_argument("--from", dest="source", type=Path,
                     help="replicate this tracefs recording (meta.json, formats/, cpuN.raw) instead "
                          "of recording a ping-pong (give --comm)")
@@ -133,9 +199,15 @@ def main(argv=None) -> int:
     ap.add_argument("--pairs", type=int, default=2, help="ping-pong pairs in the recorded load")
     ap.add_argument("--traces", type=Path, help="keep the traces here and use them again "
                                                 "(default: a temporary directory)")
+    ap.add_argument("--trace-cmd", action="store_true",
+                    help="record the traces as trace-cmd record -e sched does (see above; give "
+                         "--comm 'python3*')")
     ap.add_argument("--compression", choices=("none", "zstd"), default="none",
                     help="import the traces as trace-cmd record writes them: v7, compressed "
                          "(default %(default)s)")
+    ap.add_argument("--fixed-events", type=float, default=4e4,
+                    help="the size of the trace whose import measures an import's fixed costs "
+                         "(default %(default)s events; 0: none)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
     a = ap.parse_args(argv)
     sizes = common.sizes(ap, a.sizes, a.reps)
@@ -163,6 +235,16 @@ def _run(a, sizes: list[int], work: Path) -> int:
     from ingest import record_base
 
     base = a.source
+    # the trace whose import measures the fixed costs: no larger than the smallest size asked
+    fixed = min(int(a.fixed_events), min(sizes)) if a.fixed_events else 0
+    asked = set(sizes)
+    sizes = sorted(asked | ({fixed} if fixed else set()))
+
+    def small(traces: dict[int, Path]) -> Path | None:
+        return None if not fixed else traces[fixed] if fixed in asked else traces.pop(fixed)
+    if a.trace_cmd:
+        traces = tracecmd_traces(sizes, a.traces or work / "traces", a.pairs)
+        return _measure(a, traces, work, small(traces))
     if base is None:
         if a.traces and all((a.traces / f"pingpong-{s:.0e}.dat".replace("+", "")).exists()
                             for s in sizes):
@@ -173,13 +255,31 @@ def _run(a, sizes: list[int], work: Path) -> int:
     traces = make_traces(base, sizes, a.traces or work / "traces")
     if a.compression != "none":
         traces = compressed(traces, a.compression)
+    return _measure(a, traces, work, small(traces))
+
+
+def fixed_costs(dat: Path, comm: str, out: Path, reps: int, warmups: int = 1) -> dict:
+    """The import of the small trace ``dat`` with the compiled kernels (HARMONY_JIT=1, as every
+    large trace's import loads them): what every import pays whatever its size (the libraries,
+    numba and its kernels, Harmony's modules, the figures, the report); median wall seconds
+    and the events."""
+    for _ in range(warmups):                                          # warm, not timed
+        harmony_import(dat, comm, out, {"HARMONY_JIT": "1"})
+    runs = [harmony_import(dat, comm, out, {"HARMONY_JIT": "1"}) for _ in range(reps)]
+    return {"events": runs[0]["events"], "wall_s": common.median([r["wall_s"] for r in runs]),
+            "figures_s": common.median([r["steps"].get("figures") for r in runs])}
+
+
+def _measure(a, traces: dict[int, Path], work: Path, small: Path | None = None) -> int:
     floor = [timed([sys.executable, "-c", FLOOR_IMPORTS]) for _ in range(a.reps)]
     libraries_s = common.library_floor(a.reps)
+    fixed = fixed_costs(small, a.comm, work / "run", a.reps, a.warmups) if small else None
     from harmony.importer import memory_needed
 
     results = []
     for size, dat in traces.items():
-        harmony_import(dat, a.comm, work / "run")          # warm: kernels cached, file cached
+        for _ in range(a.warmups):                         # warm: kernels cached, file cached
+            harmony_import(dat, a.comm, work / "run")
         ours, theirs = [], []
         for _ in range(a.reps):                            # interleaved
             ours.append(harmony_import(dat, a.comm, work / "run"))
@@ -207,22 +307,34 @@ def _run(a, sizes: list[int], work: Path) -> int:
     print(f"\nfloor: importing the modules every import loads takes {floor_s:.2f} s "
           f"(python -c '{FLOOR_IMPORTS}'); the libraries alone {libraries_s:.2f} s "
           f"(python -c \"{common.LIBRARY_IMPORTS}\")")
-    print(common.verdict(">= 5x faster than trace-cmd report (warm)",
-                         min(r["ratio"] for r in results) >= 5,
+    floor_at, what = libraries_s, "loading the libraries alone"
+    if fixed:
+        print(f"fixed costs: the import of a {fixed['events']:,}-event trace of the same kind with "
+              f"the compiled kernels (HARMONY_JIT=1) takes {fixed['wall_s']:.2f} s (its figures "
+              f"{fixed['figures_s']:.2f} s)")
+        floor_at, what = fixed["wall_s"], "an import's fixed costs"
+    # issue 48: from 4 M events up (judged on every size from 3.5 M events)
+    judged = [r for r in results if r["events"] >= 3_500_000] or results
+    warm = "warm" if a.warmups else "cold"
+    print(common.verdict(f">= 5x faster than trace-cmd report ({warm}) from 4 M events",
+                         min(r["ratio"] for r in judged) >= 5,
                          ", ".join(f"{r['ratio']:.2f}x at {r['events']:,}" for r in results)
-                         + "; " + ", ".join(under_floor(r["tracecmd_s"] / 5, r["events"], libraries_s)
+                         + "; " + ", ".join(under_floor(r["tracecmd_s"] / 5, r["events"],
+                                                        floor_at, what)
                                             for r in results if r["ratio"] < 5)))
     low = [r for r in results if r["estimate_bytes"] < r["peak_bytes"]]
     print(common.verdict("the memory estimate an import is refused by is not below its peak",
                          not low, ", ".join(f"{r['estimate_bytes'] / r['peak_bytes']:.2f}x the peak"
                                             f" at {r['events']:,}" for r in results)))
-    big = max(results, key=lambda r: r["events"])
-    print(common.verdict("peak memory <= 150 bytes/event at 10 M events",
-                         big["bytes_per_event"] <= 150 if big["events"] >= 9_000_000 else None,
-                         f"{big['bytes_per_event']:.0f} bytes/event at {big['events']:,} "
-                         f"({big['peak_bytes'] / 1e9:.2f} GB)"))
-    common.emit_json(a.json, {"benchmark": "whole_import", "reps": a.reps, "floor_s": floor_s,
-                              "libraries_s": libraries_s,
+    # issue 48: at 4 M and at 10 M events (judged on every size from 3.5 M events)
+    big = [r for r in results if r["events"] >= 3_500_000]
+    print(common.verdict("peak memory <= 150 bytes/event from 4 M events",
+                         all(r["bytes_per_event"] <= 150 for r in big) if big else None,
+                         ", ".join(f"{r['bytes_per_event']:.0f} bytes/event at {r['events']:,} "
+                                   f"({r['peak_bytes'] / 1e9:.2f} GB)" for r in big)))
+    common.emit_json(a.json, {"benchmark": "whole_import", "reps": a.reps, "warmups": a.warmups,
+                              "floor_s": floor_s,
+                              "libraries_s": libraries_s, "fixed": fixed,
                               "results": results})
     return 0
 

@@ -574,10 +574,57 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     Raises TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as
     asked) or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the
     reason if it was already created.
+
+    The phases: the checks before anything is read (:func:`_check_room`), the reading and the
+    choice of the tasks (:func:`_read_chosen`), the window (:func:`_window`), the CPU set and
+    the tasks table (:func:`_tasks_and_cpus`), the run directory (:func:`_new_run`), and the
+    analysis, with the copy of the trace made meanwhile (:func:`_analyse_copying`).
     """
     path, out = Path(path), Path(out)
     exp = get_experiment(experiment)
     step = progress or (lambda what: None)
+    _check_room(path, out, buffer, memory_check, disk_check)
+    step(f"reading {path.name} ({path.stat().st_size / 1e6:,.0f} MB)")
+    read = _read_chosen(path, buffer, pids, comms)
+    window = _window(read, path, t0_s, t0_marker, end_s, end_marker)
+    tasks, cpu_set = _tasks_and_cpus(read, path, cpus, window)
+    overrides = dict(params or {})
+    overrides["duration"] = str((window.end - window.t0) / 1e9)
+    if "layout" in {p.name for p in exp.all_params()} and "layout" not in overrides:
+        where = tasks["initial_cpu"].to_numpy()
+        overrides["layout"] = ",".join(str(int((where == c).sum())) for c in cpu_set)
+    values = exp.resolve(overrides, cpu_set)
+    manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window)
+    return _analyse_copying(path, out, manifest, read, tasks, window, step)
+
+
+@dataclasses.dataclass
+class _Read:
+    """A trace read for an import: its capture and kind, every comm each pid was seen with, the
+    pids chosen, the trust notes so far and the files' CPUs."""
+
+    cap: Capture
+    kind: str
+    seen: dict[int, set[str]]
+    chosen: list[int]
+    notes: list[dict]
+    file_cpus: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Window:
+    """t0 and the end of an import's window (ns), and where each came from."""
+
+    t0: int
+    end: int
+    t0_from: str
+    end_from: str
+
+
+def _check_room(path: Path, out: Path, buffer: str | None, memory_check: bool,
+                disk_check: bool) -> None:
+    """Refuse, before anything is read, a trace this host has not the memory or ``out`` the
+    room for (as asked)."""
     if memory_check or disk_check:
         kind = sniff(path)
         est = memory_needed(path, buffer, kind)
@@ -585,9 +632,14 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
             check_memory(path, est, kind)
         if disk_check:
             check_disk(path, out, est)
-    step(f"reading {path.name} ({path.stat().st_size / 1e6:,.0f} MB)")
+
+
+def _read_chosen(path: Path, buffer: str | None, pids, comms) -> _Read:
+    """Read ``path`` and choose its tasks (the pids given, and those whose comm matches);
+    ImportFailed where the trace holds nothing to import. The sched_wakeup events of a trace
+    that has none are derived from its sched_waking."""
     cap, kind = read_trace(path, buffer)
-    events, markers, meta = cap.events, cap.markers, cap.meta
+    events, meta = cap.events, cap.meta
     if not len(events):
         raise ImportFailed(f"{path}: holds no sched event")
     absent = absent_events(events)
@@ -609,10 +661,16 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
             cap = dataclasses.replace(cap, events=events)
             meta["derived_events"] = {"sched_wakeup": dict(derived, source="sched_waking")}
             notes.append(trust.note("wakeups_derived", **derived))
+    return _Read(cap, kind, seen, chosen, notes)
 
+
+def _window(read: _Read, path: Path, t0_s, t0_marker, end_s, end_marker) -> _Window:
+    """t0 and the end: a marker's, a time given, else the first and last events of the chosen
+    tasks; ImportFailed unless t0 lies in the trace before the end."""
+    events, markers, notes = read.cap.events, read.cap.markers, read.notes
     # the first and last events of the chosen tasks (two stamps, not a copy of theirs: that
     # would live as long as the analysis, 8 bytes an event)
-    theirs = _task_events(events, chosen)
+    theirs = _task_events(events, read.chosen)
     stamp = events["ts"].to_numpy()
     mine = stamp[[int(theirs.argmax()), len(theirs) - 1 - int(theirs[::-1].argmax())]]
     del theirs
@@ -641,47 +699,63 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         raise ImportFailed(f"{path}: t0 ({t0 / 1e9:.6f} s, {t0_from}) must lie in the trace "
                            f"({first / 1e9:.6f} .. {last / 1e9:.6f} s) and before the end "
                            f"({t_end / 1e9:.6f} s, {end_from})")
-    file_cpus = sorted(set(int(c) for c in meta.get("cpus", [])) | set(np.unique(events["cpu"]).tolist()))
-    cpu_set = list(cpus) if cpus else file_cpus
-    outside = sorted(set(cpu_set) - set(file_cpus))
+    return _Window(t0, t_end, t0_from, end_from)
+
+
+def _tasks_and_cpus(read: _Read, path: Path, cpus, window: _Window) -> tuple[pd.DataFrame,
+                                                                             list[int]]:
+    """(the tasks table, the CPU set): the CPUs given, else the file's; ImportFailed if every
+    chosen task was outside them at t0 (some: a note)."""
+    events, meta, notes = read.cap.events, read.cap.meta, read.notes
+    t0 = window.t0
+    read.file_cpus = sorted(set(int(c) for c in meta.get("cpus", []))
+                            | set(np.unique(events["cpu"]).tolist()))
+    cpu_set = list(cpus) if cpus else read.file_cpus
+    outside = sorted(set(cpu_set) - set(read.file_cpus))
     if outside:
         notes.append(trust.note("cpus_without_events", cpus=outside))
-
-    tasks, task_notes = tasks_from_trace(events, chosen, seen, t0)
+    tasks, task_notes = tasks_from_trace(events, read.chosen, read.seen, t0)
     notes += task_notes
     where = dict(zip(tasks["pid"].tolist(), tasks["initial_cpu"].tolist()))
     off = {pid: c for pid, c in where.items() if c not in cpu_set}
     if off:
         # e.g. a task placed on a CPU `perf record -C` did not record, just after the default t0
-        what = (f"at t0 ({t0 / 1e9:.6f} s, {t0_from}) the chosen tasks {sorted(off)[:10]} were on "
-                f"CPUs {sorted(set(off.values()))}"
+        what = (f"at t0 ({t0 / 1e9:.6f} s, {window.t0_from}) the chosen tasks {sorted(off)[:10]} "
+                f"were on CPUs {sorted(set(off.values()))}"
                 + (" (-1: not yet placed)" if -1 in off.values() else "")
                 + f", outside the CPU set {format_cpulist(cpu_set)}")
         if len(off) == len(where):
             raise ImportFailed(f"{path}: {what}; give --cpus, or a later t0 (--t0, --t0-marker)")
         notes.append(trust.note("tasks_outside_cpu_set", what=what))
     notes.append(trust.note("demand_unknown"))
-    overrides = dict(params or {})
-    overrides["duration"] = str((t_end - t0) / 1e9)
-    if "layout" in {p.name for p in exp.all_params()} and "layout" not in overrides:
-        where = tasks["initial_cpu"].to_numpy()
-        overrides["layout"] = ",".join(str(int((where == c).sum())) for c in cpu_set)
-    values = exp.resolve(overrides, cpu_set)
+    return tasks, cpu_set
 
+
+def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path, pids, comms,
+             window: _Window) -> dict:
+    """Make the run directory ``out`` and write its manifest; the manifest."""
+    meta, kind = read.cap.meta, read.kind
     store.make_run_dir(out)
     manifest = pipeline.new_manifest(
         exp, values, cpu_set, f"import:{kind}", None,
         host={"kernel": meta.get("kernel") or "?",
               "scheduler": imported_scheduler(meta.get("kernel")),
-              "ncpus": meta.get("n_cpus") or len(file_cpus), "uname": meta.get("uname", "")},
+              "ncpus": meta.get("n_cpus") or len(read.file_cpus), "uname": meta.get("uname", "")},
         source={"imported": str(path.resolve()), "format": kind,
                 "file_version": meta.get("file_version"), "compression": meta.get("compression"),
                 "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
-                "t0_from": t0_from, "end_from": end_from, "stored": f"{RAW_DIR}/{path.name}"})
+                "t0_from": window.t0_from, "end_from": window.end_from,
+                "stored": f"{RAW_DIR}/{path.name}"})
     store.write_json(out / "manifest.json", manifest)
-    # the copy of the trace kept with the run (filemap.copy_file: by the device, past the page
-    # cache) is made while the tables are built, and waited for before the run is written
-    # complete; what is left of it then goes through the page cache (a slow disk's wait)
+    return manifest
+
+
+def _analyse_copying(path: Path, out: Path, manifest: dict, read: _Read, tasks: pd.DataFrame,
+                     window: _Window, step) -> store.Run:
+    """The analysis of the run (:func:`pipeline.analyse_capture`), while the copy of the trace
+    kept with it (filemap.copy_file: by the device, past the page cache) is made; waited for
+    before the run is written complete, what is left of it then going through the page cache
+    (a slow disk's wait)."""
     hurry, stop = threading.Event(), threading.Event()
     copying = in_background(filemap.copy_atomically, path, out / RAW_DIR / path.name, hurry, stop)
 
@@ -689,9 +763,10 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         hurry.set()
         copying.result()
     try:
-        return pipeline.analyse_capture(out, manifest, cap, tasks, pipeline.Window(t0, t_end),
-                                        pipeline.Origin("imported", notes=notes), progress=step,
-                                        before_complete=copied)
+        return pipeline.analyse_capture(out, manifest, read.cap, tasks,
+                                        pipeline.Window(window.t0, window.end),
+                                        pipeline.Origin("imported", notes=read.notes),
+                                        progress=step, before_complete=copied)
     finally:
         stop.set()                  # an error or a signal: the run is incomplete, its copy moot
         futures.wait([copying])     # never leave the copy running behind an error

@@ -251,13 +251,16 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
             store.write_table(out, "tasks", tasks)
         step(f"{cap.meta.get('n_events', len(cap.events)):,} events: rebuilding the tables of "
              f"{len(tasks)} tasks")
-        early = len(cap.events) >= BACKGROUND_WRITE_ROWS     # written while the tables are built
-        if early:
-            writing.append(in_background(store.write_table, out, "events", cap.events))
-        tables, wasted = derive_tables(cap, tasks, manifest["cpus"], window,
-                                       manifest["params"]["window_s"],
-                                       rt_share=(manifest.get("sched") or {}).get("rt_share"),
-                                       domains=manifest.get("topology"))
+        # a large events table is written while the runs are built and the checks run: once
+        # the task records are freed, so that Arrow's copies of its row groups never share the
+        # memory with the records (derive_tables)
+        early = len(cap.events) >= BACKGROUND_WRITE_ROWS
+        tables, wasted = derive_tables(
+            cap, tasks, manifest["cpus"], window, manifest["params"]["window_s"],
+            rt_share=(manifest.get("sched") or {}).get("rt_share"),
+            domains=manifest.get("topology"),
+            records_freed=(lambda: writing.append(in_background(
+                store.write_table, out, "events", cap.events))) if early else None)
         for name, df in tables.items():
             if name == "events" and early:
                 continue
@@ -333,8 +336,8 @@ def _cannot_read(out: Path, experiment, origin: Origin, exc: BaseException) -> R
 
 
 def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, window_s: float,
-                  rt_share: float | None = None, domains: dict | None = None
-                  ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+                  rt_share: float | None = None, domains: dict | None = None,
+                  records_freed=None) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
     """A capture's tables for ``tasks`` in the window: events, markers, migrations, runs,
     runqueue, allocation, shares (see :class:`harmony.store.Run`; ``rt_share``: RT throttling's
     share of a CPU, for the fair shares of real-time tasks; ``domains``: the manifest's
@@ -346,13 +349,17 @@ def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, windo
     then are the runs built: at 10 M events the records take 502 MB and the runs 249 MB (450 while
     they are built), so the two never share the memory (peak 2003 -> 1755 MiB). Built one after
     the other, not on two threads as :func:`reconstruct.df_core` does (the whole import: 1.04x the
-    time; the events' Parquet written meanwhile takes the other CPU)."""
+    time; the events' Parquet written meanwhile takes the other CPU). ``records_freed``, if
+    given, is called once the records are freed (the pipeline starts writing the events
+    there)."""
     t0, t_end = window.t0, window.end
     events = cap.events
     migrations = reconstruct.df_migrations(events, tasks, t0, domains)
     runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
     wasted = df_wasted(events, tasks, cpus, t0, t_end)
     release_records()
+    if records_freed is not None:
+        records_freed()
     runs = reconstruct.df_runs(events, tasks, t0, t_end)
     return {"events": events, "markers": cap.markers, "migrations": migrations, "runs": runs,
             "runqueue": runqueue,

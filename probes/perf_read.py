@@ -583,11 +583,56 @@ def read_perf_data(path: Path) -> PerfRead:
     columns, in time order) and of those that tell why a task moved
     (:data:`~harmony.probes.schema.CAUSE_EVENTS`: ``irq:softirq_entry`` / ``irq:softirq_exit``
     with the vector in ``prio``, the NUMA balancer's), and the counts of what else it holds (see
-    :class:`PerfRead`)."""
+    :class:`PerfRead`).
+
+    The phases: the data section (:func:`_data_section`: decompressed, aligned), its walk into
+    the places of its records (:func:`_record_places`), each sample's event
+    (:func:`_sample_attrs`) and the events decoded (:func:`_sample_groups`), the samples' fields
+    in time order (:func:`_samples_in_order`), their payloads decoded (:func:`_decoded_events`),
+    and the lost counts (:func:`_lost_counts`)."""
     path = Path(path)
     data = map_file(path)
     head = read_header(path, data)
     notes: list[str] = []
+    src, off0, size, cut = _data_section(path, data, head, notes)
+    places = _record_places(path, src, off0, size, cut, notes)
+    attrs = head.attrs
+    s_attr, attr_of = _sample_attrs(path, src, attrs, places, off0)
+    # the tracepoint formats the samples need, by tracepoint id (the attr's config)
+    tp = [k for k, a in enumerate(attrs) if a.type == PERF_TYPE_TRACEPOINT and a.sample_type &
+          SAMPLE_RAW]
+    formats = head.formats_for(sorted({attrs[k].config for k in tp if attrs[k].config < 1 << 16}))
+    if tp and head.tracing is None:
+        notes.append("the file has no tracing data (HEADER_TRACING_DATA): its tracepoint samples "
+                     "cannot be decoded")
+    groups, other = _sample_groups(attrs, s_attr, tp, formats)
+    n_s = len(s_attr)
+    cols = _samples_in_order(path, src, attrs, places, s_attr, groups, off0, notes)
+    del s_attr
+    events, decoder = _decoded_events(path, src, head, formats, cols, notes)
+    del cols
+    lost_by_cpu, lost_samples = _lost_counts(path, src, attrs, places, attr_of, off0)
+    recorded = _cpu_map(src, *places["cpu_map"])
+    if other:
+        notes.append(f"ignored events other than the {len(SCHED_EVENTS) + len(_CAUSES)} Harmony "
+                     f"decodes ({', '.join(SCHED_EVENTS)}, "
+                     f"{', '.join(sorted(f'{s}:{e}' for s, e in _CAUSES))}), by count: {other}")
+    return PerfRead(head, events, lost_by_cpu, lost_samples, other, places["records"], recorded,
+                    notes, n_s, decoder)
+
+
+#: heap memory faulted in ahead of the decode per byte of records (core.memory.prefault_heap):
+#: what a ring buffer's pages have faulted in an event (ringbuf_decode.PREFAULT_PER_PAGE_BYTE at
+#: ~54 bytes an event: ~130 bytes), at the ~111 bytes an event of a sample of the sched
+#: tracepoints. At the ring buffer's 2.5 bytes a byte a 3 M-event import's heap was faulted in to
+#: ~280 bytes an event, twice what the decode and the tables use (its peak: 425 bytes an event)
+PREFAULT_PER_RECORD_BYTE = 1.2
+
+
+def _data_section(path: Path, data, head: PerfHeader, notes: list[str]):
+    """(the data section as a source of 8-byte words, its offset, its size, the list a pipe-mode
+    file's cut is noted in or None): decompressed (perf record -z), copied where the file does
+    not align its records, its pages released behind each pass where they are a file's."""
     off0, size = head.data_offset, head.data_size
     # a pipe-mode file cut short (perf stopped while it wrote a record): the records before
     cut: list[int] | None = [] if head.pipe else None
@@ -601,7 +646,7 @@ def read_perf_data(path: Path) -> PerfRead:
                      f"as {len(raw)} bytes")
         data, off0, size = raw, 0, len(raw)
     place = "file offset" if head.compression is None else "offset in its records decompressed"
-    prefault_for_pages(size)
+    prefault_for_pages(size, PREFAULT_PER_RECORD_BYTE)
     # whole 8-byte words (every record is), read in place, or copied where the file does not
     # align them (a pipe-mode file's: its header records are not padded)
     buf = np.frombuffer(data, np.uint8, count=size - size % 8, offset=off0)
@@ -612,25 +657,31 @@ def read_perf_data(path: Path) -> PerfRead:
     # a file's pages (not a copy in memory), large enough to be worth releasing behind each pass
     src.mapped = mapped and size >= RELEASE_MIN_BYTES
     src.parts_in_time_order = False
-    offs, types, sizes = _walked(path, buf, off0, place, src.release, cut, size)
+    return src, off0, size, cut
+
+
+def _record_places(path: Path, src, off0: int, size: int, cut, notes: list[str]) -> dict:
+    """The data section walked: the records by type name ("records"), and (start, end) offsets
+    of its samples ("samples"), its lost counts ("lost", "lost_samples") and CPU maps
+    ("cpu_map"); the walk's arrays (20 bytes a record) are freed before the samples are read."""
+    offs, types, sizes = _walked(path, src.buf, off0, src.place, src.release, cut, size)
     _note_cut(notes, cut, off0, size)
     counts = np.bincount(np.minimum(types, 255).astype(np.int64), minlength=256)
-    records = {RECORD_NAMES.get(t, f"type {t}"): int(c) for t, c in enumerate(counts) if c}
+    out = {"records": {RECORD_NAMES.get(t, f"type {t}"): int(c)
+                       for t, c in enumerate(counts) if c}}
     ends = offs + sizes
     del sizes
-    attrs = head.attrs
-    # the places of the records read after the samples (lost counts, the CPU map), and of the
-    # samples: the walk's arrays (20 bytes a record) are freed before the samples are read
-    lidx, lsidx = np.flatnonzero(types == REC_LOST), np.flatnonzero(types == REC_LOST_SAMPLES)
-    lost_at, lost_s_at = (offs[lidx], ends[lidx]), (offs[lsidx], ends[lsidx])
-    cpu_map_at = (offs[types == REC_CPU_MAP], ends[types == REC_CPU_MAP])
-    sidx = np.flatnonzero(types == REC_SAMPLE)
-    s_off, s_end = offs[sidx], ends[sidx]
-    n_s = len(sidx)
-    del offs, ends, types, sidx
+    for key, kind in (("lost", REC_LOST), ("lost_samples", REC_LOST_SAMPLES),
+                      ("cpu_map", REC_CPU_MAP), ("samples", REC_SAMPLE)):
+        idx = np.flatnonzero(types == kind)
+        out[key] = (offs[idx], ends[idx])
+    return out
 
-    # which attr each sample belongs to: by its id (IDENTIFIER first, or ID where sample_type puts
-    # it, the same in every attr), or the only attr
+
+def _sample_attrs(path: Path, src, attrs, places: dict, off0: int):
+    """(the attr of each sample, -1 for an unknown id; the function from ids to attrs): by its
+    id (IDENTIFIER first, or ID where sample_type puts it, the same in every attr), or the only
+    attr."""
     all_ids = np.array([i for a in attrs for i in a.ids], np.uint64)
     id_attr = np.array([k for k, a in enumerate(attrs) for _ in a.ids], np.int64)
     by_id = np.argsort(all_ids, kind="stable")
@@ -642,37 +693,34 @@ def read_perf_data(path: Path) -> PerfRead:
         k = np.minimum(np.searchsorted(all_ids, ids), len(all_ids) - 1)
         return np.where(all_ids[k] == ids, id_attr[k], -1)
 
+    s_off, s_end = places["samples"]
     types_st = {a.sample_type for a in attrs}
     st0 = attrs[0].sample_type
     if len(attrs) == 1:
-        s_attr = np.zeros(n_s, np.int64)
-    elif all(st & SAMPLE_IDENTIFIER for st in types_st):
+        return np.zeros(len(s_off), np.int64), attr_of
+    place = src.place
+    if all(st & SAMPLE_IDENTIFIER for st in types_st):
         short = np.flatnonzero(s_end < s_off + 16)
         if short.size:
             raise TraceCorrupt(f"{path}: corrupt sample at {place} "
                                f"{off0 + int(s_off[short[0]])}: too short for its id")
-        s_attr = attr_of(_read_in_order(src, s_off + 8, 8).astype(np.uint64))
-    elif len(types_st) == 1 and st0 & SAMPLE_ID:
+        return attr_of(_read_in_order(src, s_off + 8, 8).astype(np.uint64)), attr_of
+    if len(types_st) == 1 and st0 & SAMPLE_ID:
         before = sum(bool(st0 & b) for b in (SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR))
         at = s_off + 8 + 8 * before
         if (at + 8 > s_end).any():
             raise TraceCorrupt(f"{path}: corrupt sample at {place} "
                                f"{off0 + int(s_off[np.flatnonzero(at + 8 > s_end)[0]])}: too short "
                                "for its id")
-        s_attr = attr_of(_read_in_order(src, at, 8).astype(np.uint64))
-    else:
-        raise TraceCorrupt(f"{path}: its {len(attrs)} events' samples carry no id (sample_type "
-                           "without ID or IDENTIFIER): which event a sample is cannot be told")
+        return attr_of(_read_in_order(src, at, 8).astype(np.uint64)), attr_of
+    raise TraceCorrupt(f"{path}: its {len(attrs)} events' samples carry no id (sample_type "
+                       "without ID or IDENTIFIER): which event a sample is cannot be told")
 
-    # the tracepoint formats the samples need, by tracepoint id (the attr's config)
-    tp = [k for k, a in enumerate(attrs) if a.type == PERF_TYPE_TRACEPOINT and a.sample_type &
-          SAMPLE_RAW]
-    formats = head.formats_for(sorted({attrs[k].config for k in tp if attrs[k].config < 1 << 16}))
-    if tp and head.tracing is None:
-        notes.append("the file has no tracing data (HEADER_TRACING_DATA): its tracepoint samples "
-                     "cannot be decoded")
-    # the attrs whose samples become rows, grouped by their samples' layout (sample_type,
-    # read_format): the fields of a group's samples are read in one pass
+
+def _sample_groups(attrs, s_attr: np.ndarray, tp: list[int], formats) -> tuple[dict, dict]:
+    """(the attrs whose samples become rows, grouped by their samples' layout (sample_type,
+    read_format): the fields of a group's samples are read in one pass; the samples of the
+    others, counted by event name)."""
     per_attr = np.bincount(s_attr + 1, minlength=len(attrs) + 1)      # slot 0: an unknown id
     other: dict[str, int] = {}
     if per_attr[0]:
@@ -687,6 +735,14 @@ def read_perf_data(path: Path) -> PerfRead:
             other[name] = other.get(name, 0) + int(per_attr[k + 1])
         else:
             groups.setdefault((a.sample_type, a.read_format), []).append(k)
+    return groups, other
+
+
+def _samples_in_order(path: Path, src, attrs, places: dict, s_attr: np.ndarray, groups: dict,
+                      off0: int, notes: list[str]) -> tuple:
+    """(raw position, raw size, time, cpu, event code, tid) of the samples that become rows, by
+    time and the events of one instant by CPU; each column as narrow as the decoder takes it."""
+    s_off, s_end = places["samples"]
     # each attr's tracepoint id, the samples' event code ([-1]: an unknown id); the attrs whose
     # samples become rows have one below 2**16 (a format's), another may be any u64
     config_of = np.array([a.config if a.config < 1 << 16 else -1 for a in attrs] + [-1], np.int64)
@@ -714,7 +770,8 @@ def read_perf_data(path: Path) -> PerfRead:
                       config_of[s_attr[sel]].astype(np.int32),
                       f.pop("tid") if "tid" in f else np.full(len(sel), -1, np.int32)))
         del f
-    del s_off, s_end, s_attr
+    places["samples"] = None        # the places of the samples are read: freed
+    del s_off, s_end
     n_parts = len(parts)
     if n_parts == 1:    # one layout, the common case: its columns as they are, not copied
         cols = list(parts.pop())
@@ -739,44 +796,53 @@ def read_perf_data(path: Path) -> PerfRead:
     rec_cpu = rec_cpu[order]
     rec_code = rec_code[order]
     rec_tid = rec_tid[order]
-    del order
+    return rec_pos, rec_len, rec_ts, rec_cpu, rec_code, rec_tid
 
-    decoder = "numpy"
-    if formats and len(rec_pos):
-        try:
-            hp = parse_header_page(head.tracing.header_page)
-        except FormatError as exc:
-            raise TraceCorrupt(f"{path}: bad ring-buffer header description in its tracing data "
-                               f"({exc})") from None
-        walked = Records(rec_pos, rec_len, rec_ts, rec_cpu, np.zeros(1, np.int64),
-                         np.zeros(1, bool), rec_code)
-        dec = decode_source(src, formats, hp, walked=walked)
-        events, decoder = dec.events, dec.decoder
-        # the sample's tid, as perf script prints it, not the payload's common_pid: they differ
-        # where perf could not name the task (-1 in the last switch of a task that exited)
-        events["common_pid"] = rec_tid
-        notes.extend(dec.notes)
-    else:
-        events = make_events({})
 
-    # lost records: LOST (u64 id, u64 lost) by the CPU of its sample_id trailer; LOST_SAMPLES
-    # (u64 lost) by the event its trailer's id names
+def _decoded_events(path: Path, src, head: PerfHeader, formats, cols: tuple,
+                    notes: list[str]) -> tuple[pd.DataFrame, str]:
+    """(the events table of the samples ``cols`` (:func:`_samples_in_order`), the decoder
+    that made it): their payloads decoded by the ring-buffer decoder."""
+    rec_pos, rec_len, rec_ts, rec_cpu, rec_code, rec_tid = cols
+    if not (formats and len(rec_pos)):
+        return make_events({}), "numpy"
+    try:
+        hp = parse_header_page(head.tracing.header_page)
+    except FormatError as exc:
+        raise TraceCorrupt(f"{path}: bad ring-buffer header description in its tracing data "
+                           f"({exc})") from None
+    walked = Records(rec_pos, rec_len, rec_ts, rec_cpu, np.zeros(1, np.int64),
+                     np.zeros(1, bool), rec_code)
+    dec = decode_source(src, formats, hp, walked=walked)
+    events = dec.events
+    # the sample's tid, as perf script prints it, not the payload's common_pid: they differ
+    # where perf could not name the task (-1 in the last switch of a task that exited)
+    events["common_pid"] = rec_tid
+    notes.extend(dec.notes)
+    return events, dec.decoder
+
+
+def _lost_counts(path: Path, src, attrs, places: dict, attr_of, off0: int):
+    """(lost records by CPU, lost samples by event name): LOST (u64 id, u64 lost) by the CPU of
+    its sample_id trailer; LOST_SAMPLES (u64 lost) by the event its trailer's id names."""
     lost_by_cpu: dict[int, int] = {}
+    st0 = attrs[0].sample_type
     trailer = attrs[0].sample_id_all
-    if len(lidx):
-        lo, le = lost_at
+    place = src.place
+    lo, le = places["lost"]
+    if len(lo):
         if (le - lo < 24).any():
             raise TraceCorrupt(f"{path}: corrupt PERF_RECORD_LOST at {place} "
                                f"{off0 + int(lo[np.flatnonzero(le - lo < 24)[0]])}")
         lost = read_uint(src, lo + 16, 8)
         cpu_at = le - 8 - 8 * bool(st0 & SAMPLE_IDENTIFIER)
         cpus = (read_uint(src, np.maximum(cpu_at, lo + 24), 4) if trailer and st0 & SAMPLE_CPU
-                and (cpu_at >= lo + 24).all() else np.full(len(lidx), -1, np.int64))
+                and (cpu_at >= lo + 24).all() else np.full(len(lo), -1, np.int64))
         for c, v in zip(cpus.tolist(), lost.tolist()):
             lost_by_cpu[c] = lost_by_cpu.get(c, 0) + v
     lost_samples = {a.name: 0 for a in attrs if a.name}
-    if len(lsidx):
-        lo, le = lost_s_at
+    lo, le = places["lost_samples"]
+    if len(lo):
         if (le - lo < 16).any():
             raise TraceCorrupt(f"{path}: corrupt PERF_RECORD_LOST_SAMPLES at {place} "
                                f"{off0 + int(lo[np.flatnonzero(le - lo < 16)[0]])}")
@@ -789,17 +855,11 @@ def read_perf_data(path: Path) -> PerfRead:
             which = np.where(ok, attr_of(read_uint(src, np.maximum(id_at, lo), 8)
                                          .astype(np.uint64)), -1)
         else:
-            which = np.full(len(lsidx), 0 if len(attrs) == 1 else -1)
+            which = np.full(len(lo), 0 if len(attrs) == 1 else -1)
         for k, v in zip(which.tolist(), lost.tolist()):
             name = attrs[k].name if k >= 0 and attrs[k].name else "(unknown event)"
             lost_samples[name] = lost_samples.get(name, 0) + v
-    recorded = _cpu_map(src, *cpu_map_at)
-    if other:
-        notes.append(f"ignored events other than the {len(SCHED_EVENTS) + len(_CAUSES)} Harmony "
-                     f"decodes ({', '.join(SCHED_EVENTS)}, "
-                     f"{', '.join(sorted(f'{s}:{e}' for s, e in _CAUSES))}), by count: {other}")
-    return PerfRead(head, events, lost_by_cpu, lost_samples, other, records, recorded, notes, n_s,
-                    decoder)
+    return lost_by_cpu, lost_samples
 
 
 def copied_to_align(head: PerfHeader) -> bool:

@@ -96,11 +96,13 @@ class Decoded:
 PREFAULT_PER_PAGE_BYTE = 2.5
 
 
-def prefault_for_pages(nbytes: int) -> None:
+def prefault_for_pages(nbytes: int, per_byte: float = PREFAULT_PER_PAGE_BYTE) -> None:
     """Before ``nbytes`` of ring-buffer pages are read and decoded: have the memory the decode will
-    need faulted in meanwhile, in idle CPU time (:func:`harmony.core.memory.prefault_heap`). Called as
-    early as the size is known: the files' mapping leaves a CPU idle already."""
-    prefault_heap(int(PREFAULT_PER_PAGE_BYTE * nbytes))
+    need faulted in meanwhile, in idle CPU time (:func:`harmony.core.memory.prefault_heap`),
+    ``per_byte`` bytes a byte of them (a perf.data's records, twice a ring buffer's an event,
+    take less). Called as early as the size is known: the files' mapping leaves a CPU idle
+    already."""
+    prefault_heap(int(per_byte * nbytes))
 
 
 def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPage,
@@ -442,26 +444,44 @@ _JIT_INT_COLUMNS = tuple(c for c in INT_COLUMNS if c not in ("ts", "cpu"))
 _JIT_MAX_STRING = 64           # fixed char arrays up to this width are interned by the kernel
 
 
-def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, order, ids, formats,
-                            where):
-    """_decode_events in one compiled pass (``jit.gather``) over the records in merged order
-    (``order``, None = as walked); ``code``: each record's format index (-1 = none), ``counts``:
-    records per format index + 1 (slot 0: none), ``event_fmt``: by format index, whether its
-    records are events."""
-    notes: list[str] = []
-    counts = counts[1:] * event_fmt                               # events per format
+@dataclasses.dataclass
+class _GatherPlan:
+    """How ``jit.gather`` reads the event formats present (see its docstring): the labels, the
+    integer columns by dtype (``of_dtype``, each dtype's read by ``specs[k]``; ``where_col``:
+    column -> (dtype index, row)), the strings it interns (``str_spec``, keys of ``kw`` words)
+    and those left to :func:`gather_strings` (``by_hand``: format code, column, field)."""
+
+    labels: list[str]
+    label_lut: np.ndarray
+    n: int
+    of_dtype: list[list[str]]
+    specs: list[np.ndarray]
+    where_col: dict[str, tuple[int, int]]
+    str_spec: np.ndarray
+    need: np.ndarray
+    by_hand: list[tuple[int, str, Field]]
+    kw: int
+    dynamic: dict[tuple[int, str], Field]      # (format code, column) -> its dynamic string
+
+
+_GATHER_DTYPES = (np.int16, np.int32, np.int64)
+#: a dynamic string (__data_loc: sched_stat_runtime's comm from kernel 6.10) is interned by the
+#: kernel when its text fits a key at least this wide (a comm: 15 bytes); longer ones by hand
+_JIT_DYNAMIC_KEY = 16
+
+
+def _gather_plan(jit, counts: np.ndarray, ids, formats, notes: list[str]) -> _GatherPlan:
+    """The plan of a compiled gather of the events, ``counts`` of them per format index."""
     labels, label_of_code = _labels_present(np.flatnonzero(counts), ids, formats)
-    n = int(counts.sum())
     n_fmt = len(ids)
-    # the integer columns by dtype: each dtype's are the rows of one 2-D array, read by its spec
-    dtypes = (np.int16, np.int32, np.int64)
-    of_dtype = [[c for c in _JIT_INT_COLUMNS if np.dtype(INT_COLUMNS[c]) == dt] for dt in dtypes]
-    outs = [np.empty((len(cs), n), dt) for cs, dt in zip(of_dtype, dtypes)]  # gather writes all
+    of_dtype = [[c for c in _JIT_INT_COLUMNS if np.dtype(INT_COLUMNS[c]) == dt]
+                for dt in _GATHER_DTYPES]
     specs = [np.full((n_fmt, max(1, len(cs)), 4), -1, np.int64) for cs in of_dtype]
     where_col = {c: (k, row) for k, cs in enumerate(of_dtype) for row, c in enumerate(cs)}
-    str_spec = np.full((n_fmt, len(STRING_COLUMNS), 2), -1, np.int64)
+    str_spec = np.full((n_fmt, len(STRING_COLUMNS), 3), -1, np.int64)
     need = np.zeros(n_fmt, np.int64)
-    by_hand: list[tuple[int, str, Field]] = []       # strings the kernel does not intern
+    by_hand: list[tuple[int, str, Field]] = []
+    dynamic: dict[tuple[int, str], Field] = {}
     label_lut = np.full(n_fmt, -1, np.int32)              # -1: not an event format
     for c, li in label_of_code.items():
         label_lut[c] = li
@@ -472,42 +492,56 @@ def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, ord
         if cpf is not None:
             fields["common_pid"] = cpf
         for col, f in fields.items():
-            if col in STRING_COLUMNS:
-                if f.is_array and f.array_len and not (f.data_loc or f.rel_loc) \
-                        and f.size <= _JIT_MAX_STRING:
-                    str_spec[c, STRING_COLUMNS.index(col)] = (f.offset, f.size)
-                else:
-                    by_hand.append((c, col, f))
-            else:
+            if col not in STRING_COLUMNS:
                 k, row = where_col[col]
                 specs[k][c, row] = (f.offset, f.size, jit.read_kind(f.offset, f.size, f.signed),
                                     _int_value_mask(col, fmt, notes))
-    kw = max(1, (int(str_spec[:, :, 1].max(initial=0)) + 3) // 4)
+            elif f.data_loc or f.rel_loc:
+                how = jit.STR_REL_LOC if f.rel_loc else jit.STR_DATA_LOC
+                str_spec[c, STRING_COLUMNS.index(col)] = (f.offset, 0, how)
+                dynamic[(c, col)] = f
+            elif f.is_array and f.array_len and f.size <= _JIT_MAX_STRING:
+                str_spec[c, STRING_COLUMNS.index(col)] = (f.offset, f.size, jit.STR_FIXED)
+            else:
+                by_hand.append((c, col, f))
+    widest = max(int(str_spec[:, :, 1].max(initial=0)), _JIT_DYNAMIC_KEY if dynamic else 0)
+    return _GatherPlan(labels, label_lut, int(counts.sum()), of_dtype, specs, where_col,
+                       str_spec, need, by_hand, max(1, (widest + 3) // 4), dynamic)
+
+
+def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, order, ids, formats,
+                            where):
+    """_decode_events in one compiled pass (``jit.gather``) over the records in merged order
+    (``order``, None = as walked); ``code``: each record's format index (-1 = none), ``counts``:
+    records per format index + 1 (slot 0: none), ``event_fmt``: by format index, whether its
+    records are events."""
+    notes: list[str] = []
+    counts = counts[1:] * event_fmt                               # events per format
+    plan = _gather_plan(jit, counts, ids, formats, notes)
+    n = plan.n
+    outs = [np.empty((len(cs), n), dt) for cs, dt in zip(plan.of_dtype, _GATHER_DTYPES)]
     ts = np.empty(n, np.int64)
     ev_cpu = np.empty(n, np.int16)
-    ev_label = np.empty(n, np.int8 if len(labels) < 128 else np.int32)   # few labels: no copy later
+    ev_label = np.empty(n, np.int8 if len(plan.labels) < 128 else np.int32)  # few: no copy later
     # the record of each event whose strings are decoded by hand (only those rows are written:
     # the other pages of src_row are never touched)
-    src_row = np.empty(n if by_hand else 0, np.int64)
-    row_fmt = np.zeros(n_fmt, np.uint8)
-    row_fmt[[c for c, _, _ in by_hand]] = 1
+    src_row = np.empty(n if plan.by_hand or plan.dynamic else 0, np.int64)
+    row_fmt = np.zeros(len(ids), np.uint8)
+    row_fmt[[c for c, _, _ in plan.by_hand]] = 1
     str_codes = np.empty((len(STRING_COLUMNS), n), np.int32)
     order_arg = np.zeros(0, np.int64) if order is None else order
-    n_rec = len(code)
-    ranges = split(n_rec)
+    ranges = split(len(code))
     j_lo = [0, n]
     is_event = np.append(event_fmt, False)            # by format code, -1 (the last slot) too
     if len(ranges) > 1:  # first event row of each range: the events before it, in merged order
         j_lo = np.cumsum([0] + [jit.count_selected(order_arg, lo, hi, code, is_event)
                                 for lo, hi in ranges[:-1]]).tolist() + [n]
-
     behind = (None if not src.mapped else _pages_behind(src, rec, order)
               if src.parts_in_time_order else _pages_last_read(src, rec, order))
 
     def fill(lo, hi, k):
         """Records [lo, hi) -> rows from j_lo[k]; (status, err, interned keys). A chunk of
         records at a time, the file's pages behind each released (:func:`_pages_behind`)."""
-        err = np.zeros(4, np.int64)
         cuts = list(range(lo, hi, RELEASE_CHUNK)) + [hi]
         chunks = list(zip(cuts[:-1], cuts[1:]))
         # each chunk's first event row: the events of the chunks before it
@@ -515,16 +549,17 @@ def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, ord
                                             for a, b in chunks[:-1]]).tolist()
         cap = 1 << 12
         while True:  # a hash table too small for the distinct strings is retried 8x bigger
+            err = np.zeros(5, np.int64)
             slots = np.full(cap, -1, np.int64)
-            keys = np.zeros((cap // 2, kw), np.int64)
+            keys = np.zeros((cap // 2, plan.kw), np.int64)
             n_keys = np.zeros(1, np.int64)
             status = 0
             for (a, b), j in zip(chunks, j_at):
                 status = jit.gather(
                     src.buf, src.view("<u2"), src.view("<u4"), order_arg, rec.pos, rec.length,
-                    rec.ts, rec.cpu, code, need, label_lut, *specs,
-                    ts, ev_cpu, ev_label, row_fmt, src_row, *outs, str_spec, str_codes, slots,
-                    keys, n_keys, err, a, b, j)
+                    rec.ts, rec.cpu, code, plan.need, plan.label_lut, *plan.specs,
+                    ts, ev_cpu, ev_label, row_fmt, src_row, *outs, plan.str_spec, str_codes,
+                    slots, keys, n_keys, err, a, b, j)
                 if status:
                     break
                 if behind is not None:
@@ -534,60 +569,97 @@ def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, ord
             cap *= 8
 
     parts = run_split(fill, ranges)
-    for status, err, _ in parts:     # the first short record in merged order
+    _raise_gather_errors(jit, parts, code, ids, formats, where)
+    cols: dict[str, np.ndarray] = {"ts": ts, "cpu": ev_cpu}
+    for col, (k, row) in plan.where_col.items():
+        cols[col] = outs[k][row]
+    strings = _StringColumns(jit, src, rec, plan, parts, np.asarray(j_lo, np.int64), ev_label,
+                             src_row, counts, code, where)
+    for s, col in enumerate(STRING_COLUMNS):
+        cols[col] = strings.column(s, col, str_codes[s])
+    cols["event"] = pd.Categorical.from_codes(ev_label, categories=plan.labels, validate=False) \
+        if plan.labels else pd.Categorical([])
+    return make_events({k: cols[k] for k in COLUMNS}, ordered=True), notes  # merged order
+
+
+def _raise_gather_errors(jit, parts, code, ids, formats, where) -> None:
+    """TraceCorrupt for the first short record in merged order, else for the first dynamic
+    string running past its record (``parts``: each thread's (status, err, keys), in order)."""
+    for status, err, _ in parts:
         if status == jit.SHORT_RECORD:
             r = int(err[1])
             raise TraceCorrupt(f"{where(r)}: {formats[ids[int(code[r])]].full_name} record of "
                                f"{int(err[2])} bytes is shorter than its format ({int(err[3])})")
-    # each range numbered its strings from 0: range k's keys follow the earlier ranges' keys
-    key_text = [decode_cstr(keys[i].astype("<u4").tobytes()) for _, _, keys in parts
-                for i in range(len(keys))]
-    key_off = np.cumsum([0] + [len(keys) for _, _, keys in parts])[:-1].astype(np.int64)
-    j_bounds = np.asarray(j_lo, np.int64)
+    for _, err, _ in parts:
+        if err[0] == jit.BAD_STRING:
+            r = int(err[1])
+            name = _column_map(formats[ids[int(code[r])]])[STRING_COLUMNS[int(err[4])]].name
+            raise TraceCorrupt(f"{where(r)}: {name} string (offset {int(err[2])}, length "
+                               f"{int(err[3])}) runs past its record")
 
-    cols: dict[str, np.ndarray] = {"ts": ts, "cpu": ev_cpu}
-    for col, (k, row) in where_col.items():
-        cols[col] = outs[k][row]
-    # the events whose strings are decoded by hand (a few formats' strings): one pass finds them
-    hand_rows = np.zeros(0, np.int64)
-    if by_hand:
-        wanted = np.zeros(len(labels), bool)
-        wanted[[label_lut[c] for c, _, _ in by_hand]] = True
-        hand_rows = np.empty(int(sum(counts[c] for c in range(n_fmt)
-                                     if label_lut[c] >= 0 and wanted[label_lut[c]])), np.int64)
-        jit.select_codes(ev_label, wanted, hand_rows)
-    ranges_j = [(k, k + 1) for k in range(len(j_bounds) - 1)]
-    for s, col in enumerate(STRING_COLUMNS):
-        codes = str_codes[s]
-        used = np.zeros(len(key_text), bool)
+
+class _StringColumns:
+    """The string columns of a compiled gather as categoricals: each thread numbered its strings
+    from 0 (range k's keys follow the earlier ranges'); the strings the kernel left (formats
+    ``plan.by_hand``, dynamic strings too long for its keys) are decoded by
+    :func:`gather_strings`."""
+
+    def __init__(self, jit, src, rec, plan: _GatherPlan, parts, j_bounds, ev_label, src_row,
+                 counts, code, where):
+        self.jit, self.src, self.rec, self.plan, self.ev_label = jit, src, rec, plan, ev_label
+        self.src_row, self.code, self.where, self.j_bounds = src_row, code, where, j_bounds
+        self.key_text = [decode_cstr(keys[i].astype("<u4").tobytes()) for _, _, keys in parts
+                         for i in range(len(keys))]
+        self.key_off = np.cumsum([0] + [len(keys) for _, _, keys in parts])[:-1].astype(np.int64)
+        self.ranges_j = [(k, k + 1) for k in range(len(j_bounds) - 1)]
+        # the events of the formats decoded by hand (a few formats' strings): one pass finds them
+        self.hand_rows = np.zeros(0, np.int64)
+        if plan.by_hand:
+            wanted = np.zeros(len(plan.labels), bool)
+            wanted[[plan.label_lut[c] for c, _, _ in plan.by_hand]] = True
+            self.hand_rows = np.empty(int(sum(counts[c] for c in range(len(counts))
+                                              if plan.label_lut[c] >= 0
+                                              and wanted[plan.label_lut[c]])), np.int64)
+            jit.select_codes(ev_label, wanted, self.hand_rows)
+
+    def column(self, s: int, col: str, codes: np.ndarray) -> pd.Categorical:
+        jit, jb, ko, n = self.jit, self.j_bounds, self.key_off, len(codes)
+        used = np.zeros(len(self.key_text), bool)
         # ranges on threads: each marks its own keys, [key_off[k], key_off[k + 1])
-        run_split(lambda a, b, _k: jit.mark_strings(codes, j_bounds[a:b + 1], key_off[a:b], used),
-                  ranges_j)
+        run_split(lambda a, b, _k: jit.mark_strings(codes, jb[a:b + 1], ko[a:b], used),
+                  self.ranges_j)
         cats = {"": 0}
-        remap = np.zeros(len(key_text), np.int64)
+        remap = np.zeros(len(self.key_text), np.int64)
         for k in np.flatnonzero(used):
-            remap[k] = cats.setdefault(key_text[k], len(cats))
+            remap[k] = cats.setdefault(self.key_text[k], len(cats))
         hand = []
-        for c, hcol, f in by_hand:
-            if hcol != col:
-                continue
-            idx = hand_rows[ev_label[hand_rows] == label_lut[c]]      # the events of format c
-            rows = src_row[idx]
-            hc, strings = gather_strings(src, rec.pos[rows], rec.length[rows], f,
-                                         lambda k, rows=rows: where(int(rows[k])))
-            hand.append((idx, np.array([cats.setdefault(t, len(cats)) for t in strings])[hc]))
+        for c, hcol, f in self.plan.by_hand:
+            if hcol == col:
+                idx = self.hand_rows[self.ev_label[self.hand_rows] == self.plan.label_lut[c]]
+                hand.append((idx, self._by_hand(self.src_row[idx], f, cats)))
+        if any(hcol == col for _, hcol in self.plan.dynamic):
+            long = np.flatnonzero(codes == jit.STR_LONG)      # rare: texts past a key's width
+            rows = self.src_row[long]
+            fmt = self.code[rows]
+            for c in np.unique(fmt):
+                pick = fmt == c
+                hand.append((long[pick], self._by_hand(rows[pick],
+                                                       self.plan.dynamic[(int(c), col)], cats)))
         # category codes as narrow as pandas keeps them (int8 below 127 categories): no copy
         out = np.empty(n, np.int8 if len(cats) < 127 else np.int16 if len(cats) < 32767
                        else np.int32)
-        run_split(lambda a, b, _k: jit.apply_strings(codes, j_bounds[a:b + 1], key_off[a:b],
-                                                     remap, out), ranges_j)
+        run_split(lambda a, b, _k: jit.apply_strings(codes, jb[a:b + 1], ko[a:b], remap, out),
+                  self.ranges_j)
         for idx, hcodes in hand:
             out[idx] = hcodes
         # codes built here are valid: pandas' check would cost a pass over the events
-        cols[col] = pd.Categorical.from_codes(out, categories=list(cats), validate=False)
-    cols["event"] = pd.Categorical.from_codes(ev_label, categories=labels, validate=False) \
-        if labels else pd.Categorical([])
-    return make_events({k: cols[k] for k in COLUMNS}, ordered=True), notes  # merged order
+        return pd.Categorical.from_codes(out, categories=list(cats), validate=False)
+
+    def _by_hand(self, rows: np.ndarray, f: Field, cats: dict) -> np.ndarray:
+        """The category codes (added to ``cats``) of field ``f`` of the records ``rows``."""
+        hc, strings = gather_strings(self.src, self.rec.pos[rows], self.rec.length[rows], f,
+                                     lambda k: self.where(int(rows[k])))
+        return np.array([cats.setdefault(t, len(cats)) for t in strings], np.int64)[hc]
 
 
 __all__ = ["Decoded", "PREFAULT_PER_PAGE_BYTE", "STRING_COLUMNS", "decode_source", "event_label",

@@ -29,6 +29,15 @@ BAD_RECORD = 1
 # gather() error kinds
 SHORT_RECORD = 1      # err[1] = record index (as walked), err[2] = its length, err[3] = bytes its format needs
 TABLE_FULL = 2        # more distinct strings than the table holds: retry with a bigger one
+# not a status (gather goes on, a short record found later wins): err[0] = BAD_STRING, err[1] =
+# the first record (as walked) whose dynamic string runs past it, err[2] = the string's offset,
+# err[3] = its length, err[4] = its string column
+BAD_STRING = 3
+# how gather() finds a string (str_spec[..., 2]): a fixed char array, or a dynamic string (u32
+# at the field: offset in the record, or past the field for __rel_loc, | length << 16)
+STR_FIXED, STR_DATA_LOC, STR_REL_LOC = 0, 1, 2
+#: str_codes' value for a dynamic string longer than the table's keys: decoded by the caller
+STR_LONG = -2
 
 _TS_MSB = -(1 << 59)
 _RAW_CACHE = 1024                  # entries of gather()'s raw-string cache (a power of 2)
@@ -211,36 +220,110 @@ def _cstr_key(buf, w32, q, width, key):
     return h ^ (h >> 29)
 
 
+#: _intern_missed()'s key index when the hash table is full (gather returns TABLE_FULL)
+TABLE_FULL_KEY = -3
+
+
+@_inline
+def _intern_missed(buf, w32, p, rec_len, off, width, how, key, slot, raw_code, raw_words, slots,
+                   keys, nk, err, r, s):
+    """(the key index of string column ``s`` of the record at ``p`` (``rec_len`` bytes), the
+    keys interned now), where :func:`gather`'s raw-bytes cache missed (``slot``: its entry for
+    the string, where the key found is stored; -1: none).
+
+    (``off``, ``width``, ``how``) = str_spec[f, s]: a fixed char array of ``width`` bytes (how
+    STR_FIXED) or a dynamic string (STR_DATA_LOC / STR_REL_LOC, ``width`` unused) at ``off``.
+    The key index points into keys (the C string as 32-bit words, zero padded), looked up in the
+    hash table ``slots`` (power-of-2 length, -1 = empty; ``nk`` keys in it); a dynamic string
+    that does not fit a key (its text longer than 4 * keys.shape[1] bytes) gives STR_LONG; one
+    that runs past its record -1, noted in err (BAD_STRING; the first only, and a short record
+    found later replaces it); a full table TABLE_FULL_KEY. Not inlined into gather's loop by
+    hand: the cache's hits (most strings) never come here."""
+    q = p + off
+    kw = keys.shape[1]
+    if how != STR_FIXED:                 # a dynamic string: where, how long
+        loc = np.int64(w32[q >> 2]) if (q & 3) == 0 else _uint(buf, q, 4)
+        q = p + (loc & 0xFFFF) + (off + 4 if how == STR_REL_LOC else 0)
+        width = loc >> 16
+        if q + width > p + rec_len:
+            if err[0] == 0:
+                err[0] = BAD_STRING
+                err[1] = r
+                err[2] = loc & 0xFFFF
+                err[3] = width
+                err[4] = s
+            return -1, nk
+        for b in range(width):               # the text ends at its first NUL
+            if buf[q + b] == 0:
+                width = b
+                break
+        if width > 4 * kw:
+            return STR_LONG, nk
+    mask = slots.shape[0] - 1
+    h = _cstr_key(buf, w32, q, width, key) & mask
+    while True:
+        k = slots[h]
+        if k < 0:
+            if nk * 2 >= slots.shape[0] or nk >= keys.shape[0]:
+                return TABLE_FULL_KEY, nk
+            for b in range(kw):
+                keys[nk, b] = key[b]
+            slots[h] = nk
+            k = nk
+            nk += 1
+            break
+        same = True
+        for b in range(kw):
+            if keys[k, b] != key[b]:
+                same = False
+                break
+        if same:
+            break
+        h = (h + 1) & mask
+    if slot >= 0:
+        for b in range(width >> 2):
+            raw_words[slot, b] = np.int64(w32[(q >> 2) + b])
+        raw_code[slot] = k
+    return k, nk
+
+
+@_jit
+def _raw_cache(kw):
+    """The raw-bytes cache in front of gather's string table, empty: a string's raw words (NULs
+    and what follows them included; ``kw`` at most) -> its key index. Most strings (comm) repeat,
+    and comparing raw words skips the NUL search, the hash and the probe. Indexed by a cheap mix
+    of the first two words."""
+    return np.full(_RAW_CACHE, -1, np.int64), np.zeros((_RAW_CACHE, kw), np.int64)
+
+
+@_jit
+def _short_record(err, r, length, need):
+    """Note record ``r`` too short for its format (``length`` < ``need`` bytes) in ``err``."""
+    err[0] = SHORT_RECORD
+    err[1] = r
+    err[2] = length
+    err[3] = need
+    return SHORT_RECORD
+
+
 @_jit
 def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spec16, spec32,
            spec64, ts_out, cpu_out, label_out, row_fmt, row_out, o16, o32, o64, str_spec, str_codes,
            slots, keys, n_keys, err, i_lo, i_hi, j_lo):
     """Fill the event columns: out row j = the j-th event record in merged order, for the records
     at merged positions [i_lo, i_hi), whose first event is row j_lo (threads may fill disjoint
-    ranges at once, each with its own string table).
-
-    buf: the pages as bytes; w16/w32: the same memory as u16/u32 (for aligned reads).
-    order: record indices in merged (time) order, empty = as they are. pos/length/ts/cpu: per
-    record. fmt[r]: record r's format index, -1 = none (skipped). need[f]: bytes format f
-    needs; label_lut[f]: its label code (-> label_out), -1 = not an event format (skipped).
-    row_out (if not empty): the record of each event of a format with row_fmt[f] (the other rows
-    are left unwritten). The integer columns are the rows of o16/o32/o64, by their dtype; spec16
-    [f, row] = (offset, size, read_kind(), clear_mask) reads o16's row from format f's records
-    (offset -1 = field absent in format f), and so on. One loop per dtype, without a branch on
-    it: the loop over all columns, storing by a dtype code, took 20-30 % longer.
-    str_spec[f, s] = (offset, width); offset -1 = absent (or not fixed-width: done by the caller).
-    The string of event j for string column s becomes str_codes[s, j]: an index into keys (the C
-    string as 32-bit words, zero padded). Absent fields are written as -1 (the out arrays may be
-    uninitialised). slots: the hash table (power-of-2 length, -1 = empty).
-    """
+    ranges at once, each with its own string table). buf: the pages as bytes; w16/w32: the same
+    memory as u16/u32 (aligned reads). order: record indices in merged (time) order, empty = as
+    they are. pos/length/ts/cpu: per record. fmt[r]: record r's format index, -1 = none.
+    need[f]: bytes format f needs; label_lut[f]: its label code (-> label_out), -1 = not an event
+    format. row_out (if not empty): the record of each event of a format with row_fmt[f].
+    Integer columns: the rows of o16/o32/o64 by dtype; spec16[f, row] = (offset, size,
+    read_kind(), clear_mask) reads o16's row from format f's records, and so on. str_spec[f, s]:
+    string column s, coded in str_codes[s, j] (:func:`_intern_missed`; STR_LONG: its record in
+    row_out[j], row_out then as long as the events). Offset -1: absent, written as -1."""
     kw = keys.shape[1]
-    mask = slots.shape[0] - 1
     key = np.zeros(kw, np.int64)
-    # raw-bytes cache in front of the table: a string's raw words (NULs and what follows them
-    # included) -> its key index; most strings (comm) repeat, and comparing raw words skips the
-    # NUL search, the hash and the probe. Indexed by a cheap mix of the first two words.
-    raw_code = np.full(_RAW_CACHE, -1, np.int64)
-    raw_words = np.zeros((_RAW_CACHE, kw), np.int64)
+    raw_code, raw_words = _raw_cache(kw)
     n_str = str_spec.shape[1]
     nk = n_keys[0]
     use_order = order.shape[0] > 0
@@ -253,11 +336,7 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spe
             continue
         p = pos[r]
         if length[r] < need[f]:
-            err[0] = SHORT_RECORD
-            err[1] = r
-            err[2] = length[r]
-            err[3] = need[f]
-            return SHORT_RECORD
+            return _short_record(err, r, length[r], need[f])
         ts_out[j] = ts[r]
         cpu_out[j] = cpu[r]
         label_out[j] = label_lut[f]
@@ -320,49 +399,31 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spe
                 continue
             q = p + off
             width = str_spec[f, s, 1]
-            slot = -1
-            if (q & 3) == 0 and (width & 3) == 0 and width >= 8:
+            slot = -1      # the raw-bytes cache: fixed arrays only (their whole width compared)
+            if str_spec[f, s, 2] == STR_FIXED and (q & 3) == 0 and (width & 3) == 0 \
+                    and width >= 8:
                 wq = q >> 2
-                nw = width >> 2
                 slot = ((np.int64(w32[wq]) * np.int64(0x9E3779B1)) ^
                         (np.int64(w32[wq + 1]) * np.int64(0x85EBCA77))) >> 16 & (_RAW_CACHE - 1)
                 k = raw_code[slot]
                 if k >= 0:
                     hit = True
-                    for b in range(nw):
+                    for b in range(width >> 2):
                         if raw_words[slot, b] != np.int64(w32[wq + b]):
                             hit = False
                             break
                     if hit:
                         str_codes[s, j] = k
                         continue
-            h = _cstr_key(buf, w32, q, width, key) & mask
-            while True:
-                k = slots[h]
-                if k < 0:
-                    if nk * 2 >= slots.shape[0] or nk >= keys.shape[0]:
-                        n_keys[0] = nk
-                        err[0] = TABLE_FULL
-                        return TABLE_FULL
-                    for b in range(kw):
-                        keys[nk, b] = key[b]
-                    slots[h] = nk
-                    k = nk
-                    nk += 1
-                    break
-                same = True
-                for b in range(kw):
-                    if keys[k, b] != key[b]:
-                        same = False
-                        break
-                if same:
-                    break
-                h = (h + 1) & mask
+            k, nk = _intern_missed(buf, w32, p, length[r], off, width, str_spec[f, s, 2], key,
+                                   slot, raw_code, raw_words, slots, keys, nk, err, r, s)
+            if k == TABLE_FULL_KEY:
+                n_keys[0] = nk
+                err[0] = TABLE_FULL
+                return TABLE_FULL
+            if k == STR_LONG:
+                row_out[j] = r
             str_codes[s, j] = k
-            if slot >= 0:
-                for b in range(nw):
-                    raw_words[slot, b] = np.int64(w32[wq + b])
-                raw_code[slot] = k
         j += 1
     n_keys[0] = nk
     return 0

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from harmony.core.jit import run_split, threads
 from harmony.probes.base import Capture, TraceCorrupt
 from harmony.probes.filemap import mapped_array, scratch_file
 from harmony.probes.formats import (EventFormat, Field, FormatError, check_page_layout,
@@ -766,8 +767,11 @@ def decompressed_sizes(td: TraceDat, buf: Buffer, chunks: Chunks | None = None) 
 SCRATCH_WRITE = 4 << 20
 #: and only from this size of pages on: at 520 MB (10 M events of a ping-pong) the import's peak
 #: was 0.83x, its time 1.12x (bench/README.md): read from the page cache, every page is faulted
-#: in by both passes of the decode, where pages decompressed into memory are already mapped
-SCRATCH_FROM = 256 << 20
+#: in by both passes of the decode, where pages decompressed into memory are already mapped.
+#: From the size the compiled decoder takes on (below, the numpy decoder holds far more than
+#: the pages): the pages of a 4 M-event trace-cmd record (184 MB) held in memory were a third of
+#: the import's data at its peak (issue 48: 150 bytes an event from 4 M events)
+SCRATCH_FROM = 64 << 20
 
 
 def decompressed_pages(td: TraceDat, buf: Buffer,
@@ -807,18 +811,42 @@ def _fill(td: TraceDat, r: FileReader, chunks: dict[int, list[tuple[int, int, in
           out: np.ndarray, flush=None) -> int:
     """Decompress every chunk, in order, into ``out``, each into its place; with ``flush``, the
     bytes decompressed so far are handed to it (and ``out`` filled again from its start)
-    whenever the next chunk would not fit. The bytes of ``out`` filled at the end."""
-    at = 0
+    whenever the next chunk would not fit. The bytes of ``out`` filled at the end. The chunks
+    of each fill of ``out`` are decompressed on threads (libzstd and zlib let go of the GIL)."""
+    at, batch = 0, []
     for cpu, parts in chunks.items():
         what = f"CPU {cpu} data"
         for k, (start, csize, usize) in enumerate(parts):
             if flush is not None and at + usize > len(out):
+                _decompress_batch(td, r, batch, out)
                 flush(out[:at])
-                at = 0
+                at, batch = 0, []
+            batch.append((at, start, csize, usize, what, k))
+            at += usize
+    _decompress_batch(td, r, batch, out)
+    return at
+
+
+#: a batch of chunks is decompressed on threads from this many bytes on (a thread's start and
+#: hand-over cost ~0.05 ms; a 40 KiB chunk decompresses in ~0.03 ms)
+THREADED_DECOMPRESS = 4 << 20
+
+
+def _decompress_batch(td: TraceDat, r: FileReader, batch: list, out: np.ndarray) -> None:
+    """Decompress ``batch``'s chunks ((offset in ``out``, file offset, compressed size, size,
+    what, chunk number)) into their places, the batch cut into one part per thread by their
+    bytes; the first bad chunk, in order, raises."""
+    def part(lo: int, hi: int, _k: int) -> None:
+        for at, start, csize, usize, what, k in batch[lo:hi]:
             _decompress(td.path, td.compression, r.bytes(start, csize, what), usize,
                         f"{what} chunk {k}", into=out[at:at + usize])
-            at += usize
-    return at
+
+    total = sum(b[3] for b in batch)
+    n = threads() if total >= THREADED_DECOMPRESS else 1
+    ends = np.cumsum([b[3] for b in batch])
+    cuts = [0] + [int(np.searchsorted(ends, total * i // n)) for i in range(1, n)] + [len(batch)]
+    ranges = [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a] or [(0, 0)]
+    run_split(part, ranges)
 
 
 def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, TraceDat]:

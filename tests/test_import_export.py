@@ -141,6 +141,30 @@ def test_compressed_pages_from_a_scratch_file_decode_as_from_memory(writer_dat, 
     assert list(scratch_dir.iterdir()) == []
 
 
+@needs_trace_cmd
+def test_compressed_chunks_decompressed_on_threads_decode_the_same(writer_dat, tmp_path,
+                                                                    monkeypatch):
+    """The chunks of a compressed buffer are decompressed on threads (one part of the chunks
+    each): the same capture, and a bad chunk is named, whichever thread met it."""
+    from harmony.probes import tracedat_read
+    _, dat = writer_dat
+    z = convert(dat, tmp_path / "z.dat", "--file-version", "7", "--compression", "zstd")
+    cap6, _ = tracedat_read.decode_tracedat(dat)
+    monkeypatch.setattr(tracedat_read, "THREADED_DECOMPRESS", 0)
+    monkeypatch.setenv("HARMONY_THREADS", "3")
+    td = tracedat_read.read_tracedat(z)
+    _, by_cpu = tracedat_read.buffer_chunks(td, td.buffers[0])
+    assert sum(len(parts) for parts in by_cpu.values()) >= 2       # parts for two threads
+    assert_same_capture(cap6, tracedat_read.decode_tracedat(z)[0])
+    start, csize, _ = by_cpu[max(by_cpu)][-1]                       # the last thread's chunk
+    data = bytearray(z.read_bytes())
+    data[start:start + csize] = bytes(csize)
+    z.write_bytes(bytes(data))
+    with pytest.raises(TraceCorrupt, match=rf"z\.dat: corrupt compressed CPU {max(by_cpu)} "
+                                           rf"data chunk {len(by_cpu[max(by_cpu)]) - 1}"):
+        tracedat_read.decode_tracedat(z)
+
+
 def _writable_tmpfs() -> str:
     """A tmpfs mounted here that this process may write in (skip where there is none)."""
     import psutil

@@ -605,6 +605,29 @@ def test_corrupt_string_location(tmp_path):
     assert "cpu0.raw" in _one_line(e) and "comm" in str(e.value)
 
 
+def test_dynamic_strings_of_any_length(tmp_path):
+    """__data_loc strings (a migration's comm here; sched_stat_runtime's since kernel 6.10) of
+    every length: those that fit the compiled gather's keys interned by it, longer ones (past 16
+    bytes) decoded apart, both in one column, in the order of the events."""
+    from harmony.probes.ringbuf import decode_dir
+    f = parsed_formats(FORMATS_NEW)
+    mg, sw = f["sched/sched_migrate_task"], f["sched/sched_switch"]
+    names = ["a", "0123456789abcde", "0123456789abcdef", "0123456789abcdefg", "y" * 40, "a",
+             "y" * 40, "", "0123456789abcdefg"]
+    b = PageBuilder(1000)
+    for k, name in enumerate(names):
+        b.event(encode(mg, dict(common_pid=7, comm=name, pid=100 + k, prio=120, orig_cpu=0,
+                                dest_cpu=1)), 1)
+        b.event(encode(sw, dict(common_pid=7, prev_comm="p", prev_pid=7, next_comm="q",
+                                next_pid=8)), 1)
+    cap = decode_dir(write_dir(tmp_path, {0: [b.page()]}))
+    mig = cap.events[cap.events["event"] == "sched_migrate_task"]
+    assert mig["comm"].astype(str).tolist() == names
+    assert mig["pid"].tolist() == [100 + k for k in range(len(names))]
+    sw_rows = cap.events[cap.events["event"] == "sched_switch"]
+    assert set(sw_rows["comm"].astype(str)) == {"q"} and set(sw_rows["prev_comm"]) == {"p"}
+
+
 @pytest.mark.parametrize("what", ["meta", "meta_json", "header_page", "format", "raw"])
 def test_missing_or_bad_files(tmp_path, what):
     from harmony.probes.ringbuf import decode_dir
