@@ -49,12 +49,22 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis import taskstate as ts_
-from harmony.analysis.arrays import (TABLE_KEYS_MAX, LastResult, event_kinds, event_mask,
-                                     growing_windows, in_set, key_table, sorted_unique)
+from harmony.analysis.arrays import (
+    TABLE_KEYS_MAX,
+    LastResult,
+    event_kinds,
+    event_mask,
+    growing_windows,
+    in_set,
+    key_table,
+    sorted_unique,
+)
 from harmony.analysis.thresholds import NEWIDLE_SWITCH_WITHIN_NS
-from harmony.jit import use_compiled
+from harmony.core.jit import use_compiled
 from harmony.probes.schema import SCHED_SOFTIRQ_VEC
-from harmony.tasks import FAIR_POLICIES    # balanced by load_balance (rt, dl: pushed and pulled)
+from harmony.workload.tasks import (
+    FAIR_POLICIES,  # balanced by load_balance (rt, dl: pushed and pulled)
+)
 
 #: the causes, in the order of the migrations table's ``cause`` categories
 CAUSES = ("wakeup", "fork", "newidle", "periodic", "active", "affinity", "numa", "unknown")
@@ -346,7 +356,7 @@ def find_unrecorded_moves(events: pd.DataFrame, pids=None) -> dict[str, np.ndarr
 def _moves_compiled(events: pd.DataFrame, want: np.ndarray | None) -> dict[str, np.ndarray] | None:
     """find_unrecorded_moves by one compiled pass; None where its look-up table of pids would be
     too large (a pid of 2**24 or more: a damaged trace's, or asked for)."""
-    from harmony.analysis import causes_jit     # numba: loaded only when this path runs
+    from harmony.analysis import causes_jit  # numba: loaded only when this path runs
     pid, prev = events["pid"].to_numpy(), events["prev_pid"].to_numpy()
     if want is None:        # every pid > 0 is a task, its own index
         top = max(int(pid.max(initial=0)), int(prev.max(initial=0)), 0)

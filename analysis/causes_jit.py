@@ -4,15 +4,14 @@ The numpy version in :func:`harmony.analysis.causes.find_unrecorded_moves` lists
 of every task (~2 per event), sorts them by (task, time) and compares each with the one before
 (1.5 s and ~0.5 GB at 10 M events). Here one pass over the events keeps each task's last CPU
 and placement code, with the same rules (documented there), and writes only the moves. When it
-runs rather than the numpy version is :mod:`harmony.jit`'s choice; the tests run both and
+runs rather than the numpy version is :mod:`harmony.core.jit`'s choice; the tests run both and
 compare them.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 import numba
+import numpy as np
 
 # placement codes, as in causes (PLACED + sched_migrate_task)
 SWITCH, WAKING, WAKEUP, WAKEUP_NEW, MIGRATE = range(5)

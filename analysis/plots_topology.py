@@ -16,7 +16,7 @@ from matplotlib.patches import Rectangle
 
 from harmony.analysis.plots import CAUSE_COLOURS, save_figure
 from harmony.analysis.topology import counts_by_level, df_cpus, domain_rows, domains_of
-from harmony.osutil import parse_cpulist
+from harmony.core.osutil import parse_cpulist
 
 #: the nesting drawn, outermost first, and each box's colour (face, edge)
 NESTING = (("node", "#f4f6f7", "#7f8c8d"), ("package", "#eaf2f8", "#2e86c1"),

@@ -33,7 +33,7 @@ from harmony.analysis.causes import CAUSES
 from harmony.analysis.rounds import round_rule
 from harmony.analysis.trust import disqualifying, word
 from harmony.experiments import summary_key
-from harmony.tasks import POLICIES, classes_text
+from harmony.workload.tasks import POLICIES, classes_text
 
 UNDECIDED = "undecided"
 
@@ -273,7 +273,7 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
     out = []
     for d in dirs:
         try:
-            run = store.load(d)
+            run = store.open_run(d)
             summary = run.summary
         except store.RunError as exc:
             skipped.append((d, str(exc).replace(f"{d}: ", "")))
@@ -306,7 +306,7 @@ def setup_of(manifest: dict) -> str:
 
 
 def classes_of(manifest: dict) -> str:
-    """A run's tasks' scheduling classes in a few words (:func:`harmony.tasks.classes_text`);
+    """A run's tasks' scheduling classes in a few words (:func:`harmony.workload.tasks.classes_text`);
     SCHED_OTHER for a run whose tasks all were, or that predates the classes."""
     return classes_text(manifest.get("sched_classes")) or POLICIES["other"]
 

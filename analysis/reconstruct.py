@@ -2,7 +2,7 @@
 
 Inputs shared by every function (see :mod:`harmony.probes.schema` for ``events``):
 
-- ``tasks``: the experiment's tasks (a tasks table, :data:`harmony.tasks.TASKS`; what is read of it
+- ``tasks``: the experiment's tasks (a tasks table, :data:`harmony.workload.tasks.TASKS`; what is read of it
   is pid, name, role, duty and nice). Only these pids are reconstructed; events of other tasks are
   ignored (except that their sched_switch rows delimit the experiment tasks' runs).
 - ``cpus``: the experiment CPU set. ``t0``: the release instant (ns, trace clock). ``t_end``: end of
@@ -20,12 +20,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony import jit as hjit
 from harmony.analysis import causes, tables
 from harmony.analysis.topology import level_columns
 from harmony.analysis import taskstate as ts_
 from harmony.analysis.arrays import event_codes, event_mask, in_set, index_of, sorted_unique
 from harmony.analysis.taskstate import task_records
+from harmony.core import jit as hjit
 
 NS = 1_000_000_000
 
@@ -571,12 +571,12 @@ def _runqueue_compiled(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_fi
         k, outside = k + end - src, outside + out_k
     # copies of the rows, the room freed: a view would hold all of it for as long as the table
     # lives, and the room is not untouched memory (heap memory freed by the decode and kept:
-    # harmony.memory)
+    # harmony.core.memory)
     return ts[:k].copy(), cpu[:k].copy(), nr[:k].copy(), int(outside)
 
 
 def _instant_ranges(order: np.ndarray, rts: np.ndarray, t_first: int) -> list[tuple[int, int]]:
-    """harmony.jit.split's ranges of the records in time order, each cut moved on to the first
+    """harmony.core.jit.split's ranges of the records in time order, each cut moved on to the first
     record of an instant (a change of ts) after t_first; cuts that find none are dropped."""
     n = len(order)
     ranges = hjit.split(n)

@@ -51,9 +51,9 @@ from harmony.analysis.event_streams import (
     TASK_RUNNING,
     Stream,
 )
-from harmony.errors import ParameterError
+from harmony.core.errors import ParameterError
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, SCHED_SOFTIRQ_VEC, make_markers
-from harmony.tasks import FAIR_POLICIES
+from harmony.workload.tasks import FAIR_POLICIES
 
 TICK_NS = 1_000_000
 BASE_NS = 1_000_000_000  # trace clock at t0

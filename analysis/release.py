@@ -4,7 +4,7 @@ Needs: sched_wakeup (and sched_wakeup_new) events, the markers "harmony t0" and 
 (and "harmony warm-up" for a warm release); sched_switch and sched_migrate_task for the checks
 that the layout held.
 
-Two releases (:mod:`harmony.controller`): a *cold* one wakes each task at t0 on its initial CPU;
+Two releases (:mod:`harmony.workload.controller`): a *cold* one wakes each task at t0 on its initial CPU;
 a *warm* one wakes them at the warm-up marker, still confined to their initial CPU, and at t0
 widens the CPU set of tasks that are running (not woken). The checks are the same in substance
 (every task let go, the layout as asked at t0, nothing moved before the last task was free), and

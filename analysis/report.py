@@ -11,12 +11,11 @@ from harmony.analysis import document as D
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.probe_agreement import agreement_lines
 from harmony.analysis.thresholds import USELESS_MIGRATION_WITHIN_S, WASTED_EPISODE_MIN_S
-from harmony.manifest import system_facts
-from harmony.osutil import format_cpulist, parse_cpulist
 from harmony.analysis.topology import DOMAIN_HEADER, df_cpus, domain_rows, domains_of
 from harmony.analysis.trust import count
+from harmony.core.osutil import format_cpulist, parse_cpulist
 from harmony.experiments import get_experiment
-
+from harmony.manifest import system_facts
 from harmony.store import atomic_write
 
 
@@ -69,7 +68,7 @@ def vm_lines(m: dict) -> list[str]:
 
 
 def scx_lines(m: dict) -> list[str]:
-    """A run under a sched_ext scheduler (harmony.scx): which, its arguments, its state over the
+    """A run under a sched_ext scheduler (harmony.vm.scx): which, its arguments, its state over the
     run."""
     scx = m.get("scx")
     if not scx:

@@ -1,7 +1,7 @@
 """Requests of a server-shaped run (experiment ``server``): the records its tasks wrote, joined with
 the trace, and the metrics of a service.
 
-Needs the records of :mod:`harmony.serve` (``raw/requests/``: the client's ``client.sent`` and
+Needs the records of :mod:`harmony.workload.serve` (``raw/requests/``: the client's ``client.sent`` and
 ``client.done``, each serving task's ``<name>.stage``) and the run's ``runs``, ``migrations``
 and ``events`` (``sched_wakeup``/``sched_wakeup_new`` of the tasks) tables.
 
@@ -18,12 +18,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony import serve, store
+from harmony import store
 from harmony.analysis.metrics import jain_index
 from harmony.analysis.reconstruct import runqueue_changes
-from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 from harmony.analysis.tables import REQUESTS
-from harmony.errors import RunError
+from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
+from harmony.core.errors import RunError
+from harmony.workload import serve
 
 RECORDS_DIR = serve.RECORDS_DIR     # under raw/
 #: the latency percentiles of a server run's summary: key -> percentile
@@ -33,7 +34,7 @@ WAKEUPS = ("sched_wakeup", "sched_wakeup_new")
 
 
 def read_records(path: Path) -> np.ndarray:
-    """The whole :data:`harmony.serve.REC` records of one file, as an (n, 6) int64 array (a last
+    """The whole :data:`harmony.workload.serve.REC` records of one file, as an (n, 6) int64 array (a last
     record cut short by the task's end is left out)."""
     data = Path(path).read_bytes()
     n = len(data) // serve.REC.size

@@ -1,17 +1,17 @@
 """The tables the analysis derives from a run's events: each one's columns, dtypes and meanings.
 
-Declared once here (see :class:`harmony.columns.Table`) and built through these declarations by
+Declared once here (see :class:`harmony.core.columns.Table`) and built through these declarations by
 their producers: :mod:`harmony.analysis.reconstruct` (migrations, runs, runqueue, allocation,
 shares, anomalies), :mod:`harmony.analysis.foreign` (foreign load) and
 :mod:`harmony.analysis.counters` (counter agreement). ``print(tables.RUNS)`` shows one.
 
 Conventions: ``ts``, ``start``, ``end`` are int64 ns on the trace clock; ``t`` is float seconds
 since t0 (negative before the release); ``name`` and ``role`` are the task's, from the tasks table
-(:data:`harmony.tasks.TASKS`), as categoricals whose categories are sorted. A table's ``attrs``
+(:data:`harmony.workload.tasks.TASKS`), as categoricals whose categories are sorted. A table's ``attrs``
 (counts of what the reconstruction found wrong in the trace, for instance) are documented by the
 function that builds it; they are stored in the Parquet file with the table.
 
-The other tables of a run are declared beside their producers: ``tasks`` in :mod:`harmony.tasks`,
+The other tables of a run are declared beside their producers: ``tasks`` in :mod:`harmony.workload.tasks`,
 ``kernel_samples``, ``kernel_counters`` and ``kernel_nr_running`` in the kernel samplers
 (:mod:`harmony.probes.proc_stat`, :mod:`harmony.probes.proc_sched`,
 :mod:`harmony.probes.sched_debug`), ``events`` and ``markers`` in :mod:`harmony.probes.schema`.
@@ -19,7 +19,7 @@ The other tables of a run are declared beside their producers: ``tasks`` in :mod
 
 from __future__ import annotations
 
-from harmony.columns import Table
+from harmony.core.columns import Table
 
 MIGRATIONS = Table(
     "migrations", "every sched_migrate_task of an experiment task, and every move of one "
@@ -109,7 +109,7 @@ SHARES = Table(
         ("nice",     "int64",    "its nice value"),
         ("weight",   "int64",    "its load weight: the kernel's sched_prio_to_weight of nice "
                                  "(SCHED_IDLE: 3); 0 for fifo, rr and deadline, not shared by weight"),
-        ("policy",   "category", "its scheduling class (harmony.tasks.POLICIES; other for a run "
+        ("policy",   "category", "its scheduling class (harmony.workload.tasks.POLICIES; other for a run "
                                  "recorded before classes existed)"),
         ("demand",   "float64",  "duty / 100: the fraction of one CPU it would use alone"),
         ("cpu_time", "float64",  "s it ran in [t0, t_end]"),
@@ -181,7 +181,7 @@ COUNTER_AGREEMENT = Table(
 
 REQUESTS = Table(
     "requests", "every request of a server run (experiment server), by id: what the client and "
-                "the serving tasks recorded (harmony.serve), joined with the trace "
+                "the serving tasks recorded (harmony.workload.serve), joined with the trace "
                 "(harmony.analysis.requests.df_requests)", [
         ("id",         "int64",   "request id, in the order the client made them"),
         ("conn",       "int32",   "the connection it was sent on"),

@@ -45,9 +45,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import (TABLE_KEYS_MAX, LastResult, event_kinds, event_mask, in_set,
-                                     key_table)
-from harmony.jit import run_split, split, use_compiled
+from harmony.analysis.arrays import (
+    TABLE_KEYS_MAX,
+    LastResult,
+    event_kinds,
+    event_mask,
+    in_set,
+    key_table,
+)
+from harmony.core.jit import run_split, split, use_compiled
 
 WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
 RECORDS = ("wakeup", "wakeup_new", "switch_in", "switch_out_runnable", "switch_out_sleep",
@@ -168,7 +174,7 @@ JIT_MIN_EVENTS = 8_000_000
 
 
 def _compiled(n_events: int):
-    """The compiled state machine (:mod:`taskstate_jit`) if :func:`harmony.jit.use_compiled` says
+    """The compiled state machine (:mod:`taskstate_jit`) if :func:`harmony.core.jit.use_compiled` says
     so, else None (the numpy version runs)."""
     if not use_compiled(n_events, JIT_MIN_EVENTS):
         return None
@@ -212,7 +218,7 @@ _COUNT_CHUNK = 1 << 20
 def _records_room(codes: np.ndarray, lut: np.ndarray, switch: int) -> int:
     """The most records ``jit.emit`` can write: two a switch, one an event of another kind it
     reads. Not 2 a row of the events: this room lives on the heap, in memory an earlier step
-    freed and the process kept (harmony.memory), so what is allocated is resident, written or not
+    freed and the process kept (harmony.core.memory), so what is allocated is resident, written or not
     (at 10 M events 182 MB for 110 of records)."""
     n = np.zeros(len(lut), np.int64)                # events per code (a code past lut: none)
     for lo in range(0, len(codes), _COUNT_CHUNK):   # bincount copies its input as int64: a part
@@ -224,7 +230,7 @@ def _records_room(codes: np.ndarray, lut: np.ndarray, switch: int) -> int:
 
 
 def _whole_tasks(ends: np.ndarray, m: int) -> list[tuple[int, int]]:
-    """harmony.jit.split's ranges of the m records sorted by task, each cut moved to the nearest
+    """harmony.core.jit.split's ranges of the m records sorted by task, each cut moved to the nearest
     task boundary (``ends``: where each task's records end; a task's records are walked by one
     thread); empty ranges dropped."""
     ranges = split(m)

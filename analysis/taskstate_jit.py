@@ -3,15 +3,14 @@
 The numpy version in :mod:`taskstate` evaluates the state machine with forward fills over whole
 arrays (~25 passes and as many temporaries of the trace's length); here one pass over the events
 emits the records and one pass per task walks them, with the same rules (documented in
-:mod:`taskstate`). When it runs rather than the numpy version is :mod:`harmony.jit`'s choice; the
+:mod:`taskstate`). When it runs rather than the numpy version is :mod:`harmony.core.jit`'s choice; the
 tests run both and compare them.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 import numba
+import numpy as np
 
 # record codes, as in taskstate (RECORDS)
 WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)

@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.tables import CPUS, DOMAINS
-from harmony.columns import STR_DTYPE
-from harmony.osutil import format_cpulist
+from harmony.core.columns import STR_DTYPE
+from harmony.core.osutil import format_cpulist
 
 #: where two CPUs sit relative to each other (:func:`relation`), nearest first
 RELATIONS = ("same", "smt", "llc", "package", "node", "remote")
@@ -106,8 +106,8 @@ def migration_level(dst_cpu: int, src_cpu: int, domains: dict) -> tuple[int | No
 
 class LevelTable:
     """The level of every (destination, source) pair of CPUs at once: ``index[dst, src]`` (int16,
-    :data:`NO_LEVEL` where none) and ``key_code[dst, src]`` into ``keys`` (the level keys, by
-    the lowest index they have on any CPU, then as first met)."""
+    :data:`NO_LEVEL` where none) and ``key_code[dst, src]`` into ``keys`` (the level keys,
+    lowest first)."""
 
     def __init__(self, domains: dict):
         doms = domains if domains and all(isinstance(k, int) for k in domains) else \
@@ -117,16 +117,18 @@ class LevelTable:
         self.n = n
         self.index = np.full((n, n), NO_LEVEL, np.int16)
         seen = np.full((n, n), -1, np.int16)        # the key's number in ``met``
-        met: dict[str, int] = {}                    # key -> its lowest index
+        met: dict[str, list[int]] = {}              # key -> its index on each CPU
         for dst, ds in doms.items():
             for d in sorted(ds, key=lambda d: -int(d["index"])):    # lower levels overwrite
                 i = int(d["index"])
                 key = level_key(i, d.get("name"))
-                met[key] = min(met.get(key, i), i)
+                met.setdefault(key, []).append(i)
                 span = [c for c in (d.get("span") or ()) if c != dst]
                 self.index[dst, span] = i
                 seen[dst, span] = list(met).index(key)
-        self.keys = sorted(met, key=lambda k: (met[k], list(met).index(k)))
+        # lowest first: by the mean of a key's indexes (an asymmetric machine's MC is index 0 on
+        # a CPU without an SMT sibling, 1 on the others: after SMT), then as first met
+        self.keys = sorted(met, key=lambda k: (np.mean(met[k]), list(met).index(k)))
         remap = np.asarray([self.keys.index(k) for k in met] or [0], np.int16)
         self.key_code = np.where(seen >= 0, remap[np.maximum(seen, 0)], -1).astype(np.int16)
 
@@ -179,7 +181,7 @@ def relation(cpu_a: int, cpu_b: int, cpus_df: pd.DataFrame) -> str:
 
 
 def _cpulist(text: str) -> list[int]:
-    from harmony.osutil import parse_cpulist
+    from harmony.core.osutil import parse_cpulist
     return parse_cpulist(text)
 
 

@@ -71,7 +71,7 @@ from __future__ import annotations
 
 from harmony.analysis import thresholds as T
 from harmony.probes.proc_stat import SWEEP_BUDGET
-from harmony.tasks import POLICIES
+from harmony.workload.tasks import POLICIES
 
 #: PELT's half-life, s (32 periods of 1024 us): how far a warm-up let a task's load converge
 PELT_HALF_LIFE_S = 32 * 1024e-6

@@ -17,10 +17,10 @@ import sysconfig
 import time
 from pathlib import Path
 
-from harmony.memory import tune_allocations
+from harmony.core.memory import tune_allocations
 
 REPO = Path(__file__).resolve().parent.parent
-# the benchmarks measure Harmony as its command runs: with its memory tuning (harmony.memory)
+# the benchmarks measure Harmony as its command runs: with its memory tuning (harmony.core.memory)
 tune_allocations()
 
 

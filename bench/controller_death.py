@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from harmony.forkserver import COMM as SERVER_COMM  # noqa: E402
+from harmony.workload.forkserver import COMM as SERVER_COMM  # noqa: E402
 
 
 def census() -> dict:

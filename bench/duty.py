@@ -26,7 +26,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-
 import numpy as np  # noqa: E402
 
 
@@ -184,7 +183,7 @@ def main(argv=None) -> int:
     if a.reps < 1 or a.duration <= a.warmup:
         ap.error("--reps must be positive and --duration longer than --warmup")
     common.need_root("the duty benchmark")
-    from harmony.osutil import online_cpus
+    from harmony.core.osutil import online_cpus
     cpu = a.cpu if a.cpu is not None else online_cpus()[-1]
 
     got: dict[float, list[dict]] = {d: [] for d in duties}

@@ -43,17 +43,18 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import emit_json, median, need_root, table  # noqa: E402
-
 import numpy as np  # noqa: E402
+from common import emit_json, median, need_root, table  # noqa: E402
 
 from harmony import doctor, store  # noqa: E402
 from harmony.analysis import policy, rounds  # noqa: E402
-from harmony.batch import KernelRunner, VmRunner, finish_batch, run_batch  # noqa: E402
+from harmony.batch import finish_batch, run_batch
 from harmony.experiments import get_experiment  # noqa: E402
-from harmony.kernels import kernel as get_kernel  # noqa: E402
+from harmony.runners import KernelRunner  # noqa: E402
 from harmony.suite import QUICK  # noqa: E402
-from harmony.vm import QemuSetting  # noqa: E402
+from harmony.vm.kernels import kernel as get_kernel  # noqa: E402
+from harmony.vm.machine import QemuSetting  # noqa: E402
+from harmony.vm.runner import VmRunner
 
 #: the set-ups compared by default (names used in the tables and the directories)
 SETUPS = {
@@ -119,7 +120,7 @@ def runs_of(d: Path) -> list:
     out = []
     for rep in sorted(d.glob("rep-*")):
         try:
-            out.append(store.load(rep))
+            out.append(store.open_run(rep))
         except store.RunError as exc:
             print(f"  {rep}: not used ({exc})", file=sys.stderr)
     return out

@@ -15,7 +15,7 @@ Each repetition makes new environments for both ways (interleaved). The ratio is
 import's wall time over the second's (``/usr/bin/time``). The trace: ``--trace FILE --comm
 NAME``, or a ping-pong recorded with the tracefs probe (root) replicated to ``--events`` events
 and written as a trace.dat, as ``bench/whole_import.py`` makes them (large enough, by default,
-that the import runs the compiled kernels: ``harmony.jit``).
+that the import runs the compiled kernels: ``harmony.core.jit``).
 """
 
 from __future__ import annotations

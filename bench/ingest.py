@@ -7,7 +7,7 @@ What is timed, per capture size, in one run and side by side (repetitions interl
   ``df_core``, as a run's analysis builds them),
   each repetition in a fresh Python process so its peak memory can be read (``VmHWM``);
   "bytes/event" is that peak minus the process's size before decoding, over the events decoded
-  (heap memory faulted in ahead of the decode, ``harmony.memory.prefault_heap``, counts whether
+  (heap memory faulted in ahead of the decode, ``harmony.core.memory.prefault_heap``, counts whether
   the decode used all of it or not; ``HARMONY_PREFAULT=0`` times the decode without it).
   The compiled kernels' one-off start-up in a process (numba initialising and loading them from
   its cache, ~0.5-1 s, paid once per process whatever the trace's size) is timed apart, on a
@@ -41,7 +41,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-
 import numpy as np  # noqa: E402
 
 
@@ -142,7 +141,7 @@ def measure_harmony(raw: Path, pids: list[int], warm: Path | None) -> dict:
     if warm:
         # split over threads however small, so that the kernels only that path calls are loaded
         # here too (~5-10 ms each on first call): loading is start-up, whatever the trace's size
-        from harmony import jit as hjit
+        from harmony.core import jit as hjit
         saved, hjit.PARALLEL_MIN_ITEMS = hjit.PARALLEL_MIN_ITEMS, 1
         try:
             _ingest(warm, tasks)

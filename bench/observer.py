@@ -1,6 +1,6 @@
 """Observer-effect benchmark: what recording costs the workload, and what rate it records losslessly.
 
-Part 1, work rate: ``--per-cpu`` CPU-bound workers per CPU (``harmony.controller.Workload``; two
+Part 1, work rate: ``--per-cpu`` CPU-bound workers per CPU (``harmony.workload.controller.Workload``; two
 by default, so they time-share and the scheduler has switches to record, as in an experiment)
 run for the whole measurement under one tracefs probe. The probe's recording is switched off and
 on between short windows (the ``enable`` file of each event the probe records, and the
@@ -37,9 +37,9 @@ def work_rate_pairs(cpus: list[int], per_cpu: int, pairs: int, window_s: float, 
     """Work rate (loops/s) of ``per_cpu`` CPU-bound workers per CPU in windows with the probe's
     recording off and on, ``pairs`` pairs in alternating order; also this process's CPU share in
     each window (the probe's drain threads when on)."""
-    from harmony.controller import Workload
     from harmony.probes.tracefs import TracefsProbe
-    from harmony.tasks import TaskSpec
+    from harmony.workload.controller import Workload
+    from harmony.workload.tasks import TaskSpec
 
     specs = [TaskSpec(name=f"ob{i}", initial_cpu=c) for i, c in enumerate(cpus * per_cpu)]
     rates = {False: [], True: []}
@@ -95,7 +95,7 @@ def _own_cpu_s() -> float:
 
 def lossless_level(rate: float, pairs: int, seconds: float, out: Path) -> dict:
     """Ping-pong at ``rate`` rounds/s per pair (0 = flat out) under the probe; events and losses."""
-    from harmony.osutil import online_cpus
+    from harmony.core.osutil import online_cpus
     from harmony.probes.ringbuf import decode_dir
     from harmony.probes.tracefs import TracefsProbe
 
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
         ap.error("--seconds, --pairs, --per-cpu, --pp-pairs, --pp-seconds must be positive, "
                  "--settle and --rates not negative")
     common.need_root("the observer benchmark")
-    from harmony.osutil import online_cpus
+    from harmony.core.osutil import online_cpus
 
     cpus = online_cpus()
     result: dict = {"benchmark": "observer", "cpus": cpus}

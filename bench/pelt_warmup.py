@@ -3,7 +3,7 @@
 A load-based balancer (CFS and EEVDF share one) weighs each task by its PELT load, an average of
 the time it was runnable that halves every 32 ms of history. Harmony's cold release wakes tasks
 that slept at their start gate, so their load has decayed; its warm release runs them confined to
-their initial CPU for ``warm_s`` before t0 (harmony/controller.py). This script measures, with
+their initial CPU for ``warm_s`` before t0 (harmony/workload/controller.py). This script measures, with
 Harmony's own controller, each task's ``se.avg.load_avg``, ``se.avg.runnable_avg`` and
 ``se.avg.util_avg`` from /proc/PID/sched:
 
@@ -32,10 +32,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from harmony.controller import Workload  # noqa: E402
+from harmony.core.osutil import online_cpus  # noqa: E402
 from harmony.experiments.base import WARM_S  # noqa: E402
-from harmony.osutil import online_cpus  # noqa: E402
-from harmony.tasks import layout_tasks  # noqa: E402
+from harmony.workload.controller import Workload  # noqa: E402
+from harmony.workload.tasks import layout_tasks  # noqa: E402
 
 SIGNALS = ("load_avg", "runnable_avg", "util_avg")
 _FIELD = re.compile(r"^se\.avg\.(load_avg|runnable_avg|util_avg)\s*:\s*(\d+)", re.M)

@@ -15,7 +15,7 @@ should be 0: the layout exists at t0) and migrations of tasks before "released" 
 Target: release spread < 1 ms at 256 tasks. Sizes run interleaved (8, 64, 256, 8, 64, ...);
 ``--placement cpuset,affinity`` also interleaves the controller's two ways of holding the tasks
 (``HARMONY_RELEASE_PLACEMENT``), ``--mode occupied,confined`` its two orders of release
-(``HARMONY_RELEASE_MODE``; see ``harmony/controller.py``). Every run is a cold release (``-p
+(``HARMONY_RELEASE_MODE``; see ``harmony/workload/controller.py``). Every run is a cold release (``-p
 release=cold``: the tasks asleep at their gate, then woken), which is what a spread of wake-ups
 measures; a warm release widens the CPU set of tasks already running (bench/warm_cold.py).
 """
@@ -34,11 +34,11 @@ import common  # noqa: E402
 
 
 def one_release(ntasks: int, out: Path, duration: float, placement: str, mode: str) -> dict:
-    from harmony.controller import ENV_MODE, ENV_PLACEMENT
+    from harmony.core.osutil import online_cpus
     from harmony.experiments import get_experiment
-    from harmony.osutil import online_cpus
     from harmony.hygiene import HostBusy
     from harmony.run import execute
+    from harmony.workload.controller import ENV_MODE, ENV_PLACEMENT
 
     exp = get_experiment("single-source")
     cpus = online_cpus()
@@ -66,7 +66,7 @@ def _foreign_share(foreign) -> float | None:
 
 
 def main(argv=None) -> int:
-    from harmony.controller import MODES, PLACEMENTS
+    from harmony.workload.controller import MODES, PLACEMENTS
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)

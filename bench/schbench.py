@@ -12,7 +12,7 @@ CPU work, at R requests per second.
   own histogram buckets).
 - Harmony: ``server -p shape=pool-per-stage -p stages=1 -p pool=W -p sizes=fixed -p work_us=X
   -p rate=R``, X being the work schbench's own calibration (``-C``, no sleep, one worker) measured
-  for OPS and KB. The same two latencies are read from the stage records (harmony.serve): a
+  for OPS and KB. The same two latencies are read from the stage records (harmony.workload.serve): a
   worker's stage record end - start (request latency), and its start - the reader's hand-over to
   the stage pipe (wakeup latency: it also holds the wait in the pipe behind busy workers, where
   schbench queues on the worker).
@@ -42,8 +42,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from harmony import serve  # noqa: E402
 from harmony.analysis import requests as req  # noqa: E402
+from harmony.workload import serve  # noqa: E402
 
 QUANTILES = (50.0, 90.0, 99.0, 99.9)
 

@@ -1,5 +1,5 @@
 """What ``-p load=`` of the server experiment means here: the capacity it is a fraction of
-(:func:`harmony.serve.capacity`, from the per-hop overhead calibrated at the run's start) against
+(:func:`harmony.workload.serve.capacity`, from the per-hop overhead calibrated at the run's start) against
 the capacity a real run reaches.
 
 For each shape, ``harmony run server`` twice (alternating shapes, ``--reps`` times):
@@ -32,9 +32,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from harmony import serve  # noqa: E402
 from harmony.experiments import get_experiment  # noqa: E402
 from harmony.experiments.server import SHAPES  # noqa: E402
+from harmony.workload import serve  # noqa: E402
 
 
 def harmony_run(out: Path, seconds: float, *params: str) -> dict:

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 
-from harmony.controller import warm_s  # noqa: E402
+from harmony.workload.controller import warm_s  # noqa: E402
 
 
 def harmony_cmd() -> list[str]:

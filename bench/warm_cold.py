@@ -3,7 +3,7 @@
 A cold release wakes tasks that slept at their start gate (PELT's load decayed: ~11 % of a
 running task's at t0 here, bench/pelt_warmup.py); a warm one (the catalog's default) runs them
 confined to their initial CPU for ``warm_s`` first, so a load-based balancer weighs them as the
-running tasks they are (harmony/controller.py). This script runs single-source, time-to-resolve
+running tasks they are (harmony/workload/controller.py). This script runs single-source, time-to-resolve
 and how-many under both, interleaved (warm, cold, warm, cold...), each as a plain
 ``harmony run EXP -p release=R`` of this checkout, and prints per experiment and release the
 medians of the metrics behind questions 2-4 and the policy card's answers to them

@@ -1,6 +1,6 @@
 """What an experiment is: parameters with documented defaults, the tasks it runs, what it measures.
 
-An experiment never touches the kernel itself: it describes tasks (:class:`harmony.tasks.TaskSpec`)
+An experiment never touches the kernel itself: it describes tasks (:class:`harmony.workload.tasks.TaskSpec`)
 for the controller and turns the reconstructed tables of a run into metrics and figures.
 
 Its contract is declared, not implied: :attr:`Experiment.params` (:class:`Param`: name, kind,
@@ -32,8 +32,8 @@ from typing import Any, Callable
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.cost import cost_summary
 from harmony.analysis.topology import counts_by_level, domains_of
-from harmony.errors import ParameterError
-from harmony.tasks import POLICIES, class_problem
+from harmony.core.errors import ParameterError
+from harmony.workload.tasks import POLICIES, class_problem
 
 
 @dataclasses.dataclass(frozen=True)

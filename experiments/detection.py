@@ -19,10 +19,23 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import rounds
-from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive, task_class
+from harmony.experiments.base import (
+    Experiment,
+    Metric,
+    Param,
+    non_negative,
+    pick,
+    positive,
+    task_class,
+)
 from harmony.experiments.how_many import HowMany, check_two_cpus, source_target_tasks
-from harmony.experiments.work_conservation import NS, WorkConservation, check_window, draw_uniform_time
-from harmony.tasks import TaskSpec
+from harmony.experiments.work_conservation import (
+    NS,
+    WorkConservation,
+    check_window,
+    draw_uniform_time,
+)
+from harmony.workload.tasks import TaskSpec
 
 
 class Detection(Experiment):

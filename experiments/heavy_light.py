@@ -22,11 +22,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import mixed
-from harmony.experiments.base import (Experiment, Metric, Param, class_params, non_negative, percent, pick,
-                                      positive, task_class)
+from harmony.experiments.base import (
+    Experiment,
+    Metric,
+    Param,
+    class_params,
+    non_negative,
+    percent,
+    pick,
+    positive,
+    task_class,
+)
 from harmony.experiments.single_source import SingleSource
 from harmony.store import RunError
-from harmony.tasks import TaskSpec
+from harmony.workload.tasks import TaskSpec
 
 
 def _flag(v) -> str | None:

@@ -29,9 +29,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics, rounds
-from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive, task_class
+from harmony.experiments.base import (
+    Experiment,
+    Metric,
+    Param,
+    non_negative,
+    pick,
+    positive,
+    task_class,
+)
 from harmony.experiments.single_source import SingleSource
-from harmony.tasks import TaskSpec
+from harmony.workload.tasks import TaskSpec
 
 
 def source_target_tasks(sources: list[int], target_count: int, cpus: list[int],

@@ -15,9 +15,17 @@ from pathlib import Path
 import numpy as np
 
 from harmony.analysis import metrics, mixed
-from harmony.experiments.base import Experiment, Metric, Param, non_negative, percent, pick, task_class
+from harmony.experiments.base import (
+    Experiment,
+    Metric,
+    Param,
+    non_negative,
+    percent,
+    pick,
+    task_class,
+)
 from harmony.experiments.single_source import SingleSource
-from harmony.tasks import layout_tasks
+from harmony.workload.tasks import layout_tasks
 
 
 class IntrinsicImbalance(Experiment):

@@ -23,10 +23,18 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import proportional as prop
-from harmony.errors import RunError
-from harmony.experiments.base import Experiment, Metric, Param, nice_value, pick, positive, task_class
+from harmony.core.errors import RunError
+from harmony.experiments.base import (
+    Experiment,
+    Metric,
+    Param,
+    nice_value,
+    pick,
+    positive,
+    task_class,
+)
 from harmony.experiments.single_source import SingleSource
-from harmony.tasks import TaskSpec
+from harmony.workload.tasks import TaskSpec
 
 #: where a run puts its tasks (``-p on=``): the run itself, and its two companions
 PLACES = {"set": "released to the whole CPU set",

@@ -1,7 +1,7 @@
 """server: what the balancing policy does to a server's request latency (issue 27).
 
 A server-shaped workload of real processes talking over real AF_UNIX stream sockets and named
-pipes (:mod:`harmony.serve`), every one of them a task of the run (spawned, held, released at t0
+pipes (:mod:`harmony.workload.serve`), every one of them a task of the run (spawned, held, released at t0
 and killed with the controller like any other, so the trace's migrations and run queues are
 theirs). One open-loop client sends requests at Poisson arrivals over ``conns`` connections;
 each request asks a CPU work drawn from ``sizes`` (exponential of mean ``work_us``; ``pareto``:
@@ -23,9 +23,9 @@ is captured (on the host, or by the guest agent in a VM: :meth:`Server.place`): 
 task spends handling a request besides its work (receive it from a socket, stamp it, record it,
 send it on, with the wake-ups and switches that costs) is measured between small processes over
 socket pairs with every CPU of the set busy, pairs across two CPUs and a pair within each, the
-dearer of the two (``overhead_ns``, :func:`harmony.serve.measure_overhead`: 2000 round trips,
+dearer of the two (``overhead_ns``, :func:`harmony.workload.serve.measure_overhead`: 2000 round trips,
 both sides' CPU time; across on a host, within in a TCG guest), and the capacity is the
-fewest requests per second any bottleneck allows (:func:`harmony.serve.capacity`): the CPUs (P s
+fewest requests per second any bottleneck allows (:func:`harmony.workload.serve.capacity`): the CPUs (P s
 of CPU per s over the work plus one overhead per task a request passes through), each single task
 (the client; the reader; a loop), and each pool of tasks that sleep ``block_us``. On this host it
 is within -16..+3 % of the throughput each shape reaches overloaded (bench/server_capacity.py).
@@ -58,10 +58,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harmony import serve
 from harmony.analysis import requests as req
 from harmony.experiments.base import Experiment, Metric, Param, non_negative, positive, task_class
-from harmony.tasks import TaskSpec
+from harmony.workload import serve
+from harmony.workload.tasks import TaskSpec
 
 SHAPES = ("thread-per-connection", "pool-per-stage", "event-loop", "thread-per-core")
 SIZES = ("exp", "pareto", "fixed")
@@ -163,7 +163,7 @@ class Server(Experiment):
 
     def place(self, specs, run_dir, params, cpus):
         """Each task told where its records go, the run's sockets and pipes made, and the
-        overhead and rate settled where the run is captured (:func:`harmony.serve.place`)."""
+        overhead and rate settled where the run is captured (:func:`harmony.workload.serve.place`)."""
         return serve.place(specs, run_dir, params, cpus)
 
     summary = (

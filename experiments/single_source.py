@@ -17,9 +17,17 @@ from pathlib import Path
 
 from harmony.analysis import metrics
 from harmony.analysis.thresholds import FAST_BALANCE_MAX_S
-from harmony.experiments.base import (Experiment, Metric, Param, nice_value, non_negative, percent, positive,
-                                      task_class)
-from harmony.tasks import layout_tasks
+from harmony.experiments.base import (
+    Experiment,
+    Metric,
+    Param,
+    nice_value,
+    non_negative,
+    percent,
+    positive,
+    task_class,
+)
+from harmony.workload.tasks import layout_tasks
 
 
 class SingleSource(Experiment):

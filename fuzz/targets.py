@@ -4,7 +4,7 @@ A target writes the input where its parser reads it (files under a scratch direc
 perf.data, a tracefs recording's directory, a run directory...) and calls the parser the way
 Harmony does. Its contract, checked by :func:`check_error` and by whoever calls it (``run.py``
 when fuzzing, ``tests/test_fuzz_corpus.py`` when replaying the saved corpus): every input either
-decodes or raises a :class:`~harmony.errors.HarmonyError` whose message is one line naming the file
+decodes or raises a :class:`~harmony.core.errors.HarmonyError` whose message is one line naming the file
 it read. Anything else that escapes (IndexError, struct.error, numpy's ValueError, a
 RecursionError, a MemoryError...) is a finding, and so is an input that takes more than 2 s or
 more than 1 GiB of memory (``run.py`` enforces those).
@@ -80,7 +80,7 @@ class Finding(AssertionError):
 
 def check_error(exc: BaseException, names: tuple[str, ...]) -> None:
     """``exc`` is Harmony's one-line error naming one of ``names``; else raise :class:`Finding`."""
-    from harmony.errors import HarmonyError
+    from harmony.core.errors import HarmonyError
     if not isinstance(exc, HarmonyError):
         raise exc
     msg = str(exc)
@@ -168,8 +168,13 @@ def _ringbuf_both(data: bytes, scratch: Path) -> None:
 
 
 def _formats(data: bytes, scratch: Path) -> None:
-    from harmony.probes.formats import (load_format, load_formats_dir, load_header_event,
-                                        load_header_page, sched_switch_preempt_flag)
+    from harmony.probes.formats import (
+        load_format,
+        load_formats_dir,
+        load_header_event,
+        load_header_page,
+        sched_switch_preempt_flag,
+    )
     path = scratch / "formats" / "sched" / "sched_switch" / "format"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
@@ -227,14 +232,14 @@ def _rundir_files(data: bytes, scratch: Path) -> Path:
 
 
 def _rundir(data: bytes, scratch: Path) -> None:
-    """store.load (as it is, and allowing an incomplete run), the summary and the tables the input
-    holds (a table section replaces the template's), then pipeline.load, which verifies the
+    """store.open_run (as it is, and allowing an incomplete run), the summary and the tables the input
+    holds (a table section replaces the template's), then pipeline.load_checked, which verifies the
     tables the manifest lists."""
     from harmony import pipeline, store
     d = _rundir_files(data, scratch)
     for allow in (False, True):
         try:
-            run = store.load(d, allow_incomplete=allow)
+            run = store.open_run(d, allow_incomplete=allow)
         except Exception as exc:  # noqa: BLE001  (checked; then read as allow_incomplete)
             check_error(exc, (str(d),))
             continue
@@ -246,7 +251,7 @@ def _rundir(data: bytes, scratch: Path) -> None:
                 read()
             except Exception as exc:  # noqa: BLE001  (checked: the next one is read all the same)
                 check_error(exc, (str(d),))
-    pipeline.load(d)
+    pipeline.load_checked(d)
 
 
 TARGETS = {t.name: t for t in (
@@ -262,8 +267,8 @@ TARGETS = {t.name: t for t in (
            {"HARMONY_JIT": "0"}),
     Target("perf_text", "perf script output; perf report --header-only / --stats texts",
            _perf_text),
-    Target("rundir", "a run directory's manifest.json and summary.json: store.load, "
-           "pipeline.load", _rundir, {"HARMONY_JIT": "0"}),
+    Target("rundir", "a run directory's manifest.json and summary.json: store.open_run, "
+           "pipeline.load_checked", _rundir, {"HARMONY_JIT": "0"}),
 )}
 
 #: Harmony modules atheris must not instrument: numba compiles their functions from bytecode

@@ -1,7 +1,7 @@
 """Harmony: extract the actual CPU load-balancing policy of a running Linux scheduler by experiment.
 
 The library's entry points: :func:`load` (a run directory). Everything else is in the modules
-README's "Layout of the code" names.
+docs/architecture.md names.
 """
 
 import os as _os
@@ -16,13 +16,13 @@ if not _os.path.isdir(_os.path.join(_here, "analysis")) and \
         _os.path.isfile(_os.path.join(_here, _os.pardir, "analysis", "__init__.py")):
     __path__.append(_os.path.dirname(_here))    # noqa: F821 (a package's own __path__)
 
-from harmony.version import __version__  # noqa: E402,F401
+from harmony.core.version import __version__  # noqa: E402,F401
 
 
 def load(run_dir, allow_incomplete: bool = False):
-    """Load a run directory, verified: see :func:`harmony.pipeline.load`."""
-    # imported here: the fork server and the workers import harmony (harmony.osutil), and must not
+    """Load a run directory, verified: see :func:`harmony.pipeline.load_checked`."""
+    # imported here: the fork server and the workers import harmony (harmony.core.osutil), and must not
     # load pandas with it
-    from harmony.pipeline import load as _load
+    from harmony.pipeline import load_checked as _load
 
     return _load(run_dir, allow_incomplete=allow_incomplete)

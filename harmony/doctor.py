@@ -7,7 +7,7 @@ knows it: each recording probe of :data:`harmony.probes.PROBES` its own check
 (``Probe.doctor_check``) and whether it can record (``Probe.cannot_record``), the samplers of the
 kernel's own view theirs (:func:`harmony.probes.sched_debug.doctor_check`,
 :func:`harmony.probes.proc_sched.doctor_check`), the controller how a run releases its tasks
-(:func:`harmony.controller.release_check`).
+(:func:`harmony.workload.controller.release_check`).
 
 :func:`doctor` leaves no kernel state behind: the tracefs instance the tracefs probe's check
 creates is removed at once, and no event is ever enabled in tracefs (the perf check enables
@@ -29,14 +29,16 @@ import subprocess
 import time
 from pathlib import Path
 
-from harmony import hostfacts, jit, kernels, memory
-from harmony.controller import release_check
+from harmony import hostfacts
+from harmony.core import jit, memory
+from harmony.core.osutil import format_cpulist, online_cpus
 from harmony.hostfacts import MISSING, OK, WARN, check
-from harmony.osutil import format_cpulist, online_cpus
 from harmony.probes import PROBES, domains, get_probe, proc_sched, sched_debug
 from harmony.probes.base import REQUIRED_TRACEPOINTS
 from harmony.probes.schema import SCHED_EVENTS
-from harmony.vm import doctor_check as vm_check
+from harmony.vm import kernels
+from harmony.vm.machine import doctor_check as vm_check
+from harmony.workload.controller import release_check
 
 #: the checks of :func:`doctor`, in the order :func:`format_doctor` prints them (a probe's check
 #: that is not named here comes after them)
@@ -235,7 +237,7 @@ def check_preemption(debugfs: str | None, config: dict, source: str | None) -> d
 
 def check_cgroup() -> dict:
     v2, v1_cpuset = hostfacts.cgroup_mounts()
-    # the release holds each initial CPU's tasks in a cpuset cgroup (harmony/cpuset.py): v2
+    # the release holds each initial CPU's tasks in a cpuset cgroup (harmony/workload/cpuset.py): v2
     # preferred, v1 works; without either it pins every task (slower release, noted in runs)
     if not v2:
         detail = "cgroup2 not mounted"
@@ -386,7 +388,7 @@ def check_decoder() -> dict:
 
 
 def check_memory() -> dict:
-    """Whether a decode's memory is faulted in ahead of it (harmony.memory.prefault_heap)."""
+    """Whether a decode's memory is faulted in ahead of it (harmony.core.memory.prefault_heap)."""
     ok, detail = memory.describe()
     return check(OK if ok else WARN, detail, prefault=ok)
 
@@ -438,7 +440,7 @@ def doctor(mount: bool = True, test_record: bool = True, probes: tuple[str, ...]
     ``can_run`` is true when running as root and at least one probe (a tracefs instance with
     sched_switch, sched_migrate_task and sched_wakeup, or perf recording sched tracepoints) can
     record. ``probes``: check only these probes (the guest agent checks tracefs, whose check
-    loads no pandas); ``vm``: also the ``vm`` check (:func:`harmony.vm.doctor_check`: can this
+    loads no pandas); ``vm``: also the ``vm`` check (:func:`harmony.vm.machine.doctor_check`: can this
     host boot kernels under test, with which accelerator).
     """
     t0 = time.monotonic()

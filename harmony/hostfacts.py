@@ -7,7 +7,7 @@ functions say where they looked. Paths are read from the module's constants at c
 point them at fake trees).
 
 The shape of an answer about the host is here too, for every module that gives one
-(:mod:`harmony.doctor`, each probe's ``doctor_check``, :func:`harmony.controller.release_check`):
+(:mod:`harmony.doctor`, each probe's ``doctor_check``, :func:`harmony.workload.controller.release_check`):
 :func:`check` makes a dict with at least ``status`` (:data:`OK`, :data:`WARN` or :data:`MISSING`)
 and ``detail`` (one line for humans); the other keys are the machine-readable facts.
 """
@@ -19,7 +19,7 @@ import os
 import re
 from pathlib import Path
 
-from harmony.osutil import format_cpulist, online_cpus, read_cpulist_file
+from harmony.core.osutil import format_cpulist, online_cpus, read_cpulist_file
 
 OK, WARN, MISSING = "ok", "warn", "missing"
 
@@ -216,7 +216,7 @@ def isolation() -> dict:
 def memory_available() -> int:
     """Bytes of memory this host can give a process now without swapping (MemAvailable); tests
     monkeypatch this to simulate a small host."""
-    import psutil       # here: most host reads need no psutil
+    import psutil  # here: most host reads need no psutil
     return int(psutil.virtual_memory().available)
 
 

@@ -5,8 +5,8 @@ even by SIGKILL, so a crashed run never blocks the next one. On every start the 
 what a killed run could not clean: tracefs instances and perf recorders whose owner is gone,
 worker processes (comm ``hmy-*``) and fork servers orphaned to init, cpuset cgroups
 (``harmony-<pid>``) whose controller is gone, and the QEMU and virtme-ng processes of a virtual
-machine whose controller is gone (:func:`harmony.vm.reclaim_stale`), a sched_ext scheduler
-under test whose controller is gone (:func:`harmony.scx.reclaim_stale`), and the kernel's
+machine whose controller is gone (:func:`harmony.vm.machine.reclaim_stale`), a sched_ext scheduler
+under test whose controller is gone (:func:`harmony.vm.scx.reclaim_stale`), and the kernel's
 scheduler statistics a killed run turned on (:func:`harmony.probes.schedstat.reclaim_stale`),
 the debugfs sched/verbose switch it turned on to read the domains
 (:func:`harmony.probes.domains.reclaim_stale`).
@@ -19,11 +19,13 @@ import os
 import signal
 from pathlib import Path
 
-from harmony import cpuset, scx, vm
-from harmony.errors import HostBusy  # noqa: F401  (raised here)
-from harmony.forkserver import COMM as SERVER_COMM
-from harmony.osutil import lock_dir, open_own_file
+from harmony.core.errors import HostBusy  # noqa: F401  (raised here)
+from harmony.core.osutil import lock_dir, open_own_file
 from harmony.probes import PROBES, domains, get_probe, schedstat
+from harmony.vm import machine as vm
+from harmony.vm import scx
+from harmony.workload import cpuset
+from harmony.workload.forkserver import COMM as SERVER_COMM
 
 WORKER_PREFIX = "hmy-"
 

@@ -3,7 +3,7 @@
 :func:`new_manifest` starts every run's manifest.json (a run recorded here or in a virtual machine,
 imported, simulated); :func:`reason` says why a run stopped; :func:`system_facts` reads what the
 tasks ran on: the host, or the kernel under test in a virtual machine. Importing this module
-loads no pandas (the guest agent, :mod:`harmony.guest`, writes manifests in a virtual machine).
+loads no pandas (the guest agent, :mod:`harmony.vm.guest`, writes manifests in a virtual machine).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import numpy as np
 
-from harmony.version import __version__
+from harmony.core.version import __version__
 
 
 def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: int | None,

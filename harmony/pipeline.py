@@ -35,29 +35,32 @@ from pathlib import Path
 import pandas as pd
 
 from harmony import store
-from harmony.manifest import new_manifest, now, reason  # noqa: F401  (every origin's manifest)
 from harmony.analysis import reconstruct, trust
 from harmony.analysis.causes import cause_counts, softirq_recorded
 from harmony.analysis.cost import df_wasted
-from harmony.analysis.counters import (counter_agreement, df_counter_agreement,
-                                       schedstat_agreement)
-from harmony.analysis.crosscheck import (kernel_agreement, nr_running_agreement, silent_contexts,
-                                         unrecorded_migrations)
+from harmony.analysis.counters import counter_agreement, df_counter_agreement, schedstat_agreement
+from harmony.analysis.crosscheck import (
+    kernel_agreement,
+    nr_running_agreement,
+    silent_contexts,
+    unrecorded_migrations,
+)
 from harmony.analysis.foreign import df_foreign_load
 from harmony.analysis.probe_agreement import probe_agreement
 from harmony.analysis.release import release_spread
-from harmony.analysis.taskstate import release_records
 from harmony.analysis.report import write_report
-from harmony.errors import ProbeError, RunError
+from harmony.analysis.taskstate import release_records
+from harmony.core.errors import ProbeError, RunError
+from harmony.core.jit import in_background
+from harmony.core.timing import Laps
 from harmony.experiments import get_experiment
-from harmony.jit import in_background
+from harmony.manifest import new_manifest, now, reason  # noqa: F401  (every origin's manifest)
 from harmony.probes import PROBES, Capture, get_probe
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, MARK_WARMUP
-from harmony.tasks import class_counts
-from harmony.timing import Laps
+from harmony.workload.tasks import class_counts
 
 #: a table of this many rows or more (the events, and a long trace's runs and run queue) is written
-#: to Parquet on a thread of the pool (harmony.jit.in_background) while the checks and metrics run:
+#: to Parquet on a thread of the pool (harmony.core.jit.in_background) while the checks and metrics run:
 #: 10 M events take ~1.3 s to write, their 4.9 M runs 0.6 s and 5.4 M run-queue steps 0.4 s
 BACKGROUND_WRITE_ROWS = 500_000
 
@@ -167,17 +170,17 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
                            figures=figures, laps=laps)
 
 
-def load(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
+def load_checked(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
     """Open a run directory, verified (``harmony.load``, ``harmony report``).
 
-    As :func:`harmony.store.load`, and a complete run's tables are checked (each file's Parquet
+    As :func:`harmony.store.open_run`, and a complete run's tables are checked (each file's Parquet
     footer and schema): a derived table that is missing or unreadable is rebuilt from the raw
     capture (:func:`analyse`; the run's notes then say which and why). RunError naming what is
     wrong when that cannot be done: a table of the capture's own (tasks, the kernel's view, the
     workers' counters) is damaged, the raw capture does not decode (the file is named), or the
     run was imported (its trace is imported again with ``harmony import``).
     """
-    run = store.load(run_dir, allow_incomplete=allow_incomplete)
+    run = store.open_run(run_dir, allow_incomplete=allow_incomplete)
     if not run.complete:
         return run
     problems = store.table_problems(run.path, store.held_tables(run.manifest, run.path))

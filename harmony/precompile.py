@@ -61,7 +61,7 @@ def precompile(work: Path) -> dict:
     directory. Returns {kernels, compiled (not found in the cache), loaded (from it), seconds,
     cache_dirs}."""
     os.environ["HARMONY_JIT"] = "1"
-    from harmony import jit
+    from harmony.core import jit
     from harmony.importer import import_trace
     from harmony.probes.encode import write_recording
     from harmony.probes.perf_read import walk_records
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harmony.precompile",
                                  description=__doc__.split("\n\n")[0])
     ap.parse_args(argv)
-    from harmony.jit import numba_version
+    from harmony.core.jit import numba_version
     if numba_version() is None:
         print("harmony.precompile: numba is not installed: nothing to compile (numpy decoder)")
         return 0

@@ -7,7 +7,7 @@ was made in a virtual machine.
 
 The capture's side tables (tasks, the kernel's own view, the workers' counters) go to a *table
 sink*: on the host :class:`ParquetTables` builds each one's frame and stores it as Parquet; in a
-virtual machine the guest agent (:mod:`harmony.guest`) passes :class:`JsonRows`, which keeps the
+virtual machine the guest agent (:mod:`harmony.vm.guest`) passes :class:`JsonRows`, which keeps the
 plain rows as JSON, and the host turns them into the same Parquet tables (:func:`land`) before it
 analyses the run. This module imports no pandas (nor the analysis) for the guest's sake: the
 analysis is imported where a run is analysed.
@@ -23,23 +23,29 @@ import threading
 import time
 from pathlib import Path
 
-from harmony import scx as scx_mod
 from harmony import store
-from harmony.controller import Workload, check_classes, lower_threads, raise_threads, warm_s
-from harmony.errors import ControllerError, Interrupted, RunError  # noqa: F401  (Interrupted: raised here)
+from harmony.core.errors import ControllerError, Interrupted, RunError  # noqa: F401  (Interrupted: raised here)
+from harmony.core.memory import stop_prefault
+from harmony.core.timing import Laps
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
-from harmony.memory import stop_prefault
 from harmony.probes import ProbeError, domains, get_probe, proc_sched, schedstat
 from harmony.probes.proc_sched import KERNEL_COUNTERS
 from harmony.probes.proc_stat import KERNEL_SAMPLES, KernelSampler
-from harmony.probes.schema import MARK_END
 from harmony.probes.sched_debug import KERNEL_NR_RUNNING
-from harmony.tasks import sched_classes, task_rows, tasks_from_rows
-from harmony.timing import Laps
+from harmony.probes.schema import MARK_END
+from harmony.vm import scx as scx_mod
+from harmony.workload.controller import (
+    Workload,
+    check_classes,
+    lower_threads,
+    raise_threads,
+    warm_s,
+)
+from harmony.workload.tasks import sched_classes, task_rows, tasks_from_rows
 
 #: the side tables a capture stores beside its raw recording, each with the function that builds
-#: its frame from its rows (the declarations: harmony.tasks.TASKS and the samplers' tables)
+#: its frame from its rows (the declarations: harmony.workload.tasks.TASKS and the samplers' tables)
 SIDE_TABLES = {"tasks": tasks_from_rows, "kernel_samples": KERNEL_SAMPLES.from_rows,
                "kernel_counters": KERNEL_COUNTERS.from_rows,
                "kernel_nr_running": KERNEL_NR_RUNNING.from_rows}
@@ -145,7 +151,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     ``tables`` is the sink the side tables go to (default :class:`ParquetTables`; the guest
     agent's :class:`JsonRows`).
 
-    ``scx`` names a sched_ext scheduler (:mod:`harmony.scx`) started before the workers, watched
+    ``scx`` names a sched_ext scheduler (:mod:`harmony.vm.scx`) started before the workers, watched
     over the run and stopped after; its record is the manifest's ``scx``, and the run is
     incomplete, with the reason, if the kernel ejected it.
 
@@ -278,8 +284,8 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             raise ControllerError(f"{len(gone)} worker(s) died during the run, not by the "
                                   f"experiment's design: {'; '.join(gone[:3])}")
         manifest["controller_notes"] = workload.notes
-        manifest["release_method"] = workload.release_method  # cpuset or affinity (harmony.controller)
-        manifest["release_mode"] = workload.release_mode  # occupied, confined or warm (harmony.controller)
+        manifest["release_method"] = workload.release_method  # cpuset or affinity (harmony.workload.controller)
+        manifest["release_mode"] = workload.release_mode  # occupied, confined or warm (harmony.workload.controller)
         manifest["sched"] = workload.sched  # RT / deadline bandwidth, controller priority, warm-up
         if sampler:
             sampler.stopping.set()

@@ -14,11 +14,11 @@ import pandas as pd
 
 from harmony import pipeline, store
 from harmony.analysis.refpolicy import TICK_NS, Policy, Simulator, get_policy, refuse_classes
-from harmony.errors import ParameterError
+from harmony.core.errors import ParameterError
 from harmony.experiments import get_experiment
 from harmony.probes import Capture
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0
-from harmony.tasks import sched_classes, tasks_frame
+from harmony.workload.tasks import sched_classes, tasks_frame
 
 PROBE = "synthetic"
 

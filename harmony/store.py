@@ -1,11 +1,12 @@
-"""The run directory: atomic writes, the manifest, and :func:`load`.
+"""The run directory: atomic writes, the manifest, and :func:`open_run`, which opens one as it is
+(:func:`harmony.load`, through :func:`harmony.pipeline.load_checked`, also checks its tables).
 
 Layout of a run directory::
 
     manifest.json        every parameter, host facts, scheduler, probe, t0, release spread, lost
                          events, versions, and ``status``: running | complete | incomplete
     summary.json         the experiment's metrics
-    tasks.parquet        one row per experiment task (see harmony.tasks.tasks_frame)
+    tasks.parquet        one row per experiment task (see harmony.workload.tasks.tasks_frame)
     events.parquet       every decoded event (canonical table, harmony.probes.schema)
     markers.parquet      trace markers (t0, released, end)
     migrations.parquet   runs.parquet  runqueue.parquet  allocation.parquet  shares.parquet
@@ -17,8 +18,8 @@ Layout of a run directory::
                          two probes' migrations and run intervals compared)
 
 A file is written to a temporary name and renamed into place, so a reader never sees half a file.
-A run whose manifest does not say ``complete`` is never analysed as complete: :func:`load` refuses
-it unless asked explicitly.
+A run whose manifest does not say ``complete`` is never analysed as complete: :func:`open_run`
+refuses it unless asked explicitly.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from harmony.errors import RunError  # noqa: F401  (raised here)
-from harmony.osutil import FILE_MODE, atomic_write, open_own_file, own_dir  # noqa: F401
+from harmony.core.errors import RunError  # noqa: F401  (raised here)
+from harmony.core.osutil import FILE_MODE, atomic_write, open_own_file, own_dir  # noqa: F401
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -102,7 +103,7 @@ def rows_frame(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
     """A DataFrame of ``rows`` (tuples, one value per column of ``dtypes``: name -> dtype), each
     column made with its dtype at once: ``DataFrame(rows).astype(dtypes)`` costs ~5 ms even for
     a few rows. ``str`` columns get pandas' string dtype, as astype(str) gives."""
-    # pandas here and in read_table, not at the top: the guest agent (harmony.guest) writes its
+    # pandas here and in read_table, not at the top: the guest agent (harmony.vm.guest) writes its
     # manifests and JSON through this module in a virtual machine, where pandas costs seconds
     import pandas as pd
     cols = list(zip(*rows)) or [()] * len(dtypes)
@@ -209,7 +210,7 @@ def read_json(path: Path) -> dict:
 
 
 def read_table(path: Path) -> pd.DataFrame:
-    import pandas as pd   # see rows_frame
+    import pandas as pd  # see rows_frame
 
     try:
         return pd.read_parquet(path)
@@ -234,7 +235,7 @@ class Run:
 
     manifest     dict: the run's manifest.json
     summary      dict: the experiment's metrics (summary.json)
-    tasks        one row per experiment task (harmony.tasks.TASKS)
+    tasks        one row per experiment task (harmony.workload.tasks.TASKS)
     migrations   every migration of a task (harmony.analysis.tables.MIGRATIONS)
     runs         every interval a task ran on a CPU (harmony.analysis.tables.RUNS)
     runqueue     per-CPU count of runnable experiment tasks, a step function
@@ -296,7 +297,7 @@ class Run:
 
         Raises RunError (naming the path) if it is missing or not complete.
         """
-        return load(self.path / name)
+        return open_run(self.path / name)
 
     def __getattr__(self, name):
         if name in TABLES:
@@ -350,7 +351,7 @@ def table_problems(path: Path, names) -> dict[str, str]:
     return out
 
 
-def load(run_dir, allow_incomplete: bool = False) -> Run:
+def open_run(run_dir, allow_incomplete: bool = False) -> Run:
     """Open a run directory written by ``harmony run``.
 
     Raises RunError (naming the path) if it is not a run, or if the run is not complete and

@@ -4,7 +4,7 @@
 time, with the sweeps the thesis drew (x for how-many, light duty for heavy-light, nice difference
 for priority-classes; and the task count for proportional) where the experiment has that parameter. ``run_suite`` captures them back to
 back while holding the host lock once (no doctor, lock or stale-state sweep per run, one probe
-session), has the runner analyse them (see :class:`harmony.batch.KernelRunner`), then writes
+session), has the runner analyse them (see :class:`harmony.runners.KernelRunner`), then writes
 :mod:`harmony.analysis.report_suite` (policy card first). The suite draws the cross-run figures of
 its report only; each run's own figures and each configuration's repetition figure are drawn on
 demand by ``harmony report RUN`` or ``harmony report BATCH`` (drawing them all took longer than
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from harmony import store
-from harmony.controller import warm_s
+from harmony.workload.controller import warm_s
 
 #: sweeps the thesis drew: experiment -> (parameter, full values, quick values). A value list may
 #: depend on P (how-many: x must be large enough for poly-balance (x/P) and pairwise (x/2) to differ).
@@ -182,7 +182,7 @@ class Progress:
 def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, facts: dict | None = None,
               seed: int = 0, quiet: bool = False, card_note: str | None = None,
               resume: bool = False) -> dict:
-    """Run every configuration with ``runner`` (see :mod:`harmony.batch`) and write the report.
+    """Run every configuration with ``runner`` (see :mod:`harmony.runners`) and write the report.
 
     ``runner.capture(exp, params, cpus, out, seed)`` records one run (real or simulated) and
     ``runner.analyse(out)`` analyses it. Returns the suite record (also written as suite.json).
@@ -288,7 +288,7 @@ def _import_report():
 def simulate_suite(policy: str, ncpus: int, out: Path, quick: bool = True, repeat: int | None = None,
                    experiments: list[str] | None = None, seed: int = 0, quiet: bool = True) -> dict:
     """The suite under a reference policy on ``ncpus`` simulated CPUs (no kernel, no root)."""
-    from harmony.batch import SimRunner
+    from harmony.runners import SimRunner
 
     cpus = list(range(ncpus))
     configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments, simulated=True)

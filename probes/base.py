@@ -24,10 +24,10 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:   # annotations only: the guest agent (harmony.guest) loads no pandas
+if TYPE_CHECKING:   # annotations only: the guest agent (harmony.vm.guest) loads no pandas
     import pandas as pd
 
-from harmony.errors import ProbeError, TraceCorrupt  # noqa: F401  (raised here)
+from harmony.core.errors import ProbeError, TraceCorrupt  # noqa: F401  (raised here)
 
 #: the sched tracepoints no recording probe can do without (the others of
 #: :data:`harmony.probes.schema.SCHED_EVENTS` add detail)

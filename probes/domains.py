@@ -10,7 +10,7 @@ and balancing parameters. Two places show them, neither complete:
   ``cache_nice_tries``, ``max_newidle_lb_cost``, but no span. From 6.6 on (6.12, 6.18) the
   directory exists only while ``sched/verbose`` is Y (``sched_verbose_write`` creates it and
   removes it): :func:`read` turns verbose on for the read and puts it back, recording the switch
-  first (:func:`harmony.osutil.record_processes`) so that a controller killed in between has it
+  first (:func:`harmony.core.osutil.record_processes`) so that a controller killed in between has it
   put back by the next start (:func:`reclaim_stale`). 6.1 keeps the directory whatever verbose
   says. A kernel in lockdown (integrity) refuses every debugfs file that can be written,
   ``verbose`` and the parameters among them: nothing is read there, and the topology says why.
@@ -31,7 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony import hostfacts
-from harmony.osutil import forget_processes, record_processes, stale_records
+from harmony.core.osutil import forget_processes, record_processes, stale_records
 from harmony.probes import schedstat
 
 #: the parameter files of a domain's debugfs directory, read as integers
@@ -245,7 +245,7 @@ def read(debugfs: Path | None = None, topo: dict | None = None,
 def describe(topology: dict) -> list[str]:
     """Lines for humans: each distinct domain (name, span, parameters), the lowest first, of
     every CPU (a domain shared by CPUs is said once with the CPUs it is the level of)."""
-    from harmony.osutil import format_cpulist
+    from harmony.core.osutil import format_cpulist
 
     seen: dict[tuple, list[int]] = {}
     for cpu, doms in sorted(topology.get("domains", {}).items(), key=lambda kv: int(kv[0])):

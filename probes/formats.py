@@ -17,9 +17,8 @@ import operator
 import re
 from pathlib import Path
 
+from harmony.core.errors import FormatError  # noqa: F401  (raised here)
 from harmony.probes.base import TraceCorrupt
-
-from harmony.errors import FormatError  # noqa: F401  (raised here)
 
 # Sizes of the C scalar types that appear as array elements in event formats.
 _ELEM_SIZES = {

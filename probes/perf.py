@@ -91,8 +91,8 @@ from pathlib import Path
 import pandas as pd
 
 from harmony import hostfacts
+from harmony.core.osutil import online_cpus, proc_starttime, sched_getcpu
 from harmony.hostfacts import MISSING, OK, WARN, check
-from harmony.osutil import online_cpus, proc_starttime, sched_getcpu
 from harmony.probes.base import (
     REQUIRED_TRACEPOINTS,
     Capture,

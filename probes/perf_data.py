@@ -17,8 +17,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from harmony.errors import TraceCorrupt
-from harmony.osutil import parse_cpulist
+from harmony.core.errors import TraceCorrupt
+from harmony.core.osutil import parse_cpulist
 from harmony.probes.perf_read import read_header
 from harmony.probes.perf_script import PerfScriptParser
 from harmony.probes.perf_tool import PERF_ENV, die_with_parent_preexec, first_error_line

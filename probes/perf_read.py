@@ -47,16 +47,23 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony.errors import TraceCorrupt
-from harmony.jit import use_compiled
+from harmony.core.errors import TraceCorrupt
+from harmony.core.jit import use_compiled
 from harmony.probes.filemap import mapped_array, scratch_file, scratch_saves_memory
 from harmony.probes.formats import EventFormat, FormatError, parse_header_page
 from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 from harmony.probes.ringbuf_walk import JIT_MIN_BYTES, Records
 from harmony.probes.schema import CAUSE_EVENTS, SCHED_EVENTS, make_events
-from harmony.probes.tracedat_read import (MAX_RATIO, FileReader, TraceDat, ZstdStream, grown,
-                                          map_file, read_tracing_data)
+from harmony.probes.tracedat_read import (
+    MAX_RATIO,
+    FileReader,
+    TraceDat,
+    ZstdStream,
+    grown,
+    map_file,
+    read_tracing_data,
+)
 
 PERF_MAGIC = b"PERFILE2"
 _HEADER = struct.Struct("<8sQQ QQ QQ QQ 4Q")  # magic size attr_size attrs data event_types features
@@ -348,7 +355,7 @@ RELEASE_MIN_BYTES = 256 << 20
 
 def walk_records(buf: np.ndarray, release=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """(offset, type, size) of every record of a data section, and the offset of the first record
-    that does not fit (-1: every one does): compiled when :func:`harmony.jit.use_compiled` says
+    that does not fit (-1: every one does): compiled when :func:`harmony.core.jit.use_compiled` says
     so for its size, in Python otherwise.
 
     The compiled walk counts the records, then writes them, :data:`WALK_CHUNK` bytes at a time,

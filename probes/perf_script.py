@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony.errors import TraceCorrupt
+from harmony.core.errors import TraceCorrupt
 from harmony.probes.perf_tool import PERF_ENV, die_with_parent_preexec, first_error_line
 from harmony.probes.schema import COLUMNS, INT_COLUMNS, SCHED_EVENTS, make_events
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from harmony.osutil import die_with_parent
+from harmony.core.osutil import die_with_parent
 
 #: the environment of every perf command: C locale (the parsers read its English), no pager
 PERF_ENV = {**os.environ, "LC_ALL": "C", "PAGER": "cat", "PERF_PAGER": "cat"}

@@ -24,7 +24,7 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from harmony.columns import Table
+from harmony.core.columns import Table
 from harmony.hostfacts import OK, WARN, check
 
 if TYPE_CHECKING:   # frame()'s annotation; the guest agent keeps rows, loads no pandas

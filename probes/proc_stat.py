@@ -14,7 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from harmony.columns import Table
+from harmony.core.columns import Table
 
 if TYPE_CHECKING:   # frame()'s annotation; the guest agent keeps rows, loads no pandas
     import pandas as pd

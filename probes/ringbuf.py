@@ -1,7 +1,7 @@
 """Decode raw ftrace ring-buffer pages (``per_cpu/cpuN/trace_pipe_raw``) into the canonical tables.
 
 The decoder never loops over events in Python, and has two engines giving the same tables (tested
-against each other; :mod:`harmony.jit` picks one). Large traces: compiled kernels
+against each other; :mod:`harmony.core.jit` picks one). Large traces: compiled kernels
 (:mod:`ringbuf_jit`) walk each page once and write every column of every record in one pass.
 Otherwise numpy: all pages of all CPUs are walked in lockstep (step k looks at the k-th record of
 every page that still has records), the data records found are put back into (page, position)
@@ -27,10 +27,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from harmony.osutil import format_cpulist
+from harmony.core.osutil import format_cpulist
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, TraceCorrupt
-from harmony.probes.formats import (FormatError, check_page_layout, load_formats_dir,
-                                    load_header_event, load_header_page)
+from harmony.probes.formats import (
+    FormatError,
+    check_page_layout,
+    load_formats_dir,
+    load_header_event,
+    load_header_page,
+)
 from harmony.probes.ringbuf_decode import Decoded, decode_source, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource
 

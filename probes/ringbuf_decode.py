@@ -17,9 +17,9 @@ from mmap import PAGESIZE as _SYS_PAGE
 import numpy as np
 import pandas as pd
 
-from harmony.errors import TraceCorrupt
-from harmony.jit import run_split, split
-from harmony.memory import prefault_heap
+from harmony.core.errors import TraceCorrupt
+from harmony.core.jit import run_split, split
+from harmony.core.memory import prefault_heap
 from harmony.probes.formats import EventFormat, Field, HeaderPage, sched_switch_preempt_flag
 from harmony.probes.ringbuf_fields import decode_cstr, gather_strings, read_field
 from harmony.probes.ringbuf_pages import PageSource
@@ -89,7 +89,7 @@ class Decoded:
     decoder: str = "numpy"               # "compiled" or "numpy": which one decoded the events
 
 
-#: heap memory faulted in ahead of a decode, per byte of pages (harmony.memory.prefault_heap):
+#: heap memory faulted in ahead of a decode, per byte of pages (harmony.core.memory.prefault_heap):
 #: about what the decoder and the state machine allocate on the decoding thread, ~130 bytes an
 #: event at ~54 bytes of pages an event (a ping-pong load's 2.1 M events); the tables built on
 #: other threads get memory of their own
@@ -98,7 +98,7 @@ PREFAULT_PER_PAGE_BYTE = 2.5
 
 def prefault_for_pages(nbytes: int) -> None:
     """Before ``nbytes`` of ring-buffer pages are read and decoded: have the memory the decode will
-    need faulted in meanwhile, in idle CPU time (:func:`harmony.memory.prefault_heap`). Called as
+    need faulted in meanwhile, in idle CPU time (:func:`harmony.core.memory.prefault_heap`). Called as
     early as the size is known: the files' mapping leaves a CPU idle already."""
     prefault_heap(int(PREFAULT_PER_PAGE_BYTE * nbytes))
 

@@ -12,7 +12,7 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from harmony.errors import TraceCorrupt
+from harmony.core.errors import TraceCorrupt
 from harmony.probes.formats import Field
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 

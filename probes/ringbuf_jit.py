@@ -13,16 +13,15 @@ pass over the records instead and write straight into the final columns:
 
 Both return a status instead of raising (numba cannot raise rich exceptions cheaply): 0 = done,
 else an error code with details in ``err`` that the caller turns into a TraceCorrupt naming the
-file. When they run rather than the numpy decoder is :mod:`harmony.jit`'s choice (the tests run
+file. When they run rather than the numpy decoder is :mod:`harmony.core.jit`'s choice (the tests run
 both and compare them). Compiled code is cached next to this file: only the first use ever
 compiles (~5 s); a new process still pays ~0.5-1 s to load numba and the kernels.
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 import numba
+import numpy as np
 
 # walk() error kinds (err[0]); err[1] = page, err[2] = byte in page, err[3] = type_len, err[4] = length word
 # (err[5]: the first record too short for its type id, see walk)

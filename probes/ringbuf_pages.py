@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harmony.errors import TraceCorrupt
+from harmony.core.errors import TraceCorrupt
 from harmony.probes.filemap import map_files, release_mapped
 
 _SYS_PAGE = mmap.PAGESIZE

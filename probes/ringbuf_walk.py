@@ -36,8 +36,8 @@ import dataclasses
 
 import numpy as np
 
-from harmony.errors import TraceCorrupt
-from harmony.jit import run_split, split, use_compiled
+from harmony.core.errors import TraceCorrupt
+from harmony.core.jit import run_split, split, use_compiled
 from harmony.probes.formats import Field, FormatError, HeaderPage, check_page_layout
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 
@@ -73,7 +73,7 @@ JIT_MIN_BYTES = 64 << 20
 
 
 def compiled(nbytes: int):
-    """The compiled kernels (:mod:`ringbuf_jit`) if :func:`harmony.jit.use_compiled` says so for
+    """The compiled kernels (:mod:`ringbuf_jit`) if :func:`harmony.core.jit.use_compiled` says so for
     ``nbytes`` of pages, else None (the numpy decoder runs)."""
     if not use_compiled(nbytes, JIT_MIN_BYTES):
         return None
@@ -243,7 +243,7 @@ def _walk_compiled(jit, src: PageSource, hp: HeaderPage, heads: _Headers,
                    type_field: Field | None, type_lut: np.ndarray | None):
     """walk_pages' record search by the compiled kernel: the page headers read and records
     counted per page, then filled; both passes split the pages over threads
-    (:func:`harmony.jit.split`), each :func:`_chunks` at a time. Returns (pos, length, ts, cpu,
+    (:func:`harmony.core.jit.split`), each :func:`_chunks` at a time. Returns (pos, length, ts, cpu,
     code or None, first short record or -1)."""
     n_pages = src.n_pages
     size = heads.size

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harmony.columns import Table
-from harmony.errors import SchedDebugError  # noqa: F401  (raised here)
+from harmony.core.columns import Table
+from harmony.core.errors import SchedDebugError  # noqa: F401  (raised here)
+from harmony.core.osutil import format_cpulist, online_cpus
 from harmony.hostfacts import MISSING, OK, WARN, check
-from harmony.osutil import format_cpulist, online_cpus
 
 if TYPE_CHECKING:   # frame()'s annotation; the guest agent keeps rows, loads no pandas
     import pandas as pd

@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harmony.osutil import forget_processes, record_processes, stale_records
+from harmony.core.osutil import forget_processes, record_processes, stale_records
 
 SCHEDSTAT = Path("/proc/schedstat")
 SYSCTL = Path("/proc/sys/kernel/sched_schedstats")
@@ -141,7 +141,7 @@ def enabled() -> bool | None:
         return None
 
 
-#: the kind of the record (:func:`harmony.osutil.record_processes`) of a run that turned the
+#: the kind of the record (:func:`harmony.core.osutil.record_processes`) of a run that turned the
 #: counting on
 RECORD = "schedstats"
 

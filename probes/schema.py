@@ -38,7 +38,7 @@ Markers written to ``trace_marker`` (ftrace ``print`` events) are kept apart in 
 ``ts`` (int64 ns), ``cpu`` (int16), ``pid`` (int32), ``text`` (str, trailing newline stripped).
 
 pandas is imported where a table is built, not at the top: the controller takes the marker texts
-from here, also in the guest agent (:mod:`harmony.guest`), which loads no pandas.
+from here, also in the guest agent (:mod:`harmony.vm.guest`), which loads no pandas.
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ COLUMNS = ("ts", "cpu", "event", "common_pid", "pid", "comm", "prio", "prev_pid"
            "prev_prio", "prev_state", "orig_cpu", "target_cpu")
 MARKER_COLUMNS = ("ts", "cpu", "pid", "text")
 
-#: the markers a Harmony controller writes into every run's trace (harmony.controller): t0, the
+#: the markers a Harmony controller writes into every run's trace (harmony.workload.controller): t0, the
 #: release instant; "released", once every task is free to move; "end", the end of the window;
 #: "warm-up", where a warm release opened the gates of the still confined tasks (before t0)
 MARK_T0, MARK_RELEASED, MARK_END = "harmony t0", "harmony released", "harmony end"
@@ -107,7 +107,7 @@ def make_events(columns: dict, ordered: bool = False) -> pd.DataFrame:
     of an instant keep the order they were given in). ``ordered``: the caller gives them in that
     order already (the ring-buffer decoder's merge does), so it is not checked.
     """
-    import pandas as pd   # see the module's docstring
+    import pandas as pd  # see the module's docstring
 
     n = len(next(iter(columns.values()))) if columns else 0
     out = {}
@@ -140,7 +140,7 @@ def _in_order(ts: np.ndarray, cpu: np.ndarray) -> bool:
 
 def make_markers(ts=(), cpu=(), pid=(), text=()) -> pd.DataFrame:
     """Build a markers table (see the module docstring)."""
-    import pandas as pd   # see the module's docstring
+    import pandas as pd  # see the module's docstring
 
     return pd.DataFrame({
         "ts": np.asarray(ts, dtype=np.int64),

@@ -15,15 +15,15 @@ import contextlib
 import errno
 import json
 import os
-import subprocess
 import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
 
 from harmony import hostfacts
+from harmony.core.osutil import atomic_write, pid_alive
 from harmony.hostfacts import MISSING, OK, WARN, check
-from harmony.osutil import atomic_write, pid_alive
 from harmony.probes.base import (
     REQUIRED_TRACEPOINTS,
     Capture,

@@ -155,9 +155,8 @@ def retry_busy(fn, wait_s: float = BUSY_WAIT_S):
 def single_source_run(out: Path, duration: float, **overrides):
     """A single-source run on every online CPU, through the library entry point `harmony run`
     uses (waiting for the host lock)."""
+    from harmony.core.osutil import online_cpus
     from harmony.experiments import get_experiment
-
-    from harmony.osutil import online_cpus
     from harmony.run import execute
 
     exp = get_experiment("single-source")
@@ -225,13 +224,13 @@ def use_implementation(name: str, monkeypatch) -> str:
     small the input ("threads"), or its numpy code ("numpy"); skip the compiled ones without
     numba. A test that needs only some of them says so with
     ``@pytest.mark.parametrize(FIXTURE, [...], indirect=True)``: no copy is made to be skipped."""
-    from harmony.jit import numba_version
+    from harmony.core.jit import numba_version
     if name != "numpy" and numba_version() is None:
         host_skip("numba is not installed: only the numpy code runs")
     monkeypatch.setenv("HARMONY_JIT", "0" if name == "numpy" else "1")
     if name == "threads":
         monkeypatch.setenv("HARMONY_THREADS", "3")
-        monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
+        monkeypatch.setattr("harmony.core.jit.PARALLEL_MIN_ITEMS", 1)
     return name
 
 

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
-from harmony import cpuset
-from harmony.controller import ControllerError, Workload
-from harmony.hygiene import reclaim_stale
-from harmony.tasks import TaskSpec
-
 from conftest import host_skip, until
+
+from harmony.hygiene import reclaim_stale
+from harmony.workload import cpuset
+from harmony.workload.controller import ControllerError, Workload
+from harmony.workload.tasks import TaskSpec
 
 CPUS = [0, 1]
 
@@ -128,7 +127,7 @@ def test_each_task_wakes_on_its_initial_cpu(host, tmp_path, mode):
 def test_an_occupier_dying_before_t0_is_reported_and_cleaned(host, monkeypatch):
     """Forked here, so that the occupier inherits a body that exits at once: spawn says so with its
     status (it does not wait for the timeout), and nothing is left."""
-    from harmony import worker
+    from harmony.workload import worker
     if host_sched_ext() == "enabled":
         host_skip("a sched_ext scheduler is enabled: no occupiers")
     monkeypatch.setenv("HARMONY_FORKSERVER", "0")
@@ -198,8 +197,8 @@ def test_no_cpuset_falls_back_to_affinity_and_says_so(host, monkeypatch):
 
 CHILD = textwrap.dedent("""
     import time
-    from harmony.controller import Workload
-    from harmony.tasks import TaskSpec
+    from harmony.workload.controller import Workload
+    from harmony.workload.tasks import TaskSpec
     w = Workload([TaskSpec(name=f"k{i}", initial_cpu=0) for i in range(4)], [0, 1])
     w.spawn()
     print(w.cpusets.parent, *w.pids, flush=True)

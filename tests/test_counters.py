@@ -8,12 +8,11 @@ import time
 
 import pandas as pd
 import pytest
+from conftest import host_skip, single_source_run
 
 from harmony.analysis.counters import counter_agreement, df_counter_agreement
 from harmony.probes import proc_sched
 from harmony.probes.schema import make_events
-
-from conftest import host_skip, single_source_run
 
 SCHED_TEXT = b"""hmy-w00 (501, #threads: 1)
 -------------------------------------------------------------------
@@ -127,7 +126,7 @@ def test_a_real_run_matches_the_workers_own_counters(kernel, tmp_path):
     ok, why = proc_sched.available()
     if not ok:
         host_skip(why)
-    from harmony.osutil import online_cpus
+    from harmony.core.osutil import online_cpus
 
     layout = ",".join(["6"] + ["0"] * (len(online_cpus()) - 1))      # six workers on the first CPU
     run = single_source_run(tmp_path / "run", 2.0, layout=layout, duty=50.0)

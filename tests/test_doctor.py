@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from harmony import hostfacts
-from harmony.controller import release_check
+from harmony.core.osutil import online_cpus
 from harmony.doctor import CHECKS, check_cgroup, check_tracefs, doctor, format_doctor
 from harmony.hostfacts import scheduler_name
-from harmony.osutil import online_cpus
 from harmony.probes.base import REQUIRED_TRACEPOINTS
 from harmony.probes.tracefs import DOCTOR_INSTANCE_PREFIX
+from harmony.workload.controller import release_check
 
 
 def _write(path: Path, text: str):

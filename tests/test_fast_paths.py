@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import use_implementation
 
 from harmony.analysis import cost, tables
 from harmony.analysis import metrics as mt
@@ -21,9 +22,7 @@ from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
 from harmony.analysis.reconstruct import NS
 from harmony.analysis.taskstate import task_records
 from harmony.probes.schema import make_events
-from harmony.tasks import TaskSpec, tasks_frame
-
-from conftest import use_implementation
+from harmony.workload.tasks import TaskSpec, tasks_frame
 
 EVENTS = ("sched_switch", "sched_waking", "sched_wakeup", "sched_wakeup_new", "sched_migrate_task",
           "sched_process_exit")
@@ -124,10 +123,11 @@ def test_blind_spot_checks_match_the_code_they_replaced(seed):
 def test_a_tracedat_decodes_the_same_mapped_or_read(tmp_path, monkeypatch):
     """A trace.dat's uncompressed pages are mapped from the file, not copied; where they cannot
     be (unaligned parts, no libc mmap), they are read, with the same result."""
+    from test_ringbuf import known_capture, write_dir
+
     from harmony.probes import ringbuf_pages
     from harmony.probes.tracedat_read import decode_tracedat
     from harmony.probes.tracedat_write import write_tracedat
-    from test_ringbuf import known_capture, write_dir
 
     pages, _, _ = known_capture()
     dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "t.dat")
@@ -155,11 +155,12 @@ def test_a_table_written_in_row_groups_reads_back_the_same(tmp_path, monkeypatch
 def test_events_written_beside_the_checks_are_the_runs(tmp_path, monkeypatch):
     """Large tables (events, runs, run queue) are written on other threads while the checks run;
     the run is complete only once they are, and holds what was decoded and rebuilt."""
+    from test_ringbuf import known_capture, write_dir
+
     from harmony import pipeline
     from harmony.importer import import_trace
     from harmony.probes.tracedat_read import decode_tracedat
     from harmony.probes.tracedat_write import write_tracedat
-    from test_ringbuf import known_capture, write_dir
 
     pages, _, _ = known_capture()
     dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "t.dat")

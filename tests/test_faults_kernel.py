@@ -17,7 +17,7 @@ from cli_run import HARMONY, cli
 from conftest import TRACEFS, pids_with_comm, small_tmpfs, until
 
 import harmony
-from harmony.forkserver import COMM as SERVER_COMM
+from harmony.workload.forkserver import COMM as SERVER_COMM
 
 
 def _parent(pid: int) -> int | None:

@@ -12,12 +12,12 @@ import time
 from pathlib import Path
 
 import pytest
-
-from harmony import cpuset, forkserver, hygiene
-from harmony.controller import ControllerError, Workload
-from harmony.tasks import TaskSpec
-
 from conftest import until
+
+from harmony import hygiene
+from harmony.workload import cpuset, forkserver
+from harmony.workload.controller import ControllerError, Workload
+from harmony.workload.tasks import TaskSpec
 
 CPUS = [0, 1]
 
@@ -134,9 +134,9 @@ def test_server_that_cannot_start_falls_back(host, monkeypatch):
 
 CHILD = textwrap.dedent("""
     import signal, sys, time
-    from harmony import forkserver
-    from harmony.controller import Workload
-    from harmony.tasks import TaskSpec
+    from harmony.workload import forkserver
+    from harmony.workload.controller import Workload
+    from harmony.workload.tasks import TaskSpec
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # as the CLI does
     w = Workload([TaskSpec(name=f"fk{i}", initial_cpu=i % 2) for i in range(4)], [0, 1])
     if sys.argv[1] == "raise":
@@ -194,7 +194,7 @@ def test_controller_exit_leaves_nothing(host, how):
 
 LATE_SIGNAL = textwrap.dedent("""
     import atexit, os, signal, sys, time
-    from harmony import forkserver
+    from harmony.workload import forkserver
     from harmony.cli import entry
 
     server, why = forkserver.shared()
@@ -225,8 +225,8 @@ def test_a_signal_while_the_command_tears_down_is_no_traceback(host, sig):
 
 SIGNAL_IN_A_FINALIZER = textwrap.dedent("""
     import os, signal, sys, time, weakref
-    from harmony.cli import _signals_are_never_swallowed
-    from harmony.errors import Interrupted
+    from harmony.cli import signals_are_never_swallowed
+    from harmony.core.errors import Interrupted
 
     def stopped(signum, frame):
         raise Interrupted("stopped by SIGTERM", signum)
@@ -234,7 +234,7 @@ SIGNAL_IN_A_FINALIZER = textwrap.dedent("""
     signal.signal(signal.SIGTERM, stopped)
     sig = getattr(signal, sys.argv[1])
     if sys.argv[2] == "hook":
-        _signals_are_never_swallowed()
+        signals_are_never_swallowed()
 
     class Figure:
         pass
@@ -274,9 +274,9 @@ def test_a_signal_raised_inside_a_finalizer_still_stops_the_command(sig):
 
 THREAD = textwrap.dedent("""
     import threading
-    from harmony import forkserver
-    from harmony.controller import Workload
-    from harmony.tasks import TaskSpec
+    from harmony.workload import forkserver
+    from harmony.workload.controller import Workload
+    from harmony.workload.tasks import TaskSpec
 
     def run():
         with Workload([TaskSpec(name="ft0")], [0, 1]) as w:

@@ -12,10 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from harmony.errors import HarmonyError
-
 from conftest import ROOT
+
+from harmony.core.errors import HarmonyError
 
 FUZZ = ROOT / "fuzz"
 sys.path.insert(0, str(FUZZ))
@@ -53,8 +52,8 @@ def test_decimal_array_length_with_a_leading_zero(tmp_path):
 def test_huge_offsets_and_lengths_are_refused(tmp_path, n, off):
     """An offset of 5000 digits raised ValueError (int's digit limit). Nothing in a ring-buffer
     page lies past 16 MiB: larger numbers are refused as they are read."""
-    from harmony.probes.formats import load_format
     from harmony.probes.base import TraceCorrupt
+    from harmony.probes.formats import load_format
     p = tmp_path / "format"
     p.write_text(SWITCH.format(n=n, off=off))
     with pytest.raises(TraceCorrupt) as e:
@@ -99,6 +98,7 @@ def test_compressed_size_header_is_checked_before_memory_is_taken(tmp_path):
     """A zstd chunk whose header claims 4 GiB: 21 s and 8.3 GB (a zero-filled buffer of the
     claimed size, then a copy) before zstd refused the frame. Found reading the parser."""
     import struct
+
     from harmony.probes.base import TraceCorrupt
     from harmony.probes.tracedat_read import decode_tracedat, read_tracedat
     seed = FUZZ / "corpus" / "tracedat" / "seed-v7-zstd"
@@ -137,6 +137,7 @@ def test_recording_meta_of_the_wrong_kind_is_named(tmp_path, key, value):
     OSError (file name too long), an events_enabled that is no list of names and a clock that is
     no string TypeError."""
     import json
+
     from harmony.probes.base import TraceCorrupt
     from harmony.probes.ringbuf import decode_dir
     files = unpack((FUZZ / "corpus" / "ringbuf" / "seed-tracefs").read_bytes())
@@ -160,7 +161,7 @@ def test_corrupt_manifest_is_one_line_naming_it(tmp_path, manifest):
     a 5000-digit number ValueError; a controller_pid that is no number ValueError."""
     from harmony import pipeline, store
     (tmp_path / "manifest.json").write_text(manifest)
-    for load in (store.load, pipeline.load):
+    for load in (store.open_run, pipeline.load_checked):
         try:
             load(tmp_path)
         except HarmonyError as exc:
@@ -168,7 +169,7 @@ def test_corrupt_manifest_is_one_line_naming_it(tmp_path, manifest):
     (tmp_path / "manifest.json").write_text('{"status": "complete"}')
     (tmp_path / "summary.json").write_text("[]")
     with pytest.raises(HarmonyError) as e:
-        store.load(tmp_path).summary
+        store.open_run(tmp_path).summary
     one_line_naming(e.value, tmp_path / "summary.json")
 
 
@@ -218,6 +219,7 @@ def test_rebuilding_a_run_whose_manifest_names_no_probe_is_one_line(tmp_path, pr
     the file (a list of one would have raised TypeError). A 'source' that is no object (5)
     raised TypeError too."""
     import json
+
     from harmony import pipeline
     template = FUZZ / "rundir"
     for f in template.glob("*.parquet"):
@@ -228,7 +230,7 @@ def test_rebuilding_a_run_whose_manifest_names_no_probe_is_one_line(tmp_path, pr
         manifest["probe"] = probe
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(HarmonyError) as e:
-        pipeline.load(tmp_path)
+        pipeline.load_checked(tmp_path)
     assert "probe" in one_line_naming(e.value, tmp_path / "manifest.json")
 
 

@@ -1,4 +1,4 @@
-"""harmony.hostfacts (and the cpulists of harmony.osutil): cpulists, topology, scheduler name
+"""harmony.hostfacts (and the cpulists of harmony.core.osutil): cpulists, topology, scheduler name
 (real host where it matters)."""
 
 import json
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from harmony import hostfacts
+from harmony.core.osutil import format_cpulist, online_cpus, parse_cpulist
 from harmony.hostfacts import kernel_version, scheduler_name, topology
-from harmony.osutil import format_cpulist, online_cpus, parse_cpulist
 
 # ------------------------------------------------------------------------------------ cpulists
 

@@ -1,4 +1,4 @@
-"""harmony.jit's thread pool and side thread: split work runs on them, waits for every range,
+"""harmony.core.jit's thread pool and side thread: split work runs on them, waits for every range,
 survives fork, and never keeps the console script from exiting."""
 
 import os
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from harmony import jit
+from harmony.core import jit
 
 
 def test_run_split_returns_in_range_order_and_uses_the_pool():
@@ -74,7 +74,7 @@ def test_a_forked_child_gets_its_own_pool():
 
 def test_console_script_exits_after_using_the_pool():
     # entry() joins the non-daemon threads before os._exit: the pool's idle workers must end first
-    code = ("import sys\nfrom harmony import jit\njit.in_background(int, '1').result()\n"
+    code = ("import sys\nfrom harmony.core import jit\njit.in_background(int, '1').result()\n"
             "jit.on_side_thread(int, '1').result()\n"
             "sys.argv = ['harmony', '--help']\nfrom harmony.cli import entry\nentry()\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -85,7 +85,7 @@ def test_console_script_exits_after_using_the_pool():
 FORKED_ANALYSES = """
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from harmony import jit
+from harmony.core import jit
 
 def child(x):   # an analysis process on a large trace splits work on its own pool
     return jit.run_split(lambda lo, hi, k: k, [(0, 1), (1, 2), (2, 3)]) + [x]
@@ -98,7 +98,7 @@ if __name__ == "__main__":
 
 
 def test_forked_analysis_processes_use_and_leave_their_pools(tmp_path):
-    # as harmony.batch.analyse_groups forks them; each must exit once done (its pool's idle
+    # as harmony.runners.analyse_groups forks them; each must exit once done (its pool's idle
     # threads must not hold it)
     script = tmp_path / "forked.py"
     script.write_text(FORKED_ANALYSES)

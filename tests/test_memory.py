@@ -1,4 +1,4 @@
-"""harmony.memory: Harmony's entry points (the ``harmony`` command, the suite's analyser, the
+"""harmony.core.memory: Harmony's entry points (the ``harmony`` command, the suite's analyser, the
 benchmarks) stop numpy's huge-page requests (measured 1.3-1.5x faster decoding on a VM) and keep
 freed memory for the next arrays, unless numpy's own switch, or glibc's malloc parameters, are set
 in the environment; importing Harmony's packages changes neither."""
@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import host_skip
 
 #: what a process does before the check: start the `harmony` command (its group callback runs
@@ -70,7 +69,7 @@ def test_the_command_keeps_freed_memory_for_the_next_arrays():
 
 @pytest.mark.parametrize("mod", ["probes", "analysis"])
 def test_importing_a_package_leaves_malloc_as_it_was(mod):
-    code = START[mod] + "from harmony import memory\nprint(memory._kept)"
+    code = START[mod] + "from harmony.core import memory\nprint(memory._kept)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"      # mallopt was never called
 
@@ -88,7 +87,7 @@ def test_malloc_parameters_set_by_the_user_win():
 
 
 PREFAULT = ("import json, resource, time\nimport numpy as np\n"
-            "from harmony import memory\nmemory.tune_allocations()\n"
+            "from harmony.core import memory\nmemory.tune_allocations()\n"
             "def minflt():\n    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
             "thread = memory.prefault_heap({mib} << 20)\n"
             "policy = set()\n"
@@ -139,7 +138,7 @@ def test_stop_prefault_stops_the_thread_at_once():
 
 
 def test_a_new_prefault_stops_the_previous_one():
-    from harmony import memory
+    from harmony.core import memory
     memory.tune_allocations()    # sets malloc's parameters, which the prefault needs
     if not memory._kept:
         host_skip("malloc parameters set by the environment: no prefault")
@@ -154,7 +153,7 @@ def test_a_new_prefault_stops_the_previous_one():
     assert not second.is_alive() and memory._prefaults == []
 
 
-DESCRIBE = ("import json\nfrom harmony import memory\nmemory.tune_allocations()\n"
+DESCRIBE = ("import json\nfrom harmony.core import memory\nmemory.tune_allocations()\n"
             "ok, detail = memory.describe()\n"
             "print(json.dumps([ok, detail, memory.prefault_heap(128 << 20) is not None]))")
 
@@ -188,7 +187,7 @@ def test_the_command_has_arrow_allocate_with_malloc():
 
 def test_the_pool_is_set_even_once_pyarrow_is_loaded():
     start = ("import pyarrow as pa\nassert pa.default_memory_pool().backend_name != 'system'\n"
-             "from harmony import memory\nmemory.tune_allocations()\n")
+             "from harmony.core import memory\nmemory.tune_allocations()\n")
     if _arrow_pool("") == "system":
         host_skip("this pyarrow's default pool is the system's already")
     assert _arrow_pool(start) == "system"

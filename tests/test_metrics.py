@@ -12,7 +12,7 @@ import pytest
 from harmony.analysis import metrics as mt
 from harmony.analysis import reconstruct as rc
 from harmony.analysis.event_streams import Stream
-from harmony.tasks import layout_tasks, tasks_frame
+from harmony.workload.tasks import layout_tasks, tasks_frame
 
 MS = 1_000_000
 T0, T_END = 1 * MS, 6 * MS

@@ -18,11 +18,11 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import ROOT, host_skip
 from test_import_export import PINGPONG
-from harmony.errors import HarmonyError, TraceCorrupt
-from harmony.jit import numba_version
+
+from harmony.core.errors import HarmonyError, TraceCorrupt
+from harmony.core.jit import numba_version
 from harmony.probes import perf_data, perf_read
 from harmony.probes.perf import CLOCK_ID, PERF_EVENTS, PerfProbe
 from harmony.probes.perf_script import run_perf_script
@@ -372,6 +372,7 @@ def test_a_count_with_its_top_bit_flipped_is_a_one_line_error(tmp_path, field, s
 
 def _zstd_compress(data: bytes) -> bytes:
     import ctypes
+
     from harmony.probes.tracedat_read import _zstd_lib
     lib = _zstd_lib()
     if lib is None or not hasattr(lib, "ZSTD_compress"):

@@ -16,17 +16,16 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import retry_busy
+from test_perf_probe import _perf_processes_writing, perf_kernel  # noqa: F401  (a fixture)
+from test_perf_read import assert_same_events
 
+from harmony.core.osutil import proc_starttime
 from harmony.hygiene import HostBusy
-from harmony.osutil import proc_starttime
 from harmony.probes.base import ProbeError
 from harmony.probes.perf import SESSION_PREFIX, PerfProbe
 from harmony.probes.perf_read import read_perf_data
 from harmony.probes.perf_script import run_perf_script
-
-from conftest import retry_busy
-from test_perf_probe import _perf_processes_writing, perf_kernel  # noqa: F401  (a fixture)
-from test_perf_read import assert_same_events
 
 
 def _session_dirs(pid: int) -> list[Path]:

@@ -12,12 +12,11 @@ import random
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import COMPILED, IMPLEMENTATIONS, use_implementation
 
 from harmony.analysis import reconstruct as rc
 from harmony.analysis.event_streams import Stream, simulate
-from harmony.tasks import layout_tasks, tasks_frame
-
-from conftest import COMPILED, IMPLEMENTATIONS, use_implementation
+from harmony.workload.tasks import layout_tasks, tasks_frame
 
 
 @pytest.fixture(autouse=True, params=IMPLEMENTATIONS)
@@ -33,7 +32,7 @@ CONTROLLER, KWORKER, KWORKER2, STOPPER = 50, 900, 901, 950
 
 
 def tasks_for(layout, cpus, first_pid, **spec) -> pd.DataFrame:
-    """The real tasks table (harmony.tasks) for a layout, with pids first_pid, first_pid+1, ..."""
+    """The real tasks table (harmony.workload.tasks) for a layout, with pids first_pid, first_pid+1, ..."""
     specs = layout_tasks(layout, cpus, **spec)
     return tasks_frame(specs, list(range(first_pid, first_pid + len(specs))))
 
@@ -923,8 +922,8 @@ def test_runqueue_in_time_ranges_is_one_pass(seed, monkeypatch, state_machine):
     """The run queue built in time ranges on threads, each from the counts the records before it
     leave, is the table one pass builds: with instants of many records where the ranges are cut
     (coarse timestamps), and a task first seen late (its state before its first record counts)."""
-    from harmony import jit as hjit
     from harmony.analysis import taskstate
+    from harmony.core import jit as hjit
     sim, ev = lossy_stream(4, 9, seed)
     ev = ev.assign(ts=ev["ts"] // 5_000 * 5_000)              # ~10 events an instant
     ts = ev["ts"].to_numpy()
@@ -958,7 +957,7 @@ def test_instant_ranges_cut_at_an_instants_first_record(monkeypatch):
     an instant (of any length, here 10,000 records) moves past it, one in t_first's instant too,
     and a cut that finds no later instant is dropped."""
     monkeypatch.setenv("HARMONY_THREADS", "4")
-    monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
+    monkeypatch.setattr("harmony.core.jit.PARALLEL_MIN_ITEMS", 1)
     # instants [0, 7000), [7000, 20000), [20000, 30000), [30000, 40000); cuts asked at 10000,
     # 20000 and 30000 (four threads)
     ts = np.repeat(np.array([5, 7, 9, 11], np.int64), [7_000, 13_000, 10_000, 10_000])
@@ -979,7 +978,7 @@ def test_core_tables_are_the_three_tables(side_by_side, monkeypatch, state_machi
     sim, ev = lossy_stream(4, 9, 5)
     ts = ev["ts"].to_numpy()
     cpus, t0, t_end = [0, 1, 2, 3], int(ts[len(ts) // 10]), int(ts[-len(ts) // 10])
-    monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1 if side_by_side else 1 << 40)
+    monkeypatch.setattr("harmony.core.jit.PARALLEL_MIN_ITEMS", 1 if side_by_side else 1 << 40)
     monkeypatch.setenv("HARMONY_THREADS", "2")
     got = rc.df_core(ev, sim.tasks, cpus, t0, t_end)
     taskstate._last.clear()
@@ -998,6 +997,7 @@ def test_the_cached_records_go_with_their_events(state_machine):
     the next trace's, in the middle of the memory that trace is decoded into."""
     import gc
     import weakref
+
     from harmony.analysis import taskstate
     sim, ev = lossy_stream(4, 9, 2)
     r = taskstate.task_records(ev, sim.tasks["pid"])

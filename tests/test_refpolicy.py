@@ -7,7 +7,8 @@ experiment.analyse -> policy.infer); only the figures are skipped, to keep the t
 import pytest
 
 from harmony.analysis import policy, refpolicy
-from harmony.batch import SimRunner, finish_batch, run_batch
+from harmony.batch import finish_batch, run_batch
+from harmony.runners import SimRunner
 from harmony.simulate import simulate_run
 
 #: short runs: what each experiment needs to show its effect in a simulator, and nothing more

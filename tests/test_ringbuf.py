@@ -17,10 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import COMPILED, IMPLEMENTATIONS, use_implementation
 
 from harmony.probes.base import TraceCorrupt
-
-from conftest import COMPILED, IMPLEMENTATIONS, use_implementation
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -650,7 +649,7 @@ def test_merged_order_is_a_stable_argsort(runs, threads, monkeypatch):
     from harmony.probes.ringbuf_decode import merged_order
     from harmony.probes.ringbuf_walk import compiled
     monkeypatch.setenv("HARMONY_THREADS", str(threads))
-    monkeypatch.setattr("harmony.jit.PARALLEL_MIN_ITEMS", 1)
+    monkeypatch.setattr("harmony.core.jit.PARALLEL_MIN_ITEMS", 1)
     rng = np.random.default_rng(runs)
     for _ in range(40):
         parts = [np.sort(rng.integers(0, 40, rng.integers(0, 25))) for _ in range(runs)]
@@ -665,8 +664,11 @@ def test_merged_order_is_a_stable_argsort(runs, threads, monkeypatch):
 # --- format parsing ----------------------------------------------------------------------------
 
 def test_format_parsing_and_preempt_flag():
-    from harmony.probes.formats import (parse_format, preempt_flag_from_print_fmt,
-                                        sched_switch_preempt_flag)
+    from harmony.probes.formats import (
+        parse_format,
+        preempt_flag_from_print_fmt,
+        sched_switch_preempt_flag,
+    )
     new = parsed_formats(FORMATS_NEW)
     old = parsed_formats(FORMATS_OLD)
     assert sched_switch_preempt_flag(new["sched/sched_switch"]) == (0x100, None)
@@ -764,12 +766,12 @@ def test_files_mapped_or_read_give_the_same_buffer(tmp_path, monkeypatch):
 def test_auto_mode_uses_the_compiled_decoder_for_large_traces_only(tmp_path, monkeypatch, decoder):
     """HARMONY_JIT=auto: a small trace is decoded by numpy unless numba is already loaded, a trace
     over ringbuf_walk.JIT_MIN_BYTES by the compiled kernels; the capture says which."""
-    from harmony.jit import numba_version
+    from harmony.core.jit import numba_version
     from harmony.probes import ringbuf, ringbuf_walk
     monkeypatch.setenv("HARMONY_JIT", "auto")
     pages, rows, _ = known_capture(FORMATS_NEW)
     d = write_dir(tmp_path, pages, FORMATS_NEW)
-    monkeypatch.setattr("harmony.jit.numba_loaded", lambda: False)  # as in a new process
+    monkeypatch.setattr("harmony.core.jit.numba_loaded", lambda: False)  # as in a new process
     assert ringbuf.decode_dir(d).meta["decoder"] == "numpy"
     monkeypatch.setattr(ringbuf_walk, "JIT_MIN_BYTES", 4096)
     cap = ringbuf.decode_dir(d)
@@ -786,12 +788,12 @@ def test_the_gather_releases_the_pages_behind_it_and_decodes_the_same(tmp_path, 
     cache again, so the table is the one a decode without releases gives; and the pages are
     released (the source's release is called with ranges inside each CPU's part)."""
     import pandas as pd
+    from test_import_export import _stream_to_encode
 
     from harmony.probes import ringbuf_decode
     from harmony.probes.encode import write_recording
     from harmony.probes.ringbuf import decode_dir
     from harmony.probes.ringbuf_pages import PageSource
-    from test_import_export import _stream_to_encode
 
     events, markers = _stream_to_encode(4, 20_000, 1)
     write_recording(events, markers, {"cpus": [0, 1, 2, 3]}, tmp_path / "rec")
@@ -821,12 +823,12 @@ def test_the_walk_releases_every_page_behind_each_pass_and_decodes_the_same(tmp_
     read after a release comes from the page cache again: the tables are those of the same files
     read into memory (never released)."""
     import pandas as pd
+    from test_import_export import _stream_to_encode
 
     from harmony.probes import ringbuf_decode, ringbuf_pages, ringbuf_walk
     from harmony.probes.encode import write_recording
     from harmony.probes.ringbuf import decode_dir
     from harmony.probes.ringbuf_pages import PageSource
-    from test_import_export import _stream_to_encode
 
     events, markers = _stream_to_encode(4, 20_000, 1)
     write_recording(events, markers, {"cpus": [0, 1, 2, 3]}, tmp_path / "rec")

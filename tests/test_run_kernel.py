@@ -13,15 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_run import HARMONY, cli
+from conftest import host_skip, measure_quietly, pids_with_comm
 
 import harmony
 from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
 from harmony.analysis.metrics import balance_timeline
-from harmony.forkserver import COMM as SERVER_COMM
 from harmony.hygiene import WORKER_PREFIX
-
-from cli_run import HARMONY, cli
-from conftest import host_skip, measure_quietly, pids_with_comm
+from harmony.workload.forkserver import COMM as SERVER_COMM
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -31,7 +30,7 @@ def our_workers(prefix=WORKER_PREFIX) -> list[int]:
 
 
 def our_servers() -> list[str]:
-    """Fork servers (harmony.forkserver), but the one of this test process (other tests' workloads):
+    """Fork servers (harmony.workload.forkserver), but the one of this test process (other tests' workloads):
     pid and the parent's command line of each."""
     out = []
     for pid in our_workers(SERVER_COMM):

@@ -11,13 +11,21 @@ import pytest
 from harmony.analysis import policy, reconstruct, report, trust
 from harmony.analysis.refpolicy import refuse_classes
 from harmony.analysis.release import release_spread
-from harmony.controller import FIFO_PRIO, check_classes, fifo_priority, warm_s
-from harmony.errors import ControllerError, ParameterError
+from harmony.core.errors import ControllerError, ParameterError
 from harmony.experiments import CATALOG, get_experiment
 from harmony.experiments.base import WARM_S
 from harmony.simulate import simulate_run
-from harmony.tasks import (TASKS, TaskSpec, class_counts, class_label, classes_text, layout_tasks,
-                           sched_classes, tasks_frame)
+from harmony.workload.controller import FIFO_PRIO, check_classes, fifo_priority, warm_s
+from harmony.workload.tasks import (
+    TASKS,
+    TaskSpec,
+    class_counts,
+    class_label,
+    classes_text,
+    layout_tasks,
+    sched_classes,
+    tasks_frame,
+)
 
 CPUS = [0, 1]
 #: a host as hostfacts.rt_bandwidth reads this one: 95 % per CPU, 5 % each for 2 fair servers

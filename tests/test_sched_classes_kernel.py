@@ -17,16 +17,15 @@ import subprocess
 import time
 
 import pytest
-
-import harmony
-from harmony import controller
-from harmony.controller import ControllerError, Workload
-from harmony.osutil import SCHED_DEADLINE
-from harmony.tasks import TaskSpec
-
 from cli_run import HARMONY, cli
 from conftest import host_skip, measure_quietly, until
 from test_run_kernel import assert_stays_balanced, our_workers, wait_for
+
+import harmony
+from harmony.core.osutil import SCHED_DEADLINE
+from harmony.workload import controller
+from harmony.workload.controller import ControllerError, Workload
+from harmony.workload.tasks import TaskSpec
 
 CPUS = [0, 1]
 
@@ -129,7 +128,7 @@ def test_warm_tasks_count_their_times_from_t0(host):
 def test_deadline_tasks_are_held_by_a_cpuset_and_get_their_reservation(host):
     """SCHED_DEADLINE before the gate, confined by the cpuset (the kernel refuses them a smaller
     affinity, not a cpuset), freed at t0; each gets its reservation of 10 ms per 100 ms."""
-    from harmony import cpuset
+    from harmony.workload import cpuset
     if not cpuset.hierarchies():
         host_skip("no cpuset hierarchy: deadline tasks cannot be held on a CPU")
     specs = [TaskSpec(f"d{i}", policy="deadline", dl_runtime_ms=10, dl_period_ms=100)
@@ -150,7 +149,7 @@ def test_deadline_tasks_are_held_by_a_cpuset_and_get_their_reservation(host):
 def test_a_refused_class_is_one_line_naming_the_task(host, monkeypatch):
     """Admission control refusing the third 90 % deadline task (past the check this module's
     check_classes would have made first): the worker says why, spawn says it in one line."""
-    from harmony import cpuset
+    from harmony.workload import cpuset
     if not cpuset.hierarchies():
         host_skip("no cpuset hierarchy: deadline tasks cannot be held on a CPU")
     monkeypatch.setattr(controller, "check_classes", lambda *a, **k: None)

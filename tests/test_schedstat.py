@@ -15,9 +15,9 @@ from harmony.analysis import thresholds as T
 from harmony.analysis import trust
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.counters import schedstat_agreement
-from harmony import osutil
-from harmony.probes import schedstat
 from harmony.analysis.event_streams import Stream
+from harmony.core import osutil
+from harmony.probes import schedstat
 
 # read in a booted Debian 6.12 guest (4 vCPUs, kernel.sched_schedstats=1), cut to two CPUs
 V16 = """version 16
@@ -235,6 +235,7 @@ def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_
     moves are those the kernel counted for it, and every task's periodic, new-idle and active
     balance moves are those the domains counted."""
     from cli_run import cli
+
     from harmony import store
 
     out = tmp_path / "r"
@@ -250,10 +251,10 @@ def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_
     assert kc["migrations"]["kernel"] >= 3, kc          # six tasks spread over four CPUs
     sa = m["schedstat_agreement"]
     assert sa["counted"] and sa["version"] == 16
-    # one difference is known, not explained (README, "Probes and cross-checks"): the domains
-    # count one periodic move more than the trace holds, no event lost (2 of ~8 runs here:
-    # periodic 3 / 4 once, 20 / 21 in a fresh-clone CI run of 2026-11-27). The run must say it;
-    # any other difference fails
+    # one difference is known, not explained (docs/probes.md, "Cross-checks against the
+    # kernel"): the domains count one periodic move more than the trace holds, no event lost
+    # (2 of ~8 runs here: periodic 3 / 4 once, 20 / 21 in a fresh-clone CI run of 2026-11-27).
+    # The run must say it; any other difference fails
     bound = sa["all"]["periodic"] + sa["unsure"]["periodic"] + sa["unknown"]
     one_periodic = (sa["agreeing"] == ["newidle", "active"]
                     and sa["kernel"]["periodic"] == bound + 1 and m["lost_events"] == 0)

@@ -1,7 +1,7 @@
 """sched_ext schedulers under test, without a sched_ext kernel: names, arguments, the command, the
 refusals before anything starts, and the scheduler's life cycle (start, enabled, ejected, stopped,
 a verifier's refusal) against a stand-in sched_ext directory driven by a real process. Also the
-sched-ext kernel's cache key and seed matching (harmony.kernels)."""
+sched-ext kernel's cache key and seed matching (harmony.vm.kernels)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from harmony import kernels, osutil, scx, scx_build
-from harmony.errors import ParameterError, ScxError, UnknownScheduler
+from harmony.core import osutil
+from harmony.core.errors import ParameterError, ScxError, UnknownScheduler
+from harmony.vm import kernels, scx, scx_build
 
 HARMONY = [sys.executable, "-m", "harmony.cli"]
 
@@ -328,8 +329,9 @@ def test_seeding_the_cache(tmp_path, monkeypatch):
 
 def test_seed_dir_from_the_environment_or_beside_the_checkout(tmp_path, monkeypatch):
     monkeypatch.delenv("HARMONY_KERNEL_SEED", raising=False)
-    assert kernels.seed_dir("sched-ext") == (Path(kernels.__file__).resolve().parents[2]
-                                             / "shared" / "kernels" / "sched-ext-6.12")
+    checkout = Path(__file__).resolve().parent.parent
+    assert kernels.seed_dir("sched-ext") == (checkout.parent / "shared" / "kernels"
+                                             / "sched-ext-6.12")
     monkeypatch.setenv("HARMONY_KERNEL_SEED", str(tmp_path))
     assert kernels.seed_dir("sched-ext") == tmp_path / "sched-ext-6.12"
     (tmp_path / "config.gz").write_bytes(b"")
@@ -418,7 +420,7 @@ def test_a_build_without_its_packages_as_a_user_says_which(tmp_path, monkeypatch
 
 def test_the_scheduler_goes_with_a_planned_run(tmp_path):
     from harmony.experiments import get_experiment
-    from harmony.guest import PlannedRun, read_job, write_job
+    from harmony.vm.guest import PlannedRun, read_job, write_job
 
     exp = get_experiment("single-source")
     cpus = [0, 1, 2, 3]
@@ -453,7 +455,7 @@ def test_the_scheduler_dies_with_its_controller(tmp_path):
 
     root = _root(tmp_path)
     fake = _scheduler(tmp_path, root)
-    code = ("import sys, time; from pathlib import Path; from harmony import scx; "
+    code = ("import sys, time; from pathlib import Path; from harmony.vm import scx; "
             f"s = scx.Scheduler(scx.ScxSpec('fake', {str(fake)!r}), Path({str(tmp_path)!r}) / "
             f"'scx.log', root=Path({str(root)!r})); s.start(); print(s.proc.pid, flush=True); "
             "time.sleep(60)")

@@ -9,12 +9,12 @@ missing, and fail in CI."""
 
 from __future__ import annotations
 
-
 import pytest
-
 from cli_run import cli
 from conftest import host_skip, pids_with_comm
-from harmony import kernels, store
+
+from harmony import store
+from harmony.vm import kernels
 
 VM_TOOLS = ("qemu-system-x86_64", "vng", "busybox")
 
@@ -111,7 +111,7 @@ def rust_kernel():
 
 @pytest.mark.long_build
 @pytest.mark.needs_tool(*VM_TOOLS)
-@pytest.mark.parametrize("name", ["bpfland", "rusty"])     # lavd 1.1.4: not on 6.12 (README)
+@pytest.mark.parametrize("name", ["bpfland", "rusty"])     # lavd 1.1.4: not on 6.12 (docs/kernels.md)
 def test_a_rust_scheduler_built_from_its_crate_runs_enabled_throughout(kernel, rust_kernel, name,
                                                                       tmp_path):
     """The scx project's Rust schedulers, built by `harmony scx build` from their crates, on the

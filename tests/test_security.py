@@ -12,12 +12,12 @@ from unittest import mock
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import host_skip
 
-from harmony import hygiene, osutil, store
+from harmony import hygiene, store
 from harmony.cli import main
-from harmony.errors import HostBusy, RunError
+from harmony.core import osutil
+from harmony.core.errors import HostBusy, RunError
 
 ROOT = Path(__file__).resolve().parent.parent
 

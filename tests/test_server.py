@@ -17,18 +17,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from cli_run import cli
 
-from harmony import serve
 from harmony.analysis import requests as req
 from harmony.analysis import server_card
 from harmony.analysis.policy import Evidence
 from harmony.analysis.tables import REQUESTS
 from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
-from harmony.errors import ControllerError, ParameterError
+from harmony.core.errors import ControllerError, ParameterError
 from harmony.experiments import get_experiment
-from harmony.guest import PlannedExperiment, PlannedRun, read_job, write_job
-
-from cli_run import cli
+from harmony.vm.guest import PlannedExperiment, PlannedRun, read_job, write_job
+from harmony.workload import serve
 
 T0 = 1_000_000_000
 

@@ -178,9 +178,9 @@ def test_paused_analyser_never_runs_while_a_run_is_measured(kernel, tmp_path):
     release and records no event in [t0, end]; every run is analysed by the end; it exits."""
     import pandas as pd
 
-    from harmony.batch import KernelRunner, _proc_state
+    from harmony.core.osutil import online_cpus
     from harmony.experiments import get_experiment
-    from harmony.osutil import online_cpus
+    from harmony.runners import KernelRunner, _proc_state
 
     cpus = online_cpus()
     exp = get_experiment("single-source")
@@ -216,10 +216,10 @@ def test_stopped_analyser_dies_with_its_controller(tmp_path):
     import sys
     import time
 
-    from harmony.batch import _proc_state
+    from harmony.runners import _proc_state
 
     script = ("import os, signal, subprocess, sys\n"
-              "w = subprocess.Popen([sys.executable, '-m', 'harmony.batch', '--analyser'],"
+              "w = subprocess.Popen([sys.executable, '-m', 'harmony.runners', '--analyser'],"
               " stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)\n"
               # one capture analysed (its result, then DONE): past the death-signal request
               "w.stdin.write(b'0\\t/nonexistent/run\\n'); w.stdin.flush()\n"
@@ -240,7 +240,7 @@ def test_stopped_analyser_dies_with_its_controller(tmp_path):
 
 def test_captures_of_an_analyser_that_died_are_analysed_on_exit(tmp_path):
     """Every capture handed to the background analyser is reported once, even if it dies."""
-    from harmony.batch import KernelRunner
+    from harmony.runners import KernelRunner
 
     runner = KernelRunner("tracefs", {}, overlap=True, cpus=[0], pause=True)
     runner._start_worker()
@@ -263,7 +263,7 @@ def test_ctrl_c_at_the_terminal_is_for_the_controller_not_its_analyser():
     import sys
 
     script = ("import os, signal, time\n"
-              "from harmony.batch import KernelRunner\n"
+              "from harmony.runners import KernelRunner\n"
               "r = KernelRunner('tracefs', {}, overlap=True, cpus=[0], pause=True)\n"
               "r._start_worker()\n"
               "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
@@ -304,7 +304,7 @@ def test_an_interrupted_suite_resumes_without_redoing_complete_runs(tmp_path):
     """--resume: complete runs are kept as they are, a captured one is analysed only, an
     interrupted one is moved aside (kept) and run again, a missing one is run."""
     from harmony import store
-    from harmony.batch import SimRunner
+    from harmony.runners import SimRunner
     from harmony.suite import plan, resume_plan, run_suite
 
     cpus, out = [0, 1, 2, 3], tmp_path / "suite"

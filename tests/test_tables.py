@@ -1,4 +1,4 @@
-"""Every declared table (harmony.columns.Table) is built with exactly its declared columns, in
+"""Every declared table (harmony.core.columns.Table) is built with exactly its declared columns, in
 order, and dtypes: in memory, as its producer returns it, and in the Parquet file a run stores it in.
 
 Hermetic: the runs are simulated (harmony.simulate), the event streams made up
@@ -17,10 +17,10 @@ from conftest import IMPLEMENTATIONS, use_implementation
 
 from harmony import store
 from harmony.analysis import counters, event_streams, foreign, reconstruct, tables
-from harmony.columns import STR_DTYPE, Table
+from harmony.core.columns import STR_DTYPE, Table
 from harmony.probes import proc_sched, proc_stat, sched_debug
 from harmony.simulate import simulate_run
-from harmony.tasks import TASKS, TaskSpec, tasks_frame
+from harmony.workload.tasks import TASKS, TaskSpec, tasks_frame
 
 #: every declared table of a run but the events and markers (harmony.probes.schema)
 DECLARED = tables.ALL + (TASKS, proc_stat.KERNEL_SAMPLES, proc_sched.KERNEL_COUNTERS,

@@ -15,7 +15,7 @@ import harmony
 from harmony import store
 from harmony.analysis.report import write_report
 from harmony.cli import main
-from harmony.errors import RunError
+from harmony.core.errors import RunError
 from harmony.simulate import simulate_run
 
 

@@ -17,14 +17,17 @@ import pandas as pd
 import pytest
 from conftest import until
 
-from harmony import guest, kernels, osutil, run, store, vm
-from harmony.errors import KernelError, ParameterError, UnknownKernel
+from harmony import run, store
+from harmony.core import osutil
+from harmony.core.errors import KernelError, ParameterError, UnknownKernel
+from harmony.core.osutil import proc_starttime
 from harmony.experiments import get_experiment
-from harmony.osutil import proc_starttime
 from harmony.probes.proc_sched import KERNEL_COUNTERS
 from harmony.probes.proc_stat import KERNEL_SAMPLES
 from harmony.probes.sched_debug import KERNEL_NR_RUNNING
-from harmony.tasks import TASKS, TaskSpec, layout_tasks, task_rows, tasks_frame
+from harmony.vm import guest, kernels
+from harmony.vm import machine as vm
+from harmony.workload.tasks import TASKS, TaskSpec, layout_tasks, task_rows, tasks_frame
 
 
 def bzimage(path: Path, release: str) -> Path:
@@ -166,11 +169,11 @@ KERNEL = kernels.Kernel("debian:6.1", Path("/c/boot/vmlinuz-6.1.0-56-amd64"), "6
 ])
 def test_the_vng_command_of_each_setting(setting, accel, extra, qemu):
     s = vm.QemuSetting.parse(setting)
-    argv = vm.vng_argv(KERNEL, 4, 2048, Path("/out"), ["python3", "-m", "harmony.guest", "/j"],
+    argv = vm.vng_argv(KERNEL, 4, 2048, Path("/out"), ["python3", "-m", "harmony.vm.guest", "/j"],
                        s, accel)
     assert argv == ["vng", "--verbose", "--run", "/c/boot/vmlinuz-6.1.0-56-amd64", "--cpus", "4",
                     "--memory", "2048M", "--rwdir", "/out", *extra, f"--qemu-opts={qemu}", "--",
-                    "python3 -m harmony.guest /j"]
+                    "python3 -m harmony.vm.guest /j"]
     assert vm.QemuSetting.parse(s.text()) == s            # the recorded text reads back
 
 
@@ -304,7 +307,7 @@ def test_agent_lines_round_trip_and_console_noise_is_not_one(capsys):
 
 
 def test_importing_the_guest_agent_loads_no_pandas():
-    code = ("import sys, harmony.guest, harmony.vm; "
+    code = ("import sys, harmony.vm.guest, harmony.vm.machine; "
             "print(sorted(m for m in ('pandas', 'numba', 'matplotlib', 'pyarrow', 'scipy') "
             "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -17,9 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from cli_run import HARMONY, cli
 from conftest import pids_with_comm, until
+
 from harmony import store
 
 VM_TOOLS = ("qemu-system-x86_64", "vng", "busybox")
@@ -28,11 +28,11 @@ VM_TOOLS = ("qemu-system-x86_64", "vng", "busybox")
 def test_the_guest_agent_captures_here_without_pandas(kernel, tmp_path):
     """The agent's capture (the same harmony.run.capture, its tables as JSON rows) run on this
     host: no pandas, numba or matplotlib is loaded, and the host lands and analyses it."""
+    from harmony.core.osutil import online_cpus
     from harmony.experiments import get_experiment
-    from harmony.guest import PlannedRun, write_job
-    from harmony.osutil import online_cpus
     from harmony.pipeline import analyse
     from harmony.run import land
+    from harmony.vm.guest import PlannedRun, write_job
 
     exp = get_experiment("single-source")
     cpus = online_cpus()
@@ -40,7 +40,7 @@ def test_the_guest_agent_captures_here_without_pandas(kernel, tmp_path):
                          cpus)
     write_job(tmp_path / "job.json", [PlannedRun.of(exp, params, cpus, tmp_path / "r",
                                                     "tracefs", 0)])
-    code = ("import sys, json; from pathlib import Path; from harmony import guest; "
+    code = ("import sys, json; from pathlib import Path; from harmony.vm import guest; "
             "runs = guest.read_job(Path(sys.argv[1])); facts = guest.guest_facts(); "
             "failed = guest.run_job(runs, facts); "
             "print(json.dumps({'failed': failed, 'loaded': sorted(m for m in ('pandas', 'numba', "
@@ -175,10 +175,12 @@ def test_recordings_made_in_a_debian_6_1_guest_import(kernel, tmp_path, monkeypa
     layout and options) and `perf record` (perf 6.1 on its kernel) of 5 tasks on a CFS kernel at 4
     CPUs, recorded in a guest. Both read as trace-cmd report and perf script print them, and
     import naming the recording's kernel, its scheduler and its CPUs, not this host's."""
-    from harmony import kernels, vm
-    from harmony.probes.tracedat_read import decode_tracedat
     from test_import_export import decoded_records, report_events
     from test_perf_read import compare_with_perf
+
+    from harmony.probes.tracedat_read import decode_tracedat
+    from harmony.vm import kernels
+    from harmony.vm import machine as vm
 
     (tmp_path / "work.py").write_text(GUEST_WORK)
     script = tmp_path / "record.sh"

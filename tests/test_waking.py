@@ -5,15 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import IMPLEMENTATIONS, use_implementation
 
 from harmony.analysis import reconstruct as rc
 from harmony.analysis.arrays import event_mask
 from harmony.analysis.event_streams import Stream, simulate
-from harmony.analysis.waking import (derived_again, df_migration_kind_check, df_wakeup_check,
-                                     wakeups_from_waking)
-from harmony.tasks import layout_tasks, tasks_frame
-
-from conftest import IMPLEMENTATIONS, use_implementation
+from harmony.analysis.waking import (
+    derived_again,
+    df_migration_kind_check,
+    df_wakeup_check,
+    wakeups_from_waking,
+)
+from harmony.workload.tasks import layout_tasks, tasks_frame
 
 US = 1000
 WAKER = 50
@@ -244,10 +247,10 @@ def test_wakeup_check_pairs_each_derived_wake_up_with_the_recorded_one():
 def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel, tmp_path):
     """A real run records both sched_waking and sched_wakeup: derived from the first alone, the
     wake-ups land on the recorded ones' CPUs, a little earlier."""
+    from cli_run import cli
+
     import harmony
     from harmony.probes.ringbuf import decode_dir
-
-    from cli_run import cli
 
     out = tmp_path / "run"
     p = cli("run", "intrinsic-imbalance", "--cpus", "0,1", "--duration", "1.5", "-p",

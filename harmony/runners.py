@@ -1,0 +1,359 @@
+"""Runners: what makes the runs of a batch or a suite, and analyses them.
+
+A runner is a context manager; inside it ``capture(exp, params, cpus, out, seed)`` records one
+run (its companions first) and the runner analyses it; ``flush`` makes the captures it may have
+only planned so far; ``drain`` analyses what is left and returns one result row per run.
+
+- :class:`SimRunner`: runs under a reference policy (:mod:`harmony.simulate`), no kernel;
+- :class:`KernelRunner`: real captures on this host (:func:`harmony.run.capture`), the host lock
+  held from enter to exit; it analyses either in a background process (``python -m
+  harmony.runners --analyser``) while the next run is captured (``overlap``, on CPUs outside the
+  experiment's set) or after the last capture, in one process per CPU;
+- :class:`harmony.vm.runner.VmRunner`: real captures of a kernel under test in a virtual machine.
+
+:func:`analyse_groups` is the analysis of captures once nothing is measured any more, one process
+per CPU; every runner ends with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import psutil
+
+from harmony import simulate
+from harmony.analysis.refpolicy import get_policy
+from harmony.core.memory import tune_allocations
+from harmony.core.osutil import die_with_parent, harmony_python
+from harmony.hygiene import HostLock, reclaim_stale
+from harmony.pipeline import analyse
+from harmony.probes import get_probe
+from harmony.run import capture
+
+
+class SimRunner:
+    """Runs under a reference policy (:mod:`harmony.analysis.refpolicy`); analysis in-process."""
+
+    def __init__(self, policy: str):
+        self.policy = get_policy(policy)
+        self.name = f"simulated: {self.policy.name}"
+        self.overlap = False
+        self.analysis = "in line"
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
+        simulate.execute(self.policy, exp, params, cpus, out, seed, figures=figures)
+
+    def adopt(self, dirs: list[str], figures: bool = True) -> None:
+        """Analyse captures already stored (a resumed suite), in order."""
+        for d in dirs:
+            analyse(Path(d), figures=figures)
+
+    def flush(self) -> None:
+        """Nothing waits: each run was simulated when asked."""
+
+    def drain(self) -> list[dict]:
+        return []
+
+
+class KernelRunner:
+    """Real captures (harmony.run.capture) with the host lock held once for all of them.
+
+    ``overlap``: analyse the runs in a background process while the next ones are captured. That
+    process runs outside the experiment's CPU set when the host has CPUs outside it, and otherwise
+    under SCHED_IDLE at nice 19, so that it only uses CPU time the experiment leaves idle. With
+    ``pause`` as well, it is stopped (SIGSTOP, and seen stopped) before each run's workload is
+    released and continued once the workload is stopped: it analyses in the gaps between
+    measurements only, so nothing runs beside a measurement. Without ``overlap``, the runs are
+    captured back to back and analysed when the runner is drained (on exit), in one process per
+    CPU.
+
+    A paused background process is handed at most two captures at a time; on exit, what it was
+    not handed is analysed in one process per CPU beside it.
+
+    A probe that offers ``session()`` (tracefs: one instance for all runs) keeps it open from
+    enter to exit.
+    """
+
+    AHEAD = 2  # captures handed to a paused analyser before it reports one done
+
+    def __init__(self, probe: str = "tracefs", facts: dict | None = None, overlap: bool = True,
+                 cpus: list[int] | None = None, pause: bool = False, scx=None):
+        self.probe, self.facts, self.overlap, self.pause = probe, facts or {}, overlap, pause
+        self.scx = scx      # a sched_ext scheduler for every run (harmony.vm.scx.ScxSpec), or None
+        self.cpus = cpus or []
+        self.name = f"kernel ({probe})"
+        self.analysis = ("between captures (stopped while a run is measured), the rest after the "
+                         "last capture" if overlap and pause
+                         else "overlapped with the next capture" if overlap
+                         else "after the last capture, one process per CPU")
+        self.lock = None
+        self.worker: subprocess.Popen | None = None
+        self.pending: list[tuple[list[str], bool]] = []  # (run dirs in order, draw figures)
+        self.handed: list[tuple[list[str], bool]] = []  # given to the analyser, not yet done
+        self._out = b""                  # its output not yet parsed (a partial line)
+        self._results: list[dict] = []
+        self.while_analysing = None  # called while the drained analysis runs (analyse_groups)
+        self._session = contextlib.ExitStack()  # the probe's session, if it has one
+
+    def __enter__(self):
+
+        # held once for every run: captures are told so (lock_held) and no other run slips in
+        self.lock = HostLock().acquire()
+        try:
+            self.reclaimed = reclaim_stale()
+            if self.overlap:
+                self._start_worker()
+            session = getattr(get_probe(self.probe), "session", None)
+            if session is not None:
+                self._session.enter_context(session())
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        # the probe's kernel state goes first; then the analysis, still under the lock
+        try:
+            self._session.close()
+        finally:
+            try:
+                self.results = self.drain()
+            finally:
+                if self.worker is not None:  # drain did not finish it (an error): no orphan
+                    self.worker.kill()
+                    self.worker.wait()
+                    self.worker = None
+                if self.lock:
+                    self.lock.release()
+                    self.lock = None
+        return False
+
+    def _start_worker(self):
+        outside = sorted(set(range(psutil.cpu_count())) - set(self.cpus))
+        argv, env = harmony_python("harmony.runners", "--analyser",
+                                   env=dict(os.environ, HARMONY_ANALYSER_CPUS=",".join(
+                                       map(str, outside))))
+        # a plain child process, started before any capture: no threads in the controller, which
+        # forks the workers. In a session of its own: Ctrl-C at the terminal is for the controller,
+        # which drains it or, dying, kills it (osutil.die_with_parent)
+        self.worker = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+                                       start_new_session=True)
+        os.set_blocking(self.worker.stdout.fileno(), False)
+
+    def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
+        """Capture (companions first); the analysis, with figures if ``figures``, follows in the
+        background analyser or when the runner is drained."""
+        out = Path(out)
+        hold = ({"pause": self._pause_worker, "resume": self._resume_worker}
+                if self.worker is not None and self.pause else {})
+        jobs = []
+        for name, overrides in exp.companions(params).items():
+            cp = exp.resolve({**params, **overrides}, cpus)
+            capture(exp, cp, cpus, out / name, self.probe, seed, self.facts, quiet=True,
+                    lock_held=True, scx=self.scx, **hold)
+            jobs.append(str(out / name))
+        capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True, lock_held=True,
+                scx=self.scx, **hold)
+        jobs.append(str(out))
+        self.adopt(jobs, figures)
+
+    def adopt(self, dirs: list[str], figures: bool = True) -> None:
+        """Analyse these stored captures (in order: companions first) as if just captured."""
+        self.pending.append((list(dirs), figures))
+        self._hand_out()
+
+    def flush(self) -> None:
+        """Nothing waits: each run was captured when asked."""
+
+    def _hand_out(self) -> None:
+        """Collect what the background analyser reported, and hand it captures up to AHEAD."""
+        if self.worker is None:
+            return
+        self._read_worker()
+        # on CPUs of its own it analyses all the time: it gets every capture at once
+        limit = self.AHEAD if self.pause else len(self.pending) + len(self.handed)
+        while self.pending and len(self.handed) < limit:
+            jobs, figures = self.pending.pop(0)
+            self.handed.append((jobs, figures))
+            try:
+                self.worker.stdin.write(("\t".join([str(int(figures))] + jobs) + "\n").encode())
+                self.worker.stdin.flush()
+            except OSError:  # it died: its captures are analysed on exit
+                self._lose_worker()
+                return
+
+    def _read_worker(self, until_eof: bool = False) -> None:
+        """Parse the analyser's output lines: "status<TAB>path[<TAB>error]" per run directory,
+        and DONE after each capture. ``until_eof``: wait for it to exit."""
+        fd = self.worker.stdout.fileno()
+        if until_eof:
+            os.set_blocking(fd, True)
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            if not chunk:
+                break
+            self._out += chunk
+        *lines, self._out = self._out.split(b"\n")
+        for line in lines:
+            if line == DONE:  # captures are reported in the order they were handed
+                self.handed.pop(0)
+                continue
+            status, _, rest = line.decode().partition("\t")
+            path, _, msg = rest.partition("\t")
+            self._results.append({"status": status, "path": path, "error": msg or None})
+
+    def _pause_worker(self) -> None:
+        """Stop the analyser and wait until the kernel says it is stopped (state T); one that
+        does not stop within a second is killed and its captures analysed on exit instead."""
+        if self.worker is None:  # lost at an earlier pause of this capture's companions
+            return
+        pid = self.worker.pid
+        os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 1.0
+        while time.monotonic() < deadline:
+            if _proc_state(pid) in ("T", "Z", None):
+                return
+            time.sleep(0.0002)
+        self._lose_worker()
+
+    def _resume_worker(self) -> None:
+        if self.worker is not None:
+            os.kill(self.worker.pid, signal.SIGCONT)
+
+    def _lose_worker(self) -> None:
+        """Kill the analyser; what it had not reported done is analysed on exit."""
+        self.worker.kill()
+        self.worker.wait()
+        self._read_worker()
+        self.worker = None
+        self.pending[:0] = self._take_back()   # to the front of the queue
+
+    def _take_back(self) -> list[tuple[list[str], bool]]:
+        """The captures handed to an analyser that will not finish them, whole: what it reported
+        of them is dropped, so that each directory is reported once, by whoever analyses it."""
+        back, self.handed = self.handed, []
+        redo = {d for jobs, _ in back for d in jobs}
+        self._results = [r for r in self._results if r["path"] not in redo]
+        return back
+
+    def drain(self) -> list[dict]:
+        """Finish every analysis; returns one dict per analysed directory (status, path, error)."""
+        pending, self.pending = self.pending, []
+        if self.worker is None:
+            return self._results + analyse_groups(pending, len(os.sched_getaffinity(0)),
+                                                  self.while_analysing)
+        # the analyser finishes what it was handed while the rest is analysed beside it
+        self._resume_worker()
+        try:
+            self.worker.stdin.close()
+        except OSError:
+            pass  # it died; what it reported stands, and _lose_worker is not needed at the end
+        results = analyse_groups(pending, len(os.sched_getaffinity(0)), self.while_analysing)
+        if len(pending) <= 1 and self.while_analysing is not None:
+            self.while_analysing()  # analyse_groups ran it only beside several processes
+        self._read_worker(until_eof=True)
+        self.worker.wait()
+        self.worker = None
+        if self.handed:  # it died before finishing these: analysed here
+            results += analyse_groups(self._take_back(), len(os.sched_getaffinity(0)))
+        return self._results + results
+
+
+DONE = b"\x00done"
+
+
+def _proc_state(pid: int) -> str | None:
+    """The state letter of a process (/proc/PID/stat), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _analyse_group(group: tuple[list[str], bool]) -> list[dict]:
+    """Analyse one capture's directories in order (companions before the run that reads them)."""
+    dirs, figures = group
+    out = []
+    for d in dirs:
+        try:
+            analyse(Path(d), figures=figures)
+            out.append({"status": "ok", "path": d, "error": None})
+        except Exception as exc:  # one bad run must not stop the others; reported per run
+            out.append({"status": "error", "path": d,
+                        "error": f"{type(exc).__name__}: {exc}".replace("\n", " ")})
+    return out
+
+
+def analyse_groups(groups: list[tuple[list[str], bool]], processes: int,
+                   while_waiting=None) -> list[dict]:
+    """Analyse captures (see :func:`_analyse_group`) in up to ``processes`` forked processes.
+
+    Only for when nothing is being measured: the processes use every CPU. Forked, so they start
+    with this process's modules already imported. Results in the order of ``groups``.
+    ``while_waiting()``, if given, runs in this process once the others are forked (the last
+    ones to finish leave a CPU idle: a suite imports its report's modules there); analysing in
+    this process alone, there is no such time and it is not called.
+    """
+    if processes <= 1 or len(groups) <= 1:
+        return [r for g in groups for r in _analyse_group(g)]
+    # largest captures first, so that the last one to finish is a small one and no CPU idles long
+    order = sorted(range(len(groups)), key=lambda i: -_raw_bytes(groups[i][0]))
+    with ProcessPoolExecutor(min(processes, len(groups)),
+                             mp_context=multiprocessing.get_context("fork")) as pool:
+        results = pool.map(_analyse_group, [groups[i] for i in order])  # all forked by now
+        if while_waiting is not None:
+            while_waiting()
+        done = dict(zip(order, results))
+    return [r for i in range(len(groups)) for r in done[i]]
+
+
+def _raw_bytes(dirs: list[str]) -> int:
+    """Size of what the probes recorded for these runs: the analysis takes time in proportion."""
+    return sum(f.stat().st_size for d in dirs for f in (Path(d) / "raw").rglob("*") if f.is_file())
+
+
+def _analyser_main() -> int:
+    """Background analyser: each line is a figures flag (0/1) then the tab-separated run dirs of
+    one capture, analysed in order."""
+    tune_allocations()  # an entry point of its own: see harmony.core.memory
+    cpus = os.environ.get("HARMONY_ANALYSER_CPUS", "")
+    try:
+        if cpus:
+            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+        else:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            os.nice(19)
+    except (OSError, AttributeError):
+        pass
+    # be killed when the controller dies: stopped (SIGSTOP) by it, this process would otherwise
+    # never read the end of its input and stay behind
+    if not die_with_parent() and os.getppid() == 1:   # nobody is left to feed us
+        return 0
+    for line in sys.stdin:
+        flag, *dirs = line.rstrip("\n").split("\t")
+        for r in _analyse_group(([d for d in dirs if d], flag == "1")):
+            print("\t".join(v for v in (r["status"], r["path"], r["error"]) if v), flush=True)
+        print(DONE.decode(), flush=True)
+    return 0
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--analyser"]:
+    sys.exit(_analyser_main())

@@ -1,0 +1,101 @@
+"""--vm-topology: the spec and its presets, what they become for virtme-ng and QEMU, the domains a
+guest should build, and the check that refuses a topology the guest did not get (against the
+domains real Debian guests built: tests/data/topology/)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harmony.vm import topology as vt
+from harmony.core.errors import ParameterError
+
+from topology_fixtures import guest_topology, load
+
+
+def test_every_preset_parses_and_says_what_it_models():
+    for name, (spec, about) in vt.PRESETS.items():
+        topo = vt.parse(name)
+        assert topo.preset == name and about and vt.parse(spec).spec() == topo.spec()
+        assert topo.vcpus <= vt.MAX_VCPUS
+    # the issue's four at least: SMT, 2 LLCs, 2 nodes, 2 nodes x 2 LLCs x 2 cores x 2 threads
+    assert {"smt", "2llc", "2node", "2node-2llc-smt"} <= set(vt.PRESETS)
+    assert vt.parse("2node-2llc-smt").vcpus == 16
+
+
+def test_the_options_virtme_ng_and_qemu_get():
+    topo = vt.parse("sockets=2,cores=2,threads=2,numa=per-socket")
+    assert topo.vcpus == 8 and topo.smp() == "8,sockets=2,cores=2,threads=2"
+    assert topo.vng_args(1024) == ["--cpus", "8,sockets=2,cores=2,threads=2",
+                                   "--numa", "512M,cpus=0-3", "--numa", "512M,cpus=4-7"]
+    assert topo.qemu_opts() == ["-cpu", "EPYC"]         # threads: a model with topoext
+    assert vt.parse("sockets=2,cores=2").qemu_opts() == []
+    assert vt.parse("sockets=2,cores=2,cpu=Skylake-Server").qemu_opts() == ["-cpu",
+                                                                             "Skylake-Server"]
+    d = vt.parse("sockets=2,cores=1,numa=2,distance=31")
+    assert d.vng_args(1000) == ["--cpus", "2,sockets=2,cores=1,threads=1",
+                                "--numa", "500M,cpus=0-0", "--numa", "500M,cpus=1-1",
+                                "--numa-distance", "0,1=31", "--numa-distance", "1,0=31"]
+    assert vt.parse("2llc").smp() == "4,sockets=1,dies=2,cores=2,threads=1"
+    assert vt.parse("sockets=2,cores=2,numa=2").vm_memory_mb(1025) == 1024
+
+
+@pytest.mark.parametrize("text,why", [
+    ("huge", "a preset"),
+    ("sockets=2,flavour=3", "'flavour=3' is not one of"),
+    ("sockets=0", "sockets=0: a count"),
+    ("cores=x", "cores=x: a count"),
+    ("sockets=2,sockets=2", "sockets= given twice"),
+    ("sockets=8,cores=8,threads=2", "128 vCPUs, more than 64"),
+    ("sockets=2,llc=cluster", "llc=cluster: choose socket|die"),
+    ("sockets=2,llc=die", "llc=die needs dies=2"),
+    ("dies=2,cores=2,llc=socket", "llc=socket cannot be made"),
+    ("sockets=2,numa=3", "cannot be split evenly into 3 nodes"),
+    ("sockets=1,cores=4,numa=2", "an LLC never spans nodes"),
+    ("sockets=2,numa=per-core", "numa=per-core: per-socket"),
+    ("sockets=2,distance=20", "distance= needs NUMA nodes"),
+    ("sockets=2,numa=2,distance=5", "distance=5: a NUMA distance"),
+])
+def test_bad_specs_are_refused_in_one_line(text, why):
+    with pytest.raises(ParameterError, match=why) as exc:
+        vt.parse(text)
+    assert "\n" not in str(exc.value)
+
+
+def test_node_memory_and_nr_cpus():
+    with pytest.raises(ParameterError, match="each needs 128M"):
+        vt.check_memory(vt.parse("2node"), 200)
+    vt.check_memory(vt.parse("2node"), 512)
+    assert vt.nr_cpus("CONFIG_X=y\nCONFIG_NR_CPUS=8192\n") == 8192
+    assert vt.nr_cpus("CONFIG_X=y\n") is None
+
+
+# the domains real guests built (tests/data/topology, captured under TCG) and the spec that
+# made each: the rules of expected_spans() must give exactly those
+BUILT = {
+    "612-s2c2": "sockets=2,cores=2",
+    "61-s2c2": "sockets=2,cores=2",
+    "612-s2c2t2-numa": "sockets=2,cores=2,threads=2,numa=per-socket",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BUILT))
+def test_expected_domains_are_the_ones_real_guests_built(name, tmp_path):
+    topo = vt.parse(BUILT[name])
+    guest = guest_topology(load(name), tmp_path)
+    assert guest["domains"], guest["source"]
+    got = {int(c): [sorted(d["span"]) for d in ds] for c, ds in guest["domains"].items()}
+    assert got == {c: [sorted(s) for _, s in lv] for c, lv in topo.expected_spans().items()}
+    assert vt.check(topo, guest) is None
+
+
+def test_a_topology_the_guest_did_not_get_is_named_in_one_line(tmp_path):
+    # Debian 6.1 under TCG's default CPU model sees no hardware threads: no SMT domain
+    guest = guest_topology(load("61-s2c2t2-numa"), tmp_path)
+    topo = vt.parse("sockets=2,cores=2,threads=2,numa=per-socket,cpu=max")
+    why = vt.check(topo, guest)
+    assert why and "\n" not in why
+    assert "CPU 0's domains are MC 0-3 < NUMA 0-7, not SMT 0-1 < MC 0-3 < NUMA 0-7" in why
+    assert "sees no hardware threads" in why
+    # fewer CPUs than vCPUs
+    assert "the guest has 4 CPUs online, not the 8 vCPUs" in vt.check(
+        topo, guest_topology(load("612-s2c2"), tmp_path / "b"))
