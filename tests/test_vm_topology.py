@@ -27,10 +27,11 @@ def test_the_options_virtme_ng_and_qemu_get():
     assert topo.vcpus == 8 and topo.smp() == "8,sockets=2,cores=2,threads=2"
     assert topo.vng_args(1024) == ["--cpus", "8,sockets=2,cores=2,threads=2",
                                    "--numa", "512M,cpus=0-3", "--numa", "512M,cpus=4-7"]
-    assert topo.qemu_opts() == ["-cpu", "EPYC"]         # threads: a model with topoext
-    assert vt.parse("sockets=2,cores=2").qemu_opts() == []
-    assert vt.parse("sockets=2,cores=2,cpu=Skylake-Server").qemu_opts() == ["-cpu",
-                                                                             "Skylake-Server"]
+    # under TCG a CPU whose CPUID tells threads and dies; under KVM virtme-ng's host model
+    assert topo.qemu_opts("tcg") == ["-cpu", "max,vendor=GenuineIntel"]
+    assert topo.qemu_opts("kvm") == []
+    assert vt.parse("sockets=2,cores=2,cpu=Skylake-Server").qemu_opts("kvm") == [
+        "-cpu", "Skylake-Server"]
     d = vt.parse("sockets=2,cores=1,numa=2,distance=31")
     assert d.vng_args(1000) == ["--cpus", "2,sockets=2,cores=1,threads=1",
                                 "--numa", "500M,cpus=0-0", "--numa", "500M,cpus=1-1",
@@ -72,9 +73,16 @@ def test_node_memory_and_nr_cpus():
 # the domains real guests built (tests/data/topology, captured under TCG) and the spec that
 # made each: the rules of expected_spans() must give exactly those
 BUILT = {
-    "612-s2c2": "sockets=2,cores=2",
-    "61-s2c2": "sockets=2,cores=2",
-    "612-s2c2t2-numa": "sockets=2,cores=2,threads=2,numa=per-socket",
+    "612-s2c2": "2socket",
+    "61-s2c2": "2socket",
+    "612-c2t2-intel": "smt",
+    "61-c2t2-intel": "smt",
+    "612-d2c2-intel": "2llc",
+    "61-d2c2-intel": "2llc",
+    "612-s2c2t2-numa": "2node-smt",         # 6.12 sees the threads even with AMD's vendor
+    "61-s2c2t2-numa-intel": "2node-smt",
+    "612-s2d2c2t2-numa-intel": "2node-2llc-smt",
+    "61-s2d2c2t2-numa-intel": "2node-2llc-smt",
 }
 
 
@@ -88,6 +96,21 @@ def test_expected_domains_are_the_ones_real_guests_built(name, tmp_path):
     assert vt.check(topo, guest) is None
 
 
+def test_every_preset_was_built_by_both_kernels():
+    presets = [BUILT[n] for n in BUILT]
+    assert {p for p in vt.PRESETS if p != "2node"} <= set(presets)
+    for p in set(presets) - {"2node-smt"}:
+        assert sum(p == BUILT[n] for n in BUILT if n.startswith("61-")) == 1
+        assert sum(p == BUILT[n] for n in BUILT if n.startswith("612-")) == 1
+
+
+def test_a_die_split_under_amds_vendor_string_is_refused(tmp_path):
+    # TCG's max with AMD's vendor string: neither kernel splits the LLC by die
+    why = vt.check(vt.parse("dies=2,cores=2,cpu=max"), guest_topology(load("612-d2c2-max"),
+                                                                       tmp_path))
+    assert "CPU 0's domains are MC 0-3, not MC 0-1 < PKG 0-3" in why
+
+
 def test_a_topology_the_guest_did_not_get_is_named_in_one_line(tmp_path):
     # Debian 6.1 under TCG's default CPU model sees no hardware threads: no SMT domain
     guest = guest_topology(load("61-s2c2t2-numa"), tmp_path)
@@ -99,3 +122,70 @@ def test_a_topology_the_guest_did_not_get_is_named_in_one_line(tmp_path):
     # fewer CPUs than vCPUs
     assert "the guest has 4 CPUs online, not the 8 vCPUs" in vt.check(
         topo, guest_topology(load("612-s2c2"), tmp_path / "b"))
+
+
+# --- the VM's command line, the plan, the guest's check ------------------------------------------
+
+def test_the_vng_command_of_a_topology():
+    from pathlib import Path
+
+    from harmony.vm import kernels, machine
+
+    k = kernels.Kernel("debian:6.12", Path("/c/boot/vmlinuz-6.12"), "6.12", None, {})
+    topo = vt.parse("2node-smt")
+    argv = machine.vng_argv(k, 8, 1024, Path("/out"), ["agent"],
+                            machine.QemuSetting.parse("tcg=single"), "tcg", topology=topo)
+    assert argv == ["vng", "--verbose", "--run", "/c/boot/vmlinuz-6.12",
+                    "--cpus", "8,sockets=2,cores=2,threads=2", "--numa", "512M,cpus=0-3",
+                    "--numa", "512M,cpus=4-7", "--memory", "1024M", "--rwdir", "/out",
+                    "--disable-kvm", "--qemu-opts=-name harmony,debug-threads=on "
+                    "-accel tcg,thread=single -cpu max,vendor=GenuineIntel", "--", "agent"]
+    # the VM takes the topology's vCPUs and whole nodes' memory, and its facts say the shape
+    m = machine.VirtualMachine(k, 2, 1025, topology=topo)
+    assert (m.vcpus, m.memory_mb) == (8, 1024)
+    assert m.describe()["topology"]["spec"] == topo.spec()
+
+
+def test_the_plan_takes_the_topologys_vcpus(monkeypatch):
+    from harmony.vm import plan
+
+    monkeypatch.setattr(plan, "missing_tools", lambda: [])
+    p = plan.plan_vm("debian:6.12", None, "1G", None, vm_topology="2node")
+    assert p.cpus == [0, 1, 2, 3] and p.topology.numa == 2 and p.memory_mb == 1024
+    assert plan.plan_vm("debian:6.12", None, "1G", None).cpus == [0, 1, 2, 3]   # the default
+    assert plan.plan_vm("debian:6.12", 4, "1G", None, vm_topology="2node").cpus == [0, 1, 2, 3]
+    with pytest.raises(ParameterError, match="--vm-cpus 8 and --vm-topology 2node"):
+        plan.plan_vm("debian:6.12", 8, "1G", None, vm_topology="2node")
+    with pytest.raises(ParameterError, match="each needs 128M"):
+        plan.plan_vm("debian:6.12", None, "256M", None, vm_topology="sockets=4,numa=4")
+
+
+def test_more_vcpus_than_the_kernel_brings_up_are_refused(tmp_path):
+    from harmony.vm import kernels, plan
+
+    (tmp_path / "config-6.12-x").write_text("CONFIG_SMP=y\nCONFIG_NR_CPUS=8\n")
+    k = kernels.Kernel("debian:6.12", tmp_path / "vmlinuz-6.12-x", "6.12-x", None, {})
+    plan.check_kernel_cpus(k, 8)
+    with pytest.raises(ParameterError, match=r"at most 8 CPUs \(CONFIG_NR_CPUS=8\): 16 vCPUs"):
+        plan.check_kernel_cpus(k, 16)
+    (tmp_path / "config-6.12-x").unlink()
+    plan.check_kernel_cpus(k, 64)       # no config: nothing known, nothing refused
+
+
+def test_the_guest_refuses_a_topology_it_did_not_get_before_any_run(tmp_path):
+    from harmony.vm import guest
+
+    job = tmp_path / "job.json"
+    guest.write_job(job, [], "2node-smt")
+    topo = guest.job_topology(job)
+    assert topo.preset == "2node-smt"
+    got = guest_topology(load("612-s2c2t2-numa"), tmp_path / "a")
+    assert guest.topology_problem(topo, {"doctor": {"sched_domains": got}}) is None
+    got = guest_topology(load("61-s2c2t2-numa"), tmp_path / "b")
+    why = guest.topology_problem(topo, {"doctor": {"sched_domains": got}})
+    assert why.startswith("--vm-topology 2node-smt: the guest did not get") and "\n" not in why
+    failed = {"status": "warn", "detail": "check failed: OSError: x"}
+    assert "could not be read (check failed" in guest.topology_problem(
+        topo, {"doctor": {"sched_domains": failed}})
+    guest.write_job(job, [])
+    assert guest.job_topology(job) is None

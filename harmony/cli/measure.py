@@ -103,7 +103,8 @@ def list_experiments(verbose):
 
 
 def vm_options(f):
-    """--kernel, --vm-cpus, --vm-memory, --vm-qemu: a kernel under test in a virtual machine."""
+    """--kernel, --vm-cpus, --vm-topology, --vm-memory, --vm-qemu: a kernel under test in a
+    virtual machine."""
     f = click.option("--vm-qemu", metavar="SETTING",
                      help="QEMU set-up: accel=auto|kvm|tcg, tcg=auto|multi|single|icount, "
                           "nice=-20..19 (the vCPU threads'), pin=off|on|CPUS (comma-separated; "
@@ -112,8 +113,15 @@ def vm_options(f):
                           "vCPUs, else single)")(f)
     f = click.option("--vm-memory", metavar="SIZE", default="2G", show_default=True,
                      help="the VM's memory (e.g. 2G, 1536M)")(f)
-    f = click.option("--vm-cpus", type=click.IntRange(min=1, max=64), default=4,
-                     show_default=True, help="vCPUs of the VM (its CPU set is all of them)")(f)
+    f = click.option("--vm-topology", metavar="SPEC",
+                     help="the VM's shape: a preset (smt, 2llc, 2socket, 2node, 2node-smt, "
+                          "2node-2llc-smt) or sockets=S,cores=C,threads=T[,dies=D]"
+                          "[,numa=per-socket|per-die|N][,llc=socket|die][,distance=D]"
+                          "[,cpu=MODEL] (docs/topology.md); refused before any run if the "
+                          "guest does not get it")(f)
+    f = click.option("--vm-cpus", type=click.IntRange(min=1, max=64), default=None,
+                     help="vCPUs of the VM (its CPU set is all of them) [default: 4, or the "
+                          "--vm-topology's]")(f)
     f = click.option("--kernel", metavar="KERNEL",
                      help="run in a VM booting this kernel: debian:6.1, debian:6.12, "
                           "debian:6.1-rt, debian:6.12-rt, sched-ext (harmony kernel build "
@@ -137,13 +145,16 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
     """Fetch the kernel (if named and not cached) and make the VM runner."""
     from harmony import doctor as host
     from harmony.vm.kernels import kernel as get_kernel
+    from harmony.vm.plan import check_kernel_cpus
     from harmony.vm.runner import VmRunner
 
     say = (lambda line: None) if quiet else (lambda line: click.echo(f"vm: {line}", err=True))
     with exit_on_error():
         k = get_kernel(kernel, progress=say)
+        check_kernel_cpus(k, len(vm.cpus))
     facts = host.run_facts(host.doctor(mount=False, test_record=False))
-    return VmRunner(k, len(vm.cpus), vm.memory_mb, vm.setting, facts=facts, say=say, scx=scx)
+    return VmRunner(k, len(vm.cpus), vm.memory_mb, vm.setting, facts=facts, say=say, scx=scx,
+                    topology=vm.topology)
 
 
 @click.command(cls=RunCommand)
@@ -163,7 +174,7 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
 @vm_options
 @scx_options
 def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet, repeat,
-        kernel, vm_cpus, vm_memory, vm_qemu, scx, scx_args):
+        kernel, vm_cpus, vm_topology, vm_memory, vm_qemu, scx, scx_args):
     """Run one experiment and analyse it; prints the summary."""
     from harmony.experiments import get_experiment
     from harmony.probes import PROBES
@@ -175,9 +186,12 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
         exp = get_experiment(experiment)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="EXPERIMENT") from None
+    if kernel is None and vm_topology is not None:
+        raise click.UsageError("--vm-topology is a VM's shape: it goes with --kernel")
     if kernel is not None:
         with exit_on_error():
-            vm = plan_vm(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe, crosscheck)
+            vm = plan_vm(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe, crosscheck,
+                         vm_topology)
         cpu_set = vm.cpus
     else:
         cpu_set = resolve_cpus(cpus)
@@ -301,7 +315,7 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
 @vm_options
 @scx_options
 def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume, kernel,
-          vm_cpus, vm_memory, vm_qemu, scx, scx_args):
+          vm_cpus, vm_topology, vm_memory, vm_qemu, scx, scx_args):
     """Run the whole catalog with repetitions and write one report (policy card first).
 
     With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
@@ -311,9 +325,12 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
     from harmony.vm.plan import plan_scx, plan_vm
 
     check_release_options()
+    if kernel is None and vm_topology is not None:
+        raise click.UsageError("--vm-topology is a VM's shape: it goes with --kernel")
     if kernel is not None:
         with exit_on_error():
-            vm = plan_vm(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe)
+            vm = plan_vm(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe,
+                         vm_topology=vm_topology)
     if resume:
         given = [o for o, v in (("--quick", quick), ("--cpus", cpus), ("--repeat", repeat),
                                 ("--experiment", experiments), ("--seed", seed)) if v]

@@ -16,14 +16,15 @@ What it becomes (:meth:`VmTopology.vng_args`, :meth:`VmTopology.qemu_opts`):
 - ``--numa SIZE,cpus=A-B`` per node (the memory split evenly; virtme-ng wants the nodes' sizes
   to add up to ``--memory``) and ``--numa-distance i,j=D`` between every pair of nodes where a
   distance is given (QEMU's default: 20);
-- a CPU model (QEMU's ``-cpu``, after virtme-ng's own ``-cpu max``: the last one counts) where the
-  topology needs one the default does not give: see :func:`cpu_model`.
+- a CPU model (QEMU's ``-cpu``, after virtme-ng's own ``-cpu max``: the last one counts) whose
+  CPUID tells the guest its threads, dies and caches: see :func:`cpu_model`.
 
 What QEMU 7.2 (Debian 12's) and the guest kernels honour, seen here under TCG (bench/README.md,
 "topologies under test"): ``clusters=`` is refused for x86 ("clusters not supported by this
 machine's CPU topology"), so there is no CLS level to ask for; a last-level cache is shared by
-the vCPUs of one die (CPUID leaf 4 and 0x8000001D alike), so ``llc=die`` is ``dies=`` > 1 and
-``llc=socket`` is one die per socket.
+the vCPUs of one die (CPUID leaf 4), so ``llc=die`` is ``dies=`` > 1 and ``llc=socket`` is one
+die per socket; the guests see threads and dies only through an Intel vendor string under TCG
+(:data:`TCG_CPU_MODEL`).
 
 The guest kernel builds its domains from what it sees (arch/x86/kernel/smpboot.c
 ``build_sched_topology``, kernel/sched/topology.c): SMT (a core's threads), MC (the CPUs sharing
@@ -154,9 +155,10 @@ class VmTopology:
         """The VM's memory: ``memory_mb`` rounded down to whole nodes' worth."""
         return self.node_memory_mb(memory_mb) * self.numa
 
-    def qemu_opts(self) -> list[str]:
-        """QEMU options this topology needs beyond ``-smp`` and ``-numa``: its CPU model."""
-        model = cpu_model(self)
+    def qemu_opts(self, accel: str = "tcg") -> list[str]:
+        """QEMU options this topology needs beyond ``-smp`` and ``-numa`` under ``accel``: its
+        CPU model (:func:`cpu_model`)."""
+        model = cpu_model(self, accel)
         return ["-cpu", model] if model else []
 
     # --- what the guest should build ---
@@ -185,16 +187,21 @@ class VmTopology:
         return out
 
 
-def cpu_model(topo: VmTopology) -> str | None:
-    """The QEMU CPU model a topology needs, or None for virtme-ng's default (``max`` under TCG,
-    ``host`` under KVM): the one asked for (``cpu=``); else EPYC where the guest must see
-    hardware threads, whose CPUID has AMD's topology extensions (Debian's 6.1 finds no SMT
-    sibling under TCG's ``max`` without them)."""
+#: the CPU model a topology gets under TCG: QEMU's ``max`` with Intel's vendor string, whose
+#: CPUID topology (leaves 0xB, 0x1F and 4) both Debian kernels read for threads, dies and LLCs
+TCG_CPU_MODEL = "max,vendor=GenuineIntel"
+
+
+def cpu_model(topo: VmTopology, accel: str = "tcg") -> str | None:
+    """The QEMU CPU model a topology needs, or None for virtme-ng's default: the one asked for
+    (``cpu=``); else, under TCG, :data:`TCG_CPU_MODEL`. Under TCG virtme-ng's ``max`` has AMD's
+    vendor string but no topology extensions (TCG does not offer topoext), and then Debian's 6.1
+    finds no SMT sibling and neither 6.1 nor 6.12 splits the LLC by die; the EPYC model fares no
+    better and panicked 6.12 at boot once (bench/README.md, "topologies under test"). Under KVM
+    virtme-ng's ``host,topoext=on`` is left as it is."""
     if topo.cpu:
         return topo.cpu
-    if topo.threads > 1:
-        return "EPYC"
-    return None
+    return TCG_CPU_MODEL if accel == "tcg" else None
 
 
 _KEYS = ("sockets", "dies", "cores", "threads", "numa", "llc", "distance", "cpu")
