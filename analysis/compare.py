@@ -176,19 +176,27 @@ def label_kind(label: str) -> str:
 def df_compare(cmp: Comparison) -> pd.DataFrame:
     """The answers, one row per question (in the thesis's order) and source. Columns: qid (str),
     question (str), thesis (str: its section), source (str), label (str: the answer, "undecided",
-    or "no evidence"), kind (str: the label without the number it quotes, :func:`label_kind`),
-    decided (bool: a label every run with one agreed on; a reference's are), votes (str: how the
-    runs voted, "label: runs, ..."; "" without evidence, and for a reference), differs (bool: the
-    sources' answers are not all of one kind; the same on every row of a question)."""
+    "varies (...)", or "no evidence"), kind (str: the label without the number it quotes,
+    :func:`label_kind`), decided (bool: the label holds at the card's confidence,
+    :mod:`harmony.analysis.sequential`; a reference's are), state (str: "decided", "varies",
+    "undecided", or "" without evidence), votes (str: how the runs voted, "label: runs, ...";
+    "" without evidence, and for a reference), differs (bool: the sources' answers are not all of
+    one kind; the same on every row of a question), beyond_noise (bool: this source's answer
+    and the first source's (A's) are both decided and of different kinds: the answer differs
+    beyond noise, what ``--fail-on-difference`` fails on; False on A's rows)."""
     rows = []
     for src, card in zip(cmp.sources, cmp.cards):
         for a in card.answers:
             label = a.label if a.label is not None else NO_EVIDENCE
             rows.append({"qid": a.qid, "question": a.question, "thesis": a.thesis, "source": src,
                          "label": label, "kind": label_kind(label), "decided": a.decided,
+                         "state": a.state or "",
                          "votes": ", ".join(f"{k}: {v}" for k, v in a.agreement.items())})
     df = pd.DataFrame(rows)
     df["differs"] = df.groupby("qid", sort=False)["kind"].transform("nunique") > 1
+    first = df[df["source"] == cmp.sources[0]].set_index("qid")
+    df["beyond_noise"] = [bool(r.decided and first.at[r.qid, "decided"]
+                               and r.kind != first.at[r.qid, "kind"]) for r in df.itertuples()]
     return df
 
 
@@ -653,6 +661,95 @@ def to_dict(cmp: Comparison) -> dict:
             "unmatched": unmatched(cmp)}
 
 
+# ------------------------------------------------------------------------------------- the gate
+
+def gate_choice(questions=(), metrics=()) -> tuple[list[str], list[tuple[str | None, str]]]:
+    """What ``--fail-on-difference`` checks: (qids, [(experiment or None, summary key)]). No
+    choice at all: every question, no metric (a metric row is marked by chance about
+    COMPARE_CHANCE_RATE of the time, so among the dozens a suite has some would fail two suites
+    of one kernel: name the metrics that matter). A question is its id (how_many) or number
+    (1-9); a metric a summary key (first_round_moved) or EXPERIMENT:KEY. ValueError, one line,
+    naming an unknown one."""
+    qids = [q for q, _, _ in policy.QUESTIONS]
+    chosen_q = []
+    for q in questions:
+        qid = qids[int(q) - 1] if q.isdigit() and 1 <= int(q) <= len(qids) else q
+        if qid not in qids:
+            raise ValueError(f"unknown question {q!r}: give one of {', '.join(qids)} (or 1-"
+                             f"{len(qids)})")
+        chosen_q.append(qid)
+    known = {(name, m.name) for name in CATALOG for m in metrics_of(name)}
+    chosen_m = []
+    for m in metrics:
+        exp, sep, key = m.rpartition(":")
+        exp = exp if sep else None
+        if not any(key == k and exp in (None, e) for e, k in known):
+            raise ValueError(f"unknown metric {m!r}: give a summary key an experiment declares "
+                             "(first_round_moved, or how-many:first_round_moved; `harmony "
+                             "compare --all-metrics` lists those compared)")
+        chosen_m.append((exp, key))
+    if not chosen_q and not chosen_m:
+        chosen_q = qids
+    return chosen_q, chosen_m
+
+
+def gate(cmp: Comparison, questions=(), metrics=()) -> dict:
+    """``harmony compare --fail-on-difference``: whether a chosen answer or metric differs beyond
+    noise between the first source (A) and another (:func:`gate_choice` says what is chosen).
+    An answer differs beyond noise when both sources decided it, with labels of different kinds
+    (df_compare's ``beyond_noise``); a metric when compare marks it (``differs``: the interval
+    excludes 0, the effect is large, enough runs a side). Returns {"failed": bool, "questions":
+    qids checked, "metrics": the metric names checked, "answers_failing": df_compare's failing
+    rows, "metrics_failing": df_metric_differences' failing rows, "answers_open": chosen answers
+    not decided on both sides of a pair (they could not fail), "metrics_open": chosen metric
+    rows that could not be marked (too few runs, no value), "answers_missing": chosen answers
+    without evidence on one side of a pair}."""
+    qids, chosen = gate_choice(questions, metrics)
+    answers = df_compare(cmp)
+    answers = answers[answers["qid"].isin(qids)]
+    first = answers[answers["source"] == cmp.sources[0]].set_index("qid")
+    others = answers[answers["source"] != cmp.sources[0]]
+    both = [(q, d and first.at[q, "decided"]) for q, d, lab in
+            zip(others["qid"], others["decided"], others["label"])
+            if lab != NO_EVIDENCE and first.at[q, "label"] != NO_EVIDENCE]
+    rows = df_metric_differences(cmp)
+    picked = pd.Series(False, index=rows.index)
+    for exp, key in chosen:
+        picked |= (rows["metric"] == key) & ((rows["experiment"] == exp) if exp else True)
+    rows = rows[picked & (rows["verdict"] != "point")]
+    bad_a, bad_m = others[others["beyond_noise"]], rows[rows["differs"].astype(bool)]
+    return {"failed": bool(len(bad_a) or len(bad_m)), "questions": qids,
+            "metrics": [f"{e}:{k}" if e else k for e, k in chosen],
+            "answers_failing": bad_a.to_dict("records"),
+            "metrics_failing": bad_m.astype(object).where(bad_m.notna(), None).to_dict("records"),
+            "answers_open": sum(not d for _, d in both),
+            "answers_missing": len(others) - len(both),
+            "metrics_open": int((~rows["verdict"].isin(["differs", "within noise"])).sum())}
+
+
+def gate_text(g: dict) -> str:
+    """The gate's verdict in a few lines: what failed (each answer and metric), else that nothing
+    did, and how much of what was chosen could not have failed (too few runs)."""
+    out = []
+    for r in g["answers_failing"]:
+        out.append(f"differs beyond noise: {r['qid']}: {r['source']} says {r['label']!r} "
+                   "(decided on both sides)")
+    for r in g["metrics_failing"]:
+        out.append(f"differs beyond noise: {r['config']} {r['metric']}: {_number(r['value_a'])} "
+                   f"-> {_number(r['value_b'])} ({r['pair']}, interval {_signed(r['ci_low'])} .. "
+                   f"{_signed(r['ci_high'])})")
+    checked = (f"{len(g['questions'])} question{'s' if len(g['questions']) != 1 else ''}"
+               + (f", metrics {', '.join(g['metrics'])}" if g["metrics"] else ""))
+    out.append(f"gate: {'FAILED' if g['failed'] else 'passed'} ({checked})")
+    if g["answers_open"] or g["metrics_open"]:
+        out.append(f"gate: could not fail on {g['answers_open']} answers not decided on both "
+                   f"sides and {g['metrics_open']} metric rows with too few runs "
+                   "(`harmony suite --until-decided` gives both their runs)")
+    if g["answers_missing"]:
+        out.append(f"gate: {g['answers_missing']} chosen answers have no evidence on one side")
+    return "\n".join(out)
+
+
 def df_compare_runs(cmp: Comparison) -> pd.DataFrame:
     """Every complete run of every source, one row each: the columns of
     :func:`harmony.analysis.report_suite.df_suite_runs` (path, experiment, config, ncpus, then
@@ -787,10 +884,12 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
     return Path(path)
 
 
-def _label_cell(label: str) -> D.Cell:
-    kind = ("none" if label == NO_EVIDENCE else
-            "undecided" if label == policy.UNDECIDED else "answered")
-    return D.Cell(label, kind)
+def _label_cell(a: policy.Answer) -> D.Cell:
+    """An answer in the answers table, styled by its kind (:func:`harmony.analysis.policy.
+    answer_kind`): a label not decided yet is styled undecided."""
+    kind = policy.answer_kind(a)
+    return D.Cell(a.label if a.label is not None else NO_EVIDENCE,
+                  "none" if kind == "cannot" else kind)
 
 
 def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
@@ -808,8 +907,8 @@ def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
     doc += [D.Heading("Answers", 2, "answers"),
             D.Table(["", "#", "question"] + list(src["letter"]),
                     [["*" if differs[qid] else "", str(i), f"{questions[qid]} ({qid})",
-                      *map(_label_cell, map(str, labels))]
-                     for i, (qid, labels) in enumerate(table.iterrows(), 1)],
+                      *(_label_cell(card.answer(qid)) for card in cmp.cards)]
+                     for i, qid in enumerate(table.index, 1)],
                     row_kinds=["differs" if differs[qid] else None for qid in table.index],
                     numeric=frozenset({"#"})),
             D.Para(answers_note(int(differs.sum()), len(table)))]

@@ -36,6 +36,11 @@ pairwise-random   per-CPU queues. Every 16-48 ms (random) and when idle a CPU pu
                   tail of its queue whatever they are (blind). A CPU whose partner in its lowest
                   domain (cpu ^ 1) is home to one task more takes one over (a remainder task keeps
                   moving: moderate affinity, fairer than poly-balance) (CFS-like).
+coin-flip         each run is poly-balance or pairwise-random, drawn from the run's seed like a
+                  fair coin: a policy that genuinely varies from run to run. Where the two give
+                  different labels (how many, affinity, intrinsic imbalance, selection) its card
+                  must say "varies", not a label, once it has runs enough (issue 46); where they
+                  agree (it balances, detection is periodic, idle CPUs steal) it is decided.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class Policy:
     explore_p: float = 0.0  # chance of moving one task on a count difference of one / load gap
     wake_to_idle: bool = False  # a wakeup goes to an idle CPU when its own CPU is busy
     expected: dict = dataclasses.field(default_factory=dict)
+    mix: tuple[str, ...] = ()  # each run is one of these policies, drawn from its seed
 
 
 POLICIES = {
@@ -97,6 +103,20 @@ POLICIES = {
                   "work_conserving": "yes", "detection": "periodic", "intrinsic": "in between",
                   "selection": "blind"}),
 }
+POLICIES["coin-flip"] = Policy(
+    "coin-flip", "each run poly-balance or pairwise-random, a fair coin per run: varies",
+    global_queue=False, slice_ms=10, mix=("poly-balance", "pairwise-random"),
+    expected={"balances": "balances", "affinity": "varies", "how_many": "varies",
+              "work_conserving": "yes", "detection": "periodic", "intrinsic": "varies",
+              "selection": "varies"})
+
+
+def drawn(policy: Policy, seed: int) -> Policy:
+    """The policy a run with ``seed`` follows: ``policy`` itself, or for a mixed one the policy
+    its seed draws (each equally likely; a string seed: the same draw on every platform)."""
+    if not policy.mix:
+        return policy
+    return POLICIES[random.Random(f"mix-{seed}").choice(policy.mix)]
 
 
 def get_policy(name: str) -> Policy:
@@ -149,7 +169,7 @@ class Simulator:
         from harmony.analysis.reconstruct import class_weight
 
         refuse_classes(specs)
-        self.p = policy
+        self.p = drawn(policy, seed)
         self.cpus = list(cpus)
         self.ncpu = len(cpus)
         index = {c: k for k, c in enumerate(self.cpus)}
@@ -462,4 +482,4 @@ def expected_labels(policy: Policy | str) -> dict:
     return dict(policy.expected)
 
 
-__all__ = ["POLICIES", "Policy", "Simulator", "expected_labels", "get_policy"]
+__all__ = ["POLICIES", "Policy", "Simulator", "drawn", "expected_labels", "get_policy"]

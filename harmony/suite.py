@@ -181,15 +181,17 @@ class Progress:
 
 def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, facts: dict | None = None,
               seed: int = 0, quiet: bool = False, card_note: str | None = None,
-              resume: bool = False) -> dict:
+              resume: bool = False, until_decided: int | None = None) -> dict:
     """Run every configuration with ``runner`` (see :mod:`harmony.runners`) and write the report.
 
     ``runner.capture(exp, params, cpus, out, seed)`` records one run (real or simulated) and
     ``runner.analyse(out)`` analyses it. Returns the suite record (also written as suite.json).
     ``resume``: ``out`` holds a suite that was interrupted (:func:`resume_plan` gives its
     configurations): its complete runs are kept as they are, captured ones only analysed.
+    ``until_decided``: after the planned runs, configurations whose questions are undecided get
+    more runs, up to this many each (:mod:`harmony.decide`).
     """
-    from harmony import batch
+    from harmony import batch, decide
     from harmony.experiments import get_experiment
 
     out = Path(out)
@@ -199,7 +201,8 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     record = {"cpus": cpus, "quick": None, "configs": [dataclasses.asdict(c) for c in configs],
               "configured_s": configured, "runner": runner.name, "host": facts or {},
               "card_note": card_note,     # `harmony report SUITE` writes the report with it again
-              "seed": seed, "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+              "seed": seed, "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "until_decided": {"max_repeat": until_decided} if until_decided else None}
     if resume:
         before = store.read_json(out / "suite.json")
         record["started_at"] = before.get("started_at")
@@ -213,7 +216,7 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     if hasattr(runner, "say") and not quiet:    # a VM runner's steps: boot, each run in the guest
         runner.say = progress.phase
     t_start = time.monotonic()
-    failures, batches = [], []
+    failures, batches, drained, grown = [], [], [], []
     try:
         with runner:
             for cfg in configs:
@@ -221,10 +224,18 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
                 try:
                     batch.run_batch(exp, cfg.params, cpus, out / cfg.label, cfg.repeat, runner,
                                     seed=seed, progress=progress, draw_first=False, resume=resume)
+                    grown.append(decide.Batch(exp, cfg.params, out / cfg.label, cfg.repeat))
                 except (store.RunError, RuntimeError, ValueError) as exc:
                     failures.append({"config": cfg.label, "error": str(exc)})
                 batches.append(out / cfg.label)
             runner.flush()          # a VM runner boots here, once, for every capture planned
+            if until_decided:       # each round: its captures flushed, analysed, cards read
+                progress.phase("analysing the planned runs, then runs until decided")
+                drained = runner.drain()
+                drained += decide.until_decided(grown, cpus, runner, until_decided, seed=seed,
+                                                progress=progress, resume=resume)
+                total_runs = sum(b.runs for b in grown) + sum(
+                    c.repeat for c in configs if all(b.label != c.label for b in grown))
             t_captured = time.monotonic() - t_start
             if runner.analysis != "in line":
                 progress.phase(f"analysing {total_runs} runs ({runner.analysis})")
@@ -233,7 +244,8 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
         for b in batches:
             if (b / "batch.json").exists():
                 batch.finish_batch(b, figures=False)
-        failures += [r for r in getattr(runner, "results", []) if r["status"] != "ok"]
+        analysed = {r["path"]: r for r in drained + getattr(runner, "results", [])}
+        failures += [r for r in analysed.values() if r["status"] != "ok"]
     finally:
         progress.close()
     wall = time.monotonic() - t_start
@@ -241,6 +253,7 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
                "captured_s": t_captured, "analysed_s": t_analysed, "wall_s": wall,
                "efficiency": wall / configured if configured else None, "runs": total_runs,
                "analysis": runner.analysis,
+               "until_decided": _until_decided_record(until_decided, grown),
                # a kernel under test in a VM: the guest's facts (kernel, scheduler, CPUs)
                "under_test": getattr(runner, "system", None),
                "analysis_overlapped": bool(getattr(runner, "overlap", False))}
@@ -253,6 +266,16 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     record["wall_with_report_s"] = time.monotonic() - t_start
     store.write_json(out / "suite.json", record)
     return record
+
+
+def _until_decided_record(cap: int | None, grown: list) -> dict | None:
+    """suite.json's summary of the runs added until decided (None when not asked): the cap, the
+    runs added and the rounds, and per configuration its batch.json's record."""
+    if not cap:
+        return None
+    per = {b.label: store.read_json(b.out / "batch.json").get("until_decided") for b in grown}
+    return {"max_repeat": cap, "added_runs": sum(b.runs - b.planned for b in grown),
+            "rounds": max((b.rounds for b in grown), default=0), "configs": per}
 
 
 def scheduler_of_runs(out: Path) -> str | None:

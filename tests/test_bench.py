@@ -21,7 +21,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm",
            "compare_noise", "controller_death", "pelt_warmup", "warm_cold", "fidelity",
            "whole_import", "first_use", "perf_import", "schbench",
-           "server_capacity")
+           "server_capacity", "sequential_rule")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -291,6 +291,20 @@ def test_compare_noise_at_tiny_sizes(tmp_path):
     assert len(res["simulated"]["pairs"]) == 1
     r = bench("compare_noise", "--sizes", "1")
     assert r.returncode == 2 and "--sizes" in r.stderr
+
+
+def test_sequential_rule_prints_its_exact_operating_characteristic(tmp_path):
+    """The verdict rule's operating characteristic (exact, no root): its targets at the default
+    cap, and a bad --caps refused."""
+    out = tmp_path / "rule.json"
+    r = bench("sequential_rule", "--caps", "8,20", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "[PASS] a decided label is wrong at most 5 % of the time" in r.stdout
+    res = json.loads(out.read_text())
+    assert res["fewest"]["2"] == [6, 11, 15] and len(res["oc"]) == 2 * 7
+    assert res["peeking"]["fixed-n"] > 0.05 > res["peeking"]["anytime"]
+    r = bench("sequential_rule", "--caps", "1", "--start", "2")
+    assert r.returncode == 2 and "--start" in r.stderr
 
 
 @pytest.mark.kernel

@@ -120,3 +120,46 @@ def resolve_cpus(text: str | None) -> list[int]:
 def default_out(prefix: str) -> Path:
     """The directory a command writes when not given --out: ``runs/<prefix>-<time>``."""
     return Path("runs") / f"{prefix}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+
+
+def decide_options(f):
+    """--until-decided, --max-repeat: runs added until the card's questions are decided
+    (harmony.decide)."""
+    from harmony.analysis.thresholds import UNTIL_DECIDED_MAX_REPEAT   # constants, no imports
+
+    f = click.option("--max-repeat", type=click.IntRange(min=2), metavar="N",
+                     help="with --until-decided: at most N runs a configuration, planned ones "
+                          f"included (default {UNTIL_DECIDED_MAX_REPEAT}; "
+                          "analysis/thresholds.py says why)")(f)
+    f = click.option("--until-decided", is_flag=True,
+                     help="after the planned runs, give a configuration whose questions are not "
+                          "yet decided (or shown to vary) more runs, a few at a time, up to "
+                          "--max-repeat")(f)
+    return f
+
+
+def decide_cap(until_decided: bool, max_repeat: int | None, planned: int) -> int | None:
+    """The cap on a configuration's runs for --until-decided (None without it), checked before
+    anything starts."""
+    from harmony.analysis.thresholds import UNTIL_DECIDED_MAX_REPEAT
+
+    if not until_decided:
+        if max_repeat is not None:
+            raise click.UsageError("--max-repeat goes with --until-decided")
+        return None
+    cap = max_repeat if max_repeat is not None else max(UNTIL_DECIDED_MAX_REPEAT, planned)
+    if cap < planned:
+        raise click.BadParameter(f"{cap} is fewer runs than the {planned} planned",
+                                 param_hint="--max-repeat")
+    return cap
+
+
+def say_until_decided(record: dict) -> None:
+    """One line on what --until-decided added to a suite (its record), if it was asked."""
+    ud = record.get("until_decided")
+    if ud:
+        capped = [k for k, v in ud["configs"].items() if v and v.get("capped")]
+        click.echo(f"until decided: {ud['added_runs']} runs added in {ud['rounds']} round"
+                   f"{'s' if ud['rounds'] != 1 else ''} (at most {ud['max_repeat']} a "
+                   "configuration)" + (f"; still undecided at the cap: {', '.join(capped)}"
+                                       if capped else ""))

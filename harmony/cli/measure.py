@@ -15,12 +15,15 @@ import click
 from harmony.cli.common import (
     check_out,
     check_release_options,
+    decide_cap,
+    decide_options,
     default_out,
     exit_on_error,
     fail,
     left_behind,
     parse_params,
     resolve_cpus,
+    say_until_decided,
 )
 from harmony.core import osutil
 
@@ -171,10 +174,11 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="runs of this configuration: OUT/rep-NN/ and OUT/batch.json with median, IQR, 95% CI")
+@decide_options
 @vm_options
 @scx_options
 def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet, repeat,
-        kernel, vm_cpus, vm_topology, vm_memory, vm_qemu, scx, scx_args):
+        until_decided, max_repeat, kernel, vm_cpus, vm_topology, vm_memory, vm_qemu, scx, scx_args):
     """Run one experiment and analyse it; prints the summary."""
     from harmony.experiments import get_experiment
     from harmony.probes import PROBES
@@ -214,27 +218,32 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
     check_out(out)
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+    cap = decide_cap(until_decided, max_repeat, repeat)
+    if cap is not None and crosscheck:
+        raise click.UsageError("--crosscheck records one run; use it without --until-decided")
     with exit_on_error():
         scx_spec = plan_scx(scx, scx_args, kernel, [values])
     if kernel is not None:
         return _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat,
-                          _vm_runner(kernel, vm, quiet, scx_spec))
+                          _vm_runner(kernel, vm, quiet, scx_spec), cap)
     facts = _host_facts_or_exit(probe, crosscheck)
     if crosscheck:
         from harmony.probes import get_probe
         ok, why = get_probe(crosscheck).available()
         if not ok:
             fail(f"probe {crosscheck} cannot record here: {why} (see `harmony doctor`)")
-    if repeat > 1:
+    if repeat > 1 or cap is not None:
         if crosscheck:
             raise click.UsageError("--crosscheck records one run; use it without --repeat")
         return _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat,
-                                  scx_spec)
+                                  scx_spec, cap)
     _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck, scx_spec)
 
 
-def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None):
-    from harmony.batch import batch_text, finish_batch, run_batch
+def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None,
+                       cap=None):
+    from harmony.batch import batch_text, finish_batch
+    from harmony.decide import batch_until_decided
     from harmony.runners import KernelRunner
     from harmony.suite import Progress
 
@@ -242,29 +251,35 @@ def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, rep
     try:
         with exit_on_error(marked=f"the current run under {out} is marked incomplete", also=(OSError,)):
             with KernelRunner(probe, facts, overlap=False, cpus=cpu_set, scx=scx) as runner:
-                run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed, progress=progress)
+                batch_until_decided(exp, values, cpu_set, out, repeat, runner, seed, cap,
+                                    progress)
     finally:
         progress.close()
     click.echo(batch_text(finish_batch(out)))
     click.echo(f"\nbatch: {out / 'batch.json'}")
 
 
-def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner):
-    """One boot of the kernel under test for the run (or its repetitions); analysed on the host."""
+def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner, cap=None):
+    """One boot of the kernel under test for the run (or its repetitions; with ``cap``, a round
+    more for each that --until-decided adds); analysed on the host."""
     from harmony.analysis.report import summary_text
-    from harmony.batch import batch_text, finish_batch, run_batch
+    from harmony.batch import batch_text, finish_batch
+    from harmony.decide import batch_until_decided
     from harmony.store import open_run
 
+    batch = repeat > 1 or cap is not None
     with exit_on_error(marked=f"what {out} holds that was not captured is marked incomplete"):
         with runner:
-            if repeat > 1:
-                run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed)
+            if batch:
+                drained = batch_until_decided(exp, values, cpu_set, out, repeat, runner, seed,
+                                              cap)
             else:
                 runner.capture(exp, values, cpu_set, out, seed, figures=True)
-        failed = [r for r in runner.results if r["status"] != "ok"]
+        results = {r["path"]: r for r in (drained if batch else []) + runner.results}
+        failed = [r for r in results.values() if r["status"] != "ok"]
         if failed:
             fail(f"{failed[0]['path']}: {failed[0]['error']}")
-        if repeat > 1:
+        if batch:
             click.echo(batch_text(finish_batch(out)))
             click.echo(f"\nbatch: {out / 'batch.json'}")
         else:
@@ -311,11 +326,13 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
 @click.option("--resume", is_flag=True,
               help="continue the interrupted suite in --out: its plan, CPU set and seed; complete "
                    "runs kept, captured ones analysed, interrupted ones moved aside and run again "
-                   "(a suite in a VM: give its --kernel and --vm-* options again)")
+                   "(a suite in a VM: give its --kernel and --vm-* options again); a suite "
+                   "asked --until-decided goes on adding runs with its --max-repeat")
+@decide_options
 @vm_options
 @scx_options
-def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume, kernel,
-          vm_cpus, vm_topology, vm_memory, vm_qemu, scx, scx_args):
+def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume,
+          until_decided, max_repeat, kernel, vm_cpus, vm_topology, vm_memory, vm_qemu, scx, scx_args):
     """Run the whole catalog with repetitions and write one report (policy card first).
 
     With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
@@ -359,11 +376,15 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         if out.exists() and any(out.iterdir()):
             raise click.BadParameter(f"{out} is not empty; choose another --out (or --resume)",
                                      param_hint="--out")
+    # a resumed suite goes on as it was asked (its cap), unless told otherwise
+    earlier = (before.get("until_decided") or {}).get("max_repeat") if resume else None
+    cap = decide_cap(until_decided or bool(earlier), max_repeat or earlier,
+                     max(c.repeat for c in configs))
     with exit_on_error():
         scx_spec = plan_scx(scx, scx_args, kernel, [c.params for c in configs])
     if kernel is not None:
         return _suite_in_vm(configs, cpu_set, out, seed, quiet,
-                            _vm_runner(kernel, vm, quiet, scx_spec), resume)
+                            _vm_runner(kernel, vm, quiet, scx_spec), resume, cap)
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
     spare = sorted(set(osutil.online_cpus()) - set(cpu_set))
@@ -385,18 +406,19 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         record = run_suite(configs, cpu_set, out, runner,
                            facts={k: v for k, v in facts.items() if k != "doctor"},
                            seed=seed, quiet=quiet, card_note=" ".join(limits) or None,
-                           resume=resume)
+                           resume=resume, until_decided=cap)
     from harmony.analysis.policy import infer as infer_card
 
     click.echo(infer_card([out]).text())
     click.echo(f"{record['runs']} runs, {record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s "
                f"configured (efficiency {record['efficiency']:.2f})")
+    say_until_decided(record)
     click.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
     if record["failures"]:
         fail(f"{len(record['failures'])} configurations failed; see {out / 'suite.json'}")
 
 
-def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = False):
+def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = False, cap=None):
     from harmony.analysis.policy import infer as infer_card
     from harmony.suite import cpu_limits, run_suite
 
@@ -407,10 +429,14 @@ def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = Fals
                         "--resume` with the same --kernel and --vm-* options goes on)",
                  also=(OSError,)):
         record = run_suite(configs, cpu_set, out, runner, facts=runner.facts, seed=seed,
-                           quiet=quiet, card_note=" ".join(limits) or None, resume=resume)
+                           quiet=quiet, card_note=" ".join(limits) or None, resume=resume,
+                           until_decided=cap)
     click.echo(infer_card([out]).text())
-    click.echo(f"{record['runs']} runs in one boot of {runner.kernel.describe()}, "
+    rounds = (record.get("until_decided") or {}).get("rounds") or 0
+    boots = "one boot" if not rounds else f"{1 + rounds} rounds of runs (flushes)"
+    click.echo(f"{record['runs']} runs in {boots} of {runner.kernel.describe()}, "
                f"{record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s configured")
+    say_until_decided(record)
     click.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
     if record["failures"]:
         fail(f"{len(record['failures'])} runs or configurations failed; see {out / 'suite.json'}")

@@ -5,12 +5,21 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
 
 from harmony.analysis.thresholds import COMPARE_LEVEL, COMPARE_MIN_RUNS  # constants, no imports
-from harmony.cli.common import check_out, exit_on_error, fail, parse_params
+from harmony.cli.common import (
+    check_out,
+    decide_cap,
+    decide_options,
+    exit_on_error,
+    fail,
+    parse_params,
+    say_until_decided,
+)
 
 
 @click.command()
@@ -127,26 +136,51 @@ def infer(dirs, as_json):
               help="also write compare.md, compare.html (a page that stands alone), compare.json "
                    "and figures/ (compare.png: every run; differences.png: the differences with "
                    "their intervals) there")
-def compare(sources, as_json, all_metrics, out):
+@click.option("--fail-on-difference", is_flag=True,
+              help="exit 1 when a chosen answer (decided on both sides, of different kinds) or "
+                   "metric (marked *) differs beyond noise between A and another source; the "
+                   "failing rows under \"gate\" in --json (a gate for CI: "
+                   "docs/card-and-compare.md)")
+@click.option("--question", "questions", multiple=True, metavar="QID",
+              help="with --fail-on-difference: check this question's answer (how_many, or its "
+                   "number 1-9; repeatable; default: every question, unless --metric is given)")
+@click.option("--metric", "metrics", multiple=True, metavar="[EXPERIMENT:]KEY",
+              help="with --fail-on-difference: check this metric in every configuration that "
+                   "has it (repeatable; default: none)")
+def compare(sources, as_json, all_metrics, out, fail_on_difference, questions, metrics):
     from harmony.analysis import compare as cmp_mod
     from harmony.store import RunError
 
     if out is not None:
         check_out(out)
+    if (questions or metrics) and not fail_on_difference:
+        raise click.UsageError("--question and --metric go with --fail-on-difference")
+    try:
+        cmp_mod.gate_choice(questions, metrics)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--question" if "question" in str(exc)
+                                 else "--metric") from None
     with exit_on_error(inputs=(RunError,)):      # the sources given are the arguments (two or more)
         cmp = cmp_mod.compare(sources)
+    g = cmp_mod.gate(cmp, questions, metrics) if fail_on_difference else None
     if as_json:
-        click.echo(json.dumps(cmp_mod.to_dict(cmp), indent=1))
+        click.echo(json.dumps(cmp_mod.to_dict(cmp) | ({"gate": g} if g else {}), indent=1,
+                              default=str))
     else:
         click.echo(cmp_mod.compare_text(cmp, all_metrics=all_metrics).rstrip())
     if out is not None:
         for path in cmp_mod.write(cmp, out, all_metrics=all_metrics):
             click.echo(f"wrote {path}", err=as_json)
+    if g is not None:
+        click.echo(cmp_mod.gate_text(g), err=as_json)
+        if g["failed"]:
+            sys.exit(1)
 
 
 @click.command()
 @click.option("--policy", "policy_name", required=True,
-              help="reference policy: global-queue, poly-balance or pairwise-random")
+              help="reference policy: global-queue, poly-balance, pairwise-random or coin-flip "
+                   "(each run one of the two before, a fair coin per run)")
 @click.option("--cpus", "ncpus", type=click.IntRange(min=2), default=4, show_default=True,
               help="number of simulated CPUs")
 @click.option("--experiment", help="one experiment of the catalog (default: the whole suite)")
@@ -156,10 +190,13 @@ def compare(sources, as_json, all_metrics, out):
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="output directory")
-def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed, out):
+@decide_options
+def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed, out,
+             until_decided, max_repeat):
     """Run experiments under a reference policy in a simulator (no root, no kernel) and analyse them."""
     from harmony.analysis.refpolicy import get_policy, refuse_classes
-    from harmony.batch import batch_text, finish_batch, run_batch
+    from harmony.batch import batch_text, finish_batch
+    from harmony.decide import batch_until_decided
     from harmony.experiments import CATALOG, get_experiment
     from harmony.runners import SimRunner
     from harmony.suite import not_simulated, plan, run_suite
@@ -176,13 +213,15 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
     cpus = list(range(ncpus))
     if whole:
         configs = plan(cpus, quick=quick, repeat=repeat, simulated=True)
+        cap = decide_cap(until_decided, max_repeat, max(c.repeat for c in configs))
         for name, why in not_simulated(CATALOG).items():
             click.echo(f"{name}: left out of a simulated suite ({why})", err=True)
         record = run_suite(configs, cpus, out, SimRunner(policy_name), seed=seed,
                            facts={"kernel": "simulated", "scheduler": f"reference policy {policy_name}",
-                                  "ncpus": ncpus})
+                                  "ncpus": ncpus}, until_decided=cap)
         click.echo(f"{record['runs']} simulated runs in {record['wall_s']:.0f} s; "
                    f"report: {out / 'report.md'}")
+        say_until_decided(record)
         return
     try:
         exp = get_experiment(experiment)
@@ -192,6 +231,7 @@ def simulate(policy_name, ncpus, experiment, whole, quick, repeat, params, seed,
         refuse_classes(params=values)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    cap = decide_cap(until_decided, max_repeat, repeat or 1)
     with SimRunner(policy_name) as runner:
-        run_batch(exp, values, cpus, out, repeat or 1, runner, seed=seed)
+        batch_until_decided(exp, values, cpus, out, repeat or 1, runner, seed, cap)
     click.echo(batch_text(finish_batch(out)))
