@@ -178,7 +178,8 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
 @vm_options
 @scx_options
 def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet, repeat,
-        until_decided, max_repeat, kernel, vm_cpus, vm_topology, vm_memory, vm_qemu, scx, scx_args):
+        until_decided, max_repeat, kernel, vm_cpus, vm_topology, vm_memory, vm_qemu, scx,
+        scx_args):
     """Run one experiment and analyse it; prints the summary."""
     from harmony.experiments import get_experiment
     from harmony.probes import PROBES
@@ -332,7 +333,8 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
 @vm_options
 @scx_options
 def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume,
-          until_decided, max_repeat, kernel, vm_cpus, vm_topology, vm_memory, vm_qemu, scx, scx_args):
+          until_decided, max_repeat, kernel, vm_cpus, vm_topology, vm_memory, vm_qemu, scx,
+          scx_args):
     """Run the whole catalog with repetitions and write one report (policy card first).
 
     With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
