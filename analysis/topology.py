@@ -30,7 +30,7 @@ import pandas as pd
 
 from harmony.analysis.tables import CPUS, DOMAINS
 from harmony.core.columns import STR_DTYPE
-from harmony.core.osutil import format_cpulist
+from harmony.core.osutil import format_cpulist, parse_cpulist
 
 #: where two CPUs sit relative to each other (:func:`relation`), nearest first
 RELATIONS = ("same", "smt", "llc", "package", "node", "remote")
@@ -171,18 +171,13 @@ def relation(cpu_a: int, cpu_b: int, cpus_df: pd.DataFrame) -> str:
     if a["node"] >= 0 and b["node"] >= 0 and a["node"] != b["node"]:
         return "remote"
     sib = a["smt_siblings"]
-    if sib and cpu_b in _cpulist(sib):
+    if sib and cpu_b in parse_cpulist(sib):
         return "smt"
     if a["llc"] >= 0 and a["llc"] == b["llc"]:
         return "llc"
     if a["package"] >= 0 and a["package"] == b["package"]:
         return "package"
     return "node"
-
-
-def _cpulist(text: str) -> list[int]:
-    from harmony.core.osutil import parse_cpulist
-    return parse_cpulist(text)
 
 
 def counts_by_level(migrations: pd.DataFrame, t0: int, t_end: int) -> dict[str, dict[str, int]]:
@@ -214,13 +209,13 @@ def domain_rows(manifest: dict) -> list[list[str]]:
     cpus = [c for c in manifest.get("cpus", []) if c in doms] or sorted(doms)
     rows = []
     for d in doms[cpus[0]]:
-        def g(k):
-            return "?" if d.get(k) is None else str(d[k])
+        g = {k: "?" if d.get(k) is None else str(d[k]) for k in d}
         flags = " ".join(f.removeprefix("SD_") for f in (d.get("flags") or [])) or "?"
         rows.append([str(d["index"]), level_key(int(d["index"]), d.get("name")),
                      format_cpulist(d["span"]) if d.get("span") else "?",
-                     f"{g('min_interval')}-{g('max_interval')}", g("busy_factor"),
-                     g("imbalance_pct"), g("cache_nice_tries"), flags])
+                     f"{g.get('min_interval', '?')}-{g.get('max_interval', '?')}",
+                     g.get("busy_factor", "?"), g.get("imbalance_pct", "?"),
+                     g.get("cache_nice_tries", "?"), flags])
     return rows
 
 

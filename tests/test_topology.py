@@ -288,3 +288,42 @@ def test_this_hosts_topology_against_independent_reads(kernel):
     else:
         domains.read()
         assert open(verbose).read() == before           # put back as it was
+
+
+# ------------------------------------------------------------------ doctor, report, figure
+
+def test_doctor_shows_each_domain_or_why_not(numa8, monkeypatch):
+    from harmony import doctor
+
+    monkeypatch.setattr(domains, "read", lambda: numa8["topology"])
+    c = doctor.check_sched_domains()
+    assert c["status"] == "ok" and c["detail"].startswith("SMT(2) < MC(4) < NUMA(8) (CPU 0")
+    assert c["lines"][0].startswith("domain0 SMT span 0-1 (CPUs 0-1): interval 2-4 ms, "
+                                    "busy_factor 16, imbalance_pct 110, cache_nice_tries 0")
+    assert len(c["lines"]) == 4 + 2 + 1       # 4 SMT pairs, 2 MCs, one NUMA: each said once
+    shown = doctor.format_doctor({"sched_domains": c})
+    assert "domain2 NUMA span 0-7 (CPUs 0-7)" in shown
+    empty = {**numa8["topology"], "domains": {},
+             "source": {**numa8["topology"]["source"], "missing": ["debugfs domains (x)"]}}
+    monkeypatch.setattr(domains, "read", lambda: empty)
+    c = doctor.check_sched_domains()
+    assert c["status"] == "warn" and c["detail"] == "not readable: debugfs domains (x)"
+
+
+def test_the_report_and_the_figure_show_the_machine(numa8, tmp_path):
+    from harmony.analysis.plots_topology import plot_machine
+    from harmony.analysis.report import machine_lines
+
+    src, dst = np.array([1, 3, 2]), np.array([0, 0, 6])
+    mig = pd.DataFrame({"ts": [1, 2, 3], "src_cpu": src, "dst_cpu": dst,
+                        "cause": pd.Categorical(["periodic", "wakeup", "active"]),
+                        **T.level_columns(src, dst, numa8)})
+    summary = {"migrations_by_level": T.counts_by_level(mig, 0, 10)}
+    lines = machine_lines(numa8, summary)
+    assert lines[0].endswith("8 CPUs: 2 NUMA node(s), 2 package(s), 2 LLC(s), 4 cores of 2 "
+                             "thread(s)")
+    assert "SMT (0-1) < MC (0-3) < NUMA (0-7) (CPU 0)" in lines[1]
+    assert lines[2].endswith("SMT 1 (periodic 1); MC 1 (wakeup 1); NUMA 1 (active 1)")
+    assert machine_lines({"cpus": [0]}, None) == []     # a run that recorded no topology
+    png = plot_machine(numa8, mig, tmp_path / "machine.png")
+    assert png.stat().st_size > 5000
