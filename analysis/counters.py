@@ -203,6 +203,13 @@ def schedstat_agreement(facts: dict | None, migrations: pd.DataFrame, events: pd
     A cause agrees when ``sure <= kernel <= sure + unsure + unknown``
     (:data:`~harmony.analysis.thresholds.SCHEDSTAT_SLACK` more: see there).
 
+    ``lb_gained`` counts every task ``detach_tasks`` moves, a task still queued while asleep too
+    (EEVDF's delayed dequeue, Linux 6.12 on): such a move is told by its context, a balance's,
+    not taken for its wake-up's placement (:func:`harmony.analysis.causes.queued_asleep`). Taken
+    for one, it made the domains count one periodic move more than the trace held, no event
+    lost, in about one debian 6.12 guest run in eight (bench/README.md, "Causes against the
+    domains' counts").
+
     Returns counted (False: why_not says why), version, kernel ({cause: count}, and
     ``wake_affine``: ttwu_move_affine, reported only), all ({cause: sure count} of every task),
     unsure ({cause: count}), unknown, ours ({cause: count} of the experiment's tasks, every

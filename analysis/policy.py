@@ -1,4 +1,4 @@
-"""The policy card: the eight questions of the thesis's Table 7.1, answered from stored runs.
+"""The policy card: the nine questions of the thesis's Table 7.1, answered from stored runs.
 
 Inference reads only the summary keys of the experiment contract (summary.json; each key named
 below through :func:`harmony.experiments.summary_key`, so it is one its experiment declares) and
@@ -35,6 +35,7 @@ import statistics
 from pathlib import Path
 
 from harmony import store
+from harmony.analysis import policy_levels
 from harmony.analysis import sequential
 from harmony.analysis import thresholds as T
 from harmony.analysis.causes import CAUSES
@@ -138,6 +139,12 @@ class Evidence:
     setup: str = "?"     # the kernel and scheduler it ran under (:func:`setup_of`)
     classes: str = POLICIES["other"]  # its tasks' scheduling classes (:func:`classes_of`)
 
+    @property
+    def level(self) -> str:
+        """The level it was placed at (harmony.experiments.placement), "" for a CPU set as
+        given."""
+        return policy_levels.level_of(self)
+
 
 @dataclasses.dataclass
 class Answer:
@@ -153,6 +160,7 @@ class Answer:
     runs: list = dataclasses.field(default_factory=list)
     needs: str | None = None  # experiment(s) that would answer it
     why_not: str | None = None  # why the evidence at hand cannot answer it
+    by_level: dict = dataclasses.field(default_factory=dict)  # level -> label (policy_levels)
     #: how sure the vote is (:meth:`harmony.analysis.sequential.Verdict.to_dict`: state, the
     #: leading label, its votes of the runs with a label, the bounds of its share, the runs that
     #: could settle it); None for an answer without votes (no evidence, or a reference's)
@@ -203,6 +211,10 @@ class Card:
     cpus: list  # distinct CPU counts of the runs
     setups: dict = dataclasses.field(default_factory=dict)  # setup_of -> runs
     classes: dict = dataclasses.field(default_factory=dict)  # classes_of -> runs
+    #: the answers by level: {level: {qid: Answer}}, and the predictions' verdicts
+    #: (harmony.analysis.policy_levels); empty for runs without levels
+    levels: dict = dataclasses.field(default_factory=dict)
+    predictions: list = dataclasses.field(default_factory=list)
 
     def answer(self, qid: str) -> Answer:
         return next(a for a in self.answers if a.qid == qid)
@@ -222,18 +234,24 @@ class Card:
                "answers": [a.to_dict() for a in self.answers]}
         if self.other_classes:
             out["classes"] = self.classes
+        if self.levels:
+            out["levels"] = {lv: {q: a.to_dict() for q, a in answers.items()}
+                             for lv, answers in self.levels.items()}
+        if self.predictions:
+            out["predictions"] = self.predictions
         return out
 
     def head_lines(self) -> list[str]:
         """What the card was made of: its runs, and the classes or setups they mix."""
         exps = ", ".join(f"{k} x{v}" for k, v in self.experiments.items()) or "none"
-        out = [f"Policy card: {self.runs} runs on {'/'.join(map(str, self.cpus)) or '?'} CPUs "
-               f"({exps})"]
+        out = [f"Policy card: {self.runs} run{'s' if self.runs != 1 else ''} on "
+               f"{'/'.join(map(str, self.cpus)) or '?'} CPUs ({exps})"]
         if self.other_classes:
             out.append("tasks' scheduling class: " + "; ".join(
                 f"{k} ({v} run{'s' if v != 1 else ''})" for k, v in self.classes.items()))
         if len(self.setups) > 1:
-            mixed = "; ".join(f"{k} ({v} runs)" for k, v in self.setups.items())
+            mixed = "; ".join(f"{k} ({v} run{'s' if v != 1 else ''})"
+                              for k, v in self.setups.items())
             out.append(f"POOLED: these runs come from {len(self.setups)} setups ({mixed}); one "
                        "card mixes their answers: `harmony compare` shows each apart")
         return out
@@ -244,6 +262,7 @@ class Card:
             out.append(f"{i}. {a.question} (thesis {a.thesis})")
             out += ["   " + line for line in answer_lines(a)]
             out.append("")
+        out += policy_levels.level_lines(self.levels, self.predictions, QUESTIONS)
         if self.skipped:
             out.append("runs not used:")
             out += [f"  {p}: {r}" for p, r in self.skipped]
@@ -290,6 +309,8 @@ def answer_lines(a: Answer) -> list[str]:
         lines.append(f"cannot answer: {a.why_not}")
     if a.needs:
         lines.append(f"would be answered by: {a.needs}")
+    if a.by_level:
+        lines.append("by level: " + "; ".join(f"{lv}: {lab}" for lv, lab in a.by_level.items()))
     return lines
 
 
@@ -332,10 +353,8 @@ def find_runs(paths) -> tuple[list[Path], list[tuple[Path, str]]]:
     """
     found, skipped = [], []
     for p in map(Path, paths):
-        if not p.exists():
-            raise store.RunError(f"{p}: no such directory")
         if not p.is_dir():
-            raise store.RunError(f"{p}: not a directory (a run, batch or suite directory)")
+            raise store.missing_dir(p)
         stack = [p]
         while stack:
             d = stack.pop()
@@ -895,19 +914,32 @@ def _new(qid: str) -> Answer:
     return Answer(qid, question, thesis)
 
 
-def infer_evidence(evidence: list[Evidence], skipped=()) -> Card:
-    """The card from already collected evidence."""
+def infer_evidence(evidence: list[Evidence], skipped=(), by_level: bool = True) -> Card:
+    """The card from already collected evidence. Runs placed at a level
+    (harmony.experiments.placement) answer that level's questions (``card.levels``,
+    :mod:`harmony.analysis.policy_levels`); the card's own answers come from the runs on CPU
+    sets as given when there are any, else from all."""
+    whole, placed = policy_levels.split(evidence)
+    own = whole if whole else evidence
     by_exp: dict[str, list[Evidence]] = {}
-    for e in evidence:
+    for e in own:
         by_exp.setdefault(e.experiment, []).append(e)
     prior: dict[str, Answer] = {}
     for qid, _, _ in QUESTIONS:
         prior[qid] = RULES[qid](by_exp, prior)
     setups = dict(collections.Counter(e.setup for e in evidence))
-    return Card(answers=[prior[q] for q, _, _ in QUESTIONS], runs=len(evidence),
-                experiments={k: len(v) for k, v in by_exp.items()}, skipped=list(skipped),
-                cpus=sorted({e.ncpus for e in evidence}), setups=setups,
+    card = Card(answers=[prior[q] for q, _, _ in QUESTIONS], runs=len(evidence),
+                experiments=dict(collections.Counter(e.experiment for e in evidence)),
+                skipped=list(skipped), cpus=sorted({e.ncpus for e in evidence}), setups=setups,
                 classes=dict(collections.Counter(e.classes for e in evidence)))
+    if by_level:
+        card.levels = policy_levels.level_answers(
+            placed, whole, lambda ev: infer_evidence(ev, by_level=False), Answer,
+            _affinity_label)
+        for qid, labels in policy_levels.by_level_labels(card.levels).items():
+            card.answer(qid).by_level = labels
+        card.predictions = policy_levels.prediction_verdicts(evidence)
+    return card
 
 
 def infer(paths) -> Card:

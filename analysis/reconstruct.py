@@ -158,7 +158,9 @@ def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int,
     def joined(a, b, dtype):
         return np.concatenate([np.asarray(a).astype(dtype), np.asarray(b).astype(dtype)])[order]
 
-    runnable = joined(m["runnable_before"], i_runnable, bool)
+    # a task the kernel held queued as it slept (delayed dequeue) moved as a runnable one does
+    queued = causes.queued_asleep(events, r, sel)
+    runnable = joined(m["runnable_before"] | queued, i_runnable, bool)
     src = joined(m["orig_cpu"], moves["from_cpu"], np.int32)
     dst = joined(m["dest_cpu"], moves["to_cpu"], np.int32)
     out = tables.MIGRATIONS.frame({

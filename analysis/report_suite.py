@@ -560,6 +560,43 @@ def until_decided_blocks(record: dict | None) -> list:
             frame_table(df.assign(capped=df["capped"].map({True: "yes", False: ""})))]
 
 
+def level_blocks(card: policy.Card, evidence: list, fig_dir: Path) -> list:
+    """The card by level (:mod:`harmony.analysis.policy_levels`): each question at each level
+    (a row marked where the levels differ), the per-level figure, and the predictions from the
+    kernel's domains with their verdicts; [] for a card without levels or predictions."""
+    from harmony.analysis import policy_levels
+    from harmony.analysis.plots_levels import df_level_runs, plot_levels
+
+    out: list = []
+    if card.levels:
+        labels = policy_levels.by_level_labels(card.levels)
+        levels = list(card.levels)
+        rows = [["*" if policy_levels.differs(labels[q]) else "", q,
+                 *[labels[q].get(lv, "") for lv in levels]]
+                for q, _, _ in policy.QUESTIONS if q in labels]
+        out += [D.Heading("By level", 2, "levels"),
+                D.Para("Runs placed at a level (-p level=...) answer there: the source and the "
+                       "target are SMT siblings (smt), share an LLC (llc), a package (package), "
+                       "a node (node), or sit on two nodes (remote). *: the answer differs by "
+                       "level. The affinity at each level comes from the runs on the whole "
+                       "set (their moves per second and CPU between CPUs at that relation)."),
+                D.Table(["", "question"] + levels, rows)]
+        fig_dir.mkdir(parents=True, exist_ok=True)
+        fig = plot_levels(df_level_runs(evidence), fig_dir / "levels.png")
+        if fig is not None:
+            out.append(D.Figure(fig, "the questions of distance at each level"))
+    if card.predictions:
+        out += [D.Heading("Predictions from the kernel's own domains", 2, "predictions"),
+                D.Table(["check", "level", "verdict", "runs", "predicted", "measured (examples)",
+                         "tolerance"],
+                        [[v["check"], v["level"] + (f" ({v['domain']})" if v["domain"] else ""),
+                          D.Cell(v["verdict"], "answered" if v["verdict"] == "holds" else
+                                 "undecided" if v["verdict"].startswith("fails") else "none"),
+                          str(v["runs"]), v["predicted"], "; ".join(v["measured"]),
+                          v["tolerance"]] for v in card.predictions])]
+    return out
+
+
 def evidence_items(a: policy.Answer) -> list[str]:
     """An answer's lines (:func:`harmony.analysis.policy.answer_lines`), "key: value" in bold."""
     out = []
@@ -569,16 +606,19 @@ def evidence_items(a: policy.Answer) -> list[str]:
     return out
 
 
-def write(suite: Path, note: str | None = None, processes: int | None = None) -> tuple[Path, Path]:
-    """Write report.md and report.html in ``suite``; returns their paths. The figures are drawn in
+def write(suite: Path, note: str | None = None, processes: int | None = None,
+          dest: Path | None = None) -> tuple[Path, Path]:
+    """Write report.md, report.html, card.json and the cross-run figures in ``suite`` (or in
+    ``dest``, leaving the suite as it is); returns the reports' paths. The figures are drawn in
     ``processes`` processes (default: one per CPU this process may use)."""
     suite = Path(suite)
+    dest = Path(dest) if dest is not None else suite
     evidence, skipped = policy.collect([suite])
     card = policy.infer_evidence(evidence, skipped)
-    store.write_json(suite / "card.json", card.to_dict())
+    store.write_json(dest / "card.json", card.to_dict())
     info = store.read_json(suite / "suite.json") if (suite / "suite.json").exists() else {}
     df = df_suite_runs(evidence)
-    fig_dir = suite / "figures"
+    fig_dir = dest / "figures"
     processes = processes or len(os.sched_getaffinity(0))
     cross = cross_figures(df, fig_dir, processes) if len(df) else {}
     own = _experiment_figures(suite, evidence)
@@ -599,6 +639,7 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
         doc.append(D.Para(note, "note"))
     doc.append(D.Heading("Policy card", 2, "card"))
     doc += card_blocks(card)
+    doc += level_blocks(card, evidence, fig_dir)
     meas = df_measurement(evidence, suite)
     if len(meas):
         doc.append(D.Heading("Measurement: what the runs could and could not see", 2, "measurement"))
@@ -633,8 +674,8 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
     if skipped:
         doc.append(D.Heading("Runs not used", 2))
         doc.append(D.Bullets([f"{p}: {r}" for p, r in skipped]))
-    md_path, html_path = suite / "report.md", suite / "report.html"
-    store.atomic_write(md_path, D.to_markdown(doc, suite))
+    md_path, html_path = dest / "report.md", dest / "report.html"
+    store.atomic_write(md_path, D.to_markdown(doc, dest))
     store.atomic_write(html_path, D.to_html(doc, "Harmony suite report"))
     return md_path, html_path
 

@@ -38,7 +38,8 @@ MIGRATIONS = Table(
                                   "wakeup: the task was not runnable, its CPU was chosen as it "
                                   "woke or forked (the event precedes its sched_wakeup[_new]); "
                                   "balance: moved while runnable (queued, or - an anomaly - "
-                                  "believed running)"),
+                                  "believed running), or asleep but still queued (EEVDF's "
+                                  "delayed dequeue: harmony.analysis.causes.queued_asleep)"),
         ("cause",     "category", "why it moved (harmony.analysis.causes.CAUSES, its categories "
                                   "in that order): wakeup, fork, newidle, periodic, active, "
                                   "affinity, numa or unknown, told from the events around it"),

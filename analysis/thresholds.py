@@ -251,4 +251,41 @@ USELESS_MIGRATION_WITHIN_S = 0.012
 #: further slack is allowed: any difference beyond them is a move the trace lacks or tells wrong.
 SCHEDSTAT_SLACK = 0
 
+#: Predictions from the kernel's domains (harmony.analysis.predictions), each checked with a
+#: tolerance reasoned here. A balance interval is counted in jiffies and runs from the timer
+#: softirq: a domain due at jiffy j balances in the softirq of the tick that sees it due, on an
+#: idle (tickless) CPU when the nohz balancer is kicked from a busy CPU's tick, a tick later at
+#: worst: 2 jiffies past the predicted period. (Under TCG a vCPU's tick may come late too: a run
+#: whose vCPUs waited is not evidence, VCPU_WAIT_MAX.)
+PREDICTION_SLACK_TICKS = 2
+#: ... a bound on the first check after a cut is an upper bound only; that the checks are not
+#: much more frequent than predicted is shown across runs: the first checks are uniform over the
+#: period P (the cut falls at a random time within it), so the largest of n runs' stays below
+#: P / 4 with probability (1/4)^n: 0.4 % at 4 runs. The per-level card marks a period whose
+#: runs all stay under this fraction of it as checked more often than predicted, from 4 runs.
+PREDICTION_SCALE_FRACTION = 0.25
+PREDICTION_SCALE_MIN_RUNS = 4
+#: Wake-ups in the LLC: select_idle_sibling searches the LLC of the waker's or the previous CPU
+#: and nothing else (fair.c, 6.1 and 6.12), so every wake-up move is in one of the two: no
+#: exception is tolerated. A move the trace gets wrong (its waker's CPU) would be a probe fault
+#: that the crosscheck and the causes' kernel counters report apart.
+WAKE_LLC_MIN_FRACTION = 1.0
+#: No level structure (sched_ext's default CPU selection): a policy blind to the machine's shape
+#: moves tasks between CPU pairs in proportion to their number, a locality index of 1 at every
+#: level. With m moves over k levels the share at a level with pair share s has a binomial
+#: spread sqrt(s (1 - s) / m); at m >= 40 and s >= 1/8 (the smallest share among the levels of
+#: the machines simulated here: 2-LLC and 2-node pairs of 8-64 CPUs) two standard deviations
+#: are under 0.5 x s (0.46 at s = 1/8, m = 40), so a blind policy's index stays in 0.5-2 (the
+#: upper end the same factor, reciprocally); the fair class's keeps moves in SMT and LLC pairs
+#: several times their share (the hierarchical reference policy: above 4) and under a tenth of
+#: the remote pairs' share. Fewer moves than LOCALITY_MIN_MOVES: not checked.
+LOCALITY_FLAT_MIN = 0.5
+LOCALITY_FLAT_MAX = 2.0
+LOCALITY_MIN_MOVES = 40
+#: NUMA imbalance: the nodes' task counts after the NUMA level balanced a release on one node
+#: are a count the rule decides exactly (harmony.analysis.predictions.numa_final_difference);
+#: a task moving in or out at the end of the averaging window makes the time-averaged counts
+#: round a task off: one task of slack.
+NUMA_TASKS_SLACK = 1
+
 ALL = {k: v for k, v in dict(globals()).items() if k.isupper()}

@@ -145,7 +145,8 @@ def batch_text(record: dict) -> str:
     ud = record.get("until_decided")
     if ud:
         rounds = f"{ud['rounds']} round{'s' if ud['rounds'] != 1 else ''}"
-        lines += ["", f"until decided: {ud['planned']} runs planned, {ud['added']} added in "
+        planned = f"{ud['planned']} run{'s' if ud['planned'] != 1 else ''}"
+        lines += ["", f"until decided: {planned} planned, {ud['added']} added in "
                       f"{rounds} (at most {ud['cap']})"]
         lines += [f"  {qid}: {q['state']}, {q['label']} in {q['votes']} of {q['runs']} runs "
                   "with a label" for qid, q in ud["questions"].items()]

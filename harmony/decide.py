@@ -7,14 +7,16 @@ A configuration's questions are those its runs alone answer with a vote (the car
 directory, :func:`harmony.analysis.policy.infer`); each carries its verdict
 (:mod:`harmony.analysis.sequential`). While one is undecided and the configuration has fewer than
 the cap's runs, the next round gives it as many more runs as would settle the soonest of its
-undecided questions if they split as its runs so far did (at least one, and at least as many as
-could settle it at all; the bounds hold at every number of runs, so looking only after a round is
-as valid as after each run). A round captures the runs of every
-configuration that needs them through the runner's own interface -- ``capture`` (by
-:func:`harmony.batch.run_batch`, continuing the batch's repetitions and seeds), ``flush`` (a VM
-runner makes its planned captures), ``drain`` (every analysis done) -- then reads the cards again.
-So it works with any runner: :class:`~harmony.batch.SimRunner`, :class:`~harmony.batch.
-KernelRunner`, :class:`~harmony.batch.VmRunner`.
+undecided questions if they split as its runs so far did (for a split vote at most as many as it
+has: a round at most doubles them) and at least as many as could settle one at all
+(:func:`next_round`; the bounds hold at every number of runs, so looking only after a round is as
+valid as after each run). A round captures the runs of every configuration that needs them
+through the runner's own interface -- ``capture`` (by :func:`harmony.batch.run_batch`,
+continuing the batch's repetitions and seeds), ``flush`` (a VM runner makes its planned
+captures), ``drain`` (every analysis done) -- then reads the cards again. So it works with any
+runner: :class:`harmony.runners.SimRunner`, :class:`harmony.runners.KernelRunner`,
+:class:`harmony.vm.runner.VmRunner` (a flush there boots the kernel under test, unless the guest
+is still up from the last one).
 
 Each batch.json records what the loop did (``until_decided``: planned runs, runs in all, rounds,
 each question's state and runs at the end, whether the cap stopped it); ``resume`` (an interrupted
@@ -44,6 +46,8 @@ class Batch:
     label: str = ""
     runs: int = 0
     rounds: int = 0
+    #: its own CPU set (a pair placed at a level, harmony.suite.level_plan), or None: the loop's
+    cpus: list | None = None
 
     def __post_init__(self):
         self.runs = self.runs or self.planned
@@ -64,15 +68,20 @@ def next_round(batch: Batch, cap: int) -> int:
     """How many runs ``batch`` gets in the next round: as many as would settle the soonest of its
     undecided questions if its later runs split as its runs so far did
     (:func:`harmony.analysis.sequential.runs_at_this_split`; a unanimous vote: the runs that
-    decide it), within ``cap`` runs in all; 0 when every question is settled (or none has a vote)
-    or the cap is reached."""
+    decide it), where a vote is split no more than it has (a round at most doubles the runs, so
+    that a split that settles sooner than projected is seen), and never fewer than could settle
+    one at all; within ``cap`` runs in all. 0 when every question is settled (or none has a
+    vote) or the cap is reached."""
     left = cap - batch.runs
-    open_ = [a for a in questions(batch.out).values() if a.state == "undecided"]
+    open_ = [a.confidence for a in questions(batch.out).values() if a.state == "undecided"]
     if left <= 0 or not open_:
         return 0
-    return max(1, min(left, min(
-        sequential.runs_at_this_split(list(a.confidence["split"].values()),
-                                      a.confidence["labels"]) for a in open_)))
+    least = min(c["more"] for c in open_)
+    projected = min(sequential.runs_at_this_split(list(c["split"].values()), c["labels"])
+                    for c in open_)
+    if any(len(c["split"]) > 1 for c in open_):     # split votes: a projection, not a promise
+        projected = min(projected, batch.runs)
+    return max(1, min(left, max(least, projected)))
 
 
 def until_decided(batches: list[Batch], cpus: list[int], runner, cap: int, seed: int = 0,
@@ -90,9 +99,10 @@ def until_decided(batches: list[Batch], cpus: list[int], runner, cap: int, seed:
             break
         if progress is not None:
             progress.total_runs += sum(n for _, n in grow)
-            progress.total_s += sum(n * float(b.params["duration"]) for b, n in grow)
+            progress.total_s += sum(n * float(b.params["duration"]) *
+                                    (1 + len(b.exp.companions(b.params))) for b, n in grow)
         for b, n in grow:
-            run_batch(b.exp, b.params, cpus, b.out, b.runs + n, runner, seed=seed,
+            run_batch(b.exp, b.params, b.cpus or cpus, b.out, b.runs + n, runner, seed=seed,
                       progress=progress, draw_first=False, first=b.runs + 1)
             b.runs += n
             b.rounds += 1
@@ -128,8 +138,8 @@ def _take_up(batches: list[Batch], cpus: list[int], runner, seed: int, progress)
         while rep_dir(b.out, k + 1).exists():
             k += 1
         if k > b.planned:
-            run_batch(b.exp, b.params, cpus, b.out, k, runner, seed=seed, progress=progress,
-                      draw_first=False, resume=True, first=b.planned + 1)
+            run_batch(b.exp, b.params, b.cpus or cpus, b.out, k, runner, seed=seed,
+                      progress=progress, draw_first=False, resume=True, first=b.planned + 1)
             grown = True
         b.runs, b.rounds = k, before.get("rounds", 0)
     if not grown:

@@ -63,6 +63,7 @@ CHECKS = (
     "sched_debug",
     "task_counters",
     "perf",
+    "pyperf",
     "trace_cmd",
     "decoder",
     "memory",

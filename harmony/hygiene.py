@@ -6,8 +6,8 @@ what a killed run could not clean: tracefs instances and perf recorders whose ow
 worker processes (comm ``hmy-*``) and fork servers orphaned to init, cpuset cgroups
 (``harmony-<pid>``) whose controller is gone, and the QEMU and virtme-ng processes of a virtual
 machine whose controller is gone (:func:`harmony.vm.machine.reclaim_stale`), a sched_ext scheduler
-under test whose controller is gone (:func:`harmony.vm.scx.reclaim_stale`), and the kernel's
-scheduler statistics a killed run turned on (:func:`harmony.probes.schedstat.reclaim_stale`),
+under test whose controller is gone (:func:`harmony.vm.scx.reclaim_stale`), the kernel's
+scheduler statistics a killed run turned on (:func:`harmony.probes.schedstat.reclaim_stale`), and
 the debugfs sched/verbose switch it turned on to read the domains
 (:func:`harmony.probes.domains.reclaim_stale`).
 """

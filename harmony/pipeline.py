@@ -195,6 +195,10 @@ def load_checked(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
     if "imported" in source:
         raise RunError(f"{run.path}: {what}: import {source['imported']} again (harmony import) "
                        "to rebuild them")
+    read_only = store.cannot_write(run.path)
+    if read_only:
+        raise RunError(f"{run.path}: {what}; they cannot be rebuilt where the run is "
+                       f"({read_only}): copy it somewhere writable")
     return analyse(run.path, figures=not run.manifest.get("figures_deferred"), rebuilt=problems)
 
 
@@ -478,18 +482,22 @@ def crosscheck(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame,
     return trust.crosscheck_notes(result, a, name)
 
 
-def draw_figures(run: store.Run) -> list[str]:
-    """Draw a complete run's figures, record them in its manifest and rewrite report.md."""
+def draw_figures(run: store.Run, into: Path | None = None) -> list[str]:
+    """Draw a complete run's figures, record them in its manifest and rewrite report.md.
+    ``into``: draw them in ``into/figures/`` instead and leave the run as it is (a run that cannot
+    be written: ``harmony report --out``); then their paths are returned, and nothing recorded."""
+    if into is not None:
+        return [str(p) for p in _draw(run, Path(into) / "figures")]
     laps = Laps()
     paths = _draw(run)
     laps("figures")
     return _record_figures(run, paths, laps)
 
 
-def _draw(run: store.Run) -> list[Path]:
-    """Draw the run's figures into its figures/ directory; their paths."""
-    fig_dir = run.path / "figures"
-    fig_dir.mkdir(exist_ok=True)
+def _draw(run: store.Run, fig_dir: Path | None = None) -> list[Path]:
+    """Draw the run's figures into ``fig_dir`` (default: its figures/ directory); their paths."""
+    fig_dir = fig_dir or run.path / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
     experiment = get_experiment(run.manifest["experiment"])
     # matplotlib is loaded only to draw (~0.5 s), as the experiments' plot() do
     from harmony.analysis.plots import plot_causes

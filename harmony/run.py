@@ -116,19 +116,21 @@ def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stde
     a terminal; returns early if ``stop`` is set."""
     start = time.monotonic() if start is None else start
     tty = stream.isatty()
-    while True:
-        left = seconds - (time.monotonic() - start)
-        if left <= 0 or stop.is_set():
-            break
+    try:
+        while True:
+            left = seconds - (time.monotonic() - start)
+            if left <= 0 or stop.is_set():
+                break
+            if tty:
+                done = seconds - left
+                bar = "#" * int(30 * done / seconds)
+                stream.write(f"\r{label} [{bar:<30}] {done:5.1f}/{seconds:.1f} s")
+                stream.flush()
+            stop.wait(min(0.2, left))
+    finally:    # also when Ctrl-C stops the wait: the error that follows gets a clean line
         if tty:
-            done = seconds - left
-            bar = "#" * int(30 * done / seconds)
-            stream.write(f"\r{label} [{bar:<30}] {done:5.1f}/{seconds:.1f} s")
+            stream.write("\r" + " " * (len(label) + 50) + "\r")
             stream.flush()
-        stop.wait(min(0.2, left))
-    if tty:
-        stream.write("\r" + " " * (len(label) + 50) + "\r")
-        stream.flush()
 
 
 def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",

@@ -66,6 +66,8 @@ class Config:
     label: str  # directory name: experiment[-param=value]
     params: dict | None = None  # resolved for the CPU set (filled by plan())
     note: str | None = None  # why an override was dropped, if one was
+    #: the configuration's own CPU set (a pair placed at a level), or None: the suite's
+    cpus: list | None = None
 
     @property
     def configured_s(self) -> float:
@@ -90,13 +92,99 @@ def not_simulated(names) -> dict[str, str]:
 
 
 def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
-         experiments: list[str] | None = None, simulated: bool = False) -> list[Config]:
+         experiments: list[str] | None = None, simulated: bool = False,
+         topology: dict | None = None) -> list[Config]:
     """The suite's configurations for this CPU set; ``simulated`` (the reference policies'
-    simulator) leaves out the experiments it cannot run (:func:`not_simulated`). Raises
+    simulator) leaves out the experiments it cannot run (:func:`not_simulated`). On a machine
+    whose ``topology`` (the contract's) gives the set more than one level, the questions that
+    depend on distance are asked again at each level present (:func:`level_plan`). Raises
     ValueError for an unknown experiment."""
+    out = _plan(cpus, quick, repeat, experiments, simulated)
+    if topology and (topology.get("cpus") or {}):
+        out += level_plan(cpus, topology, quick, repeat, experiments)
+    return out
+
+
+#: the questions that depend on where the source and target sit (issue 45), asked at each level
+#: present: (experiment, overrides, label suffix). how-many with 8 tasks against 7 is the
+#: imbalance_pct check (114 %: above SMT's 110, below the 117 of the other levels)
+LEVEL_CONFIGS = (
+    ("time-to-resolve", {}, ""),
+    ("detection", {}, ""),
+    ("how-many", {}, ""),
+    ("how-many", {"base": 7, "x": 1}, "-imbalance"),
+    ("work-conservation", {}, ""),
+)
+#: the spread's task counts: one task per core (cores before siblings) and two (the NUMA
+#: level's allowance: a small imbalance stays on one node)
+SPREAD_TASKS = (lambda P: max(2, P // 2), lambda P: 2)
+
+
+def level_plan(cpus: list[int], topology: dict, quick: bool = False, repeat: int | None = None,
+               experiments: list[str] | None = None) -> list[Config]:
+    """The per-level configurations of a suite on a machine: each of :data:`LEVEL_CONFIGS` on
+    the pair of CPUs of each level present in ``cpus`` (:mod:`harmony.experiments.placement`;
+    none when the set has one level: its own runs answer there),
+    its detection window long enough for the level's slowest predicted check
+    (:func:`detection_window`), and the spread experiment on the whole set."""
+    from harmony.experiments import get_experiment
+    from harmony.experiments.placement import levels_present, placed_cpus
+
+    mode = "quick" if quick else "full"
+    wanted = set(experiments) if experiments is not None else None
+    out = []
+    levels = levels_present(cpus, topology)
+    for level in levels if len(levels) > 1 else ():   # one level: the whole set's runs say it
+        pair = placed_cpus(level, cpus, topology)
+        for name, extra, suffix in LEVEL_CONFIGS:
+            if wanted is not None and name not in wanted:
+                continue
+            exp = get_experiment(name)
+            base = {k: v for k, v in QUICK.get(name, {}).items() if _has(exp, k)} if quick else {}
+            if name == "detection":
+                base |= detection_window(topology, pair, quick)
+            overrides = {**base, **extra, "level": level}
+            n = repeat if repeat is not None else REPEATS[mode] + EXTRA_REPEATS.get(name, 0)
+            cfg = Config(name, overrides, n, f"{name}{suffix}-level={level}", cpus=pair)
+            cfg.params = exp.resolve(overrides, pair)
+            cfg.companions = len(exp.companions(cfg.params))
+            out.append(cfg)
+    if wanted is None or "spread" in wanted:
+        exp = get_experiment("spread")
+        nodes = {v.get("node") for v in topology["cpus"].values()}
+        counts = sorted({f(len(cpus)) for f in (SPREAD_TASKS if len(nodes) > 1
+                                                 else SPREAD_TASKS[:1])}, reverse=True)
+        for n_tasks in counts:
+            overrides = {"ntasks": n_tasks} | ({"duration": 2.0} if quick else {})
+            n = repeat if repeat is not None else REPEATS[mode]
+            cfg = Config("spread", overrides, n, f"spread-ntasks={n_tasks}")
+            cfg.params = exp.resolve(overrides, cpus)
+            out.append(cfg)
+    return out
+
+
+def detection_window(topology: dict, pair: list[int], quick: bool) -> dict:
+    """Detection's cut window and duration for a pair: the run lasts past the latest cut by
+    twice the slowest check the kernel's parameters allow at the pair's level (busy_factor x
+    max_interval ms), at least the plan's own."""
+    from harmony.analysis.topology import migration_level
+
+    index, _ = migration_level(pair[-1], pair[0], topology)
+    doms = {int(d["index"]): d for d in (topology.get("domains") or {}).get(str(pair[-1]), ())}
+    d = doms.get(index) if index is not None else None
+    slowest = ((d.get("busy_factor") or 16) * (d.get("max_interval") or 0) / 1000) if d else 0.0
+    window = dict(QUICK["detection"]) if quick else {"duration": 4.0, "cut_from_s": 1.0,
+                                                      "cut_to_s": 2.0}
+    window["duration"] = max(window["duration"], window["cut_to_s"] + 2 * slowest + 0.5)
+    return window
+
+
+def _plan(cpus: list[int], quick: bool, repeat: int | None, experiments: list[str] | None,
+          simulated: bool) -> list[Config]:
     from harmony.experiments import CATALOG, get_experiment
 
-    names = list(CATALOG) if experiments is None else experiments
+    names = [n for n in (list(CATALOG) if experiments is None else experiments)
+             if n != "spread"]           # a question of the machine's levels: level_plan
     if simulated:
         gone = not_simulated(names)
         names = [n for n in names if n not in gone]
@@ -133,22 +221,35 @@ def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
 
 
 class Progress:
-    """One status line per run on a terminal (rewritten in place), plain lines otherwise."""
+    """One status line per run on a terminal (rewritten in place), plain lines otherwise.
 
-    def __init__(self, total_runs: int, total_s: float, stream=sys.stderr, quiet: bool = False):
+    The time left is measured, not assumed: once a run has finished, the wall time per second of
+    configured runs so far times the configured seconds left (analysis and set-up included).
+    Before that, a run of real time (``realtime``: a capture lasts its configured duration)
+    says the configured seconds left, the least it can take; a simulation, whose runs take
+    whatever the simulator needs, says nothing yet."""
+
+    def __init__(self, total_runs: int, total_s: float, stream=sys.stderr, quiet: bool = False,
+                 realtime: bool = True):
         self.total_runs, self.total_s = total_runs, total_s
         self.done_runs, self.done_s = 0, 0.0
-        self.stream, self.quiet = stream, quiet
+        self.stream, self.quiet, self.realtime = stream, quiet, realtime
         self.start = time.monotonic()
         self.tty = stream.isatty()
+
+    def left(self, elapsed: float) -> str:
+        """The time left, in words ("" when it cannot be said yet)."""
+        rest = max(0.0, self.total_s - self.done_s)
+        if self.done_s > 0:
+            return f", ~{elapsed / self.done_s * rest:.0f} s left"
+        return f", at least {rest:.0f} s left" if self.realtime else ""
 
     def show(self, what: str):
         if self.quiet:
             return
         el = time.monotonic() - self.start
-        left = max(0.0, self.total_s - self.done_s)
-        line = (f"[{self.done_runs + 1}/{self.total_runs}] {what:<48} elapsed {el:5.0f} s, "
-                f"~{left:4.0f} s of runs left")
+        line = (f"[{self.done_runs + 1}/{self.total_runs}] {what:<48} elapsed {el:5.0f} s"
+                + self.left(el))
         if self.tty:
             self.stream.write("\r" + line[:118].ljust(118))
         else:
@@ -208,7 +309,8 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
         record["started_at"] = before.get("started_at")
         record["resumed_at"] = before.get("resumed_at", []) + [time.strftime("%Y-%m-%dT%H:%M:%S%z")]
     store.write_json(out / "suite.json", record)
-    progress = Progress(total_runs, configured, quiet=quiet)
+    progress = Progress(total_runs, configured, quiet=quiet,
+                        realtime=getattr(runner, "realtime", True))
     # the report's modules (matplotlib: ~0.5 s) are imported while the analysis runs after the
     # captures, in CPU time it leaves idle, rather than before the first capture
     if hasattr(runner, "while_analysing"):
@@ -222,9 +324,11 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
             for cfg in configs:
                 exp = get_experiment(cfg.experiment)
                 try:
-                    batch.run_batch(exp, cfg.params, cpus, out / cfg.label, cfg.repeat, runner,
-                                    seed=seed, progress=progress, draw_first=False, resume=resume)
-                    grown.append(decide.Batch(exp, cfg.params, out / cfg.label, cfg.repeat))
+                    batch.run_batch(exp, cfg.params, cfg.cpus or cpus, out / cfg.label,
+                                    cfg.repeat, runner, seed=seed, progress=progress,
+                                    draw_first=False, resume=resume)
+                    grown.append(decide.Batch(exp, cfg.params, out / cfg.label, cfg.repeat,
+                                              cpus=cfg.cpus))
                 except (store.RunError, RuntimeError, ValueError) as exc:
                     failures.append({"config": cfg.label, "error": str(exc)})
                 batches.append(out / cfg.label)
@@ -309,16 +413,20 @@ def _import_report():
 
 
 def simulate_suite(policy: str, ncpus: int, out: Path, quick: bool = True, repeat: int | None = None,
-                   experiments: list[str] | None = None, seed: int = 0, quiet: bool = True) -> dict:
-    """The suite under a reference policy on ``ncpus`` simulated CPUs (no kernel, no root)."""
+                   experiments: list[str] | None = None, seed: int = 0, quiet: bool = True,
+                   topology: dict | None = None) -> dict:
+    """The suite under a reference policy on ``ncpus`` simulated CPUs (no kernel, no root), on
+    the machine ``topology`` (:mod:`harmony.analysis.machines`; its CPUs, then) when given,
+    with the questions of distance at each of its levels (:func:`level_plan`)."""
     from harmony.runners import SimRunner
 
-    cpus = list(range(ncpus))
-    configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments, simulated=True)
-    runner = SimRunner(policy)
+    cpus = list(range(len(topology["cpus"]) if topology else ncpus))
+    configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments, simulated=True,
+                   topology=topology)
+    runner = SimRunner(policy, topology)
     return run_suite(configs, cpus, out, runner, facts={"kernel": "simulated",
                                                         "scheduler": f"reference policy {policy}",
-                                                        "ncpus": ncpus},
+                                                        "ncpus": len(cpus)},
                      seed=seed, quiet=quiet)
 
 

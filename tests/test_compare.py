@@ -15,7 +15,7 @@ from harmony.analysis.compare import (CONFIG_PARAMS, METRIC_COLUMNS, compare, co
                                       df_compare, df_metric_differences, df_sources, label_kind,
                                       unmatched)
 from harmony.cli import main
-from harmony.store import RunError
+from harmony.core.errors import ParameterError
 
 
 def invoke(*args):
@@ -40,7 +40,7 @@ def two_policies(tmp_path_factory):
         dirs = []
         for policy in ("poly-balance", "pairwise-random"):
             out = root / policy
-            r = invoke("simulate", "--policy", policy, "--cpus", 4, "--experiment", "how-many",
+            r = invoke("simulate", "--policy", policy, "--ncpus", 4, "--experiment", "how-many",
                        "--repeat", 1, "--out", out)
             assert r.exit_code == 0, r.output
             dirs.append(out)
@@ -134,31 +134,34 @@ def test_infer_says_when_it_pools_several_setups(two_policies):
     assert json.loads(r.output)["setups"] == {"simulated, reference policy poly-balance": 1}
 
 
-def test_bad_directories_exit_2_naming_them(two_policies, tmp_path):
+def test_bad_sources_exit_1_naming_them_and_usage_2(two_policies, tmp_path):
+    """A source that is missing or holds no usable run is input (status 1); fewer than two
+    sources, or one given twice, is usage (2)."""
     poly, _ = two_policies
     r = invoke("compare", poly)
     assert r.exit_code == 2 and "two sources or more" in r.output
     r = invoke("compare", poly, tmp_path / "missing")
-    assert r.exit_code == 2 and f"{tmp_path / 'missing'}: no such directory" in r.output
+    assert r.exit_code == 1 and f"{tmp_path / 'missing'}: no such directory" in r.output
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     for command in (["compare", poly, a_file], ["infer", a_file]):
         r = invoke(*command)
-        assert r.exit_code == 2 and f"{a_file}: not a directory" in r.output, r.output
+        assert r.exit_code == 1 and f"{a_file}: not a directory" in r.output, r.output
     empty = tmp_path / "empty"
     empty.mkdir()
     r = invoke("compare", poly, empty)
-    assert r.exit_code == 2 and f"{empty}: no complete run" in r.output
+    assert r.exit_code == 1 and f"{empty}: not a run, batch or suite directory" in r.output
     # runs there, none usable: says why
     incomplete = tmp_path / "incomplete"
     shutil.copytree(poly / "rep-01", incomplete / "rep-01")
     manifest = json.loads((incomplete / "rep-01" / "manifest.json").read_text())
     (incomplete / "rep-01" / "manifest.json").write_text(json.dumps(manifest | {"status": "incomplete"}))
     r = invoke("compare", poly, incomplete)
-    assert r.exit_code == 2 and f"{incomplete}: no run to use (1 not used; " in r.output, r.output
+    assert r.exit_code == 1 and f"{incomplete}: no complete run (1 not used; the first, " \
+        f"{incomplete / 'rep-01'}: run is incomplete" in r.output, r.output
     assert len(r.output.strip().splitlines()) == 1
     assert "Traceback" not in r.output
-    with pytest.raises(RunError):
+    with pytest.raises(ParameterError):
         compare([poly])
     r = invoke("compare", poly, poly.parent / ".." / poly.parent.name / poly.name)
     assert r.exit_code == 2 and "given twice" in r.output and "Traceback" not in r.output
@@ -392,7 +395,7 @@ def test_cli_against_the_thesis_and_bad_references(five_runs, tmp_path):
                       ("thesis-2099", "thesis-2099: no such directory (nor a reference: "
                                       "thesis-2011, thesis-2011:o1")):
         r = invoke("compare", poly, bad)
-        assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
+        assert r.exit_code == 1 and says in r.output and "Traceback" not in r.output, r.output
         assert len(r.output.strip().splitlines()) == 1
     r = invoke("compare", "thesis-2011:cfs", "thesis-2011:cfs")
     assert r.exit_code == 2 and "given twice" in r.output

@@ -175,7 +175,7 @@ def test_simulate_until_decided_end_to_end(tmp_path, no_figures):
 
     for name, want in (("poly-balance", "poly-balance"), ("coin-flip", "varies (")):
         out = tmp_path / name
-        r = CliRunner().invoke(main, ["simulate", "--policy", name, "--cpus", "4", "--experiment",
+        r = CliRunner().invoke(main, ["simulate", "--policy", name, "--ncpus", "4", "--experiment",
                                       "how-many", "-p", "duration=1", "-p", "base=2", "-p", "x=8",
                                       "--repeat", "2", "--until-decided", "--out", str(out)])
         assert r.exit_code == 0, r.output
@@ -227,3 +227,30 @@ def test_a_suite_until_decided_records_and_reports_its_rounds(tmp_path, monkeypa
     assert not df["capped"].any() and df["questions"].str.startswith("how_many: ").all()
     blocks = report_suite.until_decided_blocks(ud)
     assert "runs were added in" in blocks[1].text
+
+
+def test_a_resumed_suite_keeps_its_rounds_and_its_cap(tmp_path, monkeypatch):
+    """A suite stopped inside a round: --resume's plan (resume_plan) and cap (suite.json) go on;
+    the added runs that were complete are kept, the interrupted one is made again."""
+    from harmony import suite
+    from harmony.analysis import report_suite
+
+    monkeypatch.setattr(report_suite, "write", lambda out, note=None: None)
+    out = tmp_path / "s"
+    configs = [suite.Config("how-many", {}, 2, "how-many", params=dict(PARAMS))]
+    suite.run_suite(configs, CPUS, out, LabelRunner(_policy("poly-balance")), quiet=True,
+                    until_decided=T.UNTIL_DECIDED_MAX_REPEAT)
+    # as if stopped in the round: its last run interrupted, the suite not finished
+    rep = out / "how-many" / "rep-07" / "manifest.json"
+    rep.write_text(json.dumps(json.loads(rep.read_text()) | {"status": "running"}))
+    record = json.loads((out / "suite.json").read_text())
+    (out / "suite.json").write_text(json.dumps(record | {"status": "running"}))
+    configs, cpus, before = suite.resume_plan(out)
+    assert before["until_decided"]["max_repeat"] == T.UNTIL_DECIDED_MAX_REPEAT
+    runner = LabelRunner(_policy("poly-balance"))
+    record = suite.run_suite(configs, cpus, out, runner, quiet=True, resume=True,
+                             until_decided=before["until_decided"]["max_repeat"])
+    assert record["status"] == "complete" and record["runs"] == 7
+    assert (out / "how-many" / "rep-07.incomplete-1").is_dir()
+    assert policy.infer([out]).answer("how_many").decided
+    assert (runner.flushes, runner.drains) == (2, 2)   # the plan, then the take-up
