@@ -160,6 +160,52 @@ def test_the_plan_takes_the_topologys_vcpus(monkeypatch):
         plan.plan_vm("debian:6.12", None, "256M", None, vm_topology="sockets=4,numa=4")
 
 
+@pytest.mark.parametrize("name", sorted(BUILT))
+def test_the_shape_planned_before_boot_is_the_one_real_guests_built(name, tmp_path):
+    """A suite or a run placed by level is planned on the machine the shape implies (a
+    synthetic machine's topology, harmony.analysis.machines) before the guest boots: its
+    domains and the pairs it places at each level are those of the real guests."""
+    from harmony.analysis.machines import machine_topology
+    from harmony.experiments.placement import LEVELS, levels_present, placed_cpus
+
+    topo = vt.parse(BUILT[name])
+    planned = machine_topology(topo.machine_spec("6.1" if name.startswith("61-") else "6.12"))
+    guest = guest_topology(load(name), tmp_path)
+    assert ({c: [(d["name"], d["span"]) for d in ds] for c, ds in planned["domains"].items()}
+            == {c: [(d["name"], d["span"]) for d in ds] for c, ds in guest["domains"].items()})
+    for key in ("min_interval", "max_interval", "busy_factor", "imbalance_pct",
+                "cache_nice_tries"):
+        assert ([d[key] for d in planned["domains"]["0"]]
+                == [d[key] for d in guest["domains"]["0"]]), key
+    cpus = list(range(topo.vcpus))
+    assert levels_present(cpus, planned) == levels_present(cpus, guest)
+    for level in LEVELS:
+        if level in levels_present(cpus, guest):
+            assert placed_cpus(level, cpus, planned) == placed_cpus(level, cpus, guest)
+
+
+def test_a_run_placed_by_level_in_a_vm_uses_the_shape(monkeypatch):
+    from harmony.cli import measure
+    from harmony.vm import plan
+
+    monkeypatch.setattr(plan, "missing_tools", lambda: [])
+    vm = plan.plan_vm("debian:6.12", None, "1G", None, vm_topology="2node")
+    assert measure._placed({"level": "remote"}, vm.cpus, "debian:6.12", vm) == [0, 2]
+    assert measure._placed({"level": "llc"}, vm.cpus, "debian:6.1", vm) == [0, 1]
+    assert measure._placed({}, vm.cpus, "debian:6.12", vm) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="no SMT siblings"):
+        measure._placed({"level": "smt"}, vm.cpus, "debian:6.12", vm)
+    flat = plan.plan_vm("debian:6.12", 4, "1G", None)
+    with pytest.raises(ValueError, match="needs the guest's shape before it boots"):
+        measure._placed({"level": "llc"}, flat.cpus, "debian:6.12", flat)
+    # a shape whose nodes the synthetic machines cannot say: no plan by level, said
+    assert vt.parse("sockets=4,cores=1,numa=2").machine_spec() is None
+    assert vt.parse("2node").machine_spec() == ("sockets=2,llcs=1,cores=2,threads=1,"
+                                                "numa=socket,kernel=6.12")
+    assert vt.parse("sockets=2,cores=2,numa=per-socket,distance=30").machine_spec().endswith(
+        ",distance=10:30/30:10")
+
+
 def test_more_vcpus_than_the_kernel_brings_up_are_refused(tmp_path):
     from harmony.vm import kernels, plan
 

@@ -236,7 +236,7 @@ def run(experiment, experiment_option, cpus, layout, duration, params, probe, cr
     if duration is not None:
         overrides["duration"] = str(duration)
     try:
-        cpu_set = _placed(overrides, cpu_set, kernel)
+        cpu_set = _placed(overrides, cpu_set, kernel, vm if kernel is not None else None)
         values = exp.resolve(overrides, cpu_set)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -281,19 +281,34 @@ def _host_topology() -> dict:
     return domains.read()
 
 
-def _placed(overrides: dict, cpu_set: list[int], kernel) -> list[int]:
+def _guest_topology(kernel: str, vm) -> dict | None:
+    """The topology a guest of shape ``vm.topology`` (--vm-topology) will have, by topology.c's
+    rules (harmony.analysis.machines), to place runs and plan a suite before it boots: the
+    guest agent refuses the boot if its kernel built other domains. None without a shape."""
+    from harmony.analysis.machines import machine_topology
+
+    spec = vm.topology.machine_spec("6.1" if kernel.endswith(":6.1") else "6.12") \
+        if vm.topology is not None else None
+    return machine_topology(spec) if spec else None
+
+
+def _placed(overrides: dict, cpu_set: list[int], kernel, vm=None) -> list[int]:
     """The run's CPU set for ``-p level=...`` (harmony.experiments.placement): the pair at that
-    level of this host's topology; ``cpu_set`` without a level. ValueError (one line) for a
-    machine without such a pair, or a kernel under test in a VM, whose topology is the guest's."""
+    level of this host's topology, or of the guest's shape (--vm-topology) with ``kernel``;
+    ``cpu_set`` without a level. ValueError (one line) for a machine without such a pair, or a
+    VM without a shape."""
     from harmony.experiments.placement import placed_cpus
 
     level = overrides.get("level") or ""
     if not level:
         return cpu_set
-    if kernel is not None:
-        raise ValueError(f"level={level} in a VM needs the guest's topology before it boots: "
-                         "give the VM its shape (--vm-topology) when Harmony has it")
-    return placed_cpus(level, cpu_set, _host_topology())
+    if kernel is None:
+        return placed_cpus(level, cpu_set, _host_topology())
+    topology = _guest_topology(kernel, vm)
+    if topology is None:
+        raise ValueError(f"level={level} in a VM needs the guest's shape before it boots: give "
+                         "it --vm-topology (a preset, or nodes one per socket or per die)")
+    return placed_cpus(level, cpu_set, topology)
 
 
 def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None,
@@ -431,7 +446,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         try:
             configs = plan(cpu_set, quick=quick, repeat=repeat,
                            experiments=list(experiments) or None,
-                           topology=None if kernel is not None else _host_topology())
+                           topology=(_guest_topology(kernel, vm) if kernel is not None
+                                     else _host_topology()))
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         if out is None:

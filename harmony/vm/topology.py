@@ -161,6 +161,29 @@ class VmTopology:
         model = cpu_model(self, accel)
         return ["-cpu", model] if model else []
 
+    def machine_spec(self, kernel: str = "6.12") -> str | None:
+        """The same shape as a synthetic machine's spec (:mod:`harmony.analysis.machines`,
+        whose domains topology.c's rules build), what plans a run's placement by level and a
+        suite's questions of distance before the guest boots (the guest then refuses a shape
+        it did not get); None for a shape that spec cannot say (nodes other than one per
+        socket or per LLC)."""
+        llcs = self.dies if self.llc == "die" else 1
+        if self.numa == 1:
+            numa = "none"
+        elif self.numa == self.sockets:
+            numa = "socket"
+        elif self.numa == self.sockets * llcs:
+            numa = "llc"
+        else:
+            return None
+        spec = (f"sockets={self.sockets},llcs={llcs},cores={self.cores},threads={self.threads},"
+                f"numa={numa},kernel={kernel}")
+        if self.distance is not None and self.numa > 1:
+            spec += ",distance=" + "/".join(
+                ":".join("10" if i == j else str(self.distance) for j in range(self.numa))
+                for i in range(self.numa))
+        return spec
+
     # --- what the guest should build ---
 
     def expected_spans(self) -> dict[int, list[tuple[str, list[int]]]]:
