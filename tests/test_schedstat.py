@@ -352,3 +352,18 @@ def test_a_killed_runs_switch_is_turned_back_off_at_the_next_start(tmp_path, mon
     r.begin()
     r.restore()
     assert sysctl.read_text() == "0" and list(locks.iterdir()) == []
+
+
+def test_a_run_placed_at_a_level_is_counted_over_every_cpu():
+    """A pair placed at a level is balanced for by the idle CPUs of the target's group, which
+    count the moves in their own domains: such a run is compared over every CPU the reads hold
+    (a 6.12 guest of two nodes: the remote pair's own NUMA counters held 0 of 5 moves; over
+    CPUs 0-3, 5 of 5)."""
+    from harmony.analysis.counters import schedstat_cpus
+
+    reads = {"reads": {"end": {"cpus": {str(c): {} for c in range(4)}}}}
+    assert schedstat_cpus({"params": {"level": "remote"}, "kernel_schedstat": reads},
+                          [0, 2]) == [0, 1, 2, 3]
+    assert schedstat_cpus({"params": {"level": ""}, "kernel_schedstat": reads}, [0, 2]) == [0, 2]
+    assert schedstat_cpus({"params": {}}, [0, 1]) == [0, 1]
+    assert schedstat_cpus({"params": {"level": "llc"}}, [0, 1]) == [0, 1]     # no reads
