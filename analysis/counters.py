@@ -187,6 +187,20 @@ DOMAIN_CAUSES = {"periodic": ("lb_gained_busy", "lb_gained_idle"),
                  "newidle": ("lb_gained_newidle",), "active": ("alb_pushed",)}
 
 
+def schedstat_cpus(manifest: dict, cpus: list[int]) -> list[int]:
+    """The CPUs whose domain counters a run's moves are compared over (:func:`schedstat_agreement`):
+    its CPU set; for a run placed at a level (``-p level=``: a pair of the machine's CPUs), every
+    CPU the reads hold, and every task's moves to any of them. An idle CPU of the target's group
+    balances the level for it and counts the move it makes onto the target in its own domain
+    (``load_balance`` with LBF_DST_PINNED: ``lb_gained`` of the balancing CPU's ``sd``): the
+    pair's own counters miss it (seen in a debian 6.12 guest of two nodes: the remote pair's
+    NUMA domains counted 0 of 5-37 periodic moves onto the target)."""
+    if not (manifest.get("params") or {}).get("level"):
+        return list(cpus)
+    end = (((manifest.get("kernel_schedstat") or {}).get("reads") or {}).get("end") or {})
+    return sorted(int(c) for c in end.get("cpus") or {}) or list(cpus)
+
+
 def schedstat_agreement(facts: dict | None, migrations: pd.DataFrame, events: pd.DataFrame,
                         cpus: list[int], topology: dict | None = None) -> dict:
     """The migrations' causes against the kernel's per-domain counters (/proc/schedstat read at the

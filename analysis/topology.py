@@ -30,7 +30,7 @@ import pandas as pd
 
 from harmony.analysis.tables import CPUS, DOMAINS
 from harmony.core.columns import STR_DTYPE
-from harmony.core.osutil import format_cpulist
+from harmony.core.osutil import format_cpulist, parse_cpulist
 
 #: where two CPUs sit relative to each other (:func:`relation`), nearest first
 RELATIONS = ("same", "smt", "llc", "package", "node", "remote")
@@ -106,8 +106,8 @@ def migration_level(dst_cpu: int, src_cpu: int, domains: dict) -> tuple[int | No
 
 class LevelTable:
     """The level of every (destination, source) pair of CPUs at once: ``index[dst, src]`` (int16,
-    :data:`NO_LEVEL` where none) and ``key_code[dst, src]`` into ``keys`` (the level keys, by
-    the lowest index they have on any CPU, then as first met)."""
+    :data:`NO_LEVEL` where none) and ``key_code[dst, src]`` into ``keys`` (the level keys,
+    lowest first)."""
 
     def __init__(self, domains: dict):
         doms = domains if domains and all(isinstance(k, int) for k in domains) else \
@@ -117,16 +117,18 @@ class LevelTable:
         self.n = n
         self.index = np.full((n, n), NO_LEVEL, np.int16)
         seen = np.full((n, n), -1, np.int16)        # the key's number in ``met``
-        met: dict[str, int] = {}                    # key -> its lowest index
+        met: dict[str, list[int]] = {}              # key -> its index on each CPU
         for dst, ds in doms.items():
             for d in sorted(ds, key=lambda d: -int(d["index"])):    # lower levels overwrite
                 i = int(d["index"])
                 key = level_key(i, d.get("name"))
-                met[key] = min(met.get(key, i), i)
+                met.setdefault(key, []).append(i)
                 span = [c for c in (d.get("span") or ()) if c != dst]
                 self.index[dst, span] = i
                 seen[dst, span] = list(met).index(key)
-        self.keys = sorted(met, key=lambda k: (met[k], list(met).index(k)))
+        # lowest first: by the mean of a key's indexes (an asymmetric machine's MC is index 0 on
+        # a CPU without an SMT sibling, 1 on the others: after SMT), then as first met
+        self.keys = sorted(met, key=lambda k: (np.mean(met[k]), list(met).index(k)))
         remap = np.asarray([self.keys.index(k) for k in met] or [0], np.int16)
         self.key_code = np.where(seen >= 0, remap[np.maximum(seen, 0)], -1).astype(np.int16)
 
@@ -169,18 +171,13 @@ def relation(cpu_a: int, cpu_b: int, cpus_df: pd.DataFrame) -> str:
     if a["node"] >= 0 and b["node"] >= 0 and a["node"] != b["node"]:
         return "remote"
     sib = a["smt_siblings"]
-    if sib and cpu_b in _cpulist(sib):
+    if sib and cpu_b in parse_cpulist(sib):
         return "smt"
     if a["llc"] >= 0 and a["llc"] == b["llc"]:
         return "llc"
     if a["package"] >= 0 and a["package"] == b["package"]:
         return "package"
     return "node"
-
-
-def _cpulist(text: str) -> list[int]:
-    from harmony.core.osutil import parse_cpulist
-    return parse_cpulist(text)
 
 
 def counts_by_level(migrations: pd.DataFrame, t0: int, t_end: int) -> dict[str, dict[str, int]]:
@@ -212,13 +209,13 @@ def domain_rows(manifest: dict) -> list[list[str]]:
     cpus = [c for c in manifest.get("cpus", []) if c in doms] or sorted(doms)
     rows = []
     for d in doms[cpus[0]]:
-        def g(k):
-            return "?" if d.get(k) is None else str(d[k])
+        g = {k: "?" if d.get(k) is None else str(d[k]) for k in d}
         flags = " ".join(f.removeprefix("SD_") for f in (d.get("flags") or [])) or "?"
         rows.append([str(d["index"]), level_key(int(d["index"]), d.get("name")),
                      format_cpulist(d["span"]) if d.get("span") else "?",
-                     f"{g('min_interval')}-{g('max_interval')}", g("busy_factor"),
-                     g("imbalance_pct"), g("cache_nice_tries"), flags])
+                     f"{g.get('min_interval', '?')}-{g.get('max_interval', '?')}",
+                     g.get("busy_factor", "?"), g.get("imbalance_pct", "?"),
+                     g.get("cache_nice_tries", "?"), flags])
     return rows
 
 

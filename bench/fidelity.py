@@ -54,7 +54,8 @@ from harmony.runners import KernelRunner  # noqa: E402
 from harmony.suite import QUICK  # noqa: E402
 from harmony.vm.kernels import kernel as get_kernel  # noqa: E402
 from harmony.vm.machine import QemuSetting  # noqa: E402
-from harmony.vm.runner import VmRunner
+from harmony.vm.runner import VmRunner  # noqa: E402
+from harmony.vm.topology import parse as parse_topology  # noqa: E402
 
 #: the set-ups compared by default (names used in the tables and the directories)
 SETUPS = {
@@ -199,7 +200,22 @@ def figures(out: Path, kernel=None) -> dict:
             "duty_worst_pp": max(duty_pp, default=None),
             "speed_ratio_median": median(speeds), "card": labels, "card_runs": len(ss + det),
             "card_not_used": skipped,
-            "boot_s": median(v.get("boot_s") for v in vm if v)}
+            "boot_s": median(v.get("boot_s") for v in vm if v), **level_figures(every)}
+
+
+def level_figures(runs: list) -> dict:
+    """The moves of all the runs by level of the machine (the summaries' migrations_by_level),
+    and in how many runs every level agreed with the kernel's per-domain counts."""
+    levels: dict[str, int] = {}
+    agree = compared = 0
+    for r in runs:
+        for lv, causes in (r.summary.get("migrations_by_level") or {}).items():
+            levels[lv] = levels.get(lv, 0) + sum(causes.values())
+        by = (r.manifest.get("schedstat_agreement") or {}).get("levels")
+        if by:
+            compared += 1
+            agree += all(v["within"] for v in by.values())
+    return {"levels": levels, "levels_agree": agree, "levels_compared": compared}
 
 
 def _range(values) -> str:
@@ -216,14 +232,19 @@ def _num(v, fmt) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kernel", default="debian:6.12", help="kernel under test (debian:6.12)")
-    ap.add_argument("--vm-cpus", default="2,4", help="vCPU counts, comma-separated (2,4)")
+    ap.add_argument("--vm-cpus", help="vCPU counts, comma-separated (default 2,4; none with "
+                                       "--vm-topology)")
+    ap.add_argument("--vm-topology", action="append", metavar="SPEC",
+                    help="a VM shape, a preset or spec as harmony's --vm-topology (repeatable): "
+                         "a boot per topology and set-up")
     ap.add_argument("--setup", action="append", metavar="NAME[=SETTING]",
                     help=f"a set-up: one of {', '.join(SETUPS)}, or NAME=--vm-qemu setting "
                          "(repeatable; default: all four)")
     ap.add_argument("--host", action="store_true", help="the same plan on the host too")
     ap.add_argument("--hog", type=int, default=0, help="busy processes on the host meanwhile")
     ap.add_argument("--reps", type=int, default=3, help="repetitions of single-source, detection")
-    ap.add_argument("--out", type=Path, default=Path("runs") / time.strftime("fidelity-%Y%m%d-%H%M%S"),
+    ap.add_argument("--out", type=Path,
+                    default=Path("runs") / time.strftime("fidelity-%Y%m%d-%H%M%S"),
                     help="directory for every run (runs/fidelity-<time>)")
     ap.add_argument("--json", help="also write the figures as JSON here ('-': stdout)")
     args = ap.parse_args(argv)
@@ -235,14 +256,17 @@ def main(argv=None) -> int:
             if not setting and name not in SETUPS:
                 raise ValueError(f"--setup {name}: choose {', '.join(SETUPS)} or NAME=SETTING")
             setups[name] = QemuSetting.parse(setting or SETUPS[name])
-        vcpus = [int(p) for p in args.vm_cpus.split(",") if p.strip()]
+        cpus_arg = args.vm_cpus if args.vm_cpus is not None else (
+            "" if args.vm_topology else "2,4")
+        vcpus = [int(p) for p in cpus_arg.split(",") if p.strip()]
+        shapes = [parse_topology(t) for t in args.vm_topology or []]
     except ValueError as exc:
         ap.error(str(exc))
-    if not vcpus and not args.host:
-        ap.error("nothing to run: give --vm-cpus or --host")
+    if not vcpus and not shapes and not args.host:
+        ap.error("nothing to run: give --vm-cpus, --vm-topology or --host")
     facts = doctor.run_facts(doctor.doctor(mount=False, test_record=False))
     kernel = (get_kernel(args.kernel, progress=lambda line: print(line, file=sys.stderr))
-              if vcpus else None)
+              if vcpus or shapes else None)
     hog = f"-hog{args.hog}" if args.hog else ""
     rows = {}
     with Hogs(args.hog):
@@ -253,21 +277,26 @@ def main(argv=None) -> int:
             wall = run_plan(KernelRunner("tracefs", facts, overlap=False, cpus=cpus),
                             args.out / label, cpus, args.reps)
             rows[label] = {**figures(args.out / label), "wall_s": wall}
-        for p in vcpus:
+        boots = [(f"p{p}", p, None) for p in vcpus] + [
+            (t.preset or t.spec().replace(",", "_").replace("=", ""), t.vcpus, t)
+            for t in shapes]
+        for shape, p, topo in boots:
             for name, setting in setups.items():
-                label = f"p{p}-{name}{hog}"
+                label = f"{shape}-{name}{hog}"
                 print(f"{label}: {kernel.describe()}, {p} vCPUs, {setting.text()}",
                       file=sys.stderr)
-                runner = VmRunner(kernel, p, 2048, setting, facts=facts,
+                runner = VmRunner(kernel, p, 2048, setting, facts=facts, topology=topo,
                                   say=lambda line: print(f"  vm: {line}", file=sys.stderr))
                 wall = run_plan(runner, args.out / label, list(range(p)), args.reps)
                 rows[label] = {**figures(args.out / label, kernel), "wall_s": wall,
-                               "setting": setting.text()}
-    print(f"kernel under test {kernel.describe() if kernel else 'none'}; host {facts.get('kernel')} "
+                               "setting": setting.text(), "vcpus": p,
+                               "topology": topo.spec() if topo else None}
+    print(f"kernel under test {kernel.describe() if kernel else 'none'}; "
+          f"host {facts.get('kernel')} "
           f"({facts.get('ncpus')} CPUs){'; ' + str(args.hog) + ' busy processes' if hog else ''}"
           f"; {args.reps} single-source + {args.reps} detection + 1 duty run per set-up")
     table(["set-up", "wait med/max", "clock", "release ms", "balance ms", "after bal.",
-           "rounds ms", "tick off ms", "duty pp", "speed", "not used", "wall s"],
+           "rounds ms", "tick off ms", "duty pp", "speed", "not used", "boot s", "wall s"],
           [[k, f"{_num(r['wait_median'], '.0%')}/{_num(r['wait_max'], '.0%')}",
             f"{_num(r['clock_median'], '.3f')} ({_num(r['clock_min'], '.2f')}-"
             f"{_num(r['clock_max'], '.2f')})",
@@ -276,13 +305,21 @@ def main(argv=None) -> int:
             ",".join("-" if a is None else str(a) for a in r["migrations_after_balance"]),
             _range(r["round_intervals_ms"]), _num(r["tick_offset_ms_median"], ".2f"),
             _num(r["duty_worst_pp"], ".2f"), _num(r["speed_ratio_median"], ".2f"),
-            f"{r['card_not_used']}/{r['card_runs']}", f"{r['wall_s']:.0f}"]
+            f"{r['card_not_used']}/{r['card_runs']}", _num(r["boot_s"], ".0f"),
+            f"{r['wall_s']:.0f}"]
            for k, r in rows.items()])
+    if shapes:
+        print()
+        table(["set-up", "moves by level (all runs)", "levels agree with /proc/schedstat"],
+              [[k, ", ".join(f"{lv} {n}" for lv, n in r["levels"].items()) or "-",
+                f"{r['levels_agree']}/{r['levels_compared']} runs"]
+               for k, r in rows.items() if r.get("topology")])
     print()
     table(["set-up", "balances", "time to balance", "detection"],
           [[k, *(r["card"].get(q) for q in ("balances", "time_to_balance", "detection"))]
            for k, r in rows.items()])
-    out = {"kernel": kernel.describe() if kernel else None, "host": facts.get("kernel"), "hog": args.hog,
+    out = {"kernel": kernel.describe() if kernel else None, "host": facts.get("kernel"),
+           "hog": args.hog,
            "reps": args.reps, "setups": rows}
     emit_json(args.json, out)
     return 0

@@ -38,7 +38,8 @@ from harmony import store
 from harmony.analysis import reconstruct, trust
 from harmony.analysis.causes import cause_counts, softirq_recorded
 from harmony.analysis.cost import df_wasted
-from harmony.analysis.counters import counter_agreement, df_counter_agreement, schedstat_agreement
+from harmony.analysis.counters import (counter_agreement, df_counter_agreement,
+                                       schedstat_agreement, schedstat_cpus)
 from harmony.analysis.crosscheck import (
     kernel_agreement,
     nr_running_agreement,
@@ -398,9 +399,10 @@ def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, ori
                       tables["migrations"]))
     manifest["migration_causes"] = migration_causes(tables["migrations"], events, t0, t_end)
     if "kernel_schedstat" in manifest:      # a run recorded here or in a VM (not an import)
-        manifest["schedstat_agreement"] = schedstat_agreement(
-            manifest["kernel_schedstat"], tables["migrations"], events, cpus,
-            manifest.get("topology"))
+        counted = schedstat_cpus(manifest, cpus)
+        manifest["schedstat_agreement"] = {**schedstat_agreement(
+            manifest["kernel_schedstat"], tables["migrations"], events, counted,
+            manifest.get("topology")), "cpus": counted}
     notes = (list(origin.notes) + [trust.note("recorder", text=t) for t in meta.get("notes", [])]
              + blind + [trust.note("controller", text=t)
                         for t in manifest.get("controller_notes", [])]

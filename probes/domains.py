@@ -31,7 +31,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony import hostfacts
-from harmony.core.osutil import forget_processes, record_processes, stale_records
+from harmony.core.osutil import (format_cpulist, forget_processes, record_processes,
+                                 stale_records)
 from harmony.probes import schedstat
 
 #: the parameter files of a domain's debugfs directory, read as integers
@@ -245,8 +246,6 @@ def read(debugfs: Path | None = None, topo: dict | None = None,
 def describe(topology: dict) -> list[str]:
     """Lines for humans: each distinct domain (name, span, parameters), the lowest first, of
     every CPU (a domain shared by CPUs is said once with the CPUs it is the level of)."""
-    from harmony.core.osutil import format_cpulist
-
     seen: dict[tuple, list[int]] = {}
     for cpu, doms in sorted(topology.get("domains", {}).items(), key=lambda kv: int(kv[0])):
         for d in doms:

@@ -252,16 +252,18 @@ def test_the_check_is_a_trust_note_agreeing_or_not_or_why_not():
 @pytest.mark.needs_tool("qemu-system-x86_64", "vng", "busybox")
 def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_path):
     """Debian's 6.12 kernel counts scheduler statistics (CONFIG_SCHEDSTATS, off at boot: the run
-    turns it on). Six tasks released on one of four vCPUs: every task's wake-up moves and other
-    moves are those the kernel counted for it, and every task's periodic, new-idle and active
-    balance moves are those the domains counted."""
+    turns it on). Six tasks released on one of four vCPUs, two sockets of two cores
+    (``--vm-topology 2socket``: domains MC and PKG): every task's wake-up moves and other moves
+    are those the kernel counted for it, every task's periodic, new-idle and active balance
+    moves are those the domains counted, level by level; the manifest's domains are those the
+    topology implies and those the kernel shows."""
     from cli_run import cli
 
     from harmony import store
 
     out = tmp_path / "r"
-    p = cli("run", "single-source", "--kernel", "debian:6.12", "--vm-cpus", "4", "--layout",
-            "6,0,0,0", "--duration", "2", "--out", out, "-q", timeout=900)
+    p = cli("run", "single-source", "--kernel", "debian:6.12", "--vm-topology", "2socket",
+            "--layout", "6,0,0,0", "--duration", "2", "--out", out, "-q", timeout=900)
     assert p.returncode == 0, p.stderr
     m = store.read_json(out / "manifest.json")
     facts = m["kernel_schedstat"]
@@ -286,6 +288,35 @@ def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_
     assert 0 <= extra <= sum(sa["unsure"].values()) + sa["unknown"], sa
     said = "the migrations' causes agree with the kernel's own counters"
     assert any(n.startswith(said) for n in m["notes"]), m["notes"]
+    _levels_agree(out, m, sa)
+
+
+def _levels_agree(out, m: dict, sa: dict) -> None:
+    """The guest's domains in the manifest and the per-level comparison of the run above."""
+    from harmony.analysis.topology import counts_by_level
+    from harmony.store import open_run
+    from harmony.vm.topology import parse
+
+    topo = m["topology"]
+    assert m["vm"]["topology"]["preset"] == "2socket"
+    assert topo["source"]["debugfs"] and topo["source"]["verbose_toggled"], topo["source"]
+    want = parse("2socket").expected_spans()
+    assert {int(c): [(d["name"], d["span"]) for d in ds] for c, ds in topo["domains"].items()} \
+        == {c: [(n, s) for n, s in lv] for c, lv in want.items()}
+    for ds in topo["domains"].values():     # the parameters as debugfs gave them
+        assert all(d["min_interval"] == len(d["span"]) for d in ds), ds
+        assert all(d["imbalance_pct"] and d["busy_factor"] for d in ds), ds
+    levels = sa["levels"]
+    assert list(levels) == ["MC", "PKG"], levels
+    for cause in ("periodic", "newidle", "active"):   # the levels add up to the whole
+        assert sum(v["kernel"][cause] for v in levels.values()) == sa["kernel"][cause]
+        assert sum(v["all"][cause] for v in levels.values()) == sa["all"][cause]
+    assert all(v["within"] for v in levels.values()), levels     # every level agrees
+    run = open_run(out)
+    mig = run.migrations
+    moved = mig["src_cpu"].to_numpy() != mig["dst_cpu"].to_numpy()
+    assert (mig["level"].to_numpy()[moved] >= 0).all()        # every move crossed a level
+    assert run.summary["migrations_by_level"] == counts_by_level(mig, m["t0_ns"], m["end_ns"])
 
 
 def test_a_killed_runs_switch_is_turned_back_off_at_the_next_start(tmp_path, monkeypatch):
@@ -321,3 +352,18 @@ def test_a_killed_runs_switch_is_turned_back_off_at_the_next_start(tmp_path, mon
     r.begin()
     r.restore()
     assert sysctl.read_text() == "0" and list(locks.iterdir()) == []
+
+
+def test_a_run_placed_at_a_level_is_counted_over_every_cpu():
+    """A pair placed at a level is balanced for by the idle CPUs of the target's group, which
+    count the moves in their own domains: such a run is compared over every CPU the reads hold
+    (a 6.12 guest of two nodes: the remote pair's own NUMA counters held 0 of 5 moves; over
+    CPUs 0-3, 5 of 5)."""
+    from harmony.analysis.counters import schedstat_cpus
+
+    reads = {"reads": {"end": {"cpus": {str(c): {} for c in range(4)}}}}
+    assert schedstat_cpus({"params": {"level": "remote"}, "kernel_schedstat": reads},
+                          [0, 2]) == [0, 1, 2, 3]
+    assert schedstat_cpus({"params": {"level": ""}, "kernel_schedstat": reads}, [0, 2]) == [0, 2]
+    assert schedstat_cpus({"params": {}}, [0, 1]) == [0, 1]
+    assert schedstat_cpus({"params": {"level": "llc"}}, [0, 1]) == [0, 1]     # no reads

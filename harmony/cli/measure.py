@@ -119,7 +119,8 @@ def list_experiments(verbose, as_json):
 
 
 def vm_options(f):
-    """--kernel, --vm-cpus, --vm-memory, --vm-qemu: a kernel under test in a virtual machine."""
+    """--kernel, --vm-cpus, --vm-topology, --vm-memory, --vm-qemu: a kernel under test in a
+    virtual machine."""
     f = click.option("--vm-qemu", metavar="SETTING",
                      help="QEMU set-up: accel=auto|kvm|tcg, tcg=auto|multi|single|icount, "
                           "nice=-20..19 (the vCPU threads'), pin=off|on|CPUS (comma-separated; "
@@ -128,8 +129,15 @@ def vm_options(f):
                           "vCPUs, else single)")(f)
     f = click.option("--vm-memory", metavar="SIZE", default="2G", show_default=True,
                      help="the VM's memory (e.g. 2G, 1536M)")(f)
-    f = click.option("--vm-cpus", type=click.IntRange(min=1, max=64), default=4,
-                     show_default=True, help="vCPUs of the VM (its CPU set is all of them)")(f)
+    f = click.option("--vm-topology", metavar="SPEC",
+                     help="the VM's shape: a preset (smt, 2llc, 2socket, 2node, 2node-smt, "
+                          "2node-2llc-smt) or sockets=S,cores=C,threads=T[,dies=D]"
+                          "[,numa=per-socket|per-die|N][,llc=socket|die][,distance=D]"
+                          "[,cpu=MODEL] (docs/topology.md); refused before any run if the "
+                          "guest does not get it")(f)
+    f = click.option("--vm-cpus", type=click.IntRange(min=1, max=64), default=None,
+                     help="vCPUs of the VM (its CPU set is all of them) [default: 4, or the "
+                          "--vm-topology's]")(f)
     f = click.option("--kernel", metavar="KERNEL",
                      help="run in a VM booting this kernel: debian:6.1, debian:6.12, "
                           "debian:6.1-rt, debian:6.12-rt, sched-ext (harmony kernel build "
@@ -153,13 +161,16 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
     """Fetch the kernel (if named and not cached) and make the VM runner."""
     from harmony import doctor as host
     from harmony.vm.kernels import kernel as get_kernel
+    from harmony.vm.plan import check_kernel_cpus
     from harmony.vm.runner import VmRunner
 
     say = (lambda line: None) if quiet else (lambda line: click.echo(f"vm: {line}", err=True))
     with exit_on_error():
         k = get_kernel(kernel, progress=say)
+        check_kernel_cpus(k, len(vm.cpus))
     facts = host.run_facts(host.doctor(mount=False, test_record=False))
-    return VmRunner(k, len(vm.cpus), vm.memory_mb, vm.setting, facts=facts, say=say, scx=scx)
+    return VmRunner(k, len(vm.cpus), vm.memory_mb, vm.setting, facts=facts, say=say, scx=scx,
+                    topology=vm.topology)
 
 
 @click.command(cls=RunCommand)
@@ -189,7 +200,7 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
 @scx_options
 def run(experiment, experiment_option, cpus, layout, duration, params, probe, crosscheck, out,
         seed, quiet, repeat, as_json, verbose, until_decided, max_repeat, kernel, vm_cpus,
-        vm_memory, vm_qemu, scx, scx_args):
+        vm_topology, vm_memory, vm_qemu, scx, scx_args):
     """Run one experiment (EXPERIMENT, or --experiment NAME) and analyse it; prints the key
     numbers, the answers and where the files are."""
     from harmony.experiments import get_experiment
@@ -210,9 +221,12 @@ def run(experiment, experiment_option, cpus, layout, duration, params, probe, cr
         exp = get_experiment(experiment)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="EXPERIMENT") from None
+    if kernel is None and vm_topology is not None:
+        raise click.UsageError("--vm-topology is a VM's shape: it goes with --kernel")
     if kernel is not None:
         with exit_on_error():
-            vm = plan_vm(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe, crosscheck)
+            vm = plan_vm(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe, crosscheck,
+                         vm_topology)
         cpu_set = vm.cpus
     else:
         cpu_set = resolve_cpus(cpus)
@@ -222,7 +236,7 @@ def run(experiment, experiment_option, cpus, layout, duration, params, probe, cr
     if duration is not None:
         overrides["duration"] = str(duration)
     try:
-        cpu_set = _placed(overrides, cpu_set, kernel)
+        cpu_set = _placed(overrides, cpu_set, kernel, vm if kernel is not None else None)
         values = exp.resolve(overrides, cpu_set)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -267,19 +281,34 @@ def _host_topology() -> dict:
     return domains.read()
 
 
-def _placed(overrides: dict, cpu_set: list[int], kernel) -> list[int]:
+def _guest_topology(kernel: str, vm) -> dict | None:
+    """The topology a guest of shape ``vm.topology`` (--vm-topology) will have, by topology.c's
+    rules (harmony.analysis.machines), to place runs and plan a suite before it boots: the
+    guest agent refuses the boot if its kernel built other domains. None without a shape."""
+    from harmony.analysis.machines import machine_topology
+
+    spec = vm.topology.machine_spec("6.1" if kernel.endswith(":6.1") else "6.12") \
+        if vm.topology is not None else None
+    return machine_topology(spec) if spec else None
+
+
+def _placed(overrides: dict, cpu_set: list[int], kernel, vm=None) -> list[int]:
     """The run's CPU set for ``-p level=...`` (harmony.experiments.placement): the pair at that
-    level of this host's topology; ``cpu_set`` without a level. ValueError (one line) for a
-    machine without such a pair, or a kernel under test in a VM, whose topology is the guest's."""
+    level of this host's topology, or of the guest's shape (--vm-topology) with ``kernel``;
+    ``cpu_set`` without a level. ValueError (one line) for a machine without such a pair, or a
+    VM without a shape."""
     from harmony.experiments.placement import placed_cpus
 
     level = overrides.get("level") or ""
     if not level:
         return cpu_set
-    if kernel is not None:
-        raise ValueError(f"level={level} in a VM needs the guest's topology before it boots: "
-                         "give the VM its shape (--vm-topology) when Harmony has it")
-    return placed_cpus(level, cpu_set, _host_topology())
+    if kernel is None:
+        return placed_cpus(level, cpu_set, _host_topology())
+    topology = _guest_topology(kernel, vm)
+    if topology is None:
+        raise ValueError(f"level={level} in a VM needs the guest's shape before it boots: give "
+                         "it --vm-topology (a preset, or nodes one per socket or per die)")
+    return placed_cpus(level, cpu_set, topology)
 
 
 def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None,
@@ -376,7 +405,8 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
 @vm_options
 @scx_options
 def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume, as_json,
-          verbose, until_decided, max_repeat, kernel, vm_cpus, vm_memory, vm_qemu, scx,
+          verbose, until_decided, max_repeat, kernel, vm_cpus, vm_topology, vm_memory, vm_qemu,
+          scx,
           scx_args):
     """Run the whole catalog with repetitions and write one report (policy card first).
 
@@ -388,9 +418,12 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
     from harmony.vm.plan import plan_scx, plan_vm
 
     check_release_options()
+    if kernel is None and vm_topology is not None:
+        raise click.UsageError("--vm-topology is a VM's shape: it goes with --kernel")
     if kernel is not None:
         with exit_on_error():
-            vm = plan_vm(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe)
+            vm = plan_vm(kernel, vm_cpus, vm_memory, vm_qemu, cpus, probe,
+                         vm_topology=vm_topology)
     if resume:
         given = [o for o, v in (("--quick", quick), ("--cpus", cpus), ("--repeat", repeat),
                                 ("--experiment", experiments), ("--seed", seed)) if v]
@@ -413,7 +446,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         try:
             configs = plan(cpu_set, quick=quick, repeat=repeat,
                            experiments=list(experiments) or None,
-                           topology=None if kernel is not None else _host_topology())
+                           topology=(_guest_topology(kernel, vm) if kernel is not None
+                                     else _host_topology()))
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         if out is None:

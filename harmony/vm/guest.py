@@ -45,6 +45,9 @@ from harmony.probes import get_probe
 from harmony.run import JsonRows, capture
 from harmony.vm.machine import LINE_PREFIX
 from harmony.vm.scx import ScxSpec
+from harmony.vm.topology import VmTopology
+from harmony.vm.topology import check as check_topology
+from harmony.vm.topology import parse as parse_topology
 from harmony.workload import serve
 from harmony.workload.tasks import TaskSpec
 
@@ -142,8 +145,29 @@ def memory_dir() -> str:
     raise OSError(f"none of {', '.join(MEMORY_DIRS)} is a tmpfs here")
 
 
-def write_job(path: Path, runs: list[PlannedRun]) -> None:
-    store.write_json(path, {"format": JOB_FORMAT, "runs": [dataclasses.asdict(r) for r in runs]})
+def write_job(path: Path, runs: list[PlannedRun], topology: str | None = None) -> None:
+    """The job file of ``runs``; ``topology``: the VM's shape asked for (a --vm-topology spec),
+    which the agent checks the guest got before any run (:func:`topology_problem`)."""
+    store.write_json(path, {"format": JOB_FORMAT, "runs": [dataclasses.asdict(r) for r in runs],
+                            "topology": topology})
+
+
+def job_topology(path: Path) -> VmTopology | None:
+    """The VM shape a job file asks for (:func:`write_job`), None if none."""
+    spec = store.read_json(path).get("topology")
+    return parse_topology(spec) if spec else None
+
+
+def topology_problem(topo: VmTopology, facts: dict) -> str | None:
+    """Why the guest did not get ``topo`` (one line), from its facts (the doctor's
+    ``sched_domains`` check: the guest's topology as :func:`harmony.probes.domains.read`
+    gives it); None if it did."""
+    guest = (facts.get("doctor") or {}).get("sched_domains") or {}
+    if "cpus" not in guest:
+        return (f"--vm-topology {topo.spec()}: the guest's topology could not be read "
+                f"({guest.get('detail', 'no sched_domains check')})")
+    why = check_topology(topo, guest)
+    return f"--vm-topology {topo.preset or topo.spec()}: {why}" if why else None
 
 
 def read_job(path: Path) -> list[PlannedRun]:
@@ -201,11 +225,16 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         runs = read_job(Path(argv[0]))
+        topology = job_topology(Path(argv[0]))
         facts = guest_facts()
     except Exception as exc:    # said on the console, where the host reads it
         emit("error", run=None, message=reason(exc))
         return 1
     emit("facts", facts=facts, pid=os.getpid())
+    why = topology_problem(topology, facts) if topology is not None else None
+    if why:                     # a shape the guest did not get: no run is measured on it
+        emit("error", run=None, message=why)
+        return 1
     failed = run_job(runs, facts)
     emit("end", failed=failed)
     return 0

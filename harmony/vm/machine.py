@@ -55,6 +55,7 @@ from harmony.core.osutil import (
     stale_processes,
 )
 from harmony.hostfacts import MISSING, OK, check
+from harmony.vm.topology import VmTopology
 
 #: the prefix of the guest agent's lines on the console
 LINE_PREFIX = "@harmony "
@@ -183,11 +184,14 @@ def qemu_options(setting: QemuSetting, accel: str) -> list[str]:
 
 
 def vng_argv(kernel, vcpus: int, memory_mb: int, rwdir: Path, command: list[str],
-             setting: QemuSetting, accel: str, vng: str = "vng") -> list[str]:
+             setting: QemuSetting, accel: str, vng: str = "vng",
+             topology: VmTopology | None = None) -> list[str]:
     """The virtme-ng command line booting ``kernel`` with ``vcpus`` vCPUs and ``memory_mb`` MiB,
     ``rwdir`` writable, running ``command``. ``--verbose``: the console (kernel messages and the
-    command's output) comes to our stdout."""
-    argv = [vng, "--verbose", "--run", str(kernel.image), "--cpus", str(vcpus),
+    command's output) comes to our stdout. With a ``topology`` (:mod:`harmony.vm.topology`), its
+    ``--cpus`` and NUMA nodes instead of ``vcpus``, and the CPU model it needs."""
+    shape = topology.vng_args(memory_mb) if topology else ["--cpus", str(vcpus)]
+    argv = [vng, "--verbose", "--run", str(kernel.image), *shape,
             "--memory", f"{memory_mb}M", "--rwdir", str(rwdir)]
     if accel == "tcg":
         argv.append("--disable-kvm")
@@ -196,7 +200,8 @@ def vng_argv(kernel, vcpus: int, memory_mb: int, rwdir: Path, command: list[str]
     elif setting.pin != "off":
         argv += ["--pin", setting.pin]
     # one argument with "=": a value starting with "-" would be taken for an option of vng's
-    argv += [f"--qemu-opts={shlex.join(qemu_options(setting, accel))}", "--", shlex.join(command)]
+    opts = qemu_options(setting, accel) + (topology.qemu_opts(accel) if topology else [])
+    argv += [f"--qemu-opts={shlex.join(opts)}", "--", shlex.join(command)]
     return argv
 
 
@@ -427,7 +432,10 @@ class VirtualMachine:
 
     def __init__(self, kernel, vcpus: int, memory_mb: int = 2048,
                  setting: QemuSetting | None = None, boot_timeout: float = BOOT_TIMEOUT_S,
-                 console_log: Path | None = None):
+                 console_log: Path | None = None, topology: VmTopology | None = None):
+        self.topology = topology        # the shape asked for (harmony.vm.topology), or None
+        if topology is not None:
+            vcpus, memory_mb = topology.vcpus, topology.vm_memory_mb(memory_mb)
         self.kernel, self.vcpus, self.memory_mb = kernel, vcpus, memory_mb
         self.setting, self.setting_why = (setting or QemuSetting()).resolved(
             vcpus, len(os.sched_getaffinity(0)))
@@ -446,7 +454,13 @@ class VirtualMachine:
                 "accelerator_why": self.accel_why, "vcpus": self.vcpus,
                 "memory_mb": self.memory_mb, "qemu_setting": self.setting.text(),
                 "qemu_setting_why": self.setting_why if self.accel != "kvm" else None,
-                "qemu_options": qemu_options(self.setting, self.accel or "tcg"), **versions()}
+                "qemu_options": qemu_options(self.setting, self.accel or "tcg")
+                + (self.topology.qemu_opts(self.accel or "tcg") if self.topology else []),
+                "topology": None if self.topology is None else {
+                    "spec": self.topology.spec(), "preset": self.topology.preset,
+                    "describe": self.topology.describe(), "smp": self.topology.smp(),
+                    "numa_nodes": self.topology.node_cpus() if self.topology.numa > 1 else None},
+                **versions()}
 
     def _fail(self, what: str) -> VmError:
         tail = [line for line in self.console_tail if line.strip()][-3:]
@@ -464,7 +478,7 @@ class VirtualMachine:
         virtme-ng are killed whatever happens."""
         self.accel, self.accel_why = accelerator(self.setting, self.kernel)
         argv = vng_argv(self.kernel, self.vcpus, self.memory_mb, rwdir, command, self.setting,
-                        self.accel)
+                        self.accel, topology=self.topology)
         log = open(self.console_log, "w") if self.console_log else None
         t_start = time.monotonic()
         try:

@@ -9,6 +9,7 @@ it can run). Bad input raises :class:`~harmony.core.errors.ParameterError` (a us
 
 from __future__ import annotations
 
+import gzip
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,16 +17,24 @@ from pathlib import Path
 from harmony.core.errors import ParameterError, VmError
 from harmony.vm import kernels, scx, scx_build
 from harmony.vm.machine import QemuSetting, missing_tools, setting_from_env
+from harmony.vm.topology import VmTopology, check_memory, nr_cpus
+from harmony.vm.topology import parse as parse_topology
+
+
+#: the vCPUs of a VM without --vm-cpus or --vm-topology
+DEFAULT_VCPUS = 4
 
 
 @dataclass
 class VmPlan:
-    """A VM run's options, checked: the guest's CPU set (all its vCPUs), its memory in MiB and
-    how QEMU runs it."""
+    """A VM run's options, checked: the guest's CPU set (all its vCPUs), its memory in MiB, how
+    QEMU runs it and the machine's shape (:mod:`harmony.vm.topology`; None: a flat machine of
+    ``cpus``)."""
 
     cpus: list[int]
     memory_mb: int
     setting: QemuSetting
+    topology: VmTopology | None = None
 
 
 def parse_memory(text: str) -> int:
@@ -39,11 +48,13 @@ def parse_memory(text: str) -> int:
     return mib
 
 
-def plan_vm(kernel: str, vm_cpus: int, vm_memory: str, vm_qemu: str | None,
+def plan_vm(kernel: str, vm_cpus: int | None, vm_memory: str, vm_qemu: str | None,
             cpus: str | None = None, probe: str = "tracefs",
-            crosscheck: str | None = None) -> VmPlan:
+            crosscheck: str | None = None, vm_topology: str | None = None) -> VmPlan:
     """Check a VM run's options: ``cpus`` (the host's CPU set) and a probe other than tracefs
-    cannot go with a VM."""
+    cannot go with a VM; ``vm_topology`` (a spec or preset: :func:`harmony.vm.topology.parse`)
+    sets the vCPUs (``vm_cpus``, if given too, must be as many) and splits the memory into its
+    NUMA nodes."""
     if cpus is not None:
         raise ParameterError("--cpus is the host's CPU set; a VM's is all its vCPUs (--vm-cpus)")
     if probe != "tracefs" or crosscheck:
@@ -52,11 +63,44 @@ def plan_vm(kernel: str, vm_cpus: int, vm_memory: str, vm_qemu: str | None,
     kernels.check_spec(kernel)
     setting = QemuSetting.parse(vm_qemu) if vm_qemu is not None else setting_from_env()
     memory = parse_memory(vm_memory)
+    topology = None
+    if vm_topology is not None:
+        topology = parse_topology(vm_topology)
+        if vm_cpus is not None and vm_cpus != topology.vcpus:
+            raise ParameterError(f"--vm-cpus {vm_cpus} and --vm-topology {vm_topology} "
+                                 f"({topology.vcpus} vCPUs) disagree: give one")
+        check_memory(topology, memory)
+        vm_cpus, memory = topology.vcpus, topology.vm_memory_mb(memory)
     missing = missing_tools()
     if missing:
         raise VmError(f"cannot boot kernel {kernel}: missing {', '.join(missing)} "
                       "(sudo ./install.sh)")
-    return VmPlan(list(range(vm_cpus)), memory, setting)
+    return VmPlan(list(range(vm_cpus or DEFAULT_VCPUS)), memory, setting, topology)
+
+
+def check_kernel_cpus(kernel, vcpus: int) -> None:
+    """Refuse (ParameterError, one line) more vCPUs than the kernel ``kernel``
+    (:class:`~harmony.vm.kernels.Kernel`) can bring up: its CONFIG_NR_CPUS, from the config
+    beside its image (a Debian package's boot/config-RELEASE) or its build's; nothing is
+    refused where no config says."""
+    limit = nr_cpus(kernel_config_text(kernel))
+    if limit is not None and vcpus > limit:
+        raise ParameterError(f"kernel {kernel.spec} brings up at most {limit} CPUs "
+                             f"(CONFIG_NR_CPUS={limit}): {vcpus} vCPUs asked")
+
+
+def kernel_config_text(kernel) -> str | None:
+    """The configuration of ``kernel``: a Debian package's ``boot/config-RELEASE`` beside its
+    image, or a build's ``config.gz``; None where neither is found."""
+    d = Path(kernel.image).parent
+    for path in (d / f"config-{kernel.release}", d / "config.gz"):
+        try:
+            data = path.read_bytes()
+            return (gzip.decompress(data) if path.suffix == ".gz" else data).decode(
+                errors="replace")
+        except (OSError, EOFError, gzip.BadGzipFile):
+            continue
+    return None
 
 
 def plan_scx(name: str | None, args: str | None, kernel: str | None, params: list[dict]):

@@ -50,12 +50,17 @@ class VmRunner:
     RUN_MARGIN_S = 180.0
 
     def __init__(self, kernel, vcpus: int, memory_mb: int = 2048, setting=None,
-                 probe: str = "tracefs", facts: dict | None = None, say=None, scx=None):
+                 probe: str = "tracefs", facts: dict | None = None, say=None, scx=None,
+                 topology=None):
+        if topology is not None:        # harmony.vm.topology.VmTopology: its vCPUs, its nodes
+            vcpus, memory_mb = topology.vcpus, topology.vm_memory_mb(memory_mb)
         self.kernel, self.vcpus, self.memory_mb, self.setting = kernel, vcpus, memory_mb, setting
+        self.topology = topology
         self.scx = scx      # a sched_ext scheduler for every run (harmony.vm.scx.ScxSpec), or None
         self.probe, self.facts = probe, facts or {}
         self.say = say or (lambda line: None)
-        self.name = f"kernel {kernel.spec} in a VM ({vcpus} vCPUs)"
+        shape = f"; {topology.describe()}" if topology is not None else ""
+        self.name = f"kernel {kernel.spec} in a VM ({vcpus} vCPUs{shape})"
         self.overlap = False
         self.analysis = "on the host after the VM exits, one process per CPU"
         self.lock = None
@@ -140,19 +145,23 @@ class VmRunner:
                 shutil.copy2(self.scx.path, jobdir / Path(self.scx.path).name)
                 for run in runs:
                     run.scx = {**run.scx, "path": str(jobdir / Path(self.scx.path).name)}
-            write_job(job, runs)
+            write_job(job, runs, self.topology.spec() if self.topology is not None else None)
             argv, env = harmony_python("harmony.vm.guest", str(job))
             env = [f"{k}={v}" for k, v in env.items()
                    if k.startswith("HARMONY_") or k == "PYTHONPATH"]
             command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, *argv]
             self.vm = VirtualMachine(self.kernel, self.vcpus, self.memory_mb, self.setting,
-                                     console_log=rwdir / "vm-console.log")
-            self.say(f"booting {self.kernel.describe()} with {self.vcpus} vCPUs")
+                                     console_log=rwdir / "vm-console.log",
+                                     topology=self.topology)
+            shape = f" ({self.topology.describe()})" if self.topology is not None else ""
+            self.say(f"booting {self.kernel.describe()} with {self.vcpus} vCPUs{shape}")
             failure = None
             try:
                 self.vm.run(command, rwdir, lambda ev, t: self._on_event(ev, t, runs, state))
-                if not state["ended"]:
-                    failure = (f"kernel {self.kernel.spec}: the guest agent stopped before the "
+                if not state["ended"]:      # the agent's own word where it gave one
+                    failure = (f"kernel {self.kernel.spec}: " + state["errors"][None]
+                               if state["errors"].get(None) else
+                               f"kernel {self.kernel.spec}: the guest agent stopped before the "
                                "end of its runs")
             except VmError as exc:
                 failure = str(exc)
