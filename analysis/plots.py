@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from harmony.analysis.causes import causes_over_time  # noqa: E402
 
@@ -69,6 +70,7 @@ def plot_migrations(migrations: pd.DataFrame, duration_s: float, bin_s: float, p
     else:
         ax.text(0.5, 0.5, "no migrations", transform=ax.transAxes, ha="center", va="center")
     ax.set_xlim(0, duration_s)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))     # counts: whole numbers
     ax.set_xlabel("time since t0 (s)")
     ax.set_ylabel(f"migrations per {bin_s * 1000:g} ms")
     ax.set_title(f"{title} (total {len(migrations)})")
@@ -108,6 +110,7 @@ def plot_causes(migrations: pd.DataFrame, duration_s: float, bin_s: float, path:
                 va="center")
     inferred = int((migrations["inferred"].to_numpy() & (migrations["t"].to_numpy() >= 0)).sum())
     ax.set_xlim(0, duration_s)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))     # counts: whole numbers
     ax.set_xlabel("time since t0 (s)")
     ax.set_ylabel(f"migrations per {bin_s * 1000:g} ms")
     ax.set_title(f"Why tasks moved (total {int(over[list(CAUSE_COLOURS)].to_numpy().sum())}"
@@ -208,6 +211,7 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
             ax.axvline(first, color="#27ae60", lw=1.0, ls=":")
         ax.set_ylabel(f"CPU {cpu}")
         ax.set_ylim(0, top + 0.5)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))     # tasks: whole numbers
     axes[-1, 0].set_xlim(0, duration_s)
     axes[-1, 0].set_xlabel("time since t0 (s)")
     note = _balanced_note(t_balanced, first, tolerance)
