@@ -479,6 +479,22 @@ def test_import_names_the_scheduler_the_kernel_release_implies(tmp_path, release
         assert setup_of(run.manifest) == "6.1.0-50-amd64, CFS (implied by kernel 6.1)"
 
 
+def test_an_import_lists_no_parameter_its_trace_cannot_tell(writer_dat, tmp_path):
+    """How the tasks were started, released and asked to run is not in a trace: an imported
+    run lists what the analysis reads, what the trace tells (duration, layout) and what was
+    given, and names the rest as not known, never the defaults of a Harmony run."""
+    _, dat = writer_dat
+    r = invoke("import", dat, "--pid", 11, "-p", "duty=50", "--out", tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "a").manifest
+    assert {"duration", "layout", "tolerance", "bin_s", "window_s", "duty"} <= set(m["params"])
+    assert not {"release", "warm_s", "nice", "policy", "sample_hz"} & set(m["params"])
+    assert {"release", "warm_s", "nice"} <= set(m["source"]["params_not_known"])
+    assert "duty" not in m["source"]["params_not_known"]
+    from harmony.analysis.report import params_line
+    assert "(not known from the trace: " in params_line(m) and "release=" not in params_line(m)
+
+
 def test_import_window_ends_with_the_chosen_tasks_unless_given(writer_dat, tmp_path):
     _, dat = writer_dat
     # pid 11's events: 1.000000005 s (its switch-in) .. 1.402653206 s (its switch-out); the
