@@ -37,6 +37,17 @@ def migration_counts(migrations: pd.DataFrame, edges: np.ndarray) -> dict[str, n
             if len(migrations) and (kind == k).any()}
 
 
+def integer_axis(axis, values) -> None:
+    """Ticks of an axis of whole numbers (a count, an integer parameter) at whole numbers only:
+    at each of ``values`` when they are few (one x: one tick, not 7.6 ... 8.4), else where
+    matplotlib puts them, rounded to integers."""
+    ticks = sorted({int(v) for v in pd.Series(values).dropna()})
+    if 0 < len(ticks) <= 8:
+        axis.set_ticks(ticks)
+    else:
+        axis.set_major_locator(MaxNLocator(integer=True))
+
+
 #: the most bins plot_migrations draws (more: each bin is widened, by a whole factor)
 MAX_MIGRATION_BINS = 450
 

@@ -28,6 +28,7 @@ from harmony import store  # noqa: E402
 from harmony.analysis import document as D  # noqa: E402
 from harmony.analysis import policy, sequential, server_card  # noqa: E402
 from harmony.analysis import thresholds as T  # noqa: E402
+from harmony.analysis.plots import integer_axis  # noqa: E402
 from harmony.analysis.plots_requests import df_latency_by_load, plot_latency_by_load  # noqa: E402
 
 #: which experiments give the evidence of each question (the card's sources)
@@ -139,19 +140,6 @@ PREDICTION_STYLES = (
     ("pairwise_prediction", "pairwise: (q_src - q_target)/2",
      {"ls": ":", "marker": "s", "ms": 6, "mfc": "none", "color": "#e67e22"}),
 )
-
-
-def integer_axis(axis, values) -> None:
-    """Ticks of an axis of whole numbers (a count, an integer parameter) at whole numbers only:
-    at each of ``values`` when they are few (one x: one tick, not 7.6 ... 8.4), else where
-    matplotlib puts them, rounded to integers."""
-    from matplotlib.ticker import MaxNLocator
-
-    ticks = sorted({int(v) for v in pd.Series(values).dropna()})
-    if 0 < len(ticks) <= 8:
-        axis.set_ticks(ticks)
-    else:
-        axis.set_major_locator(MaxNLocator(integer=True))
 
 
 @_styled

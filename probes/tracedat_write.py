@@ -9,7 +9,7 @@ Layout written (all numbers little endian, see trace-cmd.dat.v6(5) and trace-cmd
     "header_event\\0" u64 size  <events/header_event>
     u32 n  { u64 size <ftrace/<event>/format> } * n               ftrace system formats
     u32 n_systems { "<system>\\0" u32 n { u64 size <format> } * n } * n_systems
-    u32 size "<ip> t tracing_mark_write\n"...                    kallsyms: the markers' ips
+    u32 size "<ip> t tracing_mark_write\\n"...                   kallsyms: the markers' ips
     u32 0                                                         printk formats (none)
     u64 size "<pid> <comm>\\n"...                                 cmdlines
     u32 n_cpus

@@ -337,3 +337,18 @@ def test_a_delay_of_zero_is_drawn_from_zero_in_its_unit(tmp_path, monkeypatch):
     ax = kept[-1].axes[0]
     assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 0
     assert ticks[-1] == ["steal latency"]
+
+
+def test_first_round_draws_equal_predictions_at_one_x(tmp_path, monkeypatch):
+    """A how-many run's own figure, 2 CPUs, one x: the two predictions are the same number and
+    a single point each; both show, and the axes count in whole numbers."""
+    from harmony.analysis import plots_rounds
+    kept = _keep_figures(monkeypatch, plots_rounds)
+    df = pd.DataFrame({"path": ["a"], "x": [8], "ncpus": [2], "first_round_moved": [3],
+                       "poly_prediction": [4.0], "pairwise_prediction": [4.0]})
+    plots_rounds.plot_first_round(df, tmp_path / "first_round.png")
+    ax = kept[-1].axes[0]
+    assert len(_every_legend_entry_drawn(ax)) == 3
+    assert _integer_ticks(ax.xaxis) == [8]
+    _integer_ticks(ax.yaxis)
+    assert ax.get_title().endswith("(1 run)")
