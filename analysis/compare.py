@@ -248,27 +248,40 @@ def _level_rank(level: str) -> int:
     return LEVEL_ORDER.index(level) if level in LEVEL_ORDER else len(LEVEL_ORDER)
 
 
-def levels_text(cmp: Comparison, width: int) -> list[str]:
+def _wrapped_row(head: str, values: list[str], cols: list[int]) -> list[str]:
+    """One row of a table of columns ``cols`` wide: each value wrapped within its column (never
+    cut), ``head`` on the first line and its width in blanks on the next."""
+    cells = [textwrap.wrap(v, w, break_on_hyphens=False) or [""] for v, w in zip(values, cols)]
+    return [((head if k == 0 else " " * len(head))
+             + "".join(f"{(c[k] if k < len(c) else ''):<{w + 2}}" for c, w in zip(cells, cols))
+             ).rstrip() for k in range(max(map(len, cells)))]
+
+
+def levels_text(cmp: Comparison, width: int | None = None) -> list[str]:
     """The answers by level and the predictions' verdicts, one column per source; [] when no
-    source has either."""
+    source has either. Each column as wide as its longest entry, or for a screen ``width``
+    characters wide its share of it (never narrower than ANSWER_MIN_WIDTH), an entry longer
+    than that wrapped within it: never cut."""
     names = [_letter(k) for k in range(len(cmp.sources))]
     out = []
-    lv = df_compare_levels(cmp)
+    lv, pr = df_compare_levels(cmp), df_compare_predictions(cmp)
+    entries = [[str(v) for v in lv.loc[lv["source"] == s, "label"]]
+               + [str(v) for v in pr.loc[pr["source"] == s, "verdict"]] for s in cmp.sources]
+    share = (max(ANSWER_MIN_WIDTH, (width - 32) // max(1, len(names)) - 2)
+             if width is not None else 10 ** 6)
+    cols = [min(share, max([len(n)] + [len(v) for v in e])) for n, e in zip(names, entries)]
     if len(lv):
         out.append("by level (where the source and target CPUs sit; *: answers of another kind):")
         for (qid, level), d in lv.groupby(["qid", "level"], sort=False):
             mark = "*" if d["differs"].iloc[0] else " "
-            head = f"{qid} @ {level}"
-            out.append(f"{mark}  {head:<28}" + "".join(
-                f"{_cut(str(v), width):<{width + 2}}" for v in d["label"]).rstrip())
+            out += _wrapped_row(f"{mark}  {f'{qid} @ {level}':<28}", list(map(str, d["label"])),
+                                cols)
         out.append("")
-    pr = df_compare_predictions(cmp)
     if len(pr):
         out.append("predictions from the kernel's domains, checked (" + ", ".join(names) + "):")
         for (check, level), d in pr.groupby(["check", "level"], sort=False):
             head = f"{check}" + (f" @ {level}" if level else "")
-            out.append(f"   {head:<28}" + "".join(
-                f"{_cut(str(v), width):<{width + 2}}" for v in d["verdict"]).rstrip())
+            out += _wrapped_row(f"   {head:<28}", list(map(str, d["verdict"])), cols)
         out.append("")
     return out
 
@@ -588,7 +601,7 @@ def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = 
     out += answers_lines(table, differs, names, width)
     out += [""] + textwrap.wrap(answers_note(int(differs.sum()), len(table)), min(width or 100,
                                                                                  100)) + [""]
-    out += levels_text(cmp, width or max(16, min(34, 100 // max(len(names), 1) - 2)))
+    out += levels_text(cmp, width)
     out += metrics_text(cmp, df_metric_differences(cmp), all_metrics)
     return "\n".join(out).rstrip() + "\n"
 
