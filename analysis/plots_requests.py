@@ -102,11 +102,11 @@ def plot_latency_by_load(df: pd.DataFrame, path: Path, title: str = "") -> Path:
     colors = dict(zip(sorted(df["shape"].unique()), ["#2c3e50", "#c0392b", "#27ae60", "#8e44ad",
                                                      "#e67e22", "#16a085"]))
     loads = np.sort(df["load"].dropna().unique())
-    # the shapes side by side at each load (a tenth of the closest loads' gap between them), so
-    # that their points do not hide one another
-    gap = float(np.diff(loads).min()) if len(loads) > 1 else 0.5
+    # the shapes side by side at each load (a 25th of the closest loads' gap between them), so
+    # that their points do not hide one another, yet stay at their load (ticked at the loads)
+    gap = float(np.diff(loads).min()) if len(loads) > 1 else 0.2
     for k, (shape, g) in enumerate(df.groupby("shape")):
-        dodge = (k - (len(colors) - 1) / 2) * gap / 10
+        dodge = (k - (len(colors) - 1) / 2) * gap / 25
         for key, _, style, mark in PERCENTILES:
             y = pd.to_numeric(g[key], errors="coerce")
             ax.scatter(g["load"] + dodge, y, marker=mark, color=colors.get(shape, "0.4"), s=18,
@@ -116,7 +116,9 @@ def plot_latency_by_load(df: pd.DataFrame, path: Path, title: str = "") -> Path:
                     lw=1.2)
     ax.set_yscale("log")
     if len(loads) == 1:         # one load: the points, not a span of 0.04 in four decimals
-        ax.set_xlim(loads[0] - 0.25, loads[0] + 0.25)
+        ax.set_xlim(loads[0] - gap / 2, loads[0] + gap / 2)
+    if len(loads) <= 8:
+        ax.set_xticks(loads, [f"{v:g}" for v in loads])
     ax.set_xlabel("offered load (fraction of the capacity measured)")
     ax.set_ylabel("latency (ms)")
     shapes = ax.legend(handles=[Line2D([], [], color=c, marker="s", ls="-", ms=5, label=sh)
