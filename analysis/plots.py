@@ -222,7 +222,7 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
             ax.axvline(first, color="#27ae60", lw=1.0, ls=":")
         ax.set_ylabel(f"CPU {cpu}")
         ax.set_ylim(0, top + 0.5)
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))     # tasks: whole numbers
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))  # tasks: whole, few
     axes[-1, 0].set_xlim(0, duration_s)
     axes[-1, 0].set_xlabel("time since t0 (s)")
     note = _balanced_note(t_balanced, first, tolerance)
