@@ -248,27 +248,41 @@ def _level_rank(level: str) -> int:
     return LEVEL_ORDER.index(level) if level in LEVEL_ORDER else len(LEVEL_ORDER)
 
 
-def levels_text(cmp: Comparison, width: int | None) -> list[str]:
-    """The answers by level and the predictions' verdicts, one column per source, wrapped as
-    :func:`answers_lines` wraps the answers (never cut); [] when no source has either."""
+def _wrapped_row(head: str, values: list[str], cols: list[int]) -> list[str]:
+    """One row of a table of columns ``cols`` wide: each value wrapped within its column (never
+    cut), ``head`` on the first line and its width in blanks on the next."""
+    cells = [textwrap.wrap(v, w, break_on_hyphens=False) or [""] for v, w in zip(values, cols)]
+    return [((head if k == 0 else " " * len(head))
+             + "".join(f"{(c[k] if k < len(c) else ''):<{w + 2}}" for c, w in zip(cells, cols))
+             ).rstrip() for k in range(max(map(len, cells)))]
+
+
+def levels_text(cmp: Comparison, width: int | None = None) -> list[str]:
+    """The answers by level and the predictions' verdicts, one column per source; [] when no
+    source has either. Each column as wide as its longest entry, or for a screen ``width``
+    characters wide its share of it (never narrower than ANSWER_MIN_WIDTH), an entry longer
+    than that wrapped within it: never cut."""
     names = [_letter(k) for k in range(len(cmp.sources))]
     out = []
-    lv = df_compare_levels(cmp)
+    lv, pr = df_compare_levels(cmp), df_compare_predictions(cmp)
+    entries = [[str(v) for v in lv.loc[lv["source"] == s, "label"]]
+               + [str(v) for v in pr.loc[pr["source"] == s, "verdict"]] for s in cmp.sources]
+    share = (max(ANSWER_MIN_WIDTH, (width - 32) // max(1, len(names)) - 2)
+             if width is not None else 10 ** 6)
+    cols = [min(share, max([len(n)] + [len(v) for v in e])) for n, e in zip(names, entries)]
     if len(lv):
         out.append("by level (where the source and target CPUs sit; *: answers of another kind):")
-        rows = {f"{q} @ {lvl}": d for (q, lvl), d in lv.groupby(["qid", "level"], sort=False)}
-        table = pd.DataFrame([list(d["label"]) for d in rows.values()], index=list(rows),
-                             columns=names)
-        differs = pd.Series({k: bool(d["differs"].iloc[0]) for k, d in rows.items()})
-        out += answers_lines(table, differs, names, width) + [""]
-    pr = df_compare_predictions(cmp)
+        for (qid, level), d in lv.groupby(["qid", "level"], sort=False):
+            mark = "*" if d["differs"].iloc[0] else " "
+            out += _wrapped_row(f"{mark}  {f'{qid} @ {level}':<28}", list(map(str, d["label"])),
+                                cols)
+        out.append("")
     if len(pr):
         out.append("predictions from the kernel's domains, checked (" + ", ".join(names) + "):")
-        rows = {f"{c}" + (f" @ {lvl}" if lvl else ""): d
-                for (c, lvl), d in pr.groupby(["check", "level"], sort=False)}
-        table = pd.DataFrame([list(d["verdict"]) for d in rows.values()], index=list(rows),
-                             columns=names)
-        out += answers_lines(table, pd.Series(False, index=table.index), names, width) + [""]
+        for (check, level), d in pr.groupby(["check", "level"], sort=False):
+            head = f"{check}" + (f" @ {level}" if level else "")
+            out += _wrapped_row(f"   {head:<28}", list(map(str, d["verdict"])), cols)
+        out.append("")
     return out
 
 
@@ -990,11 +1004,10 @@ def _label_cell(a: policy.Answer) -> D.Cell:
                   "none" if kind == "cannot" else kind)
 
 
-def _level_label_cell(label: str) -> D.Cell:
-    """An answer at one level (a label, no confidence of its own), styled by what it says."""
-    kind = ("none" if label in (NO_EVIDENCE, "-") else
-            "undecided" if label == policy.UNDECIDED else "answered")
-    return D.Cell(label, kind)
+def _level_cell(label: str) -> D.Cell:
+    """An answer at a level (:func:`df_compare_levels`' label, a string): "no evidence" styled
+    as none, any other as answered."""
+    return D.Cell(label, "none" if label == NO_EVIDENCE else "answered")
 
 
 def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
@@ -1024,8 +1037,7 @@ def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
                 D.Table(["", "question @ level"] + list(src["letter"]),
                         [["*" if lv[(lv["qid"] == q) & (lv["level"] == L)]["differs"].iloc[0]
                           else "", f"{q} @ {L}",
-                          *map(_level_label_cell,
-                               lv[(lv["qid"] == q) & (lv["level"] == L)]["label"])]
+                          *map(_level_cell, lv[(lv["qid"] == q) & (lv["level"] == L)]["label"])]
                          for q, L in keys])]
     pr = df_compare_predictions(cmp)
     if len(pr):

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from harmony.analysis.causes import causes_over_time  # noqa: E402
 
@@ -34,6 +35,17 @@ def migration_counts(migrations: pd.DataFrame, edges: np.ndarray) -> dict[str, n
     t, kind = migrations["t"].to_numpy(), migrations["kind"].to_numpy()
     return {k: np.histogram(t[kind == k], bins=edges)[0] for k in MIGRATION_KINDS
             if len(migrations) and (kind == k).any()}
+
+
+def integer_axis(axis, values) -> None:
+    """Ticks of an axis of whole numbers (a count, an integer parameter) at whole numbers only:
+    at each of ``values`` when they are few (one x: one tick, not 7.6 ... 8.4), else where
+    matplotlib puts them, rounded to integers."""
+    ticks = sorted({int(v) for v in pd.Series(values).dropna()})
+    if 0 < len(ticks) <= 8:
+        axis.set_ticks(ticks)
+    else:
+        axis.set_major_locator(MaxNLocator(integer=True))
 
 
 #: the most bins plot_migrations draws (more: each bin is widened, by a whole factor)
@@ -69,6 +81,7 @@ def plot_migrations(migrations: pd.DataFrame, duration_s: float, bin_s: float, p
     else:
         ax.text(0.5, 0.5, "no migrations", transform=ax.transAxes, ha="center", va="center")
     ax.set_xlim(0, duration_s)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))     # counts: whole numbers
     ax.set_xlabel("time since t0 (s)")
     ax.set_ylabel(f"migrations per {bin_s * 1000:g} ms")
     ax.set_title(f"{title} (total {len(migrations)})")
@@ -108,6 +121,7 @@ def plot_causes(migrations: pd.DataFrame, duration_s: float, bin_s: float, path:
                 va="center")
     inferred = int((migrations["inferred"].to_numpy() & (migrations["t"].to_numpy() >= 0)).sum())
     ax.set_xlim(0, duration_s)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))     # counts: whole numbers
     ax.set_xlabel("time since t0 (s)")
     ax.set_ylabel(f"migrations per {bin_s * 1000:g} ms")
     ax.set_title(f"Why tasks moved (total {int(over[list(CAUSE_COLOURS)].to_numpy().sum())}"
@@ -208,6 +222,7 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
             ax.axvline(first, color="#27ae60", lw=1.0, ls=":")
         ax.set_ylabel(f"CPU {cpu}")
         ax.set_ylim(0, top + 0.5)
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=4, integer=True))  # tasks: whole, few
     axes[-1, 0].set_xlim(0, duration_s)
     axes[-1, 0].set_xlabel("time since t0 (s)")
     note = _balanced_note(t_balanced, first, tolerance)

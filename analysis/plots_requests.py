@@ -85,21 +85,48 @@ def df_latency_by_load(runs) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values(["shape", "load"], ignore_index=True)
 
 
+#: plot_latency_by_load's percentiles: (column, name, line style, marker)
+PERCENTILES = (("latency_p50_ms", "p50", ":", "o"), ("latency_p99_ms", "p99", "-", "s"),
+               ("latency_p999_ms", "p99.9", "--", "^"))
+
+
 def plot_latency_by_load(df: pd.DataFrame, path: Path, title: str = "") -> Path:
-    """Latency p50 (dotted), p99 (solid) and p99.9 (dashed) against the offered load, one colour
-    per shape (``df``: :func:`df_latency_by_load`); a percentile unanswered requests reached is
-    not drawn."""
+    """Latency p50, p99 and p99.9 against the offered load, one colour per shape (``df``:
+    :func:`df_latency_by_load`): each run a marker (the percentile's: circle, square,
+    triangle), a line (dotted, solid, dashed) through each load's median of the runs; two
+    legends, the shapes' colours and the percentiles' markers. A percentile unanswered
+    requests reached is not drawn."""
+    from matplotlib.lines import Line2D
+
     fig, ax = plt.subplots(figsize=(8, 4.6))
-    colors = dict(zip(sorted(df["shape"].unique()), ["#2c3e50", "#c0392b", "#27ae60", "#8e44ad"]))
-    for shape, g in df.groupby("shape"):
-        for key, style, mark in (("latency_p50_ms", ":", "o"), ("latency_p99_ms", "-", "s"),
-                                 ("latency_p999_ms", "--", "^")):
+    colors = dict(zip(sorted(df["shape"].unique()), ["#2c3e50", "#c0392b", "#27ae60", "#8e44ad",
+                                                     "#e67e22", "#16a085"]))
+    loads = np.sort(df["load"].dropna().unique())
+    # the shapes side by side at each load (a 25th of the closest loads' gap between them), so
+    # that their points do not hide one another, yet stay at their load (ticked at the loads)
+    gap = float(np.diff(loads).min()) if len(loads) > 1 else 0.2
+    for k, (shape, g) in enumerate(df.groupby("shape")):
+        dodge = (k - (len(colors) - 1) / 2) * gap / 25
+        for key, _, style, mark in PERCENTILES:
             y = pd.to_numeric(g[key], errors="coerce")
-            ax.plot(g["load"], y, style, marker=mark, color=colors[shape], ms=4,
-                    label=shape if key == "latency_p99_ms" else None)
+            ax.scatter(g["load"] + dodge, y, marker=mark, color=colors.get(shape, "0.4"), s=18,
+                       zorder=3)
+            med = y.groupby(g["load"]).median().dropna()
+            ax.plot(med.index + dodge, med.to_numpy(), style, color=colors.get(shape, "0.4"),
+                    lw=1.2)
     ax.set_yscale("log")
+    if len(loads) == 1:         # one load: the points, not a span of 0.04 in four decimals
+        ax.set_xlim(loads[0] - gap / 2, loads[0] + gap / 2)
+    if len(loads) <= 8:
+        ax.set_xticks(loads, [f"{v:g}" for v in loads])
     ax.set_xlabel("offered load (fraction of the capacity measured)")
-    ax.set_ylabel("latency (ms): p50 dotted, p99 solid, p99.9 dashed")
-    ax.legend(fontsize=8, loc="upper left")
-    ax.set_title(title or "latency against load")
+    ax.set_ylabel("latency (ms)")
+    shapes = ax.legend(handles=[Line2D([], [], color=c, marker="s", ls="-", ms=5, label=sh)
+                                for sh, c in colors.items()], title="shape", fontsize=8,
+                       title_fontsize=8, loc="upper left")
+    ax.add_artist(shapes)
+    ax.legend(handles=[Line2D([], [], color="0.3", marker=m, ls=st, ms=5, label=name)
+                       for _, name, st, m in PERCENTILES], title="percentile", fontsize=8,
+              title_fontsize=8, loc="upper right")
+    ax.set_title(title or "latency against load (lines: median of the runs at each load)")
     return save_figure(fig, path)

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
-from harmony.analysis.plots import plt, save_figure, sns  # the shared Agg backend and theme
+from harmony.analysis.plots import integer_axis, plt, save_figure, sns  # the shared Agg backend, theme
 
 ROUND_PALETTE = "tab10"
 
@@ -46,17 +46,25 @@ def plot_first_round(summaries: pd.DataFrame, path: Path) -> Path:
             ax.scatter(d.loc[~ok, "x"], np.zeros((~ok).sum()), marker="x", color="#c0392b",
                        label="no round onto the target")
         pred = d.groupby("x")[["poly_prediction", "pairwise_prediction"]].median().sort_index()
-        ax.plot(pred.index, pred["poly_prediction"], "-o", ms=3, color="#27ae60",
+        # markers of two sizes: equal predictions (2 CPUs) both show, and one x draws no line
+        ax.plot(pred.index, pred["poly_prediction"], "-D", ms=10, mfc="none", color="#27ae60",
                 label="poly-balance q_src - N/P")
-        ax.plot(pred.index, pred["pairwise_prediction"], "--s", ms=3, color="#e67e22",
-                label="pairwise (q_src - q_target)/2")
+        ax.plot(pred.index, pred["pairwise_prediction"], "--s", ms=5, mfc="none",
+                color="#e67e22", label="pairwise (q_src - q_target)/2")
         ax.set_xlabel("x (extra tasks per source CPU)")
         ax.set_ylabel("tasks moved, first source -> target")
-        ax.set_title(f"First balancing round, {p} CPUs ({len(d)} runs)", fontsize=10)
+        runs = f"{len(d)} run" + ("s" if len(d) != 1 else "")
+        ax.set_title(f"First balancing round, {p} CPUs ({runs})", fontsize=10)
         handles, labels = ax.get_legend_handles_labels()
         keep = dict(zip(labels, handles))
-        ax.legend(keep.values(), keep.keys(), fontsize=8, loc="upper left")
-        ax.set_ylim(bottom=0)
+        ax.legend(keep.values(), keep.keys(), fontsize=8, loc="lower right")
+        xs = d["x"].dropna().unique()
+        if len(xs) == 1:
+            ax.set_xlim(xs[0] - 1, xs[0] + 1)
+        integer_axis(ax.xaxis, xs)
+        ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+        top = np.nanmax(np.r_[moved.to_numpy(float), pred.to_numpy(float).ravel(), 1.0])
+        ax.set_ylim(0, top * 1.15 + 0.5)
     return save_figure(fig, path)
 
 
@@ -140,7 +148,8 @@ def plot_detection(summaries: pd.DataFrame, path: Path) -> Path:
     ax.set_xticklabels(labels, fontsize=8)
     ax.set_xlabel("")
     ax.set_ylabel("ms")
-    ax.set_title(f"Imbalance detection ({summaries['path'].nunique()} runs)", fontsize=10)
+    n = summaries["path"].nunique()
+    ax.set_title(f"Imbalance detection ({n} run{'' if n == 1 else 's'})", fontsize=10)
     return save_figure(fig, path)
 
 
@@ -163,6 +172,7 @@ def plot_rounds_timeline(runqueue: pd.DataFrame, per_migration: pd.DataFrame, cp
         ax.step(t, nr, where="post", color=colour, lw=2.0 if cpu == target else 1.0,
                 label=f"CPU {cpu}" + (" (target)" if cpu == target else ""))
     ax.set_ylabel("run queue (tasks)")
+    ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))
     ax.legend(fontsize=8, ncol=min(4, len(cpus)), loc="upper right")
     ax.set_title(title, fontsize=10)
     m = per_migration[(per_migration["t"] >= t_min) & (per_migration["t"] <= t_max)]

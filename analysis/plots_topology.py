@@ -95,8 +95,9 @@ def plot_machine(manifest: dict, migrations: pd.DataFrame | None, path: Path) ->
     ax.set_ylim(0, h)
     ax.set_aspect("equal")
     ax.axis("off")
-    chain = " < ".join(r[1] for r in domain_rows(manifest)) or "domains not read"
-    ax.set_title(f"The machine: {len(cpus)} CPUs; domains {chain}", fontsize=9)
+    chain = " < ".join(r[1] for r in domain_rows(manifest))
+    ax.set_title(f"The machine: {len(cpus)} CPUs; "
+                 + (f"domains {chain}" if chain else "its scheduling domains not read"), fontsize=9)
     if levels:
         _plot_levels(axes[1], levels)
     return save_figure(fig, path)

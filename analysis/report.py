@@ -264,8 +264,12 @@ def prediction_rows(summary: dict) -> list[list[str]]:
 
 
 def params_line(m: dict) -> str:
+    """The run's parameters, ``k=v, ...``; an imported run's then name those its trace cannot
+    tell (how the tasks were started and released), which it does not list."""
+    unknown = (m.get("source") or {}).get("params_not_known") or []
     return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
-                     for k, v in m.get("params", {}).items())
+                     for k, v in m.get("params", {}).items()) + (
+        f" (not known from the trace: {', '.join(unknown)})" if unknown else "")
 
 
 def summary_text(run) -> str:

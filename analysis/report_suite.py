@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -27,6 +28,7 @@ from harmony import store  # noqa: E402
 from harmony.analysis import document as D  # noqa: E402
 from harmony.analysis import policy, sequential, server_card  # noqa: E402
 from harmony.analysis import thresholds as T  # noqa: E402
+from harmony.analysis.plots import integer_axis  # noqa: E402
 from harmony.analysis.plots_requests import df_latency_by_load, plot_latency_by_load  # noqa: E402
 
 #: which experiments give the evidence of each question (the card's sources)
@@ -130,23 +132,44 @@ def numeric(df: pd.DataFrame, col: str) -> pd.Series:
     return pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(np.nan, index=df.index)
 
 
+#: how plot_how_many draws each prediction: a line through the x values and a marker at each (a
+#: line through one x draws nothing); markers of two sizes, so that equal predictions both show
+PREDICTION_STYLES = (
+    ("poly_prediction", "poly-balance: q_src - N/P",
+     {"ls": "--", "marker": "D", "ms": 11, "mfc": "none", "color": "#2980b9"}),
+    ("pairwise_prediction", "pairwise: (q_src - q_target)/2",
+     {"ls": ":", "marker": "s", "ms": 6, "mfc": "none", "color": "#e67e22"}),
+)
+
+
 @_styled
 def plot_how_many(df: pd.DataFrame, path: Path) -> Path | None:
-    """First-round moves vs x (thesis fig 6.6): every run a point, both predictions as lines."""
+    """First-round moves vs x (thesis fig 6.6): every run a point; each prediction a marker at
+    each x (and a line through them), so that it shows with a single x too; whole-number axes."""
     d = df[df["experiment"] == "how-many"]
     if d.empty or "first_round_moved" not in d:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    x = numeric(d, "x")
-    ax.scatter(x, numeric(d, "first_round_moved"), color="#2c3e50", zorder=3, label="runs")
-    order = np.argsort(x.to_numpy())
-    for col, style, lab in (("poly_prediction", "--", "poly-balance: q_src - N/P"),
-                            ("pairwise_prediction", ":", "pairwise: (q_src - q_target)/2")):
-        ax.plot(x.to_numpy()[order], numeric(d, col).to_numpy()[order], style, label=lab)
+    x, moved = numeric(d, "x"), numeric(d, "first_round_moved")
+    ax.scatter(x, moved, color="#2c3e50", zorder=3, label=f"runs ({int(moved.notna().sum())})")
+    ys = [moved]
+    for col, lab, style in PREDICTION_STYLES:
+        pred = pd.DataFrame({"x": x, "y": numeric(d, col)}).dropna().groupby("x")["y"].mean()
+        if pred.empty:
+            continue
+        ax.plot(pred.index.to_numpy(), pred.to_numpy(), label=lab, zorder=2, **style)
+        ys.append(pred)
+    xs = x.dropna().unique()
+    if len(xs) == 1:                # one x: room either side, so that it reads as a point
+        ax.set_xlim(xs[0] - 1, xs[0] + 1)
+    integer_axis(ax.xaxis, xs)
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    top = float(pd.concat(ys).max()) if len(pd.concat(ys).dropna()) else 1.0
+    ax.set_ylim(0, top * 1.15 + 0.5)
     ax.set_xlabel("x (extra tasks per source CPU)")
     ax.set_ylabel("tasks moved from the first source")
     ax.set_title("How many: first balancing round")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     return _save(fig, path)
 
 
@@ -194,14 +217,17 @@ def plot_priorities(df: pd.DataFrame, path: Path) -> Path | None:
 
 @_styled
 def plot_points(df: pd.DataFrame, experiment: str, cols: list[str], path: Path, title: str,
-                ylabel: str, scale: float = 1.0) -> Path | None:
+                ylabel: str, scale: float = 1.0, names: dict | None = None) -> Path | None:
     """Several metrics of one experiment as strip plots, every run a point; a metric some runs
-    have no value of (e.g. a third detection round that never came) says how many have one."""
+    have no value of (e.g. a third detection round that never came) says how many have one.
+    ``names``: a metric's label, where its name's unit is not ``ylabel``'s (the column times
+    ``scale``). A duration (``ylabel`` "ms" or "s") is drawn from 0: never a negative delay."""
     d = df[df["experiment"] == experiment]
 
     def name(c):
         n = int(numeric(d, c).notna().sum())
-        return c if n == len(d) else f"{c}\n({n} of {len(d)} runs)"
+        label = (names or {}).get(c, c)
+        return label if n == len(d) else f"{label}\n({n} of {len(d)} runs)"
 
     parts = [pd.DataFrame({"metric": name(c), "value": numeric(d, c) * scale})
              for c in cols if c in d]
@@ -213,6 +239,8 @@ def plot_points(df: pd.DataFrame, experiment: str, cols: list[str], path: Path, 
     fig, ax = plt.subplots(figsize=(max(4.5, 1.6 * len(cols) + 2), 3.8))
     cats = strip_points(ax, data, x="metric", y="value", size=7)
     median_bars(ax, data, "metric", "value", cats)
+    if ylabel in ("ms", "s"):
+        ax.set_ylim(0, max(float(data["value"].max()) * 1.1, 1.0 if ylabel == "ms" else 1e-3))
     ax.set_xlabel("")
     ax.set_ylabel(ylabel)
     ax.set_title(title + " (red: median)")
@@ -301,6 +329,8 @@ def plot_reps(record: dict, path: Path, max_metrics: int = 12) -> Path | None:
         ax.set_xticks([])
         ax.set_title(a["metric"], fontsize=8)
         ax.tick_params(labelsize=7)
+        if all(float(v).is_integer() for v in vals):        # a count: whole-number ticks
+            ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     fig.suptitle(f"{record['experiment']}: {record.get('complete', len(aggs))} runs "
                  "(points; red: median and 95% CI)", fontsize=9)
     return _save(fig, path)
@@ -316,7 +346,8 @@ def cross_figures(df: pd.DataFrame, fig_dir: Path, processes: int = 1) -> dict[s
         ("time_to_balance", plot_time_to_balance, (df, fig_dir / "time_to_balance.png")),
         ("work_conserving", plot_points, (df, "work-conservation", ["steal_latency_s"],
                                           fig_dir / "steal_latency.png",
-                                          "Idle target: delay to first pull", "ms", 1000)),
+                                          "Idle target: delay to first pull", "ms", 1000,
+                                          {"steal_latency_s": "steal latency"})),
         ("detection", plot_points, (df, "detection", ["interval1_ms", "interval2_ms", "interval3_ms"],
                                     fig_dir / "detection.png", "Detection intervals (table 6.1)", "ms")),
         ("intrinsic", plot_points, (df, "intrinsic-imbalance",
@@ -690,6 +721,6 @@ def server_blocks(evidence, fig_dir: Path) -> list:
     runs = [store.open_run(e.path) for e in evidence if e.experiment == server_card.EXPERIMENT]
     fig_dir.mkdir(parents=True, exist_ok=True)
     figure = plot_latency_by_load(df_latency_by_load(runs), fig_dir / "server-latency-load.png",
-                                  title="server: latency against load, per shape")
+                                  title="server: latency against load, per shape (lines: medians)")
     return [D.Heading("Server-shaped workloads (experiment server)", 2, "server"),
             D.Pre("\n".join(lines)), D.Figure(figure, "server: latency against load, per shape")]

@@ -150,6 +150,12 @@ COMMON = (
 )
 
 
+#: the common parameters that say how Harmony started and released the tasks, and nothing the
+#: analysis reads: a trace recorded elsewhere (``harmony import``) cannot tell them
+WORKLOAD_COMMON = frozenset({"sample_hz", "release", "warm_s", "level"}
+                            | {name for name, *_ in CLASS_FIELDS})
+
+
 def class_params(role: str) -> tuple[Param, ...]:
     """The scheduling-class parameters of one task class of a two-class experiment:
     ``<role>_policy``, ``<role>_rt_priority``, ``<role>_dl_*``; default None = the common one
@@ -308,6 +314,15 @@ class Experiment:
     #: why the reference policies' simulator cannot run it (None: it can): a workload that is
     #: more than CPU demand, such as the server experiment's requests over sockets
     not_simulated: str | None = None
+    #: the experiment's own parameters that only shape its workload (a task's demand, its
+    #: nice...), which a trace recorded elsewhere cannot tell (:meth:`workload_params`)
+    workload: frozenset[str] = frozenset()
+
+    def workload_params(self) -> frozenset[str]:
+        """The parameters an imported trace cannot know: how the tasks were started, released
+        and what they were asked to do (:data:`WORKLOAD_COMMON` and the experiment's
+        ``workload``), as opposed to what the analysis reads (duration, bins, tolerance)."""
+        return WORKLOAD_COMMON | self.workload
 
     def all_params(self) -> tuple[Param, ...]:
         own = {p.name for p in self.params}

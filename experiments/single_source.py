@@ -43,6 +43,8 @@ class SingleSource(Experiment):
               positive),
     )
 
+    workload = frozenset({"duty", "nice"})
+
     def validate(self, p, cpus):
         if len(p["layout"]) > len(cpus):
             raise ValueError(f"layout {','.join(map(str, p['layout']))} has {len(p['layout'])} entries "

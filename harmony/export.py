@@ -84,7 +84,7 @@ def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
         raw = run_dir / "raw" / "tracefs"
         if not raw.is_dir():
             raise ImportFailed(f"{run_dir}: the tracefs capture {raw} is missing")
-        return write_tracedat(raw, dest), (
+        return write_tracedat(raw, dest, host_facts(manifest)), (
             [f"{run_dir}: recorded with another probe; this is its tracefs cross-check's capture"]
             if which == "tracefs cross-check" else [])
     if which == "import":
@@ -118,11 +118,23 @@ def _export_events(run_dir: Path, manifest: dict, dest: Path) -> tuple[Path, lis
     with tempfile.TemporaryDirectory(prefix=".harmony-export-", dir=dest.parent) as tmp:
         meta["cpus"] = meta.get("cpus") or manifest.get("cpus") or []   # CPUs without an event too
         notes = write_recording(events, tables["markers"], meta, Path(tmp))
-        write_tracedat(Path(tmp), dest)
+        write_tracedat(Path(tmp), dest, host_facts(manifest))
     return dest, [f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which keeps no "
                   "ring-buffer pages: written from its decoded events (each with a fixed layout; "
-                  "common_flags, preempt count and the 'R+' preempted flag are not kept)"
+                  "common_flags, preempt count and the 'R+' preempted flag are not kept); its "
+                  "markers are tracing_mark_write prints at address 0 (the kernel's is not kept)"
                   ] + left_out + notes
+
+
+def host_facts(manifest: dict) -> dict:
+    """What the run's manifest says of the recording host's kernel, for the trace.dat's UNAME
+    option (:func:`harmony.probes.tracedat_write.uname_text`): release, build and machine as
+    doctor saw them (an imported run: the uname its trace recorded)."""
+    host = manifest.get("host") or {}
+    kernel = (host.get("doctor") or {}).get("kernel") or {}
+    facts = {"uname": host.get("uname") or None, "kernel": host.get("kernel"),
+             "kernel_build": kernel.get("build"), "machine": kernel.get("machine")}
+    return {k: v for k, v in facts.items() if v and v != "?"}
 
 
 def export_source(manifest: dict) -> str:

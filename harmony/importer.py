@@ -546,6 +546,35 @@ def tasks_from_trace(events: pd.DataFrame, pids: list[int], seen: dict[int, set[
 
 # --- the run directory -------------------------------------------------------------------------
 
+#: what a uname field holds when it was not known ("-": Harmony's exports; "(none)": Linux's)
+UNKNOWN_WORDS = ("", "-", "(none)", "?")
+
+
+def uname_facts(uname: str) -> dict:
+    """The facts of a trace's UNAME text as trace-cmd writes it ("sysname nodename release
+    version... machine", the version of several words): {"nodename", "kernel_build",
+    "machine"}, each only when the text gives it."""
+    parts = str(uname or "").split()
+    if len(parts) < 3:
+        return {}
+    facts = {"nodename": parts[1],
+             "kernel_build": " ".join(parts[3:-1]) if len(parts) >= 5 else "",
+             "machine": parts[-1] if len(parts) >= 4 else ""}
+    return {k: v for k, v in facts.items() if v not in UNKNOWN_WORDS}
+
+
+def recorded_on(meta: dict) -> str:
+    """Where a trace was recorded, from what its file says: "host NAME, Linux RELEASE (MACHINE)"
+    with the parts it does not say left out ("an unknown host" when it says none)."""
+    facts = uname_facts(meta.get("uname", ""))
+    sysname = (str(meta.get("uname") or "").split() or ["Linux"])[0]
+    kernel = meta.get("kernel")
+    words = ([f"host {facts['nodename']}"] if "nodename" in facts else []) + (
+        [f"{sysname} {kernel}" + (f" ({facts['machine']})" if "machine" in facts else "")]
+        if kernel else [])
+    return ", ".join(words) or "an unknown host"
+
+
 def imported_scheduler(release: str | None) -> str:
     """The manifest's ``host.scheduler`` of a trace recorded on a kernel ``release``: the one the
     release implies, said to be implied -- "CFS (implied by kernel 6.1)", "EEVDF (implied by
@@ -594,7 +623,10 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
         where = tasks["initial_cpu"].to_numpy()
         overrides["layout"] = ",".join(str(int((where == c).sum())) for c in cpu_set)
     values = exp.resolve(overrides, cpu_set)
-    manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window)
+    # how the tasks were started, released and asked to run is not in a trace: not listed
+    not_known = sorted(exp.workload_params() & set(values) - set(overrides))
+    values = {k: v for k, v in values.items() if k not in not_known}
+    manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window, not_known)
     return _analyse_copying(path, out, manifest, read, tasks, window, step)
 
 
@@ -652,7 +684,7 @@ def _read_chosen(path: Path, buffer: str | None, pids, comms) -> _Read:
         f"trace.dat v{meta.get('file_version')}, {meta.get('compression')}"
         + (f", buffer {meta['buffer']!r}" if meta.get("buffer") else ""))
     notes = [trust.note("imported_from", path=str(path), what=what,
-                        host=meta.get("uname") or meta.get("kernel") or "an unknown host")]
+                        host=recorded_on(meta))]
     notes += trust.absent_events_notes(absent)
     meta["events_missing"] = absent
     if "sched_wakeup" in absent:
@@ -732,20 +764,22 @@ def _tasks_and_cpus(read: _Read, path: Path, cpus, window: _Window) -> tuple[pd.
 
 
 def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path, pids, comms,
-             window: _Window) -> dict:
-    """Make the run directory ``out`` and write its manifest; the manifest."""
+             window: _Window, not_known: list[str]) -> dict:
+    """Make the run directory ``out`` and write its manifest (``not_known``: the workload's
+    parameters a trace cannot tell); the manifest."""
     meta, kind = read.cap.meta, read.kind
     store.make_run_dir(out)
     manifest = pipeline.new_manifest(
         exp, values, cpu_set, f"import:{kind}", None,
         host={"kernel": meta.get("kernel") or "?",
               "scheduler": imported_scheduler(meta.get("kernel")),
-              "ncpus": meta.get("n_cpus") or len(read.file_cpus), "uname": meta.get("uname", "")},
+              "ncpus": meta.get("n_cpus") or len(read.file_cpus), "uname": meta.get("uname", ""),
+              **uname_facts(meta.get("uname", ""))},
         source={"imported": str(path.resolve()), "format": kind,
                 "file_version": meta.get("file_version"), "compression": meta.get("compression"),
                 "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
                 "t0_from": window.t0_from, "end_from": window.end_from,
-                "stored": f"{RAW_DIR}/{path.name}"})
+                "stored": f"{RAW_DIR}/{path.name}", "params_not_known": not_known})
     store.write_json(out / "manifest.json", manifest)
     return manifest
 

@@ -151,6 +151,12 @@ def capture_meta(dec: Decoded, src: PageSource, probe: str, clock: str, enabled:
 
 def decode_dir(out_dir: Path) -> Capture:
     """Decode a tracefs recording directory (meta.json, formats/, cpu<N>.raw) into a Capture."""
+    return decode_recording(out_dir)[0]
+
+
+def decode_recording(out_dir: Path) -> tuple[Capture, Decoded]:
+    """:func:`decode_dir`, and the decoder's own result (what the capture does not keep, such
+    as the markers' ips)."""
     d = Path(out_dir)
     meta = load_meta(d)
     try:
@@ -194,7 +200,7 @@ def decode_dir(out_dir: Path) -> Capture:
     for k in ("kernel", "cpus"):
         if k in meta:
             out_meta[k] = meta[k]
-    return Capture(events=dec.events, markers=dec.markers, meta=out_meta)
+    return Capture(events=dec.events, markers=dec.markers, meta=out_meta), dec
 
 
-__all__ = ["capture_meta", "decode_dir", "load_meta", "raw_files"]
+__all__ = ["capture_meta", "decode_dir", "decode_recording", "load_meta", "raw_files"]

@@ -87,6 +87,9 @@ class Decoded:
     notes: list[str]
     n_records: int
     decoder: str = "numpy"               # "compiled" or "numpy": which one decoded the events
+    #: the distinct ``ip`` of the markers' print records: where the kernel wrote them
+    #: (tracing_mark_write, for a trace_marker write)
+    marker_ips: tuple[int, ...] = ()
 
 
 #: heap memory faulted in ahead of a decode, per byte of pages (harmony.core.memory.prefault_heap):
@@ -208,7 +211,8 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
         missed_pages[int(c)] = int(rec.missed[sel].sum())
         lost_by_cpu[int(c)] = -1 if (lp < 0).any() else int(lp.sum())
     return Decoded(events, markers, lost_by_cpu, missed_pages, unknown, notes, n,
-                   "numpy" if jit is None else "compiled")
+                   "numpy" if jit is None else "compiled",
+                   _marker_ips(src, pos, code, midx, ids, formats))
 
 
 def merged_order(ts: np.ndarray, jit=None) -> np.ndarray | None:
@@ -239,6 +243,17 @@ def merged_order(ts: np.ndarray, jit=None) -> np.ndarray | None:
     elif (ts[1:] >= ts[:-1]).all():
         return None
     return np.argsort(ts, kind="stable")
+
+
+def _marker_ips(src, pos, code, midx, ids, formats) -> tuple[int, ...]:
+    """The distinct values of the markers' ``ip`` field (none without the field)."""
+    ips: set[int] = set()
+    for c in np.unique(code[midx]) if midx.size else ():
+        f = formats[ids[int(c)]].field("ip")
+        if f is not None:
+            ips.update(int(v) & (1 << 64) - 1 for v in
+                       np.unique(read_field(src, pos[midx[code[midx] == c]], f)))
+    return tuple(sorted(ips))
 
 
 def _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats) -> pd.DataFrame:

@@ -9,13 +9,14 @@ Layout written (all numbers little endian, see trace-cmd.dat.v6(5) and trace-cmd
     "header_event\\0" u64 size  <events/header_event>
     u32 n  { u64 size <ftrace/<event>/format> } * n               ftrace system formats
     u32 n_systems { "<system>\\0" u32 n { u64 size <format> } * n } * n_systems
-    u32 0                                                         kallsyms (none)
+    u32 size "<ip> t tracing_mark_write\\n"...                   kallsyms: the markers' ips
     u32 0                                                         printk formats (none)
     u64 size "<pid> <comm>\\n"...                                 cmdlines
     u32 n_cpus
     "options  \\0"  { u16 id u32 size data } ... u16 0            TRACECLOCK(4), UNAME(5), CPUSTAT(2)
                    TRACECLOCK holds "[clock]\\0" too: trace-cmd 3 parses the option's own bytes,
                    and an empty one made it parse uninitialised memory (raw timestamps, at times)
+                   UNAME is "sysname nodename release version machine", as trace-cmd writes it
     "flyrecord\\0"   { u64 offset u64 size } * n_cpus
     u64 size "<trace_clock file with [clock]>"                    read because of the TRACECLOCK option
     <zero padding to a page boundary>  cpu0 pages, cpu1 pages ...  (each page aligned)
@@ -32,7 +33,7 @@ import numpy as np
 
 from harmony.probes.base import TraceCorrupt
 from harmony.probes.formats import load_formats_dir, load_header_event, load_header_page
-from harmony.probes.ringbuf import decode_dir, load_meta, raw_files
+from harmony.probes.ringbuf import decode_recording, load_meta, raw_files
 
 MAGIC = b"\x17\x08\x44tracing"
 OPTION_DONE = 0
@@ -79,8 +80,32 @@ def _option(opt_id: int, data: bytes) -> bytes:
     return struct.pack("<HI", opt_id, len(data)) + data
 
 
-def write_tracedat(raw_dir: Path, dest_path: Path) -> Path:
+def kallsyms(marker_ips) -> bytes:
+    """The kallsyms section's text: each of the markers' ips named ``tracing_mark_write``.
+
+    A marker is an ``ftrace:print`` record the kernel writes in tracing_mark_write with its own
+    address (``_THIS_IP_``) as the ``ip`` field, which trace-cmd prints through kallsyms
+    ("print: tracing_mark_write: harmony t0"). A Harmony capture's print records are all trace
+    marker writes: it records in a tracefs instance of its own, where ``trace_printk`` (the
+    other writer of print records) never writes. Each ip is listed as the symbol's address
+    itself: libtraceevent resolves an address between two symbols, or equal to one."""
+    return "".join(f"{ip:016x} t tracing_mark_write\n" for ip in sorted(set(marker_ips))).encode()
+
+
+def uname_text(meta: dict) -> str:
+    """The UNAME option's text: ``meta["uname"]`` (the recording's, as trace-cmd writes it:
+    sysname nodename release version machine), else built from the facts meta has, each one
+    not known written as "-" (the kernel release alone: "Linux - 6.18.44 - -")."""
+    if meta.get("uname"):
+        return str(meta["uname"])
+    return " ".join(str(meta.get(k) or "-") for k in ("sysname", "nodename", "kernel",
+                                                       "kernel_build", "machine"))
+
+
+def write_tracedat(raw_dir: Path, dest_path: Path, facts: dict | None = None) -> Path:
     """Write ``dest_path`` (trace.dat v6) from the recording in ``raw_dir``; return dest_path.
+    ``facts``: what the recording's meta.json lacks about its host, for the UNAME option
+    (:func:`uname_text`'s keys).
 
     Raises TraceCorrupt (naming the file) if the recording cannot be decoded.
     """
@@ -102,7 +127,7 @@ def write_tracedat(raw_dir: Path, dest_path: Path) -> Path:
             raise TraceCorrupt(f"{p}: truncated: {p.stat().st_size} bytes is not a whole number "
                                f"of {page_size}-byte pages")
     # decoding validates every page and gives the pid -> comm table
-    cap = decode_dir(d)
+    cap, dec = decode_recording(d)
     cmdlines = _cmdlines(cap.events)
 
     long_size = hp.commit_size
@@ -124,7 +149,8 @@ def write_tracedat(raw_dir: Path, dest_path: Path) -> Path:
         out += system.encode() + b"\0" + _u32(len(by_system[system]))
         for text in by_system[system]:
             out += _u64(len(text)) + text
-    out += _u32(0)                                     # kallsyms
+    syms = kallsyms(dec.marker_ips)
+    out += _u32(len(syms)) + syms
     out += _u32(0)                                     # printk formats
     cl = "".join(f"{pid} {comm}\n" for pid, comm in sorted(cmdlines.items())).encode()
     out += _u64(len(cl)) + cl
@@ -134,10 +160,9 @@ def write_tracedat(raw_dir: Path, dest_path: Path) -> Path:
     clock_text = f"[{meta.get('clock', 'local')}]\n".encode()
     out += b"options  \0"
     out += _option(OPTION_TRACECLOCK, clock_text + b"\0")
-    if meta.get("kernel"):
-        # as uname -a words it (sysname nodename release version machine), which readers split:
-        # the recording's host name, kernel version and machine are not known here
-        out += _option(OPTION_UNAME, f"Linux - {meta['kernel']} - -".encode() + b"\0")
+    host = {"sysname": "Linux", **(facts or {}), **{k: v for k, v in meta.items() if v}}
+    if host.get("uname") or host.get("kernel"):
+        out += _option(OPTION_UNAME, uname_text(host).encode() + b"\0")
     stats = meta.get("stats") or {}
     for c in range(n_cpus):
         st = stats.get(str(c)) if isinstance(stats, dict) else None

@@ -530,3 +530,28 @@ def test_the_gate_refuses_unknown_names_before_anything(five_runs):
         assert r.exit_code == 2 and says in r.output and "Traceback" not in r.output, r.output
     r = invoke("compare", poly, pair, "--metric", "first_round_moved")
     assert r.exit_code == 2 and "--fail-on-difference" in r.output
+
+
+def test_answers_by_level_are_wrapped_never_cut(monkeypatch):
+    """The answers by level and the predictions' verdicts: whole when piped (each column as
+    wide as its longest entry), wrapped within their column on a narrow screen, never cut."""
+    import types
+
+    from harmony.analysis import compare as C
+    long = "not applicable (global queue: nothing to balance between the CPUs)"
+    lv = pd.DataFrame({"qid": "how_many", "level": "llc", "source": ["a", "b"],
+                       "label": [long, "pairwise"], "kind": ["n/a", "answer"],
+                       "differs": True})
+    pr = pd.DataFrame({"check": "balance period", "level": "llc", "source": ["a", "b"],
+                       "verdict": ["holds", "fails in 3 of 4 runs at this level"], "runs": 4})
+    monkeypatch.setattr(C, "df_compare_levels", lambda cmp: lv)
+    monkeypatch.setattr(C, "df_compare_predictions", lambda cmp: pr)
+    cmp = types.SimpleNamespace(sources=["a", "b"])
+    piped = C.levels_text(cmp)
+    assert any(long in line for line in piped)
+    assert any("fails in 3 of 4 runs at this level" in line for line in piped)
+    narrow = C.levels_text(cmp, 70)
+    assert not any(long in line for line in narrow)          # wrapped...
+    words = " ".join(" ".join(line.split()) for line in narrow).split()
+    for w in long.split() + "fails in 3 of 4 runs at this level".split():
+        assert w in words                                     # ...never cut

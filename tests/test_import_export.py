@@ -503,6 +503,22 @@ def test_import_names_the_scheduler_the_kernel_release_implies(tmp_path, release
         assert setup_of(run.manifest) == "6.1.0-50-amd64, CFS (implied by kernel 6.1)"
 
 
+def test_an_import_lists_no_parameter_its_trace_cannot_tell(writer_dat, tmp_path):
+    """How the tasks were started, released and asked to run is not in a trace: an imported
+    run lists what the analysis reads, what the trace tells (duration, layout) and what was
+    given, and names the rest as not known, never the defaults of a Harmony run."""
+    _, dat = writer_dat
+    r = invoke("import", dat, "--pid", 11, "-p", "duty=50", "--out", tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "a").manifest
+    assert {"duration", "layout", "tolerance", "bin_s", "window_s", "duty"} <= set(m["params"])
+    assert not {"release", "warm_s", "nice", "policy", "sample_hz"} & set(m["params"])
+    assert {"release", "warm_s", "nice"} <= set(m["source"]["params_not_known"])
+    assert "duty" not in m["source"]["params_not_known"]
+    from harmony.analysis.report import params_line
+    assert "(not known from the trace: " in params_line(m) and "release=" not in params_line(m)
+
+
 def test_import_window_ends_with_the_chosen_tasks_unless_given(writer_dat, tmp_path):
     _, dat = writer_dat
     # pid 11's events: 1.000000005 s (its switch-in) .. 1.402653206 s (its switch-out); the
@@ -977,14 +993,15 @@ def test_export_of_a_simulated_run_imports_as_the_same_run(tmp_path):
     assert r.exit_code == 0, r.output
     back = harmony.load(tmp_path / "back")
     pd.testing.assert_frame_equal(back.events, sim.events, check_categorical=False)
+    # a trace holds no scheduling domains: the imported moves have no level (the simulated
+    # machine's have theirs)
+    assert (back.migrations["level"] == -1).all() and back.migrations["level_name"].isna().all()
     for name in ("migrations", "runs", "runqueue"):
         # an imported task is named by its comm (hmy-w03), a simulated one by its spec (w03)
-        # the machine's domains travel in the run's manifest, not in a trace.dat: an imported
-        # move has no level (-1), the simulated one the level of its simulated machine
-        drop = ["name", "level", "level_name"]
-        mine, theirs = (t.table(name).drop(columns=drop, errors="ignore") for t in (back, sim))
+        mine, theirs = (t.table(name).drop(columns=["name", "level", "level_name"],
+                                           errors="ignore") for t in (back, sim))
         pd.testing.assert_frame_equal(mine, theirs, check_categorical=False)
-    assert (back.migrations["level"] == -1).all() and (sim.migrations["level"] >= 0).all()
+    assert (sim.migrations["level"] >= 0).all()
 
 
 # --- the real kernel ---------------------------------------------------------------------------

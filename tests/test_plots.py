@@ -206,3 +206,149 @@ def test_many_cpus_are_one_heat_map_not_a_panel_each(tmp_path, monkeypatch):
     monkeypatch.setattr(plots, "MANY_CPUS", n)                  # not beyond it: a panel each
     out = plots.plot_runqueue(rq, list(range(n)), 2 * n, 2.0, tmp_path / "panels.png")
     assert matplotlib.image.imread(out).shape[0] > 5000
+
+
+# --- what a figure shows, read from matplotlib's own objects -----------------------------------
+
+def _keep_figures(monkeypatch, module, name="save_figure") -> list:
+    """The figures ``module.<name>`` saves from now on (still saved and closed as before; their
+    axes, artists and ticks stay readable)."""
+    kept = []
+    real = getattr(module, name)
+    monkeypatch.setattr(module, name, lambda fig, path, *a, **k: kept.append(fig)
+                        or real(fig, path, *a, **k))
+    return kept
+
+
+def _legends(ax) -> list:
+    from matplotlib.legend import Legend
+    return [c for c in ax.get_children() if isinstance(c, Legend)]
+
+
+def _drawn(artist, ax) -> bool:
+    """The artist puts something on the panel: a line of two points or more, or a marker, or a
+    point of a scatter, or an area of some height, inside the axes' limits."""
+    from matplotlib.collections import PathCollection, PolyCollection
+    if isinstance(artist, PathCollection):
+        xy = np.asarray(artist.get_offsets(), float).reshape(-1, 2)
+    elif isinstance(artist, PolyCollection):            # a filled area: of some height
+        xy = np.concatenate([p.vertices for p in artist.get_paths()] or [np.zeros((0, 2))])
+        if not len(xy) or np.ptp(xy[:, 1]) <= 0:
+            return False
+    else:
+        xy = np.column_stack([artist.get_xdata(), artist.get_ydata()]).astype(float)
+        marker = artist.get_marker() not in (None, "None", "", " ")
+        line = artist.get_linestyle() not in ("None", "", " ") and len(xy) >= 2
+        if not (marker or line):
+            return False
+    (x0, x1), (y0, y1) = sorted(ax.get_xlim()), sorted(ax.get_ylim())
+    return bool(((xy[:, 0] >= x0) & (xy[:, 0] <= x1) & (xy[:, 1] >= y0)
+                 & (xy[:, 1] <= y1)).any())
+
+
+def _every_legend_entry_drawn(ax) -> list[str]:
+    """The labels of ``ax``'s legend (the first legend), each checked to name an artist drawn."""
+    labels = [t.get_text() for t in _legends(ax)[0].get_texts()]
+    for label in labels:
+        artists = [a for a in ax.lines + ax.collections if a.get_label() == label]
+        assert artists and any(_drawn(a, ax) for a in artists), f"{label!r} is not drawn"
+    return labels
+
+
+def _integer_ticks(axis) -> list[float]:
+    lo, hi = sorted(axis.get_view_interval())
+    ticks = [t for t in axis.get_ticklocs() if lo <= t <= hi]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    return ticks
+
+
+def test_how_many_draws_both_predictions_at_a_single_x_with_whole_ticks(tmp_path, monkeypatch):
+    """8 CPUs, one x (the quick suite): the predictions are one point each, which a line alone
+    never shows; both are drawn, even where they are equal (2 CPUs), and x = 32 is one tick."""
+    from harmony.analysis import report_suite
+    kept = _keep_figures(monkeypatch, report_suite, "_save")
+    for pairwise in (16.0, 4.0):                         # 8 CPUs; 2 CPUs: the same number
+        df = pd.DataFrame({"experiment": "how-many", "x": [32, 32], "first_round_moved": [4, 3],
+                           "poly_prediction": [4.0, 4.0], "pairwise_prediction": pairwise})
+        report_suite.plot_how_many(df, tmp_path / "how_many.png")
+        ax = kept[-1].axes[0]
+        labels = _every_legend_entry_drawn(ax)
+        assert labels == ["runs (2)", "poly-balance: q_src - N/P",
+                          "pairwise: (q_src - q_target)/2"]
+        assert _integer_ticks(ax.xaxis) == [32]
+        _integer_ticks(ax.yaxis)
+        assert ax.get_ylim()[1] > pairwise
+
+
+def test_causes_and_migrations_count_in_whole_numbers(tmp_path, monkeypatch):
+    """A few migrations per bin: the count axis has no tick at 0.2."""
+    kept = _keep_figures(monkeypatch, plots)
+    mig = pd.DataFrame({"t": [0.05, 0.06, 0.15, 0.95], "kind": "balance",
+                        "cause": ["periodic", "newidle", "periodic", "wakeup"],
+                        "inferred": [False, False, True, False]})
+    plots.plot_causes(mig, 1.0, 0.1, tmp_path / "causes.png")
+    plots.plot_migrations(mig, 1.0, 0.1, tmp_path / "migrations.png")
+    for fig in kept:
+        ax = fig.axes[0]
+        _every_legend_entry_drawn(ax)
+        assert max(_integer_ticks(ax.yaxis)) >= 2
+
+
+def test_latency_by_load_shows_every_shape_and_percentile_at_one_load(tmp_path, monkeypatch):
+    """One load (the quick suite): every run a marker; the legends name each shape (its
+    colour drawn) and each percentile (its marker drawn), not line styles a single load never
+    shows."""
+    from matplotlib.markers import MarkerStyle
+
+    from harmony.analysis import plots_requests
+    kept = _keep_figures(monkeypatch, plots_requests)
+    df = pd.DataFrame({"shape": ["event-loop", "event-loop", "thread-per-core"], "load": 0.5,
+                       "latency_p50_ms": [0.5, 0.6, 0.7], "latency_p99_ms": [3.0, 3.5, 4.0],
+                       "latency_p999_ms": [9.0, None, 8.0]})
+    plots_requests.plot_latency_by_load(df, tmp_path / "lat.png")
+    ax = kept[-1].axes[0]
+    shapes, percentiles = _legends(ax)
+    drawn = [c for c in ax.collections if _drawn(c, ax)]
+    colours = {tuple(np.round(c.get_facecolor()[0][:3], 3)) for c in drawn}
+    for handle, text in zip(shapes.legend_handles, shapes.get_texts()):
+        from matplotlib.colors import to_rgb
+        assert tuple(np.round(to_rgb(handle.get_color()), 3)) in colours, text.get_text()
+    def outline(marker):
+        style = MarkerStyle(marker)
+        return style.get_path().transformed(style.get_transform()).vertices
+
+    texts = [t.get_text() for t in percentiles.get_texts()]
+    assert texts == ["p50", "p99", "p99.9"]
+    for handle, text in zip(percentiles.legend_handles, texts):    # its marker is on the panel
+        shape = outline(handle.get_marker())
+        assert any(c.get_paths()[0].vertices.shape == shape.shape
+                   and np.allclose(c.get_paths()[0].vertices, shape) for c in drawn), text
+
+
+def test_a_delay_of_zero_is_drawn_from_zero_in_its_unit(tmp_path, monkeypatch):
+    """Every steal latency 0 (a simulated suite): the axis starts at 0 ms (no negative delay),
+    and the metric is labelled without the unit of its column."""
+    from harmony.analysis import report_suite
+    kept = _keep_figures(monkeypatch, report_suite, "_save")
+    ticks = _record_xticks(monkeypatch)
+    df = pd.DataFrame({"experiment": "work-conservation", "steal_latency_s": [0.0, 0.0, 0.0]})
+    report_suite.plot_points(df, "work-conservation", ["steal_latency_s"], tmp_path / "s.png",
+                             "Idle target", "ms", 1000, {"steal_latency_s": "steal latency"})
+    ax = kept[-1].axes[0]
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] > 0
+    assert ticks[-1] == ["steal latency"]
+
+
+def test_first_round_draws_equal_predictions_at_one_x(tmp_path, monkeypatch):
+    """A how-many run's own figure, 2 CPUs, one x: the two predictions are the same number and
+    a single point each; both show, and the axes count in whole numbers."""
+    from harmony.analysis import plots_rounds
+    kept = _keep_figures(monkeypatch, plots_rounds)
+    df = pd.DataFrame({"path": ["a"], "x": [8], "ncpus": [2], "first_round_moved": [3],
+                       "poly_prediction": [4.0], "pairwise_prediction": [4.0]})
+    plots_rounds.plot_first_round(df, tmp_path / "first_round.png")
+    ax = kept[-1].axes[0]
+    assert len(_every_legend_entry_drawn(ax)) == 3
+    assert _integer_ticks(ax.xaxis) == [8]
+    _integer_ticks(ax.yaxis)
+    assert ax.get_title().endswith("(1 run)")

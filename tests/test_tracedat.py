@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import host_skip
 from harmony.probes.base import TraceCorrupt
 
 from test_ringbuf import (FORMATS_NEW, FORMATS_OLD, known_capture, record_raw_dir, small_load,
@@ -146,6 +147,45 @@ def test_report_agrees_on_hand_built_pages(tmp_path, table):
 
 
 @needs_trace_cmd
+def test_markers_read_as_tracing_mark_write(tmp_path):
+    """As in a trace-cmd recording: each marker's ip is named in the file's kallsyms, so that
+    trace-cmd prints "print: tracing_mark_write: TEXT", not the bare address; the UNAME option
+    holds the facts given where the recording has none, unknown ones as "-"."""
+    from harmony.probes.tracedat_write import write_tracedat
+    pages, _, marks = known_capture()
+    d = write_dir(tmp_path / "raw", pages)
+    dat = write_tracedat(d, tmp_path / "trace.dat",
+                         {"kernel": "6.1.0-9", "kernel_build": "#1 SMP Debian", "machine": "x86_64"})
+    out = subprocess.run([TRACE_CMD, "report", "-i", str(dat)], capture_output=True,
+                         text=True, errors="replace", timeout=60)
+    prints = [line for line in out.stdout.splitlines() if " print: " in line]
+    assert len(prints) == len(marks)
+    for line, (_, _, _, text) in zip(prints, marks):
+        assert re.search(r"print:\s+tracing_mark_write: " + re.escape(text[:40]), line), line
+    b = dat.read_bytes()        # the kallsyms section: one line per distinct marker ip
+    assert b"ffffffff81000000 t tracing_mark_write\n" in b
+    assert b"0000000000000001 t tracing_mark_write\n" in b
+    out = subprocess.run([TRACE_CMD, "report", "--uname", "-i", str(dat)], capture_output=True,
+                         text=True, timeout=60)
+    # the recording's own release (its meta.json's "test") before the one given
+    assert "Linux - test #1 SMP Debian x86_64" in out.stdout
+
+
+def test_an_imports_host_is_what_the_uname_says():
+    """"sysname nodename release version... machine": the words known, never "-"."""
+    from harmony.importer import recorded_on, uname_facts
+    full = "Linux web1 6.1.0-9-amd64 #1 SMP PREEMPT_DYNAMIC Debian 6.1.27-1 x86_64"
+    assert uname_facts(full) == {"nodename": "web1", "machine": "x86_64",
+                                 "kernel_build": "#1 SMP PREEMPT_DYNAMIC Debian 6.1.27-1"}
+    assert recorded_on({"uname": full, "kernel": "6.1.0-9-amd64"}) == \
+        "host web1, Linux 6.1.0-9-amd64 (x86_64)"
+    old = "Linux - 6.18.44-fc-v1147 - -"                  # Harmony's earlier exports
+    assert uname_facts(old) == {}
+    assert recorded_on({"uname": old, "kernel": "6.18.44-fc-v1147"}) == "Linux 6.18.44-fc-v1147"
+    assert recorded_on({}) == "an unknown host"
+
+
+@needs_trace_cmd
 def test_real_capture_matches_trace_cmd(kernel, tmp_path):
     from harmony.probes.ringbuf import decode_dir
     from harmony.probes.tracedat_write import write_tracedat
@@ -161,6 +201,17 @@ def test_real_capture_matches_trace_cmd(kernel, tmp_path):
     out = subprocess.run([TRACE_CMD, "report", "--stat", "-i", str(dat)], capture_output=True,
                          text=True, timeout=60)
     assert "overrun: 0" in out.stdout
+    # the markers' ip is the kernel's own, inside tracing_mark_write by /proc/kallsyms
+    from harmony.probes.ringbuf import decode_recording
+    ips = decode_recording(raw)[1].marker_ips
+    syms = sorted((int(a, 16), n) for a, _, n, *_ in
+                  (line.split() for line in Path("/proc/kallsyms").read_text().splitlines())
+                  if int(a, 16))
+    if not syms:
+        host_skip("/proc/kallsyms shows no addresses (kptr_restrict)")
+    import bisect
+    assert ips and all(syms[bisect.bisect_right(syms, (ip, "~")) - 1][1] == "tracing_mark_write"
+                       for ip in ips), [hex(ip) for ip in ips]
 
 
 @pytest.mark.parametrize("algo", ["zlib", "zstd"])

@@ -204,8 +204,10 @@ def resolve_cpus(text: str | None) -> list[int]:
         raise click.BadParameter(str(exc), param_hint="--cpus") from None
     offline = sorted(set(cpus) - set(online))
     if offline:
-        raise click.BadParameter(f"CPU {','.join(map(str, offline))} is not online "
-                                 f"(online: {','.join(map(str, online))})", param_hint="--cpus")
+        raise click.BadParameter(
+            f"{'CPU' if len(offline) == 1 else 'CPUs'} {osutil.format_cpulist(offline)} "
+            f"{'is' if len(offline) == 1 else 'are'} not online (online: "
+            f"{osutil.format_cpulist(online)})", param_hint="--cpus")
     return cpus
 
 
