@@ -335,6 +335,8 @@ def _vm_runner(kernel: str, vm_cpus: int, memory: int, setting, quiet: bool, scx
     say = (lambda line: None) if quiet else (lambda line: click.echo(f"vm: {line}", err=True))
     with _errors():
         k = get_kernel(kernel, progress=say)
+    if k.source.get("note"):          # an older build than the source: which one (manifest too)
+        click.echo(f"note: {k.source['note']}", err=True)
     facts = host.run_facts(host.doctor(mount=False, test_record=False))
     return VmRunner(k, vm_cpus, memory, setting, facts=facts, say=say, scx=scx)
 
