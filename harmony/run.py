@@ -152,8 +152,9 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     agent's :class:`JsonRows`).
 
     ``scx`` names a sched_ext scheduler (:mod:`harmony.vm.scx`) started before the workers, watched
-    over the run and stopped after; its record is the manifest's ``scx``, and the run is
-    incomplete, with the reason, if the kernel ejected it.
+    over the run and stopped after (or a :class:`harmony.vm.scx.Kept` one, loaded already and
+    left loaded); its record is the manifest's ``scx``, and the run is incomplete, with the
+    reason, if the kernel ejected it.
 
     The manifest is written first with status "running"; it becomes "captured" only when the
     workload ran its full duration and the probe stopped cleanly, and "incomplete" (with the
@@ -200,11 +201,13 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         # on the CPUs measured, and a thread at the fork below
         stop_prefault()
         if scx is not None:   # first: the release reads whether a sched_ext scheduler is enabled
-            scheduler = scx_mod.Scheduler(scx, out / scx_mod.LOG_NAME)
+            scheduler = (scx.for_run(out / scx_mod.LOG_NAME) if isinstance(scx, scx_mod.Kept)
+                         else scx_mod.Scheduler(scx, out / scx_mod.LOG_NAME))
             scheduler.start()
             manifest["reclaimed"] += scheduler.reclaimed
             manifest["host"] = {**manifest["host"], "scheduler": scheduler.ops,
                                 "sched_ext": "enabled"}
+            laps("scheduler")
         # tasks that keep records of their own are told where, and what the run settles only
         # now (the server's measured capacity, under the scheduler under test) joins its params
         specs, settled = experiment.place(specs, out, params, cpus)
@@ -212,6 +215,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             params.update(settled)
             manifest["params"] = {**manifest["params"], **settled}
             store.write_json(out / "manifest.json", manifest)
+            laps("place")   # a server's calibration: what the run settled as it started
         # the kernel's own count of migrations by kind (/proc/schedstat, and the per-task ones
         # of /proc/<pid>/sched), turned on now if the kernel has it off: before the workers exist
         schedstats = schedstat.Reads()

@@ -1,25 +1,34 @@
-"""The guest agent: ``python3 -m harmony.vm.guest JOBFILE``, run inside a virtual machine.
+"""The guest agent: ``python3 -m harmony.vm.guest``, run inside a virtual machine.
 
-The host (:class:`harmony.vm.runner.VmRunner`) plans every capture of a boot -- the experiment's
-parameters resolved and drawn, its tasks, the run directory under the VM's one writable directory
--- and writes them as a job file (:func:`write_job`). The agent runs with the host's own Python and
-Harmony (the host's filesystem is shared read-only), mounts tracefs and debugfs, reports the
-guest's facts (kernel release, scheduler, CPUs, tracefs, debugfs...: :func:`harmony.doctor.doctor`
-with the tracefs probe only), then makes the captures one after the other with
-:func:`harmony.run.capture`, the same function as on the host, its side tables kept as plain rows
-(:class:`harmony.run.JsonRows`). It imports no pandas, numba or matplotlib: nothing is decoded or
-analysed in the guest. The host lands each capture and analyses it like any other.
+The host (:class:`harmony.vm.runner.VmRunner`) plans captures -- the experiment's parameters
+resolved and drawn, its tasks, the run directory under the VM's one writable directory -- and
+sends them as jobs, one JSON line each on the agent's standard input (virtme-ng's
+``virtme.stdin`` virtio-serial port: :func:`job_line`), as many as it likes in one boot; the
+agent ends when its input ends (or says ``{"end": true}``). ``python3 -m harmony.vm.guest
+JOBFILE`` runs the one job of a file (:func:`write_job`) and ends.
+
+The agent runs with the host's own Python and Harmony (the host's filesystem is shared
+read-only), mounts tracefs and debugfs, reports the guest's facts (kernel release, scheduler,
+CPUs, tracefs, debugfs...: :func:`harmony.doctor.doctor` with the tracefs probe only), then makes
+each job's captures one after the other with :func:`harmony.run.capture`, the same function as on
+the host, its side tables kept as plain rows (:class:`harmony.run.JsonRows`). It imports no
+pandas, numba or matplotlib: nothing is decoded or analysed in the guest. The host lands each
+capture and analyses it like any other. What one boot can pay once is paid once: the probe's
+session (one tracefs instance), the fork server, the modules, and the server's calibration for a
+CPU set and scheduler (:class:`Calibrations`).
 
 The agent speaks in lines on its standard output (the VM's console), each ``@harmony {json}``
 with an ``event`` (:func:`emit`):
 
     facts      the guest's facts, once, first (the host's boot time ends here)
-    start      run i begins (its directory)
+    start      run i of job j begins (its directory)
     measuring  run i's workload is about to be released (its measured window begins)
     measured   run i's workload is stopped (its window is over)
     done       run i is captured, or
     error      run i failed (message); the agent goes on with the next run
-    end        every run was tried
+    flushed    every run of job j was tried (failed: how many failed)
+    fatal      the agent itself failed (message: its error) and ends
+    end        the agent's input ended; it ends
 
 so that the host shows progress, and times each run's window on its own clock to read how long
 the vCPU threads waited for a host CPU over it. Every line also carries the guest's
@@ -36,6 +45,7 @@ import os
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from harmony import doctor, store
@@ -44,7 +54,7 @@ from harmony.manifest import reason
 from harmony.probes import get_probe
 from harmony.run import JsonRows, capture
 from harmony.vm.machine import LINE_PREFIX
-from harmony.vm.scx import ScxSpec
+from harmony.vm.scx import Kept, ScxSpec
 from harmony.workload import serve
 from harmony.workload.tasks import TaskSpec
 
@@ -146,15 +156,25 @@ def write_job(path: Path, runs: list[PlannedRun]) -> None:
     store.write_json(path, {"format": JOB_FORMAT, "runs": [dataclasses.asdict(r) for r in runs]})
 
 
-def read_job(path: Path) -> list[PlannedRun]:
-    """The runs of a job file; RunError naming it if it is not one."""
-    job = store.read_json(path)
+def job_line(runs: list[PlannedRun], job: int) -> str:
+    """One job as the line the host sends on the agent's input."""
+    return json.dumps({"format": JOB_FORMAT, "job": job,
+                       "runs": [dataclasses.asdict(r) for r in runs]})
+
+
+def job_runs(job, where: str) -> list[PlannedRun]:
+    """The runs of a job (a dict); RunError naming ``where`` it came from if it is not one."""
     if not isinstance(job, dict) or job.get("format") != JOB_FORMAT:
-        raise store.RunError(f"{path}: not a guest job ({JOB_FORMAT})")
+        raise store.RunError(f"{where}: not a guest job ({JOB_FORMAT})")
     try:
         return [PlannedRun(**r) for r in job["runs"]]
     except (KeyError, TypeError) as exc:
-        raise store.RunError(f"{path}: a run of the job is malformed ({exc})") from None
+        raise store.RunError(f"{where}: a run of the job is malformed ({exc})") from None
+
+
+def read_job(path: Path) -> list[PlannedRun]:
+    """The runs of a job file; RunError naming it if it is not one."""
+    return job_runs(store.read_json(path), str(path))
 
 
 def guest_facts() -> dict:
@@ -163,50 +183,147 @@ def guest_facts() -> dict:
     return doctor.run_facts(doctor.doctor(mount=True, test_record=False, probes=("tracefs",)))
 
 
-def run_job(runs: list[PlannedRun], facts: dict, stream=None) -> int:
+class Calibrations:
+    """What a boot measures once and every run of it reuses: the server's per-hop overhead
+    (:func:`harmony.workload.serve.measure_overhead`) for a CPU set under a scheduler, measured
+    in the first server run that needs it, then given to the next as a parameter, as ``-p
+    overhead_ns=`` would be; each run's manifest says where its figure came from
+    (``overhead_ns_from``). bench/README.md has what it saves and the figure's spread when it
+    was measured for every run."""
+
+    def __init__(self):
+        self.overhead: dict[tuple, tuple[int, str]] = {}    # (cpus, scheduler) -> (ns, run dir)
+
+    def params(self, run: PlannedRun) -> tuple[dict, str | None]:
+        """``run``'s parameters with what was calibrated already, and whence (None: nothing)."""
+        if run.params.get("overhead_ns", 1) or not any(t.get("serve") for t in run.tasks):
+            return run.params, None
+        got = self.overhead.get(self._key(run))
+        if got is None:
+            return run.params, None
+        return {**run.params, "overhead_ns": got[0]}, got[1]
+
+    def keep(self, run: PlannedRun, manifest_params: dict) -> None:
+        """Keep what ``run`` measured (its manifest's parameters) for the next runs."""
+        ns = manifest_params.get("overhead_ns")
+        if ns and not run.params.get("overhead_ns") and self._key(run) not in self.overhead:
+            self.overhead[self._key(run)] = (int(ns), run.dir)
+
+    @staticmethod
+    def _key(run: PlannedRun) -> tuple:
+        return tuple(run.cpus), json.dumps(run.scx, sort_keys=True)
+
+
+class Boot:
+    """What the runs of one boot share (:func:`run_job`): the server's calibrations
+    (:class:`Calibrations`) and the sched_ext schedulers kept loaded from one run to the next
+    (:class:`harmony.vm.scx.Kept`), stopped by :meth:`close`."""
+
+    def __init__(self):
+        self.calibrations = Calibrations()
+        self.schedulers: dict[str, Kept] = {}
+
+    def scheduler(self, run: PlannedRun) -> Kept | None:
+        if not run.scx:
+            return None
+        key = json.dumps(run.scx, sort_keys=True)
+        if key not in self.schedulers:
+            self.schedulers[key] = Kept(ScxSpec.from_dict(run.scx), Path(memory_dir()))
+        return self.schedulers[key]
+
+    def close(self) -> None:
+        for kept in self.schedulers.values():
+            kept.close()
+
+
+def run_job(runs: list[PlannedRun], facts: dict, stream=None, boot: Boot | None = None,
+            job: int | None = None) -> int:
     """Capture every run in turn, saying each step (:func:`emit`); returns how many failed.
 
     A probe that offers a session (tracefs: one instance for all the runs, emptied for each) keeps
     it open across the runs, as a suite on the host does (bench/README.md: what it saves per run
-    under TCG)."""
+    under TCG). ``boot`` (:class:`Boot`) carries what is shared across jobs; without one, the
+    job's own is closed at its end."""
     failed = 0
+    own = boot is None
+    boot = Boot() if own else boot
+    tag = {} if job is None else {"job": job}
     with HostLock(), contextlib.ExitStack() as sessions:
+        if own:
+            sessions.callback(boot.close)
         for name in sorted({run.probe for run in runs}):
             session = getattr(get_probe(name), "session", None)
             if session is not None:
                 sessions.enter_context(session())
         for i, run in enumerate(runs):
-            emit("start", stream, run=i, dir=run.dir)
+            emit("start", stream, run=i, dir=run.dir, **tag)
             planned = PlannedExperiment(run)
+            params, whence = boot.calibrations.params(run)
             try:
                 try:
-                    capture(planned, run.params, run.cpus, Path(run.dir), run.probe, run.seed,
-                            facts, quiet=True, lock_held=True, tables=JsonRows(),
-                            scx=ScxSpec.from_dict(run.scx) if run.scx else None,
-                            pause=lambda i=i: emit("measuring", stream, run=i),
-                            resume=lambda i=i: emit("measured", stream, run=i))
+                    got = capture(planned, params, run.cpus, Path(run.dir), run.probe, run.seed,
+                                  facts, quiet=True, lock_held=True, tables=JsonRows(),
+                                  scx=boot.scheduler(run),
+                                  pause=lambda i=i: emit("measuring", stream, run=i, **tag),
+                                  resume=lambda i=i: emit("measured", stream, run=i, **tag))
                 finally:                  # the tasks are stopped: what they wrote joins the run
                     planned.keep(Path(run.dir))
             except Exception as exc:      # one run's failure is reported; the next runs go on
                 failed += 1
-                emit("error", stream, run=i, message=reason(exc))
+                emit("error", stream, run=i, message=reason(exc), **tag)
                 continue
-            emit("done", stream, run=i)
+            boot.calibrations.keep(run, got.manifest.get("params", {}))
+            if whence is not None:
+                _note_calibration(Path(run.dir), whence)
+            emit("done", stream, run=i, **tag)
+    return failed
+
+
+def _note_calibration(run_dir: Path, whence: str) -> None:
+    """Say in the run's manifest that its server overhead was measured by another run."""
+    m = store.read_json(run_dir / "manifest.json")
+    m["overhead_ns_from"] = whence
+    store.write_json(run_dir / "manifest.json", m)
+
+
+def serve_jobs(lines, facts: dict, stream=None) -> int:
+    """Run each job of ``lines`` (:func:`job_line`) as it comes, until they end or one says
+    ``{"end": true}``; each job ends with a ``flushed`` line. What the jobs share (:class:`Boot`)
+    is closed at the end. Returns how many runs failed."""
+    failed, boot = 0, Boot()
+    try:
+        for k, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                job = json.loads(line)
+            except ValueError:
+                raise store.RunError(f"job line {k + 1} of the agent's input is not JSON") \
+                    from None
+            if isinstance(job, dict) and job.get("end"):
+                break
+            runs = job_runs(job, f"job line {k + 1} of the agent's input")
+            n = run_job(runs, facts, stream, boot, job=job.get("job", k))
+            emit("flushed", stream, job=job.get("job", k), failed=n)
+            failed += n
+    finally:
+        boot.close()
     return failed
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python3 -m harmony.vm.guest JOBFILE", file=sys.stderr)
+    if len(argv) > 1:
+        print("usage: python3 -m harmony.vm.guest [JOBFILE]", file=sys.stderr)
         return 2
     try:
-        runs = read_job(Path(argv[0]))
+        runs = read_job(Path(argv[0])) if argv else None
         facts = guest_facts()
-    except Exception as exc:    # said on the console, where the host reads it
-        emit("error", run=None, message=reason(exc))
+        emit("facts", facts=facts, pid=os.getpid())
+        failed = run_job(runs, facts) if runs is not None else serve_jobs(sys.stdin, facts)
+    except Exception as exc:    # said on the console, where the host reads it, and why in full
+        emit("fatal", message=reason(exc))
+        traceback.print_exc()
         return 1
-    emit("facts", facts=facts, pid=os.getpid())
-    failed = run_job(runs, facts)
     emit("end", failed=failed)
     return 0
 
