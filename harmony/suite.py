@@ -133,7 +133,12 @@ def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
 
 
 class Progress:
-    """One status line per run on a terminal (rewritten in place), plain lines otherwise."""
+    """One status line per run on a terminal (rewritten in place), plain lines otherwise.
+
+    A runner that makes its captures later than it is given them (a VM's, at its boot) is handed
+    this object and numbers the runs as they happen (:meth:`expect`, :meth:`booted`): then, once
+    the first runs are done, the line says when the rest will be (the seconds each configured
+    second has taken since the boot, times those left)."""
 
     def __init__(self, total_runs: int, total_s: float, stream=sys.stderr, quiet: bool = False):
         self.total_runs, self.total_s = total_runs, total_s
@@ -141,14 +146,32 @@ class Progress:
         self.stream, self.quiet = stream, quiet
         self.start = time.monotonic()
         self.tty = stream.isatty()
+        self.t_booted: float | None = None
+
+    def expect(self, runs: int, seconds: float) -> None:
+        """The runs (and configured seconds) still to come, counted anew: a runner's captures,
+        companions included, when it makes them."""
+        self.total_runs, self.total_s, self.done_runs, self.done_s = runs, seconds, 0, 0.0
+
+    def booted(self) -> None:
+        """The runs begin now (a VM's boot is over): the estimate counts from here."""
+        self.t_booted = time.monotonic()
+
+    def left(self) -> str:
+        """What is left: an estimate once runs are done since the boot, else the configured
+        seconds."""
+        left = max(0.0, self.total_s - self.done_s)
+        if self.t_booted is not None and self.done_s > 0:
+            rate = (time.monotonic() - self.t_booted) / self.done_s
+            return f"ETA ~{rate * left:4.0f} s"
+        return f"~{left:4.0f} s of runs left"
 
     def show(self, what: str):
         if self.quiet:
             return
         el = time.monotonic() - self.start
-        left = max(0.0, self.total_s - self.done_s)
         line = (f"[{self.done_runs + 1}/{self.total_runs}] {what:<48} elapsed {el:5.0f} s, "
-                f"~{left:4.0f} s of runs left")
+                f"{self.left()}")
         if self.tty:
             self.stream.write("\r" + line[:118].ljust(118))
         else:
@@ -212,6 +235,10 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
         runner.while_analysing = _import_report
     if hasattr(runner, "say") and not quiet:    # a VM runner's steps: boot, each run in the guest
         runner.say = progress.phase
+    # a runner that makes its captures later (a VM's, in one boot at flush) numbers them itself
+    later = hasattr(runner, "to_make")
+    if later:
+        runner.progress = progress
     t_start = time.monotonic()
     failures, batches = [], []
     try:
@@ -220,10 +247,13 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
                 exp = get_experiment(cfg.experiment)
                 try:
                     batch.run_batch(exp, cfg.params, cpus, out / cfg.label, cfg.repeat, runner,
-                                    seed=seed, progress=progress, draw_first=False, resume=resume)
+                                    seed=seed, progress=None if later else progress,
+                                    draw_first=False, resume=resume)
                 except (store.RunError, RuntimeError, ValueError) as exc:
                     failures.append({"config": cfg.label, "error": str(exc)})
                 batches.append(out / cfg.label)
+            if later:
+                progress.expect(*runner.to_make())
             runner.flush()          # a VM runner boots here, once, for every capture planned
             t_captured = time.monotonic() - t_start
             if runner.analysis != "in line":
