@@ -195,6 +195,51 @@ def test_a_scheduler_killed_mid_run_is_an_ejection(tmp_path):
     assert not s.stop()["enabled_throughout"]
 
 
+def test_a_kept_scheduler_is_loaded_once_for_many_runs(tmp_path):
+    """A boot's runs share one load: the first run's view starts it, the next finds it enabled
+    (no enable time of its own), each record covers its own run (states, the output written
+    meanwhile), and close() stops it."""
+    root = _root(tmp_path)
+    kept = scx.Kept(scx.ScxSpec("fake", str(_scheduler(tmp_path, root))), tmp_path, root=root)
+    records = []
+    for k in range(2):
+        (tmp_path / f"r{k}").mkdir()
+        view = kept.for_run(tmp_path / f"r{k}" / "scx.log")
+        view.start()
+        assert view.ops == "fake" and view.ejected() is None and view.tids()
+        records.append(view.stop())
+    first, second = records
+    assert first["enable_s"] is not None and second["enable_s"] is None
+    assert first["pid"] == second["pid"] and kept.sched.proc.poll() is None
+    assert second["loaded_since"] == str(tmp_path / "r0") and second["restarted_after"] is None
+    assert all(r["enabled_throughout"] and r["states"] == [[0.0, "enabled"]] for r in records)
+    assert "local=0 global=0" in (tmp_path / "r0" / "scx.log").read_text()
+    assert (tmp_path / "r1" / "scx.log").read_text() == ""      # it said nothing meanwhile
+    assert kept.close()["exit"] == "unregistered from user space"
+    assert (root / "state").read_text().strip() == "disabled" and kept.sched is None
+
+
+def test_a_kept_scheduler_ejected_is_said_and_started_again(tmp_path):
+    root = _root(tmp_path)
+    kept = scx.Kept(scx.ScxSpec("fake", str(_scheduler(tmp_path, root))), tmp_path, root=root)
+    (tmp_path / "r0").mkdir()
+    view = kept.for_run(tmp_path / "r0" / "scx.log")
+    view.start()
+    pid = kept.sched.proc.pid
+    (root / "state").write_text("disabled\n")          # the kernel ejects it mid-run
+    kept.sched.proc.kill()
+    rec = view.stop()
+    assert not rec["enabled_throughout"] and rec["ejected"] and kept.sched is None
+    (tmp_path / "r1").mkdir()
+    view = kept.for_run(tmp_path / "r1" / "scx.log")
+    view.start()                                          # a fresh load for the next run
+    try:
+        assert view.enable_s is not None and kept.sched.proc.pid != pid
+    finally:
+        view.stop()
+        kept.close()
+
+
 def test_a_verifier_refusal_is_one_line_with_its_reason(tmp_path):
     root = _root(tmp_path)
     log = tmp_path / "verifier.txt"
