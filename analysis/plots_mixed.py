@@ -376,9 +376,9 @@ def plot_priority_sweep(sweep: pd.DataFrame, path: Path) -> Path:
 def sweep_figures(run_dirs, fig_dir: Path) -> list[Path]:
     """Load the runs of a sweep (heavy-light over light_duty and/or priority-classes over
     nice_diff) and draw the sweep figures into ``fig_dir``; returns their paths."""
-    from harmony.store import load
+    from harmony.store import open_run
 
-    sweep = mixed.df_sweep([load(d) for d in run_dirs])
+    sweep = mixed.df_sweep([open_run(d) for d in run_dirs])
     fig_dir = Path(fig_dir)
     fig_dir.mkdir(parents=True, exist_ok=True)
     out = []

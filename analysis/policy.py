@@ -273,7 +273,7 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
     out = []
     for d in dirs:
         try:
-            run = store.load(d)
+            run = store.open_run(d)
             summary = run.summary
         except store.RunError as exc:
             skipped.append((d, str(exc).replace(f"{d}: ", "")))

@@ -592,7 +592,7 @@ def server_blocks(evidence, fig_dir: Path) -> list:
     lines = server_card.section_lines(evidence)
     if not lines:
         return []
-    runs = [store.load(e.path) for e in evidence if e.experiment == server_card.EXPERIMENT]
+    runs = [store.open_run(e.path) for e in evidence if e.experiment == server_card.EXPERIMENT]
     fig_dir.mkdir(parents=True, exist_ok=True)
     figure = plot_latency_by_load(df_latency_by_load(runs), fig_dir / "server-latency-load.png",
                                   title="server: latency against load, per shape")

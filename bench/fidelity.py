@@ -120,7 +120,7 @@ def runs_of(d: Path) -> list:
     out = []
     for rep in sorted(d.glob("rep-*")):
         try:
-            out.append(store.load(rep))
+            out.append(store.open_run(rep))
         except store.RunError as exc:
             print(f"  {rep}: not used ({exc})", file=sys.stderr)
     return out

@@ -232,14 +232,14 @@ def _rundir_files(data: bytes, scratch: Path) -> Path:
 
 
 def _rundir(data: bytes, scratch: Path) -> None:
-    """store.load (as it is, and allowing an incomplete run), the summary and the tables the input
-    holds (a table section replaces the template's), then pipeline.load, which verifies the
+    """store.open_run (as it is, and allowing an incomplete run), the summary and the tables the input
+    holds (a table section replaces the template's), then pipeline.load_checked, which verifies the
     tables the manifest lists."""
     from harmony import pipeline, store
     d = _rundir_files(data, scratch)
     for allow in (False, True):
         try:
-            run = store.load(d, allow_incomplete=allow)
+            run = store.open_run(d, allow_incomplete=allow)
         except Exception as exc:  # noqa: BLE001  (checked; then read as allow_incomplete)
             check_error(exc, (str(d),))
             continue
@@ -251,7 +251,7 @@ def _rundir(data: bytes, scratch: Path) -> None:
                 read()
             except Exception as exc:  # noqa: BLE001  (checked: the next one is read all the same)
                 check_error(exc, (str(d),))
-    pipeline.load(d)
+    pipeline.load_checked(d)
 
 
 TARGETS = {t.name: t for t in (
@@ -267,8 +267,8 @@ TARGETS = {t.name: t for t in (
            {"HARMONY_JIT": "0"}),
     Target("perf_text", "perf script output; perf report --header-only / --stats texts",
            _perf_text),
-    Target("rundir", "a run directory's manifest.json and summary.json: store.load, "
-           "pipeline.load", _rundir, {"HARMONY_JIT": "0"}),
+    Target("rundir", "a run directory's manifest.json and summary.json: store.open_run, "
+           "pipeline.load_checked", _rundir, {"HARMONY_JIT": "0"}),
 )}
 
 #: Harmony modules atheris must not instrument: numba compiles their functions from bytecode

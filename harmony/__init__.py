@@ -1,7 +1,7 @@
 """Harmony: extract the actual CPU load-balancing policy of a running Linux scheduler by experiment.
 
 The library's entry points: :func:`load` (a run directory). Everything else is in the modules
-README's "Layout of the code" names.
+docs/architecture.md names.
 """
 
 import os as _os
@@ -20,9 +20,9 @@ from harmony.core.version import __version__  # noqa: E402,F401
 
 
 def load(run_dir, allow_incomplete: bool = False):
-    """Load a run directory, verified: see :func:`harmony.pipeline.load`."""
+    """Load a run directory, verified: see :func:`harmony.pipeline.load_checked`."""
     # imported here: the fork server and the workers import harmony (harmony.core.osutil), and must not
     # load pandas with it
-    from harmony.pipeline import load as _load
+    from harmony.pipeline import load_checked as _load
 
     return _load(run_dir, allow_incomplete=allow_incomplete)

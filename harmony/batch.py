@@ -95,7 +95,7 @@ def finish_batch(out: Path, figures: bool = True) -> dict:
     summaries, failed = [], []
     for name in record["reps"]:
         try:
-            run = store.load(out / name)
+            run = store.open_run(out / name)
             summaries.append((name, run.summary))
         except store.RunError as exc:
             failed.append({"rep": name, "reason": str(exc)})

@@ -1,6 +1,6 @@
 """Analyse a trace recorded elsewhere: a trace-cmd ``trace.dat`` or a ``perf.data`` of the sched
-tracepoints becomes a normal run directory (``harmony import``), and a Harmony run's capture
-becomes a ``trace.dat`` for KernelShark / ``trace-cmd report`` (``harmony export``).
+tracepoints becomes a normal run directory (``harmony import``; the way back is
+:mod:`harmony.export`).
 
 An imported run has no controller: its tasks are whatever the user names (pids, comms), t0 is the
 first event of those tasks unless a time or a trace marker is given, the end is their last event
@@ -16,7 +16,6 @@ import fnmatch
 import os
 import shutil
 import sys
-import tempfile
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -34,7 +33,6 @@ from harmony.core.osutil import format_cpulist
 from harmony.experiments import get_experiment
 from harmony.probes import filemap, perf_data, perf_read
 from harmony.probes.base import NOT_NS_CLOCKS, Capture, ProbeError, TraceCorrupt
-from harmony.probes.encode import write_recording
 from harmony.probes.schema import SCHED_EVENTS, make_markers
 from harmony.probes.tracedat_read import (
     MAGIC,
@@ -43,7 +41,6 @@ from harmony.probes.tracedat_read import (
     decompressed_sizes,
     read_tracedat,
 )
-from harmony.probes.tracedat_write import write_tracedat
 from harmony.workload.tasks import TaskSpec, tasks_frame
 
 PERF_MAGIC = b"PERFILE2"
@@ -211,7 +208,7 @@ def disk_needed(path: Path, out: Path, data: int) -> tuple[int, int]:
     system at most; of those, the copy of the trace kept with the run: none where the trace is
     there already (piped in) or the copy would share its blocks, :func:`filemap.shares_blocks`)."""
     where = _existing(out)
-    in_place = _same_file(path, out / RAW_DIR / path.name)
+    in_place = filemap.same_file(path, out / RAW_DIR / path.name)
     copy = 0 if in_place or filemap.shares_blocks(path, where) else path.stat().st_size
     return copy + int(DISK_PER_DATA_BYTE * data) + DISK_BASE, copy
 
@@ -231,14 +228,6 @@ def check_disk(path: Path, out: Path, est: tuple[int, int] | None) -> None:
                        f"({_size(copy)} for the copy of the trace kept with the run, the rest for "
                        f"its tables and figures), {where} has {_size(free)} free: give --out on "
                        "another file system, or --no-disk-check to try")
-
-
-def _same_file(path: Path, other: Path) -> bool:
-    """Whether ``other`` is ``path`` (a trace piped in is written where its copy would go)."""
-    try:
-        return os.path.samefile(path, other)
-    except OSError:             # one of them is not there
-        return False
 
 
 def _existing(path: Path) -> Path:
@@ -694,7 +683,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     # cache) is made while the tables are built, and waited for before the run is written
     # complete; what is left of it then goes through the page cache (a slow disk's wait)
     hurry, stop = threading.Event(), threading.Event()
-    copying = in_background(_copy_atomically, path, out / RAW_DIR / path.name, hurry, stop)
+    copying = in_background(filemap.copy_atomically, path, out / RAW_DIR / path.name, hurry, stop)
 
     def copied():
         hurry.set()
@@ -706,95 +695,3 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     finally:
         stop.set()                  # an error or a signal: the run is incomplete, its copy moot
         futures.wait([copying])     # never leave the copy running behind an error
-
-
-def _copy_atomically(src: Path, dest: Path, hurry: threading.Event | None = None,
-                     stop: threading.Event | None = None) -> None:
-    """Copy ``src`` to ``dest`` (:func:`filemap.copy_file`, with its ``hurry`` and ``stop``)
-    under a temporary name first: a copy cut short is never found. Nothing to do where ``dest``
-    is ``src`` (a trace piped in is written there)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    if _same_file(src, dest):
-        return
-    tmp = dest.with_name(f".{dest.name}.part")
-    try:
-        filemap.copy_file(src, tmp, hurry=hurry, stop=stop)
-        os.replace(tmp, dest)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-# --- export ------------------------------------------------------------------------------------
-
-def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
-    """Write the run's capture as a trace.dat at ``dest``; (dest, notes for the user: which
-    capture, and what the file cannot hold).
-
-    A tracefs capture is converted (:func:`harmony.probes.tracedat_write.write_tracedat`): the run's own,
-    or the cross-check's when another probe recorded the run (:func:`export_source` says which);
-    an imported trace.dat is copied as it was. Any other run (the perf probe, an imported
-    perf.data, a simulation) has its decoded events written as ring-buffer pages first
-    (:mod:`harmony.probes.encode`, whose notes say what those pages cannot hold). ImportFailed
-    (one line) when the capture or the events are missing.
-    """
-    run_dir = Path(run_dir)
-    manifest = store.read_json(run_dir / "manifest.json")
-    which = export_source(manifest)
-    if which in ("tracefs", "tracefs cross-check"):
-        raw = run_dir / "raw" / "tracefs"
-        if not raw.is_dir():
-            raise ImportFailed(f"{run_dir}: the tracefs capture {raw} is missing")
-        return write_tracedat(raw, dest), (
-            [f"{run_dir}: recorded with another probe; this is its tracefs cross-check's capture"]
-            if which == "tracefs cross-check" else [])
-    if which == "import":
-        stored = run_dir / manifest["source"]["stored"]
-        if not stored.is_file():
-            raise ImportFailed(f"{run_dir}: the imported trace {stored} is missing")
-        _copy_atomically(stored, dest)
-        return dest, []
-    return _export_events(run_dir, manifest, Path(dest))
-
-
-def _export_events(run_dir: Path, manifest: dict, dest: Path) -> tuple[Path, list[str]]:
-    """export_tracedat of a run without ring-buffer pages: from its events and markers tables."""
-    tables = {}
-    for name in ("events", "markers"):
-        path = run_dir / f"{name}.parquet"
-        if not path.is_file():
-            raise ImportFailed(f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which "
-                               f"keeps no ftrace ring-buffer pages, and {path.name}, the decoded "
-                               "capture they would be written from, is missing (the run was never "
-                               "analysed)")
-        tables[name] = store.read_table(path)
-    meta = dict(manifest.get("capture") or {})
-    events, left_out = tables["events"], []
-    for name, how in (meta.get("derived_events") or {}).items():
-        # every row of a derived event is derived (none was recorded): the file holds what was
-        derived = event_mask(events, name)
-        events = events[~derived].reset_index(drop=True)
-        left_out.append(f"{run_dir}: its {int(derived.sum())} {name} rows, derived from "
-                        f"{how.get('source', '?')} at import, are left out")
-    with tempfile.TemporaryDirectory(prefix=".harmony-export-", dir=dest.parent) as tmp:
-        meta["cpus"] = meta.get("cpus") or manifest.get("cpus") or []   # CPUs without an event too
-        notes = write_recording(events, tables["markers"], meta, Path(tmp))
-        write_tracedat(Path(tmp), dest)
-    return dest, [f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which keeps no "
-                  "ring-buffer pages: written from its decoded events (each with a fixed layout; "
-                  "common_flags, preempt count and the 'R+' preempted flag are not kept)"
-                  ] + left_out + notes
-
-
-def export_source(manifest: dict) -> str:
-    """Which capture of a run :func:`export_tracedat` writes: "tracefs" (the run's probe),
-    "tracefs cross-check" (the second probe's, when the run's is another), "import" (an imported
-    trace.dat) or "events" (its decoded events, written as ring-buffer pages)."""
-    probe = manifest.get("probe")
-    if probe == "tracefs":
-        return "tracefs"
-    if probe == "import:trace.dat" and manifest.get("source", {}).get("stored"):
-        return "import"
-    if manifest.get("crosscheck_probe") == "tracefs":
-        return "tracefs cross-check"
-    return "events"

@@ -170,17 +170,17 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
                            figures=figures, laps=laps)
 
 
-def load(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
+def load_checked(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
     """Open a run directory, verified (``harmony.load``, ``harmony report``).
 
-    As :func:`harmony.store.load`, and a complete run's tables are checked (each file's Parquet
+    As :func:`harmony.store.open_run`, and a complete run's tables are checked (each file's Parquet
     footer and schema): a derived table that is missing or unreadable is rebuilt from the raw
     capture (:func:`analyse`; the run's notes then say which and why). RunError naming what is
     wrong when that cannot be done: a table of the capture's own (tasks, the kernel's view, the
     workers' counters) is damaged, the raw capture does not decode (the file is named), or the
     run was imported (its trace is imported again with ``harmony import``).
     """
-    run = store.load(run_dir, allow_incomplete=allow_incomplete)
+    run = store.open_run(run_dir, allow_incomplete=allow_incomplete)
     if not run.complete:
         return run
     problems = store.table_problems(run.path, store.held_tables(run.manifest, run.path))

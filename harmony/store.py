@@ -1,4 +1,5 @@
-"""The run directory: atomic writes, the manifest, and :func:`load`.
+"""The run directory: atomic writes, the manifest, and :func:`open_run`, which opens one as it is
+(:func:`harmony.load`, through :func:`harmony.pipeline.load_checked`, also checks its tables).
 
 Layout of a run directory::
 
@@ -17,8 +18,8 @@ Layout of a run directory::
                          two probes' migrations and run intervals compared)
 
 A file is written to a temporary name and renamed into place, so a reader never sees half a file.
-A run whose manifest does not say ``complete`` is never analysed as complete: :func:`load` refuses
-it unless asked explicitly.
+A run whose manifest does not say ``complete`` is never analysed as complete: :func:`open_run`
+refuses it unless asked explicitly.
 """
 
 from __future__ import annotations
@@ -296,7 +297,7 @@ class Run:
 
         Raises RunError (naming the path) if it is missing or not complete.
         """
-        return load(self.path / name)
+        return open_run(self.path / name)
 
     def __getattr__(self, name):
         if name in TABLES:
@@ -350,7 +351,7 @@ def table_problems(path: Path, names) -> dict[str, str]:
     return out
 
 
-def load(run_dir, allow_incomplete: bool = False) -> Run:
+def open_run(run_dir, allow_incomplete: bool = False) -> Run:
     """Open a run directory written by ``harmony run``.
 
     Raises RunError (naming the path) if it is not a run, or if the run is not complete and

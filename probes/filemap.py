@@ -13,8 +13,9 @@ resident whole (the decoder's walk and gather do: 545 MB at 10 M events).
 Linux only, through libc's mmap (Python's mmap module cannot place a mapping at an address);
 :func:`map_files` returns None wherever that fails, and the caller reads the files instead.
 
-For the same reason a file is copied past the page cache (:func:`copy_file`), and a scratch file
-holds what would otherwise be a large array (:func:`scratch_file`).
+For the same reason a file is copied past the page cache (:func:`copy_file`; under a temporary
+name first: :func:`copy_atomically`), and a scratch file holds what would otherwise be a large
+array (:func:`scratch_file`).
 """
 
 from __future__ import annotations
@@ -297,3 +298,28 @@ def _read_into(fd: int, part: memoryview, off: int) -> None:
         if n <= 0:
             raise OSError(errno.EIO, f"the file ended at {off + got} bytes while it was copied")
         got += n
+
+
+def same_file(path: Path, other: Path) -> bool:
+    """Whether ``other`` is ``path`` (a trace piped in is written where its copy would go)."""
+    try:
+        return os.path.samefile(path, other)
+    except OSError:             # one of them is not there
+        return False
+
+
+def copy_atomically(src: Path, dest: Path, hurry: threading.Event | None = None,
+                    stop: threading.Event | None = None) -> None:
+    """Copy ``src`` to ``dest`` (:func:`copy_file`, with its ``hurry`` and ``stop``) under a
+    temporary name first: a copy cut short is never found. Nothing to do where ``dest`` is
+    ``src`` (a trace piped in is written there)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if same_file(src, dest):
+        return
+    tmp = dest.with_name(f".{dest.name}.part")
+    try:
+        copy_file(src, tmp, hurry=hurry, stop=stop)
+        os.replace(tmp, dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

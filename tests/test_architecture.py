@@ -1,5 +1,5 @@
-"""The code's layout is its architecture: data flows one way through the rooms README's "Layout
-of the code" names, with no import cycle and no private name borrowed across modules.
+"""The code's layout is its architecture: data flows one way through the rooms docs/architecture.md
+("Layout of the code") names, with no import cycle and no private name borrowed across modules.
 
 A static scan of every import (at module level and inside functions alike) of the four packages.
 """
@@ -17,9 +17,9 @@ PACKAGES = {"harmony": "harmony", "probes": "harmony.probes", "experiments": "ha
             "analysis": "harmony.analysis"}
 
 #: The rooms, in the order data flows through them: a module may import from its own room and the
-#: rooms before it, never from a later one (README, "Layout of the code"). A name ending in ".*"
-#: is a package prefix, any other name one module; a module is in the room that names it most
-#: precisely (itself, else its longest prefix).
+#: rooms before it, never from a later one (docs/architecture.md). A name
+#: ending in ".*" is a package prefix, any other name one module; a module is in the room that
+#: names it most precisely (itself, else its longest prefix).
 ROOMS = [
     ("foundations", ["harmony.core.*", "harmony.workload.tasks", "harmony.workload.serve",
                      "harmony.store", "harmony.manifest", "harmony.hostfacts"]),
@@ -149,3 +149,10 @@ def test_a_package_imports_no_orchestration(package):
     bad = [f"{m}:{line} imports {t}" for m, edges in EDGES.items() if m.startswith(package)
            for t, _, line in edges if t in late]
     assert bad == []
+
+
+def test_every_module_is_named_in_the_architecture_page():
+    """docs/architecture.md is the map a newcomer reads: a module it does not name is missing."""
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    missing = sorted(m for m in MODULES if f"`{m}`" not in page)
+    assert missing == [], f"add these modules to docs/architecture.md: {', '.join(missing)}"

@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 
 from harmony.analysis import compare, policy, refpolicy
-from harmony.cli import PARAM_METAVARS, main
+from harmony.cli import main
+from harmony.cli.measure import PARAM_METAVARS
 from harmony.core import osutil
 from harmony.experiments import CATALOG, Metric, get_experiment, summary_key
 from harmony.experiments.base import UNITS

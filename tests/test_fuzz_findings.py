@@ -161,7 +161,7 @@ def test_corrupt_manifest_is_one_line_naming_it(tmp_path, manifest):
     a 5000-digit number ValueError; a controller_pid that is no number ValueError."""
     from harmony import pipeline, store
     (tmp_path / "manifest.json").write_text(manifest)
-    for load in (store.load, pipeline.load):
+    for load in (store.open_run, pipeline.load_checked):
         try:
             load(tmp_path)
         except HarmonyError as exc:
@@ -169,7 +169,7 @@ def test_corrupt_manifest_is_one_line_naming_it(tmp_path, manifest):
     (tmp_path / "manifest.json").write_text('{"status": "complete"}')
     (tmp_path / "summary.json").write_text("[]")
     with pytest.raises(HarmonyError) as e:
-        store.load(tmp_path).summary
+        store.open_run(tmp_path).summary
     one_line_naming(e.value, tmp_path / "summary.json")
 
 
@@ -230,7 +230,7 @@ def test_rebuilding_a_run_whose_manifest_names_no_probe_is_one_line(tmp_path, pr
         manifest["probe"] = probe
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(HarmonyError) as e:
-        pipeline.load(tmp_path)
+        pipeline.load_checked(tmp_path)
     assert "probe" in one_line_naming(e.value, tmp_path / "manifest.json")
 
 

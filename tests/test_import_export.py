@@ -247,7 +247,6 @@ def test_a_copy_stopped_leaves_nothing(no_reflink, tmp_path):
     """An import stopped by an error or a signal stops its copy of the trace between two chunks,
     direct or not, and leaves no part of it."""
     import threading
-    from harmony import importer
     from harmony.probes import filemap
 
     src = tmp_path / "src"
@@ -260,7 +259,7 @@ def test_a_copy_stopped_leaves_nothing(no_reflink, tmp_path):
                               stop=SetAfter(3))
     dest = tmp_path / "run" / "trace.dat"
     with pytest.raises(filemap.CopyStopped):
-        importer._copy_atomically(src, dest, stop=SetAfter(0))
+        filemap.copy_atomically(src, dest, stop=SetAfter(0))
     assert list(dest.parent.iterdir()) == []
 
 

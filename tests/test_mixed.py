@@ -251,9 +251,9 @@ def write_run(path, experiment, events, tasks, cpus, t_end, overrides):
     manifest = {"experiment": experiment, "params": params, "cpus": cpus, "status": "complete",
                 "t0_ns": T0, "end_ns": t_end, "measured_s": (t_end - T0) / S, "seed": 0}
     store.write_json(path / "manifest.json", manifest)
-    run = store.load(path)
+    run = store.open_run(path)
     store.write_json(path / "summary.json", exp.analyse(run))
-    return store.load(path)
+    return store.open_run(path)
 
 
 def _four_on_cpu0():
@@ -441,7 +441,7 @@ def test_figures_of_a_run_and_of_a_sweep(tmp_path):
     assert {p.name for p in figs} == {"migrations.png", "placement.png", "shares.png", "variance.png",
                                       "runqueue.png", "allocation.png"}
     assert all(p.stat().st_size > 1000 for p in figs)
-    sweep = mixed.df_sweep([store.load(d) for d in dirs])
+    sweep = mixed.df_sweep([store.open_run(d) for d in dirs])
     assert sweep["light_duty"].tolist() == [30.0, 70.0] and sweep["param_static"].tolist() == [0, 0]
     out = sweep_figures(dirs, tmp_path / "sweep")
     assert [p.name for p in out] == ["smape_vs_duty.png", "slowdown_vs_duty.png"]

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
 
 import harmony
-from harmony import perfetto_export as pe
+from harmony import export as pe
 from harmony.cli import main
 
 
@@ -136,3 +136,11 @@ def test_overlapping_intervals_go_on_a_child_track():
 def test_bad_input_is_one_line(tmp_path):
     r = CliRunner().invoke(main, ["export", str(tmp_path), "--format", "perfetto"])
     assert r.exit_code != 0 and "not a run directory" in r.output and "Traceback" not in r.output
+
+
+def test_the_commands_formats_are_the_librarys():
+    """harmony export's --format choices and default files (the CLI keeps its own copy so that a
+    usage error loads no pandas) are harmony.export's."""
+    from harmony.cli import traces
+
+    assert traces.FORMATS == pe.FORMATS

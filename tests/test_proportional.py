@@ -128,7 +128,7 @@ def test_the_experiment_under_reference_policies(tmp_path, policy, worst):
     assert s["speedup_ratio"] == pytest.approx(1.0, abs=0.02)
     assert worst[0] <= s["speedup_ratio_min"] <= worst[1]
     assert s["one_cpu_share"] == pytest.approx(1 / 6, abs=0.01)
-    one = store.load(tmp_path / policy / "one").summary
+    one = store.open_run(tmp_path / policy / "one").summary
     assert (one["cpus_used"], one["speedup"], one["one_cpu_share"]) == (1, None, None)
     assert one["ideal_share"] == pytest.approx(1 / 6)
     assert (run.path / "figures" / "proportional.png").stat().st_size > 5000

@@ -374,7 +374,7 @@ def test_how_many_counts_the_periodic_round_when_causes_are_known(tmp_path, soft
     extra = {"migration_causes": {"softirq_recorded": softirq}}
     s, _ = fake_run(tmp_path, "how-many", [0, 1], {"x": "8", "duration": "0.2"}, script,
                     manifest_extra=extra)
-    m = store.load(tmp_path).migrations
+    m = store.open_run(tmp_path).migrations
     causes = m[m["dst_cpu"] == 1]["cause"].astype(str).tolist()
     assert causes == ["newidle", "wakeup"] + ["periodic"] * 4     # the stream's causes, told
     if softirq:

@@ -251,10 +251,10 @@ def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_
     assert kc["migrations"]["kernel"] >= 3, kc          # six tasks spread over four CPUs
     sa = m["schedstat_agreement"]
     assert sa["counted"] and sa["version"] == 16
-    # one difference is known, not explained (README, "Probes and cross-checks"): the domains
-    # count one periodic move more than the trace holds, no event lost (2 of ~8 runs here:
-    # periodic 3 / 4 once, 20 / 21 in a fresh-clone CI run of 2026-11-27). The run must say it;
-    # any other difference fails
+    # one difference is known, not explained (docs/probes.md, "Cross-checks against the
+    # kernel"): the domains count one periodic move more than the trace holds, no event lost
+    # (2 of ~8 runs here: periodic 3 / 4 once, 20 / 21 in a fresh-clone CI run of 2026-11-27).
+    # The run must say it; any other difference fails
     bound = sa["all"]["periodic"] + sa["unsure"]["periodic"] + sa["unknown"]
     one_periodic = (sa["agreeing"] == ["newidle", "active"]
                     and sa["kernel"]["periodic"] == bound + 1 and m["lost_events"] == 0)

@@ -1,6 +1,18 @@
-"""A run's timeline as a Perfetto trace (``harmony export RUN --format perfetto``): the protobuf
-TrackEvent format that Perfetto's UI and trace processor read, written with the ``perfetto``
-package's own message classes (its ``TraceProtoBuilder``).
+"""Exports of a run, one module for every format (``harmony export RUN --format F``).
+
+- ``trace.dat`` (:func:`export_tracedat`): trace-cmd's format, the capture itself, for KernelShark
+  and ``trace-cmd report``;
+- ``perfetto`` (:func:`export_perfetto`): the run's timeline, for Perfetto's UI and trace
+  processor.
+
+:func:`export` writes either, :data:`FORMATS` names them and their default file names.
+
+The trace.dat of a run: a tracefs capture is converted
+(:func:`harmony.probes.tracedat_write.write_tracedat`), an imported trace.dat copied as it was, any
+other capture written from its decoded events (:func:`export_source` says which).
+
+The Perfetto trace: the protobuf TrackEvent format that Perfetto's UI and trace processor read,
+written with the ``perfetto`` package's own message classes (its ``TraceProtoBuilder``).
 
 What the trace holds, all from the run's tables (so it shows what the report measured, repairs
 included, not the raw events):
@@ -24,14 +36,113 @@ time order.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pandas as pd
-from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TrackEvent
-from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
 from harmony import store
+from harmony.analysis.arrays import event_mask
+from harmony.core.errors import ImportFailed
+from harmony.probes import filemap
+from harmony.probes.encode import write_recording
+from harmony.probes.tracedat_write import write_tracedat
 
+#: the formats of :func:`export`, and the file each is written to by default, in the run directory
+FORMATS = {"trace.dat": "trace.dat", "perfetto": "trace.pftrace"}
+
+
+def export(run_dir: Path, fmt: str, dest: Path | None = None) -> tuple[Path, list[str]]:
+    """Write run ``run_dir``'s capture or timeline in format ``fmt`` (:data:`FORMATS`) at ``dest``
+    (default: the format's file in the run directory); (the file written, notes for the user)."""
+    run_dir = Path(run_dir)
+    dest = Path(dest) if dest is not None else run_dir / FORMATS[fmt]
+    if fmt == "perfetto":
+        from harmony.pipeline import load_checked  # the run's tables, checked
+
+        return export_perfetto(load_checked(run_dir), dest), []
+    return export_tracedat(run_dir, dest)
+
+
+# --- trace.dat --------------------------------------------------------------------------------
+
+def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
+    """Write the run's capture as a trace.dat at ``dest``; (dest, notes for the user: which
+    capture, and what the file cannot hold).
+
+    A tracefs capture is converted (:func:`harmony.probes.tracedat_write.write_tracedat`): the run's own,
+    or the cross-check's when another probe recorded the run (:func:`export_source` says which);
+    an imported trace.dat is copied as it was. Any other run (the perf probe, an imported
+    perf.data, a simulation) has its decoded events written as ring-buffer pages first
+    (:mod:`harmony.probes.encode`, whose notes say what those pages cannot hold). ImportFailed
+    (one line) when the capture or the events are missing.
+    """
+    run_dir = Path(run_dir)
+    manifest = store.read_json(run_dir / "manifest.json")
+    which = export_source(manifest)
+    if which in ("tracefs", "tracefs cross-check"):
+        raw = run_dir / "raw" / "tracefs"
+        if not raw.is_dir():
+            raise ImportFailed(f"{run_dir}: the tracefs capture {raw} is missing")
+        return write_tracedat(raw, dest), (
+            [f"{run_dir}: recorded with another probe; this is its tracefs cross-check's capture"]
+            if which == "tracefs cross-check" else [])
+    if which == "import":
+        stored = run_dir / manifest["source"]["stored"]
+        if not stored.is_file():
+            raise ImportFailed(f"{run_dir}: the imported trace {stored} is missing")
+        filemap.copy_atomically(stored, dest)
+        return dest, []
+    return _export_events(run_dir, manifest, Path(dest))
+
+
+def _export_events(run_dir: Path, manifest: dict, dest: Path) -> tuple[Path, list[str]]:
+    """export_tracedat of a run without ring-buffer pages: from its events and markers tables."""
+    tables = {}
+    for name in ("events", "markers"):
+        path = run_dir / f"{name}.parquet"
+        if not path.is_file():
+            raise ImportFailed(f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which "
+                               f"keeps no ftrace ring-buffer pages, and {path.name}, the decoded "
+                               "capture they would be written from, is missing (the run was never "
+                               "analysed)")
+        tables[name] = store.read_table(path)
+    meta = dict(manifest.get("capture") or {})
+    events, left_out = tables["events"], []
+    for name, how in (meta.get("derived_events") or {}).items():
+        # every row of a derived event is derived (none was recorded): the file holds what was
+        derived = event_mask(events, name)
+        events = events[~derived].reset_index(drop=True)
+        left_out.append(f"{run_dir}: its {int(derived.sum())} {name} rows, derived from "
+                        f"{how.get('source', '?')} at import, are left out")
+    with tempfile.TemporaryDirectory(prefix=".harmony-export-", dir=dest.parent) as tmp:
+        meta["cpus"] = meta.get("cpus") or manifest.get("cpus") or []   # CPUs without an event too
+        notes = write_recording(events, tables["markers"], meta, Path(tmp))
+        write_tracedat(Path(tmp), dest)
+    return dest, [f"{run_dir}: recorded with probe {manifest.get('probe')!r}, which keeps no "
+                  "ring-buffer pages: written from its decoded events (each with a fixed layout; "
+                  "common_flags, preempt count and the 'R+' preempted flag are not kept)"
+                  ] + left_out + notes
+
+
+def export_source(manifest: dict) -> str:
+    """Which capture of a run :func:`export_tracedat` writes: "tracefs" (the run's probe),
+    "tracefs cross-check" (the second probe's, when the run's is another), "import" (an imported
+    trace.dat) or "events" (its decoded events, written as ring-buffer pages)."""
+    probe = manifest.get("probe")
+    if probe == "tracefs":
+        return "tracefs"
+    if probe == "import:trace.dat" and manifest.get("source", {}).get("stored"):
+        return "import"
+    if manifest.get("crosscheck_probe") == "tracefs":
+        return "tracefs cross-check"
+    return "events"
+
+
+# --- Perfetto ---------------------------------------------------------------------------------
+
+#: TrackEvent's types (perfetto_trace.proto), so that their classes load only when a trace is made
+TYPE_SLICE_BEGIN, TYPE_SLICE_END, TYPE_INSTANT, TYPE_COUNTER = 1, 2, 3, 4
 #: the packet sequence every event of the trace is written on
 SEQUENCE = 1
 #: track uuids: (kind << 40) | (lane << 32) | CPU or pid; a lane > 0 is a child track holding the
@@ -76,7 +187,7 @@ def slice_name(comm: str, pid: int) -> str:
     return f"{comm} ({pid})"
 
 
-def _describe(builder: TraceProtoBuilder, uuid: int, name: str, *, thread: tuple | None = None,
+def _describe(builder, uuid: int, name: str, *, thread: tuple | None = None,
               counter: bool = False, parent: int | None = None) -> None:
     desc = builder.add_packet().track_descriptor
     desc.uuid = uuid
@@ -106,6 +217,9 @@ def _annotate(event, **args) -> None:
 def trace_bytes(runs: pd.DataFrame, migrations: pd.DataFrame, runqueue: pd.DataFrame,
                 markers: pd.DataFrame, tasks: pd.DataFrame, cpus: list[int]) -> bytes:
     """The trace of a run's tables (see the module docstring), serialised."""
+    # perfetto's protobuf classes take ~0.3 s to import: only a Perfetto export loads them
+    from perfetto.trace_builder.proto_builder import TraceProtoBuilder
+
     builder = TraceProtoBuilder()
     comm = dict(zip(tasks["pid"].astype(int), tasks["comm"].astype(str)))
     for pid in sorted(comm):
@@ -132,21 +246,21 @@ def trace_bytes(runs: pd.DataFrame, migrations: pd.DataFrame, runqueue: pd.DataF
         flags = dict(pid=pid, role=str(r.role), truncated=bool(r.truncated),
                      unseen_start=bool(r.unseen_start))
         for track, label in ((cpu_track(cpu, cl), name), (task_track(pid, tl), f"CPU {cpu}")):
-            events.append((int(r.start), 1, _slice(track, label, TrackEvent.TYPE_SLICE_BEGIN, flags)))
+            events.append((int(r.start), 1, _slice(track, label, TYPE_SLICE_BEGIN, flags)))
             # at one instant a slice ends before the next begins; one of no length after its begin
             events.append((int(r.end), int(r.end == r.start),
-                           _slice(track, None, TrackEvent.TYPE_SLICE_END, {})))
+                           _slice(track, None, TYPE_SLICE_END, {})))
     for m in migrations.itertuples(index=False):
         cause = str(getattr(m, "cause", "unknown"))   # a run of a Harmony before causes: unknown
         label = f"{m.name} {int(m.src_cpu)}->{int(m.dst_cpu)} ({cause})"
-        events.append((int(m.ts), 2, _slice(track_uuid(MIGRATIONS_TRACK), label, TrackEvent.TYPE_INSTANT,
+        events.append((int(m.ts), 2, _slice(track_uuid(MIGRATIONS_TRACK), label, TYPE_INSTANT,
                                             dict(pid=int(m.pid), src_cpu=int(m.src_cpu),
                                                  dst_cpu=int(m.dst_cpu), kind=str(m.kind), cause=cause,
                                                  inferred=bool(getattr(m, "inferred", False))))))
     for q in runqueue.itertuples(index=False):
         events.append((int(q.ts), 2, _counter(counter_track(int(q.cpu)), int(q.nr))))
     for k in markers.itertuples(index=False):
-        events.append((int(k.ts), 2, _slice(track_uuid(MARKERS_TRACK), str(k.text), TrackEvent.TYPE_INSTANT,
+        events.append((int(k.ts), 2, _slice(track_uuid(MARKERS_TRACK), str(k.text), TYPE_INSTANT,
                                             dict(cpu=int(k.cpu)))))
     events.sort(key=lambda e: (e[0], e[1]))     # stable: a begin stays before its end
     for ts, _, fill in events:
@@ -169,7 +283,7 @@ def _slice(track: int, name: str | None, kind, args: dict):
 
 def _counter(track: int, value: int):
     def fill(event):
-        event.type = TrackEvent.TYPE_COUNTER
+        event.type = TYPE_COUNTER
         event.track_uuid = track
         event.counter_value = value
     return fill

@@ -1,0 +1,147 @@
+"""The ``harmony`` command: a thin layer over the library, one module per group of commands.
+
+- :mod:`harmony.cli.measure`: ``run``, ``suite``, ``list``;
+- :mod:`harmony.cli.results`: ``report``, ``infer``, ``compare``, ``simulate``;
+- :mod:`harmony.cli.traces`: ``import``, ``export``;
+- :mod:`harmony.cli.kernels`: ``kernel list|build|fetch``, ``scx list|build``;
+- :mod:`harmony.cli.host`: ``doctor``, ``clean``;
+- :mod:`harmony.cli.common`: what they share (one-line errors, exit statuses, common options).
+
+Exit codes (:func:`~harmony.cli.common.exit_status`, the one place that maps errors to them): 0
+success; 1 the job failed (host cannot run, trace corrupt, run incomplete); 2 bad arguments
+(nothing was started); 130 interrupted by Ctrl-C; 128 + the signal's number when stopped by
+SIGTERM (143) or SIGHUP.
+
+Why the commands import inside their functions: a command loads what it uses when it runs, and
+nothing else. ``harmony --help``, ``harmony clean`` or a usage error must not pay for numpy,
+pandas, numba and matplotlib (0.3-0.7 s here), and the modules a command does not use are not
+loaded into the process that forks the workers. Modules of the standard library, click and
+Harmony's light leaves (harmony.core) are imported at the top.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from harmony.cli import host, kernels, measure, results, traces
+from harmony.cli.common import exit_status
+from harmony.core.errors import Interrupted
+from harmony.core.version import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="harmony")
+def main():
+    """Harmony: extract the actual CPU load-balancing policy of the running Linux scheduler by experiment."""
+    from harmony.core.memory import tune_allocations
+
+    tune_allocations()  # decoders and analyses fill and free many large arrays: see harmony.core.memory
+
+
+for command in (host.doctor, measure.list_experiments, measure.run, measure.suite, results.report,
+                host.clean, traces.export, traces.import_, results.infer, results.compare,
+                results.simulate, kernels.kernel, kernels.scx_group):
+    main.add_command(command)
+
+
+def signals_do_not_interrupt_the_teardown() -> None:
+    """The command is over and its outcome decided (a run written complete stays complete): a
+    Ctrl-C, SIGTERM or SIGHUP while the process tears down (the fork server stopped, threads
+    joined) is not raised into the middle of it, where it would print a traceback and leave the
+    server to its death signal. A second one ends the process at once (status 128 + its number),
+    for a teardown that hangs."""
+    import os
+    import signal
+
+    seen: list[int] = []
+
+    def later(signum, frame):
+        if seen:
+            os._exit(128 + signum)
+        seen.append(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, later)
+
+
+def signals_are_never_swallowed() -> None:
+    """Ctrl-C's KeyboardInterrupt or SIGTERM's Interrupted raised while Python runs a finalizer
+    (a weakref callback, a ``__del__``: matplotlib's run as a figure is drawn) cannot leave it:
+    Python prints "Exception ignored in ..." with a traceback and goes on, and the command would
+    run on as if it had never been stopped. Such a signal is sent again (``sys.unraisablehook``)
+    10 ms later, from a thread, to be raised where the command is by then: not in the hook, where
+    it would be ignored again."""
+    import os
+    import signal
+    import threading
+
+    previous = sys.unraisablehook
+
+    def again(signum: int) -> None:
+        timer = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+
+    def hook(unraisable):
+        exc = unraisable.exc_value
+        if isinstance(exc, KeyboardInterrupt):
+            again(signal.SIGINT)
+        elif isinstance(exc, Interrupted):
+            again(exc.signal)
+        else:
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+
+
+def entry() -> None:
+    """The console script: :func:`main`, then a quick exit. Tearing the interpreter down frees a
+    suite's few hundred MB of Python objects one by one (0.3-0.5 s measured); the kernel frees
+    the process's memory at once. What an orderly exit does first still happens: non-daemon
+    threads are joined, atexit handlers run (the fork server's shutdown, temporary files), the
+    output is flushed."""
+    import atexit
+    import os
+    import signal
+    import threading
+
+    def stopped(signum, frame):     # anywhere a command has not put a handler of its own
+        raise Interrupted(f"stopped by {signal.Signals(signum).name}", signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stopped)
+    signals_are_never_swallowed()
+    try:
+        code = main(standalone_mode=False)      # click's own errors are shown below
+        code = code if isinstance(code, int) else 0
+    except SystemExit as exc:
+        code = exc.code
+    except click.ClickException as exc:        # a usage error: click's message, status 2
+        exc.show()
+        code = exc.exit_code
+    except (click.exceptions.Abort, KeyboardInterrupt, Interrupted) as exc:
+        # Ctrl-C or SIGTERM where no command caught it (starting up, reading the host...)
+        stop = exc if isinstance(exc, Interrupted) else KeyboardInterrupt()
+        click.echo(f"harmony: error: {'interrupted' if isinstance(stop, KeyboardInterrupt) else stop}",
+                   err=True)
+        code = exit_status(stop)
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        click.echo(str(code), err=True)
+        code = 1
+    signals_do_not_interrupt_the_teardown()
+    from harmony.core import jit
+    jit.shutdown_pool()
+    for t in threading.enumerate():
+        if t is not threading.current_thread() and not t.daemon:
+            t.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass   # a closed pipe (harmony ... | head): nothing more can be said
+    os._exit(code)

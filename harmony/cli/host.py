@@ -1,0 +1,37 @@
+"""Commands about this host: ``doctor`` (what it can do) and ``clean`` (what killed runs left).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from harmony.cli.common import exit_on_error, fail
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="print the facts as JSON")
+def doctor(as_json):
+    """What this host can do: probes, tracepoints, topology, scheduler. Exit 0 if an experiment can run."""
+    from harmony import doctor as host
+
+    facts = host.doctor(vm=True)
+    click.echo(json.dumps(facts, indent=1, default=str) if as_json else host.format_doctor(facts))
+    sys.exit(0 if facts["verdict"]["can_run"] else 1)
+
+
+@click.command()
+def clean():
+    """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers, cpuset
+    cgroups, VMs, sched_ext schedulers)."""
+    from harmony.hostfacts import is_root
+    from harmony.hygiene import HostLock, reclaim_stale
+
+    if not is_root():
+        fail("clean needs root: what a killed run leaves (tracing instances, cgroups, workers) "
+              "is root's to remove")
+    with exit_on_error(), HostLock():
+        removed = reclaim_stale()
+    click.echo("\n".join(f"removed {r}" for r in removed) if removed else "nothing to clean")
