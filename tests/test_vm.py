@@ -167,7 +167,8 @@ KERNEL = kernels.Kernel("debian:6.1", Path("/c/boot/vmlinuz-6.1.0-56-amd64"), "6
      "-name harmony,debug-threads=on -accel tcg,thread=single -icount shift=auto"),
     ("accel=kvm,pin=0,1", "kvm", ["--pin", "0,1"], "-name harmony,debug-threads=on"),
 ])
-def test_the_vng_command_of_each_setting(setting, accel, extra, qemu):
+def test_the_vng_command_of_each_setting(setting, accel, extra, qemu, monkeypatch):
+    monkeypatch.setattr(vm, "virtiofs_works", lambda: True)
     s = vm.QemuSetting.parse(setting)
     argv = vm.vng_argv(KERNEL, 4, 2048, Path("/out"), ["python3", "-m", "harmony.vm.guest", "/j"],
                        s, accel)
@@ -175,6 +176,27 @@ def test_the_vng_command_of_each_setting(setting, accel, extra, qemu):
                     "--memory", "2048M", "--rwdir", "/out", *extra, f"--qemu-opts={qemu}", "--",
                     "python3 -m harmony.vm.guest /j"]
     assert vm.QemuSetting.parse(s.text()) == s            # the recorded text reads back
+
+
+@pytest.mark.parametrize("says, works", [
+    ("virtiofsd version 7.2.22 (Debian 1:7.2+dfsg-7)\nCopyright (c) 2003-2022 Fabrice Bellard "
+     "and the QEMU Project developers", False),
+    ("virtiofsd 1.10.1", True)])
+def test_9p_is_forced_where_virtme_ng_would_wait_for_qemus_own_virtiofsd(tmp_path, monkeypatch,
+                                                                          says, works):
+    """QEMU's C virtiofsd answers --version but takes none of virtme-ng's options (virtme-ng
+    waits 3.1 s a shared directory, then uses 9p): with it, vng is told --force-9p."""
+    fake = tmp_path / "virtiofsd"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{says}\nEOF\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    vm.virtiofs_works.cache_clear()
+    try:
+        assert vm.virtiofs_works() is works
+        argv = vm.vng_argv(KERNEL, 2, 512, Path("/out"), ["true"], vm.QemuSetting(), "tcg")
+        assert ("--force-9p" in argv) is not works
+    finally:
+        vm.virtiofs_works.cache_clear()
 
 
 def test_bad_qemu_settings_are_one_line_errors():

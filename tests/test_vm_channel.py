@@ -28,6 +28,8 @@ FAKE_VNG = '''#!{python}
 """virtme-ng standing in: runs the command after "--" here, in its own tree."""
 import os, subprocess, sys
 d = os.path.dirname(os.path.abspath(__file__))
+if "--run" not in sys.argv:     # vng --version
+    sys.exit(print("virtme-ng 0.0-stand-in"))
 with open(os.path.join(d, "vng.pids"), "a") as f:
     f.write(f"{{os.getpid()}}\\n")
 qemu = subprocess.Popen([os.path.join(d, "qemu-system-x86_64"), "600"])
@@ -66,6 +68,8 @@ def capture(planned, params, cpus, out, *args, pause=None, resume=None, **kwargs
     raise RuntimeError(f"fake capture by agent {os.getpid()}")
 
 guest.guest_facts, guest.capture, guest.HostLock = facts, capture, contextlib.nullcontext
+# the input port is the fake virtme-ng's standard input (none: a guest without virtio_console)
+guest.job_input = (lambda: None) if mode == "no-more" else (lambda: sys.stdin)
 sys.exit(guest.main(sys.argv[1:]))
 '''
 
@@ -147,7 +151,7 @@ def test_several_flushes_are_made_in_one_boot_that_ends_with_the_runner(fake_vm,
         _plan(r, tmp_path / "b")
         _plan(r, tmp_path / "c", seed=1)
         r.flush()
-        assert r.jobs == 2
+        assert r.jobs == 2 and r.more
     reasons = {d: store.read_json(tmp_path / d / "manifest.json")["incomplete_reason"]
                for d in "abc"}
     pid = reasons["a"].split()[-1]
@@ -155,9 +159,25 @@ def test_several_flushes_are_made_in_one_boot_that_ends_with_the_runner(fake_vm,
     assert len((fake_vm / "vng.pids").read_text().split()) == 1
     assert until(lambda: not tree(fake_vm), 5), tree(fake_vm)
     assert not list(tmp_path.glob("vm-*.json"))             # the record went with the VM
-    console = (tmp_path / "vm-console.log").read_text()
+    console = (tmp_path / "a" / "vm-console.log").read_text()     # with the first flush's runs
     assert console.count('"event": "facts"') == 1 and console.count('"event": "flushed"') == 2
     assert '"event": "end"' in console                      # the agent ended at its input's end
+
+
+def test_a_guest_without_the_input_port_boots_again_for_each_flush(fake_vm, tmp_path,
+                                                                    monkeypatch):
+    monkeypatch.setenv("FAKE_AGENT", "no-more")
+    with _runner(tmp_path) as r:
+        _plan(r, tmp_path / "a")
+        r.flush()
+        assert not r.more
+        _plan(r, tmp_path / "b")
+        r.flush()
+    assert len((fake_vm / "vng.pids").read_text().split()) == 2
+    for d in "ab":
+        assert "fake capture by agent" in store.read_json(tmp_path / d / "manifest.json")[
+            "incomplete_reason"]
+    assert until(lambda: not tree(fake_vm), 5), tree(fake_vm)
 
 
 def test_a_flush_outside_the_boots_directory_boots_again(fake_vm, tmp_path):
@@ -175,8 +195,8 @@ def test_a_flush_outside_the_boots_directory_boots_again(fake_vm, tmp_path):
 @pytest.mark.parametrize("mode, says", [
     ("facts-fail", "the guest agent stopped before the end of its runs: RuntimeError: tracefs "
                    "cannot be mounted here (on purpose)"),
-    ("import-fails", "the guest agent stopped before the end of its runs: ModuleNotFoundError: "
-                     "No module named 'harmony.analysis' (on purpose)"),
+    ("import-fails", "the VM ended (exit 1) before the guest agent started; the guest said: "
+                     "ModuleNotFoundError: No module named 'harmony.analysis' (on purpose)"),
 ])
 def test_a_guest_agent_that_fails_says_why_on_the_host(fake_vm, tmp_path, monkeypatch, mode,
                                                        says):
@@ -240,7 +260,7 @@ def test_a_controller_killed_at_any_moment_leaves_no_vm_running(fake_vm, tmp_pat
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     proc = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(tmp_path)], env=env,
                             stdout=subprocess.PIPE, text=True)
-    console = tmp_path / "vm-console.log"
+    console = tmp_path / "a" / "vm-console.log"
     try:
         if moment == "between flushes":
             assert proc.stdout.readline().strip() == "between flushes"

@@ -2,10 +2,10 @@
 
 The host (:class:`harmony.vm.runner.VmRunner`) plans captures -- the experiment's parameters
 resolved and drawn, its tasks, the run directory under the VM's one writable directory -- and
-sends them as jobs, one JSON line each on the agent's standard input (virtme-ng's
-``virtme.stdin`` virtio-serial port: :func:`job_line`), as many as it likes in one boot; the
-agent ends when its input ends (or says ``{"end": true}``). ``python3 -m harmony.vm.guest
-JOBFILE`` runs the one job of a file (:func:`write_job`) and ends.
+sends them as jobs: the first as a job file (:func:`write_job`), the next ones, if any, as one
+JSON line each (:func:`job_line`) on virtme-ng's ``virtme.stdin`` virtio-serial port
+(:func:`job_input`), as many as it likes in one boot; the agent ends when that input ends (or
+says ``{"end": true}``), or after its first job where the guest has no such port.
 
 The agent runs with the host's own Python and Harmony (the host's filesystem is shared
 read-only), mounts tracefs and debugfs, reports the guest's facts (kernel release, scheduler,
@@ -20,7 +20,8 @@ CPU set and scheduler (:class:`Calibrations`).
 The agent speaks in lines on its standard output (the VM's console), each ``@harmony {json}``
 with an ``event`` (:func:`emit`):
 
-    facts      the guest's facts, once, first (the host's boot time ends here)
+    facts      the guest's facts, once, first (the host's boot time ends here), and whether
+               more jobs can come (``more``: the guest has the input port)
     start      run i of job j begins (its directory)
     measuring  run i's workload is about to be released (its measured window begins)
     measured   run i's workload is stopped (its window is over)
@@ -42,6 +43,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -286,11 +289,13 @@ def _note_calibration(run_dir: Path, whence: str) -> None:
     store.write_json(run_dir / "manifest.json", m)
 
 
-def serve_jobs(lines, facts: dict, stream=None) -> int:
+def serve_jobs(lines, facts: dict, stream=None, boot: Boot | None = None) -> int:
     """Run each job of ``lines`` (:func:`job_line`) as it comes, until they end or one says
-    ``{"end": true}``; each job ends with a ``flushed`` line. What the jobs share (:class:`Boot`)
-    is closed at the end. Returns how many runs failed."""
-    failed, boot = 0, Boot()
+    ``{"end": true}``; each job ends with a ``flushed`` line. ``boot``: what the jobs share
+    (:class:`Boot`; without one, a Boot of their own, closed at the end). Returns how many runs
+    failed."""
+    own = boot is None
+    failed, boot = 0, Boot() if own else boot
     try:
         for k, line in enumerate(lines):
             if not line.strip():
@@ -307,23 +312,77 @@ def serve_jobs(lines, facts: dict, stream=None) -> int:
             emit("flushed", stream, job=job.get("job", k), failed=n)
             failed += n
     finally:
-        boot.close()
+        if own:
+            boot.close()
     return failed
 
 
+#: the virtio-serial port virtme-ng gives a guest command as its standard input
+INPUT_PORT = "virtme.stdin"
+#: how long the port may take to appear once virtio_console is loaded
+PORT_WAIT_S = 5.0
+
+
+def _port(name: str) -> Path | None:
+    """The sysfs directory of the virtio-serial port called ``name``, None if there is none."""
+    for d in sorted(Path("/sys/class/virtio-ports").glob("*")):
+        try:
+            if (d / "name").read_text().strip() == name:
+                return d
+        except OSError:
+            continue
+    return None
+
+
+def job_input():
+    """The host's channel for more jobs: virtme-ng's ``virtme.stdin`` port, as lines. It is the
+    agent's standard input where virtme-ng could give it (the guest kernel has virtio_console
+    built in); else the port is opened here once virtio_console is loaded (a module in Debian's
+    kernels: virtme-ng then runs the command on the console, whose input is nothing). None
+    where the guest has no such port: it makes its one job and ends."""
+    port = _port(INPUT_PORT)
+    if port is None:
+        subprocess.run(["modprobe", "-q", "virtio_console"], capture_output=True, timeout=60)
+        give_up = time.monotonic() + PORT_WAIT_S
+        while (port := _port(INPUT_PORT)) is None and time.monotonic() < give_up:
+            time.sleep(0.05)
+    if port is None:
+        return None
+    major, minor = (int(x) for x in (port / "dev").read_text().split(":"))
+    st = os.fstat(0)
+    if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major,
+                                                                                     minor):
+        return sys.stdin                # virtme-ng made it our input already
+    dev = Path("/dev") / port.name
+    if not dev.exists():
+        os.mknod(dev, 0o600 | stat.S_IFCHR, os.makedev(major, minor))
+    return open(dev, encoding="utf-8")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) > 1:
-        print("usage: python3 -m harmony.vm.guest [JOBFILE]", file=sys.stderr)
+    """``JOBFILE [--more]``: make the job of the file; with ``--more``, then the jobs the host
+    sends on the input channel (:func:`job_input`) until it ends. Without a channel, ``facts``
+    says so (``more: false``) and the agent ends after its first job."""
+    more = argv[1:] == ["--more"]
+    if len(argv) != 1 + more:
+        print("usage: python3 -m harmony.vm.guest JOBFILE [--more]", file=sys.stderr)
         return 2
+    boot = Boot()
     try:
-        runs = read_job(Path(argv[0])) if argv else None
+        runs = read_job(Path(argv[0]))
         facts = guest_facts()
-        emit("facts", facts=facts, pid=os.getpid())
-        failed = run_job(runs, facts) if runs is not None else serve_jobs(sys.stdin, facts)
+        lines = job_input() if more else None
+        emit("facts", facts=facts, pid=os.getpid(), more=lines is not None)
+        failed = run_job(runs, facts, boot=boot, job=0)
+        emit("flushed", job=0, failed=failed)
+        if lines is not None:
+            failed += serve_jobs(lines, facts, boot=boot)
     except Exception as exc:    # said on the console, where the host reads it, and why in full
         emit("fatal", message=reason(exc))
         traceback.print_exc()
         return 1
+    finally:
+        boot.close()
     emit("end", failed=failed)
     return 0
 

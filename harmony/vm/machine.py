@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -190,6 +191,8 @@ def vng_argv(kernel, vcpus: int, memory_mb: int, rwdir: Path, command: list[str]
     command's output) comes to our stdout."""
     argv = [vng, "--verbose", "--run", str(kernel.image), "--cpus", str(vcpus),
             "--memory", f"{memory_mb}M", "--rwdir", str(rwdir)]
+    if not virtiofs_works():
+        argv.append("--force-9p")     # not the 3.1 s a shared directory it would wait in vain
     if accel == "tcg":
         argv.append("--disable-kvm")
     if setting.pin == "on":
@@ -199,6 +202,32 @@ def vng_argv(kernel, vcpus: int, memory_mb: int, rwdir: Path, command: list[str]
     # one argument with "=": a value starting with "-" would be taken for an option of vng's
     argv += [f"--qemu-opts={shlex.join(qemu_options(setting, accel))}", "--", shlex.join(command)]
     return argv
+
+
+#: where virtme-ng looks for virtiofsd, in its order (virtme/commands/run.py, 1.42), after its
+#: own guest tools' and PATH's
+VIRTIOFSD_PATHS = ("/usr/libexec/virtiofsd", "/usr/lib/virtiofsd/virtiofsd", "/usr/lib/virtiofsd",
+                   "/usr/lib/qemu/virtiofsd")
+
+
+@functools.lru_cache(maxsize=1)
+def virtiofs_works() -> bool:
+    """Whether virtme-ng can share the host's files over virtio-fs here: the virtiofsd it would
+    take is the Rust one. QEMU's own C virtiofsd (Debian 12 ships it as /usr/lib/qemu/virtiofsd)
+    answers ``--version`` but takes none of the options virtme-ng starts it with: virtme-ng then
+    waits 3.1 s for it for each shared directory (the root and the writable one) before it falls
+    back to 9p, every boot. Without a virtiofsd, virtme-ng uses 9p at once."""
+    for path in (shutil.which("virtiofsd"), *VIRTIOFSD_PATHS):
+        if not path or not os.access(path, os.X_OK):
+            continue
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                 timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0:
+            return "QEMU" not in out.stdout + out.stderr
+    return True                         # none: nothing to wait for
 
 
 # --- versions and the accelerator ---------------------------------------------------------------

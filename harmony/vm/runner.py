@@ -6,9 +6,11 @@ the agent inside it :mod:`harmony.vm.guest`'s.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from harmony import store
@@ -18,7 +20,7 @@ from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
 from harmony.run import land
 from harmony.runners import analyse_groups
-from harmony.vm.guest import PlannedRun, job_line
+from harmony.vm.guest import PlannedRun, job_line, write_job
 from harmony.vm.machine import (
     VirtualMachine,
     guest_error,
@@ -48,13 +50,16 @@ class VmRunner:
     the guest's) and analyses it once the VM is gone (``drain``), one process per CPU. The host
     lock is held from enter to exit: the vCPUs are the measurement.
 
-    Rounds: ``flush`` may be called any number of times in one boot. The guest stays up between
-    flushes, waiting for its next job (the VM's ``virtme.stdin`` virtio-serial line); each
-    flush returns once its runs are landed, so that a caller can ``drain`` (analyse) them and plan
-    more. A flush whose runs lie outside the boot's writable directory (the first flush's runs'
-    common directory) ends that boot and boots again. The VM ends when the runner is left (its
-    input closed, the agent ends and the VM powers off; killed if it does not within
-    :data:`END_TIMEOUT_S`), and at once if the controller dies (:mod:`harmony.vm.reaper`).
+    Rounds: ``flush`` may be called any number of times in one boot. The first flush's runs go
+    to the guest agent as a job file at the boot; the guest then stays up, waiting for its next
+    job on virtme-ng's ``virtme.stdin`` virtio-serial line (:func:`harmony.vm.guest.job_input`);
+    each flush returns once its runs are landed, so that a caller can ``drain`` (analyse) them
+    and plan more. A flush boots again where the guest has no such line (a kernel without
+    virtio_console: its agent ended after its first job), and where its runs lie outside the
+    boot's writable directory (where the first flush's runs' directories are). The VM ends when
+    the runner is left (the agent told to end, it ends and the VM powers off; killed if it does
+    not within :data:`END_TIMEOUT_S`), and at once if the controller dies
+    (:mod:`harmony.vm.reaper`).
     Suite and batch code need not know: leaving the runner flushes and drains as before.
 
     A failed boot, a guest that panics, hangs or whose agent fails, QEMU killed, Ctrl-C: the runs
@@ -89,6 +94,7 @@ class VmRunner:
         self.rwdir: Path | None = None      # the boot's writable directory
         self.jobdir: Path | None = None     # what the guest reads besides the host's files
         self.jobs = 0                       # jobs sent in this boot
+        self.more = False                   # the boot's agent takes more jobs (its facts say)
         self.boot_s: float | None = None
         self.reniced: list[int] = []        # the vCPU threads given the setting's nice value
         self.while_analysing = None
@@ -152,33 +158,43 @@ class VmRunner:
 
     # --- the boot ---
 
-    def _boot(self, rwdir: Path) -> None:
-        """Boot the kernel with the guest agent waiting for jobs on its input, up to its facts."""
-        self.rwdir, self.jobs, self.system, self.boot_s = rwdir, 0, None, None
+    def _boot(self, rwdir: Path, console: Path, runs: list[PlannedRun]) -> None:
+        """Boot the kernel with the guest agent making ``runs`` (its first job, a file) and
+        then waiting for more on its input channel (where the guest has one: ``self.more``)."""
+        self.rwdir, self.jobs, self.system, self.boot_s, self.more = rwdir, 0, None, None, False
         self.jobdir = Path(tempfile.mkdtemp(prefix="harmony-vm-"))
-        if self.scx is not None:
-            # the guest sees the host's files but not all (virtme-ng mounts a tmpfs over
-            # /var/cache, where the kernel cache is): the scheduler goes in the job directory
-            shutil.copy2(self.scx.path, self.jobdir / Path(self.scx.path).name)
-        argv, env = harmony_python("harmony.vm.guest")
+        self._scx_path(runs)
+        write_job(self.jobdir / "job.json", runs)
+        argv, env = harmony_python("harmony.vm.guest", str(self.jobdir / "job.json"), "--more")
         env = [f"{k}={v}" for k, v in env.items()
                if k.startswith("HARMONY_") or k == "PYTHONPATH"]
         command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, *argv]
         self.vm = VirtualMachine(self.kernel, self.vcpus, self.memory_mb, self.setting,
-                                 console_log=rwdir / "vm-console.log")
+                                 console_log=console)
         self.say(f"booting {self.kernel.describe()} with {self.vcpus} vCPUs")
-        state = self._state([])
         self.vm.start(command, rwdir)
-        if not self.vm.pump(lambda ev, t: self._on_event(ev, t, [], state),
-                            until=lambda: self.system is not None or state["fatal"]):
-            raise VmError(self._stopped_why(state))
-        if state["fatal"]:
-            raise VmError(self._stopped_why(state))
+        self.jobs = 1
+
+    def _scx_path(self, runs: list[PlannedRun]) -> None:
+        """The guest sees the host's files but not all (virtme-ng mounts a tmpfs over
+        /var/cache, where the kernel cache is): the scheduler goes in the job directory."""
+        if self.scx is None:
+            return
+        copy = self.jobdir / Path(self.scx.path).name
+        if not copy.exists():
+            shutil.copy2(self.scx.path, copy)
+        for run in runs:
+            run.scx = {**run.scx, "path": str(copy)}
 
     def _end_vm(self) -> None:
         """End this boot: the agent's input closed, the VM waited for, then killed; the job
         directory removed."""
         if self.vm is not None:
+            if self.more and self.vm.running:
+                try:
+                    self.vm.send(json.dumps({"end": True}))
+                except VmError:
+                    pass            # gone already: finish() says how it ended
             self.vm.finish(lambda ev, t: None, self.END_TIMEOUT_S)
         if self.jobdir is not None:
             shutil.rmtree(self.jobdir, ignore_errors=True)
@@ -200,29 +216,32 @@ class VmRunner:
 
     def flush(self) -> None:
         """Make every capture planned since the last flush, in this boot (booting first if
-        there is none, or if these runs lie outside its writable directory)."""
+        there is none, or it cannot take more jobs, or these runs lie outside its writable
+        directory)."""
         todo = [(exp, run) for exp, run in self.planned if not Path(run.dir, "manifest.json")
                 .exists()]
         if not todo:
             return
         runs = [run for _, run in todo]
-        rwdir = Path(os.path.commonpath([run.dir for run in runs]))
+        # writable in the guest: where these runs' directories are (their parents: the next
+        # flush's runs of a batch or suite go beside them); the console log with the runs
+        rwdir = Path(os.path.commonpath([str(Path(run.dir).parent) for run in runs]))
+        console = Path(os.path.commonpath([run.dir for run in runs])) / "vm-console.log"
         state = self._state(runs)
+        on_event = lambda ev, t: self._on_event(ev, t, runs, state)  # noqa: E731
         failure = None
         try:
-            if self.vm is not None and (not self.vm.running or not rwdir.is_relative_to(
-                    self.rwdir)):
+            if self.vm is not None and (not self.more or not self.vm.running or not all(
+                    Path(run.dir).is_relative_to(self.rwdir) for run in runs)):
                 self._end_vm()
                 self.vm = None
             if self.vm is None:
-                self._boot(rwdir)
-            if self.scx is not None:
-                for run in runs:
-                    run.scx = {**run.scx, "path": str(self.jobdir / Path(self.scx.path).name)}
-            self.vm.send(job_line(runs, self.jobs), within=self._budget(runs, 0))
-            self.jobs += 1
-            if not self.vm.pump(lambda ev, t: self._on_event(ev, t, runs, state),
-                                until=lambda: state["flushed"] or state["fatal"]) \
+                self._boot(rwdir, console, runs)
+            else:
+                self._scx_path(runs)
+                self.vm.send(job_line(runs, self.jobs), within=self._budget(runs, 0))
+                self.jobs += 1
+            if not self.vm.pump(on_event, until=lambda: state["flushed"] or state["fatal"]) \
                     or state["fatal"]:
                 failure = self._stopped_why(state)
         except VmError as exc:
@@ -290,6 +309,7 @@ class VmRunner:
         """The agent's facts: the boot is over."""
         self.system = {k: v for k, v in ev.get("facts", {}).items()}
         self.boot_s = self.vm.boot_s
+        self.more = bool(ev.get("more"))
         if self.vm.setting.nice and self.vm.qemu_pid:
             self.reniced = renice_threads(self.vm.qemu_pid,
                                           vcpu_threads(self.vm.qemu_pid, self.vcpus),
@@ -340,7 +360,9 @@ class VmRunner:
                               "vcpu_wait_max_vcpu": max(fr, key=fr.get) if fr else None}
             if manifest.get("status") == "captured":
                 try:
+                    t_land = time.monotonic()
                     land(path)
+                    manifest["vm"]["land_s"] = round(time.monotonic() - t_land, 4)
                     captured.add(run.dir)
                 except store.RunError as exc:
                     manifest["status"] = "incomplete"

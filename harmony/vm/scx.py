@@ -434,7 +434,8 @@ class KeptRun:
         sched = kept.sched
         self.ops, self._t0 = sched.ops, time.monotonic()
         self._states_from = len(sched.states)
-        self._log_from = len(sched.log())
+        # the run that loaded it has its output from the start (what it said as it loaded)
+        self._log_from = 0 if self.enable_s is not None else len(sched.log())
 
     def ejected(self) -> str | None:
         return self.kept.sched.ejected() if self.kept.sched is not None else "not loaded"
