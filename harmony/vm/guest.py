@@ -220,17 +220,23 @@ class Calibrations:
 class Boot:
     """What the runs of one boot share (:func:`run_job`): the server's calibrations
     (:class:`Calibrations`) and the sched_ext schedulers kept loaded from one run to the next
-    (:class:`harmony.vm.scx.Kept`), stopped by :meth:`close`."""
+    (:class:`harmony.vm.scx.Kept`: from the first job with two runs of one), stopped by
+    :meth:`close`."""
 
     def __init__(self):
         self.calibrations = Calibrations()
         self.schedulers: dict[str, Kept] = {}
 
-    def scheduler(self, run: PlannedRun) -> Kept | None:
+    def scheduler(self, run: PlannedRun, runs: list[PlannedRun]) -> Kept | ScxSpec | None:
+        """``run``'s scheduler as a capture takes it: kept loaded where it is already, or where
+        more of ``runs`` (its job) have it; else started and stopped for the run alone (a
+        single run's record then says how it ended)."""
         if not run.scx:
             return None
         key = json.dumps(run.scx, sort_keys=True)
         if key not in self.schedulers:
+            if sum(1 for r in runs if r.scx == run.scx) < 2:
+                return ScxSpec.from_dict(run.scx)
             self.schedulers[key] = Kept(ScxSpec.from_dict(run.scx), Path(memory_dir()))
         return self.schedulers[key]
 
@@ -266,7 +272,7 @@ def run_job(runs: list[PlannedRun], facts: dict, stream=None, boot: Boot | None 
                 try:
                     got = capture(planned, params, run.cpus, Path(run.dir), run.probe, run.seed,
                                   facts, quiet=True, lock_held=True, tables=JsonRows(),
-                                  scx=boot.scheduler(run),
+                                  scx=boot.scheduler(run, runs),
                                   pause=lambda i=i: emit("measuring", stream, run=i, **tag),
                                   resume=lambda i=i: emit("measured", stream, run=i, **tag))
                 finally:                  # the tasks are stopped: what they wrote joins the run

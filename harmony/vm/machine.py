@@ -588,7 +588,7 @@ class VirtualMachine:
                     self.proc.stdin.close()
                 except BrokenPipeError:
                     pass
-            if self.proc is not None and self.returncode is None:
+            if self.running:
                 self.deadline = time.monotonic() + timeout
                 self.pump(on_event)
             return self.returncode
@@ -661,6 +661,8 @@ class VirtualMachine:
                     os.kill(self.qemu_pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+            if self.returncode is None:
+                self.returncode = self.proc.poll()
             for f in (self.proc.stdout, self.proc.stdin):
                 if f:
                     try:
