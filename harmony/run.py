@@ -275,7 +275,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
             counters.take("end")
         schedstats.take("end")
         manifest["kernel_schedstat"] = schedstats.facts()
-        manifest["work_done"] = workload.work_done().tolist()
+        manifest["work_done"] = workload.work_counts()
         manifest["workers_alive_at_end"] = len(workload.alive())
         if ejected:
             raise scx_mod.ScxError(f"the sched_ext scheduler {scx.name} was ejected during the "

@@ -45,9 +45,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 SCHED_EVENTS = (
@@ -75,17 +74,19 @@ CAUSE_EVENTS = (
     ("sched", "sched_swap_numa", None),
 )
 
+#: the integer columns and their dtypes, by name (numpy is imported where tables are built, not
+#: here: the guest agent imports no numpy, 6 s of a TCG boot)
 INT_COLUMNS = {
-    "ts": np.int64,
-    "cpu": np.int16,
-    "common_pid": np.int32,
-    "pid": np.int32,
-    "prio": np.int16,
-    "prev_pid": np.int32,
-    "prev_prio": np.int16,
-    "prev_state": np.int32,
-    "orig_cpu": np.int16,
-    "target_cpu": np.int16,
+    "ts": "int64",
+    "cpu": "int16",
+    "common_pid": "int32",
+    "pid": "int32",
+    "prio": "int16",
+    "prev_pid": "int32",
+    "prev_prio": "int16",
+    "prev_state": "int32",
+    "orig_cpu": "int16",
+    "target_cpu": "int16",
 }
 CATEGORY_COLUMNS = ("event", "comm", "prev_comm")
 COLUMNS = ("ts", "cpu", "event", "common_pid", "pid", "comm", "prio", "prev_pid", "prev_comm",
@@ -107,6 +108,7 @@ def make_events(columns: dict, ordered: bool = False) -> pd.DataFrame:
     of an instant keep the order they were given in). ``ordered``: the caller gives them in that
     order already (the ring-buffer decoder's merge does), so it is not checked.
     """
+    import numpy as np
     import pandas as pd  # see the module's docstring
 
     n = len(next(iter(columns.values()))) if columns else 0
@@ -140,6 +142,7 @@ def _in_order(ts: np.ndarray, cpu: np.ndarray) -> bool:
 
 def make_markers(ts=(), cpu=(), pid=(), text=()) -> pd.DataFrame:
     """Build a markers table (see the module docstring)."""
+    import numpy as np
     import pandas as pd  # see the module's docstring
 
     return pd.DataFrame({

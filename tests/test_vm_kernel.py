@@ -27,7 +27,7 @@ VM_TOOLS = ("qemu-system-x86_64", "vng", "busybox")
 
 def test_the_guest_agent_captures_here_without_pandas(kernel, tmp_path):
     """The agent's capture (the same harmony.run.capture, its tables as JSON rows) run on this
-    host: no pandas, numba or matplotlib is loaded, and the host lands and analyses it."""
+    host: no pandas, numpy, numba or matplotlib is loaded, and the host lands and analyses it."""
     from harmony.core.osutil import online_cpus
     from harmony.experiments import get_experiment
     from harmony.pipeline import analyse
@@ -44,7 +44,7 @@ def test_the_guest_agent_captures_here_without_pandas(kernel, tmp_path):
             "runs = guest.read_job(Path(sys.argv[1])); facts = guest.guest_facts(); "
             "failed = guest.run_job(runs, facts); "
             "print(json.dumps({'failed': failed, 'loaded': sorted(m for m in ('pandas', 'numba', "
-            "'matplotlib', 'pyarrow') if m in sys.modules)}))")
+            "'matplotlib', 'pyarrow', 'numpy') if m in sys.modules)}))")
     deadline = time.monotonic() + 300
     while True:
         p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "job.json")],
