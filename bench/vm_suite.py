@@ -159,6 +159,7 @@ def main(argv=None) -> int:
                     help="a sched_ext scheduler ('' for none)")
     ap.add_argument("--vm-cpus", type=int, default=4)
     ap.add_argument("--from", dest="suite", help="a suite directory made already: split it")
+    ap.add_argument("--out", help="keep the suite made in this directory (default: removed)")
     ap.add_argument("--json", help="also write the figures as JSON here ('-': stdout)")
     args = ap.parse_args(argv)
     if args.suite:
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
     else:
         need_root("bench/vm_suite.py")
         with tempfile.TemporaryDirectory(prefix="bench-vm-suite-") as tmp:
-            out = Path(tmp) / "suite"
+            out = Path(args.out) if args.out else Path(tmp) / "suite"
             cmd = [sys.executable, "-m", "harmony.cli", "suite", "--quick", "--kernel",
                    args.kernel, "--vm-cpus", str(args.vm_cpus), "--out", str(out), "-q"]
             if args.scx:

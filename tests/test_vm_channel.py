@@ -317,3 +317,26 @@ def test_job_lines_round_trip_and_a_bad_one_is_named(tmp_path):
     with pytest.raises(store.RunError, match=r"job line 2 .*: not a guest job"):
         guest.serve_jobs(["", json.dumps({"format": "other"})], {})
     assert guest.serve_jobs([json.dumps({"end": True}), "{"], {}) == 0
+
+
+def test_a_vm_suites_runs_are_numbered_once_as_they_happen_with_an_eta(fake_vm, tmp_path):
+    """The runner numbers the captures (companions included) as the guest makes them, after the
+    boot, with an estimate once runs are done; nothing is numbered while they are planned."""
+    import io
+
+    from harmony.suite import Progress
+
+    stream = io.StringIO()
+    progress = Progress(99, 99.0, stream=stream)
+    with _runner(tmp_path) as r:
+        r.progress = progress
+        for k in range(3):
+            _plan(r, tmp_path / f"r{k}", seed=k)
+        assert stream.getvalue() == ""
+        progress.expect(*r.to_make())
+        assert (progress.total_runs, progress.total_s) == (3, 3 * (1.0 + 0.25))
+        r.flush()
+    lines = stream.getvalue().splitlines()
+    assert [line.split()[0] for line in lines] == ["[1/3]", "[2/3]", "[3/3]"], lines
+    assert [line.split()[1] for line in lines] == ["r0:", "r1:", "r2:"]
+    assert "of runs left" in lines[0] and all("ETA ~" in line for line in lines[1:]), lines
