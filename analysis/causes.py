@@ -34,6 +34,14 @@ unknown     anything the evidence does not decide: no record after an asleep mov
             and an affinity change made there look alike)
 ==========  =========================================================================================
 
+A task the trace shows asleep may still be queued for the kernel: EEVDF's delayed dequeue (Linux
+6.12 on) keeps a task that goes to sleep with lag on its run queue until it is picked or woken,
+and the balancer may move it meanwhile (``detach_tasks`` counts the move in ``lb_gained``; its
+wake-up, ``ttwu_runnable``, then records sched_waking and sched_wakeup with no placement). Such a
+move (no sched_waking of the task pending on the move's CPU: :func:`queued_asleep`) is told by
+its context like a runnable task's, not taken for the wake-up's placement its next record would
+suggest.
+
 A cause is never guessed: without the softirq events (an import, an older run, a kernel without
 them) runnable pulls are ``unknown`` except by the stopper or the NUMA balancer.
 
@@ -153,28 +161,84 @@ def _last_before(key_rows: np.ndarray, key_vals: np.ndarray, vals: np.ndarray,
     return out
 
 
-def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray,
-                     policy_of_pid: dict[int, str] | None = None) -> np.ndarray:
-    """The cause (index into :data:`CAUSES`) of each migrate record ``sel`` (positions in
-    ``records``, a :func:`harmony.analysis.taskstate.task_records` table, sorted by (pid, seq))."""
-    n = len(sel)
-    cause = np.full(n, UNKNOWN, np.int8)
-    if not n:
-        return cause
+def _neighbours(records: pd.DataFrame, sel: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(next record's kind, previous record's events row) of each record ``sel``: -1 where the
+    task has none."""
     rec_pid = records["pid"].to_numpy()
-    rec_kind = records["record"].to_numpy()
     seq = records["seq"].to_numpy()
-    row = (seq[sel] // 2).astype(np.int64)
-    pid = rec_pid[sel].astype(np.int64)
-    runnable = records["runnable_before"].to_numpy()[sel]
     nxt = sel + 1
     has_next = nxt < len(records)
     has_next[has_next] = rec_pid[nxt[has_next]] == rec_pid[sel[has_next]]
-    nrec = np.where(has_next, rec_kind[np.minimum(nxt, len(records) - 1)], -1)
+    nrec = np.where(has_next, records["record"].to_numpy()[np.minimum(nxt, len(records) - 1)], -1)
     prv = sel - 1
     has_prev = prv >= 0
     has_prev[has_prev] = rec_pid[prv[has_prev]] == rec_pid[sel[has_prev]]
     prev_row = np.where(has_prev, seq[np.maximum(prv, 0)] // 2, -1)
+    return nrec, prev_row
+
+
+def queued_asleep(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray) -> np.ndarray:
+    """Which migrate records ``sel`` (as in :func:`migration_causes`) moved a task the trace shows
+    asleep but that the kernel still held queued: EEVDF's delayed dequeue (Linux 6.12 on,
+    ``DELAY_DEQUEUE``) leaves a task that goes to sleep with lag on its run queue, where
+    ``sched_balance_rq`` (``detach_tasks``, which counts the move in ``lb_gained``), an active
+    balance or an affinity change may move it; its later wake-up (``ttwu_runnable``) then
+    records sched_waking and sched_wakeup with no placement.
+
+    A wake-up's own placement is made by ``try_to_wake_up`` after its sched_waking, on the same
+    CPU, in one section with interrupts off, before its sched_wakeup: so an asleep move is a
+    placement only when the task's last sched_waking before it was recorded on the move's CPU
+    and is still pending (no sched_wakeup and no switch-in of the task since). That waking may
+    come before the task's switch-out: a task woken as it goes to sleep is placed once it is
+    off its CPU (seen in a 6.12 guest, 10 ms later under TCG). A forked task's placement, with
+    no sched_waking, is not judged, nor a move of a task with no wake-up in the trace before it
+    (a trace that begins as the task goes to sleep). All False where the trace holds no
+    sched_waking (nothing tells them apart then)."""
+    out = np.zeros(len(sel), bool)
+    if not len(sel) or not event_mask(events, "sched_waking").any():
+        return out
+    asleep = ~records["runnable_before"].to_numpy()[sel]
+    nrec, _ = _neighbours(records, sel)
+    todo = np.flatnonzero(asleep & (nrec != ts_.WAKEUP_NEW))
+    if not len(todo):
+        return out
+    row = (records["seq"].to_numpy()[sel[todo]] // 2).astype(np.int64)
+    pid = records["pid"].to_numpy()[sel[todo]].astype(np.int64)
+    pid_col = events["pid"].to_numpy()
+
+    def last(*names):
+        rows = np.flatnonzero(event_mask(events, *names))
+        return _last_before(rows, pid_col[rows].astype(np.int64), pid, row)
+
+    waking = last("sched_waking")
+    # the task's last wake-up that completed: its sched_wakeup, or its switch-in (pid: the task
+    # switched in), should the sched_wakeup have fired where the probe is blind
+    completed = np.maximum(last("sched_wakeup"), last("sched_switch"))
+    pending = (waking >= 0) & (waking > completed)
+    cpu = events["cpu"].to_numpy()
+    placed = pending & (cpu[np.maximum(waking, 0)] == cpu[row])
+    # no wake-up of the task in the trace before the move, pending or completed (a trace that
+    # begins as it goes to sleep): nothing tells, the move is left to the next record
+    out[todo] = ~placed & (pending | (completed >= 0))
+    return out
+
+
+def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray,
+                     policy_of_pid: dict[int, str] | None = None) -> np.ndarray:
+    """The cause (index into :data:`CAUSES`) of each migrate record ``sel`` (positions in
+    ``records``, a :func:`harmony.analysis.taskstate.task_records` table, sorted by (pid, seq)).
+    A move of a task asleep in the trace but queued for the kernel (:func:`queued_asleep`) is
+    told by its context, as a runnable task's is."""
+    n = len(sel)
+    cause = np.full(n, UNKNOWN, np.int8)
+    if not n:
+        return cause
+    seq = records["seq"].to_numpy()
+    row = (seq[sel] // 2).astype(np.int64)
+    pid = records["pid"].to_numpy()[sel].astype(np.int64)
+    nrec, prev_row = _neighbours(records, sel)
+    queued = queued_asleep(events, records, sel)
+    runnable = records["runnable_before"].to_numpy()[sel] | queued
 
     asleep = ~runnable
     cause[asleep & (nrec == ts_.WAKEUP)] = WAKEUP

@@ -35,6 +35,7 @@ from harmony import store
 from harmony.analysis import document as D
 from harmony.analysis import policy, reference, stats
 from harmony.analysis import thresholds as T
+from harmony.core.errors import ParameterError
 from harmony.experiments import CATALOG, get_experiment, summary_key
 
 NO_EVIDENCE = "no evidence"
@@ -44,7 +45,7 @@ NO_EVIDENCE = "no evidence"
 #: time-to-resolve's imbalance x, and the server's shape, load and request sizes. Runs of
 #: different configurations are never pooled; runs of one configuration that differ in another
 #: parameter are, and the row's note names the parameter.
-CONFIG_PARAMS = {"how-many": ("x",), "time-to-resolve": ("x",),
+CONFIG_PARAMS = {"how-many": ("x",), "time-to-resolve": ("x",), "spread": ("ntasks",),
                  "heavy-light": ("light_duty",), "priority-classes": ("nice_diff",),
                  "server": ("shape", "load", "sizes"), "proportional": ("ntasks",)}
 
@@ -118,25 +119,21 @@ def compare(paths) -> Comparison:
                 raise store.RunError(f"{p}: no such directory (nor a reference: "
                                      f"{', '.join(reference.names())})")
             sources.append((p, Path(p).resolve()))
-    if len(sources) < 2:
-        raise store.RunError("compare needs two sources or more (directories, or references "
+    if len(sources) < 2:    # usage, not input (exit status 2)
+        raise ParameterError("compare needs two sources or more (directories, or references "
                              "such as thesis-2011)")
     seen: dict = {}
     for name, what in sources:
         key = what if isinstance(what, Path) else name
         if key in seen:
-            raise store.RunError(f"{name}: given twice (as {seen[key]})")
+            raise ParameterError(f"{name}: given twice (as {seen[key]})")
         seen[key] = name
     cmp = Comparison([], [], [], [])
     for name, what in sources:
         if isinstance(what, Path):
             ev, skipped = policy.collect([name])
-            if not ev and skipped:
-                path, why = skipped[0]
-                raise store.RunError(f"{name}: no run to use ({len(skipped)} not used; "
-                                     f"{path}: {why})")
             if not ev:
-                raise store.RunError(f"{name}: no complete run")
+                raise store.no_complete_run(name, skipped)
             card, ref = policy.infer_evidence(ev, skipped), None
         else:
             ev, card, ref = [], what.card, what
@@ -176,20 +173,104 @@ def label_kind(label: str) -> str:
 def df_compare(cmp: Comparison) -> pd.DataFrame:
     """The answers, one row per question (in the thesis's order) and source. Columns: qid (str),
     question (str), thesis (str: its section), source (str), label (str: the answer, "undecided",
-    or "no evidence"), kind (str: the label without the number it quotes, :func:`label_kind`),
-    decided (bool: a label every run with one agreed on; a reference's are), votes (str: how the
-    runs voted, "label: runs, ..."; "" without evidence, and for a reference), differs (bool: the
-    sources' answers are not all of one kind; the same on every row of a question)."""
+    "varies (...)", or "no evidence"), kind (str: the label without the number it quotes,
+    :func:`label_kind`), decided (bool: the label holds at the card's confidence,
+    :mod:`harmony.analysis.sequential`; a reference's are), state (str: "decided", "varies",
+    "undecided", or "" without evidence), votes (str: how the runs voted, "label: runs, ...";
+    "" without evidence, and for a reference), differs (bool: the sources' answers are not all of
+    one kind; the same on every row of a question), beyond_noise (bool: this source's answer
+    and the first source's (A's) are both decided and of different kinds: the answer differs
+    beyond noise, what ``--fail-on-difference`` fails on; False on A's rows)."""
     rows = []
     for src, card in zip(cmp.sources, cmp.cards):
         for a in card.answers:
             label = a.label if a.label is not None else NO_EVIDENCE
             rows.append({"qid": a.qid, "question": a.question, "thesis": a.thesis, "source": src,
                          "label": label, "kind": label_kind(label), "decided": a.decided,
+                         "state": a.state or "",
                          "votes": ", ".join(f"{k}: {v}" for k, v in a.agreement.items())})
     df = pd.DataFrame(rows)
     df["differs"] = df.groupby("qid", sort=False)["kind"].transform("nunique") > 1
+    first = df[df["source"] == cmp.sources[0]].set_index("qid")
+    df["beyond_noise"] = [bool(r.decided and first.at[r.qid, "decided"]
+                               and r.kind != first.at[r.qid, "kind"]) for r in df.itertuples()]
     return df
+
+
+def df_compare_levels(cmp: Comparison) -> pd.DataFrame:
+    """The answers by level set side by side (:mod:`harmony.analysis.policy_levels`): one row
+    per question answered at a level by some source, and source. Columns: qid (str), level
+    (str: smt, llc, package, node, remote), source (str), label (str: the answer there, or "no
+    evidence"), kind (str: :func:`label_kind`), differs (bool: the sources' answers at that
+    level are not all of one kind). Empty (with the columns) when no source has levels."""
+    cols = ["qid", "level", "source", "label", "kind", "differs"]
+    keys: dict[tuple, None] = {}
+    for card in cmp.cards:
+        for level, answers in card.levels.items():
+            for qid in answers:
+                keys[(qid, level)] = None
+    order = {q: i for i, (q, _, _) in enumerate(policy.QUESTIONS)}
+    rows = []
+    for qid, level in sorted(keys, key=lambda k: (order.get(k[0], 99), _level_rank(k[1]))):
+        for src, card in zip(cmp.sources, cmp.cards):
+            a = card.levels.get(level, {}).get(qid)
+            label = NO_EVIDENCE if a is None or a.label is None else a.label
+            rows.append({"qid": qid, "level": level, "source": src, "label": label,
+                         "kind": label_kind(label)})
+    df = pd.DataFrame(rows, columns=cols[:-1])
+    df["differs"] = (df.groupby(["qid", "level"], sort=False)["kind"].transform("nunique") > 1
+                     if len(df) else pd.Series(dtype=bool))
+    return df[cols]
+
+
+def df_compare_predictions(cmp: Comparison) -> pd.DataFrame:
+    """The predictions' verdicts side by side: one row per (check, level, source). Columns:
+    check, level, source (str), verdict (str: "holds", "fails in k of n", "not checkable", or
+    "-" where that source has no such row), runs (int)."""
+    cols = ["check", "level", "source", "verdict", "runs"]
+    keys: dict[tuple, None] = {}
+    for card in cmp.cards:
+        for v in card.predictions:
+            keys[(v["check"], v["level"])] = None
+    rows = []
+    for check, level in keys:
+        for src, card in zip(cmp.sources, cmp.cards):
+            got = [v for v in card.predictions if (v["check"], v["level"]) == (check, level)]
+            verdict = "; ".join(sorted({v["verdict"] for v in got})) or "-"
+            rows.append({"check": check, "level": level, "source": src, "verdict": verdict,
+                         "runs": sum(v["runs"] for v in got)})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _level_rank(level: str) -> int:
+    from harmony.analysis.policy_levels import LEVEL_ORDER
+
+    return LEVEL_ORDER.index(level) if level in LEVEL_ORDER else len(LEVEL_ORDER)
+
+
+def levels_text(cmp: Comparison, width: int) -> list[str]:
+    """The answers by level and the predictions' verdicts, one column per source; [] when no
+    source has either."""
+    names = [_letter(k) for k in range(len(cmp.sources))]
+    out = []
+    lv = df_compare_levels(cmp)
+    if len(lv):
+        out.append("by level (where the source and target CPUs sit; *: answers of another kind):")
+        for (qid, level), d in lv.groupby(["qid", "level"], sort=False):
+            mark = "*" if d["differs"].iloc[0] else " "
+            head = f"{qid} @ {level}"
+            out.append(f"{mark}  {head:<28}" + "".join(
+                f"{_cut(str(v), width):<{width + 2}}" for v in d["label"]).rstrip())
+        out.append("")
+    pr = df_compare_predictions(cmp)
+    if len(pr):
+        out.append("predictions from the kernel's domains, checked (" + ", ".join(names) + "):")
+        for (check, level), d in pr.groupby(["check", "level"], sort=False):
+            head = f"{check}" + (f" @ {level}" if level else "")
+            out.append(f"   {head:<28}" + "".join(
+                f"{_cut(str(v), width):<{width + 2}}" for v in d["verdict"]).rstrip())
+        out.append("")
+    return out
 
 
 # ------------------------------------------------------------------------------ metric differences
@@ -206,9 +287,10 @@ _STATISTICS = {"median": np.median, "mean": np.mean, "min": np.min, "max": np.ma
 
 def config_of(e: policy.Evidence) -> tuple:
     """A run's configuration: (experiment, CPU count, ((parameter, value), ...)) over the
-    experiment's :data:`CONFIG_PARAMS`."""
-    return (e.experiment, e.ncpus,
-            tuple((name, e.params.get(name)) for name in CONFIG_PARAMS.get(e.experiment, ())))
+    experiment's :data:`CONFIG_PARAMS`, and its level when it was placed at one (runs at two
+    levels are never pooled)."""
+    params = tuple((name, e.params.get(name)) for name in CONFIG_PARAMS.get(e.experiment, ()))
+    return (e.experiment, e.ncpus, params + ((("level", e.level),) if e.level else ()))
 
 
 def config_label(config: tuple) -> str:
@@ -493,8 +575,9 @@ def answers_note(n_diff: int, n: int) -> str:
 
 def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = False) -> str:
     """The tables ``harmony compare`` prints: the sources, each question's answer per source
-    ("*": answers of another kind; each label cut to ``width`` characters, by default what fits
-    120 columns), then :func:`metrics_text`."""
+    ("*": answers of another kind), then :func:`metrics_text`. For a screen ``width`` columns
+    wide, a label longer than its column is wrapped onto the next lines; without ``width`` (a
+    file, a pipe) each column is as wide as its longest label. An answer is never cut."""
     src = df_sources(cmp)
     names = list(src["letter"])
     out = ["sources:"]
@@ -502,17 +585,39 @@ def compare_text(cmp: Comparison, width: int | None = None, all_metrics: bool = 
         out.append(f"  {row.letter}  {row.source}: {source_what(cmp, k, row)}; {row.setup}")
     out.append("")
     table, differs = answers_table(cmp)
-    qw = max(len(q) for q in table.index) + 2
-    if width is None:
-        width = max(16, min(34, (120 - qw - 4) // len(names) - 2))
-    out.append(f"    {'question':<{qw}}" + "".join(f"{n:<{width + 2}}" for n in names).rstrip())
-    for i, (qid, labels) in enumerate(table.iterrows(), 1):
-        mark = "*" if differs[qid] else " "
-        cells = "".join(f"{_cut(str(v), width):<{width + 2}}" for v in labels)
-        out.append(f"{mark}{i:>2} {qid:<{qw}}" + cells.rstrip())
-    out += [""] + textwrap.wrap(answers_note(int(differs.sum()), len(table)), 100) + [""]
+    out += answers_lines(table, differs, names, width)
+    out += [""] + textwrap.wrap(answers_note(int(differs.sum()), len(table)), min(width or 100,
+                                                                                 100)) + [""]
+    out += levels_text(cmp, width or max(16, min(34, 100 // max(len(names), 1) - 2)))
     out += metrics_text(cmp, df_metric_differences(cmp), all_metrics)
     return "\n".join(out).rstrip() + "\n"
+
+
+#: the narrowest a column of answers gets, however many sources share the screen
+ANSWER_MIN_WIDTH = 16
+
+
+def answers_lines(table: pd.DataFrame, differs: pd.Series, names: list[str],
+                  width: int | None = None) -> list[str]:
+    """The answers per question and source: each column as wide as its longest label, or, for a
+    screen ``width`` characters wide, as its share of it (never narrower than
+    ANSWER_MIN_WIDTH), a longer label wrapped within its column."""
+    qw = max(len(q) for q in table.index) + 2
+    share = (max(ANSWER_MIN_WIDTH, (width - qw - 4) // max(1, len(names)) - 2)
+             if width is not None else 10 ** 6)
+    cols = [min(share, max([len(n)] + [len(str(v)) for v in table[c]]))
+            for n, c in zip(names, table.columns)]
+    out = [(f"    {'question':<{qw}}"
+            + "".join(f"{n:<{w + 2}}" for n, w in zip(names, cols))).rstrip()]
+    for i, (qid, labels) in enumerate(table.iterrows(), 1):
+        cells = [textwrap.wrap(str(v), w, break_on_hyphens=False) or [""]
+                 for v, w in zip(labels, cols)]
+        for k in range(max(map(len, cells))):
+            head = (f"{'*' if differs[qid] else ' '}{i:>2} {qid:<{qw}}" if k == 0
+                    else " " * (qw + 4))
+            out.append((head + "".join(f"{(c[k] if k < len(c) else ''):<{w + 2}}"
+                                       for c, w in zip(cells, cols))).rstrip())
+    return out
 
 
 def metrics_intro(cmp: Comparison) -> str:
@@ -649,8 +754,99 @@ def to_dict(cmp: Comparison) -> dict:
     metrics = df_metric_differences(cmp)
     return {"sources": df_sources(cmp).to_dict("records"),
             "answers": df_compare(cmp).to_dict("records"),
+            "levels": df_compare_levels(cmp).to_dict("records"),
+            "predictions": df_compare_predictions(cmp).to_dict("records"),
             "metrics": metrics.astype(object).where(metrics.notna(), None).to_dict("records"),
             "unmatched": unmatched(cmp)}
+
+
+# ------------------------------------------------------------------------------------- the gate
+
+def gate_choice(questions=(), metrics=()) -> tuple[list[str], list[tuple[str | None, str]]]:
+    """What ``--fail-on-difference`` checks: (qids, [(experiment or None, summary key)]). No
+    choice at all: every question, no metric (a metric row is marked by chance about
+    COMPARE_CHANCE_RATE of the time, so among the dozens a suite has some would fail two suites
+    of one kernel: name the metrics that matter). A question is its id (how_many) or number
+    (1-9); a metric a summary key (first_round_moved) or EXPERIMENT:KEY. ValueError, one line,
+    naming an unknown one."""
+    qids = [q for q, _, _ in policy.QUESTIONS]
+    chosen_q = []
+    for q in questions:
+        qid = qids[int(q) - 1] if q.isdigit() and 1 <= int(q) <= len(qids) else q
+        if qid not in qids:
+            raise ValueError(f"unknown question {q!r}: give one of {', '.join(qids)} (or 1-"
+                             f"{len(qids)})")
+        chosen_q.append(qid)
+    known = {(name, m.name) for name in CATALOG for m in metrics_of(name)}
+    chosen_m = []
+    for m in metrics:
+        exp, sep, key = m.rpartition(":")
+        exp = exp if sep else None
+        if not any(key == k and exp in (None, e) for e, k in known):
+            raise ValueError(f"unknown metric {m!r}: give a summary key an experiment declares "
+                             "(first_round_moved, or how-many:first_round_moved; `harmony "
+                             "compare --all-metrics` lists those compared)")
+        chosen_m.append((exp, key))
+    if not chosen_q and not chosen_m:
+        chosen_q = qids
+    return chosen_q, chosen_m
+
+
+def gate(cmp: Comparison, questions=(), metrics=()) -> dict:
+    """``harmony compare --fail-on-difference``: whether a chosen answer or metric differs beyond
+    noise between the first source (A) and another (:func:`gate_choice` says what is chosen).
+    An answer differs beyond noise when both sources decided it, with labels of different kinds
+    (df_compare's ``beyond_noise``); a metric when compare marks it (``differs``: the interval
+    excludes 0, the effect is large, enough runs a side). Returns {"failed": bool, "questions":
+    qids checked, "metrics": the metric names checked, "answers_failing": df_compare's failing
+    rows, "metrics_failing": df_metric_differences' failing rows, "answers_open": chosen answers
+    not decided on both sides of a pair (they could not fail), "metrics_open": chosen metric
+    rows that could not be marked (too few runs, no value), "answers_missing": chosen answers
+    without evidence on one side of a pair}."""
+    qids, chosen = gate_choice(questions, metrics)
+    answers = df_compare(cmp)
+    answers = answers[answers["qid"].isin(qids)]
+    first = answers[answers["source"] == cmp.sources[0]].set_index("qid")
+    others = answers[answers["source"] != cmp.sources[0]]
+    both = [(q, d and first.at[q, "decided"]) for q, d, lab in
+            zip(others["qid"], others["decided"], others["label"])
+            if lab != NO_EVIDENCE and first.at[q, "label"] != NO_EVIDENCE]
+    rows = df_metric_differences(cmp)
+    picked = pd.Series(False, index=rows.index)
+    for exp, key in chosen:
+        picked |= (rows["metric"] == key) & ((rows["experiment"] == exp) if exp else True)
+    rows = rows[picked & (rows["verdict"] != "point")]
+    bad_a, bad_m = others[others["beyond_noise"]], rows[rows["differs"].astype(bool)]
+    return {"failed": bool(len(bad_a) or len(bad_m)), "questions": qids,
+            "metrics": [f"{e}:{k}" if e else k for e, k in chosen],
+            "answers_failing": bad_a.to_dict("records"),
+            "metrics_failing": bad_m.astype(object).where(bad_m.notna(), None).to_dict("records"),
+            "answers_open": sum(not d for _, d in both),
+            "answers_missing": len(others) - len(both),
+            "metrics_open": int((~rows["verdict"].isin(["differs", "within noise"])).sum())}
+
+
+def gate_text(g: dict) -> str:
+    """The gate's verdict in a few lines: what failed (each answer and metric), else that nothing
+    did, and how much of what was chosen could not have failed (too few runs)."""
+    out = []
+    for r in g["answers_failing"]:
+        out.append(f"differs beyond noise: {r['qid']}: {r['source']} says {r['label']!r} "
+                   "(decided on both sides)")
+    for r in g["metrics_failing"]:
+        out.append(f"differs beyond noise: {r['config']} {r['metric']}: {_number(r['value_a'])} "
+                   f"-> {_number(r['value_b'])} ({r['pair']}, interval {_signed(r['ci_low'])} .. "
+                   f"{_signed(r['ci_high'])})")
+    checked = (f"{len(g['questions'])} question{'s' if len(g['questions']) != 1 else ''}"
+               + (f", metrics {', '.join(g['metrics'])}" if g["metrics"] else ""))
+    out.append(f"gate: {'FAILED' if g['failed'] else 'passed'} ({checked})")
+    if g["answers_open"] or g["metrics_open"]:
+        out.append(f"gate: could not fail on {g['answers_open']} answers not decided on both "
+                   f"sides and {g['metrics_open']} metric rows with too few runs "
+                   "(`harmony suite --until-decided` gives both their runs)")
+    if g["answers_missing"]:
+        out.append(f"gate: {g['answers_missing']} chosen answers have no evidence on one side")
+    return "\n".join(out)
 
 
 def df_compare_runs(cmp: Comparison) -> pd.DataFrame:
@@ -787,10 +983,12 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
     return Path(path)
 
 
-def _label_cell(label: str) -> D.Cell:
-    kind = ("none" if label == NO_EVIDENCE else
-            "undecided" if label == policy.UNDECIDED else "answered")
-    return D.Cell(label, kind)
+def _label_cell(a: policy.Answer) -> D.Cell:
+    """An answer in the answers table, styled by its kind (:func:`harmony.analysis.policy.
+    answer_kind`): a label not decided yet is styled undecided."""
+    kind = policy.answer_kind(a)
+    return D.Cell(a.label if a.label is not None else NO_EVIDENCE,
+                  "none" if kind == "cannot" else kind)
 
 
 def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
@@ -808,11 +1006,28 @@ def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
     doc += [D.Heading("Answers", 2, "answers"),
             D.Table(["", "#", "question"] + list(src["letter"]),
                     [["*" if differs[qid] else "", str(i), f"{questions[qid]} ({qid})",
-                      *map(_label_cell, map(str, labels))]
-                     for i, (qid, labels) in enumerate(table.iterrows(), 1)],
+                      *(_label_cell(card.answer(qid)) for card in cmp.cards)]
+                     for i, qid in enumerate(table.index, 1)],
                     row_kinds=["differs" if differs[qid] else None for qid in table.index],
                     numeric=frozenset({"#"})),
             D.Para(answers_note(int(differs.sum()), len(table)))]
+    lv = df_compare_levels(cmp)
+    if len(lv):
+        keys = list(dict.fromkeys(zip(lv["qid"], lv["level"])))
+        doc += [D.Heading("Answers by level", 2, "levels"),
+                D.Table(["", "question @ level"] + list(src["letter"]),
+                        [["*" if lv[(lv["qid"] == q) & (lv["level"] == L)]["differs"].iloc[0]
+                          else "", f"{q} @ {L}",
+                          *map(_label_cell, lv[(lv["qid"] == q) & (lv["level"] == L)]["label"])]
+                         for q, L in keys])]
+    pr = df_compare_predictions(cmp)
+    if len(pr):
+        keys = list(dict.fromkeys(zip(pr["check"], pr["level"])))
+        doc += [D.Heading("Predictions from the kernel's domains", 2, "predictions"),
+                D.Table(["check @ level"] + list(src["letter"]),
+                        [[f"{c}" + (f" @ {L}" if L else ""),
+                          *pr[(pr["check"] == c) & (pr["level"] == L)]["verdict"]]
+                         for c, L in keys])]
     df = df_metric_differences(cmp)
     shown = _shown(df, all_metrics)
     doc += [D.Heading("Metrics", 2, "metrics"), D.Para(metrics_intro(cmp))]
@@ -857,7 +1072,3 @@ def write(cmp: Comparison, out, all_metrics: bool = False) -> list[Path]:
 
 def _letter(k: int) -> str:
     return chr(ord("A") + k) if k < 26 else f"S{k}"
-
-
-def _cut(text: str, width: int) -> str:
-    return text if len(text) <= width else text[:width - 1] + "~"

@@ -158,7 +158,7 @@ th,td{border:1px solid #e0e0e0;padding:.3em .5em;text-align:left;vertical-align:
  overflow-wrap:break-word}
 th{background:#f0f3f5}td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 table.facts td:first-child{white-space:nowrap;color:#444}
-td.answered{background:#e3f2e8}td.undecided{background:#fff1d6}td.none{color:#777;
+td.answered{background:#e3f2e8}td.undecided{background:#fff1d6}td.varies{background:#e6e3f5}td.none{color:#777;
  background:#f2f2f2}td.cannot{color:#666;background:#ececf6;font-style:italic}
 tr.differs td{font-weight:600}tr.differs td:not([class]){background:#fdf0e6}
 tr.differs td:first-child{box-shadow:inset 4px 0 #de8f05}

@@ -1,4 +1,4 @@
-"""The policy card: the eight questions of the thesis's Table 7.1, answered from stored runs.
+"""The policy card: the nine questions of the thesis's Table 7.1, answered from stored runs.
 
 Inference reads only the summary keys of the experiment contract (summary.json; each key named
 below through :func:`harmony.experiments.summary_key`, so it is one its experiment declares) and
@@ -6,8 +6,15 @@ manifest facts (experiment, params, cpus, the kernel and scheduler, the tasks' s
 and the release: a run's *setup*, :func:`setup_of`). Each answer carries its label, the numbers behind it,
 the thresholds (:mod:`harmony.analysis.thresholds`) it used and how far the runs agree. The rules:
 
-- every run gets its own label; the answer's label is the one every run with a label gives. If the
-  runs disagree the answer is "undecided" (with the count of each label), never a guess;
+- every run gets its own label and the runs vote (:mod:`harmony.analysis.sequential`): the answer
+  is *decided* when the anytime-valid lower bound of one label's share of the runs exceeds one
+  half at 95 % (6 runs that agree, over two labels), *varies* when no label's share can reach
+  95 % (its upper bound is below: the policy gives different labels in different runs, the
+  split is the answer), else *undecided*: too few runs to tell. An undecided answer whose runs
+  all agree shows their label (not decided: its confidence says how many more runs could
+  decide it); one whose runs disagree is "undecided" (with the count of each label), never a
+  guess. Every answer with votes carries that confidence (``Answer.confidence``), every median
+  among its numbers its bootstrap interval (``Answer.intervals``);
 - a run whose metric is None (not measurable in that run) gives no label and is counted apart;
 - a question without evidence names the experiment that would answer it; a question the CPU count
   cannot answer says why (e.g. on 2 CPUs the poly-balance and pairwise predictions coincide).
@@ -28,14 +35,20 @@ import statistics
 from pathlib import Path
 
 from harmony import store
+from harmony.analysis import policy_levels
+from harmony.analysis import sequential
 from harmony.analysis import thresholds as T
 from harmony.analysis.causes import CAUSES
+from harmony.analysis.stats import bootstrap_ci
 from harmony.analysis.rounds import round_rule
 from harmony.analysis.trust import disqualifying, word
 from harmony.experiments import summary_key
 from harmony.workload.tasks import POLICIES, classes_text
 
 UNDECIDED = "undecided"
+#: the label of an answer whose runs split between labels, enough of them to tell (the split
+#: follows in brackets: "varies (blind 6, informed 5 of 11 runs)")
+VARIES = "varies"
 
 # The summary keys the rules read, each checked at import against the declaration of every
 # experiment it is read from: a key an experiment renames or drops fails here, not as None.
@@ -99,6 +112,20 @@ QUESTIONS = (
     ("priorities", "With high vs low priorities, how are processes spread?", "7.3"),
 )
 
+#: the labels each question's runs can vote (a label's kind: without the number it quotes): how
+#: many there are sets the confidence of each (:func:`harmony.analysis.sequential.verdict`)
+LABELS = {
+    "balances": ("balances", "does not balance"),
+    "affinity": ("strong", "moderate", "weak"),
+    "how_many": ("poly-balance", "pairwise", "neither prediction"),
+    "time_to_balance": ("fast", "slow", "never (within the run)"),
+    "work_conserving": ("yes", "no"),
+    "detection": ("event-driven", "periodic"),
+    "intrinsic": ("fairness-first", "affinity-first", "in between"),
+    "selection": ("blind", "informed"),
+    "priorities": ("high spread", "high clustered"),
+}
+
 
 @dataclasses.dataclass
 class Evidence:
@@ -111,6 +138,12 @@ class Evidence:
     summary: dict
     setup: str = "?"     # the kernel and scheduler it ran under (:func:`setup_of`)
     classes: str = POLICIES["other"]  # its tasks' scheduling classes (:func:`classes_of`)
+
+    @property
+    def level(self) -> str:
+        """The level it was placed at (harmony.experiments.placement), "" for a CPU set as
+        given."""
+        return policy_levels.level_of(self)
 
 
 @dataclasses.dataclass
@@ -127,16 +160,46 @@ class Answer:
     runs: list = dataclasses.field(default_factory=list)
     needs: str | None = None  # experiment(s) that would answer it
     why_not: str | None = None  # why the evidence at hand cannot answer it
+    by_level: dict = dataclasses.field(default_factory=dict)  # level -> label (policy_levels)
+    #: how sure the vote is (:meth:`harmony.analysis.sequential.Verdict.to_dict`: state, the
+    #: leading label, its votes of the runs with a label, the bounds of its share, the runs that
+    #: could settle it); None for an answer without votes (no evidence, or a reference's)
+    confidence: dict | None = None
+    #: a number's 95 % bootstrap interval of the median (name in ``numbers`` -> [low, high])
+    intervals: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def state(self) -> str | None:
+        """"decided", "varies" or "undecided" (:mod:`harmony.analysis.sequential`); an answer
+        without votes (a reference's, one derived from another) is decided if it has a label;
+        None without one."""
+        if self.confidence is not None:
+            return self.confidence["state"]
+        if self.label is None:
+            return None
+        return sequential.UNDECIDED if self.label == UNDECIDED else sequential.DECIDED
 
     @property
     def decided(self) -> bool:
-        return self.label is not None and self.label != UNDECIDED
+        """The label holds at the stated confidence (never for "varies" or "undecided")."""
+        return self.label is not None and self.state == sequential.DECIDED
+
+    @property
+    def labelled(self) -> bool:
+        """The answer names a label, decided or not yet (neither "undecided" nor "varies")."""
+        return self.label is not None and self.label != UNDECIDED and not is_varies(self.label)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["runs"] = [str(p) for p in self.runs]
         d["decided"] = self.decided
+        d["state"] = self.state
         return d
+
+
+def is_varies(label: str | None) -> bool:
+    """Whether ``label`` says the runs split (:data:`VARIES`)."""
+    return label is not None and (label == VARIES or label.startswith(VARIES + " ("))
 
 
 @dataclasses.dataclass
@@ -148,6 +211,10 @@ class Card:
     cpus: list  # distinct CPU counts of the runs
     setups: dict = dataclasses.field(default_factory=dict)  # setup_of -> runs
     classes: dict = dataclasses.field(default_factory=dict)  # classes_of -> runs
+    #: the answers by level: {level: {qid: Answer}}, and the predictions' verdicts
+    #: (harmony.analysis.policy_levels); empty for runs without levels
+    levels: dict = dataclasses.field(default_factory=dict)
+    predictions: list = dataclasses.field(default_factory=list)
 
     def answer(self, qid: str) -> Answer:
         return next(a for a in self.answers if a.qid == qid)
@@ -167,18 +234,24 @@ class Card:
                "answers": [a.to_dict() for a in self.answers]}
         if self.other_classes:
             out["classes"] = self.classes
+        if self.levels:
+            out["levels"] = {lv: {q: a.to_dict() for q, a in answers.items()}
+                             for lv, answers in self.levels.items()}
+        if self.predictions:
+            out["predictions"] = self.predictions
         return out
 
     def head_lines(self) -> list[str]:
         """What the card was made of: its runs, and the classes or setups they mix."""
         exps = ", ".join(f"{k} x{v}" for k, v in self.experiments.items()) or "none"
-        out = [f"Policy card: {self.runs} runs on {'/'.join(map(str, self.cpus)) or '?'} CPUs "
-               f"({exps})"]
+        out = [f"Policy card: {self.runs} run{'s' if self.runs != 1 else ''} on "
+               f"{'/'.join(map(str, self.cpus)) or '?'} CPUs ({exps})"]
         if self.other_classes:
             out.append("tasks' scheduling class: " + "; ".join(
                 f"{k} ({v} run{'s' if v != 1 else ''})" for k, v in self.classes.items()))
         if len(self.setups) > 1:
-            mixed = "; ".join(f"{k} ({v} runs)" for k, v in self.setups.items())
+            mixed = "; ".join(f"{k} ({v} run{'s' if v != 1 else ''})"
+                              for k, v in self.setups.items())
             out.append(f"POOLED: these runs come from {len(self.setups)} setups ({mixed}); one "
                        "card mixes their answers: `harmony compare` shows each apart")
         return out
@@ -189,6 +262,7 @@ class Card:
             out.append(f"{i}. {a.question} (thesis {a.thesis})")
             out += ["   " + line for line in answer_lines(a)]
             out.append("")
+        out += policy_levels.level_lines(self.levels, self.predictions, QUESTIONS)
         if self.skipped:
             out.append("runs not used:")
             out += [f"  {p}: {r}" for p, r in self.skipped]
@@ -196,18 +270,22 @@ class Card:
 
 
 #: the kinds of answer a card gives (:func:`answer_kind`), as a reader would name them
-ANSWER_KINDS = {"answered": "answered", "undecided": "undecided: the runs disagree",
+ANSWER_KINDS = {"answered": "answered", "varies": "varies from run to run",
+                "undecided": "undecided: too few runs to tell",
                 "none": "no evidence", "cannot": "cannot answer here"}
 
 
 def answer_kind(a: Answer) -> str:
-    """"answered", "undecided", "none" (no run of the experiment that answers it) or "cannot"
-    (the evidence at hand cannot answer it, e.g. on this CPU count)."""
+    """"answered" (decided), "varies", "undecided" (too few runs: a label every run agrees on
+    but not yet decided, or runs that disagree), "none" (no run of the experiment that answers
+    it) or "cannot" (the evidence at hand cannot answer it, e.g. on this CPU count)."""
     if a.why_not:
         return "cannot"
     if a.label is None:
         return "none"
-    return "undecided" if a.label == UNDECIDED else "answered"
+    if a.state == sequential.VARIES:
+        return "varies"
+    return "answered" if a.decided else "undecided"
 
 
 def answer_lines(a: Answer) -> list[str]:
@@ -215,19 +293,42 @@ def answer_lines(a: Answer) -> list[str]:
     if a.label is None:
         lines = ["answer: no evidence"]
     else:
-        lines = [f"answer: {a.label}"]
+        lines = [f"answer: {a.label}" + (", not decided yet" if a.labelled and a.state ==
+                                         sequential.UNDECIDED else "")]
     if a.agreement:
         agree = ", ".join(f"{k}: {v}" for k, v in a.agreement.items())
         lines.append(f"runs:   {agree}")
+    if a.confidence is not None:
+        lines.append(f"confidence: {confidence_text(a)}")
     if a.numbers:
-        lines.append("numbers: " + "; ".join(f"{k} = {format_value(v)}" for k, v in a.numbers.items()))
+        lines.append("numbers: " + "; ".join(f"{k} = {format_value(v)}{interval_text(a, k)}"
+                                             for k, v in a.numbers.items()))
     if a.thresholds:
         lines.append("thresholds: " + "; ".join(f"{k} = {v}" for k, v in a.thresholds.items()))
     if a.why_not:
         lines.append(f"cannot answer: {a.why_not}")
     if a.needs:
         lines.append(f"would be answered by: {a.needs}")
+    if a.by_level:
+        lines.append("by level: " + "; ".join(f"{lv}: {lab}" for lv, lab in a.by_level.items()))
     return lines
+
+
+def confidence_text(a: Answer) -> str:
+    """The answer's confidence in one line (:meth:`harmony.analysis.sequential.Verdict.text`),
+    naming the experiment it comes from when it is one of several (affinity)."""
+    c = a.confidence
+    v = sequential.Verdict(**{k: c[k] for k in ("state", "label", "votes", "runs", "lower",
+                                                 "upper", "labels", "more", "split")})
+    return v.text() + (f" ({c['from']})" if c.get("from") else "")
+
+
+def interval_text(a: Answer, name: str) -> str:
+    """" [95% CI low .. high]" of a median among the numbers, "" where it has none."""
+    ci = a.intervals.get(name)
+    if not ci or ci[0] is None:
+        return ""
+    return f" [95% CI {format_value(ci[0])} .. {format_value(ci[1])}]"
 
 
 def format_value(v) -> str:
@@ -252,10 +353,8 @@ def find_runs(paths) -> tuple[list[Path], list[tuple[Path, str]]]:
     """
     found, skipped = [], []
     for p in map(Path, paths):
-        if not p.exists():
-            raise store.RunError(f"{p}: no such directory")
         if not p.is_dir():
-            raise store.RunError(f"{p}: not a directory (a run, batch or suite directory)")
+            raise store.missing_dir(p)
         stack = [p]
         while stack:
             d = stack.pop()
@@ -314,15 +413,28 @@ def classes_of(manifest: dict) -> str:
 # ------------------------------------------------------------------------------------------ rules
 
 def _vote(per_run: list[tuple[Evidence, str | None]], a: Answer) -> None:
-    """Set ``a.label`` and ``a.agreement`` from each run's label: unanimous or undecided."""
+    """Set ``a.label``, ``a.agreement`` and ``a.confidence`` from each run's label (see the
+    module's docstring: decided, varies, or undecided, showing the runs' label when they all
+    agree)."""
     counts: dict[str, int] = {}
     for _, lab in per_run:
         key = lab if lab is not None else "no_label"
         counts[key] = counts.get(key, 0) + 1
     a.agreement = counts
     a.runs = [e.path for e, _ in per_run]
-    labels = {lab for _, lab in per_run if lab is not None}
-    a.label = None if not labels else labels.pop() if len(labels) == 1 else UNDECIDED
+    votes = {k: v for k, v in counts.items() if k != "no_label"}
+    if not votes:
+        a.label = None
+        return
+    v = sequential.verdict(votes, len(LABELS[a.qid]))
+    a.confidence = v.to_dict()
+    if v.state == sequential.DECIDED or (v.state == sequential.UNDECIDED and len(votes) == 1):
+        a.label = v.label
+    elif v.state == sequential.VARIES:
+        split = ", ".join(f"{k} {n}" for k, n in v.split.items())
+        a.label = f"{VARIES} ({split} of {v.runs} runs)"
+    else:
+        a.label = UNDECIDED
 
 
 def _values(evs: list[Evidence], key: str) -> list:
@@ -331,6 +443,17 @@ def _values(evs: list[Evidence], key: str) -> list:
 
 def _median(values):
     return statistics.median(values) if values else None
+
+
+def _medians(a: Answer, named: dict) -> dict:
+    """{name: the median of its values} of ``named`` (name -> the runs' values), each median's
+    95 % bootstrap interval recorded in ``a.intervals`` (two values or more)."""
+    out = {}
+    for name, values in named.items():
+        out[name] = _median(values)
+        if len(values) >= 2:
+            a.intervals[name] = list(bootstrap_ci(values))
+    return out
 
 
 def _causes(runs: list[Evidence]) -> str:
@@ -413,10 +536,12 @@ def q_balances(ev, prior) -> Answer:
         moved = s.get(BALANCE_MIGRATIONS)
         per.append((e, None if moved is None else "balances" if moved > 0 else "does not balance"))
     _vote(per, a)
-    a.numbers = {f"{BALANCE_MIGRATIONS} (median)": _median(_values(runs, BALANCE_MIGRATIONS)),
+    medians = _medians(a, {f"{key} (median)": _values(runs, key)
+                           for key in (BALANCE_MIGRATIONS, USELESS_MIGRATIONS)})
+    a.numbers = {f"{BALANCE_MIGRATIONS} (median)": medians[f"{BALANCE_MIGRATIONS} (median)"],
                  f"{BALANCED_AT_END} (runs)": sum(bool(e.summary.get(BALANCED_AT_END)) for e in runs),
                  "migrations by cause (median)": _causes(runs),
-                 f"{USELESS_MIGRATIONS} (median)": _median(_values(runs, USELESS_MIGRATIONS)),
+                 f"{USELESS_MIGRATIONS} (median)": medians[f"{USELESS_MIGRATIONS} (median)"],
                  **a.numbers}
     a.thresholds = {"rule": "a run balances if tasks moved off the source while runnable",
                     **a.thresholds}
@@ -431,13 +556,16 @@ _RANK = {"weak": 0, "moderate": 1, "strong": 2}
 
 
 def q_affinity(ev, prior) -> Answer:
-    """Weakest affinity any experiment shows: an experiment whose runs disagree makes it undecided
-    unless a decided experiment already shows "weak" (nothing weaker exists)."""
+    """Weakest affinity any experiment shows, each experiment's runs voting apart: decided when
+    an experiment decided "weak" (nothing weaker exists) or every experiment decided; varies
+    when one varies (and none decided "weak"); else undecided, showing the weakest label when
+    each experiment's runs agree. The confidence is that of the experiment the answer comes
+    from (the one with the weakest label, or the one that varies or is undecided)."""
     a = _new("affinity")
     a.thresholds = {"AFFINITY_STRONG_MAX_PER_CPU_S": T.AFFINITY_STRONG_MAX_PER_CPU_S,
                     "AFFINITY_WEAK_MIN_PER_CPU_S": T.AFFINITY_WEAK_MIN_PER_CPU_S,
                     "SETTLED_BY_FRACTION": T.SETTLED_BY_FRACTION}
-    per_exp, all_per = {}, []
+    subs, all_per = {}, []
     for exp, key in AFFINITY_SOURCES:
         runs = ev.get(exp, [])
         if not runs:
@@ -446,24 +574,42 @@ def q_affinity(ev, prior) -> Answer:
         sub = _new("affinity")
         _vote(per, sub)
         if sub.label is not None:
-            per_exp[exp] = sub.label
+            subs[exp] = sub
         all_per += per
         rates = [r for r in (_after_balance_rate(e, key) for e in runs) if r is not None]
-        a.numbers[f"{exp} {key} per CPU (median)"] = _median(rates)
+        a.numbers |= _medians(a, {f"{exp} {key} per CPU (median)": rates})
     if not all_per:
         a.needs = "single-source (E1), intrinsic-imbalance (E6) or heavy-light (E7)"
         return a
-    a.agreement = {f"{exp}": lab for exp, lab in per_exp.items()}
+    a.agreement = {exp: sub.label for exp, sub in subs.items()}
     a.runs = [e.path for e, _ in all_per]
-    decided = [lab for lab in per_exp.values() if lab != UNDECIDED]
-    if not per_exp:
+    if not subs:
         a.why_not = "no run could measure a migration rate after balance"
         return a
-    if UNDECIDED in per_exp.values() and "weak" not in decided:
-        a.label = UNDECIDED
-    else:
-        a.label = min(decided, key=_RANK.get)
+    _weakest(a, subs)
     return a
+
+
+def _weakest(a: Answer, subs: dict[str, Answer]) -> None:
+    """Affinity's label and confidence from its experiments' answers (see :func:`q_affinity`)."""
+    def take(source: str, label: str) -> None:
+        a.label = label
+        a.confidence = dict(subs[source].confidence, **{"from": source})
+
+    # nothing is weaker than weak: an experiment whose runs say so settles the label (decided
+    # if that experiment is), whatever the others' runs say
+    weak = sorted((exp for exp, sub in subs.items() if sub.label == "weak"),
+                  key=lambda exp: not subs[exp].decided)
+    varies = [exp for exp, sub in subs.items() if sub.state == sequential.VARIES]
+    split = [exp for exp, sub in subs.items() if sub.label == UNDECIDED]
+    if weak or varies or split:
+        source = (weak or varies or split)[0]
+        take(source, subs[source].label)
+        return
+    # every experiment names a label: the weakest, as decided as the least decided of them
+    weakest = min(subs, key=lambda exp: (_RANK[subs[exp].label], subs[exp].decided))
+    open_ = [exp for exp, sub in subs.items() if not sub.decided]
+    take(open_[0] if open_ and subs[weakest].decided else weakest, subs[weakest].label)
 
 
 def _how_many_label(e: Evidence) -> str | None:
@@ -487,13 +633,15 @@ def q_how_many(ev, prior) -> Answer:
                     "global queue when affinity is": "weak"}
     aff = prior.get("affinity")
     runs = ev.get("how-many", [])
-    if aff is not None and aff.label == "weak":
+    if aff is not None and aff.label == "weak":   # decided as far as affinity is
         a.label = "global-queue"
         a.numbers = {"affinity": "weak: tasks migrate constantly even when balanced"}
         a.runs = aff.runs
         a.agreement = dict(aff.agreement)
+        a.confidence = aff.confidence
         if runs:
-            a.numbers[f"{FIRST_ROUND_MOVED} (median)"] = _median(_values(runs, FIRST_ROUND_MOVED))
+            a.numbers |= _medians(a, {f"{FIRST_ROUND_MOVED} (median)":
+                                      _values(runs, FIRST_ROUND_MOVED)})
         return a
     if not runs:
         a.needs = "how-many (E2)"
@@ -533,6 +681,7 @@ def _global_queue(a: Answer, prior) -> bool:
     if hm is None or hm.label != "global-queue":
         return False
     a.label = "not applicable (global queue)"
+    a.confidence = hm.confidence     # as sure as the global queue is
     a.numbers = {"why": "one queue for all CPUs: every CPU takes the next task whenever it "
                         "schedules, so there is no per-CPU balance to reach or detect"}
     return True
@@ -567,8 +716,9 @@ def q_time_to_balance(ev, prior) -> Answer:
     lost = [e for e in runs if settled(e) is not None and e.summary.get(EXCURSIONS)
             and (e.summary.get(LONGEST_EXCURSION_S) or 0.0) < T.FAST_BALANCE_MAX_S]
     longest = _values(runs, LONGEST_EXCURSION_S)
-    a.numbers = {f"{TIME_TO_SETTLE_S} (median)": _median(times), "max": max(times) if times else None,
-                 f"{TIME_TO_BALANCE_S}, balanced to the end (median)": _median(strict),
+    a.numbers = {**_medians(a, {f"{TIME_TO_SETTLE_S} (median)": times}),
+                 "max": max(times) if times else None,
+                 **_medians(a, {f"{TIME_TO_BALANCE_S}, balanced to the end (median)": strict}),
                  "runs that lost balance again briefly": len(lost),
                  f"{LONGEST_EXCURSION_S} (max)": max(longest) if longest else None,
                  "runs never balanced for good": sum(label(e) == "never (within the run)"
@@ -596,24 +746,24 @@ def q_work_conserving(ev, prior) -> Answer:
 
     _vote([(e, label(e)) for e in runs], a)
     lat = _values(runs, STEAL_LATENCY_S)
-    a.numbers = {"steal_latency_ms (median)": None if not lat else _median(lat) * 1000,
+    a.numbers = {**_medians(a, {"steal_latency_ms (median)": [v * 1000 for v in lat]}),
                  "max_ms": None if not lat else max(lat) * 1000,
                  "runs never stolen": sum(not e.summary.get(STOLEN) for e in runs),
-                 f"{WASTED_CPU_S} (median)": _median(_values(runs, WASTED_CPU_S)),
-                 f"{WASTED_EPISODES} (median)": _median(_values(runs, WASTED_EPISODES))}
+                 **_medians(a, {f"{WASTED_CPU_S} (median)": _values(runs, WASTED_CPU_S),
+                                f"{WASTED_EPISODES} (median)": _values(runs, WASTED_EPISODES)})}
     return a
 
 
 def q_detection(ev, prior) -> Answer:
-    """Event-driven when every run's first migration after the cut came within
-    EVENT_DRIVEN_MAX_MS; periodic when the median run's came later. A single early run does not
-    make a periodic check event-driven: a check that happens to fall just after the cut is expected
-    in about EVENT_DRIVEN_MAX_MS / period of the runs; that is why this label is decided over the
-    runs together, not run by run."""
+    """Each run votes event-driven (its first migration after the cut came within
+    EVENT_DRIVEN_MAX_MS) or periodic (later). A few early runs do not make a periodic check
+    event-driven: a check that happens to fall just after the cut is expected in about
+    EVENT_DRIVEN_MAX_MS / period of the runs, a share the vote's majority rule
+    (:mod:`harmony.analysis.sequential`) leaves periodic once there are runs enough."""
     a = _new("detection")
     a.thresholds = {"EVENT_DRIVEN_MAX_MS": T.EVENT_DRIVEN_MAX_MS,
                     "PERIOD_RANGE_MIN_RATIO": T.PERIOD_RANGE_MIN_RATIO,
-                    "rule": "event-driven if all runs <= threshold; periodic if the median run > it"}
+                    "rule": "a run is event-driven if interval1 <= threshold, else periodic"}
     if _global_queue(a, prior):
         return a
     runs = ev.get("detection", [])
@@ -621,23 +771,26 @@ def q_detection(ev, prior) -> Answer:
         a.needs = "detection (E5)"
         return a
     i1, i2, i3 = (_values(runs, k) for k in (INTERVAL1_MS, INTERVAL2_MS, INTERVAL3_MS))
-    a.runs = [e.path for e in runs]
+
+    def label(e):
+        v = e.summary.get(INTERVAL1_MS)
+        return None if v is None else "event-driven" if v <= T.EVENT_DRIVEN_MAX_MS else "periodic"
+
+    _vote([(e, label(e)) for e in runs], a)
     a.agreement = {f"interval1 <= {T.EVENT_DRIVEN_MAX_MS:g} ms": sum(v <= T.EVENT_DRIVEN_MAX_MS for v in i1),
                    f"interval1 > {T.EVENT_DRIVEN_MAX_MS:g} ms": sum(v > T.EVENT_DRIVEN_MAX_MS for v in i1),
                    "no_label": len(runs) - len(i1)}
-    a.numbers = {f"{INTERVAL1_MS} median": _median(i1), f"{INTERVAL1_MS} max": max(i1) if i1 else None,
-                 f"{INTERVAL2_MS} median": _median(i2), f"{INTERVAL3_MS} median": _median(i3)}
+    a.numbers = {**_medians(a, {f"{INTERVAL1_MS} median": i1}),
+                 f"{INTERVAL1_MS} max": max(i1) if i1 else None,
+                 **_medians(a, {f"{INTERVAL2_MS} median": i2, f"{INTERVAL3_MS} median": i3})}
     if not i1:
         a.why_not = "no run saw a migration after the cut"
         return a
-    if all(v <= T.EVENT_DRIVEN_MAX_MS for v in i1):
-        a.label = "event-driven"
-    elif _median(i1) > T.EVENT_DRIVEN_MAX_MS:
+    if a.label == "periodic":
+        late = [v for v in i1 if v > T.EVENT_DRIVEN_MAX_MS]
         period = _period(i2, i3)
         a.label = (f"periodic ({period} between checks)" if period else
-                   f"periodic (first check ~{_median(i1):.0f} ms after the cut, median)")
-    else:
-        a.label = UNDECIDED
+                   f"periodic (first check ~{_median(late):.0f} ms after the cut, median)")
     return a
 
 
@@ -673,11 +826,11 @@ def q_intrinsic(ev, prior) -> Answer:
         return "in between"
 
     _vote([(e, label(e)) for e in runs], a)
-    a.numbers = {f"{key} (median)": _median(_values(runs, key))
-                 for key in (SHARE_RATIO_MIN, SHARE_RATIO_MAX, JAIN_INDEX, IDEAL_SHARE_ERROR,
-                             IDEAL_JAIN)}
-    a.numbers[f"{MIGRATIONS_PER_S} per CPU (median)"] = \
-        _median([r for r in (_per_cpu(e, MIGRATIONS_PER_S) for e in runs) if r is not None])
+    a.numbers = _medians(a, {f"{key} (median)": _values(runs, key)
+                             for key in (SHARE_RATIO_MIN, SHARE_RATIO_MAX, JAIN_INDEX,
+                                         IDEAL_SHARE_ERROR, IDEAL_JAIN)})
+    a.numbers |= _medians(a, {f"{MIGRATIONS_PER_S} per CPU (median)": [
+        r for r in (_per_cpu(e, MIGRATIONS_PER_S) for e in runs) if r is not None]})
     return a
 
 
@@ -711,9 +864,9 @@ def q_selection(ev, prior) -> Answer:
     _vote([(e, label(e)) for e in runs], a)
     a.numbers = {key: [e.summary.get(key) for e in runs]
                  for key in (LIGHT_DUTY, SMAPE_SHORT, SMAPE_LONG, ONE_HEAVY_ONE_LIGHT_FRACTION)}
-    a.numbers[f"{HEAVY_SLOWDOWN_LONG} (median)"] = _median(_values(runs, HEAVY_SLOWDOWN_LONG))
-    for key in (IDEAL_SHARE_ERROR, IDEAL_SLOWDOWN_MAX):
-        a.numbers[f"{key} (median)"] = _median(_values(runs, key))
+    a.numbers |= _medians(a, {f"{key} (median)": _values(runs, key)
+                              for key in (HEAVY_SLOWDOWN_LONG, IDEAL_SHARE_ERROR,
+                                          IDEAL_SLOWDOWN_MAX)})
     return a
 
 
@@ -739,14 +892,14 @@ def q_priorities(ev, prior) -> Answer:
             by_diff.setdefault(e.summary.get(NICE_DIFF), []).append(v)
     low = {d: ("spread" if _median(v) <= T.SPREAD_MAX_INDEX else "clustered")
            for d, v in sorted(by_diff.items(), key=lambda kv: (kv[0] is None, kv[0]))}
-    if a.decided and low:
+    if a.labelled and low:
         kinds = set(low.values())
         a.label += ("; low " + kinds.pop()) if len(kinds) == 1 else \
             "; low " + ", ".join(f"{k} at nice diff {d}" for d, k in low.items())
-    a.numbers = {f"{HIGH_SPREAD_INDEX} (median)": _median(_values(runs, HIGH_SPREAD_INDEX)),
+    a.numbers = {**_medians(a, {f"{HIGH_SPREAD_INDEX} (median)": _values(runs, HIGH_SPREAD_INDEX)}),
                  f"{LOW_CLUSTER_INDEX} by nice diff": {str(d): _median(v) for d, v in by_diff.items()},
-                 f"{HIGH_ALLOCATION_RATIO} (median)": _median(_values(runs, HIGH_ALLOCATION_RATIO)),
-                 f"{IDEAL_SLOWDOWN_MAX} (median)": _median(_values(runs, IDEAL_SLOWDOWN_MAX))}
+                 **_medians(a, {f"{key} (median)": _values(runs, key)
+                                for key in (HIGH_ALLOCATION_RATIO, IDEAL_SLOWDOWN_MAX)})}
     return a
 
 
@@ -761,19 +914,32 @@ def _new(qid: str) -> Answer:
     return Answer(qid, question, thesis)
 
 
-def infer_evidence(evidence: list[Evidence], skipped=()) -> Card:
-    """The card from already collected evidence."""
+def infer_evidence(evidence: list[Evidence], skipped=(), by_level: bool = True) -> Card:
+    """The card from already collected evidence. Runs placed at a level
+    (harmony.experiments.placement) answer that level's questions (``card.levels``,
+    :mod:`harmony.analysis.policy_levels`); the card's own answers come from the runs on CPU
+    sets as given when there are any, else from all."""
+    whole, placed = policy_levels.split(evidence)
+    own = whole if whole else evidence
     by_exp: dict[str, list[Evidence]] = {}
-    for e in evidence:
+    for e in own:
         by_exp.setdefault(e.experiment, []).append(e)
     prior: dict[str, Answer] = {}
     for qid, _, _ in QUESTIONS:
         prior[qid] = RULES[qid](by_exp, prior)
     setups = dict(collections.Counter(e.setup for e in evidence))
-    return Card(answers=[prior[q] for q, _, _ in QUESTIONS], runs=len(evidence),
-                experiments={k: len(v) for k, v in by_exp.items()}, skipped=list(skipped),
-                cpus=sorted({e.ncpus for e in evidence}), setups=setups,
+    card = Card(answers=[prior[q] for q, _, _ in QUESTIONS], runs=len(evidence),
+                experiments=dict(collections.Counter(e.experiment for e in evidence)),
+                skipped=list(skipped), cpus=sorted({e.ncpus for e in evidence}), setups=setups,
                 classes=dict(collections.Counter(e.classes for e in evidence)))
+    if by_level:
+        card.levels = policy_levels.level_answers(
+            placed, whole, lambda ev: infer_evidence(ev, by_level=False), Answer,
+            _affinity_label)
+        for qid, labels in policy_levels.by_level_labels(card.levels).items():
+            card.answer(qid).by_level = labels
+        card.predictions = policy_levels.prediction_verdicts(evidence)
+    return card
 
 
 def infer(paths) -> Card:

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis import causes, tables
+from harmony.analysis.topology import level_columns
 from harmony.analysis import taskstate as ts_
 from harmony.analysis.arrays import event_codes, event_mask, in_set, index_of, sorted_unique
 from harmony.analysis.taskstate import task_records
@@ -118,7 +119,8 @@ def _kinds(codes: np.ndarray, names) -> dict[str, int]:
 
 # ------------------------------------------------------------------------------------- migrations
 
-def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.DataFrame:
+def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int,
+                  domains: dict | None = None) -> pd.DataFrame:
     """Every sched_migrate_task of an experiment task, and the moves its own events prove that
     no sched_migrate_task recorded (``inferred``), in time order.
 
@@ -130,7 +132,9 @@ def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.Data
     Columns: :data:`harmony.analysis.tables.MIGRATIONS`. Whether the task was runnable as it
     moved (its ``kind``) comes from :func:`harmony.analysis.taskstate.task_records`, the
     ``cause`` from :func:`harmony.analysis.causes.migration_causes`; an inferred move's kind and
-    cause from :func:`harmony.analysis.causes.inferred_causes`.
+    cause from :func:`harmony.analysis.causes.inferred_causes`; its ``level`` from ``domains``
+    (the manifest's topology, or its ``domains``: :func:`harmony.analysis.topology.
+    level_columns`; none without).
 
     attrs: ``anomalies`` (int) = migrations whose orig_cpu contradicts the reconstructed CPU or
     that hit a task believed running; ``inferred`` (int) = the inferred rows.
@@ -154,19 +158,24 @@ def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.Data
     def joined(a, b, dtype):
         return np.concatenate([np.asarray(a).astype(dtype), np.asarray(b).astype(dtype)])[order]
 
-    runnable = joined(m["runnable_before"], i_runnable, bool)
+    # a task the kernel held queued as it slept (delayed dequeue) moved as a runnable one does
+    queued = causes.queued_asleep(events, r, sel)
+    runnable = joined(m["runnable_before"] | queued, i_runnable, bool)
+    src = joined(m["orig_cpu"], moves["from_cpu"], np.int32)
+    dst = joined(m["dest_cpu"], moves["to_cpu"], np.int32)
     out = tables.MIGRATIONS.frame({
         "ts": ts[order],
         "t": _t(ts[order], t0),
         "pid": pid,
         "name": name, "role": role,
-        "src_cpu": joined(m["orig_cpu"], moves["from_cpu"], np.int32),
-        "dst_cpu": joined(m["dest_cpu"], moves["to_cpu"], np.int32),
+        "src_cpu": src,
+        "dst_cpu": dst,
         "event_cpu": joined(m["cpu"], cpu_ev[moves["row"]], np.int32),
         "kind": pd.Categorical.from_codes(np.where(runnable, 1, 0), categories=["wakeup", "balance"]),
         "cause": pd.Categorical.from_codes(joined(cause, i_cause, np.int8),
                                            categories=list(causes.CAUSES)),
         "inferred": joined(np.zeros(len(sel), bool), np.ones(len(moves["ts"]), bool), bool),
+        **level_columns(src, dst, domains),
     }, copy=False)
     out.attrs["anomalies"] = int((m["anomaly"] > 0).sum())
     out.attrs["inferred"] = int(len(moves["ts"]))
@@ -592,7 +601,7 @@ def _instant_ranges(order: np.ndarray, rts: np.ndarray, t_first: int) -> list[tu
 
 
 def df_core(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
-            t_end: int) -> dict[str, pd.DataFrame]:
+            t_end: int, domains: dict | None = None) -> dict[str, pd.DataFrame]:
     """The three tables every analysis starts from, {"migrations", "runs", "runqueue"}: the same
     as :func:`df_migrations`, :func:`df_runs` and :func:`df_runqueue` called one by one.
 
@@ -601,7 +610,7 @@ def df_core(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     passes release the GIL, so on two CPUs the tables take about the time of the longer half.
     """
     def rest():
-        return {"migrations": df_migrations(events, tasks, t0),
+        return {"migrations": df_migrations(events, tasks, t0, domains),
                 "runqueue": df_runqueue(events, tasks, cpus, t0, t_end)}
 
     if len(events) < hjit.PARALLEL_MIN_ITEMS or hjit.threads() < 2:

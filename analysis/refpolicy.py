@@ -36,10 +36,16 @@ pairwise-random   per-CPU queues. Every 16-48 ms (random) and when idle a CPU pu
                   tail of its queue whatever they are (blind). A CPU whose partner in its lowest
                   domain (cpu ^ 1) is home to one task more takes one over (a remainder task keeps
                   moving: moderate affinity, fairer than poly-balance) (CFS-like).
+coin-flip         each run is poly-balance or pairwise-random, drawn from the run's seed like a
+                  fair coin: a policy that genuinely varies from run to run. Where the two give
+                  different labels (how many, affinity, intrinsic imbalance, selection) its card
+                  must say "varies", not a label, once it has runs enough (issue 46); where they
+                  agree (it balances, detection is periodic, idle CPUs steal) it is decided.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import heapq
 import math
@@ -74,6 +80,15 @@ class Policy:
     explore_p: float = 0.0  # chance of moving one task on a count difference of one / load gap
     wake_to_idle: bool = False  # a wakeup goes to an idle CPU when its own CPU is busy
     expected: dict = dataclasses.field(default_factory=dict)
+    #: how balancing sees the machine: "simple" (the CPU set as one pool: the policies above),
+    #: "domains" (the kernel's scheduling domains, level by level), "flat" (the same rules over
+    #: one domain spanning the machine), "scx" (sched_ext's default CPU selection, one queue):
+    #: :mod:`harmony.analysis.refpolicy_domains`
+    model: str = "simple"
+    #: per scheduling level, the labels the per-level card must give (prefixes), for the
+    #: policies whose answers depend on the level
+    expected_by_level: dict = dataclasses.field(default_factory=dict)
+    mix: tuple[str, ...] = ()  # each run is one of these policies, drawn from its seed
 
 
 POLICIES = {
@@ -97,13 +112,62 @@ POLICIES = {
                   "work_conserving": "yes", "detection": "periodic", "intrinsic": "in between",
                   "selection": "blind"}),
 }
+POLICIES["coin-flip"] = Policy(
+    "coin-flip", "each run poly-balance or pairwise-random, a fair coin per run: varies",
+    global_queue=False, slice_ms=10, mix=("poly-balance", "pairwise-random"),
+    expected={"balances": "balances", "affinity": "varies", "how_many": "varies",
+              "work_conserving": "yes", "detection": "periodic", "intrinsic": "varies",
+              "selection": "varies"})
+
+
+def drawn(policy: Policy, seed: int) -> Policy:
+    """The policy a run with ``seed`` follows: ``policy`` itself, or for a mixed one the policy
+    its seed draws (each equally likely; a string seed: the same draw on every platform)."""
+    if not policy.mix:
+        return policy
+    return POLICIES[random.Random(f"mix-{seed}").choice(policy.mix)]
+
+
+#: the policies that see the machine's shape (:mod:`harmony.analysis.refpolicy_domains`): their
+#: answers are known level by level (``expected_by_level``: the relation of the source and target
+#: CPUs, :data:`harmony.analysis.topology.RELATIONS`, -> labels), and they are told apart from the
+#: policies above by what they do between near and far CPUs
+LEVEL_POLICIES = {
+    "hierarchical": Policy(
+        "hierarchical", "the Linux balancer's design: per-domain intervals, imbalance_pct, "
+        "cache-hot tries, active balance, prefer-sibling, NUMA imbalance, wake-ups in the LLC",
+        global_queue=False, slice_ms=4, model="domains",
+        expected={"balances": "balances", "work_conserving": "yes", "detection": "periodic"},
+        expected_by_level={rel: {"balances": "balances", "work_conserving": "yes",
+                                 "detection": "periodic"}
+                           for rel in ("smt", "llc", "package", "remote")}),
+    "flat": Policy(
+        "flat", "the same rules over one domain spanning the machine: no level structure",
+        global_queue=False, slice_ms=4, model="flat",
+        expected={"balances": "balances", "work_conserving": "yes", "detection": "periodic"},
+        expected_by_level={rel: {"balances": "balances", "work_conserving": "yes",
+                                 "detection": "periodic"}
+                           for rel in ("smt", "llc", "package", "remote")}),
+    "scx-like": Policy(
+        "scx-like", "sched_ext's scx_simple: one queue, the default CPU selection (idle core, "
+        "previous CPU, any idle CPU): no level structure",
+        global_queue=True, slice_ms=20, model="scx",
+        expected={"balances": "balances", "affinity": "weak", "how_many": "global-queue",
+                  "work_conserving": "yes", "detection": "not applicable",
+                  "selection": "not applicable", "time_to_balance": "not applicable"},
+        expected_by_level={rel: {"balances": "balances", "detection": "not applicable"}
+                           for rel in ("smt", "llc", "package", "remote")}),
+}
+#: every reference policy, by name
+ALL_POLICIES = {**POLICIES, **LEVEL_POLICIES}
 
 
 def get_policy(name: str) -> Policy:
     try:
-        return POLICIES[name]
+        return ALL_POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown reference policy {name!r}; choose one of {', '.join(POLICIES)}") from None
+        raise ValueError(f"unknown reference policy {name!r}; choose one of "
+                         f"{', '.join(ALL_POLICIES)}") from None
 
 
 def refuse_classes(specs=(), params: dict | None = None) -> None:
@@ -121,7 +185,9 @@ def refuse_classes(specs=(), params: dict | None = None) -> None:
                              f"idle): policy {', '.join(odd)} cannot be simulated")
 
 
-class _Task:
+class SimTask:
+    """One simulated task: where it is, its state, its virtual runtime and demand."""
+
     __slots__ = ("i", "pid", "spec", "cpu", "state", "vr", "weight", "duty", "burst_left",
                  "exiting", "blocking", "prio", "sleep_ms")
 
@@ -145,28 +211,30 @@ class _Task:
 class Simulator:
     """One simulated run. ``run()`` returns (events, markers); see the module docstring."""
 
-    def __init__(self, policy: Policy, specs, cpus: list[int], duration_s: float, seed: int = 0):
+    def __init__(self, policy: Policy, specs, cpus: list[int], duration_s: float, seed: int = 0,
+                 topology: dict | None = None):
         from harmony.analysis.reconstruct import class_weight
 
         refuse_classes(specs)
-        self.p = policy
+        self.p = drawn(policy, seed)
+        self.topology = topology       # the machine (the contract's manifest["topology"]), or None
         self.cpus = list(cpus)
         self.ncpu = len(cpus)
         index = {c: k for k, c in enumerate(self.cpus)}
         self.rng = random.Random(seed)
         self.ticks = int(round(duration_s * 1000))
         weights = class_weight([s.nice for s in specs], [s.policy for s in specs])
-        self.tasks = [_Task(i, s, int(w)) for i, (s, w) in enumerate(zip(specs, weights))]
+        self.tasks = [SimTask(i, s, int(w)) for i, (s, w) in enumerate(zip(specs, weights))]
         for t in self.tasks:
             t.cpu = index.get(t.spec.initial_cpu, 0)
-        self.curr: list[_Task | None] = [None] * self.ncpu
-        self.queue: list[list[_Task]] = [[] for _ in range(self.ncpu)]
+        self.curr: list[SimTask | None] = [None] * self.ncpu
+        self.queue: list[list[SimTask]] = [[] for _ in range(self.ncpu)]
         self.slice_used = [0] * self.ncpu
         self.slice_len = [policy.slice_ms] * self.ncpu
         self.min_vr = [0.0] * self.ncpu
         self.next_balance = [self._interval() * (k + 1) // self.ncpu for k in range(self.ncpu)]
-        self.sleepers: list[tuple[int, int, _Task]] = []
-        self.timers: list[tuple[int, int, str, _Task]] = []
+        self.sleepers: list[tuple[int, int, SimTask]] = []
+        self.timers: list[tuple[int, int, str, SimTask]] = []
         self.stream = Stream({t.pid: t.spec.comm for t in self.tasks})
         self.k = 0
         self.sub = 0
@@ -177,12 +245,12 @@ class Simulator:
         self.sub += 1
         return BASE_NS + self.k * TICK_NS + self.sub * 1000
 
-    def _switch(self, c, prev: _Task | None, state: int, nxt: _Task | None):
+    def _switch(self, c, prev: SimTask | None, state: int, nxt: SimTask | None):
         self.stream.switch(self._ts(), self.cpus[c], prev.pid if prev else 0, state,
                            nxt.pid if nxt else 0, prev_prio=prev.prio if prev else 120,
                            next_prio=nxt.prio if nxt else 120)
 
-    def _migrate(self, t: _Task, dst: int, event_cpu: int, context: int = -1):
+    def _migrate(self, t: SimTask, dst: int, event_cpu: int, context: int = -1):
         """Record the move of ``t`` to ``dst`` on ``event_cpu``, in the context of the task
         ``context`` (its common_pid: the puller's current task, 0 for idle, -1 unsaid)."""
         self.stream.migrate(self._ts(), self.cpus[event_cpu], t.pid, self.cpus[t.cpu], self.cpus[dst],
@@ -215,11 +283,11 @@ class Simulator:
     def _idle(self, c) -> bool:
         return self.curr[c] is None and not self.queue[c]
 
-    def _enqueue(self, t: _Task, c: int):
+    def _enqueue(self, t: SimTask, c: int):
         t.state = "Q"
         self.queue[c].append(t)
 
-    def _new_burst(self, t: _Task):
+    def _new_burst(self, t: SimTask):
         if t.duty >= 100:
             t.burst_left = math.inf
             return
@@ -228,28 +296,40 @@ class Simulator:
         t.sleep_ms = max(1, int(round(period - t.burst_left)))
 
     # -- life cycle -------------------------------------------------------------------------------
-    def _wake(self, t: _Task, at_release: bool = False):
+    def _wake_target(self, t: SimTask) -> int:
+        """The CPU a task that wakes (not at the release, not pinned) is placed on."""
+        target = t.cpu
+        if self.p.wake_to_idle and not self._idle(target):
+            idle = [c for c in range(self.ncpu) if self._idle(c)]
+            if idle:
+                target = idle[0]
+        return target
+
+    def _wake(self, t: SimTask, at_release: bool = False):
         target = t.cpu
         if not at_release and t.spec.pinned:
             target = self.cpus.index(t.spec.initial_cpu) if t.spec.initial_cpu in self.cpus else t.cpu
-        elif not at_release and self.p.wake_to_idle and not self._idle(target):
-            idle = [c for c in range(self.ncpu) if self._idle(c)]
-            if idle:
-                target = idle[0] if target not in idle else target
+        elif not at_release:
+            target = self._wake_target(t)
         if target != t.cpu:
-            self._migrate(t, target, target)
+            self._wake_move(t, target)
         t.vr = max(t.vr, self.min_vr[target] - self.p.slice_ms)
         self.stream.wakeup(self._ts(), self.cpus[target], t.pid, self.cpus[target])
         self._enqueue(t, target)
 
-    def _block(self, t: _Task):
+    def _wake_move(self, t: SimTask, target: int):
+        """Record a wake-up's move of ``t`` to ``target`` (on the target, as before causes were
+        told apart by the waker's CPU)."""
+        self._migrate(t, target, target)
+
+    def _block(self, t: SimTask):
         t.state = "S"
         if t.duty <= 0:
             return  # cut to zero: never wakes again
         self._new_burst(t)
         heapq.heappush(self.sleepers, (self.k + t.sleep_ms, t.i, t))
 
-    def _movable(self, src: int) -> list[_Task]:
+    def _movable(self, src: int) -> list[SimTask]:
         return [t for t in self.queue[src] if not t.spec.pinned]
 
     def _pull(self, dst: int, src: int, n: int) -> int:
@@ -310,7 +390,30 @@ class Simulator:
         if n > 0:
             self._pull(dst, src, n)
 
-    def _pick_global(self, c) -> _Task | None:
+    def _schedule_order(self):
+        """The order in which the CPUs schedule within a tick (who takes a waiting task
+        first): by number."""
+        return range(self.ncpu)
+
+    def _periodic(self, c: int):
+        """CPU ``c``'s periodic balance at this tick, when it is due."""
+        if self.next_balance[c] > self.k:
+            return
+        self.next_balance[c] = self.k + self._interval()
+        with self._softirq(c):
+            self._balance(c, idle=self._idle(c))
+
+    @contextlib.contextmanager
+    def _softirq(self, c: int):
+        """The periodic balance runs inside the CPU's SCHED softirq, as the kernel's: its entry
+        and exit around it, in the context of the CPU's current task (0: idle)."""
+        cur = self.curr[c]
+        self.context[c] = cur.pid if cur is not None else 0
+        self.stream.softirq(self._ts(), self.cpus[c], True, SCHED_SOFTIRQ_VEC, self.context[c])
+        yield
+        self.stream.softirq(self._ts(), self.cpus[c], False, SCHED_SOFTIRQ_VEC, self.context[c])
+
+    def _pick_global(self, c) -> SimTask | None:
         best = None
         for q in self.queue:
             for t in q:
@@ -325,7 +428,7 @@ class Simulator:
             self._migrate(best, c, c)
         return best
 
-    def _pick(self, c) -> _Task | None:
+    def _pick(self, c) -> SimTask | None:
         if self.p.global_queue:
             return self._pick_global(c)
         if not self.queue[c]:
@@ -426,17 +529,8 @@ class Simulator:
                     self._wake(t)
             if not self.p.global_queue:
                 for c in range(self.ncpu):
-                    if self.next_balance[c] <= self.k:
-                        self.next_balance[c] = self.k + self._interval()
-                        # the periodic balance, inside the CPU's SCHED softirq as the kernel's
-                        cur = self.curr[c]
-                        self.context[c] = cur.pid if cur is not None else 0
-                        self.stream.softirq(self._ts(), self.cpus[c], True, SCHED_SOFTIRQ_VEC,
-                                            self.context[c])
-                        self._balance(c, idle=self._idle(c))
-                        self.stream.softirq(self._ts(), self.cpus[c], False, SCHED_SOFTIRQ_VEC,
-                                            self.context[c])
-            for c in range(self.ncpu):
+                    self._periodic(c)
+            for c in self._schedule_order():
                 self._schedule(c)
             for c in range(self.ncpu):  # one tick of CPU time
                 t = self.curr[c]
@@ -462,4 +556,5 @@ def expected_labels(policy: Policy | str) -> dict:
     return dict(policy.expected)
 
 
-__all__ = ["POLICIES", "Policy", "Simulator", "expected_labels", "get_policy"]
+__all__ = ["ALL_POLICIES", "LEVEL_POLICIES", "POLICIES", "Policy", "Simulator", "drawn",
+           "expected_labels", "get_policy"]

@@ -7,12 +7,15 @@ terminal and the files never disagree.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from harmony.analysis import document as D
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.probe_agreement import agreement_lines
 from harmony.analysis.thresholds import USELESS_MIGRATION_WITHIN_S, WASTED_EPISODE_MIN_S
+from harmony.analysis.topology import DOMAIN_HEADER, df_cpus, domain_rows, domains_of
 from harmony.analysis.trust import count
-from harmony.core.osutil import format_cpulist
+from harmony.core.osutil import format_cpulist, parse_cpulist
 from harmony.experiments import get_experiment
 from harmony.manifest import system_facts
 from harmony.store import atomic_write
@@ -172,6 +175,49 @@ def counters_line(m: dict) -> str:
             f"({sw['trace']} / {sw['kernel']}){cpu}")
 
 
+def machine_lines(m: dict, summary: dict | None) -> list[str]:
+    """The machine the run measured on (its manifest's topology): its shape, its scheduling
+    domains, the moves by level, and the per-level check against /proc/schedstat; [] for a run
+    that recorded none (an import, a simulation, an older run)."""
+    topo = m.get("topology")
+    if not topo:
+        return []
+    cpus = df_cpus(m)
+
+    def n(col):
+        return len(set(cpus[col])) if (cpus[col] >= 0).all() else "?"
+
+    threads = cpus["smt_siblings"].map(lambda s: len(parse_cpulist(s)) if s else 1)
+    lines = [f"machine                      {len(cpus)} CPUs: {n('node')} NUMA node(s), "
+             f"{n('package')} package(s), {n('llc')} LLC(s), "
+             f"{len(set(cpus['smt_siblings']))} cores of {int(threads.max())} thread(s)"]
+    rows = domain_rows(m)
+    if rows:
+        lines.append("domains                      " + " < ".join(
+            f"{r[1]} ({r[2]})" for r in rows) + f" (CPU {cpus_of_rows(m)})")
+    else:
+        why = (topo.get("source") or {}).get("missing") or ["not read"]
+        lines.append(f"domains                      not read: {why[0]}")
+    levels = (summary or {}).get("migrations_by_level")
+    if levels:
+        lines.append("moves by level               " + "; ".join(
+            f"{k} {sum(v.values())} (" + ", ".join(f"{c} {x}" for c, x in v.items()) + ")"
+            for k, v in levels.items()))
+    by = (m.get("schedstat_agreement") or {}).get("levels")
+    if by:
+        lines.append("per level vs /proc/schedstat " + "; ".join(
+            f"{k}: " + ", ".join(f"{c} {v['all'][c]}/{v['kernel'][c]}"
+                                 for c in ("periodic", "newidle", "active"))
+            + ("" if v["within"] else " (disagree)") for k, v in by.items()))
+    return lines
+
+
+def cpus_of_rows(m: dict) -> int:
+    """The CPU whose domains :func:`domain_rows` lists."""
+    doms = domains_of(m)
+    return ([c for c in m.get("cpus", []) if c in doms] or sorted(doms))[0]
+
+
 def cost_rows(summary: dict) -> list[tuple[str, str]]:
     """What the policy cost, as (label, value) rows for any renderer: the window's migrations by
     cause, the CPU time wasted while work waited (and the longest such intervals), the moves undone
@@ -203,6 +249,20 @@ def cost_rows(summary: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def prediction_rows(summary: dict) -> list[list[str]]:
+    """The run's predicted-vs-measured rows (its summary's ``predictions``,
+    :mod:`harmony.analysis.predictions`): check (with its level), verdict, predicted, measured,
+    tolerance; [] without any."""
+    out = []
+    for r in ((summary or {}).get("predictions") or {}).get("rows", []):
+        where = " at " + r["level"] + (f" ({r['domain']})" if r.get("domain") else "") \
+            if r.get("level") else ""
+        verdict = {True: "holds", False: "does not hold", None: "not checkable"}[r.get("holds")]
+        out.append([f"{r['check']}{where}", verdict, r["predicted"], r["measured"],
+                    r["tolerance"]])
+    return out
+
+
 def params_line(m: dict) -> str:
     return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
                      for k, v in m.get("params", {}).items())
@@ -216,6 +276,14 @@ def summary_text(run) -> str:
     cost = cost_rows(run.summary) if run.complete else []
     if cost:
         out += ["", "what the policy cost"] + [f"  {k:<27}{v}" for k, v in cost]
+    machine = machine_lines(m, run.summary if run.complete else None)
+    if machine:
+        out += ["", "the machine"] + ["  " + line for line in machine]
+    predicted = prediction_rows(run.summary) if run.complete else []
+    if predicted:
+        out += ["", "predicted from the kernel's domains, and measured"]
+        for r in predicted:
+            out += [f"  {r[0]}: {r[1]}", f"    predicted: {r[2]}", f"    measured:  {r[3]}"]
     out += ["", "measurement"] + ["  " + line for line in trust_lines(m)]
     notes = m.get("notes", [])
     out += ["", "notes"] + ([f"  - {n}" for n in notes] if notes else ["  - none: nothing was lost or repaired"])
@@ -236,9 +304,10 @@ def figures_on_disk(run) -> tuple[list[str], list[str]]:
     return drawn, [f for f in listed if f not in drawn]
 
 
-def report_document(run) -> list:
+def report_document(run, figures: list | None = None) -> list:
     """report.md's and report.html's content (:mod:`harmony.analysis.document`): the results and
-    the measurement as "label  value" lines, the notes, the figures."""
+    the measurement as "label  value" lines, the notes, the figures (``figures``: these paths,
+    by default the run's own on disk)."""
     m = run.manifest
     exp = get_experiment(m["experiment"])
     doc: list = [D.Heading(f"{exp.name}: {exp.question}", 1),
@@ -250,21 +319,38 @@ def report_document(run) -> list:
     if cost:
         doc += [D.Heading("What the policy cost", 2, "cost"),
                 D.Table(["what", "measured"], [[k.strip(), v] for k, v in cost])]
+    machine = machine_lines(m, run.summary)
+    if machine:
+        doc += [D.Heading("The machine", 2, "machine"), D.Facts(machine)]
+        rows = domain_rows(m)
+        if rows:
+            doc.append(D.Table(DOMAIN_HEADER, rows, caption=f"the scheduling domains of CPU "
+                                                            f"{cpus_of_rows(m)}, lowest first"))
+    predicted = prediction_rows(run.summary)
+    if predicted:
+        doc += [D.Heading("Predicted from the kernel's domains, and measured", 2, "predictions"),
+                D.Table(["check", "verdict", "predicted", "measured", "tolerance"], predicted)]
     doc += [D.Heading("Measurement", 2, "measurement"), D.Facts(trust_lines(m))]
     notes = m.get("notes", [])
     doc += [D.Heading("Notes", 2, "notes"),
             D.Bullets(notes if notes else ["nothing was lost or repaired"]),
             D.Heading("Figures", 2, "figures")]
     drawn, missing = figures_on_disk(run)
+    if figures is not None:
+        drawn, missing = [], []
+        doc += [D.Figure(Path(f), Path(f).name) for f in figures]
     doc += [D.Figure(run.path / f, f) for f in drawn]
     if missing:
         doc.append(D.Para(f"Missing: {', '.join(missing)} (`harmony report` draws them again)."))
     return doc
 
 
-def write_report(run) -> None:
-    """Write report.md and report.html (the same content, figures embedded) beside the figures."""
-    doc = report_document(run)
-    atomic_write(run.path / "report.md", D.to_markdown(doc, run.path))
+def write_report(run, dest=None, figures: list | None = None) -> None:
+    """Write report.md and report.html (the same content, figures embedded) beside the figures;
+    ``dest``: in that directory instead of the run's (``figures``: the paths to show, by default
+    the run's own)."""
+    dest = Path(dest) if dest is not None else run.path
+    doc = report_document(run, figures)
+    atomic_write(dest / "report.md", D.to_markdown(doc, dest))
     exp = run.manifest["experiment"]
-    atomic_write(run.path / "report.html", D.to_html(doc, f"Harmony run: {exp} ({run.path.name})"))
+    atomic_write(dest / "report.html", D.to_html(doc, f"Harmony run: {exp} ({run.path.name})"))

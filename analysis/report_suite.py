@@ -25,7 +25,8 @@ import pandas as pd  # noqa: E402
 
 from harmony import store  # noqa: E402
 from harmony.analysis import document as D  # noqa: E402
-from harmony.analysis import policy, server_card  # noqa: E402
+from harmony.analysis import policy, sequential, server_card  # noqa: E402
+from harmony.analysis import thresholds as T  # noqa: E402
 from harmony.analysis.plots_requests import df_latency_by_load, plot_latency_by_load  # noqa: E402
 
 #: which experiments give the evidence of each question (the card's sources)
@@ -263,7 +264,6 @@ def plot_affinity(df: pd.DataFrame, path: Path) -> Path | None:
     data = pd.concat(rows, ignore_index=True).dropna()
     if data.empty:
         return None
-    from harmony.analysis import thresholds as T
 
     fig, ax = plt.subplots(figsize=(7, 3.8))
     strip_points(ax, data, x="experiment", y="per CPU per s", size=7)
@@ -390,8 +390,9 @@ def _limits(card: policy.Card) -> list[str]:
             lines.append(f"- **{a.question}** {a.why_not}.")
         elif a.label is None and a.needs:
             lines.append(f"- **{a.question}** no run of {a.needs} in this suite.")
-        elif a.label == policy.UNDECIDED:
-            lines.append(f"- **{a.question}** undecided: the runs disagree ({a.agreement}).")
+        elif a.state == sequential.UNDECIDED and a.confidence is not None:
+            lines.append(f"- **{a.question}** {policy.confidence_text(a)} "
+                         "(`harmony suite --until-decided` adds them).")
     return lines
 
 
@@ -489,22 +490,111 @@ def _agreement(a: policy.Answer) -> str:
     return ", ".join(f"{k}: {v}" for k, v in votes.items() if v != 0)
 
 
+def confidence_cell(a: policy.Answer) -> str:
+    """How sure an answer is, in a few words: decided (the lower bound of its label's share),
+    varies (the leading label's upper bound), or undecided (how many more runs could settle it);
+    "" without votes."""
+    c = a.confidence
+    if c is None:
+        return ""
+    level = f"{T.DECIDE_LEVEL:.0%}"
+    if c["state"] == sequential.DECIDED:
+        return f"decided at {level}: {c['label']} in at least {c['lower']:.0%} of runs"
+    if c["state"] == sequential.VARIES:
+        return f"varies at {level}: {c['label']} in at most {c['upper']:.0%} of runs"
+    return f"undecided: {c['more']} more run{'s' if c['more'] != 1 else ''} could settle it"
+
+
 def card_blocks(card: policy.Card) -> list:
     """The policy card as a table: one row per question, its answer styled by kind, how firmly
-    the runs agree, its first number, a link to its evidence."""
+    the runs agree and how sure that makes it (:func:`confidence_cell`), its first number (with
+    its interval), a link to its evidence."""
     rows = []
     for i, a in enumerate(card.answers, 1):
         kind = policy.answer_kind(a)
-        answer = a.label if kind in ("answered", "undecided") else policy.ANSWER_KINDS[kind]
+        answer = (a.label if kind in ("answered", "undecided", "varies")
+                  else policy.ANSWER_KINDS[kind])
         # the first number that sums the runs up (a list holds one value per run)
         key = next((kv for kv in a.numbers.items() if not isinstance(kv[1], list)), None)
-        rows.append([str(i), a.question, D.Cell(answer, kind), _agreement(a),
-                     "" if key is None else f"{key[0]} = {policy.format_value(key[1])}",
+        rows.append([str(i), a.question, D.Cell(answer, kind), _agreement(a), confidence_cell(a),
+                     "" if key is None else f"{key[0]} = {policy.format_value(key[1])}"
+                     + policy.interval_text(a, key[0]),
                      D.Cell(f"thesis {a.thesis}", href=f"#q-{a.qid}")])
     head = card.head_lines()
     return [D.Para(head[0])] + ([D.Bullets(head[1:])] if head[1:] else []) + [
-        D.Table(["#", "question", "answer", "runs agree", "key number", "evidence"], rows,
-                numeric=frozenset({"#"}))]
+        D.Table(["#", "question", "answer", "runs agree", "confidence", "key number", "evidence"],
+                rows, numeric=frozenset({"#"}))]
+
+
+def df_until_decided(record: dict | None) -> pd.DataFrame:
+    """What ``--until-decided`` did (suite.json's ``until_decided``), one row per configuration.
+
+    Columns: configuration (str: its batch directory), planned (int: runs planned), runs (int:
+    runs in all), rounds (int: rounds that added runs), questions (str: each question its runs
+    answer, "qid: state, label k/n" with the votes of the runs with a label), capped (bool: the
+    cap stopped it with a question undecided). Empty without a record."""
+    rows = []
+    for label, r in ((record or {}).get("configs") or {}).items():
+        if not r:
+            continue
+        qs = "; ".join(f"{qid}: {q['state']}, {q['label']} {q['votes']}/{q['runs']}"
+                       for qid, q in r["questions"].items())
+        rows.append({"configuration": label, "planned": r["planned"], "runs": r["runs"],
+                     "rounds": r["rounds"], "questions": qs, "capped": r["capped"]})
+    return pd.DataFrame(rows, columns=["configuration", "planned", "runs", "rounds", "questions",
+                                       "capped"])
+
+
+def until_decided_blocks(record: dict | None) -> list:
+    """The report's section on the runs added until decided ([] when not asked)."""
+    df = df_until_decided(record)
+    if record is None:
+        return []
+    capped = df[df["capped"]]["configuration"].tolist()
+    lead = (f"After the planned runs, {record['added_runs']} runs were added in "
+            f"{record['rounds']} round{'s' if record['rounds'] != 1 else ''}, at most "
+            f"{record['max_repeat']} a configuration, until each configuration's questions were "
+            "decided or shown to vary (harmony.decide; the rule: analysis/sequential.py)."
+            + (f" Still undecided at the cap: {', '.join(capped)}." if capped else ""))
+    return [D.Heading("Runs until decided", 2, "until-decided"), D.Para(lead),
+            frame_table(df.assign(capped=df["capped"].map({True: "yes", False: ""})))]
+
+
+def level_blocks(card: policy.Card, evidence: list, fig_dir: Path) -> list:
+    """The card by level (:mod:`harmony.analysis.policy_levels`): each question at each level
+    (a row marked where the levels differ), the per-level figure, and the predictions from the
+    kernel's domains with their verdicts; [] for a card without levels or predictions."""
+    from harmony.analysis import policy_levels
+    from harmony.analysis.plots_levels import df_level_runs, plot_levels
+
+    out: list = []
+    if card.levels:
+        labels = policy_levels.by_level_labels(card.levels)
+        levels = list(card.levels)
+        rows = [["*" if policy_levels.differs(labels[q]) else "", q,
+                 *[labels[q].get(lv, "") for lv in levels]]
+                for q, _, _ in policy.QUESTIONS if q in labels]
+        out += [D.Heading("By level", 2, "levels"),
+                D.Para("Runs placed at a level (-p level=...) answer there: the source and the "
+                       "target are SMT siblings (smt), share an LLC (llc), a package (package), "
+                       "a node (node), or sit on two nodes (remote). *: the answer differs by "
+                       "level. The affinity at each level comes from the runs on the whole "
+                       "set (their moves per second and CPU between CPUs at that relation)."),
+                D.Table(["", "question"] + levels, rows)]
+        fig_dir.mkdir(parents=True, exist_ok=True)
+        fig = plot_levels(df_level_runs(evidence), fig_dir / "levels.png")
+        if fig is not None:
+            out.append(D.Figure(fig, "the questions of distance at each level"))
+    if card.predictions:
+        out += [D.Heading("Predictions from the kernel's own domains", 2, "predictions"),
+                D.Table(["check", "level", "verdict", "runs", "predicted", "measured (examples)",
+                         "tolerance"],
+                        [[v["check"], v["level"] + (f" ({v['domain']})" if v["domain"] else ""),
+                          D.Cell(v["verdict"], "answered" if v["verdict"] == "holds" else
+                                 "undecided" if v["verdict"].startswith("fails") else "none"),
+                          str(v["runs"]), v["predicted"], "; ".join(v["measured"]),
+                          v["tolerance"]] for v in card.predictions])]
+    return out
 
 
 def evidence_items(a: policy.Answer) -> list[str]:
@@ -516,16 +606,19 @@ def evidence_items(a: policy.Answer) -> list[str]:
     return out
 
 
-def write(suite: Path, note: str | None = None, processes: int | None = None) -> tuple[Path, Path]:
-    """Write report.md and report.html in ``suite``; returns their paths. The figures are drawn in
+def write(suite: Path, note: str | None = None, processes: int | None = None,
+          dest: Path | None = None) -> tuple[Path, Path]:
+    """Write report.md, report.html, card.json and the cross-run figures in ``suite`` (or in
+    ``dest``, leaving the suite as it is); returns the reports' paths. The figures are drawn in
     ``processes`` processes (default: one per CPU this process may use)."""
     suite = Path(suite)
+    dest = Path(dest) if dest is not None else suite
     evidence, skipped = policy.collect([suite])
     card = policy.infer_evidence(evidence, skipped)
-    store.write_json(suite / "card.json", card.to_dict())
+    store.write_json(dest / "card.json", card.to_dict())
     info = store.read_json(suite / "suite.json") if (suite / "suite.json").exists() else {}
     df = df_suite_runs(evidence)
-    fig_dir = suite / "figures"
+    fig_dir = dest / "figures"
     processes = processes or len(os.sched_getaffinity(0))
     cross = cross_figures(df, fig_dir, processes) if len(df) else {}
     own = _experiment_figures(suite, evidence)
@@ -546,11 +639,13 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
         doc.append(D.Para(note, "note"))
     doc.append(D.Heading("Policy card", 2, "card"))
     doc += card_blocks(card)
+    doc += level_blocks(card, evidence, fig_dir)
     meas = df_measurement(evidence, suite)
     if len(meas):
         doc.append(D.Heading("Measurement: what the runs could and could not see", 2, "measurement"))
         doc.append(D.Bullets(measurement_summary(meas)))
         doc.append(frame_table(meas, MEASUREMENT_HEADINGS))
+    doc += until_decided_blocks(info.get("until_decided"))
     limits = _limits(card)
     if limits:
         doc.append(D.Heading("What this suite cannot answer, and why", 2))
@@ -579,8 +674,8 @@ def write(suite: Path, note: str | None = None, processes: int | None = None) ->
     if skipped:
         doc.append(D.Heading("Runs not used", 2))
         doc.append(D.Bullets([f"{p}: {r}" for p, r in skipped]))
-    md_path, html_path = suite / "report.md", suite / "report.html"
-    store.atomic_write(md_path, D.to_markdown(doc, suite))
+    md_path, html_path = dest / "report.md", dest / "report.html"
+    store.atomic_write(md_path, D.to_markdown(doc, dest))
     store.atomic_write(html_path, D.to_html(doc, "Harmony suite report"))
     return md_path, html_path
 

@@ -38,7 +38,8 @@ MIGRATIONS = Table(
                                   "wakeup: the task was not runnable, its CPU was chosen as it "
                                   "woke or forked (the event precedes its sched_wakeup[_new]); "
                                   "balance: moved while runnable (queued, or - an anomaly - "
-                                  "believed running)"),
+                                  "believed running), or asleep but still queued (EEVDF's "
+                                  "delayed dequeue: harmony.analysis.causes.queued_asleep)"),
         ("cause",     "category", "why it moved (harmony.analysis.causes.CAUSES, its categories "
                                   "in that order): wakeup, fork, newidle, periodic, active, "
                                   "affinity, numa or unknown, told from the events around it"),
@@ -46,6 +47,13 @@ MIGRATIONS = Table(
                                   "(harmony.analysis.causes.unrecorded_moves); ts is the "
                                   "placement that proved it (the move came before), event_cpu "
                                   "that placement's CPU"),
+        ("level",     "int16",    "the index of the lowest scheduling domain of dst_cpu whose "
+                                  "span holds src_cpu (harmony.analysis.topology."
+                                  "migration_level); -1: none (src_cpu = dst_cpu, or the run "
+                                  "read no domains)"),
+        ("level_name", "category", "that domain's name (SMT, MC, PKG, NUMA...), or domain<level> "
+                                   "where the kernel gives none; missing where level is -1. "
+                                   "Categories: the levels, lowest first"),
     ])
 
 RUNS = Table(
@@ -244,6 +252,38 @@ IDEAL = Table(
                                  "ideal is 0"),
     ])
 
+DOMAINS = Table(
+    "domains", "the scheduling domains of each CPU the run measured on, as the manifest's "
+               "topology records them (harmony.analysis.topology.df_domains), by (cpu, index)", [
+        ("cpu",                 "int32",   "the CPU whose domain it is"),
+        ("index",               "int32",   "its level on that CPU: 0 the lowest"),
+        ("name",                "str",     "its name (debugfs, or /proc/schedstat from version "
+                                           "17), or domain<index> where the kernel gives none"),
+        ("span",                "str",     "its CPUs, a cpulist (/proc/schedstat's mask); \"\" "
+                                           "where not read"),
+        ("span_weight",         "int32",   "how many CPUs it spans (0: not read)"),
+        ("flags",               "str",     "its SD_ flags, space-separated (debugfs); \"\" where "
+                                           "not read"),
+        ("min_interval",        "float64", "its shortest balance interval (ms; NaN: not read)"),
+        ("max_interval",        "float64", "its longest balance interval (ms)"),
+        ("busy_factor",         "float64", "how much longer a busy CPU waits between balances"),
+        ("imbalance_pct",       "float64", "the imbalance (percent) it leaves alone"),
+        ("cache_nice_tries",    "float64", "failed balances before a cache-hot task is moved"),
+        ("max_newidle_lb_cost", "float64", "the costliest new-idle balance there lately (ns)"),
+    ])
+
+CPUS = Table(
+    "cpus", "each CPU the run measured on, where it sits (sysfs; harmony.analysis.topology."
+            "df_cpus), by CPU; -1 where sysfs does not say", [
+        ("cpu",          "int32", "the CPU"),
+        ("package",      "int32", "its physical package (socket)"),
+        ("die",          "int32", "its die within the package"),
+        ("core",         "int32", "its core id within the package"),
+        ("llc",          "int32", "its last-level cache: the lowest CPU sharing it"),
+        ("node",         "int32", "its NUMA node"),
+        ("smt_siblings", "str",   "the CPUs of its core, a cpulist"),
+    ])
+
 #: the tables :func:`harmony.pipeline.derive_tables` makes, stored in a run directory as
 #: <name>.parquet
 STORED = (MIGRATIONS, RUNS, RUNQUEUE, ALLOCATION, SHARES)
@@ -272,5 +312,5 @@ PROPORTIONAL = Table(
     ])
 
 #: every table declared here
-ALL = STORED + (ANOMALIES, FOREIGN_LOAD, COUNTER_AGREEMENT, REQUESTS, WASTED,
+ALL = STORED + (DOMAINS, CPUS, ANOMALIES, FOREIGN_LOAD, COUNTER_AGREEMENT, REQUESTS, WASTED,
                 USELESS_MIGRATIONS, IDEAL, PROPORTIONAL)

@@ -106,6 +106,58 @@ FOREIGN_LOAD_MAX = 0.05
 #: not evidence at all (trust note ``virtual_clock``; the card lists them as not used).
 VCPU_WAIT_MAX = 0.05
 
+#: The card's verdict on a question (:mod:`harmony.analysis.sequential`). Each run votes a label;
+#: the share of runs that give label L is estimated with anytime-valid bounds (confidence
+#: sequences: they hold at every number of runs at once), because ``--until-decided`` adds runs
+#: until a question is decided and so stops when the runs happen to look decided: a fixed-n
+#: interval checked after every run is wrong far more often than its level: a coin flip between
+#: two labels, checked after each run from 2 to 20 with a one-sided Clopper-Pearson bound at the
+#: same level, shows one label's share above one half at some point in 10.7 % of the sequences,
+#: these bounds in 4.1 % (``python bench/sequential_rule.py``, exact). Why a confidence sequence
+#: and not a group-sequential design or Wald's SPRT: the loop adds as many runs as could settle
+#: the question before it looks again, so the looks are neither planned nor evenly spaced, and a
+#: question has two to three labels, not two simple hypotheses; a confidence sequence needs no
+#: plan, and the same bounds are the confidence the card prints.
+#:
+#: DECIDE_LEVEL: each verdict holds at this level. A decided label is wrong (its share at most
+#: DECIDE_SHARE) with probability at most 1 - DECIDE_LEVEL over all the labels of the question
+#: (the lower bound of each of its K labels is taken at (1 - DECIDE_LEVEL) / K); "varies" is wrong
+#: (one label does have a share of VARIES_SHARE or more: at most one can) at most as often.
+DECIDE_LEVEL = 0.95
+#: A question is *decided* L when the lower bound of L's share exceeds this: L is what the policy
+#: does in most runs. One half is the bar that makes the answer a statement about the policy
+#: (more runs give L than every other label together), and the lowest a unanimous vote can pass
+#: in few runs: to exclude a share of 1/2 at 5 % over 2 labels takes 6 runs that all agree (2^6
+#: = 64 >= 2/0.05 = 40; no test can do it in fewer), 7 over 3 labels. A higher bar costs more
+#: runs than a VM suite can spend: excluding 3/4 takes 13 agreeing runs, 9/10 takes 36.
+DECIDE_SHARE = 0.5
+#: A question *varies* when the upper bound of every label's share is below this: no label is
+#: given by (nearly) every run. Not 1/2: a policy that flips a coin between two labels has shares
+#: of 1/2 exactly, which no bound can ever exclude from "a majority" -- but it is soon shown not
+#: to give either label in 95 % of its runs (an even split at 6 runs, 5 of 8 at 8). A policy between
+#: the two (a label in 60-90 % of the runs) ends either way, and the card prints its share with
+#: both bounds: "L, at least 55 % of the runs" and "varies: L in 70 %" say the same thing.
+VARIES_SHARE = 0.95
+#: The beta mixture (a, b) of the lower bound's confidence sequence: shares near 1, where a policy
+#: that gives one label puts it (mean 10/11). With it a unanimous vote is decided at the fewest
+#: runs the bound 2^n >= K / alpha allows (6 over 2 labels, 7 over 3), where a uniform mixture
+#: needs 9; one dissenting run costs 5 more runs (10 of 11 are decided over 2 labels, 11 of 12
+#: over 3).
+DECIDE_PRIOR = (10.0, 1.0)
+#: The mixture of the upper bound's: uniform, no share favoured (a split can be anywhere).
+VARIES_PRIOR = (1.0, 1.0)
+#: ``--until-decided``'s default cap on a configuration's runs (planned runs included;
+#: ``--max-repeat``). From the quick suite's 2 runs, the exact operating characteristic (``python
+#: bench/sequential_rule.py``; two labels, one run at a time): a policy that gives one label in
+#: every run is decided at 6 runs (7 over 3 labels); at 20 runs a policy that gives its label in
+#: 95 % of its runs is decided 99 % of the time, in 90 %: 91 %; a coin flip between two labels
+#: varies 96 % of the time (a label 4 %, below the 5 % the level allows, undecided 0.3 %); the
+#: hardest share, 80 %, still ends decided or varies 93 % of the time, every other at least 95 %.
+#: At 16 runs the coin flip is left undecided 3 % of the time and the 80 % policy 20 %. The mean
+#: runs a question takes is 6-11 at any share; a configuration never costs more than 10 times the
+#: quick suite's 2 runs.
+UNTIL_DECIDED_MAX_REPEAT = 20
+
 #: Comparison (``harmony compare``): two sources' runs of one configuration differ "beyond noise"
 #: on a metric when (1) each side has at least COMPARE_MIN_RUNS runs with a value, (2) the bootstrap
 #: interval of the difference of their medians (COMPARE_LEVEL; :func:`harmony.analysis.stats.
@@ -198,5 +250,42 @@ USELESS_MIGRATION_WITHIN_S = 0.012
 #: end; moves inside a read's window and moves of unknown cause already widen the bound, so no
 #: further slack is allowed: any difference beyond them is a move the trace lacks or tells wrong.
 SCHEDSTAT_SLACK = 0
+
+#: Predictions from the kernel's domains (harmony.analysis.predictions), each checked with a
+#: tolerance reasoned here. A balance interval is counted in jiffies and runs from the timer
+#: softirq: a domain due at jiffy j balances in the softirq of the tick that sees it due, on an
+#: idle (tickless) CPU when the nohz balancer is kicked from a busy CPU's tick, a tick later at
+#: worst: 2 jiffies past the predicted period. (Under TCG a vCPU's tick may come late too: a run
+#: whose vCPUs waited is not evidence, VCPU_WAIT_MAX.)
+PREDICTION_SLACK_TICKS = 2
+#: ... a bound on the first check after a cut is an upper bound only; that the checks are not
+#: much more frequent than predicted is shown across runs: the first checks are uniform over the
+#: period P (the cut falls at a random time within it), so the largest of n runs' stays below
+#: P / 4 with probability (1/4)^n: 0.4 % at 4 runs. The per-level card marks a period whose
+#: runs all stay under this fraction of it as checked more often than predicted, from 4 runs.
+PREDICTION_SCALE_FRACTION = 0.25
+PREDICTION_SCALE_MIN_RUNS = 4
+#: Wake-ups in the LLC: select_idle_sibling searches the LLC of the waker's or the previous CPU
+#: and nothing else (fair.c, 6.1 and 6.12), so every wake-up move is in one of the two: no
+#: exception is tolerated. A move the trace gets wrong (its waker's CPU) would be a probe fault
+#: that the crosscheck and the causes' kernel counters report apart.
+WAKE_LLC_MIN_FRACTION = 1.0
+#: No level structure (sched_ext's default CPU selection): a policy blind to the machine's shape
+#: moves tasks between CPU pairs in proportion to their number, a locality index of 1 at every
+#: level. With m moves over k levels the share at a level with pair share s has a binomial
+#: spread sqrt(s (1 - s) / m); at m >= 40 and s >= 1/8 (the smallest share among the levels of
+#: the machines simulated here: 2-LLC and 2-node pairs of 8-64 CPUs) two standard deviations
+#: are under 0.5 x s (0.46 at s = 1/8, m = 40), so a blind policy's index stays in 0.5-2 (the
+#: upper end the same factor, reciprocally); the fair class's keeps moves in SMT and LLC pairs
+#: several times their share (the hierarchical reference policy: above 4) and under a tenth of
+#: the remote pairs' share. Fewer moves than LOCALITY_MIN_MOVES: not checked.
+LOCALITY_FLAT_MIN = 0.5
+LOCALITY_FLAT_MAX = 2.0
+LOCALITY_MIN_MOVES = 40
+#: NUMA imbalance: the nodes' task counts after the NUMA level balanced a release on one node
+#: are a count the rule decides exactly (harmony.analysis.predictions.numa_final_difference);
+#: a task moving in or out at the end of the averaging window makes the time-averaged counts
+#: round a task off: one task of slack.
+NUMA_TASKS_SLACK = 1
 
 ALL = {k: v for k, v in dict(globals()).items() if k.isupper()}

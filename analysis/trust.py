@@ -98,6 +98,17 @@ def words(notes: list[dict]) -> list[str]:
     return [word(n) for n in notes]
 
 
+#: kinds of note that say what a run is or how it was made, not that its measurement is in
+#: doubt: a screen may leave them to the full report (``harmony report -v``)
+DESCRIPTIVE = frozenset({"controller", "imported_from", "release_not_modelled", "causes_checked",
+                         "causes_unchecked", "sampler_slow"})
+
+
+def is_doubt(n: dict) -> bool:
+    """Whether the note ``n`` lessens trust in the run (every kind but :data:`DESCRIPTIVE`)."""
+    return n.get("kind") not in DESCRIPTIVE
+
+
 def count(n: int, noun: str) -> str:
     """'1 task', '3 tasks'."""
     return f"{n} {noun}{'' if n == 1 else 's'}"

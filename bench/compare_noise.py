@@ -61,7 +61,7 @@ def simulated(suites: int, policy: str, cpus: int, repeat: int, experiment: str 
         out = workdir / f"{policy}-{k}"
         what = ["--experiment", experiment] if experiment else ["--suite", "--quick"]
         subprocess.run([sys.executable, "-m", "harmony.cli", "simulate", "--policy", policy,
-                        "--cpus", str(cpus), *what, "--repeat", str(repeat),
+                        "--ncpus", str(cpus), *what, "--repeat", str(repeat),
                         "--seed", str(1000 * (k + 1)), "--out", str(out)],
                        check=True, capture_output=True, text=True)
         dirs.append(out)

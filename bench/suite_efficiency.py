@@ -1,7 +1,7 @@
 """Suite-efficiency benchmark: wall time of ``harmony suite --quick`` over the time it measures.
 
 Runs ``harmony suite --quick --probe PROBE --out DIR`` once per repetition (``--probe``: tracefs,
-the default, or perf), times it, then reads every run directory it wrote (every
+the default, perf or pyperf), times it, then reads every run directory it wrote (every
 ``manifest.json`` under DIR, companions included) and adds up their
 configured ``params.duration`` (and ``params.warm_s`` of a warm release: its tasks run as asked
 before t0): the seconds the suite is asked to run its tasks. Efficiency = wall time /
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=1, help="repetitions (default %(default)s)")
-    ap.add_argument("--probe", choices=("tracefs", "perf"), default="tracefs",
+    ap.add_argument("--probe", choices=("tracefs", "perf", "pyperf"), default="tracefs",
                     help="the probe the suite records with (default %(default)s)")
     ap.add_argument("--keep", type=Path, help="keep the suite's output under this directory")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")

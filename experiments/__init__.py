@@ -18,6 +18,7 @@ CATALOG = {
     "priority-classes": "harmony.experiments.priority_classes:PriorityClasses",
     "proportional": "harmony.experiments.proportional:Proportional",
     "server": "harmony.experiments.server:Server",
+    "spread": "harmony.experiments.spread:Spread",
 }
 
 

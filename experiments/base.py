@@ -12,7 +12,8 @@ compare`` read them all (:attr:`Experiment.declared`).
 
 Every experiment takes, besides its own, the parameters of :data:`COMMON`: the window, the
 tasks' scheduling class (``policy``, ``rt_priority``, ``dl_*``; one set per class of tasks in a
-two-class experiment, :func:`class_params`) and the release (``release``, ``warm_s``). The
+two-class experiment, :func:`class_params`), the release (``release``, ``warm_s``) and where on
+the machine it runs (``level``: :mod:`harmony.experiments.placement`). The
 catalog's release is *warm*, because the thesis's was: its controller created and bound its
 processes before t0 and released an imbalance "created instantly rather than slowly accrued"
 (6.1), and its run-queue timeline starts with the source's processes already queued there
@@ -31,7 +32,9 @@ from typing import Any, Callable
 
 from harmony.analysis.causes import CAUSES
 from harmony.analysis.cost import cost_summary
+from harmony.analysis.topology import counts_by_level, domains_of
 from harmony.core.errors import ParameterError
+from harmony.experiments.placement import check_placed, level_word
 from harmony.workload.tasks import POLICIES, RT_POLICIES, RT_PRIORITY_DEFAULT, class_problem
 
 
@@ -140,6 +143,10 @@ COMMON = (
     Param("warm_s", WARM_S, "float", "how long a warm release runs the tasks confined before t0 "
           "(PELT converges to within 1% in ~0.22 s; not named warmup_s, which intrinsic-imbalance "
           "and heavy-light use for their analysis windows after t0)", positive),
+    Param("level", "", "str", "where the target CPU sits relative to the source: smt, llc, "
+          "package, node or remote (SMT siblings, one LLC, one package, one node, two nodes), "
+          "resolved against the machine's topology into a CPU set of that pair; empty: the CPU "
+          "set as given (harmony.experiments.placement)", level_word),
 )
 
 
@@ -265,6 +272,28 @@ COST_SUMMARY = (
            none_when="no task was owed a share"),
     Metric("ideal_slowdown_max", "ratio", "largest ideal share / share of a task in a window",
            none_when="no task was owed a share, or one owed a share ran not at all in a window"),
+    Metric("migrations_by_level", "", "migrations in the window by the level of the machine "
+                                      "they crossed (the lowest scheduling domain of the "
+                                      "destination spanning the source: SMT, MC, PKG, NUMA...) "
+                                      "and cause: {level: {cause: count}} "
+                                      "(harmony.analysis.topology.counts_by_level)",
+           none_when="the run read no scheduling domains", kind="dict"),
+)
+
+
+#: what the run did at each level of the machine, in every experiment's summary besides its own
+#: keys (issue 45): its moves by the relation of their source and destination CPUs, and the
+#: fair class's design's predictions from the kernel's domains against what the run measured
+#: (:mod:`harmony.analysis.levels`, :mod:`harmony.analysis.predictions`); both empty for a run
+#: recorded without the machine's topology
+LEVEL_SUMMARY = (
+    Metric("moves_by_relation", "", "the measured window's moves by where their source and "
+           "destination sit: {relation (smt, llc, package, node, remote): {moves, per_s, "
+           "locality (their share of the moves over the share of the set's CPU pairs at that "
+           "relation; None without moves), causes: {cause: moves}}}", kind="dict"),
+    Metric("predictions", "", "the kernel's design's predictions checked on this run: {\"rows\": "
+           "[{check, level, domain, predicted, measured, holds (None: not checkable here), "
+           "tolerance, source}, ...]}", kind="dict"),
 )
 
 
@@ -272,9 +301,12 @@ def policy_cost(run) -> dict:
     """The :data:`COST_SUMMARY` values of a run (a :class:`harmony.store.Run`; its "wasted"
     table if the analysis handed it over, else made here from the events)."""
     m = run.manifest
-    return cost_summary(run.events, run.tasks, run.migrations, run.allocation, m["cpus"],
+    cost = cost_summary(run.events, run.tasks, run.migrations, run.allocation, m["cpus"],
                         m["t0_ns"], m["end_ns"], (m.get("sched") or {}).get("rt_share"),
                         wasted=run.held("wasted"))
+    levels = (counts_by_level(run.migrations, m["t0_ns"], m["end_ns"]) if domains_of(m)
+              and "level" in run.migrations.columns else None)
+    return {**cost, "migrations_by_level": levels}
 
 
 class Experiment:
@@ -329,6 +361,7 @@ class Experiment:
                         raise ValueError(f"parameter {name}={item}: {err}")
             values[name] = v
         class_defaults(values, self.class_roles)
+        check_placed(values.get("level") or "", cpus)
         self.validate(values, cpus)
         self.check_classes(values)
         return values
@@ -393,12 +426,15 @@ class Experiment:
     @property
     def declared(self) -> tuple[Metric, ...]:
         """Every key of a run's summary: the experiment's own (:attr:`summary`), then what the
-        policy cost (:data:`COST_SUMMARY`)."""
-        return self.summary + COST_SUMMARY
+        policy cost (:data:`COST_SUMMARY`) and what it did by level (:data:`LEVEL_SUMMARY`)."""
+        return self.summary + COST_SUMMARY + LEVEL_SUMMARY
 
     def summarise(self, run) -> dict:
-        """A run's summary: :meth:`analyse`'s keys, then :func:`policy_cost`'s."""
-        return {**self.analyse(run), **policy_cost(run)}
+        """A run's summary: :meth:`analyse`'s keys, then :func:`policy_cost`'s, then
+        :func:`harmony.analysis.predictions.level_summary`'s."""
+        from harmony.analysis.predictions import level_summary
+
+        return {**self.analyse(run), **policy_cost(run), **level_summary(run)}
 
     def summary_problems(self, summary: dict) -> list[str]:
         """How ``summary`` (what :meth:`summarise` returned) departs from :attr:`declared`: keys

@@ -1,4 +1,4 @@
-"""server: what the balancing policy does to a server's request latency (issue 27).
+"""server: what the balancing policy does to a server's request latency.
 
 A server-shaped workload of real processes talking over real AF_UNIX stream sockets and named
 pipes (:mod:`harmony.workload.serve`), every one of them a task of the run (spawned, held, released at t0
@@ -84,7 +84,7 @@ def _load(v):
 class Server(Experiment):
     name = "server"
     question = "What does the balancing policy do to a server's request latency?"
-    thesis = "beyond the thesis: issue 27 (SEDA, Flash, Gordon's stages)"
+    thesis = "beyond the thesis (SEDA, Flash, Gordon's stages)"
     not_simulated = ("its tasks serve requests over sockets; the reference policies simulate CPU "
                      "demand only")
     params = (

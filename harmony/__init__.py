@@ -1,7 +1,8 @@
 """Harmony: extract the actual CPU load-balancing policy of a running Linux scheduler by experiment.
 
-The library's entry points: :func:`load` (a run directory). Everything else is in the modules
-docs/architecture.md names.
+The library's entry point: ``harmony.load(path)`` opens a run, batch or suite directory
+(:func:`harmony.results.load`; ``help(harmony.load)`` lists what it returns and every table's
+columns). Everything else is in the modules docs/architecture.md names.
 """
 
 import os as _os
@@ -19,10 +20,16 @@ if not _os.path.isdir(_os.path.join(_here, "analysis")) and \
 from harmony.core.version import __version__  # noqa: E402,F401
 
 
-def load(run_dir, allow_incomplete: bool = False):
-    """Load a run directory, verified: see :func:`harmony.pipeline.load_checked`."""
-    # imported here: the fork server and the workers import harmony (harmony.core.osutil), and must not
-    # load pandas with it
-    from harmony.pipeline import load_checked as _load
+def __getattr__(name):
+    """``harmony.load``, imported on first use (:mod:`harmony.results`): the fork server and the
+    workers import harmony (harmony.core.osutil), and must not load the tables' declarations (nor
+    pandas) with it."""
+    if name == "load":
+        from harmony.results import load
 
-    return _load(run_dir, allow_incomplete=allow_incomplete)
+        return load
+    raise AttributeError(f"module 'harmony' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted({*globals(), "load"})

@@ -21,7 +21,8 @@ def rep_dir(out: Path, k: int) -> Path:
 
 
 def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner, seed: int = 0,
-              progress=None, draw_first: bool = True, resume: bool = False) -> list[Path]:
+              progress=None, draw_first: bool = True, resume: bool = False,
+              first: int = 1) -> list[Path]:
     """Capture ``repeat`` runs into ``out/rep-NN`` (seed, seed+1, ...). Returns the rep dirs.
 
     Analysis happens in the runner (maybe in the background): call :func:`finish_batch` once the
@@ -31,12 +32,15 @@ def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner
     ``resume``: a repetition already there is not captured again if it is complete (nor analysed)
     or captured (then only analysed); any other (interrupted, incomplete) is moved aside to
     ``rep-NN.incomplete-K`` -- kept, never deleted -- and captured anew.
+
+    ``first``: the repetitions before it were made before (a batch grown by
+    :mod:`harmony.decide`): only ``first``..``repeat`` are captured, batch.json lists them all.
     """
     out = Path(out)
     store.make_run_dir(out)
-    reps = []
+    reps = [rep_dir(out, k) for k in range(1, first)]
     seconds = float(params["duration"]) * (1 + len(exp.companions(params)))
-    for k in range(1, repeat + 1):
+    for k in range(first, repeat + 1):
         d = rep_dir(out, k)
         figures = draw_first and k == 1
         state = _rep_state(d) if resume else None
@@ -51,9 +55,10 @@ def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner
         if progress:
             progress.finished(seconds)
         reps.append(d)
-    store.write_json(out / "batch.json", {"experiment": exp.name, "params": params, "cpus": cpus,
-                                          "repeat": repeat, "reps": [d.name for d in reps],
-                                          "status": "captured"})
+    before = store.read_json(out / "batch.json") if first > 1 else {}
+    store.write_json(out / "batch.json", before | {
+        "experiment": exp.name, "params": params, "cpus": cpus, "repeat": repeat,
+        "reps": [d.name for d in reps], "status": "captured"})
     return reps
 
 
@@ -137,6 +142,14 @@ def batch_text(record: dict) -> str:
         lines.append(f"{a['metric']:34} {_g(a['median']):>10} {_g(a['iqr']):>10} {ci:>24}  {a['n']}")
     for f in record["failed"]:
         lines.append(f"not complete: {f['rep']}: {f['reason']}")
+    ud = record.get("until_decided")
+    if ud:
+        rounds = f"{ud['rounds']} round{'s' if ud['rounds'] != 1 else ''}"
+        planned = f"{ud['planned']} run{'s' if ud['planned'] != 1 else ''}"
+        lines += ["", f"until decided: {planned} planned, {ud['added']} added in "
+                      f"{rounds} (at most {ud['cap']})"]
+        lines += [f"  {qid}: {q['state']}, {q['label']} in {q['votes']} of {q['runs']} runs "
+                  "with a label" for qid, q in ud["questions"].items()]
     return "\n".join(lines)
 
 

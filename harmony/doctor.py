@@ -33,7 +33,7 @@ from harmony import hostfacts
 from harmony.core import jit, memory
 from harmony.core.osutil import format_cpulist, online_cpus
 from harmony.hostfacts import MISSING, OK, WARN, check
-from harmony.probes import PROBES, get_probe, proc_sched, sched_debug
+from harmony.probes import PROBES, domains, get_probe, proc_sched, sched_debug
 from harmony.probes.base import REQUIRED_TRACEPOINTS
 from harmony.probes.schema import SCHED_EVENTS
 from harmony.vm import kernels
@@ -49,6 +49,7 @@ CHECKS = (
     "sched_ext",
     "cpus",
     "topology",
+    "sched_domains",
     "isolation",
     "hz",
     "preemption",
@@ -62,6 +63,7 @@ CHECKS = (
     "sched_debug",
     "task_counters",
     "perf",
+    "pyperf",
     "trace_cmd",
     "decoder",
     "memory",
@@ -180,6 +182,22 @@ def check_topology() -> dict:
     if topo["smt_active"] is not None:
         detail += f"; SMT {'on' if topo['smt_active'] else 'off'}"
     return check(WARN if topo["notes"] else OK, detail, **topo)
+
+
+def check_sched_domains() -> dict:
+    """The kernel's scheduling domains (:func:`harmony.probes.domains.read`: debugfs, with
+    sched/verbose on for the read where the kernel needs it and back after, and
+    /proc/schedstat): each level's name, span and parameters; warn where they cannot be read
+    (the runs then carry no level per migration)."""
+    topo = domains.read()
+    lines = domains.describe(topo)
+    if not topo["domains"]:
+        why = "; ".join(topo["source"]["missing"]) or "no domains"
+        return check(WARN, f"not readable: {why}", lines=[], **topo)
+    detail = domains.summary_line(topo)
+    if topo["source"]["missing"]:
+        detail += f" (not read: {'; '.join(topo['source']['missing'])})"
+    return check(OK, detail, lines=lines, **topo)
 
 
 def check_isolation() -> dict:
@@ -449,6 +467,7 @@ def doctor(mount: bool = True, test_record: bool = True, probes: tuple[str, ...]
         facts["sched_tracepoints"] = facts["ftrace_print"] = tp_fp
     facts["trace_clocks"] = _guarded(check_clocks, tracefs)
     facts["sched_debug"] = _guarded(check_sched_debug, mount)
+    facts["sched_domains"] = _guarded(check_sched_domains)     # debugfs mounted by now
     facts["task_counters"] = _guarded(proc_sched.doctor_check)
     facts["preemption"] = _guarded(check_preemption, facts["sched_debug"].get("debugfs"),
                                    config, config_source)
@@ -516,6 +535,8 @@ def format_doctor(facts: dict) -> str:
     lines = [f"{'CHECK':<{w1}}  {'STATUS':<{w2}}  DETAIL"]
     lines += [f"{name:<{w1}}  {status:<{w2}}  {detail}".rstrip() for name, status, detail in rows]
     indent = " " * (w1 + w2 + 4)
+    for line in (facts.get("sched_domains") or {}).get("lines", []):
+        lines.append(f"{indent}  {line}")
     for reason in v.get("reasons", []):
         lines.append(f"{indent}- {reason}")
     if v.get("can_run"):

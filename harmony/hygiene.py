@@ -6,8 +6,10 @@ what a killed run could not clean: tracefs instances and perf recorders whose ow
 worker processes (comm ``hmy-*``) and fork servers orphaned to init, cpuset cgroups
 (``harmony-<pid>``) whose controller is gone, and the QEMU and virtme-ng processes of a virtual
 machine whose controller is gone (:func:`harmony.vm.machine.reclaim_stale`), a sched_ext scheduler
-under test whose controller is gone (:func:`harmony.vm.scx.reclaim_stale`), and the kernel's
-scheduler statistics a killed run turned on (:func:`harmony.probes.schedstat.reclaim_stale`).
+under test whose controller is gone (:func:`harmony.vm.scx.reclaim_stale`), the kernel's
+scheduler statistics a killed run turned on (:func:`harmony.probes.schedstat.reclaim_stale`), and
+the debugfs sched/verbose switch it turned on to read the domains
+(:func:`harmony.probes.domains.reclaim_stale`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 
 from harmony.core.errors import HostBusy  # noqa: F401  (raised here)
 from harmony.core.osutil import lock_dir, open_own_file
-from harmony.probes import PROBES, get_probe, schedstat
+from harmony.probes import PROBES, domains, get_probe, schedstat
 from harmony.vm import machine as vm
 from harmony.vm import scx
 from harmony.workload import cpuset
@@ -117,6 +119,7 @@ def reclaim_stale() -> list[str]:
     removed += vm.reclaim_stale()
     removed += scx.reclaim_stale()
     removed += schedstat.reclaim_stale()
+    removed += domains.reclaim_stale()
     for name in PROBES:
         try:
             removed += get_probe(name).reclaim_stale()

@@ -195,6 +195,10 @@ def load_checked(run_dir: Path, allow_incomplete: bool = False) -> store.Run:
     if "imported" in source:
         raise RunError(f"{run.path}: {what}: import {source['imported']} again (harmony import) "
                        "to rebuild them")
+    read_only = store.cannot_write(run.path)
+    if read_only:
+        raise RunError(f"{run.path}: {what}; they cannot be rebuilt where the run is "
+                       f"({read_only}): copy it somewhere writable")
     return analyse(run.path, figures=not run.manifest.get("figures_deferred"), rebuilt=problems)
 
 
@@ -252,7 +256,8 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
             writing.append(in_background(store.write_table, out, "events", cap.events))
         tables, wasted = derive_tables(cap, tasks, manifest["cpus"], window,
                                        manifest["params"]["window_s"],
-                                       rt_share=(manifest.get("sched") or {}).get("rt_share"))
+                                       rt_share=(manifest.get("sched") or {}).get("rt_share"),
+                                       domains=manifest.get("topology"))
         for name, df in tables.items():
             if name == "events" and early:
                 continue
@@ -328,10 +333,12 @@ def _cannot_read(out: Path, experiment, origin: Origin, exc: BaseException) -> R
 
 
 def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, window_s: float,
-                  rt_share: float | None = None) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
+                  rt_share: float | None = None, domains: dict | None = None
+                  ) -> tuple[dict[str, pd.DataFrame], pd.DataFrame]:
     """A capture's tables for ``tasks`` in the window: events, markers, migrations, runs,
     runqueue, allocation, shares (see :class:`harmony.store.Run`; ``rt_share``: RT throttling's
-    share of a CPU, for the fair shares of real-time tasks); and the policy's wasted CPU time
+    share of a CPU, for the fair shares of real-time tasks; ``domains``: the manifest's
+    topology, for the migrations' levels); and the policy's wasted CPU time
     (:func:`harmony.analysis.cost.df_wasted`, for the metrics; not stored).
 
     The tables made from the task records (migrations, run queue, wasted time) come first, then
@@ -342,7 +349,7 @@ def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, windo
     time; the events' Parquet written meanwhile takes the other CPU)."""
     t0, t_end = window.t0, window.end
     events = cap.events
-    migrations = reconstruct.df_migrations(events, tasks, t0)
+    migrations = reconstruct.df_migrations(events, tasks, t0, domains)
     runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
     wasted = df_wasted(events, tasks, cpus, t0, t_end)
     release_records()
@@ -385,7 +392,8 @@ def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, ori
     manifest["migration_causes"] = migration_causes(tables["migrations"], events, t0, t_end)
     if "kernel_schedstat" in manifest:      # a run recorded here or in a VM (not an import)
         manifest["schedstat_agreement"] = schedstat_agreement(
-            manifest["kernel_schedstat"], tables["migrations"], events, cpus)
+            manifest["kernel_schedstat"], tables["migrations"], events, cpus,
+            manifest.get("topology"))
     notes = (list(origin.notes) + [trust.note("recorder", text=t) for t in meta.get("notes", [])]
              + blind + [trust.note("controller", text=t)
                         for t in manifest.get("controller_notes", [])]
@@ -474,18 +482,22 @@ def crosscheck(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame,
     return trust.crosscheck_notes(result, a, name)
 
 
-def draw_figures(run: store.Run) -> list[str]:
-    """Draw a complete run's figures, record them in its manifest and rewrite report.md."""
+def draw_figures(run: store.Run, into: Path | None = None) -> list[str]:
+    """Draw a complete run's figures, record them in its manifest and rewrite report.md.
+    ``into``: draw them in ``into/figures/`` instead and leave the run as it is (a run that cannot
+    be written: ``harmony report --out``); then their paths are returned, and nothing recorded."""
+    if into is not None:
+        return [str(p) for p in _draw(run, Path(into) / "figures")]
     laps = Laps()
     paths = _draw(run)
     laps("figures")
     return _record_figures(run, paths, laps)
 
 
-def _draw(run: store.Run) -> list[Path]:
-    """Draw the run's figures into its figures/ directory; their paths."""
-    fig_dir = run.path / "figures"
-    fig_dir.mkdir(exist_ok=True)
+def _draw(run: store.Run, fig_dir: Path | None = None) -> list[Path]:
+    """Draw the run's figures into ``fig_dir`` (default: its figures/ directory); their paths."""
+    fig_dir = fig_dir or run.path / "figures"
+    fig_dir.mkdir(parents=True, exist_ok=True)
     experiment = get_experiment(run.manifest["experiment"])
     # matplotlib is loaded only to draw (~0.5 s), as the experiments' plot() do
     from harmony.analysis.plots import plot_causes
@@ -495,6 +507,10 @@ def _draw(run: store.Run) -> list[Path]:
     m = run.manifest
     drawn.append(plot_causes(run.migrations, m["measured_s"], m["params"].get("bin_s", 0.1),
                              fig_dir / "causes.png"))
+    if (m.get("topology") or {}).get("cpus"):   # the machine, where the run read its shape
+        from harmony.analysis.plots_topology import plot_machine
+
+        drawn.append(plot_machine(m, run.migrations, fig_dir / "machine.png"))
     return drawn
 
 

@@ -29,7 +29,7 @@ from harmony.core.memory import stop_prefault
 from harmony.core.timing import Laps
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
-from harmony.probes import ProbeError, get_probe, proc_sched, schedstat
+from harmony.probes import ProbeError, domains, get_probe, proc_sched, schedstat
 from harmony.probes.proc_sched import KERNEL_COUNTERS
 from harmony.probes.proc_stat import KERNEL_SAMPLES, KernelSampler
 from harmony.probes.sched_debug import KERNEL_NR_RUNNING
@@ -116,19 +116,21 @@ def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stde
     a terminal; returns early if ``stop`` is set."""
     start = time.monotonic() if start is None else start
     tty = stream.isatty()
-    while True:
-        left = seconds - (time.monotonic() - start)
-        if left <= 0 or stop.is_set():
-            break
+    try:
+        while True:
+            left = seconds - (time.monotonic() - start)
+            if left <= 0 or stop.is_set():
+                break
+            if tty:
+                done = seconds - left
+                bar = "#" * int(30 * done / seconds)
+                stream.write(f"\r{label} [{bar:<30}] {done:5.1f}/{seconds:.1f} s")
+                stream.flush()
+            stop.wait(min(0.2, left))
+    finally:    # also when Ctrl-C stops the wait: the error that follows gets a clean line
         if tty:
-            done = seconds - left
-            bar = "#" * int(30 * done / seconds)
-            stream.write(f"\r{label} [{bar:<30}] {done:5.1f}/{seconds:.1f} s")
+            stream.write("\r" + " " * (len(label) + 50) + "\r")
             stream.flush()
-        stop.wait(min(0.2, left))
-    if tty:
-        stream.write("\r" + " " * (len(label) + 50) + "\r")
-        stream.flush()
 
 
 def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: str = "tracefs",
@@ -159,92 +161,146 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     The manifest is written first with status "running"; it becomes "captured" only when the
     workload ran its full duration and the probe stopped cleanly, and "incomplete" (with the
     reason) on any error, Ctrl-C or SIGTERM. Every worker and every piece of kernel state is
-    removed before this returns or raises.
+    removed before this returns or raises. The phases are :class:`_Capture`'s methods.
     """
-    out = Path(out)
-    sink = tables if tables is not None else ParquetTables()
-    stored: dict = {}
-    params = {**params, **experiment.draw(params, cpus, seed)}  # recorded in the manifest
-    specs = experiment.tasks(params, cpus)
-    check_classes(specs, cpus, warm_s(params))  # what the host cannot give them: before anything
-    if scx is not None:
-        scx_mod.check_classes(s.policy for s in specs)
-        scx_mod.check_kernel()
-    # a refused run (HostBusy) leaves no trace, not even its directory
-    lock = None if lock_held else HostLock().acquire()
+    run = _Capture(experiment, {**params, **experiment.draw(params, cpus, seed)}, cpus, Path(out),
+                   probe_name, seed, crosscheck, pause, resume,
+                   tables if tables is not None else ParquetTables(), scx)
+    run.open(facts or {}, lock_held)
+    old_handlers = {s: signal.signal(s, _raise_interrupted)
+                    for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        made = not out.exists()
-        store.make_run_dir(out)
-        try:
-            # what a recording that fills the disk leaves room for: the manifest saying so
-            reserve = store.SpaceReserve(out)
-        except RunError:
-            if made:
-                out.rmdir()      # refused before anything started: nothing left behind
-            raise
-        manifest = new_manifest(experiment, params, cpus, probe_name, seed, facts or {},
-                                controller_pid=os.getpid(), sched_classes=sched_classes(specs))
-        store.write_json(out / "manifest.json", manifest)
-    except BaseException:
-        if lock:
-            lock.release()
+        run.start()
+        run.measure(quiet)
+        run.collect()
+        run.finish()
+    except BaseException as exc:
+        run.manifest["status"] = "incomplete"
+        run.manifest["incomplete_reason"] = reason(exc)
         raise
-    old_handlers = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGTERM, signal.SIGHUP)}
-    workload = sampler = probe = second = counters = scheduler = schedstats = None
-    raised: list[int] = []      # this process's threads at SCHED_FIFO while the run is measured
-    paused = False
-    laps = Laps()  # manifest["timings_s"]["capture"]: what the run spends besides its duration
-    try:
-        # a caller holding the lock swept stale state when it took it (KernelRunner): no sweep per run
-        manifest["reclaimed"] = reclaim_stale() if lock else []
+    finally:
+        run.close()
+        for s, h in old_handlers.items():
+            signal.signal(s, h)
+    return Captured(run.out, run.manifest, run.stored)
+
+
+class _Capture:
+    """The state of one :func:`capture` and its phases, in order: :meth:`open` (checks, the host
+    lock, the run directory and its manifest), :meth:`start` (the scheduler under test, the
+    workers, the probes and samplers), :meth:`measure` (the release and the window),
+    :meth:`collect` (what the kernel counted, what the run was), :meth:`finish` (everything
+    stopped, the side tables stored) and, whatever happened, :meth:`close` (nothing left)."""
+
+    def __init__(self, experiment, params: dict, cpus: list[int], out: Path, probe_name: str,
+                 seed: int, crosscheck: str | None, pause, resume, sink, scx):
+        self.experiment, self.params, self.cpus, self.out = experiment, params, cpus, out
+        self.probe_name, self.seed, self.crosscheck, self.scx = probe_name, seed, crosscheck, scx
+        self.pause, self.resume, self.sink = pause, resume, sink
+        self.stored: dict = {}
+        self.specs = experiment.tasks(params, cpus)
+        self.lock = self.reserve = self.manifest = None
+        self.workload = self.sampler = self.probe = self.second = None
+        self.counters = self.scheduler = self.schedstats = None
+        self.raised: list[int] = []  # this process's threads at SCHED_FIFO while it is measured
+        self.paused = False
+        self.laps = Laps()  # manifest["timings_s"]["capture"]: what it spends besides its duration
+
+    def open(self, facts: dict, lock_held: bool) -> None:
+        """What the host cannot give the tasks, checked before anything; then the host lock
+        (unless held), the run directory and its manifest ("running"). A refused run (HostBusy)
+        leaves no trace, not even its directory."""
+        check_classes(self.specs, self.cpus, warm_s(self.params))
+        if self.scx is not None:
+            scx_mod.check_classes(s.policy for s in self.specs)
+            scx_mod.check_kernel()
+        self.lock = None if lock_held else HostLock().acquire()
+        try:
+            made = not self.out.exists()
+            store.make_run_dir(self.out)
+            try:
+                # what a recording that fills the disk leaves room for: the manifest saying so
+                self.reserve = store.SpaceReserve(self.out)
+            except RunError:
+                if made:
+                    self.out.rmdir()      # refused before anything started: nothing left behind
+                raise
+            self.manifest = new_manifest(self.experiment, self.params, self.cpus,
+                                         self.probe_name, self.seed, facts,
+                                         controller_pid=os.getpid(),
+                                         sched_classes=sched_classes(self.specs))
+            store.write_json(self.out / "manifest.json", self.manifest)
+        except BaseException:
+            if self.lock:
+                self.lock.release()
+            raise
+
+    def start(self) -> None:
+        """The scheduler under test, the tasks' placement, the kernel's counting, the workers
+        (forked before any probe thread exists), the probes, the samplers."""
+        manifest, out, params = self.manifest, self.out, self.params
+        # a caller holding the lock swept stale state when it took it (KernelRunner): no sweep per
+        # run
+        manifest["reclaimed"] = reclaim_stale() if self.lock else []
         # a previous run's decode may still be faulting in memory at SCHED_IDLE: a runnable task
         # on the CPUs measured, and a thread at the fork below
         stop_prefault()
-        if scx is not None:   # first: the release reads whether a sched_ext scheduler is enabled
-            scheduler = (scx.for_run(out / scx_mod.LOG_NAME) if isinstance(scx, scx_mod.Kept)
-                         else scx_mod.Scheduler(scx, out / scx_mod.LOG_NAME))
-            scheduler.start()
-            manifest["reclaimed"] += scheduler.reclaimed
-            manifest["host"] = {**manifest["host"], "scheduler": scheduler.ops,
+        if self.scx is not None:   # first: the release reads whether sched_ext is enabled
+            self.scheduler = (self.scx.for_run(out / scx_mod.LOG_NAME)
+                              if isinstance(self.scx, scx_mod.Kept)
+                              else scx_mod.Scheduler(self.scx, out / scx_mod.LOG_NAME))
+            self.scheduler.start()
+            manifest["reclaimed"] += self.scheduler.reclaimed
+            manifest["host"] = {**manifest["host"], "scheduler": self.scheduler.ops,
                                 "sched_ext": "enabled"}
-            laps("scheduler")
+            self.laps("scheduler")
         # tasks that keep records of their own are told where, and what the run settles only
         # now (the server's measured capacity, under the scheduler under test) joins its params
-        specs, settled = experiment.place(specs, out, params, cpus)
+        self.specs, settled = self.experiment.place(self.specs, out, params, self.cpus)
         if settled:
             params.update(settled)
             manifest["params"] = {**manifest["params"], **settled}
             store.write_json(out / "manifest.json", manifest)
-            laps("place")   # a server's calibration: what the run settled as it started
+            self.laps("place")   # a server's calibration: what the run settled as it started
         # the kernel's own count of migrations by kind (/proc/schedstat, and the per-task ones
         # of /proc/<pid>/sched), turned on now if the kernel has it off: before the workers exist
-        schedstats = schedstat.Reads()
-        schedstats.begin()
-        workload = Workload(specs, cpus, seed=seed, warm_s=warm_s(params))
-        workload.spawn()  # before the probe's threads exist: fork with no threads running
-        stored["tasks"] = sink.put(out, "tasks", task_rows(specs, workload.pids))
-        laps("spawn")
-        probe = get_probe(probe_name)(out / "raw" / probe_name, cpus, params["duration"])
-        if crosscheck:
-            manifest["crosscheck_probe"] = crosscheck
-            second = get_probe(crosscheck)(out / "raw" / crosscheck, cpus, params["duration"])
-            second.start()  # first: a perf child is forked before tracefs starts its threads
-        probe.start()
-        laps("probe_start")
-        mark = probe.mark if second is None else _mark_both(probe, second)
+        self.schedstats = schedstat.Reads()
+        self.schedstats.begin()
+        # the machine's shape where the tasks run: CPUs and scheduling domains (debugfs, with
+        # sched/verbose on for the read where the kernel needs it, and /proc/schedstat)
+        manifest["topology"] = domains.read()
+        self.workload = Workload(self.specs, self.cpus, seed=self.seed, warm_s=warm_s(params))
+        self.workload.spawn()  # before the probe's threads exist: fork with no threads running
+        self.stored["tasks"] = self.sink.put(out, "tasks", task_rows(self.specs,
+                                                                     self.workload.pids))
+        self.laps("spawn")
+        self.probe = get_probe(self.probe_name)(out / "raw" / self.probe_name, self.cpus,
+                                                params["duration"])
+        if self.crosscheck:
+            manifest["crosscheck_probe"] = self.crosscheck
+            self.second = get_probe(self.crosscheck)(out / "raw" / self.crosscheck, self.cpus,
+                                                     params["duration"])
+            self.second.start()  # first: a perf child is forked before tracefs starts its threads
+        self.probe.start()
+        self.laps("probe_start")
         if params.get("sample_hz", 0) > 0:
-            sampler = KernelSampler(workload.pids, params["sample_hz"], cpus)
-            sampler.start()
+            self.sampler = KernelSampler(self.workload.pids, params["sample_hz"], self.cpus)
+            self.sampler.start()
         # each worker's own counters, read now and after the end: the trace must show the same
         ok, why = proc_sched.available()
         manifest["kernel_counters"] = {"read": ok, "why_not": why or None}
         if ok:
-            counters = proc_sched.CounterReads(workload.pids)
-            counters.take("start")
-        schedstats.take("start")
-        if pause:
-            pause()
-            paused = True
+            self.counters = proc_sched.CounterReads(self.workload.pids)
+            self.counters.take("start")
+        self.schedstats.take("start")
+
+    def measure(self, quiet: bool) -> None:
+        """The release at t0, the measured window, the end marker."""
+        workload, probe, second = self.workload, self.probe, self.second
+        mark = probe.mark if second is None else _mark_both(probe, second)
+        if self.pause:
+            self.pause()
+            self.paused = True
         # this thread stays SCHED_FIFO till the end marker, and the others are raised to it: they
         # sleep but for a few short steps, each of which would otherwise wait its turn among the
         # tasks (a CPU set with many more tasks than CPUs made the window 0.5 s longer than asked)
@@ -252,98 +308,106 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
         own = [int(t) for t in os.listdir("/proc/self/task")]
         # and the probes' own processes (perf record), which would otherwise wait their turn too
         own += [t for p in (probe, second) if p for t in p.helper_tids()]
-        raised = raise_threads([t for t in own if t != threading.get_native_id()],
-                               prio=workload.fifo_prio)
-        if sampler:
-            sampler.begin.set()
+        self.raised = raise_threads([t for t in own if t != threading.get_native_id()],
+                                    prio=workload.fifo_prio)
+        if self.sampler:
+            self.sampler.begin.set()
         # our own threads (probe drains or perf record, sampler), the release's occupiers and a
         # sched_ext scheduler's threads: their CPU time is reported apart from foreign load
-        manifest["controller_tids"] = sorted(own + workload.occupier_pids
-                                             + (scheduler.tids() if scheduler else []))
-        laps("release")
+        self.manifest["controller_tids"] = sorted(own + workload.occupier_pids + (
+            self.scheduler.tids() if self.scheduler else []))
+        self.laps("release")
         # the window is counted from t0, not from here: the steps since take time, the more so
         # on a CPU set with many tasks
-        _progress(f"{experiment.name}", params["duration"], threading.Event(),
+        _progress(f"{self.experiment.name}", self.params["duration"], threading.Event(),
                   stream=open(os.devnull, "w") if quiet else sys.stderr,
                   start=workload.t0_ns / 1e9)
         mark(MARK_END)
-        laps("measure")
-        ejected = scheduler.ejected() if scheduler else None
+        self.laps("measure")
+
+    def collect(self) -> None:
+        """The workers stopped where they are (SIGSTOP), what the kernel counted read, and what
+        makes the run no result raised: a sched_ext scheduler ejected, a worker dead."""
+        manifest, workload = self.manifest, self.workload
+        ejected = self.scheduler.ejected() if self.scheduler else None
         workload.freeze()
-        lower_threads(raised)
-        if counters:
-            counters.take("end")
-        schedstats.take("end")
-        manifest["kernel_schedstat"] = schedstats.facts()
+        lower_threads(self.raised)
+        if self.counters:
+            self.counters.take("end")
+        self.schedstats.take("end")
+        manifest["kernel_schedstat"] = self.schedstats.facts()
         manifest["work_done"] = workload.work_counts()
         manifest["workers_alive_at_end"] = len(workload.alive())
         if ejected:
-            raise scx_mod.ScxError(f"the sched_ext scheduler {scx.name} was ejected during the "
-                                   f"run: {ejected}")
+            raise scx_mod.ScxError(f"the sched_ext scheduler {self.scx.name} was ejected during "
+                                   f"the run: {ejected}")
         gone = workload.unexpected_exits()
         if gone:    # the workload the experiment describes did not run: not a result
             raise ControllerError(f"{len(gone)} worker(s) died during the run, not by the "
                                   f"experiment's design: {'; '.join(gone[:3])}")
         manifest["controller_notes"] = workload.notes
-        manifest["release_method"] = workload.release_method  # cpuset or affinity (harmony.workload.controller)
-        manifest["release_mode"] = workload.release_mode  # occupied, confined or warm (harmony.workload.controller)
+        manifest["release_method"] = workload.release_method  # cpuset or affinity (controller)
+        manifest["release_mode"] = workload.release_mode  # occupied, confined or warm (controller)
         manifest["sched"] = workload.sched  # RT / deadline bandwidth, controller priority, warm-up
+
+    def finish(self) -> None:
+        """Everything stopped in order, the side tables stored, the run "captured"."""
+        manifest, out, sink, sampler = self.manifest, self.out, self.sink, self.sampler
         if sampler:
             sampler.stopping.set()
             sampler.join()
-        workload.stop()
-        probe.stop()
-        manifest["probe_meta"] = probe.meta
-        if second:
-            second.stop()
-            manifest["crosscheck_meta"] = second.meta
-        if paused:
-            paused = False
-            resume()
-        laps("stop")
-        if counters:
-            stored["kernel_counters"] = sink.put(out, "kernel_counters", counters.rows)
-            manifest["kernel_counters"]["unreadable"] = counters.missing
+        self.workload.stop()
+        self.probe.stop()
+        manifest["probe_meta"] = self.probe.meta
+        if self.second:
+            self.second.stop()
+            manifest["crosscheck_meta"] = self.second.meta
+        if self.paused:
+            self.paused = False
+            self.resume()
+        self.laps("stop")
+        if self.counters:
+            self.stored["kernel_counters"] = sink.put(out, "kernel_counters", self.counters.rows)
+            manifest["kernel_counters"]["unreadable"] = self.counters.missing
         if sampler:
-            stored["kernel_samples"] = sink.put(out, "kernel_samples", sampler.rows)
+            self.stored["kernel_samples"] = sink.put(out, "kernel_samples", sampler.rows)
             manifest["kernel_nr_running"] = {"sampled": sampler.nr is not None,
                                              "why_not": sampler.nr_why_not or None,
                                              "errors": sampler.nr.errors if sampler.nr else []}
             if sampler.nr:
-                stored["kernel_nr_running"] = sink.put(out, "kernel_nr_running", sampler.nr.rows)
+                self.stored["kernel_nr_running"] = sink.put(out, "kernel_nr_running",
+                                                            sampler.nr.rows)
         manifest["status"] = "captured"
-        laps("write")
-        manifest["timings_s"] = {"capture": laps.steps}
-    except BaseException as exc:
-        manifest["status"] = "incomplete"
-        manifest["incomplete_reason"] = reason(exc)
-        raise
-    finally:
-        lower_threads(raised)
-        if sampler:
-            sampler.stopping.set()
-        if workload:
-            workload.stop()
-        if scheduler:
-            manifest["scx"] = scheduler.stop()
-        if schedstats:
-            schedstats.restore()
-        for p in (probe, second):
+        self.laps("write")
+        manifest["timings_s"] = {"capture": self.laps.steps}
+
+    def close(self) -> None:
+        """Whatever happened: nothing left running or changed (threads lowered, workers, the
+        scheduler, the kernel's counting, the probes, the analyser resumed, the lock), and the
+        manifest written as it ends."""
+        manifest = self.manifest
+        lower_threads(self.raised)
+        if self.sampler:
+            self.sampler.stopping.set()
+        if self.workload:
+            self.workload.stop()
+        if self.scheduler:
+            manifest["scx"] = self.scheduler.stop()
+        if self.schedstats:
+            self.schedstats.restore()
+        for p in (self.probe, self.second):
             if p:
                 try:
                     p.stop()
                 except ProbeError as exc:
                     manifest.setdefault("cleanup_errors", []).append(str(exc))
-        if paused:
-            resume()
-        if lock:
-            lock.release()
-        for s, h in old_handlers.items():
-            signal.signal(s, h)
+        if self.paused:
+            self.resume()
+        if self.lock:
+            self.lock.release()
         manifest["ended_at"] = now()
-        reserve.release()
-        store.write_json(out / "manifest.json", manifest)
-    return Captured(out, manifest, stored)
+        self.reserve.release()
+        store.write_json(self.out / "manifest.json", manifest)
 
 
 def _mark_both(primary, second):

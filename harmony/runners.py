@@ -42,8 +42,12 @@ from harmony.run import capture
 class SimRunner:
     """Runs under a reference policy (:mod:`harmony.analysis.refpolicy`); analysis in-process."""
 
-    def __init__(self, policy: str):
+    #: a run takes what the simulator needs, not its configured duration (Progress's estimate)
+    realtime = False
+
+    def __init__(self, policy: str, topology: dict | None = None):
         self.policy = get_policy(policy)
+        self.topology = topology    # the simulated machine (harmony.analysis.machines), or None
         self.name = f"simulated: {self.policy.name}"
         self.overlap = False
         self.analysis = "in line"
@@ -55,7 +59,8 @@ class SimRunner:
         return False
 
     def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
-        simulate.execute(self.policy, exp, params, cpus, out, seed, figures=figures)
+        simulate.execute(self.policy, exp, params, cpus, out, seed, figures=figures,
+                         topology=self.topology)
 
     def adopt(self, dirs: list[str], figures: bool = True) -> None:
         """Analyse captures already stored (a resumed suite), in order."""

@@ -13,7 +13,9 @@ from pathlib import Path
 import pandas as pd
 
 from harmony import pipeline, store
-from harmony.analysis.refpolicy import TICK_NS, Policy, Simulator, get_policy, refuse_classes
+from harmony.analysis.machines import flat_topology
+from harmony.analysis.refpolicy import TICK_NS, Policy, get_policy, refuse_classes
+from harmony.analysis.refpolicy_domains import simulator_for
 from harmony.core.errors import ParameterError
 from harmony.experiments import get_experiment
 from harmony.probes import Capture
@@ -24,19 +26,23 @@ PROBE = "synthetic"
 
 
 def capture(policy: Policy, exp, params: dict, cpus: list[int], out: Path,
-            seed: int = 0) -> tuple[Capture, pd.DataFrame, dict]:
+            seed: int = 0, topology: dict | None = None) -> tuple[Capture, pd.DataFrame, dict]:
     """Simulate one run of ``exp`` under ``policy`` and store it as a captured run in ``out``.
 
     Mirrors :func:`harmony.run.capture`: the experiment's random choices (``exp.draw``) are merged
     into the parameters first. Writes manifest.json (status "captured", probe "synthetic"),
     tasks.parquet and raw/synthetic/{events,markers}.parquet + meta.json. Returns the capture, the
-    tasks table and the manifest.
+    tasks table and the manifest. ``topology``: the machine (the contract's
+    ``manifest["topology"]``, :mod:`harmony.analysis.machines`) the CPU set is part of; without
+    one, a machine of one LLC as large as the set's highest CPU number + 1. The manifest records
+    it as a recorded run records the machine it ran on.
     """
     out = Path(out)
     store.make_run_dir(out)
     params = {**params, **exp.draw(params, cpus, seed)}
     specs = exp.tasks(params, cpus)
-    sim = Simulator(policy, specs, cpus, params["duration"], seed)
+    topology = topology or flat_topology(max(cpus) + 1)
+    sim = simulator_for(policy)(policy, specs, cpus, params["duration"], seed, topology)
     events, markers = sim.run()
     raw = out / "raw" / PROBE
     raw.mkdir(parents=True, exist_ok=True)
@@ -53,8 +59,9 @@ def capture(policy: Policy, exp, params: dict, cpus: list[int], out: Path,
         exp, params, cpus, PROBE, seed, status="captured",
         host={"kernel": "simulated", "scheduler": f"reference policy {policy.name}",
               "ncpus": len(cpus), "hz": 1000},
-        simulated={"policy": policy.name, "summary": policy.summary, "tick_ms": TICK_NS / 1e6},
-        sched_classes=sched_classes(specs),
+        simulated={"policy": policy.name, "summary": policy.summary, "tick_ms": TICK_NS / 1e6,
+                   "drawn": sim.p.name},
+        sched_classes=sched_classes(specs), topology=topology,
         workers_alive_at_end=sum(t.state != "X" for t in sim.tasks),
         work_done=[0] * len(specs))
     manifest["ended_at"] = manifest["started_at"]
@@ -63,13 +70,14 @@ def capture(policy: Policy, exp, params: dict, cpus: list[int], out: Path,
 
 
 def execute(policy: Policy, exp, params: dict, cpus: list[int], out: Path, seed: int = 0,
-            figures: bool = True) -> store.Run:
-    """Simulate then analyse one run, companions first (as :func:`harmony.run.execute` does)."""
+            figures: bool = True, topology: dict | None = None) -> store.Run:
+    """Simulate then analyse one run, companions first (as :func:`harmony.run.execute` does),
+    on the machine ``topology`` (see :func:`capture`)."""
     for name, overrides in exp.companions(params).items():
         companion_params = exp.resolve({**params, **overrides}, cpus)
         _analyse(Path(out) / name, *capture(policy, exp, companion_params, cpus, Path(out) / name,
-                                            seed), figures)
-    return _analyse(Path(out), *capture(policy, exp, params, cpus, out, seed), figures)
+                                            seed, topology), figures)
+    return _analyse(Path(out), *capture(policy, exp, params, cpus, out, seed, topology), figures)
 
 
 def _analyse(out: Path, cap: Capture, tasks, manifest: dict, figures: bool) -> store.Run:

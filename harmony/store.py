@@ -31,14 +31,16 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harmony.core.errors import RunError  # noqa: F401  (raised here)
+from harmony.core.errors import IncompleteRun, RunError  # noqa: F401  (raised here)
 from harmony.core.osutil import FILE_MODE, atomic_write, open_own_file, own_dir  # noqa: F401
 
 if TYPE_CHECKING:
     import pandas as pd
 
+#: the tables a run directory can hold, each read as ``run.<name>`` (the declarations of their
+#: columns: :func:`harmony.results.declarations`)
 TABLES = ("tasks", "migrations", "runs", "runqueue", "allocation", "shares", "kernel_samples",
-          "kernel_counters", "markers", "events", "requests")
+          "kernel_counters", "kernel_nr_running", "markers", "events", "requests")
 
 
 def make_run_dir(path: Path) -> Path:
@@ -252,9 +254,12 @@ class Run:
     events       the canonical decoded events (harmony.probes.schema)
     requests     a server run's requests (harmony.analysis.tables.REQUESTS; experiment server)
 
-    ``table("kernel_nr_running")`` reads the kernel's own per-CPU counts, where the run sampled
-    them (harmony.probes.sched_debug.KERNEL_NR_RUNNING). ``t`` columns are seconds since t0;
-    ``ts``, ``start``, ``end`` are ns on the trace clock.
+    kernel_nr_running  the kernel's own per-CPU counts, where the run sampled them
+                 (harmony.probes.sched_debug.KERNEL_NR_RUNNING)
+
+    ``table_names`` lists the tables this run holds (``dir(run)`` shows them too), ``table(name)``
+    reads one. ``t`` columns are seconds since t0; ``ts``, ``start``, ``end`` are ns on the
+    trace clock. ``help(harmony.load)`` lists every table's columns.
     """
 
     def __init__(self, path: Path, manifest: dict):
@@ -300,10 +305,22 @@ class Run:
         """
         return open_run(self.path / name)
 
+    @property
+    def table_names(self) -> list[str]:
+        """The tables this run holds: those its manifest lists, else (an older run, or one not
+        analysed) those whose files are there."""
+        listed = self.manifest.get("tables")
+        if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
+            return list(listed)
+        return [t for t in TABLES if (self.path / f"{t}.parquet").is_file()]
+
     def __getattr__(self, name):
         if name in TABLES:
             return self.table(name)
-        raise AttributeError(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __dir__(self):
+        return sorted({*super().__dir__(), *self.table_names})
 
     def __repr__(self):
         m = self.manifest
@@ -355,16 +372,71 @@ def table_problems(path: Path, names) -> dict[str, str]:
 def open_run(run_dir, allow_incomplete: bool = False) -> Run:
     """Open a run directory written by ``harmony run``.
 
-    Raises RunError (naming the path) if it is not a run, or if the run is not complete and
-    ``allow_incomplete`` is false: an interrupted run is never analysed as if it were whole.
+    Raises RunError (naming the path) if it is not a run, or IncompleteRun if the run is not
+    complete and ``allow_incomplete`` is false: an interrupted run is never analysed as if it were
+    whole.
     """
     path = Path(run_dir)
     if not path.is_dir():
-        raise RunError(f"{path}: no such run directory")
+        raise missing_dir(path)
+    if not (path / "manifest.json").exists():
+        raise no_results(path)
     manifest = read_json(path / "manifest.json")
     if manifest.get("status") != "complete" and not allow_incomplete:
-        raise RunError(f"{path}: {why_incomplete(manifest)}")
+        raise IncompleteRun(f"{path}: {why_incomplete(manifest)}", path, manifest.get("status"))
     return Run(path, manifest)
+
+
+def cannot_write(directory) -> str | None:
+    """Why nothing can be written in ``directory`` (the error, e.g. "Read-only file system"), or
+    None if something can: a real write, since root passes permission checks that a read-only
+    mount does not."""
+    try:
+        tempfile.TemporaryDirectory(dir=directory, prefix=".harmony-check-").cleanup()
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
+#: the files that make a directory a run, a batch or a suite
+RESULT_FILES = {"manifest.json": "run", "batch.json": "batch", "suite.json": "suite"}
+
+
+def missing_dir(path) -> RunError:
+    """The error of a run, batch or suite directory that is not there (or not a directory): one
+    wording for every command and for :func:`harmony.load`."""
+    path = Path(path)
+    return RunError(f"{path}: not a directory" if path.exists() else f"{path}: no such directory")
+
+
+def no_results(path) -> RunError:
+    """The error of a directory that holds no run, batch or suite: one wording everywhere."""
+    return RunError(f"{path}: not a run, batch or suite directory (no "
+                    f"{', '.join(RESULT_FILES)} in it)")
+
+
+def no_complete_run(where, skipped: list) -> RunError:
+    """The error of a directory (``where``) under which no complete run can be used, ``skipped``
+    the (run directory, why) of those found: the first one's reason, never hidden."""
+    if not skipped:
+        return no_results(where)
+    path, why = skipped[0]
+    if len(skipped) == 1 and Path(path) == Path(where):
+        return RunError(f"{path}: {why}")
+    return RunError(f"{where}: no complete run ({len(skipped)} not used; the first, {path}: "
+                    f"{why})")
+
+
+def results_kind(path) -> str:
+    """"run", "batch" or "suite": what the directory ``path`` holds (by the file that says so);
+    RunError (:func:`missing_dir`, :func:`no_results`) if it is none."""
+    path = Path(path)
+    if not path.is_dir():
+        raise missing_dir(path)
+    for name, kind in RESULT_FILES.items():
+        if (path / name).is_file():
+            return kind
+    raise no_results(path)
 
 
 def why_incomplete(manifest: dict) -> str:

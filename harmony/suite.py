@@ -66,6 +66,8 @@ class Config:
     label: str  # directory name: experiment[-param=value]
     params: dict | None = None  # resolved for the CPU set (filled by plan())
     note: str | None = None  # why an override was dropped, if one was
+    #: the configuration's own CPU set (a pair placed at a level), or None: the suite's
+    cpus: list | None = None
 
     @property
     def configured_s(self) -> float:
@@ -90,13 +92,99 @@ def not_simulated(names) -> dict[str, str]:
 
 
 def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
-         experiments: list[str] | None = None, simulated: bool = False) -> list[Config]:
+         experiments: list[str] | None = None, simulated: bool = False,
+         topology: dict | None = None) -> list[Config]:
     """The suite's configurations for this CPU set; ``simulated`` (the reference policies'
-    simulator) leaves out the experiments it cannot run (:func:`not_simulated`). Raises
+    simulator) leaves out the experiments it cannot run (:func:`not_simulated`). On a machine
+    whose ``topology`` (the contract's) gives the set more than one level, the questions that
+    depend on distance are asked again at each level present (:func:`level_plan`). Raises
     ValueError for an unknown experiment."""
+    out = _plan(cpus, quick, repeat, experiments, simulated)
+    if topology and (topology.get("cpus") or {}):
+        out += level_plan(cpus, topology, quick, repeat, experiments)
+    return out
+
+
+#: the questions that depend on where the source and target sit (issue 45), asked at each level
+#: present: (experiment, overrides, label suffix). how-many with 8 tasks against 7 is the
+#: imbalance_pct check (114 %: above SMT's 110, below the 117 of the other levels)
+LEVEL_CONFIGS = (
+    ("time-to-resolve", {}, ""),
+    ("detection", {}, ""),
+    ("how-many", {}, ""),
+    ("how-many", {"base": 7, "x": 1}, "-imbalance"),
+    ("work-conservation", {}, ""),
+)
+#: the spread's task counts: one task per core (cores before siblings) and two (the NUMA
+#: level's allowance: a small imbalance stays on one node)
+SPREAD_TASKS = (lambda P: max(2, P // 2), lambda P: 2)
+
+
+def level_plan(cpus: list[int], topology: dict, quick: bool = False, repeat: int | None = None,
+               experiments: list[str] | None = None) -> list[Config]:
+    """The per-level configurations of a suite on a machine: each of :data:`LEVEL_CONFIGS` on
+    the pair of CPUs of each level present in ``cpus`` (:mod:`harmony.experiments.placement`;
+    none when the set has one level: its own runs answer there),
+    its detection window long enough for the level's slowest predicted check
+    (:func:`detection_window`), and the spread experiment on the whole set."""
+    from harmony.experiments import get_experiment
+    from harmony.experiments.placement import levels_present, placed_cpus
+
+    mode = "quick" if quick else "full"
+    wanted = set(experiments) if experiments is not None else None
+    out = []
+    levels = levels_present(cpus, topology)
+    for level in levels if len(levels) > 1 else ():   # one level: the whole set's runs say it
+        pair = placed_cpus(level, cpus, topology)
+        for name, extra, suffix in LEVEL_CONFIGS:
+            if wanted is not None and name not in wanted:
+                continue
+            exp = get_experiment(name)
+            base = {k: v for k, v in QUICK.get(name, {}).items() if _has(exp, k)} if quick else {}
+            if name == "detection":
+                base |= detection_window(topology, pair, quick)
+            overrides = {**base, **extra, "level": level}
+            n = repeat if repeat is not None else REPEATS[mode] + EXTRA_REPEATS.get(name, 0)
+            cfg = Config(name, overrides, n, f"{name}{suffix}-level={level}", cpus=pair)
+            cfg.params = exp.resolve(overrides, pair)
+            cfg.companions = len(exp.companions(cfg.params))
+            out.append(cfg)
+    if wanted is None or "spread" in wanted:
+        exp = get_experiment("spread")
+        nodes = {v.get("node") for v in topology["cpus"].values()}
+        counts = sorted({f(len(cpus)) for f in (SPREAD_TASKS if len(nodes) > 1
+                                                 else SPREAD_TASKS[:1])}, reverse=True)
+        for n_tasks in counts:
+            overrides = {"ntasks": n_tasks} | ({"duration": 2.0} if quick else {})
+            n = repeat if repeat is not None else REPEATS[mode]
+            cfg = Config("spread", overrides, n, f"spread-ntasks={n_tasks}")
+            cfg.params = exp.resolve(overrides, cpus)
+            out.append(cfg)
+    return out
+
+
+def detection_window(topology: dict, pair: list[int], quick: bool) -> dict:
+    """Detection's cut window and duration for a pair: the run lasts past the latest cut by
+    twice the slowest check the kernel's parameters allow at the pair's level (busy_factor x
+    max_interval ms), at least the plan's own."""
+    from harmony.analysis.topology import migration_level
+
+    index, _ = migration_level(pair[-1], pair[0], topology)
+    doms = {int(d["index"]): d for d in (topology.get("domains") or {}).get(str(pair[-1]), ())}
+    d = doms.get(index) if index is not None else None
+    slowest = ((d.get("busy_factor") or 16) * (d.get("max_interval") or 0) / 1000) if d else 0.0
+    window = dict(QUICK["detection"]) if quick else {"duration": 4.0, "cut_from_s": 1.0,
+                                                      "cut_to_s": 2.0}
+    window["duration"] = max(window["duration"], window["cut_to_s"] + 2 * slowest + 0.5)
+    return window
+
+
+def _plan(cpus: list[int], quick: bool, repeat: int | None, experiments: list[str] | None,
+          simulated: bool) -> list[Config]:
     from harmony.experiments import CATALOG, get_experiment
 
-    names = list(CATALOG) if experiments is None else experiments
+    names = [n for n in (list(CATALOG) if experiments is None else experiments)
+             if n != "spread"]           # a question of the machine's levels: level_plan
     if simulated:
         gone = not_simulated(names)
         names = [n for n in names if n not in gone]
@@ -135,43 +223,52 @@ def plan(cpus: list[int], quick: bool = False, repeat: int | None = None,
 class Progress:
     """One status line per run on a terminal (rewritten in place), plain lines otherwise.
 
-    A runner that makes its captures later than it is given them (a VM's, at its boot) is handed
-    this object and numbers the runs as they happen (:meth:`expect`, :meth:`booted`): then, once
-    the first runs are done, the line says when the rest will be (the seconds each configured
-    second has taken since the boot, times those left)."""
+    The time left is measured, not assumed: once a run has finished, the wall time per second of
+    configured runs so far times the configured seconds left (analysis and set-up included).
+    Before that, a run of real time (``realtime``: a capture lasts its configured duration)
+    says the configured seconds left, the least it can take; a simulation, whose runs take
+    whatever the simulator needs, says nothing yet.
 
-    def __init__(self, total_runs: int, total_s: float, stream=sys.stderr, quiet: bool = False):
+    A runner that makes its captures later than it is given them (a VM's, at its boot) is handed
+    this object and numbers the runs as they happen (:meth:`expect`, :meth:`booted`): the time
+    left is then measured from the boot's end, not from the start."""
+
+    def __init__(self, total_runs: int, total_s: float, stream=sys.stderr, quiet: bool = False,
+                 realtime: bool = True):
         self.total_runs, self.total_s = total_runs, total_s
         self.done_runs, self.done_s = 0, 0.0
-        self.stream, self.quiet = stream, quiet
+        self.stream, self.quiet, self.realtime = stream, quiet, realtime
         self.start = time.monotonic()
         self.tty = stream.isatty()
         self.t_booted: float | None = None
+        self.s_booted = 0.0         # configured seconds done when the VM booted
 
     def expect(self, runs: int, seconds: float) -> None:
-        """The runs (and configured seconds) still to come, counted anew: a runner's captures,
-        companions included, when it makes them."""
-        self.total_runs, self.total_s, self.done_runs, self.done_s = runs, seconds, 0, 0.0
+        """The runs (and configured seconds) still to come, after those done: a runner's
+        captures, companions included, when it makes them (one numbering across its flushes)."""
+        self.total_runs, self.total_s = self.done_runs + runs, self.done_s + seconds
 
     def booted(self) -> None:
         """The runs begin now (a VM's boot is over): the estimate counts from here."""
-        self.t_booted = time.monotonic()
+        self.t_booted, self.s_booted = time.monotonic(), self.done_s
 
-    def left(self) -> str:
-        """What is left: an estimate once runs are done since the boot, else the configured
-        seconds."""
-        left = max(0.0, self.total_s - self.done_s)
-        if self.t_booted is not None and self.done_s > 0:
-            rate = (time.monotonic() - self.t_booted) / self.done_s
-            return f"ETA ~{rate * left:4.0f} s"
-        return f"~{left:4.0f} s of runs left"
+    def left(self, elapsed: float, done_s: float | None = None) -> str:
+        """The time left, in words ("" when it cannot be said yet): ``elapsed`` seconds took
+        ``done_s`` configured ones (default: all done so far)."""
+        rest = max(0.0, self.total_s - self.done_s)
+        done_s = self.done_s if done_s is None else done_s
+        if done_s > 0:
+            return f", ~{elapsed / done_s * rest:.0f} s left"
+        return f", at least {rest:.0f} s left" if self.realtime else ""
 
     def show(self, what: str):
         if self.quiet:
             return
         el = time.monotonic() - self.start
-        line = (f"[{self.done_runs + 1}/{self.total_runs}] {what:<48} elapsed {el:5.0f} s, "
-                f"{self.left()}")
+        left = (self.left(el) if self.t_booted is None else
+                self.left(time.monotonic() - self.t_booted, self.done_s - self.s_booted))
+        line = (f"[{self.done_runs + 1}/{self.total_runs}] {what:<48} elapsed {el:5.0f} s"
+                + left)
         if self.tty:
             self.stream.write("\r" + line[:118].ljust(118))
         else:
@@ -204,15 +301,17 @@ class Progress:
 
 def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, facts: dict | None = None,
               seed: int = 0, quiet: bool = False, card_note: str | None = None,
-              resume: bool = False) -> dict:
+              resume: bool = False, until_decided: int | None = None) -> dict:
     """Run every configuration with ``runner`` (see :mod:`harmony.runners`) and write the report.
 
     ``runner.capture(exp, params, cpus, out, seed)`` records one run (real or simulated) and
     ``runner.analyse(out)`` analyses it. Returns the suite record (also written as suite.json).
     ``resume``: ``out`` holds a suite that was interrupted (:func:`resume_plan` gives its
     configurations): its complete runs are kept as they are, captured ones only analysed.
+    ``until_decided``: after the planned runs, configurations whose questions are undecided get
+    more runs, up to this many each (:mod:`harmony.decide`).
     """
-    from harmony import batch
+    from harmony import batch, decide
     from harmony.experiments import get_experiment
 
     out = Path(out)
@@ -222,13 +321,15 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     record = {"cpus": cpus, "quick": None, "configs": [dataclasses.asdict(c) for c in configs],
               "configured_s": configured, "runner": runner.name, "host": facts or {},
               "card_note": card_note,     # `harmony report SUITE` writes the report with it again
-              "seed": seed, "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+              "seed": seed, "status": "running", "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "until_decided": {"max_repeat": until_decided} if until_decided else None}
     if resume:
         before = store.read_json(out / "suite.json")
         record["started_at"] = before.get("started_at")
         record["resumed_at"] = before.get("resumed_at", []) + [time.strftime("%Y-%m-%dT%H:%M:%S%z")]
     store.write_json(out / "suite.json", record)
-    progress = Progress(total_runs, configured, quiet=quiet)
+    progress = Progress(total_runs, configured, quiet=quiet,
+                        realtime=getattr(runner, "realtime", True))
     # the report's modules (matplotlib: ~0.5 s) are imported while the analysis runs after the
     # captures, in CPU time it leaves idle, rather than before the first capture
     if hasattr(runner, "while_analysing"):
@@ -240,21 +341,31 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     if later:
         runner.progress = progress
     t_start = time.monotonic()
-    failures, batches = [], []
+    failures, batches, drained, grown = [], [], [], []
     try:
         with runner:
             for cfg in configs:
                 exp = get_experiment(cfg.experiment)
                 try:
-                    batch.run_batch(exp, cfg.params, cpus, out / cfg.label, cfg.repeat, runner,
-                                    seed=seed, progress=None if later else progress,
+                    batch.run_batch(exp, cfg.params, cfg.cpus or cpus, out / cfg.label,
+                                    cfg.repeat, runner, seed=seed,
+                                    progress=None if later else progress,
                                     draw_first=False, resume=resume)
+                    grown.append(decide.Batch(exp, cfg.params, out / cfg.label, cfg.repeat,
+                                              cpus=cfg.cpus))
                 except (store.RunError, RuntimeError, ValueError) as exc:
                     failures.append({"config": cfg.label, "error": str(exc)})
                 batches.append(out / cfg.label)
             if later:
                 progress.expect(*runner.to_make())
             runner.flush()          # a VM runner boots here, once, for every capture planned
+            if until_decided:       # each round: its captures flushed, analysed, cards read
+                progress.phase("analysing the planned runs, then runs until decided")
+                drained = runner.drain()
+                drained += decide.until_decided(grown, cpus, runner, until_decided, seed=seed,
+                                                progress=progress, resume=resume)
+                total_runs = sum(b.runs for b in grown) + sum(
+                    c.repeat for c in configs if all(b.label != c.label for b in grown))
             t_captured = time.monotonic() - t_start
             if runner.analysis != "in line":
                 progress.phase(f"analysing {total_runs} runs ({runner.analysis})")
@@ -263,7 +374,8 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
         for b in batches:
             if (b / "batch.json").exists():
                 batch.finish_batch(b, figures=False)
-        failures += [r for r in getattr(runner, "results", []) if r["status"] != "ok"]
+        analysed = {r["path"]: r for r in drained + getattr(runner, "results", [])}
+        failures += [r for r in analysed.values() if r["status"] != "ok"]
     finally:
         progress.close()
     wall = time.monotonic() - t_start
@@ -271,6 +383,7 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
                "captured_s": t_captured, "analysed_s": t_analysed, "wall_s": wall,
                "efficiency": wall / configured if configured else None, "runs": total_runs,
                "analysis": runner.analysis,
+               "until_decided": _until_decided_record(until_decided, grown),
                # a kernel under test in a VM: the guest's facts (kernel, scheduler, CPUs)
                "under_test": getattr(runner, "system", None),
                "analysis_overlapped": bool(getattr(runner, "overlap", False))}
@@ -283,6 +396,16 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
     record["wall_with_report_s"] = time.monotonic() - t_start
     store.write_json(out / "suite.json", record)
     return record
+
+
+def _until_decided_record(cap: int | None, grown: list) -> dict | None:
+    """suite.json's summary of the runs added until decided (None when not asked): the cap, the
+    runs added and the rounds, and per configuration its batch.json's record."""
+    if not cap:
+        return None
+    per = {b.label: store.read_json(b.out / "batch.json").get("until_decided") for b in grown}
+    return {"max_repeat": cap, "added_runs": sum(b.runs - b.planned for b in grown),
+            "rounds": max((b.rounds for b in grown), default=0), "configs": per}
 
 
 def scheduler_of_runs(out: Path) -> str | None:
@@ -316,16 +439,20 @@ def _import_report():
 
 
 def simulate_suite(policy: str, ncpus: int, out: Path, quick: bool = True, repeat: int | None = None,
-                   experiments: list[str] | None = None, seed: int = 0, quiet: bool = True) -> dict:
-    """The suite under a reference policy on ``ncpus`` simulated CPUs (no kernel, no root)."""
+                   experiments: list[str] | None = None, seed: int = 0, quiet: bool = True,
+                   topology: dict | None = None) -> dict:
+    """The suite under a reference policy on ``ncpus`` simulated CPUs (no kernel, no root), on
+    the machine ``topology`` (:mod:`harmony.analysis.machines`; its CPUs, then) when given,
+    with the questions of distance at each of its levels (:func:`level_plan`)."""
     from harmony.runners import SimRunner
 
-    cpus = list(range(ncpus))
-    configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments, simulated=True)
-    runner = SimRunner(policy)
+    cpus = list(range(len(topology["cpus"]) if topology else ncpus))
+    configs = plan(cpus, quick=quick, repeat=repeat, experiments=experiments, simulated=True,
+                   topology=topology)
+    runner = SimRunner(policy, topology)
     return run_suite(configs, cpus, out, runner, facts={"kernel": "simulated",
                                                         "scheduler": f"reference policy {policy}",
-                                                        "ncpus": ncpus},
+                                                        "ncpus": len(cpus)},
                      seed=seed, quiet=quiet)
 
 

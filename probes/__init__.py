@@ -8,12 +8,13 @@ from harmony.probes.base import Capture, Probe, ProbeError, TraceCorrupt
 PROBES = {
     "tracefs": "harmony.probes.tracefs:TracefsProbe",
     "perf": "harmony.probes.perf:PerfProbe",
+    "pyperf": "harmony.probes.pyperf:PyperfProbe",     # perf_event through python-perf
     "synthetic": "harmony.probes.synthetic:SyntheticProbe",  # replays `harmony simulate` runs
 }
 
 
 def get_probe(name: str) -> type[Probe]:
-    """Return the probe class registered under ``name`` (``tracefs`` or ``perf``)."""
+    """Return the probe class registered under ``name`` (``tracefs``, ``perf``, ``pyperf``)."""
     import importlib
 
     try:

@@ -864,6 +864,12 @@ def _stop_pid(pid: int, starttime: int | None) -> bool:
     return True
 
 
+def read_markers(path: Path) -> pd.DataFrame:
+    """The markers of a ``markers.jsonl`` that mark() wrote (an empty table if there is none);
+    TraceCorrupt naming a line that is not a marker record."""
+    return _read_markers(path)
+
+
 def _read_markers(path: Path) -> pd.DataFrame:
     if not path.exists():
         return make_markers()
@@ -884,4 +890,5 @@ def _read_markers(path: Path) -> pd.DataFrame:
     return df.sort_values("ts", kind="stable", ignore_index=True)
 
 
-__all__ = ["PerfProbe", "mmap_pages_for", "PERF_EVENTS", "CLOCK_ID", "CLOCK_NAME"]
+__all__ = ["PerfProbe", "mmap_pages_for", "read_markers", "PERF_EVENTS", "CLOCK_ID",
+           "CLOCK_NAME"]

@@ -20,6 +20,12 @@ busy, newidle; 8 counters each), 16 (6.11 on: busy, idle, newidle) and 17 (6.15 
 name before its CPU mask, 11 counters per idle type, ``lb_imbalance`` split in four). The
 counters count every task on the machine, not only a run's: :mod:`harmony.analysis.counters`
 compares them knowing that; the per-task ones of /proc/<pid>/sched are exact for a run's tasks.
+
+Each domain line is kept too (:func:`parse`'s ``domains``): its index (0 the lowest), its CPU
+mask (the domain's span, printed by the kernel as a hexadecimal bitmap), its name (version 17
+only) and its counters, so that the moves can be compared level by level
+(:mod:`harmony.analysis.topology`) and the machine's domains read where debugfs cannot
+(:mod:`harmony.probes.domains`).
 """
 
 from __future__ import annotations
@@ -45,17 +51,61 @@ _TAIL = ("alb_count", "alb_failed", "alb_pushed", "sbe_count", "sbe_balanced", "
 #: the counters kept, summed over a CPU's domains
 COUNTERS = ("lb_gained_busy", "lb_gained_idle", "lb_gained_newidle", "alb_pushed",
             "ttwu_move_affine")
+#: the counters kept per domain: those, and the balance attempts of each idle type (lb_count:
+#: the first of a type's counters, lb_failed its third in every version) and the active ones
+DOMAIN_COUNTERS = (*COUNTERS, "lb_count_busy", "lb_count_idle", "lb_count_newidle",
+                   "lb_failed_busy", "lb_failed_idle", "lb_failed_newidle", "alb_count",
+                   "alb_failed")
 
 
 class SchedstatError(ValueError):
     """A /proc/schedstat text Harmony cannot read (a version it does not know, a bad line)."""
 
 
+def parse_mask(text: str) -> list[int]:
+    """The CPUs of a kernel cpumask printed as a bitmap (``%*pb``: hexadecimal words of 32 bits,
+    the most significant first, separated by commas: ``"00000000,0000000f"`` is CPUs 0-3).
+    Raises SchedstatError if it is not one."""
+    try:
+        bits = int(text.replace(",", ""), 16)
+    except ValueError:
+        raise SchedstatError(f"/proc/schedstat: {text[:40]!r} is not a CPU mask") from None
+    return [cpu for cpu in range(bits.bit_length()) if bits >> cpu & 1]
+
+
+def _domain(f: list[str], version: int, line: str) -> dict:
+    """One domain line's index, name (version 17), span and :data:`DOMAIN_COUNTERS`."""
+    at, per = _LB[version]
+    types = IDLE_TYPES[version]
+    name = f[1] if version >= 17 else None
+    mask = f[2] if version >= 17 else f[1]
+    values = f[3:] if version >= 17 else f[2:]      # after the name (17) and the mask
+    if len(values) != per * len(types) + len(_TAIL) or not f[0][6:].isdigit():
+        raise SchedstatError(f"/proc/schedstat version {version}: a domain line with "
+                             f"{len(values)} counters, not {per * 3 + len(_TAIL)}: "
+                             f"{line[:80]!r}")
+    try:
+        n = [int(v) for v in values]
+    except ValueError:
+        raise SchedstatError(f"/proc/schedstat: not a number in {line[:80]!r}") from None
+    got = {"index": int(f[0][6:]), "name": name, "span": parse_mask(mask)}
+    for k, t in enumerate(types):
+        got[f"lb_count_{t}"] = n[k * per]
+        got[f"lb_failed_{t}"] = n[k * per + 2]
+        got[f"lb_gained_{t}"] = n[k * per + at]
+    tail = dict(zip(_TAIL, n[per * len(types):]))
+    for name in ("alb_count", "alb_failed", "alb_pushed", "ttwu_move_affine"):
+        got[name] = tail[name]
+    return got
+
+
 def parse(text: str) -> dict:
-    """``{"version": v, "cpus": {cpu: {counter: value}}}`` from a /proc/schedstat text: each CPU's
-    :data:`COUNTERS` summed over its domains. Raises SchedstatError on a version it does not
-    know or a line it cannot read."""
-    version, cpus, cpu = None, {}, None
+    """``{"version": v, "cpus": {cpu: {counter: value}}, "domains": {cpu: [domain, ...]}}`` from
+    a /proc/schedstat text: each CPU's :data:`COUNTERS` summed over its domains, and each of its
+    domains, lowest first: ``{"index", "name" (None before version 17), "span" (its CPUs),
+    counter: value}`` for the :data:`DOMAIN_COUNTERS`. Raises SchedstatError on a version it
+    does not know or a line it cannot read."""
+    version, cpus, domains, cpu = None, {}, {}, None
     for line in text.splitlines():
         f = line.split()
         if not f:
@@ -68,30 +118,18 @@ def parse(text: str) -> dict:
         elif f[0].startswith("cpu") and f[0][3:].isdigit():
             cpu = int(f[0][3:])
             cpus[cpu] = dict.fromkeys(COUNTERS, 0)
+            domains[cpu] = []
         elif f[0].startswith("domain"):
             if version is None or cpu is None:
                 raise SchedstatError(f"/proc/schedstat: a domain line before its version or "
                                      f"CPU: {line[:80]!r}")
-            at, per = _LB[version]
-            types = IDLE_TYPES[version]
-            values = f[3:] if version >= 17 else f[2:]      # after the name (17) and the mask
-            if len(values) != per * len(types) + len(_TAIL):
-                raise SchedstatError(f"/proc/schedstat version {version}: a domain line with "
-                                     f"{len(values)} counters, not {per * 3 + len(_TAIL)}: "
-                                     f"{line[:80]!r}")
-            try:
-                n = [int(v) for v in values]
-            except ValueError:
-                raise SchedstatError(f"/proc/schedstat: not a number in {line[:80]!r}") from None
-            got = cpus[cpu]
-            for k, t in enumerate(types):
-                got[f"lb_gained_{t}"] += n[k * per + at]
-            tail = dict(zip(_TAIL, n[per * len(types):]))
-            for name in ("alb_pushed", "ttwu_move_affine"):
-                got[name] += tail[name]
+            got = _domain(f, version, line)
+            domains[cpu].append(got)
+            for name in COUNTERS:
+                cpus[cpu][name] += got[name]
     if version is None:
         raise SchedstatError("/proc/schedstat has no version line")
-    return {"version": version, "cpus": cpus}
+    return {"version": version, "cpus": cpus, "domains": domains}
 
 
 def enabled() -> bool | None:

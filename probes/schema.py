@@ -1,30 +1,9 @@
 """The canonical events table: what every probe returns and every analysis reads.
 
 One row per kernel tracepoint hit, in time order; the events of one instant recorded on several
-CPUs come by CPU (as the ring-buffer decoder merges them, whatever the probe). Columns (integers
-use -1 for "not applicable"):
-
-=============  ========  ==========================================================================
-column         dtype     meaning
-=============  ========  ==========================================================================
-ts             int64     event time in ns on the probe's trace clock (see ``Capture.clock``)
-cpu            int16     CPU whose buffer recorded the event (where the tracepoint fired)
-event          category  tracepoint name without the ``sched:`` system, e.g. ``sched_switch``
-common_pid     int32     task that was current when the event fired
-pid            int32     the task the event is about: switch -> next_pid, migrate/wakeup*/waking/exit
-                         -> pid, fork -> child_pid
-comm           category  command name of ``pid`` (switch -> next_comm, fork -> child_comm)
-prio           int16     kernel prio of ``pid`` (switch -> next_prio: -1..139); -1 where the event has
-                         none; irq:softirq_entry/exit -> the softirq's vector (``vec``)
-prev_pid       int32     switch -> prev_pid; fork -> parent_pid; swap_numa -> dst_pid (pid: src_pid)
-prev_comm      category  switch -> prev_comm; fork -> parent_comm; "" elsewhere
-prev_prio      int16     switch -> prev_prio
-prev_state     int32     switch -> the state prev_pid left in, with the kernel's "preempted" flag
-                         removed: 0 = still runnable ("R" or "R+"), else TASK_* bits (1 = S, 2 = D)
-orig_cpu       int16     migrate -> orig_cpu; move_numa/swap_numa -> src_cpu
-target_cpu     int16     migrate -> dest_cpu; wakeup/wakeup_new/waking -> target_cpu;
-                         move_numa/swap_numa -> dst_cpu
-=============  ========  ==========================================================================
+CPUs come by CPU (as the ring-buffer decoder merges them, whatever the probe). Its columns, with
+their dtypes and meanings, are declared once in :data:`EVENTS` (``print(EVENTS)``); integers use
+-1 for "not applicable".
 
 The columns are as narrow as the kernel's values allow: a prio is at most 139 and a task state a
 few bits (the kernel's own fields are an int and a long): at 10 M events the table takes 37
@@ -34,16 +13,19 @@ An imported trace that recorded sched_waking but no sched_wakeup (``perf sched r
 sched_wakeup row derived from each sched_waking (:mod:`harmony.analysis.waking`); the run's
 manifest says so (``capture.derived_events``), and ``harmony export`` leaves those rows out.
 
-Markers written to ``trace_marker`` (ftrace ``print`` events) are kept apart in a markers table:
-``ts`` (int64 ns), ``cpu`` (int16), ``pid`` (int32), ``text`` (str, trailing newline stripped).
+Markers written to ``trace_marker`` (ftrace ``print`` events) are kept apart in a markers table
+(:data:`MARKERS`).
 
-pandas is imported where a table is built, not at the top: the controller takes the marker texts
-from here, also in the guest agent (:mod:`harmony.vm.guest`), which loads no pandas.
+pandas and numpy are imported where a table is built, not at the top: the controller takes the
+marker texts from here, also in the guest agent (:mod:`harmony.vm.guest`), which loads neither
+(each module a TCG guest imports is read over 9p).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
+
+from harmony.core.columns import Table
 
 if TYPE_CHECKING:
     import numpy as np
@@ -74,28 +56,48 @@ CAUSE_EVENTS = (
     ("sched", "sched_swap_numa", None),
 )
 
-#: the integer columns and their dtypes, by name (numpy is imported where tables are built, not
-#: here: the guest agent imports no numpy, 6 s of a TCG boot)
-INT_COLUMNS = {
-    "ts": "int64",
-    "cpu": "int16",
-    "common_pid": "int32",
-    "pid": "int32",
-    "prio": "int16",
-    "prev_pid": "int32",
-    "prev_prio": "int16",
-    "prev_state": "int32",
-    "orig_cpu": "int16",
-    "target_cpu": "int16",
-}
-CATEGORY_COLUMNS = ("event", "comm", "prev_comm")
-COLUMNS = ("ts", "cpu", "event", "common_pid", "pid", "comm", "prio", "prev_pid", "prev_comm",
-           "prev_prio", "prev_state", "orig_cpu", "target_cpu")
-MARKER_COLUMNS = ("ts", "cpu", "pid", "text")
+EVENTS = Table("events", "one row per kernel tracepoint hit, in time order (one instant's by "
+                         "CPU)", [
+    ("ts",         "int64",    "event time in ns on the probe's trace clock (see Capture.clock)"),
+    ("cpu",        "int16",    "CPU whose buffer recorded the event (where the tracepoint fired)"),
+    ("event",      "category", "tracepoint name without the sched: system, e.g. sched_switch"),
+    ("common_pid", "int32",    "task that was current when the event fired"),
+    ("pid",        "int32",    "the task the event is about: switch -> next_pid, "
+                               "migrate/wakeup*/waking/exit -> pid, fork -> child_pid"),
+    ("comm",       "category", "command name of pid (switch -> next_comm, fork -> child_comm)"),
+    ("prio",       "int16",    "kernel prio of pid (switch -> next_prio: -1..139); -1 where the "
+                               "event has none; irq:softirq_entry/exit -> the softirq's vector "
+                               "(vec)"),
+    ("prev_pid",   "int32",    "switch -> prev_pid; fork -> parent_pid; swap_numa -> dst_pid "
+                               "(pid: src_pid)"),
+    ("prev_comm",  "category", 'switch -> prev_comm; fork -> parent_comm; "" elsewhere'),
+    ("prev_prio",  "int16",    "switch -> prev_prio"),
+    ("prev_state", "int32",    'switch -> the state prev_pid left in, with the kernel\'s '
+                               '"preempted" flag removed: 0 = still runnable ("R" or "R+"), else '
+                               "TASK_* bits (1 = S, 2 = D)"),
+    ("orig_cpu",   "int16",    "migrate -> orig_cpu; move_numa/swap_numa -> src_cpu"),
+    ("target_cpu", "int16",    "migrate -> dest_cpu; wakeup/wakeup_new/waking -> target_cpu; "
+                               "move_numa/swap_numa -> dst_cpu"),
+])
 
-#: the markers a Harmony controller writes into every run's trace (harmony.workload.controller): t0, the
-#: release instant; "released", once every task is free to move; "end", the end of the window;
-#: "warm-up", where a warm release opened the gates of the still confined tasks (before t0)
+MARKERS = Table("markers", "one row per trace marker (an ftrace print event: Harmony's t0, "
+                           "released, end, and any other written to trace_marker)", [
+    ("ts",   "int64", "marker time in ns on the trace clock"),
+    ("cpu",  "int16", "CPU that recorded it"),
+    ("pid",  "int32", "the task that wrote it"),
+    ("text", "str",   "what was written, trailing newline stripped"),
+])
+
+#: the events' integer columns and their numpy dtypes (by name: numpy.dtype takes them),
+#: categorical columns, all in order
+INT_COLUMNS = {c.name: c.dtype for c in EVENTS.columns if c.dtype != "category"}
+CATEGORY_COLUMNS = tuple(c.name for c in EVENTS.columns if c.dtype == "category")
+COLUMNS = EVENTS.names
+MARKER_COLUMNS = MARKERS.names
+
+#: the markers a Harmony controller writes into every run's trace (harmony.workload.controller):
+#: t0, the release instant; "released", once every task is free to move; "end", the end of the
+#: window; "warm-up", where a warm release opened the gates of the still confined tasks (before t0)
 MARK_T0, MARK_RELEASED, MARK_END = "harmony t0", "harmony released", "harmony end"
 MARK_WARMUP = "harmony warm-up"
 

@@ -10,6 +10,13 @@
   ``-m "not kernel"`` selects exactly the hermetic tests.
 - ``@pytest.mark.needs_tool("perf")`` and ``@pytest.mark.needs_cpus(2)`` state what else a test
   needs from the host, with the same skip-or-fail rule.
+- A real-kernel test gates on what Harmony measured agreeing with an independent reading (the
+  kernel's own counters, trace-cmd, perf, sysfs read in the test: tests/measured.py), and on
+  what its configuration forces; what the kernel chose (balanced or not, fair shares or not) is
+  reported (``measured.report_kernel_behaviour``: a warning in the summary), never gated on.
+- A parametrisation whose list comes out empty fails at collection (setup.cfg's
+  ``empty_parameter_set_mark``); the compiled code's cases are collected without numba too, and
+  say so through host_skip.
 - Every ``harmony.*`` module must come from this checkout: an editable install made from another
   clone maps ``probes/``, ``analysis/`` and ``experiments/`` there, and the tests would then test
   that clone's code. The session stops with the modules' paths when that happens.

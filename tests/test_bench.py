@@ -21,7 +21,8 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking", "vm",
            "compare_noise", "controller_death", "pelt_warmup", "warm_cold", "fidelity",
            "whole_import", "first_use", "perf_import", "schbench",
-           "server_capacity")
+           "server_capacity", "sequential_rule", "until_decided", "probes",
+           "schedstat_causes")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -33,7 +34,8 @@ def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedPr
 def test_help_and_bad_arguments(name):
     r = bench(name, "--help")
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr
-    r = bench(name, "--no-such-option", *(["."] if name == "waking" else []))   # its DIR
+    r = bench(name, "--no-such-option",
+              *(["."] if name in ("waking", "until_decided", "schedstat_causes") else []))
     assert r.returncode == 2 and "unrecognized arguments" in r.stderr
 
 
@@ -51,6 +53,21 @@ def _switch_pages(n_pages: int, per_page: int, cpu: int) -> list[bytes]:
                                     prev_state=1, next_comm=f"w{z}", next_pid=z, next_prio=120)), 1000)
         pages.append(b.page())
     return pages
+
+
+def test_schedstat_causes_says_when_no_run_read_the_domains(tmp_path):
+    """A run that did not read /proc/schedstat (this host's kernel does not count them): said,
+    with an empty JSON."""
+    from cli_run import cli
+
+    p = cli("simulate", "--policy", "poly-balance", "--cpus", "2", "--experiment", "single-source",
+            "-p", "duration=0.5", "--out", tmp_path / "sim")
+    assert p.returncode == 0, p.stderr
+    out = tmp_path / "s.json"
+    r = bench("schedstat_causes", str(tmp_path), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "no run that read /proc/schedstat" in r.stdout and "(1 runs)" in r.stdout
+    assert json.loads(out.read_text()) == {"runs": []}
 
 
 def test_ingest_from_a_capture(tmp_path):
@@ -199,6 +216,24 @@ def test_observer_smoke(kernel, tmp_path):
     assert res["lossless"]["levels"][0]["events"] > 0
 
 
+def test_probes_smoke(kernel, tmp_path):
+    from harmony.probes.pyperf import PyperfProbe
+
+    ok, why = PyperfProbe.available()
+    if not ok:
+        host_skip(why)
+    out = tmp_path / "p.json"
+    r = bench("probes", "--probes", "tracefs,pyperf", "--reps", "1", "--seconds", "0.1",
+              "--rounds", "1", "--window", "0.3", "--reader-window", "0.2", "--small-kb", "0",
+              "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    res = json.loads(out.read_text())
+    assert set(res["start_stop"]) == {"tracefs", "pyperf"}
+    [row] = res["storm"]["runs"]["pyperf"]
+    assert row["events_s"] > 0 and row["rounds_s"] > 0
+    assert res["reader"]["binding_events"] > 0 and res["reader"]["probe_events"] > 0
+
+
 def test_pelt_warmup_smoke(kernel, tmp_path):
     out = tmp_path / "p.json"
     r = bench("pelt_warmup", "--tasks", "2", "--warm", "0.3", "--reps", "1", "--every", "0.01",
@@ -291,6 +326,44 @@ def test_compare_noise_at_tiny_sizes(tmp_path):
     assert len(res["simulated"]["pairs"]) == 1
     r = bench("compare_noise", "--sizes", "1")
     assert r.returncode == 2 and "--sizes" in r.stderr
+
+
+def test_sequential_rule_prints_its_exact_operating_characteristic(tmp_path):
+    """The verdict rule's operating characteristic (exact, no root): its targets at the default
+    cap, and a bad --caps refused."""
+    out = tmp_path / "rule.json"
+    r = bench("sequential_rule", "--caps", "8,20", "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "[PASS] a decided label is wrong at most 5 % of the time" in r.stdout
+    res = json.loads(out.read_text())
+    assert res["fewest"]["2"] == [6, 11, 15] and len(res["oc"]) == 2 * 7
+    assert res["peeking"]["fixed-n"] > 0.05 > res["peeking"]["anytime"]
+    r = bench("sequential_rule", "--caps", "1", "--start", "2")
+    assert r.returncode == 2 and "--start" in r.stderr
+
+
+def test_until_decided_summarises_a_suite_run_until_decided(tmp_path, monkeypatch):
+    """The runs each question took, from a suite's record (made here on a runner of drawn
+    labels, tests/test_until_decided.py), and a directory that is no such suite refused."""
+    from test_until_decided import CPUS, PARAMS, LabelRunner, _policy
+
+    from harmony import suite
+    from harmony.analysis import report_suite
+
+    monkeypatch.setattr(report_suite, "write", lambda out, note=None: None)
+    configs = [suite.Config("how-many", {}, 2, "how-many", params=dict(PARAMS))]
+    suite.run_suite(configs, CPUS, tmp_path / "s", LabelRunner(_policy("poly-balance")),
+                    quiet=True, until_decided=20)
+    out = tmp_path / "u.json"
+    r = bench("until_decided", str(tmp_path / "s"), "--json", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "[PASS] every question decided or varies within the cap: card 1 of 1" in r.stdout
+    res = json.loads(out.read_text())["suites"][0]
+    assert res["per_config"] == [{"config": "how-many", "qid": "how_many", "runs": 7,
+                                  "counted": 7, "state": "decided", "label": "poly-balance",
+                                  "votes": 7}]
+    r = bench("until_decided", str(tmp_path))
+    assert r.returncode == 2 and "suite.json" in r.stderr
 
 
 @pytest.mark.kernel

@@ -1,9 +1,12 @@
-"""Real-kernel smoke of the mixed-workload experiments through the CLI, on 2 CPUs, about a second
+"""Real-kernel runs of the mixed-workload experiments through the CLI, on 2 CPUs, about a second
 each: E6 intrinsic-imbalance <3,0>, E7 heavy-light and E11 priority-classes <4,0> with their
 static-ideal companions captured automatically into <run_dir>/static/.
 
 Nothing here asserts a timing or a scheduler decision; only what the harness guarantees (the
-layout at t0, pinned companions never migrate, the declared summary keys, both reports written).
+layout at t0, pinned companions never migrate, the declared summary keys, both reports written),
+each run's moves and switches as the kernel counted them (the pinned companion's: none), and the
+summary's figures as their definitions make them of what the run measured: its moves (the
+trace's own sched_migrate_task records), its shares, its run-queue variances.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 import harmony
@@ -19,6 +23,7 @@ from harmony.experiments import get_experiment
 from harmony.hygiene import WORKER_PREFIX
 
 from cli_run import HARMONY, cli
+from measured import NS, assert_counted_by_the_kernel, moves_onto
 
 pytestmark = pytest.mark.kernel
 TRACEFS = Path("/sys/kernel/tracing")
@@ -68,11 +73,23 @@ def test_paired_run_with_static_ideal(kernel, tmp_path, experiment, extra):
         assert ss["high_spread_index"] == 0.0 and ss["low_cluster_index"] == 0.0
     # the dynamic run starts as <4,0>
     assert (run.tasks["initial_cpu"] == 0).all() and not run.tasks["pinned"].any()
-    # measurable with a companion: SMAPE / allocation ratios are numbers
+    # each run moved and switched as the kernel counted; the pinned ideal, not at all
+    assert_counted_by_the_kernel(run)
+    assert assert_counted_by_the_kernel(static)["migrations"]["kernel"] == 0
+    # measured with a companion: the ratios and the SMAPE, by their definitions, of the two
+    # runs' measured allocations and variances
     ratio = s["heavy_slowdown_long"] if first == "heavy" else s["high_allocation_ratio"]
-    assert ratio is not None and ratio > 0
+    assert ratio is not None and ratio == pytest.approx(
+        share_of(run, first, "long") / share_of(static, first, "long"))
     if first == "heavy":
-        assert s["smape_long"] is not None and 0 <= s["smape_long"] <= 1
+        a, b = s["variance_long"], s["static_variance_long"]
+        assert s["smape_long"] == pytest.approx(abs(a - b) / (abs(a) + abs(b)) if a or b else 0.0)
+    # the migrations per second: the trace's own moves over the measured window
+    m = run.manifest
+    moved = pd.concat([moves_onto(run, c, 0.0) for c in (0, 1)])
+    assert s["migrations"] == int((moved["ts"] <= m["end_ns"]).sum())
+    wall = (m["end_ns"] - m["t0_ns"]) / NS
+    assert s["migrations_per_s"] == pytest.approx(s["migrations"] / wall)
     for r in (run, static):
         report = (r.path / "report.md").read_text()
         assert "static ideal" in report
@@ -83,16 +100,37 @@ def test_paired_run_with_static_ideal(kernel, tmp_path, experiment, extra):
     assert host_is_clean() == ([], [])
 
 
+def share_of(run, role: str, window: str) -> float:
+    """The CPU share the run's ``role`` tasks got in its ``window`` (the experiment's windows,
+    as the summary records them): their run time in it over the window's CPU time, from the
+    runs table."""
+    t0, (a, b) = run.manifest["t0_ns"], run.summary["windows"][window]
+    lo, hi = t0 + round(a * NS), t0 + round(b * NS)
+    pids = run.tasks.loc[run.tasks["role"].astype(str) == role, "pid"]
+    r = run.runs[run.runs["pid"].isin(pids)]
+    ran = (r["end"].clip(lo, hi) - r["start"].clip(lo, hi)).sum()
+    return ran / ((hi - lo) * len(pids))
+
+
 def test_intrinsic_imbalance_three_on_two(kernel, tmp_path):
     out = tmp_path / "run"
-    p = cli("run", "intrinsic-imbalance", "--cpus", "0,1", "--duration", "1.5", "-p", "warmup_s=0.5",
-            "--out", out, "-q")
+    p = cli("run", "intrinsic-imbalance", "--cpus", "0,1", "--duration", "1.5", "-p",
+            "warmup_s=0.5", "--out", out, "-q")
     assert p.returncode == 0, p.stderr
     run = harmony.load(out)
     s = run.summary
     assert s["ntasks"] == 3 and s["ncpus"] == 2
     assert s["fair_share"] == pytest.approx(2 / 3)
-    assert 0 < s["jain_index"] <= 1 and s["migrations_per_s"] is not None
+    assert_counted_by_the_kernel(run)
+    # Jain's index of the measured share ratios, by its definition (sum x)^2 / (n sum x^2)
+    x = run.shares["ratio"].to_numpy()
+    assert s["jain_index"] == pytest.approx(x.sum() ** 2 / (len(x) * (x * x).sum()))
+    # the moves after the warm-up, the trace's own, over the rest of the window
+    m = run.manifest
+    after = pd.concat([moves_onto(run, c, 0.5) for c in (0, 1)])
+    after = after[after["ts"] <= m["end_ns"]]
+    window = (m["end_ns"] - m["t0_ns"] - int(0.5 * NS)) / NS
+    assert s["migrations_per_s"] == pytest.approx(len(after) / window)
     assert run.manifest["params"]["layout"] == [3, 0]
     assert not (out / "static").exists()  # E6 has no companion
     assert host_is_clean() == ([], [])

@@ -52,6 +52,81 @@ def test_an_asleep_move_without_its_wakeup_is_unknown():
     assert cause_of(s, A) == [("unknown", False)]
 
 
+def delayed_then_woken(moved_by_waker: bool) -> Stream:
+    """A runs on CPU 0 and goes to sleep; CPU 1, running C, then moves it in its SCHED softirq
+    (the kernel still holds it queued: EEVDF's delayed dequeue), and CPU 2's task wakes it
+    where it is (ttwu_runnable: sched_waking, sched_wakeup, no placement). With
+    ``moved_by_waker`` the move is instead the waker's placement, after its sched_waking."""
+    s = Stream(NAMES).softirq(5, 1, True).softirq(6, 1, False)
+    s.switch(10, 0, 0, 0, A).switch(20, 0, A, 1, 0).switch(21, 1, 0, 0, C)
+    if moved_by_waker:
+        s.waking(300, 2, A, 0, common_pid=CONTROLLER)
+        s.migrate(301, 2, A, 0, 1, common_pid=CONTROLLER).wakeup(302, 2, A, 1, CONTROLLER)
+    else:
+        s.softirq(200, 1, True, common_pid=C).migrate(201, 1, A, 0, 1, common_pid=C)
+        s.softirq(202, 1, False, common_pid=C)
+        s.waking(300, 2, A, 1, common_pid=CONTROLLER).wakeup(302, 2, A, 1, CONTROLLER)
+    return s.switch(400, 1, C, 0, A)
+
+
+def test_a_sleeping_task_still_queued_is_moved_by_the_balance_not_its_wake_up():
+    """A move of a task asleep in the trace, made before its sched_waking (or on another CPU
+    than it), is no wake-up's placement, even though its next record is a sched_wakeup: the
+    kernel held the task queued (delayed dequeue, Linux 6.12 on) and load_balance moved it
+    (lb_gained counts it; nr_wakeups_migrate does not). Told by its context: periodic, a
+    balance move; the same move made by the waker after its sched_waking is a wake-up."""
+    ev = delayed_then_woken(False).events()
+    mig = rc.df_migrations(ev, tasks(), 0)
+    assert list(zip(mig["cause"].astype(str), mig["kind"].astype(str))) == [
+        ("periodic", "balance")]
+    assert causes.df_all_moves(ev)["cause"].astype(str).tolist() == ["periodic"]
+    mig = rc.df_migrations(delayed_then_woken(True).events(), tasks(), 0)
+    assert list(zip(mig["cause"].astype(str), mig["kind"].astype(str))) == [("wakeup", "wakeup")]
+
+
+def test_a_task_woken_as_it_goes_to_sleep_is_placed_after_its_switch_out():
+    """The waker on CPU 1 fires A's sched_waking while A still runs on CPU 0 (going to sleep),
+    waits for it to be off its CPU, then places it on CPU 1 and wakes it: the placement follows
+    A's switch-out, its sched_waking before it, pending. A wake-up (as in a 6.12 guest's trace,
+    the placement 10 ms after the sched_waking under TCG)."""
+    s = Stream(NAMES).softirq(5, 1, True).softirq(6, 1, False)
+    s.switch(10, 0, 0, 0, A).waking(20, 1, A, 0, common_pid=C).switch(30, 0, A, 2, 0)
+    s.migrate(40, 1, A, 0, 1, common_pid=C).wakeup(41, 1, A, 1, C)
+    mig = rc.df_migrations(s.events(), tasks(), 0)
+    assert list(zip(mig["cause"].astype(str), mig["kind"].astype(str))) == [("wakeup", "wakeup")]
+    # the same move on another CPU than the pending sched_waking's is no placement of it
+    s = Stream(NAMES).softirq(5, 1, True).softirq(6, 1, False)
+    s.switch(10, 0, 0, 0, A).waking(20, 2, A, 0, common_pid=C).switch(30, 0, A, 2, 0)
+    s.softirq(39, 1, True, common_pid=0).migrate(40, 1, A, 0, 1, common_pid=0)
+    s.softirq(42, 1, False, common_pid=0).wakeup(43, 2, A, 1, C)
+    mig = rc.df_migrations(s.events(), tasks(), 0)
+    assert list(zip(mig["cause"].astype(str), mig["kind"].astype(str))) == [("periodic", "balance")]
+
+
+def test_a_move_of_a_task_with_no_wake_up_in_the_trace_before_it_is_left_to_its_next_record():
+    """A trace that begins as A goes to sleep (its sched_waking, if any, came before the trace):
+    nothing says whether A's next move is a placement; its next record, a sched_wakeup, makes it
+    one, as before (a 6.12 guest's trace began so, the move by the waker's CPU)."""
+    s = Stream(NAMES).softirq(5, 1, True).softirq(6, 1, False).switch(10, 0, A, 2, 0)
+    s.waking(15, 2, C, 2, common_pid=B)                       # another task's wake-up
+    s.migrate(20, 1, A, 0, 2, common_pid=B).wakeup(30, 2, A, 2, common_pid=0)
+    assert cause_of_events(s.events(), A) == [("wakeup", False)]
+
+
+def test_a_sleeping_tasks_move_without_any_sched_waking_in_the_trace_stays_a_wake_up():
+    """A trace without sched_waking (an import of one recorded without it) cannot tell the two
+    apart: a sleeping task's move followed by its sched_wakeup is the wake-up's, as before."""
+    ev = delayed_then_woken(False).events()
+    ev = ev[ev["event"].astype(str) != "sched_waking"].reset_index(drop=True)
+    assert cause_of_events(ev, A) == [("wakeup", False)]
+
+
+def cause_of_events(ev: pd.DataFrame, pid: int) -> list[tuple[str, bool]]:
+    mig = rc.df_migrations(ev, tasks(), 0)
+    mig = mig[mig["pid"] == pid]
+    return list(zip(mig["cause"].astype(str), mig["inferred"]))
+
+
 def test_periodic_balance_inside_the_sched_softirq():
     s = queued_on_0(Stream(NAMES), 100)
     s.softirq(200, 1, True, common_pid=C).migrate(201, 1, B, 0, 1, common_pid=C)

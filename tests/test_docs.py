@@ -228,7 +228,8 @@ def check_names(name: str, params: dict) -> list[str]:
     from harmony.experiments import CATALOG
 
     problems, experiments = [], []
-    for exp in ([params.get("experiment")] if name in ("run", "simulate", "import") else []) + \
+    for exp in ([params.get("experiment"), params.get("experiment_option")]
+                if name in ("run", "simulate", "import") else []) + \
             list(params.get("experiments") or ()):
         if exp is None or PLACEHOLDER.match(exp):
             continue
@@ -236,7 +237,8 @@ def check_names(name: str, params: dict) -> list[str]:
             problems.append(f"unknown experiment {exp!r} (the catalog: {', '.join(CATALOG)})")
         else:
             experiments.append(exp)
-    named = name == "run" or params.get("experiment") or params.get("experiments")
+    named = (name == "run" or params.get("experiment") or params.get("experiment_option")
+             or params.get("experiments"))
     keys = set().union(*map(experiment_params, experiments if named else CATALOG))
     for pair in params.get("params") or ():
         key = pair.partition("=")[0].strip()
@@ -245,7 +247,7 @@ def check_names(name: str, params: dict) -> list[str]:
                             "experiment")
     policy = params.get("policy_name")
     if name == "simulate" and policy and not PLACEHOLDER.match(policy):
-        from harmony.analysis.refpolicy import POLICIES
+        from harmony.analysis.refpolicy import ALL_POLICIES as POLICIES
 
         if policy not in POLICIES:
             problems.append(f"--policy {policy}: no such reference policy ({', '.join(POLICIES)})")
@@ -313,7 +315,7 @@ def test_the_docs_show_commands():
     ("```sh\nharmony run single-source --duration soon\n```", "not a valid float"),
     ("```sh\nharmony run single-source extra-argument\n```", "unexpected extra argument"),
     ("```sh\nharmony report\n```", "Missing argument"),
-    ("```sh\nharmony simulate --policy poly-balance --suite\n```", "Missing option"),
+    ("```sh\nharmony simulate --suite --ncpus 4\n```", "Missing option"),
     ("```sh\nharmony run no-such-experiment\n```", "unknown experiment"),
     ("```sh\nharmony run how-many -p no_such_key=1\n```", "no_such_key: no such parameter"),
     ("```sh\nharmony simulate --policy fair --suite --out DIR\n```", "no such reference policy"),
@@ -330,7 +332,7 @@ def test_a_wrong_command_fails(doc, why, files_not_looked_for):
 
 @pytest.mark.parametrize("doc", [
     "```sh\nharmony import FILE --comm 'myapp*' [--pid PID] [--t0-marker TEXT]\n```",
-    "```sh\nharmony simulate --policy {global-queue,poly-balance} --cpus P --suite --out DIR\n```",
+    "```sh\nharmony simulate --policy {global-queue,poly-balance} --ncpus P --suite --out DIR\n```",
     "```sh\nharmony compare SOURCE SOURCE... [--all-metrics] [--json] [--out DIR]\n```",
     "```sh\nHARMONY_JIT=0 harmony run ...\n```",
     "Mentioned by name: `harmony report`, `harmony kernel build`.",

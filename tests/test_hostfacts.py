@@ -3,6 +3,7 @@
 
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -84,11 +85,51 @@ def test_online_cpus_falls_back_to_affinity(tmp_path):
 # --------------------------------------------------------------------------------- topology
 
 
+def _lscpu() -> dict[str, dict[int, str]]:
+    """``lscpu -p``'s columns (CPU, Core, Socket, Node, the last cache level's id), per online
+    CPU: util-linux's reading of the topology, not Harmony's."""
+    out = subprocess.run(["lscpu", "-p=CPU,CORE,SOCKET,NODE,CACHE"], capture_output=True,
+                         text=True, check=True).stdout
+    cols: dict[str, dict[int, str]] = {"core": {}, "socket": {}, "node": {}, "llc": {}}
+    for line in out.splitlines():
+        if line.startswith("#"):
+            continue
+        cpu, core, socket, node, caches = line.split(",", 4)
+        for k, v in (("core", core), ("socket", socket), ("node", node),
+                     ("llc", caches.split(":")[-1].split(",")[-1])):
+            cols[k][int(cpu)] = v
+    return cols
+
+
+def _groups(by: dict[int, str]) -> list[list[int]] | None:
+    """CPUs grouped by a column's value (None where lscpu gave none)."""
+    if not by or any(v == "" for v in by.values()):
+        return None
+    out: dict[str, list[int]] = {}
+    for cpu, v in sorted(by.items()):
+        out.setdefault(v, []).append(cpu)
+    return sorted(out.values())
+
+
+@pytest.mark.needs_tool("lscpu")
 def test_topology_real_host():
+    """The host's topology as sysfs gives it, against lscpu's reading of it: the online CPUs,
+    the package, core, NUMA and last-level cache groups and their counts."""
     topo = topology()
     online = online_cpus()
-    assert [c["cpu"] for c in topo["cpus"]] == online
-    assert topo["counts"]["threads"] == len(online)
+    lscpu = _lscpu()
+    assert [c["cpu"] for c in topo["cpus"]] == online == sorted(lscpu["core"])
+    assert topo["counts"]["threads"] == len(online) == os.sysconf("SC_NPROCESSORS_ONLN")
+    cores = {cpu: f"{lscpu['socket'][cpu]}/{core}" for cpu, core in lscpu["core"].items()}
+    want = {"smt": _groups(cores), "package": _groups(lscpu["socket"]),
+            "numa": _groups(lscpu["node"]), "llc": _groups(lscpu["llc"])}
+    for name, groups in want.items():
+        if groups is not None:
+            assert sorted(topo["groups"][name]) == groups, (name, topo["groups"][name], groups)
+    assert topo["counts"]["packages"] == len(want["package"])
+    assert topo["counts"]["cores"] == len(want["smt"])
+    if want["llc"] is not None:
+        assert topo["counts"]["llcs"] == len(want["llc"])
     for c in topo["cpus"]:
         if c["siblings"] is not None:
             assert c["cpu"] in c["siblings"]

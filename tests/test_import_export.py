@@ -809,16 +809,19 @@ def test_bad_arguments_exit_2_before_anything(writer_dat, tmp_path):
         ["import", dat, "--pid", 12, "-p", "bogus=1", "--out", out],
         ["import", dat, "--pid", 12, "-p", "nokeyvalue", "--out", out],
         ["import", dat, "--pid", 12, "-p", "duration=3", "--out", out],    # the window is --end's
-        ["import", tmp_path / "missing.dat", "--pid", 12, "--out", out],
         # not a regular file (a FIFO would make the read wait for a writer; /dev/null fails fast)
         ["import", "/dev/null", "--pid", 12, "--out", out],
-        ["export", tmp_path / "not-a-run"],
         ["export", tmp_path, "--format", "pcap"],
     ]
     for args in cases:
         r = invoke(*args)
         assert r.exit_code == 2, (args, r.output)
         assert "Traceback" not in r.output
+    # the input missing is status 1 (the exit-status contract: docs/cli.md), before anything
+    for args in (["import", tmp_path / "missing.dat", "--pid", 12, "--out", out],
+                 ["export", tmp_path / "not-a-run"]):
+        r = invoke(*args)
+        assert r.exit_code == 1 and "no such" in r.output, (args, r.output)
     assert not out.exists()
     # export into a directory that does not exist: refused before anything is written
     run = tmp_path / "a-run"
@@ -936,7 +939,7 @@ def test_trace_cmd_reports_events_written_as_pages(tmp_path):
 
 
 def test_export_of_a_simulated_run_imports_as_the_same_run(tmp_path):
-    r = invoke("simulate", "--policy", "pairwise-random", "--cpus", 8, "--experiment",
+    r = invoke("simulate", "--policy", "pairwise-random", "--ncpus", 8, "--experiment",
                "single-source", "-p", "duration=3", "--out", tmp_path / "sim")
     assert r.exit_code == 0, r.output
     sim = harmony.load(tmp_path / "sim" / "rep-01")

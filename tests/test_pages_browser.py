@@ -31,7 +31,7 @@ def pages(tmp_path_factory):
     root = tmp_path_factory.mktemp("pages")
     cli = CliRunner()
     for policy_name in ("pairwise-random", "poly-balance"):
-        r = cli.invoke(main, ["simulate", "--policy", policy_name, "--cpus", "4", "--suite", "--quick",
+        r = cli.invoke(main, ["simulate", "--policy", policy_name, "--ncpus", "4", "--suite", "--quick",
                               "--repeat", "2", "--out", str(root / policy_name)])
         assert r.exit_code == 0, r.output
     run = root / "pairwise-random" / "single-source" / "rep-01"

@@ -7,6 +7,7 @@ the perf.data files the fuzz corpus holds likewise; damaged files are one-line e
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import random
@@ -43,7 +44,16 @@ PLAIN = [p for p in CORPUS if _plain(p)]
 #: the corpus files whose records are read in place (seed-pipe's: copied first, aligned)
 UNCOMPRESSED = [p for p in CORPUS if perf_read.read_header(p).compression is None]
 
-JIT_MODES = ["0"] + (["1"] if numba_version() else [])
+#: HARMONY_JIT of the reader: "0" its numpy code, "1" its compiled code (:func:`use_jit`)
+JIT_MODES = ["0", "1"]
+
+
+def use_jit(jit: str, monkeypatch) -> None:
+    """The reader's numpy ("0") or compiled ("1") code for the test; the compiled one needs numba,
+    and without it the case says so (:func:`conftest.host_skip`) rather than vanishing."""
+    if jit == "1" and not numba_version():
+        host_skip("numba is not installed: the compiled reader cannot run")
+    monkeypatch.setenv("HARMONY_JIT", jit)
 
 
 def assert_same_events(mine: pd.DataFrame, theirs: pd.DataFrame) -> None:
@@ -63,7 +73,7 @@ def assert_same_events(mine: pd.DataFrame, theirs: pd.DataFrame) -> None:
 
 def compare_with_perf(path, monkeypatch, jit: str) -> perf_read.PerfRead:
     """The reader's table and facts against perf script's and perf report's, on ``path``."""
-    monkeypatch.setenv("HARMONY_JIT", jit)
+    use_jit(jit, monkeypatch)
     read = perf_read.read_perf_data(path)
     parser, _ = run_perf_script(PERF, path)
     assert_same_events(read.events, parser.events())
@@ -150,8 +160,13 @@ def test_kernel_pipe_mode_cut_short_is_read_to_its_last_whole_record(recordings,
             read = perf_read.read_perf_data(path)
             cut = [n for n in read.notes if "ends inside a record" in n]
             assert len(cut) == 1 and "its last" in cut[0], read.notes
-            assert 0 < len(read.events) <= len(full.events)
-            assert set(read.events["ts"]) <= set(full.events["ts"])
+            # events of the whole file, as many as the whole records before the cut hold (a
+            # probe-pipe record is one event, so half the file holds some; one compressed record
+            # may hold the whole recording, and a cut one then holds none)
+            def rows(df):
+                return collections.Counter(map(tuple, df.astype(str).itertuples(index=False)))
+            assert not rows(read.events) - rows(full.events)
+            assert len(read.events) > 0 or name.startswith("compressed"), read.notes
         path.write_bytes(whole[:head.data_offset - 100])
         with pytest.raises(TraceCorrupt, match=str(path)):
             perf_read.read_perf_data(path)
@@ -169,12 +184,12 @@ def test_kernel_recorded_cpus_are_the_cpu_map_perf_reports(kernel, tmp_path, mon
 
 
 @pytest.mark.kernel
-def test_kernel_damaged_recordings_are_one_line_errors(recordings, tmp_path, monkeypatch):
-    for jit in JIT_MODES:
-        monkeypatch.setenv("HARMONY_JIT", jit)
-        damaged(recordings["callgraph"].read_bytes(), tmp_path / "perf.data", cases=200)
-        damaged(recordings["compressed"].read_bytes(), tmp_path / "perf.data", cases=100)
-        damaged(recordings["probe-pipe"].read_bytes(), tmp_path / "perf.data", cases=100)
+@pytest.mark.parametrize("jit", JIT_MODES)
+def test_kernel_damaged_recordings_are_one_line_errors(recordings, tmp_path, monkeypatch, jit):
+    use_jit(jit, monkeypatch)
+    damaged(recordings["callgraph"].read_bytes(), tmp_path / "perf.data", cases=200)
+    damaged(recordings["compressed"].read_bytes(), tmp_path / "perf.data", cases=100)
+    damaged(recordings["probe-pipe"].read_bytes(), tmp_path / "perf.data", cases=100)
 
 
 # --- the files the fuzz corpus holds -------------------------------------------------------------
@@ -183,14 +198,10 @@ def test_kernel_damaged_recordings_are_one_line_errors(recordings, tmp_path, mon
 @pytest.mark.parametrize("jit", JIT_MODES)
 @pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
 def test_corpus_files_read_as_perf_script_prints_them(path, tmp_path, monkeypatch, jit):
+    """Every seed is a whole recording perf made: it reads, as perf script prints it."""
     p = tmp_path / "perf.data"
     p.write_bytes(path.read_bytes())
-    try:
-        perf_data.check_perf_data(p)
-    except TraceCorrupt:
-        with pytest.raises(TraceCorrupt, match=str(p)):
-            perf_read.read_perf_data(p)
-        return
+    perf_data.check_perf_data(p)
     compare_with_perf(p, monkeypatch, jit)
 
 
@@ -227,7 +238,7 @@ def damaged(content: bytes, path, cases: int) -> None:
 
 @pytest.mark.parametrize("jit", JIT_MODES)
 def test_damaged_corpus_files_are_one_line_errors(tmp_path, monkeypatch, jit):
-    monkeypatch.setenv("HARMONY_JIT", jit)
+    use_jit(jit, monkeypatch)
     for path in CORPUS:
         damaged(path.read_bytes(), tmp_path / "perf.data", cases=150)
 
@@ -300,10 +311,7 @@ def test_read_a_few_records_at_a_time_releasing_pages_it_is_the_same(path, tmp_p
     p = tmp_path / "perf.data"
     p.write_bytes(path.read_bytes())
     monkeypatch.setenv("HARMONY_JIT", "1")
-    try:
-        whole = perf_read.read_perf_data(p)
-    except TraceCorrupt:
-        return
+    whole = perf_read.read_perf_data(p)      # a seed is a whole recording: it reads
     monkeypatch.setattr(perf_read, "RELEASE_MIN_BYTES", 0)     # the corpus's files are small
     if whole.header.data_offset % 8:
         from harmony.probes.filemap import scratch_file
@@ -446,7 +454,7 @@ def compressed_copy(src, dst, cuts: int, seed: int, stream: bytes | None = None)
 def test_compressed_records_read_as_the_records_they_hold(path, tmp_path, monkeypatch, jit):
     """The stream cut anywhere (inside a record's header too), in records of both kinds: the
     same table and facts as the file uncompressed, and a note that says so."""
-    monkeypatch.setenv("HARMONY_JIT", jit)
+    use_jit(jit, monkeypatch)
     plain = perf_read.read_perf_data(path)
     for seed, cuts in ((1, 1), (2, 7), (3, 400)):
         z = tmp_path / f"z{seed}.data"

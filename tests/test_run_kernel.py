@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -17,10 +18,10 @@ from cli_run import HARMONY, cli
 from conftest import host_skip, measure_quietly, pids_with_comm
 
 import harmony
-from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
 from harmony.analysis.metrics import balance_timeline
 from harmony.hygiene import WORKER_PREFIX
 from harmony.workload.forkserver import COMM as SERVER_COMM
+from measured import assert_counted_by_the_kernel, report_kernel_behaviour
 
 TRACEFS = Path("/sys/kernel/tracing")
 
@@ -59,10 +60,11 @@ def wait_for(predicate, timeout=20.0, step=0.05):
     return predicate()
 
 
-def assert_stays_balanced(run, last_ns: int = 1_000_000_000) -> None:
-    """The run queues of a single-source ``run`` stay balanced over its last ``last_ns``: within
-    its tolerance for at least two thirds of that time, and no imbalance there lasting longer
-    than 250 ms (a few of the balancer's intervals).
+def report_balance(run, last_ns: int = 1_000_000_000) -> None:
+    """Whether the run queues of a single-source ``run`` balanced and stayed balanced over its
+    last ``last_ns`` (within its tolerance for at least two thirds of that time, no imbalance
+    there lasting longer than 250 ms), and every task got about half a CPU (0.3 to 0.7): the
+    kernel's decisions, reported (tests/measured.py), not gated on.
 
     Not "balanced at the end" (``balanced_at_end``, the state at one instant): the kernel does
     not hold 2-2 still. Its load balancer weighs every task of a CPU, other processes' too, and a
@@ -72,16 +74,23 @@ def assert_stays_balanced(run, last_ns: int = 1_000_000_000) -> None:
     processes (a PID-1 thread, mostly) had run more of the 100 ms before (3.6-13.4 ms, against
     0-9.7 ms on the other), each moved back 20-132 ms later but one: that run ended 7 ms into it
     (balanced_at_end False). One CI run of 3 s went 3-1 twice in its last second, back within 140
-    and 96 ms (balanced 76 % of that second). A run that does not balance, or leaves the queues
-    unbalanced for long, still fails."""
+    and 96 ms (balanced 76 % of that second)."""
     m = run.manifest
     tl = balance_timeline(run.runqueue, run.tasks, m["cpus"], m["t0_ns"], m["end_ns"],
                           m["params"]["tolerance"])
     start = m["end_ns"] - last_ns
     last = tl[tl["end"] > start]
     dur = last["end"] - last["ts"].clip(lower=start)
-    assert dur[last["balanced"]].sum() >= 2 / 3 * dur.sum(), tl.tail()
-    assert np.max(dur[~last["balanced"]].to_numpy(), initial=0) <= 250e6, tl.tail()
+    balanced = dur[last["balanced"]].sum() / max(dur.sum(), 1)
+    longest = np.max(dur[~last["balanced"]].to_numpy(), initial=0) / 1e6
+    report_kernel_behaviour("<4,0> balanced to <2,2> by the fair class and kept so",
+                            run.summary["first_balanced_s"] is not None and balanced >= 2 / 3
+                            and longest <= 250,
+                            f"first balanced {run.summary['first_balanced_s']} s; last second "
+                            f"{balanced:.0%} balanced, longest imbalance {longest:.0f} ms")
+    shares = run.shares["share"]
+    report_kernel_behaviour("each of 4 tasks on 2 CPUs given about half a CPU (0.3 to 0.7)",
+                            bool(shares.between(0.3, 0.7).all()), shares.round(3).tolist())
 
 
 def start_long_run(out: Path, duration=30) -> subprocess.Popen:
@@ -124,41 +133,129 @@ def e1_run(kernel, tmp_path_factory):
     return measure_quietly(measure, busy)
 
 
-def test_run_is_complete_and_balances(e1_run):
+def test_run_is_complete_and_measured_as_the_kernel_counted(e1_run):
     out, p = e1_run
     run = harmony.load(out)
-    m, s = run.manifest, run.summary
+    m = run.manifest
     assert m["status"] == "complete"
     assert m["lost_events"] == 0
     assert m["probe"] == "tracefs" and m["cpus"] == [0, 1]
     assert m["params"]["layout"] == [4, 0] and m["params"]["duration"] == 3.0
+    # every move and switch of the tasks in the trace, as the kernel counted them
+    assert_counted_by_the_kernel(run)
     after_t0 = run.migrations[run.migrations["t"] >= 0]
-    assert len(after_t0) >= 1, "4 CPU-bound tasks on one of two CPUs must migrate"
-    assert s["first_balanced_s"] is not None and s["first_balanced_s"] < 3
     rel = m["release"]
     assert rel["woken"] == 4 and not rel["not_woken"] and rel["woke_off_initial_cpu"] == []
     assert m["release_mode"] in ("occupied", "confined")
-    if m["release_mode"] == "occupied":  # its occupier (of CPU 1) counts as the run's own, not foreign
+    if m["release_mode"] == "occupied":  # its occupier (of CPU 1): the run's own, not foreign
         ev = run.events
         occupier = set(ev.loc[ev["comm"] == "hmy-occupy1", "pid"])
         assert occupier and occupier <= set(m["controller_tids"]), occupier
     assert 0 <= rel["wake_spread_ns"] <= rel["release_spread_ns"] < 50e6
     assert "harmony t0" in set(run.markers["text"])
-    # the probe's blind spots are looked for in every run, and each one found is in the notes
+    # the probe's blind spots are looked for in every run (against trace-cmd's reading of the
+    # capture: test_the_capture_facts_are_trace_cmds), and each one found is in the notes
     cap = m["capture"]
-    assert cap["silent_contexts"] == silent_contexts(run.events)
-    assert cap["unrecorded_migrations"] == unrecorded_migrations(run.events, run.tasks["pid"])
     assert all(any(c["comm"] in n for n in m["notes"]) for c in cap["silent_contexts"][:5])
     # the release put every task on CPU 0: its run queue reaches 4 before the first move. (Not
     # "before the released marker": a remote wake-up may be enqueued by the target CPU after it.)
     rq = run.runqueue
-    first_move = int(after_t0["ts"].min())
+    first_move = int(after_t0["ts"].min()) if len(after_t0) else m["end_ns"]
     first = rq[(rq["cpu"] == 0) & (rq["ts"] >= m["t0_ns"]) & (rq["ts"] < first_move)]
     assert first["nr"].max() == 4, rq.head(10)
     assert m["foreign_load"]["max_frac"] <= 0.05      # a quiet run (e1_run measures again)
-    assert_stays_balanced(run)
-    # each task got a share near the fair share of 0.5 CPU
-    assert run.shares["share"].between(0.3, 0.7).all(), run.shares
+    report_balance(run)
+
+
+#: a line of ``trace-cmd report -R -t``: comm-pid [cpu] sec.nsec: event: field=value ...
+REPORT = re.compile(r"^\s*(?P<comm>.*?)-(?P<pid>-?\d+)\s+\[(?P<cpu>\d+)\]\s+(?P<sec>\d+)\."
+                    r"(?P<ns>\d{9}):\s+(?P<event>[\w:]+):\s+(?P<rest>.*)$")
+FIELD = re.compile(r"(\w+)=(.*?)(?= \w+=|$)")
+
+
+def trace_cmd_records(dat: Path) -> list[dict]:
+    """Every record trace-cmd reads in ``dat``, its raw fields as trace-cmd prints them (ints
+    where they are numbers): event, ts, cpu, common_pid and the event's own fields."""
+    p = subprocess.run(["trace-cmd", "report", "-R", "-t", "-i", str(dat)], capture_output=True,
+                       text=True, errors="replace", timeout=300)
+    assert p.returncode == 0, p.stderr
+    out = []
+    for line in p.stdout.splitlines():
+        m = REPORT.match(line)
+        if not m:
+            continue
+        rec = {k: int(v) if re.fullmatch(r"-?\d+", v) else v
+               for k, v in FIELD.findall(m.group("rest"))}
+        out.append({**rec, "event": m.group("event"), "cpu": int(m.group("cpu")),
+                    "common_pid": int(m.group("pid")),
+                    "ts": int(m.group("sec")) * 1_000_000_000 + int(m.group("ns"))})
+    return out
+
+
+def trace_cmd_silent_contexts(recs: list[dict]) -> list[tuple[int, int, int]]:
+    """(pid, cpu (pid 0's, -1 for a task), runs) of each context that was switched in and later
+    replaced on its CPU, yet holds no record of trace-cmd's reading (markers aside)."""
+    def context(pid, cpu):
+        return (pid, cpu if pid == 0 else -1)
+
+    heard = {context(r["common_pid"], r["cpu"]) for r in recs if r["event"] != "print"}
+    switches = [r for r in recs if r["event"] == "sched_switch"]
+    last = {r["cpu"]: i for i, r in enumerate(switches)}
+    runs: dict[tuple[int, int], int] = {}
+    for i, r in enumerate(switches):
+        c = context(r["next_pid"], r["cpu"])
+        if last[r["cpu"]] != i and c not in heard:
+            runs[c] = runs.get(c, 0) + 1
+    return sorted((pid, cpu, n) for (pid, cpu), n in runs.items())
+
+
+def trace_cmd_unrecorded_moves(recs: list[dict], pids) -> list[tuple[int, int, int, int]]:
+    """(pid, ts, from_cpu, to_cpu) of each move of ``pids`` that their own records prove (a
+    record placing the task on another CPU than the last one placed it on) but no
+    sched_migrate_task records, walking trace-cmd's records in time order: a switch places its
+    tasks on its CPU, sched_waking and sched_wakeup[_new] on their target_cpu, a migration takes
+    a task from orig_cpu to dest_cpu."""
+    pids = set(int(p) for p in pids)
+    where: dict[int, int] = {}
+    out = []
+    for r in sorted(recs, key=lambda r: r["ts"]):      # stable: each CPU's in the order read
+        ev = r["event"]
+        if ev == "sched_switch":
+            places = [(r["next_pid"], r["cpu"], r["cpu"]), (r["prev_pid"], r["cpu"], r["cpu"])]
+        elif ev in ("sched_waking", "sched_wakeup", "sched_wakeup_new"):
+            places = [(r["pid"], r["target_cpu"], r["target_cpu"])]
+        elif ev == "sched_migrate_task":
+            places = [(r["pid"], r["orig_cpu"], r["dest_cpu"])]
+        else:
+            continue
+        for pid, before, after in places:
+            if pid not in pids or before < 0:
+                continue
+            if pid in where and where[pid] != before:
+                out.append((pid, r["ts"], where[pid], before))
+            where[pid] = after
+    return sorted(out)
+
+
+@pytest.mark.needs_tool("trace-cmd")
+def test_the_capture_facts_are_trace_cmds(e1_run, tmp_path):
+    """The blind spots a run states (contexts the probe saw run yet recorded nothing in; moves
+    the tasks' own events prove that no sched_migrate_task recorded) against the same facts
+    read from trace-cmd's own decoding of the capture (exported as recorded)."""
+    out, _ = e1_run
+    run = harmony.load(out)
+    dat = tmp_path / "run.dat"
+    p = cli("export", out, "--out", dat)
+    assert p.returncode == 0, p.stderr
+    recs = trace_cmd_records(dat)
+    assert len([r for r in recs if r["event"] != "print"]) == len(run.events)
+    cap = run.manifest["capture"]
+    assert [(c["pid"], c["cpu"], c["runs"]) for c in cap["silent_contexts"]] == \
+        sorted(trace_cmd_silent_contexts(recs), key=lambda c: -c[2])
+    moves = trace_cmd_unrecorded_moves(recs, run.tasks["pid"])
+    um = cap["unrecorded_migrations"]
+    assert (um["n"], um["pids"]) == (len(moves), sorted({m[0] for m in moves})), (um, moves)
+    assert [(e["pid"], e["ts"], e["from_cpu"], e["to_cpu"]) for e in um["examples"]] == moves[:5]
 
 
 def test_tables_are_documented_columns(e1_run):

@@ -6,7 +6,8 @@ task (pull_rt_task): P - 1 migrations, and then none for good. FIFO never yields
 waiting RT task is pushed only to a CPU running a lower priority: P tasks run (each at most RT
 throttling's 95 % of a CPU), the other P wait on the first CPU for the whole run (share 0), and
 the run queues stay <P+1, 1, ..., 1>, never balanced by count or load. SCHED_OTHER tasks are
-balanced by load: the run queues reach <2, ..., 2>, every task gets about half a CPU.
+balanced by load: the run queues reach <2, ..., 2>, every task gets about half a CPU (reported,
+not gated on: the fair class's decisions; what Harmony measured of them is).
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import time
 import pytest
 from cli_run import HARMONY, cli
 from conftest import host_skip, measure_quietly, until
-from test_run_kernel import assert_stays_balanced, our_workers, wait_for
+from measured import assert_counted_by_the_kernel
+from test_run_kernel import our_workers, report_balance, wait_for
 
 import harmony
 from harmony.core.osutil import SCHED_DEADLINE
+from harmony.probes import sched_debug
 from harmony.workload import controller
 from harmony.workload.controller import ControllerError, Workload
 from harmony.workload.tasks import TaskSpec
@@ -73,20 +76,26 @@ def test_fifo_single_source_is_placed_by_priority_not_load(kernel, tmp_path, pri
     assert our_workers() == []
 
 
-def test_other_single_source_is_balanced_by_load(kernel, tmp_path):
-    """The SCHED_OTHER side of the comparison, on a quiet host (load balance means nothing on a
-    busy one): the run queues reach <2,2> and stay there (but for the short excursions of
-    :func:`assert_stays_balanced`), and every task gets about half a CPU."""
+def test_other_single_source_is_measured_as_the_kernel_counted(kernel, tmp_path):
+    """The SCHED_OTHER side of the comparison, on a quiet host. Gated on what Harmony measured:
+    each task's moves and switches in the trace are those the kernel counted for it, the run
+    queues it rebuilt are those the kernel's own nr_running gave whenever it was read cleanly,
+    the class said. Whether the fair
+    class balanced <4,0> to <2,2> and kept it, and gave each task about half a CPU, is the
+    kernel's to decide: reported (test_run_kernel.report_balance), not gated on."""
     if len(os.sched_getaffinity(0)) < 2:
         host_skip("needs two CPUs")
     run, text = measure_quietly(lambda k: _run(tmp_path, f"other{k}", "release=cold"), _busy)
-    s = run.summary
-    assert s["balance_migrations"] >= 2 and s["first_balanced_s"] is not None, s
-    assert_stays_balanced(run)
-    assert s["share_ratio_min"] > 0.7 and run.shares["fair"].tolist() == pytest.approx([0.5] * 4)
+    m = run.manifest
+    assert_counted_by_the_kernel(run)
+    nr = m["kernel_nr_running_agreement"]
+    if sched_debug.available()[0]:      # the kernel's nr_running, where its debug file is there
+        assert nr is not None and nr["agreeing"] == nr["clean"], nr
+    assert run.shares["fair"].tolist() == pytest.approx([0.5] * 4)
+    report_balance(run)
     assert "scheduling class             SCHED_OTHER (4 tasks)" in text
     assert "RT throttling" not in text
-    assert run.manifest["sched"]["controller_fifo_priority"] == 10
+    assert m["sched"]["controller_fifo_priority"] == 10
 
 
 def test_a_warm_run(kernel, tmp_path):

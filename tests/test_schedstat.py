@@ -19,6 +19,8 @@ from harmony.analysis.event_streams import Stream
 from harmony.core import osutil
 from harmony.probes import schedstat
 
+from conftest import host_skip
+
 # read in a booted Debian 6.12 guest (4 vCPUs, kernel.sched_schedstats=1), cut to two CPUs
 V16 = """version 16
 timestamp 4294893432
@@ -193,6 +195,25 @@ def test_the_causes_against_the_domain_counters():
                                                           "why_not": "no CONFIG_SCHEDSTATS"}
 
 
+def test_a_sleeping_task_still_queued_moved_by_the_balance_is_counted_as_periodic():
+    """EEVDF's delayed dequeue (Linux 6.12 on): a task that went to sleep stays queued until
+    picked or woken, and CPU 1's periodic balance moves it (detach_tasks counts it in
+    lb_gained); its wake-up then records sched_waking and sched_wakeup, no placement. The move,
+    made before the task's sched_waking, is the balance's: the causes agree with the domains
+    exactly (it was taken for the wake-up's placement, and the domains seemed to count one
+    periodic move more than the trace held: the difference seen in debian 6.12 guests)."""
+    s = Stream()
+    s.switch(10, 0, 0, 0, X).switch(20, 0, X, 1, 0)             # X runs on CPU 0, then sleeps
+    s.switch(14, 1, 0, 0, 300).switch(15, 2, 0, 0, 301)
+    s.softirq(300, 1, True, common_pid=300).migrate(301, 1, X, 0, 1, common_pid=300)
+    s.softirq(302, 1, False, common_pid=300)
+    s.waking(500, 2, X, 1, common_pid=301).wakeup(501, 2, X, 1, common_pid=301)
+    facts = _facts({0: {}, 1: {}, 2: {}}, {0: {}, 1: {"lb_gained_busy": 1}, 2: {}})
+    got = schedstat_agreement(facts, _migrations([]), s.events(), [0, 1, 2])
+    assert got["kernel"]["periodic"] == got["all"]["periodic"] == 1, got
+    assert got["unknown"] == 0 and got["within"]
+
+
 def test_the_check_is_a_trust_note_agreeing_or_not_or_why_not():
     w = {"counted": 4, "agreeing": 4, "kernel": 12, "trace": 12, "unsure": 0}
     o = {"agreeing": 4, "kernel": 30, "trace": 30}
@@ -245,26 +266,26 @@ def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_
     m = store.read_json(out / "manifest.json")
     facts = m["kernel_schedstat"]
     assert facts["counting"] and facts["enabled_for_the_run"], facts
+    if m["lost_events"]:
+        host_skip(f"the guest's run lost {m['lost_events']} events: its counts are not judged")
     kc = m["kernel_counter_agreement"]
     assert kc["wakeups"]["counted"] == kc["tasks"] == 6, kc
     assert kc["wakeups"]["agreeing"] == 6 and kc["other_moves"]["agreeing"] == 6, kc
-    assert kc["migrations"]["kernel"] >= 3, kc          # six tasks spread over four CPUs
+    # five tasks waiting and three idle vCPUs: the layout forces moves on a balancing kernel
+    assert kc["migrations"]["kernel"] >= 3, kc
     sa = m["schedstat_agreement"]
     assert sa["counted"] and sa["version"] == 16
-    # one difference is known, not explained (docs/probes.md, "Cross-checks against the
-    # kernel"): the domains count one periodic move more than the trace holds, no event lost
-    # (2 of ~8 runs here: periodic 3 / 4 once, 20 / 21 in a fresh-clone CI run of 2026-11-27).
-    # The run must say it; any other difference fails
-    bound = sa["all"]["periodic"] + sa["unsure"]["periodic"] + sa["unknown"]
-    one_periodic = (sa["agreeing"] == ["newidle", "active"]
-                    and sa["kernel"]["periodic"] == bound + 1 and m["lost_events"] == 0)
-    if not (sa["within"] or one_periodic):  # whole, not cut by the assertion rewriting: a boot
+    # every domain count is the trace's, exactly: a periodic move the domains counted that the
+    # trace lacked (1 run in ~8 here) was a sleeping task still queued (delayed dequeue), moved
+    # by the balance and taken for its wake-up's placement (test above; analysis.causes)
+    if not sa["within"]:        # whole, not cut by the assertion rewriting: a boot a try
         pytest.fail("causes and the domains' counts differ: " + json.dumps(sa, sort_keys=True)
                     + "\nkernel counters: " + json.dumps(kc, sort_keys=True), pytrace=False)
-    said = ("the migrations' causes agree with the kernel's own counters" if sa["within"] else
-            "the migrations' causes disagree with the kernel's own counters")
-    assert any(n.startswith(said) and (sa["within"] or "beyond what the trace's moves" in n)
-               for n in m["notes"]), m["notes"]
+    # over all three causes too: each move inside a read or of unknown cause counted once at most
+    extra = sum(sa["kernel"][c] - sa["all"][c] for c in ("periodic", "newidle", "active"))
+    assert 0 <= extra <= sum(sa["unsure"].values()) + sa["unknown"], sa
+    said = "the migrations' causes agree with the kernel's own counters"
+    assert any(n.startswith(said) for n in m["notes"]), m["notes"]
 
 
 def test_a_killed_runs_switch_is_turned_back_off_at_the_next_start(tmp_path, monkeypatch):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import IMPLEMENTATIONS, use_implementation
+from conftest import IMPLEMENTATIONS, host_skip, use_implementation
 
 from harmony.analysis import reconstruct as rc
 from harmony.analysis.arrays import event_mask
@@ -17,6 +17,7 @@ from harmony.analysis.waking import (
     wakeups_from_waking,
 )
 from harmony.workload.tasks import layout_tasks, tasks_frame
+from measured import report_kernel_behaviour
 
 US = 1000
 WAKER = 50
@@ -256,27 +257,43 @@ def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel,
     p = cli("run", "intrinsic-imbalance", "--cpus", "0,1", "--duration", "1.5", "-p",
             "warmup_s=0.5", "--out", out, "-q")
     assert p.returncode == 0, p.stderr
-    assert harmony.load(out).manifest["lost_events"] == 0
+    lost = harmony.load(out).manifest["lost_events"]
+    if lost:
+        host_skip(f"the run lost {lost} events: its wake-ups are not all there to compare")
     events = decode_dir(out / "raw" / "tracefs").events
     check = df_wakeup_check(events)
-    assert check["placed"].any()        # the run moves tasks as it wakes them
+    # the kernel's choice whether any wake-up here moved its task (the simulated traces above
+    # hold thousands): reported, not gated on
+    report_kernel_behaviour("wake-ups that placed their task on another CPU",
+                            bool(check["placed"].any()), f"{len(check)} wake-ups, none placed")
     # each derived wake-up against its task's first recorded one after its sched_waking: one
     # may be missing where the probe is blind (on an idle CPU being woken, here) or at the end
     found = check.dropna(subset=["rec_ts"])
-    assert len(found) >= 0.95 * len(check) and found["rec_ts"].is_unique, (len(found), len(check))
-    same_cpu = int((found["target_cpu"] == found["rec_target_cpu"]).sum())
-    assert same_cpu >= 0.99 * len(found), (same_cpu, len(found))
-    # a wake-up starts a few microseconds before its sched_wakeup (1 % or 2 wake-ups, whichever is
-    # more, may wait longer: the waker preempted between the two, on a busy 2-CPU host 2 of 173)
-    late = found[~found["early_ns"].between(0, 1_000_000)]
-    assert len(late) <= max(2, 0.01 * len(found)), late
+    assert len(found) and found["rec_ts"].is_unique, check
+    # each derived wake-up without a recorded one is explained: its task ran after its
+    # sched_waking with no sched_wakeup of it between (fired where the probe is blind: CPU 1's
+    # idle context here, the wake list's IPI), or the trace ended before it ran
+    missing = check[check["rec_ts"].isna()]
+    unexplained = [(ts, pid) for ts, pid in zip(missing["waking_ts"], missing["pid"])
+                   if not _woken_unrecorded(events, int(ts), int(pid))]
+    assert not unexplained, missing
+    # each lands on the recorded one's CPU, unless the task moved between the two (a recorded
+    # move to the CPU the sched_wakeup then names)
+    other_cpu = found[found["target_cpu"] != found["rec_target_cpu"]]
+    unexplained = [r for r in other_cpu.itertuples() if not _moved_before_its_wakeup(events, r)]
+    assert not unexplained, other_cpu
+    # derived from the sched_waking, never after the sched_wakeup it stands for; how much before
+    # is the host's timing (the waker preempted between the two), reported, not gated on
+    assert (found["early_ns"] >= 0).all(), found[found["early_ns"] < 0]
+    late = found[found["early_ns"] > 1_000_000]
+    report_kernel_behaviour("a wake-up's sched_wakeup within 1 ms of its sched_waking",
+                            late.empty, f"{len(late)} of {len(found)} later")
     # and the migrations are of the same kinds (wake-up placement or balance), but for those the
     # events without sched_wakeup do not tell from a placement (see analysis.waking): moved by
     # the wake-up's own context once the task was queued (an RT push from the wake-up, a pull by
     # the waker's CPU as the waker runs on). Any other difference is a derivation gone wrong, as
     # the RT pushes made after an unrecorded switch were (2 of 1 283 migrations in 36 runs here,
     # 2026-11-26, before the fix; 1 left of the ambiguous kind, and 1 of 699 in a suite's 31).
-    # At ~0.1 % of migrations, more than 5 % of a run's (or 2) would be a new kind of move.
     # A recorded kind is no reference where the wake-up's own sched_wakeup was not recorded (fired
     # in a context the probe is blind in: CPU 1's idle one here, the wake list's IPI): 1 of 37 in
     # a fresh-clone CI run, 2026-11-27. Nor can the derivation tell that a task woken while it
@@ -284,14 +301,36 @@ def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel,
     # idle context): its wake-up is put at the sched_waking, before its switch-out, and the
     # newly-idle pull that followed looks like a placement (1 of 36 in a CI run, 2026-11-27;
     # taking an earlier sched_waking for the missing switch-in instead put 2 of 15 614
-    # migrations of a suite's 45 recordings wrong, which it had right).
+    # migrations of a suite's 45 recordings wrong, which it had right). Each difference must be
+    # one of those, however many the kernel's choices make of them.
     kinds = df_migration_kind_check(events)
     differ = kinds[kinds["kind"] != kinds["derived_kind"]]
     queued = [_moved_once_queued(events, ts, pid) or _its_wake_up_unrecorded(events, ts, pid)
               or _its_switch_in_unrecorded(events, ts, pid)
               for ts, pid in zip(differ["ts"], differ["pid"])]
     assert len(kinds) and all(queued), differ.assign(explained=queued)
-    assert len(differ) <= max(2, 0.05 * len(kinds)), differ
+
+
+def _woken_unrecorded(events: pd.DataFrame, waking_ts: int, pid: int) -> bool:
+    """Whether ``pid``, after its sched_waking at ``waking_ts``, was switched in with no
+    sched_wakeup of it between, or was not switched in again before the trace ended."""
+    ev = events["event"].astype(str).to_numpy()
+    t = events["ts"].to_numpy()
+    after = (events["pid"].to_numpy() == pid) & (t >= waking_ts)
+    switched_in = np.flatnonzero(after & (ev == "sched_switch"))
+    if not len(switched_in):
+        return True
+    return not (after & (ev == "sched_wakeup") & (t <= t[switched_in[0]])).any()
+
+
+def _moved_before_its_wakeup(events: pd.DataFrame, r) -> bool:
+    """Whether the task of a wake-up check row ``r`` was moved, after its sched_waking and up to
+    its recorded sched_wakeup, to the CPU that sched_wakeup names."""
+    ev = events["event"].astype(str).to_numpy()
+    t = events["ts"].to_numpy()
+    mig = ((ev == "sched_migrate_task") & (events["pid"].to_numpy() == r.pid)
+           & (t >= r.waking_ts) & (t <= r.rec_ts))
+    return bool((events["target_cpu"].to_numpy()[mig] == r.rec_target_cpu).any())
 
 
 def _its_wake_up_unrecorded(events: pd.DataFrame, ts: int, pid: int) -> bool:

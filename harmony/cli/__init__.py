@@ -7,10 +7,11 @@
 - :mod:`harmony.cli.host`: ``doctor``, ``clean``;
 - :mod:`harmony.cli.common`: what they share (one-line errors, exit statuses, common options).
 
-Exit codes (:func:`~harmony.cli.common.exit_status`, the one place that maps errors to them): 0
-success; 1 the job failed (host cannot run, trace corrupt, run incomplete); 2 bad arguments
-(nothing was started); 130 interrupted by Ctrl-C; 128 + the signal's number when stopped by
-SIGTERM (143) or SIGHUP.
+Exit statuses (:data:`~harmony.cli.common.EXIT_STATUSES`, printed by ``harmony --help``;
+:func:`~harmony.cli.common.exit_status` is the one place that maps errors to them): 0 success; 1
+the input or the host was not usable (a run, batch, suite or trace missing, corrupt or
+incomplete; the host refused); 2 usage (nothing was started); 130 interrupted by Ctrl-C; 128 +
+the signal's number when stopped by SIGTERM (143) or SIGHUP (129).
 
 Why the commands import inside their functions: a command loads what it uses when it runs, and
 nothing else. ``harmony --help``, ``harmony clean`` or a usage error must not pay for numpy,
@@ -26,16 +27,23 @@ import sys
 import click
 
 from harmony.cli import host, kernels, measure, results, traces
-from harmony.cli.common import exit_status
+from harmony.cli.common import EXIT_STATUSES, colour_off, echo, error_line, exit_status
 from harmony.core.errors import Interrupted
 from harmony.core.version import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=EXIT_STATUSES + " Colour on a terminal only, never with NO_COLOR set. "
+                    "The same option means the same thing in every command: docs/cli.md.")
 @click.version_option(__version__, prog_name="harmony")
-def main():
-    """Harmony: extract the actual CPU load-balancing policy of the running Linux scheduler by experiment."""
+@click.pass_context
+def main(ctx):
+    """Harmony: extract the actual CPU load-balancing policy of the running Linux scheduler by
+    experiment."""
     from harmony.core.memory import tune_allocations
+
+    if colour_off():
+        ctx.color = False
 
     tune_allocations()  # decoders and analyses fill and free many large arrays: see harmony.core.memory
 
@@ -124,13 +132,12 @@ def entry() -> None:
     except (click.exceptions.Abort, KeyboardInterrupt, Interrupted) as exc:
         # Ctrl-C or SIGTERM where no command caught it (starting up, reading the host...)
         stop = exc if isinstance(exc, Interrupted) else KeyboardInterrupt()
-        click.echo(f"harmony: error: {'interrupted' if isinstance(stop, KeyboardInterrupt) else stop}",
-                   err=True)
+        error_line("interrupted" if isinstance(stop, KeyboardInterrupt) else str(stop))
         code = exit_status(stop)
     if code is None:
         code = 0
     elif not isinstance(code, int):
-        click.echo(str(code), err=True)
+        echo(str(code), err=True)
         code = 1
     signals_do_not_interrupt_the_teardown()
     from harmony.core import jit

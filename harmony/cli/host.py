@@ -4,11 +4,25 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import click
 
-from harmony.cli.common import exit_on_error, fail
+from harmony.cli.common import echo, exit_on_error, fail, style
+
+#: how doctor's statuses are marked on a terminal
+STATUS_STYLES = {"ok": "ok", "warn": "warning", "missing": "error"}
+
+
+def coloured(table: str) -> str:
+    """doctor's table with each row's status marked (a warning must not be missed)."""
+    out = []
+    for i, line in enumerate(table.splitlines()):
+        m = re.match(r"^(\S+\s+)(ok|warn|missing)\b", line) if i else None
+        out.append(m.group(1) + style(m.group(2), STATUS_STYLES[m.group(2)]) + line[m.end():]
+                   if m else line)
+    return "\n".join(out)
 
 
 @click.command()
@@ -18,7 +32,10 @@ def doctor(as_json):
     from harmony import doctor as host
 
     facts = host.doctor(vm=True)
-    click.echo(json.dumps(facts, indent=1, default=str) if as_json else host.format_doctor(facts))
+    if as_json:
+        click.echo(json.dumps(facts, indent=1, default=str))
+    else:
+        echo(coloured(host.format_doctor(facts)))
     sys.exit(0 if facts["verdict"]["can_run"] else 1)
 
 

@@ -15,13 +15,19 @@ import click
 from harmony.cli.common import (
     check_out,
     check_release_options,
+    decide_cap,
+    decide_options,
     default_out,
     exit_on_error,
     fail,
     left_behind,
+    note,
     parse_params,
+    plural,
+    print_json,
     resolve_cpus,
 )
+from harmony.cli.screens import Shown
 from harmony.core import osutil
 
 #: how ``harmony run EXP --help`` names a parameter's kind (click's words for its own options)
@@ -58,7 +64,7 @@ class RunCommand(click.Command):
             opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))
         except click.UsageError:
             opts = {}           # the parse proper says what is wrong
-        name = opts.get("experiment")
+        name = opts.get("experiment") or opts.get("experiment_option")
         ctx.meta["harmony.run.experiment"] = name if isinstance(name, str) else None
         if opts.get("help") and isinstance(name, str):
             from harmony.experiments import get_experiment  # as in format_options
@@ -85,11 +91,21 @@ class RunCommand(click.Command):
 @click.command("list")
 @click.option("--verbose", "-v", is_flag=True,
               help="also each experiment's parameters, with their defaults on this host")
-def list_experiments(verbose):
+@click.option("--json", "as_json", is_flag=True,
+              help="print the catalog as JSON: each experiment's question, section and "
+                   "parameters (their defaults on this host's CPUs)")
+def list_experiments(verbose, as_json):
     """The experiment catalog: name, question, thesis section (-v: and its parameters)."""
     from harmony.experiments import CATALOG, get_experiment
 
-    ncpus = len(osutil.online_cpus()) if verbose else 0
+    ncpus = len(osutil.online_cpus()) if verbose or as_json else 0
+    if as_json:
+        print_json([{"name": name, "question": exp.question, "thesis": exp.thesis,
+                     "params": [{"name": p.name, "kind": p.kind, "help": p.help,
+                                 "default": p.default_for(ncpus), "scales": p.scales}
+                                for p in exp.all_params()]}
+                    for name, exp in ((n, get_experiment(n)) for n in CATALOG)])
+        return
     for i, name in enumerate(CATALOG):
         exp = get_experiment(name)
         if verbose and i:
@@ -149,12 +165,15 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
 
 
 @click.command(cls=RunCommand)
-@click.argument("experiment")
+@click.argument("experiment", required=False)
+@click.option("--experiment", "-e", "experiment_option", metavar="NAME",
+              help="the experiment, as every command names it (or give it first: run NAME)")
 @click.option("--cpus", help="experiment CPU set, e.g. 0-3 (default: all online CPUs)")
 @click.option("--layout", help="tasks per CPU of the set at t0, e.g. 8,0")
 @click.option("--duration", type=float, help="seconds measured after t0")
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
-@click.option("--probe", default="tracefs", show_default=True, help="capture backend: tracefs or perf")
+@click.option("--probe", default="tracefs", show_default=True,
+              help="capture backend: tracefs, perf or pyperf (perf_event through python-perf)")
 @click.option("--crosscheck", metavar="PROBE",
               help="also record the run with this second probe (e.g. perf) and compare the two")
 @click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/<experiment>-<time>)")
@@ -162,16 +181,32 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="runs of this configuration: OUT/rep-NN/ and OUT/batch.json with median, IQR, 95% CI")
+@click.option("--json", "as_json", is_flag=True,
+              help="print the run's manifest facts and metrics (with --repeat: the batch's "
+                   "record) as JSON, as `harmony report --json OUT` does")
+@click.option("--verbose", "-v", is_flag=True,
+              help="every parameter, measurement fact and note (with --repeat: every metric)")
+@decide_options
 @vm_options
 @scx_options
-def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed, quiet, repeat,
-        kernel, vm_cpus, vm_memory, vm_qemu, scx, scx_args):
-    """Run one experiment and analyse it; prints the summary."""
+def run(experiment, experiment_option, cpus, layout, duration, params, probe, crosscheck, out,
+        seed, quiet, repeat, as_json, verbose, until_decided, max_repeat, kernel, vm_cpus,
+        vm_memory, vm_qemu, scx, scx_args):
+    """Run one experiment (EXPERIMENT, or --experiment NAME) and analyse it; prints the key
+    numbers, the answers and where the files are."""
     from harmony.experiments import get_experiment
     from harmony.probes import PROBES
     from harmony.vm.plan import plan_scx, plan_vm
 
     # Everything is checked before anything starts.
+    if experiment and experiment_option and experiment != experiment_option:
+        raise click.UsageError(f"two experiments given: {experiment} and --experiment "
+                               f"{experiment_option}")
+    experiment = experiment or experiment_option
+    if not experiment:
+        raise click.UsageError("name the experiment: harmony run EXPERIMENT (or --experiment "
+                               "NAME); harmony list shows the catalog")
+    shown = Shown(as_json, verbose)
     check_release_options()
     try:
         exp = get_experiment(experiment)
@@ -189,6 +224,7 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
     if duration is not None:
         overrides["duration"] = str(duration)
     try:
+        cpu_set = _placed(overrides, cpu_set, kernel)
         values = exp.resolve(overrides, cpu_set)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -202,27 +238,56 @@ def run(experiment, cpus, layout, duration, params, probe, crosscheck, out, seed
     check_out(out)
     if (out / "manifest.json").exists():
         raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+    cap = decide_cap(until_decided, max_repeat, repeat)
+    if cap is not None and crosscheck:
+        raise click.UsageError("--crosscheck records one run; use it without --until-decided")
     with exit_on_error():
         scx_spec = plan_scx(scx, scx_args, kernel, [values])
     if kernel is not None:
         return _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat,
-                          _vm_runner(kernel, vm, quiet, scx_spec))
+                          _vm_runner(kernel, vm, quiet, scx_spec), cap, shown)
     facts = _host_facts_or_exit(probe, crosscheck)
     if crosscheck:
         from harmony.probes import get_probe
         ok, why = get_probe(crosscheck).available()
         if not ok:
             fail(f"probe {crosscheck} cannot record here: {why} (see `harmony doctor`)")
-    if repeat > 1:
+    if repeat > 1 or cap is not None:
         if crosscheck:
             raise click.UsageError("--crosscheck records one run; use it without --repeat")
         return _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat,
-                                  scx_spec)
-    _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck, scx_spec)
+                                  scx_spec, cap, shown)
+    _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck, scx_spec,
+                    shown)
 
 
-def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None):
-    from harmony.batch import batch_text, finish_batch, run_batch
+def _host_topology() -> dict:
+    """This host's topology (the contract's, harmony.probes.domains): what places experiments
+    at its levels and plans a suite's questions of distance."""
+    from harmony.probes import domains
+
+    return domains.read()
+
+
+def _placed(overrides: dict, cpu_set: list[int], kernel) -> list[int]:
+    """The run's CPU set for ``-p level=...`` (harmony.experiments.placement): the pair at that
+    level of this host's topology; ``cpu_set`` without a level. ValueError (one line) for a
+    machine without such a pair, or a kernel under test in a VM, whose topology is the guest's."""
+    from harmony.experiments.placement import placed_cpus
+
+    level = overrides.get("level") or ""
+    if not level:
+        return cpu_set
+    if kernel is not None:
+        raise ValueError(f"level={level} in a VM needs the guest's topology before it boots: "
+                         "give the VM its shape (--vm-topology) when Harmony has it")
+    return placed_cpus(level, cpu_set, _host_topology())
+
+
+def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, repeat, scx=None,
+                       cap=None, shown=None):
+    from harmony.batch import finish_batch
+    from harmony.decide import batch_until_decided
     from harmony.runners import KernelRunner
     from harmony.suite import Progress
 
@@ -230,33 +295,37 @@ def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, rep
     try:
         with exit_on_error(marked=f"the current run under {out} is marked incomplete", also=(OSError,)):
             with KernelRunner(probe, facts, overlap=False, cpus=cpu_set, scx=scx) as runner:
-                run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed, progress=progress)
+                batch_until_decided(exp, values, cpu_set, out, repeat, runner, seed, cap,
+                                    progress)
     finally:
         progress.close()
-    click.echo(batch_text(finish_batch(out)))
-    click.echo(f"\nbatch: {out / 'batch.json'}")
+    (shown or Shown(False, False)).batch(finish_batch(out), out)
 
 
-def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner):
-    """One boot of the kernel under test for the run (or its repetitions); analysed on the host."""
-    from harmony.analysis.report import summary_text
-    from harmony.batch import batch_text, finish_batch, run_batch
+def _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat, runner, cap=None, shown=None):
+    """One boot of the kernel under test for the run (or its repetitions; with ``cap``, a round
+    more for each that --until-decided adds); analysed on the host."""
+    from harmony.batch import finish_batch
+    from harmony.decide import batch_until_decided
     from harmony.store import open_run
 
+    shown = shown or Shown(False, False)
+    batch = repeat > 1 or cap is not None
     with exit_on_error(marked=f"what {out} holds that was not captured is marked incomplete"):
         with runner:
-            if repeat > 1:
-                run_batch(exp, values, cpu_set, out, repeat, runner, seed=seed)
+            if batch:
+                drained = batch_until_decided(exp, values, cpu_set, out, repeat, runner, seed,
+                                              cap)
             else:
                 runner.capture(exp, values, cpu_set, out, seed, figures=True)
-        failed = [r for r in runner.results if r["status"] != "ok"]
+        results = {r["path"]: r for r in (drained if batch else []) + runner.results}
+        failed = [r for r in results.values() if r["status"] != "ok"]
         if failed:
             fail(f"{failed[0]['path']}: {failed[0]['error']}")
-        if repeat > 1:
-            click.echo(batch_text(finish_batch(out)))
-            click.echo(f"\nbatch: {out / 'batch.json'}")
+        if batch:
+            shown.batch(finish_batch(out), out)
         else:
-            click.echo(summary_text(open_run(out)))
+            shown.run(open_run(out))
 
 
 def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:
@@ -266,20 +335,19 @@ def _host_facts_or_exit(probe: str, crosscheck: str | None = None) -> dict:
     ok, why = get_probe(probe).available()
     if not ok:
         fail(f"probe {probe} cannot record here: {why} (see `harmony doctor`)")
-    # a 10 ms test recording with perf costs ~0.3 s: only when perf will record
-    facts = host.doctor(mount=True, test_record="perf" in (probe, crosscheck))
+    # a 10 ms test recording with perf costs ~0.3 s (pyperf's test ~0.1 s): only when it records
+    facts = host.doctor(mount=True, test_record=bool({probe, crosscheck} & {"perf", "pyperf"}))
     return host.run_facts(facts)
 
 
 def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=None,
-                    scx=None):
-    from harmony.analysis.report import summary_text
+                    scx=None, shown=None):
     from harmony.run import execute
 
     with exit_on_error(marked=lambda: left_behind(out), also=(OSError,)):
         result = execute(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=crosscheck,
                          scx=scx)
-    click.echo(summary_text(result))
+    (shown or Shown(False, False)).run(result)
 
 
 @click.command()
@@ -287,7 +355,8 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
 @click.option("--cpus", help="experiment CPU set, e.g. 0-3 (default: all online CPUs)")
 @click.option("--out", type=click.Path(path_type=Path), help="suite directory (default runs/suite-<time>)")
 @click.option("--repeat", type=click.IntRange(min=1), help="runs per configuration (default 5, quick 2)")
-@click.option("--experiment", "experiments", multiple=True, help="only these experiments (repeatable)")
+@click.option("--experiment", "-e", "experiments", multiple=True, metavar="NAME",
+              help="only these experiments (repeatable)")
 @click.option("--probe", default="tracefs", show_default=True, help="capture backend")
 @click.option("--overlap", type=click.Choice(["auto", "always", "never"]), default="auto",
               show_default=True,
@@ -299,16 +368,24 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
 @click.option("--resume", is_flag=True,
               help="continue the interrupted suite in --out: its plan, CPU set and seed; complete "
                    "runs kept, captured ones analysed, interrupted ones moved aside and run again "
-                   "(a suite in a VM: give its --kernel and --vm-* options again)")
+                   "(a suite in a VM: give its --kernel and --vm-* options again); a suite "
+                   "asked --until-decided goes on adding runs with its --max-repeat")
+@click.option("--json", "as_json", is_flag=True,
+              help="print the policy card as JSON, as `harmony report --json OUT` does")
+@click.option("--verbose", "-v", is_flag=True,
+              help="the card's every number, threshold and run not used")
+@decide_options
 @vm_options
 @scx_options
-def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume, kernel,
-          vm_cpus, vm_memory, vm_qemu, scx, scx_args):
+def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, resume, as_json,
+          verbose, until_decided, max_repeat, kernel, vm_cpus, vm_memory, vm_qemu, scx,
+          scx_args):
     """Run the whole catalog with repetitions and write one report (policy card first).
 
     With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
     and is analysed on the host after the VM exits."""
     from harmony.runners import KernelRunner
+    from harmony.store import missing_dir
     from harmony.suite import cpu_limits, plan, resume_plan, run_suite
     from harmony.vm.plan import plan_scx, plan_vm
 
@@ -323,7 +400,9 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
             raise click.UsageError("--resume takes the plan, CPU set and seed of the suite in "
                                    "--out: give --out DIR and none of " + ", ".join(
                                        given or ["--quick, --cpus, --repeat, --experiment, --seed"]))
-        with exit_on_error(inputs=(OSError,)):
+        with exit_on_error(also=(OSError,)):
+            if not out.is_dir():
+                raise missing_dir(out)
             configs, cpu_set, before = resume_plan(out)
         seed = before.get("seed", 0)
         if kernel is not None and cpu_set != vm.cpus:
@@ -335,7 +414,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         cpu_set = vm.cpus if kernel is not None else resolve_cpus(cpus)
         try:
             configs = plan(cpu_set, quick=quick, repeat=repeat,
-                           experiments=list(experiments) or None)
+                           experiments=list(experiments) or None,
+                           topology=None if kernel is not None else _host_topology())
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
         if out is None:
@@ -344,11 +424,16 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         if out.exists() and any(out.iterdir()):
             raise click.BadParameter(f"{out} is not empty; choose another --out (or --resume)",
                                      param_hint="--out")
+    # a resumed suite goes on as it was asked (its cap), unless told otherwise
+    earlier = (before.get("until_decided") or {}).get("max_repeat") if resume else None
+    cap = decide_cap(until_decided or bool(earlier), max_repeat or earlier,
+                     max(c.repeat for c in configs))
     with exit_on_error():
         scx_spec = plan_scx(scx, scx_args, kernel, [c.params for c in configs])
+    shown = Shown(as_json, verbose)
     if kernel is not None:
         return _suite_in_vm(configs, cpu_set, out, seed, quiet,
-                            _vm_runner(kernel, vm, quiet, scx_spec), resume)
+                            _vm_runner(kernel, vm, quiet, scx_spec), resume, cap, shown)
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
     spare = sorted(set(osutil.online_cpus()) - set(cpu_set))
@@ -362,7 +447,7 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
                       "measurements by a process that is stopped while a run is measured, the rest "
                       "after the last capture, so the analysis never runs beside a measurement.")
     for line in limits:
-        click.echo(f"note: {line}", err=True)
+        note(line)
     runner = KernelRunner(probe, facts, overlap=overlapped, cpus=cpu_set, pause=paused,
                           scx=scx_spec)
     with exit_on_error(marked=f"{out} holds the runs finished so far (`harmony suite --out {out} "
@@ -370,32 +455,34 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         record = run_suite(configs, cpu_set, out, runner,
                            facts={k: v for k, v in facts.items() if k != "doctor"},
                            seed=seed, quiet=quiet, card_note=" ".join(limits) or None,
-                           resume=resume)
-    from harmony.analysis.policy import infer as infer_card
-
-    click.echo(infer_card([out]).text())
-    click.echo(f"{record['runs']} runs, {record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s "
-               f"configured (efficiency {record['efficiency']:.2f})")
-    click.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
+                           resume=resume, until_decided=cap)
+    shown.suite(out, f"{plural(record['runs'], 'run')}, {record['wall_s']:.0f} s wall for "
+                     f"{record['configured_s']:.0f} s configured (efficiency "
+                     f"{record['efficiency']:.2f})", record)
     if record["failures"]:
-        fail(f"{len(record['failures'])} configurations failed; see {out / 'suite.json'}")
+        fail(f"{plural(len(record['failures']), 'configuration')} failed; see "
+             f"{out / 'suite.json'}")
 
 
-def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = False):
-    from harmony.analysis.policy import infer as infer_card
+def _suite_in_vm(configs, cpu_set, out, seed, quiet, runner, resume: bool = False, cap=None,
+                 shown=None):
     from harmony.suite import cpu_limits, run_suite
 
     limits = cpu_limits(len(cpu_set))
     for line in limits:
-        click.echo(f"note: {line}", err=True)
+        note(line)
     with exit_on_error(marked=f"{out} holds the runs finished so far (`harmony suite --out {out} "
                         "--resume` with the same --kernel and --vm-* options goes on)",
                  also=(OSError,)):
         record = run_suite(configs, cpu_set, out, runner, facts=runner.facts, seed=seed,
-                           quiet=quiet, card_note=" ".join(limits) or None, resume=resume)
-    click.echo(infer_card([out]).text())
-    click.echo(f"{record['runs']} runs in one boot of {runner.kernel.describe()}, "
-               f"{record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s configured")
-    click.echo(f"report: {out / 'report.md'} and {out / 'report.html'}")
+                           quiet=quiet, card_note=" ".join(limits) or None, resume=resume,
+                           until_decided=cap)
+    rounds = (record.get("until_decided") or {}).get("rounds") or 0
+    boots = "one boot" if not rounds else f"{1 + rounds} rounds of runs (flushes)"
+    (shown or Shown(False, False)).suite(
+        out, f"{plural(record['runs'], 'run')} in {boots} of {runner.kernel.describe()}, "
+             f"{record['wall_s']:.0f} s wall for {record['configured_s']:.0f} s configured",
+        record)
     if record["failures"]:
-        fail(f"{len(record['failures'])} runs or configurations failed; see {out / 'suite.json'}")
+        fail(f"{plural(len(record['failures']), 'run or configuration', 'runs or configurations')}"
+             f" failed; see {out / 'suite.json'}")

@@ -11,7 +11,16 @@ from pathlib import Path
 
 import click
 
-from harmony.cli.common import check_out, default_out, exit_on_error, parse_params
+from harmony.cli.common import (
+    check_out,
+    default_out,
+    echo,
+    exit_on_error,
+    fail,
+    note,
+    parse_params,
+    print_json,
+)
 
 #: the formats of harmony export and their default file names (harmony.export.FORMATS: that
 #: module loads pandas, which a usage error must not wait for)
@@ -25,14 +34,23 @@ FORMATS = {"trace.dat": "trace.dat", "perfetto": "trace.pftrace"}
                    "perfetto: the run's timeline (runs per CPU and per task, migrations, run "
                    "queues, markers) for Perfetto's UI and trace processor")
 @click.option("--out", type=click.Path(path_type=Path),
-              help="file to write (default RUN_DIR/trace.dat, or RUN_DIR/trace.pftrace)")
-def export(run_dir, fmt, out):
+              help="file to write (default RUN_DIR/trace.dat, or RUN_DIR/trace.pftrace; a "
+                   "run that cannot be written needs --out)")
+@click.option("--json", "as_json", is_flag=True,
+              help="print the file written and the notes as JSON")
+def export(run_dir, fmt, out, as_json):
     """Write a run's capture as a trace.dat that KernelShark and `trace-cmd report` open, or its
     timeline as a trace that Perfetto's UI opens."""
     from harmony.export import export as write
+    from harmony.store import cannot_write, open_run
 
-    if not (run_dir / "manifest.json").is_file():
-        raise click.BadParameter(f"{run_dir} is not a run directory (no manifest.json)", param_hint="RUN_DIR")
+    with exit_on_error(also=(OSError,)):
+        open_run(run_dir, allow_incomplete=fmt == "trace.dat")  # an incomplete run's capture too
+    if out is None:
+        why = cannot_write(run_dir)
+        if why:
+            raise click.UsageError(f"{run_dir} cannot be written ({why}): give --out FILE for "
+                                   f"the {fmt}")
     dest = out or run_dir / FORMATS[fmt]
     if dest.is_dir():
         raise click.BadParameter(f"{dest} is a directory", param_hint="--out")
@@ -41,14 +59,16 @@ def export(run_dir, fmt, out):
     check_out(dest.absolute().parent)      # a writable one
     with exit_on_error(also=(OSError,)):
         wrote, notes = write(run_dir, fmt, dest)
-    for note in notes:
-        click.echo(note, err=True)
-    click.echo(wrote)
+    if as_json:
+        print_json({"path": str(wrote), "format": fmt, "notes": notes})
+        return
+    for line in notes:
+        note(line)
+    echo(str(wrote))
 
 
 @click.command("import")
-@click.argument("trace_file", metavar="FILE", type=click.Path(exists=True, dir_okay=False, path_type=Path,
-                                                              allow_dash=True))
+@click.argument("trace_file", metavar="FILE", type=click.Path(path_type=Path, allow_dash=True))
 @click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True, help="a task of the experiment")
 @click.option("--comm", "comms", multiple=True, metavar="NAME",
               help="tasks whose comm matches NAME (a glob such as 'hmy-*')")
@@ -57,7 +77,8 @@ def export(run_dir, fmt, out):
 @click.option("--t0-marker", metavar="TEXT", help="t0 is the first trace marker with this text")
 @click.option("--end", "end_s", type=float, help="end of the measured window, seconds on the trace clock")
 @click.option("--end-marker", metavar="TEXT", help="the measured window ends at this trace marker")
-@click.option("--experiment", default="single-source", show_default=True, help="whose metrics and figures")
+@click.option("--experiment", "-e", default="single-source", show_default=True, metavar="NAME",
+              help="whose metrics and figures")
 @click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
 @click.option("--buffer", help="trace.dat instance buffer to read (default: the only one with data)")
 @click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/import-<time>)")
@@ -70,12 +91,16 @@ def export(run_dir, fmt, out):
 @click.option("--no-disk-check", is_flag=True,
               help="import even where --out's file system may not have the room for the run "
                    "(refused otherwise, before the trace is read, with the estimate)")
-def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params, buffer, out,
-            quiet, list_tasks, no_memory_check, no_disk_check):
+@click.option("--json", "as_json", is_flag=True,
+              help="print the run's manifest facts and metrics as JSON, as `harmony report "
+                   "--json OUT` does")
+@click.option("--verbose", "-v", is_flag=True,
+              help="every parameter, measurement fact and note")
+def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params,
+            buffer, out, quiet, list_tasks, no_memory_check, no_disk_check, as_json, verbose):
     """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*', perf sched
     record) from another host; FILE "-": one piped in (perf record -o - ... | harmony import -),
     kept in the run directory as it arrives."""
-    from harmony.analysis.report import summary_text
     from harmony.core.osutil import parse_cpulist
     from harmony.experiments import get_experiment
     from harmony.importer import import_trace
@@ -86,6 +111,8 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
         raise click.BadParameter("- reads the trace piped into harmony, and standard input is a "
                                  "terminal: pipe one in (perf record -o - ... | harmony import -)",
                                  param_hint="FILE")
+    if not piped and not trace_file.exists():     # the input: missing is status 1, as a run's
+        fail(f"{trace_file}: no such file")
     if not piped and not trace_file.is_file():  # a FIFO, a device: reading could wait forever
         raise click.BadParameter(f"{trace_file} is not a regular file", param_hint="FILE")
     if list_tasks:
@@ -141,7 +168,9 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
                                   disk_check=not no_disk_check)
         finally:
             progress.clear()        # before the summary, or the error, takes its place
-    click.echo(summary_text(result))
+    from harmony.cli.screens import Shown
+
+    Shown(as_json, verbose).run(result)
 
 
 def _receive_piped_trace(out: Path, progress) -> Path:

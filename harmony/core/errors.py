@@ -24,6 +24,15 @@ class RunError(HarmonyError):
     """A run directory is missing, corrupt or incomplete; the message names the path."""
 
 
+class IncompleteRun(RunError):
+    """A run directory whose run is not complete (interrupted, failed, or captured and not
+    analysed yet): ``path`` the directory, ``status`` its manifest's."""
+
+    def __init__(self, message: str, path=None, status: str | None = None):
+        super().__init__(message)
+        self.path, self.status = path, status
+
+
 class ProbeError(HarmonyError):
     """A probe could not start, record or decode; the message is one line for the user."""
 
