@@ -479,6 +479,13 @@ def test_no_build_of_the_recipe_names_the_command(tmp_path, monkeypatch):
                        r"the config the recipe makes of 6.12.117-1~deb12u1\): `harmony kernel "
                        r"build sched-ext` builds it"):
         kernels.available("sched-ext", tmp_path / "cache")
+    # no reference build where one is looked for: the error says where, and the variable
+    _fake_source(monkeypatch, rec, tmp_path / "elsewhere" / "sched-ext-6.12",
+                 "6.12.118-1~deb12u1")
+    with pytest.raises(kernels.KernelError, match=r"no reference build: none in "
+                       r"shared/kernels/sched-ext-6.12 above Harmony's directory or the current "
+                       r"one \(HARMONY_KERNEL_SEED names one elsewhere\)\): `harmony kernel"):
+        kernels.available("sched-ext", tmp_path / "cache")
     # apt unreachable: the newest cached build still serves
     _fake_source(monkeypatch, rec, seed, None)
     _cached_build(tmp_path / "cache", rec, "6.12.110-1~deb12u1")

@@ -510,6 +510,9 @@ def seed(name: str, cache: Path | None = None, version: str | None = None,
 def seed_version(rec: dict, seed: Path) -> tuple[str | None, str]:
     """The source version whose build the reference build in ``seed`` is (the version of the
     recipe's ``config_sha256`` it matches: :func:`seed_matches`), or None and why not."""
+    if not seed.is_dir():
+        return None, (f"none in {SEED_SUBDIR / seed.name} above Harmony's directory or the "
+                      "current one (HARMONY_KERNEL_SEED names one elsewhere)")
     whys = []
     for version in sorted(rec.get("config_sha256", {}), key=version_order, reverse=True):
         ok, why = seed_matches(rec, seed, version)
