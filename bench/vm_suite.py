@@ -154,9 +154,9 @@ def print_split(s: dict) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kernel", default="/work/shared/kernels/sched-ext-6.12/bzImage")
-    ap.add_argument("--scx", default="/work/shared/kernels/sched-ext-6.12/scx_simple",
-                    help="a sched_ext scheduler ('' for none)")
+    ap.add_argument("--kernel", default="sched-ext",
+                    help="--kernel of the suite (default %(default)s: the recipe's build)")
+    ap.add_argument("--scx", default="simple", help="a sched_ext scheduler ('' for none)")
     ap.add_argument("--vm-cpus", type=int, default=4)
     ap.add_argument("--from", dest="suite", help="a suite directory made already: split it")
     ap.add_argument("--out", help="keep the suite made in this directory (default: removed)")
