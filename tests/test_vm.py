@@ -482,3 +482,21 @@ def test_ctrl_c_during_a_vm_run_ends_it_in_one_line_with_nothing_left(tmp_path):
                  or Path(f"/proc/{vng_pid}/stat").read_text().split(") ")[1][0] == "Z", 10)
     m = store.read_json(out / "manifest.json")
     assert m["status"] == "incomplete", m.get("status")
+
+
+def test_an_exited_reaper_waiting_for_init_is_not_reclaimed_as_a_live_vm_process():
+    """After a controller's kill its reaper exits and waits, a zombie, for init to reap it: the
+    next start or `harmony clean` must not report it as a VM process it removed (a zombie runs
+    nothing, and its pid and start time still match its record)."""
+    from harmony.core.osutil import proc_starttime, proc_zombie
+
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    try:
+        assert until(lambda: proc_zombie(pid), 5)
+        assert proc_starttime(pid) is not None          # what the record's check alone sees
+        assert not proc_zombie(os.getpid())
+    finally:
+        os.waitpid(pid, 0)
+    assert not proc_zombie(pid)                          # gone: not a zombie either
