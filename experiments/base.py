@@ -35,7 +35,7 @@ from harmony.analysis.cost import cost_summary
 from harmony.analysis.topology import counts_by_level, domains_of
 from harmony.core.errors import ParameterError
 from harmony.experiments.placement import check_placed, level_word
-from harmony.workload.tasks import POLICIES, class_problem
+from harmony.workload.tasks import POLICIES, RT_POLICIES, RT_PRIORITY_DEFAULT, class_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +122,7 @@ WARM_S = 0.25
 CLASS_FIELDS = (
     ("policy", "other", "str", "scheduling class of {whom}: " + ", ".join(POLICIES), policy_name),
     ("rt_priority", 0, "int", "SCHED_FIFO / SCHED_RR priority of {whom}, 1..98 (0 for the other "
-     "classes)", None),
+     f"classes; fifo and rr without one: {RT_PRIORITY_DEFAULT})", None),
     ("dl_runtime_ms", 0.0, "float", "SCHED_DEADLINE runtime per period of {whom}, ms", non_negative),
     ("dl_deadline_ms", 0.0, "float", "SCHED_DEADLINE relative deadline of {whom}, ms (0: the period)",
      non_negative),
@@ -175,12 +175,24 @@ def task_class(p: dict, role: str | None = None) -> dict:
     return out
 
 
+def class_defaults(p: dict, roles=(None,)) -> None:
+    """Give a fifo or rr task class that has no rt_priority (0, or unset and inheriting 0) the
+    default, :data:`~harmony.workload.tasks.RT_PRIORITY_DEFAULT`, in ``p`` (so that the run
+    records the priority its tasks had): ``rt_priority``, or a two-class experiment's
+    ``<role>_rt_priority`` (the other class may be of a class without priorities)."""
+    for role in roles:
+        fields = task_class(p, role)
+        if fields["policy"] in RT_POLICIES and not fields["rt_priority"]:
+            p[f"{role}_rt_priority" if role else "rt_priority"] = RT_PRIORITY_DEFAULT
+
+
 def class_check(p: dict, roles=(None,), nice: dict | None = None) -> None:
     """Every task class's scheduling class is one a task can be given, and a warm release can
     hold it (ValueError, one line, naming the parameters). ``nice``: role -> its nice value."""
     for role in roles:
         fields = task_class(p, role)
-        why = class_problem(**fields, nice=(nice or {}).get(role, 0))
+        why = class_problem(**fields, nice=(nice or {}).get(role, 0),
+                            prefix=f"{role}_" if role else "")
         if why:
             where = f"{role} tasks: " if role else ""
             raise ValueError(f"{where}{why}")
@@ -363,6 +375,7 @@ class Experiment:
                     if err:
                         raise ValueError(f"parameter {name}={item}: {err}")
             values[name] = v
+        class_defaults(values, self.class_roles)
         check_placed(values.get("level") or "", cpus)
         self.validate(values, cpus)
         self.check_classes(values)

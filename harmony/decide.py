@@ -93,19 +93,24 @@ def until_decided(batches: list[Batch], cpus: list[int], runner, cap: int, seed:
     results: list[dict] = []
     if resume:
         results += _take_up(batches, cpus, runner, seed, progress)
+    # a runner that makes its captures at flush (a VM's) numbers them as they happen
+    later = hasattr(runner, "to_make")
     while True:
         grow = [(b, n) for b in batches if (n := next_round(b, cap)) > 0]
         if not grow:
             break
-        if progress is not None:
+        if progress is not None and not later:
             progress.total_runs += sum(n for _, n in grow)
             progress.total_s += sum(n * float(b.params["duration"]) *
                                     (1 + len(b.exp.companions(b.params))) for b, n in grow)
         for b, n in grow:
             run_batch(b.exp, b.params, b.cpus or cpus, b.out, b.runs + n, runner, seed=seed,
-                      progress=progress, draw_first=False, first=b.runs + 1)
+                      progress=None if later else progress, draw_first=False,
+                      first=b.runs + 1)
             b.runs += n
             b.rounds += 1
+        if later and progress is not None:
+            progress.expect(*runner.to_make())
         runner.flush()
         results += runner.drain()
     for b in batches:

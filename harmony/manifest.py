@@ -12,8 +12,6 @@ import datetime
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
-import numpy as np
-
 from harmony.core.version import __version__
 
 
@@ -33,9 +31,10 @@ def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: in
         "started_at": now(),
         **facts,
         "host": host,
-        # the installed versions, read without importing pandas (see rows_frame)
+        # the installed versions, read without importing pandas or numpy (the guest agent
+        # imports neither: see rows_frame)
         "versions": {"python": platform.python_version(), "pandas": _version("pandas"),
-                     "numpy": np.__version__},
+                     "numpy": _version("numpy")},
     }
 
 

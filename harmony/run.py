@@ -154,8 +154,9 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     agent's :class:`JsonRows`).
 
     ``scx`` names a sched_ext scheduler (:mod:`harmony.vm.scx`) started before the workers, watched
-    over the run and stopped after; its record is the manifest's ``scx``, and the run is
-    incomplete, with the reason, if the kernel ejected it.
+    over the run and stopped after (or a :class:`harmony.vm.scx.Kept` one, loaded already and
+    left loaded); its record is the manifest's ``scx``, and the run is incomplete, with the
+    reason, if the kernel ejected it.
 
     The manifest is written first with status "running"; it becomes "captured" only when the
     workload ran its full duration and the probe stopped cleanly, and "incomplete" (with the
@@ -245,11 +246,14 @@ class _Capture:
         # on the CPUs measured, and a thread at the fork below
         stop_prefault()
         if self.scx is not None:   # first: the release reads whether sched_ext is enabled
-            self.scheduler = scx_mod.Scheduler(self.scx, out / scx_mod.LOG_NAME)
+            self.scheduler = (self.scx.for_run(out / scx_mod.LOG_NAME)
+                              if isinstance(self.scx, scx_mod.Kept)
+                              else scx_mod.Scheduler(self.scx, out / scx_mod.LOG_NAME))
             self.scheduler.start()
             manifest["reclaimed"] += self.scheduler.reclaimed
             manifest["host"] = {**manifest["host"], "scheduler": self.scheduler.ops,
                                 "sched_ext": "enabled"}
+            self.laps("scheduler")
         # tasks that keep records of their own are told where, and what the run settles only
         # now (the server's measured capacity, under the scheduler under test) joins its params
         self.specs, settled = self.experiment.place(self.specs, out, params, self.cpus)
@@ -257,6 +261,7 @@ class _Capture:
             params.update(settled)
             manifest["params"] = {**manifest["params"], **settled}
             store.write_json(out / "manifest.json", manifest)
+            self.laps("place")   # a server's calibration: what the run settled as it started
         # the kernel's own count of migrations by kind (/proc/schedstat, and the per-task ones
         # of /proc/<pid>/sched), turned on now if the kernel has it off: before the workers exist
         self.schedstats = schedstat.Reads()
@@ -331,7 +336,7 @@ class _Capture:
             self.counters.take("end")
         self.schedstats.take("end")
         manifest["kernel_schedstat"] = self.schedstats.facts()
-        manifest["work_done"] = workload.work_done().tolist()
+        manifest["work_done"] = workload.work_counts()
         manifest["workers_alive_at_end"] = len(workload.alive())
         if ejected:
             raise scx_mod.ScxError(f"the sched_ext scheduler {self.scx.name} was ejected during "

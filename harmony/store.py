@@ -31,8 +31,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from harmony.core.errors import IncompleteRun, RunError  # noqa: F401  (raised here)
 from harmony.core.osutil import FILE_MODE, atomic_write, open_own_file, own_dir  # noqa: F401
 
@@ -107,7 +105,10 @@ def rows_frame(rows: list[tuple], dtypes: dict) -> pd.DataFrame:
     a few rows. ``str`` columns get pandas' string dtype, as astype(str) gives."""
     # pandas here and in read_table, not at the top: the guest agent (harmony.vm.guest) writes its
     # manifests and JSON through this module in a virtual machine, where pandas costs seconds
+    # (numpy too: 6 s of a TCG boot)
+    import numpy as np
     import pandas as pd
+
     cols = list(zip(*rows)) or [()] * len(dtypes)
     return pd.DataFrame({name: np.asarray(col, dtype=dtype)
                          for (name, dtype), col in zip(dtypes.items(), cols)})

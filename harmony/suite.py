@@ -227,7 +227,11 @@ class Progress:
     configured runs so far times the configured seconds left (analysis and set-up included).
     Before that, a run of real time (``realtime``: a capture lasts its configured duration)
     says the configured seconds left, the least it can take; a simulation, whose runs take
-    whatever the simulator needs, says nothing yet."""
+    whatever the simulator needs, says nothing yet.
+
+    A runner that makes its captures later than it is given them (a VM's, at its boot) is handed
+    this object and numbers the runs as they happen (:meth:`expect`, :meth:`booted`): the time
+    left is then measured from the boot's end, not from the start."""
 
     def __init__(self, total_runs: int, total_s: float, stream=sys.stderr, quiet: bool = False,
                  realtime: bool = True):
@@ -236,20 +240,35 @@ class Progress:
         self.stream, self.quiet, self.realtime = stream, quiet, realtime
         self.start = time.monotonic()
         self.tty = stream.isatty()
+        self.t_booted: float | None = None
+        self.s_booted = 0.0         # configured seconds done when the VM booted
 
-    def left(self, elapsed: float) -> str:
-        """The time left, in words ("" when it cannot be said yet)."""
+    def expect(self, runs: int, seconds: float) -> None:
+        """The runs (and configured seconds) still to come, after those done: a runner's
+        captures, companions included, when it makes them (one numbering across its flushes)."""
+        self.total_runs, self.total_s = self.done_runs + runs, self.done_s + seconds
+
+    def booted(self) -> None:
+        """The runs begin now (a VM's boot is over): the estimate counts from here."""
+        self.t_booted, self.s_booted = time.monotonic(), self.done_s
+
+    def left(self, elapsed: float, done_s: float | None = None) -> str:
+        """The time left, in words ("" when it cannot be said yet): ``elapsed`` seconds took
+        ``done_s`` configured ones (default: all done so far)."""
         rest = max(0.0, self.total_s - self.done_s)
-        if self.done_s > 0:
-            return f", ~{elapsed / self.done_s * rest:.0f} s left"
+        done_s = self.done_s if done_s is None else done_s
+        if done_s > 0:
+            return f", ~{elapsed / done_s * rest:.0f} s left"
         return f", at least {rest:.0f} s left" if self.realtime else ""
 
     def show(self, what: str):
         if self.quiet:
             return
         el = time.monotonic() - self.start
+        left = (self.left(el) if self.t_booted is None else
+                self.left(time.monotonic() - self.t_booted, self.done_s - self.s_booted))
         line = (f"[{self.done_runs + 1}/{self.total_runs}] {what:<48} elapsed {el:5.0f} s"
-                + self.left(el))
+                + left)
         if self.tty:
             self.stream.write("\r" + line[:118].ljust(118))
         else:
@@ -317,6 +336,10 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
         runner.while_analysing = _import_report
     if hasattr(runner, "say") and not quiet:    # a VM runner's steps: boot, each run in the guest
         runner.say = progress.phase
+    # a runner that makes its captures later (a VM's, in one boot at flush) numbers them itself
+    later = hasattr(runner, "to_make")
+    if later:
+        runner.progress = progress
     t_start = time.monotonic()
     failures, batches, drained, grown = [], [], [], []
     try:
@@ -325,13 +348,16 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, fact
                 exp = get_experiment(cfg.experiment)
                 try:
                     batch.run_batch(exp, cfg.params, cfg.cpus or cpus, out / cfg.label,
-                                    cfg.repeat, runner, seed=seed, progress=progress,
+                                    cfg.repeat, runner, seed=seed,
+                                    progress=None if later else progress,
                                     draw_first=False, resume=resume)
                     grown.append(decide.Batch(exp, cfg.params, out / cfg.label, cfg.repeat,
                                               cpus=cfg.cpus))
                 except (store.RunError, RuntimeError, ValueError) as exc:
                     failures.append({"config": cfg.label, "error": str(exc)})
                 batches.append(out / cfg.label)
+            if later:
+                progress.expect(*runner.to_make())
             runner.flush()          # a VM runner boots here, once, for every capture planned
             if until_decided:       # each round: its captures flushed, analysed, cards read
                 progress.phase("analysing the planned runs, then runs until decided")

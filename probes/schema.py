@@ -16,19 +16,19 @@ manifest says so (``capture.derived_events``), and ``harmony export`` leaves tho
 Markers written to ``trace_marker`` (ftrace ``print`` events) are kept apart in a markers table
 (:data:`MARKERS`).
 
-pandas is imported where a table is built, not at the top: the controller takes the marker texts
-from here, also in the guest agent (:mod:`harmony.vm.guest`), which loads no pandas.
+pandas and numpy are imported where a table is built, not at the top: the controller takes the
+marker texts from here, also in the guest agent (:mod:`harmony.vm.guest`), which loads neither
+(each module a TCG guest imports is read over 9p).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from harmony.core.columns import Table
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
 
 SCHED_EVENTS = (
@@ -88,8 +88,9 @@ MARKERS = Table("markers", "one row per trace marker (an ftrace print event: Har
     ("text", "str",   "what was written, trailing newline stripped"),
 ])
 
-#: the events' integer columns and their numpy types, categorical columns, all in order
-INT_COLUMNS = {c.name: getattr(np, c.dtype) for c in EVENTS.columns if c.dtype != "category"}
+#: the events' integer columns and their numpy dtypes (by name: numpy.dtype takes them),
+#: categorical columns, all in order
+INT_COLUMNS = {c.name: c.dtype for c in EVENTS.columns if c.dtype != "category"}
 CATEGORY_COLUMNS = tuple(c.name for c in EVENTS.columns if c.dtype == "category")
 COLUMNS = EVENTS.names
 MARKER_COLUMNS = MARKERS.names
@@ -109,6 +110,7 @@ def make_events(columns: dict, ordered: bool = False) -> pd.DataFrame:
     of an instant keep the order they were given in). ``ordered``: the caller gives them in that
     order already (the ring-buffer decoder's merge does), so it is not checked.
     """
+    import numpy as np
     import pandas as pd  # see the module's docstring
 
     n = len(next(iter(columns.values()))) if columns else 0
@@ -142,6 +144,7 @@ def _in_order(ts: np.ndarray, cpu: np.ndarray) -> bool:
 
 def make_markers(ts=(), cpu=(), pid=(), text=()) -> pd.DataFrame:
     """Build a markers table (see the module docstring)."""
+    import numpy as np
     import pandas as pd  # see the module's docstring
 
     return pd.DataFrame({

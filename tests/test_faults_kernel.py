@@ -257,3 +257,70 @@ def test_nothing_runs_on_after_the_controller_is_killed_at_any_moment(clean_host
         if status == "complete":
             assert harmony.load(tmp_path / f"r{k}").complete, at
     assert True in phases, "no kill came while the workers existed"
+
+
+# --- a VM's controller killed at any moment -----------------------------------------------------
+
+#: what a VM runs on the host, by command name (the reaper is python: found by its script)
+VM_COMMS = ("qemu-system", "vng", "virtme-run", "virtiofsd")
+
+
+def _vm_processes() -> set[str]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            reaper = b"harmony/vm/reaper.py" in (entry / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X") and (comm.startswith(VM_COMMS) or reaper):
+            out.add(f"{entry.name} {comm}")
+    return out
+
+
+@pytest.mark.needs_tool("qemu-system-x86_64", "vng", "busybox")
+@pytest.mark.parametrize("moment", ["boot", "measuring", "done"])
+def test_a_vm_dies_with_its_controller_at_any_moment(clean_host, tmp_path, moment):
+    """kill -9 of `harmony run --kernel debian:6.1 --repeat 2` while the guest boots, mid-capture
+    (its first run's window) and between its two runs: 1 s later no QEMU, virtme-ng, virtiofsd
+    or reaper of it runs (bench/controller_death.py --kernel times each moment, a fourth too);
+    the next `harmony clean` has nothing of it to reclaim. Two boots of ~30-40 s each under TCG
+    (the boot moment needs none): the moments a VM has that a host run has not."""
+    before = _vm_processes()
+    out = tmp_path / "r"
+    console = out / "vm-console.log"
+    deadline = time.monotonic() + 300
+    while True:                 # another Harmony run holds the host: wait, as cli() does
+        proc = subprocess.Popen(HARMONY + ["run", "single-source", "--kernel", "debian:6.1",
+                                           "--vm-cpus", "2", "--duration", "1", "--repeat", "2",
+                                           "--out", str(out)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        first = proc.stderr.readline()
+        if "another Harmony run" not in first or time.monotonic() > deadline:
+            break
+        proc.wait()
+        time.sleep(2)
+    try:
+        if moment == "boot":
+            assert _wait(lambda: _vm_processes() - before, 60), "no VM started"
+            time.sleep(3)
+            assert not console.exists() or '"facts"' not in console.read_text()
+        else:
+            want = f'"event": "{moment}", '
+            assert _wait(lambda: console.exists() and any(
+                want in line and '"run": 0' in line for line in console.read_text().splitlines()),
+                600), console.read_text()[-2000:] if console.exists() else first
+        assert _vm_processes() - before, "the VM was gone before the kill"
+        proc.kill()
+        proc.wait()
+        assert _wait(lambda: not (_vm_processes() - before), 1.0), (moment,
+                                                                    _vm_processes() - before)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    p = cli("clean")
+    assert p.returncode == 0 and "VM process" not in p.stdout + p.stderr, p.stdout + p.stderr

@@ -47,11 +47,11 @@ def test_every_experiment_takes_the_class_and_the_release(name):
 
 
 @pytest.mark.parametrize("overrides,says", [
-    ({"policy": "fifo"}, "rt_priority=0: fifo needs 1..98"),
     ({"policy": "rr", "rt_priority": "99"}, "99 is left to Harmony's controller"),
     ({"rt_priority": "5"}, "rt_priority=5 applies to fifo and rr only, not to other"),
     ({"policy": "idle", "nice": "3"}, "nice=3 applies to other and batch only, not to idle"),
-    ({"policy": "deadline"}, "deadline needs dl_runtime_ms and dl_period_ms"),
+    ({"policy": "deadline"}, "deadline has no default bandwidth: add -p dl_runtime_ms=MS -p "
+                             "dl_period_ms=MS"),
     ({"policy": "deadline", "dl_runtime_ms": "20", "dl_period_ms": "10"},
      "deadline needs runtime <= deadline <= period, got 20 / 10 / 10 ms"),
     ({"policy": "deadline", "dl_runtime_ms": "5", "dl_deadline_ms": "50", "dl_period_ms": "40"},
@@ -77,8 +77,9 @@ def test_two_class_experiments_have_a_class_per_class():
     p = hl.resolve({"policy": "batch", "light_policy": "idle"}, CPUS)
     assert {s.role: s.label for s in hl.tasks(p, CPUS)} == {"heavy": "SCHED_BATCH",
                                                              "light": "SCHED_IDLE"}
-    with pytest.raises(ParameterError, match="light tasks: rt_priority=0: fifo needs"):
-        hl.resolve({"light_policy": "fifo"}, CPUS)
+    with pytest.raises(ParameterError, match="light tasks: deadline has no default bandwidth: "
+                                             "add -p light_dl_runtime_ms=MS"):
+        hl.resolve({"light_policy": "deadline"}, CPUS)
     pc = get_experiment("priority-classes")
     with pytest.raises(ParameterError, match="low tasks: nice=10 applies to other and batch only"):
         pc.resolve({"policy": "fifo", "rt_priority": "5"}, CPUS)
@@ -88,6 +89,29 @@ def test_two_class_experiments_have_a_class_per_class():
     # an unset per-class parameter reads and prints as an empty value
     param = next(q for q in hl.all_params() if q.name == "heavy_policy")
     assert param.parse("") is None and param.format(None) == ""
+
+
+def test_fifo_and_rr_without_a_priority_run_at_the_documented_default():
+    """-p policy=fifo alone: every task at RT_PRIORITY_DEFAULT, recorded in the parameters; a
+    class of a two-class experiment gets it as its own, the other class keeps its own."""
+    from harmony.workload.tasks import RT_PRIORITY_DEFAULT
+
+    ss = get_experiment("single-source")
+    for policy_name in ("fifo", "rr"):
+        p = ss.resolve({"policy": policy_name}, CPUS)
+        assert p["rt_priority"] == RT_PRIORITY_DEFAULT == 50
+        assert {s.label for s in ss.tasks(p, CPUS)} == {f"SCHED_{policy_name.upper()} 50"}
+    assert ss.resolve({"policy": "fifo", "rt_priority": "7"}, CPUS)["rt_priority"] == 7
+    assert str(RT_PRIORITY_DEFAULT) in next(q.help for q in ss.all_params()
+                                            if q.name == "rt_priority")
+    hl = get_experiment("heavy-light")
+    p = hl.resolve({"heavy_policy": "fifo"}, CPUS)
+    assert {s.role: s.label for s in hl.tasks(p, CPUS)} == {"heavy": "SCHED_FIFO 50",
+                                                             "light": "SCHED_OTHER"}
+    p = hl.resolve({"policy": "rr", "light_policy": "other"}, CPUS)
+    assert (p["rt_priority"], p["heavy_rt_priority"]) == (0, 50)
+    assert {s.role: s.label for s in hl.tasks(p, CPUS)} == {"heavy": "SCHED_RR 50",
+                                                             "light": "SCHED_OTHER"}
 
 
 # --- task specs ---------------------------------------------------------------------------------

@@ -195,6 +195,51 @@ def test_a_scheduler_killed_mid_run_is_an_ejection(tmp_path):
     assert not s.stop()["enabled_throughout"]
 
 
+def test_a_kept_scheduler_is_loaded_once_for_many_runs(tmp_path):
+    """A boot's runs share one load: the first run's view starts it, the next finds it enabled
+    (no enable time of its own), each record covers its own run (states, the output written
+    meanwhile), and close() stops it."""
+    root = _root(tmp_path)
+    kept = scx.Kept(scx.ScxSpec("fake", str(_scheduler(tmp_path, root))), tmp_path, root=root)
+    records = []
+    for k in range(2):
+        (tmp_path / f"r{k}").mkdir()
+        view = kept.for_run(tmp_path / f"r{k}" / "scx.log")
+        view.start()
+        assert view.ops == "fake" and view.ejected() is None and view.tids()
+        records.append(view.stop())
+    first, second = records
+    assert first["enable_s"] is not None and second["enable_s"] is None
+    assert first["pid"] == second["pid"] and kept.sched.proc.poll() is None
+    assert second["loaded_since"] == str(tmp_path / "r0") and second["restarted_after"] is None
+    assert all(r["enabled_throughout"] and r["states"] == [[0.0, "enabled"]] for r in records)
+    assert "local=0 global=0" in (tmp_path / "r0" / "scx.log").read_text()
+    assert (tmp_path / "r1" / "scx.log").read_text() == ""      # it said nothing meanwhile
+    assert kept.close()["exit"] == "unregistered from user space"
+    assert (root / "state").read_text().strip() == "disabled" and kept.sched is None
+
+
+def test_a_kept_scheduler_ejected_is_said_and_started_again(tmp_path):
+    root = _root(tmp_path)
+    kept = scx.Kept(scx.ScxSpec("fake", str(_scheduler(tmp_path, root))), tmp_path, root=root)
+    (tmp_path / "r0").mkdir()
+    view = kept.for_run(tmp_path / "r0" / "scx.log")
+    view.start()
+    pid = kept.sched.proc.pid
+    (root / "state").write_text("disabled\n")          # the kernel ejects it mid-run
+    kept.sched.proc.kill()
+    rec = view.stop()
+    assert not rec["enabled_throughout"] and rec["ejected"] and kept.sched is None
+    (tmp_path / "r1").mkdir()
+    view = kept.for_run(tmp_path / "r1" / "scx.log")
+    view.start()                                          # a fresh load for the next run
+    try:
+        assert view.enable_s is not None and kept.sched.proc.pid != pid
+    finally:
+        view.stop()
+        kept.close()
+
+
 def test_a_verifier_refusal_is_one_line_with_its_reason(tmp_path):
     root = _root(tmp_path)
     log = tmp_path / "verifier.txt"
@@ -327,15 +372,144 @@ def test_seeding_the_cache(tmp_path, monkeypatch):
         kernels.seed("sched-ext", tmp_path / "other", "6.12.117-1~deb12u1", seed)
 
 
-def test_seed_dir_from_the_environment_or_beside_the_checkout(tmp_path, monkeypatch):
+def test_seed_dir_from_the_environment_or_beside_the_checkout_or_the_current_dir(tmp_path,
+                                                                               monkeypatch):
     monkeypatch.delenv("HARMONY_KERNEL_SEED", raising=False)
-    checkout = Path(__file__).resolve().parent.parent
-    assert kernels.seed_dir("sched-ext") == (checkout.parent / "shared" / "kernels"
-                                             / "sched-ext-6.12")
+    monkeypatch.chdir(tmp_path)
+    checkout = Path(kernels.__file__).resolve().parents[2]
+    beside = [a / "shared" / "kernels" / "sched-ext-6.12" for a in checkout.parents]
+    found = next((d for d in beside if d.is_dir()), None)
+    if found is not None:         # a shared directory above the checkout (a clone, a worktree)
+        assert kernels.seed_dir("sched-ext") == found
+    else:                         # none: the first place looked, for messages
+        assert kernels.seed_dir("sched-ext") == checkout.parent / "shared" / "kernels" \
+            / "sched-ext-6.12"
+    # an install elsewhere, used from a directory below a shared one
+    monkeypatch.setattr(kernels, "__file__", "/nonexistent/site-packages/harmony/vm/kernels.py")
+    (tmp_path / "shared" / "kernels" / "sched-ext-6.12").mkdir(parents=True)
+    (tmp_path / "clone").mkdir()
+    monkeypatch.chdir(tmp_path / "clone")
+    assert kernels.seed_dir("sched-ext") == tmp_path / "shared" / "kernels" / "sched-ext-6.12"
     monkeypatch.setenv("HARMONY_KERNEL_SEED", str(tmp_path))
     assert kernels.seed_dir("sched-ext") == tmp_path / "sched-ext-6.12"
     (tmp_path / "config.gz").write_bytes(b"")
     assert kernels.seed_dir("sched-ext") == tmp_path
+
+
+def _fake_source(monkeypatch, rec: dict, seed: Path | None, version: str | None) -> None:
+    """The recipe ``rec``, a reference build at ``seed``, apt offering the source ``version``
+    (None: apt knows none)."""
+    def source_version(r):
+        if version is None:
+            raise kernels.KernelError("apt knows no package linux-source-6.12")
+        return version
+    monkeypatch.setattr(kernels, "recipe", lambda name: rec)
+    monkeypatch.setattr(kernels, "source_version", source_version)
+    monkeypatch.setattr(kernels, "seed_dir", lambda name: seed or Path("/nonexistent"))
+
+
+def _cached_build(cache: Path, rec: dict, version: str, vng: str | None = None) -> Path:
+    """A build of ``rec`` of ``version`` in ``cache``, laid out and recorded as build() does."""
+    key = kernels.build_key(rec, version, vng)
+    d = kernels.built_dir("sched-ext", key, cache)
+    d.mkdir(parents=True)
+    _bzimage(d / "bzImage", kernels.upstream_release(version))
+    src = {"kind": "build", "recipe": "sched-ext", "package": rec["source_package"],
+           "version": version, "key": key, "virtme_ng": vng or kernels.vng_version(),
+           "schedulers": rec["schedulers"], "from": "build"}
+    (d / kernels.RECORD).write_text(json.dumps({"spec": "sched-ext", "image": "bzImage",
+                                                "release": kernels.upstream_release(version),
+                                                "moddir": None, "source": src}))
+    return d
+
+
+def test_a_moved_on_source_uses_the_reference_build_and_says_which(tmp_path, monkeypatch):
+    """apt offers 6.12.118, the reference build is 6.12.117 (whose config the recipe knows): it
+    is used, its version said in a note the manifest keeps (the kernel's source); nothing is
+    built, the recipe is not edited."""
+    seed, rec = _seed(tmp_path, b"CONFIG_SCHED_CLASS_EXT=y\n")
+    _fake_source(monkeypatch, rec, seed, "6.12.118-1~deb12u1")
+    said = []
+    k = kernels.available("sched-ext", tmp_path / "cache", said.append)
+    assert k.release == "6.12.117" and k.source["version"] == "6.12.117-1~deb12u1"
+    assert k.source["from"] == "seed" and k.source["current_version"] == "6.12.118-1~deb12u1"
+    assert k.source["note"] == (
+        "kernel sched-ext: using its build of linux-source-6.12 6.12.117-1~deb12u1 (seeded from "
+        f"{seed}); the source is now 6.12.118-1~deb12u1: `harmony kernel build sched-ext` "
+        "builds that")
+    assert k.to_dict()["source"]["note"] == k.source["note"]          # the manifest's vm.kernel
+    assert said == [f"seeding the kernel cache with the reference build {seed} "
+                    "(6.12.117-1~deb12u1)"]
+    # next time from the cache, saying the same; kernel list says which and what builds more
+    assert kernels.available("sched-ext", tmp_path / "cache").source["note"] == k.source["note"]
+    line = kernels.status("sched-ext", tmp_path / "cache")
+    assert line.startswith(f"seeded from {seed} (linux-source-6.12 6.12.117-1~deb12u1)")
+    assert line.endswith("the source is now 6.12.118-1~deb12u1: `harmony kernel build "
+                         "sched-ext` builds that")
+
+
+def test_the_newest_build_of_the_recipe_is_used(tmp_path, monkeypatch):
+    seed, rec = _seed(tmp_path, b"CONFIG_SCHED_CLASS_EXT=y\n")
+    cache = tmp_path / "cache"
+    _fake_source(monkeypatch, rec, seed, "6.12.119-1~deb12u1")
+    # a build of 6.12.116 is older than the reference build: the reference is used
+    _cached_build(cache, rec, "6.12.116-1~deb12u1")
+    assert kernels.available("sched-ext", cache).source["version"] == "6.12.117-1~deb12u1"
+    # a build of 6.12.118 (made here before the source moved on again) is newer than both
+    _cached_build(cache, rec, "6.12.118-1~deb12u1")
+    k = kernels.available("sched-ext", cache)
+    assert k.source["version"] == "6.12.118-1~deb12u1" and k.source["from"] == "build"
+    assert "6.12.119-1~deb12u1" in k.source["note"]
+    # a build of an older recipe (other options) is not a build of this one, however new
+    other = {**rec, "configitems": rec["configitems"] + ["CONFIG_PREEMPT=y"]}
+    _cached_build(cache, other, "6.12.120-1~deb12u1")
+    assert kernels.available("sched-ext", cache).source["version"] == "6.12.118-1~deb12u1"
+    # the source's own build, once built (`harmony kernel build`), is used without a note
+    _cached_build(cache, rec, "6.12.119-1~deb12u1")
+    k = kernels.available("sched-ext", cache)
+    assert k.source["version"] == "6.12.119-1~deb12u1" and "note" not in k.source
+
+
+def test_no_build_of_the_recipe_names_the_command(tmp_path, monkeypatch):
+    seed, rec = _seed(tmp_path, b"CONFIG_SCHED_CLASS_EXT=y\n")
+    (seed / "config.gz").write_bytes(gzip.compress(b"someone else's config\n"))
+    _fake_source(monkeypatch, rec, seed, "6.12.118-1~deb12u1")
+    with pytest.raises(kernels.KernelError, match=r"kernel sched-ext is not built "
+                       r"\(linux-source-6.12 6.12.118-1~deb12u1; no reference build: .* is not "
+                       r"the config the recipe makes of 6.12.117-1~deb12u1\): `harmony kernel "
+                       r"build sched-ext` builds it"):
+        kernels.available("sched-ext", tmp_path / "cache")
+    # no reference build where one is looked for: the error says where, and the variable
+    _fake_source(monkeypatch, rec, tmp_path / "elsewhere" / "sched-ext-6.12",
+                 "6.12.118-1~deb12u1")
+    with pytest.raises(kernels.KernelError, match=r"no reference build: none in "
+                       r"shared/kernels/sched-ext-6.12 above Harmony's directory or the current "
+                       r"one \(HARMONY_KERNEL_SEED names one elsewhere\)\): `harmony kernel"):
+        kernels.available("sched-ext", tmp_path / "cache")
+    # apt unreachable: the newest cached build still serves
+    _fake_source(monkeypatch, rec, seed, None)
+    _cached_build(tmp_path / "cache", rec, "6.12.110-1~deb12u1")
+    k = kernels.available("sched-ext", tmp_path / "cache")
+    assert k.source["version"] == "6.12.110-1~deb12u1" and "note" not in k.source
+
+
+def test_debian_versions_sort_as_dpkg_does():
+    """The order of source versions against dpkg's own (an independent reading)."""
+    import functools
+    import shutil
+
+    if shutil.which("dpkg") is None:
+        from conftest import host_skip
+        host_skip("no dpkg to compare Debian versions with")
+
+    def dpkg(a: str, b: str) -> int:
+        lt = subprocess.run(["dpkg", "--compare-versions", a, "lt", b]).returncode == 0
+        return -1 if lt else 0 if a == b else 1
+
+    versions = ["6.12.117-1~deb12u1", "6.12.9-1", "6.12.117-1", "6.12.118-1~deb12u1",
+                "6.12.117-2~deb12u1", "6.12.117-1~deb12u2", "6.1.0-1"]
+    assert sorted(versions, key=kernels.version_order) == sorted(
+        versions, key=functools.cmp_to_key(dpkg))
 
 
 def test_a_failing_configuration_names_the_option(tmp_path):

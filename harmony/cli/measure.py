@@ -168,6 +168,8 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
     with exit_on_error():
         k = get_kernel(kernel, progress=say)
         check_kernel_cpus(k, len(vm.cpus))
+    if k.source.get("note"):          # an older build than the source: which one (manifest too)
+        click.echo(f"note: {k.source['note']}", err=True)
     facts = host.run_facts(host.doctor(mount=False, test_record=False))
     return VmRunner(k, len(vm.cpus), vm.memory_mb, vm.setting, facts=facts, say=say, scx=scx,
                     topology=vm.topology)

@@ -30,8 +30,6 @@ import textwrap
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from harmony.store import rows_frame
 
 if TYPE_CHECKING:
@@ -79,6 +77,8 @@ def _is(dtype, declared: str) -> bool:
         return dtype == _str_dtype()
     if isinstance(dtype, (pd.CategoricalDtype, pd.StringDtype)):
         return False
+    import numpy as np
+
     return dtype == np.dtype(declared)
 
 
@@ -110,6 +110,8 @@ class Table:
         """The table of ``rows`` (tuples, one value per column in the declared order), each
         column made with its declared dtype at once (:func:`harmony.store.rows_frame`); for
         columns of one dtype other than ``category``."""
+        import numpy as np
+
         return rows_frame(rows, {c.name: (str if c.dtype == "str" else np.dtype(c.dtype))
                                  for c in self.columns})
 

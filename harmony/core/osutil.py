@@ -81,6 +81,16 @@ def proc_starttime(pid: int) -> int | None:
     return int(stat[stat.rindex(")") + 2:].split()[19])
 
 
+def proc_zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (state Z or X): it runs nothing, and
+    killing it does nothing."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:][:1] in ("Z", "X")
+
+
 def sched_getcpu() -> int:
     """The CPU this thread runs on now (-1 if the C library cannot tell)."""
     try:
@@ -409,5 +419,7 @@ def stale_processes(kind: str):
     yielded, the record is removed after its processes)."""
     for rec in stale_records(kind):
         for p in rec.get("pids", []):
-            if p.get("start") is not None and proc_starttime(p["pid"]) == p["start"]:
+            # a zombie (an exited reaper its dead controller left to init) runs nothing
+            if (p.get("start") is not None and proc_starttime(p["pid"]) == p["start"]
+                    and not proc_zombie(p["pid"])):
                 yield rec, p["pid"]

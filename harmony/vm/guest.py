@@ -1,25 +1,35 @@
-"""The guest agent: ``python3 -m harmony.vm.guest JOBFILE``, run inside a virtual machine.
+"""The guest agent: ``python3 -m harmony.vm.guest``, run inside a virtual machine.
 
-The host (:class:`harmony.vm.runner.VmRunner`) plans every capture of a boot -- the experiment's
-parameters resolved and drawn, its tasks, the run directory under the VM's one writable directory
--- and writes them as a job file (:func:`write_job`). The agent runs with the host's own Python and
-Harmony (the host's filesystem is shared read-only), mounts tracefs and debugfs, reports the
-guest's facts (kernel release, scheduler, CPUs, tracefs, debugfs...: :func:`harmony.doctor.doctor`
-with the tracefs probe only), then makes the captures one after the other with
-:func:`harmony.run.capture`, the same function as on the host, its side tables kept as plain rows
-(:class:`harmony.run.JsonRows`). It imports no pandas, numba or matplotlib: nothing is decoded or
-analysed in the guest. The host lands each capture and analyses it like any other.
+The host (:class:`harmony.vm.runner.VmRunner`) plans captures -- the experiment's parameters
+resolved and drawn, its tasks, the run directory under the VM's one writable directory -- and
+sends them as jobs: the first as a job file (:func:`write_job`), the next ones, if any, as one
+JSON line each (:func:`job_line`) on virtme-ng's ``virtme.stdin`` virtio-serial port
+(:func:`job_input`), as many as it likes in one boot; the agent ends when that input ends (or
+says ``{"end": true}``), or after its first job where the guest has no such port.
+
+The agent runs with the host's own Python and Harmony (the host's filesystem is shared
+read-only), mounts tracefs and debugfs, reports the guest's facts (kernel release, scheduler,
+CPUs, tracefs, debugfs...: :func:`harmony.doctor.doctor` with the tracefs probe only), then makes
+each job's captures one after the other with :func:`harmony.run.capture`, the same function as on
+the host, its side tables kept as plain rows (:class:`harmony.run.JsonRows`). It imports no
+pandas, numba or matplotlib: nothing is decoded or analysed in the guest. The host lands each
+capture and analyses it like any other. What one boot can pay once is paid once: the probe's
+session (one tracefs instance), the fork server, the modules, and the server's calibration for a
+CPU set and scheduler (:class:`Calibrations`).
 
 The agent speaks in lines on its standard output (the VM's console), each ``@harmony {json}``
 with an ``event`` (:func:`emit`):
 
-    facts      the guest's facts, once, first (the host's boot time ends here)
-    start      run i begins (its directory)
+    facts      the guest's facts, once, first (the host's boot time ends here), and whether
+               more jobs can come (``more``: the guest has the input port)
+    start      run i of job j begins (its directory)
     measuring  run i's workload is about to be released (its measured window begins)
     measured   run i's workload is stopped (its window is over)
     done       run i is captured, or
     error      run i failed (message); the agent goes on with the next run
-    end        every run was tried
+    flushed    every run of job j was tried (failed: how many failed)
+    fatal      the agent itself failed (message: its error) and ends
+    end        the agent's input ended; it ends
 
 so that the host shows progress, and times each run's window on its own clock to read how long
 the vCPU threads waited for a host CPU over it. Every line also carries the guest's
@@ -33,9 +43,12 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
+import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 from harmony import doctor, store
@@ -44,7 +57,7 @@ from harmony.manifest import reason
 from harmony.probes import get_probe
 from harmony.run import JsonRows, capture
 from harmony.vm.machine import LINE_PREFIX
-from harmony.vm.scx import ScxSpec
+from harmony.vm.scx import Kept, ScxSpec
 from harmony.vm.topology import VmTopology
 from harmony.vm.topology import check as check_topology
 from harmony.vm.topology import parse as parse_topology
@@ -170,15 +183,25 @@ def topology_problem(topo: VmTopology, facts: dict) -> str | None:
     return f"--vm-topology {topo.preset or topo.spec()}: {why}" if why else None
 
 
-def read_job(path: Path) -> list[PlannedRun]:
-    """The runs of a job file; RunError naming it if it is not one."""
-    job = store.read_json(path)
+def job_line(runs: list[PlannedRun], job: int) -> str:
+    """One job as the line the host sends on the agent's input."""
+    return json.dumps({"format": JOB_FORMAT, "job": job,
+                       "runs": [dataclasses.asdict(r) for r in runs]})
+
+
+def job_runs(job, where: str) -> list[PlannedRun]:
+    """The runs of a job (a dict); RunError naming ``where`` it came from if it is not one."""
     if not isinstance(job, dict) or job.get("format") != JOB_FORMAT:
-        raise store.RunError(f"{path}: not a guest job ({JOB_FORMAT})")
+        raise store.RunError(f"{where}: not a guest job ({JOB_FORMAT})")
     try:
         return [PlannedRun(**r) for r in job["runs"]]
     except (KeyError, TypeError) as exc:
-        raise store.RunError(f"{path}: a run of the job is malformed ({exc})") from None
+        raise store.RunError(f"{where}: a run of the job is malformed ({exc})") from None
+
+
+def read_job(path: Path) -> list[PlannedRun]:
+    """The runs of a job file; RunError naming it if it is not one."""
+    return job_runs(store.read_json(path), str(path))
 
 
 def guest_facts() -> dict:
@@ -187,55 +210,214 @@ def guest_facts() -> dict:
     return doctor.run_facts(doctor.doctor(mount=True, test_record=False, probes=("tracefs",)))
 
 
-def run_job(runs: list[PlannedRun], facts: dict, stream=None) -> int:
+class Calibrations:
+    """What a boot measures once and every run of it reuses: the server's per-hop overhead
+    (:func:`harmony.workload.serve.measure_overhead`) for a CPU set under a scheduler, measured
+    in the first server run that needs it, then given to the next as a parameter, as ``-p
+    overhead_ns=`` would be; each run's manifest says where its figure came from
+    (``overhead_ns_from``). bench/README.md has what it saves and the figure's spread when it
+    was measured for every run."""
+
+    def __init__(self):
+        self.overhead: dict[tuple, tuple[int, str]] = {}    # (cpus, scheduler) -> (ns, run dir)
+
+    def params(self, run: PlannedRun) -> tuple[dict, str | None]:
+        """``run``'s parameters with what was calibrated already, and whence (None: nothing)."""
+        if run.params.get("overhead_ns", 1) or not any(t.get("serve") for t in run.tasks):
+            return run.params, None
+        got = self.overhead.get(self._key(run))
+        if got is None:
+            return run.params, None
+        return {**run.params, "overhead_ns": got[0]}, got[1]
+
+    def keep(self, run: PlannedRun, manifest_params: dict) -> None:
+        """Keep what ``run`` measured (its manifest's parameters) for the next runs."""
+        ns = manifest_params.get("overhead_ns")
+        if ns and not run.params.get("overhead_ns") and self._key(run) not in self.overhead:
+            self.overhead[self._key(run)] = (int(ns), run.dir)
+
+    @staticmethod
+    def _key(run: PlannedRun) -> tuple:
+        return tuple(run.cpus), json.dumps(run.scx, sort_keys=True)
+
+
+class Boot:
+    """What the runs of one boot share (:func:`run_job`): the server's calibrations
+    (:class:`Calibrations`) and the sched_ext schedulers kept loaded from one run to the next
+    (:class:`harmony.vm.scx.Kept`: from the first job with two runs of one), stopped by
+    :meth:`close`."""
+
+    def __init__(self):
+        self.calibrations = Calibrations()
+        self.schedulers: dict[str, Kept] = {}
+
+    def scheduler(self, run: PlannedRun, runs: list[PlannedRun]) -> Kept | ScxSpec | None:
+        """``run``'s scheduler as a capture takes it: kept loaded where it is already, or where
+        more of ``runs`` (its job) have it; else started and stopped for the run alone (a
+        single run's record then says how it ended)."""
+        if not run.scx:
+            return None
+        key = json.dumps(run.scx, sort_keys=True)
+        if key not in self.schedulers:
+            if sum(1 for r in runs if r.scx == run.scx) < 2:
+                return ScxSpec.from_dict(run.scx)
+            self.schedulers[key] = Kept(ScxSpec.from_dict(run.scx), Path(memory_dir()))
+        return self.schedulers[key]
+
+    def close(self) -> None:
+        for kept in self.schedulers.values():
+            kept.close()
+
+
+def run_job(runs: list[PlannedRun], facts: dict, stream=None, boot: Boot | None = None,
+            job: int | None = None) -> int:
     """Capture every run in turn, saying each step (:func:`emit`); returns how many failed.
 
     A probe that offers a session (tracefs: one instance for all the runs, emptied for each) keeps
     it open across the runs, as a suite on the host does (bench/README.md: what it saves per run
-    under TCG)."""
+    under TCG). ``boot`` (:class:`Boot`) carries what is shared across jobs; without one, the
+    job's own is closed at its end."""
     failed = 0
+    own = boot is None
+    boot = Boot() if own else boot
+    tag = {} if job is None else {"job": job}
     with HostLock(), contextlib.ExitStack() as sessions:
+        if own:
+            sessions.callback(boot.close)
         for name in sorted({run.probe for run in runs}):
             session = getattr(get_probe(name), "session", None)
             if session is not None:
                 sessions.enter_context(session())
         for i, run in enumerate(runs):
-            emit("start", stream, run=i, dir=run.dir)
+            emit("start", stream, run=i, dir=run.dir, **tag)
             planned = PlannedExperiment(run)
+            params, whence = boot.calibrations.params(run)
             try:
                 try:
-                    capture(planned, run.params, run.cpus, Path(run.dir), run.probe, run.seed,
-                            facts, quiet=True, lock_held=True, tables=JsonRows(),
-                            scx=ScxSpec.from_dict(run.scx) if run.scx else None,
-                            pause=lambda i=i: emit("measuring", stream, run=i),
-                            resume=lambda i=i: emit("measured", stream, run=i))
+                    got = capture(planned, params, run.cpus, Path(run.dir), run.probe, run.seed,
+                                  facts, quiet=True, lock_held=True, tables=JsonRows(),
+                                  scx=boot.scheduler(run, runs),
+                                  pause=lambda i=i: emit("measuring", stream, run=i, **tag),
+                                  resume=lambda i=i: emit("measured", stream, run=i, **tag))
                 finally:                  # the tasks are stopped: what they wrote joins the run
                     planned.keep(Path(run.dir))
             except Exception as exc:      # one run's failure is reported; the next runs go on
                 failed += 1
-                emit("error", stream, run=i, message=reason(exc))
+                emit("error", stream, run=i, message=reason(exc), **tag)
                 continue
-            emit("done", stream, run=i)
+            boot.calibrations.keep(run, got.manifest.get("params", {}))
+            if whence is not None:
+                _note_calibration(Path(run.dir), whence)
+            emit("done", stream, run=i, **tag)
     return failed
 
 
+def _note_calibration(run_dir: Path, whence: str) -> None:
+    """Say in the run's manifest that its server overhead was measured by another run."""
+    m = store.read_json(run_dir / "manifest.json")
+    m["overhead_ns_from"] = whence
+    store.write_json(run_dir / "manifest.json", m)
+
+
+def serve_jobs(lines, facts: dict, stream=None, boot: Boot | None = None) -> int:
+    """Run each job of ``lines`` (:func:`job_line`) as it comes, until they end or one says
+    ``{"end": true}``; each job ends with a ``flushed`` line. ``boot``: what the jobs share
+    (:class:`Boot`; without one, a Boot of their own, closed at the end). Returns how many runs
+    failed."""
+    own = boot is None
+    failed, boot = 0, Boot() if own else boot
+    try:
+        for k, line in enumerate(lines):
+            if not line.strip():
+                continue
+            try:
+                job = json.loads(line)
+            except ValueError:
+                raise store.RunError(f"job line {k + 1} of the agent's input is not JSON") \
+                    from None
+            if isinstance(job, dict) and job.get("end"):
+                break
+            runs = job_runs(job, f"job line {k + 1} of the agent's input")
+            n = run_job(runs, facts, stream, boot, job=job.get("job", k))
+            emit("flushed", stream, job=job.get("job", k), failed=n)
+            failed += n
+    finally:
+        if own:
+            boot.close()
+    return failed
+
+
+#: the virtio-serial port virtme-ng gives a guest command as its standard input
+INPUT_PORT = "virtme.stdin"
+#: how long the port may take to appear once virtio_console is loaded
+PORT_WAIT_S = 5.0
+
+
+def _port(name: str) -> Path | None:
+    """The sysfs directory of the virtio-serial port called ``name``, None if there is none."""
+    for d in sorted(Path("/sys/class/virtio-ports").glob("*")):
+        try:
+            if (d / "name").read_text().strip() == name:
+                return d
+        except OSError:
+            continue
+    return None
+
+
+def job_input():
+    """The host's channel for more jobs: virtme-ng's ``virtme.stdin`` port, as lines. It is the
+    agent's standard input where virtme-ng could give it (the guest kernel has virtio_console
+    built in); else the port is opened here once virtio_console is loaded (a module in Debian's
+    kernels: virtme-ng then runs the command on the console, whose input is nothing). None
+    where the guest has no such port: it makes its one job and ends."""
+    port = _port(INPUT_PORT)
+    if port is None:
+        subprocess.run(["modprobe", "-q", "virtio_console"], capture_output=True, timeout=60)
+        give_up = time.monotonic() + PORT_WAIT_S
+        while (port := _port(INPUT_PORT)) is None and time.monotonic() < give_up:
+            time.sleep(0.05)
+    if port is None:
+        return None
+    major, minor = (int(x) for x in (port / "dev").read_text().split(":"))
+    st = os.fstat(0)
+    if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major,
+                                                                                     minor):
+        return sys.stdin                # virtme-ng made it our input already
+    dev = Path("/dev") / port.name
+    if not dev.exists():
+        os.mknod(dev, 0o600 | stat.S_IFCHR, os.makedev(major, minor))
+    return open(dev, encoding="utf-8")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python3 -m harmony.vm.guest JOBFILE", file=sys.stderr)
+    """``JOBFILE [--more]``: make the job of the file; with ``--more``, then the jobs the host
+    sends on the input channel (:func:`job_input`) until it ends. Without a channel, ``facts``
+    says so (``more: false``) and the agent ends after its first job."""
+    more = argv[1:] == ["--more"]
+    if len(argv) != 1 + more:
+        print("usage: python3 -m harmony.vm.guest JOBFILE [--more]", file=sys.stderr)
         return 2
+    boot = Boot()
     try:
         runs = read_job(Path(argv[0]))
         topology = job_topology(Path(argv[0]))
         facts = guest_facts()
-    except Exception as exc:    # said on the console, where the host reads it
-        emit("error", run=None, message=reason(exc))
+        why = topology_problem(topology, facts) if topology is not None else None
+        lines = job_input() if more and not why else None
+        emit("facts", facts=facts, pid=os.getpid(), more=lines is not None)
+        if why:                 # a shape the guest did not get: no run is measured on it
+            emit("fatal", message=why)
+            return 1
+        failed = run_job(runs, facts, boot=boot, job=0)
+        emit("flushed", job=0, failed=failed)
+        if lines is not None:
+            failed += serve_jobs(lines, facts, boot=boot)
+    except Exception as exc:    # said on the console, where the host reads it, and why in full
+        emit("fatal", message=reason(exc))
+        traceback.print_exc()
         return 1
-    emit("facts", facts=facts, pid=os.getpid())
-    why = topology_problem(topology, facts) if topology is not None else None
-    if why:                     # a shape the guest did not get: no run is measured on it
-        emit("error", run=None, message=why)
-        return 1
-    failed = run_job(runs, facts)
+    finally:
+        boot.close()
     emit("end", failed=failed)
     return 0
 

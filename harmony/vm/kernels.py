@@ -17,9 +17,12 @@ initramfs). :func:`kernel` turns what the user wrote after ``--kernel`` into one
   virtme-ng's VM config, the tree's example sched_ext schedulers) with :func:`build`
   (``harmony kernel build sched-ext``). Its cache directory is named by a key, the hash of the
   recipe, the source package's version and virtme-ng's (:func:`build_key`): a machine builds a
-  configuration once. A reference build (``../shared/kernels/<name>`` beside the checkout, or
-  ``HARMONY_KERNEL_SEED``) may seed the cache instead (:func:`seed`) when its config is the one
-  the recipe makes for that source version (the recipe records its sha256, checked by a build).
+  configuration once. A reference build (``shared/kernels/<name>`` beside the checkout or the
+  install, or ``HARMONY_KERNEL_SEED``: :func:`seed_dir`) may seed the cache instead
+  (:func:`seed`) when its config is the one the recipe makes of its own source version (the
+  recipe records each version's sha256, checked by a build). When the distribution's source
+  has moved on (a stable update), the newest build of the recipe there is -- cached or the
+  reference -- is used and says so (:func:`available`); the current source is built when asked.
 
 The cache (:data:`CACHE`, ``HARMONY_KERNEL_CACHE`` to move it) holds one directory per package
 and version, ``<package>_<version>/``, laid out as the package's own tree (``boot/vmlinuz-<release>``,
@@ -372,15 +375,29 @@ def built_dir(name: str, key: str, cache: Path | None = None) -> Path:
     return cache_dir(cache) / f"{name}_{key}"
 
 
+#: where reference builds are looked for, beside a checkout or an install: the first
+#: ``<ancestor>/shared/kernels/<recipe>`` of the package's directory, then of the current one
+SEED_SUBDIR = Path("shared") / "kernels"
+
+
 def seed_dir(name: str) -> Path:
-    """Where a reference build of ``name`` may be: ``HARMONY_KERNEL_SEED`` (the directory of the
-    kernels, or of this one), else ``../shared/kernels/`` of the checkout's parent."""
+    """Where a reference build of ``name`` may be (a directory holding bzImage, config.gz and the
+    recipe's schedulers, named as the recipe's file: ``sched-ext-6.12``).
+
+    ``HARMONY_KERNEL_SEED``, if set: that directory, or the directory of the kernels holding it.
+    Else the first ``shared/kernels/<name>`` found beside an ancestor of Harmony's own directory
+    (a clone, a worktree, a venv inside either) or, failing that, of the current directory (an
+    install used from the clone's root); if none exists, the first candidate (where it would be
+    looked for, named in messages)."""
     sub = Path(BUILT[name]).stem
     env = os.environ.get("HARMONY_KERNEL_SEED")
     if env:
         base = Path(env)
         return base if (base / "config.gz").exists() else base / sub
-    return Path(__file__).resolve().parents[3] / "shared" / "kernels" / sub
+    candidates = [a / SEED_SUBDIR / sub for start in (Path(__file__).resolve().parent,
+                                                      Path.cwd().resolve())
+                  for a in start.parents]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
 
 
 def seed_matches(rec: dict, seed: Path, version: str) -> tuple[bool, str]:
@@ -490,49 +507,119 @@ def seed(name: str, cache: Path | None = None, version: str | None = None,
         os.close(lock)
 
 
+def seed_version(rec: dict, seed: Path) -> tuple[str | None, str]:
+    """The source version whose build the reference build in ``seed`` is (the version of the
+    recipe's ``config_sha256`` it matches: :func:`seed_matches`), or None and why not."""
+    if not seed.is_dir():
+        return None, (f"none in {SEED_SUBDIR / seed.name} above Harmony's directory or the "
+                      "current one (HARMONY_KERNEL_SEED names one elsewhere)")
+    whys = []
+    for version in sorted(rec.get("config_sha256", {}), key=version_order, reverse=True):
+        ok, why = seed_matches(rec, seed, version)
+        if ok:
+            return version, ""
+        whys.append(why)
+    return None, whys[0] if whys else "the recipe records no config of any version"
+
+
+def version_order(version: str) -> tuple:
+    """A sort key of Debian versions that orders them as dpkg does (``[epoch:]upstream[-revision]``,
+    each compared by its runs of non-digits, ``~`` before anything, even the end, and digits)."""
+    epoch, _, rest = version.rpartition(":")
+    upstream, _, revision = rest.rpartition("-") if "-" in rest else (rest, "", "")
+
+    def part(text: str, runs: int = 16) -> tuple:
+        pairs = []
+        for alpha, num in re.findall(r"(\D*)(\d*)", text)[:runs]:
+            weights = tuple(-1 if c == "~" else ord(c) if c.isalpha() else ord(c) + 256
+                            for c in alpha)
+            pairs.append((weights + (0,), int(num or 0)))
+        return tuple(pairs + [((0,), 0)] * (runs - len(pairs)))
+
+    return (int(epoch or 0), part(upstream), part(revision))
+
+
+def builds(name: str, cache: Path | None = None) -> list[Kernel]:
+    """The builds of the recipe ``name`` in the cache, newest source version first: those made
+    (or seeded) by this recipe as it is (their key is what the recipe, their version and the
+    virtme-ng they had make); a build of an older recipe is not one."""
+    rec = recipe(name)
+    out = [k for k in cached(cache) if k.spec == name and k.source.get("kind") == "build"
+           and k.source.get("key") == build_key(rec, k.source.get("version", "?"),
+                                                k.source.get("virtme_ng"))]
+    return sorted(out, key=lambda k: (version_order(k.source["version"]),
+                                      k.source.get("virtme_ng") == vng_version()), reverse=True)
+
+
 def available(name: str, cache: Path | None = None, progress=None) -> Kernel:
-    """The built kernel ``name`` of this machine's configuration: cached, else seeded from the
-    reference build if that matches, else KernelError saying the command that builds it. Where
-    the source package's version cannot be known (no apt lists), the newest cached build of that
-    name is used."""
+    """The built kernel ``name``: the build of the source package's current version if it is
+    cached (or the reference build is of that version: it seeds the cache); else the newest build
+    of the recipe there is, cached or the reference build (whose config is what the recipe makes
+    of its own version), with a note saying which version it is and the command that builds the
+    current one (``source["note"]``, ``source["current_version"]``: a distribution's stable
+    update does not make a build unusable, nor a recipe need editing); else KernelError saying
+    that command. Where the source package's version cannot be known (no apt lists), the newest
+    build there is is used."""
     say = progress or (lambda line: None)
     rec = recipe(name)
     try:
         version = source_version(rec)
     except KernelError:
-        have = [k for k in cached(cache) if k.spec == name]
-        if have:
-            return have[-1]
-        raise
-    final = built_dir(name, build_key(rec, version), cache)
-    if (final / RECORD).is_file():
-        return _load(final)
-    ok, why = seed_matches(rec, seed_dir(name), version)
-    if ok:
-        say(f"seeding the kernel cache with the reference build {seed_dir(name)}")
-        return seed(name, cache, version)
-    raise KernelError(f"kernel {name} is not built ({rec['source_package']} {version}; no seed: "
-                      f"{why}): `harmony kernel build {name}` builds it (12-28 min on 2 CPUs)")
+        version = None
+    if version is not None:
+        final = built_dir(name, build_key(rec, version), cache)
+        if (final / RECORD).is_file():
+            return _load(final)
+    have = builds(name, cache)
+    seeded, why_not = seed_version(rec, seed_dir(name))
+    newest = have[0].source["version"] if have else None
+    if seeded is not None and (newest is None or version_order(seeded) > version_order(newest)):
+        say(f"seeding the kernel cache with the reference build {seed_dir(name)} ({seeded})")
+        have.insert(0, seed(name, cache, seeded))
+    if not have:
+        if version is None:
+            raise KernelError(f"kernel {name} is not built, and apt knows no "
+                              f"{rec['source_package']} to build it from (run apt-get update)")
+        raise KernelError(f"kernel {name} is not built ({rec['source_package']} {version}; no "
+                          f"reference build: {why_not}): `harmony kernel build {name}` builds it "
+                          "(12-28 min on 2 CPUs)")
+    k = have[0]
+    if version is None or k.source["version"] == version:
+        return k
+    how = f"seeded from {k.source['seed']}" if k.source.get("from") == "seed" else "built here"
+    note = (f"kernel {name}: using its build of {rec['source_package']} {k.source['version']} "
+            f"({how}); the source is now {version}: `harmony kernel build {name}` builds that")
+    return dataclasses.replace(k, source={**k.source, "current_version": version, "note": note})
 
 
 def status(name: str, cache: Path | None = None) -> str:
-    """One line for ``harmony kernel list``: built (how), or not built and the command."""
+    """One line for ``harmony kernel list``: the build ``--kernel name`` uses (how it came, its
+    version, and whether the source has moved on), or not built and the command."""
     rec = recipe(name)
     try:
         version = source_version(rec)
     except KernelError as exc:
-        return f"not built ({exc})"
-    final = built_dir(name, build_key(rec, version), cache)
-    if (final / RECORD).is_file():
-        s = _load(final).source
-        if s.get("from") == "seed":
-            return f"seeded from {s['seed']} ({rec['source_package']} {version}), {final}"
-        mins = f" in {s['build_s'] / 60:.0f} min" if s.get("build_s") else ""
-        return f"built here{mins} ({rec['source_package']} {version}), {final}"
-    ok, _ = seed_matches(rec, seed_dir(name), version)
-    more = f"; the reference build {seed_dir(name)} seeds it when first used" if ok else ""
-    return (f"not built ({rec['source_package']} {version}): `harmony kernel build {name}` "
-            f"builds it (12-28 min on 2 CPUs){more}")
+        version, why = None, str(exc)
+    have = builds(name, cache)
+    seeded, _ = seed_version(rec, seed_dir(name))
+    if have and (seeded is None or version_order(have[0].source["version"])
+                 >= version_order(seeded)):
+        s = have[0].source
+        used = s["version"]
+        how = (f"seeded from {s['seed']}" if s.get("from") == "seed" else
+               "built here" + (f" in {s['build_s'] / 60:.0f} min" if s.get("build_s") else ""))
+        line = f"{how} ({rec['source_package']} {used}), {have[0].image.parent}"
+    elif seeded is not None:
+        used = seeded
+        line = (f"the reference build {seed_dir(name)} ({rec['source_package']} {used}) seeds "
+                "the cache when first used")
+    else:
+        return (f"not built ({rec['source_package']} {version or '?'}"
+                f"{'' if version else ': ' + why}): `harmony kernel build {name}` builds it "
+                "(12-28 min on 2 CPUs)")
+    if version is not None and used != version:
+        line += f"; the source is now {version}: `harmony kernel build {name}` builds that"
+    return line
 
 
 def missing_packages(packages: list[str]) -> list[str]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -55,6 +56,7 @@ from harmony.core.osutil import (
     stale_processes,
 )
 from harmony.hostfacts import MISSING, OK, check
+from harmony.vm import reaper
 from harmony.vm.topology import VmTopology
 
 #: the prefix of the guest agent's lines on the console
@@ -193,6 +195,8 @@ def vng_argv(kernel, vcpus: int, memory_mb: int, rwdir: Path, command: list[str]
     shape = topology.vng_args(memory_mb) if topology else ["--cpus", str(vcpus)]
     argv = [vng, "--verbose", "--run", str(kernel.image), *shape,
             "--memory", f"{memory_mb}M", "--rwdir", str(rwdir)]
+    if not virtiofs_works():
+        argv.append("--force-9p")     # not the 3.1 s a shared directory it would wait in vain
     if accel == "tcg":
         argv.append("--disable-kvm")
     if setting.pin == "on":
@@ -203,6 +207,32 @@ def vng_argv(kernel, vcpus: int, memory_mb: int, rwdir: Path, command: list[str]
     opts = qemu_options(setting, accel) + (topology.qemu_opts(accel) if topology else [])
     argv += [f"--qemu-opts={shlex.join(opts)}", "--", shlex.join(command)]
     return argv
+
+
+#: where virtme-ng looks for virtiofsd, in its order (virtme/commands/run.py, 1.42), after its
+#: own guest tools' and PATH's
+VIRTIOFSD_PATHS = ("/usr/libexec/virtiofsd", "/usr/lib/virtiofsd/virtiofsd", "/usr/lib/virtiofsd",
+                   "/usr/lib/qemu/virtiofsd")
+
+
+@functools.lru_cache(maxsize=1)
+def virtiofs_works() -> bool:
+    """Whether virtme-ng can share the host's files over virtio-fs here: the virtiofsd it would
+    take is the Rust one. QEMU's own C virtiofsd (Debian 12 ships it as /usr/lib/qemu/virtiofsd)
+    answers ``--version`` but takes none of the options virtme-ng starts it with: virtme-ng then
+    waits 3.1 s for it for each shared directory (the root and the writable one) before it falls
+    back to 9p, every boot. Without a virtiofsd, virtme-ng uses 9p at once."""
+    for path in (shutil.which("virtiofsd"), *VIRTIOFSD_PATHS):
+        if not path or not os.access(path, os.X_OK):
+            continue
+        try:
+            out = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                 timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if out.returncode == 0:
+            return "QEMU" not in out.stdout + out.stderr
+    return True                         # none: nothing to wait for
 
 
 # --- versions and the accelerator ---------------------------------------------------------------
@@ -292,8 +322,9 @@ def _kvm_test_boot(kernel) -> tuple[bool, str]:
                     "kvm")
     t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(reaper.command(argv), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     except OSError as exc:
         return False, f"test boot under KVM could not start ({exc.strerror}): TCG"
     try:
@@ -423,11 +454,20 @@ def _descendants(pid: int) -> list[int]:
 
 
 class VirtualMachine:
-    """One boot of ``kernel`` with ``vcpus`` vCPUs running one command (:meth:`run`).
+    """One boot of ``kernel`` with ``vcpus`` vCPUs running one command, the guest agent.
 
-    After :meth:`run`: ``accel`` / ``accel_why`` (the accelerator and why), ``qemu_pid``,
+    :meth:`start` boots it; :meth:`pump` reads the console, handing each agent line to the
+    caller, until the caller has what it waits for or the VM ends; :meth:`send` writes a line to
+    the command's standard input (virtme-ng's ``virtme.stdin`` virtio-serial port: the host's
+    channel to the agent); :meth:`finish` closes that input and waits for the VM to end;
+    :meth:`stop` kills it. :meth:`run` is the whole of it for a command that needs no input.
+
+    virtme-ng runs under a reaper (:mod:`harmony.vm.reaper`): whatever ends this process,
+    SIGKILL included, QEMU, virtme-ng and what they started are killed at once.
+
+    After :meth:`start`: ``accel`` / ``accel_why`` (the accelerator and why), ``qemu_pid``,
     ``boot_s`` (from the start of virtme-ng to the agent's first line), ``console_tail`` (the last
-    console lines, for errors).
+    console lines, for errors), ``returncode`` once it ended.
     """
 
     def __init__(self, kernel, vcpus: int, memory_mb: int = 2048,
@@ -447,6 +487,10 @@ class VirtualMachine:
         self.boot_s: float | None = None
         self.console_tail: collections.deque[str] = collections.deque(maxlen=30)
         self.deadline = 0.0
+        self.returncode: int | None = None
+        self._console = None            # the console's line reader (:meth:`_lines`)
+        self._log = None
+        self._t_start = 0.0
 
     def describe(self) -> dict:
         """The manifest's ``vm`` facts of this VM (the caller adds what it measured)."""
@@ -463,56 +507,113 @@ class VirtualMachine:
                 **versions()}
 
     def _fail(self, what: str) -> VmError:
+        why = guest_error(self.console_tail)
         tail = [line for line in self.console_tail if line.strip()][-3:]
-        hint = f"; console: {' | '.join(tail)}" if tail else ""
+        hint = (f"; the guest said: {why}" if why else
+                f"; console: {' | '.join(tail)}" if tail else "")
         return VmError(f"kernel {self.kernel.spec}: {what}{hint}"[:600])
 
     def run(self, command: list[str], rwdir: Path, on_event) -> int:
-        """Boot, run ``command`` (the guest agent) and wait for the VM to end; returns the
-        command's exit status as virtme-ng reports it.
+        """Boot, run ``command`` (its standard input empty) and wait for the VM to end; returns
+        the command's exit status as virtme-ng reports it (:meth:`pump` for ``on_event``).
+        Raises VmError naming the kernel on a failed boot, a panic, a guest silent for too long
+        or QEMU gone; QEMU and virtme-ng are killed whatever happens."""
+        try:
+            self.start(command, rwdir, stdin=False)
+            self.pump(on_event)
+            return self.returncode
+        finally:
+            self.stop()
 
-        ``on_event(event, t_host)`` gets each agent line (a dict) and the host's
-        ``time.monotonic()`` at its arrival; it may return a number of seconds: the guest must
-        send its next line within that (else :data:`IDLE_TIMEOUT_S`). Raises VmError naming the
-        kernel on a failed boot, a panic, a guest silent for too long or QEMU gone; QEMU and
-        virtme-ng are killed whatever happens."""
+    def start(self, command: list[str], rwdir: Path, stdin: bool = True) -> None:
+        """Start virtme-ng booting the kernel to run ``command`` with ``rwdir`` writable; with
+        ``stdin``, :meth:`send` writes to the command's standard input. The boot's deadline
+        runs from now (:meth:`pump` waits for it)."""
         self.accel, self.accel_why = accelerator(self.setting, self.kernel)
         argv = vng_argv(self.kernel, self.vcpus, self.memory_mb, rwdir, command, self.setting,
                         self.accel, topology=self.topology)
-        log = open(self.console_log, "w") if self.console_log else None
-        t_start = time.monotonic()
+        self._log = open(self.console_log, "w") if self.console_log else None
+        self._t_start = time.monotonic()
         try:
-            try:
-                self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True)
-            except OSError as exc:
-                raise self._fail(f"virtme-ng could not start ({exc.strerror})") from None
-            self._record()
-            self.deadline = t_start + self.boot_timeout
-            booted = False
-            for line in self._lines():
-                if log:
-                    log.write(line + "\n")
+            self.proc = subprocess.Popen(reaper.command(argv), stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT,
+                                         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                                         start_new_session=True)
+        except OSError as exc:
+            self.stop()
+            raise self._fail(f"virtme-ng could not start ({exc.strerror})") from None
+        self._record()
+        self.deadline = self._t_start + self.boot_timeout
+        self._console = self._lines()
+
+    def pump(self, on_event, until=None) -> bool:
+        """Read the console, handing each agent line to ``on_event(event, t_host)`` (the event
+        as a dict, the host's ``time.monotonic()`` at its arrival), until ``until()`` is true
+        after an event (True) or the VM ends (False; ``returncode`` set). ``on_event`` may return
+        a number of seconds: the guest must send its next line within that (else
+        :data:`IDLE_TIMEOUT_S`). VmError naming the kernel (the VM killed) on a boot that fails
+        or takes too long, a panic, a guest silent for too long."""
+        try:
+            for line in self._console:
+                if self._log:
+                    self._log.write(line + "\n")
                 now = time.monotonic()
                 event = parse_line(line)
-                if event is not None:
-                    if not booted:
-                        booted, self.boot_s = True, now - t_start
-                    more = on_event(event, now)
-                    self.deadline = now + (more if more else IDLE_TIMEOUT_S)
+                if event is None:
+                    self.console_tail.append(line)
+                    if PANIC.search(line):
+                        raise self._fail(f"the guest kernel died: {line.strip()[:200]}")
                     continue
-                self.console_tail.append(line)
-                if PANIC.search(line):
-                    raise self._fail(f"the guest kernel died: {line.strip()[:200]}")
-            rc = self.proc.wait()
-            if not booted:
-                raise self._fail(f"the VM ended (exit {rc}) before the guest agent started")
-            return rc
-        finally:
-            if log:
-                log.close()
+                if self._log:
+                    self._log.flush()       # the agent's steps can be followed as they come
+                if self.boot_s is None:
+                    self.boot_s = now - self._t_start
+                more = on_event(event, now)
+                self.deadline = now + (more if more else IDLE_TIMEOUT_S)
+                if until is not None and until():
+                    return True
+            self.returncode = self.proc.wait()
+            if self.boot_s is None:
+                raise self._fail(f"the VM ended (exit {self.returncode}) before the guest "
+                                 "agent started")
+            return False
+        except BaseException:
             self.stop()
+            raise
+
+    def send(self, line: str, within: float | None = None) -> None:
+        """Write one line to the guest command's standard input; the guest must answer within
+        ``within`` seconds (else :data:`IDLE_TIMEOUT_S`). VmError if the VM is gone."""
+        try:
+            self.proc.stdin.write(line.encode() + b"\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError, AttributeError):
+            self.stop()
+            raise self._fail("the VM is gone: it cannot be sent more work") from None
+        self.deadline = time.monotonic() + (within or IDLE_TIMEOUT_S)
+
+    def finish(self, on_event, timeout: float = 60.0) -> int | None:
+        """Close the guest command's input (it ends when it has read all of it), wait up to
+        ``timeout`` s for the VM to end (:meth:`pump`), then :meth:`stop`; its exit status,
+        None if it had to be killed."""
+        try:
+            if self.proc is not None and self.proc.stdin and not self.proc.stdin.closed:
+                try:
+                    self.proc.stdin.close()
+                except BrokenPipeError:
+                    pass
+            if self.running:
+                self.deadline = time.monotonic() + timeout
+                self.pump(on_event)
+            return self.returncode
+        except VmError:
+            return None
+        finally:
+            self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.returncode is None and self.proc.poll() is None
 
     def _lines(self):
         """The console's lines as they come, until it closes; VmError past the deadline."""
@@ -550,19 +651,22 @@ class VirtualMachine:
             sel.close()
 
     def _find_qemu(self) -> None:
-        for pid in _descendants(self.proc.pid):
+        below = _descendants(self.proc.pid)
+        for pid in below:
             if comm(pid).startswith("qemu-system"):
                 self.qemu_pid = pid
-                self._record()
+                self._record(below)
                 return
 
-    def _record(self) -> None:
-        """Record virtme-ng's and QEMU's pids with their start times (for reclaim_stale)."""
-        record_processes("vm", [self.proc.pid if self.proc else None, self.qemu_pid],
+    def _record(self, below: list[int] = ()) -> None:
+        """Record the reaper's, virtme-ng's and QEMU's pids with their start times (for
+        reclaim_stale: the reaper ends them with this process, this is for the rest)."""
+        record_processes("vm", [self.proc.pid if self.proc else None, *below],
                          kernel=self.kernel.spec)
 
     def stop(self) -> None:
-        """Kill virtme-ng's process group and QEMU (idempotent); remove the record."""
+        """Kill the reaper's process group (virtme-ng, QEMU and the rest) and QEMU
+        (idempotent); remove the record."""
         if self.proc is not None:
             if self.proc.poll() is None or self.qemu_pid:
                 _kill_group(self.proc)
@@ -571,9 +675,39 @@ class VirtualMachine:
                     os.kill(self.qemu_pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-            if self.proc.stdout:
-                self.proc.stdout.close()
+            if self.returncode is None:
+                self.returncode = self.proc.poll()
+            for f in (self.proc.stdout, self.proc.stdin):
+                if f:
+                    try:
+                        f.close()
+                    except OSError:
+                        pass
+        if self._log:
+            self._log.close()
+            self._log = None
         forget_processes("vm")
+
+
+#: a Python exception's last line in a traceback ("ValueError: ..."; "harmony.x.Error: ...")
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|"
+                        r"Warning)(?::\s.*)?$")
+#: what the console adds around the agent's own words: kernel messages, virtme-ng's lines
+_NOT_THE_AGENT = re.compile(r"^\s*\[\s*\d+\.\d+\]|^virtme-ng-init:|^\s*$")
+
+
+def guest_error(lines) -> str | None:
+    """What the guest's command said of its own failure on the console (``lines``, newest
+    last): the last line of its last Python traceback, else its last line that is neither a
+    kernel message nor virtme-ng's; None if there is none."""
+    lines = list(lines)
+    for k in range(len(lines) - 1, -1, -1):
+        if lines[k].startswith("Traceback (most recent call last)"):
+            for line in lines[k + 1:]:
+                if _EXCEPTION.match(line.strip()):
+                    return line.strip()[:300]
+    own = [line.strip() for line in lines if not _NOT_THE_AGENT.search(line)]
+    return own[-1][:300] if own else None
 
 
 def reclaim_stale() -> list[str]:

@@ -6,9 +6,11 @@ the agent inside it :mod:`harmony.vm.guest`'s.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 from harmony import store
@@ -18,47 +20,71 @@ from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
 from harmony.run import land
 from harmony.runners import analyse_groups
-from harmony.vm.guest import PlannedRun, write_job
+from harmony.vm.guest import PlannedRun, job_line, write_job
 from harmony.vm.machine import (
     VirtualMachine,
+    guest_error,
     renice_threads,
     vcpu_threads,
     vcpu_times,
     wait_fractions,
 )
+from harmony.workload.controller import warm_s
+
+
+def configured_s(run: PlannedRun) -> float:
+    """The seconds a planned run is configured to measure, a warm release's warm-up included."""
+    return float(run.params.get("duration", 0)) + (warm_s(run.params) or 0.0)
 
 
 class VmRunner:
     """Real captures of a kernel under test in a virtual machine, one boot for all of them.
 
     ``capture`` plans a run (its companions first: :class:`harmony.vm.guest.PlannedRun`) into its
-    directory; ``flush`` (or leaving the runner) boots ``kernel`` (:class:`harmony.vm.kernels.Kernel`)
-    with ``vcpus`` vCPUs once, the guest agent makes every planned capture, and the host lands each
-    one (:func:`harmony.run.land`), completes its manifest (the kernel under test from the guest's
+    directory; ``flush`` makes every capture planned since the last flush: the first boots
+    ``kernel`` (:class:`harmony.vm.kernels.Kernel`) with ``vcpus`` vCPUs, and the guest agent makes
+    the captures of each flush, sent to it as one job on its input. The host lands each one
+    (:func:`harmony.run.land`), completes its manifest (the kernel under test from the guest's
     facts as ``under_test``, the host's own facts as ``host``, the VM as ``vm`` with how long each
     vCPU waited for a host CPU over the run's window, and that window on the host's clock and on
-    the guest's) and analyses it after the VM is gone, one process per CPU. The host lock is held
-    from enter to exit: the vCPUs are the measurement.
+    the guest's) and analyses it once the VM is gone (``drain``), one process per CPU. The host
+    lock is held from enter to exit: the vCPUs are the measurement.
 
-    A failed boot, a guest that panics or hangs, QEMU killed, Ctrl-C: the runs not captured are
-    marked incomplete with the reason (the error names the kernel), the ones captured before are
-    still analysed (not after Ctrl-C or SIGTERM), and the error is raised.
+    Rounds: ``flush`` may be called any number of times in one boot. The first flush's runs go
+    to the guest agent as a job file at the boot; the guest then stays up, waiting for its next
+    job on virtme-ng's ``virtme.stdin`` virtio-serial line (:func:`harmony.vm.guest.job_input`);
+    each flush returns once its runs are landed, so that a caller can ``drain`` (analyse) them
+    and plan more. A flush boots again where the guest has no such line (a kernel without
+    virtio_console: its agent ended after its first job), and where its runs lie outside the
+    boot's writable directory (where the first flush's runs' directories are). The VM ends when
+    the runner is left (the agent told to end, it ends and the VM powers off; killed if it does
+    not within :data:`END_TIMEOUT_S`), and at once if the controller dies
+    (:mod:`harmony.vm.reaper`).
+    Suite and batch code need not know: leaving the runner flushes and drains as before.
+
+    A failed boot, a guest that panics, hangs or whose agent fails, QEMU killed, Ctrl-C: the runs
+    of that flush not captured are marked incomplete with the reason (the error names the kernel
+    and, where the guest said why, the guest's own error), the ones captured before are still
+    analysed (not after Ctrl-C or SIGTERM), and the error is raised; a later flush boots again.
     """
 
     #: a run's time beyond its measured window in the guest (its start, the workers, the probe
     #: and their stop under TCG), before the host calls the guest hung
     RUN_MARGIN_S = 180.0
+    #: how long the VM may take to end once its input is closed
+    END_TIMEOUT_S = 60.0
 
     def __init__(self, kernel, vcpus: int, memory_mb: int = 2048, setting=None,
                  probe: str = "tracefs", facts: dict | None = None, say=None, scx=None,
                  topology=None):
         if topology is not None:        # harmony.vm.topology.VmTopology: its vCPUs, its nodes
             vcpus, memory_mb = topology.vcpus, topology.vm_memory_mb(memory_mb)
-        self.kernel, self.vcpus, self.memory_mb, self.setting = kernel, vcpus, memory_mb, setting
         self.topology = topology
+        self.kernel, self.vcpus, self.memory_mb, self.setting = kernel, vcpus, memory_mb, setting
         self.scx = scx      # a sched_ext scheduler for every run (harmony.vm.scx.ScxSpec), or None
         self.probe, self.facts = probe, facts or {}
         self.say = say or (lambda line: None)
+        self.progress = None    # a suite's Progress: told of each run as the guest makes it
         shape = f"; {topology.describe()}" if topology is not None else ""
         self.name = f"kernel {kernel.spec} in a VM ({vcpus} vCPUs{shape})"
         self.overlap = False
@@ -70,6 +96,10 @@ class VmRunner:
         self.results: list[dict] = []
         self.system: dict | None = None     # the guest's facts (the kernel under test)
         self.vm: VirtualMachine | None = None
+        self.rwdir: Path | None = None      # the boot's writable directory
+        self.jobdir: Path | None = None     # what the guest reads besides the host's files
+        self.jobs = 0                       # jobs sent in this boot
+        self.more = False                   # the boot's agent takes more jobs (its facts say)
         self.boot_s: float | None = None
         self.reniced: list[int] = []        # the vCPU threads given the setting's nice value
         self.while_analysing = None
@@ -93,6 +123,7 @@ class VmRunner:
             raise
         finally:
             try:
+                self._end_vm()
                 if exc_type is not None:
                     self._abandon(reason(exc) if exc is not None else "stopped")
                 if not stopped:       # what was captured before a VM failed is analysed too
@@ -106,7 +137,7 @@ class VmRunner:
         return False
 
     def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
-        """Plan the run (companions first) for the next boot."""
+        """Plan the run (companions first) for the next flush."""
         out = Path(out)
         dirs = []
         for name, overrides in exp.companions(params).items():
@@ -125,76 +156,135 @@ class VmRunner:
                                                 seed, self.scx)))
         return str(out)
 
+    def to_make(self) -> tuple[int, float]:
+        """Captures planned and not made yet (companions count), and their configured seconds."""
+        runs = [run for _, run in self.planned if not Path(run.dir, "manifest.json").exists()]
+        return len(runs), sum(configured_s(run) for run in runs)
+
     # --- the boot ---
 
+    def _boot(self, rwdir: Path, console: Path, runs: list[PlannedRun]) -> None:
+        """Boot the kernel with the guest agent making ``runs`` (its first job, a file) and
+        then waiting for more on its input channel (where the guest has one: ``self.more``)."""
+        self.rwdir, self.jobs, self.system, self.boot_s, self.more = rwdir, 0, None, None, False
+        self.jobdir = Path(tempfile.mkdtemp(prefix="harmony-vm-"))
+        self._scx_path(runs)
+        write_job(self.jobdir / "job.json", runs,
+                  self.topology.spec() if self.topology is not None else None)
+        argv, env = harmony_python("harmony.vm.guest", str(self.jobdir / "job.json"), "--more")
+        env = [f"{k}={v}" for k, v in env.items()
+               if k.startswith("HARMONY_") or k == "PYTHONPATH"]
+        command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, *argv]
+        self.vm = VirtualMachine(self.kernel, self.vcpus, self.memory_mb, self.setting,
+                                 console_log=console, topology=self.topology)
+        shape = f" ({self.topology.describe()})" if self.topology is not None else ""
+        self.say(f"booting {self.kernel.describe()} with {self.vcpus} vCPUs{shape}")
+        self.vm.start(command, rwdir)
+        self.jobs = 1
+
+    def _scx_path(self, runs: list[PlannedRun]) -> None:
+        """The guest sees the host's files but not all (virtme-ng mounts a tmpfs over
+        /var/cache, where the kernel cache is): the scheduler goes in the job directory."""
+        if self.scx is None:
+            return
+        copy = self.jobdir / Path(self.scx.path).name
+        if not copy.exists():
+            shutil.copy2(self.scx.path, copy)
+        for run in runs:
+            run.scx = {**run.scx, "path": str(copy)}
+
+    def _end_vm(self) -> None:
+        """End this boot: the agent's input closed, the VM waited for, then killed; the job
+        directory removed."""
+        if self.vm is not None:
+            if self.more and self.vm.running:
+                try:
+                    self.vm.send(json.dumps({"end": True}))
+                except VmError:
+                    pass            # gone already: finish() says how it ended
+            self.vm.finish(lambda ev, t: None, self.END_TIMEOUT_S)
+        if self.jobdir is not None:
+            shutil.rmtree(self.jobdir, ignore_errors=True)
+            self.jobdir = None
+
+    def _stopped_why(self, state: dict) -> str:
+        """Why the guest agent stopped before the end of its job, in one line."""
+        said = state["fatal"] or state["errors"].get(None)
+        if said is None and self.vm is not None:
+            said = guest_error(self.vm.console_tail)
+        return (f"kernel {self.kernel.spec}: the guest agent stopped before the end of its runs"
+                + (f": {said}" if said else "")
+                + (f" (exit {self.vm.returncode})" if self.vm and self.vm.returncode else ""))
+
+    @staticmethod
+    def _state(runs: list[PlannedRun]) -> dict:
+        return {"i": None, "window": {}, "errors": {}, "done": set(), "flushed": False,
+                "fatal": None, "runs": runs}
+
     def flush(self) -> None:
-        """Boot once and make every capture planned since the last flush."""
+        """Make every capture planned since the last flush, in this boot (booting first if
+        there is none, or it cannot take more jobs, or these runs lie outside its writable
+        directory)."""
         todo = [(exp, run) for exp, run in self.planned if not Path(run.dir, "manifest.json")
                 .exists()]
         if not todo:
             return
-        rwdir = Path(os.path.commonpath([run.dir for _, run in todo]))
-        state = {"i": None, "window": {}, "errors": {}, "done": set(), "ended": False}
         runs = [run for _, run in todo]
-        jobdir = Path(tempfile.mkdtemp(prefix="harmony-vm-"))
+        # writable in the guest: where these runs' directories are (their parents: the next
+        # flush's runs of a batch or suite go beside them); the console log with the runs
+        rwdir = Path(os.path.commonpath([str(Path(run.dir).parent) for run in runs]))
+        console = Path(os.path.commonpath([run.dir for run in runs])) / "vm-console.log"
+        state = self._state(runs)
+        on_event = lambda ev, t: self._on_event(ev, t, runs, state)  # noqa: E731
+        failure = None
         try:
-            job = jobdir / "job.json"
-            if self.scx is not None:
-                # the guest sees the host's files but not all (virtme-ng mounts a tmpfs over
-                # /var/cache, where the kernel cache is): the scheduler goes with the job
-                shutil.copy2(self.scx.path, jobdir / Path(self.scx.path).name)
-                for run in runs:
-                    run.scx = {**run.scx, "path": str(jobdir / Path(self.scx.path).name)}
-            write_job(job, runs, self.topology.spec() if self.topology is not None else None)
-            argv, env = harmony_python("harmony.vm.guest", str(job))
-            env = [f"{k}={v}" for k, v in env.items()
-                   if k.startswith("HARMONY_") or k == "PYTHONPATH"]
-            command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, *argv]
-            self.vm = VirtualMachine(self.kernel, self.vcpus, self.memory_mb, self.setting,
-                                     console_log=rwdir / "vm-console.log",
-                                     topology=self.topology)
-            shape = f" ({self.topology.describe()})" if self.topology is not None else ""
-            self.say(f"booting {self.kernel.describe()} with {self.vcpus} vCPUs{shape}")
-            failure = None
-            try:
-                self.vm.run(command, rwdir, lambda ev, t: self._on_event(ev, t, runs, state))
-                if not state["ended"]:      # the agent's own word where it gave one
-                    failure = (f"kernel {self.kernel.spec}: " + state["errors"][None]
-                               if state["errors"].get(None) else
-                               f"kernel {self.kernel.spec}: the guest agent stopped before the "
-                               "end of its runs")
-            except VmError as exc:
-                failure = str(exc)
-            except (KeyboardInterrupt, Interrupted) as exc:
-                self._land(todo, state, "interrupted (Ctrl-C)" if isinstance(
-                    exc, KeyboardInterrupt) else str(exc), analyse_landed=False)
-                raise
-            self._land(todo, state, failure)
-            if failure:
-                raise VmError(failure)
-        finally:
-            for f in jobdir.iterdir():
-                f.unlink()
-            jobdir.rmdir()
+            if self.vm is not None and (not self.more or not self.vm.running or not all(
+                    Path(run.dir).is_relative_to(self.rwdir) for run in runs)):
+                self._end_vm()
+                self.vm = None
+            if self.vm is None:
+                self._boot(rwdir, console, runs)
+            else:
+                self._scx_path(runs)
+                self.vm.send(job_line(runs, self.jobs), within=self._budget(runs, 0))
+                self.jobs += 1
+            if not self.vm.pump(on_event, until=lambda: state["flushed"] or state["fatal"]) \
+                    or state["fatal"]:
+                failure = self._stopped_why(state)
+        except VmError as exc:
+            failure = str(exc)
+        except (KeyboardInterrupt, Interrupted) as exc:
+            self._land(todo, state, "interrupted (Ctrl-C)" if isinstance(
+                exc, KeyboardInterrupt) else str(exc), analyse_landed=False)
+            raise
+        if failure and self.vm is not None:
+            self._end_vm()
+            self.vm = None
+        self._land(todo, state, failure)
+        if failure:
+            raise VmError(failure)
+
+    def _budget(self, runs: list[PlannedRun], i: int) -> float:
+        """The seconds the guest has for its next line once run ``i`` is next."""
+        if not runs:
+            return self.RUN_MARGIN_S
+        return float(runs[min(i, len(runs) - 1)].params.get("duration", 0)) + self.RUN_MARGIN_S
 
     def _on_event(self, ev: dict, t: float, runs: list[PlannedRun], state: dict):
         """One line of the guest agent (see harmony.vm.guest); returns the seconds the guest has
         for its next line."""
         kind, i = ev.get("event"), ev.get("run")
+        if ev.get("job") is not None and ev["job"] != self.jobs - 1:
+            return None                     # an older job's line (none is expected)
         budget = None
         if kind == "facts":
-            self.system = {k: v for k, v in ev.get("facts", {}).items()}
-            self.boot_s = self.vm.boot_s
-            if self.vm.setting.nice and self.vm.qemu_pid:
-                self.reniced = renice_threads(self.vm.qemu_pid,
-                                              vcpu_threads(self.vm.qemu_pid, self.vcpus),
-                                              self.vm.setting.nice)
-            self.say(f"booted {self.system.get('kernel')} ({self.system.get('scheduler')}, "
-                     f"{self.system.get('ncpus')} CPUs) in {self.boot_s:.1f} s; "
-                     f"{self.vm.accel.upper()}")
+            self._booted(ev)
         elif kind == "start" and i is not None:
             state["i"] = i
-            self.say(f"[{i + 1}/{len(runs)}] {Path(runs[i].dir).name}: {runs[i].experiment}")
+            if self.progress is not None:
+                self.progress.show(f"{Path(runs[i].dir).name}: {runs[i].experiment}")
+            else:
+                self.say(f"[{i + 1}/{len(runs)}] {Path(runs[i].dir).name}: {runs[i].experiment}")
         elif kind == "measuring" and i is not None:
             threads = vcpu_threads(self.vm.qemu_pid, self.vcpus) if self.vm.qemu_pid else {}
             state["window"][i] = {"t0": t, "threads": threads, "guest_t0": ev.get("mono_ns"),
@@ -210,14 +300,32 @@ class VmRunner:
             state["errors"][i] = ev.get("message", "?")
             self.say(f"run {'?' if i is None else i + 1} failed in the guest: "
                      f"{ev.get('message')}")
+        elif kind == "fatal":
+            state["fatal"] = ev.get("message", "?")
         elif kind == "done" and i is not None:
             state["done"].add(i)
-        elif kind == "end":
-            state["ended"] = True
-        if kind in ("facts", "done", "error", "start") and budget is None:
-            nxt = runs[min((i if i is not None else -1) + 1, len(runs) - 1)]
-            budget = float(nxt.params.get("duration", 0)) + self.RUN_MARGIN_S
+        elif kind == "flushed":
+            state["flushed"] = True
+        if kind in ("done", "error", "start") and budget is None:
+            budget = self._budget(runs, (i if i is not None else -1) + 1)
+        if kind in ("done", "error") and self.progress is not None and i is not None:
+            self.progress.finished(configured_s(runs[i]))
         return budget
+
+    def _booted(self, ev: dict) -> None:
+        """The agent's facts: the boot is over."""
+        self.system = {k: v for k, v in ev.get("facts", {}).items()}
+        self.boot_s = self.vm.boot_s
+        self.more = bool(ev.get("more"))
+        if self.vm.setting.nice and self.vm.qemu_pid:
+            self.reniced = renice_threads(self.vm.qemu_pid,
+                                          vcpu_threads(self.vm.qemu_pid, self.vcpus),
+                                          self.vm.setting.nice)
+        self.say(f"booted {self.system.get('kernel')} ({self.system.get('scheduler')}, "
+                 f"{self.system.get('ncpus')} CPUs) in {self.boot_s:.1f} s; "
+                 f"{self.vm.accel.upper()}")
+        if self.progress is not None:
+            self.progress.booted()
 
     def _land(self, todo, state: dict, failure: str | None, analyse_landed: bool = True) -> None:
         """Complete each run's manifest on the host; runs not captured are marked incomplete."""
@@ -259,7 +367,9 @@ class VmRunner:
                               "vcpu_wait_max_vcpu": max(fr, key=fr.get) if fr else None}
             if manifest.get("status") == "captured":
                 try:
+                    t_land = time.monotonic()
                     land(path)
+                    manifest["vm"]["land_s"] = round(time.monotonic() - t_land, 4)
                     captured.add(run.dir)
                 except store.RunError as exc:
                     manifest["status"] = "incomplete"

@@ -374,3 +374,104 @@ class Scheduler:
 
     def _forget(self) -> None:
         forget_processes("scx")
+
+
+class Kept:
+    """A sched_ext scheduler kept loaded across runs (the runs of one VM boot:
+    :mod:`harmony.vm.guest`), rather than started and stopped for each: loading its BPF programs
+    took 1.3-3.2 s of a TCG guest's time a run, stopping it 0.3-0.5 s (bench/README.md).
+
+    Each run gets a view (:meth:`for_run`) that a capture starts, watches and stops as it would
+    a :class:`Scheduler`: its ``start()`` starts the scheduler only if none is loaded, or the
+    last was ejected (the view says so); its ``stop()`` leaves it loaded and returns the run's
+    ``scx`` record: the states over this run only, whether it was enabled throughout, the
+    scheduler's output during the run (in the run's ``scx.log``), and ``kept``: since which run
+    it is loaded. :meth:`close` stops it. ``log_dir``: where the scheduler's own log goes (the
+    guest's memory)."""
+
+    def __init__(self, spec: ScxSpec, log_dir: Path, root: Path | None = None):
+        self.spec, self.log_dir, self.root = spec, Path(log_dir), root
+        self.sched: Scheduler | None = None
+        self.since: str | None = None      # the run it was started for
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def for_run(self, log_path: Path) -> "KeptRun":
+        return KeptRun(self, Path(log_path))
+
+    def close(self) -> dict | None:
+        """Stop the scheduler (SIGINT, then SIGKILL); its last record, None if none ran."""
+        sched, self.sched = self.sched, None
+        return sched.stop() if sched is not None else None
+
+
+class KeptRun:
+    """One run's view of a :class:`Kept` scheduler (see there)."""
+
+    def __init__(self, kept: Kept, log_path: Path):
+        self.kept, self.spec, self.log_path = kept, kept.spec, log_path
+        self.ops: str | None = None
+        self.reclaimed: list[str] = []
+        self.enable_s: float | None = None     # None: it was loaded already
+        self.restarted: str | None = None      # why a loaded one was replaced (its ejection)
+        self.record: dict | None = None
+        self._t0, self._states_from, self._log_from = 0.0, 0, 0
+
+    def start(self) -> None:
+        kept = self.kept
+        if kept.sched is not None:
+            why = kept.sched.ejected()
+            if why is not None:
+                self.restarted = why
+                kept.close()
+        if kept.sched is None:
+            sched = Scheduler(self.spec, kept.log_dir / f"harmony-{LOG_NAME}", root=kept.root)
+            sched.start()                       # ScxError as a Scheduler's, nothing kept
+            kept.sched, kept.since = sched, str(self.log_path.parent)
+            self.reclaimed, self.enable_s = sched.reclaimed, sched.enable_s
+        sched = kept.sched
+        self.ops, self._t0 = sched.ops, time.monotonic()
+        self._states_from = len(sched.states)
+        # the run that loaded it has its output from the start (what it said as it loaded)
+        self._log_from = 0 if self.enable_s is not None else len(sched.log())
+
+    def ejected(self) -> str | None:
+        return self.kept.sched.ejected() if self.kept.sched is not None else "not loaded"
+
+    def tids(self) -> list[int]:
+        return self.kept.sched.tids() if self.kept.sched is not None else []
+
+    def stop(self) -> dict:
+        """The run's record; the scheduler stays loaded unless the kernel ejected it."""
+        if self.record is not None:
+            return self.record
+        sched = self.kept.sched
+        ejection = self.ejected() if self.ops else None
+        if sched is None:
+            self.record = {**self.spec.to_dict(), "ops": None, "kept": True}
+            return self.record
+        shift = self._t0 - sched._t0
+        states = [[0.0, sched.states[self._states_from - 1][1] if self._states_from else
+                   "enabled"]] + [[round(t - shift, 3), s] for t, s in
+                                  sched.states[self._states_from:]]
+        log = sched.log()[self._log_from:]
+        try:
+            self.log_path.write_text(log)
+        except OSError:
+            pass
+        if ejection is not None:
+            final = self.kept.close()
+            states.append([round(time.monotonic() - self._t0, 3), final["state_after"]])
+        self.record = {**self.spec.to_dict(), "ops": self.ops, "pid": sched.proc.pid,
+                       "enable_s": None if self.enable_s is None else round(self.enable_s, 3),
+                       "kept": True, "loaded_since": self.kept.since if ejection is None
+                       else str(self.log_path.parent),
+                       "restarted_after": self.restarted, "states": states,
+                       "enabled_throughout": bool(self.ops) and ejection is None,
+                       "ejected": ejection, "exit": exit_reason(log),
+                       "returncode": sched.proc.returncode, "state_after":
+                       self.kept.sched.state()["state"] if self.kept.sched else states[-1][1],
+                       "log": self.log_path.name}
+        return self.record

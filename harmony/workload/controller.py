@@ -106,8 +106,7 @@ import os
 import platform
 import signal
 import time
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from harmony import hostfacts
 from harmony.core.errors import ControllerError  # noqa: F401  (raised here)
@@ -119,6 +118,9 @@ from harmony.workload.cpuset import CpusetGroups, CpusetUnavailable
 from harmony.workload.cpuset import hierarchies as cpuset_hierarchies
 from harmony.workload.forkserver import ForkServerError
 from harmony.workload.tasks import RT_POLICIES, TaskSpec
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ENV_PLACEMENT = "HARMONY_RELEASE_PLACEMENT"
 PLACEMENTS = ("auto", "cpuset", "affinity")
@@ -333,7 +335,9 @@ class Workload:
             self._no_memfd = ("workers forked by the controller: no memfd for the fork server "
                               f"({exc.strerror})")
         self._shared = worker.Shared(self._shm, n, len(self._gate_cpus), len(self._occupied))
-        cells = np.frombuffer(self._shm, dtype=np.int64, count=n + 1)
+        # int64 cells as a memoryview, not a numpy array: the guest agent in a VM imports no
+        # numpy (6 s of a TCG boot, over 9p: bench/README.md)
+        cells = memoryview(self._shm)[:8 * (n + 1)].cast("q")
         self._t0, self._work = cells[:1], cells[1:]
         self._marked_ns = 0         # t0_ns, once released
 
@@ -710,9 +714,15 @@ class Workload:
             out.append(f"{spec.comm} (pid {pid}) {how}")
         return out
 
-    def work_done(self) -> np.ndarray:
+    def work_done(self) -> "np.ndarray":
         """Work loops completed by each worker so far (units of SPIN_UNIT iterations)."""
-        return self._work.copy()
+        import numpy as np
+
+        return np.array(self._work, dtype=np.int64)
+
+    def work_counts(self) -> list[int]:
+        """:meth:`work_done` as a list (what a run's manifest records), without numpy."""
+        return self._work.tolist()
 
     def stop(self) -> None:
         """Kill every worker and return once all are dead and reaped, then remove the cgroups.

@@ -29,15 +29,21 @@ RT_POLICIES = ("fifo", "rr")
 #: priority starves it on a CPU it holds (measured: a SCHED_FIFO 50 controller never returned from
 #: a 3 s sleep while a SCHED_FIFO 50 busy loop ran)
 RT_PRIORITY_MAX = 98
+#: the rt_priority a fifo or rr task class gets when none is given (``-p policy=fifo`` alone): the
+#: middle of 1..RT_PRIORITY_MAX, the value the kernel's own threaded IRQ handlers run at
+#: (MAX_RT_PRIO / 2), so that a task class above or below the default can be asked for either side
+RT_PRIORITY_DEFAULT = 50
 #: the kernel's limits on a SCHED_DEADLINE runtime (1 << DL_SCALE ns) and period
 #: (sched_deadline_period_{min,max}_us, default 100 us .. 4 s)
 DL_RUNTIME_MIN_MS = 1024 / 1e6
 
 
 def class_problem(policy: str, rt_priority: int = 0, nice: int = 0, dl_runtime_ms: float = 0.0,
-                  dl_deadline_ms: float = 0.0, dl_period_ms: float = 0.0) -> str | None:
+                  dl_deadline_ms: float = 0.0, dl_period_ms: float = 0.0,
+                  prefix: str = "") -> str | None:
     """Why this scheduling class and its parameters cannot be given to a task (one line), or None.
-    The one rule, for :class:`TaskSpec` and the experiments' parameter checks."""
+    The one rule, for :class:`TaskSpec` and the experiments' parameter checks; ``prefix``: what
+    the parameters of this task class begin with (``heavy_``), to name them as ``-p`` takes them."""
     if policy not in POLICIES:
         return f"policy {policy!r} is none of {', '.join(POLICIES)}"
     if policy in RT_POLICIES:
@@ -56,7 +62,10 @@ def class_problem(policy: str, rt_priority: int = 0, nice: int = 0, dl_runtime_m
     if any(v < 0 for v in dl):
         return "deadline: dl_runtime_ms, dl_deadline_ms and dl_period_ms must not be negative"
     if not dl_runtime_ms or not dl_period_ms:
-        return "deadline needs dl_runtime_ms and dl_period_ms (dl_deadline_ms defaults to the period)"
+        # no default: a deadline task's share of a CPU is its bandwidth, which is the question
+        return (f"deadline has no default bandwidth: add -p {prefix}dl_runtime_ms=MS -p "
+                f"{prefix}dl_period_ms=MS (e.g. 10 and 100: 10 % of a CPU a task; "
+                f"{prefix}dl_deadline_ms defaults to the period)")
     deadline = dl_deadline_ms or dl_period_ms
     if dl_runtime_ms < DL_RUNTIME_MIN_MS:
         return f"deadline: dl_runtime_ms={dl_runtime_ms:g} is below the kernel's minimum {DL_RUNTIME_MIN_MS} ms"
