@@ -22,6 +22,7 @@ from harmony import store
 from harmony.core.errors import VmError
 from harmony.experiments import get_experiment
 from harmony.vm import machine as vm
+from harmony.core.osutil import harmony_python as real_harmony_python
 from harmony.vm import runner as vm_runner
 
 FAKE_VNG = '''#!{python}
@@ -92,7 +93,9 @@ def setup_fake_vm(tmp_path: Path, monkeypatch) -> Path:
 
     def agent(module, *args, env=None):
         assert module == "harmony.vm.guest"
-        return [sys.executable, "-P", str(bin_dir / "agent.py"), *args], dict(os.environ)
+        # the environment the real agent gets: this Harmony on its path, wherever it lives
+        return ([sys.executable, "-P", str(bin_dir / "agent.py"), *args],
+                real_harmony_python(module, env=env)[1])
     monkeypatch.setattr(vm_runner, "harmony_python", agent)
     return bin_dir
 
