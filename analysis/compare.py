@@ -1072,3 +1072,8 @@ def write(cmp: Comparison, out, all_metrics: bool = False) -> list[Path]:
 
 def _letter(k: int) -> str:
     return chr(ord("A") + k) if k < 26 else f"S{k}"
+
+
+def _cut(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters: a longer one cut, its end marked ``~``."""
+    return text if len(text) <= width else text[:width - 1] + "~"

@@ -1,4 +1,5 @@
-"""The tracefs probe's session: one instance for consecutive captures, each with its own counters."""
+"""The tracefs probe's session: one instance for consecutive captures, each with its own
+counters."""
 
 import os
 import time
