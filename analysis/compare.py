@@ -991,6 +991,13 @@ def _label_cell(a: policy.Answer) -> D.Cell:
                   "none" if kind == "cannot" else kind)
 
 
+def _level_label_cell(label: str) -> D.Cell:
+    """A label of the answers by level (:func:`df_compare_levels`' label column), styled by it."""
+    kind = ("none" if label == NO_EVIDENCE else
+            "undecided" if label == policy.UNDECIDED else "answered")
+    return D.Cell(label, kind)
+
+
 def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
                      all_metrics: bool = False) -> list:
     """compare.md's and compare.html's content (:mod:`harmony.analysis.document`): the sources,
@@ -1018,7 +1025,8 @@ def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
                 D.Table(["", "question @ level"] + list(src["letter"]),
                         [["*" if lv[(lv["qid"] == q) & (lv["level"] == L)]["differs"].iloc[0]
                           else "", f"{q} @ {L}",
-                          *map(_label_cell, lv[(lv["qid"] == q) & (lv["level"] == L)]["label"])]
+                          *map(_level_label_cell,
+                              lv[(lv["qid"] == q) & (lv["level"] == L)]["label"])]
                          for q, L in keys])]
     pr = df_compare_predictions(cmp)
     if len(pr):
