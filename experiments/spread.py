@@ -27,7 +27,7 @@ class Spread(Experiment):
     name = "spread"
     question = "Released on one CPU, where do N tasks end up: cores before siblings, nodes " \
                "before LLCs?"
-    thesis = "issue 45 (per-level policy; not in the thesis)"
+    thesis = "beyond the thesis (the policy at each level of the machine)"
     params = (
         Param("duration", 3.0, "float", "seconds measured after t0", positive),
         Param("ntasks", lambda P: max(2, P // 2), "int", "tasks released on the first CPU of the "
