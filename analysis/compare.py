@@ -1004,10 +1004,11 @@ def _label_cell(a: policy.Answer) -> D.Cell:
                   "none" if kind == "cannot" else kind)
 
 
-def _level_cell(label: str) -> D.Cell:
-    """An answer at a level (:func:`df_compare_levels`' label, a string): "no evidence" styled
-    as none, any other as answered."""
-    return D.Cell(label, "none" if label == NO_EVIDENCE else "answered")
+def _level_label_cell(label: str) -> D.Cell:
+    """A label of the answers by level (:func:`df_compare_levels`' label column), styled by it."""
+    kind = ("none" if label == NO_EVIDENCE else
+            "undecided" if label == policy.UNDECIDED else "answered")
+    return D.Cell(label, kind)
 
 
 def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
@@ -1037,7 +1038,8 @@ def compare_document(cmp: Comparison, figures: list[tuple[Path, str]] = (),
                 D.Table(["", "question @ level"] + list(src["letter"]),
                         [["*" if lv[(lv["qid"] == q) & (lv["level"] == L)]["differs"].iloc[0]
                           else "", f"{q} @ {L}",
-                          *map(_level_cell, lv[(lv["qid"] == q) & (lv["level"] == L)]["label"])]
+                          *map(_level_label_cell,
+                              lv[(lv["qid"] == q) & (lv["level"] == L)]["label"])]
                          for q, L in keys])]
     pr = df_compare_predictions(cmp)
     if len(pr):

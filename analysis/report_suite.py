@@ -438,6 +438,9 @@ def df_measurement(evidence, root: Path) -> pd.DataFrame:
     migrations and switches in the trace match their own /proc/<pid>/sched counters; NaN when not
     read), notes (int: notes in the run's report).
     """
+    def pct(v):
+        return np.nan if v is None else 100.0 * v
+
     rows = []
     for e in evidence:
         try:
@@ -449,7 +452,6 @@ def df_measurement(evidence, root: Path) -> pd.DataFrame:
         ka = m.get("kernel_agreement") or {}
         nr = m.get("kernel_nr_running_agreement") or {}
         kc = m.get("kernel_counter_agreement") or {}
-        pct = (lambda v: np.nan if v is None else 100.0 * v)
         rows.append({
             "run": str(Path(e.path).relative_to(root)) if Path(e.path).is_relative_to(root) else str(e.path),
             "probe": m.get("probe", "?"),

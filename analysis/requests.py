@@ -117,6 +117,13 @@ def df_requests(records: Path, runs: pd.DataFrame, migrations: pd.DataFrame, eve
         reach = np.where(np.r_[True, pos[1:] != pos[:-1]], sent[pos, 3], np.r_[0, st[:-1, 4]])
     else:
         reach = np.zeros(0, np.int64)
+    # ... and no longer than the client's reading of its answer: the pool's reader may finish
+    # its answer stage (sendall, its record) after the client has read it, and what its task
+    # meets then (a migration, a wait) does not delay the request
+    until = st[:, 4].copy()
+    if len(st):
+        answered_at = done_at[pos]
+        until = np.where(answered_at >= 0, np.minimum(until, answered_at), until)
     pid = st[:, 2]
     mig_count = np.zeros(len(st), np.int64)
     waits = np.zeros(len(st), np.int64)
@@ -125,9 +132,10 @@ def df_requests(records: Path, runs: pd.DataFrame, migrations: pd.DataFrame, eve
     iv = _runnable(runs, events, np.unique(pid))
     for p in np.unique(pid):
         sel = np.where(pid == p)[0]
-        lo, hi = reach[sel], st[sel, 4]
+        lo, hi = reach[sel], until[sel]
         mts = np.sort(migrations.loc[migrations["pid"] == p, "ts"].to_numpy(np.int64))
-        mig_count[sel] = np.searchsorted(mts, hi, side="right") - np.searchsorted(mts, lo, side="left")
+        mig_count[sel] = np.maximum(np.searchsorted(mts, hi, side="right")
+                                    - np.searchsorted(mts, lo, side="left"), 0)
         waits[sel] = _waited(iv[int(p)], lo, hi)
         r = runs[runs["pid"] == p].sort_values("start")
         rs, re, rc = r["start"].to_numpy(), r["end"].to_numpy(), r["cpu"].to_numpy()

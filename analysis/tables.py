@@ -203,7 +203,8 @@ REQUESTS = Table(
         ("cpus",       "str",     "the CPUs they ran on while it was theirs (runs table; "
                                   "comma-separated, ascending)"),
         ("migrations", "int64",   "migrations of its serving tasks while it was theirs (from "
-                                  "reaching a task to that task's end of work on it)"),
+                                  "reaching a task to that task's end of work on it, or to "
+                                  "the client's reading of the answer if sooner)"),
         ("wait_ns",    "int64",   "time its serving tasks were runnable and not running while "
                                   "it was theirs (run-queue wait: preempted, or woken and not "
                                   "yet on a CPU)"),

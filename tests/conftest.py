@@ -243,12 +243,16 @@ def use_implementation(name: str, monkeypatch) -> str:
 
 @pytest.fixture
 def no_figures(monkeypatch):
-    """Experiments draw no figures: they are not under test and cost most of the analysis time.
-    (Every experiment class's plot is replaced, wherever get_experiment was imported.)"""
+    """Runs draw no figures: they are not under test and cost most of the analysis time. (Every
+    experiment class's plot is replaced, wherever get_experiment was imported, and so is the
+    pipeline's drawing of a run's figures: its experiment's, causes.png and machine.png.) A
+    batch's figures/reps.png is drawn unless the test asks finish_batch(figures=False)."""
     import harmony.experiments as ex
+    from harmony import pipeline
 
     for name in ex.CATALOG:
         monkeypatch.setattr(type(ex.get_experiment(name)), "plot", lambda self, run, fig_dir: [])
+    monkeypatch.setattr(pipeline, "_draw", lambda run, fig_dir=None: [])
 
 
 # ---------------------------------------------------------------- the checkout under test

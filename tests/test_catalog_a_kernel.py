@@ -129,7 +129,9 @@ def test_work_conservation(kernel, tmp_path):
                                                f"before its tasks exited {onto.to_dict('records')}")
     ts_idle = m["t0_ns"] + round(s["target_idle_at_s"] * NS)
     if (onto["ts"] < last_exit).any():
-        assert ts_idle > last_exit, (ts_idle, last_exit)
+        # a task pulled on before may have left again (or ended) by then: idle at the last exit
+        # at the soonest (CI once saw exactly then)
+        assert ts_idle >= last_exit, (ts_idle, last_exit)
     else:
         assert abs(ts_idle - last_exit) <= 1, (ts_idle, last_exit)   # its last own task's exit
     after = onto[onto["ts"] >= ts_idle]

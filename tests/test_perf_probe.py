@@ -50,9 +50,9 @@ this line is not perf script output
 # trace:tid,cpu,time,event,trace -G` prints them: perf's default fields, with the CPU if recorded
 OTHER_SAMPLES = """\
      migration/0    18 [000] 11290.807175068:     250000                              cpu-clock:  ffffffff82203249 _raw_spin_unlock_irqrestore+0x19 ([kernel.kallsyms])
-         swapper     0 [000] 11290.811173964:     250000                              cpu-clock: 
+         swapper     0 [000] 11290.811173964:     250000                              cpu-clock:\x20
  Web Content 2 4242 [001] 11290.811200000:          1 cycles:u:  7f1690514af7 [unknown] (/tmp/perf-11120.map)
-          python 11120  1099.335764939:     200040 cpu-clock:pppH: 
+          python 11120  1099.335764939:     200040 cpu-clock:pppH:\x20
 """
 
 

@@ -97,6 +97,36 @@ def test_requests_are_joined_with_the_trace(small):
     assert small.attrs["overloaded"] is False
 
 
+def test_what_a_task_meets_after_the_client_read_the_answer_is_not_the_requests(tmp_path):
+    """The pool's reader takes a request in (pid 300), a stage works on it (pid 301), the reader
+    sends the answer; the client reads it at 100 us while the reader's answer record ends at
+    140 us (a slow sendall in a TCG guest). The reader's migrations at 95 us (its answer stage,
+    before the answer was read) counts; its migration at 120 us, after, does not; nor do its
+    wait and CPU after 100 us."""
+    d = tmp_path / "requests"
+    d.mkdir()
+    us = 1000
+    _write(d / serve.SENT_FILE, [(0, 0, T0, T0 + 1 * us, 0, 20 * us)])
+    _write(d / serve.DONE_FILE, [(0, 0, T0, T0 + 1 * us, T0 + 100 * us, 20 * us)])
+    _write(d / ("reader" + serve.STAGE_SUFFIX), [(0, 0, 300, T0 + 2 * us, T0 + 5 * us, 0),
+                                                 (0, serve.ANSWER, 300, T0 + 90 * us,
+                                                  T0 + 140 * us, 0)])
+    _write(d / ("s1w1" + serve.STAGE_SUFFIX), [(0, 1, 301, T0 + 10 * us, T0 + 60 * us, 0)])
+    runs = pd.DataFrame({"pid": [300, 300, 300, 301], "cpu": [0, 0, 1, 2],
+                         "start": [T0, T0 + 90 * us, T0 + 125 * us, T0 + 10 * us],
+                         "end": [T0 + 6 * us, T0 + 110 * us, T0 + 145 * us, T0 + 60 * us],
+                         "end_state": [1, 0, 1, 1]})
+    events = pd.DataFrame({"event": ["sched_wakeup", "sched_wakeup"], "pid": [300, 301],
+                           "ts": [T0 + 85 * us, T0 + 8 * us]})
+    migrations = pd.DataFrame({"pid": [300, 300], "ts": [T0 + 95 * us, T0 + 120 * us]})
+    r = req.df_requests(d, runs, migrations, events, None, T0, T0 + 1_000_000_000, 0).iloc[0]
+    assert r["pids"] == "300,301,300" and r["done"] == T0 + 100 * us
+    assert r["migrations"] == 1
+    # woken at 85 us, on a CPU at 90; preempted at 110, back at 125: after the answer was read
+    assert r["wait_ns"] == 5 * us
+    assert r["cpus"] == "0,2"
+
+
 def test_request_metrics_by_hand(small):
     m = req.request_metrics(small, T0, T0 + 1_000_000_000)
     assert (m["requests"], m["unanswered"]) == (3, 1)

@@ -100,7 +100,8 @@ def test_an_imported_run_is_imported_again(run_dir):
 def test_a_report_names_no_figure_it_did_not_write(run_dir):
     run = harmony.load(run_dir)
     figures = run.manifest["figures"]
-    assert len(figures) == 4 and all((run_dir / f).is_file() for f in figures)
+    # the experiment's, causes.png and (a run that read its topology) machine.png
+    assert len(figures) >= 3 and all((run_dir / f).is_file() for f in figures)
     (run_dir / figures[2]).unlink()
     write_report(run)                           # as it stands: the missing one is said, not shown
     md = (run_dir / "report.md").read_text()
