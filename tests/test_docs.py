@@ -206,7 +206,10 @@ def resolve(args: list[str]) -> tuple[click.Command, list[str], click.Context, s
     """The click command ``harmony ARGS`` names, the arguments left for it, its parent context."""
     from harmony.cli import main
 
-    command, ctx, name = main, click.Context(main, info_name="harmony"), "harmony"
+    # the group's context settings (its -h) as `harmony` has them: click caches a command's help
+    # option the first time it is asked for, so a context without them would leak into others
+    command, name = main, "harmony"
+    ctx = click.Context(main, info_name="harmony", **main.context_settings)
     while isinstance(command, click.Group):
         if not args:
             raise click.UsageError(f"`harmony {name}` needs a command", ctx=ctx)
