@@ -16,6 +16,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from conftest import host_skip
 
 from harmony import matrix
 from harmony.matrix_report import df_matrix_answers
@@ -35,6 +36,15 @@ kernels = ["simulated"]
 schedulers = ["poly-balance", "pairwise-random"]
 topologies = [2]
 """
+
+
+def _distributed():
+    """Dask distributed (the [matrix] extra, in the [test] one too), or a host_skip."""
+    try:
+        import distributed
+    except ImportError as exc:
+        host_skip(f"Dask distributed is not installed ({exc}): pip install '.[matrix]'")
+    return distributed
 
 
 def plan_file(tmp_path: Path, duration: float = 1.0) -> Path:
@@ -144,7 +154,7 @@ def test_local_matrix_runs_resumes_and_reports(tmp_path):
 
 @pytest.fixture(scope="module")
 def cluster():
-    distributed = pytest.importorskip("distributed")
+    distributed = _distributed()
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                                   resources={"host": 1}, dashboard_address=None) as lc, \
             distributed.Client(lc) as client:
@@ -207,7 +217,7 @@ def test_a_worker_killed_mid_cell_its_cell_runs_again(tmp_path, cluster):
 
 
 def test_an_unreachable_scheduler_is_one_line(tmp_path):
-    pytest.importorskip("distributed")
+    _distributed()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]          # free, and nobody listens on it

@@ -17,7 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 import browser
+import harmony
 from harmony.analysis import document as D
+from harmony.analysis.compare import compare, compare_document
+from harmony.analysis.report import report_document
 from harmony.analysis import policy
 from harmony.cli import main
 
@@ -83,7 +86,10 @@ def test_run_page(pages):
     seen_whole(seen)
     stands_alone(pages["run"])
     assert len(seen["images"]) >= 2          # the run's own figures, all drawn
-    assert len(seen["tables"]) == 3          # results, what the policy cost, measurement
+    # every table of the page's document (results, what the policy cost, the machine, the
+    # measurement...) is seen as one
+    doc = report_document(harmony.load(pages["run"].parent))
+    assert len(seen["tables"]) == sum(isinstance(b, (D.Table, D.Facts)) for b in doc)
 
 
 def test_compare_page_highlights_the_answers_that_differ(pages):
@@ -91,8 +97,14 @@ def test_compare_page_highlights_the_answers_that_differ(pages):
     seen_whole(seen)
     stands_alone(pages["compare"])
     assert len(seen["images"]) == 2
-    # one answer cell per question and source; poly-balance and pairwise differ in how many move
-    assert sum(seen["cell_kinds"].get(k, 0) for k in policy.ANSWER_KINDS) == 2 * 9
+    # one answer cell per question and source (and per level the runs were placed at);
+    # poly-balance and pairwise differ in how many move
+    doc = compare_document(compare([pages["root"] / "poly-balance",
+                                    pages["root"] / "pairwise-random"]))
+    cells = [c for b in doc if isinstance(b, D.Table) for row in b.rows for c in row
+             if isinstance(c, D.Cell) and c.kind in policy.ANSWER_KINDS]
+    assert len(cells) >= 2 * 9
+    assert sum(seen["cell_kinds"].get(k, 0) for k in policy.ANSWER_KINDS) == len(cells)
     text = pages["compare"].read_text()
     assert re.search(r'<tr class="differs">.*?\(how_many\)', text)
 

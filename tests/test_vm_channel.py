@@ -275,7 +275,10 @@ def test_a_controller_killed_at_any_moment_leaves_no_vm_running(fake_vm, tmp_pat
         assert any("qemu-system" in p for p in tree(fake_vm)), tree(fake_vm)
         proc.kill()
         proc.wait()
-        assert until(lambda: not tree(fake_vm), 1.0), (moment, tree(fake_vm))
+        # gone, not left behind: the reaper ends the tree (bench/controller_death.py measures how
+        # soon: ~0.1 s on a quiet host); a test's deadline is not a timing, and a busy CI host
+        # (two test workers on two CPUs) may give the reaper its turn late
+        assert until(lambda: not tree(fake_vm), 10.0), (moment, tree(fake_vm))
     finally:
         if proc.poll() is None:
             proc.kill()

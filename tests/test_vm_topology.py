@@ -126,10 +126,13 @@ def test_a_topology_the_guest_did_not_get_is_named_in_one_line(tmp_path):
 
 # --- the VM's command line, the plan, the guest's check ------------------------------------------
 
-def test_the_vng_command_of_a_topology():
+def test_the_vng_command_of_a_topology(monkeypatch):
     from pathlib import Path
 
     from harmony.vm import kernels, machine
+
+    # a host whose virtiofs works: no --force-9p (tested where that is decided)
+    monkeypatch.setattr(machine, "virtiofs_works", lambda: True)
 
     k = kernels.Kernel("debian:6.12", Path("/c/boot/vmlinuz-6.12"), "6.12", None, {})
     topo = vt.parse("2node-smt")
