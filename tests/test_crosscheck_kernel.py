@@ -191,7 +191,7 @@ def test_lost_events_are_detected_and_reported(kernel, tmp_path):
     env = dict(os.environ, HARMONY_TRACEFS_BUFFER_KB="16", HARMONY_TRACEFS_DRAIN_STALL="0.5:1")
     for _ in range(60):
         r = subprocess.run([sys.executable, "-m", "harmony.cli", "run", "single-source", "--layout", "8,0",
-                            "-p", "duty=30", "--duration", "2.5", "--out", str(out), "-q"],
+                            "-p", "duty=30", "--duration", "2.5", "--out", str(out), "-q", "-v"],
                            env=env, capture_output=True, text=True, timeout=120)
         if r.returncode == 0 or "another Harmony run" not in r.stderr:
             break

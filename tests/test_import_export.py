@@ -1066,7 +1066,12 @@ def test_round_trip_of_a_real_run(kernel, tmp_path):
         pd.testing.assert_frame_equal(x[cols], y[cols], check_categorical=False, obj=name)
         if "name" in x.columns:     # imported tasks are named by their comm
             assert [comm_of[p] for p in x["pid"]] == list(y["name"].astype(str)), name
-    assert a.summary == b.summary
+    # where the moves were on the machine is the run's topology (its manifest), which a trace
+    # does not carry: the imported run has none of it, and every other figure is the same
+    machine = ("moves_by_relation", "migrations_by_level")
+    assert {k: v for k, v in a.summary.items() if k not in machine} == \
+        {k: v for k, v in b.summary.items() if k not in machine}
+    assert not b.summary.get("moves_by_relation") and not b.summary.get("migrations_by_level")
     assert cli("report", tmp_path / "back").returncode == 0
 
 

@@ -35,8 +35,9 @@ CPUS = [0, 1]
 
 def _run(tmp_path, name, *params, duration=2):
     out = tmp_path / name
+    # -v: the measurement facts (scheduling class, warm-up) the screen keeps behind it
     p = cli("run", "single-source", "--duration", duration, "--cpus", "0-1", "--out", out, "-q",
-            *[x for kv in params for x in ("-p", kv)])
+            "-v", *[x for kv in params for x in ("-p", kv)])
     assert p.returncode == 0, p.stderr
     return harmony.load(out), p.stdout
 
