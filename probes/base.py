@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -144,3 +145,19 @@ def missing_tracepoints(tracepoints: dict) -> list[str]:
     """The :data:`REQUIRED_TRACEPOINTS` that the doctor's ``sched_tracepoints`` check did not find."""
     present = tracepoints.get("present", [])
     return [t for t in REQUIRED_TRACEPOINTS if t not in present]
+
+
+def drain_stall_from_env(name: str) -> tuple[float, float] | None:
+    """A test's drain stall (``AFTER:SECONDS``: the drains stop reading AFTER s into a capture
+    for SECONDS s) from the environment variable ``name``; None where it is unset, ProbeError
+    (one line) where it is malformed."""
+    text = os.environ.get(name)
+    if not text:
+        return None
+    try:
+        after, length = (float(x) for x in text.split(":"))
+    except ValueError:
+        after = length = -1.0
+    if after < 0 or length <= 0:
+        raise ProbeError(f"{name}={text!r}: expected AFTER:SECONDS, e.g. 0.5:1")
+    return after, length

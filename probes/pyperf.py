@@ -64,7 +64,8 @@ from harmony import hostfacts
 from harmony.hostfacts import MISSING, OK, WARN, check
 from harmony.core.osutil import atomic_write, online_cpus, sched_getcpu
 from harmony.probes import perf_binding
-from harmony.probes.base import REQUIRED_TRACEPOINTS, Capture, Probe, ProbeError, TraceCorrupt
+from harmony.probes.base import (REQUIRED_TRACEPOINTS, Capture, Probe, ProbeError, TraceCorrupt,
+                                 drain_stall_from_env)
 from harmony.probes.perf import CLOCK_NAME, mmap_pages_for, read_markers
 from harmony.probes.pyperf_clock import tie
 from harmony.probes.pyperf_ring import (DRAIN_IDLE_MS, SAMPLE_TYPE, Drain, EventSpec, OpenEvents,
@@ -96,7 +97,7 @@ def _label(spec: EventSpec) -> str:
 
 def _expert_options() -> tuple[int | None, tuple[float, float] | None]:
     """HARMONY_PYPERF_PAGES, HARMONY_PYPERF_DRAIN_STALL; ProbeError (one line) if malformed."""
-    pages = stall = None
+    pages = None
     text = os.environ.get(ENV_PAGES)
     if text:
         try:
@@ -105,16 +106,7 @@ def _expert_options() -> tuple[int | None, tuple[float, float] | None]:
             pages = 0
         if pages <= 0 or pages & (pages - 1):
             raise ProbeError(f"{ENV_PAGES}={text!r}: not a power of two")
-    text = os.environ.get(ENV_DRAIN_STALL)
-    if text:
-        try:
-            after, length = (float(x) for x in text.split(":"))
-        except ValueError:
-            after = length = -1.0
-        if after < 0 or length <= 0:
-            raise ProbeError(f"{ENV_DRAIN_STALL}={text!r}: expected AFTER:SECONDS, e.g. 0.5:1")
-        stall = (after, length)
-    return pages, stall
+    return pages, drain_stall_from_env(ENV_DRAIN_STALL)
 
 
 class _KeptEvents:

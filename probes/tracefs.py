@@ -29,6 +29,7 @@ from harmony.probes.base import (
     Capture,
     Probe,
     ProbeError,
+    drain_stall_from_env,
     missing_tracepoints,
 )
 from harmony.probes.schema import CAUSE_EVENTS, SCHED_EVENTS
@@ -58,15 +59,8 @@ def _expert_options(buffer_kb: int | None, drain_stall: tuple[float, float] | No
             buffer_kb = 0
         if buffer_kb <= 0:
             raise ProbeError(f"{ENV_BUFFER_KB}={os.environ[ENV_BUFFER_KB]!r}: not a positive integer")
-    if drain_stall is None and os.environ.get(ENV_DRAIN_STALL):
-        text = os.environ[ENV_DRAIN_STALL]
-        try:
-            after, length = (float(x) for x in text.split(":"))
-        except ValueError:
-            after = length = -1.0
-        if after < 0 or length <= 0:
-            raise ProbeError(f"{ENV_DRAIN_STALL}={text!r}: expected AFTER:SECONDS, e.g. 0.5:1")
-        drain_stall = (after, length)
+    if drain_stall is None:
+        drain_stall = drain_stall_from_env(ENV_DRAIN_STALL)
     return buffer_kb, drain_stall
 
 
