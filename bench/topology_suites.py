@@ -23,6 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 from common import emit_json, median, table  # noqa: E402
+from fidelity import level_figures  # noqa: E402
 
 from harmony import store  # noqa: E402
 
@@ -45,16 +46,8 @@ def suite_figures(suite: Path) -> dict:
     runs = runs_of(suite)
     vm = [r.manifest.get("vm") or {} for r in runs]
     waits = [v["vcpu_wait_max"] for v in vm if v.get("vcpu_wait_max") is not None]
-    levels: dict[str, int] = {}
-    agree = compared = 0
     verdicts = {"held": 0, "not held": 0, "not checkable": 0}
     for r in runs:
-        for lv, causes in (r.summary.get("migrations_by_level") or {}).items():
-            levels[lv] = levels.get(lv, 0) + sum(causes.values())
-        by = (r.manifest.get("schedstat_agreement") or {}).get("levels")
-        if by:
-            compared += 1
-            agree += all(v["within"] for v in by.values())
         for row in ((r.summary.get("predictions") or {}).get("rows") or []):
             key = {True: "held", False: "not held"}.get(row.get("holds"), "not checkable")
             verdicts[key] += 1
@@ -68,8 +61,7 @@ def suite_figures(suite: Path) -> dict:
             "boot_s": median(v.get("boot_s") for v in vm),
             "wall_s": record.get("wall_s"), "configured_s": record.get("configured_s"),
             "wait_median": median(waits), "wait_max": max(waits, default=None),
-            "levels": levels, "levels_agree": agree, "levels_compared": compared,
-            "predictions": verdicts}
+            **level_figures(runs), "predictions": verdicts}
 
 
 def main(argv=None) -> int:
