@@ -360,6 +360,14 @@ def _in_a_terminal(argv, env=None) -> str:
     p = subprocess.Popen(HARMONY + [str(a) for a in argv], stdin=slave, stdout=slave,
                          stderr=slave, env={**os.environ, **(env or {})}, close_fds=True)
     os.close(slave)
+    text = _read_until_closed(master)
+    p.wait(timeout=300)
+    os.close(master)
+    return text
+
+
+def _read_until_closed(master: int) -> str:
+    """All a pty's master reads until its other side is closed (EOF, or EIO once it is)."""
     chunks = []
     while True:
         try:
@@ -369,8 +377,6 @@ def _in_a_terminal(argv, env=None) -> str:
         if not data:
             break
         chunks.append(data)
-    p.wait(timeout=300)
-    os.close(master)
     return b"".join(chunks).decode()
 
 
@@ -551,18 +557,9 @@ def test_an_error_takes_a_clean_line_after_progress(tmp_path):
     while not list(out.glob("*/rep-01/manifest.json")) and time.monotonic() < deadline:
         time.sleep(0.1)
     p.send_signal(signal.SIGINT)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:
-            break
-        if not data:
-            break
-        chunks.append(data)
+    text = _read_until_closed(master)
     p.wait(timeout=120)
     os.close(master)
-    text = b"".join(chunks).decode()
     assert p.returncode == 130, text
     plain = re.sub(r"\x1b\[[0-9;]*m", "", text)          # colour marks aside
     assert "\r\x1b[Kharmony: error: interrupted" in plain, repr(text[-400:])
