@@ -46,7 +46,7 @@ def write_params(formatter: click.HelpFormatter, exp, ncpus: int) -> None:
              + (f" with P = {ncpus}]" if p.scales else "]")) for p in params]
     with formatter.section(f"Parameters of {exp.name} (-p KEY=VALUE)"):
         if any(p.scales for p in params):
-            formatter.write_text(f"A default that depends on the CPU count P is given for "
+            formatter.write_text("A default that depends on the CPU count P is given for "
                                  f"P = {ncpus}, this host's online CPUs (--cpus sets P).")
             formatter.write_paragraph()
         formatter.write_dl(rows)
