@@ -70,9 +70,9 @@ def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
     """Write the run's capture as a trace.dat at ``dest``; (dest, notes for the user: which
     capture, and what the file cannot hold).
 
-    A tracefs capture is converted (:func:`harmony.probes.tracedat_write.write_tracedat`): the run's own,
-    or the cross-check's when another probe recorded the run (:func:`export_source` says which);
-    an imported trace.dat is copied as it was. Any other run (the perf probe, an imported
+    A tracefs capture is converted (:func:`harmony.probes.tracedat_write.write_tracedat`): the run's
+    own, or the cross-check's when another probe recorded the run (:func:`export_source` says
+    which); an imported trace.dat is copied as it was. Any other run (the perf probe, an imported
     perf.data, a simulation) has its decoded events written as ring-buffer pages first
     (:mod:`harmony.probes.encode`, whose notes say what those pages cannot hold). ImportFailed
     (one line) when the capture or the events are missing.
@@ -267,7 +267,8 @@ def trace_bytes(runs: pd.DataFrame, migrations: pd.DataFrame, runqueue: pd.DataF
         label = f"{m.name} {int(m.src_cpu)}->{int(m.dst_cpu)} ({cause})"
         events.append((int(m.ts), 2, _slice(track_uuid(MIGRATIONS_TRACK), label, TYPE_INSTANT,
                                             dict(pid=int(m.pid), src_cpu=int(m.src_cpu),
-                                                 dst_cpu=int(m.dst_cpu), kind=str(m.kind), cause=cause,
+                                                 dst_cpu=int(m.dst_cpu), kind=str(m.kind),
+                                                 cause=cause,
                                                  inferred=bool(getattr(m, "inferred", False))))))
     for q in runqueue.itertuples(index=False):
         events.append((int(q.ts), 2, _counter(counter_track(int(q.cpu)), int(q.nr))))

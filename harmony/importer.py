@@ -275,7 +275,8 @@ def absent_events(events: pd.DataFrame) -> list[str]:
 # --- choosing the tasks, t0 and the end ---------------------------------------------------------
 
 def _pid_comms(events: pd.DataFrame, cmdlines: dict[int, str]) -> dict[int, set[str]]:
-    """Every comm each pid is seen with (events' pid/comm, prev_pid/prev_comm, the file's cmdlines)."""
+    """Every comm each pid is seen with (events' pid/comm,
+    prev_pid/prev_comm, the file's cmdlines)."""
     out: dict[int, set[str]] = {}
     for pid_col, comm_col in (("pid", "comm"), ("prev_pid", "prev_comm")):
         for pid, comm in _pairs(events[pid_col], events[comm_col]):

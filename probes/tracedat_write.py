@@ -13,12 +13,14 @@ Layout written (all numbers little endian, see trace-cmd.dat.v6(5) and trace-cmd
     u32 0                                                         printk formats (none)
     u64 size "<pid> <comm>\\n"...                                 cmdlines
     u32 n_cpus
-    "options  \\0"  { u16 id u32 size data } ... u16 0            TRACECLOCK(4), UNAME(5), CPUSTAT(2)
+    "options  \\0"  { u16 id u32 size data } ... u16 0            TRACECLOCK(4), UNAME(5),
+                                                                  CPUSTAT(2)
                    TRACECLOCK holds "[clock]\\0" too: trace-cmd 3 parses the option's own bytes,
                    and an empty one made it parse uninitialised memory (raw timestamps, at times)
                    UNAME is "sysname nodename release version machine", as trace-cmd writes it
     "flyrecord\\0"   { u64 offset u64 size } * n_cpus
-    u64 size "<trace_clock file with [clock]>"                    read because of the TRACECLOCK option
+    u64 size "<trace_clock file with [clock]>"                    read because of the TRACECLOCK
+                                                                  option
     <zero padding to a page boundary>  cpu0 pages, cpu1 pages ...  (each page aligned)
 """
 

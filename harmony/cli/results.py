@@ -323,7 +323,8 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
 @click.option("--suite", "whole", is_flag=True, help="the catalog, as `harmony suite` plans it")
 @click.option("--quick", is_flag=True, help="the suite's quick plan (shorter runs, fewer points)")
 @click.option("--repeat", type=click.IntRange(min=1), help="runs per configuration")
-@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
+              help="experiment parameter")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path),
               help="output directory (default runs/simulate-<policy>-<time>)")
