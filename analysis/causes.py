@@ -281,7 +281,8 @@ def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarra
             # push to itself too (the stopper's push_cpu is the balancing CPU): that, or an
             # affinity change made there, the trace cannot tell apart -- unknown
             wkg = np.flatnonzero(event_mask(events, "sched_waking"))
-            by = _last_before(wkg, events["pid"].to_numpy()[wkg].astype(np.int64), cpid[st], row[st])
+            by = _last_before(wkg, events["pid"].to_numpy()[wkg].astype(np.int64), cpid[st],
+                              row[st])
             elsewhere = (by >= 0) & (cpu[np.maximum(by, 0)] != dst[st])
             cause[st[seen & ~in_sirq & elsewhere]] = AFFINITY
 
