@@ -330,8 +330,8 @@ def _run(a, sizes: list[int], work: Path) -> int:
     print(common.verdict("cost linear in events (wall time)", None if lin is None else lin <= 1.3,
                          "one size only" if lin is None else
                          f"ns/event {small['ns_per_event']:.0f} at {small['events']:,} -> "
-                         f"{big['ns_per_event']:.0f} at {big['events']:,} (ratio {lin:.2f}, <= 1.3 "
-                         "is linear)"))
+                         f"{big['ns_per_event']:.0f} at {big['events']:,} "
+                         f"(ratio {lin:.2f}, <= 1.3 is linear)"))
     print(common.verdict("cost linear in events (user CPU time)",
                          None if lin_user is None else lin_user <= 1.3,
                          "one size only" if big is small else
