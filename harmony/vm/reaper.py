@@ -1,19 +1,19 @@
 """The VM's reaper: a small process that ends a VM with its controller, however the controller ends.
 
-``python3 -P -S reaper.py CONTROLLER_PID [--remove DIR]... -- ARGV...`` (:func:`command`) runs
-ARGV (virtme-ng) as its child and watches the controller. virtme-ng starts QEMU through a tree
-of its own (``vng``, a shell, ``virtme-run``, which forks QEMU; ``virtiofsd`` started in the background by a shell and
-left to whoever reaps orphans): killed with SIGKILL, the controller can neither stop that tree
-nor pass anything on to it (PR_SET_PDEATHSIG is one process's, and is not inherited by what it
-forks), and QEMU ran on at 100 % of a CPU until the guest's command ended (21-51 s measured).
-The reaper is the session leader of that whole tree and its *child subreaper*
-(PR_SET_CHILD_SUBREAPER: whatever in it is orphaned becomes its child, not init's); it holds a
-pidfd of the controller (pidfd_open, else it polls its parent pid), and the moment the controller
-is gone it SIGKILLs every process below it and its process group. When ARGV ends on its own it
-kills what ARGV left behind and exits with ARGV's status (a signal N as 128 + N). SIGTERM, SIGINT
-or SIGHUP to it does the same as the controller's death. Each ``--remove DIR`` (the VM's job
-directory, scratch of the controller's) is removed after the kill when the controller died: its
-owner cannot; when ARGV ends on its own the controller is there to remove it.
+``python3 -P -S reaper.py CONTROLLER_PID [--remove DIR]... -- ARGV...`` (:func:`command`) runs ARGV
+(virtme-ng) as its child and watches the controller. virtme-ng starts QEMU through a tree of its own
+(``vng``, a shell, ``virtme-run``, which forks QEMU; ``virtiofsd`` started in the background by a
+shell and left to whoever reaps orphans): killed with SIGKILL, the controller can neither stop that
+tree nor pass anything on to it (PR_SET_PDEATHSIG is one process's, and is not inherited by what it
+forks), and QEMU ran on at 100 % of a CPU until the guest's command ended (21-51 s measured). The
+reaper is the session leader of that whole tree and its *child subreaper* (PR_SET_CHILD_SUBREAPER:
+whatever in it is orphaned becomes its child, not init's); it holds a pidfd of the controller
+(pidfd_open, else it polls its parent pid), and the moment the controller is gone it SIGKILLs every
+process below it and its process group. When ARGV ends on its own it kills what ARGV left behind and
+exits with ARGV's status (a signal N as 128 + N). SIGTERM, SIGINT or SIGHUP to it does the same as
+the controller's death. Each ``--remove DIR`` (the VM's job directory, scratch of the controller's)
+is removed after the kill when the controller died: its owner cannot; when ARGV ends on its own the
+controller is there to remove it.
 
 Standard library only, run as a script with ``-S`` (no site directory) and ``-P``: it starts in
 ~15 ms, and its environment (PYTHONPATH included) is ARGV's unchanged. It writes nothing on its
