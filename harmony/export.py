@@ -46,7 +46,7 @@ from harmony.analysis.arrays import event_mask
 from harmony.core.errors import ImportFailed
 from harmony.probes import filemap
 from harmony.probes.encode import write_recording
-from harmony.probes.tracedat_write import write_tracedat
+from harmony.probes.tracedat_write import SIMULATOR_SYSNAME, write_tracedat
 
 #: the formats of :func:`export`, and the file each is written to by default, in the run directory
 FORMATS = {"trace.dat": "trace.dat", "perfetto": "trace.pftrace"}
@@ -129,7 +129,12 @@ def _export_events(run_dir: Path, manifest: dict, dest: Path) -> tuple[Path, lis
 def host_facts(manifest: dict) -> dict:
     """What the run's manifest says of the recording host's kernel, for the trace.dat's UNAME
     option (:func:`harmony.probes.tracedat_write.uname_text`): release, build and machine as
-    doctor saw them (an imported run: the uname its trace recorded)."""
+    doctor saw them (an imported run: the uname its trace recorded); a simulated run's names the
+    simulator and its policy, not Linux."""
+    simulated = manifest.get("simulated")
+    if simulated:
+        return {"sysname": SIMULATOR_SYSNAME, "kernel": "simulated",
+                "kernel_build": simulated.get("policy") or "-"}
     host = manifest.get("host") or {}
     kernel = (host.get("doctor") or {}).get("kernel") or {}
     facts = {"uname": host.get("uname") or None, "kernel": host.get("kernel"),

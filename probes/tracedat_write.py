@@ -94,6 +94,11 @@ def kallsyms(marker_ips) -> bytes:
     return "".join(f"{ip:016x} t tracing_mark_write\n" for ip in sorted(set(marker_ips))).encode()
 
 
+#: the UNAME sysname of a simulated run's export: the release "simulated", the version the
+#: reference policy (not Linux's: nothing in it was recorded by a kernel)
+SIMULATOR_SYSNAME = "Harmony-simulator"
+
+
 def uname_text(meta: dict) -> str:
     """The UNAME option's text: ``meta["uname"]`` (the recording's, as trace-cmd writes it:
     sysname nodename release version machine), else built from the facts meta has, each one

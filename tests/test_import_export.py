@@ -981,6 +981,7 @@ def test_trace_cmd_reports_events_written_as_pages(tmp_path):
     assert re.search(r"sched_switch: +\S+:\d+ \[\d+\] [RS] ==> ", text), text[:2000]
 
 
+@needs_trace_cmd
 def test_export_of_a_simulated_run_imports_as_the_same_run(tmp_path):
     r = invoke("simulate", "--policy", "pairwise-random", "--ncpus", 8, "--experiment",
                "single-source", "-p", "duration=3", "--out", tmp_path / "sim")
@@ -1005,6 +1006,13 @@ def test_export_of_a_simulated_run_imports_as_the_same_run(tmp_path):
                                            errors="ignore") for t in (back, sim))
         pd.testing.assert_frame_equal(mine, theirs, check_categorical=False)
     assert (sim.migrations["level"] >= 0).all()
+    # what ran it: the simulator and its policy (trace-cmd's own reading of the UNAME option),
+    # not a Linux kernel whose release is "simulated"
+    dump = subprocess.run([TRACE_CMD, "dump", "--options", str(tmp_path / "x.dat")],
+                          capture_output=True, text=True)
+    assert "Harmony-simulator - simulated pairwise-random -" in dump.stdout, dump.stdout
+    assert back.manifest["host"]["scheduler"] == \
+        "reference policy pairwise-random (a simulated run, exported)"
 
 
 # --- the real kernel ---------------------------------------------------------------------------

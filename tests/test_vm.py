@@ -503,3 +503,29 @@ def test_an_exited_reaper_waiting_for_init_is_not_reclaimed_as_a_live_vm_process
     finally:
         os.waitpid(pid, 0)
     assert not proc_zombie(pid)                          # gone: not a zombie either
+
+
+def test_the_next_start_removes_the_job_directories_of_controllers_gone(tmp_path, monkeypatch):
+    """A boot's job directory is named for its controller (pid and start time): reclaim_stale
+    (every start, `harmony clean`) removes those whose controller is gone -- killed before its
+    reaper could remove it -- and leaves a living controller's and anything not Harmony's."""
+    import tempfile
+
+    from harmony.core.osutil import proc_starttime
+    from harmony.vm import machine
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = machine.make_job_dir()
+    child = subprocess.Popen(["true"])
+    child.wait()
+    gone = tmp_path / f"harmony-vm-{child.pid}-{proc_starttime(os.getpid())}-x1"
+    recycled = tmp_path / f"harmony-vm-{os.getpid()}-{proc_starttime(os.getpid()) + 1}-x2"
+    other = tmp_path / "harmony-vm-notes"
+    for d in (gone, recycled, other):
+        d.mkdir()
+        (d / "job.json").write_text("{}")
+    said = machine.reclaim_stale()
+    assert mine.is_dir() and other.is_dir()
+    assert not gone.exists() and not recycled.exists()
+    assert sorted(line.split()[3] for line in said if "job directory" in line) == \
+        sorted([str(gone), str(recycled)])

@@ -305,6 +305,7 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
 
 
 @click.command()
+@click.argument("experiment", required=False)
 @click.option("--policy", "policy_name", required=True,
               help="reference policy: global-queue, poly-balance, pairwise-random or coin-flip "
                    "(each run one of the two before, a fair coin per run); or one that sees the "
@@ -334,11 +335,13 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
                    "--json OUT` does")
 @click.option("--verbose", "-v", is_flag=True, help="every metric, or the card's every number")
 @decide_options
-def simulate(policy_name, ncpus, old_cpus, machine, experiments, whole, quick, repeat, params,
-             seed, out, quiet, as_json, verbose, until_decided, max_repeat):
+def simulate(experiment, policy_name, ncpus, old_cpus, machine, experiments, whole, quick,
+             repeat, params, seed, out, quiet, as_json, verbose, until_decided, max_repeat):
     """Run experiments under a reference policy in a simulator (no root, no kernel) and analyse
-    them: one experiment (--experiment NAME) or the catalog (--suite, and --experiment NAME to
-    keep only some), printing what `harmony run` or `harmony suite` prints."""
+    them: one experiment (EXPERIMENT or --experiment NAME, as in `harmony run`) or the catalog
+    (--suite, and --experiment NAME to keep only some), printing what `harmony run` or `harmony
+    suite` prints."""
+    experiments = (experiment, *experiments) if experiment else experiments
     from harmony.analysis.machines import flat_topology, machine_topology
     from harmony.analysis.refpolicy import get_policy, refuse_classes
     from harmony.experiments import CATALOG, get_experiment
