@@ -8,9 +8,9 @@ sched_wakeup_new (the state machine's, :mod:`harmony.analysis.taskstate`); and, 
 The kernel calls ``set_task_cpu`` (hence ``sched_migrate_task``) from a handful of paths, each
 leaving its own mark in the trace:
 
-==========  =========================================================================================
+==========  ========================================================================================
 cause       evidence
-==========  =========================================================================================
+==========  ========================================================================================
 wakeup      the task was asleep and its next record is its sched_wakeup: the CPU was chosen as it
             woke (``select_task_rq`` in ``try_to_wake_up``, between sched_waking and sched_wakeup)
 fork        the task was asleep (new) and its next record is its sched_wakeup_new: placement at fork
@@ -32,7 +32,7 @@ unknown     anything the evidence does not decide: no record after an asleep mov
             deadline task's runnable move (push/pull), a stopper whose wake-up was not seen, or
             one woken outside a softirq from the destination (a new-idle balance's active push
             and an affinity change made there look alike)
-==========  =========================================================================================
+==========  ========================================================================================
 
 A task the trace shows asleep may still be queued for the kernel: EEVDF's delayed dequeue (Linux
 6.12 on) keeps a task that goes to sleep with lag on its run queue until it is picked or woken,
