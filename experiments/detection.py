@@ -44,6 +44,8 @@ class Detection(Experiment):
     question = ("How soon is an under-loaded (not idle) CPU noticed, and how often is balance "
                 "checked?")
     thesis = "6.4, figure 6.8, table 6.1 (E5)"
+    #: what only shapes the tasks: a trace recorded elsewhere cannot tell it (an import)
+    workload = frozenset({"cut_mode", "pin_target", "target_after", "tasks_per_cpu"})
     params = (
         Param("duration", 4.0, "float", "seconds measured after t0", positive),
         Param("tasks_per_cpu", 8, "int", "CPU-bound tasks on every CPU at t0", positive),
@@ -135,12 +137,14 @@ class Detection(Experiment):
         cut = p["cut_at_s"]
         span = sum(s[f"interval{k}_ms"] or 0.0 for k in (1, 2, 3)) / 1000  # cut to round 3
         t_max = min(m["measured_s"], cut + max(0.3, 1.5 * span))
+        # an imported trace does not say how many tasks the cut left (a workload parameter)
+        cut_to = f" to {p['target_after']} tasks" if "target_after" in p else ""
         return [
             plot_rounds_timeline(run.runqueue, per_mig, m["cpus"], m["cpus"][-1], t_max,
                                  fig_dir / "detection_timeline.png", t_min=max(0.0, cut - 0.1),
                                  marks={"cut": cut},
-                                 title=f"Target CPU {m['cpus'][-1]} cut to {p['target_after']} "
-                                       "tasks; rounds after the cut"),
+                                 title=f"Target CPU {m['cpus'][-1]} cut{cut_to}; rounds "
+                                       "after the cut"),
             plot_detection(rounds.df_run_summaries([run]), fig_dir / "intervals.png"),
         ]
 

@@ -32,6 +32,8 @@ class IntrinsicImbalance(Experiment):
     name = "intrinsic-imbalance"
     question = "With N tasks that P CPUs do not divide, fairness or affinity?"
     thesis = "7.1, figures 7.1-7.4 (E6)"
+    #: what only shapes the tasks: a trace recorded elsewhere cannot tell it (an import)
+    workload = frozenset({"duty"})
     params = (
         Param("layout", lambda P: [P + 1] + [0] * (P - 1), "list",
               "tasks per CPU of the set at t0 (default P+1 on the first CPU, others idle)",

@@ -87,6 +87,9 @@ class Server(Experiment):
     thesis = "beyond the thesis (SEDA, Flash, Gordon's stages)"
     not_simulated = ("its tasks serve requests over sockets; the reference policies simulate CPU "
                      "demand only")
+    #: what only shapes the tasks: a trace recorded elsewhere cannot tell it (an import)
+    workload = frozenset({"alpha", "block_us", "conns", "max_outstanding", "pool", "sizes",
+                          "stages", "work_us"})
     params = (
         Param("shape", "thread-per-connection", "str",
               "server architecture: thread per connection, pool per stage, event loop or thread "

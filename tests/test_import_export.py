@@ -1349,3 +1349,77 @@ def test_perf_sched_record_imports_with_its_wake_ups(kernel, tmp_path):
     again = harmony.load(tmp_path / "back")
     for name in ("events", "migrations", "runs", "runqueue"):
         pd.testing.assert_frame_equal(again.table(name), run.table(name), check_categorical=False)
+
+
+#: parameters the tasks read and the experiment's own analyse() does not, that are still not
+#: workload-only: the layout (an import reads it from the trace), and those another part of the
+#: analysis reads (the how-many analysis time-to-resolve inherits; the static companion's card
+#: line; the server card's shape)
+READ_ELSEWHERE = {"layout", "base", "static", "shape"}
+
+
+def _subscripted_keys(function) -> set[str]:
+    """The string keys a function reads (``p["k"]``, ``p.get("k")``), from its source."""
+    import ast
+    import inspect
+    import textwrap
+
+    keys = set()
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(function)))):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+            keys.add(node.slice.value)
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "get"
+              and node.args and isinstance(node.args[0], ast.Constant)):
+            keys.add(node.args[0].value)
+    return keys
+
+
+def test_every_parameter_only_the_workload_reads_is_declared_so():
+    """An import names what its trace cannot tell from each experiment's ``workload``: a
+    parameter the experiment's tasks() reads and its analyse(), plot() and describe() do not is
+    declared there (read from the code, so a new parameter is not forgotten), and every declared
+    one is a parameter."""
+    from harmony.experiments import CATALOG, get_experiment
+
+    for name in CATALOG:
+        exp = get_experiment(name)
+        own = {p.name for p in exp.params}
+        analysis = set().union(*(_subscripted_keys(getattr(type(exp), f))
+                                 for f in ("analyse", "plot", "describe")))
+        only_workload = ((_subscripted_keys(type(exp).tasks) - analysis) & own) - READ_ELSEWHERE
+        assert only_workload <= exp.workload, (name, sorted(only_workload - exp.workload))
+        assert exp.workload <= own, (name, sorted(exp.workload - own))
+
+
+@pytest.fixture(scope="module")
+def simulated_dat(tmp_path_factory):
+    """A simulated single-source run's export: a trace any experiment can be imported from."""
+    tmp = tmp_path_factory.mktemp("simdat")
+    r = invoke("simulate", "single-source", "--policy", "pairwise-random", "--ncpus", 4,
+               "-p", "duration=2", "-q", "--out", tmp / "sim")
+    assert r.exit_code == 0, r.output
+    r = invoke("export", tmp / "sim" / "rep-01", "--out", tmp / "x.dat")
+    assert r.exit_code == 0, r.output
+    return tmp / "x.dat"
+
+
+@pytest.mark.parametrize("experiment, given", [
+    ("work-conservation", ["-p", "idle_at_s=1"]),     # what its analysis reads, given
+    ("detection", ["-p", "cut_at_s=1"]),
+    ("proportional", []),
+    ("spread", [])])
+def test_an_import_as_any_experiment_names_its_workload_as_not_known(simulated_dat, tmp_path,
+                                                                      experiment, given):
+    """Imported as each experiment whose analysis can read a single-source trace: the
+    experiment's workload parameters are not in the run's parameters (no default of a Harmony
+    run passed off as what the trace did) but listed as not known, and the analysis ran."""
+    from harmony.experiments import get_experiment
+
+    r = invoke("import", simulated_dat, "-e", experiment, "--comm", "hmy-w*", "-q", *given,
+               "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    run = harmony.load(tmp_path / "run")
+    workload = get_experiment(experiment).workload
+    assert workload and not workload & set(run.manifest["params"])
+    assert workload <= set(run.manifest["source"]["params_not_known"])
+    assert run.manifest["status"] == "complete" and run.summary
