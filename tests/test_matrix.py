@@ -28,7 +28,7 @@ HARMONY = [sys.executable, "-m", "harmony.cli"]
 TINY = """
 name = "tiny"
 experiments = ["single-source"]
-repeat = 1
+repeat = {repeat}
 [params]
 duration = {duration}
 [[matrix]]
@@ -47,9 +47,9 @@ def _distributed():
     return distributed
 
 
-def plan_file(tmp_path: Path, duration: float = 1.0) -> Path:
+def plan_file(tmp_path: Path, duration: float = 1.0, repeat: int = 1) -> Path:
     p = tmp_path / "plan.toml"
-    p.write_text(TINY.format(duration=duration))
+    p.write_text(TINY.format(duration=duration, repeat=repeat))
     return p
 
 
@@ -150,6 +150,82 @@ def test_local_matrix_runs_resumes_and_reports(tmp_path):
     assert json.loads(c.stdout)["sources"][0]["source"] == cells[0]
 
 
+def _files(d: Path) -> dict[str, str]:
+    """Every file under ``d``: its path under ``d`` -> its sha256."""
+    import hashlib
+
+    return {str(f.relative_to(d)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+def broken_matrix(tmp_path: Path, monkeypatch) -> tuple:
+    """A matrix of 2 cells of 2 runs each left as a crash leaves it: the first cell's second run
+    failed (the cell finished incomplete, in cells/), the second cell interrupted (Ctrl-C) in its
+    second run (its first run in .partial/). Returns (plan, out, each cell's first run's files:
+    cell id -> {path: sha256})."""
+    from harmony.runners import SimRunner
+
+    plan = matrix.load_plan(plan_file(tmp_path, repeat=2))
+    real, calls = SimRunner.capture, []
+
+    def capture(self, exp, params, cpus, out, seed, figures=True):
+        calls.append(out)
+        if len(calls) == 2:
+            raise RuntimeError("the simulator broke (a fault made by the test)")
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(self, exp, params, cpus, out, seed, figures=figures)
+
+    monkeypatch.setattr(SimRunner, "capture", capture)
+    out = tmp_path / "m"
+    with pytest.raises(KeyboardInterrupt):
+        matrix.run_local(plan, out, quiet=True)
+    monkeypatch.undo()
+    failed, stopped = plan.cells
+    record = json.loads((out / "matrix.json").read_text())
+    assert record["status"] == "interrupted"
+    assert record["cells_state"] == {failed.id: "incomplete", stopped.id: "interrupted"}
+    first = {failed.id: out / "cells" / failed.id / "single-source" / "rep-01",
+             stopped.id: out / ".partial" / stopped.id / "single-source" / "rep-01"}
+    for d in first.values():
+        assert json.loads((d / "manifest.json").read_text())["status"] == "complete"
+    return plan, out, {k: _files(d) for k, d in first.items()}
+
+
+def assert_resumed(plan, out: Path, first: dict) -> None:
+    """Every cell complete in cells/, each with its first run as it was (kept, not made again)
+    and a second run made, by another process (the CLI's, a worker's)."""
+    assert not list((out / ".partial").iterdir())
+    for cell in plan.cells:
+        d = out / "cells" / cell.id
+        rec = json.loads((d / "cell.json").read_text())
+        assert rec["status"] == "complete" and rec["resumed"] is True
+        assert rec["host"]["pid"] != os.getpid()
+        assert _files(d / "single-source" / "rep-01") == first[cell.id]
+        m2 = json.loads((d / "single-source" / "rep-02" / "manifest.json").read_text())
+        assert m2["status"] == "complete"
+        suite = json.loads((d / "suite.json").read_text())
+        assert suite["status"] == "complete" and suite["resumed_at"]
+
+
+def test_resume_takes_up_the_cells_left_incomplete_or_interrupted(tmp_path, monkeypatch):
+    """--resume runs again a cell that finished incomplete (a run failed) and one interrupted
+    mid-way, each from where it stopped: its complete run kept as it was, the missing run made;
+    a complete cell is left alone."""
+    plan, out, first = broken_matrix(tmp_path, monkeypatch)
+    r = subprocess.run(HARMONY + ["matrix", str(plan.source), "--out", str(out), "--resume",
+                                  "-q"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "2 of 2 cells complete" in r.stdout
+    assert_resumed(plan, out, first)
+    assert json.loads((out / "matrix.json").read_text())["status"] == "complete"
+    # complete now: a second --resume has nothing to run and changes no cell
+    before = {c.id: _files(out / "cells" / c.id) for c in plan.cells}
+    record = matrix.run_local(plan, out, resume=True, quiet=True)
+    assert record["status"] == "complete"
+    assert {c.id: _files(out / "cells" / c.id) for c in plan.cells} == before
+
+
 # --- the cluster path -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -170,6 +246,67 @@ def test_a_cluster_gives_the_cards_the_local_path_gives(tmp_path, cluster):
     assert record["status"] == "complete" and not record["failures"]
     assert cards(tmp_path / "dask") == cards(tmp_path / "local")
     assert len(cards(tmp_path / "dask")) == 2 * 9
+
+
+def test_a_cluster_resumes_the_cells_left_incomplete_or_interrupted(tmp_path, monkeypatch,
+                                                                     cluster):
+    """--resume through the cluster: each unfinished cell travels to a worker with what it
+    collected and is resumed there; what it had kept comes home unchanged."""
+    from harmony.matrix_dask import run_cluster
+
+    _, client = cluster
+    plan, out, first = broken_matrix(tmp_path, monkeypatch)
+    record = run_cluster(plan, out, None, resume=True, quiet=True, client=client)
+    assert record["status"] == "complete" and not record["failures"]
+    assert_resumed(plan, out, first)      # by the workers' processes, not this one
+    assert not list((out / ".incoming").glob("*"))
+
+
+def test_cells_come_home_through_a_shared_directory_checksummed(tmp_path, cluster):
+    """--shared-dir: a worker writes the cell's archive there whole (nothing through Dask but
+    its path and sha256), the submitter checks the sum before it moves the cell in, and a
+    corrupt archive is refused with nothing stored; the directory is left empty."""
+    from harmony.matrix_dask import cell_archive, run_cluster, unpack
+    from harmony.store import RunError
+
+    _, client = cluster
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    plan = matrix.load_plan(plan_file(tmp_path))
+    record = run_cluster(plan, tmp_path / "m", None, quiet=True, client=client, shared=shared)
+    assert record["status"] == "complete" and not record["failures"]
+    for cell in plan.cells:
+        rec = json.loads((tmp_path / "m" / "cells" / cell.id / "cell.json").read_text())
+        assert rec["status"] == "complete" and rec["host"]["pid"] != os.getpid()
+    assert not list(shared.iterdir())
+    # one cell's task by hand: its result names the archive in the shared directory
+    cell = plan.cells[0]
+    result = client.submit(cell_archive, cell.to_dict(), None, None, str(shared), "t",
+                           resources={"host": 1}, pure=False).result()
+    assert "archive" not in result and Path(result["shared"]).parent == shared
+    path = Path(result["shared"])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF           # a byte flipped on the way
+    path.write_bytes(bytes(data))
+    out = tmp_path / "m2"
+    out.mkdir()
+    with pytest.raises(RunError, match="sha256 does not match"):
+        unpack(result, out, cell)
+    assert not (out / "cells").exists() and not path.exists()
+    assert not list((out / ".incoming").glob("*"))
+
+
+def test_a_bad_shared_directory_is_one_line(tmp_path):
+    _distributed()
+    not_dir = tmp_path / "file"
+    not_dir.write_text("")
+    r = subprocess.run(HARMONY + ["matrix", str(plan_file(tmp_path)), "--out",
+                                  str(tmp_path / "m"), "--cluster", "tcp://127.0.0.1:1",
+                                  "--shared-dir", str(not_dir)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"--shared-dir {not_dir}: not a directory" in r.stderr
+    assert not (tmp_path / "m").exists()
 
 
 def _scratch_dirs() -> list[Path]:
@@ -207,7 +344,7 @@ def test_a_worker_killed_mid_cell_its_cell_runs_again(tmp_path, cluster):
     assert record["status"] == "complete" and not record["failures"]
     assert sorted(p.name for p in (tmp_path / "m" / "cells").iterdir()) == \
         sorted(c.id for c in plan.cells)
-    assert not any((tmp_path / "m" / ".partial").iterdir())
+    assert not [*(tmp_path / "m").glob(".partial/*"), *(tmp_path / "m").glob(".incoming/*")]
     runs = list((tmp_path / "m" / "cells").glob("*/single-source/rep-*"))
     assert len(runs) == 2          # one run per cell: none lost, none twice
     time.sleep(0.5)
