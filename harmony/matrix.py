@@ -480,14 +480,14 @@ def run_cell(cell: Cell, out: Path, quiet: bool = True, doctor_facts: dict | Non
 
 
 def _check_resumable(cell: Cell, out: Path, configs) -> None:
-    """CellError unless ``out`` holds a suite of ``cell``'s configurations, not complete."""
-    from harmony.suite import resume_plan
-
+    """CellError unless ``out`` holds a suite of ``cell``'s configurations (a complete one too:
+    its cell.json or report not written, a full disk; resuming it keeps every run and writes
+    them)."""
     try:
-        before, _, _ = resume_plan(out)
+        before = [c["label"] for c in store.read_json(Path(out) / "suite.json")["configs"]]
     except (store.RunError, KeyError, TypeError) as exc:
         raise CellError(f"cell {cell.id}: cannot resume it: {str(exc).splitlines()[0]}") from None
-    if [c.label for c in before] != [c.label for c in configs]:
+    if before != [c.label for c in configs]:
         raise CellError(f"cell {cell.id}: cannot resume it: {out} holds a suite of other "
                         "configurations")
 

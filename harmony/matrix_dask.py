@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
@@ -54,6 +55,10 @@ WORKER_FACTS: dict | None = None
 POLL_S = 1.0
 #: set when this worker process is stopped (harmony worker): its running cell stops its child
 STOPPING = threading.Event()
+
+
+class CellStopped(RuntimeError):
+    """A cell's child stopped because the matrix was interrupted or its worker is stopping."""
 
 
 class ClusterError(HarmonyError):
@@ -108,7 +113,17 @@ def _stopped(event_name: str | None) -> bool:
         return False
     import distributed
     try:
-        return distributed.Event(event_name).is_set()
+        # a worker closes when it loses its scheduler (asking the scheduler would then hang)
+        if distributed.get_worker().status.name in ("closing", "closed", "failed",
+                                                    "closing_gracefully"):
+            return True
+    except ValueError:      # not in a worker
+        pass
+    try:
+        client = distributed.get_client()
+        if client.status != "running":  # the scheduler gone (asking it would hang): stop
+            return True
+        return distributed.Event(event_name, client=client).is_set()
     except Exception:       # the scheduler gone: nobody is left to want the cell
         return True
 
@@ -133,12 +148,17 @@ def cell_archive(cell_dict: dict, event_name: str | None = None, partial: bytes 
     """Run one cell on this worker (a Dask task) and return its directory as a tar archive:
     ``{"id", "sha256", "record" (cell.json), "wall_s"}`` and either ``"archive"`` (the bytes,
     through Dask) or, ``shared`` (a directory the submitting machine sees too), ``"shared"``:
-    the archive's path there, written whole before it is renamed to its name. ``partial``: a
+    the archive's path there, written whole before it is renamed to its name; a cell stopped
+    mid-way (Ctrl-C of the matrix, its worker stopped) returns what it collected, through Dask,
+    with ``"interrupted": True``. ``partial``: a
     tar archive of the suite the cell left interrupted or incomplete, resumed here. RuntimeError
     with the cell's one-line reason when it failed (Dask retries it)."""
     cell = matrix.Cell.from_dict(cell_dict)
     if shared is not None and not Path(shared).is_dir():
         raise RuntimeError(f"the shared directory {shared} is not there on this worker")
+    why = matrix.preflight(cell)       # a host that cannot run it does not wait for its lock
+    if why:
+        raise RuntimeError(f"cell {cell.id}: {why}")
     if cell.kind != matrix.SIMULATED:
         wait_for_host(event_name)
     scratch = Path(tempfile.mkdtemp(prefix=f"cell-{os.getpid()}-", dir=_scratch_root()))
@@ -153,7 +173,14 @@ def cell_archive(cell_dict: dict, event_name: str | None = None, partial: bytes 
         if WORKER_FACTS is not None:
             (scratch / "facts.json").write_text(json.dumps(WORKER_FACTS, default=str))
             args += ["--facts", str(scratch / "facts.json")]
-        _run_child(args, scratch / "stderr", event_name)
+        try:
+            _run_child(args, scratch / "stderr", event_name)
+        except CellStopped:
+            if not (out / "suite.json").is_file():
+                raise
+            data = tar_bytes(out, cell.id)      # what it collected goes home all the same
+            return {"id": cell.id, "interrupted": True, "record": None, "archive": data,
+                    "sha256": hashlib.sha256(data).hexdigest(), "wall_s": time.monotonic() - t0}
         record = json.loads((out / matrix.CELL_FILE).read_text())
         result = {"id": cell.id, "record": record, "wall_s": time.monotonic() - t0}
         if shared is None:
@@ -210,18 +237,22 @@ def _run_child(args: list[str], stderr_path: Path, event_name: str | None) -> No
     argv, env = harmony_python("harmony.matrix", *args)
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=err)
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         while proc.poll() is None:
             if _stopped(event_name):
                 proc.terminate()        # SIGTERM: the run is marked and cleaned up as stopped
                 proc.wait(60)
-                raise RuntimeError("stopped: the matrix was interrupted")
+                raise CellStopped("stopped: the matrix was interrupted")
             time.sleep(POLL_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        try:                            # what it forked (a pool drawing figures) goes with it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     if proc.returncode != 0:
         lines = stderr_path.read_text(errors="replace").strip().splitlines()
         raise RuntimeError(lines[-1] if lines else f"the cell's process exited with status "
@@ -249,7 +280,6 @@ def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
     _quiet_dask()
 
     async def serve():
-        import signal
 
         async with distributed.Worker(address, nthreads=1, resources=RESOURCES, name=name,
                                       death_timeout=timeout) as worker:
@@ -300,6 +330,8 @@ def unpack(result: dict, out: Path, cell: matrix.Cell) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         try:
             _extract(source, incoming, cell.id)
+            if result.get("interrupted"):
+                return _keep_partial(tmp, out, cell)
             if not (tmp / matrix.CELL_FILE).is_file():
                 raise RunError(f"cell {cell.id}: its archive has no {matrix.CELL_FILE}")
             dest = matrix.place(tmp, out, cell)
@@ -310,6 +342,20 @@ def unpack(result: dict, out: Path, cell: matrix.Cell) -> Path:
         if shared is not None:
             shared.unlink(missing_ok=True)
     shutil.rmtree(matrix.partial_dir(out, cell), ignore_errors=True)
+    return dest
+
+
+def _keep_partial(tmp: Path, out: Path, cell: matrix.Cell) -> Path:
+    """An interrupted cell's directory (all it collected, what it was resumed from included)
+    put in ``.partial/<cell>`` for ``--resume``, in place of what was there."""
+    dest = matrix.partial_dir(out, cell)
+    old = dest.with_name(f"{cell.id}.replaced")
+    if dest.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        dest.rename(old)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
     return dest
 
 
@@ -398,20 +444,24 @@ def _submit_and_collect(client, plan, out, record, todo, progress, retries, part
     try:
         while pending:
             for f in [f for f in pending if f.done()]:
+                if f.status == "cancelled" and client.status != "running":
+                    # Dask cancels every future when it loses the scheduler: not their failure
+                    raise ClusterError("the connection to the Dask scheduler was lost")
                 pending.discard(f)
                 _collect(f, futures[f], out, failures, progress)
                 record = matrix.finish_record(out, plan, record, failures, "running")
             if client.status not in ("running", "connecting"):
                 raise ClusterError("the connection to the Dask scheduler was lost")
             ours = {f.key for f in pending}
-            progress.slots = max(1, host_workers(client))
+            progress.slots = max(1, _ask(host_workers, client))
             # a worker's processing list holds its queued tasks too: one runs per host
-            progress.running = min(progress.slots, sum(len(set(keys) & ours)
-                                                       for keys in client.processing().values()))
+            progress.running = min(progress.slots, sum(
+                len(set(keys) & ours) for keys in _ask(type(client).processing, client).values()))
             progress.show()
             time.sleep(0.2)
     except BaseException as exc:
-        _stop(client, event, pending, distributed)
+        _stop(client, event, pending, distributed,
+              lambda f: _collect(f, futures[f], out, failures, progress))
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "incomplete"
         for f in pending:
             failures.append({"cell": futures[f].id, "error": f"not finished: {exc}"
@@ -425,6 +475,15 @@ def _submit_and_collect(client, plan, out, record, todo, progress, retries, part
     return matrix.finish_record(out, plan, record, failures)
 
 
+def _ask(call, client):
+    """``call(client)``: a question to the scheduler; ClusterError (one line) when it is gone."""
+    try:
+        return call(client)
+    except Exception as exc:        # CommClosedError, "ConnectionPool is closed", a timeout
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ClusterError(f"the connection to the Dask scheduler was lost ({why})") from None
+
+
 def _collect(f, cell, out, failures, progress) -> None:
     """One finished task: its cell unpacked (or its failure listed with the reason)."""
     if f.status == "finished":
@@ -433,6 +492,11 @@ def _collect(f, cell, out, failures, progress) -> None:
             unpack(result, out, cell)
         except (HarmonyError, OSError) as exc:
             failures.append({"cell": cell.id, "error": f"cannot store it: {exc}"})
+            progress.failed += 1
+            return
+        if result.get("interrupted"):
+            failures.append({"cell": cell.id, "error": "interrupted on its worker: its runs so "
+                             f"far are in {matrix.PARTIAL}/ (--resume goes on from them)"})
             progress.failed += 1
             return
         progress.done += 1
@@ -446,17 +510,22 @@ def _collect(f, cell, out, failures, progress) -> None:
     progress.failed += 1
 
 
-def _stop(client, event: str, pending, distributed) -> None:
-    """Ctrl-C or a lost scheduler: the running cells are told to stop (each stops its child),
-    the others cancelled."""
+def _stop(client, event: str, pending: set, distributed, collect) -> None:
+    """Ctrl-C or a lost scheduler: the cells not started are cancelled, the running ones told
+    to stop (each stops its child and sends home what it collected, ``collect``-ed here and
+    taken out of ``pending``), for up to a minute."""
     try:
         distributed.Event(event, client=client).set()
+        executing = {k for keys in client.call_stack().values() for k in keys}
+        running = [f for f in pending if f.key in executing]
+        client.cancel([f for f in pending if f.key not in executing])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(f.done() for f in running):
+            time.sleep(0.2)
+        for f in running:
+            if f.done():
+                pending.discard(f)
+                collect(f)
         client.cancel(list(pending))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(client.processing().values()):
-            ours = {f.key for f in pending}
-            if not any(set(k) & ours for k in client.processing().values()):
-                break
-            time.sleep(0.5)
     except Exception:       # the scheduler gone: the workers' cells see it and stop
         pass

@@ -378,8 +378,9 @@ def test_without_distributed_the_extra_is_named(tmp_path):
 
 
 def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, cluster):
-    """Ctrl-C of `harmony matrix --cluster`: exit 130, the matrix marked interrupted, and the
-    cells running on the workers stopped (their processes gone) within seconds."""
+    """Ctrl-C of `harmony matrix --cluster`: exit 130, the matrix marked interrupted, the
+    cells running on the workers stopped (their processes gone) within seconds, and what they
+    had collected brought home into .partial/."""
     lc, _ = cluster
     before = set(_scratch_dirs())
     out = tmp_path / "m"
@@ -393,7 +394,14 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
-    assert json.loads((out / "matrix.json").read_text())["status"] == "interrupted"
+    record = json.loads((out / "matrix.json").read_text())
+    assert record["status"] == "interrupted"
+    # what the running cells collected came home, for --resume to go on from
+    kept = [f["cell"] for f in record["failures"] if "interrupted on its worker" in f["error"]]
+    assert kept, record["failures"]
+    for cell in kept:
+        suite = json.loads((out / ".partial" / cell / "suite.json").read_text())
+        assert suite["configs"][0]["experiment"] == "single-source"
     # the cells' processes end and their workers remove their scratch as they wind down (a
     # loaded host may take a few seconds): gone within 20 s, or left behind
     deadline = time.monotonic() + 20
@@ -404,3 +412,115 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
     assert not subprocess.run(["pgrep", "-f", "harmony.matrix --cell"],
                               capture_output=True).stdout, "a cell's process was left running"
     assert not set(_scratch_dirs()) - before, "a cell's scratch directory was left"
+
+
+# --- faults ---------------------------------------------------------------------------------------
+
+def test_a_full_disk_is_one_line_and_the_matrix_resumes(tmp_path):
+    """The submitting side's disk fills up during the second cell: one line says so, the first
+    cell stays as it was, and once there is room --resume finishes the matrix."""
+    from conftest import small_tmpfs
+
+    plan = plan_file(tmp_path)
+    with small_tmpfs(tmp_path / "disk", "400k") as disk:
+        out = disk / "m"
+        r = subprocess.run(HARMONY + ["matrix", str(plan), "--out", str(out), "-q"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stderr
+        assert "No space left on device" in r.stderr and "Traceback" not in r.stderr
+        cells = sorted((out / "cells").iterdir())
+        assert len(cells) == 1          # the first cell fitted, the second did not
+        kept = _files(cells[0])
+        subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
+        r = subprocess.run(HARMONY + ["matrix", str(plan), "--out", str(out), "--resume", "-q"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "2 of 2 cells complete" in r.stdout
+        assert _files(cells[0]) == kept
+        assert not list((out / ".partial").iterdir())
+
+
+def test_a_worker_without_qemu_fails_its_cell_in_one_line(tmp_path):
+    """A worker host that cannot boot a kernel (no QEMU, no virtme-ng on its PATH): its VM cell
+    fails with that one line, after its retries; the simulated cell completes; nothing hangs."""
+    distributed = _distributed()
+    from harmony.matrix_dask import run_cluster
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text(TINY.format(duration=1.0, repeat=1).replace(
+        '"pairwise-random"', '"pairwise-random"]\ntopologies = [2]\n[[matrix]]\n'
+        'kernels = ["debian:6.1"]\nschedulers = ["default"'))
+    plan = matrix.load_plan(plan)
+    vm = next(c for c in plan.cells if c.kind == matrix.VM)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  resources={"host": 1}, dashboard_address=None,
+                                  env={"PATH": str(empty)}) as lc, \
+            distributed.Client(lc) as client:
+        record = run_cluster(plan, tmp_path / "m", None, quiet=True, client=client)
+    assert record["status"] == "incomplete"
+    assert record["cells_state"][vm.id] == "failed"
+    assert sum(s == "complete" for s in record["cells_state"].values()) == 2
+    (failure,) = record["failures"]
+    assert failure["cell"] == vm.id and "\n" not in failure["error"]
+    assert f"cannot boot kernel {vm.kernel}: missing qemu-system-x86" in failure["error"]
+
+
+def test_the_scheduler_killed_mid_matrix_is_one_line_and_resumable(tmp_path):
+    """The Dask scheduler dies (SIGKILL) while a cell runs: `harmony matrix` says so in one line
+    and exits, matrix.json lists every unfinished cell with that reason, the worker's cell
+    process ends, and --resume (here, without a cluster) finishes the matrix."""
+    _distributed()
+    plan = plan_file(tmp_path, duration=6.0)
+    sfile = tmp_path / "scheduler.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port",
+                              "0", "--no-dashboard", "--scheduler-file", str(sfile)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    procs = [sched]
+    try:
+        deadline = time.monotonic() + 60
+        while not sfile.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = json.loads(sfile.read_text())["address"]
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+             "--resources", "host=1", "--no-nanny", "--no-dashboard", "--death-timeout", "5"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+        before = set(_scratch_dirs())
+        out = tmp_path / "m"
+        run = subprocess.Popen(HARMONY + ["matrix", str(plan), "--out", str(out), "--cluster",
+                                          address, "-q", "--connect-timeout", "2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(run)
+        while time.monotonic() < deadline and not set(_scratch_dirs()) - before:
+            time.sleep(0.1)
+        assert set(_scratch_dirs()) - before, "no cell was seen running"
+        sched.kill()
+        _, err = run.communicate(timeout=90)
+        assert run.returncode == 1, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Dask scheduler" in lines[0], err
+        record = json.loads((out / "matrix.json").read_text())
+        assert record["status"] == "incomplete"
+        assert {f["cell"] for f in record["failures"]} == set(record["cells_state"])
+        assert all("scheduler" in f["error"] for f in record["failures"]), record["failures"]
+        assert until_gone("harmony.matrix --cell", 30), "the cell's process was left running"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    r = subprocess.run(HARMONY + ["matrix", str(plan), "--out", str(out), "--resume", "-q"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "2 of 2 cells complete" in r.stdout, r.stderr
+
+
+def until_gone(pattern: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while subprocess.run(["pgrep", "-f", pattern], capture_output=True).stdout:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
