@@ -280,7 +280,6 @@ def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
     _quiet_dask()
 
     async def serve():
-
         async with distributed.Worker(address, nthreads=1, resources=RESOURCES, name=name,
                                       death_timeout=timeout) as worker:
             loop = asyncio.get_running_loop()
