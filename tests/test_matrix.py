@@ -440,6 +440,17 @@ def test_a_full_disk_is_one_line_and_the_matrix_resumes(tmp_path):
         assert not list((out / ".partial").iterdir())
 
 
+def test_a_matrix_directory_that_cannot_be_made_is_one_line(tmp_path):
+    """--out where no directory can be made (under a file): one line, non-zero, nothing run."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = subprocess.run(HARMONY + ["matrix", str(plan_file(tmp_path)), "--out",
+                                  str(blocker / "m"), "-q"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and r.stderr.count("\n") == 1, r.stderr
+    assert str(blocker) in r.stderr and blocker.is_file()
+
+
 def test_a_worker_without_qemu_fails_its_cell_in_one_line(tmp_path):
     """A worker host that cannot boot a kernel (no QEMU, no virtme-ng on its PATH): its VM cell
     fails with that one line, after its retries; the simulated cell completes; nothing hangs."""
