@@ -43,11 +43,14 @@ doctor facts. The matrix directory::
 
     matrix.json                the plan's cells, each one's state, the failures and their reasons
     cells/<cell>/              one suite directory per finished cell, moved in whole (a rename)
-    .partial/                  cells being made (removed when they are moved into cells/)
+    .partial/<cell>/           a cell being made here, or left interrupted or failed mid-way
+                               (what it collected, resumed by --resume; gone once moved in)
+    .incoming/<cell>/          a cell's archive from a cluster being unpacked (then moved in)
     report.md  report.json     the cards of every cell side by side (harmony.matrix_report)
 
-:func:`run_local` runs the cells one after another on this host (``resume``: the cells already in
-``cells/`` are kept); :mod:`harmony.matrix_dask` runs them on a Dask cluster.
+:func:`run_local` runs the cells one after another on this host (``resume``: the complete cells
+are kept, the others resumed: :func:`take_up`); :mod:`harmony.matrix_dask` runs them on a Dask
+cluster.
 """
 
 from __future__ import annotations
@@ -74,6 +77,8 @@ DEFAULT_KEYS = {"suite", "experiments", "repeat", "until_decided", "max_repeat",
                 "params", "probe"}
 TOP_KEYS = DEFAULT_KEYS | {"name", "matrix"}
 CELL_FILE, MATRIX_FILE = "cell.json", "matrix.json"
+#: cells being made or left unfinished here; cells' archives being unpacked (a cluster's)
+PARTIAL, INCOMING = ".partial", ".incoming"
 
 
 class PlanError(ParameterError):
@@ -446,11 +451,14 @@ def host_record(doctor_facts: dict | None = None) -> dict:
             "python": sys.version.split()[0], "pid": os.getpid(), "doctor": doctor_facts}
 
 
-def run_cell(cell: Cell, out: Path, quiet: bool = True, doctor_facts: dict | None = None) -> dict:
+def run_cell(cell: Cell, out: Path, quiet: bool = True, doctor_facts: dict | None = None,
+             resume: bool = False) -> dict:
     """Run ``cell`` into ``out`` (a new directory: a suite directory and its ``cell.json``) on
     this host, by the library's own calls (:func:`harmony.suite.run_suite` with the cell's
     runner); returns the cell's record (cell.json). CellError when the host cannot run it,
-    before anything starts; the suite's errors otherwise (``out`` then holds what was done)."""
+    before anything starts; the suite's errors otherwise (``out`` then holds what was done).
+    ``resume``: ``out`` holds the cell's suite left interrupted or incomplete: its complete runs
+    are kept as they are, the others made (``harmony suite --resume``)."""
     why = preflight(cell)
     if why:
         raise CellError(f"cell {cell.id}: {why}")
@@ -458,15 +466,30 @@ def run_cell(cell: Cell, out: Path, quiet: bool = True, doctor_facts: dict | Non
 
     start, t0 = time.strftime("%Y-%m-%dT%H:%M:%S%z"), time.monotonic()
     runner, cpus, configs, facts, doctor_facts = _cell_runner(cell, doctor_facts)
+    if resume:
+        _check_resumable(cell, Path(out), configs)
     cap = decide_cap(cell, max(c.repeat for c in configs))
     record = run_suite(configs, cpus, Path(out), runner, facts=facts, seed=cell.seed,
-                       quiet=quiet, until_decided=cap)
+                       quiet=quiet, until_decided=cap, resume=resume)
     cell_record = {"cell": cell.to_dict(), "status": record["status"],
                    "runs": record["runs"], "failures": record["failures"],
                    "started_at": start, "wall_s": round(time.monotonic() - t0, 3),
-                   "host": host_record(doctor_facts)}
+                   "resumed": resume, "host": host_record(doctor_facts)}
     store.write_json(Path(out) / CELL_FILE, cell_record)
     return cell_record
+
+
+def _check_resumable(cell: Cell, out: Path, configs) -> None:
+    """CellError unless ``out`` holds a suite of ``cell``'s configurations (a complete one too:
+    its cell.json or report not written, a full disk; resuming it keeps every run and writes
+    them)."""
+    try:
+        before = [c["label"] for c in store.read_json(Path(out) / "suite.json")["configs"]]
+    except (store.RunError, KeyError, TypeError) as exc:
+        raise CellError(f"cell {cell.id}: cannot resume it: {str(exc).splitlines()[0]}") from None
+    if before != [c.label for c in configs]:
+        raise CellError(f"cell {cell.id}: cannot resume it: {out} holds a suite of other "
+                        "configurations")
 
 
 def _cell_runner(cell: Cell, doctor_facts: dict | None):
@@ -522,15 +545,53 @@ def cell_dir(out: Path, cell: Cell) -> Path:
     return Path(out) / "cells" / cell.id
 
 
+def partial_dir(out: Path, cell: Cell) -> Path:
+    """Where ``cell`` is made on this host, and what it collected stays until it is whole."""
+    return Path(out) / PARTIAL / cell.id
+
+
 def finished(out: Path, plan: Plan) -> dict[str, dict]:
     """The cells of ``plan`` whose directory is in ``out/cells`` (each moved in whole): id ->
-    its cell.json."""
+    its cell.json (its ``status``: complete, or incomplete when some of its runs are not)."""
     done = {}
     for cell in plan.cells:
         path = cell_dir(out, cell) / CELL_FILE
         if path.is_file():
             done[cell.id] = store.read_json(path)
     return done
+
+
+def complete(out: Path, plan: Plan) -> dict[str, dict]:
+    """The cells of ``plan`` finished with every run complete: what ``--resume`` skips."""
+    return {k: v for k, v in finished(out, plan).items() if v.get("status") == "complete"}
+
+
+def take_up(out: Path, cell: Cell) -> str | None:
+    """Ready ``out/.partial/<cell>`` for the cell's next try (a cell not complete) and say what
+    it holds: ``"whole"`` (the cell finished but was not moved into ``cells/``: move it),
+    ``"suite"`` (a suite the cell left interrupted, failed mid-way or incomplete: resume it, its
+    complete runs kept; an incomplete cell in ``cells/`` is renamed there first) or None
+    (nothing collected: the cell starts afresh). Nothing collected is deleted."""
+    tmp, placed = partial_dir(out, cell), cell_dir(out, cell)
+    if (placed / CELL_FILE).is_file():
+        if tmp.exists():        # cannot both be: kept aside, never deleted
+            k = 1
+            while (aside := tmp.with_name(f"{cell.id}.aside-{k}")).exists():
+                k += 1
+            tmp.rename(aside)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        placed.rename(tmp)
+    if not tmp.is_dir():
+        return None
+    try:
+        if store.read_json(tmp / CELL_FILE).get("status") == "complete":
+            return "whole"
+    except store.RunError:
+        pass
+    if (tmp / "suite.json").is_file():
+        return "suite"
+    shutil.rmtree(tmp)          # a try that stopped before its suite began: nothing in it
+    return None
 
 
 def open_matrix(out: Path, plan: Plan, resume: bool) -> dict:
@@ -546,7 +607,7 @@ def open_matrix(out: Path, plan: Plan, resume: bool) -> dict:
                 before.get("cells") != [c.to_dict() for c in plan.cells]:
             raise store.RunError(f"{out}: its matrix was made from another plan: resume it with "
                                  f"the plan it was made from ({before.get('source')})")
-        shutil.rmtree(out / ".partial", ignore_errors=True)     # cells never finished
+        shutil.rmtree(out / INCOMING, ignore_errors=True)   # archives half-unpacked: copies
         return before | {"status": "running",
                          "resumed_at": before.get("resumed_at", []) + [_now()]}
     if out.exists() and any(out.iterdir()):
@@ -616,11 +677,12 @@ def run_local(plan: Plan, out: Path, resume: bool = False, quiet: bool = False,
               progress: MatrixProgress | None = None) -> dict:
     """Run ``plan``'s cells one after another on this host into the matrix directory ``out``
     (:func:`open_matrix`); each cell runs in ``out/.partial/<cell>`` and is moved into
-    ``out/cells`` once whole. Every cell's host-dependent checks run before the first starts
-    (CellError, one line per cell). Returns matrix.json's record (status complete, or
-    incomplete with each failed cell and its reason)."""
+    ``out/cells`` once whole. ``resume``: complete cells are skipped, a cell left interrupted,
+    failed mid-way or incomplete is resumed (:func:`take_up`). Every cell's host-dependent
+    checks run before the first starts (CellError, one line per cell). Returns matrix.json's
+    record (status complete, or incomplete with each failed cell and its reason)."""
     record = open_matrix(out, plan, resume)
-    done = finished(out, plan)
+    done = complete(out, plan)
     todo = [c for c in plan.cells if c.id not in done]
     bad = [f"cell {c.id}: {why}" for c in todo if (why := preflight(c))]
     if bad:
@@ -632,17 +694,12 @@ def run_local(plan: Plan, out: Path, resume: bool = False, quiet: bool = False,
         for cell in todo:
             progress.running = 1
             progress.show(f"running {cell.id}")
-            tmp = Path(out) / ".partial" / cell.id
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.parent.mkdir(parents=True, exist_ok=True)
             try:
-                cell_record = run_cell(cell, tmp, quiet=True)
+                cell_record = _local_cell(out, cell)
             except (HarmonyError, OSError, ValueError, RuntimeError) as exc:
-                failures.append({"cell": cell.id, "error": str(exc).splitlines()[0],
-                                 "tries": 1})
+                failures.append({"cell": cell.id, "error": _one_line(exc), "tries": 1})
                 progress.failed += 1
             else:
-                place(tmp, out, cell)
                 progress.done += 1
                 progress.walls.append(cell_record["wall_s"])
             progress.running = 0
@@ -654,19 +711,41 @@ def run_local(plan: Plan, out: Path, resume: bool = False, quiet: bool = False,
     return finish_record(out, plan, record, failures)
 
 
+def _local_cell(out: Path, cell: Cell) -> dict:
+    """One cell made (or resumed, or only moved in) here and moved into ``cells/``; its
+    cell.json. On an error what it collected stays in ``.partial/`` for ``--resume``."""
+    tmp = partial_dir(out, cell)
+    held = take_up(out, cell)
+    if held != "whole":
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        run_cell(cell, tmp, quiet=True, resume=held == "suite")
+    cell_record = store.read_json(tmp / CELL_FILE)
+    place(tmp, out, cell)
+    return cell_record
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def finish_record(out: Path, plan: Plan, record: dict, failures: list[dict],
                   status: str | None = None) -> dict:
     """matrix.json brought up to date: each cell's state (complete, incomplete: its suite's
-    runs not all complete, failed: with the reason, or not run), the failures; ``status``, or
-    complete when every cell is."""
+    runs not all complete, failed: with the reason, interrupted: its runs so far in
+    ``.partial/``, or not run), the failures; ``status``, or complete when every cell is."""
     done = finished(out, plan)
     failed = {f["cell"]: f for f in failures}
     states = {}
     for cell in plan.cells:
         if cell.id in done:
             states[cell.id] = done[cell.id].get("status", "complete")
+        elif cell.id in failed:
+            states[cell.id] = "failed"
+        elif (partial_dir(out, cell) / "suite.json").is_file():
+            states[cell.id] = "interrupted"     # its runs so far kept: --resume takes it up
         else:
-            states[cell.id] = "failed" if cell.id in failed else "not run"
+            states[cell.id] = "not run"
     if status is None:
         status = "complete" if all(s == "complete" for s in states.values()) else "incomplete"
     record = record | {"status": status, "cells_state": states,
@@ -676,9 +755,10 @@ def finish_record(out: Path, plan: Plan, record: dict, failures: list[dict],
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m harmony.matrix --cell JSON --out DIR [--facts FILE] [--parent PID]``: one
-    cell run in a process of its own (a Dask worker's cell: signal handlers need a main thread),
-    killed if its worker dies. Exit 0 done, 1 with the one-line reason on stderr."""
+    """``python -m harmony.matrix --cell JSON --out DIR [--facts FILE] [--parent PID]
+    [--resume]``: one cell run in a process of its own (a Dask worker's cell: signal handlers
+    need a main thread), killed if its worker dies; ``--resume``: ``--out`` holds the cell's
+    suite, resumed. Exit 0 done, 1 with the one-line reason on stderr."""
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m harmony.matrix")
@@ -686,6 +766,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--facts")
     ap.add_argument("--parent", type=int, help="die with this process (a Dask worker)")
+    ap.add_argument("--resume", action="store_true", help="--out holds the cell's suite: resume it")
     args = ap.parse_args(argv)
     if args.parent is not None:
         from harmony.core.osutil import die_with_parent
@@ -694,7 +775,7 @@ def main(argv: list[str] | None = None) -> int:
     cell = Cell.from_dict(json.loads(args.cell))
     facts = json.loads(Path(args.facts).read_text()) if args.facts else None
     try:
-        run_cell(cell, Path(args.out), quiet=True, doctor_facts=facts)
+        run_cell(cell, Path(args.out), quiet=True, doctor_facts=facts, resume=args.resume)
     except (HarmonyError, OSError, ValueError, RuntimeError) as exc:
         print(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, file=sys.stderr)
         return 1

@@ -13,8 +13,11 @@ which extra to install.
   on whichever worker is free), ``pure=False``. A task (:func:`cell_archive`) runs its cell in a
   child process (``python -m harmony.matrix``: a capture needs a main thread for its signal
   handlers, and a child killed with its worker leaves nothing running: PR_SET_PDEATHSIG), in a
-  scratch directory of the worker's, and returns it as a tar archive with its sha256; the
-  submitting side checks the sum, unpacks it into ``.partial/`` and renames it into ``cells/``.
+  scratch directory of the worker's, and returns it as a tar archive with its sha256, through
+  Dask or (``shared``, ``--shared-dir``) written whole into a directory both sides see; the
+  submitting side checks the sum, unpacks it into ``.incoming/`` and renames it into ``cells/``.
+  A cell to resume (left interrupted, failed mid-way or incomplete) travels to its worker as an
+  archive of what it collected, and is resumed there.
   A cell that fails on every try is listed with its reason; Ctrl-C sets a Dask ``Event`` the
   tasks poll (each stops its child, which cleans up as a stopped run does) and cancels the rest.
 - A real cell waits while another Harmony run holds its host's lock
@@ -29,6 +32,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tarfile
 import tempfile
@@ -51,6 +55,10 @@ WORKER_FACTS: dict | None = None
 POLL_S = 1.0
 #: set when this worker process is stopped (harmony worker): its running cell stops its child
 STOPPING = threading.Event()
+
+
+class CellStopped(RuntimeError):
+    """A cell's child stopped because the matrix was interrupted or its worker is stopping."""
 
 
 class ClusterError(HarmonyError):
@@ -105,7 +113,17 @@ def _stopped(event_name: str | None) -> bool:
         return False
     import distributed
     try:
-        return distributed.Event(event_name).is_set()
+        # a worker closes when it loses its scheduler (asking the scheduler would then hang)
+        if distributed.get_worker().status.name in ("closing", "closed", "failed",
+                                                    "closing_gracefully"):
+            return True
+    except ValueError:      # not in a worker
+        pass
+    try:
+        client = distributed.get_client()
+        if client.status != "running":  # the scheduler gone (asking it would hang): stop
+            return True
+        return distributed.Event(event_name, client=client).is_set()
     except Exception:       # the scheduler gone: nobody is left to want the cell
         return True
 
@@ -125,11 +143,22 @@ def wait_for_host(event_name: str | None) -> None:
             time.sleep(5 * POLL_S)
 
 
-def cell_archive(cell_dict: dict, event_name: str | None = None) -> dict:
+def cell_archive(cell_dict: dict, event_name: str | None = None, partial: bytes | None = None,
+                 shared: str | None = None, tag: str = "harmony") -> dict:
     """Run one cell on this worker (a Dask task) and return its directory as a tar archive:
-    ``{"id", "archive" (bytes), "sha256", "record" (cell.json), "wall_s"}``. RuntimeError with
-    the cell's one-line reason when it failed (Dask retries it)."""
+    ``{"id", "sha256", "record" (cell.json), "wall_s"}`` and either ``"archive"`` (the bytes,
+    through Dask) or, ``shared`` (a directory the submitting machine sees too), ``"shared"``:
+    the archive's path there, written whole before it is renamed to its name; a cell stopped
+    mid-way (Ctrl-C of the matrix, its worker stopped) returns what it collected, through Dask,
+    with ``"interrupted": True``. ``partial``: a
+    tar archive of the suite the cell left interrupted or incomplete, resumed here. RuntimeError
+    with the cell's one-line reason when it failed (Dask retries it)."""
     cell = matrix.Cell.from_dict(cell_dict)
+    if shared is not None and not Path(shared).is_dir():
+        raise RuntimeError(f"the shared directory {shared} is not there on this worker")
+    why = matrix.preflight(cell)       # a host that cannot run it does not wait for its lock
+    if why:
+        raise RuntimeError(f"cell {cell.id}: {why}")
     if cell.kind != matrix.SIMULATED:
         wait_for_host(event_name)
     scratch = Path(tempfile.mkdtemp(prefix=f"cell-{os.getpid()}-", dir=_scratch_root()))
@@ -138,37 +167,92 @@ def cell_archive(cell_dict: dict, event_name: str | None = None) -> dict:
         out = scratch / cell.id
         args = ["--cell", json.dumps(cell_dict), "--out", str(out),
                 "--parent", str(os.getpid())]
+        if partial is not None:
+            _extract(io.BytesIO(partial), scratch, cell.id)
+            args.append("--resume")
         if WORKER_FACTS is not None:
             (scratch / "facts.json").write_text(json.dumps(WORKER_FACTS, default=str))
             args += ["--facts", str(scratch / "facts.json")]
-        _run_child(args, scratch / "stderr", event_name)
+        try:
+            _run_child(args, scratch / "stderr", event_name)
+        except CellStopped:
+            if not (out / "suite.json").is_file():
+                raise
+            data = tar_bytes(out, cell.id)      # what it collected goes home all the same
+            return {"id": cell.id, "interrupted": True, "record": None, "archive": data,
+                    "sha256": hashlib.sha256(data).hexdigest(), "wall_s": time.monotonic() - t0}
         record = json.loads((out / matrix.CELL_FILE).read_text())
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            tar.add(out, arcname=cell.id)
-        data = buf.getvalue()
-        return {"id": cell.id, "archive": data, "sha256": hashlib.sha256(data).hexdigest(),
-                "record": record, "wall_s": time.monotonic() - t0}
+        result = {"id": cell.id, "record": record, "wall_s": time.monotonic() - t0}
+        if shared is None:
+            data = tar_bytes(out, cell.id)
+            return result | {"archive": data, "sha256": hashlib.sha256(data).hexdigest()}
+        path, digest = _write_shared(out, cell.id, Path(shared), tag)
+        return result | {"shared": str(path), "sha256": digest}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def tar_bytes(directory: Path, name: str) -> bytes:
+    """``directory`` as an uncompressed tar archive whose one top-level entry is ``name``."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(directory, arcname=name)
+    return buf.getvalue()
+
+
+def _write_shared(directory: Path, name: str, shared: Path, tag: str) -> tuple[Path, str]:
+    """``directory`` archived into ``shared`` (written as a hidden ``.part``, synced, then
+    renamed): (its path, its sha256)."""
+    dest = shared / f"{tag}-{name}-{uuid.uuid4().hex[:8]}.tar"
+    part = shared / f".{dest.name}.part"
+    try:
+        with open(part, "wb") as f:
+            with tarfile.open(fileobj=f, mode="w") as tar:
+                tar.add(directory, arcname=name)
+            f.flush()
+            os.fsync(f.fileno())
+        with open(part, "rb") as f:
+            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        os.rename(part, dest)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    return dest, digest
+
+
+def _extract(source, into: Path, name: str) -> None:
+    """The tar archive ``source`` (a file object or path) unpacked into ``into``; RunError when
+    its top-level entry is not ``name`` alone."""
+    from harmony.store import RunError
+
+    kw = {"fileobj": source} if hasattr(source, "read") else {"name": source}
+    with tarfile.open(mode="r", **kw) as tar:
+        names = {m.name.split("/")[0] for m in tar.getmembers()}
+        if names != {name}:
+            raise RunError(f"cell {name}: its archive holds {sorted(names)}")
+        tar.extractall(into, filter="data")
 
 
 def _run_child(args: list[str], stderr_path: Path, event_name: str | None) -> None:
     argv, env = harmony_python("harmony.matrix", *args)
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=err)
+                                stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         while proc.poll() is None:
             if _stopped(event_name):
                 proc.terminate()        # SIGTERM: the run is marked and cleaned up as stopped
                 proc.wait(60)
-                raise RuntimeError("stopped: the matrix was interrupted")
+                raise CellStopped("stopped: the matrix was interrupted")
             time.sleep(POLL_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        try:                            # what it forked (a pool drawing figures) goes with it
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     if proc.returncode != 0:
         lines = stderr_path.read_text(errors="replace").strip().splitlines()
         raise RuntimeError(lines[-1] if lines else f"the cell's process exited with status "
@@ -196,8 +280,6 @@ def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
     _quiet_dask()
 
     async def serve():
-        import signal
-
         async with distributed.Worker(address, nthreads=1, resources=RESOURCES, name=name,
                                       death_timeout=timeout) as worker:
             loop = asyncio.get_running_loop()
@@ -219,30 +301,78 @@ def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
 # --- the submitting side --------------------------------------------------------------------------
 
 def unpack(result: dict, out: Path, cell: matrix.Cell) -> Path:
-    """A cell's archive checked (its sha256) and unpacked into ``out/.partial``, then renamed
-    into ``out/cells``; RunError when the sum or the archive is wrong, OSError when it cannot be
-    stored (a full disk): nothing half-written stays in ``cells/``."""
+    """A cell's archive (through Dask, or in the shared directory: removed once read) checked
+    (its sha256), unpacked into ``out/.incoming`` and renamed into ``out/cells``; what the cell
+    had left in ``.partial/`` (resumed into it) then goes. RunError when the sum or the archive
+    is wrong, OSError when it cannot be stored (a full disk): nothing half-written stays in
+    ``cells/``, nothing collected before is lost."""
     from harmony.store import RunError
 
-    data = result["archive"]
-    if hashlib.sha256(data).hexdigest() != result["sha256"]:
-        raise RunError(f"cell {cell.id}: its archive's sha256 does not match: not stored")
-    partial = Path(out) / ".partial"
-    partial.mkdir(parents=True, exist_ok=True)
-    tmp = partial / cell.id
-    shutil.rmtree(tmp, ignore_errors=True)
+    shared = Path(result["shared"]) if result.get("shared") else None
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-            names = {m.name.split("/")[0] for m in tar.getmembers()}
-            if names != {cell.id}:
-                raise RunError(f"cell {cell.id}: its archive holds {sorted(names)}")
-            tar.extractall(partial, filter="data")
-        if not (tmp / matrix.CELL_FILE).is_file():
-            raise RunError(f"cell {cell.id}: its archive has no {matrix.CELL_FILE}")
-        return matrix.place(tmp, out, cell)
-    except BaseException:
+        if shared is None:
+            source = io.BytesIO(result["archive"])
+            digest = hashlib.sha256(result["archive"]).hexdigest()
+        else:
+            try:
+                with open(shared, "rb") as f:
+                    digest = hashlib.file_digest(f, "sha256").hexdigest()
+            except FileNotFoundError:
+                raise RunError(f"cell {cell.id}: its archive {shared} is not in the shared "
+                               "directory") from None
+            source = shared
+        if digest != result["sha256"]:
+            raise RunError(f"cell {cell.id}: its archive's sha256 does not match: not stored")
+        incoming = Path(out) / matrix.INCOMING
+        incoming.mkdir(parents=True, exist_ok=True)
+        tmp = incoming / cell.id
         shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        try:
+            _extract(source, incoming, cell.id)
+            if result.get("interrupted"):
+                return _keep_partial(tmp, out, cell)
+            if not (tmp / matrix.CELL_FILE).is_file():
+                raise RunError(f"cell {cell.id}: its archive has no {matrix.CELL_FILE}")
+            dest = matrix.place(tmp, out, cell)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    finally:
+        if shared is not None:
+            shared.unlink(missing_ok=True)
+    shutil.rmtree(matrix.partial_dir(out, cell), ignore_errors=True)
+    return dest
+
+
+def _keep_partial(tmp: Path, out: Path, cell: matrix.Cell) -> Path:
+    """An interrupted cell's directory (all it collected, what it was resumed from included)
+    put in ``.partial/<cell>`` for ``--resume``, in place of what was there."""
+    dest = matrix.partial_dir(out, cell)
+    old = dest.with_name(f"{cell.id}.replaced")
+    if dest.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        dest.rename(old)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(dest)
+    shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+def check_shared(shared: Path) -> Path:
+    """``shared`` as a directory this machine can write (a file made and removed there);
+    ParameterError (one line) otherwise."""
+    from harmony.core.errors import ParameterError
+
+    shared = Path(shared).absolute()
+    if not shared.is_dir():
+        raise ParameterError(f"--shared-dir {shared}: not a directory")
+    try:
+        with tempfile.NamedTemporaryFile(dir=shared, prefix=".harmony-probe-"):
+            pass
+    except OSError as exc:
+        raise ParameterError(f"--shared-dir {shared}: cannot write there ({exc.strerror})"
+                             ) from None
+    return shared
 
 
 def failure_reason(exc: BaseException | None) -> str:
@@ -263,59 +393,94 @@ def host_workers(client) -> int:
 
 def run_cluster(plan: matrix.Plan, out: Path, address: str, resume: bool = False,
                 quiet: bool = False, timeout: float = 10.0, retries: int = 2,
-                client=None) -> dict:
+                client=None, shared: Path | None = None) -> dict:
     """Run ``plan``'s cells on the Dask cluster whose scheduler is at ``address`` (or through
     ``client``), each cell's directory brought home into the matrix directory ``out``
-    (:func:`unpack`); returns matrix.json's record (:func:`harmony.matrix.finish_record`)."""
+    (:func:`unpack`), through Dask or, ``shared``, through that directory (one the workers see
+    at the same path); returns matrix.json's record (:func:`harmony.matrix.finish_record`).
+    ``resume``: complete cells are skipped; a cell left interrupted, failed mid-way or
+    incomplete goes to its worker with what it collected, and is resumed there."""
+    if shared is not None:
+        shared = check_shared(shared)
     own = client is None
     client = client or connect(address, timeout)
     try:
         record = matrix.open_matrix(out, plan, resume)
-        done = matrix.finished(out, plan)
         matrix.write_record(out, record)
-        todo = [c for c in plan.cells if c.id not in done]
-        progress = matrix.MatrixProgress(len(plan.cells), len(done), quiet=quiet,
-                                         slots=host_workers(client))
+        todo, partials, done = [], {}, matrix.complete(out, plan)
+        for c in plan.cells:
+            if c.id in done:
+                continue
+            held = matrix.take_up(out, c)
+            if held == "whole":         # finished before, not moved in: moved in now
+                matrix.place(matrix.partial_dir(out, c), out, c)
+                continue
+            if held == "suite":
+                partials[c.id] = tar_bytes(matrix.partial_dir(out, c), c.id)
+            todo.append(c)
+        progress = matrix.MatrixProgress(len(plan.cells), len(plan.cells) - len(todo),
+                                         quiet=quiet, slots=host_workers(client))
         if not progress.slots:
             progress.show("no worker with the resource host yet: the cells wait for one")
-        return _submit_and_collect(client, plan, out, record, todo, progress, retries)
+        return _submit_and_collect(client, plan, out, record, todo, progress, retries,
+                                   partials, shared)
     finally:
         if own:
             client.close()
 
 
-def _submit_and_collect(client, plan, out, record, todo, progress, retries) -> dict:
+def _submit_and_collect(client, plan, out, record, todo, progress, retries, partials,
+                        shared) -> dict:
     import distributed
 
     token = uuid.uuid4().hex[:12]
-    event = f"harmony-matrix-stop-{token}"
-    futures = {client.submit(cell_archive, c.to_dict(), event, key=f"harmony-cell-{c.id}-{token}",
-                             resources=RESOURCES, retries=retries, pure=False): c for c in todo}
+    event, tag = f"harmony-matrix-stop-{token}", f"harmony-{token}"
+    futures = {client.submit(cell_archive, c.to_dict(), event, partials.get(c.id),
+                             None if shared is None else str(shared), tag,
+                             key=f"harmony-cell-{c.id}-{token}", resources=RESOURCES,
+                             retries=retries, pure=False): c for c in todo}
     pending, failures = set(futures), []
     try:
         while pending:
             for f in [f for f in pending if f.done()]:
+                if f.status == "cancelled" and client.status != "running":
+                    # Dask cancels every future when it loses the scheduler: not their failure
+                    raise ClusterError("the connection to the Dask scheduler was lost")
                 pending.discard(f)
                 _collect(f, futures[f], out, failures, progress)
                 record = matrix.finish_record(out, plan, record, failures, "running")
             if client.status not in ("running", "connecting"):
                 raise ClusterError("the connection to the Dask scheduler was lost")
             ours = {f.key for f in pending}
-            progress.slots = max(1, host_workers(client))
+            progress.slots = max(1, _ask(host_workers, client))
             # a worker's processing list holds its queued tasks too: one runs per host
-            progress.running = min(progress.slots, sum(len(set(keys) & ours)
-                                                       for keys in client.processing().values()))
+            progress.running = min(progress.slots, sum(
+                len(set(keys) & ours) for keys in _ask(type(client).processing, client).values()))
             progress.show()
             time.sleep(0.2)
     except BaseException as exc:
-        _stop(client, event, pending, distributed)
+        _stop(client, event, pending, distributed,
+              lambda f: _collect(f, futures[f], out, failures, progress))
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "incomplete"
         for f in pending:
             failures.append({"cell": futures[f].id, "error": f"not finished: {exc}"
                              if not isinstance(exc, KeyboardInterrupt) else "interrupted"})
         matrix.finish_record(out, plan, record, failures, status)
         raise
+    finally:
+        if shared is not None:      # archives of tries whose worker died before they were sent
+            for left in shared.glob(f"{tag}-*"):
+                left.unlink(missing_ok=True)
     return matrix.finish_record(out, plan, record, failures)
+
+
+def _ask(call, client):
+    """``call(client)``: a question to the scheduler; ClusterError (one line) when it is gone."""
+    try:
+        return call(client)
+    except Exception as exc:        # CommClosedError, "ConnectionPool is closed", a timeout
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ClusterError(f"the connection to the Dask scheduler was lost ({why})") from None
 
 
 def _collect(f, cell, out, failures, progress) -> None:
@@ -326,6 +491,11 @@ def _collect(f, cell, out, failures, progress) -> None:
             unpack(result, out, cell)
         except (HarmonyError, OSError) as exc:
             failures.append({"cell": cell.id, "error": f"cannot store it: {exc}"})
+            progress.failed += 1
+            return
+        if result.get("interrupted"):
+            failures.append({"cell": cell.id, "error": "interrupted on its worker: its runs so "
+                             f"far are in {matrix.PARTIAL}/ (--resume goes on from them)"})
             progress.failed += 1
             return
         progress.done += 1
@@ -339,17 +509,22 @@ def _collect(f, cell, out, failures, progress) -> None:
     progress.failed += 1
 
 
-def _stop(client, event: str, pending, distributed) -> None:
-    """Ctrl-C or a lost scheduler: the running cells are told to stop (each stops its child),
-    the others cancelled."""
+def _stop(client, event: str, pending: set, distributed, collect) -> None:
+    """Ctrl-C or a lost scheduler: the cells not started are cancelled, the running ones told
+    to stop (each stops its child and sends home what it collected, ``collect``-ed here and
+    taken out of ``pending``), for up to a minute."""
     try:
         distributed.Event(event, client=client).set()
+        executing = {k for keys in client.call_stack().values() for k in keys}
+        running = [f for f in pending if f.key in executing]
+        client.cancel([f for f in pending if f.key not in executing])
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not all(f.done() for f in running):
+            time.sleep(0.2)
+        for f in running:
+            if f.done():
+                pending.discard(f)
+                collect(f)
         client.cancel(list(pending))
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(client.processing().values()):
-            ours = {f.key for f in pending}
-            if not any(set(k) & ours for k in client.processing().values()):
-                break
-            time.sleep(0.5)
     except Exception:       # the scheduler gone: the workers' cells see it and stop
         pass

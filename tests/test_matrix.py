@@ -28,7 +28,7 @@ HARMONY = [sys.executable, "-m", "harmony.cli"]
 TINY = """
 name = "tiny"
 experiments = ["single-source"]
-repeat = 1
+repeat = {repeat}
 [params]
 duration = {duration}
 [[matrix]]
@@ -47,9 +47,9 @@ def _distributed():
     return distributed
 
 
-def plan_file(tmp_path: Path, duration: float = 1.0) -> Path:
+def plan_file(tmp_path: Path, duration: float = 1.0, repeat: int = 1) -> Path:
     p = tmp_path / "plan.toml"
-    p.write_text(TINY.format(duration=duration))
+    p.write_text(TINY.format(duration=duration, repeat=repeat))
     return p
 
 
@@ -150,6 +150,82 @@ def test_local_matrix_runs_resumes_and_reports(tmp_path):
     assert json.loads(c.stdout)["sources"][0]["source"] == cells[0]
 
 
+def _files(d: Path) -> dict[str, str]:
+    """Every file under ``d``: its path under ``d`` -> its sha256."""
+    import hashlib
+
+    return {str(f.relative_to(d)): hashlib.sha256(f.read_bytes()).hexdigest()
+            for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+def broken_matrix(tmp_path: Path, monkeypatch) -> tuple:
+    """A matrix of 2 cells of 2 runs each left as a crash leaves it: the first cell's second run
+    failed (the cell finished incomplete, in cells/), the second cell interrupted (Ctrl-C) in its
+    second run (its first run in .partial/). Returns (plan, out, each cell's first run's files:
+    cell id -> {path: sha256})."""
+    from harmony.runners import SimRunner
+
+    plan = matrix.load_plan(plan_file(tmp_path, repeat=2))
+    real, calls = SimRunner.capture, []
+
+    def capture(self, exp, params, cpus, out, seed, figures=True):
+        calls.append(out)
+        if len(calls) == 2:
+            raise RuntimeError("the simulator broke (a fault made by the test)")
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(self, exp, params, cpus, out, seed, figures=figures)
+
+    monkeypatch.setattr(SimRunner, "capture", capture)
+    out = tmp_path / "m"
+    with pytest.raises(KeyboardInterrupt):
+        matrix.run_local(plan, out, quiet=True)
+    monkeypatch.undo()
+    failed, stopped = plan.cells
+    record = json.loads((out / "matrix.json").read_text())
+    assert record["status"] == "interrupted"
+    assert record["cells_state"] == {failed.id: "incomplete", stopped.id: "interrupted"}
+    first = {failed.id: out / "cells" / failed.id / "single-source" / "rep-01",
+             stopped.id: out / ".partial" / stopped.id / "single-source" / "rep-01"}
+    for d in first.values():
+        assert json.loads((d / "manifest.json").read_text())["status"] == "complete"
+    return plan, out, {k: _files(d) for k, d in first.items()}
+
+
+def assert_resumed(plan, out: Path, first: dict) -> None:
+    """Every cell complete in cells/, each with its first run as it was (kept, not made again)
+    and a second run made, by another process (the CLI's, a worker's)."""
+    assert not list((out / ".partial").iterdir())
+    for cell in plan.cells:
+        d = out / "cells" / cell.id
+        rec = json.loads((d / "cell.json").read_text())
+        assert rec["status"] == "complete" and rec["resumed"] is True
+        assert rec["host"]["pid"] != os.getpid()
+        assert _files(d / "single-source" / "rep-01") == first[cell.id]
+        m2 = json.loads((d / "single-source" / "rep-02" / "manifest.json").read_text())
+        assert m2["status"] == "complete"
+        suite = json.loads((d / "suite.json").read_text())
+        assert suite["status"] == "complete" and suite["resumed_at"]
+
+
+def test_resume_takes_up_the_cells_left_incomplete_or_interrupted(tmp_path, monkeypatch):
+    """--resume runs again a cell that finished incomplete (a run failed) and one interrupted
+    mid-way, each from where it stopped: its complete run kept as it was, the missing run made;
+    a complete cell is left alone."""
+    plan, out, first = broken_matrix(tmp_path, monkeypatch)
+    r = subprocess.run(HARMONY + ["matrix", str(plan.source), "--out", str(out), "--resume",
+                                  "-q"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "2 of 2 cells complete" in r.stdout
+    assert_resumed(plan, out, first)
+    assert json.loads((out / "matrix.json").read_text())["status"] == "complete"
+    # complete now: a second --resume has nothing to run and changes no cell
+    before = {c.id: _files(out / "cells" / c.id) for c in plan.cells}
+    record = matrix.run_local(plan, out, resume=True, quiet=True)
+    assert record["status"] == "complete"
+    assert {c.id: _files(out / "cells" / c.id) for c in plan.cells} == before
+
+
 # --- the cluster path -----------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -170,6 +246,67 @@ def test_a_cluster_gives_the_cards_the_local_path_gives(tmp_path, cluster):
     assert record["status"] == "complete" and not record["failures"]
     assert cards(tmp_path / "dask") == cards(tmp_path / "local")
     assert len(cards(tmp_path / "dask")) == 2 * 9
+
+
+def test_a_cluster_resumes_the_cells_left_incomplete_or_interrupted(tmp_path, monkeypatch,
+                                                                     cluster):
+    """--resume through the cluster: each unfinished cell travels to a worker with what it
+    collected and is resumed there; what it had kept comes home unchanged."""
+    from harmony.matrix_dask import run_cluster
+
+    _, client = cluster
+    plan, out, first = broken_matrix(tmp_path, monkeypatch)
+    record = run_cluster(plan, out, None, resume=True, quiet=True, client=client)
+    assert record["status"] == "complete" and not record["failures"]
+    assert_resumed(plan, out, first)      # by the workers' processes, not this one
+    assert not list((out / ".incoming").glob("*"))
+
+
+def test_cells_come_home_through_a_shared_directory_checksummed(tmp_path, cluster):
+    """--shared-dir: a worker writes the cell's archive there whole (nothing through Dask but
+    its path and sha256), the submitter checks the sum before it moves the cell in, and a
+    corrupt archive is refused with nothing stored; the directory is left empty."""
+    from harmony.matrix_dask import cell_archive, run_cluster, unpack
+    from harmony.store import RunError
+
+    _, client = cluster
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    plan = matrix.load_plan(plan_file(tmp_path))
+    record = run_cluster(plan, tmp_path / "m", None, quiet=True, client=client, shared=shared)
+    assert record["status"] == "complete" and not record["failures"]
+    for cell in plan.cells:
+        rec = json.loads((tmp_path / "m" / "cells" / cell.id / "cell.json").read_text())
+        assert rec["status"] == "complete" and rec["host"]["pid"] != os.getpid()
+    assert not list(shared.iterdir())
+    # one cell's task by hand: its result names the archive in the shared directory
+    cell = plan.cells[0]
+    result = client.submit(cell_archive, cell.to_dict(), None, None, str(shared), "t",
+                           resources={"host": 1}, pure=False).result()
+    assert "archive" not in result and Path(result["shared"]).parent == shared
+    path = Path(result["shared"])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF           # a byte flipped on the way
+    path.write_bytes(bytes(data))
+    out = tmp_path / "m2"
+    out.mkdir()
+    with pytest.raises(RunError, match="sha256 does not match"):
+        unpack(result, out, cell)
+    assert not (out / "cells").exists() and not path.exists()
+    assert not list((out / ".incoming").glob("*"))
+
+
+def test_a_bad_shared_directory_is_one_line(tmp_path):
+    _distributed()
+    not_dir = tmp_path / "file"
+    not_dir.write_text("")
+    r = subprocess.run(HARMONY + ["matrix", str(plan_file(tmp_path)), "--out",
+                                  str(tmp_path / "m"), "--cluster", "tcp://127.0.0.1:1",
+                                  "--shared-dir", str(not_dir)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert f"--shared-dir {not_dir}: not a directory" in r.stderr
+    assert not (tmp_path / "m").exists()
 
 
 def _scratch_dirs() -> list[Path]:
@@ -207,7 +344,7 @@ def test_a_worker_killed_mid_cell_its_cell_runs_again(tmp_path, cluster):
     assert record["status"] == "complete" and not record["failures"]
     assert sorted(p.name for p in (tmp_path / "m" / "cells").iterdir()) == \
         sorted(c.id for c in plan.cells)
-    assert not any((tmp_path / "m" / ".partial").iterdir())
+    assert not [*(tmp_path / "m").glob(".partial/*"), *(tmp_path / "m").glob(".incoming/*")]
     runs = list((tmp_path / "m" / "cells").glob("*/single-source/rep-*"))
     assert len(runs) == 2          # one run per cell: none lost, none twice
     time.sleep(0.5)
@@ -241,8 +378,9 @@ def test_without_distributed_the_extra_is_named(tmp_path):
 
 
 def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, cluster):
-    """Ctrl-C of `harmony matrix --cluster`: exit 130, the matrix marked interrupted, and the
-    cells running on the workers stopped (their processes gone) within seconds."""
+    """Ctrl-C of `harmony matrix --cluster`: exit 130, the matrix marked interrupted, the
+    cells running on the workers stopped (their processes gone) within seconds, and what they
+    had collected brought home into .partial/."""
     lc, _ = cluster
     before = set(_scratch_dirs())
     out = tmp_path / "m"
@@ -256,7 +394,14 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
-    assert json.loads((out / "matrix.json").read_text())["status"] == "interrupted"
+    record = json.loads((out / "matrix.json").read_text())
+    assert record["status"] == "interrupted"
+    # what the running cells collected came home, for --resume to go on from
+    kept = [f["cell"] for f in record["failures"] if "interrupted on its worker" in f["error"]]
+    assert kept, record["failures"]
+    for cell in kept:
+        suite = json.loads((out / ".partial" / cell / "suite.json").read_text())
+        assert suite["configs"][0]["experiment"] == "single-source"
     # the cells' processes end and their workers remove their scratch as they wind down (a
     # loaded host may take a few seconds): gone within 20 s, or left behind
     deadline = time.monotonic() + 20
@@ -267,3 +412,129 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
     assert not subprocess.run(["pgrep", "-f", "harmony.matrix --cell"],
                               capture_output=True).stdout, "a cell's process was left running"
     assert not set(_scratch_dirs()) - before, "a cell's scratch directory was left"
+
+
+# --- faults ---------------------------------------------------------------------------------------
+
+def test_a_full_disk_is_one_line_and_the_matrix_resumes(tmp_path):
+    """The submitting side's disk fills up during the second cell: one line says so, the first
+    cell stays as it was, and once there is room --resume finishes the matrix."""
+    from conftest import small_tmpfs
+
+    plan = plan_file(tmp_path)
+    with small_tmpfs(tmp_path / "disk", "400k") as disk:
+        out = disk / "m"
+        r = subprocess.run(HARMONY + ["matrix", str(plan), "--out", str(out), "-q"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 1, r.stderr
+        assert "No space left on device" in r.stderr and "Traceback" not in r.stderr
+        cells = sorted((out / "cells").iterdir())
+        assert len(cells) == 1          # the first cell fitted, the second did not
+        kept = _files(cells[0])
+        subprocess.run(["mount", "-o", "remount,size=4m", str(disk)], check=True)
+        r = subprocess.run(HARMONY + ["matrix", str(plan), "--out", str(out), "--resume", "-q"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "2 of 2 cells complete" in r.stdout
+        assert _files(cells[0]) == kept
+        assert not list((out / ".partial").iterdir())
+
+
+def test_a_matrix_directory_that_cannot_be_made_is_one_line(tmp_path):
+    """--out where no directory can be made (under a file): refused as a bad option (click's
+    usage error: one Error line naming it, exit status 2) before anything runs."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = subprocess.run(HARMONY + ["matrix", str(plan_file(tmp_path)), "--out",
+                                  str(blocker / "m"), "-q"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and f"{blocker} is not a directory" in errors[0]
+    assert blocker.is_file()
+
+
+def test_a_worker_without_qemu_fails_its_cell_in_one_line(tmp_path):
+    """A worker host that cannot boot a kernel (no QEMU, no virtme-ng on its PATH): its VM cell
+    fails with that one line, after its retries; the simulated cell completes; nothing hangs."""
+    distributed = _distributed()
+    from harmony.matrix_dask import run_cluster
+
+    plan = tmp_path / "plan.toml"
+    plan.write_text(TINY.format(duration=1.0, repeat=1).replace(
+        '"pairwise-random"', '"pairwise-random"]\ntopologies = [2]\n[[matrix]]\n'
+        'kernels = ["debian:6.1"]\nschedulers = ["default"'))
+    plan = matrix.load_plan(plan)
+    vm = next(c for c in plan.cells if c.kind == matrix.VM)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  resources={"host": 1}, dashboard_address=None,
+                                  env={"PATH": str(empty)}) as lc, \
+            distributed.Client(lc) as client:
+        record = run_cluster(plan, tmp_path / "m", None, quiet=True, client=client)
+    assert record["status"] == "incomplete"
+    assert record["cells_state"][vm.id] == "failed"
+    assert sum(s == "complete" for s in record["cells_state"].values()) == 2
+    (failure,) = record["failures"]
+    assert failure["cell"] == vm.id and "\n" not in failure["error"]
+    assert f"cannot boot kernel {vm.kernel}: missing qemu-system-x86" in failure["error"]
+
+
+def test_the_scheduler_killed_mid_matrix_is_one_line_and_resumable(tmp_path):
+    """The Dask scheduler dies (SIGKILL) while a cell runs: `harmony matrix` says so in one line
+    and exits, matrix.json lists every unfinished cell with that reason, the worker's cell
+    process ends, and --resume (here, without a cluster) finishes the matrix."""
+    _distributed()
+    plan = plan_file(tmp_path, duration=6.0)
+    sfile = tmp_path / "scheduler.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port",
+                              "0", "--no-dashboard", "--scheduler-file", str(sfile)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    procs = [sched]
+    try:
+        deadline = time.monotonic() + 60
+        while not sfile.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = json.loads(sfile.read_text())["address"]
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
+             "--resources", "host=1", "--no-nanny", "--no-dashboard", "--death-timeout", "5"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
+        before = set(_scratch_dirs())
+        out = tmp_path / "m"
+        run = subprocess.Popen(HARMONY + ["matrix", str(plan), "--out", str(out), "--cluster",
+                                          address, "-q", "--connect-timeout", "2"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(run)
+        while time.monotonic() < deadline and not set(_scratch_dirs()) - before:
+            time.sleep(0.1)
+        assert set(_scratch_dirs()) - before, "no cell was seen running"
+        sched.kill()
+        _, err = run.communicate(timeout=90)
+        assert run.returncode == 1, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Dask scheduler" in lines[0], err
+        record = json.loads((out / "matrix.json").read_text())
+        assert record["status"] == "incomplete"
+        assert {f["cell"] for f in record["failures"]} == set(record["cells_state"])
+        assert all("scheduler" in f["error"] for f in record["failures"]), record["failures"]
+        assert until_gone("harmony.matrix --cell", 30), "the cell's process was left running"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    r = subprocess.run(HARMONY + ["matrix", str(plan), "--out", str(out), "--resume", "-q"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "2 of 2 cells complete" in r.stdout, r.stderr
+
+
+def until_gone(pattern: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while subprocess.run(["pgrep", "-f", pattern], capture_output=True).stdout:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True

@@ -23,14 +23,19 @@ from harmony.cli.common import check_out, default_out, echo, exit_on_error, fail
               help="run the cells on the Dask scheduler at this address (its workers: "
                    "`harmony worker ADDRESS`, one cell per host at a time); default: on this "
                    "host, one after another")
+@click.option("--shared-dir", type=click.Path(path_type=Path), metavar="DIR",
+              help="with --cluster: a directory this machine and every worker see at this path "
+                   "(NFS, ...): the cells' archives come home through it (checksummed) rather "
+                   "than through Dask's connections")
 @click.option("--resume", is_flag=True,
-              help="take up the matrix in --out made from this plan: its finished cells are "
-                   "kept, the others run")
+              help="take up the matrix in --out made from this plan: its complete cells are "
+                   "kept, the cells left interrupted, failed or incomplete resumed (their "
+                   "complete runs kept), the others run")
 @click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True, metavar="SECONDS", help="with --cluster: how long to try to "
                                                          "reach the scheduler")
 @click.option("--quiet", "-q", is_flag=True, help="no progress lines")
-def matrix(plan_path, out, cluster, resume, connect_timeout, quiet):
+def matrix(plan_path, out, cluster, shared_dir, resume, connect_timeout, quiet):
     """Run a matrix of cells: kernels x schedulers x topologies x a suite (or some experiments)
     x repetitions, each cell what one boot or one host suite runs, as the TOML PLAN says
     (docs/matrix.md; examples/matrix-*.toml). The plan is checked whole before anything starts;
@@ -43,11 +48,15 @@ def matrix(plan_path, out, cluster, resume, connect_timeout, quiet):
         raise click.UsageError("--resume takes up the matrix in --out: give --out DIR")
     out = out or default_out(f"matrix-{plan.name}")
     check_out(out)
+    if shared_dir is not None and cluster is None:
+        raise click.UsageError("--shared-dir goes with --cluster (the workers write there)")
     if cluster is not None:
-        from harmony.matrix_dask import require_distributed
+        from harmony.matrix_dask import check_shared, require_distributed
 
         with exit_on_error():
             require_distributed()
+            if shared_dir is not None:
+                shared_dir = check_shared(shared_dir)
     marked = f"{out} holds the cells finished so far (`harmony matrix {plan_path} --out {out} " \
              "--resume` goes on)"
     with exit_on_error(marked=marked, also=(OSError,)):
@@ -57,7 +66,7 @@ def matrix(plan_path, out, cluster, resume, connect_timeout, quiet):
             from harmony.matrix_dask import run_cluster
 
             record = run_cluster(plan, out, cluster, resume=resume, quiet=quiet,
-                                 timeout=connect_timeout)
+                                 timeout=connect_timeout, shared=shared_dir)
     _say(record, out)
 
 
