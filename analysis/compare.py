@@ -34,6 +34,7 @@ import pandas as pd
 from harmony import store
 from harmony.analysis import document as D
 from harmony.analysis import policy, reference, stats
+from harmony.analysis.policy_levels import by_level_labels
 from harmony.analysis import thresholds as T
 from harmony.core.errors import ParameterError
 from harmony.experiments import CATALOG, get_experiment, summary_key
@@ -210,11 +211,13 @@ def df_compare_levels(cmp: Comparison) -> pd.DataFrame:
             for qid in answers:
                 keys[(qid, level)] = None
     order = {q: i for i, (q, _, _) in enumerate(policy.QUESTIONS)}
+    # the card's own words per level (the suite report's): a question the level's two CPUs
+    # cannot decide gives its number (how many: the first round) rather than "no evidence"
+    labels = [by_level_labels(card.levels) for card in cmp.cards]
     rows = []
     for qid, level in sorted(keys, key=lambda k: (order.get(k[0], 99), _level_rank(k[1]))):
-        for src, card in zip(cmp.sources, cmp.cards):
-            a = card.levels.get(level, {}).get(qid)
-            label = NO_EVIDENCE if a is None or a.label is None else a.label
+        for src, by_qid in zip(cmp.sources, labels):
+            label = by_qid.get(qid, {}).get(level) or NO_EVIDENCE
             rows.append({"qid": qid, "level": level, "source": src, "label": label,
                          "kind": label_kind(label)})
     df = pd.DataFrame(rows, columns=cols[:-1])

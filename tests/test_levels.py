@@ -176,6 +176,36 @@ def test_compare_sets_the_levels_side_by_side(detection_cards):
                                    str(detection_cards["flat"])}
 
 
+def test_compare_gives_each_level_the_words_of_the_suite_report():
+    """A level's how-many runs on two CPUs decide no label (poly-balance and pairwise predict
+    alike there): the suite report gives their first round; compare gives the same words, not
+    "no evidence", and two first rounds of 4 and 3 tasks are answers of one kind."""
+    import types
+
+    from harmony.analysis.policy_levels import FIRST_ROUND_MOVED, X, by_level_labels
+
+    def card(moved):
+        a = policy.Answer("how_many", "How many?", "5.3",
+                          numbers={X: [1, 10, 10], FIRST_ROUND_MOVED: [1, moved, moved]},
+                          why_not="2 CPUs: poly-balance = pairwise")
+        d = policy.Answer("detection", "Detection?", "5.4", label="periodic (~30 ms)")
+        return types.SimpleNamespace(levels={"llc": {"how_many": a, "detection": d},
+                                             "remote": {"how_many": a}})
+
+    cards = [card(4), card(3)]
+    cmp = types.SimpleNamespace(sources=["a", "b"], cards=cards)
+    df = compare.df_compare_levels(cmp)
+    hm = df[df["qid"] == "how_many"]
+    assert len(hm) == 4 and not (hm["label"] == compare.NO_EVIDENCE).any(), df
+    for src, c in zip(("a", "b"), cards):
+        want = by_level_labels(c.levels)["how_many"]
+        got = dict(zip(hm.loc[hm["source"] == src, "level"], hm.loc[hm["source"] == src, "label"]))
+        assert got == want and "4 of x = 10" in str(by_level_labels(cards[0].levels))
+    assert not hm["differs"].any(), hm
+    det = df[df["qid"] == "detection"]
+    assert list(det["label"]) == ["periodic (~30 ms)"] * 2
+
+
 def policy_levels_labels(card, qid):
     return {lv: answers[qid].label for lv, answers in card.levels.items() if qid in answers}
 
