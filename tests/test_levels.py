@@ -351,3 +351,19 @@ def test_each_prediction_threshold_below_at_and_above(name, what, rule, want):
     t = T.ALL[name]
     margin = 1e-6 * t
     assert tuple(rule(v) for v in (t - margin, t, t + margin)) == want, f"{name} = {t} ({what})"
+
+
+def test_moves_after_the_window_are_not_the_policy_s_answer():
+    """The capture runs on past the window's end while the tasks are stopped; those moves (the
+    teardown's: 6 of the 8 a 6.1 guest's imbalance_pct run counted) are not the run's."""
+    import pandas as pd
+
+    from harmony.analysis.levels import df_move_levels
+
+    manifest = {"topology": machine_topology("sockets=2,cores=2,threads=1"), "t0_ns": 10**9,
+                "end_ns": 3 * 10**9}
+    mig = pd.DataFrame({"t": [-0.1, 0.5, 2.0, 2.1], "pid": [1, 2, 3, 4], "src_cpu": [0, 0, 1, 0],
+                        "dst_cpu": [1, 1, 0, 1], "cause": "periodic"})
+    assert list(df_move_levels(mig, manifest)["t"]) == [0.5, 2.0]
+    assert list(df_move_levels(mig, manifest, window=False)["t"]) == [-0.1, 0.5, 2.0, 2.1]
+    assert len(df_move_levels(mig, {**manifest, "end_ns": None})) == 3
