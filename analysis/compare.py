@@ -34,6 +34,7 @@ import pandas as pd
 from harmony import store
 from harmony.analysis import document as D
 from harmony.analysis import policy, reference, stats
+from harmony.analysis.policy_levels import by_level_labels
 from harmony.analysis import thresholds as T
 from harmony.core.errors import ParameterError
 from harmony.experiments import CATALOG, get_experiment, summary_key
@@ -210,11 +211,13 @@ def df_compare_levels(cmp: Comparison) -> pd.DataFrame:
             for qid in answers:
                 keys[(qid, level)] = None
     order = {q: i for i, (q, _, _) in enumerate(policy.QUESTIONS)}
+    # the card's own words per level (the suite report's): a question the level's two CPUs
+    # cannot decide gives its number (how many: the first round) rather than "no evidence"
+    labels = [by_level_labels(card.levels) for card in cmp.cards]
     rows = []
     for qid, level in sorted(keys, key=lambda k: (order.get(k[0], 99), _level_rank(k[1]))):
-        for src, card in zip(cmp.sources, cmp.cards):
-            a = card.levels.get(level, {}).get(qid)
-            label = NO_EVIDENCE if a is None or a.label is None else a.label
+        for src, by_qid in zip(cmp.sources, labels):
+            label = by_qid.get(qid, {}).get(level) or NO_EVIDENCE
             rows.append({"qid": qid, "level": level, "source": src, "label": label,
                          "kind": label_kind(label)})
     df = pd.DataFrame(rows, columns=cols[:-1])
@@ -267,21 +270,26 @@ def levels_text(cmp: Comparison, width: int | None = None) -> list[str]:
     lv, pr = df_compare_levels(cmp), df_compare_predictions(cmp)
     entries = [[str(v) for v in lv.loc[lv["source"] == s, "label"]]
                + [str(v) for v in pr.loc[pr["source"] == s, "verdict"]] for s in cmp.sources]
-    share = (max(ANSWER_MIN_WIDTH, (width - 32) // max(1, len(names)) - 2)
+    heads = ([f"{q} @ {lvl}" for q, lvl in zip(lv["qid"], lv["level"])]
+             + [f"{c}" + (f" @ {lvl}" if lvl else "") for c, lvl in zip(pr["check"], pr["level"])])
+    # the heads' column as wide as the longest ("detection period (from below) @ remote"):
+    # a verdict never runs into its head
+    wide = max([27] + [len(h) for h in heads]) + 1
+    share = (max(ANSWER_MIN_WIDTH, (width - wide - 4) // max(1, len(names)) - 2)
              if width is not None else 10 ** 6)
     cols = [min(share, max([len(n)] + [len(v) for v in e])) for n, e in zip(names, entries)]
     if len(lv):
         out.append("by level (where the source and target CPUs sit; *: answers of another kind):")
         for (qid, level), d in lv.groupby(["qid", "level"], sort=False):
             mark = "*" if d["differs"].iloc[0] else " "
-            out += _wrapped_row(f"{mark}  {f'{qid} @ {level}':<28}", list(map(str, d["label"])),
-                                cols)
+            out += _wrapped_row(f"{mark}  {f'{qid} @ {level}':<{wide}}",
+                                list(map(str, d["label"])), cols)
         out.append("")
     if len(pr):
         out.append("predictions from the kernel's domains, checked (" + ", ".join(names) + "):")
         for (check, level), d in pr.groupby(["check", "level"], sort=False):
             head = f"{check}" + (f" @ {level}" if level else "")
-            out += _wrapped_row(f"   {head:<28}", list(map(str, d["verdict"])), cols)
+            out += _wrapped_row(f"   {head:<{wide}}", list(map(str, d["verdict"])), cols)
         out.append("")
     return out
 

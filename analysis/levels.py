@@ -74,14 +74,21 @@ def _cpulist(text: str) -> list[int]:
 
 def df_move_levels(migrations: pd.DataFrame, manifest: dict,
                    window: bool = True) -> pd.DataFrame:
-    """One row per move (in the measured window, t >= 0, with ``window``): t (s since t0), pid,
-    src_cpu, dst_cpu, event_cpu (int), cause (str), relation (str: of source and destination),
-    level (Int64: the destination's lowest domain index spanning the source; <NA> when none
-    does), level_name (str or None). Empty without a topology."""
+    """One row per move (in the measured window, 0 <= t <= its end, with ``window``): t (s since
+    t0), pid, src_cpu, dst_cpu, event_cpu (int), cause (str), relation (str: of source and
+    destination), level (Int64: the destination's lowest domain index spanning the source; <NA>
+    when none does), level_name (str or None). Empty without a topology. The capture runs on a
+    little past the window while the tasks are stopped: those moves (the teardown's) are not
+    the policy's answer to the run's imbalance."""
     topo = topology_of(manifest)
     if not topo.get("cpus") or migrations is None or migrations.empty:
         return pd.DataFrame(columns=MOVE_LEVEL_COLUMNS)
-    mig = migrations[migrations["t"] >= 0] if window else migrations
+    mig = migrations
+    if window:
+        t = migrations["t"].to_numpy(float)
+        t0, t_end = manifest.get("t0_ns"), manifest.get("end_ns")
+        end = (t_end - t0) / 1e9 if t0 is not None and t_end is not None else np.inf
+        mig = migrations[(t >= 0) & (t <= end)]
     mig = mig[mig["src_cpu"] != mig["dst_cpu"]]
     cpus_df = df_cpus(manifest)
     known = set(cpus_df["cpu"])

@@ -5,6 +5,7 @@ Times on the x axis are seconds since t0 (the release).
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -182,6 +183,8 @@ def plot_levels(df: pd.DataFrame, path: Path) -> Path | None:
         ax.set_xlim(-0.6, len(levels) - 0.4)
         ax.set_title(title, fontsize=9)
         ax.set_ylim(bottom=0)
-    fig.suptitle("By level (red: median of the runs; dashed: the period predicted from the "
-                 "kernel's domains)", fontsize=9)
+    # wrapped to the figure's width (one panel is 4.2 in: ~60 characters at 9 pt), never cut
+    fig.suptitle(textwrap.fill("By level (red: median of the runs; dashed: the period predicted "
+                               "from the kernel's domains)", int(fig.get_figwidth() * 14)),
+                 fontsize=9)
     return save_figure(fig, path)

@@ -121,8 +121,10 @@ def by_level_labels(levels: dict[str, dict]) -> dict[str, dict]:
                 pairs = list(zip(a.numbers.get(X) or [], a.numbers[FIRST_ROUND_MOVED]))
                 top = max((x for x, _ in pairs if x is not None), default=None)
                 moved = [v for x, v in pairs if v is not None and x == top]
-                label = (f"first round moved {statistics.median(moved):g} of x = {top} "
-                         "(median; 2 CPUs: poly-balance = pairwise)" if moved
+                # the kind first, the numbers in brackets (compare.label_kind: levels whose
+                # first rounds moved 3 and 4 tasks give answers of one kind)
+                label = (f"first round moved ({statistics.median(moved):g} of x = {top}, "
+                         "median; 2 CPUs: poly-balance = pairwise)" if moved
                          else "no first round")
             else:
                 label = "cannot answer"

@@ -30,6 +30,7 @@ Usage (the measurement lock held: a VM boot)::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import subprocess
@@ -40,6 +41,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]     # this tree's Harmony, in the guest too
 from common import table  # noqa: E402
+
+from harmony.vm.topology import VmTopology  # noqa: E402
 
 #: the machine: 4 nodes of 2 cores on a ring
 NODES, CORES = 4, 2
@@ -54,18 +57,22 @@ def ring_distance(a: int, b: int) -> int:
     return 10 + 10 * hops
 
 
-def vng_args(kernel_image: Path, out: Path, memory_mb: int = 1024) -> list[str]:
-    per = memory_mb // NODES
-    argv = ["vng", "--verbose", "--run", str(kernel_image), "--disable-kvm", "--memory",
-            f"{per * NODES}M", "--cpus", f"{VCPUS},sockets={NODES},cores={CORES},threads=1",
-            "--rwdir", str(out), "--append", "sched_verbose"]
-    for n in range(NODES):
-        argv += ["--numa", f"{per}M,cpus={n * CORES}-{n * CORES + CORES - 1}"]
-    for a in range(NODES):
-        for b in range(NODES):
-            if a != b:
-                argv += ["--numa-distance", f"{a},{b}={ring_distance(a, b)}"]
-    return argv
+@dataclasses.dataclass(frozen=True)
+class RingTopology(VmTopology):
+    """A node per socket whose distances are the ring's (:func:`ring_distance`), not one value
+    between every pair: virtme-ng's ``--numa-distance`` per ordered pair of nodes."""
+
+    def vng_args(self, memory_mb: int) -> list[str]:
+        # and the kernel's sched_verbose: its boot account of each CPU's domains and groups
+        args = super().vng_args(memory_mb) + ["--append", "sched_verbose"]
+        for a in range(self.numa):
+            for b in range(self.numa):
+                if a != b:
+                    args += ["--numa-distance", f"{a},{b}={ring_distance(a, b)}"]
+        return args
+
+
+RING = RingTopology(sockets=NODES, cores=CORES, numa=NODES)
 
 
 def plan(out: Path, duration: float) -> None:
@@ -85,14 +92,15 @@ def plan(out: Path, duration: float) -> None:
 
 def guest(out: Path) -> None:
     """In the guest: the boot's account of its groups, the topology around a hotplug, then the
-    job's captures."""
+    job's captures, each step said on the console as the guest agent's lines are."""
     from harmony.probes import domains
     from harmony.vm import guest as agent
 
+    facts = agent.guest_facts()
+    agent.emit("facts", facts={"kernel": facts.get("kernel")})
     res: dict = {"dmesg": [line for line in subprocess.run(
         ["dmesg"], capture_output=True, text=True).stdout.splitlines()
         if re.search(r"attaching sched-domain|domain-\d+:|groups:", line)]}
-    facts = agent.guest_facts()
     res["before"] = domains.read()
     online = Path(f"/sys/devices/system/cpu/cpu{HOTPLUG_CPU}/online")
     online.write_text("0")
@@ -101,6 +109,7 @@ def guest(out: Path) -> None:
     online.write_text("1")
     time.sleep(0.5)
     res["online"] = domains.read()
+    agent.emit("hotplug", offline=bool(res["offline"]["domains"].get(str(HOTPLUG_CPU))))
     (out / "known.json").write_text(json.dumps(res))
     res["failed"] = agent.run_job(agent.read_job(out / "job.json"), facts)
     (out / "known.json").write_text(json.dumps(res))
@@ -133,8 +142,6 @@ def node_of(cpu: int) -> int:
 def analyse(out: Path) -> dict:
     """The findings from the guest's readings and runs (landed and analysed here)."""
     from harmony.core.osutil import parse_cpulist
-    from harmony.pipeline import analyse as analyse_run
-    from harmony.run import land
 
     res = json.loads((out / "known.json").read_text())
     groups = groups_from_dmesg(res["dmesg"])
@@ -143,10 +150,14 @@ def analyse(out: Path) -> dict:
                 for d in first_numa.values() if d]
     spans = {k: {c: [d["span"] for d in v] for c, v in res[k]["domains"].items()}
              for k in ("before", "offline", "online")}
+    second = {c: [d for d in lv if d["name"] == "NUMA"][1:2] for c, lv in groups.items()}
     findings = {
         "groups_read": len(groups),
         "first_numa_groups_one_node": bool(one_node) and all(one_node),
         "example_groups": {c: d["groups"] for c, d in list(first_numa.items())[:2] if d},
+        # the level across the ring: its groups are other nodes' first-level spans, which
+        # overlap (the groups of an overlapping domain, each seen from its own node)
+        "second_numa_groups_cpu0": [d["groups"] for d in second.get(0, [])],
         "domains_before": spans["before"].get(str(HOTPLUG_CPU)),
         "cpu_offline_has_domains": bool(spans["offline"].get(str(HOTPLUG_CPU))),
         "others_spans_offline": spans["offline"].get("2"),
@@ -154,27 +165,77 @@ def analyse(out: Path) -> dict:
         "failed_runs": res.get("failed"),
     }
     for name in ("hotplug", "ring"):
-        d = out / name
-        if not (d / "manifest.json").exists():
-            findings[name] = "not captured"
-            continue
-        land(d)
-        run = analyse_run(d, figures=False)
-        mig = run.migrations[run.migrations["t"] >= 0]
-        cpus = run.manifest["cpus"]
-        src = cpus[0]
-        if name == "hotplug":
-            onto = mig[mig["dst_cpu"] == HOTPLUG_CPU]
-        else:
-            onto = mig[[node_of(c) != node_of(src) for c in mig["dst_cpu"]]]
-        agree = run.manifest.get("kernel_counter_agreement") or {}
-        findings[name] = {"moves": int(len(mig)), "onto": int(len(onto)),
-                          "causes": {str(k): int(v) for k, v in
-                                     onto["cause"].astype(str).value_counts().items()},
-                          "first_onto_s": float(onto["t"].min()) if len(onto) else None,
-                          "counters_disagreeing": agree.get("disagreeing"),
-                          "kernel": (run.manifest.get("host") or {}).get("kernel")}
+        findings[name] = run_findings(out / name, name)
     return findings
+
+
+def run_findings(d: Path, name: str) -> dict | str:
+    """One run's moves onto its target (hotplug: the CPU that came back; ring: the far node),
+    their causes and levels, and the kernel's counters against them (per task, and per domain
+    level from /proc/schedstat)."""
+    from harmony.pipeline import analyse as analyse_run
+    from harmony.run import land
+
+    if not (d / "manifest.json").exists():
+        return "not captured"
+    land(d)
+    run = analyse_run(d, figures=False)
+    mig = run.migrations[run.migrations["t"] >= 0]
+    src = run.manifest["cpus"][0]
+    if name == "hotplug":
+        onto = mig[mig["dst_cpu"] == HOTPLUG_CPU]
+    else:       # the moves across the ring: from the release's node into the far one
+        onto = mig[[node_of(d) != node_of(src) and node_of(s) == node_of(src)
+                    for d, s in zip(mig["dst_cpu"], mig["src_cpu"])]]
+    agree = run.manifest.get("kernel_counter_agreement") or {}
+    levels = (run.manifest.get("schedstat_agreement") or {}).get("levels") or {}
+    return {"moves": int(len(mig)), "onto": int(len(onto)),
+            "causes": {str(k): int(v) for k, v in
+                       onto["cause"].astype(str).value_counts().items()},
+            # by index and name: the ring's two NUMA levels share the name (and the key)
+            "levels": {f"{i} {n}": int(v) for (i, n), v in
+                       onto.groupby(["level", onto["level_name"].astype(str)]).size().items()},
+            "first_onto_s": float(onto["t"].min()) if len(onto) else None,
+            "counters_disagreeing": agree.get("disagreeing"),
+            "schedstat_levels_within": {k: v.get("within") for k, v in levels.items()},
+            "kernel": (run.manifest.get("host") or {}).get("kernel")}
+
+
+def boot(kernel_spec: str, out: Path) -> dict:
+    """One boot of ``kernel_spec`` on :data:`RING` running :func:`guest` (Harmony's own VM:
+    QEMU under its reaper, the console in ``out/console.log``); what it cost: the boot, the
+    wall time, and the worst vCPU thread's wait for a host CPU over each run's window."""
+    from harmony.vm.kernels import kernel
+    from harmony.vm.machine import VirtualMachine, vcpu_threads, vcpu_times, wait_fractions
+
+    # the script puts this tree on its own path (the guest sees the host's files)
+    command = ["env", "PYTHONDONTWRITEBYTECODE=1", sys.executable, "-P",
+               str(Path(__file__).resolve()), "--guest", "--out", str(out)]
+    vm = VirtualMachine(kernel(kernel_spec), VCPUS, 1024, topology=RING,
+                        console_log=out / "console.log")
+    windows: dict = {}
+    said: list[str] = []
+
+    def on_event(ev: dict, t: float):
+        i = ev.get("run")
+        if ev.get("event") in ("error", "fatal"):
+            said.append(f"{ev['event']}: {ev.get('message')}")
+            print(f"  the guest: {said[-1]}", file=sys.stderr)
+        if ev.get("event") == "measuring" and vm.qemu_pid:
+            threads = vcpu_threads(vm.qemu_pid, VCPUS)
+            windows[i] = (t, threads, vcpu_times(vm.qemu_pid, threads))
+        elif ev.get("event") == "measured" and i in windows:
+            t0, threads, before = windows[i]
+            fr = wait_fractions(before, vcpu_times(vm.qemu_pid, threads), t - t0)
+            windows[i] = max(fr.values()) if fr else None
+        return 600.0 if ev.get("event") in ("facts", "hotplug", "start") else None
+
+    t0 = time.monotonic()
+    rc = vm.run(command, out, on_event)
+    return {"boot_s": vm.boot_s, "wall_s": time.monotonic() - t0, "returncode": rc,
+            "accelerator": vm.accel, "topology": RING.describe(),
+            "vcpu_wait_max": {i: v for i, v in windows.items() if not isinstance(v, tuple)},
+            "guest_errors": said}
 
 
 def main() -> None:
@@ -184,41 +245,55 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=2.0)
     ap.add_argument("--guest", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--analyse-only", action="store_true",
+                    help="read back --out's guest readings and runs again (no VM)")
     a = ap.parse_args()
     if a.guest:
-        guest(a.out)
-        return
-    from harmony.vm.kernels import kernel
+        try:
+            guest(a.out)
+        except Exception as exc:    # said where the host reads it, and in full below
+            from harmony.vm import guest as agent
 
-    a.out.mkdir(parents=True, exist_ok=True)
-    k = kernel(a.kernel)
-    plan(a.out, a.duration)
-    t0 = time.monotonic()
-    cmd = vng_args(k.image, a.out) + ["--", f"env PYTHONPATH={ROOT} {sys.executable} "
-                                             f"{Path(__file__).resolve()} --guest --out {a.out}"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    (a.out / "vng.log").write_text(p.stdout + p.stderr)
-    boot_s = time.monotonic() - t0
+            agent.emit("fatal", message=f"{type(exc).__name__}: {exc}")
+            raise
+        return
+    if a.analyse_only:
+        vm = json.loads((a.out / "findings.json").read_text())["vm"]
+    else:
+        a.out.mkdir(parents=True, exist_ok=True)
+        plan(a.out, a.duration)
+        vm = boot(a.kernel, a.out)
     if not (a.out / "known.json").exists():
-        sys.exit(f"the guest wrote nothing (vng exit {p.returncode}; see {a.out / 'vng.log'})")
+        sys.exit(f"the guest wrote nothing (VM exit {vm['returncode']}; see "
+                 f"{a.out / 'console.log'})")
     f = analyse(a.out)
-    f["kernel_spec"], f["vm_s"] = a.kernel, boot_s
+    f["kernel_spec"], f["vm"] = a.kernel, vm
     (a.out / "findings.json").write_text(json.dumps(f, indent=1))
     if a.json:
         print(json.dumps(f, indent=1))
         return
-    rows = [["groups of the first NUMA level are single nodes", f["first_numa_groups_one_node"]],
+    def yes(v):
+        return "yes" if v else "no"
+
+    rows = [["groups of the first NUMA level are single nodes",
+             yes(f["first_numa_groups_one_node"])],
             ["example groups (CPU: first NUMA level)", json.dumps(f["example_groups"])],
-            [f"CPU {HOTPLUG_CPU} has domains while offline", f["cpu_offline_has_domains"]],
+            ["CPU 0's groups across the ring (second NUMA level)",
+             json.dumps(f["second_numa_groups_cpu0"])],
+            [f"CPU {HOTPLUG_CPU} has domains while offline", yes(f["cpu_offline_has_domains"])],
             ["CPU 2's spans while CPU 3 is offline", json.dumps(f["others_spans_offline"])],
-            ["every CPU's domains back as before", f["domains_back"]]]
+            ["every CPU's domains back as before", yes(f["domains_back"])]]
     for name in ("hotplug", "ring"):
         v = f.get(name)
         rows.append([f"{name}: moves onto the target (all moves)",
                      v if isinstance(v, str) else f"{v['onto']} ({v['moves']}), first at "
-                     f"{v['first_onto_s']} s, causes {v['causes']}, counters disagreeing "
-                     f"{v['counters_disagreeing']}"])
-    print(f"{a.kernel}: one VM of {VCPUS} vCPUs in {boot_s:.0f} s")
+                     f"{v['first_onto_s']:.3f} s, causes {v['causes']}, levels {v['levels']}"])
+        if not isinstance(v, str):
+            rows.append([f"{name}: counters disagreeing (tasks); schedstat levels agreeing",
+                         f"{v['counters_disagreeing']}; {v['schedstat_levels_within']}"])
+    print(f"{a.kernel}: one VM of {VCPUS} vCPUs, booted in {vm['boot_s']:.0f} s, "
+          f"{vm['wall_s']:.0f} s in all; vCPU wait over the runs' windows "
+          f"{json.dumps(vm['vcpu_wait_max'])}")
     table(["known answer", "measured"], rows)
 
 

@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     rows = [suite_figures(s) for s in args.suites]
 
     def pct(v):
-        return "-" if v is None or v != v else f"{v:.0%}"
+        return "-" if v is None or v != v else f"{v:.2%}"      # a wait of 0.01 % shows
 
     table(["suite", "kernel", "shape", "runs (not used)", "boot s", "wall / configured s",
            "vCPU wait med/max"],

@@ -535,6 +535,24 @@ def test_the_gate_refuses_unknown_names_before_anything(five_runs):
     assert r.exit_code == 2 and "--fail-on-difference" in r.output
 
 
+def test_a_long_check_never_runs_into_its_verdict(monkeypatch):
+    """A check's name and level longer than the heads' usual width ("detection period (from
+    below) @ remote") stand apart from the verdicts, which keep one column."""
+    import types
+
+    from harmony.analysis import compare as C
+    lv = pd.DataFrame(columns=["qid", "level", "source", "label", "kind", "differs"])
+    pr = pd.DataFrame({"check": ["detection period (from below)"] * 2 + ["imbalance_pct"] * 2,
+                       "level": "remote", "source": ["a", "b"] * 2,
+                       "verdict": ["holds", "fails in 2 of 4", "holds", "holds"], "runs": 4})
+    monkeypatch.setattr(C, "df_compare_levels", lambda cmp: lv)
+    monkeypatch.setattr(C, "df_compare_predictions", lambda cmp: pr)
+    lines = C.levels_text(types.SimpleNamespace(sources=["a", "b"]))
+    rows = [line for line in lines if " @ remote" in line]
+    assert "detection period (from below) @ remote holds" in " ".join(rows[0].split())
+    assert len({line.index("holds") for line in rows}) == 1, rows
+
+
 def test_answers_by_level_are_wrapped_never_cut(monkeypatch):
     """The answers by level and the predictions' verdicts: whole when piped (each column as
     wide as its longest entry), wrapped within their column on a narrow screen, never cut."""

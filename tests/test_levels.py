@@ -176,6 +176,36 @@ def test_compare_sets_the_levels_side_by_side(detection_cards):
                                    str(detection_cards["flat"])}
 
 
+def test_compare_gives_each_level_the_words_of_the_suite_report():
+    """A level's how-many runs on two CPUs decide no label (poly-balance and pairwise predict
+    alike there): the suite report gives their first round; compare gives the same words, not
+    "no evidence", and two first rounds of 4 and 3 tasks are answers of one kind."""
+    import types
+
+    from harmony.analysis.policy_levels import FIRST_ROUND_MOVED, X, by_level_labels
+
+    def card(moved):
+        a = policy.Answer("how_many", "How many?", "5.3",
+                          numbers={X: [1, 10, 10], FIRST_ROUND_MOVED: [1, moved, moved]},
+                          why_not="2 CPUs: poly-balance = pairwise")
+        d = policy.Answer("detection", "Detection?", "5.4", label="periodic (~30 ms)")
+        return types.SimpleNamespace(levels={"llc": {"how_many": a, "detection": d},
+                                             "remote": {"how_many": a}})
+
+    cards = [card(4), card(3)]
+    cmp = types.SimpleNamespace(sources=["a", "b"], cards=cards)
+    df = compare.df_compare_levels(cmp)
+    hm = df[df["qid"] == "how_many"]
+    assert len(hm) == 4 and not (hm["label"] == compare.NO_EVIDENCE).any(), df
+    for src, c in zip(("a", "b"), cards):
+        want = by_level_labels(c.levels)["how_many"]
+        got = dict(zip(hm.loc[hm["source"] == src, "level"], hm.loc[hm["source"] == src, "label"]))
+        assert got == want and "4 of x = 10" in str(by_level_labels(cards[0].levels))
+    assert not hm["differs"].any(), hm
+    det = df[df["qid"] == "detection"]
+    assert list(det["label"]) == ["periodic (~30 ms)"] * 2
+
+
 def policy_levels_labels(card, qid):
     return {lv: answers[qid].label for lv, answers in card.levels.items() if qid in answers}
 
@@ -321,3 +351,19 @@ def test_each_prediction_threshold_below_at_and_above(name, what, rule, want):
     t = T.ALL[name]
     margin = 1e-6 * t
     assert tuple(rule(v) for v in (t - margin, t, t + margin)) == want, f"{name} = {t} ({what})"
+
+
+def test_moves_after_the_window_are_not_the_policy_s_answer():
+    """The capture runs on past the window's end while the tasks are stopped; those moves (the
+    teardown's: 6 of the 8 a 6.1 guest's imbalance_pct run counted) are not the run's."""
+    import pandas as pd
+
+    from harmony.analysis.levels import df_move_levels
+
+    manifest = {"topology": machine_topology("sockets=2,cores=2,threads=1"), "t0_ns": 10**9,
+                "end_ns": 3 * 10**9}
+    mig = pd.DataFrame({"t": [-0.1, 0.5, 2.0, 2.1], "pid": [1, 2, 3, 4], "src_cpu": [0, 0, 1, 0],
+                        "dst_cpu": [1, 1, 0, 1], "cause": "periodic"})
+    assert list(df_move_levels(mig, manifest)["t"]) == [0.5, 2.0]
+    assert list(df_move_levels(mig, manifest, window=False)["t"]) == [-0.1, 0.5, 2.0, 2.1]
+    assert len(df_move_levels(mig, {**manifest, "end_ns": None})) == 3

@@ -327,3 +327,60 @@ def test_the_report_and_the_figure_show_the_machine(numa8, tmp_path):
     assert machine_lines({"cpus": [0]}, None) == []     # a run that recorded no topology
     png = plot_machine(numa8, mig, tmp_path / "machine.png")
     assert png.stat().st_size > 5000
+
+
+# ------------------------------------------- a real guest's asymmetric NUMA ring, through a hotplug
+
+def _ring():
+    """The readings of bench/topology_known.py's guest (tests/data/topology_known): Debian
+    6.12.118, 4 nodes x 2 cores on a ring (neighbours 20, opposite 30), CPU 3 taken offline and
+    back."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "topology_known" / "ring4-hotplug-612.json"
+    return json.loads(path.read_text())
+
+
+def _boot_account(lines):
+    """{cpu: [span, ...]} from the kernel's own sched_verbose lines at boot (its account of the
+    domains it attached: the reading independent of debugfs and /proc/schedstat)."""
+    import re
+
+    out, cpu = {}, None
+    for line in lines:
+        m = re.search(r"CPU(\d+) attaching sched-domain", line)
+        if m:
+            cpu = int(m.group(1))
+            out[cpu] = []
+        m = re.search(r"domain-\d+: span=(\S+) level=", line)
+        if m and cpu is not None:
+            out[cpu].append(osutil.parse_cpulist(m.group(1)))
+    return out
+
+
+def test_a_ring_s_domains_as_read_agree_with_the_kernel_s_boot_account():
+    """Harmony's reading of the ring guest's domains (debugfs + /proc/schedstat) is the kernel's
+    own account at boot, CPU by CPU and level by level: MC, then two NUMA levels (the node and
+    its neighbours at 20, every node at 30)."""
+    ring = _ring()
+    account = _boot_account(ring["dmesg"])
+    read = {int(c): [d["span"] for d in ds] for c, ds in ring["before"]["domains"].items()}
+    assert len(account) == 8 and read == account
+    assert [d["name"] for d in ring["before"]["domains"]["0"]] == ["MC", "NUMA", "NUMA"]
+
+
+def test_levels_on_the_ring_and_around_a_cpu_taken_offline():
+    """Each move's level on the ring: a neighbour node's CPU at the first NUMA level, the
+    opposite node's at the second; while CPU 3 is offline CPU 2's MC level (a span of one CPU) is
+    gone and the neighbour's CPUs are at its level 0; when it is back, every level as before."""
+    ring = _ring()
+    before, offline, online = (ring[k] for k in ("before", "offline", "online"))
+    assert T.migration_level(1, 0, before) == (0, "MC")
+    assert T.migration_level(2, 0, before) == (1, "NUMA")     # node 1: a neighbour of node 0
+    assert T.migration_level(4, 0, before) == (2, "NUMA")     # node 2: across the ring
+    assert T.migration_level(3, 2, offline) == (None, None)   # CPU 3 has no domains
+    assert T.migration_level(2, 0, offline) == (0, "NUMA")
+    table = T.LevelTable(offline)
+    index, _ = table.of(np.array([2, 2, 0]), np.array([0, 6, 1]))    # node 3: opposite
+    assert list(index) == [0, 1, 0]
+    assert T.LevelTable(online).index.tolist() == T.LevelTable(before).index.tolist()
