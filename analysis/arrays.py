@@ -28,7 +28,8 @@ def in_set(values: np.ndarray, members) -> np.ndarray:
     top = int(members.max())
     if members.min() < 0 or top >= TABLE_KEYS_MAX:
         return np.isin(values, members)
-    table = np.zeros(top + 3, dtype=bool)      # value v at v + 1; clipped: 0 (v < 0), top + 2 (v > top)
+    # value v at v + 1; clipped: 0 (v < 0), top + 2 (v > top)
+    table = np.zeros(top + 3, dtype=bool)
     table[members + 1] = True
     # the look-up's indices as wide as the values (at least int32), not int64: two temporaries
     # of 8 bytes a value were the checks' peak at 10 M events. v + 1 wraps only at the type's

@@ -8,9 +8,9 @@ sched_wakeup_new (the state machine's, :mod:`harmony.analysis.taskstate`); and, 
 The kernel calls ``set_task_cpu`` (hence ``sched_migrate_task``) from a handful of paths, each
 leaving its own mark in the trace:
 
-==========  =========================================================================================
+==========  ========================================================================================
 cause       evidence
-==========  =========================================================================================
+==========  ========================================================================================
 wakeup      the task was asleep and its next record is its sched_wakeup: the CPU was chosen as it
             woke (``select_task_rq`` in ``try_to_wake_up``, between sched_waking and sched_wakeup)
 fork        the task was asleep (new) and its next record is its sched_wakeup_new: placement at fork
@@ -32,7 +32,7 @@ unknown     anything the evidence does not decide: no record after an asleep mov
             deadline task's runnable move (push/pull), a stopper whose wake-up was not seen, or
             one woken outside a softirq from the destination (a new-idle balance's active push
             and an affinity change made there look alike)
-==========  =========================================================================================
+==========  ========================================================================================
 
 A task the trace shows asleep may still be queued for the kernel: EEVDF's delayed dequeue (Linux
 6.12 on) keeps a task that goes to sleep with lag on its run queue until it is picked or woken,
@@ -281,7 +281,8 @@ def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarra
             # push to itself too (the stopper's push_cpu is the balancing CPU): that, or an
             # affinity change made there, the trace cannot tell apart -- unknown
             wkg = np.flatnonzero(event_mask(events, "sched_waking"))
-            by = _last_before(wkg, events["pid"].to_numpy()[wkg].astype(np.int64), cpid[st], row[st])
+            by = _last_before(wkg, events["pid"].to_numpy()[wkg].astype(np.int64), cpid[st],
+                              row[st])
             elsewhere = (by >= 0) & (cpu[np.maximum(by, 0)] != dst[st])
             cause[st[seen & ~in_sirq & elsewhere]] = AFFINITY
 

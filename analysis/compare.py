@@ -664,11 +664,11 @@ def metrics_footnote(df: pd.DataFrame) -> str:
                   f"{int(pool['differs'].sum())} are marked; about "
                   f"{T.COMPARE_CHANCE_RATE * len(pool):.1f} would be by chance if the sources did "
                   "not differ at all.")
-    return (f"*: differs beyond noise: the interval excludes 0, |delta| >= {T.COMPARE_EFFECT_LARGE} "
-            f"(large) and the difference exceeds {T.COMPARE_MIN_RELATIVE:.0%} of the larger value, "
-            f"with >= {T.COMPARE_MIN_RUNS} runs a side with a value (thresholds.COMPARE_*). ?: as far "
-            "apart, with fewer runs: not marked (2 runs a side are that far apart by chance 1 time "
-            f"in 3).{chance}")
+    return (f"*: differs beyond noise: the interval excludes 0, |delta| >= "
+            f"{T.COMPARE_EFFECT_LARGE} (large) and the difference exceeds "
+            f"{T.COMPARE_MIN_RELATIVE:.0%} of the larger value, with >= {T.COMPARE_MIN_RUNS} runs "
+            "a side with a value (thresholds.COMPARE_*). ?: as far apart, with fewer runs: not "
+            f"marked (2 runs a side are that far apart by chance 1 time in 3).{chance}")
 
 
 NO_COMMON = ("no configuration measured on both sides (or described by a reference's "

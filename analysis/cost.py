@@ -238,8 +238,8 @@ def _demand_at(tasks: pd.DataFrame, t_s: float) -> np.ndarray:
     duty = tasks["duty"].to_numpy(np.float64)
     if "cut_duty_at_s" in tasks.columns:
         cut_at = pd.to_numeric(tasks["cut_duty_at_s"], errors="coerce").to_numpy(np.float64)
-        duty = np.where(np.isfinite(cut_at) & (t_s >= cut_at), tasks["cut_duty"].to_numpy(np.float64),
-                        duty)
+        duty = np.where(np.isfinite(cut_at) & (t_s >= cut_at),
+                        tasks["cut_duty"].to_numpy(np.float64), duty)
     if "stop_after_s" in tasks.columns:
         stop = pd.to_numeric(tasks["stop_after_s"], errors="coerce").to_numpy(np.float64)
         duty = np.where(np.isfinite(stop) & (t_s >= stop), 0.0, duty)
@@ -272,8 +272,8 @@ def df_ideal(allocation: pd.DataFrame, tasks: pd.DataFrame, ncpus: int,
         slowdown = np.where(ideal > 0, ideal / share, np.nan)
     return tables.IDEAL.frame({
         "pid": a["pid"].to_numpy(), "name": a["name"], "role": a["role"], "window": win,
-        "t": a["t"].to_numpy(), "window_s": a["window_s"].to_numpy(), "share": share, "ideal": ideal, "error": share - ideal,
-        "slowdown": slowdown}, copy=False)
+        "t": a["t"].to_numpy(), "window_s": a["window_s"].to_numpy(), "share": share,
+        "ideal": ideal, "error": share - ideal, "slowdown": slowdown}, copy=False)
 
 
 #: a window shorter than this fraction of the run's window length (the last one, cut by the end

@@ -63,10 +63,10 @@ def nr_running_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: li
     sample is usable ("clean") only when, on every CPU of the set, the tasks the kernel lists as
     runnable are experiment tasks or the sampler's own thread (which is running while it reads and
     is subtracted), and the list agrees with the count (a task on its way to sleep is still counted
-    but no longer listed as runnable, and it may be anyone's). The kernel wrote a sample at some instant of its window [lo, hi], so a CPU
-    agrees when its count lies between the smallest and largest rebuilt value in that window; a
-    sample agrees when every CPU does. ``agreement_at_midpoint`` is the stricter comparison at the
-    window's middle only.
+    but no longer listed as runnable, and it may be anyone's). The kernel wrote a sample at some
+    instant of its window [lo, hi], so a CPU agrees when its count lies between the smallest and
+    largest rebuilt value in that window; a sample agrees when every CPU does.
+    ``agreement_at_midpoint`` is the stricter comparison at the window's middle only.
 
     On a busy host few samples are clean on every CPU at once; ``cpu_clean`` / ``cpu_agreement``
     apply the same test to each (sample, CPU) pair whose own CPU ran only experiment tasks, and

@@ -95,7 +95,8 @@ def cell(value) -> Cell:
 def split_fact(line: str) -> tuple[str, str]:
     """("label", "value") of one aligned line; ("", line) for a line that is not one (an indented
     continuation, or no label column)."""
-    if len(line) > FACT_WIDTH and not line[0].isspace() and " " in line[FACT_WIDTH - 1:FACT_WIDTH + 1]:
+    if (len(line) > FACT_WIDTH and not line[0].isspace()
+            and " " in line[FACT_WIDTH - 1:FACT_WIDTH + 1]):
         return line[:FACT_WIDTH].rstrip(), line[FACT_WIDTH:].strip()
     return "", line.strip()
 
@@ -128,7 +129,8 @@ def to_markdown(blocks: list, root: Path | None = None) -> str:
             out += ["| " + " | ".join(_md_cell(cell(c)) for c in row) + " |" for row in b.rows]
             out.append("")
         elif isinstance(b, Figure):
-            rel = b.path.relative_to(root) if root is not None and b.path.is_relative_to(root) else b.path
+            rel = (b.path.relative_to(root) if root is not None and b.path.is_relative_to(root)
+                   else b.path)
             out += [f"![{b.alt or rel}]({rel})", ""]
         elif isinstance(b, Beside):
             out.append(to_markdown(b.text + b.figures, root).rstrip("\n"))
@@ -191,7 +193,8 @@ def _html_block(b) -> str:
         anchor = f' id="{html.escape(b.anchor)}"' if b.anchor else ""
         return f"<h{b.level}{anchor}>{_inline(b.text)}</h{b.level}>"
     if isinstance(b, Para):
-        return f'<p class="{b.kind}">{_inline(b.text)}</p>' if b.kind else f"<p>{_inline(b.text)}</p>"
+        return (f'<p class="{b.kind}">{_inline(b.text)}</p>' if b.kind
+                else f"<p>{_inline(b.text)}</p>")
     if isinstance(b, Bullets):
         return "<ul>" + "".join(f"<li>{_inline(x)}</li>" for x in b.items) + "</ul>"
     if isinstance(b, Pre):

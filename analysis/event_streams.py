@@ -1,6 +1,7 @@
 """Synthetic sched event streams: a builder for hand-written tests and a tiny simulator.
 
-:class:`Stream` writes canonical events (see :mod:`harmony.probes.schema`) one tracepoint at a time::
+:class:`Stream` writes canonical events (see :mod:`harmony.probes.schema`) one tracepoint at a
+time::
 
     ev = (Stream()
           .wakeup(100, cpu=0, pid=101, target=0)

@@ -19,7 +19,8 @@ from harmony.analysis.tables import FOREIGN_LOAD
 
 def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
                     t_end: int, controller_tids=()) -> pd.DataFrame:
-    """CPU time per CPU of ``cpus`` in [t0, t_end], split into experiment, controller, foreign, idle.
+    """CPU time per CPU of ``cpus`` in [t0, t_end], split into experiment, controller, foreign,
+    idle.
 
     A CPU's time between two of its sched_switch events belongs to the switch's ``next`` task:
     the idle task (pid 0), an experiment task (pid in ``tasks``), one of the run's own controller

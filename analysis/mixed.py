@@ -231,7 +231,8 @@ def spread_index(counts) -> np.ndarray:
 
 
 def df_spread(counts: pd.DataFrame) -> pd.DataFrame:
-    """:func:`spread_index` of each role over time, from a class-count table (:func:`df_class_counts`).
+    """:func:`spread_index` of each role over time, from a class-count table
+    (:func:`df_class_counts`).
 
     Columns: ts, end (int64 ns), role (str), ntasks (int64 placed on the CPU set), index (float).
     """
@@ -339,6 +340,7 @@ def df_sweep(runs) -> pd.DataFrame:
         m = run.manifest
         row = {"path": str(run.path), "experiment": m.get("experiment"), "seed": m.get("seed")}
         row |= {f"param_{k}": v for k, v in m.get("params", {}).items() if not isinstance(v, list)}
-        row |= {k: v for k, v in run.summary.items() if v is None or isinstance(v, (int, float, bool, str))}
+        row |= {k: v for k, v in run.summary.items()
+                if v is None or isinstance(v, (int, float, bool, str))}
         rows.append(row)
     return pd.DataFrame(rows)

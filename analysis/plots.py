@@ -1,4 +1,5 @@
-"""Figures of one run. Each ``plot_*`` takes the tables it draws and a path, writes a PNG, returns it.
+"""Figures of one run. Each ``plot_*`` takes the tables it draws and a path, writes a PNG, returns
+it.
 
 Times on the x axis are seconds since t0 (the release).
 """
@@ -31,7 +32,8 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
 
 def migration_counts(migrations: pd.DataFrame, edges: np.ndarray) -> dict[str, np.ndarray]:
     """Migrations of each kind present (balance, then wakeup) per bin of ``edges`` (s since t0;
-    as ``np.histogram``: the last bin holds its right edge, times outside the edges are left out)."""
+    as ``np.histogram``: the last bin holds its right edge, times outside the edges are left
+    out)."""
     t, kind = migrations["t"].to_numpy(), migrations["kind"].to_numpy()
     return {k: np.histogram(t[kind == k], bins=edges)[0] for k in MIGRATION_KINDS
             if len(migrations) and (kind == k).any()}
@@ -180,8 +182,8 @@ def step_means(t: np.ndarray, nr: np.ndarray, t_end: float, bins: int,
 MANY_CPUS, HEAT_BINS = 16, 300
 
 
-def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration_s: float, path: Path,
-                  t_balanced: float | None = None, tolerance: float = 0.15,
+def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration_s: float,
+                  path: Path, t_balanced: float | None = None, tolerance: float = 0.15,
                   t_first_balanced: float | None = None) -> Path:
     """Per-CPU run-queue length of experiment tasks as the exact step function, one panel per CPU
     (a CPU with more than MAX_STEPS steps: its least and greatest length in each of STEP_BINS
@@ -194,7 +196,8 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
     if n > MANY_CPUS:
         return _runqueue_heat_map(runqueue, cpus, ntasks, duration_s, path, t_balanced, first,
                                   tolerance)
-    fig, axes = plt.subplots(n, 1, figsize=(9, 1.2 + 1.1 * n), sharex=True, sharey=True, squeeze=False)
+    fig, axes = plt.subplots(n, 1, figsize=(9, 1.2 + 1.1 * n), sharex=True, sharey=True,
+                             squeeze=False)
     fair = ntasks / n
     colours = sns.color_palette("colorblind", n)
     top = max(int(runqueue["nr"].max()) if len(runqueue) else 1, int(np.ceil(fair)) + 1)
@@ -230,8 +233,8 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
         width_ms = duration_s / STEP_BINS * 1e3
         note += (f"\ndark band: least to greatest length per {width_ms:.3g} ms, as the steps "
                  "are too many to draw")
-    axes[0, 0].set_title(f"Run queue per CPU (running + waiting experiment tasks; dashed: N/P = {fair:g}{note})",
-                         fontsize=10)
+    axes[0, 0].set_title(f"Run queue per CPU (running + waiting experiment tasks; dashed: "
+                         f"N/P = {fair:g}{note})", fontsize=10)
     return save_figure(fig, path)
 
 
@@ -320,7 +323,8 @@ def ranked(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return df.sort_values(by, kind="stable").reset_index(drop=True).assign(rank=lambda d: d.index)
 
 
-def plot_shares(shares: pd.DataFrame, path: Path, title: str = "CPU share per task vs fair share") -> Path:
+def plot_shares(shares: pd.DataFrame, path: Path,
+                title: str = "CPU share per task vs fair share") -> Path:
     """Each task's CPU share over the run (bars; points ranked by share beyond
     :data:`MANY_TASKS` tasks) against its fair share (black)."""
     hue = "role" if shares["role"].nunique() > 1 else None

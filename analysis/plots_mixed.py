@@ -1,5 +1,5 @@
-"""Figures of the mixed-workload experiments (thesis 7.1-7.15). Each ``plot_*`` takes tables, a path,
-writes a PNG and returns the path. Times are seconds since t0 (each run's own t0).
+"""Figures of the mixed-workload experiments (thesis 7.1-7.15). Each ``plot_*`` takes tables, a
+path, writes a PNG and returns the path. Times are seconds since t0 (each run's own t0).
 
 Single run: :func:`plot_runqueue_detail` (fig 7.3), :func:`plot_allocation_timeline` (7.4),
 :func:`plot_runqueue_pair` (7.5), :func:`plot_variance_timeline` (7.9), :func:`plot_placement`
@@ -54,8 +54,8 @@ def plot_runqueue_detail(runqueue: pd.DataFrame, cpus, window: tuple[float, floa
         ax.set_title(f"{title}, {a:g}-{b:g} s (runnable experiment tasks), mean per "
                      f"{(b - a) / HEAT_BINS * 1e3:.3g} ms{_fair_note(fair)}", fontsize=10)
         return save_figure(fig, path)
-    fig, axes = plt.subplots(len(cpus), 1, figsize=(9, 1.0 + 1.0 * len(cpus)), sharex=True, sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(len(cpus), 1, figsize=(9, 1.0 + 1.0 * len(cpus)), sharex=True,
+                             sharey=True, squeeze=False)
     colours = sns.color_palette("colorblind", len(cpus))
     for ax, cpu, c in zip(axes[:, 0], cpus, colours):
         t, nr = _steps(runqueue, cpu, a, b)
@@ -105,8 +105,8 @@ def plot_allocation_timeline(allocation: pd.DataFrame, fair: float, duration_s: 
     axes[0, 0].set_ylim(0, 105)
     axes[-1, 0].set_xlim(0, duration_s)
     axes[-1, 0].set_xlabel("time since t0 (s)")
-    axes[0, 0].set_title(f"CPU allocation per task (% of a CPU per window; dashed: fair {fair:.0%})",
-                         fontsize=10)
+    axes[0, 0].set_title(f"CPU allocation per task (% of a CPU per window; dashed: fair "
+                         f"{fair:.0%})", fontsize=10)
     return save_figure(fig, path)
 
 
@@ -157,7 +157,8 @@ def plot_runqueue_pair(runqueue: pd.DataFrame, static_runqueue: pd.DataFrame, cp
     fig, axes = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True, sharey=True)
     colours = sns.color_palette("colorblind", len(cpus))
     top = 1
-    for ax, rq, label in ((axes[0], static_runqueue, "static ideal"), (axes[1], runqueue, "dynamic")):
+    for ax, rq, label in ((axes[0], static_runqueue, "static ideal"),
+                          (axes[1], runqueue, "dynamic")):
         for cpu, c in zip(cpus, colours):
             t, nr = _steps(rq, cpu, a, b)
             ax.step(t, nr, where="post", color=c, lw=1.0, label=f"CPU {cpu}")
@@ -172,15 +173,17 @@ def plot_runqueue_pair(runqueue: pd.DataFrame, static_runqueue: pd.DataFrame, cp
 
 
 def plot_variance_timeline(variance: pd.DataFrame, static_variance: pd.DataFrame, t0: int,
-                           static_t0: int, migrations: pd.DataFrame, duration_s: float, bin_s: float,
-                           wins: dict, path: Path) -> Path:
+                           static_t0: int, migrations: pd.DataFrame, duration_s: float,
+                           bin_s: float, wins: dict, path: Path) -> Path:
     """Run-queue variance across CPUs (mean per bin) of the dynamic run and of the static ideal,
     migrations as ticks, analysis windows shaded (thesis fig 7.9)."""
     d = mixed.binned_average(variance, "variance", t0, duration_s, bin_s).assign(run="dynamic")
-    s = mixed.binned_average(static_variance, "variance", static_t0, duration_s, bin_s).assign(run="static ideal")
+    s = mixed.binned_average(static_variance, "variance", static_t0, duration_s,
+                             bin_s).assign(run="static ideal")
     data = pd.concat([d, s], ignore_index=True)
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    sns.lineplot(data=data, x="t", y="value", hue="run", palette=RUN_COLOURS, drawstyle="steps-post", ax=ax)
+    sns.lineplot(data=data, x="t", y="value", hue="run", palette=RUN_COLOURS,
+                 drawstyle="steps-post", ax=ax)
     for name, (a, b) in wins.items():
         ax.axvspan(a, b, color="#f1c40f" if name == "short" else "#95a5a6", alpha=0.15, lw=0)
         ax.text((a + b) / 2, 1.0, name, transform=ax.get_xaxis_transform(), ha="center", va="top",
@@ -202,8 +205,8 @@ def plot_placement(counts: pd.DataFrame, cpus, duration_s: float, path: Path,
     its mean count of the class's tasks per time bin."""
     if len(cpus) > plots.MANY_CPUS:
         return _placement_heat_maps(counts, list(cpus), duration_s, path, roles)
-    fig, axes = plt.subplots(len(cpus), 1, figsize=(9, 1.1 + 1.1 * len(cpus)), sharex=True, sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(len(cpus), 1, figsize=(9, 1.1 + 1.1 * len(cpus)), sharex=True,
+                             sharey=True, squeeze=False)
     top = 1
     for ax, cpu in zip(axes[:, 0], cpus):
         sub = counts[counts["cpu"] == cpu]
@@ -224,8 +227,8 @@ def plot_placement(counts: pd.DataFrame, cpus, duration_s: float, path: Path,
     axes[0, 0].legend(loc="upper right", fontsize=8, ncol=len(roles))
     axes[-1, 0].set_xlim(0, duration_s)
     axes[-1, 0].set_xlabel("time since t0 (s)")
-    axes[0, 0].set_title(f"Placement of {' / '.join(roles)} tasks per CPU (running, waiting or asleep)",
-                         fontsize=10)
+    axes[0, 0].set_title(f"Placement of {' / '.join(roles)} tasks per CPU (running, waiting or "
+                         "asleep)", fontsize=10)
     return save_figure(fig, path)
 
 
@@ -290,8 +293,8 @@ def plot_class_allocation(allocation: pd.DataFrame, static_allocation: pd.DataFr
                           path: Path) -> Path:
     """Mean share per task of each class in each window, dynamic vs static ideal, annotated with
     the ratio (thesis figs 7.12, 7.15 for one run)."""
-    both = pd.concat([allocation.assign(run="dynamic"), static_allocation.assign(run="static ideal")],
-                     ignore_index=True)
+    both = pd.concat([allocation.assign(run="dynamic"),
+                      static_allocation.assign(run="static ideal")], ignore_index=True)
     both["class / window"] = both["role"] + " / " + both["window"]
     order = sorted(both["class / window"].unique())
     fig, ax = plt.subplots(figsize=(7.5, 3.8))
@@ -315,8 +318,8 @@ def plot_class_allocation(allocation: pd.DataFrame, static_allocation: pd.DataFr
 
 
 def _long(sweep: pd.DataFrame, x: str, cols: dict[str, str]) -> pd.DataFrame:
-    parts = [pd.DataFrame({x: sweep[x], "value": sweep[c], "metric": label}) for c, label in cols.items()
-             if c in sweep]
+    parts = [pd.DataFrame({x: sweep[x], "value": sweep[c], "metric": label})
+             for c, label in cols.items() if c in sweep]
     return pd.concat(parts, ignore_index=True).dropna(subset=["value"])
 
 
@@ -325,8 +328,8 @@ def plot_smape_vs_duty(sweep: pd.DataFrame, path: Path) -> Path:
     long window; one point per run, line = median (thesis figs 7.6, 7.11)."""
     data = _long(sweep, "light_duty", {"smape_short": "short (E9)", "smape_long": "long (E7)"})
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    sns.stripplot(data=data, x="light_duty", y="value", hue="metric", jitter=False, alpha=0.5, ax=ax,
-                  native_scale=True, legend=False)
+    sns.stripplot(data=data, x="light_duty", y="value", hue="metric", jitter=False, alpha=0.5,
+                  ax=ax, native_scale=True, legend=False)
     sns.lineplot(data=data, x="light_duty", y="value", hue="metric", estimator="median",
                  errorbar=None, marker="o", ax=ax)
     ax.set_ylim(0, 1.02)
@@ -338,10 +341,11 @@ def plot_smape_vs_duty(sweep: pd.DataFrame, path: Path) -> Path:
 
 def plot_slowdown_vs_duty(sweep: pd.DataFrame, path: Path) -> Path:
     """Heavy tasks' allocation / static ideal vs light duty, short and long window (fig 7.12)."""
-    data = _long(sweep, "light_duty", {"heavy_slowdown_short": "short", "heavy_slowdown_long": "long"})
+    data = _long(sweep, "light_duty",
+                 {"heavy_slowdown_short": "short", "heavy_slowdown_long": "long"})
     fig, ax = plt.subplots(figsize=(8, 3.8))
-    sns.lineplot(data=data, x="light_duty", y="value", hue="metric", estimator="median", errorbar=None,
-                 marker="o", ax=ax)
+    sns.lineplot(data=data, x="light_duty", y="value", hue="metric", estimator="median",
+                 errorbar=None, marker="o", ax=ax)
     ax.axhline(1.0, color="0.3", ls="--", lw=0.8)
     ax.set_xlabel("light task CPU demand (%)")
     ax.set_ylabel("heavy allocation / static ideal")
@@ -354,7 +358,8 @@ def plot_priority_sweep(sweep: pd.DataFrame, path: Path) -> Path:
     static ideal (fig 7.15), migrations per CPU-second by class (fig 7.13)."""
     x = "nice_diff"
     panels = [
-        ({"high_spread_index": "high", "low_cluster_index": "low"}, "spread index\n(0 even, 1 one CPU)"),
+        ({"high_spread_index": "high", "low_cluster_index": "low"},
+         "spread index\n(0 even, 1 one CPU)"),
         ({"high_allocation_ratio_short": "short", "high_allocation_ratio_long": "long"},
          "high allocation\n/ static ideal"),
         ({"high_migrations_per_cpu_s": "high", "low_migrations_per_cpu_s": "low"},

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 from matplotlib import ticker
 
-from harmony.analysis.plots import integer_axis, plt, save_figure, sns  # the shared Agg backend, theme
+# the shared Agg backend, theme
+from harmony.analysis.plots import integer_axis, plt, save_figure, sns
 
 ROUND_PALETTE = "tab10"
 
@@ -87,13 +88,15 @@ def plot_time_to_resolve(summaries: pd.DataFrame, path: Path, tolerance: float =
     if (~ok).any():
         top = df.get("p_duration", pd.Series(dtype=float))
         y = top[~ok] if len(top) else np.full((~ok).sum(), df["t"].max() if ok.any() else 1.0)
-        ax.scatter(df.loc[~ok, "x"], y, marker="x", color="#c0392b", label="not resolved in the run")
+        ax.scatter(df.loc[~ok, "x"], y, marker="x", color="#c0392b",
+                   label="not resolved in the run")
         ax.legend(fontsize=8)
     if not len(df):
         _empty(ax, "no runs")
     ax.set_xlabel("x (extra tasks per source CPU)")
     ax.set_ylabel("time to resolve (s since t0)")
-    ax.set_title(f"Time to resolve: every run queue within {tolerance:.0%} of N/P, for good", fontsize=10)
+    ax.set_title(f"Time to resolve: every run queue within {tolerance:.0%} of N/P, for good",
+                 fontsize=10)
     ax.set_ylim(bottom=0)
     return save_figure(fig, path)
 
@@ -218,7 +221,8 @@ def plot_steal(load: pd.DataFrame, migrations: pd.DataFrame, target: int, steal:
                               ("effective", dict(color="#2980b9", lw=2), "minus exiting tasks")):
         v = d[col].to_numpy()
         ax.step(t, np.concatenate([v, v[-1:]]), where="post", label=label, **style)
-    m = migrations[(migrations["dst_cpu"] == target) & (migrations["t"] >= lo) & (migrations["t"] <= hi)]
+    m = migrations[(migrations["dst_cpu"] == target) & (migrations["t"] >= lo)
+                   & (migrations["t"] <= hi)]
     for tm in m["t"]:
         ax.axvline((tm - t_idle) * 1000, color="#c0392b", lw=1)
     ax.axvline(0, color="black", ls="--", lw=1)

@@ -3,8 +3,9 @@
 Inference reads only the summary keys of the experiment contract (summary.json; each key named
 below through :func:`harmony.experiments.summary_key`, so it is one its experiment declares) and
 manifest facts (experiment, params, cpus, the kernel and scheduler, the tasks' scheduling classes
-and the release: a run's *setup*, :func:`setup_of`). Each answer carries its label, the numbers behind it,
-the thresholds (:mod:`harmony.analysis.thresholds`) it used and how far the runs agree. The rules:
+and the release: a run's *setup*, :func:`setup_of`). Each answer carries its label, the numbers
+behind it, the thresholds (:mod:`harmony.analysis.thresholds`) it used and how far the runs agree.
+The rules:
 
 - every run gets its own label and the runs vote (:mod:`harmony.analysis.sequential`): the answer
   is *decided* when the anytime-valid lower bound of one label's share of the runs exceeds one
@@ -105,7 +106,8 @@ QUESTIONS = (
     ("affinity", "Does it contain mechanisms for maintaining affinity?", "6.2"),
     ("how_many", "How does the scheduler determine how many processes to migrate?", "6.3"),
     ("time_to_balance", "How long does the scheduler take to get to a stable balance?", "6.4"),
-    ("work_conserving", "How long before an idle CPU detects an imbalance (work conservation)?", "6.4"),
+    ("work_conserving", "How long before an idle CPU detects an imbalance (work conservation)?",
+     "6.4"),
     ("detection", "How long before a busy CPU detects an imbalance?", "6.4"),
     ("intrinsic", "When there is an intrinsic imbalance, how does the scheduler react?", "7.1"),
     ("selection", "With heavy vs light CPU tasks, how are processes chosen for migration?", "7.2"),
@@ -367,7 +369,8 @@ def find_runs(paths) -> tuple[list[Path], list[tuple[Path, str]]]:
 
 
 def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
-    """Evidence from every complete run under ``paths``; incomplete or unreadable runs are listed."""
+    """Evidence from every complete run under ``paths``; incomplete or unreadable runs are
+    listed."""
     dirs, skipped = find_runs(paths)
     out = []
     for d in dirs:
@@ -405,8 +408,9 @@ def setup_of(manifest: dict) -> str:
 
 
 def classes_of(manifest: dict) -> str:
-    """A run's tasks' scheduling classes in a few words (:func:`harmony.workload.tasks.classes_text`);
-    SCHED_OTHER for a run whose tasks all were, or that predates the classes."""
+    """A run's tasks' scheduling classes in a few words
+    (:func:`harmony.workload.tasks.classes_text`); SCHED_OTHER for a run whose tasks all were, or
+    that predates the classes."""
     return classes_text(manifest.get("sched_classes")) or POLICIES["other"]
 
 
@@ -539,7 +543,8 @@ def q_balances(ev, prior) -> Answer:
     medians = _medians(a, {f"{key} (median)": _values(runs, key)
                            for key in (BALANCE_MIGRATIONS, USELESS_MIGRATIONS)})
     a.numbers = {f"{BALANCE_MIGRATIONS} (median)": medians[f"{BALANCE_MIGRATIONS} (median)"],
-                 f"{BALANCED_AT_END} (runs)": sum(bool(e.summary.get(BALANCED_AT_END)) for e in runs),
+                 f"{BALANCED_AT_END} (runs)": sum(bool(e.summary.get(BALANCED_AT_END))
+                                                  for e in runs),
                  "migrations by cause (median)": _causes(runs),
                  f"{USELESS_MIGRATIONS} (median)": medians[f"{USELESS_MIGRATIONS} (median)"],
                  **a.numbers}
@@ -621,7 +626,8 @@ def _how_many_label(e: Evidence) -> str | None:
         return None
     if abs(moved - poly) == abs(moved - pair):
         return "neither prediction"   # as near to one as to the other: nearer to neither
-    best, pred = min((("poly-balance", poly), ("pairwise", pair)), key=lambda kv: abs(moved - kv[1]))
+    best, pred = min((("poly-balance", poly), ("pairwise", pair)),
+                     key=lambda kv: abs(moved - kv[1]))
     tol = max(1.0, T.HOW_MANY_MATCH_FRACTION * abs(pred))
     return best if abs(moved - pred) <= tol else "neither prediction"
 
@@ -658,9 +664,9 @@ def q_how_many(ev, prior) -> Answer:
                 and abs(e.summary[POLY_PREDICTION] - e.summary[PAIRWISE_PREDICTION])
                 < T.HOW_MANY_MIN_SEPARATION]
         if same:
-            a.why_not = (f"on {same[0].ncpus} CPUs the poly-balance and pairwise predictions are the "
-                         "same number of tasks (x/2 on 2 CPUs), so the first round cannot tell them "
-                         "apart; needs 3 or more CPUs")
+            a.why_not = (f"on {same[0].ncpus} CPUs the poly-balance and pairwise predictions are "
+                         "the same number of tasks (x/2 on 2 CPUs), so the first round cannot tell "
+                         "them apart; needs 3 or more CPUs")
         else:
             a.why_not = "no run saw a first balancing round"
     return a
@@ -700,7 +706,8 @@ def q_time_to_balance(ev, prior) -> Answer:
     def settled(e):
         """The run's time to balance: settled (every later loss of balance restored within
         FAST_BALANCE_MAX_S); for a run analysed before that was measured, balanced to the end."""
-        return e.summary.get(TIME_TO_SETTLE_S if TIME_TO_SETTLE_S in e.summary else TIME_TO_BALANCE_S)
+        return e.summary.get(TIME_TO_SETTLE_S if TIME_TO_SETTLE_S in e.summary
+                             else TIME_TO_BALANCE_S)
 
     def label(e):
         t = settled(e)
@@ -777,8 +784,10 @@ def q_detection(ev, prior) -> Answer:
         return None if v is None else "event-driven" if v <= T.EVENT_DRIVEN_MAX_MS else "periodic"
 
     _vote([(e, label(e)) for e in runs], a)
-    a.agreement = {f"interval1 <= {T.EVENT_DRIVEN_MAX_MS:g} ms": sum(v <= T.EVENT_DRIVEN_MAX_MS for v in i1),
-                   f"interval1 > {T.EVENT_DRIVEN_MAX_MS:g} ms": sum(v > T.EVENT_DRIVEN_MAX_MS for v in i1),
+    a.agreement = {f"interval1 <= {T.EVENT_DRIVEN_MAX_MS:g} ms":
+                       sum(v <= T.EVENT_DRIVEN_MAX_MS for v in i1),
+                   f"interval1 > {T.EVENT_DRIVEN_MAX_MS:g} ms":
+                       sum(v > T.EVENT_DRIVEN_MAX_MS for v in i1),
                    "no_label": len(runs) - len(i1)}
     a.numbers = {**_medians(a, {f"{INTERVAL1_MS} median": i1}),
                  f"{INTERVAL1_MS} max": max(i1) if i1 else None,
@@ -851,11 +860,13 @@ def q_selection(ev, prior) -> Answer:
 
     def label(e):
         s = e.summary
-        short, long_, frac = s.get(SMAPE_SHORT), s.get(SMAPE_LONG), s.get(ONE_HEAVY_ONE_LIGHT_FRACTION)
+        short, long_, frac = (s.get(SMAPE_SHORT), s.get(SMAPE_LONG),
+                              s.get(ONE_HEAVY_ONE_LIGHT_FRACTION))
         if short is None or long_ is None:
             return None
         gap = short - long_
-        if gap > T.SELECTION_SMAPE_GAP or (frac is not None and frac < T.SELECTION_ONE_HEAVY_ONE_LIGHT_MIN):
+        if gap > T.SELECTION_SMAPE_GAP or (frac is not None
+                                           and frac < T.SELECTION_ONE_HEAVY_ONE_LIGHT_MIN):
             return "blind"
         if abs(gap) <= T.SELECTION_SMAPE_GAP:
             return "informed"
@@ -897,7 +908,8 @@ def q_priorities(ev, prior) -> Answer:
         a.label += ("; low " + kinds.pop()) if len(kinds) == 1 else \
             "; low " + ", ".join(f"{k} at nice diff {d}" for d, k in low.items())
     a.numbers = {**_medians(a, {f"{HIGH_SPREAD_INDEX} (median)": _values(runs, HIGH_SPREAD_INDEX)}),
-                 f"{LOW_CLUSTER_INDEX} by nice diff": {str(d): _median(v) for d, v in by_diff.items()},
+                 f"{LOW_CLUSTER_INDEX} by nice diff": {str(d): _median(v)
+                                                       for d, v in by_diff.items()},
                  **_medians(a, {f"{key} (median)": _values(runs, key)
                                 for key in (HIGH_ALLOCATION_RATIO, IDEAL_SLOWDOWN_MAX)})}
     return a

@@ -26,11 +26,11 @@ import numpy as np
 import pandas as pd
 
 #: Default matching tolerance (ns). Measured on this host (kernel 6.18 in a Firecracker VM, perf
-#: 6.1): the perf handler of a tracepoint runs before the ftrace handler when perf was enabled first,
-#: and the two stamps of one hit differ by ~2 us (median), ~5 us (p99), but a vCPU stalled between
-#: the two handlers produced up to ~110 us. 500 us covers such stalls and is still well below the
-#: spacing of two migrations of one task, or of two runs of one task on one CPU that would have to
-#: agree at both ends.
+#: 6.1): the perf handler of a tracepoint runs before the ftrace handler when perf was enabled
+#: first, and the two stamps of one hit differ by ~2 us (median), ~5 us (p99), but a vCPU stalled
+#: between the two handlers produced up to ~110 us. 500 us covers such stalls and is still well
+#: below the spacing of two migrations of one task, or of two runs of one task on one CPU that would
+#: have to agree at both ends.
 TOL_NS = 500_000
 SLOW_NS = 50_000  # pairs whose stamps differ by more than this are counted (stalls, not noise)
 EXAMPLES = 5
@@ -194,14 +194,16 @@ def _side(df: pd.DataFrame, dt_cols: list[str], name_a: str, name_b: str) -> dic
           f"only_{name_b}": df[st == "only_b"].head(EXAMPLES).to_dict("records")}
     n_a, n_b = int((st != "only_b").sum()), int((st != "only_a").sum())
     return {name_a: n_a, name_b: n_b, "matched": int(m.sum()),
-            f"only_{name_a}": int((st == "only_a").sum()), f"only_{name_b}": int((st == "only_b").sum()),
+            f"only_{name_a}": int((st == "only_a").sum()),
+            f"only_{name_b}": int((st == "only_b").sum()),
             "agreement": (float(m.sum() / max(n_a, n_b)) if max(n_a, n_b) else None),
             "exact": int((m & np.all([df[c].to_numpy() == 0 for c in dt_cols], axis=0)).sum()),
             "abs_dt_ns_median": float(np.median(dts)) if len(dts) else None,
             "abs_dt_ns_p99": float(np.percentile(dts, 99)) if len(dts) else None,
             "abs_dt_ns_max": int(dts.max()) if len(dts) else None,
             "over_50us": int((dts > SLOW_NS).sum()),
-            "b_minus_a_ns_median": (float(np.median(np.concatenate([df[c].to_numpy()[m] for c in dt_cols])))
+            "b_minus_a_ns_median": (float(np.median(np.concatenate([df[c].to_numpy()[m]
+                                                                    for c in dt_cols])))
                                     if m.any() else None),
             "examples": ex}
 
@@ -217,7 +219,8 @@ def probe_agreement(events_a: pd.DataFrame, events_b: pd.DataFrame, tasks: pd.Da
     counts, ``matched``, ``only_<name>`` counts, ``agreement`` = matched / larger count,
     ``exact`` = pairs with identical times, ``abs_dt_ns_median``/``_p99``/``_max`` (over every
     compared time), ``over_50us`` (times further apart than 50 us), ``b_minus_a_ns_median`` (signed:
-    which probe stamps first), ``examples`` of unmatched items), ``markers`` (per marker text: ts of each probe and b - a in ns), and
+    which probe stamps first), ``examples`` of unmatched items), ``markers`` (per marker text: ts
+    of each probe and b - a in ns), and
     ``task_events`` ({name: {event: n}}: events about the tasks in the window, informative: edge
     events can fall on either side of t0/t_end), ``run_anomalies`` ({name: n}: contradictions each
     reconstruction repaired, over the stretch both probes recorded (perf starts and stops tens of
@@ -237,8 +240,8 @@ def probe_agreement(events_a: pd.DataFrame, events_b: pd.DataFrame, tasks: pd.Da
     from harmony.analysis.reconstruct import df_migrations, df_runs
 
     a_name, b_name = names
-    mig = df_migration_agreement(df_migrations(events_a, tasks, t0), df_migrations(events_b, tasks, t0),
-                                 t0, t_end, tol_ns)
+    mig = df_migration_agreement(df_migrations(events_a, tasks, t0),
+                                 df_migrations(events_b, tasks, t0), t0, t_end, tol_ns)
     blind = {a_name: silent_contexts(events_a), b_name: silent_contexts(events_b)}
     mig = _with_context(mig, events_a, events_b, blind[a_name], blind[b_name])
     runs_a, runs_b = (df_runs(e, tasks, t0, t_end + tol_ns) for e in (events_a, events_b))
@@ -312,25 +315,28 @@ def marker_offsets(markers_a: pd.DataFrame | None, markers_b: pd.DataFrame | Non
 
 
 def agreement_lines(x: dict | None) -> list[str]:
-    """The cross-check as report lines (verdict, then one per compared table), for the trust section."""
+    """The cross-check as report lines (verdict, then one per compared table), for the trust
+    section."""
     if not x:
         return []
     a, b = x["probes"]
     if x.get("error"):
         return [f"{'probe cross-check':29}{a} vs {b}: not done ({x['error']})"]
-    lines = [f"{'probe cross-check':29}{a} vs {b}: {x['verdict']} (tolerance {x['tol_ns'] / 1e3:g} us; "
+    lines = [f"{'probe cross-check':29}{a} vs {b}: {x['verdict']} "
+             f"(tolerance {x['tol_ns'] / 1e3:g} us; "
              f"lost events {x['lost_events'][a]}/{x['lost_events'][b]})"]
     for what in ("migrations", "runs"):
         s = x[what]
         agr = "n/a" if s["agreement"] is None else f"{s['agreement']:.1%}"
         dt = ("" if s["abs_dt_ns_max"] is None else
-              f"; |dt| median {s['abs_dt_ns_median'] / 1e3:.1f} us, p99 {s['abs_dt_ns_p99'] / 1e3:.1f} us, "
-              f"max {s['abs_dt_ns_max'] / 1e3:.1f} us")
+              f"; |dt| median {s['abs_dt_ns_median'] / 1e3:.1f} us, "
+              f"p99 {s['abs_dt_ns_p99'] / 1e3:.1f} us, max {s['abs_dt_ns_max'] / 1e3:.1f} us")
         lines.append(f"{'  ' + what:29}{s['matched']} matched of {s[a]}/{s[b]} ({agr}); only {a} "
                      f"{s[f'only_{a}']}, only {b} {s[f'only_{b}']}{dt}")
     for name, ctxs in (x.get("blind_contexts") or {}).items():
         if ctxs:
-            who = ", ".join(f"{c['comm']}" + (f" (CPU {c['cpu']})" if c["pid"] == 0 else f" (pid {c['pid']})")
+            who = ", ".join(f"{c['comm']}" + (f" (CPU {c['cpu']})" if c["pid"] == 0
+                                              else f" (pid {c['pid']})")
                             for c in ctxs[:4])
             lines.append(f"{'  blind contexts':29}{name} recorded nothing while these ran: {who}")
     n = x["migrations"].get("unmatched_in_blind_context", 0)
@@ -352,5 +358,6 @@ def _run_anomalies_in_common(events_a, events_b, tasks, t0: int, t_end: int, nam
     for name, ev in zip(names, (events_a, events_b)):
         ts = ev["ts"].to_numpy()
         cut = ev.iloc[np.searchsorted(ts, lo, "left"):np.searchsorted(ts, hi, "right")]
-        out[name] = int(df_runs(cut.reset_index(drop=True), tasks, t0, t_end).attrs.get("anomalies", 0))
+        out[name] = int(df_runs(cut.reset_index(drop=True), tasks, t0, t_end)
+                        .attrs.get("anomalies", 0))
     return out

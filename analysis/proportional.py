@@ -76,8 +76,8 @@ def proportional_numbers(df: pd.DataFrame) -> dict:
     speedup (the tasks' total share on P CPUs over their total on one), ideal_speedup (the same of
     the GPS shares), speedup_ratio (their ratio: 1 is proportional), speedup_ratio_min (the worst
     task's own ratio: (a) is a property of every task), concurrency_ratio (the tasks' total share on
-    P CPUs over their total with n/P tasks on one CPU, over the same of the GPS shares, both over the
-    tasks the latter run holds) and concurrency_ratio_min (the worst of those tasks)."""
+    P CPUs over their total with n/P tasks on one CPU, over the same of the GPS shares, both over
+    the tasks the latter run holds) and concurrency_ratio_min (the worst of those tasks)."""
     s_1 = df["share_1"].to_numpy()
     out = dict.fromkeys(("speedup", "ideal_speedup", "speedup_ratio", "speedup_ratio_min",
                          "concurrency_ratio", "concurrency_ratio_min"))
@@ -89,7 +89,8 @@ def proportional_numbers(df: pd.DataFrame) -> dict:
         out["speedup_ratio_min"] = _finite(df["speedup_ratio"].min(skipna=False))
     c = df[np.isfinite(df["share_c"].to_numpy())]
     if len(c) and c["share_c"].sum() > 0:
-        ratio = (c["share_p"].sum() / c["share_c"].sum()) / (c["ideal_p"].sum() / c["ideal_c"].sum())
+        ratio = ((c["share_p"].sum() / c["share_c"].sum())
+                 / (c["ideal_p"].sum() / c["ideal_c"].sum()))
         out["concurrency_ratio"] = _finite(ratio)
         out["concurrency_ratio_min"] = _finite(c["concurrency_ratio"].min(skipna=False))
     return out

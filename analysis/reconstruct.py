@@ -2,9 +2,9 @@
 
 Inputs shared by every function (see :mod:`harmony.probes.schema` for ``events``):
 
-- ``tasks``: the experiment's tasks (a tasks table, :data:`harmony.workload.tasks.TASKS`; what is read of it
-  is pid, name, role, duty and nice). Only these pids are reconstructed; events of other tasks are
-  ignored (except that their sched_switch rows delimit the experiment tasks' runs).
+- ``tasks``: the experiment's tasks (a tasks table, :data:`harmony.workload.tasks.TASKS`; what is
+  read of it is pid, name, role, duty and nice). Only these pids are reconstructed; events of other
+  tasks are ignored (except that their sched_switch rows delimit the experiment tasks' runs).
 - ``cpus``: the experiment CPU set. ``t0``: the release instant (ns, trace clock). ``t_end``: end of
   the measured window (ns).
 
@@ -70,7 +70,8 @@ def task_classes(tasks: pd.DataFrame) -> dict[str, np.ndarray]:
         return (tasks[name].to_numpy().astype(dtype) if name in tasks.columns
                 else np.full(n, default, dtype=dtype))
 
-    return {"policy": col("policy", "other", object), "rt_priority": col("rt_priority", 0, np.int64),
+    return {"policy": col("policy", "other", object),
+            "rt_priority": col("rt_priority", 0, np.int64),
             "dl_runtime_ms": col("dl_runtime_ms", 0.0, np.float64),
             "dl_period_ms": col("dl_period_ms", 0.0, np.float64)}
 
@@ -171,7 +172,8 @@ def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int,
         "src_cpu": src,
         "dst_cpu": dst,
         "event_cpu": joined(m["cpu"], cpu_ev[moves["row"]], np.int32),
-        "kind": pd.Categorical.from_codes(np.where(runnable, 1, 0), categories=["wakeup", "balance"]),
+        "kind": pd.Categorical.from_codes(np.where(runnable, 1, 0),
+                                          categories=["wakeup", "balance"]),
         "cause": pd.Categorical.from_codes(joined(cause, i_cause, np.int8),
                                            categories=list(causes.CAUSES)),
         "inferred": joined(np.zeros(len(sel), bool), np.ones(len(moves["ts"]), bool), bool),
@@ -829,10 +831,10 @@ def df_allocation(runs: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int,
 def fair_shares(weights, demands, ncpus: float) -> np.ndarray:
     """GPS water-filling fair share of each task, in CPUs (0..1 each).
 
-    Each task gets w_i / sum(w) of ``ncpus`` CPUs (or of what is left of them: any capacity), capped at 1 CPU and at its demand (fraction of
-    one CPU it would use alone, 0..1); capacity freed by capped tasks is re-shared among the rest
-    in proportion to their weights, until no task exceeds its cap. Tasks with zero weight get 0.
-    The result sums to min(ncpus, sum of caps).
+    Each task gets w_i / sum(w) of ``ncpus`` CPUs (or of what is left of them: any capacity),
+    capped at 1 CPU and at its demand (fraction of one CPU it would use alone, 0..1); capacity freed
+    by capped tasks is re-shared among the rest in proportion to their weights, until no task
+    exceeds its cap. Tasks with zero weight get 0. The result sums to min(ncpus, sum of caps).
     """
     w = np.asarray(weights, dtype=np.float64)
     cap = np.minimum(np.asarray(demands, dtype=np.float64), 1.0)

@@ -96,16 +96,20 @@ POLICIES = {
         "global-queue", "one run queue for all CPUs (BFS-like): constant migration, fair",
         global_queue=True, slice_ms=6, wake_to_idle=True,
         expected={"balances": "balances", "affinity": "weak", "how_many": "global-queue",
-                  "work_conserving": "yes", "detection": "not applicable", "intrinsic": "fairness-first",
-                  "selection": "not applicable", "time_to_balance": "not applicable"}),
+                  "work_conserving": "yes", "detection": "not applicable",
+                  "intrinsic": "fairness-first", "selection": "not applicable",
+                  "time_to_balance": "not applicable"}),
     "poly-balance": Policy(
-        "poly-balance", "per-CPU queues, poly-balance, informed selection, strong affinity (O(1)-like)",
+        "poly-balance",
+        "per-CPU queues, poly-balance, informed selection, strong affinity (O(1)-like)",
         global_queue=False, slice_ms=10, balance_ms=(64, 64), amount="poly", selection="informed",
         expected={"balances": "balances", "affinity": "strong", "how_many": "poly-balance",
                   "time_to_balance": "fast", "work_conserving": "yes", "detection": "periodic",
-                  "intrinsic": "affinity-first", "selection": "informed", "priorities": "high spread"}),
+                  "intrinsic": "affinity-first", "selection": "informed",
+                  "priorities": "high spread"}),
     "pairwise-random": Policy(
-        "pairwise-random", "per-CPU queues, randomised pairwise balance, blind selection (CFS-like)",
+        "pairwise-random",
+        "per-CPU queues, randomised pairwise balance, blind selection (CFS-like)",
         global_queue=False, slice_ms=4, balance_ms=(16, 48), amount="pairwise", selection="blind",
         explore_p=1.0, wake_to_idle=False,
         expected={"balances": "balances", "affinity": "moderate", "how_many": "pairwise",
@@ -253,8 +257,8 @@ class Simulator:
     def _migrate(self, t: SimTask, dst: int, event_cpu: int, context: int = -1):
         """Record the move of ``t`` to ``dst`` on ``event_cpu``, in the context of the task
         ``context`` (its common_pid: the puller's current task, 0 for idle, -1 unsaid)."""
-        self.stream.migrate(self._ts(), self.cpus[event_cpu], t.pid, self.cpus[t.cpu], self.cpus[dst],
-                            common_pid=context)
+        self.stream.migrate(self._ts(), self.cpus[event_cpu], t.pid, self.cpus[t.cpu],
+                            self.cpus[dst], common_pid=context)
         if not self.p.global_queue:  # per-CPU clocks: keep the task's lag relative to the new CPU
             t.vr += self.min_vr[dst] - self.min_vr[t.cpu]
         t.cpu = dst
@@ -308,7 +312,8 @@ class Simulator:
     def _wake(self, t: SimTask, at_release: bool = False):
         target = t.cpu
         if not at_release and t.spec.pinned:
-            target = self.cpus.index(t.spec.initial_cpu) if t.spec.initial_cpu in self.cpus else t.cpu
+            target = (self.cpus.index(t.spec.initial_cpu) if t.spec.initial_cpu in self.cpus
+                      else t.cpu)
         elif not at_release:
             target = self._wake_target(t)
         if target != t.cpu:
@@ -333,7 +338,8 @@ class Simulator:
         return [t for t in self.queue[src] if not t.spec.pinned]
 
     def _pull(self, dst: int, src: int, n: int) -> int:
-        """Move ``n`` queued tasks from ``src`` to ``dst`` (recorded on ``dst``), chosen by policy."""
+        """Move ``n`` queued tasks from ``src`` to ``dst`` (recorded on ``dst``), chosen by
+        policy."""
         cand = self._movable(src)
         n = min(n, len(cand))
         if n <= 0:
@@ -475,8 +481,10 @@ class Simulator:
                 self._switch(c, prev, state, nxt)
             nxt.state = "R"
             self.curr[c], self.slice_used[c] = nxt, 0
-            # slices vary a little, as ticks and wakeups do on a real machine: CPUs do not march in step
-            self.slice_len[c] = self.rng.randint(max(1, self.p.slice_ms // 2), self.p.slice_ms * 3 // 2)
+            # slices vary a little, as ticks and wakeups do on a real machine: CPUs do not march in
+            # step
+            self.slice_len[c] = self.rng.randint(max(1, self.p.slice_ms // 2),
+                                                 self.p.slice_ms * 3 // 2)
             self.min_vr[c] = max(self.min_vr[c], nxt.vr) if not self.p.global_queue else nxt.vr
             if nxt.exiting:  # a task due to exit does so as soon as it runs
                 self.stream.exit(self._ts(), self.cpus[c], nxt.pid)

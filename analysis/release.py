@@ -4,8 +4,8 @@ Needs: sched_wakeup (and sched_wakeup_new) events, the markers "harmony t0" and 
 (and "harmony warm-up" for a warm release); sched_switch and sched_migrate_task for the checks
 that the layout held.
 
-Two releases (:mod:`harmony.workload.controller`): a *cold* one wakes each task at t0 on its initial CPU;
-a *warm* one wakes them at the warm-up marker, still confined to their initial CPU, and at t0
+Two releases (:mod:`harmony.workload.controller`): a *cold* one wakes each task at t0 on its initial
+CPU; a *warm* one wakes them at the warm-up marker, still confined to their initial CPU, and at t0
 widens the CPU set of tasks that are running (not woken). The checks are the same in substance
 (every task let go, the layout as asked at t0, nothing moved before the last task was free), and
 each is taken where it applies.
@@ -122,7 +122,8 @@ def _first_wakeups(events: pd.DataFrame, pids: np.ndarray, start: int,
     for lo, hi in growing_windows(bound, len(ts), FIRST_WINDOW):
         if len(seen) == want:
             break
-        rows = lo + np.flatnonzero(event_mask(events.iloc[lo:hi], "sched_wakeup", "sched_wakeup_new")
+        rows = lo + np.flatnonzero(event_mask(events.iloc[lo:hi], "sched_wakeup",
+                                              "sched_wakeup_new")
                                    & in_set(pid[lo:hi], pids))
         rows = rows[~in_set(pid[rows], seen)]
         if len(rows):

@@ -117,7 +117,8 @@ def trust_lines(m: dict) -> list[str]:
         *vm_lines(m),
         *scx_lines(m),
         f"probe / clock                {m.get('probe')} / {cap.get('clock', '?')}",
-        f"events decoded               {cap.get('n_events', '?')} ({cap.get('bytes', '?')} raw bytes)",
+        f"events decoded               {cap.get('n_events', '?')} "
+        f"({cap.get('bytes', '?')} raw bytes)",
         f"lost events                  {'unknown' if lost is None or lost < 0 else lost}",
         release_line(m),
         *class_lines(m),
@@ -142,14 +143,15 @@ def trust_lines(m: dict) -> list[str]:
     lines.append(counters_line(m))
     fl = m.get("foreign_load") or {}
     if fl.get("max_frac") is not None:
-        lines.append(f"foreign load                 {fl['max_frac']:.1%} of CPU {fl['max_cpu']} at most "
-                     f"(other tasks on the CPU set{'; most: ' + fl['top'] if fl.get('top') else ''})")
+        lines.append(f"foreign load                 {fl['max_frac']:.1%} of CPU {fl['max_cpu']} "
+                     f"at most (other tasks on the CPU set"
+                     f"{'; most: ' + fl['top'] if fl.get('top') else ''})")
         if fl.get("controller_frac_max") is not None:
             probes = {m.get("probe"), m.get("crosscheck_probe")}
             whose = (["perf record"] * ("perf" in probes)
                      + ["probe drains"] * bool(probes - {"perf", None}))
-            lines.append(f"controller's own threads     {fl['controller_frac_max']:.1%} of a CPU at most "
-                         f"({', '.join(whose + ['sampler'])})")
+            lines.append(f"controller's own threads     {fl['controller_frac_max']:.1%} of a CPU "
+                         f"at most ({', '.join(whose + ['sampler'])})")
     lines.append(f"reconstruction anomalies     {m.get('reconstruction_anomalies', '?')}")
     if m.get("crosscheck_probe"):
         lines += agreement_lines(m.get("probe_agreement")) or [
@@ -228,8 +230,9 @@ def cost_rows(summary: dict) -> list[tuple[str, str]]:
     by_cause = [(c, summary.get(f"cause_{c}", 0)) for c in CAUSES]
     total = sum(n for _, n in by_cause)
     rows = [("migrations by cause", ", ".join(f"{c} {n}" for c, n in by_cause if n)
-             + f" ({total} in all" + (f"; {summary['migrations_inferred']} inferred, recorded by no "
-                                      "probe" if summary.get("migrations_inferred") else "") + ")"
+             + f" ({total} in all"
+             + (f"; {summary['migrations_inferred']} inferred, recorded by no probe"
+                if summary.get("migrations_inferred") else "") + ")"
              if total else "none in the window"),
             ("wasted CPU time", f"{summary['wasted_cpu_s']:.3f} s idle while a task waited "
                                 f"elsewhere; {summary['wasted_episodes']} intervals of "
@@ -290,13 +293,15 @@ def summary_text(run) -> str:
             out += [f"  {r[0]}: {r[1]}", f"    predicted: {r[2]}", f"    measured:  {r[3]}"]
     out += ["", "measurement"] + ["  " + line for line in trust_lines(m)]
     notes = m.get("notes", [])
-    out += ["", "notes"] + ([f"  - {n}" for n in notes] if notes else ["  - none: nothing was lost or repaired"])
+    out += ["", "notes"] + ([f"  - {n}" for n in notes] if notes
+                            else ["  - none: nothing was lost or repaired"])
     drawn, missing = figures_on_disk(run)
     out += ["", "figures"] + [f"  {run.path / f}" for f in drawn]
     if m.get("figures_deferred"):
         out.append(f"  not drawn yet: `harmony report {run.path}` draws them")
     if missing:
-        out.append(f"  missing: {', '.join(missing)} (`harmony report {run.path}` draws them again)")
+        out.append(f"  missing: {', '.join(missing)} "
+                   f"(`harmony report {run.path}` draws them again)")
     return "\n".join(out)
 
 

@@ -57,15 +57,17 @@ def df_suite_runs(evidence: list[policy.Evidence]) -> pd.DataFrame:
     for e in evidence:
         cfg = e.path.parent.name if e.path.name.startswith("rep-") else e.path.name
         row = {"path": str(e.path), "experiment": e.experiment, "config": cfg, "ncpus": e.ncpus}
-        row |= {k: v for k, v in e.summary.items() if v is None or isinstance(v, (bool, int, float))}
+        row |= {k: v for k, v in e.summary.items()
+                if v is None or isinstance(v, (bool, int, float))}
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 #: the look of the suite's figures, set here so that it does not depend on what else was imported
-STYLE = {"axes.grid": True, "grid.color": "#e6e6e6", "axes.axisbelow": True, "axes.edgecolor": "#b0b0b0",
-         "axes.spines.top": False, "axes.spines.right": False}
-HUE_COLOURS = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161"]  # colour-blind safe
+STYLE = {"axes.grid": True, "grid.color": "#e6e6e6", "axes.axisbelow": True,
+         "axes.edgecolor": "#b0b0b0", "axes.spines.top": False, "axes.spines.right": False}
+# colour-blind safe
+HUE_COLOURS = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161"]
 
 
 def _styled(plot):
@@ -129,7 +131,8 @@ def median_bars(ax, data: pd.DataFrame, x: str, y: str, cats: list) -> None:
 def numeric(df: pd.DataFrame, col: str) -> pd.Series:
     """Column ``col`` of ``df`` as numbers (NaN where a value is not one, or the column is absent:
     a metric some runs lack)."""
-    return pd.to_numeric(df[col], errors="coerce") if col in df else pd.Series(np.nan, index=df.index)
+    return (pd.to_numeric(df[col], errors="coerce") if col in df
+            else pd.Series(np.nan, index=df.index))
 
 
 #: how plot_how_many draws each prediction: a line through the x values and a marker at each (a
@@ -279,7 +282,8 @@ def plot_time_to_balance(df: pd.DataFrame, path: Path) -> Path | None:
 
 @_styled
 def plot_affinity(df: pd.DataFrame, path: Path) -> Path | None:
-    """Migrations per second per CPU once nothing needs to move, per experiment, every run a point."""
+    """Migrations per second per CPU once nothing needs to move, per experiment, every run a
+    point."""
     rows = []
     for exp, key in policy.AFFINITY_SOURCES:
         d = df[df["experiment"] == exp]
@@ -321,7 +325,8 @@ def plot_reps(record: dict, path: Path, max_metrics: int = 12) -> Path | None:
         ax.set_visible(False)
     for ax, a in zip(axes.flat, aggs):
         vals = [v for v in record["values"][a["metric"]] if v is not None]
-        ax.scatter(np.zeros(len(vals)) + np.linspace(-0.1, 0.1, len(vals)), vals, color="#2c3e50", zorder=3)
+        ax.scatter(np.zeros(len(vals)) + np.linspace(-0.1, 0.1, len(vals)), vals, color="#2c3e50",
+                   zorder=3)
         ax.hlines(a["median"], -0.3, 0.3, color="#c0392b", lw=2)
         if a["ci_low"] is not None:
             ax.vlines(0.35, a["ci_low"], a["ci_high"], color="#c0392b", lw=4, alpha=0.4)
@@ -348,12 +353,14 @@ def cross_figures(df: pd.DataFrame, fig_dir: Path, processes: int = 1) -> dict[s
                                           fig_dir / "steal_latency.png",
                                           "Idle target: delay to first pull", "ms", 1000,
                                           {"steal_latency_s": "steal latency"})),
-        ("detection", plot_points, (df, "detection", ["interval1_ms", "interval2_ms", "interval3_ms"],
-                                    fig_dir / "detection.png", "Detection intervals (table 6.1)", "ms")),
+        ("detection", plot_points, (df, "detection",
+                                    ["interval1_ms", "interval2_ms", "interval3_ms"],
+                                    fig_dir / "detection.png", "Detection intervals (table 6.1)",
+                                    "ms")),
         ("intrinsic", plot_points, (df, "intrinsic-imbalance",
                                     ["share_ratio_min", "share_ratio_max", "jain_index"],
-                                    fig_dir / "intrinsic.png", "Intrinsic imbalance: share / fair share",
-                                    "ratio")),
+                                    fig_dir / "intrinsic.png",
+                                    "Intrinsic imbalance: share / fair share", "ratio")),
         ("balances", plot_points, (df, "proportional",
                                    ["speedup_ratio", "speedup_ratio_min", "concurrency_ratio",
                                     "concurrency_ratio_min"], fig_dir / "proportional.png",
@@ -384,7 +391,8 @@ def _draw(job) -> Path | None:
     return plot(*args)
 
 
-def _experiment_figures(suite: Path, evidence: list[policy.Evidence]) -> dict[str, tuple[Path, list[Path]]]:
+def _experiment_figures(suite: Path,
+                        evidence: list[policy.Evidence]) -> dict[str, tuple[Path, list[Path]]]:
     """Each experiment's own figures, from the first repetition of its first configuration:
     experiment -> (that run, its figures; none if they were left to ``harmony report``)."""
     out: dict[str, tuple[Path, list[Path]]] = {}
@@ -408,9 +416,9 @@ def _figures_note(own: dict[str, tuple[Path, list[Path]]]) -> str:
     if missing:
         text += (" Not drawn by the suite, to keep it fast: the runs' own figures"
                  + (f" ({', '.join(missing)})" if len(missing) < len(own) else "")
-                 + " and each configuration's repetition figure; `harmony report RUN` draws a run's "
-                 "(command under each experiment below) and `harmony report CONFIGURATION` a "
-                 "configuration's (figures/reps.png).")
+                 + " and each configuration's repetition figure; `harmony report RUN` draws a "
+                 "run's (command under each experiment below) and `harmony report CONFIGURATION` "
+                 "a configuration's (figures/reps.png).")
     return text
 
 
@@ -453,10 +461,12 @@ def df_measurement(evidence, root: Path) -> pd.DataFrame:
         nr = m.get("kernel_nr_running_agreement") or {}
         kc = m.get("kernel_counter_agreement") or {}
         rows.append({
-            "run": str(Path(e.path).relative_to(root)) if Path(e.path).is_relative_to(root) else str(e.path),
+            "run": (str(Path(e.path).relative_to(root)) if Path(e.path).is_relative_to(root)
+                    else str(e.path)),
             "probe": m.get("probe", "?"),
             "lost": int(m.get("lost_events", -1) if m.get("lost_events") is not None else -1),
-            "release_ms": np.nan if rel.get("release_spread_ns") is None else rel["release_spread_ns"] / 1e6,
+            "release_ms": (np.nan if rel.get("release_spread_ns") is None
+                           else rel["release_spread_ns"] / 1e6),
             "foreign_pct": pct(fl.get("max_frac")),
             "anomalies": int(m.get("reconstruction_anomalies") or 0),
             "proc_agree_pct": pct(ka.get("agreement")),
@@ -473,15 +483,16 @@ def df_measurement(evidence, root: Path) -> pd.DataFrame:
 def measurement_summary(meas: pd.DataFrame) -> list[str]:
     """A few lines over :func:`df_measurement`: the worst of each trust figure, plainly."""
     lost = meas["lost"]
-    out = [f"lost events: {int(lost[lost > 0].sum())} in {int((lost > 0).sum())} of {len(meas)} runs"
+    out = [f"lost events: {int(lost[lost > 0].sum())} in {int((lost > 0).sum())} "
+           f"of {len(meas)} runs"
            + (f"; unknown in {int((lost < 0).sum())}" if (lost < 0).any() else "")]
     if meas["release_ms"].notna().any():
         out.append(f"release spread: median {meas['release_ms'].median():.3f} ms, "
                    f"worst {meas['release_ms'].max():.3f} ms")
     if meas["foreign_pct"].notna().any():
         worst = meas.loc[meas["foreign_pct"].idxmax()]
-        out.append(f"foreign load (other tasks on the CPU set): worst {worst['foreign_pct']:.1f}% of a "
-                   f"CPU in {worst['run']}")
+        out.append(f"foreign load (other tasks on the CPU set): worst {worst['foreign_pct']:.1f}% "
+                   f"of a CPU in {worst['run']}")
     out.append(f"repaired contradictions in the event stream: {int(meas['anomalies'].sum())} "
                "(see each run's report notes)")
     for col, what in (("proc_agree_pct", "/proc"), ("nr_agree_pct", "sched debug nr_running")):
@@ -503,7 +514,8 @@ MEASUREMENT_HEADINGS = {"run": "run", "probe": "probe", "lost": "lost events",
                         "counters_agree_pct": "counters agree %", "notes": "notes"}
 
 
-def frame_table(df: pd.DataFrame, headings: dict | None = None, caption: str | None = None) -> D.Table:
+def frame_table(df: pd.DataFrame, headings: dict | None = None,
+                caption: str | None = None) -> D.Table:
     """A DataFrame as a document table: numbers right-aligned, NaN as "-"."""
     headings = headings or {}
     cols = [headings.get(c, c) for c in df.columns]
@@ -656,7 +668,8 @@ def write(suite: Path, note: str | None = None, processes: int | None = None,
     cross = cross_figures(df, fig_dir, processes) if len(df) else {}
     own = _experiment_figures(suite, evidence)
 
-    host = info.get("under_test") or info.get("host", {})   # a VM's kernel under test, else the host
+    # a VM's kernel under test, else the host
+    host = info.get("under_test") or info.get("host", {})
     doc: list = [D.Heading("Harmony suite: the load-balancing policy of this scheduler", 1)]
     facts = [f"CPU set: {','.join(map(str, info.get('cpus', []))) or '?'}",
              f"runner: {info.get('runner', '?')}",
@@ -665,8 +678,9 @@ def write(suite: Path, note: str | None = None, processes: int | None = None,
     if info.get("wall_s") is not None:
         analysis = info.get("analysis") or ("overlapped with the next capture"
                                             if info.get("analysis_overlapped") else "in line")
-        facts.append(f"time: {info['wall_s']:.0f} s wall for {info['configured_s']:.0f} s of configured "
-                     f"runs (suite efficiency {info['efficiency']:.2f}; analysis {analysis})")
+        facts.append(f"time: {info['wall_s']:.0f} s wall for {info['configured_s']:.0f} s of "
+                     f"configured runs (suite efficiency {info['efficiency']:.2f}; "
+                     f"analysis {analysis})")
     doc.append(D.Bullets(facts))
     if note:
         doc.append(D.Para(note, "note"))
@@ -675,7 +689,8 @@ def write(suite: Path, note: str | None = None, processes: int | None = None,
     doc += level_blocks(card, evidence, fig_dir)
     meas = df_measurement(evidence, suite)
     if len(meas):
-        doc.append(D.Heading("Measurement: what the runs could and could not see", 2, "measurement"))
+        doc.append(D.Heading("Measurement: what the runs could and could not see", 2,
+                             "measurement"))
         doc.append(D.Bullets(measurement_summary(meas)))
         doc.append(frame_table(meas, MEASUREMENT_HEADINGS))
     doc += until_decided_blocks(info.get("until_decided"))
@@ -696,8 +711,8 @@ def write(suite: Path, note: str | None = None, processes: int | None = None,
             run, paths = own.pop(exp)
             figs += [D.Figure(p, f"{exp}: {p.stem}") for p in paths]
             if not paths:
-                text.append(D.Para(f"{exp}, one run's own figures: `harmony report {run}` draws them",
-                                   "note"))
+                text.append(D.Para(f"{exp}, one run's own figures: `harmony report {run}` draws "
+                                   "them", "note"))
         doc.append(D.Beside(text, figs))
     doc += server_blocks(evidence, fig_dir)
     if info.get("failures"):

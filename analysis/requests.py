@@ -1,8 +1,8 @@
 """Requests of a server-shaped run (experiment ``server``): the records its tasks wrote, joined with
 the trace, and the metrics of a service.
 
-Needs the records of :mod:`harmony.workload.serve` (``raw/requests/``: the client's ``client.sent`` and
-``client.done``, each serving task's ``<name>.stage``) and the run's ``runs``, ``migrations``
+Needs the records of :mod:`harmony.workload.serve` (``raw/requests/``: the client's ``client.sent``
+and ``client.done``, each serving task's ``<name>.stage``) and the run's ``runs``, ``migrations``
 and ``events`` (``sched_wakeup``/``sched_wakeup_new`` of the tasks) tables.
 
 :func:`df_requests` returns the ``requests`` table (:data:`harmony.analysis.tables.REQUESTS`);
@@ -34,8 +34,8 @@ WAKEUPS = ("sched_wakeup", "sched_wakeup_new")
 
 
 def read_records(path: Path) -> np.ndarray:
-    """The whole :data:`harmony.workload.serve.REC` records of one file, as an (n, 6) int64 array (a last
-    record cut short by the task's end is left out)."""
+    """The whole :data:`harmony.workload.serve.REC` records of one file, as an (n, 6) int64 array (a
+    last record cut short by the task's end is left out)."""
     data = Path(path).read_bytes()
     n = len(data) // serve.REC.size
     return np.frombuffer(data[:n * serve.REC.size], dtype="<i8").reshape(n, 6).astype(np.int64)
@@ -55,7 +55,8 @@ def _runnable(runs: pd.DataFrame, events: pd.DataFrame, pids) -> dict[int, tuple
         blocked = state[:-1] != 0
         # a blocked run's wait starts at the first wake-up after it (none seen: no wait counted)
         i = np.searchsorted(wts, a[blocked], side="left")
-        woke = np.where(i < len(wts), wts[np.minimum(i, len(wts) - 1)], b[blocked]) if len(wts) else b[blocked]
+        woke = (np.where(i < len(wts), wts[np.minimum(i, len(wts) - 1)], b[blocked]) if len(wts)
+                else b[blocked])
         a[blocked] = np.minimum(woke, b[blocked])
         keep = b > a
         a, b = a[keep], b[keep]
@@ -83,7 +84,8 @@ def df_requests(records: Path, runs: pd.DataFrame, migrations: pd.DataFrame, eve
     records = Path(records)
     sent_f, done_f = records / serve.SENT_FILE, records / serve.DONE_FILE
     if not sent_f.exists():
-        raise RunError(f"{records}: no client records ({serve.SENT_FILE}): not a server run's capture")
+        raise RunError(f"{records}: no client records ({serve.SENT_FILE}): not a server run's "
+                       "capture")
     sent = read_records(sent_f)
     over = sent[sent[:, 0] == serve.OVERLOAD]
     sent = sent[sent[:, 0] != serve.OVERLOAD]
@@ -213,7 +215,8 @@ def request_metrics(df: pd.DataFrame, t0: int, t_end: int) -> dict:
     if len(ans):
         conns = sorted(df["conn"].unique())
         per = ans.groupby("conn")["latency_ns"]
-        out["jain_answered"] = jain_index(per.size().reindex(conns, fill_value=0).to_numpy(np.float64))
+        out["jain_answered"] = jain_index(per.size().reindex(conns, fill_value=0)
+                                          .to_numpy(np.float64))
         out["jain_latency"] = jain_index(per.mean().to_numpy())
         p99 = np.quantile(ans["latency_ns"], 0.99, method="inverted_cdf")
         tail = ans[ans["latency_ns"] >= p99]
@@ -222,9 +225,10 @@ def request_metrics(df: pd.DataFrame, t0: int, t_end: int) -> dict:
         out["all_met_migration"] = float((ans["migrations"] > 0).mean())
         out["all_waited"] = float((ans["wait_ns"] >= RQ_WAIT_MIN_NS).mean())
     else:
-        out.update(dict.fromkeys(("jain_answered", "jain_latency", "p99_met_migration", "p99_waited",
-                                  "all_met_migration", "all_waited")))
-    out["service_inversion"] = service_inversion(ans["work_ns"].to_numpy(), ans["latency_ns"].to_numpy())
+        out.update(dict.fromkeys(("jain_answered", "jain_latency", "p99_met_migration",
+                                  "p99_waited", "all_met_migration", "all_waited")))
+    out["service_inversion"] = service_inversion(ans["work_ns"].to_numpy(),
+                                                 ans["latency_ns"].to_numpy())
     return out
 
 
@@ -257,7 +261,8 @@ def server_placement(runs: pd.DataFrame, migrations: pd.DataFrame, tasks: pd.Dat
     busy = (np.minimum(r["end"].to_numpy(), t_end) - np.maximum(r["start"].to_numpy(), t0)).clip(0)
     per_cpu = pd.Series(busy, index=r["cpu"].to_numpy()).groupby(level=0).sum()
     per_cpu = per_cpu.reindex(sorted(int(c) for c in cpus), fill_value=0)
-    return {"server_migrations_per_task_s": float(len(mig) / max(len(servers), 1) / ((t_end - t0) / 1e9)),
+    return {"server_migrations_per_task_s": float(len(mig) / max(len(servers), 1)
+                                                  / ((t_end - t0) / 1e9)),
             "server_cpu_jain": _finite(jain_index(per_cpu.to_numpy(np.float64)))}
 
 

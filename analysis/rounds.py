@@ -269,11 +269,11 @@ def steal_latency(load: pd.DataFrame, migrations: pd.DataFrame, runs: pd.DataFra
     it, of a task that had been on another CPU (role other than "target").
 
     Its queue being empty is not yet the CPU being idle: a task's exit (freeing its memory) can
-    keep the CPU busy for milliseconds after its sched_process_exit. With ``events``, ``ts_cpu_idle``
-    is the first switch to the idle task (pid 0) on the target at or after ``ts_idle`` and before
-    the pull, and ``idle_latency_s`` = pull - ts_cpu_idle: how long the CPU actually sat idle while
-    work waited elsewhere - the work-conservation figure (0 when the pull came before the CPU ever
-    went idle; None without a pull or without events).
+    keep the CPU busy for milliseconds after its sched_process_exit. With ``events``,
+    ``ts_cpu_idle`` is the first switch to the idle task (pid 0) on the target at or after
+    ``ts_idle`` and before the pull, and ``idle_latency_s`` = pull - ts_cpu_idle: how long the CPU
+    actually sat idle while work waited elsewhere - the work-conservation figure (0 when the pull
+    came before the CPU ever went idle; None without a pull or without events).
 
     Returns a dict: ts_idle, t_idle (None if the target never went idle), ts_pull, t_pull,
     latency_s (pull - idle), pull_src_cpu, pull_pid, pull_kind (None if nothing was pulled),

@@ -99,12 +99,14 @@ def section_lines(evidence) -> list[str]:
             over = f", OVERLOADED in {m['overloaded']}" if m["overloaded"] else ""
             lines.append(
                 f"    load {load:g} ({m['runs']} runs{over}): latency p50/p99/p99.9 "
-                f"{_ms(m['latency_p50_ms'])} / {_ms(m['latency_p99_ms'])} / {_ms(m['latency_p999_ms'])} ms; "
-                f"p99 met a migration {_pct(m['p99_met_migration'])}, waited {_pct(m['p99_waited'])}; "
+                f"{_ms(m['latency_p50_ms'])} / {_ms(m['latency_p99_ms'])} / "
+                f"{_ms(m['latency_p999_ms'])} ms; p99 met a migration "
+                f"{_pct(m['p99_met_migration'])}, waited {_pct(m['p99_waited'])}; "
                 f"{_ms(m['server_migrations_per_task_s'])} migrations per task-s, CPU-time Jain "
                 f"{_ms(m['server_cpu_jain'])}")
         if a["thresholds"]:
-            lines.append("    thresholds: " + ", ".join(f"{k} = {v}" for k, v in a["thresholds"].items()))
+            lines.append("    thresholds: "
+                         + ", ".join(f"{k} = {v}" for k, v in a["thresholds"].items()))
     return lines
 
 

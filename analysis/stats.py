@@ -100,7 +100,8 @@ def describe(values) -> dict:
     x = clean(raw)
     out = {"n": int(len(x)), "missing": int(len(raw) - len(x))}
     if not len(x):
-        return out | {k: None for k in ("median", "q1", "q3", "iqr", "min", "max", "ci_low", "ci_high")} \
+        return out | {k: None for k in ("median", "q1", "q3", "iqr", "min", "max", "ci_low",
+                                        "ci_high")} \
             | {"values": []}
     q1, med, q3 = (float(v) for v in np.quantile(x, [0.25, 0.5, 0.75]))
     lo, hi = bootstrap_ci(x)

@@ -7,13 +7,13 @@ shares, anomalies), :mod:`harmony.analysis.foreign` (foreign load) and
 
 Conventions: ``ts``, ``start``, ``end`` are int64 ns on the trace clock; ``t`` is float seconds
 since t0 (negative before the release); ``name`` and ``role`` are the task's, from the tasks table
-(:data:`harmony.workload.tasks.TASKS`), as categoricals whose categories are sorted. A table's ``attrs``
-(counts of what the reconstruction found wrong in the trace, for instance) are documented by the
-function that builds it; they are stored in the Parquet file with the table.
+(:data:`harmony.workload.tasks.TASKS`), as categoricals whose categories are sorted. A table's
+``attrs`` (counts of what the reconstruction found wrong in the trace, for instance) are documented
+by the function that builds it; they are stored in the Parquet file with the table.
 
-The other tables of a run are declared beside their producers: ``tasks`` in :mod:`harmony.workload.tasks`,
-``kernel_samples``, ``kernel_counters`` and ``kernel_nr_running`` in the kernel samplers
-(:mod:`harmony.probes.proc_stat`, :mod:`harmony.probes.proc_sched`,
+The other tables of a run are declared beside their producers: ``tasks`` in
+:mod:`harmony.workload.tasks`, ``kernel_samples``, ``kernel_counters`` and ``kernel_nr_running`` in
+the kernel samplers (:mod:`harmony.probes.proc_stat`, :mod:`harmony.probes.proc_sched`,
 :mod:`harmony.probes.sched_debug`), ``events`` and ``markers`` in :mod:`harmony.probes.schema`.
 """
 
@@ -109,9 +109,10 @@ SHARES = Table(
         ("role",     "category", "its role"),
         ("nice",     "int64",    "its nice value"),
         ("weight",   "int64",    "its load weight: the kernel's sched_prio_to_weight of nice "
-                                 "(SCHED_IDLE: 3); 0 for fifo, rr and deadline, not shared by weight"),
-        ("policy",   "category", "its scheduling class (harmony.workload.tasks.POLICIES; other for a run "
-                                 "recorded before classes existed)"),
+                                 "(SCHED_IDLE: 3); 0 for fifo, rr and deadline, not shared by "
+                                 "weight"),
+        ("policy",   "category", "its scheduling class (harmony.workload.tasks.POLICIES; other "
+                                 "for a run recorded before classes existed)"),
         ("demand",   "float64",  "duty / 100: the fraction of one CPU it would use alone"),
         ("cpu_time", "float64",  "s it ran in [t0, t_end]"),
         ("share",    "float64",  "cpu_time / (t_end - t0): the fraction of one CPU"),
@@ -238,7 +239,8 @@ USELESS_MIGRATIONS = Table(
 
 IDEAL = Table(
     "ideal", "each experiment task's share in each window of the allocation table against its "
-             "ideal (GPS) share there (harmony.analysis.cost.df_ideal), in the allocation's order", [
+             "ideal (GPS) share there (harmony.analysis.cost.df_ideal), in the allocation's "
+             "order", [
         ("pid",      "int32",    "the task"),
         ("name",     "category", "its name"),
         ("role",     "category", "its role"),

@@ -174,8 +174,8 @@ JIT_MIN_EVENTS = 8_000_000
 
 
 def _compiled(n_events: int):
-    """The compiled state machine (:mod:`taskstate_jit`) if :func:`harmony.core.jit.use_compiled` says
-    so, else None (the numpy version runs)."""
+    """The compiled state machine (:mod:`taskstate_jit`) if :func:`harmony.core.jit.use_compiled`
+    says so, else None (the numpy version runs)."""
     if not use_compiled(n_events, JIT_MIN_EVENTS):
         return None
     from harmony.analysis import taskstate_jit
@@ -218,8 +218,8 @@ _COUNT_CHUNK = 1 << 20
 def _records_room(codes: np.ndarray, lut: np.ndarray, switch: int) -> int:
     """The most records ``jit.emit`` can write: two a switch, one an event of another kind it
     reads. Not 2 a row of the events: this room lives on the heap, in memory an earlier step
-    freed and the process kept (harmony.core.memory), so what is allocated is resident, written or not
-    (at 10 M events 182 MB for 110 of records)."""
+    freed and the process kept (harmony.core.memory), so what is allocated is resident, written or
+    not (at 10 M events 182 MB for 110 of records)."""
     n = np.zeros(len(lut), np.int64)                # events per code (a code past lut: none)
     for lo in range(0, len(codes), _COUNT_CHUNK):   # bincount copies its input as int64: a part
         part = codes[lo:lo + _COUNT_CHUNK]          # at a time (81 MB at once at 10 M events)
@@ -230,9 +230,9 @@ def _records_room(codes: np.ndarray, lut: np.ndarray, switch: int) -> int:
 
 
 def _whole_tasks(ends: np.ndarray, m: int) -> list[tuple[int, int]]:
-    """harmony.core.jit.split's ranges of the m records sorted by task, each cut moved to the nearest
-    task boundary (``ends``: where each task's records end; a task's records are walked by one
-    thread); empty ranges dropped."""
+    """harmony.core.jit.split's ranges of the m records sorted by task, each cut moved to the
+    nearest task boundary (``ends``: where each task's records end; a task's records are walked by
+    one thread); empty ranges dropped."""
     ranges = split(m)
     if len(ranges) == 1 or not len(ends):
         return ranges
@@ -240,7 +240,8 @@ def _whole_tasks(ends: np.ndarray, m: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
 
 
-def _build_task_records_and_order(events: pd.DataFrame, pids) -> tuple[pd.DataFrame, np.ndarray | None]:
+def _build_task_records_and_order(events: pd.DataFrame,
+                                  pids) -> tuple[pd.DataFrame, np.ndarray | None]:
     """(the task_records table, its rows in seq order if the compiled state machine built it)."""
     pidset = np.unique(np.asarray(pids, dtype=np.int32))
     jit = _compiled(len(events))
@@ -344,7 +345,8 @@ def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.Da
     # anomalies (later assignments take priority)
     anomaly = np.zeros(n, dtype=np.int8)
     known = cpu_before >= 0
-    anomaly[(rec == WAKEUP) & runnable_before & known & (cpu_before != dest)] = _A["wakeup_wrong_cpu"]
+    anomaly[(rec == WAKEUP) & runnable_before & known
+            & (cpu_before != dest)] = _A["wakeup_wrong_cpu"]
     anomaly[(rec == WAKEUP_NEW) & runnable_before] = _A["wakeup_new_runnable"]
     anomaly[(rec == MIGRATE) & known & (cpu_before != orig)] = _A["migrate_wrong_cpu"]
     anomaly[(rec == MIGRATE) & running_before] = _A["migrate_while_running"]

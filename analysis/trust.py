@@ -256,7 +256,8 @@ def crosscheck_notes(result: dict, a: str, b: str) -> list[dict]:
 # --- the wording ------------------------------------------------------------------------------
 
 def _silent(n):
-    named = ", ".join(f"{c['comm']} ({'CPU %d' % c['cpu'] if c['pid'] == 0 else 'pid %d' % c['pid']}"
+    named = ", ".join(f"{c['comm']} "
+                      f"({'CPU %d' % c['cpu'] if c['pid'] == 0 else 'pid %d' % c['pid']}"
                       f", ran {c['runs']}x)" for c in n["contexts"][:5])
     return (f"{n['probe']} recorded no event in the context of {count(len(n['contexts']), 'task')} "
             f"it saw run: {named}; every tracepoint hit there (their switch-out, what their "
@@ -528,7 +529,8 @@ _WORDING = {
     "causes_checked": _causes_checked,
     "causes_unchecked": lambda n: (f"the migrations' causes were not checked against the "
                                    f"kernel's own counts: {n['why']}"),
-    "t0_default": lambda n: "t0 is the first event of the chosen tasks (no --t0 or --t0-marker given)",
+    "t0_default": lambda n: ("t0 is the first event of the chosen tasks (no --t0 or --t0-marker "
+                             "given)"),
     "end_default": lambda n: ("the window ends at the last event of the chosen tasks (no --end or "
                               "--end-marker given)"),
     "cpus_without_events": lambda n: f"CPUs {n['cpus']} of the CPU set recorded no event",

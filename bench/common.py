@@ -34,7 +34,8 @@ def table(headers: list[str], rows: list[list], stream=sys.stdout) -> None:
     cells = [[str(h) for h in headers]] + [[_fmt(v) for v in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
     for k, r in enumerate(cells):
-        line = "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+        line = "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(r, widths)))
         print(line, file=stream)
         if k == 0:
             print("  ".join("-" * w for w in widths), file=stream)
@@ -167,7 +168,8 @@ def _pingpong_child(rfd: int, wfd: int, rounds_per_s: float, stop_at: float) -> 
 
 
 def pingpong(pairs: int, rounds_per_s: float, seconds: float, comm: str = "hmy-pp") -> list[int]:
-    """Run ``pairs`` ping-pong pairs over pipes for ``seconds``; 0 rounds_per_s = as fast as possible.
+    """Run ``pairs`` ping-pong pairs over pipes for ``seconds``; 0 rounds_per_s = as fast as
+    possible.
 
     Each round is one wake-up and two context switches on each side. Returns the pids of all the
     processes (each renames itself ``comm``). Blocks until they have exited.

@@ -83,7 +83,8 @@ def one_kill(ntasks: int, at: float, duration: float, out: Path, timeout: float 
         time.sleep(0.001)
     busy = "another Harmony run" in err
     return {"at_s": at, "workers": seen["workers"], "running": seen["running"],
-            "processes": seen["live"], "live_gone_ms": None if live_gone is None else live_gone * 1e3,
+            "processes": seen["live"],
+            "live_gone_ms": None if live_gone is None else live_gone * 1e3,
             "reaped_ms": None if reaped is None else reaped * 1e3, "refused": busy,
             "left": census()["live"]}
 
@@ -197,7 +198,8 @@ def main(argv=None) -> int:
     timed = [r["live_gone_ms"] for r in rows if not r["refused"] and r["processes"]]
     worst = max(timed, default=None) if None not in timed else None
     print()
-    print(common.verdict("controller death", None if not timed else worst is not None and worst < 100,
+    print(common.verdict("controller death",
+                         None if not timed else worst is not None and worst < 100,
                          f"worst {worst if worst is None else round(worst, 1)} ms to the last live "
                          f"process gone over {len(timed)} kills with processes running "
                          f"({a.tasks} tasks); zombies reaped by init after at most "

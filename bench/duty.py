@@ -4,8 +4,8 @@ Each repetition is a real ``single-source`` run with one task of the requested d
 one-CPU set (the last online CPU), recorded with the tracefs probe. Achieved duty = the task's run
 time in the trace's run intervals (switch to it -> switch away, clipped to [t0 + warm-up, end])
 over that window. Where the trace has no switch to the task (kernels that drop some switches out
-of the idle task) the run is taken to start at its wake-up; the table says how often. Requested duties run interleaved (5, 10, ..., 90, 5, ...). Target: within 1 percentage
-point of the request.
+of the idle task) the run is taken to start at its wake-up; the table says how often. Requested
+duties run interleaved (5, 10, ..., 90, 5, ...). Target: within 1 percentage point of the request.
 
 The worker measures its run bursts in its own CPU time; time it spends runnable but waiting (a
 foreign task on the CPU) is in neither its run nor its sleep, so a busy host shows up as a lower
@@ -77,7 +77,8 @@ def achieved(run, warmup_s: float) -> tuple[float, float, int, int]:
     pid = int(run.tasks["pid"].iloc[0])
     ev = run.events
     kind = ev["event"].astype(str).to_numpy()
-    wake = ev["ts"].to_numpy()[np.isin(kind, ("sched_wakeup", "sched_wakeup_new")) & (ev["pid"].to_numpy() == pid)]
+    wake = ev["ts"].to_numpy()[np.isin(kind, ("sched_wakeup", "sched_wakeup_new"))
+                               & (ev["pid"].to_numpy() == pid)]
     nxt = np.searchsorted(wake, sleep_at, side="left")
     has = nxt < len(wake)
     sleep = float((np.clip(wake[nxt[has]], lo, hi) - np.clip(sleep_at[has], lo, hi)).sum())
@@ -166,11 +167,15 @@ def one_run(duty: float, cpu: int, out: Path, duration: float, nice: int, warmup
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--duties", default="5,10,25,50,75,90", help="requested duties in percent (default %(default)s)")
-    ap.add_argument("--reps", type=int, default=2, help="repetitions per duty (default %(default)s)")
+    ap.add_argument("--duties", default="5,10,25,50,75,90",
+                    help="requested duties in percent (default %(default)s)")
+    ap.add_argument("--reps", type=int, default=2,
+                    help="repetitions per duty (default %(default)s)")
     ap.add_argument("--duration", type=float, default=2.0, help="seconds each run lasts after t0")
-    ap.add_argument("--warmup", type=float, default=0.2, help="seconds after t0 left out of the figure")
-    ap.add_argument("--nice", type=int, default=-20, help="nice value of the task (default %(default)s)")
+    ap.add_argument("--warmup", type=float, default=0.2,
+                    help="seconds after t0 left out of the figure")
+    ap.add_argument("--nice", type=int, default=-20,
+                    help="nice value of the task (default %(default)s)")
     ap.add_argument("--cpu", type=int, help="the CPU (default: the last online one)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
     a = ap.parse_args(argv)
@@ -190,7 +195,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="harmony-bench-duty-") as tmp:
         for rep in range(a.reps):
             for d in duties:
-                got[d].append(one_run(d, cpu, Path(tmp) / f"d{d:g}-r{rep}", a.duration, a.nice, a.warmup))
+                got[d].append(one_run(d, cpu, Path(tmp) / f"d{d:g}-r{rep}", a.duration, a.nice,
+                                      a.warmup))
     rows, results = [], []
     for d in duties:
         ach = common.median([r["achieved"] for r in got[d]])
@@ -198,31 +204,39 @@ def main(argv=None) -> int:
         foreign = max((r["foreign"] or 0.0) for r in got[d])
         kern = common.median([r["kernel"] for r in got[d]])
         inferred = sum(r["inferred"] for r in got[d]) / max(1, sum(r["runs"] for r in got[d]))
-        rows.append([f"{d:g}", ach, ach - d, loop, loop - d, kern, kern - d, foreign * 100, inferred * 100])
+        rows.append([f"{d:g}", ach, ach - d, loop, loop - d, kern, kern - d, foreign * 100,
+                     inferred * 100])
         results.append({"requested": d, "achieved": ach, "error_pp": ach - d, "loop_duty": loop,
                         "loop_error_pp": loop - d, "runs": [r["achieved"] for r in got[d]],
                         "kernel_cpu": kern, "kernel_error_pp": kern - d,
                         "foreign_load_max_pct": foreign * 100, "inferred_starts_frac": inferred})
-    print(f"one task (nice {a.nice}) alone on CPU {cpu}; {a.reps} runs of {a.duration:g} s per duty, "
-          f"medians\n")
-    common.table(["requested %", "achieved %", "error pp", "loop duty %", "loop error pp", "kernel CPU %",
-                  "kernel error pp", "foreign load %", "inferred starts %"], rows)
-    print("\nachieved = run time in the trace / window; loop duty = run / (run + sleep), leaving out time "
-          "spent runnable but waiting; kernel CPU = the task's CPU time by the kernel's own account "
-          "(/proc/<pid>/schedstat) over the same window; inferred starts = runs whose start the trace "
-          "lacks (taken at the wake-up, so achieved overestimates by the wake-up latency)")
+    print(f"one task (nice {a.nice}) alone on CPU {cpu}; {a.reps} runs of {a.duration:g} s per "
+          "duty, medians\n")
+    common.table(["requested %", "achieved %", "error pp", "loop duty %", "loop error pp",
+                  "kernel CPU %", "kernel error pp", "foreign load %", "inferred starts %"], rows)
+    print("\nachieved = run time in the trace / window; loop duty = run / (run + sleep), leaving "
+          "out time spent runnable but waiting; kernel CPU = the task's CPU time by the kernel's "
+          "own account (/proc/<pid>/schedstat) over the same window; inferred starts = runs whose "
+          "start the trace lacks (taken at the wake-up, so achieved overestimates by the wake-up "
+          "latency)")
     worst = max(results, key=lambda r: abs(r["error_pp"]))
     worst_loop = max(results, key=lambda r: abs(r["loop_error_pp"]))
     busy = max(r["foreign_load_max_pct"] for r in results)
     print()
     print(common.verdict("achieved duty within 1 percentage point", abs(worst["error_pp"]) <= 1.0,
                          f"worst {worst['error_pp']:+.2f} pp at {worst['requested']:g} %"
-                         + (f" (host busy: foreign load up to {busy:.0f} % of the CPU)" if busy > 5 else "")))
-    print(common.verdict("loop duty within 1 percentage point", abs(worst_loop["loop_error_pp"]) <= 1.0,
-                         f"worst {worst_loop['loop_error_pp']:+.2f} pp at {worst_loop['requested']:g} %"))
-    worst_k = max(results, key=lambda r: abs(r["kernel_error_pp"]) if r["kernel_error_pp"] == r["kernel_error_pp"] else 0)
-    print(common.verdict("kernel CPU time within 1 percentage point", abs(worst_k["kernel_error_pp"]) <= 1.0,
-                         f"worst {worst_k['kernel_error_pp']:+.2f} pp at {worst_k['requested']:g} %"))
+                         + (f" (host busy: foreign load up to {busy:.0f} % of the CPU)"
+                            if busy > 5 else "")))
+    print(common.verdict("loop duty within 1 percentage point",
+                         abs(worst_loop["loop_error_pp"]) <= 1.0,
+                         f"worst {worst_loop['loop_error_pp']:+.2f} pp "
+                         f"at {worst_loop['requested']:g} %"))
+    worst_k = max(results, key=lambda r: (abs(r["kernel_error_pp"])
+                                          if r["kernel_error_pp"] == r["kernel_error_pp"] else 0))
+    print(common.verdict("kernel CPU time within 1 percentage point",
+                         abs(worst_k["kernel_error_pp"]) <= 1.0,
+                         f"worst {worst_k['kernel_error_pp']:+.2f} pp "
+                         f"at {worst_k['requested']:g} %"))
     common.emit_json(a.json, {"benchmark": "duty", "cpu": cpu, "nice": a.nice, "reps": a.reps,
                               "results": results})
     return 0

@@ -93,7 +93,8 @@ def main(argv=None) -> int:
     ap.add_argument("--comm", default="hmy-pp", help="the tasks imported (default %(default)s)")
     ap.add_argument("--events", type=float, default=3e6,
                     help="events of the recorded trace, without --trace (default %(default)g)")
-    ap.add_argument("--reps", type=int, default=2, help="fresh installs per way (default %(default)s)")
+    ap.add_argument("--reps", type=int, default=2,
+                    help="fresh installs per way (default %(default)s)")
     ap.add_argument("--ways", default=",".join(WAYS),
                     help=f"comma-separated, of: {', '.join(WAYS)} (default: both)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
@@ -109,7 +110,8 @@ def main(argv=None) -> int:
         if dat is None:
             from ingest import record_base
             record_base(work / "base", 1.0, 2)
-            dat = make_traces(work / "base" / "raw", [int(a.events)], work / "traces")[int(a.events)]
+            dat = make_traces(work / "base" / "raw", [int(a.events)],
+                              work / "traces")[int(a.events)]
         wheel = build_wheel(work / "wheel")
         rows = [one_way(w, dat, a.comm, work / "install", wheel) for _ in range(a.reps)
                 for w in ways]

@@ -45,7 +45,8 @@ import numpy as np  # noqa: E402
 
 
 def record_base(out: Path, seconds: float, pairs: int) -> None:
-    """Record ``seconds`` of a ping-pong load with the tracefs probe into out/raw + out/tasks.json."""
+    """Record ``seconds`` of a ping-pong load with the tracefs probe into out/raw +
+    out/tasks.json."""
     from harmony.probes.schema import MARK_END, MARK_T0
     from harmony.probes.tracefs import TracefsProbe
 
@@ -80,8 +81,8 @@ def replicate(base: Path, dst: Path, factor: float) -> None:
     if factor < 1:
         pages = {c: p[:max(1, int(np.ceil(len(p) * factor)))] for c, p in pages.items()}
     copies = max(1, round(factor))
-    stamps = np.concatenate([p[:, hp.timestamp_offset:hp.timestamp_offset + 8].copy().view("<i8").ravel()
-                             for p in pages.values()])
+    stamps = np.concatenate([p[:, hp.timestamp_offset:hp.timestamp_offset + 8].copy()
+                             .view("<i8").ravel() for p in pages.values()])
     used = stamps[stamps > 0]
     span = int(used.max() - used.min()) + 1_000_000_000 if used.size else 1_000_000_000
     if dst.exists():
@@ -95,7 +96,8 @@ def replicate(base: Path, dst: Path, factor: float) -> None:
                 chunk = p.copy()
                 ts = chunk[:, hp.timestamp_offset:hp.timestamp_offset + 8].copy().view("<i8")
                 ts += k * span
-                chunk[:, hp.timestamp_offset:hp.timestamp_offset + 8] = ts.view(np.uint8).reshape(-1, 8)
+                chunk[:, hp.timestamp_offset:hp.timestamp_offset + 8] = \
+                    ts.view(np.uint8).reshape(-1, 8)
                 chunk.tofile(out)
 
 
@@ -135,7 +137,8 @@ def measure_harmony(raw: Path, pids: list[int], warm: Path | None) -> dict:
     returns seconds, events and peak memory growth."""
     import pandas as pd
 
-    tasks = pd.DataFrame({"pid": np.asarray(pids, np.int32), "name": [f"pp{i}" for i in range(len(pids))],
+    tasks = pd.DataFrame({"pid": np.asarray(pids, np.int32),
+                          "name": [f"pp{i}" for i in range(len(pids))],
                           "role": "cpu", "duty": 100.0, "nice": 0, "initial_cpu": 0})
     t_w = time.perf_counter()
     if warm:
@@ -174,35 +177,42 @@ def run_harmony(raw: Path, pids: list[int], warm: Path | None) -> dict:
                           ",".join(map(str, pids))] + (["--_warm", str(warm)] if warm else []),
                          capture_output=True, text=True, env=dict(os.environ, HARMONY_JIT="1"))
     if out.returncode:
-        sys.exit(f"decoding {raw} failed: {out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode}")
+        sys.exit(f"decoding {raw} failed: "
+                 f"{out.stderr.strip().splitlines()[-1] if out.stderr else out.returncode}")
     return json.loads(out.stdout)
 
 
 def run_tracecmd(dat: Path) -> float:
     t = time.perf_counter()
     with open(os.devnull, "wb") as null:
-        r = subprocess.run(["trace-cmd", "report", "-i", str(dat)], stdout=null, stderr=subprocess.PIPE)
+        r = subprocess.run(["trace-cmd", "report", "-i", str(dat)], stdout=null,
+                           stderr=subprocess.PIPE)
     if r.returncode:
-        sys.exit(f"trace-cmd report -i {dat} failed: {r.stderr.decode(errors='replace').strip()[:200]}")
+        sys.exit(f"trace-cmd report -i {dat} failed: "
+                 f"{r.stderr.decode(errors='replace').strip()[:200]}")
     return time.perf_counter() - t
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="example: python bench/ingest.py --sizes 1e6,1e7,5e7 --tracecmd-max 2e6")
+                                 epilog="example: python bench/ingest.py --sizes 1e6,1e7,5e7 "
+                                        "--tracecmd-max 2e6")
     ap.add_argument("--sizes", default="2.5e5,1e6,2e6",
                     help="approximate events per capture, comma-separated (default %(default)s)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per size (default %(default)s)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="repetitions per size (default %(default)s)")
     ap.add_argument("--tracecmd-max", type=float, default=2e6,
                     help="largest size also timed with trace-cmd report (default %(default)s)")
     ap.add_argument("--from", dest="source", type=Path,
-                    help="use this tracefs recording directory (meta.json, formats/, cpuN.raw) instead "
-                         "of recording one (needs --pids for the tables)")
+                    help="use this tracefs recording directory (meta.json, formats/, cpuN.raw) "
+                         "instead of recording one (needs --pids for the tables)")
     ap.add_argument("--pids", default="", help="with --from: the pids the tables reconstruct")
-    ap.add_argument("--record-s", type=float, default=1.0, help="seconds of load recorded (default %(default)s)")
+    ap.add_argument("--record-s", type=float, default=1.0,
+                    help="seconds of load recorded (default %(default)s)")
     ap.add_argument("--pairs", type=int, default=2, help="ping-pong pairs in the recorded load")
-    ap.add_argument("--workdir", type=Path, help="where captures are written (default: a temporary dir)")
+    ap.add_argument("--workdir", type=Path,
+                    help="where captures are written (default: a temporary dir)")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
     ap.add_argument("--_measure", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--_pids", default="", help=argparse.SUPPRESS)
@@ -210,7 +220,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     if a._measure:
-        print(json.dumps(measure_harmony(a._measure, [int(p) for p in a._pids.split(",") if p], a._warm)))
+        print(json.dumps(measure_harmony(a._measure, [int(p) for p in a._pids.split(",") if p],
+                                         a._warm)))
         return 0
     sizes = common.sizes(ap, a.sizes, a.reps)
     if not shutil.which("trace-cmd"):
@@ -237,8 +248,9 @@ def _run(a, sizes: list[int], work: Path) -> int:
     base_events = len(decode_dir(base).events)
     if base_events == 0:
         sys.exit(f"{base}: the capture holds no events")
-    print(f"base capture: {base_events:,} events ({sum(p.stat().st_size for p in base.glob('cpu*.raw')):,} "
-          f"raw bytes); {a.reps} repetitions per size, medians", file=sys.stderr)
+    print(f"base capture: {base_events:,} events "
+          f"({sum(p.stat().st_size for p in base.glob('cpu*.raw')):,} raw bytes); {a.reps} "
+          "repetitions per size, medians", file=sys.stderr)
 
     warm = work / "warm"  # a few pages: what a process pays once before its first trace
     replicate(base, warm, min(1.0, 2000 / base_events))
@@ -256,7 +268,8 @@ def _run(a, sizes: list[int], work: Path) -> int:
             if dat:
                 theirs.append(run_tracecmd(dat))
         n = ours[0]["events"]
-        dec, tot = common.median([r["decode_s"] for r in ours]), common.median([r["total_s"] for r in ours])
+        dec, tot = (common.median([r["decode_s"] for r in ours]),
+                    common.median([r["total_s"] for r in ours]))
         tc = common.median(theirs) if theirs else None
         again = common.median([r["again_s"] for r in ours])
         results.append({
@@ -288,12 +301,12 @@ def _run(a, sizes: list[int], work: Path) -> int:
                    r["sys_us_per_fault"], r["bytes_per_event"], r["tracecmd_s"],
                    r["tracecmd_events_per_s"] / 1e6 if r["tracecmd_events_per_s"] else None,
                    r["speedup"], r["again_speedup"]] for r in results])
-    print("\nstart-up: once per process, before its first trace (numba initialising and loading the "
-          "compiled kernels from its cache); not part of total s.\nagain: the same capture decoded a "
-          "second time in the process, whose memory is then touched already (fresh memory is what "
-          "sys ns/event pays); again x: trace-cmd report's time over the second pass's time\n"
-          "sys us/fault: the kernel's time over the page faults taken (mostly faulting in fresh "
-          "memory)")
+    print("\nstart-up: once per process, before its first trace (numba initialising and loading "
+          "the compiled kernels from its cache); not part of total s.\nagain: the same capture "
+          "decoded a second time in the process, whose memory is then touched already (fresh "
+          "memory is what sys ns/event pays); again x: trace-cmd report's time over the second "
+          "pass's time\nsys us/fault: the kernel's time over the page faults taken (mostly "
+          "faulting in fresh memory)")
     to_host = common.freed_memory_goes_to_host()
     if to_host:
         print("host: a VM whose freed memory goes back to its host (virtio-balloon free page "
@@ -310,20 +323,23 @@ def _run(a, sizes: list[int], work: Path) -> int:
     # for fresh memory (bench/README.md); both figures stay reported, the first pass and again
     print(common.verdict(">= 10x faster than trace-cmd report (first pass; target retired)", None,
                          ", ".join(f"{r['speedup']:.1f}x at {r['events']:,} (again "
-                                   f"{r['again_speedup']:.1f}x)" for r in compared) or "not compared"))
+                                   f"{r['again_speedup']:.1f}x)" for r in compared)
+                         or "not compared"))
     print(common.verdict(">= 5 million events/s (decode + tables)", big["events_per_s"] >= 5e6,
                          f"{big['events_per_s'] / 1e6:.2f} M/s at {big['events']:,} events"))
     print(common.verdict("cost linear in events (wall time)", None if lin is None else lin <= 1.3,
                          "one size only" if lin is None else
                          f"ns/event {small['ns_per_event']:.0f} at {small['events']:,} -> "
-                         f"{big['ns_per_event']:.0f} at {big['events']:,} (ratio {lin:.2f}, <= 1.3 is linear)"))
-    print(common.verdict("cost linear in events (user CPU time)", None if lin_user is None else lin_user <= 1.3,
+                         f"{big['ns_per_event']:.0f} at {big['events']:,} "
+                         f"(ratio {lin:.2f}, <= 1.3 is linear)"))
+    print(common.verdict("cost linear in events (user CPU time)",
+                         None if lin_user is None else lin_user <= 1.3,
                          "one size only" if big is small else
                          f"no user CPU time measured at {small['events']:,} events (ticks of "
                          "10 ms)" if lin_user is None else
-                         f"user ns/event {small['user_ns_per_event']:.0f} -> {big['user_ns_per_event']:.0f} "
-                         f"(ratio {lin_user:.2f}); the rest of the wall time is the kernel's (page faults "
-                         f"of fresh memory)"))
+                         f"user ns/event {small['user_ns_per_event']:.0f} -> "
+                         f"{big['user_ns_per_event']:.0f} (ratio {lin_user:.2f}); the rest of the "
+                         "wall time is the kernel's (page faults of fresh memory)"))
     common.emit_json(a.json, {"benchmark": "ingest", "reps": a.reps, "base_events": base_events,
                               "results": results, "linearity_ratio": lin,
                               "freed_memory_goes_to_host": to_host,

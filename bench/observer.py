@@ -1,10 +1,12 @@
-"""Observer-effect benchmark: what recording costs the workload, and what rate it records losslessly.
+"""Observer-effect benchmark: what recording costs the workload, and what rate it records
+losslessly.
 
-Part 1, work rate: ``--per-cpu`` CPU-bound workers per CPU (``harmony.workload.controller.Workload``; two
-by default, so they time-share and the scheduler has switches to record, as in an experiment)
-run for the whole measurement under one tracefs probe. The probe's recording is switched off and
-on between short windows (the ``enable`` file of each event the probe records, and the
-instance's ``tracing_on``; each switch is followed by a settle pause that is not measured), in pairs ordered off-on, on-off, off-on, ...
+Part 1, work rate: ``--per-cpu`` CPU-bound workers per CPU
+(``harmony.workload.controller.Workload``; two by default, so they time-share and the scheduler
+has switches to record, as in an experiment) run for the whole measurement under one tracefs
+probe. The probe's recording is switched off and on between short windows (the ``enable`` file of
+each event the probe records, and the instance's ``tracing_on``; each switch is followed by a
+settle pause that is not measured), in pairs ordered off-on, on-off, off-on, ...
 The rate of a window is the sum of the workers' work counters (``Workload.work_done()``) over its
 length. Loss = 1 - the median over the pairs of on/off, with a bootstrap 95 % interval: pairs of
 adjacent short windows see the same host, so its drift cancels, and the interval says whether 1 %
@@ -63,9 +65,11 @@ def work_rate_pairs(cpus: list[int], per_cpu: int, pairs: int, window_s: float, 
                     for path in switches:
                         path.write_text("1" if on else "0")
                     time.sleep(settle_s)  # switching tracepoints patches code: not measured
-                    a, ta, ca, ra = w.work_done().sum(), time.monotonic(), _own_cpu_s(), _ran_ns(w.pids)
+                    a, ta, ca, ra = (w.work_done().sum(), time.monotonic(), _own_cpu_s(),
+                                     _ran_ns(w.pids))
                     time.sleep(window_s)
-                    b, tb, cb, rb = w.work_done().sum(), time.monotonic(), _own_cpu_s(), _ran_ns(w.pids)
+                    b, tb, cb, rb = (w.work_done().sum(), time.monotonic(), _own_cpu_s(),
+                                     _ran_ns(w.pids))
                     rates[on].append(float(b - a) / (tb - ta))
                     per_cpu_s[on].append(float(b - a) / ((rb - ra) / 1e9))
                     own[on].append((cb - ca) / ((tb - ta) * len(cpus)))
@@ -109,7 +113,8 @@ def lossless_level(rate: float, pairs: int, seconds: float, out: Path) -> dict:
         probe.stop()
     cap = decode_dir(out)
     stats = probe.meta.get("stats", {})
-    dropped = sum(int(s.get("dropped events", 0)) + int(s.get("overrun", 0)) for s in stats.values())
+    dropped = sum(int(s.get("dropped events", 0)) + int(s.get("overrun", 0))
+                  for s in stats.values())
     return {"requested_rounds_per_s": rate * pairs, "events": int(cap.meta["n_events"]),
             "events_per_s": cap.meta["n_events"] / wall, "lost": int(cap.meta["lost_events"]),
             "kernel_dropped": dropped, "raw_bytes": int(cap.meta["bytes"])}
@@ -118,13 +123,17 @@ def lossless_level(rate: float, pairs: int, seconds: float, out: Path) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seconds", type=float, default=0.03, help="seconds per work-rate window (default %(default)s)")
-    ap.add_argument("--pairs", type=int, default=800, help="off/on pairs of windows (default %(default)s)")
+    ap.add_argument("--seconds", type=float, default=0.03,
+                    help="seconds per work-rate window (default %(default)s)")
+    ap.add_argument("--pairs", type=int, default=800,
+                    help="off/on pairs of windows (default %(default)s)")
     ap.add_argument("--settle", type=float, default=0.01,
                     help="unmeasured pause after switching the recording (default %(default)s)")
-    ap.add_argument("--per-cpu", type=int, default=2, help="CPU-bound workers per CPU (default %(default)s)")
+    ap.add_argument("--per-cpu", type=int, default=2,
+                    help="CPU-bound workers per CPU (default %(default)s)")
     ap.add_argument("--rates", default="1000,5000,20000,0",
-                    help="ping-pong rounds/s per pair, rising; 0 = as fast as possible (default %(default)s)")
+                    help="ping-pong rounds/s per pair, rising; 0 = as fast as possible "
+                         "(default %(default)s)")
     ap.add_argument("--pp-pairs", type=int, default=2, help="ping-pong pairs (default %(default)s)")
     ap.add_argument("--pp-seconds", type=float, default=2.0, help="seconds per ping-pong level")
     ap.add_argument("--skip-work", action="store_true", help="only the lossless-rate part")
@@ -149,21 +158,23 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory(prefix="harmony-bench-observer-") as tmp:
             if not a.skip_work:
                 from harmony.analysis.stats import bootstrap_ci
-                r = work_rate_pairs(cpus, a.per_cpu, a.pairs, a.seconds, a.settle, Path(tmp) / "work")
+                r = work_rate_pairs(cpus, a.per_cpu, a.pairs, a.seconds, a.settle,
+                                    Path(tmp) / "work")
                 off, on = r["off"], r["on"]
                 ratios = [b / x for x, b in zip(off, on)]
                 loss = 1 - common.median(ratios)
                 lo, hi = bootstrap_ci(ratios)
                 loss_ci = (1 - hi, 1 - lo) if lo is not None else None  # one pair: no interval
-                print(f"work rate of {a.per_cpu} CPU-bound workers per CPU ({len(cpus)} CPUs), {a.pairs} "
-                      f"off/on pairs of {a.seconds:g} s windows, recording switched between windows\n")
+                print(f"work rate of {a.per_cpu} CPU-bound workers per CPU ({len(cpus)} CPUs), "
+                      f"{a.pairs} off/on pairs of {a.seconds:g} s windows, recording switched "
+                      "between windows\n")
                 common.table(["probe", "median loops/s", "min", "max"],
                              [["off", common.median(off), min(off), max(off)],
                               ["on", common.median(on), min(on), max(on)]])
                 spread = (max(off) - min(off)) / common.median(off)
                 print(f"\nloss {loss:+.2%} (median of the paired on/off ratios), 95 % interval "
-                      f"{_interval(loss_ci)}; the off windows alone spread over {spread:.1%} of their "
-                      f"median")
+                      f"{_interval(loss_ci)}; the off windows alone spread over {spread:.1%} of "
+                      "their median")
                 print(f"recorded: {r['events']:,} events ({r['events_per_on_s']:,.0f}/s while on), "
                       f"{r['lost']} lost")
                 # the same per CPU-second the workers got: if this spreads as much as the rate per
@@ -172,14 +183,16 @@ def main(argv=None) -> int:
                 closs = 1 - common.median(cratios)
                 clo, chi = bootstrap_ci(cratios)
                 closs_ci = (1 - chi, 1 - clo) if clo is not None else None
-                cspread = (max(r["per_cpu_s_off"]) - min(r["per_cpu_s_off"])) / common.median(r["per_cpu_s_off"])
+                cspread = ((max(r["per_cpu_s_off"]) - min(r["per_cpu_s_off"]))
+                           / common.median(r["per_cpu_s_off"]))
                 print(f"per CPU-second the workers got: loss {closs:+.2%}, 95 % interval "
                       f"{_interval(closs_ci)}; off windows spread over {cspread:.1%}")
                 probe_cpu = common.median(r["own_on"]) - common.median(r["own_off"])
                 print(f"CPU taken by the probe's drain threads: {probe_cpu:.3%} of the CPU set "
                       f"(this process's CPU time, probe on minus off)")
                 result["work"] = {"off": off, "on": on, "ratios": ratios, "loss": loss,
-                                  "loss_ci95": list(loss_ci) if loss_ci else None, "off_spread": spread,
+                                  "loss_ci95": list(loss_ci) if loss_ci else None,
+                                  "off_spread": spread,
                                   "probe_cpu_share": probe_cpu, "per_cpu": a.per_cpu,
                                   "window_s": a.seconds, "events": r["events"], "lost": r["lost"],
                                   "per_cpu_s_loss": closs,
@@ -188,9 +201,12 @@ def main(argv=None) -> int:
             if not a.skip_lossless:
                 levels = [lossless_level(r, a.pp_pairs, a.pp_seconds, Path(tmp) / f"pp{k}")
                           for k, r in enumerate(rates)]
-                print(f"\nping-pong under the tracefs probe, {a.pp_pairs} pairs, {a.pp_seconds:g} s per level\n")
-                common.table(["rounds/s asked", "events", "events/s", "lost (decoded)", "dropped (kernel)"],
-                             [["max" if lv["requested_rounds_per_s"] == 0 else lv["requested_rounds_per_s"],
+                print(f"\nping-pong under the tracefs probe, {a.pp_pairs} pairs, "
+                      f"{a.pp_seconds:g} s per level\n")
+                common.table(["rounds/s asked", "events", "events/s", "lost (decoded)",
+                              "dropped (kernel)"],
+                             [[("max" if lv["requested_rounds_per_s"] == 0
+                                else lv["requested_rounds_per_s"]),
                                lv["events"], lv["events_per_s"], lv["lost"], lv["kernel_dropped"]]
                               for lv in levels])
                 clean = [lv for lv in levels if lv["lost"] == 0 and lv["kernel_dropped"] == 0]
@@ -206,15 +222,19 @@ def main(argv=None) -> int:
         print(common.verdict("observer loss < 1 %", ok,
                              f"{w['loss']:+.2%}, 95 % interval {_interval(w['loss_ci95'])}" +
                              ("" if ok is not None else
-                              "; not resolved: the interval straddles 1 % (more --pairs, a quieter host)")))
-        print(common.verdict("probe's own CPU use < 1 % of the CPU set", w["probe_cpu_share"] < 0.01,
-                             f"{w['probe_cpu_share']:.3%} (drain threads only; the tracepoints' inline cost "
-                             "is charged to the tasks that hit them)"))
+                              "; not resolved: the interval straddles 1 % (more --pairs, "
+                              "a quieter host)")))
+        print(common.verdict("probe's own CPU use < 1 % of the CPU set",
+                             w["probe_cpu_share"] < 0.01,
+                             f"{w['probe_cpu_share']:.3%} (drain threads only; the tracepoints' "
+                             "inline cost is charged to the tasks that hit them)"))
     if "lossless" in result:
         lv = result["lossless"]["levels"]
         best = result["lossless"]["max_lossless_events_per_s"]
-        print(common.verdict("zero lost events at every level", all(x["lost"] == 0 and x["kernel_dropped"] == 0 for x in lv),
-                             f"highest rate with zero loss: {best:,.0f} events/s" if best else "every level lost events"))
+        print(common.verdict("zero lost events at every level",
+                             all(x["lost"] == 0 and x["kernel_dropped"] == 0 for x in lv),
+                             f"highest rate with zero loss: {best:,.0f} events/s" if best
+                             else "every level lost events"))
     common.emit_json(a.json, result)
     return 0
 

@@ -3,8 +3,8 @@
 A load-based balancer (CFS and EEVDF share one) weighs each task by its PELT load, an average of
 the time it was runnable that halves every 32 ms of history. Harmony's cold release wakes tasks
 that slept at their start gate, so their load has decayed; its warm release runs them confined to
-their initial CPU for ``warm_s`` before t0 (harmony/workload/controller.py). This script measures, with
-Harmony's own controller, each task's ``se.avg.load_avg``, ``se.avg.runnable_avg`` and
+their initial CPU for ``warm_s`` before t0 (harmony/workload/controller.py). This script measures,
+with Harmony's own controller, each task's ``se.avg.load_avg``, ``se.avg.runnable_avg`` and
 ``se.avg.util_avg`` from /proc/PID/sched:
 
 - warm: sampled through a long warm-up (``--warm``, 1 s); the converged value is the median of

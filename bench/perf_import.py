@@ -1,4 +1,5 @@
-"""perf.data import benchmark: ``harmony import FILE`` against ``perf script`` alone on the same file.
+"""perf.data import benchmark: ``harmony import FILE`` against ``perf script`` alone on the same
+file.
 
 What replaced ``perf script`` in the perf probe and in ``harmony import`` of a perf.data is the
 direct reader (:mod:`harmony.probes.perf_read`); the targets (issue 26) are a whole import at
@@ -101,7 +102,8 @@ def main(argv=None) -> int:
                                         "bench/perf_import.py --sizes 1e6,3e6 --traces /var/tmp/pd")
     ap.add_argument("--sizes", default="1e6,3e6",
                     help="approximate events per recording, comma-separated (default %(default)s)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per size (default %(default)s)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="repetitions per size (default %(default)s)")
     ap.add_argument("--pairs", type=int, default=2, help="ping-pong pairs in the recorded load")
     ap.add_argument("--comm", default="hmy-pp", help="the tasks imported (default %(default)s)")
     ap.add_argument("--traces", type=Path, help="keep the recordings here and use them again "
@@ -141,7 +143,8 @@ def main(argv=None) -> int:
             row["estimate_mb"] = memory_needed(path)[0] / 1e6     # what a refusal would say
             rows.append(row)
             steps = "/".join(f"{v:.2f}" for v in row["import_steps_s"].values())
-            print(f"{n:>10,} events {row['file_mb']:7.0f} MB: perf script {row['perf_script_s']:6.2f} s"
+            print(f"{n:>10,} events {row['file_mb']:7.0f} MB: "
+                  f"perf script {row['perf_script_s']:6.2f} s"
                   f" | harmony import {imp:6.2f} s ({row['script_over_import']:.2f}x, peak "
                   f"{row['import_peak_mb']:.0f} MB, estimate {row['estimate_mb']:.0f} MB; "
                   f"tables/checks/figures {steps} s)"

@@ -15,9 +15,9 @@ should be 0: the layout exists at t0) and migrations of tasks before "released" 
 Target: release spread < 1 ms at 256 tasks. Sizes run interleaved (8, 64, 256, 8, 64, ...);
 ``--placement cpuset,affinity`` also interleaves the controller's two ways of holding the tasks
 (``HARMONY_RELEASE_PLACEMENT``), ``--mode occupied,confined`` its two orders of release
-(``HARMONY_RELEASE_MODE``; see ``harmony/workload/controller.py``). Every run is a cold release (``-p
-release=cold``: the tasks asleep at their gate, then woken), which is what a spread of wake-ups
-measures; a warm release widens the CPU set of tasks already running (bench/warm_cold.py).
+(``HARMONY_RELEASE_MODE``; see ``harmony/workload/controller.py``). Every run is a cold release
+(``-p release=cold``: the tasks asleep at their gate, then woken), which is what a spread of
+wake-ups measures; a warm release widens the CPU set of tasks already running (bench/warm_cold.py).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def one_release(ntasks: int, out: Path, duration: float, placement: str, mode: s
                 run = execute(exp, params, cpus, out, quiet=True)
                 m = run.manifest
                 return m["release"] | {"notes": m.get("controller_notes", []),
-                                       "method": f"{m.get('release_method')}/{m.get('release_mode')}",
+                                       "method": f"{m.get('release_method')}/"
+                                                 f"{m.get('release_mode')}",
                                        "foreign_load": _foreign_share(m.get("foreign_load"))}
             except HostBusy:
                 time.sleep(2)  # another run holds the host lock
@@ -70,12 +71,14 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", default="8,64,256", help="task counts, comma-separated (default %(default)s)")
+    ap.add_argument("--tasks", default="8,64,256",
+                    help="task counts, comma-separated (default %(default)s)")
     ap.add_argument("--placement", default="auto",
                     help=f"comma-separated: {', '.join(PLACEMENTS)} (default %(default)s)")
     ap.add_argument("--mode", default="auto",
                     help=f"comma-separated: {', '.join(MODES)} (default %(default)s)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per count (default %(default)s)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="repetitions per count (default %(default)s)")
     ap.add_argument("--duration", type=float, default=0.3, help="seconds each run lasts after t0")
     ap.add_argument("--json", metavar="FILE", help="also write the figures as JSON (- = stdout)")
     a = ap.parse_args(argv)
@@ -130,7 +133,8 @@ def main(argv=None) -> int:
     top = max(counts)
     for way in ways:
         big = next(r for r in results if r["way"] == way and r["tasks"] == top)
-        detail = f"median {big['release_spread_ms']:.3f} ms, worst {big['release_spread_worst_ms']:.3f} ms"
+        detail = (f"median {big['release_spread_ms']:.3f} ms, "
+                  f"worst {big['release_spread_worst_ms']:.3f} ms")
         print(common.verdict(f"release spread < 1 ms at {top} tasks ({big['method']})",
                              big["release_spread_ms"] < 1.0, detail))
     common.emit_json(a.json, {"benchmark": "release", "reps": a.reps, "results": results})

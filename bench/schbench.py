@@ -61,7 +61,8 @@ def schbench_json(binary: str, args: list[str], seconds: float) -> dict:
             text = Path(f.name).read_text()
     finally:
         lock.release()
-    return {k: float(v) for k, v in re.findall(r'"([a-z_]+_pct[0-9.]+|[a-z_]+_(?:min|max))": ([0-9.]+)', text)}
+    return {k: float(v)
+            for k, v in re.findall(r'"([a-z_]+_pct[0-9.]+|[a-z_]+_(?:min|max))": ([0-9.]+)', text)}
 
 
 def percentiles(kind: str, got: dict) -> list[float]:
@@ -100,7 +101,8 @@ def main() -> int:
     ap.add_argument("--schbench", help="the schbench binary (required)")
     ap.add_argument("--rps", type=int, default=2000)
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--ops", type=int, default=5, help="schbench -n: matrix multiplications a request")
+    ap.add_argument("--ops", type=int, default=5,
+                    help="schbench -n: matrix multiplications a request")
     ap.add_argument("--footprint", type=int, default=256, help="schbench -F: cache footprint (KB)")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--reps", type=int, default=3)
@@ -136,8 +138,8 @@ def main() -> int:
     print(f"\n{args.workers} workers, {args.rps} requests/s, {args.seconds:g} s x {args.reps} "
           f"(medians of the repetitions)")
     common.table(["", "schbench", "harmony", "harmony/schbench"], rows)
-    common.emit_json(args.json, {"args": vars(args), "work_us": work_us, "schbench": sb, "harmony": hm,
-                                 "quantiles": QUANTILES})
+    common.emit_json(args.json, {"args": vars(args), "work_us": work_us, "schbench": sb,
+                                 "harmony": hm, "quantiles": QUANTILES})
     return 0
 
 

@@ -1,6 +1,6 @@
 """What ``-p load=`` of the server experiment means here: the capacity it is a fraction of
-(:func:`harmony.workload.serve.capacity`, from the per-hop overhead calibrated at the run's start) against
-the capacity a real run reaches.
+(:func:`harmony.workload.serve.capacity`, from the per-hop overhead calibrated at the run's start)
+against the capacity a real run reaches.
 
 For each shape, ``harmony run server`` twice (alternating shapes, ``--reps`` times):
 
@@ -56,7 +56,8 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--load", type=float, default=0.9)
-    ap.add_argument("--over", type=float, default=1.5, help="the overloaded runs' rate, x predicted")
+    ap.add_argument("--over", type=float, default=1.5,
+                    help="the overloaded runs' rate, x predicted")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--reps", type=int, default=1)
     ap.add_argument("--json")

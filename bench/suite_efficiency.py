@@ -78,7 +78,8 @@ def where_the_time_goes(out: Path, wall: float) -> list[list]:
     ana = {k: sum((m.get("timings_s", {}).get("analysis", {}) | {"figures": m.get("timings_s", {})
                                                                 .get("figures", 0.0)}).get(k, 0.0)
                   for m in mans) for k in ANALYSIS_STEPS}
-    captured, analysed = suite.get("captured_s", 0.0), suite.get("analysed_s", suite.get("captured_s", 0.0))
+    captured, analysed = (suite.get("captured_s", 0.0),
+                          suite.get("analysed_s", suite.get("captured_s", 0.0)))
     reported = suite.get("wall_with_report_s", analysed)
     rows = [["configured durations", configured, configured / n],
             ["capture: measuring beyond the duration", cap["measure"] - configured,
@@ -110,7 +111,8 @@ def main(argv=None) -> int:
         ap.error("--reps must be at least 1")
     ok, why = suite_exists()
     if not ok:
-        print(f"cannot measure: `harmony suite --quick` is not available yet ({why})", file=sys.stderr)
+        print(f"cannot measure: `harmony suite --quick` is not available yet ({why})",
+              file=sys.stderr)
         common.emit_json(a.json, {"benchmark": "suite_efficiency", "available": False, "why": why})
         return 2
     common.need_root("the suite benchmark")
@@ -136,8 +138,8 @@ def main(argv=None) -> int:
             total, runs = configured_seconds(out)
             if not runs:
                 sys.exit(f"harmony suite --quick wrote no run directory under {out}")
-            results.append({"wall_s": wall, "configured_s": total, "ratio": wall / total, "runs": runs,
-                            "breakdown": where_the_time_goes(out, wall)})
+            results.append({"wall_s": wall, "configured_s": total, "ratio": wall / total,
+                            "runs": runs, "breakdown": where_the_time_goes(out, wall)})
     finally:
         if not a.keep:
             shutil.rmtree(base, ignore_errors=True)
@@ -148,7 +150,8 @@ def main(argv=None) -> int:
                  [[r["run"], r["experiment"], r["duration"], r["status"]] for r in last["runs"]])
     print()
     common.table(["repetition", "wall s", "configured s", "wall / configured"],
-                 [[i + 1, r["wall_s"], r["configured_s"], r["ratio"]] for i, r in enumerate(results)])
+                 [[i + 1, r["wall_s"], r["configured_s"], r["ratio"]]
+                  for i, r in enumerate(results)])
     print("\nwhere the wall time of the last repetition went:\n")
     common.table(["phase", "s", "s per run"], last["breakdown"])
     ratio = common.median([r["ratio"] for r in results])

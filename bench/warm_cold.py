@@ -3,8 +3,8 @@
 A cold release wakes tasks that slept at their start gate (PELT's load decayed: ~11 % of a
 running task's at t0 here, bench/pelt_warmup.py); a warm one (the catalog's default) runs them
 confined to their initial CPU for ``warm_s`` first, so a load-based balancer weighs them as the
-running tasks they are (harmony/workload/controller.py). This script runs single-source, time-to-resolve
-and how-many under both, interleaved (warm, cold, warm, cold...), each as a plain
+running tasks they are (harmony/workload/controller.py). This script runs single-source,
+time-to-resolve and how-many under both, interleaved (warm, cold, warm, cold...), each as a plain
 ``harmony run EXP -p release=R`` of this checkout, and prints per experiment and release the
 medians of the metrics behind questions 2-4 and the policy card's answers to them
 (``harmony infer`` on that release's runs alone).
@@ -12,8 +12,8 @@ medians of the metrics behind questions 2-4 and the policy card's answers to the
 ``--harmony-args`` is passed to every ``harmony run``: the same comparison on a kernel under test
 is ``--harmony-args "--kernel debian:6.1 --vm-cpus 4" --batched``, where ``--batched`` makes one
 ``harmony run --repeat N`` per experiment and release (one VM boot each) instead of N
-interleaved runs. how-many's question needs 3 or more CPUs (on 2 both predictions are x/2); on 2 it still
-shows how many tasks the first round moved against x/2. Needs root; every run takes the host
+interleaved runs. how-many's question needs 3 or more CPUs (on 2 both predictions are x/2); on 2 it
+still shows how many tasks the first round moved against x/2. Needs root; every run takes the host
 lock (a busy lock is waited for).
 """
 
@@ -94,7 +94,8 @@ def main(argv=None) -> int:
     exps = [e for e in a.experiments.split(",") if e]
     unknown = sorted(set(exps) - set(EXPERIMENTS))
     if unknown:
-        ap.error(f"unknown experiment(s) {', '.join(unknown)}: choose from {', '.join(EXPERIMENTS)}")
+        ap.error(f"unknown experiment(s) {', '.join(unknown)}: "
+                 f"choose from {', '.join(EXPERIMENTS)}")
     out = a.out or Path(f"/tmp/harmony-warm-cold-{time.strftime('%Y%m%d-%H%M%S')}")
     extra = shlex.split(a.harmony_args)
     params = [x for p in a.param for x in ("-p", p)]
@@ -108,7 +109,8 @@ def main(argv=None) -> int:
                     results[exp][release].append(got)
                     print(f"{Path(got['dir']).relative_to(out)}: "
                           + (got["error"][0] if "error" in got else "ok"), file=sys.stderr)
-    first = next((g for e in exps for r in RELEASES for g in results[e][r] if "error" not in g), None)
+    first = next((g for e in exps for r in RELEASES for g in results[e][r] if "error" not in g),
+                 None)
     if first is None:
         print("no run completed")
         return 1

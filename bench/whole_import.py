@@ -163,9 +163,11 @@ def timed(cmd: list[str], stdout=subprocess.DEVNULL, env=None, cwd=None) -> dict
         return m.group(1).strip() if m else ""
 
     h, _, s = field("Elapsed (wall clock) time (h:mm:ss or m:ss)").rpartition(":")
-    wall = float(s) + sum(float(x) * 60 ** (k + 1) for k, x in enumerate(reversed(h.split(":"))) if x)
+    wall = float(s) + sum(float(x) * 60 ** (k + 1)
+                          for k, x in enumerate(reversed(h.split(":"))) if x)
     return {"wall_s": wall, "peak_bytes": int(field("Maximum resident set size (kbytes)")) * 1024,
-            "user_s": float(field("User time (seconds)")), "sys_s": float(field("System time (seconds)"))}
+            "user_s": float(field("User time (seconds)")),
+            "sys_s": float(field("System time (seconds)"))}
 
 
 def harmony_import(dat: Path, comm: str, out: Path, env: dict | None = None) -> dict:
@@ -186,7 +188,8 @@ def main(argv=None) -> int:
                                         "--traces /var/tmp/harmony-traces")
     ap.add_argument("--sizes", default="1e6,3e6,1e7",
                     help="approximate events per trace, comma-separated (default %(default)s)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per size (default %(default)s)")
+    ap.add_argument("--reps", type=int, default=3,
+                    help="repetitions per size (default %(default)s)")
     ap.add_argument("--warmups", type=int, default=1, choices=(0, 1),
                     help="untimed imports of each trace before its timed ones (default "
                          "%(default)s: kernels compiled and the file cached; 0: figures of a cold "
@@ -195,7 +198,8 @@ def main(argv=None) -> int:
                     help="replicate this tracefs recording (meta.json, formats/, cpuN.raw) instead "
                          "of recording a ping-pong (give --comm)")
     ap.add_argument("--comm", default="hmy-pp", help="the tasks imported (default %(default)s)")
-    ap.add_argument("--record-s", type=float, default=1.0, help="seconds of load recorded (default %(default)s)")
+    ap.add_argument("--record-s", type=float, default=1.0,
+                    help="seconds of load recorded (default %(default)s)")
     ap.add_argument("--pairs", type=int, default=2, help="ping-pong pairs in the recorded load")
     ap.add_argument("--traces", type=Path, help="keep the traces here and use them again "
                                                 "(default: a temporary directory)")
@@ -285,7 +289,8 @@ def _measure(a, traces: dict[int, Path], work: Path, small: Path | None = None) 
             ours.append(harmony_import(dat, a.comm, work / "run"))
             theirs.append(timed(["trace-cmd", "report", "-i", str(dat)]))
         n = ours[0]["events"]
-        h, t = common.median([r["wall_s"] for r in ours]), common.median([r["wall_s"] for r in theirs])
+        h, t = (common.median([r["wall_s"] for r in ours]),
+                common.median([r["wall_s"] for r in theirs]))
         peak = common.median([r["peak_bytes"] for r in ours])
         steps = {k: common.median([r["steps"].get(k) for r in ours]) for k in ours[0]["steps"]}
         results.append({"events": n, "file_bytes": dat.stat().st_size, "harmony_s": h,

@@ -1,5 +1,5 @@
-"""The experiment catalog as code. ``get_experiment(name)`` returns an instance; ``CATALOG`` lists them;
-``summary_key(key, *names)`` is how other modules name a key of the experiments' summaries."""
+"""The experiment catalog as code. ``get_experiment(name)`` returns an instance; ``CATALOG`` lists
+them; ``summary_key(key, *names)`` is how other modules name a key of the experiments' summaries."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def get_experiment(name: str) -> Experiment:
     try:
         module, cls = CATALOG[name].split(":")
     except KeyError:
-        raise ValueError(f"unknown experiment {name!r}; the catalog has: {', '.join(CATALOG)}") from None
+        raise ValueError(f"unknown experiment {name!r}; "
+                         f"the catalog has: {', '.join(CATALOG)}") from None
     return getattr(importlib.import_module(module), cls)()
 
 
@@ -42,7 +43,8 @@ def summary_key(key: str, *experiments: str) -> str:
     for name in experiments:
         declared = [m.name for m in get_experiment(name).declared]
         if key not in declared:
-            raise ValueError(f"{name} declares no summary key {key!r} (it declares: {', '.join(declared)})")
+            raise ValueError(f"{name} declares no summary key {key!r} "
+                             f"(it declares: {', '.join(declared)})")
     return key
 
 

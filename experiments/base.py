@@ -1,7 +1,8 @@
 """What an experiment is: parameters with documented defaults, the tasks it runs, what it measures.
 
-An experiment never touches the kernel itself: it describes tasks (:class:`harmony.workload.tasks.TaskSpec`)
-for the controller and turns the reconstructed tables of a run into metrics and figures.
+An experiment never touches the kernel itself: it describes tasks
+(:class:`harmony.workload.tasks.TaskSpec`) for the controller and turns the reconstructed tables of
+a run into metrics and figures.
 
 Its contract is declared, not implied: :attr:`Experiment.params` (:class:`Param`: name, kind,
 default, help) are what ``-p KEY=VALUE`` accepts and ``harmony run EXP --help`` lists;
@@ -46,7 +47,8 @@ class Param:
 
     name: str
     default: Any
-    kind: str  # "int" | "float" | "str" | "list" (comma-separated ints) | "flist" (comma-separated floats)
+    # "int" | "float" | "str" | "list" (comma-separated ints) | "flist" (comma-separated floats)
+    kind: str
     help: str
     check: Callable[[Any], str | None] | None = None  # returns an error message, or None if fine
 
@@ -78,7 +80,8 @@ class Param:
                 return [float(x) for x in str(text).split(",") if x.strip() != ""]
             return str(text)
         except ValueError:
-            raise ValueError(f"parameter {self.name}: {text!r} is not a valid {self.kind}") from None
+            raise ValueError(f"parameter {self.name}: {text!r} "
+                             f"is not a valid {self.kind}") from None
 
 
 def positive(v) -> str | None:
@@ -123,9 +126,10 @@ CLASS_FIELDS = (
     ("policy", "other", "str", "scheduling class of {whom}: " + ", ".join(POLICIES), policy_name),
     ("rt_priority", 0, "int", "SCHED_FIFO / SCHED_RR priority of {whom}, 1..98 (0 for the other "
      f"classes; fifo and rr without one: {RT_PRIORITY_DEFAULT})", None),
-    ("dl_runtime_ms", 0.0, "float", "SCHED_DEADLINE runtime per period of {whom}, ms", non_negative),
-    ("dl_deadline_ms", 0.0, "float", "SCHED_DEADLINE relative deadline of {whom}, ms (0: the period)",
+    ("dl_runtime_ms", 0.0, "float", "SCHED_DEADLINE runtime per period of {whom}, ms",
      non_negative),
+    ("dl_deadline_ms", 0.0, "float",
+     "SCHED_DEADLINE relative deadline of {whom}, ms (0: the period)", non_negative),
     ("dl_period_ms", 0.0, "float", "SCHED_DEADLINE period of {whom}, ms", non_negative),
 )
 
@@ -134,7 +138,8 @@ COMMON = (
     Param("bin_s", 0.1, "float", "width of the migrations-over-time bins (s)", positive),
     Param("window_s", 0.5, "float", "width of the CPU-allocation windows (s)", positive),
     Param("sample_hz", 10.0, "float",
-          "rate of sampling the kernel's own view from /proc during the run (0 = off)", non_negative),
+          "rate of sampling the kernel's own view from /proc during the run (0 = off)",
+          non_negative),
     *(Param(name, default, kind, help.format(whom="every task"), check)
       for name, default, kind, help, check in CLASS_FIELDS),
     Param("release", "warm", "str", "warm: the tasks run confined to their initial CPU for "
@@ -237,21 +242,24 @@ class Metric:
         if not self.kind:
             object.__setattr__(self, "kind", UNITS[self.unit])
         if self.kind not in _KINDS:
-            raise ValueError(f"summary key {self.name}: kind {self.kind!r} is none of {', '.join(_KINDS)}")
+            raise ValueError(f"summary key {self.name}: kind {self.kind!r} "
+                             f"is none of {', '.join(_KINDS)}")
 
     def check(self, value) -> str | None:
         """Why ``value`` does not fit this declaration, or None if it does (an int is a float;
         a bool is neither)."""
         if value is None:
-            return None if self.none_when else f"{self.name} is None, which it is declared never to be"
-        if isinstance(value, bool) != (self.kind == "bool") or not isinstance(value, _KINDS[self.kind]):
+            return (None if self.none_when
+                    else f"{self.name} is None, which it is declared never to be")
+        if (isinstance(value, bool) != (self.kind == "bool")
+                or not isinstance(value, _KINDS[self.kind])):
             return f"{self.name} = {value!r} ({type(value).__name__}) is not of kind {self.kind}"
         return None
 
 
 def pick(metrics: tuple[Metric, ...], *names: str) -> tuple[Metric, ...]:
-    """The declarations of ``names`` in ``metrics`` (another experiment's :attr:`Experiment.summary`),
-    in that order: for a key two experiments compute alike."""
+    """The declarations of ``names`` in ``metrics`` (another experiment's
+    :attr:`Experiment.summary`), in that order: for a key two experiments compute alike."""
     by_name = {m.name: m for m in metrics}
     return tuple(by_name[n] for n in names)
 

@@ -1,4 +1,5 @@
-"""E5 detection (thesis 6.4, figure 6.8, table 6.1): how often is balance checked when no CPU is idle?
+"""E5 detection (thesis 6.4, figure 6.8, table 6.1): how often is balance checked when no CPU is
+idle?
 
 Layout <n, ..., n, n>, the last CPU the target with its own tasks pinned to it (``pin_target``).
 At ``cut_at_s`` after t0 - drawn uniformly from [cut_from_s, cut_to_s] with the run's seed and
@@ -40,22 +41,24 @@ from harmony.workload.tasks import TaskSpec
 
 class Detection(Experiment):
     name = "detection"
-    question = "How soon is an under-loaded (not idle) CPU noticed, and how often is balance checked?"
+    question = ("How soon is an under-loaded (not idle) CPU noticed, and how often is balance "
+                "checked?")
     thesis = "6.4, figure 6.8, table 6.1 (E5)"
     params = (
         Param("duration", 4.0, "float", "seconds measured after t0", positive),
         Param("tasks_per_cpu", 8, "int", "CPU-bound tasks on every CPU at t0", positive),
         Param("target_after", 2, "int", "tasks left on the target after the cut (thesis 40 -> 10)",
               non_negative),
-        Param("cut_at_s", -1.0, "float", "when the target's load is cut (s after t0); negative: drawn "
-              "uniformly from [cut_from_s, cut_to_s] with the run's seed"),
+        Param("cut_at_s", -1.0, "float", "when the target's load is cut (s after t0); negative: "
+              "drawn uniformly from [cut_from_s, cut_to_s] with the run's seed"),
         Param("cut_from_s", 1.0, "float", "earliest drawn cut time (s after t0)", non_negative),
         Param("cut_to_s", 2.0, "float", "latest drawn cut time (s after t0)", non_negative),
-        Param("cut_mode", "exit", "str", "how the cut tasks leave: exit, or block (sleep to the end)"),
-        Param("pin_target", 1, "int", "1: the target's own tasks stay pinned to it; 0: released like "
-              "the others", non_negative),
-        Param("round_gap_ms", 1.0, "float", "a gap longer than this between two migrations onto the "
-              "target starts a new balancing round", positive),
+        Param("cut_mode", "exit", "str",
+              "how the cut tasks leave: exit, or block (sleep to the end)"),
+        Param("pin_target", 1, "int", "1: the target's own tasks stay pinned to it; 0: released "
+              "like the others", non_negative),
+        Param("round_gap_ms", 1.0, "float", "a gap longer than this between two migrations onto "
+              "the target starts a new balancing round", positive),
     )
 
     def validate(self, p, cpus):
@@ -91,7 +94,8 @@ class Detection(Experiment):
 
     summary = (
         *pick(HowMany.summary, "ncpus", "ntasks", "target_cpu"),
-        Metric("cut_at_s", "s", "when the target's load was cut, after t0 (the parameter, or drawn)"),
+        Metric("cut_at_s", "s",
+               "when the target's load was cut, after t0 (the parameter, or drawn)"),
         Metric("interval1_ms", "ms", "from the cut to the first migration onto the target",
                none_when="no migration onto the target after the cut"),
         Metric("interval2_ms", "ms", "from the first balancing round onto the target to the second",
@@ -135,8 +139,8 @@ class Detection(Experiment):
             plot_rounds_timeline(run.runqueue, per_mig, m["cpus"], m["cpus"][-1], t_max,
                                  fig_dir / "detection_timeline.png", t_min=max(0.0, cut - 0.1),
                                  marks={"cut": cut},
-                                 title=f"Target CPU {m['cpus'][-1]} cut to {p['target_after']} tasks; "
-                                       "rounds after the cut"),
+                                 title=f"Target CPU {m['cpus'][-1]} cut to {p['target_after']} "
+                                       "tasks; rounds after the cut"),
             plot_detection(rounds.df_run_summaries([run]), fig_dir / "intervals.png"),
         ]
 
@@ -145,12 +149,13 @@ class Detection(Experiment):
             return "none" if v is None else f"{v:.1f} ms"
 
         return [
-            f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']} (target CPU {s['target_cpu']})",
+            f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']} "
+            f"(target CPU {s['target_cpu']})",
             f"cut at                       {s['cut_at_s']:.4f} s after t0 (drawn)",
             f"interval 1 (cut -> pull)     {ms(s['interval1_ms'])}"
             + (f", moving {s['round1_moved']} task(s)" if s["round1_moved"] else ""),
             f"interval 2 (round 1 -> 2)    {ms(s['interval2_ms'])}",
             f"interval 3 (round 2 -> 3)    {ms(s['interval3_ms'])}",
-            f"after the cut                {s['rounds_after_cut']} round(s), {s['moved_after_cut']} task(s) "
-            f"pulled ({s['pulls_before_cut']} pulls before the cut)",
+            f"after the cut                {s['rounds_after_cut']} round(s), "
+            f"{s['moved_after_cut']} task(s) pulled ({s['pulls_before_cut']} pulls before the cut)",
         ]

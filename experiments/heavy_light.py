@@ -1,4 +1,5 @@
-"""E7/E9/E10 heavy-light (thesis 7.2, figures 7.5, 7.6, 7.9-7.12): is mixed demand balanced by weight?
+"""E7/E9/E10 heavy-light (thesis 7.2, figures 7.5, 7.6, 7.9-7.12): is mixed demand balanced by
+weight?
 
 P heavy (100%) and P light (``light_duty``%) tasks start on the first CPU of the set (<4,0> on 2
 CPUs, <8,0,0,0> on 4). The only weighted balance puts one heavy and one light task on each CPU; a
@@ -47,8 +48,8 @@ WINDOW_PARAMS = (
     Param("long_warmup_s", 5.0, "float",
           "the long window starts this many seconds after t0 and lasts to the end (thesis: 30)",
           non_negative),
-    Param("short_warmup_s", 1.0, "float", "the short window starts this many seconds after t0 (thesis: 1)",
-          non_negative),
+    Param("short_warmup_s", 1.0, "float",
+          "the short window starts this many seconds after t0 (thesis: 1)", non_negative),
     Param("short_s", 1.0, "float", "length of the short window (thesis: 1)", positive),
     Param("static", 0, "int", "1 = static-ideal placement (one task of each class pinned per CPU); "
           "set automatically for the companion run in <run_dir>/static/", _flag),
@@ -75,10 +76,12 @@ TWO_CLASS_SUMMARY = (
            "{\"short\": [a, b], \"long\": [c, d]}", kind="dict"),
     Metric("migrations", "count", "migrations from t0 to the end"),
     Metric("migrations_per_s", "1/s", "migrations per second of the run"),
-    Metric("migrations_per_cpu_s", "1/CPU-s", "migrations per CPU-second the tasks ran (NaN if none ran)"),
+    Metric("migrations_per_cpu_s", "1/CPU-s",
+           "migrations per CPU-second the tasks ran (NaN if none ran)"),
     Metric("placement_src_mismatches", "count",
            "migrations whose source CPU was not where the placement had the task"),
-    *windowed("variance", "tasks^2", "variance across the CPUs of their run-queue lengths, time-averaged"),
+    *windowed("variance", "tasks^2",
+              "variance across the CPUs of their run-queue lengths, time-averaged"),
     *windowed("static_variance", "tasks^2", "the same in the static ideal", NO_STATIC),
     *windowed("smape", "index", "SMAPE of the run-queue variance against the static ideal's "
               "(0: the same, 1: worst)", NO_STATIC),
@@ -99,8 +102,8 @@ class TwoClassExperiment(Experiment):
             raise ValueError(f"long_warmup_s={p['long_warmup_s']} leaves no long window in "
                              f"duration={p['duration']}")
         if p["short_warmup_s"] + p["short_s"] > p["duration"]:
-            raise ValueError(f"the short window {p['short_warmup_s']}+{p['short_s']} s does not fit "
-                             f"in duration={p['duration']}")
+            raise ValueError(f"the short window {p['short_warmup_s']}+{p['short_s']} s does not "
+                             f"fit in duration={p['duration']}")
 
     def spec(self, role: str, p: dict) -> dict:
         """TaskSpec fields of a task of ``role`` (duty, nice, period_ms)."""
@@ -118,9 +121,9 @@ class TwoClassExperiment(Experiment):
         for role in (self.first, self.second):
             for i, cpu in enumerate(cpus):
                 placed = cpu if p["static"] else cpus[0]
-                out.append(TaskSpec(name=f"{self.prefix[role]}{i:02d}", role=role, initial_cpu=placed,
-                                    pinned=bool(p["static"]), **self.spec(role, p),
-                                    **task_class(p, role)))
+                out.append(TaskSpec(name=f"{self.prefix[role]}{i:02d}", role=role,
+                                    initial_cpu=placed, pinned=bool(p["static"]),
+                                    **self.spec(role, p), **task_class(p, role)))
         return out
 
     def companions(self, p):
@@ -158,7 +161,8 @@ class TwoClassExperiment(Experiment):
         m = run.manifest
         t0, wins = m["t0_ns"], self.windows(run)
         rate = dyn["rate"].set_index("role")
-        out = {"ntasks": int(len(run.tasks)), "ncpus": len(m["cpus"]), "static": bool(m["params"]["static"]),
+        out = {"ntasks": int(len(run.tasks)), "ncpus": len(m["cpus"]),
+               "static": bool(m["params"]["static"]),
                "static_run": None if static is None else "static",
                "windows": {k: list(v) for k, v in wins.items()},
                "migrations": int(rate.loc["all", "migrations"]),
@@ -203,8 +207,9 @@ class TwoClassExperiment(Experiment):
         out += [
             plots_mixed.plot_shares_vs_static(run.shares, srun.shares, fig_dir / "shares.png"),
             plots_mixed.plot_variance_timeline(dyn["variance"], static["variance"], m["t0_ns"],
-                                               static["t0"], run.migrations, dur, max(p["bin_s"], 0.1),
-                                               wins, fig_dir / "variance.png"),
+                                               static["t0"], run.migrations, dur,
+                                               max(p["bin_s"], 0.1), wins,
+                                               fig_dir / "variance.png"),
             plots_mixed.plot_runqueue_pair(run.runqueue, srun.runqueue, m["cpus"],
                                            wins.get("long", (0.0, dur)), fig_dir / "runqueue.png",
                                            fair=len(run.tasks) / len(m["cpus"])),
@@ -216,12 +221,14 @@ class TwoClassExperiment(Experiment):
 
 class HeavyLight(TwoClassExperiment):
     name = "heavy-light"
-    question = "Is a mixed CPU demand balanced by weight, and which tasks are chosen (informed or blind)?"
+    question = ("Is a mixed CPU demand balanced by weight, and which tasks are chosen "
+                "(informed or blind)?")
     thesis = "7.2, figures 7.5, 7.6, 7.9-7.12 (E7, E9, E10)"
     params = (
-        Param("light_duty", 50.0, "float", "CPU demand of the light tasks in percent (thesis sweeps 5..100)",
-              percent),
-        Param("period_ms", 10.0, "float", "mean run+sleep period of the light tasks (ms)", positive),
+        Param("light_duty", 50.0, "float",
+              "CPU demand of the light tasks in percent (thesis sweeps 5..100)", percent),
+        Param("period_ms", 10.0, "float", "mean run+sleep period of the light tasks (ms)",
+              positive),
     ) + WINDOW_PARAMS + class_params("heavy") + class_params("light")
 
     def spec(self, role, p):
@@ -262,18 +269,24 @@ class HeavyLight(TwoClassExperiment):
         lines = [
             f"run                          {kind}; light duty {s['light_duty']:g}%",
             f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']}",
-            f"migrations                   {s['migrations']} ({number_text(s['migrations_per_s'])}/s)",
+            f"migrations                   {s['migrations']} "
+            f"({number_text(s['migrations_per_s'])}/s)",
         ]
         for w in ("short", "long"):
             where = window_text(s["windows"].get(w))
-            lines.append(f"{w:5} window {where:16} run-queue variance {number_text(s[f'variance_{w}'], 3)}"
-                         f" vs static {number_text(s[f'static_variance_{w}'], 3)}: SMAPE {number_text(s[f'smape_{w}'], 3)}; "
-                         f"one heavy + one light on {_pct(s[f'one_heavy_one_light_fraction_{w}'])} of CPUs; "
+            lines.append(f"{w:5} window {where:16} run-queue variance "
+                         f"{number_text(s[f'variance_{w}'], 3)}"
+                         f" vs static {number_text(s[f'static_variance_{w}'], 3)}: "
+                         f"SMAPE {number_text(s[f'smape_{w}'], 3)}; "
+                         "one heavy + one light on "
+                         f"{_pct(s[f'one_heavy_one_light_fraction_{w}'])} of CPUs; "
                          f"heavy allocation / static {number_text(s[f'heavy_slowdown_{w}'], 3)}")
         if not s["static"] and s["static_run"] is None:
-            lines.append("static ideal                 missing (no <run_dir>/static/): no SMAPE or slowdown")
+            lines.append("static ideal                 missing (no <run_dir>/static/): "
+                         "no SMAPE or slowdown")
         elif s["static_run"]:
-            lines.append(f"static ideal                 <run_dir>/{s['static_run']}/ (its own report.md)")
+            lines.append(f"static ideal                 <run_dir>/{s['static_run']}/ "
+                         "(its own report.md)")
         return lines
 
 

@@ -45,7 +45,8 @@ from harmony.workload.tasks import TaskSpec
 def source_target_tasks(sources: list[int], target_count: int, cpus: list[int],
                         pin_target: bool = False, sched: dict | None = None,
                         **target_spec) -> list[TaskSpec]:
-    """``sources[i]`` CPU-bound tasks on cpus[i] (names w00..), ``target_count`` on cpus[-1] (t00..).
+    """``sources[i]`` CPU-bound tasks on cpus[i] (names w00..), ``target_count`` on cpus[-1]
+    (t00..).
 
     The target's own tasks have role "target"; ``pin_target`` keeps them on the target after t0;
     ``target_spec`` (e.g. stop_after_s) applies to them only; ``sched`` (the scheduling class's
@@ -70,7 +71,8 @@ def causes_known(manifest: dict) -> bool:
 
 def check_two_cpus(name: str, cpus: list[int]) -> None:
     if len(cpus) < 2:
-        raise ValueError(f"{name} needs at least 2 CPUs (sources and one target); the set has {len(cpus)}")
+        raise ValueError(f"{name} needs at least 2 CPUs (sources and one target); "
+                         f"the set has {len(cpus)}")
 
 
 class HowMany(Experiment):
@@ -81,11 +83,12 @@ class HowMany(Experiment):
     params = (
         Param("x", 10, "int", "extra tasks on each source CPU: layout <base+x, ..., base+x, base> "
               "(the thesis sweeps 20..90)", non_negative),
-        Param("base", 10, "int", "tasks on the target CPU, and the base of every source", non_negative),
-        Param("round_gap_ms", 1.0, "float", "a gap longer than this between two migrations onto the "
-              "target starts a new balancing round", positive),
-        Param("tolerance", 0.15, "float", "balanced when every run queue is within this fraction of N/P",
-              positive),
+        Param("base", 10, "int", "tasks on the target CPU, and the base of every source",
+              non_negative),
+        Param("round_gap_ms", 1.0, "float", "a gap longer than this between two migrations onto "
+              "the target starts a new balancing round", positive),
+        Param("tolerance", 0.15, "float",
+              "balanced when every run queue is within this fraction of N/P", positive),
     )
 
     def validate(self, p, cpus):
@@ -104,18 +107,19 @@ class HowMany(Experiment):
         Metric("x", "count", "extra tasks on each source CPU (the parameter)"),
         *pick(SingleSource.summary, "ncpus", "ntasks"),
         Metric("target_cpu", "cpu", "the target CPU (the last of the set)"),
-        Metric("first_round_moved", "count", "tasks the first balancing round onto the target moved "
-               "from its first source", none_when="no balancing round onto the target"),
-        Metric("first_round_to_target", "count", "tasks the first round moved onto the target in all",
-               none_when="no round"),
-        Metric("first_round_source", "cpu", "the first source: source CPU of the round's first migration",
+        Metric("first_round_moved", "count", "tasks the first balancing round onto the target "
+               "moved from its first source", none_when="no balancing round onto the target"),
+        Metric("first_round_to_target", "count",
+               "tasks the first round moved onto the target in all", none_when="no round"),
+        Metric("first_round_source", "cpu",
+               "the first source: source CPU of the round's first migration",
                none_when="no round"),
         Metric("first_round_sources", "count", "source CPUs the first round moved tasks from",
                none_when="no round"),
-        Metric("poly_prediction", "tasks", "poly-balance prediction q_src - N/P (from the layout at t0 "
-               "without a round)"),
-        Metric("pairwise_prediction", "tasks", "pairwise prediction (q_src - q_target) / 2 (from the "
-               "layout at t0 without a round)"),
+        Metric("poly_prediction", "tasks", "poly-balance prediction q_src - N/P (from the layout "
+               "at t0 without a round)"),
+        Metric("pairwise_prediction", "tasks", "pairwise prediction (q_src - q_target) / 2 (from "
+               "the layout at t0 without a round)"),
         Metric("q_src_before", "count", "the first source's run queue just before the round",
                none_when="no round"),
         Metric("q_target_before", "count", "the target's run queue just before the round",
@@ -142,7 +146,8 @@ class HowMany(Experiment):
         t0, t_end, target = m["t0_ns"], m["end_ns"], cpus[-1]
         n, ncpus = int(len(run.tasks)), len(cpus)
         rule = rounds.round_rule(causes_known(m))
-        per_mig = rounds.df_target_rounds(run.migrations, target, p["round_gap_ms"], **rule["select"])
+        per_mig = rounds.df_target_rounds(run.migrations, target, p["round_gap_ms"],
+                                          **rule["select"])
         first = rounds.first_round(per_mig, run.runqueue, target, n, ncpus, t0)
         if first["poly_prediction"] is None:  # no round: predict from the layout at t0
             first.update(rounds.predictions(p["base"] + p["x"], p["base"], n, ncpus))
@@ -191,8 +196,9 @@ class HowMany(Experiment):
             first = "no balancing round onto the target"
         else:
             first = (f"{s['first_round_moved']} from CPU {s['first_round_source']} "
-                     f"({s['first_round_to_target']} onto the target from {s['first_round_sources']} "
-                     f"source(s)), ending {s['first_round_end_s'] * 1000:.1f} ms after t0")
+                     f"({s['first_round_to_target']} onto the target from "
+                     f"{s['first_round_sources']} source(s)), ending "
+                     f"{s['first_round_end_s'] * 1000:.1f} ms after t0")
         bal = ("never (within the run)" if s["time_to_balance_s"] is None
                else f"{s['time_to_balance_s'] * 1000:.1f} ms after t0")
         lines = [
@@ -207,9 +213,10 @@ class HowMany(Experiment):
             # a summary written before the rule was recorded counted every runnable move
             "rounds count                 "
             + rounds.round_rule(s.get("round_rule", "runnable") != "runnable")["text"],
-            f"balanced within tolerance    {bal}; balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
+            f"balanced within tolerance    {bal}; "
+            f"balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
         ]
         if s["ncpus"] == 2:
-            lines.append("note                         on 2 CPUs both policies predict x/2: E2 needs 3+ CPUs "
-                         "to tell them apart")
+            lines.append("note                         on 2 CPUs both policies predict x/2: "
+                         "E2 needs 3+ CPUs to tell them apart")
         return lines

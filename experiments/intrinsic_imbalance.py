@@ -34,7 +34,8 @@ class IntrinsicImbalance(Experiment):
     thesis = "7.1, figures 7.1-7.4 (E6)"
     params = (
         Param("layout", lambda P: [P + 1] + [0] * (P - 1), "list",
-              "tasks per CPU of the set at t0 (default P+1 on the first CPU, others idle)", non_negative),
+              "tasks per CPU of the set at t0 (default P+1 on the first CPU, others idle)",
+              non_negative),
         Param("duty", 100.0, "float", "CPU demand of every task in percent", percent),
         Param("warmup_s", 1.0, "float", "migration and oscillation rates count only after this (s)",
               non_negative),
@@ -43,11 +44,11 @@ class IntrinsicImbalance(Experiment):
     def validate(self, p, cpus):
         n, ncpu = sum(p["layout"]), len(cpus)
         if len(p["layout"]) > ncpu:
-            raise ValueError(f"layout {','.join(map(str, p['layout']))} has {len(p['layout'])} entries "
-                             f"but the CPU set has {ncpu} CPUs")
+            raise ValueError(f"layout {','.join(map(str, p['layout']))} has {len(p['layout'])} "
+                             f"entries but the CPU set has {ncpu} CPUs")
         if n <= ncpu or n % ncpu == 0:
-            raise ValueError(f"{n} tasks on {ncpu} CPUs is no intrinsic imbalance: N must exceed P and "
-                             f"P must not divide N (e.g. layout {ncpu + 1})")
+            raise ValueError(f"{n} tasks on {ncpu} CPUs is no intrinsic imbalance: N must exceed P "
+                             f"and P must not divide N (e.g. layout {ncpu + 1})")
         if p["warmup_s"] >= p["duration"]:
             raise ValueError(f"warmup_s={p['warmup_s']} leaves nothing of duration={p['duration']}")
 
@@ -62,8 +63,9 @@ class IntrinsicImbalance(Experiment):
                none_when="nothing of the run is after warmup_s"),
         Metric("runqueue_changes_per_s", "1/s", "run-queue changes per second after warmup_s "
                "(oscillation)", none_when="nothing of the run is after warmup_s"),
-        Metric("runqueue_variance", "tasks^2", "variance across the CPUs of their run-queue lengths, "
-               "time-averaged after warmup_s", none_when="nothing of the run is after warmup_s"),
+        Metric("runqueue_variance", "tasks^2", "variance across the CPUs of their run-queue "
+               "lengths, time-averaged after warmup_s",
+               none_when="nothing of the run is after warmup_s"),
         Metric("warmup_s", "s", "the parameter warmup_s"),
     )
 
@@ -92,7 +94,8 @@ class IntrinsicImbalance(Experiment):
             "migrations_after_warmup": n_after,
             "migrations_per_s": n_after / window if window > 0 else None,
             "runqueue_changes_per_s": rq_changes / window if window > 0 else None,
-            "runqueue_variance": mixed.time_average(var, "variance", t0, p["warmup_s"], m["measured_s"]),
+            "runqueue_variance": mixed.time_average(var, "variance", t0, p["warmup_s"],
+                                                    m["measured_s"]),
             "warmup_s": float(p["warmup_s"]),
         }
 
@@ -102,7 +105,8 @@ class IntrinsicImbalance(Experiment):
         m, p = run.manifest, run.manifest["params"]
         dur = m["measured_s"]
         fair = float(run.shares["fair"].median())
-        detail = (min(p["warmup_s"], max(0.0, dur - 1.0)), min(p["warmup_s"], max(0.0, dur - 1.0)) + min(1.0, dur))
+        detail = (min(p["warmup_s"], max(0.0, dur - 1.0)),
+                  min(p["warmup_s"], max(0.0, dur - 1.0)) + min(1.0, dur))
         return [
             plots.plot_shares(run.shares, fig_dir / "shares.png",
                               title=f"CPU share per task vs fair share P/N = {fair:.2f}"),
@@ -110,18 +114,21 @@ class IntrinsicImbalance(Experiment):
             plots_mixed.plot_runqueue_detail(run.runqueue, m["cpus"], detail,
                                              fig_dir / "runqueue.png",
                                              fair=len(run.tasks) / len(m["cpus"])),
-            plots_mixed.plot_allocation_timeline(run.allocation, fair, dur, fig_dir / "allocation.png"),
+            plots_mixed.plot_allocation_timeline(run.allocation, fair, dur,
+                                                 fig_dir / "allocation.png"),
         ]
 
     def describe(self, s: dict) -> list[str]:
         return [
-            f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']} (fair share P/N = {s['fair_share']:.3f})",
+            f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']} "
+            f"(fair share P/N = {s['fair_share']:.3f})",
             f"share per task               {s['share_min']:.3f} .. {s['share_max']:.3f} "
             f"(ratio to fair {s['share_ratio_min']:.2f} .. {s['share_ratio_max']:.2f})",
             f"Jain fairness index          {s['jain_index']:.4f}",
             f"migrations                   {s['migrations']} in the run; "
             f"{_f(s['migrations_per_s'])}/s after {s['warmup_s']:g} s",
-            f"run-queue changes            {_f(s['runqueue_changes_per_s'])}/s after {s['warmup_s']:g} s "
+            f"run-queue changes            {_f(s['runqueue_changes_per_s'])}/s "
+            f"after {s['warmup_s']:g} s "
             f"(mean variance across CPUs {_f(s['runqueue_variance'], 3)})",
         ]
 

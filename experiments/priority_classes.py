@@ -38,8 +38,8 @@ class PriorityClasses(TwoClassExperiment):
     first, second = "high", "low"
     prefix = {"high": "hi", "low": "lo"}
     params = (
-        Param("nice_diff", 10, "int", "nice of the low tasks minus nice of the high tasks (thesis 2..38)",
-              non_negative),
+        Param("nice_diff", 10, "int",
+              "nice of the low tasks minus nice of the high tasks (thesis 2..38)", non_negative),
         Param("high_nice", 0, "int", "nice value of the high-priority tasks", nice_value),
     ) + WINDOW_PARAMS + class_params("high") + class_params("low")
 
@@ -47,26 +47,29 @@ class PriorityClasses(TwoClassExperiment):
         super().validate(p, cpus)
         low = p["high_nice"] + p["nice_diff"]
         if not -20 <= low <= 19:
-            raise ValueError(f"high_nice={p['high_nice']} + nice_diff={p['nice_diff']} = {low} is not a "
-                             "nice value (-20..19); lower high_nice for large differences")
+            raise ValueError(f"high_nice={p['high_nice']} + nice_diff={p['nice_diff']} = {low} is "
+                             "not a nice value (-20..19); lower high_nice for large differences")
 
     def spec(self, role, p):
         return {"duty": 100.0, "nice": p["high_nice"] + (p["nice_diff"] if role == "low" else 0)}
 
     summary = (
-        Metric("nice_diff", "nice", "nice of the low tasks minus nice of the high tasks (the parameter)"),
+        Metric("nice_diff", "nice",
+               "nice of the low tasks minus nice of the high tasks (the parameter)"),
         Metric("high_nice", "nice", "nice value of the high-priority tasks (the parameter)"),
         Metric("low_nice", "nice", "nice value of the low-priority tasks"),
         *TWO_CLASS_SUMMARY,
-        Metric("high_migrations_per_cpu_s", "1/CPU-s", "migrations of high tasks per CPU-second they ran"),
-        Metric("low_migrations_per_cpu_s", "1/CPU-s", "migrations of low tasks per CPU-second they ran"),
-        *windowed("high_spread_index", "index", "spread of the high tasks over the CPUs, time-averaged "
-                  "(0: even, 1: all on one CPU)"),
+        Metric("high_migrations_per_cpu_s", "1/CPU-s",
+               "migrations of high tasks per CPU-second they ran"),
+        Metric("low_migrations_per_cpu_s", "1/CPU-s",
+               "migrations of low tasks per CPU-second they ran"),
+        *windowed("high_spread_index", "index", "spread of the high tasks over the CPUs, "
+                  "time-averaged (0: even, 1: all on one CPU)"),
         *windowed("low_spread_index", "index", "spread of the low tasks, time-averaged"),
-        *windowed("high_allocation_ratio", "ratio", "high tasks' CPU allocation over the static ideal's",
-                  NO_STATIC),
-        *windowed("low_allocation_ratio", "ratio", "low tasks' CPU allocation over the static ideal's",
-                  NO_STATIC),
+        *windowed("high_allocation_ratio", "ratio",
+                  "high tasks' CPU allocation over the static ideal's", NO_STATIC),
+        *windowed("low_allocation_ratio", "ratio",
+                  "low tasks' CPU allocation over the static ideal's", NO_STATIC),
         Metric("high_spread_index", "index", "high_spread_index_long", NO_WINDOW),
         Metric("low_cluster_index", "index", "low_spread_index_long", NO_WINDOW),
         Metric("high_allocation_ratio", "ratio", "high_allocation_ratio_long", NO_STATIC),
@@ -98,20 +101,26 @@ class PriorityClasses(TwoClassExperiment):
     def describe(self, s: dict) -> list[str]:
         kind = "static ideal (one high + one low pinned per CPU)" if s["static"] else "dynamic"
         lines = [
-            f"run                          {kind}; nice {s['high_nice']} (high) vs {s['low_nice']} (low), "
-            f"difference {s['nice_diff']}",
+            f"run                          {kind}; nice {s['high_nice']} (high) vs {s['low_nice']} "
+            f"(low), difference {s['nice_diff']}",
             f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']}",
-            f"migrations                   {s['migrations']} ({number_text(s['migrations_per_s'])}/s; "
-            f"{number_text(s['migrations_per_cpu_s'])} per CPU-second; high {number_text(s['high_migrations_per_cpu_s'])}, "
+            f"migrations                   {s['migrations']} "
+            f"({number_text(s['migrations_per_s'])}/s; "
+            f"{number_text(s['migrations_per_cpu_s'])} per CPU-second; "
+            f"high {number_text(s['high_migrations_per_cpu_s'])}, "
             f"low {number_text(s['low_migrations_per_cpu_s'])})",
         ]
         for w in ("short", "long"):
             where = window_text(s["windows"].get(w))
-            lines.append(f"{w:5} window {where:16} spread index high {number_text(s[f'high_spread_index_{w}'], 3)}, "
-                         f"low {number_text(s[f'low_spread_index_{w}'], 3)} (0 even, 1 all on one CPU); "
-                         f"high allocation / static {number_text(s[f'high_allocation_ratio_{w}'], 3)}")
+            lines.append(f"{w:5} window {where:16} spread index "
+                         f"high {number_text(s[f'high_spread_index_{w}'], 3)}, "
+                         f"low {number_text(s[f'low_spread_index_{w}'], 3)} "
+                         "(0 even, 1 all on one CPU); high allocation / static "
+                         f"{number_text(s[f'high_allocation_ratio_{w}'], 3)}")
         if not s["static"] and s["static_run"] is None:
-            lines.append("static ideal                 missing (no <run_dir>/static/): no allocation ratio")
+            lines.append("static ideal                 missing (no <run_dir>/static/): "
+                         "no allocation ratio")
         elif s["static_run"]:
-            lines.append(f"static ideal                 <run_dir>/{s['static_run']}/ (its own report.md)")
+            lines.append(f"static ideal                 <run_dir>/{s['static_run']}/ "
+                         "(its own report.md)")
         return lines

@@ -6,8 +6,9 @@ starts on CPU i mod P; released warm, the load balancer then keeps or changes th
 first, as companions (:meth:`Experiment.companions`), the two baselines on one CPU of the same
 host: ``one``, the same n tasks pinned to the set's first CPU (the speedup's 1-CPU system), and
 ``share``, the first n/P of them pinned there (the concurrency's; max(1, n // P) of them when P
-does not divide n, compared through the GPS shares, which then differ). The one-CPU systems are made by confining the tasks (the controller's cpuset, as every pinned task
-is), not by booting one CPU: the other CPUs stay online and idle.
+does not divide n, compared through the GPS shares, which then differ). The one-CPU systems are made
+by confining the tasks (the controller's cpuset, as every pinned task is), not by booting one CPU:
+the other CPUs stay online and idle.
 
 Measures each task's share of a CPU over the window in the three runs, matched by name, against
 the GPS allocation of their weights (nice) on P and on one CPU
@@ -49,8 +50,8 @@ def place_name(v) -> str | None:
 
 class Proportional(Experiment):
     name = "proportional"
-    question = ("Does a task get P times its 1-CPU allocation on P CPUs, and what it gets on one CPU "
-                "with 1/P of the tasks?")
+    question = ("Does a task get P times its 1-CPU allocation on P CPUs, and what it gets on one "
+                "CPU with 1/P of the tasks?")
     thesis = "9.2 (a) proportional speedup, (b) proportional concurrency"
     params = (
         Param("ntasks", lambda P: 2 * P, "int", "CPU-bound tasks (default 2P)", positive),
@@ -98,8 +99,9 @@ class Proportional(Experiment):
         Metric("concurrency_tasks", "count", "tasks of the concurrency baseline (n/P on one CPU; "
                "max(1, n // P) when P does not divide n)",
                none_when="no concurrency companion, or a baseline run"),
-        Metric("concurrency_ratio", "ratio", "the share of those tasks on P CPUs over theirs on one "
-               "CPU with n/P tasks, over the same of the GPS shares (1: proportional concurrency)",
+        Metric("concurrency_ratio", "ratio", "the share of those tasks on P CPUs over theirs on "
+               "one CPU with n/P tasks, over the same of the GPS shares "
+               "(1: proportional concurrency)",
                none_when="no concurrency companion"),
         Metric("concurrency_ratio_min", "ratio", "the worst of those tasks' own ratio",
                none_when="no concurrency companion"),
@@ -136,9 +138,11 @@ class Proportional(Experiment):
             "ntasks": int(len(run.tasks)), "ncpus": len(m["cpus"]), "cpus_used": used,
             "share_mean": float(df["share_p"].mean()), "share_min": float(df["share_p"].min()),
             "ideal_share": float(df["ideal_p"].mean()),
-            "one_cpu_share": float(one.mean()) if len(one) == len(df) and p["on"] == "set" else None,
-            **{k: nums[k] for k in ("speedup", "ideal_speedup", "speedup_ratio", "speedup_ratio_min",
-                                    "concurrency_ratio", "concurrency_ratio_min")},
+            "one_cpu_share": (float(one.mean()) if len(one) == len(df) and p["on"] == "set"
+                              else None),
+            **{k: nums[k] for k in ("speedup", "ideal_speedup", "speedup_ratio",
+                                    "speedup_ratio_min", "concurrency_ratio",
+                                    "concurrency_ratio_min")},
             "concurrency_tasks": conc or None,
             "migrations": int(len(mig)),
         }
@@ -158,8 +162,8 @@ class Proportional(Experiment):
 
         lines = [f"tasks / CPUs used            {s['ntasks']} / {s['cpus_used']} "
                  f"(of {s['ncpus']})",
-                 f"share per task               mean {s['share_mean']:.3f}, min {s['share_min']:.3f} "
-                 f"(GPS {s['ideal_share']:.3f})"]
+                 f"share per task               mean {s['share_mean']:.3f}, "
+                 f"min {s['share_min']:.3f} (GPS {s['ideal_share']:.3f})"]
         if s["cpus_used"] > 1:
             lines += [
                 f"on one CPU (all tasks)       mean {f(s['one_cpu_share'])}",

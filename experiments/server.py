@@ -1,8 +1,8 @@
 """server: what the balancing policy does to a server's request latency.
 
 A server-shaped workload of real processes talking over real AF_UNIX stream sockets and named
-pipes (:mod:`harmony.workload.serve`), every one of them a task of the run (spawned, held, released at t0
-and killed with the controller like any other, so the trace's migrations and run queues are
+pipes (:mod:`harmony.workload.serve`), every one of them a task of the run (spawned, held, released
+at t0 and killed with the controller like any other, so the trace's migrations and run queues are
 theirs). One open-loop client sends requests at Poisson arrivals over ``conns`` connections;
 each request asks a CPU work drawn from ``sizes`` (exponential of mean ``work_us``; ``pareto``:
 heavy-tailed, shape ``alpha``, same mean; ``fixed``: ``work_us`` every time), burnt in the
@@ -23,15 +23,15 @@ is captured (on the host, or by the guest agent in a VM: :meth:`Server.place`): 
 task spends handling a request besides its work (receive it from a socket, stamp it, record it,
 send it on, with the wake-ups and switches that costs) is measured between small processes over
 socket pairs with every CPU of the set busy, pairs across two CPUs and a pair within each, the
-dearer of the two (``overhead_ns``, :func:`harmony.workload.serve.measure_overhead`: 2000 round trips,
-both sides' CPU time; across on a host, within in a TCG guest), and the capacity is the
-fewest requests per second any bottleneck allows (:func:`harmony.workload.serve.capacity`): the CPUs (P s
-of CPU per s over the work plus one overhead per task a request passes through), each single task
-(the client; the reader; a loop), and each pool of tasks that sleep ``block_us``. On this host it
-is within -16..+3 % of the throughput each shape reaches overloaded (bench/server_capacity.py).
-The rate is load x capacity (``rate`` given: that rate); both are recorded among the parameters. A load of 1 or more is refused: an
-open loop at the capacity queues without bound. The client stops sending, and the run says
-so, when more than ``max_outstanding`` requests are unanswered.
+dearer of the two (``overhead_ns``, :func:`harmony.workload.serve.measure_overhead`: 2000 round
+trips, both sides' CPU time; across on a host, within in a TCG guest), and the capacity is the
+fewest requests per second any bottleneck allows (:func:`harmony.workload.serve.capacity`): the CPUs
+(P s of CPU per s over the work plus one overhead per task a request passes through), each single
+task (the client; the reader; a loop), and each pool of tasks that sleep ``block_us``. On this host
+it is within -16..+3 % of the throughput each shape reaches overloaded (bench/server_capacity.py).
+The rate is load x capacity (``rate`` given: that rate); both are recorded among the parameters. A
+load of 1 or more is refused: an open loop at the capacity queues without bound. The client stops
+sending, and the run says so, when more than ``max_outstanding`` requests are unanswered.
 
 Requests table (``requests.parquet``, :data:`harmony.analysis.tables.REQUESTS`): every request,
 its arrival, start, end, answer, work, the pids that served it, the CPUs they ran it on, the
@@ -77,8 +77,8 @@ def _sizes(v):
 
 
 def _load(v):
-    return None if 0 < v < 1 else ("must be in (0, 1): an open loop at or above the capacity cannot "
-                                   "keep up, its queue grows without bound")
+    return None if 0 < v < 1 else ("must be in (0, 1): an open loop at or above the capacity "
+                                   "cannot keep up, its queue grows without bound")
 
 
 class Server(Experiment):
@@ -88,10 +88,11 @@ class Server(Experiment):
     not_simulated = ("its tasks serve requests over sockets; the reference policies simulate CPU "
                      "demand only")
     params = (
-        Param("shape", "thread-per-connection", "str", "server architecture: thread per connection, "
-              "pool per stage, event loop or thread per core (each named with hyphens)", _shape),
-        Param("load", 0.5, "float", "offered load, a fraction of the capacity measured at the start, "
-              "< 1", _load),
+        Param("shape", "thread-per-connection", "str",
+              "server architecture: thread per connection, pool per stage, event loop or thread "
+              "per core (each named with hyphens)", _shape),
+        Param("load", 0.5, "float",
+              "offered load, a fraction of the capacity measured at the start, < 1", _load),
         Param("conns", lambda P: 4 * P, "int", "client connections (default 4P)", positive),
         Param("stages", 2, "int", "pool-per-stage: stages after the reader", positive),
         Param("pool", lambda P: P, "int", "pool-per-stage: tasks per stage (default P)", positive),
@@ -121,7 +122,8 @@ class Server(Experiment):
             raise ValueError(f"thread-per-core with conns={p['conns']} leaves loops of the "
                              f"{len(cpus)} CPUs without a connection: give conns >= {len(cpus)}")
         if p["drain_s"] >= p["duration"]:
-            raise ValueError(f"drain_s={p['drain_s']} leaves nothing of duration={p['duration']} to measure")
+            raise ValueError(f"drain_s={p['drain_s']} leaves nothing of "
+                             f"duration={p['duration']} to measure")
         if p["policy"] == "deadline":
             raise ValueError("policy=deadline: the server's tasks block on sockets; give them a "
                              "fair or real-time class")
@@ -163,7 +165,8 @@ class Server(Experiment):
 
     def place(self, specs, run_dir, params, cpus):
         """Each task told where its records go, the run's sockets and pipes made, and the
-        overhead and rate settled where the run is captured (:func:`harmony.workload.serve.place`)."""
+        overhead and rate settled where the run is captured
+        (:func:`harmony.workload.serve.place`)."""
         return serve.place(specs, run_dir, params, cpus)
 
     summary = (
@@ -226,7 +229,8 @@ class Server(Experiment):
 
         m = run.manifest
         rq = req.read_requests(run.path)
-        return [plot_latency(rq, run.migrations, m["t0_ns"], m["measured_s"], fig_dir / "latency.png",
+        return [plot_latency(rq, run.migrations, m["t0_ns"], m["measured_s"],
+                             fig_dir / "latency.png",
                              title=f"{m['params']['shape']}, load {m['params']['load']:g}")]
 
     def describe(self, s: dict) -> list[str]:
@@ -244,12 +248,16 @@ class Server(Experiment):
             f"latency p50/p90/p99/p99.9    {ms('latency_p50_ms')} / {ms('latency_p90_ms')} / "
             f"{ms('latency_p99_ms')} / {ms('latency_p999_ms')} ms (client lag p99 "
             f"{ms('client_lag_p99_ms')} ms)",
-            f"Jain (answered / latency)    {f('jain_answered', '{:.4f}')} / {f('jain_latency', '{:.4f}')}",
+            f"Jain (answered / latency)    {f('jain_answered', '{:.4f}')} / "
+            f"{f('jain_latency', '{:.4f}')}",
             f"service inversion (eq. 3.1)  {f('service_inversion')}",
-            f"p99 requests: migration      {f('p99_met_migration', '{:.1%}')} (all: {f('all_met_migration', '{:.1%}')})",
-            f"p99 requests: run-queue wait {f('p99_waited', '{:.1%}')} (all: {f('all_waited', '{:.1%}')})",
-            f"runnable tasks (burstiness)  mean {s['runnable_mean']:.2f}, p99 {s['runnable_p99']:.0f}; "
+            f"p99 requests: migration      {f('p99_met_migration', '{:.1%}')} "
+            f"(all: {f('all_met_migration', '{:.1%}')})",
+            f"p99 requests: run-queue wait {f('p99_waited', '{:.1%}')} "
+            f"(all: {f('all_waited', '{:.1%}')})",
+            f"runnable tasks (burstiness)  mean {s['runnable_mean']:.2f}, "
+            f"p99 {s['runnable_p99']:.0f}; "
             f"more than the CPUs {s['queued_frac']:.1%} of the time",
-            f"servers' placement           {s['server_migrations_per_task_s']:.1f} migrations per task "
-            f"and s; CPU time across CPUs Jain {f('server_cpu_jain', '{:.3f}')}",
+            f"servers' placement           {s['server_migrations_per_task_s']:.1f} migrations "
+            f"per task and s; CPU time across CPUs Jain {f('server_cpu_jain', '{:.3f}')}",
         ]

@@ -36,19 +36,20 @@ class SingleSource(Experiment):
     thesis = "6.2, figures 6.3-6.5 (E1)"
     params = (
         Param("layout", lambda P: [2 * P] + [0] * (P - 1), "list",
-              "tasks per CPU of the set at t0 (default 2P on the first CPU, others idle)", non_negative),
+              "tasks per CPU of the set at t0 (default 2P on the first CPU, others idle)",
+              non_negative),
         Param("duty", 100.0, "float", "CPU demand of every task in percent", percent),
         Param("nice", 0, "int", "nice value of every task", nice_value),
-        Param("tolerance", 0.15, "float", "balanced when every run queue is within this fraction of N/P",
-              positive),
+        Param("tolerance", 0.15, "float",
+              "balanced when every run queue is within this fraction of N/P", positive),
     )
 
     workload = frozenset({"duty", "nice"})
 
     def validate(self, p, cpus):
         if len(p["layout"]) > len(cpus):
-            raise ValueError(f"layout {','.join(map(str, p['layout']))} has {len(p['layout'])} entries "
-                             f"but the CPU set has {len(cpus)} CPUs")
+            raise ValueError(f"layout {','.join(map(str, p['layout']))} has {len(p['layout'])} "
+                             f"entries but the CPU set has {len(cpus)} CPUs")
         if sum(p["layout"]) == 0:
             raise ValueError("layout places no task")
 
@@ -59,7 +60,8 @@ class SingleSource(Experiment):
         Metric("ntasks", "count", "experiment tasks"),
         Metric("ncpus", "count", "CPUs of the set"),
         Metric("migrations", "count", "migrations in the measured window (from t0 to the end)"),
-        Metric("balance_migrations", "count", "of those, moves of runnable tasks (the load balancer's)"),
+        Metric("balance_migrations", "count",
+               "of those, moves of runnable tasks (the load balancer's)"),
         Metric("time_to_balance_s", "s", "from t0 until every run queue is within tolerance of N/P "
                "and stays there to the end", none_when="not balanced at the end"),
         Metric("first_balanced_s", "s", "from t0 until the run queues were first within tolerance",
@@ -75,10 +77,11 @@ class SingleSource(Experiment):
         Metric("balanced_at_end", "bool", "the run queues are within tolerance at the end"),
         Metric("migrations_after_balance", "count", "migrations after time_to_balance_s (affinity)",
                none_when="not balanced at the end"),
-        Metric("migrations_after_balance_per_s", "1/s", "the same per second of the balanced stretch",
-               none_when="not balanced at the end"),
+        Metric("migrations_after_balance_per_s", "1/s",
+               "the same per second of the balanced stretch", none_when="not balanced at the end"),
         Metric("balance_migrations_after_balance", "count",
-               "moves of runnable tasks after time_to_balance_s", none_when="not balanced at the end"),
+               "moves of runnable tasks after time_to_balance_s",
+               none_when="not balanced at the end"),
         Metric("share_min", "fraction", "smallest CPU share of a task (CPU time / wall time)"),
         Metric("share_max", "fraction", "largest CPU share of a task"),
         Metric("fair_share", "fraction", "a task's fair share of a CPU (median over the tasks)"),
@@ -147,15 +150,18 @@ class SingleSource(Experiment):
             bal = f"{s['time_to_balance_s'] * 1000:.1f} ms after t0"
         return [
             f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']}",
-            f"migrations                   {s['migrations']} ({s['balance_migrations']} while runnable)",
-            f"balanced within tolerance    {bal}; balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
+            f"migrations                   {s['migrations']} "
+            f"({s['balance_migrations']} while runnable)",
+            f"balanced within tolerance    {bal}; "
+            f"balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
             *settled_lines(s),
             "migrations after balance     " + (
                 f"n/a ({'not balanced for good' if first is not None else 'never balanced'})"
                 if s["migrations_after_balance"] is None else
                 f"{s['migrations_after_balance']} ({_fmt(s['migrations_after_balance_per_s'])}/s)"),
             f"share per task               {s['share_min']:.3f} .. {s['share_max']:.3f} "
-            f"(fair {s['fair_share']:.3f}; ratio {s['share_ratio_min']:.2f} .. {s['share_ratio_max']:.2f})",
+            f"(fair {s['fair_share']:.3f}; "
+            f"ratio {s['share_ratio_min']:.2f} .. {s['share_ratio_max']:.2f})",
             f"Jain fairness index          {s['jain_index']:.4f}",
         ]
 

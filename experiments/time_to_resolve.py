@@ -28,7 +28,8 @@ class TimeToResolve(HowMany):
         Metric("balanced_s", "s", "time the run queues were within tolerance, in all"),
         *pick(SingleSource.summary, "balanced_at_end"),
         Metric("migrations", "count", "migrations from t0 on"),
-        Metric("balance_migrations", "count", "of those, moves of runnable tasks (the load balancer's)"),
+        Metric("balance_migrations", "count",
+               "of those, moves of runnable tasks (the load balancer's)"),
         *pick(SingleSource.summary, "migrations_after_balance"),
         Metric("rounds_onto_target", "count", "balancing rounds onto the target"),
         *pick(HowMany.summary, "moved_to_target"),
@@ -81,11 +82,14 @@ class TimeToResolve(HowMany):
             f"resolved (balanced for good) {ms(s['time_to_balance_s'])}; "
             f"balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
             f"first balanced               {ms(s['first_balanced_s'])} "
-            f"(entered balance {s['balance_entries']} time(s), balanced {s['balanced_s']:.2f} s in all)",
-            f"migrations                   {s['migrations']} ({s['balance_migrations']} while runnable; "
+            f"(entered balance {s['balance_entries']} time(s), "
+            f"balanced {s['balanced_s']:.2f} s in all)",
+            f"migrations                   {s['migrations']} "
+            f"({s['balance_migrations']} while runnable; "
             + (f"{s['migrations_after_balance']} after the balance)"
                if s["migrations_after_balance"] is not None else "never balanced)"
                if s["first_balanced_s"] is None else "not balanced for good)"),
             *settled_lines(s),
-            f"rounds onto the target       {s['rounds_onto_target']} ({s['moved_to_target']} tasks)",
+            f"rounds onto the target       {s['rounds_onto_target']} "
+            f"({s['moved_to_target']} tasks)",
         ]

@@ -17,7 +17,15 @@ import random
 from pathlib import Path
 
 from harmony.analysis import rounds
-from harmony.experiments.base import Experiment, Metric, Param, non_negative, pick, positive, task_class
+from harmony.experiments.base import (
+    Experiment,
+    Metric,
+    Param,
+    non_negative,
+    pick,
+    positive,
+    task_class,
+)
 from harmony.experiments.how_many import HowMany, check_two_cpus, source_target_tasks
 
 NS = 1_000_000_000
@@ -44,14 +52,15 @@ class WorkConservation(Experiment):
     thesis = "6.4 (E4)"
     params = (
         Param("duration", 4.0, "float", "seconds measured after t0", positive),
-        Param("tasks_per_cpu", 4, "int", "CPU-bound tasks on every CPU at t0 (the target's exit later)",
-              positive),
-        Param("idle_at_s", -1.0, "float", "when the target's tasks exit (s after t0); negative: drawn "
-              "uniformly from [idle_from_s, idle_to_s] with the run's seed"),
+        Param("tasks_per_cpu", 4, "int",
+              "CPU-bound tasks on every CPU at t0 (the target's exit later)", positive),
+        Param("idle_at_s", -1.0, "float", "when the target's tasks exit (s after t0); negative: "
+              "drawn uniformly from [idle_from_s, idle_to_s] with the run's seed"),
         Param("idle_from_s", 1.0, "float", "earliest drawn exit time (s after t0)", non_negative),
         Param("idle_to_s", 2.5, "float", "latest drawn exit time (s after t0)", non_negative),
         Param("pin_target", 1, "int", "1: the target's own tasks stay pinned to it until they exit "
-              "(so the target, not a source, loses them); 0: released like the others", non_negative),
+              "(so the target, not a source, loses them); 0: released like the others",
+              non_negative),
     )
 
     def validate(self, p, cpus):
@@ -72,29 +81,35 @@ class WorkConservation(Experiment):
 
     summary = (
         *pick(HowMany.summary, "ncpus", "ntasks", "target_cpu"),
-        Metric("idle_at_s", "s", "when the target's tasks exit, after t0 (the parameter, or drawn)"),
-        Metric("target_idle_at_s", "s", "when the target's queue, less tasks already exiting, reached "
-               "0, after t0", none_when="the target never went idle (a task was pulled onto it first)"),
-        Metric("steal_latency_s", "s", "from the target CPU going idle (switching to its idle task) "
-               "to the first pull onto it; 0 if the pull came first", none_when="nothing was pulled"),
+        Metric("idle_at_s", "s",
+               "when the target's tasks exit, after t0 (the parameter, or drawn)"),
+        Metric("target_idle_at_s", "s", "when the target's queue, less tasks already exiting, "
+               "reached 0, after t0",
+               none_when="the target never went idle (a task was pulled onto it first)"),
+        Metric("steal_latency_s", "s", "from the target CPU going idle (switching to its idle "
+               "task) to the first pull onto it; 0 if the pull came first",
+               none_when="nothing was pulled"),
         Metric("queue_empty_to_pull_s", "s", "from the target's queue emptying to the first pull",
                none_when="nothing was pulled"),
-        Metric("cpu_idle_at_s", "s", "when the target CPU switched to its idle task before the pull, "
-               "after t0", none_when="it did not before the pull, or nothing was pulled"),
+        Metric("cpu_idle_at_s", "s", "when the target CPU switched to its idle task before the "
+               "pull, after t0", none_when="it did not before the pull, or nothing was pulled"),
         Metric("stolen", "bool", "a task was pulled onto the target once it went idle",
                none_when="the target never went idle"),
         Metric("first_pull_at_s", "s", "the first pull onto the idle target, after t0",
                none_when="nothing was pulled"),
-        Metric("first_pull_src_cpu", "cpu", "the CPU the first pull came from", none_when="nothing was pulled"),
+        Metric("first_pull_src_cpu", "cpu", "the CPU the first pull came from",
+               none_when="nothing was pulled"),
         Metric("first_pull_kind", "name", "the first pull's migration kind (balance, wakeup...)",
                none_when="nothing was pulled"),
-        Metric("first_run_latency_s", "s", "from the target going idle to the first run there of a task "
-               "from another CPU", none_when="no such run"),
-        Metric("idle_before_pull_s", "s", "of the time to the pull, what the target spent in its idle task",
+        Metric("first_run_latency_s", "s", "from the target going idle to the first run there of "
+               "a task from another CPU", none_when="no such run"),
+        Metric("idle_before_pull_s", "s",
+               "of the time to the pull, what the target spent in its idle task",
                none_when="nothing was pulled"),
-        Metric("other_before_pull_s", "s", "of the time to the pull, what the target spent running tasks "
-               "outside the experiment", none_when="nothing was pulled"),
-        Metric("pulls_before_idle", "count", "migrations onto the target from t0 until it went idle"),
+        Metric("other_before_pull_s", "s", "of the time to the pull, what the target spent "
+               "running tasks outside the experiment", none_when="nothing was pulled"),
+        Metric("pulls_before_idle", "count",
+               "migrations onto the target from t0 until it went idle"),
         Metric("pulls_after_idle", "count", "migrations onto the target after it went idle"),
         Metric("migrations", "count", "migrations from t0 on"),
     )
@@ -142,7 +157,8 @@ class WorkConservation(Experiment):
         return [
             plot_steal(load, run.migrations, target, st, fig_dir / "steal.png"),
             plot_rounds_timeline(run.runqueue, per_mig, cpus, target, m["measured_s"],
-                                 fig_dir / "timeline.png", marks={"target's tasks exit": s["idle_at_s"]},
+                                 fig_dir / "timeline.png",
+                                 marks={"target's tasks exit": s["idle_at_s"]},
                                  title=f"Run queues; pulls onto target CPU {target}"),
         ]
 
@@ -157,13 +173,15 @@ class WorkConservation(Experiment):
                 f"{us(s['steal_latency_s'])} after the CPU went idle, from CPU "
                 f"{s['first_pull_src_cpu']} ({s['first_pull_kind']})")
         if not s["stolen"]:
-            verdict = "not measurable" if s["stolen"] is None else "nothing was pulled: not work-conserving"
+            verdict = ("not measurable" if s["stolen"] is None
+                       else "nothing was pulled: not work-conserving")
         else:
             idle_s = s["idle_before_pull_s"]
             verdict = (f"target sat idle {us(idle_s)} before the pull (other tasks ran "
                        f"{us(s['other_before_pull_s'])}; exiting tasks held it the rest)")
         return [
-            f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']} (target CPU {s['target_cpu']})",
+            f"tasks / CPUs                 {s['ntasks']} / {s['ncpus']} "
+            f"(target CPU {s['target_cpu']})",
             f"target's tasks exit at       {s['idle_at_s']:.4f} s (drawn); target idle {idle}",
             f"first pull onto the target   {pull}",
             f"pulls onto the target        {s['pulls_before_idle']} before idle, "

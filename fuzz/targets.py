@@ -4,8 +4,8 @@ A target writes the input where its parser reads it (files under a scratch direc
 perf.data, a tracefs recording's directory, a run directory...) and calls the parser the way
 Harmony does. Its contract, checked by :func:`check_error` and by whoever calls it (``run.py``
 when fuzzing, ``tests/test_fuzz_corpus.py`` when replaying the saved corpus): every input either
-decodes or raises a :class:`~harmony.core.errors.HarmonyError` whose message is one line naming the file
-it read. Anything else that escapes (IndexError, struct.error, numpy's ValueError, a
+decodes or raises a :class:`~harmony.core.errors.HarmonyError` whose message is one line naming the
+file it read. Anything else that escapes (IndexError, struct.error, numpy's ValueError, a
 RecursionError, a MemoryError...) is a finding, and so is an input that takes more than 2 s or
 more than 1 GiB of memory (``run.py`` enforces those).
 
@@ -232,9 +232,9 @@ def _rundir_files(data: bytes, scratch: Path) -> Path:
 
 
 def _rundir(data: bytes, scratch: Path) -> None:
-    """store.open_run (as it is, and allowing an incomplete run), the summary and the tables the input
-    holds (a table section replaces the template's), then pipeline.load_checked, which verifies the
-    tables the manifest lists."""
+    """store.open_run (as it is, and allowing an incomplete run), the summary and the tables the
+    input holds (a table section replaces the template's), then pipeline.load_checked, which
+    verifies the tables the manifest lists."""
     from harmony import pipeline, store
     d = _rundir_files(data, scratch)
     for allow in (False, True):

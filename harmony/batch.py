@@ -139,7 +139,8 @@ def batch_text(record: dict) -> str:
              f"{'metric':34} {'median':>10} {'IQR':>10} {'95% CI of median':>24}  n"]
     for a in record["aggregates"]:
         ci = ("" if a["ci_low"] is None else f"{a['ci_low']:.4g} .. {a['ci_high']:.4g}")
-        lines.append(f"{a['metric']:34} {_g(a['median']):>10} {_g(a['iqr']):>10} {ci:>24}  {a['n']}")
+        lines.append(f"{a['metric']:34} {_g(a['median']):>10} {_g(a['iqr']):>10} "
+                     f"{ci:>24}  {a['n']}")
     for f in record["failed"]:
         lines.append(f"not complete: {f['rep']}: {f['reason']}")
     ud = record.get("until_decided")

@@ -85,7 +85,8 @@ def _first_line(text: str) -> str:
 def _run(argv: list[str], timeout: float = 5.0) -> tuple[int | None, str, str]:
     """(returncode or None on timeout/exec failure, stdout, stderr)."""
     try:
-        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         return None, "", f"timed out after {timeout:g} s"
     except OSError as e:
@@ -99,7 +100,8 @@ def _mount(fstype: str, target: Path) -> tuple[bool, str]:
         return False, "no mount command"
     try:
         r = subprocess.run(
-            ["mount", "-t", fstype, "nodev", str(target)], capture_output=True, text=True, timeout=10
+            ["mount", "-t", fstype, "nodev", str(target)], capture_output=True, text=True,
+            timeout=10
         )
     except (OSError, subprocess.SubprocessError) as e:
         return False, str(e)
@@ -151,7 +153,8 @@ def check_scheduler(release: str) -> dict:
         why = "sched_ext BPF scheduler enabled"
     else:
         v = hostfacts.kernel_version(release)
-        why = f"kernel {v[0]}.{v[1]} {'>=' if v >= (6, 6) else '<'} 6.6" if v else "kernel version unknown"
+        why = (f"kernel {v[0]}.{v[1]} {'>=' if v >= (6, 6) else '<'} 6.6" if v
+               else "kernel version unknown")
     return check(OK if name != "unknown" else WARN, f"{name} ({why})", name=name)
 
 
@@ -205,7 +208,8 @@ def check_isolation() -> dict:
     isolated, nohz_full = iso["isolated"], iso["nohz_full"]
     hit = sorted(set(online_cpus()) & (set(isolated or []) | set(nohz_full or [])))
     parts = [f"isolated {_cpus_text(isolated)}" if isolated is not None else "isolated ?"]
-    parts.append(f"nohz_full {_cpus_text(nohz_full)}" if nohz_full is not None else "nohz_full not built")
+    parts.append(f"nohz_full {_cpus_text(nohz_full)}" if nohz_full is not None
+                 else "nohz_full not built")
     if hit:
         parts.append(f"balancer leaves {format_cpulist(hit)} alone")
     return check(WARN if hit else OK, "; ".join(parts), isolated=isolated, nohz_full=nohz_full,
@@ -215,7 +219,8 @@ def check_isolation() -> dict:
 def check_hz(config: dict, source: str | None) -> dict:
     hz = hostfacts.config_hz(config)
     if hz is None:
-        why = f"no CONFIG_HZ in {source}" if source else "no /boot/config-<release> or /proc/config.gz"
+        why = (f"no CONFIG_HZ in {source}" if source
+               else "no /boot/config-<release> or /proc/config.gz")
         return check(WARN, f"unknown ({why})", hz=None, source=source)
     return check(OK, f"{hz} (from {source})", hz=hz, source=source)
 
@@ -260,8 +265,9 @@ def check_cgroup() -> dict:
         detail += f"; cpuset bound to v1 at {v1_cpuset[0]}: the release uses that"
     else:
         detail += "; no cpuset controller: the release pins each task instead (slower)"
-    return check(OK if cpuset or v1_cpuset else WARN, detail, v2_mounted=True, v2_path=path, unified=unified,
-                 controllers=controllers, cpuset_v2=cpuset, cpuset_v1=v1_cpuset[0] if v1_cpuset else None)
+    return check(OK if cpuset or v1_cpuset else WARN, detail, v2_mounted=True, v2_path=path,
+                 unified=unified, controllers=controllers, cpuset_v2=cpuset,
+                 cpuset_v1=v1_cpuset[0] if v1_cpuset else None)
 
 
 def check_tracefs(mount: bool) -> dict:
@@ -302,7 +308,8 @@ def check_tracepoints(tracefs: str | None) -> tuple[dict, dict]:
     try:
         present = hostfacts.tracepoints(tracefs, "sched", SCHED_EVENTS)
     except PermissionError:
-        na = check(WARN, f"{events} not readable (need root)", present=[], missing=list(SCHED_EVENTS))
+        na = check(WARN, f"{events} not readable (need root)", present=[],
+                   missing=list(SCHED_EVENTS))
         return na, check(WARN, f"{events} not readable (need root)", present=False)
     except OSError as e:
         na = check(MISSING, f"{events}: {e.strerror}", present=[], missing=list(SCHED_EVENTS))
@@ -314,14 +321,16 @@ def check_tracepoints(tracefs: str | None) -> tuple[dict, dict]:
     elif missing:
         status, detail = WARN, f"{len(present)}/{len(SCHED_EVENTS)}; missing " + ", ".join(missing)
     else:
-        status, detail = OK, f"all {len(SCHED_EVENTS)}: " + " ".join(t.removeprefix("sched_") for t in present)
+        status, detail = OK, (f"all {len(SCHED_EVENTS)}: "
+                              + " ".join(t.removeprefix("sched_") for t in present))
     tp = check(status, detail, present=present, missing=missing)
     has_print, has_marker = hostfacts.markers(tracefs)
     if has_print and has_marker:
         fp = check(OK, "ftrace:print + trace_marker (markers)", present=True, trace_marker=True)
     else:
         what = "ftrace:print" if not has_print else "trace_marker"
-        fp = check(MISSING, f"no {what}: no markers in the trace", present=has_print, trace_marker=has_marker)
+        fp = check(MISSING, f"no {what}: no markers in the trace", present=has_print,
+                   trace_marker=has_marker)
     return tp, fp
 
 
@@ -418,8 +427,8 @@ def _verdict(facts: dict, probes: list) -> dict:
     reasons = []
     if not can_run:
         if not root:
-            reasons.append(f"not running as root (euid {facts['root'].get('euid')}): recording needs "
-                           f"root; without it: {', '.join(WITHOUT_ROOT)}")
+            reasons.append(f"not running as root (euid {facts['root'].get('euid')}): recording "
+                           f"needs root; without it: {', '.join(WITHOUT_ROOT)}")
         reasons += list(unavailable.values())
     return {"can_run": can_run, "probes": usable, "reasons": reasons, "unavailable": unavailable}
 
@@ -441,8 +450,8 @@ def doctor(mount: bool = True, test_record: bool = True, probes: tuple[str, ...]
     ``can_run`` is true when running as root and at least one probe (a tracefs instance with
     sched_switch, sched_migrate_task and sched_wakeup, or perf recording sched tracepoints) can
     record. ``probes``: check only these probes (the guest agent checks tracefs, whose check
-    loads no pandas); ``vm``: also the ``vm`` check (:func:`harmony.vm.machine.doctor_check`: can this
-    host boot kernels under test, with which accelerator).
+    loads no pandas); ``vm``: also the ``vm`` check (:func:`harmony.vm.machine.doctor_check`: can
+    this host boot kernels under test, with which accelerator).
     """
     t0 = time.monotonic()
     release = os.uname().release

@@ -46,7 +46,7 @@ from harmony.analysis.arrays import event_mask
 from harmony.core.errors import ImportFailed
 from harmony.probes import filemap
 from harmony.probes.encode import write_recording
-from harmony.probes.tracedat_write import write_tracedat
+from harmony.probes.tracedat_write import SIMULATOR_SYSNAME, write_tracedat
 
 #: the formats of :func:`export`, and the file each is written to by default, in the run directory
 FORMATS = {"trace.dat": "trace.dat", "perfetto": "trace.pftrace"}
@@ -70,9 +70,9 @@ def export_tracedat(run_dir: Path, dest: Path) -> tuple[Path, list[str]]:
     """Write the run's capture as a trace.dat at ``dest``; (dest, notes for the user: which
     capture, and what the file cannot hold).
 
-    A tracefs capture is converted (:func:`harmony.probes.tracedat_write.write_tracedat`): the run's own,
-    or the cross-check's when another probe recorded the run (:func:`export_source` says which);
-    an imported trace.dat is copied as it was. Any other run (the perf probe, an imported
+    A tracefs capture is converted (:func:`harmony.probes.tracedat_write.write_tracedat`): the run's
+    own, or the cross-check's when another probe recorded the run (:func:`export_source` says
+    which); an imported trace.dat is copied as it was. Any other run (the perf probe, an imported
     perf.data, a simulation) has its decoded events written as ring-buffer pages first
     (:mod:`harmony.probes.encode`, whose notes say what those pages cannot hold). ImportFailed
     (one line) when the capture or the events are missing.
@@ -129,7 +129,12 @@ def _export_events(run_dir: Path, manifest: dict, dest: Path) -> tuple[Path, lis
 def host_facts(manifest: dict) -> dict:
     """What the run's manifest says of the recording host's kernel, for the trace.dat's UNAME
     option (:func:`harmony.probes.tracedat_write.uname_text`): release, build and machine as
-    doctor saw them (an imported run: the uname its trace recorded)."""
+    doctor saw them (an imported run: the uname its trace recorded); a simulated run's names the
+    simulator and its policy, not Linux."""
+    simulated = manifest.get("simulated")
+    if simulated:
+        return {"sysname": SIMULATOR_SYSNAME, "kernel": "simulated",
+                "kernel_build": simulated.get("policy") or "-"}
     host = manifest.get("host") or {}
     kernel = (host.get("doctor") or {}).get("kernel") or {}
     facts = {"uname": host.get("uname") or None, "kernel": host.get("kernel"),
@@ -267,7 +272,8 @@ def trace_bytes(runs: pd.DataFrame, migrations: pd.DataFrame, runqueue: pd.DataF
         label = f"{m.name} {int(m.src_cpu)}->{int(m.dst_cpu)} ({cause})"
         events.append((int(m.ts), 2, _slice(track_uuid(MIGRATIONS_TRACK), label, TYPE_INSTANT,
                                             dict(pid=int(m.pid), src_cpu=int(m.src_cpu),
-                                                 dst_cpu=int(m.dst_cpu), kind=str(m.kind), cause=cause,
+                                                 dst_cpu=int(m.dst_cpu), kind=str(m.kind),
+                                                 cause=cause,
                                                  inferred=bool(getattr(m, "inferred", False))))))
     for q in runqueue.itertuples(index=False):
         events.append((int(q.ts), 2, _counter(counter_track(int(q.cpu)), int(q.nr))))

@@ -7,7 +7,8 @@ functions say where they looked. Paths are read from the module's constants at c
 point them at fake trees).
 
 The shape of an answer about the host is here too, for every module that gives one
-(:mod:`harmony.doctor`, each probe's ``doctor_check``, :func:`harmony.workload.controller.release_check`):
+(:mod:`harmony.doctor`, each probe's ``doctor_check``,
+:func:`harmony.workload.controller.release_check`):
 :func:`check` makes a dict with at least ``status`` (:data:`OK`, :data:`WARN` or :data:`MISSING`)
 and ``detail`` (one line for humans); the other keys are the machine-readable facts.
 """
@@ -81,7 +82,8 @@ def _llc_of(cache_dir: Path) -> tuple[dict | None, str | None]:
     shared = read_cpulist_file(index / "shared_cpu_list")
     if not shared:
         return None, f"cache/{index.name}/shared_cpu_list"
-    return {"index": index.name, "level": best[0][0], "cpus": shared, "id": read_int(index / "id")}, None
+    return {"index": index.name, "level": best[0][0], "cpus": shared,
+            "id": read_int(index / "id")}, None
 
 
 def _numa_nodes(sysfs: Path) -> dict[int, int] | None:
@@ -136,7 +138,8 @@ def topology(sysfs: str | Path | None = None) -> dict:
         package = field("physical_package_id", read_int)
         core = field("core_id", read_int)
         die = read_int(topo / "die_id")  # only on kernels/arches that have dies; no note
-        siblings = read_cpulist_file(topo / "core_cpus_list") or read_cpulist_file(topo / "thread_siblings_list")
+        siblings = (read_cpulist_file(topo / "core_cpus_list")
+                    or read_cpulist_file(topo / "thread_siblings_list"))
         if not siblings:
             siblings = None
             missing.setdefault("topology/thread_siblings_list", []).append(cpu)
@@ -192,7 +195,8 @@ def topology(sysfs: str | Path | None = None) -> dict:
     smt_active = {"1": True, "0": False}.get(smt) if smt is not None else None
     if smt_active is None and groups["smt"]:
         smt_active = any(len(g) > 1 for g in groups["smt"])
-    return {"cpus": rows, "counts": counts, "groups": groups, "smt_active": smt_active, "notes": notes}
+    return {"cpus": rows, "counts": counts, "groups": groups, "smt_active": smt_active,
+            "notes": notes}
 
 
 def isolation() -> dict:
@@ -233,8 +237,8 @@ def kernel_version(release: str | None = None) -> tuple[int, int] | None:
 
 
 def sched_ext_state(root: str | Path | None = None) -> dict:
-    """``{"state": "not built" | <contents of state>, "ops": name or None, "switch_all": bool|None}``
-    from ``root`` (default :data:`SCHED_EXT_DIR`)."""
+    """``{"state": "not built" | <contents of state>, "ops": name or None, "switch_all":
+    bool|None}`` from ``root`` (default :data:`SCHED_EXT_DIR`)."""
     root = Path(SCHED_EXT_DIR if root is None else root)
     state = read_text(root / "state")
     if state is None:

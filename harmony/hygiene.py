@@ -107,7 +107,8 @@ def orphans() -> list[tuple[int, str]]:
 
 
 def reclaim_stale() -> list[str]:
-    """Remove what dead Harmony runs left; return a line per thing removed. Call with the lock held."""
+    """Remove what dead Harmony runs left; return a line per thing removed.
+    Call with the lock held."""
     removed = []
     for pid, what in orphans():
         try:

@@ -41,6 +41,7 @@ from harmony.probes.tracedat_read import (
     decompressed_sizes,
     read_tracedat,
 )
+from harmony.probes.tracedat_write import SIMULATOR_SYSNAME
 from harmony.workload.tasks import TaskSpec, tasks_frame
 
 PERF_MAGIC = b"PERFILE2"
@@ -275,7 +276,8 @@ def absent_events(events: pd.DataFrame) -> list[str]:
 # --- choosing the tasks, t0 and the end ---------------------------------------------------------
 
 def _pid_comms(events: pd.DataFrame, cmdlines: dict[int, str]) -> dict[int, set[str]]:
-    """Every comm each pid is seen with (events' pid/comm, prev_pid/prev_comm, the file's cmdlines)."""
+    """Every comm each pid is seen with (events' pid/comm,
+    prev_pid/prev_comm, the file's cmdlines)."""
     out: dict[int, set[str]] = {}
     for pid_col, comm_col in (("pid", "comm"), ("prev_pid", "prev_comm")):
         for pid, comm in _pairs(events[pid_col], events[comm_col]):
@@ -575,11 +577,15 @@ def recorded_on(meta: dict) -> str:
     return ", ".join(words) or "an unknown host"
 
 
-def imported_scheduler(release: str | None) -> str:
+def imported_scheduler(release: str | None, uname: str = "") -> str:
     """The manifest's ``host.scheduler`` of a trace recorded on a kernel ``release``: the one the
     release implies, said to be implied -- "CFS (implied by kernel 6.1)", "EEVDF (implied by
     kernel 6.12)" -- since a sched_ext scheduler enabled when it was recorded leaves no mark in
-    the release; "?" with the reason when it records none, or one that is no version."""
+    the release; "?" with the reason when it records none, or one that is no version. A
+    simulated run's export (its ``uname`` names the simulator): the reference policy it ran."""
+    if str(uname).split()[:1] == [SIMULATOR_SYSNAME]:
+        policy = uname_facts(uname).get("kernel_build") or "?"
+        return f"reference policy {policy} (a simulated run, exported)"
     if not release:
         return "? (the trace records no kernel release)"
     name = hostfacts.implied_scheduler(release)
@@ -772,7 +778,7 @@ def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path
     manifest = pipeline.new_manifest(
         exp, values, cpu_set, f"import:{kind}", None,
         host={"kernel": meta.get("kernel") or "?",
-              "scheduler": imported_scheduler(meta.get("kernel")),
+              "scheduler": imported_scheduler(meta.get("kernel"), meta.get("uname", "")),
               "ncpus": meta.get("n_cpus") or len(read.file_cpus), "uname": meta.get("uname", ""),
               **uname_facts(meta.get("uname", ""))},
         source={"imported": str(path.resolve()), "format": kind,

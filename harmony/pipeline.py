@@ -1,4 +1,5 @@
-"""One analysis path for every capture: (capture, tasks, window, origin) -> a complete run directory.
+"""One analysis path for every capture: (capture, tasks, window, origin) ->
+a complete run directory.
 
 Every origin of a capture comes through here, and only here: a run recorded on this host
 (:mod:`harmony.run`: the probe's raw capture, the kernel's own view sampled during the run, the
@@ -61,8 +62,8 @@ from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, MARK_WARMUP
 from harmony.workload.tasks import class_counts
 
 #: a table of this many rows or more (the events, and a long trace's runs and run queue) is written
-#: to Parquet on a thread of the pool (harmony.core.jit.in_background) while the checks and metrics run:
-#: 10 M events take ~1.3 s to write, their 4.9 M runs 0.6 s and 5.4 M run-queue steps 0.4 s
+#: to Parquet on a thread of the pool (harmony.core.jit.in_background) while the checks and metrics
+#: run: 10 M events take ~1.3 s to write, their 4.9 M runs 0.6 s and 5.4 M run-queue steps 0.4 s
 BACKGROUND_WRITE_ROWS = 500_000
 
 #: origins of a capture (Origin.kind)
@@ -124,8 +125,8 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
     For a run recorded here or simulated: the raw capture under ``raw/<probe>/``, t0 / released /
     end from Harmony's markers in it, the tables the capture stored beside it (tasks, the kernel's
     own view, the workers' counters) unless ``origin`` and ``tasks`` hand them over in memory (the
-    process that has just captured it). Refuses (RunError) a run whose capture did not finish: it stays
-    marked incomplete. ``figures=False`` leaves the figures to :func:`draw_figures`.
+    process that has just captured it). Refuses (RunError) a run whose capture did not finish: it
+    stays marked incomplete. ``figures=False`` leaves the figures to :func:`draw_figures`.
     ``rebuilt``: the tables of a complete run that were missing or unreadable ({table: why}),
     rebuilt by this analysis (:func:`load`): its notes say so; a capture that cannot be decoded
     then leaves the run as it was.
@@ -486,7 +487,8 @@ def crosscheck(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame,
         result = {"probes": [a, name], "error": str(exc), "verdict": "not done"}
     store.write_json(out / "crosscheck.json", result)
     manifest["probe_agreement"] = {k: ({kk: vv for kk, vv in v.items() if kk != "examples"}
-                                       if isinstance(v, dict) and k in ("migrations", "runs") else v)
+                                       if isinstance(v, dict) and k in ("migrations", "runs")
+                                       else v)
                                    for k, v in result.items() if k not in ("notes",)}
     return trust.crosscheck_notes(result, a, name)
 

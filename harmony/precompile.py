@@ -4,18 +4,18 @@ install is as fast as the next ones: ``python -m harmony.precompile`` (``install
 The kernels (:mod:`harmony.probes.ringbuf_jit`, :mod:`harmony.analysis.taskstate_jit`,
 :mod:`harmony.analysis.reconstruct_jit`, :mod:`harmony.analysis.causes_jit`,
 :mod:`harmony.probes.perf_read_jit`) are compiled with
-``cache=True``: the first process that calls one compiles it (numba, ~15-20 s for all of them on a 2-CPU host) and stores the machine
-code next to its source (``__pycache__/*.nbi, *.nbc``); every later process loads it (~0.5-1 s).
-numba keys that cache by the source file's modification time and size and by the CPU it was
-compiled for, so a cache left by an older version of a file, or built on another machine, is
-never used: it is compiled again.
+``cache=True``: the first process that calls one compiles it (numba, ~15-20 s for all of them on a
+2-CPU host) and stores the machine code next to its source (``__pycache__/*.nbi, *.nbc``); every
+later process loads it (~0.5-1 s). numba keys that cache by the source file's modification time and
+size and by the CPU it was compiled for, so a cache left by an older version of a file, or built on
+another machine, is never used: it is compiled again.
 
 Here every kernel is called once, with the argument types a real command gives it, by running
-the real paths on small simulated runs (on 2 and 4 CPUs): their events written as tracefs pages and decoded
-(``decode_dir``), the same pages written as a trace.dat and imported (``harmony import``: the
-reader, the tables, the checks), with the compiled kernels forced on (``HARMONY_JIT=1``) and every
-kernel split over threads however small its input (the split paths call kernels the single-range
-path does not).
+the real paths on small simulated runs (on 2 and 4 CPUs): their events written as tracefs pages and
+decoded (``decode_dir``), the same pages written as a trace.dat and imported (``harmony import``:
+the reader, the tables, the checks), with the compiled kernels forced on (``HARMONY_JIT=1``) and
+every kernel split over threads however small its input (the split paths call kernels the
+single-range path does not).
 
 Where the installed package's directories are not writable by whoever runs Harmony, numba
 stores the cache under that user's cache directory instead (``~/.cache/numba``, or
@@ -76,7 +76,8 @@ def precompile(work: Path) -> dict:
         for ncpus in (2, 4):
             here = work / f"p{ncpus}"
             sim = simulate_run("poly-balance", "single-source", ncpus, here / "sim",
-                               overrides={"duration": "0.5", "layout": f"{2 * ncpus}" + ",0" * (ncpus - 1)})
+                               overrides={"duration": "0.5",
+                                          "layout": f"{2 * ncpus}" + ",0" * (ncpus - 1)})
             raw = here / "raw"
             write_recording(sim.events, sim.markers, {"cpus": list(range(ncpus)), "clock": "mono"},
                             raw)

@@ -2,9 +2,10 @@
 
 ``plan(ncpus, quick)`` lists the configurations: every experiment registered in CATALOG at run
 time, with the sweeps the thesis drew (x for how-many, light duty for heavy-light, nice difference
-for priority-classes; and the task count for proportional) where the experiment has that parameter. ``run_suite`` captures them back to
-back while holding the host lock once (no doctor, lock or stale-state sweep per run, one probe
-session), has the runner analyse them (see :class:`harmony.runners.KernelRunner`), then writes
+for priority-classes; and the task count for proportional) where the experiment has that parameter.
+``run_suite`` captures them back to back while holding the host lock once (no doctor, lock or
+stale-state sweep per run, one probe session), has the runner analyse them (see
+:class:`harmony.runners.KernelRunner`), then writes
 :mod:`harmony.analysis.report_suite` (policy card first). The suite draws the cross-run figures of
 its report only; each run's own figures and each configuration's repetition figure are drawn on
 demand by ``harmony report RUN`` or ``harmony report BATCH`` (drawing them all took longer than
@@ -28,7 +29,8 @@ from harmony import store
 from harmony.workload.controller import warm_s
 
 #: sweeps the thesis drew: experiment -> (parameter, full values, quick values). A value list may
-#: depend on P (how-many: x must be large enough for poly-balance (x/P) and pairwise (x/2) to differ).
+#: depend on P (how-many: x must be large enough for poly-balance (x/P) and pairwise
+#: (x/2) to differ).
 SWEEPS = {
     "how-many": ("x", lambda P: [20, 30, 40, 50, 60, 70, 80, 90], lambda P: [4 * P]),
     "heavy-light": ("light_duty", lambda P: [5, 20, 40, 60, 80, 100], lambda P: [20, 50]),
@@ -47,7 +49,8 @@ QUICK = {
     "detection": {"duration": 2.0, "cut_from_s": 0.5, "cut_to_s": 1.0},
     "intrinsic-imbalance": {"duration": 3.0, "warmup_s": 0.5},
     "heavy-light": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5, "short_s": 0.5},
-    "priority-classes": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5, "short_s": 0.5},
+    "priority-classes": {"duration": 3.0, "long_warmup_s": 1.5, "short_warmup_s": 0.5,
+                         "short_s": 0.5},
     "server": {"duration": 2.0},
     "proportional": {"duration": 1.0},
 }
@@ -299,9 +302,10 @@ class Progress:
             self.stream.flush()
 
 
-def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *, facts: dict | None = None,
-              seed: int = 0, quiet: bool = False, card_note: str | None = None,
-              resume: bool = False, until_decided: int | None = None) -> dict:
+def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
+              facts: dict | None = None, seed: int = 0, quiet: bool = False,
+              card_note: str | None = None, resume: bool = False,
+              until_decided: int | None = None) -> dict:
     """Run every configuration with ``runner`` (see :mod:`harmony.runners`) and write the report.
 
     ``runner.capture(exp, params, cpus, out, seed)`` records one run (real or simulated) and
@@ -438,9 +442,9 @@ def _import_report():
     return report_suite
 
 
-def simulate_suite(policy: str, ncpus: int, out: Path, quick: bool = True, repeat: int | None = None,
-                   experiments: list[str] | None = None, seed: int = 0, quiet: bool = True,
-                   topology: dict | None = None) -> dict:
+def simulate_suite(policy: str, ncpus: int, out: Path, quick: bool = True,
+                   repeat: int | None = None, experiments: list[str] | None = None,
+                   seed: int = 0, quiet: bool = True, topology: dict | None = None) -> dict:
     """The suite under a reference policy on ``ncpus`` simulated CPUs (no kernel, no root), on
     the machine ``topology`` (:mod:`harmony.analysis.machines`; its CPUs, then) when given,
     with the questions of distance at each of its levels (:func:`level_plan`)."""
@@ -460,7 +464,8 @@ def cpu_limits(ncpus: int) -> list[str]:
     """Plain statements of what a CPU set this small cannot answer, and why."""
     out = []
     if ncpus < 3:
-        out.append(f"On {ncpus} CPUs the poly-balance (q_src - N/P) and pairwise ((q_src - q_target)/2) "
-                   "predictions of how-many are the same number, x/2, so the suite cannot tell how the "
-                   "scheduler decides how many tasks to move; that needs 3 or more CPUs.")
+        out.append(f"On {ncpus} CPUs the poly-balance (q_src - N/P) and pairwise "
+                   "((q_src - q_target)/2) predictions of how-many are the same number, x/2, so "
+                   "the suite cannot tell how the scheduler decides how many tasks to move; that "
+                   "needs 3 or more CPUs.")
     return out

@@ -49,8 +49,8 @@ class Capture:
     meta:    facts about the recording, all JSON-serialisable. Keys every probe fills:
              ``probe`` (name), ``clock`` (trace clock name, e.g. "mono"), ``events_enabled`` (list),
              ``lost_events`` (int, total events the kernel or tool reported lost; -1 if unknown),
-             ``lost_by_cpu`` ({cpu: n}), ``bytes`` (raw bytes recorded), ``n_events`` (decoded rows),
-             ``notes`` (list of str: anything the probe could not see or had to repair).
+             ``lost_by_cpu`` ({cpu: n}), ``bytes`` (raw bytes recorded), ``n_events`` (decoded
+             rows), ``notes`` (list of str: anything the probe could not see or had to repair).
     """
 
     events: pd.DataFrame
@@ -86,7 +86,8 @@ class Probe(abc.ABC):
 
     @abc.abstractmethod
     def stop(self) -> None:
-        """Stop recording, flush everything to ``out_dir`` and remove all kernel state. Idempotent."""
+        """Stop recording, flush everything to ``out_dir`` and remove all kernel state.
+        Idempotent."""
 
     @classmethod
     @abc.abstractmethod
@@ -105,7 +106,8 @@ class Probe(abc.ABC):
 
     @classmethod
     def reclaim_stale(cls) -> list[str]:
-        """Remove kernel state left by Harmony processes that no longer exist; return what was removed."""
+        """Remove kernel state left by Harmony processes that no longer exist;
+        return what was removed."""
         return []
 
     @classmethod
@@ -142,7 +144,8 @@ class Probe(abc.ABC):
 
 
 def missing_tracepoints(tracepoints: dict) -> list[str]:
-    """The :data:`REQUIRED_TRACEPOINTS` that the doctor's ``sched_tracepoints`` check did not find."""
+    """The :data:`REQUIRED_TRACEPOINTS` that the doctor's ``sched_tracepoints`` check
+    did not find."""
     present = tracepoints.get("present", [])
     return [t for t in REQUIRED_TRACEPOINTS if t not in present]
 

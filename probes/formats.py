@@ -138,7 +138,8 @@ def _bounded(digits: str, what: str, base: int = 10) -> int:
 
 
 def _parse_decl(decl: str) -> tuple[str, str, bool, int | None, bool, bool]:
-    """Split a C declaration 'unsigned char buf[16]' -> (type, name, is_array, len, data_loc, rel_loc)."""
+    """Split a C declaration 'unsigned char buf[16]' ->
+    (type, name, is_array, len, data_loc, rel_loc)."""
     decl = " ".join(decl.split())
     data_loc = rel_loc = False
     if decl.startswith("__data_loc "):
@@ -149,7 +150,8 @@ def _parse_decl(decl: str) -> tuple[str, str, bool, int | None, bool, bool]:
         decl = decl[len("__rel_loc "):]
     is_array = False
     array_len: int | None = None
-    m = re.match(r"^(?P<type>.*?)\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*\[(?P<len>[^\]]*)\]\s*$", decl)
+    m = re.match(r"^(?P<type>.*?)\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
+                 r"\s*\[(?P<len>[^\]]*)\]\s*$", decl)
     if m and not (data_loc or rel_loc):
         is_array = True
         typ, name, ln = m.group("type"), m.group("name"), m.group("len").strip()
@@ -163,7 +165,8 @@ def _parse_decl(decl: str) -> tuple[str, str, bool, int | None, bool, bool]:
             array_len = -1            # a macro name: resolved from size later
     else:
         # '__data_loc char[] comm' keeps the brackets on the type
-        m2 = re.match(r"^(?P<type>.*?)\s*(?:\[[^\]]*\])?\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*$", decl)
+        m2 = re.match(r"^(?P<type>.*?)\s*(?:\[[^\]]*\])?"
+                      r"\s*(?P<name>[A-Za-z_][A-Za-z0-9_]*)\s*$", decl)
         if not m2:
             raise FormatError(f"cannot parse field declaration {decl!r}")
         typ, name = m2.group("type"), m2.group("name")
@@ -196,7 +199,8 @@ def parse_field_line(line: str) -> Field | None:
 
 
 #: the sizes the common fields every record starts with may have: the event type id is looked up in
-#: a table of 2^(8 * size) entries (the kernel's is an unsigned short), the pid is read as an integer
+#: a table of 2^(8 * size) entries (the kernel's is an unsigned short), the pid is read
+#: as an integer
 _COMMON_SIZES = {"common_type": (1, 2), "common_pid": (1, 2, 4, 8)}
 
 
@@ -247,9 +251,11 @@ def parse_header_page(text: str) -> HeaderPage:
     except KeyError as e:
         raise FormatError(f"header_page lacks the {e.args[0]} field") from None
     if ts.size != 8 or commit.size not in (4, 8):
-        raise FormatError(f"header_page has unsupported sizes (timestamp {ts.size}, commit {commit.size})")
-    return HeaderPage(timestamp_offset=ts.offset, timestamp_size=ts.size, commit_offset=commit.offset,
-                      commit_size=commit.size, data_offset=data.offset, data_size=data.size)
+        raise FormatError(f"header_page has unsupported sizes (timestamp {ts.size}, "
+                          f"commit {commit.size})")
+    return HeaderPage(timestamp_offset=ts.offset, timestamp_size=ts.size,
+                      commit_offset=commit.offset, commit_size=commit.size,
+                      data_offset=data.offset, data_size=data.size)
 
 
 def check_page_layout(hp: HeaderPage, page_size: int) -> None:
@@ -283,7 +289,8 @@ def parse_header_event(text: str) -> HeaderEvent:
         raise FormatError("header_event lacks the type_len/time_delta description")
     h = HeaderEvent(type_len_bits=vals["type_len"], time_delta_bits=vals["time_delta"],
                     padding=vals.get("padding", 29), time_extend=vals.get("time_extend", 30),
-                    time_stamp=vals.get("time_stamp", 31), data_max_type_len=vals.get("data_max", 28))
+                    time_stamp=vals.get("time_stamp", 31),
+                    data_max_type_len=vals.get("data_max", 28))
     if (h.type_len_bits, h.time_delta_bits) != (5, 27):
         raise FormatError(f"unsupported event header ({h.type_len_bits}/{h.time_delta_bits} bits)")
     return h
@@ -389,8 +396,8 @@ def sched_switch_preempt_flag(fmt: EventFormat | None) -> tuple[int, str | None]
     v = preempt_flag_from_print_fmt(fmt.print_fmt)
     if v is not None:
         return v, None
-    return DEFAULT_PREEMPT_FLAG, ("could not derive the sched_switch preempt flag from its print fmt; "
-                                  f"assumed TASK_REPORT_MAX={DEFAULT_PREEMPT_FLAG:#x}")
+    return DEFAULT_PREEMPT_FLAG, ("could not derive the sched_switch preempt flag from its print "
+                                  f"fmt; assumed TASK_REPORT_MAX={DEFAULT_PREEMPT_FLAG:#x}")
 
 
 # --- loading from a directory ------------------------------------------------------------------

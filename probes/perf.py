@@ -29,15 +29,16 @@ holds the lines perf wrote for that run, and meta.json says which segment of whi
 
 How start() knows recording is live: perf is started with every event disabled (``-D -1``) and a
 control pipe (``--control fd:CTL,ACK``). Once perf has opened and mmapped all events, start()
-writes ``enable`` to the control pipe; perf enables every event (ioctl PERF_EVENT_IOC_ENABLE on every
-per-CPU fd, synchronous in the kernel) and only then answers ``ack``. start() returns after reading
-the ``ack``, so every tracepoint hit after start() returns is recorded (barring ring-buffer loss,
-which perf reports and decode() counts).
+writes ``enable`` to the control pipe; perf enables every event (ioctl PERF_EVENT_IOC_ENABLE on
+every per-CPU fd, synchronous in the kernel) and only then answers ``ack``. start() returns after
+reading the ``ack``, so every tracepoint hit after start() returns is recorded (barring ring-buffer
+loss, which perf reports and decode() counts).
 
-Timestamps: ``-k CLOCK_MONOTONIC`` makes the kernel stamp every sample with ktime_get_mono_fast_ns(),
-the clock tracefs calls "mono" and ``time.clock_gettime_ns(time.CLOCK_MONOTONIC)`` reads, so the
-events, the markers and the tracefs probe's events share one time base. decode() checks that every
-sched event in perf.data really carries clockid 1.
+Timestamps: ``-k CLOCK_MONOTONIC`` makes the kernel stamp every sample with
+ktime_get_mono_fast_ns(), the clock tracefs calls "mono" and
+``time.clock_gettime_ns(time.CLOCK_MONOTONIC)`` reads, so the events, the markers and the tracefs
+probe's events share one time base. decode() checks that every sched event in perf.data really
+carries clockid 1.
 
 Markers: a ``trace_marker`` write is an ftrace ``print`` event; it goes into tracefs ring buffers
 only, never to perf (perf can open ``ftrace:print`` but receives nothing). So mark() reads
@@ -47,14 +48,15 @@ the action it marks (e.g. the SIGCONT that releases the workers) by the few micr
 JSON write; it is never late. Measured against the tracefs probe in ``--crosscheck perf`` runs
 (where the perf marker is written right after the tracefs one), over 10 runs: the user-space
 stamp trails the kernel's trace_marker stamp by 10-22 us at t0, 4-8 us at "released" and 8-46 us
-at the end; this includes the tracefs write itself, so a perf-only marker is closer still. A kernel-stamped alternative (a filtered syscall
-tracepoint) would put the marker into perf.data but needs CONFIG_FTRACE_SYSCALLS and still would not
-carry the text; the user-space stamp is simpler and precise enough for t0 and end.
+at the end; this includes the tracefs write itself, so a perf-only marker is closer still. A
+kernel-stamped alternative (a filtered syscall tracepoint) would put the marker into perf.data but
+needs CONFIG_FTRACE_SYSCALLS and still would not carry the text; the user-space stamp is simpler and
+precise enough for t0 and end.
 
-Blind task contexts (measured on this host, kernel 6.18, perf 6.1): perf records *nothing* that fires
-while certain tasks are current - swapper/1 (CPU 1's idle task) and threads of PID 1 (the VM's init
-agent) - at any level: their sched_switch, and the hardirq/softirq work done on their stack (an idle
-CPU 1's timer wake-ups and its idle balancer's migrations), while the same tracepoints in every
+Blind task contexts (measured on this host, kernel 6.18, perf 6.1): perf records *nothing* that
+fires while certain tasks are current - swapper/1 (CPU 1's idle task) and threads of PID 1 (the VM's
+init agent) - at any level: their sched_switch, and the hardirq/softirq work done on their stack (an
+idle CPU 1's timer wake-ups and its idle balancer's migrations), while the same tracepoints in every
 other task's context, swapper/0's included, are recorded. No LOST or THROTTLE record appears. The
 kernel does count those hits: a tracepoint event opened with perf_event_open() directly (no perf
 tool), sampling every hit on CPU 1, read 621 hits (tracefs: 621, 541 of them in swapper/1) but
@@ -311,7 +313,8 @@ class PerfProbe(Probe):
         self._events_missing: list[str] = []
         self.meta: dict = {}  # recording facts, complete after stop() (also in meta.json)
         self._finalizer = None
-        self._kept_rec: _KeptRecording | None = None  # the session's recording, if this run is in one
+        # the session's recording, if this run is in one
+        self._kept_rec: _KeptRecording | None = None
         self._log_path = self.out_dir / "perf.log"   # perf's stderr (a session's: its own)
         self._log_from = 0                            # where this run's part of that log starts
 
@@ -707,7 +710,8 @@ class PerfProbe(Probe):
 
         A perf process is ours only if its argv is ``perf record ... -o DIR/perf.data`` and
         DIR/perf.pid names exactly that process; it is stale only if DIR/owner.pid names a process
-        that no longer exists (pid gone, or reused: start time differs). Anything else is left alone.
+        that no longer exists (pid gone, or reused: start time differs). Anything else is
+        left alone.
         """
         removed = []
         for entry in Path("/proc").iterdir():
@@ -759,8 +763,8 @@ class PerfProbe(Probe):
         perf is found but ``can_record_sched`` is false: not a usable probe."""
         paranoid = hostfacts.read_int(hostfacts.PROC / "sys/kernel/perf_event_paranoid")
         perf = cls.perf_binary()
-        base = dict(present=False, path=perf, version=None, paranoid=paranoid, can_record_sched=False,
-                    events_tested=[], test_s=None, error=None)
+        base = dict(present=False, path=perf, version=None, paranoid=paranoid,
+                    can_record_sched=False, events_tested=[], test_s=None, error=None)
         if not perf:
             return check(MISSING, "perf not installed", **base)
         version = _perf_version(perf)
@@ -779,8 +783,10 @@ class PerfProbe(Probe):
         base.update(can_record_sched=rc == 0, events_tested=events, test_s=round(elapsed, 3),
                     error=error or None)
         if rc == 0:
-            return check(OK, f"{version}; record -e sched:* permitted (paranoid {paranoid})", **base)
-        return check(WARN, f"{version}; record -e sched:* refused (paranoid {paranoid}): {error}", **base)
+            return check(OK, f"{version}; record -e sched:* permitted (paranoid {paranoid})",
+                         **base)
+        return check(WARN, f"{version}; record -e sched:* refused (paranoid {paranoid}): {error}",
+                     **base)
 
 
 def try_record(perf: str, events: list[str], timeout: float) -> tuple[int | None, str, float]:

@@ -1,8 +1,8 @@
 """What a perf.data file says of itself: its header checked (:func:`check_perf_data`), the clock its
 sched events were stamped with (:func:`clock_of`) and what the samples perf lost mean for the sched
-events (:func:`lost_sched_events`). Used for the perf probe's recordings (:mod:`harmony.probes.perf`)
-and perf.data files from elsewhere (:mod:`harmony.importer`), with the facts
-:mod:`harmony.probes.perf_read` reads from the file.
+events (:func:`lost_sched_events`). Used for the perf probe's recordings
+(:mod:`harmony.probes.perf`) and perf.data files from elsewhere (:mod:`harmony.importer`), with the
+facts :mod:`harmony.probes.perf_read` reads from the file.
 
 The same facts as ``perf report`` prints them (:func:`run_perf_report`): the clock
 (:func:`clock_name`), the CPUs it was recorded on (:func:`recorded_cpus`), numbers of its header
@@ -28,8 +28,9 @@ from harmony.probes.schema import CAUSE_EVENTS
 # perf.data header check
 
 def check_perf_data(path: Path) -> dict:
-    """Validate the header of a perf.data file cheaply (:func:`harmony.probes.perf_read.read_header`:
-    no record is read); raise TraceCorrupt naming the file.
+    """Validate the header of a perf.data file cheaply
+    (:func:`harmony.probes.perf_read.read_header`: no record is read); raise TraceCorrupt
+    naming the file.
 
     Catches the usual ways a recording goes bad: empty/truncated file, perf killed before it wrote
     the final header (data size 0), and a file cut short after the data section (the feature
@@ -167,6 +168,6 @@ def lost_samples_by_event(stats: str) -> dict[str, int] | None:
     return out or None
 
 
-__all__ = ["CLOCKID_NAMES", "DEFAULT_CLOCK", "check_perf_data", "clock_name", "clock_of", "header_number",
-           "lost_samples_by_event", "lost_sched_events", "recorded_cpus", "run_perf_report",
-           "sched_clockids"]
+__all__ = ["CLOCKID_NAMES", "DEFAULT_CLOCK", "check_perf_data", "clock_name", "clock_of",
+           "header_number", "lost_samples_by_event", "lost_sched_events", "recorded_cpus",
+           "run_perf_report", "sched_clockids"]

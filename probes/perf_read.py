@@ -75,7 +75,8 @@ ATTR_FLAG_USE_CLOCKID = 1 << 25
 PERF_TYPE_TRACEPOINT = 2
 
 # sample_type bits (enum perf_event_sample_format), the ones before RAW
-SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR, SAMPLE_READ = 1 << 0, 1 << 1, 1 << 2, 1 << 3, 1 << 4
+SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR, SAMPLE_READ = \
+    1 << 0, 1 << 1, 1 << 2, 1 << 3, 1 << 4
 SAMPLE_CALLCHAIN, SAMPLE_ID, SAMPLE_CPU, SAMPLE_PERIOD = 1 << 5, 1 << 6, 1 << 7, 1 << 8
 SAMPLE_STREAM_ID, SAMPLE_RAW, SAMPLE_IDENTIFIER = 1 << 9, 1 << 10, 1 << 16
 # read_format bits

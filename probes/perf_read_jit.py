@@ -1,7 +1,7 @@
 """The compiled record walk of a perf.data's data section (numba), used by
-:func:`harmony.probes.perf_read.walk_records` when :mod:`harmony.core.jit` says so: the records follow
-one another, each header's size giving the next one's place, so the walk is one sequential pass
-(in Python ~0.3 us a record; here a few ns). Cached like :mod:`harmony.probes.ringbuf_jit`'s
+:func:`harmony.probes.perf_read.walk_records` when :mod:`harmony.core.jit` says so: the records
+follow one another, each header's size giving the next one's place, so the walk is one sequential
+pass (in Python ~0.3 us a record; here a few ns). Cached like :mod:`harmony.probes.ringbuf_jit`'s
 kernels (``harmony.precompile`` compiles it at install)."""
 
 from __future__ import annotations

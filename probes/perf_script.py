@@ -63,7 +63,8 @@ _PAYLOAD_RE = {
         rf"comm=(.*?) pid={_INT} prio={_INT}(?: success=\d+)? target_cpu={_INT}\n", re.A),
     "sched_process_fork": re.compile(rf"comm=(.*?) pid={_INT} child_comm=(.*?) child_pid={_INT}\n",
                                      re.A),
-    "sched_process_exit": re.compile(rf"comm=(.*?) pid={_INT} prio={_INT}(?: group_dead=\w+)?\n", re.A),
+    "sched_process_exit": re.compile(rf"comm=(.*?) pid={_INT} prio={_INT}(?: group_dead=\w+)?\n",
+                                     re.A),
 }
 _PAYLOAD_RE["sched_wakeup_new"] = _PAYLOAD_RE["sched_waking"] = _PAYLOAD_RE["sched_wakeup"]
 
@@ -195,7 +196,8 @@ class PerfScriptParser:
         nlines = text.count("\n")
         if len(rows) != nlines:
             # find the lines the header pattern rejected (slow path, only for odd chunks)
-            odd = [ln for ln in text.split("\n") if ln.strip() and not _LINE_RE.fullmatch("\n" + ln)]
+            odd = [ln for ln in text.split("\n")
+                   if ln.strip() and not _LINE_RE.fullmatch("\n" + ln)]
             bad = []
             for ln in odd:
                 m = _LOST_RE.fullmatch(ln)

@@ -121,7 +121,8 @@ def available() -> tuple[bool, str]:
 
 
 def doctor_check() -> dict:
-    """``harmony doctor``'s ``task_counters`` check: :func:`available`, and what it means for runs."""
+    """``harmony doctor``'s ``task_counters`` check: :func:`available`, and what it means
+    for runs."""
     ok, why = available()
     if ok:
         return check(OK, "/proc/<pid>/sched prints se.nr_migrations, nr_switches and "

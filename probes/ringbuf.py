@@ -189,7 +189,8 @@ def decode_recording(out_dir: Path) -> tuple[Capture, Decoded]:
     have = {f"{f.system}/{f.name}" for f in formats.values()}
     missing = [e for e in enabled if e not in have]
     if missing:
-        notes.append(f"no format stored for enabled events {missing}; their records cannot be decoded")
+        notes.append(f"no format stored for enabled events {missing}; "
+                     "their records cannot be decoded")
 
     lost_by_cpu, loss_notes = lost_events(files, dec, meta.get("stats") or {})
     notes += loss_notes

@@ -52,8 +52,8 @@ _OTHER_MAP = {
                                    "orig_cpu": ("src_cpu", "orig_cpu"),
                                    "target_cpu": ("dst_cpu", "target_cpu")},
 }
-_GENERIC_MAP = {"pid": ("pid",), "comm": ("comm",), "prio": ("prio",), "target_cpu": ("target_cpu",),
-                "orig_cpu": ("orig_cpu",)}
+_GENERIC_MAP = {"pid": ("pid",), "comm": ("comm",), "prio": ("prio",),
+                "target_cpu": ("target_cpu",), "orig_cpu": ("orig_cpu",)}
 STRING_COLUMNS = ("comm", "prev_comm")
 
 
@@ -349,7 +349,8 @@ def _decode_events(src, pos, length, ts, cpu, code, ids, formats, where):
         cmap = _column_map(fmt)
         for col, f in cmap.items():
             if col in STRING_COLUMNS:
-                codes, strings = gather_strings(src, p, ln, f, lambda k, idx=idx: where(int(idx[k])))
+                codes, strings = gather_strings(src, p, ln, f,
+                                                lambda k, idx=idx: where(int(idx[k])))
                 cat = str_cats[col]
                 remap = np.empty(len(strings), np.int32)
                 for i, s in enumerate(strings):

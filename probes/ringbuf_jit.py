@@ -23,11 +23,12 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-# walk() error kinds (err[0]); err[1] = page, err[2] = byte in page, err[3] = type_len, err[4] = length word
-# (err[5]: the first record too short for its type id, see walk)
+# walk() error kinds (err[0]); err[1] = page, err[2] = byte in page, err[3] = type_len, err[4] =
+# length word (err[5]: the first record too short for its type id, see walk)
 BAD_RECORD = 1
 # gather() error kinds
-SHORT_RECORD = 1      # err[1] = record index (as walked), err[2] = its length, err[3] = bytes its format needs
+SHORT_RECORD = 1      # err[1] = record index (as walked), err[2] = its length, err[3] = bytes its
+                      # format needs
 TABLE_FULL = 2        # more distinct strings than the table holds: retry with a bigger one
 # not a status (gather goes on, a short record found later wins): err[0] = BAD_STRING, err[1] =
 # the first record (as walked) whose dynamic string runs past it, err[2] = the string's offset,
@@ -148,7 +149,8 @@ def walk(buf, w32, page_size, data_offset, page_ts, data_size, active, starts,
 
 
 # how gather() reads one integer field (spec16/32/64[..., 2])
-READ_U8, READ_I8, READ_U16, READ_I16, READ_U32, READ_I32, READ_64, READ_BYTES, READ_SBYTES = range(9)
+(READ_U8, READ_I8, READ_U16, READ_I16, READ_U32, READ_I32, READ_64, READ_BYTES,
+ READ_SBYTES) = range(9)
 
 
 def read_kind(offset: int, size: int, signed: bool) -> int:

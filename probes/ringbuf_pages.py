@@ -106,7 +106,8 @@ class PageSource:
         counts = [s // page_size for s in sizes]
         return cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
                    np.repeat(np.arange(len(cpus)), counts), files,
-                   np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+                   np.concatenate([np.arange(k) for k in counts]) if counts
+                   else np.zeros(0, np.int64))
 
     @classmethod
     def from_file_parts(cls, path: Path, parts_by_cpu: dict[int, tuple[int, int]], page_size: int,
@@ -152,7 +153,8 @@ class PageSource:
         counts = [s // page_size for s in sizes]
         src = cls(buf, page_size, np.repeat(np.asarray(cpus, np.int64), counts),
                   np.repeat(np.arange(len(cpus)), counts), [str(p) for p in paths],
-                  np.concatenate([np.arange(k) for k in counts]) if counts else np.zeros(0, np.int64))
+                  np.concatenate([np.arange(k) for k in counts]) if counts
+                  else np.zeros(0, np.int64))
         src.mapped = mapped is not None
         return src
 
@@ -182,7 +184,8 @@ def _read_files(paths: list[Path], sizes: list[int],
 
 
 def read_uint(src: PageSource, byte_pos: np.ndarray, size: int) -> np.ndarray:
-    """Unsigned little-endian integers of ``size`` bytes at arbitrary byte positions (int64 result)."""
+    """Unsigned little-endian integers of ``size`` bytes at arbitrary byte positions
+    (int64 result)."""
     if size == 8 and not (byte_pos % 8).any():
         return src.view("<i8")[byte_pos >> 3]
     if size == 4 and not (byte_pos % 4).any():

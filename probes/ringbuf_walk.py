@@ -5,8 +5,8 @@ Ring-buffer page (sub-buffer) layout, as events/header_page describes it (64-bit
 
     u64      timestamp      absolute time of the page's first event (trace clock)
     local_t  commit         low 27 bits: bytes of event data; bit 31 RB_MISSED_EVENTS (events were
-                            lost before this page), bit 30 RB_MISSED_STORED (their count is stored as
-                            an unsigned long right after the data)
+                            lost before this page), bit 30 RB_MISSED_STORED (their count is stored
+                            as an unsigned long right after the data)
     char     data[]         events, 4-byte aligned
 
 Event header (u32): ``type_len`` = low 5 bits, ``time_delta`` = high 27 bits.
@@ -73,8 +73,8 @@ JIT_MIN_BYTES = 64 << 20
 
 
 def compiled(nbytes: int):
-    """The compiled kernels (:mod:`ringbuf_jit`) if :func:`harmony.core.jit.use_compiled` says so for
-    ``nbytes`` of pages, else None (the numpy decoder runs)."""
+    """The compiled kernels (:mod:`ringbuf_jit`) if :func:`harmony.core.jit.use_compiled` says so
+    for ``nbytes`` of pages, else None (the numpy decoder runs)."""
     if not use_compiled(nbytes, JIT_MIN_BYTES):
         return None
     from harmony.probes import ringbuf_jit  # here: loading numba and the kernels takes ~0.5-1 s
@@ -279,8 +279,8 @@ def _walk_compiled(jit, src: PageSource, hp: HeaderPage, heads: _Headers,
     if n_pages:
         np.cumsum(counts[:-1], out=starts[1:])
     n = int(counts.sum())
-    out = (np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int16),
-           np.empty(n if with_code else 0, np.int32))
+    out = (np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int64),
+           np.empty(n, np.int16), np.empty(n if with_code else 0, np.int32))
 
     def fill(lo, hi, _k):
         first_short = -1

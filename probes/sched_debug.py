@@ -129,14 +129,16 @@ def available(path: Path = SCHED_DEBUG) -> tuple[bool, str]:
             parse(f.read())
         return True, ""
     except FileNotFoundError:
-        return False, f"{path} does not exist (debugfs not mounted, or a kernel without CONFIG_SCHED_DEBUG)"
+        return False, (f"{path} does not exist (debugfs not mounted, or a kernel without "
+                       "CONFIG_SCHED_DEBUG)")
     except PermissionError:
         return False, f"{path} is not readable (needs root)"
     except (OSError, SchedDebugError) as exc:
         return False, f"{path}: {exc}"
 
 
-def doctor_check(debugfs: str | None, debugfs_mounted_now: bool = False, mount_error: str = "") -> dict:
+def doctor_check(debugfs: str | None, debugfs_mounted_now: bool = False,
+                 mount_error: str = "") -> dict:
     """``harmony doctor``'s ``sched_debug`` check: is the file readable (``sched/debug`` in
     ``debugfs``, mounted there, else :data:`PROC_SCHED_DEBUG`), and does it give ``nr_running``
     for every online CPU? ``debugfs_mounted_now``: the doctor mounted it (``mount_error``: why it
@@ -158,19 +160,23 @@ def doctor_check(debugfs: str | None, debugfs_mounted_now: bool = False, mount_e
             shown = []
         shows = bool(online) and all(c in shown for c in online)
         listed = format_cpulist(shown) if shown else "none"
-        detail = f"{path} readable; nr_running for {'every online CPU' if shows else 'CPUs ' + listed}"
+        detail = (f"{path} readable; nr_running for "
+                  f"{'every online CPU' if shows else 'CPUs ' + listed}")
         if debugfs_mounted_now:
             detail += " (mounted debugfs now)"
         return check(OK if shows else WARN, detail, path=str(path), readable=True,
-                     nr_running_per_cpu=shows, debugfs=debugfs, debugfs_mounted_by_doctor=debugfs_mounted_now)
+                     nr_running_per_cpu=shows, debugfs=debugfs,
+                     debugfs_mounted_by_doctor=debugfs_mounted_now)
     if tried:
         why = "; ".join(tried)
     elif debugfs is None:
-        why = "debugfs not mounted" + (f" (mount failed: {mount_error})" if mount_error else "") + ", no /proc/sched_debug"
+        why = ("debugfs not mounted" + (f" (mount failed: {mount_error})" if mount_error else "")
+               + ", no /proc/sched_debug")
     else:
         why = "no sched/debug in debugfs (CONFIG_SCHED_DEBUG off?), no /proc/sched_debug"
-    return check(WARN if tried else MISSING, why, path=None, readable=False, nr_running_per_cpu=False,
-                 debugfs=debugfs, debugfs_mounted_by_doctor=debugfs_mounted_now)
+    return check(WARN if tried else MISSING, why, path=None, readable=False,
+                 nr_running_per_cpu=False, debugfs=debugfs,
+                 debugfs_mounted_by_doctor=debugfs_mounted_now)
 
 
 class NrRunningSampler(threading.Thread):
@@ -225,8 +231,8 @@ class NrRunningSampler(threading.Thread):
             exp = sum(pid in self.pids for pid, _ in run)
             reader = sum(pid == reader_tid for pid, _ in run)
             others = [comm for pid, comm in run if pid not in self.pids and pid != reader_tid]
-            self.rows.append(((lo + after) // 2, lo, after, cpu, v.nr_running, len(run), exp, reader,
-                              len(others), ",".join(others)))
+            self.rows.append(((lo + after) // 2, lo, after, cpu, v.nr_running, len(run), exp,
+                              reader, len(others), ",".join(others)))
 
     def close(self) -> None:
         if self._fd is not None:

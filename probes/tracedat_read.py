@@ -17,11 +17,11 @@ trace-cmd.dat.v7(5))::
         u32 csize u32 usize <data>. Options sections chain through DONE (u64 next offset); options
         16..21 give the offsets of the header, ftrace, event-format, kallsyms, printk and cmdlines
         sections; BUFFER (3): u64 section offset "name\\0" "clock\\0" u32 page_size u32 n_cpus
-        {u32 cpu u64 offset u64 size}; compressed CPU data is u32 n_chunks {u32 csize u32 usize <data>}, its size
-        counting the chunks only.
+        {u32 cpu u64 offset u64 size}; compressed CPU data is u32 n_chunks
+        {u32 csize u32 usize <data>}, its size counting the chunks only.
 
-Everything that is wrong with a file raises :class:`~harmony.probes.base.TraceCorrupt` with a one-line
-message naming it.
+Everything that is wrong with a file raises :class:`~harmony.probes.base.TraceCorrupt` with a
+one-line message naming it.
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ class FileReader:
         """The NUL-terminated string at ``at`` and the offset after its NUL."""
         end = self.data.find(b"\0", at, min(self.size, at + limit))
         if end < 0:
-            raise TraceCorrupt(f"{self.path}: truncated or corrupt: unterminated {what} at offset {at}")
+            raise TraceCorrupt(f"{self.path}: truncated or corrupt: unterminated {what} "
+                               f"at offset {at}")
         return bytes(self.data[at:end]).decode("utf-8", "replace"), end + 1
 
 
@@ -309,7 +310,8 @@ def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str,
         raise TraceCorrupt(f"{path}: compressed with {algo!r}, which Harmony cannot read; convert "
                            "it with `trace-cmd convert --compression none`")
     if len(out) != usize:
-        raise TraceCorrupt(f"{path}: corrupt compressed {what} ({len(out)} bytes, header says {usize})")
+        raise TraceCorrupt(f"{path}: corrupt compressed {what} ({len(out)} bytes, "
+                           f"header says {usize})")
     return out
 
 
@@ -334,7 +336,8 @@ def _parse_formats(path: Path, r: FileReader, at: int, system: str | None,
         at += 8 + size
         m = _ID_LINE.search(text)
         if not m:
-            raise TraceCorrupt(f"{path}: bad event format in the file (no ID line) at offset {at - size}")
+            raise TraceCorrupt(f"{path}: bad event format in the file (no ID line) "
+                               f"at offset {at - size}")
         into[int(m.group(1))] = (system or "ftrace", text)
     return at
 
@@ -539,7 +542,8 @@ def read_tracing_data(path: Path, data: bytes) -> TraceDat:
 
 # --- version 7 ---------------------------------------------------------------------------------
 
-def _section(path: Path, r: FileReader, at: int, algo: str, what: str) -> tuple[int, FileReader, int]:
+def _section(path: Path, r: FileReader, at: int, algo: str,
+             what: str) -> tuple[int, FileReader, int]:
     """(section id, reader over its content, offset after the header) of the section at ``at``."""
     sid = r.u(at, "H", f"{what} section header")
     flags = r.u(at + 2, "H", f"{what} section header")
@@ -714,7 +718,8 @@ def choose_buffer(td: TraceDat, name: str | None) -> Buffer:
         raise TraceCorrupt(f"{td.path}: has no buffer {name!r} (buffers: {have})")
     full = [b for b in td.buffers if b.cpus]
     if td.latency_only or not td.buffers:
-        raise TraceCorrupt(f"{td.path}: holds a latency (text) trace, not flyrecord ring-buffer data")
+        raise TraceCorrupt(f"{td.path}: holds a latency (text) trace, "
+                           "not flyrecord ring-buffer data")
     if not full:
         raise TraceCorrupt(f"{td.path}: holds no event data (every CPU buffer is empty)")
     if len(full) > 1:
@@ -854,10 +859,11 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
 
     ``meta`` has the keys every probe fills (see :class:`~harmony.probes.base.Capture`; its
     ``events_enabled`` lists the events the data holds: trace-cmd stores the format of every event
-    of the kernel, not which were enabled) and ``file_version``, ``compression``, ``buffer``, ``uname``, ``tracer_version``, ``cmdlines``
-    (pid -> comm as the file saved them). Lost events: per CPU, the larger of the count the pages'
-    missed-events flags store and the CPUSTAT ``overrun``, plus ``commit overrun`` and ``dropped
-    events``; -1 when a page says events were lost and neither it nor the statistics say how many.
+    of the kernel, not which were enabled) and ``file_version``, ``compression``, ``buffer``,
+    ``uname``, ``tracer_version``, ``cmdlines`` (pid -> comm as the file saved them). Lost events:
+    per CPU, the larger of the count the pages' missed-events flags store and the CPUSTAT
+    ``overrun``, plus ``commit overrun`` and ``dropped events``; -1 when a page says events were
+    lost and neither it nor the statistics say how many.
     """
     path = Path(path)
     td = read_tracedat(path)
@@ -901,7 +907,8 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
                  if sys_ == "ftrace" and re.search(r"^name:\s*print\s*$", t, re.M)]
     formats = td.formats_for([int(i) for i in used] + print_ids)
     ctype = next((f.field("common_type") for f in formats.values()), None)
-    same = ctype is not None and (ctype.offset, ctype.size) == (common_type.offset, common_type.size)
+    same = ctype is not None and ((ctype.offset, ctype.size)
+                                  == (common_type.offset, common_type.size))
     dec = decode_source(src, formats, hp, walked=rec if same else None)
 
     notes = list(dec.notes)

@@ -13,12 +13,14 @@ Layout written (all numbers little endian, see trace-cmd.dat.v6(5) and trace-cmd
     u32 0                                                         printk formats (none)
     u64 size "<pid> <comm>\\n"...                                 cmdlines
     u32 n_cpus
-    "options  \\0"  { u16 id u32 size data } ... u16 0            TRACECLOCK(4), UNAME(5), CPUSTAT(2)
+    "options  \\0"  { u16 id u32 size data } ... u16 0            TRACECLOCK(4), UNAME(5),
+                                                                  CPUSTAT(2)
                    TRACECLOCK holds "[clock]\\0" too: trace-cmd 3 parses the option's own bytes,
                    and an empty one made it parse uninitialised memory (raw timestamps, at times)
                    UNAME is "sysname nodename release version machine", as trace-cmd writes it
     "flyrecord\\0"   { u64 offset u64 size } * n_cpus
-    u64 size "<trace_clock file with [clock]>"                    read because of the TRACECLOCK option
+    u64 size "<trace_clock file with [clock]>"                    read because of the TRACECLOCK
+                                                                  option
     <zero padding to a page boundary>  cpu0 pages, cpu1 pages ...  (each page aligned)
 """
 
@@ -90,6 +92,11 @@ def kallsyms(marker_ips) -> bytes:
     other writer of print records) never writes. Each ip is listed as the symbol's address
     itself: libtraceevent resolves an address between two symbols, or equal to one."""
     return "".join(f"{ip:016x} t tracing_mark_write\n" for ip in sorted(set(marker_ips))).encode()
+
+
+#: the UNAME sysname of a simulated run's export: the release "simulated", the version the
+#: reference policy (not Linux's: nothing in it was recorded by a kernel)
+SIMULATOR_SYSNAME = "Harmony-simulator"
 
 
 def uname_text(meta: dict) -> str:

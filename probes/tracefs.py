@@ -58,7 +58,8 @@ def _expert_options(buffer_kb: int | None, drain_stall: tuple[float, float] | No
         except ValueError:
             buffer_kb = 0
         if buffer_kb <= 0:
-            raise ProbeError(f"{ENV_BUFFER_KB}={os.environ[ENV_BUFFER_KB]!r}: not a positive integer")
+            raise ProbeError(f"{ENV_BUFFER_KB}={os.environ[ENV_BUFFER_KB]!r}: "
+                             "not a positive integer")
     if drain_stall is None:
         drain_stall = drain_stall_from_env(ENV_DRAIN_STALL)
     return buffer_kb, drain_stall
@@ -154,8 +155,8 @@ class _Drain(threading.Thread):
                 with open(self.dst, "wb") as out:
                     while True:
                         final = self.stopping.is_set()  # read once more after the stop request
-                        if self.stall and not final and \
-                                self.stall[0] <= time.clock_gettime_ns(time.CLOCK_MONOTONIC) < self.stall[1]:
+                        if self.stall and not final and self.stall[0] <= \
+                                time.clock_gettime_ns(time.CLOCK_MONOTONIC) < self.stall[1]:
                             self.stopping.wait(0.01)
                             continue
                         want = None if final else self._whole_pages(stats_fd)   # None: all
@@ -167,7 +168,8 @@ class _Drain(threading.Thread):
                                 break
                             if not page:
                                 break
-                            if len(page) < self.page_size:  # keep pages aligned; commit says the length
+                            # keep pages aligned; commit says the length
+                            if len(page) < self.page_size:
                                 page += bytes(self.page_size - len(page))
                             out.write(page)
                             self.bytes += len(page)
@@ -258,10 +260,12 @@ class TracefsProbe(Probe):
         try:
             os.listdir(instances)
         except FileNotFoundError:
-            return check(MISSING, f"no {instances} (kernel too old?)", creatable=False, reclaimed=[])
+            return check(MISSING, f"no {instances} (kernel too old?)", creatable=False,
+                         reclaimed=[])
         except OSError as e:
             hint = " (need root)" if not hostfacts.is_root() else ""
-            return check(WARN, f"{instances}: {e.strerror or e}{hint}", creatable=False, reclaimed=[])
+            return check(WARN, f"{instances}: {e.strerror or e}{hint}", creatable=False,
+                         reclaimed=[])
         reclaimed = []
         for path in stale_instances(instances, DOCTOR_INSTANCE_PREFIX):
             try:
@@ -293,11 +297,12 @@ class TracefsProbe(Probe):
                         break
                     except OSError:
                         time.sleep(0.05 * (attempt + 1))
-        facts = dict(creatable=created, removed=removed, sched_events=has_sched, reclaimed=reclaimed,
-                     path=str(instances))
+        facts = dict(creatable=created, removed=removed, sched_events=has_sched,
+                     reclaimed=reclaimed, path=str(instances))
         if not created:
             hint = " (need root)" if not hostfacts.is_root() else ""
-            return check(WARN if not hostfacts.is_root() else MISSING, f"cannot create: {error}{hint}", **facts)
+            return check(WARN if not hostfacts.is_root() else MISSING,
+                         f"cannot create: {error}{hint}", **facts)
         if not removed:
             return check(WARN, f"created but could not remove {inst}", **facts)
         if not has_sched:
@@ -308,7 +313,8 @@ class TracefsProbe(Probe):
     def cannot_record(cls, facts: dict) -> str | None:
         """Not without tracefs mounted, the :data:`REQUIRED_TRACEPOINTS`, and an instance of its
         own with the sched events."""
-        mount, tracepoints, own = facts["tracefs"], facts["sched_tracepoints"], facts[cls.check_name]
+        mount, tracepoints, own = (facts["tracefs"], facts["sched_tracepoints"],
+                                   facts[cls.check_name])
         if not mount.get("mounted"):
             return f"tracefs: {mount['detail']}"
         if missing_tracepoints(tracepoints):
@@ -369,7 +375,8 @@ class TracefsProbe(Probe):
         try:
             self.instance.mkdir()
         except FileExistsError:
-            raise ProbeError(f"tracefs instance {self.instance.name} already exists (another run of this process?)")
+            raise ProbeError(f"tracefs instance {self.instance.name} already exists "
+                             "(another run of this process?)")
         try:
             self._configure(root)
         except BaseException:
@@ -378,7 +385,8 @@ class TracefsProbe(Probe):
         if TracefsProbe._session_open:
             formats = {str(p.relative_to(self.out_dir)): p.read_bytes()
                        for p in (self.out_dir / "formats").rglob("*") if p.is_file()}
-            TracefsProbe._kept = _KeptInstance(self.instance, self._config(), dict(self.meta), formats)
+            TracefsProbe._kept = _KeptInstance(self.instance, self._config(), dict(self.meta),
+                                               formats)
             TracefsProbe._kept.user = self
 
     def _reuse(self, kept: _KeptInstance) -> None:
@@ -455,8 +463,9 @@ class TracefsProbe(Probe):
             t = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(self.drain_stall[0] * 1e9)
             stall = (t, t + int(self.drain_stall[1] * 1e9))
             self.meta["drain_stall_s"] = list(self.drain_stall)
-            self.meta["notes"] = [f"expert option: the drains stopped reading for {self.drain_stall[1]:g} s "
-                                  f"from {self.drain_stall[0]:g} s after the start ({ENV_DRAIN_STALL})"]
+            self.meta["notes"] = ["expert option: the drains stopped reading for "
+                                  f"{self.drain_stall[1]:g} s from {self.drain_stall[0]:g} s "
+                                  f"after the start ({ENV_DRAIN_STALL})"]
         for cpu in range(ncpu):
             cpu_dir = inst / "per_cpu" / f"cpu{cpu}"
             d = _Drain(cpu_dir / "trace_pipe_raw", self.out_dir / f"cpu{cpu}.raw", page_size, stall,
@@ -505,7 +514,8 @@ class TracefsProbe(Probe):
             d.stopping.set()
         for d in self._drains:
             d.join()
-            if isinstance(d.error, OSError) and d.error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+            if isinstance(d.error, OSError) and d.error.errno in (errno.ENOSPC, errno.EDQUOT,
+                                                                  errno.EIO):
                 errors.append(f"writing {d.dst}: {d.error.strerror}")     # a full disk, most likely
             elif d.error is not None:
                 errors.append(f"{d.name}: {d.error}")
@@ -558,7 +568,8 @@ class TracefsProbe(Probe):
 
 
 def _read_stats(path: Path) -> dict:
-    """per_cpu/cpuN/stats as numbers: entries, overrun, commit overrun, dropped events, read events..."""
+    """per_cpu/cpuN/stats as numbers: entries, overrun, commit overrun, dropped events,
+    read events..."""
     return _parse_stats(path.read_text())
 
 

@@ -35,7 +35,8 @@ window.addEventListener('load', () => {
     const r = e.getBoundingClientRect();
     const ox = getComputedStyle(e).overflowX;
     if (r.right > W + 0.5 || (ox !== 'visible' && e.scrollWidth > e.clientWidth + 1))
-      wide.push(e.tagName + (e.className ? '.' + e.className : '') + ' ' + Math.round(r.width) + 'px');
+      wide.push(e.tagName + (e.className ? '.' + e.className : '') + ' ' + \
+Math.round(r.width) + 'px');
   }
   const kinds = {};
   for (const td of document.querySelectorAll('td[class]'))
@@ -45,7 +46,8 @@ window.addEventListener('load', () => {
                images: imgs.map(i => ({alt: i.alt, complete: i.complete, width: i.naturalWidth})),
                wide: wide, cell_kinds: kinds,
                tables: [...document.querySelectorAll('table')].map(t => t.rows.length),
-               links: [...document.querySelectorAll('a[href^="#"]')].map(a => a.getAttribute('href')),
+               links: [...document.querySelectorAll('a[href^="#"]')].map(a => \
+a.getAttribute('href')),
                anchors: [...document.querySelectorAll('[id]')].map(e => e.id)};
   const pre = document.createElement('pre');
   pre.id = 'harmony-look';

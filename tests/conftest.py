@@ -268,7 +268,8 @@ def foreign_harmony_modules(modules=None, root: Path = ROOT) -> list[str]:
     for name, mod in sorted((sys.modules if modules is None else modules).items()):
         if name != "harmony" and not name.startswith("harmony."):
             continue
-        files = [mod.__file__] if getattr(mod, "__file__", None) else list(getattr(mod, "__path__", []))
+        files = [mod.__file__] if getattr(mod, "__file__", None) \
+            else list(getattr(mod, "__path__", []))
         out += [f"{name} ({f})" for f in files if not Path(f).resolve().is_relative_to(root)]
     return out
 

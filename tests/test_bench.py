@@ -40,7 +40,8 @@ def test_help_and_bad_arguments(name):
 
 
 def _switch_pages(n_pages: int, per_page: int, cpu: int) -> list[bytes]:
-    """Pages of sched_wakeup + sched_switch pairs between pids 11 and 12 (2 * per_page events each)."""
+    """Pages of sched_wakeup + sched_switch pairs between pids 11 and 12 (2 * per_page events
+    each)."""
     f = parsed_formats(FORMATS_NEW)
     sw, wk = f["sched/sched_switch"], f["sched/sched_wakeup"]
     pages = []
@@ -48,9 +49,11 @@ def _switch_pages(n_pages: int, per_page: int, cpu: int) -> list[bytes]:
         b = PageBuilder(1_000_000_000 + k * 10_000_000 + cpu)
         for i in range(per_page):
             a, z = (11, 12) if i % 2 else (12, 11)
-            b.event(encode(wk, dict(common_pid=a, comm=f"w{z}", pid=z, prio=120, target_cpu=cpu)), 1000)
+            b.event(encode(wk, dict(common_pid=a, comm=f"w{z}", pid=z, prio=120,
+                                    target_cpu=cpu)), 1000)
             b.event(encode(sw, dict(common_pid=a, prev_comm=f"w{a}", prev_pid=a, prev_prio=120,
-                                    prev_state=1, next_comm=f"w{z}", next_pid=z, next_prio=120)), 1000)
+                                    prev_state=1, next_comm=f"w{z}", next_pid=z,
+                                    next_prio=120)), 1000)
         pages.append(b.page())
     return pages
 
@@ -76,9 +79,11 @@ def test_ingest_from_a_capture(tmp_path):
     r = bench("ingest", "--from", str(raw), "--pids", "11,12", "--sizes", "300,1200", "--reps", "2",
               "--workdir", str(tmp_path / "work"), "--json", str(out))
     assert r.returncode == 0, r.stderr
-    assert "ns/event" in r.stdout and ">= 10x faster than trace-cmd report (first pass; target retired)" in r.stdout
+    assert "ns/event" in r.stdout \
+        and ">= 10x faster than trace-cmd report (first pass; target retired)" in r.stdout
     res = json.loads(out.read_text())
-    assert [x["events"] for x in res["results"]] == [300, 1200]   # 300 events in the base, x1 and x4
+    # 300 events in the base, x1 and x4
+    assert [x["events"] for x in res["results"]] == [300, 1200]
     r = bench("ingest", "--from", str(raw), "--pids", "11,12", "--sizes", "100", "--reps", "1",
               "--workdir", str(tmp_path / "work2"), "--json", str(out))
     assert r.returncode == 0, r.stderr
@@ -145,8 +150,10 @@ def test_suite_configured_seconds(tmp_path):
     spec.loader.exec_module(mod)
     for rel, d in (("a/rep-01", 2.0), ("a/rep-01/static", 3.0), ("b/rep-01", 1.5)):
         (tmp_path / rel).mkdir(parents=True)
-        (tmp_path / rel / "manifest.json").write_text(json.dumps({"experiment": rel[0], "params": {"duration": d}}))
-    (tmp_path / "manifest.json").write_text(json.dumps({"suite": True}))   # the suite's own: no params
+        (tmp_path / rel / "manifest.json").write_text(json.dumps({"experiment": rel[0],
+                                                                  "params": {"duration": d}}))
+    # the suite's own: no params
+    (tmp_path / "manifest.json").write_text(json.dumps({"suite": True}))
     total, runs = mod.configured_seconds(tmp_path)
     assert total == 6.5 and len(runs) == 3
     (tmp_path / "c").mkdir()    # a warm release's warm-up is configured time too
@@ -190,8 +197,8 @@ def test_suite_breakdown_adds_up_to_the_wall_time(tmp_path):
 
 def test_release_smoke(kernel, tmp_path):
     out = tmp_path / "r.json"
-    r = bench("release", "--tasks", "2,4", "--reps", "1", "--duration", "0.2", "--placement", "auto,affinity",
-              "--mode", "auto,confined", "--json", str(out))
+    r = bench("release", "--tasks", "2,4", "--reps", "1", "--duration", "0.2",
+              "--placement", "auto,affinity", "--mode", "auto,confined", "--json", str(out))
     assert r.returncode == 0, r.stderr
     assert "release spread < 1 ms at 4 tasks" in r.stdout
     res = json.loads(out.read_text())["results"]
@@ -204,7 +211,8 @@ def test_release_smoke(kernel, tmp_path):
 
 def test_duty_smoke(kernel, tmp_path):
     out = tmp_path / "d.json"
-    r = bench("duty", "--duties", "50", "--reps", "1", "--duration", "0.6", "--warmup", "0.1", "--json", str(out))
+    r = bench("duty", "--duties", "50", "--reps", "1", "--duration", "0.6", "--warmup", "0.1",
+              "--json", str(out))
     assert r.returncode == 0, r.stderr
     res = json.loads(out.read_text())["results"][0]
     assert res["requested"] == 50 and 0 < res["achieved"] <= 100

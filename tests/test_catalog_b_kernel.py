@@ -52,7 +52,8 @@ WINDOWS = ["-p", "long_warmup_s=0.6", "-p", "short_warmup_s=0.2", "-p", "short_s
 ])
 def test_paired_run_with_static_ideal(kernel, tmp_path, experiment, extra):
     out = tmp_path / "run"
-    p = cli("run", experiment, "--cpus", "0,1", "--duration", "1.2", *WINDOWS, *extra, "--out", out, "-q")
+    p = cli("run", experiment, "--cpus", "0,1", "--duration", "1.2", *WINDOWS, *extra,
+            "--out", out, "-q")
     assert p.returncode == 0, p.stderr
     assert "static ideal" in p.stdout and "<run_dir>/static/" in p.stdout
 
@@ -139,6 +140,7 @@ def test_intrinsic_imbalance_three_on_two(kernel, tmp_path):
 def test_bad_parameter_starts_nothing(tmp_path):
     out = tmp_path / "run"
     p = subprocess.run(HARMONY + ["run", "heavy-light", "--cpus", "0,1", "--duration", "1",
-                                  "-p", "long_warmup_s=2", "--out", str(out)], capture_output=True, text=True)
+                                  "-p", "long_warmup_s=2", "--out", str(out)],
+                       capture_output=True, text=True)
     assert p.returncode == 2 and "no long window" in p.stderr
     assert not out.exists()

@@ -106,8 +106,8 @@ def test_out_writes_the_tables_the_answers_and_a_figure(two_policies, tmp_path):
     assert r.exit_code == 0, r.output
     md = (out / "compare.md").read_text()
     # the answers one column per source, the question they answer differently marked
-    assert "| * | 3 | How does the scheduler determine how many processes to migrate? (how_many) |" \
-        in md and "![each source's runs](figures/compare.png)" in md
+    assert "| * | 3 | How does the scheduler determine how many processes to migrate? " \
+           "(how_many) |" in md and "![each source's runs](figures/compare.png)" in md
     # compare.html is the same document, standing alone
     page = (out / "compare.html").read_text()
     assert '<tr class="differs"><td>*</td><td class="num">3</td>' in page
@@ -155,7 +155,8 @@ def test_bad_sources_exit_1_naming_them_and_usage_2(two_policies, tmp_path):
     incomplete = tmp_path / "incomplete"
     shutil.copytree(poly / "rep-01", incomplete / "rep-01")
     manifest = json.loads((incomplete / "rep-01" / "manifest.json").read_text())
-    (incomplete / "rep-01" / "manifest.json").write_text(json.dumps(manifest | {"status": "incomplete"}))
+    (incomplete / "rep-01" / "manifest.json").write_text(
+        json.dumps(manifest | {"status": "incomplete"}))
     r = invoke("compare", poly, incomplete)
     assert r.exit_code == 1 and f"{incomplete}: no complete run (1 not used; the first, " \
         f"{incomplete / 'rep-01'}: run is incomplete" in r.output, r.output
@@ -300,7 +301,8 @@ def test_thesis_reference_loads_and_every_figure_maps_to_a_declared_key():
         assert summary_key(fig["key"], fig["experiment"]) == fig["key"]
         declared = {m.name: m for m in get_experiment(fig["experiment"]).summary}[fig["key"]]
         assert declared.kind in ("int", "float", "bool")
-        assert fig["statistic"] in reference.RUN_STATISTIC and fig["statistic"] in data["statistics"]
+        assert fig["statistic"] in reference.RUN_STATISTIC \
+            and fig["statistic"] in data["statistics"]
         assert fig["where"][0].isdigit() and isinstance(fig["value"], (int, float))
         assert fig["note"], fig       # where it comes from and how it maps
     assert all(x["why"] and x["where"] for x in data["not_mapped"])
@@ -372,7 +374,8 @@ def test_the_reference_may_come_first_and_stand_alone(five_runs):
     # the thesis alone: its schedulers against O(1), figure against figure
     cmp = compare(["thesis-2011"])
     df = df_metric_differences(cmp)
-    r = df[(df["pair"] == "B vs A") & (df["metric"] == "interval1_ms") & (df["statistic"] == "median")]
+    r = df[(df["pair"] == "B vs A") & (df["metric"] == "interval1_ms")
+           & (df["statistic"] == "median")]
     assert list(r["diff"]) == [210.5 - 248]
     text = compare_text(cmp)
     assert "A  thesis-2011:o1: reference, no runs" in text

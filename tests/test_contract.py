@@ -34,10 +34,14 @@ RUNS = {
                           {"duration": "0.2", "idle_at_s": "0.19"}),
     "detection": ({"duration": "1", "cut_from_s": "0.3", "cut_to_s": "0.6"},
                   {"duration": "0.2", "cut_at_s": "0.199"}),
-    "intrinsic-imbalance": ({"duration": "1", "warmup_s": "0.5"}, {"duration": "0.02", "warmup_s": "0.019"}),
-    "heavy-light": ({"duration": "1", "long_warmup_s": "0.5", "short_warmup_s": "0.2", "short_s": "0.3"},
-                    {"duration": "0.5", "long_warmup_s": "0.49", "short_warmup_s": "0.2", "short_s": "0.3"}),
-    "priority-classes": ({"duration": "1", "long_warmup_s": "0.5", "short_warmup_s": "0.2", "short_s": "0.3"},
+    "intrinsic-imbalance": ({"duration": "1", "warmup_s": "0.5"},
+                            {"duration": "0.02", "warmup_s": "0.019"}),
+    "heavy-light": ({"duration": "1", "long_warmup_s": "0.5", "short_warmup_s": "0.2",
+                     "short_s": "0.3"},
+                    {"duration": "0.5", "long_warmup_s": "0.49", "short_warmup_s": "0.2",
+                     "short_s": "0.3"}),
+    "priority-classes": ({"duration": "1", "long_warmup_s": "0.5", "short_warmup_s": "0.2",
+                          "short_s": "0.3"},
                          {"duration": "0.5", "long_warmup_s": "0.49", "short_warmup_s": "0.2",
                           "short_s": "0.3"}),
     "proportional": ({"duration": "0.5"}, {"duration": "0.005"}),
@@ -110,8 +114,9 @@ def test_declarations_are_well_formed(name):
 
 def test_a_summary_that_departs_from_the_declaration_says_how():
     exp = get_experiment("work-conservation")
-    good = {m.name: None if m.none_when else {"int": 1, "float": 0.5, "bool": True, "str": "balance",
-                                              "dict": {}}[m.kind] for m in exp.declared}
+    good = {m.name: None if m.none_when else {"int": 1, "float": 0.5, "bool": True,
+                                              "str": "balance", "dict": {}}[m.kind]
+            for m in exp.declared}
     assert exp.summary_problems(good) == []
     bad = dict(good, ncpus=2.0, stolen=1, migrations=None, extra=3)
     del bad["idle_at_s"]
@@ -135,7 +140,8 @@ def test_keys_are_named_through_the_declarations():
     with pytest.raises(ValueError, match="unknown experiment"):
         summary_key("steal_latency_s", "no-such")
     # what the card and compare read: each key declared by the experiment it is read from
-    for exp, key in policy.AFFINITY_SOURCES + tuple((e, k) for e, k, _, _ in compare.FIGURE_METRICS):
+    for exp, key in policy.AFFINITY_SOURCES \
+            + tuple((e, k) for e, k, _, _ in compare.FIGURE_METRICS):
         assert key in {m.name for m in get_experiment(exp).summary}, (exp, key)
 
 
@@ -154,12 +160,13 @@ def test_run_help_lists_the_experiments_parameters_with_defaults(monkeypatch):
     assert "Parameters of single-source (-p KEY=VALUE):" in text
     assert "tolerance FLOAT balanced when every run queue is within this fraction of N/P " \
            "[default: 0.15]" in text
-    assert "layout INTEGER,... tasks per CPU of the set at t0 (default 2P on the first CPU, others " \
-           "idle) [default: 8,0,0,0 with P = 4]" in text
+    assert "layout INTEGER,... tasks per CPU of the set at t0 (default 2P on the first CPU, " \
+           "others idle) [default: 8,0,0,0 with P = 4]" in text
     assert "given for P = 4, this host's online CPUs" in text
     # the common parameters too, after the experiment's own
     section = text[text.index("Parameters of"):]
-    assert section.index("tolerance FLOAT") < section.index("duration FLOAT") < section.index("sample_hz")
+    assert section.index("tolerance FLOAT") < section.index("duration FLOAT") \
+        < section.index("sample_hz")
     assert "sample_hz FLOAT rate of sampling" in section
     # the experiment may be named after the option, or with other options around it
     assert _help_text(monkeypatch, "run", "--help", "--cpus", "0", "single-source")[1] == text

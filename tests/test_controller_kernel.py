@@ -31,7 +31,8 @@ def _state(pid: int) -> str:
 
 
 def _ours() -> list[Path]:
-    return [p for _, root in cpuset.hierarchies() for p in root.glob(f"{cpuset.PREFIX}{os.getpid()}")]
+    return [p for _, root in cpuset.hierarchies()
+            for p in root.glob(f"{cpuset.PREFIX}{os.getpid()}")]
 
 
 def _specs():
@@ -69,7 +70,8 @@ def test_layout_held_until_t0_then_released(host, placement, mode):
         assert w.work_done().sum() == 0
 
         marks = []
-        t0, released = w.release(lambda text: marks.append(text) or time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+        t0, released = w.release(lambda text: marks.append(text)
+                                 or time.clock_gettime_ns(time.CLOCK_MONOTONIC))
         assert marks == ["harmony t0", "harmony released"] and t0 <= released
         for pid, spec in zip(w.pids, specs):
             assert _allowed(pid) == ({1} if spec.pinned else set(CPUS))
@@ -115,7 +117,8 @@ def test_each_task_wakes_on_its_initial_cpu(host, tmp_path, mode):
     events = probe.decode().events
     tasks = pd.DataFrame({"pid": pids, "initial_cpu": [s.initial_cpu for s in specs]})
     rel = release_spread(events, tasks, t0, released)
-    assert rel["woken"] == len(specs) if mode == "occupied" else rel["woken"] >= len(specs) // 2, rel
+    assert rel["woken"] == len(specs) if mode == "occupied" \
+        else rel["woken"] >= len(specs) // 2, rel
     assert rel["ran_before_t0"] == [] and rel["woke_off_initial_cpu"] == [], rel
     waking = events[(events["event"] == "sched_waking") & (events["ts"] >= t0)]
     assert set(pids) <= set(waking["pid"])      # every gate was opened
@@ -173,7 +176,8 @@ def test_worker_dying_before_the_gate_is_reported_and_cleaned(host, monkeypatch)
     if not cpuset.hierarchies():
         host_skip("no cpuset hierarchy")
     # a worker that cannot join its cgroup exits before the gate
-    monkeypatch.setattr(cpuset.CpusetGroups, "procs_file", lambda self, cpu: "/nonexistent/cgroup.procs")
+    monkeypatch.setattr(cpuset.CpusetGroups, "procs_file",
+                        lambda self, cpu: "/nonexistent/cgroup.procs")
     w = Workload(_specs(), CPUS, placement="cpuset")
     with pytest.raises(ControllerError, match="died before t0"):
         with w:

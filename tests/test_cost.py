@@ -101,7 +101,8 @@ def test_gps_shares_by_hand():
     # Unconstrained: 2 * w / 2383 = 0.859, 0.859, 0.281: b is capped at 0.3; the 1.7 left is
     # shared 1024 : 335 -> a = 1.7 * 1024 / 1359 = 1.2809 > 1: capped at 1; c gets 0.7.
     tk = tasks(duty=(100.0, 30.0, 100.0), nice=(0, 0, 5))
-    alloc = pd.DataFrame({"pid": np.array([A, B, C], np.int32), "name": pd.Categorical(["a", "b", "c"]),
+    alloc = pd.DataFrame({"pid": np.array([A, B, C], np.int32),
+                          "name": pd.Categorical(["a", "b", "c"]),
                           "role": pd.Categorical(["w"] * 3), "window": np.zeros(3, np.int64),
                           "window_start": np.zeros(3, np.int64), "t": np.zeros(3),
                           "window_s": np.ones(3), "cpu_time": [0.9, 0.3, 0.5],

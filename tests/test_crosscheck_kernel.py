@@ -22,6 +22,8 @@ from harmony.probes import sched_debug
 
 from conftest import host_skip, measure_quietly, single_source_run
 
+# the kernel's text as it is; each wide row of a table is cut in three by a backslash-newline,
+# which the string does not hold
 DEBUG_TEXT = """Sched Debug Version: v0.11, 6.18.44 #1
 ktime                                   : 1005404.713959
 sched_clk                               : 1005434.846400
@@ -39,20 +41,36 @@ cfs_rq[0]:/
   .h_nr_runnable                 : 2
 
 runnable tasks:
- S            task   PID       vruntime   eligible    deadline             slice          sum-exec      switches  prio         wait-time        sum-sleep       sum-block  node   group-id  group-path
------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------
- S     process_api     1    231807.774205   E      231809.156972           1.400000       238.618141       643     120         0.000000         0.000000         0.000000   0      0        /
->R         hmy-w00   501    232981.732112   E      232983.093498           1.400000      1084.970870      7000     120         0.000000         0.000000         0.000000   0      0        /
- R  tokio worker 7   502    232982.306396   E      232983.640764           1.400000       993.868349      6833     120         0.000000         0.000000         0.000000   0      0        /
+ S            task   PID       vruntime   eligible    deadline             slice        \
+  sum-exec      switches  prio         wait-time        sum-sleep    \
+   sum-block  node   group-id  group-path
+----------------------------------------------------------------------------------------\
+---------------------------------------------------------------------\
+----------------------------------
+ S     process_api     1    231807.774205   E      231809.156972           1.400000     \
+  238.618141       643     120         0.000000         0.000000     \
+    0.000000   0      0        /
+>R         hmy-w00   501    232981.732112   E      232983.093498           1.400000     \
+ 1084.970870      7000     120         0.000000         0.000000     \
+    0.000000   0      0        /
+ R  tokio worker 7   502    232982.306396   E      232983.640764           1.400000     \
+  993.868349      6833     120         0.000000         0.000000     \
+    0.000000   0      0        /
 
 cpu#1, 2445.424 MHz
   .nr_running                    : 0
   .nr_switches                   : 1000
 
 runnable tasks:
- S            task   PID       vruntime   eligible    deadline             slice          sum-exec      switches  prio         wait-time        sum-sleep       sum-block  node   group-id  group-path
------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------------
- D         hmy-w01   503    106.491175   E         107.829521           1.400000         0.081090         2     120         0.000000         0.000000         0.000000   0      0        /
+ S            task   PID       vruntime   eligible    deadline             slice        \
+  sum-exec      switches  prio         wait-time        sum-sleep    \
+   sum-block  node   group-id  group-path
+----------------------------------------------------------------------------------------\
+---------------------------------------------------------------------\
+----------------------------------
+ D         hmy-w01   503    106.491175   E         107.829521           1.400000        \
+ 0.081090         2     120         0.000000         0.000000        \
+ 0.000000   0      0        /
 """
 
 
@@ -79,7 +97,8 @@ def _samples(rows):
     rows = [r if len(r) == 6 else (*r, r[2]) for r in rows]
     df = pd.DataFrame(rows, columns=["t", "cpu", "nr_running", "reader", "others", "listed"])
     ts = 1_000_000 + df["t"] * 1000
-    return pd.DataFrame({"ts": ts, "lo": ts - 5000, "hi": ts + 5000, "cpu": df["cpu"].astype("int16"),
+    return pd.DataFrame({"ts": ts, "lo": ts - 5000, "hi": ts + 5000,
+                         "cpu": df["cpu"].astype("int16"),
                          "nr_running": df["nr_running"], "listed_runnable": df["listed"],
                          "experiment": df["nr_running"] - df["reader"] - df["others"],
                          "reader": df["reader"], "others": df["others"],
@@ -105,7 +124,8 @@ def test_nr_running_agreement_counts_clean_samples_and_windows():
     assert out["agreement"] == pytest.approx(2 / 3)
     assert out["agreement_at_midpoint"] == pytest.approx(1 / 3)  # at 100 us exactly it is 1, not 2
     assert out["busy_comms"] == {"bash": 1}
-    assert out["disagreements"] == [{"t": 0.0002, "cpu": 0, "kernel": 5, "rebuilt_min": 1, "rebuilt_max": 1}]
+    assert out["disagreements"] == [{"t": 0.0002, "cpu": 0, "kernel": 5, "rebuilt_min": 1,
+                                     "rebuilt_max": 1}]
     assert out["cpu_clean"] == 8 and out["cpu_agreeing"] == 7
     assert out["adjusted_agreement"] == pytest.approx(3 / 5)
     assert out["count_list_mismatch"] == 1
@@ -178,7 +198,8 @@ def test_bad_expert_option_is_one_line(monkeypatch, tmp_path):
     from harmony.probes.tracefs import TracefsProbe
 
     monkeypatch.setenv("HARMONY_TRACEFS_DRAIN_STALL", "soon")
-    with pytest.raises(ProbeError, match="HARMONY_TRACEFS_DRAIN_STALL='soon': expected AFTER:SECONDS"):
+    with pytest.raises(ProbeError,
+                       match="HARMONY_TRACEFS_DRAIN_STALL='soon': expected AFTER:SECONDS"):
         TracefsProbe(tmp_path, [0], 1.0)
     monkeypatch.delenv("HARMONY_TRACEFS_DRAIN_STALL")
     monkeypatch.setenv("HARMONY_TRACEFS_BUFFER_KB", "-3")
@@ -190,8 +211,9 @@ def test_lost_events_are_detected_and_reported(kernel, tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, HARMONY_TRACEFS_BUFFER_KB="16", HARMONY_TRACEFS_DRAIN_STALL="0.5:1")
     for _ in range(60):
-        r = subprocess.run([sys.executable, "-m", "harmony.cli", "run", "single-source", "--layout", "8,0",
-                            "-p", "duty=30", "--duration", "2.5", "--out", str(out), "-q", "-v"],
+        r = subprocess.run([sys.executable, "-m", "harmony.cli", "run", "single-source",
+                            "--layout", "8,0", "-p", "duty=30", "--duration", "2.5",
+                            "--out", str(out), "-q", "-v"],
                            env=env, capture_output=True, text=True, timeout=120)
         if r.returncode == 0 or "another Harmony run" not in r.stderr:
             break
@@ -202,7 +224,8 @@ def test_lost_events_are_detected_and_reported(kernel, tmp_path):
     dropped = sum(int(s["dropped events"]) + int(s["overrun"]) for s in stats.values())
     assert dropped > 0, stats                      # the kernel did drop events
     assert m["lost_events"] == dropped             # ... and every one of them is counted
-    assert m["probe_meta"]["buffer_kb_per_cpu"] == 16 and m["probe_meta"]["drain_stall_s"] == [0.5, 1.0]
+    assert m["probe_meta"]["buffer_kb_per_cpu"] == 16 \
+        and m["probe_meta"]["drain_stall_s"] == [0.5, 1.0]
     lost_note = f"{dropped} events were lost by the probe"
     assert any(lost_note in n for n in m["notes"]), m["notes"]
     assert any("HARMONY_TRACEFS_DRAIN_STALL" in n for n in m["notes"])

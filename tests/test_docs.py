@@ -408,7 +408,8 @@ def test_a_broken_link_is_found(tmp_path):
 
 
 #: the repository's top folders: a path in a code span that starts with one names a file of it
-REPO_DIRS = ("harmony", "analysis", "probes", "experiments", "tests", "bench", "fuzz", "docs", ".ci")
+REPO_DIRS = ("harmony", "analysis", "probes", "experiments", "tests", "bench", "fuzz", "docs",
+             ".ci")
 REPO_PATH = re.compile(r"^(?:\.\./)*((?:%s)/[\w./-]*\w)/?$" % "|".join(map(re.escape, REPO_DIRS)))
 PYTHON_M = re.compile(r"python3?\s+-m\s+(harmony(?:\.\w+)*)")
 

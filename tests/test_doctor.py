@@ -33,19 +33,22 @@ def test_tracefs_not_mounted_is_reported(tmp_path, monkeypatch):
     monkeypatch.setattr(hostfacts, "is_root", lambda: False)
     (tmp_path / "tracing").mkdir()
     check = check_tracefs(mount=True)
-    assert check["status"] == "missing" and check["mounted"] is False and not check["mounted_by_doctor"]
+    assert check["status"] == "missing" and check["mounted"] is False \
+        and not check["mounted_by_doctor"]
     assert "not mounted" in check["detail"]
 
 
 def test_cgroup_unified_with_cpuset(tmp_path, monkeypatch):
     cg = tmp_path / "cg"
     _write(cg / "cgroup.controllers", "cpuset cpu io memory pids")
-    _write(tmp_path / "proc/mounts", f"cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\ncgroup2 {cg} cgroup2 rw 0 0")
+    _write(tmp_path / "proc/mounts",
+           f"cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid 0 0\ncgroup2 {cg} cgroup2 rw 0 0")
     monkeypatch.setattr(hostfacts, "PROC", tmp_path / "proc")
     check = check_cgroup()
     assert check["v2_mounted"] and check["unified"] and check["v2_path"] == "/sys/fs/cgroup"
     # the real /sys/fs/cgroup may differ; point at the fake one instead
-    _write(tmp_path / "proc/mounts", f"cgroup2 {cg} cgroup2 rw 0 0\ncgroup /x/cpuset cgroup rw,cpuset 0 0")
+    _write(tmp_path / "proc/mounts",
+           f"cgroup2 {cg} cgroup2 rw 0 0\ncgroup /x/cpuset cgroup rw,cpuset 0 0")
     check = check_cgroup()
     assert check["cpuset_v2"] and check["status"] == "ok" and check["unified"] is False
     _write(tmp_path / "proc/mounts", "cgroup /x/cpuset cgroup rw,cpuset 0 0")
@@ -57,8 +60,8 @@ def test_cgroup_unified_with_cpuset(tmp_path, monkeypatch):
 
 def test_format_doctor_not_runnable_lists_reasons():
     facts = {name: {"status": "missing", "detail": f"{name} detail"} for name in CHECKS}
-    facts["verdict"] = {"can_run": False, "probes": [], "reasons": ["not running as root (euid 1000)"],
-                        "unavailable": {}}
+    facts["verdict"] = {"can_run": False, "probes": [],
+                        "reasons": ["not running as root (euid 1000)"], "unavailable": {}}
     out = format_doctor(facts)
     assert "cannot run" in out and "not running as root" in out
     for name in CHECKS:
@@ -69,11 +72,13 @@ def test_format_doctor_not_runnable_lists_reasons():
 
 
 def _doctor_instances(tracefs: Path) -> list[str]:
-    return [p.name for p in (tracefs / "instances").iterdir() if p.name.startswith("harmony-doctor")]
+    return [p.name for p in (tracefs / "instances").iterdir()
+            if p.name.startswith("harmony-doctor")]
 
 
 def _enabled_sched_events(tracefs: Path) -> dict[str, str]:
-    return {t: (tracefs / f"events/sched/{t}/enable").read_text().strip() for t in REQUIRED_TRACEPOINTS}
+    return {t: (tracefs / f"events/sched/{t}/enable").read_text().strip()
+            for t in REQUIRED_TRACEPOINTS}
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +205,8 @@ def test_release_check_says_which_release_a_run_would_use(monkeypatch):
     assert release_check({"state": "enabled"}, two)["mode"] == "confined"
     assert "sched_ext" in release_check({"state": "enabled"}, two)["why"]
     assert release_check({"state": "not built"}, one)["why"] == "one CPU"
-    monkeypatch.setattr(os, "sched_setscheduler", lambda *a: (_ for _ in ()).throw(PermissionError(1, "no")))
+    monkeypatch.setattr(os, "sched_setscheduler",
+                        lambda *a: (_ for _ in ()).throw(PermissionError(1, "no")))
     got = release_check({"state": "not built"}, two)
     assert got["mode"] == "confined" and got["why"].startswith("SCHED_FIFO not permitted")
     monkeypatch.undo()

@@ -36,8 +36,8 @@ def test_markdown_and_html_carry_the_same_words(tmp_path):
     md = D.to_markdown(doc, tmp_path)
     page = D.to_html(doc, "t")
     text = re.sub(r"<[^>]+>", " ", page)
-    for words in ("Title <1>", "answer", "harmony infer", "one | two", "4 / 2", "18/18 clean samples",
-                  "an indented continuation", "does it?", "beside"):
+    for words in ("Title <1>", "answer", "harmony infer", "one | two", "4 / 2",
+                  "18/18 clean samples", "an indented continuation", "does it?", "beside"):
         assert words in md.replace("\\|", "|")
         assert words in html.unescape(text)
     # Markdown keeps the aligned lines as they are; HTML splits label from value

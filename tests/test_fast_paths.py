@@ -187,7 +187,8 @@ def _reference_top(codes, names, first, foreign, dur):
 def test_foreign_loads_top_comm_matches_the_code_it_replaced(seed):
     from harmony.analysis.foreign import _top_comm
     rng = np.random.default_rng(seed)
-    names = np.append(np.asarray(["find", "kworker/0:1", "python", "zsh", "a"], dtype=object), "nan")
+    names = np.append(np.asarray(["find", "kworker/0:1", "python", "zsh", "a"], dtype=object),
+                      "nan")
     n = int(rng.integers(1, 200))
     codes = rng.integers(-1, len(names) - 1, n)             # -1: a missing comm ("nan")
     first = str(rng.choice(["python", "sshd", "nan", "a"]))
@@ -437,7 +438,8 @@ def _reference_at(steps: tuple, times: np.ndarray, before=0) -> np.ndarray:
     return np.where(i >= 0, v[np.maximum(i, 0)], before)
 
 
-def _reference_df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int) -> pd.DataFrame:
+def _reference_df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
+                         t_end: int) -> pd.DataFrame:
     """Every interval in [t0, t_end] during which a CPU of ``cpus`` is idle while an experiment task
     free to run on it (not pinned) waits runnable on another CPU of the set.
 
@@ -456,7 +458,8 @@ def _reference_df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: in
         times = np.array([t0, t_end], np.int64)
     left, dur = times[:-1], np.diff(times)
     w = np.array([_reference_at(wait[c], left) for c in cpus]).reshape(len(cpus), len(left))
-    i = np.array([_reference_at(idle[c], left, False) for c in cpus], bool).reshape(len(cpus), len(left))
+    i = np.array([_reference_at(idle[c], left, False) for c in cpus], bool) \
+        .reshape(len(cpus), len(left))
     total = w.sum(axis=0)
     rows = []
     wasting = np.zeros((len(cpus), len(left)), bool)
@@ -514,7 +517,8 @@ def test_wasted_cores_match_the_code_they_replaced(seed, lookup, monkeypatch):
 # --- the run-queue vector and the balance timeline (harmony.analysis.reconstruct.runqueue_changes,
 # harmony.analysis.metrics), as they were -------------------------------------------------------
 
-def _reference_runqueue_changes(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> tuple[np.ndarray, np.ndarray]:
+def _reference_runqueue_changes(rq: pd.DataFrame, cpus, t0: int,
+                                t_end: int) -> tuple[np.ndarray, np.ndarray]:
     """The run-queue vector of ``cpus`` (sorted) at t0 and at every change of it in (t0, t_end):
     (times: int64 ns, the first t0; q: one row per time and one column per CPU, int32 as the
     code compared to it returns it). Raises ValueError if ``rq`` (from :func:`df_runqueue`) does
@@ -631,8 +635,8 @@ def test_the_balance_timeline_matches_the_code_it_replaced(seed, monkeypatch):
     rq = rc.df_runqueue(events, tasks, [0, 1, 2, 3], lo, hi)
     mid = sorted(rng.integers(lo, hi, 2).tolist())
     at = int(rq["ts"].iloc[int(rng.integers(4, len(rq)))])           # an instant of change
-    windows = [(lo, hi), (lo, hi + 5000), tuple(mid), (at, hi), (lo, at), (at, at), (mid[1], mid[0]),
-               (lo - 1, hi)]
+    windows = [(lo, hi), (lo, hi + 5000), tuple(mid), (at, hi), (lo, at), (at, at),
+               (mid[1], mid[0]), (lo - 1, hi)]
     for cpus in ([0, 1, 2, 3], [3, 1], [2], [2, 2, 0], [0, 5]):
         for t0, t_end in windows:
             new = _changes_or_error(rc.runqueue_changes, rq, cpus, t0, t_end)
@@ -888,7 +892,8 @@ def test_the_release_checks_match_the_code_they_replaced(seed, monkeypatch):
     if seed % 5 == 3:
         tasks = tasks.drop(columns="initial_cpu")
     ts = np.sort(events["ts"].to_numpy())
-    t0 = int(rng.choice([ts[0] - 5, ts[len(ts) // 3], ts[-1] + 5, ts[int(rng.integers(0, len(ts)))]]))
+    t0 = int(rng.choice([ts[0] - 5, ts[len(ts) // 3], ts[-1] + 5,
+                         ts[int(rng.integers(0, len(ts)))]]))
     released = None if seed % 3 == 0 else t0 + int(rng.integers(0, 3000 * 40))
     warmup = None if seed % 2 else t0 - int(rng.integers(0, 3000 * 40))
     assert release_spread(events, tasks, t0, released, warmup) == \
@@ -958,7 +963,8 @@ def test_the_foreign_load_matches_the_code_it_replaced(seed):
     if seed % 3 == 1:
         events = events.assign(cpu=events["cpu"].astype(np.int64))
     if seed % 4 == 2:
-        events = events.assign(comm=events["comm"].astype(str), prev_comm=events["prev_comm"].astype(object))
+        events = events.assign(comm=events["comm"].astype(str),
+                               prev_comm=events["prev_comm"].astype(object))
     tasks = pd.DataFrame({"pid": sorted(rng.choice(np.arange(1, 12), 4, replace=False).tolist())})
     ts = events["ts"].to_numpy()
     t0 = int(rng.choice([ts[0] - 10, ts[len(ts) // 4], ts[-1] + 10]))

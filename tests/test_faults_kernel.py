@@ -31,9 +31,11 @@ def _host_is_clean() -> list[str]:
     """What a run left on the host: workers, fork servers, tracing instances, cpuset groups. (Not
     this test process's own fork server, which in-process runs of other tests share.)"""
     mine = {p for p in pids_with_comm(SERVER_COMM) if _parent(p) == os.getpid()}
-    left = [f"process {p} ({Path(f'/proc/{p}/comm').read_text().strip() if Path(f'/proc/{p}').exists() else '?'})"
-            for p in pids_with_comm("hmy-") + pids_with_comm(SERVER_COMM)
-            if p not in mine and _parent(p) not in mine]
+    left = [
+        f"process {p} "
+        f"({Path(f'/proc/{p}/comm').read_text().strip() if Path(f'/proc/{p}').exists() else '?'})"
+        for p in pids_with_comm("hmy-") + pids_with_comm(SERVER_COMM)
+        if p not in mine and _parent(p) not in mine]
     inst = TRACEFS / "instances"
     left += [f"instance {p.name}" for p in inst.iterdir() if p.name.startswith("harmony-")] \
         if inst.is_dir() else []
@@ -99,7 +101,8 @@ def test_a_signal_at_any_moment_leaves_a_marked_run_and_a_clean_host(clean_host,
             continue                             # refused: another run held the host
         assert proc.returncode == 128 + sig, (at, proc.returncode, err)
         [line] = _error_lines(err)
-        assert line.startswith("harmony: error: ") and ("interrupted" in line or "stopped by" in line)
+        assert line.startswith("harmony: error: ") \
+            and ("interrupted" in line or "stopped by" in line)
         assert status in (None, "incomplete", "captured"), (at, status)
         if status == "captured":                 # stopped in the analysis: the capture is kept
             assert "harmony report" in line
@@ -240,8 +243,9 @@ def test_nothing_runs_on_after_the_controller_is_killed_at_any_moment(clean_host
     times it: < 100 ms), and the next `harmony clean` reclaims the rest."""
     phases = set()
     for k, at in enumerate([0.9, 1.2, 1.5, 1.8, 2.2, 2.8, 3.6]):
-        proc = subprocess.Popen(HARMONY + ["run", "single-source", "--layout", "128,0", "--duration",
-                                           "2", "--out", str(tmp_path / f"r{k}"), "-q"],
+        proc = subprocess.Popen(HARMONY + ["run", "single-source", "--layout", "128,0",
+                                           "--duration", "2", "--out", str(tmp_path / f"r{k}"),
+                                           "-q"],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         time.sleep(at)
         phases.add(len(pids_with_comm("hmy-w")) > 0)

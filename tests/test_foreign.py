@@ -1,4 +1,5 @@
-"""Foreign load: CPU time of non-experiment tasks on the experiment's CPUs, on a hand-built stream."""
+"""Foreign load: CPU time of non-experiment tasks on the experiment's CPUs, on a hand-built
+stream."""
 
 import numpy as np
 import pandas as pd

@@ -128,7 +128,8 @@ def test_server_that_cannot_start_falls_back(host, monkeypatch):
     monkeypatch.setattr(forkserver, "_start", broken)
     with Workload(_specs(), CPUS) as w:
         w.spawn()
-        assert any("fork server could not start (no such interpreter)" in n for n in w.notes), w.notes
+        assert any("fork server could not start (no such interpreter)" in n
+                   for n in w.notes), w.notes
         assert all(_stat(pid)[1] == os.getpid() for pid in w.pids)
 
 
@@ -175,7 +176,8 @@ def test_sigkill_of_the_controller_takes_server_and_workers(host):
 @pytest.mark.parametrize("how", ["ctrl-c", "sigterm", "raise"])
 def test_controller_exit_leaves_nothing(host, how):
     # ctrl-c: SIGINT to the whole process group, as a terminal sends it (the server ignores it)
-    child, server, pids = _controller("raise" if how == "raise" else "sleep", start_new_session=True)
+    child, server, pids = _controller("raise" if how == "raise" else "sleep",
+                                      start_new_session=True)
     if how == "ctrl-c":
         os.killpg(child.pid, signal.SIGINT)
     elif how == "sigterm":
@@ -189,7 +191,8 @@ def test_controller_exit_leaves_nothing(host, how):
     assert all(_gone(p, "hmy-") for p in pids), [_stat(p) for p in pids]
     if how == "raise":  # the workload was never stopped: its cgroups are left for the next start
         cpuset.reclaim_stale()
-    assert not [p for _, root in cpuset.hierarchies() for p in root.glob(f"{cpuset.PREFIX}{child.pid}")]
+    assert not [p for _, root in cpuset.hierarchies()
+                for p in root.glob(f"{cpuset.PREFIX}{child.pid}")]
 
 
 LATE_SIGNAL = textwrap.dedent("""

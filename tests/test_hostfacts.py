@@ -33,8 +33,8 @@ def test_parse_cpulist(text, cpus):
 
 @pytest.mark.parametrize(
     "text",
-    ["3-1", "a", "", "   ", "-1", "-1-3", "1,,2", "1,", ",1", "0-", "1-2-3", "0x1", "1 2", "0-3,2", "2,2",
-     "0-99999999", "1.5", "0-7:2/4"],
+    ["3-1", "a", "", "   ", "-1", "-1-3", "1,,2", "1,", ",1", "0-", "1-2-3", "0x1", "1 2", "0-3,2",
+     "2,2", "0-99999999", "1.5", "0-7:2/4"],
 )
 def test_parse_cpulist_rejects(text):
     with pytest.raises(ValueError) as e:
@@ -50,8 +50,8 @@ def test_parse_cpulist_rejects_non_string():
 
 @pytest.mark.parametrize(
     "cpus, text",
-    [([], ""), ([0], "0"), ([0, 1], "0-1"), ([0, 1, 2, 3, 8, 10, 11], "0-3,8,10-11"), ([11, 3, 2, 3], "2-3,11"),
-     ((c for c in [4, 6]), "4,6")],
+    [([], ""), ([0], "0"), ([0, 1], "0-1"), ([0, 1, 2, 3, 8, 10, 11], "0-3,8,10-11"),
+     ([11, 3, 2, 3], "2-3,11"), ((c for c in [4, 6]), "4,6")],
 )
 def test_format_cpulist(cpus, text):
     assert format_cpulist(cpus) == text
@@ -169,7 +169,8 @@ def _fake_sysfs(root: Path, *, numa=True, drop_core_id=(), drop_cache=()):
             continue
         cache = cpu_dir / f"cpu{cpu}/cache"
         for idx, (level, ctype, shared) in enumerate(
-            [(1, "Data", siblings), (1, "Instruction", siblings), (2, "Unified", siblings), (3, "Unified", siblings)]
+            [(1, "Data", siblings), (1, "Instruction", siblings), (2, "Unified", siblings),
+             (3, "Unified", siblings)]
         ):
             _write(cache / f"index{idx}/level", str(level))
             _write(cache / f"index{idx}/type", ctype)
@@ -188,8 +189,8 @@ def test_topology_fake_sysfs(tmp_path):
     assert topo["groups"]["numa"] == [[0, 1], [2, 3]]
     assert topo["smt_active"] is True
     c3 = topo["cpus"][3]
-    assert (c3["package"], c3["core"], c3["siblings"], c3["llc_index"], c3["llc_level"], c3["llc_cpus"], c3["node"]) == (
-        1, 0, [2, 3], "index3", 3, [2, 3], 1)
+    assert (c3["package"], c3["core"], c3["siblings"], c3["llc_index"], c3["llc_level"],
+            c3["llc_cpus"], c3["node"]) == (1, 0, [2, 3], "index3", 3, [2, 3], 1)
     assert topo["notes"] == []
 
 
@@ -235,7 +236,8 @@ def test_scheduler_name_by_version_and_sched_ext(tmp_path):
     assert hostfacts.implied_scheduler("not a release") is None
     assert scheduler_name("not a release", none) == "unknown"
     assert hostfacts.sched_ext_state(scx)["state"] == "enabled"
-    assert hostfacts.sched_ext_state(none) == {"state": "not built", "ops": None, "switch_all": None}
+    assert hostfacts.sched_ext_state(none) == {"state": "not built", "ops": None,
+                                               "switch_all": None}
 
 
 def test_scheduler_name_real_host():

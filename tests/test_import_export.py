@@ -1,4 +1,5 @@
-"""``harmony export`` / ``harmony import``: trace.dat (v6, v7 plain and zstd) and perf.data from elsewhere.
+"""``harmony export`` / ``harmony import``: trace.dat (v6, v7 plain and zstd) and perf.data from
+elsewhere.
 
 Hermetic tests build trace.dat files from hand-made ring-buffer pages with our writer (and with
 ``trace-cmd convert`` for version 7); kernel tests record for real: a Harmony run exported and
@@ -86,7 +87,8 @@ def test_reader_agrees_with_the_page_decoder(writer_dat):
     assert td.version == 6 and td.compression == "none" and td.page_size == 4096
     assert [b.name for b in td.buffers] == [""] and set(td.buffers[0].cpus) == {0, 1}
     assert_same_capture(direct, cap)
-    # lost events: the pages' missed counts and the CPUSTAT options, as the tracefs probe counts them
+    # lost events: the pages' missed counts and the CPUSTAT options, as the tracefs probe counts
+    # them
     assert cap.meta["lost_by_cpu"] == direct.meta["lost_by_cpu"] == {0: 10, 1: 5}
     assert cap.meta["lost_events"] == 15
     assert cap.meta["clock"] == "mono" and cap.meta["file_version"] == 6
@@ -645,7 +647,8 @@ def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
     one_line_error(invoke("import", dat, "--comm", "nope*", "--out", tmp_path / "b"), dat)
     one_line_error(invoke("import", dat, "--pid", 12, "--t0-marker", "never written",
                           "--out", tmp_path / "c"), dat)
-    one_line_error(invoke("import", dat, "--pid", 12, "--buffer", "other", "--out", tmp_path / "d"), dat)
+    one_line_error(invoke("import", dat, "--pid", 12, "--buffer", "other",
+                          "--out", tmp_path / "d"), dat)
     one_line_error(invoke("import", dat, "--pid", 12, "--t0", "50", "--out", tmp_path / "e"), dat)
     # an experiment that cannot read imported tasks (no "high"/"low" roles) says so, run incomplete
     line = one_line_error(invoke("import", dat, "--pid", 12, "--experiment", "priority-classes",
@@ -978,6 +981,7 @@ def test_trace_cmd_reports_events_written_as_pages(tmp_path):
     assert re.search(r"sched_switch: +\S+:\d+ \[\d+\] [RS] ==> ", text), text[:2000]
 
 
+@needs_trace_cmd
 def test_export_of_a_simulated_run_imports_as_the_same_run(tmp_path):
     r = invoke("simulate", "--policy", "pairwise-random", "--ncpus", 8, "--experiment",
                "single-source", "-p", "duration=3", "--out", tmp_path / "sim")
@@ -1002,6 +1006,13 @@ def test_export_of_a_simulated_run_imports_as_the_same_run(tmp_path):
                                            errors="ignore") for t in (back, sim))
         pd.testing.assert_frame_equal(mine, theirs, check_categorical=False)
     assert (sim.migrations["level"] >= 0).all()
+    # what ran it: the simulator and its policy (trace-cmd's own reading of the UNAME option),
+    # not a Linux kernel whose release is "simulated"
+    dump = subprocess.run([TRACE_CMD, "dump", "--options", str(tmp_path / "x.dat")],
+                          capture_output=True, text=True)
+    assert "Harmony-simulator - simulated pairwise-random -" in dump.stdout, dump.stdout
+    assert back.manifest["host"]["scheduler"] == \
+        "reference policy pairwise-random (a simulated run, exported)"
 
 
 # --- the real kernel ---------------------------------------------------------------------------
@@ -1055,9 +1066,10 @@ def test_round_trip_of_a_real_run(kernel, tmp_path):
     assert p.returncode == 0, p.stderr
     b = harmony.load(tmp_path / "back")
     assert b.manifest["source"]["format"] == "trace.dat" and b.manifest["status"] == "complete"
-    assert (b.manifest["t0_ns"], b.manifest["end_ns"]) == (a.manifest["t0_ns"], a.manifest["end_ns"])
+    assert (b.manifest["t0_ns"], b.manifest["end_ns"]) \
+        == (a.manifest["t0_ns"], a.manifest["end_ns"])
     assert b.manifest["lost_events"] == a.manifest["lost_events"]
-    assert len(a.runs) > 0          # whether the kernel migrated anything is not this test's business
+    assert len(a.runs) > 0  # whether the kernel migrated anything is not this test's business
     comm_of = dict(zip(a.tasks["pid"], a.tasks["comm"]))
     for name in TABLES:
         x, y = a.table(name), b.table(name)
@@ -1160,7 +1172,8 @@ def test_trace_cmd_extract_imports(kernel, tmp_path):
 def test_perf_data_imports(kernel, tmp_path):
     data = tmp_path / "perf.data"
     p = subprocess.run([PERF, "record", "-q", "-e", "sched:*", "-a", "-o", str(data), "--",
-                        sys.executable, "-c", SPIN, "0.3"], capture_output=True, text=True, timeout=120)
+                        sys.executable, "-c", SPIN, "0.3"],
+                       capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         host_skip(f"perf record cannot record sched tracepoints here: {p.stderr.strip()[-200:]}")
     out = tmp_path / "run"

@@ -144,8 +144,13 @@ CONTRACT = [
       "--out", "{tmp}/m"], 0, "1 simulated run in"),
     (["simulate", "--policy", "fifo", "-e", "single-source", "--out", "{tmp}/m"], 2,
      "unknown reference policy"),
+    # the experiment named as `run` names it: first, or with -e
+    (["simulate", "single-source", "--policy", "poly-balance", "-p", "duration=0.2", "-q",
+      "--out", "{tmp}/m"], 0, "1 simulated run in"),
     (["simulate", "--policy", "poly-balance", "--out", "{tmp}/m"], 2,
      "give one of --experiment NAME or --suite"),
+    (["simulate", "single-source", "-e", "how-many", "--policy", "poly-balance", "--out",
+      "{tmp}/m"], 2, "one --experiment without --suite"),
     (["simulate", "--policy", "poly-balance", "-e", "how-many", "-e", "detection", "--out",
       "{tmp}/m"], 2, "one --experiment without --suite"),
     (["simulate", "--policy", "poly-balance", "--cpus", "0-3", "-e", "how-many", "--out",

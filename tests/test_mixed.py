@@ -101,7 +101,8 @@ def test_windows_follow_params_and_drop_what_does_not_fit():
 def test_runqueue_variance_step_function(P):
     events, tasks, t_end = heavy_light_dynamic(P)
     cpus = list(range(P))
-    var = mixed.df_runqueue_variance(tables(events, tasks, cpus, t_end)["runqueue"], cpus, T0, t_end)
+    var = mixed.df_runqueue_variance(tables(events, tasks, cpus, t_end)["runqueue"], cpus, T0,
+                                     t_end)
     # <2P,0,...> for the first second: variance 4(P-1); <2,...,2> afterwards: 0
     assert mixed.time_average(var, "variance", T0, 0, 1) == pytest.approx(4 * (P - 1))
     assert mixed.time_average(var, "variance", T0, 1, 3) == pytest.approx(0.0)
@@ -154,7 +155,8 @@ def test_placement_and_one_heavy_one_light(P):
 
 
 def test_placement_counts_a_lost_migration():
-    s = Stream().wakeup(at(0), 0, 1000, 0).migrate(at(1), 1, 1000, 0, 1).migrate(at(2), 0, 1000, 0, 1)
+    s = Stream().wakeup(at(0), 0, 1000, 0).migrate(at(1), 1, 1000, 0, 1) \
+        .migrate(at(2), 0, 1000, 0, 1)
     tasks = tasks_table({"heavy": [1000]}, {1000: 0})
     mig = reconstruct.df_migrations(s.events(), tasks, T0)
     recorded = mig[~mig["inferred"]]
@@ -194,9 +196,12 @@ def test_window_allocation_and_ratio(P):
     assert a.loc[("long", "heavy"), "cpu_time"] == pytest.approx(0.6 * P)
     assert a.loc[("long", "heavy"), "share"] == pytest.approx(0.6)
     assert a.loc[("short", "light"), "share"] == pytest.approx(0.8)
-    assert mixed.allocation_ratio(allocs["dyn"], allocs["static"], "heavy", "long") == pytest.approx(0.75)
-    assert mixed.allocation_ratio(allocs["dyn"], allocs["static"], "light", "long") == pytest.approx(2.0)
-    assert mixed.allocation_ratio(allocs["dyn"], allocs["static"], "heavy", "short") == pytest.approx(1 / 3)
+    assert mixed.allocation_ratio(allocs["dyn"], allocs["static"], "heavy", "long") \
+        == pytest.approx(0.75)
+    assert mixed.allocation_ratio(allocs["dyn"], allocs["static"], "light", "long") \
+        == pytest.approx(2.0)
+    assert mixed.allocation_ratio(allocs["dyn"], allocs["static"], "heavy", "short") \
+        == pytest.approx(1 / 3)
     assert mixed.allocation_ratio(allocs["dyn"], allocs["static"], "heavy", "none") is None
 
 
@@ -228,7 +233,8 @@ def test_migration_rate_and_spread_of_priority_classes(P):
     assert rate.loc["high", "per_cpu_s"] == pytest.approx((P - 1) / high_cpu)
     assert rate.loc["low", "migrations"] == 0 and np.isnan(rate.loc["low", "per_cpu_s"])
     assert rate.loc["all", "per_s"] == pytest.approx(P - 1)
-    counts = mixed.df_class_counts(mixed.df_placement(t["migrations"], tasks, T0, t_end), cpus, T0, t_end)
+    counts = mixed.df_class_counts(mixed.df_placement(t["migrations"], tasks, T0, t_end),
+                                   cpus, T0, t_end)
     spread = mixed.df_spread(counts)
     high, low = spread[spread["role"] == "high"], spread[spread["role"] == "low"]
     assert mixed.time_average(high, "index", T0, 0, 1) == pytest.approx(0.5)
@@ -350,8 +356,10 @@ def test_heavy_light_without_companion_reports_none(tmp_path):
 @pytest.mark.parametrize("P", PS)
 def test_priority_classes_summary(tmp_path, P):
     cpus = list(range(P))
-    run = write_run(tmp_path, "priority-classes", *priority_stream(P)[:2], cpus, priority_stream(P)[2],
-                    {"long_warmup_s": 0.0, "short_warmup_s": 0.5, "short_s": 0.5, "nice_diff": "10"})
+    run = write_run(tmp_path, "priority-classes", *priority_stream(P)[:2], cpus,
+                    priority_stream(P)[2],
+                    {"long_warmup_s": 0.0, "short_warmup_s": 0.5, "short_s": 0.5,
+                     "nice_diff": "10"})
     s = run.summary
     assert PRIORITY_KEYS <= set(s)
     json.dumps(s)
@@ -420,7 +428,8 @@ def test_bad_parameters_are_one_line_errors():
         pc.resolve({"nice_diff": "25"}, [0, 1])
     with pytest.raises(ValueError, match="at least 2 CPUs"):
         hl.resolve({}, [0])
-    assert pc.tasks(pc.resolve({"nice_diff": "30", "high_nice": "-15"}, [0, 1]), [0, 1])[-1].nice == 15
+    assert pc.tasks(pc.resolve({"nice_diff": "30", "high_nice": "-15"}, [0, 1]),
+                    [0, 1])[-1].nice == 15
 
 
 def test_figures_of_a_run_and_of_a_sweep(tmp_path):
@@ -432,14 +441,14 @@ def test_figures_of_a_run_and_of_a_sweep(tmp_path):
     dirs = []
     for duty in ("30", "70"):
         d = tmp_path / f"hl-{duty}"
-        write_run(d / "static", "heavy-light", *heavy_light_static(2)[:2], cpus, heavy_light_static(2)[2],
-                  win | {"static": "1", "light_duty": duty})
-        run = write_run(d, "heavy-light", *heavy_light_dynamic(2)[:2], cpus, heavy_light_dynamic(2)[2],
-                        win | {"light_duty": duty})
+        write_run(d / "static", "heavy-light", *heavy_light_static(2)[:2], cpus,
+                  heavy_light_static(2)[2], win | {"static": "1", "light_duty": duty})
+        run = write_run(d, "heavy-light", *heavy_light_dynamic(2)[:2], cpus,
+                        heavy_light_dynamic(2)[2], win | {"light_duty": duty})
         dirs.append(d)
     figs = get_experiment("heavy-light").plot(run, d)  # matplotlib is slow: one run is enough
-    assert {p.name for p in figs} == {"migrations.png", "placement.png", "shares.png", "variance.png",
-                                      "runqueue.png", "allocation.png"}
+    assert {p.name for p in figs} == {"migrations.png", "placement.png", "shares.png",
+                                      "variance.png", "runqueue.png", "allocation.png"}
     assert all(p.stat().st_size > 1000 for p in figs)
     sweep = mixed.df_sweep([store.open_run(d) for d in dirs])
     assert sweep["light_duty"].tolist() == [30.0, 70.0] and sweep["param_static"].tolist() == [0, 0]

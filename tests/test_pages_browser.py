@@ -34,8 +34,8 @@ def pages(tmp_path_factory):
     root = tmp_path_factory.mktemp("pages")
     cli = CliRunner()
     for policy_name in ("pairwise-random", "poly-balance"):
-        r = cli.invoke(main, ["simulate", "--policy", policy_name, "--ncpus", "4", "--suite", "--quick",
-                              "--repeat", "2", "--out", str(root / policy_name)])
+        r = cli.invoke(main, ["simulate", "--policy", policy_name, "--ncpus", "4", "--suite",
+                              "--quick", "--repeat", "2", "--out", str(root / policy_name)])
         assert r.exit_code == 0, r.output
     run = root / "pairwise-random" / "single-source" / "rep-01"
     r = cli.invoke(main, ["report", str(run)])
@@ -125,11 +125,13 @@ def test_the_look_sees_what_is_wrong(tmp_path):
     doc = [D.Heading("bad", 1), D.Para("x")]
     page = tmp_path / "bad.html"
     page.write_text(D.to_html(doc, "bad").replace(
-        "<p>x</p>", f'<div style="width:2000px">wide</div><img alt="broken" src="data:image/png;base64,{png}">'
+        "<p>x</p>", '<div style="width:2000px">wide</div>'
+                    f'<img alt="broken" src="data:image/png;base64,{png}">'
                     "<pre style='white-space:pre;overflow-x:auto'>" + "y" * 400 + "</pre>"
                     "<script>no_such_function()</script>"))
     seen = browser.look(page)
     assert seen["scroll_width"] > browser.WIDTH
-    assert any(w.startswith("DIV") for w in seen["wide"]) and any(w.startswith("PRE") for w in seen["wide"])
+    assert any(w.startswith("DIV") for w in seen["wide"]) \
+        and any(w.startswith("PRE") for w in seen["wide"])
     assert seen["images"] == [{"alt": "broken", "complete": True, "width": 0}]
     assert any("no_such_function" in e for e in seen["errors"])

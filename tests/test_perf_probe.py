@@ -32,15 +32,21 @@ from conftest import host_skip, retry_busy
 
 # --------------------------------------------------------------------------------- hermetic: parser
 
+# perf script's text; a line that ends in a backslash goes on in the next: the string holds
+# no newline there
 SCRIPT = """\
- 6468 [000]   354.805768520:       sched:sched_switch: prev_comm=perf prev_pid=6468 prev_prio=120 prev_state=S ==> next_comm=Web Content next_pid=42 next_prio=120
-   42 [000]   354.805770000:       sched:sched_switch: prev_comm=Web Content prev_pid=42 prev_prio=120 prev_state=R+ ==> next_comm=swapper/0 next_pid=0 next_prio=120
-    0 [001]   354.805771001: sched:sched_migrate_task: comm=hmy-w00 pid=77 prio=120 orig_cpu=0 dest_cpu=1
+ 6468 [000]   354.805768520:       sched:sched_switch: prev_comm=perf prev_pid=6468 prev_prio=120 \
+prev_state=S ==> next_comm=Web Content next_pid=42 next_prio=120
+   42 [000]   354.805770000:       sched:sched_switch: prev_comm=Web Content prev_pid=42 \
+prev_prio=120 prev_state=R+ ==> next_comm=swapper/0 next_pid=0 next_prio=120
+    0 [001]   354.805771001: sched:sched_migrate_task: comm=hmy-w00 pid=77 prio=120 orig_cpu=0 \
+dest_cpu=1
     0 [001]   354.805772002:      sched:sched_waking: comm=hmy-w00 pid=77 prio=120 target_cpu=001
  5525 [000]   354.805773000: PERF_RECORD_LOST lost 7
        perf-exec 20671 [001]  354.805774000: PERF_RECORD_LOST lost 3
     0 [001]   354.805775000:  sched:sched_process_exit: comm=hmy-w00 pid=77 prio=120 group_dead=1
-    0 [000]   354.805776000:       timer:hrtimer_start: hrtimer=0xffff888627c1c6f8 function=tick_nohz_handler expires=33804308000000 softexpires=33804308000000 mode=0xa was_armed=1
+    0 [000]   354.805776000:       timer:hrtimer_start: hrtimer=0xffff888627c1c6f8 \
+function=tick_nohz_handler expires=33804308000000 softexpires=33804308000000 mode=0xa was_armed=1
     0 [001]   354.805777000:         irq:softirq_raise: vec=7 [action=SCHED]
     0 [001]   354.805778000:  sched:sched_stat_runtime: comm=hmy-w00 pid=77 runtime=329565 [ns]
 this line is not perf script output
@@ -48,10 +54,13 @@ this line is not perf script output
 
 # samples of other events in a recording that also sampled them, as `perf script -F
 # trace:tid,cpu,time,event,trace -G` prints them: perf's default fields, with the CPU if recorded
+# (a backslash at the end of a line, as in SCRIPT, cuts a long line in two)
 OTHER_SAMPLES = """\
-     migration/0    18 [000] 11290.807175068:     250000                              cpu-clock:  ffffffff82203249 _raw_spin_unlock_irqrestore+0x19 ([kernel.kallsyms])
+     migration/0    18 [000] 11290.807175068:     250000                              cpu-clock:  \
+ffffffff82203249 _raw_spin_unlock_irqrestore+0x19 ([kernel.kallsyms])
          swapper     0 [000] 11290.811173964:     250000                              cpu-clock:\x20
- Web Content 2 4242 [001] 11290.811200000:          1 cycles:u:  7f1690514af7 [unknown] (/tmp/perf-11120.map)
+ Web Content 2 4242 [001] 11290.811200000:          1 cycles:u:  7f1690514af7 [unknown] \
+(/tmp/perf-11120.map)
           python 11120  1099.335764939:     200040 cpu-clock:pppH:\x20
 """
 
@@ -67,7 +76,8 @@ def test_parser_decodes_every_event_kind_and_counts_losses_and_bad_lines():
                                              "sched_waking", "sched_process_exit"]
     assert ev["ts"].iloc[0] == 354_805_768_520
     first = ev.iloc[0]
-    assert (first["comm"], first["pid"], first["prev_pid"], first["prev_state"]) == ("Web Content", 42, 6468, 1)
+    assert (first["comm"], first["pid"], first["prev_pid"], first["prev_state"]) \
+        == ("Web Content", 42, 6468, 1)
     assert ev.iloc[1]["prev_state"] == 0 and ev.iloc[1]["prev_comm"] == "Web Content"
     mig = ev.iloc[2]
     assert (mig["pid"], mig["orig_cpu"], mig["target_cpu"], mig["cpu"]) == (77, 0, 1, 1)
@@ -106,7 +116,8 @@ def test_only_the_decoded_sched_events_count_as_lost():
 
 
 def _header(*clocks) -> str:
-    """perf report --header-only lines of sched events recorded with these clockids (None: no -k)."""
+    """perf report --header-only lines of sched events recorded with these clockids (None: no
+    -k)."""
     lines = ["# cmdline : /usr/bin/perf record -a -e sched:*"]
     for k, c in enumerate(clocks):
         extra = "" if c is None else f", use_clockid = 1, clockid = {c}"
@@ -147,7 +158,8 @@ dummy:HG stats:
 
 
 def test_lost_samples_are_per_event_and_skip_the_aggregated_record_count():
-    assert lost_samples_by_event(STATS) == {"sched:sched_switch": 809, "sched:sched_waking": 531, "dummy:HG": 28}
+    assert lost_samples_by_event(STATS) == {"sched:sched_switch": 809, "sched:sched_waking": 531,
+                                            "dummy:HG": 28}
     assert lost_samples_by_event("nothing here") is None
 
 
@@ -210,7 +222,8 @@ def test_migration_agreement_matches_within_tolerance_and_reports_the_rest():
     m = df_migration_agreement(a, b, t0, t_end)
     assert (m["status"] == "matched").sum() == 1
     assert m.loc[m["status"] == "matched", "dt"].item() == 3
-    assert (m["status"] == "only_a").sum() == 2  # late twin and wrong direction; ts 500_000 < t0 dropped
+    # late twin and wrong direction; ts 500_000 < t0 dropped
+    assert (m["status"] == "only_a").sum() == 2
     assert (m["status"] == "only_b").sum() == 2
 
 
@@ -229,18 +242,21 @@ def test_run_agreement_pairs_one_switch_stamped_far_apart():
     assert sorted(r["dend"].tolist() + r["dstart"].tolist()) == [-shift, -shift, 1, 2]
     # b lacks the switch: one long run of 5 where a has 5 then 6: nothing to pair
     b = pd.DataFrame([(5, 0, 1_000_002, 6_000_001)], columns=cols)
-    assert df_run_agreement(a, b, t0, t_end)["status"].value_counts().to_dict() == {"only_a": 2, "only_b": 1}
+    assert df_run_agreement(a, b, t0, t_end)["status"].value_counts().to_dict() \
+        == {"only_a": 2, "only_b": 1}
 
 
 def test_run_agreement_clips_to_the_window_and_needs_both_ends():
     t0, t_end = 1_000, 100_000
     cols = ["pid", "cpu", "start", "end"]
-    a = pd.DataFrame([(5, 0, 0, 2_000), (5, 0, 10_000, 20_000), (5, 1, 30_000, 40_000)], columns=cols)
+    a = pd.DataFrame([(5, 0, 0, 2_000), (5, 0, 10_000, 20_000), (5, 1, 30_000, 40_000)],
+                     columns=cols)
     b = pd.DataFrame([(5, 0, 500, 2_001), (5, 0, 10_002, 20_000), (5, 1, 30_000, 41_000 + TOL_NS)],
                      columns=cols)
     r = df_run_agreement(a, b, t0, t_end)
     assert r["status"].value_counts().to_dict() == {"matched": 2, "only_a": 1, "only_b": 1}
-    assert sorted(r.loc[r["status"] == "matched", "dstart"]) == [2, 500]  # first run clipped at t0 - tol
+    # first run clipped at t0 - tol
+    assert sorted(r.loc[r["status"] == "matched", "dstart"]) == [2, 500]
 
 
 def _events(rows):
@@ -250,8 +266,8 @@ def _events(rows):
     cols = ["ts", "cpu", "event", "common_pid", "pid", "prev_pid", "orig_cpu", "target_cpu"]
     d = {c: [r[i] for r in rows] for i, c in enumerate(cols)}
     n = len(rows)
-    d.update(comm=[f"t{p}" if p else "swapper" for p in d["pid"]], prev_comm=[""] * n, prio=[120] * n,
-             prev_prio=[-1] * n, prev_state=[0] * n)
+    d.update(comm=[f"t{p}" if p else "swapper" for p in d["pid"]], prev_comm=[""] * n,
+             prio=[120] * n, prev_prio=[-1] * n, prev_state=[0] * n)
     return make_events(d)
 
 
@@ -274,13 +290,15 @@ def test_silent_contexts_and_unrecorded_migrations_from_a_probes_own_stream():
     full = _events(_SEEN)
     blind = _events([r for r in _SEEN if not (r[3] == 0 and r[1] == 1)])
     assert silent_contexts(full) == []
-    assert silent_contexts(blind) == [{"pid": 0, "cpu": 1, "comm": "swapper", "runs": 2, "records": 0}]
+    assert silent_contexts(blind) == [{"pid": 0, "cpu": 1, "comm": "swapper", "runs": 2,
+                                       "records": 0}]
     assert unrecorded_migrations(full)["n"] == 0
     u = unrecorded_migrations(blind)
     assert (u["n"], u["pids"]) == (1, [7])
     assert u["examples"] == [{"pid": 7, "ts": 30, "from_cpu": 0, "to_cpu": 1}]
     # a migration whose orig_cpu is not the task's last CPU also proves a move the stream lacks
-    gap = _events([(10, 0, "sched_switch", 9, 7, 9, -1, -1), (20, 1, "sched_migrate_task", 3, 7, -1, 1, 0)])
+    gap = _events([(10, 0, "sched_switch", 9, 7, 9, -1, -1),
+                   (20, 1, "sched_migrate_task", 3, 7, -1, 1, 0)])
     assert unrecorded_migrations(gap)["n"] == 1 and unrecorded_migrations(gap, pids=[8])["n"] == 0
 
 
@@ -300,7 +318,8 @@ def test_blind_spot_notes_count_in_words():
     from harmony.pipeline import blind_spots
 
     meta = {"probe": "perf"}
-    silent, moved = words(blind_spots(meta, _events([r for r in _SEEN if not (r[3] == 0 and r[1] == 1)]),
+    silent, moved = words(blind_spots(meta,
+                                      _events([r for r in _SEEN if not (r[3] == 0 and r[1] == 1)]),
                                       pd.DataFrame({"pid": [7]})))
     assert silent.startswith("perf recorded no event in the context of 1 task it saw run: "
                              "swapper (CPU 1, ran 2x);"), silent
@@ -370,8 +389,10 @@ def test_run_anomalies_compared_over_the_stretch_both_probes_recorded():
     # the longer recording also holds, after the other one stopped, a switch out of 7 on a CPU
     # where it was never switched in (a lost switch-in: one anomaly)
     later = [(200, 1, "sched_switch", 5, 3, 5, -1, -1), (210, 1, "sched_switch", 7, 5, 7, -1, -1)]
-    x = probe_agreement(_events(both), _events(both + later), tasks, 100, 150, names=("tracefs", "perf"))
-    assert x["run_anomalies"] == {"tracefs": 1, "perf": 1}   # the switch at 130 ends 7's run: one each
+    x = probe_agreement(_events(both), _events(both + later), tasks, 100, 150,
+                        names=("tracefs", "perf"))
+    # the switch at 130 ends 7's run: one each
+    assert x["run_anomalies"] == {"tracefs": 1, "perf": 1}
 
 
 def test_probe_agreement_explains_migrations_missed_in_a_blind_context():
@@ -385,8 +406,10 @@ def test_probe_agreement_explains_migrations_missed_in_a_blind_context():
     assert (mig["only_tracefs"], mig["only_perf"], mig["unmatched_in_blind_context"]) == (1, 0, 1)
     ex = mig["examples"]["only_tracefs"][0]
     assert (ex["ctx_pid"], ex["ctx_cpu"], ex["blind"]) == (0, 1, True)
-    assert x["unrecorded_migrations"]["perf"]["n"] == 1 and x["unrecorded_migrations"]["tracefs"]["n"] == 0
-    assert x["blind_contexts"]["perf"][0]["comm"] == "swapper" and x["blind_contexts"]["tracefs"] == []
+    assert x["unrecorded_migrations"]["perf"]["n"] == 1 \
+        and x["unrecorded_migrations"]["tracefs"]["n"] == 0
+    assert x["blind_contexts"]["perf"][0]["comm"] == "swapper" \
+        and x["blind_contexts"]["tracefs"] == []
     assert any("blind contexts" in ln for ln in agreement_lines(x))
     assert x["verdict"] == "disagree (blind contexts)" and x["unmatched"] == 1
     # with a tolerance below the 10 ns the blind probe's repaired run start is off, a run differs
@@ -411,14 +434,16 @@ def _perf_processes_writing(under: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and os.path.basename(argv[0]).startswith(b"perf") and str(under).encode() in b" ".join(argv):
+        if argv and os.path.basename(argv[0]).startswith(b"perf") \
+                and str(under).encode() in b" ".join(argv):
             out.append(int(entry.name))
     return out
 
 
 def _harmony_instances() -> list[str]:
     inst = Path("/sys/kernel/tracing/instances")
-    return sorted(p.name for p in inst.iterdir() if p.name.startswith("harmony")) if inst.is_dir() else []
+    return sorted(p.name for p in inst.iterdir() if p.name.startswith("harmony")) \
+        if inst.is_dir() else []
 
 
 @pytest.fixture(scope="session")
@@ -494,7 +519,8 @@ def test_kernel_perf_run_decodes_like_tracefs(perf_kernel, perf_run, crosscheck_
     assert other.manifest["crosscheck_meta"]["perf_pid"] in other.manifest["controller_tids"]
     assert "(perf record, sampler)" in (perf_run.path / "report.md").read_text()
     raw = perf_run.path / "raw" / "perf"
-    assert {"perf.data", "markers.jsonl", "meta.json", "perf.log"} <= {p.name for p in raw.iterdir()}
+    assert {"perf.data", "markers.jsonl", "meta.json", "perf.log"} \
+        <= {p.name for p in raw.iterdir()}
     # perf drops, without counting them lost, the hits in the context of tasks it is blind in
     # (swapper/1: the first moves of <4,0>, pulled by idle CPU 1). Its own stream must prove every
     # move it lacks, and the run must say so; with no such move there is nothing to say.
@@ -504,7 +530,8 @@ def test_kernel_perf_run_decodes_like_tracefs(perf_kernel, perf_run, crosscheck_
     if m["lost_events"] == 0:
         if moved["n"]:
             assert m["capture"]["silent_contexts"], moved
-            assert any("perf recorded no event in the context of" in n for n in m["notes"]), m["notes"]
+            assert any("perf recorded no event in the context of" in n
+                       for n in m["notes"]), m["notes"]
             from harmony.analysis.trust import count
             proved = f"prove {count(moved['n'], 'move')} of"
             assert any(proved in n and "no sched_migrate_task" in n for n in m["notes"]), m["notes"]
@@ -536,7 +563,8 @@ def test_kernel_crosscheck_probes_agree(perf_kernel, crosscheck_run):
         assert x["unrecorded_migrations"]["tracefs"]["n"] == 0 or x["blind_contexts"]["tracefs"]
         assert s["matched"] == s["perf"]
         assert x["verdict"] == ("agree" if s["only_tracefs"] == 0 else "disagree (blind contexts)")
-        # a sched_switch fired where both are blind (the switch out of swapper/1) is missing from both
+        # a sched_switch fired where both are blind (the switch out of swapper/1) is missing from
+        # both
         assert x["run_anomalies"]["tracefs"] == x["run_anomalies"]["perf"]
     else:
         assert x["verdict"] != "agree" or x["unmatched"] == 0
@@ -594,7 +622,8 @@ def _independent_migrations(data: Path) -> tuple[pd.DataFrame, int, set, set]:
     contexts perf recorded anything in and the contexts it saw switched in, as (tid, cpu) with cpu
     -1 except for tid 0 (one swapper per CPU)."""
     text = subprocess.run(["perf", "script", "-f", "-i", str(data), "--ns", "--show-lost-events",
-                           "-F", "tid,cpu,time,trace"], capture_output=True, text=True, check=True).stdout
+                           "-F", "tid,cpu,time,trace"],
+                          capture_output=True, text=True, check=True).stdout
     rows, lost, recorded, ran = [], 0, set(), set()
     for line in text.splitlines():
         if "PERF_RECORD_LOST" in line:
@@ -657,15 +686,18 @@ def test_kernel_independent_perf_sees_the_migrations_harmony_reports(perf_kernel
     pairs = df_migration_agreement(harmony_mig.assign(kind="?"), mine.assign(kind="?"), t0, t_end)
     if lost == 0 and m["lost_events"] == 0:
         only_perf = pairs[pairs["status"] == "only_b"]
-        assert only_perf.empty, f"perf saw migrations Harmony does not report:\n{only_perf.to_string()}"
+        assert only_perf.empty, \
+            f"perf saw migrations Harmony does not report:\n{only_perf.to_string()}"
         # a migration only Harmony (tracefs) holds must have fired in a context this perf saw run
         # but recorded nothing in (swapper/1's idle balancing); any other miss fails
         ev = run.events[run.events["event"] == "sched_migrate_task"]
         for r in pairs[pairs["status"] == "only_a"].itertuples():
             hit = ev[(ev["ts"] == r.ts_a) & (ev["pid"] == r.pid)]
             assert len(hit) == 1, r
-            ctx = (int(hit["common_pid"].iat[0]), int(hit["cpu"].iat[0]) if hit["common_pid"].iat[0] == 0 else -1)
-            assert ctx in ran and ctx not in recorded, (r, ctx, "perf missed a move in a context it records")
+            ctx = (int(hit["common_pid"].iat[0]),
+                   int(hit["cpu"].iat[0]) if hit["common_pid"].iat[0] == 0 else -1)
+            assert ctx in ran and ctx not in recorded, \
+                (r, ctx, "perf missed a move in a context it records")
         # every move Harmony's probe recorded is paired; a move neither probe recorded, which
         # the tasks' own events prove (analysis.causes: "inferred"), is not a probe's to pair
         recorded_mig = harmony_mig[~harmony_mig["inferred"].to_numpy()]
@@ -721,7 +753,8 @@ def test_kernel_perf_runs_trace_dat_is_read_whole_by_trace_cmd(perf_kernel, perf
 
 
 @pytest.mark.kernel
-def test_kernel_corrupt_perf_data_is_a_one_line_error_naming_the_file(perf_kernel, perf_run, tmp_path):
+def test_kernel_corrupt_perf_data_is_a_one_line_error_naming_the_file(perf_kernel, perf_run,
+                                                                      tmp_path):
     from harmony.pipeline import analyse
     from harmony.store import RunError
 
@@ -729,7 +762,8 @@ def test_kernel_corrupt_perf_data_is_a_one_line_error_naming_the_file(perf_kerne
     size = src.stat().st_size
     cases = {"truncated": src.read_bytes()[: size // 2], "empty": b"",
              "garbage": os.urandom(4096),
-             "flipped": src.read_bytes()[: size // 2] + bytes(4096) + src.read_bytes()[size // 2 + 4096:]}
+             "flipped": src.read_bytes()[: size // 2] + bytes(4096)
+                        + src.read_bytes()[size // 2 + 4096:]}
     for name, content in cases.items():
         d = tmp_path / name
         shutil.copytree(perf_run.path / "raw" / "perf", d)
@@ -795,7 +829,8 @@ def test_bad_crosscheck_is_refused_before_anything_starts(tmp_path, args):
     from harmony.cli import main
 
     out = tmp_path / "run"
-    r = CliRunner().invoke(main, ["run", "single-source", "--duration", "1", "--out", str(out), *args])
+    r = CliRunner().invoke(main, ["run", "single-source", "--duration", "1", "--out", str(out),
+                                  *args])
     assert r.exit_code == 2, r.output
     assert "--crosscheck" in r.output and not out.exists()
 

@@ -1,8 +1,8 @@
-"""The direct perf.data reader (probes/perf_read.py) against what it replaced: ``perf script``'s text
-parsed by :class:`~harmony.probes.perf_script.PerfScriptParser`, and the facts ``perf report``
+"""The direct perf.data reader (probes/perf_read.py) against what it replaced: ``perf script``'s
+text parsed by :class:`~harmony.probes.perf_script.PerfScriptParser`, and the facts ``perf report``
 prints. Real recordings (the perf probe's options; call graphs and another event; ``perf sched
-record``; one CPU) are compared row by row, every column, with the numpy and the compiled paths;
-the perf.data files the fuzz corpus holds likewise; damaged files are one-line errors naming them.
+record``; one CPU) are compared row by row, every column, with the numpy and the compiled paths; the
+perf.data files the fuzz corpus holds likewise; damaged files are one-line errors naming them.
 """
 
 from __future__ import annotations

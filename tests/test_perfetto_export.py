@@ -53,7 +53,8 @@ def replay(data: bytes) -> dict:
         last = p.timestamp
         e = p.track_event
         assert e.track_uuid in tracks
-        args = {a.name: (a.string_value or a.int_value or a.bool_value) for a in e.debug_annotations}
+        args = {a.name: (a.string_value or a.int_value or a.bool_value)
+                for a in e.debug_annotations}
         if e.type == TrackEvent.TYPE_SLICE_BEGIN:
             open_[e.track_uuid].append((p.timestamp, e.name, args))
         elif e.type == TrackEvent.TYPE_SLICE_END:
@@ -75,13 +76,15 @@ def _intervals(slices: dict, uuids) -> set:
 
 def test_the_trace_holds_the_run_table(run, tmp_path):
     dest = tmp_path / "run.pftrace"
-    r = CliRunner().invoke(main, ["export", str(run.path), "--format", "perfetto", "--out", str(dest)])
+    r = CliRunner().invoke(main, ["export", str(run.path), "--format", "perfetto",
+                                  "--out", str(dest)])
     assert r.exit_code == 0, r.output
     t = replay(dest.read_bytes())
     runs, tasks = run.runs, run.tasks
     comm = dict(zip(tasks["pid"], tasks["comm"]))
     # the experiment's tasks named, one thread track each
-    threads = {d.thread.tid: d.thread.thread_name for d in t["tracks"].values() if d.HasField("thread")}
+    threads = {d.thread.tid: d.thread.thread_name for d in t["tracks"].values()
+               if d.HasField("thread")}
     assert threads == comm
     # every run interval a slice on its CPU's track, named by its task, and on its task's track,
     # named by its CPU; nothing else
@@ -107,10 +110,12 @@ def test_the_trace_holds_the_run_table(run, tmp_path):
          for m in run.migrations.sort_values("ts", kind="stable").itertuples()]
     # the t0 and end markers where the manifest puts them
     marks = {name: ts for ts, name, _ in t["instants"][pe.track_uuid(pe.MARKERS_TRACK)]}
-    assert marks["harmony t0"] == run.manifest["t0_ns"] and marks["harmony end"] == run.manifest["end_ns"]
+    assert marks["harmony t0"] == run.manifest["t0_ns"] \
+        and marks["harmony end"] == run.manifest["end_ns"]
     # the run queues, step by step
     for cpu, q in run.runqueue.groupby("cpu"):
-        assert t["counters"][pe.counter_track(cpu)] == list(zip(q["ts"].astype(int), q["nr"].astype(float)))
+        assert t["counters"][pe.counter_track(cpu)] \
+            == list(zip(q["ts"].astype(int), q["nr"].astype(float)))
 
 
 def test_overlapping_intervals_go_on_a_child_track():
@@ -127,8 +132,9 @@ def test_overlapping_intervals_go_on_a_child_track():
     assert list(pe.lanes(runs, "pid")) == [0, 1, 0]
     child = t["tracks"][pe.task_track(7, 1)]
     assert child.parent_uuid == pe.task_track(7) and "overlapping" in child.name
-    assert t["slices"][pe.task_track(7, 1)] == [(150, 400, "CPU 1", {"pid": 7, "role": "cpu", "truncated": False,
-                                                                    "unseen_start": True})]
+    assert t["slices"][pe.task_track(7, 1)] == [(150, 400, "CPU 1", {"pid": 7, "role": "cpu",
+                                                                     "truncated": False,
+                                                                     "unseen_start": True})]
     assert _intervals(t["slices"], [pe.task_track(7), pe.task_track(7, 1)]) == \
         {(100, 200, "CPU 0"), (150, 400, "CPU 1"), (300, 400, "CPU 0")}
 

@@ -82,7 +82,8 @@ def test_many_tasks_are_drawn_ranked_not_a_bar_each(tmp_path, monkeypatch):
     xlabels = []
     real = plots.plt.Axes.set_xlabel
     monkeypatch.setattr(plots.plt.Axes, "set_xlabel",
-                        lambda ax, text, *a, **k: (xlabels.append(text), real(ax, text, *a, **k))[1])
+                        lambda ax, text, *a, **k: (xlabels.append(text),
+                                                   real(ax, text, *a, **k))[1])
     many, few = _shares(2000), _shares(plots.MANY_TASKS)
     assert _png_size(plots.plot_shares(many, tmp_path / "many.png"))[0] <= 1000
     assert _png_size(plots.plot_shares(few, tmp_path / "few.png"))[0] > 1000    # a bar each
@@ -132,7 +133,8 @@ def test_strip_figure_says_how_many_runs_have_a_metric(tmp_path, monkeypatch):
     assert ticks[-1] == ["interval1_ms", "interval3_ms\n(3 of 4 runs)"]
 
 
-def test_migrations_are_counted_per_bin_and_bins_widened_to_what_a_panel_shows(tmp_path, monkeypatch):
+def test_migrations_are_counted_per_bin_and_bins_widened_to_what_a_panel_shows(tmp_path,
+                                                                               monkeypatch):
     mig = pd.DataFrame({"t": [0.05, 0.06, 0.15, 0.95, 1.0, 5.0], "kind": ["balance", "wakeup",
                                                                           "balance", "balance",
                                                                           "wakeup", "balance"]})

@@ -28,14 +28,16 @@ def test_unanimous_label_and_undecided_on_disagreement():
     hm = [ev("how-many", x=20, first_round_moved=5, poly_prediction=5, pairwise_prediction=10),
           ev("how-many", x=30, first_round_moved=8, poly_prediction=7.5, pairwise_prediction=15)]
     assert infer_evidence(hm).answer("how_many").label == "poly-balance"
-    hm.append(ev("how-many", x=40, first_round_moved=20, poly_prediction=10, pairwise_prediction=20))
+    hm.append(ev("how-many", x=40, first_round_moved=20, poly_prediction=10,
+                 pairwise_prediction=20))
     a = infer_evidence(hm).answer("how_many")
     assert a.label == policy.UNDECIDED
     assert a.agreement == {"poly-balance": 2, "pairwise": 1}
 
 
 def test_how_many_on_two_cpus_says_why_not():
-    hm = [ev("how-many", ncpus=2, x=20, first_round_moved=10, poly_prediction=10, pairwise_prediction=10)]
+    hm = [ev("how-many", ncpus=2, x=20, first_round_moved=10, poly_prediction=10,
+             pairwise_prediction=10)]
     a = infer_evidence(hm).answer("how_many")
     assert a.label is None
     assert "x/2" in a.why_not and "3 or more CPUs" in a.why_not
@@ -45,8 +47,8 @@ def test_affinity_thresholds_per_cpu_and_weakest_wins():
     strong = ev("single-source", migrations_after_balance_per_s=T.AFFINITY_STRONG_MAX_PER_CPU_S * 4,
                 time_to_balance_s=0.2, migrations=10)
     assert infer_evidence([strong]).answer("affinity").label == "strong"
-    moderate = ev("intrinsic-imbalance", migrations_per_s=(T.AFFINITY_STRONG_MAX_PER_CPU_S + 0.5) * 4,
-                  share_ratio_min=0.8)
+    moderate = ev("intrinsic-imbalance",
+                  migrations_per_s=(T.AFFINITY_STRONG_MAX_PER_CPU_S + 0.5) * 4, share_ratio_min=0.8)
     assert infer_evidence([strong, moderate]).answer("affinity").label == "moderate"
     weak = ev("heavy-light", migrations_per_s=T.AFFINITY_WEAK_MIN_PER_CPU_S * 4)
     card = infer_evidence([strong, moderate, weak])
@@ -78,7 +80,8 @@ def test_work_conserving_and_detection():
     # one early run among periodic ones (a check that fell just after the cut): with 3 runs the
     # vote cannot tell (the median rule of old said periodic; issue 46: a label is decided by a
     # majority of runs at 95 %, which 2 of 3 are not), with 11 it is periodic, decided
-    det = [ev("detection", interval1_ms=v, interval2_ms=64.0, interval3_ms=64.0) for v in (3.0, 120.0, 200.0)]
+    det = [ev("detection", interval1_ms=v, interval2_ms=64.0, interval3_ms=64.0)
+           for v in (3.0, 120.0, 200.0)]
     a = infer_evidence(det).answer("detection")
     assert a.label == policy.UNDECIDED and a.confidence["label"] == "periodic"
     det += [ev("detection", interval1_ms=150.0, interval2_ms=64.0, interval3_ms=64.0)] * 8
@@ -129,7 +132,8 @@ def test_collect_lists_incomplete_runs_and_skips_companions(tmp_path):
         if summary is not None:
             (d / "summary.json").write_text(json.dumps(summary))
 
-    write(tmp_path / "b" / "rep-01", "complete", summary={"share_ratio_min": 0.99, "migrations_per_s": 1})
+    write(tmp_path / "b" / "rep-01", "complete",
+          summary={"share_ratio_min": 0.99, "migrations_per_s": 1})
     write(tmp_path / "b" / "rep-01" / "static", "complete", summary={"share_ratio_min": 0.5})
     write(tmp_path / "b" / "rep-02", "incomplete")
     evidence, skipped = policy.collect([tmp_path])
@@ -196,7 +200,8 @@ def test_runs_on_a_busy_host_are_not_evidence(tmp_path):
         (d / "manifest.json").write_text(json.dumps({
             "status": "complete", "experiment": "intrinsic-imbalance", "params": {}, "cpus": [0, 1],
             "foreign_load": {"max_frac": frac, "max_cpu": 1, "top": "stress"}}))
-        (d / "summary.json").write_text(json.dumps({"share_ratio_min": 0.99, "migrations_per_s": 1}))
+        (d / "summary.json").write_text(json.dumps({"share_ratio_min": 0.99,
+                                                    "migrations_per_s": 1}))
 
     write(tmp_path / "quiet", 0.02)
     write(tmp_path / "busy", 0.20)
@@ -221,7 +226,8 @@ def test_runs_whose_vcpus_waited_for_the_host_are_not_evidence(tmp_path):
             "cpus": [0, 1, 2, 3], "foreign_load": {"max_frac": 0.0, "max_cpu": 0, "top": ""},
             "vm": {"accelerator": "tcg", "qemu_setting": setting, "vcpu_wait_max": frac,
                    "vcpu_wait_max_vcpu": 2, "vcpu_wait_frac": [0.0, 0.0, frac, 0.0]}}))
-        (d / "summary.json").write_text(json.dumps({"share_ratio_min": 0.99, "migrations_per_s": 1}))
+        (d / "summary.json").write_text(json.dumps({"share_ratio_min": 0.99,
+                                                    "migrations_per_s": 1}))
 
     t, margin = T.VCPU_WAIT_MAX, 1e-6 * T.VCPU_WAIT_MAX
     write(tmp_path / "at", t)

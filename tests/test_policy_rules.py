@@ -209,7 +209,7 @@ def test_how_many_match_is_at_least_one_task():
     assert label("how_many", _how_many(3.0 + MARGIN, 2.0, 8.0)) == "neither prediction"
 
 
-# --------------------------------------------------------------------- every branch, question by question
+# ----------------------------------------------------------- every branch, question by question
 
 def test_every_question_without_evidence_names_its_experiment():
     card = infer_evidence([])
@@ -246,9 +246,10 @@ def test_balances():
 def test_proportional_numbers_stand_beside_the_balances_answer_by_p():
     """Numbers, never the label's input: grouped by CPU and task count, medians over the runs,
     the word from the worst task; shown without single-source runs too."""
-    runs = [ev("proportional", ncpus=2, ntasks=4, path=f"/r/{k}", speedup_ratio=r, speedup_ratio_min=w,
-               concurrency_ratio=c, concurrency_ratio_min=c)
-            for k, (r, w, c) in enumerate([(0.99, 0.97, 1.0), (1.0, 0.99, 1.01), (0.98, 0.95, 0.99)])]
+    runs = [ev("proportional", ncpus=2, ntasks=4, path=f"/r/{k}", speedup_ratio=r,
+               speedup_ratio_min=w, concurrency_ratio=c, concurrency_ratio_min=c)
+            for k, (r, w, c) in enumerate([(0.99, 0.97, 1.0), (1.0, 0.99, 1.01),
+                                           (0.98, 0.95, 0.99)])]
     odd = ev("proportional", ncpus=4, ntasks=6, speedup_ratio=1.0, speedup_ratio_min=0.75,
              concurrency_ratio=0.75, concurrency_ratio_min=0.75)
     cut = ev("proportional", ncpus=4, ntasks=8, speedup_ratio=None, speedup_ratio_min=None,
@@ -493,8 +494,8 @@ def test_a_why_not_is_printed_with_the_experiment_that_would_answer():
     card = infer_evidence([_heavy_light(duty=90.0)])
     lines = policy.answer_lines(card.answer("selection"))
     assert lines == ["answer: no evidence",
-                     "thresholds: SELECTION_SMAPE_GAP = 0.1; SELECTION_ONE_HEAVY_ONE_LIGHT_MIN = 0.5; "
-                     "SELECTION_MAX_LIGHT_DUTY = 60.0",
+                     "thresholds: SELECTION_SMAPE_GAP = 0.1; "
+                     "SELECTION_ONE_HEAVY_ONE_LIGHT_MIN = 0.5; SELECTION_MAX_LIGHT_DUTY = 60.0",
                      "cannot answer: every heavy-light run had light tasks too heavy to tell heavy "
                      "from light",
                      "would be answered by: heavy-light (E7/E9) with light duty <= 60%"]

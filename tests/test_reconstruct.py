@@ -32,7 +32,8 @@ CONTROLLER, KWORKER, KWORKER2, STOPPER = 50, 900, 901, 950
 
 
 def tasks_for(layout, cpus, first_pid, **spec) -> pd.DataFrame:
-    """The real tasks table (harmony.workload.tasks) for a layout, with pids first_pid, first_pid+1, ..."""
+    """The real tasks table (harmony.workload.tasks) for a layout, with pids first_pid,
+    first_pid+1, ..."""
     specs = layout_tasks(layout, cpus, **spec)
     return tasks_frame(specs, list(range(first_pid, first_pid + len(specs))))
 
@@ -564,7 +565,8 @@ def replay_runs(events: pd.DataFrame, pids, t_end: int):
             continue
         if cpu in cur and prv != cur[cpu][0] and prv in pidset and cur[cpu][0] not in pidset:
             # switch-in lost after idle or a foreign task: start inferred from the wake-up
-            out.append([prv, cpu, max(cur[cpu][1], woke.get(prv, cur[cpu][1])), ts, pst, False, True])
+            out.append([prv, cpu, max(cur[cpu][1], woke.get(prv, cur[cpu][1])), ts, pst, False,
+                        True])
         if cpu not in cur:
             if prv in pidset:  # running when the trace began
                 out.append([prv, cpu, t_start, ts, pst, False, True])
@@ -982,7 +984,8 @@ def test_core_tables_are_the_three_tables(side_by_side, monkeypatch, state_machi
     monkeypatch.setenv("HARMONY_THREADS", "2")
     got = rc.df_core(ev, sim.tasks, cpus, t0, t_end)
     taskstate._last.clear()
-    want = {"migrations": rc.df_migrations(ev, sim.tasks, t0), "runs": rc.df_runs(ev, sim.tasks, t0, t_end),
+    want = {"migrations": rc.df_migrations(ev, sim.tasks, t0),
+            "runs": rc.df_runs(ev, sim.tasks, t0, t_end),
             "runqueue": rc.df_runqueue(ev, sim.tasks, cpus, t0, t_end)}
     assert sorted(got) == sorted(want)
     for name in want:

@@ -79,7 +79,8 @@ def test_simulated_run_is_clean(tmp_path, no_figures):
 
 
 def test_policies_differ_in_how_many_they_move(tmp_path, no_figures):
-    """Poly-balance moves x/P in the first round, pairwise x/2: the simulator obeys its own rules."""
+    """Poly-balance moves x/P in the first round, pairwise x/2: the simulator obeys its own
+    rules."""
     moved = {}
     for name in ("poly-balance", "pairwise-random"):
         run = simulate_run(name, "how-many", 4, tmp_path / name,

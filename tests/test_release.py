@@ -47,4 +47,5 @@ def test_wake_ups_off_the_initial_cpu_are_named():
     assert r["woke_off_initial_cpu"] == [12]
     # a first wake-up recorded after "released" is not the release's: not judged
     assert release_spread(ev, tasks, t0=100, released=115)["woke_off_initial_cpu"] == []
-    assert release_spread(ev.drop(columns="target_cpu"), tasks, 100, 200)["woke_off_initial_cpu"] is None
+    assert release_spread(ev.drop(columns="target_cpu"),
+                          tasks, 100, 200)["woke_off_initial_cpu"] is None

@@ -43,7 +43,8 @@ def _write(path: Path, value: str) -> None:
 
 
 def _drain(path: Path, page_size: int) -> tuple[bytes, list[int]]:
-    """Read trace_pipe_raw until it is empty; pad every read to page_size; return (data, read sizes)."""
+    """Read trace_pipe_raw until it is empty; pad every read to page_size; return (data, read
+    sizes)."""
     chunks, sizes = [], []
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
@@ -166,16 +167,21 @@ COMMON = """\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
 \tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
 \tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
 """
-_MASK = "(((0x00000000 | 0x00000001 | 0x00000002 | 0x00000004 | 0x00000008 | 0x00000010 | 0x00000020 | 0x00000040) + 1) << 1)"
-SWITCH_PRINT = ('print fmt: "prev_comm=%s prev_pid=%d prev_prio=%d prev_state=%s%s ==> next_comm=%s '
-                'next_pid=%d next_prio=%d", REC->prev_comm, REC->prev_pid, REC->prev_prio, '
-                f'(REC->prev_state & ({_MASK} - 1)) ? __print_flags(REC->prev_state & ({_MASK} - 1), "|", '
+_MASK = ("(((0x00000000 | 0x00000001 | 0x00000002 | 0x00000004 | 0x00000008 | 0x00000010 | "
+         "0x00000020 | 0x00000040) + 1) << 1)")
+SWITCH_PRINT = ('print fmt: "prev_comm=%s prev_pid=%d prev_prio=%d prev_state=%s%s ==> '
+                'next_comm=%s next_pid=%d next_prio=%d", REC->prev_comm, REC->prev_pid, '
+                'REC->prev_prio, '
+                f'(REC->prev_state & ({_MASK} - 1)) ? '
+                f'__print_flags(REC->prev_state & ({_MASK} - 1), "|", '
                 '{ 0x00000001, "S" }, { 0x00000002, "D" }) : "R", '
-                f'REC->prev_state & {_MASK} ? "+" : "", REC->next_comm, REC->next_pid, REC->next_prio')
+                f'REC->prev_state & {_MASK} ? "+" : "", '
+                'REC->next_comm, REC->next_pid, REC->next_prio')
 
 # Today's layouts (6.x) ...
 FORMATS_NEW = {
-    "sched/sched_switch": ("sched_switch", 372, """\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;
+    "sched/sched_switch": ("sched_switch", 372, """\
+\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:0;
 \tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;
 \tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;
 \tfield:long prev_state;\toffset:32;\tsize:8;\tsigned:1;
@@ -183,22 +189,28 @@ FORMATS_NEW = {
 \tfield:pid_t next_pid;\toffset:56;\tsize:4;\tsigned:1;
 \tfield:int next_prio;\toffset:60;\tsize:4;\tsigned:1;
 """, SWITCH_PRINT),
-    "sched/sched_migrate_task": ("sched_migrate_task", 371, """\tfield:__data_loc char[] comm;\toffset:8;\tsize:4;\tsigned:0;
+    "sched/sched_migrate_task": ("sched_migrate_task", 371, """\
+\tfield:__data_loc char[] comm;\toffset:8;\tsize:4;\tsigned:0;
 \tfield:pid_t pid;\toffset:12;\tsize:4;\tsigned:1;
 \tfield:int prio;\toffset:16;\tsize:4;\tsigned:1;
 \tfield:int orig_cpu;\toffset:20;\tsize:4;\tsigned:1;
 \tfield:int dest_cpu;\toffset:24;\tsize:4;\tsigned:1;
-""", 'print fmt: "comm=%s pid=%d prio=%d orig_cpu=%d dest_cpu=%d", __get_str(comm), REC->pid, REC->prio, REC->orig_cpu, REC->dest_cpu'),
-    "sched/sched_wakeup": ("sched_wakeup", 374, """\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;
+""", 'print fmt: "comm=%s pid=%d prio=%d orig_cpu=%d dest_cpu=%d", __get_str(comm), REC->pid, '
+     'REC->prio, REC->orig_cpu, REC->dest_cpu'),
+    "sched/sched_wakeup": ("sched_wakeup", 374, """\
+\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:0;
 \tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;
 \tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;
 \tfield:int target_cpu;\toffset:32;\tsize:4;\tsigned:1;
-""", 'print fmt: "comm=%s pid=%d prio=%d target_cpu=%03d", REC->comm, REC->pid, REC->prio, REC->target_cpu'),
-    "sched/sched_process_fork": ("sched_process_fork", 366, """\tfield:__data_loc char[] parent_comm;\toffset:8;\tsize:4;\tsigned:0;
+""", 'print fmt: "comm=%s pid=%d prio=%d target_cpu=%03d", REC->comm, REC->pid, REC->prio, '
+     'REC->target_cpu'),
+    "sched/sched_process_fork": ("sched_process_fork", 366, """\
+\tfield:__data_loc char[] parent_comm;\toffset:8;\tsize:4;\tsigned:0;
 \tfield:pid_t parent_pid;\toffset:12;\tsize:4;\tsigned:1;
 \tfield:__data_loc char[] child_comm;\toffset:16;\tsize:4;\tsigned:0;
 \tfield:pid_t child_pid;\toffset:20;\tsize:4;\tsigned:1;
-""", 'print fmt: "comm=%s pid=%d child_comm=%s child_pid=%d", __get_str(parent_comm), REC->parent_pid, __get_str(child_comm), REC->child_pid'),
+""", 'print fmt: "comm=%s pid=%d child_comm=%s child_pid=%d", __get_str(parent_comm), '
+     'REC->parent_pid, __get_str(child_comm), REC->child_pid'),
     "ftrace/print": ("print", 5, """\tfield:unsigned long ip;\toffset:8;\tsize:8;\tsigned:0;
 \tfield:char buf[];\toffset:16;\tsize:0;\tsigned:0;
 """, 'print fmt: "%ps: %s", (void *)REC->ip, REC->buf'),
@@ -211,26 +223,35 @@ FORMATS_WAKING = dict(FORMATS_NEW, **{f"sched/{name}": (
 
 # ... and an older kernel's: fixed comm arrays, int prev_state, other IDs, TASK_STATE_MAX flag.
 FORMATS_OLD = {
-    "sched/sched_switch": ("sched_switch", 300, """\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:1;
+    "sched/sched_switch": ("sched_switch", 300, """\
+\tfield:char prev_comm[16];\toffset:8;\tsize:16;\tsigned:1;
 \tfield:pid_t prev_pid;\toffset:24;\tsize:4;\tsigned:1;
 \tfield:int prev_prio;\toffset:28;\tsize:4;\tsigned:1;
 \tfield:int prev_state;\toffset:32;\tsize:4;\tsigned:1;
 \tfield:char next_comm[16];\toffset:36;\tsize:16;\tsigned:1;
 \tfield:pid_t next_pid;\toffset:52;\tsize:4;\tsigned:1;
 \tfield:int next_prio;\toffset:56;\tsize:4;\tsigned:1;
-""", 'print fmt: "prev_comm=%s prev_pid=%d prev_prio=%d prev_state=%s%s ==> next_comm=%s next_pid=%d next_prio=%d", REC->prev_comm, REC->prev_pid, REC->prev_prio, REC->prev_state & (2048-1) ? __print_flags(REC->prev_state & (2048-1), "|", { 1, "S"} , { 2, "D" }) : "R", REC->prev_state & 2048 ? "+" : "", REC->next_comm, REC->next_pid, REC->next_prio'),
-    "sched/sched_migrate_task": ("sched_migrate_task", 301, """\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:1;
+""", 'print fmt: "prev_comm=%s prev_pid=%d prev_prio=%d prev_state=%s%s ==> next_comm=%s '
+     'next_pid=%d next_prio=%d", REC->prev_comm, REC->prev_pid, REC->prev_prio, REC->prev_state & '
+     '(2048-1) ? __print_flags(REC->prev_state & (2048-1), "|", { 1, "S"} , { 2, "D" }) : "R", '
+     'REC->prev_state & 2048 ? "+" : "", REC->next_comm, REC->next_pid, REC->next_prio'),
+    "sched/sched_migrate_task": ("sched_migrate_task", 301, """\
+\tfield:char comm[16];\toffset:8;\tsize:16;\tsigned:1;
 \tfield:pid_t pid;\toffset:24;\tsize:4;\tsigned:1;
 \tfield:int prio;\toffset:28;\tsize:4;\tsigned:1;
 \tfield:int orig_cpu;\toffset:32;\tsize:4;\tsigned:1;
 \tfield:int dest_cpu;\toffset:36;\tsize:4;\tsigned:1;
-""", 'print fmt: "comm=%s pid=%d prio=%d orig_cpu=%d dest_cpu=%d", REC->comm, REC->pid, REC->prio, REC->orig_cpu, REC->dest_cpu'),
-    "sched/sched_wakeup": FORMATS_NEW["sched/sched_wakeup"][:1] + (302,) + FORMATS_NEW["sched/sched_wakeup"][2:],
-    "sched/sched_process_fork": ("sched_process_fork", 303, """\tfield:char parent_comm[16];\toffset:8;\tsize:16;\tsigned:1;
+""", 'print fmt: "comm=%s pid=%d prio=%d orig_cpu=%d dest_cpu=%d", REC->comm, REC->pid, REC->prio, '
+     'REC->orig_cpu, REC->dest_cpu'),
+    "sched/sched_wakeup": FORMATS_NEW["sched/sched_wakeup"][:1] + (302,)
+                          + FORMATS_NEW["sched/sched_wakeup"][2:],
+    "sched/sched_process_fork": ("sched_process_fork", 303, """\
+\tfield:char parent_comm[16];\toffset:8;\tsize:16;\tsigned:1;
 \tfield:pid_t parent_pid;\toffset:24;\tsize:4;\tsigned:1;
 \tfield:char child_comm[16];\toffset:28;\tsize:16;\tsigned:1;
 \tfield:pid_t child_pid;\toffset:44;\tsize:4;\tsigned:1;
-""", 'print fmt: "comm=%s pid=%d child_comm=%s child_pid=%d", REC->parent_comm, REC->parent_pid, REC->child_comm, REC->child_pid'),
+""", 'print fmt: "comm=%s pid=%d child_comm=%s child_pid=%d", REC->parent_comm, REC->parent_pid, '
+     'REC->child_comm, REC->child_pid'),
     "ftrace/print": FORMATS_NEW["ftrace/print"],
 }
 
@@ -242,11 +263,13 @@ def format_text(spec) -> str:
 
 def parsed_formats(table) -> dict:
     from harmony.probes.formats import parse_format
-    return {key: parse_format(format_text(spec), system=key.split("/")[0]) for key, spec in table.items()}
+    return {key: parse_format(format_text(spec), system=key.split("/")[0])
+            for key, spec in table.items()}
 
 
 def encode(fmt, values: dict) -> bytes:
-    """A record of event ``fmt`` with ``values`` (ints, or str for strings), laid out by its format."""
+    """A record of event ``fmt`` with ``values`` (ints, or str for strings), laid out by its
+    format."""
     fixed = max(f.offset + f.size for f in fmt.fields.values())
     out = bytearray(fixed)
     tail = bytearray()
@@ -302,7 +325,8 @@ class PageBuilder:
         self.data += self._hdr(29, delta) + struct.pack("<I", length - 4) + bytes(length - 8)
         return self
 
-    def page(self, missed: int | None = None, stored: bool = True, end_padding: bool = False) -> bytes:
+    def page(self, missed: int | None = None, stored: bool = True,
+             end_padding: bool = False) -> bytes:
         commit = len(self.data)
         body = bytearray(self.data)
         if end_padding:              # an end-of-page padding event beyond commit (never read)
@@ -312,7 +336,8 @@ class PageBuilder:
             if stored:
                 commit |= 1 << 30
                 body[len(self.data):len(self.data)] = struct.pack("<Q", missed)
-        page = struct.pack("<Qq", self.ts0, commit if commit < (1 << 63) else commit - (1 << 64)) + body
+        page = struct.pack("<Qq", self.ts0,
+                           commit if commit < (1 << 63) else commit - (1 << 64)) + body
         assert len(page) <= self.page_size, "page overflow"
         return page + bytes(self.page_size - len(page))
 
@@ -338,10 +363,11 @@ def write_dir(d: Path, pages_by_cpu: dict, table=FORMATS_NEW, stats=None, page_s
 
 
 def known_capture(table=FORMATS_NEW):
-    """Pages for two CPUs covering every record kind; returns (pages_by_cpu, expected rows, markers)."""
+    """Pages for two CPUs covering every record kind; returns (pages_by_cpu, expected rows,
+    markers)."""
     f = parsed_formats(table)
-    sw, mg, wk, fk, pr = (f["sched/sched_switch"], f["sched/sched_migrate_task"], f["sched/sched_wakeup"],
-                          f["sched/sched_process_fork"], f["ftrace/print"])
+    sw, mg, wk, fk, pr = (f["sched/sched_switch"], f["sched/sched_migrate_task"],
+                          f["sched/sched_wakeup"], f["sched/sched_process_fork"], f["ftrace/print"])
     flag = 0x100 if table is FORMATS_NEW else 2048
     rows, marks = [], []
     T0 = 1_000_000_000
@@ -354,7 +380,8 @@ def known_capture(table=FORMATS_NEW):
     rows.append((T0 + 12, 0, "sched_wakeup", 11, 12, "cat-dog", 110, -1, "", -1, -1, -1, 1))
     b.time_extend(3 << 27 | 9)                                   # needs the array word
     b.event(encode(sw, dict(common_pid=11, prev_comm="bee", prev_pid=11, prev_prio=100,
-                            prev_state=1, next_comm="0123456789abcdef", next_pid=0, next_prio=120)), 1)
+                            prev_state=1, next_comm="0123456789abcdef", next_pid=0,
+                            next_prio=120)), 1)
     t = T0 + 12 + (3 << 27 | 9) + 1
     rows.append((t, 0, "sched_switch", 11, 0, "0123456789abcdef", 120, 11, "bee", 100, 1, -1, -1))
     b.discarded(24, 4)                                           # its delta still counts
@@ -366,23 +393,27 @@ def known_capture(table=FORMATS_NEW):
     b.event(encode(pr, dict(common_pid=0, ip=1, buf="short")), 3, big=True)   # forced type_len 0
     t += 3
     marks.append((t, 0, 0, "short"))
-    b.event(encode(mg, dict(common_pid=21, comm="mover", pid=12, prio=110, orig_cpu=0, dest_cpu=1)), 0)
+    b.event(encode(mg, dict(common_pid=21, comm="mover", pid=12, prio=110, orig_cpu=0,
+                            dest_cpu=1)), 0)
     rows.append((t, 0, "sched_migrate_task", 21, 12, "mover", 110, -1, "", -1, -1, 0, 1))
     p0 = b.page(end_padding=True)
     # CPU 0, page 2: missed events (count stored), fork with two strings, an absolute time stamp
     T1 = T0 + 10_000_000_000
     b = PageBuilder(T1)
-    b.event(encode(fk, dict(common_pid=12, parent_comm="cat-dog", parent_pid=12, child_comm="kitten",
-                            child_pid=13)), 0)
+    b.event(encode(fk, dict(common_pid=12, parent_comm="cat-dog", parent_pid=12,
+                            child_comm="kitten", child_pid=13)), 0)
     rows.append((T1, 0, "sched_process_fork", 12, 13, "kitten", -1, 12, "cat-dog", -1, -1, -1, -1))
     b.time_stamp(T1 + 1000)
     b.event(encode(sw, dict(common_pid=12, prev_comm="cat-dog", prev_pid=12, prev_prio=110,
-                            prev_state=2 | flag, next_comm="kitten", next_pid=13, next_prio=120)), 0)
-    rows.append((T1 + 1000, 0, "sched_switch", 12, 13, "kitten", 120, 12, "cat-dog", 110, 2, -1, -1))
+                            prev_state=2 | flag, next_comm="kitten", next_pid=13,
+                            next_prio=120)), 0)
+    rows.append((T1 + 1000, 0, "sched_switch", 12, 13, "kitten", 120, 12, "cat-dog", 110, 2,
+                 -1, -1))
     p1 = b.page(missed=7)
     # CPU 1: one event on a page that says "events were missed" without a count; a zero page
     b = PageBuilder(T0 + 6)
-    b.event(encode(wk, dict(common_pid=-1 & 0x7fffffff, comm="bee", pid=11, prio=100, target_cpu=0)), 0)
+    b.event(encode(wk, dict(common_pid=-1 & 0x7fffffff, comm="bee", pid=11, prio=100,
+                            target_cpu=0)), 0)
     rows.append((T0 + 6, 1, "sched_wakeup", 0x7fffffff, 11, "bee", 100, -1, "", -1, -1, -1, 0))
     p2 = b.page(missed=0, stored=False)
     rows.sort(key=lambda r: r[0])   # stable: ties keep cpu order
@@ -428,7 +459,8 @@ def test_lost_from_stats(tmp_path):
     stats = {"0": {"entries": 0, "overrun": 3, "commit overrun": 1, "dropped events": 2},
              "1": {"entries": 0, "overrun": 5, "commit overrun": 0, "dropped events": 0}}
     cap = decode_dir(write_dir(tmp_path, pages, stats=stats))
-    # CPU 0: pages say 7 lost (> overrun 3) + 1 commit overrun + 2 dropped; CPU 1: overrun gives the count
+    # CPU 0: pages say 7 lost (> overrun 3) + 1 commit overrun + 2 dropped; CPU 1: overrun gives
+    # the count
     assert cap.meta["lost_by_cpu"] == {0: 10, 1: 5}
     assert cap.meta["lost_events"] == 15
     assert any("pages follow lost events" in n for n in cap.meta["notes"])
@@ -474,7 +506,8 @@ def test_unknown_event_type_is_reported(tmp_path):
     f = parsed_formats(FORMATS_NEW)
     b = PageBuilder(100)
     b.event(struct.pack("<HBBi", 999, 0, 0, 5) + bytes(8), 1)
-    b.event(encode(f["sched/sched_wakeup"], dict(common_pid=1, comm="x", pid=2, prio=3, target_cpu=0)), 1)
+    b.event(encode(f["sched/sched_wakeup"], dict(common_pid=1, comm="x", pid=2, prio=3,
+                                                 target_cpu=0)), 1)
     cap = decode_dir(write_dir(tmp_path, {0: [b.page()]}))
     assert list(cap.events["event"]) == ["sched_wakeup"]
     assert cap.meta["unknown_event_types"] == {"999": 1}
@@ -487,7 +520,8 @@ def test_process_wait_names_the_waited_for_pid_not_the_waiter(tmp_path):
     is about the child (pid) and must not pair the child's pid with its parent's comm."""
     from harmony.probes.formats import parse_format
     from harmony.probes.ringbuf import decode_dir
-    wait = ("sched_process_wait", 390, """\tfield:__data_loc char[] comm;\toffset:8;\tsize:4;\tsigned:0;
+    wait = ("sched_process_wait", 390, """\
+\tfield:__data_loc char[] comm;\toffset:8;\tsize:4;\tsigned:0;
 \tfield:pid_t pid;\toffset:12;\tsize:4;\tsigned:1;
 \tfield:int prio;\toffset:16;\tsize:4;\tsigned:1;
 """, 'print fmt: "comm=%s pid=%d prio=%d", __get_str(comm), REC->pid, REC->prio')
@@ -510,7 +544,8 @@ def test_ftrace_internal_records_are_skipped_with_a_note(tmp_path):
     b = PageBuilder(100)
     for k in range(3):
         b.event(encode(f["ftrace/bputs"], dict(common_pid=1, ip=k)), 1)
-    b.event(encode(f["sched/sched_wakeup"], dict(common_pid=1, comm="x", pid=2, prio=3, target_cpu=0)), 1)
+    b.event(encode(f["sched/sched_wakeup"], dict(common_pid=1, comm="x", pid=2, prio=3,
+                                                 target_cpu=0)), 1)
     b.event(encode(f["ftrace/print"], dict(common_pid=0, ip=1, buf="hello\n")), 1)
     cap = decode_dir(write_dir(tmp_path, {0: [b.page()]}, table=table))
     assert list(cap.events["event"]) == ["sched_wakeup"] and list(cap.markers["text"]) == ["hello"]
@@ -705,7 +740,9 @@ def test_format_parsing_and_preempt_flag():
     buf = new["ftrace/print"].fields["buf"]
     assert buf.is_array and buf.array_len is None
     # fallback when the term cannot be evaluated
-    odd = parse_format(format_text(("sched_switch", 1, "", 'print fmt: "x", REC->prev_state & TASK_REPORT_MAX ? "+" : ""')), "sched")
+    odd = parse_format(format_text(("sched_switch", 1, "",
+                                    'print fmt: "x", REC->prev_state & TASK_REPORT_MAX ? '
+                                    '"+" : ""')), "sched")
     flag, note = sched_switch_preempt_flag(odd)
     assert flag == 0x100 and note
     assert preempt_flag_from_print_fmt('"%s", (REC->prev_state & (0x0100UL)) ? "+" : ""') == 0x100
@@ -759,9 +796,11 @@ def test_decoders_agree_on_real_capture(kernel, tmp_path, monkeypatch, decoder):
         got[name] = decode_dir(tmp_path)
     a, b = got["compiled"], got["numpy"]
     # small_load forks, switches and reaps a few tasks: a few dozen events of several kinds
-    assert len(a.events) >= 20 and a.events["event"].nunique() >= 3, a.events["event"].value_counts()
+    assert len(a.events) >= 20 and a.events["event"].nunique() >= 3, \
+        a.events["event"].value_counts()
     for col in a.events.columns:  # categories may be numbered differently: compare the values
-        assert (a.events[col].astype(object).to_numpy() == b.events[col].astype(object).to_numpy()).all(), col
+        assert (a.events[col].astype(object).to_numpy()
+                == b.events[col].astype(object).to_numpy()).all(), col
     pd.testing.assert_frame_equal(a.markers, b.markers)
     assert (a.meta.pop("decoder"), b.meta.pop("decoder")) == ("compiled", "numpy")
     assert a.meta == b.meta

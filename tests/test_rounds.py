@@ -21,8 +21,9 @@ from harmony.workload.tasks import tasks_frame
 T0 = 1_000_000_000
 MS = 1_000_000
 CONTRACT = {
-    "how-many": ["x", "ncpus", "ntasks", "first_round_moved", "first_round_to_target", "poly_prediction",
-                 "pairwise_prediction", "first_round_end_s", "time_to_balance_s"],
+    "how-many": ["x", "ncpus", "ntasks", "first_round_moved", "first_round_to_target",
+                 "poly_prediction", "pairwise_prediction", "first_round_end_s",
+                 "time_to_balance_s"],
     "time-to-resolve": ["time_to_balance_s", "balanced_at_end", "migrations"],
     "work-conservation": ["target_idle_at_s", "steal_latency_s", "stolen"],
     "detection": ["cut_at_s", "interval1_ms", "interval2_ms", "interval3_ms"],
@@ -34,7 +35,8 @@ class World:
 
     def __init__(self, tasks: pd.DataFrame, ncpus: int):
         self.tasks = tasks
-        self.s = Stream({int(p): str(c) for p, c in zip(tasks["pid"], tasks.get("comm", tasks["name"]))})
+        self.s = Stream({int(p): str(c)
+                         for p, c in zip(tasks["pid"], tasks.get("comm", tasks["name"]))})
         self.q = {c: [] for c in range(ncpus)}
         ts = T0 + 1000
         for pid, cpu in zip(tasks["pid"], tasks["initial_cpu"]):
@@ -282,7 +284,8 @@ def test_missing_rounds_give_none_not_a_shorter_table():
     assert rounds.interval_keys(iv) == {"interval1_ms": pytest.approx(7.0), "interval2_ms": None,
                                         "interval3_ms": None}
     none = rounds.df_detection_intervals(per_mig.iloc[0:0], cut, T0)
-    assert rounds.interval_keys(none) == dict.fromkeys(["interval1_ms", "interval2_ms", "interval3_ms"])
+    assert rounds.interval_keys(none) == dict.fromkeys(["interval1_ms", "interval2_ms",
+                                                        "interval3_ms"])
 
 
 # ------------------------------------------------------ experiments on synthetic run dirs
@@ -324,7 +327,8 @@ def test_how_many_summary(tmp_path, P):
 
     s, _ = fake_run(tmp_path, "how-many", list(range(P)), {"x": str(x), "duration": "0.5"}, script)
     assert (s["x"], s["ncpus"], s["ntasks"]) == (x, P, (P - 1) * (10 + x) + 10)
-    assert (s["first_round_moved"], s["first_round_to_target"], s["first_round_source"]) == (7, 7, 0)
+    assert (s["first_round_moved"], s["first_round_to_target"], s["first_round_source"]) \
+        == (7, 7, 0)
     assert s["poly_prediction"] == pytest.approx(x / P)
     assert s["pairwise_prediction"] == pytest.approx(x / 2)
     assert s["first_round_end_s"] == pytest.approx(0.040 + 6 * 2e-6)
@@ -391,7 +395,8 @@ def test_how_many_counts_the_periodic_round_when_causes_are_known(tmp_path, soft
 
 
 def test_how_many_without_a_round_predicts_from_the_layout(tmp_path):
-    s, _ = fake_run(tmp_path, "how-many", [0, 1, 2, 3], {"x": "8", "duration": "0.2"}, lambda w, p: None)
+    s, _ = fake_run(tmp_path, "how-many", [0, 1, 2, 3], {"x": "8", "duration": "0.2"},
+                    lambda w, p: None)
     assert s["first_round_moved"] is None and s["first_round_end_s"] is None
     assert (s["poly_prediction"], s["pairwise_prediction"]) == (2.0, 4.0)
     assert s["time_to_balance_s"] is None and s["balanced_at_end"] is False
@@ -421,8 +426,8 @@ def test_work_conservation_summary_and_random_time(tmp_path):
     s, p = fake_run(tmp_path, "work-conservation", [0, 1, 2, 3],
                     {"duration": "1.0", "idle_from_s": "0.2", "idle_to_s": "0.6"}, script, seed=7)
     assert 0.2 <= p["idle_at_s"] <= 0.6
-    assert p["idle_at_s"] == get_experiment("work-conservation").draw(p | {"idle_at_s": -1.0}, [0], 7)[
-        "idle_at_s"]
+    assert p["idle_at_s"] == get_experiment("work-conservation").draw(p | {"idle_at_s": -1.0},
+                                                                      [0], 7)["idle_at_s"]
     assert s["target_idle_at_s"] == pytest.approx(p["idle_at_s"] + 3e-3, abs=1e-6)
     assert s["queue_empty_to_pull_s"] == pytest.approx(1e-6) and s["stolen"] is True
     # the pull came before the target ever switched to its idle task: it never sat idle
@@ -437,7 +442,8 @@ def test_detection_summary(tmp_path, mode):
         w.pull(cut + 120 * MS, 0, 1, 2).pull(cut + 184 * MS, 0, 1, 1)
 
     s, p = fake_run(tmp_path, "detection", [0, 1], {"duration": "1.0", "cut_from_s": "0.1",
-                                                    "cut_to_s": "0.5", "cut_mode": mode}, script, seed=3)
+                                                    "cut_to_s": "0.5", "cut_mode": mode},
+                    script, seed=3)
     assert s["cut_at_s"] == p["cut_at_s"] and 0.1 <= s["cut_at_s"] <= 0.5
     assert s["interval1_ms"] == pytest.approx(120.0)
     assert s["interval2_ms"] == pytest.approx(64.0)

@@ -31,8 +31,8 @@ def our_workers(prefix=WORKER_PREFIX) -> list[int]:
 
 
 def our_servers() -> list[str]:
-    """Fork servers (harmony.workload.forkserver), but the one of this test process (other tests' workloads):
-    pid and the parent's command line of each."""
+    """Fork servers (harmony.workload.forkserver), but the one of this test process (other tests'
+    workloads): pid and the parent's command line of each."""
     out = []
     for pid in our_workers(SERVER_COMM):
         try:

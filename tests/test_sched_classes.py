@@ -39,7 +39,8 @@ BW = {"rt_runtime_us": 950000, "rt_period_us": 1000000, "rt_share": 0.95,
 def test_every_experiment_takes_the_class_and_the_release(name):
     exp = get_experiment(name)
     p = exp.resolve({}, CPUS)
-    assert (p["policy"], p["rt_priority"], p["release"], p["warm_s"]) == ("other", 0, "warm", WARM_S)
+    assert (p["policy"], p["rt_priority"], p["release"], p["warm_s"]) \
+        == ("other", 0, "warm", WARM_S)
     fifo = exp.resolve({"policy": "fifo", "rt_priority": "7", "release": "cold",
                         **({"nice_diff": "0"} if name == "priority-classes" else {})}, CPUS)
     specs = exp.tasks({**fifo, **exp.draw(fifo, CPUS, 0)}, CPUS)
@@ -56,7 +57,8 @@ def test_every_experiment_takes_the_class_and_the_release(name):
      "deadline needs runtime <= deadline <= period, got 20 / 10 / 10 ms"),
     ({"policy": "deadline", "dl_runtime_ms": "5", "dl_deadline_ms": "50", "dl_period_ms": "40"},
      "runtime <= deadline <= period, got 5 / 50 / 40 ms"),
-    ({"policy": "deadline", "dl_runtime_ms": "0.0005", "dl_period_ms": "10"}, "below the kernel's minimum"),
+    ({"policy": "deadline", "dl_runtime_ms": "0.0005", "dl_period_ms": "10"},
+     "below the kernel's minimum"),
     ({"dl_runtime_ms": "5"}, "apply to deadline only, not to other"),
     ({"policy": "sporadic"}, "parameter policy=sporadic: must be one of other, batch, idle, fifo"),
     ({"release": "tepid"}, "parameter release=tepid: must be one of warm, cold"),
@@ -85,7 +87,8 @@ def test_two_class_experiments_have_a_class_per_class():
         pc.resolve({"policy": "fifo", "rt_priority": "5"}, CPUS)
     p = pc.resolve({"policy": "rr", "high_rt_priority": "20", "low_rt_priority": "10",
                     "nice_diff": "0"}, CPUS)
-    assert {s.role: s.label for s in pc.tasks(p, CPUS)} == {"high": "SCHED_RR 20", "low": "SCHED_RR 10"}
+    assert {s.role: s.label for s in pc.tasks(p, CPUS)} \
+        == {"high": "SCHED_RR 20", "low": "SCHED_RR 10"}
     # an unset per-class parameter reads and prints as an empty value
     param = next(q for q in hl.all_params() if q.name == "heavy_policy")
     assert param.parse("") is None and param.format(None) == ""
@@ -120,13 +123,15 @@ def test_task_specs_carry_their_class_into_the_tasks_table():
     specs = [TaskSpec("a"), TaskSpec("b", role="heavy", policy="fifo", rt_priority=50),
              TaskSpec("c", role="heavy", policy="deadline", dl_runtime_ms=10, dl_period_ms=100)]
     assert specs[2].dl_deadline_ms == 100 and specs[2].dl_bandwidth == pytest.approx(0.1)
-    assert [s.label for s in specs] == ["SCHED_OTHER", "SCHED_FIFO 50", "SCHED_DEADLINE 10/100/100 ms"]
+    assert [s.label for s in specs] == ["SCHED_OTHER", "SCHED_FIFO 50",
+                                        "SCHED_DEADLINE 10/100/100 ms"]
     df = tasks_frame(specs, [1, 2, 3])
     TASKS.check(df)
     assert df["policy"].tolist() == ["other", "fifo", "deadline"]
     assert sched_classes(specs) == {"cpu": "SCHED_OTHER",
                                     "heavy": "SCHED_FIFO 50 + SCHED_DEADLINE 10/100/100 ms"}
-    assert class_counts(df) == {"SCHED_OTHER": 1, "SCHED_FIFO 50": 1, "SCHED_DEADLINE 10/100/100 ms": 1}
+    assert class_counts(df) == {"SCHED_OTHER": 1, "SCHED_FIFO 50": 1,
+                                "SCHED_DEADLINE 10/100/100 ms": 1}
     # a tasks table recorded before the classes: all SCHED_OTHER
     assert class_counts(df.drop(columns=["policy", "rt_priority"])) == {"SCHED_OTHER": 3}
     assert classes_text({"cpu": "SCHED_OTHER"}) is None and classes_text(None) is None
@@ -155,7 +160,8 @@ def _dl(n, runtime, cpu=0, **kw):
 
 def test_deadline_tasks_the_host_cannot_take_are_refused_in_one_line():
     check_classes(_dl(4, 10), CPUS, warm=0.25, placement="cpuset", bandwidth=BW)   # 0.4 of 1.8
-    check_classes(layout_tasks([4, 0], CPUS, policy="fifo", rt_priority=5), CPUS, 0.25, "affinity", BW)
+    check_classes(layout_tasks([4, 0], CPUS, policy="fifo", rt_priority=5), CPUS, 0.25,
+                  "affinity", BW)
     with pytest.raises(ControllerError, match="task d0 is SCHED_DEADLINE and pinned to CPU 1"):
         check_classes(_dl(1, 10, cpu=1, pinned=True), CPUS, bandwidth=BW, placement="cpuset")
     with pytest.raises(ControllerError, match="held on their initial CPU by a cpuset only "
@@ -192,7 +198,8 @@ def test_fair_share_of_the_fair_classes_is_as_it_was():
     assert np.allclose(reconstruct.class_fair_shares(tasks, 2), expected)
     # a table recorded before classes existed: the same
     assert np.allclose(reconstruct.class_fair_shares(
-        tasks.drop(columns=["policy", "rt_priority", "dl_runtime_ms", "dl_period_ms"]), 2), expected)
+        tasks.drop(columns=["policy", "rt_priority", "dl_runtime_ms",
+                            "dl_period_ms"]), 2), expected)
 
 
 def test_fair_share_by_each_class_rule():
@@ -201,8 +208,9 @@ def test_fair_share_by_each_class_rule():
     assert np.allclose(reconstruct.class_fair_shares(fifo, 2, rt_share=0.95), [0.475] * 4)
     assert np.allclose(reconstruct.class_fair_shares(fifo, 2), [0.5] * 4)
     # a higher priority first; the rest for the next; the fair class gets what RT throttling leaves
-    mixed = _tasks([("rr", 20, 0, 100, 0, 0), ("fifo", 10, 0, 100, 0, 0), ("fifo", 10, 0, 100, 0, 0),
-                    ("fifo", 10, 0, 100, 0, 0), ("other", 0, 0, 100, 0, 0)])
+    mixed = _tasks([("rr", 20, 0, 100, 0, 0), ("fifo", 10, 0, 100, 0, 0),
+                    ("fifo", 10, 0, 100, 0, 0), ("fifo", 10, 0, 100, 0, 0),
+                    ("other", 0, 0, 100, 0, 0)])
     got = reconstruct.class_fair_shares(mixed, 2, rt_share=0.95)
     assert np.allclose(got, [0.95, 0.95 / 3, 0.95 / 3, 0.95 / 3, 0.1])
     # deadline: its reservation; idle weighs 3 against nice 0's 1024
@@ -259,7 +267,8 @@ def test_notes_on_classes_and_the_release():
                   sched_class_counts={"SCHED_FIFO 5": 3, "SCHED_OTHER": 1})
     (n,) = [n for n in trust.check_notes(m, "recorded") if n["kind"] == "rt_throttling"]
     assert trust.word(n).startswith("3 real-time tasks: RT throttling lets SCHED_FIFO and SCHED_RR "
-                                    "tasks have at most 950000 us of every 1000000 us of each CPU (95%)")
+                                    "tasks have at most 950000 us of every 1000000 us of each "
+                                    "CPU (95%)")
     off = trust.note("rt_throttling", tasks=1, runtime_us=-1, period_us=1000000)
     assert "RT throttling off (sched_rt_runtime_us = -1)" in trust.word(off)
     # no real-time task, or no facts (an import): no note
@@ -333,7 +342,8 @@ def test_a_cold_release_is_a_setup_of_its_own():
 
 def test_the_simulator_refuses_real_time_classes(tmp_path):
     with pytest.raises(ParameterError, match="policy deadline, fifo cannot be simulated"):
-        refuse_classes(params={"heavy_policy": "fifo", "light_policy": "deadline", "policy": "other"})
+        refuse_classes(params={"heavy_policy": "fifo", "light_policy": "deadline",
+                               "policy": "other"})
     with pytest.raises(ParameterError, match="policy rr cannot be simulated"):
         simulate_run("poly-balance", "single-source", 2, tmp_path / "rr",
                      {"policy": "rr", "rt_priority": "3"})

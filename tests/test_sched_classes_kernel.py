@@ -107,18 +107,21 @@ def test_a_warm_run(kernel, tmp_path):
     run, text = _run(tmp_path, "warm", "warm_s=0.3")
     m = run.manifest
     rel = m["release"]
-    assert rel["warm"] and rel["woken"] == 4 and rel["not_woken"] == [] and rel["ran_before_t0"] == []
+    assert rel["warm"] and rel["woken"] == 4 and rel["not_woken"] == [] \
+        and rel["ran_before_t0"] == []
     assert rel["woke_off_initial_cpu"] == [] and rel["moved_before_released"] == 0, rel
     assert 0.3 <= rel["warmed_s"] == pytest.approx(m["sched"]["warmed_s"], abs=1e-3)
     assert m["release_mode"] == "warm" and m["params"]["release"] == "warm"
     assert rel["release_spread_ns"] < 50e6 and rel["first_wakeup_after_t0_ns"] is None
     markers = run.markers["text"].tolist()
-    assert markers.index("harmony warm-up") < markers.index("harmony t0") < markers.index("harmony released")
+    assert markers.index("harmony warm-up") < markers.index("harmony t0") \
+        < markers.index("harmony released")
     # the tasks ran confined on CPU 0 before t0, in the trace
     before = run.runs[run.runs["end"] <= m["t0_ns"]]
     assert set(before["cpu"]) == {0} and set(before["pid"]) == set(run.tasks["pid"])
     assert "(warm: 4 tasks ran confined for 0.3" in text
-    assert not [n for n in m["trust_notes"] if n["kind"] in ("warmup_short", "woke_off_initial_cpu")]
+    assert not [n for n in m["trust_notes"]
+                if n["kind"] in ("warmup_short", "woke_off_initial_cpu")]
 
 
 def test_warm_tasks_count_their_times_from_t0(host):
@@ -163,7 +166,8 @@ def test_a_refused_class_is_one_line_naming_the_task(host, monkeypatch):
     if not cpuset.hierarchies():
         host_skip("no cpuset hierarchy: deadline tasks cannot be held on a CPU")
     monkeypatch.setattr(controller, "check_classes", lambda *a, **k: None)
-    specs = [TaskSpec(f"d{i}", policy="deadline", dl_runtime_ms=90, dl_period_ms=100, initial_cpu=i % 2)
+    specs = [TaskSpec(f"d{i}", policy="deadline", dl_runtime_ms=90, dl_period_ms=100,
+                      initial_cpu=i % 2)
              for i in range(3)]
     w = Workload(specs, CPUS)
     with pytest.raises(ControllerError) as exc:

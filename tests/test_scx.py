@@ -672,7 +672,8 @@ def _fake_cargo(tmp_path: Path, rustc: str = "1.95.0", fail: bool = False) -> Pa
     return _exe(bindir / "cargo", f"""#!/bin/sh
 echo "$@ BPF_CLANG=$BPF_CLANG TARGET=$CARGO_TARGET_DIR" >> {tmp_path}/calls
 while [ $# -gt 0 ]; do
-  case "$1" in --root) root=$2; shift;; --version|--jobs) shift;; install|--locked) ;; *) crate=$1;; esac
+  case "$1" in --root) root=$2; shift;; --version|--jobs) shift;; install|--locked) ;; \
+*) crate=$1;; esac
   shift
 done
 echo "   Compiling $crate"

@@ -117,7 +117,7 @@ def rust_kernel():
 
 @pytest.mark.long_build
 @pytest.mark.needs_tool(*VM_TOOLS)
-@pytest.mark.parametrize("name", ["bpfland", "rusty"])     # lavd 1.1.4: not on 6.12 (docs/kernels.md)
+@pytest.mark.parametrize("name", ["bpfland", "rusty"])  # lavd 1.1.4: not on 6.12 (docs/kernels.md)
 def test_a_rust_scheduler_built_from_its_crate_runs_enabled_throughout(kernel, rust_kernel, name,
                                                                       tmp_path):
     """The scx project's Rust schedulers, built by `harmony scx build` from their crates, on the

@@ -110,7 +110,8 @@ def test_no_input_is_executed_unpickled_or_evaluated_and_subprocesses_take_argv_
                         (f.value.id if isinstance(f.value, ast.Name) else "?", f.attr)
                         if isinstance(f, ast.Attribute) else ("?", "?"))
                 if call in FORBIDDEN_CALLS:
-                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} {'.'.join(call).strip('.')}")
+                    bad.append(f"{path.relative_to(ROOT)}:{node.lineno} "
+                               f"{'.'.join(call).strip('.')}")
                 for kw in node.keywords:     # a command line given to a shell
                     if kw.arg == "shell" and not (isinstance(kw.value, ast.Constant)
                                                   and kw.value.value is False):
@@ -130,7 +131,8 @@ def not_root(monkeypatch):
     (["clean"], "clean needs root"),
 ])
 def test_without_root_a_command_that_needs_it_says_why_in_one_line(not_root, tmp_path, args, says):
-    r = CliRunner().invoke(main, args + (["--out", str(tmp_path / "o")] if args[0] != "clean" else []))
+    r = CliRunner().invoke(main, args + (["--out", str(tmp_path / "o")]
+                                         if args[0] != "clean" else []))
     assert r.exit_code == 1
     [line] = r.output.strip().splitlines()
     assert line.startswith("harmony: error: ") and says in line and "Traceback" not in r.output

@@ -151,8 +151,10 @@ def test_the_client_saying_it_stopped_sending_is_kept(tmp_path, small):
     d = tmp_path / "requests"
     with open(d / serve.SENT_FILE, "ab") as f:
         f.write(serve.REC.pack(serve.OVERLOAD, 2001, T0 + 600_000_000, 0, 0, 0))
-    df = req.df_requests(d, pd.DataFrame({"pid": [], "cpu": [], "start": [], "end": [], "end_state": []}),
-                         pd.DataFrame({"pid": [], "ts": []}), pd.DataFrame({"event": [], "pid": [], "ts": []}),
+    df = req.df_requests(d, pd.DataFrame({"pid": [], "cpu": [], "start": [], "end": [],
+                                          "end_state": []}),
+                         pd.DataFrame({"pid": [], "ts": []}),
+                         pd.DataFrame({"event": [], "pid": [], "ts": []}),
                          None, T0, T0 + 1_000_000_000, 0)
     assert df.attrs["overloaded"] is True and df.attrs["overload_t"] == 0.6
     assert len(df) == 3
@@ -190,7 +192,8 @@ def test_load_of_one_exits_2_before_anything_starts(tmp_path):
     out = tmp_path / "srv"
     p = cli("run", "server", "-p", "load=1", "--out", out, check_busy=False)
     assert p.returncode == 2 and "cannot keep up" in p.stderr and "Traceback" not in p.stderr
-    assert [line for line in p.stderr.splitlines() if "load" in line][0].startswith("Error: parameter load")
+    assert [line for line in p.stderr.splitlines()
+            if "load" in line][0].startswith("Error: parameter load")
     assert not out.exists()
 
 
@@ -306,7 +309,8 @@ def test_server_placement_by_hand():
     tasks = pd.DataFrame({"pid": [100, 101, 102], "role": ["server", "server", "client"]})
     runs = pd.DataFrame({"pid": [100, 101, 101, 102], "cpu": [0, 0, 1, 1],
                          "start": [T0 - 500, T0, T0 + 600, T0],
-                         "end": [T0 + 300, T0 + 200, T0 + 900, T0 + 1000], "end_state": [0, 1, 1, 1]})
+                         "end": [T0 + 300, T0 + 200, T0 + 900, T0 + 1000],
+                         "end_state": [0, 1, 1, 1]})
     migrations = pd.DataFrame({"pid": [101, 102, 100], "ts": [T0 + 500, T0 + 500, T0 - 10]})
     got = req.server_placement(runs, migrations, tasks, [0, 1], T0, T0 + 1_000_000_000)
     assert got["server_migrations_per_task_s"] == 0.5     # one in the window, two servers, 1 s
@@ -321,7 +325,7 @@ def test_the_overhead_calibration_leaves_no_process():
                 for pid in (t / "children").read_text().split()}
 
     before = children()
-    assert 0 < serve.measure_overhead([0, 1], 200) < 1_000_000            # a hop costs some us, not a ms
+    assert 0 < serve.measure_overhead([0, 1], 200) < 1_000_000  # a hop costs some us, not a ms
     assert children() == before                        # the echo was reaped
 
 
@@ -372,10 +376,12 @@ def test_the_server_card_votes_per_shape():
     assert got["thread-per-connection"]["loads"][0.8]["latency_p99_ms"] == 9.0
     assert got["pool-per-stage"]["label"] == "undecided"
     assert got["pool-per-stage"]["votes"] == {"spread": 1, "packed": 1}
-    assert got["event-loop"]["label"] == "keeps" and got["event-loop"]["loads"][0.5]["overloaded"] == 1
+    assert got["event-loop"]["label"] == "keeps" \
+        and got["event-loop"]["loads"][0.5]["overloaded"] == 1
     assert got["thread-per-core"]["label"] is None
     text = "\n".join(server_card.section_lines(ev))
-    assert "pool-per-stage: spreads a stage's pool over the CPUs?  undecided (spread in 1, packed in 1)" in text
+    assert "pool-per-stage: spreads a stage's pool over the CPUs?  undecided " \
+           "(spread in 1, packed in 1)" in text
     assert "OVERLOADED in 1" in text and "SERVER_KEEPS_MAX_PER_TASK_S = 1.0" in text
     assert server_card.section_lines(ev[-1:]) == []
 

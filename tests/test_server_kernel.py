@@ -122,8 +122,8 @@ def test_nothing_left_after_the_controller_is_stopped(two_cpus, tmp_path, sig):
     time.sleep(1.0)             # serving
     proc.send_signal(sig)
     proc.wait(timeout=60)
-    assert wait_for(lambda: not our_workers() and not our_servers() and not listening(), timeout=10), \
-        (our_workers(), listening())
+    assert wait_for(lambda: not our_workers() and not our_servers() and not listening(),
+                    timeout=10), (our_workers(), listening())
     assert json.loads((out / "manifest.json").read_text())["status"] != "complete"
     assert cli("clean").returncode == 0
 

@@ -45,7 +45,8 @@ def test_simulated_batch_and_suite_report(tmp_path, no_figures):
     cli = CliRunner()
     out = tmp_path / "batch"
     r = cli.invoke(main, ["simulate", "--policy", "poly-balance", "--ncpus", "4", "--experiment",
-                          "single-source", "--repeat", "3", "-p", "duration=0.5", "--out", str(out)])
+                          "single-source", "--repeat", "3", "-p", "duration=0.5",
+                          "--out", str(out)])
     assert r.exit_code == 0, r.output
     b = json.loads((out / "batch.json").read_text())
     assert b["complete"] == 3 and [d for d in b["reps"]] == ["rep-01", "rep-02", "rep-03"]
@@ -79,7 +80,8 @@ def test_simulated_batch_and_suite_report(tmp_path, no_figures):
     batch = json.loads((suite / "single-source" / "batch.json").read_text())
     assert batch["figures"] == [] and batch["figures_deferred"]
     assert "Not drawn by the suite" in md
-    assert f"single-source, one run's own figures: `harmony report {suite / 'single-source' / 'rep-01'}`" in md
+    assert "single-source, one run's own figures: " \
+           f"`harmony report {suite / 'single-source' / 'rep-01'}`" in md
     # ... and `harmony report CONFIGURATION` draws a configuration's
     config = suite / "single-source"
     assert not (config / "figures" / "reps.png").exists()
@@ -134,14 +136,16 @@ def test_later_repetitions_draw_figures_on_demand(tmp_path):
 
     out = tmp_path / "sim"
     cmd = [sys.executable, "-m", "harmony.cli"]
-    p = subprocess.run(cmd + ["simulate", "--policy", "poly-balance", "--ncpus", "4", "--experiment",
-                              "single-source", "--repeat", "2", "--out", str(out)],
+    p = subprocess.run(cmd + ["simulate", "--policy", "poly-balance", "--ncpus", "4",
+                              "--experiment", "single-source", "--repeat", "2", "--out", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    first, second = (json.loads((out / r / "manifest.json").read_text()) for r in ("rep-01", "rep-02"))
+    first, second = (json.loads((out / r / "manifest.json").read_text())
+                     for r in ("rep-01", "rep-02"))
     assert first["figures"] and not first["figures_deferred"]
     assert second["figures"] == [] and second["figures_deferred"]
-    p = subprocess.run(cmd + ["report", str(out / "rep-02")], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd + ["report", str(out / "rep-02")], capture_output=True, text=True,
+                       timeout=300)
     assert p.returncode == 0, p.stderr
     second = json.loads((out / "rep-02" / "manifest.json").read_text())
     assert second["figures"] and not second["figures_deferred"]
@@ -150,8 +154,8 @@ def test_later_repetitions_draw_figures_on_demand(tmp_path):
 
 
 def test_report_refuses_an_unfinished_batch(tmp_path):
-    (tmp_path / "batch.json").write_text(json.dumps({"experiment": "single-source", "reps": ["rep-01"],
-                                                      "status": "captured"}))
+    (tmp_path / "batch.json").write_text(json.dumps({"experiment": "single-source",
+                                                     "reps": ["rep-01"], "status": "captured"}))
     r = CliRunner().invoke(main, ["report", str(tmp_path)])
     assert r.exit_code == 1 and "was not finished" in r.output
 

@@ -107,7 +107,8 @@ def test_foreign_modules_are_named_with_their_files(tmp_path):
 
     mods = {"harmony": module("harmony", str(ROOT / "harmony" / "__init__.py")),
             "harmony.probes": module("harmony.probes", str(tmp_path / "probes" / "__init__.py")),
-            "harmony.probes.perf": module("harmony.probes.perf", str(tmp_path / "probes" / "perf.py")),
+            "harmony.probes.perf": module("harmony.probes.perf",
+                                          str(tmp_path / "probes" / "perf.py")),
             "harmony.ns": module("harmony.ns", None, [str(tmp_path / "ns")]),
             "harmonyx": module("harmonyx", str(tmp_path / "harmonyx.py")),
             "numpy": module("numpy", str(tmp_path / "numpy.py"))}

@@ -1,5 +1,6 @@
 """Every declared table (harmony.core.columns.Table) is built with exactly its declared columns, in
-order, and dtypes: in memory, as its producer returns it, and in the Parquet file a run stores it in.
+order, and dtypes: in memory, as its producer returns it, and in the Parquet file a run stores it
+in.
 
 Hermetic: the runs are simulated (harmony.simulate), the event streams made up
 (harmony.analysis.event_streams), the kernel samplers fed a made-up sched debug file and counters.

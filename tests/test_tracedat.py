@@ -19,8 +19,8 @@ from test_ringbuf import (FORMATS_NEW, FORMATS_OLD, known_capture, record_raw_di
 TRACE_CMD = shutil.which("trace-cmd")
 needs_trace_cmd = pytest.mark.needs_tool("trace-cmd")
 
-LINE = re.compile(r"^\s*(?P<task>.*?)-(?P<pid>-?\d+)\s+\[(?P<cpu>\d+)\]\s+(?P<sec>\d+)\.(?P<frac>\d+):"
-                  r"\s+(?P<event>[\w:]+):\s+(?P<rest>.*)$")
+LINE = re.compile(r"^\s*(?P<task>.*?)-(?P<pid>-?\d+)\s+\[(?P<cpu>\d+)\]\s+"
+                  r"(?P<sec>\d+)\.(?P<frac>\d+):\s+(?P<event>[\w:]+):\s+(?P<rest>.*)$")
 IGNORED = re.compile(r"^(cpus=\d+|CPU:\s*\d+ \[.*EVENTS? DROPPED\]|\s*)$")
 
 
@@ -44,8 +44,8 @@ def report(dat: Path, formats_dir: Path) -> list[dict]:
         frac = m.group("frac")
         assert len(frac) == 9, line
         recs.append({"ts": int(m.group("sec")) * 10**9 + int(frac), "cpu": int(m.group("cpu")),
-                     "event": ev, "task": m.group("task").strip(), "common_pid": int(m.group("pid")),
-                     **fm.groupdict()})
+                     "event": ev, "task": m.group("task").strip(),
+                     "common_pid": int(m.group("pid")), **fm.groupdict()})
     return recs
 
 
@@ -68,8 +68,8 @@ def reported_event(r: dict, preempt_flag: int) -> tuple:
     elif ev in ("sched_wakeup", "sched_wakeup_new", "sched_waking"):
         pid, target, comm = int(r["pid"]), int(r["target_cpu"]), r["comm"]
     elif ev == "sched_process_fork":
-        pid, prev_pid, comm, prev_comm = (int(r["child_pid"]), int(r["parent_pid"]), r["child_comm"],
-                                          r["parent_comm"])
+        pid, prev_pid, comm, prev_comm = (int(r["child_pid"]), int(r["parent_pid"]),
+                                          r["child_comm"], r["parent_comm"])
     elif ev == "sched_process_exit":
         pid, comm = int(r["pid"]), r["comm"]
     return (r["ts"], r["cpu"], ev, r["common_pid"], pid, prev_pid, prev_state, orig, target, comm,
@@ -89,8 +89,10 @@ def compare_with_report(raw_dir: Path, dat: Path) -> tuple[int, int]:
     assert len(rep_events) == len(exp_events)
     for i, (a, b) in enumerate(zip(exp_events, rep_events)):
         assert a == b, f"record {i}: decoder {a} != trace-cmd {b}"
-    rep_marks = [(r["ts"], r["cpu"], r["common_pid"], r["buf"]) for r in recs if r["event"] == "print"]
-    exp_marks = [(int(m.ts), int(m.cpu), int(m.pid), m.text) for m in cap.markers.itertuples(index=False)]
+    rep_marks = [(r["ts"], r["cpu"], r["common_pid"], r["buf"])
+                 for r in recs if r["event"] == "print"]
+    exp_marks = [(int(m.ts), int(m.cpu), int(m.pid), m.text)
+                 for m in cap.markers.itertuples(index=False)]
     assert rep_marks == exp_marks
     # cmdlines: tasks whose comm the events name are shown by name, not "<...>"
     named = set(cap.events["pid"]) | set(cap.events["prev_pid"])
@@ -155,7 +157,8 @@ def test_markers_read_as_tracing_mark_write(tmp_path):
     pages, _, marks = known_capture()
     d = write_dir(tmp_path / "raw", pages)
     dat = write_tracedat(d, tmp_path / "trace.dat",
-                         {"kernel": "6.1.0-9", "kernel_build": "#1 SMP Debian", "machine": "x86_64"})
+                         {"kernel": "6.1.0-9", "kernel_build": "#1 SMP Debian",
+                          "machine": "x86_64"})
     out = subprocess.run([TRACE_CMD, "report", "-i", str(dat)], capture_output=True,
                          text=True, errors="replace", timeout=60)
     prints = [line for line in out.stdout.splitlines() if " print: " in line]

@@ -65,7 +65,8 @@ touch "pkg_$(echo $3 | tr '=' '_')_amd64.deb"''',
         "dpkg-deb": r'''
 rel=6.1.0-56-amd64
 mkdir -p "$3/boot" "$3/lib/modules/$rel/kernel"
-python3 -c "import sys; sys.path.insert(0, '$TESTS'); from test_vm import bzimage; from pathlib import Path; bzimage(Path('$3/boot/vmlinuz-$rel'), '$rel')"''',
+python3 -c "import sys; sys.path.insert(0, '$TESTS'); from test_vm import bzimage; '''
+                    r'''from pathlib import Path; bzimage(Path('$3/boot/vmlinuz-$rel'), '$rel')"''',
         "depmod": r'''touch "$3/lib/modules/$4/modules.dep"''',
     }
     for name, body in scripts.items():
@@ -86,7 +87,8 @@ def test_a_name_resolves_to_the_newest_package_apt_knows(fake_apt):
 
 
 def test_unknown_kernels_are_bad_input_naming_the_known_ones(tmp_path):
-    for spec, what in (("debian:5.10", "unknown kernel"), ("./nope/bzImage", "no such kernel image")):
+    for spec, what in (("debian:5.10", "unknown kernel"),
+                       ("./nope/bzImage", "no such kernel image")):
         with pytest.raises(UnknownKernel) as exc:
             kernels.check_spec(spec)
         assert str(exc.value).startswith(f"{what} {spec!r}: give one of debian:6.1, debian:6.1-rt, "
@@ -415,7 +417,8 @@ def test_a_vm_that_never_speaks_is_killed_at_the_boot_deadline(tmp_path, monkeyp
     machine = vm.VirtualMachine(KERNEL, 2, setting=vm.QemuSetting(accel="tcg"), boot_timeout=1.5)
     t0 = time.monotonic()
     with pytest.raises(vm.VmError, match=r"^kernel debian:6\.1: the guest did not boot within 2 s"
-                                         r".*console: \[ 0\.1\] booting \| \[ 0\.2\] still booting"):
+                                         r".*console: \[ 0\.1\] booting \| "
+                                         r"\[ 0\.2\] still booting"):
         machine.run(["true"], tmp_path, lambda ev, t: None)
     assert time.monotonic() - t0 < 60
     assert machine.proc.poll() is not None           # its whole process group was killed
@@ -500,3 +503,29 @@ def test_an_exited_reaper_waiting_for_init_is_not_reclaimed_as_a_live_vm_process
     finally:
         os.waitpid(pid, 0)
     assert not proc_zombie(pid)                          # gone: not a zombie either
+
+
+def test_the_next_start_removes_the_job_directories_of_controllers_gone(tmp_path, monkeypatch):
+    """A boot's job directory is named for its controller (pid and start time): reclaim_stale
+    (every start, `harmony clean`) removes those whose controller is gone -- killed before its
+    reaper could remove it -- and leaves a living controller's and anything not Harmony's."""
+    import tempfile
+
+    from harmony.core.osutil import proc_starttime
+    from harmony.vm import machine
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    mine = machine.make_job_dir()
+    child = subprocess.Popen(["true"])
+    child.wait()
+    gone = tmp_path / f"harmony-vm-{child.pid}-{proc_starttime(os.getpid())}-x1"
+    recycled = tmp_path / f"harmony-vm-{os.getpid()}-{proc_starttime(os.getpid()) + 1}-x2"
+    other = tmp_path / "harmony-vm-notes"
+    for d in (gone, recycled, other):
+        d.mkdir()
+        (d / "job.json").write_text("{}")
+    said = machine.reclaim_stale()
+    assert mine.is_dir() and other.is_dir()
+    assert not gone.exists() and not recycled.exists()
+    assert sorted(line.split()[3] for line in said if "job directory" in line) == \
+        sorted([str(gone), str(recycled)])

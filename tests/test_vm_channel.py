@@ -259,7 +259,9 @@ def test_a_controller_killed_at_any_moment_leaves_no_vm_running(fake_vm, tmp_pat
     """SIGKILL of the controller while the guest boots, mid-capture and between two flushes:
     within a second nothing of the VM runs -- the reaper, virtme-ng, QEMU, the daemon that left
     their session (as virtiofsd does), the agent."""
-    env = {**os.environ, "FAKE_AGENT": mode,
+    scratch = tmp_path / "tmpdir"           # where the controller makes the VM's job directory
+    scratch.mkdir()
+    env = {**os.environ, "FAKE_AGENT": mode, "TMPDIR": str(scratch),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     proc = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(tmp_path)], env=env,
                             stdout=subprocess.PIPE, text=True)
@@ -282,6 +284,8 @@ def test_a_controller_killed_at_any_moment_leaves_no_vm_running(fake_vm, tmp_pat
         # soon: ~0.1 s on a quiet host); a test's deadline is not a timing, and a busy CI host
         # (two test workers on two CPUs) may give the reaper its turn late
         assert until(lambda: not tree(fake_vm), 10.0), (moment, tree(fake_vm))
+        # and the boot's job directory with it (removed by the reaper: its owner cannot)
+        assert not list(scratch.glob("harmony-vm-*")), (moment, list(scratch.iterdir()))
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -46,7 +46,8 @@ def main(ctx):
     if colour_off():
         ctx.color = False
 
-    tune_allocations()  # decoders and analyses fill and free many large arrays: see harmony.core.memory
+    # decoders and analyses fill and free many large arrays: see harmony.core.memory
+    tune_allocations()
 
 
 for command in (host.doctor, measure.list_experiments, measure.run, measure.suite, results.report,

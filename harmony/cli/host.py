@@ -28,7 +28,8 @@ def coloured(table: str) -> str:
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="print the facts as JSON")
 def doctor(as_json):
-    """What this host can do: probes, tracepoints, topology, scheduler. Exit 0 if an experiment can run."""
+    """What this host can do: probes, tracepoints, topology, scheduler. Exit 0 if an
+    experiment can run."""
     from harmony import doctor as host
 
     facts = host.doctor(vm=True)
@@ -41,8 +42,8 @@ def doctor(as_json):
 
 @click.command()
 def clean():
-    """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers, cpuset
-    cgroups, VMs, sched_ext schedulers)."""
+    """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers,
+    cpuset cgroups, VMs, sched_ext schedulers)."""
     from harmony.hostfacts import is_root
     from harmony.hygiene import HostLock, reclaim_stale
 

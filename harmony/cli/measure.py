@@ -37,7 +37,8 @@ PARAM_METAVARS = {"int": "INTEGER", "float": "FLOAT", "str": "TEXT", "list": "IN
 
 def write_params(formatter: click.HelpFormatter, exp, ncpus: int) -> None:
     """The section of ``exp``'s parameters (its own, then those every experiment has): name, kind,
-    help and the default on ``ncpus`` CPUs, for ``harmony run EXP --help`` and ``harmony list -v``."""
+    help and the default on ``ncpus`` CPUs, for ``harmony run EXP --help`` and
+    ``harmony list -v``."""
     own = {p.name for p in exp.params}
     params = list(exp.params) + [p for p in exp.all_params() if p.name not in own]
     rows = [(f"{p.name} {PARAM_METAVARS[p.kind]}",
@@ -45,8 +46,8 @@ def write_params(formatter: click.HelpFormatter, exp, ncpus: int) -> None:
              + (f" with P = {ncpus}]" if p.scales else "]")) for p in params]
     with formatter.section(f"Parameters of {exp.name} (-p KEY=VALUE)"):
         if any(p.scales for p in params):
-            formatter.write_text(f"A default that depends on the CPU count P is given for P = {ncpus}, "
-                                 "this host's online CPUs (--cpus sets P).")
+            formatter.write_text("A default that depends on the CPU count P is given for "
+                                 f"P = {ncpus}, this host's online CPUs (--cpus sets P).")
             formatter.write_paragraph()
         formatter.write_dl(rows)
 
@@ -182,16 +183,20 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
 @click.option("--cpus", help="experiment CPU set, e.g. 0-3 (default: all online CPUs)")
 @click.option("--layout", help="tasks per CPU of the set at t0, e.g. 8,0")
 @click.option("--duration", type=float, help="seconds measured after t0")
-@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
+              help="experiment parameter")
 @click.option("--probe", default="tracefs", show_default=True,
               help="capture backend: tracefs, perf or pyperf (perf_event through python-perf)")
 @click.option("--crosscheck", metavar="PROBE",
               help="also record the run with this second probe (e.g. perf) and compare the two")
-@click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/<experiment>-<time>)")
-@click.option("--seed", type=int, default=0, show_default=True, help="seed of the workload's randomness")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="run directory (default runs/<experiment>-<time>)")
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="seed of the workload's randomness")
 @click.option("--quiet", "-q", is_flag=True, help="no progress display")
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
-              help="runs of this configuration: OUT/rep-NN/ and OUT/batch.json with median, IQR, 95% CI")
+              help="runs of this configuration: OUT/rep-NN/ and OUT/batch.json with median, IQR, "
+                   "95% CI")
 @click.option("--json", "as_json", is_flag=True,
               help="print the run's manifest facts and metrics (with --repeat: the batch's "
                    "record) as JSON, as `harmony report --json OUT` does")
@@ -243,7 +248,8 @@ def run(experiment, experiment_option, cpus, layout, duration, params, probe, cr
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     if probe not in PROBES:
-        raise click.BadParameter(f"unknown probe {probe!r} (choose {', '.join(PROBES)})", param_hint="--probe")
+        raise click.BadParameter(f"unknown probe {probe!r} (choose {', '.join(PROBES)})",
+                                 param_hint="--probe")
     if crosscheck is not None and (crosscheck not in PROBES or crosscheck == probe):
         raise click.BadParameter(f"{crosscheck!r} is not another probe than --probe {probe} "
                                  f"(choose from {', '.join(PROBES)})", param_hint="--crosscheck")
@@ -251,7 +257,8 @@ def run(experiment, experiment_option, cpus, layout, duration, params, probe, cr
         out = default_out(experiment)
     check_out(out)
     if (out / "manifest.json").exists():
-        raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+        raise click.BadParameter(f"{out} already holds a run; choose another --out",
+                                 param_hint="--out")
     cap = decide_cap(until_decided, max_repeat, repeat)
     if cap is not None and crosscheck:
         raise click.UsageError("--crosscheck records one run; use it without --until-decided")
@@ -322,7 +329,8 @@ def _repeat_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, rep
 
     progress = Progress(repeat, repeat * values["duration"], quiet=quiet)
     try:
-        with exit_on_error(marked=f"the current run under {out} is marked incomplete", also=(OSError,)):
+        with exit_on_error(marked=f"the current run under {out} is marked incomplete",
+                           also=(OSError,)):
             with KernelRunner(probe, facts, overlap=False, cpus=cpu_set, scx=scx) as runner:
                 batch_until_decided(exp, values, cpu_set, out, repeat, runner, seed, cap,
                                     progress)
@@ -374,16 +382,18 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
     from harmony.run import execute
 
     with exit_on_error(marked=lambda: left_behind(out), also=(OSError,)):
-        result = execute(exp, values, cpu_set, out, probe, seed, facts, quiet, crosscheck=crosscheck,
-                         scx=scx)
+        result = execute(exp, values, cpu_set, out, probe, seed, facts, quiet,
+                         crosscheck=crosscheck, scx=scx)
     (shown or Shown(False, False)).run(result)
 
 
 @click.command()
 @click.option("--quick", is_flag=True, help="short runs, two points per sweep, 2 repetitions")
 @click.option("--cpus", help="experiment CPU set, e.g. 0-3 (default: all online CPUs)")
-@click.option("--out", type=click.Path(path_type=Path), help="suite directory (default runs/suite-<time>)")
-@click.option("--repeat", type=click.IntRange(min=1), help="runs per configuration (default 5, quick 2)")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="suite directory (default runs/suite-<time>)")
+@click.option("--repeat", type=click.IntRange(min=1),
+              help="runs per configuration (default 5, quick 2)")
 @click.option("--experiment", "-e", "experiments", multiple=True, metavar="NAME",
               help="only these experiments (repeatable)")
 @click.option("--probe", default="tracefs", show_default=True, help="capture backend")
@@ -432,7 +442,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
         if out is None or given:
             raise click.UsageError("--resume takes the plan, CPU set and seed of the suite in "
                                    "--out: give --out DIR and none of " + ", ".join(
-                                       given or ["--quick, --cpus, --repeat, --experiment, --seed"]))
+                                       given or ["--quick, --cpus, --repeat, --experiment, "
+                                                 "--seed"]))
         with exit_on_error(also=(OSError,)):
             if not out.is_dir():
                 raise missing_dir(out)
@@ -474,8 +485,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
     overlapped = overlap != "never"
     paused = overlap == "auto" and not spare
     if overlap == "always" and not spare:
-        limits.append("--overlap always: the analysis of each run shares the experiment's CPUs with "
-                      "the next run (at SCHED_IDLE); every run reports it as foreign load.")
+        limits.append("--overlap always: the analysis of each run shares the experiment's CPUs "
+                      "with the next run (at SCHED_IDLE); every run reports it as foreign load.")
     elif paused:
         limits.append("No CPU outside the experiment's set: the runs are analysed between the "
                       "measurements by a process that is stopped while a run is measured, the rest "

@@ -305,6 +305,7 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
 
 
 @click.command()
+@click.argument("experiment", required=False)
 @click.option("--policy", "policy_name", required=True,
               help="reference policy: global-queue, poly-balance, pairwise-random or coin-flip "
                    "(each run one of the two before, a fair coin per run); or one that sees the "
@@ -323,7 +324,8 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
 @click.option("--suite", "whole", is_flag=True, help="the catalog, as `harmony suite` plans it")
 @click.option("--quick", is_flag=True, help="the suite's quick plan (shorter runs, fewer points)")
 @click.option("--repeat", type=click.IntRange(min=1), help="runs per configuration")
-@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
+              help="experiment parameter")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path),
               help="output directory (default runs/simulate-<policy>-<time>)")
@@ -333,11 +335,13 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
                    "--json OUT` does")
 @click.option("--verbose", "-v", is_flag=True, help="every metric, or the card's every number")
 @decide_options
-def simulate(policy_name, ncpus, old_cpus, machine, experiments, whole, quick, repeat, params,
-             seed, out, quiet, as_json, verbose, until_decided, max_repeat):
+def simulate(experiment, policy_name, ncpus, old_cpus, machine, experiments, whole, quick,
+             repeat, params, seed, out, quiet, as_json, verbose, until_decided, max_repeat):
     """Run experiments under a reference policy in a simulator (no root, no kernel) and analyse
-    them: one experiment (--experiment NAME) or the catalog (--suite, and --experiment NAME to
-    keep only some), printing what `harmony run` or `harmony suite` prints."""
+    them: one experiment (EXPERIMENT or --experiment NAME, as in `harmony run`) or the catalog
+    (--suite, and --experiment NAME to keep only some), printing what `harmony run` or `harmony
+    suite` prints."""
+    experiments = (experiment, *experiments) if experiment else experiments
     from harmony.analysis.machines import flat_topology, machine_topology
     from harmony.analysis.refpolicy import get_policy, refuse_classes
     from harmony.experiments import CATALOG, get_experiment

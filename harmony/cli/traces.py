@@ -69,19 +69,25 @@ def export(run_dir, fmt, out, as_json):
 
 @click.command("import")
 @click.argument("trace_file", metavar="FILE", type=click.Path(path_type=Path, allow_dash=True))
-@click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True, help="a task of the experiment")
+@click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True,
+              help="a task of the experiment")
 @click.option("--comm", "comms", multiple=True, metavar="NAME",
               help="tasks whose comm matches NAME (a glob such as 'hmy-*')")
 @click.option("--cpus", help="experiment CPU set (default: every CPU in the trace)")
-@click.option("--t0", "t0_s", type=float, help="t0 in seconds on the trace clock (as trace-cmd report prints)")
+@click.option("--t0", "t0_s", type=float,
+              help="t0 in seconds on the trace clock (as trace-cmd report prints)")
 @click.option("--t0-marker", metavar="TEXT", help="t0 is the first trace marker with this text")
-@click.option("--end", "end_s", type=float, help="end of the measured window, seconds on the trace clock")
+@click.option("--end", "end_s", type=float,
+              help="end of the measured window, seconds on the trace clock")
 @click.option("--end-marker", metavar="TEXT", help="the measured window ends at this trace marker")
 @click.option("--experiment", "-e", default="single-source", show_default=True, metavar="NAME",
               help="whose metrics and figures")
-@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE", help="experiment parameter")
-@click.option("--buffer", help="trace.dat instance buffer to read (default: the only one with data)")
-@click.option("--out", type=click.Path(path_type=Path), help="run directory (default runs/import-<time>)")
+@click.option("--param", "-p", "params", multiple=True, metavar="KEY=VALUE",
+              help="experiment parameter")
+@click.option("--buffer",
+              help="trace.dat instance buffer to read (default: the only one with data)")
+@click.option("--out", type=click.Path(path_type=Path),
+              help="run directory (default runs/import-<time>)")
 @click.option("--quiet", "-q", is_flag=True, help="no progress line on a terminal")
 @click.option("--tasks", "list_tasks", is_flag=True,
               help="only list the trace's tasks (pid, run time, comm), to choose --pid/--comm from")
@@ -117,7 +123,8 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
         raise click.BadParameter(f"{trace_file} is not a regular file", param_hint="FILE")
     if list_tasks:
         from harmony.importer import df_trace_tasks, read_trace, receive_stdin, trace_tasks_text
-        with exit_on_error(also=(OSError,)), tempfile.TemporaryDirectory(prefix="harmony-stdin-") as tmp:
+        with exit_on_error(also=(OSError,)), \
+                tempfile.TemporaryDirectory(prefix="harmony-stdin-") as tmp:
             cap, _ = read_trace(receive_stdin(Path(tmp)) if piped else trace_file, buffer)
         click.echo(trace_tasks_text(df_trace_tasks(cap.events, cap.meta.get("cmdlines"))))
         return
@@ -144,15 +151,18 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     known = {p.name for p in exp.all_params()}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise click.BadParameter(f"{exp.name} has no parameter {', '.join(unknown)}", param_hint="--param")
+        raise click.BadParameter(f"{exp.name} has no parameter {', '.join(unknown)}",
+                                 param_hint="--param")
     if "duration" in overrides:
-        raise click.BadParameter("the measured window of an imported trace is set with --end or --end-marker",
+        raise click.BadParameter("the measured window of an imported trace is set with --end or "
+                                 "--end-marker",
                                  param_hint="--param duration")
     if out is None:
         out = default_out("import")
     check_out(out)
     if (out / "manifest.json").exists():
-        raise click.BadParameter(f"{out} already holds a run; choose another --out", param_hint="--out")
+        raise click.BadParameter(f"{out} already holds a run; choose another --out",
+                                 param_hint="--out")
     from harmony.suite import Progress
     # a status line on a terminal only: a script or a log gets the summary (or the one-line error)
     progress = Progress(1, 0, quiet=quiet or not sys.stderr.isatty())

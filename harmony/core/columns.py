@@ -11,8 +11,8 @@ Dtypes are named as pandas prints them: ``int16``, ``int32``, ``int64``, ``float
 (its string dtype from pandas 3 on, ``object`` before). A column whose dtype depends on its values
 names each one it can have, joined by ``|``.
 
-Where each table is declared: the tasks table in :mod:`harmony.workload.tasks`; the kernel samplers' tables
-beside their samplers (:mod:`harmony.probes.proc_stat`, :mod:`harmony.probes.proc_sched`,
+Where each table is declared: the tasks table in :mod:`harmony.workload.tasks`; the kernel samplers'
+tables beside their samplers (:mod:`harmony.probes.proc_stat`, :mod:`harmony.probes.proc_sched`,
 :mod:`harmony.probes.sched_debug`); the tables the analysis derives from the events in
 :mod:`harmony.analysis.tables`; the events and markers tables themselves in
 :mod:`harmony.probes.schema`.

@@ -2,8 +2,8 @@
 
 A :class:`HarmonyError`'s message is a single line that says what went wrong and, where a path is
 involved, names it; the CLI prints it after ``harmony: error:`` and exits with the status
-:func:`harmony.cli.common.exit_status` maps it to (the one place that does). Anything else that escapes
-is a bug.
+:func:`harmony.cli.common.exit_status` maps it to (the one place that does). Anything else that
+escapes is a bug.
 
 The classes stay importable from the modules that raise them (``harmony.store.RunError``,
 ``harmony.probes.ProbeError``...), as they were.

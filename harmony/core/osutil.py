@@ -1,7 +1,7 @@
 """Operating-system helpers every other module may use: the leaf of Harmony's imports.
 
-Standard library only, no Harmony import: the fork server and the workers (:mod:`harmony.workload.worker`)
-import it, and they must stay small.
+Standard library only, no Harmony import: the fork server and the workers
+(:mod:`harmony.workload.worker`) import it, and they must stay small.
 
 - processes: :func:`pid_alive`, :func:`proc_starttime`, :func:`prctl`, :func:`die_with_parent`,
   :func:`sched_getcpu`; Harmony's own child processes: :func:`harmony_python`
@@ -208,7 +208,8 @@ def parse_cpulist(text: str) -> list[int]:
             raise ValueError(f"empty item in cpulist {body!r}")
         m = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", item)
         if not m:
-            raise ValueError(f"bad cpulist item {item!r} in {body!r}: expected N or N-M with N, M >= 0")
+            raise ValueError(f"bad cpulist item {item!r} in {body!r}: "
+                             f"expected N or N-M with N, M >= 0")
         lo = int(m.group(1))
         hi = int(m.group(2)) if m.group(2) is not None else lo
         if hi < lo:
@@ -223,7 +224,8 @@ def parse_cpulist(text: str) -> list[int]:
 
 
 def format_cpulist(cpus) -> str:
-    """Format CPU numbers as a kernel cpulist: ``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``; ``[]`` -> ``""``."""
+    """Format CPU numbers as a kernel cpulist: ``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``;
+    ``[]`` -> ``""``."""
     values = []
     for c in cpus:
         if isinstance(c, bool) or not isinstance(c, int):
@@ -333,7 +335,8 @@ def atomic_write(path: Path, data: bytes | str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# where Harmony keeps its host lock (harmony.hygiene) and the cpuset marker (harmony.workload.cpuset)
+# where Harmony keeps its host lock (harmony.hygiene) and the cpuset marker
+# (harmony.workload.cpuset)
 
 LOCK_DIRS = (Path("/run/harmony"), Path("/tmp/harmony"))
 

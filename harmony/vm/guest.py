@@ -119,8 +119,8 @@ class PlannedExperiment:
 
     def place(self, specs, run_dir, params, cpus) -> tuple[list, dict]:
         """A server-shaped workload's tasks (``serve`` set) made ready in the guest, its capacity
-        measured there (:func:`harmony.workload.serve.place`: what the host measured would not be the
-        guest's), its records and pipes in a scratch directory of the guest's memory
+        measured there (:func:`harmony.workload.serve.place`: what the host measured would not be
+        the guest's), its records and pipes in a scratch directory of the guest's memory
         (:func:`memory_dir`), moved into the run by :meth:`keep` once its tasks are stopped;
         any other workload as it is (Experiment.place).
 

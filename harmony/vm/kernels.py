@@ -1,7 +1,7 @@
 """Kernels under test: a named Debian kernel fetched into a cache, or a kernel image given by path.
 
-A VM run (:mod:`harmony.vm.machine`) boots a :class:`Kernel`: its image (bzImage), its release and the
-directory of its modules (virtme-ng puts the few it needs to boot, virtio and 9p, in the guest's
+A VM run (:mod:`harmony.vm.machine`) boots a :class:`Kernel`: its image (bzImage), its release and
+the directory of its modules (virtme-ng puts the few it needs to boot, virtio and 9p, in the guest's
 initramfs). :func:`kernel` turns what the user wrote after ``--kernel`` into one:
 
 - a name of :data:`NAMED` (``debian:6.1``, ``debian:6.12``, and their PREEMPT_RT ``-rt`` forms):
@@ -25,14 +25,14 @@ initramfs). :func:`kernel` turns what the user wrote after ``--kernel`` into one
   reference -- is used and says so (:func:`available`); the current source is built when asked.
 
 The cache (:data:`CACHE`, ``HARMONY_KERNEL_CACHE`` to move it) holds one directory per package
-and version, ``<package>_<version>/``, laid out as the package's own tree (``boot/vmlinuz-<release>``,
-``lib/modules/<release>/`` with ``modules.dep``) plus ``kernel.json`` (what it is). A directory is
-unpacked under a temporary name and renamed into place once whole, so a half-extracted kernel is
-never used; a lock file serialises fetches. Any other source of kernels (a built sched_ext kernel)
-can add a directory of the same layout with its own ``kernel.json``.
+and version, ``<package>_<version>/``, laid out as the package's own tree
+(``boot/vmlinuz-<release>``, ``lib/modules/<release>/`` with ``modules.dep``) plus ``kernel.json``
+(what it is). A directory is unpacked under a temporary name and renamed into place once whole, so a
+half-extracted kernel is never used; a lock file serialises fetches. Any other source of kernels (a
+built sched_ext kernel) can add a directory of the same layout with its own ``kernel.json``.
 
-An unknown name is a :class:`KernelError` (a :class:`~harmony.core.errors.ParameterError`: exit status
-2) naming the known ones, raised before anything starts.
+An unknown name is a :class:`KernelError` (a :class:`~harmony.core.errors.ParameterError`: exit
+status 2) naming the known ones, raised before anything starts.
 """
 
 from __future__ import annotations
@@ -175,7 +175,8 @@ def _run(argv: list[str], timeout: float = 60, cwd: Path | None = None) -> str:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
     except FileNotFoundError:
-        raise KernelError(f"{argv[0]} is not installed (install.sh installs what VMs need)") from None
+        raise KernelError(f"{argv[0]} is not installed "
+                          f"(install.sh installs what VMs need)") from None
     except subprocess.TimeoutExpired:
         raise KernelError(f"{' '.join(argv[:3])} took over {timeout:.0f} s") from None
     if done.returncode != 0:
@@ -702,7 +703,8 @@ def build(name: str, cache: Path | None = None, progress=None, jobs: int | None 
     install_packages(rec["packages"], f"building {name}", say)
     configkernel = shutil.which("virtme-configkernel")
     if configkernel is None:
-        raise KernelError("virtme-configkernel (virtme-ng) is not installed (install.sh installs it)")
+        raise KernelError("virtme-configkernel (virtme-ng) is not installed "
+                          "(install.sh installs it)")
     version = source_version(rec)
     key = build_key(rec, version)
     final = built_dir(name, key, root)

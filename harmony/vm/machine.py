@@ -43,6 +43,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,6 +53,7 @@ from harmony.core.osutil import (
     forget_processes,
     lock_dir,
     parse_cpulist,
+    proc_starttime,
     record_processes,
     stale_processes,
 )
@@ -525,18 +527,20 @@ class VirtualMachine:
         finally:
             self.stop()
 
-    def start(self, command: list[str], rwdir: Path, stdin: bool = True) -> None:
+    def start(self, command: list[str], rwdir: Path, stdin: bool = True,
+              scratch: Path | None = None) -> None:
         """Start virtme-ng booting the kernel to run ``command`` with ``rwdir`` writable; with
-        ``stdin``, :meth:`send` writes to the command's standard input. The boot's deadline
-        runs from now (:meth:`pump` waits for it)."""
+        ``stdin``, :meth:`send` writes to the command's standard input; ``scratch``, a directory
+        of the caller's for this boot, is removed by the reaper if this process dies (the caller
+        removes it otherwise). The boot's deadline runs from now (:meth:`pump` waits for it)."""
         self.accel, self.accel_why = accelerator(self.setting, self.kernel)
         argv = vng_argv(self.kernel, self.vcpus, self.memory_mb, rwdir, command, self.setting,
                         self.accel, topology=self.topology)
         self._log = open(self.console_log, "w") if self.console_log else None
         self._t_start = time.monotonic()
         try:
-            self.proc = subprocess.Popen(reaper.command(argv), stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT,
+            reaped = reaper.command(argv, remove=[scratch] if scratch else ())
+            self.proc = subprocess.Popen(reaped, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                          stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                                          start_new_session=True)
         except OSError as exc:
@@ -710,10 +714,22 @@ def guest_error(lines) -> str | None:
     return own[-1][:300] if own else None
 
 
+#: a boot's job directory (the guest agent's job, a scheduler's copy): its controller's pid and
+#: start time in the name, so that the next start knows one whose controller is gone
+JOB_DIR = re.compile(r"harmony-vm-(\d+)-(\d+)-")
+
+
+def make_job_dir() -> Path:
+    """A new job directory for one boot, in the temporary directory, named for this process."""
+    me = os.getpid()
+    return Path(tempfile.mkdtemp(prefix=f"harmony-vm-{me}-{proc_starttime(me)}-"))
+
+
 def reclaim_stale() -> list[str]:
     """Kill the QEMU and virtme-ng processes of VMs whose controller is gone (recorded by
-    :func:`~harmony.core.osutil.record_processes`: a recycled pid is never killed); return a line
-    per process killed."""
+    :func:`~harmony.core.osutil.record_processes`: a recycled pid is never killed) and remove
+    their job directories (the reaper removes them when it outlives the controller; this is for
+    the rest); return a line per process killed or directory removed."""
     out = []
     for rec, pid in stale_processes("vm"):
         name = comm(pid)
@@ -722,4 +738,9 @@ def reclaim_stale() -> list[str]:
             out.append(f"VM process {pid} ({name}) of kernel {rec.get('kernel', '?')}")
         except ProcessLookupError:
             pass
+    for path in Path(tempfile.gettempdir()).glob("harmony-vm-*-*-*"):
+        owner = JOB_DIR.match(path.name)
+        if owner and path.is_dir() and str(proc_starttime(int(owner[1]))) != owner[2]:
+            shutil.rmtree(path, ignore_errors=True)
+            out.append(f"VM job directory {path} (its controller, pid {owner[1]}, is gone)")
     return out

@@ -1,17 +1,19 @@
 """The VM's reaper: a small process that ends a VM with its controller, however the controller ends.
 
-``python3 -P -S reaper.py CONTROLLER_PID -- ARGV...`` (:func:`command`) runs ARGV (virtme-ng) as
-its child and watches the controller. virtme-ng starts QEMU through a tree of its own (``vng``,
-a shell, ``virtme-run``, which forks QEMU; ``virtiofsd`` started in the background by a shell and
-left to whoever reaps orphans): killed with SIGKILL, the controller can neither stop that tree
-nor pass anything on to it (PR_SET_PDEATHSIG is one process's, and is not inherited by what it
-forks), and QEMU ran on at 100 % of a CPU until the guest's command ended (21-51 s measured).
-The reaper is the session leader of that whole tree and its *child subreaper*
-(PR_SET_CHILD_SUBREAPER: whatever in it is orphaned becomes its child, not init's); it holds a
-pidfd of the controller (pidfd_open, else it polls its parent pid), and the moment the controller
-is gone it SIGKILLs every process below it and its process group. When ARGV ends on its own it
-kills what ARGV left behind and exits with ARGV's status (a signal N as 128 + N). SIGTERM, SIGINT
-or SIGHUP to it does the same as the controller's death.
+``python3 -P -S reaper.py CONTROLLER_PID [--remove DIR]... -- ARGV...`` (:func:`command`) runs ARGV
+(virtme-ng) as its child and watches the controller. virtme-ng starts QEMU through a tree of its own
+(``vng``, a shell, ``virtme-run``, which forks QEMU; ``virtiofsd`` started in the background by a
+shell and left to whoever reaps orphans): killed with SIGKILL, the controller can neither stop that
+tree nor pass anything on to it (PR_SET_PDEATHSIG is one process's, and is not inherited by what it
+forks), and QEMU ran on at 100 % of a CPU until the guest's command ended (21-51 s measured). The
+reaper is the session leader of that whole tree and its *child subreaper* (PR_SET_CHILD_SUBREAPER:
+whatever in it is orphaned becomes its child, not init's); it holds a pidfd of the controller
+(pidfd_open, else it polls its parent pid), and the moment the controller is gone it SIGKILLs every
+process below it and its process group. When ARGV ends on its own it kills what ARGV left behind and
+exits with ARGV's status (a signal N as 128 + N). SIGTERM, SIGINT or SIGHUP to it does the same as
+the controller's death. Each ``--remove DIR`` (the VM's job directory, scratch of the controller's)
+is removed after the kill when the controller died: its owner cannot; when ARGV ends on its own the
+controller is there to remove it.
 
 Standard library only, run as a script with ``-S`` (no site directory) and ``-P``: it starts in
 ~15 ms, and its environment (PYTHONPATH included) is ARGV's unchanged. It writes nothing on its
@@ -33,11 +35,12 @@ PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.1
 
 
-def command(argv: list[str], controller: int | None = None) -> list[str]:
+def command(argv: list[str], controller: int | None = None, remove=()) -> list[str]:
     """The command line that runs ``argv`` under a reaper watching ``controller`` (default: this
-    process)."""
+    process), removing the directories ``remove`` if the controller dies."""
+    removes = [arg for d in remove for arg in ("--remove", str(d))]
     return [sys.executable, "-P", "-S", os.path.abspath(__file__),
-            str(controller or os.getpid()), "--", *argv]
+            str(controller or os.getpid()), *removes, "--", *argv]
 
 
 def _children() -> dict[int, list[int]]:
@@ -64,9 +67,11 @@ def below(pid: int) -> list[int]:
     return out
 
 
-def kill_all(me: int, also_group: bool = True) -> None:
+def kill_all(me: int, also_group: bool = True, remove=()) -> None:
     """SIGKILL every process below ``me`` and, with ``also_group``, the rest of its process
-    group (this process too, last); again until none is left below (one may fork meanwhile)."""
+    group (this process too, last); again until none is left below (one may fork meanwhile).
+    The directories ``remove`` go once nothing below runs (before the group: this process is
+    in it)."""
     for _ in range(20):
         pids = below(me)
         if not pids:
@@ -77,6 +82,10 @@ def kill_all(me: int, also_group: bool = True) -> None:
             except ProcessLookupError:
                 pass
         _reap()
+    if remove:
+        import shutil               # here: the reaper's start stays light
+        for d in remove:
+            shutil.rmtree(d, ignore_errors=True)
     if also_group:
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
@@ -100,10 +109,14 @@ def _pidfd(pid: int) -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--" or not argv[0].isdigit():
-        print("usage: reaper.py CONTROLLER_PID -- ARGV...", file=sys.stderr)
+    remove, i = [], 1
+    while i + 1 < len(argv) and argv[i] == "--remove":
+        remove.append(argv[i + 1])
+        i += 2
+    if len(argv) < i + 2 or argv[i] != "--" or not argv[0].isdigit():
+        print("usage: reaper.py CONTROLLER_PID [--remove DIR]... -- ARGV...", file=sys.stderr)
         return 2
-    controller, cmd, me = int(argv[0]), argv[2:], os.getpid()
+    controller, cmd, me = int(argv[0]), argv[i + 1:], os.getpid()
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -113,7 +126,7 @@ def main(argv: list[str]) -> int:
     if os.getppid() != controller:      # it died before the watch began: start nothing
         return 137
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: kill_all(me))
+        signal.signal(sig, lambda *_: kill_all(me, remove=remove))
     try:
         child = subprocess.Popen(cmd)
     except OSError as exc:
@@ -127,7 +140,7 @@ def main(argv: list[str]) -> int:
         poller.poll(POLL_S * 1000 if len(fds) < 2 else None)
         if (watch is None and os.getppid() != controller) or (
                 watch is not None and select.select([watch], [], [], 0)[0]):
-            kill_all(me)                    # the controller is gone: so is everything here
+            kill_all(me, remove=remove)     # the controller is gone: so is everything here
         if child.poll() is not None:
             break
     rc = child.returncode

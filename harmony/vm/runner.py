@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from harmony.vm.guest import PlannedRun, job_line, write_job
 from harmony.vm.machine import (
     VirtualMachine,
     guest_error,
+    make_job_dir,
     renice_threads,
     vcpu_threads,
     vcpu_times,
@@ -167,7 +167,7 @@ class VmRunner:
         """Boot the kernel with the guest agent making ``runs`` (its first job, a file) and
         then waiting for more on its input channel (where the guest has one: ``self.more``)."""
         self.rwdir, self.jobs, self.system, self.boot_s, self.more = rwdir, 0, None, None, False
-        self.jobdir = Path(tempfile.mkdtemp(prefix="harmony-vm-"))
+        self.jobdir = make_job_dir()
         self._scx_path(runs)
         write_job(self.jobdir / "job.json", runs,
                   self.topology.spec() if self.topology is not None else None)
@@ -179,7 +179,7 @@ class VmRunner:
                                  console_log=console, topology=self.topology)
         shape = f" ({self.topology.describe()})" if self.topology is not None else ""
         self.say(f"booting {self.kernel.describe()} with {self.vcpus} vCPUs{shape}")
-        self.vm.start(command, rwdir)
+        self.vm.start(command, rwdir, scratch=self.jobdir)
         self.jobs = 1
 
     def _scx_path(self, runs: list[PlannedRun]) -> None:

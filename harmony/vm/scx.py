@@ -36,8 +36,9 @@ controller that died between the fork and the request).
 Real-time tasks that hog a CPU starve the sched_ext tasks queued on it, and the kernel's
 watchdog then ejects the scheduler (a "runnable task stall": the scx project's issue 1202).
 Harmony's own SCHED_FIFO threads sleep but for short steps (the release is confined or warm
-under sched_ext: no occupier spins, :func:`harmony.workload.controller.confined_why`); an experiment's
-RT or deadline tasks would hog their CPUs, so :func:`check_classes` refuses them under --scx.
+under sched_ext: no occupier spins, :func:`harmony.workload.controller.confined_why`); an
+experiment's RT or deadline tasks would hog their CPUs, so :func:`check_classes` refuses
+them under --scx.
 """
 
 from __future__ import annotations
@@ -172,7 +173,8 @@ def check_classes(policies) -> None:
 
 
 def check_params(params: dict) -> None:
-    """:func:`check_classes` of an experiment's resolved parameters (``policy``, ``<role>_policy``)."""
+    """:func:`check_classes` of an experiment's resolved parameters
+    (``policy``, ``<role>_policy``)."""
     check_classes(v for k, v in params.items() if (k == "policy" or k.endswith("_policy")) and v)
 
 

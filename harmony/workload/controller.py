@@ -3,27 +3,27 @@
 Protocol (thesis 6.1: the imbalance is created "instantly rather than slowly accrued"):
 
 1. ``spawn()`` starts one worker per :class:`TaskSpec`, all in one process group, forked by the
-   fork server (:mod:`harmony.workload.forkserver`: a small process, so that this big one never forks; the
-   controller forks them itself when ``HARMONY_FORKSERVER=0`` or the server cannot start, and says
-   so in ``notes``). The worker's code is :mod:`harmony.workload.worker`. Each worker sets
+   fork server (:mod:`harmony.workload.forkserver`: a small process, so that this big one never
+   forks; the controller forks them itself when ``HARMONY_FORKSERVER=0`` or the server cannot start,
+   and says so in ``notes``). The worker's code is :mod:`harmony.workload.worker`. Each worker sets
    its comm and nice, is confined to its initial CPU, then sleeps on the start gate of that CPU (a
    futex word in shared memory): it exists but is not runnable. The controller waits until every
    worker sleeps at its gate. Confinement is a cpuset cgroup per initial CPU
-   (:mod:`harmony.workload.cpuset`, the worker joins it) or, where cpusets are unavailable, the worker's
-   own affinity mask; ``pinned`` tasks (static-ideal runs) always pin their own affinity.
+   (:mod:`harmony.workload.cpuset`, the worker joins it) or, where cpusets are unavailable, the
+   worker's own affinity mask; ``pinned`` tasks (static-ideal runs) always pin their own affinity.
 2. ``release(mark)`` runs on the CPU holding the most tasks (the "home" CPU: its wake-ups are then
    local, half the cost of remote ones) as SCHED_FIFO (when allowed: the workers it wakes cannot
    preempt it half-way). The workers must become runnable on their initial CPUs, so that the
    layout is exactly what the scheduler sees at t0. Two ways (``release_mode``):
 
    - ``occupied`` (default): every other CPU of the set is held by an *occupier*, a small
-     SCHED_FIFO process spinning on it (:func:`harmony.workload.worker.occupy`, forked with the workers).
-     While the workers still sleep, the controller frees them to the set (one ``cpuset.cpus``
-     write per initial CPU, or one ``sched_setaffinity`` per task: cheap on a sleeping task),
-     writes the t0 marker, and each CPU's gate is opened from that CPU (the home gate by the
-     controller, the others by their occupiers, at once). The fair class's wake-up path keeps a
-     task on its previous CPU when that is the waker's and no CPU is idle, so each task wakes
-     where it was held; then the occupiers stop and the "released" marker is written. The
+     SCHED_FIFO process spinning on it (:func:`harmony.workload.worker.occupy`, forked with the
+     workers). While the workers still sleep, the controller frees them to the set (one
+     ``cpuset.cpus`` write per initial CPU, or one ``sched_setaffinity`` per task: cheap on a
+     sleeping task), writes the t0 marker, and each CPU's gate is opened from that CPU (the home
+     gate by the controller, the others by their occupiers, at once). The fair class's wake-up path
+     keeps a task on its previous CPU when that is the waker's and no CPU is idle, so each task
+     wakes where it was held; then the occupiers stop and the "released" marker is written. The
      per-task work under the home CPU's run-queue lock is one wake-up (256 tasks, 2-vCPU VM,
      ``bench/release.py``: medians of 0.75-0.90 ms from the first wake-up to "released" in three
      runs, against 1.12-1.23 ms for ``confined``; the wake-ups themselves cost a little more, as a
@@ -175,8 +175,8 @@ def check_classes(specs, cpus, warm: float | None = None, placement: str | None 
     if want > room + 1e-9:
         raise ControllerError(
             f"deadline admission control would refuse the tasks: {len(dl)} x {label} = {want:.2f} "
-            f"CPUs, and it admits {per_cpu:.2f} of each of {ncpus} CPUs less {reserved:.2f} already "
-            f"reserved (deadline servers, other deadline tasks) = {room:.2f}")
+            f"CPUs, and it admits {per_cpu:.2f} of each of {ncpus} CPUs less {reserved:.2f} "
+            f"already reserved (deadline servers, other deadline tasks) = {room:.2f}")
     if warm is not None:
         # confined through the warm-up: a CPU's deadline tasks must leave the controller room
         cpu_room = per_cpu - reserved / ncpus
@@ -184,10 +184,10 @@ def check_classes(specs, cpus, warm: float | None = None, placement: str | None 
             here = sum(s.dl_bandwidth for s in dl if s.initial_cpu == cpu)
             if here > cpu_room + 1e-9:
                 raise ControllerError(
-                    f"release=warm runs the deadline tasks confined to their initial CPU: CPU {cpu}'s "
-                    f"would take {here:.2f} of it, more than the {cpu_room:.2f} a CPU gives deadline "
-                    "tasks (the controller would starve there); use release=cold or a smaller "
-                    "dl_runtime_ms")
+                    "release=warm runs the deadline tasks confined to their initial CPU: "
+                    f"CPU {cpu}'s would take {here:.2f} of it, more than the {cpu_room:.2f} a CPU "
+                    "gives deadline tasks (the controller would starve there); use release=cold or "
+                    "a smaller dl_runtime_ms")
 
 
 def raise_threads(tids, prio: int = FIFO_PRIO) -> list[int]:
@@ -249,9 +249,9 @@ def confined_why(mode: str, free: bool, other_cpus, sched_ext_state: str) -> str
 def release_check(sched_ext: dict, cpus: dict) -> dict:
     """``harmony doctor``'s ``release`` check: how a run here releases its tasks at t0: warm by
     default (``default``); a cold release (``mode``) ``occupied`` where it can be (SCHED_FIFO
-    occupiers hold the other CPUs while the tasks wake), else ``confined``. ``sched_ext``, ``cpus``: the doctor's checks of that name (the
-    sched_ext ``state``, the ``online`` CPUs). SCHED_FIFO is tried on the calling thread and
-    put back."""
+    occupiers hold the other CPUs while the tasks wake), else ``confined``. ``sched_ext``, ``cpus``:
+    the doctor's checks of that name (the sched_ext ``state``, the ``online`` CPUs). SCHED_FIFO is
+    tried on the calling thread and put back."""
     try:
         _, mode = release_options()
     except ControllerError as exc:
@@ -287,8 +287,9 @@ def _state(pid: int) -> bytes | None:
 class Workload:
     """A set of worker processes for one run. Use as a context manager: leaving kills them all."""
 
-    def __init__(self, specs: list[TaskSpec], cpus: list[int], seed: int = 0, placement: str | None = None,
-                 mode: str | None = None, warm_s: float | None = None):
+    def __init__(self, specs: list[TaskSpec], cpus: list[int], seed: int = 0,
+                 placement: str | None = None, mode: str | None = None,
+                 warm_s: float | None = None):
         if not specs:
             raise ControllerError("the workload has no tasks")
         self.specs = list(specs)
@@ -311,10 +312,11 @@ class Workload:
         self.notes: list[str] = []
         self.cpusets: CpusetGroups | None = None
         self.release_method: str | None = None  # "cpuset" or "affinity", known after spawn()
-        self.release_mode: str | None = None  # "occupied", "confined" or "warm", known after spawn()
+        # "occupied", "confined" or "warm", known after spawn()
+        self.release_mode: str | None = None
         self._served: tuple[forkserver.ForkServer, int] | None = None  # (server, workload id)
-        # the shared page (harmony.workload.worker.Shared): t0, a work counter per worker, one start gate
-        # (futex word) per initial CPU, one "at the gate" flag per worker, the occupiers' order
+        # the shared page (harmony.workload.worker.Shared): t0, a work counter per worker, one start
+        # gate (futex word) per initial CPU, one "at the gate" flag per worker, the occupiers' order
         # and state words. A memfd, so that the fork server can map it too.
         n = len(specs)
         self._gate_cpus = sorted({s.initial_cpu for s in specs})
@@ -350,7 +352,8 @@ class Workload:
             return []
         others = sorted(set(self.cpus) - {self._home})
         scx = hostfacts.sched_ext_state()["state"]
-        self._confined_why = confined_why(self.mode, any(not s.pinned for s in self.specs), others, scx)
+        self._confined_why = confined_why(self.mode, any(not s.pinned for s in self.specs),
+                                          others, scx)
         if self._confined_why and "sched_ext" in self._confined_why:  # the others need no note
             self.notes.append(f"release confined (woken, then freed): {self._confined_why}")
         return [] if self._confined_why else others
@@ -372,7 +375,8 @@ class Workload:
             except CpusetUnavailable as exc:
                 if self.placement == "cpuset":
                     raise ControllerError(f"{ENV_PLACEMENT}=cpuset: {exc}") from None
-                self.notes.append(f"release by sched_setaffinity per task (cpusets unavailable: {exc})")
+                self.notes.append("release by sched_setaffinity per task "
+                                  f"(cpusets unavailable: {exc})")
         self.release_method = "affinity"
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -391,7 +395,8 @@ class Workload:
             tasks.append({"kind": "occupy", "k": k, "cpu": cpu, "prio": self.fifo_prio,
                           "gate": self._gate_cpus.index(cpu) if cpu in self._gate_cpus else -1})
         try:
-            server, note = forkserver.shared() if self._memfd is not None else (None, self._no_memfd)
+            server, note = (forkserver.shared() if self._memfd is not None
+                            else (None, self._no_memfd))
             if note:
                 self.notes.append(note)
             if server is not None:
@@ -426,7 +431,8 @@ class Workload:
                 self._open(server, wid)
             self._served = (server, wid)  # from here on, stop() asks the server to kill and reap
             for i in range(0, len(tasks), forkserver.CHUNK):
-                reply = server.request({"op": "fork", "wid": wid, "tasks": tasks[i:i + forkserver.CHUNK]})
+                reply = server.request({"op": "fork", "wid": wid,
+                                        "tasks": tasks[i:i + forkserver.CHUNK]})
                 self.pgid = reply["pgid"]
                 self.pids += reply["pids"]
                 self._unreaped.update(reply["pids"])
@@ -435,8 +441,9 @@ class Workload:
 
     def _open(self, server: forkserver.ForkServer, wid: int) -> None:
         """Hand the workload's shared page to the server."""
-        server.request({"op": "open", "wid": wid, "n": len(self.specs), "ngates": len(self._gate_cpus),
-                        "noccupiers": len(self._occupied), "cpus": self.cpus}, fds=[self._memfd])
+        server.request({"op": "open", "wid": wid, "n": len(self.specs),
+                        "ngates": len(self._gate_cpus), "noccupiers": len(self._occupied),
+                        "cpus": self.cpus}, fds=[self._memfd])
 
     def _spawn_forked(self, tasks: list[dict]) -> None:
         parent = os.getpid()
@@ -491,7 +498,8 @@ class Workload:
         while waiting:
             if time.monotonic() >= ask_at:
                 exited = self._exited()
-                refused = [(pid, -sh.words[i]) for pid, i in flags if pid in exited and sh.words[i] < 0]
+                refused = [(pid, -sh.words[i]) for pid, i in flags
+                           if pid in exited and sh.words[i] < 0]
                 if refused:
                     raise ControllerError(self._refusal(*refused[0]))
                 if exited:
@@ -500,8 +508,8 @@ class Workload:
                 ask_at = time.monotonic() + 0.005
             left = [(pid, i) for pid, i in waiting if not (sh.words[i] and _state(pid) == b"S")]
             if left and time.monotonic() > deadline:
-                raise ControllerError(f"{kind(left[0][0])} {left[0][0]} did not reach the start gate "
-                                      f"in {timeout_s:.0f} s")
+                raise ControllerError(f"{kind(left[0][0])} {left[0][0]} did not reach the start "
+                                      f"gate in {timeout_s:.0f} s")
             waiting = left
             if waiting:
                 time.sleep(0.001)
@@ -532,16 +540,19 @@ class Workload:
         home, own_mask = self._home, os.sched_getaffinity(0)
         if not warm:  # a warm release wakes no task at t0: it needs no CPU of its own
             try:
-                os.sched_setaffinity(0, {home})  # this thread only: the probe's threads stay where they are
+                # this thread only: the probe's threads stay where they are
+                os.sched_setaffinity(0, {home})
             except OSError as exc:
-                self.notes.append(f"release ran off CPU {home} ({exc.strerror}); spread may be larger")
+                self.notes.append(f"release ran off CPU {home} ({exc.strerror}); "
+                                  "spread may be larger")
         fifo = self._enter_fifo()
         collecting = gc.isenabled()
         try:
             if warm:
                 t0, released = self._release_warm(mark)
             else:
-                gc.disable()  # no collection pause between the first wake-up and the last freed task
+                # no collection pause between the first wake-up and the last freed task
+                gc.disable()
                 if self.release_mode == "occupied" and self._hold():
                     t0, released = self._release_occupied(mark)
                 else:
@@ -630,7 +641,8 @@ class Workload:
             self._order(worker.LEAVE)
             self.release_mode = "confined"
             self.notes.append(f"release confined (woken, then freed): the occupier of CPU "
-                              f"{self._occupied[late[0]]} did not start spinning in {OCCUPY_WAIT_S} s")
+                              f"{self._occupied[late[0]]} did not start spinning in "
+                              f"{OCCUPY_WAIT_S} s")
             return False
         return True
 
@@ -656,7 +668,8 @@ class Workload:
             os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(self.fifo_prio))
             return True
         except (PermissionError, OSError) as exc:
-            self.notes.append(f"release ran without SCHED_FIFO ({exc.strerror}); spread may be larger")
+            self.notes.append(f"release ran without SCHED_FIFO ({exc.strerror}); "
+                              "spread may be larger")
             return False
 
     def _mark_t0(self, mark) -> int:
@@ -741,7 +754,8 @@ class Workload:
                 server.request({"op": "stop", "wid": wid}, timeout_s=60.0)
                 self._unreaped.clear()
             except ForkServerError as exc:  # the server is dead now, and its workers with it
-                self.notes.append(f"the fork server failed at stop ({exc}); waited for the workers to die")
+                self.notes.append(f"the fork server failed at stop ({exc}); "
+                                  "waited for the workers to die")
                 self._await_gone()
             self._served = None  # not before: a stop() interrupted by Ctrl-C is asked again
         else:

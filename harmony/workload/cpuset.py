@@ -69,7 +69,8 @@ def _write(path: Path, value: str) -> None:
 
 
 class CpusetGroups:
-    """The cpuset cgroups of one run. ``create()``, workers join, ``widen()`` at t0, ``remove()``."""
+    """The cpuset cgroups of one run. ``create()``, workers join,
+    ``widen()`` at t0, ``remove()``."""
 
     def __init__(self, initial_cpus: list[int], run_cpus: list[int], owner: int | None = None):
         self.initial_cpus = sorted(set(initial_cpus))
@@ -90,23 +91,27 @@ class CpusetGroups:
         return str(self.child(cpu) / "cgroup.procs")
 
     def create(self) -> None:
-        """Create the parent and one child per initial CPU. Raises CpusetUnavailable, leaving nothing."""
+        """Create the parent and one child per initial CPU.
+        Raises CpusetUnavailable, leaving nothing."""
         found = hierarchies()
         if not found:
             raise CpusetUnavailable("no cpuset cgroup hierarchy is mounted")
         self.version, root = found[0]
         if self.version == "v1" and not (root / "cpuset.cpus").exists():
             self._prefix = ""  # v1 mounted with noprefix
-        eff = root / ("cpuset.cpus.effective" if self.version == "v2" else f"{self._prefix}effective_cpus")
+        eff = root / ("cpuset.cpus.effective" if self.version == "v2"
+                      else f"{self._prefix}effective_cpus")
         have = parse_cpus(_read(eff) or _read(root / f"{self._prefix}cpus"))
         if not set(self.run_cpus) <= have:
-            raise CpusetUnavailable(f"the run's CPUs are not all in the cpuset root {root} ({sorted(have)})")
+            raise CpusetUnavailable(f"the run's CPUs are not all in the cpuset root {root} "
+                                    f"({sorted(have)})")
         self.parent = root / f"{PREFIX}{self.owner}"
         try:
             self._create(root)
         except OSError as exc:
             self.remove()
-            raise CpusetUnavailable(f"cannot create cpuset cgroups under {root}: {exc.strerror or exc}") from None
+            raise CpusetUnavailable(f"cannot create cpuset cgroups under {root}: "
+                                    f"{exc.strerror or exc}") from None
 
     def _create(self, root: Path) -> None:
         p, run = self._prefix, self._run_list.decode()
@@ -135,10 +140,12 @@ class CpusetGroups:
 
     def members(self) -> dict[int, list[int]]:
         """Pids in each child cgroup, by initial CPU."""
-        return {c: [int(x) for x in _read(self.child(c) / "cgroup.procs").split()] for c in self.initial_cpus}
+        return {c: [int(x) for x in _read(self.child(c) / "cgroup.procs").split()]
+                for c in self.initial_cpus}
 
     def remove(self) -> list[str]:
-        """Remove every cgroup of this run (members must have exited). Returns errors, one line each."""
+        """Remove every cgroup of this run (members must have exited).
+        Returns errors, one line each."""
         for fd in self._fds:
             os.close(fd)
         self._fds = []
@@ -187,7 +194,8 @@ def _disable_root_cpuset(root: Path, owner: int) -> list[str]:
 
 
 def reclaim_stale() -> list[str]:
-    """Remove the cpuset cgroups of dead controllers (killing any member left); a line per removal."""
+    """Remove the cpuset cgroups of dead controllers (killing any member left);
+    a line per removal."""
     removed = []
     for _, root in hierarchies():
         for parent in sorted(root.glob(f"{PREFIX}*")):
@@ -211,5 +219,6 @@ def reclaim_stale() -> list[str]:
             root = Path(_read(marker).strip())
             errors = _disable_root_cpuset(root, int(owner)) if root.is_dir() else []
             marker.unlink(missing_ok=True)
-            removed.append(f"+cpuset at {root} enabled by dead run {owner}" + (f" ({errors[0]})" if errors else ""))
+            removed.append(f"+cpuset at {root} enabled by dead run {owner}"
+                           + (f" ({errors[0]})" if errors else ""))
     return removed

@@ -3,9 +3,9 @@
 Why: a suite's controller is a 150-190 MB Python process (pandas, pyarrow, numba). Forking it
 costs its page tables (~5-8 ms a fork here), and killing the children costs the teardown of their
 copy-on-write address spaces. This server is a fresh interpreter that imports the standard library
-and :mod:`harmony.workload.worker` only (~15 MB); a fork of it costs under a millisecond. Measured on a
-2-vCPU VM, old and new code back to back: 256 workers spawn in 0.4-0.5 s instead of 1.4-2.3 s and
-stop in 0.1 s instead of 0.5-1.1 s; ``harmony suite --quick`` (31 runs) spends 0.9 s instead of
+and :mod:`harmony.workload.worker` only (~15 MB); a fork of it costs under a millisecond. Measured
+on a 2-vCPU VM, old and new code back to back: 256 workers spawn in 0.4-0.5 s instead of 1.4-2.3 s
+and stop in 0.1 s instead of 0.5-1.1 s; ``harmony suite --quick`` (31 runs) spends 0.9 s instead of
 2.4 s spawning, 0.35 s instead of 0.95 s stopping.
 
 One server per controller process, started on first use (:func:`shared`) from a thread that lives
@@ -74,7 +74,8 @@ class ForkServer:
     def __init__(self, timeout_s: float = 10.0):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # finds this very package, even one that is not installed
-        argv, env = harmony_python("harmony.workload.forkserver", str(theirs.fileno()), str(os.getpid()))
+        argv, env = harmony_python("harmony.workload.forkserver", str(theirs.fileno()),
+                                   str(os.getpid()))
         try:
             self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),),
                                          stdin=subprocess.DEVNULL, env=env)
@@ -113,7 +114,8 @@ class ForkServer:
                 _send(self.sock, msg, fds)
             reply = self._reply()
         except (OSError, ValueError, ForkServerError) as exc:
-            why = "no answer in time" if isinstance(exc, socket.timeout) else str(exc) or type(exc).__name__
+            why = ("no answer in time" if isinstance(exc, socket.timeout)
+                   else str(exc) or type(exc).__name__)
             self._fail(f"fork server {self.pid}: {why}")
         if reply is None:
             self._fail(f"fork server {self.pid} exited (status {self.proc.poll()})")
@@ -161,7 +163,8 @@ _registered = False  # shutdown() is registered with atexit
 
 
 def shared() -> tuple[ForkServer | None, str | None]:
-    """This process's fork server, started if need be; or (None, why the controller forks itself)."""
+    """This process's fork server, started if need be;
+    or (None, why the controller forks itself)."""
     global _server, _failed
     if os.environ.get(ENV, "1").strip() == "0":
         return None, f"workers forked by the controller ({ENV}=0)"
@@ -170,7 +173,8 @@ def shared() -> tuple[ForkServer | None, str | None]:
             return _server, None
         note = None
         if _server is not None:
-            note = f"fork server restarted ({_server.broken or f'exited, status {_server.proc.poll()}'})"
+            note = ("fork server restarted "
+                    f"({_server.broken or f'exited, status {_server.proc.poll()}'})")
             _server.close()
             _server = None
         if _failed:

@@ -1,11 +1,12 @@
 """The bodies of a server-shaped workload's tasks (the ``server`` experiment), and their records.
 
-Imports the standard library only (and :mod:`harmony.core.errors`): like :mod:`harmony.workload.worker`, which
-calls it, it runs in the fork server's children, and the guest agent places its tasks
-(:func:`place`). A task whose :attr:`harmony.workload.tasks.TaskSpec.serve` is set runs one of these
-parts instead of the duty-cycle loop: :func:`prepare` does what must be done before the
-start gate (bind and listen, open the stage pipes and the records file), and the function it
-returns runs from the release on and never returns (the task is killed with the workload).
+Imports the standard library only (and :mod:`harmony.core.errors`): like
+:mod:`harmony.workload.worker`, which calls it, it runs in the fork server's children, and the guest
+agent places its tasks (:func:`place`). A task whose :attr:`harmony.workload.tasks.TaskSpec.serve`
+is set runs one of these parts instead of the duty-cycle loop: :func:`prepare` does what must be
+done before the start gate (bind and listen, open the stage pipes and the records file), and the
+function it returns runs from the release on and never returns (the task is killed with the
+workload).
 
 Parts (``kind`` in the JSON of ``serve``):
 
@@ -16,8 +17,8 @@ Parts (``kind`` in the JSON of ``serve``):
   each asking ``work_ns`` of CPU time drawn from ``sizes`` (exponential of mean ``work_ns``,
   Pareto of shape ``alpha`` with the same mean, or fixed). Open loop: it never waits for a
   response to send the next request; one it could not send at its arrival (a full socket) keeps
-  its arrival time. It stops sending, and records why, when more than ``max_outstanding`` requests are
-  unanswered (the server cannot keep up: an open loop would queue forever).
+  its arrival time. It stops sending, and records why, when more than ``max_outstanding`` requests
+  are unanswered (the server cannot keep up: an open loop would queue forever).
 - ``conn``: thread-per-connection: one task owns connection ``conn``: receive, work, answer.
 - ``reader``: pool-per-stage's I/O stage: one task reads every connection and writes each request
   into the first stage's pipe, reads the last stage's answers from the answer pipe and sends
@@ -106,7 +107,8 @@ def prepare(text: str, burn, seed: int = 0):
 
 
 def _records(cfg: dict, name: str) -> int:
-    return os.open(os.path.join(cfg["records"], name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    return os.open(os.path.join(cfg["records"], name), os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+                   0o644)
 
 
 def _listen(cfg: dict, what: str, backlog: int) -> socket.socket:
@@ -315,7 +317,8 @@ def _stage(cfg: dict, burn):
             if len(msg) != MSG.size:
                 os._exit(2)
             work = MSG.unpack(msg)[3]
-            _serve_one(cfg, burn, rec, msg, k, work // nstages + (work % nstages if k == nstages else 0))
+            _serve_one(cfg, burn, rec, msg, k,
+                       work // nstages + (work % nstages if k == nstages else 0))
             os.write(dst, msg)
     return body
 
@@ -345,10 +348,11 @@ def measure_overhead(cpus: list[int], rounds: int = 2000) -> int:
 
 def _calibrate_at_once(pairs: list[list[int]], rounds: int) -> list[int]:
     """:func:`calibrate` on each pair of CPUs of ``pairs`` in a small process of its own
-    (``python -m harmony.workload.serve``), their timed rounds started together (each says it is warm and
-    waits for a line on its input); ns per hop, by pair. A pair that takes more than
+    (``python -m harmony.workload.serve``), their timed rounds started together (each says it is
+    warm and waits for a line on its input); ns per hop, by pair. A pair that takes more than
     ``CALIBRATION_TIMEOUT_S`` is killed: ControllerError."""
-    commands = [harmony_python("harmony.workload.serve", str(rounds), *map(str, pair)) for pair in pairs]
+    commands = [harmony_python("harmony.workload.serve", str(rounds), *map(str, pair))
+                for pair in pairs]
     procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for argv, env in commands]
     deadline = time.monotonic() + CALIBRATION_TIMEOUT_S
@@ -417,8 +421,8 @@ def place(specs: list, run_dir, params: dict, cpus: list[int],
     capture runs (the host, or the guest agent in a VM: standard library only): each told where
     its records go and the pool's pipes, both in ``run_dir``'s ``raw/requests/`` or, given
     ``scratch``, in that directory (then moved into the run by :func:`keep_records` once the
-    tasks are stopped), and the run's socket addresses (a fresh token); and what the run settles as it
-    starts, returned to be recorded among its parameters: ``overhead_ns`` measured now
+    tasks are stopped), and the run's socket addresses (a fresh token); and what the run settles as
+    it starts, returned to be recorded among its parameters: ``overhead_ns`` measured now
     (:func:`measure_overhead`) unless given, and the client's ``rate``, ``load`` x
     :func:`capacity`, unless given. ``specs``: TaskSpecs. ControllerError, before any task
     starts, if an address the run would listen on is taken (abstract AF_UNIX addresses with a
@@ -473,8 +477,8 @@ def calibrate(rounds: int = 2000, warm: int = 200, cpus: tuple[int, int] | None 
     echo. Both sides' thread CPU time over ``rounds`` round trips, after ``warm`` untimed ones
     (the first touches of pages the fork shares), over the rounds and the two tasks: the system
     calls, the wake-ups and the switches one hop costs. ``cpus``: this thread's CPU and the
-    echo's (this process is pinned: run it in one of its own, ``python -m harmony.workload.serve``, whose
-    fork shares little). Two CPUs, because a server's hops cross CPUs: on one CPU a hop is a
+    echo's (this process is pinned: run it in one of its own, ``python -m harmony.workload.serve``,
+    whose fork shares little). Two CPUs, because a server's hops cross CPUs: on one CPU a hop is a
     switch (2.7-2.9 us on this host), across two a wake-up of another CPU (21-25 us), and an
     unpinned pair measures either, as the scheduler places it (bench/README.md). ``ready()``, if
     given, is called between the warm rounds and the timed ones (:func:`measure_overhead`)."""
@@ -525,8 +529,9 @@ def _warm_then_wait() -> None:
 
 
 if __name__ == "__main__":      # the calibration, in a process of its own: prints overhead_ns
-    # python -m harmony.workload.serve [ROUNDS [CPU CPU]]; in the fair class, as the servers run by default.
-    # Once warm it prints "warm" and waits for a line on its input (measure_overhead's start).
+    # python -m harmony.workload.serve [ROUNDS [CPU CPU]]; in the fair class, as the servers run
+    # by default. Once warm it prints "warm" and waits for a line on its input
+    # (measure_overhead's start).
     os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
     print(calibrate(int(sys.argv[1]) if len(sys.argv) > 1 else 2000,
                     cpus=(int(sys.argv[2]), int(sys.argv[3])) if len(sys.argv) > 3 else None,

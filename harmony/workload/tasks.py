@@ -1,9 +1,10 @@
 """Task specs: what one synthetic worker does. Shared by the workload controller and the simulator.
 
 A task's scheduling class is part of its spec (``policy`` and its parameters): the worker puts
-itself in it before it sleeps at its start gate (:mod:`harmony.workload.worker`), the analysis computes
-its fair share by the class's own rule (:func:`harmony.analysis.reconstruct.class_fair_shares`) and
-the policy card says which class(es) it describes (:func:`class_label`, :func:`sched_classes`).
+itself in it before it sleeps at its start gate (:mod:`harmony.workload.worker`), the analysis
+computes its fair share by the class's own rule
+(:func:`harmony.analysis.reconstruct.class_fair_shares`) and the policy card says which class(es) it
+describes (:func:`class_label`, :func:`sched_classes`).
 """
 
 from __future__ import annotations
@@ -25,9 +26,9 @@ POLICIES = {"other": "SCHED_OTHER", "batch": "SCHED_BATCH", "idle": "SCHED_IDLE"
 FAIR_POLICIES = ("other", "batch", "idle")
 RT_POLICIES = ("fifo", "rr")
 #: the highest rt_priority a task may have: the controller, its occupiers and its threads run one
-#: above the highest task's (harmony.workload.controller.fifo_priority) -- a task at the controller's own
-#: priority starves it on a CPU it holds (measured: a SCHED_FIFO 50 controller never returned from
-#: a 3 s sleep while a SCHED_FIFO 50 busy loop ran)
+#: above the highest task's (harmony.workload.controller.fifo_priority) -- a task at the
+#: controller's own priority starves it on a CPU it holds (measured: a SCHED_FIFO 50 controller
+#: never returned from a 3 s sleep while a SCHED_FIFO 50 busy loop ran)
 RT_PRIORITY_MAX = 98
 #: the rt_priority a fifo or rr task class gets when none is given (``-p policy=fifo`` alone): the
 #: middle of 1..RT_PRIORITY_MAX, the value the kernel's own threaded IRQ handlers run at
@@ -57,7 +58,8 @@ def class_problem(policy: str, rt_priority: int = 0, nice: int = 0, dl_runtime_m
     dl = (dl_runtime_ms, dl_deadline_ms, dl_period_ms)
     if policy != "deadline":
         if any(dl):
-            return f"dl_runtime_ms / dl_deadline_ms / dl_period_ms apply to deadline only, not to {policy}"
+            return ("dl_runtime_ms / dl_deadline_ms / dl_period_ms apply to deadline only, "
+                    f"not to {policy}")
         return None
     if any(v < 0 for v in dl):
         return "deadline: dl_runtime_ms, dl_deadline_ms and dl_period_ms must not be negative"
@@ -68,10 +70,11 @@ def class_problem(policy: str, rt_priority: int = 0, nice: int = 0, dl_runtime_m
                 f"{prefix}dl_deadline_ms defaults to the period)")
     deadline = dl_deadline_ms or dl_period_ms
     if dl_runtime_ms < DL_RUNTIME_MIN_MS:
-        return f"deadline: dl_runtime_ms={dl_runtime_ms:g} is below the kernel's minimum {DL_RUNTIME_MIN_MS} ms"
+        return (f"deadline: dl_runtime_ms={dl_runtime_ms:g} is below the kernel's minimum "
+                f"{DL_RUNTIME_MIN_MS} ms")
     if not dl_runtime_ms <= deadline <= dl_period_ms:
-        return (f"deadline needs runtime <= deadline <= period, got {dl_runtime_ms:g} / {deadline:g} / "
-                f"{dl_period_ms:g} ms")
+        return (f"deadline needs runtime <= deadline <= period, got {dl_runtime_ms:g} / "
+                f"{deadline:g} / {dl_period_ms:g} ms")
     return None
 
 
@@ -109,8 +112,8 @@ class TaskSpec:
     dl_runtime_ms / dl_deadline_ms / dl_period_ms: SCHED_DEADLINE's parameters (0 otherwise;
                   deadline 0 = the period): the task may run ``dl_runtime_ms`` in every period
     serve:        "" for the duty-cycle loop; else the JSON of a server-shaped task's part (a
-                  client, a connection's server, a stage's pool worker...: :mod:`harmony.workload.serve`),
-                  which it runs from its release instead of the loop
+                  client, a connection's server, a stage's pool worker...:
+                  :mod:`harmony.workload.serve`), which it runs from its release instead of the loop
     """
 
     name: str
@@ -163,9 +166,11 @@ class TaskSpec:
 
 
 def layout_tasks(layout: list[int], cpus: list[int], **spec) -> list[TaskSpec]:
-    """Tasks for a layout such as [8, 0]: layout[i] tasks start on cpus[i]. Names are w00, w01, ..."""
+    """Tasks for a layout such as [8, 0]: layout[i] tasks start on cpus[i].
+    Names are w00, w01, ..."""
     if len(layout) > len(cpus):
-        raise ValueError(f"layout has {len(layout)} entries but the CPU set has only {len(cpus)} CPUs")
+        raise ValueError(f"layout has {len(layout)} entries but the CPU set has only "
+                         f"{len(cpus)} CPUs")
     out, k = [], 0
     for cpu, count in zip(cpus, layout):
         for _ in range(count):
@@ -192,14 +197,15 @@ TASKS = Table("tasks", "one row per experiment task, in the experiment's order",
     ("policy",        "str",              "scheduling class: one of POLICIES (the class "
                                           "columns are missing from a tasks table recorded before "
                                           "classes existed: read them as other)"),
-    ("rt_priority",   "int64",            "SCHED_FIFO / SCHED_RR priority; 0 for the other classes"),
+    ("rt_priority",   "int64",            "SCHED_FIFO / SCHED_RR priority; 0 for the other "
+                                          "classes"),
     ("dl_runtime_ms", "float64",          "SCHED_DEADLINE runtime per period (ms); 0 otherwise"),
     ("dl_deadline_ms", "float64",         "SCHED_DEADLINE relative deadline (ms); 0 otherwise"),
     ("dl_period_ms",  "float64",          "SCHED_DEADLINE period (ms); 0 otherwise"),
     ("serve",         "str",              'its part in a server-shaped workload (JSON, '
-                                          'harmony.workload.serve); "" for the duty-cycle loop (missing '
-                                          "from a tasks table recorded before the server "
-                                          "experiment: read it as \"\")"),
+                                          'harmony.workload.serve); "" for the duty-cycle loop '
+                                          "(missing from a tasks table recorded before the "
+                                          "server experiment: read it as \"\")"),
     ("comm",          "str",              "its command name (TaskSpec.comm; an imported run's: "
                                           "the traced task's comm)"),
 ])
@@ -215,7 +221,8 @@ def task_rows(specs: list[TaskSpec], pids: list[int] | None = None) -> list[tupl
 def tasks_from_rows(rows: list) -> pd.DataFrame:
     """The ``tasks`` table (:data:`TASKS`) of :func:`task_rows`' rows (or the same read back from
     JSON, as lists: a run captured in a virtual machine)."""
-    # pandas here, not at the top: the guest agent (harmony.vm.guest) keeps the rows, loads no pandas
+    # pandas here, not at the top: the guest agent (harmony.vm.guest) keeps the rows,
+    # loads no pandas
     import pandas as pd
 
     df = pd.DataFrame([tuple(r[1:]) for r in rows], columns=list(TASKS.names[1:]))

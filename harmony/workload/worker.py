@@ -1,7 +1,7 @@
 """The body of one worker process, and the shared page it works on.
 
-Imports the standard library only: it runs in the fork server (:mod:`harmony.workload.forkserver`), which
-must stay small, and in the controller when that forks the workers itself.
+Imports the standard library only: it runs in the fork server (:mod:`harmony.workload.forkserver`),
+which must stay small, and in the controller when that forks the workers itself.
 
 The shared page of a workload (a memfd mapped MAP_SHARED by the controller, by the server and, by
 inheritance, by every worker) holds, in order: the t0 cell and one work counter per worker
@@ -54,8 +54,8 @@ from harmony.core.osutil import (
 from harmony.workload import serve
 
 SPIN_UNIT = 2000  # loop iterations between two work-counter updates (~tens of microseconds)
-#: the same for a server's request work (:mod:`harmony.workload.serve`), which a whole unit past its end
-#: would lengthen: 0.5 us of CPU on this host, 7 us in a TCG guest where SPIN_UNIT takes 0.3 ms
+#: the same for a server's request work (:mod:`harmony.workload.serve`), which a whole unit past its
+#: end would lengthen: 0.5 us of CPU on this host, 7 us in a TCG guest where SPIN_UNIT takes 0.3 ms
 #: alone and more with every vCPU busy (bench/README.md)
 SERVE_SPIN_UNIT = 50
 
@@ -74,7 +74,8 @@ class Shared:
         self.n, self.ngates, self.noccupiers = n, ngates, noccupiers
         cells = 8 * (n + 1)
         mv = memoryview(buf)
-        self.cells = mv[:cells].cast("q")  # [0]: t0 (ns, CLOCK_MONOTONIC; 0 until release), [1 + slot]: work
+        # [0]: t0 (ns, CLOCK_MONOTONIC; 0 until release), [1 + slot]: work
+        self.cells = mv[:cells].cast("q")
         # [i]: gate i, [ngates + slot]: ready, [order]: the occupiers' order, [occupier(k)]: state
         self.words = mv[cells:self.size(n, ngates, noccupiers)].cast("i")
         self._words_addr = ctypes.addressof(ctypes.c_char.from_buffer(buf)) + cells
@@ -157,7 +158,8 @@ def _adopt(parent: int, controller: int, comm: str) -> None:
     """A new child's first steps: die with the process that forked it, name itself."""
     if not die_with_parent(parent):  # that one died before the death signal was armed
         os._exit(1)
-    if controller != parent:  # the server dies with the controller; this is the belt to those braces
+    # the server dies with the controller; this is the belt to those braces
+    if controller != parent:
         try:
             os.kill(controller, 0)
         except ProcessLookupError:
