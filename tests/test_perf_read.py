@@ -92,11 +92,14 @@ def compare_with_perf(path, monkeypatch, jit: str) -> perf_read.PerfRead:
 # --- real recordings -----------------------------------------------------------------------------
 
 def _record(path, *args):
-    """``perf record ARGS -o path -- python PINGPONG 0.3``; skips where perf cannot record. A
-    name ending in ``-pipe``: ``-o -``, its output (pipe mode) written to ``path``."""
+    """``perf record ARGS -o path -- python PINGPONG 0.1``; skips where perf cannot record. A
+    name ending in ``-pipe``: ``-o -``, its output (pipe mode) written to ``path``. A tenth of a
+    second holds tens of thousands of switches, every kind of record the tests read, and keeps
+    the system-wide recordings a few MB (0.3 s made 10-15 MB: the fuzz of damaged copies, which
+    reads each copy whole, took ~70 s of the kernel session on them)."""
     piped = path.stem.endswith("-pipe")
     cmd = [PERF, *args, "-o", "-" if piped else str(path), "--", sys.executable, "-c", PINGPONG,
-           "0.3"]
+           "0.1"]
     with open(path, "wb") if piped else open(os.devnull, "wb") as out:
         p = subprocess.run(cmd, stdout=out, stderr=subprocess.PIPE, text=True, timeout=120)
     if p.returncode != 0:

@@ -20,7 +20,9 @@ import pytest
 from cli_run import HARMONY, cli
 from conftest import pids_with_comm, until
 
+import harmony
 from harmony import store
+from harmony.cli.screens import run_screen
 
 VM_TOOLS = ("qemu-system-x86_64", "vng", "busybox")
 
@@ -66,15 +68,10 @@ def _qemu_pids() -> set[int]:
     return set(pids_with_comm("qemu-system"))
 
 
-@pytest.mark.needs_tool(*VM_TOOLS)
-def test_single_source_in_a_debian_6_1_guest_at_4_vcpus(kernel, tmp_path):
-    before = _qemu_pids()
-    out = tmp_path / "e1"
-    p = cli("run", "single-source", "--kernel", "debian:6.1", "--vm-cpus", "4", "--duration",
-            "2", "--out", out, "-q", timeout=900)
-    assert p.returncode == 0, p.stderr
-    m = store.read_json(out / "manifest.json")
-    assert m["status"] == "complete"
+def _a_debian_6_1_run_at_4_vcpus(m: dict) -> None:
+    """A single-source run's manifest (default layout, 1 s) made in a debian:6.1 guest at 4
+    vCPUs: the guest's kernel under test, the host's own facts, the VM, both clocks, and the
+    kernel's counts agreeing for every task."""
     under = m["under_test"]
     assert under["kernel"].startswith("6.1.") and under["scheduler"] == "CFS"
     assert under["ncpus"] == 4 and m["cpus"] == [0, 1, 2, 3]
@@ -86,21 +83,22 @@ def test_single_source_in_a_debian_6_1_guest_at_4_vcpus(kernel, tmp_path):
     assert vm["qemu"] and vm["virtme_ng"] and vm["boot_s"] > 0
     assert len(vm["vcpu_wait_frac"]) == 4 and all(0 <= f <= 1 for f in vm["vcpu_wait_frac"])
     # the window on both clocks: the guest's CLOCK_MONOTONIC from the agent's lines
-    assert vm["window_host_s"] >= 2 and vm["window_guest_s"] >= 2 and vm["guest_clock_rate"] > 0
+    assert vm["window_host_s"] >= 1 and vm["window_guest_s"] >= 1 and vm["guest_clock_rate"] > 0
     kc = m["kernel_counter_agreement"]
     assert kc["disagreeing"] == 0 and kc["tasks"] == 8, kc
-    # the screen says what was measured: the guest's kernel and scheduler, not the host's
-    assert f"measurement: {under['kernel']} / CFS, tracefs probe" in p.stdout, p.stdout
-    assert _qemu_pids() <= before                                # nothing left running
 
 
 @pytest.mark.needs_tool(*VM_TOOLS)
 def test_rounds_in_one_debian_6_1_boot_and_a_job_that_breaks_the_agent(kernel, tmp_path):
-    """Two flushes of the VM runner in one boot of a Debian kernel (whose virtio_console is a
-    module: the agent loads it to open its input port), each analysed before the next is
-    planned, as a run that goes on until its answer is decided does; then a job the agent
-    cannot run (an unknown probe, outside a run) makes it fail, and its own error is in the
-    host's one-line error. One boot for all of it (~40-60 s under TCG here)."""
+    """Two flushes of the VM runner (what `harmony run --kernel` runs) in one boot of a Debian
+    6.1 kernel at P = 4 (whose virtio_console is a module: the agent loads it to open its input
+    port), each analysed before the next is planned, as a run that goes on until its answer is
+    decided does; each a single-source run end to end, its manifest the guest's kernel, the VM
+    and both clocks, its screen the guest's kernel; then a job the agent cannot run (an unknown
+    probe, outside a run) makes it fail, and its own error is in the host's one-line error. One
+    boot for all of it (~40-60 s under TCG here; the CLI's own VM path runs to its end in the
+    6.12 tests of test_schedstat.py and test_server_kernel.py)."""
+    from harmony import doctor
     from harmony.core.errors import VmError
     from harmony.experiments import get_experiment
     from harmony.hygiene import HostBusy
@@ -111,7 +109,9 @@ def test_rounds_in_one_debian_6_1_boot_and_a_job_that_breaks_the_agent(kernel, t
     exp = get_experiment("single-source")
     cpus = [0, 1, 2, 3]
     params = exp.resolve({"duration": "1"}, cpus)
-    runner = VmRunner(kernels.kernel("debian:6.1"), 4)
+    # the host's facts as `harmony run --kernel` gives them (its manifest's "host")
+    facts = doctor.run_facts(doctor.doctor(mount=False, test_record=False))
+    runner = VmRunner(kernels.kernel("debian:6.1"), 4, facts=facts)
     deadline = time.monotonic() + 300
     while True:                     # another Harmony run holds the host: wait, as cli() does
         try:
@@ -149,7 +149,11 @@ def test_rounds_in_one_debian_6_1_boot_and_a_job_that_breaks_the_agent(kernel, t
         assert m["status"] == "complete" and m["under_test"]["kernel"].startswith("6.1.")
         assert m["vm"]["boot_s"] == store.read_json(tmp_path / "r1" / "manifest.json")[
             "vm"]["boot_s"]
-        assert m["kernel_counter_agreement"]["disagreeing"] == 0
+        _a_debian_6_1_run_at_4_vcpus(m)
+    # the screen says what was measured: the guest's kernel and scheduler, not the host's
+    under = store.read_json(tmp_path / "r1" / "manifest.json")["under_test"]
+    screen = run_screen(harmony.load(tmp_path / "r1"))
+    assert f"measurement: {under['kernel']} / CFS, tracefs probe" in screen, screen
     assert until(lambda: not (_qemu_pids() - before), 10)          # the VM ended with it
 
 
