@@ -150,9 +150,9 @@ def cell_archive(cell_dict: dict, event_name: str | None = None, partial: bytes 
     through Dask) or, ``shared`` (a directory the submitting machine sees too), ``"shared"``:
     the archive's path there, written whole before it is renamed to its name; a cell stopped
     mid-way (Ctrl-C of the matrix, its worker stopped) returns what it collected, through Dask,
-    with ``"interrupted": True``. ``partial``: a
-    tar archive of the suite the cell left interrupted or incomplete, resumed here. RuntimeError
-    with the cell's one-line reason when it failed (Dask retries it)."""
+    with ``"interrupted": True``. ``partial``: a tar archive of the suite the cell left
+    interrupted or incomplete, resumed here. RuntimeError with the cell's one-line reason when it
+    failed (Dask retries it)."""
     cell = matrix.Cell.from_dict(cell_dict)
     if shared is not None and not Path(shared).is_dir():
         raise RuntimeError(f"the shared directory {shared} is not there on this worker")
@@ -178,26 +178,37 @@ def cell_archive(cell_dict: dict, event_name: str | None = None, partial: bytes 
         except CellStopped:
             if not (out / "suite.json").is_file():
                 raise
-            data = tar_bytes(out, cell.id)      # what it collected goes home all the same
-            return {"id": cell.id, "interrupted": True, "record": None, "archive": data,
-                    "sha256": hashlib.sha256(data).hexdigest(), "wall_s": time.monotonic() - t0}
+            # what it collected goes home all the same
+            return {"id": cell.id, "interrupted": True, "record": None,
+                    "wall_s": time.monotonic() - t0} | _through_dask(out, cell.id)
         record = json.loads((out / matrix.CELL_FILE).read_text())
         result = {"id": cell.id, "record": record, "wall_s": time.monotonic() - t0}
         if shared is None:
-            data = tar_bytes(out, cell.id)
-            return result | {"archive": data, "sha256": hashlib.sha256(data).hexdigest()}
+            return result | _through_dask(out, cell.id)
         path, digest = _write_shared(out, cell.id, Path(shared), tag)
         return result | {"shared": str(path), "sha256": digest}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _tar(f, directory: Path, name: str) -> None:
+    """``directory`` written to the file object ``f`` as an uncompressed tar archive whose one
+    top-level entry is ``name``."""
+    with tarfile.open(fileobj=f, mode="w") as tar:
+        tar.add(directory, arcname=name)
+
+
 def tar_bytes(directory: Path, name: str) -> bytes:
     """``directory`` as an uncompressed tar archive whose one top-level entry is ``name``."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        tar.add(directory, arcname=name)
+    _tar(buf, directory, name)
     return buf.getvalue()
+
+
+def _through_dask(directory: Path, name: str) -> dict:
+    """A cell's result's ``archive`` (:func:`tar_bytes`) and its ``sha256``."""
+    data = tar_bytes(directory, name)
+    return {"archive": data, "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _write_shared(directory: Path, name: str, shared: Path, tag: str) -> tuple[Path, str]:
@@ -207,8 +218,7 @@ def _write_shared(directory: Path, name: str, shared: Path, tag: str) -> tuple[P
     part = shared / f".{dest.name}.part"
     try:
         with open(part, "wb") as f:
-            with tarfile.open(fileobj=f, mode="w") as tar:
-                tar.add(directory, arcname=name)
+            _tar(f, directory, name)
             f.flush()
             os.fsync(f.fileno())
         with open(part, "rb") as f:
