@@ -44,7 +44,6 @@ class Detection(Experiment):
     question = ("How soon is an under-loaded (not idle) CPU noticed, and how often is balance "
                 "checked?")
     thesis = "6.4, figure 6.8, table 6.1 (E5)"
-    #: what only shapes the tasks: a trace recorded elsewhere cannot tell it (an import)
     workload = frozenset({"cut_mode", "pin_target", "target_after", "tasks_per_cpu"})
     params = (
         Param("duration", 4.0, "float", "seconds measured after t0", positive),

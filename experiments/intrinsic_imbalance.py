@@ -32,7 +32,6 @@ class IntrinsicImbalance(Experiment):
     name = "intrinsic-imbalance"
     question = "With N tasks that P CPUs do not divide, fairness or affinity?"
     thesis = "7.1, figures 7.1-7.4 (E6)"
-    #: what only shapes the tasks: a trace recorded elsewhere cannot tell it (an import)
     workload = frozenset({"duty"})
     params = (
         Param("layout", lambda P: [P + 1] + [0] * (P - 1), "list",

@@ -53,7 +53,6 @@ class Proportional(Experiment):
     question = ("Does a task get P times its 1-CPU allocation on P CPUs, and what it gets on one "
                 "CPU with 1/P of the tasks?")
     thesis = "9.2 (a) proportional speedup, (b) proportional concurrency"
-    #: what only shapes the tasks: a trace recorded elsewhere cannot tell it (an import)
     workload = frozenset({"nices", "ntasks"})
     params = (
         Param("ntasks", lambda P: 2 * P, "int", "CPU-bound tasks (default 2P)", positive),

@@ -87,7 +87,6 @@ class Server(Experiment):
     thesis = "beyond the thesis (SEDA, Flash, Gordon's stages)"
     not_simulated = ("its tasks serve requests over sockets; the reference policies simulate CPU "
                      "demand only")
-    #: what only shapes the tasks: a trace recorded elsewhere cannot tell it (an import)
     workload = frozenset({"alpha", "block_us", "conns", "max_outstanding", "pool", "sizes",
                           "stages", "work_us"})
     params = (

@@ -28,7 +28,6 @@ class Spread(Experiment):
     question = "Released on one CPU, where do N tasks end up: cores before siblings, nodes " \
                "before LLCs?"
     thesis = "not in the thesis (the policy at each level of the machine)"
-    #: what only shapes the tasks: a trace recorded elsewhere cannot tell it (an import)
     workload = frozenset({"duty", "ntasks"})
     params = (
         Param("duration", 3.0, "float", "seconds measured after t0", positive),

@@ -50,7 +50,6 @@ class WorkConservation(Experiment):
     name = "work-conservation"
     question = "Does a CPU that goes idle steal waiting tasks at once (work-conserving)?"
     thesis = "6.4 (E4)"
-    #: what only shapes the tasks: a trace recorded elsewhere cannot tell it (an import)
     workload = frozenset({"pin_target", "tasks_per_cpu"})
     params = (
         Param("duration", 4.0, "float", "seconds measured after t0", positive),
