@@ -198,6 +198,110 @@ def test_the_contract_is_in_the_help():
         assert words in text, text
 
 
+# --- the same option, the same meaning: docs/cli.md's table against the commands ----------------
+
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+
+
+def _commands(group=main, prefix: tuple = ()):
+    """(name, command) of every command, those of a group named "kernel build"."""
+    import click
+
+    for name, cmd in group.commands.items():
+        if isinstance(cmd, click.Group):
+            yield from _commands(cmd, (*prefix, name))
+        else:
+            yield " ".join((*prefix, name)), cmd
+
+
+def _options_of(cmd) -> dict[str, object]:
+    """Every option a command shows (not the hidden ones), by each of its spellings."""
+    import click
+
+    return {o: p for p in cmd.params if isinstance(p, click.Option) and not p.hidden
+            for o in (*p.opts, *p.secondary_opts)}
+
+
+def shared_options_table() -> dict[str, set[str]]:
+    """docs/cli.md's "The same option, the same meaning": option (its first spelling) -> the
+    commands it says have it (the names in backquotes of its last column that are commands)."""
+    names = {name for name, _ in _commands()}
+    text = (DOCS / "cli.md").read_text().split("## The same option, the same meaning")[1]
+    table = {}
+    for line in text.split("\n## ")[0].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) != 3 or not cells[0].startswith("`-"):
+            continue
+        option = re.match(r"`(-[-\w]+)", cells[0]).group(1)
+        table[option] = set(re.findall(r"`([^`]+)`", cells[2])) & names
+    return table
+
+
+def test_the_shared_options_table_is_what_the_commands_take():
+    """Each option docs/cli.md says means the same everywhere is in exactly the commands it lists:
+    a command missing one (export without -q, say) fails, and so does one that has it unlisted."""
+    table = shared_options_table()
+    assert {"-q", "--json", "--out", "-v", "--cpus", "--experiment", "-p"} <= set(table), table
+    for option, listed in table.items():
+        have = {name for name, cmd in _commands() if option in _options_of(cmd)}
+        assert have == listed, (option, "missing from docs/cli.md:", sorted(have - listed),
+                                "missing from the commands:", sorted(listed - have))
+
+
+def test_every_q_and_json_is_the_one_declaration():
+    """-q is common.quiet_option in every command that has it (its help word for word, the long
+    spelling with it), --json common.json_option (its help's form); and the commands that show
+    progress or notes on stderr have -q, those that print a listing or a result have --json."""
+    from harmony.cli.common import QUIET_HELP
+
+    for name, cmd in _commands():
+        opts = _options_of(cmd)
+        if "-q" in opts or "--quiet" in opts:
+            q = opts["-q"]
+            assert set(q.opts) == {"-q", "--quiet"} and q.help == QUIET_HELP, name
+            assert q.callback is not None, name          # the one that silences note()
+        if "--json" in opts:
+            j = opts["--json"]
+            assert j.name == "as_json" and j.is_flag, name
+            assert j.help.startswith("print ") and " as JSON" in j.help, (name, j.help)
+    quiet = {"run", "suite", "import", "simulate", "export", "matrix", "kernel build",
+             "kernel fetch", "scx build"}
+    as_json = {"run", "suite", "import", "simulate", "report", "infer", "compare", "export",
+               "list", "doctor", "kernel list", "scx list"}
+    have = dict(_commands())
+    assert {n for n in quiet if "-q" not in _options_of(have[n])} == set()
+    assert {n for n in as_json if "--json" not in _options_of(have[n])} == set()
+
+
+def test_export_q_says_no_notes_only_the_file(results, tmp_path):
+    """export prints notes on what the file could not keep (a simulated run's has some); -q
+    leaves them out and still prints the file written; --json keeps them in its JSON; an error
+    is said with -q too."""
+    r = invoke("export", results["run"], "--out", tmp_path / "a.dat")
+    assert r.exit_code == 0 and "note: " in r.stderr, r.output
+    r = invoke("export", results["run"], "--out", tmp_path / "b.dat", "-q")
+    assert r.exit_code == 0, r.output
+    assert r.stderr == "" and r.stdout.strip() == str(tmp_path / "b.dat"), r.output
+    assert (tmp_path / "b.dat").stat().st_size > 0
+    r = invoke("export", results["run"], "--out", tmp_path / "c.dat", "-q", "--json")
+    assert r.exit_code == 0 and r.stderr == "", r.output
+    assert json.loads(r.stdout)["notes"], r.stdout
+    r = invoke("export", results["missing"], "--out", tmp_path / "d.dat", "-q")
+    assert r.exit_code == 1 and r.stderr.startswith("harmony: error: "), r.output
+
+
+def test_kernel_and_scx_lists_as_json():
+    """kernel list and scx list, the listings a program reads, give the names the screens do."""
+    from harmony.vm import kernels, scx, scx_build
+
+    data = json.loads(invoke("kernel", "list", "--json").stdout)
+    assert [k["name"] for k in data["named"]] == list(kernels.NAMED)
+    assert [k["name"] for k in data["built_here"]] == list(kernels.BUILT)
+    data = json.loads(invoke("scx", "list", "--json").stdout)
+    assert data["examples"]["names"] == list(scx.KNOWN)
+    assert [s["name"] for s in data["scx"]] == scx_build.names()
+
+
 def test_a_missing_directory_is_worded_one_way_everywhere(results, tmp_path):
     """The same problem, the same line, whatever the command (and harmony.load)."""
     import harmony

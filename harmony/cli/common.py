@@ -95,8 +95,39 @@ def warn(msg: str) -> None:
 
 
 def note(msg: str) -> None:
-    """``note: MSG`` on stderr: a fact about what the command did."""
-    echo(f"note: {msg}", err=True)
+    """``note: MSG`` on stderr: a fact about what the command did; not with ``-q``
+    (:func:`quiet_option`)."""
+    if not quiet():
+        echo(f"note: {msg}", err=True)
+
+
+#: what ``-q`` means in every command that takes it (:func:`quiet_option`)
+QUIET_HELP = "quiet: no progress or notes on standard error, only warnings and errors"
+
+
+def quiet() -> bool:
+    """Whether the command running was given ``-q`` (:func:`quiet_option`)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx and ctx.meta.get("harmony.quiet"))
+
+
+def quiet_option(f):
+    """``-q``/``--quiet``, the same in every command (:data:`QUIET_HELP`): the command gets it as
+    ``quiet`` for its progress display, and :func:`note` says nothing while it is set."""
+    def remember(ctx, param, value):
+        if value:
+            ctx.meta["harmony.quiet"] = True
+        return value
+
+    return click.option("--quiet", "-q", is_flag=True, callback=remember, help=QUIET_HELP)(f)
+
+
+def json_option(what: str, as_report: bool = False):
+    """``--json``, the same in every command that takes it: print ``what`` (the result a program
+    wants) as JSON on standard output instead of the screen (``as_report``: what ``harmony report
+    --json`` prints of the same result); the command gets it as ``as_json``."""
+    said = ", as `harmony report --json OUT` does" if as_report else ""
+    return click.option("--json", "as_json", is_flag=True, help=f"print {what} as JSON{said}")
 
 
 def fail(msg: str, code: int = UNUSABLE):

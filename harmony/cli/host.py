@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from harmony.cli.common import echo, exit_on_error, fail, style
+from harmony.cli.common import echo, exit_on_error, fail, json_option, style
 
 #: how doctor's statuses are marked on a terminal
 STATUS_STYLES = {"ok": "ok", "warn": "warning", "missing": "error"}
@@ -26,7 +26,7 @@ def coloured(table: str) -> str:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="print the facts as JSON")
+@json_option("the facts")
 def doctor(as_json):
     """What this host can do: probes, tracepoints, topology, scheduler. Exit 0 if an
     experiment can run."""

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import click
 
-from harmony.cli.common import check_out, default_out, echo, exit_on_error, fail, plural, warn
+from harmony.cli.common import (
+    check_out,
+    default_out,
+    echo,
+    exit_on_error,
+    fail,
+    plural,
+    quiet_option,
+    warn,
+)
 
 
 @click.command()
@@ -34,7 +43,7 @@ from harmony.cli.common import check_out, default_out, echo, exit_on_error, fail
 @click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True, metavar="SECONDS", help="with --cluster: how long to try to "
                                                          "reach the scheduler")
-@click.option("--quiet", "-q", is_flag=True, help="no progress lines")
+@quiet_option
 def matrix(plan_path, out, cluster, shared_dir, resume, connect_timeout, quiet):
     """Run a matrix of cells: kernels x schedulers x topologies x a suite (or some experiments)
     x repetitions, each cell what one boot or one host suite runs, as the TOML PLAN says

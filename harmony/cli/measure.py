@@ -20,11 +20,13 @@ from harmony.cli.common import (
     default_out,
     exit_on_error,
     fail,
+    json_option,
     left_behind,
     note,
     parse_params,
     plural,
     print_json,
+    quiet_option,
     resolve_cpus,
 )
 from harmony.cli.screens import Shown
@@ -92,9 +94,8 @@ class RunCommand(click.Command):
 @click.command("list")
 @click.option("--verbose", "-v", is_flag=True,
               help="also each experiment's parameters, with their defaults on this host")
-@click.option("--json", "as_json", is_flag=True,
-              help="print the catalog as JSON: each experiment's question, section and "
-                   "parameters (their defaults on this host's CPUs)")
+@json_option("the catalog (each experiment's question, section and parameters, their "
+             "defaults on this host's CPUs)")
 def list_experiments(verbose, as_json):
     """The experiment catalog: name, question, thesis section (-v: and its parameters)."""
     from harmony.experiments import CATALOG, get_experiment
@@ -170,7 +171,7 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
         k = get_kernel(kernel, progress=say)
         check_kernel_cpus(k, len(vm.cpus))
     if k.source.get("note"):          # an older build than the source: which one (manifest too)
-        click.echo(f"note: {k.source['note']}", err=True)
+        note(k.source["note"])
     facts = host.run_facts(host.doctor(mount=False, test_record=False))
     return VmRunner(k, len(vm.cpus), vm.memory_mb, vm.setting, facts=facts, say=say, scx=scx,
                     topology=vm.topology)
@@ -193,13 +194,12 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
               help="run directory (default runs/<experiment>-<time>)")
 @click.option("--seed", type=int, default=0, show_default=True,
               help="seed of the workload's randomness")
-@click.option("--quiet", "-q", is_flag=True, help="no progress display")
+@quiet_option
 @click.option("--repeat", type=click.IntRange(min=1), default=1, show_default=True,
               help="runs of this configuration: OUT/rep-NN/ and OUT/batch.json with median, IQR, "
                    "95% CI")
-@click.option("--json", "as_json", is_flag=True,
-              help="print the run's manifest facts and metrics (with --repeat: the batch's "
-                   "record) as JSON, as `harmony report --json OUT` does")
+@json_option("the run's manifest facts and metrics (with --repeat: the batch's record)",
+             as_report=True)
 @click.option("--verbose", "-v", is_flag=True,
               help="every parameter, measurement fact and note (with --repeat: every metric)")
 @decide_options
@@ -403,14 +403,13 @@ def _run_and_report(exp, values, cpu_set, out, probe, seed, facts, quiet, crossc
                    "experiment's set, or without any, between the measurements only (the "
                    "analyser is stopped while a run is measured); always: also during them")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--quiet", "-q", is_flag=True, help="no progress display")
+@quiet_option
 @click.option("--resume", is_flag=True,
               help="continue the interrupted suite in --out: its plan, CPU set and seed; complete "
                    "runs kept, captured ones analysed, interrupted ones moved aside and run again "
                    "(a suite in a VM: give its --kernel and --vm-* options again); a suite "
                    "asked --until-decided goes on adding runs with its --max-repeat")
-@click.option("--json", "as_json", is_flag=True,
-              help="print the policy card as JSON, as `harmony report --json OUT` does")
+@json_option("the policy card", as_report=True)
 @click.option("--verbose", "-v", is_flag=True,
               help="the card's every number, threshold and run not used")
 @decide_options

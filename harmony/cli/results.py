@@ -22,10 +22,12 @@ from harmony.cli.common import (
     echo,
     exit_on_error,
     fail,
+    json_option,
     note,
     parse_params,
     plural,
     print_json,
+    quiet_option,
     warn,
 )
 from harmony.cli.screens import Shown
@@ -50,9 +52,8 @@ def _where_to_write(path: Path, out: Path | None) -> Path | None:
 
 @click.command()
 @click.argument("run_dir", metavar="DIR", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True,
-              help="print what the report says as JSON: a run's manifest facts and metrics, a "
-                   "batch's aggregates, a suite's card")
+@json_option("what the report says (a run's manifest facts and metrics, a batch's "
+             "aggregates, a suite's card)")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
               help="write report.md and report.html (and figures not drawn yet) in this "
                    "directory, leaving DIR as it is (DIR is read-only: nothing is written "
@@ -197,7 +198,7 @@ def _check_sources(dirs) -> None:
 
 @click.command()
 @click.argument("dirs", nargs=-1, required=True, metavar="DIR...", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="print the card as JSON")
+@json_option("the card")
 @click.option("--verbose", "-v", is_flag=True,
               help="each answer's numbers, thresholds and runs, and the runs not used")
 def infer(dirs, as_json, verbose):
@@ -239,8 +240,7 @@ def infer(dirs, as_json, verbose):
     (harmony.analysis.thresholds says why); against a reference's figure, a point (no interval)
     in the figure's statistic.""")
 @click.argument("sources", nargs=-1, required=True, metavar="SOURCE...")
-@click.option("--json", "as_json", is_flag=True,
-              help="print sources, answers and metric differences as JSON")
+@json_option("sources, answers and metric differences")
 @click.option("--all-metrics", is_flag=True,
               help="print every metric compared, not only the card's and those apart")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path),
@@ -329,10 +329,8 @@ def _ncpus(ncpus: int | None, old: int | None) -> int:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--out", type=click.Path(path_type=Path),
               help="output directory (default runs/simulate-<policy>-<time>)")
-@click.option("--quiet", "-q", is_flag=True, help="no progress display")
-@click.option("--json", "as_json", is_flag=True,
-              help="print the card (--suite) or the batch's record as JSON, as `harmony report "
-                   "--json OUT` does")
+@quiet_option
+@json_option("the card (--suite) or the batch's record", as_report=True)
 @click.option("--verbose", "-v", is_flag=True, help="every metric, or the card's every number")
 @decide_options
 def simulate(experiment, policy_name, ncpus, old_cpus, machine, experiments, whole, quick,

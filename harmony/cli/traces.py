@@ -17,9 +17,11 @@ from harmony.cli.common import (
     echo,
     exit_on_error,
     fail,
+    json_option,
     note,
     parse_params,
     print_json,
+    quiet_option,
 )
 
 #: the formats of harmony export and their default file names (harmony.export.FORMATS: that
@@ -36,9 +38,9 @@ FORMATS = {"trace.dat": "trace.dat", "perfetto": "trace.pftrace"}
 @click.option("--out", type=click.Path(path_type=Path),
               help="file to write (default RUN_DIR/trace.dat, or RUN_DIR/trace.pftrace; a "
                    "run that cannot be written needs --out)")
-@click.option("--json", "as_json", is_flag=True,
-              help="print the file written and the notes as JSON")
-def export(run_dir, fmt, out, as_json):
+@quiet_option
+@json_option("the file written and the notes")
+def export(run_dir, fmt, out, quiet, as_json):
     """Write a run's capture as a trace.dat that KernelShark and `trace-cmd report` open, or its
     timeline as a trace that Perfetto's UI opens."""
     from harmony.export import export as write
@@ -62,8 +64,9 @@ def export(run_dir, fmt, out, as_json):
     if as_json:
         print_json({"path": str(wrote), "format": fmt, "notes": notes})
         return
-    for line in notes:
-        note(line)
+    if not quiet:
+        for line in notes:
+            note(line)
     echo(str(wrote))
 
 
@@ -88,7 +91,7 @@ def export(run_dir, fmt, out, as_json):
               help="trace.dat instance buffer to read (default: the only one with data)")
 @click.option("--out", type=click.Path(path_type=Path),
               help="run directory (default runs/import-<time>)")
-@click.option("--quiet", "-q", is_flag=True, help="no progress line on a terminal")
+@quiet_option
 @click.option("--tasks", "list_tasks", is_flag=True,
               help="only list the trace's tasks (pid, run time, comm), to choose --pid/--comm from")
 @click.option("--no-memory-check", is_flag=True,
@@ -97,9 +100,7 @@ def export(run_dir, fmt, out, as_json):
 @click.option("--no-disk-check", is_flag=True,
               help="import even where --out's file system may not have the room for the run "
                    "(refused otherwise, before the trace is read, with the estimate)")
-@click.option("--json", "as_json", is_flag=True,
-              help="print the run's manifest facts and metrics as JSON, as `harmony report "
-                   "--json OUT` does")
+@json_option("the run's manifest facts and metrics", as_report=True)
 @click.option("--verbose", "-v", is_flag=True,
               help="every parameter, measurement fact and note")
 def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params,
