@@ -360,6 +360,8 @@ def threshold_rows(run, moves: pd.DataFrame, src: int, dst: int, level: str) -> 
     topo = topology_of(m)
     below = [x for x in topo["domains"][str(src)] if x["index"] < d["index"]]
     busiest = sorted(below[-1]["span"]) if below else [src]
+    if p.get("x") is None:      # an imported trace whose layout shows no x
+        return []
     q_src, q_dst = p["base"] + p["x"], p["base"]
     pct = d["imbalance_pct"]
     onto = moves[(moves["dst_cpu"] == dst) & moves["cause"].isin(BALANCE_CAUSES)]

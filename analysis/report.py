@@ -267,12 +267,16 @@ def prediction_rows(summary: dict) -> list[list[str]]:
 
 
 def params_line(m: dict) -> str:
-    """The run's parameters, ``k=v, ...``; an imported run's then name those its trace cannot
-    tell (how the tasks were started and released), which it does not list."""
-    unknown = (m.get("source") or {}).get("params_not_known") or []
+    """The run's parameters, ``k=v, ...``; an imported run's then name those its trace's layout
+    at t0 showed, and those its trace cannot tell (how the tasks were started and released),
+    which it does not list."""
+    source = m.get("source") or {}
+    unknown, shown = source.get("params_not_known") or [], source.get("params_from_layout") or []
+    said = ([f"read from the trace's layout at t0: {', '.join(shown)}"] if shown else []) + (
+        [f"not known from the trace: {', '.join(unknown)}"] if unknown else [])
     return ", ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
                      for k, v in m.get("params", {}).items()) + (
-        f" (not known from the trace: {', '.join(unknown)})" if unknown else "")
+        f" ({'; '.join(said)})" if said else "")
 
 
 def summary_text(run) -> str:

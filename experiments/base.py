@@ -344,6 +344,15 @@ class Experiment:
         ``workload``), as opposed to what the analysis reads (duration, bins, tolerance)."""
         return WORKLOAD_COMMON | self.workload
 
+    def from_layout(self, placed: list[int], cpus: list[int]) -> dict[str, Any]:
+        """The parameters the layout of an imported trace shows (``harmony import``): ``placed``
+        holds the chosen tasks on each CPU of ``cpus`` at t0. A parameter mapped to None shapes
+        the layout, and this trace's layout is not of the shape the experiment places (sources
+        of unequal counts, say): it is not known, and the run does not list it. The default: an
+        experiment's ``layout`` (the counts themselves); the others say what their layout shows
+        (how-many: ``x`` and ``base``)."""
+        return {"layout": list(placed)} if "layout" in {p.name for p in self.params} else {}
+
     def all_params(self) -> tuple[Param, ...]:
         own = {p.name for p in self.params}
         return tuple(p for p in COMMON if p.name not in own) + self.params

@@ -75,6 +75,11 @@ def check_two_cpus(name: str, cpus: list[int]) -> None:
                          f"the set has {len(cpus)}")
 
 
+def x_said(x) -> str:
+    """x as a screen says it: "?" where an imported trace's layout did not show it."""
+    return "?" if x is None else str(x)
+
+
 class HowMany(Experiment):
     name = "how-many"
     question = ("Does one balancing move take the global excess (poly-balance) or half the "
@@ -99,12 +104,21 @@ class HowMany(Experiment):
     def layout(self, p, cpus) -> list[int]:
         return [p["base"] + p["x"]] * (len(cpus) - 1) + [p["base"]]
 
+    def from_layout(self, placed, cpus):
+        """``base``, the tasks on the target (the last CPU), and ``x``, what every source holds
+        beyond it: not known unless the sources hold as many tasks each, and not fewer than the
+        target."""
+        *sources, target = placed
+        even = len(set(sources)) == 1 and sources[0] >= target    # one source at least
+        return {"base": target, "x": sources[0] - target if even else None}
+
     def tasks(self, p, cpus):
         return source_target_tasks([p["base"] + p["x"]] * (len(cpus) - 1), p["base"], cpus,
                                    sched=task_class(p))
 
     summary = (
-        Metric("x", "count", "extra tasks on each source CPU (the parameter)"),
+        Metric("x", "count", "extra tasks on each source CPU (the parameter)",
+               none_when="not known: an imported trace whose sources hold unequal counts"),
         *pick(SingleSource.summary, "ncpus", "ntasks"),
         Metric("target_cpu", "cpu", "the target CPU (the last of the set)"),
         Metric("first_round_moved", "count", "tasks the first balancing round onto the target "
@@ -117,9 +131,9 @@ class HowMany(Experiment):
         Metric("first_round_sources", "count", "source CPUs the first round moved tasks from",
                none_when="no round"),
         Metric("poly_prediction", "tasks", "poly-balance prediction q_src - N/P (from the layout "
-               "at t0 without a round)"),
+               "at t0 without a round)", none_when="no round, and x not known"),
         Metric("pairwise_prediction", "tasks", "pairwise prediction (q_src - q_target) / 2 (from "
-               "the layout at t0 without a round)"),
+               "the layout at t0 without a round)", none_when="no round, and x not known"),
         Metric("q_src_before", "count", "the first source's run queue just before the round",
                none_when="no round"),
         Metric("q_target_before", "count", "the target's run queue just before the round",
@@ -149,14 +163,15 @@ class HowMany(Experiment):
         per_mig = rounds.df_target_rounds(run.migrations, target, p["round_gap_ms"],
                                           **rule["select"])
         first = rounds.first_round(per_mig, run.runqueue, target, n, ncpus, t0)
-        if first["poly_prediction"] is None:  # no round: predict from the layout at t0
-            first.update(rounds.predictions(p["base"] + p["x"], p["base"], n, ncpus))
+        x = p.get("x")      # an imported trace's layout may not show it
+        if first["poly_prediction"] is None and x is not None:  # no round: from the layout
+            first.update(rounds.predictions(p["base"] + x, p["base"], n, ncpus))
         balance = metrics.time_to_balance(run.runqueue, run.tasks, cpus, t0, t_end, p["tolerance"])
         # totals over the measured window only, not the set-up placement before t0
         mig = run.migrations[(run.migrations["ts"] >= t0) & (run.migrations["ts"] <= t_end)]
         onto = int(((run.migrations["dst_cpu"] == target) & (run.migrations["t"] >= 0)).sum())
         return {
-            "x": p["x"], "ncpus": ncpus, "ntasks": n, "target_cpu": target,
+            "x": x, "ncpus": ncpus, "ntasks": n, "target_cpu": target,
             "first_round_moved": first["moved"],
             "first_round_to_target": first["to_target"],
             "first_round_source": first["source"],
@@ -183,11 +198,12 @@ class HowMany(Experiment):
         per_mig = rounds.df_target_rounds(run.migrations, m["cpus"][-1], p["round_gap_ms"],
                                           **rounds.round_rule(causes_known(m))["select"])
         end = s["first_round_end_s"]
+        x = p.get("x", "not known")
         t_max = min(m["measured_s"], max(0.25, 4 * end) if end is not None else m["measured_s"])
         return [
             plot_rounds_timeline(run.runqueue, per_mig, m["cpus"], m["cpus"][-1], t_max,
                                  fig_dir / "rounds.png",
-                                 title=f"Balancing rounds onto CPU {m['cpus'][-1]} (x = {p['x']})"),
+                                 title=f"Balancing rounds onto CPU {m['cpus'][-1]} (x = {x})"),
             plot_first_round(rounds.df_run_summaries([run]), fig_dir / "first_round.png"),
         ]
 
@@ -202,11 +218,13 @@ class HowMany(Experiment):
         bal = ("never (within the run)" if s["time_to_balance_s"] is None
                else f"{s['time_to_balance_s'] * 1000:.1f} ms after t0")
         lines = [
-            f"x / tasks / CPUs             {s['x']} / {s['ntasks']} / {s['ncpus']} "
+            f"x / tasks / CPUs             {x_said(s['x'])} / {s['ntasks']} / {s['ncpus']} "
             f"(target CPU {s['target_cpu']})",
             f"first round moved            {first}",
-            f"predicted                    poly-balance {s['poly_prediction']:g}, "
-            f"pairwise {s['pairwise_prediction']:g}",
+            "predicted                    " + (
+                f"poly-balance {s['poly_prediction']:g}, pairwise {s['pairwise_prediction']:g}"
+                if s["poly_prediction"] is not None
+                else "nothing: no round, and the layout at t0 shows no x"),
             f"rounds onto the target       {s['rounds']} ({s['moved_to_target']} tasks in all"
             + (f"; {s['onto_target_not_counted']} other moves onto it not counted)"
                if s.get("onto_target_not_counted") is not None else ")"),

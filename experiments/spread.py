@@ -48,6 +48,10 @@ class Spread(Experiment):
     def tasks(self, p, cpus):
         return layout_tasks([p["ntasks"]], cpus, duty=p["duty"], **task_class(p))
 
+    def from_layout(self, placed, cpus):
+        """``ntasks``: the tasks on the first CPU, when every one of them is there at t0."""
+        return {"ntasks": placed[0] if placed[0] and not any(placed[1:]) else None}
+
     summary = (
         *pick(SingleSource.summary, "ntasks", "ncpus"),
         Metric("source_cpu", "cpu", "the CPU the tasks were released on"),

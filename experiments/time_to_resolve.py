@@ -12,7 +12,7 @@ from pathlib import Path
 
 from harmony.analysis import metrics, rounds
 from harmony.experiments.base import Metric, pick
-from harmony.experiments.how_many import HowMany
+from harmony.experiments.how_many import HowMany, x_said
 from harmony.experiments.single_source import SingleSource, settled_lines, settled_summary
 
 
@@ -44,7 +44,7 @@ class TimeToResolve(HowMany):
         per_mig = rounds.df_target_rounds(run.migrations, target, p["round_gap_ms"])
         mig = run.migrations[run.migrations["t"] >= 0]
         return {
-            "x": p["x"], "ncpus": len(cpus), "ntasks": int(len(run.tasks)),
+            "x": p.get("x"), "ncpus": len(cpus), "ntasks": int(len(run.tasks)),
             "time_to_balance_s": balance["t_balance"],
             "first_balanced_s": balance["t_first"],
             "balance_entries": balance["n_entries"],
@@ -78,7 +78,7 @@ class TimeToResolve(HowMany):
             return "never (within the run)" if v is None else f"{v * 1000:.1f} ms after t0"
 
         return [
-            f"x / tasks / CPUs             {s['x']} / {s['ntasks']} / {s['ncpus']}",
+            f"x / tasks / CPUs             {x_said(s['x'])} / {s['ntasks']} / {s['ncpus']}",
             f"resolved (balanced for good) {ms(s['time_to_balance_s'])}; "
             f"balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
             f"first balanced               {ms(s['first_balanced_s'])} "

@@ -73,6 +73,10 @@ class WorkConservation(Experiment):
             return {}
         return {"idle_at_s": draw_uniform_time(seed, p["idle_from_s"], p["idle_to_s"])}
 
+    def from_layout(self, placed, cpus):
+        """``tasks_per_cpu``: what every CPU holds at t0, when they hold as many."""
+        return {"tasks_per_cpu": placed[0] if placed[0] and len(set(placed)) == 1 else None}
+
     def tasks(self, p, cpus):
         if p["idle_at_s"] < 0:
             raise ValueError("idle_at_s has not been drawn (call draw() first)")

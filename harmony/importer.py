@@ -595,6 +595,19 @@ def imported_scheduler(release: str | None, uname: str = "") -> str:
     return f"{name} (implied by kernel {major}.{minor})"
 
 
+def layout_params(exp, tasks: pd.DataFrame, cpus: list[int],
+                  given: dict) -> tuple[dict, set[str]]:
+    """What the layout of an imported trace at t0 (the chosen tasks on each CPU of ``cpus``,
+    from ``tasks``' initial_cpu) shows of ``exp``'s parameters (its
+    :meth:`~harmony.experiments.base.Experiment.from_layout`): ({name: value}, the names it
+    does not show), leaving out those ``given`` (-p)."""
+    where = tasks["initial_cpu"].to_numpy()
+    placed = [int((where == c).sum()) for c in cpus]
+    said = {k: v for k, v in exp.from_layout(placed, list(cpus)).items() if k not in given}
+    return ({k: v for k, v in said.items() if v is not None},
+            {k for k, v in said.items() if v is None})
+
+
 def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | None = None,
                  t0_s: float | None = None, t0_marker: str | None = None,
                  end_s: float | None = None, end_marker: str | None = None,
@@ -625,14 +638,15 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     tasks, cpu_set = _tasks_and_cpus(read, path, cpus, window)
     overrides = dict(params or {})
     overrides["duration"] = str((window.end - window.t0) / 1e9)
-    if "layout" in {p.name for p in exp.all_params()} and "layout" not in overrides:
-        where = tasks["initial_cpu"].to_numpy()
-        overrides["layout"] = ",".join(str(int((where == c).sum())) for c in cpu_set)
-    values = exp.resolve(overrides, cpu_set)
-    # how the tasks were started, released and asked to run is not in a trace: not listed
-    not_known = sorted(exp.workload_params() & set(values) - set(overrides))
+    shown, unshown = layout_params(exp, tasks, cpu_set, given=overrides)
+    values = exp.resolve(overrides | shown, cpu_set)
+    # how the tasks were started, released and asked to run is not in a trace, nor what its
+    # layout does not show: not listed
+    not_known = sorted((exp.workload_params() | unshown) & set(values) - set(overrides)
+                       - set(shown))
     values = {k: v for k, v in values.items() if k not in not_known}
-    manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window, not_known)
+    manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window, not_known,
+                        sorted(shown))
     return _analyse_copying(path, out, manifest, read, tasks, window, step)
 
 
@@ -770,9 +784,9 @@ def _tasks_and_cpus(read: _Read, path: Path, cpus, window: _Window) -> tuple[pd.
 
 
 def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path, pids, comms,
-             window: _Window, not_known: list[str]) -> dict:
-    """Make the run directory ``out`` and write its manifest (``not_known``: the workload's
-    parameters a trace cannot tell); the manifest."""
+             window: _Window, not_known: list[str], from_layout: list[str]) -> dict:
+    """Make the run directory ``out`` and write its manifest (``not_known``: the parameters the
+    trace cannot tell; ``from_layout``: those its layout at t0 showed); the manifest."""
     meta, kind = read.cap.meta, read.kind
     store.make_run_dir(out)
     manifest = pipeline.new_manifest(
@@ -785,7 +799,8 @@ def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path
                 "file_version": meta.get("file_version"), "compression": meta.get("compression"),
                 "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
                 "t0_from": window.t0_from, "end_from": window.end_from,
-                "stored": f"{RAW_DIR}/{path.name}", "params_not_known": not_known})
+                "stored": f"{RAW_DIR}/{path.name}", "params_not_known": not_known,
+                "params_from_layout": from_layout})
     store.write_json(out / "manifest.json", manifest)
     return manifest
 

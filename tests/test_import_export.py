@@ -518,7 +518,8 @@ def test_an_import_lists_no_parameter_its_trace_cannot_tell(writer_dat, tmp_path
     assert {"release", "warm_s", "nice"} <= set(m["source"]["params_not_known"])
     assert "duty" not in m["source"]["params_not_known"]
     from harmony.analysis.report import params_line
-    assert "(not known from the trace: " in params_line(m) and "release=" not in params_line(m)
+    assert "; not known from the trace: " in params_line(m) and "release=" not in params_line(m)
+    assert "(read from the trace's layout at t0: layout; " in params_line(m)
 
 
 def test_import_window_ends_with_the_chosen_tasks_unless_given(writer_dat, tmp_path):
@@ -1412,7 +1413,8 @@ def test_an_import_as_any_experiment_names_its_workload_as_not_known(simulated_d
                                                                       experiment, given):
     """Imported as each experiment whose analysis can read a single-source trace: the
     experiment's workload parameters are not in the run's parameters (no default of a Harmony
-    run passed off as what the trace did) but listed as not known, and the analysis ran."""
+    run passed off as what the trace did) but listed as not known, unless the trace's layout
+    shows them (spread's ntasks: below), and the analysis ran."""
     from harmony.experiments import get_experiment
 
     r = invoke("import", simulated_dat, "-e", experiment, "--comm", "hmy-w*", "-q", *given,
@@ -1420,6 +1422,123 @@ def test_an_import_as_any_experiment_names_its_workload_as_not_known(simulated_d
     assert r.exit_code == 0, r.output
     run = harmony.load(tmp_path / "run")
     workload = get_experiment(experiment).workload
-    assert workload and not workload & set(run.manifest["params"])
-    assert workload <= set(run.manifest["source"]["params_not_known"])
+    shown = set(run.manifest["source"]["params_from_layout"])
+    assert workload and not (workload - shown) & set(run.manifest["params"])
+    assert workload - shown <= set(run.manifest["source"]["params_not_known"])
     assert run.manifest["status"] == "complete" and run.summary
+
+
+# --- what an imported trace's layout shows of the experiment's parameters ------------------------
+
+REPORT_PLACING = re.compile(r"\[(\d+)\]\s+[\d.]+:\s+(sched_wakeup|sched_switch):\s+(.*)$")
+
+
+def first_cpus(dat: Path) -> dict[int, int]:
+    """Each hmy- task's first CPU, pid -> CPU, read from `trace-cmd report` (not Harmony's
+    reader): the target of its first wake-up, or the CPU it was first switched in on."""
+    p = subprocess.run([TRACE_CMD, "report", str(dat)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    first: dict[int, int] = {}
+    for line in p.stdout.splitlines():
+        m = REPORT_PLACING.search(line)
+        if not m:
+            continue
+        if m.group(2) == "sched_wakeup":
+            w = re.match(r"hmy-\S*:(\d+) .*CPU:(\d+)", m.group(3))
+            if w:
+                first.setdefault(int(w.group(1)), int(w.group(2)))
+        else:
+            w = re.search(r"==> hmy-\S*:(\d+) ", m.group(3))
+            if w:
+                first.setdefault(int(w.group(1)), int(m.group(1)))
+    return first
+
+
+def layout_of(dat: Path, ncpus: int) -> list[int]:
+    """The tasks on each CPU 0..ncpus-1 at their start, from :func:`first_cpus`."""
+    where = list(first_cpus(dat).values())
+    return [where.count(c) for c in range(ncpus)]
+
+
+@pytest.fixture(scope="module")
+def how_many_dat(tmp_path_factory):
+    """A simulated how-many run (x=3, base=2 on 4 CPUs: <5, 5, 5, 2>) and its export."""
+    tmp = tmp_path_factory.mktemp("hmdat")
+    r = invoke("simulate", "how-many", "--policy", "poly-balance", "--ncpus", 4, "-p", "x=3",
+               "-p", "base=2", "-p", "duration=0.5", "-q", "--out", tmp / "sim")
+    assert r.exit_code == 0, r.output
+    r = invoke("export", tmp / "sim" / "rep-01", "--out", tmp / "hm.dat", "-q")
+    assert r.exit_code == 0, r.output
+    return tmp / "hm.dat"
+
+
+@needs_trace_cmd
+@pytest.mark.parametrize("experiment", ["how-many", "time-to-resolve"])
+def test_an_import_reads_x_and_base_from_the_traces_layout(how_many_dat, tmp_path, experiment):
+    """Imported as how-many or time-to-resolve, a trace gives the run the x and base its layout
+    at t0 shows (the tasks trace-cmd report places on each CPU: the sources' excess over the
+    target, the target's count), not the experiment's defaults (x=10, base=10), and says they
+    were read from the layout; -p still wins."""
+    layout = layout_of(how_many_dat, 4)
+    assert layout == [5, 5, 5, 2]            # the reading: the simulation's <base+x, ..., base>
+    r = invoke("import", how_many_dat, "-e", experiment, "--comm", "hmy-*", "-q",
+               "--out", tmp_path / "run")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "run").manifest
+    assert (m["params"]["x"], m["params"]["base"]) == (layout[0] - layout[-1], layout[-1])
+    assert {"x", "base"} <= set(m["source"]["params_from_layout"])
+    assert not {"x", "base"} & set(m["source"]["params_not_known"])
+    run = harmony.load(tmp_path / "run")
+    assert run.summary["x"] == 3 and run.summary["ntasks"] == sum(layout)
+    from harmony.analysis.report import params_line
+    assert "read from the trace's layout at t0: base, x" in params_line(m)
+    r = invoke("import", how_many_dat, "-e", experiment, "--comm", "hmy-*", "-q", "-p", "x=7",
+               "--out", tmp_path / "given")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "given").manifest
+    assert m["params"]["x"] == 7 and "x" not in m["source"]["params_from_layout"]
+    assert m["params"]["base"] == layout[-1]
+
+
+@needs_trace_cmd
+def test_a_layout_not_of_the_experiments_shape_leaves_its_parameter_unknown(simulated_dat,
+                                                                            tmp_path):
+    """A single-source trace (all its tasks on the first CPU) imported as how-many: its sources
+    hold unequal counts, so x is not known (not listed, named not known, no prediction made from
+    it), base is the last CPU's count; imported as spread, ntasks is the first CPU's count; as
+    work-conservation, whose CPUs all hold as many, tasks_per_cpu is not known."""
+    layout = layout_of(simulated_dat, 4)
+    assert layout[0] > 0 and not any(layout[1:]), layout
+    r = invoke("import", simulated_dat, "-e", "how-many", "--comm", "hmy-w*",
+               "--out", tmp_path / "hm")
+    assert r.exit_code == 0, r.output
+    run = harmony.load(tmp_path / "hm")
+    m = run.manifest
+    assert "x" not in m["params"] and "x" in m["source"]["params_not_known"]
+    assert m["params"]["base"] == layout[-1] == 0
+    assert run.summary["x"] is None
+    if run.summary["first_round_moved"] is None:
+        assert run.summary["poly_prediction"] is None
+    assert "x / tasks / CPUs             ? / " in r.stdout, r.stdout
+    r = invoke("import", simulated_dat, "-e", "spread", "--comm", "hmy-w*", "-q",
+               "--out", tmp_path / "sp")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "sp").manifest
+    assert m["params"]["ntasks"] == layout[0] and m["source"]["params_from_layout"] == ["ntasks"]
+    r = invoke("import", simulated_dat, "-e", "work-conservation", "--comm", "hmy-w*", "-q",
+               "-p", "idle_at_s=1", "--out", tmp_path / "wc")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "wc").manifest
+    assert "tasks_per_cpu" not in m["params"]
+    assert "tasks_per_cpu" in m["source"]["params_not_known"]
+
+
+@needs_trace_cmd
+def test_an_import_as_single_source_reads_its_layout(simulated_dat, tmp_path):
+    """single-source's layout is the count trace-cmd report places on each CPU."""
+    r = invoke("import", simulated_dat, "--comm", "hmy-w*", "-q", "--out", tmp_path / "ss")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "ss").manifest
+    assert m["params"]["layout"] == layout_of(simulated_dat, 4)
+    assert m["source"]["params_from_layout"] == ["layout"]
