@@ -264,8 +264,8 @@ def test_every_q_and_json_is_the_one_declaration():
             j = opts["--json"]
             assert j.name == "as_json" and j.is_flag, name
             assert j.help.startswith("print ") and " as JSON" in j.help, (name, j.help)
-    quiet = {"run", "suite", "import", "simulate", "export", "matrix", "kernel build",
-             "kernel fetch", "scx build"}
+    quiet = {"run", "suite", "import", "simulate", "export", "report", "matrix", "worker",
+             "kernel build", "kernel fetch", "scx build"}
     as_json = {"run", "suite", "import", "simulate", "report", "infer", "compare", "export",
                "list", "doctor", "kernel list", "scx list"}
     have = dict(_commands())
@@ -394,6 +394,8 @@ def test_every_reading_command_works_on_read_only_results(results, read_only, tm
         r = invoke(*argv)
         assert r.exit_code == 0 and says in r.output, (argv, r.output)
     assert "nothing is written there" in invoke("report", ro / "suite").output
+    r = invoke("report", ro / "suite", "-q")        # -q: the report, without the note
+    assert r.exit_code == 0 and "Policy card: " in r.stdout and r.stderr == "", r.output
     # harmony.load reads a run, a batch and a suite as they are
     run = harmony.load(ro / "batch" / "rep-01")
     assert len(run.migrations) and run.summary["ntasks"] == 8

@@ -105,13 +105,15 @@ def _say(record: dict, out: Path) -> None:
 @click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True, metavar="SECONDS",
               help="how long to try to reach the scheduler")
-def worker(address, name, connect_timeout):
+@quiet_option
+def worker(address, name, connect_timeout, quiet):
     """A Dask worker on this measuring host for `harmony matrix --cluster`: one thread and the
     resource host=1 (one cell at a time), started only if `harmony doctor` says experiments can
     run here; its doctor facts go with each cell's results. Stops on Ctrl-C or SIGTERM."""
     from harmony.matrix_dask import start_worker
 
-    echo(f"worker: checking this host, then serving {address}", err=True)
+    if not quiet:
+        echo(f"worker: checking this host, then serving {address}", err=True)
     try:
         with exit_on_error():
             start_worker(address, name=name, timeout=connect_timeout)

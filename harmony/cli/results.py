@@ -60,7 +60,8 @@ def _where_to_write(path: Path, out: Path | None) -> Path | None:
                    "without --out)")
 @click.option("--allow-incomplete", is_flag=True,
               help="an incomplete run: report what it captured (marked as such, not a result)")
-def report(run_dir, as_json, out, allow_incomplete):
+@quiet_option
+def report(run_dir, as_json, out, allow_incomplete, quiet):
     """Print the report of a run, batch or suite (every fact, note and figure), and write
     report.md and report.html beside its figures, drawing any not drawn yet.
 
