@@ -265,6 +265,13 @@ def test_a_vm_that_dies_mid_run_keeps_its_facts_in_the_manifest(fake_vm, tmp_pat
     assert any(line.startswith("VM died                      after the guest said its facts "
                                "(exit 9)") for line in lines), lines
     assert "(?, )" not in "\n".join(lines) and "None" not in lines[1], lines
+    # and `harmony report --allow-incomplete` says them
+    import harmony
+    from harmony.cli.screens import incomplete_screen
+    from harmony.results import captured
+
+    screen = incomplete_screen(captured(harmony.load(tmp_path / "a", allow_incomplete=True)))
+    assert "VM                           TCG, 4 vCPUs" in screen and "VM died" in screen, screen
     assert until(lambda: not tree(fake_vm), 5), tree(fake_vm)
 
 
