@@ -28,7 +28,7 @@ from harmony.analysis.arrays import event_mask, in_set
 from harmony.analysis.causes import df_all_moves
 from harmony.analysis.thresholds import SCHEDSTAT_SLACK
 from harmony.analysis.tables import COUNTER_AGREEMENT
-from harmony.analysis.topology import LevelTable, domains_of, level_key
+from harmony.analysis.topology import LevelTable, chain_keys, domains_of
 
 COUNTS = ("migrations", "switches")
 #: the per-task counters of a kernel counting scheduler statistics (-1 in a read: not counted)
@@ -285,9 +285,11 @@ def _kernel_by_level(start: dict, end: dict, cpus: list[int],
             continue
         if [d["span"] for d in a] != [d["span"] for d in b]:
             return None
+        # the run's topology's keys; a CPU it lacks or whose chain is shorter: the read's own
+        known = names.get(c, [])
+        own = chain_keys(b)
         for k, (da, db) in enumerate(zip(a, b)):
-            known = names.get(c, [])
-            key = known[k] if k < len(known) else level_key(k, db.get("name"))
+            key = known[k] if k < len(known) else own[k]
             got = out.setdefault(key, dict.fromkeys([*DOMAIN_CAUSES, "wake_affine"], 0))
             for cause, counters in DOMAIN_CAUSES.items():
                 got[cause] += sum(int(db[n]) - int(da[n]) for n in counters)
@@ -308,8 +310,7 @@ def by_level(start: dict, end: dict, cpus: list[int], moves: pd.DataFrame, mine:
     domains = domains_of(topology)
     if not domains:
         return None
-    names = {c: [level_key(int(d["index"]), d.get("name")) for d in ds]
-             for c, ds in domains.items()}
+    names = {c: [d["key"] for d in ds] for c, ds in domains.items()}
     kernel = _kernel_by_level(start, end, cpus, names)
     if kernel is None:
         return None

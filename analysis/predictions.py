@@ -69,7 +69,7 @@ import pandas as pd
 from harmony.analysis import thresholds as T
 from harmony.analysis.levels import (df_locality, df_move_levels, df_wake_llc, final_placement,
                                      moves_by_relation, topology_of)
-from harmony.analysis.topology import df_cpus, migration_level, relation
+from harmony.analysis.topology import df_cpus, keyed, migration_level, relation
 
 ROW_KEYS = ("check", "level", "domain", "predicted", "measured", "holds", "tolerance", "source")
 #: fair.c: a domain whose tasks are all pinned away doubles its interval up to this (ms)
@@ -112,7 +112,9 @@ def tick_ms(manifest: dict) -> float:
 
 
 def domain_of(topo: dict, cpu: int, index: int) -> dict | None:
-    for d in (topo.get("domains") or {}).get(str(cpu)) or ():
+    """``cpu``'s domain of that index, with its level ``key`` (:func:`harmony.analysis.topology.
+    chain_keys`: the ring's second NUMA level is NUMA2), None if it has none."""
+    for d in keyed((topo.get("domains") or {}).get(str(cpu)) or ()):
         if int(d["index"]) == int(index):
             return d
     return None
@@ -169,12 +171,12 @@ def df_predicted_domains(manifest: dict, cpu: int | None = None) -> pd.DataFrame
         cpu = (manifest.get("cpus") or [0])[0]
     hz, n = hz_of(manifest), online_cpus(manifest)
     rows, child = [], None
-    for d in (topo.get("domains") or {}).get(str(cpu)) or ():
+    for d in keyed((topo.get("domains") or {}).get(str(cpu)) or ()):
         flags = set(d.get("flags") or ())
         lo, hi, bf = d.get("min_interval"), d.get("max_interval"), d.get("busy_factor")
         known = None not in (lo, hi, bf)
         rows.append({
-            "index": d["index"], "name": d.get("name"), "span_weight": len(d["span"]),
+            "index": d["index"], "name": d["key"], "span_weight": len(d["span"]),
             "idle_interval_ms": f"{interval_ms(lo, 1, False, hz, n):g}-"
                                 f"{interval_ms(hi, 1, False, hz, n):g}" if known else None,
             "busy_interval_ms": f"{interval_ms(lo, bf, True, hz, n):g}-"
@@ -310,7 +312,7 @@ def detection_rows(run, src: int, dst: int, level: str) -> list[dict]:
     i1 = _interval1(run)
     measured = ("no pull after the cut" if i1 is None else
                 f"first pull {i1:.1f} ms after the cut (the cut took {cut:.1f} ms)")
-    return [_row("detection period", level, d.get("name"),
+    return [_row("detection period", level, d["key"],
                  f"first pull within {period:g} ms of the cut completing: {who}",
                  measured, None if i1 is None else bound_holds(i1, period, cut, tick_ms(m)),
                  f"+ the cut's {cut:.1f} ms + {T.PREDICTION_SLACK_TICKS} jiffies",
@@ -369,7 +371,7 @@ def threshold_rows(run, moves: pd.DataFrame, src: int, dst: int, level: str) -> 
         # a CPU outside the set in the source's group fails to pull (its tasks may not run
         # there), marks the group imbalanced for this level (LBF_SOME_PINNED ->
         # sgc->imbalance), and this level then moves a task whatever the ratio
-        return [_row("imbalance_pct", level, d.get("name"),
+        return [_row("imbalance_pct", level, d["key"],
                      f"not a clean test here: the groups ({_cl(busiest)}, {_cl(local)}) hold "
                      "CPUs outside the set, whose failed pulls force moves (group_imbalanced)",
                      f"{len(onto)} balance moves onto the target", None, "-",
@@ -378,13 +380,13 @@ def threshold_rows(run, moves: pd.DataFrame, src: int, dst: int, level: str) -> 
     measured = f"{len(onto)} balance moves onto the target"
     src_avg, dst_avg = q_src / len(busiest), q_dst / len(local)
     if not all(overloaded):
-        return [_row("imbalance_pct", level, d.get("name"),
+        return [_row("imbalance_pct", level, d["key"],
                      f"not consulted: the {'local' if not overloaded[1] else 'busiest'} group "
                      f"({_cl(local if not overloaded[1] else busiest)}) is not overloaded",
                      measured, None, "-", "fair.c find_busiest_group (6.1 = 6.12)")]
     alone = 100 * src_avg <= pct * dst_avg
     ratio = 100 * src_avg / dst_avg if dst_avg else math.inf
-    return [_row("imbalance_pct", level, d.get("name"),
+    return [_row("imbalance_pct", level, d["key"],
                  f"{'left alone' if alone else 'balanced'}: {q_src} vs {q_dst} tasks is "
                  f"{ratio:.1f}% {'<=' if alone else '>'} imbalance_pct {pct}",
                  measured, bool((len(onto) == 0) == alone), "exact (0 moves when left alone)",
@@ -407,7 +409,7 @@ def steal_rows(run, src: int, dst: int, level: str) -> list[dict]:
     hz, n = hz_of(m), online_cpus(m)
     bound = interval_ms(d["max_interval"], 1, False, hz, n)
     lat = _steal_latency_ms(run)
-    return [_row("idle pull", level, d.get("name"),
+    return [_row("idle pull", level, d["key"],
                  f"at once (new-idle balance), at most {bound:g} ms (the idle balance's "
                  "max_interval) when the new-idle balance stops below this level",
                  "nothing pulled" if lat is None else f"{lat:.2f} ms after the target idled",

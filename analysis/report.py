@@ -59,6 +59,15 @@ def vm_lines(m: dict) -> list[str]:
              f"{vm.get('vcpus')} vCPUs, {vm.get('memory_mb')} MiB; QEMU {vm.get('qemu')} "
              f"({vm.get('qemu_setting')}), virtme-ng {vm.get('virtme_ng')}; host "
              f"{host.get('kernel', '?')}, {host.get('ncpus', '?')} CPUs"]
+    topo = (vm.get("topology") or {}).get("describe")
+    if topo:
+        lines.append(f"VM topology                  {topo} (-smp {vm['topology'].get('smp')})")
+    died = vm.get("died")
+    if died:
+        rc = died.get("exit_status")
+        lines.append("VM died                      " + ("after" if died.get("booted") else "before")
+                     + " the guest said its facts" + (f" (exit {rc})" if rc is not None else "")
+                     + f": {died.get('why') or '?'}")
     fr = vm.get("vcpu_wait_frac")
     if fr:
         lines.append(f"vCPU wait for host CPUs      {max(fr):.1%} of the window at most (vCPU "

@@ -51,9 +51,13 @@ MIGRATIONS = Table(
                                   "span holds src_cpu (harmony.analysis.topology."
                                   "migration_level); -1: none (src_cpu = dst_cpu, or the run "
                                   "read no domains)"),
-        ("level_name", "category", "that domain's name (SMT, MC, PKG, NUMA...), or domain<level> "
-                                   "where the kernel gives none; missing where level is -1. "
-                                   "Categories: the levels, lowest first"),
+        ("level_name", "category", "that level's key: the domain's name (SMT, MC, PKG, NUMA...), "
+                                   "or domain<level> where the kernel gives none, made unique "
+                                   "along dst_cpu's chain: the n-th domain of a name up the "
+                                   "chain (by index, n > 1) is suffixed n, so an asymmetric "
+                                   "NUMA machine's two NUMA levels are NUMA and NUMA2 "
+                                   "(harmony.probes.domains.chain_keys); missing where level "
+                                   "is -1. Categories: the levels, lowest first"),
     ])
 
 RUNS = Table(
@@ -260,8 +264,11 @@ DOMAINS = Table(
                "topology records them (harmony.analysis.topology.df_domains), by (cpu, index)", [
         ("cpu",                 "int32",   "the CPU whose domain it is"),
         ("index",               "int32",   "its level on that CPU: 0 the lowest"),
-        ("name",                "str",     "its name (debugfs, or /proc/schedstat from version "
-                                           "17), or domain<index> where the kernel gives none"),
+        ("name",                "str",     "its level's key: its name (debugfs, or "
+                                           "/proc/schedstat from version 17), or "
+                                           "domain<index> where the kernel gives none, made "
+                                           "unique along the CPU's chain (NUMA, NUMA2: "
+                                           "harmony.probes.domains.chain_keys)"),
         ("span",                "str",     "its CPUs, a cpulist (/proc/schedstat's mask); \"\" "
                                            "where not read"),
         ("span_weight",         "int32",   "how many CPUs it spans (0: not read)"),

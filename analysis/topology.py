@@ -18,9 +18,13 @@ it last ran, which ``select_task_rq_fair`` bounds by the wake-affine domain (``s
 domains with SD_WAKE_AFFINE).
 
 The level's index is the destination CPU's (the levels of two CPUs can differ on an asymmetric
-machine: a CPU without an SMT sibling has no SMT domain); its key (:func:`level_key`) is the
-domain's name, or ``domain<index>`` where the kernel does not name it (debugfs unreadable and
-/proc/schedstat before version 17): counts by level are counts by key.
+machine: a CPU without an SMT sibling has no SMT domain); its key is the domain's name made unique
+along the CPU's chain (:func:`harmony.probes.domains.chain_keys`: ``domain<index>`` where the
+kernel names none; the second domain of a name up the chain suffixed 2, so that an asymmetric NUMA
+machine's two ``NUMA`` levels are ``NUMA`` and ``NUMA2``). Counts by level are counts by key,
+everywhere a level is one: the migrations' ``level_name``, the summary's ``migrations_by_level``,
+the manifest's ``schedstat_agreement.levels``, the domains table's ``name``, the predictions'
+domain, the report's and doctor's chains.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import pandas as pd
 from harmony.analysis.tables import CPUS, DOMAINS
 from harmony.core.columns import STR_DTYPE
 from harmony.core.osutil import format_cpulist, parse_cpulist
+from harmony.probes.domains import chain_keys
 
 #: where two CPUs sit relative to each other (:func:`relation`), nearest first
 RELATIONS = ("same", "smt", "llc", "package", "node", "remote")
@@ -38,17 +43,25 @@ RELATIONS = ("same", "smt", "llc", "package", "node", "remote")
 NO_LEVEL = -1
 
 
-def level_key(index: int, name: str | None) -> str:
-    """The name a level is counted by: the domain's name, else ``domain<index>``."""
-    return name if name else f"domain{index}"
-
-
 def domains_of(manifest_or_topology: dict | None) -> dict[int, list[dict]]:
     """{cpu: [domain, ...]} (int CPU keys) from a manifest (its ``topology``) or a topology
-    itself; {} where none was read (an import, an older run, a kernel that shows none)."""
+    itself, each domain a copy with its level ``key`` (:func:`chain_keys`); {} where none was
+    read (an import, an older run, a kernel that shows none)."""
     topo = manifest_or_topology or {}
     topo = topo.get("topology", topo) or {}
-    return {int(c): list(d) for c, d in (topo.get("domains") or {}).items()}
+    return {int(c): keyed(d) for c, d in (topo.get("domains") or {}).items()}
+
+
+def keyed(chain: list[dict]) -> list[dict]:
+    """One CPU's domains, copies with their level ``key`` (:func:`chain_keys`)."""
+    return [{**d, "key": k} for d, k in zip(chain, chain_keys(list(chain)))]
+
+
+def _int_domains(domains: dict) -> dict[int, list[dict]]:
+    """{cpu: [domain with its key]} from a manifest, a topology or {cpu: [domain...]}."""
+    if domains and all(isinstance(k, int) for k in domains):
+        return {c: keyed(ds) for c, ds in domains.items()}
+    return domains_of(domains)
 
 
 def df_domains(manifest: dict) -> pd.DataFrame:
@@ -60,7 +73,7 @@ def df_domains(manifest: dict) -> pd.DataFrame:
             span = d.get("span")
             rows["cpu"].append(cpu)
             rows["index"].append(int(d["index"]))
-            rows["name"].append(level_key(int(d["index"]), d.get("name")))
+            rows["name"].append(d["key"])
             rows["span"].append(format_cpulist(span) if span else "")
             rows["span_weight"].append(len(span) if span else 0)
             rows["flags"].append(" ".join(d["flags"]) if d.get("flags") is not None else "")
@@ -94,13 +107,12 @@ def migration_level(dst_cpu: int, src_cpu: int, domains: dict) -> tuple[int | No
     """(index, key) of the lowest domain of ``dst_cpu`` whose span holds ``src_cpu``
     (``domains``: a manifest, a topology, or {cpu: [domain...]}); (None, None) when the CPUs
     are the same or no domain of the destination spans the source."""
-    doms = domains if domains and all(isinstance(k, int) for k in domains) else \
-        domains_of(domains)
+    doms = _int_domains(domains)
     if dst_cpu == src_cpu:
         return None, None
     for d in doms.get(int(dst_cpu), []):
         if d.get("span") and src_cpu in d["span"]:
-            return int(d["index"]), level_key(int(d["index"]), d.get("name"))
+            return int(d["index"]), d["key"]
     return None, None
 
 
@@ -110,8 +122,7 @@ class LevelTable:
     lowest first)."""
 
     def __init__(self, domains: dict):
-        doms = domains if domains and all(isinstance(k, int) for k in domains) else \
-            domains_of(domains)
+        doms = _int_domains(domains)
         n = max([*doms, *(c for ds in doms.values() for d in ds for c in (d.get("span") or ()))],
                 default=-1) + 1
         self.n = n
@@ -121,7 +132,7 @@ class LevelTable:
         for dst, ds in doms.items():
             for d in sorted(ds, key=lambda d: -int(d["index"])):    # lower levels overwrite
                 i = int(d["index"])
-                key = level_key(i, d.get("name"))
+                key = d["key"]
                 met.setdefault(key, []).append(i)
                 span = [c for c in (d.get("span") or ()) if c != dst]
                 self.index[dst, span] = i
@@ -211,7 +222,7 @@ def domain_rows(manifest: dict) -> list[list[str]]:
     for d in doms[cpus[0]]:
         g = {k: "?" if d.get(k) is None else str(d[k]) for k in d}
         flags = " ".join(f.removeprefix("SD_") for f in (d.get("flags") or [])) or "?"
-        rows.append([str(d["index"]), level_key(int(d["index"]), d.get("name")),
+        rows.append([str(d["index"]), d["key"],
                      format_cpulist(d["span"]) if d.get("span") else "?",
                      f"{g.get('min_interval', '?')}-{g.get('max_interval', '?')}",
                      g.get("busy_factor", "?"), g.get("imbalance_pct", "?"),

@@ -492,7 +492,9 @@ _WORDING = {
     "foreign_load": _foreign,
     "vcpu_starved": lambda n: (
         f"vCPU {n['vcpu']}'s thread waited for a host CPU {n['frac']:.1%} of the window "
-        f"({(n['accelerator'] or '?').upper()}, {n['setting']}): the guest's clock ran on while "
+        + (f"({n['accelerator'].upper()}, {n['setting'] or '?'})" if n['accelerator'] else
+           "(the VM's accelerator and QEMU setting not recorded)")
+        + ": the guest's clock ran on while "
         "that CPU ran nothing, which its scheduler cannot see (more vCPUs than idle host CPUs, "
         f"or a busy host; limit VCPU_WAIT_MAX = {T.VCPU_WAIT_MAX:.0%})"),
     "virtual_clock": lambda n: (

@@ -192,7 +192,7 @@ def run_findings(d: Path, name: str) -> dict | str:
     return {"moves": int(len(mig)), "onto": int(len(onto)),
             "causes": {str(k): int(v) for k, v in
                        onto["cause"].astype(str).value_counts().items()},
-            # by index and name: the ring's two NUMA levels share the name (and the key)
+            # by index and key: the ring's two NUMA levels are NUMA and NUMA2
             "levels": {f"{i} {n}": int(v) for (i, n), v in
                        onto.groupby(["level", onto["level_name"].astype(str)]).size().items()},
             "first_onto_s": float(onto["t"].min()) if len(onto) else None,

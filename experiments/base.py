@@ -288,8 +288,9 @@ COST_SUMMARY = (
            none_when="no task was owed a share, or one owed a share ran not at all in a window"),
     Metric("migrations_by_level", "", "migrations in the window by the level of the machine "
                                       "they crossed (the lowest scheduling domain of the "
-                                      "destination spanning the source: SMT, MC, PKG, NUMA...) "
-                                      "and cause: {level: {cause: count}} "
+                                      "destination spanning the source: SMT, MC, PKG, NUMA, "
+                                      "NUMA2 for a second NUMA level...) and cause: {level: "
+                                      "{cause: count}} "
                                       "(harmony.analysis.topology.counts_by_level)",
            none_when="the run read no scheduling domains", kind="dict"),
 )

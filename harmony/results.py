@@ -178,7 +178,8 @@ class Suite(_Results):
 
 def captured(run: store.Run) -> dict:
     """What an incomplete run holds, as data (``harmony report --allow-incomplete``): why it is
-    incomplete, the files and tables it has, and what its raw capture holds if it decodes (events,
+    incomplete, the files and tables it has, the VM it was captured in (its ``vm`` facts, a death
+    among them), and what its raw capture holds if it decodes (events,
     lost events, the markers, how far after t0 it recorded, the migrations of the experiment's
     tasks after t0 by cause). Reads only; nothing here is a result of the experiment."""
     from harmony.core.errors import HarmonyError
@@ -190,7 +191,9 @@ def captured(run: store.Run) -> dict:
     out = {"path": str(run.path), "status": m.get("status"), "why": store.why_incomplete(m),
            "experiment": m.get("experiment"), "params": params,
            "tables": [t for t in store.TABLES if (run.path / f"{t}.parquet").is_file()],
-           "summary": (run.path / "summary.json").is_file(), "capture": None}
+           "summary": (run.path / "summary.json").is_file(), "capture": None,
+           # a VM's facts (harmony.vm.runner: kept when the guest died) and the host's
+           "vm": m.get("vm"), "host": m.get("host")}
     probe = m.get("probe")
     raw = run.path / "raw" / str(probe)
     if probe not in PROBES or not raw.is_dir():

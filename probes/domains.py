@@ -45,6 +45,29 @@ NUMA_BALANCING = Path("/proc/sys/kernel/numa_balancing")
 RECORD = "sched-verbose"
 
 
+def level_key(index: int, name: str | None) -> str:
+    """A domain's name, else ``domain<index>`` (the kernel names none: debugfs unreadable and
+    /proc/schedstat before version 17); :func:`chain_keys` makes it unique along a chain."""
+    return name if name else f"domain{index}"
+
+
+def chain_keys(chain: list[dict]) -> list[str]:
+    """The level keys of one CPU's domains (in the chain's order): the key every per-level count
+    of Harmony goes by. The rule: :func:`level_key`, and the n-th domain of the same key up the
+    chain (by domain index, the lowest first: by span, since each domain's span holds its
+    child's) suffixed with n, n > 1. The kernel names every NUMA level ``NUMA``: an asymmetric
+    machine (4 nodes on a ring with ``--numa-distance``) has one per distance, ``MC, NUMA,
+    NUMA`` -> ``MC, NUMA, NUMA2``; a chain without a repeated name keeps the kernel's names.
+    A CPU whose lower levels are gone (a sibling offline) still counts its own chain from 1."""
+    seen: dict[str, int] = {}
+    keys = {}
+    for k, d in sorted(enumerate(chain), key=lambda kd: int(kd[1].get("index", kd[0]))):
+        base = level_key(int(d.get("index", k)), d.get("name"))
+        seen[base] = seen.get(base, 0) + 1
+        keys[k] = base if seen[base] == 1 else f"{base}{seen[base]}"
+    return [keys[k] for k in range(len(chain))]
+
+
 def debugfs_root() -> Path | None:
     """Where debugfs is mounted (the first mount, else /sys/kernel/debug if it holds sched/),
     None if nowhere."""
@@ -248,8 +271,8 @@ def describe(topology: dict) -> list[str]:
     every CPU (a domain shared by CPUs is said once with the CPUs it is the level of)."""
     seen: dict[tuple, list[int]] = {}
     for cpu, doms in sorted(topology.get("domains", {}).items(), key=lambda kv: int(kv[0])):
-        for d in doms:
-            key = (d["index"], d["name"], tuple(d["span"] or ()), d["min_interval"],
+        for d, name in zip(doms, chain_keys(doms)):
+            key = (d["index"], name, tuple(d["span"] or ()), d["min_interval"],
                    d["max_interval"], d["busy_factor"], d["imbalance_pct"],
                    d["cache_nice_tries"])
             seen.setdefault(key, []).append(int(cpu))
@@ -258,7 +281,7 @@ def describe(topology: dict) -> list[str]:
             seen.items(), key=lambda kv: (kv[0][0], kv[1][0])):
         params = (f"interval {lo}-{hi} ms, busy_factor {busy}, imbalance_pct {imb}, "
                   f"cache_nice_tries {tries}" if lo is not None else "parameters not read")
-        lines.append(f"domain{i} {name or '?'} span {format_cpulist(list(span)) or '?'} "
+        lines.append(f"domain{i} {name} span {format_cpulist(list(span)) or '?'} "
                      f"(CPU{'s' if len(cpus) > 1 else ''} {format_cpulist(cpus)}): {params}")
     return lines
 
@@ -270,6 +293,6 @@ def summary_line(topology: dict) -> str:
         missing = topology.get("source", {}).get("missing") or ["not read"]
         return f"domains not read: {missing[0]}"
     first = doms[min(doms, key=int)]
-    chain = " < ".join(f"{d['name'] or 'domain' + str(d['index'])}"
-                       f"({len(d['span']) if d['span'] else '?'})" for d in first)
+    chain = " < ".join(f"{name}({len(d['span']) if d['span'] else '?'})"
+                       for d, name in zip(first, chain_keys(first)))
     return f"{chain} (CPU {min(doms, key=int)}; {len(doms)} CPUs)"

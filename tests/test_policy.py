@@ -248,3 +248,7 @@ def test_runs_whose_vcpus_waited_for_the_host_are_not_evidence(tmp_path):
     assert trust.virtual_clock({"vm": {"accelerator": "kvm", "qemu_setting": "tcg=icount"}}) is None
     note = trust.vcpu_starved(json.loads((tmp_path / "starved" / "manifest.json").read_text()))
     assert trust.word(note).startswith("vCPU 2's thread waited for a host CPU 50.0% of the window")
+    assert "(TCG, accel=auto,tcg=multi,pin=off)" in trust.word(note)
+    # an older manifest of a VM that died lost the VM's facts: said so, not "(?, )"
+    lost = trust.vcpu_starved({"vm": {"vcpu_wait_max": 0.5, "vcpu_wait_max_vcpu": 1}})
+    assert "(the VM's accelerator and QEMU setting not recorded)" in trust.word(lost)

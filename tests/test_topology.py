@@ -19,7 +19,7 @@ from harmony.analysis.counters import by_level
 from harmony.core import osutil
 from harmony.probes import domains, schedstat
 
-from topology_fixtures import guest_topology, lay_out, load
+from topology_fixtures import guest_topology, lay_out, load, names as fixture_names
 
 
 # ------------------------------------------------------------------------ /proc/schedstat
@@ -377,10 +377,100 @@ def test_levels_on_the_ring_and_around_a_cpu_taken_offline():
     before, offline, online = (ring[k] for k in ("before", "offline", "online"))
     assert T.migration_level(1, 0, before) == (0, "MC")
     assert T.migration_level(2, 0, before) == (1, "NUMA")     # node 1: a neighbour of node 0
-    assert T.migration_level(4, 0, before) == (2, "NUMA")     # node 2: across the ring
+    assert T.migration_level(4, 0, before) == (2, "NUMA2")    # node 2: across the ring
     assert T.migration_level(3, 2, offline) == (None, None)   # CPU 3 has no domains
-    assert T.migration_level(2, 0, offline) == (0, "NUMA")
+    assert T.migration_level(2, 0, offline) == (0, "NUMA")    # its own chain counts from 1
+    assert T.migration_level(2, 6, offline) == (1, "NUMA2")
     table = T.LevelTable(offline)
     index, _ = table.of(np.array([2, 2, 0]), np.array([0, 6, 1]))    # node 3: opposite
     assert list(index) == [0, 1, 0]
     assert T.LevelTable(online).index.tolist() == T.LevelTable(before).index.tolist()
+
+
+def _schedstat_v16(spans: dict[int, list[list[int]]], counts: dict) -> str:
+    """A /proc/schedstat text of version 16 (6.12's layout: per idle type busy, idle, newidle 8
+    counters, lb_gained the fifth; then alb_count alb_failed alb_pushed ...) with the given
+    domains' spans and ``counts``: {(cpu, domain index): {"busy"|"idle"|"newidle"|"alb_pushed":
+    n}}, every other counter 0."""
+    lines = ["version 16", "timestamp 4294898253"]
+    for cpu, chain in sorted(spans.items()):
+        lines.append(f"cpu{cpu} " + " ".join(["0"] * 9))
+        for i, span in enumerate(chain):
+            got = counts.get((cpu, i), {})
+            per_type = []
+            for t in ("busy", "idle", "newidle"):
+                per_type += [0, 0, 0, 0, got.get(t, 0), 0, 0, 0]
+            tail = [0, 0, got.get("alb_pushed", 0)] + [0] * 9
+            mask = f"{sum(1 << c for c in span):02x}"
+            lines.append(f"domain{i} {mask} " + " ".join(map(str, per_type + tail)))
+    return "\n".join(lines) + "\n"
+
+
+def test_the_rings_two_numa_levels_are_counted_apart_and_agree_with_schedstat():
+    """The ring guest's (tests/data/topology_known) two domain levels the kernel names NUMA (its
+    neighbours' nodes at 20, every node at 30) are two keys, NUMA and NUMA2: each move is
+    counted at its own one, in the migrations' level_name, the moves by level and cause, and
+    the per-level check against the kernel's per-domain lines of /proc/schedstat (a text with
+    the ring's spans, parsed as Harmony parses the kernel's, the independent reading)."""
+    before = _ring()["before"]
+    topo = before
+    spans = {int(c): [d["span"] for d in ds] for c, ds in before["domains"].items()}
+    assert T.df_domains({"topology": topo}).query("cpu == 0")["name"].tolist() == [
+        "MC", "NUMA", "NUMA2"]
+    assert domains.summary_line(topo).startswith("MC(2) < NUMA(6) < NUMA2(8) (CPU 0")
+    assert any(line.startswith("domain2 NUMA2 span 0-7 (CPUs 0-7): ")
+               for line in domains.describe(topo))
+    # onto CPU 0: new-idle from its core's sibling (MC), periodic from a neighbour node's CPU
+    # (NUMA), active from the opposite node's (NUMA2); a wake-up from a neighbour (NUMA)
+    src, dst = np.array([1, 2, 4, 6]), np.array([0, 0, 0, 0])
+    cause = ["newidle", "periodic", "active", "wakeup"]
+    cols = T.level_columns(src, dst, topo)
+    assert cols["level"].tolist() == [0, 1, 2, 1]
+    assert list(cols["level_name"].astype(object)) == ["MC", "NUMA", "NUMA2", "NUMA"]
+    assert list(cols["level_name"].categories) == ["MC", "NUMA", "NUMA2"]
+    mig = pd.DataFrame({"ts": [50, 60, 70, 80], "src_cpu": src, "dst_cpu": dst,
+                        "cause": pd.Categorical(cause), **cols})
+    assert T.counts_by_level(mig, 0, 100) == {"MC": {"newidle": 1},
+                                              "NUMA": {"periodic": 1, "wakeup": 1},
+                                              "NUMA2": {"active": 1}}
+    # the kernel's count of those moves, domain by domain of CPU 0 (the stopper's push counts
+    # in lb_gained[idle] too)
+    start = {"domains": schedstat.parse(_schedstat_v16(spans, {}))["domains"]}
+    end = {"domains": schedstat.parse(_schedstat_v16(spans, {
+        (0, 0): {"newidle": 1}, (0, 1): {"busy": 1}, (0, 2): {"idle": 1, "alb_pushed": 1}}))[
+        "domains"]}
+    for read in (start, end):       # as the manifest keeps a read: string CPU keys
+        read["domains"] = {str(c): v for c, v in read["domains"].items()}
+    moves = mig[["ts", "src_cpu", "dst_cpu", "cause"]].assign(rt=False)
+    mine = moves.assign(inferred=False).iloc[:0]
+    w = [0, 10, 100, 110]
+    got = by_level(start, end, [0, 1], moves, mine, w, topo)
+    assert list(got) == ["MC", "NUMA", "NUMA2"]
+    assert got["NUMA"]["kernel"]["periodic"] == got["NUMA"]["all"]["periodic"] == 1
+    assert got["NUMA"]["kernel"]["active"] == got["NUMA"]["all"]["active"] == 0
+    assert got["NUMA2"]["kernel"]["active"] == got["NUMA2"]["all"]["active"] == 1
+    assert got["NUMA2"]["kernel"]["periodic"] == got["NUMA2"]["all"]["periodic"] == 0
+    assert got["MC"]["kernel"]["newidle"] == 1
+    assert all(v["within"] for v in got.values()), got
+    # the periodic move from the opposite node instead: the kernel counted it at the first
+    # NUMA level, so both NUMA levels now disagree on it
+    moves.loc[1, "src_cpu"] = 5
+    got = by_level(start, end, [0, 1], moves, mine, w, topo)
+    assert "periodic" not in got["NUMA"]["agreeing"]
+    assert "periodic" not in got["NUMA2"]["agreeing"] and got["MC"]["within"]
+
+
+@pytest.mark.parametrize("name", fixture_names())
+def test_a_machine_with_one_domain_of_each_name_keeps_the_kernels_names(name, tmp_path):
+    """Every recorded guest topology (one NUMA level at most): the level keys are the kernel's
+    own names, in the tables, the moves' levels and the chains shown."""
+    topo = guest_topology(load(name), tmp_path)
+    for cpu, chain in topo["domains"].items():
+        names = [d["name"] for d in chain]
+        assert len(set(names)) == len(names) and None not in names, (cpu, names)
+        assert domains.chain_keys(chain) == names
+        assert [k for k in T.df_domains({"topology": topo}).query(f"cpu == {cpu}")["name"]] \
+            == names
+    first = topo["domains"][min(topo["domains"], key=int)]
+    assert domains.summary_line(topo).startswith(" < ".join(
+        f"{d['name']}({len(d['span'])})" for d in first) + " (CPU ")

@@ -63,12 +63,15 @@ def facts():
 
 def capture(planned, params, cpus, out, *args, pause=None, resume=None, **kwargs):
     pause()
+    if mode == "dies":          # the guest gone mid-run (a panic, QEMU killed): no last word
+        os._exit(9)
     if mode == "slow-capture":
         time.sleep(600)
     resume()
     raise RuntimeError(f"fake capture by agent {os.getpid()}")
 
 guest.guest_facts, guest.capture, guest.HostLock = facts, capture, contextlib.nullcontext
+guest.topology_problem = lambda topology, facts: None       # the shape asked for: got
 # the input port is the fake virtme-ng's standard input (none: a guest without virtio_console)
 guest.job_input = (lambda: None) if mode == "no-more" else (lambda: sys.stdin)
 sys.exit(guest.main(sys.argv[1:]))
@@ -215,6 +218,60 @@ def test_a_guest_agent_that_fails_says_why_on_the_host(fake_vm, tmp_path, monkey
     assert msg.startswith("kernel debian:6.1: ") and says in msg and "\n" not in msg, msg
     m = store.read_json(tmp_path / "a" / "manifest.json")
     assert m["status"] == "incomplete" and says in m["incomplete_reason"]
+    # the VM's facts known on the host are kept, its death said as such; the guest said no
+    # facts (neither agent got that far): the kernel under test is the one asked for, said so
+    assert m["vm"]["kernel"]["spec"] == "debian:6.1" and m["vm"]["vcpus"] == 2
+    assert m["vm"]["accelerator"] == "tcg" and says in m["vm"]["died"]["why"]
+    assert m["vm"]["died"]["booted"] is False and m["vm"]["died"]["exit_status"] == 1
+    assert m["under_test"]["kernel"] == KERNEL.release and "asked" in m["under_test"][
+        "facts_from"]
+    assert until(lambda: not tree(fake_vm), 5), tree(fake_vm)
+
+
+def test_a_vm_that_dies_mid_run_keeps_its_facts_in_the_manifest(fake_vm, tmp_path, monkeypatch):
+    """The guest dies inside a run's measured window (the agent gone without a word, as in a
+    panic or QEMU killed): the run is incomplete, and its manifest keeps what the host knew of
+    the VM before -- the kernel asked for, the vCPUs and topology, QEMU's version, the
+    accelerator -- and the guest's facts, with the death recorded as such; the report says
+    it, not "(?, )"."""
+    from harmony.analysis.report import vm_lines
+    from harmony.vm.topology import parse
+
+    monkeypatch.setenv("FAKE_AGENT", "dies")
+    topo = parse("2socket")
+    with pytest.raises(VmError) as exc:
+        with vm_runner.VmRunner(KERNEL, 2, setting=vm.QemuSetting(accel="tcg"),
+                                topology=topo) as r:
+            _plan(r, tmp_path / "a")
+            r.flush()
+    assert "\n" not in str(exc.value) and str(exc.value).startswith("kernel debian:6.1: ")
+    m = store.read_json(tmp_path / "a" / "manifest.json")
+    assert m["status"] == "incomplete"
+    v = m["vm"]
+    assert v["kernel"]["spec"] == "debian:6.1" and v["kernel"]["release"] == KERNEL.release
+    assert v["vcpus"] == topo.vcpus == 4 and v["accelerator"] == "tcg"
+    assert v["topology"]["describe"] == topo.describe() and v["topology"]["smp"] == topo.smp()
+    # the stand-in QEMU's own answer to --version (a symlink to sleep), read here independently
+    said = subprocess.run([fake_vm / "qemu-system-x86_64", "--version"], capture_output=True,
+                          text=True).stdout.splitlines()[0].strip()
+    assert v["qemu"] == said and v["virtme_ng"] == "0.0-stand-in"
+    assert v["died"]["booted"] and v["died"]["exit_status"] == 9, v["died"]
+    assert v["died"]["why"] == str(exc.value)
+    assert v["window_host_s"] is None           # the window never ended
+    assert m["under_test"]["kernel"] == "6.12.0-fake"   # the guest's facts, said before
+    lines = vm_lines(m)
+    assert lines[0].startswith("kernel under test            debian:6.1 (p v)"), lines
+    assert lines[1].startswith("VM                           TCG, 4 vCPUs"), lines
+    assert any(line.startswith("VM died                      after the guest said its facts "
+                               "(exit 9)") for line in lines), lines
+    assert "(?, )" not in "\n".join(lines) and "None" not in lines[1], lines
+    # and `harmony report --allow-incomplete` says them
+    import harmony
+    from harmony.cli.screens import incomplete_screen
+    from harmony.results import captured
+
+    screen = incomplete_screen(captured(harmony.load(tmp_path / "a", allow_incomplete=True)))
+    assert "VM                           TCG, 4 vCPUs" in screen and "VM died" in screen, screen
     assert until(lambda: not tree(fake_vm), 5), tree(fake_vm)
 
 

@@ -166,6 +166,11 @@ def incomplete_screen(facts: dict) -> str:
            f"experiment: {facts['experiment']}"]
     out += wrap("parameters: " + ", ".join(f"{k}={v}" for k, v in facts["params"].items()),
                 hanging="  ")
+    if facts.get("vm"):             # the VM's facts, its death among them
+        from harmony.analysis.report import vm_lines
+
+        for line in vm_lines({"vm": facts["vm"], "host": facts.get("host")}):
+            out += wrap(line, hanging="  ")
     cap = facts.get("capture")
     if cap is None:
         out.append("capture: none kept (no raw capture in the directory)")

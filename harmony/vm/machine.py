@@ -257,6 +257,15 @@ def versions() -> dict:
             or None}
 
 
+def topology_facts(topology: VmTopology | None) -> dict | None:
+    """The manifest's ``vm.topology``: the shape asked for (None: a flat VM)."""
+    if topology is None:
+        return None
+    return {"spec": topology.spec(), "preset": topology.preset, "describe": topology.describe(),
+            "smp": topology.smp(),
+            "numa_nodes": topology.node_cpus() if topology.numa > 1 else None}
+
+
 def missing_tools() -> list[str]:
     """What a VM needs and this host lacks (install.sh installs them)."""
     need = {"qemu-system-x86_64": "qemu-system-x86", "vng": "virtme-ng (pip)",
@@ -502,11 +511,7 @@ class VirtualMachine:
                 "qemu_setting_why": self.setting_why if self.accel != "kvm" else None,
                 "qemu_options": qemu_options(self.setting, self.accel or "tcg")
                 + (self.topology.qemu_opts(self.accel or "tcg") if self.topology else []),
-                "topology": None if self.topology is None else {
-                    "spec": self.topology.spec(), "preset": self.topology.preset,
-                    "describe": self.topology.describe(), "smp": self.topology.smp(),
-                    "numa_nodes": self.topology.node_cpus() if self.topology.numa > 1 else None},
-                **versions()}
+                "topology": topology_facts(self.topology), **versions()}
 
     def _fail(self, what: str) -> VmError:
         why = guest_error(self.console_tail)

@@ -21,12 +21,15 @@ from harmony.run import land
 from harmony.runners import analyse_groups
 from harmony.vm.guest import PlannedRun, job_line, write_job
 from harmony.vm.machine import (
+    QemuSetting,
     VirtualMachine,
     guest_error,
     make_job_dir,
     renice_threads,
+    topology_facts,
     vcpu_threads,
     vcpu_times,
+    versions,
     wait_fractions,
 )
 from harmony.workload.controller import warm_s
@@ -257,10 +260,11 @@ class VmRunner:
             self._land(todo, state, "interrupted (Ctrl-C)" if isinstance(
                 exc, KeyboardInterrupt) else str(exc), analyse_landed=False)
             raise
+        dead = None
         if failure and self.vm is not None:
             self._end_vm()
-            self.vm = None
-        self._land(todo, state, failure)
+            dead, self.vm = self.vm, None       # its facts go in the manifests all the same
+        self._land(todo, state, failure, vm=dead, died=failure is not None)
         if failure:
             raise VmError(failure)
 
@@ -327,12 +331,32 @@ class VmRunner:
         if self.progress is not None:
             self.progress.booted()
 
-    def _land(self, todo, state: dict, failure: str | None, analyse_landed: bool = True) -> None:
-        """Complete each run's manifest on the host; runs not captured are marked incomplete."""
-        vm_facts = self.vm.describe() if self.vm else {}
+    def host_vm_facts(self, vm: VirtualMachine | None = None) -> dict:
+        """The manifest's ``vm`` facts known on the host, whatever became of the guest: the VM's
+        own (:meth:`VirtualMachine.describe`: the kernel asked for, its accelerator, vCPUs,
+        memory, QEMU setting and options, topology, QEMU's and virtme-ng's versions) where one
+        was made, else what this runner was asked for (no accelerator: none was chosen)."""
+        if vm is not None:
+            return vm.describe()
+        setting = self.setting or QemuSetting()
+        return {"kernel": self.kernel.to_dict(), "accelerator": None, "accelerator_why": None,
+                "vcpus": self.vcpus, "memory_mb": self.memory_mb, "qemu_setting": setting.text(),
+                "qemu_setting_why": None, "qemu_options": None,
+                "topology": topology_facts(self.topology), **versions()}
+
+    def _land(self, todo, state: dict, failure: str | None, analyse_landed: bool = True,
+              vm: VirtualMachine | None = None, died: bool = False) -> None:
+        """Complete each run's manifest on the host; runs not captured are marked incomplete.
+        ``vm``: the VM of these runs where it is no longer ``self.vm`` (ended after a failure);
+        ``died``: the guest died or failed before the end of its job (``failure`` says how),
+        recorded in each manifest's ``vm.died`` with the VM's exit status."""
+        vm = vm or self.vm
+        vm_facts = self.host_vm_facts(vm)
         vm_facts["boot_s"] = self.boot_s
         # the nice value the vCPU threads had over the runs (the setting's, where it was given)
-        vm_facts["vcpu_nice"] = self.vm.setting.nice if self.vm and self.reniced else 0
+        vm_facts["vcpu_nice"] = vm.setting.nice if vm and self.reniced else 0
+        vm_facts["died"] = ({"why": failure, "exit_status": vm.returncode if vm else None,
+                             "booted": self.system is not None} if died else None)
         captured = set()
         for i, (exp, run) in enumerate(todo):
             path = Path(run.dir)
@@ -342,7 +366,10 @@ class VmRunner:
                 manifest = new_manifest(exp, run.params, run.cpus, run.probe, run.seed,
                                         self.system or {})
             guest = manifest.pop("host", None)
-            manifest["under_test"] = self.system or guest or {}
+            # a guest that died before it said its facts: the kernel asked for, said as such
+            manifest["under_test"] = self.system or guest or {
+                "kernel": self.kernel.release, "facts_from": "the kernel asked for (the guest "
+                "said none)"}
             if manifest.get("scx"):         # the host's path, not the copy the guest ran
                 manifest["scx"] = {**manifest["scx"], "path_in_guest": manifest["scx"]["path"],
                                    "path": self.scx.path}
@@ -397,6 +424,8 @@ class VmRunner:
                 m = new_manifest(exp, run.params, run.cpus, run.probe, run.seed, {},
                                  status="incomplete")
                 m["incomplete_reason"] = why
+                m["vm"] = {**self.host_vm_facts(self.vm), "boot_s": self.boot_s,
+                           "died": None}
                 store.write_json(path, m)
 
     def drain(self) -> list[dict]:

@@ -44,6 +44,7 @@ import re
 
 from harmony.core.errors import ParameterError
 from harmony.core.osutil import format_cpulist
+from harmony.probes.domains import chain_keys
 
 #: the largest count of each kind accepted (the VM takes at most 64 vCPUs: --vm-cpus's bound)
 MAX_VCPUS = 64
@@ -333,8 +334,8 @@ def check(topo: VmTopology, guest: dict) -> str | None:
     doms = {int(c): d for c, d in (guest.get("domains") or {}).items()}
     if doms:
         for cpu in range(topo.vcpus):
-            got = [(d.get("name") or f"domain{d['index']}", d.get("span") or []) for d in
-                   doms.get(cpu, [])]
+            chain = doms.get(cpu, [])
+            got = [(k, d.get("span") or []) for d, k in zip(chain, chain_keys(chain))]
             if [sorted(s) for _, s in got] != [sorted(s) for _, s in want[cpu]]:
                 return (f"the guest did not get {topo.describe()}: CPU {cpu}'s domains are "
                         f"{_chain(got)}, not {_chain(want[cpu])}{_hint(topo, guest)}")
