@@ -27,25 +27,46 @@ def sched_ext_kernel():
         host_skip(f"no sched-ext kernel: {exc}")
 
 
+#: the quick suite's experiments the card's answers on scx_simple rest on
+CARD_EXPERIMENTS = ["single-source", "how-many", "intrinsic-imbalance", "heavy-light", "detection",
+                    "time-to-resolve"]
+
+
+@pytest.fixture(scope="module")
+def scx_simple_suite(sched_ext_kernel, tmp_path_factory):
+    """The quick suite's experiments the card rests on, under scx_simple at P = 4 in one boot,
+    one run each (the card's vote needs no repetition; a boot and a second round cost ~2 min of
+    CI): the single-source run's manifest and the card are both checked from it."""
+    out = tmp_path_factory.mktemp("scx") / "s"
+    p = cli("suite", "--quick", "--repeat", "1", "--kernel", "sched-ext", "--vm-cpus", "4",
+            "--scx", "simple", *[a for e in CARD_EXPERIMENTS for a in ("--experiment", e)],
+            "--out", out, "-q", timeout=1800)
+    return p, out
+
+
 @pytest.mark.needs_tool(*VM_TOOLS)
-def test_single_source_under_scx_simple_at_4_vcpus(kernel, sched_ext_kernel, tmp_path):
-    out = tmp_path / "r"
-    p = cli("run", "single-source", "--kernel", "sched-ext", "--vm-cpus", "4", "--scx", "simple",
-            "--layout", "8,0,0,0", "--duration", "3", "--out", out, "-q", timeout=900)
+def test_single_source_under_scx_simple_at_4_vcpus(kernel, sched_ext_kernel, scx_simple_suite):
+    p, suite = scx_simple_suite
     assert p.returncode == 0, p.stderr
+    out = suite / "single-source" / "rep-01"
     m = store.read_json(out / "manifest.json")
     assert m["status"] == "complete"
     s = m["scx"]
     assert s["name"] == "simple" and s["ops"] == "simple" and s["enabled_throughout"]
     assert s["states"] == [[0.0, "enabled"]] and s["ejected"] is None
-    assert s["exit"] == "unregistered from user space" and s["state_after"] == "disabled"
+    # a suite keeps the scheduler loaded across its runs: each run's record says since which run,
+    # and that it was still enabled when the run ended (how a lone run's scheduler ends, and an
+    # ejected one: the test below)
+    assert s["kept"] and s["exit"] is None and s["state_after"] == "enabled", s
     assert s["path"] == str(sched_ext_kernel.image.parent / "scx_simple")
     assert m["under_test"]["scheduler"] == "simple" and m["under_test"]["ncpus"] == 4
     assert m["vm"]["kernel"]["spec"] == "sched-ext"
     # no occupier spins under sched_ext: the release is warm (or confined)
     assert m["release_mode"] in ("warm", "confined")
     assert m["kernel_counter_agreement"]["disagreeing"] == 0
-    assert "enabled throughout" in (out / "report.md").read_text()
+    r = cli("report", out, "--out", suite / "single-source-report", "-q")
+    assert r.returncode == 0, r.stderr
+    assert "enabled throughout" in (suite / "single-source-report" / "report.md").read_text()
     assert not pids_with_comm("scx_")
 
 
@@ -81,17 +102,12 @@ def test_an_ejected_scheduler_marks_the_run_incomplete(kernel, sched_ext_kernel,
 
 
 @pytest.mark.needs_tool(*VM_TOOLS)
-def test_the_card_reads_scx_simple_as_the_global_queue_it_is(kernel, sched_ext_kernel, tmp_path):
+def test_the_card_reads_scx_simple_as_the_global_queue_it_is(kernel, sched_ext_kernel,
+                                                              scx_simple_suite):
     """Ground truth on a real kernel: scx_simple keeps one queue that every CPU takes from (its
     default mode, weighted vtime), so the card must find weak affinity, read how-many as a global
-    queue, and answer time-to-balance, busy-CPU detection and selection as not applicable. The
-    quick suite's experiments those answers rest on, at P = 4 in one boot."""
-    out = tmp_path / "s"
-    experiments = ["single-source", "how-many", "intrinsic-imbalance", "heavy-light",
-                   "detection", "time-to-resolve"]
-    p = cli("suite", "--quick", "--kernel", "sched-ext", "--vm-cpus", "4", "--scx", "simple",
-            *[a for e in experiments for a in ("--experiment", e)], "--out", out, "-q",
-            timeout=1800)
+    queue, and answer time-to-balance, busy-CPU detection and selection as not applicable."""
+    p, out = scx_simple_suite
     assert p.returncode == 0, p.stderr
     card = store.read_json(out / "card.json")
     assert not card["skipped"], card["skipped"]      # every run used: the vCPUs were not starved
