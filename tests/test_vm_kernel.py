@@ -1,6 +1,6 @@
 """Kernels under test for real: the guest agent capturing on this host without pandas, a Debian
 6.1 kernel booted at P = 4 running single-source end to end, QEMU killed mid-run, and what
-`trace-cmd record` and `perf record` write in such a guest imported here.
+`trace-cmd record` and `perf record` wrote in such a guest (kept in tests/data) imported here.
 
 The VM tests need QEMU, virtme-ng and busybox (install.sh installs them; CI runs it) and fetch
 the kernel from Debian into the cache once per machine; they skip with the reason only where
@@ -233,28 +233,29 @@ for pid in kids:
 """
 
 
-@pytest.mark.needs_tool(*VM_TOOLS, "trace-cmd", "perf")
-def test_recordings_made_in_a_debian_6_1_guest_import(kernel, tmp_path, monkeypatch):
-    """What a user brings from another machine: `trace-cmd record` (not extract: trace-cmd's own
-    layout and options) and `perf record` (perf 6.1 on its kernel) of 5 tasks on a CFS kernel at 4
-    CPUs, recorded in a guest. Both read as trace-cmd report and perf script print them, and
-    import naming the recording's kernel, its scheduler and its CPUs, not this host's."""
-    from test_import_export import decoded_records, report_events
-    from test_perf_read import compare_with_perf
+#: `trace-cmd record` and `perf record` of GUEST_WORK in a debian:6.1 guest at 4 vCPUs, made once
+#: by :func:`record_in_a_debian_6_1_guest` (`python3 -m pytest -m long_build -k recordings` makes
+#: them again and checks the fresh ones the same way): a boot is ~50 s of CI, and what the test
+#: checks is how Harmony reads such files, not how the guest makes them
+GUEST_RECORDINGS = Path(__file__).parent / "data" / "debian-6.1-guest"
 
-    from harmony.probes.tracedat_read import decode_tracedat
+
+def record_in_a_debian_6_1_guest(dest: Path) -> tuple[Path, Path]:
+    """What a user brings from another machine: `trace-cmd record` (not extract: trace-cmd's own
+    layout and options) and `perf record` (perf on a 6.1 kernel) of 5 tasks on a CFS kernel at 4
+    CPUs, recorded in a debian:6.1 guest booted here; returns (trace.dat, perf.data)."""
     from harmony.vm import kernels
     from harmony.vm import machine as vm
 
-    (tmp_path / "work.py").write_text(GUEST_WORK)
-    script = tmp_path / "record.sh"
-    script.write_text(f"#!/bin/sh\ncd {tmp_path}\n"
+    (dest / "work.py").write_text(GUEST_WORK)
+    script = dest / "record.sh"
+    script.write_text(f"#!/bin/sh\ncd {dest}\n"
                       f"trace-cmd record -q -e sched -o rec.dat -- {sys.executable} work.py "
                       "> trace-cmd.log 2>&1\n"
                       f"perf record -q -e 'sched:*' -a -o perf.data -- {sys.executable} work.py "
                       "> perf.log 2>&1\n")
     script.chmod(0o755)
-    argv = vm.vng_argv(kernels.kernel("debian:6.1"), 4, 2048, tmp_path, [str(script)],
+    argv = vm.vng_argv(kernels.kernel("debian:6.1"), 4, 2048, dest, [str(script)],
                        vm.setting_from_env(), "tcg")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -264,8 +265,35 @@ def test_recordings_made_in_a_debian_6_1_guest_import(kernel, tmp_path, monkeypa
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    dat, data = tmp_path / "rec.dat", tmp_path / "perf.data"
+    dat, data = dest / "rec.dat", dest / "perf.data"
     assert dat.is_file() and data.is_file(), console[-2000:]
+    return dat, data
+
+
+@pytest.mark.needs_tool("trace-cmd", "perf")
+def test_recordings_made_in_a_debian_6_1_guest_import(tmp_path, monkeypatch):
+    """The recordings made once in a debian:6.1 guest (GUEST_RECORDINGS) read as trace-cmd report
+    and perf script print them, and import naming the recording's kernel, its scheduler and its
+    CPUs, not this host's."""
+    import lzma
+    data = tmp_path / "perf.data"       # kept compressed: 7.7 MB as perf wrote it, 0.4 MB so
+    data.write_bytes(lzma.decompress((GUEST_RECORDINGS / "perf.data.xz").read_bytes()))
+    check_guest_recordings(GUEST_RECORDINGS / "rec.dat", data, tmp_path, monkeypatch)
+
+
+@pytest.mark.long_build
+@pytest.mark.needs_tool(*VM_TOOLS, "trace-cmd", "perf")
+def test_recordings_made_again_in_a_debian_6_1_guest_import(kernel, tmp_path, monkeypatch):
+    """The same checks on recordings made now, in a debian:6.1 guest booted here."""
+    dat, data = record_in_a_debian_6_1_guest(tmp_path)
+    check_guest_recordings(dat, data, tmp_path, monkeypatch)
+
+
+def check_guest_recordings(dat: Path, data: Path, tmp_path: Path, monkeypatch) -> None:
+    from test_import_export import decoded_records, report_events
+    from test_perf_read import compare_with_perf
+
+    from harmony.probes.tracedat_read import decode_tracedat
 
     cap, td = decode_tracedat(dat)
     assert td.kernel.startswith("6.1.") and td.n_cpus == 4
