@@ -64,9 +64,8 @@ def export(run_dir, fmt, out, quiet, as_json):
     if as_json:
         print_json({"path": str(wrote), "format": fmt, "notes": notes})
         return
-    if not quiet:
-        for line in notes:
-            note(line)
+    for line in notes:          # note() says nothing under -q
+        note(line)
     echo(str(wrote))
 
 
