@@ -356,14 +356,14 @@ def cut_delay_ms(run) -> float:
 def threshold_rows(run, moves: pd.DataFrame, src: int, dst: int, level: str) -> list[dict]:
     """Check 2: an imbalance below imbalance_pct between two overloaded groups is left alone."""
     m, p = run.manifest, run.manifest["params"]
+    if p.get("x") is None:      # an imported trace whose layout shows no x
+        return []
     d, local = pair_domain(m, src, dst)
     if d is None or d.get("imbalance_pct") is None:
         return []
     topo = topology_of(m)
     below = [x for x in topo["domains"][str(src)] if x["index"] < d["index"]]
     busiest = sorted(below[-1]["span"]) if below else [src]
-    if p.get("x") is None:      # an imported trace whose layout shows no x
-        return []
     q_src, q_dst = p["base"] + p["x"], p["base"]
     pct = d["imbalance_pct"]
     onto = moves[(moves["dst_cpu"] == dst) & moves["cause"].isin(BALANCE_CAUSES)]
