@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.topology import RELATIONS, df_cpus, migration_level
+from harmony.analysis.topology import RELATIONS, df_cpus, level_columns
 
 
 def topology_of(manifest: dict) -> dict:
@@ -95,13 +95,12 @@ def df_move_levels(migrations: pd.DataFrame, manifest: dict,
     mig = mig[mig["src_cpu"].isin(known) & mig["dst_cpu"].isin(known)]
     src, dst = mig["src_cpu"].to_numpy(int), mig["dst_cpu"].to_numpy(int)
     rel = relation_table(sorted(set(src) | set(dst)), manifest)
-    if "level" in mig.columns and "level_name" in mig.columns:     # the pipeline's (-1: none)
-        lv = mig["level"].to_numpy(int)
-        level = [None if v < 0 else int(v) for v in lv]
-        name = [None if v < 0 else str(n) for v, n in zip(lv, mig["level_name"].astype(object))]
-    else:
-        got = [migration_level(d, s, topo) for s, d in zip(src, dst)]
-        level, name = [g[0] for g in got], [g[1] for g in got]
+    # the pipeline's level columns (-1: none), else the same from the topology, in one table
+    cols = mig if {"level", "level_name"} <= set(mig.columns) else level_columns(src, dst, topo)
+    lv = np.asarray(cols["level"], int)
+    level = [None if v < 0 else int(v) for v in lv]
+    name = [None if v < 0 else str(n) for v, n in zip(lv, pd.Series(cols["level_name"],
+                                                                      dtype=object))]
     return pd.DataFrame({
         "t": mig["t"].to_numpy(float), "pid": mig["pid"].to_numpy(),
         "src_cpu": src, "dst_cpu": dst,
