@@ -344,19 +344,23 @@ class VmRunner:
                 "qemu_setting_why": None, "qemu_options": None,
                 "topology": topology_facts(self.topology), **versions()}
 
+    def _vm_record(self, vm: VirtualMachine | None, died: str | None = None) -> dict:
+        """A manifest's ``vm``: :meth:`host_vm_facts`, the boot's time, the nice value the vCPU
+        threads had over the runs (the setting's, where it was given), and ``died`` (None, or
+        how the guest died, with the VM's exit status)."""
+        return {**self.host_vm_facts(vm), "boot_s": self.boot_s,
+                "vcpu_nice": vm.setting.nice if vm and self.reniced else 0,
+                "died": None if died is None else {
+                    "why": died, "exit_status": vm.returncode if vm else None,
+                    "booted": self.system is not None}}
+
     def _land(self, todo, state: dict, failure: str | None, analyse_landed: bool = True,
               vm: VirtualMachine | None = None, died: bool = False) -> None:
         """Complete each run's manifest on the host; runs not captured are marked incomplete.
         ``vm``: the VM of these runs where it is no longer ``self.vm`` (ended after a failure);
         ``died``: the guest died or failed before the end of its job (``failure`` says how),
         recorded in each manifest's ``vm.died`` with the VM's exit status."""
-        vm = vm or self.vm
-        vm_facts = self.host_vm_facts(vm)
-        vm_facts["boot_s"] = self.boot_s
-        # the nice value the vCPU threads had over the runs (the setting's, where it was given)
-        vm_facts["vcpu_nice"] = vm.setting.nice if vm and self.reniced else 0
-        vm_facts["died"] = ({"why": failure, "exit_status": vm.returncode if vm else None,
-                             "booted": self.system is not None} if died else None)
+        vm_facts = self._vm_record(vm or self.vm, failure if died else None)
         captured = set()
         for i, (exp, run) in enumerate(todo):
             path = Path(run.dir)
@@ -424,8 +428,7 @@ class VmRunner:
                 m = new_manifest(exp, run.params, run.cpus, run.probe, run.seed, {},
                                  status="incomplete")
                 m["incomplete_reason"] = why
-                m["vm"] = {**self.host_vm_facts(self.vm), "boot_s": self.boot_s,
-                           "died": None}
+                m["vm"] = self._vm_record(self.vm)
                 store.write_json(path, m)
 
     def drain(self) -> list[dict]:
