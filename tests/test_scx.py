@@ -140,13 +140,14 @@ def _root(tmp_path: Path, state: str = "disabled") -> Path:
 
 def _scheduler(tmp_path: Path, root: Path, then: str = "") -> Path:
     """A stand-in scheduler: enables the stand-in sched_ext, says EXIT on SIGINT as the scx
-    schedulers do; ``then``: what it does after it is enabled (else it waits)."""
+    schedulers do; ``then``: what it does after it is enabled (else it waits). Its one line of
+    output comes before it is enabled, so a run that stops right after the start has it."""
     return _exe(tmp_path / "scx_fake", f"""#!/bin/sh
 stop() {{ echo disabled > {root}/state; echo "EXIT: unregistered from user space" >&2; exit 0; }}
 trap stop INT
+echo "local=0 global=0"
 echo fake > {root}/root/ops
 echo enabled > {root}/state
-echo "local=0 global=0"
 {then}
 while :; do sleep 0.05; done
 """)
