@@ -16,6 +16,11 @@ The rules:
   decide it); one whose runs disagree is "undecided" (with the count of each label), never a
   guess. Every answer with votes carries that confidence (``Answer.confidence``), every median
   among its numbers its bootstrap interval (``Answer.intervals``);
+- runs of several configurations (priority-classes at two nice differences: :func:`configurations`)
+  also vote each configuration apart: where the runs pooled are undecided and every
+  configuration's vote is settled, the answer is decided when they all decided one label, else
+  "varies (by configuration: ...)" with each configuration's answer
+  (:func:`harmony.analysis.sequential.by_configuration`);
 - a run whose metric is None (not measurable in that run) gives no label and is counted apart;
 - a question without evidence names the experiment that would answer it; a question the CPU count
   cannot answer says why (e.g. on 2 CPUs the poly-balance and pairwise predictions coincide).
@@ -43,7 +48,7 @@ from harmony.analysis.causes import CAUSES
 from harmony.analysis.stats import bootstrap_ci
 from harmony.analysis.rounds import round_rule
 from harmony.analysis.trust import disqualifying, word
-from harmony.experiments import summary_key
+from harmony.experiments import get_experiment, summary_key
 from harmony.workload.tasks import POLICIES, classes_text
 
 UNDECIDED = "undecided"
@@ -320,9 +325,21 @@ def confidence_text(a: Answer) -> str:
     """The answer's confidence in one line (:meth:`harmony.analysis.sequential.Verdict.text`),
     naming the experiment it comes from when it is one of several (affinity)."""
     c = a.confidence
-    v = sequential.Verdict(**{k: c[k] for k in ("state", "label", "votes", "runs", "lower",
-                                                 "upper", "labels", "more", "split")})
-    return v.text() + (f" ({c['from']})" if c.get("from") else "")
+    src = f" ({c['from']})" if c.get("from") else ""
+    if c.get("path") == sequential.PER_CONFIGURATION:
+        pooled = f"{c['label']} in {c['votes']} of {c['runs']} runs pooled, undecided"
+        each = "; ".join(f"{name}: {_verdict(v).text()}"
+                         for name, v in c["configurations"].items())
+        head = (f"decided at {T.DECIDE_LEVEL:.0%} in each of its {len(c['configurations'])} "
+                "configurations" if c["state"] == sequential.DECIDED else
+                f"varies at {T.DECIDE_LEVEL:.0%} by configuration")
+        return f"{head} ({pooled}){src}: {each}"
+    return _verdict(c).text() + src
+
+
+def _verdict(c: dict) -> sequential.Verdict:
+    return sequential.Verdict(**{k: c[k] for k in ("state", "label", "votes", "runs", "lower",
+                                                    "upper", "labels", "more", "split")})
 
 
 def interval_text(a: Answer, name: str) -> str:
@@ -419,7 +436,10 @@ def classes_of(manifest: dict) -> str:
 def _vote(per_run: list[tuple[Evidence, str | None]], a: Answer) -> None:
     """Set ``a.label``, ``a.agreement`` and ``a.confidence`` from each run's label (see the
     module's docstring: decided, varies, or undecided, showing the runs' label when they all
-    agree)."""
+    agree). Runs of more than one configuration (:func:`configurations`) also vote each
+    configuration apart, recorded in the confidence (``configurations``); where the runs pooled
+    are undecided and every configuration's vote is settled, those answer
+    (:func:`harmony.analysis.sequential.by_configuration`; ``path`` says which did)."""
     counts: dict[str, int] = {}
     for _, lab in per_run:
         key = lab if lab is not None else "no_label"
@@ -430,15 +450,101 @@ def _vote(per_run: list[tuple[Evidence, str | None]], a: Answer) -> None:
     if not votes:
         a.label = None
         return
-    v = sequential.verdict(votes, len(LABELS[a.qid]))
-    a.confidence = v.to_dict()
-    if v.state == sequential.DECIDED or (v.state == sequential.UNDECIDED and len(votes) == 1):
+    k = len(LABELS[a.qid])
+    v = sequential.verdict(votes, k)
+    configs = {name: sequential.verdict(_counts(labels), k)
+               for name, labels in configurations(per_run).items()}
+    state, path = sequential.by_configuration(v, configs)
+    a.confidence = v.to_dict() | {"path": path}
+    if len(configs) > 1:
+        a.confidence["configurations"] = {name: c.to_dict() for name, c in configs.items()}
+    if path == sequential.PER_CONFIGURATION:
+        a.confidence |= {"state": state, "more": 0}
+        if state == sequential.DECIDED:
+            a.label = next(iter(configs.values())).label
+        else:
+            a.label = f"{VARIES} (by configuration: {_by_configuration_text(configs)})"
+    elif v.state == sequential.DECIDED or (v.state == sequential.UNDECIDED and len(votes) == 1):
         a.label = v.label
     elif v.state == sequential.VARIES:
         split = ", ".join(f"{k} {n}" for k, n in v.split.items())
         a.label = f"{VARIES} ({split} of {v.runs} runs)"
     else:
         a.label = UNDECIDED
+
+
+def _counts(labels: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for lab in labels:
+        out[lab] = out.get(lab, 0) + 1
+    return out
+
+
+def _by_configuration_text(configs: dict[str, sequential.Verdict]) -> str:
+    """Each configuration's answer in a few words: "nice_diff=15: high spread 6/6; nice_diff=4:
+    varies, high clustered 4/8"."""
+    return "; ".join(f"{name}: {'varies, ' if c.state == sequential.VARIES else ''}"
+                     f"{c.label} {c.votes}/{c.runs}" for name, c in configs.items())
+
+
+def configurations(per_run: list[tuple[Evidence, str | None]]) -> dict[str, list[str]]:
+    """The labels of the runs that gave one, by configuration: a run's experiment and parameters
+    (:func:`configuration_of`), named by what sets it apart from the others ("nice_diff=4"; the
+    experiment too when they differ: "single-source", "time-to-resolve"), in the order of their
+    first run. One configuration is named ""."""
+    groups: dict[tuple, list[str]] = {}
+    for e, lab in per_run:
+        if lab is not None:
+            groups.setdefault(configuration_of(e), []).append(lab)
+    if len(groups) < 2:
+        return {"": labels for labels in groups.values()}
+    experiments = len({key[0] for key in groups}) > 1
+    names = {}
+    for key in groups:
+        params = [dict(other[1]) for other in groups if other[0] == key[0]]
+        differ = [k for k in dict.fromkeys(k for p in params for k in p)
+                  if len({p.get(k) for p in params}) > 1]
+        words = ([key[0]] if experiments else []) + [f"{k}={dict(key[1]).get(k)}" for k in differ]
+        names[key] = " ".join(words)
+    return {names[key]: labels for key, labels in groups.items()}
+
+
+def _param_text(v) -> str:
+    """A parameter's value as ``-p`` takes it (a list as "8,0,0,0")."""
+    return ",".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+
+def configuration_of(e: Evidence) -> tuple:
+    """The configuration a run is one of: its experiment and its parameters, less those drawn
+    for each run from its seed (:meth:`harmony.experiments.base.Experiment.draw`: detection's
+    cut time, work conservation's idle time), which differ from run to run of one
+    configuration. What ``harmony suite`` makes one batch of (a directory), and
+    ``--until-decided`` grows until its own vote is settled."""
+    drawn = _drawn_params(e.experiment)
+    return (e.experiment, tuple(sorted((k, _param_text(v)) for k, v in (e.params or {}).items()
+                                       if k not in drawn)))
+
+
+_DRAWN: dict[str, frozenset] = {}
+
+
+def _drawn_params(experiment: str) -> frozenset:
+    """The parameters ``experiment`` draws for each run (those its ``draw`` returns for its
+    defaults); none for an experiment the catalog does not know or cannot resolve."""
+    if experiment not in _DRAWN:
+        drawn: frozenset = frozenset()
+        try:
+            exp = get_experiment(experiment)
+            for cpus in ([0, 1, 2, 3], [0, 1]):
+                try:
+                    drawn = frozenset(exp.draw(exp.resolve({}, cpus), cpus, 0))
+                    break
+                except ValueError:
+                    continue
+        except ValueError:
+            pass
+        _DRAWN[experiment] = drawn
+    return _DRAWN[experiment]
 
 
 def _values(evs: list[Evidence], key: str) -> list:

@@ -543,6 +543,11 @@ def confidence_cell(a: policy.Answer) -> str:
     if c is None:
         return ""
     level = f"{T.DECIDE_LEVEL:.0%}"
+    if c.get("path") == sequential.PER_CONFIGURATION:
+        n = len(c["configurations"])
+        return (f"decided at {level} in each of its {n} configurations"
+                if c["state"] == sequential.DECIDED else
+                f"varies at {level} by configuration ({n} configurations)")
     if c["state"] == sequential.DECIDED:
         return f"decided at {level}: {c['label']} in at least {c['lower']:.0%} of runs"
     if c["state"] == sequential.VARIES:
@@ -651,6 +656,19 @@ def evidence_items(a: policy.Answer) -> list[str]:
     return out
 
 
+def scheduler_ended_text(r: dict) -> str:
+    """One line: how a sched_ext scheduler kept loaded across the suite's runs ended (its last
+    record, suite.json's ``scheduler_ended``)."""
+    how = f"state after: {r.get('state_after') or '?'}"
+    if r.get("ejected"):
+        how += f"; ejected: {r['ejected']}"
+    if r.get("exit"):
+        how += f"; exit: {r['exit']}"
+    if r.get("returncode") is not None:
+        how += f"; return code {r['returncode']}"
+    return f"sched_ext scheduler {r.get('name') or '?'} kept across the runs, at the end: {how}"
+
+
 def write(suite: Path, note: str | None = None, processes: int | None = None,
           dest: Path | None = None) -> tuple[Path, Path]:
     """Write report.md, report.html, card.json and the cross-run figures in ``suite`` (or in
@@ -681,6 +699,7 @@ def write(suite: Path, note: str | None = None, processes: int | None = None,
         facts.append(f"time: {info['wall_s']:.0f} s wall for {info['configured_s']:.0f} s of "
                      f"configured runs (suite efficiency {info['efficiency']:.2f}; "
                      f"analysis {analysis})")
+    facts += [scheduler_ended_text(r) for r in info.get("scheduler_ended") or ()]
     doc.append(D.Bullets(facts))
     if note:
         doc.append(D.Para(note, "note"))

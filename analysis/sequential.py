@@ -30,6 +30,31 @@ its level. The lower bound is taken at alpha / K over the K labels a question ca
 (Bonferroni: at most one wrong label is decided, over all of them, with probability alpha);
 the upper bound at alpha (at most one label can have a share of VARIES_SHARE or more).
 
+A question whose runs come from several *configurations* (priority-classes at two nice
+differences, heavy-light at two light duties: the suite's batches, each grown by ``--until-
+decided`` until its own vote is settled) is voted twice: the runs pooled (as above), and each
+configuration apart (:func:`by_configuration`). The pooled verdict stands when it is settled; when
+it is undecided and every configuration's own verdict is settled, those answer the question:
+
+- **decided L** when every configuration decided the same L. An intersection-union test (Berger
+  1982): "L in most runs of every configuration" is wrong only if L is not the majority of some
+  configuration c, and c decided L all the same: for each label L at most (1 - DECIDE_LEVEL) / K
+  (c's own Bonferroni share), so over the K labels at most 1 - DECIDE_LEVEL, whatever the
+  number of configurations. Each bound holds at every number of runs, so at whatever run each
+  configuration's loop stopped.
+- **varies by configuration** otherwise (some configuration varies, or two decided different
+  labels): the policy's runs do not all give one label, and the card lists each configuration's
+  answer. It is wrong only if some configuration's verdict is: at most 1 - DECIDE_LEVEL when it
+  rests on one configuration that varies, and at most C (K - 1) / K (1 - DECIDE_LEVEL) when it
+  rests on C configurations decided on different labels (1 - DECIDE_LEVEL for two of a two-label
+  question: the priorities' and selection's case).
+
+Pooling runs of different configurations is a vote over a mixture whose weights are how many runs
+each configuration happened to get (the loop gives more to the one that is slow to settle), not
+draws of one share; the pooled verdict is kept where it is settled because it is the card's
+answer as it always was, and the per-configuration verdicts, always recorded beside it, show
+what it is made of.
+
 :func:`verdict` gives a question's :class:`Verdict` from its votes; :func:`operating_
 characteristic` computes exactly, for a policy whose runs give one of two labels at a known
 share, how a vote grown one run at a time from ``start`` to ``cap`` runs ends (what
@@ -233,3 +258,24 @@ def operating_characteristic(share: float, start: int, cap: int, labels: int = 2
         n = min(n + step, cap) if later else n
         paths = later
     return out
+
+
+#: how a question's verdict was reached (:func:`by_configuration`): its runs pooled into one vote,
+#: or each configuration's own vote
+POOLED, PER_CONFIGURATION = "pooled", "per configuration"
+
+
+def by_configuration(pooled: Verdict, configs: dict[str, Verdict]) -> tuple[str, str | None]:
+    """The state of a question whose runs come from ``configs`` (name -> that configuration's own
+    verdict), given the verdict of its runs ``pooled``, and how it was reached: (state, path)
+    where path is :data:`POOLED` or :data:`PER_CONFIGURATION` (see the module's docstring). The
+    pooled verdict stands when it is settled, or with fewer than two configurations, or while a
+    configuration is undecided; else every configuration decided the same label: decided; else
+    varies (by configuration)."""
+    if pooled.state != UNDECIDED or len(configs) < 2 or \
+            any(v.state == UNDECIDED for v in configs.values()):
+        return pooled.state, POOLED
+    labels = {v.label for v in configs.values()}
+    if all(v.state == DECIDED for v in configs.values()) and len(labels) == 1:
+        return DECIDED, PER_CONFIGURATION
+    return VARIES, PER_CONFIGURATION

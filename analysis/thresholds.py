@@ -122,7 +122,11 @@ VCPU_WAIT_MAX = 0.05
 #: DECIDE_LEVEL: each verdict holds at this level. A decided label is wrong (its share at most
 #: DECIDE_SHARE) with probability at most 1 - DECIDE_LEVEL over all the labels of the question
 #: (the lower bound of each of its K labels is taken at (1 - DECIDE_LEVEL) / K); "varies" is wrong
-#: (one label does have a share of VARIES_SHARE or more: at most one can) at most as often.
+#: (one label does have a share of VARIES_SHARE or more: at most one can) at most as often. A
+#: question whose runs come from several configurations, its runs pooled undecided, is answered
+#: by each configuration's own verdict (harmony.analysis.sequential.by_configuration: decided at
+#: this level still, by an intersection-union test; "varies by configuration" at this level for
+#: two configurations of a two-label question).
 DECIDE_LEVEL = 0.95
 #: A question is *decided* L when the lower bound of L's share exceeds this: L is what the policy
 #: does in most runs. One half is the bar that makes the answer a statement about the policy

@@ -6,8 +6,10 @@ runs, :func:`harmony.analysis.policy.infer`) and prints
 
 - per configuration and question (the loop's unit): the runs the configuration ended with, the
   runs whose vote counted (with a label, on a quiet host), the state and the leading label's votes;
-- per question of the suite's card (every configuration's runs pooled, as the card is): its state,
-  label, votes and runs;
+- per question of the suite's card: its state, label, the votes and runs of every
+  configuration's runs pooled, and how the card reached it ("pooled", or "per configuration":
+  the pooled vote undecided, each configuration's own settled,
+  :func:`harmony.analysis.sequential.by_configuration`);
 - the share of the questions (those with evidence) that ended decided or varies: on the card, and
   per configuration within the cap; the runs planned, added and the rounds; the wall time.
 
@@ -43,7 +45,8 @@ def summarise(suite: Path) -> dict:
     card = policy.infer([suite])
     answers = [{"qid": a.qid, "state": a.state, "label": a.label,
                 "votes": (a.confidence or {}).get("votes"),
-                "runs": (a.confidence or {}).get("runs")}
+                "runs": (a.confidence or {}).get("runs"),
+                "path": (a.confidence or {}).get("path")}
                for a in card.answers if a.label is not None]
     settled = [a for a in answers if a["state"] in ("decided", "varies")]
     config_settled = [r for r in rows if r["state"] in ("decided", "varies")]
@@ -65,8 +68,8 @@ def show(s: dict) -> None:
                  [[r["config"], r["qid"], r["runs"], r["counted"], r["state"],
                    f"{r['label']} {r['votes']}/{r['counted']}"] for r in s["per_config"]])
     print()
-    common.table(["card: question", "state", "answer", "votes"],
-                 [[a["qid"], a["state"] or "", (a["label"] or "")[:60],
+    common.table(["card: question", "state", "by", "answer", "votes pooled"],
+                 [[a["qid"], a["state"] or "", a["path"] or "", (a["label"] or "")[:100],
                    "" if a["votes"] is None else f"{a['votes']}/{a['runs']}"] for a in s["card"]])
     n, of = s["card_settled"]
     m, mof = s["config_settled"]

@@ -391,6 +391,9 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
                # a kernel under test in a VM: the guest's facts (kernel, scheduler, CPUs)
                "under_test": getattr(runner, "system", None),
                "analysis_overlapped": bool(getattr(runner, "overlap", False))}
+    ended = getattr(runner, "schedulers_ended", None)
+    if ended:     # a sched_ext scheduler kept loaded across the runs: how it ended
+        record["scheduler_ended"] = ended
     sched = scheduler_of_runs(out)    # a sched_ext scheduler the runs had, not the boot's facts
     system = "under_test" if record.get("under_test") else "host"
     if sched and record.get(system):

@@ -377,6 +377,8 @@ def test_until_decided_summarises_a_suite_run_until_decided(tmp_path, monkeypatc
     assert res["per_config"] == [{"config": "how-many", "qid": "how_many", "runs": 7,
                                   "counted": 7, "state": "decided", "label": "poly-balance",
                                   "votes": 7}]
+    assert [(a["qid"], a["state"], a["path"]) for a in res["card"]] == \
+        [("how_many", "decided", "pooled")]
     r = bench("until_decided", str(tmp_path))
     assert r.returncode == 2 and "suite.json" in r.stderr
 

@@ -220,6 +220,49 @@ def test_a_kept_scheduler_is_loaded_once_for_many_runs(tmp_path):
     assert (root / "state").read_text().strip() == "disabled" and kept.sched is None
 
 
+def test_the_kept_schedulers_last_record_reaches_the_suite(tmp_path, monkeypatch):
+    """A boot's kept scheduler, stopped at its end: its last record (exit reason, state after)
+    is what guest.Boot.close returns (the agent's "schedulers" line at its end), what the VM
+    runner keeps from that line (_at_end), suite.json records (``scheduler_ended``) and the
+    report says in one line."""
+    from types import SimpleNamespace
+
+    from test_until_decided import CPUS, PARAMS, LabelRunner, _policy
+
+    from harmony import suite
+    from harmony.analysis import report_suite
+    from harmony.vm import guest
+    from harmony.vm.runner import VmRunner
+
+    root = _root(tmp_path)
+    boot = guest.Boot()
+    kept = scx.Kept(scx.ScxSpec("fake", str(_scheduler(tmp_path, root))), tmp_path, root=root)
+    boot.schedulers["fake"] = kept
+    (tmp_path / "r0").mkdir()
+    view = kept.for_run(tmp_path / "r0" / "scx.log")
+    view.start()
+    view.stop()
+    records = boot.close()
+    assert [(r["name"], r["exit"], r["state_after"]) for r in records] == \
+        [("fake", "unregistered from user space", "disabled")]
+    assert boot.close() == [] and kept.sched is None
+    host = SimpleNamespace(schedulers_ended=[])
+    VmRunner._at_end(host, {"event": "end", "failed": 0}, 0.0)
+    VmRunner._at_end(host, json.loads(json.dumps({"event": "schedulers", "records": records})),
+                     0.0)
+    assert host.schedulers_ended == records
+    monkeypatch.setattr(report_suite, "write", lambda out, note=None: None)
+    runner = LabelRunner(_policy("poly-balance"))
+    runner.schedulers_ended = host.schedulers_ended
+    configs = [suite.Config("how-many", {}, 1, "how-many", params=dict(PARAMS))]
+    record = suite.run_suite(configs, CPUS, tmp_path / "s", runner, quiet=True)
+    assert json.loads((tmp_path / "s" / "suite.json").read_text())["scheduler_ended"] == records
+    assert record["scheduler_ended"] == records
+    assert report_suite.scheduler_ended_text(records[0]) == (
+        "sched_ext scheduler fake kept across the runs, at the end: state after: disabled; "
+        "exit: unregistered from user space; return code 0")
+
+
 def test_a_kept_scheduler_ejected_is_said_and_started_again(tmp_path):
     root = _root(tmp_path)
     kept = scx.Kept(scx.ScxSpec("fake", str(_scheduler(tmp_path, root))), tmp_path, root=root)

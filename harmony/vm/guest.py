@@ -264,9 +264,12 @@ class Boot:
             self.schedulers[key] = Kept(ScxSpec.from_dict(run.scx), Path(memory_dir()))
         return self.schedulers[key]
 
-    def close(self) -> None:
-        for kept in self.schedulers.values():
-            kept.close()
+    def close(self) -> list[dict]:
+        """Stop the schedulers kept loaded; their last records (:meth:`harmony.vm.scx.Kept.close`:
+        how each ended, its exit reason and state after), one per scheduler that ran."""
+        out = [kept.close() for kept in self.schedulers.values()]
+        self.schedulers = {}
+        return [r for r in out if r is not None]
 
 
 def run_job(runs: list[PlannedRun], facts: dict, stream=None, boot: Boot | None = None,
@@ -417,7 +420,9 @@ def main(argv: list[str]) -> int:
         traceback.print_exc()
         return 1
     finally:
-        boot.close()
+        closed = boot.close()
+        if closed:            # how the schedulers kept across the runs ended: no run's manifest
+            emit("schedulers", records=closed)
     emit("end", failed=failed)
     return 0
 

@@ -106,6 +106,9 @@ class VmRunner:
         self.boot_s: float | None = None
         self.reniced: list[int] = []        # the vCPU threads given the setting's nice value
         self.while_analysing = None
+        #: the last records of the sched_ext schedulers the guest kept loaded across runs, as
+        #: each boot's agent reported them at its end (harmony.vm.guest.Boot.close)
+        self.schedulers_ended: list[dict] = []
 
     def __enter__(self):
         self.lock = HostLock().acquire()
@@ -205,10 +208,15 @@ class VmRunner:
                     self.vm.send(json.dumps({"end": True}))
                 except VmError:
                     pass            # gone already: finish() says how it ended
-            self.vm.finish(lambda ev, t: None, self.END_TIMEOUT_S)
+            self.vm.finish(self._at_end, self.END_TIMEOUT_S)
         if self.jobdir is not None:
             shutil.rmtree(self.jobdir, ignore_errors=True)
             self.jobdir = None
+
+    def _at_end(self, ev: dict, t: float) -> None:
+        """An agent's line after its last job: the kept schedulers' last records."""
+        if ev.get("event") == "schedulers":
+            self.schedulers_ended += list(ev.get("records") or [])
 
     def _stopped_why(self, state: dict) -> str:
         """Why the guest agent stopped before the end of its job, in one line."""
