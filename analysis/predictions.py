@@ -583,9 +583,10 @@ def numa_row(run, nodes: pd.Series, n: int, moves: pd.DataFrame | None) -> dict:
     over NUMA_IMBALANCE_MIN, and one of the two moves (``calculate_imbalance``'s
     ``group_has_spare`` branch; 6.12 counts it through ``sibling_imbalance``, which for nodes of
     as many cores is the same difference; ``adjust_numa_imbalance`` is the same in 6.1 and 6.12).
-    A difference below the prediction whose every move across the nodes came while another task
-    ran on the source node is that case, which the prediction does not cover: not checkable,
-    with the task named."""
+    On the destination's node such a task makes the local group's ``sum_nr_running + 1`` exceed
+    ``imb_numa_nr``, which turns the allowance off. A difference below the prediction whose every
+    move across the nodes came while another task ran on either node is that case, which the
+    prediction does not cover: not checkable, with the task named."""
     m = run.manifest
     src = m["cpus"][0]
     imb = imb_numa_nr(m, src)
@@ -598,12 +599,12 @@ def numa_row(run, nodes: pd.Series, n: int, moves: pd.DataFrame | None) -> dict:
         if crossing and len(others) == crossing:
             holds = None
             extra = (f"; each of the {crossing} balance moves across the nodes came while "
-                     f"another task ran on the source node ({'; '.join(sorted(set(others)))}), "
-                     "counted in its nr_running: the allowance's condition was not met")
+                     f"another task ran on one of the two nodes ({'; '.join(sorted(set(others)))}"
+                     "), counted in its nr_running: the allowance's condition was not met")
     return _row("NUMA imbalance", "remote", "NUMA",
                 f"{n} tasks from one node end {want} apart (imb_numa_nr {imb}: a difference of "
                 f"<= 2 stays while the other node would hold <= {imb}), while they are the "
-                "only tasks the source node runs",
+                "only tasks the two nodes run",
                 f"{int(nodes.iloc[0])} and {int(nodes.iloc[1])} tasks on the nodes{extra}",
                 holds, f"+-{T.NUMA_TASKS_SLACK} task",
                 "fair.c update_sg_lb_stats (rq->nr_running), calculate_imbalance, "
@@ -613,26 +614,28 @@ def numa_row(run, nodes: pd.Series, n: int, moves: pd.DataFrame | None) -> dict:
 
 def crossings_with_others(run, moves: pd.DataFrame, src: int) -> tuple[int, list[str]]:
     """(the balance moves out of ``src``'s node to another node, for each of them that came
-    while a task other than the experiment's and the idle task ran on a CPU of that node: "comm
-    (pid) on CPU c"), from the trace's sched_switch events."""
+    while a task other than the experiment's and the idle task ran on a CPU of either node:
+    "comm (pid) on CPU c"), from the trace's sched_switch events. On the source node such a
+    task makes the difference one more; on the destination's it makes the local group's
+    ``sum_nr_running + 1`` exceed ``imb_numa_nr`` (the allowance is then off)."""
     from harmony.analysis.arrays import event_mask
 
     cpus = df_cpus(run.manifest).set_index("cpu")
-    node = cpus.loc[src, "node"]
-    home = [int(c) for c in cpus.index[cpus["node"] == node]]
+    node_of = cpus["node"].to_dict()
+    home = [int(c) for c in cpus.index if node_of[c] == node_of[src]]
     across = moves[moves["cause"].isin(BALANCE_CAUSES) & moves["src_cpu"].isin(home)
                    & ~moves["dst_cpu"].isin(home)]
     if across.empty:
         return 0, []
     ev = run.events
-    sw = ev[event_mask(ev, "sched_switch")]
-    sw = sw[sw["cpu"].isin(home)].sort_values("ts", kind="stable")
+    sw = ev[event_mask(ev, "sched_switch")].sort_values("ts", kind="stable")
     ours = set(int(p) for p in run.tasks["pid"])
     t0 = run.manifest["t0_ns"]
     found = []
-    for t in across["t"]:
+    for t, dst in zip(across["t"], across["dst_cpu"]):
         ts = t0 + int(round(float(t) * NS))
-        for c in home:
+        there = [int(c) for c in cpus.index if node_of[c] == node_of[int(dst)]]
+        for c in home + there:
             before = sw[(sw["cpu"] == c) & (sw["ts"] <= ts)]
             if before.empty:
                 continue

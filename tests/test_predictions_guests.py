@@ -122,8 +122,9 @@ def test_numa_allowance_and_another_task_on_the_source_node(fixture, tmp_path):
     """2 nodes of 4 CPUs (one LLC each): imb_numa_nr 1, so 2 tasks from node 0 stay 2 apart
     (adjust_numa_imbalance: a difference of 2 <= NUMA_IMBALANCE_MIN while the other node would
     hold 1). A third task running on node 0 when the NUMA level balances is counted in its
-    nr_running: a difference of 3 moves one (1 and 1): not checkable then. The same end without
-    such a task at the move is a failed prediction."""
+    nr_running: a difference of 3 moves one (1 and 1); one on node 1 makes the local group's
+    nr_running + 1 exceed imb_numa_nr, and the allowance is off: not checkable either way. The
+    same end without such a task at the move is a failed prediction."""
     topo = guest_topology(load(fixture), tmp_path)
     m = {"topology": topo, "cpus": list(range(8))}
     imb = predictions.imb_numa_nr(m, 0)
@@ -153,3 +154,8 @@ def test_numa_allowance_and_another_task_on_the_source_node(fixture, tmp_path):
     early = tasks + [(0.3, 1, 55, "harmony"), (0.301, 1, 102, "w01")]
     row = predictions.numa_row(_spread_run(topo, early), even, 2, move)
     assert row["holds"] is False, row
+    # on the destination's node: the local group holds 1, 1 + 1 > imb_numa_nr, no allowance
+    assert imb < 0 + 1 + 1
+    there = tasks + [(0.79, 5, 55, "harmony")]
+    row = predictions.numa_row(_spread_run(topo, there), even, 2, move)
+    assert row["holds"] is None and "harmony (55) on CPU 5" in row["measured"], row
