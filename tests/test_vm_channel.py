@@ -65,6 +65,11 @@ def capture(planned, params, cpus, out, *args, pause=None, resume=None, **kwargs
     pause()
     if mode == "dies":          # the guest gone mid-run (a panic, QEMU killed): no last word
         os._exit(9)
+    if mode == "vm-killed":     # the VM ended from outside (QEMU killed): no init line either
+        here = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(here, "vng.pids")) as f:
+            os.kill(int(f.read().split()[-1]), 9)
+        time.sleep(600)         # the reaper ends what the stand-in virtme-ng left
     if mode == "slow-capture":
         time.sleep(600)
     resume()
@@ -225,6 +230,29 @@ def test_a_guest_agent_that_fails_says_why_on_the_host(fake_vm, tmp_path, monkey
     assert m["vm"]["died"]["booted"] is False and m["vm"]["died"]["exit_status"] == 1
     assert m["under_test"]["kernel"] == KERNEL.release and "asked" in m["under_test"][
         "facts_from"]
+    assert until(lambda: not tree(fake_vm), 5), tree(fake_vm)
+
+
+def test_a_vm_killed_mid_run_is_said_to_be_so(fake_vm, tmp_path, monkeypatch):
+    """The VM ended from outside inside a run (virtme-ng's tree killed, as QEMU is when killed:
+    no word from the guest, no power-off on its console): the one-line error says QEMU died or
+    was killed; a guest whose command ended by itself (the agent gone, virtme-ng's init saying
+    so) is not said to be."""
+    monkeypatch.setenv("FAKE_AGENT", "vm-killed")
+    with pytest.raises(VmError) as exc:
+        with vm_runner.VmRunner(KERNEL, 2, setting=vm.QemuSetting(accel="tcg")) as r:
+            _plan(r, tmp_path / "a")
+            r.flush()
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("kernel debian:6.1: QEMU died or was killed "
+                                                "before the end of its runs"), text
+    assert store.read_json(tmp_path / "a" / "manifest.json")["vm"]["died"]["why"] == text
+    monkeypatch.setenv("FAKE_AGENT", "dies")
+    with pytest.raises(VmError) as exc:
+        with vm_runner.VmRunner(KERNEL, 2, setting=vm.QemuSetting(accel="tcg")) as r:
+            _plan(r, tmp_path / "b")
+            r.flush()
+    assert "QEMU" not in str(exc.value) and "the guest agent stopped" in str(exc.value)
     assert until(lambda: not tree(fake_vm), 5), tree(fake_vm)
 
 

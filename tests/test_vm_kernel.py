@@ -190,7 +190,8 @@ def test_qemu_killed_mid_run_leaves_an_incomplete_run_and_nothing_running(kernel
             proc.kill()
             proc.wait()
     err = [line for line in (rest or "").splitlines() if line.startswith("harmony: error")]
-    assert len(err) == 1 and err[0].startswith("harmony: error: kernel debian:6.1: "), rest
+    assert len(err) == 1 and err[0].startswith("harmony: error: kernel debian:6.1: QEMU died "
+                                               "or was killed"), rest
     m = store.read_json(out / "manifest.json")
     assert m["status"] == "incomplete" and "kernel debian:6.1" in m["incomplete_reason"]
     assert until(lambda: not (_qemu_pids() - before), 10)

@@ -71,6 +71,10 @@ KVM_TEST_TIMEOUT_S = 45.0
 IDLE_TIMEOUT_S = 300.0
 #: what a console line says when the guest kernel died
 PANIC = re.compile(r"Kernel panic|BUG: kernel NULL|Oops: |general protection fault")
+#: what the console says when the guest ended by itself: virtme-ng's init on its command's end,
+#: the kernel powering off. A VM whose console closed without either was ended from outside:
+#: QEMU died or was killed (:func:`ended_from_outside`)
+ENDED_ITSELF = re.compile(r"virtme-ng-init: script exited with code|reboot: Power down")
 #: the environment variable holding the QEMU set-up (as --vm-qemu)
 ENV_QEMU = "HARMONY_VM_QEMU"
 #: the vCPU threads' names (QEMU's ``-name ...,debug-threads=on``): "CPU 3/TCG", "CPU 0/KVM"
@@ -703,6 +707,13 @@ _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit
                         r"Warning)(?::\s.*)?$")
 #: what the console adds around the agent's own words: kernel messages, virtme-ng's lines
 _NOT_THE_AGENT = re.compile(r"^\s*\[\s*\d+\.\d+\]|^virtme-ng-init:|^\s*$")
+
+
+def ended_from_outside(machine: VirtualMachine | None) -> bool:
+    """Whether a VM that ended (its ``returncode`` set) did so without the guest ending it: no
+    line of :data:`ENDED_ITSELF` in its console's tail -- QEMU died or was killed."""
+    return (machine is not None and machine.returncode is not None
+            and not any(ENDED_ITSELF.search(line) for line in machine.console_tail))
 
 
 def guest_error(lines) -> str | None:

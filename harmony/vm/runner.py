@@ -23,6 +23,7 @@ from harmony.vm.guest import PlannedRun, job_line, write_job
 from harmony.vm.machine import (
     QemuSetting,
     VirtualMachine,
+    ended_from_outside,
     guest_error,
     make_job_dir,
     renice_threads,
@@ -221,6 +222,10 @@ class VmRunner:
     def _stopped_why(self, state: dict) -> str:
         """Why the guest agent stopped before the end of its job, in one line."""
         said = state["fatal"] or state["errors"].get(None)
+        if said is None and ended_from_outside(self.vm):
+            return (f"kernel {self.kernel.spec}: QEMU died or was killed before the end of its "
+                    "runs (the guest neither said why nor powered off; exit "
+                    f"{self.vm.returncode})")
         if said is None and self.vm is not None:
             said = guest_error(self.vm.console_tail)
         return (f"kernel {self.kernel.spec}: the guest agent stopped before the end of its runs"
