@@ -39,7 +39,8 @@ def test_a_real_host_cell_runs_through_a_one_worker_cluster(kernel, tmp_path):
     (cell,) = plan.cells
     out = tmp_path / "m"
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                  resources={"host": 1}, dashboard_address=None) as lc, \
+                                  resources={"host": 1, "measure": 1},
+                                  dashboard_address=None) as lc, \
             distributed.Client(lc) as client:
         record = run_cluster(plan, out, None, quiet=True, client=client)
     if record["failures"] and "busy" in record["failures"][0]["error"]:
