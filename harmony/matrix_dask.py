@@ -184,7 +184,7 @@ def _stopped(event_name: str | None, lost_after: float = LOST_AFTER_S) -> bool:
 def _say(text: str) -> None:
     """A line on this worker's stderr (harmony worker's, unless -q)."""
     if not QUIET:
-        print(f"harmony worker: {text}", file=sys.stderr, flush=True)
+        print(f"worker: {text}", file=sys.stderr, flush=True)
 
 
 def _tell(topic: str | None, msg: dict) -> None:
@@ -216,6 +216,8 @@ def wait_for_host(event_name: str | None = None, wait_s: float | None = WAIT_HOS
             return
         except HostBusy as exc:
             why = str(exc).split(";")[0]
+            if said and "(pid ?)" in why:   # its holder writing or clearing its pid: the same
+                why = said
             now = time.time()
             since = since or now
             if why != said and notify:

@@ -313,6 +313,13 @@ def _scratch_dirs() -> list[Path]:
     return list((Path(tempfile.gettempdir()) / "harmony-cells").glob("cell-*"))
 
 
+def _running_in(pids: set[int], holding: str | None = None) -> list[Path]:
+    """The scratch directories of the cells running in these worker processes (holding the
+    file ``holding`` in the cell's directory)."""
+    return [d for d in _scratch_dirs() if int(d.name.split("-")[1]) in pids
+            and (holding is None or any(d.glob(f"*/{holding}")))]
+
+
 def test_a_worker_killed_mid_cell_its_cell_runs_again(tmp_path, cluster):
     """A worker (its process, SIGKILL) dies while its cell runs: Dask gives the cell to another
     worker; every cell ends complete, once, and the killed cell's process is gone with it."""
@@ -382,15 +389,14 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
     cells running on the workers stopped (their processes gone) within seconds, and what they
     had collected brought home into .partial/."""
     lc, _ = cluster
-    before = set(_scratch_dirs())
     out = tmp_path / "m"
     p = subprocess.Popen(HARMONY + ["matrix", str(plan_file(tmp_path, duration=60.0)), "--out",
                                     str(out), "--cluster", lc.scheduler_address, "-q"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = {w.process.pid for w in lc.workers.values()}
     deadline = time.monotonic() + 60
-    # a cell of ours running (another test's cells make scratch directories too)
-    while time.monotonic() < deadline and not (set(_scratch_dirs()) - before
-                                               and (out / "matrix.json").is_file()):
+    # a cell of ours running, its suite begun (another test's cells make scratch directories)
+    while time.monotonic() < deadline and not _running_in(pids, "suite.json"):
         time.sleep(0.1)
     time.sleep(1.0)
     p.send_signal(signal.SIGINT)
@@ -406,14 +412,13 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
         assert suite["configs"][0]["experiment"] == "single-source"
     # the cells' processes end and their workers remove their scratch as they wind down (a
     # loaded host may take a few seconds): gone within 20 s, or left behind
+    # (this cluster's workers: another test's cells may run beside)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (subprocess.run(
-            ["pgrep", "-f", "harmony.matrix --cell"], capture_output=True).stdout
-            or set(_scratch_dirs()) - before):
+    while time.monotonic() < deadline and (_running_in(pids)
+                                           or any(descendants(pid) for pid in pids)):
         time.sleep(0.2)
-    assert not subprocess.run(["pgrep", "-f", "harmony.matrix --cell"],
-                              capture_output=True).stdout, "a cell's process was left running"
-    assert not set(_scratch_dirs()) - before, "a cell's scratch directory was left"
+    assert not any(descendants(pid) for pid in pids), "a cell's process was left running"
+    assert not _running_in(pids), "a cell's scratch directory was left"
 
 
 # --- faults ---------------------------------------------------------------------------------------
@@ -504,16 +509,14 @@ def test_the_scheduler_killed_mid_matrix_is_one_line_and_resumable(tmp_path):
             [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
              "--resources", "host=1", "--no-nanny", "--no-dashboard", "--death-timeout", "5"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
-        before = set(_scratch_dirs())
         out = tmp_path / "m"
         run = subprocess.Popen(HARMONY + ["matrix", str(plan), "--out", str(out), "--cluster",
                                           address, "-q", "--connect-timeout", "2"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs.append(run)
-        while time.monotonic() < deadline and not (set(_scratch_dirs()) - before
-                                                   and (out / "matrix.json").is_file()):
+        while time.monotonic() < deadline and not _running_in({procs[1].pid}):
             time.sleep(0.1)
-        assert set(_scratch_dirs()) - before, "no cell was seen running"
+        assert _running_in({procs[1].pid}), "no cell was seen running"
         sched.kill()
         _, err = run.communicate(timeout=90)
         assert run.returncode == 1, err
@@ -582,10 +585,20 @@ def start_worker(address: str, name: str, tmp_path: Path, before: str = "",
     Python run first (a host made to look unlike this one)."""
     code = (f"import sys\n{before}\nfrom harmony.matrix_dask import start_worker\n"
             f"start_worker(sys.argv[1], name={name!r}, timeout=5, check_host={check_host})\n")
-    err = open(tmp_path / f"worker-{name}.err", "w")
-    with err:
-        return subprocess.Popen([sys.executable, "-c", code, address], stdout=subprocess.DEVNULL,
+    import distributed
+
+    with open(tmp_path / f"worker-{name}.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code, address], stdout=subprocess.DEVNULL,
                                 stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # registered before the matrix starts (else its cells would wait for a worker: --wait-host)
+    with distributed.Client(address, set_as_default=False) as client:
+        try:
+            client.wait_for_workers(1, timeout=60)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    return proc
 
 
 def stop_all(procs: list[subprocess.Popen]) -> None:
