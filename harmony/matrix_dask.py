@@ -625,8 +625,6 @@ class _Run:
                 self.waiting.pop(msg["cell"], None)
 
     def go(self, todo, retries, partials, shared) -> dict:
-        import distributed
-
         client = self.client
         token = uuid.uuid4().hex[:12]
         event, tag = f"harmony-matrix-stop-{token}", f"harmony-{token}"
@@ -659,7 +657,7 @@ class _Run:
                 time.sleep(0.2)
         except BaseException as exc:
             if not isinstance(exc, ClusterError):       # a lost scheduler cannot be told
-                _stop(client, event, pending, distributed, self.collect)
+                _stop(client, event, pending, self.collect, self.lost_after)
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "incomplete"
             for f in pending:
                 self.failures.append({"cell": futures[f].id, "error": f"not finished: {exc}"
@@ -765,13 +763,16 @@ class _Run:
         progress.failed += 1
 
 
-def _stop(client, event: str, pending: set, distributed, collect) -> None:
-    """Ctrl-C or a lost scheduler: the cells not started are cancelled, the running ones told
-    to stop (each stops its child and sends home what it collected, ``collect``-ed here and
-    taken out of ``pending``), for up to a minute."""
+def _stop(client, event: str, pending: set, collect, lost_after: float = LOST_AFTER_S) -> None:
+    """Ctrl-C: the cells not started are cancelled, the running ones told to stop (each stops
+    its child and sends home what it collected, ``collect``-ed here and taken out of
+    ``pending``), for up to a minute; nothing is waited for from a scheduler silent for
+    ``lost_after`` seconds."""
     try:
-        distributed.Event(event, client=client).set()
-        executing = {k for keys in client.call_stack().values() for k in keys}
+        client.sync(client.scheduler.event_set, name=event, callback_timeout=lost_after)
+        executing = {k for keys in client.sync(client.scheduler.call_stack, keys=None,
+                                               callback_timeout=lost_after).values()
+                     for k in keys}
         running = [f for f in pending if f.key in executing]
         client.cancel([f for f in pending if f.key not in executing])
         deadline = time.monotonic() + 60
