@@ -82,7 +82,8 @@ def host_cell(reps: int, json_path: str | None) -> int:
     inside: dict[str, list[float]] = {"local": [], "dask, 1 worker": []}
     with tempfile.TemporaryDirectory(prefix="bench-matrix-") as tmp, \
             distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                     resources={"host": 1}, dashboard_address=None) as lc, \
+                                     resources={"host": 1, "measure": 1},  # a real cell's
+                                     dashboard_address=None) as lc, \
             distributed.Client(lc) as client:
         (Path(tmp) / "plan.toml").write_text(HOST_PLAN)
         plan = matrix.load_plan(Path(tmp) / "plan.toml")

@@ -20,12 +20,25 @@ which extra to install.
   archive of what it collected, and is resumed there.
   A cell that fails on every try is listed with its reason; Ctrl-C sets a Dask ``Event`` the
   tasks poll (each stops its child, which cleans up as a stopped run does) and cancels the rest.
+- Which worker may take which cell: every worker has ``host=1``; one whose host can measure
+  (``harmony doctor``'s verdict: root, a probe) has ``measure=1`` too, and a real cell asks for
+  both (:data:`MEASURE`), so a worker that cannot measure (not root) runs the simulated cells
+  only and leaves the real ones to the others; it says why in its metric
+  :data:`DECLINE_METRIC`, which the submitting side shows while a real cell waits for a worker
+  that can take it (and fails it past ``wait_host``).
 - A real cell waits while another Harmony run holds its host's lock
-  (:class:`harmony.hygiene.HostLock`) rather than fail.
+  (:class:`harmony.hygiene.HostLock`), said on the worker's stderr and on the submitter's
+  progress line (an event on the matrix's topic), and fails with its one-line reason past
+  ``wait_host`` seconds (not retried: ``--resume`` runs it again).
+- A scheduler that does not answer for ``lost_after`` seconds is lost (a network cut, a stopped
+  scheduler: its connections stay open, nothing says they are dead): the submitter says so in
+  one line naming its address, and a worker's running cell stops its child (which cleans up as a
+  stopped run does).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
@@ -33,7 +46,9 @@ import logging
 import os
 import shutil
 import signal
+import socket
 import subprocess
+import sys
 import tarfile
 import tempfile
 import threading
@@ -47,8 +62,23 @@ from harmony.core.osutil import harmony_python
 
 #: how to get what this module needs (setup.cfg's extra)
 EXTRA = 'pip install "harmony-sched[matrix]" (Dask distributed)'
-#: the resource a measuring host has one of: one cell per host at a time
+#: the resource every worker has one of (one cell per host at a time): a simulated cell asks it
 RESOURCES = {"host": 1}
+#: what a real cell asks: the host, and a worker whose host can measure (harmony doctor's verdict)
+MEASURE = {"host": 1, "measure": 1}
+#: the worker metric (its Dask identity's ``metrics``) saying why it takes no real cell
+#: (``worker NAME on HOST: cannot measure here: ...``), or None
+DECLINE_METRIC = "harmony-declines"
+#: why this worker (harmony worker) takes no real cell: harmony doctor's reasons, or None
+DECLINES: str | None = None
+#: how long a cell waits for a host able and free to run it, by default (s): --wait-host
+WAIT_HOST_S = 1800.0
+#: a scheduler silent this long is lost (s), by default: --lost-after
+LOST_AFTER_S = 30.0
+#: this worker says nothing on its stderr (harmony worker -q)
+QUIET = False
+#: the cells' child processes running in this worker process (stopped before it exits)
+CHILDREN: set[subprocess.Popen] = set()
 #: the doctor facts of the worker this process is (harmony worker), sent with each cell
 WORKER_FACTS: dict | None = None
 #: how often a task looks whether it was asked to stop, and whether the host is free (s)
@@ -63,6 +93,25 @@ class CellStopped(RuntimeError):
 
 class ClusterError(HarmonyError):
     """The cluster cannot be used: Dask distributed missing, a scheduler unreachable or lost."""
+
+
+class HostWait(RuntimeError):
+    """A real cell waited for its host (held by another Harmony run) longer than allowed."""
+
+
+def resources_of(cell: matrix.Cell) -> dict:
+    """The Dask resources a cell's task asks: a real cell a worker that can measure."""
+    return RESOURCES if cell.kind == matrix.SIMULATED else MEASURE
+
+
+def where() -> str:
+    """This worker in a line: ``worker NAME on HOST`` (or ``host HOST`` outside a worker)."""
+    host = socket.gethostname()
+    try:
+        import distributed
+        return f"worker {distributed.get_worker().name} on {host}"
+    except (ImportError, ValueError):
+        return f"host {host}"
 
 
 def require_distributed():
@@ -106,7 +155,9 @@ def _scratch_root() -> Path:
     return root
 
 
-def _stopped(event_name: str | None) -> bool:
+def _stopped(event_name: str | None, lost_after: float = LOST_AFTER_S) -> bool:
+    """Whether the running cell is to stop: its worker stopping or closed, the matrix
+    interrupted (its Event set), or the scheduler gone or silent for ``lost_after`` s."""
     if STOPPING.is_set():
         return True
     if not event_name:
@@ -123,28 +174,69 @@ def _stopped(event_name: str | None) -> bool:
         client = distributed.get_client()
         if client.status != "running":  # the scheduler gone (asking it would hang): stop
             return True
-        return distributed.Event(event_name, client=client).is_set()
-    except Exception:       # the scheduler gone: nobody is left to want the cell
+        # a bounded question: a scheduler behind a cut network never answers, nor says so
+        return bool(client.sync(client.scheduler.event_is_set, name=event_name,
+                                callback_timeout=lost_after))
+    except Exception:       # the scheduler gone or silent: nobody is left to want the cell
         return True
 
 
-def wait_for_host(event_name: str | None) -> None:
+def _say(text: str) -> None:
+    """A line on this worker's stderr (harmony worker's, unless -q)."""
+    if not QUIET:
+        print(f"worker: {text}", file=sys.stderr, flush=True)
+
+
+def _tell(topic: str | None, msg: dict) -> None:
+    """An event on the matrix's topic, for the submitter's progress line (best effort)."""
+    if not topic:
+        return
+    try:
+        import distributed
+        distributed.get_worker().log_event(topic, msg)
+    except Exception:       # not in a worker, or its scheduler gone: the worker's line stays
+        pass
+
+
+def wait_for_host(event_name: str | None = None, wait_s: float | None = WAIT_HOST_S,
+                  notify=None, lost_after: float = LOST_AFTER_S) -> None:
     """Wait while another Harmony run holds this host's lock (a worker does not measure beside
-    one); return at once for a host that is free."""
+    one), at most ``wait_s`` seconds (None: no bound); return at once for a host that is free.
+    ``notify(why, since)``: called when the wait starts or its reason changes, and with
+    ``(None, since)`` when it ends. HostWait (one line: who holds the host, since when, how long
+    it waited) past ``wait_s``; RuntimeError when the cell is stopped meanwhile."""
     from harmony.hygiene import HostLock
 
+    since, said = None, None
     while True:
         try:
             HostLock().acquire().release()
+            if since is not None and notify:
+                notify(None, since)
             return
-        except HostBusy:
-            if _stopped(event_name):
+        except HostBusy as exc:
+            why = str(exc).split(";")[0]
+            if said and "(pid ?)" in why:   # its holder writing or clearing its pid: the same
+                why = said
+            now = time.time()
+            since = since or now
+            if why != said and notify:
+                notify(why, since)
+            said = why
+            if wait_s is not None and now - since >= wait_s:
+                raise HostWait(f"{why} (since {time.strftime('%H:%M:%S', time.localtime(since))}"
+                               f"); gave up after {now - since:.0f} s (--wait-host "
+                               f"{wait_s:g})") from None
+            if _stopped(event_name, lost_after):
                 raise RuntimeError("stopped while waiting for the host") from None
-            time.sleep(5 * POLL_S)
+            left = 5 * POLL_S if wait_s is None else max(0.0, wait_s - (now - since))
+            time.sleep(min(5 * POLL_S, left))
 
 
 def cell_archive(cell_dict: dict, event_name: str | None = None, partial: bytes | None = None,
-                 shared: str | None = None, tag: str = "harmony") -> dict:
+                 shared: str | None = None, tag: str = "harmony",
+                 wait_host: float | None = WAIT_HOST_S, lost_after: float = LOST_AFTER_S,
+                 topic: str | None = None) -> dict:
     """Run one cell on this worker (a Dask task) and return its directory as a tar archive:
     ``{"id", "sha256", "record" (cell.json), "wall_s"}`` and either ``"archive"`` (the bytes,
     through Dask) or, ``shared`` (a directory the submitting machine sees too), ``"shared"``:
@@ -152,15 +244,29 @@ def cell_archive(cell_dict: dict, event_name: str | None = None, partial: bytes 
     mid-way (Ctrl-C of the matrix, its worker stopped) returns what it collected, through Dask,
     with ``"interrupted": True``. ``partial``: a tar archive of the suite the cell left
     interrupted or incomplete, resumed here. RuntimeError with the cell's one-line reason when it
-    failed (Dask retries it)."""
+    failed (Dask retries it); a host another Harmony run held for ``wait_host`` seconds returns
+    ``{"id", "failed": reason}`` (not retried: the bound is the user's). While it waits, the
+    worker's stderr and the submitter's progress (events on ``topic``) say so."""
     cell = matrix.Cell.from_dict(cell_dict)
     if shared is not None and not Path(shared).is_dir():
-        raise RuntimeError(f"the shared directory {shared} is not there on this worker")
+        raise RuntimeError(f"{where()}: the shared directory {shared} is not there")
     why = matrix.preflight(cell)       # a host that cannot run it does not wait for its lock
     if why:
-        raise RuntimeError(f"cell {cell.id}: {why}")
+        raise RuntimeError(f"{where()}: {why}")
     if cell.kind != matrix.SIMULATED:
-        wait_for_host(event_name)
+        def notify(reason, since):
+            at = time.strftime("%H:%M:%S", time.localtime(since))
+            if reason:
+                bound = "" if wait_host is None else f", for at most {wait_host:g} s"
+                _say(f"cell {cell.id} waits: {reason} (since {at}{bound})")
+            else:
+                _say(f"cell {cell.id}: the host is free, it starts")
+            _tell(topic, {"cell": cell.id, "where": where(), "why": reason, "since": since})
+        try:
+            wait_for_host(event_name, wait_host, notify, lost_after)
+        except HostWait as exc:
+            _say(f"cell {cell.id} failed: {exc}")
+            return {"id": cell.id, "failed": f"{where()}: {exc}"}
     scratch = Path(tempfile.mkdtemp(prefix=f"cell-{os.getpid()}-", dir=_scratch_root()))
     t0 = time.monotonic()
     try:
@@ -174,7 +280,7 @@ def cell_archive(cell_dict: dict, event_name: str | None = None, partial: bytes 
             (scratch / "facts.json").write_text(json.dumps(WORKER_FACTS, default=str))
             args += ["--facts", str(scratch / "facts.json")]
         try:
-            _run_child(args, scratch / "stderr", event_name)
+            _run_child(args, scratch / "stderr", event_name, lost_after)
         except CellStopped:
             if not (out / "suite.json").is_file():
                 raise
@@ -243,22 +349,24 @@ def _extract(source, into: Path, name: str) -> None:
         tar.extractall(into, filter="data")
 
 
-def _run_child(args: list[str], stderr_path: Path, event_name: str | None) -> None:
+def _run_child(args: list[str], stderr_path: Path, event_name: str | None,
+               lost_after: float = LOST_AFTER_S) -> None:
     argv, env = harmony_python("harmony.matrix", *args)
     with open(stderr_path, "wb") as err:
         proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+    CHILDREN.add(proc)
     try:
         while proc.poll() is None:
-            if _stopped(event_name):
-                proc.terminate()        # SIGTERM: the run is marked and cleaned up as stopped
-                proc.wait(60)
+            if _stopped(event_name, lost_after):
+                _stop_child(proc)
                 raise CellStopped("stopped: the matrix was interrupted")
             time.sleep(POLL_S)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        CHILDREN.discard(proc)
         try:                            # what it forked (a pool drawing figures) goes with it
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
@@ -269,29 +377,50 @@ def _run_child(args: list[str], stderr_path: Path, event_name: str | None) -> No
                            f"{proc.returncode}")
 
 
-def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
-                 check_host: bool = True) -> None:
-    """``harmony worker``: check this host (``harmony doctor``; ClusterError with its reasons
-    when experiments cannot run here), then serve the scheduler at ``address`` as a worker of one
-    thread and the resource ``host=1`` until it is stopped (Ctrl-C, SIGTERM) or the scheduler
-    goes."""
-    import asyncio
+def _stop_child(proc: subprocess.Popen, wait_s: float = 60.0) -> None:
+    """SIGTERM to a cell's child: its run is marked and cleaned up as a stopped run is (its
+    workload, tracing instance, VM gone); SIGKILL past ``wait_s``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
+
+def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
+                 check_host: bool = True, quiet: bool = False) -> str | None:
+    """``harmony worker``: check this host (``harmony doctor``), then serve the scheduler at
+    ``address`` as a worker of one thread until it is stopped (Ctrl-C, SIGTERM) or the
+    scheduler goes: with the resources ``host=1, measure=1`` where experiments can run, with
+    ``host=1`` alone where they cannot (not root, ...: it runs simulated cells only, and says
+    why in one line, returned here, and in its metric :data:`DECLINE_METRIC`). Before it returns
+    the cell it was running has stopped its child (cleaned up as a stopped run is)."""
     distributed = require_distributed()
-    global WORKER_FACTS
+    from distributed.worker import DEFAULT_METRICS
+
+    global WORKER_FACTS, DECLINES, QUIET
+    QUIET = quiet
+    resources = MEASURE
     if check_host:
         from harmony import doctor
 
         facts = doctor.doctor(mount=True, test_record=False, vm=True)
-        if not facts["verdict"]["can_run"]:
-            raise ClusterError("this host cannot run experiments: "
-                               + "; ".join(facts["verdict"]["reasons"]))
         WORKER_FACTS = facts
+        if not facts["verdict"]["can_run"]:
+            # doctor's first reason, to its colon: "not running as root (euid 1000)"
+            head = (facts["verdict"]["reasons"] or ["no probe can record"])[0].split(":")[0]
+            DECLINES = f"cannot measure here: {head} (harmony doctor says more)"
+            resources = RESOURCES
+            _say(f"{DECLINES}: it runs simulated cells only, real cells go to other workers")
     _quiet_dask()
+    metrics = {**DEFAULT_METRICS, DECLINE_METRIC: lambda w: DECLINES and
+               f"worker {w.name} on {socket.gethostname()}: {DECLINES}"}
 
     async def serve():
-        async with distributed.Worker(address, nthreads=1, resources=RESOURCES, name=name,
-                                      death_timeout=timeout) as worker:
+        async with distributed.Worker(address, nthreads=1, resources=resources, name=name,
+                                      death_timeout=timeout, metrics=metrics) as worker:
             loop = asyncio.get_running_loop()
             def stop():             # the running cell stops its child; the worker closes
                 STOPPING.set()
@@ -306,6 +435,13 @@ def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
     except (OSError, TimeoutError) as exc:
         why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ClusterError(f"cannot reach the Dask scheduler at {address}: {why}") from None
+    finally:
+        # a worker that lost its scheduler closes without waiting for its cell's thread: the
+        # child (killed with this process otherwise) is stopped here, and cleans up
+        STOPPING.set()
+        for proc in list(CHILDREN):
+            _stop_child(proc)
+    return DECLINES
 
 
 # --- the submitting side --------------------------------------------------------------------------
@@ -401,19 +537,43 @@ def host_workers(client) -> int:
     return sum(1 for w in workers.values() if (w.get("resources") or {}).get("host"))
 
 
-def run_cluster(plan: matrix.Plan, out: Path, address: str, resume: bool = False,
+def lost(address: str, why: str) -> ClusterError:
+    """The one line of a scheduler lost mid-matrix, naming it."""
+    return ClusterError(f"lost the Dask scheduler at {address}: {why}")
+
+
+def _ask(client, address: str, lost_after: float, call, **kw):
+    """``call(**kw)`` (a coroutine function of the client's, such as one of
+    ``client.scheduler``'s) answered within ``lost_after`` s; ClusterError (one line, naming
+    ``address``) when the scheduler is gone or silent (a network cut: nothing says so)."""
+    try:
+        return client.sync(call, callback_timeout=lost_after, **kw)
+    except (TimeoutError, asyncio.TimeoutError):
+        raise lost(address, f"no answer for {lost_after:g} s (the network cut, or the "
+                            "scheduler stopped)") from None
+    except Exception as exc:        # CommClosedError, "ConnectionPool is closed"
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise lost(address, f"its connection closed ({why})") from None
+
+
+def run_cluster(plan: matrix.Plan, out: Path, address: str | None, resume: bool = False,
                 quiet: bool = False, timeout: float = 10.0, retries: int = 2,
-                client=None, shared: Path | None = None) -> dict:
+                client=None, shared: Path | None = None,
+                wait_host: float | None = WAIT_HOST_S, lost_after: float = LOST_AFTER_S) -> dict:
     """Run ``plan``'s cells on the Dask cluster whose scheduler is at ``address`` (or through
     ``client``), each cell's directory brought home into the matrix directory ``out``
     (:func:`unpack`), through Dask or, ``shared``, through that directory (one the workers see
     at the same path); returns matrix.json's record (:func:`harmony.matrix.finish_record`).
     ``resume``: complete cells are skipped; a cell left interrupted, failed mid-way or
-    incomplete goes to its worker with what it collected, and is resumed there."""
+    incomplete goes to its worker with what it collected, and is resumed there.
+    ``wait_host``: how long a cell waits for a host that can run it and is free (None: no
+    bound): past it the cell fails with the reason. ``lost_after``: a scheduler that does not
+    answer this long is lost (ClusterError naming it; the cells not collected listed so)."""
     if shared is not None:
         shared = check_shared(shared)
     own = client is None
     client = client or connect(address, timeout)
+    address = address or client.scheduler.address
     try:
         record = matrix.open_matrix(out, plan, resume)
         matrix.write_record(out, record)
@@ -429,103 +589,190 @@ def run_cluster(plan: matrix.Plan, out: Path, address: str, resume: bool = False
                 partials[c.id] = tar_bytes(matrix.partial_dir(out, c), c.id)
             todo.append(c)
         progress = matrix.MatrixProgress(len(plan.cells), len(plan.cells) - len(todo),
-                                         quiet=quiet, slots=host_workers(client))
-        if not progress.slots:
-            progress.show("no worker with the resource host yet: the cells wait for one")
-        return _submit_and_collect(client, plan, out, record, todo, progress, retries,
-                                   partials, shared)
+                                         quiet=quiet)
+        run = _Run(client, address, plan, out, record, progress, wait_host, lost_after)
+        return run.go(todo, retries, partials, shared)
     finally:
         if own:
-            client.close()
+            try:
+                client.close(timeout=min(timeout, lost_after))
+            except Exception:       # a scheduler gone or silent: nothing left to close
+                pass
 
 
-def _submit_and_collect(client, plan, out, record, todo, progress, retries, partials,
-                        shared) -> dict:
-    import distributed
+class _Run:
+    """The submitting side of one matrix on a cluster: its cells' futures, what they came to,
+    the lines it shows."""
 
-    token = uuid.uuid4().hex[:12]
-    event, tag = f"harmony-matrix-stop-{token}", f"harmony-{token}"
-    futures = {client.submit(cell_archive, c.to_dict(), event, partials.get(c.id),
-                             None if shared is None else str(shared), tag,
-                             key=f"harmony-cell-{c.id}-{token}", resources=RESOURCES,
-                             retries=retries, pure=False): c for c in todo}
-    pending, failures = set(futures), []
-    try:
-        while pending:
-            for f in [f for f in pending if f.done()]:
-                if f.status == "cancelled" and client.status != "running":
-                    # Dask cancels every future when it loses the scheduler: not their failure
-                    raise ClusterError("the connection to the Dask scheduler was lost")
-                pending.discard(f)
-                _collect(f, futures[f], out, failures, progress)
-                record = matrix.finish_record(out, plan, record, failures, "running")
-            if client.status not in ("running", "connecting"):
-                raise ClusterError("the connection to the Dask scheduler was lost")
-            ours = {f.key for f in pending}
-            progress.slots = max(1, _ask(host_workers, client))
-            # a worker's processing list holds its queued tasks too: one runs per host
-            progress.running = min(progress.slots, sum(
-                len(set(keys) & ours) for keys in _ask(type(client).processing, client).values()))
-            progress.show()
-            time.sleep(0.2)
-    except BaseException as exc:
-        _stop(client, event, pending, distributed,
-              lambda f: _collect(f, futures[f], out, failures, progress))
-        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "incomplete"
-        for f in pending:
-            failures.append({"cell": futures[f].id, "error": f"not finished: {exc}"
-                             if not isinstance(exc, KeyboardInterrupt) else "interrupted"})
-        matrix.finish_record(out, plan, record, failures, status)
-        raise
-    finally:
-        if shared is not None:      # archives of tries whose worker died before they were sent
-            for left in shared.glob(f"{tag}-*"):
-                left.unlink(missing_ok=True)
-    return matrix.finish_record(out, plan, record, failures)
+    def __init__(self, client, address, plan, out, record, progress, wait_host, lost_after):
+        self.client, self.address, self.plan, self.out = client, address, plan, out
+        self.record, self.progress = record, progress
+        self.wait_host, self.lost_after = wait_host, lost_after
+        self.failures: list[dict] = []
+        self.waiting: dict[str, dict] = {}      # cell -> its worker's last word on its host
+        self.homeless: dict[str, float] = {}    # resources asked -> since when no worker has them
 
+    def ask(self, call, **kw):
+        return _ask(self.client, self.address, self.lost_after, call, **kw)
 
-def _ask(call, client):
-    """``call(client)``: a question to the scheduler; ClusterError (one line) when it is gone."""
-    try:
-        return call(client)
-    except Exception as exc:        # CommClosedError, "ConnectionPool is closed", a timeout
-        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ClusterError(f"the connection to the Dask scheduler was lost ({why})") from None
+    def on_event(self, event) -> None:
+        """A worker's word on a cell waiting for its host (the client's thread)."""
+        msg = event[1] if isinstance(event, tuple) else event
+        if isinstance(msg, dict) and "cell" in msg:
+            if msg.get("why"):
+                self.waiting[msg["cell"]] = msg
+            else:
+                self.waiting.pop(msg["cell"], None)
 
-
-def _collect(f, cell, out, failures, progress) -> None:
-    """One finished task: its cell unpacked (or its failure listed with the reason)."""
-    if f.status == "finished":
+    def go(self, todo, retries, partials, shared) -> dict:
+        client = self.client
+        token = uuid.uuid4().hex[:12]
+        event, tag = f"harmony-matrix-stop-{token}", f"harmony-{token}"
+        topic = f"harmony-matrix-{token}"
         try:
-            result = f.result()
-            unpack(result, out, cell)
-        except (HarmonyError, OSError) as exc:
-            failures.append({"cell": cell.id, "error": f"cannot store it: {exc}"})
-            progress.failed += 1
+            client.subscribe_topic(topic, self.on_event)
+        except Exception:       # the scheduler already gone: the first question says so
+            pass
+        self.futures = futures = {
+            client.submit(cell_archive, c.to_dict(), event, partials.get(c.id),
+                          None if shared is None else str(shared), tag, self.wait_host,
+                          self.lost_after, topic, key=f"harmony-cell-{c.id}-{token}",
+                          resources=resources_of(c), retries=retries, pure=False): c
+            for c in todo}
+        pending = set(futures)
+        try:
+            while pending:
+                for f in [f for f in pending if f.done()]:
+                    if f.status == "cancelled" and client.status != "running":
+                        # Dask cancels every future when it loses the scheduler: not their
+                        # failure
+                        raise lost(self.address, "its connection closed")
+                    pending.discard(f)
+                    self.collect(f)
+                    self.record = matrix.finish_record(self.out, self.plan, self.record,
+                                                       self.failures, "running")
+                if client.status not in ("running", "connecting"):
+                    raise lost(self.address, "its connection closed")
+                self.look(pending)
+                time.sleep(0.2)
+        except BaseException as exc:
+            if not isinstance(exc, ClusterError):       # a lost scheduler cannot be told
+                _stop(client, event, pending, self.collect, self.lost_after)
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "incomplete"
+            for f in pending:
+                self.failures.append({"cell": futures[f].id, "error": f"not finished: {exc}"
+                                      if not isinstance(exc, KeyboardInterrupt)
+                                      else "interrupted"})
+            matrix.finish_record(self.out, self.plan, self.record, self.failures, status)
+            raise
+        finally:
+            if shared is not None:      # archives of tries whose worker died before sending
+                for left in shared.glob(f"{tag}-*"):
+                    left.unlink(missing_ok=True)
+            try:
+                client.unsubscribe_topic(topic)
+            except Exception:
+                pass
+        return matrix.finish_record(self.out, self.plan, self.record, self.failures)
+
+    def look(self, pending: set) -> None:
+        """The cluster asked (within ``lost_after``) what runs where: the progress line, with
+        the cells that wait for a host; the cells no worker can take failed past
+        ``wait_host``."""
+        workers = self.ask(self.client.scheduler.identity, n_workers=-1).get("workers", {})
+        processing = self.ask(self.client.scheduler.processing)
+        ours = {f.key for f in pending}
+        self.progress.slots = max(1, sum(1 for w in workers.values()
+                                         if (w.get("resources") or {}).get("host")))
+        # a worker's processing list holds its queued tasks too: one runs per host
+        self.progress.running = min(self.progress.slots, sum(
+            len(set(keys) & ours) for keys in processing.values()))
+        notes = self.homeless_cells(pending, workers)
+        for cell, msg in sorted(self.waiting.items()):
+            if any(self.futures[f].id == cell for f in pending):
+                at = time.strftime("%H:%M:%S", time.localtime(msg["since"]))
+                notes.append(f"cell {cell} waits on {msg['where']}: {msg['why']}, since {at}")
+        self.progress.show("; ".join(notes))
+
+    def homeless_cells(self, pending: set, workers: dict) -> list[str]:
+        """The notes on the pending cells no worker can take (none has their resources), and
+        those cells failed once they have waited ``wait_host``."""
+        notes = []
+        for kind, asked in (("simulated", RESOURCES), ("real", MEASURE)):
+            cells = [f for f in pending if resources_of(self.futures[f]) is asked]
+            able = [w for w in workers.values()
+                    if all((w.get("resources") or {}).get(r, 0) >= n for r, n in asked.items())]
+            key = kind
+            if not cells or able:
+                self.homeless.pop(key, None)
+                continue
+            since = self.homeless.setdefault(key, time.time())
+            others = [(w.get("metrics") or {}).get(DECLINE_METRIC)
+                      or f"worker {w.get('name')} on {w.get('host')}: no resource "
+                      + ", ".join(r for r in asked if not (w.get("resources") or {}).get(r))
+                      for w in workers.values()]
+            why = (f"no worker can run a {kind} cell" + (": " + "; ".join(others) if others
+                                                          else " (no worker yet)"))
+            waited = time.time() - since
+            if self.wait_host is not None and waited >= self.wait_host:
+                self.client.cancel(cells)
+                for f in cells:
+                    pending.discard(f)
+                    self.failures.append({"cell": self.futures[f].id, "error":
+                                          f"{why}; gave up after {waited:.0f} s "
+                                          f"(--wait-host {self.wait_host:g})"})
+                    self.progress.failed += 1
+                self.record = matrix.finish_record(self.out, self.plan, self.record,
+                                                   self.failures, "running")
+                self.homeless.pop(key, None)
+                continue
+            notes.append(f"{len(cells)} {kind} cell{'s' if len(cells) > 1 else ''} wait: "
+                         f"{why}")
+        return notes
+
+    def collect(self, f) -> None:
+        """One finished task: its cell unpacked (or its failure listed with the reason)."""
+        cell, progress, out = self.futures[f], self.progress, self.out
+        self.waiting.pop(cell.id, None)
+        if f.status == "finished":
+            try:
+                result = f.result()
+                if result.get("failed"):
+                    self.failures.append({"cell": cell.id, "error": result["failed"]})
+                    progress.failed += 1
+                    return
+                unpack(result, out, cell)
+            except (HarmonyError, OSError) as exc:
+                self.failures.append({"cell": cell.id, "error": f"cannot store it: {exc}"})
+                progress.failed += 1
+                return
+            if result.get("interrupted"):
+                self.failures.append({"cell": cell.id, "error": "interrupted on its worker: its "
+                                      f"runs so far are in {matrix.PARTIAL}/ (--resume goes on "
+                                      "from them)"})
+                progress.failed += 1
+                return
+            progress.done += 1
+            progress.walls.append(result["record"].get("wall_s") or result["wall_s"])
             return
-        if result.get("interrupted"):
-            failures.append({"cell": cell.id, "error": "interrupted on its worker: its runs so "
-                             f"far are in {matrix.PARTIAL}/ (--resume goes on from them)"})
-            progress.failed += 1
-            return
-        progress.done += 1
-        progress.walls.append(result["record"].get("wall_s") or result["wall_s"])
-        return
-    try:
-        exc = f.exception()
-    except Exception as e:      # cancelled, or the scheduler lost it
-        exc = e
-    failures.append({"cell": cell.id, "error": failure_reason(exc)})
-    progress.failed += 1
+        try:
+            exc = f.exception()
+        except Exception as e:      # cancelled, or the scheduler lost it
+            exc = e
+        self.failures.append({"cell": cell.id, "error": failure_reason(exc)})
+        progress.failed += 1
 
 
-def _stop(client, event: str, pending: set, distributed, collect) -> None:
-    """Ctrl-C or a lost scheduler: the cells not started are cancelled, the running ones told
-    to stop (each stops its child and sends home what it collected, ``collect``-ed here and
-    taken out of ``pending``), for up to a minute."""
+def _stop(client, event: str, pending: set, collect, lost_after: float = LOST_AFTER_S) -> None:
+    """Ctrl-C: the cells not started are cancelled, the running ones told to stop (each stops
+    its child and sends home what it collected, ``collect``-ed here and taken out of
+    ``pending``), for up to a minute; nothing is waited for from a scheduler silent for
+    ``lost_after`` seconds."""
     try:
-        distributed.Event(event, client=client).set()
-        executing = {k for keys in client.call_stack().values() for k in keys}
+        client.sync(client.scheduler.event_set, name=event, callback_timeout=lost_after)
+        executing = {k for keys in client.sync(client.scheduler.call_stack, keys=None,
+                                               callback_timeout=lost_after).values()
+                     for k in keys}
         running = [f for f in pending if f.key in executing]
         client.cancel([f for f in pending if f.key not in executing])
         deadline = time.monotonic() + 60

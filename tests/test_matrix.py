@@ -313,6 +313,13 @@ def _scratch_dirs() -> list[Path]:
     return list((Path(tempfile.gettempdir()) / "harmony-cells").glob("cell-*"))
 
 
+def _running_in(pids: set[int], holding: str | None = None) -> list[Path]:
+    """The scratch directories of the cells running in these worker processes (holding the
+    file ``holding`` in the cell's directory)."""
+    return [d for d in _scratch_dirs() if int(d.name.split("-")[1]) in pids
+            and (holding is None or any(d.glob(f"*/{holding}")))]
+
+
 def test_a_worker_killed_mid_cell_its_cell_runs_again(tmp_path, cluster):
     """A worker (its process, SIGKILL) dies while its cell runs: Dask gives the cell to another
     worker; every cell ends complete, once, and the killed cell's process is gone with it."""
@@ -382,13 +389,14 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
     cells running on the workers stopped (their processes gone) within seconds, and what they
     had collected brought home into .partial/."""
     lc, _ = cluster
-    before = set(_scratch_dirs())
     out = tmp_path / "m"
     p = subprocess.Popen(HARMONY + ["matrix", str(plan_file(tmp_path, duration=60.0)), "--out",
                                     str(out), "--cluster", lc.scheduler_address, "-q"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pids = {w.process.pid for w in lc.workers.values()}
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not set(_scratch_dirs()) - before:
+    # a cell of ours running, its suite begun (another test's cells make scratch directories)
+    while time.monotonic() < deadline and not _running_in(pids, "suite.json"):
         time.sleep(0.1)
     time.sleep(1.0)
     p.send_signal(signal.SIGINT)
@@ -404,14 +412,13 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
         assert suite["configs"][0]["experiment"] == "single-source"
     # the cells' processes end and their workers remove their scratch as they wind down (a
     # loaded host may take a few seconds): gone within 20 s, or left behind
+    # (this cluster's workers: another test's cells may run beside)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and (subprocess.run(
-            ["pgrep", "-f", "harmony.matrix --cell"], capture_output=True).stdout
-            or set(_scratch_dirs()) - before):
+    while time.monotonic() < deadline and (_running_in(pids)
+                                           or any(descendants(pid) for pid in pids)):
         time.sleep(0.2)
-    assert not subprocess.run(["pgrep", "-f", "harmony.matrix --cell"],
-                              capture_output=True).stdout, "a cell's process was left running"
-    assert not set(_scratch_dirs()) - before, "a cell's scratch directory was left"
+    assert not any(descendants(pid) for pid in pids), "a cell's process was left running"
+    assert not _running_in(pids), "a cell's scratch directory was left"
 
 
 # --- faults ---------------------------------------------------------------------------------------
@@ -469,7 +476,7 @@ def test_a_worker_without_qemu_fails_its_cell_in_one_line(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                  resources={"host": 1}, dashboard_address=None,
+                                  resources={"host": 1, "measure": 1}, dashboard_address=None,
                                   env={"PATH": str(empty)}) as lc, \
             distributed.Client(lc) as client:
         record = run_cluster(plan, tmp_path / "m", None, quiet=True, client=client)
@@ -502,15 +509,14 @@ def test_the_scheduler_killed_mid_matrix_is_one_line_and_resumable(tmp_path):
             [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
              "--resources", "host=1", "--no-nanny", "--no-dashboard", "--death-timeout", "5"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env))
-        before = set(_scratch_dirs())
         out = tmp_path / "m"
         run = subprocess.Popen(HARMONY + ["matrix", str(plan), "--out", str(out), "--cluster",
                                           address, "-q", "--connect-timeout", "2"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         procs.append(run)
-        while time.monotonic() < deadline and not set(_scratch_dirs()) - before:
+        while time.monotonic() < deadline and not _running_in({procs[1].pid}):
             time.sleep(0.1)
-        assert set(_scratch_dirs()) - before, "no cell was seen running"
+        assert _running_in({procs[1].pid}), "no cell was seen running"
         sched.kill()
         _, err = run.communicate(timeout=90)
         assert run.returncode == 1, err
@@ -538,3 +544,247 @@ def until_gone(pattern: str, timeout_s: float) -> bool:
             return False
         time.sleep(0.2)
     return True
+
+
+# --- a worker that cannot measure, a busy host, the network cut -----------------------------------
+
+#: a simulated cell and a real host cell: which worker may take which
+MIXED = """
+name = "mixed"
+experiments = ["single-source"]
+repeat = 1
+[params]
+duration = {duration}
+[[matrix]]
+kernels = ["simulated"]
+schedulers = ["poly-balance"]
+topologies = [2]
+[[matrix]]
+kernels = ["host"]
+schedulers = ["default"]
+topologies = ["all"]
+"""
+
+
+def start_scheduler(tmp_path: Path) -> tuple[subprocess.Popen, str]:
+    """A Dask scheduler in a process of its own (to kill, or stop): (it, its address)."""
+    sfile = tmp_path / "scheduler.json"
+    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port",
+                              "0", "--no-dashboard", "--scheduler-file", str(sfile)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while not sfile.is_file() and time.monotonic() < deadline and sched.poll() is None:
+        time.sleep(0.1)
+    return sched, json.loads(sfile.read_text())["address"]
+
+
+def start_worker(address: str, name: str, tmp_path: Path, before: str = "",
+                 check_host: bool = False) -> subprocess.Popen:
+    """`harmony worker` (start_worker) in a process of its own, its stderr in a file; ``before``:
+    Python run first (a host made to look unlike this one)."""
+    code = (f"import sys\n{before}\nfrom harmony.matrix_dask import start_worker\n"
+            f"start_worker(sys.argv[1], name={name!r}, timeout=5, check_host={check_host})\n")
+    import distributed
+
+    with open(tmp_path / f"worker-{name}.err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", code, address], stdout=subprocess.DEVNULL,
+                                stderr=err, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # registered before the matrix starts (else its cells would wait for a worker: --wait-host)
+    with distributed.Client(address, set_as_default=False) as client:
+        try:
+            client.wait_for_workers(1, timeout=60)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    return proc
+
+
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGCONT)
+            p.terminate()
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (its children, theirs, ...)."""
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                          text=True).stdout.split()
+    return [int(k) for k in kids] + [d for k in kids for d in descendants(int(k))]
+
+
+def mixed_plan(tmp_path: Path, duration: float = 1.0) -> matrix.Plan:
+    p = tmp_path / "mixed.toml"
+    p.write_text(MIXED.format(duration=duration))
+    return matrix.load_plan(p)
+
+
+def test_a_worker_that_cannot_measure_runs_simulated_cells_and_declines_real_ones(tmp_path):
+    """A worker whose host cannot measure (harmony doctor: not root; made so here) starts all the
+    same, says why in one line, runs the simulated cell, and never takes the real one: that cell
+    waits with a line naming the worker and why, then fails past --wait-host with that reason;
+    the simulated cell stays complete for --resume."""
+    _distributed()
+    plan = mixed_plan(tmp_path)
+    sim, real = plan.cells
+    sched, address = start_scheduler(tmp_path)
+    procs = [sched, start_worker(address, "nonroot", tmp_path, check_host=True, before=(
+        "from harmony import hostfacts\nhostfacts.is_root = lambda: False"))]
+    out = tmp_path / "m"
+    try:
+        r = subprocess.run(HARMONY + ["matrix", str(plan.source), "--out", str(out),
+                                      "--cluster", address, "--wait-host", "4"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        stop_all(procs)
+    assert r.returncode == 1, r.stderr
+    worker_err = (tmp_path / "worker-nonroot.err").read_text()
+    assert "cannot measure here: not running as root" in worker_err
+    assert "it runs simulated cells only" in worker_err
+    record = json.loads((out / "matrix.json").read_text())
+    assert record["cells_state"] == {sim.id: "complete", real.id: "failed"}
+    (failure,) = record["failures"]
+    why = (f"no worker can run a real cell: worker nonroot on {socket.gethostname()}: cannot "
+           "measure here: not running as root")
+    assert failure["cell"] == real.id and failure["error"].startswith(why), failure
+    assert "gave up after" in failure["error"] and "(--wait-host 4)" in failure["error"]
+    # said while it waited, and once per failed cell at the end
+    assert f"1 real cell wait: {why}" in r.stderr
+    assert [line for line in r.stderr.splitlines() if line.startswith("failed:")] == \
+        [f"failed: cell {real.id}: {failure['error']}"]
+    rec = json.loads((out / "cells" / sim.id / "cell.json").read_text())
+    assert rec["status"] == "complete" and rec["host"]["pid"] != os.getpid()
+
+
+def test_a_busy_worker_host_is_said_while_the_cell_waits_then_fails_it(tmp_path, monkeypatch):
+    """Another Harmony run holds the worker's host (here: this test holds the host lock of the
+    worker's lock directory): its real cell waits, the worker's stderr and the submitter's
+    progress say which host, why (the holder's pid) and since when; past --wait-host the cell
+    fails with that one line, not retried; the simulated cell completes."""
+    _distributed()
+    from harmony.core import osutil
+    from harmony.hygiene import HostLock
+
+    from harmony.hostfacts import is_root
+    if not is_root():
+        host_skip("a real cell's checks before it waits need root")
+    locks = tmp_path / "locks"
+    monkeypatch.setattr(osutil, "LOCK_DIRS", (locks,))
+    plan = mixed_plan(tmp_path)
+    sim, real = plan.cells
+    sched, address = start_scheduler(tmp_path)
+    procs = [sched, start_worker(address, "busy", tmp_path, before=(
+        f"from harmony.core import osutil\nosutil.LOCK_DIRS = ({str(locks)!r},)\n"
+        "from pathlib import Path\nosutil.LOCK_DIRS = tuple(map(Path, osutil.LOCK_DIRS))"))]
+    out = tmp_path / "m"
+    lock = HostLock().acquire()
+    try:
+        r = subprocess.run(HARMONY + ["matrix", str(plan.source), "--out", str(out),
+                                      "--cluster", address, "--wait-host", "3"],
+                           capture_output=True, text=True, timeout=120)
+    finally:
+        lock.release()
+        stop_all(procs)
+    assert r.returncode == 1, r.stderr
+    holder = f"another Harmony run (pid {os.getpid()}) is using this host"
+    worker_err = (tmp_path / "worker-busy.err").read_text()
+    assert f"cell {real.id} waits: {holder} (since " in worker_err
+    assert f"cell {real.id} waits on worker busy on {socket.gethostname()}: {holder}, since " \
+        in r.stderr
+    record = json.loads((out / "matrix.json").read_text())
+    assert record["cells_state"] == {sim.id: "complete", real.id: "failed"}
+    (failure,) = record["failures"]
+    assert failure["error"].startswith(f"worker busy on {socket.gethostname()}: {holder} "
+                                       "(since "), failure
+    assert failure["error"].endswith("(--wait-host 3)")
+    # given up once, not retried (a retry would wait, and say so, again)
+    assert worker_err.count(f"cell {real.id} waits:") == 1
+    assert worker_err.count(f"cell {real.id} failed: ") == 1
+
+
+def test_wait_for_host_says_when_the_wait_starts_and_ends(tmp_path, monkeypatch):
+    """The host lock held, then released: the wait is said once with the holder, then ended."""
+    import threading
+
+    from harmony.core import osutil
+    from harmony.hygiene import HostLock
+    from harmony.matrix_dask import HostWait, wait_for_host
+
+    monkeypatch.setattr(osutil, "LOCK_DIRS", (tmp_path / "locks",))
+    monkeypatch.setattr("harmony.matrix_dask.POLL_S", 0.05)
+    said: list = []
+    lock = HostLock().acquire()
+    t = threading.Timer(0.5, lock.release)
+    t.start()
+    wait_for_host(None, 30, lambda why, since: said.append(why))
+    t.join()
+    assert said == [f"another Harmony run (pid {os.getpid()}) is using this host", None]
+    lock = HostLock().acquire()
+    try:
+        with pytest.raises(HostWait, match=r"\(--wait-host 0.2\)$"):
+            wait_for_host(None, 0.2)
+    finally:
+        lock.release()
+    wait_for_host(None, 0)      # a free host: no wait at all
+
+
+def test_the_network_cut_mid_matrix_is_one_line_and_resumable(tmp_path):
+    """The scheduler stops answering (SIGSTOP: its connections stay open, as behind a cut
+    network) while the second cell runs: `harmony matrix` says in one line that it lost the
+    scheduler at its address, the first cell stays as it came home, the worker stops its cell's
+    process (its scheduler silent too), and --resume finishes the matrix."""
+    _distributed()
+    plan = plan_file(tmp_path, duration=8.0)
+    cells = matrix.load_plan(plan).cells
+    sched, address = start_scheduler(tmp_path)
+    worker = start_worker(address, "cut", tmp_path)
+    procs = [sched, worker]
+    out = tmp_path / "m"
+    try:
+        run = subprocess.Popen(HARMONY + ["matrix", str(plan), "--out", str(out), "--cluster",
+                                          address, "-q", "--lost-after", "3"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        procs.append(run)
+        first = out / "cells" / cells[0].id
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not (first / "cell.json").is_file():
+            time.sleep(0.1)
+        assert (first / "cell.json").is_file(), "the first cell did not come home"
+        while time.monotonic() < deadline and not descendants(worker.pid):
+            time.sleep(0.1)
+        assert descendants(worker.pid), "the second cell was not seen running"
+        kept = _files(first)
+        t0 = time.monotonic()
+        os.kill(sched.pid, signal.SIGSTOP)
+        _, err = run.communicate(timeout=90)
+        took = time.monotonic() - t0
+        assert run.returncode == 1, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1, err
+        assert f"lost the Dask scheduler at {address}: no answer for 3 s (the network cut, or " \
+            "the scheduler stopped)" in lines[0]
+        assert f"`harmony matrix {plan} --out {out} --resume` goes on" in lines[0]
+        assert took < 30
+        record = json.loads((out / "matrix.json").read_text())
+        assert record["cells_state"][cells[0].id] == "complete"
+        (failure,) = record["failures"]
+        assert failure["cell"] == cells[1].id
+        assert f"lost the Dask scheduler at {address}" in failure["error"]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and descendants(worker.pid):
+            time.sleep(0.2)
+        assert not descendants(worker.pid), "the worker left its cell's process running"
+    finally:
+        stop_all(procs)
+    assert _files(first) == kept
+    r = subprocess.run(HARMONY + ["matrix", str(plan), "--out", str(out), "--resume", "-q"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "2 of 2 cells complete" in r.stdout, r.stderr
+    assert _files(first) == kept

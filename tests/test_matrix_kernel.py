@@ -4,15 +4,23 @@ run's migrations and switches agree with the kernel's own counters for every tas
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
+import sys
+import time
 import tomllib
+from pathlib import Path
 
+import pytest
 from conftest import host_skip
 from measured import assert_counted_by_the_kernel
 
 import harmony
 from harmony import matrix, store
+
+ROOT = Path(__file__).resolve().parent.parent
 
 #: one single-source run of 2 s on every CPU of this host: the shortest real cell
 PLAN = """
@@ -39,7 +47,8 @@ def test_a_real_host_cell_runs_through_a_one_worker_cluster(kernel, tmp_path):
     (cell,) = plan.cells
     out = tmp_path / "m"
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                  resources={"host": 1}, dashboard_address=None) as lc, \
+                                  resources={"host": 1, "measure": 1},
+                                  dashboard_address=None) as lc, \
             distributed.Client(lc) as client:
         record = run_cluster(plan, out, None, quiet=True, client=client)
     if record["failures"] and "busy" in record["failures"][0]["error"]:
@@ -55,3 +64,88 @@ def test_a_real_host_cell_runs_through_a_one_worker_cluster(kernel, tmp_path):
     assert_counted_by_the_kernel(run)     # every task: its moves as the kernel counted them
     left = subprocess.run(["pgrep", "-f", "harmony.matrix --cell"], capture_output=True)
     assert not left.stdout, "the cell's process was left running"
+
+
+def _descendants(pid: int) -> list[int]:
+    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
+                          text=True).stdout.split()
+    return [int(k) for k in kids] + [d for k in kids for d in _descendants(int(k))]
+
+
+@pytest.mark.parametrize("how", ["stopped", "killed"])
+def test_a_worker_losing_its_scheduler_leaves_nothing_running(kernel, tmp_path, how):
+    """`harmony worker` (its own doctor check) runs a real host cell; its scheduler then stops
+    answering (SIGSTOP: the network cut) or dies: the submitter says so in one line naming it, and
+    the worker stops its cell, which cleans up as a stopped run does: no process of the cell under
+    the worker, no tracing instance it made, no orphaned workload."""
+    try:
+        import distributed  # noqa: F401
+    except ImportError as exc:
+        host_skip(f"Dask distributed is not installed ({exc}): pip install '.[matrix]'")
+    from harmony.hygiene import orphans
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    plan = tmp_path / "plan.toml"
+    plan.write_text(PLAN.replace("duration = 2.0", "duration = 30.0"))
+    sfile = tmp_path / "scheduler.json"
+    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port",
+                              "0", "--no-dashboard", "--scheduler-file", str(sfile)],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    procs = [sched]
+    instances = kernel / "instances"
+    before = set(os.listdir(instances)) if instances.is_dir() else set()
+    try:
+        deadline = time.monotonic() + 60
+        while not sfile.is_file() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = json.loads(sfile.read_text())["address"]
+        with open(tmp_path / "worker.err", "w") as werr:
+            worker = subprocess.Popen([sys.executable, "-m", "harmony.cli", "worker", address,
+                                       "--name", "real", "--connect-timeout", "5"],
+                                      stdout=subprocess.DEVNULL, stderr=werr, env=env)
+        procs.append(worker)
+        out = tmp_path / "m"
+        run = subprocess.Popen([sys.executable, "-m", "harmony.cli", "matrix", str(plan),
+                                "--out", str(out), "--cluster", address, "-q", "--lost-after",
+                                "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=env)
+        procs.append(run)
+        # the cell's workload running under the worker (its processes named hmy-*)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and run.poll() is None and not any(
+                _comm(p).startswith("hmy-") for p in _descendants(worker.pid)):
+            time.sleep(0.2)
+        assert run.poll() is None, run.communicate()
+        if not any(_comm(p).startswith("hmy-") for p in _descendants(worker.pid)):
+            pytest.fail("the cell's workload was not seen running")
+        os.kill(sched.pid, signal.SIGSTOP if how == "stopped" else signal.SIGKILL)
+        _, err = run.communicate(timeout=120)
+        lines = err.strip().splitlines()
+        if "busy" in err:
+            host_skip(f"the host was busy: {err.strip()}")
+        assert run.returncode == 1 and len(lines) == 1, err
+        assert f"lost the Dask scheduler at {address}" in lines[0]
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and _descendants(worker.pid):
+            time.sleep(0.2)
+        assert not _descendants(worker.pid), "the worker left its cell's processes running"
+        assert not orphans(), "a workload process was left behind"
+        left = (set(os.listdir(instances)) if instances.is_dir() else set()) - before
+        assert not left, f"tracing instances left behind: {left}"
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.kill(p.pid, signal.SIGCONT)
+                p.terminate()
+                try:
+                    p.wait(60)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""

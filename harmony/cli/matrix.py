@@ -43,8 +43,18 @@ from harmony.cli.common import (
 @click.option("--connect-timeout", type=click.FloatRange(min=0.1), default=10.0,
               show_default=True, metavar="SECONDS", help="with --cluster: how long to try to "
                                                          "reach the scheduler")
+@click.option("--wait-host", type=click.FloatRange(min=0), default=1800.0, show_default=True,
+              metavar="SECONDS",
+              help="with --cluster: how long a cell waits for a host that can run it and is "
+                   "free (another Harmony run holding it, no worker able to take it); past it "
+                   "the cell fails with the reason (--resume runs it again)")
+@click.option("--lost-after", type=click.FloatRange(min=1), default=30.0, show_default=True,
+              metavar="SECONDS",
+              help="with --cluster: a scheduler that does not answer this long is lost (a "
+                   "network cut): one line, the cells not collected listed, --resume goes on")
 @quiet_option
-def matrix(plan_path, out, cluster, shared_dir, resume, connect_timeout, quiet):
+def matrix(plan_path, out, cluster, shared_dir, resume, connect_timeout, wait_host, lost_after,
+           quiet):
     """Run a matrix of cells: kernels x schedulers x topologies x a suite (or some experiments)
     x repetitions, each cell what one boot or one host suite runs, as the TOML PLAN says
     (docs/matrix.md; examples/matrix-*.toml). The plan is checked whole before anything starts;
@@ -72,10 +82,16 @@ def matrix(plan_path, out, cluster, shared_dir, resume, connect_timeout, quiet):
         if cluster is None:
             record = mx.run_local(plan, out, resume=resume, quiet=quiet)
         else:
-            from harmony.matrix_dask import run_cluster
+            from harmony.matrix_dask import ClusterError, run_cluster
 
-            record = run_cluster(plan, out, cluster, resume=resume, quiet=quiet,
-                                 timeout=connect_timeout, shared=shared_dir)
+            try:
+                record = run_cluster(plan, out, cluster, resume=resume, quiet=quiet,
+                                     timeout=connect_timeout, shared=shared_dir,
+                                     wait_host=wait_host, lost_after=lost_after)
+            except ClusterError as exc:     # lost mid-matrix: what it holds, and what to do
+                if not (out / mx.MATRIX_FILE).is_file():
+                    raise
+                raise ClusterError(f"{exc}; {marked}") from None
     _say(record, out)
 
 
@@ -108,14 +124,16 @@ def _say(record: dict, out: Path) -> None:
 @quiet_option
 def worker(address, name, connect_timeout, quiet):
     """A Dask worker on this measuring host for `harmony matrix --cluster`: one thread and the
-    resource host=1 (one cell at a time), started only if `harmony doctor` says experiments can
-    run here; its doctor facts go with each cell's results. Stops on Ctrl-C or SIGTERM."""
+    resource host=1 (one cell at a time), and measure=1 where `harmony doctor` says experiments
+    can run here; where they cannot (not root, ...) it says why in one line and runs simulated
+    cells only, leaving real cells to other workers. Its doctor facts go with each cell's
+    results. Stops on Ctrl-C or SIGTERM (its running cell stopped and cleaned up first)."""
     from harmony.matrix_dask import start_worker
 
     if not quiet:
         echo(f"worker: checking this host, then serving {address}", err=True)
     try:
         with exit_on_error():
-            start_worker(address, name=name, timeout=connect_timeout)
+            start_worker(address, name=name, timeout=connect_timeout, quiet=quiet)
     except KeyboardInterrupt:
         sys.exit(130)
