@@ -267,7 +267,7 @@ def test_every_q_and_json_is_the_one_declaration():
     quiet = {"run", "suite", "import", "simulate", "export", "report", "matrix", "worker",
              "kernel build", "kernel fetch", "scx build"}
     as_json = {"run", "suite", "import", "simulate", "report", "infer", "compare", "export",
-               "list", "doctor", "kernel list", "scx list"}
+               "matrix", "clean", "list", "doctor", "kernel list", "scx list"}
     have = dict(_commands())
     assert {n for n in quiet if "-q" not in _options_of(have[n])} == set()
     assert {n for n in as_json if "--json" not in _options_of(have[n])} == set()
@@ -288,6 +288,25 @@ def test_export_q_says_no_notes_only_the_file(results, tmp_path):
     assert json.loads(r.stdout)["notes"], r.stdout
     r = invoke("export", results["missing"], "--out", tmp_path / "d.dat", "-q")
     assert r.exit_code == 1 and r.stderr.startswith("harmony: error: "), r.output
+
+
+def test_clean_says_what_it_removed_on_the_screen_and_as_json(monkeypatch):
+    """What reclaim_stale removed (two things here; nothing) is what clean lists, a line each,
+    and what --json gives a program."""
+    import contextlib
+
+    import harmony.hostfacts
+    import harmony.hygiene
+
+    monkeypatch.setattr(harmony.hostfacts, "is_root", lambda: True)
+    monkeypatch.setattr(harmony.hygiene, "HostLock", contextlib.nullcontext)
+    for removed in (["tracing instance harmony-1", "cpuset cgroup harmony-2"], []):
+        monkeypatch.setattr(harmony.hygiene, "reclaim_stale", lambda r=removed: list(r))
+        r = invoke("clean")
+        assert r.exit_code == 0 and r.stdout.splitlines() == (
+            [f"removed {x}" for x in removed] or ["nothing to clean"]), r.output
+        r = invoke("clean", "--json")
+        assert r.exit_code == 0 and json.loads(r.stdout) == {"removed": removed}, r.output
 
 
 def test_kernel_and_scx_lists_as_json():

@@ -148,6 +148,16 @@ def test_local_matrix_runs_resumes_and_reports(tmp_path):
                        timeout=120)
     assert c.returncode == 0, c.stderr
     assert json.loads(c.stdout)["sources"][0]["source"] == cells[0]
+    # --json: the end summary a program reads, as matrix.json and the files say; -q: nothing else
+    j = subprocess.run(HARMONY + ["matrix", str(plan.source), "--out", str(out), "--resume",
+                                  "--json", "-q"], capture_output=True, text=True, timeout=120)
+    assert j.returncode == 0 and j.stderr == "", j.stderr
+    summary = json.loads(j.stdout)
+    record = json.loads((out / "matrix.json").read_text())
+    assert summary["cells_state"] == record["cells_state"] == {c.id: "complete"
+                                                               for c in plan.cells}
+    assert (summary["cells"], summary["complete"], summary["failures"]) == (2, 2, [])
+    assert all(Path(f).is_file() for f in summary["report"]) and len(summary["report"]) == 3
 
 
 def _files(d: Path) -> dict[str, str]:
