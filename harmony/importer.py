@@ -27,7 +27,7 @@ from harmony import hostfacts, pipeline, store
 from harmony.analysis import trust
 from harmony.analysis.arrays import event_kinds, event_mask, growing_windows, in_set, index_of
 from harmony.analysis.waking import wakeups_from_waking
-from harmony.core.errors import ImportFailed  # noqa: F401  (raised here)
+from harmony.core.errors import ImportFailed, ParameterError  # noqa: F401  (raised here)
 from harmony.core.jit import in_background
 from harmony.core.osutil import format_cpulist
 from harmony.experiments import get_experiment
@@ -619,9 +619,11 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     ``memory_check``: refuse a trace this host has not the memory for (:func:`check_memory`);
     ``disk_check``: one ``out``'s file system has not the room for (:func:`check_disk`).
 
-    Raises TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as
-    asked) or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the
-    reason if it was already created.
+    Raises ParameterError before anything is read for an experiment a trace cannot be analysed
+    as, or one whose analysis needs a parameter not given (:meth:`Experiment.import_problem`);
+    TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as asked)
+    or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the reason
+    if it was already created.
 
     The phases: the checks before anything is read (:func:`_check_room`), the reading and the
     choice of the tasks (:func:`_read_chosen`), the window (:func:`_window`), the CPU set and
@@ -630,6 +632,9 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     """
     path, out = Path(path), Path(out)
     exp = get_experiment(experiment)
+    why = exp.import_problem(params or {})
+    if why:
+        raise ParameterError(why)
     step = progress or (lambda what: None)
     _check_room(path, out, buffer, memory_check, disk_check)
     step(f"reading {path.name} ({path.stat().st_size / 1e6:,.0f} MB)")

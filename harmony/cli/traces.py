@@ -157,6 +157,9 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
         raise click.BadParameter("the measured window of an imported trace is set with --end or "
                                  "--end-marker",
                                  param_hint="--param duration")
+    why = exp.import_problem(overrides)
+    if why:
+        raise click.UsageError(why)
     if out is None:
         out = default_out("import")
     check_out(out)
