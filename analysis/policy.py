@@ -267,7 +267,7 @@ class Card:
         out += policy_levels.level_lines(self.levels, self.predictions, QUESTIONS)
         if self.skipped:
             out.append("runs not used:")
-            out += [f"  {p}: {r}" for p, r in self.skipped]
+            out += [f"  {store.about(p, r)}" for p, r in self.skipped]
         return "\n".join(out).rstrip() + "\n"
 
 
