@@ -198,10 +198,15 @@ def machine_lines(m: dict, summary: dict | None) -> list[str]:
     def n(col):
         return len(set(cpus[col])) if (cpus[col] >= 0).all() else "?"
 
+    def counted(col, noun):
+        k = n(col)
+        return f"{k} {noun}{'' if k == 1 else 's'}"
+
     threads = cpus["smt_siblings"].map(lambda s: len(parse_cpulist(s)) if s else 1)
-    lines = [f"machine                      {len(cpus)} CPUs: {n('node')} NUMA node(s), "
-             f"{n('package')} package(s), {n('llc')} LLC(s), "
-             f"{len(set(cpus['smt_siblings']))} cores of {int(threads.max())} thread(s)"]
+    most = int(threads.max())
+    lines = [f"machine                      {len(cpus)} CPUs: {counted('node', 'NUMA node')}, "
+             f"{counted('package', 'package')}, {counted('llc', 'LLC')}, "
+             f"{len(set(cpus['smt_siblings']))} cores of {most} thread{'' if most == 1 else 's'}"]
     rows = domain_rows(m)
     if rows:
         lines.append("domains                      " + " < ".join(

@@ -152,7 +152,7 @@ def run_screen(run, verbose: bool = False, report: Path | None = None,
         out += wrap(f"{style('warning:', 'warning')} {line}", hanging="  ")
     more = len(m.get("notes") or []) - len(warned)
     if more > 0:
-        out.append(f"({plural(more, 'more note')}: harmony report -v {run.path})")
+        out.append(f"({plural(more, 'more note')}: harmony report {run.path})")
     return "\n".join(out + [""] + files_lines(run.path, report, figures))
 
 
