@@ -651,7 +651,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                        - set(shown))
     values = {k: v for k, v in values.items() if k not in not_known}
     manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window, not_known,
-                        sorted(shown))
+                        sorted(shown), cpus_given=bool(cpus))
     return _analyse_copying(path, out, manifest, read, tasks, window, step)
 
 
@@ -768,6 +768,8 @@ def _tasks_and_cpus(read: _Read, path: Path, cpus, window: _Window) -> tuple[pd.
     read.file_cpus = sorted(set(int(c) for c in meta.get("cpus", []))
                             | set(np.unique(events["cpu"]).tolist()))
     cpu_set = list(cpus) if cpus else read.file_cpus
+    if not cpus:
+        notes.append(trust.note("cpus_default", cpus=format_cpulist(cpu_set)))
     outside = sorted(set(cpu_set) - set(read.file_cpus))
     if outside:
         notes.append(trust.note("cpus_without_events", cpus=outside))
@@ -789,7 +791,8 @@ def _tasks_and_cpus(read: _Read, path: Path, cpus, window: _Window) -> tuple[pd.
 
 
 def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path, pids, comms,
-             window: _Window, not_known: list[str], from_layout: list[str]) -> dict:
+             window: _Window, not_known: list[str], from_layout: list[str],
+             cpus_given: bool = False) -> dict:
     """Make the run directory ``out`` and write its manifest (``not_known``: the parameters the
     trace cannot tell; ``from_layout``: those its layout at t0 showed); the manifest."""
     meta, kind = read.cap.meta, read.kind
@@ -804,6 +807,7 @@ def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path
                 "file_version": meta.get("file_version"), "compression": meta.get("compression"),
                 "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
                 "t0_from": window.t0_from, "end_from": window.end_from,
+                "cpus_from": "--cpus" if cpus_given else "every CPU the file recorded",
                 "stored": f"{RAW_DIR}/{path.name}", "params_not_known": not_known,
                 "params_from_layout": from_layout})
     store.write_json(out / "manifest.json", manifest)
