@@ -644,7 +644,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     overrides = dict(params or {})
     overrides["duration"] = str((window.end - window.t0) / 1e9)
     shown, unshown = layout_params(exp, tasks, cpu_set, given=overrides)
-    values = exp.resolve(overrides | shown, cpu_set)
+    values = _resolve_shown(exp, overrides, shown, cpu_set, path)
     # how the tasks were started, released and asked to run is not in a trace, nor what its
     # layout does not show: not listed
     not_known = sorted((exp.workload_params() | unshown) & set(values) - set(overrides)
@@ -653,6 +653,21 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window, not_known,
                         sorted(shown), cpus_given=bool(cpus))
     return _analyse_copying(path, out, manifest, read, tasks, window, step)
+
+
+def _resolve_shown(exp, overrides: dict, shown: dict, cpu_set: list[int], path: Path) -> dict:
+    """``exp``'s parameters with ``overrides`` (-p) and what the trace's layout ``shown``; a
+    layout the experiment cannot analyse (intrinsic-imbalance's N a multiple of P) is the trace's
+    problem, ImportFailed (status 1), not a usage error: the parameters given are fine alone."""
+    try:
+        return exp.resolve(overrides | shown, cpu_set)
+    except ParameterError as exc:
+        if not shown:
+            raise
+        exp.resolve(overrides, cpu_set)     # the parameters given at fault: a usage error
+        layout = ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+        raise ImportFailed(f"{path}: its layout at t0 ({layout}) is not one {exp.name} "
+                           f"analyses: {exc}") from None
 
 
 @dataclasses.dataclass

@@ -1431,7 +1431,8 @@ def test_an_import_as_any_experiment_names_its_workload_as_not_known(simulated_d
 
 #: each experiment of the catalog imported from a single-source trace with nothing given: refused
 #: before the trace is read (status 2, nothing made) when its analysis reads what a trace does not
-#: hold, or needs a parameter no default may stand for; analysed otherwise
+#: hold, or needs a parameter no default may stand for; refused once read (status 1, nothing
+#: made) when the trace's layout is none it analyses; analysed otherwise
 IMPORT_AS = [
     ("single-source", 0, None),
     ("how-many", 0, None),
@@ -1447,13 +1448,18 @@ IMPORT_AS = [
                        "tasks apart by the role Harmony gave each"),
     ("priority-classes", 2, "priority-classes cannot be imported: "),
     ("server", 2, "server cannot be imported: its analysis reads the requests"),
+    # read, but its layout (all 8 tasks on the first of 4 CPUs) is none the experiment analyses:
+    # the trace's problem, not the options'
+    ("intrinsic-imbalance", 1, "its layout at t0 (layout=[8, 0, 0, 0]) is not one "
+                               "intrinsic-imbalance analyses: 8 tasks on 4 CPUs is no intrinsic "
+                               "imbalance"),
 ]
 
 
 def test_every_experiment_of_the_catalog_is_in_the_import_table():
     from harmony.experiments import CATALOG
 
-    assert {e for e, _, _ in IMPORT_AS} | {"intrinsic-imbalance"} == set(CATALOG)
+    assert {e for e, _, _ in IMPORT_AS} == set(CATALOG)
 
 
 @pytest.mark.parametrize("experiment, status, says", IMPORT_AS,
@@ -1471,6 +1477,9 @@ def test_an_import_as_each_experiment_is_analysed_or_refused_up_front(simulated_
         return
     m = harmony.load(out).manifest
     assert m["status"] == "complete" and m["experiment"] == experiment
+    # no --cpus: the CPU set is the file's 4 simulated CPUs, and the run says it was chosen so
+    assert m["cpus"] == [0, 1, 2, 3] and m["source"]["cpus_from"] == "every CPU the file recorded"
+    assert "the CPU set is every CPU the file recorded, 0-3 (no --cpus given)" in m["notes"]
     # every parameter recorded is the trace's (its layout, its window) or the analysis's own
     # (bins, tolerance...), never a default of how Harmony starts its tasks
     from harmony.experiments import get_experiment
@@ -1594,3 +1603,9 @@ def test_an_import_as_single_source_reads_its_layout(simulated_dat, tmp_path):
     m = harmony.load(tmp_path / "ss").manifest
     assert m["params"]["layout"] == layout_of(simulated_dat, 4)
     assert m["source"]["params_from_layout"] == ["layout"]
+    r = invoke("import", simulated_dat, "--comm", "hmy-w*", "-q", "--cpus", "0-1",
+               "--out", tmp_path / "two")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "two").manifest
+    assert m["cpus"] == [0, 1] and m["source"]["cpus_from"] == "--cpus"
+    assert not [n for n in m["notes"] if "every CPU the file recorded" in n]
