@@ -43,7 +43,7 @@ from harmony.analysis.causes import CAUSES
 from harmony.analysis.stats import bootstrap_ci
 from harmony.analysis.rounds import round_rule
 from harmony.analysis.trust import disqualifying, word
-from harmony.experiments import summary_key
+from harmony.experiments import experiment_of, summary_key
 from harmony.workload.tasks import POLICIES, classes_text
 
 UNDECIDED = "undecided"
@@ -377,6 +377,7 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
         try:
             run = store.open_run(d)
             summary = run.summary
+            experiment_of(run)      # a run of this catalog's (of another Harmony's: not used)
         except store.RunError as exc:
             skipped.append((d, str(exc).replace(f"{d}: ", "")))
             continue

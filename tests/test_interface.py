@@ -72,6 +72,10 @@ def results(tmp_path_factory):
     m = json.loads((run / "manifest.json").read_text())
     (root / "incomplete" / "manifest.json").write_text(json.dumps(
         m | {"status": "incomplete", "incomplete_reason": "interrupted (Ctrl-C)"}))
+    shutil.copytree(run, root / "nokeys")             # JSON, but no run's manifest
+    (root / "nokeys" / "manifest.json").write_text('{"status": "complete"}')
+    shutil.copytree(run, root / "foreign")            # a run of an experiment not in the catalog
+    (root / "foreign" / "manifest.json").write_text(json.dumps(m | {"experiment": "no-such-exp"}))
     shutil.copytree(run, root / "nosummary")
     (root / "nosummary" / "summary.json").unlink()
     shutil.copytree(run, root / "truncated")
@@ -85,6 +89,7 @@ def results(tmp_path_factory):
             "corrupt": root / "corrupt", "incomplete": root / "incomplete",
             "empty": root / "empty", "missing": root / "missing", "junk": root / "junk.dat",
             "corrupt_suite": root / "corrupt-suite", "nosummary": root / "nosummary",
+            "nokeys": root / "nokeys", "foreign": root / "foreign",
             "truncated": root / "truncated", "suite_screen": suite_screen}
 
 
@@ -133,6 +138,19 @@ CONTRACT = [
      "{batch} is a batch directory: export takes one of its runs, such as {run}"),
     (["export", "{suite}", "--out", "{tmp}/e.dat"], 1,
      "{suite} is a suite directory: export takes one of its runs, such as {suite}/"),
+    # a manifest that is JSON but no run's, a run of an experiment this catalog does not have
+    (["report", "{nokeys}"], 1, "harmony: error: {nokeys}/manifest.json: corrupt: no 'experiment'"),
+    (["infer", "{nokeys}"], 1, "harmony: error: {nokeys}/manifest.json: corrupt: no 'experiment'"),
+    (["compare", "{nokeys}", "thesis-2011"], 1,
+     "harmony: error: {nokeys}/manifest.json: corrupt: no 'experiment'"),
+    (["export", "{nokeys}", "--out", "{tmp}/e.dat"], 1,
+     "harmony: error: {nokeys}/manifest.json: corrupt: no 'experiment'"),
+    (["report", "{foreign}"], 1,
+     "harmony: error: {foreign}/manifest.json: unknown experiment 'no-such-exp'"),
+    (["infer", "{foreign}"], 1,
+     "harmony: error: {foreign}/manifest.json: unknown experiment 'no-such-exp'"),
+    (["compare", "{foreign}", "thesis-2011"], 1,
+     "harmony: error: {foreign}/manifest.json: unknown experiment 'no-such-exp'"),
     # a run whose summary is gone: one line, the file named once, whatever the command
     (["report", "{nosummary}"], 1, "harmony: error: {nosummary}/summary.json: not found\n"),
     (["infer", "{nosummary}"], 1, "harmony: error: {nosummary}/summary.json: not found\n"),
@@ -214,7 +232,7 @@ USAGE_LINES = [
     (["import", "{junk}", "--comm", "x", "-e", "heavy-light"], "heavy-light cannot be imported"),
     (["export", "{run}", "--format", "pcap"], "Invalid value for '--format'"),
     (["kernel", "build", "no-such"], "unknown kernel to build"),
-    (["list", "--bogus"], "No such option: --bogus"),
+    (["list", "--bogus"], "No such option '--bogus'"),
 ]
 
 
