@@ -382,26 +382,9 @@ def open_run(run_dir, allow_incomplete: bool = False) -> Run:
     if not (path / "manifest.json").exists():
         raise no_results(path)
     manifest = read_json(path / "manifest.json")
-    problem = manifest_problem(manifest)
-    if problem:
-        raise RunError(f"{path / 'manifest.json'}: corrupt: {problem}")
     if manifest.get("status") != "complete" and not allow_incomplete:
         raise IncompleteRun(f"{path}: {why_incomplete(manifest)}", path, manifest.get("status"))
     return Run(path, manifest)
-
-
-#: what every run's manifest holds, of which type (harmony.manifest.new_manifest writes them)
-MANIFEST_KEYS = {"experiment": str, "params": dict, "cpus": list}
-
-
-def manifest_problem(manifest: dict) -> str | None:
-    """What makes ``manifest`` no run's manifest (a key missing, or of another type), or None."""
-    for key, kind in MANIFEST_KEYS.items():
-        if key not in manifest:
-            return f"no {key!r}"
-        if not isinstance(manifest[key], kind):
-            return f"{key!r} is not a {kind.__name__} but {type(manifest[key]).__name__}"
-    return None
 
 
 def cannot_write(directory) -> str | None:

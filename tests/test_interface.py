@@ -143,8 +143,6 @@ CONTRACT = [
     (["infer", "{nokeys}"], 1, "harmony: error: {nokeys}/manifest.json: corrupt: no 'experiment'"),
     (["compare", "{nokeys}", "thesis-2011"], 1,
      "harmony: error: {nokeys}/manifest.json: corrupt: no 'experiment'"),
-    (["export", "{nokeys}", "--out", "{tmp}/e.dat"], 1,
-     "harmony: error: {nokeys}/manifest.json: corrupt: no 'experiment'"),
     (["report", "{foreign}"], 1,
      "harmony: error: {foreign}/manifest.json: unknown experiment 'no-such-exp'"),
     (["infer", "{foreign}"], 1,
