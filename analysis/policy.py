@@ -48,7 +48,7 @@ from harmony.analysis.causes import CAUSES
 from harmony.analysis.stats import bootstrap_ci
 from harmony.analysis.rounds import round_rule
 from harmony.analysis.trust import disqualifying, word
-from harmony.experiments import get_experiment, summary_key
+from harmony.experiments import experiment_of, get_experiment, summary_key
 from harmony.workload.tasks import POLICIES, classes_text
 
 UNDECIDED = "undecided"
@@ -272,7 +272,7 @@ class Card:
         out += policy_levels.level_lines(self.levels, self.predictions, QUESTIONS)
         if self.skipped:
             out.append("runs not used:")
-            out += [f"  {p}: {r}" for p, r in self.skipped]
+            out += [f"  {store.about(p, r)}" for p, r in self.skipped]
         return "\n".join(out).rstrip() + "\n"
 
 
@@ -394,6 +394,7 @@ def collect(paths) -> tuple[list[Evidence], list[tuple[Path, str]]]:
         try:
             run = store.open_run(d)
             summary = run.summary
+            experiment_of(run)      # a run of this catalog's (of another Harmony's: not used)
         except store.RunError as exc:
             skipped.append((d, str(exc).replace(f"{d}: ", "")))
             continue

@@ -93,7 +93,7 @@ def affinity_by_relation(whole: list, answer, affinity_label) -> dict:
     out = {}
     for rel in sorted(rates, key=_order):
         a = answer("affinity", "Does it keep tasks near? (moves per s and CPU at this level)",
-                   "issue 45")
+                   "6.2, at each level")
         med = statistics.median(rates[rel])
         a.label = affinity_label(med)
         a.numbers = {"moves per s and CPU (median)": med,

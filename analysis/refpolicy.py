@@ -39,7 +39,7 @@ pairwise-random   per-CPU queues. Every 16-48 ms (random) and when idle a CPU pu
 coin-flip         each run is poly-balance or pairwise-random, drawn from the run's seed like a
                   fair coin: a policy that genuinely varies from run to run. Where the two give
                   different labels (how many, affinity, intrinsic imbalance, selection) its card
-                  must say "varies", not a label, once it has runs enough (issue 46); where they
+                  must say "varies", not a label, once it has runs enough; where they
                   agree (it balances, detection is periodic, idle CPUs steal) it is decided.
 """
 

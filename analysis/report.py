@@ -16,7 +16,7 @@ from harmony.analysis.thresholds import USELESS_MIGRATION_WITHIN_S, WASTED_EPISO
 from harmony.analysis.topology import DOMAIN_HEADER, df_cpus, domain_rows, domains_of
 from harmony.analysis.trust import count
 from harmony.core.osutil import format_cpulist, parse_cpulist
-from harmony.experiments import get_experiment
+from harmony.experiments import experiment_of
 from harmony.manifest import system_facts
 from harmony.store import atomic_write
 
@@ -198,10 +198,15 @@ def machine_lines(m: dict, summary: dict | None) -> list[str]:
     def n(col):
         return len(set(cpus[col])) if (cpus[col] >= 0).all() else "?"
 
+    def counted(col, noun):
+        k = n(col)
+        return f"{k} {noun}{'' if k == 1 else 's'}"
+
     threads = cpus["smt_siblings"].map(lambda s: len(parse_cpulist(s)) if s else 1)
-    lines = [f"machine                      {len(cpus)} CPUs: {n('node')} NUMA node(s), "
-             f"{n('package')} package(s), {n('llc')} LLC(s), "
-             f"{len(set(cpus['smt_siblings']))} cores of {int(threads.max())} thread(s)"]
+    most = int(threads.max())
+    lines = [f"machine                      {len(cpus)} CPUs: {counted('node', 'NUMA node')}, "
+             f"{counted('package', 'package')}, {counted('llc', 'LLC')}, "
+             f"{len(set(cpus['smt_siblings']))} cores of {most} thread{'' if most == 1 else 's'}"]
     rows = domain_rows(m)
     if rows:
         lines.append("domains                      " + " < ".join(
@@ -290,7 +295,7 @@ def params_line(m: dict) -> str:
 
 def summary_text(run) -> str:
     m = run.manifest
-    exp = get_experiment(m["experiment"])
+    exp = experiment_of(run)
     out = [f"{exp.name}: {exp.question}", f"run {run.path}", f"parameters: {params_line(m)}", ""]
     out += exp.describe(run.summary) if run.complete else ["(run is not complete: no metrics)"]
     cost = cost_rows(run.summary) if run.complete else []
@@ -331,7 +336,7 @@ def report_document(run, figures: list | None = None) -> list:
     the measurement as "label  value" lines, the notes, the figures (``figures``: these paths,
     by default the run's own on disk)."""
     m = run.manifest
-    exp = get_experiment(m["experiment"])
+    exp = experiment_of(run)
     doc: list = [D.Heading(f"{exp.name}: {exp.question}", 1),
                  D.Para(f"Thesis: {exp.thesis}. Run started {m.get('started_at')}, Harmony "
                         f"{m.get('harmony_version')}."),

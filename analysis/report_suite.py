@@ -740,7 +740,7 @@ def write(suite: Path, note: str | None = None, processes: int | None = None,
                               for f in info["failures"]]))
     if skipped:
         doc.append(D.Heading("Runs not used", 2))
-        doc.append(D.Bullets([f"{p}: {r}" for p, r in skipped]))
+        doc.append(D.Bullets([store.about(p, r) for p, r in skipped]))
     md_path, html_path = dest / "report.md", dest / "report.html"
     store.atomic_write(md_path, D.to_markdown(doc, dest))
     store.atomic_write(html_path, D.to_html(doc, "Harmony suite report"))

@@ -44,6 +44,7 @@ events_absent            absent (list of the sched events Harmony reads that the
 wakeups_derived          derived, placed, pulls, after_switch_out
 t0_default               (none)
 end_default              (none)
+cpus_default             cpus (a CPU list: every CPU the file recorded)
 cpus_without_events      cpus
 realtime_tasks           pids
 tasks_outside_cpu_set    what (the description: pids, CPUs, t0)
@@ -535,6 +536,8 @@ _WORDING = {
                              "given)"),
     "end_default": lambda n: ("the window ends at the last event of the chosen tasks (no --end or "
                               "--end-marker given)"),
+    "cpus_default": lambda n: (f"the CPU set is every CPU the file recorded, {n['cpus']} (no "
+                               "--cpus given)"),
     "cpus_without_events": lambda n: f"CPUs {n['cpus']} of the CPU set recorded no event",
     "realtime_tasks": lambda n: (
         f"tasks {n['pids']} have real-time priorities; their fair share is computed as if they "

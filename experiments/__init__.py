@@ -31,6 +31,20 @@ def get_experiment(name: str) -> Experiment:
     return getattr(importlib.import_module(module), cls)()
 
 
+def experiment_of(run) -> Experiment:
+    """The experiment of ``run`` (a :class:`harmony.store.Run`), by its manifest; RunError naming
+    the manifest if it names none, or none of this catalog's (a run of another Harmony)."""
+    from harmony.store import RunError
+
+    name = run.manifest.get("experiment")
+    if not isinstance(name, str):
+        raise RunError(f"{run.path / 'manifest.json'}: corrupt: no 'experiment'")
+    if name not in CATALOG:
+        raise RunError(f"{run.path / 'manifest.json'}: unknown experiment {name!r} (this "
+                       f"Harmony's catalog has: {', '.join(CATALOG)})")
+    return get_experiment(name)
+
+
 def summary_key(key: str, *experiments: str) -> str:
     """``key``, checked to be declared (:attr:`Experiment.declared`) by each of ``experiments``;
     ValueError naming the experiment otherwise.

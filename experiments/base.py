@@ -338,6 +338,25 @@ class Experiment:
     #: the experiment's own parameters that only shape its workload (a task's demand, its
     #: nice...), which a trace recorded elsewhere cannot tell (:meth:`workload_params`)
     workload: frozenset[str] = frozenset()
+    #: why a trace recorded elsewhere (``harmony import``) cannot be analysed as this experiment
+    #: (None: it can): an analysis that tells its tasks apart by the role Harmony gave each
+    not_imported: str | None = None
+    #: parameters its analysis reads that a trace does not show and no default may stand for
+    #: (when the target's load was cut...): an import as this experiment is given each (-p)
+    import_needs: frozenset[str] = frozenset()
+
+    def import_problem(self, given) -> str | None:
+        """Why a trace cannot be imported as this experiment with the parameters ``given``
+        (names): one line, or None when it can (:attr:`not_imported`, :attr:`import_needs`)."""
+        if self.not_imported:
+            return f"{self.name} cannot be imported: {self.not_imported}"
+        missing = sorted(self.import_needs - set(given))
+        if not missing:
+            return None
+        helps = {p.name: p.help.split(";")[0] for p in self.all_params()}
+        what = "; ".join(f"{n}, {helps[n]}" for n in missing)
+        return (f"{self.name}'s analysis reads what a trace does not show ({what}): give "
+                + " ".join(f"-p {n}=..." for n in missing))
 
     def workload_params(self) -> frozenset[str]:
         """The parameters an imported trace cannot know: how the tasks were started, released

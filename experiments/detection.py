@@ -44,7 +44,9 @@ class Detection(Experiment):
     question = ("How soon is an under-loaded (not idle) CPU noticed, and how often is balance "
                 "checked?")
     thesis = "6.4, figure 6.8, table 6.1 (E5)"
-    workload = frozenset({"cut_mode", "pin_target", "target_after", "tasks_per_cpu"})
+    workload = frozenset({"cut_mode", "pin_target", "target_after", "tasks_per_cpu", "cut_from_s",
+                          "cut_to_s"})
+    import_needs = frozenset({"cut_at_s"})
     params = (
         Param("duration", 4.0, "float", "seconds measured after t0", positive),
         Param("tasks_per_cpu", 8, "int", "CPU-bound tasks on every CPU at t0", positive),

@@ -94,6 +94,8 @@ class TwoClassExperiment(Experiment):
 
     first, second = "heavy", "light"
     prefix = {"heavy": "h", "light": "l"}
+    not_imported = ("its analysis tells its two classes of tasks apart by the role Harmony gave "
+                    "each, which a trace does not record")
 
     def validate(self, p, cpus):
         if len(cpus) < 2:

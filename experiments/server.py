@@ -87,6 +87,8 @@ class Server(Experiment):
     thesis = "beyond the thesis (SEDA, Flash, Gordon's stages)"
     not_simulated = ("its tasks serve requests over sockets; the reference policies simulate CPU "
                      "demand only")
+    not_imported = ("its analysis reads the requests its client sent and their answers, which a "
+                    "trace does not hold")
     workload = frozenset({"alpha", "block_us", "conns", "max_outstanding", "pool", "sizes",
                           "stages", "work_us"})
     params = (

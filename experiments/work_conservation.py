@@ -50,7 +50,8 @@ class WorkConservation(Experiment):
     name = "work-conservation"
     question = "Does a CPU that goes idle steal waiting tasks at once (work-conserving)?"
     thesis = "6.4 (E4)"
-    workload = frozenset({"pin_target", "tasks_per_cpu"})
+    workload = frozenset({"pin_target", "tasks_per_cpu", "idle_from_s", "idle_to_s"})
+    import_needs = frozenset({"idle_at_s"})
     params = (
         Param("duration", 4.0, "float", "seconds measured after t0", positive),
         Param("tasks_per_cpu", 4, "int",

@@ -27,7 +27,7 @@ from harmony import hostfacts, pipeline, store
 from harmony.analysis import trust
 from harmony.analysis.arrays import event_kinds, event_mask, growing_windows, in_set, index_of
 from harmony.analysis.waking import wakeups_from_waking
-from harmony.core.errors import ImportFailed  # noqa: F401  (raised here)
+from harmony.core.errors import ImportFailed, ParameterError  # noqa: F401  (raised here)
 from harmony.core.jit import in_background
 from harmony.core.osutil import format_cpulist
 from harmony.experiments import get_experiment
@@ -619,9 +619,11 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     ``memory_check``: refuse a trace this host has not the memory for (:func:`check_memory`);
     ``disk_check``: one ``out``'s file system has not the room for (:func:`check_disk`).
 
-    Raises TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as
-    asked) or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the
-    reason if it was already created.
+    Raises ParameterError before anything is read for an experiment a trace cannot be analysed
+    as, or one whose analysis needs a parameter not given (:meth:`Experiment.import_problem`);
+    TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as asked)
+    or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the reason
+    if it was already created.
 
     The phases: the checks before anything is read (:func:`_check_room`), the reading and the
     choice of the tasks (:func:`_read_chosen`), the window (:func:`_window`), the CPU set and
@@ -630,6 +632,9 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     """
     path, out = Path(path), Path(out)
     exp = get_experiment(experiment)
+    why = exp.import_problem(params or {})
+    if why:
+        raise ParameterError(why)
     step = progress or (lambda what: None)
     _check_room(path, out, buffer, memory_check, disk_check)
     step(f"reading {path.name} ({path.stat().st_size / 1e6:,.0f} MB)")
@@ -639,15 +644,30 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     overrides = dict(params or {})
     overrides["duration"] = str((window.end - window.t0) / 1e9)
     shown, unshown = layout_params(exp, tasks, cpu_set, given=overrides)
-    values = exp.resolve(overrides | shown, cpu_set)
+    values = _resolve_shown(exp, overrides, shown, cpu_set, path)
     # how the tasks were started, released and asked to run is not in a trace, nor what its
     # layout does not show: not listed
     not_known = sorted((exp.workload_params() | unshown) & set(values) - set(overrides)
                        - set(shown))
     values = {k: v for k, v in values.items() if k not in not_known}
     manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window, not_known,
-                        sorted(shown))
+                        sorted(shown), cpus_given=bool(cpus))
     return _analyse_copying(path, out, manifest, read, tasks, window, step)
+
+
+def _resolve_shown(exp, overrides: dict, shown: dict, cpu_set: list[int], path: Path) -> dict:
+    """``exp``'s parameters with ``overrides`` (-p) and what the trace's layout ``shown``; a
+    layout the experiment cannot analyse (intrinsic-imbalance's N a multiple of P) is the trace's
+    problem, ImportFailed (status 1), not a usage error: the parameters given are fine alone."""
+    try:
+        return exp.resolve(overrides | shown, cpu_set)
+    except ParameterError as exc:
+        if not shown:
+            raise
+        exp.resolve(overrides, cpu_set)     # the parameters given at fault: a usage error
+        layout = ", ".join(f"{k}={v}" for k, v in sorted(shown.items()))
+        raise ImportFailed(f"{path}: its layout at t0 ({layout}) is not one {exp.name} "
+                           f"analyses: {exc}") from None
 
 
 @dataclasses.dataclass
@@ -763,6 +783,8 @@ def _tasks_and_cpus(read: _Read, path: Path, cpus, window: _Window) -> tuple[pd.
     read.file_cpus = sorted(set(int(c) for c in meta.get("cpus", []))
                             | set(np.unique(events["cpu"]).tolist()))
     cpu_set = list(cpus) if cpus else read.file_cpus
+    if not cpus:
+        notes.append(trust.note("cpus_default", cpus=format_cpulist(cpu_set)))
     outside = sorted(set(cpu_set) - set(read.file_cpus))
     if outside:
         notes.append(trust.note("cpus_without_events", cpus=outside))
@@ -784,7 +806,8 @@ def _tasks_and_cpus(read: _Read, path: Path, cpus, window: _Window) -> tuple[pd.
 
 
 def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path, pids, comms,
-             window: _Window, not_known: list[str], from_layout: list[str]) -> dict:
+             window: _Window, not_known: list[str], from_layout: list[str],
+             cpus_given: bool = False) -> dict:
     """Make the run directory ``out`` and write its manifest (``not_known``: the parameters the
     trace cannot tell; ``from_layout``: those its layout at t0 showed); the manifest."""
     meta, kind = read.cap.meta, read.kind
@@ -799,6 +822,7 @@ def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path
                 "file_version": meta.get("file_version"), "compression": meta.get("compression"),
                 "buffer": meta.get("buffer"), "pids": list(pids), "comms": list(comms),
                 "t0_from": window.t0_from, "end_from": window.end_from,
+                "cpus_from": "--cpus" if cpus_given else "every CPU the file recorded",
                 "stored": f"{RAW_DIR}/{path.name}", "params_not_known": not_known,
                 "params_from_layout": from_layout})
     store.write_json(out / "manifest.json", manifest)

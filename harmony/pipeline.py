@@ -55,7 +55,7 @@ from harmony.analysis.taskstate import release_records
 from harmony.core.errors import ProbeError, RunError
 from harmony.core.jit import in_background
 from harmony.core.timing import Laps
-from harmony.experiments import get_experiment
+from harmony.experiments import experiment_of, get_experiment
 from harmony.manifest import new_manifest, now, reason  # noqa: F401  (every origin's manifest)
 from harmony.probes import PROBES, Capture, get_probe
 from harmony.probes.schema import MARK_END, MARK_RELEASED, MARK_T0, MARK_WARMUP
@@ -509,7 +509,7 @@ def _draw(run: store.Run, fig_dir: Path | None = None) -> list[Path]:
     """Draw the run's figures into ``fig_dir`` (default: its figures/ directory); their paths."""
     fig_dir = fig_dir or run.path / "figures"
     fig_dir.mkdir(parents=True, exist_ok=True)
-    experiment = get_experiment(run.manifest["experiment"])
+    experiment = experiment_of(run)
     # matplotlib is loaded only to draw (~0.5 s), as the experiments' plot() do
     from harmony.analysis.plots import plot_causes
 

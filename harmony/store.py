@@ -415,6 +415,12 @@ def no_results(path) -> RunError:
                     f"{', '.join(RESULT_FILES)} in it)")
 
 
+def about(path, why: str) -> str:
+    """``why`` said of ``path``: "PATH: WHY", unless ``why`` names a file of it first already
+    ("PATH/summary.json: not found"), which is not said twice."""
+    return why if str(why).startswith(f"{path}/") else f"{path}: {why}"
+
+
 def no_complete_run(where, skipped: list) -> RunError:
     """The error of a directory (``where``) under which no complete run can be used, ``skipped``
     the (run directory, why) of those found: the first one's reason, never hidden."""
@@ -422,9 +428,9 @@ def no_complete_run(where, skipped: list) -> RunError:
         return no_results(where)
     path, why = skipped[0]
     if len(skipped) == 1 and Path(path) == Path(where):
-        return RunError(f"{path}: {why}")
-    return RunError(f"{where}: no complete run ({len(skipped)} not used; the first, {path}: "
-                    f"{why})")
+        return RunError(about(path, why))
+    return RunError(f"{where}: no complete run ({len(skipped)} not used; the first, "
+                    f"{about(path, why)})")
 
 
 def results_kind(path) -> str:

@@ -651,11 +651,12 @@ def test_import_errors_after_reading_exit_1(writer_dat, tmp_path):
     one_line_error(invoke("import", dat, "--pid", 12, "--buffer", "other",
                           "--out", tmp_path / "d"), dat)
     one_line_error(invoke("import", dat, "--pid", 12, "--t0", "50", "--out", tmp_path / "e"), dat)
-    # an experiment that cannot read imported tasks (no "high"/"low" roles) says so, run incomplete
-    line = one_line_error(invoke("import", dat, "--pid", 12, "--experiment", "priority-classes",
-                                 "-p", "long_warmup_s=0", "--out", tmp_path / "f"), tmp_path / "f")
-    assert "cannot analyse the imported tasks" in line
-    assert json.loads((tmp_path / "f/manifest.json").read_text())["status"] == "incomplete"
+    # an experiment that cannot read imported tasks (no "high"/"low" roles) is refused before
+    # the trace is read, a usage error, nothing made
+    r = invoke("import", dat, "--pid", 12, "--experiment", "priority-classes",
+               "-p", "long_warmup_s=0", "--out", tmp_path / "f")
+    assert r.exit_code == 2 and "priority-classes cannot be imported: " in r.output, r.output
+    assert not (tmp_path / "f").exists()
 
 
 def test_import_refuses_up_front_a_trace_the_host_has_not_the_memory_for(writer_dat, tmp_path,
@@ -1428,6 +1429,66 @@ def test_an_import_as_any_experiment_names_its_workload_as_not_known(simulated_d
     assert run.manifest["status"] == "complete" and run.summary
 
 
+#: each experiment of the catalog imported from a single-source trace with nothing given: refused
+#: before the trace is read (status 2, nothing made) when its analysis reads what a trace does not
+#: hold, or needs a parameter no default may stand for; refused once read (status 1, nothing
+#: made) when the trace's layout is none it analyses; analysed otherwise
+IMPORT_AS = [
+    ("single-source", 0, None),
+    ("how-many", 0, None),
+    ("time-to-resolve", 0, None),
+    ("proportional", 0, None),
+    ("spread", 0, None),
+    ("work-conservation", 2, "work-conservation's analysis reads what a trace does not show "
+                             "(idle_at_s, when the target's tasks exit (s after t0)): give "
+                             "-p idle_at_s=..."),
+    ("detection", 2, "detection's analysis reads what a trace does not show (cut_at_s, when the "
+                     "target's load is cut (s after t0)): give -p cut_at_s=..."),
+    ("heavy-light", 2, "heavy-light cannot be imported: its analysis tells its two classes of "
+                       "tasks apart by the role Harmony gave each"),
+    ("priority-classes", 2, "priority-classes cannot be imported: "),
+    ("server", 2, "server cannot be imported: its analysis reads the requests"),
+    # read, but its layout (all 8 tasks on the first of 4 CPUs) is none the experiment analyses:
+    # the trace's problem, not the options'
+    ("intrinsic-imbalance", 1, "its layout at t0 (layout=[8, 0, 0, 0]) is not one "
+                               "intrinsic-imbalance analyses: 8 tasks on 4 CPUs is no intrinsic "
+                               "imbalance"),
+]
+
+
+def test_every_experiment_of_the_catalog_is_in_the_import_table():
+    from harmony.experiments import CATALOG
+
+    assert {e for e, _, _ in IMPORT_AS} == set(CATALOG)
+
+
+@pytest.mark.parametrize("experiment, status, says", IMPORT_AS,
+                         ids=[e for e, _, _ in IMPORT_AS])
+def test_an_import_as_each_experiment_is_analysed_or_refused_up_front(simulated_dat, tmp_path,
+                                                                      experiment, status, says):
+    out = tmp_path / "run"
+    r = invoke("import", simulated_dat, "-e", experiment, "--comm", "hmy-w*", "-q",
+               "--out", out)
+    assert r.exit_code == status, r.output
+    assert "Traceback" not in r.output
+    if status:
+        assert says in " ".join(r.output.split()), r.output
+        assert not out.exists()                       # refused before anything was made
+        return
+    m = harmony.load(out).manifest
+    assert m["status"] == "complete" and m["experiment"] == experiment
+    # no --cpus: the CPU set is the file's 4 simulated CPUs, and the run says it was chosen so
+    assert m["cpus"] == [0, 1, 2, 3] and m["source"]["cpus_from"] == "every CPU the file recorded"
+    assert "the CPU set is every CPU the file recorded, 0-3 (no --cpus given)" in m["notes"]
+    # every parameter recorded is the trace's (its layout, its window) or the analysis's own
+    # (bins, tolerance...), never a default of how Harmony starts its tasks
+    from harmony.experiments import get_experiment
+
+    exp = get_experiment(experiment)
+    assert not set(m["params"]) & (exp.workload_params()
+                                   - set(m["source"]["params_from_layout"])), m["params"]
+
+
 # --- what an imported trace's layout shows of the experiment's parameters ------------------------
 
 REPORT_PLACING = re.compile(r"\[(\d+)\]\s+[\d.]+:\s+(sched_wakeup|sched_switch):\s+(.*)$")
@@ -1542,3 +1603,9 @@ def test_an_import_as_single_source_reads_its_layout(simulated_dat, tmp_path):
     m = harmony.load(tmp_path / "ss").manifest
     assert m["params"]["layout"] == layout_of(simulated_dat, 4)
     assert m["source"]["params_from_layout"] == ["layout"]
+    r = invoke("import", simulated_dat, "--comm", "hmy-w*", "-q", "--cpus", "0-1",
+               "--out", tmp_path / "two")
+    assert r.exit_code == 0, r.output
+    m = harmony.load(tmp_path / "two").manifest
+    assert m["cpus"] == [0, 1] and m["source"]["cpus_from"] == "--cpus"
+    assert not [n for n in m["notes"] if "every CPU the file recorded" in n]

@@ -72,6 +72,15 @@ def results(tmp_path_factory):
     m = json.loads((run / "manifest.json").read_text())
     (root / "incomplete" / "manifest.json").write_text(json.dumps(
         m | {"status": "incomplete", "incomplete_reason": "interrupted (Ctrl-C)"}))
+    shutil.copytree(run, root / "nokeys")             # JSON, but no run's manifest
+    (root / "nokeys" / "manifest.json").write_text('{"status": "complete"}')
+    shutil.copytree(run, root / "foreign")            # a run of an experiment not in the catalog
+    (root / "foreign" / "manifest.json").write_text(json.dumps(m | {"experiment": "no-such-exp"}))
+    shutil.copytree(run, root / "nosummary")
+    (root / "nosummary" / "summary.json").unlink()
+    shutil.copytree(run, root / "truncated")
+    table = root / "truncated" / "migrations.parquet"
+    table.write_bytes(table.read_bytes()[:table.stat().st_size // 2])
     (root / "empty").mkdir()
     (root / "corrupt-suite").mkdir()
     (root / "corrupt-suite" / "suite.json").write_text('{"configs": [')
@@ -79,7 +88,9 @@ def results(tmp_path_factory):
     return {"root": root, "run": run, "batch": root / "batch", "suite": root / "suite",
             "corrupt": root / "corrupt", "incomplete": root / "incomplete",
             "empty": root / "empty", "missing": root / "missing", "junk": root / "junk.dat",
-            "corrupt_suite": root / "corrupt-suite", "suite_screen": suite_screen}
+            "corrupt_suite": root / "corrupt-suite", "nosummary": root / "nosummary",
+            "nokeys": root / "nokeys", "foreign": root / "foreign",
+            "truncated": root / "truncated", "suite_screen": suite_screen}
 
 
 # --- the exit-status contract: every command x each failure class ------------------------------
@@ -123,6 +134,26 @@ CONTRACT = [
     (["export", "{incomplete}", "--format", "perfetto", "--out", "{tmp}/e.pftrace"], 1,
      "{incomplete}: run is incomplete"),
     (["export", "{run}", "--format", "pcap"], 2, "Invalid value for '--format'"),
+    (["export", "{batch}", "--out", "{tmp}/e.dat"], 1,
+     "{batch} is a batch directory: export takes one of its runs, such as {run}"),
+    (["export", "{suite}", "--out", "{tmp}/e.dat"], 1,
+     "{suite} is a suite directory: export takes one of its runs, such as {suite}/"),
+    # a manifest that is JSON but no run's, a run of an experiment this catalog does not have
+    (["report", "{nokeys}"], 1, "harmony: error: {nokeys}/manifest.json: corrupt: no 'experiment'"),
+    (["infer", "{nokeys}"], 1, "harmony: error: {nokeys}/manifest.json: corrupt: no 'experiment'"),
+    (["compare", "{nokeys}", "thesis-2011"], 1,
+     "harmony: error: {nokeys}/manifest.json: corrupt: no 'experiment'"),
+    (["report", "{foreign}"], 1,
+     "harmony: error: {foreign}/manifest.json: unknown experiment 'no-such-exp'"),
+    (["infer", "{foreign}"], 1,
+     "harmony: error: {foreign}/manifest.json: unknown experiment 'no-such-exp'"),
+    (["compare", "{foreign}", "thesis-2011"], 1,
+     "harmony: error: {foreign}/manifest.json: unknown experiment 'no-such-exp'"),
+    # a run whose summary is gone: one line, the file named once, whatever the command
+    (["report", "{nosummary}"], 1, "harmony: error: {nosummary}/summary.json: not found\n"),
+    (["infer", "{nosummary}"], 1, "harmony: error: {nosummary}/summary.json: not found\n"),
+    (["compare", "{nosummary}", "thesis-2011"], 1,
+     "harmony: error: {nosummary}/summary.json: not found\n"),
     # import
     (["import", "{missing}", "--pid", "1", "--out", "{tmp}/i"], 1, "{missing}: no such file"),
     (["import", "{junk}", "--pid", "1", "--out", "{tmp}/i"], 1, "{junk}"),
@@ -187,6 +218,33 @@ def test_every_command_exits_by_the_contract(results, tmp_path, argv, status, sa
         assert len(errors) == 1, out
     if "run is incomplete" in says:
         assert "--allow-incomplete" in out and "harmony export" in out, out
+
+
+#: usage errors of the command itself (not click's test runner): status 2, one line that names the
+#: command's --help, nothing of click's usage block
+USAGE_LINES = [
+    (["nosuch"], "No such command 'nosuch'. (harmony --help)"),
+    (["simulate", "--policy", "fifo", "-e", "how-many"],
+     "unknown reference policy 'fifo'"),
+    (["import", "{junk}", "--comm", "x", "--cpus", "3-1"], "Invalid value for --cpus"),
+    (["import", "{junk}", "--comm", "x", "-e", "heavy-light"], "heavy-light cannot be imported"),
+    (["export", "{run}", "--format", "pcap"], "Invalid value for '--format'"),
+    (["kernel", "build", "no-such"], "unknown kernel to build"),
+    (["list", "--bogus"], "No such option '--bogus'"),
+]
+
+
+@pytest.mark.parametrize("argv, says", USAGE_LINES, ids=[" ".join(a) for a, _ in USAGE_LINES])
+def test_a_usage_error_is_one_line_naming_the_help(results, argv, says):
+    args = [_fill(a, results, Path("/nonexistent")) for a in argv]
+    p = subprocess.run(HARMONY + args, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "NO_COLOR": "1"})
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("harmony: error: "), p.stderr
+    assert says in p.stderr, p.stderr
+    command = [a for a in argv if not a.startswith(("-", "{"))][:1 if argv[0] != "kernel" else 2]
+    if argv[0] not in ("nosuch", "kernel"):
+        assert p.stderr.rstrip().endswith(f"(harmony {' '.join(command)} --help)"), p.stderr
 
 
 def test_the_contract_is_in_the_help():
@@ -267,7 +325,7 @@ def test_every_q_and_json_is_the_one_declaration():
     quiet = {"run", "suite", "import", "simulate", "export", "report", "matrix", "worker",
              "kernel build", "kernel fetch", "scx build"}
     as_json = {"run", "suite", "import", "simulate", "report", "infer", "compare", "export",
-               "list", "doctor", "kernel list", "scx list"}
+               "matrix", "clean", "list", "doctor", "kernel list", "scx list"}
     have = dict(_commands())
     assert {n for n in quiet if "-q" not in _options_of(have[n])} == set()
     assert {n for n in as_json if "--json" not in _options_of(have[n])} == set()
@@ -288,6 +346,25 @@ def test_export_q_says_no_notes_only_the_file(results, tmp_path):
     assert json.loads(r.stdout)["notes"], r.stdout
     r = invoke("export", results["missing"], "--out", tmp_path / "d.dat", "-q")
     assert r.exit_code == 1 and r.stderr.startswith("harmony: error: "), r.output
+
+
+def test_clean_says_what_it_removed_on_the_screen_and_as_json(monkeypatch):
+    """What reclaim_stale removed (two things here; nothing) is what clean lists, a line each,
+    and what --json gives a program."""
+    import contextlib
+
+    import harmony.hostfacts
+    import harmony.hygiene
+
+    monkeypatch.setattr(harmony.hostfacts, "is_root", lambda: True)
+    monkeypatch.setattr(harmony.hygiene, "HostLock", contextlib.nullcontext)
+    for removed in (["tracing instance harmony-1", "cpuset cgroup harmony-2"], []):
+        monkeypatch.setattr(harmony.hygiene, "reclaim_stale", lambda r=removed: list(r))
+        r = invoke("clean")
+        assert r.exit_code == 0 and r.stdout.splitlines() == (
+            [f"removed {x}" for x in removed] or ["nothing to clean"]), r.output
+        r = invoke("clean", "--json")
+        assert r.exit_code == 0 and json.loads(r.stdout) == {"removed": removed}, r.output
 
 
 def test_kernel_and_scx_lists_as_json():
@@ -403,6 +480,26 @@ def test_every_reading_command_works_on_read_only_results(results, read_only, tm
     suite = harmony.load(ro / "suite")
     assert isinstance(suite, Suite) and suite.card.runs == len(suite.run_dirs()) > 0
     assert _snapshot(ro) == before                  # nothing was written there
+
+
+def test_a_broken_table_of_a_read_only_run_is_one_line_saying_why(results, read_only):
+    """A table that cannot be read (cut in half) is rebuilt from the raw capture where the run
+    can be written; read-only, report and harmony.load say, in one line, that it cannot be
+    rebuilt there; nothing is written."""
+    import harmony
+    from harmony.store import RunError
+
+    ro = read_only / "truncated"
+    before = _snapshot(read_only)
+    r = invoke("report", ro)
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("harmony: error: ")]
+    assert r.exit_code == 1 and len(errors) == 1, r.output
+    assert errors[0].startswith(f"harmony: error: {ro}: migrations.parquet unreadable")
+    assert "cannot be rebuilt where the run is (Read-only file system" in errors[0] or \
+        "cannot be rebuilt where the run is (Permission denied" in errors[0], errors[0]
+    with pytest.raises(RunError, match="migrations.parquet unreadable"):
+        harmony.load(ro).migrations
+    assert _snapshot(read_only) == before
 
 
 def test_report_out_writes_where_asked_and_export_needs_out(results, read_only, tmp_path):
@@ -523,6 +620,28 @@ def test_counts_agree_with_their_nouns_and_no_tracker_speaks(results):
     r = invoke("list", "--json")
     assert not re.search(r"\bissue \d+", r.output)
     assert {e["name"] for e in json.loads(r.output)} >= {"single-source", "server"}
+
+
+def test_no_string_the_product_prints_names_its_tracker():
+    """No string literal of the product's code (its docstrings and comments aside: they are for
+    its developers) speaks of an issue by number: a card's answer cited "issue 45" as its thesis
+    section. Another project's issue (the scx project's) may be cited as such."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    tracker = re.compile(r"(?<!scx )(?<!project's )\bissue\s+\d+", re.I)
+    found = []
+    for package in ("harmony", "analysis", "experiments", "probes"):
+        for f in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(f.read_text())
+            docs = {id(node.body[0].value) for node in ast.walk(tree)
+                    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                                         ast.AsyncFunctionDef))
+                    and node.body and isinstance(node.body[0], ast.Expr)}
+            found += [f"{f.relative_to(root)}:{node.lineno}" for node in ast.walk(tree)
+                      if isinstance(node, ast.Constant) and isinstance(node.value, str)
+                      and id(node) not in docs and tracker.search(node.value)]
+    assert not found, found
 
 
 def test_the_docs_count_the_cards_questions():

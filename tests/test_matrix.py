@@ -148,6 +148,16 @@ def test_local_matrix_runs_resumes_and_reports(tmp_path):
                        timeout=120)
     assert c.returncode == 0, c.stderr
     assert json.loads(c.stdout)["sources"][0]["source"] == cells[0]
+    # --json: the end summary a program reads, as matrix.json and the files say; -q: nothing else
+    j = subprocess.run(HARMONY + ["matrix", str(plan.source), "--out", str(out), "--resume",
+                                  "--json", "-q"], capture_output=True, text=True, timeout=120)
+    assert j.returncode == 0 and j.stderr == "", j.stderr
+    summary = json.loads(j.stdout)
+    record = json.loads((out / "matrix.json").read_text())
+    assert summary["cells_state"] == record["cells_state"] == {c.id: "complete"
+                                                               for c in plan.cells}
+    assert (summary["cells"], summary["complete"], summary["failures"]) == (2, 2, [])
+    assert all(Path(f).is_file() for f in summary["report"]) and len(summary["report"]) == 3
 
 
 def _files(d: Path) -> dict[str, str]:
@@ -448,16 +458,16 @@ def test_a_full_disk_is_one_line_and_the_matrix_resumes(tmp_path):
 
 
 def test_a_matrix_directory_that_cannot_be_made_is_one_line(tmp_path):
-    """--out where no directory can be made (under a file): refused as a bad option (click's
-    usage error: one Error line naming it, exit status 2) before anything runs."""
+    """--out where no directory can be made (under a file): refused as a bad option (a usage
+    error: one line naming it, exit status 2) before anything runs."""
     blocker = tmp_path / "file"
     blocker.write_text("")
     r = subprocess.run(HARMONY + ["matrix", str(plan_file(tmp_path)), "--out",
                                   str(blocker / "m"), "-q"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    errors = [line for line in r.stderr.splitlines() if line.startswith("Error")]
-    assert len(errors) == 1 and f"{blocker} is not a directory" in errors[0]
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("harmony: error: "), r.stderr
+    assert f"{blocker} is not a directory" in r.stderr
     assert blocker.is_file()
 
 

@@ -192,8 +192,7 @@ def test_load_of_one_exits_2_before_anything_starts(tmp_path):
     out = tmp_path / "srv"
     p = cli("run", "server", "-p", "load=1", "--out", out, check_busy=False)
     assert p.returncode == 2 and "cannot keep up" in p.stderr and "Traceback" not in p.stderr
-    assert [line for line in p.stderr.splitlines()
-            if "load" in line][0].startswith("Error: parameter load")
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("harmony: error: parameter load")
     assert not out.exists()
 
 

@@ -320,8 +320,7 @@ def test_the_report_and_the_figure_show_the_machine(numa8, tmp_path):
                         **T.level_columns(src, dst, numa8)})
     summary = {"migrations_by_level": T.counts_by_level(mig, 0, 10)}
     lines = machine_lines(numa8, summary)
-    assert lines[0].endswith("8 CPUs: 2 NUMA node(s), 2 package(s), 2 LLC(s), 4 cores of 2 "
-                             "thread(s)")
+    assert lines[0].endswith("8 CPUs: 2 NUMA nodes, 2 packages, 2 LLCs, 4 cores of 2 threads")
     assert "SMT (0-1) < MC (0-3) < NUMA (0-7) (CPU 0)" in lines[1]
     assert lines[2].endswith("SMT 1 (periodic 1); MC 1 (wakeup 1); NUMA 1 (active 1)")
     assert machine_lines({"cpus": [0]}, None) == []     # a run that recorded no topology

@@ -107,6 +107,16 @@ def signals_are_never_swallowed() -> None:
     sys.unraisablehook = hook
 
 
+def help_of(ctx) -> str:
+    """``harmony CMD --help`` for the command whose usage error ``ctx`` is, however harmony was
+    started (``python -m harmony.cli`` too)."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(["harmony", *reversed(names), "--help"])
+
+
 def entry() -> None:
     """The console script: :func:`main`, then a quick exit. Tearing the interpreter down frees a
     suite's few hundred MB of Python objects one by one (0.3-0.5 s measured); the kernel frees
@@ -129,7 +139,10 @@ def entry() -> None:
         code = code if isinstance(code, int) else 0
     except SystemExit as exc:
         code = exc.code
-    except click.ClickException as exc:        # a usage error: click's message, status 2
+    except click.UsageError as exc:            # a usage error: one line, status 2
+        error_line(f"{exc.format_message()} ({help_of(exc.ctx)})")
+        code = exc.exit_code
+    except click.ClickException as exc:
         exc.show()
         code = exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt, Interrupted) as exc:

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from harmony.cli.common import echo, exit_on_error, fail, json_option, style
+from harmony.cli.common import echo, exit_on_error, fail, json_option, print_json, style
 
 #: how doctor's statuses are marked on a terminal
 STATUS_STYLES = {"ok": "ok", "warn": "warning", "missing": "error"}
@@ -41,7 +41,8 @@ def doctor(as_json):
 
 
 @click.command()
-def clean():
+@json_option("what was removed")
+def clean(as_json):
     """Remove what killed Harmony runs left on this host (instances, recorders, orphan workers,
     cpuset cgroups, VMs, sched_ext schedulers)."""
     from harmony.hostfacts import is_root
@@ -52,4 +53,7 @@ def clean():
               "is root's to remove")
     with exit_on_error(), HostLock():
         removed = reclaim_stale()
+    if as_json:
+        print_json({"removed": removed})
+        return
     click.echo("\n".join(f"removed {r}" for r in removed) if removed else "nothing to clean")

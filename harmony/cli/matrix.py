@@ -18,7 +18,9 @@ from harmony.cli.common import (
     echo,
     exit_on_error,
     fail,
+    json_option,
     plural,
+    print_json,
     quiet_option,
     warn,
 )
@@ -53,8 +55,9 @@ from harmony.cli.common import (
               help="with --cluster: a scheduler that does not answer this long is lost (a "
                    "network cut): one line, the cells not collected listed, --resume goes on")
 @quiet_option
+@json_option("the end summary (each cell's state, the failures, the report's files)")
 def matrix(plan_path, out, cluster, shared_dir, resume, connect_timeout, wait_host, lost_after,
-           quiet):
+           quiet, as_json):
     """Run a matrix of cells: kernels x schedulers x topologies x a suite (or some experiments)
     x repetitions, each cell what one boot or one host suite runs, as the TOML PLAN says
     (docs/matrix.md; examples/matrix-*.toml). The plan is checked whole before anything starts;
@@ -92,19 +95,25 @@ def matrix(plan_path, out, cluster, shared_dir, resume, connect_timeout, wait_ho
                 if not (out / mx.MATRIX_FILE).is_file():
                     raise
                 raise ClusterError(f"{exc}; {marked}") from None
-    _say(record, out)
+    _say(record, out, as_json)
 
 
-def _say(record: dict, out: Path) -> None:
-    """The matrix's report written, and what the cells came to."""
+def _say(record: dict, out: Path, as_json: bool = False) -> None:
+    """The matrix's report written, and what the cells came to (``as_json``: as JSON on stdout,
+    the warnings and the error still on stderr)."""
     from harmony.matrix_report import write_report
 
     with exit_on_error(also=(OSError,)):
         paths = write_report(out)
     states = record["cells_state"]
     ok = sum(1 for s in states.values() if s == "complete")
-    echo(f"{ok} of {plural(len(states), 'cell')} complete; report: "
-         + " and ".join(map(str, paths)))
+    if as_json:
+        print_json({"out": str(out), "status": record.get("status"), "cells": len(states),
+                    "complete": ok, "cells_state": states, "failures": record["failures"],
+                    "report": [str(p) for p in paths]})
+    else:
+        echo(f"{ok} of {plural(len(states), 'cell')} complete; report: "
+             + " and ".join(map(str, paths)))
     for cell, state in states.items():
         if state == "incomplete":
             warn(f"cell {cell}: some of its runs are not complete (see its suite.json)")

@@ -133,14 +133,14 @@ def run_screen(run, verbose: bool = False, report: Path | None = None,
     (:func:`harmony.analysis.report.summary_text`)."""
     from harmony.analysis.policy import infer
     from harmony.analysis.report import figures_on_disk, summary_text
-    from harmony.experiments import get_experiment
+    from harmony.experiments import experiment_of
 
     figures = figures if figures is not None else [run.path / f for f in figures_on_disk(run)[0]]
     if verbose:
         text = summary_text(run).split("\nfigures\n")[0]
         return "\n".join([text, ""] + files_lines(run.path, report, figures))
     m = run.manifest
-    exp = get_experiment(m["experiment"])
+    exp = experiment_of(run)
     out = [style(f"{exp.name}: {exp.question}", "heading")]
     out += ["  " + line for line in exp.describe(run.summary)]
     answers = answers_of_run(infer([run.path]))
@@ -152,7 +152,7 @@ def run_screen(run, verbose: bool = False, report: Path | None = None,
         out += wrap(f"{style('warning:', 'warning')} {line}", hanging="  ")
     more = len(m.get("notes") or []) - len(warned)
     if more > 0:
-        out.append(f"({plural(more, 'more note')}: harmony report -v {run.path})")
+        out.append(f"({plural(more, 'more note')}: harmony report {run.path})")
     return "\n".join(out + [""] + files_lines(run.path, report, figures))
 
 

@@ -44,9 +44,14 @@ def export(run_dir, fmt, out, quiet, as_json):
     """Write a run's capture as a trace.dat that KernelShark and `trace-cmd report` open, or its
     timeline as a trace that Perfetto's UI opens."""
     from harmony.export import export as write
-    from harmony.store import cannot_write, open_run
+    from harmony.store import RunError, cannot_write, open_run, results_kind
 
     with exit_on_error(also=(OSError,)):
+        kind = results_kind(run_dir)
+        if kind != "run":       # a batch or a suite: a trace is of one run
+            first = min((m.parent for m in run_dir.rglob("manifest.json")), default=None)
+            raise RunError(f"{run_dir} is a {kind} directory: export takes one of its runs"
+                           + (f", such as {first}" if first else ""))
         open_run(run_dir, allow_incomplete=fmt == "trace.dat")  # an incomplete run's capture too
     if out is None:
         why = cannot_write(run_dir)
@@ -157,6 +162,9 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
         raise click.BadParameter("the measured window of an imported trace is set with --end or "
                                  "--end-marker",
                                  param_hint="--param duration")
+    why = exp.import_problem(overrides)
+    if why:
+        raise click.UsageError(why)
     if out is None:
         out = default_out("import")
     check_out(out)

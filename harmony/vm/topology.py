@@ -101,9 +101,12 @@ class VmTopology:
 
     def describe(self) -> str:
         """One line: the preset (if any) and the shape."""
-        shape = (f"{self.sockets} socket(s) x {self.dies} die(s) x {self.cores} core(s) x "
-                 f"{self.threads} thread(s) = {self.vcpus} vCPUs, LLC per {self.llc}, "
-                 f"{self.numa} NUMA node(s)")
+        def n(k, noun):
+            return f"{k} {noun}{'' if k == 1 else 's'}"
+
+        shape = (f"{n(self.sockets, 'socket')} x {n(self.dies, 'die')} x {n(self.cores, 'core')} "
+                 f"x {n(self.threads, 'thread')} = {self.vcpus} vCPUs, LLC per {self.llc}, "
+                 f"{n(self.numa, 'NUMA node')}")
         return f"{self.preset} ({shape})" if self.preset else shape
 
     def smp(self) -> str:
