@@ -323,6 +323,15 @@ def _scratch_dirs() -> list[Path]:
     return list((Path(tempfile.gettempdir()) / "harmony-cells").glob("cell-*"))
 
 
+def _cell_parent(pid: int) -> int | None:
+    """The worker a cell process says it runs for (its ``--parent PID``), None if gone."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return int(args[args.index(b"--parent") + 1]) if b"--parent" in args else None
+
+
 def _running_in(pids: set[int], holding: str | None = None) -> list[Path]:
     """The scratch directories of the cells running in these worker processes (holding the
     file ``holding`` in the cell's directory)."""
@@ -365,8 +374,9 @@ def test_a_worker_killed_mid_cell_its_cell_runs_again(tmp_path, cluster):
     runs = list((tmp_path / "m" / "cells").glob("*/single-source/rep-*"))
     assert len(runs) == 2          # one run per cell: none lost, none twice
     time.sleep(0.5)
-    children = subprocess.run(["pgrep", "-f", "harmony.matrix --cell"], capture_output=True,
-                              text=True).stdout.split()
+    children = [pid for pid in subprocess.run(["pgrep", "-f", "harmony.matrix --cell"],
+                                              capture_output=True, text=True).stdout.split()
+                if _cell_parent(int(pid)) in killed]    # this test's: other tests run cells too
     assert not children, "a killed worker's cell process was left running"
 
 
