@@ -190,7 +190,9 @@ def test_every_threshold_is_tested():
     # test_the_causes_against_the_domain_counters, at the slack and one beyond
     # the card's verdict rule (DECIDE_*, VARIES_*, UNTIL_DECIDED_MAX_REPEAT): test_sequential.py
     # the predictions' (PREDICTION_*, WAKE_LLC_*, LOCALITY_*, NUMA_*): test_levels.py's
-    # LEVEL_THRESHOLD_CASES
+    # LEVEL_THRESHOLD_CASES; the imbalance_pct row's load margin (IMBALANCE_PCT_LOAD_MARGIN):
+    # test_predictions_guests.py's test_the_load_margin_is_what_the_warm_release_leaves (the
+    # PELT bound it must cover) and the rows at the margin and beyond
     from test_causes import NEWIDLE_CASES
     from test_compare import COMPARE_CASES
     from test_cost import COST_CASES
@@ -199,7 +201,7 @@ def test_every_threshold_is_tested():
     tested = {c[0] for c in THRESHOLD_CASES} | {"FOREIGN_LOAD_MAX", "VCPU_WAIT_MAX"} | \
         {c[0] for c in COMPARE_CASES} | {"COMPARE_CHANCE_RATE"} | \
         {c[0] for c in NEWIDLE_CASES + COST_CASES + LEVEL_THRESHOLD_CASES} | \
-        {"SCHEDSTAT_SLACK"} | SEQUENTIAL_TESTED
+        {"SCHEDSTAT_SLACK", "IMBALANCE_PCT_LOAD_MARGIN"} | SEQUENTIAL_TESTED
     assert tested == set(T.ALL)
 
 

@@ -104,6 +104,21 @@ def test_the_load_margin_is_what_the_warm_release_leaves():
     assert 110 < 100 * 8 / 7 / (1 + margin) and 100 * 8 / 7 * (1 + margin) <= 117
 
 
+@pytest.mark.parametrize("fixture", ["612-s2c2"])
+def test_the_imbalance_pct_row_at_the_load_margin_and_beyond(fixture, tmp_path, monkeypatch):
+    """The row decides 8 against 7 at MC's 117 on CPUs of full capacity while the ratio widened
+    by the margin stays under 117: at the margin and below it is "left alone"; a margin that
+    carries 114.3 % past 117 (117 / 114.29 - 1 = 2.37 %) makes it too close to call."""
+    topo = guest_topology(load(fixture), tmp_path)
+    quiet = _pair_run(topo, 0, 1, {0: 0.0, 1: 0.0})
+    edge = 117 / (100 * 8 / 7) - 1
+    for margin, decided in ((T.IMBALANCE_PCT_LOAD_MARGIN, True), (edge * 0.999, True),
+                            (edge * 1.001, False)):
+        monkeypatch.setattr(T, "IMBALANCE_PCT_LOAD_MARGIN", margin)
+        [row] = predictions.threshold_rows(quiet, _moves(0, 1), 0, 1, "llc")
+        assert row["predicted"].startswith("left alone" if decided else "too close"), row
+
+
 def _spread_run(topology, switches):
     """2 tasks (pids 101, 102) released on CPU 0 of a 2-node guest; ``switches``: (s after t0,
     cpu, next pid, its comm) sched_switch events."""
