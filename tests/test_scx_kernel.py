@@ -67,6 +67,12 @@ def test_single_source_under_scx_simple_at_4_vcpus(kernel, sched_ext_kernel, scx
     r = cli("report", out, "--out", suite / "single-source-report", "-q")
     assert r.returncode == 0, r.stderr
     assert "enabled throughout" in (suite / "single-source-report" / "report.md").read_text()
+    # the suite's end: the scheduler it kept was stopped as a lone run's is, and the guest's
+    # sched_ext state file read "disabled" after it
+    ended = store.read_json(suite / "suite.json").get("scheduler_ended")
+    assert ended and len(ended) == 1, ended
+    assert ended[0]["ops"] == "simple" and ended[0]["state_after"] == "disabled", ended
+    assert ended[0]["exit"] == "unregistered from user space", ended
     assert not pids_with_comm("scx_")
 
 
