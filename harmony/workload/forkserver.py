@@ -344,7 +344,10 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGINT, signal.SIGHUP):  # a terminal's Ctrl-C is the controller's to handle
         signal.signal(sig, signal.SIG_IGN)
     gc.freeze()  # what is imported now is never scanned again: fewer copy-on-write faults per fork
-    _Server(socket.socket(fileno=fd), controller).serve()
+    try:
+        _Server(socket.socket(fileno=fd), controller).serve()
+    except ConnectionError:     # the controller closed its end (stopped by a signal as it
+        return 1                # started this server): nothing to serve, nothing to say
     return 0
 
 
