@@ -278,13 +278,17 @@ def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel,
                    if not _woken_unrecorded(events, int(ts), int(pid))]
     assert not unexplained, missing
     # each lands on the recorded one's CPU, unless the task moved between the two (a recorded
-    # move to the CPU the sched_wakeup then names)
-    other_cpu = found[found["target_cpu"] != found["rec_target_cpu"]]
+    # move to the CPU the sched_wakeup then names), or the wake-up was taken for one placed by
+    # a move of the task made once it was queued (analysis/waking.py: seen in a CI run,
+    # 2026-12-04, its move 30 us after the sched_wakeup; as the migration kinds' gate allows)
+    queued = np.array([_taken_for_a_placement(events, r) for r in found.itertuples()], bool)
+    other_cpu = found[(found["target_cpu"] != found["rec_target_cpu"]) & ~queued]
     unexplained = [r for r in other_cpu.itertuples() if not _moved_before_its_wakeup(events, r)]
     assert not unexplained, other_cpu
-    # derived from the sched_waking, never after the sched_wakeup it stands for; how much before
-    # is the host's timing (the waker preempted between the two), reported, not gated on
-    assert (found["early_ns"] >= 0).all(), found[found["early_ns"] < 0]
+    # derived from the sched_waking, never after the sched_wakeup it stands for (but for those
+    # taken for a later placement); how much before is the host's timing (the waker preempted
+    # between the two), reported, not gated on
+    assert (found["early_ns"][~queued] >= 0).all(), found[(found["early_ns"] < 0) & ~queued]
     late = found[found["early_ns"] > 1_000_000]
     report_kernel_behaviour("a wake-up's sched_wakeup within 1 ms of its sched_waking",
                             late.empty, f"{len(late)} of {len(found)} later")
@@ -360,6 +364,12 @@ def _its_switch_in_unrecorded(events: pd.DataFrame, ts: int, pid: int) -> bool:
     enters = np.flatnonzero(switch & (events["pid"].to_numpy() == pid))
     since = leaves[-2] if len(leaves) > 1 else -1
     return not ((enters > since) & (enters < leaves[-1])).any()
+
+
+def _taken_for_a_placement(events: pd.DataFrame, r) -> bool:
+    """Whether the derived wake-up of check row ``r`` is one placed by a migration that came
+    after its recorded sched_wakeup and that :func:`_moved_once_queued` explains."""
+    return bool(r.placed and r.rec_ts < r.ts and _moved_once_queued(events, int(r.ts), int(r.pid)))
 
 
 def _moved_once_queued(events: pd.DataFrame, ts: int, pid: int) -> bool:
