@@ -621,13 +621,15 @@ def start_worker(address: str, name: str, tmp_path: Path, before: str = "",
     return proc
 
 
-def stop_all(procs: list[subprocess.Popen]) -> None:
+def stop_all(procs: list[subprocess.Popen], wait_s: float = 30) -> None:
+    """Stop each process still running (a stopped one continued first): SIGTERM, then SIGKILL
+    past ``wait_s``."""
     for p in procs:
         if p.poll() is None:
             os.kill(p.pid, signal.SIGCONT)
             p.terminate()
             try:
-                p.wait(30)
+                p.wait(wait_s)
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()

@@ -4,7 +4,6 @@ run's migrations and switches agree with the kernel's own counters for every tas
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 from conftest import host_skip
 from measured import assert_counted_by_the_kernel
+from test_matrix import descendants, start_scheduler, stop_all
 
 import harmony
 from harmony import matrix, store
@@ -66,12 +66,6 @@ def test_a_real_host_cell_runs_through_a_one_worker_cluster(kernel, tmp_path):
     assert not left.stdout, "the cell's process was left running"
 
 
-def _descendants(pid: int) -> list[int]:
-    kids = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True,
-                          text=True).stdout.split()
-    return [int(k) for k in kids] + [d for k in kids for d in _descendants(int(k))]
-
-
 @pytest.mark.parametrize("how", ["stopped", "killed"])
 def test_a_worker_losing_its_scheduler_leaves_nothing_running(kernel, tmp_path, how):
     """`harmony worker` (its own doctor check) runs a real host cell; its scheduler then stops
@@ -87,18 +81,11 @@ def test_a_worker_losing_its_scheduler_leaves_nothing_running(kernel, tmp_path, 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     plan = tmp_path / "plan.toml"
     plan.write_text(PLAN.replace("duration = 2.0", "duration = 30.0"))
-    sfile = tmp_path / "scheduler.json"
-    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port",
-                              "0", "--no-dashboard", "--scheduler-file", str(sfile)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    sched, address = start_scheduler(tmp_path)
     procs = [sched]
     instances = kernel / "instances"
     before = set(os.listdir(instances)) if instances.is_dir() else set()
     try:
-        deadline = time.monotonic() + 60
-        while not sfile.is_file() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        address = json.loads(sfile.read_text())["address"]
         with open(tmp_path / "worker.err", "w") as werr:
             worker = subprocess.Popen([sys.executable, "-m", "harmony.cli", "worker", address,
                                        "--name", "real", "--connect-timeout", "5"],
@@ -113,10 +100,10 @@ def test_a_worker_losing_its_scheduler_leaves_nothing_running(kernel, tmp_path, 
         # the cell's workload running under the worker (its processes named hmy-*)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and run.poll() is None and not any(
-                _comm(p).startswith("hmy-") for p in _descendants(worker.pid)):
+                _comm(p).startswith("hmy-") for p in descendants(worker.pid)):
             time.sleep(0.2)
         assert run.poll() is None, run.communicate()
-        if not any(_comm(p).startswith("hmy-") for p in _descendants(worker.pid)):
+        if not any(_comm(p).startswith("hmy-") for p in descendants(worker.pid)):
             pytest.fail("the cell's workload was not seen running")
         os.kill(sched.pid, signal.SIGSTOP if how == "stopped" else signal.SIGKILL)
         _, err = run.communicate(timeout=120)
@@ -126,22 +113,14 @@ def test_a_worker_losing_its_scheduler_leaves_nothing_running(kernel, tmp_path, 
         assert run.returncode == 1 and len(lines) == 1, err
         assert f"lost the Dask scheduler at {address}" in lines[0]
         deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and _descendants(worker.pid):
+        while time.monotonic() < deadline and descendants(worker.pid):
             time.sleep(0.2)
-        assert not _descendants(worker.pid), "the worker left its cell's processes running"
+        assert not descendants(worker.pid), "the worker left its cell's processes running"
         assert not orphans(), "a workload process was left behind"
         left = (set(os.listdir(instances)) if instances.is_dir() else set()) - before
         assert not left, f"tracing instances left behind: {left}"
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGCONT)
-                p.terminate()
-                try:
-                    p.wait(60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
+        stop_all(procs, wait_s=60)
 
 
 def _comm(pid: int) -> str:
