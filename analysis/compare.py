@@ -23,7 +23,6 @@ and :func:`write` stores all of it (``--out``).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import textwrap
 from pathlib import Path
@@ -334,17 +333,6 @@ def metrics_of(experiment: str) -> list:
             and m.name not in params]
 
 
-@functools.cache
-def _drawn(experiment: str, ncpus: int) -> frozenset:
-    """The parameters ``experiment`` draws anew for each run (a random cut time): they differ
-    between any two runs and say nothing of a configuration."""
-    exp, cpus = get_experiment(experiment), list(range(ncpus))
-    try:
-        return frozenset(exp.draw(exp.resolve({}, cpus), cpus, 0))
-    except ValueError:       # no valid default on this many CPUs: nothing to draw from
-        return frozenset()
-
-
 def _by_config(evidence: list[policy.Evidence]) -> dict[tuple, list[policy.Evidence]]:
     out: dict[tuple, list[policy.Evidence]] = {}
     for e in evidence:
@@ -356,7 +344,7 @@ def _param_note(config: tuple, runs_a: list, runs_b: list) -> str:
     """The parameters, other than the configuration's and drawn ones, whose values differ between
     the two sides' runs or among one side's: what else the difference may come from."""
     experiment, ncpus, cparams = config
-    skip = _drawn(experiment, ncpus) | {k for k, _ in cparams}
+    skip = policy.drawn_params(experiment, ncpus) | {k for k, _ in cparams}
 
     def values(runs, name):
         return sorted({_num(e.params.get(name)) for e in runs}, key=str)

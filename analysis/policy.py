@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import statistics
 from pathlib import Path
 
@@ -521,31 +522,23 @@ def configuration_of(e: Evidence) -> tuple:
     cut time, work conservation's idle time), which differ from run to run of one
     configuration. What ``harmony suite`` makes one batch of (a directory), and
     ``--until-decided`` grows until its own vote is settled."""
-    drawn = _drawn_params(e.experiment)
+    drawn = drawn_params(e.experiment, e.ncpus)
     return (e.experiment, tuple(sorted((k, _param_text(v)) for k, v in (e.params or {}).items()
                                        if k not in drawn)))
 
 
-_DRAWN: dict[str, frozenset] = {}
-
-
-def _drawn_params(experiment: str) -> frozenset:
-    """The parameters ``experiment`` draws for each run (those its ``draw`` returns for its
-    defaults); none for an experiment the catalog does not know or cannot resolve."""
-    if experiment not in _DRAWN:
-        drawn: frozenset = frozenset()
-        try:
-            exp = get_experiment(experiment)
-            for cpus in ([0, 1, 2, 3], [0, 1]):
-                try:
-                    drawn = frozenset(exp.draw(exp.resolve({}, cpus), cpus, 0))
-                    break
-                except ValueError:
-                    continue
-        except ValueError:
-            pass
-        _DRAWN[experiment] = drawn
-    return _DRAWN[experiment]
+@functools.cache
+def drawn_params(experiment: str, ncpus: int) -> frozenset:
+    """The parameters ``experiment`` draws anew for each run from its seed
+    (:meth:`harmony.experiments.base.Experiment.draw`: detection's cut time, work conservation's
+    idle time): they differ between any two runs of one configuration. None for an experiment the
+    catalog does not know, or whose defaults are not valid on ``ncpus`` CPUs (nothing to draw
+    from)."""
+    try:
+        exp, cpus = get_experiment(experiment), list(range(ncpus))
+        return frozenset(exp.draw(exp.resolve({}, cpus), cpus, 0))
+    except ValueError:
+        return frozenset()
 
 
 def _values(evs: list[Evidence], key: str) -> list:
