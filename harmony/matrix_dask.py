@@ -531,9 +531,9 @@ def failure_reason(exc: BaseException | None) -> str:
     return text.splitlines()[-1] if text else type(exc).__name__
 
 
-def host_workers(client) -> int:
-    """How many of the cluster's workers have the resource ``host``."""
-    workers = client.scheduler_info(n_workers=-1).get("workers", {})
+def host_workers(workers: dict) -> int:
+    """How many of the cluster's ``workers`` (the scheduler's identity: address -> its facts)
+    have the resource ``host``."""
     return sum(1 for w in workers.values() if (w.get("resources") or {}).get("host"))
 
 
@@ -682,8 +682,7 @@ class _Run:
         workers = self.ask(self.client.scheduler.identity, n_workers=-1).get("workers", {})
         processing = self.ask(self.client.scheduler.processing)
         ours = {f.key for f in pending}
-        self.progress.slots = max(1, sum(1 for w in workers.values()
-                                         if (w.get("resources") or {}).get("host")))
+        self.progress.slots = max(1, host_workers(workers))
         # a worker's processing list holds its queued tasks too: one runs per host
         self.progress.running = min(self.progress.slots, sum(
             len(set(keys) & ours) for keys in processing.values()))
@@ -702,11 +701,10 @@ class _Run:
             cells = [f for f in pending if resources_of(self.futures[f]) is asked]
             able = [w for w in workers.values()
                     if all((w.get("resources") or {}).get(r, 0) >= n for r, n in asked.items())]
-            key = kind
             if not cells or able:
-                self.homeless.pop(key, None)
+                self.homeless.pop(kind, None)
                 continue
-            since = self.homeless.setdefault(key, time.time())
+            since = self.homeless.setdefault(kind, time.time())
             others = [(w.get("metrics") or {}).get(DECLINE_METRIC)
                       or f"worker {w.get('name')} on {w.get('host')}: no resource "
                       + ", ".join(r for r in asked if not (w.get("resources") or {}).get(r))
@@ -724,7 +722,7 @@ class _Run:
                     self.progress.failed += 1
                 self.record = matrix.finish_record(self.out, self.plan, self.record,
                                                    self.failures, "running")
-                self.homeless.pop(key, None)
+                self.homeless.pop(kind, None)
                 continue
             notes.append(f"{len(cells)} {kind} cell{'s' if len(cells) > 1 else ''} wait: "
                          f"{why}")
