@@ -792,3 +792,38 @@ def test_what_the_rust_schedulers_need_of_a_kernel():
     assert scx_build.kernel_lacks("CONFIG_BPF=y\n# CONFIG_FUNCTION_TRACER is not set\n") == [
         "CONFIG_FUNCTION_TRACER=y", "CONFIG_CPU_FREQ=y"]
     assert scx_build.kernel_lacks("CONFIG_FUNCTION_TRACER=y\nCONFIG_CPU_FREQ=y\n") == []
+
+
+def test_a_wait_for_the_kernel_cache_is_said_before_it_waits(tmp_path, capfd):
+    """Another build holds the cache (up to half an hour): the one that waits says so first,
+    through its progress or, without one, on standard error; it takes the lock once freed."""
+    import fcntl
+    import threading
+
+    holder = kernels.cache_lock(tmp_path)         # free: taken at once, nothing said
+    assert capfd.readouterr().err == ""
+    said, got = [], []
+    t = threading.Thread(target=lambda: got.append(kernels.cache_lock(tmp_path, said.append)))
+    t.start()
+    for _ in range(500):
+        if said:
+            break
+        time.sleep(0.01)
+    assert said == [f"waiting for the kernel cache {tmp_path}: another build or seeding "
+                    "holds it"] and not got
+    os.close(holder)
+    t.join(10)
+    assert got
+    holder = got[0]
+    t = threading.Thread(target=lambda: got.append(kernels.cache_lock(tmp_path)))
+    t.start()
+    for _ in range(500):
+        if "waiting for the kernel cache" in capfd.readouterr().err:
+            break
+        time.sleep(0.01)
+    else:
+        pytest.fail("the wait was silent")
+    fcntl.flock(holder, fcntl.LOCK_UN)
+    os.close(holder)
+    t.join(10)
+    os.close(got[1])

@@ -46,6 +46,7 @@ import os
 import re
 import shutil
 import signal
+import sys
 import struct
 import subprocess
 import tempfile
@@ -447,14 +448,24 @@ def _record_build(d: Path, name: str, rec: dict, version: str, key: str, how: di
     return Kernel(name, d / "bzImage", release, None, source)
 
 
-def cache_lock(root: Path):
-    """An exclusive lock of the cache ``root`` (a file descriptor: os.close releases it)."""
+def cache_lock(root: Path, say=None):
+    """An exclusive lock of the cache ``root`` (a file descriptor: os.close releases it); where
+    another build or seeding holds it (a build: up to half an hour), ``say(line)`` is told why
+    this one waits before it does (without ``say``: on standard error, a wait not to be silent)."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         lock = os.open(root / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as exc:
         raise KernelError(f"cannot use the kernel cache {root} ({exc.strerror})") from None
-    fcntl.flock(lock, fcntl.LOCK_EX)     # another fetch or build of the same cache waits here
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        line = f"waiting for the kernel cache {root}: another build or seeding holds it"
+        if say is not None:
+            say(line)
+        else:
+            print(f"harmony: {line}", file=sys.stderr, flush=True)
+        fcntl.flock(lock, fcntl.LOCK_EX)     # another fetch or build of the same cache waits here
     return lock
 
 
@@ -477,7 +488,7 @@ def place_dir(tmp: Path, final: Path) -> None:
 
 
 def seed(name: str, cache: Path | None = None, version: str | None = None,
-         source: Path | None = None) -> Kernel:
+         source: Path | None = None, progress=None) -> Kernel:
     """Copy the reference build of ``name`` into the cache under the key of ``version`` (default:
     the source package's); KernelError saying why if it does not match the recipe."""
     rec = recipe(name)
@@ -489,7 +500,7 @@ def seed(name: str, cache: Path | None = None, version: str | None = None,
     key = build_key(rec, version)
     root = cache_dir(cache)
     final = built_dir(name, key, root)
-    lock = cache_lock(root)
+    lock = cache_lock(root, progress)
     try:
         if (final / RECORD).is_file():
             return _load(final)
@@ -576,7 +587,7 @@ def available(name: str, cache: Path | None = None, progress=None) -> Kernel:
     newest = have[0].source["version"] if have else None
     if seeded is not None and (newest is None or version_order(seeded) > version_order(newest)):
         say(f"seeding the kernel cache with the reference build {seed_dir(name)} ({seeded})")
-        have.insert(0, seed(name, cache, seeded))
+        have.insert(0, seed(name, cache, seeded, progress=progress))
     if not have:
         if version is None:
             raise KernelError(f"kernel {name} is not built, and apt knows no "
@@ -711,7 +722,7 @@ def build(name: str, cache: Path | None = None, progress=None, jobs: int | None 
     if (final / RECORD).is_file() and not rebuild and _load(final).source.get("from") == "build":
         say(f"{name} is built already: {final}")
         return _load(final)
-    lock = cache_lock(root)
+    lock = cache_lock(root, say)
     try:
         reclaim_partial(root)
         tmp = Path(tempfile.mkdtemp(dir=root, prefix=f".partial-{os.getpid()}-"))
