@@ -221,6 +221,37 @@ def test_more_vcpus_than_the_kernel_brings_up_are_refused(tmp_path):
     plan.check_kernel_cpus(k, 64)       # no config: nothing known, nothing refused
 
 
+def test_a_topology_the_kernel_was_built_without_is_refused_before_the_boot(tmp_path):
+    """A kernel built without CONFIG_SCHED_MC forms no MC level: a shape whose LLC level has
+    spans of its own (2socket: MC 0-1 < PKG 0-3) is refused from the config, in one line that
+    names the option; shapes where another level takes the same spans (smt: PKG 0-3 where MC
+    would be; 2node: PKG 0-1 where MC would be) are what the guest gets, and pass."""
+    import gzip
+
+    from harmony.vm import kernels, plan
+
+    config = "CONFIG_SMP=y\nCONFIG_SCHED_SMT=y\n# CONFIG_SCHED_MC is not set\nCONFIG_NUMA=y\n"
+    (tmp_path / "config.gz").write_bytes(gzip.compress(config.encode()))
+    k = kernels.Kernel("sched-ext", tmp_path / "bzImage", "6.12.117", None, {})
+    with pytest.raises(ParameterError, match=r"^--vm-topology 2socket: kernel sched-ext was "
+                       r"built without CONFIG_SCHED_MC, .*--kernel sched-ext-full has it$"):
+        plan.check_kernel_topology(k, vt.parse("2socket"))
+    for shape in ("smt", "2node"):
+        plan.check_kernel_topology(k, vt.parse(shape))
+    with pytest.raises(ParameterError, match="without CONFIG_SCHED_MC"):
+        plan.check_kernel_topology(k, vt.parse("2node-2llc-smt"))
+    (tmp_path / "config.gz").write_bytes(gzip.compress(
+        config.replace("# CONFIG_SCHED_MC is not set", "CONFIG_SCHED_MC=y")
+        .replace("CONFIG_SCHED_SMT=y", "").encode()))
+    with pytest.raises(ParameterError, match=r"without CONFIG_SCHED_SMT, so its guests cannot "
+                       r"form [^:]*$"):      # no hint: sched-ext-full would not help
+        plan.check_kernel_topology(k, vt.parse("2node-smt"))
+    plan.check_kernel_topology(k, vt.parse("2socket"))
+    plan.check_kernel_topology(k, None)
+    (tmp_path / "config.gz").unlink()
+    plan.check_kernel_topology(k, vt.parse("2node-smt"))   # no config: nothing refused
+
+
 def test_the_guest_refuses_a_topology_it_did_not_get_before_any_run(tmp_path):
     from harmony.vm import guest
 

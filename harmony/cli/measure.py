@@ -163,13 +163,14 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
     """Fetch the kernel (if named and not cached) and make the VM runner."""
     from harmony import doctor as host
     from harmony.vm.kernels import kernel as get_kernel
-    from harmony.vm.plan import check_kernel_cpus
+    from harmony.vm.plan import check_kernel_cpus, check_kernel_topology
     from harmony.vm.runner import VmRunner
 
     say = (lambda line: None) if quiet else (lambda line: click.echo(f"vm: {line}", err=True))
     with exit_on_error():
         k = get_kernel(kernel, progress=say)
         check_kernel_cpus(k, len(vm.cpus))
+        check_kernel_topology(k, vm.topology)
     if k.source.get("note"):          # an older build than the source: which one (manifest too)
         note(k.source["note"])
     facts = host.run_facts(host.doctor(mount=False, test_record=False))

@@ -89,6 +89,38 @@ def check_kernel_cpus(kernel, vcpus: int) -> None:
                              f"(CONFIG_NR_CPUS={limit}): {vcpus} vCPUs asked")
 
 
+#: the kernel option each domain level of a topology needs in the guest (arch/x86's
+#: build_sched_topology adds SMT only with CONFIG_SCHED_SMT, MC only with CONFIG_SCHED_MC; the
+#: NUMA levels need CONFIG_NUMA); PKG is always built
+LEVEL_OPTIONS = {"SMT": "CONFIG_SCHED_SMT", "MC": "CONFIG_SCHED_MC", "NUMA": "CONFIG_NUMA"}
+
+
+def check_kernel_topology(kernel, topology: VmTopology | None) -> None:
+    """Refuse (ParameterError, one line) a topology whose levels the kernel ``kernel`` cannot
+    form, from the config beside its image or its build's (before a boot that would end in the
+    guest's own refusal); nothing is refused where no config says."""
+    text = kernel_config_text(kernel) if topology is not None else None
+    if text is None:
+        return
+    lacking = frozenset(level for level, opt in LEVEL_OPTIONS.items()
+                        if not re.search(rf"^{opt}=y$", text, re.M))
+    want = topology.expected_spans()
+    if _spans(want) == _spans(topology.expected_spans(lacking)):
+        return              # the levels it lacks are not this shape's (or another level has
+                            # their spans, as the guest's check compares spans, not names)
+    lacks = [LEVEL_OPTIONS[level] for level in LEVEL_OPTIONS
+             if level in lacking and any(n == level for ch in want.values() for n, _ in ch)]
+    hint = (": --kernel sched-ext-full has it"
+            if kernel.spec == "sched-ext" and lacks == ["CONFIG_SCHED_MC"] else "")
+    raise ParameterError(f"--vm-topology {topology.preset or topology.spec()}: kernel "
+                         f"{kernel.spec} was built without {', '.join(lacks)}, so its guests "
+                         f"cannot form {topology.describe()}{hint}")
+
+
+def _spans(chains: dict) -> dict:
+    return {cpu: [sorted(span) for _, span in chain] for cpu, chain in chains.items()}
+
+
 def kernel_config_text(kernel) -> str | None:
     """The configuration of ``kernel``: a Debian package's ``boot/config-RELEASE`` beside its
     image, or a build's ``config.gz``; None where neither is found."""

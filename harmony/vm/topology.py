@@ -190,10 +190,12 @@ class VmTopology:
 
     # --- what the guest should build ---
 
-    def expected_spans(self) -> dict[int, list[tuple[str, list[int]]]]:
+    def expected_spans(self, without: frozenset[str] = frozenset()
+                       ) -> dict[int, list[tuple[str, list[int]]]]:
         """Per vCPU, the scheduling domains a Linux guest builds from this topology: (level,
         span) lowest first, by the kernel's x86 rules (see the module docstring). Level names
-        are the 6.12 ones (6.1 calls PKG DIE)."""
+        are the 6.12 ones (6.1 calls PKG DIE). ``without``: levels a kernel built without
+        their option cannot form (:data:`harmony.vm.plan.LEVEL_OPTIONS`)."""
         numa_in_package = any(len({self.node_of(c) for c in range(self.vcpus)
                                    if self.socket_of(c) == s}) > 1
                               for s in range(self.sockets))
@@ -208,6 +210,8 @@ class VmTopology:
                 levels.append(("NUMA", list(range(self.vcpus))))
             kept: list[tuple[str, list[int]]] = []
             for name, span in levels:
+                if name in without:
+                    continue
                 if len(span) > 1 and (not kept or set(span) != set(kept[-1][1])):
                     kept.append((name, span))
             out[cpu] = kept
