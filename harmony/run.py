@@ -38,7 +38,9 @@ from harmony.vm import scx as scx_mod
 from harmony.workload.controller import (
     Workload,
     check_classes,
+    keep_off,
     lower_threads,
+    put_back,
     raise_threads,
     warm_s,
 )
@@ -203,6 +205,7 @@ class _Capture:
         self.workload = self.sampler = self.probe = self.second = None
         self.counters = self.scheduler = self.schedstats = None
         self.raised: list[int] = []  # this process's threads at SCHED_FIFO while it is measured
+        self.moved: dict[int, set[int]] = {}  # and those kept off the CPUs under test: their CPUs
         self.paused = False
         self.laps = Laps()  # manifest["timings_s"]["capture"]: what it spends besides its duration
 
@@ -310,6 +313,10 @@ class _Capture:
         own += [t for p in (probe, second) if p for t in p.helper_tids()]
         self.raised = raise_threads([t for t in own if t != threading.get_native_id()],
                                     prio=workload.fifo_prio)
+        # all of them, this one too, on CPUs outside the set where there are any (a set smaller
+        # than the machine): their time would come off the capacity of the CPUs under test
+        self.moved, spare = keep_off(own, self.cpus)
+        self.manifest["controller_cpus"] = spare if self.moved else None
         if self.sampler:
             self.sampler.begin.set()
         # our own threads (probe drains or perf record, sampler), the release's occupiers and a
@@ -332,6 +339,7 @@ class _Capture:
         ejected = self.scheduler.ejected() if self.scheduler else None
         workload.freeze()
         lower_threads(self.raised)
+        put_back(self.moved)
         if self.counters:
             self.counters.take("end")
         self.schedstats.take("end")
@@ -387,6 +395,7 @@ class _Capture:
         manifest written as it ends."""
         manifest = self.manifest
         lower_threads(self.raised)
+        put_back(self.moved)
         if self.sampler:
             self.sampler.stopping.set()
         if self.workload:

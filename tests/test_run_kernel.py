@@ -319,6 +319,31 @@ def test_a_crowded_cpu_set_gets_the_window_asked(kernel, tmp_path):
     assert not our_workers()
 
 
+def test_the_controllers_threads_keep_off_a_set_smaller_than_the_machine(kernel, tmp_path):
+    """A set of CPU 0 on a machine of more: once the tasks are released, the controller's own
+    threads (the manifest's controller_tids, its probe's drains among them) run only outside
+    the set (controller_cpus), so their SCHED_FIFO time does not come off the capacity of the
+    CPUs under test. Read from the trace: none of them is switched in on CPU 0 in the window's
+    second half."""
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2 or mine[0] != 0:
+        host_skip("needs CPU 0 and another")
+    out = tmp_path / "run"
+    p = cli("run", "single-source", "--layout", "3", "--duration", 1, "--cpus", "0",
+            "--out", out, "-q")
+    assert p.returncode == 0, p.stderr
+    run = harmony.load(out)
+    m = run.manifest
+    assert m["controller_cpus"] == mine[1:]
+    ev = run.events
+    half = m["t0_ns"] + (m["end_ns"] - m["t0_ns"]) // 2
+    sw = ev[(ev["event"] == "sched_switch") & (ev["ts"] >= half) & (ev["ts"] < m["end_ns"])]
+    own = sw[sw["pid"].isin(m["controller_tids"])]    # switched in: pid is next_pid
+    assert len(sw) and not (own["cpu"] == 0).any(), own.head()
+    assert os.sched_getaffinity(0) == set(mine)     # this process's own: untouched
+    assert not our_workers()
+
+
 def test_the_kernel_sampler_sweeps_less_often_when_a_sweep_is_long():
     """A sweep of 3000 /proc reads (>= 5 ms) is followed by >= 0.5 s of sleep (SWEEP_BUDGET),
     whatever the rate asked (100 Hz); a sweep of 3 reads keeps the rate. At SCHED_FIFO a sweep

@@ -360,3 +360,38 @@ def test_the_simulator_runs_idle_tasks_by_their_weight(tmp_path):
     assert s.loc["heavy", "share"].min() > 0.9 and s.loc["light", "share"].max() < 0.05
     assert run.manifest["sched_classes"] == {"heavy": "SCHED_OTHER", "light": "SCHED_IDLE"}
     assert any("keeps no load history" in n for n in run.manifest["notes"])
+
+
+def test_the_controllers_threads_are_kept_off_the_cpus_under_test_and_put_back():
+    """keep_off moves the given threads to the CPUs this process may use outside the set and
+    says which; put_back gives each its CPUs again; a set of every CPU moves nothing."""
+    import os
+    import threading
+
+    from harmony.workload.controller import keep_off, put_back
+
+    mine = sorted(os.sched_getaffinity(0))
+    if len(mine) < 2:
+        pytest.skip("needs two CPUs")
+    ready, done = threading.Event(), threading.Event()
+    tids = []
+
+    def idle():
+        tids.append(threading.get_native_id())
+        ready.set()
+        done.wait(10)
+
+    t = threading.Thread(target=idle)
+    t.start()
+    ready.wait(10)
+    try:
+        assert keep_off(tids, mine) == ({}, [])
+        moved, spare = keep_off(tids + [2 ** 22 + 7], mine[:1])     # a gone thread: left out
+        assert spare == mine[1:] and set(moved) == set(tids)
+        assert os.sched_getaffinity(tids[0]) == set(mine[1:])
+        put_back(moved)
+        assert moved == {} and os.sched_getaffinity(tids[0]) == set(mine)
+        put_back(moved)                                             # again: nothing to do
+    finally:
+        done.set()
+        t.join()

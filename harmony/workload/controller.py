@@ -218,6 +218,40 @@ def lower_threads(tids: list[int]) -> None:
             pass
 
 
+def keep_off(tids, cpus) -> tuple[dict[int, set[int]], list[int]]:
+    """Move the threads ``tids`` (the controller's own and its probes', raised for the window
+    by :func:`raise_threads`) onto the CPUs this process may use outside the experiment's
+    ``cpus``, where there are any; returns each moved thread's CPUs before, for
+    :func:`put_back`, and the CPUs they were moved to (empty: none outside the set, nothing
+    moved). Why: their SCHED_FIFO time comes off the capacity of the CPUs they run on
+    (``scale_rt_capacity``), and the fair class's balance divides each group's load by its
+    capacity (``avg_load``); under TCG they took 3-9 % of a CPU under test, enough to push an
+    8-against-7 imbalance over an LLC's imbalance_pct (bench/README.md, "topologies under
+    test"). A thread the kernel will not move (gone, or outside its cpuset) stays."""
+    spare = sorted(os.sched_getaffinity(0) - set(cpus))
+    moved: dict[int, set[int]] = {}
+    if not spare:
+        return moved, []
+    for tid in tids:
+        try:
+            before = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, spare)
+            moved[tid] = before
+        except OSError:
+            pass
+    return moved, spare
+
+
+def put_back(moved: dict[int, set[int]]) -> None:
+    """Undo :func:`keep_off` (``moved`` is emptied: safe to call again)."""
+    while moved:
+        tid, before = moved.popitem()
+        try:
+            os.sched_setaffinity(tid, before)
+        except OSError:
+            pass
+
+
 def release_options(placement: str | None = None, mode: str | None = None) -> tuple[str, str]:
     """(placement, mode): the given ones, else ``HARMONY_RELEASE_PLACEMENT`` and
     ``HARMONY_RELEASE_MODE`` (default ``auto``); ControllerError (one line) for an unknown one.
