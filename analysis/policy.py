@@ -1026,11 +1026,16 @@ def _new(qid: str) -> Answer:
     return Answer(qid, question, thesis)
 
 
-def infer_evidence(evidence: list[Evidence], skipped=(), by_level: bool = True) -> Card:
+def infer_evidence(evidence: list[Evidence], skipped=(), by_level: bool = True,
+                   machine: Answer | None = None) -> Card:
     """The card from already collected evidence. Runs placed at a level
     (harmony.experiments.placement) answer that level's questions (``card.levels``,
     :mod:`harmony.analysis.policy_levels`); the card's own answers come from the runs on CPU
-    sets as given when there are any, else from all."""
+    sets as given when there are any, else from all. ``machine``: the whole set's how-many
+    answer, for a level's runs: a global queue is the machine's, and where the level's two CPUs
+    cannot tell how many moves (poly-balance = pairwise there) the questions that follow from
+    it (Table 7.1: time to balance, detection, selection) follow the whole set's global queue,
+    as the card's own do, rather than read a periodic balance into one queue's pulls."""
     whole, placed = policy_levels.split(evidence)
     own = whole if whole else evidence
     by_exp: dict[str, list[Evidence]] = {}
@@ -1038,7 +1043,11 @@ def infer_evidence(evidence: list[Evidence], skipped=(), by_level: bool = True) 
         by_exp.setdefault(e.experiment, []).append(e)
     prior: dict[str, Answer] = {}
     for qid, _, _ in QUESTIONS:
-        prior[qid] = RULES[qid](by_exp, prior)
+        seen = prior
+        if (qid != "how_many" and machine is not None and machine.label == "global-queue"
+                and (prior.get("how_many") is None or prior["how_many"].label is None)):
+            seen = {**prior, "how_many": machine}
+        prior[qid] = RULES[qid](by_exp, seen)
     setups = dict(collections.Counter(e.setup for e in evidence))
     card = Card(answers=[prior[q] for q, _, _ in QUESTIONS], runs=len(evidence),
                 experiments=dict(collections.Counter(e.experiment for e in evidence)),
@@ -1046,7 +1055,8 @@ def infer_evidence(evidence: list[Evidence], skipped=(), by_level: bool = True) 
                 classes=dict(collections.Counter(e.classes for e in evidence)))
     if by_level:
         card.levels = policy_levels.level_answers(
-            placed, whole, lambda ev: infer_evidence(ev, by_level=False), Answer,
+            placed, whole,
+            lambda ev: infer_evidence(ev, by_level=False, machine=prior["how_many"]), Answer,
             _affinity_label)
         for qid, labels in policy_levels.by_level_labels(card.levels).items():
             card.answer(qid).by_level = labels

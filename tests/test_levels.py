@@ -367,3 +367,25 @@ def test_moves_after_the_window_are_not_the_policy_s_answer():
     assert list(df_move_levels(mig, manifest)["t"]) == [0.5, 2.0]
     assert list(df_move_levels(mig, manifest, window=False)["t"]) == [-0.1, 0.5, 2.0, 2.1]
     assert len(df_move_levels(mig, {**manifest, "end_ns": None})) == 3
+
+
+def test_under_one_queue_no_level_is_read_as_balancing_periodically(tmp_path):
+    """sched_ext's default selection (``scx-like``) on a 16-CPU machine: the whole set's runs
+    make the card's how-many a global queue; the detection runs placed at llc, two CPUs that
+    cannot tell how many moves, then answer as the card does (not applicable: one queue has
+    no periodic balance to detect) instead of reading its pulls as a balance period."""
+    root = _placed_runs(tmp_path, "scx-like", "server-16", "detection", DETECTION, ("llc",),
+                        range(2))
+    topo = machine_topology("server-16")
+    exp = get_experiment("single-source")
+    cpus = list(range(16))
+    for seed in range(3):
+        execute(refpolicy.get_policy("scx-like"), exp,
+                exp.resolve({"duration": 1.5, "layout": "24"}, cpus), cpus,
+                root / f"single-source-{seed}", seed=seed, figures=False, topology=topo)
+    card = policy.infer([root])
+    assert card.answer("how_many").label == "global-queue"
+    assert policy_levels_labels(card, "detection") == {"llc": "not applicable (global queue)"}
+    alone = policy.infer(sorted(root.glob("detection-llc-*")))  # no whole set: nothing to follow
+    assert alone.answer("how_many").label != "global-queue"
+    assert policy_levels_labels(alone, "detection")["llc"] != "not applicable (global queue)"
