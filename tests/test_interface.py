@@ -14,6 +14,7 @@ Hermetic: the runs are simulated (real run directories through the real pipeline
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pty
@@ -641,6 +642,42 @@ def test_no_string_the_product_prints_names_its_tracker():
             found += [f"{f.relative_to(root)}:{node.lineno}" for node in ast.walk(tree)
                       if isinstance(node, ast.Constant) and isinstance(node.value, str)
                       and id(node) not in docs and tracker.search(node.value)]
+    assert not found, found
+
+
+def _text(node) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def test_no_count_is_worded_by_hand():
+    """A count agrees with its noun through one helper (harmony.core.wording.plural, which
+    harmony.cli.common re-exports): no "2 worker(s)" (a count before a noun(s)), no
+    ``'s' if n != 1 else ''`` nor ``'s' * (n > 1)`` of a module's own, at any layer (the
+    analysis and the VM topology included, which may not import the CLI)."""
+    from harmony.cli import common
+    from harmony.core import wording
+
+    assert common.plural is wording.plural
+    assert [wording.plural(k, "LLC") for k in (0, 1, 2)] == ["0 LLCs", "1 LLC", "2 LLCs"]
+    assert wording.plural(2, "run or configuration", "runs or configurations") == \
+        "2 runs or configurations"
+    root = Path(__file__).resolve().parent.parent
+    noun_s = re.compile(r"^ [\w-]+\(s\)")
+    found = []
+    for package in ("harmony", "analysis", "experiments", "probes"):
+        for f in sorted((root / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                where = f"{f.relative_to(root)}:{getattr(node, 'lineno', '?')}"
+                if isinstance(node, ast.JoinedStr):     # f"{n} task(s)"
+                    found += [where for a, b in zip(node.values, node.values[1:])
+                              if isinstance(a, ast.FormattedValue) and isinstance(b, ast.Constant)
+                              and noun_s.search(str(b.value))]
+                elif isinstance(node, ast.IfExp) and {_text(node.body), _text(node.orelse)} \
+                        == {"", "s"}:
+                    found.append(where)                 # 's' if n != 1 else ''
+                elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) \
+                        and "s" in (_text(node.left), _text(node.right)):
+                    found.append(where)                 # 's' * (n > 1)
     assert not found, found
 
 

@@ -30,6 +30,7 @@ import click
 
 from harmony.core import osutil
 from harmony.core.errors import HarmonyError, IncompleteRun, Interrupted, ParameterError
+from harmony.core.wording import plural  # the commands import it from here
 
 #: the exit statuses of every command (harmony --help prints this; docs/cli.md explains it)
 EXIT_STATUSES = (
@@ -245,11 +246,6 @@ def resolve_cpus(text: str | None) -> list[int]:
 def default_out(prefix: str) -> Path:
     """The directory a command writes when not given --out: ``runs/<prefix>-<time>``."""
     return Path("runs") / f"{prefix}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
-
-
-def plural(n: int, noun: str, nouns: str | None = None) -> str:
-    """"1 run", "2 runs": a count that agrees with its noun."""
-    return f"{n} {noun if n == 1 else (nouns or noun + 's')}"
 
 
 def print_json(obj) -> None:
