@@ -231,6 +231,10 @@ USAGE_LINES = [
     (["import", "{junk}", "--comm", "x", "-e", "heavy-light"], "heavy-light cannot be imported"),
     (["export", "{run}", "--format", "pcap"], "Invalid value for '--format'"),
     (["kernel", "build", "no-such"], "unknown kernel to build"),
+    (["kernel", "fetch", "no-such"], "unknown kernel 'no-such'"),
+    (["scx", "build", "no-such"], "unknown Rust scheduler 'no-such'"),     # before any cargo
+    (["matrix", "{junk}"], "junk.dat: not a TOML plan"),
+    (["matrix", "{missing}"], "missing: no such plan"),
     (["list", "--bogus"], "No such option '--bogus'"),
 ]
 
@@ -243,8 +247,9 @@ def test_a_usage_error_is_one_line_naming_the_help(results, argv, says):
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("harmony: error: "), p.stderr
     assert says in p.stderr, p.stderr
-    command = [a for a in argv if not a.startswith(("-", "{"))][:1 if argv[0] != "kernel" else 2]
-    if argv[0] not in ("nosuch", "kernel"):
+    command = [a for a in argv if not a.startswith(("-", "{"))][
+        :2 if argv[0] in ("kernel", "scx") else 1]
+    if argv[0] != "nosuch":
         assert p.stderr.rstrip().endswith(f"(harmony {' '.join(command)} --help)"), p.stderr
 
 

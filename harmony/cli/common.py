@@ -158,12 +158,18 @@ def error_message(exc: BaseException) -> str:
 @contextlib.contextmanager
 def exit_on_error(marked=None, also: tuple = ()):
     """Every command's errors: Harmony's (and ``also`` these types) become one line and the
-    status :func:`exit_status` gives; ``marked`` (a string, or a function giving one) says what an
-    interrupted command leaves behind ("<dir> is marked incomplete"). An incomplete run is
-    followed by what can still be done with it."""
+    status :func:`exit_status` gives. Bad input (a :class:`ParameterError`: an unknown kernel,
+    scheduler or experiment, a bad plan or topology) is a usage error, raised as click's
+    ``UsageError``: the line names the command's --help (``harmony.cli.entry``), status 2.
+    ``marked`` (a string, or a function giving one) says what an interrupted command leaves
+    behind ("<dir> is marked incomplete"). An incomplete run is followed by what can still be
+    done with it."""
     try:
         yield
     except (KeyboardInterrupt, HarmonyError, *also) as exc:
+        if isinstance(exc, ParameterError):     # bad input: a usage error, as click's own are
+            raise click.UsageError(error_message(exc),
+                                   ctx=click.get_current_context(silent=True)) from None
         msg = error_message(exc)
         if marked and isinstance(exc, (KeyboardInterrupt, Interrupted)):
             said = marked() if callable(marked) else marked
