@@ -85,11 +85,21 @@ def results(tmp_path_factory):
     (root / "empty").mkdir()
     (root / "corrupt-suite").mkdir()
     (root / "corrupt-suite" / "suite.json").write_text('{"configs": [')
+    # a suite whose runs are whole but whose suite.json is cut short; one without suite.json
+    shutil.copytree(root / "suite", root / "cut-suite")
+    record = root / "cut-suite" / "suite.json"
+    record.write_text(record.read_text()[:40])
+    shutil.copytree(root / "suite", root / "runs-only")
+    (root / "runs-only" / "suite.json").unlink()
+    shutil.copytree(root / "batch", root / "cut-batch")
+    (root / "cut-batch" / "batch.json").write_text("{")
     (root / "junk.dat").write_bytes(b"hello, not a trace\n" * 10)
     return {"root": root, "run": run, "batch": root / "batch", "suite": root / "suite",
             "corrupt": root / "corrupt", "incomplete": root / "incomplete",
             "empty": root / "empty", "missing": root / "missing", "junk": root / "junk.dat",
             "corrupt_suite": root / "corrupt-suite", "nosummary": root / "nosummary",
+            "cut_suite": root / "cut-suite", "runs_only": root / "runs-only",
+            "cut_batch": root / "cut-batch",
             "nokeys": root / "nokeys", "foreign": root / "foreign",
             "truncated": root / "truncated", "suite_screen": suite_screen}
 
@@ -155,6 +165,20 @@ CONTRACT = [
     (["infer", "{nosummary}"], 1, "harmony: error: {nosummary}/summary.json: not found\n"),
     (["compare", "{nosummary}", "thesis-2011"], 1,
      "harmony: error: {nosummary}/summary.json: not found\n"),
+    # a suite's or batch's record cut short: the same error whichever command reads it (infer and
+    # compare read the runs under it too); a folder of runs without one is read for its runs
+    (["report", "{cut_suite}"], 1, "harmony: error: {cut_suite}/suite.json: corrupt JSON"),
+    (["infer", "{cut_suite}"], 1, "harmony: error: {cut_suite}/suite.json: corrupt JSON"),
+    (["compare", "{cut_suite}", "thesis-2011"], 1,
+     "harmony: error: {cut_suite}/suite.json: corrupt JSON"),
+    (["compare", "{suite}", "{cut_suite}"], 1,
+     "harmony: error: {cut_suite}/suite.json: corrupt JSON"),
+    (["infer", "{cut_batch}"], 1, "harmony: error: {cut_batch}/batch.json: corrupt JSON"),
+    (["compare", "{cut_batch}", "thesis-2011"], 1,
+     "harmony: error: {cut_batch}/batch.json: corrupt JSON"),
+    (["report", "{runs_only}"], 1, "{runs_only}: not a run, batch or suite directory"),
+    (["infer", "{runs_only}"], 0, "Policy card: 2 runs"),
+    (["compare", "{runs_only}", "{suite}"], 0, "sources:"),
     # import
     (["import", "{missing}", "--pid", "1", "--out", "{tmp}/i"], 1, "{missing}: no such file"),
     (["import", "{junk}", "--pid", "1", "--out", "{tmp}/i"], 1, "{junk}"),
