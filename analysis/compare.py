@@ -36,6 +36,7 @@ from harmony.analysis import policy, reference, stats
 from harmony.analysis.policy_levels import by_level_labels
 from harmony.analysis import thresholds as T
 from harmony.core.errors import ParameterError
+from harmony.core.wording import plural
 from harmony.experiments import CATALOG, get_experiment, summary_key
 
 NO_EVIDENCE = "no evidence"
@@ -564,7 +565,7 @@ def source_what(cmp: Comparison, k: int, row) -> str:
         return (f"reference, no runs: {len(ref.figures)} figures and the answers of "
                 f"{ref.cite}, on {row.cpus} CPUs")
     skipped = f", {row.skipped} not used" if row.skipped else ""
-    return f"{row.runs} run{'s' if row.runs != 1 else ''} on {row.cpus or '?'} CPUs{skipped}"
+    return f"{plural(row.runs, 'run')} on {row.cpus or '?'} CPUs{skipped}"
 
 
 def answers_table(cmp: Comparison) -> tuple[pd.DataFrame, pd.Series]:
@@ -846,7 +847,7 @@ def gate_text(g: dict) -> str:
         out.append(f"differs beyond noise: {r['config']} {r['metric']}: {_number(r['value_a'])} "
                    f"-> {_number(r['value_b'])} ({r['pair']}, interval {_signed(r['ci_low'])} .. "
                    f"{_signed(r['ci_high'])})")
-    checked = (f"{len(g['questions'])} question{'s' if len(g['questions']) != 1 else ''}"
+    checked = (plural(len(g['questions']), 'question')
                + (f", metrics {', '.join(g['metrics'])}" if g["metrics"] else ""))
     out.append(f"gate: {'FAILED' if g['failed'] else 'passed'} ({checked})")
     if g["answers_open"] or g["metrics_open"]:

@@ -13,6 +13,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harmony.analysis.plots import save_figure  # noqa: E402
+from harmony.core.wording import plural  # noqa: E402
 
 #: how far right of x = P, on the CPU axis, the n/P-task run's points are drawn (beside the P run's)
 OFFSET = 0.25
@@ -46,7 +47,7 @@ def plot_proportional(per_task: pd.DataFrame, curve: pd.DataFrame, ncpus: int, p
     if np.isfinite(conc).any():
         k = int(np.isfinite(conc).sum())
         _dots(a, ncpus + OFFSET, conc, "#27ae60", "^",
-              f"{k} task{'s' if k > 1 else ''} on 1 CPU (n/P)")
+              f"{plural(k, 'task')} on 1 CPU (n/P)")
     a.set_xlabel("CPUs the tasks may use (P)")
     a.set_ylabel("CPU share per task (fraction of one CPU)")
     a.set_xticks(curve["cpus"])

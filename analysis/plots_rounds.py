@@ -16,6 +16,7 @@ from matplotlib import ticker
 
 # the shared Agg backend, theme
 from harmony.analysis.plots import integer_axis, plt, save_figure, sns
+from harmony.core.wording import plural
 
 ROUND_PALETTE = "tab10"
 
@@ -54,7 +55,7 @@ def plot_first_round(summaries: pd.DataFrame, path: Path) -> Path:
                 color="#e67e22", label="pairwise (q_src - q_target)/2")
         ax.set_xlabel("x (extra tasks per source CPU)")
         ax.set_ylabel("tasks moved, first source -> target")
-        runs = f"{len(d)} run" + ("s" if len(d) != 1 else "")
+        runs = plural(len(d), "run")
         ax.set_title(f"First balancing round, {p} CPUs ({runs})", fontsize=10)
         handles, labels = ax.get_legend_handles_labels()
         keep = dict(zip(labels, handles))
@@ -152,7 +153,7 @@ def plot_detection(summaries: pd.DataFrame, path: Path) -> Path:
     ax.set_xlabel("")
     ax.set_ylabel("ms")
     n = summaries["path"].nunique()
-    ax.set_title(f"Imbalance detection ({n} run{'' if n == 1 else 's'})", fontsize=10)
+    ax.set_title(f"Imbalance detection ({plural(n, 'run')})", fontsize=10)
     return save_figure(fig, path)
 
 

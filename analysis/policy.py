@@ -49,6 +49,7 @@ from harmony.analysis.causes import CAUSES
 from harmony.analysis.stats import bootstrap_ci
 from harmony.analysis.rounds import round_rule
 from harmony.analysis.trust import disqualifying, word
+from harmony.core.wording import plural
 from harmony.experiments import experiment_of, get_experiment, summary_key
 from harmony.workload.tasks import POLICIES, classes_text
 
@@ -252,13 +253,13 @@ class Card:
     def head_lines(self) -> list[str]:
         """What the card was made of: its runs, and the classes or setups they mix."""
         exps = ", ".join(f"{k} x{v}" for k, v in self.experiments.items()) or "none"
-        out = [f"Policy card: {self.runs} run{'s' if self.runs != 1 else ''} on "
+        out = [f"Policy card: {plural(self.runs, 'run')} on "
                f"{'/'.join(map(str, self.cpus)) or '?'} CPUs ({exps})"]
         if self.other_classes:
             out.append("tasks' scheduling class: " + "; ".join(
-                f"{k} ({v} run{'s' if v != 1 else ''})" for k, v in self.classes.items()))
+                f"{k} ({plural(v, 'run')})" for k, v in self.classes.items()))
         if len(self.setups) > 1:
-            mixed = "; ".join(f"{k} ({v} run{'s' if v != 1 else ''})"
+            mixed = "; ".join(f"{k} ({plural(v, 'run')})"
                               for k, v in self.setups.items())
             out.append(f"POOLED: these runs come from {len(self.setups)} setups ({mixed}); one "
                        "card mixes their answers: `harmony compare` shows each apart")
@@ -619,7 +620,7 @@ def proportional_numbers(runs: list[Evidence]) -> dict:
             parts.append(f"{what} {format_value(med)} (worst task {format_value(low)}: "
                          f"{proportional_word(low) or 'not measured'})" if med is not None
                          else f"{what} not measured")
-        out[f"P={ncpus} n={n} ({len(group)} run{'s' if len(group) != 1 else ''})"] = \
+        out[f"P={ncpus} n={n} ({plural(len(group), 'run')})"] = \
             "; ".join(parts)
     return out
 
@@ -777,7 +778,7 @@ def _round_rules(runs: list[Evidence]) -> str:
     number of runs of each rule: by cause (periodic and active) or every move of a runnable task
     (the causes unknown); a run analysed before the rule was recorded counted the latter."""
     rules = collections.Counter(e.summary.get(ROUND_RULE) or "runnable" for e in runs)
-    return "; ".join(f"{round_rule(r != 'runnable')['text']} ({n} run{'s' if n != 1 else ''})"
+    return "; ".join(f"{round_rule(r != 'runnable')['text']} ({plural(n, 'run')})"
                      for r, n in rules.items())
 
 

@@ -14,8 +14,8 @@ from harmony.analysis.causes import CAUSES
 from harmony.analysis.probe_agreement import agreement_lines
 from harmony.analysis.thresholds import USELESS_MIGRATION_WITHIN_S, WASTED_EPISODE_MIN_S
 from harmony.analysis.topology import DOMAIN_HEADER, df_cpus, domain_rows, domains_of
-from harmony.analysis.trust import count
 from harmony.core.osutil import format_cpulist, parse_cpulist
+from harmony.core.wording import plural
 from harmony.experiments import experiment_of
 from harmony.manifest import system_facts
 from harmony.store import atomic_write
@@ -99,7 +99,7 @@ def scx_lines(m: dict) -> list[str]:
 def class_lines(m: dict) -> list[str]:
     """The tasks' scheduling classes, and the host's real-time bandwidth where they need it."""
     counts = m.get("sched_class_counts") or {}
-    lines = ["scheduling class             " + ("; ".join(f"{label} ({count(n, 'task')})"
+    lines = ["scheduling class             " + ("; ".join(f"{label} ({plural(n, 'task')})"
                                                           for label, n in counts.items()) or "?")]
     sched = m.get("sched") or {}
     if any(not label.startswith(("SCHED_OTHER", "SCHED_BATCH", "SCHED_IDLE")) for label in counts) \
@@ -198,15 +198,11 @@ def machine_lines(m: dict, summary: dict | None) -> list[str]:
     def n(col):
         return len(set(cpus[col])) if (cpus[col] >= 0).all() else "?"
 
-    def counted(col, noun):
-        k = n(col)
-        return f"{k} {noun}{'' if k == 1 else 's'}"
-
     threads = cpus["smt_siblings"].map(lambda s: len(parse_cpulist(s)) if s else 1)
     most = int(threads.max())
-    lines = [f"machine                      {len(cpus)} CPUs: {counted('node', 'NUMA node')}, "
-             f"{counted('package', 'package')}, {counted('llc', 'LLC')}, "
-             f"{len(set(cpus['smt_siblings']))} cores of {most} thread{'' if most == 1 else 's'}"]
+    lines = [f"machine                      {len(cpus)} CPUs: {plural(n('node'), 'NUMA node')}, "
+             f"{plural(n('package'), 'package')}, {plural(n('llc'), 'LLC')}, "
+             f"{len(set(cpus['smt_siblings']))} cores of {plural(most, 'thread')}"]
     rows = domain_rows(m)
     if rows:
         lines.append("domains                      " + " < ".join(

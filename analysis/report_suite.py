@@ -30,6 +30,7 @@ from harmony.analysis import policy, sequential, server_card  # noqa: E402
 from harmony.analysis import thresholds as T  # noqa: E402
 from harmony.analysis.plots import integer_axis  # noqa: E402
 from harmony.analysis.plots_requests import df_latency_by_load, plot_latency_by_load  # noqa: E402
+from harmony.core.wording import plural  # noqa: E402
 
 #: which experiments give the evidence of each question (the card's sources)
 EVIDENCE = {
@@ -552,7 +553,7 @@ def confidence_cell(a: policy.Answer) -> str:
         return f"decided at {level}: {c['label']} in at least {c['lower']:.0%} of runs"
     if c["state"] == sequential.VARIES:
         return f"varies at {level}: {c['label']} in at most {c['upper']:.0%} of runs"
-    return f"undecided: {c['more']} more run{'s' if c['more'] != 1 else ''} could settle it"
+    return f"undecided: {plural(c['more'], 'more run')} could settle it"
 
 
 def card_blocks(card: policy.Card) -> list:
@@ -602,7 +603,7 @@ def until_decided_blocks(record: dict | None) -> list:
         return []
     capped = df[df["capped"]]["configuration"].tolist()
     lead = (f"After the planned runs, {record['added_runs']} runs were added in "
-            f"{record['rounds']} round{'s' if record['rounds'] != 1 else ''}, at most "
+            f"{plural(record['rounds'], 'round')}, at most "
             f"{record['max_repeat']} a configuration, until each configuration's questions were "
             "decided or shown to vary (harmony.decide; the rule: analysis/sequential.py)."
             + (f" Still undecided at the cap: {', '.join(capped)}." if capped else ""))

@@ -67,6 +67,7 @@ import dataclasses
 import math
 
 from harmony.analysis import thresholds as T
+from harmony.core.wording import plural
 
 DECIDED, VARIES, UNDECIDED = "decided", "varies", "undecided"
 
@@ -174,7 +175,7 @@ class Verdict:
         if self.state == VARIES:
             return (f"varies at {T.DECIDE_LEVEL:.0%}: no label in {T.VARIES_SHARE:.0%} of the "
                     f"runs; {votes}{bounds}")
-        return (f"undecided: {votes}{bounds}; {self.more} more run{'s' if self.more != 1 else ''}"
+        return (f"undecided: {votes}{bounds}; {plural(self.more, 'more run')}"
                 " could settle it")
 
 

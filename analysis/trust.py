@@ -71,6 +71,7 @@ scx_not_enabled          name, ops, states ([s, state] at each change), ejected 
 from __future__ import annotations
 
 from harmony.analysis import thresholds as T
+from harmony.core.wording import plural
 from harmony.probes.proc_stat import SWEEP_BUDGET
 from harmony.workload.tasks import POLICIES
 
@@ -108,11 +109,6 @@ DESCRIPTIVE = frozenset({"controller", "imported_from", "release_not_modelled", 
 def is_doubt(n: dict) -> bool:
     """Whether the note ``n`` lessens trust in the run (every kind but :data:`DESCRIPTIVE`)."""
     return n.get("kind") not in DESCRIPTIVE
-
-
-def count(n: int, noun: str) -> str:
-    """'1 task', '3 tasks'."""
-    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # --- the checks: facts in, notes out ----------------------------------------------------------
@@ -260,10 +256,10 @@ def _silent(n):
     named = ", ".join(f"{c['comm']} "
                       f"({'CPU %d' % c['cpu'] if c['pid'] == 0 else 'pid %d' % c['pid']}"
                       f", ran {c['runs']}x)" for c in n["contexts"][:5])
-    return (f"{n['probe']} recorded no event in the context of {count(len(n['contexts']), 'task')} "
-            f"it saw run: {named}; every tracepoint hit there (their switch-out, what their "
-            "interrupts do, e.g. an idle CPU's balancing migrations) is missing and not counted "
-            "in lost_events")
+    return (f"{n['probe']} recorded no event in the context of "
+            f"{plural(len(n['contexts']), 'task')} it saw run: {named}; every tracepoint hit "
+            "there (their switch-out, what their interrupts do, e.g. an idle CPU's balancing "
+            "migrations) is missing and not counted in lost_events")
 
 
 #: the CPUs that lost events a note names one by one, at most (the others: the manifest's
@@ -434,7 +430,7 @@ def _causes_unknown(n):
            "the capture holds no irq:softirq_entry/exit of the scheduler's softirq, so a periodic "
            "balance's pull cannot be told from a new-idle one (nor an active balance from an "
            "affinity change)")
-    return (f"the cause of {count(n['n'], 'migration')} of {n['of']} in the window is unknown: "
+    return (f"the cause of {plural(n['n'], 'migration')} of {n['of']} in the window is unknown: "
             f"{why}; they are counted as unknown, never guessed"
             + (f" ({n['inferred']} inferred moves among all)" if n.get("inferred") else ""))
 
@@ -450,11 +446,11 @@ def _scx(n):
 
 def _rt_throttling(n):
     if n["runtime_us"] < 0:
-        return (f"{count(n['tasks'], 'real-time task')} ran with RT throttling off "
+        return (f"{plural(n['tasks'], 'real-time task')} ran with RT throttling off "
                 "(sched_rt_runtime_us = -1): CPU-bound ones may take every CPU they hold from all "
                 "other tasks, the host's own included (kernels from 6.12 on still give the fair "
                 "class its deadline server's share)")
-    return (f"{count(n['tasks'], 'real-time task')}: RT throttling lets SCHED_FIFO and SCHED_RR "
+    return (f"{plural(n['tasks'], 'real-time task')}: RT throttling lets SCHED_FIFO and SCHED_RR "
             f"tasks have at most {n['runtime_us']} us of every {n['period_us']} us of each CPU "
             f"({n['runtime_us'] / n['period_us']:.0%}): a CPU-bound one gets no more, the rest "
             "goes to the fair class, and their fair shares are computed with that cap")
@@ -466,7 +462,7 @@ _WORDING = {
     "silent_contexts": _silent,
     "unrecorded_migrations": lambda n: (
         f"the experiment tasks' own events in the {n['probe']} recording prove "
-        f"{count(n['n'], 'move')} of {count(n['tasks'], 'task')} that no sched_migrate_task "
+        f"{plural(n['n'], 'move')} of {plural(n['tasks'], 'task')} that no sched_migrate_task "
         f"records (e.g. {n['examples']})"),
     "lost_events": _lost,
     "window_late": lambda n: (

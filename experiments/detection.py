@@ -20,6 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import rounds
+from harmony.core.wording import plural
 from harmony.experiments.base import (
     Experiment,
     Metric,
@@ -158,9 +159,10 @@ class Detection(Experiment):
             f"(target CPU {s['target_cpu']})",
             f"cut at                       {s['cut_at_s']:.4f} s after t0 (drawn)",
             f"interval 1 (cut -> pull)     {ms(s['interval1_ms'])}"
-            + (f", moving {s['round1_moved']} task(s)" if s["round1_moved"] else ""),
+            + (f", moving {plural(s['round1_moved'], 'task')}" if s["round1_moved"] else ""),
             f"interval 2 (round 1 -> 2)    {ms(s['interval2_ms'])}",
             f"interval 3 (round 2 -> 3)    {ms(s['interval3_ms'])}",
-            f"after the cut                {s['rounds_after_cut']} round(s), "
-            f"{s['moved_after_cut']} task(s) pulled ({s['pulls_before_cut']} pulls before the cut)",
+            f"after the cut                {plural(s['rounds_after_cut'], 'round')}, "
+            f"{plural(s['moved_after_cut'], 'task')} pulled "
+            f"({plural(s['pulls_before_cut'], 'pull')} before the cut)",
         ]

@@ -29,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics, rounds
+from harmony.core.wording import plural
 from harmony.experiments.base import (
     Experiment,
     Metric,
@@ -213,8 +214,7 @@ class HowMany(Experiment):
         else:
             first = (f"{s['first_round_moved']} from CPU {s['first_round_source']} "
                      f"({s['first_round_to_target']} onto the target from "
-                     f"{s['first_round_sources']} "
-                     f"source{'' if s['first_round_sources'] == 1 else 's'}), ending "
+                     f"{plural(s['first_round_sources'], 'source')}), ending "
                      f"{s['first_round_end_s'] * 1000:.1f} ms after t0")
         bal = ("never (within the run)" if s["time_to_balance_s"] is None
                else f"{s['time_to_balance_s'] * 1000:.1f} ms after t0")

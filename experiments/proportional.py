@@ -25,6 +25,7 @@ from pathlib import Path
 
 from harmony.analysis import proportional as prop
 from harmony.core.errors import RunError
+from harmony.core.wording import plural
 from harmony.experiments.base import (
     Experiment,
     Metric,
@@ -155,7 +156,7 @@ class Proportional(Experiment):
         return [plot_proportional(df, prop.df_ideal_curve(run.tasks, used), used,
                                   fig_dir / "proportional.png",
                                   title=f"Proportional speedup and concurrency: {len(df)} tasks, "
-                                        f"{used} CPU{'s' if used > 1 else ''}")]
+                                        f"{plural(used, 'CPU')}")]
 
     def describe(self, s: dict) -> list[str]:
         def f(v, fmt="{:.3f}"):
@@ -173,8 +174,8 @@ class Proportional(Experiment):
                 f"{f(s['speedup_ratio_min'])}",
                 "concurrency ratio            " + (
                     "n/a (no n/P-task run)" if s["concurrency_tasks"] is None else
-                    f"{f(s['concurrency_ratio'])} against {s['concurrency_tasks']} "
-                    f"task{'s' if s['concurrency_tasks'] != 1 else ''} on one CPU, worst task "
+                    f"{f(s['concurrency_ratio'])} against "
+                    f"{plural(s['concurrency_tasks'], 'task')} on one CPU, worst task "
                     f"{f(s['concurrency_ratio_min'])}")]
         lines.append(f"migrations                   {s['migrations']}")
         return lines

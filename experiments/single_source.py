@@ -17,6 +17,7 @@ from pathlib import Path
 
 from harmony.analysis import metrics
 from harmony.analysis.thresholds import FAST_BALANCE_MAX_S
+from harmony.core.wording import plural
 from harmony.experiments.base import (
     Experiment,
     Metric,
@@ -138,7 +139,7 @@ class SingleSource(Experiment):
         first = s.get("first_balanced_s")
         if s["time_to_balance_s"] is None and first is not None:
             bal = (f"{first * 1000:.1f} ms after t0 first, not for good "
-                   f"(entered balance {s['balance_entries']} time(s))")
+                   f"(entered balance {plural(s['balance_entries'], 'time')})")
         elif s["time_to_balance_s"] is None:
             bal = "never (within the run)"
         elif s["balance_entries"] > 1 and first is not None:

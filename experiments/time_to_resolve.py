@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from harmony.analysis import metrics, rounds
+from harmony.core.wording import plural
 from harmony.experiments.base import Metric, pick
 from harmony.experiments.how_many import HowMany, x_said
 from harmony.experiments.single_source import SingleSource, settled_lines, settled_summary
@@ -82,7 +83,7 @@ class TimeToResolve(HowMany):
             f"resolved (balanced for good) {ms(s['time_to_balance_s'])}; "
             f"balanced at end: {'yes' if s['balanced_at_end'] else 'no'}",
             f"first balanced               {ms(s['first_balanced_s'])} "
-            f"(entered balance {s['balance_entries']} time(s), "
+            f"(entered balance {plural(s['balance_entries'], 'time')}, "
             f"balanced {s['balanced_s']:.2f} s in all)",
             f"migrations                   {s['migrations']} "
             f"({s['balance_migrations']} while runnable; "

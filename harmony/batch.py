@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harmony import store
 from harmony.analysis.stats import df_aggregate
+from harmony.core.wording import plural
 
 
 def rep_dir(out: Path, k: int) -> Path:
@@ -145,8 +146,8 @@ def batch_text(record: dict) -> str:
         lines.append(f"not complete: {f['rep']}: {f['reason']}")
     ud = record.get("until_decided")
     if ud:
-        rounds = f"{ud['rounds']} round{'s' if ud['rounds'] != 1 else ''}"
-        planned = f"{ud['planned']} run{'s' if ud['planned'] != 1 else ''}"
+        rounds = plural(ud['rounds'], 'round')
+        planned = plural(ud['planned'], 'run')
         lines += ["", f"until decided: {planned} planned, {ud['added']} added in "
                       f"{rounds} (at most {ud['cap']})"]
         lines += [f"  {qid}: {q['state']}, {q['label']} in {q['votes']} of {q['runs']} runs "

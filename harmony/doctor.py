@@ -32,6 +32,7 @@ from pathlib import Path
 from harmony import hostfacts
 from harmony.core import jit, memory
 from harmony.core.osutil import format_cpulist, online_cpus
+from harmony.core.wording import plural
 from harmony.hostfacts import MISSING, OK, WARN, check
 from harmony.probes import PROBES, domains, get_probe, proc_sched, sched_debug
 from harmony.probes.base import REQUIRED_TRACEPOINTS
@@ -178,7 +179,7 @@ def check_topology() -> dict:
 
     def n(key, word):
         v = c[key]
-        return f"? {word}s" if v is None else f"{v} {word}{'' if v == 1 else 's'}"
+        return f"? {word}s" if v is None else plural(v, word)
 
     detail = ", ".join([n("packages", "package"), n("cores", "core"), n("threads", "thread"),
                         n("llcs", "LLC"), n("numa_nodes", "NUMA node")])

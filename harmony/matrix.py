@@ -69,6 +69,7 @@ from pathlib import Path
 
 from harmony import store
 from harmony.core.errors import HarmonyError, ParameterError
+from harmony.core.wording import plural
 
 SIMULATED, HOST, VM = "simulated", "host", "vm"
 #: the keys a plan (top level) and each of its groups may have
@@ -204,7 +205,7 @@ def parse_plan(data: dict, name: str = "matrix", source: str | None = None) -> P
                 seen[cell.id] = i
                 cells.append(cell)
     if problems:
-        raise PlanError(f"{where}: {len(problems)} problem{'s' * (len(problems) > 1)}:\n  "
+        raise PlanError(f"{where}: {plural(len(problems), 'problem')}:\n  "
                         + "\n  ".join(problems))
     return Plan(str(data.get("name") or name), cells, source)
 

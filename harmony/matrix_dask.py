@@ -58,6 +58,7 @@ from pathlib import Path
 
 from harmony import matrix
 from harmony.core.errors import HarmonyError, HostBusy
+from harmony.core.wording import plural
 from harmony.core.osutil import harmony_python
 
 #: how to get what this module needs (setup.cfg's extra)
@@ -724,7 +725,7 @@ class _Run:
                                                    self.failures, "running")
                 self.homeless.pop(kind, None)
                 continue
-            notes.append(f"{len(cells)} {kind} cell{'s' if len(cells) > 1 else ''} wait: "
+            notes.append(f"{plural(len(cells), f'{kind} cell')} wait: "
                          f"{why}")
         return notes
 

@@ -27,6 +27,7 @@ from harmony import store
 from harmony.core.errors import ControllerError, Interrupted, RunError  # noqa: F401  (Interrupted: raised here)
 from harmony.core.memory import stop_prefault
 from harmony.core.timing import Laps
+from harmony.core.wording import plural
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
 from harmony.probes import ProbeError, domains, get_probe, proc_sched, schedstat
@@ -351,7 +352,7 @@ class _Capture:
                                    f"the run: {ejected}")
         gone = workload.unexpected_exits()
         if gone:    # the workload the experiment describes did not run: not a result
-            raise ControllerError(f"{len(gone)} worker(s) died during the run, not by the "
+            raise ControllerError(f"{plural(len(gone), 'worker')} died during the run, not by the "
                                   f"experiment's design: {'; '.join(gone[:3])}")
         manifest["controller_notes"] = workload.notes
         manifest["release_method"] = workload.release_method  # cpuset or affinity (controller)

@@ -282,7 +282,7 @@ def describe(topology: dict) -> list[str]:
         params = (f"interval {lo}-{hi} ms, busy_factor {busy}, imbalance_pct {imb}, "
                   f"cache_nice_tries {tries}" if lo is not None else "parameters not read")
         lines.append(f"domain{i} {name} span {format_cpulist(list(span)) or '?'} "
-                     f"(CPU{'s' if len(cpus) > 1 else ''} {format_cpulist(cpus)}): {params}")
+                     f"({'CPU' if len(cpus) == 1 else 'CPUs'} {format_cpulist(cpus)}): {params}")
     return lines
 
 

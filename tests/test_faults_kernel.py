@@ -182,7 +182,7 @@ def test_a_worker_killed_by_someone_else_makes_the_run_incomplete(clean_host, tm
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     [line] = _error_lines(err)
-    assert line == (f"harmony: error: 1 worker(s) died during the run, not by the experiment's "
+    assert line == (f"harmony: error: 1 worker died during the run, not by the experiment's "
                     f"design: hmy-w01 (pid {victims[0]}) killed by SIGKILL")
     m = json.loads((out / "manifest.json").read_text())
     assert m["status"] == "incomplete" and "hmy-w01" in m["incomplete_reason"]

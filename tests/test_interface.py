@@ -14,6 +14,7 @@ Hermetic: the runs are simulated (real run directories through the real pipeline
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import pty
@@ -84,11 +85,21 @@ def results(tmp_path_factory):
     (root / "empty").mkdir()
     (root / "corrupt-suite").mkdir()
     (root / "corrupt-suite" / "suite.json").write_text('{"configs": [')
+    # a suite whose runs are whole but whose suite.json is cut short; one without suite.json
+    shutil.copytree(root / "suite", root / "cut-suite")
+    record = root / "cut-suite" / "suite.json"
+    record.write_text(record.read_text()[:40])
+    shutil.copytree(root / "suite", root / "runs-only")
+    (root / "runs-only" / "suite.json").unlink()
+    shutil.copytree(root / "batch", root / "cut-batch")
+    (root / "cut-batch" / "batch.json").write_text("{")
     (root / "junk.dat").write_bytes(b"hello, not a trace\n" * 10)
     return {"root": root, "run": run, "batch": root / "batch", "suite": root / "suite",
             "corrupt": root / "corrupt", "incomplete": root / "incomplete",
             "empty": root / "empty", "missing": root / "missing", "junk": root / "junk.dat",
             "corrupt_suite": root / "corrupt-suite", "nosummary": root / "nosummary",
+            "cut_suite": root / "cut-suite", "runs_only": root / "runs-only",
+            "cut_batch": root / "cut-batch",
             "nokeys": root / "nokeys", "foreign": root / "foreign",
             "truncated": root / "truncated", "suite_screen": suite_screen}
 
@@ -154,6 +165,20 @@ CONTRACT = [
     (["infer", "{nosummary}"], 1, "harmony: error: {nosummary}/summary.json: not found\n"),
     (["compare", "{nosummary}", "thesis-2011"], 1,
      "harmony: error: {nosummary}/summary.json: not found\n"),
+    # a suite's or batch's record cut short: the same error whichever command reads it (infer and
+    # compare read the runs under it too); a folder of runs without one is read for its runs
+    (["report", "{cut_suite}"], 1, "harmony: error: {cut_suite}/suite.json: corrupt JSON"),
+    (["infer", "{cut_suite}"], 1, "harmony: error: {cut_suite}/suite.json: corrupt JSON"),
+    (["compare", "{cut_suite}", "thesis-2011"], 1,
+     "harmony: error: {cut_suite}/suite.json: corrupt JSON"),
+    (["compare", "{suite}", "{cut_suite}"], 1,
+     "harmony: error: {cut_suite}/suite.json: corrupt JSON"),
+    (["infer", "{cut_batch}"], 1, "harmony: error: {cut_batch}/batch.json: corrupt JSON"),
+    (["compare", "{cut_batch}", "thesis-2011"], 1,
+     "harmony: error: {cut_batch}/batch.json: corrupt JSON"),
+    (["report", "{runs_only}"], 1, "{runs_only}: not a run, batch or suite directory"),
+    (["infer", "{runs_only}"], 0, "Policy card: 2 runs"),
+    (["compare", "{runs_only}", "{suite}"], 0, "sources:"),
     # import
     (["import", "{missing}", "--pid", "1", "--out", "{tmp}/i"], 1, "{missing}: no such file"),
     (["import", "{junk}", "--pid", "1", "--out", "{tmp}/i"], 1, "{junk}"),
@@ -230,6 +255,10 @@ USAGE_LINES = [
     (["import", "{junk}", "--comm", "x", "-e", "heavy-light"], "heavy-light cannot be imported"),
     (["export", "{run}", "--format", "pcap"], "Invalid value for '--format'"),
     (["kernel", "build", "no-such"], "unknown kernel to build"),
+    (["kernel", "fetch", "no-such"], "unknown kernel 'no-such'"),
+    (["scx", "build", "no-such"], "unknown Rust scheduler 'no-such'"),     # before any cargo
+    (["matrix", "{junk}"], "junk.dat: not a TOML plan"),
+    (["matrix", "{missing}"], "missing: no such plan"),
     (["list", "--bogus"], "No such option '--bogus'"),
 ]
 
@@ -242,8 +271,9 @@ def test_a_usage_error_is_one_line_naming_the_help(results, argv, says):
     assert p.returncode == 2, p.stderr
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("harmony: error: "), p.stderr
     assert says in p.stderr, p.stderr
-    command = [a for a in argv if not a.startswith(("-", "{"))][:1 if argv[0] != "kernel" else 2]
-    if argv[0] not in ("nosuch", "kernel"):
+    command = [a for a in argv if not a.startswith(("-", "{"))][
+        :2 if argv[0] in ("kernel", "scx") else 1]
+    if argv[0] != "nosuch":
         assert p.stderr.rstrip().endswith(f"(harmony {' '.join(command)} --help)"), p.stderr
 
 
@@ -641,6 +671,42 @@ def test_no_string_the_product_prints_names_its_tracker():
             found += [f"{f.relative_to(root)}:{node.lineno}" for node in ast.walk(tree)
                       if isinstance(node, ast.Constant) and isinstance(node.value, str)
                       and id(node) not in docs and tracker.search(node.value)]
+    assert not found, found
+
+
+def _text(node) -> str | None:
+    return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+
+def test_no_count_is_worded_by_hand():
+    """A count agrees with its noun through one helper (harmony.core.wording.plural, which
+    harmony.cli.common re-exports): no "2 worker(s)" (a count before a noun(s)), no
+    ``'s' if n != 1 else ''`` nor ``'s' * (n > 1)`` of a module's own, at any layer (the
+    analysis and the VM topology included, which may not import the CLI)."""
+    from harmony.cli import common
+    from harmony.core import wording
+
+    assert common.plural is wording.plural
+    assert [wording.plural(k, "LLC") for k in (0, 1, 2)] == ["0 LLCs", "1 LLC", "2 LLCs"]
+    assert wording.plural(2, "run or configuration", "runs or configurations") == \
+        "2 runs or configurations"
+    root = Path(__file__).resolve().parent.parent
+    noun_s = re.compile(r"^ [\w-]+\(s\)")
+    found = []
+    for package in ("harmony", "analysis", "experiments", "probes"):
+        for f in sorted((root / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                where = f"{f.relative_to(root)}:{getattr(node, 'lineno', '?')}"
+                if isinstance(node, ast.JoinedStr):     # f"{n} task(s)"
+                    found += [where for a, b in zip(node.values, node.values[1:])
+                              if isinstance(a, ast.FormattedValue) and isinstance(b, ast.Constant)
+                              and noun_s.search(str(b.value))]
+                elif isinstance(node, ast.IfExp) and {_text(node.body), _text(node.orelse)} \
+                        == {"", "s"}:
+                    found.append(where)                 # 's' if n != 1 else ''
+                elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) \
+                        and "s" in (_text(node.left), _text(node.right)):
+                    found.append(where)                 # 's' * (n > 1)
     assert not found, found
 
 

@@ -112,6 +112,29 @@ def test_a_plan_that_is_not_toml_names_its_file(tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and not (tmp_path / "m").exists()
     assert r.stderr.count("\n") == 1 and "broken.toml: not a TOML plan" in r.stderr
+    assert r.stderr.startswith("harmony: error: ") and \
+        r.stderr.rstrip().endswith("(harmony matrix --help)"), r.stderr
+
+
+def test_a_plan_with_bad_cells_is_a_usage_error_naming_the_help(tmp_path):
+    """Bad input, as a bad option is (status 2, the command's --help named on the error's line),
+    the bad cells listed under it, one a line."""
+    p = tmp_path / "bad.toml"
+    p.write_text("""
+        repeatt = 2
+        [[matrix]]
+        kernels = ["simulated"]
+        schedulers = ["no-such-policy", "poly-balance"]
+        topologies = [4]
+    """)
+    r = subprocess.run(HARMONY + ["matrix", str(p), "--out", str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=60, env={**os.environ,
+                                                                         "NO_COLOR": "1"})
+    assert r.returncode == 2 and "Traceback" not in r.stderr and not (tmp_path / "m").exists()
+    first, *problems = r.stderr.rstrip("\n").split("\n")
+    assert first == f"harmony: error: {p}: 2 problems (harmony matrix --help):", r.stderr
+    assert len(problems) == 2 and "unknown key 'repeatt'" in problems[0], r.stderr
+    assert "simulated-no-such-policy-4" in problems[1] and "--help" not in problems[1]
 
 
 # --- the local path -------------------------------------------------------------------------------

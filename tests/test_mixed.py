@@ -303,7 +303,7 @@ def test_single_source_that_loses_its_balance_gives_both_times(tmp_path):
     run = write_run(tmp_path / "lost", "single-source", s.events(), tasks, [0, 1], at(2.5), {})
     assert run.summary["time_to_balance_s"] is None and run.summary["balance_entries"] == 1
     lines = get_experiment("single-source").describe(run.summary)
-    assert any("1000.0 ms after t0 first, not for good (entered balance 1 time(s))" in ln
+    assert any("1000.0 ms after t0 first, not for good (entered balance 1 time)" in ln
                for ln in lines)
     assert "migrations after balance     n/a (not balanced for good)" in lines
     ttr = dict(run.summary, x=2, balanced_s=1.0, rounds_onto_target=0, moved_to_target=0)

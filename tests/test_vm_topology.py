@@ -62,6 +62,20 @@ def test_bad_specs_are_refused_in_one_line(text, why):
     assert "\n" not in str(exc.value)
 
 
+def test_a_refusal_and_a_shape_count_their_units_in_words():
+    """'2 LLCs', '1 LLC', never 'LLC(s)': the counts agree with their nouns (harmony.core.wording,
+    light enough for the guest agent, which imports this module)."""
+    with pytest.raises(ParameterError) as exc:
+        vt.parse("sockets=2,numa=3")
+    assert "numa=3: 2 LLCs cannot be split evenly into 3 nodes" in str(exc.value)
+    with pytest.raises(ParameterError) as exc:
+        vt.parse("sockets=1,cores=4,numa=2")
+    assert "numa=2: 1 LLC cannot be split evenly into 2 nodes" in str(exc.value)
+    assert "(s)" not in str(exc.value)
+    assert vt.parse("sockets=1,cores=1").describe() == \
+        "1 socket x 1 die x 1 core x 1 thread = 1 vCPU, LLC per socket, 1 NUMA node"
+
+
 def test_node_memory_and_nr_cpus():
     with pytest.raises(ParameterError, match="each needs 128M"):
         vt.check_memory(vt.parse("2node"), 200)

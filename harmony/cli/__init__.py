@@ -117,6 +117,17 @@ def help_of(ctx) -> str:
     return " ".join(["harmony", *reversed(names), "--help"])
 
 
+def naming_help(msg: str, help_line: str) -> str:
+    """A usage error's line, ``(harmony CMD --help)`` at its end. A message that lists its
+    problems under a first line (a matrix plan's bad cells, one a line) names the help on that
+    first line, not after the last problem."""
+    first, nl, rest = msg.partition("\n")
+    if not nl:
+        return f"{msg} ({help_line})"
+    return (f"{first.removesuffix(':')} ({help_line})" + (":" if first.endswith(":") else "")
+            + nl + rest)
+
+
 def entry() -> None:
     """The console script: :func:`main`, then a quick exit. Tearing the interpreter down frees a
     suite's few hundred MB of Python objects one by one (0.3-0.5 s measured); the kernel frees
@@ -140,7 +151,7 @@ def entry() -> None:
     except SystemExit as exc:
         code = exc.code
     except click.UsageError as exc:            # a usage error: one line, status 2
-        error_line(f"{exc.format_message()} ({help_of(exc.ctx)})")
+        error_line(naming_help(exc.format_message(), help_of(exc.ctx)))
         code = exc.exit_code
     except click.ClickException as exc:
         exc.show()

@@ -30,6 +30,7 @@ import click
 
 from harmony.core import osutil
 from harmony.core.errors import HarmonyError, IncompleteRun, Interrupted, ParameterError
+from harmony.core.wording import plural  # the commands import it from here
 
 #: the exit statuses of every command (harmony --help prints this; docs/cli.md explains it)
 EXIT_STATUSES = (
@@ -157,12 +158,18 @@ def error_message(exc: BaseException) -> str:
 @contextlib.contextmanager
 def exit_on_error(marked=None, also: tuple = ()):
     """Every command's errors: Harmony's (and ``also`` these types) become one line and the
-    status :func:`exit_status` gives; ``marked`` (a string, or a function giving one) says what an
-    interrupted command leaves behind ("<dir> is marked incomplete"). An incomplete run is
-    followed by what can still be done with it."""
+    status :func:`exit_status` gives. Bad input (a :class:`ParameterError`: an unknown kernel,
+    scheduler or experiment, a bad plan or topology) is a usage error, raised as click's
+    ``UsageError``: the line names the command's --help (``harmony.cli.entry``), status 2.
+    ``marked`` (a string, or a function giving one) says what an interrupted command leaves
+    behind ("<dir> is marked incomplete"). An incomplete run is followed by what can still be
+    done with it."""
     try:
         yield
     except (KeyboardInterrupt, HarmonyError, *also) as exc:
+        if isinstance(exc, ParameterError):     # bad input: a usage error, as click's own are
+            raise click.UsageError(error_message(exc),
+                                   ctx=click.get_current_context(silent=True)) from None
         msg = error_message(exc)
         if marked and isinstance(exc, (KeyboardInterrupt, Interrupted)):
             said = marked() if callable(marked) else marked
@@ -245,11 +252,6 @@ def resolve_cpus(text: str | None) -> list[int]:
 def default_out(prefix: str) -> Path:
     """The directory a command writes when not given --out: ``runs/<prefix>-<time>``."""
     return Path("runs") / f"{prefix}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
-
-
-def plural(n: int, noun: str, nouns: str | None = None) -> str:
-    """"1 run", "2 runs": a count that agrees with its noun."""
-    return f"{n} {noun if n == 1 else (nouns or noun + 's')}"
 
 
 def print_json(obj) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from harmony.cli.common import exit_on_error, fail, json_option, print_json, quiet_option
+from harmony.cli.common import exit_on_error, json_option, print_json, quiet_option
 
 
 def _progress(quiet: bool):
@@ -67,7 +67,8 @@ def kernel_build(name, rebuild, jobs, quiet):
     from harmony.vm import kernels
 
     if name not in kernels.BUILT:
-        fail(f"unknown kernel to build {name!r}: give one of {', '.join(kernels.BUILT)}", 2)
+        raise click.UsageError(f"unknown kernel to build {name!r}: give one of "
+                               f"{', '.join(kernels.BUILT)}")
     t0 = time.monotonic()
     with exit_on_error():
         k = kernels.build(name, rebuild=rebuild, jobs=jobs,
@@ -86,7 +87,7 @@ def kernel_fetch(name, quiet):
     from harmony.vm import kernels
 
     if name not in kernels.NAMED:
-        fail(f"unknown kernel {name!r}: give one of {kernels.known_names()}", 2)
+        raise click.UsageError(f"unknown kernel {name!r}: give one of {kernels.known_names()}")
     with exit_on_error():
         k = kernels.fetch(name, progress=_progress(quiet))
     click.echo(f"{k.spec}: {k.source['package']} {k.source['version']}, release {k.release}, "

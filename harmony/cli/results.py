@@ -186,15 +186,21 @@ def _batch_report(out: Path, as_json: bool, dest: Path | None):
 
 
 def _check_sources(dirs) -> None:
-    """Each directory given that is a run opens (missing, corrupt or incomplete: its one error,
-    with what can still be done); one that is not a directory is named."""
-    from harmony.store import missing_dir, open_run
+    """Each directory given opens as ``harmony report`` and harmony.load open it, though infer
+    and compare read the runs under it: a run (missing, corrupt or incomplete: its one error, with
+    what can still be done), a batch or a suite by its record (batch.json, suite.json: corrupt,
+    the one error naming the file); one that is not a directory is named. A directory with none
+    of these files is a folder of results, read for the runs under it."""
+    from harmony.store import RESULT_FILES, missing_dir, open_run, read_json
 
     for d in map(Path, dirs):
         if not d.is_dir():
             raise missing_dir(d)
-        if (d / "manifest.json").exists():
+        record = next((name for name in RESULT_FILES if (d / name).exists()), None)
+        if record == "manifest.json":
             open_run(d)
+        elif record is not None:
+            read_json(d / record)
 
 
 @click.command()

@@ -44,6 +44,7 @@ import re
 
 from harmony.core.errors import ParameterError
 from harmony.core.osutil import format_cpulist
+from harmony.core.wording import plural
 from harmony.probes.domains import chain_keys
 
 #: the largest count of each kind accepted (the VM takes at most 64 vCPUs: --vm-cpus's bound)
@@ -101,12 +102,10 @@ class VmTopology:
 
     def describe(self) -> str:
         """One line: the preset (if any) and the shape."""
-        def n(k, noun):
-            return f"{k} {noun}{'' if k == 1 else 's'}"
-
-        shape = (f"{n(self.sockets, 'socket')} x {n(self.dies, 'die')} x {n(self.cores, 'core')} "
-                 f"x {n(self.threads, 'thread')} = {self.vcpus} vCPUs, LLC per {self.llc}, "
-                 f"{n(self.numa, 'NUMA node')}")
+        shape = (f"{plural(self.sockets, 'socket')} x {plural(self.dies, 'die')} x "
+                 f"{plural(self.cores, 'core')} x {plural(self.threads, 'thread')} = "
+                 f"{plural(self.vcpus, 'vCPU')}, LLC per {self.llc}, "
+                 f"{plural(self.numa, 'NUMA node')}")
         return f"{self.preset} ({shape})" if self.preset else shape
 
     def smp(self) -> str:
@@ -308,8 +307,9 @@ def _check(topo: VmTopology) -> None:
                              "7.2 (llc=socket cannot be made)")
     units = topo.sockets * (topo.dies if topo.llc == "die" else 1)      # LLCs
     if topo.numa > units or units % topo.numa:
-        raise ParameterError(f"--vm-topology numa={topo.numa}: the {units} LLC(s) cannot be "
-                             f"split evenly into {topo.numa} nodes (an LLC never spans nodes)")
+        raise ParameterError(f"--vm-topology numa={topo.numa}: {plural(units, 'LLC')} cannot "
+                             f"be split evenly into {plural(topo.numa, 'node')} (an LLC never "
+                             "spans nodes)")
     if topo.distance is not None and topo.numa == 1:
         raise ParameterError("--vm-topology distance= needs NUMA nodes (numa=)")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from harmony.core.errors import CpusetUnavailable  # noqa: F401  (raised here)
 from harmony.core.osutil import lock_dir, parse_cpulist, pid_alive
+from harmony.core.wording import plural
 
 PREFIX = "harmony-"
 MARKER = "cpuset-enabled-by-"  # file in the lock directory: this pid enabled +cpuset at the v2 root
@@ -211,7 +212,8 @@ def reclaim_stale() -> list[str]:
                     except ProcessLookupError:
                         pass
             errors = _remove_tree(parent)
-            what = f"cpuset cgroup {parent}" + (f" ({killed} member(s) killed)" if killed else "")
+            what = f"cpuset cgroup {parent}" + (f" ({plural(killed, 'member')} killed)"
+                                                if killed else "")
             removed += [f"{what}: {e}" for e in errors] if errors else [what]
     for marker in lock_dir().glob(f"{MARKER}*"):
         owner = marker.name[len(MARKER):]
