@@ -268,14 +268,24 @@ def implied_scheduler(release: str | None = None) -> str | None:
     return "EEVDF" if version >= (6, 6) else "CFS"
 
 
+#: the environment variable naming the config of the kernel running (set by the VM runner for
+#: its guest: a Debian kernel's /boot is not the guest's, nor has a built one /proc/config.gz)
+KERNEL_CONFIG_ENV = "HARMONY_KERNEL_CONFIG"
+
+
 def kernel_config(release: str | None = None) -> tuple[dict[str, str], str | None]:
-    """({CONFIG_X: value}, source path) from /boot/config-<release> or /proc/config.gz."""
+    """({CONFIG_X: value}, source path) from the file :data:`KERNEL_CONFIG_ENV` names, else
+    /boot/config-<release> or /proc/config.gz."""
     release = os.uname().release if release is None else release
     text, source = None, None
-    boot = Path(f"/boot/config-{release}")
-    try:
-        text, source = boot.read_text(errors="replace"), str(boot)
-    except OSError:
+    paths = [Path(p) for p in [os.environ.get(KERNEL_CONFIG_ENV)] if p]
+    for path in [*paths, Path(f"/boot/config-{release}")]:
+        try:
+            text, source = path.read_text(errors="replace"), str(path)
+            break
+        except OSError:
+            continue
+    if text is None:
         try:
             with gzip.open(PROC / "config.gz", "rt", errors="replace") as f:
                 text, source = f.read(), str(PROC / "config.gz")

@@ -219,3 +219,19 @@ def test_release_check_says_which_release_a_run_would_use(monkeypatch):
         before = os.sched_getscheduler(0)
         assert release_check({"state": "not built"}, two)["mode"] == "occupied"
         assert os.sched_getscheduler(0) == before       # the try is undone
+
+
+def test_the_kernel_config_a_vm_runner_names_is_read_first(tmp_path, monkeypatch):
+    """A guest's /boot is the host's and a Debian kernel has no /proc/config.gz: the VM runner
+    names the kernel's config (HARMONY_KERNEL_CONFIG) and the facts read its HZ from there."""
+    from harmony import doctor
+
+    conf = tmp_path / "kernel-config"
+    conf.write_text("CONFIG_HZ_250=y\nCONFIG_HZ=250\nCONFIG_PREEMPT_VOLUNTARY=y\n")
+    monkeypatch.setenv(hostfacts.KERNEL_CONFIG_ENV, str(conf))
+    config, source = hostfacts.kernel_config("no-such-release")
+    assert source == str(conf) and hostfacts.config_hz(config) == 250
+    assert doctor.check_hz(config, source)["hz"] == 250
+    monkeypatch.setenv(hostfacts.KERNEL_CONFIG_ENV, str(tmp_path / "gone"))
+    monkeypatch.setattr(hostfacts, "PROC", tmp_path / "proc")        # no /proc/config.gz
+    assert hostfacts.kernel_config("no-such-release") == ({}, None)  # then /boot, /proc: none

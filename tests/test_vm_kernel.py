@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,6 +87,11 @@ def _a_debian_6_1_run_at_4_vcpus(m: dict) -> None:
     assert vm["window_host_s"] >= 1 and vm["window_guest_s"] >= 1 and vm["guest_clock_rate"] > 0
     kc = m["kernel_counter_agreement"]
     assert kc["disagreeing"] == 0 and kc["tasks"] == 8, kc
+    # the guest's tick rate (the predictions' jiffy) is its kernel's, as the package's own config
+    # beside its image on the host says: the guest's /boot is the host's
+    k = vm["kernel"]
+    config = (Path(k["image"]).parent / f"config-{k['release']}").read_text()
+    assert under["hz"] == int(re.search(r"^CONFIG_HZ=(\d+)$", config, re.M).group(1))
 
 
 @pytest.mark.needs_tool(*VM_TOOLS)

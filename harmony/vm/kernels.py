@@ -427,13 +427,26 @@ def seed_matches(rec: dict, seed: Path, version: str) -> tuple[bool, str]:
     return True, ""
 
 
+def kernel_config_text(kernel) -> str | None:
+    """The configuration of ``kernel``: a Debian package's ``boot/config-RELEASE`` beside its
+    image, or a build's ``config.gz``; None where neither is found."""
+    d = Path(kernel.image).parent
+    for path in (d / f"config-{kernel.release}", d / "config.gz"):
+        try:
+            data = path.read_bytes()
+            return (gzip.decompress(data) if path.suffix == ".gz" else data).decode(
+                errors="replace")
+        except (OSError, EOFError, gzip.BadGzipFile):
+            continue
+    return None
+
+
 def built_config(name: str, cache: Path | None = None) -> str | None:
     """The .config of the built kernel ``name`` (its ``config.gz``), None if it is not built or
     its config cannot be read."""
     try:
-        return gzip.decompress((kernel(name, cache).image.parent / "config.gz").read_bytes()
-                               ).decode(errors="replace")
-    except (KernelError, OSError, EOFError, gzip.BadGzipFile):
+        return kernel_config_text(kernel(name, cache))
+    except KernelError:
         return None
 
 

@@ -9,13 +9,13 @@ it can run). Bad input raises :class:`~harmony.core.errors.ParameterError` (a us
 
 from __future__ import annotations
 
-import gzip
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from harmony.core.errors import ParameterError, VmError
 from harmony.vm import kernels, scx, scx_build
+from harmony.vm.kernels import kernel_config_text
 from harmony.vm.machine import QemuSetting, missing_tools, setting_from_env
 from harmony.vm.topology import VmTopology, check_memory, nr_cpus
 from harmony.vm.topology import parse as parse_topology
@@ -119,20 +119,6 @@ def check_kernel_topology(kernel, topology: VmTopology | None) -> None:
 
 def _spans(chains: dict) -> dict:
     return {cpu: [sorted(span) for _, span in chain] for cpu, chain in chains.items()}
-
-
-def kernel_config_text(kernel) -> str | None:
-    """The configuration of ``kernel``: a Debian package's ``boot/config-RELEASE`` beside its
-    image, or a build's ``config.gz``; None where neither is found."""
-    d = Path(kernel.image).parent
-    for path in (d / f"config-{kernel.release}", d / "config.gz"):
-        try:
-            data = path.read_bytes()
-            return (gzip.decompress(data) if path.suffix == ".gz" else data).decode(
-                errors="replace")
-        except (OSError, EOFError, gzip.BadGzipFile):
-            continue
-    return None
 
 
 def plan_scx(name: str | None, args: str | None, kernel: str | None, params: list[dict]):

@@ -15,11 +15,13 @@ from pathlib import Path
 from harmony import store
 from harmony.core.errors import Interrupted, VmError
 from harmony.core.osutil import harmony_python
+from harmony.hostfacts import KERNEL_CONFIG_ENV
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
 from harmony.run import land
 from harmony.runners import analyse_groups
 from harmony.vm.guest import PlannedRun, job_line, write_job
+from harmony.vm.kernels import kernel_config_text
 from harmony.vm.machine import (
     QemuSetting,
     VirtualMachine,
@@ -181,6 +183,7 @@ class VmRunner:
         argv, env = harmony_python("harmony.vm.guest", str(self.jobdir / "job.json"), "--more")
         env = [f"{k}={v}" for k, v in env.items()
                if k.startswith("HARMONY_") or k == "PYTHONPATH"]
+        env += self._kernel_config()
         command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, *argv]
         self.vm = VirtualMachine(self.kernel, self.vcpus, self.memory_mb, self.setting,
                                  console_log=console, topology=self.topology)
@@ -188,6 +191,18 @@ class VmRunner:
         self.say(f"booting {self.kernel.describe()} with {self.vcpus} vCPUs{shape}")
         self.vm.start(command, rwdir, scratch=self.jobdir)
         self.jobs = 1
+
+    def _kernel_config(self) -> list[str]:
+        """The kernel's config for the guest's facts (its HZ, preemption model), in the job
+        directory: the guest sees neither a Debian kernel's boot/config beside its image (the
+        kernel cache is under a tmpfs there) nor, as its own /boot, anything but the host's.
+        The environment setting that names it, or none where the kernel has no config."""
+        text = kernel_config_text(self.kernel)
+        if text is None:
+            return []
+        path = self.jobdir / "kernel-config"
+        path.write_text(text)
+        return [f"{KERNEL_CONFIG_ENV}={path}"]
 
     def _scx_path(self, runs: list[PlannedRun]) -> None:
         """The guest sees the host's files but not all (virtme-ng mounts a tmpfs over
