@@ -298,7 +298,9 @@ def detection_rows(run, src: int, dst: int, level: str) -> list[dict]:
     """Check 1: the first pull after the cut comes within the balancing CPU's period at the
     pair's level (see the module docstring), by the case the run was in when the cut was done:
     the target alone in its group (it balances, busy); an idle CPU of its group balancing for
-    it, the target's group below the domain's average load; or the target's group at or above
+    it, the target's group below the domain's average load (where the run kept its own threads
+    on those CPUs, ``controller_cpus``, one may be busy at its balance: the busy period bounds
+    it); or the target's group at or above
     that average (the idle CPUs outside the set dilute it), which only the affinity path
     moves tasks for (``group_imbalanced``, raised by the source's group's idle CPUs, whose
     pinned attempts double their interval up to MAX_PINNED_INTERVAL)."""
@@ -314,8 +316,18 @@ def detection_rows(run, src: int, dst: int, level: str) -> list[dict]:
         period = interval_ms(d["max_interval"], d["busy_factor"], True, hz, n)
         who = "the target, busy, every busy_factor x max_interval - 1 jiffy"
     elif q_dst / len(local) < (q_src + q_dst) / len(d["span"]):
-        period = interval_ms(d["max_interval"], 1, False, hz, n)
-        who = f"an idle CPU of its group ({_cl(local)}) balances for it every max_interval"
+        # the idle CPUs of its group outside the set are where the run keeps its own threads
+        # (controller_cpus): one of them running those is busy at its balance, every
+        # busy_factor x max_interval (should_we_balance picks an idle CPU of the group first)
+        ours = sorted(set(m.get("controller_cpus") or ()) & (set(local) - set(m["cpus"])))
+        if ours:
+            period = interval_ms(d["max_interval"], d["busy_factor"], True, hz, n)
+            who = (f"a CPU of its group ({_cl(local)}) balances for it, idle every "
+                   f"max_interval, but busy_factor x max_interval while Harmony's own threads "
+                   f"ran on {_cl(ours)} (the run's controller_cpus)")
+        else:
+            period = interval_ms(d["max_interval"], 1, False, hz, n)
+            who = f"an idle CPU of its group ({_cl(local)}) balances for it every max_interval"
     else:
         period = interval_ms(MAX_PINNED_INTERVAL, 1, False, hz, n) + interval_ms(
             d["max_interval"], 1, False, hz, n)

@@ -389,3 +389,28 @@ def test_under_one_queue_no_level_is_read_as_balancing_periodically(tmp_path):
     alone = policy.infer(sorted(root.glob("detection-llc-*")))  # no whole set: nothing to follow
     assert alone.answer("how_many").label != "global-queue"
     assert policy_levels_labels(alone, "detection")["llc"] != "not applicable (global queue)"
+
+
+def test_a_group_cpu_running_harmonys_threads_balances_as_busy(tmp_path):
+    """Detection across a package of a 2-LLC machine: the target's group (2-3) is below the
+    domain's average, so an idle CPU of it balances for it every max_interval; where the run
+    kept its own threads on CPU 3 (controller_cpus, outside the set), that CPU may be busy at
+    its balance, and the bound is the busy one (busy_factor x max_interval)."""
+    from harmony import store
+
+    topo = machine_topology("2llc")
+    cpus = list(range(4))
+    pair = placed_cpus("package", cpus, topo)
+    assert pair == [0, 2]
+    exp = get_experiment("detection")
+    run = execute(refpolicy.get_policy("hierarchical"), exp,
+                  exp.resolve({**DETECTION, "level": "package"}, pair), pair, tmp_path / "r",
+                  seed=0, figures=False, topology=topo)
+    [idle] = predictions.detection_rows(store.open_run(run.path), 0, 2, "package")
+    assert idle["predicted"].startswith("first pull within 8 ms") and "idle CPU" in idle["predicted"]
+    m = store.read_json(run.path / "manifest.json")
+    store.write_json(run.path / "manifest.json", {**m, "controller_cpus": [1, 3]})
+    [busy] = predictions.detection_rows(store.open_run(run.path), 0, 2, "package")
+    assert "busy_factor x max_interval while Harmony's own threads ran on 3" in busy["predicted"]
+    bound = lambda row: float(row["predicted"].split("within ")[1].split(" ms")[0])  # noqa: E731
+    assert bound(busy) > 10 * bound(idle)
