@@ -407,7 +407,8 @@ def test_a_group_cpu_running_harmonys_threads_balances_as_busy(tmp_path):
                   exp.resolve({**DETECTION, "level": "package"}, pair), pair, tmp_path / "r",
                   seed=0, figures=False, topology=topo)
     [idle] = predictions.detection_rows(store.open_run(run.path), 0, 2, "package")
-    assert idle["predicted"].startswith("first pull within 8 ms") and "idle CPU" in idle["predicted"]
+    assert idle["predicted"].startswith("first pull within 8 ms")
+    assert "an idle CPU of its group (2-3)" in idle["predicted"]
     m = store.read_json(run.path / "manifest.json")
     store.write_json(run.path / "manifest.json", {**m, "controller_cpus": [1, 3]})
     [busy] = predictions.detection_rows(store.open_run(run.path), 0, 2, "package")
