@@ -370,9 +370,11 @@ def test_the_controllers_threads_are_kept_off_the_cpus_under_test_and_put_back()
 
     from harmony.workload.controller import keep_off, put_back
 
+    from conftest import host_skip
+
     mine = sorted(os.sched_getaffinity(0))
     if len(mine) < 2:
-        pytest.skip("needs two CPUs")
+        host_skip("needs two CPUs")
     ready, done = threading.Event(), threading.Event()
     tids = []
 
