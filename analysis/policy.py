@@ -332,11 +332,17 @@ def confidence_text(a: Answer) -> str:
         pooled = f"{c['label']} in {c['votes']} of {c['runs']} runs pooled, undecided"
         each = "; ".join(f"{name}: {_verdict(v).text()}"
                          for name, v in c["configurations"].items())
-        head = (f"decided at {T.DECIDE_LEVEL:.0%} in each of its {len(c['configurations'])} "
-                "configurations" if c["state"] == sequential.DECIDED else
-                f"varies at {T.DECIDE_LEVEL:.0%} by configuration")
-        return f"{head} ({pooled}){src}: {each}"
+        return f"{per_configuration_head(c)} ({pooled}){src}: {each}"
     return _verdict(c).text() + src
+
+
+def per_configuration_head(c: dict) -> str:
+    """A confidence answered by each configuration's own vote, in a few words: decided in each,
+    or varies by configuration."""
+    if c["state"] == sequential.DECIDED:
+        return (f"decided at {T.DECIDE_LEVEL:.0%} in each of its {len(c['configurations'])} "
+                "configurations")
+    return f"varies at {T.DECIDE_LEVEL:.0%} by configuration"
 
 
 def _verdict(c: dict) -> sequential.Verdict:
@@ -443,10 +449,8 @@ def _vote(per_run: list[tuple[Evidence, str | None]], a: Answer) -> None:
     configuration apart, recorded in the confidence (``configurations``); where the runs pooled
     are undecided and every configuration's vote is settled, those answer
     (:func:`harmony.analysis.sequential.by_configuration`; ``path`` says which did)."""
-    counts: dict[str, int] = {}
-    for _, lab in per_run:
-        key = lab if lab is not None else "no_label"
-        counts[key] = counts.get(key, 0) + 1
+    counts = dict(collections.Counter(lab if lab is not None else "no_label"
+                                      for _, lab in per_run))
     a.agreement = counts
     a.runs = [e.path for e, _ in per_run]
     votes = {k: v for k, v in counts.items() if k != "no_label"}
@@ -455,7 +459,7 @@ def _vote(per_run: list[tuple[Evidence, str | None]], a: Answer) -> None:
         return
     k = len(LABELS[a.qid])
     v = sequential.verdict(votes, k)
-    configs = {name: sequential.verdict(_counts(labels), k)
+    configs = {name: sequential.verdict(dict(collections.Counter(labels)), k)
                for name, labels in configurations(per_run).items()}
     state, path = sequential.by_configuration(v, configs)
     a.confidence = v.to_dict() | {"path": path}
@@ -474,13 +478,6 @@ def _vote(per_run: list[tuple[Evidence, str | None]], a: Answer) -> None:
         a.label = f"{VARIES} ({split} of {v.runs} runs)"
     else:
         a.label = UNDECIDED
-
-
-def _counts(labels: list[str]) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for lab in labels:
-        out[lab] = out.get(lab, 0) + 1
-    return out
 
 
 def _by_configuration_text(configs: dict[str, sequential.Verdict]) -> str:

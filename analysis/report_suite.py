@@ -545,10 +545,9 @@ def confidence_cell(a: policy.Answer) -> str:
         return ""
     level = f"{T.DECIDE_LEVEL:.0%}"
     if c.get("path") == sequential.PER_CONFIGURATION:
-        n = len(c["configurations"])
-        return (f"decided at {level} in each of its {n} configurations"
-                if c["state"] == sequential.DECIDED else
-                f"varies at {level} by configuration ({n} configurations)")
+        head = policy.per_configuration_head(c)
+        return (head if c["state"] == sequential.DECIDED
+                else f"{head} ({len(c['configurations'])} configurations)")
     if c["state"] == sequential.DECIDED:
         return f"decided at {level}: {c['label']} in at least {c['lower']:.0%} of runs"
     if c["state"] == sequential.VARIES:
