@@ -717,10 +717,8 @@ class _Run:
                 self.client.cancel(cells)
                 for f in cells:
                     pending.discard(f)
-                    self.failures.append({"cell": self.futures[f].id, "error":
-                                          f"{why}; gave up after {waited:.0f} s "
-                                          f"(--wait-host {self.wait_host:g})"})
-                    self.progress.failed += 1
+                    self.fail(self.futures[f].id, f"{why}; gave up after {waited:.0f} s "
+                                                  f"(--wait-host {self.wait_host:g})")
                 self.record = matrix.finish_record(self.out, self.plan, self.record,
                                                    self.failures, "running")
                 self.homeless.pop(kind, None)
@@ -737,19 +735,15 @@ class _Run:
             try:
                 result = f.result()
                 if result.get("failed"):
-                    self.failures.append({"cell": cell.id, "error": result["failed"]})
-                    progress.failed += 1
+                    self.fail(cell.id, result["failed"])
                     return
                 unpack(result, out, cell)
             except (HarmonyError, OSError) as exc:
-                self.failures.append({"cell": cell.id, "error": f"cannot store it: {exc}"})
-                progress.failed += 1
+                self.fail(cell.id, f"cannot store it: {exc}")
                 return
             if result.get("interrupted"):
-                self.failures.append({"cell": cell.id, "error": "interrupted on its worker: its "
-                                      f"runs so far are in {matrix.PARTIAL}/ (--resume goes on "
-                                      "from them)"})
-                progress.failed += 1
+                self.fail(cell.id, "interrupted on its worker: its runs so far are in "
+                                   f"{matrix.PARTIAL}/ (--resume goes on from them)")
                 return
             progress.done += 1
             progress.walls.append(result["record"].get("wall_s") or result["wall_s"])
@@ -758,8 +752,12 @@ class _Run:
             exc = f.exception()
         except Exception as e:      # cancelled, or the scheduler lost it
             exc = e
-        self.failures.append({"cell": cell.id, "error": failure_reason(exc)})
-        progress.failed += 1
+        self.fail(cell.id, failure_reason(exc))
+
+    def fail(self, cell_id: str, error: str) -> None:
+        """A cell that came to nothing: listed with its reason, counted on the progress line."""
+        self.failures.append({"cell": cell_id, "error": error})
+        self.progress.failed += 1
 
 
 def _stop(client, event: str, pending: set, collect, lost_after: float = LOST_AFTER_S) -> None:
