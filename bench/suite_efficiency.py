@@ -61,8 +61,8 @@ def configured_seconds(out: Path) -> tuple[float, list[dict]]:
     return sum(r["duration"] for r in runs), runs
 
 
-CAPTURE_STEPS = ("scheduler", "place", "spawn", "probe_start", "release", "measure", "stop",
-                 "write")
+CAPTURE_STEPS = ("scheduler", "place", "counters", "cpusets", "fork", "held", "tasks_table",
+                 "spawn", "probe_start", "release", "measure", "stop", "write")
 ANALYSIS_STEPS = ("decode", "tables", "checks", "metrics", "figures")
 
 

@@ -273,11 +273,13 @@ class _Capture:
         # the machine's shape where the tasks run: CPUs and scheduling domains (debugfs, with
         # sched/verbose on for the read where the kernel needs it, and /proc/schedstat)
         manifest["topology"] = domains.read()
+        self.laps("counters")
         self.workload = Workload(self.specs, self.cpus, seed=self.seed, warm_s=warm_s(params))
-        self.workload.spawn()  # before the probe's threads exist: fork with no threads running
+        # before the probe's threads exist: fork with no threads running
+        self.workload.spawn(laps=self.laps)
         self.stored["tasks"] = self.sink.put(out, "tasks", task_rows(self.specs,
                                                                      self.workload.pids))
-        self.laps("spawn")
+        self.laps("tasks_table")
         self.probe = get_probe(self.probe_name)(out / "raw" / self.probe_name, self.cpus,
                                                 params["duration"])
         if self.crosscheck:

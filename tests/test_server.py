@@ -27,7 +27,7 @@ from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 from harmony.core.errors import ControllerError, ParameterError
 from harmony.experiments import get_experiment
 from harmony.vm.guest import PlannedExperiment, PlannedRun, read_job, write_job
-from harmony.workload import serve
+from harmony.workload import forkserver, serve
 
 T0 = 1_000_000_000
 
@@ -318,14 +318,25 @@ def test_server_placement_by_hand():
     assert idle["server_cpu_jain"] is None
 
 
-def test_the_overhead_calibration_leaves_no_process():
-    def children():
-        return {pid for t in Path("/proc/self/task").iterdir()
-                for pid in (t / "children").read_text().split()}
+@pytest.mark.parametrize("served", [True, False], ids=["fork-server", "own-processes"])
+def test_the_overhead_calibration_leaves_no_process(served, monkeypatch):
+    """Its pairs forked by the fork server (or, without one, started as processes of their own),
+    and every one of them and their echoes reaped: the server has no child left."""
+    forkserver.shutdown()
+    if not served:
+        monkeypatch.setenv(forkserver.ENV, "0")
 
-    before = children()
+    def children(pid):
+        return {int(c) for t in Path(f"/proc/{pid}/task").iterdir()
+                for c in (t / "children").read_text().split()}
+
+    before = children(os.getpid())
     assert 0 < serve.measure_overhead([0, 1], 200) < 1_000_000  # a hop costs some us, not a ms
-    assert children() == before                        # the echo was reaped
+    server = forkserver._server
+    assert (server is not None) == served
+    assert children(os.getpid()) - before <= ({server.pid} if served else set())
+    if served:
+        assert children(server.pid) == set()
 
 
 def test_the_calibration_runs_every_cpu_at_once_both_ways_and_takes_the_dearer(monkeypatch):
@@ -348,11 +359,19 @@ def test_the_calibration_runs_every_cpu_at_once_both_ways_and_takes_the_dearer(m
     assert serve.measure_overhead([3]) == 1000          # one CPU: within it only
 
 
-def test_a_calibration_that_fails_is_one_error_and_leaves_no_process():
+@pytest.mark.parametrize("served", [True, False], ids=["fork-server", "own-processes"])
+def test_a_calibration_that_fails_is_one_error_and_leaves_no_process(served, monkeypatch):
+    forkserver.shutdown()
+    if not served:
+        monkeypatch.setenv(forkserver.ENV, "0")
     before = set(Path("/proc/self/task/%d/children" % os.getpid()).read_text().split())
     with pytest.raises(ControllerError, match="^the server's calibration failed: "):
         serve.measure_overhead([0, os.cpu_count() + 7], 50)      # a CPU that does not exist
-    assert set(Path("/proc/self/task/%d/children" % os.getpid()).read_text().split()) <= before
+    server = forkserver._server
+    after = set(Path("/proc/self/task/%d/children" % os.getpid()).read_text().split())
+    assert after - before <= ({str(server.pid)} if served and server else set())
+    if served:
+        assert Path(f"/proc/{server.pid}/task/{server.pid}/children").read_text().split() == []
 
 
 def _evidence(shape, load, **summary):

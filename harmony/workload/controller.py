@@ -414,10 +414,14 @@ class Workload:
         self.release_method = "affinity"
 
     # -- life cycle ---------------------------------------------------------------------------
-    def spawn(self, timeout_s: float = 30.0) -> None:
+    def spawn(self, timeout_s: float = 30.0, laps=None) -> None:
         """Fork every worker (from the fork server, or from this process if it cannot be used) and
-        wait until all of them are held at their start gate."""
+        wait until all of them are held at their start gate. ``laps`` (:class:`Laps`), if given,
+        times the steps: ``cpusets`` (the groups made), ``fork``, and ``held`` (till every worker
+        is at its gate)."""
+        lap = laps or (lambda step: None)
         self._confine()
+        lap("cpusets")
         tasks = []
         for slot, spec in enumerate(self.specs):
             join = (self.cpusets.procs_file(spec.initial_cpu)
@@ -441,7 +445,9 @@ class Workload:
             self._close_memfd()  # the server has mapped it, forked workers inherited the mapping
         n = len(self.specs)
         self.pids, self.occupier_pids = self.pids[:n], self.pids[n:]
+        lap("fork")
         self._wait_until_held(time.monotonic() + timeout_s, timeout_s)
+        lap("held")
         if worker.FAILED in [self._shared.words[self._shared.occupier(k)]
                              for k in range(len(self.occupier_pids))]:
             self._confined_why = "an occupier could not run as SCHED_FIFO on its CPU"

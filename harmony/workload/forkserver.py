@@ -38,9 +38,9 @@ import subprocess
 import sys
 import threading
 
-from harmony.core.errors import ForkServerError  # noqa: F401  (raised here)
+from harmony.core.errors import ControllerError, ForkServerError  # noqa: F401  (raised here)
 from harmony.core.osutil import PR_SET_NAME, die_with_parent, harmony_python, prctl
-from harmony.workload import worker
+from harmony.workload import serve, worker
 
 ENV = "HARMONY_FORKSERVER"
 COMM = "harmony-forksrv"  # 15 bytes, the most a comm holds
@@ -302,6 +302,15 @@ class _Server:
             self.owner[pid] = w
             pids.append(pid)
         return {"pids": pids, "pgid": w.pgid}
+
+    def op_calibrate(self, msg: dict, fds: list[int]) -> dict:
+        """The server's calibration (:func:`harmony.workload.serve.calibrate_forked`) on the
+        pairs of CPUs asked for: each pair's process forked from here, not started afresh."""
+        try:
+            return {"ns": serve.calibrate_forked(msg["pairs"], msg["rounds"],
+                                                 in_child=self.sock.close)}
+        except ControllerError as exc:
+            return {"failed": str(exc)}
 
     def _reap(self) -> None:
         while self.owner:

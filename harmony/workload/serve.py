@@ -57,6 +57,7 @@ import random
 import secrets
 import select
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -347,6 +348,111 @@ def measure_overhead(cpus: list[int], rounds: int = 2000) -> int:
 
 
 def _calibrate_at_once(pairs: list[list[int]], rounds: int) -> list[int]:
+    """:func:`calibrate` on each pair of CPUs of ``pairs``, their timed rounds started together;
+    ns per hop, by pair. Each pair runs in a process forked by the fork server
+    (:func:`calibrate_forked` there: a fork of a small process costs a few ms, where a fresh
+    ``python -m harmony.workload.serve`` costs its start and imports: 2-2.5 s each in a TCG guest
+    over 9p, bench/README.md), or, where the server cannot be used, in one of its own
+    (:func:`_calibrate_started`). A pair that takes more than ``CALIBRATION_TIMEOUT_S`` is
+    killed: ControllerError."""
+    from harmony.workload import forkserver     # imported here: forkserver -> worker -> serve
+
+    server, _ = forkserver.shared()
+    if server is None:
+        return _calibrate_started(pairs, rounds)
+    try:
+        reply = server.request({"op": "calibrate", "pairs": pairs, "rounds": rounds},
+                               timeout_s=CALIBRATION_TIMEOUT_S + 30)
+    except forkserver.ForkServerError as exc:
+        raise ControllerError(f"the server's calibration failed: {exc}") from None
+    if "failed" in reply:
+        raise ControllerError(reply["failed"])
+    return reply["ns"]
+
+
+def calibrate_forked(pairs: list[list[int]], rounds: int, in_child=None,
+                     timeout_s: float = CALIBRATION_TIMEOUT_S) -> list[int]:
+    """:func:`calibrate` on each pair of ``pairs`` in a child forked from this process (the fork
+    server's), in the fair class; each says it is warm on its pipe, and once all are, closing the
+    one pipe they wait on starts their timed rounds together. ns per hop, by pair.
+    ``in_child()``, if given, runs first in each child (the server closes its socket there).
+    ControllerError if a pair failed or took over ``timeout_s``; every child is reaped."""
+    deadline = time.monotonic() + timeout_s
+    go_r, go_w = os.pipe()
+    kids: list[tuple[int, int]] = []        # (pid, its pipe's read end)
+    try:
+        for pair in pairs:
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                _calibration_child(pair, rounds, go_r, (go_w, r, *(fd for _, fd in kids)), w,
+                                   in_child)
+            os.close(w)
+            kids.append((pid, r))
+        warm = [_read_until(fd, 1, deadline, timeout_s, pairs) for _, fd in kids]
+        failed = [(w, fd) for w, (_, fd) in zip(warm, kids) if w != b"w"]
+        if failed:                          # said why instead of warm: the others never start
+            outs = [failed[0][0] + _read_until(failed[0][1], 256, deadline, timeout_s, pairs)]
+        else:
+            os.close(go_w)
+            go_w = -1
+            outs = [w + _read_until(fd, 256, deadline, timeout_s, pairs)
+                    for w, (_, fd) in zip(warm, kids)]
+    finally:
+        for fd in (go_r, go_w, *(fd for _, fd in kids)):
+            if fd >= 0:
+                os.close(fd)
+        for pid, _ in kids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    for out in outs:
+        if len(out) != 9 or out[:1] != b"w":
+            raise ControllerError("the server's calibration failed: "
+                                  + out.lstrip(b"w").decode(errors="replace")[-200:])
+    return [struct.unpack("<q", out[1:])[0] for out in outs]
+
+
+def _read_until(fd: int, n: int, deadline: float, timeout_s: float, pairs) -> bytes:
+    """Up to ``n`` bytes of ``fd`` (fewer at its end of file); ControllerError at ``deadline``."""
+    got = b""
+    while len(got) < n:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise ControllerError(f"the server's calibration took over {timeout_s:g} s "
+                                  f"(on CPUs {pairs})")
+        chunk = os.read(fd, n - len(got))
+        if not chunk:
+            break
+        got += chunk
+    return got
+
+
+def _calibration_child(pair, rounds: int, go: int, others, out: int, in_child) -> None:
+    """One pair's process of :func:`calibrate_forked` (never returns): "w" once warm, then its
+    ns per hop (8 bytes), or what failed."""
+    code = 1
+    try:
+        for fd in others:
+            os.close(fd)
+        if in_child is not None:
+            in_child()
+        os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+
+        def ready():
+            os.write(out, b"w")
+            os.read(go, 1)                  # end of file: every pair is warm
+        ns = calibrate(rounds, cpus=(int(pair[0]), int(pair[1])), ready=ready)
+        os.write(out, struct.pack("<q", ns))
+        code = 0
+    except BaseException as exc:
+        with contextlib.suppress(BaseException):
+            os.write(out, f"{type(exc).__name__}: {exc}".encode()[-200:])
+    finally:
+        os._exit(code)
+
+
+def _calibrate_started(pairs: list[list[int]], rounds: int) -> list[int]:
     """:func:`calibrate` on each pair of CPUs of ``pairs`` in a small process of its own
     (``python -m harmony.workload.serve``), their timed rounds started together (each says it is
     warm and waits for a line on its input); ns per hop, by pair. A pair that takes more than
