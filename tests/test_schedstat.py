@@ -117,6 +117,30 @@ def test_a_run_turns_the_counting_on_and_back_off(tmp_path, monkeypatch):
     assert not r.counting() and "version 99" in r.why_not
 
 
+def test_a_guest_switches_the_counting_on_once_and_its_runs_never_switch_it(tmp_path,
+                                                                             monkeypatch):
+    """The VM agent's switch_on_for_the_boot: on, left on by every run, each run's facts say
+    whose switch it was; a kernel without the switch is a reason, not an error."""
+    sysctl, stats = tmp_path / "sched_schedstats", tmp_path / "schedstat"
+    monkeypatch.setattr(schedstat, "SYSCTL", sysctl)
+    monkeypatch.setattr(schedstat, "SCHEDSTAT", stats)
+    monkeypatch.setattr(schedstat, "_on_for_the_boot", False)
+    stats.write_text(V16)
+    assert "CONFIG_SCHEDSTATS" in schedstat.switch_on_for_the_boot()
+    sysctl.write_text("0\n")
+    assert schedstat.switch_on_for_the_boot() is None and sysctl.read_text() == "1"
+    for _ in range(2):
+        r = schedstat.Reads()
+        r.begin()
+        r.take("start")
+        r.take("end")
+        r.restore()
+        facts = r.facts()
+        assert sysctl.read_text() == "1"
+        assert facts["counting"] and facts["enabled_for_the_boot"]
+        assert not facts["enabled_for_the_run"]
+
+
 def _facts(start: dict, end: dict) -> dict:
     """Reads of two CPUs: {cpu: {counter: value}} at the start (ns 100-110) and the end (900-910),
     as the manifest keeps them (JSON: CPU keys are strings)."""
@@ -267,7 +291,7 @@ def test_causes_add_up_to_the_kernels_counts_in_a_debian_6_12_guest(kernel, tmp_
     assert p.returncode == 0, p.stderr
     m = store.read_json(out / "manifest.json")
     facts = m["kernel_schedstat"]
-    assert facts["counting"] and facts["enabled_for_the_run"], facts
+    assert facts["counting"] and facts["enabled_for_the_boot"], facts      # the agent's switch
     if m["lost_events"]:
         host_skip(f"the guest's run lost {m['lost_events']} events: its counts are not judged")
     kc = m["kernel_counter_agreement"]

@@ -54,7 +54,7 @@ from pathlib import Path
 from harmony import doctor, store
 from harmony.hygiene import HostLock
 from harmony.manifest import reason
-from harmony.probes import get_probe
+from harmony.probes import get_probe, schedstat
 from harmony.run import JsonRows, capture
 from harmony.vm.machine import LINE_PREFIX
 from harmony.vm.scx import Kept, ScxSpec
@@ -402,6 +402,9 @@ def main(argv: list[str]) -> int:
         return 2
     boot = Boot()
     try:
+        # on for every run of the boot, never switched between them (under TCG a switch is slow
+        # and may crash the guest): each run's kernel_schedstat says so
+        schedstat.switch_on_for_the_boot()
         runs = read_job(Path(argv[0]))
         topology = job_topology(Path(argv[0]))
         facts = guest_facts()
