@@ -394,8 +394,11 @@ class TracefsProbe(Probe):
         kept.user = self
         self.instance = kept.path
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        # each directory made once (not once per file: a round trip each where the run's
+        # directory is a VM's share)
+        for parent in sorted({(self.out_dir / rel).parent for rel in kept.formats}):
+            parent.mkdir(parents=True, exist_ok=True)
         for rel, data in kept.formats.items():
-            (self.out_dir / rel).parent.mkdir(parents=True, exist_ok=True)
             (self.out_dir / rel).write_bytes(data)
         self.meta = {k: v for k, v in kept.meta.items() if k not in ("started_ns",)}
         self.meta["instance_reused"] = True

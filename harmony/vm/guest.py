@@ -47,11 +47,13 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
 
 from harmony import doctor, store
+from harmony.core import osutil
 from harmony.hygiene import HostLock
 from harmony.manifest import reason
 from harmony.probes import get_probe, schedstat
@@ -61,7 +63,7 @@ from harmony.vm.scx import Kept, ScxSpec
 from harmony.vm.topology import VmTopology
 from harmony.vm.topology import check as check_topology
 from harmony.vm.topology import parse as parse_topology
-from harmony.workload import serve
+from harmony.workload import forkserver, serve
 from harmony.workload.tasks import TaskSpec
 
 #: what a job file holds (its "format")
@@ -401,6 +403,12 @@ def main(argv: list[str]) -> int:
         print("usage: python3 -m harmony.vm.guest JOBFILE [--more]", file=sys.stderr)
         return 2
     boot = Boot()
+    # the guest's files go to the host's share, which the host makes durable as it lands them
+    osutil.no_fsync()
+    # the fork server's start (a fresh interpreter and its imports over 9p: ~3 s under TCG) made
+    # while the guest's facts are gathered, not in the first run's set-up
+    threading.Thread(target=forkserver.shared, name="harmony-forkserver-start",
+                     daemon=True).start()
     try:
         # on for every run of the boot, never switched between them (under TCG a switch is slow
         # and may crash the guest): each run's kernel_schedstat says so
