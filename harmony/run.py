@@ -24,13 +24,13 @@ import time
 from pathlib import Path
 
 from harmony import store
-from harmony.core.errors import ControllerError, Interrupted, RunError  # noqa: F401  (Interrupted: raised here)
+from harmony.core.errors import ControllerError, Interrupted, RunError, TraceCorrupt  # noqa: F401  (Interrupted: raised here)
 from harmony.core.memory import stop_prefault
 from harmony.core.timing import Laps
 from harmony.core.wording import plural
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
-from harmony.probes import ProbeError, domains, get_probe, proc_sched, schedstat
+from harmony.probes import ProbeError, domains, get_probe, proc_sched, schedstat, tracefs
 from harmony.probes.proc_sched import KERNEL_COUNTERS
 from harmony.probes.proc_stat import KERNEL_SAMPLES, KernelSampler
 from harmony.probes.sched_debug import KERNEL_NR_RUNNING
@@ -78,9 +78,17 @@ class JsonRows:
 
 def land(run_dir: Path) -> list[str]:
     """Turn the side tables a :class:`JsonRows` sink wrote in ``run_dir`` into the Parquet tables
-    :class:`ParquetTables` writes (the same frames), removing the JSON; returns their names.
-    Raises RunError naming a file that is not such a table."""
+    :class:`ParquetTables` writes (the same frames), removing the JSON, and a probe's formats
+    written in one file into their directory (:func:`harmony.probes.tracefs.unpack_formats`);
+    returns what it landed. Raises RunError naming a file that is not such a table."""
     landed = []
+    # a probe's formats written in one piece in the guest (TracefsProbe.formats_in_one_file)
+    for raw in sorted((Path(run_dir) / "raw").glob("*/")):
+        try:
+            if tracefs.unpack_formats(raw):
+                landed.append(f"{raw.name} formats")
+        except TraceCorrupt as exc:
+            raise store.RunError(str(exc)) from None
     for name, build in SIDE_TABLES.items():
         path = Path(run_dir) / f"{name}{ROWS_SUFFIX}"
         if not path.exists():

@@ -15,7 +15,6 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -29,6 +28,7 @@ from harmony.probes.base import (
     Capture,
     Probe,
     ProbeError,
+    TraceCorrupt,
     drain_stall_from_env,
     missing_tracepoints,
 )
@@ -186,6 +186,37 @@ class _Drain(threading.Thread):
             self.error = exc
 
 
+#: the file a run's trace formats are written to in one piece by a probe told to
+#: (:meth:`TracefsProbe.formats_in_one_file`), beside where its formats/ directory goes; the host
+#: unpacks it into that directory as it lands the run (:func:`unpack_formats`)
+FORMATS_FILE = "formats.json"
+
+
+def unpack_formats(raw_dir: Path) -> bool:
+    """The formats a probe wrote in one piece (:data:`FORMATS_FILE`) in ``raw_dir`` written out
+    as the ``formats/`` directory every reader takes, and the file removed; False if there is none.
+    TraceCorrupt naming the file if it is not such a file."""
+    path = Path(raw_dir) / FORMATS_FILE
+    if not path.exists():
+        return False
+    try:
+        files = json.loads(path.read_text())
+        if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+            raise ValueError("not a map of file names to texts")
+    except ValueError as exc:
+        raise TraceCorrupt(f"{path}: not the trace formats of a run ({exc})") from None
+    for rel in files:
+        parts = Path(rel).parts
+        if parts[:1] != ("formats",) or ".." in parts or Path(rel).is_absolute():
+            raise TraceCorrupt(f"{path}: a file outside formats/: {rel!r}")
+    for rel, text in files.items():
+        dest = Path(raw_dir) / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(text.encode("latin-1"))
+    path.unlink()
+    return True
+
+
 #: per-CPU counters in ``stats`` that only grow until the buffer is reset
 CUMULATIVE_STATS = ("overrun", "commit overrun", "dropped events", "read events")
 
@@ -212,6 +243,17 @@ class TracefsProbe(Probe):
     #: the instance shared by the probes of an open :meth:`session` (None: one instance per probe)
     _kept: _KeptInstance | None = None
     _session_open = False
+    #: formats written in one file (:data:`FORMATS_FILE`) rather than a directory of them
+    _formats_one_file = False
+
+    @classmethod
+    def formats_in_one_file(cls) -> None:
+        """From now on, probes of this process write a run's trace formats as one file
+        (:data:`FORMATS_FILE`), not a directory of ~14 and as many files: for the VM agent, whose
+        runs are written on the host's share, where each file or directory made is a round trip
+        (~0.25 s a run under TCG: bench/README.md). The host unpacks it as it lands the run
+        (:func:`harmony.run.land`)."""
+        cls._formats_one_file = True
 
     def __init__(self, out_dir: Path, cpus: list[int], duration_s: float,
                  buffer_kb: int | None = None, events: tuple[str, ...] = SCHED_EVENTS,
@@ -383,10 +425,8 @@ class TracefsProbe(Probe):
             self.stop()
             raise
         if TracefsProbe._session_open:
-            formats = {str(p.relative_to(self.out_dir)): p.read_bytes()
-                       for p in (self.out_dir / "formats").rglob("*") if p.is_file()}
             TracefsProbe._kept = _KeptInstance(self.instance, self._config(), dict(self.meta),
-                                               formats)
+                                               self._formats)
             TracefsProbe._kept.user = self
 
     def _reuse(self, kept: _KeptInstance) -> None:
@@ -394,12 +434,7 @@ class TracefsProbe(Probe):
         kept.user = self
         self.instance = kept.path
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        # each directory made once (not once per file: a round trip each where the run's
-        # directory is a VM's share)
-        for parent in sorted({(self.out_dir / rel).parent for rel in kept.formats}):
-            parent.mkdir(parents=True, exist_ok=True)
-        for rel, data in kept.formats.items():
-            (self.out_dir / rel).write_bytes(data)
+        self._write_formats(kept.formats)
         self.meta = {k: v for k, v in kept.meta.items() if k not in ("started_ns",)}
         self.meta["instance_reused"] = True
         per_cpu = kept.path / "per_cpu"
@@ -479,13 +514,25 @@ class TracefsProbe(Probe):
         self.meta["started_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 
     def _save_formats(self, root: Path, enabled: list[str]) -> None:
-        fmt_dir = self.out_dir / "formats"
-        fmt_dir.mkdir(exist_ok=True)
-        for name in ("header_page", "header_event"):
-            shutil.copyfile(root / "events" / name, fmt_dir / name)
-        for ev in enabled:
-            (fmt_dir / ev).mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(root / "events" / ev / "format", fmt_dir / ev / "format")
+        """The instance's header and event formats, kept (``self._formats``: a reused instance
+        writes them again for each run) and written (:meth:`_write_formats`)."""
+        self._formats = {f"formats/{name}": (root / "events" / name).read_bytes()
+                         for name in ("header_page", "header_event")}
+        self._formats.update({f"formats/{ev}/format": (root / "events" / ev / "format").read_bytes()
+                              for ev in enabled})
+        self._write_formats(self._formats)
+
+    def _write_formats(self, files: dict[str, bytes]) -> None:
+        """``files`` (path under the probe's directory: bytes) as the formats/ directory, or as
+        one file (:meth:`formats_in_one_file`)."""
+        if TracefsProbe._formats_one_file:
+            atomic_write(self.out_dir / FORMATS_FILE,
+                         json.dumps({rel: data.decode("latin-1") for rel, data in files.items()}))
+            return
+        for parent in sorted({(self.out_dir / rel).parent for rel in files}):
+            parent.mkdir(parents=True, exist_ok=True)
+        for rel, data in files.items():
+            (self.out_dir / rel).write_bytes(data)
 
     def mark(self, text: str) -> int:
         if self._marker_fd is None:

@@ -369,6 +369,39 @@ def test_landing_json_rows_gives_the_tables_a_host_capture_writes(tmp_path):
         run.land(guest_dir)
 
 
+def test_the_formats_a_guest_writes_in_one_file_land_as_the_directory_a_host_writes(
+        tmp_path, monkeypatch):
+    """The VM agent's probes write a run's trace formats as one file (a round trip on the share
+    instead of ~28); landed, they are the tree a probe writes on the host, byte for byte."""
+    from harmony.probes.tracefs import FORMATS_FILE, TracefsProbe
+
+    root = tmp_path / "tracefs"
+    texts = {"header_page": b"field: u64 timestamp;\n", "header_event": b"type_len : 5 bits\n",
+             "sched/sched_switch/format": b"name: sched_switch\nID: 316\n\xe9",
+             "ftrace/print/format": b"name: print\n"}
+    for rel, data in texts.items():
+        (root / "events" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "events" / rel).write_bytes(data)
+    enabled = ["sched/sched_switch", "ftrace/print"]
+    host, guest_dir = tmp_path / "host" / "raw" / "tracefs", tmp_path / "guest"
+    TracefsProbe(host, [0], 1.0)._save_formats(root, enabled)
+    monkeypatch.setattr(TracefsProbe, "_formats_one_file", True)
+    TracefsProbe(guest_dir / "raw" / "tracefs", [0], 1.0)._save_formats(root, enabled)
+    assert sorted(p.name for p in (guest_dir / "raw" / "tracefs").iterdir()) == [FORMATS_FILE]
+    assert run.land(guest_dir) == ["tracefs formats"]
+
+    def tree(d):
+        return {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()}
+    assert tree(guest_dir / "raw" / "tracefs") == tree(host)
+    assert len(tree(host)) == 4
+    for bad, why in (("[1]", "not the trace formats of a run"),
+                     ('{"formats/../../x": ""}', "a file outside formats/")):
+        (guest_dir / "raw" / "tracefs" / FORMATS_FILE).write_text(bad)
+        with pytest.raises(store.RunError, match=f"{FORMATS_FILE}: {why}"):
+            run.land(guest_dir)
+    assert not (tmp_path / "x").exists()
+
+
 # --- a dead controller's VM -----------------------------------------------------------------------
 
 def _lock_dir_in(path, monkeypatch):

@@ -57,6 +57,7 @@ from harmony.core import osutil
 from harmony.hygiene import HostLock
 from harmony.manifest import reason
 from harmony.probes import get_probe, schedstat
+from harmony.probes.tracefs import TracefsProbe
 from harmony.run import JsonRows, capture
 from harmony.vm.machine import LINE_PREFIX
 from harmony.vm.scx import Kept, ScxSpec
@@ -403,8 +404,10 @@ def main(argv: list[str]) -> int:
         print("usage: python3 -m harmony.vm.guest JOBFILE [--more]", file=sys.stderr)
         return 2
     boot = Boot()
-    # the guest's files go to the host's share, which the host makes durable as it lands them
+    # the guest's files go to the host's share, which the host makes durable as it lands them;
+    # each file made there is a round trip: a run's trace formats in one
     osutil.no_fsync()
+    TracefsProbe.formats_in_one_file()
     # the fork server's start (a fresh interpreter and its imports over 9p: ~3 s under TCG) made
     # while the guest's facts are gathered, not in the first run's set-up
     threading.Thread(target=forkserver.shared, name="harmony-forkserver-start",
