@@ -28,10 +28,12 @@ Nothing here imports pandas: the guest agent reads the topology of every run it 
 
 from __future__ import annotations
 
+import copy
+import time
 from pathlib import Path
 
 from harmony import hostfacts
-from harmony.core.osutil import (format_cpulist, forget_processes, record_processes,
+from harmony.core.osutil import (format_cpulist, forget_processes, online_cpus, record_processes,
                                  stale_records)
 from harmony.probes import schedstat
 
@@ -243,15 +245,61 @@ def numa_balancing() -> int | None:
     return hostfacts.read_int(NUMA_BALANCING)
 
 
+#: :func:`read`'s last topology and what it was read under, kept from one run to the next of a
+#: process that asked for it (:func:`keep_within_the_boot`): (shape key, topology, ns read)
+_kept: tuple | None = None
+_keep = False
+
+
+def keep_within_the_boot() -> None:
+    """From now on, :func:`read` in this process reads the CPUs and the domains' parameters again
+    only when the domains may have changed: when the CPUs on line or a domain's name or span in
+    /proc/schedstat (read each time, ~2 ms) differ from the read it keeps. For the VM agent,
+    whose machine nothing else changes: the sysfs topology and sched/verbose's debugfs tree
+    (made and removed for each read) cost ~0.1 s of each run's set-up under TCG
+    (bench/README.md). A topology taken from the kept read says so
+    (``source["kept_from"]``: the read's CLOCK_MONOTONIC ns)."""
+    global _keep
+    _keep = True
+
+
+def _shape_key(stats: dict | None) -> tuple | None:
+    """What a kept read is valid under: the CPUs on line and each CPU's domains' names and
+    spans; None where /proc/schedstat could not be read (then nothing is kept)."""
+    if stats is None:
+        return None
+    doms = stats.get("domains", {})
+    return (tuple(online_cpus()),
+            tuple((cpu, tuple((d["name"], tuple(d["span"] or ())) for d in doms[cpu]))
+                  for cpu in sorted(doms)))
+
+
 def read(debugfs: Path | None = None, topo: dict | None = None,
          schedstat_path: Path | None = None) -> dict:
     """The manifest's ``topology`` (TOPOLOGY-CONTRACT.md) of this system now: ``cpus`` (sysfs,
     or ``topo``: a :func:`harmony.hostfacts.topology`), ``domains`` (debugfs, with verbose on for
     the read where the kernel needs it, and /proc/schedstat), ``source`` and
-    ``numa_balancing``. Never raises for what it cannot read: ``source["missing"]`` says."""
+    ``numa_balancing``. Never raises for what it cannot read: ``source["missing"]`` says.
+    Where asked (:func:`keep_within_the_boot`), the previous read while the shape is the same."""
+    global _kept
+    stats, missing = read_schedstat(schedstat_path)
+    key = _shape_key(stats) if _keep and topo is None and debugfs is None else None
+    if key is not None and _kept is not None and _kept[0] == key:
+        got = copy.deepcopy(_kept[1])
+        nb = numa_balancing()
+        got["numa_balancing"] = {"before": nb, "during": nb}
+        got["source"]["kept_from"] = _kept[2]
+        return got
+    got = _read(debugfs, topo, stats, missing)
+    if key is not None:
+        _kept = (key, copy.deepcopy(got), time.clock_gettime_ns(time.CLOCK_MONOTONIC))
+    return got
+
+
+def _read(debugfs: Path | None, topo: dict | None, stats: dict | None,
+          missing: list[str]) -> dict:
     topo = topo if topo is not None else hostfacts.topology()
     debugfs = Path(debugfs) if debugfs is not None else debugfs_root()
-    stats, missing = read_schedstat(schedstat_path)
     found, toggled, problems = read_debugfs(debugfs)
     missing = problems + missing
     domains = merge(found, stats, missing)

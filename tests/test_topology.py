@@ -82,6 +82,42 @@ def test_a_guests_topology_is_read_from_its_files(tmp_path):
     json.dumps(topo)        # what the manifest holds
 
 
+def test_a_guest_reads_its_shape_again_only_when_it_changed(tmp_path, monkeypatch):
+    """keep_within_the_boot (the VM agent): the sysfs topology and debugfs are read again only
+    when the CPUs on line or a domain's span in /proc/schedstat changed; a kept read says so, and
+    is a copy (a run that changes its manifest's topology changes no other run's)."""
+    fx = load("612-s2c2t2-numa")
+    paths = lay_out(fx, tmp_path)
+    reads, online = [], list(range(8))
+    monkeypatch.setattr(domains, "debugfs_root", lambda: paths["debugfs"])
+    monkeypatch.setattr(schedstat, "SCHEDSTAT", paths["schedstat"])
+    monkeypatch.setattr(domains, "online_cpus", lambda: list(online))
+    monkeypatch.setattr(hostfacts, "topology",
+                        lambda real=hostfacts.topology: reads.append(1) or real(paths["sysfs"]))
+    monkeypatch.setattr(domains, "_kept", None)
+    monkeypatch.setattr(domains, "_keep", False)
+    first = domains.read()
+    domains.read()
+    assert len(reads) == 2                      # not asked: every read reads
+    domains.keep_within_the_boot()
+    first = domains.read()
+    second = domains.read()
+    assert len(reads) == 3 and "kept_from" not in first["source"]
+    assert second["source"]["kept_from"] > 0
+    assert {k: v for k, v in second.items() if k != "source"} == \
+        {k: v for k, v in first.items() if k != "source"}
+    second["domains"]["5"][0]["span"].append(99)
+    assert domains.read()["domains"]["5"][0]["span"] == [4, 5]
+    online.remove(7)                            # a CPU off line: read again
+    domains.read()
+    assert len(reads) == 4
+    text = paths["schedstat"].read_text()       # a domain rebuilt with another span
+    paths["schedstat"].write_text(text.replace(" ff ", " 7f ", 1))
+    assert paths["schedstat"].read_text() != text
+    domains.read()
+    assert len(reads) == 5
+
+
 def test_without_debugfs_the_spans_come_from_schedstat_and_names_are_none(tmp_path):
     paths = lay_out(load("61-s2c2"), tmp_path)
     topo = domains.read(debugfs=tmp_path / "nowhere", topo=hostfacts.topology(paths["sysfs"]),

@@ -56,7 +56,7 @@ from harmony import doctor, store
 from harmony.core import osutil
 from harmony.hygiene import HostLock
 from harmony.manifest import reason
-from harmony.probes import get_probe, schedstat
+from harmony.probes import domains, get_probe, schedstat
 from harmony.probes.tracefs import TracefsProbe
 from harmony.run import JsonRows, capture
 from harmony.vm.machine import LINE_PREFIX
@@ -408,6 +408,8 @@ def main(argv: list[str]) -> int:
     # each file made there is a round trip: a run's trace formats in one
     osutil.no_fsync()
     TracefsProbe.formats_in_one_file()
+    # nothing but Harmony changes the guest's shape: read again only when it changed
+    domains.keep_within_the_boot()
     # the fork server's start (a fresh interpreter and its imports over 9p: ~3 s under TCG) made
     # while the guest's facts are gathered, not in the first run's set-up
     threading.Thread(target=forkserver.shared, name="harmony-forkserver-start",
