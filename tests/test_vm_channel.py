@@ -99,11 +99,11 @@ def setup_fake_vm(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setattr(vm_runner, "HostLock", _NoLock)
     monkeypatch.setattr(vm_runner, "reclaim_stale", lambda: [])
 
-    def agent(module, *args, env=None):
-        assert module == "harmony.vm.guest"
+    def agent(module, *args, env=None, site=True):
+        assert module == "harmony.vm.guest" and not site     # no site directory: python -S
         # the environment the real agent gets: this Harmony on its path, wherever it lives
-        return ([sys.executable, "-P", str(bin_dir / "agent.py"), *args],
-                real_harmony_python(module, env=env)[1])
+        return ([sys.executable, "-S", "-P", str(bin_dir / "agent.py"), *args],
+                real_harmony_python(module, env=env, site=site)[1])
     monkeypatch.setattr(vm_runner, "harmony_python", agent)
     return bin_dir
 

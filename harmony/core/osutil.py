@@ -38,7 +38,8 @@ except OSError:  # pragma: no cover - no C library to load
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_TIMERSLACK = 1, 15, 29
 
 
-def harmony_python(module: str, *args: str, env: dict | None = None) -> tuple[list[str], dict]:
+def harmony_python(module: str, *args: str, env: dict | None = None,
+                   site: bool = True) -> tuple[list[str], dict]:
     """The argv and environment of a child ``python -m module args`` that runs this very Harmony,
     whichever directory it starts in (``env``: the environment to extend, default this process's).
 
@@ -46,6 +47,11 @@ def harmony_python(module: str, *args: str, env: dict | None = None) -> tuple[li
     part of the package: see setup.cfg's package_dir) would shadow the installed one. Where this
     Harmony comes from a source tree rather than an installed site directory, the tree leads the
     child's PYTHONPATH, so that the child finds it without the current directory.
+
+    ``site=False``: ``-S`` too, for a child that imports the standard library and Harmony alone
+    (the VM agent, the fork server, the server's calibration): no site directory is processed
+    (its .pth files import what they name: 1.6 s of each start in a TCG guest over 9p,
+    bench/README.md), and the directory holding this Harmony leads its PYTHONPATH wherever it is.
     """
     import sys
     import sysconfig
@@ -54,9 +60,9 @@ def harmony_python(module: str, *args: str, env: dict | None = None) -> tuple[li
     top = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["harmony"].__file__)))
     sites = {os.path.abspath(p) for p in (sysconfig.get_paths()["purelib"],
                                           sysconfig.get_paths()["platlib"])}
-    if top not in sites:
+    if top not in sites or not site:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (top, env.get("PYTHONPATH")) if p)
-    return [sys.executable, "-P", "-m", module, *args], env
+    return [sys.executable, *([] if site else ["-S"]), "-P", "-m", module, *args], env
 
 
 

@@ -18,6 +18,7 @@ from harmony.core.osutil import harmony_python
 from harmony.hostfacts import KERNEL_CONFIG_ENV
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
+from harmony.manifest import versions as package_versions
 from harmony.run import land
 from harmony.runners import analyse_groups
 from harmony.vm.guest import PlannedRun, job_line, write_job
@@ -180,7 +181,8 @@ class VmRunner:
         self._scx_path(runs)
         write_job(self.jobdir / "job.json", runs,
                   self.topology.spec() if self.topology is not None else None)
-        argv, env = harmony_python("harmony.vm.guest", str(self.jobdir / "job.json"), "--more")
+        argv, env = harmony_python("harmony.vm.guest", str(self.jobdir / "job.json"), "--more",
+                                   site=False)
         env = [f"{k}={v}" for k, v in env.items()
                if k.startswith("HARMONY_") or k == "PYTHONPATH"]
         env += self._kernel_config()
@@ -410,6 +412,7 @@ class VmRunner:
                                           "scheduler": guest.get("scheduler"),
                                           "sched_ext": guest.get("sched_ext")}
             manifest["host"] = self.facts
+            manifest["versions"] = package_versions()  # the agent sees no site dir (python -S)
             # the pid of the controller in the guest, and this one: the run's controller here
             manifest["guest_controller_pid"] = manifest.get("controller_pid")
             manifest["controller_pid"] = os.getpid()

@@ -75,7 +75,7 @@ class ForkServer:
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         # finds this very package, even one that is not installed
         argv, env = harmony_python("harmony.workload.forkserver", str(theirs.fileno()),
-                                   str(os.getpid()))
+                                   str(os.getpid()), site=False)
         try:
             self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),),
                                          stdin=subprocess.DEVNULL, env=env)
@@ -235,6 +235,25 @@ def _forget_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def _calibrate_served(pairs: list[list[int]], rounds: int) -> list[int] | None:
+    """The server's calibration (:func:`harmony.workload.serve.calibrate_forked`) run by this
+    process's fork server; None where there is none (the caller runs it otherwise)."""
+    server, _ = shared()
+    if server is None:
+        return None
+    try:
+        reply = server.request({"op": "calibrate", "pairs": pairs, "rounds": rounds},
+                               timeout_s=serve.CALIBRATION_TIMEOUT_S + 30)
+    except ForkServerError as exc:
+        raise ControllerError(f"the server's calibration failed: {exc}") from None
+    if "failed" in reply:
+        raise ControllerError(reply["failed"])
+    return reply["ns"]
+
+
+serve.use_for_calibration(_calibrate_served)
 
 
 # -- the server's side -------------------------------------------------------------------------

@@ -347,6 +347,19 @@ def measure_overhead(cpus: list[int], rounds: int = 2000) -> int:
                                                  _calibrate_at_once(within, rounds)) if ns)
 
 
+#: how a calibration's pairs are run where a fork server can run them (set by
+#: :mod:`harmony.workload.forkserver` as it is imported: it asks the server, and says None where
+#: there is none); None: in processes of their own
+_served_calibration = None
+
+
+def use_for_calibration(fn) -> None:
+    """Have ``fn(pairs, rounds)`` run a calibration's pairs (ns per hop by pair, or None where it
+    cannot: then :func:`_calibrate_started` does)."""
+    global _served_calibration
+    _served_calibration = fn
+
+
 def _calibrate_at_once(pairs: list[list[int]], rounds: int) -> list[int]:
     """:func:`calibrate` on each pair of CPUs of ``pairs``, their timed rounds started together;
     ns per hop, by pair. Each pair runs in a process forked by the fork server
@@ -355,19 +368,8 @@ def _calibrate_at_once(pairs: list[list[int]], rounds: int) -> list[int]:
     over 9p, bench/README.md), or, where the server cannot be used, in one of its own
     (:func:`_calibrate_started`). A pair that takes more than ``CALIBRATION_TIMEOUT_S`` is
     killed: ControllerError."""
-    from harmony.workload import forkserver     # imported here: forkserver -> worker -> serve
-
-    server, _ = forkserver.shared()
-    if server is None:
-        return _calibrate_started(pairs, rounds)
-    try:
-        reply = server.request({"op": "calibrate", "pairs": pairs, "rounds": rounds},
-                               timeout_s=CALIBRATION_TIMEOUT_S + 30)
-    except forkserver.ForkServerError as exc:
-        raise ControllerError(f"the server's calibration failed: {exc}") from None
-    if "failed" in reply:
-        raise ControllerError(reply["failed"])
-    return reply["ns"]
+    got = _served_calibration(pairs, rounds) if _served_calibration is not None else None
+    return got if got is not None else _calibrate_started(pairs, rounds)
 
 
 def calibrate_forked(pairs: list[list[int]], rounds: int, in_child=None,
@@ -457,7 +459,8 @@ def _calibrate_started(pairs: list[list[int]], rounds: int) -> list[int]:
     (``python -m harmony.workload.serve``), their timed rounds started together (each says it is
     warm and waits for a line on its input); ns per hop, by pair. A pair that takes more than
     ``CALIBRATION_TIMEOUT_S`` is killed: ControllerError."""
-    commands = [harmony_python("harmony.workload.serve", str(rounds), *map(str, pair))
+    commands = [harmony_python("harmony.workload.serve", str(rounds), *map(str, pair),
+                               site=False)
                 for pair in pairs]
     procs = [subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env) for argv, env in commands]
