@@ -341,8 +341,11 @@ def atomic_write(path: Path, data: bytes | str) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the new one, never a part;
     durable (fsynced) before the rename unless :func:`no_fsync` was called."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    except FileNotFoundError:       # its directory made only where it is missing: a round trip
+        path.parent.mkdir(parents=True, exist_ok=True)      # less a write on a VM's share
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.fchmod(fd, FILE_MODE)
         with os.fdopen(fd, "wb") as f:
