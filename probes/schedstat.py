@@ -162,6 +162,15 @@ def reclaim_stale() -> list[str]:
     return out
 
 
+#: why nothing is counted on a kernel without the switch
+NOT_COUNTED = ("the kernel does not count scheduler statistics (no "
+               "/proc/sys/kernel/sched_schedstats: built without CONFIG_SCHEDSTATS)")
+
+
+def _not_switched(exc: OSError) -> str:
+    return f"kernel.sched_schedstats is 0 and could not be set to 1 ({exc.strerror or exc})"
+
+
 #: the counting was turned on by :func:`switch_on_for_the_boot` in this process
 _on_for_the_boot = False
 
@@ -176,12 +185,12 @@ def switch_on_for_the_boot() -> str | None:
     global _on_for_the_boot
     state = enabled()
     if state is None:
-        return "the kernel does not count scheduler statistics (built without CONFIG_SCHEDSTATS)"
+        return NOT_COUNTED
     if not state:
         try:
             SYSCTL.write_text("1")
         except OSError as exc:
-            return f"kernel.sched_schedstats could not be set to 1 ({exc.strerror or exc})"
+            return _not_switched(exc)
         _on_for_the_boot = True
     return None
 
@@ -202,8 +211,7 @@ class Reads:
 
     def begin(self) -> None:
         if self.state is None:
-            self.why_not = ("the kernel does not count scheduler statistics (no "
-                            "/proc/sys/kernel/sched_schedstats: built without CONFIG_SCHEDSTATS)")
+            self.why_not = NOT_COUNTED
             return
         if not self.state:
             try:
@@ -213,8 +221,7 @@ class Reads:
                 SYSCTL.write_text("1")
                 self.turned_on = self.enabled_here = True
             except OSError as exc:
-                self.why_not = (f"kernel.sched_schedstats is 0 and could not be set to 1 "
-                                f"({exc.strerror or exc})")
+                self.why_not = _not_switched(exc)
 
     def counting(self) -> bool:
         return self.why_not is None

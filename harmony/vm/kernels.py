@@ -46,9 +46,9 @@ import os
 import re
 import shutil
 import signal
-import sys
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
