@@ -105,6 +105,9 @@ def setup_fake_vm(tmp_path: Path, monkeypatch) -> Path:
         return ([sys.executable, "-S", "-P", str(bin_dir / "agent.py"), *args],
                 real_harmony_python(module, env=env, site=site)[1])
     monkeypatch.setattr(vm_runner, "harmony_python", agent)
+    # the bundle would be copied to this host's /tmp, the guest's own in a VM: tested apart
+    # (tests/test_vm_bundle.py); the stand-in agent imports from the tree
+    monkeypatch.setattr(vm_runner, "write_bundle", lambda job_dir: None)
     return bin_dir
 
 

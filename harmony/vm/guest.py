@@ -20,8 +20,9 @@ CPU set and scheduler (:class:`Calibrations`).
 The agent speaks in lines on its standard output (the VM's console), each ``@harmony {json}``
 with an ``event`` (:func:`emit`):
 
-    facts      the guest's facts, once, first (the host's boot time ends here), and whether
-               more jobs can come (``more``: the guest has the input port)
+    facts      the guest's facts, once, first (the host's boot time ends here), whether
+               more jobs can come (``more``: the guest has the input port), and where the
+               agent's Harmony came from (``modules``: the bundle, or the shared tree)
     start      run i of job j begins (its directory)
     measuring  run i's workload is about to be released (its measured window begins)
     measured   run i's workload is stopped (its window is over)
@@ -423,7 +424,8 @@ def main(argv: list[str]) -> int:
         facts = guest_facts()
         why = topology_problem(topology, facts) if topology is not None else None
         lines = job_input() if more and not why else None
-        emit("facts", facts=facts, pid=os.getpid(), more=lines is not None)
+        emit("facts", facts=facts, pid=os.getpid(), more=lines is not None,
+             modules=os.path.dirname(os.path.dirname(sys.modules["harmony"].__file__)))
         if why:                 # a shape the guest did not get: no run is measured on it
             emit("fatal", message=why)
             return 1

@@ -21,6 +21,7 @@ from harmony.manifest import new_manifest, now, reason
 from harmony.manifest import versions as package_versions
 from harmony.run import land
 from harmony.runners import analyse_groups
+from harmony.vm.bundle import guest_command, write_bundle
 from harmony.vm.guest import PlannedRun, job_line, write_job
 from harmony.vm.kernels import kernel_config_text
 from harmony.vm.machine import (
@@ -107,6 +108,7 @@ class VmRunner:
         self.jobdir: Path | None = None     # what the guest reads besides the host's files
         self.jobs = 0                       # jobs sent in this boot
         self.more = False                   # the boot's agent takes more jobs (its facts say)
+        self.agent_modules: str | None = None   # where the agent's Harmony came from (its facts)
         self.boot_s: float | None = None
         self.reniced: list[int] = []        # the vCPU threads given the setting's nice value
         self.while_analysing = None
@@ -177,6 +179,7 @@ class VmRunner:
         """Boot the kernel with the guest agent making ``runs`` (its first job, a file) and
         then waiting for more on its input channel (where the guest has one: ``self.more``)."""
         self.rwdir, self.jobs, self.system, self.boot_s, self.more = rwdir, 0, None, None, False
+        self.agent_modules = None
         self.jobdir = make_job_dir()
         self._scx_path(runs)
         write_job(self.jobdir / "job.json", runs,
@@ -186,7 +189,8 @@ class VmRunner:
         env = [f"{k}={v}" for k, v in env.items()
                if k.startswith("HARMONY_") or k == "PYTHONPATH"]
         env += self._kernel_config()
-        command = ["env", "PYTHONDONTWRITEBYTECODE=1", *env, *argv]
+        command = guest_command(write_bundle(self.jobdir), ["PYTHONDONTWRITEBYTECODE=1", *env],
+                                argv)
         self.vm = VirtualMachine(self.kernel, self.vcpus, self.memory_mb, self.setting,
                                  console_log=console, topology=self.topology)
         shape = f" ({self.topology.describe()})" if self.topology is not None else ""
@@ -351,6 +355,7 @@ class VmRunner:
         self.system = {k: v for k, v in ev.get("facts", {}).items()}
         self.boot_s = self.vm.boot_s
         self.more = bool(ev.get("more"))
+        self.agent_modules = ev.get("modules")
         if self.vm.setting.nice and self.vm.qemu_pid:
             self.reniced = renice_threads(self.vm.qemu_pid,
                                           vcpu_threads(self.vm.qemu_pid, self.vcpus),
@@ -375,10 +380,13 @@ class VmRunner:
                 "topology": topology_facts(self.topology), **versions()}
 
     def _vm_record(self, vm: VirtualMachine | None, died: str | None = None) -> dict:
-        """A manifest's ``vm``: :meth:`host_vm_facts`, the boot's time, the nice value the vCPU
-        threads had over the runs (the setting's, where it was given), and ``died`` (None, or
-        how the guest died, with the VM's exit status)."""
+        """A manifest's ``vm``: :meth:`host_vm_facts`, the boot's time, where the agent's Harmony
+        came from (``agent_modules``: its bundle, :mod:`harmony.vm.bundle`, or the shared tree;
+        None before its facts), the nice value the vCPU threads had over the runs (the
+        setting's, where it was given), and ``died`` (None, or how the guest died, with the
+        VM's exit status)."""
         return {**self.host_vm_facts(vm), "boot_s": self.boot_s,
+                "agent_modules": self.agent_modules,
                 "vcpu_nice": vm.setting.nice if vm and self.reniced else 0,
                 "died": None if died is None else {
                     "why": died, "exit_status": vm.returncode if vm else None,
