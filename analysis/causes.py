@@ -64,6 +64,7 @@ from harmony.analysis.arrays import (
     event_mask,
     growing_windows,
     in_set,
+    index_of,
     key_table,
     sorted_unique,
 )
@@ -146,18 +147,28 @@ def _comms(events: pd.DataFrame, pids: np.ndarray) -> dict[int, str]:
 def _last_before(key_rows: np.ndarray, key_vals: np.ndarray, vals: np.ndarray,
                  rows: np.ndarray) -> np.ndarray:
     """For each (vals[i], rows[i]): the last of ``key_rows`` before rows[i] whose key is vals[i]
-    (-1 if none). ``key_rows`` ascending."""
+    (-1 if none). ``key_rows`` ascending; ``key_vals`` integers (pids) read in their own type.
+
+    The keys asked about are few (the tasks that moved): each key row's position among them
+    (:func:`index_of`, a gather), a stable sort of those small positions (numpy's radix sort of
+    16-bit integers: no comparison sort of millions of rows) and one binary search of every
+    question at once, as (position, row) pairs sorted as one 64-bit number."""
     out = np.full(len(rows), -1, np.int64)
-    if not len(key_rows):
+    if not len(key_rows) or not len(rows):
         return out
-    order = np.lexsort((key_rows, key_vals))
-    kv, kr = key_vals[order], key_rows[order]
-    lo = np.searchsorted(kv, vals, side="left")
-    hi = np.searchsorted(kv, vals, side="right")
-    for i in np.flatnonzero(hi > lo):
-        j = lo[i] + np.searchsorted(kr[lo[i]:hi[i]], rows[i], side="left") - 1
-        if j >= lo[i]:
-            out[i] = kr[j]
+    want = sorted_unique(np.asarray(vals, np.int64))
+    k = index_of(key_vals, want, dtype=np.int16 if len(want) < 1 << 15 else np.int32)
+    mine = np.flatnonzero(k >= 0)
+    k = k[mine]
+    order = np.argsort(k, kind="stable")
+    span = np.int64(max(int(key_rows[-1]), int(np.max(rows))) + 1)
+    kr = np.asarray(key_rows, np.int64)[mine][order]
+    pair = k[order].astype(np.int64) * span + kr           # ascending: by position, then row
+    ask = np.searchsorted(want, vals).astype(np.int64)
+    j = np.searchsorted(pair, ask * span + np.asarray(rows, np.int64), side="left") - 1
+    hit = j >= 0
+    hit[hit] = (pair[j[hit]] // span) == ask[hit]
+    out[hit] = kr[j[hit]]
     return out
 
 
@@ -208,7 +219,7 @@ def queued_asleep(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray) 
 
     def last(*names):
         rows = np.flatnonzero(event_mask(events, *names))
-        return _last_before(rows, pid_col[rows].astype(np.int64), pid, row)
+        return _last_before(rows, pid_col[rows], pid, row)
 
     waking = last("sched_waking")
     # the task's last wake-up that completed: its sched_wakeup, or its switch-in (pid: the task
@@ -270,7 +281,7 @@ def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarra
     st = np.flatnonzero(todo & stopper)
     if len(st):
         wk = np.flatnonzero(event_mask(events, "sched_waking", "sched_wakeup"))
-        woke = _last_before(wk, events["pid"].to_numpy()[wk].astype(np.int64), cpid[st], row[st])
+        woke = _last_before(wk, events["pid"].to_numpy()[wk], cpid[st], row[st])
         seen = woke >= 0
         in_sirq = np.zeros(len(st), bool)
         in_sirq[seen] = in_sched_softirq(events, woke[seen])
@@ -281,7 +292,7 @@ def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarra
             # push to itself too (the stopper's push_cpu is the balancing CPU): that, or an
             # affinity change made there, the trace cannot tell apart -- unknown
             wkg = np.flatnonzero(event_mask(events, "sched_waking"))
-            by = _last_before(wkg, events["pid"].to_numpy()[wkg].astype(np.int64), cpid[st],
+            by = _last_before(wkg, events["pid"].to_numpy()[wkg], cpid[st],
                               row[st])
             elsewhere = (by >= 0) & (cpu[np.maximum(by, 0)] != dst[st])
             cause[st[seen & ~in_sirq & elsewhere]] = AFFINITY
