@@ -205,7 +205,10 @@ def silent_contexts(events: pd.DataFrame) -> list[dict]:
     cp = events["common_pid"].to_numpy()
     # contexts with a record: a pid, or for pid 0 (one swapper per CPU) the CPU
     heard = np.zeros(max(int(cp.max()), 0) + 2, bool)
-    heard[cp[cp > 0]] = True
+    # every pid at once where none is negative (no mask and copy of millions of them); pid 0's
+    # contexts are the swappers', one a CPU: below
+    heard[cp if cp.min(initial=0) >= 0 else cp[cp > 0]] = True
+    heard[0] = False
     idle_heard = np.zeros(max(int(cpu.max()), 0) + 1, bool)
     idle_heard[cpu[cp == 0]] = True
     nxt = events["pid"].to_numpy()[idx].astype(np.int64)
