@@ -41,11 +41,10 @@ GUEST_COPY = f"/tmp/{NAME}"
 def _package_files() -> dict[str, Path]:
     """Module name -> source file, for every module of the harmony package (probes, analysis and
     experiments included, wherever they sit: beside harmony/ in a source tree)."""
-    import harmony
-
     out: dict[str, Path] = {}
-    # harmony/'s own subpackages are walked from it; the three beside it in a source tree apart
-    todo = [("harmony", Path(harmony.__file__).parent)]
+    # harmony/ (this file's grandparent) with its own subpackages; the three beside it in a
+    # source tree apart
+    todo = [("harmony", Path(__file__).resolve().parents[1])]
     for sub in ("probes", "analysis", "experiments"):
         spec = importlib.util.find_spec(f"harmony.{sub}")
         if spec is not None and spec.submodule_search_locations:
