@@ -27,15 +27,22 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+def _comm(pid: int) -> str:
+    """A process's comm, "?" once it is gone (it may exit between being listed and read: a
+    worker still dying as the host is checked raised ProcessLookupError here)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
 def _host_is_clean() -> list[str]:
     """What a run left on the host: workers, fork servers, tracing instances, cpuset groups. (Not
     this test process's own fork server, which in-process runs of other tests share.)"""
     mine = {p for p in pids_with_comm(SERVER_COMM) if _parent(p) == os.getpid()}
-    left = [
-        f"process {p} "
-        f"({Path(f'/proc/{p}/comm').read_text().strip() if Path(f'/proc/{p}').exists() else '?'})"
-        for p in pids_with_comm("hmy-") + pids_with_comm(SERVER_COMM)
-        if p not in mine and _parent(p) not in mine]
+    left = [f"process {p} ({_comm(p)})"
+            for p in pids_with_comm("hmy-") + pids_with_comm(SERVER_COMM)
+            if p not in mine and _parent(p) not in mine]
     inst = TRACEFS / "instances"
     left += [f"instance {p.name}" for p in inst.iterdir() if p.name.startswith("harmony-")] \
         if inst.is_dir() else []
