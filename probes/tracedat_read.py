@@ -32,12 +32,14 @@ import dataclasses
 import mmap
 import re
 import struct
+import threading
 import zlib
+from concurrent import futures
 from pathlib import Path
 
 import numpy as np
 
-from harmony.core.jit import run_split, threads
+from harmony.core.jit import in_background, run_split, threads
 from harmony.probes.base import Capture, TraceCorrupt
 from harmony.probes.filemap import mapped_array, scratch_file
 from harmony.probes.formats import (EventFormat, Field, FormatError, check_page_layout,
@@ -169,10 +171,42 @@ def _zstd_lib():
             lib.ZSTD_isError.argtypes = (ctypes.c_size_t,)
             lib.ZSTD_getFrameContentSize.restype = ctypes.c_ulonglong
             lib.ZSTD_getFrameContentSize.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+            lib.ZSTD_createDCtx.restype = ctypes.c_void_p
+            lib.ZSTD_freeDCtx.argtypes = (ctypes.c_void_p,)
+            lib.ZSTD_decompressDCtx.restype = ctypes.c_size_t
+            lib.ZSTD_decompressDCtx.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                                ctypes.c_void_p, ctypes.c_size_t)
             _zstd = lib
         except (OSError, AttributeError):
             _zstd = False
     return _zstd or None
+
+
+class _DCtx:
+    """A libzstd decompression context, freed with this object: one a thread (:func:`_zstd_dctx`;
+    ZSTD_decompress makes and frees one a call, and a trace.dat holds thousands of chunks of
+    ~40 KB each)."""
+
+    def __init__(self, lib):
+        self.lib, self.ctx = lib, lib.ZSTD_createDCtx()
+        if not self.ctx:
+            raise MemoryError("ZSTD_createDCtx")
+
+    def __del__(self):
+        if getattr(self, "ctx", None):
+            self.lib.ZSTD_freeDCtx(self.ctx)
+
+
+_per_thread = threading.local()
+
+
+def _zstd_dctx(lib) -> int:
+    """This thread's decompression context, made on its first chunk and freed when the thread
+    ends (its thread-local :class:`_DCtx` goes with it)."""
+    held = getattr(_per_thread, "dctx", None)
+    if held is None:
+        held = _per_thread.dctx = _DCtx(lib)
+    return held.ctx
 
 
 def grown(buf: np.ndarray, used: int, need: int, most: int | None = None) -> np.ndarray:
@@ -290,15 +324,17 @@ def _decompress(path: Path, algo: str, data: bytes, usize: int, what: str,
         if lib is None:
             raise TraceCorrupt(f"{path}: compressed with zstd but libzstd is not available here; "
                                "convert it with `trace-cmd convert --compression none`")
-        frame = lib.ZSTD_getFrameContentSize(data, len(data))
-        if frame != ZSTD_CONTENTSIZE_UNKNOWN and frame != usize:
-            raise TraceCorrupt(f"{path}: corrupt compressed {what} (header says {usize} bytes, "
-                               + ("its zstd frame is damaged)" if frame > 1 << 62
-                                  else f"its zstd frame {frame})"))
         out = bytearray(max(usize, 1)) if into is None else into
         to = (ctypes.c_char * len(out)).from_buffer(out) if into is None else into.ctypes.data
-        n = lib.ZSTD_decompress(to, usize, data, len(data))
+        # into at most usize bytes: a frame that says more, or holds more, is refused by libzstd
+        n = lib.ZSTD_decompressDCtx(_zstd_dctx(lib), to, usize, data, len(data))
         del to                  # a ctypes view of the bytearray: it cannot be resized under one
+        if lib.ZSTD_isError(n) or n != usize:
+            frame = lib.ZSTD_getFrameContentSize(data, len(data))
+            if frame != ZSTD_CONTENTSIZE_UNKNOWN and frame != usize:
+                raise TraceCorrupt(f"{path}: corrupt compressed {what} (header says {usize} "
+                                   "bytes, " + ("its zstd frame is damaged)" if frame > 1 << 62
+                                                else f"its zstd frame {frame})"))
         if lib.ZSTD_isError(n):
             raise TraceCorrupt(f"{path}: corrupt compressed {what} (zstd refused it)")
         if into is None:
@@ -798,8 +834,8 @@ def decompressed_pages(td: TraceDat, buf: Buffer,
         try:
             with f:
                 largest = max((u for parts in chunks.values() for *_, u in parts), default=0)
-                staging = np.empty(max(SCRATCH_WRITE, largest), np.uint8)
-                f.write(staging[:_fill(td, r, chunks, staging, f.write)])
+                staging = [np.empty(max(SCRATCH_WRITE, largest), np.uint8) for _ in range(2)]
+                _fill(td, r, chunks, staging[0], f.write, staging[1])
                 return mapped_array(f, total), sizes, True
         except (OSError, ValueError):   # not written or not mapped (a full disk): into memory
             pass
@@ -813,23 +849,41 @@ def decompressed_pages(td: TraceDat, buf: Buffer,
 
 
 def _fill(td: TraceDat, r: FileReader, chunks: dict[int, list[tuple[int, int, int]]],
-          out: np.ndarray, flush=None) -> int:
-    """Decompress every chunk, in order, into ``out``, each into its place; with ``flush``, the
-    bytes decompressed so far are handed to it (and ``out`` filled again from its start)
-    whenever the next chunk would not fit. The bytes of ``out`` filled at the end. The chunks
-    of each fill of ``out`` are decompressed on threads (libzstd and zlib let go of the GIL)."""
-    at, batch = 0, []
-    for cpu, parts in chunks.items():
-        what = f"CPU {cpu} data"
-        for k, (start, csize, usize) in enumerate(parts):
-            if flush is not None and at + usize > len(out):
-                _decompress_batch(td, r, batch, out)
-                flush(out[:at])
-                at, batch = 0, []
-            batch.append((at, start, csize, usize, what, k))
-            at += usize
-    _decompress_batch(td, r, batch, out)
-    return at
+          out: np.ndarray, flush=None, spare: np.ndarray | None = None) -> int:
+    """Decompress every chunk, in order, into ``out``, each into its place; the bytes of ``out``
+    filled. With ``flush`` and ``spare`` (an array as large as ``out``), every byte is handed to
+    ``flush`` instead: whenever the next chunk would not fit, ``flush`` takes what was
+    decompressed so far on a pool thread while the next chunks fill the other array (a scratch
+    file's writes beside the decompression, not after it); returns 0. The chunks of each fill
+    are decompressed on threads (libzstd and zlib let go of the GIL)."""
+    at, batch, writing = 0, [], None
+
+    def hand_over(done: np.ndarray, n: int):
+        nonlocal writing
+        if writing is not None:
+            writing.result()            # the array it writes is the one filled next
+        writing = in_background(flush, done[:n])
+
+    try:
+        for cpu, parts in chunks.items():
+            what = f"CPU {cpu} data"
+            for k, (start, csize, usize) in enumerate(parts):
+                if flush is not None and at + usize > len(out):
+                    _decompress_batch(td, r, batch, out)
+                    hand_over(out, at)
+                    out, spare = spare, out
+                    at, batch = 0, []
+                batch.append((at, start, csize, usize, what, k))
+                at += usize
+        _decompress_batch(td, r, batch, out)
+        if flush is None:
+            return at
+        hand_over(out, at)
+        writing.result()
+        return 0
+    finally:
+        if writing is not None:
+            futures.wait([writing])     # never a write left running behind an error
 
 
 #: a batch of chunks is decompressed on threads from this many bytes on (a thread's start and
