@@ -25,7 +25,14 @@ import pandas as pd
 
 from harmony import hostfacts, pipeline, store
 from harmony.analysis import trust
-from harmony.analysis.arrays import event_kinds, event_mask, growing_windows, in_set, index_of
+from harmony.analysis.arrays import (
+    TABLE_KEYS_MAX,
+    event_kinds,
+    event_mask,
+    growing_windows,
+    in_set,
+    index_of,
+)
 from harmony.analysis.waking import wakeups_from_waking
 from harmony.core.errors import ImportFailed, ParameterError  # noqa: F401  (raised here)
 from harmony.core.jit import in_background
@@ -351,8 +358,7 @@ def select_pids(events: pd.DataFrame, seen: dict[int, set[str]], pids, comms, pa
 
     Raises ImportFailed if a given pid never appears or a comm matches nothing.
     """
-    in_events = set(pd.unique(np.concatenate(      # by hashing: a few hundred distinct pids
-        [events[c].to_numpy() for c in ("pid", "prev_pid", "common_pid")])).tolist())
+    in_events = _distinct_pids([events[c].to_numpy() for c in ("pid", "prev_pid", "common_pid")])
     chosen = []
     for pid in pids:
         if pid not in in_events:
@@ -367,6 +373,22 @@ def select_pids(events: pd.DataFrame, seen: dict[int, set[str]], pids, comms, pa
                                f"{pattern!r} (harmony import {path} --tasks lists them)")
         chosen += hit
     return sorted(set(chosen))
+
+
+def _distinct_pids(columns: list[np.ndarray]) -> set[int]:
+    """The distinct values of integer columns of pids: marked in a table as large as the largest
+    pid (none is above pid_max, 2**22), no concatenation of the columns nor hashing of millions of
+    values; hashed where a value lies outside (a damaged trace's)."""
+    lows = [int(c.min()) for c in columns if len(c)]
+    tops = [int(c.max()) for c in columns if len(c)]
+    if not lows:
+        return set()
+    if min(lows) < -1 or max(tops) >= TABLE_KEYS_MAX:
+        return set(pd.unique(np.concatenate(columns)).tolist())
+    seen = np.zeros(max(tops) + 2, bool)      # -1 (no pid) marks the last slot, left out
+    for c in columns:
+        seen[c] = True
+    return set(np.flatnonzero(seen[:-1]).tolist()) | ({-1} if seen[-1] else set())
 
 
 def _task_events(events: pd.DataFrame, pids: list[int]) -> np.ndarray:
