@@ -27,8 +27,12 @@ threshold, and unmaps when freed, so from ~4 M events on every large array was f
 again. So the main thread's arrays never get a mapping of their own (``M_MMAP_MAX`` 0): they
 come from the heap, where freed ones are reused. At 14 M events the first decode + tables took
 0.83x the time (6 paired runs, 4.08 -> 3.28 s; 0.72x the second time in a process); at 10 M,
-``bench/ingest.py`` went from 1.60 to 3.98 M events/s. (Arrays over 64 MiB allocated by a worker
-thread are still mapped: glibc's thread arenas cannot hold them.)
+``bench/ingest.py`` went from 1.60 to 3.98 M events/s. And every thread allocates from that one
+heap (``M_ARENA_MAX`` 1): a thread of its own arena got none of the memory kept and prefaulted,
+and kept what it freed apart from it (an import's checks run beside its tables on a side thread:
+its peak at 7.06 M events 1217 MiB with their own arena, 1158 in the one heap, as before them;
+the whole import 0.88x the time of the import before either, 5 pairs; its large arrays are few,
+the arena's lock is no contention).
 
 The cost: a process keeps the memory it freed, up to its peak, for its next arrays (only what is
 free at the heap's top beyond 1 GiB is given back). The environment's malloc settings
@@ -43,7 +47,7 @@ so cannot race with the arrays being written. Measured on 2.1 M events (paired r
 processes, 12 pairs each): the first decode + tables took 0.84-0.88x the time with 2.5 bytes
 prefaulted per byte of pages (1.5: 0.91x, 3.5: 0.94x; at the work's own priority 0.92x), 0.94x
 at 0.66 M events, 1.04x at 0.19 M (hence nothing below 64 MiB). ``HARMONY_PREFAULT=0`` turns it
-off. The threads of other arenas (a worker thread building the runs) get no prefaulted memory.
+off.
 
 Arrow's buffers (the Parquet files written, read back) come from glibc's malloc too
 (:func:`arrow_from_malloc`), not from pyarrow's default (mimalloc in its wheels), which keeps
@@ -78,7 +82,7 @@ def small_pages() -> bool:
 
 
 #: glibc's mallopt parameters (malloc.h)
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -2, -4, -8
 _MMAP_MAX = 0                 # no array gets a mapping of its own: all come from the heap
 _TRIM_THRESHOLD = 1 << 30     # free memory kept at the heap's top before it is given back
 _TOP_PAD = 64 << 20           # the heap grows by at least this much at a time
@@ -108,7 +112,8 @@ def keep_freed_memory() -> bool:
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     global _kept
     _kept = all(mallopt(param, value) == 1 for param, value in (
-        (_M_MMAP_MAX, _MMAP_MAX), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_TOP_PAD, _TOP_PAD)))
+        (_M_MMAP_MAX, _MMAP_MAX), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_TOP_PAD, _TOP_PAD),
+        (_M_ARENA_MAX, 1)))
     return _kept
 
 
