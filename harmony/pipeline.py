@@ -53,7 +53,7 @@ from harmony.analysis.release import release_spread
 from harmony.analysis.report import write_report
 from harmony.analysis.taskstate import release_records
 from harmony.core.errors import ProbeError, RunError
-from harmony.core.jit import in_background
+from harmony.core.jit import in_background, on_side_thread
 from harmony.core.timing import Laps
 from harmony.experiments import experiment_of, get_experiment
 from harmony.manifest import new_manifest, now, reason  # noqa: F401  (every origin's manifest)
@@ -248,9 +248,13 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
     laps = laps or Laps()
     experiment = get_experiment(manifest["experiment"])
     writing = []        # the large tables are written while the checks and metrics run
+    checking = None     # the capture's own checks, beside the tables
     try:
         if not (out / "tasks.parquet").exists():
             store.write_table(out, "tasks", tasks)
+        # the checks that read the capture alone, beside the tables: the second CPU idled about
+        # half of an import's time (bench/README.md)
+        checking = on_side_thread(capture_checks, cap, tasks, manifest["cpus"], window, origin)
         step(f"{cap.meta.get('n_events', len(cap.events)):,} events: rebuilding the tables of "
              f"{len(tasks)} tasks")
         # a large events table is written while the runs are built and the checks run: once
@@ -274,7 +278,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
                "kernel_nr_running": origin.kernel_nr_running}
         manifest["tables"] = ["tasks", *tables, *(k for k, v in own.items() if v is not None)]
         laps("tables")
-        check(manifest, cap, tasks, window, origin, tables, out)
+        check(manifest, cap, tasks, window, origin, tables, out, checking.result())
         laps("checks")
         run = store.Run(out, manifest)
         # the experiment reads the tables just written: hand it those in memory as they read back
@@ -314,7 +318,8 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
             store.write_json(out / "manifest.json", manifest)
             write_report(run)
     except BaseException as exc:
-        futures.wait(writing)       # nothing is left writing into the run behind the error
+        # nothing is left writing into the run, or checking it, behind the error
+        futures.wait(writing + ([checking] if checking is not None else []))
         # a capture of Harmony's own stays "captured" on disk, to be analysed again; an imported
         # trace's run directory has nothing else to wait for
         if origin.kind == "imported":
@@ -369,18 +374,32 @@ def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, windo
             "shares": reconstruct.df_task_share(runs, tasks, cpus, t0, t_end, rt_share)}, wasted
 
 
+def capture_checks(cap: Capture, tasks: pd.DataFrame, cpus, window: Window,
+                   origin: Origin) -> dict:
+    """The checks that read the capture alone, not the tables made from it (:func:`check` takes
+    them): its blind spots (their facts into ``cap.meta``; the notes as "blind"), the release's
+    spread ("release") and the foreign load ("foreign_load")."""
+    events, t0, t_end = cap.events, window.t0, window.end
+    return {"blind": blind_spots(cap.meta, events, tasks),
+            "release": release_spread(events, tasks, t0, window.released, window.warmup),
+            "foreign_load": foreign_load(events, tasks, cpus, t0, t_end, origin.controller_tids,
+                                         controller=origin.kind == "recorded")}
+
+
 def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, origin: Origin,
-          tables: dict[str, pd.DataFrame], out: Path) -> None:
+          tables: dict[str, pd.DataFrame], out: Path, early: dict | None = None) -> None:
     """Every check of what the capture could not see, into ``manifest``: its facts, and the
-    notes (``trust_notes`` as data, ``notes`` worded); status "complete"."""
+    notes (``trust_notes`` as data, ``notes`` worded); status "complete". ``early``: what
+    :func:`capture_checks` found already (made here otherwise)."""
     events, meta, cpus = cap.events, cap.meta, manifest["cpus"]
     t0, t_end = window.t0, window.end
     runqueue = tables["runqueue"]
-    blind = blind_spots(meta, events, tasks)
+    early = early or capture_checks(cap, tasks, cpus, window, origin)
+    blind = early["blind"]
     manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes", "cmdlines")}
     manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, window.released, t_end
     manifest["measured_s"] = (t_end - t0) / 1e9
-    manifest["release"] = release_spread(events, tasks, t0, window.released, window.warmup)
+    manifest["release"] = early["release"]
     manifest["sched_class_counts"] = class_counts(tasks)
     manifest["lost_events"] = meta.get("lost_events", -1)
     manifest["reconstruction_anomalies"] = int(runqueue.attrs.get("anomalies", 0))
@@ -391,9 +410,7 @@ def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, ori
     manifest["kernel_nr_running_agreement"] = (
         None if origin.kernel_nr_running is None
         else nr_running_agreement(runqueue, origin.kernel_nr_running, cpus, t0, t_end))
-    manifest["foreign_load"] = foreign_load(events, tasks, cpus, t0, t_end,
-                                            origin.controller_tids,
-                                            controller=origin.kind == "recorded")
+    manifest["foreign_load"] = early["foreign_load"]
     manifest["kernel_counter_agreement"] = (
         None if origin.kernel_counters is None
         else counters(events, tasks, origin.kernel_counters, tables["runs"], window,
