@@ -29,6 +29,7 @@ another host or inside a virtual machine is analysed here like one made here).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 from concurrent import futures
 from pathlib import Path
@@ -255,6 +256,8 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         # the checks that read the capture alone, beside the tables: the second CPU idled about
         # half of an import's time (bench/README.md)
         checking = on_side_thread(capture_checks, cap, tasks, manifest["cpus"], window, origin)
+        if figures:     # then the figures' libraries (~0.5 s of imports), on the same thread
+            on_side_thread(importlib.import_module, "harmony.analysis.plots")
         step(f"{cap.meta.get('n_events', len(cap.events)):,} events: rebuilding the tables of "
              f"{len(tasks)} tasks")
         # a large events table is written while the runs are built and the checks run: once
