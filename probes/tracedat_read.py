@@ -851,12 +851,14 @@ def decompressed_pages(td: TraceDat, buf: Buffer,
 def _fill(td: TraceDat, r: FileReader, chunks: dict[int, list[tuple[int, int, int]]],
           out: np.ndarray, flush=None, spare: np.ndarray | None = None) -> int:
     """Decompress every chunk, in order, into ``out``, each into its place; the bytes of ``out``
-    filled. With ``flush`` and ``spare`` (an array as large as ``out``), every byte is handed to
-    ``flush`` instead: whenever the next chunk would not fit, ``flush`` takes what was
+    filled. With ``flush``, every byte is handed to it instead (``spare``: an array as large as
+    ``out``, made if not given): whenever the next chunk would not fit, ``flush`` takes what was
     decompressed so far on a pool thread while the next chunks fill the other array (a scratch
     file's writes beside the decompression, not after it); returns 0. The chunks of each fill
     are decompressed on threads (libzstd and zlib let go of the GIL)."""
     at, batch, writing = 0, [], None
+    if flush is not None and spare is None:
+        spare = np.empty_like(out)
 
     def hand_over(done: np.ndarray, n: int):
         nonlocal writing
