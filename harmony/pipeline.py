@@ -365,8 +365,13 @@ def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, windo
     t0, t_end = window.t0, window.end
     events = cap.events
     migrations = reconstruct.df_migrations(events, tasks, t0, domains)
-    runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
-    wasted = df_wasted(events, tasks, cpus, t0, t_end)
+    # the wasted time beside the run queues: both read the records df_migrations made
+    wasting = in_background(df_wasted, events, tasks, cpus, t0, t_end)
+    try:
+        runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
+    finally:
+        futures.wait([wasting])     # never left running behind an error
+    wasted = wasting.result()
     release_records()
     if records_freed is not None:
         records_freed()
