@@ -31,8 +31,8 @@ come from the heap, where freed ones are reused. At 14 M events the first decode
 heap (``M_ARENA_MAX`` 1): a thread of its own arena got none of the memory kept and prefaulted,
 and kept what it freed apart from it (an import's checks run beside its tables on a side thread:
 its peak at 7.06 M events 1217 MiB with their own arena, 1158 in the one heap, as before them;
-the whole import 0.88x the time of the import before either, 5 pairs; its large arrays are few,
-the arena's lock is no contention).
+the whole import 0.88x the time of the import before either, 5 pairs: the one arena's lock,
+shared by every thread, was not measured apart).
 
 The cost: a process keeps the memory it freed, up to its peak, for its next arrays (only what is
 free at the heap's top beyond 1 GiB is given back). The environment's malloc settings

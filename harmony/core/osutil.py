@@ -38,6 +38,14 @@ except OSError:  # pragma: no cover - no C library to load
 PR_SET_PDEATHSIG, PR_SET_NAME, PR_SET_TIMERSLACK = 1, 15, 29
 
 
+def harmony_top() -> str:
+    """The directory this Harmony is imported from: the one holding its ``harmony`` package (a
+    site directory, a source tree, or the VM agent's bundle, :mod:`harmony.vm.bundle`)."""
+    import sys
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["harmony"].__file__)))
+
+
 def harmony_python(module: str, *args: str, env: dict | None = None,
                    site: bool = True) -> tuple[list[str], dict]:
     """The argv and environment of a child ``python -m module args`` that runs this very Harmony,
@@ -57,7 +65,7 @@ def harmony_python(module: str, *args: str, env: dict | None = None,
     import sysconfig
 
     env = dict(os.environ if env is None else env)
-    top = os.path.dirname(os.path.dirname(os.path.abspath(sys.modules["harmony"].__file__)))
+    top = harmony_top()
     sites = {os.path.abspath(p) for p in (sysconfig.get_paths()["purelib"],
                                           sysconfig.get_paths()["platlib"])}
     if top not in sites or not site:

@@ -425,7 +425,7 @@ def main(argv: list[str]) -> int:
         why = topology_problem(topology, facts) if topology is not None else None
         lines = job_input() if more and not why else None
         emit("facts", facts=facts, pid=os.getpid(), more=lines is not None,
-             modules=os.path.dirname(os.path.dirname(sys.modules["harmony"].__file__)))
+             modules=osutil.harmony_top())
         if why:                 # a shape the guest did not get: no run is measured on it
             emit("fatal", message=why)
             return 1
