@@ -74,6 +74,25 @@ def harmony_python(module: str, *args: str, env: dict | None = None,
 
 
 
+#: the signals a command is stopped by (Ctrl-C, kill, a closed terminal)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class signals_held:
+    """A section no stopping signal (:data:`STOP_SIGNALS`) interrupts: they are blocked in the
+    calling thread while it runs, and one that came meanwhile is handled as it ends (its
+    KeyboardInterrupt raised there). For state that must change together with what a system call
+    did, such as a request sent and counted as owed a reply."""
+
+    def __enter__(self):
+        self._old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+        return False
+
+
 def pid_alive(pid: int) -> bool:
     """A process with this pid exists (it may be another's: EPERM still means alive)."""
     try:

@@ -32,6 +32,7 @@ import gc
 import json
 import mmap
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -39,7 +40,8 @@ import sys
 import threading
 
 from harmony.core.errors import ControllerError, ForkServerError  # noqa: F401  (raised here)
-from harmony.core.osutil import PR_SET_NAME, die_with_parent, harmony_python, prctl
+from harmony.core.osutil import (PR_SET_NAME, die_with_parent, harmony_python, prctl,
+                                 signals_held)
 from harmony.workload import serve, worker
 
 ENV = "HARMONY_FORKSERVER"
@@ -110,8 +112,11 @@ class ForkServer:
             while self.owed:  # replies to requests whose caller was interrupted (Ctrl-C, SIGTERM)
                 self._reply()
             if msg is not None:
-                self.owed += 1
-                _send(self.sock, msg, fds)
+                # sent and owed together: a Ctrl-C between the two would leave the next request
+                # waiting for a reply to a message never sent (or read this one's as its own)
+                with signals_held():
+                    _send(self.sock, msg, fds)
+                    self.owed += 1
             reply = self._reply()
         except (OSError, ValueError, ForkServerError) as exc:
             why = ("no answer in time" if isinstance(exc, socket.timeout)
@@ -124,10 +129,18 @@ class ForkServer:
         return reply
 
     def _reply(self) -> dict | None:
-        reply, fds = _recv(self.sock)
+        """The next reply, waited for where a Ctrl-C may stop the wait; once it is there, read and
+        no longer owed together."""
+        timeout = self.sock.gettimeout()
+        ready = select.poll()
+        ready.register(self.sock, select.POLLIN)
+        if not ready.poll(None if timeout is None else timeout * 1000):
+            raise socket.timeout("timed out")
+        with signals_held():
+            reply, fds = _recv(self.sock)
+            self.owed = max(0, self.owed - 1)
         for fd in fds:
             os.close(fd)
-        self.owed = max(0, self.owed - 1)
         return reply
 
     def _fail(self, why: str):
