@@ -15,8 +15,9 @@ wakeup      the task was asleep and its next record is its sched_wakeup: the CPU
             woke (``select_task_rq`` in ``try_to_wake_up``, between sched_waking and sched_wakeup)
 fork        the task was asleep (new) and its next record is its sched_wakeup_new: placement at fork
 numa        a sched_move_numa / sched_swap_numa of the task since its previous record
-active      moved while runnable by the ``migration/N`` stopper of its CPU, which was woken from
-            inside the scheduler's softirq (``load_balance`` kicking an active balance)
+active      moved while runnable by the ``migration/N`` stopper of its CPU, off that CPU, the
+            stopper woken from inside the scheduler's softirq (``load_balance`` kicking an
+            active balance)
 affinity    moved while runnable by the stopper woken outside any softirq from a CPU that is not the
             destination, or by another task's context on a CPU that is not the destination:
             ``set_cpus_allowed`` (sched_setaffinity, a cpuset's change) moving it away, or the
@@ -24,7 +25,8 @@ affinity    moved while runnable by the stopper woken outside any softirq from a
 periodic    moved while runnable inside a SCHED softirq: pulled by the destination CPU in its
             periodic balance, or by the idle-load-balance CPU on behalf of an idle destination
             (the nohz idle balance, ``_nohz_idle_balance`` -> ``sched_balance_domains``)
-newidle     pulled while runnable by the destination CPU outside a softirq, whose next switch
+newidle     pulled while runnable by the destination CPU outside a softirq (in any task's
+            context, its stopper's as it leaves the CPU too), whose next switch
             (within :data:`~harmony.analysis.thresholds.NEWIDLE_SWITCH_WITHIN_NS`) switches out
             the pulling context asleep or idle: the new-idle balance of ``__schedule``
 unknown     anything the evidence does not decide: no record after an asleep move, the softirq not
@@ -277,8 +279,12 @@ def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarra
     comms = _comms(events, np.unique(cpid[todo]))
     stopper = np.array([comms.get(int(c), "").startswith(STOPPER_PREFIX) for c in cpid])
 
-    # the stopper: who woke it says why
-    st = np.flatnonzero(todo & stopper)
+    # the stopper pushes a task off its own CPU (an active balance, an affinity change): who woke
+    # it says why. A move onto its CPU in its context is no push but a pull made as the stopper,
+    # its work done, leaves the CPU (the new-idle balance of its __schedule): told below as any
+    # pull (a 6.12 guest's domains counted it new-idle where this had said active)
+    pushed = stopper & (ecpu != dst)
+    st = np.flatnonzero(todo & pushed)
     if len(st):
         wk = np.flatnonzero(event_mask(events, "sched_waking", "sched_wakeup"))
         woke = _last_before(wk, events["pid"].to_numpy()[wk], cpid[st], row[st])
@@ -299,7 +305,7 @@ def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarra
 
     if not softirq:
         return cause
-    other = np.flatnonzero(todo & ~stopper & fair)
+    other = np.flatnonzero(todo & ~pushed & fair)
     if not len(other):
         return cause
     in_sirq = in_sched_softirq(events, row[other])

@@ -13,8 +13,9 @@ from harmony.analysis import thresholds as T
 from harmony.analysis.event_streams import Stream
 
 A, B, C = 101, 102, 103            # experiment tasks
-STOPPER0, CONTROLLER = 50, 900     # migration/0, a task calling sched_setaffinity
-NAMES = {A: "w-a", B: "w-b", C: "w-c", STOPPER0: "migration/0", CONTROLLER: "harmony"}
+STOPPER0, STOPPER1, CONTROLLER = 50, 51, 900     # migration/0, /1, a task calling sched_setaffinity
+NAMES = {A: "w-a", B: "w-b", C: "w-c", STOPPER0: "migration/0", STOPPER1: "migration/1",
+         CONTROLLER: "harmony"}
 US = 1_000
 
 
@@ -214,6 +215,20 @@ def test_the_stopper_woken_outside_a_softirq_from_the_destination_is_unknown():
     affinity change made from that CPU would be (the kernel counted such a push, alb_pushed, in
     a 6.12 guest where the trace had said affinity)."""
     assert cause_of(stopper_move(False, waker_cpu=1)) == [("unknown", False)]
+
+
+def test_a_pull_as_the_stopper_leaves_its_cpu_is_new_idle():
+    """CPU 0's balance kicks CPU 1's stopper, which pushes C to CPU 0; its work done, it leaves
+    CPU 1 with nothing to run, and the new-idle balance of that __schedule pulls B from CPU 0 in
+    the stopper's context: a new-idle pull, not a second active push (a 6.12 guest's domains
+    counted it new-idle: bench/README.md, "2llc")."""
+    s = queued_on_0(Stream(NAMES), 100)
+    s.softirq(200, 0, True, common_pid=A).waking(201, 0, STOPPER1, 1, common_pid=A)
+    s.softirq(202, 0, False, common_pid=A)
+    s.switch(210, 1, C, 0, STOPPER1).migrate(211, 1, C, 1, 0, common_pid=STOPPER1)
+    s.migrate(215, 1, B, 0, 1, common_pid=STOPPER1).switch(220, 1, STOPPER1, 1, B)
+    assert cause_of(s, C) == [("active", False)]
+    assert cause_of(s, B) == [("newidle", False)]
 
 
 def test_a_queued_task_moved_away_by_another_task_is_an_affinity_change():
