@@ -31,6 +31,7 @@ import psutil
 
 from harmony import simulate
 from harmony.analysis.refpolicy import get_policy
+from harmony.core.errors import Interrupted
 from harmony.core.memory import tune_allocations
 from harmony.core.osutil import die_with_parent, harmony_python
 from harmony.hygiene import HostLock, reclaim_stale
@@ -130,13 +131,19 @@ class KernelRunner:
             raise
         return self
 
-    def __exit__(self, *exc):
-        # the probe's kernel state goes first; then the analysis, still under the lock
+    def __exit__(self, exc_type, exc, tb):
+        # the probe's kernel state goes first; then the analysis, still under the lock. Stopped
+        # (Ctrl-C, SIGTERM), the command ends now: the captures not yet analysed stay "captured",
+        # for `harmony suite --resume` (or `harmony report`) to analyse, and the analyser is killed
+        # below, mid-run if need be (a run is marked complete only once all of it is written).
+        # Analysed here, they kept a Ctrl-C waiting 3 s and more, a suite's backlog minutes.
+        stopped = exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, Interrupted))
         try:
             self._session.close()
         finally:
             try:
-                self.results = self.drain()
+                if not stopped:
+                    self.results = self.drain()
             finally:
                 if self.worker is not None:  # drain did not finish it (an error): no orphan
                     self.worker.kill()

@@ -262,6 +262,27 @@ def test_captures_of_an_analyser_that_died_are_analysed_on_exit(tmp_path):
     assert runner.worker is None and not runner.handed
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, "Interrupted"])
+def test_a_stopped_runner_ends_now_its_captures_left_captured(tmp_path, stop):
+    """Ctrl-C or SIGTERM out of a suite: the runner kills its analyser (here mid-analysis, handed
+    two captures) and analyses nothing more; what was not analysed stays for --resume."""
+    from harmony.core.errors import Interrupted
+    from harmony.runners import KernelRunner, _proc_state
+
+    stop = Interrupted if stop == "Interrupted" else stop
+    runner = KernelRunner("tracefs", {}, overlap=True, cpus=[0], pause=True)
+    runner._start_worker()
+    pid = runner.worker.pid
+    runner.pending = [([str(tmp_path / f"r{k}")], False) for k in range(3)]
+    runner._hand_out()
+    analysed = []
+    runner.drain = lambda: analysed.append(True) or []
+    assert runner.__exit__(stop, stop("stopped"), None) is False     # raised on, not swallowed
+    assert analysed == [] and runner.worker is None and runner.lock is None
+    assert _proc_state(pid) is None     # killed and reaped, not left analysing
+    assert len(runner.pending) == 1 and not hasattr(runner, "results")
+
+
 def test_ctrl_c_at_the_terminal_is_for_the_controller_not_its_analyser():
     """Ctrl-C reaches the terminal's whole process group; the analyser is outside it, so it
     neither dies of it mid-import nor prints a traceback, and ends when its input does."""
