@@ -18,8 +18,18 @@ NOTHING = {"op": "stop", "wid": -1}
 
 @pytest.fixture
 def server():
+    """A fork server, and another thread alive beside the test's, as a controller has (the
+    probe's drain, the pools): a signal the main thread blocks is taken by such a thread, while
+    Python still runs its handler in the main thread."""
+    import threading
+
     s = forkserver.ForkServer()
+    done = threading.Event()
+    beside = threading.Thread(target=done.wait)
+    beside.start()
     yield s
+    done.set()
+    beside.join()
     s.close()
 
 

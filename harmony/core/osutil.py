@@ -25,6 +25,7 @@ import re
 import signal
 import stat
 import tempfile
+import threading
 from pathlib import Path
 
 try:
@@ -79,17 +80,33 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class signals_held:
-    """A section no stopping signal (:data:`STOP_SIGNALS`) interrupts: they are blocked in the
-    calling thread while it runs, and one that came meanwhile is handled as it ends (its
-    KeyboardInterrupt raised there). For state that must change together with what a system call
-    did, such as a request sent and counted as owed a reply."""
+    """A section no stopping signal (:data:`STOP_SIGNALS`) interrupts: one that comes meanwhile
+    is recorded by a handler of this section's, and sent again as it ends, to the handler it has
+    (a KeyboardInterrupt raised there). For state that must change together with what a system
+    call did, such as a request sent and counted as owed a reply. Python-level, not a signal
+    mask: a process's signal is taken by any thread that does not block it, and Python runs its
+    handler in the main thread whichever took it. Only the main thread is interrupted by a
+    handler, so elsewhere (and for a signal whose handler Python did not install) this does
+    nothing."""
 
     def __enter__(self):
-        self._old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        self._seen: list[int] = []
+        self._old: dict = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                old = signal.getsignal(sig)
+                if old is not None:
+                    self._old[sig] = signal.signal(sig, self._later)
         return self
 
+    def _later(self, signum, frame) -> None:
+        self._seen.append(signum)
+
     def __exit__(self, *exc) -> bool:
-        signal.pthread_sigmask(signal.SIG_SETMASK, self._old)
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        for sig in dict.fromkeys(self._seen):
+            signal.raise_signal(sig)
         return False
 
 
