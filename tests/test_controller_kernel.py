@@ -186,6 +186,26 @@ def test_worker_dying_before_the_gate_is_reported_and_cleaned(host, monkeypatch)
     assert _ours() == []
 
 
+def test_a_ctrl_c_while_the_cgroups_are_made_leaves_none(host, monkeypatch):
+    """Ctrl-C once the run's parent cgroup exists, before its groups are all made: the
+    workload's stop() removes what was made (CI once found a suite's group left so)."""
+    if not cpuset.hierarchies():
+        host_skip("no cpuset hierarchy")
+    made = cpuset.CpusetGroups._create
+
+    def stopped_half_way(self, root):
+        made(self, root)
+        assert _ours(), "no group was made"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cpuset.CpusetGroups, "_create", stopped_half_way)
+    w = Workload(_specs(), CPUS, placement="cpuset")
+    with pytest.raises(KeyboardInterrupt):
+        with w:
+            w.spawn(timeout_s=10)
+    assert _ours() == [] and w.cpusets is None
+
+
 def test_no_cpuset_falls_back_to_affinity_and_says_so(host, monkeypatch):
     monkeypatch.setattr(cpuset, "hierarchies", lambda: [])
     with Workload(_specs(), CPUS) as w:

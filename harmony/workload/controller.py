@@ -401,12 +401,15 @@ class Workload:
         """Choose how tasks are held on their initial CPU: cpuset cgroups if possible."""
         free = sorted({s.initial_cpu for s in self.specs if not s.pinned})
         if self.placement != "affinity" and free:
-            cs = CpusetGroups(free, self.cpus)
+            # the workload's before they exist: stop() removes what a create() stopped half-way
+            # (Ctrl-C) made, where this frame, gone, could not (CI saw a group left so)
+            self.cpusets = cs = CpusetGroups(free, self.cpus)
             try:
                 cs.create()
-                self.cpusets, self.release_method = cs, "cpuset"
+                self.release_method = "cpuset"
                 return
             except CpusetUnavailable as exc:
+                self.cpusets = None             # it left nothing
                 if self.placement == "cpuset":
                     raise ControllerError(f"{ENV_PLACEMENT}=cpuset: {exc}") from None
                 self.notes.append("release by sched_setaffinity per task "
