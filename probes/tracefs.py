@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from harmony import hostfacts
-from harmony.core.osutil import atomic_write, pid_alive
+from harmony.core.osutil import atomic_write, pid_alive, signals_held
 from harmony.hostfacts import MISSING, OK, WARN, check
 from harmony.probes.base import (
     REQUIRED_TRACEPOINTS,
@@ -400,9 +400,9 @@ class TracefsProbe(Probe):
         if kept is not None and kept.user is None and kept.config == self._config():
             try:
                 self._reuse(kept)
-            except BaseException:
+            except BaseException as exc:
                 TracefsProbe._kept = None  # not trusted again: stop() removes it
-                self.stop()
+                self._stop_after(exc)
                 raise
             return
         ok, why = self.available()
@@ -421,13 +421,22 @@ class TracefsProbe(Probe):
                              "(another run of this process?)")
         try:
             self._configure(root)
-        except BaseException:
-            self.stop()
+        except BaseException as exc:
+            self._stop_after(exc)
             raise
         if TracefsProbe._session_open:
             TracefsProbe._kept = _KeptInstance(self.instance, self._config(), dict(self.meta),
                                                self._formats)
             TracefsProbe._kept.user = self
+
+    def _stop_after(self, exc: BaseException) -> None:
+        """:meth:`stop` as :meth:`start` fails with ``exc``: what stop() could not do is added to
+        ``exc``'s notes, never raised in its place (a Ctrl-C raised as a ProbeError was a
+        suite's failed configuration, and the suite went on)."""
+        try:
+            self.stop()
+        except ProbeError as err:
+            exc.add_note(str(err))
 
     def _reuse(self, kept: _KeptInstance) -> None:
         """Start recording in the kept instance: buffer emptied, formats and meta as configured."""
@@ -494,8 +503,12 @@ class TracefsProbe(Probe):
         self._start_recording(inst, page_size, ncpu)
 
     def _start_recording(self, inst: Path, page_size: int, ncpu: int) -> None:
-        """Open the marker file, start one drain per CPU, switch tracing on."""
-        self._marker_fd = os.open(inst / "trace_marker", os.O_WRONLY)
+        """Open the marker file, start one drain per CPU, switch tracing on. Each file opened
+        or drain started is the probe's as it is made, whatever signal comes (stop() closes and
+        joins them): one left out holds the instance busy, which then cannot be removed (a
+        Ctrl-C between a drain's start and its keeping left a suite's instance behind)."""
+        with signals_held():
+            self._marker_fd = os.open(inst / "trace_marker", os.O_WRONLY)
         stall = None
         if self.drain_stall:
             t = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(self.drain_stall[0] * 1e9)
@@ -508,8 +521,9 @@ class TracefsProbe(Probe):
             cpu_dir = inst / "per_cpu" / f"cpu{cpu}"
             d = _Drain(cpu_dir / "trace_pipe_raw", self.out_dir / f"cpu{cpu}.raw", page_size, stall,
                        cpu_dir / "stats")
-            d.start()
-            self._drains.append(d)
+            with signals_held():
+                d.start()
+                self._drains.append(d)
         _write(inst / "tracing_on", "1")
         self.meta["started_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
 

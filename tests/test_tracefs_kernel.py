@@ -2,6 +2,7 @@
 counters."""
 
 import os
+import threading
 import time
 
 import pytest
@@ -189,3 +190,40 @@ def test_the_schedulers_softirq_is_recorded_filtered(kernel, tmp_path):
     for _, per_cpu in soft.groupby("cpu"):
         entries = (per_cpu["event"] == "irq:softirq_entry").sum()
         assert abs(entries - (per_cpu["event"] == "irq:softirq_exit").sum()) <= 1
+
+
+@pytest.mark.parametrize("reused", [False, True])
+def test_a_ctrl_c_as_the_drains_start_stays_a_ctrl_c_and_leaves_no_instance(kernel, tmp_path,
+                                                                            monkeypatch, reused):
+    """SIGINT right after a drain thread starts (a new instance, or the session's kept one):
+    the drain is the probe's already, so the probe's stop joins it and removes the instance,
+    and the start raises the KeyboardInterrupt, not a ProbeError of an instance held busy (a
+    suite took that for a failed configuration and went on, its instance left behind)."""
+    import signal
+
+    from harmony.probes import tracefs
+
+    ours = TRACEFS / "instances" / f"{PREFIX}{os.getpid()}"
+    started = tracefs._Drain.start
+
+    def start_then_ctrl_c(self):
+        started(self)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    lock = _host_lock()
+    try:
+        with TracefsProbe.session():
+            if reused:
+                _capture(tmp_path / "a", 0.05)
+                assert ours.is_dir()
+            monkeypatch.setattr(tracefs._Drain, "start", start_then_ctrl_c)
+            probe = TracefsProbe(tmp_path / "b", [0, 1], 1.0)
+            with pytest.raises(KeyboardInterrupt):
+                probe.start()
+            monkeypatch.undo()
+            assert not ours.exists() and probe.instance is None
+            assert not any(t.name.startswith("drain-") and t.is_alive()
+                           for t in threading.enumerate())
+        assert not ours.exists()
+    finally:
+        lock.release()
