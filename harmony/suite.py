@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from harmony import store
+from harmony.core.errors import stop_behind
 from harmony.workload.controller import warm_s
 
 #: sweeps the thesis drew: experiment -> (parameter, full values, quick values). A value list may
@@ -358,6 +359,10 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
                     grown.append(decide.Batch(exp, cfg.params, out / cfg.label, cfg.repeat,
                                               cpus=cfg.cpus))
                 except (store.RunError, RuntimeError, ValueError) as exc:
+                    stop = stop_behind(exc)
+                    if stop is not None:    # a Ctrl-C's cleanup failed: still the Ctrl-C
+                        stop.add_note(f"then: {exc}")
+                        raise stop from None
                     failures.append({"config": cfg.label, "error": str(exc)})
                 batches.append(out / cfg.label)
             if later:

@@ -327,6 +327,33 @@ def test_progress_rewrites_one_line_on_a_terminal_and_clears_it(tty):
         assert text.splitlines()[0].startswith("reading x.dat (3 MB)") and text.count("\n") == 2
 
 
+@pytest.mark.parametrize("stop", ["KeyboardInterrupt", "Interrupted"])
+def test_a_cleanups_error_after_a_ctrl_c_stops_the_suite(tmp_path, monkeypatch, stop):
+    """A run stopped by Ctrl-C (or SIGTERM) whose cleanup then fails raises the cleanup's error
+    with the stop as its context: the suite stops as the stop asks (not one failed configuration
+    and on to the next), the cleanup's error in the stop's notes."""
+    from harmony.core.errors import Interrupted, ProbeError
+    from harmony.runners import SimRunner
+    from harmony.suite import plan, run_suite
+
+    signal_exc = KeyboardInterrupt() if stop == "KeyboardInterrupt" else Interrupted("stopped")
+    calls = []
+
+    def capture(self, *a, **k):
+        calls.append(1)
+        try:
+            raise signal_exc
+        except BaseException:
+            raise ProbeError("cannot remove tracefs instance x: Device or resource busy")
+
+    monkeypatch.setattr(SimRunner, "capture", capture)
+    configs = plan([0, 1], quick=True, experiments=["single-source", "how-many"])
+    with pytest.raises(type(signal_exc)) as got:
+        run_suite(configs, [0, 1], tmp_path / "s", SimRunner("poly-balance"), quiet=True)
+    assert got.value is signal_exc and len(calls) == 1
+    assert any("Device or resource busy" in n for n in got.value.__notes__)
+
+
 def test_an_interrupted_suite_resumes_without_redoing_complete_runs(tmp_path):
     """--resume: complete runs are kept as they are, a captured one is analysed only, an
     interrupted one is moved aside (kept) and run again, a missing one is run."""
