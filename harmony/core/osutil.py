@@ -74,7 +74,6 @@ def harmony_python(module: str, *args: str, env: dict | None = None,
     return [sys.executable, *([] if site else ["-S"]), "-P", "-m", module, *args], env
 
 
-
 #: the signals a command is stopped by (Ctrl-C, kill, a closed terminal)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
