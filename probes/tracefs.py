@@ -503,12 +503,10 @@ class TracefsProbe(Probe):
         self._start_recording(inst, page_size, ncpu)
 
     def _start_recording(self, inst: Path, page_size: int, ncpu: int) -> None:
-        """Open the marker file, start one drain per CPU, switch tracing on. Each file opened
-        or drain started is the probe's as it is made, whatever signal comes (stop() closes and
-        joins them): one left out holds the instance busy, which then cannot be removed (a
-        Ctrl-C between a drain's start and its keeping left a suite's instance behind)."""
-        with signals_held():
-            self._marker_fd = os.open(inst / "trace_marker", os.O_WRONLY)
+        """Open the marker file, start one drain per CPU, switch tracing on. The file and each
+        drain are the probe's as they are made, whatever signal comes (stop() closes and joins
+        them): one left out holds the instance busy, which then cannot be removed (a Ctrl-C
+        between a drain's start and its keeping left a suite's instance behind)."""
         stall = None
         if self.drain_stall:
             t = time.clock_gettime_ns(time.CLOCK_MONOTONIC) + int(self.drain_stall[0] * 1e9)
@@ -517,11 +515,12 @@ class TracefsProbe(Probe):
             self.meta["notes"] = ["expert option: the drains stopped reading for "
                                   f"{self.drain_stall[1]:g} s from {self.drain_stall[0]:g} s "
                                   f"after the start ({ENV_DRAIN_STALL})"]
-        for cpu in range(ncpu):
-            cpu_dir = inst / "per_cpu" / f"cpu{cpu}"
-            d = _Drain(cpu_dir / "trace_pipe_raw", self.out_dir / f"cpu{cpu}.raw", page_size, stall,
-                       cpu_dir / "stats")
-            with signals_held():
+        with signals_held():
+            self._marker_fd = os.open(inst / "trace_marker", os.O_WRONLY)
+            for cpu in range(ncpu):
+                cpu_dir = inst / "per_cpu" / f"cpu{cpu}"
+                d = _Drain(cpu_dir / "trace_pipe_raw", self.out_dir / f"cpu{cpu}.raw", page_size,
+                           stall, cpu_dir / "stats")
                 d.start()
                 self._drains.append(d)
         _write(inst / "tracing_on", "1")

@@ -82,11 +82,11 @@ class signals_held:
     """A section no stopping signal (:data:`STOP_SIGNALS`) interrupts: one that comes meanwhile
     is recorded by a handler of this section's, and sent again as it ends, to the handler it has
     (a KeyboardInterrupt raised there). For state that must change together with what a system
-    call did, such as a request sent and counted as owed a reply. Python-level, not a signal
-    mask: a process's signal is taken by any thread that does not block it, and Python runs its
-    handler in the main thread whichever took it. Only the main thread is interrupted by a
-    handler, so elsewhere (and for a signal whose handler Python did not install) this does
-    nothing."""
+    call did, such as a thread started and kept where its stop will find it. Python-level, not
+    a signal mask: a process's signal is taken by any thread that does not block it, and Python
+    runs its handler in the main thread whichever took it. Only the main thread is interrupted
+    by a handler, so elsewhere (and for a signal whose handler Python did not install) this does
+    nothing. It costs ~18 us natively (six sigaction calls): one section a step, not one a call."""
 
     def __enter__(self):
         self._seen: list[int] = []

@@ -10,8 +10,10 @@ and stop in 0.1 s instead of 0.5-1.1 s; ``harmony suite --quick`` (31 runs) spen
 
 One server per controller process, started on first use (:func:`shared`) from a thread that lives
 as long as the process, and reused by every workload. The controller talks to it over a
-SOCK_SEQPACKET socket pair (JSON requests, one reply each; the server never speaks unasked) and
-passes each workload's shared page as a memfd (SCM_RIGHTS). The server forks the workers into one
+SOCK_SEQPACKET socket pair (JSON requests, one reply each, naming its request's id: a reply whose
+caller was stopped by Ctrl-C before reading it is dropped by the next request, which waits for its
+own; the server never speaks unasked) and passes each workload's shared page as a memfd
+(SCM_RIGHTS). The server forks the workers into one
 process group, reaps them, and reports their exit statuses when asked (``poll``); ``stop`` kills the
 group and replies only once every worker is reaped.
 
@@ -32,7 +34,6 @@ import gc
 import json
 import mmap
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -40,8 +41,7 @@ import sys
 import threading
 
 from harmony.core.errors import ControllerError, ForkServerError  # noqa: F401  (raised here)
-from harmony.core.osutil import (PR_SET_NAME, die_with_parent, harmony_python, prctl,
-                                 signals_held)
+from harmony.core.osutil import PR_SET_NAME, die_with_parent, harmony_python, prctl
 from harmony.workload import serve, worker
 
 ENV = "HARMONY_FORKSERVER"
@@ -88,7 +88,7 @@ class ForkServer:
             theirs.close()
         self.sock, self.pid, self.owner = mine, self.proc.pid, os.getpid()
         self.broken: str | None = None
-        self.owed = 0  # replies not read yet
+        self.sent = 0  # the id of the last request sent (each reply names its request's)
         self._lock = threading.Lock()
         hello = self.request(None, timeout_s=timeout_s)
         if hello.get("ready") != self.pid:
@@ -109,15 +109,16 @@ class ForkServer:
             raise ForkServerError(self.broken)
         try:
             self.sock.settimeout(timeout_s)
-            while self.owed:  # replies to requests whose caller was interrupted (Ctrl-C, SIGTERM)
-                self._reply()
+            want = None                 # the greeting, sent unasked, names no request
             if msg is not None:
-                # sent and owed together: a Ctrl-C between the two would leave the next request
-                # waiting for a reply to a message never sent (or read this one's as its own)
-                with signals_held():
-                    _send(self.sock, msg, fds)
-                    self.owed += 1
+                self.sent += 1
+                want = self.sent
+                _send(self.sock, {**msg, "id": want}, fds)
+            # the replies to requests whose caller was stopped (Ctrl-C, SIGTERM) before reading
+            # them are read and dropped here; one read but lost to the stop was that request's
             reply = self._reply()
+            while reply is not None and reply.get("id") != want:
+                reply = self._reply()
         except (OSError, ValueError, ForkServerError) as exc:
             why = ("no answer in time" if isinstance(exc, socket.timeout)
                    else str(exc) or type(exc).__name__)
@@ -129,16 +130,7 @@ class ForkServer:
         return reply
 
     def _reply(self) -> dict | None:
-        """The next reply, waited for where a Ctrl-C may stop the wait; once it is there, read and
-        no longer owed together."""
-        timeout = self.sock.gettimeout()
-        ready = select.poll()
-        ready.register(self.sock, select.POLLIN)
-        if not ready.poll(None if timeout is None else timeout * 1000):
-            raise socket.timeout("timed out")
-        with signals_held():
-            reply, fds = _recv(self.sock)
-            self.owed = max(0, self.owed - 1)
+        reply, fds = _recv(self.sock)
         for fd in fds:
             os.close(fd)
         return reply
@@ -300,7 +292,7 @@ class _Server:
                 finally:
                     for fd in fds:
                         os.close(fd)
-                _send(self.sock, reply)
+                _send(self.sock, {**reply, "id": msg.get("id")})
         finally:
             for wid in list(self.workloads):
                 self._stop(wid)
