@@ -140,6 +140,21 @@ def need_root(what: str) -> None:
         sys.exit(f"{what} needs tracefs at /sys/kernel/tracing with the sched tracepoints")
 
 
+def processes(cmdline: bool = False):
+    """Every process now, as /proc shows it: (pid, comm, state letter, command line bytes: empty
+    unless ``cmdline``); one gone as it is read is left out."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            cmd = (entry / "cmdline").read_bytes() if cmdline else b""
+        except (OSError, IndexError):
+            continue
+        yield int(entry.name), comm, state, cmd
+
+
 def host_lock(tries: int = 60):
     """Harmony's host lock, waiting while another run holds it; exits if it never frees."""
     from harmony.hygiene import HostBusy, HostLock

@@ -41,14 +41,7 @@ from harmony.workload.forkserver import COMM as SERVER_COMM  # noqa: E402
 def census() -> dict:
     """Harmony's processes now: live (by kind), zombies, workers running."""
     out = {"live": 0, "zombies": 0, "workers": 0, "running": 0}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
+    for _, comm, state, _ in common.processes():
         if not (comm.startswith("hmy-") or comm == SERVER_COMM):
             continue
         if state in ("Z", "X"):
@@ -96,18 +89,10 @@ VM_COMMS = ("qemu-system", "vng", "virtme-run", "virtiofsd")
 def vm_processes() -> list[str]:
     """The processes of VMs still running on the host (zombies left out)."""
     out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            reaper = comm.startswith("python") and b"harmony/vm/reaper.py" in (
-                entry / "cmdline").read_bytes()
-        except (OSError, IndexError):
-            continue
+    for pid, comm, state, cmd in common.processes(cmdline=True):
+        reaper = comm.startswith("python") and b"harmony/vm/reaper.py" in cmd
         if state not in ("Z", "X") and (comm.startswith(VM_COMMS) or reaper):
-            out.append(f"{entry.name} {'reaper' if reaper else comm}")
+            out.append(f"{pid} {'reaper' if reaper else comm}")
     return out
 
 

@@ -52,19 +52,9 @@ def _status(run: Path) -> str | None:
 def left_on_host() -> list[str]:
     """What a stopped suite may leave: Harmony's processes (zombies aside), tracing instances,
     cpuset cgroups."""
-    left = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            analyser = b"--analyser" in (entry / "cmdline").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if state not in ("Z", "X") and (comm.startswith("hmy-") or comm == SERVER_COMM
-                                        or analyser):
-            left.append(f"process {entry.name} ({comm})")
+    left = [f"process {pid} ({comm})" for pid, comm, state, cmd in common.processes(True)
+            if state not in ("Z", "X") and (comm.startswith("hmy-") or comm == SERVER_COMM
+                                            or b"--analyser" in cmd)]
     inst = TRACEFS / "instances"
     if inst.is_dir():
         left += [f"instance {p.name}" for p in inst.iterdir() if p.name.startswith("harmony-")]
