@@ -26,7 +26,8 @@ from harmony.hygiene import WORKER_PREFIX
 
 from cli_run import cli
 from conftest import measure_quietly
-from measured import NS, assert_counted_by_the_kernel, bursts, moves_onto
+from measured import (NS, assert_counted_by_the_kernel, bursts, moves_onto,
+                      report_kernel_behaviour)
 
 pytestmark = pytest.mark.kernel
 
@@ -163,14 +164,17 @@ def test_detection(kernel, tmp_path, mode):
         assert set(ex["pid"]) == set(cut["pid"])
         assert (ex["ts"] >= m["t0_ns"] + p["cut_at_s"] * 1e9).all()
     assert_counted_by_the_kernel(run, exited=len(cut) if mode == "exit" else 0)
-    # cut to 2 pinned tasks against 6 free ones on CPU 0: the target pulls, and interval 1 is
-    # measured; each interval is the trace's own: cut -> round 1 -> round 2 -> round 3, a round
-    # a burst of moves of runnable tasks onto the target (gap > round_gap_ms): a wake-up's
-    # placement is none (CI twice saw one, as the run's tasks were stopped, read as a round)
+    # cut to 2 pinned tasks against 6 free ones on CPU 0: on a quiet host the target pulls, and
+    # interval 1 is measured; each interval is the trace's own: cut -> round 1 -> round 2 ->
+    # round 3, a round a burst of moves of runnable tasks onto the target (gap > round_gap_ms):
+    # a wake-up's placement is none (CI twice saw one, as the run's tasks were stopped, read as a
+    # round). Whether it pulled is the kernel's decision, reported, not gated on (CI once saw 2
+    # free tasks pulled before the cut: 4 against 4 after it, nothing to pull)
     rounds = bursts(moves_onto(run, 1, p["cut_at_s"], runnable_only=True), p["round_gap_ms"])
-    assert rounds, f"nothing was moved onto the target after the cut: {s}"
+    report_kernel_behaviour("the target pulled after the cut", bool(rounds), s)
     marks = [m["t0_ns"] + int(p["cut_at_s"] * NS)] + [int(r["ts"].iat[0]) for r in rounds[:3]]
     want = [(b - a) / 1e6 for a, b in zip(marks[:-1], marks[1:])]
     got = [s[f"interval{k}_ms"] for k in (1, 2, 3)]
     assert got == pytest.approx(want + [None] * (3 - len(want)), abs=1e-6), (got, want)
+    assert s["rounds_after_cut"] == len(rounds), (s, [len(r) for r in rounds])
     assert "interval 1" in stdout
