@@ -395,14 +395,13 @@ def capture_checks(cap: Capture, tasks: pd.DataFrame, cpus, window: Window,
 
 
 def check(manifest: dict, cap: Capture, tasks: pd.DataFrame, window: Window, origin: Origin,
-          tables: dict[str, pd.DataFrame], out: Path, early: dict | None = None) -> None:
+          tables: dict[str, pd.DataFrame], out: Path, early: dict) -> None:
     """Every check of what the capture could not see, into ``manifest``: its facts, and the
     notes (``trust_notes`` as data, ``notes`` worded); status "complete". ``early``: what
-    :func:`capture_checks` found already (made here otherwise)."""
+    :func:`capture_checks` found (run beside the tables)."""
     events, meta, cpus = cap.events, cap.meta, manifest["cpus"]
     t0, t_end = window.t0, window.end
     runqueue = tables["runqueue"]
-    early = early or capture_checks(cap, tasks, cpus, window, origin)
     blind = early["blind"]
     manifest["capture"] = {k: v for k, v in meta.items() if k not in ("notes", "cmdlines")}
     manifest["t0_ns"], manifest["released_ns"], manifest["end_ns"] = t0, window.released, t_end

@@ -19,24 +19,14 @@ NOTHING = {"op": "stop", "wid": -1}
 
 @pytest.fixture
 def server():
-    """A fork server, and another thread alive beside the test's, as a controller has (the
-    probe's drain, the pools): a signal the main thread blocks is taken by such a thread, while
-    Python still runs its handler in the main thread."""
-    import threading
-
     s = forkserver.ForkServer()
-    done = threading.Event()
-    beside = threading.Thread(target=done.wait)
-    beside.start()
     yield s
-    done.set()
-    beside.join()
     s.close()
 
 
 def _interrupted_at(monkeypatch, name: str, before: bool):
     """Replace forkserver.NAME by the same call with SIGINT sent to this process just before it
-    (``before``) or just after it, where Python raises it at once unless it is held."""
+    (``before``) or just after it, where Python raises it at once."""
     real = getattr(forkserver, name)
 
     def call(*args, **kw):

@@ -65,14 +65,10 @@ def stop_behind(exc: BaseException) -> BaseException | None:
     """The Ctrl-C (KeyboardInterrupt) or :class:`Interrupted` that ``exc`` was raised while
     handling, if any (its ``__context__`` chain): an error of the cleanup after a stop, which
     must be handled as the stop, never as a failure to go on after."""
-    seen = set()
     e = exc
-    while e is not None and id(e) not in seen:
-        if isinstance(e, (KeyboardInterrupt, Interrupted)):
-            return e
-        seen.add(id(e))
-        e = e.__context__
-    return None
+    while e is not None and not isinstance(e, (KeyboardInterrupt, Interrupted)):
+        e = e.__context__           # never a cycle: Python breaks one as it sets a context
+    return e
 
 
 class CpusetUnavailable(HarmonyError):

@@ -13,9 +13,9 @@ as long as the process, and reused by every workload. The controller talks to it
 SOCK_SEQPACKET socket pair (JSON requests, one reply each, naming its request's id: a reply whose
 caller was stopped by Ctrl-C before reading it is dropped by the next request, which waits for its
 own; the server never speaks unasked) and passes each workload's shared page as a memfd
-(SCM_RIGHTS). The server forks the workers into one
-process group, reaps them, and reports their exit statuses when asked (``poll``); ``stop`` kills the
-group and replies only once every worker is reaped.
+(SCM_RIGHTS). The server forks the workers into one process group, reaps them, and reports their
+exit statuses when asked (``poll``); ``stop`` kills the group and replies only once every worker
+is reaped.
 
 Hygiene: the server carries PR_SET_PDEATHSIG=SIGKILL tied to the controller (and exits if the
 controller died before that was armed); each worker carries it tied to the server and checks the
