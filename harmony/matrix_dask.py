@@ -59,7 +59,7 @@ from pathlib import Path
 from harmony import matrix
 from harmony.core.errors import HarmonyError, HostBusy
 from harmony.core.wording import plural
-from harmony.core.osutil import harmony_python
+from harmony.core.osutil import STOP_SIGNALS, harmony_python
 
 #: how to get what this module needs (setup.cfg's extra)
 EXTRA = 'pip install "harmony-sched[matrix]" (Dask distributed)'
@@ -427,7 +427,7 @@ def start_worker(address: str, name: str | None = None, timeout: float = 10.0,
                 STOPPING.set()
                 asyncio.ensure_future(worker.close())
 
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            for sig in STOP_SIGNALS:
                 loop.add_signal_handler(sig, stop)
             await worker.finished()
 

@@ -66,6 +66,8 @@ def signals_do_not_interrupt_the_teardown() -> None:
     import os
     import signal
 
+    from harmony.core.osutil import STOP_SIGNALS
+
     seen: list[int] = []
 
     def later(signum, frame):
@@ -73,7 +75,7 @@ def signals_do_not_interrupt_the_teardown() -> None:
             os._exit(128 + signum)
         seen.append(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, later)
 
 

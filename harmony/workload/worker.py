@@ -45,6 +45,7 @@ from harmony.core.osutil import (
     PR_SET_NAME,
     PR_SET_TIMERSLACK,
     SCHED_DEADLINE,
+    STOP_SIGNALS,
     WAKE_ALL,
     die_with_parent,
     futex,
@@ -165,7 +166,7 @@ def _adopt(parent: int, controller: int, comm: str) -> None:
         except ProcessLookupError:
             os._exit(1)
     prctl(PR_SET_NAME, comm.encode())
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_DFL)
 
 
