@@ -392,6 +392,7 @@ class _Capture:
             self.stored["kernel_samples"] = sink.put(out, "kernel_samples", sampler.rows)
             manifest["kernel_nr_running"] = {"sampled": sampler.nr is not None,
                                              "why_not": sampler.nr_why_not or None,
+                                             "longest_sleep_s": sampler.longest_sleep,
                                              "errors": sampler.nr.errors if sampler.nr else []}
             if sampler.nr:
                 self.stored["kernel_nr_running"] = sink.put(out, "kernel_nr_running",

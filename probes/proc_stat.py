@@ -42,7 +42,9 @@ class KernelSampler(threading.Thread):
     ``nr_why_not`` says why not otherwise.
 
     It sweeps every 1/hz s from ``begin`` on, less often when a sweep is long: after one it
-    sleeps at least :data:`SWEEP_BUDGET` times as long as it took.
+    sleeps at least :data:`SWEEP_BUDGET` times the CPU time it took (the thread's own: a wait
+    for the GIL or for a CPU is not the sampler's cost). ``longest_sleep`` says the longest
+    sleep it chose (s): how long it may have been blind at the end of a run.
     """
 
     def __init__(self, pids: list[int], hz: float, cpus: list[int] | None = None):
@@ -51,6 +53,7 @@ class KernelSampler(threading.Thread):
         super().__init__(name="kernel-sampler", daemon=True)
         self.pids, self.period = pids, 1.0 / hz
         self.rows: list[tuple] = []
+        self.longest_sleep = self.period
         # started before the release, it sweeps from begin on: a thread started after it waits
         # its turn among the tasks to run at all, and start() waits for that
         self.begin, self.stopping = threading.Event(), threading.Event()
@@ -73,7 +76,7 @@ class KernelSampler(threading.Thread):
         me = threading.get_native_id()
         wait = self.period
         while not self.stopping.wait(wait):
-            t = time.monotonic()
+            t = time.thread_time()
             if self.nr:
                 self.nr.sample(me)
             before = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -90,7 +93,8 @@ class KernelSampler(threading.Thread):
             self.rows += [(mid, after - before, pid, cpu, state) for pid, cpu, state in sweep]
             # at SCHED_FIFO (while a run is measured) a sweep takes its CPU from the tasks: with
             # many tasks (600: 5.4 ms a sweep) the rate drops so that it takes at most ~1 %
-            wait = max(self.period, SWEEP_BUDGET * (time.monotonic() - t))
+            wait = max(self.period, SWEEP_BUDGET * (time.thread_time() - t))
+            self.longest_sleep = max(self.longest_sleep, wait)
 
     def frame(self) -> pd.DataFrame:
         return KERNEL_SAMPLES.from_rows(self.rows)

@@ -345,7 +345,7 @@ def test_the_controllers_threads_keep_off_a_set_smaller_than_the_machine(kernel,
 
 
 def test_the_kernel_sampler_sweeps_less_often_when_a_sweep_is_long():
-    """A sweep of 3000 /proc reads (>= 5 ms) is followed by >= 0.5 s of sleep (SWEEP_BUDGET),
+    """A sweep of 3000 /proc reads (>= 5 ms of CPU) is followed by >= 0.5 s of sleep (SWEEP_BUDGET),
     whatever the rate asked (100 Hz); a sweep of 3 reads keeps the rate. At SCHED_FIFO a sweep
     takes its CPU from the tasks: this keeps it near 1 %."""
     from harmony.probes.proc_stat import SWEEP_BUDGET, KernelSampler
