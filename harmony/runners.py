@@ -7,7 +7,7 @@ only planned so far; ``drain`` analyses what is left and returns one result row 
 - :class:`SimRunner`: runs under a reference policy (:mod:`harmony.simulate`), no kernel;
 - :class:`KernelRunner`: real captures on this host (:func:`harmony.run.capture`), the host lock
   held from enter to exit; it analyses either in a background process (``python -m
-  harmony.runners --analyser``) while the next run is captured (``overlap``, on CPUs outside the
+  harmony.analyser``) while the next run is captured (``overlap``, on CPUs outside the
   experiment's set) or after the last capture, in one process per CPU;
 - :class:`harmony.vm.runner.VmRunner`: real captures of a kernel under test in a virtual machine.
 
@@ -22,7 +22,6 @@ import multiprocessing
 import os
 import signal
 import subprocess
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -32,8 +31,8 @@ import psutil
 from harmony import simulate
 from harmony.analysis.refpolicy import get_policy
 from harmony.core.errors import Interrupted
-from harmony.core.memory import tune_allocations
-from harmony.core.osutil import die_with_parent, harmony_python
+from harmony.analyser import DONE, analyse_group
+from harmony.core.osutil import harmony_python
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.pipeline import analyse
 from harmony.probes import get_probe
@@ -156,7 +155,7 @@ class KernelRunner:
 
     def _start_worker(self):
         outside = sorted(set(range(psutil.cpu_count())) - set(self.cpus))
-        argv, env = harmony_python("harmony.runners", "--analyser",
+        argv, env = harmony_python("harmony.analyser",
                                    env=dict(os.environ, HARMONY_ANALYSER_CPUS=",".join(
                                        map(str, outside))))
         # a plain child process, started before any capture: no threads in the controller, which
@@ -288,9 +287,6 @@ class KernelRunner:
         return self._results + results
 
 
-DONE = b"\x00done"
-
-
 def _proc_state(pid: int) -> str | None:
     """The state letter of a process (/proc/PID/stat), None if it is gone."""
     try:
@@ -300,23 +296,9 @@ def _proc_state(pid: int) -> str | None:
         return None
 
 
-def _analyse_group(group: tuple[list[str], bool]) -> list[dict]:
-    """Analyse one capture's directories in order (companions before the run that reads them)."""
-    dirs, figures = group
-    out = []
-    for d in dirs:
-        try:
-            analyse(Path(d), figures=figures)
-            out.append({"status": "ok", "path": d, "error": None})
-        except Exception as exc:  # one bad run must not stop the others; reported per run
-            out.append({"status": "error", "path": d,
-                        "error": f"{type(exc).__name__}: {exc}".replace("\n", " ")})
-    return out
-
-
 def analyse_groups(groups: list[tuple[list[str], bool]], processes: int,
                    while_waiting=None) -> list[dict]:
-    """Analyse captures (see :func:`_analyse_group`) in up to ``processes`` forked processes.
+    """Analyse captures (see :func:`analyse_group`) in up to ``processes`` forked processes.
 
     Only for when nothing is being measured: the processes use every CPU. Forked, so they start
     with this process's modules already imported. Results in the order of ``groups``.
@@ -325,12 +307,12 @@ def analyse_groups(groups: list[tuple[list[str], bool]], processes: int,
     this process alone, there is no such time and it is not called.
     """
     if processes <= 1 or len(groups) <= 1:
-        return [r for g in groups for r in _analyse_group(g)]
+        return [r for g in groups for r in analyse_group(g)]
     # largest captures first, so that the last one to finish is a small one and no CPU idles long
     order = sorted(range(len(groups)), key=lambda i: -_raw_bytes(groups[i][0]))
     with ProcessPoolExecutor(min(processes, len(groups)),
                              mp_context=multiprocessing.get_context("fork")) as pool:
-        results = pool.map(_analyse_group, [groups[i] for i in order])  # all forked by now
+        results = pool.map(analyse_group, [groups[i] for i in order])  # all forked by now
         if while_waiting is not None:
             while_waiting()
         done = dict(zip(order, results))
@@ -340,32 +322,3 @@ def analyse_groups(groups: list[tuple[list[str], bool]], processes: int,
 def _raw_bytes(dirs: list[str]) -> int:
     """Size of what the probes recorded for these runs: the analysis takes time in proportion."""
     return sum(f.stat().st_size for d in dirs for f in (Path(d) / "raw").rglob("*") if f.is_file())
-
-
-def _analyser_main() -> int:
-    """Background analyser: each line is a figures flag (0/1) then the tab-separated run dirs of
-    one capture, analysed in order."""
-    tune_allocations()  # an entry point of its own: see harmony.core.memory
-    cpus = os.environ.get("HARMONY_ANALYSER_CPUS", "")
-    try:
-        if cpus:
-            os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
-        else:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            os.nice(19)
-    except (OSError, AttributeError):
-        pass
-    # be killed when the controller dies: stopped (SIGSTOP) by it, this process would otherwise
-    # never read the end of its input and stay behind
-    if not die_with_parent() and os.getppid() == 1:   # nobody is left to feed us
-        return 0
-    for line in sys.stdin:
-        flag, *dirs = line.rstrip("\n").split("\t")
-        for r in _analyse_group(([d for d in dirs if d], flag == "1")):
-            print("\t".join(v for v in (r["status"], r["path"], r["error"]) if v), flush=True)
-        print(DONE.decode(), flush=True)
-    return 0
-
-
-if __name__ == "__main__" and sys.argv[1:] == ["--analyser"]:
-    sys.exit(_analyser_main())

@@ -216,20 +216,25 @@ def test_paused_analyser_never_runs_while_a_run_is_measured(kernel, tmp_path):
         assert not its.any(), window[its].head()
 
 
-def test_stopped_analyser_dies_with_its_controller(tmp_path):
-    """A controller killed while its analyser is stopped leaves no analyser behind."""
+@pytest.mark.parametrize("when", ["importing", "after a capture"])
+def test_stopped_analyser_dies_with_its_controller(tmp_path, when):
+    """A controller killed while its analyser is stopped leaves no analyser behind: stopped as
+    it imports the analysis (its maps show numpy: past its first step, the death signal) or
+    after it analysed a capture."""
     import subprocess
     import sys
     import time
 
     from harmony.runners import _proc_state
 
+    wait = ("w.stdin.write(b'0\\t/nonexistent/run\\n'); w.stdin.flush()\n"
+            "w.stdout.readline(); w.stdout.readline()\n" if when == "after a capture" else
+            "import time\n"
+            "while 'numpy' not in open(f'/proc/{w.pid}/maps').read(): time.sleep(0.001)\n")
     script = ("import os, signal, subprocess, sys\n"
-              "w = subprocess.Popen([sys.executable, '-m', 'harmony.runners', '--analyser'],"
+              "w = subprocess.Popen([sys.executable, '-m', 'harmony.analyser'],"
               " stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)\n"
-              # one capture analysed (its result, then DONE): past the death-signal request
-              "w.stdin.write(b'0\\t/nonexistent/run\\n'); w.stdin.flush()\n"
-              "w.stdout.readline(); w.stdout.readline()\n"
+              + wait +
               "os.kill(w.pid, signal.SIGSTOP)\n"
               "print(w.pid, flush=True)\n"
               "os._exit(0)\n")
