@@ -505,9 +505,9 @@ _WORDING = {
         "with the kernel's /proc or nr_running"),
     "sampler_slow": lambda n: (
         f"the kernel sampler swept {n['sweeps']} times in the window, not the {n['due']:.0f} "
-        f"that {n['hz']:g} Hz asks: after a sweep it sleeps {n['budget']} times as long as the "
-        f"sweep took (its /proc reads alone, {n['sweep_us']:.0f} us here), so that it takes at "
-        "most ~1 % of a CPU from the tasks"),
+        f"that {n['hz']:g} Hz asks: after a sweep it sleeps {n['budget']} times the CPU time "
+        f"the sweep took (its /proc reads alone, {n['sweep_us']:.0f} us of wall time here), so "
+        "that it takes at most ~1 % of a CPU from the tasks"),
     "proc_agreement_low": lambda n: (
         f"rebuilt run queues agree with the kernel's /proc view on only {n['agreement']:.1%} of "
         f"{n['sweeps']} sweeps (a sweep reads each task's /proc/PID/stat in turn, "

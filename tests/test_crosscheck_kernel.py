@@ -148,7 +148,7 @@ def test_rebuilt_runqueue_matches_kernel_nr_running(kernel, tmp_path):
     ok, why = sched_debug.available()
     if not ok:
         host_skip(why)
-    # The sampler takes at most ~1 % of a CPU: after each sweep it sleeps 100 times as long as
+    # The sampler takes at most ~1 % of a CPU: after each sweep it sleeps 100 times the CPU time
     # the sweep took, so how many samples a window holds is the host's (15-25 Hz here, fewer where
     # /proc is slower to read), not a result. The agreement is judged on enough samples with only
     # experiment tasks runnable: a run that has too few is measured again, longer.
@@ -156,7 +156,7 @@ def test_rebuilt_runqueue_matches_kernel_nr_running(kernel, tmp_path):
         ka = run.manifest["kernel_nr_running_agreement"]
         if ka["samples"] < MIN_SAMPLES:
             return (f"the sampler made {ka['samples']} samples, fewer than the {MIN_SAMPLES} the "
-                    "check needs (it sleeps 100 times as long as each sweep took)")
+                    "check needs (it sleeps 100 times the CPU time each sweep took)")
         return ka["clean"] < MIN_CLEAN and (
             f"host busy: only {ka['clean']} of {ka['samples']} samples had only experiment tasks "
             f"runnable on the CPU set (others: {ka['busy_comms']}); adjusted agreement "

@@ -373,9 +373,9 @@ def test_a_sampler_slower_than_asked_says_how_many_sweeps_it_made(sweeps, noted)
                                      "sweep_us_median": 480}}
     notes = [n for n in _notes(manifest, {"lost_events": 0}) if "kernel sampler swept" in n]
     assert notes == ([f"the kernel sampler swept {sweeps} times in the window, not the 20 that "
-                      "10 Hz asks: after a sweep it sleeps 100 times as long as the sweep took "
-                      "(its /proc reads alone, 480 us here), so that it takes at most ~1 % of a "
-                      "CPU from the tasks"] if noted else [])
+                      "10 Hz asks: after a sweep it sleeps 100 times the CPU time the sweep "
+                      "took (its /proc reads alone, 480 us of wall time here), so that it takes "
+                      "at most ~1 % of a CPU from the tasks"] if noted else [])
 
 
 def test_run_anomalies_compared_over_the_stretch_both_probes_recorded():
