@@ -3,9 +3,10 @@
 
 Each line of its input is a figures flag (0/1) and then the tab-separated run directories of one
 capture, analysed in order (companions first); for each directory it prints
-``status<TAB>path[<TAB>error]``, and :data:`DONE` after each capture. ``HARMONY_ANALYSER_CPUS``:
-the CPUs it runs on; empty, it runs anywhere under SCHED_IDLE at nice 19 (CPU time nothing else
-wants).
+``status<TAB>path[<TAB>error]``, and :data:`DONE` after each capture. Its first line is
+:data:`READY`: its death signal is armed (a runner stops it only from then on).
+``HARMONY_ANALYSER_CPUS``: the CPUs it runs on; empty, it runs anywhere under SCHED_IDLE at
+nice 19 (CPU time nothing else wants).
 
 Its first steps come before it imports the analysis (seconds): its place (CPUs or priority), and
 the death signal tied to the runner, so that a runner killed while this process is stopped
@@ -22,6 +23,8 @@ from harmony.core.osutil import die_with_parent
 
 #: the line that ends a capture's results
 DONE = b"\x00done"
+#: its first line: the death signal is armed, it may be stopped
+READY = b"\x00ready"
 
 
 def analyse_group(group: tuple[list[str], bool]) -> list[dict]:
@@ -60,6 +63,7 @@ def main() -> int:
     if not die_with_parent():   # the runner is gone already: nobody is left to feed us
         return 0
     _place()
+    print(READY.decode(), flush=True)
     from harmony.core.memory import tune_allocations
 
     tune_allocations()  # an entry point of its own: see harmony.core.memory

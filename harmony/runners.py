@@ -31,7 +31,7 @@ import psutil
 from harmony import simulate
 from harmony.analysis.refpolicy import get_policy
 from harmony.core.errors import Interrupted
-from harmony.analyser import DONE, analyse_group
+from harmony.analyser import DONE, READY, analyse_group
 from harmony.core.osutil import harmony_python
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.pipeline import analyse
@@ -74,121 +74,53 @@ class SimRunner:
         return []
 
 
-class KernelRunner:
-    """Real captures (harmony.run.capture) with the host lock held once for all of them.
+class BackgroundAnalysis:
+    """A runner's background analyser (:mod:`harmony.analyser`): the captures handed to it are
+    analysed while the runner goes on, and what is left when the runner is drained is analysed
+    beside it, one process per CPU.
 
-    ``overlap``: analyse the runs in a background process while the next ones are captured. That
-    process runs outside the experiment's CPU set when the host has CPUs outside it, and otherwise
-    under SCHED_IDLE at nice 19, so that it only uses CPU time the experiment leaves idle. With
-    ``pause`` as well, it is stopped (SIGSTOP, and seen stopped) before each run's workload is
-    released and continued once the workload is stopped: it analyses in the gaps between
-    measurements only, so nothing runs beside a measurement. Without ``overlap``, the runs are
-    captured back to back and analysed when the runner is drained (on exit), in one process per
-    CPU.
-
-    A paused background process is handed at most two captures at a time; on exit, what it was
-    not handed is analysed in one process per CPU beside it.
-
-    A probe that offers ``session()`` (tracefs: one instance for all runs) keeps it open from
-    enter to exit.
+    With ``pause``, the runner stops it (SIGSTOP, and seen stopped) while a run is measured and
+    continues it after (:meth:`_pause_worker`, :meth:`_resume_worker`); a paused analyser is
+    handed at most :data:`AHEAD` captures at a time, so that what it was not handed is analysed
+    beside it at the end. A runner without one (``worker`` None) analyses all when drained.
     """
 
     AHEAD = 2  # captures handed to a paused analyser before it reports one done
 
-    def __init__(self, probe: str = "tracefs", facts: dict | None = None, overlap: bool = True,
-                 cpus: list[int] | None = None, pause: bool = False, scx=None):
-        self.probe, self.facts, self.overlap, self.pause = probe, facts or {}, overlap, pause
-        self.scx = scx      # a sched_ext scheduler for every run (harmony.vm.scx.ScxSpec), or None
-        self.cpus = cpus or []
-        self.name = f"kernel ({probe})"
-        self.analysis = ("between captures (stopped while a run is measured), the rest after the "
-                         "last capture" if overlap and pause
-                         else "overlapped with the next capture" if overlap
-                         else "after the last capture, one process per CPU")
-        self.lock = None
+    def _no_analyser(self) -> None:
         self.worker: subprocess.Popen | None = None
         self.pending: list[tuple[list[str], bool]] = []  # (run dirs in order, draw figures)
         self.handed: list[tuple[list[str], bool]] = []  # given to the analyser, not yet done
         self._out = b""                  # its output not yet parsed (a partial line)
+        self._ready = False              # it said READY: its death signal is armed
         self._results: list[dict] = []
         self.while_analysing = None  # called while the drained analysis runs (analyse_groups)
-        self._session = contextlib.ExitStack()  # the probe's session, if it has one
 
-    def __enter__(self):
+    def _end_worker(self) -> None:
+        """Kill the analyser if it is still there (drain finishes it; an error or a stop did not
+        let drain run): what it did not report done stays "captured", for ``--resume``."""
+        if self.worker is not None:
+            self.worker.kill()
+            self.worker.wait()
+            self.worker = None
 
-        # held once for every run: captures are told so (lock_held) and no other run slips in
-        self.lock = HostLock().acquire()
-        try:
-            self.reclaimed = reclaim_stale()
-            if self.overlap:
-                self._start_worker()
-            session = getattr(get_probe(self.probe), "session", None)
-            if session is not None:
-                self._session.enter_context(session())
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
+    def _analyser_cpus(self) -> list[int]:
+        """The CPUs the analyser may have to itself (none: it runs anywhere, under SCHED_IDLE at
+        nice 19)."""
+        return []
 
-    def __exit__(self, exc_type, exc, tb):
-        # the probe's kernel state goes first; then the analysis, still under the lock. Stopped
-        # (Ctrl-C, SIGTERM), the command ends now: the captures not yet analysed stay "captured",
-        # for `harmony suite --resume` (or `harmony report`) to analyse, and the analyser is killed
-        # below, mid-run if need be (a run is marked complete only once all of it is written).
-        # Analysed here, they kept a Ctrl-C waiting 3 s and more, a suite's backlog minutes.
-        stopped = exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, Interrupted))
-        try:
-            self._session.close()
-        finally:
-            try:
-                if not stopped:
-                    self.results = self.drain()
-            finally:
-                if self.worker is not None:  # drain did not finish it (an error): no orphan
-                    self.worker.kill()
-                    self.worker.wait()
-                    self.worker = None
-                if self.lock:
-                    self.lock.release()
-                    self.lock = None
-        return False
-
-    def _start_worker(self):
-        outside = sorted(set(range(psutil.cpu_count())) - set(self.cpus))
+    def _start_worker(self) -> None:
+        """Start the analyser (on :meth:`_analyser_cpus`)."""
         argv, env = harmony_python("harmony.analyser",
                                    env=dict(os.environ, HARMONY_ANALYSER_CPUS=",".join(
-                                       map(str, outside))))
-        # a plain child process, started before any capture: no threads in the controller, which
-        # forks the workers. In a session of its own: Ctrl-C at the terminal is for the controller,
-        # which drains it or, dying, kills it (osutil.die_with_parent)
+                                       map(str, self._analyser_cpus()))))
+        # a plain child process (a KernelRunner starts it before any capture: no threads in the
+        # controller, which forks the workers). In a session of its own: Ctrl-C at the terminal
+        # is for the controller, which drains it or, dying, kills it (osutil.die_with_parent)
         self.worker = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                        start_new_session=True)
+        self._ready = False
         os.set_blocking(self.worker.stdout.fileno(), False)
-
-    def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
-        """Capture (companions first); the analysis, with figures if ``figures``, follows in the
-        background analyser or when the runner is drained."""
-        out = Path(out)
-        hold = ({"pause": self._pause_worker, "resume": self._resume_worker}
-                if self.worker is not None and self.pause else {})
-        jobs = []
-        for name, overrides in exp.companions(params).items():
-            cp = exp.resolve({**params, **overrides}, cpus)
-            capture(exp, cp, cpus, out / name, self.probe, seed, self.facts, quiet=True,
-                    lock_held=True, scx=self.scx, **hold)
-            jobs.append(str(out / name))
-        capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True, lock_held=True,
-                scx=self.scx, **hold)
-        jobs.append(str(out))
-        self.adopt(jobs, figures)
-
-    def adopt(self, dirs: list[str], figures: bool = True) -> None:
-        """Analyse these stored captures (in order: companions first) as if just captured."""
-        self.pending.append((list(dirs), figures))
-        self._hand_out()
-
-    def flush(self) -> None:
-        """Nothing waits: each run was captured when asked."""
 
     def _hand_out(self) -> None:
         """Collect what the background analyser reported, and hand it captures up to AHEAD."""
@@ -208,8 +140,8 @@ class KernelRunner:
                 return
 
     def _read_worker(self, until_eof: bool = False) -> None:
-        """Parse the analyser's output lines: "status<TAB>path[<TAB>error]" per run directory,
-        and DONE after each capture. ``until_eof``: wait for it to exit."""
+        """Parse the analyser's output lines: READY first, then "status<TAB>path[<TAB>error]" per
+        run directory and DONE after each capture. ``until_eof``: wait for it to exit."""
         fd = self.worker.stdout.fileno()
         if until_eof:
             os.set_blocking(fd, True)
@@ -223,6 +155,9 @@ class KernelRunner:
             self._out += chunk
         *lines, self._out = self._out.split(b"\n")
         for line in lines:
+            if line == READY:
+                self._ready = True
+                continue
             if line == DONE:  # captures are reported in the order they were handed
                 self.handed.pop(0)
                 continue
@@ -232,12 +167,21 @@ class KernelRunner:
 
     def _pause_worker(self) -> None:
         """Stop the analyser and wait until the kernel says it is stopped (state T); one that
-        does not stop within a second is killed and its captures analysed on exit instead."""
+        has not said READY (its death signal armed: stopped before, it would outlive a killed
+        runner) or does not stop within a second is killed and its captures analysed on exit
+        instead."""
         if self.worker is None:  # lost at an earlier pause of this capture's companions
+            return
+        deadline = time.monotonic() + 1.0
+        while not self._ready and time.monotonic() < deadline:
+            self._read_worker()
+            if not self._ready:
+                time.sleep(0.001)
+        if not self._ready:
+            self._lose_worker()
             return
         pid = self.worker.pid
         os.kill(pid, signal.SIGSTOP)
-        deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             if _proc_state(pid) in ("T", "Z", None):
                 return
@@ -286,6 +230,104 @@ class KernelRunner:
             results += analyse_groups(self._take_back(), len(os.sched_getaffinity(0)))
         return self._results + results
 
+
+class KernelRunner(BackgroundAnalysis):
+    """Real captures (harmony.run.capture) with the host lock held once for all of them.
+
+    ``overlap``: analyse the runs in a background process while the next ones are captured. That
+    process runs outside the experiment's CPU set when the host has CPUs outside it, and otherwise
+    under SCHED_IDLE at nice 19, so that it only uses CPU time the experiment leaves idle. With
+    ``pause`` as well, it is stopped (SIGSTOP, and seen stopped) before each run's workload is
+    released and continued once the workload is stopped: it analyses in the gaps between
+    measurements only, so nothing runs beside a measurement. Without ``overlap``, the runs are
+    captured back to back and analysed when the runner is drained (on exit), in one process per
+    CPU.
+
+    A paused background process is handed at most two captures at a time; on exit, what it was
+    not handed is analysed in one process per CPU beside it.
+
+    A probe that offers ``session()`` (tracefs: one instance for all runs) keeps it open from
+    enter to exit.
+    """
+
+    def __init__(self, probe: str = "tracefs", facts: dict | None = None, overlap: bool = True,
+                 cpus: list[int] | None = None, pause: bool = False, scx=None):
+        self.probe, self.facts, self.overlap, self.pause = probe, facts or {}, overlap, pause
+        self.scx = scx      # a sched_ext scheduler for every run (harmony.vm.scx.ScxSpec), or None
+        self.cpus = cpus or []
+        self.name = f"kernel ({probe})"
+        self.analysis = ("between captures (stopped while a run is measured), the rest after the "
+                         "last capture" if overlap and pause
+                         else "overlapped with the next capture" if overlap
+                         else "after the last capture, one process per CPU")
+        self.lock = None
+        self._no_analyser()
+        self._session = contextlib.ExitStack()  # the probe's session, if it has one
+
+    def __enter__(self):
+
+        # held once for every run: captures are told so (lock_held) and no other run slips in
+        self.lock = HostLock().acquire()
+        try:
+            self.reclaimed = reclaim_stale()
+            if self.overlap:
+                self._start_worker()
+            session = getattr(get_probe(self.probe), "session", None)
+            if session is not None:
+                self._session.enter_context(session())
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        # the probe's kernel state goes first; then the analysis, still under the lock. Stopped
+        # (Ctrl-C, SIGTERM), the command ends now: the captures not yet analysed stay "captured",
+        # for `harmony suite --resume` (or `harmony report`) to analyse, and the analyser is killed
+        # below, mid-run if need be (a run is marked complete only once all of it is written).
+        # Analysed here, they kept a Ctrl-C waiting 3 s and more, a suite's backlog minutes.
+        stopped = exc_type is not None and issubclass(exc_type, (KeyboardInterrupt, Interrupted))
+        try:
+            self._session.close()
+        finally:
+            try:
+                if not stopped:
+                    self.results = self.drain()
+            finally:
+                self._end_worker()  # drain did not finish it (an error, a stop): no orphan
+                if self.lock:
+                    self.lock.release()
+                    self.lock = None
+        return False
+
+    def _analyser_cpus(self) -> list[int]:
+        """The host's CPUs outside the experiment's set."""
+        return sorted(set(range(psutil.cpu_count())) - set(self.cpus))
+
+    def capture(self, exp, params, cpus, out, seed, figures: bool = True) -> None:
+        """Capture (companions first); the analysis, with figures if ``figures``, follows in the
+        background analyser or when the runner is drained."""
+        out = Path(out)
+        hold = ({"pause": self._pause_worker, "resume": self._resume_worker}
+                if self.worker is not None and self.pause else {})
+        jobs = []
+        for name, overrides in exp.companions(params).items():
+            cp = exp.resolve({**params, **overrides}, cpus)
+            capture(exp, cp, cpus, out / name, self.probe, seed, self.facts, quiet=True,
+                    lock_held=True, scx=self.scx, **hold)
+            jobs.append(str(out / name))
+        capture(exp, params, cpus, out, self.probe, seed, self.facts, quiet=True, lock_held=True,
+                scx=self.scx, **hold)
+        jobs.append(str(out))
+        self.adopt(jobs, figures)
+
+    def adopt(self, dirs: list[str], figures: bool = True) -> None:
+        """Analyse these stored captures (in order: companions first) as if just captured."""
+        self.pending.append((list(dirs), figures))
+        self._hand_out()
+
+    def flush(self) -> None:
+        """Nothing waits: each run was captured when asked."""
 
 def _proc_state(pid: int) -> str | None:
     """The state letter of a process (/proc/PID/stat), None if it is gone."""

@@ -220,7 +220,7 @@ def test_paused_analyser_never_runs_while_a_run_is_measured(kernel, tmp_path):
 def test_stopped_analyser_dies_with_its_controller(tmp_path, when):
     """A controller killed while its analyser is stopped leaves no analyser behind: stopped as
     it imports the analysis (its maps show numpy: past its first step, the death signal) or
-    after it analysed a capture."""
+    after it analysed a capture (READY, the capture's result, DONE)."""
     import subprocess
     import sys
     import time
@@ -228,7 +228,7 @@ def test_stopped_analyser_dies_with_its_controller(tmp_path, when):
     from harmony.runners import _proc_state
 
     wait = ("w.stdin.write(b'0\\t/nonexistent/run\\n'); w.stdin.flush()\n"
-            "w.stdout.readline(); w.stdout.readline()\n" if when == "after a capture" else
+            "[w.stdout.readline() for _ in range(3)]\n" if when == "after a capture" else
             "import time\n"
             "while 'numpy' not in open(f'/proc/{w.pid}/maps').read(): time.sleep(0.001)\n")
     script = ("import os, signal, subprocess, sys\n"
