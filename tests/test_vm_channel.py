@@ -72,8 +72,58 @@ def capture(planned, params, cpus, out, *args, pause=None, resume=None, **kwargs
         time.sleep(600)         # the reaper ends what the stand-in virtme-ng left
     if mode == "slow-capture":
         time.sleep(600)
+    if mode == "captured":
+        return _captured(out, resume)
     resume()
     raise RuntimeError(f"fake capture by agent {os.getpid()}")
+
+made = []
+
+def _stat(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+def _analysers():
+    """The state letter of each background analyser of the runner that started this stand-in
+    VM (a child of one of this process's ancestors), read from /proc."""
+    import glob
+    ancestors, pid = set(), os.getppid()
+    while pid > 1:
+        ancestors.add(pid)
+        pid = int(_stat(pid)[1])
+    out = []
+    for cmdline in glob.glob("/proc/[0-9]*/cmdline"):
+        try:
+            with open(cmdline, "rb") as f:
+                argv = f.read().split(b"\\0")
+            st = _stat(cmdline.split("/")[2])
+            if b"harmony.analyser" in argv and int(st[1]) in ancestors:
+                out.append(st[0])
+        except OSError:
+            pass
+    return out
+
+def _captured(out, resume):
+    """A capture of nothing, said captured: what the host's analyser was doing in its window
+    (read here, until it is seen stopped), and whether the host had landed the run before."""
+    import json, types
+    give_up, seen = time.monotonic() + 20, []
+    while time.monotonic() < give_up and not (seen and set(seen) == {"T"}):
+        seen = _analysers()
+        time.sleep(0.01)
+    landed = None
+    if made:
+        give_up = time.monotonic() + 20
+        while time.monotonic() < give_up and landed is None:
+            with open(os.path.join(made[-1], "manifest.json")) as f:
+                landed = json.load(f).get("vm")
+            time.sleep(0.01)
+    resume()
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump({"status": "captured", "experiment": "single-source", "params": {},
+                   "analysers_in_window": seen, "previous_landed": landed is not None}, f)
+    made.append(str(out))
+    return types.SimpleNamespace(manifest={"params": {}})
 
 guest.guest_facts, guest.capture, guest.HostLock = facts, capture, contextlib.nullcontext
 guest.topology_problem = lambda topology, facts: None       # the shape asked for: got
@@ -176,6 +226,29 @@ def test_several_flushes_are_made_in_one_boot_that_ends_with_the_runner(fake_vm,
     console = (tmp_path / "a" / "vm-console.log").read_text()     # with the first flush's runs
     assert console.count('"event": "facts"') == 1 and console.count('"event": "flushed"') == 2
     assert '"event": "end"' in console                      # the agent ended at its input's end
+
+
+def test_runs_are_landed_as_written_and_analysed_between_windows(fake_vm, tmp_path,
+                                                                  monkeypatch):
+    """Each run is landed as the guest says it is written (the guest sees the host's manifest
+    of its previous run before its next window ends), and the host's background analyser is
+    stopped in every window (the guest reads its state in /proc: T) and analyses the runs: each
+    is reported once (an error here: the stand-in captures hold no trace)."""
+    monkeypatch.setenv("FAKE_AGENT", "captured")
+    with _runner(tmp_path) as r:
+        for d in "abc":
+            _plan(r, tmp_path / d)
+        r.flush()
+        analyser = r.worker.pid
+        assert r.worker is not None and r.analysis.startswith("on the host between")
+    assert r.worker is None and not Path(f"/proc/{analyser}").exists()
+    for k, d in enumerate("abc"):
+        m = store.read_json(tmp_path / d / "manifest.json")
+        assert m["analysers_in_window"] == ["T"], m     # one analyser, stopped in the window
+        assert m["previous_landed"] == (k > 0)
+        assert m["vm"]["land_s"] is not None and m["vm"]["accelerator"] == "tcg"
+    assert sorted(res["path"] for res in r.results) == [str(tmp_path / d) for d in "abc"]
+    assert all(res["status"] == "error" for res in r.results), r.results
 
 
 def test_a_guest_without_the_input_port_boots_again_for_each_flush(fake_vm, tmp_path,

@@ -20,7 +20,7 @@ from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
 from harmony.manifest import versions as package_versions
 from harmony.run import land
-from harmony.runners import analyse_groups
+from harmony.runners import BackgroundAnalysis
 from harmony.vm.bundle import guest_command, write_bundle
 from harmony.vm.guest import PlannedRun, job_line, write_job
 from harmony.vm.kernels import kernel_config_text
@@ -45,7 +45,7 @@ def configured_s(run: PlannedRun) -> float:
     return float(run.params.get("duration", 0)) + (warm_s(run.params) or 0.0)
 
 
-class VmRunner:
+class VmRunner(BackgroundAnalysis):
     """Real captures of a kernel under test in a virtual machine, one boot for all of them.
 
     ``capture`` plans a run (its companions first: :class:`harmony.vm.guest.PlannedRun`) into its
@@ -55,8 +55,13 @@ class VmRunner:
     (:func:`harmony.run.land`), completes its manifest (the kernel under test from the guest's
     facts as ``under_test``, the host's own facts as ``host``, the VM as ``vm`` with how long each
     vCPU waited for a host CPU over the run's window, and that window on the host's clock and on
-    the guest's) and analyses it once the VM is gone (``drain``), one process per CPU. The host
-    lock is held from enter to exit: the vCPUs are the measurement.
+    the guest's) as the guest says it is written, and analyses it in a background analyser on
+    the host (:class:`harmony.runners.BackgroundAnalysis`), started once the guest has booted
+    and stopped (``pause``) in each window, from the guest's ``measuring`` (before the release
+    and its warm-up) to its ``measured``: nothing of Harmony's runs on the host beside a
+    measurement, and it analyses in the guest's set-ups and teardowns instead of after the VM.
+    What is left when the runner is drained (``drain``) is analysed beside it, one process per
+    CPU. The host lock is held from enter to exit: the vCPUs are the measurement.
 
     Rounds: ``flush`` may be called any number of times in one boot. The first flush's runs go
     to the guest agent as a job file at the boot; the guest then stays up, waiting for its next
@@ -95,12 +100,13 @@ class VmRunner:
         self.progress = None    # a suite's Progress: told of each run as the guest makes it
         shape = f"; {topology.describe()}" if topology is not None else ""
         self.name = f"kernel {kernel.spec} in a VM ({vcpus} vCPUs{shape})"
-        self.overlap = False
-        self.analysis = "on the host after the VM exits, one process per CPU"
+        self._no_analyser()
+        self.overlap, self.pause = True, True
+        self.analysis = ("on the host between the guest's measurements (stopped while it "
+                         "measures), the rest after the VM exits")
         self.lock = None
         self.planned: list[tuple[object, PlannedRun]] = []   # (experiment, run), in order
         self.groups: list[tuple[list[str], bool]] = []         # (run dirs of a capture, figures)
-        self.ready: list[tuple[list[str], bool]] = []          # landed, to be analysed
         self.results: list[dict] = []
         self.system: dict | None = None     # the guest's facts (the kernel under test)
         self.vm: VirtualMachine | None = None
@@ -111,7 +117,6 @@ class VmRunner:
         self.agent_modules: str | None = None   # where the agent's Harmony came from (its facts)
         self.boot_s: float | None = None
         self.reniced: list[int] = []        # the vCPU threads given the setting's nice value
-        self.while_analysing = None
         #: the last records of the sched_ext schedulers the guest kept loaded across runs, as
         #: each boot's agent reported them at its end (harmony.vm.guest.Boot.close)
         self.schedulers_ended: list[dict] = []
@@ -141,6 +146,7 @@ class VmRunner:
                 if not stopped:       # what was captured before a VM failed is analysed too
                     self.results = self.drain()
             finally:
+                self._end_worker()
                 if self.vm is not None:
                     self.vm.stop()
                 if self.lock:
@@ -159,8 +165,9 @@ class VmRunner:
         self.groups.append((dirs, figures))
 
     def adopt(self, dirs: list[str], figures: bool = True) -> None:
-        """Analyse captures already stored (a resumed suite) with the others, after the boot."""
-        self.ready.append((list(dirs), figures))
+        """Analyse captures already stored (a resumed suite) with the others."""
+        self.pending.append((list(dirs), figures))
+        self._hand_out()
 
     def _plan(self, exp, params, cpus, out: Path, seed) -> str:
         store.make_run_dir(out)
@@ -254,9 +261,10 @@ class VmRunner:
                 + (f" (exit {self.vm.returncode})" if self.vm and self.vm.returncode else ""))
 
     @staticmethod
-    def _state(runs: list[PlannedRun]) -> dict:
+    def _state(todo: list) -> dict:
         return {"i": None, "window": {}, "errors": {}, "done": set(), "flushed": False,
-                "fatal": None, "runs": runs}
+                "fatal": None, "todo": todo, "landed": set(), "landed_dirs": set(),
+                "captured": set()}
 
     def flush(self) -> None:
         """Make every capture planned since the last flush, in this boot (booting first if
@@ -271,7 +279,7 @@ class VmRunner:
         # flush's runs of a batch or suite go beside them); the console log with the runs
         rwdir = Path(os.path.commonpath([str(Path(run.dir).parent) for run in runs]))
         console = Path(os.path.commonpath([run.dir for run in runs])) / "vm-console.log"
-        state = self._state(runs)
+        state = self._state(todo)
         on_event = lambda ev, t: self._on_event(ev, t, runs, state)  # noqa: E731
         failure = None
         try:
@@ -327,14 +335,17 @@ class VmRunner:
             threads = vcpu_threads(self.vm.qemu_pid, self.vcpus) if self.vm.qemu_pid else {}
             state["window"][i] = {"t0": t, "threads": threads, "guest_t0": ev.get("mono_ns"),
                                   "before": vcpu_times(self.vm.qemu_pid, threads)}
+            self._pause_worker()            # within the warm-up that precedes t0
             budget = float(runs[i].params.get("duration", 0)) + self.RUN_MARGIN_S
         elif kind == "measured" and i is not None and i in state["window"]:
+            self._resume_worker()
             w = state["window"][i]
             w["seconds"] = t - w["t0"]
             w["after"] = vcpu_times(self.vm.qemu_pid, w["threads"])
             if w["guest_t0"] is not None and ev.get("mono_ns") is not None:
                 w["guest_seconds"] = (ev["mono_ns"] - w["guest_t0"]) / 1e9
         elif kind == "error":
+            self._resume_worker()           # a run that failed in its window says no "measured"
             state["errors"][i] = ev.get("message", "?")
             self.say(f"run {'?' if i is None else i + 1} failed in the guest: "
                      f"{ev.get('message')}")
@@ -342,6 +353,11 @@ class VmRunner:
             state["fatal"] = ev.get("message", "?")
         elif kind == "done" and i is not None:
             state["done"].add(i)
+            if 0 <= i < len(state["todo"]):     # written: landed now, analysed meanwhile
+                if "vm_facts" not in state:     # QEMU's and virtme-ng's versions: asked once
+                    state["vm_facts"] = self._vm_record(self.vm)
+                self._land_run(i, state, state["vm_facts"])
+                self._hand_landed(state, complete=True)
         elif kind == "flushed":
             state["flushed"] = True
         if kind in ("done", "error", "start") and budget is None:
@@ -360,6 +376,13 @@ class VmRunner:
             self.reniced = renice_threads(self.vm.qemu_pid,
                                           vcpu_threads(self.vm.qemu_pid, self.vcpus),
                                           self.vm.setting.nice)
+        if self.overlap and self.worker is None:
+            # after the boot, not beside it: loading its libraries as the guest booted made the
+            # boot 1.3-2 s longer (QEMU serves the guest's reads of the host's files then), even
+            # at SCHED_IDLE. No CPU of the host is the VM's alone (_analyser_cpus): under
+            # SCHED_IDLE at nice 19 anywhere, and stopped in every window
+            self._start_worker()
+            self._hand_out()
         self.say(f"booted {self.system.get('kernel')} ({self.system.get('scheduler')}, "
                  f"{self.system.get('ncpus')} CPUs) in {self.boot_s:.1f} s; "
                  f"{self.vm.accel.upper()}")
@@ -394,70 +417,92 @@ class VmRunner:
 
     def _land(self, todo, state: dict, failure: str | None, analyse_landed: bool = True,
               vm: VirtualMachine | None = None, died: bool = False) -> None:
-        """Complete each run's manifest on the host; runs not captured are marked incomplete.
-        ``vm``: the VM of these runs where it is no longer ``self.vm`` (ended after a failure);
-        ``died``: the guest died or failed before the end of its job (``failure`` says how),
-        recorded in each manifest's ``vm.died`` with the VM's exit status."""
+        """Complete the manifest of each run not landed yet (:meth:`_land_run`); runs not
+        captured are marked incomplete. ``vm``: the VM of these runs where it is no longer
+        ``self.vm`` (ended after a failure); ``died``: the guest died or failed before the end
+        of its job (``failure`` says how), recorded in each manifest's ``vm.died`` with the VM's
+        exit status. ``analyse_landed``: the captures landed go to the analysis."""
         vm_facts = self._vm_record(vm or self.vm, failure if died else None)
-        captured = set()
-        for i, (exp, run) in enumerate(todo):
-            path = Path(run.dir)
-            try:
-                manifest = store.read_json(path / "manifest.json")
-            except store.RunError:
-                manifest = new_manifest(exp, run.params, run.cpus, run.probe, run.seed,
-                                        self.system or {})
-            guest = manifest.pop("host", None)
-            # a guest that died before it said its facts: the kernel asked for, said as such
-            manifest["under_test"] = self.system or guest or {
-                "kernel": self.kernel.release, "facts_from": "the kernel asked for (the guest "
-                "said none)"}
-            if manifest.get("scx"):         # the host's path, not the copy the guest ran
-                manifest["scx"] = {**manifest["scx"], "path_in_guest": manifest["scx"]["path"],
-                                   "path": self.scx.path}
-            if manifest.get("scx") and guest:   # the scheduler the run had, not the boot's
-                manifest["under_test"] = {**manifest["under_test"],
-                                          "scheduler": guest.get("scheduler"),
-                                          "sched_ext": guest.get("sched_ext")}
-            manifest["host"] = self.facts
-            manifest["versions"] = package_versions()  # the agent sees no site dir (python -S)
-            # the pid of the controller in the guest, and this one: the run's controller here
-            manifest["guest_controller_pid"] = manifest.get("controller_pid")
-            manifest["controller_pid"] = os.getpid()
-            w = state["window"].get(i, {})
-            fr = (wait_fractions(w["before"], w["after"], w["seconds"])
-                  if "after" in w else {})
-            host_s, guest_s = w.get("seconds"), w.get("guest_seconds")
-            manifest["vm"] = {**vm_facts, "window_host_s": host_s, "window_guest_s": guest_s,
-                              "guest_clock_rate": guest_s / host_s if guest_s and host_s
-                              else None,
-                              "vcpu_wait_frac": [fr.get(v) for v in range(self.vcpus)] if fr
-                              else None,
-                              "vcpu_wait_max": max(fr.values()) if fr else None,
-                              "vcpu_wait_max_vcpu": max(fr, key=fr.get) if fr else None}
-            if manifest.get("status") == "captured":
-                try:
-                    t_land = time.monotonic()
-                    land(path)
-                    manifest["vm"]["land_s"] = round(time.monotonic() - t_land, 4)
-                    captured.add(run.dir)
-                except store.RunError as exc:
-                    manifest["status"] = "incomplete"
-                    manifest["incomplete_reason"] = f"its tables could not be landed: {exc}"
-            else:
-                why = state["errors"].get(i) or failure or "the guest did not capture it"
-                if manifest.get("status") == "incomplete" and manifest.get("incomplete_reason"):
-                    why = manifest["incomplete_reason"] + (f"; {failure}" if failure else "")
-                manifest["status"] = "incomplete"
-                manifest["incomplete_reason"] = why
-                manifest.setdefault("ended_at", now())
-            store.write_json(path / "manifest.json", manifest)
+        for i in range(len(todo)):
+            if i not in state["landed"]:
+                self._land_run(i, state, vm_facts, failure)
         if analyse_landed:
-            for dirs, figures in self.groups:
-                kept = [d for d in dirs if str(Path(d).absolute()) in captured]
-                if kept:
-                    self.ready.append((kept, figures))
+            self._hand_landed(state, complete=False)
         self.groups = []
+
+    def _hand_landed(self, state: dict, complete: bool) -> None:
+        """The planned captures whose runs are landed go to the analysis (their captured runs,
+        in order); ``complete``: only those of which every run is landed."""
+        keep = []
+        for dirs, figures in self.groups:
+            if complete and not all(str(Path(d).absolute()) in state["landed_dirs"]
+                                    for d in dirs):
+                keep.append((dirs, figures))
+                continue
+            kept = [d for d in dirs if str(Path(d).absolute()) in state["captured"]]
+            if kept:
+                self.pending.append((kept, figures))
+        self.groups = keep
+        self._hand_out()
+
+    def _land_run(self, i: int, state: dict, vm_facts: dict, failure: str | None = None) -> None:
+        """Complete run ``i``'s manifest on the host (the guest's facts, the host's, the VM's
+        with the run's window) and land its tables (:func:`harmony.run.land`); a run not
+        captured is marked incomplete (``failure``: why the guest stopped, if it did)."""
+        exp, run = state["todo"][i]
+        state["landed"].add(i)
+        state["landed_dirs"].add(str(Path(run.dir).absolute()))
+        path = Path(run.dir)
+        try:
+            manifest = store.read_json(path / "manifest.json")
+        except store.RunError:
+            manifest = new_manifest(exp, run.params, run.cpus, run.probe, run.seed,
+                                    self.system or {})
+        guest = manifest.pop("host", None)
+        # a guest that died before it said its facts: the kernel asked for, said as such
+        manifest["under_test"] = self.system or guest or {
+            "kernel": self.kernel.release, "facts_from": "the kernel asked for (the guest "
+            "said none)"}
+        if manifest.get("scx"):         # the host's path, not the copy the guest ran
+            manifest["scx"] = {**manifest["scx"], "path_in_guest": manifest["scx"]["path"],
+                               "path": self.scx.path}
+        if manifest.get("scx") and guest:   # the scheduler the run had, not the boot's
+            manifest["under_test"] = {**manifest["under_test"],
+                                      "scheduler": guest.get("scheduler"),
+                                      "sched_ext": guest.get("sched_ext")}
+        manifest["host"] = self.facts
+        manifest["versions"] = package_versions()  # the agent sees no site dir (python -S)
+        # the pid of the controller in the guest, and this one: the run's controller here
+        manifest["guest_controller_pid"] = manifest.get("controller_pid")
+        manifest["controller_pid"] = os.getpid()
+        w = state["window"].get(i, {})
+        fr = (wait_fractions(w["before"], w["after"], w["seconds"])
+              if "after" in w else {})
+        host_s, guest_s = w.get("seconds"), w.get("guest_seconds")
+        manifest["vm"] = {**vm_facts, "window_host_s": host_s, "window_guest_s": guest_s,
+                          "guest_clock_rate": guest_s / host_s if guest_s and host_s
+                          else None,
+                          "vcpu_wait_frac": [fr.get(v) for v in range(self.vcpus)] if fr
+                          else None,
+                          "vcpu_wait_max": max(fr.values()) if fr else None,
+                          "vcpu_wait_max_vcpu": max(fr, key=fr.get) if fr else None}
+        if manifest.get("status") == "captured":
+            try:
+                t_land = time.monotonic()
+                land(path)
+                manifest["vm"]["land_s"] = round(time.monotonic() - t_land, 4)
+                state["captured"].add(str(path.absolute()))
+            except store.RunError as exc:
+                manifest["status"] = "incomplete"
+                manifest["incomplete_reason"] = f"its tables could not be landed: {exc}"
+        else:
+            why = state["errors"].get(i) or failure or "the guest did not capture it"
+            if manifest.get("status") == "incomplete" and manifest.get("incomplete_reason"):
+                why = manifest["incomplete_reason"] + (f"; {failure}" if failure else "")
+            manifest["status"] = "incomplete"
+            manifest["incomplete_reason"] = why
+            manifest.setdefault("ended_at", now())
+        store.write_json(path / "manifest.json", manifest)
 
     def _abandon(self, why: str) -> None:
         """Leaving on an error before the boot: what was planned is marked incomplete."""
@@ -471,8 +516,9 @@ class VmRunner:
                 store.write_json(path, m)
 
     def drain(self) -> list[dict]:
-        """Analyse every landed capture (one process per CPU: nothing is measured any more)."""
-        ready, self.ready = self.ready, []
-        if ready:
-            self.say(f"analysing {sum(len(d) for d, _ in ready)} runs on the host")
-        return analyse_groups(ready, len(os.sched_getaffinity(0)), self.while_analysing)
+        """Finish the analysis of every landed capture: what the background analyser was handed,
+        and the rest beside it, one process per CPU (nothing is measured any more)."""
+        left = sum(len(d) for d, _ in self.pending + self.handed)
+        if left:
+            self.say(f"analysing {left} runs on the host")
+        return super().drain()
