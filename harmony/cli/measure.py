@@ -159,8 +159,10 @@ def scx_options(f):
     return f
 
 
-def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
-    """Fetch the kernel (if named and not cached) and make the VM runner."""
+def _vm_runner(kernel: str, vm, quiet: bool, scx=None, overlap: str = "auto"):
+    """Fetch the kernel (if named and not cached) and make the VM runner; ``overlap`` as
+    ``harmony suite --overlap`` (never: the analysis after the VM; auto: between the guest's
+    measurements; always: during them too)."""
     from harmony import doctor as host
     from harmony.vm.kernels import kernel as get_kernel
     from harmony.vm.plan import check_kernel_cpus, check_kernel_topology
@@ -175,7 +177,7 @@ def _vm_runner(kernel: str, vm, quiet: bool, scx=None):
         note(k.source["note"])
     facts = host.run_facts(host.doctor(mount=False, test_record=False))
     return VmRunner(k, len(vm.cpus), vm.memory_mb, vm.setting, facts=facts, say=say, scx=scx,
-                    topology=vm.topology)
+                    topology=vm.topology, overlap=overlap != "never", pause=overlap != "always")
 
 
 @click.command(cls=RunCommand)
@@ -423,7 +425,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
     """Run the whole catalog with repetitions and write one report (policy card first).
 
     With --kernel, the whole plan runs in one boot of that kernel in a VM with --vm-cpus vCPUs,
-    and is analysed on the host after the VM exits."""
+    and is analysed on the host as --overlap says: auto, between the guest's measurements (the
+    analyser stopped while the guest measures), the rest after the VM exits."""
     from harmony.runners import KernelRunner
     from harmony.store import missing_dir
     from harmony.suite import cpu_limits, plan, resume_plan, run_suite
@@ -478,7 +481,8 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
     shown = Shown(as_json, verbose)
     if kernel is not None:
         return _suite_in_vm(configs, cpu_set, out, seed, quiet,
-                            _vm_runner(kernel, vm, quiet, scx_spec), resume, cap, shown)
+                            _vm_runner(kernel, vm, quiet, scx_spec, overlap), resume, cap,
+                            shown)
     facts = _host_facts_or_exit(probe)
     limits = cpu_limits(len(cpu_set))
     spare = sorted(set(osutil.online_cpus()) - set(cpu_set))

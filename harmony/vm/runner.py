@@ -61,7 +61,9 @@ class VmRunner(BackgroundAnalysis):
     and its warm-up) to its ``measured``: nothing of Harmony's runs on the host beside a
     measurement, and it analyses in the guest's set-ups and teardowns instead of after the VM.
     What is left when the runner is drained (``drain``) is analysed beside it, one process per
-    CPU. The host lock is held from enter to exit: the vCPUs are the measurement.
+    CPU. ``overlap`` False: no background analyser, every capture analysed after the VM exits;
+    ``pause`` False: it is not stopped in the windows (at SCHED_IDLE beside them). The host lock
+    is held from enter to exit: the vCPUs are the measurement.
 
     Rounds: ``flush`` may be called any number of times in one boot. The first flush's runs go
     to the guest agent as a job file at the boot; the guest then stays up, waiting for its next
@@ -89,7 +91,7 @@ class VmRunner(BackgroundAnalysis):
 
     def __init__(self, kernel, vcpus: int, memory_mb: int = 2048, setting=None,
                  probe: str = "tracefs", facts: dict | None = None, say=None, scx=None,
-                 topology=None):
+                 topology=None, overlap: bool = True, pause: bool = True):
         if topology is not None:        # harmony.vm.topology.VmTopology: its vCPUs, its nodes
             vcpus, memory_mb = topology.vcpus, topology.vm_memory_mb(memory_mb)
         self.topology = topology
@@ -101,9 +103,12 @@ class VmRunner(BackgroundAnalysis):
         shape = f"; {topology.describe()}" if topology is not None else ""
         self.name = f"kernel {kernel.spec} in a VM ({vcpus} vCPUs{shape})"
         self._no_analyser()
-        self.overlap, self.pause = True, True
-        self.analysis = ("on the host between the guest's measurements (stopped while it "
-                         "measures), the rest after the VM exits")
+        self.overlap, self.pause = overlap, pause
+        self.analysis = ("on the host after the VM exits, one process per CPU" if not overlap
+                         else "on the host between the guest's measurements (stopped while it "
+                         "measures), the rest after the VM exits" if pause
+                         else "on the host as the guest captures (at SCHED_IDLE), the rest after "
+                         "the VM exits")
         self.lock = None
         self.planned: list[tuple[object, PlannedRun]] = []   # (experiment, run), in order
         self.groups: list[tuple[list[str], bool]] = []         # (run dirs of a capture, figures)
