@@ -209,11 +209,12 @@ class BackgroundAnalysis:
         return back
 
     def drain(self) -> list[dict]:
-        """Finish every analysis; returns one dict per analysed directory (status, path, error)."""
+        """Finish every analysis; returns one dict per directory analysed since the last drain
+        (status, path, error)."""
         pending, self.pending = self.pending, []
         if self.worker is None:
-            return self._results + analyse_groups(pending, len(os.sched_getaffinity(0)),
-                                                  self.while_analysing)
+            results = analyse_groups(pending, len(os.sched_getaffinity(0)), self.while_analysing)
+            return self._told(results)
         # the analyser finishes what it was handed while the rest is analysed beside it
         self._resume_worker()
         try:
@@ -228,7 +229,13 @@ class BackgroundAnalysis:
         self.worker = None
         if self.handed:  # it died before finishing these: analysed here
             results += analyse_groups(self._take_back(), len(os.sched_getaffinity(0)))
-        return self._results + results
+        return self._told(results)
+
+    def _told(self, results: list[dict]) -> list[dict]:
+        """What the analyser reported since the last drain, then ``results``: each directory is
+        told by one drain only (a runner may be drained after each round of captures)."""
+        told, self._results = self._results + results, []
+        return told
 
 
 class KernelRunner(BackgroundAnalysis):

@@ -251,6 +251,27 @@ def test_runs_are_landed_as_written_and_analysed_between_windows(fake_vm, tmp_pa
     assert all(res["status"] == "error" for res in r.results), r.results
 
 
+def test_each_drain_tells_its_own_runs_and_the_analyser_comes_back(fake_vm, tmp_path,
+                                                                    monkeypatch):
+    """Flushed and drained in rounds in one boot (as --until-decided does): each drain reports
+    the runs of its round once, and the next round has an analyser again, stopped in its
+    windows."""
+    monkeypatch.setenv("FAKE_AGENT", "captured")
+    with _runner(tmp_path) as r:
+        _plan(r, tmp_path / "a")
+        r.flush()
+        assert [res["path"] for res in r.drain()] == [str(tmp_path / "a")]
+        assert r.worker is None
+        _plan(r, tmp_path / "b")
+        _plan(r, tmp_path / "c", seed=1)
+        r.flush()
+        assert r.jobs == 2 and r.worker is not None
+        assert sorted(res["path"] for res in r.drain()) == [str(tmp_path / d) for d in "bc"]
+    assert r.results == []
+    for d in "bc":
+        assert store.read_json(tmp_path / d / "manifest.json")["analysers_in_window"] == ["T"]
+
+
 def test_without_overlap_the_runs_are_analysed_after_the_vm(fake_vm, tmp_path, monkeypatch):
     """``overlap`` False (`harmony suite --overlap never`): no analyser runs beside the guest;
     every run is analysed once, after the VM."""

@@ -296,6 +296,7 @@ class VmRunner(BackgroundAnalysis):
                 self._boot(rwdir, console, runs)
             else:
                 self._scx_path(runs)
+                self._start_analyser()
                 self.vm.send(job_line(runs, self.jobs), within=self._budget(runs, 0))
                 self.jobs += 1
             if not self.vm.pump(on_event, until=lambda: state["flushed"] or state["fatal"]) \
@@ -381,18 +382,23 @@ class VmRunner(BackgroundAnalysis):
             self.reniced = renice_threads(self.vm.qemu_pid,
                                           vcpu_threads(self.vm.qemu_pid, self.vcpus),
                                           self.vm.setting.nice)
-        if self.overlap and self.worker is None:
-            # after the boot, not beside it: loading its libraries as the guest booted made the
-            # boot 1.3-2 s longer (QEMU serves the guest's reads of the host's files then), even
-            # at SCHED_IDLE. No CPU of the host is the VM's alone (_analyser_cpus): under
-            # SCHED_IDLE at nice 19 anywhere, and stopped in every window
-            self._start_worker()
-            self._hand_out()
+        self._start_analyser()
         self.say(f"booted {self.system.get('kernel')} ({self.system.get('scheduler')}, "
                  f"{self.system.get('ncpus')} CPUs) in {self.boot_s:.1f} s; "
                  f"{self.vm.accel.upper()}")
         if self.progress is not None:
             self.progress.booted()
+
+    def _start_analyser(self) -> None:
+        """The background analyser, once the guest has booted (again after a drain ended it).
+
+        After the boot, not beside it: loading its libraries as the guest booted made the boot
+        1.3-2 s longer (QEMU serves the guest's reads of the host's files then), even at
+        SCHED_IDLE. No CPU of the host is the VM's alone (:meth:`_analyser_cpus`): it runs under
+        SCHED_IDLE at nice 19 anywhere, and is stopped in every window (``pause``)."""
+        if self.overlap and self.worker is None:
+            self._start_worker()
+            self._hand_out()
 
     def host_vm_facts(self, vm: VirtualMachine | None = None) -> dict:
         """The manifest's ``vm`` facts known on the host, whatever became of the guest: the VM's
