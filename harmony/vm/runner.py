@@ -341,7 +341,8 @@ class VmRunner(BackgroundAnalysis):
             threads = vcpu_threads(self.vm.qemu_pid, self.vcpus) if self.vm.qemu_pid else {}
             state["window"][i] = {"t0": t, "threads": threads, "guest_t0": ev.get("mono_ns"),
                                   "before": vcpu_times(self.vm.qemu_pid, threads)}
-            self._pause_worker()            # within the warm-up that precedes t0
+            if self.pause:
+                self._pause_worker()        # within the warm-up that precedes t0
             budget = float(runs[i].params.get("duration", 0)) + self.RUN_MARGIN_S
         elif kind == "measured" and i is not None and i in state["window"]:
             self._resume_worker()
