@@ -268,8 +268,7 @@ class VmRunner(BackgroundAnalysis):
     @staticmethod
     def _state(todo: list) -> dict:
         return {"i": None, "window": {}, "errors": {}, "done": set(), "flushed": False,
-                "fatal": None, "todo": todo, "landed": set(), "landed_dirs": set(),
-                "captured": set()}
+                "fatal": None, "todo": todo, "landed": set(), "captured": set()}
 
     def flush(self) -> None:
         """Make every capture planned since the last flush, in this boot (booting first if
@@ -445,10 +444,10 @@ class VmRunner(BackgroundAnalysis):
     def _hand_landed(self, state: dict, complete: bool) -> None:
         """The planned captures whose runs are landed go to the analysis (their captured runs,
         in order); ``complete``: only those of which every run is landed."""
+        landed = {str(Path(state["todo"][i][1].dir).absolute()) for i in state["landed"]}
         keep = []
         for dirs, figures in self.groups:
-            if complete and not all(str(Path(d).absolute()) in state["landed_dirs"]
-                                    for d in dirs):
+            if complete and not all(str(Path(d).absolute()) in landed for d in dirs):
                 keep.append((dirs, figures))
                 continue
             kept = [d for d in dirs if str(Path(d).absolute()) in state["captured"]]
@@ -463,7 +462,6 @@ class VmRunner(BackgroundAnalysis):
         captured is marked incomplete (``failure``: why the guest stopped, if it did)."""
         exp, run = state["todo"][i]
         state["landed"].add(i)
-        state["landed_dirs"].add(str(Path(run.dir).absolute()))
         path = Path(run.dir)
         try:
             manifest = store.read_json(path / "manifest.json")
