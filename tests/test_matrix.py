@@ -433,7 +433,10 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
     had collected brought home into .partial/."""
     lc, _ = cluster
     out = tmp_path / "m"
-    p = subprocess.Popen(HARMONY + ["matrix", str(plan_file(tmp_path, duration=60.0)), "--out",
+    # a simulated run is much faster than its duration (60 s took 0.3 s here): cells of 5 runs
+    # of 600 s (about 15 s each here) are still running when the Ctrl-C comes
+    plan = plan_file(tmp_path, duration=600.0, repeat=5)
+    p = subprocess.Popen(HARMONY + ["matrix", str(plan), "--out",
                                     str(out), "--cluster", lc.scheduler_address, "-q"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pids = {w.process.pid for w in lc.workers.values()}
