@@ -28,6 +28,7 @@ from harmony.analysis.causes import CAUSES, cause_counts
 from harmony.analysis.metrics import jain_index
 from harmony.analysis.reconstruct import NS, class_fair_shares
 from harmony.analysis.taskstate import task_records
+from harmony.core.jit import use_compiled
 
 #: the longest wasted episodes the summary names
 LONGEST = 3
@@ -35,6 +36,12 @@ LONGEST = 3
 #: the task records of the idle periods are looked up (two binary searches per task and
 #: period) rather than all taken when tasks x periods x this is less than the records
 LOOKUP_COST = 8
+
+#: events from which the compiled sweep (:mod:`harmony.analysis.cost_jit`) is worth loading numba
+#: in a new process, as the state machine's: at 7.06 M events it took 0.26 s against 0.39 and
+#: 159 MiB at its peak against 290 (the import's peak at 13 M events: 2.12 -> 1.75 GB); once
+#: numba is loaded (the decoder loads it for large traces) it is used whatever the size
+JIT_MIN_EVENTS = 8_000_000
 
 
 class _Rows:
@@ -168,6 +175,8 @@ def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: i
     change = np.concatenate([np.ones(len(x), np.int8) for x in starts]
                             + [-np.ones(len(x), np.int8) for x in ends] + [wd])
     order = np.argsort(ts, kind="stable")           # a merge of the sorted runs
+    if use_compiled(len(events), JIT_MIN_EVENTS):
+        return _wasted_compiled(ts, src, change, order, n, unique, cpus, t0, t_end)
     ts, src, change = ts[order], src[order], change[order]
     # the state at t0 (every change until then), then every instant of change in (t0, t_end)
     a = int(np.searchsorted(ts, t0, "right"))
@@ -203,14 +212,40 @@ def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: i
         cols["waiting"].append(np.maximum.reduceat(np.where(on, elsewhere, 0), first)
                                if len(first) else np.zeros(0, np.int64))
     cpu, start, end, waiting = (np.concatenate(cols[x]) for x in ("cpu", "start", "end", "waiting"))
+    return _wasted_frame(cpu, start, end, waiting, t0,
+                         float((np.minimum(count, total) * dur).sum() / NS))
+
+
+def _wasted_frame(cpu, start, end, waiting, t0: int, wasted_cpu_s: float) -> pd.DataFrame:
+    """The episodes (each CPU's column, int64) as df_wasted's table, by (start, cpu)."""
     o = np.lexsort((cpu, start))
     cpu, start, end, waiting = cpu[o], start[o], end[o], waiting[o]
     out = tables.WASTED.frame({
         "cpu": cpu.astype(np.int32), "start": start, "end": end, "duration": end - start,
         "t": (start - t0) / NS, "waiting": waiting,
         "long": (end - start) / NS >= T.WASTED_EPISODE_MIN_S}, copy=False)
-    out.attrs["wasted_cpu_s"] = float((np.minimum(count, total) * dur).sum() / NS)
+    out.attrs["wasted_cpu_s"] = wasted_cpu_s
     return out
+
+
+def _wasted_compiled(ts, src, change, order, n: int, unique: list[int], cpus: list[int],
+                     t0: int, t_end: int) -> pd.DataFrame:
+    """df_wasted's sweep by :func:`harmony.analysis.cost_jit.episodes` (the changes in
+    ``order``), with room for as many episodes as it finds."""
+    from harmony.analysis import cost_jit  # numba: loaded only when this path runs
+
+    slot = np.array([unique.index(c) for c in cpus], np.int64)
+    room = max(1024, len(order) // 16)
+    while True:
+        out = [np.empty(room, np.int64) for _ in range(4)]
+        found, wasted = cost_jit.episodes(ts, src, change, order, n, slot, np.int64(t0),
+                                          np.int64(t_end), *out)
+        if found <= room:
+            break
+        room = found
+    which, start, end, waiting = (a[:found] for a in out)
+    cpu = np.asarray(cpus, np.int64)[which] if len(cpus) else which
+    return _wasted_frame(cpu, start, end, waiting, t0, float(wasted / NS))
 
 
 def df_useless_migrations(migrations: pd.DataFrame, t0: int, t_end: int) -> pd.DataFrame:

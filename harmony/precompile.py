@@ -3,7 +3,7 @@ install is as fast as the next ones: ``python -m harmony.precompile`` (``install
 
 The kernels (:mod:`harmony.probes.ringbuf_jit`, :mod:`harmony.analysis.taskstate_jit`,
 :mod:`harmony.analysis.reconstruct_jit`, :mod:`harmony.analysis.causes_jit`,
-:mod:`harmony.probes.perf_read_jit`) are compiled with
+:mod:`harmony.analysis.cost_jit`, :mod:`harmony.probes.perf_read_jit`) are compiled with
 ``cache=True``: the first process that calls one compiles it (numba, ~15-20 s for all of them on a
 2-CPU host) and stores the machine code next to its source (``__pycache__/*.nbi, *.nbc``); every
 later process loads it (~0.5-1 s). numba keys that cache by the source file's modification time and
@@ -38,7 +38,7 @@ import numpy as np
 #: the modules whose kernels are compiled (each ``numba.njit(cache=True)``)
 KERNEL_MODULES = ("harmony.probes.ringbuf_jit", "harmony.analysis.taskstate_jit",
                   "harmony.analysis.reconstruct_jit", "harmony.analysis.causes_jit",
-                  "harmony.probes.perf_read_jit")
+                  "harmony.analysis.cost_jit", "harmony.probes.perf_read_jit")
 
 
 def kernels() -> dict[str, object]:

@@ -488,9 +488,10 @@ def uneven_times(events: pd.DataFrame, rng) -> pd.DataFrame:
         drop=True)
 
 
+@pytest.mark.parametrize("implementation", ["compiled", "numpy"], indirect=True)
 @pytest.mark.parametrize("lookup", [0, 1 << 40])     # the records of idle periods: looked up, all
 @pytest.mark.parametrize("seed", range(16))
-def test_wasted_cores_match_the_code_they_replaced(seed, lookup, monkeypatch):
+def test_wasted_cores_match_the_code_they_replaced(seed, lookup, implementation, monkeypatch):
     monkeypatch.setattr(cost, "LOOKUP_COST", lookup)
     rng = np.random.default_rng(seed)
     # pids 1-4 the tasks, 0 the idle task (blind on one CPU; everywhere when seed % 5 == 0)

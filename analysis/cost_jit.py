@@ -1,0 +1,77 @@
+"""Compiled (numba) sweep of :func:`harmony.analysis.cost.df_wasted`: the wasted episodes in one
+pass in time order.
+
+The numpy version sums every source's changes up to every instant, one array per source and per
+CPU (each as long as the changes: ~150 MiB beside the tables at 7 M events, where an import's
+memory peaks). Here one pass over the changes keeps each source's level and each CPU's open
+episode, and writes only the episodes. When it runs rather than the numpy version is
+:mod:`harmony.core.jit`'s choice; the tests run both and compare them.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def episodes(ts, src, change, order, n, slot, t0, t_end, cpu, start, end, waiting):
+    """The wasted episodes of the changes ``ts``/``src``/``change`` taken in ``order`` (time
+    order, stable): source s < n is CPU s idle, n + k the tasks waiting on CPU k (``n`` unique
+    CPUs); ``slot[j]``: the unique index of the j-th CPU asked (duplicates allowed). The levels
+    at t0 are every change at or before it; then each instant in (t0, t_end) starts an interval.
+    An episode (j-th CPU idle while tasks wait elsewhere: cpu[i] = j, from start[i] to end[i],
+    waiting[i] the most waiting elsewhere) is written while there is room. Returns (how many
+    episodes, the wasted CPU time in ns): call again with as much room if there were more."""
+    room = cpu.shape[0]
+    m = order.shape[0]
+    lvl = np.zeros(2 * n, np.int64)
+    k = slot.shape[0]
+    open_ = np.zeros(k, np.bool_)
+    since = np.zeros(k, np.int64)
+    most = np.zeros(k, np.int64)
+    i = 0
+    while i < m and ts[order[i]] <= t0:
+        e = order[i]
+        lvl[src[e]] += change[e]
+        i += 1
+    cur = t0
+    found = 0
+    wasted = np.int64(0)
+    while True:
+        nxt = t_end
+        if i < m and ts[order[i]] < t_end:
+            nxt = ts[order[i]]
+        total = np.int64(0)
+        for j in range(k):
+            total += lvl[n + slot[j]]
+        count = np.int64(0)
+        for j in range(k):
+            elsewhere = total - lvl[n + slot[j]]
+            if lvl[slot[j]] > 0 and elsewhere > 0:
+                count += 1
+                if open_[j]:
+                    most[j] = max(most[j], elsewhere)
+                else:
+                    open_[j] = True
+                    since[j] = cur
+                    most[j] = elsewhere
+            elif open_[j]:
+                if found < room:
+                    cpu[found], start[found], end[found], waiting[found] = j, since[j], cur, most[j]
+                found += 1
+                open_[j] = False
+        wasted += min(count, total) * (nxt - cur)
+        if nxt == t_end:        # no change left before the end (t_end <= t0 included)
+            break
+        while i < m and ts[order[i]] == nxt:
+            e = order[i]
+            lvl[src[e]] += change[e]
+            i += 1
+        cur = nxt
+    for j in range(k):
+        if open_[j]:
+            if found < room:
+                cpu[found], start[found], end[found], waiting[found] = j, since[j], t_end, most[j]
+            found += 1
+    return found, wasted
