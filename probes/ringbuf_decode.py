@@ -93,10 +93,13 @@ class Decoded:
 
 
 #: heap memory faulted in ahead of a decode, per byte of pages (harmony.core.memory.prefault_heap):
-#: about what the decoder and the state machine allocate on the decoding thread, ~130 bytes an
-#: event at ~54 bytes of pages an event (a ping-pong load's 2.1 M events); the tables built on
-#: other threads get memory of their own
-PREFAULT_PER_PAGE_BYTE = 2.5
+#: at most what the decode allocates. It was 2.5 (~130 bytes an event at ~54 bytes of pages an
+#: event, what the decoder and the state machine allocated on a ping-pong load's 2.1 M events,
+#: 2025-11-23); the decoder has since come to allocate less (~1.7 bytes a byte of pages at its
+#: peak, 7.06 M events), and memory faulted in and never used is resident all the same: a whole
+#: import of 7.06 M events peaked at 1156 MiB with 2.5, 957 with 1.5, 949 with 1.0, 993 with 2.0,
+#: in the same time within the noise (4 interleaved imports each, 2026-12-05; bench/README.md)
+PREFAULT_PER_PAGE_BYTE = 1.5
 
 
 def prefault_for_pages(nbytes: int, per_byte: float = PREFAULT_PER_PAGE_BYTE) -> None:
