@@ -74,3 +74,32 @@ def moves(codes, lut, pid, prev_pid, cpu, orig_cpu, target_cpu, table, n_tasks,
             last[t] = a
             last_code[t] = kd
     return k
+
+
+@_jit
+def last_rows(codes, lut, pid, table, rows, task, out):
+    """For each question q (``rows`` ascending, ``task[q]`` a task's index), the last events row
+    before rows[q] of each kind k whose pid column is that task's: out[k, q] (-1 if none; out
+    comes filled with -1). Event e's kind is lut[codes[e]] (codes[e] < 0, or -1 there: none);
+    its task table[pid[e] + 1] (clipped at both ends), -1: none."""
+    n_kinds = out.shape[0]
+    n_tasks = 0
+    for q in range(task.shape[0]):
+        n_tasks = max(n_tasks, task[q] + 1)
+    last = np.full((n_kinds, n_tasks), -1, np.int64)
+    top = table.shape[0] - 1
+    e = 0
+    n = codes.shape[0]
+    for q in range(rows.shape[0]):
+        stop = min(rows[q], n)
+        while e < stop:
+            c = codes[e]
+            if c >= 0:
+                kd = lut[c]
+                if kd >= 0:
+                    t = table[max(min(np.int64(pid[e]) + 1, top), 0)]
+                    if t >= 0:
+                        last[kd, t] = e
+            e += 1
+        for k in range(n_kinds):
+            out[k, q] = last[k, task[q]]
