@@ -279,3 +279,41 @@ def finish_runs(order, pid, cpu, start, end, state, is_open, n_seen, t_end, t0, 
         k = task_row[np.searchsorted(task_pids, p)]
         o_name[i] = name_code[k]
         o_role[i] = role_code[k]
+
+
+@_jit
+def instants(ts, a, b):
+    """How many distinct times rows [a, b) of ``ts`` (ascending) hold."""
+    n = 1 if b > a else 0
+    for r in range(a + 1, b):
+        if ts[r] != ts[r - 1]:
+            n += 1
+    return n
+
+
+
+@_jit
+def changes(cpu, ts, nr, slot, a, b, times, q):
+    """The run-queue vectors of :func:`reconstruct.runqueue_changes` in one pass: q[:, 0] each
+    CPU's last ``nr`` among rows [0, a) (-1: none), then after each instant's last row of
+    [a, b) the vector again, that instant's time in ``times`` (times[0] is the caller's).
+    ``slot``: a CPU's column at slot[cpu + 1] (clipped at both ends), -1: not one of them."""
+    p = q.shape[0]
+    cur = np.full(p, -1, np.int32)
+    top = slot.shape[0] - 1
+    k = 0
+    for r in range(b):
+        if r == a:
+            for j in range(p):
+                q[j, 0] = cur[j]
+        s = slot[max(min(np.int64(cpu[r]) + 1, top), 0)]
+        if s >= 0:
+            cur[s] = nr[r]
+        if r >= a and (r == b - 1 or ts[r + 1] != ts[r]):
+            k += 1
+            times[k] = ts[r]
+            for j in range(p):
+                q[j, k] = cur[j]
+    if b <= a:                  # no row in (t0, t_end): the vector at t0 alone
+        for j in range(p):
+            q[j, 0] = cur[j]

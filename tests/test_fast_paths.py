@@ -624,8 +624,9 @@ def _changes_or_error(f, *args):
         return str(e)
 
 
+@pytest.mark.parametrize("implementation", ["compiled", "numpy"], indirect=True)
 @pytest.mark.parametrize("seed", range(12))
-def test_the_balance_timeline_matches_the_code_it_replaced(seed, monkeypatch):
+def test_the_balance_timeline_matches_the_code_it_replaced(seed, implementation, monkeypatch):
     rng = np.random.default_rng(seed)
     if seed % 2:        # the run-queue rows read a few at a time, each CPU's length carried over
         monkeypatch.setattr(rc, "CHANGES_CHUNK", int(rng.integers(1, 40)))
