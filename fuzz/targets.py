@@ -274,7 +274,7 @@ TARGETS = {t.name: t for t in (
 #: Harmony modules atheris must not instrument: numba compiles their functions from bytecode
 NOT_INSTRUMENTED = ["harmony.probes.ringbuf_jit", "harmony.analysis.taskstate_jit",
                     "harmony.analysis.reconstruct_jit", "harmony.analysis.causes_jit",
-                    "harmony.analysis.cost_jit"]
+                    "harmony.analysis.cost_jit", "harmony.importer_jit"]
 
 
 def scratch_dir() -> tempfile.TemporaryDirectory:

@@ -32,10 +32,11 @@ from harmony.analysis.arrays import (
     growing_windows,
     in_set,
     index_of,
+    key_table,
 )
 from harmony.analysis.waking import wakeups_from_waking
 from harmony.core.errors import ImportFailed, ParameterError  # noqa: F401  (raised here)
-from harmony.core.jit import in_background
+from harmony.core.jit import in_background, use_compiled
 from harmony.core.osutil import format_cpulist
 from harmony.experiments import get_experiment
 from harmony.probes import filemap, perf_data, perf_read
@@ -303,10 +304,28 @@ def _pairs(pid: pd.Series, comm: pd.Series) -> list[tuple[int, str]]:
         pairs = pd.DataFrame({"p": pid, "c": comm}).drop_duplicates()
         return list(zip(pairs["p"].tolist(), pairs["c"].astype(str)))
     names = np.append(np.asarray(comm.cat.categories.astype(str), dtype=object), "nan")
-    key = pd.unique((pid.to_numpy().astype(np.int64) << 32)
-                    | (comm.cat.codes.to_numpy().astype(np.int64) & 0xFFFFFFFF))
+    p, c = pid.to_numpy(), comm.cat.codes.to_numpy()
+    width = len(names)                  # a pair's slot: (pid + 1) * width + code + 1
+    top = int(p.max(initial=-1))
+    if len(p) and int(p.min()) >= -1 and (top + 2) * width <= PAIR_SLOTS:
+        # a mark per slot, a chunk of rows at a time: no hashing of millions of keys
+        seen = np.zeros((top + 2) * width, bool)
+        key = np.empty(min(len(p), PRIO_CHUNK), np.int64)
+        for lo in range(0, len(p), PRIO_CHUNK):
+            k = key[:len(p[lo:lo + PRIO_CHUNK])]
+            np.add(p[lo:lo + PRIO_CHUNK], 1, out=k)
+            k *= width
+            k += c[lo:lo + PRIO_CHUNK]
+            seen[k + 1] = True
+        slot = np.flatnonzero(seen)
+        return list(zip((slot // width - 1).tolist(), names[slot % width - 1]))
+    key = pd.unique((p.astype(np.int64) << 32) | (c.astype(np.int64) & 0xFFFFFFFF))
     codes = (key & 0xFFFFFFFF).astype(np.int64)
     return list(zip((key >> 32).tolist(), names[np.where(codes == 0xFFFFFFFF, -1, codes)]))
+
+
+#: the most (pid, comm) slots :func:`_pairs` marks in a table (a pid_max of 4 M and 8 comms, 32 MB)
+PAIR_SLOTS = 1 << 25
 
 
 def df_trace_tasks(events: pd.DataFrame, cmdlines: dict[int, str] | None = None) -> pd.DataFrame:
@@ -431,10 +450,14 @@ def _where_at(events: pd.DataFrame, pids: list[int], t0: int) -> dict[int, int]:
     want = np.asarray(sorted(pids), np.int64)
     codes, lut = event_kinds(events, {"sched_switch": 0, "sched_migrate_task": 1,
                                       "sched_wakeup": 1, "sched_wakeup_new": 1})
-    lut = np.append(lut, np.int8(-1))               # a missing event's code, -1: no placement
     cpu, target = events["cpu"].to_numpy(), events["target_cpu"].to_numpy()
     bound = int(np.searchsorted(events["ts"].to_numpy(), t0, side="right"))   # rows <= t0
     where = np.full(len(want), -1, np.int64)
+    jit = _lookups_compiled(events, want)
+    if jit is not None:
+        jit.where_at(codes, lut, pid, prev, cpu, target, key_table(want, np.int32), bound, where)
+        return {p: int(where[np.searchsorted(want, p)]) for p in pids}
+    lut = np.append(lut, np.int8(-1))               # a missing event's code, -1: no placement
     todo = np.ones(len(want), bool)
     for start, stop, pick in ((bound, 0, np.maximum), (bound, len(events), np.minimum)):
         for lo, hi in growing_windows(start, stop, LOOK_UP_WINDOW):
@@ -522,14 +545,22 @@ def _last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, str]:
     want = np.asarray(sorted(pids), np.int64)
     ts = events["ts"].to_numpy()
     best: dict[int, tuple] = {}
+    jit = _lookups_compiled(events, want)
     for src, (pc, cc) in enumerate((("pid", "comm"), ("prev_pid", "prev_comm"))):
-        p, comm = events[pc].to_numpy(), events[cc]
+        p, named = events[pc].to_numpy(), _named(events[cc])
         last = np.full(len(want), -1, np.int64)       # each pid's last such row
-        for lo, hi in growing_windows(len(events), 0, LOOK_UP_WINDOW):
+        windows = growing_windows(len(events), 0, LOOK_UP_WINDOW)
+        if jit is not None and isinstance(events[cc].dtype, pd.CategoricalDtype):
+            cats = events[cc].cat.categories
+            jit.last_named(p, events[cc].cat.codes.to_numpy(),
+                           cats.get_loc("") if "" in cats else -2, key_table(want, np.int32),
+                           last)
+            windows = ()                                # every row read
+        for lo, hi in windows:
             if (last >= 0).all():
                 break
             k = _task_index(p[lo:hi], want)
-            rows = np.flatnonzero((k >= 0) & (comm.iloc[lo:hi] != "").to_numpy())
+            rows = np.flatnonzero((k >= 0) & named(lo, hi))
             found = np.full(len(want), -1, np.int64)
             np.maximum.at(found, k[rows], rows + lo)
             last = np.where(last >= 0, last, found)
@@ -539,6 +570,32 @@ def _last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, str]:
             if pid not in best or key >= best[pid][0]:
                 best[pid] = (key, cc)
     return {pid: str(events[cc].iat[key[2]]) for pid, (key, cc) in best.items()}
+
+
+#: events from which the compiled look-ups repay loading numba in a new process, as the state
+#: machine's; once numba is loaded (the decoder loads it for large traces) they are used whatever
+#: the size
+JIT_MIN_EVENTS = 8_000_000
+
+
+def _lookups_compiled(events: pd.DataFrame, want: np.ndarray):
+    """The compiled look-ups (:mod:`harmony.importer_jit`) where :func:`harmony.core.jit.
+    use_compiled` says so and the pids ``want`` (sorted) fit a look-up table; else None."""
+    if not len(want) or want[0] < 0 or want[-1] >= TABLE_KEYS_MAX \
+            or not use_compiled(len(events), JIT_MIN_EVENTS):
+        return None
+    from harmony import importer_jit  # numba: loaded only when this path runs
+    return importer_jit
+
+
+def _named(comm: pd.Series):
+    """A function of (lo, hi): whether the rows lo..hi of ``comm`` name a task (not ""; a
+    missing comm does, as pandas compares it). Of a categorical column, by its codes."""
+    if isinstance(comm.dtype, pd.CategoricalDtype):
+        codes, cats = comm.cat.codes.to_numpy(), comm.cat.categories
+        empty = cats.get_loc("") if "" in cats else -2      # -1 is a missing comm's code
+        return lambda lo, hi: codes[lo:hi] != empty
+    return lambda lo, hi: (comm.iloc[lo:hi] != "").to_numpy()
 
 
 def tasks_from_trace(events: pd.DataFrame, pids: list[int], seen: dict[int, set[str]],

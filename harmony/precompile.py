@@ -3,7 +3,8 @@ install is as fast as the next ones: ``python -m harmony.precompile`` (``install
 
 The kernels (:mod:`harmony.probes.ringbuf_jit`, :mod:`harmony.analysis.taskstate_jit`,
 :mod:`harmony.analysis.reconstruct_jit`, :mod:`harmony.analysis.causes_jit`,
-:mod:`harmony.analysis.cost_jit`, :mod:`harmony.probes.perf_read_jit`) are compiled with
+:mod:`harmony.analysis.cost_jit`, :mod:`harmony.importer_jit`,
+:mod:`harmony.probes.perf_read_jit`) are compiled with
 ``cache=True``: the first process that calls one compiles it (numba, ~15-20 s for all of them on a
 2-CPU host) and stores the machine code next to its source (``__pycache__/*.nbi, *.nbc``); every
 later process loads it (~0.5-1 s). numba keys that cache by the source file's modification time and
@@ -38,7 +39,8 @@ import numpy as np
 #: the modules whose kernels are compiled (each ``numba.njit(cache=True)``)
 KERNEL_MODULES = ("harmony.probes.ringbuf_jit", "harmony.analysis.taskstate_jit",
                   "harmony.analysis.reconstruct_jit", "harmony.analysis.causes_jit",
-                  "harmony.analysis.cost_jit", "harmony.probes.perf_read_jit")
+                  "harmony.analysis.cost_jit", "harmony.importer_jit",
+                  "harmony.probes.perf_read_jit")
 
 
 def kernels() -> dict[str, object]:
@@ -61,6 +63,7 @@ def precompile(work: Path) -> dict:
     directory. Returns {kernels, compiled (not found in the cache), loaded (from it), seconds,
     cache_dirs}."""
     os.environ["HARMONY_JIT"] = "1"
+    from harmony.analysis.causes import _last_wakes
     from harmony.core import jit
     from harmony.importer import import_trace
     from harmony.probes.encode import write_recording
@@ -84,6 +87,10 @@ def precompile(work: Path) -> dict:
             decode_dir(raw)
             dat = write_tracedat(raw, here / "trace.dat")
             import_trace(dat, here / "import", pids=[int(p) for p in sim.tasks["pid"]])
+            # a task's last wake-ups before a move: asked only of moves of tasks asleep, which
+            # a short run may not have
+            _last_wakes(sim.events, np.asarray(sim.tasks["pid"], np.int64),
+                        np.full(len(sim.tasks), len(sim.events), np.int64))
         # a perf.data's record walk, on a data section of two FINISHED_ROUND records (read-only
         # bytes, as a mapped file's): its payloads go through the kernels above
         walk_records(np.frombuffer(struct.pack("<IHH", 68, 0, 8) * 2, np.uint8))

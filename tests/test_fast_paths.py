@@ -315,9 +315,11 @@ def _reference_last_comms(events: pd.DataFrame, pids: list[int]) -> dict[int, st
     return {pid: str(events[cc].iat[key[2]]) for pid, (key, cc) in best.items()}
 
 
+@pytest.mark.parametrize("implementation", ["compiled", "numpy"], indirect=True)
 @pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("seed", range(12))
-def test_the_importers_task_look_ups_match_the_code_they_replaced(seed, window, monkeypatch):
+def test_the_importers_task_look_ups_match_the_code_they_replaced(seed, window, implementation,
+                                                                 monkeypatch):
     """The same, whether the look-ups read the rows around t0 (and the end) in one window or in
     many (7 rows, then 28, ...), the prios counted at once or in chunks: t0 anywhere, before the
     first event or at the last."""
@@ -338,6 +340,12 @@ def test_the_importers_task_look_ups_match_the_code_they_replaced(seed, window, 
         assert importer._last_comms(events, pids) == _reference_last_comms(events, pids)
         for edge in (int(events["ts"].iloc[0]) - 1, int(events["ts"].iloc[-1])):
             assert importer._where_at(events, pids, edge) == _reference_where_at(events, pids, edge)
+    # tasks renamed as they go (exec, prctl): which row is the last to name each one shows
+    renamed = events.assign(**{c: pd.Categorical([f"{n}.{i % 13}" if n else n for i, n in
+                                                  enumerate(events[c].astype(str))])
+                               for c in ("comm", "prev_comm")})
+    for pids in ([1, 2, 3], list(range(1, 45))):
+        assert importer._last_comms(renamed, pids) == _reference_last_comms(renamed, pids)
     big = [1, 2, 1 << 25]           # a pid no table holds: looked up by a binary search
     assert importer._where_at(events, big, t0) == _reference_where_at(events, big, t0)
     assert importer._nice(events, big) == _reference_nice(events, big)
