@@ -410,9 +410,18 @@ def _distinct_pids(columns: list[np.ndarray]) -> set[int]:
     return set(np.flatnonzero(seen[:-1]).tolist()) | ({-1} if seen[-1] else set())
 
 
-def _task_events(events: pd.DataFrame, pids: list[int]) -> np.ndarray:
-    return (in_set(events["pid"].to_numpy(), pids) | in_set(events["prev_pid"].to_numpy(), pids)
-            | in_set(events["common_pid"].to_numpy(), pids))
+def _first_and_last(events: pd.DataFrame, pids: list[int]) -> tuple[int, int]:
+    """The first and the last row of the events of ``pids`` (as pid, prev_pid or common_pid);
+    the chosen tasks have some. A compiled pass from each end where it is used
+    (:func:`_lookups_compiled`), else the rows marked."""
+    cols = [events[c].to_numpy() for c in ("pid", "prev_pid", "common_pid")]
+    want = np.asarray(sorted(pids), np.int64)
+    jit = _lookups_compiled(events, want)
+    if jit is not None:
+        first, last = jit.first_and_last(*cols, key_table(want, np.int32))
+        return int(first), int(last)
+    theirs = in_set(cols[0], pids) | in_set(cols[1], pids) | in_set(cols[2], pids)
+    return int(theirs.argmax()), len(theirs) - 1 - int(theirs[::-1].argmax())
 
 
 def find_marker(markers: pd.DataFrame, text: str, path) -> int:
@@ -821,10 +830,8 @@ def _window(read: _Read, path: Path, t0_s, t0_marker, end_s, end_marker) -> _Win
     events, markers, notes = read.cap.events, read.cap.markers, read.notes
     # the first and last events of the chosen tasks (two stamps, not a copy of theirs: that
     # would live as long as the analysis, 8 bytes an event)
-    theirs = _task_events(events, read.chosen)
     stamp = events["ts"].to_numpy()
-    mine = stamp[[int(theirs.argmax()), len(theirs) - 1 - int(theirs[::-1].argmax())]]
-    del theirs
+    mine = stamp[list(_first_and_last(events, read.chosen))]
     if t0_marker is not None:
         t0, t0_from = find_marker(markers, t0_marker, path), f"trace marker {t0_marker!r}"
     elif t0_s is not None:

@@ -73,3 +73,22 @@ def last_named(pid, comm, empty, table, last):
                 last[t] = r
                 left -= 1
         r -= 1
+
+
+@_jit
+def first_and_last(pid, prev, common, table):
+    """The first and the last row whose pid, prev_pid or common_pid column is a task of
+    ``table`` (looked up as where_at does); (0, the last row) if none is, as numpy's argmax
+    of a mask of none says."""
+    top = table.shape[0] - 1
+    n = pid.shape[0]
+    ends = np.array([0, n - 1], np.int64)
+    for side in range(2):
+        for i in range(n):
+            r = i if side == 0 else n - 1 - i
+            if (table[max(min(np.int64(pid[r]) + 1, top), 0)] >= 0
+                    or table[max(min(np.int64(prev[r]) + 1, top), 0)] >= 0
+                    or table[max(min(np.int64(common[r]) + 1, top), 0)] >= 0):
+                ends[side] = r
+                break
+    return ends[0], ends[1]

@@ -340,6 +340,12 @@ def test_the_importers_task_look_ups_match_the_code_they_replaced(seed, window, 
         assert importer._last_comms(events, pids) == _reference_last_comms(events, pids)
         for edge in (int(events["ts"].iloc[0]) - 1, int(events["ts"].iloc[-1])):
             assert importer._where_at(events, pids, edge) == _reference_where_at(events, pids, edge)
+    # the first and last rows of the chosen tasks' events (t0 and the end by default)
+    for pids in ([1], [2, 3], [5, 39], [99]):
+        theirs = np.flatnonzero(np.isin(events[["pid", "prev_pid", "common_pid"]].to_numpy(),
+                                        pids).any(axis=1))
+        want = (int(theirs[0]), int(theirs[-1])) if len(theirs) else (0, len(events) - 1)
+        assert importer._first_and_last(events, pids) == want
     # tasks renamed as they go (exec, prctl): which row is the last to name each one shows
     renamed = events.assign(**{c: pd.Categorical([f"{n}.{i % 13}" if n else n for i, n in
                                                   enumerate(events[c].astype(str))])
