@@ -867,7 +867,7 @@ def _tasks_and_cpus(read: _Read, path: Path, cpus, window: _Window) -> tuple[pd.
     events, meta, notes = read.cap.events, read.cap.meta, read.notes
     t0 = window.t0
     read.file_cpus = sorted(set(int(c) for c in meta.get("cpus", []))
-                            | set(np.unique(events["cpu"]).tolist()))
+                            | _distinct_pids([events["cpu"].to_numpy()]))   # marked, not sorted
     cpu_set = list(cpus) if cpus else read.file_cpus
     if not cpus:
         notes.append(trust.note("cpus_default", cpus=format_cpulist(cpu_set)))
