@@ -46,8 +46,10 @@ of the arrays, with ``madvise(MADV_POPULATE_WRITE)``, which never changes a page
 so cannot race with the arrays being written. Measured on 2.1 M events (paired runs in new
 processes, 12 pairs each): the first decode + tables took 0.84-0.88x the time with 2.5 bytes
 prefaulted per byte of pages (1.5: 0.91x, 3.5: 0.94x; at the work's own priority 0.92x), 0.94x
-at 0.66 M events, 1.04x at 0.19 M (hence nothing below 64 MiB). ``HARMONY_PREFAULT=0`` turns it
-off.
+at 0.66 M events, 1.04x at 0.19 M (hence nothing below 64 MiB). Memory prefaulted and never used is
+resident all the same: once the decoder came to allocate less, 2.5 set a whole import's peak, and
+the decoders now ask 1.5 (:data:`harmony.probes.ringbuf_decode.PREFAULT_PER_PAGE_BYTE`).
+``HARMONY_PREFAULT=0`` turns it off.
 
 Arrow's buffers (the Parquet files written, read back) come from glibc's malloc too
 (:func:`arrow_from_malloc`), not from pyarrow's default (mimalloc in its wheels), which keeps
