@@ -5,7 +5,8 @@ of every task (~2 per event), sorts them by (task, time) and compares each with 
 (1.5 s and ~0.5 GB at 10 M events). Here one pass over the events keeps each task's last CPU
 and placement code, with the same rules (documented there), and writes only the moves. When it
 runs rather than the numpy version is :mod:`harmony.core.jit`'s choice; the tests run both and
-compare them.
+compare them. :func:`last_rows` answers, in one pass, each moved task's last wake-ups before its
+move (:func:`harmony.analysis.causes.queued_asleep`).
 """
 
 from __future__ import annotations

@@ -159,7 +159,9 @@ def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: i
 
     One sweep: every CPU's changes of idleness and of tasks waiting there, merged in time order
     (each CPU's and each task's are in order already) and summed up to each instant; the tasks
-    waiting are followed only while a CPU is idle (:func:`_idle_periods`).
+    waiting are followed only while a CPU is idle (:func:`_idle_periods`). On large traces the
+    sum runs as one compiled pass over the merged changes (:mod:`harmony.analysis.cost_jit`),
+    which keeps each source's level rather than an array of it: the same table.
     """
     cpus = [int(c) for c in cpus]
     unique = sorted(set(cpus))

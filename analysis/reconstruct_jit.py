@@ -4,8 +4,9 @@ The numpy versions sort (run queue: every +1/-1 change by CPU and record; runs: 
 CPU) and then evaluate the rules with cumulative sums and masks as long as the trace (~0.15 s each
 at 2 M events). Here one pass in time order keeps a count per CPU (:func:`runqueue`), or each
 CPU's last switch (:func:`runs`), with the same rules (documented in ``df_runqueue`` and
-``df_runs``). When they run rather than the numpy versions is :mod:`harmony.core.jit`'s choice; the
-tests run both and compare the tables.
+``df_runs``). :func:`changes` gives the metrics the run-queue vector at each instant it changes,
+keeping each CPU's length as it reads the run-queue table. When they run rather than the numpy
+versions is :mod:`harmony.core.jit`'s choice; the tests run both and compare the tables.
 """
 
 from __future__ import annotations
