@@ -217,7 +217,7 @@ def queued_asleep(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray) 
         return out
     row = (records["seq"].to_numpy()[sel[todo]] // 2).astype(np.int64)
     pid = records["pid"].to_numpy()[sel[todo]].astype(np.int64)
-    waking, wakeup, switch_in = _last_wakes(events, pid, row)
+    waking, wakeup, switch_in = last_wakes(events, pid, row)
     # the task's last wake-up that completed: its sched_wakeup, or its switch-in (pid: the task
     # switched in), should the sched_wakeup have fired where the probe is blind
     completed = np.maximum(wakeup, switch_in)
@@ -230,12 +230,12 @@ def queued_asleep(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray) 
     return out
 
 
-#: the events :func:`_last_wakes` finds, in the order it returns them; each keyed by its pid column
+#: the events :func:`last_wakes` finds, in the order it returns them; each keyed by its pid column
 #: (the task woken, or switched in)
-_WAKES = ("sched_waking", "sched_wakeup", "sched_switch")
+WAKES = ("sched_waking", "sched_wakeup", "sched_switch")
 
 
-def _last_wakes(events: pd.DataFrame, pid: np.ndarray, row: np.ndarray) -> list[np.ndarray]:
+def last_wakes(events: pd.DataFrame, pid: np.ndarray, row: np.ndarray) -> list[np.ndarray]:
     """For each task ``pid[i]`` and events row ``row[i]``: the task's last sched_waking, its last
     sched_wakeup and its last switch-in before that row (each -1 if none). On large traces one
     compiled pass (:func:`harmony.analysis.causes_jit.last_rows`), else three searches
@@ -244,9 +244,9 @@ def _last_wakes(events: pd.DataFrame, pid: np.ndarray, row: np.ndarray) -> list[
         want = sorted_unique(pid)
         if int(want.min()) >= 0 and int(want.max()) < TABLE_KEYS_MAX:
             from harmony.analysis import causes_jit  # numba: loaded only when this path runs
-            codes, lut = event_kinds(events, {name: k for k, name in enumerate(_WAKES)})
+            codes, lut = event_kinds(events, {name: k for k, name in enumerate(WAKES)})
             order = np.argsort(row, kind="stable")
-            out = np.full((len(_WAKES), len(row)), -1, np.int64)
+            out = np.full((len(WAKES), len(row)), -1, np.int64)
             causes_jit.last_rows(codes, lut, events["pid"].to_numpy(), key_table(want, np.int32),
                                  row[order], index_of(pid[order], want), out)
             found = np.empty_like(out)
@@ -257,7 +257,7 @@ def _last_wakes(events: pd.DataFrame, pid: np.ndarray, row: np.ndarray) -> list[
     def last(name):
         rows = np.flatnonzero(event_mask(events, name))
         return _last_before(rows, pid_col[rows], pid, row)
-    return [last(name) for name in _WAKES]
+    return [last(name) for name in WAKES]
 
 
 def migration_causes(events: pd.DataFrame, records: pd.DataFrame, sel: np.ndarray,

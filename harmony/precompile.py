@@ -63,7 +63,7 @@ def precompile(work: Path) -> dict:
     directory. Returns {kernels, compiled (not found in the cache), loaded (from it), seconds,
     cache_dirs}."""
     os.environ["HARMONY_JIT"] = "1"
-    from harmony.analysis.causes import _last_wakes
+    from harmony.analysis.causes import last_wakes
     from harmony.core import jit
     from harmony.importer import import_trace
     from harmony.probes.encode import write_recording
@@ -89,7 +89,7 @@ def precompile(work: Path) -> dict:
             import_trace(dat, here / "import", pids=[int(p) for p in sim.tasks["pid"]])
             # a task's last wake-ups before a move: asked only of moves of tasks asleep, which
             # a short run may not have
-            _last_wakes(sim.events, np.asarray(sim.tasks["pid"], np.int64),
+            last_wakes(sim.events, np.asarray(sim.tasks["pid"], np.int64),
                         np.full(len(sim.tasks), len(sim.events), np.int64))
         # a perf.data's record walk, on a data section of two FINISHED_ROUND records (read-only
         # bytes, as a mapped file's): its payloads go through the kernels above

@@ -991,7 +991,7 @@ def test_the_foreign_load_matches_the_code_it_replaced(seed):
                                   _reference_foreign_load(events, tasks, cpus, t0, t_end, own))
 
 
-# --- a task's last wake-ups before a row (harmony.analysis.causes._last_wakes) --------------------
+# --- a task's last wake-ups before a row (harmony.analysis.causes.last_wakes) --------------------
 
 @pytest.mark.parametrize("implementation", ["compiled", "numpy"], indirect=True)
 @pytest.mark.parametrize("seed", range(8))
@@ -999,7 +999,7 @@ def test_last_wakes_match_a_plain_search(seed, implementation):
     """Each task's last sched_waking, sched_wakeup and switch-in before a row, against a search
     of every row: both the compiled pass and the numpy searches (questions out of order, repeated,
     at row 0 and past the end, of pids with no such event)."""
-    from harmony.analysis.causes import _WAKES, _last_wakes
+    from harmony.analysis.causes import WAKES, last_wakes
 
     events = random_events(seed, n=3000, pids=9)
     rng = np.random.default_rng(seed)
@@ -1007,9 +1007,9 @@ def test_last_wakes_match_a_plain_search(seed, implementation):
     pid = rng.integers(1, 11, q).astype(np.int64)
     row = rng.integers(0, len(events) + 5, q).astype(np.int64)
     row[:3] = [0, len(events), len(events) + 4][:min(3, q)]
-    got = _last_wakes(events, pid, row)
+    got = last_wakes(events, pid, row)
     name, pid_col = events["event"].to_numpy(), events["pid"].to_numpy()
-    for k, kind in enumerate(_WAKES):
+    for k, kind in enumerate(WAKES):
         want = [max([e for e in range(min(int(r), len(events)))
                      if name[e] == kind and pid_col[e] == p], default=-1)
                 for p, r in zip(pid, row)]
