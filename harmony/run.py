@@ -367,6 +367,8 @@ class _Capture:
         manifest["controller_notes"] = workload.notes
         manifest["release_method"] = workload.release_method  # cpuset or affinity (controller)
         manifest["release_mode"] = workload.release_mode  # occupied, confined or warm (controller)
+        # the tasks' own t0, read just before the t0 marker: their exit and cut times count from it
+        manifest["workers_t0_ns"] = workload.workers_t0_ns
         manifest["sched"] = workload.sched  # RT / deadline bandwidth, controller priority, warm-up
 
     def finish(self) -> None:

@@ -123,7 +123,8 @@ def test_work_conservation(kernel, tmp_path):
     assert (own["stop_after_s"] == p["idle_at_s"]).all()
     ex = exits(run)
     assert set(ex["pid"]) >= set(own["pid"])  # every own task exited, after its time
-    assert (ex[ex["pid"].isin(own["pid"])]["ts"] >= m["t0_ns"] + p["idle_at_s"] * 1e9).all()
+    # from the workers' own t0, which the t0 marker's stamp follows (controller.workers_t0_ns)
+    assert (ex[ex["pid"].isin(own["pid"])]["ts"] >= m["workers_t0_ns"] + p["idle_at_s"] * 1e9).all()
     assert_counted_by_the_kernel(run, exited=len(own))
     s = run.summary
     onto = moves_onto(run, 1, 0.0)
@@ -167,7 +168,10 @@ def test_detection(kernel, tmp_path, mode):
     if mode == "exit":
         ex = exits(run)
         assert set(ex["pid"]) == set(cut["pid"])
-        assert (ex["ts"] >= m["t0_ns"] + p["cut_at_s"] * 1e9).all()
+        # from the workers' own t0: CI once saw them leave 0.22 ms before t0_ns + cut_at_s, the
+        # t0 marker written that long after the workers' t0 was read
+        assert (ex["ts"] >= m["workers_t0_ns"] + p["cut_at_s"] * 1e9).all()
+        assert m["workers_t0_ns"] <= m["t0_ns"]
     assert_counted_by_the_kernel(run, exited=len(cut) if mode == "exit" else 0)
     # cut to 2 pinned tasks against 6 free ones on CPU 0: on a quiet host the target pulls, and
     # interval 1 is measured; each interval is the trace's own: cut -> round 1 -> round 2 ->

@@ -731,6 +731,15 @@ class Workload:
         CPU set crowded with 600 tasks a window came out 0.25 ms short.)"""
         return int(self._marked_ns)
 
+    @property
+    def workers_t0_ns(self) -> int:
+        """The workers' t0 (CLOCK_MONOTONIC ns, read just before the t0 marker; 0 before the
+        release): a task's ``stop_after_s`` and ``cut_duty_at_s`` count from it. The marker's own
+        stamp comes after it by the marker's write, microseconds on a quiet host and 0.2 ms once
+        on CI's: a task leaving at its time can leave that much before the manifest's t0 plus
+        its time."""
+        return int(self._t0[0])
+
     def freeze(self) -> None:
         """SIGSTOP every worker (the measurement is over): whatever the controller does next
         (read the workers' counters, stop the probes) no longer competes with them for the CPUs.
