@@ -540,17 +540,11 @@ def test_the_scheduler_killed_mid_matrix_is_one_line_and_resumable(tmp_path):
     process ends, and --resume (here, without a cluster) finishes the matrix."""
     _distributed()
     plan = plan_file(tmp_path, duration=6.0)
-    sfile = tmp_path / "scheduler.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--port",
-                              "0", "--no-dashboard", "--scheduler-file", str(sfile)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    sched, address = start_scheduler(tmp_path)
     procs = [sched]
     try:
         deadline = time.monotonic() + 60
-        while not sfile.is_file() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        address = json.loads(sfile.read_text())["address"]
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", address, "--nthreads", "1",
              "--resources", "host=1", "--no-nanny", "--no-dashboard", "--death-timeout", "5"],
@@ -620,9 +614,15 @@ def start_scheduler(tmp_path: Path) -> tuple[subprocess.Popen, str]:
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 60
-    while not sfile.is_file() and time.monotonic() < deadline and sched.poll() is None:
-        time.sleep(0.1)
-    return sched, json.loads(sfile.read_text())["address"]
+    while time.monotonic() < deadline and sched.poll() is None:
+        # the scheduler writes its file in place: it can be seen empty or half written
+        try:
+            return sched, json.loads(sfile.read_text())["address"]
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.1)
+    sched.kill()
+    sched.wait()
+    raise AssertionError(f"the Dask scheduler wrote no address to {sfile} in 60 s")
 
 
 def start_worker(address: str, name: str, tmp_path: Path, before: str = "",
