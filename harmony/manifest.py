@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import functools
 import platform
+import sys
 
 from harmony.core.version import __version__
 
@@ -37,8 +38,12 @@ def new_manifest(experiment, params: dict, cpus: list[int], probe: str, seed: in
 
 def versions() -> dict:
     """The manifest's ``versions``: Python's, and pandas' and numpy's as installed, read without
-    importing them (the guest agent imports neither, and sees no site directory: the host puts
-    its own in a VM run's manifest as it lands the run, the same installation)."""
+    importing them. None for both in a process without site directories (``python -S``: the
+    guest agent, which imports neither; the host puts its own in a VM run's manifest as it lands
+    the run, the same installation): looking would cost the agent ~1 s of each boot under TCG
+    (importlib.metadata walking the path over 9p) for nothing."""
+    if sys.flags.no_site:
+        return {"python": platform.python_version(), "pandas": None, "numpy": None}
     return {"python": platform.python_version(), "pandas": _version("pandas"),
             "numpy": _version("numpy")}
 
