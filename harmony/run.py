@@ -16,9 +16,14 @@ analysis is imported where a run is analysed.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
+import shutil
 import signal
+import stat
 import sys
+import tarfile
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -54,6 +59,8 @@ SIDE_TABLES = {"tasks": tasks_from_rows, "kernel_samples": KERNEL_SAMPLES.from_r
                "kernel_nr_running": KERNEL_NR_RUNNING.from_rows}
 #: how :class:`JsonRows` names a side table's file (``<name>.rows.json``)
 ROWS_SUFFIX = ".rows.json"
+#: the file a run made in a virtual machine arrives in (:class:`Staged`), unpacked by :func:`land`
+HANDED_NAME = "guest-run.tar"
 
 
 class ParquetTables:
@@ -76,11 +83,102 @@ class JsonRows:
         return None
 
 
+class Staged:
+    """A run made in the guest's memory and handed to its directory on the host's share as one
+    file (:data:`HANDED_NAME`), which :func:`unpack` opens there.
+
+    A file written onto a VM's 9p share costs round trips to the host: an atomic write (a
+    temporary file created, written, renamed) took ~30 ms under TCG, and a run writes its
+    manifest, its side tables and a server's records a dozen times or more (bench/README.md).
+    Made in memory and handed over once, they cost one file. The probes' directories alone
+    (``raw/<probe>``, ``streamed``) are links to the run directory's: what a probe records while
+    the run is measured streams onto the share as before (the guest's memory is not sized for
+    a long recording). The run directory on the share has nothing else until the run is handed
+    over: a run the guest did not finish (the VM died) is not there, and the host marks it
+    incomplete as it did a run whose manifest said "running"."""
+
+    def __init__(self, run_dir: Path, memory: str, streamed: tuple[str, ...] = ()):
+        self.run_dir = Path(run_dir)
+        self.path = Path(tempfile.mkdtemp(prefix="hmy-run-", dir=memory))
+        try:
+            (self.path / "raw").mkdir()
+            for name in streamed:
+                store.make_run_dir(self.run_dir / "raw" / name)
+                os.symlink(self.run_dir / "raw" / name, self.path / "raw" / name)
+        except BaseException:
+            self.discard()
+            raise
+
+    def hand_over(self) -> None:
+        """Write what the run made in memory (the probes' links aside) into the run directory as
+        one file, written whole (one write on the share, renamed into place); the memory is
+        freed whatever happens."""
+        try:
+            buf = io.BytesIO()
+            with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for top, dirs, files in os.walk(self.path):
+                    dirs.sort()
+                    for name in [*dirs, *sorted(files)]:
+                        self._add(tar, os.path.join(top, name))
+            store.atomic_write(self.run_dir / HANDED_NAME, buf.getbuffer())
+        finally:
+            self.discard()
+
+    def _add(self, tar: tarfile.TarFile, path: str) -> None:
+        """One file or directory; not a link (a probe's, on the share already). Not
+        ``tar.add``: it names each file's owner from /etc/passwd and /etc/group, files on the
+        share in a guest (0.15 s a run under TCG)."""
+        st = os.lstat(path)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            return
+        info = tarfile.TarInfo(os.path.relpath(path, self.path))
+        info.mode, info.mtime = stat.S_IMODE(st.st_mode), int(st.st_mtime)
+        if stat.S_ISDIR(st.st_mode):
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+            return
+        info.size = st.st_size
+        with open(path, "rb") as f:
+            tar.addfile(info, f)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+def unpack(run_dir: Path) -> bool:
+    """Unpack a run a guest handed over (:class:`Staged`) into ``run_dir``, then remove its file;
+    False when there is none. Only plain files and directories below ``run_dir`` are taken.
+    Raises RunError naming a file that is not such an archive. Idempotent: the file goes only
+    once all it holds is in place."""
+    path = Path(run_dir) / HANDED_NAME
+    if not path.exists():
+        return False
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                parts = Path(member.name).parts
+                if (not parts or member.name.startswith("/") or ".." in parts
+                        or not (member.isfile() or member.isdir())):
+                    raise store.RunError(f"{path}: {member.name!r} is not a run's file")
+                dest = Path(run_dir, *parts)
+                if member.isdir():
+                    dest.mkdir(parents=True, exist_ok=True)
+                    continue
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                store.atomic_write(dest, tar.extractfile(member).read())
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise store.RunError(f"{path}: not a run handed over by a guest ({exc})") from None
+    path.unlink()
+    return True
+
+
 def land(run_dir: Path) -> list[str]:
     """Turn the side tables a :class:`JsonRows` sink wrote in ``run_dir`` into the Parquet tables
     :class:`ParquetTables` writes (the same frames), removing the JSON, and a probe's formats
     written in one file into their directory (:func:`harmony.probes.tracefs.unpack_formats`);
-    returns what it landed. Raises RunError naming a file that is not such a table."""
+    returns what it landed. A run handed over in one file (:class:`Staged`) is unpacked first
+    (:func:`unpack`). Raises RunError naming a file that is not such a table."""
+    unpack(run_dir)
     landed = []
     # a probe's formats written in one piece in the guest (TracefsProbe.formats_in_one_file)
     for raw in sorted((Path(run_dir) / "raw").glob("*/")):

@@ -99,8 +99,22 @@ def json_default(obj):
     raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
 
 
+#: how :func:`write_json` indents (None: compact; the VM agent's, :func:`compact_json`)
+_indent: int | None = 1
+
+
+def compact_json() -> None:
+    """From now on, :func:`write_json` writes compact JSON in this process. For the VM agent:
+    json indents in Python, and compact in C, ~4x faster (a run's manifest, 40 kB: 1.4 ms
+    against 0.35 here, ten times that under TCG); the host rewrites, indented, what it keeps
+    (each run's manifest as it lands the run; the side tables become Parquet)."""
+    global _indent
+    _indent = None
+
+
 def write_json(path: Path, obj) -> None:
-    atomic_write(path, json.dumps(obj, indent=1, default=json_default, allow_nan=True) + "\n")
+    atomic_write(path, json.dumps(obj, indent=_indent, default=json_default, allow_nan=True)
+                 + "\n")
 
 
 def rows_frame(rows: list[tuple], dtypes: dict) -> pd.DataFrame:

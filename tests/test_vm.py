@@ -369,6 +369,69 @@ def test_landing_json_rows_gives_the_tables_a_host_capture_writes(tmp_path):
         run.land(guest_dir)
 
 
+def test_a_run_made_in_memory_is_handed_over_in_one_file_and_unpacked_as_made(tmp_path):
+    """A guest's run (harmony.run.Staged): made in memory, its probe's raw/ streamed into the run
+    directory through a link, the rest (a server's records in raw/ too) handed over as one file;
+    unpacked, the run directory holds every file as made, and the memory and the file are
+    gone."""
+    final, memory = tmp_path / "r", tmp_path / "memory"
+    memory.mkdir()
+    store.make_run_dir(final)
+    staged = run.Staged(final, str(memory), streamed=("tracefs",))
+    assert (staged.path / "raw" / "tracefs").is_symlink() and staged.path.parent == memory
+    (staged.path / "raw" / "tracefs" / "cpu0.raw").write_bytes(b"\x01" * 5000)
+    made = {"manifest.json": b'{"status": "captured"}\n', "tasks.rows.json": b"[1, 2]\n",
+            "raw/requests/stage0.bin": bytes(range(256)) * 40}
+    for name, data in made.items():
+        (staged.path / name).parent.mkdir(parents=True, exist_ok=True)
+        (staged.path / name).write_bytes(data)
+    assert [p.name for p in final.iterdir()] == ["raw"]             # nothing else of it yet
+    assert [p.name for p in (final / "raw").iterdir()] == ["tracefs"]
+    staged.hand_over()
+    assert not list(memory.iterdir())
+    assert sorted(p.name for p in final.iterdir()) == [run.HANDED_NAME, "raw"]
+    assert run.unpack(final) and not run.unpack(final)
+    for name, data in made.items():
+        assert (final / name).read_bytes() == data
+    assert (final / "raw" / "tracefs" / "cpu0.raw").read_bytes() == b"\x01" * 5000
+    assert not (final / run.HANDED_NAME).exists()
+    # a failed capture's memory is freed too, what it made handed over all the same
+    staged = run.Staged(tmp_path / "r2", str(memory))
+    (staged.path / "manifest.json").write_text('{"status": "incomplete"}')
+    staged.hand_over()
+    assert not list(memory.iterdir())
+    assert run.land(tmp_path / "r2") == [] and store.read_json(
+        tmp_path / "r2" / "manifest.json")["status"] == "incomplete"
+
+
+@pytest.mark.parametrize("bad", ["truncated", "outside", "link"])
+def test_a_handed_over_run_that_is_not_one_is_refused_naming_its_file(tmp_path, bad):
+    """A truncated archive, or one naming a file outside the run or a link: one RunError naming
+    the file; nothing is written outside the run, nor any link."""
+    import io
+    import tarfile
+
+    final = tmp_path / "deep" / "r"
+    store.make_run_dir(final)
+    path = final / run.HANDED_NAME
+    with tarfile.open(path, "w") as tar:
+        def add(name, data=b"x", kind=tarfile.REGTYPE):
+            info = tarfile.TarInfo(name)
+            info.size, info.type = (len(data), kind)
+            if kind == tarfile.SYMTYPE:
+                info.size, info.linkname = 0, "/etc/passwd"
+            tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+        add("manifest.json", b"{}" * 3000)
+        add({"truncated": "tasks.rows.json", "outside": "../../evil", "link": "records"}[bad],
+            kind=tarfile.SYMTYPE if bad == "link" else tarfile.REGTYPE)
+    if bad == "truncated":
+        path.write_bytes(path.read_bytes()[:2000])
+    with pytest.raises(store.RunError, match=f"{path}: ") as err:
+        run.land(final)
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "evil").exists() and not (final / "records").exists()
+
+
 def test_the_formats_a_guest_writes_in_one_file_land_as_the_directory_a_host_writes(
         tmp_path, monkeypatch):
     """The VM agent's probes write a run's trace formats as one file (a round trip on the share

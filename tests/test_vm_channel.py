@@ -106,7 +106,7 @@ def _analysers():
 def _captured(out, resume):
     """A capture of nothing, said captured: what the host's analyser was doing in its window
     (read here, until it is seen stopped), and whether the host had landed the run before."""
-    import json, types
+    import glob, json, types
     start, seen = time.monotonic(), []
     while not (seen and set(seen) == {"T"}) and time.monotonic() < start + (20 if seen else 2):
         seen = _analysers()         # none within 2 s: the host has none
@@ -122,7 +122,9 @@ def _captured(out, resume):
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump({"status": "captured", "experiment": "single-source", "params": {},
                    "analysers_in_window": seen, "previous_landed": landed is not None}, f)
-    made.append(str(out))
+    # made in the guest's memory (harmony.run.Staged), its probe's raw/ a link to the run's
+    (link,) = glob.glob(os.path.join(out, "raw", "*"))
+    made.append(os.path.dirname(os.path.dirname(os.readlink(link))))
     return types.SimpleNamespace(manifest={"params": {}})
 
 guest.guest_facts, guest.capture, guest.HostLock = facts, capture, contextlib.nullcontext

@@ -59,7 +59,7 @@ from harmony.hygiene import HostLock
 from harmony.manifest import reason
 from harmony.probes import domains, get_probe, schedstat
 from harmony.probes.tracefs import TracefsProbe
-from harmony.run import JsonRows, capture
+from harmony.run import JsonRows, Staged, capture
 from harmony.vm.machine import LINE_PREFIX
 from harmony.vm.scx import Kept, ScxSpec
 from harmony.vm.topology import VmTopology
@@ -299,31 +299,51 @@ def run_job(runs: list[PlannedRun], facts: dict, stream=None, boot: Boot | None 
             emit("start", stream, run=i, dir=run.dir, **tag)
             planned = PlannedExperiment(run)
             params, whence = boot.calibrations.params(run)
+            scheduler = boot.scheduler(run, runs)
+            try:
+                # made in the guest's memory, handed to the host's share in one file
+                staged = Staged(Path(run.dir), memory_dir(), streamed=(run.probe,))
+            except (OSError, store.RunError) as exc:
+                failed += 1
+                emit("error", stream, run=i, message=reason(exc), **tag)
+                continue
             try:
                 try:
-                    got = capture(planned, params, run.cpus, Path(run.dir), run.probe, run.seed,
+                    got = capture(planned, params, run.cpus, staged.path, run.probe, run.seed,
                                   facts, quiet=True, lock_held=True, tables=JsonRows(),
-                                  scx=boot.scheduler(run, runs),
+                                  scx=scheduler,
                                   pause=lambda i=i: emit("measuring", stream, run=i, **tag),
                                   resume=lambda i=i: emit("measured", stream, run=i, **tag))
+                    boot.calibrations.keep(run, got.manifest.get("params", {}))
                 finally:                  # the tasks are stopped: what they wrote joins the run
-                    planned.keep(Path(run.dir))
+                    planned.keep(staged.path)
+                    _unstage(staged, run, scheduler, whence)
+                    staged.hand_over()
             except Exception as exc:      # one run's failure is reported; the next runs go on
                 failed += 1
                 emit("error", stream, run=i, message=reason(exc), **tag)
                 continue
-            boot.calibrations.keep(run, got.manifest.get("params", {}))
-            if whence is not None:
-                _note_calibration(Path(run.dir), whence)
+            finally:
+                staged.discard()
             emit("done", stream, run=i, **tag)
     return failed
 
 
-def _note_calibration(run_dir: Path, whence: str) -> None:
-    """Say in the run's manifest that its server overhead was measured by another run."""
-    m = store.read_json(run_dir / "manifest.json")
-    m["overhead_ns_from"] = whence
-    store.write_json(run_dir / "manifest.json", m)
+def _unstage(staged: Staged, run: PlannedRun, scheduler, whence: str | None) -> None:
+    """What the run's manifest says of where it was made, said of its own directory: the run a
+    kept scheduler was loaded for; and whence its server overhead came (another run), if so."""
+    if isinstance(scheduler, Kept) and scheduler.since == str(staged.path):
+        scheduler.since = run.dir
+    path = staged.path / "manifest.json"
+    try:
+        m = store.read_json(path)
+    except store.RunError:
+        return                            # refused before it had one: the host says so
+    if (m.get("scx") or {}).get("loaded_since") == str(staged.path):
+        m["scx"]["loaded_since"] = run.dir
+    if whence is not None:
+        m["overhead_ns_from"] = whence
+    store.write_json(path, m)
 
 
 def serve_jobs(lines, facts: dict, stream=None, boot: Boot | None = None) -> int:
@@ -408,6 +428,7 @@ def main(argv: list[str]) -> int:
     # the guest's files go to the host's share, which the host makes durable as it lands them;
     # each file made there is a round trip: a run's trace formats in one
     osutil.no_fsync()
+    store.compact_json()   # the host rewrites, indented, what it keeps
     TracefsProbe.formats_in_one_file()
     # nothing but Harmony changes the guest's shape: read again only when it changed
     domains.keep_within_the_boot()

@@ -19,7 +19,7 @@ from harmony.hostfacts import KERNEL_CONFIG_ENV
 from harmony.hygiene import HostLock, reclaim_stale
 from harmony.manifest import new_manifest, now, reason
 from harmony.manifest import versions as package_versions
-from harmony.run import land
+from harmony.run import land, unpack
 from harmony.runners import BackgroundAnalysis
 from harmony.vm.bundle import guest_command, write_bundle
 from harmony.vm.guest import PlannedRun, job_line, write_job
@@ -463,6 +463,11 @@ class VmRunner(BackgroundAnalysis):
         exp, run = state["todo"][i]
         state["landed"].add(i)
         path = Path(run.dir)
+        broken = None
+        try:
+            unpack(path)                # the run as the guest handed it over (harmony.run.Staged)
+        except store.RunError as exc:
+            broken = str(exc)
         try:
             manifest = store.read_json(path / "manifest.json")
         except store.RunError:
@@ -506,7 +511,8 @@ class VmRunner(BackgroundAnalysis):
                 manifest["status"] = "incomplete"
                 manifest["incomplete_reason"] = f"its tables could not be landed: {exc}"
         else:
-            why = state["errors"].get(i) or failure or "the guest did not capture it"
+            why = (state["errors"].get(i) or broken or failure
+                   or "the guest did not capture it")
             if manifest.get("status") == "incomplete" and manifest.get("incomplete_reason"):
                 why = manifest["incomplete_reason"] + (f"; {failure}" if failure else "")
             manifest["status"] = "incomplete"
