@@ -30,6 +30,7 @@ says so in the workload's notes) when the server cannot start.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import gc
 import json
 import mmap
@@ -263,6 +264,45 @@ serve.use_for_calibration(_calibrate_served)
 
 # -- the server's side -------------------------------------------------------------------------
 
+def _c_fork():
+    """The C library's fork(), called with the GIL held (ctypes.PyDLL); None where it has none."""
+    try:
+        fork = ctypes.PyDLL(None, use_errno=True).fork
+    except (OSError, AttributeError):
+        return None
+    fork.restype, fork.argtypes = ctypes.c_int, []
+    return fork
+
+
+_c_fork_fn = _c_fork()
+
+
+def one_thread() -> bool:
+    """Whether this process has a single thread (its tasks in /proc: native threads too)."""
+    try:
+        return len(os.listdir("/proc/self/task")) == 1
+    except OSError:
+        return False
+
+
+def lean_fork(alone: bool) -> int:
+    """os.fork() for a child that runs Harmony's code only and ends in os._exit (a worker),
+    from a process with a single thread (``alone``: :func:`one_thread`, asked once a batch):
+    the C library's fork() without CPython's work in the child around it -- the at-fork
+    handlers of the modules imported (threading's, random's reseeding) and the runtime's locks
+    made anew, which no other thread can hold here. That work writes to the parent's memory
+    page by page: ~190 copy-on-write faults a child here, and under TCG a fork, exit and wait
+    took 11-13 ms with os.fork() against 5.6-7.0 ms so (bench/README.md). Elsewhere (another
+    thread runs, or no C fork is found), os.fork()."""
+    if not alone or _c_fork_fn is None:
+        return os.fork()
+    pid = _c_fork_fn()
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return pid
+
+
 class _Workload:
     def __init__(self, buf: mmap.mmap, n: int, ngates: int, noccupiers: int, cpus: list[int]):
         self.buf, self.cpus = buf, cpus
@@ -306,9 +346,9 @@ class _Server:
 
     def op_fork(self, msg: dict, fds: list[int]) -> dict:
         w = self.workloads[msg["wid"]]
-        me, pids = os.getpid(), []
+        me, pids, alone = os.getpid(), [], one_thread()
         for t in msg["tasks"]:
-            pid = os.fork()
+            pid = lean_fork(alone)
             if pid == 0:  # the worker
                 try:
                     self.sock.close()  # the controller sees EOF when the server dies, not later
