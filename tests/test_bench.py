@@ -22,7 +22,7 @@ SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking"
            "compare_noise", "controller_death", "pelt_warmup", "warm_cold", "fidelity",
            "whole_import", "first_use", "perf_import", "schbench",
            "server_capacity", "sequential_rule", "until_decided", "probes",
-           "schedstat_causes")
+           "schedstat_causes", "guest_profile")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -162,6 +162,22 @@ def test_suite_configured_seconds(tmp_path):
     (tmp_path / "c" / "manifest.json").write_text(json.dumps(
         {"experiment": "c", "params": {"duration": 1.0, "release": "warm", "warm_s": 0.25}}))
     assert mod.configured_seconds(tmp_path)[0] == 7.75
+
+
+def test_guest_profile_reads_each_runs_set_up_and_teardown_from_the_agents_lines(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_guest_profile",
+                                                  BENCH / "guest_profile.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lines = ["[    1.0] boot noise", '@harmony {"event": "facts", "mono_ns": 1000000000}']
+    for run, marks in ((0, {"start": 2.0, "measuring": 2.5, "measured": 4.5, "done": 4.75}),
+                       (1, {"start": 5.0, "error": 5.25})):
+        lines += ["@harmony " + json.dumps({"event": e, "run": run, "mono_ns": int(t * 1e9)})
+                  for e, t in marks.items()]
+    (tmp_path / "console.log").write_text("\n".join(lines + ["@harmony {broken"]) + "\n")
+    assert mod.guest_runs(tmp_path / "console.log") == [
+        {"run": 0, "setup_s": 0.5, "teardown_s": 0.25, "failed": False},
+        {"run": 1, "setup_s": 0.25, "teardown_s": None, "failed": True}]
 
 
 def test_suite_breakdown_adds_up_to_the_wall_time(tmp_path):
