@@ -8,11 +8,13 @@ prints the split of its wall time against its configured time:
 - per run, in the guest (the agent's lines' CLOCK_MONOTONIC, ``vm-console.log``): set-up (its
   start to its window: the scheduler, calibrations, the workers' spawn, the probe's start),
   window (what is measured, the warm release's warm-up included), teardown (the window's end to
-  the run written: the workers' stop, the probe's drain, the tables written onto the host's
-  share), and the gaps between runs; calibrations (the server's, inside set-up: the capture's
-  ``place`` lap where the run recorded one) are shown apart
+  the run written: the workers' stop, the probe's drain, the tables written, the run handed
+  over onto the host's share in one file), and the gaps between runs; calibrations (the
+  server's, inside set-up: the capture's ``place`` lap where the run recorded one) are shown
+  apart
 - the transfer of captures: the guest's writing of its tables (the capture's ``write`` lap, in
-  teardown) and the host's landing of them (manifest ``vm.land_s`` where recorded)
+  teardown: into the guest's memory since the runs are handed over in one file) and the host's
+  landing of them (manifest ``vm.land_s`` where recorded: the run unpacked, its tables made)
 - the host's analysis and the report (suite.json ``captured_s``, ``analysed_s``,
   ``wall_with_report_s``)
 
@@ -134,7 +136,7 @@ def print_split(s: dict) -> None:
         row("  of which the server's calibrations", s["calibration_s"]),
         row("runs' windows (measured, warm-up included)", s["window_s"]),
         row("runs' teardown in the guest (window end to written)", s["teardown_s"]),
-        row("  of which the tables written onto the host's share", s["guest_write_s"]),
+        row("  of which the tables written (in the guest's memory)", s["guest_write_s"]),
         row("gaps between runs in the guest", s["gaps_s"]),
         row("after the guest: landing, VM end (captured - boot - guest)", s["rest_s"]),
         row("  of which landing the captures on the host", s["land_s"]),

@@ -89,30 +89,32 @@ class Staged:
 
     A file written onto a VM's 9p share costs round trips to the host: an atomic write (a
     temporary file created, written, renamed) took ~30 ms under TCG, and a run writes its
-    manifest, its side tables and a server's records a dozen times or more (bench/README.md).
-    Made in memory and handed over once, they cost one file. The probes' directories alone
-    (``raw/<probe>``, ``streamed``) are links to the run directory's: what a probe records while
-    the run is measured streams onto the share as before (the guest's memory is not sized for
-    a long recording). The run directory on the share has nothing else until the run is handed
-    over: a run the guest did not finish (the VM died) is not there, and the host marks it
-    incomplete as it did a run whose manifest said "running"."""
+    manifest, its side tables, its probe's formats and meta, a server's records a dozen times
+    or more (bench/README.md). Made in memory and handed over once, they cost one file. The
+    files a probe streams while the run is measured (``streamed``: probe name -> the names of
+    its files in ``raw/<probe>``) alone are links to the run directory's: a recording streams
+    onto the share as before (the guest's memory is not sized for a long one). The run
+    directory on the share has nothing else until the run is handed over: a run the guest did
+    not finish (the VM died) is not there, and the host marks it incomplete as it did a run
+    whose manifest said "running"."""
 
-    def __init__(self, run_dir: Path, memory: str, streamed: tuple[str, ...] = ()):
+    def __init__(self, run_dir: Path, memory: str, streamed: dict[str, list[str]] | None = None):
         self.run_dir = Path(run_dir)
         self.path = Path(tempfile.mkdtemp(prefix="hmy-run-", dir=memory))
         try:
-            (self.path / "raw").mkdir()
-            for name in streamed:
-                store.make_run_dir(self.run_dir / "raw" / name)
-                os.symlink(self.run_dir / "raw" / name, self.path / "raw" / name)
+            for name, files in (streamed or {}).items():
+                shared = store.make_run_dir(self.run_dir / "raw" / name)
+                (self.path / "raw" / name).mkdir(parents=True)
+                for f in files:
+                    os.symlink(shared / f, self.path / "raw" / name / f)
         except BaseException:
             self.discard()
             raise
 
     def hand_over(self) -> None:
-        """Write what the run made in memory (the probes' links aside) into the run directory as
-        one file, written whole (one write on the share, renamed into place); the memory is
-        freed whatever happens."""
+        """Write what the run made in memory (the links to the streamed files aside) into the run
+        directory as one file, written whole (one write on the share, renamed into place); the
+        memory is freed whatever happens."""
         try:
             buf = io.BytesIO()
             with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:

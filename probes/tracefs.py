@@ -74,6 +74,11 @@ def tracefs_root() -> Path:
     return TRACEFS
 
 
+def _data_name(cpu: int) -> str:
+    """The file of CPU ``cpu``'s ring-buffer pages in a recording's directory."""
+    return f"cpu{cpu}.raw"
+
+
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
@@ -254,6 +259,15 @@ class TracefsProbe(Probe):
         (~0.25 s a run under TCG: bench/README.md). The host unpacks it as it lands the run
         (:func:`harmony.run.land`)."""
         cls._formats_one_file = True
+
+    @staticmethod
+    def data_files() -> list[str]:
+        """The files a recording streams into its directory while the run is measured: one for
+        each CPU the kernel may have (an instance's ``per_cpu/cpuN``), as its drains name them.
+        For the VM agent, which makes a run in its memory but these on the host's share
+        (:class:`harmony.run.Staged`)."""
+        return [_data_name(c) for c in range(len(list((tracefs_root() / "per_cpu")
+                                                       .glob("cpu*"))))]
 
     def __init__(self, out_dir: Path, cpus: list[int], duration_s: float,
                  buffer_kb: int | None = None, events: tuple[str, ...] = SCHED_EVENTS,
@@ -519,7 +533,7 @@ class TracefsProbe(Probe):
             self._marker_fd = os.open(inst / "trace_marker", os.O_WRONLY)
             for cpu in range(ncpu):
                 cpu_dir = inst / "per_cpu" / f"cpu{cpu}"
-                d = _Drain(cpu_dir / "trace_pipe_raw", self.out_dir / f"cpu{cpu}.raw", page_size,
+                d = _Drain(cpu_dir / "trace_pipe_raw", self.out_dir / _data_name(cpu), page_size,
                            stall, cpu_dir / "stats")
                 d.start()
                 self._drains.append(d)

@@ -370,23 +370,25 @@ def test_landing_json_rows_gives_the_tables_a_host_capture_writes(tmp_path):
 
 
 def test_a_run_made_in_memory_is_handed_over_in_one_file_and_unpacked_as_made(tmp_path):
-    """A guest's run (harmony.run.Staged): made in memory, its probe's raw/ streamed into the run
-    directory through a link, the rest (a server's records in raw/ too) handed over as one file;
-    unpacked, the run directory holds every file as made, and the memory and the file are
-    gone."""
+    """A guest's run (harmony.run.Staged): made in memory, its probe's data files streamed into
+    the run directory through links (one the probe never wrote is not made), the rest (the
+    probe's meta and a server's records in raw/ too) handed over as one file; unpacked, the run
+    directory holds every file as made, and the memory and the file are gone."""
     final, memory = tmp_path / "r", tmp_path / "memory"
     memory.mkdir()
     store.make_run_dir(final)
-    staged = run.Staged(final, str(memory), streamed=("tracefs",))
-    assert (staged.path / "raw" / "tracefs").is_symlink() and staged.path.parent == memory
-    (staged.path / "raw" / "tracefs" / "cpu0.raw").write_bytes(b"\x01" * 5000)
+    staged = run.Staged(final, str(memory), streamed={"tracefs": ["cpu0.raw", "cpu1.raw"]})
+    assert (staged.path / "raw" / "tracefs" / "cpu0.raw").is_symlink()
+    assert staged.path.parent == memory
+    (staged.path / "raw" / "tracefs" / "cpu0.raw").write_bytes(b"\x01" * 5000)  # cpu1: none
     made = {"manifest.json": b'{"status": "captured"}\n', "tasks.rows.json": b"[1, 2]\n",
-            "raw/requests/stage0.bin": bytes(range(256)) * 40}
+            "raw/requests/stage0.bin": bytes(range(256)) * 40,
+            "raw/tracefs/meta.json": b'{"probe": "tracefs"}'}
     for name, data in made.items():
         (staged.path / name).parent.mkdir(parents=True, exist_ok=True)
         (staged.path / name).write_bytes(data)
     assert [p.name for p in final.iterdir()] == ["raw"]             # nothing else of it yet
-    assert [p.name for p in (final / "raw").iterdir()] == ["tracefs"]
+    assert [p.name for p in (final / "raw" / "tracefs").iterdir()] == ["cpu0.raw"]
     staged.hand_over()
     assert not list(memory.iterdir())
     assert sorted(p.name for p in final.iterdir()) == [run.HANDED_NAME, "raw"]
@@ -395,6 +397,8 @@ def test_a_run_made_in_memory_is_handed_over_in_one_file_and_unpacked_as_made(tm
         assert (final / name).read_bytes() == data
     assert (final / "raw" / "tracefs" / "cpu0.raw").read_bytes() == b"\x01" * 5000
     assert not (final / run.HANDED_NAME).exists()
+    assert sorted(p.name for p in (final / "raw" / "tracefs").iterdir()) == ["cpu0.raw",
+                                                                            "meta.json"]
     # a failed capture's memory is freed too, what it made handed over all the same
     staged = run.Staged(tmp_path / "r2", str(memory))
     (staged.path / "manifest.json").write_text('{"status": "incomplete"}')

@@ -122,9 +122,9 @@ def _captured(out, resume):
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump({"status": "captured", "experiment": "single-source", "params": {},
                    "analysers_in_window": seen, "previous_landed": landed is not None}, f)
-    # made in the guest's memory (harmony.run.Staged), its probe's raw/ a link to the run's
-    (link,) = glob.glob(os.path.join(out, "raw", "*"))
-    made.append(os.path.dirname(os.path.dirname(os.readlink(link))))
+    # made in the guest's memory (harmony.run.Staged), its probe's data files links to the run's
+    link = glob.glob(os.path.join(out, "raw", "*", "*"))[0]
+    made.append(os.path.dirname(os.path.dirname(os.path.dirname(os.readlink(link)))))
     return types.SimpleNamespace(manifest={"params": {}})
 
 guest.guest_facts, guest.capture, guest.HostLock = facts, capture, contextlib.nullcontext

@@ -302,8 +302,8 @@ def run_job(runs: list[PlannedRun], facts: dict, stream=None, boot: Boot | None 
             scheduler = boot.scheduler(run, runs)
             try:
                 # made in the guest's memory, handed to the host's share in one file
-                staged = Staged(Path(run.dir), memory_dir(), streamed=(run.probe,))
-            except (OSError, store.RunError) as exc:
+                staged = Staged(Path(run.dir), memory_dir(), streamed=_streamed(run.probe))
+            except Exception as exc:
                 failed += 1
                 emit("error", stream, run=i, message=reason(exc), **tag)
                 continue
@@ -327,6 +327,13 @@ def run_job(runs: list[PlannedRun], facts: dict, stream=None, boot: Boot | None 
                 staged.discard()
             emit("done", stream, run=i, **tag)
     return failed
+
+
+def _streamed(probe: str) -> dict[str, list[str]]:
+    """The files probe ``probe`` streams onto the share while a run is measured (its
+    ``data_files()``; none where it says none: all of it is then made in memory)."""
+    files = getattr(get_probe(probe), "data_files", None)
+    return {probe: files()} if files is not None else {}
 
 
 def _unstage(staged: Staged, run: PlannedRun, scheduler, whence: str | None) -> None:

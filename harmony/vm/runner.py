@@ -463,7 +463,7 @@ class VmRunner(BackgroundAnalysis):
         exp, run = state["todo"][i]
         state["landed"].add(i)
         path = Path(run.dir)
-        broken = None
+        broken, t_land = None, time.monotonic()
         try:
             unpack(path)                # the run as the guest handed it over (harmony.run.Staged)
         except store.RunError as exc:
@@ -503,7 +503,6 @@ class VmRunner(BackgroundAnalysis):
                           "vcpu_wait_max_vcpu": max(fr, key=fr.get) if fr else None}
         if manifest.get("status") == "captured":
             try:
-                t_land = time.monotonic()
                 land(path)
                 manifest["vm"]["land_s"] = round(time.monotonic() - t_land, 4)
                 state["captured"].add(str(path.absolute()))
