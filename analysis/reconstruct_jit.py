@@ -292,7 +292,6 @@ def instants(ts, a, b):
     return n
 
 
-
 @_jit
 def changes(cpu, ts, nr, slot, a, b, times, q):
     """The run-queue vectors of :func:`reconstruct.runqueue_changes` in one pass: q[:, 0] each

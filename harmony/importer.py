@@ -310,12 +310,12 @@ def _pairs(pid: pd.Series, comm: pd.Series) -> list[tuple[int, str]]:
     if len(p) and int(p.min()) >= -1 and (top + 2) * width <= PAIR_SLOTS:
         # a mark per slot, a chunk of rows at a time: no hashing of millions of keys
         seen = np.zeros((top + 2) * width, bool)
-        key = np.empty(min(len(p), PRIO_CHUNK), np.int64)
-        for lo in range(0, len(p), PRIO_CHUNK):
-            k = key[:len(p[lo:lo + PRIO_CHUNK])]
-            np.add(p[lo:lo + PRIO_CHUNK], 1, out=k)
+        key = np.empty(min(len(p), CHUNK_ROWS), np.int64)
+        for lo in range(0, len(p), CHUNK_ROWS):
+            k = key[:len(p[lo:lo + CHUNK_ROWS])]
+            np.add(p[lo:lo + CHUNK_ROWS], 1, out=k)
             k *= width
-            k += c[lo:lo + PRIO_CHUNK]
+            k += c[lo:lo + CHUNK_ROWS]
             seen[k + 1] = True
         slot = np.flatnonzero(seen)
         return list(zip((slot // width - 1).tolist(), names[slot % width - 1]))
@@ -507,8 +507,8 @@ def _nice(events: pd.DataFrame, pids: list[int]) -> dict[int, tuple[int, int | N
     return out
 
 
-#: rows counted at a time by _prio_counts: its temporaries stay in the CPU's cache
-PRIO_CHUNK = 1 << 16
+#: rows taken at a time by _prio_counts and _pairs: their temporaries stay in the CPU's cache
+CHUNK_ROWS = 1 << 16
 
 
 def _prio_counts(cols, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -523,12 +523,12 @@ def _prio_counts(cols, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         table = np.full(int(want[-1]) + 2, len(want) * row + 1, np.int32)
         table[want] = np.arange(len(want), dtype=np.int32) * row + 1
         counts = np.zeros((len(want) + 1) * row, np.int64)
-        buf = np.empty(PRIO_CHUNK, np.int32)
+        buf = np.empty(CHUNK_ROWS, np.int32)
         for p, q in cols:
-            for lo in range(0, len(p), PRIO_CHUNK):
-                b = buf[:len(p[lo:lo + PRIO_CHUNK])]
-                np.take(table, p[lo:lo + PRIO_CHUNK], mode="clip", out=b)   # pid < 1: table[0]
-                b += q[lo:lo + PRIO_CHUNK]
+            for lo in range(0, len(p), CHUNK_ROWS):
+                b = buf[:len(p[lo:lo + CHUNK_ROWS])]
+                np.take(table, p[lo:lo + CHUNK_ROWS], mode="clip", out=b)   # pid < 1: table[0]
+                b += q[lo:lo + CHUNK_ROWS]
                 counts += np.bincount(b, minlength=len(counts))
         return counts.reshape(-1, row)[:-1, 1:], np.arange(width)
     who, prio = [], []

@@ -23,7 +23,11 @@ def where_at(codes, lut, pid, prev, cpu, target, table, bound, where):
     """Each task's CPU at row ``bound`` into where[task] (filled with -1): its last placement
     in the rows before it, else its first from it on (see importer._where_at). A row's
     placements: a switch's next and previous tasks on its CPU; an event of kind 1 its task on its
-    target CPU."""
+    target CPU.
+
+    The clipped look-up is written out for each of the three placements on purpose: as a
+    helper function numba did not inline it, and the pass took 0.35 s against 9 ms on 7.06 M
+    events (bench/README.md, issue 48.2; with ``inline="always"`` 58 ms, in one try)."""
     found = np.zeros(where.shape[0], np.bool_)
     left = where.shape[0]
     top = table.shape[0] - 1

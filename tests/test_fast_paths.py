@@ -326,7 +326,7 @@ def test_the_importers_task_look_ups_match_the_code_they_replaced(seed, window, 
     from harmony import importer
     if window:
         monkeypatch.setattr(importer, "LOOK_UP_WINDOW", window)
-        monkeypatch.setattr(importer, "PRIO_CHUNK", 100 + window)
+        monkeypatch.setattr(importer, "CHUNK_ROWS", 100 + window)
     events = random_events(seed, n=3000, pids=40)
     rng = np.random.default_rng(seed)
     cmdlines = {3: "cmd3", 0: "idle", 77: "x"}
