@@ -17,7 +17,6 @@ guest wrote them, with ``prof.pstats`` beside the job, for ``python -m pstats``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pstats
 import shutil
@@ -29,6 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit_json, need_root, table  # noqa: E402
+from vm_suite import guest_events, runs_in_guest  # noqa: E402
 
 DEFAULT_EXPERIMENTS = "detection,priority-classes,server,how-many"
 
@@ -55,24 +55,11 @@ def plan_job(job: Path, experiments: list[str], repeat: int, scx_spec, vcpus: in
 
 
 def guest_runs(console: Path) -> list[dict]:
-    """Per run: set-up and teardown in the guest, from the agent's lines."""
-    marks: dict[int, dict] = {}
-    for line in console.read_text(errors="replace").splitlines():
-        if "@harmony " not in line:
-            continue
-        try:
-            ev = json.loads(line.split("@harmony ", 1)[1])
-        except ValueError:
-            continue
-        if "run" in ev and ev.get("event") in ("start", "measuring", "measured", "done", "error"):
-            marks.setdefault(ev["run"], {})[ev["event"]] = ev["mono_ns"] / 1e9
-    out = []
-    for i, m in sorted(marks.items()):
-        end = m.get("done", m.get("error"))
-        out.append({"run": i, "setup_s": m.get("measuring", end or 0) - m["start"],
-                    "teardown_s": end - m["measured"] if end and "measured" in m else None,
-                    "failed": "error" in m})
-    return out
+    """Per run: set-up and teardown in the guest, from the agent's lines (as bench/vm_suite.py
+    reads them)."""
+    return [{"run": i, "setup_s": r["setup"], "teardown_s": r["teardown"],
+             "failed": "t_error" in r}
+            for i, r in enumerate(runs_in_guest(guest_events(console)))]
 
 
 def main() -> int:

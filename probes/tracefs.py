@@ -74,6 +74,12 @@ def tracefs_root() -> Path:
     return TRACEFS
 
 
+def _ncpus(tracing_dir: Path) -> int:
+    """How many CPUs a tracing directory (the root or an instance) keeps buffers for: each CPU
+    the kernel may have (``per_cpu/cpuN``)."""
+    return len(list((tracing_dir / "per_cpu").glob("cpu*")))
+
+
 def _data_name(cpu: int) -> str:
     """The file of CPU ``cpu``'s ring-buffer pages in a recording's directory."""
     return f"cpu{cpu}.raw"
@@ -266,8 +272,7 @@ class TracefsProbe(Probe):
         each CPU the kernel may have (an instance's ``per_cpu/cpuN``), as its drains name them.
         For the VM agent, which makes a run in its memory but these on the host's share
         (:class:`harmony.run.Staged`)."""
-        return [_data_name(c) for c in range(len(list((tracefs_root() / "per_cpu")
-                                                       .glob("cpu*"))))]
+        return [_data_name(c) for c in range(_ncpus(tracefs_root()))]
 
     def __init__(self, out_dir: Path, cpus: list[int], duration_s: float,
                  buffer_kb: int | None = None, events: tuple[str, ...] = SCHED_EVENTS,
@@ -506,7 +511,7 @@ class TracefsProbe(Probe):
         sub_kb = inst / "buffer_subbuf_size_kb"
         if sub_kb.exists():
             page_size = int(sub_kb.read_text()) * 1024
-        ncpu = len(list((inst / "per_cpu").glob("cpu*")))
+        ncpu = _ncpus(inst)
         self.meta = {
             "probe": self.name, "instance": inst.name, "clock": clock, "page_size": page_size,
             "cpus": list(range(ncpu)), "events_enabled": enabled, "events_missing": missing,
