@@ -109,7 +109,9 @@ def main() -> int:
                   file=sys.stderr)
             return 2
         prof = job / "prof.pstats"
-        code = ("import cProfile, sys; import harmony.vm.guest as g; "
+        # the agent's own first steps (harmony.vm.agent), then its main under the profiler
+        code = ("import cProfile, sys; from harmony.workload import forkserver; "
+                "forkserver.fork_now(); import harmony.vm.guest as g; "
                 "cProfile.run('g.main(sys.argv[1:2])', sys.argv[2])")
         tree = Path(harmony.__file__).resolve().parent.parent     # where this Harmony is
         command = guest_command(write_bundle(job), ["PYTHONDONTWRITEBYTECODE=1",

@@ -33,7 +33,8 @@ ROOMS = [
                                "harmony.analysis.report_suite"]),
     ("workload runtime", ["harmony.workload.*"]),
     ("kernels under test", ["harmony.vm.*"]),
-    ("orchestration", ["harmony.*", "harmony.vm.guest", "harmony.vm.runner"]),
+    ("orchestration", ["harmony.*", "harmony.vm.agent", "harmony.vm.guest",
+                       "harmony.vm.runner"]),
     ("entry points", ["harmony.cli", "harmony.cli.*", "harmony"]),   # the command, harmony.load
 ]
 

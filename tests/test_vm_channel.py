@@ -152,7 +152,7 @@ def setup_fake_vm(tmp_path: Path, monkeypatch) -> Path:
     monkeypatch.setattr(vm_runner, "reclaim_stale", lambda: [])
 
     def agent(module, *args, env=None, site=True):
-        assert module == "harmony.vm.guest" and not site     # no site directory: python -S
+        assert module == "harmony.vm.agent" and not site     # no site directory: python -S
         # the environment the real agent gets: this Harmony on its path, wherever it lives
         return ([sys.executable, "-S", "-P", str(bin_dir / "agent.py"), *args],
                 real_harmony_python(module, env=env, site=site)[1])

@@ -31,8 +31,8 @@ import zipfile
 from pathlib import Path
 
 #: what the guest runs: the agent, the fork server it starts, the workers and servers it forks
-ENTRY_MODULES = ("harmony.vm.guest", "harmony.workload.forkserver", "harmony.workload.serve",
-                 "harmony.workload.worker", "harmony.run")
+ENTRY_MODULES = ("harmony.vm.agent", "harmony.vm.guest", "harmony.workload.forkserver",
+                 "harmony.workload.serve", "harmony.workload.worker", "harmony.run")
 #: the bundle's name in the job directory, and where the guest copies it
 NAME = "harmony-agent.zip"
 GUEST_COPY = f"/tmp/{NAME}"

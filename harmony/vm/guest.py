@@ -1,4 +1,5 @@
-"""The guest agent: ``python3 -m harmony.vm.guest``, run inside a virtual machine.
+"""The guest agent, run inside a virtual machine: ``python3 -m harmony.vm.agent`` (its fork server
+forked first, :mod:`harmony.vm.agent`, then :func:`main`), or ``python3 -m harmony.vm.guest``.
 
 The host (:class:`harmony.vm.runner.VmRunner`) plans captures -- the experiment's parameters
 resolved and drawn, its tasks, the run directory under the VM's one writable directory -- and
@@ -439,8 +440,9 @@ def main(argv: list[str]) -> int:
     TracefsProbe.formats_in_one_file()
     # nothing but Harmony changes the guest's shape: read again only when it changed
     domains.keep_within_the_boot()
-    # the fork server's start (a fresh interpreter and its imports over 9p: ~3 s under TCG) made
-    # while the guest's facts are gathered, not in the first run's set-up
+    # the fork server forked at the agent's start (harmony.vm.agent); else its start (a fresh
+    # interpreter and its imports: ~1.5 s under TCG) made while the guest's facts are gathered,
+    # not in the first run's set-up
     threading.Thread(target=forkserver.shared, name="harmony-forkserver-start",
                      daemon=True).start()
     try:

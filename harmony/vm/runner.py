@@ -196,7 +196,7 @@ class VmRunner(BackgroundAnalysis):
         self._scx_path(runs)
         write_job(self.jobdir / "job.json", runs,
                   self.topology.spec() if self.topology is not None else None)
-        argv, env = harmony_python("harmony.vm.guest", str(self.jobdir / "job.json"), "--more",
+        argv, env = harmony_python("harmony.vm.agent", str(self.jobdir / "job.json"), "--more",
                                    site=False)
         env = [f"{k}={v}" for k, v in env.items()
                if k.startswith("HARMONY_") or k == "PYTHONPATH"]

@@ -40,6 +40,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 from harmony.core.errors import ControllerError, ForkServerError  # noqa: F401  (raised here)
 from harmony.core.osutil import PR_SET_NAME, die_with_parent, harmony_python, prctl
@@ -74,14 +75,19 @@ def _recv(sock: socket.socket) -> tuple[dict | None, list[int]]:
 class ForkServer:
     """A started fork server and the controller's end of its socket."""
 
-    def __init__(self, timeout_s: float = 10.0):
+    def __init__(self, timeout_s: float = 10.0, forked: bool = False):
+        """A fresh interpreter started (``python -m harmony.workload.forkserver``), or, with
+        ``forked``, this process forked (:func:`fork_now`)."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        # finds this very package, even one that is not installed
-        argv, env = harmony_python("harmony.workload.forkserver", str(theirs.fileno()),
-                                   str(os.getpid()), site=False)
         try:
-            self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),),
-                                         stdin=subprocess.DEVNULL, env=env)
+            if forked:
+                self.proc = _Forked(theirs, mine)
+            else:
+                # finds this very package, even one that is not installed
+                argv, env = harmony_python("harmony.workload.forkserver", str(theirs.fileno()),
+                                           str(os.getpid()), site=False)
+                self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),),
+                                             stdin=subprocess.DEVNULL, env=env)
         except BaseException:
             mine.close()
             raise
@@ -162,6 +168,50 @@ class ForkServer:
             self.sock.close()
 
 
+class _Forked:
+    """The fork server forked from this process (:func:`fork_now`), as much of
+    subprocess.Popen as :class:`ForkServer` uses: ``pid``, ``poll()``, ``wait()``, ``kill()``."""
+
+    def __init__(self, theirs: socket.socket, mine: socket.socket):
+        controller = os.getpid()
+        self.pid, self.returncode = os.fork(), None
+        if self.pid == 0:       # the server: never returns
+            status = 1
+            try:
+                mine.close()
+                null = os.open(os.devnull, os.O_RDONLY)     # not the controller's input
+                os.dup2(null, 0)
+                os.close(null)
+                status = main([str(theirs.fileno()), str(controller)])
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+            finally:
+                os._exit(status)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:   # reaped by someone else: gone all the same
+                pid, status = self.pid, 255 << 8
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if give_up is not None and time.monotonic() > give_up:
+                raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout)
+            time.sleep(0.005)
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
 _server: ForkServer | None = None
 _failed: str | None = None  # why the server could not start: not tried again by this process
 _lock = threading.Lock()
@@ -193,6 +243,26 @@ def shared() -> tuple[ForkServer | None, str | None]:
         return _server, note
 
 
+def fork_now() -> None:
+    """Start this process's fork server (:func:`shared`) now, by forking this process rather than
+    starting a fresh interpreter. For a process that has imported what the server needs and
+    little more, and has no other thread yet: the guest agent at its start
+    (:mod:`harmony.vm.agent`), where a fresh interpreter costs its start and its imports under
+    TCG (1.1 s and ~0.5 s of a boot, bench/README.md). Elsewhere (another thread runs, the
+    server is disabled or started already) it does nothing: :func:`shared` starts one when asked.
+    A fork that fails is left to :func:`shared` too."""
+    global _server
+    if os.environ.get(ENV, "1").strip() == "0" or not one_thread():
+        return
+    with _lock:
+        if _server is None:
+            try:
+                _server = ForkServer(forked=True)
+            except (OSError, ForkServerError):
+                return
+            _at_exit()
+
+
 def _start() -> ForkServer:
     """Start the server from a thread that lives as long as this process: PR_SET_PDEATHSIG fires
     when the *thread* that created the child exits."""
@@ -215,11 +285,15 @@ def _start() -> ForkServer:
         if isinstance(got[0], BaseException):
             raise got[0]
         server = got[0]
+    _at_exit()
+    return server
+
+
+def _at_exit() -> None:
     global _registered
     if not _registered:
         atexit.register(shutdown)
         _registered = True
-    return server
 
 
 def shutdown() -> None:
