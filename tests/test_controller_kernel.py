@@ -193,8 +193,8 @@ def test_a_ctrl_c_while_the_cgroups_are_made_leaves_none(host, monkeypatch):
         host_skip("no cpuset hierarchy")
     made = cpuset.CpusetGroups._create
 
-    def stopped_half_way(self, root):
-        made(self, root)
+    def stopped_half_way(self, *args):
+        made(self, *args)
         assert _ours(), "no group was made"
         raise KeyboardInterrupt
 
@@ -248,3 +248,49 @@ def test_sigkill_leaves_cgroups_that_the_next_start_reclaims(host):
     assert any(str(parent) in r for r in removed), removed
     assert not parent.exists()
     assert not any(str(parent) in r for r in reclaim_stale())  # and only once
+
+
+KEPT = textwrap.dedent("""
+    import os
+    from pathlib import Path
+    from harmony.workload import cpuset
+    from harmony.workload.controller import Workload
+    from harmony.workload.tasks import TaskSpec
+
+    def allowed(pid):
+        text = Path(f"/proc/{pid}/status").read_text()
+        return sorted(cpuset.parse_cpus(text.split("Cpus_allowed_list:")[1].split()[0]))
+
+    cpuset.keep_within_the_boot()
+    version, root = cpuset.hierarchies()[0]
+    had = version == "v2" and "cpuset" in (root / "cgroup.subtree_control").read_text().split()
+    for cpu in (0, 1, 0):       # each run's tasks held on their initial CPU, then released
+        with Workload([TaskSpec(name=f"k{i}", initial_cpu=cpu) for i in range(3)], [0, 1]) as w:
+            w.spawn()
+            held = [allowed(p) for p in w.pids]
+            w.release(lambda text: 0)
+            print(w.release_method, held == [[cpu]] * 3,
+                  [allowed(p) for p in w.pids] == [[0, 1]] * 3, flush=True)
+        print("kept", w.cpusets is None and (root / f"{cpuset.PREFIX}{os.getpid()}").is_dir(),
+              flush=True)
+    print("root", root, version, had, os.getpid(), flush=True)
+""")
+
+
+def test_groups_kept_within_a_boot_hold_each_run_and_go_at_exit(host):
+    """keep_within_the_boot (the guest agent's): the groups stay from one run to the next, each
+    run's tasks are held on their initial CPU until t0 all the same, and the process's exit
+    removes them and gives the root's +cpuset back as it found it."""
+    if not cpuset.hierarchies():
+        host_skip("no cpuset hierarchy")
+    out = subprocess.run([sys.executable, "-c", KEPT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split("\n")
+    runs = [line for line in lines if line.startswith("cpuset")]
+    assert runs == ["cpuset True True"] * 3, out.stdout
+    assert [line for line in lines if line.startswith("kept")] == ["kept True"] * 3, out.stdout
+    _, root, version, had, pid = next(line for line in lines if line.startswith("root")).split()
+    assert not (Path(root) / f"{cpuset.PREFIX}{pid}").exists(), "the kept groups outlived it"
+    if version == "v2" and not any(Path(root).glob(f"{cpuset.PREFIX}*")):
+        enabled = "cpuset" in (Path(root) / "cgroup.subtree_control").read_text().split()
+        assert enabled == (had == "True"), "the root's +cpuset not given back as it was"

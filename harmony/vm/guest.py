@@ -66,7 +66,7 @@ from harmony.vm.scx import Kept, ScxSpec
 from harmony.vm.topology import VmTopology
 from harmony.vm.topology import check as check_topology
 from harmony.vm.topology import parse as parse_topology
-from harmony.workload import forkserver, serve
+from harmony.workload import cpuset, forkserver, serve
 from harmony.workload.tasks import TaskSpec
 
 #: what a job file holds (its "format")
@@ -440,6 +440,8 @@ def main(argv: list[str]) -> int:
     TracefsProbe.formats_in_one_file()
     # nothing but Harmony changes the guest's shape: read again only when it changed
     domains.keep_within_the_boot()
+    # nothing but Harmony uses the guest's cgroups: one run's cpusets kept for the next
+    cpuset.keep_within_the_boot()
     # the fork server forked at the agent's start (harmony.vm.agent); else its start (a fresh
     # interpreter and its imports: ~1.5 s under TCG) made while the guest's facts are gathered,
     # not in the first run's set-up

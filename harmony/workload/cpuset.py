@@ -13,11 +13,14 @@ root's ``cgroup.subtree_control`` lacks ``+cpuset``, it is enabled for the run a
 afterwards; a marker file says so in case the controller dies first.
 
 Everything created here is removed by :meth:`CpusetGroups.remove` and, if the controller was
-killed, by :func:`reclaim_stale` (from the next run's start and ``harmony clean``).
+killed, by :func:`reclaim_stale` (from the next run's start and ``harmony clean``). A process that
+called :func:`keep_within_the_boot` (the guest agent) keeps its groups from one run to the next
+instead, each run narrowing them again, and removes them at its exit.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import os
 import re
@@ -32,6 +35,35 @@ from harmony.core.wording import plural
 PREFIX = "harmony-"
 MARKER = "cpuset-enabled-by-"  # file in the lock directory: this pid enabled +cpuset at the v2 root
 REMOVE_WAIT_S = 2.0  # how long a cgroup whose last tasks are exiting may stay busy
+
+
+#: the groups this process keeps from one run to the next (:func:`keep_within_the_boot`): the
+#: parent and the v2 root whose +cpuset it turned on (None: it was on), or None before the first
+_kept: tuple[Path, Path | None] | None = None
+_keeping = False
+
+
+def keep_within_the_boot() -> None:
+    """Keep this process's cpuset cgroups from one workload to the next: made by the first run,
+    each next run's narrowed back to its initial CPU (one write each), all removed at this
+    process's exit (or by :func:`reclaim_stale` if it is killed). For the guest agent: under
+    TCG each run made and removed five cgroups and switched the root's ``+cpuset`` on and off
+    (~30 ms a run, bench/README.md), and nothing but Harmony uses the guest's cgroups."""
+    global _keeping
+    if not _keeping:
+        _keeping = True
+        atexit.register(_remove_kept)
+
+
+def _remove_kept() -> list[str]:
+    global _kept
+    if _kept is None:
+        return []
+    (parent, enabled), _kept = _kept, None
+    errors = _remove_tree(parent) if parent.is_dir() else []
+    if enabled is not None:
+        errors += _disable_root_cpuset(enabled, os.getpid())
+    return errors
 
 
 def _mounts() -> list[tuple[str, str, list[str]]]:
@@ -82,6 +114,7 @@ class CpusetGroups:
         self._prefix = "cpuset."
         self._fds: list[int] = []
         self._enabled_root: Path | None = None  # v2 root whose +cpuset we turned on
+        self.kept = False   # the groups stay for the next run (keep_within_the_boot)
         self._run_list = ",".join(map(str, self.run_cpus)).encode()
 
     def child(self, cpu: int) -> Path:
@@ -107,32 +140,55 @@ class CpusetGroups:
             raise CpusetUnavailable(f"the run's CPUs are not all in the cpuset root {root} "
                                     f"({sorted(have)})")
         self.parent = root / f"{PREFIX}{self.owner}"
+        global _kept
+        self.kept = _keeping and self.owner == os.getpid()
+        if self.kept and _kept is not None and _kept[0] == self.parent and self.parent.is_dir():
+            made = True         # the boot's: its parent holds every CPU of the root
+        else:
+            made, _kept = False, None
         try:
-            self._create(root)
+            self._create(root, made, ",".join(map(str, sorted(have))))
         except OSError as exc:
+            self.kept = False   # removed whole, the boot's too
             self.remove()
+            if made:
+                _remove_kept()
             raise CpusetUnavailable(f"cannot create cpuset cgroups under {root}: "
                                     f"{exc.strerror or exc}") from None
+        if self.kept:
+            _kept = (self.parent, _kept[1] if made else self._enabled_root)
 
-    def _create(self, root: Path) -> None:
+    def _create(self, root: Path, made: bool, root_cpus: str) -> None:
+        """The groups made; ``made``: the parent is the boot's, kept (its children narrowed back
+        to their CPU, the missing ones made)."""
         p, run = self._prefix, self._run_list.decode()
-        if self.version == "v2" and "cpuset" not in _read(root / "cgroup.subtree_control").split():
-            (lock_dir() / f"{MARKER}{self.owner}").write_text(f"{root}\n")
-            self._enabled_root = root
-            _write(root / "cgroup.subtree_control", "+cpuset")
-        self.parent.mkdir()
-        groups = [self.parent] + [self.child(c) for c in self.initial_cpus]
-        for g, cpus in zip(groups, [run] + [str(c) for c in self.initial_cpus]):
-            if g is not self.parent:
-                g.mkdir()
-            if self.version == "v1":
-                _write(g / f"{p}sched_load_balance", "0")  # first: never a new scheduling domain
-                _write(g / f"{p}mems", _read(root / f"{p}mems").strip())
-            else:
-                if g is self.parent:
-                    _write(g / "cgroup.subtree_control", "+cpuset")
-            _write(g / f"{p}cpus", cpus)
+        if made:
+            for c in self.initial_cpus:
+                if self.child(c).is_dir():
+                    _write(self.child(c) / f"{p}cpus", str(c))
+                else:
+                    self._make(self.child(c), root, str(c))
+        else:
+            if self.version == "v2" and \
+                    "cpuset" not in _read(root / "cgroup.subtree_control").split():
+                (lock_dir() / f"{MARKER}{self.owner}").write_text(f"{root}\n")
+                self._enabled_root = root
+                _write(root / "cgroup.subtree_control", "+cpuset")
+            # a kept parent holds every CPU of the root: the next runs' sets fit in it
+            self._make(self.parent, root, root_cpus if self.kept else run)
+            for c in self.initial_cpus:
+                self._make(self.child(c), root, str(c))
         self._fds = [os.open(self.child(c) / f"{p}cpus", os.O_WRONLY) for c in self.initial_cpus]
+
+    def _make(self, g: Path, root: Path, cpus: str) -> None:
+        p = self._prefix
+        g.mkdir()
+        if self.version == "v1":
+            _write(g / f"{p}sched_load_balance", "0")  # first: never a new scheduling domain
+            _write(g / f"{p}mems", _read(root / f"{p}mems").strip())
+        elif g == self.parent:
+            _write(g / "cgroup.subtree_control", "+cpuset")
+        _write(g / f"{p}cpus", cpus)
 
     def widen(self) -> None:
         """Allow every member the run's whole CPU set: one write per initial CPU."""
@@ -145,11 +201,13 @@ class CpusetGroups:
                 for c in self.initial_cpus}
 
     def remove(self) -> list[str]:
-        """Remove every cgroup of this run (members must have exited).
-        Returns errors, one line each."""
+        """Remove every cgroup of this run (members must have exited); kept ones
+        (:func:`keep_within_the_boot`) stay for the next run. Returns errors, one line each."""
         for fd in self._fds:
             os.close(fd)
         self._fds = []
+        if self.kept:
+            return []
         errors = []
         if self.parent is not None and self.parent.is_dir():
             errors += _remove_tree(self.parent)
