@@ -311,9 +311,11 @@ class Scheduler:
             return []
 
     def _sample(self) -> None:
-        last = "enabled"
+        # the state file alone (not the ops and switch_all beside it): this thread reads it
+        # through every measured window, in the controller's process
+        last, path = "enabled", self.root / "state"
         while not self._stopping.wait(SAMPLE_S):
-            state = self.state()["state"]
+            state = read_text(path) or "not built"
             if state != last:
                 self.states.append((round(time.monotonic() - self._t0, 3), state))
                 last = state
