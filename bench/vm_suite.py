@@ -4,7 +4,12 @@ Runs ``harmony suite --quick --kernel K --vm-cpus P [--scx S]`` (a real suite, t
 types, in a process of its own; or reads a suite directory already made, ``--from DIR``) and
 prints the split of its wall time against its configured time:
 
-- boot: from virtme-ng's start to the guest agent's first line (manifest ``vm.boot_s``)
+- boot: from virtme-ng's start to the guest agent's first line (manifest ``vm.boot_s``), in
+  three parts: before the guest's clock starts (virtme-ng, QEMU, the firmware), the kernel and
+  virtme-ng's init (to its ``starting script`` line in the kernel log: the agent's command
+  starts), and the agent (its script's start to its facts: the bundle's copy, a Python start,
+  its imports, its facts); the kernel log's stamps and the agent's CLOCK_MONOTONIC both count
+  from the guest's boot
 - per run, in the guest (the agent's lines' CLOCK_MONOTONIC, ``vm-console.log``): set-up (its
   start to its window: the scheduler, calibrations, the workers' spawn, the probe's start),
   window (what is measured, the warm release's warm-up included), teardown (the window's end to
@@ -26,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -38,6 +44,8 @@ from common import emit_json, need_root, table  # noqa: E402
 from harmony import store  # noqa: E402
 
 PREFIX = "@harmony "
+#: virtme-ng's init starting the guest's command, in the kernel log
+SCRIPT_LINE = re.compile(r"^\[\s*(\d+\.\d+)\] virtme-ng-init: starting script")
 
 
 def guest_events(console: Path) -> list[dict]:
@@ -50,6 +58,16 @@ def guest_events(console: Path) -> list[dict]:
             except ValueError:
                 continue
     return out
+
+
+def script_start(console: Path) -> float | None:
+    """When virtme-ng's init started the agent's command, in seconds of the guest's clock (the
+    kernel log's stamp of its ``starting script`` line); None where the log does not say."""
+    for line in console.read_text(errors="replace").splitlines():
+        m = SCRIPT_LINE.match(line)
+        if m:
+            return float(m.group(1))
+    return None
 
 
 def runs_in_guest(events: list[dict]) -> list[dict]:
@@ -120,6 +138,11 @@ def split(suite: Path) -> dict:
             for e, rs in by_exp.items()},
     }
     out["rest_s"] = out["captured_s"] - boot - (out["guest_s"] or 0)
+    script = script_start(suite / "vm-console.log")
+    if first_facts is not None and boot:
+        out["boot_before_clock_s"] = boot - first_facts
+        out["boot_kernel_s"] = script
+        out["boot_agent_s"] = first_facts - script if script is not None else None
     return out
 
 
@@ -132,6 +155,11 @@ def print_split(s: dict) -> None:
           f"{w / s['configured_s']:.2f}x")
     table(["part", "s", "of wall"], [
         row("boot (virtme-ng start to the agent's facts)", s["boot_s"]),
+        row("  of which before the guest's clock (virtme-ng, QEMU, firmware)",
+            s.get("boot_before_clock_s")),
+        row("  of which the kernel and virtme-ng's init (to the agent's script)",
+            s.get("boot_kernel_s")),
+        row("  of which the agent (its script's start to its facts)", s.get("boot_agent_s")),
         row("runs' set-up in the guest (start to window)", s["setup_s"]),
         row("  of which the server's calibrations", s["calibration_s"]),
         row("runs' windows (measured, warm-up included)", s["window_s"]),

@@ -180,6 +180,19 @@ def test_guest_profile_reads_each_runs_set_up_and_teardown_from_the_agents_lines
         {"run": 1, "setup_s": 0.25, "teardown_s": None, "failed": True}]
 
 
+def test_vm_suite_reads_when_the_agents_script_started_from_the_kernel_log(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_vm_suite", BENCH / "vm_suite.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    log = tmp_path / "vm-console.log"
+    log.write_text("[    4.616830] virtme-ng-init: basic initialization done\n"
+                   "[    4.907950] virtme-ng-init: starting script (console fallback)\n"
+                   '@harmony {"event": "facts", "mono_ns": 9466979438}\n')
+    assert mod.script_start(log) == 4.90795
+    log.write_text('@harmony {"event": "facts", "mono_ns": 9466979438}\n')
+    assert mod.script_start(log) is None     # a log that does not say: no part made up
+
+
 def test_suite_breakdown_adds_up_to_the_wall_time(tmp_path):
     spec = importlib.util.spec_from_file_location("bench_suite", BENCH / "suite_efficiency.py")
     mod = importlib.util.module_from_spec(spec)
