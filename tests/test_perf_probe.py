@@ -532,8 +532,8 @@ def test_kernel_perf_run_decodes_like_tracefs(perf_kernel, perf_run, crosscheck_
             assert m["capture"]["silent_contexts"], moved
             assert any("perf recorded no event in the context of" in n
                        for n in m["notes"]), m["notes"]
-            from harmony.analysis.trust import count
-            proved = f"prove {count(moved['n'], 'move')} of"
+            from harmony.core.wording import plural     # as the note words it (analysis.trust)
+            proved = f"prove {plural(moved['n'], 'move')} of"
             assert any(proved in n and "no sched_migrate_task" in n for n in m["notes"]), m["notes"]
         if not (run.migrations["ts"] >= m["t0_ns"]).any():  # the tasks did reach CPU 1 (above)
             assert moved["n"] >= 1, "perf lacks the moves to CPU 1 and its stream does not show it"
