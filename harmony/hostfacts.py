@@ -240,12 +240,18 @@ def sched_ext_state(root: str | Path | None = None) -> dict:
     """``{"state": "not built" | <contents of state>, "ops": name or None, "switch_all":
     bool|None}`` from ``root`` (default :data:`SCHED_EXT_DIR`)."""
     root = Path(SCHED_EXT_DIR if root is None else root)
-    state = read_text(root / "state")
-    if state is None:
-        return {"state": "not built", "ops": None, "switch_all": None}
+    state = sched_ext_state_word(root)
+    if state == "not built":
+        return {"state": state, "ops": None, "switch_all": None}
     ops = read_text(root / "root/ops") or None
     switch_all = read_text(root / "switch_all")
     return {"state": state, "ops": ops, "switch_all": {"1": True, "0": False}.get(switch_all)}
+
+
+def sched_ext_state_word(root: str | Path | None = None) -> str:
+    """:func:`sched_ext_state`'s ``state`` alone, one file read: what a watcher polls."""
+    state = read_text(Path(SCHED_EXT_DIR if root is None else root) / "state")
+    return "not built" if state is None else state
 
 
 def scheduler_name(release: str | None = None, sched_ext_root: str | Path | None = None) -> str:

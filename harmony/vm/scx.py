@@ -61,7 +61,7 @@ from harmony.core.osutil import (
     record_processes,
     stale_processes,
 )
-from harmony.hostfacts import SCHED_EXT_DIR, read_text, sched_ext_state
+from harmony.hostfacts import SCHED_EXT_DIR, read_text, sched_ext_state, sched_ext_state_word
 from harmony.vm import scx_build
 from harmony.workload.tasks import RT_POLICIES
 
@@ -313,9 +313,9 @@ class Scheduler:
     def _sample(self) -> None:
         # the state file alone (not the ops and switch_all beside it): this thread reads it
         # through every measured window, in the controller's process
-        last, path = "enabled", self.root / "state"
+        last = "enabled"
         while not self._stopping.wait(SAMPLE_S):
-            state = read_text(path) or "not built"
+            state = sched_ext_state_word(self.root)
             if state != last:
                 self.states.append((round(time.monotonic() - self._t0, 3), state))
                 last = state
