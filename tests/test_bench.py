@@ -114,6 +114,9 @@ def test_whole_import_from_a_capture(tmp_path):
     res = json.loads(out.read_text())["results"]
     assert [x["events"] for x in res] == [300, 1200]
     assert all(x["peak_bytes"] > 0 and x["harmony_s"] > 0 and x["tracecmd_s"] >= 0 for x in res)
+    # the reading alone, per size: a process of its own that read the trace (not the import's)
+    assert "reading alone s" in r.stdout
+    assert all(x["reading_s"] > 0 and x["reading_peak_bytes"] > 0 for x in res), res
     assert sorted(p.name for p in (tmp_path / "traces").iterdir()) == ["pingpong-1e03.dat",
                                                                      "pingpong-3e02.dat"]
     assert all(x["estimate_bytes"] >= x["peak_bytes"] > 0 for x in res), res
