@@ -96,8 +96,11 @@ def plot_machine(manifest: dict, migrations: pd.DataFrame | None, path: Path) ->
     ax.set_aspect("equal")
     ax.axis("off")
     chain = " < ".join(r[1] for r in domain_rows(manifest))
-    ax.set_title(f"The machine: {len(cpus)} CPUs; "
-                 + (f"domains {chain}" if chain else "its scheduling domains not read"), fontsize=9)
+    mine = len(run_cpus & set(int(c) for c in cpus["cpu"]))
+    # what the boxes and colours are: a figure read alone, without this docstring
+    ax.set_title(f"The machine: {len(cpus)} CPUs, the run's {mine} filled red; orange boxes: "
+                 "cores;\n" + (f"domains {chain}" if chain else "its scheduling domains not read"),
+                 fontsize=9)
     if levels:
         _plot_levels(axes[1], levels)
     return save_figure(fig, path)
