@@ -336,6 +336,18 @@ def ideal_distance(ideal: pd.DataFrame) -> dict:
             "slowdown_max": float(slow.max()) if len(slow) else None}
 
 
+def longest_first(wasted: pd.DataFrame, k: int) -> pd.DataFrame:
+    """The ``k`` longest episodes of a :func:`df_wasted` table, longest first, equal ones in the
+    table's order: its stable sort by duration, descending, cut to ``k``, without sorting every
+    row (2.0 M episodes at 10 M events of a ping-pong: 16 ms instead of 0.39 s)."""
+    d = wasted["duration"].to_numpy()
+    rows = np.arange(len(d))
+    if len(d) > k:
+        # every row at least as long as the k-th longest: k of them, and the ties of the last
+        rows = np.flatnonzero(d >= np.partition(d, len(d) - k)[len(d) - k])
+    return wasted.iloc[rows[np.argsort(-d[rows], kind="stable")][:k]]
+
+
 def cost_summary(events: pd.DataFrame, tasks: pd.DataFrame, migrations: pd.DataFrame,
                  allocation: pd.DataFrame, cpus, t0: int, t_end: int,
                  rt_share: float | None = None, wasted: pd.DataFrame | None = None) -> dict:
@@ -357,8 +369,7 @@ def cost_summary(events: pd.DataFrame, tasks: pd.DataFrame, migrations: pd.DataF
         "wasted_longest_ms": float(wasted["duration"].max() / 1e6) if len(wasted) else 0.0,
         "wasted_longest": {"episodes": [
             {"cpu": int(r.cpu), "t": float(r.t), "ms": r.duration / 1e6, "waiting": int(r.waiting)}
-            for r in wasted.sort_values("duration", ascending=False, kind="stable")
-                           .head(LONGEST).itertuples()]},
+            for r in longest_first(wasted, LONGEST).itertuples()]},
         "useless_migrations": int(len(df_useless_migrations(migrations, t0, t_end))),
         "ideal_share_error": dist["mean_abs_error"],
         "ideal_jain": dist["jain"],

@@ -183,3 +183,18 @@ def test_an_import_hands_its_wasted_table_to_the_metrics_and_frees_the_records(t
     assert run.summary["wasted_cpu_s"] == pytest.approx(0.005) == fresh["wasted_cpu_s"]
     assert run.summary["wasted_episodes"] == fresh["wasted_episodes"]
     assert run.summary["wasted_longest"] == fresh["wasted_longest"]
+
+
+@pytest.mark.parametrize("n", [0, 1, 3, 4, 200])
+@pytest.mark.parametrize("distinct", [2, 7, 10**9])
+def test_the_longest_episodes_are_the_stable_sort_cut_short(n, distinct):
+    """The summary's longest episodes, taken without sorting every row, are the rows pandas' stable
+    descending sort puts first: the same rows in the same order, ties (few distinct durations)
+    in the table's order."""
+    rng = np.random.default_rng(n * 31 + distinct)
+    wasted = pd.DataFrame({"duration": rng.integers(1, distinct, n, dtype=np.int64),
+                           "cpu": rng.integers(0, 4, n)})
+    want = wasted.sort_values("duration", ascending=False, kind="stable").head(cost.LONGEST)
+    got = cost.longest_first(wasted, cost.LONGEST)
+    assert got.index.tolist() == want.index.tolist()
+    pd.testing.assert_frame_equal(got, want)
