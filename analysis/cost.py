@@ -107,7 +107,7 @@ def _records_near(ts: np.ndarray, pid: np.ndarray, periods) -> np.ndarray | None
     """The task records (``ts``, ``pid``: task_records' columns, by task and in time order) that
     give each task's state in the ``periods``: those inside one and each task's last at or before
     a period's start, by task and in time order. None (all of them) if looking them up would
-    cost about as much as taking them all."""
+    cost about as much as taking them all, or if they are most of them."""
     lo, hi = periods
     heads = np.r_[0, np.flatnonzero(pid[1:] != pid[:-1]) + 1, len(pid)]
     if (len(heads) - 1) * len(lo) * LOOKUP_COST > len(ts):
@@ -121,6 +121,10 @@ def _records_near(ts: np.ndarray, pid: np.ndarray, periods) -> np.ndarray | None
     # second time, it changes nothing
     first, stop = np.concatenate(first), np.concatenate(stop)
     n = np.maximum(stop - first, 0)
+    if 2 * int(n.sum()) > len(ts):
+        # most of them: all, read in place rather than copied (a ping-pong's 5.1 M events: 2.4 M
+        # records of 2.5 M, their columns' copies ~60 MB at the import's peak)
+        return None
     return np.repeat(first - np.cumsum(n) + n, n) + np.arange(n.sum())
 
 
@@ -140,13 +144,18 @@ def _waiting_changes(events: pd.DataFrame, tasks: pd.DataFrame, cpus: list[int],
         return r[name].to_numpy() if at is None else r[name].to_numpy()[at]
 
     pid, ts, cpu = column("pid"), column("ts"), column("cpu_after")
-    waiting = (column("runnable_after") & ~column("running_after") & in_set(pid, free)
-               & in_set(cpu, cpus))
-    k = index_of(cpu, cpus)
+    waiting = column("runnable_after") & ~column("running_after")
+    waiting &= in_set(pid, free)
+    waiting &= in_set(cpu, cpus)
     # a task's next record (of those kept) ends the wait of the one before
     ended = np.flatnonzero(waiting[:-1] & (pid[1:] == pid[:-1]))
-    return (np.concatenate([ts[waiting], ts[ended + 1]]), np.concatenate([k[waiting], k[ended]]),
-            np.r_[np.ones(int(waiting.sum()), np.int8), -np.ones(len(ended), np.int8)])
+    began = np.flatnonzero(waiting)
+    del waiting
+    # the CPU positions of these rows only, not of every record
+    return (np.concatenate([ts[began], ts[ended + 1]]),
+            np.concatenate([index_of(cpu[began], cpus, np.int32),
+                            index_of(cpu[ended], cpus, np.int32)]),
+            np.r_[np.ones(len(began), np.int8), -np.ones(len(ended), np.int8)])
 
 
 def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int) -> pd.DataFrame:
@@ -176,9 +185,13 @@ def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: i
                           for i, x in enumerate(part)] + [wk.astype(np.int32) + n])
     change = np.concatenate([np.ones(len(x), np.int8) for x in starts]
                             + [-np.ones(len(x), np.int8) for x in ends] + [wd])
-    order = np.argsort(ts, kind="stable")           # a merge of the sorted runs
+    # the parts, merged: freed now (this runs beside the run queues, at the import's peak)
+    del starts, ends, wt, wk, wd
     if use_compiled(len(events), JIT_MIN_EVENTS):
-        return _wasted_compiled(ts, src, change, order, n, unique, cpus, t0, t_end)
+        changes = [ts, src, change]
+        del ts, src, change                         # the sweep frees them once it is done
+        return _wasted_compiled(changes, n, unique, cpus, t0, t_end)
+    order = np.argsort(ts, kind="stable")           # a merge of the sorted runs
     ts, src, change = ts[order], src[order], change[order]
     # the state at t0 (every change until then), then every instant of change in (t0, t_end)
     a = int(np.searchsorted(ts, t0, "right"))
@@ -230,21 +243,39 @@ def _wasted_frame(cpu, start, end, waiting, t0: int, wasted_cpu_s: float) -> pd.
     return out
 
 
-def _wasted_compiled(ts, src, change, order, n: int, unique: list[int], cpus: list[int],
+#: the most runs in time order the compiled sweep merges itself (a scan of their heads for each
+#: change); more (many tasks), and the changes are sorted first
+MERGED_RUNS_MAX = 16
+
+
+def _wasted_compiled(changes: list, n: int, unique: list[int], cpus: list[int],
                      t0: int, t_end: int) -> pd.DataFrame:
-    """df_wasted's sweep by :func:`harmony.analysis.cost_jit.episodes` (the changes in
-    ``order``), with room for as many episodes as it finds."""
+    """df_wasted's sweep by :func:`harmony.analysis.cost_jit.episodes` of ``changes`` (ts, src,
+    change: runs in time order, each CPU's idle spells and each task's waits; emptied, so that
+    the arrays are freed as soon as the sweep is done, before the table is made: 2.0 M episodes
+    at 10 M events of a ping-pong), with room for as many episodes as it finds. A few runs are
+    merged by the sweep as it goes, not by a sort: no order array (31 MB at 5.1 M events of a
+    ping-pong, at the import's peak) and no sort."""
     from harmony.analysis import cost_jit  # numba: loaded only when this path runs
 
+    ts, src, change = changes
+    changes.clear()
+    bounds = np.r_[0, np.flatnonzero(ts[1:] < ts[:-1]) + 1, len(ts)].astype(np.int64)
+    if len(bounds) - 1 > MERGED_RUNS_MAX:
+        order = np.argsort(ts, kind="stable")
+        ts, src, change = ts[order], src[order], change[order]
+        del order
+        bounds = np.array([0, len(ts)], np.int64)
     slot = np.array([unique.index(c) for c in cpus], np.int64)
-    room = max(1024, len(order) // 16)
+    room = max(1024, len(ts) // 16)
     while True:
         out = [np.empty(room, np.int64) for _ in range(4)]
-        found, wasted = cost_jit.episodes(ts, src, change, order, n, slot, np.int64(t0),
+        found, wasted = cost_jit.episodes(ts, src, change, bounds, n, slot, np.int64(t0),
                                           np.int64(t_end), *out)
         if found <= room:
             break
         room = found
+    del ts, src, change
     which, start, end, waiting = (a[:found] for a in out)
     cpu = np.asarray(cpus, np.int64)[which] if len(cpus) else which
     return _wasted_frame(cpu, start, end, waiting, t0, float(wasted / NS))

@@ -4,7 +4,8 @@ pass in time order.
 The numpy version sums every source's changes up to every instant, one array per source and per
 CPU (each as long as the changes: ~150 MiB beside the tables at 7 M events, where an import's
 memory peaks). Here one pass over the changes keeps each source's level and each CPU's open
-episode, and writes only the episodes. When it runs rather than the numpy version is
+episode, and writes only the episodes; it merges the changes' few runs in time order as it goes
+(no order array). When it runs rather than the numpy version is
 :mod:`harmony.core.jit`'s choice; the tests run both and compare them.
 """
 
@@ -15,33 +16,50 @@ import numpy as np
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def episodes(ts, src, change, order, n, slot, t0, t_end, cpu, start, end, waiting):
-    """The wasted episodes of the changes ``ts``/``src``/``change`` taken in ``order`` (time
-    order, stable): source s < n is CPU s idle, n + k the tasks waiting on CPU k (``n`` unique
-    CPUs); ``slot[j]``: the unique index of the j-th CPU asked (duplicates allowed). The levels
-    at t0 are every change at or before it; then each instant in (t0, t_end) starts an interval.
-    An episode (j-th CPU idle while tasks wait elsewhere: cpu[i] = j, from start[i] to end[i],
-    waiting[i] the most waiting elsewhere) is written while there is room. Returns (how many
-    episodes, the wasted CPU time in ns): call again with as much room if there were more."""
+def _next(ts, heads, stops):
+    """The run whose head comes next in time order (ties: the lowest run, whose changes come
+    first in the arrays), -1 when every run is done."""
+    best = -1
+    for r in range(heads.shape[0]):
+        h = heads[r]
+        if h < stops[r] and (best < 0 or ts[h] < ts[heads[best]]):
+            best = r
+    return best
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def episodes(ts, src, change, bounds, n, slot, t0, t_end, cpu, start, end, waiting):
+    """The wasted episodes of the changes ``ts``/``src``/``change``, which are runs in time order,
+    run r from ``bounds[r]`` to ``bounds[r + 1]``: taken merged in time order, ties in array
+    order (the order a stable sort of ``ts`` gives; a scan of the runs' heads for each change, so
+    for a few runs: a CPU's idle spells, a task's waits). Source s < n is CPU s idle, n + k the
+    tasks waiting on CPU k (``n`` unique CPUs); ``slot[j]``: the unique index of the j-th CPU
+    asked (duplicates allowed). The levels at t0 are every change at or before it; then each
+    instant in (t0, t_end) starts an interval. An episode (j-th CPU idle while tasks wait
+    elsewhere: cpu[i] = j, from start[i] to end[i], waiting[i] the most waiting elsewhere) is
+    written while there is room. Returns (how many episodes, the wasted CPU time in ns): call
+    again with as much room if there were more."""
     room = cpu.shape[0]
-    m = order.shape[0]
+    heads = bounds[:-1].copy()
+    stops = bounds[1:]
     lvl = np.zeros(2 * n, np.int64)
     k = slot.shape[0]
     open_ = np.zeros(k, np.bool_)
     since = np.zeros(k, np.int64)
     most = np.zeros(k, np.int64)
-    i = 0
-    while i < m and ts[order[i]] <= t0:
-        e = order[i]
+    r = _next(ts, heads, stops)
+    while r >= 0 and ts[heads[r]] <= t0:
+        e = heads[r]
         lvl[src[e]] += change[e]
-        i += 1
+        heads[r] += 1
+        r = _next(ts, heads, stops)
     cur = t0
     found = 0
     wasted = np.int64(0)
     while True:
         nxt = t_end
-        if i < m and ts[order[i]] < t_end:
-            nxt = ts[order[i]]
+        if r >= 0 and ts[heads[r]] < t_end:
+            nxt = ts[heads[r]]
         total = np.int64(0)
         for j in range(k):
             total += lvl[n + slot[j]]
@@ -64,10 +82,11 @@ def episodes(ts, src, change, order, n, slot, t0, t_end, cpu, start, end, waitin
         wasted += min(count, total) * (nxt - cur)
         if nxt == t_end:        # no change left before the end (t_end <= t0 included)
             break
-        while i < m and ts[order[i]] == nxt:
-            e = order[i]
+        while r >= 0 and ts[heads[r]] == nxt:
+            e = heads[r]
             lvl[src[e]] += change[e]
-            i += 1
+            heads[r] += 1
+            r = _next(ts, heads, stops)
         cur = nxt
     for j in range(k):
         if open_[j]:

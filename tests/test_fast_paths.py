@@ -528,6 +528,28 @@ def test_wasted_cores_match_the_code_they_replaced(seed, lookup, implementation,
         assert full["long"].any() and not full["long"].all()    # the streams do waste CPU time
 
 
+@pytest.mark.parametrize("implementation", ["compiled"], indirect=True)
+@pytest.mark.parametrize("seed", range(8))
+def test_the_compiled_sweep_merges_its_runs_as_a_stable_sort_orders_them(seed, implementation,
+                                                                         monkeypatch):
+    """The compiled sweep merges the changes' runs in time order itself (a few runs: a CPU's
+    idle spells, a task's waits) or sorts them first (many): the same table either way, the
+    reference's."""
+    rng = np.random.default_rng(seed)
+    events = uneven_times(random_events(seed, n=int(rng.integers(50, 3000)), pids=5), rng)
+    tasks = pd.DataFrame({"pid": np.arange(1, 5, dtype=np.int32), "pinned": rng.random(4) < 0.3})
+    ts = events["ts"].to_numpy()
+    lo, hi = int(ts[0]), int(ts[-1])
+    for cpus in ([0, 1, 2, 3], [1, 3], [3, 1, 1]):
+        for t0, t_end in ((lo - 5000, hi + 5000), (int(ts[len(ts) // 3]), hi)):
+            old = _reference_df_wasted(events, tasks, cpus, t0, t_end)
+            for most in (0, 1 << 20):           # every run sorted first; every one merged
+                monkeypatch.setattr(cost, "MERGED_RUNS_MAX", most)
+                new = cost.df_wasted(events, tasks, cpus, t0, t_end)
+                pd.testing.assert_frame_equal(new, old)
+                assert new.attrs == old.attrs
+
+
 
 # --- the run-queue vector and the balance timeline (harmony.analysis.reconstruct.runqueue_changes,
 # harmony.analysis.metrics), as they were -------------------------------------------------------
