@@ -25,7 +25,7 @@ from harmony.experiments.work_conservation import draw_uniform_time
 from harmony.hygiene import WORKER_PREFIX
 
 from cli_run import cli
-from conftest import measure_quietly
+from conftest import QUIET_TRIES, host_skip
 from measured import (NS, assert_counted_by_the_kernel, bursts, moves_onto,
                       report_kernel_behaviour)
 
@@ -115,7 +115,20 @@ def test_work_conservation(kernel, tmp_path):
         return run_ok(tmp_path / f"try{k}", "work-conservation", "-p", "idle_from_s=0.8", "-p",
                       "idle_to_s=1.5", "-p", "tasks_per_cpu=3", seed=11)
 
-    run, stdout = measure_quietly(measure, busy)
+    # a quiet run whose target went idle, for the path from idle to pull this test is about;
+    # where the kernel pulled a task onto the target before its own tasks had all exited (CI
+    # once saw it at 1.03 s, its tasks to exit at 1.12 s) it never goes idle, the metric's
+    # documented None: tried again, and if every quiet try ends so, that outcome is checked
+    quiet = []
+    for k in range(QUIET_TRIES):
+        result = measure(k)
+        if not busy(result):
+            quiet.append(result)
+            if result[0].summary["target_idle_at_s"] is not None:
+                break
+    if not quiet:
+        host_skip(f"{busy(result)} ({QUIET_TRIES} runs, all busy)")
+    run, stdout = quiet[-1]
     p, m = run.manifest["params"], run.manifest
     assert p["idle_at_s"] == draw_uniform_time(11, 0.8, 1.5) and m["seed"] == 11
     own = run.tasks[run.tasks["role"] == "target"]
@@ -132,8 +145,13 @@ def test_work_conservation(kernel, tmp_path):
     # on a quiet host, 3 tasks against 3 pinned ones: the target goes idle once its own have
     # exited (at its last one's exit, unless the kernel pulled a task onto it before), with
     # tasks waiting on CPU 0, which an idle CPU's balance pulls
-    assert s["target_idle_at_s"] is not None, ("the target never went idle: moved onto it "
-                                               f"before its tasks exited {onto.to_dict('records')}")
+    if s["target_idle_at_s"] is None:
+        # never idle: only where a task was moved onto it by its last own task's exit, the
+        # moves counted as the kernel counted them (above); nothing was stolen from idle
+        assert (onto["ts"] <= last_exit).any(), ("the target never went idle, and nothing "
+                                                 f"moved onto it first: {s}")
+        assert s["stolen"] is None, s
+        return
     ts_idle = m["t0_ns"] + round(s["target_idle_at_s"] * NS)
     if (onto["ts"] < last_exit).any():
         # a task pulled on before may have left again (or ended) by then: idle at the last exit
