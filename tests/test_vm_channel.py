@@ -115,8 +115,11 @@ def _captured(out, resume):
     if made:
         give_up = time.monotonic() + 20
         while time.monotonic() < give_up and landed is None:
-            with open(os.path.join(made[-1], "manifest.json")) as f:
-                landed = json.load(f).get("vm")
+            try:        # none until the host has unpacked the run this agent handed over
+                with open(os.path.join(made[-1], "manifest.json")) as f:
+                    landed = json.load(f).get("vm")
+            except FileNotFoundError:
+                pass
             time.sleep(0.01)
     resume()
     with open(os.path.join(out, "manifest.json"), "w") as f:
