@@ -187,12 +187,19 @@ def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: i
                             + [-np.ones(len(x), np.int8) for x in ends] + [wd])
     # the parts, merged: freed now (this runs beside the run queues, at the import's peak)
     del starts, ends, wt, wk, wd
-    if use_compiled(len(events), JIT_MIN_EVENTS):
+    compiled = use_compiled(len(events), JIT_MIN_EVENTS)
+    # the runs in time order: a few the compiled sweep merges as it goes; else sorted here
+    bounds = (np.r_[0, np.flatnonzero(ts[1:] < ts[:-1]) + 1, len(ts)].astype(np.int64)
+              if compiled else None)
+    if bounds is None or len(bounds) - 1 > MERGED_RUNS_MAX:
+        order = np.argsort(ts, kind="stable")       # a merge of the sorted runs
+        ts, src, change = ts[order], src[order], change[order]
+        del order
+        bounds = np.array([0, len(ts)], np.int64)
+    if compiled:
         changes = [ts, src, change]
         del ts, src, change                         # the sweep frees them once it is done
-        return _wasted_compiled(changes, n, unique, cpus, t0, t_end)
-    order = np.argsort(ts, kind="stable")           # a merge of the sorted runs
-    ts, src, change = ts[order], src[order], change[order]
+        return _wasted_compiled(changes, bounds, n, unique, cpus, t0, t_end)
     # the state at t0 (every change until then), then every instant of change in (t0, t_end)
     a = int(np.searchsorted(ts, t0, "right"))
     b = max(a, int(np.searchsorted(ts, t_end, "left")))
@@ -248,24 +255,18 @@ def _wasted_frame(cpu, start, end, waiting, t0: int, wasted_cpu_s: float) -> pd.
 MERGED_RUNS_MAX = 16
 
 
-def _wasted_compiled(changes: list, n: int, unique: list[int], cpus: list[int],
-                     t0: int, t_end: int) -> pd.DataFrame:
+def _wasted_compiled(changes: list, bounds: np.ndarray, n: int, unique: list[int],
+                     cpus: list[int], t0: int, t_end: int) -> pd.DataFrame:
     """df_wasted's sweep by :func:`harmony.analysis.cost_jit.episodes` of ``changes`` (ts, src,
-    change: runs in time order, each CPU's idle spells and each task's waits; emptied, so that
-    the arrays are freed as soon as the sweep is done, before the table is made: 2.0 M episodes
-    at 10 M events of a ping-pong), with room for as many episodes as it finds. A few runs are
-    merged by the sweep as it goes, not by a sort: no order array (31 MB at 5.1 M events of a
-    ping-pong, at the import's peak) and no sort."""
+    change: runs in time order from each of ``bounds``, each CPU's idle spells and each task's
+    waits; emptied, so that the arrays are freed as soon as the sweep is done, before the table
+    is made: 2.0 M episodes at 10 M events of a ping-pong), with room for as many episodes as it
+    finds. A few runs are merged by the sweep as it goes, not by a sort: no order array (31 MB at
+    5.1 M events of a ping-pong, at the import's peak) and no sort."""
     from harmony.analysis import cost_jit  # numba: loaded only when this path runs
 
     ts, src, change = changes
     changes.clear()
-    bounds = np.r_[0, np.flatnonzero(ts[1:] < ts[:-1]) + 1, len(ts)].astype(np.int64)
-    if len(bounds) - 1 > MERGED_RUNS_MAX:
-        order = np.argsort(ts, kind="stable")
-        ts, src, change = ts[order], src[order], change[order]
-        del order
-        bounds = np.array([0, len(ts)], np.int64)
     slot = np.array([unique.index(c) for c in cpus], np.int64)
     room = max(1024, len(ts) // 16)
     while True:
