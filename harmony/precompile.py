@@ -72,8 +72,11 @@ def precompile(work: Path) -> dict:
     from harmony.probes.tracedat_write import write_tracedat
     from harmony.simulate import simulate_run
 
+    from harmony.probes import ringbuf_stream
     t = time.perf_counter()
     saved, jit.PARALLEL_MIN_ITEMS = jit.PARALLEL_MIN_ITEMS, 1
+    # a streamed decode's string table grown from its smallest: the kernel that grows it, too
+    slots, ringbuf_stream.TABLE_SLOTS = ringbuf_stream.TABLE_SLOTS, 4
     try:
         # two CPUs (their records merged in parts on threads) and four (merged in one pass)
         for ncpus in (2, 4):
@@ -96,6 +99,7 @@ def precompile(work: Path) -> dict:
         walk_records(np.frombuffer(struct.pack("<IHH", 68, 0, 8) * 2, np.uint8))
     finally:
         jit.PARALLEL_MIN_ITEMS = saved
+        ringbuf_stream.TABLE_SLOTS = slots
     found = {k: d for k, d in kernels().items() if d.signatures}     # called from Python
     return {"kernels": len(found),
             "compiled": sum(d.stats.cache_misses.total() for d in found.values()),

@@ -127,7 +127,7 @@ def lost_events(cpus, dec: Decoded, stats: dict) -> tuple[dict[int, int], list[s
     return lost, notes
 
 
-def capture_meta(dec: Decoded, src: PageSource, probe: str, clock: str, enabled: list[str],
+def capture_meta(dec: Decoded, nbytes: int, probe: str, clock: str, enabled: list[str],
                  lost_by_cpu: dict[int, int], page_size: int, notes: list[str]) -> dict:
     """The meta keys of every capture decoded from ring-buffer pages (a tracefs recording, a
     trace.dat file); ``lost_events`` is -1 (unknown) if any CPU's count is."""
@@ -138,7 +138,7 @@ def capture_meta(dec: Decoded, src: PageSource, probe: str, clock: str, enabled:
         "lost_events": (-1 if any(v < 0 for v in lost_by_cpu.values())
                         else sum(lost_by_cpu.values())),
         "lost_by_cpu": lost_by_cpu,
-        "bytes": int(len(src.buf)),
+        "bytes": int(nbytes),
         "n_events": int(len(dec.events)),
         "n_markers": int(len(dec.markers)),
         "n_records": dec.n_records,
@@ -197,7 +197,8 @@ def decode_recording(out_dir: Path) -> tuple[Capture, Decoded]:
     clock = _meta_text(meta, "clock", "local", d)
     if clock in NOT_NS_CLOCKS:
         notes.append(f"trace clock {clock!r} counts {NOT_NS_CLOCKS[clock]}, not ns")
-    out_meta = capture_meta(dec, src, "tracefs", clock, enabled, lost_by_cpu, page_size, notes)
+    out_meta = capture_meta(dec, len(src.buf), "tracefs", clock, enabled, lost_by_cpu, page_size,
+                            notes)
     for k in ("kernel", "cpus"):
         if k in meta:
             out_meta[k] = meta[k]

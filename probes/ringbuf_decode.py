@@ -27,7 +27,7 @@ from harmony.probes.ringbuf_walk import Records, compiled, walk_pages
 from harmony.probes.schema import COLUMNS, INT_COLUMNS, make_events, make_markers
 
 # Canonical column <- candidate source fields, per sched event (first field present wins).
-# Anything not listed falls back to same-named fields (pid, comm, prio, ...), see _column_map().
+# Anything not listed falls back to same-named fields (pid, comm, prio, ...), see column_map().
 _SCHED_MAP = {
     "sched_switch": {"pid": ("next_pid",), "comm": ("next_comm",), "prio": ("next_prio",),
                      "prev_pid": ("prev_pid",), "prev_comm": ("prev_comm",),
@@ -62,7 +62,7 @@ def event_label(fmt: EventFormat) -> str:
     return fmt.name if fmt.system == "sched" else f"{fmt.system}:{fmt.name}"
 
 
-def _column_map(fmt: EventFormat) -> dict[str, Field]:
+def column_map(fmt: EventFormat) -> dict[str, Field]:
     spec = _OTHER_MAP.get((fmt.system, fmt.name)) or (
         _SCHED_MAP.get(fmt.name) if fmt.system == "sched" else None)
     out = {}
@@ -189,7 +189,7 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
         midx = np.flatnonzero(kinds[code] == 1) if n else np.zeros(0, np.int64)
     if order is not None:       # the markers in merged order (a stable sort keeps ties in order)
         midx = midx[np.argsort(rec.ts[midx], kind="stable")]
-    markers = _decode_markers(src, pos, length, rec.ts, cpu, code, midx, ids, formats)
+    markers = decode_markers(src, pos, length, rec.ts, cpu, code, midx, ids, formats)
 
     # events: everything else with a known format (except other ftrace-internal records)
     other_ftrace = int(by_kind[0]) - int(counts[0])
@@ -215,7 +215,7 @@ def decode_source(src: PageSource, formats: dict[int, EventFormat], hp: HeaderPa
         lost_by_cpu[int(c)] = -1 if (lp < 0).any() else int(lp.sum())
     return Decoded(events, markers, lost_by_cpu, missed_pages, unknown, notes, n,
                    "numpy" if jit is None else "compiled",
-                   _marker_ips(src, pos, code, midx, ids, formats))
+                   marker_ips(src, pos, code, midx, ids, formats))
 
 
 def merged_order(ts: np.ndarray, jit=None) -> np.ndarray | None:
@@ -248,7 +248,7 @@ def merged_order(ts: np.ndarray, jit=None) -> np.ndarray | None:
     return np.argsort(ts, kind="stable")
 
 
-def _marker_ips(src, pos, code, midx, ids, formats) -> tuple[int, ...]:
+def marker_ips(src, pos, code, midx, ids, formats) -> tuple[int, ...]:
     """The distinct values of the markers' ``ip`` field (none without the field)."""
     ips: set[int] = set()
     for c in np.unique(code[midx]) if midx.size else ():
@@ -259,7 +259,7 @@ def _marker_ips(src, pos, code, midx, ids, formats) -> tuple[int, ...]:
     return tuple(sorted(ips))
 
 
-def _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats) -> pd.DataFrame:
+def decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats) -> pd.DataFrame:
     if not midx.size:
         return make_markers()
     texts = []
@@ -290,10 +290,10 @@ def _decode_markers(src, pos, length, ts, cpu, code, midx, ids, formats) -> pd.D
 def _labels(code: np.ndarray, ids: list[int], formats) -> tuple[list[str], dict[int, int]]:
     """(event labels, format index -> label index) of the formats present in ``code``."""
     present = np.flatnonzero(np.bincount(code, minlength=len(ids))) if len(code) else []
-    return _labels_present(present, ids, formats)
+    return labels_present(present, ids, formats)
 
 
-def _labels_present(present, ids: list[int], formats) -> tuple[list[str], dict[int, int]]:
+def labels_present(present, ids: list[int], formats) -> tuple[list[str], dict[int, int]]:
     """_labels, given the format indices present."""
     labels: list[str] = []
     label_of_code: dict[int, int] = {}
@@ -349,7 +349,7 @@ def _decode_events(src, pos, length, ts, cpu, code, ids, formats, where):
         cpf = fmt.field("common_pid")
         if cpf is not None:
             cols["common_pid"][idx] = read_field(src, p, cpf)
-        cmap = _column_map(fmt)
+        cmap = column_map(fmt)
         for col, f in cmap.items():
             if col in STRING_COLUMNS:
                 codes, strings = gather_strings(src, p, ln, f,
@@ -464,7 +464,7 @@ _JIT_MAX_STRING = 64           # fixed char arrays up to this width are interned
 
 
 @dataclasses.dataclass
-class _GatherPlan:
+class GatherPlan:
     """How ``jit.gather`` reads the event formats present (see its docstring): the labels, the
     integer columns by dtype (``of_dtype``, each dtype's read by ``specs[k]``; ``where_col``:
     column -> (dtype index, row)), the strings it interns (``str_spec``, keys of ``kw`` words)
@@ -483,18 +483,18 @@ class _GatherPlan:
     dynamic: dict[tuple[int, str], Field]      # (format code, column) -> its dynamic string
 
 
-_GATHER_DTYPES = (np.int16, np.int32, np.int64)
+GATHER_DTYPES = (np.int16, np.int32, np.int64)
 #: a dynamic string (__data_loc: sched_stat_runtime's comm from kernel 6.10) is interned by the
 #: kernel when its text fits a key at least this wide (a comm: 15 bytes); longer ones by hand
 _JIT_DYNAMIC_KEY = 16
 
 
-def _gather_plan(jit, counts: np.ndarray, ids, formats, notes: list[str]) -> _GatherPlan:
+def gather_plan(jit, counts: np.ndarray, ids, formats, notes: list[str]) -> GatherPlan:
     """The plan of a compiled gather of the events, ``counts`` of them per format index."""
-    labels, label_of_code = _labels_present(np.flatnonzero(counts), ids, formats)
+    labels, label_of_code = labels_present(np.flatnonzero(counts), ids, formats)
     n_fmt = len(ids)
     of_dtype = [[c for c in _JIT_INT_COLUMNS if np.dtype(INT_COLUMNS[c]) == dt]
-                for dt in _GATHER_DTYPES]
+                for dt in GATHER_DTYPES]
     specs = [np.full((n_fmt, max(1, len(cs)), 4), -1, np.int64) for cs in of_dtype]
     where_col = {c: (k, row) for k, cs in enumerate(of_dtype) for row, c in enumerate(cs)}
     str_spec = np.full((n_fmt, len(STRING_COLUMNS), 3), -1, np.int64)
@@ -506,7 +506,7 @@ def _gather_plan(jit, counts: np.ndarray, ids, formats, notes: list[str]) -> _Ga
         label_lut[c] = li
         fmt = formats[ids[c]]
         need[c] = _record_need(fmt)
-        fields = dict(_column_map(fmt))
+        fields = dict(column_map(fmt))
         cpf = fmt.field("common_pid")
         if cpf is not None:
             fields["common_pid"] = cpf
@@ -524,7 +524,7 @@ def _gather_plan(jit, counts: np.ndarray, ids, formats, notes: list[str]) -> _Ga
             else:
                 by_hand.append((c, col, f))
     widest = max(int(str_spec[:, :, 1].max(initial=0)), _JIT_DYNAMIC_KEY if dynamic else 0)
-    return _GatherPlan(labels, label_lut, int(counts.sum()), of_dtype, specs, where_col,
+    return GatherPlan(labels, label_lut, int(counts.sum()), of_dtype, specs, where_col,
                        str_spec, need, by_hand, max(1, (widest + 3) // 4), dynamic)
 
 
@@ -536,9 +536,9 @@ def _decode_events_compiled(jit, src, rec: Records, code, counts, event_fmt, ord
     records are events."""
     notes: list[str] = []
     counts = counts[1:] * event_fmt                               # events per format
-    plan = _gather_plan(jit, counts, ids, formats, notes)
+    plan = gather_plan(jit, counts, ids, formats, notes)
     n = plan.n
-    outs = [np.empty((len(cs), n), dt) for cs, dt in zip(plan.of_dtype, _GATHER_DTYPES)]
+    outs = [np.empty((len(cs), n), dt) for cs, dt in zip(plan.of_dtype, GATHER_DTYPES)]
     ts = np.empty(n, np.int64)
     ev_cpu = np.empty(n, np.int16)
     ev_label = np.empty(n, np.int8 if len(plan.labels) < 128 else np.int32)  # few: no copy later
@@ -612,7 +612,7 @@ def _raise_gather_errors(jit, parts, code, ids, formats, where) -> None:
     for _, err, _ in parts:
         if err[0] == jit.BAD_STRING:
             r = int(err[1])
-            name = _column_map(formats[ids[int(code[r])]])[STRING_COLUMNS[int(err[4])]].name
+            name = column_map(formats[ids[int(code[r])]])[STRING_COLUMNS[int(err[4])]].name
             raise TraceCorrupt(f"{where(r)}: {name} string (offset {int(err[2])}, length "
                                f"{int(err[3])}) runs past its record")
 
@@ -623,7 +623,7 @@ class _StringColumns:
     ``plan.by_hand``, dynamic strings too long for its keys) are decoded by
     :func:`gather_strings`."""
 
-    def __init__(self, jit, src, rec, plan: _GatherPlan, parts, j_bounds, ev_label, src_row,
+    def __init__(self, jit, src, rec, plan: GatherPlan, parts, j_bounds, ev_label, src_row,
                  counts, code, where):
         self.jit, self.src, self.rec, self.plan, self.ev_label = jit, src, rec, plan, ev_label
         self.src_row, self.code, self.where, self.j_bounds = src_row, code, where, j_bounds
@@ -681,5 +681,6 @@ class _StringColumns:
         return np.array([cats.setdefault(t, len(cats)) for t in strings], np.int64)[hc]
 
 
-__all__ = ["Decoded", "PREFAULT_PER_PAGE_BYTE", "STRING_COLUMNS", "decode_source", "event_label",
-           "merged_order", "prefault_for_pages"]
+__all__ = ["Decoded", "GATHER_DTYPES", "GatherPlan", "PREFAULT_PER_PAGE_BYTE", "STRING_COLUMNS",
+           "column_map", "decode_markers", "decode_source", "event_label", "gather_plan",
+           "labels_present", "marker_ips", "merged_order", "prefault_for_pages"]

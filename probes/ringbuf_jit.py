@@ -70,13 +70,17 @@ def walk(buf, w32, page_size, data_offset, page_ts, data_size, active, starts,
     uint32 words, for the record headers (4-byte aligned: one load each instead of four).
 
     Count mode (``out_pos`` empty): ``counts[p]`` = data records in page p. Fill mode: record k of
-    page p goes to index ``starts[p] + k`` of the out_* arrays: its data's offset in ``buf``, data
-    length, time stamp, CPU (``page_cpu[p]``) and format code: ``type_lut[t]`` for the event type
-    id t read at ``type_off`` (``type_size`` bytes), -1 for an id outside ``type_lut``, -2 for a
-    record too short to hold the id (the first such record's index goes to err[5] if it is -1);
-    an empty ``out_code``: no codes.
+    page p goes to index ``starts[p] + k`` of the out_* arrays (an empty ``starts``: the records
+    one after the other from index 0, in one pass; the out_* arrays must have room for them all,
+    which ``len(buf) // 8`` always is: a record takes 8 bytes at least): its data's offset in
+    ``buf``, data length, time stamp, CPU (``page_cpu[p]``) and format code: ``type_lut[t]`` for
+    the event type id t read at ``type_off`` (``type_size`` bytes), -1 for an id outside
+    ``type_lut``, -2 for a record too short to hold the id (the first such record's index goes
+    to err[5] if it is -1); an empty ``out_code``: no codes.
     """
     fill = out_pos.shape[0] > 0
+    seq = starts.shape[0] == 0
+    at = np.int64(0)                       # the next record's index, in one pass (seq)
     codes = out_code.shape[0] > 0          # empty out_code: no format codes wanted
     n_types = type_lut.shape[0]
     nbuf = buf.shape[0]
@@ -122,7 +126,8 @@ def walk(buf, w32, page_size, data_offset, page_ts, data_size, active, starts,
                 return BAD_RECORD
             if tl <= 28:
                 if fill:
-                    i = starts[p] + k
+                    i = at if seq else starts[p] + k
+                    at += 1
                     if tl == 0:
                         out_pos[i] = pos + 8
                         out_len[i] = (arr0 - 4 + 3) & ~3
@@ -558,3 +563,39 @@ def merge_runs(ts, starts, k, order):
                 best_ts = ts[h]
         order[j] = heads[best]
         heads[best] += 1
+
+
+@_jit
+def rehash(keys, nk, slots):
+    """Put the ``nk`` keys of ``keys`` (rows of 32-bit words, zero padded) into the empty hash
+    table ``slots`` (a power-of-2 length, -1 = empty), hashed as :func:`gather` hashes a string:
+    a table grown, or its keys widened, while the strings already interned keep their numbers."""
+    mask = slots.shape[0] - 1
+    for k in range(nk):
+        h = np.int64(-3750763034362895579)
+        for j in range(keys.shape[1]):
+            h = (h ^ keys[k, j]) * np.int64(1099511628211)
+        h = (h ^ (h >> 29)) & mask
+        while slots[h] >= 0:
+            h = (h + 1) & mask
+        slots[h] = k
+
+
+@_jit
+def take(src, idx, out, lo, hi):
+    """out[i] = src[idx[i]] for i in [lo, hi) (threads may fill disjoint ranges at once)."""
+    for i in range(lo, hi):
+        out[i] = src[idx[i]]
+
+
+@_jit
+def to_rows(order, starts, rows):
+    """Each position v of ``order`` (into the runs laid end to end: run k from starts[k]) made
+    the row where run k's rows begin, rows[k], plus v's place in the run; ``starts`` rising."""
+    k_max = starts.shape[0] - 1
+    for i in range(order.shape[0]):
+        v = order[i]
+        k = k_max
+        while starts[k] > v:
+            k -= 1
+        order[i] = rows[k] + v - starts[k]

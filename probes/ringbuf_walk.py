@@ -103,7 +103,7 @@ def _chunks(src: PageSource, lo: int, hi: int):
         src.release(a * src.page_size, b * src.page_size)
 
 
-class _Headers:
+class PageHeaders:
     """The pages' headers (timestamp, commit size, missed-events flag and count), read and checked
     a range of pages at a time (:meth:`read`)."""
 
@@ -160,7 +160,7 @@ def walk_pages(src: PageSource, hp: HeaderPage, type_field: Field | None = None,
         check_page_layout(hp, ps)   # the caller has checked it, naming the file that describes it
     except FormatError as exc:
         raise TraceCorrupt(f"{src.files[0] if src.files else 'trace'}: {exc}") from None
-    heads = _Headers(src, hp)
+    heads = PageHeaders(src, hp)
     jit = compiled(len(src.buf))
     if jit is not None:     # the headers read as the count pass goes
         pos, length, ts, cpu, code, short = _walk_compiled(jit, src, hp, heads, type_field,
@@ -239,7 +239,7 @@ def walk_pages(src: PageSource, hp: HeaderPage, type_field: Field | None = None,
     return Records(out_pos, out_len, out_ts, out_cpu, lost, missed)
 
 
-def _walk_compiled(jit, src: PageSource, hp: HeaderPage, heads: _Headers,
+def _walk_compiled(jit, src: PageSource, hp: HeaderPage, heads: PageHeaders,
                    type_field: Field | None, type_lut: np.ndarray | None):
     """walk_pages' record search by the compiled kernel: the page headers read and records
     counted per page, then filled; both passes split the pages over threads
@@ -295,4 +295,4 @@ def _walk_compiled(jit, src: PageSource, hp: HeaderPage, heads: _Headers,
     return (*out[:4], out[4] if with_code else None, min(short) if short else -1)
 
 
-__all__ = ["JIT_MIN_BYTES", "Records", "compiled", "walk_pages"]
+__all__ = ["JIT_MIN_BYTES", "PageHeaders", "Records", "compiled", "walk_pages"]

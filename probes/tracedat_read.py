@@ -48,7 +48,9 @@ from harmony.probes.ringbuf import capture_meta, lost_events
 from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
 from harmony.probes.ringbuf_fields import read_field
 from harmony.probes.ringbuf_pages import PageSource
-from harmony.probes.ringbuf_walk import walk_pages
+from harmony.probes.ringbuf_stream import (SLAB_BYTES, STREAM_PREFAULT_PER_PAGE_BYTE, PageSpace,
+                                           StreamUnfit, decode_stream)
+from harmony.probes.ringbuf_walk import compiled, walk_pages
 
 MAGIC = b"\x17\x08\x44tracing"
 
@@ -910,6 +912,68 @@ def _decompress_batch(td: TraceDat, r: FileReader, batch: list, out: np.ndarray)
     run_split(part, ranges)
 
 
+def _stream_space(td: TraceDat, buf: Buffer, chunks: Chunks | None, page_size: int,
+                  names: dict[int, str]):
+    """(the pages of ``buf`` as a :class:`ringbuf_stream.PageSpace`, load, done, their bytes) for
+    the streamed decode: decompressed a slab of chunks at a time into a buffer each part keeps,
+    or the file's own pages mapped (read into memory where they cannot be) and released behind
+    it."""
+    cpus = sorted(buf.cpus)
+    if chunks is not None:
+        r, by_cpu = chunks
+        sizes = [sum(u for *_, u in by_cpu[c]) for c in cpus]
+    else:
+        sizes = [buf.cpus[c][1] for c in cpus]
+    files = [names[c] for c in cpus]
+    if any(size % page_size for size in sizes):     # corrupt: the whole decode says how
+        raise StreamUnfit("a CPU's data is no whole number of pages")
+    counts = [size // page_size for size in sizes]
+    base = np.cumsum([0] + counts)
+    page_cpu = np.repeat(np.asarray(cpus, np.int64), counts)
+    page_file = np.repeat(np.arange(len(cpus)), counts)
+    page_in_file = (np.concatenate([np.arange(k) for k in counts]) if counts
+                    else np.zeros(0, np.int64))
+    total = int(base[-1]) * page_size
+    if chunks is None:
+        r = FileReader(td.path, _open(td.path))
+        for cpu, (off, size) in buf.cpus.items():
+            r.need(off, size, f"CPU {cpu} data")
+        src = PageSource.from_file_parts(td.path, buf.cpus, page_size, names)
+        space = PageSpace(page_size, page_cpu, page_file, page_in_file, files,
+                          np.arange(0, int(base[-1]) + 1, dtype=np.int64))
+        return (space, lambda a, b, _k: src.buf[a * page_size:b * page_size],
+                lambda a, b: src.release(a * page_size, b * page_size), total)
+    # each chunk: (its first byte in the pages laid end to end, file offset, compressed size,
+    # size, what, its number)
+    table, cut = [], [0]
+    for c, first in zip(cpus, base[:-1]):
+        at = int(first) * page_size
+        for k, (start, csize, usize) in enumerate(by_cpu[c]):
+            table.append((at, start, csize, usize, f"CPU {c} data", k))
+            at += usize
+            if (at - int(first) * page_size) % page_size == 0:
+                cut.append(at // page_size)
+    starts = np.asarray([t[0] for t in table], np.int64)
+    space = PageSpace(page_size, page_cpu, page_file, page_in_file, files,
+                      np.unique(np.asarray(cut + [int(base[-1])], np.int64)))
+    held: dict[int, np.ndarray] = {}        # part -> the buffer it decompresses into
+
+    def load(a: int, b: int, k: int) -> np.ndarray:
+        lo, hi = a * page_size, b * page_size
+        out = held.get(k)
+        if out is None or len(out) < hi - lo:
+            out = held[k] = np.empty(max(hi - lo, SLAB_BYTES), np.uint8)
+        for at, start, csize, usize, what, n in table[int(np.searchsorted(starts, lo)):
+                                                      int(np.searchsorted(starts, hi))]:
+            _decompress(td.path, td.compression, r.bytes(start, csize, what), usize,
+                        f"{what} chunk {n}", into=out[at - lo:at - lo + usize])
+        pages = out[:hi - lo]
+        pages.flags.writeable = False       # as a mapped file's: the compiled kernels' same types
+        return pages
+
+    return space, load, lambda a, b: None, total
+
+
 def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, TraceDat]:
     """Decode the events of one buffer of ``path`` into a :class:`Capture` (plus the file facts).
 
@@ -920,12 +984,16 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     per CPU, the larger of the count the pages' missed-events flags store and the CPUSTAT
     ``overrun``, plus ``commit overrun`` and ``dropped events``; -1 when a page says events were
     lost and neither it nor the statistics say how many.
+
+    With the compiled kernels, the pages are decoded a slab at a time
+    (:func:`ringbuf_stream.decode_stream`), never held whole; else, or where that does not
+    apply, all at once (:func:`ringbuf_decode.decode_source`).
     """
     path = Path(path)
     td = read_tracedat(path)
     buf = choose_buffer(td, buffer)
     chunks = buffer_chunks(td, buf) if buf.compressed else None
-    prefault_for_pages(sum(decompressed_sizes(td, buf, chunks).values()))
+    size = sum(decompressed_sizes(td, buf, chunks).values())
     try:
         hp = parse_header_page(td.header_page)
         parse_header_event(td.header_event)
@@ -933,6 +1001,32 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     except FormatError as exc:
         raise TraceCorrupt(f"{path}: bad ring-buffer header description ({exc})") from None
     names = {c: f"{path} (CPU {c} data)" for c in buf.cpus}
+    # where the type id lives in a record is read from any one format (parse_format insists it
+    # has common_type)
+    sample = td.formats_for(list(td.format_texts)[:1])
+    common_type = (next(iter(sample.values())).field("common_type") if sample
+                   else Field("common_type", "unsigned short", 0, 2, False))
+    dec = None
+    jit = compiled(size)
+    if jit is not None and common_type.size <= 2:
+        if STREAM_PREFAULT_PER_PAGE_BYTE:
+            prefault_for_pages(size, STREAM_PREFAULT_PER_PAGE_BYTE)
+        try:
+            space, load, done, total = _stream_space(td, buf, chunks, buf.page_size, names)
+            dec, formats = decode_stream(jit, space, hp, common_type, list(td.format_texts),
+                                         td.formats_for, load, done)
+        except StreamUnfit:
+            dec = None
+    if dec is None:
+        prefault_for_pages(size)
+        dec, formats, total = _decode_whole(td, buf, chunks, hp, names, common_type)
+    return _capture(td, buf, dec, formats, total), td
+
+
+def _decode_whole(td: TraceDat, buf: Buffer, chunks: Chunks | None, hp, names, common_type):
+    """(Decoded, the formats of the records, bytes of pages) of ``buf``'s pages held whole:
+    decompressed into memory or a scratch file, or the file's own pages mapped."""
+    path = td.path
     if buf.compressed:
         pages, sizes, scratch = decompressed_pages(td, buf, chunks)
         pages.flags.writeable = False       # as a mapped file's: the compiled kernels' same types
@@ -944,11 +1038,6 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
         for cpu, (off, size) in buf.cpus.items():
             r.need(off, size, f"CPU {cpu} data")
         src = PageSource.from_file_parts(path, buf.cpus, buf.page_size, names)
-    # parse the formats of the event types the pages hold (and the marker's) only; where the type
-    # id lives in a record is read from any one format (parse_format insists it has common_type)
-    sample = td.formats_for(list(td.format_texts)[:1])
-    common_type = (next(iter(sample.values())).field("common_type") if sample
-                   else Field("common_type", "unsigned short", 0, 2, False))
     # one walk for both passes: the type ids of the records (the compiled walk reads them as it
     # goes, through an identity look-up: type id -> itself), then their decoding
     identity = (np.arange(1 << (8 * common_type.size), dtype=np.int32)
@@ -966,7 +1055,11 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
     same = ctype is not None and ((ctype.offset, ctype.size)
                                   == (common_type.offset, common_type.size))
     dec = decode_source(src, formats, hp, walked=rec if same else None)
+    return dec, formats, len(src.buf)
 
+
+def _capture(td: TraceDat, buf: Buffer, dec, formats: dict[int, EventFormat],
+             total: int) -> Capture:
     notes = list(dec.notes)
     stats = td.cpustats.get(buf.name, {})
     lost_by_cpu, loss_notes = lost_events(sorted(set(buf.cpus) | set(stats)), dec, stats)
@@ -975,7 +1068,7 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
         notes.append("the file has no per-CPU statistics (CPUSTAT): lost events are known only "
                      "from the pages' missed-events flags")
     enabled = sorted({f"{f.system}/{f.name}" for f in formats.values() if f.system != "ftrace"})
-    meta = capture_meta(dec, src, "trace.dat", buf.clock or "unknown", enabled, lost_by_cpu,
+    meta = capture_meta(dec, total, "trace.dat", buf.clock or "unknown", enabled, lost_by_cpu,
                         buf.page_size, notes)
     meta.update({
         "file_version": td.version,
@@ -987,4 +1080,4 @@ def decode_tracedat(path: Path, buffer: str | None = None) -> tuple[Capture, Tra
         "cpus": sorted(buf.cpus),
         "n_cpus": td.n_cpus,
     })
-    return Capture(events=dec.events, markers=dec.markers, meta=meta), td
+    return Capture(events=dec.events, markers=dec.markers, meta=meta)
