@@ -28,7 +28,7 @@ from harmony.analysis.causes import CAUSES, cause_counts
 from harmony.analysis.metrics import jain_index
 from harmony.analysis.reconstruct import NS, class_fair_shares
 from harmony.analysis.taskstate import task_records
-from harmony.core.jit import use_compiled
+from harmony.core.jit import run_split, split, use_compiled
 
 #: the longest wasted episodes the summary names
 LONGEST = 3
@@ -250,6 +250,12 @@ def _wasted_frame(cpu, start, end, waiting, t0: int, wasted_cpu_s: float) -> pd.
     return out
 
 
+#: a change in how many the compiled sweep's room for episodes is made for at first: a
+#: ping-pong's sweep found one in 4 (2.0 M episodes of 8.1 M changes at 10 M events; 0.80 M of
+#: 3.9 M at 5.1 M), up to one in 3.8 in one of two stretches of time. With room for one in 16,
+#: it swept every stretch twice, the second time with room for all it had found (each sweep
+#: 0.07 s at 10 M events)
+EPISODES_PER_CHANGE = 3
 #: the most runs in time order the compiled sweep merges itself (a scan of their heads for each
 #: change); more (many tasks), and the changes are sorted first
 MERGED_RUNS_MAX = 16
@@ -266,20 +272,69 @@ def _wasted_compiled(changes: list, bounds: np.ndarray, n: int, unique: list[int
     from harmony.analysis import cost_jit  # numba: loaded only when this path runs
 
     ts, src, change = changes
-    changes.clear()
     slot = np.array([unique.index(c) for c in cpus], np.int64)
-    room = max(1024, len(ts) // 16)
-    while True:
-        out = [np.empty(room, np.int64) for _ in range(4)]
-        found, wasted = cost_jit.episodes(ts, src, change, bounds, n, slot, np.int64(t0),
-                                          np.int64(t_end), *out)
-        if found <= room:
-            break
-        room = found
+    # stretches of time swept on threads at once, each from the levels its start finds
+    k = len(split(len(ts))) if t_end - t0 >= 1024 else 1
+    cuts = [int(t0) + (int(t_end) - int(t0)) * i // k for i in range(k)] + [int(t_end)]
+    stretches = []
+    for a in cuts[:-1]:
+        first = bounds[:-1].copy()
+        lvl0 = np.zeros(2 * n, np.int64)
+        if a > t0:      # every change at or before a: its level at the stretch's start
+            for r in range(len(bounds) - 1):
+                lo, hi = int(bounds[r]), int(bounds[r + 1])
+                first[r] = lo + int(np.searchsorted(ts[lo:hi], a, "right"))
+                lvl0 += np.bincount(src[lo:first[r]], weights=change[lo:first[r]],
+                                    minlength=2 * n).astype(np.int64)
+        stretches.append((first, lvl0))
+
     del ts, src, change
-    which, start, end, waiting = (a[:found] for a in out)
+
+    def sweep(_lo: int, _hi: int, k: int):
+        first, lvl0 = stretches[k]
+        room = max(1024, len(changes[0]) // EPISODES_PER_CHANGE // len(stretches))
+        while True:
+            out = [np.empty(room, np.int64) for _ in range(4)]
+            found, wasted = cost_jit.episodes(*changes, bounds, first, lvl0, n, slot,
+                                              np.int64(cuts[k]), np.int64(cuts[k + 1]), *out)
+            if found <= room:
+                return [a[:found] for a in out], wasted
+            room = found
+
+    parts = run_split(sweep, [(0, 0)] * len(stretches))
+    changes.clear()
+    which, start, end, waiting = _stitched(parts, cuts)
     cpu = np.asarray(cpus, np.int64)[which] if len(cpus) else which
-    return _wasted_frame(cpu, start, end, waiting, t0, float(wasted / NS))
+    return _wasted_frame(cpu, start, end, waiting, t0, float(sum(w for _, w in parts) / NS))
+
+
+def _stitched(parts: list, cuts: list[int]) -> list[np.ndarray]:
+    """The episodes of stretches of time swept apart (``parts``: each one's [cpu index, start,
+    end, waiting] and wasted time; stretch k from cuts[k] to cuts[k + 1]) as one sweep finds
+    them: an episode open where a stretch ends (it ends there) and open where the next begins
+    (it starts there) is one episode, the most waiting of both."""
+    cols = [list(a) for a in zip(*(p for p, _ in parts))]      # per column, per stretch
+    for k in range(1, len(parts)):
+        t = cuts[k]
+        before = np.flatnonzero(cols[2][k - 1] == t)           # at most one a CPU
+        after = np.flatnonzero(cols[1][k] == t)
+        if not len(before) or not len(after):
+            continue
+        at = {int(j): i for i, j in zip(after, cols[0][k][after])}
+        gone = []
+        for i in before:
+            b = at.get(int(cols[0][k - 1][i]))
+            if b is None:
+                continue
+            cols[1][k][b] = cols[1][k - 1][i]
+            cols[3][k][b] = max(cols[3][k][b], cols[3][k - 1][i])
+            gone.append(i)
+        if gone:
+            keep = np.ones(len(cols[0][k - 1]), bool)
+            keep[gone] = False
+            for c in cols:
+                c[k - 1] = c[k - 1][keep]
+    return [np.concatenate(c) if len(c) > 1 else c[0] for c in cols]
 
 
 def df_useless_migrations(migrations: pd.DataFrame, t0: int, t_end: int) -> pd.DataFrame:

@@ -28,7 +28,7 @@ def _next(ts, heads, stops):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def episodes(ts, src, change, bounds, n, slot, t0, t_end, cpu, start, end, waiting):
+def episodes(ts, src, change, bounds, first, lvl0, n, slot, t0, t_end, cpu, start, end, waiting):
     """The wasted episodes of the changes ``ts``/``src``/``change``, which are runs in time order,
     run r from ``bounds[r]`` to ``bounds[r + 1]``: taken merged in time order, ties in array
     order (the order a stable sort of ``ts`` gives; a scan of the runs' heads for each change, so
@@ -38,11 +38,15 @@ def episodes(ts, src, change, bounds, n, slot, t0, t_end, cpu, start, end, waiti
     instant in (t0, t_end) starts an interval. An episode (j-th CPU idle while tasks wait
     elsewhere: cpu[i] = j, from start[i] to end[i], waiting[i] the most waiting elsewhere) is
     written while there is room. Returns (how many episodes, the wasted CPU time in ns): call
-    again with as much room if there were more."""
+    again with as much room if there were more.
+
+    ``first[r]``: run r's first change to take (``bounds[:-1]``: all of them), the levels of the
+    changes before them being ``lvl0``: a sweep of a later stretch of time, [t0, t_end), started
+    where its changes begin (threads may sweep disjoint stretches at once)."""
     room = cpu.shape[0]
-    heads = bounds[:-1].copy()
+    heads = first.copy()
     stops = bounds[1:]
-    lvl = np.zeros(2 * n, np.int64)
+    lvl = lvl0.copy()
     k = slot.shape[0]
     open_ = np.zeros(k, np.bool_)
     since = np.zeros(k, np.int64)

@@ -502,7 +502,7 @@ def uneven_times(events: pd.DataFrame, rng) -> pd.DataFrame:
         drop=True)
 
 
-@pytest.mark.parametrize("implementation", ["compiled", "numpy"], indirect=True)
+@pytest.mark.parametrize("implementation", ["compiled", "threads", "numpy"], indirect=True)
 @pytest.mark.parametrize("lookup", [0, 1 << 40])     # the records of idle periods: looked up, all
 @pytest.mark.parametrize("seed", range(16))
 def test_wasted_cores_match_the_code_they_replaced(seed, lookup, implementation, monkeypatch):
@@ -528,13 +528,14 @@ def test_wasted_cores_match_the_code_they_replaced(seed, lookup, implementation,
         assert full["long"].any() and not full["long"].all()    # the streams do waste CPU time
 
 
-@pytest.mark.parametrize("implementation", ["compiled"], indirect=True)
+@pytest.mark.parametrize("implementation", ["compiled", "threads"], indirect=True)
 @pytest.mark.parametrize("seed", range(8))
 def test_the_compiled_sweep_merges_its_runs_as_a_stable_sort_orders_them(seed, implementation,
                                                                          monkeypatch):
     """The compiled sweep merges the changes' runs in time order itself (a few runs: a CPU's
     idle spells, a task's waits) or sorts them first (many): the same table either way, the
-    reference's."""
+    reference's; also swept in stretches of time on threads, the episodes open across a
+    stretch's end made one."""
     rng = np.random.default_rng(seed)
     events = uneven_times(random_events(seed, n=int(rng.integers(50, 3000)), pids=5), rng)
     tasks = pd.DataFrame({"pid": np.arange(1, 5, dtype=np.int32), "pinned": rng.random(4) < 0.3})
