@@ -36,7 +36,7 @@ from harmony.analysis.arrays import (
 )
 from harmony.analysis.waking import wakeups_from_waking
 from harmony.core.errors import ImportFailed, ParameterError  # noqa: F401  (raised here)
-from harmony.core.jit import in_background, use_compiled
+from harmony.core.jit import in_background, run_split, split, use_compiled
 from harmony.core.osutil import format_cpulist
 from harmony.experiments import get_experiment
 from harmony.probes import filemap, perf_data, perf_read
@@ -405,8 +405,13 @@ def _distinct_pids(columns: list[np.ndarray]) -> set[int]:
     if min(lows) < -1 or max(tops) >= TABLE_KEYS_MAX:
         return set(pd.unique(np.concatenate(columns)).tolist())
     seen = np.zeros(max(tops) + 2, bool)      # -1 (no pid) marks the last slot, left out
-    for c in columns:
-        seen[c] = True
+    if use_compiled(sum(len(c) for c in columns), JIT_MIN_EVENTS):
+        from harmony import importer_jit  # numba: loaded only when this path runs
+        for c in columns:
+            run_split(lambda lo, hi, _k, c=c: importer_jit.mark(c, seen, lo, hi), split(len(c)))
+    else:
+        for c in columns:
+            seen[c] = True
     return set(np.flatnonzero(seen[:-1]).tolist()) | ({-1} if seen[-1] else set())
 
 

@@ -96,3 +96,15 @@ def first_and_last(pid, prev, common, table):
                 ends[side] = r
                 break
     return ends[0], ends[1]
+
+
+@_jit
+def mark(values, seen, lo, hi):
+    """seen[v] = True for every value v of values[lo:hi] (each below ``len(seen) - 1``; -1, no
+    pid, marks the last slot): the distinct pids (or CPUs) of a column, in one pass (numpy's
+    fancy assignment took 0.03-0.05 s a column of 10 M events). Threads may mark disjoint ranges
+    at once: they only ever write True."""
+    last = seen.shape[0] - 1
+    for i in range(lo, hi):
+        v = values[i]
+        seen[v if v >= 0 else last] = True

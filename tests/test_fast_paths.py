@@ -1037,3 +1037,19 @@ def test_last_wakes_match_a_plain_search(seed, implementation):
                      if name[e] == kind and pid_col[e] == p], default=-1)
                 for p, r in zip(pid, row)]
         assert got[k].tolist() == want, kind
+
+
+# --- the distinct pids of an import's columns (harmony.importer) ------------------------------
+
+@pytest.mark.parametrize("implementation", ["compiled", "threads", "numpy"], indirect=True)
+def test_the_distinct_pids_of_columns_are_every_value_they_hold(implementation):
+    """Marked in a table (the compiled pass, on threads, or numpy's), -1 (no pid) included; a
+    value below -1 (a damaged trace's) hashed instead: every distinct value, none more."""
+    from harmony.importer import _distinct_pids
+    rng = np.random.default_rng(5)
+    cols = [rng.integers(-1, 5000, n).astype(np.int32) for n in (0, 1, 100_000, 7)]
+    want = set(np.unique(np.concatenate(cols)).tolist())
+    assert -1 in want and _distinct_pids(cols) == want
+    assert _distinct_pids([c[c >= 0] for c in cols]) == want - {-1}
+    assert _distinct_pids(cols + [np.array([-7], np.int32)]) == want | {-7}
+    assert _distinct_pids([np.zeros(0, np.int32)]) == set()
