@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.reconstruct import NS, runqueue_changes
+from harmony.analysis.reconstruct import NS, balance_deviations, runqueue_changes
 from harmony.analysis.thresholds import FAST_BALANCE_MAX_S
 
 
@@ -75,12 +75,16 @@ def _balance_steps(rq: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: 
     cpus = sorted(set(int(c) for c in cpus))
     n_tasks = len(tasks) if n is None else int(n)
     target = n_tasks / len(cpus)
-    times, q = runqueue_changes(rq, cpus, t0, t_end)
-    # the largest |q_j - target| is that of the longest or the shortest queue: no float copy of
-    # q, nor of any of its columns (the same floats: a difference rounds monotonically)
-    dev = np.subtract(q.max(axis=1), target, dtype=np.float64)
-    np.maximum(dev, np.subtract(target, q.min(axis=1), dtype=np.float64), out=dev)
-    del q
+    steps = balance_deviations(rq, cpus, t0, t_end, target)
+    if steps is not None:
+        times, dev = steps
+    else:
+        times, q = runqueue_changes(rq, cpus, t0, t_end)
+        # the largest |q_j - target| is that of the longest or the shortest queue: no float copy
+        # of q, nor of any of its columns (the same floats: a difference rounds monotonically)
+        dev = np.subtract(q.max(axis=1), target, dtype=np.float64)
+        np.maximum(dev, np.subtract(target, q.min(axis=1), dtype=np.float64), out=dev)
+        del q
     ok = dev <= tolerance * target + 1e-9
     end = np.append(times[1:], np.int64(t_end))
     return times, end, dev, ok

@@ -293,6 +293,45 @@ def instants(ts, a, b):
 
 
 @_jit
+def deviations(cpu, ts, nr, slot, p, a, b, target, times, dev):
+    """What :func:`changes` finds, less its vectors: at t0 and after each instant's last row of
+    [a, b), the largest distance of one of the ``p`` CPUs' run-queue lengths from ``target``,
+    dev[k] = max(longest - target, target - shortest) as float64 (the balance steps of
+    :func:`harmony.analysis.metrics.balance_timeline`), the instant's time in ``times`` (times[0]
+    is the caller's). Returns False where a CPU has no row before some vector (-1 in it, as
+    :func:`changes` would have written)."""
+    cur = np.full(p, -1, np.int32)
+    top = slot.shape[0] - 1
+    k = 0
+    covered = True
+    for r in range(b):
+        if r == a:
+            covered = _deviation(cur, target, dev, 0) and covered
+        s = slot[max(min(np.int64(cpu[r]) + 1, top), 0)]
+        if s >= 0:
+            cur[s] = nr[r]
+        if r >= a and (r == b - 1 or ts[r + 1] != ts[r]):
+            k += 1
+            times[k] = ts[r]
+            covered = _deviation(cur, target, dev, k) and covered
+    if b <= a:                  # no row in (t0, t_end): the vector at t0 alone
+        covered = _deviation(cur, target, dev, 0)
+    return covered
+
+
+@_jit
+def _deviation(cur, target, dev, k):
+    """dev[k] of the run-queue vector ``cur``; whether every CPU of it has a length."""
+    hi = cur[0]
+    lo = cur[0]
+    for j in range(1, cur.shape[0]):
+        hi = max(hi, cur[j])
+        lo = min(lo, cur[j])
+    dev[k] = max(np.float64(hi) - target, target - np.float64(lo))
+    return lo >= 0
+
+
+@_jit
 def changes(cpu, ts, nr, slot, a, b, times, q):
     """The run-queue vectors of :func:`reconstruct.runqueue_changes` in one pass: q[:, 0] each
     CPU's last ``nr`` among rows [0, a) (-1: none), then after each instant's last row of
