@@ -438,7 +438,8 @@ def test_ctrl_c_exits_130_and_says_what_is_left(results, tmp_path):
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
+    # the status and both streams: it failed once under a loaded host (2026-12-05), status unseen
+    assert proc.returncode == 130, (proc.returncode, stdout[-2000:], stderr)
     errors = [ln for ln in stderr.splitlines() if ln.startswith("harmony: error:")]
     assert errors == [f"harmony: error: interrupted; {out} holds the runs finished so far"], stderr
     assert "Traceback" not in stderr
