@@ -369,7 +369,7 @@ def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, windo
     # splits its own work over the CPUs. Built side by side, they shared the CPUs with the
     # capture's checks and with each other, and the import's memory peaked while both held
     # their arrays: one after the other, whole imports of a trace-cmd recording peaked at
-    # 794-809 MiB against 804-847 at 5.12 M events, 1350-1374 against 1381-1409 at 10.25 M,
+    # 775-790 MiB against 786-828 at 5.12 M events, 1319-1342 against 1348-1376 at 10.25 M,
     # in the same time (3.08-3.35 s against 3.37-3.49, 4.56-4.70 against 4.62-4.90; 3
     # interleaved pairs each, 2026-12-05)
     runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
