@@ -253,10 +253,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
     try:
         if not (out / "tasks.parquet").exists():
             store.write_table(out, "tasks", tasks)
-        # the checks that read the capture alone, beside the tables: the second CPU idled about
-        # half of an import's time (bench/README.md)
-        checking = on_side_thread(capture_checks, cap, tasks, manifest["cpus"], window, origin)
-        if figures:     # then the figures' libraries (~0.5 s of imports), on the same thread
+        if figures:     # the figures' libraries (~0.5 s of imports), on the side thread
             on_side_thread(importlib.import_module, "harmony.analysis.plots")
         step(f"{cap.meta.get('n_events', len(cap.events)):,} events: rebuilding the tables of "
              f"{len(tasks)} tasks")
@@ -264,12 +261,23 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         # the task records are freed, so that Arrow's copies of its row groups never share the
         # memory with the records (derive_tables)
         early = len(cap.events) >= BACKGROUND_WRITE_ROWS
+
+        def records_freed():
+            # the checks that read the capture alone, on the side thread, beside the runs once
+            # the task records are freed, not beside the records and the run queues: there they
+            # shared the CPUs with the kernels on the main thread's path (whole imports of
+            # 10.25 M events: 4.45-4.60 s against 4.59-4.89, 3 interleaved pairs; at 5.12 M
+            # the same time and peak)
+            nonlocal checking
+            checking = on_side_thread(capture_checks, cap, tasks, manifest["cpus"], window,
+                                      origin)
+            if early:
+                writing.append(in_background(store.write_table, out, "events", cap.events))
+
         tables, wasted = derive_tables(
             cap, tasks, manifest["cpus"], window, manifest["params"]["window_s"],
             rt_share=(manifest.get("sched") or {}).get("rt_share"),
-            domains=manifest.get("topology"),
-            records_freed=(lambda: writing.append(in_background(
-                store.write_table, out, "events", cap.events))) if early else None)
+            domains=manifest.get("topology"), records_freed=records_freed)
         for name, df in tables.items():
             if name == "events" and early:
                 continue
