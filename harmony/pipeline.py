@@ -368,8 +368,8 @@ def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, windo
     they are built), so the two never share the memory (peak 2003 -> 1755 MiB). Built one after
     the other, not on two threads as :func:`reconstruct.df_core` does (the whole import: 1.04x the
     time; the events' Parquet written meanwhile takes the other CPU). ``records_freed``, if
-    given, is called once the records are freed (the pipeline starts writing the events
-    there)."""
+    given, is called once the records are freed (the pipeline starts the capture's checks and
+    the events' Parquet file there)."""
     t0, t_end = window.t0, window.end
     events = cap.events
     migrations = reconstruct.df_migrations(events, tasks, t0, domains)
