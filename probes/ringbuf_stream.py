@@ -435,16 +435,21 @@ def _assemble(jit, forms: _Formats, cols: _Columns, parts: list[_Part], notes: l
     spans = [(p.row0, p.row - p.row0) for p in parts if p.row > p.row0]
     n = sum(m for _, m in spans)
     starts = np.cumsum([0] + [m for _, m in spans[:-1]]).astype(np.int64)
-    ts = (np.concatenate([cols.ts[r:r + m] for r, m in spans]) if len(spans) != 1
-          else cols.ts[spans[0][0]:spans[0][0] + n])
-    order = merged_order(ts, jit)
-    del ts
-    if order is not None:
-        jit.to_rows(order, starts, np.asarray([r for r, _ in spans], np.int64))
-    elif len(spans) == 1:
-        order = slice(spans[0][0], spans[0][0] + n)
+    if len(spans) <= 1:     # one part's rows (or none): in time order already, or merged
+        r0 = spans[0][0] if spans else 0
+        order = merged_order(cols.ts[r0:r0 + n], jit)
+        if order is None:
+            order = slice(r0, r0 + n)
+        else:
+            order += r0
     else:
-        order = np.concatenate([np.arange(r, r + m) for r, m in spans])
+        ts = np.concatenate([cols.ts[r:r + m] for r, m in spans])
+        order = merged_order(ts, jit)
+        del ts
+        if order is not None:
+            jit.to_rows(order, starts, np.asarray([r for r, _ in spans], np.int64))
+        else:
+            order = np.concatenate([np.arange(r, r + m) for r, m in spans])
 
     def put(col: np.ndarray) -> np.ndarray:
         """``col``'s rows in time order, as a new array; ``col``'s memory then given back

@@ -134,6 +134,22 @@ def test_a_corrupt_page_in_a_late_slab_is_named_as_the_whole_decode_names_it(tmp
     assert str(dat) in errors[0]
 
 
+@pytest.mark.parametrize("events", ["none", "one-cpu"])
+def test_a_trace_of_markers_alone_or_one_cpu_streams_as_it_decodes_whole(tmp_path, monkeypatch,
+                                                                          events):
+    """No event at all (markers only), or every event on one CPU (one part's rows, its own
+    runs): the same tables either way."""
+    from harmony.probes.encode import write_recording
+    from harmony.probes.tracedat_write import write_tracedat
+    ev, markers = _stream_to_encode(4, 20_000, 1)
+    ev = ev.iloc[:0] if events == "none" else ev[ev["cpu"] == 2].reset_index(drop=True)
+    write_recording(ev, markers, {"cpus": [0, 1, 2, 3], "clock": "mono"}, tmp_path / "rec")
+    dat = write_tracedat(tmp_path / "rec", tmp_path / "m.dat")
+    streamed = _decode(dat, monkeypatch, "stream")
+    assert len(streamed.events) == len(ev) and len(streamed.markers) == 3
+    assert_same(streamed, _decode(dat, monkeypatch, "whole"))
+
+
 def test_slabs_end_where_the_pages_may_be_cut():
     """Slabs hold whole cuts (a compressed trace's chunks), as many as fit, at least one."""
     from harmony.probes.ringbuf_stream import PageSpace, slabs
