@@ -690,22 +690,16 @@ def balance_deviations(rq: pd.DataFrame, cpus, t0: int, t_end: int,
                        target: float) -> tuple[np.ndarray, np.ndarray] | None:
     """(times, dev): :func:`runqueue_changes`' times, and at each the largest distance of a CPU's
     run-queue length from ``target`` (float64), by one compiled pass that never holds the
-    vectors (:func:`reconstruct_jit.deviations`: at 10 M events of a ping-pong, the vectors and
-    their longest and shortest were 0.3 s of fresh memory and passes); None where the compiled
-    pass does not run (then from the vectors). Raises ValueError as runqueue_changes does."""
+    vectors (:func:`reconstruct_jit.changes` given no room for them: at 10 M events of a
+    ping-pong, the vectors and their longest and shortest were 0.3 s of fresh memory and
+    passes); None where the compiled pass does not run (then from the vectors). Raises
+    ValueError as runqueue_changes does."""
     cpus = sorted(set(int(c) for c in cpus))
     cpu, ts, nr, a, b = _rows_of(rq, cpus, t0, t_end)
     if ts_._compiled(len(ts)) is None or not cpus or max(cpus) >= TABLE_KEYS_MAX \
             or min(cpus) < 0:
         return None
-    from harmony.analysis import reconstruct_jit
-    times = np.empty(1 + reconstruct_jit.instants(ts, a, b), np.int64)
-    times[0] = t0
-    dev = np.empty(len(times), np.float64)
-    if not reconstruct_jit.deviations(cpu, ts, nr, key_table(cpus, np.int32), len(cpus), a, b,
-                                      np.float64(target), times, dev):
-        raise ValueError("run-queue table does not cover t0 for every CPU")
-    return times, dev
+    return _changes_compiled(cpu, ts, nr, cpus, a, b, t0, target)
 
 
 def _rows_of(rq: pd.DataFrame, cpus: list[int], t0: int, t_end: int):
@@ -747,15 +741,24 @@ def runqueue_changes(rq: pd.DataFrame, cpus, t0: int, t_end: int) -> tuple[np.nd
     return times, q
 
 
-def _changes_compiled(cpu, ts, nr, cpus: list[int], a: int, b: int, t0: int):
-    """runqueue_changes' vectors by one compiled pass (:func:`reconstruct_jit.changes`): no
-    temporaries, only the vectors."""
+def _changes_compiled(cpu, ts, nr, cpus: list[int], a: int, b: int, t0: int,
+                      target: float | None = None):
+    """runqueue_changes' (times, vectors) by one compiled pass (:func:`reconstruct_jit.changes`):
+    no temporaries, only the vectors; given a ``target``, (times, each vector's largest distance
+    from it) instead, no vector held (ValueError where one lacks a CPU's length)."""
     from harmony.analysis import reconstruct_jit
     times = np.empty(1 + reconstruct_jit.instants(ts, a, b), np.int64)
     times[0] = t0
-    q = np.empty((len(cpus), len(times)), np.int32)     # CPU by CPU: returned transposed
-    reconstruct_jit.changes(cpu, ts, nr, key_table(cpus, np.int32), a, b, times, q)
-    return times, q.T
+    want_q = target is None
+    q = np.empty((len(cpus), len(times)) if want_q else (0, 0), np.int32)   # CPU by CPU
+    dev = np.empty(0 if want_q else len(times), np.float64)
+    covered = reconstruct_jit.changes(cpu, ts, nr, key_table(cpus, np.int32), len(cpus), a, b,
+                                      times, q, np.float64(0 if want_q else target), dev)
+    if want_q:
+        return times, q.T           # returned transposed
+    if not covered:
+        raise ValueError("run-queue table does not cover t0 for every CPU")
+    return times, dev
 
 
 def _changes_numpy(cpu, ts, nr, cpus: list[int], a: int, b: int, t0: int):

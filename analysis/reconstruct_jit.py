@@ -293,66 +293,47 @@ def instants(ts, a, b):
 
 
 @_jit
-def deviations(cpu, ts, nr, slot, p, a, b, target, times, dev):
-    """What :func:`changes` finds, less its vectors: at t0 and after each instant's last row of
-    [a, b), the largest distance of one of the ``p`` CPUs' run-queue lengths from ``target``,
-    dev[k] = max(longest - target, target - shortest) as float64 (the balance steps of
-    :func:`harmony.analysis.metrics.balance_timeline`), the instant's time in ``times`` (times[0]
-    is the caller's). Returns False where a CPU has no row before some vector (-1 in it, as
-    :func:`changes` would have written)."""
+def changes(cpu, ts, nr, slot, p, a, b, times, q, target, dev):
+    """The run-queue vectors of :func:`reconstruct.runqueue_changes` in one pass: the vector at
+    t0 (each of the ``p`` CPUs' last ``nr`` among rows [0, a), -1: none), then after each
+    instant's last row of [a, b) the vector again, that instant's time in ``times`` (times[0] is
+    the caller's). ``slot``: a CPU's column at slot[cpu + 1] (clipped at both ends), -1: not one
+    of them. Each vector k goes to q[:, k] (an empty ``q``: not kept) and, with a ``dev``, its
+    largest distance from ``target`` to dev[k] = max(longest - target, target - shortest) as
+    float64 (the balance steps of :func:`harmony.analysis.metrics.balance_timeline`, with no
+    vectors held). Returns False where a CPU has no row before some vector (-1 in it)."""
     cur = np.full(p, -1, np.int32)
     top = slot.shape[0] - 1
     k = 0
     covered = True
     for r in range(b):
         if r == a:
-            covered = _deviation(cur, target, dev, 0) and covered
+            covered = _vector(cur, 0, q, target, dev) and covered
         s = slot[max(min(np.int64(cpu[r]) + 1, top), 0)]
         if s >= 0:
             cur[s] = nr[r]
         if r >= a and (r == b - 1 or ts[r + 1] != ts[r]):
             k += 1
             times[k] = ts[r]
-            covered = _deviation(cur, target, dev, k) and covered
+            covered = _vector(cur, k, q, target, dev) and covered
     if b <= a:                  # no row in (t0, t_end): the vector at t0 alone
-        covered = _deviation(cur, target, dev, 0)
+        covered = _vector(cur, 0, q, target, dev)
     return covered
 
 
 @_jit
-def _deviation(cur, target, dev, k):
-    """dev[k] of the run-queue vector ``cur``; whether every CPU of it has a length."""
+def _vector(cur, k, q, target, dev):
+    """Vector k, ``cur``, into q[:, k] and dev[k] (each where given); whether every CPU of it
+    has a length (no CPU: nothing to write)."""
+    if cur.shape[0] == 0:
+        return True
     hi = cur[0]
     lo = cur[0]
-    for j in range(1, cur.shape[0]):
+    for j in range(cur.shape[0]):
+        if q.shape[1] > 0:
+            q[j, k] = cur[j]
         hi = max(hi, cur[j])
         lo = min(lo, cur[j])
-    dev[k] = max(np.float64(hi) - target, target - np.float64(lo))
+    if dev.shape[0] > 0:
+        dev[k] = max(np.float64(hi) - target, target - np.float64(lo))
     return lo >= 0
-
-
-@_jit
-def changes(cpu, ts, nr, slot, a, b, times, q):
-    """The run-queue vectors of :func:`reconstruct.runqueue_changes` in one pass: q[:, 0] each
-    CPU's last ``nr`` among rows [0, a) (-1: none), then after each instant's last row of
-    [a, b) the vector again, that instant's time in ``times`` (times[0] is the caller's).
-    ``slot``: a CPU's column at slot[cpu + 1] (clipped at both ends), -1: not one of them."""
-    p = q.shape[0]
-    cur = np.full(p, -1, np.int32)
-    top = slot.shape[0] - 1
-    k = 0
-    for r in range(b):
-        if r == a:
-            for j in range(p):
-                q[j, 0] = cur[j]
-        s = slot[max(min(np.int64(cpu[r]) + 1, top), 0)]
-        if s >= 0:
-            cur[s] = nr[r]
-        if r >= a and (r == b - 1 or ts[r + 1] != ts[r]):
-            k += 1
-            times[k] = ts[r]
-            for j in range(p):
-                q[j, k] = cur[j]
-    if b <= a:                  # no row in (t0, t_end): the vector at t0 alone
-        for j in range(p):
-            q[j, 0] = cur[j]
