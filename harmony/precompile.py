@@ -75,8 +75,10 @@ def precompile(work: Path) -> dict:
     from harmony.probes import ringbuf_stream
     t = time.perf_counter()
     saved, jit.PARALLEL_MIN_ITEMS = jit.PARALLEL_MIN_ITEMS, 1
-    # a streamed decode's string table grown from its smallest: the kernel that grows it, too
+    # a streamed decode's string table grown from its smallest, and its slabs of a page
+    # (parts on threads, their rows merged): the kernels that grow it and merge them, too
     slots, ringbuf_stream.TABLE_SLOTS = ringbuf_stream.TABLE_SLOTS, 4
+    slab, ringbuf_stream.SLAB_BYTES = ringbuf_stream.SLAB_BYTES, 1     # a page each
     try:
         # two CPUs (their records merged in parts on threads) and four (merged in one pass)
         for ncpus in (2, 4):
@@ -100,6 +102,7 @@ def precompile(work: Path) -> dict:
     finally:
         jit.PARALLEL_MIN_ITEMS = saved
         ringbuf_stream.TABLE_SLOTS = slots
+        ringbuf_stream.SLAB_BYTES = slab
     found = {k: d for k, d in kernels().items() if d.signatures}     # called from Python
     return {"kernels": len(found),
             "compiled": sum(d.stats.cache_misses.total() for d in found.values()),
