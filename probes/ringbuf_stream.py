@@ -56,12 +56,6 @@ MIN_RECORD_BYTES = 8
 #: slots of a part's string table at first (a power of 2; half of them may be used): grown 8x,
 #: its keys kept, whenever a slab's strings fill it
 TABLE_SLOTS = 1 << 12
-#: heap memory faulted in ahead of a streamed decode, per byte of pages (as
-#: :data:`ringbuf_decode.PREFAULT_PER_PAGE_BYTE` for the whole-trace decode): none. Its columns
-#: are as long as the most events the pages could hold, and the memory faulted in went under
-#: their untouched ends: 5.12 M events of a trace-cmd recording, 0.75 a byte: 682 MB at the
-#: decode's peak, 539 without, in the same time (0.82 s)
-STREAM_PREFAULT_PER_PAGE_BYTE = 0.0
 _UNPARSED = -3       # the format look-up of a type id whose format is not parsed yet
 
 
@@ -83,10 +77,6 @@ class PageSpace:
     page_in_file: np.ndarray
     files: list[str]
     cuts: np.ndarray
-
-    @property
-    def n_pages(self) -> int:
-        return len(self.page_cpu)
 
 
 #: load(first page, end page, part number) -> those pages' bytes (whole pages), valid until the
@@ -229,7 +219,9 @@ class _Stream:
         self.jit, self.space, self.hp, self.forms, self.cols = jit, space, hp, forms, cols
         self.load, self.done = load, done
         self.identity = np.arange(len(forms.lut), dtype=np.int32)
-        self.no_order = np.zeros(0, np.int64)
+        # an empty int64 array: the kernels' "none" (no starts: one pass; no order: as stored;
+        # no rows kept)
+        self.none = np.zeros(0, np.int64)
 
     def part(self, part: _Part, ranges: list[tuple[int, int]], k: int) -> None:
         """Decode the slabs ``ranges`` into ``part``, stopping at the first corrupt one."""
@@ -254,7 +246,7 @@ class _Stream:
         counts = np.zeros(b - a, np.int64)
         err = np.full(6, -1, np.int64)
         if jit.walk(src.buf, src.view("<u4"), ps, hp.data_offset, heads.ts, heads.size,
-                    heads.active, self.no_order, pos, length, ts, cpu, code, src.page_cpu,
+                    heads.active, self.none, pos, length, ts, cpu, code, src.page_cpu,
                     forms.type_field.offset, forms.type_field.size, self.identity, counts, err,
                     0, b - a):
             p = int(err[1])
@@ -324,11 +316,11 @@ class _Stream:
             self._table(part, plan.kw, len(part.slots) if part.slots is not None else TABLE_SLOTS)
         row_fmt = np.zeros(len(forms.ids), np.uint8)
         row_fmt[[c for c, _, _ in plan.by_hand]] = 1
-        keep = cols.src_row if (plan.by_hand or plan.dynamic) else self.no_order
+        keep = cols.src_row if (plan.by_hand or plan.dynamic) else self.none
         outs = cols.outs
         while True:
             err = np.zeros(5, np.int64)
-            status = jit.gather(src.buf, src.view("<u2"), src.view("<u4"), self.no_order, pos,
+            status = jit.gather(src.buf, src.view("<u2"), src.view("<u4"), self.none, pos,
                                 length, ts, cpu, fmt, plan.need, plan.label_lut, *plan.specs,
                                 cols.ts, cols.cpu, cols.label, row_fmt, keep, *outs,
                                 plan.str_spec, cols.strs, part.slots, part.keys, part.n_keys,
@@ -537,6 +529,5 @@ def _strings(jit, cols: _Columns, parts: list[_Part], spans, s: int, put) -> pd.
     return pd.Categorical.from_codes(put(narrow), categories=list(cats), validate=False)
 
 
-__all__ = ["Loader", "MIN_RECORD_BYTES", "PageSpace", "SLAB_BYTES", "STREAM_PREFAULT_PER_PAGE_BYTE",
-           "StreamUnfit",
+__all__ = ["Loader", "MIN_RECORD_BYTES", "PageSpace", "SLAB_BYTES", "StreamUnfit",
            "decode_stream", "slabs"]
