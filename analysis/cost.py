@@ -18,12 +18,14 @@ the allocation from the ideal one.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import pandas as pd
 
 from harmony.analysis import tables
 from harmony.analysis import thresholds as T
-from harmony.analysis.arrays import event_mask, in_set, index_of
+from harmony.analysis.arrays import TABLE_KEYS_MAX, event_mask, in_set, index_of, key_table
 from harmony.analysis.causes import CAUSES, cause_counts
 from harmony.analysis.metrics import jain_index
 from harmony.analysis.reconstruct import NS, class_fair_shares
@@ -128,17 +130,30 @@ def _records_near(ts: np.ndarray, pid: np.ndarray, periods) -> np.ndarray | None
     return np.repeat(first - np.cumsum(n) + n, n) + np.arange(n.sum())
 
 
+def _keys_fit(*keys) -> bool:
+    """Every one of ``keys`` (arrays of integers) fits a look-up table (:func:`key_table`)."""
+    return all(len(k) == 0 or (0 <= int(np.min(k)) and int(np.max(k)) < TABLE_KEYS_MAX)
+               for k in keys)
+
+
 def _waiting_changes(events: pd.DataFrame, tasks: pd.DataFrame, cpus: list[int],
                      periods) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ts, k, change): +1 when an experiment task free to move (not pinned) starts waiting
     (runnable, not running) on ``cpus[k]``, -1 when it stops: the starts task by task, each
     task's in time order, then the ends likewise. Exact in the ``periods``
     (:func:`_idle_periods`); outside them the changes of a stretch between two may be summed into
-    its last instant, and those after the last left out."""
+    its last instant, and those after the last left out. Where every record is read (most of
+    them are the periods'), a compiled pass writes the changes (:func:`cost_jit.waits`): no mask
+    or list of rows as long as the records, while the records are held."""
     pids = tasks["pid"].to_numpy().astype(np.int32)
     free = pids[~tasks["pinned"].to_numpy().astype(bool)] if "pinned" in tasks.columns else pids
     r = task_records(events, pids)
     at = _records_near(r["ts"].to_numpy(), r["pid"].to_numpy(), periods)
+    if at is None and use_compiled(len(events), JIT_MIN_EVENTS) and _keys_fit(free, cpus):
+        from harmony.analysis import cost_jit  # numba: loaded only when this path runs
+        return cost_jit.waits(*(r[c].to_numpy() for c in ("pid", "ts", "cpu_after",
+                                                          "runnable_after", "running_after")),
+                              key_table(free), key_table(cpus))
 
     def column(name: str) -> np.ndarray:
         return r[name].to_numpy() if at is None else r[name].to_numpy()[at]
@@ -158,7 +173,28 @@ def _waiting_changes(events: pd.DataFrame, tasks: pd.DataFrame, cpus: list[int],
             np.r_[np.ones(len(began), np.int8), -np.ones(len(ended), np.int8)])
 
 
-def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int) -> pd.DataFrame:
+class IdleSpells(NamedTuple):
+    """The CPUs' idle spells :func:`df_wasted` reads (:func:`idle_spells`)."""
+    cpus: tuple[int, ...]                       # the distinct CPUs, ascending
+    starts: tuple[np.ndarray, ...]              # each one's times it becomes idle, in order
+    ends: tuple[np.ndarray, ...]                # each one's times it stops being idle
+    periods: tuple[np.ndarray, np.ndarray]      # [from, to) while at least one is idle
+
+
+def idle_spells(events: pd.DataFrame, cpus) -> IdleSpells:
+    """The idle spells of ``cpus`` that :func:`df_wasted` reads (:func:`_idle_changes`,
+    :func:`_idle_periods`). Found from the events alone, so a caller may find them before the
+    task records are made: the pipeline does, so that their temporaries (~70 MB at 5.1 M events
+    of a ping-pong) never share the memory with the records."""
+    unique = tuple(sorted(set(int(c) for c in cpus)))
+    rows = _Rows(events)
+    starts, ends = zip(*(_idle_changes(rows, c) for c in unique)) if unique else ((), ())
+    del rows
+    return IdleSpells(unique, tuple(starts), tuple(ends), _idle_periods(list(starts), list(ends)))
+
+
+def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: int,
+              idle: IdleSpells | None = None, records_read=None) -> pd.DataFrame:
     """Every interval in [t0, t_end] during which a CPU of ``cpus`` is idle while an experiment task
     free to run on it (not pinned) waits runnable on another CPU of the set.
 
@@ -171,14 +207,23 @@ def df_wasted(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int, t_end: i
     waiting are followed only while a CPU is idle (:func:`_idle_periods`). On large traces the
     sum runs as one compiled pass over the merged changes (:mod:`harmony.analysis.cost_jit`),
     which keeps each source's level rather than an array of it: the same table.
+
+    ``idle``: :func:`idle_spells` of these events and CPUs, if found already. ``records_read``,
+    if given, is called once the task records have been read (the pipeline frees them there:
+    the sweep and the table then reuse their memory).
     """
     cpus = [int(c) for c in cpus]
     unique = sorted(set(cpus))
     n = len(unique)
-    rows = _Rows(events)
-    starts, ends = zip(*(_idle_changes(rows, c) for c in unique)) if n else ((), ())
-    del rows
-    wt, wk, wd = _waiting_changes(events, tasks, unique, _idle_periods(list(starts), list(ends)))
+    if idle is None:
+        idle = idle_spells(events, cpus)
+    elif idle.cpus != tuple(unique):
+        raise ValueError(f"df_wasted: idle spells of CPUs {list(idle.cpus)}, not of {unique}")
+    starts, ends, periods = idle.starts, idle.ends, idle.periods
+    del idle
+    wt, wk, wd = _waiting_changes(events, tasks, unique, periods)
+    if records_read is not None:
+        records_read()
     # sources: i for CPU unique[i] idle, n + k for the tasks waiting on unique[k]
     ts = np.concatenate([*starts, *ends, wt])
     src = np.concatenate([np.full(len(x), i, np.int32) for part in (starts, ends)

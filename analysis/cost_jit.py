@@ -98,3 +98,56 @@ def episodes(ts, src, change, bounds, first, lvl0, n, slot, t0, t_end, cpu, star
                 cpu[found], start[found], end[found], waiting[found] = j, since[j], t_end, most[j]
             found += 1
     return found, wasted
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def _looked_up(table, v):
+    """``table``'s slot of the value ``v`` (a :func:`harmony.analysis.arrays.key_table`: clipped
+    at both ends, -1 for a value that is no key)."""
+    i = np.int64(v) + 1
+    if i < 0:
+        i = 0
+    elif i >= table.shape[0]:
+        i = table.shape[0] - 1
+    return table[i]
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def waits(pid, ts, cpu, runnable, running, free, slot):
+    """The changes of tasks waiting of the task records ``pid``/``ts``/``cpu`` (the CPU after
+    the record)/``runnable``/``running`` (after it), by task and in time order, as
+    :func:`harmony.analysis.cost._waiting_changes` gives them: (ts, k, change), +1 at each
+    record after which a task of ``free`` (a key table of the pids free to move) waits runnable
+    and not running on CPU ``k`` (``slot``: a key table of the CPUs), then -1 at the task's next
+    record for each of those the same task has one after. Counted first, then written: no mask
+    or list of rows as long as the records."""
+    n = pid.shape[0]
+    began = 0
+    ended = 0
+    for i in range(n):
+        if (runnable[i] and not running[i] and _looked_up(free, pid[i]) >= 0
+                and _looked_up(slot, cpu[i]) >= 0):
+            began += 1
+            if i + 1 < n and pid[i + 1] == pid[i]:
+                ended += 1
+    out_ts = np.empty(began + ended, np.int64)
+    out_k = np.empty(began + ended, np.int32)
+    out_change = np.empty(began + ended, np.int8)
+    b = 0
+    e = began
+    for i in range(n):
+        if not runnable[i] or running[i] or _looked_up(free, pid[i]) < 0:
+            continue
+        k = _looked_up(slot, cpu[i])
+        if k < 0:
+            continue
+        out_ts[b] = ts[i]
+        out_k[b] = k
+        out_change[b] = 1
+        b += 1
+        if i + 1 < n and pid[i + 1] == pid[i]:
+            out_ts[e] = ts[i + 1]
+            out_k[e] = k
+            out_change[e] = -1
+            e += 1
+    return out_ts, out_k, out_change

@@ -13,8 +13,9 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.causes import unrecorded_moves
-from harmony.analysis.arrays import event_mask, in_set, index_of, sorted_unique
+from harmony.analysis.arrays import TABLE_KEYS_MAX, event_mask, in_set, index_of, sorted_unique
 from harmony.analysis.reconstruct import runqueue_steps, steps_at, steps_by_cpu
+from harmony.core.jit import use_compiled
 
 
 def kernel_agreement(runqueue: pd.DataFrame, samples: pd.DataFrame, cpus: list[int],
@@ -182,6 +183,13 @@ def _range_min_max(values: np.ndarray, a: np.ndarray, b: np.ndarray,
 # ------------------------------------------------------------------------------------------------
 # completeness of one probe's event stream, judged by the stream itself
 
+#: events from which the compiled pass of :func:`silent_contexts`
+#: (:mod:`harmony.analysis.crosscheck_jit`) is worth loading numba in a new process, as the
+#: other checks' (:data:`harmony.analysis.causes.JIT_MIN_EVENTS`); once numba is loaded (the
+#: decoder loads it for large traces) it is used whatever the size
+JIT_MIN_EVENTS = 8_000_000
+
+
 def silent_contexts(events: pd.DataFrame) -> list[dict]:
     """Tasks a probe saw run and leave a CPU, yet recorded no event in the context of.
 
@@ -198,11 +206,19 @@ def silent_contexts(events: pd.DataFrame) -> list[dict]:
     swapper is one task per CPU; -1 otherwise), comm, runs (times it was switched in and later
     replaced on that CPU), records (0).
     """
-    idx = np.flatnonzero(event_mask(events, "sched_switch"))
-    if not len(idx):
+    switch = event_mask(events, "sched_switch")
+    if not switch.any():
         return []
     cpu = events["cpu"].to_numpy()
     cp = events["common_pid"].to_numpy()
+    pid = events["pid"].to_numpy()
+    n_pids = max(int(cp.max()), int(pid.max()), 0) + 1
+    if use_compiled(len(events), JIT_MIN_EVENTS) and cpu.min() >= 0 and n_pids <= TABLE_KEYS_MAX:
+        from harmony.analysis import crosscheck_jit  # numba: loaded only when this path runs
+        rows = crosscheck_jit.dark_switches(switch, cpu, cp, pid, int(cpu.max()) + 1, n_pids)
+        return _contexts(events, rows, pid[rows], cpu[rows])
+    idx = np.flatnonzero(switch)
+    del switch
     # contexts with a record: a pid, or for pid 0 (one swapper per CPU) the CPU
     heard = np.zeros(max(int(cp.max()), 0) + 2, bool)
     # every pid at once where none is negative (no mask and copy of millions of them); pid 0's
@@ -214,7 +230,7 @@ def silent_contexts(events: pd.DataFrame) -> list[dict]:
     # the switches' columns in their own types, and no array of switch numbers kept: this runs
     # beside the task records (pipeline.capture_checks), whose memory it adds to (its peak at 9.4 M
     # events of perf.data 172 -> 126 MiB, tracemalloc; 0.20 -> 0.17 s)
-    nxt = events["pid"].to_numpy()[idx]
+    nxt = pid[idx]
     scpu = cpu[idx]
     # a switch-in completed a run when a later switch happened on the same CPU (rows are in time
     # order): every switch but each CPU's last
@@ -227,13 +243,20 @@ def silent_contexts(events: pd.DataFrame) -> list[dict]:
     dark = done & np.where(nxt == 0, ~idle_heard[scpu], ~np.take(heard, nxt, mode="clip"))
     del done
     rows = np.flatnonzero(dark)
+    return _contexts(events, idx[rows], nxt[rows], scpu[rows])
+
+
+def _contexts(events: pd.DataFrame, rows: np.ndarray, nxt: np.ndarray,
+              cpu: np.ndarray) -> list[dict]:
+    """silent_contexts' dicts of the switches at ``rows`` (their next pids ``nxt`` and CPUs),
+    each a run of a silent context, in row order."""
     # context key: pid, and for pid 0 the CPU; ascending, as the contexts are listed at a tie
-    dn, dc = nxt[rows].astype(np.int64), scpu[rows].astype(np.int64)
+    dn, dc = nxt.astype(np.int64), cpu.astype(np.int64)
     keys, first, runs = np.unique(dn * 4096 + np.where(dn == 0, dc, 4095),
                                   return_index=True, return_counts=True)
     comm = events["comm"]
     out = [{"pid": int(k // 4096), "cpu": int(k % 4096) if k // 4096 == 0 else -1,
-            "comm": str(comm.iat[idx[rows[f]]]), "runs": int(r), "records": 0}
+            "comm": str(comm.iat[rows[f]]), "runs": int(r), "records": 0}
            for k, f, r in zip(keys, first, runs)]
     return sorted(out, key=lambda d: -d["runs"])
 

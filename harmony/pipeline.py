@@ -39,7 +39,7 @@ import pandas as pd
 from harmony import store
 from harmony.analysis import reconstruct, trust
 from harmony.analysis.causes import cause_counts, softirq_recorded
-from harmony.analysis.cost import df_wasted
+from harmony.analysis.cost import df_wasted, idle_spells
 from harmony.analysis.counters import (counter_agreement, df_counter_agreement,
                                        schedstat_agreement, schedstat_cpus)
 from harmony.analysis.crosscheck import (
@@ -362,16 +362,21 @@ def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, windo
     topology, for the migrations' levels); and the policy's wasted CPU time
     (:func:`harmony.analysis.cost.df_wasted`, for the metrics; not stored).
 
-    The tables made from the task records (migrations, run queue, wasted time) come first, then
-    the records are freed (:func:`taskstate.release_records`: no later step reads them) and only
-    then are the runs built: at 10 M events the records take 502 MB and the runs 249 MB (450 while
-    they are built), so the two never share the memory (peak 2003 -> 1755 MiB). Built one after
-    the other, not on two threads as :func:`reconstruct.df_core` does (the whole import: 1.04x the
-    time; the events' Parquet written meanwhile takes the other CPU). ``records_freed``, if
-    given, is called once the records are freed (the pipeline starts the capture's checks and
-    the events' Parquet file there)."""
+    The CPUs' idle spells come first, before the task records exist; then the tables made from
+    the records (migrations, run queue, wasted time). The records are freed
+    (:func:`taskstate.release_records`: no later step reads them) once the wasted time has read
+    them, before its sweep, and only then are the runs built: at 10 M events the records take
+    502 MB and the runs 249 MB (450 while they are built), so the two never share the memory
+    (peak 2003 -> 1755 MiB). Built one after the other, not on two threads as
+    :func:`reconstruct.df_core` does (the whole import: 1.04x the time; the events' Parquet
+    written meanwhile takes the other CPU). ``records_freed``, if given, is called once the
+    records are freed (the pipeline starts the capture's checks and the events' Parquet file
+    there)."""
     t0, t_end = window.t0, window.end
     events = cap.events
+    # the CPUs' idle spells, which the wasted time reads, before the task records exist: their
+    # temporaries never share the memory with them
+    idle = idle_spells(events, cpus)
     migrations = reconstruct.df_migrations(events, tasks, t0, domains)
     # the run queues, then the wasted time: both read the records df_migrations made, and each
     # splits its own work over the CPUs. Built side by side, they shared the CPUs with the
@@ -381,8 +386,9 @@ def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, windo
     # in the same time (3.08-3.35 s against 3.37-3.49, 4.56-4.70 against 4.62-4.90; 3
     # interleaved pairs each, 2026-12-05)
     runqueue = reconstruct.df_runqueue(events, tasks, cpus, t0, t_end)
-    wasted = df_wasted(events, tasks, cpus, t0, t_end)
-    release_records()
+    # the records are freed once the wasted time has read them, before its sweep and table
+    wasted = df_wasted(events, tasks, cpus, t0, t_end, idle=idle, records_read=release_records)
+    del idle
     if records_freed is not None:
         records_freed()
     runs = reconstruct.df_runs(events, tasks, t0, t_end)

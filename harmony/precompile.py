@@ -39,8 +39,8 @@ import numpy as np
 #: the modules whose kernels are compiled (each ``numba.njit(cache=True)``)
 KERNEL_MODULES = ("harmony.probes.ringbuf_jit", "harmony.analysis.taskstate_jit",
                   "harmony.analysis.reconstruct_jit", "harmony.analysis.causes_jit",
-                  "harmony.analysis.cost_jit", "harmony.importer_jit",
-                  "harmony.probes.perf_read_jit")
+                  "harmony.analysis.crosscheck_jit", "harmony.analysis.cost_jit",
+                  "harmony.importer_jit", "harmony.probes.perf_read_jit")
 
 
 def kernels() -> dict[str, object]:
@@ -63,7 +63,10 @@ def precompile(work: Path) -> dict:
     directory. Returns {kernels, compiled (not found in the cache), loaded (from it), seconds,
     cache_dirs}."""
     os.environ["HARMONY_JIT"] = "1"
+    from harmony.analysis import cost_jit
+    from harmony.analysis.arrays import key_table
     from harmony.analysis.causes import last_wakes
+    from harmony.analysis.taskstate import task_records
     from harmony.core import jit
     from harmony.importer import import_trace
     from harmony.probes.encode import write_recording
@@ -96,6 +99,13 @@ def precompile(work: Path) -> dict:
             # a short run may not have
             last_wakes(sim.events, np.asarray(sim.tasks["pid"], np.int64),
                         np.full(len(sim.tasks), len(sim.events), np.int64))
+            # the waits of the wasted time, where every task record is read (a run whose
+            # CPUs are never idle reads none)
+            pids = np.asarray(sim.tasks["pid"], np.int32)
+            r = task_records(sim.events, pids)
+            cost_jit.waits(*(r[c].to_numpy() for c in ("pid", "ts", "cpu_after", "runnable_after",
+                                                       "running_after")),
+                           key_table(pids), key_table(range(ncpus)))
         # a perf.data's record walk, on a data section of two FINISHED_ROUND records (read-only
         # bytes, as a mapped file's): its payloads go through the kernels above
         walk_records(np.frombuffer(struct.pack("<IHH", 68, 0, 8) * 2, np.uint8))

@@ -108,12 +108,19 @@ def _reference_unrecorded_migrations(events, pids=None, examples=5):
                           "to_cpu": int(before[k])} for k in hit[:examples]]}
 
 
+@pytest.mark.parametrize("implementation", ["compiled", "numpy"], indirect=True)
 @pytest.mark.parametrize("seed", range(12))
-def test_blind_spot_checks_match_the_code_they_replaced(seed):
+def test_blind_spot_checks_match_the_code_they_replaced(seed, implementation):
     events = random_events(seed)
     silent = silent_contexts(events)
     assert silent == _reference_silent_contexts(events)
     assert silent          # the stream has its blind context
+    # next tasks never heard of, below 0 and above every pid recorded: silent contexts too
+    pid = events["pid"].to_numpy().astype(np.int32)
+    pid[np.flatnonzero((events["event"] == "sched_switch").to_numpy())[[3, 7]]] = [-1, 4000]
+    odd = events.assign(pid=pid)
+    assert silent_contexts(odd) == _reference_silent_contexts(odd)
+    assert {-1, 4000} <= {c["pid"] for c in silent_contexts(odd)}
     for pids in (None, [1, 2, 3], [5, 1 << 25]):
         assert unrecorded_migrations(events, pids) == _reference_unrecorded_migrations(events, pids)
     assert unrecorded_migrations(events)["n"] > 0
