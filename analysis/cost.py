@@ -187,6 +187,17 @@ def idle_spells(events: pd.DataFrame, cpus) -> IdleSpells:
     task records are made: the pipeline does, so that their temporaries (~70 MB at 5.1 M events
     of a ping-pong) never share the memory with the records."""
     unique = tuple(sorted(set(int(c) for c in cpus)))
+    if unique and use_compiled(len(events), JIT_MIN_EVENTS) and _keys_fit(unique):
+        # one compiled pass for every CPU, no mask or list of rows as long as the events
+        from harmony.analysis import cost_jit  # numba: loaded only when this path runs
+        cols = (events[c].to_numpy() for c in ("cpu", "ts"))
+        s, s_at, e, e_at = cost_jit.idle_changes(
+            *cols, event_mask(events, "sched_switch"),
+            *(events[c].to_numpy() for c in ("pid", "prev_pid", "common_pid")),
+            key_table(unique), len(unique))
+        starts = tuple(s[s_at[j]:s_at[j + 1]] for j in range(len(unique)))
+        ends = tuple(e[e_at[j]:e_at[j + 1]] for j in range(len(unique)))
+        return IdleSpells(unique, starts, ends, _idle_periods(list(starts), list(ends)))
     rows = _Rows(events)
     starts, ends = zip(*(_idle_changes(rows, c) for c in unique)) if unique else ((), ())
     del rows

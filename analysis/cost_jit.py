@@ -151,3 +151,70 @@ def waits(pid, ts, cpu, runnable, running, free, slot):
             out_change[e] = -1
             e += 1
     return out_ts, out_k, out_change
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def idle_changes(cpu, ts, switch, pid, prev_pid, common_pid, slot, n):
+    """The idle spells of the ``n`` CPUs of ``slot`` (a key table: CPU -> 0..n-1), as
+    :func:`harmony.analysis.cost._idle_changes` finds them one CPU at a time, for all of them in
+    one pass over the events (``switch``: the sched_switch rows' mask; ``pid`` the next task of
+    a switch). Returns (starts, start_at, ends, end_at): CPU j's starts are
+    ``starts[start_at[j]:start_at[j + 1]]``, its ends likewise, each in time order. Counted
+    first, then written."""
+    idle_before = np.zeros(n, np.bool_)     # the CPU's last state-setting row went to idle
+    to_idle_row = np.full(n, -1, np.int64)  # its last switch to idle
+    heard_idle = np.full(n, -1, np.int64)   # its last event in the idle task's context
+    n_starts = np.zeros(n + 1, np.int64)
+    n_ends = np.zeros(n + 1, np.int64)
+    starts = np.empty(0, np.int64)
+    ends = np.empty(0, np.int64)
+    for p in range(2):
+        if p == 1:
+            for j in range(n):              # counts -> offsets
+                n_starts[j + 1] += n_starts[j]
+                n_ends[j + 1] += n_ends[j]
+            starts = np.empty(n_starts[n], np.int64)
+            ends = np.empty(n_ends[n], np.int64)
+            put_s = n_starts[:n].copy()
+            put_e = n_ends[:n].copy()
+            idle_before[:] = False
+            to_idle_row[:] = -1
+            heard_idle[:] = -1
+        for i in range(cpu.shape[0]):
+            j = _looked_up(slot, cpu[i])
+            if j < 0:
+                continue
+            sw = switch[i]
+            if not sw and common_pid[i] == 0:
+                heard_idle[j] = i
+                continue
+            if not sw and common_pid[i] <= 0:
+                continue                    # no row that sets the CPU's state
+            to_idle = sw and pid[i] == 0
+            continues = False
+            if idle_before[j]:
+                if not sw or prev_pid[i] != 0:      # the CPU shown busy: the spell cut short
+                    end = max(heard_idle[j], to_idle_row[j])
+                    if p == 0:
+                        n_ends[j + 1] += 1
+                    else:
+                        ends[put_e[j]] = ts[end]
+                        put_e[j] += 1
+                elif to_idle:
+                    continues = True                # idle to idle: the spell goes on
+                else:
+                    if p == 0:
+                        n_ends[j + 1] += 1
+                    else:
+                        ends[put_e[j]] = ts[i]
+                        put_e[j] += 1
+            if to_idle:
+                if not continues:
+                    if p == 0:
+                        n_starts[j + 1] += 1
+                    else:
+                        starts[put_s[j]] = ts[i]
+                        put_s[j] += 1
+                to_idle_row[j] = i
+            idle_before[j] = to_idle
+    return starts, n_starts, ends, n_ends
