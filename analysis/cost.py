@@ -197,7 +197,12 @@ def idle_spells(events: pd.DataFrame, cpus) -> IdleSpells:
             key_table(unique), len(unique))
         starts = tuple(s[s_at[j]:s_at[j + 1]] for j in range(len(unique)))
         ends = tuple(e[e_at[j]:e_at[j + 1]] for j in range(len(unique)))
-        return IdleSpells(unique, starts, ends, _idle_periods(list(starts), list(ends)))
+        # a few CPUs' spells merged as they are read, not all sorted (0.25 s at 10.25 M events
+        # of a ping-pong on two CPUs)
+        periods = (cost_jit.idle_periods(s, s_at, e, e_at, len(unique))
+                   if 2 * len(unique) <= MERGED_RUNS_MAX else
+                   _idle_periods(list(starts), list(ends)))
+        return IdleSpells(unique, starts, ends, periods)
     rows = _Rows(events)
     starts, ends = zip(*(_idle_changes(rows, c) for c in unique)) if unique else ((), ())
     del rows

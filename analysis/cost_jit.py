@@ -218,3 +218,48 @@ def idle_changes(cpu, ts, switch, pid, prev_pid, common_pid, slot, n):
                 to_idle_row[j] = i
             idle_before[j] = to_idle
     return starts, n_starts, ends, n_ends
+
+
+@numba.njit(cache=True, nogil=True, boundscheck=False)
+def idle_periods(starts, start_at, ends, end_at, n):
+    """The periods [from, to) during which at least one of the ``n`` CPUs is idle, in time order,
+    from :func:`idle_changes`' spells (to: the largest int64 if the last never ends), as
+    :func:`harmony.analysis.cost._idle_periods` finds them: the CPUs' runs merged as they are
+    read (a scan of their heads for each instant: for a few CPUs), no sort of all of them."""
+    hs = start_at[:n].copy()
+    he = end_at[:n].copy()
+    lo = np.empty(starts.shape[0], np.int64)     # every period begins at a start
+    hi = np.empty(starts.shape[0], np.int64)
+    m = 0
+    idle = 0
+    is_open = False
+    while True:
+        t = np.int64(0)
+        found = False
+        for j in range(n):
+            if hs[j] < start_at[j + 1] and (not found or starts[hs[j]] < t):
+                t = starts[hs[j]]
+                found = True
+            if he[j] < end_at[j + 1] and (not found or ends[he[j]] < t):
+                t = ends[he[j]]
+                found = True
+        if not found:
+            break
+        for j in range(n):          # every change of the instant, then the CPUs idle after it
+            while hs[j] < start_at[j + 1] and starts[hs[j]] == t:
+                idle += 1
+                hs[j] += 1
+            while he[j] < end_at[j + 1] and ends[he[j]] == t:
+                idle -= 1
+                he[j] += 1
+        if idle > 0 and not is_open:
+            lo[m] = t
+            is_open = True
+        elif idle <= 0 and is_open:
+            hi[m] = t
+            m += 1
+            is_open = False
+    if is_open:
+        hi[m] = np.iinfo(np.int64).max
+        m += 1
+    return lo[:m].copy(), hi[:m].copy()
