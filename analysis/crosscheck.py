@@ -184,7 +184,7 @@ def _range_min_max(values: np.ndarray, a: np.ndarray, b: np.ndarray,
 # completeness of one probe's event stream, judged by the stream itself
 
 #: events from which the compiled pass of :func:`silent_contexts`
-#: (:mod:`harmony.analysis.crosscheck_jit`) is worth loading numba in a new process, as the
+#: (:mod:`harmony.analysis.checks_jit`) is worth loading numba in a new process, as the
 #: other checks' (:data:`harmony.analysis.causes.JIT_MIN_EVENTS`); once numba is loaded (the
 #: decoder loads it for large traces) it is used whatever the size
 JIT_MIN_EVENTS = 8_000_000
@@ -214,8 +214,8 @@ def silent_contexts(events: pd.DataFrame) -> list[dict]:
     pid = events["pid"].to_numpy()
     n_pids = max(int(cp.max()), int(pid.max()), 0) + 1
     if use_compiled(len(events), JIT_MIN_EVENTS) and cpu.min() >= 0 and n_pids <= TABLE_KEYS_MAX:
-        from harmony.analysis import crosscheck_jit  # numba: loaded only when this path runs
-        rows = crosscheck_jit.dark_switches(switch, cpu, cp, pid, int(cpu.max()) + 1, n_pids)
+        from harmony.analysis import checks_jit  # numba: loaded only when this path runs
+        rows = checks_jit.dark_switches(switch, cpu, cp, pid, int(cpu.max()) + 1, n_pids)
         return _contexts(events, rows, pid[rows], cpu[rows])
     idx = np.flatnonzero(switch)
     del switch

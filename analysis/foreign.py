@@ -9,10 +9,12 @@ Needs events: sched_switch.
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import event_mask, in_set
+from harmony.analysis.arrays import TABLE_KEYS_MAX, event_mask, in_set, key_table
 from harmony.analysis.reconstruct import NS
 from harmony.analysis.tables import FOREIGN_LOAD
 
@@ -34,6 +36,11 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     """
     t0, t_end = int(t0), int(t_end)
     window = (t_end - t0) / NS
+    pids = tasks["pid"].to_numpy()
+    own = np.asarray(list(controller_tids), dtype=np.int64)
+    unique = sorted(set(int(c) for c in cpus))
+    if _compiled_fits(events, pids, own, unique):
+        return _foreign_compiled(events, pids, own, unique, t0, t_end, window)
     # each CPU's switches: their rows (as narrow as the table allows), in time order; the
     # columns are read one CPU's rows at a time, never gathered for every switch at once (at
     # 10 M events those gathers, ~300 MB, were the checks' peak)
@@ -47,10 +54,8 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     at = switches[order]
     del switches, order
     ts_col, nxt_col, prev_col = (events[c].to_numpy() for c in ("ts", "pid", "prev_pid"))
-    pids = tasks["pid"].to_numpy()
-    own = np.asarray(list(controller_tids), dtype=np.int64)
     rows = []
-    for cpu in sorted(set(int(c) for c in cpus)):
+    for cpu in unique:
         a, b = np.searchsorted(cpu_sorted, _as_column(cpu_sorted, [cpu, cpu + 1]))
         if a == b:
             rows.append((cpu, window, np.nan, np.nan, np.nan, np.nan, np.nan, ""))
@@ -76,6 +81,55 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
                             dur)
         rows.append((cpu, window, float(dur[is_exp].sum()), float(dur[is_own].sum()), foreign_s,
                      float(dur[is_idle].sum()), foreign_s / window if window > 0 else np.nan, top))
+    return FOREIGN_LOAD.from_rows(rows)
+
+
+#: events from which the compiled pass (:func:`harmony.analysis.checks_jit.cpu_time`) is worth
+#: loading numba in a new process, as the other checks'; once numba is loaded (the decoder
+#: loads it for large traces) it is used whatever the size
+JIT_MIN_EVENTS = 8_000_000
+
+
+def _compiled_fits(events: pd.DataFrame, pids: np.ndarray, own: np.ndarray,
+                   cpus: list[int]) -> bool:
+    """The compiled pass runs: its time has come (:func:`harmony.core.jit.use_compiled`), the
+    comms are categorical (their codes read as they are) and the pids and CPUs fit key tables."""
+    from harmony.core.jit import use_compiled
+    return (use_compiled(len(events), JIT_MIN_EVENTS) and bool(cpus)
+            and all(isinstance(events[c].dtype, pd.CategoricalDtype)
+                    for c in ("comm", "prev_comm"))
+            and all(len(k) == 0 or (0 <= int(np.min(k)) and int(np.max(k)) < TABLE_KEYS_MAX)
+                    for k in (pids, own, np.asarray(cpus))))
+
+
+def _foreign_compiled(events: pd.DataFrame, pids: np.ndarray, own: np.ndarray, cpus: list[int],
+                      t0: int, t_end: int, window: float) -> pd.DataFrame:
+    """df_foreign_load's table by one compiled pass over the events (no array as long as the
+    switches), the time summed in ns: the same table, its sums exact rather than of floats."""
+    from harmony.analysis import checks_jit  # numba: loaded only when this path runs
+    comm, prev_comm = events["comm"], events["prev_comm"]
+    names = np.append(np.asarray(comm.cat.categories.astype(str), dtype=object), "nan")
+    prev_names = np.append(np.asarray(prev_comm.cat.categories.astype(str), dtype=object), "nan")
+    first, spent, first_foreign, by_comm = checks_jit.cpu_time(
+        event_mask(events, "sched_switch"), events["cpu"].to_numpy(), events["ts"].to_numpy(),
+        events["pid"].to_numpy(), events["prev_pid"].to_numpy(), comm.cat.codes.to_numpy(),
+        key_table(cpus), len(cpus), t0, t_end, key_table(pids), key_table(own),
+        len(names) - 1)
+    prev_codes = prev_comm.cat.codes.to_numpy()
+    rows = []
+    for j, cpu in enumerate(cpus):
+        if first[j] < 0:
+            rows.append((cpu, window, np.nan, np.nan, np.nan, np.nan, np.nan, ""))
+            continue
+        by_name = collections.Counter()
+        by_name[str(prev_names[prev_codes[first[j]]])] += int(first_foreign[j])
+        for k in np.flatnonzero(by_comm[j]):
+            by_name[str(names[k])] += int(by_comm[j, k])
+        best = max(by_name.values())
+        top = "" if best <= 0 else min(n for n, v in by_name.items() if v == best)
+        exp_s, own_s, foreign_s, idle_s = (int(x) / NS for x in spent[j])
+        rows.append((cpu, window, exp_s, own_s, foreign_s, idle_s,
+                     foreign_s / window if window > 0 else np.nan, top))
     return FOREIGN_LOAD.from_rows(rows)
 
 

@@ -39,7 +39,7 @@ import numpy as np
 #: the modules whose kernels are compiled (each ``numba.njit(cache=True)``)
 KERNEL_MODULES = ("harmony.probes.ringbuf_jit", "harmony.analysis.taskstate_jit",
                   "harmony.analysis.reconstruct_jit", "harmony.analysis.causes_jit",
-                  "harmony.analysis.crosscheck_jit", "harmony.analysis.cost_jit",
+                  "harmony.analysis.checks_jit", "harmony.analysis.cost_jit",
                   "harmony.importer_jit", "harmony.probes.perf_read_jit")
 
 
