@@ -49,8 +49,8 @@ def test_write_table_reads_back_as_pandas_own_writer(tmp_path, monkeypatch, rows
 
 
 @pytest.mark.parametrize("chunk", [1 << 20, 1000])
-def test_write_table_delta_encodes_int64_and_dictionary_encodes_the_rest(tmp_path, monkeypatch,
-                                                                         chunk):
+def test_write_table_encodes_int64_by_delta_narrow_ints_split_the_rest_by_dictionary(
+        tmp_path, monkeypatch, chunk):
     monkeypatch.setattr(store, "WRITE_CHUNK_ROWS", chunk)   # 1000: row group by row group
     df = _frame(3000)
     df["end"] = pd.array(np.where(np.arange(3000) % 5, df["ts"] + 7, 0), dtype="Int64")
@@ -67,7 +67,9 @@ def test_write_table_delta_encodes_int64_and_dictionary_encodes_the_rest(tmp_pat
         assert [c for c, has in stats.items() if has] == ["ts", "end"]
         for name in ("ts", "end"):
             assert "DELTA_BINARY_PACKED" in enc[name] and "RLE_DICTIONARY" not in enc[name]
-        for name in ("cpu", "pid", "event", "comm"):
+        for name in ("cpu", "pid"):             # narrow integers: split, no dictionary
+            assert "BYTE_STREAM_SPLIT" in enc[name] and "RLE_DICTIONARY" not in enc[name]
+        for name in ("event", "comm"):
             assert "RLE_DICTIONARY" in enc[name], (name, enc[name])
         assert "RLE_DICTIONARY" not in enc["share"]
 
