@@ -61,6 +61,13 @@ TABLE_KEYS_MAX = 1 << 24
 TABLE_MIN_SLOTS = 1 << 16
 
 
+def keys_fit(*keys) -> bool:
+    """Every one of ``keys`` (arrays or lists of integers) fits a :func:`key_table`: none below 0
+    or of TABLE_KEYS_MAX or more (the compiled passes' condition for one)."""
+    return all(len(k) == 0 or (0 <= int(np.min(k)) and int(np.max(k)) < TABLE_KEYS_MAX)
+               for k in keys)
+
+
 def key_table(keys, dtype=np.int32) -> np.ndarray:
     """A look-up table of ``keys`` (integers in [0, TABLE_KEYS_MAX)): slot v + 1 holds v's
     position in ``keys`` (the first, if it repeats), every other slot -1; slot 0 stands for any

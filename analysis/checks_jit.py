@@ -16,6 +16,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from harmony.analysis.taskstate_jit import looked_up
+
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def dark_switches(switch, cpu, common_pid, pid, n_cpus, n_pids):
@@ -56,17 +58,6 @@ def dark_switches(switch, cpu, common_pid, pid, n_cpus, n_pids):
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _member(table, v):
-    """Whether ``v`` is a key of the key table ``table`` (clipped at both ends)."""
-    i = np.int64(v) + 1
-    if i < 0:
-        i = 0
-    elif i >= table.shape[0]:
-        i = table.shape[0] - 1
-    return table[i] >= 0
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
 def cpu_time(switch, cpu, ts, pid, prev_pid, comm, slot, n, t0, t_end, experiment, own,
              n_names):
     """Each of the ``n`` CPUs of ``slot`` (a key table: CPU -> 0..n-1): the time in ns of
@@ -90,13 +81,7 @@ def cpu_time(switch, cpu, ts, pid, prev_pid, comm, slot, n, t0, t_end, experimen
     for i in range(switch.shape[0]):
         if not switch[i]:
             continue
-        c = cpu[i]
-        k = np.int64(c) + 1
-        if k < 0:
-            k = 0
-        elif k >= slot.shape[0]:
-            k = slot.shape[0] - 1
-        j = slot[k]
+        j = looked_up(slot, cpu[i])
         if j < 0:
             continue
         t = min(max(np.int64(ts[i]), t0), t_end)
@@ -122,8 +107,8 @@ def cpu_time(switch, cpu, ts, pid, prev_pid, comm, slot, n, t0, t_end, experimen
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _add(spent, j, who, d, experiment, own):
     """Count ``d`` ns of CPU j's time to ``who``'s classes; whether it was foreign."""
-    is_exp = _member(experiment, who)
-    is_own = _member(own, who)
+    is_exp = looked_up(experiment, who) >= 0
+    is_own = looked_up(own, who) >= 0
     if who == 0:
         spent[j, 3] += d
     if is_exp:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from harmony.analysis import tables
 from harmony.analysis import thresholds as T
-from harmony.analysis.arrays import TABLE_KEYS_MAX, event_mask, in_set, index_of, key_table
+from harmony.analysis.arrays import event_mask, in_set, index_of, key_table, keys_fit
 from harmony.analysis.causes import CAUSES, cause_counts
 from harmony.analysis.metrics import jain_index
 from harmony.analysis.reconstruct import NS, class_fair_shares
@@ -130,12 +130,6 @@ def _records_near(ts: np.ndarray, pid: np.ndarray, periods) -> np.ndarray | None
     return np.repeat(first - np.cumsum(n) + n, n) + np.arange(n.sum())
 
 
-def _keys_fit(*keys) -> bool:
-    """Every one of ``keys`` (arrays of integers) fits a look-up table (:func:`key_table`)."""
-    return all(len(k) == 0 or (0 <= int(np.min(k)) and int(np.max(k)) < TABLE_KEYS_MAX)
-               for k in keys)
-
-
 def _waiting_changes(events: pd.DataFrame, tasks: pd.DataFrame, cpus: list[int],
                      periods) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(ts, k, change): +1 when an experiment task free to move (not pinned) starts waiting
@@ -149,7 +143,7 @@ def _waiting_changes(events: pd.DataFrame, tasks: pd.DataFrame, cpus: list[int],
     free = pids[~tasks["pinned"].to_numpy().astype(bool)] if "pinned" in tasks.columns else pids
     r = task_records(events, pids)
     at = _records_near(r["ts"].to_numpy(), r["pid"].to_numpy(), periods)
-    if at is None and use_compiled(len(events), JIT_MIN_EVENTS) and _keys_fit(free, cpus):
+    if at is None and use_compiled(len(events), JIT_MIN_EVENTS) and keys_fit(free, cpus):
         from harmony.analysis import cost_jit  # numba: loaded only when this path runs
         return cost_jit.waits(*(r[c].to_numpy() for c in ("pid", "ts", "cpu_after",
                                                           "runnable_after", "running_after")),
@@ -187,7 +181,7 @@ def idle_spells(events: pd.DataFrame, cpus) -> IdleSpells:
     task records are made: the pipeline does, so that their temporaries (~70 MB at 5.1 M events
     of a ping-pong) never share the memory with the records."""
     unique = tuple(sorted(set(int(c) for c in cpus)))
-    if unique and use_compiled(len(events), JIT_MIN_EVENTS) and _keys_fit(unique):
+    if unique and use_compiled(len(events), JIT_MIN_EVENTS) and keys_fit(unique):
         # one compiled pass for every CPU, no mask or list of rows as long as the events
         from harmony.analysis import cost_jit  # numba: loaded only when this path runs
         cols = (events[c].to_numpy() for c in ("cpu", "ts"))

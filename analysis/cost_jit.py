@@ -14,6 +14,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from harmony.analysis.taskstate_jit import looked_up
+
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _next(ts, heads, stops):
@@ -101,18 +103,6 @@ def episodes(ts, src, change, bounds, first, lvl0, n, slot, t0, t_end, cpu, star
 
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
-def _looked_up(table, v):
-    """``table``'s slot of the value ``v`` (a :func:`harmony.analysis.arrays.key_table`: clipped
-    at both ends, -1 for a value that is no key)."""
-    i = np.int64(v) + 1
-    if i < 0:
-        i = 0
-    elif i >= table.shape[0]:
-        i = table.shape[0] - 1
-    return table[i]
-
-
-@numba.njit(cache=True, nogil=True, boundscheck=False)
 def waits(pid, ts, cpu, runnable, running, free, slot):
     """The changes of tasks waiting of the task records ``pid``/``ts``/``cpu`` (the CPU after
     the record)/``runnable``/``running`` (after it), by task and in time order, as
@@ -125,8 +115,8 @@ def waits(pid, ts, cpu, runnable, running, free, slot):
     began = 0
     ended = 0
     for i in range(n):
-        if (runnable[i] and not running[i] and _looked_up(free, pid[i]) >= 0
-                and _looked_up(slot, cpu[i]) >= 0):
+        if (runnable[i] and not running[i] and looked_up(free, pid[i]) >= 0
+                and looked_up(slot, cpu[i]) >= 0):
             began += 1
             if i + 1 < n and pid[i + 1] == pid[i]:
                 ended += 1
@@ -136,9 +126,9 @@ def waits(pid, ts, cpu, runnable, running, free, slot):
     b = 0
     e = began
     for i in range(n):
-        if not runnable[i] or running[i] or _looked_up(free, pid[i]) < 0:
+        if not runnable[i] or running[i] or looked_up(free, pid[i]) < 0:
             continue
-        k = _looked_up(slot, cpu[i])
+        k = looked_up(slot, cpu[i])
         if k < 0:
             continue
         out_ts[b] = ts[i]
@@ -181,7 +171,7 @@ def idle_changes(cpu, ts, switch, pid, prev_pid, common_pid, slot, n):
             to_idle_row[:] = -1
             heard_idle[:] = -1
         for i in range(cpu.shape[0]):
-            j = _looked_up(slot, cpu[i])
+            j = looked_up(slot, cpu[i])
             if j < 0:
                 continue
             sw = switch[i]

@@ -14,7 +14,7 @@ import collections
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import TABLE_KEYS_MAX, event_mask, in_set, key_table
+from harmony.analysis.arrays import event_mask, in_set, key_table, keys_fit
 from harmony.analysis.reconstruct import NS
 from harmony.analysis.tables import FOREIGN_LOAD
 
@@ -98,8 +98,7 @@ def _compiled_fits(events: pd.DataFrame, pids: np.ndarray, own: np.ndarray,
     return (use_compiled(len(events), JIT_MIN_EVENTS) and bool(cpus)
             and all(isinstance(events[c].dtype, pd.CategoricalDtype)
                     for c in ("comm", "prev_comm"))
-            and all(len(k) == 0 or (0 <= int(np.min(k)) and int(np.max(k)) < TABLE_KEYS_MAX)
-                    for k in (pids, own, np.asarray(cpus))))
+            and keys_fit(pids, own, cpus))
 
 
 def _foreign_compiled(events: pd.DataFrame, pids: np.ndarray, own: np.ndarray, cpus: list[int],
