@@ -102,6 +102,11 @@ def release_spread(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, released:
 #: the rows a search for the first wake-ups reads first; each next window is 4x the last (the
 #: tasks released at t0 wake within a few events of it: one window, not the whole trace)
 FIRST_WINDOW = 1 << 12
+#: the longest window: a task that first wakes long after t0 (an import's, chosen by its comm)
+#: is searched for in windows of at most this many rows, whose masks and row lists are the
+#: search's memory (in windows growing to the whole trace: +18-29 MB at 5.1 M events, beside
+#: the import's runs, where its memory peaks)
+FIRST_WINDOW_MOST = 1 << 20
 
 
 def _first_wakeups(events: pd.DataFrame, pids: np.ndarray, start: int,
@@ -119,7 +124,7 @@ def _first_wakeups(events: pd.DataFrame, pids: np.ndarray, start: int,
     found: list[np.ndarray] = []
     seen = np.zeros(0, pid.dtype)
     want = len(np.unique(pids))
-    for lo, hi in growing_windows(bound, len(ts), FIRST_WINDOW):
+    for lo, hi in growing_windows(bound, len(ts), FIRST_WINDOW, FIRST_WINDOW_MOST):
         if len(seen) == want:
             break
         rows = lo + np.flatnonzero(event_mask(events.iloc[lo:hi], "sched_wakeup",

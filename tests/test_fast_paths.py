@@ -924,11 +924,13 @@ def _reference_release_spread(events, tasks, t0, released, warmup=None):
 def test_the_release_checks_match_the_code_they_replaced(seed, monkeypatch):
     """Cold and warm, with and without the released marker, ties of time, a task never woken,
     t0 before, inside and after the trace, and events out of time order (read whole); windows
-    of a few rows (read in many) or of the default size."""
+    of a few rows (read in many) or of the default size, growing or not past a few rows."""
     from harmony.analysis import release
     from harmony.analysis.release import release_spread
     if seed % 2:
         monkeypatch.setattr(release, "FIRST_WINDOW", 3)
+    if seed % 4 == 3:
+        monkeypatch.setattr(release, "FIRST_WINDOW_MOST", 5)    # windows that stop growing
     events = random_events(seed, n=int(np.random.default_rng(seed).integers(50, 6000)), pids=14)
     rng = np.random.default_rng(seed)
     if seed % 4 == 1:
