@@ -442,10 +442,16 @@ def df_ideal(allocation: pd.DataFrame, tasks: pd.DataFrame, ncpus: int,
     mid = a["t"].to_numpy(np.float64) + a["window_s"].to_numpy(np.float64) / 2
     pos = pd.Index(tasks["pid"].to_numpy()).get_indexer(a["pid"].to_numpy())
     ideal = np.zeros(len(a))
+    # the demands change only where a task's duty is cut or it stops: the windows of one set of
+    # demands share one computation (96 windows of a 10 M-event import: 0.10 -> 0.01 s)
+    shares: dict[bytes, np.ndarray] = {}
     for w in np.unique(win):
         sel = np.flatnonzero(win == w)
-        t = tasks.assign(duty=_demand_at(tasks, float(mid[sel[0]])) * 100.0)
-        ideal[sel] = class_fair_shares(t, ncpus, rt_share)[pos[sel]]
+        demand = _demand_at(tasks, float(mid[sel[0]]))
+        key = demand.tobytes()
+        if key not in shares:
+            shares[key] = class_fair_shares(tasks.assign(duty=demand * 100.0), ncpus, rt_share)
+        ideal[sel] = shares[key][pos[sel]]
     share = a["share"].to_numpy(np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         slowdown = np.where(ideal > 0, ideal / share, np.nan)
