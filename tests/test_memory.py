@@ -153,6 +153,19 @@ def test_a_new_prefault_stops_the_previous_one():
     assert not second.is_alive() and memory._prefaults == []
 
 
+def test_stop_prefault_passes_over_a_thread_whose_start_was_interrupted(monkeypatch):
+    """A Ctrl-C inside prefault_heap's thread.start() leaves a thread registered that never ran:
+    stopping the prefaults then must not try to join it (RuntimeError: a run stopped by Ctrl-C
+    exited 1 instead of 130)."""
+    import threading
+    from harmony.core import memory
+    never = threading.Thread(target=lambda: None, daemon=True)
+    stop = threading.Event()
+    monkeypatch.setattr(memory, "_prefaults", [(never, stop)])
+    memory.stop_prefault()
+    assert stop.is_set() and memory._prefaults == []
+
+
 DESCRIBE = ("import json\nfrom harmony.core import memory\nmemory.tune_allocations()\n"
             "ok, detail = memory.describe()\n"
             "print(json.dumps([ok, detail, memory.prefault_heap(128 << 20) is not None]))")

@@ -172,7 +172,8 @@ def entry() -> None:
     from harmony.core import jit
     jit.shutdown_pool()
     for t in threading.enumerate():
-        if t is not threading.current_thread() and not t.daemon:
+        # not a thread whose start a Ctrl-C interrupted (enumerated, never run: join raises)
+        if t is not threading.current_thread() and not t.daemon and t.is_alive():
             t.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -165,7 +165,8 @@ def stop_prefault() -> None:
     while _prefaults:
         thread, stop = _prefaults.pop()
         stop.set()
-        thread.join()
+        if thread.is_alive():   # not one whose start a Ctrl-C interrupted: it never ran
+            thread.join()
 
 
 _prefaults: list[tuple[threading.Thread, threading.Event]] = []
