@@ -257,10 +257,15 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
             on_side_thread(importlib.import_module, "harmony.analysis.plots")
         step(f"{cap.meta.get('n_events', len(cap.events)):,} events: rebuilding the tables of "
              f"{len(tasks)} tasks")
-        # a large events table is written while the runs are built and the checks run: once
-        # the task records are freed, so that Arrow's copies of its row groups never share the
-        # memory with the records (derive_tables)
+        # a large events table is written while the tables are built and the checks run. It
+        # waited for the task records to be freed while Arrow copied a row group of 1 M rows
+        # (~40 MB beside the records); in row groups of 256 K (store.WRITE_CHUNK_ROWS) it starts
+        # now, in the CPU time the tables' kernels leave: whole imports of 10.25 M events took
+        # 4.06-4.14 s against 4.27-4.38, of 5.12 M 2.88-3.01 s against 3.05-3.17, peaking 2-11
+        # MiB higher there (3 interleaved pairs each, 2026-12-05)
         early = len(cap.events) >= BACKGROUND_WRITE_ROWS
+        if early:
+            writing.append(in_background(store.write_table, out, "events", cap.events))
 
         def records_freed():
             # the checks that read the capture alone, on the side thread, beside the runs once
@@ -271,8 +276,6 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
             nonlocal checking
             checking = on_side_thread(capture_checks, cap, tasks, manifest["cpus"], window,
                                       origin)
-            if early:
-                writing.append(in_background(store.write_table, out, "events", cap.events))
 
         tables, wasted = derive_tables(
             cap, tasks, manifest["cpus"], window, manifest["params"]["window_s"],
@@ -370,8 +373,7 @@ def derive_tables(cap: Capture, tasks: pd.DataFrame, cpus, window: Window, windo
     (peak 2003 -> 1755 MiB). Built one after the other, not on two threads as
     :func:`reconstruct.df_core` does (the whole import: 1.04x the time; the events' Parquet
     written meanwhile takes the other CPU). ``records_freed``, if given, is called once the
-    records are freed (the pipeline starts the capture's checks and the events' Parquet file
-    there)."""
+    records are freed (the pipeline starts the capture's checks there)."""
     t0, t_end = window.t0, window.end
     events = cap.events
     # the CPUs' idle spells, which the wasted time reads, before the task records exist: their
