@@ -45,6 +45,19 @@ def test_an_idle_cpu_while_a_task_waits_elsewhere_is_found():
     assert w.attrs["wasted_cpu_s"] == pytest.approx(0.005)
 
 
+def test_idle_spells_found_first_give_the_same_table_and_the_records_are_released_once():
+    """The pipeline finds the CPUs' idle spells before the task records exist and frees the
+    records when df_wasted has read them: the same table; spells of other CPUs are refused."""
+    ev = idle_while_b_waits(5)
+    read = []
+    w = cost.df_wasted(ev, tasks(), [1, 0, 1], 0, 50 * MS, idle=cost.idle_spells(ev, [0, 1]),
+                       records_read=lambda: read.append(True))
+    pd.testing.assert_frame_equal(w, cost.df_wasted(ev, tasks(), [1, 0, 1], 0, 50 * MS))
+    assert read == [True]
+    with pytest.raises(ValueError, match="idle spells of CPUs"):
+        cost.df_wasted(ev, tasks(), [0, 1], 0, 50 * MS, idle=cost.idle_spells(ev, [0]))
+
+
 def test_a_pinned_task_waiting_elsewhere_wastes_nothing():
     w = cost.df_wasted(idle_while_b_waits(5), tasks(pinned=(False, True, False)), [0, 1], 0,
                        50 * MS)
