@@ -16,8 +16,6 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from harmony.analysis.taskstate_jit import looked_up
-
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def dark_switches(switch, cpu, common_pid, pid, n_cpus, n_pids):
@@ -78,10 +76,13 @@ def cpu_time(switch, cpu, ts, pid, prev_pid, comm, slot, n, t0, t_end, experimen
     last = np.zeros(n, np.int64)        # the CPU's last switch: clipped time, next task, comm
     owner = np.zeros(n, np.int64)
     code = np.zeros(n, np.int64)
+    top = slot.shape[0] - 1
     for i in range(switch.shape[0]):
         if not switch[i]:
             continue
-        j = looked_up(slot, cpu[i])
+        # the clipped look-up written out: numba calls a helper per row, not inlined (see
+        # harmony.importer_jit.where_at)
+        j = slot[max(min(np.int64(cpu[i]) + 1, top), 0)]
         if j < 0:
             continue
         t = min(max(np.int64(ts[i]), t0), t_end)
@@ -107,8 +108,8 @@ def cpu_time(switch, cpu, ts, pid, prev_pid, comm, slot, n, t0, t_end, experimen
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _add(spent, j, who, d, experiment, own):
     """Count ``d`` ns of CPU j's time to ``who``'s classes; whether it was foreign."""
-    is_exp = looked_up(experiment, who) >= 0
-    is_own = looked_up(own, who) >= 0
+    is_exp = experiment[max(min(who + 1, experiment.shape[0] - 1), 0)] >= 0
+    is_own = own[max(min(who + 1, own.shape[0] - 1), 0)] >= 0
     if who == 0:
         spent[j, 3] += d
     if is_exp:

@@ -14,8 +14,6 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from harmony.analysis.taskstate_jit import looked_up
-
 
 @numba.njit(cache=True, nogil=True, boundscheck=False)
 def _next(ts, heads, stops):
@@ -114,9 +112,13 @@ def waits(pid, ts, cpu, runnable, running, free, slot):
     n = pid.shape[0]
     began = 0
     ended = 0
+    # the clipped look-ups written out: numba calls a helper per row, not inlined (see
+    # harmony.importer_jit.where_at)
+    top_free, top_slot = free.shape[0] - 1, slot.shape[0] - 1
     for i in range(n):
-        if (runnable[i] and not running[i] and looked_up(free, pid[i]) >= 0
-                and looked_up(slot, cpu[i]) >= 0):
+        if (runnable[i] and not running[i]
+                and free[max(min(np.int64(pid[i]) + 1, top_free), 0)] >= 0
+                and slot[max(min(np.int64(cpu[i]) + 1, top_slot), 0)] >= 0):
             began += 1
             if i + 1 < n and pid[i + 1] == pid[i]:
                 ended += 1
@@ -126,9 +128,9 @@ def waits(pid, ts, cpu, runnable, running, free, slot):
     b = 0
     e = began
     for i in range(n):
-        if not runnable[i] or running[i] or looked_up(free, pid[i]) < 0:
+        if not runnable[i] or running[i] or free[max(min(np.int64(pid[i]) + 1, top_free), 0)] < 0:
             continue
-        k = looked_up(slot, cpu[i])
+        k = slot[max(min(np.int64(cpu[i]) + 1, top_slot), 0)]
         if k < 0:
             continue
         out_ts[b] = ts[i]
@@ -158,6 +160,7 @@ def idle_changes(cpu, ts, switch, pid, prev_pid, common_pid, slot, n):
     n_ends = np.zeros(n + 1, np.int64)
     starts = np.empty(0, np.int64)
     ends = np.empty(0, np.int64)
+    top = slot.shape[0] - 1
     for p in range(2):
         if p == 1:
             for j in range(n):              # counts -> offsets
@@ -171,7 +174,7 @@ def idle_changes(cpu, ts, switch, pid, prev_pid, common_pid, slot, n):
             to_idle_row[:] = -1
             heard_idle[:] = -1
         for i in range(cpu.shape[0]):
-            j = looked_up(slot, cpu[i])
+            j = slot[max(min(np.int64(cpu[i]) + 1, top), 0)]     # written out: see waits
             if j < 0:
                 continue
             sw = switch[i]
