@@ -108,3 +108,22 @@ def mark(values, seen, lo, hi):
     for i in range(lo, hi):
         v = values[i]
         seen[v if v >= 0 else last] = True
+
+
+@_jit
+def prio_counts(p, q, table, counts):
+    """counts[table[p] + q] += 1 for every row (``table`` looked up clipped at both ends, written
+    out: see :func:`where_at`): importer._prio_counts's count of each (task, prio) in one pass,
+    with no chunk of offsets and no bincount of it."""
+    top = table.shape[0] - 1
+    for i in range(p.shape[0]):
+        counts[table[max(min(np.int64(p[i]), top), 0)] + q[i]] += 1
+
+
+@_jit
+def mark_pairs(p, c, width, seen):
+    """seen[(p + 1) * width + c + 1] = True for every row: importer._pairs's mark of each (pid,
+    comm code) in one pass (every p >= -1 and c >= -1, and the table as large as they need: the
+    caller's)."""
+    for i in range(p.shape[0]):
+        seen[(np.int64(p[i]) + 1) * width + np.int64(c[i]) + 1] = True
