@@ -26,10 +26,8 @@ def _jit(fn):
 
 
 @_jit
-def looked_up(table, v):
-    """The slot of the value ``v`` in a :func:`harmony.analysis.arrays.key_table` (table[v + 1],
-    clipped at both ends; -1: not a key): here a pid's dense task index (-1: not an experiment
-    task). The compiled passes of other modules look their key tables up with it too."""
+def _task(table, v):
+    """Dense task index of pid ``v`` (-1: not an experiment task); table[v + 1], clipped."""
     i = np.int64(v) + 1
     if i < 0:
         i = 0
@@ -59,20 +57,20 @@ def emit(codes, lut, pid, prev_pid, table, rows, task, rec):
         if kd < 0:
             continue
         if kd == SWITCH:
-            t = looked_up(table, prev_pid[e])
+            t = _task(table, prev_pid[e])
             if t >= 0:
                 rows[k] = e
                 task[k] = t
                 rec[k] = SWITCH_OUT_RUNNABLE
                 k += 1
-            t = looked_up(table, pid[e])
+            t = _task(table, pid[e])
             if t >= 0:
                 rows[k] = e
                 task[k] = t
                 rec[k] = SWITCH_IN
                 k += 1
         else:
-            t = looked_up(table, pid[e])
+            t = _task(table, pid[e])
             if t >= 0:
                 rows[k] = e
                 task[k] = t
