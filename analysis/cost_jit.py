@@ -184,25 +184,20 @@ def idle_changes(cpu, ts, switch, pid, prev_pid, common_pid, slot, n):
             if not sw and common_pid[i] <= 0:
                 continue                    # no row that sets the CPU's state
             to_idle = sw and pid[i] == 0
-            continues = False
+            end = -1                                # the row the CPU's spell ends at, if one
             if idle_before[j]:
                 if not sw or prev_pid[i] != 0:      # the CPU shown busy: the spell cut short
                     end = max(heard_idle[j], to_idle_row[j])
+                elif not to_idle:                   # idle to idle: the spell goes on
+                    end = i
+                if end >= 0:
                     if p == 0:
                         n_ends[j + 1] += 1
                     else:
                         ends[put_e[j]] = ts[end]
                         put_e[j] += 1
-                elif to_idle:
-                    continues = True                # idle to idle: the spell goes on
-                else:
-                    if p == 0:
-                        n_ends[j + 1] += 1
-                    else:
-                        ends[put_e[j]] = ts[i]
-                        put_e[j] += 1
             if to_idle:
-                if not continues:
+                if end >= 0 or not idle_before[j]:  # not a spell going on
                     if p == 0:
                         n_starts[j + 1] += 1
                     else:
