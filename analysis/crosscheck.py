@@ -12,7 +12,7 @@ import collections
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.causes import unrecorded_moves
+from harmony.analysis.causes import JIT_MIN_EVENTS, unrecorded_moves
 from harmony.analysis.arrays import TABLE_KEYS_MAX, event_mask, in_set, index_of, sorted_unique
 from harmony.analysis.reconstruct import runqueue_steps, steps_at, steps_by_cpu
 from harmony.core.jit import use_compiled
@@ -182,13 +182,6 @@ def _range_min_max(values: np.ndarray, a: np.ndarray, b: np.ndarray,
 
 # ------------------------------------------------------------------------------------------------
 # completeness of one probe's event stream, judged by the stream itself
-
-#: events from which the compiled pass of :func:`silent_contexts`
-#: (:mod:`harmony.analysis.checks_jit`) is worth loading numba in a new process, as the
-#: other checks' (:data:`harmony.analysis.causes.JIT_MIN_EVENTS`); once numba is loaded (the
-#: decoder loads it for large traces) it is used whatever the size
-JIT_MIN_EVENTS = 8_000_000
-
 
 def silent_contexts(events: pd.DataFrame) -> list[dict]:
     """Tasks a probe saw run and leave a CPU, yet recorded no event in the context of.

@@ -15,8 +15,10 @@ import numpy as np
 import pandas as pd
 
 from harmony.analysis.arrays import event_mask, in_set, key_table, keys_fit
+from harmony.analysis.causes import JIT_MIN_EVENTS
 from harmony.analysis.reconstruct import NS
 from harmony.analysis.tables import FOREIGN_LOAD
+from harmony.core.jit import use_compiled
 
 
 def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
@@ -84,17 +86,11 @@ def df_foreign_load(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     return FOREIGN_LOAD.from_rows(rows)
 
 
-#: events from which the compiled pass (:func:`harmony.analysis.checks_jit.cpu_time`) is worth
-#: loading numba in a new process, as the other checks'; once numba is loaded (the decoder
-#: loads it for large traces) it is used whatever the size
-JIT_MIN_EVENTS = 8_000_000
-
-
 def _compiled_fits(events: pd.DataFrame, pids: np.ndarray, own: np.ndarray,
                    cpus: list[int]) -> bool:
     """The compiled pass runs: its time has come (:func:`harmony.core.jit.use_compiled`), the
-    comms are categorical (their codes read as they are) and the pids and CPUs fit key tables."""
-    from harmony.core.jit import use_compiled
+    comms are categorical (their codes read as they are) and the pids and CPUs fit key tables.
+    From as many events as the other checks' passes (:data:`causes.JIT_MIN_EVENTS`)."""
     return (use_compiled(len(events), JIT_MIN_EVENTS) and bool(cpus)
             and all(isinstance(events[c].dtype, pd.CategoricalDtype)
                     for c in ("comm", "prev_comm"))

@@ -53,8 +53,7 @@ def kernels() -> dict[str, object]:
     for name in KERNEL_MODULES:
         mod = importlib.import_module(name)
         for attr, obj in vars(mod).items():
-            if (hasattr(obj, "stats") and getattr(obj, "targetoptions", {}).get("nogil")
-                    and obj.py_func.__module__ == name):        # not one another module's
+            if hasattr(obj, "stats") and getattr(obj, "targetoptions", {}).get("nogil"):
                 out[f"{name}.{attr}"] = obj
     return out
 
