@@ -105,6 +105,28 @@ def release_mapped(arr: np.ndarray, lo: int, hi: int) -> bool:
     return libc is not None and libc.madvise(arr.ctypes.data + lo, hi - lo, _MADV_DONTNEED) == 0
 
 
+def anonymous_array(shape: tuple | int, dtype) -> np.ndarray:
+    """A zeroed array of its own anonymous mapping, not of the heap: its pages are the kernel's
+    only once written, and given back to it when the array goes (the heap keeps freed memory for
+    the next arrays: what a reader frees there, between arrays it keeps, is resident and often
+    too small for them)."""
+    shape = (shape,) if isinstance(shape, int) else shape
+    count = int(np.prod(shape))
+    n = count * np.dtype(dtype).itemsize
+    return np.frombuffer(mmap.mmap(-1, max(n, 1)), dtype, count=count).reshape(shape)
+
+
+def drop_pages(arr: np.ndarray) -> None:
+    """Give the whole pages of ``arr`` (contiguous, never read again) back to the kernel
+    (``madvise(MADV_DONTNEED)``: anonymous memory reads as zeros after it), while the array
+    itself is freed only with the rest of its allocation."""
+    base = arr.ctypes.data
+    lo = -(-base // mmap.PAGESIZE) * mmap.PAGESIZE
+    hi = (base + arr.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+    if hi > lo:
+        release_mapped(arr, lo - base, hi - base)
+
+
 #: file systems whose files are memory: a scratch file there saves no memory
 _MEMORY_FS = ("tmpfs", "ramfs")
 

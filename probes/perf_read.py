@@ -23,14 +23,16 @@ include/uapi/linux/perf_event.h)::
              the recorded tracepoints; :func:`harmony.probes.tracedat_read.read_tracing_data`),
              OSRELEASE (4), NRCPUS (7), EVENT_DESC (12: each attr again, with its name and ids)
 
-The records are found by one walk over the data section (a compiled kernel for large files,
-:mod:`harmony.probes.perf_read_jit`; a Python loop over the record headers below that), every
-sample's fields then read with numpy at positions computed per attr, and the RAW payloads decoded
-by the ring-buffer decoder (:func:`harmony.probes.ringbuf_decode.decode_source`) with the formats
-from the file: the same column rules as a trace.dat's. The records are merged in time order, the
-events of one instant by CPU, each CPU's in file order (:func:`by_time_then_cpu`): the order of
-every Harmony events table (``perf script`` prints such ties in file order). The file is
-memory-mapped, never read whole.
+The data section is read a slab at a time (:data:`SLAB_BYTES` of whole records, read into memory
+the reader keeps: the file is never mapped nor read whole). In each slab the records are found by
+one walk (a compiled kernel for large files, :mod:`harmony.probes.perf_read_jit`; a Python loop
+over the record headers below that), every sample's fields then read with numpy at positions
+computed per attr, and the RAW payloads decoded by the ring-buffer decoder
+(:func:`harmony.probes.ringbuf_decode.decode_source`) with the formats from the file: the same
+column rules as a trace.dat's. The samples are put in time order, the events of one instant by
+CPU, each CPU's in file order (:func:`by_time_then_cpu`): the order of every Harmony events table
+(``perf script`` prints such ties in file order); the slabs' events are written one after the
+other, and put in that order where two slabs overlap in time (:class:`_Rows`).
 
 Everything wrong with a file raises :class:`~harmony.probes.base.TraceCorrupt`, one line naming it.
 """
@@ -38,7 +40,6 @@ Everything wrong with a file raises :class:`~harmony.probes.base.TraceCorrupt`, 
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import os
 import struct
 from array import array
@@ -49,12 +50,12 @@ import pandas as pd
 
 from harmony.core.errors import TraceCorrupt
 from harmony.core.jit import use_compiled
-from harmony.probes.filemap import mapped_array, scratch_file, scratch_saves_memory
+from harmony.probes.filemap import anonymous_array, drop_pages
 from harmony.probes.formats import EventFormat, FormatError, parse_header_page
-from harmony.probes.ringbuf_decode import decode_source, prefault_for_pages
+from harmony.probes.ringbuf_decode import decode_source, event_label, prefault_for_pages
 from harmony.probes.ringbuf_pages import PageSource, read_uint
 from harmony.probes.ringbuf_walk import JIT_MIN_BYTES, Records
-from harmony.probes.schema import CAUSE_EVENTS, SCHED_EVENTS, make_events
+from harmony.probes.schema import CAUSE_EVENTS, COLUMNS, SCHED_EVENTS, make_events
 from harmony.probes.tracedat_read import (
     MAX_RATIO,
     FileReader,
@@ -346,72 +347,32 @@ def _walk_python(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, i
             np.frombuffer(sizes, np.uint32).astype(np.int64), bad)
 
 
-#: bytes of a data section the compiled walk reads between two releases of its pages
-WALK_CHUNK = 16 << 20
-#: a data section this large has its pages released behind each pass of the reader (at 1 M
-#: events, 117 MB, reading them again cost the import 1.03x its time for 16 MiB less peak; at
-#: 10 M, 1.15 GB, its peak went from 4064 to 1520 MiB, in 0.79x the time)
-RELEASE_MIN_BYTES = 256 << 20
-
-
-def walk_records(buf: np.ndarray, release=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def walk_records(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """(offset, type, size) of every record of a data section, and the offset of the first record
     that does not fit (-1: every one does): compiled when :func:`harmony.core.jit.use_compiled` says
-    so for its size, in Python otherwise.
-
-    The compiled walk counts the records, then writes them, :data:`WALK_CHUNK` bytes at a time,
-    each chunk ending before the first record that runs past it; ``release(lo, hi)``, if given,
-    is called with each chunk's bytes once a pass is done with them (a mapped file's pages:
-    dropped from memory, read again from the page cache by the next pass)."""
+    so for its size (a pass to count the records, one to write them), in Python otherwise."""
     if not use_compiled(len(buf), JIT_MIN_BYTES):
         return _walk_python(buf)
     from harmony.probes import perf_read_jit  # here: loading numba and the kernels takes ~0.5-1 s
     err = np.full(1, -1, np.int64)
     empty = np.zeros(0, np.int64)
-    n_buf = len(buf)
-    chunks: list[tuple[int, int, int]] = []      # (start, end, records)
-    at, size, bad = 0, WALK_CHUNK, -1
-    while at + 8 <= n_buf:
-        stop = min(at + size, n_buf)
-        k = perf_read_jit.walk(buf[at:stop], empty, np.zeros(0, np.uint32), empty, err)
-        e = int(err[0])
-        if e >= 0 and stop < n_buf:              # the record at e runs past the chunk's end
-            if e == 0:                           # (or is bad): the next chunk starts there
-                size *= 2                        # a chunk shorter than one record: a longer one
-                continue
-            stop = at + e
-        elif e >= 0:
-            bad = at + e
-            stop = at + e
-        chunks.append((at, stop, k))
-        if release is not None:
-            release(at, stop)
-        if bad >= 0:
-            break
-        at, size = stop, WALK_CHUNK
-    if bad < 0 and at < n_buf:                   # fewer than 8 bytes left: no record fits
-        bad = at
-    n = sum(k for _, _, k in chunks)
+    n = perf_read_jit.walk(buf, empty, np.zeros(0, np.uint32), empty, err)
+    bad = int(err[0])
     offs, types, sizes = np.empty(n, np.int64), np.empty(n, np.uint32), np.empty(n, np.int64)
-    o = 0
-    for lo, hi, k in chunks:
-        perf_read_jit.walk(buf[lo:hi], offs[o:o + k], types[o:o + k], sizes[o:o + k], err)
-        offs[o:o + k] += lo
-        o += k
-        if release is not None:
-            release(lo, hi)
+    if n:
+        perf_read_jit.walk(buf, offs, types, sizes, err)
     return offs, types, sizes, bad
 
 
 def _walked(path: Path, buf: np.ndarray, off0: int, place: str = "file offset",
-            release=None, cut: list | None = None,
+            cut: list | None = None,
             size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`walk_records` of a data section at ``off0`` (``place``: what its offsets are), the
     first record that does not fit a TraceCorrupt naming where it is. ``size``: the section's
     bytes, if ``buf`` holds only its whole 8-byte words (the 1-7 left: a record begun). ``cut``
     (a pipe-mode file's, which has no size of its data but the file's): a last record the file
     ends inside is no error, its offset appended to ``cut`` instead."""
-    offs, types, sizes, bad = walk_records(buf, release)
+    offs, types, sizes, bad = walk_records(buf)
     if bad < 0 and len(buf) < (size or 0):
         bad = len(buf)
     if bad >= 0:
@@ -514,52 +475,11 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
     return out
 
 
-#: samples whose fields are read at a time (:func:`_fields_of`, :func:`_read_in_order`)
-SAMPLE_CHUNK = 1 << 20
-
-
-def _chunks_behind(src: PageSource, pos: np.ndarray, sel: np.ndarray | None = None):
-    """[lo, hi) ranges of :data:`SAMPLE_CHUNK` items whose file positions (``pos``, or
-    ``pos[sel]``) ascend; once the caller asks for the next, the pages of a mapped file from the
-    range's first position up to the next range's are released (that page may hold this range's
-    last item)."""
-    n = len(pos) if sel is None else len(sel)
-
-    def at(i: int) -> int:
-        return int(pos[i] if sel is None else pos[sel[i]])
-
-    for lo in range(0, n, SAMPLE_CHUNK):
-        hi = min(lo + SAMPLE_CHUNK, n)
-        yield lo, hi
-        src.release(at(lo), at(hi) if hi < n else len(src.buf))
-
-
-def _read_in_order(src: PageSource, pos: np.ndarray, size: int) -> np.ndarray:
-    """read_uint at ``pos`` (ascending), a chunk at a time (:func:`_chunks_behind`)."""
-    out = np.empty(len(pos), np.int64)
-    for lo, hi in _chunks_behind(src, pos):
-        out[lo:hi] = read_uint(src, pos[lo:hi], size)
-    return out
-
-
 def _fields_of(st: int, read_format: int, src: PageSource, s_off: np.ndarray, s_end: np.ndarray,
                sel: np.ndarray, path: Path, data_offset: int) -> dict[str, np.ndarray]:
-    """:func:`_sample_fields` of the samples ``sel`` (ascending: in file order), a chunk at a
-    time (:func:`_chunks_behind`)."""
-    if not len(sel):
-        return _sample_fields(st, read_format, src, s_off[sel] + 8, s_end[sel], path, s_off[sel],
-                              data_offset)
-    out: dict[str, np.ndarray] = {}
-    for lo, hi in _chunks_behind(src, s_off, sel):
-        part = sel[lo:hi]
-        off = s_off[part]
-        f = _sample_fields(st, read_format, src, off + 8, s_end[part], path, off, data_offset)
-        if not out:
-            out = {k: np.empty(len(sel), v.dtype) for k, v in f.items()}
-        for k, v in f.items():
-            out[k][lo:hi] = v
-        del f, off
-    return out
+    """:func:`_sample_fields` of the samples ``sel``."""
+    off = s_off[sel]
+    return _sample_fields(st, read_format, src, off + 8, s_end[sel], path, off, data_offset)
 
 
 def by_time_then_cpu(ts: np.ndarray, cpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -586,19 +506,17 @@ def read_perf_data(path: Path) -> PerfRead:
     with the vector in ``prio``, the NUMA balancer's), and the counts of what else it holds (see
     :class:`PerfRead`).
 
-    The phases: the data section (:func:`_data_section`: decompressed, aligned), its walk into
-    the places of its records (:func:`_record_places`), each sample's event
-    (:func:`_sample_attrs`) and the events decoded (:func:`_sample_groups`), the samples' fields
-    in time order (:func:`_samples_in_order`), their payloads decoded (:func:`_decoded_events`),
-    and the lost counts (:func:`_lost_counts`)."""
+    The data section is read a slab at a time (:func:`_slabs`: :data:`SLAB_BYTES` of whole
+    records, read into memory the reader keeps, or decompressed), and each slab decoded on its
+    own (:func:`_read_slab`), its events written after the slabs' before (:class:`_Rows`, which
+    puts them in order where two slabs overlap in time). What the reader holds at its peak is
+    the events and one slab's records, not the file's pages nor every sample's places and
+    fields."""
     path = Path(path)
     data = map_file(path)
     head = read_header(path, data)
     notes: list[str] = []
-    src, off0, size, cut = _data_section(path, data, head, notes)
-    places = _record_places(path, src, off0, size, cut, notes)
     attrs = head.attrs
-    s_attr, attr_of = _sample_attrs(path, src, attrs, places, off0)
     # the tracepoint formats the samples need, by tracepoint id (the attr's config)
     tp = [k for k, a in enumerate(attrs) if a.type == PERF_TYPE_TRACEPOINT and a.sample_type &
           SAMPLE_RAW]
@@ -606,37 +524,59 @@ def read_perf_data(path: Path) -> PerfRead:
     if tp and head.tracing is None:
         notes.append("the file has no tracing data (HEADER_TRACING_DATA): its tracepoint samples "
                      "cannot be decoded")
-    groups, other = _sample_groups(attrs, s_attr, tp, formats)
-    n_s = len(s_attr)
-    cols = _samples_in_order(path, src, attrs, places, s_attr, groups, off0, notes)
-    del s_attr
-    events, decoder = _decoded_events(path, src, head, formats, cols, notes)
-    del cols
-    lost_by_cpu, lost_samples = _lost_counts(path, src, attrs, places, attr_of, off0)
-    recorded = _cpu_map(src, *places["cpu_map"])
+    prefault_for_pages(head.data_size, PREFAULT_PER_RECORD_BYTE)
+    rows = _Rows()
+    slabs = []
+    for src, walked, read_to in _slabs(path, data, head, notes):
+        slab = _read_slab(path, src, walked, head, formats, tp, notes)
+        del src, walked
+        rows.add(slab.pop("events"), slab.pop("decoder"), *read_to)
+        slabs.append(slab)
+    del data
+    events, decoder = rows.table(formats)
+    lost_by_cpu: dict[int, int] = {}
+    lost_samples = {a.name: 0 for a in attrs if a.name}
+    other: dict[str, int] = {}
+    records: dict[str, int] = {}
+    for s in slabs:
+        for total, part in ((lost_by_cpu, s["lost_by_cpu"]), (lost_samples, s["lost_samples"]),
+                            (other, s["other"]), (records, s["records"])):
+            for k, v in part.items():
+                total[k] = total.get(k, 0) + v
+    recorded = next((s["recorded"] for s in slabs if s["recorded"] is not None), None)
     if other:
         notes.append(f"ignored events other than the {len(SCHED_EVENTS) + len(_CAUSES)} Harmony "
                      f"decodes ({', '.join(SCHED_EVENTS)}, "
                      f"{', '.join(sorted(f'{s}:{e}' for s, e in _CAUSES))}), by count: {other}")
-    return PerfRead(head, events, lost_by_cpu, lost_samples, other, places["records"], recorded,
-                    notes, n_s, decoder)
+    return PerfRead(head, events, lost_by_cpu, lost_samples, other, records, recorded, notes,
+                    sum(s["n_samples"] for s in slabs), decoder)
 
 
-#: heap memory faulted in ahead of the decode per byte of records (core.memory.prefault_heap):
-#: what a ring buffer's pages have faulted in an event (ringbuf_decode.PREFAULT_PER_PAGE_BYTE at
-#: ~54 bytes an event: ~130 bytes), at the ~111 bytes an event of a sample of the sched
-#: tracepoints. At the ring buffer's 2.5 bytes a byte a 3 M-event import's heap was faulted in to
-#: ~280 bytes an event, twice what the decode and the tables use (its peak: 425 bytes an event)
-PREFAULT_PER_RECORD_BYTE = 1.2
+#: heap memory faulted in ahead of the read per byte of records (core.memory.prefault_heap): what
+#: the read holds at its end, the events' columns (~37 bytes an event, and a tenth more room: see
+#: :class:`_Rows`) and a slab's temporaries, at the ~111 bytes an event of a sample of the sched
+#: tracepoints (a 4.04 M-event file's heap was 302 MB at the read's end, 0.67 bytes a byte)
+PREFAULT_PER_RECORD_BYTE = 0.5
+#: bytes of a data section read and decoded at a time (:func:`_slabs`): ~600 k samples of the
+#: sched tracepoints, whose places and fields (~50 bytes a sample) the slab's decode holds beside
+#: its events. A slab is read into memory the reader keeps (``pread``), not mapped: the file's
+#: pages stay in the page cache, outside the import's memory
+SLAB_BYTES = 64 << 20
 
 
-def _data_section(path: Path, data, head: PerfHeader, notes: list[str]):
-    """(the data section as a source of 8-byte words, its offset, its size, the list a pipe-mode
-    file's cut is noted in or None): decompressed (perf record -z), copied where the file does
-    not align its records, its pages released behind each pass where they are a file's."""
+def _slabs(path: Path, data, head: PerfHeader, notes: list[str]):
+    """The data section a slab at a time, in file order: (the slab as a source of whole 8-byte
+    words, :class:`_DataSection`, whose ``data_offset`` is where it starts; the walk of its whole
+    records: offsets in the slab, types, sizes; (the bytes of records read so far, of them
+    all)). A slab is :data:`SLAB_BYTES`, up to the last record that ends in it (one that does
+    not fit, made longer), read into a buffer kept for the next one, or the records a compressed
+    file's decompress to (``perf record -z``: held whole). A record the section ends inside is
+    an error naming it, or in a pipe-mode file (no size of its data but the file's) the end of
+    what is read, noted."""
     off0, size = head.data_offset, head.data_size
     # a pipe-mode file cut short (perf stopped while it wrote a record): the records before
     cut: list[int] | None = [] if head.pipe else None
+    f = None
     if head.compression is not None:
         # the records as perf wrote them before compressing them; offsets in messages are theirs
         raw, n_parts = decompressed_records(path, data, off0, size, head.compression[1], cut)
@@ -645,33 +585,198 @@ def _data_section(path: Path, data, head: PerfHeader, notes: list[str]):
         notes.append(f"its records were compressed (perf record -z, zstd level "
                      f"{head.compression[0]}): {n_parts} compressed records, {size} bytes, read "
                      f"as {len(raw)} bytes")
-        data, off0, size = raw, 0, len(raw)
-    place = "file offset" if head.compression is None else "offset in its records decompressed"
-    prefault_for_pages(size, PREFAULT_PER_RECORD_BYTE)
-    # whole 8-byte words (every record is), read in place, or copied where the file does not
-    # align them (a pipe-mode file's: its header records are not padded)
-    buf = np.frombuffer(data, np.uint8, count=size - size % 8, offset=off0)
-    mapped = isinstance(data, mmap.mmap)
-    if off0 % 8:
-        buf, mapped = _aligned(path, buf, off0, scratch=not copied_to_align(head))
-    src = _DataSection(path, buf, off0, place)
-    # a file's pages (not a copy in memory), large enough to be worth releasing behind each pass
-    src.mapped = mapped and size >= RELEASE_MIN_BYTES
-    src.parts_in_time_order = False
-    return src, off0, size, cut
+        off0, size = 0, len(raw)
+        place = "offset in its records decompressed"
 
+        def read(at: int, n: int) -> np.ndarray:
+            return raw[at:at + n]
+    else:
+        place = "file offset"
+        f = _open_records(path)
+        held = np.empty(0, np.uint8)
 
-def _record_places(path: Path, src, off0: int, size: int, cut, notes: list[str]) -> dict:
-    """The data section walked: the records by type name ("records"), and (start, end) offsets
-    of its samples ("samples"), its lost counts ("lost", "lost_samples") and CPU maps
-    ("cpu_map"); the walk's arrays (20 bytes a record) are freed before the samples are read."""
-    offs, types, sizes = _walked(path, src.buf, off0, src.place, src.release, cut, size)
+        def read(at: int, n: int) -> np.ndarray:
+            nonlocal held
+            if len(held) < n:
+                held = anonymous_array(n, np.uint8)
+            got = 0
+            while got < n:
+                k = os.preadv(f.fileno(), [memoryview(held[got:n])], off0 + at + got)
+                if k <= 0:
+                    raise TraceCorrupt(f"{path}: truncated (it ends at file offset "
+                                       f"{off0 + at + got}, inside its data section)")
+                got += k
+            return held[:n]
+    try:
+        at = 0
+        while at < size:
+            n = min(max(8, SLAB_BYTES - SLAB_BYTES % 8), size - at)
+            while True:
+                last = at + n >= size
+                buf = read(at, n - n % 8 if last else n)
+                if last:
+                    # the section's last record runs past it: an error, or a pipe-mode file's cut
+                    here: list[int] | None = None if cut is None else []
+                    offs, types, sizes = _walked(path, buf, off0 + at, place, cut=here,
+                                                 size=size - at)
+                    if here:
+                        cut.append(at + here[0])
+                    break
+                offs, types, sizes, bad = walk_records(buf)
+                if bad != 0:
+                    break
+                # the slab's first record does not fit in it: longer, if the record is (its size,
+                # a u16, is at most 64 KiB), or the walk of the rest says what is wrong with it
+                rec = int(buf[6]) | int(buf[7]) << 8
+                n = min(max(2 * n, rec + 8 + -rec % 8) if rec >= 8 else size, size - at)
+            read_to = size if last else at + (bad if bad > 0 else len(buf))
+            yield _DataSection(path, buf, off0 + at, place), (offs, types, sizes), (read_to, size)
+            if last:
+                break
+            at = read_to
+    finally:
+        if f is not None:
+            f.close()
     _note_cut(notes, cut, off0, size)
+
+
+def _open_records(path: Path):
+    """``path`` opened to read its records, TraceCorrupt naming it if it cannot be."""
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise TraceCorrupt(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _read_slab(path: Path, src: "_DataSection", walked: tuple, head: PerfHeader, formats,
+               tp: list[int], notes: list[str]) -> dict:
+    """One slab of the data section (:func:`_slabs`) decoded: its events ("events", in time
+    order; "decoder": which decoder made them), its records by type name ("records"), its lost
+    counts ("lost_by_cpu", "lost_samples"), its samples ("n_samples"; of other events, by name:
+    "other") and the CPUs of its first CPU map ("recorded", None: none). The phases: the places
+    of its records (:func:`_record_places`), each sample's event (:func:`_sample_attrs`) and the
+    events decoded (:func:`_sample_groups`), the samples' fields in time order
+    (:func:`_samples_in_order`), their payloads decoded (:func:`_decoded_events`), and the lost
+    counts (:func:`_lost_counts`). Its notes are added to ``notes`` once, whatever the slabs that
+    say them."""
+    attrs, off0 = head.attrs, src.data_offset
+    said: list[str] = []
+    places = _record_places(*walked)
+    del walked
+    s_attr, attr_of = _sample_attrs(path, src, attrs, places, off0)
+    groups, other = _sample_groups(attrs, s_attr, tp, formats)
+    n_s = len(s_attr)
+    cols = _samples_in_order(path, src, attrs, places, s_attr, groups, off0, said)
+    del s_attr
+    events, decoder = _decoded_events(path, src, head, formats, cols, said)
+    del cols
+    lost_by_cpu, lost_samples = _lost_counts(path, src, attrs, places, attr_of, off0)
+    notes.extend(n for n in dict.fromkeys(said) if n not in notes)
+    return {"events": events, "decoder": decoder, "records": places["records"],
+            "lost_by_cpu": lost_by_cpu, "lost_samples": lost_samples, "other": other,
+            "n_samples": n_s, "recorded": _cpu_map(src, *places["cpu_map"])}
+
+
+class _Rows:
+    """The events of the slabs (:func:`_read_slab`), each in time order, written one after the
+    other into columns sized once from the first slab (its events a byte of records, for every
+    byte, and a tenth more; grown if that is too few), then put in the order of every Harmony
+    events table where two slabs overlap in time (:meth:`table`). Columns of the slabs, held
+    until all were read and then joined, took the events' memory twice: the joined columns
+    did not fit in the holes the slabs' left between the next slabs' temporaries (a 9.38
+    M-event perf.data's import peaked higher, 1396 against 1366 MB, and a merge of the slabs'
+    columns in new mappings paid their pages' first touch: its reading 3.5 s against 1.7)."""
+
+    def __init__(self):
+        self.cols: dict[str, np.ndarray] = {}
+        self.cats: dict[str, pd.Index] = {}        # a string column's categories so far
+        self.starts: list[int] = []                # each slab's first row
+        self.n = 0
+        self.decoded: dict[str, int] = {}          # rows by the decoder that made them
+
+    def add(self, events: pd.DataFrame, decoder: str, read: int, total: int) -> None:
+        """A slab's ``events``, made by ``decoder``, once ``read`` bytes of the ``total`` bytes
+        of records are read."""
+        k = len(events)
+        self.decoded[decoder] = self.decoded.get(decoder, 0) + k
+        if not k:
+            return
+        if self.n + k > len(self.cols.get("ts", ())):
+            # the rows the records hold, at the density of those read so far, and a tenth more
+            cap = max(self.n + k, int((self.n + k) / max(read, 1) * total * 1.1) + 1024)
+            for name in COLUMNS:
+                old = self.cols.get(name)
+                dtype = (old.dtype if old is not None else np.int8
+                         if isinstance(events[name].dtype, pd.CategoricalDtype)
+                         else events[name].dtype)
+                self.cols[name] = np.empty(cap, dtype)
+                if old is not None:
+                    self.cols[name][:self.n] = old[:self.n]
+                del old
+        lo, hi = self.n, self.n + k
+        for name in COLUMNS:
+            c = events[name].array
+            if isinstance(c, pd.Categorical):
+                have = self.cats.get(name, pd.Index([], dtype=c.categories.dtype))
+                new = c.categories[have.get_indexer(c.categories) < 0]
+                if len(new):
+                    have = self.cats[name] = have.append(new)
+                    # codes as narrow as the categories allow (-1 and their number)
+                    need = np.min_scalar_type(-len(have))
+                    if np.dtype(need).itemsize > self.cols[name].dtype.itemsize:
+                        self.cols[name] = self.cols[name].astype(need)
+                # each slab's codes for its categories -> the columns' (-1, no value, stays)
+                recode = np.append(have.get_indexer(c.categories), -1)
+                self.cols[name][lo:hi] = recode[c.codes]
+            else:
+                self.cols[name][lo:hi] = c
+        self.starts.append(lo)
+        self.n = hi
+
+    def table(self, formats) -> tuple[pd.DataFrame, str]:
+        """(the events table: in time order, the events of one instant by CPU, each CPU's in file
+        order, as :func:`by_time_then_cpu` orders them; the decoder that made most of them). Each
+        slab is in that order: where a slab's first events are not later than the rows before
+        it (perf writes the CPUs' buffers in rounds), only the rows of the two that overlap are
+        put in order. The columns' room beyond the rows is given back."""
+        decoder = max(self.decoded, key=self.decoded.get, default="numpy")
+        if not self.n:
+            return make_events({}), decoder
+        n = self.n
+        cols = {name: c[:n] for name, c in self.cols.items()}
+        for c in self.cols.values():
+            drop_pages(c[n:])
+        self.cols = {}
+        ts, cpu = cols["ts"], cols["cpu"]
+        for s, e in zip(self.starts[1:], self.starts[2:] + [n]):
+            if ts[s - 1] < ts[s]:
+                continue
+            # rows [0, s) are in order: its rows from the slab's first instant on, and the
+            # slab's up to the last instant before it, are the ones out of order
+            lo = int(np.searchsorted(ts[:s], ts[s], "left"))
+            hi = s + int(np.searchsorted(ts[s:e], ts[s - 1], "right"))
+            order, _ = by_time_then_cpu(ts[lo:hi], cpu[lo:hi])
+            for c in cols.values():
+                c[lo:hi] = c[lo:hi][order]
+        rank: dict[str, int] = {}
+        for k in sorted(formats):
+            rank.setdefault(event_label(formats[k]), len(rank))
+        for name, cats in self.cats.items():
+            cat = pd.Categorical.from_codes(cols[name], cats, validate=False)
+            if name == "event":   # in the order of their formats' ids, as a whole decode has them
+                cat = cat.reorder_categories(sorted(cats, key=lambda c: rank.get(c, len(rank))))
+            cols[name] = cat
+        return make_events(cols, ordered=True), decoder
+
+
+def _record_places(offs: np.ndarray, types: np.ndarray, sizes: np.ndarray) -> dict:
+    """The walk of a slab's records (offsets, types, sizes) as the records by type name
+    ("records"), and (start, end) offsets of its samples ("samples"), its lost counts ("lost",
+    "lost_samples") and CPU maps ("cpu_map")."""
     counts = np.bincount(np.minimum(types, 255).astype(np.int64), minlength=256)
     out = {"records": {RECORD_NAMES.get(t, f"type {t}"): int(c)
                        for t, c in enumerate(counts) if c}}
     ends = offs + sizes
-    del sizes
     for key, kind in (("lost", REC_LOST), ("lost_samples", REC_LOST_SAMPLES),
                       ("cpu_map", REC_CPU_MAP), ("samples", REC_SAMPLE)):
         idx = np.flatnonzero(types == kind)
@@ -705,7 +810,7 @@ def _sample_attrs(path: Path, src, attrs, places: dict, off0: int):
         if short.size:
             raise TraceCorrupt(f"{path}: corrupt sample at {place} "
                                f"{off0 + int(s_off[short[0]])}: too short for its id")
-        return attr_of(_read_in_order(src, s_off + 8, 8).astype(np.uint64)), attr_of
+        return attr_of(read_uint(src, s_off + 8, 8).astype(np.uint64)), attr_of
     if len(types_st) == 1 and st0 & SAMPLE_ID:
         before = sum(bool(st0 & b) for b in (SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR))
         at = s_off + 8 + 8 * before
@@ -713,7 +818,7 @@ def _sample_attrs(path: Path, src, attrs, places: dict, off0: int):
             raise TraceCorrupt(f"{path}: corrupt sample at {place} "
                                f"{off0 + int(s_off[np.flatnonzero(at + 8 > s_end)[0]])}: too short "
                                "for its id")
-        return attr_of(_read_in_order(src, at, 8).astype(np.uint64)), attr_of
+        return attr_of(read_uint(src, at, 8).astype(np.uint64)), attr_of
     raise TraceCorrupt(f"{path}: its {len(attrs)} events' samples carry no id (sample_type "
                        "without ID or IDENTIFIER): which event a sample is cannot be told")
 
@@ -861,40 +966,6 @@ def _lost_counts(path: Path, src, attrs, places: dict, attr_of, off0: int):
             name = attrs[k].name if k >= 0 and attrs[k].name else "(unknown event)"
             lost_samples[name] = lost_samples.get(name, 0) + v
     return lost_by_cpu, lost_samples
-
-
-def copied_to_align(head: PerfHeader) -> bool:
-    """Whether :func:`read_perf_data` copies the file's records into memory to align them: a
-    pipe-mode file's, 4 bytes off an 8-byte word (perf does not pad its feature records: 84
-    bytes a hostname), below :data:`RELEASE_MIN_BYTES`; from there :func:`_aligned` copies them
-    into a mapped scratch file instead, where one keeps them out of memory
-    (:func:`filemap.scratch_saves_memory`: not in a tmpfs temporary directory)."""
-    return (head.compression is None and head.data_offset % 8 != 0
-            and (head.data_size < RELEASE_MIN_BYTES
-                 or not scratch_saves_memory(head.data_size)))
-
-
-def _aligned(path: Path, buf: np.ndarray, off0: int, scratch: bool) -> tuple[np.ndarray, bool]:
-    """(the data section ``buf``, at file offset ``off0``, where its 8-byte words are aligned;
-    whether that is a mapped file). With ``scratch`` they are copied by the kernel
-    (``copy_file_range``) into a scratch file (:func:`filemap.scratch_file`) and mapped, so that
-    the reader releases them behind each pass as a file's; without, or without a scratch file,
-    copied into memory."""
-    f = scratch_file(len(buf)) if scratch else None
-    if f is not None:
-        try:
-            with f, open(path, "rb") as src:
-                done = 0
-                while done < len(buf):
-                    n = os.copy_file_range(src.fileno(), f.fileno(), len(buf) - done,
-                                           off0 + done, done)
-                    if n <= 0:
-                        raise OSError("copy_file_range copied nothing")
-                    done += n
-                return mapped_array(f, len(buf)), True
-        except (OSError, ValueError):         # not copied or not mapped (a full disk): memory
-            pass
-    return np.array(buf), False
 
 
 def _note_cut(notes: list[str], cut: list[int] | None, off0: int, size: int) -> None:

@@ -27,17 +27,15 @@ peaked at 790 MB at 5.12 M events, 597 MB streamed, and took 2.15 s, 1.87 s stre
 from __future__ import annotations
 
 import dataclasses
-import mmap
 import threading
 from collections.abc import Callable
-from mmap import PAGESIZE as _SYS_PAGE
 
 import numpy as np
 import pandas as pd
 
 from harmony.core.errors import TraceCorrupt
 from harmony.core.jit import run_split, split
-from harmony.probes.filemap import release_mapped
+from harmony.probes.filemap import anonymous_array, drop_pages
 from harmony.probes.formats import EventFormat, Field, HeaderPage
 from harmony.probes.ringbuf_decode import (GATHER_DTYPES, STRING_COLUMNS, Decoded, column_map,
                                            decode_markers, gather_plan, labels_present,
@@ -187,30 +185,25 @@ class _Part:
 
 
 class _Columns:
-    """The event columns, each as long as every part's stretch laid end to end."""
+    """The event columns, each as long as every part's stretch laid end to end, each of its own
+    anonymous mapping (:func:`filemap.anonymous_array`): of the heap, the columns' untouched room
+    and their dropped pages became free heap memory, not resident, that the tables' arrays took
+    next and faulted in again. Mapped apart, whole imports of a trace-cmd recording peaked 18-22
+    MiB lower at 5.12 M events (786 against 804-808 MiB) and 6-30 lower at 10.25 M, in the same
+    time (3 interleaved pairs each)."""
 
     def __init__(self, cap: int, of_dtype: list[list[str]]):
+        mapped = anonymous_array
         try:
-            self.ts = _mapped((cap,), np.int64)
-            self.cpu = _mapped((cap,), np.int16)
-            self.label = _mapped((cap,), np.int16)
-            self.strs = _mapped((len(STRING_COLUMNS), cap), np.int32)
-            self.src_row = _mapped((cap,), np.int64)    # written only where strings are by hand
-            self.outs = [_mapped((len(cs), cap), dt) for cs, dt in zip(of_dtype, GATHER_DTYPES)]
+            self.ts = mapped(cap, np.int64)
+            self.cpu = mapped(cap, np.int16)
+            self.label = mapped(cap, np.int16)
+            self.strs = mapped((len(STRING_COLUMNS), cap), np.int32)
+            self.src_row = mapped(cap, np.int64)    # written only where strings are by hand
+            self.outs = [mapped((len(cs), cap), dt) for cs, dt in zip(of_dtype, GATHER_DTYPES)]
         except (MemoryError, OSError, ValueError):
             raise StreamUnfit(f"{cap} rows of address space refused") from None
         self.cap = cap
-
-
-def _mapped(shape: tuple, dtype) -> np.ndarray:
-    """A zeroed array of its own anonymous mapping, not of the heap: its pages are the kernel's
-    only once written, given back by :func:`_drop`, and unmapped when the array goes. Of the
-    heap, the columns' untouched room and their dropped pages became free heap memory, not
-    resident, that the tables' arrays took next and faulted in again. Mapped apart, whole
-    imports of a trace-cmd recording peaked 18-22 MiB lower at 5.12 M events (786 against
-    804-808 MiB) and 6-30 lower at 10.25 M, in the same time (3 interleaved pairs each)."""
-    n = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    return np.frombuffer(mmap.mmap(-1, max(n, 1)), dtype, count=int(np.prod(shape))).reshape(shape)
 
 
 class _Stream:
@@ -445,13 +438,13 @@ def _assemble(jit, forms: _Formats, cols: _Columns, parts: list[_Part], notes: l
 
     def put(col: np.ndarray) -> np.ndarray:
         """``col``'s rows in time order, as a new array; ``col``'s memory then given back
-        (:func:`_drop`): the columns are never held twice."""
+        (:func:`filemap.drop_pages`): the columns are never held twice."""
         if isinstance(order, slice):
             out = col[order].copy()
         else:
             out = np.empty(n, col.dtype)
             run_split(lambda lo, hi, _k: jit.take(col, order, out, lo, hi), split(n))
-        _drop(col)
+        drop_pages(col)
         return out
 
     out: dict[str, object] = {"ts": put(cols.ts), "cpu": put(cols.cpu)}
@@ -488,17 +481,6 @@ def _assemble(jit, forms: _Formats, cols: _Columns, parts: list[_Part], notes: l
                    "compiled", ips)
 
 
-def _drop(arr: np.ndarray) -> None:
-    """Give the whole pages of ``arr`` (contiguous, never read again) back to the kernel
-    (``madvise(MADV_DONTNEED)``: anonymous memory reads as zeros after it), while the array
-    itself is freed only with the rest of its allocation."""
-    base = arr.ctypes.data
-    lo = -(-base // _SYS_PAGE) * _SYS_PAGE
-    hi = (base + arr.nbytes) // _SYS_PAGE * _SYS_PAGE
-    if hi > lo:
-        release_mapped(arr, lo - base, hi - base)
-
-
 def _strings(jit, cols: _Columns, parts: list[_Part], spans, s: int, put) -> pd.Categorical:
     """String column ``s`` as a categorical in time order: each part's own key numbers made the
     categories', the strings decoded by hand put in, then the rows put in order."""
@@ -525,7 +507,7 @@ def _strings(jit, cols: _Columns, parts: list[_Part], spans, s: int, put) -> pd.
                           narrow)
     for (rows, _), hc in zip(hand, hand_codes):
         narrow[rows] = hc
-    _drop(codes)
+    drop_pages(codes)
     return pd.Categorical.from_codes(put(narrow), categories=list(cats), validate=False)
 
 

@@ -284,65 +284,40 @@ def test_compiled_walk_finds_the_records_python_finds(monkeypatch):
         assert py[3] == jit[3] == -1
         cut = buf[:len(buf) - 4]       # the last record runs past the end: both say where
         assert perf_read.walk_records(cut)[3] == int(py[0][-1])
-        # a few bytes at a time (each chunk ends before a record that runs past it; one shorter
-        # than a record is made longer), every byte released behind both passes
-        for chunk in (8, 100, 4096):
-            monkeypatch.setattr(perf_read, "WALK_CHUNK", chunk)
-            released = []
-            small = perf_read.walk_records(buf, lambda lo, hi: released.append((lo, hi)))
-            for a, b in zip(py[:3], small[:3]):
-                assert a.tolist() == b.tolist()
-            assert small[3] == -1
-            times = np.zeros(len(buf), np.int64)
-            for lo, hi in released:
-                times[lo:hi] += 1
-            assert (times == 2).all(), chunk
-            assert perf_read.walk_records(cut, lambda lo, hi: None)[3] == int(py[0][-1])
-            monkeypatch.undo()
-            monkeypatch.setenv("HARMONY_JIT", "1")
 
 
-@pytest.mark.parametrize("path", UNCOMPRESSED, ids=[p.name for p in UNCOMPRESSED])
-def test_read_a_few_records_at_a_time_releasing_pages_it_is_the_same(path, tmp_path, monkeypatch):
-    """The compiled reader walks, reads the samples' fields and gathers their payloads a few
-    records at a time, releasing the file's pages behind each (perf_read.WALK_CHUNK, SAMPLE_CHUNK,
-    ringbuf_decode.RELEASE_CHUNK): the same table and facts as read in one go, and the pages are
-    released (a page read again comes back from the page cache). A pipe-mode file's records, 4
-    bytes off a word, are released too: copied into a mapped scratch file first."""
-    if not numba_version():
-        host_skip("numba is not installed")
-    from harmony.probes import ringbuf_decode
-    from harmony.probes.ringbuf_pages import PageSource
+@pytest.mark.parametrize("jit", JIT_MODES)
+@pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
+def test_read_a_slab_at_a_time_it_is_the_same(path, tmp_path, monkeypatch, jit):
+    """The reader reads the data section a slab at a time (perf_read.SLAB_BYTES), each slab's
+    events decoded on its own and the slabs' merged: slabs of a few records (one longer than a
+    slab is read in a longer one), or one slab, give the same table and facts as the file read
+    in one, and as perf script prints them; the slabs are read, not mapped, whatever the
+    alignment of the records in the file (a pipe-mode file's are 4 bytes off a word)."""
+    use_jit(jit, monkeypatch)
     p = tmp_path / "perf.data"
     p.write_bytes(path.read_bytes())
-    monkeypatch.setenv("HARMONY_JIT", "1")
     whole = perf_read.read_perf_data(p)      # a seed is a whole recording: it reads
-    monkeypatch.setattr(perf_read, "RELEASE_MIN_BYTES", 0)     # the corpus's files are small
-    if whole.header.data_offset % 8:
-        from harmony.probes.filemap import scratch_file
-        f = scratch_file(1 << 20)
-        if f is None:
-            host_skip("no scratch file outside memory in the temporary directory here")
-        f.close()
-    released = []
-    real = PageSource.release
+    sizes = []
+    real = perf_read._read_slab
 
-    def spy(self, lo, hi):
-        if self.mapped:
-            released.append((lo, hi))
-        real(self, lo, hi)
+    def spy(path, src, walked, *args):
+        sizes.append(len(src.buf))
+        return real(path, src, walked, *args)
 
-    monkeypatch.setattr(PageSource, "release", spy)
-    monkeypatch.setattr(perf_read, "WALK_CHUNK", 512)
-    monkeypatch.setattr(perf_read, "SAMPLE_CHUNK", 3)
-    monkeypatch.setattr(ringbuf_decode, "RELEASE_CHUNK", 5)
-    bits = perf_read.read_perf_data(p)
-    assert_same_events(bits.events, whole.events)
-    assert (bits.lost_by_cpu, bits.lost_samples_by_event, bits.other_events, bits.records,
-            bits.recorded_cpus, bits.notes, bits.n_samples) == \
-        (whole.lost_by_cpu, whole.lost_samples_by_event, whole.other_events, whole.records,
-         whole.recorded_cpus, whole.notes, whole.n_samples)
-    assert len(released) >= 3      # both walk passes and the fields, at least
+    monkeypatch.setattr(perf_read, "_read_slab", spy)
+    for slab in (64, 1000, 4096):
+        monkeypatch.setattr(perf_read, "SLAB_BYTES", slab)
+        sizes.clear()
+        bits = perf_read.read_perf_data(p)
+        assert len(sizes) > 1 or whole.header.data_size <= slab
+        assert_same_events(bits.events, whole.events)
+        assert list(bits.events["event"].cat.categories) == \
+            list(whole.events["event"].cat.categories)
+        assert (bits.lost_by_cpu, bits.lost_samples_by_event, bits.other_events, bits.records,
+                bits.recorded_cpus, bits.notes, bits.n_samples, bits.decoder) == \
+            (whole.lost_by_cpu, whole.lost_samples_by_event, whole.other_events, whole.records,
+             whole.recorded_cpus, whole.notes, whole.n_samples, whole.decoder)
 
 
 def test_a_sample_too_short_for_its_id_is_named(tmp_path):
