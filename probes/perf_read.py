@@ -385,8 +385,9 @@ def _walked(path: Path, buf: np.ndarray, off0: int, place: str = "file offset",
 
 
 class _DataSection(PageSource):
-    """The data section as the decoder's one "page": messages name the file offset of a record
-    (``place``: or its offset in the records a compressed file's decompress to)."""
+    """A slab of the data section (:func:`_slabs`), starting at ``data_offset``, as the decoder's
+    one "page": messages name the file offset of a record (``place``: or its offset in the
+    records a compressed file's decompress to)."""
 
     def __init__(self, path: Path, buf: np.ndarray, data_offset: int, place: str = "file offset"):
         super().__init__(buf, max(1, len(buf)), np.zeros(1, np.int64), np.zeros(1, np.int64),
