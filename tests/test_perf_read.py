@@ -320,6 +320,38 @@ def test_read_a_slab_at_a_time_it_is_the_same(path, tmp_path, monkeypatch, jit):
              whole.recorded_cpus, whole.notes, whole.n_samples, whole.decoder)
 
 
+def test_slabs_events_are_joined_in_order_whatever_their_strings():
+    """perf_read._Rows: slabs' events (each in order, overlapping in time where perf's rounds
+    did) written one after the other are the table of them all in the order of every events
+    table, their string columns' categories joined, however many (here 300 comms: codes wider
+    than the first slab's), and the room beyond the rows given back."""
+    from harmony.probes.schema import make_events
+    rng = np.random.default_rng(48)
+    slabs = []
+    t0 = 0
+    for k in range(3):
+        n = 1000
+        ts = np.sort(t0 + rng.integers(0, 5000, n))      # each slab overlaps the one before
+        t0 += 3000
+        slabs.append(make_events({
+            "ts": ts, "cpu": rng.integers(0, 4, n).astype(np.int16), "pid": rng.integers(1, 9, n),
+            "event": rng.choice(["sched_switch", "sched_wakeup"], n),
+            "comm": [f"task-{k * 100 + int(i)}" for i in rng.integers(0, 100, n)],
+            "prev_comm": rng.choice(["a", "b"], n)}))
+    whole = make_events({c: np.concatenate([s[c].astype(object if isinstance(
+        s[c].dtype, pd.CategoricalDtype) else s[c].dtype).to_numpy() for s in slabs])
+        for c in slabs[0].columns})
+    rows = perf_read._Rows()
+    total = 3 * 1000
+    for k, s in enumerate(slabs):
+        rows.add(s, "numpy", (k + 1) * 1000, total // 2)     # sized short: grown on the way
+    rows.add(slabs[0].iloc[:0], "compiled", total, total)       # an empty slab: nothing
+    got, decoder = rows.table({})
+    assert decoder == "numpy"
+    assert_same_events(got, whole)
+    assert got["comm"].cat.codes.dtype == np.int16 and len(got["comm"].cat.categories) == 300
+
+
 def test_a_sample_too_short_for_its_id_is_named(tmp_path):
     """The last record of the data section cut into header-only samples (8 bytes each): the
     sample id after the header would lie past the section."""
