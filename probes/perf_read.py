@@ -680,13 +680,13 @@ def _read_slab(path: Path, src: "_DataSection", walked: tuple, head: PerfHeader,
 
 class _Rows:
     """The events of the slabs (:func:`_read_slab`), each in time order, written one after the
-    other into columns sized once from the first slab (its events a byte of records, for every
-    byte, and a tenth more; grown if that is too few), then put in the order of every Harmony
-    events table where two slabs overlap in time (:meth:`table`). Columns of the slabs, held
-    until all were read and then joined, took the events' memory twice: the joined columns
-    did not fit in the holes the slabs' left between the next slabs' temporaries (a 9.38
-    M-event perf.data's import peaked higher, 1396 against 1366 MB, and a merge of the slabs'
-    columns in new mappings paid their pages' first touch: its reading 3.5 s against 1.7)."""
+    other into columns sized once, from the events per byte of records of the first slab, with a
+    tenth more room (grown if that is too few), then put in the order of every Harmony events
+    table where two slabs overlap in time (:meth:`table`). The slabs' own tables, held until all
+    were read and then joined, took the events' memory twice: the joined columns did not fit in
+    the holes the slabs' tables left between the next slabs' temporaries (a 9.38 M-event
+    perf.data's import peaked higher, 1396 against 1366 MB); joined in mappings of their own,
+    they paid their pages' first touch (reading it 3.5 s against 1.7)."""
 
     def __init__(self):
         self.cols: dict[str, np.ndarray] = {}
@@ -718,7 +718,7 @@ class _Rows:
         for name in COLUMNS:
             c = events[name].array
             if isinstance(c, pd.Categorical):
-                have = self.cats.get(name, pd.Index([], dtype=c.categories.dtype))
+                have = self.cats.setdefault(name, pd.Index([], dtype=c.categories.dtype))
                 new = c.categories[have.get_indexer(c.categories) < 0]
                 if len(new):
                     have = self.cats[name] = have.append(new)
