@@ -290,10 +290,11 @@ def test_compiled_walk_finds_the_records_python_finds(monkeypatch):
 @pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
 def test_read_a_slab_at_a_time_it_is_the_same(path, tmp_path, monkeypatch, jit):
     """The reader reads the data section a slab at a time (perf_read.SLAB_BYTES), each slab's
-    events decoded on its own and the slabs' merged: slabs of a few records (one longer than a
-    slab is read in a longer one), or one slab, give the same table and facts as the file read
-    in one, and as perf script prints them; the slabs are read, not mapped, whatever the
-    alignment of the records in the file (a pipe-mode file's are 4 bytes off a word)."""
+    events decoded on its own and the slabs' joined: slabs of a few records (one longer than a
+    slab is read in a longer one) give the same table, category order and facts as the file read
+    in one slab (which test_corpus_files_read_as_perf_script_prints_them holds to perf script),
+    whatever the alignment of the records in the file (a pipe-mode file's are 4 bytes off a
+    word)."""
     use_jit(jit, monkeypatch)
     p = tmp_path / "perf.data"
     p.write_bytes(path.read_bytes())
@@ -324,7 +325,7 @@ def test_slabs_events_are_joined_in_order_whatever_their_strings():
     """perf_read._Rows: slabs' events (each in order, overlapping in time where perf's rounds
     did) written one after the other are the table of them all in the order of every events
     table, their string columns' categories joined, however many (here 300 comms: codes wider
-    than the first slab's), and the room beyond the rows given back."""
+    than the first slab's), with columns sized short at first and grown."""
     from harmony.probes.schema import make_events
     rng = np.random.default_rng(48)
     slabs = []
