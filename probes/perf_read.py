@@ -476,13 +476,6 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
     return out
 
 
-def _fields_of(st: int, read_format: int, src: PageSource, s_off: np.ndarray, s_end: np.ndarray,
-               sel: np.ndarray, path: Path, data_offset: int) -> dict[str, np.ndarray]:
-    """:func:`_sample_fields` of the samples ``sel``."""
-    off = s_off[sel]
-    return _sample_fields(st, read_format, src, off + 8, s_end[sel], path, off, data_offset)
-
-
 def by_time_then_cpu(ts: np.ndarray, cpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(the order of samples by time, the events of one instant by CPU, each CPU's in file order;
     ``ts`` in that order): the order of every Harmony events table
@@ -525,7 +518,6 @@ def read_perf_data(path: Path) -> PerfRead:
     if tp and head.tracing is None:
         notes.append("the file has no tracing data (HEADER_TRACING_DATA): its tracepoint samples "
                      "cannot be decoded")
-    prefault_for_pages(head.data_size, PREFAULT_PER_RECORD_BYTE)
     rows = _Rows()
     slabs = []
     for src, walked, read_to in _slabs(path, data, head, notes):
@@ -608,6 +600,9 @@ def _slabs(path: Path, data, head: PerfHeader, notes: list[str]):
                                        f"{off0 + at + got}, inside its data section)")
                 got += k
             return held[:n]
+    # the heap the read will need, faulted in meanwhile: by the records' bytes as they are read
+    # (a compressed file's, decompressed)
+    prefault_for_pages(size, PREFAULT_PER_RECORD_BYTE)
     try:
         at = 0
         while at < size:
@@ -859,7 +854,9 @@ def _samples_in_order(path: Path, src, attrs, places: dict, s_attr: np.ndarray, 
         member[ks] = True
         sel = np.flatnonzero(member[s_attr])
         names = ", ".join(attrs[k].name or f"attr {k}" for k in ks)
-        f = _fields_of(st, rf, src, s_off, s_end, sel, path, off0)
+        off = s_off[sel]
+        f = _sample_fields(st, rf, src, off + 8, s_end[sel], path, off, off0)
+        del off
         if "time" not in f:
             raise TraceCorrupt(f"{path}: the samples of {names} have no time stamps (recorded "
                                "without PERF_SAMPLE_TIME): they cannot be put in order")
