@@ -24,6 +24,10 @@ command -v busybox >/dev/null 2>&1 || missing="$missing busybox-static"
 # the sched-ext kernel's example schedulers (harmony run --scx) link libelf; the packages that
 # build that kernel are installed by `harmony kernel build sched-ext` itself, when it runs
 dpkg -s libelf1 >/dev/null 2>&1 || missing="$missing libelf1"
+# the kernels compiled ahead of time (python -m harmony.precompile, below): a C compiler and
+# Python's headers
+command -v cc >/dev/null 2>&1 || missing="$missing gcc"
+python3 -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null || missing="$missing python3-dev"
 if [ -n "$missing" ]; then
     echo "installing Debian packages:$missing"
     apt-get update -q
@@ -44,8 +48,9 @@ python3 -m pip install -q -e '.[test,vm]'
 # every command then compiled its ~100 modules from source, 0.15 s (1.09x a 1 M-event import)
 python3 -m compileall -q harmony probes analysis experiments >/dev/null || \
     echo "install.sh: could not write the bytecode: every command compiles Harmony's modules" >&2
-# numba's kernels compiled now, into its cache beside their sources, so that the first command is
-# as fast as the next ones (bench/first_use.py); a user who cannot write there gets their own
-# cache (~/.cache/numba or NUMBA_CACHE_DIR) on their first large trace
+# the kernels compiled now (harmony.core.kernels): ahead of time into an extension module, which
+# every command loads in ~1 ms without numba, and into numba's cache beside their sources, for what
+# the extension lacks, so that the first command is as fast as the next ones (bench/first_use.py);
+# a user who cannot write there gets their own caches (~/.cache) on their first large trace
 python3 -m harmony.precompile || echo "install.sh: precompiling failed: the first large trace compiles the kernels (~15 s)" >&2
 echo "installed: $(command -v harmony)"

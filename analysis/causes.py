@@ -243,7 +243,7 @@ def last_wakes(events: pd.DataFrame, pid: np.ndarray, row: np.ndarray) -> list[n
     if use_compiled(len(events), JIT_MIN_EVENTS) and len(row):
         want = sorted_unique(pid)
         if int(want.min()) >= 0 and int(want.max()) < TABLE_KEYS_MAX:
-            from harmony.analysis import causes_jit  # numba: loaded only when this path runs
+            from harmony.analysis import causes_jit  # the compiled kernels: only on this path
             codes, lut = event_kinds(events, {name: k for k, name in enumerate(WAKES)})
             order = np.argsort(row, kind="stable")
             out = np.full((len(WAKES), len(row)), -1, np.int64)
@@ -462,7 +462,7 @@ def find_unrecorded_moves(events: pd.DataFrame, pids=None) -> dict[str, np.ndarr
 def _moves_compiled(events: pd.DataFrame, want: np.ndarray | None) -> dict[str, np.ndarray] | None:
     """find_unrecorded_moves by one compiled pass; None where its look-up table of pids would be
     too large (a pid of 2**24 or more: a damaged trace's, or asked for)."""
-    from harmony.analysis import causes_jit  # numba: loaded only when this path runs
+    from harmony.analysis import causes_jit  # the compiled kernels: only on this path
     pid, prev = events["pid"].to_numpy(), events["prev_pid"].to_numpy()
     if want is None:        # every pid > 0 is a task, its own index
         top = max(int(pid.max(initial=0)), int(prev.max(initial=0)), 0)

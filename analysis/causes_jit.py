@@ -11,18 +11,15 @@ move (:func:`harmony.analysis.causes.queued_asleep`).
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from harmony.core.kernels import kernel
 
 # placement codes, as in causes (PLACED + sched_migrate_task)
 SWITCH, WAKING, WAKEUP, WAKEUP_NEW, MIGRATE = range(5)
 
 
-def _jit(fn):
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
-
-
-@_jit
+@kernel
 def moves(codes, lut, pid, prev_pid, cpu, orig_cpu, target_cpu, table, n_tasks,
           row, who, from_cpu, to_cpu, proof, before):
     """The moves, in time order (one instant's: a switch's next task before its previous one),
@@ -77,7 +74,7 @@ def moves(codes, lut, pid, prev_pid, cpu, orig_cpu, target_cpu, table, n_tasks,
     return k
 
 
-@_jit
+@kernel
 def last_rows(codes, lut, pid, table, rows, task, out):
     """For each question q (``rows`` ascending, ``task[q]`` a task's index), the last events row
     before rows[q] of each kind k whose pid column is that task's: out[k, q] (-1 if none; out

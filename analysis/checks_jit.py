@@ -13,11 +13,12 @@ choice; the tests run both and compare them.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from harmony.core.kernels import kernel
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+
+@kernel
 def dark_switches(switch, cpu, common_pid, pid, n_cpus, n_pids):
     """The rows of the switches (``switch``: the sched_switch rows' mask) that began a run of a
     task in whose context nothing was recorded, that run completed (a later switch on the same
@@ -55,7 +56,7 @@ def dark_switches(switch, cpu, common_pid, pid, n_cpus, n_pids):
     return rows
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@kernel
 def cpu_time(switch, cpu, ts, pid, prev_pid, comm, slot, n, t0, t_end, experiment, own,
              n_names):
     """Each of the ``n`` CPUs of ``slot`` (a key table: CPU -> 0..n-1): the time in ns of
@@ -105,7 +106,7 @@ def cpu_time(switch, cpu, ts, pid, prev_pid, comm, slot, n, t0, t_end, experimen
     return first, spent, first_foreign, by_comm
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@kernel
 def _add(spent, j, who, d, experiment, own):
     """Count ``d`` ns of CPU j's time to ``who``'s classes; whether it was foreign."""
     is_exp = experiment[max(min(who + 1, experiment.shape[0] - 1), 0)] >= 0

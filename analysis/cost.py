@@ -144,7 +144,7 @@ def _waiting_changes(events: pd.DataFrame, tasks: pd.DataFrame, cpus: list[int],
     r = task_records(events, pids)
     at = _records_near(r["ts"].to_numpy(), r["pid"].to_numpy(), periods)
     if at is None and use_compiled(len(events), JIT_MIN_EVENTS) and keys_fit(free, cpus):
-        from harmony.analysis import cost_jit  # numba: loaded only when this path runs
+        from harmony.analysis import cost_jit  # the compiled kernels: only on this path
         return cost_jit.waits(*(r[c].to_numpy() for c in ("pid", "ts", "cpu_after",
                                                           "runnable_after", "running_after")),
                               key_table(free), key_table(cpus))
@@ -183,7 +183,7 @@ def idle_spells(events: pd.DataFrame, cpus) -> IdleSpells:
     unique = tuple(sorted(set(int(c) for c in cpus)))
     if unique and use_compiled(len(events), JIT_MIN_EVENTS) and keys_fit(unique):
         # one compiled pass for every CPU, no mask or list of rows as long as the events
-        from harmony.analysis import cost_jit  # numba: loaded only when this path runs
+        from harmony.analysis import cost_jit  # the compiled kernels: only on this path
         cols = (events[c].to_numpy() for c in ("cpu", "ts"))
         s, s_at, e, e_at = cost_jit.idle_changes(
             *cols, event_mask(events, "sched_switch"),
@@ -324,7 +324,7 @@ def _wasted_compiled(changes: list, bounds: np.ndarray, n: int, unique: list[int
     is made: 2.0 M episodes at 10 M events of a ping-pong), with room for as many episodes as it
     finds. A few runs are merged by the sweep as it goes, not by a sort: no order array (31 MB at
     5.1 M events of a ping-pong, at the import's peak) and no sort."""
-    from harmony.analysis import cost_jit  # numba: loaded only when this path runs
+    from harmony.analysis import cost_jit  # the compiled kernels: only on this path
 
     ts, src, change = changes
     slot = np.array([unique.index(c) for c in cpus], np.int64)

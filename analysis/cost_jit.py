@@ -11,11 +11,12 @@ episode, and writes only the episodes; it merges the changes' few runs in time o
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from harmony.core.kernels import kernel
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+
+@kernel
 def _next(ts, heads, stops):
     """The run whose head comes next in time order (ties: the lowest run, whose changes come
     first in the arrays), -1 when every run is done."""
@@ -27,7 +28,7 @@ def _next(ts, heads, stops):
     return best
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@kernel
 def episodes(ts, src, change, bounds, first, lvl0, n, slot, t0, t_end, cpu, start, end, waiting):
     """The wasted episodes of the changes ``ts``/``src``/``change``, which are runs in time order,
     run r from ``bounds[r]`` to ``bounds[r + 1]``: taken merged in time order, ties in array
@@ -100,7 +101,7 @@ def episodes(ts, src, change, bounds, first, lvl0, n, slot, t0, t_end, cpu, star
     return found, wasted
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@kernel
 def waits(pid, ts, cpu, runnable, running, free, slot):
     """The changes of tasks waiting of the task records ``pid``/``ts``/``cpu`` (the CPU after
     the record)/``runnable``/``running`` (after it), by task and in time order, as
@@ -145,7 +146,7 @@ def waits(pid, ts, cpu, runnable, running, free, slot):
     return out_ts, out_k, out_change
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@kernel
 def idle_changes(cpu, ts, switch, pid, prev_pid, common_pid, slot, n):
     """The idle spells of the ``n`` CPUs of ``slot`` (a key table: CPU -> 0..n-1), as
     :func:`harmony.analysis.cost._idle_changes` finds them one CPU at a time, for all of them in
@@ -208,7 +209,7 @@ def idle_changes(cpu, ts, switch, pid, prev_pid, common_pid, slot, n):
     return starts, n_starts, ends, n_ends
 
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+@kernel
 def idle_periods(starts, start_at, ends, end_at, n):
     """The periods [from, to) during which at least one of the ``n`` CPUs is idle, in time order,
     from :func:`idle_changes`' spells (to: the largest int64 if the last never ends), as

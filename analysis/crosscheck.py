@@ -207,7 +207,7 @@ def silent_contexts(events: pd.DataFrame) -> list[dict]:
     pid = events["pid"].to_numpy()
     n_pids = max(int(cp.max()), int(pid.max()), 0) + 1
     if use_compiled(len(events), JIT_MIN_EVENTS) and cpu.min() >= 0 and n_pids <= TABLE_KEYS_MAX:
-        from harmony.analysis import checks_jit  # numba: loaded only when this path runs
+        from harmony.analysis import checks_jit  # the compiled kernels: only on this path
         rows = checks_jit.dark_switches(switch, cpu, cp, pid, int(cpu.max()) + 1, n_pids)
         return _contexts(events, rows, pid[rows], cpu[rows])
     idx = np.flatnonzero(switch)

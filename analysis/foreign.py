@@ -101,7 +101,7 @@ def _foreign_compiled(events: pd.DataFrame, pids: np.ndarray, own: np.ndarray, c
                       t0: int, t_end: int, window: float) -> pd.DataFrame:
     """df_foreign_load's table by one compiled pass over the events (no array as long as the
     switches), the time summed in ns: the same table, its sums exact rather than of floats."""
-    from harmony.analysis import checks_jit  # numba: loaded only when this path runs
+    from harmony.analysis import checks_jit  # the compiled kernels: only on this path
     comm, prev_comm = events["comm"], events["prev_comm"]
     names = np.append(np.asarray(comm.cat.categories.astype(str), dtype=object), "nan")
     prev_names = np.append(np.asarray(prev_comm.cat.categories.astype(str), dtype=object), "nan")

@@ -11,15 +11,12 @@ versions is :mod:`harmony.core.jit`'s choice; the tests run both and compare the
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-
-def _jit(fn):
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
+from harmony.core.kernels import kernel
 
 
-@_jit
+@kernel
 def _flush(ts, touched, n_touched, nr, last, t_first, init_row, cpus, out_ts, out_cpu, out_nr, k):
     """End of the records at instant ``ts``: one row per touched CPU whose count changed (in CPU
     order); at t_first the change replaces that CPU's initial row. Returns the rows written."""
@@ -44,7 +41,7 @@ def _flush(ts, touched, n_touched, nr, last, t_first, init_row, cpus, out_ts, ou
     return k
 
 
-@_jit
+@kernel
 def runqueue(order, i_lo, i_hi, rts, rb, ra, cb, ca, t_end, cpu_lut, cpus, init, t_first,
              init_rows, out_ts, out_cpu, out_nr, k):
     """Fill the run-queue table from row ``k`` on; returns (the row after the last written,
@@ -115,7 +112,7 @@ def runqueue(order, i_lo, i_hi, rts, rb, ra, cb, ca, t_end, cpu_lut, cpus, init,
     return k, outside
 
 
-@_jit
+@kernel
 def counts_at(seq, rb, ra, cb, ca, starts, cut, cpu_lut, nr):
     """nr[c] = the experiment tasks runnable on CPU ``cpus[c]`` just before the record of seq
     ``cut``: each task's state after its last record before it, or before its first record.
@@ -138,7 +135,7 @@ def counts_at(seq, rb, ra, cb, ca, starts, cut, cpu_lut, nr):
                 nr[c] += 1
 
 
-@_jit
+@kernel
 def move_rows(out_ts, out_cpu, out_nr, src, n, dst):
     """Move rows [src, src + n) of the out_* arrays down to dst (<= src)."""
     for i in range(n):
@@ -147,7 +144,7 @@ def move_rows(out_ts, out_cpu, out_nr, src, n, dst):
         out_nr[dst + i] = out_nr[src + i]
 
 
-@_jit
+@kernel
 def runs(is_sw, cpu, ts, nxt, prv, pst, is_exp, t_start, t_end, last, out_pid, out_cpu, out_start,
          out_end, out_state, out_open, seg2, seg3, n_out, kinds):
     """df_runs' intervals in one pass over the events in time order, keeping each CPU's last
@@ -239,7 +236,7 @@ def runs(is_sw, cpu, ts, nxt, prv, pst, is_exp, t_start, t_end, last, out_pid, o
             dst += 1
 
 
-@_jit
+@kernel
 def finish_runs(order, pid, cpu, start, end, state, is_open, n_seen, t_end, t0, task_pids, task_row,
                 name_code, role_code, o_pid, o_cpu, o_start, o_end, o_dur, o_t, o_state, o_trunc,
                 o_unseen, o_name, o_role):
@@ -282,7 +279,7 @@ def finish_runs(order, pid, cpu, start, end, state, is_open, n_seen, t_end, t0, 
         o_role[i] = role_code[k]
 
 
-@_jit
+@kernel
 def instants(ts, a, b):
     """How many distinct times rows [a, b) of ``ts`` (ascending) hold."""
     n = 1 if b > a else 0
@@ -292,7 +289,7 @@ def instants(ts, a, b):
     return n
 
 
-@_jit
+@kernel
 def changes(cpu, ts, nr, slot, p, a, b, times, q, target, dev):
     """The run-queue vectors of :func:`reconstruct.runqueue_changes` in one pass: the vector at
     t0 (each of the ``p`` CPUs' last ``nr`` among rows [0, a), -1: none), then after each
@@ -321,7 +318,7 @@ def changes(cpu, ts, nr, slot, p, a, b, times, q, target, dev):
     return covered
 
 
-@_jit
+@kernel
 def _vector(cur, k, q, target, dev):
     """Vector k, ``cur``, into q[:, k] and dev[k] (each where given); whether every CPU of it
     has a length (no CPU: nothing to write)."""

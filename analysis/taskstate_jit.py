@@ -9,8 +9,9 @@ the tests run both and compare them.
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from harmony.core.kernels import inline, kernel
 
 # record codes, as in taskstate (RECORDS)
 WAKEUP, WAKEUP_NEW, SWITCH_IN, SWITCH_OUT_RUNNABLE, SWITCH_OUT_SLEEP, MIGRATE, EXIT = range(7)
@@ -21,11 +22,7 @@ SWITCH = 100                         # event kind of a sched_switch (gives up to
  _RUNNABLE_AFTER_EXIT) = range(1, 10)
 
 
-def _jit(fn):
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
-
-
-@_jit
+@kernel
 def _task(table, v):
     """Dense task index of pid ``v`` (-1: not an experiment task); table[v + 1], clipped."""
     i = np.int64(v) + 1
@@ -36,7 +33,7 @@ def _task(table, v):
     return table[i]
 
 
-@_jit
+@kernel
 def emit(codes, lut, pid, prev_pid, table, rows, task, rec):
     """Records of the experiment tasks in seq order (seq = 2 * row, + 1 for a switch-in), written
     to rows/task/rec (room: two a switch, one an event of another kind read, as
@@ -79,7 +76,7 @@ def emit(codes, lut, pid, prev_pid, table, rows, task, rec):
     return k
 
 
-@_jit
+@kernel
 def by_task(task, n_tasks, order, ends, where):
     """A stable counting sort: order = the records ordered by task (each task's in their given
     order), ends[t] = where task t's records end in it, where[k] = where record k went (the
@@ -101,12 +98,7 @@ def by_task(task, n_tasks, order, ends, where):
         at[t] += 1
 
 
-def _inline(fn):
-    """A phase of :func:`walk` compiled into it (numba inline='always')."""
-    return numba.njit(inline="always", boundscheck=False)(fn)
-
-
-@_inline
+@inline
 def _gather_group(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state,
                   pidset, seq, ts, pid, cpu, rec, orig, dest, first, g0, g1):
     """The first pass over one task's records order[g0:g1]: their columns from the events, each
@@ -154,7 +146,7 @@ def _gather_group(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, 
     return f_runnable, f_running
 
 
-@_inline
+@inline
 def _state_before(rec, cpu, orig, g0, f_runnable, f_running):
     """(runnable, running, CPU) inferred before a task's first record g0 (see taskstate's
     module doc) from the first records that set them."""
@@ -178,7 +170,7 @@ def _state_before(rec, cpu, orig, g0, f_runnable, f_running):
     return runnable, running, where
 
 
-@_inline
+@inline
 def _anomaly(rc, dead, runnable, running, where, on_cpu, to_cpu, from_cpu):
     """The anomaly code of record ``rc`` (0: none) in the state before it (``runnable``,
     ``running``, on CPU ``where``); ``on_cpu``, ``to_cpu``, ``from_cpu``: the record's cpu,
@@ -207,7 +199,7 @@ def _anomaly(rc, dead, runnable, running, where, on_cpu, to_cpu, from_cpu):
     return a
 
 
-@_inline
+@inline
 def _apply(rc, dead, runnable, running, where, on_cpu, to_cpu):
     """(runnable, running, CPU) after record ``rc`` applied to the state before it (arguments as
     :func:`_anomaly`'s)."""
@@ -234,7 +226,7 @@ def _apply(rc, dead, runnable, running, where, on_cpu, to_cpu):
     return runnable, running, where
 
 
-@_jit
+@kernel
 def walk(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state, pidset,
          seq, ts, pid, cpu, rec, orig, dest, runnable_before, runnable_after,
          running_before, running_after, cpu_before, cpu_after, first, anomaly, k_lo, k_hi):

@@ -309,7 +309,7 @@ def _pairs(pid: pd.Series, comm: pd.Series) -> list[tuple[int, str]]:
         # a mark per slot, a chunk of rows at a time: no hashing of millions of keys
         seen = np.zeros((top + 2) * width, bool)
         if use_compiled(len(p), JIT_MIN_EVENTS) and int(c.min(initial=0)) >= -1:
-            from harmony import importer_jit  # numba: loaded only when this path runs
+            from harmony import importer_jit  # the compiled kernels: only on this path
             importer_jit.mark_pairs(p, c, width, seen)      # one pass, no chunk of keys
             slot = np.flatnonzero(seen)
             return list(zip((slot // width - 1).tolist(), names[slot % width - 1]))
@@ -409,7 +409,7 @@ def _distinct_pids(columns: list[np.ndarray]) -> set[int]:
         return set(pd.unique(np.concatenate(columns)).tolist())
     seen = np.zeros(max(tops) + 2, bool)      # -1 (no pid) marks the last slot, left out
     if use_compiled(sum(len(c) for c in columns), JIT_MIN_EVENTS):
-        from harmony import importer_jit  # numba: loaded only when this path runs
+        from harmony import importer_jit  # the compiled kernels: only on this path
         for c in columns:
             run_split(lambda lo, hi, _k, c=c: importer_jit.mark(c, seen, lo, hi), split(len(c)))
     else:
@@ -532,7 +532,7 @@ def _prio_counts(cols, want: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         table[want] = np.arange(len(want), dtype=np.int32) * row + 1
         counts = np.zeros((len(want) + 1) * row, np.int64)
         if use_compiled(sum(len(p) for p, _ in cols), JIT_MIN_EVENTS):
-            from harmony import importer_jit  # numba: loaded only when this path runs
+            from harmony import importer_jit  # the compiled kernels: only on this path
             for p, q in cols:       # one pass each (10.25 M events: 0.07 s in chunks)
                 importer_jit.prio_counts(p, q, table, counts)
             return counts.reshape(-1, row)[:-1, 1:], np.arange(width)
@@ -606,7 +606,7 @@ def _lookups_compiled(events: pd.DataFrame, want: np.ndarray):
     if not len(want) or want[0] < 0 or want[-1] >= TABLE_KEYS_MAX \
             or not use_compiled(len(events), JIT_MIN_EVENTS):
         return None
-    from harmony import importer_jit  # numba: loaded only when this path runs
+    from harmony import importer_jit  # the compiled kernels: only on this path
     return importer_jit
 
 

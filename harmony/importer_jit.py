@@ -10,15 +10,12 @@ the numpy versions is :mod:`harmony.core.jit`'s choice; the tests run both and c
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
-
-def _jit(fn):
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
+from harmony.core.kernels import kernel
 
 
-@_jit
+@kernel
 def where_at(codes, lut, pid, prev, cpu, target, table, bound, where):
     """Each task's CPU at row ``bound`` into where[task] (filled with -1): its last placement
     in the rows before it, else its first from it on (see importer._where_at). A row's
@@ -63,7 +60,7 @@ def where_at(codes, lut, pid, prev, cpu, target, table, bound, where):
                 left -= 1
 
 
-@_jit
+@kernel
 def last_named(pid, comm, empty, table, last):
     """Each task's last row whose pid column is it and whose comm code is not ``empty`` into
     last[task] (filled with -1), read from the end until every task is found."""
@@ -79,7 +76,7 @@ def last_named(pid, comm, empty, table, last):
         r -= 1
 
 
-@_jit
+@kernel
 def first_and_last(pid, prev, common, table):
     """The first and the last row whose pid, prev_pid or common_pid column is a task of
     ``table`` (looked up as where_at does); (0, the last row) if none is, as numpy's argmax
@@ -98,7 +95,7 @@ def first_and_last(pid, prev, common, table):
     return ends[0], ends[1]
 
 
-@_jit
+@kernel
 def mark(values, seen, lo, hi):
     """seen[v] = True for every value v of values[lo:hi] (each below ``len(seen) - 1``; -1, no
     pid, marks the last slot): the distinct pids (or CPUs) of a column, in one pass (numpy's
@@ -110,7 +107,7 @@ def mark(values, seen, lo, hi):
         seen[v if v >= 0 else last] = True
 
 
-@_jit
+@kernel
 def prio_counts(p, q, table, counts):
     """counts[table[p] + q] += 1 for every row (``table`` looked up clipped at both ends, written
     out: see :func:`where_at`): importer._prio_counts's count of each (task, prio) in one pass,
@@ -120,7 +117,7 @@ def prio_counts(p, q, table, counts):
         counts[table[max(min(np.int64(p[i]), top), 0)] + q[i]] += 1
 
 
-@_jit
+@kernel
 def mark_pairs(p, c, width, seen):
     """seen[(p + 1) * width + c + 1] = True for every row: importer._pairs's mark of each (pid,
     comm code) in one pass (every p >= -1 and c >= -1, and the table as large as they need: the

@@ -1,32 +1,37 @@
-"""Compile Harmony's numba kernels into numba's cache now, so that the first command after an
-install is as fast as the next ones: ``python -m harmony.precompile`` (``install.sh`` runs it).
+"""Compile Harmony's kernels now, so that the first command after an install is as fast as the
+next ones: ``python -m harmony.precompile`` (``install.sh`` runs it).
 
-The kernels (:mod:`harmony.probes.ringbuf_jit`, :mod:`harmony.analysis.taskstate_jit`,
-:mod:`harmony.analysis.reconstruct_jit`, :mod:`harmony.analysis.causes_jit`,
+The kernels (:mod:`harmony.core.kernels`: :mod:`harmony.probes.ringbuf_jit`,
+:mod:`harmony.analysis.taskstate_jit`, :mod:`harmony.analysis.reconstruct_jit`,
+:mod:`harmony.analysis.causes_jit`, :mod:`harmony.analysis.checks_jit`,
 :mod:`harmony.analysis.cost_jit`, :mod:`harmony.importer_jit`,
-:mod:`harmony.probes.perf_read_jit`) are compiled with
-``cache=True``: the first process that calls one compiles it (numba, ~15-20 s for all of them on a
-2-CPU host) and stores the machine code next to its source (``__pycache__/*.nbi, *.nbc``); every
-later process loads it (~0.5-1 s). numba keys that cache by the source file's modification time and
-size and by the CPU it was compiled for, so a cache left by an older version of a file, or built on
-another machine, is never used: it is compiled again.
+:mod:`harmony.probes.perf_read_jit`) are compiled twice:
+
+- by numba's JIT (``cache=True``): the first process that calls one compiles it (~15-20 s for
+  all of them on a 2-CPU host) and stores the machine code next to its source
+  (``__pycache__/*.nbi, *.nbc``); every later process that runs them by numba loads it (~0.5-1
+  s). numba keys that cache by the source file's modification time and size and by the CPU, so a
+  stale cache is never used. Where the installed package's directories are not writable by
+  whoever runs Harmony, numba stores it under that user's cache directory instead
+  (``~/.cache/numba``, or ``NUMBA_CACHE_DIR``): run this module as that user (or set
+  ``NUMBA_CACHE_DIR`` to a directory both share) for their first command to find it;
+- ahead of time (:func:`build_extension`, numba's ``pycc`` and the C compiler, ~20 s): every
+  signature the JIT compiled below, into one extension module that loads without numba
+  (:mod:`harmony.core.kernels` says where it is kept and when it is used). Where it cannot be
+  built (no C compiler), the JIT's cache serves.
 
 Here every kernel is called once, with the argument types a real command gives it, by running
 the real paths on small simulated runs (on 2 and 4 CPUs): their events written as tracefs pages and
 decoded (``decode_dir``), the same pages written as a trace.dat and imported (``harmony import``:
-the reader, the tables, the checks), with the compiled kernels forced on (``HARMONY_JIT=1``) and
-every kernel split over threads however small its input (the split paths call kernels the
-single-range path does not).
-
-Where the installed package's directories are not writable by whoever runs Harmony, numba
-stores the cache under that user's cache directory instead (``~/.cache/numba``, or
-``NUMBA_CACHE_DIR``): run this module as that user (or set ``NUMBA_CACHE_DIR`` to a directory
-both share) for their first command to find it.
+the reader, the tables, the checks), with the compiled kernels forced on (``HARMONY_JIT=1``, by
+numba: ``HARMONY_AOT=0``) and every kernel split over threads however small its input (the split
+paths call kernels the single-range path does not).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import struct
 import sys
@@ -36,26 +41,12 @@ from pathlib import Path
 
 import numpy as np
 
-#: the modules whose kernels are compiled (each ``numba.njit(cache=True)``)
-KERNEL_MODULES = ("harmony.probes.ringbuf_jit", "harmony.analysis.taskstate_jit",
-                  "harmony.analysis.reconstruct_jit", "harmony.analysis.causes_jit",
-                  "harmony.analysis.checks_jit", "harmony.analysis.cost_jit",
-                  "harmony.importer_jit", "harmony.probes.perf_read_jit")
-
-
 def kernels() -> dict[str, object]:
-    """Every numba dispatcher of :data:`KERNEL_MODULES` that caches what it compiles:
-    "module.name" -> dispatcher (helpers only called from other kernels are compiled into them,
-    and never on their own)."""
-    import importlib
-
-    out = {}
-    for name in KERNEL_MODULES:
-        mod = importlib.import_module(name)
-        for attr, obj in vars(mod).items():
-            if hasattr(obj, "stats") and getattr(obj, "targetoptions", {}).get("nogil"):
-                out[f"{name}.{attr}"] = obj
-    return out
+    """numba's dispatcher of every kernel (:mod:`harmony.core.kernels`): "module.name" ->
+    dispatcher (helpers only called from other kernels are compiled into them, and never on
+    their own)."""
+    from harmony.core.kernels import jit_dispatchers
+    return jit_dispatchers()
 
 
 def precompile(work: Path) -> dict:
@@ -63,6 +54,7 @@ def precompile(work: Path) -> dict:
     directory. Returns {kernels, compiled (not found in the cache), loaded (from it), seconds,
     cache_dirs}."""
     os.environ["HARMONY_JIT"] = "1"
+    os.environ["HARMONY_AOT"] = "0"      # numba's JIT, whose dispatchers record each signature
     from harmony.analysis import cost_jit
     from harmony.analysis.arrays import key_table
     from harmony.analysis.causes import last_wakes
@@ -121,6 +113,93 @@ def precompile(work: Path) -> dict:
             "cache_dirs": sorted({str(d._cache._cache_path) for d in found.values()})}
 
 
+def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
+    """Compile every signature numba's dispatchers in ``found`` ran with (:func:`precompile`)
+    ahead of time into one extension module (:mod:`harmony.core.kernels`), in the first writable
+    of :func:`harmony.core.kernels.cache_dirs` under this :func:`~harmony.core.kernels.key`,
+    older keys' builds removed, unless one is built for this key already. Returns (its directory,
+    exports, the signatures not exported).
+    Raises OSError, or numba's or the C compiler's error, where it cannot be built."""
+    import shutil
+    import warnings
+
+    import numba.pycc.compiler as pycc_compiler
+    from numba.core.errors import NumbaPendingDeprecationWarning
+
+    from harmony.core import kernels as hk
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)
+        from numba.pycc import CC
+
+    described: dict[str, list] = {}
+    skipped = []
+    cc = CC(hk.EXTENSION)
+    cc.target_cpu = "host"          # the CPU it runs on: the key holds it
+    for name, disp in sorted(found.items()):
+        if name.rsplit(".", 1)[1].startswith("_"):
+            continue                # a helper: compiled into the kernels calling it
+        for sig in disp.signatures:
+            full = disp.overloads[sig].signature
+            args = [hk.arg_spec(t) for t in full.args]
+            if any(a is None for a in args):
+                skipped.append(f"{name}{full.args}")
+                continue
+            symbol = f"k{len(cc._exported_functions)}_{name.rsplit('.', 1)[1]}"
+            cc.export(symbol, full)(disp.py_func)
+            described.setdefault(name, []).append({"symbol": symbol, "args": args})
+    # pycc compiles every export with one Flags object, which a compilation may change (numba
+    # turns SSA off for a function that needs it off, and the next export's inlined helpers
+    # then fail to type): each export gets a fresh copy; and nogil, as numba.njit was given
+    compile_extra, fresh = pycc_compiler.compile_extra, {}
+
+    def compile_one(typing, target, fn, args, ret, flags, **kw):
+        template = fresh.setdefault(id(flags), flags.copy())
+        own = template.copy()
+        own.release_gil = True
+        return compile_extra(typing, target, fn, args, ret, own, **kw)
+
+    key = hk.key()
+    for built in hk.cache_dirs():        # a second install of the same code: nothing to do
+        try:
+            described = json.loads((built / key / hk.EXPORTS_FILE).read_text())
+            if (built / key / described["file"]).is_file():
+                return built / key, sum(len(v) for v in described["kernels"].values()), skipped
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    base = _writable(hk.cache_dirs())
+    work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=base))
+    work.chmod(0o755)               # readable by every user the package is installed for
+    try:
+        cc.output_dir = str(work)
+        pycc_compiler.compile_extra = compile_one
+        try:
+            cc.compile()
+        finally:
+            pycc_compiler.compile_extra = compile_extra
+        (work / hk.EXPORTS_FILE).write_text(json.dumps(
+            {"format": hk.FORMAT, "key": key, "file": Path(cc.output_file).name,
+             "kernels": described}, indent=1))
+        for old in base.iterdir():          # builds of other sources, and this key's last one
+            if old.is_dir() and old != work:
+                shutil.rmtree(old, ignore_errors=True)
+        os.replace(work, base / key)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return base / key, sum(len(v) for v in described.values()), skipped
+
+
+def _writable(candidates: list[Path]) -> Path:
+    for d in candidates:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(d, os.W_OK):
+            return d
+    raise OSError(f"none of {', '.join(map(str, candidates))} is writable")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harmony.precompile",
                                  description=__doc__.split("\n\n")[0])
@@ -137,6 +216,19 @@ def main(argv=None) -> int:
     if not r["kernels"]:
         print("harmony.precompile: no cached kernel found", file=sys.stderr)
         return 1
+    t = time.perf_counter()
+    try:
+        where, exported, skipped = build_extension(kernels())
+    except Exception as e:       # noqa: BLE001 -- any failure leaves numba's JIT, which works
+        line = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        print(f"harmony.precompile: the kernels were not compiled ahead of time ({line}); "
+              "numba's JIT runs them (each large import loads it, ~0.4 s)", file=sys.stderr)
+        return 0
+    print(f"harmony.precompile: {exported} kernel signatures compiled ahead of time, ready in "
+          f"{time.perf_counter() - t:.1f} s, in {where}")
+    for s in skipped:
+        print(f"harmony.precompile: not compiled ahead of time (numba's JIT runs it): {s}",
+              file=sys.stderr)
     return 0
 
 

@@ -353,7 +353,7 @@ def walk_records(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, i
     so for its size (a pass to count the records, one to write them), in Python otherwise."""
     if not use_compiled(len(buf), JIT_MIN_BYTES):
         return _walk_python(buf)
-    from harmony.probes import perf_read_jit  # here: loading numba and the kernels takes ~0.5-1 s
+    from harmony.probes import perf_read_jit
     err = np.full(1, -1, np.int64)
     empty = np.zeros(0, np.int64)
     n = perf_read_jit.walk(buf, empty, np.zeros(0, np.uint32), empty, err)

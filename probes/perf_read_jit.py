@@ -6,11 +6,12 @@ kernels (``harmony.precompile`` compiles it at install)."""
 
 from __future__ import annotations
 
-import numba
 import numpy as np
 
+from harmony.core.kernels import kernel
 
-@numba.njit(cache=True, nogil=True, boundscheck=False)
+
+@kernel
 def walk(buf, offs, types, sizes, err):
     """Walk the records of ``buf`` (a data section: u32 type, u16 misc, u16 size, ...): count them
     (``offs`` empty) or write each one's offset, type and size. Returns the number of records;

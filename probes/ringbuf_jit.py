@@ -14,14 +14,15 @@ pass over the records instead and write straight into the final columns:
 Both return a status instead of raising (numba cannot raise rich exceptions cheaply): 0 = done,
 else an error code with details in ``err`` that the caller turns into a TraceCorrupt naming the
 file. When they run rather than the numpy decoder is :mod:`harmony.core.jit`'s choice (the tests run
-both and compare them). Compiled code is cached next to this file: only the first use ever
-compiles (~5 s); a new process still pays ~0.5-1 s to load numba and the kernels.
+both and compare them); how they are compiled, :mod:`harmony.core.kernels`'s (ahead of time, or by
+numba's JIT, cached next to this file).
 """
 
 from __future__ import annotations
 
-import numba
 import numpy as np
+
+from harmony.core.kernels import inline, kernel
 
 # walk() error kinds (err[0]); err[1] = page, err[2] = byte in page, err[3] = type_len, err[4] =
 # length word (err[5]: the first record too short for its type id, see walk)
@@ -44,16 +45,7 @@ _TS_MSB = -(1 << 59)
 _RAW_CACHE = 1024                  # entries of gather()'s raw-string cache (a power of 2)
 
 
-def _jit(fn):
-    return numba.njit(cache=True, nogil=True, boundscheck=False)(fn)
-
-
-def _inline(fn):
-    """A helper compiled into its callers (a call per field would cost more than the read)."""
-    return numba.njit(inline="always", boundscheck=False)(fn)
-
-
-@_inline
+@inline
 def _uint(buf, p, size):
     v = np.int64(0)
     for j in range(size):
@@ -61,7 +53,7 @@ def _uint(buf, p, size):
     return v
 
 
-@_jit
+@kernel
 def walk(buf, w32, page_size, data_offset, page_ts, data_size, active, starts,
          out_pos, out_len, out_ts, out_cpu, out_code, page_cpu, type_off, type_size, type_lut,
          counts, err, p_lo, p_hi):
@@ -171,7 +163,7 @@ def read_kind(offset: int, size: int, signed: bool) -> int:
     return READ_SBYTES if signed else READ_BYTES
 
 
-@_jit
+@kernel
 def _field_other(buf, w16, p, size, kind):
     """A field gather() does not read inline (16/8-bit, unaligned): rare, kept out of its loop
     (inlining these branches made the whole loop 5x slower)."""
@@ -189,7 +181,7 @@ def _field_other(buf, w16, p, size, kind):
     return v
 
 
-@_jit
+@kernel
 def _cstr_key_bytes(buf, q, width, key):
     """key = the C string of ``width`` bytes at ``q`` (cut at the first NUL), as 32-bit words."""
     for j in range(key.shape[0]):
@@ -201,7 +193,7 @@ def _cstr_key_bytes(buf, q, width, key):
         key[b >> 2] |= np.int64(ch) << (8 * (b & 3))
 
 
-@_inline
+@inline
 def _cstr_key(buf, w32, q, width, key):
     """_cstr_key_bytes, a word at a time when the string is 4-byte aligned and sized; returns the
     key's hash. A word holds a NUL iff (w - 0x01010101) & ~w & 0x80808080 != 0, and its lowest
@@ -231,7 +223,7 @@ def _cstr_key(buf, w32, q, width, key):
 TABLE_FULL_KEY = -3
 
 
-@_inline
+@inline
 def _intern_missed(buf, w32, p, rec_len, off, width, how, key, slot, raw_code, raw_words, slots,
                    keys, nk, err, r, s):
     """(the key index of string column ``s`` of the record at ``p`` (``rec_len`` bytes), the
@@ -294,7 +286,7 @@ def _intern_missed(buf, w32, p, rec_len, off, width, how, key, slot, raw_code, r
     return k, nk
 
 
-@_jit
+@kernel
 def _raw_cache(kw):
     """The raw-bytes cache in front of gather's string table, empty: a string's raw words (NULs
     and what follows them included; ``kw`` at most) -> its key index. Most strings (comm) repeat,
@@ -303,7 +295,7 @@ def _raw_cache(kw):
     return np.full(_RAW_CACHE, -1, np.int64), np.zeros((_RAW_CACHE, kw), np.int64)
 
 
-@_jit
+@kernel
 def _short_record(err, r, length, need):
     """Note record ``r`` too short for its format (``length`` < ``need`` bytes) in ``err``."""
     err[0] = SHORT_RECORD
@@ -313,7 +305,7 @@ def _short_record(err, r, length, need):
     return SHORT_RECORD
 
 
-@_jit
+@kernel
 def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spec16, spec32,
            spec64, ts_out, cpu_out, label_out, row_fmt, row_out, o16, o32, o64, str_spec, str_codes,
            slots, keys, n_keys, err, i_lo, i_hi, j_lo):
@@ -436,7 +428,7 @@ def gather(buf, w16, w32, order, pos, length, ts, cpu, fmt, need, label_lut, spe
     return 0
 
 
-@_jit
+@kernel
 def mark_strings(codes, j_lo, key_off, used):
     """used[key_off[k] + v] = True for every string code v >= 0 of rows [j_lo[k], j_lo[k + 1]):
     gather()'s per-range string numbers, made global (range k's keys follow the earlier ones')."""
@@ -448,7 +440,7 @@ def mark_strings(codes, j_lo, key_off, used):
                 used[off + v] = True
 
 
-@_jit
+@kernel
 def apply_strings(codes, j_lo, key_off, remap, out):
     """out[j] = the category of string code v = codes[j] of range k: remap[key_off[k] + v] if
     v >= 0, else 0 (the empty string's category)."""
@@ -459,14 +451,14 @@ def apply_strings(codes, j_lo, key_off, remap, out):
             out[j] = remap[off + v] if v >= 0 else 0
 
 
-@_jit
+@kernel
 def count_codes(code, counts):
     """counts[c + 1] += records of format code c (slot 0: code -1, no format)."""
     for r in range(code.shape[0]):
         counts[code[r] + 1] += 1
 
 
-@_jit
+@kernel
 def select_codes(code, wanted, out):
     """out[:] = the records r whose wanted[code[r]] (code -1: the last slot), in order; out has
     room for exactly those."""
@@ -477,7 +469,7 @@ def select_codes(code, wanted, out):
             k += 1
 
 
-@_jit
+@kernel
 def count_selected(order, lo, hi, code, wanted):
     """How many of the records at positions [lo, hi) of ``order`` (empty = as they are) have
     wanted[code[r]] (code -1: the last slot)."""
@@ -493,7 +485,7 @@ def count_selected(order, lo, hi, code, wanted):
 MAX_MERGE_RUNS = 8     # more time-ordered runs than this: numpy's stable argsort merges them
 
 
-@_jit
+@kernel
 def run_starts(ts, starts):
     """Where the time-ordered runs of ``ts`` begin (one per CPU: each CPU's records are in time
     order): starts[:k] and starts[k] = len(ts); returns k, or -1 if there are more than
@@ -511,7 +503,7 @@ def run_starts(ts, starts):
     return k
 
 
-@_jit
+@kernel
 def merge_path(ts, a_lo, a_hi, b_lo, b_hi, h):
     """How many of run A = [a_lo, a_hi) the first h records of the stable merge of A and run
     B = [b_lo, b_hi) take (ties to A): the least i whose next A record comes after B's
@@ -527,7 +519,7 @@ def merge_path(ts, a_lo, a_hi, b_lo, b_hi, h):
     return lo
 
 
-@_jit
+@kernel
 def merge2(ts, a, a_hi, b, b_hi, order, j):
     """order[j:] = the stable merge of runs [a, a_hi) and [b, b_hi) (ties to the first)."""
     while a < a_hi and b < b_hi:
@@ -548,7 +540,7 @@ def merge2(ts, a, a_hi, b, b_hi, order, j):
         j += 1
 
 
-@_jit
+@kernel
 def merge_runs(ts, starts, k, order):
     """order = the stable merge of the k runs starts[:k + 1] (ties to the earlier run), by a scan
     of the runs' heads."""
@@ -565,7 +557,7 @@ def merge_runs(ts, starts, k, order):
         heads[best] += 1
 
 
-@_jit
+@kernel
 def rehash(keys, nk, slots):
     """Put the ``nk`` keys of ``keys`` (rows of 32-bit words, zero padded) into the empty hash
     table ``slots`` (a power-of-2 length, -1 = empty), hashed as :func:`gather` hashes a string:
@@ -581,14 +573,14 @@ def rehash(keys, nk, slots):
         slots[h] = k
 
 
-@_jit
+@kernel
 def take(src, idx, out, lo, hi):
     """out[i] = src[idx[i]] for i in [lo, hi) (threads may fill disjoint ranges at once)."""
     for i in range(lo, hi):
         out[i] = src[idx[i]]
 
 
-@_jit
+@kernel
 def to_rows(order, starts, rows):
     """Each position v of ``order`` (into the runs laid end to end: run k from starts[k]) made
     the row where run k's rows begin, rows[k], plus v's place in the run; ``starts`` rising."""

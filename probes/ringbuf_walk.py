@@ -77,7 +77,7 @@ def compiled(nbytes: int):
     for ``nbytes`` of pages, else None (the numpy decoder runs)."""
     if not use_compiled(nbytes, JIT_MIN_BYTES):
         return None
-    from harmony.probes import ringbuf_jit  # here: loading numba and the kernels takes ~0.5-1 s
+    from harmony.probes import ringbuf_jit
     return ringbuf_jit
 
 

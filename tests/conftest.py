@@ -227,14 +227,16 @@ COMPILED = ["compiled", "threads"]
 
 
 def use_implementation(name: str, monkeypatch) -> str:
-    """Make Harmony run its compiled kernels ("compiled"), the same split over 3 threads however
-    small the input ("threads"), or its numpy code ("numpy"); skip the compiled ones without
-    numba. A test that needs only some of them says so with
+    """Make Harmony run its compiled kernels by numba's JIT ("compiled"), or as built ahead of
+    time where ``python -m harmony.precompile`` built them (else numba's JIT again) and split
+    over 3 threads however small the input ("threads"), or its numpy code ("numpy"); skip the
+    compiled ones without numba. A test that needs only some of them says so with
     ``@pytest.mark.parametrize(FIXTURE, [...], indirect=True)``: no copy is made to be skipped."""
     from harmony.core.jit import numba_version
     if name != "numpy" and numba_version() is None:
         host_skip("numba is not installed: only the numpy code runs")
     monkeypatch.setenv("HARMONY_JIT", "0" if name == "numpy" else "1")
+    monkeypatch.setenv("HARMONY_AOT", "0" if name == "compiled" else "1")
     if name == "threads":
         monkeypatch.setenv("HARMONY_THREADS", "3")
         monkeypatch.setattr("harmony.core.jit.PARALLEL_MIN_ITEMS", 1)

@@ -1,32 +1,23 @@
-"""When Harmony uses its compiled (numba) kernels: the trace decoder and the task state machine.
+"""When Harmony uses its compiled kernels (:mod:`harmony.core.kernels`): the trace decoder, the
+task state machine, the tables' and checks' passes.
 
-Compiled, both are several times faster than their numpy versions (which stay, give the same
-tables, and are tested against them), but importing numba and loading the kernels from its cache
-costs ~0.5-1 s once per process. ``HARMONY_JIT`` chooses:
+Compiled, they are several times faster than their numpy versions (which stay, give the same
+tables, and are tested against them). Compiled ahead of time (``python -m harmony.precompile``),
+they load in ~1 ms; by numba's JIT, importing numba and loading the kernels from its cache costs
+~0.4-1 s once per process. ``HARMONY_JIT`` chooses:
 
-- ``auto`` (default): compiled when the input is large enough to repay that start-up, or when
-  numba is already loaded in this process (the start-up is paid); numpy otherwise
-- ``1``: always compiled (where numba is installed); ``0``: never
+- ``auto`` (default): compiled when the kernels are ready (built ahead of time, or numba loaded
+  in this process already), or when the input is large enough to repay numba's start-up; numpy
+  otherwise
+- ``1``: always compiled (where numba is installed or the kernels are built); ``0``: never
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import os
 import sys
 
-
-@functools.lru_cache(maxsize=1)
-def numba_version() -> str | None:
-    """numba's version if it is installed (without importing it), else None."""
-    if importlib.util.find_spec("numba") is None:
-        return None
-    from importlib.metadata import PackageNotFoundError, version
-    try:
-        return version("numba")
-    except PackageNotFoundError:
-        return "?"
+from harmony.core.kernels import numba_version  # noqa: F401 -- also this module's
 
 
 def mode() -> str:
@@ -35,29 +26,41 @@ def mode() -> str:
 
 
 def numba_loaded() -> bool:
-    """numba is imported in this process already: its start-up is paid."""
-    return "numba" in sys.modules
+    """The compiled kernels cost nothing more to start here: they are built ahead of time, or
+    numba is imported in this process already."""
+    from harmony.core import kernels
+    return "numba" in sys.modules or kernels.aot_ready()
 
 
 def use_compiled(size: int, min_size: int) -> bool:
     """Whether to run the compiled kernel on an input of ``size`` (bytes, events: the caller's
     unit) when it repays numba's start-up from ``min_size`` on."""
     m = mode()
-    if m == "0" or numba_version() is None:
+    if m == "0":
         return False
+    if numba_version() is None:
+        from harmony.core import kernels
+        return kernels.aot_ready()      # whatever a kernel its exports miss would need
     return m == "1" or size >= min_size or numba_loaded()
 
 
 def describe() -> tuple[bool, str]:
     """(compiled kernels usable, a line for ``harmony doctor``)."""
+    from harmony.core import kernels
     v = numba_version()
     if v is None:
         return False, "numpy only: numba is not installed (large traces decode 3-5x slower)"
     if mode() == "0":
         return False, f"numpy only: HARMONY_JIT=0 (numba {v} installed)"
+    if kernels.aot_ready():
+        return True, (f"compiled ahead of time (numba {v}) in {kernels.aot_where()}, for every "
+                      f"trace{' (HARMONY_JIT=1)' if mode() == '1' else ''}")
+    why = ("HARMONY_AOT=0" if os.environ.get("HARMONY_AOT", "").strip() == "0" else
+           "not built for this code: python -m harmony.precompile")
     if mode() == "1":
-        return True, f"compiled (numba {v}), for every trace (HARMONY_JIT=1)"
-    return True, f"compiled (numba {v}) for large traces, numpy below (HARMONY_JIT=auto)"
+        return True, f"compiled by numba {v}'s JIT ({why}), for every trace (HARMONY_JIT=1)"
+    return True, (f"compiled by numba {v}'s JIT for large traces, numpy below ({why}; each "
+                  f"large import loads numba, ~0.4 s)")
 
 
 #: below this many items a kernel runs on one thread: handing a range to a pool thread costs

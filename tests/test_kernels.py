@@ -1,0 +1,168 @@
+"""harmony.core.kernels: the kernel modules import without numba; the kernels built ahead of time
+run a whole import without numba, as numba's JIT does it; a call no export matches goes to numba
+and still gives the right answer; an export is called only with the argument types numba would
+have compiled it for."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import host_skip
+
+from harmony.core import kernels
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _python(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env or {})}, check=False)
+
+
+def test_the_kernel_modules_import_without_numba():
+    """Decorating a kernel compiles nothing and imports no numba: a process that never calls one
+    (or calls only built ones) never loads numba's runtime."""
+    r = _python(f"""
+        import importlib, sys
+        for m in {kernels.KERNEL_MODULES!r}:
+            importlib.import_module(m)
+        print("numba" in sys.modules, "llvmlite" in sys.modules)
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "False"]
+
+
+def _need_built_kernels() -> None:
+    """Skip where the kernels are not built ahead of time (fail in CI: install.sh builds them)."""
+    if not kernels.aot_ready():
+        host_skip("the kernels are not built ahead of time here (python -m harmony.precompile)")
+
+
+IMPORT = """
+    import json, os, sys, numpy as np
+    from pathlib import Path
+    from harmony.core import kernels
+    from harmony.importer import import_trace
+    from harmony.probes.encode import write_recording
+    from harmony.probes.ringbuf import decode_dir
+    from harmony.probes.tracedat_write import write_tracedat
+    from harmony.simulate import simulate_run
+    here = Path(sys.argv[1])
+    sim = simulate_run("poly-balance", "single-source", 2, here / "sim",
+                       overrides={"duration": "0.5", "layout": "4,0"})
+    write_recording(sim.events, sim.markers, {"cpus": [0, 1], "clock": "mono"}, here / "raw")
+    decode_dir(here / "raw")
+    dat = write_tracedat(here / "raw", here / "trace.dat")
+    import_trace(dat, here / "import", pids=[int(p) for p in sim.tasks["pid"]])
+    print(json.dumps({"numba": "numba" in sys.modules, "fallbacks": kernels.fallbacks()}))
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_an_import_by_the_built_kernels_loads_no_numba_and_matches_the_jit(tmp_path, threads):
+    """A whole import (decode, tables, checks) with the kernels forced on, once by the kernels
+    built ahead of time and once by numba's JIT: the first never loads numba and no call misses
+    its exports; both write the same tables."""
+    _need_built_kernels()
+    import pandas as pd
+    env = {"HARMONY_JIT": "1", "HARMONY_THREADS": threads}
+    runs = {}
+    for aot in ("1", "0"):
+        here = tmp_path / f"aot{aot}"
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(IMPORT), str(here)],
+                           capture_output=True, text=True, timeout=300, check=False,
+                           env={**os.environ, **env, "HARMONY_AOT": aot})
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[aot] = (json.loads(r.stdout.strip().splitlines()[-1]), here / "import")
+    built, jit = runs["1"][0], runs["0"][0]
+    assert built == {"numba": False, "fallbacks": {}}
+    assert jit["numba"] is True
+    tables = sorted(p.relative_to(runs["1"][1]) for p in runs["1"][1].rglob("*.parquet"))
+    assert tables and tables == sorted(p.relative_to(runs["0"][1])
+                                       for p in runs["0"][1].rglob("*.parquet"))
+    for t in tables:
+        pd.testing.assert_frame_equal(pd.read_parquet(runs["1"][1] / t),
+                                      pd.read_parquet(runs["0"][1] / t))
+
+
+def test_a_call_no_export_matches_runs_by_numba_and_is_counted():
+    """importer_jit.mark is built for int32 and int16 values: int8 values (a type no import
+    gives it) are marked by numba's JIT, rightly, and the call is counted as a fallback."""
+    _need_built_kernels()
+    from harmony import importer_jit
+    before = kernels.fallbacks().get("harmony.importer_jit.mark", 0)
+    seen = np.zeros(8, np.bool_)
+    importer_jit.mark(np.array([1, 5, 1, 7], np.int32), seen, 0, 4)      # an export
+    assert kernels.fallbacks().get("harmony.importer_jit.mark", 0) == before
+    assert seen.nonzero()[0].tolist() == [1, 5, 7]
+    seen[:] = False
+    importer_jit.mark(np.array([2, 3], np.int8), seen, 0, 2)            # none: numba's JIT
+    assert kernels.fallbacks()["harmony.importer_jit.mark"] == before + 1
+    assert seen.nonzero()[0].tolist() == [2, 3]
+
+
+def _values():
+    a = np.arange(12, dtype=np.int64)
+    ro = a.copy()
+    ro.flags.writeable = False
+    return {"int64": a, "int32": a.astype(np.int32), "readonly": ro, "strided": a[::2],
+            "2d": a.reshape(3, 4), "fortran": np.asfortranarray(a.reshape(3, 4)),
+            "big-endian": a.astype(">i8"), "bool": a > 3, "py-int": 7, "np-int64": np.int64(7),
+            "np-int32": np.int32(7), "py-bool": True, "py-float": 1.5, "np-float32": np.float32(1),
+            "unaligned": np.frombuffer(b"\0" + a.tobytes(), np.int64, 12, 1)}
+
+
+def test_an_export_matches_exactly_the_arguments_numba_would_compile_it_for():
+    """For every pair of values (x, y): an export compiled for numba's type of x is called with
+    y if and only if numba types y the same, or as the writable form of a read-only array (the
+    export only reads it); never with a value numba cannot type (a big-endian array); a type the
+    exports cannot describe is never exported."""
+    if kernels.numba_version() is None:
+        host_skip("numba is not installed")
+    import numba
+    values = _values()
+
+    def typeof(v):
+        try:
+            return numba.typeof(v)
+        except numba.core.errors.NumbaError:        # a value numba cannot type
+            return None
+
+    for xname, x in values.items():
+        tx = typeof(x)
+        if tx is None:
+            assert xname == "big-endian"
+            continue
+        spec = kernels.arg_spec(tx)
+        if spec is None:
+            assert xname in ("strided", "fortran"), xname
+            continue
+        checks = kernels._checks([spec])
+        for yname, y in values.items():
+            ty = typeof(y)
+            same = ty == tx or (isinstance(tx, numba.types.Array) and not tx.mutable
+                                and ty == tx.copy(readonly=False))
+            assert kernels._matches(checks, (y,)) is same, (xname, yname)
+
+
+def test_a_broken_build_is_not_used(tmp_path, monkeypatch):
+    """An exports description that is not JSON, or names no extension file, or an extension
+    that does not load: the kernels run by numba's JIT, nothing raised."""
+    key = kernels.key()
+    monkeypatch.setattr(kernels, "cache_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(kernels, "_aot_state", {})
+    (tmp_path / key).mkdir()
+    for text in ("{not json", json.dumps({"file": "missing.so", "kernels": {}}),
+                 json.dumps({"kernels": {}})):
+        (tmp_path / key / kernels.EXPORTS_FILE).write_text(text)
+        kernels._aot_state.clear()
+        assert kernels.aot_exports() == {} and kernels.aot_where() is None
+    (tmp_path / key / "bad.so").write_bytes(b"\x7fELF truncated")
+    (tmp_path / key / kernels.EXPORTS_FILE).write_text(json.dumps({"file": "bad.so",
+                                                                   "kernels": {}}))
+    kernels._aot_state.clear()
+    assert kernels.aot_exports() == {}
