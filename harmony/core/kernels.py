@@ -95,7 +95,7 @@ class Kernel:
             for checks, fn in exports:
                 if _matches(checks, args):
                     return fn(*args)
-            if exports:
+            if _aot_state.get("exports"):     # built, but not for these arguments
                 with _lock:
                     key = f"{self.module}.{self.name}"
                     _fallbacks[key] = _fallbacks.get(key, 0) + 1
