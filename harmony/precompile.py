@@ -132,8 +132,16 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
         warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)
         from numba.pycc import CC
 
+    key = hk.key()
+    for built in hk.cache_dirs():        # a second install of the same code: nothing to do
+        try:
+            existing = json.loads((built / key / hk.EXPORTS_FILE).read_text())
+            if (built / key / existing["file"]).is_file():
+                return built / key, sum(len(v) for v in existing["kernels"].values()), []
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
     described: dict[str, list] = {}
-    skipped = []
+    skipped, exported = [], 0
     cc = CC(hk.EXTENSION)
     cc.target_cpu = "host"          # the CPU it runs on: the key holds it
     for name, disp in sorted(found.items()):
@@ -145,12 +153,13 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
             if any(a is None for a in args):
                 skipped.append(f"{name}{full.args}")
                 continue
-            symbol = f"k{len(cc._exported_functions)}_{name.rsplit('.', 1)[1]}"
+            symbol = f"k{exported}_{name.rsplit('.', 1)[1]}"
+            exported += 1
             cc.export(symbol, full)(disp.py_func)
             described.setdefault(name, []).append({"symbol": symbol, "args": args})
     # pycc compiles every export with one Flags object, which a compilation may change (numba
-    # turns SSA off for a function that needs it off, and the next export's inlined helpers
-    # then fail to type): each export gets a fresh copy; and nogil, as numba.njit was given
+    # 0.68 left enable_ssa off after one of these, and the next export's inlined helpers then
+    # failed to type): each export gets a fresh copy; and nogil, as numba.njit was given
     compile_extra, fresh = pycc_compiler.compile_extra, {}
 
     def compile_one(typing, target, fn, args, ret, flags, **kw):
@@ -159,14 +168,6 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
         own.release_gil = True
         return compile_extra(typing, target, fn, args, ret, own, **kw)
 
-    key = hk.key()
-    for built in hk.cache_dirs():        # a second install of the same code: nothing to do
-        try:
-            described = json.loads((built / key / hk.EXPORTS_FILE).read_text())
-            if (built / key / described["file"]).is_file():
-                return built / key, sum(len(v) for v in described["kernels"].values()), skipped
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass
     base = _writable(hk.cache_dirs())
     work = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=base))
     work.chmod(0o755)               # readable by every user the package is installed for
@@ -186,7 +187,7 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
         os.replace(work, base / key)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return base / key, sum(len(v) for v in described.values()), skipped
+    return base / key, exported, skipped
 
 
 def _writable(candidates: list[Path]) -> Path:
