@@ -18,7 +18,8 @@ The kernels (:mod:`harmony.core.kernels`: :mod:`harmony.probes.ringbuf_jit`,
 - ahead of time (:func:`build_extension`, numba's ``pycc`` and the C compiler, ~20 s): every
   signature the JIT compiled below, into one extension module that loads without numba
   (:mod:`harmony.core.kernels` says where it is kept and when it is used). Where it cannot be
-  built (no C compiler), the JIT's cache serves.
+  built (no C compiler; a numba without ``pycc``, which numba marks "pending deprecation" with
+  no replacement yet), the JIT's cache serves.
 
 Here every kernel is called once, with the argument types a real command gives it, by running
 the real paths on small simulated runs (on 2 and 4 CPUs): their events written as tracefs pages and
@@ -123,13 +124,13 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
     import shutil
     import warnings
 
-    import numba.pycc.compiler as pycc_compiler
     from numba.core.errors import NumbaPendingDeprecationWarning
 
     from harmony.core import kernels as hk
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():     # pycc: "pending deprecation", no replacement yet
         warnings.simplefilter("ignore", NumbaPendingDeprecationWarning)
+        import numba.pycc.compiler as pycc_compiler
         from numba.pycc import CC
 
     key = hk.key()
@@ -181,8 +182,11 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
         (work / hk.EXPORTS_FILE).write_text(json.dumps(
             {"format": hk.FORMAT, "key": key, "file": Path(cc.output_file).name,
              "kernels": described}, indent=1))
-        for old in base.iterdir():          # builds of other sources, and this key's last one
-            if old.is_dir() and old != work:
+        for old in base.iterdir():
+            # builds of other sources, and this key's last one; another build's work in
+            # progress only when it is an hour old (its precompile was killed)
+            if old.is_dir() and old != work and (
+                    not old.name.startswith(".") or time.time() - old.stat().st_mtime > 3600):
                 shutil.rmtree(old, ignore_errors=True)
         os.replace(work, base / key)
     finally:

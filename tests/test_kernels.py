@@ -166,3 +166,30 @@ def test_a_broken_build_is_not_used(tmp_path, monkeypatch):
                                                                    "kernels": {}}))
     kernels._aot_state.clear()
     assert kernels.aot_exports() == {}
+
+
+def test_a_build_replaces_other_sources_builds_and_is_reused(tmp_path, monkeypatch):
+    """harmony.precompile's build: into the cache directory under this key, a build of other
+    sources and a killed build's leftovers (an hour old) removed, another build in progress
+    kept; built once, found the second time (not rebuilt); loaded from there."""
+    import shutil
+    import time
+
+    from harmony.precompile import build_extension
+    if shutil.which("cc") is None:
+        host_skip("no C compiler: the kernels cannot be built ahead of time")
+    monkeypatch.setattr(kernels, "cache_dirs", lambda: [tmp_path])
+    for name in ("0123456789abcdef01234567", ".busy-build", ".killed-build"):
+        (tmp_path / name).mkdir()
+    hour_ago = time.time() - 3700
+    os.utime(tmp_path / ".killed-build", (hour_ago, hour_ago))
+    where, exported, skipped = build_extension({})
+    assert (where, exported, skipped) == (tmp_path / kernels.key(), 0, [])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".busy-build", kernels.key()])
+    described = json.loads((where / kernels.EXPORTS_FILE).read_text())
+    assert described["kernels"] == {} and (where / described["file"]).is_file()
+    made = (where / kernels.EXPORTS_FILE).stat().st_mtime_ns
+    assert build_extension({}) == (where, 0, [])
+    assert (where / kernels.EXPORTS_FILE).stat().st_mtime_ns == made
+    monkeypatch.setattr(kernels, "_aot_state", {})
+    assert kernels.aot_exports() == {} and kernels.aot_where() == where
