@@ -53,7 +53,7 @@ def describe() -> tuple[bool, str]:
     if mode() == "0":
         return False, f"numpy only: HARMONY_JIT=0 (numba {v} installed)"
     if kernels.aot_ready():
-        return True, (f"compiled ahead of time (numba {v}) in {kernels.aot_where()}, for every "
+        return True, (f"compiled ahead of time (numba {v}) in {kernels.aot_built()}, for every "
                       f"trace{' (HARMONY_JIT=1)' if mode() == '1' else ''}")
     why = ("HARMONY_AOT=0" if os.environ.get("HARMONY_AOT", "").strip() == "0" else
            "not built for this code: python -m harmony.precompile")

@@ -185,8 +185,12 @@ def _cpu_identity() -> str:
 def key() -> str:
     """What the extension must have been built from to be used: the kernel modules' sources,
     Python's, numpy's and numba's versions, the CPU, :data:`FORMAT`."""
-    import numpy
-    h = hashlib.sha256(f"{FORMAT}|{sys.version}|{numpy.__version__}|{numba_version()}|"
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        numpy_version = version("numpy")        # numpy's, not imported (the guest agent's)
+    except PackageNotFoundError:
+        numpy_version = None
+    h = hashlib.sha256(f"{FORMAT}|{sys.version}|{numpy_version}|{numba_version()}|"
                        f"{_cpu_identity()}".encode())
     for module in KERNEL_MODULES:
         origin = importlib.util.find_spec(module).origin
@@ -222,32 +226,47 @@ def aot_where() -> Path | None:
 
 
 def aot_ready() -> bool:
-    """The ahead-of-time kernels are built for these sources and enabled here."""
-    return _aot_enabled() and bool(aot_exports())
+    """The ahead-of-time kernels are built for these sources and enabled here: found, not
+    loaded (a build that does not load leaves its kernels to numba's JIT when they run)."""
+    return _aot_enabled() and aot_built() is not None
+
+
+def aot_built() -> Path | None:
+    """The directory of the build for this :func:`key`, if there is one (its description and
+    its extension file present; nothing loaded, no numpy imported)."""
+    with _lock:
+        if "built" not in _aot_state:
+            _aot_state["built"] = None
+            try:
+                k = key()
+            except (OSError, AttributeError, TypeError):
+                return None
+            for base in cache_dirs():
+                try:
+                    described = json.loads((base / k / EXPORTS_FILE).read_text())
+                    if (base / k / described["file"]).is_file():
+                        _aot_state["built"] = base / k
+                        break
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+        return _aot_state["built"]
 
 
 def _load_aot() -> dict[str, list]:
-    try:
-        k = key()
-    except (OSError, AttributeError, TypeError):
+    where = aot_built()
+    if where is None:
         return {}
-    for base in cache_dirs():
-        where = base / k
-        try:
-            described = json.loads((where / EXPORTS_FILE).read_text())
-            path = where / described["file"]
-            spec = importlib.util.spec_from_file_location(EXTENSION, path)
-            ext = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(ext)
-        except (OSError, ValueError, KeyError, ImportError):
-            continue
-        out: dict[str, list] = {}
-        for kname, entries in described["kernels"].items():
-            out[kname] = [(_checks(e["args"]), getattr(ext, e["symbol"])) for e in entries
-                          if hasattr(ext, e["symbol"])]
-        _aot_state["where"] = where
-        return out
-    return {}
+    try:
+        described = json.loads((where / EXPORTS_FILE).read_text())
+        spec = importlib.util.spec_from_file_location(EXTENSION, where / described["file"])
+        ext = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ext)
+        out = {name: [(_checks(e["args"]), getattr(ext, e["symbol"])) for e in entries]
+               for name, entries in described["kernels"].items()}
+    except (OSError, ValueError, KeyError, TypeError, ImportError, AttributeError):
+        return {}           # its kernels run by numba's JIT
+    _aot_state["where"] = where
+    return out
 
 
 # --- the arguments' types, as numba would type them ------------------------------------------
