@@ -275,6 +275,8 @@ def _checks(args: list) -> tuple:
     """The checks an argument list must pass for an export (:func:`arg_spec`'s description of
     each of its arguments) to be called with it."""
     import numpy as np
+    if not _PYTHON:
+        _PYTHON.update({int: np.int64, float: np.float64, bool: np.bool_})
     out = []
     for a in args:
         if a[0] == "array":
@@ -284,19 +286,15 @@ def _checks(args: list) -> tuple:
     return tuple(out)
 
 
-def _python_scalars() -> dict:
-    import numpy as np
-    return {int: np.int64, float: np.float64, bool: np.bool_}
-
-
-#: the numpy scalar type numba gives a Python scalar (an int that fits int64: int64)
+#: the numpy scalar type numba gives a Python scalar (an int: int64), filled by :func:`_checks`
 _PYTHON: dict = {}
 
 
 def _matches(checks: tuple, args: tuple) -> bool:
+    """Whether ``args`` are what numba would type as the export's arguments (``checks``, from
+    :func:`_checks`): an ndarray of its dtype and dimensions, C-ordered, writable unless the
+    export only reads it; a scalar of its type (or the Python type numba gives it)."""
     import numpy as np
-    if not _PYTHON:
-        _PYTHON.update(_python_scalars())
     if len(args) != len(checks):
         return False
     for c, x in zip(checks, args):
