@@ -9,7 +9,7 @@ they load in ~1 ms; by numba's JIT, importing numba and loading the kernels from
 - ``auto`` (default): compiled when the kernels are ready (built ahead of time, or numba loaded
   in this process already), or when the input is large enough to repay numba's start-up; numpy
   otherwise
-- ``1``: always compiled (where numba is installed or the kernels are built); ``0``: never
+- ``1``: always compiled (where numba is installed); ``0``: never
 """
 
 from __future__ import annotations
@@ -36,11 +36,8 @@ def use_compiled(size: int, min_size: int) -> bool:
     """Whether to run the compiled kernel on an input of ``size`` (bytes, events: the caller's
     unit) when it repays numba's start-up from ``min_size`` on."""
     m = mode()
-    if m == "0":
+    if m == "0" or numba_version() is None:     # without numba, a call the build misses fails
         return False
-    if numba_version() is None:
-        from harmony.core import kernels
-        return kernels.aot_ready()      # whatever a kernel its exports miss would need
     return m == "1" or size >= min_size or numba_loaded()
 
 
