@@ -134,13 +134,9 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
         from numba.pycc import CC
 
     key = hk.key()
-    for built in hk.cache_dirs():        # a second install of the same code: nothing to do
-        try:
-            existing = json.loads((built / key / hk.EXPORTS_FILE).read_text())
-            if (built / key / existing["file"]).is_file():
-                return built / key, sum(len(v) for v in existing["kernels"].values()), []
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass
+    existing = hk.find_build(key)       # a second install of the same code: nothing to do
+    if existing is not None:
+        return existing[0], sum(len(v) for v in existing[1]["kernels"].values()), []
     described: dict[str, list] = {}
     skipped, exported = [], 0
     cc = CC(hk.EXTENSION)

@@ -52,7 +52,7 @@ def describe() -> tuple[bool, str]:
     if kernels.aot_ready():
         return True, (f"compiled ahead of time (numba {v}) in {kernels.aot_built()}, for every "
                       f"trace{' (HARMONY_JIT=1)' if mode() == '1' else ''}")
-    why = ("HARMONY_AOT=0" if os.environ.get("HARMONY_AOT", "").strip() == "0" else
+    why = ("HARMONY_AOT=0" if not kernels.aot_enabled() else
            "not built for this code: python -m harmony.precompile")
     if mode() == "1":
         return True, f"compiled by numba {v}'s JIT ({why}), for every trace (HARMONY_JIT=1)"

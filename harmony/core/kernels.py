@@ -88,7 +88,7 @@ class Kernel:
         return f"<kernel {self.module}.{self.name}>"
 
     def __call__(self, *args):
-        if _aot_enabled():
+        if aot_enabled():
             exports = self._exports
             if exports is None:
                 exports = self._exports = aot_exports().get(f"{self.module}.{self.name}", ())
@@ -160,7 +160,8 @@ def fallbacks() -> dict[str, int]:
 
 # --- the ahead-of-time extension -------------------------------------------------------------
 
-def _aot_enabled() -> bool:
+def aot_enabled() -> bool:
+    """The kernels built ahead of time may be used (``HARMONY_AOT=0``: never)."""
     return os.environ.get("HARMONY_AOT", "").strip() != "0"
 
 
@@ -228,7 +229,7 @@ def aot_where() -> Path | None:
 def aot_ready() -> bool:
     """The ahead-of-time kernels are built for these sources and enabled here: found, not
     loaded (a build that does not load leaves its kernels to numba's JIT when they run)."""
-    return _aot_enabled() and aot_built() is not None
+    return aot_enabled() and aot_built() is not None
 
 
 def aot_built() -> Path | None:
@@ -236,28 +237,33 @@ def aot_built() -> Path | None:
     its extension file present; nothing loaded, no numpy imported)."""
     with _lock:
         if "built" not in _aot_state:
-            _aot_state["built"] = None
             try:
-                k = key()
+                _aot_state["built"] = find_build(key())
             except (OSError, AttributeError, TypeError):
-                return None
-            for base in cache_dirs():
-                try:
-                    described = json.loads((base / k / EXPORTS_FILE).read_text())
-                    if (base / k / described["file"]).is_file():
-                        _aot_state["built"] = base / k
-                        break
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue
-        return _aot_state["built"]
+                _aot_state["built"] = None
+        built = _aot_state["built"]
+        return built[0] if built else None
+
+
+def find_build(k: str) -> tuple[Path, dict] | None:
+    """(directory, exports' description) of a build for key ``k`` in :func:`cache_dirs` whose
+    description reads, lists its kernels and names an extension file that is there; None if
+    there is none."""
+    for base in cache_dirs():
+        try:
+            described = json.loads((base / k / EXPORTS_FILE).read_text())
+            if isinstance(described["kernels"], dict) and (base / k / described["file"]).is_file():
+                return base / k, described
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
 
 
 def _load_aot() -> dict[str, list]:
-    where = aot_built()
-    if where is None:
+    if aot_built() is None:
         return {}
+    where, described = _aot_state["built"]
     try:
-        described = json.loads((where / EXPORTS_FILE).read_text())
         spec = importlib.util.spec_from_file_location(EXTENSION, where / described["file"])
         ext = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(ext)
