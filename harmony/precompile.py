@@ -17,7 +17,9 @@ The kernels (:mod:`harmony.core.kernels`: :mod:`harmony.probes.ringbuf_jit`,
   ``NUMBA_CACHE_DIR`` to a directory both share) for their first command to find it;
 - ahead of time (:func:`build_extension`, numba's ``pycc`` and the C compiler, ~20 s): every
   signature the JIT compiled below, into one extension module that loads without numba
-  (:mod:`harmony.core.kernels` says where it is kept and when it is used). Where it cannot be
+  (:mod:`harmony.core.kernels` says where it is kept and when it is used); a build of the same
+  key is reused only if it exports every one of those signatures (the key holds the kernels'
+  sources, not their callers', which may now pass other types). Where it cannot be
   built (no C compiler; a numba without ``pycc``, which numba marks "pending deprecation" with
   no replacement yet), the JIT's cache serves.
 
@@ -133,14 +135,7 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
         import numba.pycc.compiler as pycc_compiler
         from numba.pycc import CC
 
-    key = hk.key()
-    existing = hk.find_build(key)       # a second install of the same code: nothing to do
-    if existing is not None:
-        return existing[0], sum(len(v) for v in existing[1]["kernels"].values()), []
-    described: dict[str, list] = {}
-    skipped, exported = [], 0
-    cc = CC(hk.EXTENSION)
-    cc.target_cpu = "host"          # the CPU it runs on: the key holds it
+    wanted, skipped = [], []        # (name, its signature, its arguments' specs)
     for name, disp in sorted(found.items()):
         if name.rsplit(".", 1)[1].startswith("_"):
             continue                # a helper: compiled into the kernels calling it
@@ -149,11 +144,23 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
             args = [hk.arg_spec(t) for t in full.args]
             if any(a is None for a in args):
                 skipped.append(f"{name}{full.args}")
-                continue
-            symbol = f"k{exported}_{name.rsplit('.', 1)[1]}"
-            exported += 1
-            cc.export(symbol, full)(disp.py_func)
-            described.setdefault(name, []).append({"symbol": symbol, "args": args})
+            else:
+                wanted.append((name, full, args))
+    key = hk.key()
+    existing = hk.find_build(key)
+    if existing is not None and _covers(existing[1], wanted):
+        # a second install of the same code: nothing to do. Not where the kernels' callers now
+        # pass other types (the key holds the kernels' sources, not their callers'): built again
+        return existing[0], sum(len(v) for v in existing[1]["kernels"].values()), skipped
+    described: dict[str, list] = {}
+    exported = 0
+    cc = CC(hk.EXTENSION)
+    cc.target_cpu = "host"          # the CPU it runs on: the key holds it
+    for name, full, args in wanted:
+        symbol = f"k{exported}_{name.rsplit('.', 1)[1]}"
+        exported += 1
+        cc.export(symbol, full)(found[name].py_func)
+        described.setdefault(name, []).append({"symbol": symbol, "args": args})
     # pycc compiles every export with one Flags object, which a compilation may change (numba
     # 0.68 left enable_ssa off after one of these, and the next export's inlined helpers then
     # failed to type): each export gets a fresh copy; and nogil, as numba.njit was given
@@ -188,6 +195,15 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return base / key, exported, skipped
+
+
+def _covers(described: dict, wanted: list) -> bool:
+    """Whether a build's exports (its description, :data:`harmony.core.kernels.EXPORTS_FILE`)
+    hold every signature of ``wanted`` ((name, signature, argument specs), as build_extension
+    lists them)."""
+    have = {(name, json.dumps(e["args"])) for name, entries in described["kernels"].items()
+            for e in entries if isinstance(e, dict) and "args" in e}
+    return all((name, json.dumps(args)) in have for name, _, args in wanted)
 
 
 def _writable(candidates: list[Path]) -> Path:

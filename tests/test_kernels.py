@@ -193,3 +193,32 @@ def test_a_build_replaces_other_sources_builds_and_is_reused(tmp_path, monkeypat
     assert (where / kernels.EXPORTS_FILE).stat().st_mtime_ns == made
     monkeypatch.setattr(kernels, "_aot_state", {})
     assert kernels.aot_exports() == {} and kernels.aot_where() == where
+
+
+def test_a_build_lacking_a_signature_found_is_built_again(tmp_path, monkeypatch):
+    """The key holds the kernels' sources, not their callers': where a caller now passes other
+    types (a signature precompile found that the build under this key does not export), the
+    build is made again with it, then reused."""
+    import shutil
+
+    import numba
+
+    from harmony.precompile import build_extension
+    if shutil.which("cc") is None:
+        host_skip("no C compiler: the kernels cannot be built ahead of time")
+    monkeypatch.setattr(kernels, "cache_dirs", lambda: [tmp_path])
+    where, exported, _ = build_extension({})
+    assert exported == 0
+
+    def twice(x):
+        return 2 * x
+
+    found = {"harmony.test_only.twice": numba.njit(nogil=True)(twice)}
+    assert found["harmony.test_only.twice"](np.int64(21)) == 42
+    assert build_extension(found) == (where, 1, [])
+    described = json.loads((where / kernels.EXPORTS_FILE).read_text())
+    assert list(described["kernels"]) == ["harmony.test_only.twice"]
+    made = (where / kernels.EXPORTS_FILE).stat().st_mtime_ns
+    assert build_extension(found) == (where, 1, [])             # covered: reused
+    assert build_extension({}) == (where, 1, [])                # a subset: reused too
+    assert (where / kernels.EXPORTS_FILE).stat().st_mtime_ns == made
