@@ -68,7 +68,7 @@ def test_frame_refuses_a_wrong_column():
     with pytest.raises(ValueError, match=r"runqueue lacks \['nr'\] and has undeclared \['n'\]"):
         tables.RUNQUEUE.frame({"ts": [], "t": [], "cpu": [], "n": []})
     df = tables.RUNQUEUE.frame({"ts": [1], "t": [0.0], "cpu": [0], "nr": [1]})
-    with pytest.raises(ValueError, match="runqueue: cpu is int64, not int32"):
+    with pytest.raises(ValueError, match="runqueue: cpu is int64, not int16"):
         tables.RUNQUEUE.check(df)
     with pytest.raises(ValueError, match="order"):
         tables.RUNQUEUE.check(df[["t", "ts", "cpu", "nr"]])
