@@ -382,7 +382,7 @@ def df_all_moves(events: pd.DataFrame) -> pd.DataFrame:
     rt = prio < 100
     cause[rt & np.isin(cause, (PERIODIC, NEWIDLE))] = UNKNOWN
     return pd.DataFrame({
-        "ts": r["ts"].to_numpy()[sel].astype(np.int64),
+        "ts": ts_.record_ts(events, r["seq"].to_numpy()[sel]),
         "pid": r["pid"].to_numpy()[sel].astype(np.int64),
         "src_cpu": r["orig_cpu"].to_numpy()[sel].astype(np.int64),
         "dst_cpu": r["dest_cpu"].to_numpy()[sel].astype(np.int64),

@@ -29,7 +29,7 @@ from harmony.analysis.arrays import event_mask, in_set, index_of, key_table, key
 from harmony.analysis.causes import CAUSES, cause_counts
 from harmony.analysis.metrics import jain_index
 from harmony.analysis.reconstruct import NS, class_fair_shares
-from harmony.analysis.taskstate import task_records
+from harmony.analysis.taskstate import record_ts, seq_before, task_records
 from harmony.core.jit import run_split, split, use_compiled
 
 #: the longest wasted episodes the summary names
@@ -105,25 +105,27 @@ def _idle_periods(starts: list, ends: list) -> tuple[np.ndarray, np.ndarray]:
     return t[edges[:-1] == 1], to
 
 
-def _records_near(ts: np.ndarray, pid: np.ndarray, periods) -> np.ndarray | None:
-    """The task records (``ts``, ``pid``: task_records' columns, by task and in time order) that
-    give each task's state in the ``periods``: those inside one and each task's last at or before
-    a period's start, by task and in time order. None (all of them) if looking them up would
-    cost about as much as taking them all, or if they are most of them."""
-    lo, hi = periods
+def _records_near(seq: np.ndarray, pid: np.ndarray, bounds) -> np.ndarray | None:
+    """The task records (``seq``, ``pid``: task_records' columns, by task and in time order) that
+    give each task's state in periods: those inside one and each task's last at or before a
+    period's start, by task and in time order; ``bounds``: (lo, hi), the periods' starts and ends
+    as seqs (:func:`harmony.analysis.taskstate.seq_before`: a start's "right", an end's "left").
+    None (all of them) if looking them up would cost about as much as taking them all, or if
+    they are most of them."""
+    lo, hi = bounds
     heads = np.r_[0, np.flatnonzero(pid[1:] != pid[:-1]) + 1, len(pid)]
-    if (len(heads) - 1) * len(lo) * LOOKUP_COST > len(ts):
+    if (len(heads) - 1) * len(lo) * LOOKUP_COST > len(seq):
         return None
     first, stop = [], []
     for a, b in zip(heads[:-1], heads[1:]):
-        t = ts[a:b]
-        first.append(a + np.maximum(np.searchsorted(t, lo, "right") - 1, 0))
+        t = seq[a:b]
+        first.append(a + np.maximum(np.searchsorted(t, lo, "left") - 1, 0))
         stop.append(a + np.searchsorted(t, hi, "left"))
     # a record both in a period and the last before the next one's start comes twice: the
     # second time, it changes nothing
     first, stop = np.concatenate(first), np.concatenate(stop)
     n = np.maximum(stop - first, 0)
-    if 2 * int(n.sum()) > len(ts):
+    if 2 * int(n.sum()) > len(seq):
         # most of them: all, read in place rather than copied (a ping-pong's 5.1 M events: 2.4 M
         # records of 2.5 M, their columns' copies ~60 MB at the import's peak)
         return None
@@ -142,17 +144,20 @@ def _waiting_changes(events: pd.DataFrame, tasks: pd.DataFrame, cpus: list[int],
     pids = tasks["pid"].to_numpy().astype(np.int32)
     free = pids[~tasks["pinned"].to_numpy().astype(bool)] if "pinned" in tasks.columns else pids
     r = task_records(events, pids)
-    at = _records_near(r["ts"].to_numpy(), r["pid"].to_numpy(), periods)
+    lo, hi = periods
+    at = _records_near(r["seq"].to_numpy(), r["pid"].to_numpy(),
+                       (seq_before(events, lo, "right"), seq_before(events, hi, "left")))
     if at is None and use_compiled(len(events), JIT_MIN_EVENTS) and keys_fit(free, cpus):
         from harmony.analysis import cost_jit  # the compiled kernels: only on this path
-        return cost_jit.waits(*(r[c].to_numpy() for c in ("pid", "ts", "cpu_after",
-                                                          "runnable_after", "running_after")),
+        return cost_jit.waits(r["pid"].to_numpy(), r["seq"].to_numpy(), events["ts"].to_numpy(),
+                              *(r[c].to_numpy() for c in ("cpu_after", "runnable_after",
+                                                          "running_after")),
                               key_table(free), key_table(cpus))
 
     def column(name: str) -> np.ndarray:
         return r[name].to_numpy() if at is None else r[name].to_numpy()[at]
 
-    pid, ts, cpu = column("pid"), column("ts"), column("cpu_after")
+    pid, seq, cpu = column("pid"), column("seq"), column("cpu_after")
     waiting = column("runnable_after") & ~column("running_after")
     waiting &= in_set(pid, free)
     waiting &= in_set(cpu, cpus)
@@ -161,7 +166,7 @@ def _waiting_changes(events: pd.DataFrame, tasks: pd.DataFrame, cpus: list[int],
     began = np.flatnonzero(waiting)
     del waiting
     # the CPU positions of these rows only, not of every record
-    return (np.concatenate([ts[began], ts[ended + 1]]),
+    return (record_ts(events, np.concatenate([seq[began], seq[ended + 1]])),
             np.concatenate([index_of(cpu[began], cpus, np.int32),
                             index_of(cpu[ended], cpus, np.int32)]),
             np.r_[np.ones(len(began), np.int8), -np.ones(len(ended), np.int8)])

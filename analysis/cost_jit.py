@@ -102,9 +102,10 @@ def episodes(ts, src, change, bounds, first, lvl0, n, slot, t0, t_end, cpu, star
 
 
 @kernel
-def waits(pid, ts, cpu, runnable, running, free, slot):
-    """The changes of tasks waiting of the task records ``pid``/``ts``/``cpu`` (the CPU after
-    the record)/``runnable``/``running`` (after it), by task and in time order, as
+def waits(pid, seq, ev_ts, cpu, runnable, running, free, slot):
+    """The changes of tasks waiting of the task records ``pid``/``seq``/``cpu`` (the CPU after
+    the record)/``runnable``/``running`` (after it), by task and in time order (a record's time
+    is its event's, ``ev_ts[seq >> 1]``), as
     :func:`harmony.analysis.cost._waiting_changes` gives them: (ts, k, change), +1 at each
     record after which a task of ``free`` (a key table of the pids free to move) waits runnable
     and not running on CPU ``k`` (``slot``: a key table of the CPUs), then -1 at the task's next
@@ -134,12 +135,12 @@ def waits(pid, ts, cpu, runnable, running, free, slot):
         k = slot[max(min(np.int64(cpu[i]) + 1, top_slot), 0)]
         if k < 0:
             continue
-        out_ts[b] = ts[i]
+        out_ts[b] = ev_ts[seq[i] >> 1]
         out_k[b] = k
         out_change[b] = 1
         b += 1
         if i + 1 < n and pid[i + 1] == pid[i]:
-            out_ts[e] = ts[i + 1]
+            out_ts[e] = ev_ts[seq[i + 1] >> 1]
             out_k[e] = k
             out_change[e] = -1
             e += 1

@@ -151,8 +151,9 @@ def df_migrations(events: pd.DataFrame, tasks: pd.DataFrame, t0: int,
     r = task_records(events, _pids(tasks))
     sel = np.flatnonzero(r["record"].to_numpy() == ts_.MIGRATE)
     sel = sel[np.argsort(r["seq"].to_numpy()[sel], kind="stable")]
-    m = {c: r[c].to_numpy()[sel] for c in ("ts", "pid", "orig_cpu", "dest_cpu", "cpu",
+    m = {c: r[c].to_numpy()[sel] for c in ("seq", "pid", "orig_cpu", "dest_cpu", "cpu",
                                            "runnable_before", "anomaly")}
+    m["ts"] = ts_.record_ts(events, m["seq"])
     policy = dict(zip(_pids(tasks).tolist(), task_classes(tasks)["policy"].tolist()))
     cause = causes.migration_causes(events, r, sel, policy)
     moves = causes.unrecorded_moves(events, _pids(tasks))
@@ -458,7 +459,7 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     cpus = np.asarray(sorted(set(int(c) for c in cpus)), dtype=np.int32)
     r = task_records(events, _pids(tasks))
     t_first = min(_trace_start(events, t0), int(t0))
-    inwin = r["ts"].to_numpy() <= t_end
+    inwin = r["seq"].to_numpy() < ts_.seq_before(events, t_end)     # at or before t_end
 
     # initial counts
     init_mask = r["first"].to_numpy() & r["runnable_before"].to_numpy()
@@ -470,9 +471,10 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     outside = int((~ins).sum())
 
     if ts_._compiled(len(events)) is not None:
-        all_ts, all_cpu, all_nr, out_n = _runqueue_compiled(r, cpus, init, t_first, t_end)
+        all_ts, all_cpu, all_nr, out_n = _runqueue_compiled(events, r, cpus, init, t_first,
+                                                            t_end)
     else:
-        all_ts, all_cpu, all_nr, out_n = _runqueue_numpy(r, cpus, init, t_first, inwin)
+        all_ts, all_cpu, all_nr, out_n = _runqueue_numpy(events, r, cpus, init, t_first, inwin)
     outside += out_n
     out = tables.RUNQUEUE.frame({"ts": all_ts, "t": _t(all_ts, t0), "cpu": all_cpu,
                                  "nr": all_nr}, copy=False)
@@ -484,11 +486,13 @@ def df_runqueue(events: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     return out
 
 
-def _runqueue_numpy(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_first: int,
-                    inwin: np.ndarray):
-    """df_runqueue's rows (ts, cpu, nr) from the task records, and the changes that put a task
-    outside ``cpus``: every change sorted by (CPU, record), counts by cumulative sums."""
-    seq, rts = r["seq"].to_numpy(), r["ts"].to_numpy()
+def _runqueue_numpy(events: pd.DataFrame, r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray,
+                    t_first: int, inwin: np.ndarray):
+    """df_runqueue's rows (ts, cpu, nr) from the task records of ``events``, and the changes
+    that put a task outside ``cpus``: every change sorted by (CPU, record), counts by cumulative
+    sums."""
+    seq = r["seq"].to_numpy()
+    rts = ts_.record_ts(events, seq)
     rb, ra = r["runnable_before"].to_numpy(), r["runnable_after"].to_numpy()
     cb, ca = r["cpu_before"].to_numpy(), r["cpu_after"].to_numpy()
     changed = inwin & ((rb != ra) | (cb != ca))
@@ -536,21 +540,21 @@ def _runqueue_numpy(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_first
     return all_ts[o], all_cpu[o], all_nr[o], outside
 
 
-def _runqueue_compiled(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_first: int,
-                       t_end: int):
+def _runqueue_compiled(events: pd.DataFrame, r: pd.DataFrame, cpus: np.ndarray,
+                       init: np.ndarray, t_first: int, t_end: int):
     """_runqueue_numpy in compiled passes over the records in time order
     (:mod:`reconstruct_jit`): on a large trace, time ranges on several threads, each starting
     from the counts the records before it leave."""
     from harmony.analysis import reconstruct_jit
     seq = r["seq"].to_numpy()
     order = ts_.seq_rows(r)          # the records in time order (the table is by task)
-    rts = r["ts"].to_numpy()
+    ev_ts = events["ts"].to_numpy()  # a record's time: its event's (ev_ts[seq >> 1])
     rb, ra = r["runnable_before"].to_numpy(), r["runnable_after"].to_numpy()
     cb, ca = r["cpu_before"].to_numpy(), r["cpu_after"].to_numpy()
     hi = int(max(cb.max(initial=-1), ca.max(initial=-1), cpus.max(initial=-1)))
     lut = np.full(hi + 2, -1, np.int64)
     lut[cpus.astype(np.int64) + 1] = np.arange(len(cpus))
-    ranges = _instant_ranges(order, rts, t_first)
+    ranges = _instant_ranges(order, seq, ev_ts, t_first)
     # room for each range's rows, one after the other: a row is written for a CPU whose count a
     # record changed (at most one a record's runnable before, one its runnable after), and the
     # first range's initial rows. Not two a record: at 10 M events 196 instead of 490 MB of room
@@ -574,7 +578,7 @@ def _runqueue_compiled(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_fi
             inits.append(np.empty(len(cpus), np.int64))
             reconstruct_jit.counts_at(seq, rb, ra, cb, ca, starts, seq[order[lo]], lut, inits[-1])
     parts = hjit.run_split(lambda lo, hi_, k: reconstruct_jit.runqueue(
-        order, lo, hi_, rts, rb, ra, cb, ca, np.int64(t_end), lut, cpus, inits[k],
+        order, lo, hi_, seq, ev_ts, rb, ra, cb, ca, np.int64(t_end), lut, cpus, inits[k],
         np.int64(t_first), k == 0, ts, cpu, nr, at[k] if k else 0), ranges)
     # the bound above is what keeps the compiled pass (no bounds checked) inside its room
     assert all(end <= at[j + 1] for j, (end, _) in enumerate(parts)), "run-queue room overrun"
@@ -589,9 +593,11 @@ def _runqueue_compiled(r: pd.DataFrame, cpus: np.ndarray, init: np.ndarray, t_fi
     return ts[:k].copy(), cpu[:k].copy(), nr[:k].copy(), int(outside)
 
 
-def _instant_ranges(order: np.ndarray, rts: np.ndarray, t_first: int) -> list[tuple[int, int]]:
-    """harmony.core.jit.split's ranges of the records in time order, each cut moved on to the first
-    record of an instant (a change of ts) after t_first; cuts that find none are dropped."""
+def _instant_ranges(order: np.ndarray, seq: np.ndarray, ev_ts: np.ndarray,
+                    t_first: int) -> list[tuple[int, int]]:
+    """harmony.core.jit.split's ranges of the records (their ``seq``) in time ``order``, each cut
+    moved on to the first record of an instant (a change of ts: ``ev_ts`` of the events) after
+    t_first; cuts that find none are dropped."""
     n = len(order)
     ranges = hjit.split(n)
     cuts = [0]
@@ -599,9 +605,9 @@ def _instant_ranges(order: np.ndarray, rts: np.ndarray, t_first: int) -> list[tu
         c = max(c, cuts[-1] + 1)
         # the first record later than both the one before the cut and t_first (records are in
         # time order), looked for a chunk at a time: an instant may hold many records
-        after = max(int(rts[order[c - 1]]), int(t_first)) if c <= n else 0
+        after = max(int(ev_ts[seq[order[c - 1]] >> 1]), int(t_first)) if c <= n else 0
         while c < n:
-            later = np.flatnonzero(rts[order[c:c + 4096]] > after)
+            later = np.flatnonzero(ev_ts[seq[order[c:c + 4096]] >> 1] > after)
             if len(later):
                 c += int(later[0])
                 break
@@ -810,8 +816,9 @@ def df_anomalies(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.DataF
     r = task_records(events, _pids(tasks))
     a = r[r["anomaly"].to_numpy() > 0].sort_values("seq", kind="stable")
     name, role = _task_info(a["pid"].to_numpy(), tasks)
+    ts = ts_.record_ts(events, a["seq"].to_numpy())
     return tables.ANOMALIES.frame({
-        "ts": a["ts"].to_numpy(), "t": _t(a["ts"].to_numpy(), t0), "pid": a["pid"].to_numpy(),
+        "ts": ts, "t": _t(ts, t0), "pid": a["pid"].to_numpy(),
         "name": name, "role": role, "cpu": a["cpu"].to_numpy().astype(np.int32),
         "record": np.asarray(ts_.RECORDS, dtype=object)[a["record"].to_numpy()],
         "anomaly": np.asarray(ts_.ANOMALIES, dtype=object)[a["anomaly"].to_numpy()],

@@ -42,18 +42,19 @@ def _flush(ts, touched, n_touched, nr, last, t_first, init_row, cpus, out_ts, ou
 
 
 @kernel
-def runqueue(order, i_lo, i_hi, rts, rb, ra, cb, ca, t_end, cpu_lut, cpus, init, t_first,
+def runqueue(order, i_lo, i_hi, seq, ev_ts, rb, ra, cb, ca, t_end, cpu_lut, cpus, init, t_first,
              init_rows, out_ts, out_cpu, out_nr, k):
     """Fill the run-queue table from row ``k`` on; returns (the row after the last written,
     changes that put a task on a CPU outside the set).
 
-    order[i_lo:i_hi]: task-record indices in time (seq) order. rts/rb/ra/cb/ca: per record its
-    ts, runnable before/after, CPU before/after (-1 unknown). cpu_lut[c + 1]: index of CPU c in
-    ``cpus`` (sorted), -1 = not in the set. init: count per CPU before the first record (at
-    t_first if ``init_rows``: then one initial row per CPU is written first, and the records at
-    t_first update it). out_*: room for those rows plus two per record (a record changes at most
-    two CPUs' counts). Records at one instant are applied together, as their events are in time
-    order: a range must begin at an instant's first record (threads may fill disjoint ranges).
+    order[i_lo:i_hi]: task-record indices in time (seq) order. seq/rb/ra/cb/ca: per record its
+    seq (its time: ev_ts[seq >> 1], its event's), runnable before/after, CPU before/after (-1
+    unknown). cpu_lut[c + 1]: index of CPU c in ``cpus`` (sorted), -1 = not in the set. init:
+    count per CPU before the first record (at t_first if ``init_rows``: then one initial row per
+    CPU is written first, and the records at t_first update it). out_*: room for those rows plus
+    two per record (a record changes at most two CPUs' counts). Records at one instant are
+    applied together, as their events are in time order: a range must begin at an instant's
+    first record (threads may fill disjoint ranges).
     """
     ncpu = cpus.shape[0]
     nr = init.copy()
@@ -75,7 +76,7 @@ def runqueue(order, i_lo, i_hi, rts, rb, ra, cb, ca, t_end, cpu_lut, cpus, init,
     lut_max = cpu_lut.shape[0] - 1
     for i in range(i_lo, i_hi):
         r = order[i]
-        ts = rts[r]
+        ts = ev_ts[seq[r] >> 1]
         if ts > t_end:
             continue
         if rb[r] == ra[r] and cb[r] == ca[r]:

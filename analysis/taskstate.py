@@ -42,6 +42,8 @@ of the first record (orig_cpu for a migration, unknown = -1 for a wakeup).
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 
@@ -114,8 +116,8 @@ _last = LastResult()
 def release_records() -> None:
     """Drop the task records kept (:func:`task_records`) before their events table is gone: an
     analysis whose steps after the tables need none (harmony.pipeline) frees their memory for
-    those steps (33 bytes a record, ~1.2 records an event: more than the events table's 37 bytes
-    an event when most events are the tasks'); a later call builds them again."""
+    those steps (25 bytes a record, ~1.2 records an event: ~30 bytes an event, near the events
+    table's 37 when most events are the tasks'); a later call builds them again."""
     _last.clear()
 
 
@@ -130,7 +132,7 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
 
     - seq (int32; int64 from 2**30 events on, :func:`seq_dtype`): 2 * row position in
       ``events`` (+1 for a switch-in), a total order of records
-    - ts (int64 ns), pid (int32), cpu (int16: CPU whose buffer recorded the event)
+    - pid (int32), cpu (int16: CPU whose buffer recorded the event)
     - record (int8): index into ``RECORDS``
     - orig_cpu, dest_cpu (int16): migrate -> from/to; wakeup* -> dest_cpu = target_cpu; else -1
     - runnable_before, runnable_after, running_before, running_after (bool)
@@ -138,17 +140,32 @@ def task_records(events: pd.DataFrame, pids) -> pd.DataFrame:
     - first (bool): the task's first record (its *_before state is inferred, see module doc)
     - anomaly (int8): index into ``ANOMALIES`` (0 = none)
 
-    A record's event is row ``seq // 2`` of ``events``: its other fields (a switch-out's
-    prev_state, say) are read there, not copied here, and CPU numbers are int16, as in the events
-    table: a trace has ~1.2 records per event, and faulting in their memory is most of this
-    table's cost (a record is 33 bytes; 55 with an int64 seq, int32 CPUs and a copy of
-    prev_state).
+    A record's event is row ``seq // 2`` of ``events``: its time (:func:`record_ts`) and its
+    other fields (a switch-out's prev_state, say) are read there, not copied here, and CPU
+    numbers are int16, as in the events table: a trace has ~1.2 records per event, held beside
+    the events through the tables' steps, whose peak they set, and faulting in their memory is
+    most of this table's cost (a record is 25 bytes; 33 with a copy of its time, 63 with an
+    int64 seq, int32 CPUs and copies of its time and prev_state).
     """
     key = np.unique(np.asarray(pids, dtype=np.int32)).tobytes()
     held = _last.get(events, key)
     if held is None:
         held = _last.put(events, key, _build_task_records_and_order(events, pids))
     return held[0]
+
+
+def record_ts(events: pd.DataFrame, seq: np.ndarray) -> np.ndarray:
+    """The times (int64 ns) of the records of ``seq`` (their ``seq`` column, or a part of it):
+    their events' ``ts``."""
+    return events["ts"].to_numpy()[np.asarray(seq) >> 1].astype(np.int64, copy=False)
+
+
+def seq_before(events: pd.DataFrame, t, side: str = "right") -> np.ndarray:
+    """The first seq of a record later than ``t`` (ns, scalar or array; ``side="left"``: at
+    ``t`` or later): a record of seq s is at or before t iff s < seq_before(events, t) (before
+    t, with "left"). The events table is in time order (:data:`harmony.probes.schema.EVENTS`),
+    so are the records' seq: a record's time is compared without being read."""
+    return 2 * np.searchsorted(events["ts"].to_numpy(), t, side).astype(np.int64)
 
 
 def seq_dtype(n_events: int):
@@ -192,23 +209,38 @@ def _build_task_records_compiled(jit, events: pd.DataFrame, pidset: np.ndarray):
     rows, task, rec_in = np.empty(room, index), np.empty(room, np.int32), np.empty(room, np.int8)
     m = jit.emit(codes, lut, events["pid"].to_numpy(), events["prev_pid"].to_numpy(), table,
                  rows, task, rec_in)
+    del codes
     rows, task, rec_in = rows[:m], task[:m], rec_in[:m]
     # records come in seq order: a stable sort by task gives (task, seq)
     order, ends, in_seq = np.empty(m, index), np.empty(len(pidset), np.int64), np.empty(m, index)
     jit.by_task(task, len(pidset), order, ends, in_seq)
-    cols = {"seq": np.empty(m, seq_dtype(len(events))), "ts": np.empty(m, np.int64),
-            "pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int16),
-            "record": np.empty(m, np.int8), "orig_cpu": np.empty(m, np.int16),
-            "dest_cpu": np.empty(m, np.int16),
-            "runnable_before": np.empty(m, bool), "runnable_after": np.empty(m, bool),
-            "running_before": np.empty(m, bool), "running_after": np.empty(m, bool),
-            "cpu_before": np.empty(m, np.int16), "cpu_after": np.empty(m, np.int16),
-            "first": np.empty(m, bool), "anomaly": np.empty(m, np.int8)}
-    args = (order, rows, task, rec_in, events["ts"].to_numpy(), events["cpu"].to_numpy(),
+    ranges = _whole_tasks(ends, m)
+    # the records' seq, pid and rec arranged in that order, then the room and the order freed
+    # before the other columns are made: they never share the memory (at 4.09 M events of a
+    # ping-pong, 16 bytes a record less at the tables' peak)
+    cols = {"seq": np.empty(m, seq_dtype(len(events))), "pid": np.empty(m, np.int32)}
+    rec = np.empty(m, np.int8)
+    run_split(partial(_arrange, jit, (order, rows, task, rec_in, pidset, cols["seq"],
+                                      cols["pid"], rec)), ranges)
+    del rows, task, rec_in, order
+    cols |= {"cpu": np.empty(m, np.int16), "record": rec, "orig_cpu": np.empty(m, np.int16),
+             "dest_cpu": np.empty(m, np.int16),
+             "runnable_before": np.empty(m, bool), "runnable_after": np.empty(m, bool),
+             "running_before": np.empty(m, bool), "running_after": np.empty(m, bool),
+             "cpu_before": np.empty(m, np.int16), "cpu_after": np.empty(m, np.int16),
+             "first": np.empty(m, bool), "anomaly": np.empty(m, np.int8)}
+    args = (cols["seq"], cols["pid"], rec, events["cpu"].to_numpy(),
             events["orig_cpu"].to_numpy(), events["target_cpu"].to_numpy(),
-            events["prev_state"].to_numpy(), pidset, *cols.values())
-    run_split(lambda lo, hi, _k: jit.walk(*args, lo, hi), _whole_tasks(ends, m))
+            events["prev_state"].to_numpy(),
+            *(cols[c] for c in ("cpu", "orig_cpu", "dest_cpu", "runnable_before",
+                                "runnable_after", "running_before", "running_after",
+                                "cpu_before", "cpu_after", "first", "anomaly")))
+    run_split(lambda lo, hi, _k: jit.walk(*args, lo, hi), ranges)
     return pd.DataFrame(cols, copy=False), in_seq
+
+
+def _arrange(jit, arrays: tuple, lo: int, hi: int, _k: int) -> None:
+    jit.arrange(*arrays, lo, hi)
 
 
 #: events counted at a time by :func:`_records_room`
@@ -278,7 +310,6 @@ def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.Da
     order = _order_by_task_then_seq(rpid, seq, pidset)
     rows, seq, rpid, rec = rows[order], seq[order], rpid[order], rec[order]
     n = len(rows)
-    ts = events["ts"].to_numpy()[rows]
     cpu = events["cpu"].to_numpy()[rows].astype(np.int16)
     orig = np.where(rec == MIGRATE, events["orig_cpu"].to_numpy()[rows], -1).astype(np.int16)
     dest = np.where(in_set(rec, (MIGRATE, WAKEUP, WAKEUP_NEW)),
@@ -358,7 +389,7 @@ def _build_task_records_numpy(events: pd.DataFrame, pidset: np.ndarray) -> pd.Da
     anomaly[sw_in & ~runnable_before] = _A["switch_in_not_runnable"]
 
     return pd.DataFrame({
-        "seq": seq.astype(seq_dtype(n_ev), copy=False), "ts": ts, "pid": rpid, "cpu": cpu,
+        "seq": seq.astype(seq_dtype(n_ev), copy=False), "pid": rpid, "cpu": cpu,
         "record": rec,
         "orig_cpu": orig, "dest_cpu": dest,
         "runnable_before": runnable_before, "runnable_after": runnable_after,

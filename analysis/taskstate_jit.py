@@ -98,10 +98,23 @@ def by_task(task, n_tasks, order, ends, where):
         at[t] += 1
 
 
+@kernel
+def arrange(order, rows, task, rec_in, pidset, seq, pid, rec, k_lo, k_hi):
+    """The records' seq, pid and rec columns in (task, seq) order, for k in [k_lo, k_hi): output
+    row k is record order[k] of :func:`emit`'s rows/task/rec_in (a switch-out's rec still
+    SWITCH_OUT_RUNNABLE: :func:`walk` decides)."""
+    for k in range(k_lo, k_hi):
+        r = order[k]
+        rc = rec_in[r]
+        seq[k] = 2 * np.int64(rows[r]) + (1 if rc == SWITCH_IN else 0)
+        pid[k] = pidset[task[r]]
+        rec[k] = rc
+
+
 @inline
-def _gather_group(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state,
-                  pidset, seq, ts, pid, cpu, rec, orig, dest, first, g0, g1):
-    """The first pass over one task's records order[g0:g1]: their columns from the events, each
+def _gather_group(seq, rec, ev_cpu, ev_orig, ev_target, ev_prev_state, cpu, orig, dest, first,
+                  g0, g1):
+    """The first pass over one task's records [g0, g1): their columns from the events, each
     switch-out's runnable or sleep, and first[k] = "the switch-out after the task's exit" (until
     the second pass); (the first record that sets runnable, the first that sets running; -1:
     none)."""
@@ -109,12 +122,8 @@ def _gather_group(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, 
     f_running = -1
     exit_pending = False
     for k in range(g0, g1):
-        r = order[k]
-        e = rows[r]
-        rc = rec_in[r]
-        seq[k] = 2 * np.int64(e) + (1 if rc == SWITCH_IN else 0)
-        ts[k] = ev_ts[e]
-        pid[k] = pidset[task[r]]
+        e = seq[k] >> 1
+        rc = rec[k]
         cpu[k] = ev_cpu[e]
         orig[k] = -1
         dest[k] = -1
@@ -227,23 +236,22 @@ def _apply(rc, dead, runnable, running, where, on_cpu, to_cpu):
 
 
 @kernel
-def walk(order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state, pidset,
-         seq, ts, pid, cpu, rec, orig, dest, runnable_before, runnable_after,
-         running_before, running_after, cpu_before, cpu_after, first, anomaly, k_lo, k_hi):
-    """Fill the task_records columns (see taskstate.task_records) in (task, seq) order: output
-    row k is record order[k], for k in [k_lo, k_hi), a range of whole tasks (threads may walk
-    disjoint ones at once). Each task's records are walked twice: once to find what its state
-    before the first record must have been (:func:`_gather_group`, :func:`_state_before`), once
-    to apply them (:func:`_anomaly`, :func:`_apply`)."""
+def walk(seq, pid, rec, ev_cpu, ev_orig, ev_target, ev_prev_state, cpu, orig, dest,
+         runnable_before, runnable_after, running_before, running_after, cpu_before, cpu_after,
+         first, anomaly, k_lo, k_hi):
+    """Fill the other task_records columns (see taskstate.task_records) of the records arranged
+    in (task, seq) order (:func:`arrange`), for k in [k_lo, k_hi), a range of whole tasks
+    (threads may walk disjoint ones at once). Each task's records are walked twice: once to find
+    what its state before the first record must have been (:func:`_gather_group`,
+    :func:`_state_before`), once to apply them (:func:`_anomaly`, :func:`_apply`)."""
     n = k_hi
     g0 = k_lo
     while g0 < n:
         g1 = g0 + 1
-        while g1 < n and task[order[g1]] == task[order[g0]]:
+        while g1 < n and pid[g1] == pid[g0]:
             g1 += 1
         f_runnable, f_running = _gather_group(
-            order, rows, task, rec_in, ev_ts, ev_cpu, ev_orig, ev_target, ev_prev_state, pidset,
-            seq, ts, pid, cpu, rec, orig, dest, first, g0, g1)
+            seq, rec, ev_cpu, ev_orig, ev_target, ev_prev_state, cpu, orig, dest, first, g0, g1)
         runnable, running, where = _state_before(rec, cpu, orig, g0, f_runnable, f_running)
         for k in range(g0, g1):
             rc = rec[k]

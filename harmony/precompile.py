@@ -98,7 +98,8 @@ def precompile(work: Path) -> dict:
             # CPUs are never idle reads none)
             pids = np.asarray(sim.tasks["pid"], np.int32)
             r = task_records(sim.events, pids)
-            cost_jit.waits(*(r[c].to_numpy() for c in ("pid", "ts", "cpu_after", "runnable_after",
+            cost_jit.waits(r["pid"].to_numpy(), r["seq"].to_numpy(), sim.events["ts"].to_numpy(),
+                           *(r[c].to_numpy() for c in ("cpu_after", "runnable_after",
                                                        "running_after")),
                            key_table(pids), key_table(range(ncpus)))
         # a perf.data's record walk, on a data section of two FINISHED_ROUND records (read-only

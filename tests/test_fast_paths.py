@@ -20,7 +20,7 @@ from harmony.analysis.arrays import event_mask, in_set, sorted_unique
 from harmony.analysis.causes import find_unrecorded_moves
 from harmony.analysis.crosscheck import silent_contexts, unrecorded_migrations
 from harmony.analysis.reconstruct import NS
-from harmony.analysis.taskstate import task_records
+from harmony.analysis.taskstate import record_ts, task_records
 from harmony.probes.schema import make_events
 from harmony.workload.tasks import TaskSpec, tasks_frame
 
@@ -436,7 +436,7 @@ def _reference_waiting_steps(events: pd.DataFrame, tasks: pd.DataFrame, cpus) ->
     free = pids[~tasks["pinned"].to_numpy().astype(bool)] if "pinned" in tasks.columns else pids
     r = task_records(events, pids)
     pid = r["pid"].to_numpy()
-    ts = r["ts"].to_numpy()
+    ts = record_ts(events, r["seq"].to_numpy())
     waiting = r["runnable_after"].to_numpy() & ~r["running_after"].to_numpy() & in_set(pid, free)
     cpu = r["cpu_after"].to_numpy().astype(np.int64)
     nxt_same = np.r_[pid[1:] == pid[:-1], False]

@@ -949,8 +949,9 @@ def test_runqueue_in_time_ranges_is_one_pass(seed, monkeypatch, state_machine):
     r = taskstate.task_records(ev, sim.tasks["pid"])
     first = r[r["pid"] == late].iloc[0]
     monkeypatch.setenv("HARMONY_THREADS", "3")
-    assert first["ts"] >= ts[len(ts) // 2] and first["runnable_before"]   # counted before it
-    assert len(rc._instant_ranges(taskstate.seq_rows(r), r["ts"].to_numpy(), ts[0])) == 3
+    assert taskstate.record_ts(ev, first["seq"]) >= ts[len(ts) // 2] and first["runnable_before"]
+    assert len(rc._instant_ranges(taskstate.seq_rows(r), r["seq"].to_numpy(),
+                                  ev["ts"].to_numpy(), ts[0])) == 3
     assert hjit.PARALLEL_MIN_ITEMS == 1
 
 
@@ -964,12 +965,13 @@ def test_instant_ranges_cut_at_an_instants_first_record(monkeypatch):
     # 20000 and 30000 (four threads)
     ts = np.repeat(np.array([5, 7, 9, 11], np.int64), [7_000, 13_000, 10_000, 10_000])
     order = np.random.default_rng(1).permutation(len(ts))       # any table order
-    rts = np.empty_like(ts)
-    rts[order] = ts                                             # order: rows in time order
-    assert rc._instant_ranges(order, rts, 5) == [(0, 20_000), (20_000, 30_000), (30_000, 40_000)]
-    assert rc._instant_ranges(order, rts, 9) == [(0, 30_000), (30_000, 40_000)]
+    seq = np.empty(len(ts), np.int64)
+    seq[order] = 2 * np.arange(len(ts))           # order: rows in time order; event k at ts[k]
+    assert rc._instant_ranges(order, seq, ts, 5) == [(0, 20_000), (20_000, 30_000),
+                                                     (30_000, 40_000)]
+    assert rc._instant_ranges(order, seq, ts, 9) == [(0, 30_000), (30_000, 40_000)]
     one = np.full(50_000, 3, np.int64)
-    assert rc._instant_ranges(np.arange(50_000), one, 0) == [(0, 50_000)]
+    assert rc._instant_ranges(np.arange(50_000), 2 * np.arange(50_000), one, 0) == [(0, 50_000)]
 
 
 @pytest.mark.parametrize("side_by_side", [True, False])
