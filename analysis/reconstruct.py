@@ -562,8 +562,9 @@ def _runqueue_compiled(events: pd.DataFrame, r: pd.DataFrame, cpus: np.ndarray,
     changed = (rb != ra) | (cb != ca)
     most = (changed & rb).view(np.int8) + (changed & ra).view(np.int8)
     del changed
-    per_range = (np.add.reduceat(most[order], [lo for lo, _ in ranges], dtype=np.int64)
-                 if len(order) else [0])
+    # summed a range at a time: add.reduceat with an int64 sum casts its whole input first (40
+    # MB at 4.09 M events, where the run queue set the import's peak); sum buffers its casts
+    per_range = [int(most[order[lo:hi]].sum(dtype=np.int64)) for lo, hi in ranges] or [0]
     del most
     at = np.cumsum(np.r_[len(cpus), per_range]).astype(np.int64)     # where range k writes
     room = int(at[-1])
@@ -587,10 +588,13 @@ def _runqueue_compiled(events: pd.DataFrame, r: pd.DataFrame, cpus: np.ndarray,
         src = int(at[j])
         reconstruct_jit.move_rows(ts, cpu, nr, src, end - src, k)
         k, outside = k + end - src, outside + out_k
-    # copies of the rows, the room freed: a view would hold all of it for as long as the table
-    # lives, and the room is not untouched memory (heap memory freed by the decode and kept:
-    # harmony.core.memory)
-    return ts[:k].copy(), cpu[:k].copy(), nr[:k].copy(), int(outside)
+    # the room cut to the rows in place (realloc: the rest freed, nothing copied): a view would
+    # hold all of it for as long as the table lives, and a copy would be made beside it, where
+    # the run queue sets an import's peak (the room is not untouched memory: heap memory freed
+    # by the decode and kept, harmony.core.memory)
+    for a in (ts, cpu, nr):
+        a.resize(k, refcheck=False)     # this function's own arrays: nothing else refers to them
+    return ts, cpu, nr, int(outside)
 
 
 def _instant_ranges(order: np.ndarray, seq: np.ndarray, ev_ts: np.ndarray,
