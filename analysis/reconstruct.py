@@ -534,7 +534,7 @@ def _runqueue_numpy(events: pd.DataFrame, r: pd.DataFrame, cpus: np.ndarray, ini
     init_row[pos[d_ts == t_first]] = False
     all_ts = np.concatenate([np.full(int(init_row.sum()), t_first, np.int64),
                              d_ts.astype(np.int64)])
-    all_cpu = np.concatenate([cpus[init_row], cpus[pos]]).astype(np.int16)
+    all_cpu = np.concatenate([cpus[init_row], cpus[pos]]).astype(np.int32)
     all_nr = np.concatenate([init[init_row], nr]).astype(np.int32)
     o = np.lexsort((all_cpu, all_ts))
     return all_ts[o], all_cpu[o], all_nr[o], outside
@@ -568,9 +568,10 @@ def _runqueue_compiled(events: pd.DataFrame, r: pd.DataFrame, cpus: np.ndarray,
     del most
     at = np.cumsum(np.r_[len(cpus), per_range]).astype(np.int64)     # where range k writes
     room = int(at[-1])
-    # CPUs int16 as in the events table, lengths int32: 14 bytes a row of room and of the table,
-    # not 20 (an own trace of 4.09 M events peaked 15 MB lower, 6 runs)
-    ts, cpu, nr = np.empty(room, np.int64), np.empty(room, np.int16), np.empty(room, np.int32)
+    # lengths int32: 16 bytes a row of room and of the table, not 20. CPUs stay int32, as in the
+    # other tables, which a user joins this one with on them (pandas' merge_asof refuses keys of
+    # two integer types)
+    ts, cpu, nr = np.empty(room, np.int64), np.empty(room, np.int32), np.empty(room, np.int32)
     inits = [init]
     if len(ranges) > 1:
         pid = r["pid"].to_numpy()

@@ -85,7 +85,7 @@ RUNQUEUE = Table(
                 "are each CPU's state at the start of the trace, then one row per change", [
         ("ts",  "int64",   "from this instant on (ns)"),
         ("t",   "float64", "ts, in s since t0"),
-        ("cpu", "int16",   "the CPU"),
+        ("cpu", "int32",   "the CPU"),
         ("nr",  "int32",   "experiment tasks running or waiting on the CPU, from ts until the "
                            "CPU's next row"),
     ])
