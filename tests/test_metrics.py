@@ -245,3 +245,25 @@ def test_balance_times_is_both_measures_of_one_run(p4):
         assert mt.balance_times(rq, TASKS4, CPUS4, T0, t_end) == (
             mt.time_to_balance(rq, TASKS4, CPUS4, T0, t_end),
             mt.settled_balance(rq, TASKS4, CPUS4, T0, t_end))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_balance_times_from_merged_stretches_is_both_measures(seed):
+    """balance_times reads the balance steps merged into stretches of one verdict: the same
+    measures as from every step, on run queues that flicker in and out of balance many times
+    (runs of equal verdicts, runs of one step, an unbalanced or balanced end)."""
+    rng = np.random.default_rng(seed)
+    n = 3000
+    ts = np.sort(rng.choice(np.arange(T0 + 1, T_END), n, replace=False)).astype(np.int64)
+    cpu = rng.integers(0, 4, n).astype(np.int32)
+    # near the target (2 a CPU) most of the time, so that verdicts come in runs of many steps
+    nr = np.where(rng.random(n) < 0.8, 2, rng.integers(0, 5, n)).astype(np.int32)
+    rq = pd.DataFrame({"ts": np.r_[np.full(4, T0, np.int64), ts],
+                       "t": np.zeros(n + 4), "cpu": np.r_[np.arange(4, dtype=np.int32), cpu],
+                       "nr": np.r_[np.full(4, 2, np.int32), nr]})
+    for t_end in (T_END, int(ts[n // 2]), int(ts[n // 2]) + 1):
+        for tolerance in (0.15, 0.6):
+            got = mt.balance_times(rq, TASKS4, CPUS4, T0, t_end, tolerance)
+            assert got == (mt.time_to_balance(rq, TASKS4, CPUS4, T0, t_end, tolerance),
+                           mt.settled_balance(rq, TASKS4, CPUS4, T0, t_end, tolerance))
+            assert got[0]["n_entries"] > 5
