@@ -835,15 +835,25 @@ def df_anomalies(events: pd.DataFrame, tasks: pd.DataFrame, t0: int) -> pd.DataF
 
 # ------------------------------------------------------------------------------------- allocation
 
-def _clip_runs(runs: pd.DataFrame, t0: int, t_end: int):
-    s = np.maximum(runs["start"].to_numpy(), np.int64(t0))
-    e = np.minimum(runs["end"].to_numpy(), np.int64(t_end))
-    keep = e > s
-    return runs["pid"].to_numpy()[keep], s[keep], e[keep]
-
-
-#: runs df_allocation reads at a time: its temporaries stay in the CPU's cache
+#: runs df_allocation and df_task_share read at a time: their temporaries stay in the CPU's
+#: cache, and never grow with the table (df_task_share's, the table's length, were ~100 MB at
+#: 1.9 M runs, at a 4.09 M-event import's peak)
 ALLOCATION_CHUNK = 1 << 16
+
+
+def _run_time(runs: pd.DataFrame, pids: np.ndarray, t0: int, t_end: int) -> np.ndarray:
+    """Each task of ``pids``' time running in [t0, t_end] (ns, float64), from the runs clipped to
+    it, :data:`ALLOCATION_CHUNK` runs at a time. The sums are of whole nanoseconds, exact in a
+    float64 in any order (below 2**53 ns, 104 days)."""
+    ns = np.zeros(len(pids))
+    start, end, pid = (runs[c].to_numpy() for c in ("start", "end", "pid"))
+    for lo in range(0, len(runs), ALLOCATION_CHUNK):
+        hi = lo + ALLOCATION_CHUNK
+        d = np.minimum(end[lo:hi], t_end) - np.maximum(start[lo:hi], t0)
+        tix = index_of(pid[lo:hi], pids)
+        ok = (d > 0) & (tix >= 0)       # not clipped away, a task of the table
+        ns += np.bincount(tix[ok], weights=d[ok], minlength=len(ns))
+    return ns
 
 
 def df_allocation(runs: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_end: int,
@@ -988,11 +998,7 @@ def df_task_share(runs: pd.DataFrame, tasks: pd.DataFrame, cpus, t0: int,
     Columns (one row per task, in ``tasks`` order): :data:`harmony.analysis.tables.SHARES`.
     """
     tp = _pids(tasks)
-    pid, s, e = _clip_runs(runs, t0, t_end)
-    known = np.isin(pid, tp)
-    order = np.argsort(tp, kind="stable")
-    tix = order[np.searchsorted(tp[order], pid[known])]
-    ns = np.bincount(tix, weights=(e[known] - s[known]).astype(np.float64), minlength=len(tp))
+    ns = _run_time(runs, tp, int(t0), int(t_end))
     wall = (int(t_end) - int(t0)) / NS
     nice = tasks["nice"].to_numpy().astype(np.int64)
     policy = task_classes(tasks)["policy"]

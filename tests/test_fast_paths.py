@@ -870,6 +870,37 @@ def test_allocation_matches_the_code_it_replaced(seed, chunk, monkeypatch):
     assert rc.df_allocation(runs, tasks, t0, t0, 1000).empty
 
 
+@pytest.mark.parametrize("chunk", [None, 37])
+@pytest.mark.parametrize("seed", range(6))
+def test_task_share_matches_the_code_it_replaced(seed, chunk, monkeypatch):
+    """Each task's CPU time in the shares table, its runs read in one chunk or many: the same as
+    the whole table's runs clipped at once (runs of the tasks and of other pids, before t0,
+    across it, past t_end, of no length)."""
+    if chunk:
+        monkeypatch.setattr(rc, "ALLOCATION_CHUNK", chunk)
+    rng = np.random.default_rng(seed)
+    tasks = tasks_frame([TaskSpec(name=f"t{i}") for i in range(5)], [7, 3, 40, 41, 9])
+    n = int(rng.integers(1, 800))
+    start = np.sort(rng.integers(0, 10_000_000, n))
+    dur = np.where(rng.random(n) < 0.1, rng.integers(0, 5_000_000, n),
+                   rng.integers(0, 200_000, n))
+    runs = pd.DataFrame({"pid": rng.choice([7, 3, 40, 41, 9, 5, 0], n).astype(np.int32),
+                         "start": start, "end": start + dur})
+    t0 = int(rng.integers(0, 2_000_000))
+    t_end = t0 + int(rng.integers(1, 9_000_000))
+    # the code it replaced: every run clipped, then the tasks' summed
+    s, e = np.maximum(start, t0), np.minimum(start + dur, t_end)
+    keep = e > s
+    pid, s, e = runs["pid"].to_numpy()[keep], s[keep], e[keep]
+    tp = tasks["pid"].to_numpy()
+    known = np.isin(pid, tp)
+    order = np.argsort(tp, kind="stable")
+    tix = order[np.searchsorted(tp[order], pid[known])]
+    ns = np.bincount(tix, weights=(e[known] - s[known]).astype(np.float64), minlength=len(tp))
+    got = rc.df_task_share(runs, tasks, [0, 1], t0, t_end)
+    np.testing.assert_array_equal(got["cpu_time"].to_numpy(), ns / NS)
+
+
 def _reference_release_spread(events, tasks, t0, released, warmup=None):
     pids = tasks["pid"].to_numpy()
     ts = events["ts"].to_numpy()
