@@ -367,8 +367,11 @@ def _runs_compiled(events: pd.DataFrame, tasks: pd.DataFrame, t0: int, t_start: 
     lost_room = max(LOST_RUNS_ROOM_MIN, seg2 // LOST_RUNS_ROOM_SHARE)
     while True:
         room = seg3 + lost_room
-        out = (np.empty(room, np.int32), np.empty(room, np.int32), np.empty(room, np.int64),
-               np.empty(room, np.int64), np.empty(room, np.int64), np.empty(room, bool))
+        # pid, CPU, start, end, prev_state, open: CPUs and states as the events hold them (int16,
+        # int32; the table widens them), 27 bytes a row of room, not 33 (the runs are built
+        # beside the tables made before them, where an import of 4.09 M events peaked)
+        out = (np.empty(room, np.int32), np.empty(room, np.int16), np.empty(room, np.int64),
+               np.empty(room, np.int64), np.empty(room, np.int32), np.empty(room, bool))
         n_out, kinds = np.zeros(3, np.int64), np.zeros(2, np.int64)
         reconstruct_jit.runs(is_sw, cpu, events["ts"].to_numpy(), events["pid"].to_numpy(),
                              events["prev_pid"].to_numpy(), events["prev_state"].to_numpy(),
