@@ -51,6 +51,16 @@ resident all the same: once the decoder came to allocate less, 2.5 set a whole i
 the decoders now ask 1.5 (:data:`harmony.probes.ringbuf_decode.PREFAULT_PER_PAGE_BYTE`).
 ``HARMONY_PREFAULT=0`` turns it off.
 
+The consequence for code that runs while a large trace's tables are held: a process's peak is
+the heap it has touched, not what it holds at once, so a temporary as long as a table raises the
+peak even when it is freed at once, wherever the heap's free holes are too small or too few for
+it. Such work reads its input a chunk at a time (``reconstruct.ALLOCATION_CHUNK``,
+``CHANGES_CHUNK``), writes its result where it stays (a room cut in place, not copied out), or
+frees what it is done with before it allocates more (the task records' arranged build). At
+4.09 M events of a ping-pong these took a whole import from 155 to 145 bytes an event, the peak
+moving on to the next step at each one (bench/README.md: followed with ``malloc_info`` and
+``RssAnon`` around each step, then line by line).
+
 Arrow's buffers (the Parquet files written, read back) come from glibc's malloc too
 (:func:`arrow_from_malloc`), not from pyarrow's default (mimalloc in its wheels), which keeps
 the pages of its own arenas (~45 MB resident by the end of a 10 M-event import, for at most
