@@ -846,23 +846,29 @@ def _reference_df_allocation(runs, tasks, t0, t_end, window_ns):
     })
 
 
-@pytest.mark.parametrize("chunk", [None, 37])
-@pytest.mark.parametrize("seed", range(10))
-def test_allocation_matches_the_code_it_replaced(seed, chunk, monkeypatch):
-    """Random runs (of the tasks and of pids the table does not hold; before t0, across it, past
-    t_end, over many windows, of no length), read in one chunk or many: the same table."""
-    if chunk:
-        monkeypatch.setattr(rc, "ALLOCATION_CHUNK", chunk)
-    rng = np.random.default_rng(seed)
+def _random_runs(rng, fewest: int = 0):
+    """(tasks, runs, t0, t_end) drawn from ``rng``: five tasks, and up to 800 random runs (at
+    least ``fewest``) of them and of pids the table does not hold, before t0, across it, past
+    t_end, a tenth of them long (over many windows), some of no length."""
     tasks = tasks_frame([TaskSpec(name=f"t{i}") for i in range(5)], [7, 3, 40, 41, 9])
-    n = int(rng.integers(0, 800))
+    n = int(rng.integers(fewest, 800))
     start = np.sort(rng.integers(0, 10_000_000, n))
     long = rng.random(n) < 0.1
     dur = np.where(long, rng.integers(0, 5_000_000, n), rng.integers(0, 200_000, n))
     runs = pd.DataFrame({"pid": rng.choice([7, 3, 40, 41, 9, 5, 0], n).astype(np.int32),
                          "start": start, "end": start + dur})
     t0 = int(rng.integers(0, 2_000_000))
-    t_end = t0 + int(rng.integers(1, 9_000_000))
+    return tasks, runs, t0, t0 + int(rng.integers(1, 9_000_000))
+
+
+@pytest.mark.parametrize("chunk", [None, 37])
+@pytest.mark.parametrize("seed", range(10))
+def test_allocation_matches_the_code_it_replaced(seed, chunk, monkeypatch):
+    """Random runs (:func:`_random_runs`), read in one chunk or many: the same table."""
+    if chunk:
+        monkeypatch.setattr(rc, "ALLOCATION_CHUNK", chunk)
+    rng = np.random.default_rng(seed)
+    tasks, runs, t0, t_end = _random_runs(rng)
     for w in (int(rng.integers(1, 3_000_000)), 10_000_000, 997):
         got = rc.df_allocation(runs, tasks, t0, t_end, w)
         pd.testing.assert_frame_equal(got, _reference_df_allocation(runs, tasks, t0, t_end, w),
@@ -873,23 +879,14 @@ def test_allocation_matches_the_code_it_replaced(seed, chunk, monkeypatch):
 @pytest.mark.parametrize("chunk", [None, 37])
 @pytest.mark.parametrize("seed", range(6))
 def test_task_share_matches_the_code_it_replaced(seed, chunk, monkeypatch):
-    """Each task's CPU time in the shares table, its runs read in one chunk or many: the same as
-    the whole table's runs clipped at once (runs of the tasks and of other pids, before t0,
-    across it, past t_end, of no length)."""
+    """Each task's CPU time in the shares table, its runs (:func:`_random_runs`) read in one
+    chunk or many: the same as the whole table's runs clipped at once."""
     if chunk:
         monkeypatch.setattr(rc, "ALLOCATION_CHUNK", chunk)
-    rng = np.random.default_rng(seed)
-    tasks = tasks_frame([TaskSpec(name=f"t{i}") for i in range(5)], [7, 3, 40, 41, 9])
-    n = int(rng.integers(1, 800))
-    start = np.sort(rng.integers(0, 10_000_000, n))
-    dur = np.where(rng.random(n) < 0.1, rng.integers(0, 5_000_000, n),
-                   rng.integers(0, 200_000, n))
-    runs = pd.DataFrame({"pid": rng.choice([7, 3, 40, 41, 9, 5, 0], n).astype(np.int32),
-                         "start": start, "end": start + dur})
-    t0 = int(rng.integers(0, 2_000_000))
-    t_end = t0 + int(rng.integers(1, 9_000_000))
+    tasks, runs, t0, t_end = _random_runs(np.random.default_rng(seed), fewest=1)
     # the code it replaced: every run clipped, then the tasks' summed
-    s, e = np.maximum(start, t0), np.minimum(start + dur, t_end)
+    s = np.maximum(runs["start"].to_numpy(), t0)
+    e = np.minimum(runs["end"].to_numpy(), t_end)
     keep = e > s
     pid, s, e = runs["pid"].to_numpy()[keep], s[keep], e[keep]
     tp = tasks["pid"].to_numpy()
