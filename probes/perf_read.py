@@ -32,7 +32,9 @@ computed per attr, and the RAW payloads decoded by the ring-buffer decoder
 column rules as a trace.dat's. The samples are put in time order, the events of one instant by
 CPU, each CPU's in file order (:func:`by_time_then_cpu`): the order of every Harmony events table
 (``perf script`` prints such ties in file order); the slabs' events are written one after the
-other, and put in that order where two slabs overlap in time (:class:`_Rows`).
+other, and put in that order where two slabs overlap in time (:class:`_Rows`). Two slabs are
+decoded at once where two CPUs may run the reader: every other one on the side thread, the next
+on the calling thread meanwhile.
 
 Everything wrong with a file raises :class:`~harmony.probes.base.TraceCorrupt`, one line naming it.
 """
@@ -43,13 +45,14 @@ import dataclasses
 import os
 import struct
 from array import array
+from concurrent.futures import wait
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from harmony.core.errors import TraceCorrupt
-from harmony.core.jit import use_compiled
+from harmony.core.jit import on_side_thread, on_the_side_thread, threads, use_compiled
 from harmony.probes.filemap import anonymous_array, drop_pages
 from harmony.probes.formats import EventFormat, FormatError, parse_header_page
 from harmony.probes.ringbuf_decode import decode_source, event_label, prefault_for_pages
@@ -504,8 +507,17 @@ def read_perf_data(path: Path) -> PerfRead:
     records, read into memory the reader keeps, or decompressed), and each slab decoded on its
     own (:func:`_read_slab`), its events written after the slabs' before (:class:`_Rows`, which
     puts them in order where two slabs overlap in time). What the reader holds at its peak is
-    the events and one slab's records, not the file's pages nor every sample's places and
-    fields."""
+    the events and two slabs' records, not the file's pages nor every sample's places and
+    fields.
+
+    Two slabs at a time where this process may run on two CPUs: a slab to the side thread
+    (:func:`harmony.core.jit.on_side_thread`), the next one read into a buffer of its own and
+    decoded here meanwhile, then the two added in file order. One after the other, the decode
+    kept one CPU busy and left the other idle (most of a slab's work holds the GIL only between
+    numpy's and the kernels' calls). Whole imports of the bench's perf.data took 0.93x the time
+    at 4.04 M events (2.35 s against 2.54) and at 9.38 M (4.23 against 4.54), peaking at 548
+    against 602 MiB and 1053 against 1085 (5 interleaved pairs each, 2026-12-06, with the
+    slabs of 64 MiB one at a time before)."""
     path = Path(path)
     data = map_file(path)
     head = read_header(path, data)
@@ -520,11 +532,32 @@ def read_perf_data(path: Path) -> PerfRead:
                      "cannot be decoded")
     rows = _Rows()
     slabs = []
-    for src, walked, read_to in _slabs(path, data, head, notes):
-        slab = _read_slab(path, src, walked, head, formats, tp, notes)
-        del src, walked
+
+    def add(slab: dict, read_to: tuple) -> None:
+        notes.extend(n for n in slab.pop("said") if n not in notes)
         rows.add(slab.pop("events"), slab.pop("decoder"), *read_to)
         slabs.append(slab)
+    # two slabs decoded at once: one on the side thread, the next on this one meanwhile (not
+    # where this is the side thread: it would wait for itself)
+    both = threads() > 1 and not on_the_side_thread()
+    side = None
+    try:
+        for src, walked, read_to in _slabs(path, data, head, notes, buffers=2):
+            if side is None and both:
+                side = (on_side_thread(_read_slab, path, src, walked, head, formats, tp), read_to)
+                continue
+            mine = _read_slab(path, src, walked, head, formats, tp)
+            del src, walked
+            if side is not None:
+                add(side[0].result(), side[1])
+                side = None
+            add(mine, read_to)
+        if side is not None:
+            add(side[0].result(), side[1])
+            side = None
+    finally:
+        if side is not None:
+            wait([side[0]])
     del data
     events, decoder = rows.table(formats)
     lost_by_cpu: dict[int, int] = {}
@@ -553,16 +586,20 @@ PREFAULT_PER_RECORD_BYTE = 0.5
 #: bytes of a data section read and decoded at a time (:func:`_slabs`): ~600 k samples of the
 #: sched tracepoints, whose places and fields (~50 bytes a sample) the slab's decode holds beside
 #: its events. A slab is read into memory the reader keeps (``pread``), not mapped: the file's
-#: pages stay in the page cache, outside the import's memory
-SLAB_BYTES = 64 << 20
+#: pages stay in the page cache, outside the import's memory. 24 MiB, two decoded at once
+#: (:func:`read_perf_data`): the reader alone peaked at 373 / 657 MB at 4.04 / 9.38 M events
+#: (64 MiB, one at a time: 473 / 736), in 0.53-0.57 / 1.17-1.19 s; 16 MiB 357 / 641 MB in
+#: 0.56-0.58 / 1.22 s, 32 MiB 404 / 673 MB in 0.53-0.56 / 1.12-1.18 s (2026-12-06)
+SLAB_BYTES = 24 << 20
 
 
-def _slabs(path: Path, data, head: PerfHeader, notes: list[str]):
+def _slabs(path: Path, data, head: PerfHeader, notes: list[str], buffers: int = 1):
     """The data section a slab at a time, in file order: (the slab as a source of whole 8-byte
     words, :class:`_DataSection`, whose ``data_offset`` is where it starts; the walk of its whole
     records: offsets in the slab, types, sizes; (the bytes of records read so far, of them
     all)). A slab is :data:`SLAB_BYTES`, up to the last record that ends in it (one that does
-    not fit, made longer), read into a buffer kept for the next one, or the records a compressed
+    not fit, made longer), read into one of ``buffers`` buffers kept for the next ones, in turn
+    (a slab's buffer is read into again ``buffers`` slabs later), or the records a compressed
     file's decompress to (``perf record -z``: held whole). A record the section ends inside is
     an error naming it, or in a pipe-mode file (no size of its data but the file's) the end of
     what is read, noted."""
@@ -586,12 +623,13 @@ def _slabs(path: Path, data, head: PerfHeader, notes: list[str]):
     else:
         place = "file offset"
         f = _open_records(path)
-        held = np.empty(0, np.uint8)
+        kept = [np.empty(0, np.uint8)] * buffers
 
         def read(at: int, n: int) -> np.ndarray:
-            nonlocal held
-            if len(held) < n:
-                held = anonymous_array(n, np.uint8)
+            # the slab's buffer (``turn``: read again into it, longer, it stays the slab's)
+            if len(kept[turn]) < n:
+                kept[turn] = anonymous_array(n, np.uint8)
+            held = kept[turn]
             got = 0
             while got < n:
                 k = os.preadv(f.fileno(), [memoryview(held[got:n])], off0 + at + got)
@@ -605,7 +643,9 @@ def _slabs(path: Path, data, head: PerfHeader, notes: list[str]):
     prefault_for_pages(size, PREFAULT_PER_RECORD_BYTE)
     try:
         at = 0
+        turn = 0
         while at < size:
+            turn = (turn + 1) % buffers
             n = min(max(8, SLAB_BYTES - SLAB_BYTES % 8), size - at)
             while True:
                 last = at + n >= size
@@ -645,7 +685,7 @@ def _open_records(path: Path):
 
 
 def _read_slab(path: Path, src: "_DataSection", walked: tuple, head: PerfHeader, formats,
-               tp: list[int], notes: list[str]) -> dict:
+               tp: list[int]) -> dict:
     """One slab of the data section (:func:`_slabs`) decoded: its events ("events", in time
     order; "decoder": which decoder made them), its records by type name ("records"), its lost
     counts ("lost_by_cpu", "lost_samples"), its samples ("n_samples"; of other events, by name:
@@ -667,8 +707,8 @@ def _read_slab(path: Path, src: "_DataSection", walked: tuple, head: PerfHeader,
     events, decoder = _decoded_events(path, src, head, formats, cols, said)
     del cols
     lost_by_cpu, lost_samples = _lost_counts(path, src, attrs, places, attr_of, off0)
-    notes.extend(n for n in dict.fromkeys(said) if n not in notes)
     return {"events": events, "decoder": decoder, "records": places["records"],
+            "said": list(dict.fromkeys(said)),
             "lost_by_cpu": lost_by_cpu, "lost_samples": lost_samples, "other": other,
             "n_samples": n_s, "recorded": _cpu_map(src, *places["cpu_map"])}
 

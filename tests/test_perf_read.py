@@ -15,6 +15,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pandas as pd
@@ -286,32 +287,40 @@ def test_compiled_walk_finds_the_records_python_finds(monkeypatch):
         assert perf_read.walk_records(cut)[3] == int(py[0][-1])
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("jit", JIT_MODES)
 @pytest.mark.parametrize("path", CORPUS, ids=[p.name for p in CORPUS])
-def test_read_a_slab_at_a_time_it_is_the_same(path, tmp_path, monkeypatch, jit):
+def test_read_a_slab_at_a_time_it_is_the_same(path, tmp_path, monkeypatch, jit, threads):
     """The reader reads the data section a slab at a time (perf_read.SLAB_BYTES), each slab's
     events decoded on its own and the slabs' joined: slabs of a few records (one longer than a
     slab is read in a longer one) give the same table, category order and facts as the file read
     in one slab (which test_corpus_files_read_as_perf_script_prints_them holds to perf script),
     whatever the alignment of the records in the file (a pipe-mode file's are 4 bytes off a
-    word)."""
+    word), and whether the slabs are decoded two at a time (every other one on the side thread,
+    while the next is read into a buffer of its own) or one after the other."""
     use_jit(jit, monkeypatch)
+    monkeypatch.setattr(perf_read, "threads", lambda: threads)
     p = tmp_path / "perf.data"
     p.write_bytes(path.read_bytes())
     whole = perf_read.read_perf_data(p)      # a seed is a whole recording: it reads
-    sizes = []
+    sizes, where = [], set()
     real = perf_read._read_slab
 
     def spy(path, src, walked, *args):
         sizes.append(len(src.buf))
+        where.add(threading.current_thread().name.startswith("harmony-side"))
         return real(path, src, walked, *args)
 
     monkeypatch.setattr(perf_read, "_read_slab", spy)
     for slab in (64, 1000, 4096):
         monkeypatch.setattr(perf_read, "SLAB_BYTES", slab)
         sizes.clear()
+        where.clear()
         bits = perf_read.read_perf_data(p)
         assert len(sizes) > 1 or whole.header.data_size <= slab
+        # the first slab on the side thread, the next on this one; or all on this one
+        assert where == ({False} if threads == 1 else {True} if len(sizes) == 1 else
+                         {True, False})
         assert_same_events(bits.events, whole.events)
         assert list(bits.events["event"].cat.categories) == \
             list(whole.events["event"].cat.categories)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 from harmony.core.kernels import numba_version  # noqa: F401 -- also this module's
 
@@ -128,6 +129,12 @@ def on_side_thread(fn, *args):
     afresh whenever the thread differed from the last call's (2 M events: ~24 000 pages, half of
     the runs' time)."""
     return _executor("harmony-side", 1).submit(fn, *args)
+
+
+def on_the_side_thread() -> bool:
+    """Whether this is the side thread (:func:`on_side_thread`): a call there that handed work
+    to the side thread and waited for it would wait for itself."""
+    return threading.current_thread().name.startswith("harmony-side")
 
 
 def shutdown_pool() -> None:
