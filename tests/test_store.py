@@ -74,6 +74,31 @@ def test_write_table_encodes_int64_by_delta_narrow_ints_split_the_rest_by_dictio
         assert "RLE_DICTIONARY" not in enc["share"]
 
 
+@pytest.mark.parametrize("chunk", [1 << 20, 1000])
+def test_write_table_makes_a_column_required_where_nothing_is_missing(tmp_path, monkeypatch,
+                                                                       chunk):
+    """Parquet's optional columns store a definition level a value: a column with no missing
+    value is written required, one with any optional, whichever row group holds it (here only
+    the last of three, written row group by row group), and both read back as they were."""
+    monkeypatch.setattr(store, "WRITE_CHUNK_ROWS", chunk)
+    df = _frame(3000)
+    df["share"] = df["share"].fillna(0.5)        # no NaN left
+    df["late"] = np.where(np.arange(3000) < 2990, 1.0, np.nan)          # NaN in the last rows
+    df["late_cat"] = pd.Categorical(np.where(np.arange(3000) < 2990, "a", None))
+    df["late_obj"] = np.where(np.arange(3000) < 2990, "x", None).astype(object)
+    df["late_na"] = pd.array(np.where(np.arange(3000) < 2990, 1, 0), dtype="Int64")
+    df.loc[2999, "late_na"] = pd.NA
+    store.write_table(tmp_path, "mine", df)
+    pd.testing.assert_frame_equal(store.read_table(tmp_path / "mine.parquet"), df)
+    schema = pq.ParquetFile(tmp_path / "mine.parquet").schema
+    optional = {schema.column(i).name for i in range(len(schema))
+                if schema.column(i).max_definition_level > 0}
+    assert optional == {"late", "late_cat", "late_obj", "late_na"}
+    # an empty frame's columns of no type stay optional (Parquet has no required null column)
+    store.write_table(tmp_path, "empty", df.iloc[:0].assign(comm=pd.Series([], dtype=object)))
+    assert len(store.read_table(tmp_path / "empty.parquet")) == 0
+
+
 def test_write_table_leaves_no_partial_file(tmp_path):
     class Unstorable:
         pass
