@@ -17,7 +17,9 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from harmony.analysis.arrays import key_table  # noqa: E402
 from harmony.analysis.causes import causes_over_time  # noqa: E402
+from harmony.core.jit import use_compiled  # noqa: E402
 
 sns.set_theme(style="whitegrid", context="notebook")
 
@@ -160,6 +162,45 @@ def step_envelope(t: np.ndarray, nr: np.ndarray, t_end: float,
     return edges, low, high
 
 
+#: run-queue rows from which the envelopes are made by the compiled passes where they are not
+#: ready already (numba's JIT costs 0.4-1 s to start; the numpy version takes ~0.1-0.3 s at 5 M)
+JIT_MIN_STEPS = 20_000_000
+
+
+def step_envelopes(cpu: np.ndarray, t: np.ndarray, nr: np.ndarray, cpus: list[int],
+                   t_end: float, most_steps: int | None = None,
+                   bins: int = STEP_BINS) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """{CPU: :func:`step_envelope` of its run queue} for each CPU of ``cpus`` whose run queue
+    (the rows of the run-queue columns ``cpu``, ``t``, ``nr`` in time order that are its) has
+    more than ``most_steps`` steps (default :data:`MAX_STEPS`). Compiled
+    (:mod:`harmony.analysis.plots_jit`: two passes over the columns, no copy of a CPU's rows),
+    else a CPU at a time: the same arrays."""
+    most_steps = MAX_STEPS if most_steps is None else most_steps
+    if not (use_compiled(len(t), JIT_MIN_STEPS) and len(cpus)):
+        out = {}
+        for c in cpus:
+            mine = cpu == c
+            if np.count_nonzero(mine) > most_steps:
+                out[c] = step_envelope(t[mine], nr[mine], t_end, bins)
+        return out
+    from harmony.analysis import plots_jit  # the compiled kernels: only on this path
+
+    table = key_table(cpus)
+    counts, first = np.zeros(len(cpus), np.int64), np.full(len(cpus), -1, np.int64)
+    plots_jit.steps_per_cpu(cpu, table, counts, first)
+    which = [j for j in range(len(cpus)) if counts[j] > most_steps]
+    if not which:
+        return {}
+    binned = np.full(len(cpus), -1, np.int64)
+    binned[which] = np.arange(len(which))
+    t0 = t[first[which]].astype(np.float64)
+    edges = np.array([np.linspace(a, t_end, bins + 1) for a in t0])
+    low, high = np.empty((len(which), bins)), np.empty((len(which), bins))
+    plots_jit.envelopes(cpu, t, nr, table, binned, t0, t_end - t0,
+                        np.ascontiguousarray(edges[:, :-1]), low, high)
+    return {cpus[j]: (edges[k], low[k], high[k]) for k, j in enumerate(which)}
+
+
 def step_means(t: np.ndarray, nr: np.ndarray, t_end: float, bins: int,
                t_start: float = 0.0) -> np.ndarray:
     """The time-weighted mean of the step function (t, nr) (0 before t[0]) in each of ``bins``
@@ -205,18 +246,18 @@ def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration
     fair = ntasks / n
     colours = sns.color_palette("colorblind", n)
     top = max(int(runqueue["nr"].max()) if len(runqueue) else 1, int(np.ceil(fair)) + 1)
-    binned = False
     rq_cpu, rq_t, rq_nr = (runqueue[c].to_numpy() for c in ("cpu", "t", "nr"))
+    envelopes = step_envelopes(rq_cpu, rq_t, rq_nr, list(cpus), duration_s)
+    binned = bool(envelopes)
     for ax, cpu, colour in zip(axes[:, 0], cpus, colours):
-        mine = rq_cpu == cpu            # the two columns drawn, not a copy of the whole table
-        q_t, q_nr = rq_t[mine], rq_nr[mine]
-        if len(q_t) > MAX_STEPS:
-            edges, low, high = step_envelope(q_t, q_nr, duration_s)
+        if cpu in envelopes:
+            edges, low, high = envelopes[cpu]
             low, high = np.append(low, low[-1]), np.append(high, high[-1])
             ax.fill_between(edges, low, step="post", alpha=0.25, color=colour, lw=0)
             ax.fill_between(edges, low, high, step="post", alpha=0.6, color=colour, lw=0)
-            binned = True
         else:
+            mine = rq_cpu == cpu        # the two columns drawn, not a copy of the whole table
+            q_t, q_nr = rq_t[mine], rq_nr[mine]
             t = np.concatenate([q_t, [duration_s]])
             nr = np.concatenate([q_nr, q_nr[-1:] if len(q_t) else [0]])
             ax.step(t, nr, where="post", color=colour, lw=1.0)

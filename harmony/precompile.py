@@ -5,7 +5,7 @@ The kernels (:mod:`harmony.core.kernels`: :mod:`harmony.probes.ringbuf_jit`,
 :mod:`harmony.analysis.taskstate_jit`, :mod:`harmony.analysis.reconstruct_jit`,
 :mod:`harmony.analysis.causes_jit`, :mod:`harmony.analysis.checks_jit`,
 :mod:`harmony.analysis.cost_jit`, :mod:`harmony.importer_jit`,
-:mod:`harmony.probes.perf_read_jit`) are compiled twice:
+:mod:`harmony.probes.perf_read_jit`, :mod:`harmony.analysis.plots_jit`) are compiled twice:
 
 - by numba's JIT (``cache=True``): the first process that calls one compiles it (~15-20 s for
   all of them on a 2-CPU host) and stores the machine code next to its source
@@ -61,6 +61,7 @@ def precompile(work: Path) -> dict:
     from harmony.analysis import cost_jit
     from harmony.analysis.arrays import key_table
     from harmony.analysis.causes import last_wakes
+    from harmony.analysis.plots import step_envelopes
     from harmony.analysis.taskstate import task_records
     from harmony.core import jit
     from harmony.importer import import_trace
@@ -105,6 +106,14 @@ def precompile(work: Path) -> dict:
         # a perf.data's record walk, on a data section of two FINISHED_ROUND records (read-only
         # bytes, as a mapped file's): its payloads go through the kernels above
         walk_records(np.frombuffer(struct.pack("<IHH", 68, 0, 8) * 2, np.uint8))
+        # the run-queue figure's envelopes (a CPU's drawn binned only past MAX_STEPS steps), on
+        # the run-queue table's column types, read-only as a table read back from its file is
+        # (an export that only reads an array takes a writable one too)
+        columns = [np.array([0, 1, 0, 1], np.int32), np.array([0.0, 0.1, 0.2, 0.3]),
+                   np.array([1, 2, 1, 0], np.int32)]
+        for c in columns:
+            c.setflags(write=False)
+        step_envelopes(*columns, [0, 1], 0.5, most_steps=0, bins=4)
     finally:
         jit.PARALLEL_MIN_ITEMS = saved
         ringbuf_stream.TABLE_SLOTS = slots

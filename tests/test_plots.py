@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
+from conftest import host_skip
 
 from harmony.analysis import plots
+from harmony.core.jit import numba_version
 
 
 def test_step_envelope_keeps_every_spike_and_dip():
@@ -22,6 +25,37 @@ def test_step_envelope_takes_the_value_in_force_at_a_bins_start():
     t, nr = np.array([0.0, 0.5, 2.0]), np.array([3, 2, 1])   # bins of 1 s; 1 from t=2 on
     _, low, high = plots.step_envelope(t, nr, 4.0, bins=4)
     assert list(low) == [2, 2, 1, 1] and list(high) == [3, 2, 1, 1]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_every_cpus_envelope_compiled_is_the_one_a_cpu_at_a_time_gives(seed, monkeypatch):
+    """plots.step_envelopes: the compiled passes over the run-queue columns (HARMONY_JIT=1) and
+    a CPU at a time (0) give the same CPUs and arrays, and each is step_envelope of that CPU's
+    rows: CPUs interleaved, steps at one instant, steps exactly at a bin's start, rows of CPUs
+    not drawn, CPUs with too few steps or none, a window ending at a CPU's first step, one bin."""
+    if not numba_version():
+        host_skip("numba is not installed: the compiled passes cannot run")
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 3000))
+    coarse = seed % 3 == 0      # times on a grid: ties, and steps at the bins' starts
+    t = np.sort(rng.integers(0, 40, n) / 4 if coarse else rng.uniform(0, 10, n))
+    cpu = rng.choice([0, 1, 3, 7], n, p=[0.5, 0.3, 0.15, 0.05]).astype(np.int32)
+    nr = rng.integers(0, 6, n).astype(np.int32)
+    cpus = [0, 1, 3, 5] if seed % 2 else [3, 0]       # 7 is never drawn, 5 has no step
+    t_end = float(t[-1] + rng.uniform(0, 3)) if seed % 5 else float(t[0])
+    bins = 1 if seed % 7 == 0 else int(rng.integers(2, 60)) if seed % 4 else 40
+    most = int(rng.integers(0, max(1, n // 3)))
+    got = {}
+    for jit in ("0", "1"):
+        monkeypatch.setenv("HARMONY_JIT", jit)
+        got[jit] = plots.step_envelopes(cpu, t, nr, cpus, t_end, most_steps=most, bins=bins)
+    assert got["0"].keys() == got["1"].keys()
+    assert set(got["0"]) == {c for c in cpus if np.count_nonzero(cpu == c) > most}
+    for c, arrays in got["1"].items():
+        mine = cpu == c
+        for ours, numpy_, one in zip(arrays, got["0"][c],
+                                     plots.step_envelope(t[mine], nr[mine], t_end, bins)):
+            assert np.array_equal(ours, numpy_) and np.array_equal(ours, one)
 
 
 def test_a_run_queue_with_too_many_steps_is_drawn_binned(tmp_path, monkeypatch):

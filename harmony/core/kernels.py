@@ -38,7 +38,8 @@ from pathlib import Path
 KERNEL_MODULES = ("harmony.probes.ringbuf_jit", "harmony.analysis.taskstate_jit",
                   "harmony.analysis.reconstruct_jit", "harmony.analysis.causes_jit",
                   "harmony.analysis.checks_jit", "harmony.analysis.cost_jit",
-                  "harmony.importer_jit", "harmony.probes.perf_read_jit")
+                  "harmony.importer_jit", "harmony.probes.perf_read_jit",
+                  "harmony.analysis.plots_jit")
 
 #: the extension module's name (its ``PyInit_`` symbol) and its exports' description
 EXTENSION = "_harmony_kernels"
