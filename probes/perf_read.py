@@ -693,8 +693,9 @@ def _read_slab(path: Path, src: "_DataSection", walked: tuple, head: PerfHeader,
     of its records (:func:`_record_places`), each sample's event (:func:`_sample_attrs`) and the
     events decoded (:func:`_sample_groups`), the samples' fields in time order
     (:func:`_samples_in_order`), their payloads decoded (:func:`_decoded_events`), and the lost
-    counts (:func:`_lost_counts`). Its notes are added to ``notes`` once, whatever the slabs that
-    say them."""
+    counts (:func:`_lost_counts`). Its notes, each once, are "said": the caller adds them to the
+    file's in slab order, once whatever the slabs that say them (a slab may be decoded on
+    another thread)."""
     attrs, off0 = head.attrs, src.data_offset
     said: list[str] = []
     places = _record_places(*walked)
