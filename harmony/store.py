@@ -225,10 +225,10 @@ def _with_nulls(df: pd.DataFrame) -> set[str]:
             and col.isna().any()}
 
 
-def _arrow_table(df: pd.DataFrame, nulls: set[str] | None = None):
+def _arrow_table(df: pd.DataFrame, nulls: set[str]):
     """``df`` as the Arrow table ``df.to_parquet(index=False)`` would write, attrs included;
-    its fields are required but for the columns ``nulls`` names (default: those
-    :func:`_with_nulls` finds in ``df``), all of a large table's row groups alike.
+    its fields are required but for the columns ``nulls`` names (:func:`_with_nulls` of the
+    whole frame, so that all of a large table's row groups agree).
 
     pandas lets pyarrow convert the columns on a new thread pool whenever a frame has over 100
     rows per column, which costs ~1 ms a table: more than converting a run's small tables at all
@@ -242,7 +242,6 @@ def _arrow_table(df: pd.DataFrame, nulls: set[str] | None = None):
     df.attrs = kept
     threads = None if len(df) >= THREADED_CONVERSION_ROWS else 1
     table = pa.Table.from_pandas(df, preserve_index=False, nthreads=threads)
-    nulls = _with_nulls(df) if nulls is None else nulls
     meta = table.schema.metadata
     if kept:
         meta = {**meta, b"PANDAS_ATTRS": json.dumps(kept).encode()}
