@@ -106,6 +106,9 @@ def precompile(work: Path) -> dict:
         # a perf.data's record walk, on a data section of two FINISHED_ROUND records (read-only
         # bytes, as a mapped file's): its payloads go through the kernels above
         walk_records(np.frombuffer(struct.pack("<IHH", 68, 0, 8) * 2, np.uint8))
+        # and its samples read in one pass (two events told apart by the id each sample
+        # carries first): a sample of each, on read-only bytes
+        samples(Path(work))
         # the run-queue figure's envelopes (a CPU's drawn binned only past MAX_STEPS steps), on
         # the run-queue table's column types, read-only as a table read back from its file is
         # (an export that only reads an array takes a writable one too)
@@ -124,6 +127,30 @@ def precompile(work: Path) -> dict:
             "loaded": sum(d.stats.cache_hits.total() for d in found.values()),
             "seconds": time.perf_counter() - t,
             "cache_dirs": sorted({str(d._cache._cache_path) for d in found.values()})}
+
+
+def samples(work: Path) -> None:
+    """:func:`harmony.probes.perf_read._compiled_samples` on a data section of one sample of
+    each of two tracepoints (IDENTIFIER, TID, TIME, CPU, RAW), as the reader calls it."""
+    from harmony.probes.perf_read import (
+        SAMPLE_CPU,
+        SAMPLE_IDENTIFIER,
+        SAMPLE_RAW,
+        SAMPLE_TID,
+        SAMPLE_TIME,
+        PerfAttr,
+        _compiled_samples,
+        _DataSection,
+        walk_records,
+    )
+    st = SAMPLE_IDENTIFIER | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_RAW
+    attrs = [PerfAttr(2, config, st, 0, 0, None, [id_]) for config, id_ in ((300, 7), (301, 8))]
+    body = b"".join(struct.pack("<IHHQIIQIIII", 9, 0, 48, id_, 1, 1, 10 * id_, 0, 0, 4, 0)
+                    for id_ in (7, 8))
+    buf = np.frombuffer(body, np.uint8)
+    walked = walk_records(buf)[:3]
+    _compiled_samples(work / "perf.data", _DataSection(work / "perf.data", buf, 0), walked, attrs,
+                      np.ones(2, bool))
 
 
 def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:

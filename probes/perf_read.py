@@ -26,8 +26,10 @@ include/uapi/linux/perf_event.h)::
 The data section is read a slab at a time (:data:`SLAB_BYTES` of whole records, read into memory
 the reader keeps: the file is never mapped nor read whole). In each slab the records are found by
 one walk (a compiled kernel for large files, :mod:`harmony.probes.perf_read_jit`; a Python loop
-over the record headers below that), every sample's fields then read with numpy at positions
-computed per attr, and the RAW payloads decoded by the ring-buffer decoder
+over the record headers below that), every sample's event and fields then read in one compiled
+pass over the records (numpy's passes at positions computed per attr where the kernels are not
+used, and for a slab that pass finds damaged, whose error they name), and the RAW payloads
+decoded by the ring-buffer decoder
 (:func:`harmony.probes.ringbuf_decode.decode_source`) with the formats from the file: the same
 column rules as a trace.dat's. The samples are put in time order, the events of one instant by
 CPU, each CPU's in file order (:func:`by_time_then_cpu`): the order of every Harmony events table
@@ -83,6 +85,11 @@ SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR, SAMPLE_READ = \
     1 << 0, 1 << 1, 1 << 2, 1 << 3, 1 << 4
 SAMPLE_CALLCHAIN, SAMPLE_ID, SAMPLE_CPU, SAMPLE_PERIOD = 1 << 5, 1 << 6, 1 << 7, 1 << 8
 SAMPLE_STREAM_ID, SAMPLE_RAW, SAMPLE_IDENTIFIER = 1 << 9, 1 << 10, 1 << 16
+#: the fields of a sample before its read values, call chain and RAW payload, 8 bytes each in
+#: this order where its sample_type has them; those Harmony reads
+_FIXED_FIELDS = (SAMPLE_IDENTIFIER, SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME, SAMPLE_ADDR, SAMPLE_ID,
+                 SAMPLE_STREAM_ID, SAMPLE_CPU, SAMPLE_PERIOD)
+_FIXED_READ = {SAMPLE_TID: "tid", SAMPLE_TIME: "time", SAMPLE_CPU: "cpu"}
 # read_format bits
 FORMAT_ENABLED, FORMAT_RUNNING, FORMAT_ID, FORMAT_GROUP, FORMAT_LOST = 1, 2, 4, 8, 16
 
@@ -435,14 +442,11 @@ def _sample_fields(st: int, read_format: int, src: PageSource, p: np.ndarray, en
             raise TraceCorrupt(f"{path}: corrupt sample at {src.place} "
                                f"{data_offset + int(off[bad[0]])}: its {what} runs past the record")
 
-    check(p + 8 * sum(bool(st & b) for b in (SAMPLE_IDENTIFIER, SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME,
-                                             SAMPLE_ADDR, SAMPLE_ID, SAMPLE_STREAM_ID, SAMPLE_CPU,
-                                             SAMPLE_PERIOD)), "fixed fields")
-    for bit, name in ((SAMPLE_IDENTIFIER, None), (SAMPLE_IP, None), (SAMPLE_TID, "tid"),
-                      (SAMPLE_TIME, "time"), (SAMPLE_ADDR, None), (SAMPLE_ID, None),
-                      (SAMPLE_STREAM_ID, None), (SAMPLE_CPU, "cpu"), (SAMPLE_PERIOD, None)):
+    check(p + 8 * sum(bool(st & b) for b in _FIXED_FIELDS), "fixed fields")
+    for bit in _FIXED_FIELDS:
         if not st & bit:
             continue
+        name = _FIXED_READ.get(bit)
         if name == "tid":
             out["tid"] = read_uint(src, p + 4, 4).astype(np.int32)
         elif name == "time":
@@ -692,19 +696,31 @@ def _read_slab(path: Path, src: "_DataSection", walked: tuple, head: PerfHeader,
     "other") and the CPUs of its first CPU map ("recorded", None: none). The phases: the places
     of its records (:func:`_record_places`), each sample's event (:func:`_sample_attrs`) and the
     events decoded (:func:`_sample_groups`), the samples' fields in time order
-    (:func:`_samples_in_order`), their payloads decoded (:func:`_decoded_events`), and the lost
-    counts (:func:`_lost_counts`). Its notes, each once, are "said": the caller adds them to the
+    (:func:`_samples_in_order`) -- those three in one compiled pass over the records where the
+    kernels are used (:func:`_compiled_samples`) --, their payloads decoded
+    (:func:`_decoded_events`), and the lost counts (:func:`_lost_counts`). Its notes, each once,
+    are "said": the caller adds them to the
     file's in slab order, once whatever the slabs that say them (a slab may be decoded on
     another thread)."""
     attrs, off0 = head.attrs, src.data_offset
     said: list[str] = []
-    places = _record_places(*walked)
+    rows = _row_attrs(attrs, tp, formats)
+    compiled = (_compiled_samples(path, src, walked, attrs, rows)
+                if use_compiled(len(src.buf), JIT_MIN_BYTES) else None)
+    places = _record_places(*walked, samples=compiled is None)
     del walked
-    s_attr, attr_of = _sample_attrs(path, src, attrs, places, off0)
-    groups, other = _sample_groups(attrs, s_attr, tp, formats)
-    n_s = len(s_attr)
-    cols = _samples_in_order(path, src, attrs, places, s_attr, groups, off0, said)
-    del s_attr
+    if compiled is None:
+        s_attr, attr_of = _sample_attrs(path, src, attrs, places, off0)
+        per_attr = np.bincount(s_attr + 1, minlength=len(attrs) + 1)
+        groups, other = _sample_groups(attrs, per_attr, rows)
+        cols = _samples_in_order(path, src, attrs, places, s_attr, groups, off0, said)
+        del s_attr
+    else:
+        per_attr, cols = compiled
+        attr_of = _attr_lookup(attrs)[2]
+        other = _sample_groups(attrs, per_attr, rows)[1]
+    del compiled
+    n_s = int(per_attr.sum())
     events, decoder = _decoded_events(path, src, head, formats, cols, said)
     del cols
     lost_by_cpu, lost_samples = _lost_counts(path, src, attrs, places, attr_of, off0)
@@ -806,18 +822,21 @@ class _Rows:
         return make_events(cols, ordered=True), decoder
 
 
-def _record_places(offs: np.ndarray, types: np.ndarray, sizes: np.ndarray) -> dict:
+def _record_places(offs: np.ndarray, types: np.ndarray, sizes: np.ndarray,
+                   samples: bool = True) -> dict:
     """The walk of a slab's records (offsets, types, sizes) as the records by type name
-    ("records"), and (start, end) offsets of its samples ("samples"), its lost counts ("lost",
+    ("records"), and (start, end) offsets of its samples ("samples", unless ``samples`` is
+    false: the compiled pass reads them from the walk), its lost counts ("lost",
     "lost_samples") and CPU maps ("cpu_map")."""
     counts = np.bincount(np.minimum(types, 255).astype(np.int64), minlength=256)
     out = {"records": {RECORD_NAMES.get(t, f"type {t}"): int(c)
                        for t, c in enumerate(counts) if c}}
-    ends = offs + sizes
     for key, kind in (("lost", REC_LOST), ("lost_samples", REC_LOST_SAMPLES),
                       ("cpu_map", REC_CPU_MAP), ("samples", REC_SAMPLE)):
+        if key == "samples" and not samples:
+            continue
         idx = np.flatnonzero(types == kind)
-        out[key] = (offs[idx], ends[idx])
+        out[key] = (offs[idx], offs[idx] + sizes[idx])
     return out
 
 
@@ -825,17 +844,7 @@ def _sample_attrs(path: Path, src, attrs, places: dict, off0: int):
     """(the attr of each sample, -1 for an unknown id; the function from ids to attrs): by its
     id (IDENTIFIER first, or ID where sample_type puts it, the same in every attr), or the only
     attr."""
-    all_ids = np.array([i for a in attrs for i in a.ids], np.uint64)
-    id_attr = np.array([k for k, a in enumerate(attrs) for _ in a.ids], np.int64)
-    by_id = np.argsort(all_ids, kind="stable")
-    all_ids, id_attr = all_ids[by_id], id_attr[by_id]
-
-    def attr_of(ids: np.ndarray) -> np.ndarray:
-        if not len(all_ids):
-            return np.full(len(ids), 0 if len(attrs) == 1 else -1, np.int64)
-        k = np.minimum(np.searchsorted(all_ids, ids), len(all_ids) - 1)
-        return np.where(all_ids[k] == ids, id_attr[k], -1)
-
+    attr_of = _attr_lookup(attrs)[2]
     s_off, s_end = places["samples"]
     types_st = {a.sample_type for a in attrs}
     st0 = attrs[0].sample_type
@@ -860,25 +869,100 @@ def _sample_attrs(path: Path, src, attrs, places: dict, off0: int):
                        "without ID or IDENTIFIER): which event a sample is cannot be told")
 
 
-def _sample_groups(attrs, s_attr: np.ndarray, tp: list[int], formats) -> tuple[dict, dict]:
-    """(the attrs whose samples become rows, grouped by their samples' layout (sample_type,
-    read_format): the fields of a group's samples are read in one pass; the samples of the
-    others, counted by event name)."""
-    per_attr = np.bincount(s_attr + 1, minlength=len(attrs) + 1)      # slot 0: an unknown id
+def _attr_lookup(attrs) -> tuple[np.ndarray, np.ndarray, object]:
+    """(every attr's ids, sorted; the attr of each; the function from an array of sample ids
+    to their attrs, -1 for an unknown id, or the only attr where no attr has ids)."""
+    all_ids = np.array([i for a in attrs for i in a.ids], np.uint64)
+    id_attr = np.array([k for k, a in enumerate(attrs) for _ in a.ids], np.int64)
+    by_id = np.argsort(all_ids, kind="stable")
+    all_ids, id_attr = all_ids[by_id], id_attr[by_id]
+
+    def attr_of(ids: np.ndarray) -> np.ndarray:
+        if not len(all_ids):
+            return np.full(len(ids), 0 if len(attrs) == 1 else -1, np.int64)
+        k = np.minimum(np.searchsorted(all_ids, ids), len(all_ids) - 1)
+        return np.where(all_ids[k] == ids, id_attr[k], -1)
+    return all_ids, id_attr, attr_of
+
+
+def _row_attrs(attrs, tp: list[int], formats) -> np.ndarray:
+    """Whether each attr's samples become rows: a tracepoint of the sched events or the
+    causes Harmony decodes, whose format the file holds."""
+    rows = np.zeros(len(attrs), bool)
+    for k in tp:
+        fmt = formats.get(attrs[k].config)
+        rows[k] = fmt is not None and ((fmt.system == "sched" and fmt.name in SCHED_EVENTS)
+                                       or (fmt.system, fmt.name) in _CAUSES)
+    return rows
+
+
+def _sample_groups(attrs, per_attr: np.ndarray, rows: np.ndarray) -> tuple[dict, dict]:
+    """(the attrs whose samples become rows (``rows``), grouped by their samples' layout
+    (sample_type, read_format): the fields of a group's samples are read in one pass; the
+    samples of the others, counted by event name), from the samples of each attr
+    (``per_attr``; slot 0: of an unknown id, attr k's in k + 1)."""
     other: dict[str, int] = {}
     if per_attr[0]:
         other["(samples of an unknown id)"] = int(per_attr[0])
     groups: dict[tuple[int, int], list[int]] = {}
     for k in np.flatnonzero(per_attr[1:]).tolist():
         a = attrs[k]
-        fmt = formats.get(a.config) if k in tp else None
-        if fmt is None or not ((fmt.system == "sched" and fmt.name in SCHED_EVENTS)
-                               or (fmt.system, fmt.name) in _CAUSES):
+        if not rows[k]:
             name = a.name or f"attr {k} (type {a.type}, config {a.config})"
             other[name] = other.get(name, 0) + int(per_attr[k + 1])
         else:
             groups.setdefault((a.sample_type, a.read_format), []).append(k)
     return groups, other
+
+
+def _compiled_samples(path: Path, src, walked: tuple, attrs, rows: np.ndarray):
+    """(the samples of each attr, as :func:`_sample_groups` takes them; the rows' columns as
+    :func:`_samples_in_order` gives them) of a slab, by the compiled pass
+    (:func:`harmony.probes.perf_read_jit.sample_rows`): one pass over the walk's records in
+    place of numpy's passes over every sample's places and fields. None where that pass hands
+    the slab to the numpy code, which raises or notes what is wrong with it (the first sample too
+    short for its id, a field past its record, ...)."""
+    from harmony.probes import perf_read_jit
+    offs, types, sizes = walked
+    st0 = attrs[0].sample_type
+    if len(attrs) == 1:
+        id_at = 0
+    elif all(a.sample_type & SAMPLE_IDENTIFIER for a in attrs):
+        id_at = 8
+    elif len({a.sample_type for a in attrs}) == 1 and st0 & SAMPLE_ID:
+        id_at = 8 + 8 * sum(bool(st0 & b) for b in (SAMPLE_IP, SAMPLE_TID, SAMPLE_TIME,
+                                                     SAMPLE_ADDR))
+    else:
+        return None         # no id to tell the events apart: the numpy code says so
+    # each attr's fixed fields: their bytes, where the tid, time and cpu are in them
+    fixed, at_tid, at_time, at_cpu = (np.full(len(attrs), -1, np.int64) for _ in range(4))
+    for j, a in enumerate(attrs):
+        off = 0
+        for bit in _FIXED_FIELDS:
+            if a.sample_type & bit:
+                if bit == SAMPLE_TID:
+                    at_tid[j] = off + 4
+                elif bit == SAMPLE_TIME:
+                    at_time[j] = off
+                elif bit == SAMPLE_CPU:
+                    at_cpu[j] = off
+                off += 8
+        fixed[j] = off
+        if rows[j] and (at_time[j] < 0 or at_cpu[j] < 0):
+            return None     # samples without a time (refused) or a CPU (noted): the numpy code
+    ids, id_attr, _ = _attr_lookup(attrs)
+    per_attr = np.zeros(len(attrs) + 1, np.int64)
+    n = len(offs)
+    cols = (np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int64),
+            np.empty(n, np.int16), np.empty(n, np.int32), np.empty(n, np.int32))
+    k = perf_read_jit.sample_rows(
+        src.buf, offs, types, sizes, id_at, ids, id_attr, rows,
+        np.array([a.config if a.config < 1 << 16 else -1 for a in attrs], np.int32),
+        fixed, at_tid, at_time, at_cpu, np.array([a.sample_type for a in attrs], np.int64),
+        np.array([a.read_format for a in attrs], np.int64), per_attr, *cols)
+    if k == perf_read_jit.ASK_NUMPY:
+        return None
+    return per_attr, _in_time_order(*(c[:k] for c in cols))
 
 
 def _samples_in_order(path: Path, src, attrs, places: dict, s_attr: np.ndarray, groups: dict,
@@ -927,9 +1011,16 @@ def _samples_in_order(path: Path, src, attrs, places: dict, s_attr: np.ndarray, 
     del parts
     sel, rec_pos, rec_len, rec_ts, rec_cpu, rec_code, rec_tid = cols
     del cols
-    # the samples decoded by time, the events of one instant by CPU
+    # in file order, where several layouts' samples were read apart
     order = np.argsort(sel, kind="stable") if n_parts > 1 else None
     del sel
+    return _in_time_order(rec_pos, rec_len, rec_ts, rec_cpu, rec_code, rec_tid, order)
+
+
+def _in_time_order(rec_pos, rec_len, rec_ts, rec_cpu, rec_code, rec_tid,
+                   order: np.ndarray | None = None) -> tuple:
+    """The samples' columns (``order``: the samples' file order, None: they are in it) by
+    time, the events of one instant by CPU (:func:`by_time_then_cpu`)."""
     if order is not None:
         rec_ts = rec_ts[order]
     by_time, rec_ts = by_time_then_cpu(rec_ts, rec_cpu if order is None else rec_cpu[order])

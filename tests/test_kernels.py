@@ -58,22 +58,27 @@ IMPORT = """
     decode_dir(here / "raw")
     dat = write_tracedat(here / "raw", here / "trace.dat")
     import_trace(dat, here / "import", pids=[int(p) for p in sim.tasks["pid"]])
+    # and the perf.data files of the fuzz corpus (a file, a pipe's, a compressed one)
+    from harmony.probes.perf_read import read_perf_data
+    for p in sorted(Path(sys.argv[2]).glob("seed-*")):
+        read_perf_data(p)
     print(json.dumps({"numba": "numba" in sys.modules, "fallbacks": kernels.fallbacks()}))
 """
 
 
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_an_import_by_the_built_kernels_loads_no_numba_and_matches_the_jit(tmp_path, threads):
-    """A whole import (decode, tables, checks) with the kernels forced on, once by the kernels
-    built ahead of time and once by numba's JIT: the first never loads numba and no call misses
-    its exports; both write the same tables."""
+    """A whole import (decode, tables, checks) and the corpus's perf.data files read, with the
+    kernels forced on, once by the kernels built ahead of time and once by numba's JIT: the
+    first never loads numba and no call misses its exports; both write the same tables."""
     _need_built_kernels()
     import pandas as pd
     env = {"HARMONY_JIT": "1", "HARMONY_THREADS": threads}
     runs = {}
     for aot in ("1", "0"):
         here = tmp_path / f"aot{aot}"
-        r = subprocess.run([sys.executable, "-c", textwrap.dedent(IMPORT), str(here)],
+        r = subprocess.run([sys.executable, "-c", textwrap.dedent(IMPORT), str(here),
+                            os.path.join(ROOT, "fuzz", "corpus", "perf_data")],
                            capture_output=True, text=True, timeout=300, check=False,
                            env={**os.environ, **env, "HARMONY_AOT": aot})
         assert r.returncode == 0, r.stderr[-2000:]

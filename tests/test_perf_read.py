@@ -150,6 +150,16 @@ def test_kernel_recordings_read_as_perf_script_prints_them(recordings, monkeypat
 
 
 @pytest.mark.kernel
+@pytest.mark.parametrize("name", ["probe", "callgraph", "sched", "probe-pipe"])
+def test_kernel_compiled_samples_are_the_samples_numpy_reads(recordings, name):
+    """As test_compiled_samples_are_the_samples_numpy_reads, on real recordings: the perf
+    probe's, call chains and another event's, perf sched record's, a pipe's."""
+    if not numba_version():
+        host_skip("numba is not installed")
+    assert compiled_samples_as_numpy_reads(recordings[name]) > 1000
+
+
+@pytest.mark.kernel
 def test_kernel_pipe_mode_cut_short_is_read_to_its_last_whole_record(recordings, tmp_path):
     """A pipe-mode file has no size of its data but its own: one cut short (perf stopped while
     it wrote) is read to the last whole record, and says how much it left unread; a file cut
@@ -285,6 +295,72 @@ def test_compiled_walk_finds_the_records_python_finds(monkeypatch):
         assert py[3] == jit[3] == -1
         cut = buf[:len(buf) - 4]       # the last record runs past the end: both say where
         assert perf_read.walk_records(cut)[3] == int(py[0][-1])
+
+
+def _slab_samples(path):
+    """(the data section of ``path`` as one slab, its walk, its attrs, which become rows)."""
+    head = perf_read.read_header(path)
+    content = path.read_bytes()
+    if head.pipe:       # a pipe-mode file's records are 4 bytes off a word: copied, aligned
+        content = bytes(4) + content
+        start = 4 + head.data_offset
+    else:
+        start = head.data_offset
+    size = len(content) - start if head.pipe else head.data_size
+    buf = np.frombuffer(content, np.uint8, count=size - size % 8, offset=start)
+    attrs = head.attrs
+    tp = [k for k, a in enumerate(attrs)
+          if a.type == perf_read.PERF_TYPE_TRACEPOINT and a.sample_type & perf_read.SAMPLE_RAW]
+    formats = head.formats_for(sorted({attrs[k].config for k in tp}))
+    walked = perf_read.walk_records(buf)[:3]
+    return perf_read._DataSection(path, buf, start), walked, attrs, perf_read._row_attrs(
+        attrs, tp, formats)
+
+
+def compiled_samples_as_numpy_reads(path) -> int:
+    """perf_read._compiled_samples against numpy's passes on ``path``'s records as one slab;
+    and on copies of them with the last row's sample damaged: its CPU past an int16's, its
+    payload's size past its record. Returns the rows."""
+    src, walked, attrs, rows = _slab_samples(path)
+    got = perf_read._compiled_samples(path, src, walked, attrs, rows)
+    assert got is not None
+    places = perf_read._record_places(*walked)
+    s_off = places["samples"][0]
+    s_attr, _ = perf_read._sample_attrs(path, src, attrs, places, 0)
+    per_attr = np.bincount(s_attr + 1, minlength=len(attrs) + 1)
+    groups, _ = perf_read._sample_groups(attrs, per_attr, rows)
+    want = perf_read._samples_in_order(path, src, attrs, places, s_attr, groups, 0, [])
+    assert got[0].tolist() == per_attr.tolist()
+    for mine, theirs in zip(got[1], want):
+        assert mine.dtype == theirs.dtype and mine.tolist() == theirs.tolist()
+    # the last sample that becomes a row, if its payload follows its fixed fields
+    last = int(np.flatnonzero(rows[s_attr])[-1])
+    st = attrs[int(s_attr[last])].sample_type
+    fixed = [b for b in perf_read._FIXED_FIELDS if st & b]
+    body = int(s_off[last]) + 8
+    damages = [(body + 8 * fixed.index(perf_read.SAMPLE_CPU), (1 << 16) + 1, "CPU 65537")]
+    if not st & (perf_read.SAMPLE_READ | perf_read.SAMPLE_CALLCHAIN):
+        damages.append((body + 8 * len(fixed), 1 << 20, "raw data runs past the record"))
+    for at, value, why in damages:
+        buf = src.buf.copy()
+        buf[at:at + 4] = np.frombuffer(struct.pack("<I", value), np.uint8)
+        bad = perf_read._DataSection(path, buf, src.data_offset)
+        assert perf_read._compiled_samples(path, bad, walked, attrs, rows) is None
+        with pytest.raises(TraceCorrupt, match=why):
+            perf_read._samples_in_order(path, bad, attrs, perf_read._record_places(*walked),
+                                        s_attr, groups, 0, [])
+    return len(want[0])
+
+
+@pytest.mark.parametrize("path", UNCOMPRESSED, ids=[p.name for p in UNCOMPRESSED])
+def test_compiled_samples_are_the_samples_numpy_reads(path):
+    """perf_read._compiled_samples (one compiled pass over a slab's records) gives each attr's
+    samples and the rows' columns, in time order, that numpy's passes give (_sample_attrs,
+    _sample_groups, _samples_in_order); a sample numpy refuses it hands to numpy, which names
+    it."""
+    if not numba_version():
+        host_skip("numba is not installed")
+    assert compiled_samples_as_numpy_reads(path) >= 1
 
 
 @pytest.mark.parametrize("threads", [1, 2])
