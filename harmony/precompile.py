@@ -108,7 +108,7 @@ def precompile(work: Path) -> dict:
         walk_records(np.frombuffer(struct.pack("<IHH", 68, 0, 8) * 2, np.uint8))
         # and its samples read in one pass (two events told apart by the id each sample
         # carries first): a sample of each, on read-only bytes
-        samples(Path(work))
+        _perf_samples()
         # the run-queue figure's envelopes (a CPU's drawn binned only past MAX_STEPS steps), on
         # the run-queue table's column types, read-only as a table read back from its file is
         # (an export that only reads an array takes a writable one too)
@@ -129,8 +129,8 @@ def precompile(work: Path) -> dict:
             "cache_dirs": sorted({str(d._cache._cache_path) for d in found.values()})}
 
 
-def samples(work: Path) -> None:
-    """:func:`harmony.probes.perf_read._compiled_samples` on a data section of one sample of
+def _perf_samples() -> None:
+    """:func:`harmony.probes.perf_read.compiled_samples` on a data section of one sample of
     each of two tracepoints (IDENTIFIER, TID, TIME, CPU, RAW), as the reader calls it."""
     from harmony.probes.perf_read import (
         SAMPLE_CPU,
@@ -139,8 +139,7 @@ def samples(work: Path) -> None:
         SAMPLE_TID,
         SAMPLE_TIME,
         PerfAttr,
-        _compiled_samples,
-        _DataSection,
+        compiled_samples,
         walk_records,
     )
     st = SAMPLE_IDENTIFIER | SAMPLE_TID | SAMPLE_TIME | SAMPLE_CPU | SAMPLE_RAW
@@ -149,8 +148,7 @@ def samples(work: Path) -> None:
                     for id_ in (7, 8))
     buf = np.frombuffer(body, np.uint8)
     walked = walk_records(buf)[:3]
-    _compiled_samples(work / "perf.data", _DataSection(work / "perf.data", buf, 0), walked, attrs,
-                      np.ones(2, bool))
+    compiled_samples(buf, walked, attrs, np.ones(2, bool))
 
 
 def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:

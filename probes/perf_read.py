@@ -697,7 +697,7 @@ def _read_slab(path: Path, src: "_DataSection", walked: tuple, head: PerfHeader,
     of its records (:func:`_record_places`), each sample's event (:func:`_sample_attrs`) and the
     events decoded (:func:`_sample_groups`), the samples' fields in time order
     (:func:`_samples_in_order`) -- those three in one compiled pass over the records where the
-    kernels are used (:func:`_compiled_samples`) --, their payloads decoded
+    kernels are used (:func:`compiled_samples`) --, their payloads decoded
     (:func:`_decoded_events`), and the lost counts (:func:`_lost_counts`). Its notes, each once,
     are "said": the caller adds them to the
     file's in slab order, once whatever the slabs that say them (a slab may be decoded on
@@ -705,7 +705,7 @@ def _read_slab(path: Path, src: "_DataSection", walked: tuple, head: PerfHeader,
     attrs, off0 = head.attrs, src.data_offset
     said: list[str] = []
     rows = _row_attrs(attrs, tp, formats)
-    compiled = (_compiled_samples(path, src, walked, attrs, rows)
+    compiled = (compiled_samples(src.buf, walked, attrs, rows)
                 if use_compiled(len(src.buf), JIT_MIN_BYTES) else None)
     places = _record_places(*walked, samples=compiled is None)
     del walked
@@ -915,9 +915,10 @@ def _sample_groups(attrs, per_attr: np.ndarray, rows: np.ndarray) -> tuple[dict,
     return groups, other
 
 
-def _compiled_samples(path: Path, src, walked: tuple, attrs, rows: np.ndarray):
+def compiled_samples(buf: np.ndarray, walked: tuple, attrs, rows: np.ndarray):
     """(the samples of each attr, as :func:`_sample_groups` takes them; the rows' columns as
-    :func:`_samples_in_order` gives them) of a slab, by the compiled pass
+    :func:`_samples_in_order` gives them) of a slab (``buf``, its records' walk ``walked``;
+    ``rows``: :func:`_row_attrs`), by the compiled pass
     (:func:`harmony.probes.perf_read_jit.sample_rows`): one pass over the walk's records in
     place of numpy's passes over every sample's places and fields. None where that pass hands
     the slab to the numpy code, which raises or notes what is wrong with it (the first sample too
@@ -956,7 +957,7 @@ def _compiled_samples(path: Path, src, walked: tuple, attrs, rows: np.ndarray):
     cols = (np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int64),
             np.empty(n, np.int16), np.empty(n, np.int32), np.empty(n, np.int32))
     k = perf_read_jit.sample_rows(
-        src.buf, offs, types, sizes, id_at, ids, id_attr, rows,
+        buf, offs, types, sizes, id_at, ids, id_attr, rows,
         np.array([a.config if a.config < 1 << 16 else -1 for a in attrs], np.int32),
         fixed, at_tid, at_time, at_cpu, np.array([a.sample_type for a in attrs], np.int64),
         np.array([a.read_format for a in attrs], np.int64), per_attr, *cols)

@@ -3,7 +3,7 @@
 follow one another, each header's size giving the next one's place, so the walk is one sequential
 pass (in Python ~0.3 us a record; here a few ns). And the samples' events and fields read in one
 pass over the walked records (:func:`sample_rows`, for
-:func:`harmony.probes.perf_read._compiled_samples`), where numpy made a pass over every sample per
+:func:`harmony.probes.perf_read.compiled_samples`), where numpy made a pass over every sample per
 field and check: a 9.38 M-event file's samples in 0.30 s instead of 0.64 (one thread, their sort
 by time included). Cached like :mod:`harmony.probes.ringbuf_jit`'s kernels
 (``harmony.precompile`` compiles them at install)."""

@@ -318,11 +318,11 @@ def _slab_samples(path):
 
 
 def compiled_samples_as_numpy_reads(path) -> int:
-    """perf_read._compiled_samples against numpy's passes on ``path``'s records as one slab;
+    """perf_read.compiled_samples against numpy's passes on ``path``'s records as one slab;
     and on copies of them with the last row's sample damaged: its CPU past an int16's, its
     payload's size past its record. Returns the rows."""
     src, walked, attrs, rows = _slab_samples(path)
-    got = perf_read._compiled_samples(path, src, walked, attrs, rows)
+    got = perf_read.compiled_samples(src.buf, walked, attrs, rows)
     assert got is not None
     places = perf_read._record_places(*walked)
     s_off = places["samples"][0]
@@ -345,7 +345,7 @@ def compiled_samples_as_numpy_reads(path) -> int:
         buf = src.buf.copy()
         buf[at:at + 4] = np.frombuffer(struct.pack("<I", value), np.uint8)
         bad = perf_read._DataSection(path, buf, src.data_offset)
-        assert perf_read._compiled_samples(path, bad, walked, attrs, rows) is None
+        assert perf_read.compiled_samples(buf, walked, attrs, rows) is None
         with pytest.raises(TraceCorrupt, match=why):
             perf_read._samples_in_order(path, bad, attrs, perf_read._record_places(*walked),
                                         s_attr, groups, 0, [])
@@ -354,7 +354,7 @@ def compiled_samples_as_numpy_reads(path) -> int:
 
 @pytest.mark.parametrize("path", UNCOMPRESSED, ids=[p.name for p in UNCOMPRESSED])
 def test_compiled_samples_are_the_samples_numpy_reads(path):
-    """perf_read._compiled_samples (one compiled pass over a slab's records) gives each attr's
+    """perf_read.compiled_samples (one compiled pass over a slab's records) gives each attr's
     samples and the rows' columns, in time order, that numpy's passes give (_sample_attrs,
     _sample_groups, _samples_in_order); a sample numpy refuses it hands to numpy, which names
     it."""
