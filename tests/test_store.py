@@ -49,7 +49,7 @@ def test_write_table_reads_back_as_pandas_own_writer(tmp_path, monkeypatch, rows
 
 
 @pytest.mark.parametrize("chunk", [1 << 20, 1000])
-def test_write_table_encodes_int64_by_delta_narrow_ints_split_the_rest_by_dictionary(
+def test_write_table_encodes_int64_by_delta_narrow_ints_and_floats_split_the_rest_by_dictionary(
         tmp_path, monkeypatch, chunk):
     monkeypatch.setattr(store, "WRITE_CHUNK_ROWS", chunk)   # 1000: row group by row group
     df = _frame(3000)
@@ -65,13 +65,17 @@ def test_write_table_encodes_int64_by_delta_narrow_ints_split_the_rest_by_dictio
         stats = {meta.row_group(g).column(i).path_in_schema:
                  meta.row_group(g).column(i).is_stats_set for i in range(meta.num_columns)}
         assert [c for c, has in stats.items() if has] == ["ts", "end"]
-        for name in ("ts", "end"):
+        codec = {meta.row_group(g).column(i).path_in_schema:
+                 meta.row_group(g).column(i).compression for i in range(meta.num_columns)}
+        for name in ("ts", "end"):              # delta-packed: not compressed
             assert "DELTA_BINARY_PACKED" in enc[name] and "RLE_DICTIONARY" not in enc[name]
-        for name in ("cpu", "pid"):             # narrow integers: split, no dictionary
+            assert codec[name] == "UNCOMPRESSED"
+        for name in ("cpu", "pid", "share"):    # narrow integers, floats: split, no dictionary
             assert "BYTE_STREAM_SPLIT" in enc[name] and "RLE_DICTIONARY" not in enc[name]
+            assert codec[name] == "SNAPPY"
         for name in ("event", "comm"):
             assert "RLE_DICTIONARY" in enc[name], (name, enc[name])
-        assert "RLE_DICTIONARY" not in enc["share"]
+            assert codec[name] == "SNAPPY"
 
 
 @pytest.mark.parametrize("chunk", [1 << 20, 1000])
