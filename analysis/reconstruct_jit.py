@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from harmony.core.kernels import kernel
+from harmony.core.kernels import inline, kernel
 
 
-@kernel
+@inline
 def _flush(ts, touched, n_touched, nr, last, t_first, init_row, cpus, out_ts, out_cpu, out_nr, k):
     """End of the records at instant ``ts``: one row per touched CPU whose count changed (in CPU
     order); at t_first the change replaces that CPU's initial row. Returns the rows written."""
@@ -319,7 +319,7 @@ def changes(cpu, ts, nr, slot, p, a, b, times, q, target, dev):
     return covered
 
 
-@kernel
+@inline
 def _vector(cur, k, q, target, dev):
     """Vector k, ``cur``, into q[:, k] and dev[k] (each where given); whether every CPU of it
     has a length (no CPU: nothing to write)."""
