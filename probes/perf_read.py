@@ -29,14 +29,13 @@ one walk (a compiled kernel for large files, :mod:`harmony.probes.perf_read_jit`
 over the record headers below that), every sample's event and fields then read in one compiled
 pass over the records (numpy's passes at positions computed per attr where the kernels are not
 used, and for a slab that pass finds damaged, whose error they name), and the RAW payloads
-decoded by the ring-buffer decoder
-(:func:`harmony.probes.ringbuf_decode.decode_source`) with the formats from the file: the same
-column rules as a trace.dat's. The samples are put in time order, the events of one instant by
-CPU, each CPU's in file order (:func:`by_time_then_cpu`): the order of every Harmony events table
-(``perf script`` prints such ties in file order); the slabs' events are written one after the
-other, and put in that order where two slabs overlap in time (:class:`_Rows`). Two slabs are
-decoded at once where two CPUs may run the reader: every other one on the side thread, the next
-on the calling thread meanwhile.
+decoded by the ring-buffer decoder (:func:`harmony.probes.ringbuf_decode.decode_source`) with
+the formats from the file: the same column rules as a trace.dat's. The samples are put in time
+order, the events of one instant by CPU, each CPU's in file order (:func:`by_time_then_cpu`):
+the order of every Harmony events table (``perf script`` prints such ties in file order); the
+slabs' events are written one after the other, and put in that order where two slabs overlap in
+time (:class:`_Rows`). Two slabs are decoded at once where two CPUs may run the reader: every
+other one on the side thread, the next on the calling thread meanwhile.
 
 Everything wrong with a file raises :class:`~harmony.probes.base.TraceCorrupt`, one line naming it.
 """
@@ -699,9 +698,8 @@ def _read_slab(path: Path, src: "_DataSection", walked: tuple, head: PerfHeader,
     (:func:`_samples_in_order`) -- those three in one compiled pass over the records where the
     kernels are used (:func:`compiled_samples`) --, their payloads decoded
     (:func:`_decoded_events`), and the lost counts (:func:`_lost_counts`). Its notes, each once,
-    are "said": the caller adds them to the
-    file's in slab order, once whatever the slabs that say them (a slab may be decoded on
-    another thread)."""
+    are "said": the caller adds them to the file's in slab order, once whatever the slabs that
+    say them (a slab may be decoded on another thread)."""
     attrs, off0 = head.attrs, src.data_offset
     said: list[str] = []
     rows = _row_attrs(attrs, tp, formats)
