@@ -29,6 +29,7 @@ import functools
 import importlib.util
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -72,6 +73,15 @@ def pids_with_comm(prefix: str) -> list[int]:
         except OSError:
             pass
     return out
+
+
+def sigint_as_a_terminal() -> None:
+    """``preexec_fn`` of a command a test stops with SIGINT: the signal delivered as a terminal's
+    Ctrl-C is, even where the tests run with SIGINT ignored (a shell's background job: its
+    commands, pytest's workers and their children inherit the ignored signal, and Python keeps
+    it ignored). Without it such a command stopped only where it had put a handler of its own
+    (inside a run): a simulated suite signalled between two runs ran on to its end, status 0."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def host_skip(reason: str) -> NoReturn:

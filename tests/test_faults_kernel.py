@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from cli_run import HARMONY, cli
-from conftest import TRACEFS, pids_with_comm, small_tmpfs, until
+from conftest import TRACEFS, pids_with_comm, sigint_as_a_terminal, small_tmpfs, until
 
 import harmony
 from harmony.workload.forkserver import COMM as SERVER_COMM
@@ -94,7 +94,7 @@ def test_a_signal_at_any_moment_leaves_a_marked_run_and_a_clean_host(clean_host,
         proc = subprocess.Popen(HARMONY + ["run", "single-source", "--duration", "2", "--out",
                                            str(out), "-q"], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True,
-                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                                preexec_fn=sigint_as_a_terminal)
         time.sleep(at)
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
@@ -208,7 +208,7 @@ def test_an_interrupted_suite_resumes(clean_host, tmp_path):
     args = ["suite", "--quick", "--experiment", "single-source", "--experiment",
             "intrinsic-imbalance", "--out", str(out), "-q"]
     proc = subprocess.Popen(HARMONY + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=sigint_as_a_terminal)
     # stop it once the first run is captured, as the second of its four starts (its manifest
     # written "running"): two runs and the report are still to come. (Waiting for any worker to
     # be seen instead, CI once sent the signal after the suite had ended: exit 0.)

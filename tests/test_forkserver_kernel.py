@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import until
+from conftest import sigint_as_a_terminal, until
 
 from harmony import hygiene
 from harmony.workload import cpuset, forkserver
@@ -268,7 +268,7 @@ def test_a_signal_raised_inside_a_finalizer_still_stops_the_command(sig):
     def run(how):
         return subprocess.run([sys.executable, "-c", SIGNAL_IN_A_FINALIZER, sig, how],
                               capture_output=True, text=True, timeout=60,
-                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                              preexec_fn=sigint_as_a_terminal)
     p = run("hook")
     assert p.stdout.strip() == "stopped" and "Traceback" not in p.stderr, p.stderr
     p = run("none")

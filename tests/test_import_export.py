@@ -28,7 +28,7 @@ from harmony.probes.base import TraceCorrupt
 from harmony.probes.schema import SCHED_EVENTS
 
 from cli_run import cli
-from conftest import ROOT, host_skip, small_tmpfs
+from conftest import ROOT, host_skip, sigint_as_a_terminal, small_tmpfs
 
 from test_ringbuf import (FORMATS_WAKING, PageBuilder, encode, known_capture, parsed_formats,
                           write_dir)
@@ -1207,7 +1207,8 @@ def test_perf_record_piped_into_harmony_import(kernel, tmp_path):
     # a pipe that stays open: the import waits for the trace's end, and is stopped meanwhile
     stopped = tmp_path / "stopped"
     imp = subprocess.Popen(HARMONY + ["import", "-", "--comm", "x", "--out", str(stopped)],
-                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           preexec_fn=sigint_as_a_terminal)
     imp.stdin.write(b"PERFILE2" + bytes(4096))
     imp.stdin.flush()
     part = stopped / "raw/import/.stdin.part"

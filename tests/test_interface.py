@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import host_skip
+from conftest import host_skip, sigint_as_a_terminal
 from harmony.cli import main
 
 HARMONY = [sys.executable, "-m", "harmony.cli"]
@@ -432,7 +432,8 @@ def test_ctrl_c_exits_130_and_says_what_is_left(results, tmp_path):
     # the whole suite (not --quick): SIGINT lands while most of it is still to run
     proc = subprocess.Popen(HARMONY + ["simulate", "--policy", "poly-balance", "--suite",
                                        "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_a_terminal)
     deadline = time.monotonic() + 120
     while not list(out.glob("*/rep-01/manifest.json")) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -848,7 +849,8 @@ def test_an_error_takes_a_clean_line_after_progress(tmp_path):
     # the whole suite (not --quick): SIGINT lands while most of it is still to run
     p = subprocess.Popen(HARMONY + ["simulate", "--policy", "poly-balance", "--suite",
                                     "--out", str(out)],
-                         stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+                         stdin=slave, stdout=slave, stderr=slave, close_fds=True,
+                         preexec_fn=sigint_as_a_terminal)
     os.close(slave)
     deadline = time.monotonic() + 120
     while not list(out.glob("*/rep-01/manifest.json")) and time.monotonic() < deadline:

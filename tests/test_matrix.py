@@ -16,7 +16,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from conftest import host_skip
+from conftest import host_skip, sigint_as_a_terminal
 
 from harmony import matrix
 from harmony.matrix_report import df_matrix_answers
@@ -438,7 +438,8 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
     plan = plan_file(tmp_path, duration=600.0, repeat=5)
     p = subprocess.Popen(HARMONY + ["matrix", str(plan), "--out",
                                     str(out), "--cluster", lc.scheduler_address, "-q"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=sigint_as_a_terminal)
     pids = {w.process.pid for w in lc.workers.values()}
     deadline = time.monotonic() + 60
     # a cell of ours running, its suite begun (another test's cells make scratch directories)
