@@ -72,7 +72,10 @@ def one_stop(at: str, out: Path, later_s: float = 0.0, timeout_s: float = 180.0)
     rep, status, after_s = MOMENTS[at]
     proc = subprocess.Popen([sys.executable, "-m", "harmony.cli", "suite", "--quick",
                              "-e", "single-source", "-e", "intrinsic-imbalance", "--out",
-                             str(out), "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                             str(out), "-q"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            # SIGINT as a terminal's Ctrl-C is, even where this bench runs as a
+                            # shell's background job (SIGINT inherited ignored, kept by Python)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     t0 = time.monotonic()
     while proc.poll() is None and time.monotonic() - t0 < timeout_s:
         # a configuration's directory is named by its label (the experiment, and its point)
