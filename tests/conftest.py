@@ -79,8 +79,9 @@ def sigint_as_a_terminal() -> None:
     """``preexec_fn`` of a command a test stops with SIGINT: the signal delivered as a terminal's
     Ctrl-C is, even where the tests run with SIGINT ignored (a shell's background job: its
     commands, pytest's workers and their children inherit the ignored signal, and Python keeps
-    it ignored). Without it such a command stopped only where it had put a handler of its own
-    (inside a run): a simulated suite signalled between two runs ran on to its end, status 0."""
+    it ignored). Without it such a command may never see the signal: simulated suites signalled
+    once their first run was written, SIGINT ignored as a background job has it, ran on to
+    their end, status 0, 6 times in 6 (2026-12-06)."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
