@@ -36,6 +36,33 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     return Path(path)
 
 
+#: a tick label's mean character width in em (DejaVu Sans, matplotlib's font: digits 0.64 em,
+#: lowercase letters 0.5-0.65): labels are measured by this estimate, not drawn, since measuring
+#: them takes a render of the figure
+CHAR_EM = 0.62
+
+
+def fit_category_labels(ax, labels: list[str]) -> int:
+    """Turn a categorical x axis's tick ``labels`` (one a bar, evenly spaced) so that neighbours
+    do not overlap: level while the longest fits its bar's slot, 30 degrees (anchored at their
+    end) while the slot's height at that angle holds a label's lines, upright beyond. Returns the
+    angle."""
+    if not labels:
+        return 0
+    size = ax.xaxis.get_ticklabels()[0].get_fontsize() if ax.xaxis.get_ticklabels() else 10.0
+    fig = ax.get_figure()
+    slot_in = fig.get_figwidth() * ax.get_position().width / len(labels)
+    lines = [str(label).split("\n") for label in labels]
+    label_in = CHAR_EM * max(len(line) for label in lines for line in label) * size / 72
+    block_in = 1.3 * size / 72 * max(len(label) for label in lines)    # its lines, stacked
+    angle = 0 if label_in <= 0.9 * slot_in else 30 if slot_in * 0.5 >= block_in else 90
+    if angle:
+        ax.set_xticks(ax.get_xticks(), labels, rotation=angle,
+                      ha="right" if angle == 30 else "center", rotation_mode="anchor"
+                      if angle == 30 else "default")
+    return angle
+
+
 def migration_counts(migrations: pd.DataFrame, edges: np.ndarray) -> dict[str, np.ndarray]:
     """Migrations of each kind present (balance, then wakeup) per bin of ``edges`` (s since t0;
     as ``np.histogram``: the last bin holds its right edge, times outside the edges are left
@@ -385,15 +412,16 @@ def plot_shares(shares: pd.DataFrame, path: Path,
     else:
         fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(shares) + 3), 3.6))
         order = shares.sort_values("name")
-        sns.barplot(data=order, x="name", y="share", hue=hue, ax=ax,
+        # a task has one role: its bar centred on its name, not dodged beside an empty slot
+        sns.barplot(data=order, x="name", y="share", hue=hue, ax=ax, dodge=False,
                     color=None if hue else "#2980b9")
         ax.scatter(np.arange(len(order)), order["fair"], marker="_", s=600, color="black",
                    zorder=3, label="fair share")
         ax.set_xlabel("task")
-        ax.tick_params(axis="x", rotation=90 if len(order) > 12 else 0)
+        fit_category_labels(ax, list(order["name"].astype(str)))
         top = max(1.05, float(order["share"].max()) * 1.1)
     ax.set_ylim(0, top)
     ax.set_ylabel("share of one CPU")
     ax.set_title(title)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="best" if len(shares) <= MANY_TASKS else "lower right", fontsize=8)
     return save_figure(fig, path)

@@ -278,9 +278,10 @@ def plot_shares_vs_static(shares: pd.DataFrame, static_shares: pd.DataFrame, pat
     else:
         both["task"] = both["name"].astype(str) + "\n" + both["role"].astype(str)
         fig, ax = plt.subplots(figsize=(max(5, 0.7 * len(shares) + 3), 3.8))
-        sns.barplot(data=both.sort_values(["role", "name"]), x="task", y="share", hue="run",
-                    palette=RUN_COLOURS, ax=ax)
+        both = both.sort_values(["role", "name"])
+        sns.barplot(data=both, x="task", y="share", hue="run", palette=RUN_COLOURS, ax=ax)
         ax.set_xlabel("task")
+        plots.fit_category_labels(ax, list(both["task"].drop_duplicates()))
         top = 1.05
     ax.set_ylim(0, top)
     ax.set_ylabel("share of one CPU (whole run)")

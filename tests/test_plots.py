@@ -129,6 +129,36 @@ def test_many_tasks_are_drawn_ranked_not_a_bar_each(tmp_path, monkeypatch):
         "task (2000, ranked by static ideal share within its role)"]
 
 
+@pytest.mark.parametrize("names, width", [
+    ([f"hmy-pp-{22098 + i}" for i in range(4)], 5.0),     # an import's comm-pid names
+    ([f"hmy-worker-{i}" for i in range(10)], 8.0),
+    ([f"w{i}" for i in range(4)], 5.0),                    # short: left level
+    ([f"hmy-pp-{i}\nheavy" for i in range(6)], 7.2),      # two lines (name, role)
+    ([f"a-much-longer-task-name-{i}" for i in range(12)], 9.0)])
+def test_category_labels_do_not_overlap(names, width):
+    """The tick labels of a bar per task, turned as fit_category_labels chooses, do not overlap
+    their neighbours as matplotlib draws them (their rendered boxes, not the estimate the choice
+    rests on); an import's four comm-pid names overlapped level."""
+    fig, ax = plots.plt.subplots(figsize=(width, 3.6))
+    ax.bar(range(len(names)), np.ones(len(names)))
+    ax.set_xticks(range(len(names)), names)
+    angle = plots.fit_category_labels(ax, names)
+    fig.tight_layout()
+    renderer = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels()]
+    plots.plt.close(fig)
+    if angle in (0, 90):
+        assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), (angle, boxes)
+    else:       # turned: neighbours' boxes overlap as rectangles; their text runs parallel, apart
+        import math
+        step = boxes[1].x1 - boxes[0].x1              # anchored at their ends: one slot apart
+        gap = step * math.sin(math.radians(angle))    # between two parallel lines of text
+        lines = max(n.count("\n") + 1 for n in names)
+        height = lines * max(t.get_fontsize() for t in ax.get_xticklabels()) * fig.dpi / 72
+        assert gap > height, (gap, height)
+    assert angle == 0 or names[0] != "w0"
+
+
 def _record_xticks(monkeypatch) -> list:
     """The tick labels of every set_xticks call from now on (None: positions only)."""
     ticks = []
