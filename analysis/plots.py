@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import LogFormatter, MaxNLocator  # noqa: E402
 
 from harmony.analysis.arrays import key_table  # noqa: E402
 from harmony.analysis.causes import causes_over_time  # noqa: E402
@@ -35,6 +35,20 @@ def save_figure(fig, path: Path, dpi: int = 110) -> Path:
     plt.close(fig)
     return Path(path)
 
+
+class PlainLogFormatter(LogFormatter):
+    """matplotlib's LogFormatter's choice of which ticks to label, each in plain numbers (0.4,
+    not 4e-01)."""
+
+    def __call__(self, x, pos=None):
+        return f"{x:g}" if super().__call__(x, pos) else ""
+
+
+def plain_log_axis(axis) -> None:
+    """Label a log-scaled ``axis`` in plain numbers (0.4, 2, 50), not matplotlib's default
+    mathtext (4 x 10^-1); matplotlib still picks which ticks to label."""
+    axis.set_major_formatter(PlainLogFormatter())
+    axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
 
 #: a tick label's mean character width in em (DejaVu Sans, matplotlib's font: digits 0.64 em,
 #: lowercase letters 0.5-0.65): labels are measured by this estimate, not drawn, since measuring

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.plots import plt, save_figure
+from harmony.analysis.plots import plain_log_axis, plt, save_figure
 from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 
 
@@ -34,6 +34,7 @@ def plot_latency(requests: pd.DataFrame, migrations: pd.DataFrame, t0: int, dura
             v = np.quantile(lat, q / 100, method="inverted_cdf")
             cdf.axvline(v, color="#c0392b", ls=style, lw=1, label=f"p{q:g} {v:.2f} ms")
         cdf.set_xscale("log")
+        plain_log_axis(cdf.xaxis)
         cdf.legend(fontsize=8, loc="lower right")
     else:
         cdf.text(0.5, 0.5, "no request answered", transform=cdf.transAxes, ha="center")
@@ -55,6 +56,7 @@ def plot_latency(requests: pd.DataFrame, migrations: pd.DataFrame, t0: int, dura
     mig = mig[(mig["t"] >= 0) & (mig["t"] <= duration_s)]
     if len(ans):
         over.set_yscale("log")
+        plain_log_axis(over.yaxis)
         over.legend(fontsize=8, loc="upper left", markerscale=2, ncol=3)
     rug.vlines(mig["t"], 0, 1, color="#c0392b", lw=0.5)
     rug.set_yticks([])
@@ -93,9 +95,9 @@ PERCENTILES = (("latency_p50_ms", "p50", ":", "o"), ("latency_p99_ms", "p99", "-
 def plot_latency_by_load(df: pd.DataFrame, path: Path, title: str = "") -> Path:
     """Latency p50, p99 and p99.9 against the offered load, one colour per shape (``df``:
     :func:`df_latency_by_load`): each run a marker (the percentile's: circle, square,
-    triangle), a line (dotted, solid, dashed) through each load's median of the runs; two
-    legends, the shapes' colours and the percentiles' markers. A percentile unanswered
-    requests reached is not drawn."""
+    triangle), a line (dotted, solid, dashed) through each load's median of the runs (the title
+    says so where there are two loads or more); two legends, the shapes' colours and the
+    percentiles' markers. A percentile unanswered requests reached is not drawn."""
     from matplotlib.lines import Line2D
 
     fig, ax = plt.subplots(figsize=(8, 4.6))
@@ -115,6 +117,7 @@ def plot_latency_by_load(df: pd.DataFrame, path: Path, title: str = "") -> Path:
             ax.plot(med.index + dodge, med.to_numpy(), style, color=colors.get(shape, "0.4"),
                     lw=1.2)
     ax.set_yscale("log")
+    plain_log_axis(ax.yaxis)
     if len(loads) == 1:         # one load: the points, not a span of 0.04 in four decimals
         ax.set_xlim(loads[0] - gap / 2, loads[0] + gap / 2)
     if len(loads) <= 8:
@@ -128,5 +131,7 @@ def plot_latency_by_load(df: pd.DataFrame, path: Path, title: str = "") -> Path:
     ax.legend(handles=[Line2D([], [], color="0.3", marker=m, ls=st, ms=5, label=name)
                        for _, name, st, m in PERCENTILES], title="percentile", fontsize=8,
               title_fontsize=8, loc="upper right")
-    ax.set_title(title or "latency against load (lines: median of the runs at each load)")
+    # lines join two loads or more: with one, the title does not promise them
+    lines = " (lines: median of the runs at each load)" if len(loads) > 1 else ""
+    ax.set_title((title or "latency against load") + lines)
     return save_figure(fig, path)

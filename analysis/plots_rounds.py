@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib import ticker
 
 # the shared Agg backend, theme
-from harmony.analysis.plots import integer_axis, plt, save_figure, sns
+from harmony.analysis.plots import integer_axis, plain_log_axis, plt, save_figure, sns
 from harmony.core.wording import plural
 
 ROUND_PALETTE = "tab10"
@@ -136,9 +136,7 @@ def plot_detection(summaries: pd.DataFrame, path: Path) -> Path:
         sns.stripplot(data=d, x="interval", y="ms", ax=ax, color="#1f618d", size=6, jitter=0.12)
         if (d["ms"] > 0).all():
             ax.set_yscale("log")
-            # plain numbers (20, 50, 200 ms), not 2 x 10^1; matplotlib still picks which to label
-            ax.yaxis.set_major_formatter(ticker.LogFormatter())
-            ax.yaxis.set_minor_formatter(ticker.LogFormatter(labelOnlyBase=False))
+            plain_log_axis(ax.yaxis)
     else:
         _empty(ax, "no migration onto the target after the cut")
     labels = []

@@ -757,6 +757,6 @@ def server_blocks(evidence, fig_dir: Path) -> list:
     runs = [store.open_run(e.path) for e in evidence if e.experiment == server_card.EXPERIMENT]
     fig_dir.mkdir(parents=True, exist_ok=True)
     figure = plot_latency_by_load(df_latency_by_load(runs), fig_dir / "server-latency-load.png",
-                                  title="server: latency against load, per shape (lines: medians)")
+                                  title="server: latency against load, per shape")
     return [D.Heading("Server-shaped workloads (experiment server)", 2, "server"),
             D.Pre("\n".join(lines)), D.Figure(figure, "server: latency against load, per shape")]

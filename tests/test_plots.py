@@ -420,3 +420,18 @@ def test_first_round_draws_equal_predictions_at_one_x(tmp_path, monkeypatch):
     assert _integer_ticks(ax.xaxis) == [8]
     _integer_ticks(ax.yaxis)
     assert ax.get_title().endswith("(1 run)")
+
+
+def test_log_axes_are_labelled_in_plain_numbers():
+    """A latency axis from 0.3 to 8 ms read "4 x 10^-1" (matplotlib's mathtext) or "4e-01";
+    plain_log_axis labels the ticks matplotlib chooses as numbers a reader reads at once."""
+    fig, ax = plots.plt.subplots()
+    ax.plot([0, 1], [0.3, 8])
+    ax.set_yscale("log")
+    plots.plain_log_axis(ax.yaxis)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()
+              if t.get_text()]
+    plots.plt.close(fig)
+    assert {"1"} <= set(labels) and len(labels) >= 3, labels
+    assert all("$" not in x and "e" not in x and float(x) > 0 for x in labels), labels
