@@ -9,7 +9,8 @@ way of installing, in the same fresh environment:
 
 - ``install.sh``: what install.sh does after pip, ``python -m harmony.precompile`` (timed: the
   install's own cost), then the first ``harmony import FILE``, then the second;
-- ``pip only``: nothing after pip: the first import compiles numba's kernels itself.
+- ``pip only``: nothing after pip: the first import builds the kernels itself before it starts
+  (``harmony.precompile.ensure_built``: in its wall time), as install.sh's step would.
 
 Each repetition makes new environments for both ways (interleaved). The ratio is the first
 import's wall time over the second's (``/usr/bin/time``). The trace: ``--trace FILE --comm

@@ -226,6 +226,8 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
             if old.is_dir() and old != work and (
                     not old.name.startswith(".") or time.time() - old.stat().st_mtime > 3600):
                 shutil.rmtree(old, ignore_errors=True)
+            elif old.name.endswith(FAILED_SUFFIX):     # a command's failed build: built now
+                old.unlink(missing_ok=True)
         os.replace(work, base / key)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -250,6 +252,82 @@ def _writable(candidates: list[Path]) -> Path:
         if os.access(d, os.W_OK):
             return d
     raise OSError(f"none of {', '.join(map(str, candidates))} is writable")
+
+
+#: a command's build: this module's command, in a child process (it sets the process's
+#: environment and compiles by numba's JIT first), run from a directory with no harmony checkout
+#: in it (``python -m`` would import that one); its arguments to this Python
+BUILD_ARGS = ("-m", "harmony.precompile")
+BUILD_TIMEOUT_S = 1800
+
+#: a key's failed build, beside where its build would be: never tried again by a command
+FAILED_SUFFIX = ".failed"
+
+
+def build_needed() -> bool:
+    """Whether a command should build the kernels ahead of time before it starts: numba is
+    installed, neither ``HARMONY_AOT=0`` nor ``HARMONY_JIT=0`` is set, no build for this code
+    is found (:func:`harmony.core.kernels.find_build`), and none failed for it before."""
+    from harmony.core import kernels as hk
+    from harmony.core.jit import mode, numba_version
+    if numba_version() is None or not hk.aot_enabled() or mode() == "0":
+        return False
+    if hk.aot_built() is not None:
+        return False
+    k = hk.key()
+    return not any((base / (k + FAILED_SUFFIX)).exists() for base in hk.cache_dirs())
+
+
+def ensure_built(say=print, warn=print) -> bool:
+    """Build the kernels ahead of time now (``python -m harmony.precompile``, in a child
+    process), where :func:`build_needed` says so: what ``install.sh`` does at install, done by
+    the first command after a plain ``pip install``, once. Without the build, each command that
+    decodes a large trace loads numba (~1 s and ~110 MB more a process) after the first one
+    compiled the kernels by its JIT (~20 s). ``say`` gets a line before and after, ``warn`` the
+    line of a build that failed. A build that fails is recorded (``<key>.failed`` in the first
+    writable cache directory, with its output's last line) and never tried again by a command:
+    numba's JIT runs the kernels, as before; this module's command builds again. Concurrent
+    commands build once (a lock beside the builds). Returns whether a build for this code is
+    there now."""
+    import fcntl
+    import subprocess
+
+    from harmony.core import kernels as hk
+    from harmony.core.osutil import die_with_parent
+    if not build_needed():
+        return hk.aot_built() is not None
+    try:
+        base = _writable(hk.cache_dirs())
+    except OSError:
+        return False            # nowhere to build: numba's JIT, whose cache has its own place
+    with open(base / ".build.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)        # another command's build: wait for it, use it
+        hk.forget_build()
+        if not build_needed():
+            return hk.aot_built() is not None
+        say("building Harmony's compiled kernels for this code and CPU, once (~40 s on 2 "
+            "CPUs; install.sh does it at install: python -m harmony.precompile)")
+        t = time.perf_counter()
+        with tempfile.TemporaryDirectory(prefix="harmony-build-") as cwd:
+            try:
+                r = subprocess.run([sys.executable, *BUILD_ARGS], cwd=cwd,
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, timeout=BUILD_TIMEOUT_S,
+                                   preexec_fn=die_with_parent)
+                out, code = r.stdout, r.returncode
+            except subprocess.TimeoutExpired:
+                out, code = f"no build within {BUILD_TIMEOUT_S} s", -1
+        hk.forget_build()
+        if code == 0 and hk.aot_built() is not None:
+            say(f"compiled kernels built in {time.perf_counter() - t:.0f} s, in "
+                f"{hk.aot_built()}")
+            return True
+        last = (out.strip().splitlines() or [f"exit status {code}"])[-1]
+        (base / (hk.key() + FAILED_SUFFIX)).write_text(json.dumps(
+            {"exit": code, "last_line": last, "when": time.time()}) + "\n")
+        warn(f"the compiled kernels could not be built ({last}); numba's JIT runs them (each "
+             "large import loads it, ~1 s): python -m harmony.precompile tries again")
+        return False
 
 
 def main(argv=None) -> int:

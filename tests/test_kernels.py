@@ -227,3 +227,99 @@ def test_a_build_lacking_a_signature_found_is_built_again(tmp_path, monkeypatch)
     assert build_extension(found) == (where, 1, [])             # covered: reused
     assert build_extension({}) == (where, 1, [])                # a subset: reused too
     assert (where / kernels.EXPORTS_FILE).stat().st_mtime_ns == made
+
+
+def test_a_command_s_failed_build_is_said_recorded_and_not_tried_again(tmp_path, monkeypatch):
+    """Where this code's kernels are not built, a command builds them first
+    (harmony.precompile.ensure_built); a build that fails (here: a stand-in command printing
+    why and exiting 1) is said as a warning with its last line, recorded beside the builds, and
+    never tried again by a command; a successful build later removes the record. Without
+    numba's JIT or with HARMONY_AOT=0 nothing is built."""
+    from harmony import precompile
+    monkeypatch.setattr(kernels, "cache_dirs", lambda: [tmp_path / "none", tmp_path / "k"])
+    (tmp_path / "none").write_text("a file: not a directory to build in")
+    monkeypatch.setattr(kernels, "_aot_state", {})
+    monkeypatch.delenv("HARMONY_AOT", raising=False)
+    monkeypatch.setenv("HARMONY_JIT", "auto")
+    tries = tmp_path / "tries"
+    monkeypatch.setattr(precompile, "BUILD_ARGS", (
+        "-c", f"open({str(tries)!r}, 'a').write('x'); print('building...'); "
+              "print('cc: not found'); raise SystemExit(1)"))
+    said, warned = [], []
+    assert precompile.build_needed()
+    assert precompile.ensure_built(said.append, warned.append) is False
+    assert len(said) == 1 and "building Harmony's compiled kernels" in said[0]
+    assert len(warned) == 1 and "could not be built (cc: not found)" in warned[0]
+    failed = tmp_path / "k" / (kernels.key() + precompile.FAILED_SUFFIX)
+    assert json.loads(failed.read_text())["last_line"] == "cc: not found"
+    assert not precompile.build_needed()
+    assert precompile.ensure_built(said.append, warned.append) is False
+    assert tries.read_text() == "x" and len(said) == 1 and len(warned) == 1
+    failed.unlink()
+    for env in ({"HARMONY_AOT": "0"}, {"HARMONY_JIT": "0"}):
+        with monkeypatch.context() as m:
+            for k, v in env.items():
+                m.setenv(k, v)
+            assert not precompile.build_needed()
+    import shutil
+    if shutil.which("cc") is not None:          # a build that works removes the record
+        failed.write_text("{}")
+        precompile.build_extension({})
+        assert not failed.exists() and (tmp_path / "k" / kernels.key()).is_dir()
+
+
+@pytest.mark.needs_tool("cc")
+def test_a_plain_pip_install_builds_its_kernels_at_its_first_command(tmp_path):
+    """A fresh install of this checkout by pip alone (a new venv, the dependencies from this
+    Python's site-packages) has no kernels built: its first `harmony import` builds them, says
+    so, and runs; the second builds nothing and its import loads no numba (the built kernels
+    ran, as after install.sh); `harmony doctor` names the build, in the venv."""
+    from harmony.probes.encode import write_recording
+    from harmony.probes.tracedat_write import write_tracedat
+    from harmony.simulate import simulate_run
+    sim = simulate_run("poly-balance", "single-source", 2, tmp_path / "sim",
+                       overrides={"duration": "0.3", "layout": "4,0"})
+    write_recording(sim.events, sim.markers, {"cpus": [0, 1], "clock": "mono"}, tmp_path / "raw")
+    dat = write_tracedat(tmp_path / "raw", tmp_path / "t.dat")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                   check=True, timeout=120)
+    r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", ROOT],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HARMONY_AOT", "HARMONY_JIT", "NUMBA_CACHE_DIR", "PYTHONPATH")}
+    env["XDG_CACHE_HOME"] = str(tmp_path / "cache")       # no build of the user's either
+    pids = ",".join(str(p) for p in sim.tasks["pid"])
+
+    def harmony(*args):
+        return subprocess.run([str(venv / "bin" / "harmony"), *args], capture_output=True,
+                              text=True, timeout=900, cwd=tmp_path, env=env)
+
+    first = harmony("import", str(dat), "--pid", pids.split(",")[0], "--out",
+                    str(tmp_path / "one"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "note: building Harmony's compiled kernels" in first.stderr, first.stderr[-3000:]
+    assert "note: compiled kernels built in" in first.stderr, first.stderr[-3000:]
+    site = subprocess.run([str(venv / "bin" / "python"), "-c",
+                           "import harmony, sys; print(harmony.__file__)"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, check=True).stdout.strip()
+    assert site.startswith(str(venv)), site                   # the installed copy ran
+    second = harmony("import", str(dat), "--pid", pids.split(",")[0], "--out",
+                     str(tmp_path / "two"))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "building" not in second.stderr
+    doctor = harmony("doctor")
+    line = next(x for x in doctor.stdout.splitlines() if x.startswith("decoder"))
+    assert "compiled ahead of time" in line and str(venv) in line, line
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", textwrap.dedent("""
+        import sys
+        from harmony.core import jit, kernels
+        from harmony.importer import read_trace
+        from pathlib import Path
+        read_trace(Path(sys.argv[1]))
+        print(kernels.aot_ready(), "numba" in sys.modules)
+        """), str(dat)], capture_output=True, text=True, cwd=tmp_path,
+        env={**env, "HARMONY_JIT": "1"}, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "False"]

@@ -212,6 +212,15 @@ def check_out(out: Path) -> None:
         raise click.BadParameter(f"{out}: cannot write under {base} ({why})", param_hint="--out")
 
 
+def build_kernels_first() -> None:
+    """Build Harmony's compiled kernels before the command starts where this code's are not
+    built (the first command after a plain ``pip install``:
+    :func:`harmony.precompile.ensure_built`), once; a note before and after (a warning if it
+    fails)."""
+    from harmony.precompile import build_needed, ensure_built
+    if build_needed():
+        ensure_built(say=note, warn=warn)
+
 def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for pair in pairs:

@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from harmony.cli.common import (
+    build_kernels_first,
     check_out,
     check_release_options,
     decide_cap,
@@ -267,6 +268,7 @@ def run(experiment, experiment_option, cpus, layout, duration, params, probe, cr
         raise click.UsageError("--crosscheck records one run; use it without --until-decided")
     with exit_on_error():
         scx_spec = plan_scx(scx, scx_args, kernel, [values])
+    build_kernels_first()      # before the first run: its analysis needs them
     if kernel is not None:
         return _run_in_vm(exp, values, cpu_set, out, seed, quiet, repeat,
                           _vm_runner(kernel, vm, quiet, scx_spec), cap, shown)
@@ -478,6 +480,7 @@ def suite(quick, cpus, out, repeat, experiments, probe, overlap, seed, quiet, re
                      max(c.repeat for c in configs))
     with exit_on_error():
         scx_spec = plan_scx(scx, scx_args, kernel, [c.params for c in configs])
+    build_kernels_first()      # before the first run: its analysis needs them
     shown = Shown(as_json, verbose)
     if kernel is not None:
         return _suite_in_vm(configs, cpu_set, out, seed, quiet,

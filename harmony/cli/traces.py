@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 
 from harmony.cli.common import (
+    build_kernels_first,
     check_out,
     default_out,
     echo,
@@ -176,6 +177,8 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
     progress = Progress(1, 0, quiet=quiet or not sys.stderr.isatty())
     if piped:
         trace_file = _receive_piped_trace(out, progress)
+    # after a piped trace is in (its writer, perf record, would wait on a full pipe)
+    build_kernels_first()
     with exit_on_error(also=(ValueError, OSError)):
         try:
             result = import_trace(trace_file, out, pids=pids, comms=comms, cpus=cpu_set,

@@ -246,6 +246,14 @@ def aot_built() -> Path | None:
         return built[0] if built else None
 
 
+def forget_build() -> None:
+    """Look for this key's build again at the next call (one was built since: a command's own
+    build, :func:`harmony.precompile.ensure_built`). Nothing loaded from it is unloaded."""
+    with _lock:
+        _aot_state.pop("built", None)
+        if not _aot_state.get("exports"):
+            _aot_state.pop("exports", None)
+
 def find_build(k: str) -> tuple[Path, dict] | None:
     """(directory, exports' description) of a build for key ``k`` in :func:`cache_dirs` whose
     description reads, lists its kernels and names an extension file that is there; None if
