@@ -311,10 +311,10 @@ def ensure_built(say=print, warn=print) -> bool:
         with tempfile.TemporaryDirectory(prefix="harmony-build-") as cwd:
             try:
                 r = subprocess.run([sys.executable, *BUILD_ARGS], cwd=cwd,
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, timeout=BUILD_TIMEOUT_S,
-                                   preexec_fn=die_with_parent)
-                out, code = r.stdout, r.returncode
+                                   stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                   timeout=BUILD_TIMEOUT_S, preexec_fn=die_with_parent)
+                # why, where it says: its errors, else the last thing it printed
+                out, code = r.stderr.strip() or r.stdout, r.returncode
             except subprocess.TimeoutExpired:
                 out, code = f"no build within {BUILD_TIMEOUT_S} s", -1
         hk.forget_build()

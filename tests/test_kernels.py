@@ -243,8 +243,8 @@ def test_a_command_s_failed_build_is_said_recorded_and_not_tried_again(tmp_path,
     monkeypatch.setenv("HARMONY_JIT", "auto")
     tries = tmp_path / "tries"
     monkeypatch.setattr(precompile, "BUILD_ARGS", (
-        "-c", f"open({str(tries)!r}, 'a').write('x'); print('building...'); "
-              "print('cc: not found'); raise SystemExit(1)"))
+        "-c", f"import sys; open({str(tries)!r}, 'a').write('x'); print('building...'); "
+              "print('cc: not found', file=sys.stderr); print('done'); raise SystemExit(1)"))
     said, warned = [], []
     assert precompile.build_needed()
     assert precompile.ensure_built(said.append, warned.append) is False

@@ -221,6 +221,7 @@ def build_kernels_first() -> None:
     if build_needed():
         ensure_built(say=note, warn=warn)
 
+
 def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:
     out = {}
     for pair in pairs:

@@ -254,6 +254,7 @@ def forget_build() -> None:
         if not _aot_state.get("exports"):
             _aot_state.pop("exports", None)
 
+
 def find_build(k: str) -> tuple[Path, dict] | None:
     """(directory, exports' description) of a build for key ``k`` in :func:`cache_dirs` whose
     description reads, lists its kernels and names an extension file that is there; None if
