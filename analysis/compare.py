@@ -883,6 +883,7 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from harmony.analysis.plots import save_figure
     # the suite report's point strips and look, so that both read alike
     from harmony.analysis.report_suite import STYLE, median_bars, numeric, strip_points
 
@@ -912,10 +913,8 @@ def plot_compare(runs: pd.DataFrame, path) -> Path | None:
         fig.suptitle("Each source's runs (" + ", ".join(
             f"{letter}: {src}" for letter, src in dict(zip(runs["letter"], runs["source"])).items())
             + "; red: median)", fontsize=9)
-        fig.tight_layout(rect=(0, 0, 1, 0.97))     # room for the title above the panels
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-    return Path(path)
+        # room for the title above the panels
+        return save_figure(fig, path, dpi=100, rect=(0, 0, 1, 0.97))
 
 
 #: colours of :func:`plot_differences`' rows, by what the row says
@@ -936,6 +935,7 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from harmony.analysis.plots import save_figure
     from harmony.analysis.report_suite import STYLE
 
     d = _shown(df, all_metrics, apart=False)
@@ -987,10 +987,7 @@ def plot_differences(df: pd.DataFrame, path, all_metrics: bool = False) -> Path 
                                "noise; orange: as far apart with too few runs; grey: within noise "
                                "or too few runs\nblue diamond: against a reference's figure (a "
                                "point, no interval)", fontsize=8)
-        fig.tight_layout()
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-    return Path(path)
+        return save_figure(fig, path, dpi=100)
 
 
 def _label_cell(a: policy.Answer) -> D.Cell:

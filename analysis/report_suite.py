@@ -28,7 +28,7 @@ from harmony import store  # noqa: E402
 from harmony.analysis import document as D  # noqa: E402
 from harmony.analysis import policy, sequential, server_card  # noqa: E402
 from harmony.analysis import thresholds as T  # noqa: E402
-from harmony.analysis.plots import integer_axis  # noqa: E402
+from harmony.analysis.plots import integer_axis, save_figure  # noqa: E402
 from harmony.analysis.plots_requests import df_latency_by_load, plot_latency_by_load  # noqa: E402
 from harmony.core.wording import plural  # noqa: E402
 
@@ -80,10 +80,7 @@ def _styled(plot):
 
 
 def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+    return save_figure(fig, path, dpi=100)
 
 
 def strip_points(ax, data: pd.DataFrame, x: str, y: str, hue: str | None = None, size: float = 6,
