@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from harmony.cli.common import (
+    build_kernels_first,
     check_out,
     default_out,
     echo,
@@ -79,6 +80,8 @@ def matrix(plan_path, out, cluster, shared_dir, resume, connect_timeout, wait_ho
             require_distributed()
             if shared_dir is not None:
                 shared_dir = check_shared(shared_dir)
+    if cluster is None:
+        build_kernels_first()      # before the first cell: its analysis needs them
     marked = f"{out} holds the cells finished so far (`harmony matrix {plan_path} --out {out} " \
              "--resume` goes on)"
     with exit_on_error(marked=marked, also=(OSError,)):
@@ -141,6 +144,7 @@ def worker(address, name, connect_timeout, quiet):
 
     if not quiet:
         echo(f"worker: checking this host, then serving {address}", err=True)
+    build_kernels_first()          # before it takes a cell: the cells' analysis needs them
     try:
         with exit_on_error():
             start_worker(address, name=name, timeout=connect_timeout, quiet=quiet)
