@@ -51,6 +51,7 @@ def plain_log_axis(axis) -> None:
     axis.set_major_formatter(PlainLogFormatter())
     axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
 
+
 #: a tick label's mean character width in em (DejaVu Sans, matplotlib's font: digits 0.64 em,
 #: lowercase letters 0.5-0.65): labels are measured by this estimate, not drawn, since measuring
 #: them takes a render of the figure

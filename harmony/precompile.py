@@ -1,5 +1,6 @@
 """Compile Harmony's kernels now, so that the first command after an install is as fast as the
-next ones: ``python -m harmony.precompile`` (``install.sh`` runs it).
+next ones: ``python -m harmony.precompile`` (``install.sh`` runs it; after a plain ``pip
+install``, the first command that analyses a trace does: :func:`ensure_built`).
 
 The kernels (:mod:`harmony.core.kernels`: :mod:`harmony.probes.ringbuf_jit`,
 :mod:`harmony.analysis.taskstate_jit`, :mod:`harmony.analysis.reconstruct_jit`,
