@@ -227,7 +227,7 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
             if old.is_dir() and old != work and (
                     not old.name.startswith(".") or time.time() - old.stat().st_mtime > 3600):
                 shutil.rmtree(old, ignore_errors=True)
-            elif old.name.endswith(FAILED_SUFFIX):     # a command's failed build: built now
+            elif old.name.endswith(hk.FAILED_SUFFIX):     # a command's failed build: built now
                 old.unlink(missing_ok=True)
         os.replace(work, base / key)
     finally:
@@ -261,8 +261,6 @@ def _writable(candidates: list[Path]) -> Path:
 BUILD_ARGS = ("-m", "harmony.precompile")
 BUILD_TIMEOUT_S = 1800
 
-#: a key's failed build, beside where its build would be: never tried again by a command
-FAILED_SUFFIX = ".failed"
 
 
 def build_needed() -> bool:
@@ -273,10 +271,7 @@ def build_needed() -> bool:
     from harmony.core.jit import mode, numba_version
     if numba_version() is None or not hk.aot_enabled() or mode() == "0":
         return False
-    if hk.aot_built() is not None:
-        return False
-    k = hk.key()
-    return not any((base / (k + FAILED_SUFFIX)).exists() for base in hk.cache_dirs())
+    return hk.aot_built() is None and hk.failed_build() is None
 
 
 def ensure_built(say=print, warn=print) -> bool:
@@ -324,7 +319,7 @@ def ensure_built(say=print, warn=print) -> bool:
                 f"{hk.aot_built()}")
             return True
         last = (out.strip().splitlines() or [f"exit status {code}"])[-1]
-        (base / (hk.key() + FAILED_SUFFIX)).write_text(json.dumps(
+        (base / (hk.key() + hk.FAILED_SUFFIX)).write_text(json.dumps(
             {"exit": code, "last_line": last, "when": time.time()}) + "\n")
         warn(f"the compiled kernels could not be built ({last}); numba's JIT runs them (each "
              "large import loads it, ~1 s): python -m harmony.precompile tries again")

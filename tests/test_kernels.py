@@ -250,11 +250,13 @@ def test_a_command_s_failed_build_is_said_recorded_and_not_tried_again(tmp_path,
     assert precompile.ensure_built(said.append, warned.append) is False
     assert len(said) == 1 and "building Harmony's compiled kernels" in said[0]
     assert len(warned) == 1 and "could not be built (cc: not found)" in warned[0]
-    failed = tmp_path / "k" / (kernels.key() + precompile.FAILED_SUFFIX)
+    failed = tmp_path / "k" / (kernels.key() + kernels.FAILED_SUFFIX)
     assert json.loads(failed.read_text())["last_line"] == "cc: not found"
     assert not precompile.build_needed()
     assert precompile.ensure_built(said.append, warned.append) is False
     assert tries.read_text() == "x" and len(said) == 1 and len(warned) == 1
+    from harmony.core.jit import describe       # doctor's decoder line says why
+    assert "a command's build for this code failed (cc: not found)" in describe()[1]
     failed.unlink()
     for env in ({"HARMONY_AOT": "0"}, {"HARMONY_JIT": "0"}):
         with monkeypatch.context() as m:

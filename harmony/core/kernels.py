@@ -255,6 +255,25 @@ def forget_build() -> None:
             _aot_state.pop("exports", None)
 
 
+#: a key's failed build, as a command's build records it beside where the build would be
+#: (:func:`harmony.precompile.ensure_built`): never tried again by a command
+FAILED_SUFFIX = ".failed"
+
+
+def failed_build() -> dict | None:
+    """The record of a failed build for this :func:`key` ({"exit", "last_line", "when"}), if a
+    command's build failed and none was built since; else None."""
+    k = key()
+    for base in cache_dirs():
+        try:
+            record = json.loads((base / (k + FAILED_SUFFIX)).read_text())
+        except OSError:             # none there (or no directory, or none this user may read)
+            continue
+        except ValueError:          # recorded, its reason unreadable
+            record = {}
+        return record if isinstance(record, dict) else {}
+    return None
+
 def find_build(k: str) -> tuple[Path, dict] | None:
     """(directory, exports' description) of a build for key ``k`` in :func:`cache_dirs` whose
     description reads, lists its kernels and names an extension file that is there; None if
