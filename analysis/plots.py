@@ -425,6 +425,7 @@ def plot_shares(shares: pd.DataFrame, path: Path,
         ax.set_xlabel(f"task ({len(order)}, ranked by share{' within its role' if hue else ''})")
         # many tasks share the CPUs: their shares are small, and scaled to one CPU they vanish
         top = 1.15 * float(max(order["share"].max(), order["fair"].max(), 1e-3))
+        legend_at = "lower right"
     else:
         fig, ax = plt.subplots(figsize=(max(5, 0.5 * len(shares) + 3), 3.6))
         order = shares.sort_values("name")
@@ -436,8 +437,9 @@ def plot_shares(shares: pd.DataFrame, path: Path,
         ax.set_xlabel("task")
         fit_category_labels(ax, list(order["name"].astype(str)))
         top = max(1.05, float(order["share"].max()) * 1.1)
+        legend_at = "best"      # a few bars: where it covers none
     ax.set_ylim(0, top)
     ax.set_ylabel("share of one CPU")
     ax.set_title(title)
-    ax.legend(loc="best" if len(shares) <= MANY_TASKS else "lower right", fontsize=8)
+    ax.legend(loc=legend_at, fontsize=8)
     return save_figure(fig, path)

@@ -262,7 +262,6 @@ BUILD_ARGS = ("-m", "harmony.precompile")
 BUILD_TIMEOUT_S = 1800
 
 
-
 def build_needed() -> bool:
     """Whether a command should build the kernels ahead of time before it starts: numba is
     installed, neither ``HARMONY_AOT=0`` nor ``HARMONY_JIT=0`` is set, no build for this code

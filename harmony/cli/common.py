@@ -217,9 +217,8 @@ def build_kernels_first() -> None:
     built (the first command after a plain ``pip install``:
     :func:`harmony.precompile.ensure_built`), once; a note before and after (a warning if it
     fails)."""
-    from harmony.precompile import build_needed, ensure_built
-    if build_needed():
-        ensure_built(say=note, warn=warn)
+    from harmony.precompile import ensure_built
+    ensure_built(say=note, warn=warn)       # it checks build_needed itself
 
 
 def parse_params(pairs: tuple[str, ...]) -> dict[str, str]:

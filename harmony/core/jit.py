@@ -54,11 +54,15 @@ def describe() -> tuple[bool, str]:
         return True, (f"compiled ahead of time (numba {v}) in {kernels.aot_built()}, for every "
                       f"trace{' (HARMONY_JIT=1)' if mode() == '1' else ''}")
     failed = kernels.failed_build() if kernels.aot_enabled() else None
-    why = ("HARMONY_AOT=0" if not kernels.aot_enabled() else
-           f"a command's build for this code failed ({failed.get('last_line') or 'no reason'}"
-           "): python -m harmony.precompile tries again" if failed is not None else
-           "not built for this code: python -m harmony.precompile, or the first command that "
-           "analyses a trace")
+    if not kernels.aot_enabled():
+        why = "HARMONY_AOT=0"
+    elif failed is not None:
+        reason = failed.get("last_line") or "no reason"
+        why = (f"a command's build for this code failed ({reason}): python -m "
+               "harmony.precompile tries again")
+    else:
+        why = ("not built for this code: python -m harmony.precompile, or the first command "
+               "that analyses a trace")
     if mode() == "1":
         return True, f"compiled by numba {v}'s JIT ({why}), for every trace (HARMONY_JIT=1)"
     return True, (f"compiled by numba {v}'s JIT for large traces, numpy below ({why}; each "

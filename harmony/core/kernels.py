@@ -274,6 +274,7 @@ def failed_build() -> dict | None:
         return record if isinstance(record, dict) else {}
     return None
 
+
 def find_build(k: str) -> tuple[Path, dict] | None:
     """(directory, exports' description) of a build for key ``k`` in :func:`cache_dirs` whose
     description reads, lists its kernels and names an extension file that is there; None if
