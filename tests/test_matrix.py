@@ -362,6 +362,19 @@ def _running_in(pids: set[int], holding: str | None = None) -> list[Path]:
             and (holding is None or any(d.glob(f"*/{holding}")))]
 
 
+def _live_worker_pids(lc, timeout: float = 60.0) -> set[int]:
+    """The cluster's worker processes once each is alive (a worker another test killed is
+    being started again by its nanny meanwhile)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = {w.process.pid for w in lc.workers.values()
+                if w.process is not None and w.process.pid is not None}
+        if len(pids) == len(lc.workers) and all(Path(f"/proc/{p}").exists() for p in pids):
+            return pids
+        assert time.monotonic() < deadline, "the cluster's workers did not come back"
+        time.sleep(0.2)
+
+
 def test_a_worker_killed_mid_cell_its_cell_runs_again(tmp_path, cluster):
     """A worker (its process, SIGKILL) dies while its cell runs: Dask gives the cell to another
     worker; every cell ends complete, once, and the killed cell's process is gone with it."""
@@ -369,7 +382,7 @@ def test_a_worker_killed_mid_cell_its_cell_runs_again(tmp_path, cluster):
 
     lc, client = cluster
     plan = matrix.load_plan(plan_file(tmp_path, duration=6.0))
-    pids = {w.process.pid for w in lc.workers.values()}
+    pids = _live_worker_pids(lc)
     before = set(_scratch_dirs())
     killed: list[int] = []
 
@@ -436,15 +449,21 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
     # a simulated run is much faster than its duration (60 s took 0.3 s here): cells of 5 runs
     # of 600 s (about 15 s each here) are still running when the Ctrl-C comes
     plan = plan_file(tmp_path, duration=600.0, repeat=5)
+    pids = _live_worker_pids(lc)
+    before = set(_running_in(pids))    # a killed worker's cell leaves its directory behind
     p = subprocess.Popen(HARMONY + ["matrix", str(plan), "--out",
                                     str(out), "--cluster", lc.scheduler_address, "-q"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=sigint_as_a_terminal)
-    pids = {w.process.pid for w in lc.workers.values()}
     deadline = time.monotonic() + 60
-    # a cell of ours running, its suite begun (another test's cells make scratch directories)
-    while time.monotonic() < deadline and not _running_in(pids, "suite.json"):
+    # a cell of ours running, its suite begun: our matrix begun (matrix.json is written before
+    # its cells are sent) and a cell started since (a cell another test left winding down on
+    # these workers once had the Ctrl-C sent while the command was still starting: no record)
+    while time.monotonic() < deadline and not (
+            (out / "matrix.json").is_file()
+            and set(_running_in(pids, "suite.json")) - before):
         time.sleep(0.1)
+    assert (out / "matrix.json").is_file(), "the matrix did not begin within 60 s"
     time.sleep(1.0)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
