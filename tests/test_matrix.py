@@ -450,15 +450,15 @@ def test_ctrl_c_stops_the_running_cells_and_leaves_the_workers_clean(tmp_path, c
     # of 600 s (about 15 s each here) are still running when the Ctrl-C comes
     plan = plan_file(tmp_path, duration=600.0, repeat=5)
     pids = _live_worker_pids(lc)
-    before = set(_running_in(pids))    # a killed worker's cell leaves its directory behind
+    before = set(_running_in(pids))    # cells another test left on these workers
     p = subprocess.Popen(HARMONY + ["matrix", str(plan), "--out",
                                     str(out), "--cluster", lc.scheduler_address, "-q"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=sigint_as_a_terminal)
     deadline = time.monotonic() + 60
     # a cell of ours running, its suite begun: our matrix begun (matrix.json is written before
-    # its cells are sent) and a cell started since (a cell another test left winding down on
-    # these workers once had the Ctrl-C sent while the command was still starting: no record)
+    # its cells are sent) and a cell started since (CI once sent the Ctrl-C before the command
+    # had written its record: a cell directory not of this matrix was taken for one of its own)
     while time.monotonic() < deadline and not (
             (out / "matrix.json").is_file()
             and set(_running_in(pids, "suite.json")) - before):
