@@ -53,10 +53,9 @@ def describe() -> tuple[bool, str]:
     if kernels.aot_ready():
         return True, (f"compiled ahead of time (numba {v}) in {kernels.aot_built()}, for every "
                       f"trace{' (HARMONY_JIT=1)' if mode() == '1' else ''}")
-    failed = kernels.failed_build() if kernels.aot_enabled() else None
     if not kernels.aot_enabled():
         why = "HARMONY_AOT=0"
-    elif failed is not None:
+    elif (failed := kernels.failed_build()) is not None:
         reason = failed.get("last_line") or "no reason"
         why = (f"a command's build for this code failed ({reason}): python -m "
                "harmony.precompile tries again")
