@@ -25,7 +25,10 @@ woke_off_initial_cpu     pids, warm (a warm release: not on it at t0)
 rt_throttling            tasks (real-time tasks), runtime_us, period_us (-1: no throttling)
 warmup_short             warmed_s, residual (PELT's unconverged fraction at t0)
 release_not_modelled     release (the one asked: warm)
-anomalies                n, kinds ({kind: count}), lost, silent (comms the probe is blind in)
+anomalies                n, kinds ({kind: count}), lost, silent (comms the probe is blind in),
+                         ties (events stamped with another CPU's event's time: analysis.ties)
+clock_ties               pairs, groups, events, reordered, clock: events of two CPUs stamped
+                         with one time, and the groups put in the scheduler's order
 workers_dead             (none)
 foreign_load             frac, cpu, top, origin
 vcpu_starved             frac, vcpu, setting, accelerator: a VM's vCPU waited for a host CPU
@@ -146,11 +149,15 @@ def check_notes(m: dict, origin: str) -> list[dict]:
     if rel.get("woke_off_initial_cpu"):
         out.append(note("woke_off_initial_cpu", pids=rel["woke_off_initial_cpu"], warm=warm))
     out += class_notes(m, origin)
+    ties = cap.get("clock_ties") or {}
+    if ties.get("reordered"):
+        out.append(note("clock_ties", **ties, clock=cap.get("clock")))
     if m["reconstruction_anomalies"]:
         # a program's threads share its comm: name each program once
         silent = list(dict.fromkeys(c["comm"] for c in cap.get("silent_contexts") or []))
         out.append(note("anomalies", n=m["reconstruction_anomalies"],
-                        kinds=m["reconstruction_anomaly_kinds"], lost=lost, silent=silent[:3]))
+                        kinds=m["reconstruction_anomaly_kinds"], lost=lost, silent=silent[:3],
+                        ties=ties.get("events", 0)))
     if m.get("workers_alive_at_end", 0) < len(m.get("work_done", [])):
         out.append(note("workers_dead"))
     out += [n for n in (foreign_load(m, origin), vcpu_starved(m), virtual_clock(m)) if n]
@@ -290,9 +297,21 @@ def _lost(n):
     return f"{n['lost']} events were lost by the probe: tables may miss migrations or switches"
 
 
+def _clock_ties(n):
+    return (f"{n['pairs']:,} times two CPUs' events carry the same timestamp (the "
+            f"{n.get('clock') or 'trace'} clock's resolution): the trace does not say which "
+            f"came first; in {n['reordered']:,} of those {n['groups']:,} groups a task's wake-up "
+            "was put after its switch-out, or before its switch-in, on the other CPU, as the "
+            "scheduler must have done them (harmony.analysis.ties)")
+
+
 def _anomalies(n):
     kinds = ", ".join(f"{k} {v}" for k, v in n["kinds"].items())
-    if n["lost"] == 0:
+    if n["lost"] == 0 and n.get("ties"):
+        why = ("the probe lost no events: either the kernel recorded none, or they are among "
+               f"the {n['ties']:,} events stamped with the time of another CPU's event, whose "
+               "order the trace cannot give")
+    elif n["lost"] == 0:
         why = ("the probe lost no events, so the kernel recorded none for them"
                + (f": it records nothing while {', '.join(n['silent'])} run" if n["silent"]
                   else " (some kernels omit a sched_switch into a task)"))
@@ -300,8 +319,9 @@ def _anomalies(n):
         why = "events were lost"
     else:
         why = "events may have been lost (the probe cannot tell)"
+    missing = "missing or out of order" if n["lost"] == 0 and n.get("ties") else "missing"
     return (f"{n['n']} contradictions in the event stream were repaired ({kinds}): an event the "
-            f"task state machine needed is missing; {why}. The run queues resynchronise at the "
+            f"task state machine needed is {missing}; {why}. The run queues resynchronise at the "
             "next event; a run whose switch-in is missing starts at the task's wake-up and is "
             "flagged unseen_start (analysis.reconstruct.df_anomalies lists every repair)")
 
@@ -485,6 +505,7 @@ _WORDING = {
         "a warm release was asked, but the reference policy keeps no load history: warm and "
         "cold releases are the same in the simulation (it wakes every task at t0)"),
     "anomalies": _anomalies,
+    "clock_ties": _clock_ties,
     "workers_dead": lambda n: "some workers were not alive at the end of the run",
     "foreign_load": _foreign,
     "vcpu_starved": lambda n: (

@@ -8,6 +8,8 @@ simulation (:mod:`harmony.simulate`). Each origin hands over the decoded :class:
 tasks table, the measured :class:`Window` and an :class:`Origin` (what it is, what came with the
 trace, what it had to assume); :func:`analyse_capture` does the rest, the same way for all:
 
+0. order: events two CPUs stamped with one time, put in the order the scheduler must have
+   followed (:mod:`harmony.analysis.ties`; a coarse trace clock, as in a TCG guest);
 1. tables: migrations, runs, runqueue, allocation, shares (:mod:`harmony.analysis.reconstruct`)
    from the events, each written once as Parquet and kept in memory for the next steps (a large
    events table written on another thread meanwhile, waited for before the run is complete),
@@ -53,6 +55,7 @@ from harmony.analysis.probe_agreement import probe_agreement
 from harmony.analysis.release import release_spread
 from harmony.analysis.report import write_report
 from harmony.analysis.taskstate import release_records
+from harmony.analysis.ties import order_ties
 from harmony.core.errors import ProbeError, RunError
 from harmony.core.jit import in_background, on_side_thread
 from harmony.core.timing import Laps
@@ -251,6 +254,9 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
     writing = []        # the large tables are written while the checks and metrics run
     checking = None     # the capture's own checks, beside the tables
     try:
+        # events two CPUs stamped alike, in the order the scheduler followed (analysis.ties):
+        # before any table, and before the events are written
+        cap.events, cap.meta["clock_ties"] = order_ties(cap.events)
         if not (out / "tasks.parquet").exists():
             store.write_table(out, "tasks", tasks)
         if figures:     # the figures' libraries (~0.5 s of imports), on the side thread
@@ -517,6 +523,7 @@ def crosscheck(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame,
     a, name = manifest["probe"], manifest["crosscheck_probe"]
     try:
         other = get_probe(name).decode_dir(out / "raw" / name)
+        other.events, other.meta["clock_ties"] = order_ties(other.events)
         blind = blind_spots(other.meta, other.events, tasks)   # its notes say what it did not see
         result = probe_agreement(cap.events, other.events, tasks, window.t0, window.end,
                                  names=(a, name),

@@ -1,0 +1,151 @@
+"""Hermetic tests of harmony.analysis.ties: events two CPUs stamped with one time, put in the
+order the scheduler must have followed.
+
+Each stream is written as a decoder merges it (equal timestamps CPU by CPU, the lowest first);
+what order_ties gives is read back by the task state machine (analysis.taskstate, through
+reconstruct.df_anomalies) and the blind-spot check (crosscheck.unrecorded_migrations), which
+know nothing of ties.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harmony.analysis import trust
+from harmony.analysis.crosscheck import unrecorded_migrations
+from harmony.analysis.event_streams import Stream, simulate
+from harmony.analysis.reconstruct import df_anomalies
+from harmony.analysis.ties import order_ties
+from harmony.workload.tasks import layout_tasks, tasks_frame
+
+S_RUN, S_SLEEP = 0, 1
+P, Q, OTHER = 301, 302, 900
+
+
+def tasks(*pids) -> pd.DataFrame:
+    specs = layout_tasks([len(pids)] + [0] * 7, list(range(8)))
+    return tasks_frame(specs, list(pids))
+
+
+def anomalies(events: pd.DataFrame, *pids) -> list[str]:
+    return df_anomalies(events, tasks(*pids), 0)["anomaly"].tolist()
+
+
+def per_cpu(events: pd.DataFrame) -> dict[int, list[tuple]]:
+    """Each CPU's events in order (every column), as its ring buffer held them."""
+    rows = list(events.astype(object).itertuples(index=False, name=None))
+    out: dict[int, list[tuple]] = {}
+    for r, c in zip(rows, events["cpu"].tolist()):
+        out.setdefault(c, []).append(r)
+    return out
+
+
+def woken_while_switched_out() -> pd.DataFrame:
+    """The guest's case: P runs on CPU 4; at one timestamp CPU 2 migrates P to itself and wakes
+    it while CPU 4 switches it out to sleep (merged: CPU 2's events first); CPU 2 then runs P."""
+    s = Stream({P: "p", OTHER: "other"})
+    s.switch(1_000, 4, prev=0, state=S_RUN, next=P)
+    s.migrate(5_000, 2, pid=P, orig=4, dest=2, common_pid=OTHER)
+    s.wakeup(5_000, 2, pid=P, target=2, common_pid=OTHER)
+    s.switch(5_000, 4, prev=P, state=S_SLEEP, next=0)
+    s.switch(6_000, 2, prev=0, state=S_RUN, next=P)
+    return s.events()
+
+
+def test_a_wakeup_goes_after_the_switch_out_the_other_cpu_stamped_alike():
+    events = woken_while_switched_out()
+    assert anomalies(events, P), "the merged order must contradict itself, or this tests nothing"
+    assert unrecorded_migrations(events, [P])["n"] > 0
+    given = events.copy()
+    ordered, facts = order_ties(given)
+    assert ordered is given         # rows moved in place, the frame not copied
+    assert anomalies(ordered, P) == []
+    assert unrecorded_migrations(ordered, [P])["n"] == 0
+    assert ordered["event"].tolist()[1:4] == ["sched_switch", "sched_migrate_task",
+                                              "sched_wakeup"]
+    assert facts == {"pairs": 1, "groups": 1, "events": 3, "reordered": 1}
+    assert per_cpu(ordered) == per_cpu(events)
+    assert (ordered.dtypes == events.dtypes).all() and ordered["ts"].is_monotonic_increasing
+
+
+def test_a_wakeup_goes_before_the_switch_in_the_other_cpu_stamped_alike():
+    """Q asleep; at one timestamp CPU 1 switches it in and CPU 3 wakes it (merged: CPU 1 first)."""
+    s = Stream({Q: "q", OTHER: "other"})
+    s.switch(1_000, 1, prev=0, state=S_RUN, next=Q)
+    s.switch(2_000, 1, prev=Q, state=S_SLEEP, next=0)
+    s.switch(5_000, 1, prev=0, state=S_RUN, next=Q)
+    s.waking(5_000, 3, pid=Q, target=1, common_pid=OTHER)
+    s.wakeup(5_000, 3, pid=Q, target=1, common_pid=OTHER)
+    events = s.events()
+    assert anomalies(events, Q)
+    ordered, facts = order_ties(events.copy())
+    assert anomalies(ordered, Q) == []
+    assert ordered["event"].tolist()[2:] == ["sched_waking", "sched_wakeup", "sched_switch"]
+    assert facts["reordered"] == 1 and per_cpu(ordered) == per_cpu(events)
+
+
+def test_a_task_switched_in_and_out_on_one_cpu_is_woken_after_its_last_switch():
+    """At one timestamp CPU 5 switches P in and out to sleep, and CPU 4 wakes it and pulls it
+    (merged: CPU 4 first): the wake-ups go after CPU 5's switches, the last of which put it to
+    sleep."""
+    s = Stream({P: "p", OTHER: "other"})
+    s.switch(1_000, 5, prev=0, state=S_RUN, next=P)
+    s.switch(2_000, 5, prev=P, state=S_RUN, next=OTHER)
+    s.waking(5_000, 4, pid=P, target=5, common_pid=OTHER)
+    s.migrate(5_000, 4, pid=P, orig=5, dest=4, common_pid=OTHER)
+    s.wakeup(5_000, 4, pid=P, target=4, common_pid=OTHER)
+    s.switch(5_000, 5, prev=OTHER, state=S_RUN, next=P)
+    s.switch(5_000, 5, prev=P, state=S_SLEEP, next=OTHER)
+    s.switch(7_000, 4, prev=0, state=S_RUN, next=P)
+    events = s.events()
+    assert anomalies(events, P)
+    ordered, _ = order_ties(events.copy())
+    assert anomalies(ordered, P) == []
+    assert per_cpu(ordered) == per_cpu(events)
+
+
+def test_a_trace_without_ties_across_cpus_is_returned_as_it_is():
+    s = Stream({P: "p", OTHER: "other"})
+    s.switch(1_000, 0, prev=0, state=S_RUN, next=P)
+    s.switch(1_000, 0, prev=P, state=S_SLEEP, next=OTHER)   # one CPU: its own order
+    s.wakeup(2_000, 1, pid=P, target=0, common_pid=OTHER)
+    events = s.events()
+    ordered, facts = order_ties(events)
+    assert ordered is events
+    assert facts == {"pairs": 0, "groups": 0, "events": 0, "reordered": 0}
+    assert order_ties(events.iloc[:0])[0].empty
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_coarse_clock_moves_rows_only_within_their_group_and_keeps_each_cpus_order(seed):
+    """A simulated stream on 8 CPUs stamped by a clock of 20 us (ties everywhere), merged as a
+    decoder does: order_ties moves rows only among those of one timestamp, keeps every row and
+    each CPU's order."""
+    events = simulate(ncpus=8, ntasks=24, n_events=6_000, seed=seed).events
+    events = events.assign(ts=events["ts"].to_numpy() // 20_000 * 20_000)
+    events = events.iloc[np.lexsort((np.arange(len(events)), events["cpu"].to_numpy(),
+                                     events["ts"].to_numpy()))].reset_index(drop=True)
+    ordered, facts = order_ties(events.copy())
+    assert facts["groups"] > 0 and facts["reordered"] > 0
+    assert (ordered["ts"].to_numpy() == events["ts"].to_numpy()).all()
+    assert per_cpu(ordered) == per_cpu(events)
+    moved = (ordered.astype(object).to_numpy() != events.astype(object).to_numpy()).any(axis=1)
+    assert np.count_nonzero(moved) <= facts["events"]
+
+
+def test_the_notes_say_what_was_reordered_and_why_contradictions_may_remain():
+    ties = {"pairs": 4924, "groups": 4449, "events": 16814, "reordered": 163}
+    m = {"release": {"not_woken": []}, "reconstruction_anomalies": 119,
+         "reconstruction_anomaly_kinds": {"switch_in_not_runnable": 119}, "lost_events": 0,
+         "capture": {"lost_events": 0, "clock": "global", "clock_ties": ties}}
+    reordered, repaired = trust.words(trust.check_notes(m, "imported"))
+    assert reordered.startswith("4,924 times two CPUs' events carry the same timestamp (the global "
+                                "clock's resolution)"), reordered
+    assert "in 163 of those 4,449 groups" in reordered
+    assert "missing or out of order" in repaired and "among the 16,814 events" in repaired
+    # no tie reordered: no note of its own, and the repairs worded as before
+    m["capture"]["clock_ties"] = {"pairs": 0, "groups": 0, "events": 0, "reordered": 0}
+    [repaired] = trust.words(trust.check_notes(m, "imported"))
+    assert "is missing;" in repaired and "kernel recorded none for them" in repaired
