@@ -84,10 +84,26 @@ def order_ties(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     reordered = len(np.unique(gid[moved]))
     src = rows[order]
     # in place, column by column: only the groups' rows are written (a new frame of 10 M events
-    # took 0.1-1.5 s and as much memory again as the events)
-    for j in range(events.shape[1]):
-        events.iloc[rows, j] = events.iloc[src, j].to_numpy()
+    # took 0.1-1.5 s and as much memory again as the events); a column on memory that cannot be
+    # written (a decoder's read-only array) is replaced by a copy, one column at a time
+    for j, name in enumerate(events.columns):
+        values = events.iloc[src, j].to_numpy()
+        try:
+            events.iloc[rows, j] = values
+        except ValueError:
+            events[name] = _moved(events[name], rows, src)
     return events, tie_facts(**facts, reordered=reordered)
+
+
+def _moved(col: pd.Series, rows: np.ndarray, src: np.ndarray):
+    """A copy of ``col``'s values (its dtype kept) with ``rows`` taken from ``src``."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        codes = col.cat.codes.to_numpy(copy=True)
+        codes[rows] = codes[src]
+        return pd.Categorical.from_codes(codes, dtype=col.dtype)
+    values = col.to_numpy(copy=True)
+    values[rows] = values[src]
+    return pd.array(values, dtype=col.dtype) if values.dtype != col.dtype else values
 
 
 def _group_order(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray,

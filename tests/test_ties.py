@@ -70,6 +70,35 @@ def test_a_wakeup_goes_after_the_switch_out_the_other_cpu_stamped_alike():
     assert (ordered.dtypes == events.dtypes).all() and ordered["ts"].is_monotonic_increasing
 
 
+def read_only(events: pd.DataFrame) -> pd.DataFrame:
+    """``events`` on arrays that cannot be written, as a decoder may hand them over."""
+    cols = {}
+    for name in events.columns:
+        col = events[name]
+        if isinstance(col.dtype, pd.CategoricalDtype):
+            codes = col.cat.codes.to_numpy(copy=True)
+            codes.flags.writeable = False
+            cols[name] = pd.Categorical.from_codes(codes, dtype=col.dtype)
+        else:
+            values = col.to_numpy(copy=True)
+            values.flags.writeable = False
+            cols[name] = values
+    return pd.DataFrame(cols, copy=False)
+
+
+def test_columns_that_cannot_be_written_are_replaced_not_failed():
+    """A perf.data's events came on read-only arrays ("assignment destination is read-only",
+    and no import): such a column is replaced by a moved copy, its dtype kept."""
+    probe = read_only(woken_while_switched_out())
+    with pytest.raises(ValueError, match="read-only"):     # what order_ties meets
+        probe.iloc[[0], 0] = probe.iloc[[1], 0].to_numpy()
+    events = read_only(woken_while_switched_out())
+    ordered, facts = order_ties(events)
+    assert facts["reordered"] == 1 and anomalies(ordered, P) == []
+    assert per_cpu(ordered) == per_cpu(woken_while_switched_out())
+    assert (ordered.dtypes == woken_while_switched_out().dtypes).all()
+
+
 def test_a_wakeup_goes_before_the_switch_in_the_other_cpu_stamped_alike():
     """Q asleep; at one timestamp CPU 1 switches it in and CPU 3 wakes it (merged: CPU 1 first)."""
     s = Stream({Q: "q", OTHER: "other"})
