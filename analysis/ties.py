@@ -6,25 +6,27 @@ sched_wakeup_new, sched_migrate_task; the others keep their place).
 
 Each CPU's events are in the order its ring buffer holds them; across CPUs only the timestamps
 order them, and the decoders merge equal timestamps CPU by CPU (the lowest CPU first). Where the
-trace clock is coarser than the scheduler's steps, that order can contradict itself: a trace-cmd
-recording's default "local" clock in a QEMU TCG guest gave 3.3 % of 149 K events the timestamp of
-an event on another CPU (perf bench sched messaging on 8 vCPUs, 2026-12-06), and there a task
-woken and migrated by CPU 2 at the time CPU 4 switched it out to sleep was merged woken first: the
-task state machine then repaired three contradictions (a migration while running, a switch-in
-while asleep, on the wrong CPU) and counted two moves no sched_migrate_task recorded, all of them
-this order. The kernel cannot have done that: a wake-up of a task still on a CPU waits for its
-switch-out (``try_to_wake_up`` spins on ``p->on_cpu``), and a task is switched in only once woken.
+trace clock is coarser than the scheduler's steps, that order can contradict itself: the
+"global" clock of a trace-cmd recording in a QEMU TCG guest gave 3.3 % of 149 K events the
+timestamp of an event on another CPU (perf bench sched messaging on 8 vCPUs, 2026-12-06), and
+there a task woken and migrated by CPU 2 at the time CPU 4 switched it out to sleep was merged
+woken first: the task state machine then repaired three contradictions (a migration while
+running, a switch-in while asleep, on the wrong CPU) and counted two moves no
+sched_migrate_task recorded, all of them this order. The kernel cannot have done that: a
+wake-up of a task still on a CPU waits for its switch-out (``try_to_wake_up`` spins on
+``p->on_cpu``), and a task is switched in only once woken.
 
-So within a group of equal timestamps spanning CPUs, :func:`order_ties` puts
+So within a group of equal timestamps spanning CPUs, :func:`order_ties` puts a task's wake-up
+events (sched_waking / wakeup / wakeup_new / migrate_task) on another CPU than its switches in
+the group
 
-- a task's wake-up events (sched_waking / wakeup / wakeup_new / migrate_task) on another CPU
-  after the sched_switch that switches it out, and
-- before the sched_switch that switches it in,
+- after them if the last of them switched it out (it went to sleep there first),
+- before them if the last switched it in (it was woken first),
 
 keeping each CPU's own order (an event is never put before one its CPU recorded earlier). A task
-both switched out and in within one group keeps its wake-ups where the merge put them. Nothing
-else moves, and a trace without such groups (a clock of nanoseconds on real CPUs: none in the
-bench's recordings) is returned as it is, untouched.
+switched on several CPUs within one group keeps its wake-ups where the merge put them, and
+nothing else moves. A trace without such groups is returned untouched; this host's recordings of
+~10 M events hold 32-8,861 pairs of tied events, and 0-2 groups to move.
 """
 
 from __future__ import annotations
