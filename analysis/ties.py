@@ -24,9 +24,14 @@ the group
 - before them if the last switched it in (it was woken first),
 
 keeping each CPU's own order (an event is never put before one its CPU recorded earlier). A task
-switched on several CPUs within one group keeps its wake-ups where the merge put them, and
-nothing else moves. A trace without such groups is returned untouched; this host's recordings of
-~10 M events hold 32-8,861 pairs of tied events, and 0-2 groups to move.
+switched on several CPUs within one group keeps its wake-ups where the merge put them. A group
+of three events or more is then merged again event by event from its CPUs' sequences, each
+next event one that the group's events so far do not contradict (:func:`_settle`): where a
+vCPU's clock stood still through a ping-pong of switches while another CPU woke their tasks, no
+rank can interleave the two. On the guest's trace: 192 repairs in the merged order, 119 by the
+ranks, 24 settled (9 of them exits, no tie). Nothing else moves. A trace without such groups is
+returned untouched; this host's recordings of ~10 M events hold 32-8,861 pairs of tied events,
+in groups of two, and 0-2 to move, in 0.02 s.
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ def order_ties(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     rows, gid = rows[keep], gid[keep]
     facts = dict(pairs=pairs, groups=int(np.count_nonzero(g_cross)), events=len(rows))
     order = _group_order(events, rows, gid, cpu[rows])
+    order = _settle(events, rows, gid, cpu[rows], order)
     moved = order != np.arange(len(rows))
     if not moved.any():
         return events, tie_facts(**facts)
@@ -141,13 +147,13 @@ def _group_order(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray,
     one_cpu = lo == hi
     # a wake-up, on another CPU, of a task whose switches in the group were on one CPU: after
     # them if the last switched it out, before them if it switched it in
-    at = np.searchsorted(tasks, key)
-    at[at >= len(tasks)] = 0
-    found = (wake & (tasks[at] == key) & one_cpu[at] & (lo[at] != cpu) if len(tasks)
-             else np.zeros(len(rows), bool))
     rank = np.full(len(rows), _WITH, np.int64)
-    rank[found & ended_out[at]] = _AFTER
-    rank[found & ~ended_out[at]] = _BEFORE
+    if len(tasks):      # else no switch in any group: no wake-up to place
+        at = np.searchsorted(tasks, key)
+        at[at >= len(tasks)] = 0
+        found = wake & (tasks[at] == key) & one_cpu[at] & (lo[at] != cpu)
+        rank[found & ended_out[at]] = _AFTER
+        rank[found & ~ended_out[at]] = _BEFORE
     # each CPU's own order kept: a rank never falls along a CPU's events within the group
     # (perf's merge need not keep a CPU's equal timestamps together: grouped here by CPU)
     by_cpu = np.lexsort((np.arange(len(rows)), cpu, gid))
@@ -157,3 +163,75 @@ def _group_order(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray,
     base = (np.cumsum(seg) - 1) * 4
     rank[by_cpu] = np.maximum.accumulate(base + rank[by_cpu]) - base
     return np.lexsort((np.arange(len(rows)), rank, gid))
+
+
+#: a group of this many events or more is settled event by event (:func:`_settle`); smaller ones
+#: (one event a CPU: every group in this host's recordings) keep the order the ranks gave
+SETTLE_MIN_EVENTS = 3
+
+
+def _settle(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray, cpu: np.ndarray,
+            order: np.ndarray) -> np.ndarray:
+    """``order`` (the ranks' order of ``rows``), with each group of SETTLE_MIN_EVENTS events or
+    more merged again from its CPUs' own sequences, event by event: the next event is the first,
+    in the ranks' order, of the CPUs' next ones that the group's own events so far do not
+    contradict (a switch-out of a task not running on that CPU, a switch-in of one asleep or
+    running, a wake-up of one awake, a migration of one running), or the ranks' first if each
+    is contradicted. What a task did before the group is not known here, only what the group
+    shows. Where a vCPU's clock stood still through many switches while another CPU woke their
+    tasks (the TCG guest's recording), the ranks cannot interleave the two CPUs; this can."""
+    starts = np.flatnonzero(np.r_[True, gid[order][1:] != gid[order][:-1]])
+    ends = np.r_[starts[1:], len(order)]
+    big = np.flatnonzero(ends - starts >= SETTLE_MIN_EVENTS)
+    if not len(big):
+        return order
+    sub = events.iloc[rows]
+    switch = event_mask(sub, "sched_switch")
+    woken = event_mask(sub, "sched_wakeup", "sched_wakeup_new")
+    waking = event_mask(sub, "sched_waking")
+    migrate = event_mask(sub, "sched_migrate_task")
+    pid = sub["pid"].to_numpy().tolist()
+    prev = sub["prev_pid"].to_numpy().tolist()
+    asleep = (sub["prev_state"].to_numpy() != 0).tolist()
+    cpus = cpu.tolist()
+    order = order.copy()
+    for a, b in zip(starts[big].tolist(), ends[big].tolist()):
+        ranked = order[a:b].tolist()
+        queues: dict[int, list[int]] = {}
+        for i in ranked:
+            queues.setdefault(cpus[i], []).append(i)
+        place = {i: k for k, i in enumerate(ranked)}
+        heads = {c: 0 for c in queues}
+        state: dict[int, object] = {}       # pid -> ("run", cpu) | "queued" | "asleep"
+        merged = []
+        while len(merged) < len(ranked):
+            nexts = sorted((place[queues[c][h]], c) for c, h in heads.items()
+                           if h < len(queues[c]))
+            pick = nexts[0][1]
+            for _, c in nexts:
+                i = queues[c][heads[c]]
+                if switch[i]:
+                    p, q = prev[i], pid[i]
+                    ok = ((p <= 0 or state.get(p, ("run", c)) == ("run", c))
+                          and (q <= 0 or state.get(q, "queued") == "queued"))
+                elif woken[i] or waking[i]:
+                    ok = state.get(pid[i], "asleep") == "asleep"
+                elif migrate[i]:
+                    ok = not isinstance(state.get(pid[i]), tuple)
+                else:
+                    ok = True
+                if ok:
+                    pick = c
+                    break
+            i = queues[pick][heads[pick]]
+            heads[pick] += 1
+            merged.append(i)
+            if switch[i]:
+                if prev[i] > 0:
+                    state[prev[i]] = "asleep" if asleep[i] else "queued"
+                if pid[i] > 0:
+                    state[pid[i]] = ("run", cpus[i])
+            elif woken[i] and not isinstance(state.get(pid[i]), tuple):
+                state[pid[i]] = "queued"
+        order[a:b] = merged
+    return order

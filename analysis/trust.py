@@ -300,9 +300,9 @@ def _lost(n):
 def _clock_ties(n):
     return (f"{n['pairs']:,} times two CPUs' events carry the same timestamp (the "
             f"{n.get('clock') or 'trace'} clock's resolution): the trace does not say which "
-            f"came first; in {n['reordered']:,} of those {n['groups']:,} groups a task's wake-up "
-            "was put after its switch-out, or before its switch-in, on the other CPU, as the "
-            "scheduler must have done them (harmony.analysis.ties)")
+            f"came first; {n['reordered']:,} of those {n['groups']:,} groups were put in an order "
+            "the scheduler can have followed (a task's wake-up after its switch-out on the other "
+            "CPU, before its switch-in there: harmony.analysis.ties)")
 
 
 def _anomalies(n):
