@@ -170,15 +170,28 @@ def growing_windows(start: int, stop: int, first: int, most: int | None = None):
         start, size = end, 4 * size if most is None else min(4 * size, most)
 
 
+#: every LastResult (:func:`forget_results` drops what each keeps for one events table)
+_KEEPERS: weakref.WeakSet = weakref.WeakSet()
+
+
+def forget_results(events: pd.DataFrame) -> None:
+    """Drop every result an analysis kept for ``events`` (:class:`LastResult`): the table was
+    changed in place."""
+    for keeper in list(_KEEPERS):
+        keeper.forget(events)
+
+
 class LastResult:
     """The last result an analysis computed from an events table, for the next call about the
     same table: keyed by the table object (held weakly), its length and the caller's key (the
-    pids asked about). Analyses never modify an events table in place, so the object's identity
-    is a safe key; the result is dropped with the object (else it would hold memory of the size
-    of the trace until the next trace's)."""
+    pids asked about). Analyses never modify an events table in place (but
+    :func:`harmony.analysis.ties.order_ties`, which drops what is kept for it:
+    :func:`forget_results`), so the object's identity is a safe key; the result is dropped with
+    the object (else it would hold memory of the size of the trace until the next trace's)."""
 
     def __init__(self) -> None:
         self._held: tuple | None = None       # (weak ref to the events, key, len, value)
+        _KEEPERS.add(self)
 
     def get(self, events: pd.DataFrame, key):
         """The value kept for ``events`` and ``key``, else None."""
@@ -198,6 +211,11 @@ class LastResult:
 
     def clear(self) -> None:
         self._held = None
+
+    def forget(self, events: pd.DataFrame) -> None:
+        """Drop the value if it was kept for ``events``."""
+        if self._held is not None and self._held[0]() is events:
+            self._held = None
 
     def _forget(self, ref) -> None:
         """The events object of the kept value is gone: drop the value."""

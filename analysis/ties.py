@@ -39,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import event_mask
+from harmony.analysis.arrays import event_mask, forget_results
 
 WAKE_EVENTS = ("sched_waking", "sched_wakeup", "sched_wakeup_new", "sched_migrate_task")
 
@@ -100,6 +100,7 @@ def order_ties(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
             events.iloc[rows, j] = values
         except ValueError:
             events[name] = _moved(events[name], rows, src)
+    forget_results(events)      # what an analysis kept for the table in its old order
     return events, tie_facts(**facts, reordered=reordered)
 
 

@@ -59,9 +59,10 @@ def test_a_wakeup_goes_after_the_switch_out_the_other_cpu_stamped_alike():
     assert anomalies(events, P), "the merged order must contradict itself, or this tests nothing"
     assert unrecorded_migrations(events, [P])["n"] > 0
     given = events.copy()
+    assert anomalies(given, P)      # the task records kept for this table, in its old order
     ordered, facts = order_ties(given)
     assert ordered is given         # rows moved in place, the frame not copied
-    assert anomalies(ordered, P) == []
+    assert anomalies(ordered, P) == []      # built again: what was kept was dropped
     assert unrecorded_migrations(ordered, [P])["n"] == 0
     assert ordered["event"].tolist()[1:4] == ["sched_switch", "sched_migrate_task",
                                               "sched_wakeup"]
