@@ -22,7 +22,7 @@ SCRIPTS = ("ingest", "observer", "release", "duty", "suite_efficiency", "waking"
            "compare_noise", "controller_death", "pelt_warmup", "warm_cold", "fidelity",
            "whole_import", "first_use", "perf_import", "schbench",
            "server_capacity", "sequential_rule", "until_decided", "probes",
-           "schedstat_causes", "guest_profile")
+           "schedstat_causes", "guest_profile", "foreign_trace")
 
 
 def bench(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -434,3 +434,36 @@ def test_perf_import_of_a_small_recording(kernel, tmp_path, layout):
     [data] = (tmp_path / "t").glob("pingpong-*.data")
     assert data.name.endswith(".pipe.data") == (layout == "pipe")
     assert (data.read_bytes()[8:16] == (16).to_bytes(8, "little")) == (layout == "pipe")
+
+
+@pytest.mark.needs_tool("trace-cmd")
+def test_foreign_trace_reads_a_recording_with_ties(tmp_path):
+    """--from a trace.dat whose two CPUs stamped a wake-up and a switch-out alike (as the TCG
+    guest's did): the table says how many repairs the merged order cost and Harmony's did not."""
+    from harmony.analysis.event_streams import Stream
+    from harmony.probes.encode import write_recording
+    from harmony.probes.tracedat_write import write_tracedat
+
+    s = Stream({301: "sched-messaging", 900: "other"})
+    s.switch(1_000, 1, prev=0, state=0, next=301)
+    s.migrate(5_000, 0, pid=301, orig=1, dest=0, common_pid=900)
+    s.wakeup(5_000, 0, pid=301, target=0, common_pid=900)
+    s.switch(5_000, 1, prev=301, state=1, next=0)
+    s.switch(6_000, 0, prev=0, state=0, next=301)
+    s.switch(9_000, 0, prev=301, state=1, next=0)
+    events = s.events()
+    write_recording(events, events.iloc[:0][["ts", "cpu"]].assign(pid=0, text=""),
+                    {"cpus": [0, 1], "clock": "global"}, tmp_path / "raw")
+    src = tmp_path / "files"
+    src.mkdir()
+    write_tracedat(tmp_path / "raw", src / "hackbench-tc.dat")
+    out = tmp_path / "out.json"
+    r = bench("foreign_trace", "--from", str(src), "--out", str(tmp_path / "runs"), "--json",
+              str(out))
+    assert r.returncode == 0, r.stderr
+    assert "repairs merged" in r.stdout
+    [x] = json.loads(out.read_text())["results"]
+    assert x["events"] == 6 and x["ties"]["reordered"] == 1 and x["ties"]["pairs"] == 1
+    assert x["repairs_merged"] > 0 and x["repairs"] == 0
+    assert x["unrecorded_merged"] > 0 and x["unrecorded"] == 0
+    assert x["harmony_s"] > 0 and x["reference_s"] > 0
