@@ -7,8 +7,8 @@ sched_wakeup_new, sched_migrate_task; the others keep their place).
 Each CPU's events are in the order its ring buffer holds them; across CPUs only the timestamps
 order them, and the decoders merge equal timestamps CPU by CPU (the lowest CPU first). Where the
 trace clock is coarser than the scheduler's steps, that order can contradict itself: the
-"global" clock of a trace-cmd recording in a QEMU TCG guest gave 3.3 % of 149 K events the
-timestamp of an event on another CPU (perf bench sched messaging on 8 vCPUs, 2026-12-06), and
+"global" clock of a trace-cmd recording in a QEMU TCG guest gave 16,814 of 149 K events (11 %)
+the timestamp of an event on another CPU (perf bench sched messaging on 8 vCPUs, 2026-12-06), and
 there a task woken and migrated by CPU 2 at the time CPU 4 switched it out to sleep was merged
 woken first: the task state machine then repaired three contradictions (a migration while
 running, a switch-in while asleep, on the wrong CPU) and counted two moves no
