@@ -84,8 +84,8 @@ def order_ties(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     keep = g_cross[gid]
     rows, gid = rows[keep], gid[keep]
     facts = dict(pairs=pairs, groups=int(np.count_nonzero(g_cross)), events=len(rows))
-    order = _group_order(events, rows, gid, cpu[rows])
-    order = _settle(events, rows, gid, cpu[rows], order)
+    groups = events.iloc[rows]      # the groups' events, read by both passes
+    order = _settle(groups, gid, _group_order(groups, gid))
     moved = order != np.arange(len(rows))
     if not moved.any():
         return events, tie_facts(**facts)
@@ -95,7 +95,7 @@ def order_ties(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     # took 0.1-1.5 s and as much memory again as the events); a column on memory that cannot be
     # written (a decoder's read-only array) is replaced by a copy, one column at a time
     for j, name in enumerate(events.columns):
-        values = events.iloc[src, j].to_numpy()
+        values = groups.iloc[order, j].to_numpy()
         try:
             events.iloc[rows, j] = values
         except ValueError:
@@ -115,12 +115,11 @@ def _moved(col: pd.Series, rows: np.ndarray, src: np.ndarray):
     return pd.array(values, dtype=col.dtype) if values.dtype != col.dtype else values
 
 
-def _group_order(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray,
-                 cpu: np.ndarray) -> np.ndarray:
-    """The order of ``rows`` (the groups' events, in merge order; ``gid`` their groups, ``cpu``
-    their CPUs) that puts a wake-up after its task's switches on another CPU if the last
-    switched it out, before them if it switched it in, each CPU's events kept in their order."""
-    sub = events.iloc[rows] if len(rows) < len(events) else events
+def _group_order(sub: pd.DataFrame, gid: np.ndarray) -> np.ndarray:
+    """The order of ``sub``'s rows (the groups' events, in merge order; ``gid`` their groups)
+    that puts a wake-up after its task's switches on another CPU if the last switched it out,
+    before them if it switched it in, each CPU's events kept in their order."""
+    cpu = sub["cpu"].to_numpy()
     switch = event_mask(sub, "sched_switch")
     wake = event_mask(sub, *WAKE_EVENTS)
     pid = sub["pid"].to_numpy().astype(np.int64)
@@ -129,7 +128,7 @@ def _group_order(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray,
     key = g | (pid & 0xFFFFFFFF)
     # each task's switches in its group (out: prev_pid, in: pid), in merge order; its last one,
     # and whether they all happened on one CPU
-    pos = np.arange(len(rows))
+    pos = np.arange(len(sub))
     sw_out, sw_in = switch & (prev > 0), switch & (pid > 0)
     s_key = np.concatenate(((g | (prev & 0xFFFFFFFF))[sw_out], key[sw_in]))
     s_pos = np.concatenate((pos[sw_out], pos[sw_in]))
@@ -138,18 +137,16 @@ def _group_order(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray,
     s_cpu = np.concatenate((cpu[sw_out], cpu[sw_in]))
     by = np.lexsort((s_pos, s_key))
     s_key, s_out, s_cpu = s_key[by], s_out[by], s_cpu[by]
-    last = np.ones(len(s_key), bool)
-    last[:-1] = s_key[1:] != s_key[:-1]
-    first = np.ones(len(s_key), bool)
-    first[1:] = s_key[1:] != s_key[:-1]
-    lo = np.minimum.reduceat(s_cpu, np.flatnonzero(first)) if len(s_key) else s_cpu
-    hi = np.maximum.reduceat(s_cpu, np.flatnonzero(first)) if len(s_key) else s_cpu
-    tasks, ended_out = s_key[last], s_out[last]
-    one_cpu = lo == hi
     # a wake-up, on another CPU, of a task whose switches in the group were on one CPU: after
     # them if the last switched it out, before them if it switched it in
-    rank = np.full(len(rows), _WITH, np.int64)
-    if len(tasks):      # else no switch in any group: no wake-up to place
+    rank = np.full(len(sub), _WITH, np.int64)
+    if len(s_key):      # else no switch in any group: no wake-up to place
+        first = np.r_[True, s_key[1:] != s_key[:-1]]
+        last = np.r_[s_key[1:] != s_key[:-1], True]
+        starts = np.flatnonzero(first)
+        lo = np.minimum.reduceat(s_cpu, starts)
+        one_cpu = lo == np.maximum.reduceat(s_cpu, starts)
+        tasks, ended_out = s_key[last], s_out[last]
         at = np.searchsorted(tasks, key)
         at[at >= len(tasks)] = 0
         found = wake & (tasks[at] == key) & one_cpu[at] & (lo[at] != cpu)
@@ -157,13 +154,13 @@ def _group_order(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray,
         rank[found & ~ended_out[at]] = _BEFORE
     # each CPU's own order kept: a rank never falls along a CPU's events within the group
     # (perf's merge need not keep a CPU's equal timestamps together: grouped here by CPU)
-    by_cpu = np.lexsort((np.arange(len(rows)), cpu, gid))
+    by_cpu = np.lexsort((pos, cpu, gid))
     g_s, c_s = gid[by_cpu], cpu[by_cpu]
-    seg = np.ones(len(rows), bool)
+    seg = np.ones(len(sub), bool)
     seg[1:] = (g_s[1:] != g_s[:-1]) | (c_s[1:] != c_s[:-1])
     base = (np.cumsum(seg) - 1) * 4
     rank[by_cpu] = np.maximum.accumulate(base + rank[by_cpu]) - base
-    return np.lexsort((np.arange(len(rows)), rank, gid))
+    return np.lexsort((pos, rank, gid))
 
 
 #: a group of this many events or more is settled event by event (:func:`_settle`); smaller ones
@@ -171,12 +168,11 @@ def _group_order(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray,
 SETTLE_MIN_EVENTS = 3
 
 
-def _settle(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray, cpu: np.ndarray,
-            order: np.ndarray) -> np.ndarray:
-    """``order`` (the ranks' order of ``rows``), with each group of SETTLE_MIN_EVENTS events or
-    more merged again from its CPUs' own sequences, event by event: the next event is the first,
-    in the ranks' order, of the CPUs' next ones that the group's own events so far do not
-    contradict (a switch-out of a task not running on that CPU, a switch-in of one asleep or
+def _settle(sub: pd.DataFrame, gid: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``order`` (the ranks' order of ``sub``'s rows), with each group of SETTLE_MIN_EVENTS
+    events or more merged again from its CPUs' own sequences, event by event: the next event is
+    the first, in the ranks' order, of the CPUs' next ones that the group's own events so far do
+    not contradict (a switch-out of a task not running on that CPU, a switch-in of one asleep or
     running, a wake-up of one awake, a migration of one running), or the ranks' first if each
     is contradicted. What a task did before the group is not known here, only what the group
     shows. Where a vCPU's clock stood still through many switches while another CPU woke their
@@ -186,7 +182,6 @@ def _settle(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray, cpu: np.nda
     big = np.flatnonzero(ends - starts >= SETTLE_MIN_EVENTS)
     if not len(big):
         return order
-    sub = events.iloc[rows]
     switch = event_mask(sub, "sched_switch")
     woken = event_mask(sub, "sched_wakeup", "sched_wakeup_new")
     waking = event_mask(sub, "sched_waking")
@@ -194,7 +189,7 @@ def _settle(events: pd.DataFrame, rows: np.ndarray, gid: np.ndarray, cpu: np.nda
     pid = sub["pid"].to_numpy().tolist()
     prev = sub["prev_pid"].to_numpy().tolist()
     asleep = (sub["prev_state"].to_numpy() != 0).tolist()
-    cpus = cpu.tolist()
+    cpus = sub["cpu"].to_numpy().tolist()
     order = order.copy()
     for a, b in zip(starts[big].tolist(), ends[big].tolist()):
         ranked = order[a:b].tolist()
