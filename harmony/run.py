@@ -29,8 +29,9 @@ import time
 from pathlib import Path
 
 from harmony import store
-from harmony.core.errors import ControllerError, Interrupted, RunError, TraceCorrupt  # noqa: F401  (Interrupted: raised here)
+from harmony.core.errors import ControllerError, RunError, TraceCorrupt
 from harmony.core.memory import stop_prefault
+from harmony.core.stops import raise_stop
 from harmony.core.timing import Laps
 from harmony.core.wording import plural
 from harmony.hygiene import HostLock, reclaim_stale
@@ -217,10 +218,6 @@ class Captured:
     tables: dict
 
 
-def _raise_interrupted(signum, frame):
-    raise Interrupted(f"stopped by {signal.Signals(signum).name}", signum)
-
-
 def _progress(label: str, seconds: float, stop: threading.Event, stream=sys.stderr,
               start: float | None = None) -> None:
     """Sleep until ``seconds`` after ``start`` (time.monotonic(); default now) showing progress on
@@ -278,7 +275,7 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
                    probe_name, seed, crosscheck, pause, resume,
                    tables if tables is not None else ParquetTables(), scx)
     run.open(facts or {}, lock_held)
-    old_handlers = {s: signal.signal(s, _raise_interrupted)
+    old_handlers = {s: signal.signal(s, raise_stop)
                     for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         run.start()

@@ -228,7 +228,7 @@ def test_a_signal_while_the_command_tears_down_is_no_traceback(host, sig):
 
 SIGNAL_IN_A_FINALIZER = textwrap.dedent("""
     import os, signal, sys, time, weakref
-    from harmony.cli import signals_are_never_swallowed
+    from harmony.core.stops import never_swallowed
     from harmony.core.errors import Interrupted
 
     def stopped(signum, frame):
@@ -237,7 +237,7 @@ SIGNAL_IN_A_FINALIZER = textwrap.dedent("""
     signal.signal(signal.SIGTERM, stopped)
     sig = getattr(signal, sys.argv[1])
     if sys.argv[2] == "hook":
-        signals_are_never_swallowed()
+        never_swallowed()
 
     class Figure:
         pass

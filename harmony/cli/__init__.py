@@ -21,9 +21,17 @@ loaded into the process that forks the workers. Modules of the standard library,
 Harmony's light leaves (harmony.core) are imported at the top.
 """
 
+# ruff: noqa: E402 (a hook is set between the imports, see below)
+
 from __future__ import annotations
 
 import sys
+
+from harmony.core import stops
+
+# a Ctrl-C from here on waits for the command's imports to end (0.1 s and more of every start),
+# and is never ignored (harmony.core.stops)
+stops.guard_imports()
 
 import click
 
@@ -79,36 +87,6 @@ def signals_do_not_interrupt_the_teardown() -> None:
         signal.signal(sig, later)
 
 
-def signals_are_never_swallowed() -> None:
-    """Ctrl-C's KeyboardInterrupt or SIGTERM's Interrupted raised while Python runs a finalizer
-    (a weakref callback, a ``__del__``: matplotlib's run as a figure is drawn) cannot leave it:
-    Python prints "Exception ignored in ..." with a traceback and goes on, and the command would
-    run on as if it had never been stopped. Such a signal is sent again (``sys.unraisablehook``)
-    10 ms later, from a thread, to be raised where the command is by then: not in the hook, where
-    it would be ignored again."""
-    import os
-    import signal
-    import threading
-
-    previous = sys.unraisablehook
-
-    def again(signum: int) -> None:
-        timer = threading.Timer(0.01, os.kill, (os.getpid(), signum))
-        timer.daemon = True
-        timer.start()
-
-    def hook(unraisable):
-        exc = unraisable.exc_value
-        if isinstance(exc, KeyboardInterrupt):
-            again(signal.SIGINT)
-        elif isinstance(exc, Interrupted):
-            again(exc.signal)
-        else:
-            previous(unraisable)
-
-    sys.unraisablehook = hook
-
-
 def help_of(ctx) -> str:
     """``harmony CMD --help`` for the command whose usage error ``ctx`` is, however harmony was
     started (``python -m harmony.cli`` too)."""
@@ -138,16 +116,15 @@ def entry() -> None:
     output is flushed."""
     import atexit
     import os
-    import signal
     import threading
 
-    def stopped(signum, frame):     # anywhere a command has not put a handler of its own
-        raise Interrupted(f"stopped by {signal.Signals(signum).name}", signum)
-
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, stopped)
-    signals_are_never_swallowed()
     try:
+        stops.handle_stops()   # anywhere a command has not put a handler of its own
+        if stops.release_leaked_import_lock():
+            # left held by a Ctrl-C that Python's own handler raised in a finalizer of importlib's
+            # before the command's were set (Python printed it, "Exception ignored"): the only
+            # exception a signal raised there, and other threads' imports would wait for ever
+            raise KeyboardInterrupt
         code = main(standalone_mode=False)      # click's own errors are shown below
         code = code if isinstance(code, int) else 0
     except SystemExit as exc:
@@ -161,6 +138,7 @@ def entry() -> None:
     except (click.exceptions.Abort, KeyboardInterrupt, Interrupted) as exc:
         # Ctrl-C or SIGTERM where no command caught it (starting up, reading the host...)
         stop = exc if isinstance(exc, Interrupted) else KeyboardInterrupt()
+        stops.release_leaked_import_lock()  # the teardown's threads may import
         error_line("interrupted" if isinstance(stop, KeyboardInterrupt) else str(stop))
         code = exit_status(stop)
     if code is None:

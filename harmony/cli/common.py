@@ -29,7 +29,8 @@ from pathlib import Path
 import click
 
 from harmony.core import osutil
-from harmony.core.errors import HarmonyError, IncompleteRun, Interrupted, ParameterError
+from harmony.core.errors import (HarmonyError, IncompleteRun, Interrupted, ParameterError,
+                                  stop_behind)
 from harmony.core.wording import plural  # the commands import it from here
 
 #: the exit statuses of every command (harmony --help prints this; docs/cli.md explains it)
@@ -163,21 +164,33 @@ def exit_on_error(marked=None, also: tuple = ()):
     ``UsageError``: the line names the command's --help (``harmony.cli.entry``), status 2.
     ``marked`` (a string, or a function giving one) says what an interrupted command leaves
     behind ("<dir> is marked incomplete"). An incomplete run is followed by what can still be
-    done with it."""
+    done with it. A stop that a library turned into an error of its own (a Ctrl-C in an
+    extension's initialisation comes out as its ImportError), or that an error of the cleanup
+    after it followed, is the stop."""
     try:
         yield
     except (KeyboardInterrupt, HarmonyError, *also) as exc:
-        if isinstance(exc, ParameterError):     # bad input: a usage error, as click's own are
-            raise click.UsageError(error_message(exc),
-                                   ctx=click.get_current_context(silent=True)) from None
-        msg = error_message(exc)
-        if marked and isinstance(exc, (KeyboardInterrupt, Interrupted)):
-            said = marked() if callable(marked) else marked
-            msg = f"{msg}; {said}" if said else msg
-        error_line(msg)
-        if isinstance(exc, IncompleteRun):
-            echo(f"harmony: {what_can_be_done(exc)}", err=True)
-        sys.exit(exit_status(exc))
+        _exit_on(exc, marked)
+    except Exception as exc:
+        stop = stop_behind(exc)
+        if stop is None or isinstance(exc, click.ClickException):
+            raise
+        _exit_on(stop, marked)
+
+
+def _exit_on(exc: BaseException, marked) -> None:
+    """:func:`exit_on_error`'s line and status for ``exc``."""
+    if isinstance(exc, ParameterError):     # bad input: a usage error, as click's own are
+        raise click.UsageError(error_message(exc),
+                               ctx=click.get_current_context(silent=True)) from None
+    msg = error_message(exc)
+    if marked and isinstance(exc, (KeyboardInterrupt, Interrupted)):
+        said = marked() if callable(marked) else marked
+        msg = f"{msg}; {said}" if said else msg
+    error_line(msg)
+    if isinstance(exc, IncompleteRun):
+        echo(f"harmony: {what_can_be_done(exc)}", err=True)
+    sys.exit(exit_status(exc))
 
 
 def left_behind(out: Path) -> str:

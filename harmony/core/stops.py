@@ -1,0 +1,165 @@
+"""How a stopping signal (Ctrl-C, SIGTERM, SIGHUP) becomes an exception in the ``harmony``
+command: ``KeyboardInterrupt`` for SIGINT, :class:`~harmony.core.errors.Interrupted` for the
+others, raised where the main thread is, but never inside an import.
+
+Python runs a signal's handler in the main thread between two bytecodes, right after a C call
+returns too. Raised between importlib's ``_imp.acquire_lock()`` and the ``try`` that releases it
+(``_get_module_lock``, and its weakref callback ``cb``, run as a finalizer wherever a module's
+lock dies), the exception leaves the global import lock held by the main thread: every other
+thread's next import then waits for ever. A CI run stopped by Ctrl-C 0.3 s after its start took
+its capture, then hung in its analysis, its side thread waiting on that lock in
+``_get_module_lock("harmony.analysis.plots")`` (2026-12-06). Raised in a module's own code, a
+stop can be turned into another error: a Ctrl-C in numpy's code, run as matplotlib's
+extension ``_backend_agg`` initialised, came out as "ImportError: initialization failed" and a
+traceback. So:
+
+- :func:`raise_stop`, the handler, raises nothing while the main thread is inside an import
+  (importlib's frames on its stack): it sends the signal again, to the main thread,
+  :data:`RETRY_S` later, until the import is over, and is raised there. A stop waits for the
+  import under way, never longer (seaborn's, the longest, pandas with it: 1.0 s on a busy
+  two-CPU host).
+- :func:`guard_imports` puts it in place of Python's own SIGINT handler as the command's first
+  modules are imported (its start-up's imports, 0.1 s and more, end before the stop is raised,
+  in the command, which says "interrupted"), and :func:`handle_stops` for every stop once the
+  command runs.
+- :func:`release_leaked_import_lock` gives back what a stop raised by Python's own handler, as
+  the process started, left held.
+- :func:`never_swallowed`: a stop raised in a finalizer (a weakref callback, a ``__del__``) is
+  ignored by Python, which prints "Exception ignored in ..." and goes on; it is sent again.
+
+Standard library and Harmony's leaves only (:mod:`harmony.core.errors`,
+:mod:`harmony.core.osutil`): the command sets :func:`guard_imports` before it imports anything
+else.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+
+from harmony.core.errors import Interrupted
+from harmony.core.osutil import STOP_SIGNALS
+
+#: how long a stop that came inside an import waits before it is sent again
+RETRY_S = 0.01
+
+#: importlib's bootstrap modules by the names their code runs under: ``_frozen_importlib`` until
+#: the ``importlib`` package is imported (Python's start-up), then ``importlib._bootstrap``
+IMPORT_MACHINERY = frozenset({"_frozen_importlib", "_frozen_importlib_external",
+                              "importlib._bootstrap", "importlib._bootstrap_external"})
+
+
+def stop_exception(signum: int) -> BaseException:
+    """What the stopping signal ``signum`` raises."""
+    if signum == signal.SIGINT:
+        return KeyboardInterrupt()
+    return Interrupted(f"stopped by {signal.Signals(signum).name}", signum)
+
+
+def in_import_machinery(frame) -> bool:
+    """Whether ``frame`` is importlib's own code, where a raised exception can leave the import
+    lock or a module's lock held."""
+    return frame is not None and frame.f_globals.get("__name__") in IMPORT_MACHINERY
+
+
+def importing(frame) -> bool:
+    """Whether ``frame`` runs inside an import: importlib's frames on the stack, from it out."""
+    while frame is not None:
+        if in_import_machinery(frame):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def landing(frame):
+    """The frame a stop raised in ``frame`` lands in: ``frame``, or where the first of the
+    handlers running when it came (another signal's, in :func:`raise_stop`) was called, since
+    raised in a handler the exception leaves it there. (A signal every 0.5 ms: stops taken
+    while the handler started its timer thread, raised there, left the import lock held in 27
+    cases in 300.)"""
+    f = frame
+    while f is not None:
+        if f.f_code is raise_stop.__code__:
+            frame = f.f_back
+        f = f.f_back
+    return frame
+
+
+def send_again(signum: int, delay: float = RETRY_S) -> None:
+    """Send ``signum`` to the main thread ``delay`` seconds from now, from a timer thread: its
+    handler then runs where the main thread is by then. To the main thread itself, so that a
+    wait there (a lock, a future) is interrupted as a terminal's Ctrl-C interrupts it."""
+    timer = threading.Timer(delay, signal.pthread_kill, (threading.main_thread().ident, signum))
+    timer.daemon = True
+    timer.start()
+
+
+def raise_stop(signum: int, frame) -> None:
+    """The handler of the stopping signals: raises :func:`stop_exception`, or, inside an import
+    (:func:`importing`), sends the signal again :data:`RETRY_S` later."""
+    if importing(landing(frame)):
+        send_again(signum)
+        return
+    raise stop_exception(signum)
+
+
+def guard_imports() -> None:
+    """:func:`raise_stop` in place of Python's own SIGINT handler, if that one is in place (an
+    ignored SIGINT, a shell's background job's, stays ignored), and :func:`never_swallowed`.
+    SIGTERM and SIGHUP keep their default meanwhile: the process ends, nothing has started.
+    Imported by a program (tests, a notebook), the handler behaves as Python's, but for the
+    imports it waits for."""
+    never_swallowed()
+    if threading.current_thread() is threading.main_thread() \
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, raise_stop)
+
+
+def handle_stops(signals=STOP_SIGNALS) -> None:
+    """:func:`raise_stop` for each of ``signals`` this process does not ignore."""
+    for sig in signals:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, raise_stop)
+
+
+def release_leaked_import_lock() -> int:
+    """Release the import lock the calling thread holds where nothing of importlib runs on its
+    stack, which only an exception raised between its acquisition and its ``try`` leaves so;
+    returns how many times it was held (0: it was not). Where importlib's frames are on the
+    stack they may hold it rightly: nothing is released."""
+    import _imp
+
+    if importing(sys._getframe(1)):
+        return 0
+    held = 0
+    while True:
+        try:
+            _imp.release_lock()
+        except RuntimeError:        # not held by this thread (any more)
+            return held
+        held += 1
+
+
+def never_swallowed() -> None:
+    """A ``KeyboardInterrupt`` or :class:`Interrupted` raised while Python runs a finalizer (a
+    weakref callback, a ``__del__``: matplotlib's run as a figure is drawn) cannot leave it:
+    Python prints "Exception ignored in ..." with a traceback and goes on, and the command
+    would run on as if never stopped. Such a stop is sent again (``sys.unraisablehook``)
+    :data:`RETRY_S` later, to be raised where the command is by then: not in the hook, where
+    it would be ignored again."""
+    previous = sys.unraisablehook
+    if getattr(previous, "sends_stops_again", False):
+        return
+
+    def hook(unraisable):
+        exc = unraisable.exc_value
+        if isinstance(exc, KeyboardInterrupt):
+            send_again(signal.SIGINT)
+        elif isinstance(exc, Interrupted):
+            send_again(exc.signal)
+        else:
+            previous(unraisable)
+
+    hook.sends_stops_again = True
+    sys.unraisablehook = hook
