@@ -165,6 +165,38 @@ def test_a_clock_that_stood_still_through_a_ping_pong_is_settled_event_by_event(
         (3, "sched_switch"), (0, "sched_waking"), (0, "sched_wakeup"), (3, "sched_switch")]
 
 
+def test_a_group_is_settled_from_the_state_its_tasks_were_in_before_it(monkeypatch):
+    """The guest's third case: P and Q asleep before the group (switched out to sleep on CPU
+    4); at one timestamp CPU 4 switches Q in then P, while CPU 7 wakes them (merged: CPU 4's
+    events first). Within the group, nothing says they were asleep: the switch-ins seemed
+    possible first, and stayed first. Known from the events before the group, they wait for
+    their wake-ups; a state the last group settled carries into the next."""
+    s = Stream({P: "p", Q: "q", OTHER: "other"})
+    s.switch(1_000, 4, prev=0, state=S_RUN, next=P)
+    s.switch(2_000, 4, prev=P, state=S_SLEEP, next=Q)
+    s.switch(3_000, 4, prev=Q, state=S_SLEEP, next=0)
+    for t in (5_000, 9_000):
+        s.switch(t, 4, prev=0, state=S_RUN, next=Q)
+        s.switch(t, 4, prev=Q, state=S_SLEEP, next=P)
+        s.switch(t, 4, prev=P, state=S_SLEEP, next=0)
+        for pid in (Q, P):
+            s.waking(t, 7, pid=pid, target=4, common_pid=OTHER)
+            s.wakeup(t, 7, pid=pid, target=4, common_pid=OTHER)
+    events = s.events()
+    assert "switch_in_not_runnable" in anomalies(events, P, Q)
+    from harmony.analysis import ties
+    monkeypatch.setattr(ties._History, "before", lambda self, p, row: None)  # the group alone
+    assert "switch_in_not_runnable" in anomalies(order_ties(events.copy())[0], P, Q)
+    monkeypatch.undo()
+    ordered, facts = order_ties(events.copy())
+    assert anomalies(ordered, P, Q) == []
+    assert per_cpu(ordered) == per_cpu(events) and facts["reordered"] == 2
+    assert [(c, e[6:], p) for c, e, p in zip(ordered["cpu"], ordered["event"],
+                                             ordered["pid"])][3:10] == [
+        (7, "waking", Q), (7, "wakeup", Q), (4, "switch", Q), (7, "waking", P),
+        (7, "wakeup", P), (4, "switch", P), (4, "switch", 0)]
+
+
 def test_groups_without_a_switch_are_left_as_they_are():
     """Ties of wake-ups and migrations alone (a real run's: no switch among them) place
     nothing; the groups are counted, none moved."""
