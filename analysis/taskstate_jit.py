@@ -115,9 +115,9 @@ def arrange(order, rows, task, rec_in, pidset, seq, pid, rec, k_lo, k_hi):
 def _gather_group(seq, rec, ev_cpu, ev_orig, ev_target, ev_prev_state, cpu, orig, dest, first,
                   g0, g1):
     """The first pass over one task's records [g0, g1): their columns from the events, each
-    switch-out's runnable or sleep, and first[k] = "the switch-out after the task's exit" (until
-    the second pass); (the first record that sets runnable, the first that sets running; -1:
-    none)."""
+    switch-out's runnable or sleep, and first[k] = "a runnable switch-out after the task's exit
+    that no switch-in of it follows: its last" (until the second pass); (the first record that
+    sets runnable, the first that sets running; -1: none)."""
     f_runnable = -1
     f_running = -1
     exit_pending = False
@@ -131,9 +131,9 @@ def _gather_group(seq, rec, ev_cpu, ev_orig, ev_target, ev_prev_state, cpu, orig
         if rc == SWITCH_OUT_RUNNABLE:
             if ev_prev_state[e] != 0:
                 rc = SWITCH_OUT_SLEEP
-            # the first switch-out after the task's exit is its last: not runnable after it
-            dead = exit_pending
-            exit_pending = False
+                exit_pending = False    # dead (or asleep): what follows is not this exit's
+            else:
+                dead = exit_pending     # preempted as it exits, unless no switch-in follows
         elif rc == EXIT:
             exit_pending = True
         elif rc == MIGRATE:
@@ -141,6 +141,8 @@ def _gather_group(seq, rec, ev_cpu, ev_orig, ev_target, ev_prev_state, cpu, orig
             dest[k] = ev_target[e]
         elif rc == WAKEUP or rc == WAKEUP_NEW:
             dest[k] = ev_target[e]
+            if rc == WAKEUP_NEW:
+                exit_pending = False    # a new task of this pid
         rec[k] = rc
         # runnable set by: wakeup, wakeup_new, switch-in, runnable switch-out (1), sleep or
         # dead switch-out (0); running set by: switch-in (1), switch-outs, wakeup_new, migrate (0)
@@ -152,6 +154,18 @@ def _gather_group(seq, rec, ev_cpu, ev_orig, ev_target, ev_prev_state, cpu, orig
         if f_running < 0 and sets_running:
             f_running = k
         first[k] = dead   # first pass: holds "dead switch-out" until the second pass
+    # a runnable switch-out after the exit is the last (the dead task's, as a kernel that
+    # reports no dead state writes it) only where no switch-in of the task follows before a
+    # new task of its pid (wakeup_new); else it was preempted while it exited
+    switched_in_later = False
+    for k in range(g1 - 1, g0 - 1, -1):
+        rc = rec[k]
+        if first[k] and switched_in_later:
+            first[k] = False
+        if rc == SWITCH_IN:
+            switched_in_later = True
+        elif rc == WAKEUP_NEW:
+            switched_in_later = False
     return f_runnable, f_running
 
 
@@ -183,7 +197,7 @@ def _state_before(rec, cpu, orig, g0, f_runnable, f_running):
 def _anomaly(rc, dead, runnable, running, where, on_cpu, to_cpu, from_cpu):
     """The anomaly code of record ``rc`` (0: none) in the state before it (``runnable``,
     ``running``, on CPU ``where``); ``on_cpu``, ``to_cpu``, ``from_cpu``: the record's cpu,
-    dest_cpu and orig_cpu; ``dead``: a switch-out after the task's exit. The last rule that
+    dest_cpu and orig_cpu; ``dead``: its last switch-out, after its exit. The last rule that
     holds wins."""
     is_out = rc == SWITCH_OUT_RUNNABLE or rc == SWITCH_OUT_SLEEP
     a = 0

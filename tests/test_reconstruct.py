@@ -399,6 +399,39 @@ def test_runs_lost_switch_between_two_experiment_tasks():
 
 # ------------------------------------------------------------------ exits
 
+def test_a_task_preempted_as_it_exits_is_queued_until_its_dead_switch_out():
+    """The kernel's exit work runs on after sched_process_exit: a task can be preempted there
+    (switched out runnable) and switched in again before its dead switch-out. Read as its last
+    switch-out, it made two repairs (a guest's trace: 9 of its 10) and an empty run queue."""
+    tasks = tasks_for([1, 0], [0, 1], 31)
+    s = Stream()
+    s.wakeup(10, 0, pid=31, target=1)
+    s.switch(20, 1, prev=0, state=S_RUN, next=31)
+    s.exit(30, 1, pid=31)
+    s.switch(31, 1, prev=31, state=S_RUN, next=0)   # preempted as it exits
+    s.switch(40, 1, prev=0, state=S_RUN, next=31)
+    s.switch(50, 1, prev=31, state=S_DEAD, next=0)
+    ev = s.events()
+    rq = rc.df_runqueue(ev, tasks, [0, 1], 0, 100)
+    assert rows(rq, ["ts", "cpu", "nr"]) == [(0, 0, 0), (0, 1, 0), (10, 1, 1), (50, 1, 0)]
+    assert rq.attrs["anomalies"] == 0
+    assert rows(rc.df_runs(ev, tasks, 0, 100), ["pid", "start", "end", "end_state"]) \
+        == [(31, 20, 31, S_RUN), (31, 40, 50, S_DEAD)]
+    # switched out runnable for the last time (a kernel that writes no dead state), then a new
+    # task of that pid (wakeup_new) switched in: the first one's switch-out was its last
+    s = Stream()
+    s.wakeup(10, 0, pid=31, target=1)
+    s.switch(20, 1, prev=0, state=S_RUN, next=31)
+    s.exit(30, 1, pid=31)
+    s.switch(31, 1, prev=31, state=S_RUN, next=0)
+    s.wakeup_new(60, 0, pid=31, target=0)
+    s.switch(70, 0, prev=0, state=S_RUN, next=31)
+    rq = rc.df_runqueue(s.events(), tasks, [0, 1], 0, 100)
+    assert rows(rq, ["ts", "cpu", "nr"]) == [(0, 0, 0), (0, 1, 0), (10, 1, 1), (31, 1, 0),
+                                             (60, 0, 1)]
+    assert rq.attrs["anomaly_kinds"] == {"runnable_after_exit": 1}
+
+
 def test_exit_ends_the_task_even_if_switched_out_runnable():
     tasks = tasks_for([1, 0], [0, 1], 31)
     s = Stream()
