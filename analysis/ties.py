@@ -32,9 +32,9 @@ vCPU's clock stood still through a ping-pong of switches while another CPU woke 
 rank can interleave the two. On the guest's trace: 192 repairs in the merged order, 119 by the
 ranks, 24 settled from what the group alone shows, 18 from the states before it (9 of them
 tasks preempted as they exited, no tie, since read as such: none left); on a second recording
-127, 47 and 10 (all 10 exits). Nothing else moves. A trace
-without such groups is returned untouched; this host's recordings of ~10 M events hold
-32-8,861 pairs of tied events, in groups of two, and 0-2 to move, in 0.02 s.
+127, 47 and 10 (all 10 exits). Nothing else moves. A trace without such groups is returned
+untouched; this host's recordings of ~10 M events hold 32-8,861 pairs of tied events, in groups
+of two, and 0-2 to move, in 0.02 s.
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ def test_a_stop_never_leaves_the_import_lock_held():
     assert (raised, leaks) == (300, 0)
 
 
-def test_a_stop_in_importlib_is_raised_once_out_of_it():
+def test_a_stop_in_importlib_is_raised_once_out_of_it(monkeypatch):
     """The handler called with importlib's frame raises nothing, and sends the signal again to
     the main thread, to be raised where that thread is next; with any other frame it raises
     what the signal means."""
@@ -106,6 +106,26 @@ def test_a_stop_in_importlib_is_raised_once_out_of_it():
     finally:
         signal.signal(signal.SIGUSR1, old)
     assert got == [signal.SIGUSR1]
+    # an import that has not ended MAX_WAIT_S after the stop came is stuck: stopped there
+    now = time.monotonic()
+    monkeypatch.setattr(stops, "_waiting", (now - stops.MAX_WAIT_S, now - stops.RETRY_S))
+    with pytest.raises(KeyboardInterrupt):
+        stops.raise_stop(signal.SIGINT, frame)
+    assert stops._waiting is None
+    # a chain that ended elsewhere long ago: the next stop waits afresh
+    monkeypatch.setattr(stops, "_waiting", (now - 60, now - 50))
+    got.clear()
+    old = signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+    try:
+        stops.raise_stop(signal.SIGUSR1, frame)         # deferred, not raised
+        assert stops._waiting[0] > now
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert got == [signal.SIGUSR1]
+    monkeypatch.setattr(stops, "_waiting", None)
     with pytest.raises(KeyboardInterrupt):
         stops.raise_stop(signal.SIGINT, sys._getframe())
     with pytest.raises(Interrupted, match="stopped by SIGTERM"):

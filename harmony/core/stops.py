@@ -17,7 +17,8 @@ traceback. So:
   (importlib's frames on its stack): it sends the signal again, to the main thread,
   :data:`RETRY_S` later, until the import is over, and is raised there. A stop waits for the
   import under way, never longer (seaborn's, the longest, pandas with it: 1.0 s on a busy
-  two-CPU host).
+  two-CPU host), and at most :data:`MAX_WAIT_S`: an import that takes longer is stuck, and is
+  stopped as Python would have.
 - :func:`guard_imports` puts it in place of Python's own SIGINT handler as the command's first
   modules are imported (its start-up's imports, 0.1 s and more, end before the stop is raised,
   in the command, which says "interrupted"), and :func:`handle_stops` for every stop once the
@@ -37,12 +38,21 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 
 from harmony.core.errors import Interrupted
 from harmony.core.osutil import STOP_SIGNALS
 
 #: how long a stop that came inside an import waits before it is sent again
 RETRY_S = 0.01
+
+#: the longest a stop waits for an import to end (the longest one here: 1.0 s, busy)
+MAX_WAIT_S = 5.0
+
+#: (when the stop waiting for an import to end came, when it was last sent again:
+#: time.monotonic()), or None. A chain not sent again for a second ended elsewhere (its signal
+#: taken by another handler): the next stop waits afresh
+_waiting: tuple[float, float] | None = None
 
 #: importlib's bootstrap modules by the names their code runs under: ``_frozen_importlib`` until
 #: the ``importlib`` package is imported (Python's start-up), then ``importlib._bootstrap``
@@ -97,10 +107,18 @@ def send_again(signum: int, delay: float = RETRY_S) -> None:
 
 def raise_stop(signum: int, frame) -> None:
     """The handler of the stopping signals: raises :func:`stop_exception`, or, inside an import
-    (:func:`importing`), sends the signal again :data:`RETRY_S` later."""
+    (:func:`importing`), sends the signal again :data:`RETRY_S` later, for up to
+    :data:`MAX_WAIT_S`."""
+    global _waiting
     if importing(landing(frame)):
-        send_again(signum)
-        return
+        now = time.monotonic()
+        if _waiting is None or now - _waiting[1] > 1.0:
+            _waiting = (now, now)
+        if now - _waiting[0] < MAX_WAIT_S:
+            _waiting = (_waiting[0], now)
+            send_again(signum)
+            return
+    _waiting = None
     raise stop_exception(signum)
 
 
