@@ -268,8 +268,10 @@ def test_kernel_wake_ups_derived_from_a_real_run_match_the_recorded_ones(kernel,
                             bool(check["placed"].any()), f"{len(check)} wake-ups, none placed")
     # each derived wake-up against its task's first recorded one after its sched_waking: one
     # may be missing where the probe is blind (on an idle CPU being woken, here) or at the end
+    # no recorded wake-up stands for two derived ones: per task, since two tasks' can carry one
+    # timestamp (CI, 2026-12-06: 13625's on CPU 1 and 13626's on CPU 0 both at ...933928 ns)
     found = check.dropna(subset=["rec_ts"])
-    assert len(found) and found["rec_ts"].is_unique, check
+    assert len(found) and not found.duplicated(["pid", "rec_ts"]).any(), check
     # each derived wake-up without a recorded one is explained: its task ran after its
     # sched_waking with no sched_wakeup of it between (fired where the probe is blind: CPU 1's
     # idle context here, the wake list's IPI), or the trace ended before it ran
