@@ -207,23 +207,20 @@ class _History:
         lo, hi = np.searchsorted(self.keys, p), np.searchsorted(self.keys, p, side="right")
         return lo + int(np.searchsorted(self.at[lo:hi], row)) - 1, int(lo)
 
-    def last_row(self, p: int, row: int) -> int:
-        """The row of task ``p``'s last switch or wake-up before ``row``, -1 if none."""
-        k, lo = self._last(p, row)
-        return int(self.at[k]) if k >= lo else -1
-
-    def before(self, p: int, row: int):
-        """Task ``p``'s state before the event at ``row`` (as :func:`_settle` writes it), or
-        None: no switch or wake-up of it before."""
+    def before(self, p: int, row: int) -> tuple[int, object]:
+        """(the row of task ``p``'s last switch or wake-up before the event at ``row``, its
+        state after it as :func:`_settle` writes it), or (-1, None): none before."""
         k, lo = self._last(p, row)
         if k < lo:
-            return None
+            return -1, None
+        at = int(self.at[k])
         if self.kind[k] != self.WOKEN:
-            return ("asleep", "queued", ("run", int(self.cpu[k])))[self.kind[k]]
+            return at, ("asleep", "queued", ("run", int(self.cpu[k])))[self.kind[k]]
         while k >= lo and self.kind[k] == self.WOKEN:
             k -= 1
         # woken after it went to sleep (or was preempted): queued; while it ran: running still
-        return ("run", int(self.cpu[k])) if k >= lo and self.kind[k] == self.IN else "queued"
+        ran = k >= lo and self.kind[k] == self.IN
+        return at, ("run", int(self.cpu[k])) if ran else "queued"
 
 
 def _settle(sub: pd.DataFrame, gid: np.ndarray, order: np.ndarray,
@@ -270,9 +267,9 @@ def _settle(sub: pd.DataFrame, gid: np.ndarray, order: np.ndarray,
         for p in {*(pid[i] for i in ranked), *(prev[i] for i in ranked)}:
             if p <= 0:
                 continue
-            known = history.before(p, first)
+            last_at, known = history.before(p, first)
             end = settled.get(p)
-            if end is not None and history.last_row(p, first) <= end[0]:
+            if end is not None and last_at <= end[0]:
                 known = end[1]          # its last event was in a group settled here
             if known is not None:
                 state[p] = known

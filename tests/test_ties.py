@@ -185,7 +185,7 @@ def test_a_group_is_settled_from_the_state_its_tasks_were_in_before_it(monkeypat
     events = s.events()
     assert "switch_in_not_runnable" in anomalies(events, P, Q)
     from harmony.analysis import ties
-    monkeypatch.setattr(ties._History, "before", lambda self, p, row: None)  # the group alone
+    monkeypatch.setattr(ties._History, "before", lambda self, p, row: (-1, None))  # the group alone
     assert "switch_in_not_runnable" in anomalies(order_ties(events.copy())[0], P, Q)
     monkeypatch.undo()
     ordered, facts = order_ties(events.copy())
