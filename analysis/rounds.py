@@ -178,13 +178,16 @@ def df_target_load(runqueue: pd.DataFrame, events: pd.DataFrame, tasks: pd.DataF
                    target: int, t0: int, t_end: int | None = None) -> pd.DataFrame:
     """The target's run queue, and how much of it is tasks that are already exiting.
 
-    Needs: the run-queue table and the events sched_process_exit and sched_switch. A task that
-    exits fires sched_process_exit while still running; the kernel dequeues it, may pull a task
-    onto the now idle CPU (newidle balance, which traces sched_migrate_task) and only then traces
-    the switch away from the dead task. The rebuilt queue therefore counts an exiting task until
-    its last switch, and may never show 0 even though the CPU went idle. ``dying`` counts the
-    experiment tasks on ``target`` between their sched_process_exit and their next switch-out;
-    ``effective = nr - dying`` is the load the balancer saw.
+    Needs: the run-queue table and the events sched_process_exit, sched_switch,
+    sched_migrate_task and sched_wakeup_new. A task that exits fires sched_process_exit while
+    still running; the kernel dequeues it, may pull a task onto the now idle CPU (newidle
+    balance, which traces sched_migrate_task) and only then traces the switch away from the dead
+    task. Its exit work can also be preempted: switched out runnable, it is switched in again
+    before its dead switch-out. The rebuilt queue therefore counts an exiting task until its last
+    switch-out, and may never show 0 even though the CPU went idle. ``dying`` counts the
+    experiment tasks on ``target`` from their sched_process_exit to the switch-out after which
+    they are not switched in again (before a new task of their pid, sched_wakeup_new), or to
+    their move off ``target`` if they are; ``effective = nr - dying`` is the load the balancer saw.
 
     Columns: ts (int64 ns), t (float s since t0), nr (int64: rebuilt queue), dying (int64),
     effective (int64). One row per change of either, sorted by ts; each value holds until the
@@ -199,16 +202,15 @@ def df_target_load(runqueue: pd.DataFrame, events: pd.DataFrame, tasks: pd.DataF
     is_exit = event_mask(events, "sched_process_exit") & np.isin(ev_pid, pids) & (ev_cpu == target)
     if t_end is not None:
         is_exit &= ev_ts < t_end
-    is_sw = event_mask(events, "sched_switch") & (ev_cpu == target)
-    sw_ts, sw_prev = ev_ts[is_sw], events["prev_pid"].to_numpy()[is_sw]
     d_ts, d = [], []
-    for ts_exit, pid in zip(ev_ts[is_exit], ev_pid[is_exit]):
-        later = np.flatnonzero((sw_prev == pid) & (sw_ts >= ts_exit))
-        d_ts.append(int(ts_exit))
-        d.append(1)
-        if len(later):  # no switch-out seen: dying until the end of the trace
-            d_ts.append(int(sw_ts[later[0]]))
-            d.append(-1)
+    if is_exit.any():
+        ends = _exit_ends(events, target, ev_ts[is_exit], ev_pid[is_exit])
+        for ts_exit, end in zip(ev_ts[is_exit], ends):
+            d_ts.append(int(ts_exit))
+            d.append(1)
+            if end is not None:  # None: no last switch-out seen, dying until the trace's end
+                d_ts.append(end)
+                d.append(-1)
     times = sorted_unique(np.concatenate([rq["ts"].to_numpy(dtype=np.int64),
                                       np.asarray(d_ts, dtype=np.int64)]))
     nr = (runqueue_at(rq, times)[target].to_numpy() if len(rq)
@@ -225,6 +227,45 @@ def df_target_load(runqueue: pd.DataFrame, events: pd.DataFrame, tasks: pd.DataF
     keep[1:] = ((out["nr"].to_numpy()[1:] != out["nr"].to_numpy()[:-1])
                 | (out["dying"].to_numpy()[1:] != out["dying"].to_numpy()[:-1]))
     return out[keep].reset_index(drop=True)
+
+
+def _exit_ends(events: pd.DataFrame, target: int, exit_ts: np.ndarray,
+               exit_pid: np.ndarray) -> list[int | None]:
+    """For each exit on ``target`` (its sched_process_exit's ts and pid), when the task left the
+    target's queue: its switch-out there not followed by a switch-in of its pid (before the
+    pid's next sched_wakeup_new), or its move off ``target`` after a preempted switch-out;
+    None if the trace holds neither."""
+    pid, prev = events["pid"].to_numpy(), events["prev_pid"].to_numpy()
+    is_sw = event_mask(events, "sched_switch")
+    keep = (np.isin(pid, exit_pid) | (is_sw & np.isin(prev, exit_pid))).nonzero()[0]
+    ts = events["ts"].to_numpy(dtype=np.int64)[keep]
+    cpu, orig = events["cpu"].to_numpy()[keep], events["orig_cpu"].to_numpy()[keep]
+    pid, prev, is_sw = pid[keep], prev[keep], is_sw[keep]
+    is_new = event_mask(events, "sched_wakeup_new")[keep]
+    is_mig = event_mask(events, "sched_migrate_task")[keep]
+    ends: list[int | None] = []
+    for t_exit, p in zip(exit_ts.tolist(), exit_pid.tolist()):
+        new = ts[is_new & (pid == p) & (ts > t_exit)]
+        bound = int(new[0]) if len(new) else np.iinfo(np.int64).max
+        outs = ts[is_sw & (prev == p) & (cpu == target)]
+        ins = ts[is_sw & (pid == p)]
+        moves = ts[is_mig & (pid == p) & (orig == target)]
+        cur, end = t_exit, None
+        while True:
+            o = outs[(outs >= cur) & (outs < bound)]
+            if not len(o):
+                break
+            back = ins[(ins > o[0]) & (ins < bound)]
+            if not len(back):
+                end = int(o[0])
+                break
+            moved = moves[(moves > o[0]) & (moves <= back[0])]
+            if len(moved):
+                end = int(moved[0])
+                break
+            cur = int(back[0])
+        ends.append(end)
+    return ends
 
 
 def cpu_occupancy(events: pd.DataFrame, cpu: int, tasks: pd.DataFrame, ts_a: int,

@@ -236,6 +236,37 @@ def test_a_target_left_idle_shows_the_idle_time_before_the_pull():
     assert st["idle_s"] == pytest.approx(0.025 - 2e-6)  # the dying task ran its last 2 us
 
 
+
+@pytest.mark.parametrize("migrated", [False, True])
+def test_a_task_preempted_as_it_exits_is_exiting_until_it_leaves_the_queue(migrated):
+    """Its exit work preempted (switched out runnable after sched_process_exit, then in again),
+    the task stays on the rebuilt queue until its dead switch-out: it is still exiting, so the
+    target goes idle at its exit (a kernel run in CI: 0.69 ms later, read as its first
+    switch-out). Moved off the target after the preemption, it leaves the queue there."""
+    w = World(layout_tasks_frame([3, 1], {1: "target"}), 2)
+    te = T0 + 50 * MS
+    pid = w.q[1].pop(0)
+    w.s.exit(te, 1, pid)
+    w.s.switch(te + 1000, 1, pid, 0, 4242)  # preempted by another user's task
+    if migrated:
+        w.s.migrate(te + 2000, 0, pid, 1, 0)
+        w.s.switch(te + 3000, 0, w.q[0][0], 0, pid)
+        w.s.switch(te + 4000, 0, pid, EXIT_DEAD, w.q[0][0])
+    else:
+        w.s.switch(te + 700_000, 1, 4242, 1, pid)
+        w.s.switch(te + 701_000, 1, pid, EXIT_DEAD, 0)
+    w.pull(te + 800_000, 0, 1, 1)
+    t = w.tables(range(2))
+    load = rounds.df_target_load(t["runqueue"], t["events"], t["tasks"], 1, T0)
+    left = te + (2000 if migrated else 701_000)
+    rq = t["runqueue"]
+    assert rq[(rq["cpu"] == 1) & (rq["ts"] <= left)]["nr"].iloc[-1] == 0
+    assert load[load["ts"] < left]["nr"].iloc[-1] == 1  # queued, and exiting: not load
+    till_pull = load[(load["ts"] >= te) & (load["ts"] < te + 800_000)]
+    assert till_pull["effective"].max() == 0
+    st = rounds.steal_latency(load, t["migrations"], t["runs"], t["tasks"], 1, T0, te, t["events"])
+    assert st["ts_idle"] == te and st["stolen"] is True
+
 def test_target_that_never_goes_idle_is_not_measurable():
     w = World(layout_tasks_frame([3, 1], {1: "target"}), 2)
     w.pull(T0 + 10 * MS, 0, 1, 1)  # a source task arrives before the own task exits
