@@ -26,15 +26,19 @@ the group
 keeping each CPU's own order (an event is never put before one its CPU recorded earlier). A task
 switched on several CPUs within one group keeps its wake-ups where the merge put them. A group
 of three events or more is then merged again event by event from its CPUs' sequences, each
-next event one that its tasks' states do not contradict (:func:`_settle`; a task's state before
-the group is what its last switch or wake-up before it left, :class:`_History`): where a
-vCPU's clock stood still through a ping-pong of switches while another CPU woke their tasks, no
-rank can interleave the two. On the guest's trace: 192 repairs in the merged order, 119 by the
-ranks, 24 settled from what the group alone shows, 18 from the states before it (9 of them
-tasks preempted as they exited, no tie, since read as such: none left); on a second recording
-127, 47 and 10 (all 10 exits). Nothing else moves. A trace without such groups is returned
-untouched; this host's recordings of ~10 M events hold 32-8,861 pairs of tied events, in groups
-of two, and 0-2 to move, in 0.02 s.
+next event one that its tasks' states and CPUs do not contradict (:func:`_settle`; a task's
+state before the group is what its last switch, wake-up or migration before it left,
+:class:`_History`), going back on a choice where what follows contradicts it
+(:func:`_merge`): where a vCPU's clock stood still through a ping-pong of switches while
+another CPU woke their tasks, no rank can interleave the two. On the guest's trace: 192 repairs
+in the merged order, 119 by the ranks, 24 settled from what the group alone shows, 18 from the
+states before it (9 of them tasks preempted as they exited, no tie, since read as such: none
+left); on a second recording 127, 47 and 10 (all 10 exits). A Debian 6.1 guest's recording
+(1.38 M events, 168 K of them tied, in groups of up to 231 events across 5 CPUs, where two
+CPUs each woke and ran the same task in turn) kept 453 of its 1,010 repairs from the states
+alone, 213 from their CPUs, 93 going back. Nothing else moves. A trace without such groups is
+returned untouched; this host's recordings of ~10 M events hold 32-8,861 pairs of tied events,
+in groups of two, and 0-2 to move, in 0.02 s.
 """
 
 from __future__ import annotations
@@ -172,10 +176,11 @@ SETTLE_MIN_EVENTS = 3
 
 
 class _History:
-    """Each task's state before a group of ties, from its last switch or wake-up before it in
-    the events (``rows``: the groups' rows, in the events; a group's are consecutive)."""
+    """Each task's state before a group of ties, and its CPU, from its last switch, wake-up or
+    migration before it in the events (``rows``: the groups' rows, in the events; a group's are
+    consecutive)."""
 
-    ASLEEP, QUEUED, IN, WOKEN = range(4)
+    ASLEEP, QUEUED, IN, WOKEN, MOVED = range(5)
 
     def __init__(self, events: pd.DataFrame, rows: np.ndarray):
         self.events, self.rows = events, rows
@@ -187,19 +192,24 @@ class _History:
         ev = self.events
         switch = event_mask(ev, "sched_switch")
         woken = event_mask(ev, "sched_wakeup", "sched_wakeup_new")
+        moved = event_mask(ev, "sched_migrate_task")
         pid = ev["pid"].to_numpy().astype(np.int64)
         prev = ev["prev_pid"].to_numpy().astype(np.int64)
         out = np.flatnonzero(switch & np.isin(prev, pids))
         into = np.flatnonzero(switch & np.isin(pid, pids))
-        wake = np.flatnonzero(woken & np.isin(pid, pids))
+        wake = np.flatnonzero((woken | moved) & np.isin(pid, pids))
         asleep = ev["prev_state"].to_numpy()[out] != 0
         keys = np.concatenate((prev[out], pid[into], pid[wake]))
         rows = np.concatenate((out, into, wake))
         kind = np.concatenate((np.where(asleep, self.ASLEEP, self.QUEUED),
-                               np.full(len(into), self.IN), np.full(len(wake), self.WOKEN)))
+                               np.full(len(into), self.IN),
+                               np.where(moved[wake], self.MOVED, self.WOKEN)))
         by = np.lexsort((rows, keys))
         self.keys, self.at, self.kind = keys[by], rows[by], kind[by]
-        self.cpu = ev["cpu"].to_numpy()[self.at]
+        # where each record leaves its task: a switch's CPU, a wake-up's or migration's target
+        cpu = ev["cpu"].to_numpy()[self.at]
+        target = ev["target_cpu"].to_numpy()[self.at]
+        self.cpu = np.where(self.kind >= self.WOKEN, target, cpu).astype(np.int64)
 
     def _last(self, p: int, row: int) -> tuple[int, int]:
         """(the index of ``p``'s last record before ``row``, its first): the last < the first
@@ -208,19 +218,163 @@ class _History:
         return lo + int(np.searchsorted(self.at[lo:hi], row)) - 1, int(lo)
 
     def before(self, p: int, row: int) -> tuple[int, object]:
-        """(the row of task ``p``'s last switch or wake-up before the event at ``row``, its
-        state after it as :func:`_settle` writes it), or (-1, None): none before."""
+        """(the row of task ``p``'s last switch, wake-up or migration before the event at
+        ``row``, its state and CPU after it as :func:`_settle` writes them), or (-1, None): none
+        before."""
         k, lo = self._last(p, row)
         if k < lo:
             return -1, None
-        at = int(self.at[k])
-        if self.kind[k] != self.WOKEN:
-            return at, ("asleep", "queued", ("run", int(self.cpu[k])))[self.kind[k]]
-        while k >= lo and self.kind[k] == self.WOKEN:
+        at, where = int(self.at[k]), int(self.cpu[k])
+        woken = False
+        while k >= lo and self.kind[k] >= self.WOKEN:
+            woken |= self.kind[k] == self.WOKEN
             k -= 1
-        # woken after it went to sleep (or was preempted): queued; while it ran: running still
-        ran = k >= lo and self.kind[k] == self.IN
-        return at, ("run", int(self.cpu[k])) if ran else "queued"
+        if k < lo:      # only wake-ups or migrations: woken, or where it was is all we know
+            return at, ("queued" if woken else None, where)
+        if self.kind[k] == self.IN:     # woken while it ran: running still, where it ran
+            return at, ("run", int(self.cpu[k]))
+        asleep = self.kind[k] == self.ASLEEP and not woken
+        return at, ("asleep" if asleep else "queued", where)
+
+
+#: how a CPU's next event fits its tasks' states: as the common case has it; as the kernel
+#: allows (a task preempted or running after it set a sleeping state is woken where it is:
+#: ``ttwu_runnable``, a 6.1 guest's recording); not at all
+_LIKELY, _POSSIBLE, _CONTRADICTED = range(3)
+#: the states a sched_waking (False) / sched_wakeup (True) finds its task in, commonly; any state
+#: but being woken already where the kernel allows it
+_WOKEN_FROM = {False: ("asleep",), True: ("asleep", "waking")}
+_AWAKE = ("queued", "run")
+
+
+def _consistent(state: dict, p: int, kinds: tuple, cpu: int = -1) -> bool:
+    """Whether task ``p``'s state is one of ``kinds`` and its CPU ``cpu``, each where known."""
+    known = state.get(p)
+    if known is None:
+        return True
+    kind, where = known
+    return (kind is None or kind in kinds) and (cpu < 0 or where < 0 or where == cpu)
+
+
+class _Events:
+    """The columns of the groups' events :func:`_merge` reads, as Python lists."""
+
+    def __init__(self, sub: pd.DataFrame):
+        self.switch = event_mask(sub, "sched_switch").tolist()
+        self.woken = event_mask(sub, "sched_wakeup", "sched_wakeup_new").tolist()
+        self.waking = event_mask(sub, "sched_waking").tolist()
+        self.migrate = event_mask(sub, "sched_migrate_task").tolist()
+        self.pid = sub["pid"].to_numpy().tolist()
+        self.prev = sub["prev_pid"].to_numpy().tolist()
+        self.asleep = (sub["prev_state"].to_numpy() != 0).tolist()
+        self.cpu = sub["cpu"].to_numpy().tolist()
+        self.orig = sub["orig_cpu"].to_numpy().tolist()
+        self.target = sub["target_cpu"].to_numpy().tolist()
+
+    def level(self, i: int, state: dict) -> int:
+        """How event ``i`` fits its tasks' ``state``: _LIKELY, _POSSIBLE or _CONTRADICTED."""
+        if self.switch[i]:
+            p, q, c = self.prev[i], self.pid[i], self.cpu[i]
+            return (_LIKELY if ((p <= 0 or _consistent(state, p, ("run",), c))
+                                and (q <= 0 or _consistent(state, q, ("queued",), c)))
+                    else _CONTRADICTED)
+        if self.waking[i] or self.woken[i]:
+            p, t = self.pid[i], self.target[i]
+            return (_LIKELY if _consistent(state, p, _WOKEN_FROM[self.woken[i]], t)
+                    else _POSSIBLE if _consistent(state, p, _AWAKE, t) else _CONTRADICTED)
+        if self.migrate[i]:
+            return (_LIKELY if _consistent(state, self.pid[i], ("queued", "asleep", "waking"),
+                                           self.orig[i])
+                    else _CONTRADICTED)
+        return _LIKELY
+
+    def apply(self, i: int, state: dict, undo: list) -> None:
+        """What event ``i`` leaves its tasks in, written to ``state`` (the values it replaced
+        appended to ``undo``)."""
+        def put(p, value):
+            undo.append((p, state.get(p)))
+            state[p] = value
+        p = self.pid[i]
+        if self.switch[i]:
+            if self.prev[i] > 0:
+                put(self.prev[i], ("asleep" if self.asleep[i] else "queued", self.cpu[i]))
+            if p > 0:
+                put(p, ("run", self.cpu[i]))
+        elif self.waking[i] and state.get(p, (None,))[0] == "asleep":
+            put(p, ("waking", self.target[i]))      # no other wake-up until it has slept
+        elif self.woken[i] and state.get(p, (None,))[0] != "run":
+            put(p, ("queued", self.target[i]))
+        elif self.migrate[i]:
+            put(p, (state.get(p, (None,))[0], self.target[i]))
+
+
+#: how many times :func:`_merge` may go back on a choice, per event of a group (then the rest
+#: of the group is merged without going back). A 6.1 guest's recording (1.38 M events, 168 K of
+#: them in groups of up to 231 across 5 CPUs) kept 213 contradictions without going back, 115,
+#: 98, 101 and 88 at 0.25, 0.5, 1 and 2 times an event, the ties' order taking 1.4, 1.9, 2.1,
+#: 2.7 and 4.0 s: half a time an event.
+BACKTRACK_PER_EVENT = 0.5
+
+
+def _merge(ev: _Events, ranked: list[int], state: dict) -> list[int]:
+    """``ranked`` (one group's events in the ranks' order) merged again from its CPUs' own
+    sequences, event by event, ``state`` (pid -> (kind, cpu)) followed through it: the next
+    event is, of the CPUs' next ones, the first in the ranks' order of those that fit best
+    (:meth:`_Events.level`). Where none fits, the merge goes back to its last choice between
+    events that fitted alike which concerned a task of the events that do not fit, and takes
+    the next (two CPUs that each woke and ran the same task in turn at one timestamp: which
+    came first, only what follows tells); once it has gone back BACKTRACK_PER_EVENT times an
+    event of the group, it takes the ranks' first where none fits, and goes on."""
+    queues: dict[int, list[int]] = {}
+    for i in ranked:
+        queues.setdefault(ev.cpu[i], []).append(i)
+    place = {i: k for k, i in enumerate(ranked)}
+    heads = {c: 0 for c in queues}
+    merged: list[int] = []
+    undo: list = []
+    # [len(merged), len(undo), the other CPUs whose next event fitted alike, the tasks taken]
+    choices: list[list] = []
+    budget = int(BACKTRACK_PER_EVENT * len(ranked))
+
+    def take(c):
+        i = queues[c][heads[c]]
+        heads[c] += 1
+        merged.append(i)
+        ev.apply(i, state, undo)
+        return {ev.pid[i], ev.prev[i]}
+
+    while len(merged) < len(ranked):
+        fits = sorted((ev.level(queues[c][h], state), place[queues[c][h]], c)
+                      for c, h in heads.items() if h < len(queues[c]))
+        if fits[0][0] != _CONTRADICTED:
+            alike = [c for lv, _, c in fits[1:] if lv == fits[0][0]]
+            n, u = len(merged), len(undo)
+            tasks = take(fits[0][2])
+            if alike and budget > 0:
+                choices.append([n, u, alike, tasks])
+            continue
+        # the last choice that took an event of a task the CPUs' next events concern
+        involved = {t for _, _, c in fits for i in (queues[c][heads[c]],)
+                    for t in (ev.pid[i], ev.prev[i]) if t > 0}
+        k = len(choices) - 1
+        while k >= 0 and not (choices[k][2] and choices[k][3] & involved):
+            k -= 1
+        if k < 0 or budget <= 0:        # the ranks' first, contradicted as each is
+            take(min(fits, key=lambda f: f[1])[2])
+            continue
+        budget -= 1
+        del choices[k + 1:]
+        n, u, alike, _ = choices[k]
+        while len(undo) > u:
+            p, old = undo.pop()
+            if old is None:
+                state.pop(p, None)
+            else:
+                state[p] = old
+        while len(merged) > n:
+            heads[ev.cpu[merged.pop()]] -= 1
+        choices[k][3] = take(alike.pop(0))
+    return merged
 
 
 def _settle(sub: pd.DataFrame, gid: np.ndarray, order: np.ndarray,
@@ -228,13 +382,16 @@ def _settle(sub: pd.DataFrame, gid: np.ndarray, order: np.ndarray,
     """``order`` (the ranks' order of ``sub``'s rows), with each group of SETTLE_MIN_EVENTS
     events or more merged again from its CPUs' own sequences, event by event: the next event is
     the first, in the ranks' order, of the CPUs' next ones that do not contradict the state of
-    their tasks (a switch-out of a task not running on that CPU, a switch-in of one asleep or
-    running, a wake-up of one awake, a migration of one running), or the ranks' first if each
-    is contradicted. A task's state before the group is its last switch or wake-up before it
-    (``history``; after a group settled here, its state at that group's end); one with none
-    may be in any state. Where a vCPU's clock stood still through many switches while another
-    CPU woke their tasks (the TCG guest's recording), the ranks cannot interleave the two CPUs;
-    this can."""
+    their tasks or the CPU they are on (a switch-out of a task not running on that CPU, a
+    switch-in of one asleep, running or queued elsewhere, a wake-up of one awake or on another
+    CPU than the event says, a second sched_waking before the first's sched_wakeup, a migration
+    of one running or from another CPU), or the ranks' first if each is contradicted. A task's
+    state and CPU before the group are what its last switch, wake-up or migration before it
+    left (``history``; after a group settled here, what that group's end left); one with none
+    may be in any state, on any CPU. Where a vCPU's clock stood still through many switches
+    while another CPU woke their tasks (the TCG guest's recording), the ranks cannot interleave
+    the two CPUs; this can. Where two CPUs' clocks stood still while each woke and ran the same
+    task in turn (a 6.1 guest's recording), the CPU the task was on says which came first."""
     starts = np.flatnonzero(np.r_[True, gid[order][1:] != gid[order][:-1]])
     ends = np.r_[starts[1:], len(order)]
     big = np.flatnonzero(ends - starts >= SETTLE_MIN_EVENTS)
@@ -246,25 +403,13 @@ def _settle(sub: pd.DataFrame, gid: np.ndarray, order: np.ndarray,
     tasks = np.concatenate((sub["pid"].to_numpy()[in_big], sub["prev_pid"].to_numpy()[in_big]))
     history.load(np.unique(tasks[tasks > 0]).astype(np.int64))
     settled: dict[int, tuple[int, object]] = {}   # pid -> (the row its last group ended, state)
-    switch = event_mask(sub, "sched_switch")
-    woken = event_mask(sub, "sched_wakeup", "sched_wakeup_new")
-    waking = event_mask(sub, "sched_waking")
-    migrate = event_mask(sub, "sched_migrate_task")
-    pid = sub["pid"].to_numpy().tolist()
-    prev = sub["prev_pid"].to_numpy().tolist()
-    asleep = (sub["prev_state"].to_numpy() != 0).tolist()
-    cpus = sub["cpu"].to_numpy().tolist()
+    ev = _Events(sub)
     order = order.copy()
     for a, b in zip(starts[big].tolist(), ends[big].tolist()):
         ranked = order[a:b].tolist()
-        queues: dict[int, list[int]] = {}
-        for i in ranked:
-            queues.setdefault(cpus[i], []).append(i)
-        place = {i: k for k, i in enumerate(ranked)}
-        heads = {c: 0 for c in queues}
         first, last = int(history.rows[a]), int(history.rows[b - 1])
-        state: dict[int, object] = {}       # pid -> ("run", cpu) | "queued" | "asleep"
-        for p in {*(pid[i] for i in ranked), *(prev[i] for i in ranked)}:
+        state: dict[int, tuple] = {}
+        for p in {*(ev.pid[i] for i in ranked), *(ev.prev[i] for i in ranked)}:
             if p <= 0:
                 continue
             last_at, known = history.before(p, first)
@@ -273,36 +418,7 @@ def _settle(sub: pd.DataFrame, gid: np.ndarray, order: np.ndarray,
                 known = end[1]          # its last event was in a group settled here
             if known is not None:
                 state[p] = known
-        merged = []
-        while len(merged) < len(ranked):
-            nexts = sorted((place[queues[c][h]], c) for c, h in heads.items()
-                           if h < len(queues[c]))
-            pick = nexts[0][1]
-            for _, c in nexts:
-                i = queues[c][heads[c]]
-                if switch[i]:
-                    p, q = prev[i], pid[i]
-                    ok = ((p <= 0 or state.get(p, ("run", c)) == ("run", c))
-                          and (q <= 0 or state.get(q, "queued") == "queued"))
-                elif woken[i] or waking[i]:
-                    ok = state.get(pid[i], "asleep") == "asleep"
-                elif migrate[i]:
-                    ok = not isinstance(state.get(pid[i]), tuple)
-                else:
-                    ok = True
-                if ok:
-                    pick = c
-                    break
-            i = queues[pick][heads[pick]]
-            heads[pick] += 1
-            merged.append(i)
-            if switch[i]:
-                if prev[i] > 0:
-                    state[prev[i]] = "asleep" if asleep[i] else "queued"
-                if pid[i] > 0:
-                    state[pid[i]] = ("run", cpus[i])
-            elif woken[i] and not isinstance(state.get(pid[i]), tuple):
-                state[pid[i]] = "queued"
+        merged = _merge(ev, ranked, state)
         order[a:b] = merged
         for p, st in state.items():
             settled[p] = (last, st)

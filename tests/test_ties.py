@@ -197,6 +197,51 @@ def test_a_group_is_settled_from_the_state_its_tasks_were_in_before_it(monkeypat
         (7, "wakeup", P), (4, "switch", P), (4, "switch", 0)]
 
 
+
+def woken_and_run_by_two_cpus(first: int, then: int, was_on: int, then_from: int) -> pd.DataFrame:
+    """A 6.1 guest's case: at one timestamp CPU ``first`` wakes P (asleep on ``was_on``), runs
+    it until it sleeps, then CPU ``then`` wakes it from ``then_from``, runs it until it sleeps;
+    merged CPU by CPU, the lowest first (``then`` < ``first``: the wrong order)."""
+    s = Stream({P: "p", OTHER: "other"})
+    s.switch(1_000, was_on, prev=0, state=S_RUN, next=P)
+    s.switch(2_000, was_on, prev=P, state=S_SLEEP, next=0)
+    for cpu, src in ((first, was_on), (then, then_from)):
+        s.waking(5_000, cpu, pid=P, target=src, common_pid=OTHER)
+        if src != cpu:
+            s.migrate(5_000, cpu, pid=P, orig=src, dest=cpu, common_pid=OTHER)
+        s.wakeup(5_000, cpu, pid=P, target=cpu, common_pid=OTHER)
+        s.switch(5_000, cpu, prev=OTHER, state=S_RUN, next=P)
+        s.switch(5_000, cpu, prev=P, state=S_SLEEP, next=OTHER)
+    return s.events()
+
+
+def test_the_cpu_a_task_was_on_says_which_wake_up_came_first():
+    """CPU 5 takes P from CPU 0, CPU 1 then from CPU 5: CPU 1's wake-up, merged first, says P
+    was on CPU 5, where it was not yet."""
+    events = woken_and_run_by_two_cpus(first=5, then=1, was_on=0, then_from=5)
+    assert "migrate_wrong_cpu" in anomalies(events, P)
+    ordered, facts = order_ties(events.copy())
+    assert anomalies(ordered, P) == [] and facts["reordered"] == 1
+    assert per_cpu(ordered) == per_cpu(events)
+    assert ordered["cpu"].tolist()[2:] == [5] * 5 + [1] * 5
+
+
+def test_where_two_wake_ups_fit_alike_what_follows_decides(monkeypatch):
+    """CPU 4 wakes P where it slept and runs it, CPU 1 then takes it from CPU 4: both wake-ups
+    say P was on CPU 4, and CPU 1's, merged first, fits until CPU 4's wake-up finds P on CPU 1
+    (a move no sched_migrate_task recorded). The merge goes back to that choice; not allowed
+    to, it leaves the move unrecorded."""
+    events = woken_and_run_by_two_cpus(first=4, then=1, was_on=4, then_from=4)
+    assert unrecorded_migrations(events, [P])["n"] == 1
+    from harmony.analysis import ties
+    monkeypatch.setattr(ties, "BACKTRACK_PER_EVENT", 0)
+    assert unrecorded_migrations(order_ties(events.copy())[0], [P])["n"] == 1
+    monkeypatch.undo()
+    ordered, facts = order_ties(events.copy())
+    assert unrecorded_migrations(ordered, [P])["n"] == 0 and anomalies(ordered, P) == []
+    assert per_cpu(ordered) == per_cpu(events) and facts["reordered"] == 1
+    assert ordered["cpu"].tolist()[2:] == [4] * 4 + [1] * 5
+
 def test_groups_without_a_switch_are_left_as_they_are():
     """Ties of wake-ups and migrations alone (a real run's: no switch among them) place
     nothing; the groups are counted, none moved."""
