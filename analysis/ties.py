@@ -310,10 +310,20 @@ class _Events:
 
 #: how many times :func:`_merge` may go back on a choice, per event of a group (then the rest
 #: of the group is merged without going back). A 6.1 guest's recording (1.38 M events, 168 K of
-#: them in groups of up to 231 across 5 CPUs) kept 213 contradictions without going back, 115,
-#: 98, 101 and 88 at 0.25, 0.5, 1 and 2 times an event, the ties' order taking 1.4, 1.9, 2.1,
+#: them in groups of up to 231 across 5 CPUs) kept 213 contradictions without going back, 110,
+#: 93, 101 and 88 at 0.25, 0.5, 1 and 2 times an event, the ties' order taking 1.3, 1.7, 2.0,
 #: 2.7 and 4.0 s: half a time an event.
 BACKTRACK_PER_EVENT = 0.5
+
+
+def _undo(state: dict, undo: list, to: int) -> None:
+    """``state`` as it was when ``undo`` held ``to`` entries."""
+    while len(undo) > to:
+        p, old = undo.pop()
+        if old is None:
+            state.pop(p, None)
+        else:
+            state[p] = old
 
 
 def _merge(ev: _Events, ranked: list[int], state: dict) -> list[int]:
@@ -325,13 +335,20 @@ def _merge(ev: _Events, ranked: list[int], state: dict) -> list[int]:
     the next (two CPUs that each woke and ran the same task in turn at one timestamp: which
     came first, only what follows tells); once it has gone back BACKTRACK_PER_EVENT times an
     event of the group, it takes the ranks' first where none fits, and goes on."""
+    undo: list = []
+    for i in ranked:        # the ranks' order where each event fits: the merge's, made sooner
+        if ev.level(i, state) != _LIKELY:
+            break
+        ev.apply(i, state, undo)
+    else:
+        return ranked
+    _undo(state, undo, 0)
     queues: dict[int, list[int]] = {}
     for i in ranked:
         queues.setdefault(ev.cpu[i], []).append(i)
     place = {i: k for k, i in enumerate(ranked)}
     heads = {c: 0 for c in queues}
     merged: list[int] = []
-    undo: list = []
     # [len(merged), len(undo), the other CPUs whose next event fitted alike, the tasks taken]
     choices: list[list] = []
     budget = int(BACKTRACK_PER_EVENT * len(ranked))
@@ -365,12 +382,7 @@ def _merge(ev: _Events, ranked: list[int], state: dict) -> list[int]:
         budget -= 1
         del choices[k + 1:]
         n, u, alike, _ = choices[k]
-        while len(undo) > u:
-            p, old = undo.pop()
-            if old is None:
-                state.pop(p, None)
-            else:
-                state[p] = old
+        _undo(state, undo, u)
         while len(merged) > n:
             heads[ev.cpu[merged.pop()]] -= 1
         choices[k][3] = take(alike.pop(0))
