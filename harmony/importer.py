@@ -11,6 +11,7 @@ the recorded kernel release implies (:func:`imported_scheduler`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import os
@@ -753,7 +754,12 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     values = {k: v for k, v in values.items() if k not in not_known}
     manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window, not_known,
                         sorted(shown), cpus_given=bool(cpus))
-    return _analyse_copying(path, out, manifest, read, tasks, window, step)
+    try:
+        return _analyse_copying(path, out, manifest, read, tasks, window, step)
+    except BaseException as exc:
+        if manifest.get("status") == "running":     # stopped before the analysis could say so
+            pipeline.mark_incomplete(out, manifest, pipeline.reason(exc))
+        raise
 
 
 def _resolve_shown(exp, overrides: dict, shown: dict, cpu_set: list[int], path: Path) -> dict:
@@ -910,7 +916,6 @@ def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path
     """Make the run directory ``out`` and write its manifest (``not_known``: the parameters the
     trace cannot tell; ``from_layout``: those its layout at t0 showed); the manifest."""
     meta, kind = read.cap.meta, read.kind
-    store.make_run_dir(out)
     manifest = pipeline.new_manifest(
         exp, values, cpu_set, f"import:{kind}", None,
         host={"kernel": meta.get("kernel") or "?",
@@ -924,7 +929,15 @@ def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path
                 "cpus_from": "--cpus" if cpus_given else "every CPU the file recorded",
                 "stored": f"{RAW_DIR}/{path.name}", "params_not_known": not_known,
                 "params_from_layout": from_layout})
-    store.write_json(out / "manifest.json", manifest)
+    existed = out.exists()
+    store.make_run_dir(out)
+    try:
+        store.write_json(out / "manifest.json", manifest)
+    except BaseException:       # a Ctrl-C before the run had a manifest: no empty run left
+        if not existed:
+            with contextlib.suppress(OSError):
+                out.rmdir()
+        raise
     return manifest
 
 

@@ -151,14 +151,14 @@ def analyse(run_dir: Path, quiet: bool = True, figures: bool = True,
         cap = get_probe(probe_name).decode_dir(run_dir / "raw" / probe_name)
     except ProbeError as exc:
         if rebuilt is None:
-            _incomplete(run_dir, manifest, f"trace could not be decoded: {exc}")
+            mark_incomplete(run_dir, manifest, f"trace could not be decoded: {exc}")
         raise RunError(str(exc)) from None
     t0, released, end = (_marker(cap.markers, m) for m in (MARK_T0, MARK_RELEASED, MARK_END))
     missing = [name for name, v in (("t0", t0), ("end", end)) if v is None]
     if missing:
         why = f"markers missing from the trace: {', '.join(missing)}"
         if rebuilt is None:
-            _incomplete(run_dir, manifest, why)
+            mark_incomplete(run_dir, manifest, why)
         raise RunError(f"{run_dir}: {why}")
     laps("decode")
     if origin is None:
@@ -225,7 +225,8 @@ def _stored(run_dir: Path, name: str) -> pd.DataFrame | None:
     return store.read_table(path) if path.exists() else None
 
 
-def _incomplete(run_dir: Path, manifest: dict, why: str) -> None:
+def mark_incomplete(run_dir: Path, manifest: dict, why: str) -> None:
+    """Write ``manifest`` into ``run_dir`` as an incomplete run, ``why`` its reason."""
     manifest["status"] = "incomplete"
     manifest["incomplete_reason"] = why
     store.write_json(run_dir / "manifest.json", manifest)
@@ -343,7 +344,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         # a capture of Harmony's own stays "captured" on disk, to be analysed again; an imported
         # trace's run directory has nothing else to wait for
         if origin.kind == "imported":
-            _incomplete(out, manifest, reason(exc))
+            mark_incomplete(out, manifest, reason(exc))
         if isinstance(exc, OSError):    # a full disk, most likely: say where and what is kept
             again = ("the capture is kept (`harmony report` analyses it again)"
                      if origin.kind != "imported" else

@@ -197,6 +197,37 @@ def test_ctrl_c_at_any_moment_of_an_import_ends_it_interrupted_or_done(tmp_path)
     assert any(code == 130 for _, code in seen), seen
 
 
+
+@pytest.mark.parametrize("moment", ["manifest", "copy"])
+def test_a_stop_as_an_import_makes_its_run_leaves_none_or_one_marked(tmp_path, monkeypatch,
+                                                                    moment):
+    """A Ctrl-C as the run directory is made, before its manifest is written (CI saw one, 0.35
+    s into an import): no empty directory is left; just after, before the analysis began
+    (the trace's copy starting): the run is marked interrupted, not left "running"."""
+    from harmony import importer, store
+    from harmony.probes.tracedat_write import write_tracedat
+
+    pages, _, _ = known_capture()
+    dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "trace.dat")
+    out = tmp_path / "run"
+    if moment == "manifest":
+        def write_json(path, obj, real=store.write_json):
+            if path.name == "manifest.json" and not path.exists():
+                raise KeyboardInterrupt
+            real(path, obj)
+        monkeypatch.setattr(store, "write_json", write_json)
+    else:
+        def in_background(*args, **kwargs):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(importer, "in_background", in_background)
+    with pytest.raises(KeyboardInterrupt):
+        importer.import_trace(dat, out, comms=["cat-*"], pids=[11])
+    if moment == "manifest":
+        assert not out.exists()
+    else:
+        m = json.loads((out / "manifest.json").read_text())
+        assert (m["status"], m["incomplete_reason"]) == ("incomplete", "interrupted (Ctrl-C)")
+
 def test_a_stop_a_library_turned_into_its_own_error_is_the_stop(capsys):
     """A Ctrl-C raised in an extension's initialisation comes out as its ImportError (pybind11:
     "initialization failed", the Ctrl-C its cause): the command says "interrupted", status 130.
