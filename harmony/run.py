@@ -15,6 +15,7 @@ analysis is imported where a run is analysed.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import os
@@ -29,7 +30,7 @@ import time
 from pathlib import Path
 
 from harmony import store
-from harmony.core.errors import ControllerError, RunError, TraceCorrupt
+from harmony.core.errors import ControllerError, TraceCorrupt
 from harmony.core.memory import stop_prefault
 from harmony.core.stops import raise_stop
 from harmony.core.timing import Laps
@@ -325,20 +326,25 @@ class _Capture:
             scx_mod.check_kernel()
         self.lock = None if lock_held else HostLock().acquire()
         try:
+            manifest = new_manifest(self.experiment, self.params, self.cpus, self.probe_name,
+                                    self.seed, facts, controller_pid=os.getpid(),
+                                    sched_classes=sched_classes(self.specs))
             made = not self.out.exists()
             store.make_run_dir(self.out)
             try:
                 # what a recording that fills the disk leaves room for: the manifest saying so
                 self.reserve = store.SpaceReserve(self.out)
-            except RunError:
+                store.write_json(self.out / "manifest.json", manifest)
+            except BaseException:
+                # refused or stopped before the run had a manifest: nothing left behind
+                if self.reserve is not None:
+                    self.reserve.release()
+                    self.reserve = None
                 if made:
-                    self.out.rmdir()      # refused before anything started: nothing left behind
+                    with contextlib.suppress(OSError):
+                        self.out.rmdir()
                 raise
-            self.manifest = new_manifest(self.experiment, self.params, self.cpus,
-                                         self.probe_name, self.seed, facts,
-                                         controller_pid=os.getpid(),
-                                         sched_classes=sched_classes(self.specs))
-            store.write_json(self.out / "manifest.json", self.manifest)
+            self.manifest = manifest
         except BaseException:
             if self.lock:
                 self.lock.release()

@@ -228,6 +228,26 @@ def test_a_stop_as_an_import_makes_its_run_leaves_none_or_one_marked(tmp_path, m
         m = json.loads((out / "manifest.json").read_text())
         assert (m["status"], m["incomplete_reason"]) == ("incomplete", "interrupted (Ctrl-C)")
 
+
+def test_a_stop_as_a_run_makes_its_directory_leaves_nothing(tmp_path, monkeypatch):
+    """The same moment of ``harmony run`` (its directory and the space set aside made, its
+    manifest not yet written): neither is left."""
+    from harmony import run as run_mod, store
+    from harmony.experiments import get_experiment
+
+    def write_json(path, obj, real=store.write_json):
+        if path.name == "manifest.json":
+            raise KeyboardInterrupt
+        real(path, obj)
+    monkeypatch.setattr(store, "write_json", write_json)
+    exp = get_experiment("single-source")
+    out = tmp_path / "run"
+    cap = run_mod._Capture(exp, exp.resolve({}, [0]), [0], out, "tracefs", 0, None, None, None,
+                           None, None)
+    with pytest.raises(KeyboardInterrupt):
+        cap.open({}, lock_held=True)
+    assert not out.exists() and cap.reserve is None and cap.manifest is None
+
 def test_a_stop_a_library_turned_into_its_own_error_is_the_stop(capsys):
     """A Ctrl-C raised in an extension's initialisation comes out as its ImportError (pybind11:
     "initialization failed", the Ctrl-C its cause): the command says "interrupted", status 130.
