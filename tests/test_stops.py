@@ -197,7 +197,6 @@ def test_ctrl_c_at_any_moment_of_an_import_ends_it_interrupted_or_done(tmp_path)
     assert any(code == 130 for _, code in seen), seen
 
 
-
 @pytest.mark.parametrize("moment", ["manifest", "copy"])
 def test_a_stop_as_an_import_makes_its_run_leaves_none_or_one_marked(tmp_path, monkeypatch,
                                                                     moment):
@@ -247,6 +246,7 @@ def test_a_stop_as_a_run_makes_its_directory_leaves_nothing(tmp_path, monkeypatc
     with pytest.raises(KeyboardInterrupt):
         cap.open({}, lock_held=True)
     assert not out.exists() and cap.reserve is None and cap.manifest is None
+
 
 def test_a_stop_a_library_turned_into_its_own_error_is_the_stop(capsys):
     """A Ctrl-C raised in an extension's initialisation comes out as its ImportError (pybind11:
