@@ -188,10 +188,12 @@ def test_ctrl_c_at_any_moment_of_an_import_ends_it_interrupted_or_done(tmp_path)
         assert p.returncode in (0, 130), (at, p.returncode, err)
         if p.returncode == 130:
             assert err.strip().endswith("interrupted") or "harmony: error: interrupted" in err
-            if out.exists():        # stopped in the analysis: marked so, never "complete"
+            if out.exists():        # stopped in the analysis: marked so; or after the run was
+                # written complete, in the command's last steps (CI saw one 1.05 s in)
                 m = json.loads((out / "manifest.json").read_text())
-                assert (m["status"], m["incomplete_reason"]) == ("incomplete",
-                                                                 "interrupted (Ctrl-C)"), at
+                assert m["status"] == "complete" or (
+                    (m["status"], m.get("incomplete_reason"))
+                    == ("incomplete", "interrupted (Ctrl-C)")), (at, m["status"])
         else:
             assert json.loads((out / "manifest.json").read_text())["status"] == "complete"
     assert any(code == 130 for _, code in seen), seen
