@@ -132,9 +132,12 @@ def test_prefault_off_by_environment_or_when_malloc_is_tuned_by_the_user():
 
 def test_stop_prefault_stops_the_thread_at_once():
     # stopped right after it starts, 800 MiB are not populated: the array faults its pages in
+    # (unstopped, it would find them populated: < 2000 faults). How much the thread populated
+    # before the stop reached it is the host's timing (CI once: 19,457 of the 24,576 pages
+    # faulted, ~20 MiB populated first): half the array is the line
     started, _, faults = _prefault(mib=800, after_start="memory.stop_prefault()")
     assert started
-    assert faults > 20000
+    assert faults > 24576 // 2
 
 
 def test_a_new_prefault_stops_the_previous_one():
