@@ -241,8 +241,8 @@ class _History:
 #: allows (a task preempted or running after it set a sleeping state is woken where it is:
 #: ``ttwu_runnable``, a 6.1 guest's recording); not at all
 _LIKELY, _POSSIBLE, _CONTRADICTED = range(3)
-#: the states a sched_waking (False) / sched_wakeup (True) finds its task in, commonly; any state
-#: but being woken already where the kernel allows it
+#: the states a sched_waking (False) / sched_wakeup (True) commonly finds its task in; where
+#: the kernel allows it (_POSSIBLE), one of _AWAKE
 _WOKEN_FROM = {False: ("asleep",), True: ("asleep", "waking")}
 _AWAKE = ("queued", "run")
 
@@ -262,6 +262,7 @@ class _Events:
     def __init__(self, sub: pd.DataFrame):
         self.switch = event_mask(sub, "sched_switch").tolist()
         self.woken = event_mask(sub, "sched_wakeup", "sched_wakeup_new").tolist()
+        self.new = event_mask(sub, "sched_wakeup_new").tolist()
         self.waking = event_mask(sub, "sched_waking").tolist()
         self.migrate = event_mask(sub, "sched_migrate_task").tolist()
         self.pid = sub["pid"].to_numpy().tolist()
@@ -278,6 +279,8 @@ class _Events:
             return (_LIKELY if ((p <= 0 or _consistent(state, p, ("run",), c))
                                 and (q <= 0 or _consistent(state, q, ("queued",), c)))
                     else _CONTRADICTED)
+        if self.new[i]:     # a new task: whatever an earlier task of its pid was
+            return _LIKELY
         if self.waking[i] or self.woken[i]:
             p, t = self.pid[i], self.target[i]
             return (_LIKELY if _consistent(state, p, _WOKEN_FROM[self.woken[i]], t)
@@ -302,7 +305,7 @@ class _Events:
                 put(p, ("run", self.cpu[i]))
         elif self.waking[i] and state.get(p, (None,))[0] == "asleep":
             put(p, ("waking", self.target[i]))      # no other wake-up until it has slept
-        elif self.woken[i] and state.get(p, (None,))[0] != "run":
+        elif self.woken[i] and (self.new[i] or state.get(p, (None,))[0] != "run"):
             put(p, ("queued", self.target[i]))
         elif self.migrate[i]:
             put(p, (state.get(p, (None,))[0], self.target[i]))

@@ -242,6 +242,29 @@ def test_where_two_wake_ups_fit_alike_what_follows_decides(monkeypatch):
     assert per_cpu(ordered) == per_cpu(events) and facts["reordered"] == 1
     assert ordered["cpu"].tolist()[2:] == [4] * 4 + [1] * 5
 
+
+def test_a_new_task_of_a_pid_is_not_held_to_the_last_one_s_state():
+    """P (301) exits on CPU 3; at one timestamp a new task of its pid is forked onto CPU 1 by
+    CPU 2, pulled by CPU 0, run and preempted there, and pulled again by CPU 4 (merged: CPU 0's
+    events first; switched on two CPUs, no rank moves its wake-ups). Its sched_wakeup_new goes
+    first whatever the dead task's state and CPU were."""
+    s = Stream({P: "p", OTHER: "other"})
+    s.wakeup(500, 3, pid=P, target=3)
+    s.switch(1_000, 3, prev=0, state=S_RUN, next=P)
+    s.exit(1_500, 3, pid=P)
+    s.switch(2_000, 3, prev=P, state=16, next=0)    # X: dead
+    s.migrate(5_000, 0, pid=P, orig=1, dest=0)
+    s.switch(5_000, 0, prev=0, state=S_RUN, next=P)
+    s.switch(5_000, 0, prev=P, state=S_RUN, next=OTHER)
+    s.wakeup_new(5_000, 2, pid=P, target=1, common_pid=OTHER)
+    s.migrate(5_000, 4, pid=P, orig=0, dest=4)
+    s.switch(5_000, 4, prev=0, state=S_RUN, next=P)
+    events = s.events()
+    assert "wakeup_new_runnable" in anomalies(events, P)
+    ordered, facts = order_ties(events.copy())
+    assert anomalies(ordered, P) == [] and facts["reordered"] == 1
+    assert ordered["cpu"].tolist()[-6:] == [2, 0, 0, 0, 4, 4]
+
 def test_groups_without_a_switch_are_left_as_they_are():
     """Ties of wake-ups and migrations alone (a real run's: no switch among them) place
     nothing; the groups are counted, none moved."""
