@@ -236,7 +236,6 @@ def test_a_target_left_idle_shows_the_idle_time_before_the_pull():
     assert st["idle_s"] == pytest.approx(0.025 - 2e-6)  # the dying task ran its last 2 us
 
 
-
 @pytest.mark.parametrize("migrated", [False, True])
 def test_a_task_preempted_as_it_exits_is_exiting_until_it_leaves_the_queue(migrated):
     """Its exit work preempted (switched out runnable after sched_process_exit, then in again),
@@ -266,6 +265,7 @@ def test_a_task_preempted_as_it_exits_is_exiting_until_it_leaves_the_queue(migra
     assert till_pull["effective"].max() == 0
     st = rounds.steal_latency(load, t["migrations"], t["runs"], t["tasks"], 1, T0, te, t["events"])
     assert st["ts_idle"] == te and st["stolen"] is True
+
 
 def test_target_that_never_goes_idle_is_not_measurable():
     w = World(layout_tasks_frame([3, 1], {1: "target"}), 2)
