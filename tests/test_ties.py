@@ -197,7 +197,6 @@ def test_a_group_is_settled_from_the_state_its_tasks_were_in_before_it(monkeypat
         (7, "wakeup", P), (4, "switch", P), (4, "switch", 0)]
 
 
-
 def woken_and_run_by_two_cpus(first: int, then: int, was_on: int, then_from: int) -> pd.DataFrame:
     """A 6.1 guest's case: at one timestamp CPU ``first`` wakes P (asleep on ``was_on``), runs
     it until it sleeps, then CPU ``then`` wakes it from ``then_from``, runs it until it sleeps;
@@ -264,6 +263,7 @@ def test_a_new_task_of_a_pid_is_not_held_to_the_last_one_s_state():
     ordered, facts = order_ties(events.copy())
     assert anomalies(ordered, P) == [] and facts["reordered"] == 1
     assert ordered["cpu"].tolist()[-6:] == [2, 0, 0, 0, 4, 4]
+
 
 def test_groups_without_a_switch_are_left_as_they_are():
     """Ties of wake-ups and migrations alone (a real run's: no switch among them) place
