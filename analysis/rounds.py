@@ -44,6 +44,7 @@ import pandas as pd
 
 from harmony.analysis.arrays import event_mask, sorted_unique
 from harmony.analysis.reconstruct import NS, runqueue_at
+from harmony.analysis.taskstate import record_ts, task_records
 
 ROUND_COLUMNS = ["ts", "t", "pid", "name", "role", "src_cpu", "dst_cpu", "kind", "cause", "round",
                  "gap_ms"]
@@ -178,16 +179,17 @@ def df_target_load(runqueue: pd.DataFrame, events: pd.DataFrame, tasks: pd.DataF
                    target: int, t0: int, t_end: int | None = None) -> pd.DataFrame:
     """The target's run queue, and how much of it is tasks that are already exiting.
 
-    Needs: the run-queue table and the events sched_process_exit, sched_switch,
-    sched_migrate_task and sched_wakeup_new. A task that exits fires sched_process_exit while
+    Needs: the run-queue table and the events of
+    :func:`~harmony.analysis.taskstate.task_records` (sched_switch, sched_wakeup[_new],
+    sched_migrate_task, sched_process_exit). A task that exits fires sched_process_exit while
     still running; the kernel dequeues it, may pull a task onto the now idle CPU (newidle
     balance, which traces sched_migrate_task) and only then traces the switch away from the dead
     task. Its exit work can also be preempted: switched out runnable, it is switched in again
     before its dead switch-out. The rebuilt queue therefore counts an exiting task until its last
     switch-out, and may never show 0 even though the CPU went idle. ``dying`` counts the
-    experiment tasks on ``target`` from their sched_process_exit to the switch-out after which
-    they are not switched in again (before a new task of their pid, sched_wakeup_new), or to
-    their move off ``target`` if they are; ``effective = nr - dying`` is the load the balancer saw.
+    experiment tasks on ``target`` from their sched_process_exit to where the rebuilt queue
+    drops them (the switch-out after which they are not switched in again, or their move off
+    ``target``); ``effective = nr - dying`` is the load the balancer saw.
 
     Columns: ts (int64 ns), t (float s since t0), nr (int64: rebuilt queue), dying (int64),
     effective (int64). One row per change of either, sorted by ts; each value holds until the
@@ -204,7 +206,7 @@ def df_target_load(runqueue: pd.DataFrame, events: pd.DataFrame, tasks: pd.DataF
         is_exit &= ev_ts < t_end
     d_ts, d = [], []
     if is_exit.any():
-        ends = _exit_ends(events, target, ev_ts[is_exit], ev_pid[is_exit])
+        ends = _exit_ends(events, tasks, target, np.flatnonzero(is_exit))
         for ts_exit, end in zip(ev_ts[is_exit], ends):
             d_ts.append(int(ts_exit))
             d.append(1)
@@ -229,42 +231,20 @@ def df_target_load(runqueue: pd.DataFrame, events: pd.DataFrame, tasks: pd.DataF
     return out[keep].reset_index(drop=True)
 
 
-def _exit_ends(events: pd.DataFrame, target: int, exit_ts: np.ndarray,
-               exit_pid: np.ndarray) -> list[int | None]:
-    """For each exit on ``target`` (its sched_process_exit's ts and pid), when the task left the
-    target's queue: its switch-out there not followed by a switch-in of its pid (before the
-    pid's next sched_wakeup_new), or its move off ``target`` after a preempted switch-out;
-    None if the trace holds neither."""
-    pid, prev = events["pid"].to_numpy(), events["prev_pid"].to_numpy()
-    is_sw = event_mask(events, "sched_switch")
-    keep = (np.isin(pid, exit_pid) | (is_sw & np.isin(prev, exit_pid))).nonzero()[0]
-    ts = events["ts"].to_numpy(dtype=np.int64)[keep]
-    cpu, orig = events["cpu"].to_numpy()[keep], events["orig_cpu"].to_numpy()[keep]
-    pid, prev, is_sw = pid[keep], prev[keep], is_sw[keep]
-    is_new = event_mask(events, "sched_wakeup_new")[keep]
-    is_mig = event_mask(events, "sched_migrate_task")[keep]
+def _exit_ends(events: pd.DataFrame, tasks: pd.DataFrame, target: int,
+               exit_rows: np.ndarray) -> list[int | None]:
+    """For each exit on ``target`` (the events row of its sched_process_exit), when the task
+    left the target's queue as the rebuilt queue has it: its first record after the exit that
+    leaves it not runnable or on another CPU (:func:`~harmony.analysis.taskstate.task_records`:
+    its last switch-out, or its move off ``target``); None if the trace holds none."""
+    r = task_records(events, tasks["pid"].to_numpy().astype(np.int32))
+    pid, seq = r["pid"].to_numpy(), r["seq"].to_numpy()
+    left = ~r["runnable_after"].to_numpy() | (r["cpu_after"].to_numpy() != target)
     ends: list[int | None] = []
-    for t_exit, p in zip(exit_ts.tolist(), exit_pid.tolist()):
-        new = ts[is_new & (pid == p) & (ts > t_exit)]
-        bound = int(new[0]) if len(new) else np.iinfo(np.int64).max
-        outs = ts[is_sw & (prev == p) & (cpu == target)]
-        ins = ts[is_sw & (pid == p)]
-        moves = ts[is_mig & (pid == p) & (orig == target)]
-        cur, end = t_exit, None
-        while True:
-            o = outs[(outs >= cur) & (outs < bound)]
-            if not len(o):
-                break
-            back = ins[(ins > o[0]) & (ins < bound)]
-            if not len(back):
-                end = int(o[0])
-                break
-            moved = moves[(moves > o[0]) & (moves <= back[0])]
-            if len(moved):
-                end = int(moved[0])
-                break
-            cur = int(back[0])
-        ends.append(end)
+    for row, p in zip(exit_rows.tolist(), events["pid"].to_numpy()[exit_rows].tolist()):
+        lo, hi = np.searchsorted(pid, p), np.searchsorted(pid, p, side="right")
+        k = np.flatnonzero(left[lo:hi] & (seq[lo:hi] > 2 * row))
+        ends.append(int(record_ts(events, seq[lo + k[:1]])[0]) if len(k) else None)
     return ends
 
 
