@@ -11,7 +11,6 @@ the recorded kernel release implies (:func:`imported_scheduler`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import fnmatch
 import os
@@ -929,15 +928,8 @@ def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path
                 "cpus_from": "--cpus" if cpus_given else "every CPU the file recorded",
                 "stored": f"{RAW_DIR}/{path.name}", "params_not_known": not_known,
                 "params_from_layout": from_layout})
-    existed = out.exists()
-    store.make_run_dir(out)
-    try:
+    with store.new_run_dir(out):
         store.write_json(out / "manifest.json", manifest)
-    except BaseException:       # a Ctrl-C before the run had a manifest: no empty run left
-        if not existed:
-            with contextlib.suppress(OSError):
-                out.rmdir()
-        raise
     return manifest
 
 

@@ -15,7 +15,6 @@ analysis is imported where a run is analysed.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import io
 import os
@@ -329,21 +328,16 @@ class _Capture:
             manifest = new_manifest(self.experiment, self.params, self.cpus, self.probe_name,
                                     self.seed, facts, controller_pid=os.getpid(),
                                     sched_classes=sched_classes(self.specs))
-            made = not self.out.exists()
-            store.make_run_dir(self.out)
-            try:
-                # what a recording that fills the disk leaves room for: the manifest saying so
-                self.reserve = store.SpaceReserve(self.out)
-                store.write_json(self.out / "manifest.json", manifest)
-            except BaseException:
-                # refused or stopped before the run had a manifest: nothing left behind
-                if self.reserve is not None:
-                    self.reserve.release()
-                    self.reserve = None
-                if made:
-                    with contextlib.suppress(OSError):
-                        self.out.rmdir()
-                raise
+            with store.new_run_dir(self.out):
+                try:
+                    # what a recording that fills the disk leaves room for: the manifest saying so
+                    self.reserve = store.SpaceReserve(self.out)
+                    store.write_json(self.out / "manifest.json", manifest)
+                except BaseException:   # refused or stopped before the run had a manifest
+                    if self.reserve is not None:
+                        self.reserve.release()
+                        self.reserve = None
+                    raise
             self.manifest = manifest
         except BaseException:
             if self.lock:

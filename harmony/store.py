@@ -24,6 +24,7 @@ refuses it unless asked explicitly.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -51,6 +52,22 @@ def make_run_dir(path: Path) -> Path:
         return own_dir(path, owner=False)
     except OSError as exc:
         raise RunError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def new_run_dir(path: Path):
+    """:func:`make_run_dir` for a block that writes the directory's first file (its manifest):
+    if the block fails or is stopped, the directory is removed again where this made it and it
+    is still empty (a Ctrl-C there left an empty run no command could read)."""
+    made = not Path(path).exists()
+    make_run_dir(path)
+    try:
+        yield
+    except BaseException:
+        if made:
+            with contextlib.suppress(OSError):
+                Path(path).rmdir()
+        raise
 
 
 #: disk space a run holds back from the start, for its manifest's last write on a full disk
