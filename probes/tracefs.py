@@ -303,7 +303,9 @@ class TracefsProbe(Probe):
     @classmethod
     def reclaim_stale(cls) -> list[str]:
         removed = []
-        for path in stale_instances(TRACEFS / "instances", PREFIX):
+        # a doctor's too (a run's check of its host makes one): stopped as it made it
+        for path in (stale_instances(TRACEFS / "instances", PREFIX)
+                     + stale_instances(TRACEFS / "instances", DOCTOR_INSTANCE_PREFIX)):
             remove_instance(path)
             removed.append(f"tracefs instance {path.name}")
         return removed
@@ -346,7 +348,8 @@ class TracefsProbe(Probe):
         except OSError as e:
             error = e.strerror or str(e)
         finally:
-            if created:
+            # a stop between mkdir and the flag: the instance is there, and ours all the same
+            if created or inst.is_dir():
                 removed = False
                 for attempt in range(20):
                     try:

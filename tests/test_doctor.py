@@ -235,3 +235,25 @@ def test_the_kernel_config_a_vm_runner_names_is_read_first(tmp_path, monkeypatch
     monkeypatch.setenv(hostfacts.KERNEL_CONFIG_ENV, str(tmp_path / "gone"))
     monkeypatch.setattr(hostfacts, "PROC", tmp_path / "proc")        # no /proc/config.gz
     assert hostfacts.kernel_config("no-such-release") == ({}, None)  # then /boot, /proc: none
+
+
+def test_a_stop_just_after_the_doctor_made_its_instance_leaves_none(kernel, monkeypatch):
+    """A Ctrl-C landing as mkdir returns, before the check noted the instance made (CI: a run
+    stopped 0.3 s in, in its doctor's check, left harmony-doctor-<pid>): removed all the same."""
+    from harmony.probes.tracefs import TracefsProbe
+
+    real_mkdir = Path.mkdir
+
+    def mkdir_then_stop(self, *args, **kwargs):
+        real_mkdir(self, *args, **kwargs)
+        if self.name.startswith("harmony-doctor"):
+            raise KeyboardInterrupt
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        TracefsProbe.doctor_check({"tracefs": {"path": str(kernel)}})
+    monkeypatch.undo()
+    assert _doctor_instances(kernel) == []
+    # one a stopped doctor left all the same (a dead pid's): the next clean-up reclaims it
+    (kernel / "instances" / "harmony-doctor-4194303").mkdir()
+    assert "tracefs instance harmony-doctor-4194303" in TracefsProbe.reclaim_stale()
+    assert _doctor_instances(kernel) == []
