@@ -441,7 +441,10 @@ def find_unrecorded_moves(events: pd.DataFrame, pids=None) -> dict[str, np.ndarr
     sched_migrate_task (orig_cpu, then dest_cpu). Walking them in time order, a placement on another
     CPU than the last one, with no migration in between, is a move the stream does not hold (a
     migration whose orig_cpu is not the task's last CPU counts the same way). A placement on no
-    CPU (-1) is skipped; one instant's switch places its next task before its previous one.
+    CPU (-1) is skipped; one instant's switch places its next task before its previous one. A
+    sched_wakeup_new starts a new task: what its pid did before was another task's (a pid used
+    again), so it proves no move (the kernel places a new task without sched_waking or
+    sched_migrate_task: a fork's choice of CPU is the reconstruction's ``fork`` cause).
 
     ``pids``: tasks to check (default: every task but the swappers). Returns arrays, one entry a
     move, by task then time: row (the events row of the placement that proved it), pid, ts,
@@ -526,7 +529,8 @@ def _moves_numpy(events: pd.DataFrame, want: np.ndarray | None) -> dict[str, np.
     order = _by_task_in_time(pid, seq)
     seq, pid, before, after, code = (x[order] for x in (seq, pid, before, after, code))
     same_task = np.r_[False, pid[1:] == pid[:-1]]
-    hit = np.flatnonzero(same_task[1:] & (before[1:] != after[:-1])) + 1
+    hit = np.flatnonzero(same_task[1:] & (before[1:] != after[:-1])
+                         & (code[1:] != _WAKEUP_NEW)) + 1
     row = seq[hit].astype(np.int64)
     return {"row": row, "pid": pid[hit].astype(np.int64), "ts": ts[row].astype(np.int64),
             "from_cpu": after[hit - 1].astype(np.int64), "to_cpu": before[hit].astype(np.int64),
@@ -535,14 +539,14 @@ def _moves_numpy(events: pd.DataFrame, want: np.ndarray | None) -> dict[str, np.
 
 def inferred_causes(moves: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """(cause, runnable) of each move of :func:`unrecorded_moves`: a wake-up's placement that
-    follows the task's own sched_waking chose the CPU (``wakeup`` / ``fork``, the task asleep);
-    anything else is ``unknown``, the task counted runnable unless a wake-up proved the move."""
+    follows the task's own sched_waking chose the CPU (``wakeup``, the task asleep); anything
+    else is ``unknown``, the task counted runnable unless a wake-up proved the move (a
+    sched_wakeup_new proves none: it starts a new task)."""
     proof, before = moves["proof"], moves["before"]
     cause = np.full(len(proof), UNKNOWN, np.int8)
     woke = before == _WAKING
     cause[woke & (proof == _WAKEUP)] = WAKEUP
-    cause[woke & (proof == _WAKEUP_NEW)] = FORK
-    runnable = ~np.isin(proof, (_WAKEUP, _WAKEUP_NEW))
+    runnable = proof != _WAKEUP
     return cause, runnable
 
 

@@ -59,7 +59,7 @@ def moves(codes, lut, pid, prev_pid, cpu, orig_cpu, target_cpu, table, n_tasks,
                 a = np.int64(target_cpu[e])
             if b < 0:
                 continue
-            if seen[t] and b != last[t]:
+            if seen[t] and b != last[t] and kd != WAKEUP_NEW:     # a new task: no move
                 if k < room:
                     row[k] = e
                     who[k] = p

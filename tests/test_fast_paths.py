@@ -78,30 +78,34 @@ def _reference_silent_contexts(events):
 def _reference_unrecorded_migrations(events, pids=None, examples=5):
     ev = events["event"]
     sw = (ev == "sched_switch").to_numpy()
-    wk = ev.isin(("sched_waking", "sched_wakeup", "sched_wakeup_new")).to_numpy()
+    wk = ev.isin(("sched_waking", "sched_wakeup")).to_numpy()
+    new = (ev == "sched_wakeup_new").to_numpy()
     mg = (ev == "sched_migrate_task").to_numpy()
     cpu = events["cpu"].to_numpy().astype(np.int64)
     tgt = events["target_cpu"].to_numpy().astype(np.int64)
     ts = events["ts"].to_numpy()
-    seq, pid, before, after = [], [], [], []
+    seq, pid, before, after, fresh = [], [], [], [], []
     for sel, pid_col, b_cpu, a_cpu in (
             (sw, "pid", cpu, cpu), (sw, "prev_pid", cpu, cpu), (wk, "pid", tgt, tgt),
+            (new, "pid", tgt, tgt),
             (mg, "pid", events["orig_cpu"].to_numpy().astype(np.int64), tgt)):
         i = np.flatnonzero(sel)
         seq.append(i)
         pid.append(events[pid_col].to_numpy()[i].astype(np.int64))
         before.append(b_cpu[i])
         after.append(a_cpu[i])
-    seq, pid, before, after = (np.concatenate(x) for x in (seq, pid, before, after))
+        fresh.append(np.full(len(i), sel is new))
+    seq, pid, before, after, fresh = (np.concatenate(x)
+                                      for x in (seq, pid, before, after, fresh))
     keep = (pid > 0) & (before >= 0)
     if pids is not None:
         keep &= np.isin(pid, np.asarray(list(pids), np.int64))
-    seq, pid, before, after = seq[keep], pid[keep], before[keep], after[keep]
+    seq, pid, before, after, fresh = seq[keep], pid[keep], before[keep], after[keep], fresh[keep]
     order = np.lexsort((seq, pid))
-    seq, pid, before, after = seq[order], pid[order], before[order], after[order]
+    seq, pid, before, after, fresh = (x[order] for x in (seq, pid, before, after, fresh))
     same_task = np.r_[False, pid[1:] == pid[:-1]]
     last = np.r_[-1, after[:-1]]
-    moved = same_task & (before != last)
+    moved = same_task & (before != last) & ~fresh       # a new task (a pid used again): no move
     hit = np.flatnonzero(moved)
     return {"n": int(len(hit)), "pids": [int(x) for x in np.unique(pid[hit])],
             "examples": [{"pid": int(pid[k]), "ts": int(ts[seq[k]]), "from_cpu": int(last[k]),
@@ -738,7 +742,7 @@ def _reference_find_unrecorded_moves(events: pd.DataFrame, pids=None) -> dict[st
     seq, pid, before, after, code = (x[order] for x in (seq, pid, before, after, code))
     same_task = np.r_[False, pid[1:] == pid[:-1]]
     last = np.r_[-1, after[:-1]]
-    hit = np.flatnonzero(same_task & (before != last))
+    hit = np.flatnonzero(same_task & (before != last) & (code != 3))   # a new task: no move
     return {"row": seq[hit].astype(np.int64), "pid": pid[hit], "ts": ts[seq[hit]].astype(np.int64),
             "from_cpu": last[hit], "to_cpu": before[hit], "proof": code[hit],
             "before": code[np.maximum(hit - 1, 0)]}
@@ -755,7 +759,8 @@ def _hand_moves_stream() -> pd.DataFrame:
     """The cases find_unrecorded_moves' docstring names, by hand: a switch to another CPU with no
     migration, a wake-up placing the task elsewhere, a migration from another CPU than the last,
     placements on no CPU (-1, skipped), a switch of a task to itself, one instant's switch whose
-    next task is placed before its previous one."""
+    next task is placed before its previous one, a pid used again by a new task on another CPU
+    (no move)."""
     rows = [  # ts, cpu, event, pid, prev_pid, orig_cpu, target_cpu
         (1, 0, "sched_switch", 5, 6, -1, -1),         # 5 and 6 on CPU 0
         (2, 1, "sched_switch", 6, 7, -1, -1),         # 6 on CPU 1: a move; 7 on CPU 1
@@ -767,6 +772,9 @@ def _hand_moves_stream() -> pd.DataFrame:
         (7, 2, "sched_wakeup_new", 9, -1, -1, 2),     # 9's first
         (8, 0, "sched_waking", 9, -1, -1, 0),         # 9 on 0: a move
         (9, 0, "sched_switch", 9, 0, -1, -1),
+        (10, 1, "sched_switch", 0, 10, -1, -1),       # 10 leaves CPU 1 (it exits)
+        (11, 0, "sched_wakeup_new", 10, -1, -1, 3),   # a new task of pid 10 on CPU 3: none
+        (12, 3, "sched_switch", 10, 0, -1, -1),
     ]
     ts, cpu, ev, pid, prev, orig, tgt = zip(*rows)
     return make_events({"ts": ts, "cpu": cpu, "event": ev, "pid": pid, "prev_pid": prev,
