@@ -682,13 +682,15 @@ def run_local(plan: Plan, out: Path, resume: bool = False, quiet: bool = False,
     failed mid-way or incomplete is resumed (:func:`take_up`). Every cell's host-dependent
     checks run before the first starts (CellError, one line per cell). Returns matrix.json's
     record (status complete, or incomplete with each failed cell and its reason)."""
-    record = open_matrix(out, plan, resume)
-    done = complete(out, plan)
-    todo = [c for c in plan.cells if c.id not in done]
-    bad = [f"cell {c.id}: {why}" for c in todo if (why := preflight(c))]
-    if bad:
-        raise CellError(f"this host cannot run {len(bad)} of the cells:\n  " + "\n  ".join(bad))
-    write_record(out, record)
+    with store.new_run_dir(out):    # refused, or stopped, before matrix.json: no directory left
+        record = open_matrix(out, plan, resume)
+        done = complete(out, plan)
+        todo = [c for c in plan.cells if c.id not in done]
+        bad = [f"cell {c.id}: {why}" for c in todo if (why := preflight(c))]
+        if bad:
+            raise CellError(f"this host cannot run {len(bad)} of the cells:\n  "
+                            + "\n  ".join(bad))
+        write_record(out, record)
     progress = progress or MatrixProgress(len(plan.cells), len(done), quiet=quiet)
     failures = []
     try:

@@ -56,7 +56,7 @@ import time
 import uuid
 from pathlib import Path
 
-from harmony import matrix
+from harmony import matrix, store
 from harmony.core.errors import HarmonyError, HostBusy
 from harmony.core.wording import plural
 from harmony.core.osutil import STOP_SIGNALS, harmony_python
@@ -576,8 +576,9 @@ def run_cluster(plan: matrix.Plan, out: Path, address: str | None, resume: bool 
     client = client or connect(address, timeout)
     address = address or client.scheduler.address
     try:
-        record = matrix.open_matrix(out, plan, resume)
-        matrix.write_record(out, record)
+        with store.new_run_dir(out):    # stopped before matrix.json: no directory left
+            record = matrix.open_matrix(out, plan, resume)
+            matrix.write_record(out, record)
         todo, partials, done = [], {}, matrix.complete(out, plan)
         for c in plan.cells:
             if c.id in done:

@@ -116,6 +116,27 @@ def test_a_plan_that_is_not_toml_names_its_file(tmp_path):
         r.stderr.rstrip().endswith("(harmony matrix --help)"), r.stderr
 
 
+def test_a_cell_this_host_cannot_run_is_refused_with_no_directory_left(tmp_path):
+    """A real cell on CPUs this host does not have (or run by someone not root) is refused
+    before anything starts, and the --out directory the command made is gone again."""
+    p = tmp_path / "far.toml"
+    p.write_text("""
+        experiments = ["single-source"]
+        [params]
+        duration = 1
+        [[matrix]]
+        kernels = ["host"]
+        schedulers = ["default"]
+        topologies = ["4000-4001"]
+    """)
+    r = subprocess.run(HARMONY + ["matrix", str(p), "--out", str(tmp_path / "m")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "this host cannot run 1 of the cells" in r.stderr
+    assert "cell host-default-4000-4001: " in r.stderr, r.stderr   # not online, or not root
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_plan_with_bad_cells_is_a_usage_error_naming_the_help(tmp_path):
     """Bad input, as a bad option is (status 2, the command's --help named on the error's line),
     the bad cells listed under it, one a line."""
