@@ -38,28 +38,28 @@ def run_batch(exp, params: dict, cpus: list[int], out: Path, repeat: int, runner
     :mod:`harmony.decide`): only ``first``..``repeat`` are captured, batch.json lists them all.
     """
     out = Path(out)
-    store.make_run_dir(out)
-    reps = [rep_dir(out, k) for k in range(1, first)]
-    seconds = float(params["duration"]) * (1 + len(exp.companions(params)))
-    for k in range(first, repeat + 1):
-        d = rep_dir(out, k)
-        figures = draw_first and k == 1
-        state = _rep_state(d) if resume else None
-        if progress:
-            progress.show(f"{out.name} rep {k}/{repeat}" + (f" ({state})" if state else ""))
-        if state == "captured":             # analysed, not captured again
-            runner.adopt([str(d / name) for name in exp.companions(params)] + [str(d)], figures)
-        elif state != "complete":
-            if state is not None:
-                _move_aside(d)
-            runner.capture(exp, params, cpus, d, seed + k - 1, figures=figures)
-        if progress:
-            progress.finished(seconds)
-        reps.append(d)
-    before = store.read_json(out / "batch.json") if first > 1 else {}
-    store.write_json(out / "batch.json", before | {
-        "experiment": exp.name, "params": params, "cpus": cpus, "repeat": repeat,
-        "reps": [d.name for d in reps], "status": "captured"})
+    with store.new_run_dir(out):    # a stop before the first repetition leaves no directory
+        reps = [rep_dir(out, k) for k in range(1, first)]
+        seconds = float(params["duration"]) * (1 + len(exp.companions(params)))
+        for k in range(first, repeat + 1):
+            d = rep_dir(out, k)
+            figures = draw_first and k == 1
+            state = _rep_state(d) if resume else None
+            if progress:
+                progress.show(f"{out.name} rep {k}/{repeat}" + (f" ({state})" if state else ""))
+            if state == "captured":             # analysed, not captured again
+                runner.adopt([str(d / name) for name in exp.companions(params)] + [str(d)], figures)
+            elif state != "complete":
+                if state is not None:
+                    _move_aside(d)
+                runner.capture(exp, params, cpus, d, seed + k - 1, figures=figures)
+            if progress:
+                progress.finished(seconds)
+            reps.append(d)
+        before = store.read_json(out / "batch.json") if first > 1 else {}
+        store.write_json(out / "batch.json", before | {
+            "experiment": exp.name, "params": params, "cpus": cpus, "repeat": repeat,
+            "reps": [d.name for d in reps], "status": "captured"})
     return reps
 
 

@@ -320,7 +320,6 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
     from harmony.experiments import get_experiment
 
     out = Path(out)
-    store.make_run_dir(out)
     total_runs = sum(c.repeat for c in configs)
     configured = sum(c.configured_s for c in configs)
     record = {"cpus": cpus, "quick": None, "configs": [dataclasses.asdict(c) for c in configs],
@@ -332,7 +331,8 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
         before = store.read_json(out / "suite.json")
         record["started_at"] = before.get("started_at")
         record["resumed_at"] = before.get("resumed_at", []) + [time.strftime("%Y-%m-%dT%H:%M:%S%z")]
-    store.write_json(out / "suite.json", record)
+    with store.new_run_dir(out):        # a stop before suite.json is written leaves no directory
+        store.write_json(out / "suite.json", record)
     progress = Progress(total_runs, configured, quiet=quiet,
                         realtime=getattr(runner, "realtime", True))
     # the report's modules (matplotlib: ~0.5 s) are imported while the analysis runs after the
@@ -385,6 +385,9 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
                 batch.finish_batch(b, figures=False)
         analysed = {r["path"]: r for r in drained + getattr(runner, "results", [])}
         failures += [r for r in analysed.values() if r["status"] != "ok"]
+    except BaseException as exc:        # stopped, or failed as a whole: said so, not "running"
+        _mark_incomplete(out, record, exc)
+        raise
     finally:
         progress.close()
     wall = time.monotonic() - t_start
@@ -408,6 +411,18 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
     record["wall_with_report_s"] = time.monotonic() - t_start
     store.write_json(out / "suite.json", record)
     return record
+
+
+def _mark_incomplete(out: Path, record: dict, exc: BaseException) -> None:
+    """Write suite.json as a suite that ``exc`` ended before its report (``--resume`` goes on);
+    a failure to write it (a second stop, a full disk) leaves ``exc`` the error the user sees."""
+    from harmony.manifest import reason
+
+    record |= {"status": "incomplete", "incomplete_reason": reason(exc)}
+    try:
+        store.write_json(out / "suite.json", record)
+    except (OSError, store.RunError, KeyboardInterrupt) as also:
+        exc.add_note(f"{out / 'suite.json'} still says running: {reason(also)}")
 
 
 def _until_decided_record(cap: int | None, grown: list) -> dict | None:

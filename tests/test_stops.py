@@ -268,3 +268,38 @@ def test_a_stop_a_library_turned_into_its_own_error_is_the_stop(capsys):
     with pytest.raises(ImportError, match="initialization failed"):
         with exit_on_error():
             raise ImportError("initialization failed")
+
+
+@pytest.mark.parametrize("moment", ["suite.json", "first capture"])
+def test_a_stop_as_a_suite_starts_leaves_no_empty_directory(tmp_path, monkeypatch, moment):
+    """A Ctrl-C as ``harmony suite`` makes its directory, before suite.json is written: no
+    directory is left; in its first capture, before the run's directory is made: the suite is
+    there, marked interrupted, with no empty batch directory in it."""
+    from harmony import store
+    from harmony.runners import SimRunner
+    from harmony.suite import plan, run_suite
+
+    if moment == "suite.json":
+        def write_json(path, obj, real=store.write_json):
+            if path.name == "suite.json" and not path.exists():
+                raise KeyboardInterrupt
+            real(path, obj)
+        monkeypatch.setattr(store, "write_json", write_json)
+    else:
+        def capture(self, *args, **kwargs):
+            raise KeyboardInterrupt
+        monkeypatch.setattr(SimRunner, "capture", capture)
+    out = tmp_path / "s"
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(plan([0, 1], quick=True, experiments=["single-source"]), [0, 1], out,
+                  SimRunner("poly-balance"), quiet=True)
+    if moment == "suite.json":
+        assert not out.exists()
+    else:
+        assert sorted(p.name for p in out.iterdir()) == ["suite.json"]
+        record = json.loads((out / "suite.json").read_text())
+        assert (record["status"], record["incomplete_reason"]) == ("incomplete",
+                                                                   "interrupted (Ctrl-C)")
+        from harmony.analysis import report_suite
+        md, _ = report_suite.write(out)
+        assert "**the suite did not finish** (incomplete: interrupted (Ctrl-C))" in md.read_text()
