@@ -38,7 +38,9 @@ left); on a second recording 127, 47 and 10 (all 10 exits). A Debian 6.1 guest's
 CPUs each woke and ran the same task in turn) kept 453 of its 1,010 repairs from the states
 alone, 213 from their CPUs, 93 going back. Nothing else moves. A trace without such groups is
 returned untouched; this host's recordings of ~10 M events hold 32-8,861 pairs of tied events,
-in groups of two, and 0-2 to move, in 0.02 s.
+in groups of two, and 0-2 to move, in 0.02 s. The settling pass runs compiled
+(:mod:`harmony.analysis.ties_jit`) on large traces: a second 6.1 recording (2.26 M events,
+309 K tied in 81 K groups) took 3.4-3.6 s in Python, 0.7-1.1 s so, the same order.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.arrays import event_mask, forget_results
+from harmony.analysis.arrays import event_mask, forget_results, in_set
 
 WAKE_EVENTS = ("sched_waking", "sched_wakeup", "sched_wakeup_new", "sched_migrate_task")
 
@@ -82,7 +84,9 @@ def order_ties(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
         return events, tie_facts()
     # the rows of runs of equal timestamps (few), their groups, and those spanning CPUs
     at = np.flatnonzero(same)
-    rows = np.union1d(at, at + 1)
+    tied = np.zeros(n, bool)
+    tied[at] = tied[at + 1] = True
+    rows = np.flatnonzero(tied)
     new = np.ones(len(rows), bool)
     new[1:] = (rows[1:] != rows[:-1] + 1) | (ts[rows[1:]] != ts[rows[:-1]])
     gid = np.cumsum(new) - 1
@@ -101,7 +105,12 @@ def order_ties(events: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
     # in place, column by column: only the groups' rows are written (a new frame of 10 M events
     # took 0.1-1.5 s and as much memory again as the events); a column on memory that cannot be
     # written (a decoder's read-only array) is replaced by a copy, one column at a time
+    # (a categorical column's codes are moved: pandas checks each value against its categories,
+    # 0.08 s a column at 2.3 M events)
     for j, name in enumerate(events.columns):
+        if isinstance(events[name].dtype, pd.CategoricalDtype):
+            events[name] = _moved(events[name], rows, src)
+            continue
         values = groups.iloc[order, j].to_numpy()
         try:
             events.iloc[rows, j] = values
@@ -195,9 +204,9 @@ class _History:
         moved = event_mask(ev, "sched_migrate_task")
         pid = ev["pid"].to_numpy().astype(np.int64)
         prev = ev["prev_pid"].to_numpy().astype(np.int64)
-        out = np.flatnonzero(switch & np.isin(prev, pids))
-        into = np.flatnonzero(switch & np.isin(pid, pids))
-        wake = np.flatnonzero((woken | moved) & np.isin(pid, pids))
+        out = np.flatnonzero(switch & in_set(prev, pids))
+        into = np.flatnonzero(switch & in_set(pid, pids))
+        wake = np.flatnonzero((woken | moved) & in_set(pid, pids))
         asleep = ev["prev_state"].to_numpy()[out] != 0
         keys = np.concatenate((prev[out], pid[into], pid[wake]))
         rows = np.concatenate((out, into, wake))
@@ -211,30 +220,44 @@ class _History:
         target = ev["target_cpu"].to_numpy()[self.at]
         self.cpu = np.where(self.kind >= self.WOKEN, target, cpu).astype(np.int64)
 
-    def _last(self, p: int, row: int) -> tuple[int, int]:
-        """(the index of ``p``'s last record before ``row``, its first): the last < the first
-        where there is none."""
-        lo, hi = np.searchsorted(self.keys, p), np.searchsorted(self.keys, p, side="right")
-        return lo + int(np.searchsorted(self.at[lo:hi], row)) - 1, int(lo)
-
-    def before(self, p: int, row: int) -> tuple[int, object]:
-        """(the row of task ``p``'s last switch, wake-up or migration before the event at
-        ``row``, its state and CPU after it as :func:`_settle` writes them), or (-1, None): none
-        before."""
-        k, lo = self._last(p, row)
-        if k < lo:
-            return -1, None
-        at, where = int(self.at[k]), int(self.cpu[k])
-        woken = False
-        while k >= lo and self.kind[k] >= self.WOKEN:
-            woken |= self.kind[k] == self.WOKEN
-            k -= 1
-        if k < lo:      # only wake-ups or migrations: woken, or where it was is all we know
-            return at, ("queued" if woken else None, where)
-        if self.kind[k] == self.IN:     # woken while it ran: running still, where it ran
-            return at, ("run", int(self.cpu[k]))
-        asleep = self.kind[k] == self.ASLEEP and not woken
-        return at, ("asleep" if asleep else "queued", where)
+    def states(self, pids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        """For each task ``pids[k]`` (loaded) before the event at ``rows[k]``: (the row of its
+        last switch, wake-up or migration, -1 if none; its state after it as a code of
+        :mod:`harmony.analysis.ties_jit`, ABSENT if none; its CPU, -1 if none). A task switched
+        in last is running there (woken while it ran: ``ttwu_runnable``); one whose last records
+        are wake-ups or migrations is queued if one was a wake-up (migrations alone say only
+        where it is); one switched out asleep and not woken since is asleep; else queued."""
+        from harmony.analysis import ties_jit as tj
+        pids, rows = np.asarray(pids, np.int64), np.asarray(rows, np.int64)
+        at = np.full(len(pids), -1, np.int64)
+        kind = np.full(len(pids), tj.ABSENT, np.int8)
+        cpu = np.full(len(pids), -1, np.int64)
+        keys = self.keys
+        if not len(keys) or not len(pids):
+            return at, kind, cpu
+        n = len(self.events) + 1
+        last = np.searchsorted(keys * n + self.at, pids * n + rows) - 1   # by task, then row
+        found = last >= 0
+        found[found] = keys[last[found]] == pids[found]
+        k = last[found]
+        # each record's task's last switch at or before it (-1: none), and whether a wake-up
+        # (not a migration alone) came after that switch
+        idx = np.arange(len(keys))
+        switch = np.maximum.accumulate(np.where(self.kind < self.WOKEN, idx, -1))
+        switch[switch >= 0] = np.where(keys[switch[switch >= 0]] == keys[switch >= 0],
+                                       switch[switch >= 0], -1)
+        woke = np.cumsum(self.kind == self.WOKEN)
+        since = np.where(switch >= 0, switch, np.searchsorted(keys, keys) - 1)
+        woken = woke - np.where(since >= 0, woke[np.maximum(since, 0)], 0) > 0
+        sw, wk = switch[k], woken[k]
+        sw_kind = np.where(sw >= 0, self.kind[np.maximum(sw, 0)], -1)
+        got = np.where(sw < 0, np.where(wk, tj.QUEUED, tj.NONE),
+                       np.where(sw_kind == self.IN, tj.RUN,
+                                np.where((sw_kind == self.ASLEEP) & ~wk, tj.ASLEEP, tj.QUEUED)))
+        at[found] = self.at[k]
+        kind[found] = got
+        cpu[found] = np.where(sw_kind == self.IN, self.cpu[np.maximum(sw, 0)], self.cpu[k])
+        return at, kind, cpu
 
 
 #: how a CPU's next event fits its tasks' states: as the common case has it; as the kernel
@@ -303,6 +326,8 @@ class _Events:
                 put(self.prev[i], ("asleep" if self.asleep[i] else "queued", self.cpu[i]))
             if p > 0:
                 put(p, ("run", self.cpu[i]))
+        elif p <= 0:            # no task (a damaged record): nothing to follow
+            return
         elif self.waking[i] and state.get(p, (None,))[0] == "asleep":
             put(p, ("waking", self.target[i]))      # no other wake-up until it has slept
         elif self.woken[i] and (self.new[i] or state.get(p, (None,))[0] != "run"):
@@ -392,6 +417,16 @@ def _merge(ev: _Events, ranked: list[int], state: dict) -> list[int]:
     return merged
 
 
+#: events in groups to settle from which the compiled pass (:mod:`harmony.analysis.ties_jit`)
+#: repays loading numba where the kernels are not built ahead of time (the Python version takes
+#: ~10-30 us an event, numba's start-up ~0.5-1 s); built ahead of time, or numba loaded already,
+#: it runs whatever the size
+JIT_MIN_EVENTS = 50_000
+
+#: a state code of ties_jit -> the Python version's state kind (ABSENT: no state)
+_KIND_NAMES = {0: None, 1: "asleep", 2: "queued", 3: "run", 4: "waking"}
+
+
 def _settle(sub: pd.DataFrame, gid: np.ndarray, order: np.ndarray,
             history: _History) -> np.ndarray:
     """``order`` (the ranks' order of ``sub``'s rows), with each group of SETTLE_MIN_EVENTS
@@ -406,35 +441,69 @@ def _settle(sub: pd.DataFrame, gid: np.ndarray, order: np.ndarray,
     may be in any state, on any CPU. Where a vCPU's clock stood still through many switches
     while another CPU woke their tasks (the TCG guest's recording), the ranks cannot interleave
     the two CPUs; this can. Where two CPUs' clocks stood still while each woke and ran the same
-    task in turn (a 6.1 guest's recording), the CPU the task was on says which came first."""
+    task in turn (a 6.1 guest's recording), the CPU the task was on says which came first.
+
+    Compiled (:mod:`harmony.analysis.ties_jit`) where :func:`harmony.core.jit.use_compiled`
+    says so, else in Python (:func:`_merge`): the same orders."""
     starts = np.flatnonzero(np.r_[True, gid[order][1:] != gid[order][:-1]])
     ends = np.r_[starts[1:], len(order)]
     big = np.flatnonzero(ends - starts >= SETTLE_MIN_EVENTS)
     if not len(big):
         return order
-    in_big = np.zeros(len(order), bool)
-    for a, b in zip(starts[big].tolist(), ends[big].tolist()):
-        in_big[a:b] = True
-    tasks = np.concatenate((sub["pid"].to_numpy()[in_big], sub["prev_pid"].to_numpy()[in_big]))
-    history.load(np.unique(tasks[tasks > 0]).astype(np.int64))
+    a_s, b_s = starts[big], ends[big]
+    lens = b_s - a_s
+    # the big groups' events (rows of sub) and their groups; each group's tasks, once
+    at_pos = np.repeat(a_s - np.cumsum(lens) + lens, lens) + np.arange(lens.sum())
+    g_of = np.repeat(np.arange(len(big), dtype=np.int64), lens)
+    ev_rows = order[at_pos]
+    pid = sub["pid"].to_numpy().astype(np.int64)
+    prev = sub["prev_pid"].to_numpy().astype(np.int64)
+    both = np.concatenate((pid[ev_rows], prev[ev_rows]))
+    g2 = np.concatenate((g_of, g_of))
+    keep = both > 0
+    pairs = np.unique((g2[keep] << 32) | both[keep])
+    pair_g, pair_pid = pairs >> 32, pairs & 0xFFFFFFFF
+    pair_off = np.searchsorted(pair_g, np.arange(len(big) + 1))
+    tasks = np.unique(pair_pid)
+    history.load(tasks)
+    first_row, last_row = history.rows[a_s].astype(np.int64), history.rows[b_s - 1].astype(np.int64)
+    pair_at, pair_kind, pair_cpu = history.states(pair_pid, first_row[pair_g])
+    order = order.astype(np.int64, copy=True)
+    from harmony.core.jit import use_compiled
+    if use_compiled(int(lens.sum()), JIT_MIN_EVENTS):
+        from harmony.analysis import ties_jit as tj
+        kind = np.zeros(len(sub), np.int8)
+        for code, name in ((tj.SWITCH, "sched_switch"), (tj.WAKING, "sched_waking"),
+                           (tj.WAKEUP, "sched_wakeup"), (tj.WAKEUP_NEW, "sched_wakeup_new"),
+                           (tj.MIGRATE, "sched_migrate_task")):
+            kind[event_mask(sub, name)] = code
+
+        def dense(p):
+            at = np.minimum(np.searchsorted(tasks, p), max(len(tasks) - 1, 0))
+            return np.where((p > 0) & (tasks[at] == p), at, -1).astype(np.int64)
+        col = {c: sub[c].to_numpy().astype(np.int64) for c in ("cpu", "orig_cpu", "target_cpu")}
+        tj.settle(kind, dense(prev), dense(pid), sub["prev_state"].to_numpy() != 0, col["cpu"],
+                  col["orig_cpu"], col["target_cpu"], order, a_s.astype(np.int64),
+                  b_s.astype(np.int64), last_row, pair_off.astype(np.int64),
+                  np.searchsorted(tasks, pair_pid).astype(np.int64), pair_at, pair_kind,
+                  pair_cpu, len(tasks), float(BACKTRACK_PER_EVENT))
+        return order
     settled: dict[int, tuple[int, object]] = {}   # pid -> (the row its last group ended, state)
     ev = _Events(sub)
-    order = order.copy()
-    for a, b in zip(starts[big].tolist(), ends[big].tolist()):
+    pair_pid, pair_at, pair_cpu = pair_pid.tolist(), pair_at.tolist(), pair_cpu.tolist()
+    pair_kind = pair_kind.tolist()
+    for g, (a, b) in enumerate(zip(a_s.tolist(), b_s.tolist())):
         ranked = order[a:b].tolist()
-        first, last = int(history.rows[a]), int(history.rows[b - 1])
         state: dict[int, tuple] = {}
-        for p in {*(ev.pid[i] for i in ranked), *(ev.prev[i] for i in ranked)}:
-            if p <= 0:
-                continue
-            last_at, known = history.before(p, first)
+        for j in range(pair_off[g], pair_off[g + 1]):
+            p = pair_pid[j]
+            known = None if pair_kind[j] < 0 else (_KIND_NAMES[pair_kind[j]], pair_cpu[j])
             end = settled.get(p)
-            if end is not None and last_at <= end[0]:
+            if end is not None and pair_at[j] <= end[0]:
                 known = end[1]          # its last event was in a group settled here
             if known is not None:
                 state[p] = known
-        merged = _merge(ev, ranked, state)
-        order[a:b] = merged
+        order[a:b] = _merge(ev, ranked, state)
         for p, st in state.items():
-            settled[p] = (last, st)
+            settled[p] = (int(last_row[g]), st)
     return order

@@ -38,6 +38,7 @@ from pathlib import Path
 KERNEL_MODULES = ("harmony.probes.ringbuf_jit", "harmony.analysis.taskstate_jit",
                   "harmony.analysis.reconstruct_jit", "harmony.analysis.causes_jit",
                   "harmony.analysis.checks_jit", "harmony.analysis.cost_jit",
+                  "harmony.analysis.ties_jit",
                   "harmony.importer_jit", "harmony.probes.perf_read_jit",
                   "harmony.analysis.plots_jit")
 
