@@ -275,9 +275,9 @@ def _runs_table_compiled(pid, rcpu, start, end, end_state, open_end, n_seen: int
     m = int(np.count_nonzero(start < t_end))
     task_pids, task_row = np.unique(_pids(tasks), return_index=True)   # the first of a pid
     (names, name_code), (roles, role_code) = _task_categories(tasks)
-    # codes as narrow as pandas keeps them (int8 below 127 categories), so that it takes them as is
-    name_code, role_code = (c.astype(np.int8 if len(cats) < 127 else np.int32) for c, cats in
-                            ((name_code, names), (role_code, roles)))
+    # int32 codes whatever the categories (one compiled signature: a trace of 127 task names or
+    # more fell back to numba's JIT, 0.4 s), narrowed below as pandas keeps them
+    name_code, role_code = name_code.astype(np.int32), role_code.astype(np.int32)
     cols = {"pid": np.empty(m, np.int32), "cpu": np.empty(m, np.int32),
             "start": np.empty(m, np.int64), "end": np.empty(m, np.int64),
             "duration": np.empty(m, np.int64), "t": np.empty(m, np.float64),
@@ -287,8 +287,9 @@ def _runs_table_compiled(pid, rcpu, start, end, end_state, open_end, n_seen: int
     reconstruct_jit.finish_runs(order, pid, rcpu, start, end, end_state, open_end, np.int64(n_seen),
                                 np.int64(t_end), np.int64(t0), task_pids, task_row.astype(np.int64),
                                 name_code, role_code, *cols.values())
-    cols["name"] = pd.Categorical.from_codes(cols["name"], categories=names, validate=False)
-    cols["role"] = pd.Categorical.from_codes(cols["role"], categories=roles, validate=False)
+    for k, cats in (("name", names), ("role", roles)):
+        codes = cols[k].astype(np.int8, copy=False) if len(cats) < 127 else cols[k]
+        cols[k] = pd.Categorical.from_codes(codes, categories=cats, validate=False)
     return {k: cols[k] for k in tables.RUNS.names}
 
 

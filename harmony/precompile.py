@@ -80,15 +80,17 @@ def precompile(work: Path) -> dict:
     slots, ringbuf_stream.TABLE_SLOTS = ringbuf_stream.TABLE_SLOTS, 4
     slab, ringbuf_stream.SLAB_BYTES = ringbuf_stream.SLAB_BYTES, 1     # a page each
     try:
-        # two CPUs (their records merged in parts on threads) and four (merged in one pass)
-        for ncpus in (2, 4):
-            here = work / f"p{ncpus}"
+        # two CPUs (their records merged in parts on threads), four (merged in one pass), and
+        # four with 140 tasks: more comms and task names than an 8-bit code holds (a whole
+        # system's trace: its codes are wider), stamped by a 20 us clock (ties across CPUs)
+        for ncpus, ntasks, clock_ns in ((2, 4, 0), (4, 8, 0), (4, 140, 20_000)):
+            here = work / f"p{ncpus}-{ntasks}"
             sim = simulate_run("poly-balance", "single-source", ncpus, here / "sim",
-                               overrides={"duration": "0.5",
-                                          "layout": f"{2 * ncpus}" + ",0" * (ncpus - 1)})
+                               overrides={"duration": "0.5" if ntasks < 100 else "0.2",
+                                          "layout": f"{ntasks}" + ",0" * (ncpus - 1)})
             raw = here / "raw"
-            write_recording(sim.events, sim.markers, {"cpus": list(range(ncpus)), "clock": "mono"},
-                            raw)
+            write_recording(_coarse(sim.events, clock_ns) if clock_ns else sim.events,
+                            sim.markers, {"cpus": list(range(ncpus)), "clock": "mono"}, raw)
             decode_dir(raw)
             dat = write_tracedat(raw, here / "trace.dat")
             import_trace(dat, here / "import", pids=[int(p) for p in sim.tasks["pid"]])
@@ -131,6 +133,14 @@ def precompile(work: Path) -> dict:
             "loaded": sum(d.stats.cache_hits.total() for d in found.values()),
             "seconds": time.perf_counter() - t,
             "cache_dirs": sorted({str(d._cache._cache_path) for d in found.values()})}
+
+
+def _coarse(events, clock_ns: int):
+    """``events`` stamped by a clock of ``clock_ns`` and merged as a decoder merges them (equal
+    timestamps CPU by CPU)."""
+    events = events.assign(ts=events["ts"].to_numpy() // clock_ns * clock_ns)
+    order = np.lexsort((np.arange(len(events)), events["cpu"].to_numpy(), events["ts"].to_numpy()))
+    return events.iloc[order].reset_index(drop=True)
 
 
 def _ties() -> None:

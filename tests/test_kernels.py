@@ -58,6 +58,16 @@ IMPORT = """
     decode_dir(here / "raw")
     dat = write_tracedat(here / "raw", here / "trace.dat")
     import_trace(dat, here / "import", pids=[int(p) for p in sim.tasks["pid"]])
+    # a whole system's trace: more comms and task names than an 8-bit code holds, and ties
+    # across CPUs (a 20 us clock): its wider codes and the ties' pass (a Debian 6.1 guest's
+    # trace of 161 tasks fell back to numba's JIT)
+    from harmony.precompile import _coarse
+    wide = simulate_run("poly-balance", "single-source", 4, here / "wide-sim",
+                        overrides={"duration": "0.2", "layout": "140,0,0,0"})
+    write_recording(_coarse(wide.events, 20_000), wide.markers,
+                    {"cpus": [0, 1, 2, 3], "clock": "mono"}, here / "wide-raw")
+    dat = write_tracedat(here / "wide-raw", here / "wide.dat")
+    import_trace(dat, here / "import-wide", pids=[int(p) for p in wide.tasks["pid"]])
     # and the perf.data files of the fuzz corpus (a file, a pipe's, a compressed one)
     from harmony.probes.perf_read import read_perf_data
     for p in sorted(Path(sys.argv[2]).glob("seed-*")):
@@ -68,9 +78,10 @@ IMPORT = """
 
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_an_import_by_the_built_kernels_loads_no_numba_and_matches_the_jit(tmp_path, threads):
-    """A whole import (decode, tables, checks) and the corpus's perf.data files read, with the
-    kernels forced on, once by the kernels built ahead of time and once by numba's JIT: the
-    first never loads numba and no call misses its exports; both write the same tables."""
+    """A whole import (decode, tables, checks), one of a whole system's trace (wide codes, ties)
+    and the corpus's perf.data files read, with the kernels forced on, once by the kernels
+    built ahead of time and once by numba's JIT: the first never loads numba and no call misses
+    its exports; both write the same tables."""
     _need_built_kernels()
     import pandas as pd
     env = {"HARMONY_JIT": "1", "HARMONY_THREADS": threads}
@@ -86,12 +97,14 @@ def test_an_import_by_the_built_kernels_loads_no_numba_and_matches_the_jit(tmp_p
     built, jit = runs["1"][0], runs["0"][0]
     assert built == {"numba": False, "fallbacks": {}}
     assert jit["numba"] is True
-    tables = sorted(p.relative_to(runs["1"][1]) for p in runs["1"][1].rglob("*.parquet"))
-    assert tables and tables == sorted(p.relative_to(runs["0"][1])
-                                       for p in runs["0"][1].rglob("*.parquet"))
-    for t in tables:
-        pd.testing.assert_frame_equal(pd.read_parquet(runs["1"][1] / t),
-                                      pd.read_parquet(runs["0"][1] / t))
+    for name in ("import", "import-wide"):
+        built_run, jit_run = (runs[aot][1].parent / name for aot in ("1", "0"))
+        tables = sorted(p.relative_to(built_run) for p in built_run.rglob("*.parquet"))
+        assert tables and tables == sorted(p.relative_to(jit_run)
+                                           for p in jit_run.rglob("*.parquet"))
+        for t in tables:
+            pd.testing.assert_frame_equal(pd.read_parquet(built_run / t),
+                                          pd.read_parquet(jit_run / t))
 
 
 def test_a_call_no_export_matches_runs_by_numba_and_is_counted():
