@@ -117,6 +117,18 @@ def _undo(st_kind, st_cpu, u_task, u_kind, u_cpu, u, to):
     return to
 
 
+@inline
+def _take(k, q_ev, q_start, heads, merged, m, kind, ptask, qtask, asleep, cpu, target, st_kind,
+          st_cpu, u_task, u_kind, u_cpu, u):
+    """CPU queue ``k``'s next event taken as the merge's ``m``-th, applied: (the event, the undo
+    log's new length)."""
+    i = q_ev[q_start[k] + heads[k]]
+    heads[k] += 1
+    merged[m] = i
+    return i, _apply(i, kind, ptask, qtask, asleep, cpu, target, st_kind, st_cpu, u_task, u_kind,
+                     u_cpu, u)
+
+
 @kernel
 def settle(kind, ptask, qtask, asleep, cpu, orig, target, order, starts, ends, last_row,
            pair_off, pair_task, pair_at, pair_kind, pair_cpu, n_tasks, per_event):
@@ -236,12 +248,9 @@ def settle(kind, ptask, qtask, asleep, cpu, orig, target, order, starts, ends, l
                             cand[y] = k
                             nc += 1
                     n0, u0 = m, u
-                    i = q_ev[q_start[best] + heads[best]]
-                    heads[best] += 1
-                    merged[m] = i
+                    i, u = _take(best, q_ev, q_start, heads, merged, m, kind, ptask, qtask, asleep,
+                                 cpu, target, st_kind, st_cpu, u_task, u_kind, u_cpu, u)
                     m += 1
-                    u = _apply(i, kind, ptask, qtask, asleep, cpu, target, st_kind, st_cpu,
-                               u_task, u_kind, u_cpu, u)
                     if nc > 0 and budget > 0:
                         if top + nc > alike.shape[0]:
                             grown = np.empty(2 * (top + nc), np.int64)
@@ -288,12 +297,9 @@ def settle(kind, ptask, qtask, asleep, cpu, orig, target, order, starts, ends, l
                                 first < 0 or pos_of[q_ev[q_start[k] + heads[k]]]
                                 < pos_of[q_ev[q_start[first] + heads[first]]]):
                             first = k
-                    i = q_ev[q_start[first] + heads[first]]
-                    heads[first] += 1
-                    merged[m] = i
+                    i, u = _take(first, q_ev, q_start, heads, merged, m, kind, ptask, qtask, asleep,
+                                 cpu, target, st_kind, st_cpu, u_task, u_kind, u_cpu, u)
                     m += 1
-                    u = _apply(i, kind, ptask, qtask, asleep, cpu, target, st_kind, st_cpu,
-                               u_task, u_kind, u_cpu, u)
                     continue
                 budget -= 1
                 nch = c + 1
@@ -304,12 +310,9 @@ def settle(kind, ptask, qtask, asleep, cpu, orig, target, order, starts, ends, l
                     heads[q_of[merged[m]]] -= 1
                 k = alike[ch_head[c]]
                 ch_head[c] += 1
-                i = q_ev[q_start[k] + heads[k]]
-                heads[k] += 1
-                merged[m] = i
+                i, u = _take(k, q_ev, q_start, heads, merged, m, kind, ptask, qtask, asleep, cpu,
+                             target, st_kind, st_cpu, u_task, u_kind, u_cpu, u)
                 m += 1
-                u = _apply(i, kind, ptask, qtask, asleep, cpu, target, st_kind, st_cpu,
-                           u_task, u_kind, u_cpu, u)
                 ch_t1[c] = ptask[i]
                 ch_t2[c] = qtask[i]
             moved = False
