@@ -31,7 +31,7 @@ from pathlib import Path
 from harmony import store
 from harmony.core.errors import ControllerError, TraceCorrupt
 from harmony.core.memory import stop_prefault
-from harmony.core.stops import raise_stop
+from harmony.core.stops import held, raise_stop
 from harmony.core.timing import Laps
 from harmony.core.wording import plural
 from harmony.hygiene import HostLock, reclaim_stale
@@ -503,7 +503,12 @@ class _Capture:
     def close(self) -> None:
         """Whatever happened: nothing left running or changed (threads lowered, workers, the
         scheduler, the kernel's counting, the probes, the analyser resumed, the lock), and the
-        manifest written as it ends."""
+        manifest written as it ends; a stop that comes meanwhile is raised once that is done
+        (:class:`harmony.core.stops.held`)."""
+        with held():
+            self._close()
+
+    def _close(self) -> None:
         manifest = self.manifest
         lower_threads(self.raised)
         put_back(self.moved)

@@ -303,3 +303,62 @@ def test_a_stop_as_a_suite_starts_leaves_no_empty_directory(tmp_path, monkeypatc
         from harmony.analysis import report_suite
         md, _ = report_suite.write(out)
         assert "**the suite did not finish** (incomplete: interrupted (Ctrl-C))" in md.read_text()
+
+
+def test_a_held_block_finishes_then_raises_the_stop_and_a_second_stop_at_once():
+    """stops.held: a Ctrl-C inside waits for the block's end; a second one is raised where it
+    comes; an error of the block goes on instead of the held stop; the handlers are put back."""
+    import os
+
+    def ctrl_c():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)        # delivered: Python runs the handler between two bytecodes
+
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with stops.held():
+            ctrl_c()
+            done.append("after the stop")
+    assert done == ["after the stop"] and signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(KeyboardInterrupt):
+        with stops.held():
+            ctrl_c()
+            ctrl_c()
+            done.append("never")
+    assert done == ["after the stop"] and signal.getsignal(signal.SIGINT) is before
+    with pytest.raises(ValueError):
+        with stops.held():
+            ctrl_c()
+            raise ValueError("the block's own error")
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_stop_as_a_run_cleans_up_still_writes_its_manifest(tmp_path):
+    """A Ctrl-C that lands as a run stops its probes (CI: 3.3 s into a 2 s run) cut the cleanup
+    short before the manifest was written: it said "running" for ever. The cleanup finishes,
+    the manifest is written, then the stop is raised."""
+    import os
+
+    from harmony import run as run_mod
+    from harmony.experiments import get_experiment
+
+    class Probe:
+        stopped = False
+
+        def stop(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            Probe.stopped = True
+
+    exp = get_experiment("single-source")
+    out = tmp_path / "run"
+    cap = run_mod._Capture(exp, exp.resolve({}, [0]), [0], out, "tracefs", 0, None, None, None,
+                           None, None)
+    cap.open({}, lock_held=True)
+    cap.probe = Probe()
+    cap.manifest["status"] = "captured"     # as finish() leaves it
+    with pytest.raises(KeyboardInterrupt):
+        cap.close()
+    m = json.loads((out / "manifest.json").read_text())
+    assert Probe.stopped and m["status"] == "captured" and m["ended_at"]
