@@ -698,7 +698,7 @@ def write(suite: Path, note: str | None = None, processes: int | None = None,
                      f"analysis {analysis})")
     facts += [scheduler_ended_text(r) for r in info.get("scheduler_ended") or ()]
     if info.get("incomplete_reason") or info.get("status") == "running":     # stopped, killed
-        why = info.get("incomplete_reason") or "its controller ended before it could say why"
+        why = info.get("incomplete_reason") or "no end written: killed, or still running"
         facts.append(f"**the suite did not finish** ({info['status']}: {why}): what follows "
                      f"reads only the runs made before; `harmony suite --out {suite} --resume` "
                      "goes on")
