@@ -465,6 +465,8 @@ def _settle(sub: pd.DataFrame, gid: np.ndarray, order: np.ndarray,
     pair_g, pair_pid = pairs >> 32, pairs & 0xFFFFFFFF
     pair_off = np.searchsorted(pair_g, np.arange(len(big) + 1))
     tasks = np.unique(pair_pid)
+    if not len(tasks):          # no task in any group (idle switches alone): every order fits
+        return order
     history.load(tasks)
     first_row, last_row = history.rows[a_s].astype(np.int64), history.rows[b_s - 1].astype(np.int64)
     pair_at, pair_kind, pair_cpu = history.states(pair_pid, first_row[pair_g])

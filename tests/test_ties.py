@@ -279,6 +279,22 @@ def test_groups_without_a_switch_are_left_as_they_are():
     assert per_cpu(ordered) == per_cpu(events)
 
 
+@pytest.mark.parametrize("implementation", ["numpy", "compiled"])
+def test_a_group_of_no_task_is_left_as_it_is(implementation, monkeypatch):
+    """A group of three events or more naming no task (idle switches alone) has nothing to
+    settle, compiled or not (the compiled pass once indexed an empty task table)."""
+    from conftest import use_implementation
+    use_implementation(implementation, monkeypatch)
+    s = Stream({OTHER: "other"})
+    s.switch(5_000, 0, prev=0, state=S_RUN, next=0)
+    s.switch(5_000, 0, prev=0, state=S_RUN, next=0)
+    s.switch(5_000, 1, prev=0, state=S_RUN, next=0)
+    events = s.events()
+    ordered, facts = order_ties(events.copy())
+    assert facts == {"pairs": 1, "groups": 1, "events": 3, "reordered": 0}
+    assert per_cpu(ordered) == per_cpu(events)
+
+
 def test_a_trace_without_ties_across_cpus_is_returned_as_it_is():
     s = Stream({P: "p", OTHER: "other"})
     s.switch(1_000, 0, prev=0, state=S_RUN, next=P)
