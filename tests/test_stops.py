@@ -199,24 +199,32 @@ def test_ctrl_c_at_any_moment_of_an_import_ends_it_interrupted_or_done(tmp_path)
     assert any(code == 130 for _, code in seen), seen
 
 
+def _stop_at_first_write(monkeypatch, name: str) -> None:
+    """A Ctrl-C as the file ``name`` is first written (store.write_json), as a stop landing
+    just before it would."""
+    from harmony import store
+
+    def write_json(path, obj, real=store.write_json):
+        if path.name == name and not path.exists():
+            raise KeyboardInterrupt
+        real(path, obj)
+    monkeypatch.setattr(store, "write_json", write_json)
+
+
 @pytest.mark.parametrize("moment", ["manifest", "copy"])
 def test_a_stop_as_an_import_makes_its_run_leaves_none_or_one_marked(tmp_path, monkeypatch,
                                                                     moment):
     """A Ctrl-C as the run directory is made, before its manifest is written (CI saw one, 0.35
     s into an import): no empty directory is left; just after, before the analysis began
     (the trace's copy starting): the run is marked interrupted, not left "running"."""
-    from harmony import importer, store
+    from harmony import importer
     from harmony.probes.tracedat_write import write_tracedat
 
     pages, _, _ = known_capture()
     dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "trace.dat")
     out = tmp_path / "run"
     if moment == "manifest":
-        def write_json(path, obj, real=store.write_json):
-            if path.name == "manifest.json" and not path.exists():
-                raise KeyboardInterrupt
-            real(path, obj)
-        monkeypatch.setattr(store, "write_json", write_json)
+        _stop_at_first_write(monkeypatch, "manifest.json")
     else:
         def in_background(*args, **kwargs):
             raise KeyboardInterrupt
@@ -233,14 +241,10 @@ def test_a_stop_as_an_import_makes_its_run_leaves_none_or_one_marked(tmp_path, m
 def test_a_stop_as_a_run_makes_its_directory_leaves_nothing(tmp_path, monkeypatch):
     """The same moment of ``harmony run`` (its directory and the space set aside made, its
     manifest not yet written): neither is left."""
-    from harmony import run as run_mod, store
+    from harmony import run as run_mod
     from harmony.experiments import get_experiment
 
-    def write_json(path, obj, real=store.write_json):
-        if path.name == "manifest.json":
-            raise KeyboardInterrupt
-        real(path, obj)
-    monkeypatch.setattr(store, "write_json", write_json)
+    _stop_at_first_write(monkeypatch, "manifest.json")
     exp = get_experiment("single-source")
     out = tmp_path / "run"
     cap = run_mod._Capture(exp, exp.resolve({}, [0]), [0], out, "tracefs", 0, None, None, None,
@@ -275,16 +279,11 @@ def test_a_stop_as_a_suite_starts_leaves_no_empty_directory(tmp_path, monkeypatc
     """A Ctrl-C as ``harmony suite`` makes its directory, before suite.json is written: no
     directory is left; in its first capture, before the run's directory is made: the suite is
     there, marked interrupted, with no empty batch directory in it."""
-    from harmony import store
     from harmony.runners import SimRunner
     from harmony.suite import plan, run_suite
 
     if moment == "suite.json":
-        def write_json(path, obj, real=store.write_json):
-            if path.name == "suite.json" and not path.exists():
-                raise KeyboardInterrupt
-            real(path, obj)
-        monkeypatch.setattr(store, "write_json", write_json)
+        _stop_at_first_write(monkeypatch, "suite.json")
     else:
         def capture(self, *args, **kwargs):
             raise KeyboardInterrupt
