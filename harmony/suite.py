@@ -421,7 +421,7 @@ def _mark_incomplete(out: Path, record: dict, exc: BaseException) -> None:
     record |= {"status": "incomplete", "incomplete_reason": reason(exc)}
     try:
         store.write_json(out / "suite.json", record)
-    except (OSError, store.RunError, KeyboardInterrupt) as also:
+    except BaseException as also:       # a full disk, a second stop of any kind
         exc.add_note(f"{out / 'suite.json'} still says running: {reason(also)}")
 
 
