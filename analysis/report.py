@@ -363,6 +363,8 @@ def report_document(run, figures: list | None = None) -> list:
         drawn, missing = [], []
         doc += [D.Figure(Path(f), Path(f).name) for f in figures]
     doc += [D.Figure(run.path / f, f) for f in drawn]
+    if figures is None and m.get("figures_deferred"):
+        doc.append(D.Para(f"Not drawn yet: `harmony report {run.path}` draws them."))
     if missing:
         doc.append(D.Para(f"Missing: {', '.join(missing)} (`harmony report` draws them again)."))
     return doc

@@ -714,9 +714,12 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
                  end_s: float | None = None, end_marker: str | None = None,
                  experiment: str = "single-source", params: dict | None = None,
                  buffer: str | None = None, progress=None,
-                 memory_check: bool = True, disk_check: bool = True) -> store.Run:
+                 memory_check: bool = True, disk_check: bool = True,
+                 figures: bool = True) -> store.Run:
     """Analyse ``path`` into the run directory ``out``; returns the loaded, complete run.
     ``progress``: called with a short line as each long step starts (reading, tables, figures).
+    ``figures=False`` leaves the figures to ``harmony report`` (:func:`pipeline.draw_figures`):
+    the run is complete, its manifest says they are deferred.
     ``memory_check``: refuse a trace this host has not the memory for (:func:`check_memory`);
     ``disk_check``: one ``out``'s file system has not the room for (:func:`check_disk`).
 
@@ -754,7 +757,7 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window, not_known,
                         sorted(shown), cpus_given=bool(cpus))
     try:
-        return _analyse_copying(path, out, manifest, read, tasks, window, step)
+        return _analyse_copying(path, out, manifest, read, tasks, window, step, figures)
     except BaseException as exc:
         if manifest.get("status") == "running":     # stopped before the analysis could say so
             pipeline.mark_incomplete(out, manifest, pipeline.reason(exc))
@@ -934,7 +937,7 @@ def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path
 
 
 def _analyse_copying(path: Path, out: Path, manifest: dict, read: _Read, tasks: pd.DataFrame,
-                     window: _Window, step) -> store.Run:
+                     window: _Window, step, figures: bool = True) -> store.Run:
     """The analysis of the run (:func:`pipeline.analyse_capture`), while the copy of the trace
     kept with it (filemap.copy_file: by the device, past the page cache) is made; waited for
     before the run is written complete, what is left of it then going through the page cache
@@ -949,7 +952,7 @@ def _analyse_copying(path: Path, out: Path, manifest: dict, read: _Read, tasks: 
         return pipeline.analyse_capture(out, manifest, read.cap, tasks,
                                         pipeline.Window(window.t0, window.end),
                                         pipeline.Origin("imported", notes=read.notes),
-                                        progress=step, before_complete=copied)
+                                        progress=step, before_complete=copied, figures=figures)
     finally:
         stop.set()                  # an error or a signal: the run is incomplete, its copy moot
         futures.wait([copying])     # never leave the copy running behind an error

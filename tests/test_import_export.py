@@ -442,6 +442,33 @@ def test_import_reports_lost_events_and_makes_a_run(writer_dat, tmp_path):
                      "drawing the figures"]
 
 
+def test_an_import_without_figures_is_complete_and_its_report_draws_them(writer_dat, tmp_path):
+    """--no-figures: the run is complete with the same tables and metrics, no figure drawn and
+    the manifest saying they are deferred; the screen and the report say how to draw them, and
+    `harmony report` draws the ones an import with figures draws."""
+    _, dat = writer_dat
+    out, full = tmp_path / "nofig", tmp_path / "full"
+    r = invoke("import", dat, "--comm", "cat-*", "--pid", 11, "--no-figures", "--out", out)
+    assert r.exit_code == 0, r.output
+    assert f"figures: not drawn (`harmony report {out}` draws them)" in r.output
+    assert invoke("import", dat, "--comm", "cat-*", "--pid", 11, "--out", full).exit_code == 0
+    run, ref = harmony.load(out), harmony.load(full)
+    assert run.complete and run.manifest["figures_deferred"] is True
+    assert run.manifest["figures"] == [] and not (out / "figures").exists()
+    assert "figures" not in run.manifest["timings_s"]
+    assert run.summary == ref.summary
+    for name in TABLES:
+        pd.testing.assert_frame_equal(run.table(name), ref.table(name))
+    assert f"Not drawn yet: `harmony report {out}` draws them." in (out / "report.md").read_text()
+    rep = invoke("report", out)
+    assert rep.exit_code == 0, rep.output
+    run = harmony.load(out)
+    assert run.manifest["figures_deferred"] is False
+    assert run.manifest["figures"] == ref.manifest["figures"]
+    assert all((out / f).is_file() for f in run.manifest["figures"])
+    assert "Not drawn yet" not in (out / "report.md").read_text()
+
+
 def test_a_trace_piped_in_is_kept_in_the_run_and_imported(writer_dat, tmp_path, monkeypatch):
     """``perf record -o - ... | harmony import -``: what is piped in is written into the run
     directory as it arrives and imported from there, as a file would be; empty or not a trace,

@@ -111,13 +111,16 @@ def measurement_line(m: dict) -> str:
     return "measurement: " + ", ".join(parts)
 
 
-def files_lines(path: Path, report: Path | None, figures: list[Path]) -> list[str]:
+def files_lines(path: Path, report: Path | None, figures: list[Path],
+                deferred: bool = False) -> list[str]:
     """Where the run's files are: the run, its report (``report``: the directory report.md is
-    in, None if there is none), its figures."""
+    in, None if there is none), its figures (``deferred``: not drawn yet, and how to)."""
     out = [f"run: {path}"]
     if report is not None:
         out.append(f"report: {report / 'report.md'} and {report / 'report.html'}")
-    if figures:
+    if deferred:
+        out.append(f"figures: not drawn (`harmony report {path}` draws them)")
+    elif figures:
         parents = {p.parent for p in figures}
         out += wrap(f"figures: {parents.pop()}/ " + ", ".join(p.name for p in figures)
                     if len(parents) == 1 else "figures: " + ", ".join(map(str, figures)),
@@ -136,9 +139,10 @@ def run_screen(run, verbose: bool = False, report: Path | None = None,
     from harmony.experiments import experiment_of
 
     figures = figures if figures is not None else [run.path / f for f in figures_on_disk(run)[0]]
+    deferred = bool(run.manifest.get("figures_deferred"))
     if verbose:
         text = summary_text(run).split("\nfigures\n")[0]
-        return "\n".join([text, ""] + files_lines(run.path, report, figures))
+        return "\n".join([text, ""] + files_lines(run.path, report, figures, deferred))
     m = run.manifest
     exp = experiment_of(run)
     out = [style(f"{exp.name}: {exp.question}", "heading")]
@@ -153,7 +157,7 @@ def run_screen(run, verbose: bool = False, report: Path | None = None,
     more = len(m.get("notes") or []) - len(warned)
     if more > 0:
         out.append(f"({plural(more, 'more note')}: harmony report {run.path})")
-    return "\n".join(out + [""] + files_lines(run.path, report, figures))
+    return "\n".join(out + [""] + files_lines(run.path, report, figures, deferred))
 
 
 def incomplete_screen(facts: dict) -> str:

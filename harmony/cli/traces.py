@@ -102,6 +102,9 @@ def export(run_dir, fmt, out, quiet, as_json):
 @click.option("--no-memory-check", is_flag=True,
               help="import even a trace this host may not have the memory for (refused otherwise, "
                    "before it is read, with the estimate)")
+@click.option("--no-figures", is_flag=True,
+              help="draw no figures now (a large trace's import waits ~1 s less); `harmony "
+                   "report OUT` draws them")
 @click.option("--no-disk-check", is_flag=True,
               help="import even where --out's file system may not have the room for the run "
                    "(refused otherwise, before the trace is read, with the estimate)")
@@ -109,7 +112,8 @@ def export(run_dir, fmt, out, quiet, as_json):
 @click.option("--verbose", "-v", is_flag=True,
               help="every parameter, measurement fact and note")
 def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, experiment, params,
-            buffer, out, quiet, list_tasks, no_memory_check, no_disk_check, as_json, verbose):
+            buffer, out, quiet, list_tasks, no_memory_check, no_figures, no_disk_check, as_json,
+            verbose):
     """Analyse a trace.dat (trace-cmd record) or perf.data (perf record -e 'sched:*', perf sched
     record) from another host; FILE "-": one piped in (perf record -o - ... | harmony import -),
     kept in the run directory as it arrives."""
@@ -186,7 +190,7 @@ def import_(trace_file, pids, comms, cpus, t0_s, t0_marker, end_s, end_marker, e
                                   end_marker=end_marker, experiment=experiment, params=overrides,
                                   buffer=buffer, progress=progress.phase,
                                   memory_check=not no_memory_check,
-                                  disk_check=not no_disk_check)
+                                  disk_check=not no_disk_check, figures=not no_figures)
         finally:
             progress.clear()        # before the summary, or the error, takes its place
     from harmony.cli.screens import Shown
