@@ -723,11 +723,12 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     ``memory_check``: refuse a trace this host has not the memory for (:func:`check_memory`);
     ``disk_check``: one ``out``'s file system has not the room for (:func:`check_disk`).
 
-    Raises ParameterError before anything is read for an experiment a trace cannot be analysed
-    as, or one whose analysis needs a parameter not given (:meth:`Experiment.import_problem`);
-    TraceCorrupt / ProbeError (the file cannot be read), ImportFailed (it can, but not as asked)
-    or ValueError (bad experiment parameters); ``out`` is then marked incomplete with the reason
-    if it was already created.
+    Raises ParameterError before anything is read for an ``out`` that holds a run already, an
+    experiment a trace cannot be analysed as, or one whose analysis needs a parameter not given
+    (:meth:`Experiment.import_problem`); TraceCorrupt / ProbeError (the file cannot be read),
+    ImportFailed (it can, but not as asked) or ValueError (bad experiment parameters); ``out``
+    is then marked incomplete with the reason if it was already created. A stop (Ctrl-C) leaves
+    no directory, or the run marked incomplete.
 
     The phases: the checks before anything is read (:func:`_check_room`), the reading and the
     choice of the tasks (:func:`_read_chosen`), the window (:func:`_window`), the CPU set and
@@ -735,6 +736,8 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     analysis, with the copy of the trace made meanwhile (:func:`_analyse_copying`).
     """
     path, out = Path(path), Path(out)
+    if (out / "manifest.json").exists():    # not overwritten, nor marked incomplete on an error
+        raise ParameterError(f"{out} already holds a run; choose another out")
     exp = get_experiment(experiment)
     why = exp.import_problem(params or {})
     if why:
@@ -754,12 +757,15 @@ def import_trace(path: Path, out: Path, pids=(), comms=(), cpus: list[int] | Non
     not_known = sorted((exp.workload_params() | unshown) & set(values) - set(overrides)
                        - set(shown))
     values = {k: v for k, v in values.items() if k not in not_known}
-    manifest = _new_run(out, exp, values, cpu_set, read, path, pids, comms, window, not_known,
-                        sorted(shown), cpus_given=bool(cpus))
+    manifest = _new_manifest(exp, values, cpu_set, read, path, pids, comms, window, not_known,
+                             sorted(shown), cpus_given=bool(cpus))
     try:
+        _new_run(out, manifest)
         return _analyse_copying(path, out, manifest, read, tasks, window, step, figures)
     except BaseException as exc:
-        if manifest.get("status") == "running":     # stopped before the analysis could say so
+        # stopped before the analysis could say so: as the run was made (a stop that lands in
+        # _new_run leaves no directory), or just after
+        if manifest.get("status") == "running" and (out / "manifest.json").exists():
             pipeline.mark_incomplete(out, manifest, pipeline.reason(exc))
         raise
 
@@ -912,13 +918,13 @@ def _tasks_and_cpus(read: _Read, path: Path, cpus, window: _Window) -> tuple[pd.
     return tasks, cpu_set
 
 
-def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path, pids, comms,
-             window: _Window, not_known: list[str], from_layout: list[str],
-             cpus_given: bool = False) -> dict:
-    """Make the run directory ``out`` and write its manifest (``not_known``: the parameters the
-    trace cannot tell; ``from_layout``: those its layout at t0 showed); the manifest."""
+def _new_manifest(exp, values, cpu_set: list[int], read: _Read, path: Path, pids, comms,
+                  window: _Window, not_known: list[str], from_layout: list[str],
+                  cpus_given: bool = False) -> dict:
+    """The manifest of the run (``not_known``: the parameters the trace cannot tell;
+    ``from_layout``: those its layout at t0 showed)."""
     meta, kind = read.cap.meta, read.kind
-    manifest = pipeline.new_manifest(
+    return pipeline.new_manifest(
         exp, values, cpu_set, f"import:{kind}", None,
         host={"kernel": meta.get("kernel") or "?",
               "scheduler": imported_scheduler(meta.get("kernel"), meta.get("uname", "")),
@@ -931,9 +937,12 @@ def _new_run(out: Path, exp, values, cpu_set: list[int], read: _Read, path: Path
                 "cpus_from": "--cpus" if cpus_given else "every CPU the file recorded",
                 "stored": f"{RAW_DIR}/{path.name}", "params_not_known": not_known,
                 "params_from_layout": from_layout})
+
+
+def _new_run(out: Path, manifest: dict) -> None:
+    """Make the run directory ``out`` and write ``manifest`` in it."""
     with store.new_run_dir(out):
         store.write_json(out / "manifest.json", manifest)
-    return manifest
 
 
 def _analyse_copying(path: Path, out: Path, manifest: dict, read: _Read, tasks: pd.DataFrame,

@@ -274,20 +274,24 @@ def capture(experiment, params: dict, cpus: list[int], out: Path, probe_name: st
     run = _Capture(experiment, {**params, **experiment.draw(params, cpus, seed)}, cpus, Path(out),
                    probe_name, seed, crosscheck, pause, resume,
                    tables if tables is not None else ParquetTables(), scx)
-    run.open(facts or {}, lock_held)
+    # set before the run is open: a stop as they were set (a C call, after which Python runs a
+    # signal's handler) left the run open, its manifest "running"
     old_handlers = {s: signal.signal(s, raise_stop)
                     for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        run.start()
-        run.measure(quiet)
-        run.collect()
-        run.finish()
-    except BaseException as exc:
-        run.manifest["status"] = "incomplete"
-        run.manifest["incomplete_reason"] = reason(exc)
-        raise
+        run.open(facts or {}, lock_held)
+        try:
+            run.start()
+            run.measure(quiet)
+            run.collect()
+            run.finish()
+        except BaseException as exc:
+            run.manifest["status"] = "incomplete"
+            run.manifest["incomplete_reason"] = reason(exc)
+            raise
+        finally:
+            run.close()
     finally:
-        run.close()
         for s, h in old_handlers.items():
             signal.signal(s, h)
     return Captured(run.out, run.manifest, run.stored)
@@ -318,7 +322,8 @@ class _Capture:
     def open(self, facts: dict, lock_held: bool) -> None:
         """What the host cannot give the tasks, checked before anything; then the host lock
         (unless held), the run directory and its manifest ("running"). A refused run (HostBusy)
-        leaves no trace, not even its directory."""
+        leaves no trace, not even its directory; a stop leaves none, or the run marked
+        incomplete."""
         check_classes(self.specs, self.cpus, warm_s(self.params))
         if self.scx is not None:
             scx_mod.check_classes(s.policy for s in self.specs)
@@ -339,7 +344,12 @@ class _Capture:
                         self.reserve = None
                     raise
             self.manifest = manifest
-        except BaseException:
+        except BaseException as exc:
+            if self.reserve is not None:    # written "running", then stopped as the block ended
+                manifest.update(status="incomplete", incomplete_reason=reason(exc), ended_at=now())
+                self.reserve.release()
+                self.reserve = None
+                store.write_json(self.out / "manifest.json", manifest)
             if self.lock:
                 self.lock.release()
             raise

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from harmony.core.errors import IncompleteRun, RunError  # noqa: F401  (raised here)
 from harmony.core.osutil import FILE_MODE, atomic_write, open_own_file, own_dir  # noqa: F401
+from harmony.core.stops import held
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -57,17 +58,33 @@ def make_run_dir(path: Path) -> Path:
 @contextlib.contextmanager
 def new_run_dir(path: Path):
     """:func:`make_run_dir` for a block that writes the directory's first file (its manifest):
-    if the block fails or is stopped, the directory is removed again where this made it and it
-    is still empty (a Ctrl-C there left an empty run no command could read)."""
-    made = not Path(path).exists()
-    make_run_dir(path)
+    if the block fails or is stopped, the directory is removed again where this made it and
+    nothing but what a write cut short left is in it (a Ctrl-C there left an empty run no
+    command could read). A stop (Ctrl-C, SIGTERM) that comes as the directory is made is raised
+    once it is made and known to be this block's (:class:`~harmony.core.stops.held`): a stop
+    just after ``mkdir``, CI's run of 2026-12-07, left an empty directory."""
+    path, made = Path(path), False
     try:
+        with held():
+            made = not path.exists()
+            make_run_dir(path)
         yield
     except BaseException:
         if made:
-            with contextlib.suppress(OSError):
-                Path(path).rmdir()
+            remove_unfilled(path)
         raise
+
+
+def remove_unfilled(path: Path) -> None:
+    """Remove the directory ``path`` if nothing but hidden files is in it: the temporary file of
+    an :func:`atomic_write` cut short before its rename, a space reserve not released. A file of
+    the run's own (a manifest) keeps it, and it is kept where it cannot be read."""
+    with contextlib.suppress(OSError):
+        left = list(path.iterdir())
+        if all(p.name.startswith(".") and not p.is_dir() for p in left):
+            for p in left:
+                p.unlink()
+            path.rmdir()
 
 
 #: disk space a run holds back from the start, for its manifest's last write on a full disk

@@ -13,8 +13,11 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
+
+import harmony
 
 from harmony.core import stops
 from harmony.core.errors import Interrupted
@@ -22,6 +25,8 @@ from harmony.core.errors import Interrupted
 from cli_run import HARMONY
 from conftest import sigint_as_a_terminal
 from test_import_export import known_capture, write_dir
+
+HARMONY_DIR = Path(harmony.__file__).parent
 
 #: a child that takes module locks in a loop while a timer signals it every 0.5 ms, catches
 #: each stop its handler raises and counts those that left the import lock held (released then).
@@ -236,6 +241,135 @@ def test_a_stop_as_an_import_makes_its_run_leaves_none_or_one_marked(tmp_path, m
     else:
         m = json.loads((out / "manifest.json").read_text())
         assert (m["status"], m["incomplete_reason"]) == ("incomplete", "interrupted (Ctrl-C)")
+
+
+class _Reached(Exception):
+    """The step after the window the stops are sent in, reached: the attempt ends there."""
+
+
+def _makes_or_holds(filename: str) -> bool:
+    """Whether a stop at a line of ``filename`` can leave something behind: Harmony's modules
+    and those of the standard library that make files (tempfile) or end the blocks that hold
+    them (contextlib); not the attempt's own lines, nor those that only compute (json's)."""
+    return (Path(filename).is_relative_to(HARMONY_DIR) or Path(filename).name in (
+        "tempfile.py", "contextlib.py")) and filename != __file__
+
+
+def _a_stop_at_every_line(attempt):
+    """Run ``attempt(k, window)`` twice dry (the first takes every lazy path once), then once
+    per line the second ran while ``window[0]`` was True (the attempt sets it), a Ctrl-C sent
+    (signal.raise_signal, to the command's handler) as that line first starts: what a Ctrl-C
+    between two bytecodes does, at every line of the window. Yields (the line, what the
+    attempt ended with: "stopped", "reached" or "returned", k). Only the lines of
+    :func:`_makes_or_holds`'s files: all of them, four times as many attempts, took 10 s."""
+    state = {"fired": True}
+
+    def tracer(frame, event, arg):
+        if event == "line" and state["window"][0] and not state["fired"] \
+                and _makes_or_holds(frame.f_code.co_filename):
+            line = (frame.f_code.co_filename, frame.f_lineno)
+            if line not in state["seen"]:
+                state["seen"].add(line)
+                state["trail"].append(line)
+                if line == state["target"]:
+                    state["fired"] = True
+                    signal.raise_signal(signal.SIGINT)
+        return tracer
+
+    def once(k, target):
+        state.update(seen=set(), trail=[], target=target, fired=False, window=[False])
+        old = signal.signal(signal.SIGINT, stops.raise_stop)
+        sys.settrace(tracer)
+        try:
+            attempt(k, state["window"])
+            ended = "returned"
+        except KeyboardInterrupt:
+            ended = "stopped"
+        except _Reached:
+            ended = "reached"
+        finally:
+            sys.settrace(None)
+            signal.signal(signal.SIGINT, old)
+        return ended
+
+    once(0, None)
+    once(1, None)
+    trail = list(state["trail"])
+    assert len(trail) > 20, trail       # the window was traced
+    for k, line in enumerate(trail, start=2):
+        ended = once(k, line)
+        if state["fired"]:
+            yield line, ended, k
+
+
+def test_a_stop_at_any_line_as_an_import_makes_its_run_leaves_none_or_one_marked(tmp_path,
+                                                                              monkeypatch):
+    """A Ctrl-C at each line from the manifest's making to the analysis of ``harmony import``:
+    no directory is left, or the run with its manifest marked interrupted, never a directory
+    without a manifest (CI, 0.45 s into an import, 2026-12-07: a stop just after ``mkdir``)
+    nor a manifest left "running" (a stop as the block that wrote it ended)."""
+    from harmony import importer
+    from harmony.probes.tracedat_write import write_tracedat
+
+    pages, _, _ = known_capture()
+    dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "trace.dat")
+    new_manifest = importer._new_manifest
+
+    def attempt(k, window):
+        def made(*args, **kwargs):
+            manifest = new_manifest(*args, **kwargs)
+            window[0] = True
+            return manifest
+
+        def analyse(*args, **kwargs):
+            window[0] = False
+            raise _Reached
+        monkeypatch.setattr(importer, "_new_manifest", made)
+        monkeypatch.setattr(importer, "_analyse_copying", analyse)
+        importer.import_trace(dat, tmp_path / f"run{k}", comms=["cat-*"], pids=[11],
+                              memory_check=False, disk_check=False)
+
+    stopped = 0
+    for line, ended, k in _a_stop_at_every_line(attempt):
+        out = tmp_path / f"run{k}"
+        assert ended == "stopped", (line, ended)
+        stopped += 1
+        if out.exists():
+            assert (out / "manifest.json").exists(), (line, sorted(out.iterdir()))
+            m = json.loads((out / "manifest.json").read_text())
+            assert (m["status"], m["incomplete_reason"]) == ("incomplete",
+                                                             "interrupted (Ctrl-C)"), line
+    assert stopped > 20
+
+
+def test_a_stop_at_any_line_as_a_run_opens_leaves_none_or_one_marked(tmp_path):
+    """The same, at each line of ``harmony run``'s opening (its directory, the space set aside,
+    its manifest): nothing left, or the run marked interrupted with the space given back."""
+    from harmony import run as run_mod
+    from harmony.experiments import get_experiment
+
+    exp = get_experiment("single-source")
+
+    def attempt(k, window):
+        cap = run_mod._Capture(exp, exp.resolve({}, [0]), [0], tmp_path / f"run{k}", "tracefs",
+                               0, None, None, None, None, None)
+        window[0] = True
+        cap.open({}, lock_held=True)
+        window[0] = False
+        assert cap.manifest is not None
+        cap.reserve.release()
+
+    stopped = 0
+    for line, ended, k in _a_stop_at_every_line(attempt):
+        out = tmp_path / f"run{k}"
+        assert ended == "stopped", (line, ended)
+        stopped += 1
+        if out.exists():
+            assert sorted(p.name for p in out.iterdir()) == ["manifest.json"], line
+            m = json.loads((out / "manifest.json").read_text())
+            assert (m["status"], m["incomplete_reason"]) == ("incomplete",
+                                                             "interrupted (Ctrl-C)"), line
+    assert stopped > 20
 
 
 def test_a_stop_as_a_run_makes_its_directory_leaves_nothing(tmp_path, monkeypatch):
