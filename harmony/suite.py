@@ -331,8 +331,6 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
         before = store.read_json(out / "suite.json")
         record["started_at"] = before.get("started_at")
         record["resumed_at"] = before.get("resumed_at", []) + [time.strftime("%Y-%m-%dT%H:%M:%S%z")]
-    with store.new_run_dir(out):        # a stop before suite.json is written leaves no directory
-        store.write_json(out / "suite.json", record)
     progress = Progress(total_runs, configured, quiet=quiet,
                         realtime=getattr(runner, "realtime", True))
     # the report's modules (matplotlib: ~0.5 s) are imported while the analysis runs after the
@@ -348,6 +346,9 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
     t_start = time.monotonic()
     failures, batches, drained, grown = [], [], [], []
     try:
+        # in the try: a stop as the block that wrote suite.json ended left it "running"
+        with store.new_run_dir(out):    # a stop before suite.json is written leaves no directory
+            store.write_json(out / "suite.json", record)
         with runner:
             for cfg in configs:
                 exp = get_experiment(cfg.experiment)
@@ -386,7 +387,8 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
         analysed = {r["path"]: r for r in drained + getattr(runner, "results", [])}
         failures += [r for r in analysed.values() if r["status"] != "ok"]
     except BaseException as exc:        # stopped, or failed as a whole: said so, not "running"
-        _mark_incomplete(out, record, exc)
+        if (out / "suite.json").exists():
+            _mark_incomplete(out, record, exc)
         raise
     finally:
         progress.close()

@@ -408,6 +408,35 @@ def test_a_stop_a_library_turned_into_its_own_error_is_the_stop(capsys):
             raise ImportError("initialization failed")
 
 
+def test_a_stop_at_any_line_as_a_suite_starts_leaves_none_or_one_marked(tmp_path, monkeypatch):
+    """The same, at each line of ``harmony suite``'s start, up to its runner's: nothing left, or
+    suite.json marked interrupted (a stop as the block that wrote it ended left it "running")."""
+    from harmony.runners import SimRunner
+    from harmony.suite import plan, run_suite
+
+    configs = plan([0, 1], quick=True, experiments=["single-source"])
+
+    def attempt(k, window):
+        def enter(self):
+            window[0] = False
+            raise _Reached
+        monkeypatch.setattr(SimRunner, "__enter__", enter)
+        window[0] = True
+        run_suite(configs, [0, 1], tmp_path / f"s{k}", SimRunner("poly-balance"), quiet=True)
+
+    stopped = 0
+    for line, ended, k in _a_stop_at_every_line(attempt):
+        out = tmp_path / f"s{k}"
+        assert ended == "stopped", (line, ended)
+        stopped += 1
+        if out.exists():
+            assert sorted(p.name for p in out.iterdir()) == ["suite.json"], line
+            record = json.loads((out / "suite.json").read_text())
+            assert (record["status"], record["incomplete_reason"]) == (
+                "incomplete", "interrupted (Ctrl-C)"), line
+    assert stopped > 20
+
+
 @pytest.mark.parametrize("moment", ["suite.json", "first capture"])
 def test_a_stop_as_a_suite_starts_leaves_no_empty_directory(tmp_path, monkeypatch, moment):
     """A Ctrl-C as ``harmony suite`` makes its directory, before suite.json is written: no
