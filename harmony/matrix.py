@@ -636,6 +636,19 @@ def place(tmp: Path, out: Path, cell: Cell) -> Path:
     return dest
 
 
+def mark_if_running(out: Path, plan: Plan, record: dict | None, failures: list[dict],
+                    status: str) -> None:
+    """matrix.json brought up to date with ``status`` (:func:`finish_record`) where it says
+    "running": written by this command, which ends; not where it is not there (a stop as the
+    matrix was made leaves no directory), nor where another status was written already."""
+    try:
+        on_disk = store.read_json(Path(out) / MATRIX_FILE).get("status")
+    except (store.RunError, OSError):
+        return
+    if record is not None and on_disk == "running":
+        finish_record(out, plan, record, failures, status)
+
+
 def write_record(out: Path, record: dict) -> None:
     store.write_json(Path(out) / MATRIX_FILE, record)
 
@@ -682,18 +695,19 @@ def run_local(plan: Plan, out: Path, resume: bool = False, quiet: bool = False,
     failed mid-way or incomplete is resumed (:func:`take_up`). Every cell's host-dependent
     checks run before the first starts (CellError, one line per cell). Returns matrix.json's
     record (status complete, or incomplete with each failed cell and its reason)."""
-    with store.new_run_dir(out):    # refused, or stopped, before matrix.json: no directory left
-        record = open_matrix(out, plan, resume)
-        done = complete(out, plan)
-        todo = [c for c in plan.cells if c.id not in done]
-        bad = [f"cell {c.id}: {why}" for c in todo if (why := preflight(c))]
-        if bad:
-            raise CellError(f"this host cannot run {len(bad)} of the cells:\n  "
-                            + "\n  ".join(bad))
-        write_record(out, record)
-    progress = progress or MatrixProgress(len(plan.cells), len(done), quiet=quiet)
-    failures = []
+    failures, record = [], None
     try:
+        # in the try: a stop as the block that wrote matrix.json ended left it "running"
+        with store.new_run_dir(out):    # refused, or stopped, before matrix.json: no directory
+            record = open_matrix(out, plan, resume)
+            done = complete(out, plan)
+            todo = [c for c in plan.cells if c.id not in done]
+            bad = [f"cell {c.id}: {why}" for c in todo if (why := preflight(c))]
+            if bad:
+                raise CellError(f"this host cannot run {len(bad)} of the cells:\n  "
+                                + "\n  ".join(bad))
+            write_record(out, record)
+        progress = progress or MatrixProgress(len(plan.cells), len(done), quiet=quiet)
         for cell in todo:
             progress.running = 1
             progress.show(f"running {cell.id}")
@@ -709,7 +723,7 @@ def run_local(plan: Plan, out: Path, resume: bool = False, quiet: bool = False,
             record = finish_record(out, plan, record, failures, "running")
             progress.show()
     except BaseException:
-        finish_record(out, plan, record, failures, "interrupted")
+        mark_if_running(out, plan, record, failures, "interrupted")
         raise
     return finish_record(out, plan, record, failures)
 

@@ -575,6 +575,7 @@ def run_cluster(plan: matrix.Plan, out: Path, address: str | None, resume: bool 
     own = client is None
     client = client or connect(address, timeout)
     address = address or client.scheduler.address
+    record = None
     try:
         with store.new_run_dir(out):    # stopped before matrix.json: no directory left
             record = matrix.open_matrix(out, plan, resume)
@@ -594,6 +595,10 @@ def run_cluster(plan: matrix.Plan, out: Path, address: str | None, resume: bool 
                                          quiet=quiet)
         run = _Run(client, address, plan, out, record, progress, wait_host, lost_after)
         return run.go(todo, retries, partials, shared)
+    except BaseException as exc:    # before its cells were sent (go marks it from there on)
+        matrix.mark_if_running(out, plan, record, [], "interrupted" if isinstance(
+            exc, KeyboardInterrupt) else "incomplete")
+        raise
     finally:
         if own:
             try:

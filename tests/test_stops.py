@@ -7,6 +7,7 @@ first import waited on it for ever (2026-12-06)."""
 
 from __future__ import annotations
 
+import dis
 import json
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from conftest import sigint_as_a_terminal
 from test_import_export import known_capture, write_dir
 
 HARMONY_DIR = Path(harmony.__file__).parent
+NOP = dis.opmap["NOP"]
 
 #: a child that takes module locks in a loop while a timer signals it every 0.5 ms, catches
 #: each stop its handler raises and counts those that left the import lock held (released then).
@@ -261,12 +263,15 @@ def _a_stop_at_every_line(attempt):
     (signal.raise_signal, to the command's handler) as that line first starts: what a Ctrl-C
     between two bytecodes does, at every line of the window. Yields (the line, what the
     attempt ended with: "stopped", "reached" or "returned", k). Only the lines of
-    :func:`_makes_or_holds`'s files: all of them, four times as many attempts, took 10 s."""
+    :func:`_makes_or_holds`'s files (all of them, four times as many attempts, took 10 s), and
+    not a line that starts with a NOP (a ``try:``): Python never runs a signal's handler there,
+    and what the tracer raises there is outside the try (its exception table starts after)."""
     state = {"fired": True}
 
     def tracer(frame, event, arg):
         if event == "line" and state["window"][0] and not state["fired"] \
-                and _makes_or_holds(frame.f_code.co_filename):
+                and _makes_or_holds(frame.f_code.co_filename) \
+                and frame.f_code.co_code[frame.f_lasti] != NOP:
             line = (frame.f_code.co_filename, frame.f_lineno)
             if line not in state["seen"]:
                 state["seen"].add(line)
@@ -434,6 +439,35 @@ def test_a_stop_at_any_line_as_a_suite_starts_leaves_none_or_one_marked(tmp_path
             record = json.loads((out / "suite.json").read_text())
             assert (record["status"], record["incomplete_reason"]) == (
                 "incomplete", "interrupted (Ctrl-C)"), line
+    assert stopped > 20
+
+
+def test_a_stop_at_any_line_as_a_matrix_starts_leaves_none_or_one_marked(tmp_path,
+                                                                         monkeypatch):
+    """The same, at each line of ``harmony matrix``'s start here, up to its first cell: nothing
+    left, or matrix.json marked interrupted."""
+    from harmony import matrix
+
+    from test_matrix import plan_file
+
+    plan = matrix.load_plan(plan_file(tmp_path))
+
+    def attempt(k, window):
+        def first_cell(out, cell):
+            window[0] = False
+            raise _Reached
+        monkeypatch.setattr(matrix, "_local_cell", first_cell)
+        window[0] = True
+        matrix.run_local(plan, tmp_path / f"m{k}", quiet=True)
+
+    stopped = 0
+    for line, ended, k in _a_stop_at_every_line(attempt):
+        out = tmp_path / f"m{k}"
+        assert ended == "stopped", (line, ended)
+        stopped += 1
+        if out.exists():
+            assert sorted(p.name for p in out.iterdir()) == ["matrix.json"], line
+            assert json.loads((out / "matrix.json").read_text())["status"] == "interrupted", line
     assert stopped > 20
 
 
