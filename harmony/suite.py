@@ -345,9 +345,11 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
         runner.progress = progress
     t_start = time.monotonic()
     failures, batches, drained, grown = [], [], [], []
+    opened = False      # out checked and made (or taken up): its suite.json is this suite's
     try:
         # in the try: a stop as the block that wrote suite.json ended left it "running"
         with store.new_run_dir(out):    # a stop before suite.json is written leaves no directory
+            opened = True
             store.write_json(out / "suite.json", record)
         with runner:
             for cfg in configs:
@@ -387,7 +389,8 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
         analysed = {r["path"]: r for r in drained + getattr(runner, "results", [])}
         failures += [r for r in analysed.values() if r["status"] != "ok"]
     except BaseException as exc:        # stopped, or failed as a whole: said so, not "running"
-        if (out / "suite.json").exists():
+        # not through a link new_run_dir refused, nor where a stop as it was made left none
+        if opened and (out / "suite.json").exists():
             _mark_incomplete(out, record, exc)
         raise
     finally:

@@ -92,6 +92,32 @@ def test_a_run_directory_is_not_written_through_a_planted_link(tmp_path):
     assert list(target.iterdir()) == []
 
 
+def test_a_suite_or_matrix_refused_at_a_planted_link_writes_nothing_through_it(tmp_path):
+    """A suite's and a matrix's directory refused as a link (their library calls, which check
+    no --out as the CLI does): the file they would mark on their way out, found where the link
+    points, is left as it was."""
+    from harmony import matrix
+    from harmony.runners import SimRunner
+    from harmony.suite import plan, run_suite
+
+    from test_matrix import plan_file
+
+    target = tmp_path / "theirs"
+    target.mkdir()
+    for name in ("suite.json", "matrix.json"):
+        (target / name).write_text('{"status": "running"}')
+    (tmp_path / "out").symlink_to(target)
+    with pytest.raises(RunError, match="is a symbolic link"):
+        run_suite(plan([0, 1], quick=True, experiments=["single-source"]), [0, 1],
+                  tmp_path / "out", SimRunner("poly-balance"), quiet=True)
+    with pytest.raises(RunError, match="is a symbolic link"):
+        matrix.run_local(matrix.load_plan(plan_file(tmp_path)), tmp_path / "out", resume=True,
+                         quiet=True)
+    assert sorted(p.name for p in target.iterdir()) == ["matrix.json", "suite.json"]
+    for name in ("suite.json", "matrix.json"):
+        assert (target / name).read_text() == '{"status": "running"}'
+
+
 #: calls that run or evaluate what they are given: (module or "", function)
 FORBIDDEN_CALLS = {("", "eval"), ("", "exec"), ("os", "system"), ("os", "popen"),
                    ("pickle", "load"), ("pickle", "loads"), ("marshal", "load"),
