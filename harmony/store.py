@@ -62,16 +62,20 @@ def new_run_dir(path: Path):
     nothing but what a write cut short left is in it (a Ctrl-C there left an empty run no
     command could read). A stop (Ctrl-C, SIGTERM) that comes as the directory is made is raised
     once it is made and known to be this block's (:class:`~harmony.core.stops.held`): a stop
-    just after ``mkdir``, CI's run of 2026-12-07, left an empty directory."""
-    path, made = Path(path), False
+    just after ``mkdir``, CI's run of 2026-12-07, left an empty directory. The parents it made
+    are removed with it, where empty."""
+    path, made = Path(path), []
     try:
         with held():
-            made = not path.exists()
+            made = [d for d in (*reversed(path.parents), path) if not d.exists()]  # outermost 1st
             make_run_dir(path)
         yield
     except BaseException:
         if made:
             remove_unfilled(path)
+            for d in reversed(made[:-1]):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
         raise
 
 

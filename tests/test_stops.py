@@ -222,14 +222,15 @@ def _stop_at_first_write(monkeypatch, name: str) -> None:
 def test_a_stop_as_an_import_makes_its_run_leaves_none_or_one_marked(tmp_path, monkeypatch,
                                                                     moment):
     """A Ctrl-C as the run directory is made, before its manifest is written (CI saw one, 0.35
-    s into an import): no empty directory is left; just after, before the analysis began
-    (the trace's copy starting): the run is marked interrupted, not left "running"."""
+    s into an import): no empty directory is left, nor the parent made for it; just after,
+    before the analysis began (the trace's copy starting): the run is marked interrupted, not
+    left "running"."""
     from harmony import importer
     from harmony.probes.tracedat_write import write_tracedat
 
     pages, _, _ = known_capture()
     dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "trace.dat")
-    out = tmp_path / "run"
+    out = tmp_path / "runs" / "run"        # its parent made with it
     if moment == "manifest":
         _stop_at_first_write(monkeypatch, "manifest.json")
     else:
@@ -239,7 +240,7 @@ def test_a_stop_as_an_import_makes_its_run_leaves_none_or_one_marked(tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         importer.import_trace(dat, out, comms=["cat-*"], pids=[11])
     if moment == "manifest":
-        assert not out.exists()
+        assert not out.parent.exists()
     else:
         m = json.loads((out / "manifest.json").read_text())
         assert (m["status"], m["incomplete_reason"]) == ("incomplete", "interrupted (Ctrl-C)")
@@ -266,7 +267,7 @@ def _a_stop_at_every_line(attempt):
     :func:`_makes_or_holds`'s files (all of them, four times as many attempts, took 10 s), and
     not a line that starts with a NOP (a ``try:``): Python never runs a signal's handler there,
     and what the tracer raises there is outside the try (its exception table starts after)."""
-    state = {"fired": True}
+    state: dict = {}
 
     def tracer(frame, event, arg):
         if event == "line" and state["window"][0] and not state["fired"] \
