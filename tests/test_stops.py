@@ -308,6 +308,26 @@ def _a_stop_at_every_line(attempt):
             yield line, ended, k
 
 
+def _every_stop_leaves_none_or_one_marked(attempt, out_of, first: str, marked: dict) -> None:
+    """:func:`_a_stop_at_every_line` of ``attempt``: each stop ends it stopped, leaving no
+    directory ``out_of(k)``, or one that holds only ``first`` (its manifest, suite.json...) with
+    ``marked``'s values; and more than 20 lines were tried."""
+    stopped = 0
+    for line, ended, k in _a_stop_at_every_line(attempt):
+        out = out_of(k)
+        assert ended == "stopped", (line, ended)
+        stopped += 1
+        if out.exists():
+            assert sorted(p.name for p in out.iterdir()) == [first], line
+            record = json.loads((out / first).read_text())
+            assert {key: record.get(key) for key in marked} == marked, line
+    assert stopped > 20
+
+
+#: what a run stopped as it was made says
+INTERRUPTED = {"status": "incomplete", "incomplete_reason": "interrupted (Ctrl-C)"}
+
+
 def test_a_stop_at_any_line_as_an_import_makes_its_run_leaves_none_or_one_marked(tmp_path,
                                                                               monkeypatch):
     """A Ctrl-C at each line from the manifest's making to the analysis of ``harmony import``:
@@ -335,17 +355,8 @@ def test_a_stop_at_any_line_as_an_import_makes_its_run_leaves_none_or_one_marked
         importer.import_trace(dat, tmp_path / f"run{k}", comms=["cat-*"], pids=[11],
                               memory_check=False, disk_check=False)
 
-    stopped = 0
-    for line, ended, k in _a_stop_at_every_line(attempt):
-        out = tmp_path / f"run{k}"
-        assert ended == "stopped", (line, ended)
-        stopped += 1
-        if out.exists():
-            assert (out / "manifest.json").exists(), (line, sorted(out.iterdir()))
-            m = json.loads((out / "manifest.json").read_text())
-            assert (m["status"], m["incomplete_reason"]) == ("incomplete",
-                                                             "interrupted (Ctrl-C)"), line
-    assert stopped > 20
+    _every_stop_leaves_none_or_one_marked(attempt, lambda k: tmp_path / f"run{k}",
+                                          "manifest.json", INTERRUPTED)
 
 
 def test_a_stop_at_any_line_as_a_run_opens_leaves_none_or_one_marked(tmp_path):
@@ -365,17 +376,8 @@ def test_a_stop_at_any_line_as_a_run_opens_leaves_none_or_one_marked(tmp_path):
         assert cap.manifest is not None
         cap.reserve.release()
 
-    stopped = 0
-    for line, ended, k in _a_stop_at_every_line(attempt):
-        out = tmp_path / f"run{k}"
-        assert ended == "stopped", (line, ended)
-        stopped += 1
-        if out.exists():
-            assert sorted(p.name for p in out.iterdir()) == ["manifest.json"], line
-            m = json.loads((out / "manifest.json").read_text())
-            assert (m["status"], m["incomplete_reason"]) == ("incomplete",
-                                                             "interrupted (Ctrl-C)"), line
-    assert stopped > 20
+    _every_stop_leaves_none_or_one_marked(attempt, lambda k: tmp_path / f"run{k}",
+                                          "manifest.json", INTERRUPTED)
 
 
 def test_a_stop_as_a_run_makes_its_directory_leaves_nothing(tmp_path, monkeypatch):
@@ -430,17 +432,8 @@ def test_a_stop_at_any_line_as_a_suite_starts_leaves_none_or_one_marked(tmp_path
         window[0] = True
         run_suite(configs, [0, 1], tmp_path / f"s{k}", SimRunner("poly-balance"), quiet=True)
 
-    stopped = 0
-    for line, ended, k in _a_stop_at_every_line(attempt):
-        out = tmp_path / f"s{k}"
-        assert ended == "stopped", (line, ended)
-        stopped += 1
-        if out.exists():
-            assert sorted(p.name for p in out.iterdir()) == ["suite.json"], line
-            record = json.loads((out / "suite.json").read_text())
-            assert (record["status"], record["incomplete_reason"]) == (
-                "incomplete", "interrupted (Ctrl-C)"), line
-    assert stopped > 20
+    _every_stop_leaves_none_or_one_marked(attempt, lambda k: tmp_path / f"s{k}", "suite.json",
+                                          INTERRUPTED)
 
 
 def test_a_stop_at_any_line_as_a_matrix_starts_leaves_none_or_one_marked(tmp_path,
@@ -461,15 +454,8 @@ def test_a_stop_at_any_line_as_a_matrix_starts_leaves_none_or_one_marked(tmp_pat
         window[0] = True
         matrix.run_local(plan, tmp_path / f"m{k}", quiet=True)
 
-    stopped = 0
-    for line, ended, k in _a_stop_at_every_line(attempt):
-        out = tmp_path / f"m{k}"
-        assert ended == "stopped", (line, ended)
-        stopped += 1
-        if out.exists():
-            assert sorted(p.name for p in out.iterdir()) == ["matrix.json"], line
-            assert json.loads((out / "matrix.json").read_text())["status"] == "interrupted", line
-    assert stopped > 20
+    _every_stop_leaves_none_or_one_marked(attempt, lambda k: tmp_path / f"m{k}", "matrix.json",
+                                          {"status": "interrupted"})
 
 
 @pytest.mark.parametrize("moment", ["suite.json", "first capture"])
