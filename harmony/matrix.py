@@ -68,6 +68,7 @@ import tomllib
 from pathlib import Path
 
 from harmony import store
+from harmony.core import stops
 from harmony.core.errors import HarmonyError, ParameterError
 from harmony.core.wording import plural
 
@@ -708,12 +709,15 @@ def run_local(plan: Plan, out: Path, resume: bool = False, quiet: bool = False,
                                 + "\n  ".join(bad))
             write_record(out, record)
         progress = progress or MatrixProgress(len(plan.cells), len(done), quiet=quiet)
+        since = stops.raised()
         for cell in todo:
             progress.running = 1
             progress.show(f"running {cell.id}")
             try:
                 cell_record = _local_cell(out, cell)
             except (HarmonyError, OSError, ValueError, RuntimeError) as exc:
+                if (stop := stops.behind(exc, since)) is not None:
+                    raise stop from exc         # a stop in the cell, however it came out
                 failures.append({"cell": cell.id, "error": _one_line(exc), "tries": 1})
                 progress.failed += 1
             else:

@@ -56,6 +56,7 @@ from harmony.analysis.release import release_spread
 from harmony.analysis.report import write_report
 from harmony.analysis.taskstate import release_records
 from harmony.analysis.ties import order_ties
+from harmony.core import stops
 from harmony.core.errors import ProbeError, RunError
 from harmony.core.jit import in_background, on_side_thread
 from harmony.core.timing import Laps
@@ -254,6 +255,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
     experiment = get_experiment(manifest["experiment"])
     writing = []        # the large tables are written while the checks and metrics run
     checking = None     # the capture's own checks, beside the tables
+    stops_before = stops.raised()
     try:
         # events two CPUs stamped alike, in the order the scheduler followed (analysis.ties):
         # before any table, and before the events are written
@@ -338,9 +340,12 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         else:
             store.write_json(out / "manifest.json", manifest)
             write_report(run)
-    except BaseException as exc:
+    except BaseException as error:
         # nothing is left writing into the run, or checking it, behind the error
         futures.wait(writing + ([checking] if checking is not None else []))
+        # a stop an extension turned into an error of its own is the stop (the figures'
+        # matplotlib: a ValueError), never "cannot analyse"
+        exc = stops.swallowed(error, stops_before) or error
         # a capture of Harmony's own stays "captured" on disk, to be analysed again; an imported
         # trace's run directory has nothing else to wait for
         if origin.kind == "imported":
@@ -352,6 +357,8 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
                      "was: import it again")
             raise RunError(f"{out}: analysis stopped: {exc.filename + ': ' if exc.filename else ''}"
                            f"{exc.strerror or exc}; {again}") from None
+        if exc is not error:
+            raise exc from error
         raise
     return run
 

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from harmony import store
-from harmony.core.errors import stop_behind
+from harmony.core import stops
 from harmony.workload.controller import warm_s
 
 #: sweeps the thesis drew: experiment -> (parameter, full values, quick values). A value list may
@@ -352,6 +352,7 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
             opened = True
             store.write_json(out / "suite.json", record)
         with runner:
+            since = stops.raised()
             for cfg in configs:
                 exp = get_experiment(cfg.experiment)
                 try:
@@ -362,8 +363,9 @@ def run_suite(configs: list[Config], cpus: list[int], out: Path, runner, *,
                     grown.append(decide.Batch(exp, cfg.params, out / cfg.label, cfg.repeat,
                                               cpus=cfg.cpus))
                 except (store.RunError, RuntimeError, ValueError) as exc:
-                    stop = stop_behind(exc)
-                    if stop is not None:    # a Ctrl-C's cleanup failed: still the Ctrl-C
+                    stop = stops.behind(exc, since)
+                    if stop is not None:    # a Ctrl-C's cleanup failed, or a library took it:
+                        # still the Ctrl-C
                         stop.add_note(f"then: {exc}")
                         raise stop from None
                     failures.append({"config": cfg.label, "error": str(exc)})

@@ -7,15 +7,18 @@ first import waited on it for ever (2026-12-06)."""
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import json
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import harmony
@@ -414,6 +417,105 @@ def test_a_stop_a_library_turned_into_its_own_error_is_the_stop(capsys):
     with pytest.raises(ImportError, match="initialization failed"):
         with exit_on_error():
             raise ImportError("initialization failed")
+
+
+class _SignalledMatrix:
+    """An affine matrix that sends this process SIGINT as matplotlib's C code converts it: the
+    handler (:func:`stops.raise_stop`) raises the Ctrl-C inside that Python call."""
+
+    def __array__(self, dtype=None, copy=None):
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        return np.eye(3)
+
+
+@contextlib.contextmanager
+def _ctrl_c_raised_by_harmony():
+    old = signal.signal(signal.SIGINT, stops.raise_stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _transform_with_a_ctrl_c_inside() -> None:
+    from matplotlib import _path
+
+    _path.affine_transform(np.zeros((2, 2)), _SignalledMatrix())
+
+
+def test_a_stop_an_extension_replaced_by_its_own_error_is_the_stop(capsys):
+    """matplotlib's C code catches a Ctrl-C raised in a Python call it makes and raises
+    "ValueError: Invalid affine transformation matrix" in its place, with no context (CI: a
+    `harmony run` stopped as it drew its figures exited 1, "cannot analyse this capture"). An
+    error after a stop was raised is the stop; without one it stays the error."""
+    from matplotlib import _path
+
+    from harmony.cli.common import exit_on_error
+
+    with _ctrl_c_raised_by_harmony():
+        since = stops.raised()
+        with pytest.raises(ValueError, match="Invalid affine") as swallowed:
+            _transform_with_a_ctrl_c_inside()
+        assert swallowed.value.__context__ is None          # no trace of the stop
+        stop = stops.swallowed(swallowed.value, since)
+        assert isinstance(stop, KeyboardInterrupt) and stop.__cause__ is swallowed.value
+        assert stops.swallowed(swallowed.value, stops.raised()) is None     # an older stop
+        with pytest.raises(SystemExit) as ended:
+            with exit_on_error(marked="the run is marked incomplete"):
+                _transform_with_a_ctrl_c_inside()
+        assert ended.value.code == 130
+        assert capsys.readouterr().err == \
+            "harmony: error: interrupted; the run is marked incomplete\n"
+        # the same error, no stop raised in the block: the error
+        with pytest.raises(ValueError, match="Invalid affine"):
+            with exit_on_error():
+                _path.affine_transform(np.zeros((2, 2)), "not a matrix")
+
+
+def test_a_stop_as_the_figures_are_drawn_marks_the_run_interrupted(tmp_path, monkeypatch):
+    """The same stop as an import draws its figures: the run is marked interrupted and the stop
+    goes on, not "experiment cannot analyse" (a RunError)."""
+    from harmony import importer, pipeline
+    from harmony.probes.tracedat_write import write_tracedat
+
+    pages, _, _ = known_capture()
+    dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "trace.dat")
+
+    def draw(run):
+        _transform_with_a_ctrl_c_inside()
+    monkeypatch.setattr(pipeline, "_draw", draw)
+    out = tmp_path / "run"
+    with _ctrl_c_raised_by_harmony(), pytest.raises(KeyboardInterrupt):
+        importer.import_trace(dat, out, comms=["cat-*"], pids=[11], memory_check=False,
+                              disk_check=False)
+    m = json.loads((out / "manifest.json").read_text())
+    assert {k: m.get(k) for k in INTERRUPTED} == INTERRUPTED
+
+
+@pytest.mark.parametrize("where", ["suite", "matrix"])
+def test_a_stop_an_extension_took_stops_a_suite_or_a_matrix(tmp_path, monkeypatch, where):
+    """A suite records a configuration's error and goes on, a matrix a cell's: the error that
+    stands for a stop (an extension's, with no trace of it) stops them, marked interrupted."""
+    from harmony import batch, matrix
+    from harmony.runners import SimRunner
+    from harmony.suite import plan, run_suite
+
+    from test_matrix import plan_file
+
+    def ctrl_c_taken(*args, **kwargs):
+        _transform_with_a_ctrl_c_inside()
+    monkeypatch.setattr(batch, "run_batch", ctrl_c_taken)
+    monkeypatch.setattr(matrix, "_local_cell", ctrl_c_taken)
+    out = tmp_path / where
+    with _ctrl_c_raised_by_harmony(), pytest.raises(KeyboardInterrupt):
+        if where == "suite":
+            run_suite(plan([0, 1], quick=True, experiments=["single-source"]), [0, 1], out,
+                      SimRunner("poly-balance"), quiet=True)
+        else:
+            matrix.run_local(matrix.load_plan(plan_file(tmp_path)), out, quiet=True)
+    record = json.loads((out / f"{where}.json").read_text())
+    assert record["status"] == ("incomplete" if where == "suite" else "interrupted"), record
+    assert not record.get("failures"), record
 
 
 def test_a_stop_at_any_line_as_a_suite_starts_leaves_none_or_one_marked(tmp_path, monkeypatch):

@@ -28,9 +28,8 @@ from pathlib import Path
 
 import click
 
-from harmony.core import osutil
-from harmony.core.errors import (HarmonyError, IncompleteRun, Interrupted, ParameterError,
-                                  stop_behind)
+from harmony.core import osutil, stops
+from harmony.core.errors import HarmonyError, IncompleteRun, Interrupted, ParameterError
 from harmony.core.wording import plural  # the commands import it from here
 
 #: the exit statuses of every command (harmony --help prints this; docs/cli.md explains it)
@@ -166,13 +165,16 @@ def exit_on_error(marked=None, also: tuple = ()):
     behind ("<dir> is marked incomplete"). An incomplete run is followed by what can still be
     done with it. A stop that a library turned into an error of its own (a Ctrl-C in an
     extension's initialisation comes out as its ImportError), or that an error of the cleanup
-    after it followed, is the stop."""
+    after it followed, or that an extension's C code replaced with an error of its own (a
+    Ctrl-C as matplotlib draws a figure: its ValueError, :func:`harmony.core.stops.swallowed`),
+    is the stop."""
+    since = stops.raised()
     try:
         yield
     except (KeyboardInterrupt, HarmonyError, *also) as exc:
-        _exit_on(exc, marked)
+        _exit_on(stops.swallowed(exc, since) or exc, marked)
     except Exception as exc:
-        stop = stop_behind(exc)
+        stop = stops.behind(exc, since)
         if stop is None or isinstance(exc, click.ClickException):
             raise
         _exit_on(stop, marked)

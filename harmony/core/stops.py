@@ -27,6 +27,9 @@ traceback. So:
   the process started, left held.
 - :func:`never_swallowed`: a stop raised in a finalizer (a weakref callback, a ``__del__``) is
   ignored by Python, which prints "Exception ignored in ..." and goes on; it is sent again.
+- :func:`swallowed`: a stop raised in a Python call an extension's C code made, and replaced there
+  by an error of the extension's own with no trace of it, is found again: the error that
+  follows a stop stands for it.
 
 Standard library and Harmony's leaves only (:mod:`harmony.core.errors`,
 :mod:`harmony.core.osutil`): the command sets :func:`guard_imports` before it imports anything
@@ -41,7 +44,7 @@ import sys
 import threading
 import time
 
-from harmony.core.errors import Interrupted
+from harmony.core.errors import Interrupted, stop_behind
 from harmony.core.osutil import STOP_SIGNALS
 
 #: how long a stop that came inside an import waits before it is sent again
@@ -54,6 +57,9 @@ MAX_WAIT_S = 5.0
 #: time.monotonic()), or None. A chain not sent again for a second ended elsewhere (its signal
 #: taken by another handler): the next stop waits afresh
 _waiting: tuple[float, float] | None = None
+
+#: how many stops :func:`raise_stop` has raised in this process, and the signal of the last
+_raised: tuple[int, int | None] = (0, None)
 
 #: importlib's bootstrap modules by the names their code runs under: ``_frozen_importlib`` until
 #: the ``importlib`` package is imported (Python's start-up), then ``importlib._bootstrap``
@@ -99,7 +105,7 @@ def raise_stop(signum: int, frame) -> None:
     """The handler of the stopping signals: raises :func:`stop_exception`, or, inside an import
     (:func:`importing`, or the import lock held), sends the signal again :data:`RETRY_S` later,
     for up to :data:`MAX_WAIT_S`."""
-    global _waiting
+    global _waiting, _raised
     # the global import lock held counts as an import: a stop taken as a module lock's weakref
     # callback held it (a finalizer, its frame not always on the stack the handler is given)
     # still left it held in 1-4 of 300 stops, silently (Python ignores what a finalizer
@@ -113,7 +119,41 @@ def raise_stop(signum: int, frame) -> None:
             send_again(signum)
             return
     _waiting = None
+    _raised = (_raised[0] + 1, signum)
     raise stop_exception(signum)
+
+
+def raised() -> int:
+    """How many stops :func:`raise_stop` has raised in this process so far: the ``since`` of
+    :func:`swallowed`."""
+    return _raised[0]
+
+
+def swallowed(exc: BaseException, since: int) -> BaseException | None:
+    """The stop the error ``exc`` stands for, raised from it, or None: an error that is not a
+    stop, nor raised while one was handled (:func:`~harmony.core.errors.stop_behind` finds
+    that one), after :func:`raise_stop` raised a stop (more than ``since``, a count of
+    :func:`raised`). An extension's C code that calls Python can catch the stop raised there
+    and raise an error of its own, with no context: matplotlib's ``convert_trans_affine``
+    turns it into "ValueError: Invalid affine transformation matrix", and a `harmony run`
+    stopped by Ctrl-C 4.2 s in, drawing its figures, said its experiment "cannot analyse this
+    capture" and exited 1 (CI, 2026-12-07). A stop the code caught and went on after (none of
+    Harmony's does) would make a later error a stop too: the user did ask to stop."""
+    count, signum = _raised
+    if count <= since or signum is None or stop_behind(exc) is not None \
+            or not isinstance(exc, Exception):
+        return None
+    stop = stop_exception(signum)
+    stop.__cause__ = exc
+    return stop
+
+
+def behind(exc: BaseException, since: int) -> BaseException | None:
+    """The stop the error ``exc`` stands for, or None: the one it was raised while handling
+    (:func:`~harmony.core.errors.stop_behind`: a Ctrl-C's cleanup that failed), or one an
+    extension swallowed (:func:`swallowed`) after ``since``. Where an error is recorded and the
+    work goes on (a suite's configuration, a matrix's cell), such an error stops it."""
+    return stop_behind(exc) or swallowed(exc, since)
 
 
 class held:
