@@ -111,10 +111,8 @@ def _sent_again(frame) -> list[int]:
     return got
 
 
-def test_a_stop_in_importlib_is_raised_once_out_of_it(monkeypatch):
-    """The handler called with importlib's frame raises nothing, and sends the signal again to
-    the main thread, to be raised where that thread is next; with any other frame it raises
-    what the signal means."""
+def _importlib_frame():
+    """A frame of importlib's own code (a meta path finder's caller)."""
     seen = []
 
     class Finder:   # a meta path finder: runs inside importlib's frames
@@ -129,7 +127,14 @@ def test_a_stop_in_importlib_is_raised_once_out_of_it(monkeypatch):
             __import__("hmy_never_found")
     finally:
         sys.meta_path.pop(0)
-    frame = seen[0]
+    return seen[0]
+
+
+def test_a_stop_in_importlib_is_raised_once_out_of_it(monkeypatch):
+    """The handler called with importlib's frame raises nothing, and sends the signal again to
+    the main thread, to be raised where that thread is next; with any other frame it raises
+    what the signal means."""
+    frame = _importlib_frame()
     assert stops.in_import_machinery(frame)
     monkeypatch.setattr(stops, "_waiting", None)    # put back as it was, whatever this leaves
     assert _sent_again(frame) == [signal.SIGUSR1]
@@ -148,6 +153,35 @@ def test_a_stop_in_importlib_is_raised_once_out_of_it(monkeypatch):
         stops.raise_stop(signal.SIGINT, sys._getframe())
     with pytest.raises(Interrupted, match="stopped by SIGTERM"):
         stops.raise_stop(signal.SIGTERM, sys._getframe())
+
+
+def test_a_deferred_stop_starts_no_thread_of_its_own(monkeypatch):
+    """A stop deferred out of an import returns without waiting: 100 in a row start one thread
+    at most (the first deferral of the process), where a timer thread each waited to start and
+    let the next signal nest a handler in the handler (a RecursionError raised in an import on
+    a busy host, the import lock left held); all are sent again, together."""
+    frame = _importlib_frame()
+    started = []
+    real_start = threading.Thread.start
+
+    def start(self):
+        started.append(self.name)
+        real_start(self)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(stops, "_waiting", None)
+    got: list[int] = []     # SIGWINCH: ignored by default, should one be sent after the test
+    old = signal.signal(signal.SIGWINCH, lambda s, f: got.append(s))
+    try:
+        for _ in range(100):
+            stops.raise_stop(signal.SIGWINCH, frame)         # deferred: nothing raised
+        assert len(started) <= 1, started
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        signal.signal(signal.SIGWINCH, old)
+        monkeypatch.setattr(stops, "_waiting", None)
+    assert got and set(got) == {signal.SIGWINCH}
 
 
 LEAKED_BEFORE_THE_COMMAND = textwrap.dedent("""

@@ -39,6 +39,8 @@ else.
 from __future__ import annotations
 
 import _imp
+import os
+import queue
 import signal
 import sys
 import threading
@@ -82,7 +84,7 @@ def in_import_machinery(frame) -> bool:
 
 def importing(frame) -> bool:
     """Whether ``frame`` runs inside an import: importlib's frames on the stack, from it out.
-    A stop taken while :func:`raise_stop` itself ran (starting its timer thread) finds there
+    A stop taken while :func:`raise_stop` itself ran (starting its thread) finds there
     the import the first one was taken in: raised in the handler, it would leave the handler
     into that import (27 leaks in 300 stops, when only the innermost frame was looked at)."""
     while frame is not None:
@@ -92,13 +94,53 @@ def importing(frame) -> bool:
     return False
 
 
-def send_again(signum: int, delay: float = RETRY_S) -> None:
-    """Send ``signum`` to the main thread ``delay`` seconds from now, from a timer thread: its
+#: the stops to send again (their signal numbers), for :func:`_resend`'s thread. A put into a
+#: SimpleQueue is reentrant and never waits: a handler that defers a stop returns at once.
+#: Started as a timer thread each, a deferral waited for its thread to start, and on a busy
+#: host the next signal (every 0.5 ms in test_stops, or a stop's own resending) came in that
+#: wait: handlers nested in handlers until a RecursionError was raised deep in an import, the
+#: import lock left held (1 stop in 1,500-3,000 with two CPU hogs beside it; CI, 2026-12-07)
+_again: queue.SimpleQueue = queue.SimpleQueue()
+
+#: the thread that sends the stops of :data:`_again` again, started by the first deferral
+_resender: threading.Thread | None = None
+
+
+def _resend(again: queue.SimpleQueue) -> None:
+    """For ever: each stop deferred, sent again to the main thread :data:`RETRY_S` after it came,
+    those that came meanwhile with it, each signal once."""
+    while True:
+        due = {again.get()}
+        time.sleep(RETRY_S)
+        while True:
+            try:
+                due.add(again.get_nowait())
+            except queue.Empty:
+                break
+        for signum in due:
+            signal.pthread_kill(threading.main_thread().ident, signum)
+
+
+def _forget_resender() -> None:
+    """In a forked child: the parent's thread is not there, nor is its queue to be shared."""
+    global _again, _resender
+    _again, _resender = queue.SimpleQueue(), None
+
+
+os.register_at_fork(after_in_child=_forget_resender)
+
+
+def send_again(signum: int) -> None:
+    """Send ``signum`` to the main thread :data:`RETRY_S` from now, from a thread of its own: its
     handler then runs where the main thread is by then. To the main thread itself, so that a
-    wait there (a lock, a future) is interrupted as a terminal's Ctrl-C interrupts it."""
-    timer = threading.Timer(delay, signal.pthread_kill, (threading.main_thread().ident, signum))
-    timer.daemon = True
-    timer.start()
+    wait there (a lock, a future) is interrupted as a terminal's Ctrl-C interrupts it. Never
+    waits, but the first time, as that thread starts (a stop that comes meanwhile is queued)."""
+    global _resender
+    _again.put(signum)
+    if _resender is None:
+        _resender = threading.Thread(target=_resend, args=(_again,), daemon=True,
+                                     name="harmony-stop-again")
+        _resender.start()
 
 
 def raise_stop(signum: int, frame) -> None:
