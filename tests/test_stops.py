@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dis
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -203,12 +204,35 @@ def test_an_import_lock_left_held_as_the_command_starts_is_a_ctrl_c():
     assert p.stdout == ""
 
 
+#: the line of harmony/cli/__init__.py that puts Harmony's handler in place of Python's
+GUARD_LINE = next(i for i, line in enumerate(
+    (HARMONY_DIR / "cli" / "__init__.py").read_text().splitlines(), 1)
+    if line.startswith("stops.guard_imports()"))
+
+
+def _before_the_guard(err: str) -> bool:
+    """Whether ``err`` is Python's own traceback of a Ctrl-C that came before the command put its
+    handler in place: raised by Python's handler (no frame of Harmony's handlers), with
+    Python's start-up's frames only, and Harmony's modules' top levels that run before the
+    handler is set (harmony/cli/__init__.py's up to that line)."""
+    if not err.rstrip().endswith("KeyboardInterrupt"):
+        return False
+    for file, line, where in re.findall(r'File "([^"]+)", line (\d+), in (\S+)', err):
+        if file.startswith("<frozen") or not Path(file).is_relative_to(HARMONY_DIR):
+            continue
+        if where != "<module>" or (Path(file) == HARMONY_DIR / "cli" / "__init__.py"
+                                   and int(line) >= GUARD_LINE):
+            return False
+    return True
+
+
 def test_ctrl_c_at_any_moment_of_an_import_ends_it_interrupted_or_done(tmp_path):
     """Ctrl-C sent from 0.15 to 1.15 s into ``harmony import``, its start-up's imports and its
     analysis on two threads: each ends, done (0) or interrupted (130, its run marked so), never
     hangs, never a traceback. (Sent sooner, it can come before the command's first module, in
     Python's own start-up, ~0.03-0.05 s here: Python's traceback then, which nothing of the
-    command's can prevent.)"""
+    command's can prevent. On a busy host that start-up took more than 0.15 s (CI, 2026-12-07):
+    such a stop, before the command's handler was set, is let pass.)"""
     from harmony.probes.tracedat_write import write_tracedat
 
     pages, _, _ = known_capture()
@@ -228,6 +252,8 @@ def test_ctrl_c_at_any_moment_of_an_import_ends_it_interrupted_or_done(tmp_path)
             p.communicate()
             pytest.fail(f"stopped {at:.2f} s after its start, the import hung")
         seen.append((round(at, 2), p.returncode))
+        if _before_the_guard(err):
+            continue
         assert "Traceback" not in err and "Exception ignored" not in err, (at, err)
         assert p.returncode in (0, 130), (at, p.returncode, err)
         if p.returncode == 130:
