@@ -532,6 +532,20 @@ def test_a_stop_an_extension_replaced_by_its_own_error_is_the_stop(capsys):
                 _path.affine_transform(np.zeros((2, 2)), "not a matrix")
 
 
+def test_a_second_stop_in_a_held_block_an_extension_took_is_the_stop():
+    """In a :class:`stops.held` block the first stop waits for its end and a second is raised
+    where it comes: by the block's own handler, inside matplotlib's call there, and swallowed.
+    It counts as a stop raised all the same: the error the block ends with stands for it."""
+    with _ctrl_c_raised_by_harmony():
+        since = stops.raised()
+        with pytest.raises(ValueError, match="Invalid affine") as swallowed:
+            with stops.held() as block:
+                signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+                assert block.got == signal.SIGINT                   # the first: held
+                _transform_with_a_ctrl_c_inside()                   # the second: taken
+        assert isinstance(stops.swallowed(swallowed.value, since), KeyboardInterrupt)
+
+
 def test_a_stop_as_the_figures_are_drawn_marks_the_run_interrupted(tmp_path, monkeypatch):
     """The same stop as an import draws its figures: the run is marked interrupted and the stop
     goes on, not "experiment cannot analyse" (a RunError)."""

@@ -147,7 +147,7 @@ def raise_stop(signum: int, frame) -> None:
     """The handler of the stopping signals: raises :func:`stop_exception`, or, inside an import
     (:func:`importing`, or the import lock held), sends the signal again :data:`RETRY_S` later,
     for up to :data:`MAX_WAIT_S`."""
-    global _waiting, _raised
+    global _waiting
     # the global import lock held counts as an import: a stop taken as a module lock's weakref
     # callback held it (a finalizer, its frame not always on the stack the handler is given)
     # still left it held in 1-4 of 300 stops, silently (Python ignores what a finalizer
@@ -161,8 +161,15 @@ def raise_stop(signum: int, frame) -> None:
             send_again(signum)
             return
     _waiting = None
+    raise _counted(signum)
+
+
+def _counted(signum: int) -> BaseException:
+    """:func:`stop_exception` for ``signum``, to be raised, counted by :func:`raised` (a stop
+    raised by :class:`held` too: one an extension swallows there is found again)."""
+    global _raised
     _raised = (_raised[0] + 1, signum)
-    raise stop_exception(signum)
+    return stop_exception(signum)
 
 
 def raised() -> int:
@@ -221,7 +228,7 @@ class held:
             self.got = signum
             return
         self._restore()
-        raise stop_exception(signum)
+        raise _counted(signum)
 
     def _restore(self) -> None:
         for s, handler in self.old.items():
@@ -231,7 +238,7 @@ class held:
     def __exit__(self, exc_type, exc, tb) -> bool:
         self._restore()
         if self.got is not None and exc_type is None:
-            raise stop_exception(self.got)
+            raise _counted(self.got)
         return False
 
 
