@@ -269,6 +269,41 @@ def test_ctrl_c_at_any_moment_of_an_import_ends_it_interrupted_or_done(tmp_path)
     assert any(code == 130 for _, code in seen), seen
 
 
+SWALLOWED_IN_AN_OPTIONS_CHECK = textwrap.dedent("""
+    import os, signal, sys
+    sys.argv = ["harmony", "import", sys.argv[1], "--comm", "cat-*", "--out", sys.argv[2]]
+    from harmony.cli import entry
+    from harmony import store
+
+    def cannot_write(directory):    # a library that takes the Ctrl-C and says an error instead
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):
+                pass
+        except KeyboardInterrupt:
+            return "Bad file descriptor"
+        return None
+    store.cannot_write = cannot_write
+    entry()
+""")
+
+
+def test_a_stop_an_options_check_took_is_the_stop(tmp_path):
+    """A Ctrl-C that a library turned into an error while --out was checked (CI: "Invalid value
+    for --out: ... (Bad file descriptor)", status 2, 0.85 s into an import) ends the command as
+    interrupted, status 130, nothing made."""
+    from harmony.probes.tracedat_write import write_tracedat
+
+    pages, _, _ = known_capture()
+    dat = write_tracedat(write_dir(tmp_path / "raw", pages), tmp_path / "trace.dat")
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-c", SWALLOWED_IN_AN_OPTIONS_CHECK, str(dat), str(out)],
+                       capture_output=True, text=True, timeout=120,
+                       preexec_fn=sigint_as_a_terminal)
+    assert (p.returncode, p.stderr) == (130, "harmony: error: interrupted\n")
+    assert not out.exists()
+
+
 def _stop_at_first_write(monkeypatch, name: str) -> None:
     """A Ctrl-C as the file ``name`` is first written (store.write_json), as a stop landing
     just before it would."""

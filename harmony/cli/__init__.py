@@ -108,6 +108,14 @@ def naming_help(msg: str, help_line: str) -> str:
             + nl + rest)
 
 
+def _stopped(exc: BaseException) -> int:
+    """The line and status of a command stopped by ``exc`` (Ctrl-C, click's Abort, SIGTERM)."""
+    stop = exc if isinstance(exc, Interrupted) else KeyboardInterrupt()
+    stops.release_leaked_import_lock()  # the teardown's threads may import
+    error_line("interrupted" if isinstance(stop, KeyboardInterrupt) else str(stop))
+    return exit_status(stop)
+
+
 def entry() -> None:
     """The console script: :func:`main`, then a quick exit. Tearing the interpreter down frees a
     suite's few hundred MB of Python objects one by one (0.3-0.5 s measured); the kernel frees
@@ -118,6 +126,7 @@ def entry() -> None:
     import os
     import threading
 
+    since = stops.raised()
     try:
         stops.handle_stops()   # anywhere a command has not put a handler of its own
         if stops.release_leaked_import_lock():
@@ -129,18 +138,23 @@ def entry() -> None:
         code = code if isinstance(code, int) else 0
     except SystemExit as exc:
         code = exc.code
-    except click.UsageError as exc:            # a usage error: one line, status 2
-        error_line(naming_help(exc.format_message(), help_of(exc.ctx)))
-        code = exc.exit_code
     except click.ClickException as exc:
-        exc.show()
-        code = exc.exit_code
+        if (stop := stops.behind(exc, since)) is not None:
+            # a stop a library turned into an error that a check of the options then said: a
+            # Ctrl-C 0.85 s into `harmony import`, as --out's check made and removed a
+            # temporary directory, came out as "--out: cannot write (Bad file descriptor)", a
+            # usage error, status 2 (CI, 2026-12-07; most likely shutil.rmtree closing its
+            # directory's fd again after the stop cut its first close's bookkeeping)
+            code = _stopped(stop)
+        elif isinstance(exc, click.UsageError):         # a usage error: one line, status 2
+            error_line(naming_help(exc.format_message(), help_of(exc.ctx)))
+            code = exc.exit_code
+        else:
+            exc.show()
+            code = exc.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt, Interrupted) as exc:
         # Ctrl-C or SIGTERM where no command caught it (starting up, reading the host...)
-        stop = exc if isinstance(exc, Interrupted) else KeyboardInterrupt()
-        stops.release_leaked_import_lock()  # the teardown's threads may import
-        error_line("interrupted" if isinstance(stop, KeyboardInterrupt) else str(stop))
-        code = exit_status(stop)
+        code = _stopped(exc)
     if code is None:
         code = 0
     elif not isinstance(code, int):
