@@ -717,7 +717,8 @@ def run_local(plan: Plan, out: Path, resume: bool = False, quiet: bool = False,
                 cell_record = _local_cell(out, cell)
             except (HarmonyError, OSError, ValueError, RuntimeError) as exc:
                 if (stop := stops.behind(exc, since)) is not None:
-                    raise stop from exc         # a stop in the cell, however it came out
+                    stop.add_note(f"then: {exc}")   # a stop in the cell, however it came
+                    raise stop from None            # out (as the suite's configurations)
                 failures.append({"cell": cell.id, "error": _one_line(exc), "tries": 1})
                 progress.failed += 1
             else:

@@ -60,7 +60,8 @@ MAX_WAIT_S = 5.0
 #: taken by another handler): the next stop waits afresh
 _waiting: tuple[float, float] | None = None
 
-#: how many stops :func:`raise_stop` has raised in this process, and the signal of the last
+#: how many stops :func:`raise_stop` and :class:`held` have raised in this process, and the
+#: signal of the last
 _raised: tuple[int, int | None] = (0, None)
 
 #: importlib's bootstrap modules by the names their code runs under: ``_frozen_importlib`` until
@@ -173,21 +174,21 @@ def _counted(signum: int) -> BaseException:
 
 
 def raised() -> int:
-    """How many stops :func:`raise_stop` has raised in this process so far: the ``since`` of
-    :func:`swallowed`."""
+    """How many stops :func:`raise_stop` and :class:`held` have raised in this process so far:
+    the ``since`` of :func:`swallowed`."""
     return _raised[0]
 
 
 def swallowed(exc: BaseException, since: int) -> BaseException | None:
     """The stop the error ``exc`` stands for, raised from it, or None: an error that is not a
     stop, nor raised while one was handled (:func:`~harmony.core.errors.stop_behind` finds
-    that one), after :func:`raise_stop` raised a stop (more than ``since``, a count of
-    :func:`raised`). An extension's C code that calls Python can catch the stop raised there
-    and raise an error of its own, with no context: matplotlib's ``convert_trans_affine``
-    turns it into "ValueError: Invalid affine transformation matrix", and a `harmony run`
-    stopped by Ctrl-C 4.2 s in, drawing its figures, said its experiment "cannot analyse this
-    capture" and exited 1 (CI, 2026-12-07). A stop the code caught and went on after (none of
-    Harmony's does) would make a later error a stop too: the user did ask to stop."""
+    that one), after a stop was raised (:func:`raised` past ``since``). An extension's C code
+    that calls Python can catch the stop raised there and raise an error of its own, with no
+    context: matplotlib's ``convert_trans_affine`` turns it into "ValueError: Invalid affine
+    transformation matrix", and a `harmony run` stopped by Ctrl-C 4.2 s in, drawing its
+    figures, said its experiment "cannot analyse this capture" and exited 1 (CI, 2026-12-07).
+    A stop the code caught and went on after (none of Harmony's does) would make a later error
+    a stop too: the user did ask to stop."""
     count, signum = _raised
     if count <= since or signum is None or stop_behind(exc) is not None \
             or not isinstance(exc, Exception):
