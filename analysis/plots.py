@@ -6,6 +6,11 @@ Times on the x axis are seconds since t0 (the release).
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
+import signal
+import warnings
 from pathlib import Path
 
 import matplotlib
@@ -20,26 +25,131 @@ from matplotlib.ticker import LogFormatter, MaxNLocator  # noqa: E402
 from harmony.analysis.arrays import key_table  # noqa: E402
 from harmony.analysis.causes import causes_over_time  # noqa: E402
 from harmony.core.jit import use_compiled  # noqa: E402
+from harmony.core.osutil import die_with_parent  # noqa: E402
 
 sns.set_theme(style="whitegrid", context="notebook")
 
 
 def save_figure(fig, path: Path, dpi: int = 110, rect=(0, 0, 1, 1)) -> Path:
     """Lay ``fig`` out (its axes within ``rect``, figure fractions (left, bottom, right, top):
-    the whole figure by default), write it as ``path`` and close it; returns the path. Laid out
-    once: ``tight_layout`` leaves a placeholder layout engine on the figure, for which
-    ``savefig`` would draw it once more, unrendered, before drawing it into the file (the same
-    pixels; a 10.25 M-event import's four figures took 0.42-0.46 s against 0.46-0.50). Laid
-    out at the dpi it is written at: the layout measures every label with the renderer the file
-    is then drawn with, whose measures the drawing reuses (laid out at the figure's default dpi,
-    100, it measured them all again at 110: a 5.4 M-event import's four figures 0.56-0.62 s
-    against 0.61-0.67, medians of 4 draws in 5 interleaved pairs, 2026-12-07)."""
+    the whole figure by default), write it as ``path`` and close it; returns the path. Within
+    :func:`written_in_parallel`, the figure is held and written as that block ends."""
+    if _held is not None:
+        _held.append((fig, Path(path), dpi, rect))
+    else:
+        _write_figure(fig, path, dpi, rect)
+        plt.close(fig)
+    return Path(path)
+
+
+def _write_figure(fig, path: Path, dpi: int, rect) -> None:
+    """Lay ``fig`` out and write it. Laid out once: ``tight_layout`` leaves a placeholder layout
+    engine on the figure, for which ``savefig`` would draw it once more, unrendered, before
+    drawing it into the file (the same pixels; a 10.25 M-event import's four figures took
+    0.42-0.46 s against 0.46-0.50). Laid out at the dpi it is written at: the layout measures
+    every label with the renderer the file is then drawn with, whose measures the drawing reuses
+    (laid out at the figure's default dpi, 100, it measured them all again at 110: a 5.4 M-event
+    import's four figures 0.56-0.62 s against 0.61-0.67, medians of 4 draws in 5 interleaved
+    pairs, 2026-12-07)."""
     fig.set_dpi(dpi)
     fig.tight_layout(rect=rect)
     fig.set_layout_engine(None)
     fig.savefig(path, dpi=dpi)
-    plt.close(fig)
-    return Path(path)
+
+
+#: the figures :func:`save_figure` holds inside :func:`written_in_parallel`: (figure, path, dpi,
+#: rect), in the order they were made; None outside
+_held: list | None = None
+
+
+@contextlib.contextmanager
+def written_in_parallel(processes: int | None = None):
+    """Within the block, :func:`save_figure` holds each figure it is given (made, not yet laid
+    out nor written) and returns its path at once; as the block ends, the figures held are laid
+    out and written by this process and up to ``processes - 1`` processes forked from it, one
+    share each (default: as many as the CPUs this process may run on). Laying out and writing
+    is most of a figure's time (matplotlib's text and ticks, in Python: one CPU a process);
+    forked, a child has every table and figure as they are here, with nothing loaded again.
+
+    A child writes its share and ends (``os._exit``); it dies with the thread that forked it
+    (PR_SET_PDEATHSIG), by Ctrl-C or SIGTERM as they come (their default action: this process
+    takes the stop), and is killed and reaped if this process stops or fails first. A share
+    whose child did not end well (killed, or an error: it says nothing) is written again here,
+    where an error is raised as a figure written here raises it. Fewer than two figures or
+    CPUs, a nested block, or no fork to be had: they are written here, one after the other.
+    An error or stop inside the block: the figures held are closed unwritten."""
+    global _held
+    if _held is not None:       # nested: the outer block writes them
+        yield
+        return
+    _held = held = []
+    try:
+        yield
+        _held = None
+        _write_shares(held, processes)
+    finally:
+        _held = None
+        for fig, *_ in held:
+            plt.close(fig)
+
+
+def _write_shares(held: list, processes: int | None) -> None:
+    """Write the figures ``held``, split over this process and children forked from it
+    (:func:`written_in_parallel`)."""
+    if processes is None:
+        processes = len(os.sched_getaffinity(0))
+    n = max(1, min(processes, len(held)))
+    shares = [held[k::n] for k in range(n)]
+    children: dict[int, list] = {}     # pid -> its share, until it ended well
+    redo: list = []
+    parent = os.getpid()
+    gc.freeze()     # no collection here walks (and copies) the pages the children share
+    try:
+        for share in shares[1:]:
+            try:
+                with warnings.catch_warnings():     # Python 3.12's warning of forks beside threads
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    pid = os.fork()
+            except OSError:         # no process to be had: written here
+                redo.extend(share)
+                continue
+            if pid == 0:
+                _child_writes(share, parent)    # never returns
+            children[pid] = share
+        for fig, path, dpi, rect in shares[0]:
+            _write_figure(fig, path, dpi, rect)
+        for pid in list(children):
+            _, status = os.waitpid(pid, 0)
+            share = children.pop(pid)
+            if status != 0:
+                redo.extend(share)
+    finally:
+        for pid in children:        # this process stopped or failed first: none is left behind
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+        gc.unfreeze()
+    for fig, path, dpi, rect in redo:
+        _write_figure(fig, path, dpi, rect)
+
+
+def _child_writes(share: list, parent: int) -> None:
+    """A forked child's work: write ``share``, then end (status 0 if every figure was written);
+    never returns, nor runs anything of its parent's on the way out."""
+    status = 1
+    try:
+        gc.disable()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_DFL)
+        if die_with_parent(parent):
+            for fig, path, dpi, rect in share:
+                _write_figure(fig, path, dpi, rect)
+            status = 0
+    except BaseException:       # noqa: BLE001  (the parent writes the share again and says why)
+        pass
+    finally:
+        os._exit(status)
 
 
 class PlainLogFormatter(LogFormatter):

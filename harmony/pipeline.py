@@ -568,17 +568,20 @@ def _draw(run: store.Run, fig_dir: Path | None = None) -> list[Path]:
     fig_dir.mkdir(parents=True, exist_ok=True)
     experiment = experiment_of(run)
     # matplotlib is loaded only to draw (~0.5 s), as the experiments' plot() do
-    from harmony.analysis.plots import plot_causes
+    from harmony.analysis.plots import plot_causes, written_in_parallel
 
-    drawn = experiment.plot(run, fig_dir)
-    # every run's: why its tasks moved (harmony.analysis.causes)
-    m = run.manifest
-    drawn.append(plot_causes(run.migrations, m["measured_s"], m["params"].get("bin_s", 0.1),
-                             fig_dir / "causes.png"))
-    if (m.get("topology") or {}).get("cpus"):   # the machine, where the run read its shape
-        from harmony.analysis.plots_topology import plot_machine
+    # the figures made here, then laid out and written by this process and processes forked
+    # from it, a share each (most of a figure's time, one CPU each)
+    with written_in_parallel():
+        drawn = experiment.plot(run, fig_dir)
+        # every run's: why its tasks moved (harmony.analysis.causes)
+        m = run.manifest
+        drawn.append(plot_causes(run.migrations, m["measured_s"], m["params"].get("bin_s", 0.1),
+                                 fig_dir / "causes.png"))
+        if (m.get("topology") or {}).get("cpus"):   # the machine, where the run read its shape
+            from harmony.analysis.plots_topology import plot_machine
 
-        drawn.append(plot_machine(m, run.migrations, fig_dir / "machine.png"))
+            drawn.append(plot_machine(m, run.migrations, fig_dir / "machine.png"))
     return drawn
 
 

@@ -166,10 +166,10 @@ class BackgroundAnalysis:
             self._results.append({"status": status, "path": path, "error": msg or None})
 
     def _pause_worker(self) -> None:
-        """Stop the analyser and wait until the kernel says it is stopped (state T); one that
-        has not said READY (its death signal armed: stopped before, it would outlive a killed
-        runner) or does not stop within a second is killed and its captures analysed on exit
-        instead."""
+        """Stop the analyser (and what it forked) and wait until the kernel says it is stopped
+        (state T); one that has not said READY (its death signal armed: stopped before, it would
+        outlive a killed runner) or does not stop within a second is killed and its captures
+        analysed on exit instead."""
         if self.worker is None:  # lost at an earlier pause of this capture's companions
             return
         deadline = time.monotonic() + 1.0
@@ -181,7 +181,9 @@ class BackgroundAnalysis:
             self._lose_worker()
             return
         pid = self.worker.pid
-        os.kill(pid, signal.SIGSTOP)
+        # its process group (its session's: start_new_session), so that the processes it forked
+        # to write a run's figures (analysis.plots.written_in_parallel) stop with it
+        os.killpg(pid, signal.SIGSTOP)
         while time.monotonic() < deadline:
             if _proc_state(pid) in ("T", "Z", None):
                 return
@@ -190,7 +192,7 @@ class BackgroundAnalysis:
 
     def _resume_worker(self) -> None:
         if self.worker is not None:
-            os.kill(self.worker.pid, signal.SIGCONT)
+            os.killpg(self.worker.pid, signal.SIGCONT)
 
     def _lose_worker(self) -> None:
         """Kill the analyser; what it had not reported done is analysed on exit."""

@@ -469,6 +469,39 @@ def test_an_import_without_figures_is_complete_and_its_report_draws_them(writer_
     assert "Not drawn yet" not in (out / "report.md").read_text()
 
 
+def test_an_imports_figures_written_by_forked_processes_are_those_written_here(writer_dat,
+                                                                             tmp_path,
+                                                                             monkeypatch):
+    """The figures an import writes, a share each by processes forked for them where the CPUs
+    allow (analysis.plots.written_in_parallel), are byte for byte those drawn again one after
+    the other in this process."""
+    from harmony import pipeline
+    from harmony.analysis import plots
+
+    _, dat = writer_dat
+    forked, fork = [], os.fork
+
+    def counted_fork():
+        pid = fork()
+        if pid:
+            forked.append(pid)
+        return pid
+    monkeypatch.setattr(os, "fork", counted_fork)
+    out = tmp_path / "run"
+    r = invoke("import", dat, "--comm", "cat-*", "--pid", 11, "--out", out)
+    assert r.exit_code == 0, r.output
+    run = harmony.load(out)
+    figures = run.manifest["figures"]
+    assert len(forked) == min(len(os.sched_getaffinity(0)), len(figures)) - 1
+    monkeypatch.setattr(os, "fork", fork)
+    one_after_another = plots._write_shares
+    monkeypatch.setattr(plots, "_write_shares", lambda held, _: one_after_another(held, 1))
+    again = pipeline.draw_figures(run, into=tmp_path / "again")
+    assert [Path(p).name for p in again] == [Path(f).name for f in figures]
+    for f in figures:
+        assert (out / f).read_bytes() == (tmp_path / "again" / f).read_bytes(), f
+
+
 def test_a_trace_piped_in_is_kept_in_the_run_and_imported(writer_dat, tmp_path, monkeypatch):
     """``perf record -o - ... | harmony import -``: what is piped in is written into the run
     directory as it arrives and imported from there, as a file would be; empty or not a trace,

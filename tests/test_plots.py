@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -435,3 +439,134 @@ def test_log_axes_are_labelled_in_plain_numbers():
     plots.plt.close(fig)
     assert {"1"} <= set(labels) and len(labels) >= 3, labels
     assert all("$" not in x and "e" not in x and float(x) > 0 for x in labels), labels
+
+
+# --- figures written by processes forked for them (plots.written_in_parallel) -------------------
+
+def _made(tmp_path: Path, tag: str, n: int = 5) -> list[Path]:
+    """``n`` figures of their own (a line and a title each) given to save_figure, into
+    ``tmp_path/tag``; their paths."""
+    import matplotlib.pyplot as plt
+
+    (tmp_path / tag).mkdir()
+    paths = []
+    for i in range(n):
+        fig, ax = plt.subplots(figsize=(3, 2))
+        ax.plot(np.arange(60), np.sin(np.arange(60) / (i + 1)))
+        ax.set_title(f"figure {i}")
+        paths.append(plots.save_figure(fig, tmp_path / tag / f"f{i}.png"))
+    return paths
+
+
+def _forks(monkeypatch) -> list[int]:
+    """The children os.fork makes from now on (their pids, as the parent sees them)."""
+    forked, real = [], os.fork
+
+    def fork():
+        pid = real()
+        if pid:
+            forked.append(pid)
+        return pid
+    monkeypatch.setattr(os, "fork", fork)
+    return forked
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_figures_written_in_parallel_are_the_ones_written_one_after_the_other(tmp_path,
+                                                                              monkeypatch):
+    """Held until the block ends, then written by this process and two forked ones: the same
+    files, byte for byte, as save_figure writes at once outside the block; every figure closed,
+    every child reaped."""
+    import matplotlib.pyplot as plt
+
+    serial = _made(tmp_path, "serial")
+    open_before = plt.get_fignums()
+    forked = _forks(monkeypatch)
+    with plots.written_in_parallel(3):
+        split = _made(tmp_path, "split")
+        assert not any(p.exists() for p in split)
+    assert len(forked) == 2 and all(_gone(pid) for pid in forked)
+    assert [p.read_bytes() for p in split] == [p.read_bytes() for p in serial]
+    assert plt.get_fignums() == open_before
+
+
+def test_a_share_whose_child_died_is_written_by_the_parent(tmp_path, monkeypatch):
+    """A child killed as it starts writing (SIGKILL: it says nothing): its share is written by
+    this process, the same files as written one after the other."""
+    serial = _made(tmp_path, "serial", 4)
+    parent, write = os.getpid(), plots._write_figure
+
+    def killed_in_a_child(fig, path, dpi, rect):
+        if os.getpid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+        write(fig, path, dpi, rect)
+    monkeypatch.setattr(plots, "_write_figure", killed_in_a_child)
+    forked = _forks(monkeypatch)
+    with plots.written_in_parallel(2):
+        split = _made(tmp_path, "split", 4)
+    assert len(forked) == 1 and _gone(forked[0])
+    assert [p.read_bytes() for p in split] == [p.read_bytes() for p in serial]
+
+
+def test_a_figure_that_cannot_be_written_raises_here_and_leaves_no_child(tmp_path, monkeypatch):
+    """A figure whose writing fails, whichever process has it: the error is raised in this
+    process (which writes a failed child's share again), no child is left, no figure open."""
+    import matplotlib.pyplot as plt
+
+    write = plots._write_figure
+
+    def f3_fails(fig, path, dpi, rect):
+        if path.name == "f3.png":
+            raise ValueError("f3 cannot be drawn")
+        write(fig, path, dpi, rect)
+    monkeypatch.setattr(plots, "_write_figure", f3_fails)
+    open_before = plt.get_fignums()
+    forked = _forks(monkeypatch)
+    with pytest.raises(ValueError, match="f3 cannot be drawn"):
+        with plots.written_in_parallel(2):
+            _made(tmp_path, "split")
+    assert len(forked) == 1 and _gone(forked[0])
+    assert plt.get_fignums() == open_before
+
+
+def test_a_stop_while_children_write_kills_and_reaps_them(tmp_path, monkeypatch):
+    """Ctrl-C in this process's share while a child is still writing its own (a child that
+    would take a minute): the stop goes on at once, the child killed and reaped, no figure
+    left open."""
+    import time
+
+    import matplotlib.pyplot as plt
+
+    parent = os.getpid()
+
+    def slow_child_stopped_parent(fig, path, dpi, rect):
+        if os.getpid() != parent:
+            time.sleep(60)
+        raise KeyboardInterrupt
+    monkeypatch.setattr(plots, "_write_figure", slow_child_stopped_parent)
+    open_before = plt.get_fignums()
+    forked = _forks(monkeypatch)
+    began = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with plots.written_in_parallel(2):
+            _made(tmp_path, "split", 2)
+    assert time.monotonic() - began < 30       # not the child's minute
+    assert len(forked) == 1 and _gone(forked[0])
+    assert plt.get_fignums() == open_before
+
+
+def test_one_figure_or_one_process_forks_nothing(tmp_path, monkeypatch):
+    """Nothing to share (one figure) or no CPU to share it with: written here, no fork."""
+    forked = _forks(monkeypatch)
+    with plots.written_in_parallel(4):
+        one = _made(tmp_path, "one", 1)
+    with plots.written_in_parallel(1):
+        many = _made(tmp_path, "many", 3)
+    assert forked == [] and all(p.is_file() for p in one + many)
