@@ -10,6 +10,7 @@ import contextlib
 import gc
 import os
 import signal
+import threading
 import warnings
 from pathlib import Path
 
@@ -34,8 +35,9 @@ def save_figure(fig, path: Path, dpi: int = 110, rect=(0, 0, 1, 1)) -> Path:
     """Lay ``fig`` out (its axes within ``rect``, figure fractions (left, bottom, right, top):
     the whole figure by default), write it as ``path`` and close it; returns the path. Within
     :func:`written_in_parallel`, the figure is held and written as that block ends."""
-    if _held is not None:
-        _held.append((fig, Path(path), dpi, rect))
+    held = getattr(_holding, "figures", None)
+    if held is not None:
+        held.append((fig, Path(path), dpi, rect))
     else:
         _write_figure(fig, path, dpi, rect)
         plt.close(fig)
@@ -57,19 +59,19 @@ def _write_figure(fig, path: Path, dpi: int, rect) -> None:
     fig.savefig(path, dpi=dpi)
 
 
-#: the figures :func:`save_figure` holds inside :func:`written_in_parallel`: (figure, path, dpi,
-#: rect), in the order they were made; None outside
-_held: list | None = None
+#: ``figures``: what :func:`save_figure` holds in this thread, inside :func:`written_in_parallel`
+#: ((figure, path, dpi, rect), in the order they were made); absent or None outside
+_holding = threading.local()
 
 
 @contextlib.contextmanager
 def written_in_parallel(processes: int | None = None):
-    """Within the block, :func:`save_figure` holds each figure it is given (made, not yet laid
-    out nor written) and returns its path at once; as the block ends, the figures held are laid
-    out and written by this process and up to ``processes - 1`` processes forked from it, one
-    share each (default: as many as the CPUs this process may run on). Laying out and writing
-    is most of a figure's time (matplotlib's text and ticks, in Python: one CPU a process);
-    forked, a child has every table and figure as they are here, with nothing loaded again.
+    """Within the block, :func:`save_figure` holds each figure this thread gives it (made, not
+    yet laid out nor written) and returns its path at once; as the block ends, the figures held
+    are laid out and written by this process and up to ``processes - 1`` processes forked from
+    it, one share each (default: as many as the CPUs this process may run on). Laying out and
+    writing is most of a figure's time (matplotlib's text and ticks, in Python: one CPU a
+    process); forked, a child has every table and figure as they are here, nothing loaded again.
 
     A child writes its share and ends (``os._exit``); it dies with the thread that forked it
     (PR_SET_PDEATHSIG), by Ctrl-C or SIGTERM as they come (their default action: this process
@@ -78,17 +80,16 @@ def written_in_parallel(processes: int | None = None):
     where an error is raised as a figure written here raises it. Fewer than two figures or
     CPUs, a nested block, or no fork to be had: they are written here, one after the other.
     An error or stop inside the block: the figures held are closed unwritten."""
-    global _held
-    if _held is not None:       # nested: the outer block writes them
+    if getattr(_holding, "figures", None) is not None:     # nested: the outer block writes them
         yield
         return
-    _held = held = []
+    _holding.figures = held = []
     try:
         yield
-        _held = None
+        _holding.figures = None
         _write_shares(held, processes)
     finally:
-        _held = None
+        _holding.figures = None
         for fig, *_ in held:
             plt.close(fig)
 
@@ -103,7 +104,13 @@ def _write_shares(held: list, processes: int | None) -> None:
     children: dict[int, list] = {}     # pid -> its share, until it ended well
     redo: list = []
     parent = os.getpid()
-    gc.freeze()     # no collection here walks (and copies) the pages the children share
+    if n > 1:
+        _ready_to_write()
+    # no collection here walks (and copies) the pages the children share; unless another
+    # freeze is in force, which is not this block's to end
+    frozen = n > 1 and gc.get_freeze_count() == 0
+    if frozen:
+        gc.freeze()
     try:
         for share in shares[1:]:
             try:
@@ -129,9 +136,21 @@ def _write_shares(held: list, processes: int | None) -> None:
                 os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 os.waitpid(pid, 0)
-        gc.unfreeze()
+        if frozen:
+            gc.unfreeze()
     for fig, path, dpi, rect in redo:
         _write_figure(fig, path, dpi, rect)
+
+
+def _ready_to_write() -> None:
+    """Load what a process's first PNG loads (matplotlib's Agg backend, Pillow's plugins: ~20
+    modules) before forking: once, not in every child; and no child then imports a module that
+    another thread of this process was importing as it forked (its lock, held by a thread the
+    child does not have, would never be released)."""
+    import matplotlib.backends.backend_agg  # noqa: F401
+    from PIL import Image, features  # noqa: F401
+
+    Image.preinit()
 
 
 def _child_writes(share: list, parent: int) -> None:
