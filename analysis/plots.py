@@ -7,7 +7,10 @@ Times on the x axis are seconds since t0 (the release).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import gc
+import inspect
 import os
 import signal
 import threading
@@ -37,11 +40,49 @@ def save_figure(fig, path: Path, dpi: int = 110, rect=(0, 0, 1, 1)) -> Path:
     :func:`written_in_parallel`, the figure is held and written as that block ends."""
     held = getattr(_holding, "figures", None)
     if held is not None:
-        held.append((fig, Path(path), dpi, rect))
+        held.append(_Work(Path(path), fig=fig, dpi=dpi, rect=rect))
     else:
         _write_figure(fig, path, dpi, rect)
         plt.close(fig)
     return Path(path)
+
+
+def figure(fn):
+    """Decorate a figure function: one that makes a figure from its arguments, writes it to
+    its ``path`` argument and returns that path, always. Called within
+    :func:`written_in_parallel`, it returns the path at once and its call is held, to be made
+    (the figure made and written) by whichever process has its share."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        held = getattr(_holding, "figures", None)
+        if held is None:
+            return fn(*args, **kwargs)
+        path = Path(signature.bind(*args, **kwargs).arguments["path"])
+        held.append(_Work(path, call=(fn, args, kwargs)))
+        return path
+    return call
+
+
+@dataclasses.dataclass
+class _Work:
+    """One figure held by :func:`written_in_parallel`, to be written at ``path``: made already
+    (``fig``, laid out at ``dpi`` within ``rect``), or a figure function's call (``call``: the
+    function, its arguments), which makes and writes it."""
+
+    path: Path
+    fig: object = None
+    dpi: int = 110
+    rect: tuple = (0, 0, 1, 1)
+    call: tuple | None = None
+
+    def do(self) -> None:
+        if self.call is not None:
+            fn, args, kwargs = self.call
+            fn(*args, **kwargs)
+        else:
+            _write_figure(self.fig, self.path, self.dpi, self.rect)
 
 
 def _write_figure(fig, path: Path, dpi: int, rect) -> None:
@@ -59,19 +100,20 @@ def _write_figure(fig, path: Path, dpi: int, rect) -> None:
     fig.savefig(path, dpi=dpi)
 
 
-#: ``figures``: what :func:`save_figure` holds in this thread, inside :func:`written_in_parallel`
-#: ((figure, path, dpi, rect), in the order they were made); absent or None outside
+#: ``figures``: the :class:`_Work` held in this thread inside :func:`written_in_parallel`, in
+#: the order it was given; absent or None outside
 _holding = threading.local()
 
 
 @contextlib.contextmanager
 def written_in_parallel(processes: int | None = None):
-    """Within the block, :func:`save_figure` holds each figure this thread gives it (made, not
-    yet laid out nor written) and returns its path at once; as the block ends, the figures held
-    are laid out and written by this process and up to ``processes - 1`` processes forked from
-    it, one share each (default: as many as the CPUs this process may run on). Laying out and
-    writing is most of a figure's time (matplotlib's text and ticks, in Python: one CPU a
-    process); forked, a child has every table and figure as they are here, nothing loaded again.
+    """Within the block, the figures this thread makes are held, each returning its path at
+    once: a :func:`figure` function's call (not made yet), or a figure given to
+    :func:`save_figure` (made, not yet laid out nor written). As the block ends, they are made,
+    laid out and written by this process and up to ``processes - 1`` processes forked from it,
+    one share each (default: as many as the CPUs this process may run on). Making, laying out
+    and writing figures is matplotlib's Python (text, ticks, artists: one CPU a process);
+    forked, a child has every table and figure as they are here, nothing loaded again.
 
     A child writes its share and ends (``os._exit``); it dies with the thread that forked it
     (PR_SET_PDEATHSIG), by Ctrl-C or SIGTERM as they come (their default action: this process
@@ -90,13 +132,14 @@ def written_in_parallel(processes: int | None = None):
         _write_shares(held, processes)
     finally:
         _holding.figures = None
-        for fig, *_ in held:
-            plt.close(fig)
+        for work in held:
+            if work.fig is not None:
+                plt.close(work.fig)
 
 
 def _write_shares(held: list, processes: int | None) -> None:
-    """Write the figures ``held``, split over this process and children forked from it
-    (:func:`written_in_parallel`)."""
+    """Make and write the figures ``held`` (:class:`_Work`), split over this process and
+    children forked from it (:func:`written_in_parallel`)."""
     if processes is None:
         processes = len(os.sched_getaffinity(0))
     n = max(1, min(processes, len(held)))
@@ -123,8 +166,8 @@ def _write_shares(held: list, processes: int | None) -> None:
             if pid == 0:
                 _child_writes(share, parent)    # never returns
             children[pid] = share
-        for fig, path, dpi, rect in shares[0]:
-            _write_figure(fig, path, dpi, rect)
+        for work in shares[0]:
+            work.do()
         for pid in list(children):
             _, status = os.waitpid(pid, 0)
             share = children.pop(pid)
@@ -138,8 +181,8 @@ def _write_shares(held: list, processes: int | None) -> None:
                 os.waitpid(pid, 0)
         if frozen:
             gc.unfreeze()
-    for fig, path, dpi, rect in redo:
-        _write_figure(fig, path, dpi, rect)
+    for work in redo:
+        work.do()
 
 
 def _ready_to_write() -> None:
@@ -154,16 +197,16 @@ def _ready_to_write() -> None:
 
 
 def _child_writes(share: list, parent: int) -> None:
-    """A forked child's work: write ``share``, then end (status 0 if every figure was written);
-    never returns, nor runs anything of its parent's on the way out."""
+    """A forked child's work: make and write ``share``, then end (status 0 if every figure was
+    written); never returns, nor runs anything of its parent's on the way out."""
     status = 1
     try:
         gc.disable()
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, signal.SIG_DFL)
         if die_with_parent(parent):
-            for fig, path, dpi, rect in share:
-                _write_figure(fig, path, dpi, rect)
+            for work in share:
+                work.do()
             status = 0
     except BaseException:       # noqa: BLE001  (the parent writes the share again and says why)
         pass
@@ -240,6 +283,7 @@ MAX_MIGRATION_BINS = 450
 MIGRATION_KINDS = {"balance": "#c0392b", "wakeup": "#7f8c8d"}
 
 
+@figure
 def plot_migrations(migrations: pd.DataFrame, duration_s: float, bin_s: float, path: Path,
                     title: str = "Migrations over time") -> Path:
     """Migrations of experiment tasks per time bin (``bin_s``, widened by a whole factor to at
@@ -280,6 +324,7 @@ CAUSE_COLOURS = {"wakeup": "#7f8c8d", "fork": "#bdc3c7", "newidle": "#e67e22",
                  "numa": "#16a085", "unknown": "#f1c40f"}
 
 
+@figure
 def plot_causes(migrations: pd.DataFrame, duration_s: float, bin_s: float, path: Path) -> Path:
     """Migrations of experiment tasks per time bin, stacked by cause
     (:func:`harmony.analysis.causes.causes_over_time`; bins widened as in
@@ -404,6 +449,7 @@ def step_means(t: np.ndarray, nr: np.ndarray, t_end: float, bins: int,
 MANY_CPUS, HEAT_BINS = 16, 300
 
 
+@figure
 def plot_runqueue(runqueue: pd.DataFrame, cpus: list[int], ntasks: int, duration_s: float,
                   path: Path, t_balanced: float | None = None, tolerance: float = 0.15,
                   t_first_balanced: float | None = None) -> Path:
@@ -545,6 +591,7 @@ def ranked(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     return df.sort_values(by, kind="stable").reset_index(drop=True).assign(rank=lambda d: d.index)
 
 
+@figure
 def plot_shares(shares: pd.DataFrame, path: Path,
                 title: str = "CPU share per task vs fair share") -> Path:
     """Each task's CPU share over the run (bars; points ranked by share beyond

@@ -16,7 +16,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harmony.analysis.levels import df_move_levels, df_queue_means, relation_table  # noqa: E402
-from harmony.analysis.plots import save_figure  # noqa: E402
+from harmony.analysis.plots import figure, save_figure  # noqa: E402
 from harmony.analysis.topology import df_cpus  # noqa: E402
 
 #: time bins of the placement map
@@ -52,6 +52,7 @@ def machine_order(manifest: dict, cpus: list[int]) -> pd.DataFrame:
     return table.reset_index(drop=True)
 
 
+@figure
 def plot_spread(runqueue: pd.DataFrame, manifest: dict, migrations: pd.DataFrame,
                 path: Path) -> Path:
     """The placement map: one row per CPU of the set, ordered by node, LLC and core (thick lines

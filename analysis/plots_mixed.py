@@ -22,7 +22,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
 from harmony.analysis import mixed, plots  # noqa: E402
-from harmony.analysis.plots import (HEAT_BINS, MANY_TASKS, fair_norm, heat_height,  # noqa: E402
+from harmony.analysis.plots import (HEAT_BINS, MANY_TASKS, fair_norm, figure, heat_height,  # noqa: E402
                                     heat_rows, ranked, runqueue_means, save_figure)
 
 ROLE_COLOURS = {"heavy": "#c0392b", "light": "#2980b9", "high": "#8e44ad", "low": "#16a085",
@@ -41,6 +41,7 @@ def _steps(rq: pd.DataFrame, cpu: int, a: float, b: float):
     return np.append(t, b), np.append(nr, nr[-1:] if len(nr) else [0])
 
 
+@figure
 def plot_runqueue_detail(runqueue: pd.DataFrame, cpus, window: tuple[float, float], path: Path,
                          title: str = "Run queue per CPU", fair: float | None = None) -> Path:
     """Each CPU's run-queue length (exact step function) over a short window (thesis fig 7.3);
@@ -87,6 +88,7 @@ def _fair_note(fair: float | None) -> str:
     return f";\nwhite: N/P = {fair:g}, red above, blue below" if fair else ""
 
 
+@figure
 def plot_allocation_timeline(allocation: pd.DataFrame, fair: float, duration_s: float,
                              path: Path) -> Path:
     """Each task's share of a CPU per window over the run, one panel per task; dashed: fair (7.4).
@@ -133,6 +135,7 @@ def _allocation_heat_map(allocation: pd.DataFrame, names: list[str], fair: float
     return save_figure(fig, path)
 
 
+@figure
 def plot_runqueue_pair(runqueue: pd.DataFrame, static_runqueue: pd.DataFrame, cpus,
                        window: tuple[float, float], path: Path, detail_s: float = 0.5,
                        fair: float | None = None) -> Path:
@@ -172,6 +175,7 @@ def plot_runqueue_pair(runqueue: pd.DataFrame, static_runqueue: pd.DataFrame, cp
     return save_figure(fig, path)
 
 
+@figure
 def plot_variance_timeline(variance: pd.DataFrame, static_variance: pd.DataFrame, t0: int,
                            static_t0: int, migrations: pd.DataFrame, duration_s: float,
                            bin_s: float, wins: dict, path: Path) -> Path:
@@ -198,6 +202,7 @@ def plot_variance_timeline(variance: pd.DataFrame, static_variance: pd.DataFrame
     return save_figure(fig, path)
 
 
+@figure
 def plot_placement(counts: pd.DataFrame, cpus, duration_s: float, path: Path,
                    roles: tuple[str, ...] = ("high", "low")) -> Path:
     """Tasks of each class placed on each CPU over time (stacked steps), one panel per CPU;
@@ -261,6 +266,7 @@ def _placement_heat_maps(counts: pd.DataFrame, cpus: list, duration_s: float, pa
     return save_figure(fig, path)
 
 
+@figure
 def plot_shares_vs_static(shares: pd.DataFrame, static_shares: pd.DataFrame, path: Path) -> Path:
     """Each task's CPU share over the run in the dynamic run and in the static ideal (bars)."""
     both = pd.concat([shares.assign(run="dynamic"), static_shares.assign(run="static ideal")],
@@ -290,6 +296,7 @@ def plot_shares_vs_static(shares: pd.DataFrame, static_shares: pd.DataFrame, pat
     return save_figure(fig, path)
 
 
+@figure
 def plot_class_allocation(allocation: pd.DataFrame, static_allocation: pd.DataFrame,
                           path: Path) -> Path:
     """Mean share per task of each class in each window, dynamic vs static ideal, annotated with

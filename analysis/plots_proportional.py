@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from harmony.analysis.plots import save_figure  # noqa: E402
+from harmony.analysis.plots import figure, save_figure  # noqa: E402
 from harmony.core.wording import plural  # noqa: E402
 
 #: how far right of x = P, on the CPU axis, the n/P-task run's points are drawn (beside the P run's)
@@ -28,6 +28,7 @@ def _dots(ax, x: float, values: np.ndarray, color: str, marker: str, label: str)
     ax.scatter(x + spread, v, s=22, color=color, marker=marker, alpha=0.8, label=label, zorder=3)
 
 
+@figure
 def plot_proportional(per_task: pd.DataFrame, curve: pd.DataFrame, ncpus: int, path: Path,
                       title: str = "Proportional speedup and concurrency") -> Path:
     """Left: each task's share of a CPU with all n tasks on one CPU (x = 1) and on the ``ncpus``

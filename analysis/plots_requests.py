@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harmony.analysis.plots import plain_log_axis, plt, save_figure
+from harmony.analysis.plots import figure, plain_log_axis, plt, save_figure
 from harmony.analysis.thresholds import RQ_WAIT_MIN_NS
 
 
+@figure
 def plot_latency(requests: pd.DataFrame, migrations: pd.DataFrame, t0: int, duration_s: float,
                  path: Path, title: str = "") -> Path:
     """Left: the CDF of the measured requests' latency (log scale; unanswered ones off the right

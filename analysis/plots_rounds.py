@@ -15,7 +15,7 @@ import pandas as pd
 from matplotlib import ticker
 
 # the shared Agg backend, theme
-from harmony.analysis.plots import integer_axis, plain_log_axis, plt, save_figure, sns
+from harmony.analysis.plots import figure, integer_axis, plain_log_axis, plt, save_figure, sns
 from harmony.core.wording import plural
 
 ROUND_PALETTE = "tab10"
@@ -25,6 +25,7 @@ def _empty(ax, text):
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="0.4")
 
 
+@figure
 def plot_first_round(summaries: pd.DataFrame, path: Path) -> Path:
     """Figure 6.6: tasks moved from the first source to the target in the first round, against x.
 
@@ -70,6 +71,7 @@ def plot_first_round(summaries: pd.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+@figure
 def plot_time_to_resolve(summaries: pd.DataFrame, path: Path, tolerance: float = 0.15) -> Path:
     """Figure 6.7: time until every run queue is within ``tolerance`` of N/P (and stays), against x.
 
@@ -115,6 +117,7 @@ def df_intervals_long(summaries: pd.DataFrame) -> pd.DataFrame:
     return long
 
 
+@figure
 def plot_detection(summaries: pd.DataFrame, path: Path) -> Path:
     """Figure 6.8 / table 6.1: the three detection intervals of every run (ms, log scale).
 
@@ -155,6 +158,7 @@ def plot_detection(summaries: pd.DataFrame, path: Path) -> Path:
     return save_figure(fig, path)
 
 
+@figure
 def plot_rounds_timeline(runqueue: pd.DataFrame, per_migration: pd.DataFrame, cpus, target: int,
                          t_max: float, path: Path, t_min: float = 0.0, marks: dict | None = None,
                          title: str = "Balancing rounds onto the target") -> Path:
@@ -198,6 +202,7 @@ def plot_rounds_timeline(runqueue: pd.DataFrame, per_migration: pd.DataFrame, cp
     return save_figure(fig, path)
 
 
+@figure
 def plot_steal(load: pd.DataFrame, migrations: pd.DataFrame, target: int, steal: dict,
                path: Path, half_window_ms: float = 20.0) -> Path:
     """E4: the target's queue around the moment it went idle, with the migrations onto it.

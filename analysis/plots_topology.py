@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.patches import Rectangle
 
-from harmony.analysis.plots import CAUSE_COLOURS, save_figure
+from harmony.analysis.plots import CAUSE_COLOURS, figure, save_figure
 from harmony.analysis.topology import counts_by_level, df_cpus, domain_rows, domains_of
 from harmony.core.osutil import parse_cpulist
 
@@ -73,6 +73,7 @@ def _label(name: str, key) -> str:
     return f"{name} {key}" if key != -1 else f"{name} ?"
 
 
+@figure
 def plot_machine(manifest: dict, migrations: pd.DataFrame | None, path: Path) -> Path:
     """The machine (nested boxes, the run's CPUs filled red) and, where the run read its domains,
     the window's migrations by level and cause as stacked bars."""

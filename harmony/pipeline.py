@@ -570,8 +570,9 @@ def _draw(run: store.Run, fig_dir: Path | None = None) -> list[Path]:
     # matplotlib is loaded only to draw (~0.5 s), as the experiments' plot() do
     from harmony.analysis.plots import plot_causes, written_in_parallel
 
-    # the figures made here, then laid out and written by this process and processes forked
-    # from it, a share each (most of a figure's time, one CPU each)
+    # the figures held here (their figure functions' calls, or figures made), then made and
+    # written by this process and processes forked from it, a share each (matplotlib's Python:
+    # one CPU each)
     with written_in_parallel():
         drawn = experiment.plot(run, fig_dir)
         # every run's: why its tasks moved (harmony.analysis.causes)

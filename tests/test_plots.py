@@ -497,6 +497,35 @@ def test_figures_written_in_parallel_are_the_ones_written_one_after_the_other(tm
     assert plt.get_fignums() == open_before
 
 
+@plots.figure
+def _sine(k: int, path: Path) -> Path:
+    """A figure function of the tests': a sine, its pid written beside it (``.pid``)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot(np.arange(60), np.sin(np.arange(60) / (k + 1)))
+    ax.set_title(f"sine {k}")
+    path.with_suffix(".pid").write_text(str(os.getpid()))
+    return plots.save_figure(fig, path)
+
+
+def test_figure_functions_are_made_by_the_process_that_has_their_share(tmp_path, monkeypatch):
+    """A @figure function called in the block returns its path before the figure is made; the
+    calls are then made, shared out, by this process and a forked one (each writes its pid), and
+    give the files the same calls give one after the other, outside the block."""
+    (tmp_path / "serial").mkdir()
+    (tmp_path / "split").mkdir()
+    serial = [_sine(k, tmp_path / "serial" / f"s{k}.png") for k in range(4)]
+    forked = _forks(monkeypatch)
+    with plots.written_in_parallel(2):
+        split = [_sine(k, tmp_path / "split" / f"s{k}.png") for k in range(4)]
+        assert split == [tmp_path / "split" / f"s{k}.png" for k in range(4)]
+        assert not any(p.exists() or p.with_suffix(".pid").exists() for p in split)
+    makers = [int(p.with_suffix(".pid").read_text()) for p in split]
+    assert len(forked) == 1 and makers == [os.getpid(), forked[0]] * 2
+    assert [p.read_bytes() for p in split] == [p.read_bytes() for p in serial]
+
+
 def test_a_share_whose_child_died_is_written_by_the_parent(tmp_path, monkeypatch):
     """A child killed as it starts writing (SIGKILL: it says nothing): its share is written by
     this process, the same files as written one after the other."""
