@@ -237,6 +237,19 @@ IMPLEMENTATIONS = ["compiled", "threads", "numpy"]
 COMPILED = ["compiled", "threads"]
 
 
+def forks_counted(monkeypatch) -> list[int]:
+    """The children os.fork makes from now on (their pids, as the parent sees them)."""
+    forked, real = [], os.fork
+
+    def fork():
+        pid = real()
+        if pid:
+            forked.append(pid)
+        return pid
+    monkeypatch.setattr(os, "fork", fork)
+    return forked
+
+
 def use_implementation(name: str, monkeypatch) -> str:
     """Make Harmony run its compiled kernels by numba's JIT ("compiled"), or as built ahead of
     time where ``python -m harmony.precompile`` built them (else numba's JIT again) and split

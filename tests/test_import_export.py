@@ -28,7 +28,7 @@ from harmony.probes.base import TraceCorrupt
 from harmony.probes.schema import SCHED_EVENTS
 
 from cli_run import cli
-from conftest import ROOT, host_skip, sigint_as_a_terminal, small_tmpfs
+from conftest import ROOT, forks_counted, host_skip, sigint_as_a_terminal, small_tmpfs
 
 from test_ringbuf import (FORMATS_WAKING, PageBuilder, encode, known_capture, parsed_formats,
                           write_dir)
@@ -479,14 +479,8 @@ def test_an_imports_figures_written_by_forked_processes_are_those_written_here(w
     from harmony.analysis import plots
 
     _, dat = writer_dat
-    forked, fork = [], os.fork
-
-    def counted_fork():
-        pid = fork()
-        if pid:
-            forked.append(pid)
-        return pid
-    monkeypatch.setattr(os, "fork", counted_fork)
+    fork = os.fork
+    forked = forks_counted(monkeypatch)
     out = tmp_path / "run"
     r = invoke("import", dat, "--comm", "cat-*", "--pid", 11, "--out", out)
     assert r.exit_code == 0, r.output

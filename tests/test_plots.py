@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from conftest import host_skip
+from conftest import forks_counted, host_skip
 
 from harmony.analysis import plots
 from harmony.core.jit import numba_version
+from harmony.core.osutil import pid_alive
 
 
 def test_step_envelope_keeps_every_spike_and_dip():
@@ -458,27 +459,6 @@ def _made(tmp_path: Path, tag: str, n: int = 5) -> list[Path]:
     return paths
 
 
-def _forks(monkeypatch) -> list[int]:
-    """The children os.fork makes from now on (their pids, as the parent sees them)."""
-    forked, real = [], os.fork
-
-    def fork():
-        pid = real()
-        if pid:
-            forked.append(pid)
-        return pid
-    monkeypatch.setattr(os, "fork", fork)
-    return forked
-
-
-def _gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    return False
-
-
 def test_figures_written_in_parallel_are_the_ones_written_one_after_the_other(tmp_path,
                                                                               monkeypatch):
     """Held until the block ends, then written by this process and two forked ones: the same
@@ -488,11 +468,11 @@ def test_figures_written_in_parallel_are_the_ones_written_one_after_the_other(tm
 
     serial = _made(tmp_path, "serial")
     open_before = plt.get_fignums()
-    forked = _forks(monkeypatch)
+    forked = forks_counted(monkeypatch)
     with plots.written_in_parallel(3):
         split = _made(tmp_path, "split")
         assert not any(p.exists() for p in split)
-    assert len(forked) == 2 and all(_gone(pid) for pid in forked)
+    assert len(forked) == 2 and not any(pid_alive(pid) for pid in forked)
     assert [p.read_bytes() for p in split] == [p.read_bytes() for p in serial]
     assert plt.get_fignums() == open_before
 
@@ -516,7 +496,7 @@ def test_figure_functions_are_made_by_the_process_that_has_their_share(tmp_path,
     (tmp_path / "serial").mkdir()
     (tmp_path / "split").mkdir()
     serial = [_sine(k, tmp_path / "serial" / f"s{k}.png") for k in range(4)]
-    forked = _forks(monkeypatch)
+    forked = forks_counted(monkeypatch)
     with plots.written_in_parallel(2):
         split = [_sine(k, tmp_path / "split" / f"s{k}.png") for k in range(4)]
         assert split == [tmp_path / "split" / f"s{k}.png" for k in range(4)]
@@ -537,10 +517,10 @@ def test_a_share_whose_child_died_is_written_by_the_parent(tmp_path, monkeypatch
             os.kill(os.getpid(), signal.SIGKILL)
         write(fig, path, dpi, rect)
     monkeypatch.setattr(plots, "_write_figure", killed_in_a_child)
-    forked = _forks(monkeypatch)
+    forked = forks_counted(monkeypatch)
     with plots.written_in_parallel(2):
         split = _made(tmp_path, "split", 4)
-    assert len(forked) == 1 and _gone(forked[0])
+    assert len(forked) == 1 and not pid_alive(forked[0])
     assert [p.read_bytes() for p in split] == [p.read_bytes() for p in serial]
 
 
@@ -557,11 +537,11 @@ def test_a_figure_that_cannot_be_written_raises_here_and_leaves_no_child(tmp_pat
         write(fig, path, dpi, rect)
     monkeypatch.setattr(plots, "_write_figure", f3_fails)
     open_before = plt.get_fignums()
-    forked = _forks(monkeypatch)
+    forked = forks_counted(monkeypatch)
     with pytest.raises(ValueError, match="f3 cannot be drawn"):
         with plots.written_in_parallel(2):
             _made(tmp_path, "split")
-    assert len(forked) == 1 and _gone(forked[0])
+    assert len(forked) == 1 and not pid_alive(forked[0])
     assert plt.get_fignums() == open_before
 
 
@@ -581,19 +561,19 @@ def test_a_stop_while_children_write_kills_and_reaps_them(tmp_path, monkeypatch)
         raise KeyboardInterrupt
     monkeypatch.setattr(plots, "_write_figure", slow_child_stopped_parent)
     open_before = plt.get_fignums()
-    forked = _forks(monkeypatch)
+    forked = forks_counted(monkeypatch)
     began = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
         with plots.written_in_parallel(2):
             _made(tmp_path, "split", 2)
     assert time.monotonic() - began < 30       # not the child's minute
-    assert len(forked) == 1 and _gone(forked[0])
+    assert len(forked) == 1 and not pid_alive(forked[0])
     assert plt.get_fignums() == open_before
 
 
 def test_one_figure_or_one_process_forks_nothing(tmp_path, monkeypatch):
     """Nothing to share (one figure) or no CPU to share it with: written here, no fork."""
-    forked = _forks(monkeypatch)
+    forked = forks_counted(monkeypatch)
     with plots.written_in_parallel(4):
         one = _made(tmp_path, "one", 1)
     with plots.written_in_parallel(1):
