@@ -338,8 +338,10 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         if figures:
             _record_figures(run, paths, drawn)
         else:
-            store.write_json(out / "manifest.json", manifest)
+            # the report before the manifest that says the run is complete: a stop between the
+            # two leaves no complete run without its report
             write_report(run)
+            store.write_json(out / "manifest.json", manifest)
     except BaseException as error:
         # nothing is left writing into the run, or checking it, behind the error
         futures.wait(writing + ([checking] if checking is not None else []))
@@ -587,11 +589,11 @@ def _draw(run: store.Run, fig_dir: Path | None = None) -> list[Path]:
 
 
 def _record_figures(run: store.Run, paths: list[Path], laps: Laps) -> list[str]:
-    """Record the figures drawn (``paths``, in ``laps``' "figures" seconds) in the run's manifest,
-    write it and report.md."""
+    """Record the figures drawn (``paths``, in ``laps``' "figures" seconds) in the run's manifest;
+    write report.md, then the manifest."""
     run.manifest["figures"] = [str(p.relative_to(run.path)) for p in paths]
     run.manifest["figures_deferred"] = False
     run.manifest.setdefault("timings_s", {})["figures"] = laps.steps["figures"]
+    write_report(run)       # before the manifest: it is what says the run is complete
     store.write_json(run.path / "manifest.json", run.manifest)
-    write_report(run)
     return run.manifest["figures"]

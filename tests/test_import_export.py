@@ -1656,3 +1656,23 @@ def test_an_import_as_single_source_reads_its_layout(simulated_dat, tmp_path):
     m = harmony.load(tmp_path / "two").manifest
     assert m["cpus"] == [0, 1] and m["source"]["cpus_from"] == "--cpus"
     assert not [n for n in m["notes"] if "every CPU the file recorded" in n]
+
+
+def test_a_stop_as_the_report_is_written_leaves_no_complete_run_without_it(tmp_path,
+                                                                          monkeypatch):
+    """A stop that lands while a run's report is written (a simulated run: its capture stays
+    "captured", as a recorded one's): the manifest on disk never says "complete" without
+    report.md beside it (it did: the manifest was written complete before the report)."""
+    from harmony import pipeline
+
+    def stopped(run, *a, **k):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(pipeline, "write_report", stopped)
+    r = invoke("simulate", "single-source", "--policy", "pairwise-random", "--ncpus", 4,
+               "-p", "duration=1", "-q", "--out", tmp_path / "sim")
+    assert r.exit_code != 0
+    manifests = list((tmp_path / "sim").rglob("manifest.json"))
+    assert manifests
+    for m in manifests:
+        if json.loads(m.read_text()).get("status") == "complete":
+            assert (m.parent / "report.md").is_file(), m
