@@ -40,7 +40,7 @@ def save_figure(fig, path: Path, dpi: int = 110, rect=(0, 0, 1, 1)) -> Path:
     :func:`written_in_parallel`, the figure is held and written as that block ends."""
     held = getattr(_holding, "figures", None)
     if held is not None:
-        held.append(_Work(Path(path), fig=fig, dpi=dpi, rect=rect))
+        held.append(_Work(_write_figure, (fig, Path(path), dpi, rect), fig=fig))
     else:
         _write_figure(fig, path, dpi, rect)
         plt.close(fig)
@@ -59,30 +59,25 @@ def figure(fn):
         held = getattr(_holding, "figures", None)
         if held is None:
             return fn(*args, **kwargs)
-        path = Path(signature.bind(*args, **kwargs).arguments["path"])
-        held.append(_Work(path, call=(fn, args, kwargs)))
+        path = Path(signature.bind(*args, **kwargs).arguments["path"])     # a bad call: here
+        held.append(_Work(fn, args, kwargs))
         return path
     return call
 
 
 @dataclasses.dataclass
 class _Work:
-    """One figure held by :func:`written_in_parallel`, to be written at ``path``: made already
-    (``fig``, laid out at ``dpi`` within ``rect``), or a figure function's call (``call``: the
-    function, its arguments), which makes and writes it."""
+    """One figure held by :func:`written_in_parallel`: the call that makes and writes it (a
+    figure function's), or writes it (:func:`_write_figure`, for ``fig``, a figure made
+    already, which the block closes whoever wrote it)."""
 
-    path: Path
+    fn: object
+    args: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
     fig: object = None
-    dpi: int = 110
-    rect: tuple = (0, 0, 1, 1)
-    call: tuple | None = None
 
     def do(self) -> None:
-        if self.call is not None:
-            fn, args, kwargs = self.call
-            fn(*args, **kwargs)
-        else:
-            _write_figure(self.fig, self.path, self.dpi, self.rect)
+        self.fn(*self.args, **self.kwargs)
 
 
 def _write_figure(fig, path: Path, dpi: int, rect) -> None:

@@ -444,19 +444,21 @@ def test_log_axes_are_labelled_in_plain_numbers():
 
 # --- figures written by processes forked for them (plots.written_in_parallel) -------------------
 
-def _made(tmp_path: Path, tag: str, n: int = 5) -> list[Path]:
-    """``n`` figures of their own (a line and a title each) given to save_figure, into
-    ``tmp_path/tag``; their paths."""
+def _sine_figure(k: int, title: str):
+    """A small figure of its own: a sine of period ``k + 1``, titled."""
     import matplotlib.pyplot as plt
 
+    fig, ax = plt.subplots(figsize=(3, 2))
+    ax.plot(np.arange(60), np.sin(np.arange(60) / (k + 1)))
+    ax.set_title(title)
+    return fig
+
+
+def _made(tmp_path: Path, tag: str, n: int = 5) -> list[Path]:
+    """``n`` figures of their own given to save_figure, into ``tmp_path/tag``; their paths."""
     (tmp_path / tag).mkdir()
-    paths = []
-    for i in range(n):
-        fig, ax = plt.subplots(figsize=(3, 2))
-        ax.plot(np.arange(60), np.sin(np.arange(60) / (i + 1)))
-        ax.set_title(f"figure {i}")
-        paths.append(plots.save_figure(fig, tmp_path / tag / f"f{i}.png"))
-    return paths
+    return [plots.save_figure(_sine_figure(i, f"figure {i}"), tmp_path / tag / f"f{i}.png")
+            for i in range(n)]
 
 
 def test_figures_written_in_parallel_are_the_ones_written_one_after_the_other(tmp_path,
@@ -480,13 +482,8 @@ def test_figures_written_in_parallel_are_the_ones_written_one_after_the_other(tm
 @plots.figure
 def _sine(k: int, path: Path) -> Path:
     """A figure function of the tests': a sine, its pid written beside it (``.pid``)."""
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(3, 2))
-    ax.plot(np.arange(60), np.sin(np.arange(60) / (k + 1)))
-    ax.set_title(f"sine {k}")
     path.with_suffix(".pid").write_text(str(os.getpid()))
-    return plots.save_figure(fig, path)
+    return plots.save_figure(_sine_figure(k, f"sine {k}"), path)
 
 
 def test_figure_functions_are_made_by_the_process_that_has_their_share(tmp_path, monkeypatch):
