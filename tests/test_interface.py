@@ -826,7 +826,10 @@ def python_blocks(page: Path) -> list[str]:
 
 def test_the_api_pages_code_runs(results, tmp_path, monkeypatch):
     """docs/api.md's Python, in order, on a simulated run (runs/e1) and suite (runs/suite-p4):
-    the worked example's pandas and its seaborn figure."""
+    the worked example's pandas and its seaborn figure, closed once written (a user's loop
+    over runs would otherwise keep every figure open)."""
+    import matplotlib.pyplot as plt
+
     page = Path(__file__).resolve().parent.parent / "docs" / "api.md"
     blocks = python_blocks(page)
     assert any("seaborn" in b for b in blocks) and any("groupby" in b for b in blocks)
@@ -835,10 +838,12 @@ def test_the_api_pages_code_runs(results, tmp_path, monkeypatch):
     (tmp_path / "runs" / "suite-p4").symlink_to(results["suite"])
     monkeypatch.chdir(tmp_path)
     namespace: dict = {}
+    open_before = plt.get_fignums()
     for block in blocks:
         exec(compile(block, str(page), "exec"), namespace)
     png = tmp_path / "runqueues.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    assert plt.get_fignums() == open_before
 
 
 def test_an_error_takes_a_clean_line_after_progress(tmp_path):
