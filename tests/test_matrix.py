@@ -282,11 +282,17 @@ def test_resume_takes_up_the_cells_left_incomplete_or_interrupted(tmp_path, monk
 
 # --- the cluster path -----------------------------------------------------------------------------
 
+#: a LocalCluster's scheduler without its dashboard, its HTTP server (which distributed starts
+#: whatever dashboard_address says: None meant the default, 8787) on a free port: two test
+#: workers' clusters at once no longer meet on 8787 ("Port 8787 is already in use", CI)
+NO_DASHBOARD = {"dashboard_address": ":0", "scheduler_kwargs": {"dashboard": False}}
+
+
 @pytest.fixture(scope="module")
 def cluster():
     distributed = _distributed()
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  resources={"host": 1}, dashboard_address=None) as lc, \
+                                  resources={"host": 1}, **NO_DASHBOARD) as lc, \
             distributed.Client(lc) as client:
         yield lc, client
 
@@ -563,7 +569,7 @@ def test_a_worker_without_qemu_fails_its_cell_in_one_line(tmp_path):
     empty = tmp_path / "bin"
     empty.mkdir()
     with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                  resources={"host": 1, "measure": 1}, dashboard_address=None,
+                                  resources={"host": 1, "measure": 1}, **NO_DASHBOARD,
                                   env={"PATH": str(empty)}) as lc, \
             distributed.Client(lc) as client:
         record = run_cluster(plan, tmp_path / "m", None, quiet=True, client=client)
