@@ -338,10 +338,7 @@ def analyse_capture(out: Path, manifest: dict, cap: Capture, tasks: pd.DataFrame
         if figures:
             _record_figures(run, paths, drawn)
         else:
-            # the report before the manifest that says the run is complete: a stop between the
-            # two leaves no complete run without its report
-            write_report(run)
-            store.write_json(out / "manifest.json", manifest)
+            _write_complete(run)
     except BaseException as error:
         # nothing is left writing into the run, or checking it, behind the error
         futures.wait(writing + ([checking] if checking is not None else []))
@@ -594,6 +591,12 @@ def _record_figures(run: store.Run, paths: list[Path], laps: Laps) -> list[str]:
     run.manifest["figures"] = [str(p.relative_to(run.path)) for p in paths]
     run.manifest["figures_deferred"] = False
     run.manifest.setdefault("timings_s", {})["figures"] = laps.steps["figures"]
-    write_report(run)       # before the manifest: it is what says the run is complete
-    store.write_json(run.path / "manifest.json", run.manifest)
+    _write_complete(run)
     return run.manifest["figures"]
+
+
+def _write_complete(run: store.Run) -> None:
+    """Write the run's report.md, then its manifest (which says the run is complete): a stop
+    between the two leaves no complete run without its report."""
+    write_report(run)
+    store.write_json(run.path / "manifest.json", run.manifest)
