@@ -291,6 +291,9 @@ def _writable(candidates: list[Path]) -> Path:
 #: environment and compiles by numba's JIT first), run from a directory with no harmony checkout
 #: in it (``python -m`` would import that one); its arguments to this Python
 BUILD_ARGS = ("-m", "harmony.precompile")
+#: how this module's command begins the line saying why the kernels were not built (the rest of
+#: the line), which a command's build (:func:`ensure_built`) says in its warning
+NOT_BUILT = "harmony.precompile: the kernels were not compiled ahead of time: "
 BUILD_TIMEOUT_S = 1800
 
 
@@ -349,7 +352,10 @@ def ensure_built(say=print, warn=print) -> bool:
             say(f"compiled kernels built in {time.perf_counter() - t:.0f} s, in "
                 f"{hk.aot_built()}")
             return True
-        last = (out.strip().splitlines() or [f"exit status {code}"])[-1]
+        lines = out.strip().splitlines()
+        # the reason this module's command said, else the last thing it printed
+        last = next((ln[len(NOT_BUILT):] for ln in lines if ln.startswith(NOT_BUILT)),
+                    (lines or [f"exit status {code}"])[-1])
         (base / (hk.key() + hk.FAILED_SUFFIX)).write_text(json.dumps(
             {"exit": code, "last_line": last, "when": time.time()}) + "\n")
         warn(f"the compiled kernels could not be built ({last}); numba's JIT runs them (each "
@@ -378,8 +384,9 @@ def main(argv=None) -> int:
         where, exported, skipped = build_extension(kernels())
     except Exception as e:       # noqa: BLE001 -- any failure leaves numba's JIT, which works
         line = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-        print(f"harmony.precompile: the kernels were not compiled ahead of time ({line}); "
-              "numba's JIT runs them (each large import loads it, ~0.4 s)", file=sys.stderr)
+        print(f"{NOT_BUILT}{line}", file=sys.stderr)
+        print("harmony.precompile: numba's JIT runs them instead (each large import loads it, "
+              "~0.4 s)", file=sys.stderr)
         return 0
     print(f"harmony.precompile: {exported} kernel signatures compiled ahead of time, ready in "
           f"{time.perf_counter() - t:.1f} s, in {where}")

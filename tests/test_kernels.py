@@ -283,6 +283,82 @@ def test_a_command_s_failed_build_is_said_recorded_and_not_tried_again(tmp_path,
         assert not failed.exists() and (tmp_path / "k" / kernels.key()).is_dir()
 
 
+def test_a_failed_build_s_warning_says_its_reason_once(tmp_path, monkeypatch):
+    """Where `python -m harmony.precompile` cannot build (numba's compiler raised: here its own
+    two lines, as it prints them, then a line of something else), a command's warning gives the
+    reason it said, and says only once what runs instead (it said it twice: "...ahead of time
+    (<reason>; numba's JIT runs them ...)); numba's JIT runs them ...")."""
+    from harmony import precompile
+    monkeypatch.setattr(kernels, "cache_dirs", lambda: [tmp_path])
+    monkeypatch.setattr(kernels, "_aot_state", {})
+    monkeypatch.delenv("HARMONY_AOT", raising=False)
+    monkeypatch.setenv("HARMONY_JIT", "auto")
+    reason = "The 'setuptools' package is required at runtime for pycc support."
+    monkeypatch.setattr(precompile, "BUILD_ARGS", (
+        "-c", f"import sys; print({precompile.NOT_BUILT + reason!r}, file=sys.stderr); "
+              "print('harmony.precompile: numba JIT runs them instead', file=sys.stderr); "
+              "print('something else', file=sys.stderr)"))
+    warned = []
+    assert precompile.ensure_built(lambda line: None, warned.append) is False
+    assert warned == [f"the compiled kernels could not be built ({reason}); numba's JIT runs "
+                      "them (each large import loads it, ~1 s): python -m harmony.precompile "
+                      "tries again"]
+    failed = tmp_path / (kernels.key() + kernels.FAILED_SUFFIX)
+    assert json.loads(failed.read_text())["last_line"] == reason
+
+
+def test_what_the_kernels_build_imports_is_a_requirement_of_harmony():
+    """Every distribution the ahead-of-time build imports (numba.pycc, beyond what Harmony has
+    loaded already) is one `pip install .` installs: among harmony-sched's requirements or
+    theirs. numba.pycc imports setuptools, which Python 3.12's venvs no longer carry: a plain
+    install there could not build its kernels and fell back to numba's JIT (found in a 3.13
+    venv, 2026-12-07)."""
+    r = _python("""
+        import importlib.metadata as md, sys, warnings
+        import numba, harmony.precompile
+        before = set(sys.modules)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # pycc's pending deprecation
+            import numba.pycc.compiler
+            from numba.pycc import CC  # noqa: F401
+        tops = {m.split(".")[0] for m in set(sys.modules) - before} | {"numba"}
+        owners = md.packages_distributions()
+        print(" ".join(sorted({d for t in tops for d in owners.get(t, [])})))
+    """)
+    assert r.returncode == 0, r.stderr
+    used = {_dist_key(d) for d in r.stdout.split()}
+    assert "numba" in used and "setuptools" in used         # the check sees what it checks
+    missing = used - _requirement_closure("harmony-sched")
+    assert not missing, f"imported by the kernels' build, not required by harmony: {missing}"
+
+
+def _dist_key(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def _requirement_closure(root: str) -> set[str]:
+    """The distributions installing ``root`` installs (its requirements whose markers hold here,
+    theirs, ...; extras left out), by their normalised names, ``root`` included."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+    seen, todo = set(), [root]
+    while todo:
+        name = todo.pop()
+        if _dist_key(name) in seen:
+            continue
+        seen.add(_dist_key(name))
+        try:
+            wanted = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        for text in wanted:
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    return seen
+
+
 @pytest.mark.needs_tool("cc")
 def test_a_plain_pip_install_builds_its_kernels_at_its_first_command(tmp_path):
     """A fresh install of this checkout by pip alone (a new venv, the dependencies from this
