@@ -70,7 +70,8 @@ class RunCommand(click.Command):
             opts = {}           # the parse proper says what is wrong
         name = opts.get("experiment") or opts.get("experiment_option")
         ctx.meta["harmony.run.experiment"] = name if isinstance(name, str) else None
-        if opts.get("help") and isinstance(name, str):
+        helps = self.get_help_option(ctx)     # its name is click's (8.5: not "help")
+        if helps is not None and opts.get(helps.name) and isinstance(name, str):
             from harmony.experiments import get_experiment  # as in format_options
 
             try:
