@@ -428,6 +428,15 @@ def test_seed_dir_from_the_environment_or_beside_the_checkout_or_the_current_dir
     else:                         # none: the first place looked, for messages
         assert kernels.seed_dir("sched-ext") == checkout.parent / "shared" / "kernels" \
             / "sched-ext-6.12"
+    # a clone with no shared directory anywhere above it nor the current one: the one beside
+    # the clone is named (harmony/shared/kernels/... inside the package was, 2026-12-07)
+    lone = tmp_path / "a" / "clone"
+    (lone / "harmony" / "vm").mkdir(parents=True)
+    monkeypatch.chdir(lone)
+    monkeypatch.setattr(kernels, "__file__", str(lone / "harmony" / "vm" / "kernels.py"))
+    if not any((d / "shared").is_dir() for d in tmp_path.parents):
+        assert kernels.seed_dir("sched-ext") == tmp_path / "a" / "shared" / "kernels" \
+            / "sched-ext-6.12"
     # an install elsewhere, used from a directory below a shared one
     monkeypatch.setattr(kernels, "__file__", "/nonexistent/site-packages/harmony/vm/kernels.py")
     (tmp_path / "shared" / "kernels" / "sched-ext-6.12").mkdir(parents=True)

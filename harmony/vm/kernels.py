@@ -390,17 +390,19 @@ def seed_dir(name: str) -> Path:
     ``HARMONY_KERNEL_SEED``, if set: that directory, or the directory of the kernels holding it.
     Else the first ``shared/kernels/<name>`` found beside an ancestor of Harmony's own directory
     (a clone, a worktree, a venv inside either) or, failing that, of the current directory (an
-    install used from the clone's root); if none exists, the first candidate (where it would be
-    looked for, named in messages)."""
+    install used from the clone's root); if none exists, the one beside the directory holding
+    Harmony's package, a clone's ``../shared/kernels/<name>`` (named in messages)."""
     sub = Path(BUILT[name]).stem
     env = os.environ.get("HARMONY_KERNEL_SEED")
     if env:
         base = Path(env)
         return base if (base / "config.gz").exists() else base / sub
-    candidates = [a / SEED_SUBDIR / sub for start in (Path(__file__).resolve().parent,
-                                                      Path.cwd().resolve())
+    here = Path(__file__).resolve().parent
+    candidates = [a / SEED_SUBDIR / sub for start in (here, Path.cwd().resolve())
                   for a in start.parents]
-    return next((c for c in candidates if c.is_dir()), candidates[0])
+    # none: named beside the clone (it named one inside the package, harmony/shared/...)
+    beside = here.parents[min(2, len(here.parents) - 1)] / SEED_SUBDIR / sub
+    return next((c for c in candidates if c.is_dir()), beside)
 
 
 def seed_matches(rec: dict, seed: Path, version: str) -> tuple[bool, str]:
