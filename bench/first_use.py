@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 import tempfile
@@ -53,6 +54,11 @@ def fresh_install(where: Path, wheel: Path) -> Path:
     """A new venv at ``where`` with this checkout's ``wheel`` installed (not editable); its bin
     directory."""
     venv.EnvBuilder(system_site_packages=True, with_pip=True).create(where)
+    if sys.prefix != sys.base_prefix:
+        # this Python runs in a venv: the new one's system site-packages are the base
+        # interpreter's, not this one's, which a .pth file adds (behind the venv's own)
+        own = next((where / "lib").glob("python*/site-packages"))
+        (own / "_these_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
     # --force-reinstall: a wheel of the version this Python has already is otherwise skipped
     r = subprocess.run([str(where / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps",
                         "--force-reinstall", str(wheel)], capture_output=True, text=True)

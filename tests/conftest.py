@@ -85,6 +85,19 @@ def sigint_as_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def venv_with_these_packages(where: Path) -> Path:
+    """A venv at ``where`` that sees this Python's packages: ``--system-site-packages`` gives the
+    base interpreter's site-packages, which are not this Python's where it runs in a venv itself
+    (there they are added by a .pth file, behind the new venv's own)."""
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(where)],
+                   check=True, timeout=120)
+    if sys.prefix != sys.base_prefix:
+        import site
+        own = next((where / "lib").glob("python*/site-packages"))
+        (own / "_these_packages.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    return where
+
+
 def host_skip(reason: str) -> NoReturn:
     """Skip the test because this host cannot run it; in CI (:func:`in_ci`) fail with the reason."""
     __tracebackhide__ = True    # the skip is reported at the caller's line

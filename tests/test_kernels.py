@@ -11,7 +11,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import host_skip
+from conftest import host_skip, venv_with_these_packages
 
 from harmony.core import kernels
 
@@ -314,7 +314,7 @@ def test_what_the_kernels_build_imports_is_a_requirement_of_harmony():
     install there could not build its kernels and fell back to numba's JIT (found in a 3.13
     venv, 2026-12-07)."""
     r = _python("""
-        import importlib.metadata as md, sys, warnings
+        import importlib.metadata as md, os, sys, warnings
         import numba, harmony.precompile
         before = set(sys.modules)
         with warnings.catch_warnings():
@@ -322,8 +322,18 @@ def test_what_the_kernels_build_imports_is_a_requirement_of_harmony():
             import numba.pycc.compiler
             from numba.pycc import CC  # noqa: F401
         tops = {m.split(".")[0] for m in set(sys.modules) - before} | {"numba"}
+
+        def where(top):
+            m = sys.modules.get(top)
+            f = getattr(m, "__file__", None) or next(iter(getattr(m, "__path__", [])), None)
+            return os.path.realpath(f) if f else None
+        # a package's vendored copies (setuptools/_vendor/jaraco ...) are that package's
+        homes = {t: os.path.dirname(p) + os.sep for t in tops
+                 if (p := where(t)) and p.endswith("__init__.py")}
+        own = {t for t in tops
+               if not any(o != t and (where(t) or "").startswith(h) for o, h in homes.items())}
         owners = md.packages_distributions()
-        print(" ".join(sorted({d for t in tops for d in owners.get(t, [])})))
+        print(" ".join(sorted({d for t in own for d in owners.get(t, [])})))
     """)
     assert r.returncode == 0, r.stderr
     used = {_dist_key(d) for d in r.stdout.split()}
@@ -372,9 +382,7 @@ def test_a_plain_pip_install_builds_its_kernels_at_its_first_command(tmp_path):
                        overrides={"duration": "0.3", "layout": "4,0"})
     write_recording(sim.events, sim.markers, {"cpus": [0, 1], "clock": "mono"}, tmp_path / "raw")
     dat = write_tracedat(tmp_path / "raw", tmp_path / "t.dat")
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
-                   check=True, timeout=120)
+    venv = venv_with_these_packages(tmp_path / "venv")
     r = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--no-deps", ROOT],
                        capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
