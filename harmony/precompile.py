@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import struct
 import sys
 import tempfile
@@ -191,7 +192,6 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
     older keys' builds removed, unless one built for this key already exports every one of
     them. Returns (its directory, exports, the signatures not exported).
     Raises OSError, or numba's or the C compiler's error, where it cannot be built."""
-    import shutil
     import warnings
 
     from numba.core.errors import NumbaPendingDeprecationWarning
@@ -251,20 +251,49 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
         finally:
             pycc_compiler.compile_extra = compile_extra
         (work / hk.EXPORTS_FILE).write_text(json.dumps(
-            {"format": hk.FORMAT, "key": key, "file": Path(cc.output_file).name,
-             "kernels": described}, indent=1))
-        for old in base.iterdir():
-            # builds of other sources, and this key's last one; another build's work in
-            # progress only when it is an hour old (its precompile was killed)
-            if old.is_dir() and old != work and (
-                    not old.name.startswith(".") or time.time() - old.stat().st_mtime > 3600):
-                shutil.rmtree(old, ignore_errors=True)
-            elif old.name.endswith(hk.FAILED_SUFFIX):     # a command's failed build: built now
-                old.unlink(missing_ok=True)
+            {"format": hk.FORMAT, "key": key, "environment": hk.environment(),
+             "file": Path(cc.output_file).name, "kernels": described}, indent=1))
+        _remove_replaced(base, work)
         os.replace(work, base / key)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return base / key, exported, skipped
+
+
+#: builds of other environments kept beside this one's (the newest; each ~1.2 MB)
+KEEP_OTHER_ENVIRONMENTS = 4
+
+
+def _remove_replaced(base: Path, work: Path) -> None:
+    """Remove from ``base`` what the build in ``work`` replaces: builds of other sources for
+    this :func:`~harmony.core.kernels.environment` (and this key's last one), builds that say
+    no environment (made before builds said it), all but the newest
+    :data:`KEEP_OTHER_ENVIRONMENTS` of other environments' builds, another build's work in
+    progress only when it is an hour old (its precompile was killed), and a command's failed
+    build's record."""
+    from harmony.core import kernels as hk
+
+    mine, others = hk.environment(), []
+    for old in base.iterdir():
+        if old.name.endswith(hk.FAILED_SUFFIX):
+            old.unlink(missing_ok=True)
+        if not old.is_dir() or old == work:
+            continue
+        if old.name.startswith("."):
+            if time.time() - old.stat().st_mtime > 3600:
+                shutil.rmtree(old, ignore_errors=True)
+            continue
+        try:
+            theirs = json.loads((old / hk.EXPORTS_FILE).read_text()).get("environment")
+        except (OSError, ValueError, AttributeError):
+            theirs = None
+        if theirs is None or theirs == mine:
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            others.append(old)
+    others.sort(key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in others[KEEP_OTHER_ENVIRONMENTS:]:
+        shutil.rmtree(old, ignore_errors=True)
 
 
 def _covers(described: dict, wanted: list) -> bool:

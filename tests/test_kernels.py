@@ -187,13 +187,16 @@ def test_a_broken_build_is_not_used(tmp_path, monkeypatch):
 
 
 def test_a_build_replaces_other_sources_builds_and_is_reused(tmp_path, monkeypatch):
-    """harmony.precompile's build: into the cache directory under this key, a build of other
-    sources and a killed build's leftovers (an hour old) removed, another build in progress
-    kept; built once, found the second time (not rebuilt); loaded from there."""
+    """harmony.precompile's build: into the cache directory under this key; removed: a build of
+    other sources for this environment, one that says no environment, a killed build's
+    leftovers (an hour old), all but the newest four of other environments' builds (another
+    Python or CPU sharing the install: removed, each built again at its next command and
+    removed this one's); kept: another build in progress, the four. Built once, found the
+    second time (not rebuilt); loaded from there."""
     import shutil
     import time
 
-    from harmony.precompile import build_extension
+    from harmony.precompile import KEEP_OTHER_ENVIRONMENTS, build_extension
     if shutil.which("cc") is None:
         host_skip("no C compiler: the kernels cannot be built ahead of time")
     monkeypatch.setattr(kernels, "cache_dirs", lambda: [tmp_path])
@@ -201,9 +204,22 @@ def test_a_build_replaces_other_sources_builds_and_is_reused(tmp_path, monkeypat
         (tmp_path / name).mkdir()
     hour_ago = time.time() - 3700
     os.utime(tmp_path / ".killed-build", (hour_ago, hour_ago))
+    older = tmp_path / "older-sources"
+    older.mkdir()
+    (older / kernels.EXPORTS_FILE).write_text(json.dumps({"environment": kernels.environment()}))
+    others = [tmp_path / f"other-{i}" for i in range(KEEP_OTHER_ENVIRONMENTS + 1)]
+    for i, d in enumerate(others):     # other-0 the oldest
+        d.mkdir()
+        (d / kernels.EXPORTS_FILE).write_text(json.dumps({"environment": f"elsewhere {i}"}))
+        os.utime(d, (hour_ago + i, hour_ago + i))
     where, exported, skipped = build_extension({})
     assert (where, exported, skipped) == (tmp_path / kernels.key(), 0, [])
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([".busy-build", kernels.key()])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [".busy-build", kernels.key(), *(d.name for d in others[1:])])
+    assert json.loads((where / kernels.EXPORTS_FILE).read_text())["environment"] \
+        == kernels.environment()
+    for d in others[1:]:
+        shutil.rmtree(d)
     described = json.loads((where / kernels.EXPORTS_FILE).read_text())
     assert described["kernels"] == {} and (where / described["file"]).is_file()
     made = (where / kernels.EXPORTS_FILE).stat().st_mtime_ns

@@ -185,16 +185,28 @@ def _cpu_identity() -> str:
     return "|".join(seen.get(n, "") for n in want)
 
 
-def key() -> str:
-    """What the extension must have been built from to be used: the kernel modules' sources,
-    Python's, numpy's and numba's versions, the CPU, :data:`FORMAT`."""
+def _environment_text() -> str:
     from importlib.metadata import PackageNotFoundError, version
     try:
         numpy_version = version("numpy")        # numpy's, not imported (the guest agent's)
     except PackageNotFoundError:
         numpy_version = None
-    h = hashlib.sha256(f"{FORMAT}|{sys.version}|{numpy_version}|{numba_version()}|"
-                       f"{_cpu_identity()}".encode())
+    return f"{FORMAT}|{sys.version}|{numpy_version}|{numba_version()}|{_cpu_identity()}"
+
+
+def environment() -> str:
+    """What a build is for besides the kernels' sources: :data:`FORMAT`, Python's, numpy's and
+    numba's versions, the CPU. A build replaces the builds of other sources for its own
+    environment, and keeps a few of other environments' (another Python or venv using the same
+    install, another CPU sharing it over NFS: each would otherwise build again at its next
+    command, and remove this one's)."""
+    return hashlib.sha256(_environment_text().encode()).hexdigest()[:24]
+
+
+def key() -> str:
+    """What the extension must have been built from to be used: the kernel modules' sources and
+    its :func:`environment`."""
+    h = hashlib.sha256(_environment_text().encode())
     for module in KERNEL_MODULES:
         origin = importlib.util.find_spec(module).origin
         h.update(module.encode() + b"\0" + Path(origin).read_bytes())
