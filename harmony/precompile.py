@@ -189,8 +189,9 @@ def build_extension(found: dict[str, object]) -> tuple[Path, int, list[str]]:
     """Compile every signature numba's dispatchers in ``found`` ran with (:func:`precompile`)
     ahead of time into one extension module (:mod:`harmony.core.kernels`), in the first writable
     of :func:`harmony.core.kernels.cache_dirs` under this :func:`~harmony.core.kernels.key`,
-    older keys' builds removed, unless one built for this key already exports every one of
-    them. Returns (its directory, exports, the signatures not exported).
+    the builds it replaces removed (:func:`_remove_replaced`), unless one built for this key
+    already exports every one of them. Returns (its directory, exports, the signatures not
+    exported).
     Raises OSError, or numba's or the C compiler's error, where it cannot be built."""
     import warnings
 
