@@ -342,7 +342,7 @@ def ensure_built(say=print, warn=print) -> bool:
     """Build the kernels ahead of time now (``python -m harmony.precompile``, in a child
     process), where :func:`build_needed` says so: what ``install.sh`` does at install, done by
     the first command after a plain ``pip install``, once. Without the build, each command that
-    decodes a large trace loads numba (~1 s and ~110 MB more a process) after the first one
+    decodes a large trace loads numba (~0.4 s and ~110 MB more a process) after the first one
     compiled the kernels by its JIT (~20 s). ``say`` gets a line before and after, ``warn`` the
     line of a build that failed. A build that fails is recorded (``<key>.failed`` in the first
     writable cache directory, with its output's last line) and never tried again by a command:
@@ -389,7 +389,7 @@ def ensure_built(say=print, warn=print) -> bool:
         (base / (hk.key() + hk.FAILED_SUFFIX)).write_text(json.dumps(
             {"exit": code, "last_line": last, "when": time.time()}) + "\n")
         warn(f"the compiled kernels could not be built ({last}); numba's JIT runs them (each "
-             "large import loads it, ~1 s): python -m harmony.precompile tries again")
+             "large import loads it, ~0.4 s): python -m harmony.precompile tries again")
         return False
 
 

@@ -317,7 +317,7 @@ def test_a_failed_build_s_warning_says_its_reason_once(tmp_path, monkeypatch):
     warned = []
     assert precompile.ensure_built(lambda line: None, warned.append) is False
     assert warned == [f"the compiled kernels could not be built ({reason}); numba's JIT runs "
-                      "them (each large import loads it, ~1 s): python -m harmony.precompile "
+                      "them (each large import loads it, ~0.4 s): python -m harmony.precompile "
                       "tries again"]
     failed = tmp_path / (kernels.key() + kernels.FAILED_SUFFIX)
     assert json.loads(failed.read_text())["last_line"] == reason
