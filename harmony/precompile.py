@@ -393,10 +393,53 @@ def ensure_built(say=print, warn=print) -> bool:
         return False
 
 
+def remove_builds() -> tuple[int, int]:
+    """Remove what compiling the kernels wrote inside Harmony's package: the builds ahead of
+    time beside it (the first of :func:`harmony.core.kernels.cache_dirs`, whole) and numba's
+    cache files beside the kernel modules (``__pycache__/<module>.*.nbi|nbc``). ``pip
+    uninstall`` removes only the files it installed: these stayed in site-packages, a
+    ``harmony`` directory without its ``__init__.py`` that a later editable install's
+    ``import harmony`` then found first. The user's cache directory (~/.cache/harmony, which
+    other installs may use) is left. Returns (files removed, bytes)."""
+    import importlib.util
+
+    from harmony.core import kernels as hk
+    beside = hk.cache_dirs()[0]
+    doomed = [f for f in beside.rglob("*") if f.is_file()] if beside.is_dir() else []
+    for module in hk.KERNEL_MODULES:
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            continue
+        origin = Path(spec.origin)
+        cache = origin.parent / "__pycache__"
+        if cache.is_dir():
+            doomed += [f for f in cache.glob(f"{origin.stem}.*")
+                       if f.suffix in (".nbi", ".nbc")]
+    files, size = 0, 0
+    for f in doomed:
+        try:
+            n = f.stat().st_size
+            f.unlink()
+        except FileNotFoundError:
+            continue
+        files, size = files + 1, size + n
+    shutil.rmtree(beside, ignore_errors=True)
+    return files, size
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harmony.precompile",
                                  description=__doc__.split("\n\n")[0])
-    ap.parse_args(argv)
+    ap.add_argument("--remove", action="store_true",
+                    help="remove the compiled kernels instead (the builds and numba's cache "
+                         "files beside the modules): before `pip uninstall harmony-sched`, "
+                         "which leaves them")
+    args = ap.parse_args(argv)
+    if args.remove:
+        files, size = remove_builds()
+        print(f"harmony.precompile: removed {files} files of compiled kernels "
+              f"({size / 1e6:.1f} MB)")
+        return 0
     from harmony.core.jit import numba_version
     if numba_version() is None:
         print("harmony.precompile: numba is not installed: nothing to compile (numpy decoder)")

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -390,7 +391,9 @@ def test_a_plain_pip_install_builds_its_kernels_at_its_first_command(tmp_path):
     """A fresh install of this checkout by pip alone (a new venv, the dependencies from this
     Python's site-packages) has no kernels built: its first `harmony import` builds them, says
     so, and runs; the second builds nothing and its import loads no numba (the built kernels
-    ran, as after install.sh); `harmony doctor` names the build, in the venv."""
+    ran, as after install.sh); `harmony doctor` names the build, in the venv. Removed by
+    `python -m harmony.precompile --remove`, what compiling wrote is gone with the package at
+    `pip uninstall` (a harmony directory of caches stayed in site-packages before)."""
     from harmony.probes.encode import write_recording
     from harmony.probes.tracedat_write import write_tracedat
     from harmony.simulate import simulate_run
@@ -438,3 +441,23 @@ def test_a_plain_pip_install_builds_its_kernels_at_its_first_command(tmp_path):
         env={**env, "HARMONY_JIT": "1"}, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["True", "False"]
+    # numba's JIT too (its cache files beside the modules), then what an uninstall leaves: the
+    # removal first takes every compiled file out, and pip's uninstall leaves no harmony
+    # directory behind (one without __init__.py, found first by a later editable install)
+    r = subprocess.run([str(venv / "bin" / "python"), "-c", textwrap.dedent("""
+        import sys
+        from harmony.importer import read_trace
+        from pathlib import Path
+        read_trace(Path(sys.argv[1]))
+        """), str(dat)], capture_output=True, text=True, cwd=tmp_path,
+        env={**env, "HARMONY_JIT": "1", "HARMONY_AOT": "0"}, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    package = Path(site).parent
+    assert list(package.rglob("*.nbi")) and (package / "__pycache__" / "kernels").is_dir()
+    r = subprocess.run([str(venv / "bin" / "python"), "-m", "harmony.precompile", "--remove"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert r.returncode == 0 and "removed" in r.stdout, r.stderr[-2000:]
+    r = subprocess.run([str(venv / "bin" / "pip"), "uninstall", "-y", "-q", "harmony-sched"],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert not package.exists(), sorted(str(f) for f in package.rglob("*"))[:10]
