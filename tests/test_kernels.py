@@ -353,14 +353,11 @@ def test_what_the_kernels_build_imports_is_a_requirement_of_harmony():
         print(" ".join(sorted({d for t in own for d in owners.get(t, [])})))
     """)
     assert r.returncode == 0, r.stderr
-    used = {_dist_key(d) for d in r.stdout.split()}
+    from packaging.utils import canonicalize_name
+    used = {canonicalize_name(d) for d in r.stdout.split()}
     assert "numba" in used and "setuptools" in used         # the check sees what it checks
     missing = used - _requirement_closure("harmony-sched")
     assert not missing, f"imported by the kernels' build, not required by harmony: {missing}"
-
-
-def _dist_key(name: str) -> str:
-    return name.lower().replace("_", "-").replace(".", "-")
 
 
 def _requirement_closure(root: str) -> set[str]:
@@ -369,12 +366,13 @@ def _requirement_closure(root: str) -> set[str]:
     import importlib.metadata as md
 
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
     seen, todo = set(), [root]
     while todo:
         name = todo.pop()
-        if _dist_key(name) in seen:
+        if canonicalize_name(name) in seen:
             continue
-        seen.add(_dist_key(name))
+        seen.add(canonicalize_name(name))
         try:
             wanted = md.requires(name) or []
         except md.PackageNotFoundError:
