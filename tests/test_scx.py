@@ -668,7 +668,10 @@ def test_the_scheduler_goes_with_a_planned_run(tmp_path):
 
 def test_a_scheduler_still_unloading_is_waited_for(tmp_path):
     root = _root(tmp_path, "disabling")
-    subprocess.Popen(["sh", "-c", f"sleep 0.3; echo disabled > {root}/state"])
+    # renamed into place: `>` empties the file before echo fills it, and start() reading it in
+    # between would see neither "disabling" nor "disabled" (the kernel's file has no such moment)
+    subprocess.Popen(["sh", "-c", f"sleep 0.3; echo disabled > {root}/state.tmp && "
+                      f"mv {root}/state.tmp {root}/state"])
     s = scx.Scheduler(scx.ScxSpec("fake", str(_scheduler(tmp_path, root))),
                       tmp_path / "scx.log", root=root)
     s.start()

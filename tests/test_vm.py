@@ -549,7 +549,9 @@ def test_ctrl_c_during_a_vm_run_ends_it_in_one_line_with_nothing_left(tmp_path):
     bin_dir.mkdir()
     pidfile = tmp_path / "vng.pid"
     fake = bin_dir / "vng"
-    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}\n"
+    # written whole and renamed: `>` creates the file empty before echo fills it, and the wait
+    # below, seeing it exist, once read it in between
+    fake.write_text(f"#!/bin/sh\necho $$ > {pidfile}.tmp && mv {pidfile}.tmp {pidfile}\n"
                     "echo '@harmony {\"event\": \"facts\", \"facts\": {}}'\nexec sleep 600\n")
     fake.chmod(0o755)
     image = bzimage(tmp_path / "img" / "bzImage", "6.12.0-fake")
