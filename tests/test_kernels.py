@@ -370,9 +370,10 @@ def _requirement_closure(root: str) -> set[str]:
     seen, todo = set(), [root]
     while todo:
         name = todo.pop()
-        if canonicalize_name(name) in seen:
+        key = canonicalize_name(name)
+        if key in seen:
             continue
-        seen.add(canonicalize_name(name))
+        seen.add(key)
         try:
             wanted = md.requires(name) or []
         except md.PackageNotFoundError:
